@@ -1,0 +1,1 @@
+"""llmperf: predict, measure and compare LLM inference performance."""

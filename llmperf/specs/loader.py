@@ -1,0 +1,157 @@
+"""Load `ModelSpec` / `HardwareSpec` by built-in name or from a YAML/JSON file.
+
+Built-ins live in the `models_spec` package (`models/*.yaml`, `hardware/*.yaml`); the file name is the
+name. Names are matched exactly (case-insensitive); a miss lists the close names. A path (anything
+ending in .yaml/.yml/.json, or an existing file) is read instead; a Hugging Face `config.json` (or a
+directory holding one) is recognised by its `model_type`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llmperf.errors import SpecError, unknown_name
+from llmperf.specs.hardware import HardwareSpec
+from llmperf.specs.model import ModelSpec
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_HARDWARE = "a100-80gb-sxm"
+
+
+def _data_dir(kind: str) -> Path:
+    return Path(str(resources.files("models_spec").joinpath(kind)))
+
+
+@lru_cache(maxsize=None)
+def _builtin_files(kind: str) -> dict[str, Path]:
+    return {p.stem.lower(): p for p in sorted(_data_dir(kind).glob("*.yaml"))}
+
+
+def list_models() -> list[str]:
+    """Names of the built-in models."""
+    return list(_builtin_files("models"))
+
+
+def list_hardware() -> list[str]:
+    """Names of the built-in devices."""
+    return list(_builtin_files("hardware"))
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith((".yaml", ".yml", ".json")) or os.sep in ref or os.path.exists(ref)
+
+
+def read_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a YAML or JSON file into a mapping, with one-line errors naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"file not found: {str(path)!r}")
+    try:
+        text = p.read_text()
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise SpecError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'} ({first})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{p}: cannot read ({exc})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: expected a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def _build(cls: type, data: dict[str, Any], origin: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise SpecError(f"{origin}: unknown field {unknown[0]!r} (fields: {', '.join(fields)})")
+    missing = [n for n, f in fields.items() if n not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise SpecError(f"{origin}: missing field {missing[0]!r}")
+    for n, f in fields.items():
+        if n in data and data[n] is None and f.default is dataclasses.MISSING:
+            raise SpecError(f"{origin}: field {n!r} is empty")
+    try:
+        return cls(**data)
+    except SpecError as exc:
+        raise SpecError(f"{origin}: {exc}" if origin not in str(exc) else str(exc)) from None
+    except TypeError as exc:
+        raise SpecError(f"{origin}: {exc}") from None
+
+
+def model_from_mapping(data: dict[str, Any], origin: str = "model") -> ModelSpec:
+    data = dict(data)
+    data.setdefault("name", origin)
+    return _build(ModelSpec, data, origin)
+
+
+def hardware_from_mapping(data: dict[str, Any], origin: str = "hardware") -> HardwareSpec:
+    data = dict(data)
+    data.setdefault("name", origin)
+    if "device_names" in data and data["device_names"] is not None:
+        data["device_names"] = tuple(data["device_names"])
+    return _build(HardwareSpec, data, origin)
+
+
+@lru_cache(maxsize=None)
+def _load_builtin_model(name: str) -> ModelSpec:
+    path = _builtin_files("models")[name]
+    return model_from_mapping(read_mapping(path), origin=name)
+
+
+@lru_cache(maxsize=None)
+def _load_builtin_hardware(name: str) -> HardwareSpec:
+    path = _builtin_files("hardware")[name]
+    return hardware_from_mapping(read_mapping(path), origin=name)
+
+
+def load_model(ref: str | os.PathLike[str] | ModelSpec) -> ModelSpec:
+    """A built-in model by name, a llmperf YAML/JSON file, or a Hugging Face config.json (or its dir)."""
+    if isinstance(ref, ModelSpec):
+        return ref
+    ref = str(ref)
+    key = ref.lower()
+    if key in _builtin_files("models"):
+        return _load_builtin_model(key)
+    if Path(ref).is_dir() or Path(ref).name == "config.json":
+        return ModelSpec.from_hf_config(ref)
+    if _looks_like_path(ref):
+        data = read_mapping(ref)
+        if "model_type" in data:
+            return ModelSpec.from_hf_config(ref)
+        return model_from_mapping(data, origin=Path(ref).stem)
+    raise unknown_name("model", ref, list_models())
+
+
+def load_hardware(ref: str | os.PathLike[str] | HardwareSpec) -> HardwareSpec:
+    """A built-in device by name, or a YAML/JSON file with `HardwareSpec` fields."""
+    if isinstance(ref, HardwareSpec):
+        return ref
+    ref = str(ref)
+    key = ref.lower()
+    if key in _builtin_files("hardware"):
+        return _load_builtin_hardware(key)
+    if _looks_like_path(ref):
+        return hardware_from_mapping(read_mapping(ref), origin=Path(ref).stem)
+    raise unknown_name("hardware", ref, list_hardware())
+
+
+def match_hardware(device_name: str) -> HardwareSpec | None:
+    """The built-in spec whose `device_names` best match a runtime device name
+    (e.g. `torch.cuda.get_device_name()` -> "NVIDIA H100 80GB HBM3"), or None."""
+    text = device_name.lower()
+    best: tuple[int, HardwareSpec] | None = None
+    for name in list_hardware():
+        spec = _load_builtin_hardware(name)
+        for pattern in spec.device_names:
+            if pattern.lower() in text and (best is None or len(pattern) > best[0]):
+                best = (len(pattern), spec)
+    return best[1] if best else None
