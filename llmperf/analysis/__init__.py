@@ -1,0 +1,28 @@
+"""The analytical roofline model (pure Python + numpy; never imports torch).
+
+- `attention_cost`, `ForwardModel`: FLOPs and bytes of each operator at `(batch, q_len, kv_len)`
+- `op_time`, `roofline_time_s`: time on a device, `max(flops / peak, bytes / bandwidth)`
+- `estimate`: a whole generation (TTFT, TPOT, throughput, memory, regimes) -> `GenerationEstimate`
+- `sweep`: thousands of configurations at once -> pandas DataFrame
+"""
+
+from llmperf.analysis.generation import GenerationEstimate, estimate, sum_max_linear
+from llmperf.analysis.memory import (
+    KVUtilization,
+    MemoryEstimate,
+    estimate_memory,
+    kv_utilization,
+    weight_bytes_per_gpu,
+)
+from llmperf.analysis.operators import ForwardModel, ShardDims, attended_pairs, attention_cost
+from llmperf.analysis.phase import PhaseEstimate, estimate_phase
+from llmperf.analysis.regimes import RegimeEstimate, estimate_regimes
+from llmperf.analysis.roofline import OpCost, OpTime, op_time, roofline_time_s
+from llmperf.analysis.sweep import sweep
+
+__all__ = [
+    "ForwardModel", "GenerationEstimate", "KVUtilization", "MemoryEstimate", "OpCost", "OpTime",
+    "PhaseEstimate", "RegimeEstimate", "ShardDims", "attended_pairs", "attention_cost", "estimate",
+    "estimate_memory", "estimate_phase", "estimate_regimes", "kv_utilization", "op_time",
+    "roofline_time_s", "sum_max_linear", "sweep", "weight_bytes_per_gpu",
+]

@@ -1,0 +1,143 @@
+"""Roll-ups of operator costs into one forward pass (a phase: prefill, or one decode step).
+
+A phase's time is the sum of its operators' roofline times (kernels run one after another), plus,
+with pipeline parallelism of degree `pp`, `pp - 1` point-to-point transfers of the activations
+between stages. Counts are per tensor-parallel rank and cover every layer of the model (all stages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from llmperf.analysis.operators import ForwardModel
+from llmperf.analysis.roofline import OpTime, op_time
+from llmperf.specs import HardwareSpec
+
+PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseEstimate:
+    """One forward pass at `(batch, q_len, kv_len)` on a device: per-operator times and totals."""
+
+    phase: str
+    batch: int
+    q_len: int
+    kv_len: int
+    hardware: HardwareSpec
+    compute_dtype: str
+    ops: tuple[OpTime, ...]
+    pipeline_s: float = 0.0  # activation transfers between pipeline stages
+    layers: int = field(default=1)
+
+    @property
+    def flops(self) -> float:
+        return float(sum(o.cost.flops for o in self.ops))
+
+    @property
+    def bytes_total(self) -> float:
+        return float(sum(o.cost.bytes_total for o in self.ops))
+
+    @property
+    def weight_bytes(self) -> float:
+        return float(sum(o.cost.weight_bytes for o in self.ops))
+
+    @property
+    def kv_bytes(self) -> float:
+        return float(sum(o.cost.kv_read_bytes + o.cost.kv_write_bytes for o in self.ops))
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes_total if self.bytes_total else 0.0
+
+    @property
+    def time_s(self) -> float:
+        return float(sum(o.time_s for o in self.ops)) + self.pipeline_s
+
+    @property
+    def compute_s(self) -> float:
+        return float(sum(o.compute_s for o in self.ops))
+
+    @property
+    def memory_s(self) -> float:
+        return float(sum(o.memory_s for o in self.ops))
+
+    @property
+    def memory_bound_fraction(self) -> float:
+        """Share of the phase's time spent in memory-bound operators."""
+        mem = sum(o.time_s for o in self.ops if o.bound == "memory")
+        return float(mem / self.time_s) if self.time_s else 0.0
+
+    @property
+    def bound(self) -> str:
+        """'memory' or 'compute': the roof under which most of the phase's time is spent."""
+        return "memory" if self.memory_bound_fraction >= 0.5 else "compute"
+
+    @property
+    def achieved_flops_per_s(self) -> float:
+        return self.flops / self.time_s if self.time_s else 0.0
+
+    @property
+    def peak_fraction(self) -> float:
+        """Achieved FLOP/s as a fraction of the device's dense peak at the compute dtype."""
+        return self.achieved_flops_per_s / self.hardware.peak_flops_per_s(self.compute_dtype)
+
+    def op(self, name: str) -> OpTime:
+        for o in self.ops:
+            if o.cost.name == name:
+                return o
+        raise KeyError(f"no operator {name!r} in this phase (have: {', '.join(o.cost.name for o in self.ops)})")
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per operator: FLOPs, bytes by kind, intensity, each roof's time, the bound."""
+        rows = []
+        for o in self.ops:
+            c = o.cost
+            rows.append(dict(
+                phase=self.phase, op=c.name, kind=c.kind, scope="layer" if c.per_layer else "model",
+                flops=float(c.flops), weight_bytes=float(c.weight_bytes),
+                act_bytes=float(c.act_read_bytes + c.act_write_bytes),
+                kv_bytes=float(c.kv_read_bytes + c.kv_write_bytes), comm_bytes=float(c.comm_bytes),
+                bytes_total=float(c.bytes_total), intensity=float(c.intensity),
+                compute_s=float(o.compute_s), memory_s=float(o.memory_s), comm_s=float(o.comm_s),
+                time_s=float(o.time_s), bound=o.bound,
+                time_share=float(o.time_s) / self.time_s if self.time_s else 0.0))
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict[str, float | int | str]:
+        return dict(phase=self.phase, batch=self.batch, q_len=self.q_len, kv_len=self.kv_len,
+                    flops=self.flops, bytes_total=self.bytes_total, intensity=self.intensity,
+                    time_s=self.time_s, bound=self.bound, peak_fraction=self.peak_fraction)
+
+
+def pipeline_transfer_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, pp: int):  # noqa: ANN001
+    """`pp - 1` sends of the `batch*q_len x hidden` activations between pipeline stages."""
+    if pp <= 1:
+        return 0.0 * batch
+    if hardware.interconnect_bytes_per_s <= 0:
+        raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot model pp={pp}")
+    msg = batch * q_len * fm.model.hidden_size * fm.precision.act_bytes
+    return (pp - 1) * msg / hardware.interconnect_bytes_per_s
+
+
+def estimate_phase(fm: ForwardModel, hardware: HardwareSpec, batch: int, q_len: int, kv_len: int, *,
+                   pp: int = 1, compute_dtype: str | None = None) -> PhaseEstimate:
+    """Cost and time of one forward pass of `fm` at `(batch, q_len, kv_len)` on `hardware`."""
+    dtype = compute_dtype or hardware.compute_dtype(fm.precision.activations)
+    ops = tuple(op_time(c, hardware, dtype) for c in fm.forward_ops(batch, q_len, kv_len))
+    phase = "prefill" if q_len > 1 or kv_len == q_len else "decode"
+    return PhaseEstimate(phase=phase, batch=batch, q_len=q_len, kv_len=kv_len, hardware=hardware,
+                         compute_dtype=dtype, ops=ops, layers=fm.model.num_layers,
+                         pipeline_s=float(pipeline_transfer_s(fm, hardware, batch, q_len, pp)))
+
+
+def phase_time_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, kv_len, *,  # noqa: ANN001
+                 pp: int = 1, compute_dtype: str) -> np.ndarray:
+    """Vectorised phase time for array arguments (the sweep's fast path; same formulas)."""
+    total = pipeline_transfer_s(fm, hardware, batch, q_len, pp)
+    for c in fm.forward_ops(batch, q_len, kv_len):
+        total = total + op_time(c, hardware, compute_dtype).time_s
+    return total
