@@ -33,7 +33,8 @@ def sum_max_linear(u0, u1, v0, v1, x_lo, x_hi):  # noqa: ANN001
     """Sum over integers x in [x_lo, x_hi] of `max(u0 + u1 x, v0 + v1 x)`, elementwise on arrays."""
     d0, d1 = np.asarray(u0 - v0, dtype=float), np.asarray(u1 - v1, dtype=float)
     safe = np.where(d1 == 0, 1.0, d1)
-    xc = -d0 / safe  # where the two lines cross
+    with np.errstate(over="ignore", divide="ignore"):
+        xc = -d0 / safe  # where the two lines cross
     # d1 > 0: u wins from ceil(xc) on; d1 < 0: u wins up to floor(xc)
     k_up = np.clip(np.ceil(xc), x_lo, x_hi + 1)
     k_dn = np.clip(np.floor(xc), x_lo - 1, x_hi)

@@ -1,0 +1,166 @@
+"""The CLI through typer's CliRunner: exit codes and content, for good and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from io import StringIO
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from llmperf.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str):  # noqa: ANN201
+    return runner.invoke(app, list(args))
+
+
+def test_estimate_default_runs():
+    r = run("estimate")
+    assert r.exit_code == 0, r.output
+    assert "llama-3.1-8b on a100-80gb-sxm" in r.output
+    assert "time to first token" in r.output and "memory" in r.output
+
+
+def test_estimate_per_op_names_every_operator():
+    r = run("estimate", "--per-op", "--batch", "4")
+    assert r.exit_code == 0, r.output
+    for name in ("embed", "q_proj", "k_proj", "v_proj", "rope", "attention", "o_proj", "gate_proj",
+                 "down_proj", "lm_head"):
+        assert name in r.output
+
+
+def test_estimate_json_pipes_cleanly():
+    r = run("estimate", "--format", "json", "--per-op")
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["model"] == "llama-3.1-8b"
+    assert doc["summary"]["kv_bytes_per_token"] == 131072
+    assert {o["op"] for o in doc["ops"]} >= {"attention", "lm_head"}
+
+
+def test_estimate_csv_sweep():
+    r = run("estimate", "--batch", "1,8,64,512", "--prompt-len", "128,1024", "--format", "csv")
+    assert r.exit_code == 0, r.output
+    frame = pd.read_csv(StringIO(r.stdout))
+    assert len(frame) == 8 and set(frame["batch"]) == {1, 8, 64, 512}
+
+
+def test_estimate_sweep_table():
+    r = run("estimate", "--batch", "1,8", "--attention", "naive")
+    assert r.exit_code == 0 and "Sweep: 2 configurations" in r.output
+
+
+def test_precision_options():
+    r = run("estimate", "--weights", "int4", "--kv", "fp8", "-f", "json")
+    s = json.loads(r.stdout)["summary"]
+    assert s["precision"] == "w:int4/a:bf16/kv:fp8"
+    assert s["kv_bytes_per_token"] == 65536
+
+
+def test_output_file_is_written_atomically(tmp_path):
+    out = tmp_path / "est.json"
+    r = run("estimate", "-f", "json", "-o", str(out))
+    assert r.exit_code == 0
+    assert json.loads(out.read_text())["summary"]["batch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["est.json"]  # no temporary left behind
+
+
+def test_model_from_yaml_and_hf_config(tmp_path):
+    (tmp_path / "m.yaml").write_text("name: mine\nvocab_size: 1000\nhidden_size: 256\nnum_layers: 2\n"
+                                     "num_heads: 4\nffn_size: 512\nmax_positions: 2048\n")
+    r = run("estimate", str(tmp_path / "m.yaml"), "-f", "json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["summary"]["model"] == "mine"
+    cfg = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
+           "max_position_embeddings": 2048}
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    r = run("estimate", str(tmp_path / "hf"), "-f", "json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["summary"]["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2
+
+
+def test_models_and_hardware_lists():
+    r = run("models")
+    assert r.exit_code == 0 and "llama-3.1-8b" in r.output
+    r = run("hardware", "-f", "json")
+    assert any(d["name"] == "a100-80gb-sxm" for d in json.loads(r.stdout))
+
+
+def test_help_names_units():
+    r = run("estimate", "--help")
+    assert r.exit_code == 0
+    assert "tokens" in r.output and "GiB" in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["estimate", "llama-3-8b"], "unknown model 'llama-3-8b'"),
+    (["estimate", "--hardware", "a100"], "unknown hardware 'a100'"),
+    (["estimate", "--batch", "1,x"], "--batch"),
+    (["estimate", "--batch", "0"], "--batch: 0"),
+    (["estimate", "--batch", "1,,2"], "--batch"),
+    (["estimate", "--prompt-len", "-5"], "--prompt-len"),
+    (["estimate", "--tp", "3"], "tp: 3 does not divide"),
+    (["estimate", "--tp", "0"], "tp: must be a positive integer"),
+    (["estimate", "--pp", "1000"], "pp: 1000 exceeds"),
+    (["estimate", "--dtype", "fp12"], "unknown dtype 'fp12'"),
+    (["estimate", "--kv", "fp7"], "precision.kv"),
+    (["estimate", "--mem-util", "1.5"], "mem_util"),
+    (["estimate", "--block-size", "0"], "--block-size"),
+    (["estimate", "does/not/exist.yaml"], "file not found"),
+    (["estimate", "-o", "/nonexistent-dir/x.json", "-f", "json"], "--output"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle):
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.stderr
+    assert "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("name: x\nvocab_size: [1\n", "not valid YAML"),
+    ("name: x\nvocab_size: 10\n", "missing field 'hidden_size'"),
+    ("name: x\nvocab_size: 10\nhidden_size: 0\nnum_layers: 1\nnum_heads: 1\nffn_size: 4\nmax_positions: 8\n",
+     "hidden_size must be a positive integer, got 0"),
+    ("name: x\nvocab_size: 10\nhidden_size: 10\nnum_layers: 1\nnum_heads: 3\nffn_size: 4\nmax_positions: 8\n",
+     "num_heads=3 does not divide hidden_size=10"),
+    ("name: x\nvocab_size: 10\nhidden_size: 12\nnum_layers: 1\nnum_heads: 4\nnum_kv_heads: 3\nffn_size: 4\n"
+     "max_positions: 8\n", "num_kv_heads=3 does not divide num_heads=4"),
+    ("name: x\nvocab_size: 10\nhidden_size: 12\nnum_layers: 1\nnum_heads: 4\nffn_size: 4\nmax_positions: 8\n"
+     "colour: red\n", "unknown field 'colour'"),
+])
+def test_bad_model_files(tmp_path, content, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    r = run("estimate", str(path))
+    assert r.exit_code == 2 and needle in r.stderr, r.stderr
+
+
+def test_bad_hardware_file(tmp_path):
+    path = tmp_path / "hw.yaml"
+    path.write_text("name: x\npeak_tflops: {fp16: -1}\nmemory_bandwidth_gbps: 1\nmemory_gib: 1\nnum_sms: 1\n"
+                    "sram_per_sm_kib: 1\nl2_cache_mib: 1\n")
+    r = run("estimate", "--hardware", str(path))
+    assert r.exit_code == 2 and "peak_tflops.fp16" in r.stderr
+
+
+def test_context_beyond_positions_warns_but_runs():
+    r = run("estimate", "--prompt-len", "200000", "-f", "csv")
+    assert r.exit_code == 0
+    assert "warning" in r.stderr and "max_positions=131072" in r.stderr
+
+
+def test_cli_and_analysis_do_not_import_torch():
+    code = ("import sys, llmperf, llmperf.analysis, llmperf.cli\n"
+            "from typer.testing import CliRunner\n"
+            "r = CliRunner().invoke(llmperf.cli.app, ['estimate', '--per-op'])\n"
+            "assert r.exit_code == 0, r.output\n"
+            "print('torch' in sys.modules, 'triton' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"

@@ -1,0 +1,27 @@
+"""Shared fixtures: small model and device specs that need no built-in data."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmperf.specs import HardwareSpec, ModelSpec
+
+
+@pytest.fixture
+def tiny_llama() -> ModelSpec:
+    return ModelSpec(name="tiny-llama", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+                     num_kv_heads=2, ffn_size=128, max_positions=256)
+
+
+@pytest.fixture
+def llama2_7b() -> ModelSpec:
+    """Llama-2-7B built in code (the public config), independent of the YAML data."""
+    return ModelSpec(name="llama-2-7b-code", vocab_size=32000, hidden_size=4096, num_layers=32,
+                     num_heads=32, num_kv_heads=32, ffn_size=11008, max_positions=4096)
+
+
+@pytest.fixture(scope="session")
+def a100() -> HardwareSpec:
+    return HardwareSpec(name="a100-test", peak_tflops={"fp32": 19.5, "fp16": 312, "bf16": 312, "int8": 624},
+                        memory_bandwidth_gbps=2039, memory_gib=80, interconnect_gbps=300, num_sms=108,
+                        sram_per_sm_kib=192, l2_cache_mib=40)
