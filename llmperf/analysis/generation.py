@@ -137,6 +137,8 @@ class GenerationEstimate:
             model=self.model.name, hardware=self.hardware.name, precision=str(self.precision),
             batch=self.batch, prompt_len=self.prompt_len, gen_len=self.gen_len, tp=self.tp, pp=self.pp,
             attention=self.attention, ttft_s=self.ttft_s, tpot_s=self.tpot_s, e2e_s=self.e2e_s,
+            tpot_first_s=self.decode_first.time_s if self.decode_steps else 0.0,
+            tpot_last_s=self.decode_last.time_s if self.decode_steps else 0.0,
             tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s,
             total_flops=self.total_flops, total_bytes=self.total_bytes, peak_fraction=self.peak_fraction,
             prefill_intensity=self.prefill.intensity, prefill_bound=self.prefill.bound,

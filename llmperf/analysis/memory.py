@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
@@ -126,6 +127,9 @@ class MemoryEstimate:
     @property
     def fits(self) -> bool:
         return self.total_bytes <= self.usable_bytes
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([self.summary()])
 
     def summary(self) -> dict[str, float | int | bool]:
         return dict(weights_gib=self.weights_bytes / 2**30, kv_bytes_per_token=self.kv_bytes_per_token,

@@ -85,6 +85,21 @@ class PhaseEstimate:
         """Achieved FLOP/s as a fraction of the device's dense peak at the compute dtype."""
         return self.achieved_flops_per_s / self.hardware.peak_flops_per_s(self.compute_dtype)
 
+    def layer_frame(self) -> pd.DataFrame:
+        """The operators of ONE transformer block (per-layer rows divided by the number of layers)."""
+        frame = self.to_frame()
+        frame = frame[frame["scope"] == "layer"].copy()
+        for col in ("flops", "weight_bytes", "act_bytes", "kv_bytes", "comm_bytes", "bytes_total",
+                    "compute_s", "memory_s", "comm_s", "time_s"):
+            frame[col] = frame[col] / self.layers
+        frame["time_share"] = frame["time_s"] / frame["time_s"].sum()
+        return frame.reset_index(drop=True)
+
+    @property
+    def layer_time_s(self) -> float:
+        """Time of one transformer block."""
+        return float(sum(o.time_s for o in self.ops if o.cost.per_layer)) / self.layers
+
     def op(self, name: str) -> OpTime:
         for o in self.ops:
             if o.cost.name == name:

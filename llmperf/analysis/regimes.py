@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pandas as pd
+
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.roofline import op_time
 from llmperf.specs import HardwareSpec
@@ -41,6 +43,9 @@ class RegimeEstimate:
     critical_batch: int | None  # decode batch at which the whole step (at this context) turns compute-bound
     attention_flops_crossover: int | None  # prefill length where attention FLOPs = the rest of the layer's
     attention_bytes_crossover: int | None  # decode context where attention bytes = the rest of the layer's
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([self.summary()])
 
     def summary(self) -> dict[str, object]:
         return dict(compute_dtype=self.compute_dtype, ridge_point=self.ridge_point,

@@ -159,3 +159,15 @@ def test_fp8_falls_back_to_fp16_compute_on_a100(llama2_7b, a100):
     h100 = load_hardware("a100-80gb-sxm")
     assert h100.compute_dtype("int8") == "int8"
     assert math.isclose(est.memory.kv_bytes_per_token, llama2_7b.kv_bytes_per_token("fp8"))
+
+
+def test_result_objects_convert_to_frames(llama2_7b, a100):
+    est = estimate(llama2_7b, a100, batch=2, prompt_len=64, gen_len=8, precision="fp16")
+    assert len(est.to_frame()) == 1 and len(est.memory.to_frame()) == 1 and len(est.regimes.to_frame()) == 1
+    layer = est.prefill.layer_frame()
+    assert "embed" not in set(layer["op"]) and "q_proj" in set(layer["op"])
+    assert layer["time_s"].sum() == pytest.approx(est.prefill.layer_time_s)
+    assert layer["time_share"].sum() == pytest.approx(1.0)
+    ops = est.ops_frame()
+    assert set(ops["phase"]) == {"prefill", "decode"}
+    assert ops[ops.phase == "prefill"]["time_s"].sum() == pytest.approx(est.ttft_s)
