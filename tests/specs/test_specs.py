@@ -138,6 +138,10 @@ def test_every_model_loads(name):
     m = load_model(name)
     assert isinstance(m, ModelSpec) and m.name == name
     assert m.param_count > 0 and m.kv_bytes_per_token("fp16") > 0
+    # the types the YAML must produce (PyYAML reads `1e-5` without a dot as a string: write 1.0e-5)
+    assert isinstance(m.norm_eps, float) and isinstance(m.rope_theta, float)
+    for flag in ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "parallel_residual"):
+        assert isinstance(getattr(m, flag), bool), flag
     assert load_model(name.upper()) is m  # case-insensitive, cached
 
 
