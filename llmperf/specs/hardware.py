@@ -61,7 +61,8 @@ class HardwareSpec:
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise SpecError(f"{self.name}: {f} must be a positive number, got {value!r}")
-        if self.interconnect_gbps < 0:
+        ic = self.interconnect_gbps
+        if isinstance(ic, bool) or not isinstance(ic, (int, float)) or ic < 0:
             raise SpecError(f"{self.name}: interconnect_gbps must be >= 0, got {self.interconnect_gbps!r}")
         if isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int) or self.num_sms <= 0:
             raise SpecError(f"{self.name}: num_sms must be a positive integer, got {self.num_sms!r}")

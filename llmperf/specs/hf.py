@@ -24,6 +24,19 @@ def _req(cfg: dict[str, Any], key: str, origin: str) -> Any:
     return cfg[key]
 
 
+def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """RoPE settings: transformers 4 spells them at the top level (`rope_theta`, `rope_scaling`,
+    `rotary_pct`), transformers 5 nests them in `rope_parameters` (with `partial_rotary_factor`)."""
+    nested = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or {k: v for k, v in nested.items()
+                                          if k not in ("rope_theta", "partial_rotary_factor")}
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        scaling = None
+    theta = nested.get("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0)))
+    fraction = nested.get("partial_rotary_factor", cfg.get("rotary_pct", cfg.get("partial_rotary_factor", 1.0)))
+    return {"rope_theta": float(theta), "rope_scaling": scaling or None, "rotary_fraction": float(fraction)}
+
+
 def _llama_like(cfg: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     mt = cfg["model_type"]
     heads = _req(cfg, "num_attention_heads", origin)
@@ -38,8 +51,7 @@ def _llama_like(cfg: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
         ffn_size=_req(cfg, "intermediate_size", origin),
         ffn_kind="swiglu", hidden_act=cfg.get("hidden_act", "silu"),
         norm_kind="rmsnorm", norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        pos_encoding="rope", rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        rope_scaling=cfg.get("rope_scaling"),
+        pos_encoding="rope", rope_theta=_rope(cfg)["rope_theta"], rope_scaling=_rope(cfg)["rope_scaling"],
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_positions=_req(cfg, "max_position_embeddings", origin),
         dtype=_dtype(cfg),
@@ -52,8 +64,6 @@ def _llama_like(cfg: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     elif mt == "mixtral":
         out["num_experts"] = _req(cfg, "num_local_experts", origin)
         out["experts_per_token"] = _req(cfg, "num_experts_per_tok", origin)
-    if isinstance(out["rope_scaling"], dict) and "rope_theta" in out["rope_scaling"]:
-        out["rope_theta"] = float(out["rope_scaling"]["rope_theta"])  # transformers 5 nests it here
     return out
 
 
@@ -105,8 +115,8 @@ def _gpt_neox(cfg: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
         ffn_size=_req(cfg, "intermediate_size", origin), ffn_kind="gelu",
         hidden_act=cfg.get("hidden_act", "gelu"),
         norm_kind="layernorm", norm_eps=cfg.get("layer_norm_eps", 1e-5),
-        pos_encoding="rope", rope_theta=float(cfg.get("rotary_emb_base", cfg.get("rope_theta", 10000))),
-        rotary_dim=int(head_dim * cfg.get("rotary_pct", 1.0)),
+        pos_encoding="rope", rope_theta=_rope(cfg)["rope_theta"],
+        rotary_dim=int(head_dim * _rope(cfg)["rotary_fraction"]),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_positions=_req(cfg, "max_position_embeddings", origin),
         qkv_bias=bias, out_bias=bias, mlp_bias=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -49,6 +50,20 @@ def _looks_like_path(ref: str) -> bool:
     return ref.endswith((".yaml", ".yml", ".json")) or os.sep in ref or os.path.exists(ref)
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-6` and `1e6` (no dot) as floats, as YAML 1.2 and JSON do."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
 def read_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse a YAML or JSON file into a mapping, with one-line errors naming the file."""
     p = Path(path)
@@ -56,7 +71,7 @@ def read_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise SpecError(f"file not found: {str(path)!r}")
     try:
         text = p.read_text()
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if p.suffix == ".json" else yaml.load(text, Loader=_Loader)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise SpecError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'} ({first})") from None
@@ -146,12 +161,13 @@ def load_hardware(ref: str | os.PathLike[str] | HardwareSpec) -> HardwareSpec:
 
 def match_hardware(device_name: str) -> HardwareSpec | None:
     """The built-in spec whose `device_names` best match a runtime device name
-    (e.g. `torch.cuda.get_device_name()` -> "NVIDIA H100 80GB HBM3"), or None."""
-    text = device_name.lower()
+    (e.g. `torch.cuda.get_device_name()` -> "NVIDIA H100 80GB HBM3"), or None. A pattern matches
+    whole tokens only: "NVIDIA A10" does not match "NVIDIA A100-PCIE-40GB" or "NVIDIA A10G"."""
     best: tuple[int, HardwareSpec] | None = None
     for name in list_hardware():
         spec = _load_builtin_hardware(name)
         for pattern in spec.device_names:
-            if pattern.lower() in text and (best is None or len(pattern) > best[0]):
+            token = r"(?<![A-Za-z0-9])" + re.escape(pattern) + r"(?![A-Za-z0-9])"
+            if re.search(token, device_name, re.IGNORECASE) and (best is None or len(pattern) > best[0]):
                 best = (len(pattern), spec)
     return best[1] if best else None

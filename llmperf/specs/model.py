@@ -77,15 +77,23 @@ class ModelSpec:
                             f"num_heads={self.num_heads}")
         if self.rotary_dim is None:
             object.__setattr__(self, "rotary_dim", self.head_dim)
-        if self.shared_experts < 0:
-            raise SpecError(f"{self.name}: shared_experts must be >= 0, got {self.shared_experts}")
+        _positive_int(self, "rotary_dim")
+        if self.rotary_dim > self.head_dim:
+            raise SpecError(f"{self.name}: rotary_dim={self.rotary_dim} exceeds head_dim={self.head_dim}")
+        for f in ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "parallel_residual"):
+            if not isinstance(getattr(self, f), bool):
+                raise SpecError(f"{self.name}: {f} must be true or false, got {getattr(self, f)!r}")
+        for f in ("norm_eps", "rope_theta"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise SpecError(f"{self.name}: {f} must be a positive number, got {value!r}")
+        for f in ("shared_experts", "position_offset"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SpecError(f"{self.name}: {f} must be an integer >= 0, got {value!r}")
         if self.experts_per_token > self.num_experts:
             raise SpecError(f"{self.name}: experts_per_token={self.experts_per_token} exceeds "
                             f"num_experts={self.num_experts}")
-        if not self.norm_eps > 0:
-            raise SpecError(f"{self.name}: norm_eps must be > 0, got {self.norm_eps}")
-        if self.position_offset < 0:
-            raise SpecError(f"{self.name}: position_offset must be >= 0, got {self.position_offset}")
         for f, allowed in (("ffn_kind", FFN_KINDS), ("norm_kind", NORM_KINDS),
                            ("pos_encoding", POS_ENCODINGS), ("family", FAMILIES)):
             if getattr(self, f) not in allowed:

@@ -138,9 +138,6 @@ def test_saved_hf_config_reads_back(name, tmp_path):
     assert replace(structure(back), rope_theta=spec.rope_theta) == structure(spec)
 
 
-@pytest.mark.xfail(_ROPE_NESTED, strict=True, reason=(
-    "llmperf/specs/hf.py reads top-level rope_theta / rope_scaling / rotary_pct, but transformers 5 "
-    "saves them inside `rope_parameters` (rope_theta, rope_type + scaling keys, partial_rotary_factor)"))
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen2.5-7b", "mixtral-8x7b"])
 def test_saved_hf_config_keeps_rope(name, tmp_path):
     spec = load_model(name)
@@ -189,9 +186,6 @@ def test_gpt_neox_in_code_matches_transformers():
     assert spec.param_count == hf_param_count(meta_model(_tiny_neox()))
 
 
-@pytest.mark.xfail(_ROPE_NESTED, strict=True, reason=(
-    "llmperf/specs/hf.py reads `rotary_pct`; transformers 5 saves it as "
-    "rope_parameters.partial_rotary_factor, so rotary_dim comes back as the full head_dim"))
 def test_gpt_neox_saved_config_keeps_partial_rotary(tmp_path):
     _tiny_neox().save_pretrained(tmp_path)
     assert ModelSpec.from_hf_config(tmp_path).rotary_dim == 4  # 25% of head_dim 16

@@ -190,9 +190,6 @@ def test_match_hardware_unknown_is_none(device_name):
     assert match_hardware(device_name) is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "match_hardware matches patterns as plain substrings, so 'NVIDIA A10' matches inside "
-    "'NVIDIA A100-PCIE-40GB' and 'NVIDIA A10G', and 'NVIDIA L4' inside 'NVIDIA L40'"))
 @pytest.mark.parametrize("device_name", ["NVIDIA A100-PCIE-40GB", "NVIDIA A10G", "NVIDIA L40"])
 def test_match_hardware_no_prefix_collisions(device_name):
     spec = match_hardware(device_name)
