@@ -195,7 +195,9 @@ def models_cmd(
     frame = models_frame()
     if output_format is OutputFormat.table:
         from llmperf.render import frame_table
-        out_console.print(frame_table(frame.drop(columns=["source"]), "Built-in models"))
+        shown = frame.drop(columns=["source"]).assign(params=[f"{p / 1e9:.3f} B" for p in frame["params"]])
+        out_console.print(frame_table(shown.rename(columns={"kv_bytes_per_token_fp16": "KV B/token (fp16)"}),
+                                      "Built-in models (exact counts: --format json)"))
     else:
         write_output(frame.to_json(orient="records", indent=2) if output_format is OutputFormat.json
                      else frame.to_csv(index=False), None)
