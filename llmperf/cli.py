@@ -186,36 +186,36 @@ def _json_default(value: object) -> object:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def _show_listing(frame, shown, title: str, output_format: OutputFormat) -> None:  # noqa: ANN001
+    """A listing as a rich table (`shown`, display-formatted) or as JSON/CSV of the exact `frame`."""
+    if output_format is OutputFormat.table:
+        from llmperf.render import frame_table
+        out_console.print(frame_table(shown.drop(columns=["source"]), title))
+    elif output_format is OutputFormat.json:
+        write_output(frame.to_json(orient="records", indent=2), None)
+    else:
+        write_output(frame.to_csv(index=False), None)
+
+
+FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv.")]
+
+
 @app.command("models")
-def models_cmd(
-    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv.")] = OutputFormat.table,
-) -> None:
+def models_cmd(output_format: FormatOption = OutputFormat.table) -> None:
     """List the built-in models: parameters, shape, KV bytes per token (fp16), source."""
     from llmperf.render import models_frame
     frame = models_frame()
-    if output_format is OutputFormat.table:
-        from llmperf.render import frame_table
-        shown = frame.drop(columns=["source"]).assign(params=[f"{p / 1e9:.3f} B" for p in frame["params"]])
-        out_console.print(frame_table(shown.rename(columns={"kv_bytes_per_token_fp16": "KV B/token (fp16)"}),
-                                      "Built-in models (exact counts: --format json)"))
-    else:
-        write_output(frame.to_json(orient="records", indent=2) if output_format is OutputFormat.json
-                     else frame.to_csv(index=False), None)
+    shown = frame.assign(params=[f"{p / 1e9:.3f} B" for p in frame["params"]]).rename(
+        columns={"kv_bytes_per_token_fp16": "KV B/token (fp16)"})
+    _show_listing(frame, shown, "Built-in models (exact counts: --format json)", output_format)
 
 
 @app.command("hardware")
-def hardware_cmd(
-    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv.")] = OutputFormat.table,
-) -> None:
-    """List the built-in devices: dense peaks, memory bandwidth (GB/s), capacity (GiB), ridge point."""
+def hardware_cmd(output_format: FormatOption = OutputFormat.table) -> None:
+    """List the built-in devices: dense peaks (TFLOP/s), memory bandwidth (GB/s), capacity (GiB), ridge point."""
     from llmperf.render import hardware_frame
     frame = hardware_frame()
-    if output_format is OutputFormat.table:
-        from llmperf.render import frame_table
-        out_console.print(frame_table(frame.drop(columns=["source"]), "Built-in devices"))
-    else:
-        write_output(frame.to_json(orient="records", indent=2) if output_format is OutputFormat.json
-                     else frame.to_csv(index=False), None)
+    _show_listing(frame, frame, "Built-in devices (dense peaks)", output_format)
 
 
 def main() -> None:
