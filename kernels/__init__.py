@@ -1,0 +1,63 @@
+"""Attention kernels that llmperf measures, and the torch references they are checked against.
+
+Triton kernels (need `triton`; CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before first use):
+  flash_attention(q, k, v, causal=True, sm_scale=None, *, out=None)                 prefill, FlashAttention-2
+  flash_decoding(q, k_cache, v_cache, seq_lens, num_splits=None, *, ...)             decode, Flash-Decoding
+  paged_attention(q, key_blocks, value_blocks, block_tables, seq_lens, num_splits=None, *, ...)
+                                                                                     decode, PagedAttention
+Torch references (need only torch): naive_attention, sdpa_attention, naive_decode, sdpa_decode,
+paged_decode_reference, gather_paged_kv, causal_mask. Split heuristic (pure Python): num_kv_splits.
+
+The Triton modules are imported on first access, so `import kernels` works without triton, and the
+interpreter switch (read by `@triton.jit` at import) can still be set after `import kernels`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kernels.reference import (
+    causal_mask,
+    gather_paged_kv,
+    naive_attention,
+    naive_decode,
+    paged_decode_reference,
+    sdpa_attention,
+    sdpa_decode,
+)
+from kernels.splits import num_kv_splits
+
+_TRITON_EXPORTS = {
+    "flash_attention": "kernels.flash_attention",
+    "flash_decoding": "kernels.flash_decoding",
+    "paged_attention": "kernels.paged_attention",
+}
+
+__all__ = [
+    "flash_attention",
+    "flash_decoding",
+    "paged_attention",
+    "naive_attention",
+    "sdpa_attention",
+    "naive_decode",
+    "sdpa_decode",
+    "paged_decode_reference",
+    "gather_paged_kv",
+    "causal_mask",
+    "num_kv_splits",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _TRITON_EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as e:
+        if e.name != "triton":
+            raise
+        raise ImportError(f"kernels.{name} needs triton (pip install 'llmperf-roofline[torch]')") from e
+    globals()[name] = value
+    return value

@@ -1,0 +1,186 @@
+"""Argument checks shared by the Triton wrappers and the torch references.
+
+Letters: B batch, H query heads, H_kv key/value heads, G = H / H_kv, T_q / T_kv query / key lengths,
+S_max contiguous-cache capacity, D head dim, P block (page) size, N_blk number of physical blocks,
+M_blk block-table width (max blocks per sequence).
+
+Shape checks are free. The value checks of `seq_lens` and `block_tables` read them on the host (a device
+sync on CUDA); they return the longest sequence so the caller can size its split-KV launch from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels._common import (
+    check_float,
+    check_head_dim,
+    check_heads,
+    check_index_tensor,
+    check_same_device,
+    check_tensor,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillDims:
+    B: int
+    H: int
+    H_kv: int
+    T_q: int
+    T_kv: int
+    D: int
+
+    @property
+    def G(self) -> int:
+        return self.H // self.H_kv
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeDims:
+    B: int
+    H: int
+    H_kv: int
+    D: int
+    capacity: int  # tokens one sequence can hold: S_max, or M_blk * P for a paged cache
+    block_size: int = 0  # P for a paged cache, 0 for a contiguous one
+    num_blocks: int = 0  # N_blk for a paged cache
+
+    @property
+    def G(self) -> int:
+        return self.H // self.H_kv
+
+
+def check_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> PrefillDims:
+    """q (B, H, T_q, D); k, v (B, H_kv, T_kv, D). Causal masks are aligned bottom-right."""
+    check_tensor("q", q, 4, "(B, H, T_q, D)")
+    check_tensor("k", k, 4, "(B, H_kv, T_kv, D)")
+    check_tensor("v", v, 4, "(B, H_kv, T_kv, D)")
+    check_float("q", q)
+    check_float("k", k, q.dtype)
+    check_float("v", v, q.dtype)
+    check_same_device([("q", q), ("k", k), ("v", v)])
+    B, H, T_q, D = q.shape
+    if k.shape[0] != B:
+        raise ValueError(f"k: batch {k.shape[0]} differs from q's {B}")
+    _, H_kv, T_kv, _ = k.shape
+    if v.shape != k.shape:
+        raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
+    check_head_dim("q", D)
+    check_head_dim("k", k.shape[3], D)
+    check_heads(H, H_kv, "k")
+    if B < 1 or T_q < 1:
+        raise ValueError(f"q: needs at least one sequence and one query, got shape {tuple(q.shape)}")
+    if T_kv < 1:
+        raise ValueError(f"k: needs at least one key, got shape {tuple(k.shape)}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal: must be a bool, got {causal!r}")
+    if causal and T_q > T_kv:
+        raise ValueError(
+            f"q: causal attention aligns the queries to the last keys, so q_len ({T_q}) must be <= kv_len ({T_kv})"
+        )
+    return PrefillDims(B=B, H=H, H_kv=H_kv, T_q=T_q, T_kv=T_kv, D=D)
+
+
+def _check_decode_q(q: torch.Tensor) -> tuple[int, int, int]:
+    check_tensor("q", q, 3, "(B, H, D)")
+    check_float("q", q)
+    B, H, D = q.shape
+    if B < 1:
+        raise ValueError(f"q: needs at least one sequence, got shape {tuple(q.shape)}")
+    check_head_dim("q", D)
+    return B, H, D
+
+
+def _check_seq_lens(seq_lens: torch.Tensor, B: int) -> None:
+    check_index_tensor("seq_lens", seq_lens, 1, "(B,)")
+    if seq_lens.shape[0] != B:
+        raise ValueError(f"seq_lens: length {seq_lens.shape[0]} differs from q's batch {B}")
+
+
+def check_seq_len_values(seq_lens: torch.Tensor, capacity: int, what: str) -> int:
+    """Every length in [1, capacity]; returns the longest."""
+    lens = seq_lens.cpu()
+    for b, n in enumerate(lens.tolist()):
+        if n < 1:
+            raise ValueError(f"seq_lens: length {n} of sequence {b} must be >= 1 (the new token is in the cache)")
+        if n > capacity:
+            raise ValueError(f"seq_lens: length {n} exceeds the cache's {what}={capacity} for sequence {b}")
+    return int(lens.max())
+
+
+def check_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor) -> DecodeDims:
+    """q (B, H, D); k_cache, v_cache (B, H_kv, S_max, D); seq_lens (B,) int32. Shapes only."""
+    B, H, D = _check_decode_q(q)
+    check_tensor("k_cache", k_cache, 4, "(B, H_kv, S_max, D)")
+    check_tensor("v_cache", v_cache, 4, "(B, H_kv, S_max, D)")
+    check_float("k_cache", k_cache, q.dtype)
+    check_float("v_cache", v_cache, q.dtype)
+    if k_cache.shape[0] != B:
+        raise ValueError(f"k_cache: batch {k_cache.shape[0]} differs from q's {B}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} differs from k_cache's {tuple(k_cache.shape)}")
+    _, H_kv, S_max, _ = k_cache.shape
+    check_head_dim("k_cache", k_cache.shape[3], D)
+    check_heads(H, H_kv, "k_cache")
+    if S_max < 1:
+        raise ValueError(f"k_cache: S_max must be >= 1, got shape {tuple(k_cache.shape)}")
+    _check_seq_lens(seq_lens, B)
+    check_same_device([("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("seq_lens", seq_lens)])
+    return DecodeDims(B=B, H=H, H_kv=H_kv, D=D, capacity=S_max)
+
+
+def check_paged(
+    q: torch.Tensor,
+    key_blocks: torch.Tensor,
+    value_blocks: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> DecodeDims:
+    """q (B, H, D); key/value_blocks (N_blk, P, H_kv, D); block_tables (B, M_blk) int32; seq_lens (B,) int32."""
+    B, H, D = _check_decode_q(q)
+    check_tensor("key_blocks", key_blocks, 4, "(num_blocks, block_size, H_kv, D)")
+    check_tensor("value_blocks", value_blocks, 4, "(num_blocks, block_size, H_kv, D)")
+    check_float("key_blocks", key_blocks, q.dtype)
+    check_float("value_blocks", value_blocks, q.dtype)
+    if value_blocks.shape != key_blocks.shape:
+        raise ValueError(
+            f"value_blocks: shape {tuple(value_blocks.shape)} differs from key_blocks' {tuple(key_blocks.shape)}"
+        )
+    N_blk, P, H_kv, _ = key_blocks.shape
+    check_head_dim("key_blocks", key_blocks.shape[3], D)
+    check_heads(H, H_kv, "key_blocks")
+    if N_blk < 1 or P < 1:
+        raise ValueError(f"key_blocks: needs at least one block of at least one token, got {tuple(key_blocks.shape)}")
+    check_index_tensor("block_tables", block_tables, 2, "(B, max_blocks)")
+    if block_tables.shape[0] != B:
+        raise ValueError(f"block_tables: {block_tables.shape[0]} rows differ from q's batch {B}")
+    if block_tables.shape[1] < 1:
+        raise ValueError(f"block_tables: needs at least one column, got shape {tuple(block_tables.shape)}")
+    _check_seq_lens(seq_lens, B)
+    check_same_device(
+        [("q", q), ("key_blocks", key_blocks), ("value_blocks", value_blocks),
+         ("block_tables", block_tables), ("seq_lens", seq_lens)]
+    )
+    return DecodeDims(B=B, H=H, H_kv=H_kv, D=D, capacity=block_tables.shape[1] * P, block_size=P, num_blocks=N_blk)
+
+
+def check_block_table_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: DecodeDims) -> int:
+    """Lengths in [1, M_blk * P] and every block a sequence uses in [0, N_blk); returns the longest.
+
+    Entries past a sequence's last used block are never read, so they may hold anything (e.g. -1).
+    """
+    longest = check_seq_len_values(seq_lens, dims.capacity, "max_blocks*block_size")
+    table = block_tables.cpu()
+    used = (seq_lens.cpu().long() + dims.block_size - 1) // dims.block_size  # (B,) blocks each sequence reads
+    column = torch.arange(table.shape[1])
+    bad = (column[None, :] < used[:, None]) & ((table < 0) | (table >= dims.num_blocks))  # (B, M_blk)
+    if bool(bad.any()):
+        b, j = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"block_tables: entry {j} of sequence {b} is block {int(table[b, j])}, "
+            f"outside [0, num_blocks={dims.num_blocks})"
+        )
+    return longest

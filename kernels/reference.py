@@ -1,0 +1,164 @@
+"""Torch reference attention: the baselines the Triton kernels are checked and timed against.
+
+`naive_*` is the "standard attention" of the FlashAttention paper (Dao et al. 2022, arXiv:2205.14135,
+Algorithm 0): S = Q K^T and P = softmax(S) are materialised in memory, then O = P V. Scores and outputs
+are in the inputs' dtype; the softmax runs in fp32 and P is cast back, as Hugging Face's eager attention
+does. `sdpa_*` wraps `torch.nn.functional.scaled_dot_product_attention`, which picks a fused backend
+where it can. All are pure functions of their tensors (no global state), usable as attention backends.
+
+Letters: B batch, H query heads, H_kv key/value heads, G = H / H_kv, T_q / T_kv query / key lengths,
+S_max contiguous-cache capacity, D head dim, P block size, N_blk pool blocks, M_blk block-table width.
+
+Layouts (the same as the kernels'):
+  prefill: q (B, H, T_q, D); k, v (B, H_kv, T_kv, D) -> (B, H, T_q, D). Causal masks are aligned
+           bottom-right: query i sees keys j <= i + T_kv - T_q (needs T_q <= T_kv).
+  decode:  q (B, H, D); k_cache, v_cache (B, H_kv, S_max, D); seq_lens (B,) int32 -> (B, H, D);
+           sequence b attends to its first seq_lens[b] cached positions.
+  paged:   key_blocks, value_blocks (N_blk, P, H_kv, D); block_tables (B, M_blk) int32; token t of
+           sequence b is slot t % P of block block_tables[b, t // P].
+Query head h reads KV head h // G (GQA/MQA), as `repeat_interleave` of K/V along heads would give.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from kernels._checks import (
+    check_block_table_values,
+    check_decode,
+    check_paged,
+    check_prefill,
+    check_seq_len_values,
+)
+from kernels._common import default_sm_scale
+
+
+def causal_mask(T_q: int, T_kv: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(T_q, T_kv) bool, True where query i may see key j: j <= i + T_kv - T_q (bottom-right aligned)."""
+    return torch.ones(T_q, T_kv, dtype=torch.bool, device=device).tril(diagonal=T_kv - T_q)
+
+
+def _length_mask(seq_lens: torch.Tensor, S_max: int) -> torch.Tensor:
+    """(B, S_max) bool, True at the cached positions of each sequence."""
+    return torch.arange(S_max, device=seq_lens.device)[None, :] < seq_lens[:, None].long()
+
+
+def naive_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, sm_scale: float | None = None
+) -> torch.Tensor:
+    """Standard attention with S and P materialised. q (B, H, T_q, D); k, v (B, H_kv, T_kv, D)."""
+    dims = check_prefill(q, k, v, causal)
+    B, H, H_kv, T_q, T_kv, D = dims.B, dims.H, dims.H_kv, dims.T_q, dims.T_kv, dims.D
+    scale = default_sm_scale(D, sm_scale)
+    qg = q.reshape(B, H_kv, dims.G * T_q, D)  # (B, H_kv, G*T_q, D): a group's heads share one K, V
+    s = torch.matmul(qg, k.transpose(-1, -2)) * scale  # (B, H_kv, G*T_q, T_kv)
+    if causal:
+        allowed = causal_mask(T_q, T_kv, q.device)  # (T_q, T_kv)
+        s = s.view(B, H_kv, dims.G, T_q, T_kv).masked_fill(~allowed, float("-inf")).view(B, H_kv, -1, T_kv)
+    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)  # (B, H_kv, G*T_q, T_kv)
+    o = torch.matmul(p, v)  # (B, H_kv, G*T_q, D)
+    return o.view(B, H, T_q, D)
+
+
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, sm_scale: float | None = None
+) -> torch.Tensor:
+    """torch SDPA with the kernels' conventions. q (B, H, T_q, D); k, v (B, H_kv, T_kv, D).
+
+    T_q == T_kv causal uses `is_causal` (SDPA's own mask is top-left aligned, the same thing when the
+    lengths match); T_q < T_kv passes the bottom-right mask explicitly."""
+    dims = check_prefill(q, k, v, causal)
+    scale = default_sm_scale(dims.D, sm_scale)
+    mask = None
+    if causal and dims.T_q != dims.T_kv:
+        mask = causal_mask(dims.T_q, dims.T_kv, q.device)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=dims.G > 1
+    )
+
+
+def naive_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Standard attention of one token per sequence over the whole (B, H_kv, S_max, D) cache, masked by length."""
+    dims = check_decode(q, k_cache, v_cache, seq_lens)
+    if validate:
+        check_seq_len_values(seq_lens, dims.capacity, "S_max")
+    B, H_kv, D = dims.B, dims.H_kv, dims.D
+    S_max = dims.capacity
+    scale = default_sm_scale(D, sm_scale)
+    qg = q.reshape(B, H_kv, dims.G, D)  # (B, H_kv, G, D)
+    s = torch.matmul(qg, k_cache.transpose(-1, -2)) * scale  # (B, H_kv, G, S_max)
+    s = s.masked_fill(~_length_mask(seq_lens, S_max)[:, None, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)  # (B, H_kv, G, S_max)
+    return torch.matmul(p, v_cache).view(B, dims.H, D)  # (B, H, D)
+
+
+def sdpa_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
+    """torch SDPA for one token per sequence, with a (B, 1, 1, S_max) length mask."""
+    dims = check_decode(q, k_cache, v_cache, seq_lens)
+    if validate:
+        check_seq_len_values(seq_lens, dims.capacity, "S_max")
+    scale = default_sm_scale(dims.D, sm_scale)
+    mask = _length_mask(seq_lens, dims.capacity)[:, None, None, :]  # (B, 1, 1, S_max)
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(2), k_cache, v_cache, attn_mask=mask, scale=scale, enable_gqa=dims.G > 1
+    )  # (B, H, 1, D)
+    return o.squeeze(2)
+
+
+def gather_paged_kv(
+    key_blocks: torch.Tensor, value_blocks: torch.Tensor, block_tables: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy each sequence's blocks into contiguous caches (B, H_kv, M_blk * P, D).
+
+    Table entries outside [0, N_blk) are clamped: they lie past a sequence's length (checked by the
+    callers) and are masked out by seq_lens."""
+    N_blk, P, H_kv, D = key_blocks.shape
+    B, M_blk = block_tables.shape
+    ids = block_tables.long().clamp(0, N_blk - 1)  # (B, M_blk)
+
+    def gather(blocks: torch.Tensor) -> torch.Tensor:
+        rows = blocks[ids]  # (B, M_blk, P, H_kv, D)
+        return rows.reshape(B, M_blk * P, H_kv, D).transpose(1, 2)  # (B, H_kv, M_blk*P, D)
+
+    return gather(key_blocks), gather(value_blocks)
+
+
+def paged_decode_reference(
+    q: torch.Tensor,
+    key_blocks: torch.Tensor,
+    value_blocks: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    impl: Literal["sdpa", "naive"] = "sdpa",
+    validate: bool = True,
+) -> torch.Tensor:
+    """Decode against a paged cache: gather the blocks (`gather_paged_kv`), then `sdpa_decode` or `naive_decode`."""
+    dims = check_paged(q, key_blocks, value_blocks, block_tables, seq_lens)
+    if impl not in ("sdpa", "naive"):
+        raise ValueError(f"impl: must be 'sdpa' or 'naive', got {impl!r}")
+    if validate:
+        check_block_table_values(block_tables, seq_lens, dims)
+    k_cache, v_cache = gather_paged_kv(key_blocks, value_blocks, block_tables)
+    decode = sdpa_decode if impl == "sdpa" else naive_decode
+    return decode(q, k_cache, v_cache, seq_lens, sm_scale, validate=False)
