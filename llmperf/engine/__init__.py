@@ -1,0 +1,32 @@
+"""A small, readable inference engine that llmperf measures (torch; Llama and GPT-2 families).
+
+    model = build_model(spec, seed=0)  or  from_pretrained("path/to/hf-checkpoint")
+    engine = Engine(model, cache="paged" | "contiguous", attention="sdpa" | "naive" | "triton")
+    outputs = engine.generate(prompts, SamplingParams(...), seed=0, recorder=Recorder(model.device))
+    result = engine.serve(generate_workload(...), policy="continuous" | "static")
+
+Modules: `model` (the decoder), `weights` (random / Hugging Face checkpoints), `attention` (backends),
+`cache` (contiguous and paged KV caches), `runner` (forward + token choice), `scheduler` (static and
+continuous batching, preemption), `generate` (`Engine`), `instrument` (per-step / per-operator
+timings), `bench` (speed against `transformers`); `sampling`, `beam`, `block_pool`, `workload`.
+"""
+
+from llmperf.engine.attention import BACKENDS, StepMeta
+from llmperf.engine.beam import BeamSearch
+from llmperf.engine.cache import CacheUsage, ContiguousKVCache, KVCache, PagedKVCache, make_cache
+from llmperf.engine.generate import Engine, generate
+from llmperf.engine.instrument import NULL_RECORDER, OP_NAMES, OpRecord, Recorder, StepRecord, Trace
+from llmperf.engine.model import Transformer
+from llmperf.engine.sampling import SamplingParams
+from llmperf.engine.scheduler import POLICIES, Scheduler, ServeResult, StepStats
+from llmperf.engine.sequence import Completion, RequestMetrics, RequestOutput
+from llmperf.engine.weights import build_model, from_pretrained, hf_config, load_hf_state_dict, to_hf_state_dict
+from llmperf.engine.workload import Request, generate_workload
+
+__all__ = [
+    "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "Engine", "KVCache", "NULL_RECORDER",
+    "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics", "RequestOutput",
+    "SamplingParams", "Scheduler", "ServeResult", "StepMeta", "StepRecord", "StepStats", "Trace", "Transformer",
+    "build_model", "from_pretrained", "generate", "generate_workload", "hf_config", "load_hf_state_dict",
+    "make_cache", "to_hf_state_dict",
+]

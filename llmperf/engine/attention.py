@@ -1,0 +1,211 @@
+"""Attention backends and the per-step metadata they share.
+
+Letters: B sequences in the step, T new tokens per sequence (the step's `q_len`), H query heads,
+H_kv key/value heads, G = H / H_kv, D head dim, S keys attended (the longest context in the step).
+
+A step feeds T new tokens of each of B sequences; sequence b already holds `starts[b]` tokens in the
+cache, so its new queries sit at positions `starts[b] .. starts[b] + T - 1` and attend causally to
+keys `0 .. starts[b] + T - 1` (causal aligned bottom-right). Three cases:
+
+- *fresh* (every start is 0, e.g. prefill): the keys are exactly this step's K and V, so attention
+  runs on them directly (causal), never reading the cache back;
+- *decode* (T == 1): one query per sequence against its cached keys (ragged lengths masked);
+- *extend* (T > 1 after cached tokens): the general case, with a mask built from the positions.
+
+Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, D)`, k/v
+`(B, T, H_kv, D)` already written to the cache, out `(B, T, H * D)`):
+
+- `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (one `attention` operator). In decode,
+  the G query heads that share a KV head are folded into the query length, `(B, H_kv, G, D)`, so the
+  cache is read once per KV head with no copy (the grouping Flash-Decoding uses);
+- `naive`: S = QK^T / sqrt(D) and P = softmax(S) materialised (`attn_score`, `attn_softmax`,
+  `attn_value`), softmax in fp32 as Hugging Face's eager attention does;
+- `triton`: the `kernels` package: fused FlashAttention prefill, Flash-Decoding on the contiguous
+  cache, PagedAttention on the paged cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from llmperf.engine.cache import KVCache
+
+BACKENDS = ("sdpa", "naive", "triton")
+
+
+@dataclass(eq=False)
+class StepMeta:
+    """What every layer needs to know about one forward step (built once per step, by the cache).
+
+    `positions` (B, T) int64 on the model's device; `starts` / `seq_lens` python ints per sequence
+    (tokens cached before / after this step). Cache addressing: `rows` (contiguous cache: the batch's
+    rows, `row_slice` when they are consecutive), or `slot_mapping` (B*T,) and `block_tables`
+    (B, max_blocks) int32 (paged cache).
+    """
+
+    positions: torch.Tensor
+    starts: tuple[int, ...]
+    q_len: int
+    cache: KVCache | None = None
+    rows: torch.Tensor | None = None
+    row_slice: slice | None = None
+    slot_mapping: torch.Tensor | None = None
+    block_tables: torch.Tensor | None = None
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def batch(self) -> int:
+        return len(self.starts)
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        return tuple(s + self.q_len for s in self.starts)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.starts) + self.q_len
+
+    @property
+    def fresh(self) -> bool:
+        """Every sequence starts empty: this step's K and V are all the keys."""
+        return max(self.starts) == 0
+
+    @property
+    def uniform(self) -> bool:
+        """Every sequence has the same context (no padding mask needed)."""
+        return min(self.starts) == max(self.starts)
+
+    def seq_lens_tensor(self) -> torch.Tensor:
+        """(B,) int32 on the model's device (what the kernels take)."""
+        if "seq_lens" not in self._memo:
+            self._memo["seq_lens"] = torch.tensor(self.seq_lens, dtype=torch.int32, device=self.positions.device)
+        return self._memo["seq_lens"]
+
+    def mask(self, S: int) -> torch.Tensor | None:
+        """(B, 1, T, S) bool, True where query (b, t) may see key s (s <= its position); None when
+        every query sees every one of the S keys (uniform decode)."""
+        if self.q_len == 1 and self.uniform and S == self.max_seq_len:
+            return None
+        if S not in self._memo:
+            keys = torch.arange(S, device=self.positions.device)  # (S,)
+            self._memo[S] = (keys[None, None, :] <= self.positions[:, :, None])[:, None]  # (B, 1, T, S)
+        return self._memo[S]
+
+    @classmethod
+    def no_cache(cls, batch: int, q_len: int, device: torch.device | str) -> StepMeta:
+        """A full forward of `q_len` tokens from position 0, with no cache (recomputation)."""
+        positions = torch.arange(q_len, device=device).expand(batch, q_len)  # (B, T)
+        return cls(positions=positions, starts=(0,) * batch, q_len=q_len)
+
+
+def _keys(layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V `(B, H_kv, S, D)` this step attends to: the fresh ones, or the cache's."""
+    if meta.fresh:
+        return k.transpose(1, 2), v.transpose(1, 2)
+    if meta.cache is None:
+        raise ValueError("meta: a step that continues cached sequences needs a cache")
+    return meta.cache.gather(layer, meta)
+
+
+def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
+                   rec: Any) -> torch.Tensor:
+    B, T, H, D = q.shape
+    H_kv = k.shape[2]
+    G = H // H_kv
+    with rec.op("attention", layer):
+        K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
+        S = K.shape[2]
+        if T == 1:
+            # Fold the G query heads of each KV head into the query axis: (B, H_kv, G, D).
+            qg = q.reshape(B, H_kv, G, D)
+            mask = meta.mask(S)
+            o = F.scaled_dot_product_attention(qg, K, V, attn_mask=mask)  # (B, H_kv, G, D)
+            return o.reshape(B, 1, H * D)
+        qt = q.transpose(1, 2)  # (B, H, T, D)
+        if meta.fresh and meta.uniform:
+            o = F.scaled_dot_product_attention(qt, K, V, is_causal=True, enable_gqa=G > 1)
+        else:
+            o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(S), enable_gqa=G > 1)
+        return o.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+
+
+def naive_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
+                    rec: Any) -> torch.Tensor:
+    B, T, H, D = q.shape
+    H_kv = k.shape[2]
+    G = H // H_kv
+    K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
+    S = K.shape[2]
+    qg = q.transpose(1, 2).reshape(B, H_kv, G * T, D)  # rows ordered (g, t)
+    with rec.op("attn_score", layer):
+        scores = torch.matmul(qg, K.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (B, H_kv, G*T, S)
+    with rec.op("attn_softmax", layer):
+        mask = meta.mask(S)  # (B, 1, T, S) or None
+        s = scores.float()
+        if mask is not None:
+            s = s.view(B, H_kv, G, T, S).masked_fill(~mask[:, :, None], -math.inf).view(B, H_kv, G * T, S)
+        probs = torch.softmax(s, dim=-1).to(q.dtype)  # (B, H_kv, G*T, S)
+    with rec.op("attn_value", layer):
+        o = torch.matmul(probs, V)  # (B, H_kv, G*T, D)
+    return o.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+
+
+def _kernels() -> Any:
+    try:
+        import kernels
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError(f"attention='triton' needs the `kernels` package and triton ({exc})") from None
+    return kernels
+
+
+def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
+                     rec: Any) -> torch.Tensor:
+    from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
+
+    kernels = _kernels()
+    B, T, H, D = q.shape
+    with rec.op("attention", layer):
+        if meta.fresh and meta.uniform:
+            o = kernels.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+            return o.transpose(1, 2).reshape(B, T, H * D)
+        if T == 1 and isinstance(meta.cache, PagedKVCache):
+            k_pool, v_pool = meta.cache.pools(layer)  # (num_blocks, block_size, H_kv, D) each
+            o = kernels.paged_attention(q.reshape(B, H, D), k_pool, v_pool, meta.block_tables,
+                                        meta.seq_lens_tensor())
+            return o.reshape(B, 1, H * D)
+        if T == 1 and isinstance(meta.cache, ContiguousKVCache):
+            k_rows, v_rows = meta.cache.rows_of(layer, meta)  # (B, H_kv, S_max, D) each
+            o = kernels.flash_decoding(q.reshape(B, H, D), k_rows, v_rows, meta.seq_lens_tensor())
+            return o.reshape(B, 1, H * D)
+        if meta.uniform:  # extend: queries are the last T of S keys, causal aligned bottom-right
+            K, V = _keys(layer, k, v, meta)
+            o = kernels.flash_attention(q.transpose(1, 2), K, V, causal=True)
+            return o.transpose(1, 2).reshape(B, T, H * D)
+    raise NotImplementedError("attention='triton': a multi-token step over sequences with different cached "
+                              f"lengths (starts={meta.starts}) is not supported; use 'sdpa'")
+
+
+AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, StepMeta, Any], torch.Tensor]
+
+_BACKENDS: dict[str, AttentionFn] = {"sdpa": sdpa_attention, "naive": naive_attention, "triton": triton_attention}
+
+
+def get_backend(name: str) -> AttentionFn:
+    """The attention function called `name` (one of `BACKENDS`)."""
+    if name not in _BACKENDS:
+        raise ValueError(f"attention: must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name == "triton":
+        _kernels()
+    return _BACKENDS[name]
+
+
+def fused_op_names(backend: str) -> Sequence[str]:
+    """The operator names the backend records for attention (`attention`, or the three naive parts)."""
+    return ("attn_score", "attn_softmax", "attn_value") if backend == "naive" else ("attention",)

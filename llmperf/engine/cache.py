@@ -1,0 +1,431 @@
+"""KV caches: the tensors that hold every layer's keys and values, and their byte accounting.
+
+Letters: L layers, B_max sequence rows, H_kv KV heads, S_max tokens per row, D head dim,
+N blocks in the paged pool, P tokens per block (block_size).
+
+- `ContiguousKVCache`: one tensor `(L, 2, B_max, H_kv, S_max, D)` (2 = K, V), allocated up front:
+  every sequence owns a row of S_max token slots whether it uses them or not, as a naive server
+  preallocates the maximum length (20-40% of it holds real tokens; Kwon et al. 2023, "Efficient
+  Memory Management for Large Language Model Serving with PagedAttention", arXiv:2309.06180, §2.3).
+- `PagedKVCache`: one tensor `(L, 2, N, P, H_kv, D)`: per layer a K and a V pool of N blocks of P
+  token slots, handed out on demand by `llmperf.engine.block_pool.BlockManager` (block tables,
+  reference counts, copy-on-write). Forked sequences (beams, several samples of one prompt) share
+  their prompt's blocks; blocks return to the pool when a sequence ends. When no block is free,
+  `append_slot` returns False and the scheduler preempts; no sequence is ever written out of place.
+
+Both caches take the same calls (`allocate`, `append_slot`, `fork`, `reorder`, `free`, `prepare`,
+`write`, `gather`), so the engine does not care which one it drives, and both report
+`usage()`: bytes the storage has (capacity), bytes held by live sequences (reserved), bytes holding
+real tokens (used). Bytes per token = `2 * L * H_kv * D * element_size`, equal to
+`ModelSpec.kv_bytes_per_token(dtype)`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from llmperf.engine.attention import StepMeta
+from llmperf.engine.block_pool import BlockManager
+from llmperf.specs import ModelSpec
+
+CACHE_KINDS = ("contiguous", "paged")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheUsage:
+    """A cache's memory at one moment, in bytes (decimal units, as everywhere in llmperf)."""
+
+    kind: str
+    bytes_per_token: int
+    capacity_bytes: int  # the storage allocated up front
+    reserved_bytes: int  # storage held by live sequences (their rows / their blocks)
+    used_bytes: int  # storage holding real tokens (a block shared by forks counts once)
+    logical_tokens: int  # sum of the live sequences' lengths (shared tokens counted per sequence)
+    num_seqs: int
+
+    @property
+    def utilization(self) -> float:
+        """Share of the reserved bytes that hold real tokens (1.0 when nothing is reserved)."""
+        return self.used_bytes / self.reserved_bytes if self.reserved_bytes else 1.0
+
+    @property
+    def pool_utilization(self) -> float:
+        """Share of the whole storage that holds real tokens."""
+        return self.used_bytes / self.capacity_bytes if self.capacity_bytes else 0.0
+
+
+class KVCache(ABC):
+    """What the engine needs from a cache. Sequence ids are the caller's (any distinct ints)."""
+
+    kind: str
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.spec = spec
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.num_layers, self.num_kv_heads, self.head_dim = spec.num_layers, spec.num_kv_heads, spec.head_dim
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one token in every layer: 2 * L * H_kv * D * element size."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    @property
+    @abstractmethod
+    def capacity_bytes(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def max_seq_len(self) -> int:
+        """The longest sequence the cache can ever hold."""
+
+    @abstractmethod
+    def __contains__(self, seq_id: int) -> bool: ...
+
+    @property
+    @abstractmethod
+    def num_seqs(self) -> int:
+        """Live sequences."""
+
+    @abstractmethod
+    def seq_len(self, seq_id: int) -> int:
+        """Token slots the sequence holds (its tokens written so far plus those about to be written)."""
+
+    # ---- sequence lifetime ----------------------------------------------------------------------
+    @abstractmethod
+    def can_allocate(self, lengths: Sequence[int], forks: int = 0, headroom: int = 0) -> bool:
+        """Whether new sequences of these lengths fit now, plus `forks` more forked from the first,
+        leaving `headroom` blocks free (paged cache; ignored by the contiguous one)."""
+
+    @abstractmethod
+    def allocate(self, seq_id: int, num_tokens: int) -> bool:
+        """Reserve the first `num_tokens` slots of a new sequence; False (nothing changed) if full."""
+
+    @abstractmethod
+    def append_slot(self, seq_id: int) -> bool:
+        """Reserve one more slot at the end of the sequence (copying a shared block first); False
+        (nothing changed) when the cache has no room: the caller must free something and retry."""
+
+    @abstractmethod
+    def fork(self, parent: int, child: int) -> bool:
+        """A new sequence `child` holding the same tokens as `parent`; False if there is no room."""
+
+    @abstractmethod
+    def free(self, seq_id: int) -> None:
+        """The sequence ended: its storage returns to the cache."""
+
+    def reorder(self, seq_ids: Sequence[int], sources: Sequence[int]) -> bool:
+        """Beam search: afterwards `seq_ids[i]` holds what `seq_ids[sources[i]]` held before.
+        False (nothing changed) if there is no room for the copies."""
+        seq_ids, sources = list(seq_ids), list(sources)
+        if sources == list(range(len(seq_ids))):
+            return True
+        return self._reorder(seq_ids, sources)
+
+    @abstractmethod
+    def _reorder(self, seq_ids: list[int], sources: list[int]) -> bool: ...
+
+    # ---- a forward step -----------------------------------------------------------------------
+    @abstractmethod
+    def prepare(self, seq_ids: Sequence[int], q_len: int) -> StepMeta:
+        """Metadata for a step that feeds the last `q_len` reserved slots of each sequence."""
+
+    @abstractmethod
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> None:
+        """Store this step's K and V `(B, T, H_kv, D)` of `layer` at the step's slots."""
+
+    @abstractmethod
+    def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V `(B, H_kv, S, D)` of `layer` for the step's sequences, S = the longest context;
+        positions past a shorter sequence's end hold finite junk that attention must mask."""
+
+    # ---- accounting ------------------------------------------------------------------------------
+    @abstractmethod
+    def usage(self) -> CacheUsage: ...
+
+    def _positions(self, starts: Sequence[int], q_len: int) -> torch.Tensor:
+        """(B, T) int64: position of each new token."""
+        starts_t = torch.tensor(starts, dtype=torch.long)
+        return (starts_t[:, None] + torch.arange(q_len)[None, :]).to(self.device, non_blocking=True)
+
+    def _starts(self, seq_ids: Sequence[int], q_len: int) -> tuple[int, ...]:
+        starts = tuple(self.seq_len(s) - q_len for s in seq_ids)
+        if min(starts) < 0:
+            raise ValueError(f"q_len: {q_len} exceeds a sequence's reserved slots {min(starts) + q_len}")
+        return starts
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+class ContiguousKVCache(KVCache):
+    """Max-length preallocation: `kv` is `(L, 2, B_max, H_kv, S_max, D)`; a sequence owns a row."""
+
+    kind = "contiguous"
+
+    def __init__(self, spec: ModelSpec, *, max_batch: int, max_seq_len: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__(spec, dtype, device)
+        for name, value in (("max_batch", max_batch), ("max_seq_len", max_seq_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        self.max_batch, self._max_seq_len = max_batch, max_seq_len
+        # Zeros, not empty: attention reads (masked) slots past a sequence's end, and 0 * NaN = NaN.
+        self.kv = torch.zeros(spec.num_layers, 2, max_batch, spec.num_kv_heads, max_seq_len, spec.head_dim,
+                              dtype=dtype, device=self.device)  # (L, 2, B_max, H_kv, S_max, D)
+        self._row: dict[int, int] = {}
+        self._len: dict[int, int] = {}
+        self._free_rows = list(range(max_batch - 1, -1, -1))  # pop() hands out row 0 first
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._max_seq_len
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._len
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self._len)
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._len[seq_id]
+
+    def row(self, seq_id: int) -> int:
+        return self._row[seq_id]
+
+    def can_allocate(self, lengths: Sequence[int], forks: int = 0, headroom: int = 0) -> bool:
+        return len(self._free_rows) >= len(lengths) + forks and max(lengths) <= self._max_seq_len
+
+    def allocate(self, seq_id: int, num_tokens: int) -> bool:
+        if seq_id in self._len:
+            raise ValueError(f"seq_id: {seq_id} is already in the cache")
+        if not self.can_allocate([num_tokens]):
+            return False
+        self._row[seq_id] = self._free_rows.pop()
+        self._len[seq_id] = num_tokens
+        return True
+
+    def append_slot(self, seq_id: int) -> bool:
+        if self._len[seq_id] >= self._max_seq_len:
+            return False
+        self._len[seq_id] += 1
+        return True
+
+    def fork(self, parent: int, child: int) -> bool:
+        if child in self._len:
+            raise ValueError(f"child: {child} is already in the cache")
+        if not self._free_rows:
+            return False
+        n = self._len[parent]
+        row = self._free_rows.pop()
+        self.kv[:, :, row, :, :n] = self.kv[:, :, self._row[parent], :, :n]
+        self._row[child], self._len[child] = row, n
+        return True
+
+    def free(self, seq_id: int) -> None:
+        self._free_rows.append(self._row.pop(seq_id))
+        del self._len[seq_id]
+
+    def _reorder(self, seq_ids: list[int], sources: list[int]) -> bool:
+        rows = [self._row[s] for s in seq_ids]
+        n = max(self._len[s] for s in seq_ids)
+        dst = torch.tensor(rows, device=self.device)
+        src = torch.tensor([rows[j] for j in sources], device=self.device)
+        # index_select makes a copy first, so a row may be both read and overwritten.
+        self.kv[:, :, :, :, :n].index_copy_(2, dst, self.kv[:, :, :, :, :n].index_select(2, src))
+        lens = [self._len[seq_ids[j]] for j in sources]
+        for s, n_s in zip(seq_ids, lens):
+            self._len[s] = n_s
+        return True
+
+    def prepare(self, seq_ids: Sequence[int], q_len: int) -> StepMeta:
+        starts = self._starts(seq_ids, q_len)
+        rows = [self._row[s] for s in seq_ids]
+        consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
+        return StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, cache=self,
+                        rows=torch.tensor(rows, device=self.device),
+                        row_slice=slice(rows[0], rows[0] + len(rows)) if consecutive else None)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> None:
+        T = meta.q_len
+        if meta.row_slice is not None and meta.uniform:
+            s = meta.starts[0]
+            self.kv[layer, 0, meta.row_slice, :, s:s + T] = k.transpose(1, 2)  # (B, H_kv, T, D)
+            self.kv[layer, 1, meta.row_slice, :, s:s + T] = v.transpose(1, 2)
+            return
+        # Advanced indices around a slice put their dims first: the target is (B, T, H_kv, D) like k.
+        rows = meta.rows[:, None]  # (B, 1)
+        self.kv[layer, 0][rows, :, meta.positions] = k
+        self.kv[layer, 1][rows, :, meta.positions] = v
+
+    def rows_of(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V rows `(B, H_kv, S_max, D)` of the step's sequences (a view when the rows are
+        consecutive, else a copy): what Flash-Decoding reads."""
+        if meta.row_slice is not None:
+            return self.kv[layer, 0, meta.row_slice], self.kv[layer, 1, meta.row_slice]
+        return self.kv[layer, 0].index_select(0, meta.rows), self.kv[layer, 1].index_select(0, meta.rows)
+
+    def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        S = meta.max_seq_len
+        if meta.row_slice is not None:
+            return self.kv[layer, 0, meta.row_slice, :, :S], self.kv[layer, 1, meta.row_slice, :, :S]
+        return (self.kv[layer, 0, :, :, :S].index_select(0, meta.rows),
+                self.kv[layer, 1, :, :, :S].index_select(0, meta.rows))
+
+    def usage(self) -> CacheUsage:
+        tokens = sum(self._len.values())
+        bpt = self.bytes_per_token
+        return CacheUsage(kind=self.kind, bytes_per_token=bpt, capacity_bytes=self.capacity_bytes,
+                          reserved_bytes=len(self._row) * self._max_seq_len * bpt, used_bytes=tokens * bpt,
+                          logical_tokens=tokens, num_seqs=len(self._len))
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+class PagedKVCache(KVCache):
+    """Block pools `kv` `(L, 2, N, P, H_kv, D)` handed out by a `BlockManager` (PagedAttention)."""
+
+    kind = "paged"
+
+    def __init__(self, spec: ModelSpec, *, num_blocks: int, block_size: int = 16,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 max_seq_len: int | None = None) -> None:
+        super().__init__(spec, dtype, device)
+        self.manager = BlockManager(num_blocks, block_size)
+        self.block_size = block_size
+        self._max_seq_len = min(max_seq_len or num_blocks * block_size, num_blocks * block_size)
+        # Zeros: the gather for attention reads whole blocks (masked past each sequence's end).
+        self.kv = torch.zeros(spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
+                              dtype=dtype, device=self.device)  # (L, 2, N, P, H_kv, D)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._max_seq_len
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.manager.num_free_blocks
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.manager
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.manager.seq_ids)
+
+    def seq_len(self, seq_id: int) -> int:
+        return self.manager.seq_len(seq_id)
+
+    def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V block pools of `layer`, `(N, P, H_kv, D)` each (what PagedAttention reads)."""
+        return self.kv[layer, 0], self.kv[layer, 1]
+
+    def can_allocate(self, lengths: Sequence[int], forks: int = 0, headroom: int = 0) -> bool:
+        needed = sum(self.manager.blocks_needed(n) for n in lengths)  # forks share blocks: free
+        return needed + headroom <= self.manager.num_free_blocks and max(lengths) <= self._max_seq_len
+
+    def allocate(self, seq_id: int, num_tokens: int) -> bool:
+        if num_tokens > self._max_seq_len:
+            return False
+        return self.manager.allocate(seq_id, num_tokens)
+
+    def append_slot(self, seq_id: int) -> bool:
+        if self.manager.seq_len(seq_id) >= self._max_seq_len:
+            return False
+        result = self.manager.append_slot(seq_id)
+        if result is None:
+            return False
+        if result.copy is not None:  # copy-on-write: the shared block's filled slots, every layer
+            src, dst = result.copy
+            self.kv[:, :, dst, :result.offset] = self.kv[:, :, src, :result.offset]
+        return True
+
+    def fork(self, parent: int, child: int) -> bool:
+        self.manager.fork(parent, child)
+        return True
+
+    def free(self, seq_id: int) -> None:
+        self.manager.free(seq_id)
+
+    def _reorder(self, seq_ids: list[int], sources: list[int]) -> bool:
+        # Share blocks by reference: fork each changed beam's source into a temporary id, drop the
+        # old tables, then move the temporaries to the beams' ids. No block is needed or copied.
+        changed = [i for i, j in enumerate(sources) if j != i]
+        tmp = {i: -1 - i for i in changed}  # callers' ids are >= 0
+        for i in changed:
+            self.manager.fork(seq_ids[sources[i]], tmp[i])
+        for i in changed:
+            self.manager.free(seq_ids[i])
+        for i in changed:
+            self.manager.fork(tmp[i], seq_ids[i])
+            self.manager.free(tmp[i])
+        return True
+
+    def prepare(self, seq_ids: Sequence[int], q_len: int) -> StepMeta:
+        starts = self._starts(seq_ids, q_len)
+        slots: list[int] = []
+        tables = []
+        for s, start in zip(seq_ids, starts):
+            slots += self.manager.slot_mapping(s, start, start + q_len)
+            tables.append(self.manager.block_table(s))
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]  # padding points at block 0: masked
+        return StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, cache=self,
+                        slot_mapping=torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True),
+                        block_tables=torch.tensor(padded, dtype=torch.int32).to(self.device, non_blocking=True))
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> None:
+        N, P = self.kv.shape[2], self.kv.shape[3]
+        rows = k.shape[0] * k.shape[1]
+        k_flat = self.kv[layer, 0].view(N * P, self.num_kv_heads, self.head_dim)  # (N*P, H_kv, D)
+        v_flat = self.kv[layer, 1].view(N * P, self.num_kv_heads, self.head_dim)
+        k_flat.index_copy_(0, meta.slot_mapping, k.reshape(rows, self.num_kv_heads, self.head_dim))
+        v_flat.index_copy_(0, meta.slot_mapping, v.reshape(rows, self.num_kv_heads, self.head_dim))
+
+    def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        S = meta.max_seq_len
+        if "tables_long" not in meta._memo:
+            nb = -(-S // self.block_size)
+            meta._memo["tables_long"] = meta.block_tables[:, :nb].long()  # (B, nb)
+        tables = meta._memo["tables_long"]
+        B, nb = tables.shape
+        out = []
+        for kv in (self.kv[layer, 0], self.kv[layer, 1]):
+            blocks = kv[tables]  # (B, nb, P, H_kv, D)
+            out.append(blocks.view(B, nb * self.block_size, self.num_kv_heads, self.head_dim)[:, :S].transpose(1, 2))
+        return out[0], out[1]  # (B, H_kv, S, D) each
+
+    def usage(self) -> CacheUsage:
+        u = self.manager.usage()
+        bpt = self.bytes_per_token
+        return CacheUsage(kind=self.kind, bytes_per_token=bpt, capacity_bytes=self.capacity_bytes,
+                          reserved_bytes=u.reserved_slots * bpt, used_bytes=u.used_slots * bpt,
+                          logical_tokens=u.logical_tokens, num_seqs=u.num_sequences)
+
+
+def make_cache(kind: str, spec: ModelSpec, *, dtype: torch.dtype, device: torch.device | str,
+               max_batch: int, max_seq_len: int, block_size: int = 16, num_blocks: int | None = None) -> KVCache:
+    """A contiguous cache of `max_batch` rows of `max_seq_len`, or a paged one of `num_blocks` blocks
+    (default: as many token slots as the contiguous cache would have)."""
+    if kind == "contiguous":
+        return ContiguousKVCache(spec, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, device=device)
+    if kind == "paged":
+        if num_blocks is None:
+            num_blocks = max_batch * -(-max_seq_len // block_size)
+        return PagedKVCache(spec, num_blocks=num_blocks, block_size=block_size, dtype=dtype, device=device,
+                            max_seq_len=max_seq_len)
+    raise ValueError(f"cache: must be one of {', '.join(CACHE_KINDS)}, got {kind!r}")

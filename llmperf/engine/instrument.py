@@ -1,0 +1,253 @@
+"""Per-step and per-operator timings of the engine, named as `llmperf.analysis` names its operators.
+
+The model asks a recorder for a context manager around every operator (`with rec.op("q_proj", i):`).
+By default it gets `NULL_RECORDER`, whose `op` returns one shared do-nothing context manager: a
+method call and an empty `with` per operator, no clock, no synchronisation, no allocation. With a
+`Recorder` attached each operator is timed:
+
+- on CPU with `time.perf_counter` around the operator (CPU kernels run synchronously);
+- on CUDA with a pair of CUDA events per operator (`mode="events"`, the default), read once at the
+  end of each step, so the GPU queue is never drained between operators; or with a
+  `torch.cuda.synchronize()` before and after each operator (`mode="sync"`), which adds launch
+  overhead to each operator but times exactly what the host waits for.
+
+Operator names (the one vocabulary, see DESIGN.md): `embed`, `pos_embed`, `attn_norm`, `q_proj`,
+`k_proj`, `v_proj`, `rope`, `kv_write`, `attn_score`, `attn_softmax`, `attn_value` (naive backend) or
+`attention` (sdpa / triton), `o_proj`, `attn_residual`, `mlp_norm`, `router`, `gate_proj`, `up_proj`,
+`act`, `down_proj`, `mlp_residual`, `final_norm`, `lm_head`. Per-layer operators carry their layer
+index; the others have `layer=None`. Sampling and cache bookkeeping between forward passes are not
+operators; they are in the step time (`StepRecord.seconds`) but in no `OpRecord`.
+
+A recorded run is a `Trace`: `trace.ops` (list of `OpRecord`), `trace.steps` (list of `StepRecord`),
+`trace.to_frame()` / `trace.steps_frame()` (pandas), `trace.op_totals()` (seconds per (phase, op)).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: operator names in forward order (each appears only where the model has it)
+OP_NAMES = (
+    "embed", "pos_embed", "attn_norm", "q_proj", "k_proj", "v_proj", "rope", "kv_write",
+    "attn_score", "attn_softmax", "attn_value", "attention", "o_proj", "attn_residual", "mlp_norm",
+    "router", "gate_proj", "up_proj", "act", "down_proj", "mlp_residual", "final_norm", "lm_head",
+)
+PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpRecord:
+    """One operator of one forward pass. `layer` is None for embed / pos_embed / final_norm / lm_head.
+
+    `batch`, `q_len` and `kv_len` are the step's shape in the analytical model's terms (`kv_len`: the
+    longest context in the batch, the new tokens included), so a record joins a cost function call.
+    """
+
+    phase: str
+    step: int
+    layer: int | None
+    op: str
+    seconds: float
+    batch: int
+    q_len: int
+    kv_len: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """One engine step: a forward pass plus the sampling and cache bookkeeping around it.
+
+    `forward_seconds` is the model's forward pass alone; `seconds` the whole step.
+    `kv_len` is the longest context, `tokens_in_cache` the sum of all sequences' contexts.
+    """
+
+    phase: str
+    step: int
+    batch: int
+    q_len: int
+    kv_len: int
+    tokens_in_cache: int
+    seconds: float
+    forward_seconds: float
+
+
+@dataclass
+class Trace:
+    """Everything a `Recorder` measured."""
+
+    ops: list[OpRecord] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per operator record: phase, step, layer (nullable int), op, seconds, batch, q_len, kv_len."""
+        import pandas as pd
+        cols = ["phase", "step", "layer", "op", "seconds", "batch", "q_len", "kv_len"]
+        df = pd.DataFrame([asdict(r) for r in self.ops], columns=cols)
+        df["layer"] = df["layer"].astype("Int64")
+        return df
+
+    def steps_frame(self) -> pd.DataFrame:
+        import pandas as pd
+        cols = ["phase", "step", "batch", "q_len", "kv_len", "tokens_in_cache", "seconds", "forward_seconds"]
+        return pd.DataFrame([asdict(r) for r in self.steps], columns=cols)
+
+    def op_totals(self) -> dict[tuple[str, str], float]:
+        """Seconds per (phase, op), summed over layers and steps."""
+        out: dict[tuple[str, str], float] = {}
+        for r in self.ops:
+            out[(r.phase, r.op)] = out.get((r.phase, r.op), 0.0) + r.seconds
+        return out
+
+
+class _NoOp:
+    """A context manager that does nothing; one instance is shared by every operator."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+_NOOP = _NoOp()
+
+
+class NullRecorder:
+    """The recorder the model uses when nothing is measured: every method is trivially cheap."""
+
+    active = False
+
+    def op(self, name: str, layer: int | None = None) -> _NoOp:
+        return _NOOP
+
+    @contextmanager
+    def step(self, phase: str, *, batch: int, q_len: int, kv_len: int, tokens_in_cache: int) -> Iterator[None]:
+        yield
+
+    @contextmanager
+    def forward(self) -> Iterator[None]:
+        yield
+
+
+NULL_RECORDER = NullRecorder()
+
+
+class _CpuOp:
+    __slots__ = ("rec", "name", "layer", "t0")
+
+    def __init__(self, rec: Recorder, name: str, layer: int | None) -> None:
+        self.rec, self.name, self.layer = rec, name, layer
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> bool:
+        self.rec._pending.append((self.name, self.layer, time.perf_counter() - self.t0))
+        return False
+
+
+class _SyncOp(_CpuOp):
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        torch.cuda.synchronize(self.rec.device)
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> bool:
+        torch.cuda.synchronize(self.rec.device)
+        self.rec._pending.append((self.name, self.layer, time.perf_counter() - self.t0))
+        return False
+
+
+class _EventOp:
+    __slots__ = ("rec", "name", "layer", "start", "end")
+
+    def __init__(self, rec: Recorder, name: str, layer: int | None) -> None:
+        self.rec, self.name, self.layer = rec, name, layer
+
+    def __enter__(self) -> None:
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        self.start.record()
+
+    def __exit__(self, *exc: object) -> bool:
+        self.end.record()
+        self.rec._pending.append((self.name, self.layer, (self.start, self.end)))
+        return False
+
+
+class Recorder:
+    """Times engine steps and, if `ops=True`, every operator of every forward pass.
+
+    `device`: where the model runs (CUDA timing needs it). `mode`: "events" or "sync" on CUDA (see the
+    module docstring); ignored on CPU. Attach with `Engine.generate(..., recorder=rec)` or
+    `model.forward(..., rec=rec)`; read with `rec.trace`.
+    """
+
+    active = True
+
+    def __init__(self, device: torch.device | str = "cpu", *, ops: bool = True, mode: str = "events") -> None:
+        if mode not in ("events", "sync"):
+            raise ValueError(f"mode must be 'events' or 'sync', got {mode!r}")
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.mode = mode
+        self.record_ops = ops
+        self.trace = Trace()
+        self._pending: list[tuple[str, int | None, Any]] = []
+        self._step_index = {p: 0 for p in PHASES}
+        self._forward_seconds = 0.0
+        self._op_cls = (_EventOp if mode == "events" else _SyncOp) if self.cuda else _CpuOp
+
+    def op(self, name: str, layer: int | None = None) -> Any:
+        if not self.record_ops:
+            return _NOOP
+        return self._op_cls(self, name, layer)
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def forward(self) -> Iterator[None]:
+        """Around the model's forward pass inside a step (times it apart from sampling)."""
+        self._sync()
+        t0 = time.perf_counter()
+        yield
+        self._sync()
+        self._forward_seconds += time.perf_counter() - t0
+
+    @contextmanager
+    def step(self, phase: str, *, batch: int, q_len: int, kv_len: int, tokens_in_cache: int) -> Iterator[None]:
+        """Around one engine step; operator records made inside it are stamped with its shape."""
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+        self._sync()
+        self._pending.clear()
+        self._forward_seconds = 0.0
+        t0 = time.perf_counter()
+        yield
+        self._sync()
+        seconds = time.perf_counter() - t0
+        step = self._step_index[phase]
+        self._step_index[phase] += 1
+        for name, layer, t in self._pending:
+            if isinstance(t, tuple):
+                t = t[0].elapsed_time(t[1]) / 1e3
+            self.trace.ops.append(OpRecord(phase=phase, step=step, layer=layer, op=name, seconds=t,
+                                           batch=batch, q_len=q_len, kv_len=kv_len))
+        self._pending.clear()
+        self.trace.steps.append(StepRecord(phase=phase, step=step, batch=batch, q_len=q_len, kv_len=kv_len,
+                                           tokens_in_cache=tokens_in_cache, seconds=seconds,
+                                           forward_seconds=self._forward_seconds))

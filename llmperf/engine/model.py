@@ -1,0 +1,375 @@
+"""A decoder-only transformer built from a `ModelSpec`: the Llama and GPT-2 families, in plain torch.
+
+Letters: B batch, T new tokens per sequence, C hidden size, H / H_kv query / key-value heads,
+D head dim, F FFN width, V vocabulary, E experts, K experts per token.
+
+- Llama family (Llama 2/3, Mistral, Qwen2 with `qkv_bias`, Mixtral with `num_experts > 1`): RMSNorm
+  (Zhang & Sennrich 2019), rotary position embeddings (Su et al. 2021, arXiv:2104.09864; the
+  "rotate half" layout of Hugging Face checkpoints; `linear` and `llama3` frequency scaling), grouped-
+  query attention (Ainslie et al. 2023), SwiGLU MLP (Shazeer 2020).
+- GPT-2 family: LayerNorm, learned absolute positions, GELU MLP (`gelu_new`, tanh approximation),
+  biases everywhere, tied input/output embeddings (Radford et al. 2019).
+
+Numerics follow Hugging Face `transformers` (RMSNorm in fp32 then cast; RoPE tables in fp32, cast to
+the activation dtype; router softmax in fp32), so fp32 greedy decoding reproduces `generate()`.
+
+Fused weights for speed: Q, K and V are one `(q_size + 2 kv_size, C)` matrix and SwiGLU's gate and up
+one `(2F, C)` matrix, so a decode step launches one GEMM where three (two) would do the same work.
+When a `Recorder` is attached the model instead multiplies by row slices of those matrices (views,
+no copy), one per analytical operator (`q_proj`, `k_proj`, `v_proj`, `gate_proj`, `up_proj`), so each
+is timed under its own name; the result is the same up to GEMM rounding.
+
+The forward pass takes the step's metadata (`StepMeta`: positions, cache addressing) and returns the
+logits of the last position of each sequence (as serving engines do), or of every position with
+`all_logits=True`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmperf.engine.attention import BACKENDS, StepMeta, get_backend
+from llmperf.engine.instrument import NULL_RECORDER
+from llmperf.specs import ModelSpec
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+_ACTIVATIONS = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+ENGINE_FAMILIES = ("llama", "gpt2")
+
+
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """`fp32` / `fp16` / `bf16` (or a torch dtype among those) as a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype}")
+        return dtype
+    key = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(str(dtype), str(dtype))
+    if key not in DTYPES:
+        raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[key]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rotary embeddings
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse frequencies `(rotary_dim / 2,)` fp32, with the spec's `rope_scaling` applied
+    (Hugging Face `modeling_rope_utils`: default, `linear`, `llama3`)."""
+    dim = spec.rotary_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = dict(spec.rope_scaling or {})
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported by the engine "
+                     "(supported: default, linear, llama3)")
+
+
+class RotaryTable(nn.Module):
+    """cos/sin tables `(positions, rotary_dim)` in fp32, grown on demand (doubling) up to max_positions."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device) -> None:
+        super().__init__()
+        self.max_positions = spec.max_positions
+        self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
+        self.register_buffer("cos", torch.empty(0, spec.rotary_dim, device=device), persistent=False)
+        self.register_buffer("sin", torch.empty(0, spec.rotary_dim, device=device), persistent=False)
+
+    def _grow(self, n: int) -> None:
+        n = min(max(n, 2 * self.cos.shape[0], 256), max(n, self.max_positions))
+        pos = torch.arange(n, device=self.inv_freq.device, dtype=torch.float32)
+        freqs = pos[:, None] * self.inv_freq[None, :]  # (n, rotary_dim / 2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (n, rotary_dim)
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def lookup(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin `(B, T, 1, rotary_dim)` at `positions` (B, T), in `dtype`."""
+        if max_position >= self.cos.shape[0]:
+            self._grow(max_position + 1)
+        cos = self.cos[positions].to(dtype)[:, :, None]
+        sin = self.sin[positions].to(dtype)[:, :, None]
+        return cos, sin
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first rotary_dim features of `x` (B, T, heads, D) by the tables (B, T, 1, rotary_dim)."""
+    rd = cos.shape[-1]
+    xr = x[..., :rd] if rd < x.shape[-1] else x
+    x1, x2 = xr[..., : rd // 2], xr[..., rd // 2:]
+    out = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return out if rd == x.shape[-1] else torch.cat((out, x[..., rd:]), dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Building blocks (parameters only; the math is in `Block.forward`)
+
+
+class Norm(nn.Module):
+    """RMSNorm (`weight`) or LayerNorm (`weight`, `bias`)."""
+
+    def __init__(self, kind: str, size: int, eps: float, **kw: Any) -> None:
+        super().__init__()
+        self.kind, self.eps, self.shape = kind, eps, (size,)
+        self.weight = nn.Parameter(torch.ones(size, **kw))
+        self.bias = nn.Parameter(torch.zeros(size, **kw)) if kind == "layernorm" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "layernorm":
+            return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        # As Hugging Face: normalise in fp32, cast back, then scale in the activation dtype.
+        return self.weight * F.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype)
+
+
+def _linear_params(module: nn.Module, name: str, out_f: int, in_f: int, bias: bool, **kw: Any) -> None:
+    module.register_parameter(f"{name}_weight", nn.Parameter(torch.empty(out_f, in_f, **kw)))
+    module.register_parameter(f"{name}_bias", nn.Parameter(torch.empty(out_f, **kw)) if bias else None)
+
+
+class Block(nn.Module):
+    """One transformer layer. Parameters (names used by `weights.py`):
+
+    attn_norm; qkv_weight (q_size + 2 kv_size, C) [+ qkv_bias]; o_weight (C, q_size) [+ o_bias];
+    mlp_norm; dense MLP: up_weight (F or 2F for SwiGLU as [gate; up], C) [+ up_bias], down_weight (C, F)
+    [+ down_bias]; MoE: router_weight (E, C), experts_up_weight (E, 2F, C), experts_down_weight (E, C, F).
+    """
+
+    def __init__(self, spec: ModelSpec, index: int, **kw: Any) -> None:
+        super().__init__()
+        self.index = index
+        C, F_ = spec.hidden_size, spec.ffn_size
+        self.H, self.H_kv, self.D = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size, self.kv_size = spec.q_size, spec.kv_size
+        self.swiglu = spec.ffn_kind == "swiglu"
+        self.act = _ACTIVATIONS[spec.hidden_act]
+        self.rope = spec.pos_encoding == "rope"
+        self.moe = spec.num_experts > 1
+        self.top_k = spec.experts_per_token
+        self.attn_norm = Norm(spec.norm_kind, C, spec.norm_eps, **kw)
+        self.mlp_norm = Norm(spec.norm_kind, C, spec.norm_eps, **kw)
+        _linear_params(self, "qkv", self.q_size + 2 * self.kv_size, C, spec.qkv_bias, **kw)
+        _linear_params(self, "o", C, self.q_size, spec.out_bias, **kw)
+        up_rows = 2 * F_ if self.swiglu else F_
+        if self.moe:
+            E = spec.num_experts
+            self.router_weight = nn.Parameter(torch.empty(E, C, **kw))
+            self.experts_up_weight = nn.Parameter(torch.empty(E, up_rows, C, **kw))
+            self.experts_down_weight = nn.Parameter(torch.empty(E, C, F_, **kw))
+        else:
+            _linear_params(self, "up", up_rows, C, spec.mlp_bias, **kw)
+            _linear_params(self, "down", C, F_, spec.mlp_bias, **kw)
+
+    # ---- attention ------------------------------------------------------------------------------
+    def _qkv(self, h: torch.Tensor, rec: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, T, q_size), k and v (B, T, kv_size): one GEMM, or three timed ones when recording."""
+        W, b = self.qkv_weight, self.qkv_bias
+        qs, ks = self.q_size, self.kv_size
+        if not rec.active:
+            return F.linear(h, W, b).split((qs, ks, ks), dim=-1)
+        out = []
+        for name, lo, hi in (("q_proj", 0, qs), ("k_proj", qs, qs + ks), ("v_proj", qs + ks, qs + 2 * ks)):
+            with rec.op(name, self.index):
+                out.append(F.linear(h, W[lo:hi], None if b is None else b[lo:hi]))
+        return out[0], out[1], out[2]
+
+    def attention(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
+        rec, i = ctx.rec, self.index
+        B, T, _ = x.shape
+        with rec.op("attn_norm", i):
+            h = self.attn_norm.forward(x)
+        q, k, v = self._qkv(h, rec)
+        q = q.view(B, T, self.H, self.D)  # (B, T, H, D)
+        k = k.view(B, T, self.H_kv, self.D)  # (B, T, H_kv, D)
+        v = v.view(B, T, self.H_kv, self.D)
+        if self.rope:
+            with rec.op("rope", i):
+                q = apply_rope(q, ctx.cos, ctx.sin)
+                k = apply_rope(k, ctx.cos, ctx.sin)
+        if meta.cache is not None:
+            with rec.op("kv_write", i):
+                meta.cache.write(i, k, v, meta)
+        o = ctx.attend(i, q, k, v, meta, rec)  # (B, T, H*D)
+        with rec.op("o_proj", i):
+            o = F.linear(o, self.o_weight, self.o_bias)
+        with rec.op("attn_residual", i):
+            return x + o
+
+    # ---- MLP ------------------------------------------------------------------------------------
+    def _ffn(self, h: torch.Tensor, up_w: torch.Tensor, up_b: torch.Tensor | None, down_w: torch.Tensor,
+             down_b: torch.Tensor | None, rec: Any) -> torch.Tensor:
+        i = self.index
+        if self.swiglu:
+            F_ = up_w.shape[0] // 2
+            if rec.active:
+                with rec.op("gate_proj", i):
+                    gate = F.linear(h, up_w[:F_], None if up_b is None else up_b[:F_])
+                with rec.op("up_proj", i):
+                    up = F.linear(h, up_w[F_:], None if up_b is None else up_b[F_:])
+            else:
+                gate, up = F.linear(h, up_w, up_b).chunk(2, dim=-1)
+            with rec.op("act", i):
+                a = self.act(gate) * up
+        else:
+            with rec.op("up_proj", i):
+                a = F.linear(h, up_w, up_b)
+            with rec.op("act", i):
+                a = self.act(a)
+        with rec.op("down_proj", i):
+            return F.linear(a, down_w, down_b)
+
+    def _moe(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
+        """Mixtral routing: softmax over experts in fp32, top-k, renormalise, weighted sum of experts."""
+        B, T, C = h.shape
+        flat = h.reshape(B * T, C)  # (N, C)
+        with rec.op("router", self.index):
+            logits = F.linear(flat, self.router_weight)  # (N, E)
+            weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            weights, chosen = torch.topk(weights, self.top_k, dim=-1)  # (N, K)
+            weights = (weights / weights.sum(dim=-1, keepdim=True)).to(h.dtype)
+        out = torch.zeros_like(flat)
+        for e in torch.unique(chosen).tolist():
+            rows, slot = torch.nonzero(chosen == e, as_tuple=True)
+            y = self._ffn(flat[rows], self.experts_up_weight[e], None, self.experts_down_weight[e], None, rec)
+            out.index_add_(0, rows, y * weights[rows, slot, None])
+        return out.view(B, T, C)
+
+    def mlp(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        rec, i = ctx.rec, self.index
+        with rec.op("mlp_norm", i):
+            h = self.mlp_norm.forward(x)
+        if self.moe:
+            y = self._moe(h, rec)
+        else:
+            y = self._ffn(h, self.up_weight, self.up_bias, self.down_weight, self.down_bias, rec)
+        with rec.op("mlp_residual", i):
+            return x + y
+
+    def forward(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
+        return self.mlp(self.attention(x, meta, ctx), ctx)
+
+
+class ForwardContext:
+    """Per-forward values shared by the layers: recorder, attention function, RoPE tables."""
+
+    __slots__ = ("rec", "attend", "cos", "sin")
+
+    def __init__(self, rec: Any, attend: Any, cos: torch.Tensor | None, sin: torch.Tensor | None) -> None:
+        self.rec, self.attend, self.cos, self.sin = rec, attend, cos, sin
+
+
+class Transformer(nn.Module):
+    """The whole decoder. Build with `Transformer(spec, dtype="fp32", device="cpu")` (parameters left
+    uninitialised) and fill with `llmperf.engine.weights` (`init_random`, `load_checkpoint`), or use
+    `weights.build_model(spec, seed=...)` / `weights.from_pretrained(path)`.
+
+    Parameters: embed_weight (V, C); pos_weight (max_positions, C) (learned positions);
+    layers.{i}.*; final_norm; lm_head_weight (V, C), the same tensor as embed_weight when tied.
+    """
+
+    def __init__(self, spec: ModelSpec, *, dtype: str | torch.dtype = "fp32",
+                 device: str | torch.device = "cpu", attention: str = "sdpa") -> None:
+        super().__init__()
+        if spec.family not in ENGINE_FAMILIES:
+            raise ValueError(f"family: the engine builds {', '.join(ENGINE_FAMILIES)} models, "
+                             f"got {spec.family!r} ({spec.name})")
+        if spec.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"hidden_act: {spec.hidden_act!r} is not supported "
+                             f"(supported: {', '.join(_ACTIVATIONS)})")
+        if spec.ffn_kind != "swiglu" and spec.num_experts > 1:
+            raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
+        if spec.pos_encoding == "rope" and (spec.rotary_dim > spec.head_dim or spec.rotary_dim % 2):
+            raise ValueError(f"rotary_dim: must be even and <= head_dim={spec.head_dim}, got {spec.rotary_dim} "
+                             "(a spec scaled from a bigger one keeps its rotary_dim: pass rotary_dim=None)")
+        self.spec = spec
+        self.dtype = torch_dtype(dtype)
+        device = torch.device(device)
+        kw = dict(dtype=self.dtype, device=device)
+        C = spec.hidden_size
+        self.embed_weight = nn.Parameter(torch.empty(spec.vocab_size, C, **kw))
+        self.pos_weight = (nn.Parameter(torch.empty(spec.max_positions, C, **kw))
+                           if spec.pos_encoding == "learned" else None)
+        self.layers = nn.ModuleList(Block(spec, i, **kw) for i in range(spec.num_layers))
+        self.final_norm = Norm(spec.norm_kind, C, spec.norm_eps, **kw)
+        if spec.tied_embeddings:
+            self.lm_head_weight = self.embed_weight
+        else:
+            self.lm_head_weight = nn.Parameter(torch.empty(spec.vocab_size, C, **kw))
+        self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
+        self.set_attention(attention)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_weight.device
+
+    def set_attention(self, backend: str) -> None:
+        """Choose the attention backend: one of `BACKENDS` ("sdpa", "naive", "triton")."""
+        self._attend = get_backend(backend)
+        self.attention_backend = backend
+
+    def forward(self, tokens: torch.Tensor, meta: StepMeta | None = None, *, all_logits: bool = False,
+                rec: Any = NULL_RECORDER) -> torch.Tensor:
+        """Logits `(B, V)` of each sequence's last new token, or `(B, T, V)` with `all_logits`.
+
+        `tokens` (B, T) int64: T new tokens of each of B sequences. `meta` places them (positions,
+        cache); None runs a full causal forward from position 0 without a cache.
+        """
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens: expected (B, T) token ids, got shape {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        if meta is None:
+            meta = StepMeta.no_cache(B, T, tokens.device)
+        if meta.positions.shape != (B, T):
+            raise ValueError(f"meta: positions {tuple(meta.positions.shape)} do not match tokens {(B, T)}")
+        if meta.max_seq_len > self.spec.max_positions:
+            raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
+                             f"max_positions={self.spec.max_positions}")
+        cos = sin = None
+        if self.rotary is not None:
+            cos, sin = self.rotary.lookup(meta.positions, meta.max_seq_len - 1, self.dtype)
+        ctx = ForwardContext(rec, self._attend, cos, sin)
+        with rec.op("embed"):
+            x = F.embedding(tokens, self.embed_weight)  # (B, T, C)
+        if self.pos_weight is not None:
+            with rec.op("pos_embed"):
+                x = x + F.embedding(meta.positions, self.pos_weight)
+        for layer in self.layers:
+            x = layer.forward(x, meta, ctx)  # (B, T, C); .forward skips nn.Module hook dispatch
+        if not all_logits:
+            x = x[:, -1]  # (B, C): serving engines only need the next token's logits
+        with rec.op("final_norm"):
+            x = self.final_norm.forward(x)
+        with rec.op("lm_head"):
+            return F.linear(x, self.lm_head_weight)  # (B, V) or (B, T, V)
+
+
+__all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "rope_inv_freq", "torch_dtype"]

@@ -1,0 +1,321 @@
+"""Weights for `Transformer`: seeded random ones for any spec, or a local Hugging Face checkpoint.
+
+A checkpoint directory holds `config.json` and `model.safetensors`, or shards listed in
+`model.safetensors.index.json` (`pytorch_model.bin` / its index as a fallback); nothing is
+downloaded. Tensor names follow `transformers` (llama, mistral, qwen2, mixtral in both the
+per-expert `block_sparse_moe.experts.{j}.w1/w2/w3` layout of published checkpoints and the stacked
+`mlp.experts.gate_up_proj` layout of transformers 5; gpt2 with or without the `transformer.` prefix,
+whose `Conv1D` weights are stored transposed, `(in, out)`).
+
+The engine fuses Q/K/V and SwiGLU's gate/up into single matrices (see `model.py`); `_layout` lists,
+for every engine parameter, the checkpoint tensors it is made of, in order, so loading concatenates
+them and `to_hf_state_dict` splits them back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmperf.engine.model import Transformer, torch_dtype
+from llmperf.specs import ModelSpec
+
+INIT_STD = 0.02  # GPT-2 / Llama `initializer_range`
+
+
+# ---------------------------------------------------------------------------------------------------
+# Random weights
+
+
+@torch.no_grad()
+def init_random(model: Transformer, seed: int = 0) -> Transformer:
+    """Fill every parameter from a generator seeded with `seed`: matrices, embeddings and biases
+    ~ N(0, 0.02), norm weights 1 (+ N(0, 0.02) jitter so they matter), norm biases N(0, 0.02).
+
+    Values are drawn in fp32 on CPU in `named_parameters` order, then cast and moved, so one seed
+    gives the same weights on every device and dtype.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen:  # tied embeddings
+            continue
+        seen.add(id(p))
+        values = torch.randn(p.shape, generator=gen, dtype=torch.float32) * INIT_STD
+        if name.endswith("norm.weight"):
+            values += 1.0
+        p.copy_(values.to(device=p.device, dtype=p.dtype))
+    return model
+
+
+def build_model(spec: ModelSpec, *, seed: int = 0, dtype: str | torch.dtype = "fp32",
+                device: str | torch.device = "cpu", attention: str = "sdpa") -> Transformer:
+    """A `Transformer` for `spec` with seeded random weights (any spec, e.g. a `.scaled()` one)."""
+    return init_random(Transformer(spec, dtype=dtype, device=device, attention=attention), seed)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The checkpoint layout
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """Engine parameter `ours` = concat over dim 0 of checkpoint tensors `parts` (each transposed
+    first when `transpose`, as GPT-2's Conv1D stores `(in, out)`)."""
+
+    ours: str
+    parts: tuple[str, ...]
+    transpose: bool = False
+
+
+def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
+    """Every engine parameter and the Hugging Face tensors it is built from."""
+    out: list[_Entry] = []
+    if spec.family == "llama":
+        out += [_Entry("embed_weight", ("model.embed_tokens.weight",)),
+                _Entry("final_norm.weight", ("model.norm.weight",))]
+        if not spec.tied_embeddings:
+            out.append(_Entry("lm_head_weight", ("lm_head.weight",)))
+        for i in range(spec.num_layers):
+            hf, us = f"model.layers.{i}.", f"layers.{i}."
+            attn = hf + "self_attn."
+            out += [_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)),
+                    _Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",)),
+                    _Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv")),
+                    _Entry(us + "o_weight", (attn + "o_proj.weight",))]
+            if spec.qkv_bias:
+                out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv")))
+            if spec.out_bias:
+                out.append(_Entry(us + "o_bias", (attn + "o_proj.bias",)))
+            if spec.num_experts > 1:
+                out += _moe_entries(spec, hf, us, moe_format)
+                continue
+            mlp = hf + "mlp."
+            out += [_Entry(us + "up_weight", (mlp + "gate_proj.weight", mlp + "up_proj.weight")),
+                    _Entry(us + "down_weight", (mlp + "down_proj.weight",))]
+            if spec.mlp_bias:
+                out += [_Entry(us + "up_bias", (mlp + "gate_proj.bias", mlp + "up_proj.bias")),
+                        _Entry(us + "down_bias", (mlp + "down_proj.bias",))]
+        return out
+    if spec.family == "gpt2":
+        t = "transformer."
+        out += [_Entry("embed_weight", (t + "wte.weight",)), _Entry("pos_weight", (t + "wpe.weight",)),
+                _Entry("final_norm.weight", (t + "ln_f.weight",)), _Entry("final_norm.bias", (t + "ln_f.bias",))]
+        if not spec.tied_embeddings:
+            out.append(_Entry("lm_head_weight", ("lm_head.weight",)))
+        for i in range(spec.num_layers):
+            hf, us = f"{t}h.{i}.", f"layers.{i}."
+            out += [_Entry(us + "attn_norm.weight", (hf + "ln_1.weight",)),
+                    _Entry(us + "attn_norm.bias", (hf + "ln_1.bias",)),
+                    _Entry(us + "qkv_weight", (hf + "attn.c_attn.weight",), transpose=True),
+                    _Entry(us + "qkv_bias", (hf + "attn.c_attn.bias",)),
+                    _Entry(us + "o_weight", (hf + "attn.c_proj.weight",), transpose=True),
+                    _Entry(us + "o_bias", (hf + "attn.c_proj.bias",)),
+                    _Entry(us + "mlp_norm.weight", (hf + "ln_2.weight",)),
+                    _Entry(us + "mlp_norm.bias", (hf + "ln_2.bias",)),
+                    _Entry(us + "up_weight", (hf + "mlp.c_fc.weight",), transpose=True),
+                    _Entry(us + "up_bias", (hf + "mlp.c_fc.bias",)),
+                    _Entry(us + "down_weight", (hf + "mlp.c_proj.weight",), transpose=True),
+                    _Entry(us + "down_bias", (hf + "mlp.c_proj.bias",))]
+        return out
+    raise ValueError(f"family: no checkpoint layout for {spec.family!r}")
+
+
+def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str) -> list[_Entry]:
+    if moe_format == "stacked":  # transformers 5
+        return [_Entry(us + "router_weight", (hf + "mlp.gate.weight",)),
+                _Entry(us + "experts_up_weight", (hf + "mlp.experts.gate_up_proj",)),
+                _Entry(us + "experts_down_weight", (hf + "mlp.experts.down_proj",))]
+    # Published Mixtral checkpoints: one module per expert, w1 = gate, w3 = up, w2 = down. The stacked
+    # engine tensors are assembled by `_assemble_experts`; these entries name the per-expert parts.
+    moe = hf + "block_sparse_moe."
+    E = spec.num_experts
+    return [_Entry(us + "router_weight", (moe + "gate.weight",)),
+            _Entry(us + "experts_up_weight", tuple(f"{moe}experts.{j}.{w}.weight" for j in range(E) for w in ("w1", "w3"))),
+            _Entry(us + "experts_down_weight", tuple(f"{moe}experts.{j}.w2.weight" for j in range(E)))]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading from a mapping of tensors
+
+
+def _strip_gpt2_prefix(keys: set[str]) -> Callable[[str], str]:
+    """Original GPT-2 checkpoints name `h.0.ln_1.weight`, transformers' `transformer.h.0.ln_1.weight`."""
+    if any(k.startswith("transformer.") for k in keys):
+        return lambda k: k
+    return lambda k: k.removeprefix("transformer.")
+
+
+@torch.no_grad()
+def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] | TensorSource,
+                       *, strict: bool = True) -> Transformer:
+    """Copy Hugging Face-named tensors into `model` (cast to its dtype, moved to its device).
+
+    `tensors` is a state dict (e.g. `hf_model.state_dict()`) or a `TensorSource` over checkpoint
+    files. With `strict`, a missing tensor or one of the wrong shape raises `ValueError`; extra
+    tensors (rotary buffers, GPT-2's causal-mask buffers) are ignored.
+    """
+    spec = model.spec
+    keys = set(tensors.keys())
+    moe_format = "stacked"
+    if spec.num_experts > 1 and not any(k.endswith("mlp.experts.gate_up_proj") for k in keys):
+        moe_format = "per_expert"
+    rename = _strip_gpt2_prefix(keys) if spec.family == "gpt2" else (lambda k: k)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for entry in _layout(spec, moe_format):
+        names = [rename(p) for p in entry.parts]
+        missing = [n for n in names if n not in keys]
+        if missing:
+            if strict:
+                raise ValueError(f"checkpoint: missing tensor {missing[0]!r} (for {entry.ours})")
+            continue
+        parts = [tensors[n] for n in names]
+        if entry.transpose:
+            parts = [p.t() for p in parts]
+        if entry.ours.endswith(".experts_up_weight"):
+            value = _assemble_experts_up(parts, spec) if moe_format == "per_expert" else parts[0]
+        elif entry.ours.endswith(".experts_down_weight") and moe_format == "per_expert":
+            value = torch.stack(parts)
+        else:
+            value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        target = params[entry.ours]
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"checkpoint: {names[0]!r} has shape {tuple(value.shape)}, "
+                             f"the model expects {tuple(target.shape)} for {entry.ours}")
+        target.copy_(value.to(dtype=target.dtype))
+    return model
+
+
+def _assemble_experts_up(parts: list[torch.Tensor], spec: ModelSpec) -> torch.Tensor:
+    """Per-expert [w1_0, w3_0, w1_1, w3_1, ...] -> (E, 2F, C) with gate rows first."""
+    E = spec.num_experts
+    return torch.stack([torch.cat((parts[2 * j], parts[2 * j + 1]), dim=0) for j in range(E)])
+
+
+def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """The model's weights under Hugging Face names (transformers 5 layout), e.g. to load them into a
+    `LlamaForCausalLM` / `GPT2LMHeadModel` with `load_state_dict(..., strict=False)`."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    out: dict[str, torch.Tensor] = {}
+    for entry in _layout(model.spec):
+        value = params[entry.ours].detach()
+        if len(entry.parts) == 1:
+            chunks = [value]
+        else:
+            sizes = _split_sizes(model.spec, entry)
+            chunks = list(value.split(sizes, dim=0))
+        for name, chunk in zip(entry.parts, chunks):
+            out[name] = (chunk.t() if entry.transpose else chunk).contiguous().clone()
+    if model.spec.tied_embeddings:
+        out["lm_head.weight"] = out["model.embed_tokens.weight" if model.spec.family == "llama"
+                                    else "transformer.wte.weight"]
+    return out
+
+
+def _split_sizes(spec: ModelSpec, entry: _Entry) -> list[int]:
+    if "qkv" in entry.ours:
+        return [spec.q_size, spec.kv_size, spec.kv_size]
+    return [spec.ffn_size, spec.ffn_size]  # [gate; up]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoint files
+
+
+class TensorSource(Mapping[str, torch.Tensor]):
+    """Lazy read-only mapping name -> tensor over a checkpoint directory's safetensors shards
+    (or `.bin` files), reading each tensor only when asked for."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        d = Path(directory)
+        self._where: dict[str, Path] = {}
+        self._handles: dict[Path, Any] = {}
+        self._bin: dict[str, torch.Tensor] = {}
+        for index_name, kind in (("model.safetensors.index.json", "st"), ("pytorch_model.bin.index.json", "bin")):
+            if (d / index_name).is_file():
+                weight_map = json.loads((d / index_name).read_text())["weight_map"]
+                files = sorted({d / f for f in weight_map.values()})
+                break
+        else:
+            files = sorted(d.glob("*.safetensors")) or sorted(d.glob("pytorch_model*.bin"))
+        if not files:
+            raise ValueError(f"checkpoint: no *.safetensors or pytorch_model*.bin files in {str(d)!r}")
+        for f in files:
+            if not f.is_file():
+                raise ValueError(f"checkpoint: shard {str(f)!r} listed in the index is missing")
+            if f.suffix == ".safetensors":
+                from safetensors import safe_open
+                handle = safe_open(str(f), framework="pt", device="cpu")
+                self._handles[f] = handle
+                for k in handle.keys():
+                    self._where[k] = f
+            else:
+                self._bin.update(torch.load(f, map_location="cpu", weights_only=True))
+        for k in self._bin:
+            self._where.setdefault(k, Path("<bin>"))
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key in self._bin:
+            return self._bin[key]
+        return self._handles[self._where[key]].get_tensor(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def from_pretrained(path: str | os.PathLike[str], *, dtype: str | torch.dtype | None = None,
+                    device: str | torch.device = "cpu", attention: str = "sdpa",
+                    spec: ModelSpec | None = None) -> Transformer:
+    """Load a local Hugging Face checkpoint directory (config.json + weights) into a `Transformer`.
+
+    `dtype` None keeps the checkpoint's (`spec.dtype`, fp16 when the config names none); `spec` None
+    reads `config.json` with `ModelSpec.from_hf_config`.
+    """
+    d = Path(path)
+    if not d.is_dir():
+        raise ValueError(f"path: {str(path)!r} is not a checkpoint directory")
+    spec = spec or ModelSpec.from_hf_config(d)
+    model = Transformer(spec, dtype=torch_dtype(dtype or spec.dtype), device=device, attention=attention)
+    return load_hf_state_dict(model, TensorSource(d))
+
+
+def hf_config(spec: ModelSpec) -> dict[str, Any]:
+    """A Hugging Face config dict (`model_type` included) describing `spec`, for building the
+    reference `transformers` model in tests and benchmarks (`AutoConfig.for_model(**cfg)`)."""
+    if spec.family == "gpt2":
+        return dict(model_type="gpt2", vocab_size=spec.vocab_size, n_embd=spec.hidden_size,
+                    n_layer=spec.num_layers, n_head=spec.num_heads, n_inner=spec.ffn_size,
+                    n_positions=spec.max_positions, activation_function=spec.hidden_act,
+                    layer_norm_epsilon=spec.norm_eps, tie_word_embeddings=spec.tied_embeddings,
+                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    if spec.family != "llama":
+        raise ValueError(f"family: no Hugging Face config for {spec.family!r}")
+    cfg: dict[str, Any] = dict(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+        intermediate_size=spec.ffn_size, hidden_act=spec.hidden_act, rms_norm_eps=spec.norm_eps,
+        max_position_embeddings=spec.max_positions, tie_word_embeddings=spec.tied_embeddings,
+        rope_theta=spec.rope_theta, attention_dropout=0.0)
+    if spec.rope_scaling:
+        cfg["rope_scaling"] = dict(spec.rope_scaling)
+    if spec.num_experts > 1:
+        cfg.update(model_type="mixtral", num_local_experts=spec.num_experts,
+                   num_experts_per_tok=spec.experts_per_token)
+    elif spec.qkv_bias and not spec.out_bias:
+        cfg.update(model_type="qwen2")
+    else:
+        cfg.update(model_type="llama", attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
+    return cfg
+
+
+__all__ = ["TensorSource", "build_model", "from_pretrained", "hf_config", "init_random",
+           "load_hf_state_dict", "to_hf_state_dict"]
