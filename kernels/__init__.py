@@ -29,9 +29,9 @@ from kernels.reference import (
 from kernels.splits import num_kv_splits
 
 _TRITON_EXPORTS = {
-    "flash_attention": "kernels.flash_attention",
-    "flash_decoding": "kernels.flash_decoding",
-    "paged_attention": "kernels.paged_attention",
+    "flash_attention": "kernels.prefill",
+    "flash_decoding": "kernels.decode",
+    "paged_attention": "kernels.paged",
 }
 
 __all__ = [

@@ -3,7 +3,7 @@
 Paper: Efficient Memory Management for Large Language Model Serving with PagedAttention (Kwon et al.,
 SOSP 2023, arXiv:2309.06180): the cache is a pool of fixed-size blocks and each sequence lists its
 blocks in a block table, so memory is allocated block by block and blocks can be shared between
-sequences (a common prefix, beam search). The kernel is `kernels.flash_decoding`'s split-KV algorithm
+sequences (a common prefix, beam search). The kernel is `kernels.decode`'s split-KV algorithm
 (Flash-Decoding, Dao et al. 2023) with the K/V addresses going through the block table.
 
 Letters: B batch, H query heads, H_kv key/value heads, G = H / H_kv, D head dim, P block size (tokens
@@ -26,7 +26,7 @@ import triton.language as tl
 
 from kernels._checks import check_block_table_values, check_paged
 from kernels._common import check_inner_contiguous, check_kernel_inputs, check_out, default_sm_scale
-from kernels.flash_decoding import (
+from kernels.decode import (
     TUNING_KEY,
     _decode_update,
     _split_range,
