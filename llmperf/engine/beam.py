@@ -130,7 +130,8 @@ class BeamSearch:
         """Advance every beam by one token. `logprobs` `(B*K, V)`: log-softmax of the running beams'
         next-token logits, after processors. Returns `(next_tokens, source_rows)`, both `(B*K,)`:
         new row i is old row `source_rows[i]` followed by `next_tokens[i]`. `generator` is used only
-        when sampling (None: torch's global generator, as HF)."""
+        when sampling (None: torch's global generator, as HF). After the step that makes `is_done`
+        true, the returned rows are leftovers (HF's too): read the result from `finalize()`."""
         B, K, C = self.batch_size, self.num_beams, self.num_candidates
         if self._done:
             raise RuntimeError("step: the beam search is done; call finalize()")
