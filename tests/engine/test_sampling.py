@@ -4,8 +4,6 @@ cases, properties of top-k / top-p, determinism, and whole greedy / sampled gene
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from hypothesis import given, settings
