@@ -26,6 +26,7 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from llmperf.engine.cache import KVCache
 
 BACKENDS = ("sdpa", "naive", "triton")
+INTERPRETER_NUM_SMS = 4
 
 
 @dataclass(eq=False)
@@ -165,12 +167,34 @@ def _kernels() -> Any:
     return kernels
 
 
+def _decode_splits(kernels: Any, meta: StepMeta, num_kv_heads: int, device: torch.device) -> int:
+    """The kernels' split heuristic from the lengths the host already knows: passing it (with
+    validate=False) spares the kernels a device-to-host read of seq_lens in every layer."""
+    if "splits" not in meta._memo:
+        meta._memo["splits"] = kernels.num_kv_splits(meta.batch, num_kv_heads, meta.max_seq_len, _num_sms(device))
+    return meta._memo["splits"]
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device; on CPU (the Triton interpreter) a small number, so that
+    longer sequences still take the split path."""
+    if device.type != "cuda":
+        return INTERPRETER_NUM_SMS
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
                      rec: Any) -> torch.Tensor:
     from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
 
     kernels = _kernels()
     B, T, H, D = q.shape
+    H_kv = k.shape[2]
     with rec.op("attention", layer):
         if meta.fresh and meta.uniform:
             o = kernels.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
@@ -178,11 +202,13 @@ def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if T == 1 and isinstance(meta.cache, PagedKVCache):
             k_pool, v_pool = meta.cache.pools(layer)  # (num_blocks, block_size, H_kv, D) each
             o = kernels.paged_attention(q.reshape(B, H, D), k_pool, v_pool, meta.block_tables,
-                                        meta.seq_lens_tensor())
+                                        meta.seq_lens_tensor(), _decode_splits(kernels, meta, H_kv, q.device),
+                                        validate=False)
             return o.reshape(B, 1, H * D)
         if T == 1 and isinstance(meta.cache, ContiguousKVCache):
             k_rows, v_rows = meta.cache.rows_of(layer, meta)  # (B, H_kv, S_max, D) each
-            o = kernels.flash_decoding(q.reshape(B, H, D), k_rows, v_rows, meta.seq_lens_tensor())
+            o = kernels.flash_decoding(q.reshape(B, H, D), k_rows, v_rows, meta.seq_lens_tensor(),
+                                       _decode_splits(kernels, meta, H_kv, q.device), validate=False)
             return o.reshape(B, 1, H * D)
         if meta.uniform:  # extend: queries are the last T of S keys, causal aligned bottom-right
             K, V = _keys(layer, k, v, meta)

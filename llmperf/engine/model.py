@@ -326,6 +326,8 @@ class Transformer(nn.Module):
             self.lm_head_weight = nn.Parameter(torch.empty(spec.vocab_size, C, **kw))
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
         self.set_attention(attention)
+        self.requires_grad_(False)  # an inference engine: no autograd graph, ever
+        self.eval()
 
     @property
     def device(self) -> torch.device:

@@ -49,6 +49,7 @@ class ModelRunner:
         return dict(batch=len(seqs), q_len=q_len, kv_len=max(lens), tokens_in_cache=sum(lens))
 
     # ---- prefill ---------------------------------------------------------------------------------
+    @torch.inference_mode()
     def prefill(self, groups: Seq[SequenceGroup]) -> None:
         """Run the prompts (or recomputations) of `groups`; fresh groups get their first token."""
         items: dict[int, list[tuple[SequenceGroup, Sequence, list[int]]]] = {}
@@ -94,6 +95,7 @@ class ModelRunner:
             self._retire(g)
 
     # ---- decode ----------------------------------------------------------------------------------
+    @torch.inference_mode()
     def decode(self, groups: Seq[SequenceGroup]) -> None:
         """One token for every running sequence of `groups` (their slots already reserved)."""
         seqs = [s for g in groups for s in g.seqs]

@@ -1,0 +1,171 @@
+"""The model: equal to Hugging Face `transformers` on the same weights, with and without the KV
+cache, under every attention backend and both cache layouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import SPECS, hf_twin, kernels_available, make_model, tiny
+from llmperf.engine import ContiguousKVCache, PagedKVCache, StepMeta, Transformer, build_model
+from llmperf.engine.model import rope_inv_freq
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_forward_equals_transformers(kind):
+    model = make_model(kind, seed=1)
+    hf = hf_twin(model)
+    tokens = torch.randint(0, model.spec.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(tokens, all_logits=True)  # (B, T, V)
+        ref = hf(tokens).logits
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_last_position_logits_are_the_last_row_of_all_logits(llama_spec):
+    model = build_model(llama_spec, seed=0)
+    tokens = torch.randint(0, 256, (3, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), model(tokens, all_logits=True)[:, -1])
+
+
+def test_llama3_rope_scaling_changes_only_low_frequencies(llama_spec):
+    plain = rope_inv_freq(llama_spec.scaled(rope_scaling=None))
+    scaled = rope_inv_freq(llama_spec)
+    assert llama_spec.rope_scaling["rope_type"] == "llama3"
+    assert torch.equal(scaled[0], plain[0])  # the highest frequency is untouched
+    assert scaled[-1] < plain[-1]  # the lowest is divided by up to `factor`
+
+
+def _decode_logits(model: Transformer, cache, tokens: list[list[int]], prompt_lens: list[int]) -> list[torch.Tensor]:
+    """Prefill each row's prompt alone, then decode the rest of all rows as one ragged batch;
+    returns per row the logits predicting tokens[prompt_len:] (rows of different lengths)."""
+    out = [[] for _ in tokens]
+    for b, (row, n) in enumerate(zip(tokens, prompt_lens)):
+        assert cache.allocate(b, n)
+        meta = cache.prepare([b], n)
+        out[b].append(model(torch.tensor([row[:n]]), meta)[0])
+    pos = list(prompt_lens)
+    while True:
+        live = [b for b in range(len(tokens)) if pos[b] < len(tokens[b])]
+        if not live:
+            break
+        for b in live:
+            assert cache.append_slot(b)
+        meta = cache.prepare(live, 1)
+        logits = model(torch.tensor([[tokens[b][pos[b]]] for b in live]), meta)
+        for i, b in enumerate(live):
+            out[b].append(logits[i])
+            pos[b] += 1
+    return [torch.stack(o[:-1]) for o in out]
+
+
+@pytest.mark.parametrize("cache_kind", ["contiguous", "paged"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "mixtral"])
+def test_decoding_with_the_cache_equals_recomputation(kind, cache_kind):
+    model = make_model(kind, seed=2)
+    g = torch.Generator().manual_seed(1)
+    lengths, prompts = [13, 9, 17], [5, 3, 8]
+    tokens = [torch.randint(0, 256, (n,), generator=g).tolist() for n in lengths]
+    if cache_kind == "contiguous":
+        cache = ContiguousKVCache(model.spec, max_batch=3, max_seq_len=32)
+    else:
+        cache = PagedKVCache(model.spec, num_blocks=16, block_size=4)
+    with torch.no_grad():
+        got = _decode_logits(model, cache, tokens, prompts)
+        for row, n, logits in zip(tokens, prompts, got):
+            full = model(torch.tensor([row]), all_logits=True)[0]  # (T, V), no cache
+            torch.testing.assert_close(logits, full[n - 1:-1], rtol=1e-4, atol=1e-5)
+            assert torch.equal(logits.argmax(-1), full[n - 1:-1].argmax(-1))
+
+
+def _run_backends(backend: str, cache_kind: str, dtype=torch.float32) -> list[torch.Tensor]:
+    model = make_model("llama", seed=3, dtype=dtype, attention=backend)
+    g = torch.Generator().manual_seed(5)
+    tokens = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (12, 7, 10)]
+    cache = (ContiguousKVCache(model.spec, max_batch=3, max_seq_len=16, dtype=dtype) if cache_kind == "contiguous"
+             else PagedKVCache(model.spec, num_blocks=12, block_size=4, dtype=dtype))
+    with torch.no_grad():
+        return _decode_logits(model, cache, tokens, [4, 4, 6])
+
+
+@pytest.mark.parametrize("cache_kind", ["contiguous", "paged"])
+def test_naive_backend_equals_sdpa(cache_kind):
+    for a, b in zip(_run_backends("naive", cache_kind), _run_backends("sdpa", cache_kind)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache_kind", ["contiguous", "paged"])
+def test_triton_backend_equals_sdpa(cache_kind):
+    ok, why = kernels_available()
+    if not ok:
+        pytest.skip(why)
+    for a, b in zip(_run_backends("triton", cache_kind), _run_backends("sdpa", cache_kind)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_paged_equals_contiguous():
+    for a, b in zip(_run_backends("sdpa", "paged"), _run_backends("sdpa", "contiguous")):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_sdpa_naive_agree_with_the_kernels_torch_references():
+    """The engine's attention against `kernels.reference` (an independent implementation)."""
+    reference = pytest.importorskip("kernels.reference")
+    from llmperf.engine.attention import naive_attention, sdpa_attention
+    from llmperf.engine.instrument import NULL_RECORDER
+
+    g = torch.Generator().manual_seed(0)
+    B, T, H, H_kv, D = 2, 9, 4, 2, 16
+    q, k, v = (torch.randn(B, T, h, D, generator=g) for h in (H, H_kv, H_kv))
+    meta = StepMeta.no_cache(B, T, "cpu")
+    expected = reference.naive_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    expected = expected.transpose(1, 2).reshape(B, T, H * D)
+    for fn in (naive_attention, sdpa_attention):
+        torch.testing.assert_close(fn(0, q, k, v, meta, NULL_RECORDER), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_precision_runs_close_to_fp32(dtype):
+    spec = SPECS["llama"]()
+    ref = build_model(spec, seed=4)
+    half = build_model(spec, seed=4, dtype=dtype)
+    tokens = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():
+        a, b = ref(tokens, all_logits=True), half(tokens, all_logits=True)
+    assert b.dtype == half.dtype
+    assert (a - b.float()).abs().max() < 0.05 * a.abs().max()
+
+
+def test_seeded_weights_are_reproducible_and_seed_dependent(llama_spec):
+    a, b, c = (build_model(llama_spec, seed=s) for s in (0, 0, 1))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.embed_weight, c.embed_weight)
+
+
+def test_tied_embeddings_share_one_tensor(gpt2_spec):
+    model = build_model(gpt2_spec)
+    assert model.lm_head_weight is model.embed_weight
+    assert sum(p.numel() for p in model.parameters()) == gpt2_spec.param_count
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_parameter_count_equals_the_spec(kind):
+    model = make_model(kind)
+    assert sum(p.numel() for p in model.parameters()) == model.spec.param_count
+
+
+def test_bad_inputs_raise_value_errors_naming_the_field(llama_spec):
+    with pytest.raises(ValueError, match="family"):
+        Transformer(tiny("opt-13b", num_kv_heads=4))
+    with pytest.raises(ValueError, match="rotary_dim"):
+        Transformer(llama_spec.scaled(rotary_dim=128))
+    with pytest.raises(ValueError, match="dtype"):
+        Transformer(llama_spec, dtype="int8")
+    with pytest.raises(ValueError, match="attention"):
+        Transformer(llama_spec, attention="flash")
+    model = build_model(llama_spec)
+    with pytest.raises(ValueError, match="tokens"):
+        model(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_positions"):
+        model(torch.zeros(1, llama_spec.max_positions + 1, dtype=torch.long))
