@@ -1,9 +1,9 @@
 """Torch reference attention: the baselines the Triton kernels are checked and timed against.
 
 `naive_*` is the "standard attention" of the FlashAttention paper (Dao et al. 2022, arXiv:2205.14135,
-Algorithm 0): S = Q K^T and P = softmax(S) are materialised in memory, then O = P V. Scores and outputs
-are in the inputs' dtype; the softmax runs in fp32 and P is cast back, as Hugging Face's eager attention
-does. `sdpa_*` wraps `torch.nn.functional.scaled_dot_product_attention`, which picks a fused backend
+Algorithm 0): S = Q K^T and P = softmax(S) are materialised in memory, then O = P V. Scores and
+outputs are in the inputs' dtype; the softmax runs in (at least) fp32 and P is cast back, as Hugging
+Face's eager attention does. `sdpa_*` wraps `torch.nn.functional.scaled_dot_product_attention`, which picks a fused backend
 where it can. All are pure functions of their tensors (no global state), usable as attention backends.
 
 Letters: B batch, H query heads, H_kv key/value heads, G = H / H_kv, T_q / T_kv query / key lengths,
@@ -46,6 +46,11 @@ def _length_mask(seq_lens: torch.Tensor, S_max: int) -> torch.Tensor:
     return torch.arange(S_max, device=seq_lens.device)[None, :] < seq_lens[:, None].long()
 
 
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 ones."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def naive_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, sm_scale: float | None = None
 ) -> torch.Tensor:
@@ -58,7 +63,7 @@ def naive_attention(
     if causal:
         allowed = causal_mask(T_q, T_kv, q.device)  # (T_q, T_kv)
         s = s.view(B, H_kv, dims.G, T_q, T_kv).masked_fill(~allowed, float("-inf")).view(B, H_kv, -1, T_kv)
-    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)  # (B, H_kv, G*T_q, T_kv)
+    p = torch.softmax(s, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)  # (B, H_kv, G*T_q, T_kv)
     o = torch.matmul(p, v)  # (B, H_kv, G*T_q, D)
     return o.view(B, H, T_q, D)
 
@@ -99,7 +104,7 @@ def naive_decode(
     qg = q.reshape(B, H_kv, dims.G, D)  # (B, H_kv, G, D)
     s = torch.matmul(qg, k_cache.transpose(-1, -2)) * scale  # (B, H_kv, G, S_max)
     s = s.masked_fill(~_length_mask(seq_lens, S_max)[:, None, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)  # (B, H_kv, G, S_max)
+    p = torch.softmax(s, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)  # (B, H_kv, G, S_max)
     return torch.matmul(p, v_cache).view(B, dims.H, D)  # (B, H, D)
 
 

@@ -1,0 +1,146 @@
+"""Compile the Triton kernels ahead of time for a CUDA architecture, without a GPU.
+
+Run WITHOUT TRITON_INTERPRET (the interpreter replaces the jit functions):
+    python tests/kernels/aot_compile.py 80 [90 ...] [--all-configs]
+prints one JSON line per compiled kernel (name, arch, config, shared memory, whether PTX and a cubin
+were produced). The launch arguments come from the real wrappers: their launchers are replaced by
+recorders and the wrappers are called on CPU tensors; each argument is then specialised exactly as
+triton's JIT specialises it at launch (`native_specialize_impl`: dtype, 16-byte alignment, ints equal
+to 1 or divisible by 16), so the compiled signature is the one a GPU launch would compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("aot_compile: unset TRITON_INTERPRET (the interpreter replaces the jit functions)")
+
+import kernels.decode as decode  # noqa: E402
+import kernels.paged as paged  # noqa: E402
+import kernels.prefill as prefill  # noqa: E402
+
+# Largest dynamic shared memory per block (bytes): A100 (sm_80) 163 KiB, H100 (sm_90) 227 KiB.
+MAX_SHARED = {80: 166912, 90: 232448}
+
+
+class Recorder:
+    """Stands in for a kernel launcher (`kernel[grid](*args, **meta)`) and keeps the call."""
+
+    def __init__(self, fn: triton.JITFunction, calls: list):
+        self.fn, self.calls = fn, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.calls.append((self.fn, args, meta))
+
+        return launch
+
+
+def capture() -> list:
+    """Call each wrapper on small CPU tensors and return the recorded launches (fn, args, meta)."""
+    calls: list = []
+    for module in (prefill, decode, paged):
+        module.check_kernel_inputs = lambda q: None  # CPU tensors stand in for CUDA ones
+    torch.cuda.device = lambda device: contextlib.nullcontext()
+    prefill._flash_attention_tuned = Recorder(prefill._flash_attention_kernel, calls)
+    decode._flash_decoding_tuned = Recorder(decode._flash_decoding_kernel, calls)
+    paged._paged_attention_tuned = Recorder(paged._paged_attention_kernel, calls)
+    decode._combine_splits_kernel = Recorder(decode._combine_splits_kernel, calls)
+
+    def t(*shape, dtype=torch.float16):
+        return torch.zeros(*shape, dtype=dtype)
+
+    lens = torch.tensor([100, 37], dtype=torch.int32)
+    for dtype, D, H, H_kv, T_q, T_kv, causal in [
+        (torch.float16, 128, 8, 2, 64, 64, True),
+        (torch.float32, 64, 4, 4, 20, 50, False),
+        (torch.bfloat16, 80, 8, 1, 30, 40, True),
+    ]:
+        prefill.flash_attention(t(2, H, T_q, D, dtype=dtype), t(2, H_kv, T_kv, D, dtype=dtype),
+                                t(2, H_kv, T_kv, D, dtype=dtype), causal)
+    for dtype, D, H, H_kv, splits in [
+        (torch.float16, 128, 8, 2, 4),
+        (torch.bfloat16, 64, 4, 4, 1),
+        (torch.float32, 128, 8, 1, 2),
+    ]:
+        cache = t(2, H_kv, 128, D, dtype=dtype)
+        decode.flash_decoding(t(2, H, D, dtype=dtype), cache, cache, lens, splits)
+    for dtype, D, H, H_kv, P, splits in [
+        (torch.float16, 128, 8, 2, 16, 3),
+        (torch.bfloat16, 64, 8, 1, 32, 1),
+    ]:
+        blocks = t(16, P, H_kv, D, dtype=dtype)
+        table = torch.arange(2 * (128 // P), dtype=torch.int32).view(2, -1) % 16
+        paged.paged_attention(t(2, H, D, dtype=dtype), blocks, blocks, table, lens, splits)
+    return calls
+
+
+# One config per kernel for the quick check (it fits an A100 and an H100 for every dtype captured).
+SMOKE_CONFIG = {"_flash_attention_kernel": 1, "_flash_decoding_kernel": 0, "_paged_attention_kernel": 0}
+
+
+def configs_for(fn, all_configs: bool) -> list[tuple[dict, int, int]]:
+    """(block constexprs, num_warps, num_stages) to compile `fn` with."""
+    if fn.__name__ == "_flash_attention_kernel":
+        cfgs = [({"BLOCK_M": m, "BLOCK_N": n}, w, s) for m, n, w, s in prefill.CUDA_CONFIGS]
+    elif fn.__name__ == "_combine_splits_kernel":
+        return [({}, decode.COMBINE_NUM_WARPS, 1)]
+    else:
+        cfgs = [({"BLOCK_N": n}, w, s) for n, w, s in decode.CUDA_CONFIGS]
+    return cfgs if all_configs else [cfgs[SMOKE_CONFIG[fn.__name__]]]
+
+
+def compile_call(fn, args, meta, block: dict, num_warps: int, num_stages: int, cc: int):
+    meta = {k: v for k, v in meta.items() if k not in ("num_warps", "num_stages")}
+    constexprs = dict(meta, **block)
+    names = [n for n in fn.arg_names if n not in constexprs]
+    assert len(names) == len(args), (fn.__name__, names, len(args))
+    signature, attrs = {}, {}
+    for name, value in zip(names, args):
+        kind, spec = native_specialize_impl(CUDABackend, value, False, True, True)
+        if kind == "constexpr":
+            constexprs[name] = spec
+        else:
+            signature[name] = kind
+            if spec:
+                attrs[(fn.arg_names.index(name),)] = CUDABackend.parse_attr(spec)
+    for name in constexprs:
+        signature[name] = "constexpr"
+    signature = {n: signature[n] for n in fn.arg_names}
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def main(argv: list[str]) -> None:
+    all_configs = "--all-configs" in argv
+    archs = [int(a) for a in argv if not a.startswith("--")]
+    for fn, args, meta in capture():
+        for block, num_warps, num_stages in configs_for(fn, all_configs):
+            for cc in archs:
+                start = time.perf_counter()
+                k = compile_call(fn, args, meta, block, num_warps, num_stages, cc)
+                seconds = time.perf_counter() - start
+                ptx = k.asm.get("ptx", "")
+                print(json.dumps(dict(
+                    kernel=fn.__name__, arch=cc, config=dict(block, num_warps=num_warps, num_stages=num_stages),
+                    dtype=str(args[0].dtype), shared=k.metadata.shared, max_shared=MAX_SHARED.get(cc),
+                    ptx_target=next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), None),
+                    ptx_entry=f".entry {fn.__name__}" in ptx, cubin=bool(k.asm.get("cubin")),
+                    stages=sorted(k.asm), seconds=round(seconds, 2),
+                )), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

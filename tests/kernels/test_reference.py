@@ -1,0 +1,98 @@
+"""The torch references (naive and SDPA; prefill, decode, paged) against independent float64 attention.
+
+These need only torch: they are the engine's non-Triton attention backends.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_fp64 import TOLERANCE, attention_fp64, decode_fp64, paged_fp64, rel_error
+
+from kernels import (
+    causal_mask,
+    gather_paged_kv,
+    naive_attention,
+    naive_decode,
+    paged_decode_reference,
+    sdpa_attention,
+    sdpa_decode,
+)
+
+PREFILL = [naive_attention, sdpa_attention]
+DECODE = [naive_decode, sdpa_decode]
+REF_DTYPES = [torch.float64, torch.float32, torch.float16]
+
+
+def _prefill_inputs(B, H, H_kv, T_q, T_kv, D, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, h, t, D, generator=g).to(dtype) for h, t in ((H, T_q), (H_kv, T_kv), (H_kv, T_kv)))
+
+
+def test_causal_mask_is_bottom_right():
+    assert causal_mask(2, 4).tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert torch.equal(causal_mask(3, 3), torch.ones(3, 3, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("fn", PREFILL, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", REF_DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("H, H_kv, T_q, T_kv", [(4, 4, 33, 33), (8, 2, 7, 63), (8, 1, 1, 129), (4, 2, 40, 17)])
+def test_prefill_references(fn, dtype, causal, H, H_kv, T_q, T_kv):
+    if causal and T_q > T_kv:
+        pytest.skip("causal needs T_q <= T_kv")
+    q, k, v = _prefill_inputs(2, H, H_kv, T_q, T_kv, 64, dtype)
+    out = fn(q, k, v, causal, 0.2)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_error(out, attention_fp64(q, k, v, causal, 0.2)) < TOLERANCE[dtype]
+
+
+def _decode_inputs(lens, H, H_kv, D, dtype, S_max=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    B, S_max = len(lens), S_max or max(lens)
+    q = torch.randn(B, H, D, generator=g).to(dtype)
+    k = torch.randn(B, H_kv, S_max, D, generator=g).to(dtype)
+    v = torch.randn(B, H_kv, S_max, D, generator=g).to(dtype)
+    return q, k, v, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("fn", DECODE, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", REF_DTYPES, ids=str)
+@pytest.mark.parametrize("H, H_kv", [(4, 4), (8, 2), (8, 1)])
+def test_decode_references(fn, dtype, H, H_kv):
+    q, k, v, seq_lens = _decode_inputs([1, 7, 63, 129], H, H_kv, 64, dtype, S_max=130)
+    out = fn(q, k, v, seq_lens)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_error(out, decode_fp64(q, k, v, seq_lens)) < TOLERANCE[dtype]
+
+
+def test_decode_equals_prefill_of_last_token():
+    """Decode of the last token equals the last row of causal prefill over the same keys."""
+    q, k, v = _prefill_inputs(1, 4, 2, 20, 20, 64, torch.float64)
+    full = naive_attention(q, k, v, True)
+    dec = naive_decode(q[:, :, -1], k, v, torch.tensor([20], dtype=torch.int32))
+    assert rel_error(dec, full[:, :, -1]) < 1e-12
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "naive"])
+@pytest.mark.parametrize("dtype", REF_DTYPES, ids=str)
+def test_paged_reference(impl, dtype):
+    g = torch.Generator().manual_seed(3)
+    N_blk, P, H, H_kv, D = 12, 8, 8, 2, 64
+    kb = torch.randn(N_blk, P, H_kv, D, generator=g).to(dtype)
+    vb = torch.randn(N_blk, P, H_kv, D, generator=g).to(dtype)
+    table = torch.tensor([[5, 2, 9, 0], [5, 2, 11, -1], [7, -1, -1, -1]], dtype=torch.int32)  # shares 5, 2
+    seq_lens = torch.tensor([30, 20, 1], dtype=torch.int32)
+    q = torch.randn(3, H, D, generator=g).to(dtype)
+    out = paged_decode_reference(q, kb, vb, table, seq_lens, impl=impl)
+    assert rel_error(out, paged_fp64(q, kb, vb, table, seq_lens)) < TOLERANCE[dtype]
+
+
+def test_gather_paged_kv_layout():
+    N_blk, P, H_kv, D = 4, 2, 3, 5
+    kb = torch.arange(N_blk * P * H_kv * D, dtype=torch.float32).view(N_blk, P, H_kv, D)
+    table = torch.tensor([[3, 1]], dtype=torch.int32)
+    k, v = gather_paged_kv(kb, kb, table)
+    assert k.shape == (1, H_kv, 2 * P, D)
+    for t in range(2 * P):
+        assert torch.equal(k[0, :, t], kb[table[0, t // P], t % P])

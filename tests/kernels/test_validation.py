@@ -1,0 +1,196 @@
+"""Every ValueError path of the kernel wrappers and the references: the message names the argument.
+
+The checks run before any launch, so these tests are cheap; kernels and references share them, so each
+bad input is tried on both.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import kernels
+from kernels import naive_attention, naive_decode, num_kv_splits, paged_decode_reference, sdpa_attention, sdpa_decode
+
+triton = pytest.importorskip("triton")
+from kernels import flash_attention, flash_decoding, paged_attention  # noqa: E402
+
+B, H, H_kv, T, D = 2, 4, 2, 8, 16
+PREFILL_FNS = [flash_attention, naive_attention, sdpa_attention]
+DECODE_FNS = [flash_decoding, naive_decode, sdpa_decode]
+PAGED_FNS = [paged_attention, paged_decode_reference]
+
+
+def _prefill(**change):
+    args = dict(
+        q=torch.randn(B, H, T, D), k=torch.randn(B, H_kv, T, D), v=torch.randn(B, H_kv, T, D), causal=True
+    )
+    args.update(change)
+    return args
+
+
+def _decode(**change):
+    args = dict(
+        q=torch.randn(B, H, D),
+        k_cache=torch.randn(B, H_kv, T, D),
+        v_cache=torch.randn(B, H_kv, T, D),
+        seq_lens=torch.tensor([T, 3], dtype=torch.int32),
+    )
+    args.update(change)
+    return args
+
+
+N_BLK, P, M_BLK = 6, 4, 3
+
+
+def _paged(**change):
+    args = dict(
+        q=torch.randn(B, H, D),
+        key_blocks=torch.randn(N_BLK, P, H_kv, D),
+        value_blocks=torch.randn(N_BLK, P, H_kv, D),
+        block_tables=torch.tensor([[0, 1, 2], [3, -1, -1]], dtype=torch.int32),
+        seq_lens=torch.tensor([10, 4], dtype=torch.int32),
+    )
+    args.update(change)
+    return args
+
+
+PREFILL_BAD = {
+    "q not a tensor": (_prefill(q=[1.0]), "q: expected a torch.Tensor"),
+    "q 3-d": (_prefill(q=torch.randn(B, H, T)), "q: expected 4 dims"),
+    "k 3-d": (_prefill(k=torch.randn(B, T, D)), "k: expected 4 dims"),
+    "q int": (_prefill(q=torch.ones(B, H, T, D, dtype=torch.int32)), "q: dtype must be"),
+    "k other dtype": (_prefill(k=torch.randn(B, H_kv, T, D).half()), "k: dtype torch.float16 differs"),
+    "v on meta": (_prefill(v=torch.empty(B, H_kv, T, D, device="meta")), "v: on meta"),
+    "k batch": (_prefill(k=torch.randn(3, H_kv, T, D)), "k: batch 3 differs"),
+    "v shape": (_prefill(v=torch.randn(B, H_kv, T + 1, D)), "v: shape"),
+    "k head dim": (_prefill(k=torch.randn(B, H_kv, T, 8), v=torch.randn(B, H_kv, T, 8)), "k: head dim 8 differs"),
+    "head dim too wide": (_prefill(q=torch.randn(1, 1, 1, 300), k=torch.randn(1, 1, 1, 300),
+                                   v=torch.randn(1, 1, 1, 300)), "q: head dim must be in [1, 256]"),
+    "heads": (_prefill(k=torch.randn(B, 3, T, D), v=torch.randn(B, 3, T, D)), "k: 3 KV heads do not divide"),
+    "causal q longer": (_prefill(q=torch.randn(B, H, T + 1, D)), "q: causal attention aligns"),
+    "no queries": (_prefill(q=torch.randn(B, H, 0, D)), "q: needs at least one"),
+    "no keys": (_prefill(k=torch.randn(B, H_kv, 0, D), v=torch.randn(B, H_kv, 0, D), causal=False),
+                "k: needs at least one key"),
+    "causal not bool": (_prefill(causal=1), "causal: must be a bool"),
+    "sm_scale": (_prefill(sm_scale=-1.0), "sm_scale: must be a positive number"),
+}
+
+
+@pytest.mark.parametrize("fn", PREFILL_FNS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("case", list(PREFILL_BAD), ids=str)
+def test_prefill_bad_input(fn, case):
+    args, message = PREFILL_BAD[case]
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        fn(**args)
+
+
+DECODE_BAD = {
+    "q 4-d": (_decode(q=torch.randn(B, H, 1, D)), "q: expected 3 dims"),
+    "k_cache 3-d": (_decode(k_cache=torch.randn(B, T, D)), "k_cache: expected 4 dims"),
+    "v_cache dtype": (_decode(v_cache=torch.randn(B, H_kv, T, D).half()), "v_cache: dtype"),
+    "k_cache batch": (_decode(k_cache=torch.randn(1, H_kv, T, D)), "k_cache: batch 1 differs"),
+    "v_cache shape": (_decode(v_cache=torch.randn(B, H_kv, T + 1, D)), "v_cache: shape"),
+    "heads": (_decode(k_cache=torch.randn(B, 3, T, D), v_cache=torch.randn(B, 3, T, D)), "k_cache: 3 KV heads"),
+    "seq_lens int64": (_decode(seq_lens=torch.tensor([T, 3])), "seq_lens: dtype must be torch.int32"),
+    "seq_lens 2-d": (_decode(seq_lens=torch.ones(B, 1, dtype=torch.int32)), "seq_lens: expected 1 dims"),
+    "seq_lens length": (_decode(seq_lens=torch.tensor([T], dtype=torch.int32)), "seq_lens: length 1 differs"),
+    "seq_lens zero": (_decode(seq_lens=torch.tensor([T, 0], dtype=torch.int32)), "seq_lens: length 0 of sequence 1"),
+    "seq_lens too long": (_decode(seq_lens=torch.tensor([3, T + 1], dtype=torch.int32)),
+                          f"seq_lens: length {T + 1} exceeds the cache's S_max={T} for sequence 1"),
+    "seq_lens on meta": (_decode(seq_lens=torch.empty(B, dtype=torch.int32, device="meta")), "seq_lens: on meta"),
+    "sm_scale": (_decode(sm_scale=0.0), "sm_scale: must be a positive number"),
+}
+
+
+@pytest.mark.parametrize("fn", DECODE_FNS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("case", list(DECODE_BAD), ids=str)
+def test_decode_bad_input(fn, case):
+    args, message = DECODE_BAD[case]
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        fn(**args)
+
+
+PAGED_BAD = {
+    "key_blocks 3-d": (_paged(key_blocks=torch.randn(N_BLK, P, D)), "key_blocks: expected 4 dims"),
+    "value_blocks shape": (_paged(value_blocks=torch.randn(N_BLK + 1, P, H_kv, D)), "value_blocks: shape"),
+    "key_blocks dtype": (_paged(key_blocks=torch.randn(N_BLK, P, H_kv, D).half()), "key_blocks: dtype"),
+    "heads": (_paged(key_blocks=torch.randn(N_BLK, P, 3, D), value_blocks=torch.randn(N_BLK, P, 3, D)),
+              "key_blocks: 3 KV heads"),
+    "head dim": (_paged(key_blocks=torch.randn(N_BLK, P, H_kv, 8), value_blocks=torch.randn(N_BLK, P, H_kv, 8)),
+                 "key_blocks: head dim 8 differs"),
+    "table int64": (_paged(block_tables=torch.zeros(B, M_BLK, dtype=torch.int64)), "block_tables: dtype"),
+    "table rows": (_paged(block_tables=torch.zeros(1, M_BLK, dtype=torch.int32)), "block_tables: 1 rows differ"),
+    "table empty": (_paged(block_tables=torch.zeros(B, 0, dtype=torch.int32)), "block_tables: needs at least one"),
+    "block out of range": (_paged(block_tables=torch.tensor([[0, 1, 6], [3, -1, -1]], dtype=torch.int32)),
+                           "block_tables: entry 2 of sequence 0 is block 6, outside [0, num_blocks=6)"),
+    "negative block in use": (_paged(seq_lens=torch.tensor([10, 5], dtype=torch.int32)),
+                              "block_tables: entry 1 of sequence 1 is block -1"),
+    "seq_lens too long": (_paged(seq_lens=torch.tensor([13, 4], dtype=torch.int32)),
+                          "seq_lens: length 13 exceeds the cache's max_blocks*block_size=12 for sequence 0"),
+    "seq_lens length": (_paged(seq_lens=torch.tensor([4], dtype=torch.int32)), "seq_lens: length 1 differs"),
+}
+
+
+@pytest.mark.parametrize("fn", PAGED_FNS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("case", list(PAGED_BAD), ids=str)
+def test_paged_bad_input(fn, case):
+    args, message = PAGED_BAD[case]
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        fn(**args)
+
+
+@pytest.mark.parametrize("fn, args", [(flash_decoding, _decode()), (paged_attention, _paged())],
+                         ids=["flash_decoding", "paged_attention"])
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, 70000])
+def test_num_splits_bad(fn, args, bad):
+    with pytest.raises(ValueError, match="^num_splits: must be an integer"):
+        fn(**args, num_splits=bad)
+
+
+def test_paged_reference_impl_bad():
+    with pytest.raises(ValueError, match="^impl: must be"):
+        paged_decode_reference(**_paged(), impl="flash")
+
+
+@pytest.mark.parametrize("fn, args", [(flash_attention, _prefill()), (flash_decoding, _decode()),
+                                      (paged_attention, _paged())], ids=["prefill", "decode", "paged"])
+class TestKernelOnly:
+    """Inputs the references accept but the Triton kernels do not."""
+
+    def test_float64(self, fn, args):
+        args = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
+        with pytest.raises(ValueError, match="^q: the Triton kernels take float16, bfloat16 or float32"):
+            fn(**args)
+
+    def test_cpu_without_interpreter(self, fn, args, monkeypatch):
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="^q: the Triton kernels need CUDA tensors"):
+            fn(**args)
+
+    def test_head_dim_not_contiguous(self, fn, args):
+        name = next(iter(args))
+        args = dict(args, q=args[name].transpose(-1, -2).contiguous().transpose(-1, -2))
+        with pytest.raises(ValueError, match="^q: the last .head. dim must be contiguous"):
+            fn(**args)
+
+    def test_out_mismatch(self, fn, args):
+        with pytest.raises(ValueError, match="^out: must match q"):
+            fn(**args, out=torch.empty(1, dtype=args["q"].dtype))
+
+
+@pytest.mark.parametrize("arg", ["batch", "num_kv_heads", "seq_len", "num_sms"])
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_num_kv_splits_bad(arg, bad):
+    good = dict(batch=1, num_kv_heads=8, seq_len=4096, num_sms=132)
+    with pytest.raises(ValueError, match=f"^{arg}: must be a positive integer"):
+        num_kv_splits(**dict(good, **{arg: bad}))
+
+
+def test_lazy_triton_import_message():
+    """Unknown names raise AttributeError (the Triton exports resolve lazily)."""
+    with pytest.raises(AttributeError):
+        kernels.no_such_kernel  # noqa: B018
+
