@@ -31,7 +31,7 @@ from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.model import Transformer
 from llmperf.engine.runner import ModelRunner
 from llmperf.engine.sampling import SamplingParams, make_generator
-from llmperf.engine.scheduler import Scheduler, ServeResult
+from llmperf.engine.scheduler import POLICIES, Scheduler, ServeResult
 from llmperf.engine.sequence import RequestOutput, SequenceGroup
 from llmperf.engine.workload import Request
 
@@ -132,6 +132,8 @@ class Engine:
         `SamplingParams` for all prompts or one per prompt. Returns one `RequestOutput` per prompt,
         in order."""
         prompts = _as_prompts(prompts)
+        if not prompts:
+            return []
         self._check_vocab(prompts)
         if params is None:
             params = SamplingParams()
@@ -150,7 +152,11 @@ class Engine:
         """Serve a workload (`llmperf.engine.workload`): requests arrive at their `arrival_time_s`
         (wall clock; `realtime=False` releases them all at once) and are batched by `policy`
         ("continuous" or "static"). Returns per-request TTFT / TPOT and per-step cache usage."""
+        if policy not in POLICIES:
+            raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
         default = params or SamplingParams()
+        if not requests:
+            return ServeResult(outputs=[], steps=[], elapsed_s=0.0, policy=policy, cache_kind=self.cache_kind)
         prompts = [list(r.prompt) for r in requests]
         self._check_vocab(prompts)
         plist = [r.params(default) for r in requests]

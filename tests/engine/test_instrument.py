@@ -1,0 +1,89 @@
+"""Instrumentation: operator names and order equal the analytical model's (`llmperf.analysis`), one
+record per layer; off by default; recording does not change the tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_model
+from llmperf.analysis.operators import ForwardModel
+from llmperf.engine import NULL_RECORDER, OP_NAMES, Engine, Recorder, SamplingParams
+from llmperf.specs import Precision
+
+
+def _unique(names):
+    return list(dict.fromkeys(names))
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "naive"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "mixtral"])
+def test_operator_names_follow_the_analytical_model(kind, backend):
+    model = make_model(kind, attention=backend)
+    rec = Recorder()
+    Engine(model).generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=3), recorder=rec)
+    df = rec.trace.to_frame()
+    assert set(df["op"]) <= set(OP_NAMES)
+    fm = ForwardModel(model=model.spec, precision=Precision.uniform("fp32"),
+                      attention="naive" if backend == "naive" else "fused")
+    for phase, T in (("prefill", 5), ("decode", 1)):
+        step = df[(df.phase == phase) & (df.step == 0)]
+        head = step[step.layer.isna()]
+        assert list(head.op) == [o.name for o in fm.head_ops(1, T, T)] + [o.name for o in fm.tail_ops(1, T, T)]
+        for layer in range(model.spec.num_layers):
+            ops = list(step[step.layer == layer].op)
+            expected = [o.name for o in fm.layer_ops(1, T, T)]
+            assert _unique(ops) == expected  # MoE: the FFN operators repeat once per expert used
+            if kind != "mixtral":
+                assert ops == expected
+        assert (step.seconds >= 0).all() and (step.q_len == T).all() and (step.batch == 1).all()
+
+
+def test_step_records_and_frames():
+    model = make_model("llama")
+    rec = Recorder()
+    Engine(model).generate([[1, 2, 3], [4, 5, 6]], SamplingParams(max_new_tokens=4), recorder=rec)
+    steps = rec.trace.steps_frame()
+    assert list(steps.phase) == ["prefill"] + ["decode"] * 3
+    assert list(steps.kv_len) == [3, 4, 5, 6] and list(steps.batch) == [2, 2, 2, 2]
+    assert (steps.forward_seconds <= steps.seconds).all()
+    totals = rec.trace.op_totals()
+    df = rec.trace.to_frame()
+    assert totals[("decode", "q_proj")] == pytest.approx(df[(df.phase == "decode") & (df.op == "q_proj")].seconds.sum())
+    per_layer = df[df.op == "attention"].groupby(["phase", "step"]).size()
+    assert (per_layer == model.spec.num_layers).all()
+
+
+def test_recording_is_off_by_default_and_does_not_change_tokens():
+    model = make_model("gpt2", seed=4)
+    assert NULL_RECORDER.op("q_proj", 0) is NULL_RECORDER.op("lm_head")  # one shared no-op
+    assert not NULL_RECORDER.active
+    prompts = [[9, 8, 7, 6], [1, 2]]
+    plain = [o.tokens for o in Engine(model).generate(prompts, SamplingParams(max_new_tokens=6))]
+    rec = Recorder(ops=True)
+    timed = [o.tokens for o in Engine(model).generate(prompts, SamplingParams(max_new_tokens=6), recorder=rec)]
+    assert plain == timed and len(rec.trace.ops) > 0
+    steps_only = Recorder(ops=False)
+    Engine(model).generate(prompts, SamplingParams(max_new_tokens=6), recorder=steps_only)
+    assert not steps_only.trace.ops and len(steps_only.trace.steps) == 1 + 1 + 5
+
+
+def test_split_projections_equal_fused_ones():
+    """With a recorder the model multiplies by slices of the fused QKV / gate-up weights."""
+    model = make_model("llama", seed=6)
+    tokens = torch.randint(0, 256, (2, 7))
+    rec = Recorder()
+    with torch.no_grad():
+        fused = model(tokens, all_logits=True)
+        with rec.step("prefill", batch=2, q_len=7, kv_len=7, tokens_in_cache=0):
+            split = model(tokens, all_logits=True, rec=rec)
+    torch.testing.assert_close(fused, split, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_recorder_arguments():
+    with pytest.raises(ValueError, match="mode"):
+        Recorder(mode="nvtx")
+    rec = Recorder()
+    with pytest.raises(ValueError, match="phase"):
+        with rec.step("warmup", batch=1, q_len=1, kv_len=1, tokens_in_cache=1):
+            pass
