@@ -1,0 +1,113 @@
+"""The pure-Python parts of `python -m kernels.bench`, with fake timings (the timing itself needs a GPU)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from kernels import bench
+from llmperf.analysis import attention_cost, roofline_time_s
+from llmperf.specs import load_hardware
+
+H100 = load_hardware("h100-sxm")
+
+
+def test_shapes_cover_the_brief():
+    cs = bench.cases()
+    assert {c.op for c in cs} == {"prefill", "decode", "paged"}
+    assert min(c.context for c in cs) == 512 and max(c.context for c in cs) == 32768
+    assert min(c.batch for c in cs) == 1 and max(c.batch for c in cs) == 64
+    assert any(c.lens for c in cs)
+    assert any(c.op == "decode" and c.tokens >= bench.DECODE_TARGET_TOKENS for c in cs)
+    assert len(bench.cases(quick=True)) < len(cs)
+
+
+def test_ragged_lens():
+    lens = bench.ragged_lens(32, 4096)
+    assert len(lens) == 32 and max(lens) == 4096 and min(lens) >= 2048
+
+
+def test_costs_come_from_analysis():
+    pre = bench.Case(op="prefill", batch=2, context=4096)
+    kw = dict(num_heads=32, num_kv_heads=8, head_dim=128, act_bytes=2, kv_bytes=2, causal=True)
+    assert bench.case_cost(pre, "fused", 2).flops == attention_cost(2, 4096, 4096, impl="fused", **kw).flops
+    lens = (100, 300, 50)
+    dec = bench.Case(op="decode", batch=3, context=300, lens=lens)
+    summed = sum(attention_cost(1, 1, n, impl="fused", **kw).bytes_total for n in lens)
+    assert bench.case_cost(dec, "fused", 2).bytes_total == pytest.approx(summed)
+    uniform = bench.Case(op="paged", batch=4, context=512)
+    assert bench.case_cost(uniform, "naive", 2).flops == pytest.approx(
+        attention_cost(4, 1, 512, impl="naive", **kw).flops)
+
+
+def test_row_fractions_with_fake_timing():
+    case = bench.Case(op="decode", batch=64, context=4096)
+    cost = bench.case_cost(case, "fused", 2)
+    t = float(roofline_time_s(cost, H100, "bf16"))
+    row = bench.make_row(case, "flash_decoding", cost, t, H100, "bf16", copy_bytes_per_s=3.0e12)
+    assert row.roofline_fraction == pytest.approx(1.0)
+    assert row.bandwidth_fraction == pytest.approx(1.0)  # decode is memory-bound: the roofline is bandwidth
+    assert row.gb_per_s == pytest.approx(cost.bytes_total / t / 1e9)
+    assert row.copy_fraction == pytest.approx(3350 / 3000)
+    assert row.tokens == 64 * 4096
+    unknown = bench.make_row(case, "flash_decoding", cost, t, None, "bf16", copy_bytes_per_s=0.0)
+    assert math.isnan(unknown.peak_fraction) and math.isnan(unknown.copy_fraction)
+
+
+def _fake_rows():
+    pre = bench.Case(op="prefill", batch=1, context=4096)
+    dec = bench.Case(op="decode", batch=64, context=4096)
+    pc, dc = bench.case_cost(pre, "fused", 2), bench.case_cost(dec, "fused", 2)
+    return [
+        bench.make_row(pre, "flash_attention", pc, pc.flops / 450e12, H100, "bf16", 3e12, max_rel_error=2e-3),
+        bench.make_row(pre, "sdpa", pc, pc.flops / 400e12, H100, "bf16", 3e12),
+        bench.skipped_row(pre, "naive", bench.case_cost(pre, "naive", 2), "naive skipped"),
+        bench.make_row(dec, "flash_decoding", dc, dc.bytes_total / 2.4e12, H100, "bf16", 3e12),
+    ]
+
+
+def test_targets_report():
+    lines = bench.targets(_fake_rows())
+    assert any(line.startswith("met  flash_attention") and "1.12x SDPA" in line for line in lines)
+    assert any(line.startswith("met  flash_decoding") and "80% of copy" in line for line in lines)
+
+
+def _meta():
+    return bench.Meta(device="NVIDIA H100 80GB HBM3", hardware="h100-sxm", dtype="bf16", torch="2.x", triton="3.x",
+                      cuda="12.x", date="2025-01-01T00:00:00+00:00", copy_gb_per_s=3000.0)
+
+
+def test_table_renders():
+    from rich.console import Console
+
+    console = Console(record=True, width=220)
+    console.print(bench.render_table(_fake_rows(), _meta()))
+    text = console.export_text()
+    assert "flash_attention" in text and "naive skipped" in text and "H100" in text
+
+
+def test_save_json_and_csv(tmp_path):
+    json_path, csv_path = bench.save(_fake_rows(), _meta(), tmp_path / "out")
+    data = json.loads(json_path.read_text())
+    assert data["meta"]["device"].startswith("NVIDIA H100") and len(data["rows"]) == 4
+    assert data["rows"][2]["time_s"] is None  # NaN is written as null
+    with csv_path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and {"device", "torch", "triton", "cuda", "date", "impl", "time_s"} <= set(rows[0])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["kernels.csv", "kernels.json"]
+
+
+def test_dry_run_lists_shapes(capsys):
+    assert bench.main(["--dry-run", "--quick"]) == 0
+    assert "prefill B=1 T=4096" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_without_cuda_exits_2_with_one_line(capsys):
+    assert bench.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no CUDA device" in err
