@@ -9,6 +9,7 @@ caller (or a test) can tell which input was wrong without reading a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 
@@ -121,3 +122,8 @@ def check_inner_contiguous(name: str, t: torch.Tensor) -> None:
     """Kernels accept any strides except along D, which must be unit-stride for vectorised loads."""
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name}: the last (head) dim must be contiguous (stride 1), got strides {t.stride()}")
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device: make it q's (a no-op for CPU tensors)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

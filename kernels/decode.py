@@ -41,6 +41,7 @@ from kernels._common import (
     default_sm_scale,
     dot_precision,
     interpreting,
+    on_device,
     padded_head_dim,
 )
 from kernels.splits import num_kv_splits
@@ -68,11 +69,11 @@ def _decode_update(acc, l_i, m_i, q, kT, v, cols, hi, qk_scale, MASKED: tl.const
 
     q (BLOCK_G, D_pad), kT (D_pad, BLOCK_N), v (BLOCK_N, D_pad); cols (BLOCK_N,) key positions, masked
     from `hi` on when MASKED. A masked tile always holds at least one valid key, so the max is finite."""
-    qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_G, BLOCK_N) fp32, log2 domain
+    qk = tl.dot(q, kT, input_precision=DOT_PRECISION)  # (BLOCK_G, BLOCK_N) fp32
     if MASKED:
         qk = tl.where(cols[None, :] < hi, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    p = tl.exp2(qk - m_new[:, None])
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # log2 domain; qk_scale > 0 commutes with max
+    p = tl.exp2(qk * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -270,19 +271,20 @@ def run_split_kv(stage_one: StageOne, q: torch.Tensor, out: torch.Tensor, num_sp
 
     With one split stage 1 writes `out` (B, H, D) directly, as a (B, H, 1, D) view with a zero split stride."""
     B, H, D = q.shape
-    if num_splits == 1:
-        o_strides = (out.stride(0), out.stride(1), 0, out.stride(2))
-        stage_one(out, out, o_strides, (0, 0, 0), False)  # Lse is never written: any pointer will do
-        return out
-    o_part, lse = _alloc_partials(B, H, num_splits, D, q.device)
-    stage_one(o_part, lse, o_part.stride(), lse.stride(), True)
-    _combine_splits_kernel[(B * H,)](
-        o_part, lse, out, num_splits,
-        *o_part.stride(), *lse.stride(), *out.stride(),
-        H,
-        HEAD_DIM=D, HEAD_DIM_PAD=padded_head_dim(D), BLOCK_S=min(16, triton.next_power_of_2(num_splits)),
-        num_warps=COMBINE_NUM_WARPS,
-    )
+    with on_device(q.device):
+        if num_splits == 1:
+            o_strides = (out.stride(0), out.stride(1), 0, out.stride(2))
+            stage_one(out, out, o_strides, (0, 0, 0), False)  # Lse is never written: any pointer will do
+            return out
+        o_part, lse = _alloc_partials(B, H, num_splits, D, q.device)
+        stage_one(o_part, lse, o_part.stride(), lse.stride(), True)
+        _combine_splits_kernel[(B * H,)](
+            o_part, lse, out, num_splits,
+            *o_part.stride(), *lse.stride(), *out.stride(),
+            H,
+            HEAD_DIM=D, HEAD_DIM_PAD=padded_head_dim(D), BLOCK_S=min(16, triton.next_power_of_2(num_splits)),
+            num_warps=COMBINE_NUM_WARPS,
+        )
     return out
 
 
@@ -294,13 +296,12 @@ def decode_meta(q: torch.Tensor, dims: DecodeDims) -> dict[str, object]:
     )
 
 
-def launch_stage_one(kernel, tuned, grid_rows: int, num_splits: int, args: tuple, meta: dict, device) -> None:
+def launch_stage_one(kernel, tuned, grid_rows: int, num_splits: int, args: tuple, meta: dict) -> None:
     """Launch a stage-1 kernel on grid (grid_rows, num_splits): autotuned on CUDA, fixed in the interpreter."""
     if tuned is None:
         kernel[(grid_rows, num_splits)](*args, **meta, **INTERPRETER_CONFIG)
     else:
-        with torch.cuda.device(device):
-            tuned[(grid_rows, num_splits)](*args, **meta)
+        tuned[(grid_rows, num_splits)](*args, **meta)
 
 
 def flash_decoding(
@@ -340,6 +341,6 @@ def flash_decoding(
             dims.H_kv, *buckets,
         )
         launch_stage_one(_flash_decoding_kernel, _flash_decoding_tuned, dims.B * dims.H_kv, splits, args,
-                         dict(meta, WRITE_LSE=write_lse), q.device)
+                         dict(meta, WRITE_LSE=write_lse))
 
     return run_split_kv(stage_one, q, out, splits)

@@ -160,6 +160,6 @@ def paged_attention(
             dims.H_kv, *buckets,
         )
         launch_stage_one(_paged_attention_kernel, _paged_attention_tuned, dims.B * dims.H_kv, splits, args,
-                         dict(meta, WRITE_LSE=write_lse), q.device)
+                         dict(meta, WRITE_LSE=write_lse))
 
     return run_split_kv(stage_one, q, out, splits)

@@ -37,6 +37,7 @@ from kernels._common import (
     default_sm_scale,
     dot_precision,
     interpreting,
+    on_device,
     padded_head_dim,
 )
 
@@ -67,19 +68,20 @@ def _attn_fwd_inner(
         else:
             kT = tl.load(kT_ptrs, mask=d_ok[:, None], other=0.0)
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N) fp32
+        # m is kept in the scaled (log2) domain; qk_scale > 0 commutes with max, so only the row max is
+        # scaled here and the per-element scale folds into the subtraction (one FMA per score).
         if MASKED:
             keep = cols[None, :] < T_kv
             if CAUSAL:
                 keep = keep & (cols[None, :] <= q_pos[:, None])
-            qk = tl.where(keep, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            qk = tl.where(keep, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             # A row that has seen no key yet keeps m = -inf; subtracting 0 instead avoids -inf - -inf = NaN.
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            qk = qk * qk_scale
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_sub = m_new
-        p = tl.exp2(qk - m_sub[:, None])  # (BLOCK_M, BLOCK_N)
+        p = tl.exp2(qk * qk_scale - m_sub[:, None])  # (BLOCK_M, BLOCK_N)
         alpha = tl.exp2(m_i - m_sub)  # (BLOCK_M,) rescales what was accumulated under the old maximum
         l_i = l_i * alpha + tl.sum(p, 1)
         if MASKED:
@@ -165,11 +167,11 @@ def _flash_attention_kernel(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-# Autotuning space on CUDA (BLOCK_M, BLOCK_N, num_warps, num_stages). Chosen by compiling for sm_80 and
-# sm_90 and reading ptxas' register/spill/shared-memory report: every config fits an H100 without spills
-# at D=128; 128x128 is the H100 candidate (224 KiB of shared memory, too much for an A100), the 64-row
-# configs serve short query chunks, (64, 32, 8, 2) serves D=256. A config that does not fit the device
-# fails to launch and the autotuner skips it (OutOfResources).
+# Autotuning space on CUDA (BLOCK_M, BLOCK_N, num_warps, num_stages), chosen by compiling for sm_80 and
+# sm_90 and reading ptxas' register / spill / shared-memory report (`tests/kernels/aot_compile.py
+# --all-configs`). At D=128 in fp16 on sm_90 none spills; 128x128 is the H100 candidate (224 KiB of
+# shared memory; on an A100 it fits but spills), the 64-row configs serve short query chunks and
+# (64, 32, 8, 2) serves D=256. A config the device cannot hold fails to launch and the autotuner skips it.
 CUDA_CONFIGS = [
     (128, 128, 8, 3),
     (128, 64, 8, 3),
@@ -179,7 +181,7 @@ CUDA_CONFIGS = [
     (64, 32, 4, 3),
     (64, 32, 8, 2),
 ]
-TUNING_KEY = ["Q_BUCKET", "KV_BUCKET", "GROUP", "CAUSAL", "HEAD_DIM_PAD"]  # plus the tensors' dtypes, added by triton
+TUNING_KEY = ["Q_BUCKET", "KV_BUCKET", "GROUP", "CAUSAL", "HEAD_DIM_PAD"]  # triton adds the tensors' dtypes
 # The interpreter runs each program with numpy: one small fixed config, with BLOCK_M > BLOCK_N so the
 # causal diagonal spans several masked tiles.
 INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
@@ -232,9 +234,9 @@ def flash_attention(
     def grid(cfg):
         return (dims.B * dims.H, triton.cdiv(dims.T_q, cfg["BLOCK_M"]))
 
-    if _flash_attention_tuned is None:
-        _flash_attention_kernel[grid(INTERPRETER_CONFIG)](*args, **meta, **INTERPRETER_CONFIG)
-    else:
-        with torch.cuda.device(q.device):
+    with on_device(q.device):
+        if _flash_attention_tuned is None:
+            _flash_attention_kernel[grid(INTERPRETER_CONFIG)](*args, **meta, **INTERPRETER_CONFIG)
+        else:
             _flash_attention_tuned[grid](*args, **meta)
     return out

@@ -3,8 +3,9 @@
 `naive_*` is the "standard attention" of the FlashAttention paper (Dao et al. 2022, arXiv:2205.14135,
 Algorithm 0): S = Q K^T and P = softmax(S) are materialised in memory, then O = P V. Scores and
 outputs are in the inputs' dtype; the softmax runs in (at least) fp32 and P is cast back, as Hugging
-Face's eager attention does. `sdpa_*` wraps `torch.nn.functional.scaled_dot_product_attention`, which picks a fused backend
-where it can. All are pure functions of their tensors (no global state), usable as attention backends.
+Face's eager attention does. `sdpa_*` wraps `torch.nn.functional.scaled_dot_product_attention`, which
+picks a fused backend where it can. All are pure functions of their tensors (no global state), usable
+as attention backends.
 
 Letters: B batch, H query heads, H_kv key/value heads, G = H / H_kv, T_q / T_kv query / key lengths,
 S_max contiguous-cache capacity, D head dim, P block size, N_blk pool blocks, M_blk block-table width.

@@ -3,7 +3,7 @@
 Run WITHOUT TRITON_INTERPRET (the interpreter replaces the jit functions):
     python tests/kernels/aot_compile.py 80 [90 ...] [--all-configs]
 prints one JSON line per compiled kernel (name, arch, config, shared memory, whether PTX and a cubin
-were produced). The launch arguments come from the real wrappers: their launchers are replaced by
+were produced, registers per thread and spill stack from cuobjdump). The launch arguments come from the real wrappers: their launchers are replaced by
 recorders and the wrappers are called on CPU tensors; each argument is then specialised exactly as
 triton's JIT specialises it at launch (`native_specialize_impl`: dtype, 16-byte alignment, ints equal
 to 1 or divisible by 16), so the compiled signature is the one a GPU launch would compile.
@@ -11,11 +11,14 @@ to 1 or divisible by 16), so the compiled signature is the one a GPU launch woul
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -52,7 +55,6 @@ def capture() -> list:
     calls: list = []
     for module in (prefill, decode, paged):
         module.check_kernel_inputs = lambda q: None  # CPU tensors stand in for CUDA ones
-    torch.cuda.device = lambda device: contextlib.nullcontext()
     prefill._flash_attention_tuned = Recorder(prefill._flash_attention_kernel, calls)
     decode._flash_decoding_tuned = Recorder(decode._flash_decoding_kernel, calls)
     paged._paged_attention_tuned = Recorder(paged._paged_attention_kernel, calls)
@@ -123,6 +125,19 @@ def compile_call(fn, args, meta, block: dict, num_warps: int, num_stages: int, c
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
+def resource_usage(cubin: bytes) -> dict[str, int | None]:
+    """Registers per thread and spill stack bytes from `cuobjdump --dump-resource-usage` (shipped with triton)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cubin or not tool.exists():
+        return {"regs": None, "stack": None}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", text), re.search(r"STACK:(\d+)", text)
+    return {"regs": int(regs[1]) if regs else None, "stack": int(stack[1]) if stack else None}
+
+
 def main(argv: list[str]) -> None:
     all_configs = "--all-configs" in argv
     archs = [int(a) for a in argv if not a.startswith("--")]
@@ -138,7 +153,7 @@ def main(argv: list[str]) -> None:
                     dtype=str(args[0].dtype), shared=k.metadata.shared, max_shared=MAX_SHARED.get(cc),
                     ptx_target=next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), None),
                     ptx_entry=f".entry {fn.__name__}" in ptx, cubin=bool(k.asm.get("cubin")),
-                    stages=sorted(k.asm), seconds=round(seconds, 2),
+                    stages=sorted(k.asm), seconds=round(seconds, 2), **resource_usage(k.asm.get("cubin", b"")),
                 )), flush=True)
 
 
