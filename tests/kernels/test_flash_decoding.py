@@ -97,3 +97,13 @@ def test_unvalidated_launch_matches(device):
 def test_gpu_realistic_shape(device, dtype, num_splits):
     """Autotuned configs on a Llama-3-8B-like shape (32 query / 8 KV heads, D=128), ragged lengths."""
     _check(*_inputs(device, [1, 1000, 4097, 2500], 32, 8, 128, dtype=dtype), num_splits)
+
+
+def test_heuristic_splits_long_sequence(device, monkeypatch):
+    """Without num_splits, one short batch on a small device is split (here 3 ways) and still exact."""
+    seen = []
+    alloc = fd._alloc_partials
+    monkeypatch.setattr(fd, "device_num_sms", lambda device: 4)
+    monkeypatch.setattr(fd, "_alloc_partials", lambda B, H, S, D, dev: seen.append(S) or alloc(B, H, S, D, dev))
+    _check(*_inputs(device, [600], 4, 1, 64), None)
+    assert seen == [fd.num_kv_splits(1, 1, 600, 4)] and seen[0] == 3
