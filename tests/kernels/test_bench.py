@@ -111,3 +111,21 @@ def test_without_cuda_exits_2_with_one_line(capsys):
     assert bench.main([]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no CUDA device" in err
+
+
+@pytest.mark.parametrize("case", [
+    bench.Case(op="prefill", batch=1, context=40),
+    bench.Case(op="decode", batch=2, context=48, lens=(48, 30)),
+    bench.Case(op="paged", batch=1, context=64),
+], ids=lambda c: c.op)
+def test_bench_case_end_to_end_with_fake_timer(case, device, monkeypatch):
+    """Inputs, every implementation and the error check run for real (interpreter on CPU); only the timer is fake."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(bench, "_bench_ms", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(bench, "_naive_fits", lambda case, elem_bytes: (True, ""))
+    rows = bench.bench_case(case, "fp16", H100, 3e12, device)
+    expected = {"prefill": {"flash_attention", "sdpa", "naive"}, "decode": {"flash_decoding", "sdpa", "naive"},
+                "paged": {"paged_attention", "gather+sdpa"}}[case.op]
+    assert {r.impl for r in rows} == expected
+    for r in rows:
+        assert r.time_s == 1e-3 and r.max_rel_error < 1e-2, r
