@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# Triton's `@triton.jit` reads TRITON_INTERPRET when a kernel module is imported, so it must be set
+# before any test module (or a library it imports) pulls in `kernels`: without a GPU the kernels run
+# in Triton's CPU interpreter.
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from llmperf.specs import HardwareSpec, ModelSpec
 
