@@ -22,6 +22,7 @@ real tokens (used). Bytes per token = `2 * L * H_kv * D * element_size`, equal t
 
 from __future__ import annotations
 
+import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -179,7 +180,8 @@ class ContiguousKVCache(KVCache):
                               dtype=dtype, device=self.device)  # (L, 2, B_max, H_kv, S_max, D)
         self._row: dict[int, int] = {}
         self._len: dict[int, int] = {}
-        self._free_rows = list(range(max_batch - 1, -1, -1))  # pop() hands out row 0 first
+        self._free_rows = list(range(max_batch))  # a heap: the lowest free row first, so a batch's
+        # rows stay consecutive and the step addresses them with a slice, not a gather
 
     @property
     def capacity_bytes(self) -> int:
@@ -210,7 +212,7 @@ class ContiguousKVCache(KVCache):
             raise ValueError(f"seq_id: {seq_id} is already in the cache")
         if not self.can_allocate([num_tokens]):
             return False
-        self._row[seq_id] = self._free_rows.pop()
+        self._row[seq_id] = heapq.heappop(self._free_rows)
         self._len[seq_id] = num_tokens
         return True
 
@@ -226,13 +228,13 @@ class ContiguousKVCache(KVCache):
         if not self._free_rows:
             return False
         n = self._len[parent]
-        row = self._free_rows.pop()
+        row = heapq.heappop(self._free_rows)
         self.kv[:, :, row, :, :n] = self.kv[:, :, self._row[parent], :, :n]
         self._row[child], self._len[child] = row, n
         return True
 
     def free(self, seq_id: int) -> None:
-        self._free_rows.append(self._row.pop(seq_id))
+        heapq.heappush(self._free_rows, self._row.pop(seq_id))
         del self._len[seq_id]
 
     def _reorder(self, seq_ids: list[int], sources: list[int]) -> bool:

@@ -13,9 +13,10 @@ D head dim, F FFN width, V vocabulary, E experts, K experts per token.
 Numerics follow Hugging Face `transformers` (RMSNorm in fp32 then cast; RoPE tables in fp32, cast to
 the activation dtype; router softmax in fp32), so fp32 greedy decoding reproduces `generate()`.
 
-Fused weights for speed: Q, K and V are one `(q_size + 2 kv_size, C)` matrix and SwiGLU's gate and up
-one `(2F, C)` matrix, so a decode step launches one GEMM where three (two) would do the same work.
-When a `Recorder` is attached the model instead multiplies by row slices of those matrices (views,
+Weights are stored `(in, out)` and applied as `x @ W + b` (faster on CPU at small batch, see
+`linear`). Fused weights for speed: Q, K and V are one `(C, q_size + 2 kv_size)` matrix and SwiGLU's
+gate and up one `(C, 2F)` matrix, so a decode step launches one GEMM where three (two) would do the same work.
+When a `Recorder` is attached the model instead multiplies by column slices of those matrices (views,
 no copy), one per analytical operator (`q_proj`, `k_proj`, `v_proj`, `gate_proj`, `up_proj`), so each
 is timed under its own name; the result is the same up to GEMM rounding.
 
@@ -151,17 +152,26 @@ class Norm(nn.Module):
         return self.weight * F.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype)
 
 
-def _linear_params(module: nn.Module, name: str, out_f: int, in_f: int, bias: bool, **kw: Any) -> None:
-    module.register_parameter(f"{name}_weight", nn.Parameter(torch.empty(out_f, in_f, **kw)))
+def _linear_params(module: nn.Module, name: str, in_f: int, out_f: int, bias: bool, **kw: Any) -> None:
+    module.register_parameter(f"{name}_weight", nn.Parameter(torch.empty(in_f, out_f, **kw)))  # (in, out)
     module.register_parameter(f"{name}_bias", nn.Parameter(torch.empty(out_f, **kw)) if bias else None)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`x (..., in) @ w (in, out) [+ b]`. Weights are stored `(in, out)` (GPT-2's Conv1D layout): on
+    CPU a small-batch GEMM against it is ~30% faster than against `(out, in)` (`F.linear`)."""
+    if b is None:
+        return torch.matmul(x, w)
+    return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
 
 
 class Block(nn.Module):
     """One transformer layer. Parameters (names used by `weights.py`):
 
-    attn_norm; qkv_weight (q_size + 2 kv_size, C) [+ qkv_bias]; o_weight (C, q_size) [+ o_bias];
-    mlp_norm; dense MLP: up_weight (F or 2F for SwiGLU as [gate; up], C) [+ up_bias], down_weight (C, F)
-    [+ down_bias]; MoE: router_weight (E, C), experts_up_weight (E, 2F, C), experts_down_weight (E, C, F).
+    attn_norm; qkv_weight (C, q_size + 2 kv_size) [+ qkv_bias]; o_weight (q_size, C) [+ o_bias];
+    mlp_norm; dense MLP: up_weight (C, F), or (C, 2F) for SwiGLU as [gate | up], [+ up_bias],
+    down_weight (F, C) [+ down_bias]; MoE: router_weight (C, E), experts_up_weight (E, C, 2F),
+    experts_down_weight (E, F, C). Matrices are (in, out): y = x @ W + b.
     """
 
     def __init__(self, spec: ModelSpec, index: int, **kw: Any) -> None:
@@ -177,17 +187,17 @@ class Block(nn.Module):
         self.top_k = spec.experts_per_token
         self.attn_norm = Norm(spec.norm_kind, C, spec.norm_eps, **kw)
         self.mlp_norm = Norm(spec.norm_kind, C, spec.norm_eps, **kw)
-        _linear_params(self, "qkv", self.q_size + 2 * self.kv_size, C, spec.qkv_bias, **kw)
-        _linear_params(self, "o", C, self.q_size, spec.out_bias, **kw)
+        _linear_params(self, "qkv", C, self.q_size + 2 * self.kv_size, spec.qkv_bias, **kw)
+        _linear_params(self, "o", self.q_size, C, spec.out_bias, **kw)
         up_rows = 2 * F_ if self.swiglu else F_
         if self.moe:
             E = spec.num_experts
-            self.router_weight = nn.Parameter(torch.empty(E, C, **kw))
-            self.experts_up_weight = nn.Parameter(torch.empty(E, up_rows, C, **kw))
-            self.experts_down_weight = nn.Parameter(torch.empty(E, C, F_, **kw))
+            self.router_weight = nn.Parameter(torch.empty(C, E, **kw))
+            self.experts_up_weight = nn.Parameter(torch.empty(E, C, up_rows, **kw))
+            self.experts_down_weight = nn.Parameter(torch.empty(E, F_, C, **kw))
         else:
-            _linear_params(self, "up", up_rows, C, spec.mlp_bias, **kw)
-            _linear_params(self, "down", C, F_, spec.mlp_bias, **kw)
+            _linear_params(self, "up", C, up_rows, spec.mlp_bias, **kw)
+            _linear_params(self, "down", F_, C, spec.mlp_bias, **kw)
 
     # ---- attention ------------------------------------------------------------------------------
     def _qkv(self, h: torch.Tensor, rec: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -195,11 +205,11 @@ class Block(nn.Module):
         W, b = self.qkv_weight, self.qkv_bias
         qs, ks = self.q_size, self.kv_size
         if not rec.active:
-            return F.linear(h, W, b).split((qs, ks, ks), dim=-1)
+            return linear(h, W, b).split((qs, ks, ks), dim=-1)
         out = []
         for name, lo, hi in (("q_proj", 0, qs), ("k_proj", qs, qs + ks), ("v_proj", qs + ks, qs + 2 * ks)):
             with rec.op(name, self.index):
-                out.append(F.linear(h, W[lo:hi], None if b is None else b[lo:hi]))
+                out.append(linear(h, W[:, lo:hi], None if b is None else b[lo:hi]))
         return out[0], out[1], out[2]
 
     def attention(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
@@ -220,7 +230,7 @@ class Block(nn.Module):
                 meta.cache.write(i, k, v, meta)
         o = ctx.attend(i, q, k, v, meta, rec)  # (B, T, H*D)
         with rec.op("o_proj", i):
-            o = F.linear(o, self.o_weight, self.o_bias)
+            o = linear(o, self.o_weight, self.o_bias)
         with rec.op("attn_residual", i):
             return x + o
 
@@ -229,38 +239,38 @@ class Block(nn.Module):
              down_b: torch.Tensor | None, rec: Any) -> torch.Tensor:
         i = self.index
         if self.swiglu:
-            F_ = up_w.shape[0] // 2
+            F_ = up_w.shape[1] // 2
             if rec.active:
                 with rec.op("gate_proj", i):
-                    gate = F.linear(h, up_w[:F_], None if up_b is None else up_b[:F_])
+                    gate = linear(h, up_w[:, :F_], None if up_b is None else up_b[:F_])
                 with rec.op("up_proj", i):
-                    up = F.linear(h, up_w[F_:], None if up_b is None else up_b[F_:])
+                    up = linear(h, up_w[:, F_:], None if up_b is None else up_b[F_:])
             else:
-                gate, up = F.linear(h, up_w, up_b).chunk(2, dim=-1)
+                gate, up = linear(h, up_w, up_b).chunk(2, dim=-1)
             with rec.op("act", i):
                 a = self.act(gate) * up
         else:
             with rec.op("up_proj", i):
-                a = F.linear(h, up_w, up_b)
+                a = linear(h, up_w, up_b)
             with rec.op("act", i):
                 a = self.act(a)
         with rec.op("down_proj", i):
-            return F.linear(a, down_w, down_b)
+            return linear(a, down_w, down_b)
 
     def _moe(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
         """Mixtral routing: softmax over experts in fp32, top-k, renormalise, weighted sum of experts."""
         B, T, C = h.shape
         flat = h.reshape(B * T, C)  # (N, C)
         with rec.op("router", self.index):
-            logits = F.linear(flat, self.router_weight)  # (N, E)
+            logits = linear(flat, self.router_weight)  # (N, E)
             weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
             weights, chosen = torch.topk(weights, self.top_k, dim=-1)  # (N, K)
-            weights = (weights / weights.sum(dim=-1, keepdim=True)).to(h.dtype)
+            weights = weights / weights.sum(dim=-1, keepdim=True)  # fp32, as Hugging Face keeps them
         out = torch.zeros_like(flat)
         for e in torch.unique(chosen).tolist():
             rows, slot = torch.nonzero(chosen == e, as_tuple=True)
             y = self._ffn(flat[rows], self.experts_up_weight[e], None, self.experts_down_weight[e], None, rec)
-            out.index_add_(0, rows, y * weights[rows, slot, None])
+            out.index_add_(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
         return out.view(B, T, C)
 
     def mlp(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -293,7 +303,7 @@ class Transformer(nn.Module):
     `weights.build_model(spec, seed=...)` / `weights.from_pretrained(path)`.
 
     Parameters: embed_weight (V, C); pos_weight (max_positions, C) (learned positions);
-    layers.{i}.*; final_norm; lm_head_weight (V, C), the same tensor as embed_weight when tied.
+    layers.{i}.*; final_norm; lm_head_weight (C, V), or when tied the embedding itself (V, C).
     """
 
     def __init__(self, spec: ModelSpec, *, dtype: str | torch.dtype = "fp32",
@@ -323,7 +333,7 @@ class Transformer(nn.Module):
         if spec.tied_embeddings:
             self.lm_head_weight = self.embed_weight
         else:
-            self.lm_head_weight = nn.Parameter(torch.empty(spec.vocab_size, C, **kw))
+            self.lm_head_weight = nn.Parameter(torch.empty(C, spec.vocab_size, **kw))
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
         self.set_attention(attention)
         self.requires_grad_(False)  # an inference engine: no autograd graph, ever
@@ -371,7 +381,9 @@ class Transformer(nn.Module):
         with rec.op("final_norm"):
             x = self.final_norm.forward(x)
         with rec.op("lm_head"):
-            return F.linear(x, self.lm_head_weight)  # (B, V) or (B, T, V)
+            if self.spec.tied_embeddings:
+                return F.linear(x, self.lm_head_weight)  # the (V, C) embedding itself
+            return linear(x, self.lm_head_weight)  # (B, V) or (B, T, V)
 
 
 __all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "rope_inv_freq", "torch_dtype"]

@@ -66,12 +66,14 @@ def build_model(spec: ModelSpec, *, seed: int = 0, dtype: str | torch.dtype = "f
 
 @dataclass(frozen=True)
 class _Entry:
-    """Engine parameter `ours` = concat over dim 0 of checkpoint tensors `parts` (each transposed
-    first when `transpose`, as GPT-2's Conv1D stores `(in, out)`)."""
+    """Engine parameter `ours` from checkpoint tensors `parts`: each is brought to `nn.Linear`'s
+    `(out, in)` layout (GPT-2's Conv1D stores `(in, out)`: `conv1d` transposes it), they are
+    concatenated over dim 0, and a `matrix` is transposed to the engine's `(in, out)` layout."""
 
     ours: str
     parts: tuple[str, ...]
-    transpose: bool = False
+    conv1d: bool = False
+    matrix: bool = False
 
 
 def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
@@ -81,14 +83,14 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
         out += [_Entry("embed_weight", ("model.embed_tokens.weight",)),
                 _Entry("final_norm.weight", ("model.norm.weight",))]
         if not spec.tied_embeddings:
-            out.append(_Entry("lm_head_weight", ("lm_head.weight",)))
+            out.append(_Entry("lm_head_weight", ("lm_head.weight",), matrix=True))
         for i in range(spec.num_layers):
             hf, us = f"model.layers.{i}.", f"layers.{i}."
             attn = hf + "self_attn."
             out += [_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)),
                     _Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",)),
-                    _Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv")),
-                    _Entry(us + "o_weight", (attn + "o_proj.weight",))]
+                    _Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), matrix=True),
+                    _Entry(us + "o_weight", (attn + "o_proj.weight",), matrix=True)]
             if spec.qkv_bias:
                 out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv")))
             if spec.out_bias:
@@ -97,8 +99,8 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
                 out += _moe_entries(spec, hf, us, moe_format)
                 continue
             mlp = hf + "mlp."
-            out += [_Entry(us + "up_weight", (mlp + "gate_proj.weight", mlp + "up_proj.weight")),
-                    _Entry(us + "down_weight", (mlp + "down_proj.weight",))]
+            out += [_Entry(us + "up_weight", (mlp + "gate_proj.weight", mlp + "up_proj.weight"), matrix=True),
+                    _Entry(us + "down_weight", (mlp + "down_proj.weight",), matrix=True)]
             if spec.mlp_bias:
                 out += [_Entry(us + "up_bias", (mlp + "gate_proj.bias", mlp + "up_proj.bias")),
                         _Entry(us + "down_bias", (mlp + "down_proj.bias",))]
@@ -108,20 +110,20 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
         out += [_Entry("embed_weight", (t + "wte.weight",)), _Entry("pos_weight", (t + "wpe.weight",)),
                 _Entry("final_norm.weight", (t + "ln_f.weight",)), _Entry("final_norm.bias", (t + "ln_f.bias",))]
         if not spec.tied_embeddings:
-            out.append(_Entry("lm_head_weight", ("lm_head.weight",)))
+            out.append(_Entry("lm_head_weight", ("lm_head.weight",), matrix=True))
         for i in range(spec.num_layers):
             hf, us = f"{t}h.{i}.", f"layers.{i}."
             out += [_Entry(us + "attn_norm.weight", (hf + "ln_1.weight",)),
                     _Entry(us + "attn_norm.bias", (hf + "ln_1.bias",)),
-                    _Entry(us + "qkv_weight", (hf + "attn.c_attn.weight",), transpose=True),
+                    _Entry(us + "qkv_weight", (hf + "attn.c_attn.weight",), conv1d=True, matrix=True),
                     _Entry(us + "qkv_bias", (hf + "attn.c_attn.bias",)),
-                    _Entry(us + "o_weight", (hf + "attn.c_proj.weight",), transpose=True),
+                    _Entry(us + "o_weight", (hf + "attn.c_proj.weight",), conv1d=True, matrix=True),
                     _Entry(us + "o_bias", (hf + "attn.c_proj.bias",)),
                     _Entry(us + "mlp_norm.weight", (hf + "ln_2.weight",)),
                     _Entry(us + "mlp_norm.bias", (hf + "ln_2.bias",)),
-                    _Entry(us + "up_weight", (hf + "mlp.c_fc.weight",), transpose=True),
+                    _Entry(us + "up_weight", (hf + "mlp.c_fc.weight",), conv1d=True, matrix=True),
                     _Entry(us + "up_bias", (hf + "mlp.c_fc.bias",)),
-                    _Entry(us + "down_weight", (hf + "mlp.c_proj.weight",), transpose=True),
+                    _Entry(us + "down_weight", (hf + "mlp.c_proj.weight",), conv1d=True, matrix=True),
                     _Entry(us + "down_bias", (hf + "mlp.c_proj.bias",))]
         return out
     raise ValueError(f"family: no checkpoint layout for {spec.family!r}")
@@ -129,16 +131,17 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
 
 def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str) -> list[_Entry]:
     if moe_format == "stacked":  # transformers 5
-        return [_Entry(us + "router_weight", (hf + "mlp.gate.weight",)),
-                _Entry(us + "experts_up_weight", (hf + "mlp.experts.gate_up_proj",)),
-                _Entry(us + "experts_down_weight", (hf + "mlp.experts.down_proj",))]
+        return [_Entry(us + "router_weight", (hf + "mlp.gate.weight",), matrix=True),
+                _Entry(us + "experts_up_weight", (hf + "mlp.experts.gate_up_proj",), matrix=True),
+                _Entry(us + "experts_down_weight", (hf + "mlp.experts.down_proj",), matrix=True)]
     # Published Mixtral checkpoints: one module per expert, w1 = gate, w3 = up, w2 = down. The stacked
     # engine tensors are assembled by `_assemble_experts`; these entries name the per-expert parts.
     moe = hf + "block_sparse_moe."
     E = spec.num_experts
-    return [_Entry(us + "router_weight", (moe + "gate.weight",)),
-            _Entry(us + "experts_up_weight", tuple(f"{moe}experts.{j}.{w}.weight" for j in range(E) for w in ("w1", "w3"))),
-            _Entry(us + "experts_down_weight", tuple(f"{moe}experts.{j}.w2.weight" for j in range(E)))]
+    return [_Entry(us + "router_weight", (moe + "gate.weight",), matrix=True),
+            _Entry(us + "experts_up_weight", tuple(f"{moe}experts.{j}.{w}.weight" for j in range(E) for w in ("w1", "w3")),
+                   matrix=True),
+            _Entry(us + "experts_down_weight", tuple(f"{moe}experts.{j}.w2.weight" for j in range(E)), matrix=True)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -176,7 +179,7 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
                 raise ValueError(f"checkpoint: missing tensor {missing[0]!r} (for {entry.ours})")
             continue
         parts = [tensors[n] for n in names]
-        if entry.transpose:
+        if entry.conv1d:
             parts = [p.t() for p in parts]
         if entry.ours.endswith(".experts_up_weight"):
             value = _assemble_experts_up(parts, spec) if moe_format == "per_expert" else parts[0]
@@ -184,6 +187,8 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
             value = torch.stack(parts)
         else:
             value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        if entry.matrix:
+            value = value.transpose(-1, -2)  # (out, in) -> the engine's (in, out)
         target = params[entry.ours]
         if tuple(value.shape) != tuple(target.shape):
             raise ValueError(f"checkpoint: {names[0]!r} has shape {tuple(value.shape)}, "
@@ -205,13 +210,15 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for entry in _layout(model.spec):
         value = params[entry.ours].detach()
+        if entry.matrix:
+            value = value.transpose(-1, -2)  # back to (out, in)
         if len(entry.parts) == 1:
             chunks = [value]
         else:
             sizes = _split_sizes(model.spec, entry)
             chunks = list(value.split(sizes, dim=0))
         for name, chunk in zip(entry.parts, chunks):
-            out[name] = (chunk.t() if entry.transpose else chunk).contiguous().clone()
+            out[name] = (chunk.t() if entry.conv1d else chunk).contiguous().clone()
     if model.spec.tied_embeddings:
         out["lm_head.weight"] = out["model.embed_tokens.weight" if model.spec.family == "llama"
                                     else "transformer.wte.weight"]
