@@ -169,9 +169,10 @@ def _flash_attention_kernel(
 
 # Autotuning space on CUDA (BLOCK_M, BLOCK_N, num_warps, num_stages), chosen by compiling for sm_80 and
 # sm_90 and reading ptxas' register / spill / shared-memory report (`tests/kernels/aot_compile.py
-# --all-configs`). At D=128 in fp16 on sm_90 none spills; 128x128 is the H100 candidate (224 KiB of
-# shared memory; on an A100 it fits but spills), the 64-row configs serve short query chunks and
-# (64, 32, 8, 2) serves D=256. A config the device cannot hold fails to launch and the autotuner skips it.
+# --all-configs`). In fp16/bf16 at D=128 the 128-row configs with BLOCK_N <= 64 use no spill on either
+# arch; 128x128 is the H100 candidate (224 KiB of shared memory, 16 B of spill on sm_90, 56 B on sm_80);
+# the 64-row configs serve short query chunks and (64, 32, 8, 2) serves D=256 and fp32 (the only one that
+# does not spill in fp32). A config the device cannot hold fails to launch and the autotuner skips it.
 CUDA_CONFIGS = [
     (128, 128, 8, 3),
     (128, 64, 8, 3),
