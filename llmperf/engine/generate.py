@@ -114,7 +114,9 @@ class Engine:
         groups = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             s = p.seed if p.seed is not None else (None if seed is None else seed + first_id + i)
-            gen = make_generator(s, self.model.device) if (p.is_sampling or s is not None) else None
+            # Beam search samples on the host (its bookkeeping lives there); other draws on the model's device.
+            device = "cpu" if p.is_beam_search else self.model.device
+            gen = make_generator(s, device) if (p.is_sampling or s is not None) else None
             groups.append(SequenceGroup(first_id + i, prompt, p, arrival=time.perf_counter(), generator=gen))
         return groups
 

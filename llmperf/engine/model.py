@@ -200,31 +200,33 @@ class Block(nn.Module):
             _linear_params(self, "down", F_, C, spec.mlp_bias, **kw)
 
     # ---- attention ------------------------------------------------------------------------------
-    def _qkv(self, h: torch.Tensor, rec: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, T, q_size), k and v (B, T, kv_size): one GEMM, or three timed ones when recording."""
+    def _qkv(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
+        """[q | k | v] `(B, T, q_size + 2 kv_size)`: one GEMM, or three timed ones when recording
+        (then concatenated, untimed, so the rest of the layer runs the same code)."""
         W, b = self.qkv_weight, self.qkv_bias
-        qs, ks = self.q_size, self.kv_size
         if not rec.active:
-            return linear(h, W, b).split((qs, ks, ks), dim=-1)
+            return linear(h, W, b)
+        qs, ks = self.q_size, self.kv_size
         out = []
         for name, lo, hi in (("q_proj", 0, qs), ("k_proj", qs, qs + ks), ("v_proj", qs + ks, qs + 2 * ks)):
             with rec.op(name, self.index):
                 out.append(linear(h, W[:, lo:hi], None if b is None else b[lo:hi]))
-        return out[0], out[1], out[2]
+        return torch.cat(out, dim=-1)
 
     def attention(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
         rec, i = ctx.rec, self.index
         B, T, _ = x.shape
+        H, H_kv = self.H, self.H_kv
         with rec.op("attn_norm", i):
             h = self.attn_norm.forward(x)
-        q, k, v = self._qkv(h, rec)
-        q = q.view(B, T, self.H, self.D)  # (B, T, H, D)
-        k = k.view(B, T, self.H_kv, self.D)  # (B, T, H_kv, D)
-        v = v.view(B, T, self.H_kv, self.D)
-        if self.rope:
+        qkv = self._qkv(h, rec).view(B, T, H + 2 * H_kv, self.D)  # heads [q..., k..., v...]
+        if self.rope:  # q and k heads are adjacent: one rotation for both
             with rec.op("rope", i):
-                q = apply_rope(q, ctx.cos, ctx.sin)
-                k = apply_rope(k, ctx.cos, ctx.sin)
+                qk = apply_rope(qkv[:, :, :H + H_kv], ctx.cos, ctx.sin)  # (B, T, H + H_kv, D)
+        else:
+            qk = qkv[:, :, :H + H_kv]
+        q, k = qk[:, :, :H], qk[:, :, H:]  # (B, T, H, D), (B, T, H_kv, D): views
+        v = qkv[:, :, H + H_kv:]  # (B, T, H_kv, D)
         if meta.cache is not None:
             with rec.op("kv_write", i):
                 meta.cache.write(i, k, v, meta)
@@ -232,7 +234,7 @@ class Block(nn.Module):
         with rec.op("o_proj", i):
             o = linear(o, self.o_weight, self.o_bias)
         with rec.op("attn_residual", i):
-            return x + o
+            return o.add_(x)  # o is this layer's own buffer: add the residual into it
 
     # ---- MLP ------------------------------------------------------------------------------------
     def _ffn(self, h: torch.Tensor, up_w: torch.Tensor, up_b: torch.Tensor | None, down_w: torch.Tensor,
@@ -282,7 +284,7 @@ class Block(nn.Module):
         else:
             y = self._ffn(h, self.up_weight, self.up_bias, self.down_weight, self.down_bias, rec)
         with rec.op("mlp_residual", i):
-            return x + y
+            return y.add_(x)
 
     def forward(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
         return self.mlp(self.attention(x, meta, ctx), ctx)

@@ -151,7 +151,8 @@ class ModelRunner:
         K = g.params.num_beams
         scores = torch.log_softmax(logits.float(), dim=-1)  # (K, V); HF processes log-probs in beam search
         scores = process_logits(scores, [s.tokens for s in rows], g.params, g.beams.num_generated)
-        tokens, src = g.beams.step(scores, g.generator if g.params.is_sampling else None)
+        # BeamSearch keeps its (small) state on the CPU, as HF's bookkeeping is host-side too.
+        tokens, src = g.beams.step(scores.cpu(), g.generator if g.params.is_sampling else None)
         tokens, src = tokens.tolist(), src.tolist()
         if len(g.seqs) == 1:  # first step: every beam continues the prompt (HF starts beams 1.. at -1e9)
             assert set(src) == {0}, f"the first beam step must continue the prompt, got sources {src}"

@@ -38,16 +38,18 @@ def init_random(model: Transformer, seed: int = 0) -> Transformer:
     """Fill every parameter from a generator seeded with `seed`: matrices, embeddings and biases
     ~ N(0, 0.02), norm weights 1 (+ N(0, 0.02) jitter so they matter), norm biases N(0, 0.02).
 
-    Values are drawn in fp32 on CPU in `named_parameters` order, then cast and moved, so one seed
-    gives the same weights on every device and dtype.
+    Values are drawn in fp32 in `named_parameters` order, then cast: on CPU for a CPU model (one seed
+    gives the same weights in every dtype), on the GPU for a CUDA model (fast for billions of
+    parameters; reproducible there, but not the CPU's values).
     """
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    device = model.embed_weight.device
+    gen = torch.Generator(device=device if device.type == "cuda" else "cpu").manual_seed(seed)
     seen: set[int] = set()
     for name, p in model.named_parameters():
         if id(p) in seen:  # tied embeddings
             continue
         seen.add(id(p))
-        values = torch.randn(p.shape, generator=gen, dtype=torch.float32) * INIT_STD
+        values = torch.randn(p.shape, generator=gen, dtype=torch.float32, device=gen.device) * INIT_STD
         if name.endswith("norm.weight"):
             values += 1.0
         p.copy_(values.to(device=p.device, dtype=p.dtype))

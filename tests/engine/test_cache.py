@@ -115,3 +115,40 @@ def test_shortage_is_reported_not_corrupting():
     assert contiguous.allocate(0, 4)
     assert not contiguous.append_slot(0) and contiguous.seq_len(0) == 4
     assert not contiguous.allocate(1, 1)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(1, 23), min_size=1, max_size=4), extra=st.integers(0, 6),
+       block_size=st.sampled_from([1, 3, 4, 16]))
+def test_paged_and_contiguous_store_the_same_keys_and_values(lengths, extra, block_size):
+    """Prefill each sequence alone, then decode `extra` ragged steps: both caches gather the same K/V."""
+    spec = SPECS["llama"]()
+    H_kv, D = spec.num_kv_heads, spec.head_dim
+    caches = [ContiguousKVCache(spec, max_batch=len(lengths), max_seq_len=32),
+              PagedKVCache(spec, num_blocks=len(lengths) * -(-32 // block_size), block_size=block_size)]
+    g = torch.Generator().manual_seed(len(lengths) * 100 + extra)
+    writes = [(s, n) for s, n in enumerate(lengths)]
+    kv = {(s, n): (torch.randn(1, n, H_kv, D, generator=g), torch.randn(1, n, H_kv, D, generator=g)) for s, n in writes}
+    steps = [torch.randn(len(lengths), 1, H_kv, D, generator=g) for _ in range(extra)]
+    for cache in caches:
+        for s, n in writes:
+            assert cache.allocate(s, n)
+            k, v = kv[s, n]
+            for layer in range(spec.num_layers):
+                cache.write(layer, k, v, cache.prepare([s], n))
+        for k in steps:
+            for s in range(len(lengths)):
+                assert cache.append_slot(s)
+            meta = cache.prepare(list(range(len(lengths))), 1)
+            cache.write(1, k, -k, meta)
+    seqs = list(range(len(lengths)))
+    metas = [c.prepare(seqs, 1) for c in caches]
+    (k0, v0), (k1, v1) = (c.gather(1, m) for c, m in zip(caches, metas))
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(k0[b, :, :n + extra], k1[b, :, :n + extra], rtol=0, atol=0)
+        torch.testing.assert_close(v0[b, :, :n + extra], v1[b, :, :n + extra], rtol=0, atol=0)
+    assert caches[0].usage().logical_tokens == caches[1].usage().logical_tokens == sum(lengths) + extra * len(lengths)
