@@ -13,8 +13,10 @@ D head dim, F FFN width, V vocabulary, E experts, K experts per token.
 Numerics follow Hugging Face `transformers` (RMSNorm in fp32 then cast; RoPE tables in fp32, cast to
 the activation dtype; router softmax in fp32), so fp32 greedy decoding reproduces `generate()`.
 
-Weights are stored `(in, out)` and applied as `x @ W + b` (faster on CPU at small batch, see
-`linear`). Fused weights for speed: Q, K and V are one `(C, q_size + 2 kv_size)` matrix and SwiGLU's
+Matrix layout (`weight_layout`): "out_in" (`nn.Linear`'s `(out, in)`, `F.linear`) or "in_out"
+(`x @ W + b`, GPT-2's Conv1D). On CPU the fastest depends on the dtype (measured, 2 cores, M = 8
+rows: fp32 GEMMs are ~1.4x faster against `(in, out)`, bf16 ones ~1.4x faster against `(out, in)`),
+so "auto" picks "in_out" for fp32 on CPU and "out_in" otherwise (cuBLAS is indifferent). Fused weights for speed: Q, K and V are one `(C, q_size + 2 kv_size)` matrix and SwiGLU's
 gate and up one `(C, 2F)` matrix, so a decode step launches one GEMM where three (two) would do the same work.
 When a `Recorder` is attached the model instead multiplies by column slices of those matrices (views,
 no copy), one per analytical operator (`q_proj`, `k_proj`, `v_proj`, `gate_proj`, `up_proj`), so each
@@ -152,17 +154,37 @@ class Norm(nn.Module):
         return self.weight * F.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype)
 
 
-def _linear_params(module: nn.Module, name: str, in_f: int, out_f: int, bias: bool, **kw: Any) -> None:
-    module.register_parameter(f"{name}_weight", nn.Parameter(torch.empty(in_f, out_f, **kw)))  # (in, out)
+WEIGHT_LAYOUTS = ("auto", "in_out", "out_in")
+
+
+def resolve_layout(layout: str, dtype: torch.dtype, device: torch.device) -> bool:
+    """True when matrices are stored `(in, out)` (see the module docstring for "auto")."""
+    if layout not in WEIGHT_LAYOUTS:
+        raise ValueError(f"weight_layout: must be one of {', '.join(WEIGHT_LAYOUTS)}, got {layout!r}")
+    if layout == "auto":
+        return device.type == "cpu" and dtype == torch.float32
+    return layout == "in_out"
+
+
+def _mat(in_f: int, out_f: int, in_out: bool, **kw: Any) -> nn.Parameter:
+    return nn.Parameter(torch.empty((in_f, out_f) if in_out else (out_f, in_f), **kw))
+
+
+def _linear_params(module: nn.Module, name: str, in_f: int, out_f: int, bias: bool, in_out: bool, **kw: Any) -> None:
+    module.register_parameter(f"{name}_weight", _mat(in_f, out_f, in_out, **kw))
     module.register_parameter(f"{name}_bias", nn.Parameter(torch.empty(out_f, **kw)) if bias else None)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """`x (..., in) @ w (in, out) [+ b]`. Weights are stored `(in, out)` (GPT-2's Conv1D layout): on
-    CPU a small-batch GEMM against it is ~30% faster than against `(out, in)` (`F.linear`)."""
+def _matmul_in_out(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`x (..., in) @ w (in, out) [+ b]`, the bias fused into the GEMM (addmm)."""
     if b is None:
         return torch.matmul(x, w)
     return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
+
+
+def _out_cols(w: torch.Tensor, lo: int, hi: int, in_out: bool) -> torch.Tensor:
+    """Output features lo..hi of a weight (a view: columns of `(in, out)`, rows of `(out, in)`)."""
+    return w[..., lo:hi] if in_out else w[..., lo:hi, :]
 
 
 class Block(nn.Module):
@@ -171,33 +193,37 @@ class Block(nn.Module):
     attn_norm; qkv_weight (C, q_size + 2 kv_size) [+ qkv_bias]; o_weight (q_size, C) [+ o_bias];
     mlp_norm; dense MLP: up_weight (C, F), or (C, 2F) for SwiGLU as [gate | up], [+ up_bias],
     down_weight (F, C) [+ down_bias]; MoE: router_weight (C, E), experts_up_weight (E, C, 2F),
-    experts_down_weight (E, F, C). Matrices are (in, out): y = x @ W + b.
+    experts_down_weight (E, F, C). Shapes are for `weight_layout="in_out"` (y = x @ W + b);
+    "out_in" stores each matrix transposed (y = x @ W^T + b, `F.linear`).
     """
 
-    def __init__(self, spec: ModelSpec, index: int, **kw: Any) -> None:
+    def __init__(self, spec: ModelSpec, index: int, in_out: bool, **kw: Any) -> None:
         super().__init__()
         self.index = index
+        self.in_out = in_out
+        self.linear = _matmul_in_out if in_out else F.linear
         C, F_ = spec.hidden_size, spec.ffn_size
         self.H, self.H_kv, self.D = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.q_size, spec.kv_size
         self.swiglu = spec.ffn_kind == "swiglu"
+        self.ffn_size = F_
         self.act = _ACTIVATIONS[spec.hidden_act]
         self.rope = spec.pos_encoding == "rope"
         self.moe = spec.num_experts > 1
         self.top_k = spec.experts_per_token
         self.attn_norm = Norm(spec.norm_kind, C, spec.norm_eps, **kw)
         self.mlp_norm = Norm(spec.norm_kind, C, spec.norm_eps, **kw)
-        _linear_params(self, "qkv", C, self.q_size + 2 * self.kv_size, spec.qkv_bias, **kw)
-        _linear_params(self, "o", self.q_size, C, spec.out_bias, **kw)
+        _linear_params(self, "qkv", C, self.q_size + 2 * self.kv_size, spec.qkv_bias, in_out, **kw)
+        _linear_params(self, "o", self.q_size, C, spec.out_bias, in_out, **kw)
         up_rows = 2 * F_ if self.swiglu else F_
         if self.moe:
             E = spec.num_experts
-            self.router_weight = nn.Parameter(torch.empty(C, E, **kw))
-            self.experts_up_weight = nn.Parameter(torch.empty(E, C, up_rows, **kw))
-            self.experts_down_weight = nn.Parameter(torch.empty(E, F_, C, **kw))
+            self.router_weight = _mat(C, E, in_out, **kw)
+            self.experts_up_weight = nn.Parameter(torch.empty((E, C, up_rows) if in_out else (E, up_rows, C), **kw))
+            self.experts_down_weight = nn.Parameter(torch.empty((E, F_, C) if in_out else (E, C, F_), **kw))
         else:
-            _linear_params(self, "up", C, up_rows, spec.mlp_bias, **kw)
-            _linear_params(self, "down", F_, C, spec.mlp_bias, **kw)
+            _linear_params(self, "up", C, up_rows, spec.mlp_bias, in_out, **kw)
+            _linear_params(self, "down", F_, C, spec.mlp_bias, in_out, **kw)
 
     # ---- attention ------------------------------------------------------------------------------
     def _qkv(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
@@ -205,12 +231,12 @@ class Block(nn.Module):
         (then concatenated, untimed, so the rest of the layer runs the same code)."""
         W, b = self.qkv_weight, self.qkv_bias
         if not rec.active:
-            return linear(h, W, b)
+            return self.linear(h, W, b)
         qs, ks = self.q_size, self.kv_size
         out = []
         for name, lo, hi in (("q_proj", 0, qs), ("k_proj", qs, qs + ks), ("v_proj", qs + ks, qs + 2 * ks)):
             with rec.op(name, self.index):
-                out.append(linear(h, W[:, lo:hi], None if b is None else b[lo:hi]))
+                out.append(self.linear(h, _out_cols(W, lo, hi, self.in_out), None if b is None else b[lo:hi]))
         return torch.cat(out, dim=-1)
 
     def attention(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
@@ -232,7 +258,7 @@ class Block(nn.Module):
                 meta.cache.write(i, k, v, meta)
         o = ctx.attend(i, q, k, v, meta, rec)  # (B, T, H*D)
         with rec.op("o_proj", i):
-            o = linear(o, self.o_weight, self.o_bias)
+            o = self.linear(o, self.o_weight, self.o_bias)
         with rec.op("attn_residual", i):
             return o.add_(x)  # o is this layer's own buffer: add the residual into it
 
@@ -241,30 +267,30 @@ class Block(nn.Module):
              down_b: torch.Tensor | None, rec: Any) -> torch.Tensor:
         i = self.index
         if self.swiglu:
-            F_ = up_w.shape[1] // 2
+            F_ = self.ffn_size
             if rec.active:
                 with rec.op("gate_proj", i):
-                    gate = linear(h, up_w[:, :F_], None if up_b is None else up_b[:F_])
+                    gate = self.linear(h, _out_cols(up_w, 0, F_, self.in_out), None if up_b is None else up_b[:F_])
                 with rec.op("up_proj", i):
-                    up = linear(h, up_w[:, F_:], None if up_b is None else up_b[F_:])
+                    up = self.linear(h, _out_cols(up_w, F_, 2 * F_, self.in_out), None if up_b is None else up_b[F_:])
             else:
-                gate, up = linear(h, up_w, up_b).chunk(2, dim=-1)
+                gate, up = self.linear(h, up_w, up_b).chunk(2, dim=-1)
             with rec.op("act", i):
                 a = self.act(gate) * up
         else:
             with rec.op("up_proj", i):
-                a = linear(h, up_w, up_b)
+                a = self.linear(h, up_w, up_b)
             with rec.op("act", i):
                 a = self.act(a)
         with rec.op("down_proj", i):
-            return linear(a, down_w, down_b)
+            return self.linear(a, down_w, down_b)
 
     def _moe(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
         """Mixtral routing: softmax over experts in fp32, top-k, renormalise, weighted sum of experts."""
         B, T, C = h.shape
         flat = h.reshape(B * T, C)  # (N, C)
         with rec.op("router", self.index):
-            logits = linear(flat, self.router_weight)  # (N, E)
+            logits = self.linear(flat, self.router_weight)  # (N, E)
             weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
             weights, chosen = torch.topk(weights, self.top_k, dim=-1)  # (N, K)
             weights = weights / weights.sum(dim=-1, keepdim=True)  # fp32, as Hugging Face keeps them
@@ -305,11 +331,12 @@ class Transformer(nn.Module):
     `weights.build_model(spec, seed=...)` / `weights.from_pretrained(path)`.
 
     Parameters: embed_weight (V, C); pos_weight (max_positions, C) (learned positions);
-    layers.{i}.*; final_norm; lm_head_weight (C, V), or when tied the embedding itself (V, C).
+    layers.{i}.*; final_norm; lm_head_weight (C, V) ("in_out") or (V, C), or when tied the embedding
+    itself (V, C).
     """
 
     def __init__(self, spec: ModelSpec, *, dtype: str | torch.dtype = "fp32",
-                 device: str | torch.device = "cpu", attention: str = "sdpa") -> None:
+                 device: str | torch.device = "cpu", attention: str = "sdpa", weight_layout: str = "auto") -> None:
         super().__init__()
         if spec.family not in ENGINE_FAMILIES:
             raise ValueError(f"family: the engine builds {', '.join(ENGINE_FAMILIES)} models, "
@@ -325,17 +352,19 @@ class Transformer(nn.Module):
         self.spec = spec
         self.dtype = torch_dtype(dtype)
         device = torch.device(device)
+        self.in_out = resolve_layout(weight_layout, self.dtype, device)
+        self.weight_layout = "in_out" if self.in_out else "out_in"
         kw = dict(dtype=self.dtype, device=device)
         C = spec.hidden_size
         self.embed_weight = nn.Parameter(torch.empty(spec.vocab_size, C, **kw))
         self.pos_weight = (nn.Parameter(torch.empty(spec.max_positions, C, **kw))
                            if spec.pos_encoding == "learned" else None)
-        self.layers = nn.ModuleList(Block(spec, i, **kw) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(Block(spec, i, self.in_out, **kw) for i in range(spec.num_layers))
         self.final_norm = Norm(spec.norm_kind, C, spec.norm_eps, **kw)
         if spec.tied_embeddings:
             self.lm_head_weight = self.embed_weight
         else:
-            self.lm_head_weight = nn.Parameter(torch.empty(C, spec.vocab_size, **kw))
+            self.lm_head_weight = _mat(C, spec.vocab_size, self.in_out, **kw)
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
         self.set_attention(attention)
         self.requires_grad_(False)  # an inference engine: no autograd graph, ever
@@ -383,9 +412,9 @@ class Transformer(nn.Module):
         with rec.op("final_norm"):
             x = self.final_norm.forward(x)
         with rec.op("lm_head"):
-            if self.spec.tied_embeddings:
-                return F.linear(x, self.lm_head_weight)  # the (V, C) embedding itself
-            return linear(x, self.lm_head_weight)  # (B, V) or (B, T, V)
+            if self.spec.tied_embeddings or not self.in_out:
+                return F.linear(x, self.lm_head_weight)  # (V, C): the tied embedding, or "out_in"
+            return _matmul_in_out(x, self.lm_head_weight)  # (B, V) or (B, T, V)
 
 
 __all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "rope_inv_freq", "torch_dtype"]

@@ -27,6 +27,8 @@ from llmperf.engine.model import Transformer, torch_dtype
 from llmperf.specs import ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / Llama `initializer_range`
+# Matrix parameters (suffixes), stored (in, out) or (out, in) depending on the model's weight_layout.
+_MATRICES = ("qkv_weight", "o_weight", "up_weight", "down_weight", "router_weight", "lm_head_weight")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -38,9 +40,10 @@ def init_random(model: Transformer, seed: int = 0) -> Transformer:
     """Fill every parameter from a generator seeded with `seed`: matrices, embeddings and biases
     ~ N(0, 0.02), norm weights 1 (+ N(0, 0.02) jitter so they matter), norm biases N(0, 0.02).
 
-    Values are drawn in fp32 in `named_parameters` order, then cast: on CPU for a CPU model (one seed
-    gives the same weights in every dtype), on the GPU for a CUDA model (fast for billions of
-    parameters; reproducible there, but not the CPU's values).
+    Values are drawn in fp32 in `named_parameters` order, matrices in `(out, in)` shape whatever the
+    model's layout, then cast: on CPU for a CPU model (one seed gives the same weights in every dtype
+    and layout), on the GPU for a CUDA model (fast for billions of parameters; reproducible there,
+    but not the CPU's values).
     """
     device = model.embed_weight.device
     gen = torch.Generator(device=device if device.type == "cuda" else "cpu").manual_seed(seed)
@@ -49,7 +52,11 @@ def init_random(model: Transformer, seed: int = 0) -> Transformer:
         if id(p) in seen:  # tied embeddings
             continue
         seen.add(id(p))
-        values = torch.randn(p.shape, generator=gen, dtype=torch.float32, device=gen.device) * INIT_STD
+        transposed = model.in_out and name.endswith(_MATRICES)
+        shape = (*p.shape[:-2], p.shape[-1], p.shape[-2]) if transposed else p.shape
+        values = torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device) * INIT_STD
+        if transposed:
+            values = values.transpose(-1, -2)
         if name.endswith("norm.weight"):
             values += 1.0
         p.copy_(values.to(device=p.device, dtype=p.dtype))
@@ -57,9 +64,11 @@ def init_random(model: Transformer, seed: int = 0) -> Transformer:
 
 
 def build_model(spec: ModelSpec, *, seed: int = 0, dtype: str | torch.dtype = "fp32",
-                device: str | torch.device = "cpu", attention: str = "sdpa") -> Transformer:
-    """A `Transformer` for `spec` with seeded random weights (any spec, e.g. a `.scaled()` one)."""
-    return init_random(Transformer(spec, dtype=dtype, device=device, attention=attention), seed)
+                device: str | torch.device = "cpu", attention: str = "sdpa", weight_layout: str = "auto") -> Transformer:
+    """A `Transformer` for `spec` with seeded random weights (any spec, e.g. a `.scaled()` one).
+    One seed gives the same weights whatever the dtype and `weight_layout` (on one device type)."""
+    return init_random(Transformer(spec, dtype=dtype, device=device, attention=attention,
+                                   weight_layout=weight_layout), seed)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -70,7 +79,7 @@ def build_model(spec: ModelSpec, *, seed: int = 0, dtype: str | torch.dtype = "f
 class _Entry:
     """Engine parameter `ours` from checkpoint tensors `parts`: each is brought to `nn.Linear`'s
     `(out, in)` layout (GPT-2's Conv1D stores `(in, out)`: `conv1d` transposes it), they are
-    concatenated over dim 0, and a `matrix` is transposed to the engine's `(in, out)` layout."""
+    concatenated over dim 0, and a `matrix` is transposed when the model stores `(in, out)`."""
 
     ours: str
     parts: tuple[str, ...]
@@ -189,7 +198,7 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
             value = torch.stack(parts)
         else:
             value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        if entry.matrix:
+        if entry.matrix and model.in_out:
             value = value.transpose(-1, -2)  # (out, in) -> the engine's (in, out)
         target = params[entry.ours]
         if tuple(value.shape) != tuple(target.shape):
@@ -212,7 +221,7 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for entry in _layout(model.spec):
         value = params[entry.ours].detach()
-        if entry.matrix:
+        if entry.matrix and model.in_out:
             value = value.transpose(-1, -2)  # back to (out, in)
         if len(entry.parts) == 1:
             chunks = [value]
@@ -283,7 +292,7 @@ class TensorSource(Mapping[str, torch.Tensor]):
 
 def from_pretrained(path: str | os.PathLike[str], *, dtype: str | torch.dtype | None = None,
                     device: str | torch.device = "cpu", attention: str = "sdpa",
-                    spec: ModelSpec | None = None) -> Transformer:
+                    spec: ModelSpec | None = None, weight_layout: str = "auto") -> Transformer:
     """Load a local Hugging Face checkpoint directory (config.json + weights) into a `Transformer`.
 
     `dtype` None keeps the checkpoint's (`spec.dtype`, fp16 when the config names none); `spec` None
@@ -293,7 +302,8 @@ def from_pretrained(path: str | os.PathLike[str], *, dtype: str | torch.dtype | 
     if not d.is_dir():
         raise ValueError(f"path: {str(path)!r} is not a checkpoint directory")
     spec = spec or ModelSpec.from_hf_config(d)
-    model = Transformer(spec, dtype=torch_dtype(dtype or spec.dtype), device=device, attention=attention)
+    model = Transformer(spec, dtype=torch_dtype(dtype or spec.dtype), device=device, attention=attention,
+                        weight_layout=weight_layout)
     return load_hf_state_dict(model, TensorSource(d))
 
 

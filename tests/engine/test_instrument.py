@@ -68,9 +68,10 @@ def test_recording_is_off_by_default_and_does_not_change_tokens():
     assert not steps_only.trace.ops and len(steps_only.trace.steps) == 1 + 1 + 5
 
 
-def test_split_projections_equal_fused_ones():
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
+def test_split_projections_equal_fused_ones(layout):
     """With a recorder the model multiplies by slices of the fused QKV / gate-up weights."""
-    model = make_model("llama", seed=6)
+    model = make_model("llama", seed=6, weight_layout=layout)
     tokens = torch.randint(0, 256, (2, 7))
     rec = Recorder()
     with torch.no_grad():

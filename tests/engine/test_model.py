@@ -11,9 +11,11 @@ from llmperf.engine import ContiguousKVCache, PagedKVCache, StepMeta, Transforme
 from llmperf.engine.model import rope_inv_freq
 
 
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
 @pytest.mark.parametrize("kind", list(SPECS))
-def test_forward_equals_transformers(kind):
-    model = make_model(kind, seed=1)
+def test_forward_equals_transformers(kind, layout):
+    model = make_model(kind, seed=1, weight_layout=layout)
+    assert model.weight_layout == layout
     hf = hf_twin(model)
     tokens = torch.randint(0, model.spec.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -153,6 +155,13 @@ def test_tied_embeddings_share_one_tensor(gpt2_spec):
 def test_parameter_count_equals_the_spec(kind):
     model = make_model(kind)
     assert sum(p.numel() for p in model.parameters()) == model.spec.param_count
+
+
+def test_auto_weight_layout_follows_the_dtype(llama_spec):
+    assert Transformer(llama_spec, dtype="fp32").weight_layout == "in_out"
+    assert Transformer(llama_spec, dtype="bf16").weight_layout == "out_in"
+    with pytest.raises(ValueError, match="weight_layout"):
+        Transformer(llama_spec, weight_layout="col_major")
 
 
 def test_bad_inputs_raise_value_errors_naming_the_field(llama_spec):

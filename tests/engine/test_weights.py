@@ -26,10 +26,11 @@ def test_saved_checkpoint_reproduces_transformers_logits(kind, tmp_path):
     hf = hf_twin(make_model(kind, seed=7))
     hf.save_pretrained(tmp_path, safe_serialization=True)
     assert list(tmp_path.glob("*.safetensors"))
-    model = from_pretrained(tmp_path, dtype="fp32")
     tokens = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens, all_logits=True), hf(tokens).logits, rtol=1e-5, atol=1e-5)
+    for layout in ("in_out", "out_in"):
+        model = from_pretrained(tmp_path, dtype="fp32", weight_layout=layout)
+        with torch.no_grad():
+            torch.testing.assert_close(model(tokens, all_logits=True), hf(tokens).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_sharded_checkpoint_with_index(tmp_path):
@@ -60,7 +61,8 @@ def test_original_gpt2_names_without_transformer_prefix(tmp_path):
 
 def test_mixtral_per_expert_checkpoint_layout():
     """Published Mixtral checkpoints store experts one by one (w1 gate, w3 up, w2 down)."""
-    model = make_model("mixtral", seed=5)
+    model = make_model("mixtral", seed=5, weight_layout="out_in")
+    assert torch.equal(model.layers[0].o_weight, make_model("mixtral", seed=5, weight_layout="in_out").layers[0].o_weight.t())
     spec = model.spec
     sd = to_hf_state_dict(model)
     old = {}
@@ -76,7 +78,7 @@ def test_mixtral_per_expert_checkpoint_layout():
                 old[f"{prefix}{j}.w2.weight"] = v[j]
         else:
             old[k.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = v
-    other = Transformer(spec)
+    other = Transformer(spec, weight_layout="out_in")
     load_hf_state_dict(other, old)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters()))
 
