@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -143,4 +143,3 @@ if __name__ == "__main__":
 
 
 __all__ = ["BenchRow", "bench_spec", "run_benchmark"]
-_ = asdict  # BenchRow rows convert with dataclasses.asdict

@@ -28,7 +28,7 @@ import torch
 
 from llmperf.engine.cache import CACHE_KINDS, KVCache, PagedKVCache, make_cache
 from llmperf.engine.instrument import NULL_RECORDER
-from llmperf.engine.model import Transformer
+from llmperf.engine.model import Transformer, torch_dtype
 from llmperf.engine.runner import ModelRunner
 from llmperf.engine.sampling import SamplingParams, make_generator
 from llmperf.engine.scheduler import POLICIES, Scheduler, ServeResult
@@ -75,7 +75,6 @@ class Engine:
         self.model = model
         self.cache_kind, self.block_size = cache, block_size
         self.num_blocks, self.max_batch, self.max_seq_len = num_blocks, max_batch, max_seq_len
-        from llmperf.engine.model import torch_dtype
         self.kv_dtype = torch_dtype(kv_dtype) if kv_dtype is not None else model.dtype
         if attention is not None:
             model.set_attention(attention)

@@ -36,7 +36,7 @@ class ModelRunner:
         self.device = model.device
 
     # ---- forward ---------------------------------------------------------------------------------
-    def _forward(self, phase: str, seqs: list[Sequence], inputs: list[list[int]]) -> torch.Tensor:
+    def _forward(self, seqs: list[Sequence], inputs: list[list[int]]) -> torch.Tensor:
         """Logits (B, V) of the last of `inputs[b]` fed to sequence b (all inputs of one length)."""
         T = len(inputs[0])
         tokens = torch.tensor(inputs, dtype=torch.long).to(self.device, non_blocking=True)  # (B, T)
@@ -65,7 +65,7 @@ class ModelRunner:
             chunk = items[T]
             seqs = [seq for _, seq, _ in chunk]
             with self.rec.step("prefill", **self._step_shape(seqs, T)):
-                logits = self._forward("prefill", seqs, [inp for _, _, inp in chunk])  # (B, V)
+                logits = self._forward(seqs, [inp for _, _, inp in chunk])  # (B, V)
                 fresh = [(g, logits[b]) for b, (g, _, _) in enumerate(chunk) if not g.prefilled]
                 self._first_tokens(fresh)
             now = self.clock()
@@ -100,7 +100,7 @@ class ModelRunner:
         """One token for every running sequence of `groups` (their slots already reserved)."""
         seqs = [s for g in groups for s in g.seqs]
         with self.rec.step("decode", **self._step_shape(seqs, 1)):
-            logits = self._forward("decode", seqs, [[s.tokens[-1]] for s in seqs])  # (B, V)
+            logits = self._forward(seqs, [[s.tokens[-1]] for s in seqs])  # (B, V)
             plain, row = [], 0
             for g in groups:
                 n = len(g.seqs)

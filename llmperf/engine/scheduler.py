@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmperf.engine.cache import CacheUsage, KVCache, PagedKVCache
+from llmperf.engine.cache import CacheUsage, PagedKVCache
 from llmperf.engine.runner import ModelRunner
 from llmperf.engine.sequence import RequestOutput, SequenceGroup
 
