@@ -204,6 +204,7 @@ class Recorder:
         self.cuda = self.device.type == "cuda"
         self.mode = mode
         self.record_ops = ops
+        self.active = ops  # the model splits fused projections only when operators are timed
         self.trace = Trace()
         self._pending: list[tuple[str, int | None, Any]] = []
         self._step_index = {p: 0 for p in PHASES}

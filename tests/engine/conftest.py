@@ -1,5 +1,4 @@
-"""Engine test fixtures: tiny specs of each family, models with seeded random weights, and the same
-weights in a Hugging Face `transformers` model (built from a config: nothing is downloaded).
+"""Engine test fixtures (helpers live in `engine_testing.py`).
 
 TRITON_INTERPRET must be set before `@triton.jit` runs (when the kernel modules are imported), so it
 is set here, at conftest import, when no CUDA device is present, as `tests/kernels/conftest.py` does.
@@ -14,48 +13,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import importlib.util  # noqa: E402
-
 import pytest  # noqa: E402
 
-from llmperf.engine import SamplingParams, Transformer, build_model, hf_config, to_hf_state_dict  # noqa: E402
-from llmperf.specs import ModelSpec, load_model  # noqa: E402
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-
-
-def kernels_available() -> tuple[bool, str]:
-    """Whether the Triton backend can run here, and why not."""
-    if not HAS_TRITON:
-        return False, "triton is not installed"
-    try:
-        import kernels
-        kernels.flash_attention, kernels.flash_decoding, kernels.paged_attention  # noqa: B018
-    except (ImportError, AttributeError) as exc:
-        return False, f"the kernels package is not usable yet ({exc})"
-    return True, ""
-
-
-def tiny(name: str, **changes) -> ModelSpec:
-    """A 2-layer version of a built-in model (rotary_dim reset so it follows the new head_dim)."""
-    base = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=128, vocab_size=256,
-                max_positions=256)
-    base.update(changes)
-    base.setdefault("rotary_dim", None)
-    return load_model(name).scaled(**base)
-
-
-SPECS = {
-    "llama": lambda: tiny("llama-3.1-8b"),  # GQA 4:2, llama3 rope scaling
-    "gpt2": lambda: tiny("gpt2", num_kv_heads=4, ffn_size=256),
-    "qwen2": lambda: tiny("qwen2.5-7b"),  # q/k/v biases
-    "mixtral": lambda: tiny("mixtral-8x7b"),  # 8 experts, top-2
-}
-
-
-@pytest.fixture(params=["llama", "gpt2"])
-def family(request) -> str:
-    return request.param
+from engine_testing import SPECS  # noqa: E402
+from llmperf.specs import ModelSpec  # noqa: E402
 
 
 @pytest.fixture
@@ -66,44 +27,3 @@ def llama_spec() -> ModelSpec:
 @pytest.fixture
 def gpt2_spec() -> ModelSpec:
     return SPECS["gpt2"]()
-
-
-def make_model(kind: str, seed: int = 0, **kw) -> Transformer:
-    return build_model(SPECS[kind](), seed=seed, **kw)
-
-
-def hf_twin(model: Transformer):
-    """A `transformers` model (fp32, eval) holding exactly `model`'s weights, with no EOS of its own."""
-    import transformers
-
-    cfg = transformers.AutoConfig.for_model(**hf_config(model.spec))
-    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)
-    assert not unexpected, unexpected
-    assert not [m for m in missing if "rotary" not in m and not m.endswith("attn.bias")], missing
-    hf.generation_config.eos_token_id = None
-    hf.generation_config.bos_token_id = None
-    hf.generation_config.pad_token_id = 0
-    return hf
-
-
-def hf_generate(hf, prompts: list[list[int]], params: SamplingParams) -> list[list[list[int]]]:
-    """HF `generate()` on each prompt alone (no padding): the generated tokens of each returned
-    sequence, trailing pads after an EOS removed."""
-    from llmperf.engine.sampling import hf_generate_kwargs
-
-    out = []
-    for p in prompts:
-        with torch.no_grad():
-            seqs = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                               **hf_generate_kwargs(params))
-        rows = []
-        for row in seqs[:, len(p):].tolist():
-            if params.eos_ids:
-                for i, t in enumerate(row):
-                    if t in params.eos_ids:
-                        row = row[:i + 1]
-                        break
-            rows.append(row)
-        out.append(rows)
-    return out

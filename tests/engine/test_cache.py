@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SPECS, make_model
+from engine_testing import SPECS, make_model
 from llmperf.engine import ContiguousKVCache, Engine, PagedKVCache, SamplingParams, generate_workload
 
 

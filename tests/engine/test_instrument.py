@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_model
+from engine_testing import make_model
 from llmperf.analysis.operators import ForwardModel
 from llmperf.engine import NULL_RECORDER, OP_NAMES, Engine, Recorder, SamplingParams
 from llmperf.specs import Precision

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_model
+from engine_testing import make_model
 from llmperf.engine import Engine, SamplingParams, generate_workload
 from llmperf.engine.workload import Request
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import hf_twin, make_model
+from engine_testing import hf_twin, make_model
 from llmperf.engine import from_pretrained, load_hf_state_dict, to_hf_state_dict
 from llmperf.engine.model import Transformer
 from llmperf.engine.weights import TensorSource
