@@ -31,7 +31,7 @@ from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.model import Transformer, torch_dtype
 from llmperf.engine.runner import ModelRunner
 from llmperf.engine.sampling import SamplingParams, make_generator
-from llmperf.engine.scheduler import POLICIES, Scheduler, ServeResult
+from llmperf.engine.scheduler import POLICIES, Scheduler, ServeResult, StepStats
 from llmperf.engine.sequence import RequestOutput, SequenceGroup
 from llmperf.engine.workload import Request
 
@@ -79,6 +79,7 @@ class Engine:
         if attention is not None:
             model.set_attention(attention)
         self._cache: KVCache | None = None
+        self.last_steps: list[StepStats] = []  # the last generate() call's steps (cache usage per step)
         fixed = num_blocks is not None if cache == "paged" else (max_batch is not None and max_seq_len is not None)
         if fixed:
             self._cache = self._make_cache(max_batch or 1, max_seq_len or model.spec.max_positions)
@@ -145,6 +146,7 @@ class Engine:
         cache = self._cache_for(groups)
         scheduler = Scheduler(ModelRunner(self.model, cache, recorder=recorder), max_batch=self.max_batch)
         scheduler.run(groups)
+        self.last_steps = scheduler.stats
         return [g.output() for g in groups]
 
     @torch.inference_mode()

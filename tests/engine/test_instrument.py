@@ -88,3 +88,19 @@ def test_bad_recorder_arguments():
     with pytest.raises(ValueError, match="phase"):
         with rec.step("warmup", batch=1, q_len=1, kv_len=1, tokens_in_cache=1):
             pass
+
+
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_time_forward_records_the_requested_shape(cache):
+    from llmperf.engine.timing import time_forward
+
+    model = make_model("llama")
+    trace = time_forward(model, batch=3, q_len=1, kv_len=40, cache=cache, reps=2, warmup=1)
+    steps = trace.steps_frame()
+    assert list(steps.phase) == ["decode", "decode"] and set(steps.kv_len) == {40} and set(steps.batch) == {3}
+    df = trace.to_frame()
+    assert (df.groupby("step").op.count() == len(df) // 2).all()
+    prefill = time_forward(model, batch=2, q_len=16, kv_len=16, cache=cache, reps=1, warmup=0)
+    assert set(prefill.to_frame().phase) == {"prefill"}
+    with pytest.raises(ValueError, match="q_len"):
+        time_forward(model, batch=1, q_len=8, kv_len=4)

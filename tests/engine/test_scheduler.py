@@ -52,6 +52,7 @@ def test_block_shortage_preempts_and_recomputes_without_corruption(model, worklo
     assert _tokens(result) == alone
     assert all(s.usage.reserved_bytes <= s.usage.capacity_bytes for s in result.steps)
     assert engine.cache.num_seqs == 0 and engine.cache.num_free_blocks == 24  # every block came back
+    assert engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3)) and len(engine.last_steps) == 3
 
 
 def test_sampled_and_beam_requests_survive_preemption(model):
