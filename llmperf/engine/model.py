@@ -16,9 +16,11 @@ the activation dtype; router softmax in fp32), so fp32 greedy decoding reproduce
 Matrix layout (`weight_layout`): "out_in" (`nn.Linear`'s `(out, in)`, `F.linear`) or "in_out"
 (`x @ W + b`, GPT-2's Conv1D). On CPU the fastest depends on the dtype (measured, 2 cores, M = 8
 rows: fp32 GEMMs are ~1.4x faster against `(in, out)`, bf16 ones ~1.4x faster against `(out, in)`),
-so "auto" picks "in_out" for fp32 on CPU and "out_in" otherwise (cuBLAS is indifferent). Fused weights for speed: Q, K and V are one `(C, q_size + 2 kv_size)` matrix and SwiGLU's
-gate and up one `(C, 2F)` matrix, so a decode step launches one GEMM where three (two) would do the same work.
-When a `Recorder` is attached the model instead multiplies by column slices of those matrices (views,
+so "auto" picks "in_out" for fp32 on CPU and "out_in" otherwise (cuBLAS is indifferent).
+
+Fused weights for speed: Q, K and V are one `(C, q_size + 2 kv_size)` matrix and SwiGLU's gate and
+up one `(C, 2F)` matrix, so a decode step runs one GEMM where three (two) would do the same work, and
+one RoPE call rotates the adjacent q and k heads. When a `Recorder` is attached the model instead multiplies by column slices of those matrices (views,
 no copy), one per analytical operator (`q_proj`, `k_proj`, `v_proj`, `gate_proj`, `up_proj`), so each
 is timed under its own name; the result is the same up to GEMM rounding.
 
@@ -327,7 +329,7 @@ class ForwardContext:
 
 class Transformer(nn.Module):
     """The whole decoder. Build with `Transformer(spec, dtype="fp32", device="cpu")` (parameters left
-    uninitialised) and fill with `llmperf.engine.weights` (`init_random`, `load_checkpoint`), or use
+    uninitialised) and fill with `llmperf.engine.weights` (`init_random`, `load_hf_state_dict`), or use
     `weights.build_model(spec, seed=...)` / `weights.from_pretrained(path)`.
 
     Parameters: embed_weight (V, C); pos_weight (max_positions, C) (learned positions);
