@@ -28,7 +28,7 @@ import torch
 
 from llmperf.engine.cache import CACHE_KINDS, KVCache, PagedKVCache, make_cache
 from llmperf.engine.instrument import NULL_RECORDER
-from llmperf.engine.model import Transformer, torch_dtype
+from llmperf.engine.model import Transformer
 from llmperf.engine.runner import ModelRunner
 from llmperf.engine.sampling import SamplingParams, make_generator
 from llmperf.engine.scheduler import POLICIES, Scheduler, ServeResult, StepStats
@@ -65,7 +65,7 @@ class Engine:
 
     def __init__(self, model: Transformer, *, cache: str = "paged", block_size: int = 16,
                  num_blocks: int | None = None, max_batch: int | None = None, max_seq_len: int | None = None,
-                 kv_dtype: str | torch.dtype | None = None, attention: str | None = None) -> None:
+                 attention: str | None = None) -> None:
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache: must be one of {', '.join(CACHE_KINDS)}, got {cache!r}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -75,7 +75,7 @@ class Engine:
         self.model = model
         self.cache_kind, self.block_size = cache, block_size
         self.num_blocks, self.max_batch, self.max_seq_len = num_blocks, max_batch, max_seq_len
-        self.kv_dtype = torch_dtype(kv_dtype) if kv_dtype is not None else model.dtype
+        self.kv_dtype = model.dtype  # K/V are stored as the model computes them
         if attention is not None:
             model.set_attention(attention)
         self._cache: KVCache | None = None
