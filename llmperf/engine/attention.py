@@ -210,12 +210,15 @@ def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             o = kernels.flash_decoding(q.reshape(B, H, D), k_rows, v_rows, meta.seq_lens_tensor(),
                                        _decode_splits(kernels, meta, H_kv, q.device), validate=False)
             return o.reshape(B, 1, H * D)
+        K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
+        qt = q.transpose(1, 2)  # (B, H, T, D)
         if meta.uniform:  # extend: queries are the last T of S keys, causal aligned bottom-right
-            K, V = _keys(layer, k, v, meta)
-            o = kernels.flash_attention(q.transpose(1, 2), K, V, causal=True)
+            o = kernels.flash_attention(qt, K, V, causal=True)
             return o.transpose(1, 2).reshape(B, T, H * D)
-    raise NotImplementedError("attention='triton': a multi-token step over sequences with different cached "
-                              f"lengths (starts={meta.starts}) is not supported; use 'sdpa'")
+        # extend over ragged contexts: one launch per sequence over exactly its own keys
+        outs = [kernels.flash_attention(qt[b:b + 1], K[b:b + 1, :, :n], V[b:b + 1, :, :n], causal=True)
+                for b, n in enumerate(meta.seq_lens)]  # each (1, H, T, D)
+        return torch.cat(outs).transpose(1, 2).reshape(B, T, H * D)
 
 
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, StepMeta, Any], torch.Tensor]

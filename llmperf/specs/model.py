@@ -196,6 +196,8 @@ class ModelSpec:
         """A copy with some fields changed (e.g. a 2-layer version for tests); re-validated."""
         if "hidden_size" in changes or "num_heads" in changes:
             changes.setdefault("head_dim", None)
+        if changes.get("head_dim", self.head_dim) != self.head_dim or "head_dim" in changes:
+            changes.setdefault("rotary_dim", None)  # re-derived from the new head_dim
         return replace(self, **changes)
 
     @classmethod

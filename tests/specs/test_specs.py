@@ -211,3 +211,9 @@ def test_compute_dtype_fallback(name, fp8, int4):
 def test_no_fp8_on_ampere():
     for name in ("a100-40gb-sxm", "a100-80gb-sxm", "a100-80gb-pcie", "a10"):
         assert "fp8" not in load_hardware(name).peak_tflops
+
+
+def test_scaled_rederives_head_and_rotary_dims():
+    small = load_model("llama-3.1-8b").scaled(hidden_size=64, num_heads=4, num_kv_heads=2, num_layers=2)
+    assert small.head_dim == 16 and small.rotary_dim == 16
+    assert load_model("llama-3.1-8b").scaled(num_layers=2).rotary_dim == 128
