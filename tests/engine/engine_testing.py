@@ -84,3 +84,28 @@ def hf_generate(hf, prompts: list[list[int]], params: SamplingParams) -> list[li
             rows.append(row)
         out.append(rows)
     return out
+
+
+def toy_hf_lm(vocab_size: int, seed: int, *, scale: float, pad_token_id: int):
+    """A deterministic toy LM as a `transformers` model, so `generate()` can run on it:
+    logits = scale * bigram[last token] + a position table (seeded, no download)."""
+    from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    class ToyConfig(PretrainedConfig):
+        model_type = "llmperf-toy"
+
+    class ToyLM(PreTrainedModel, GenerationMixin):
+        config_class = ToyConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            g = torch.Generator().manual_seed(seed)
+            self.register_buffer("bigram", torch.randn(vocab_size, vocab_size, generator=g) * scale)
+            self.register_buffer("pos", torch.randn(64, vocab_size, generator=g))
+            self.unused = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, attention_mask=None, **kwargs):
+            return CausalLMOutputWithPast(logits=self.bigram[input_ids] + self.pos[:input_ids.shape[1]][None])
+
+    return ToyLM(ToyConfig(vocab_size=vocab_size, pad_token_id=pad_token_id)).eval()

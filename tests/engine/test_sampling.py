@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_testing import toy_hf_lm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -322,27 +323,7 @@ def test_hf_generate_kwargs():
 
 
 def _toy_model(vocab_size: int, seed: int):
-    """A deterministic toy LM as an HF model: logits = bigram[last token] + position table."""
-    from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
-    class ToyConfig(PretrainedConfig):
-        model_type = "llmperf-toy-sampling"
-
-    class ToyLM(PreTrainedModel, GenerationMixin):
-        config_class = ToyConfig
-
-        def __init__(self, config):
-            super().__init__(config)
-            g = torch.Generator().manual_seed(seed)
-            self.register_buffer("bigram", torch.randn(vocab_size, vocab_size, generator=g) * 2)
-            self.register_buffer("pos", torch.randn(64, vocab_size, generator=g))
-            self.unused = torch.nn.Parameter(torch.zeros(1))
-
-        def forward(self, input_ids, attention_mask=None, **kwargs):
-            return CausalLMOutputWithPast(logits=self.bigram[input_ids] + self.pos[:input_ids.shape[1]][None])
-
-    return ToyLM(ToyConfig(vocab_size=vocab_size, pad_token_id=vocab_size - 1)).eval()
+    return toy_hf_lm(vocab_size, seed, scale=2, pad_token_id=vocab_size - 1)
 
 
 def _our_generate(model, prompt: list[int], params: SamplingParams, generator) -> list[int]:
