@@ -86,6 +86,14 @@ def sdpa_attention(
     )
 
 
+def _decode_setup(q, k_cache, v_cache, seq_lens, sm_scale, validate):  # noqa: ANN001, ANN202
+    """Shapes checked (and lengths, when `validate`), plus the softmax scale: the decode references' prologue."""
+    dims = check_decode(q, k_cache, v_cache, seq_lens)
+    if validate:
+        check_seq_len_values(seq_lens, dims.capacity, "S_max")
+    return dims, default_sm_scale(dims.D, sm_scale)
+
+
 def naive_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -96,12 +104,9 @@ def naive_decode(
     validate: bool = True,
 ) -> torch.Tensor:
     """Standard attention of one token per sequence over the whole (B, H_kv, S_max, D) cache, masked by length."""
-    dims = check_decode(q, k_cache, v_cache, seq_lens)
-    if validate:
-        check_seq_len_values(seq_lens, dims.capacity, "S_max")
+    dims, scale = _decode_setup(q, k_cache, v_cache, seq_lens, sm_scale, validate)
     B, H_kv, D = dims.B, dims.H_kv, dims.D
     S_max = dims.capacity
-    scale = default_sm_scale(D, sm_scale)
     qg = q.reshape(B, H_kv, dims.G, D)  # (B, H_kv, G, D)
     s = torch.matmul(qg, k_cache.transpose(-1, -2)) * scale  # (B, H_kv, G, S_max)
     s = s.masked_fill(~_length_mask(seq_lens, S_max)[:, None, None, :], float("-inf"))
@@ -119,10 +124,7 @@ def sdpa_decode(
     validate: bool = True,
 ) -> torch.Tensor:
     """torch SDPA for one token per sequence, with a (B, 1, 1, S_max) length mask."""
-    dims = check_decode(q, k_cache, v_cache, seq_lens)
-    if validate:
-        check_seq_len_values(seq_lens, dims.capacity, "S_max")
-    scale = default_sm_scale(dims.D, sm_scale)
+    dims, scale = _decode_setup(q, k_cache, v_cache, seq_lens, sm_scale, validate)
     mask = _length_mask(seq_lens, dims.capacity)[:, None, None, :]  # (B, 1, 1, S_max)
     o = F.scaled_dot_product_attention(
         q.unsqueeze(2), k_cache, v_cache, attn_mask=mask, scale=scale, enable_gqa=dims.G > 1
