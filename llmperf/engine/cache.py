@@ -75,14 +75,19 @@ class KVCache(ABC):
         """K and V of one token in every layer: 2 * L * H_kv * D * element size."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
-    @property
-    @abstractmethod
-    def capacity_bytes(self) -> int: ...
+    # Subclasses allocate their storage as one tensor `self.kv` and set `self._max_seq_len`.
+    kv: torch.Tensor
+    _max_seq_len: int
 
     @property
-    @abstractmethod
+    def capacity_bytes(self) -> int:
+        """The storage allocated up front."""
+        return self.kv.numel() * self.kv.element_size()
+
+    @property
     def max_seq_len(self) -> int:
-        """The longest sequence the cache can ever hold."""
+        """The longest sequence the cache can hold."""
+        return self._max_seq_len
 
     @abstractmethod
     def __contains__(self, seq_id: int) -> bool: ...
@@ -182,14 +187,6 @@ class ContiguousKVCache(KVCache):
         self._len: dict[int, int] = {}
         self._free_rows = list(range(max_batch))  # a heap: the lowest free row first, so a batch's
         # rows stay consecutive and the step addresses them with a slice, not a gather
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
-
-    @property
-    def max_seq_len(self) -> int:
-        return self._max_seq_len
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._len
@@ -309,14 +306,6 @@ class PagedKVCache(KVCache):
         # Zeros: the gather for attention reads whole blocks (masked past each sequence's end).
         self.kv = torch.zeros(spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
                               dtype=dtype, device=self.device)  # (L, 2, N, P, H_kv, D)
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
-
-    @property
-    def max_seq_len(self) -> int:
-        return self._max_seq_len
 
     @property
     def num_free_blocks(self) -> int:
