@@ -7,79 +7,21 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import tempfile
 import warnings
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from llmperf import format as fmt
+from llmperf.clitools import (
+    AttentionImpl, OutputFormat, err_console, fail, out_console, parse_int_list, parse_name_list, write_output,
+)
 from llmperf.errors import SpecError
 
 app = typer.Typer(
     name="llmperf", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Predict, measure and compare LLM inference performance (roofline model, real kernels).")
-out_console = Console(width=None if sys.stdout.isatty() else 150)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-class OutputFormat(str, Enum):
-    table = "table"
-    json = "json"
-    csv = "csv"
-
-
-class AttentionImpl(str, Enum):
-    fused = "fused"
-    naive = "naive"
-
-
-def fail(message: str) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
-    return typer.Exit(2)
-
-
-def parse_int_list(option: str, text: str) -> list[int]:
-    """'1,8,64' -> [1, 8, 64]; anything else is an error naming the option and the value."""
-    parts = [p.strip() for p in str(text).split(",")]
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise SpecError(f"{option}: {text!r} is not a comma-separated list of positive integers") from None
-    bad = [v for v in values if v < 1]
-    if bad:
-        raise SpecError(f"{option}: {bad[0]} in {text!r} is not a positive integer")
-    return values
-
-
-def parse_name_list(option: str, text: str) -> list[str]:
-    names = [p.strip() for p in str(text).split(",")]
-    if not all(names):
-        raise SpecError(f"{option}: {text!r} has an empty name")
-    return names
-
-
-def write_output(text: str, output: Path | None) -> None:
-    """Print, or write atomically: a temporary file in the same folder, then a rename."""
-    if output is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return
-    folder = output.parent if str(output.parent) else Path(".")
-    if not folder.is_dir():
-        raise SpecError(f"--output: folder {str(folder)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{output.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _render_single(est, per_op: bool) -> None:  # noqa: ANN001
@@ -216,6 +158,9 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table) -> None:
     from llmperf.render import hardware_frame
     frame = hardware_frame()
     _show_listing(frame, frame, "Built-in devices (dense peaks)", output_format)
+
+
+# Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
 
 
 def main() -> None:
