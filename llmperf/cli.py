@@ -128,36 +128,62 @@ def _json_default(value: object) -> object:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _show_listing(frame, shown, title: str, output_format: OutputFormat) -> None:  # noqa: ANN001
-    """A listing as a rich table (`shown`, display-formatted) or as JSON/CSV of the exact `frame`."""
-    if output_format is OutputFormat.table:
-        from llmperf.render import frame_table
-        out_console.print(frame_table(shown.drop(columns=["source"]), title))
-    elif output_format is OutputFormat.json:
-        write_output(frame.to_json(orient="records", indent=2), None)
-    else:
-        write_output(frame.to_csv(index=False), None)
+def _version_callback(value: bool) -> None:
+    if value:
+        from llmperf import __version__
+        out_console.print(f"llmperf {__version__}", highlight=False)
+        raise typer.Exit()
 
 
-FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv.")]
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Predict, measure and compare LLM inference performance (roofline model, real kernels)."""
+
+
+FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")]
+OutputOption = Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
+
+
+def _write_listing(rows: list[dict], table, output_format: OutputFormat, output: Path | None) -> None:  # noqa: ANN001
+    """A listing: the rich table (`table()`, built only when shown), or JSON / CSV of the exact rows."""
+    try:
+        if output_format is OutputFormat.table:
+            from llmperf.listing import table_text
+            if output is None:
+                out_console.print(table())
+                return
+            text = table_text(table())
+        elif output_format is OutputFormat.json:
+            text = json.dumps(rows, indent=2, allow_nan=False)
+        else:
+            import pandas as pd
+            text = pd.DataFrame(rows).to_csv(index=False)
+        write_output(text, output)
+    except SpecError as exc:
+        raise fail(str(exc)) from None
 
 
 @app.command("models")
-def models_cmd(output_format: FormatOption = OutputFormat.table) -> None:
-    """List the built-in models: parameters, shape, KV bytes per token (fp16), source."""
-    from llmperf.render import models_frame
-    frame = models_frame()
-    shown = frame.assign(params=[f"{p / 1e9:.3f} B" for p in frame["params"]]).rename(
-        columns={"kv_bytes_per_token_fp16": "KV B/token (fp16)"})
-    _show_listing(frame, shown, "Built-in models (exact counts: --format json)", output_format)
+def models_cmd(output_format: FormatOption = OutputFormat.table, output: OutputOption = None) -> None:
+    """List the built-in models: parameters, shape, context, KV bytes per token at fp16
+    (exact counts and every field with --format json or csv)."""
+    from llmperf.listing import models_table
+    from llmperf.specs.catalog import model_rows
+    rows = model_rows()
+    _write_listing(rows, lambda: models_table(rows), output_format, output)
 
 
 @app.command("hardware")
-def hardware_cmd(output_format: FormatOption = OutputFormat.table) -> None:
-    """List the built-in devices: dense peaks (TFLOP/s), memory bandwidth (GB/s), capacity (GiB), ridge point."""
-    from llmperf.render import hardware_frame
-    frame = hardware_frame()
-    _show_listing(frame, frame, "Built-in devices (dense peaks)", output_format)
+def hardware_cmd(output_format: FormatOption = OutputFormat.table, output: OutputOption = None) -> None:
+    """List the built-in devices: dense peaks (TFLOP/s), memory bandwidth (GB/s), capacity (GiB),
+    ridge point (FLOP/B) and GPU-to-GPU link (GB/s each way)."""
+    from llmperf.listing import hardware_table
+    from llmperf.specs.catalog import hardware_rows
+    rows = hardware_rows()
+    _write_listing(rows, lambda: hardware_table(rows), output_format, output)
 
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.

@@ -6,9 +6,11 @@ everywhere: one line on stderr naming the option and the value, exit code 2.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import stat
 import sys
-import tempfile
 from enum import Enum
 from pathlib import Path
 
@@ -17,7 +19,8 @@ from rich.console import Console
 
 from llmperf.errors import SpecError
 
-out_console = Console(width=None if sys.stdout.isatty() else 150)
+# A terminal (or COLUMNS) sets the width; piped without COLUMNS, wide tables keep 150 columns.
+out_console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 150)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -57,21 +60,81 @@ def parse_name_list(option: str, text: str) -> list[str]:
     return names
 
 
-def write_output(text: str, output: Path | None) -> None:
-    """Print, or write atomically: a temporary file in the same folder, then a rename."""
-    if output is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+def write_output(text: str, output: Path | str | None) -> None:
+    """Print `text` (`output` None or "-"), or write it to the file `output` atomically: a temporary
+    file in the same folder, flushed to disk, then renamed over the final name, so a reader never
+    sees half a file and a failure leaves nothing behind.
+
+    As a user expects of `> file`: a new file gets the usual permissions (0666 less the umask), an
+    existing file keeps its mode, and a symlink is written through (its target is replaced, the link
+    stays). FIFOs, devices and directories are refused. The temporary name is never longer than the
+    final one (once that is 8 bytes or more), so any name the filesystem accepts works, and errors
+    name only `output`, never the temporary file. Errors are `SpecError`s naming `--output`.
+    """
+    text = text if text.endswith("\n") else text + "\n"  # a text file ends with a newline
+    if output is None or str(output) == "-":
+        sys.stdout.write(text)
         return
-    folder = output.parent if str(output.parent) else Path(".")
+    shown = str(output)
+    if shown.endswith(("/", os.sep)):
+        raise SpecError(f"--output: {shown!r} names a directory, not a file")
+    target = Path(os.path.realpath(output))  # through symlinks (a dangling one: its target is created)
+    folder = target.parent
     if not folder.is_dir():
-        raise SpecError(f"--output: folder {str(folder)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{output.name}.", suffix=".tmp")
+        raise SpecError(f"--output: folder {str(Path(output).parent)!r} does not exist")
+    mode = None
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, output)
+        st = os.stat(target)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise SpecError(f"--output: cannot write {shown!r} ({exc.strerror})") from None
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(f"--output: {shown!r} is {_file_kind(st.st_mode)}, not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+    data = text.encode("utf-8")
+    tmp, fd = _create_temporary(folder, len(os.fsencode(target.name)), shown)
+    try:
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except OSError as exc:  # the message must not name the temporary file: strerror only
+            raise SpecError(f"--output: cannot write {shown!r} ({exc.strerror or exc})") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
 
 
+def _create_temporary(folder: Path, final_len: int, shown: str) -> tuple[Path, int]:
+    """A new hidden file in `folder` whose name is at most `max(final_len, 8)` bytes, created
+    exclusively with mode 0666 (the umask applies, as for any new file)."""
+    length = max(8, min(final_len, 16))
+    for _ in range(100):
+        name = ("." + secrets.token_hex(8))[:length]
+        path = folder / name
+        try:
+            return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise SpecError(f"--output: cannot write {shown!r} ({exc.strerror or exc})") from None
+    raise SpecError(f"--output: cannot write {shown!r} (no free temporary name in its folder)")
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
