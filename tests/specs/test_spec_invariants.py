@@ -6,7 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmperf.specs import DTYPE_BYTES, STORAGE_DTYPES, ModelSpec, Precision, dtype_bytes, normalize_dtype
+from llmperf.specs import STORAGE_DTYPES, ModelSpec, Precision, dtype_bytes, normalize_dtype
+
+# Bytes per element, written out by hand (not read from llmperf.specs.DTYPE_BYTES, so a wrong entry
+# in that table fails here): IEEE fp32 4, fp16 / bf16 2, fp8 (e4m3 / e5m2) 1, int8 1, int4 two per byte.
+BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
 
 @st.composite
@@ -79,15 +83,31 @@ def test_tying_saves_exactly_one_vocab_matrix(m):
 @settings(max_examples=100, deadline=None)
 @given(models(), storage_dtypes)
 def test_weight_bytes(m, dtype):
-    assert m.weight_bytes(dtype) == m.param_count * DTYPE_BYTES[dtype]
+    assert m.weight_bytes(dtype) == m.param_count * BYTES[dtype]
 
 
 @given(storage_dtypes, storage_dtypes, storage_dtypes)
 def test_precision_accepts_every_storage_dtype(w, a, kv):
     p = Precision(weights=w, activations=a, kv=kv)
-    assert (p.weight_bytes, p.act_bytes, p.kv_bytes) == (DTYPE_BYTES[w], DTYPE_BYTES[a], DTYPE_BYTES[kv])
+    assert (p.weight_bytes, p.act_bytes, p.kv_bytes) == (BYTES[w], BYTES[a], BYTES[kv])
     assert Precision.uniform(w) == Precision(weights=w, activations=w, kv=w)
     assert str(Precision.uniform(w)) == w
+
+
+def test_storage_dtypes_are_the_hand_written_ones():
+    assert sorted(STORAGE_DTYPES) == sorted(BYTES)
+
+
+def test_weight_bytes_by_hand():
+    """Llama-2-7B: 6,738,415,616 parameters -> 13.48 GB at fp16, 3.37 GB at int4 (no group scales)."""
+    from llmperf.specs import load_model
+    m = load_model("llama-2-7b")
+    assert m.weight_bytes("fp16") == 13_476_831_232
+    assert m.weight_bytes("bf16") == 13_476_831_232
+    assert m.weight_bytes("fp32") == 26_953_662_464
+    assert m.weight_bytes("int8") == m.weight_bytes("fp8") == 6_738_415_616
+    assert m.weight_bytes("int4") == 3_369_207_808
+    assert m.kv_bytes_per_token("fp8") == 262_144 and m.kv_bytes_per_token("int4") == 131_072
 
 
 def test_dtype_bytes():
