@@ -144,7 +144,8 @@ def _main(
 
 
 FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")]
-OutputOption = Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
+OutputOption = Annotated[Path | None, typer.Option("--output", "-o",
+                                                    help="Write to this file (atomically) instead of stdout.")]
 
 
 def _write_listing(rows: list[dict], table, output_format: OutputFormat, output: Path | None) -> None:  # noqa: ANN001

@@ -66,10 +66,12 @@ def write_output(text: str, output: Path | str | None) -> None:
     sees half a file and a failure leaves nothing behind.
 
     As a user expects of `> file`: a new file gets the usual permissions (0666 less the umask), an
-    existing file keeps its mode, and a symlink is written through (its target is replaced, the link
-    stays). FIFOs, devices and directories are refused. The temporary name is never longer than the
-    final one (once that is 8 bytes or more), so any name the filesystem accepts works, and errors
-    name only `output`, never the temporary file. Errors are `SpecError`s naming `--output`.
+    existing file keeps its mode (and owner, where allowed) and is refused if it is not writable,
+    and a symlink is written through (its target is replaced, the link stays; other hard links to
+    the old file keep the old contents, as with any atomic replace). FIFOs, devices and directories
+    are refused. The temporary name is never longer than the final one (once that is 8 bytes or
+    more), so any name the filesystem accepts works, and errors name only `output`, never the
+    temporary file. Errors are `SpecError`s naming `--output`.
     """
     text = text if text.endswith("\n") else text + "\n"  # a text file ends with a newline
     if output is None or str(output) == "-":
@@ -82,7 +84,7 @@ def write_output(text: str, output: Path | str | None) -> None:
     folder = target.parent
     if not folder.is_dir():
         raise SpecError(f"--output: folder {str(Path(output).parent)!r} does not exist")
-    mode = None
+    st: os.stat_result | None = None
     try:
         st = os.stat(target)
     except FileNotFoundError:
@@ -92,7 +94,8 @@ def write_output(text: str, output: Path | str | None) -> None:
     else:
         if not stat.S_ISREG(st.st_mode):
             raise SpecError(f"--output: {shown!r} is {_file_kind(st.st_mode)}, not a regular file")
-        mode = stat.S_IMODE(st.st_mode)
+        if not os.access(target, os.W_OK):  # `> file` refuses a file you may not write; so does -o
+            raise SpecError(f"--output: cannot write {shown!r} (Permission denied)")
     data = text.encode("utf-8")
     tmp, fd = _create_temporary(folder, len(os.fsencode(target.name)), shown)
     try:
@@ -101,11 +104,13 @@ def write_output(text: str, output: Path | str | None) -> None:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            if mode is not None:
-                os.chmod(tmp, mode)
+            if st is not None:  # the replaced file's owner where we may set it, and its mode
+                with contextlib.suppress(OSError):
+                    os.chown(tmp, st.st_uid, st.st_gid)
+                os.chmod(tmp, stat.S_IMODE(st.st_mode))  # after chown, which may clear set-id bits
             os.replace(tmp, target)
         except OSError as exc:  # the message must not name the temporary file: strerror only
-            raise SpecError(f"--output: cannot write {shown!r} ({exc.strerror or exc})") from None
+            raise SpecError(f"--output: cannot write {shown!r} ({exc.strerror or type(exc).__name__})") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -124,7 +129,7 @@ def _create_temporary(folder: Path, final_len: int, shown: str) -> tuple[Path, i
         except FileExistsError:
             continue
         except OSError as exc:
-            raise SpecError(f"--output: cannot write {shown!r} ({exc.strerror or exc})") from None
+            raise SpecError(f"--output: cannot write {shown!r} ({exc.strerror or type(exc).__name__})") from None
     raise SpecError(f"--output: cannot write {shown!r} (no free temporary name in its folder)")
 
 

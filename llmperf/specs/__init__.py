@@ -19,6 +19,6 @@ from llmperf.specs.quantization import QuantizationSpec
 
 __all__ = [
     "DEFAULT_HARDWARE", "DEFAULT_MODEL", "DTYPE_BYTES", "FAMILIES", "STORAGE_DTYPES", "Family", "HardwareSpec",
-    "KVCacheSpec", "ModelSpec", "Precision", "QuantizationSpec", "dtype_bytes", "list_hardware", "list_models", "load_hardware", "load_model",
-    "match_hardware", "normalize_dtype",
+    "KVCacheSpec", "ModelSpec", "Precision", "QuantizationSpec", "dtype_bytes", "list_hardware", "list_models",
+    "load_hardware", "load_model", "match_hardware", "normalize_dtype",
 ]

@@ -82,7 +82,9 @@ class HFModelType:
     required: tuple[str, ...]  # config keys without a usable default (the model's shape)
     defaults: Mapping[str, Any] = field(default_factory=dict)  # config key -> its HF default
     fixed: Mapping[str, Any] = field(default_factory=dict)  # ModelSpec fields fixed by the architecture
-    sliding_window: str = "none"  # "none" | "all" (every layer, if set) | "qwen2" (use_sliding_window, max_window_layers)
+    # "none": no such attention; "all": every layer, when sliding_window is set; "gated": only with
+    # use_sliding_window, and for layers >= max_window_layers (Qwen2)
+    sliding_window: str = "none"
     rope: bool = True  # reads rope_theta / rope_scaling (or transformers 5's rope_parameters)
     extra: Callable[[_Config, dict[str, Any]], None] | None = None  # fields that do not map one to one
 
@@ -150,7 +152,7 @@ _TYPES = (
                 required=_LLAMA_REQUIRED,
                 defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 32, "use_sliding_window": False,
                           "max_window_layers": 28},
-                fixed={"qkv_bias": True}, sliding_window="qwen2"),
+                fixed={"qkv_bias": True}, sliding_window="gated"),
     HFModelType(model_type="gpt2", family="gpt2", architectures=("GPT2LMHeadModel",),
                 keys=dict(vocab_size="vocab_size", hidden_size="n_embd", num_layers="n_layer", num_heads="n_head",
                           hidden_act="activation_function", norm_eps="layer_norm_epsilon",
@@ -268,7 +270,7 @@ def _sliding_window(cfg: _Config, spec_type: HFModelType, num_layers: int) -> in
             return window
         raise cfg.refuse("layer_types", kinds if len(kinds) <= 4 else f"{kinds[:4]}...",
                          "layers that mix sliding-window and full attention")
-    if spec_type.sliding_window == "qwen2":
+    if spec_type.sliding_window == "gated":
         if not cfg.get("use_sliding_window") or window is None:
             return None
         first_sliding = cfg.get("max_window_layers")  # layers >= max_window_layers slide

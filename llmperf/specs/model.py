@@ -115,6 +115,15 @@ class ModelSpec:
                 raise SpecError(f"{self.name}: {f} must be true or false, got {getattr(self, f)!r}")
         for f in ("norm_eps", "rope_theta"):
             _positive_number(self.name, f, getattr(self, f))
+        if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, Mapping):
+                raise SpecError(f"{self.name}: rope_scaling must be a mapping, got {self.rope_scaling!r}")
+            for key, value in self.rope_scaling.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    _positive_number(self.name, f"rope_scaling.{key}", value)
+                elif isinstance(value, (list, tuple)) and not all(
+                        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+                    raise SpecError(f"{self.name}: rope_scaling.{key} must be finite numbers, got {value!r}")
         if self.sliding_window is not None:
             _positive_int(self, "sliding_window")
         if not isinstance(self.hidden_act, str) or not self.hidden_act:

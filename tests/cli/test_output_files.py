@@ -249,3 +249,22 @@ def test_temporary_file_refused_error_names_only_the_output(tmp_path, monkeypatc
         write_output("x", tmp_path / "out.txt")
     assert str(err.value) == f"--output: cannot write {str(tmp_path / 'out.txt')!r} (Permission denied)"
     assert listing(tmp_path) == []
+
+
+def test_refuses_an_existing_file_it_may_not_write(tmp_path, monkeypatch):
+    path = tmp_path / "readonly.txt"
+    path.write_text("keep")
+    monkeypatch.setattr(os, "access", lambda p, m: False)  # as a non-root user facing a 0444 file
+    with pytest.raises(SpecError, match=r"^--output: cannot write '.*readonly\.txt' \(Permission denied\)$"):
+        write_output("x", path)
+    assert path.read_text() == "keep" and listing(tmp_path) == ["readonly.txt"]
+
+
+def test_oserror_without_strerror_names_no_temporary_file(tmp_path, monkeypatch):
+    def broken_replace(src, dst):
+        raise OSError(f"odd failure on {src}")
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(SpecError) as err:
+        write_output("x", tmp_path / "out.txt")
+    assert str(err.value) == f"--output: cannot write {str(tmp_path / 'out.txt')!r} (OSError)"
+    assert listing(tmp_path) == []

@@ -185,3 +185,44 @@ def test_unknown_family():
 def test_builtin_models_structural_fields_are_set(name):
     m = load_model(name)
     assert all(getattr(m, f) is not None for f in FAMILY_FIELDS)
+
+
+@pytest.mark.parametrize("scaling,needle", [
+    ({"rope_type": "linear", "factor": float("nan")}, "rope_scaling.factor must be a finite positive number, got nan"),
+    ({"rope_type": "linear", "factor": float("inf")}, "rope_scaling.factor must be a finite positive number, got inf"),
+    ({"rope_type": "linear", "factor": 0}, "rope_scaling.factor must be a finite positive number, got 0"),
+    ({"rope_type": "longrope", "short_factor": [1.0, float("nan")]}, "rope_scaling.short_factor must be finite"),
+    ("big", "rope_scaling must be a mapping, got 'big'"),
+])
+def test_rope_scaling_numbers_are_finite(scaling, needle):
+    with raises(needle):
+        ModelSpec(**GOOD_MODEL, rope_scaling=scaling)
+
+
+def test_model_yaml_rope_scaling_nan(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in GOOD_MODEL.items())
+                    + "rope_scaling: {rope_type: linear, factor: .nan}\n")
+    with raises("rope_scaling.factor must be a finite positive number, got nan"):
+        load_model(str(path))
+
+
+@pytest.mark.parametrize("line,field", [("memory_bandwidth_gbps: .nan", "memory_bandwidth_gbps"),
+                                        ("memory_gib: .inf", "memory_gib"),
+                                        ("peak_tflops: {fp16: .nan}", "peak_tflops.fp16")])
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_cli_refuses_nan_hardware_with_one_line(tmp_path, line, field, fmt):
+    """The issue's case: a `.nan` bandwidth used to print `nan ns` and bare NaN in JSON."""
+    from typer.testing import CliRunner
+
+    from llmperf.cli import app
+    key = line.split(":")[0]
+    text = "".join(row + "\n" for row in MINIMAL_HW.splitlines() if not row.startswith(key)) + line + "\n"
+    path = tmp_path / "hw.yaml"
+    path.write_text(text)
+    out = tmp_path / "out.json"
+    r = CliRunner().invoke(app, ["estimate", "-H", str(path), "-f", fmt, "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "must be a finite" in lines[0]
+    assert "Traceback" not in r.output and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["hw.yaml"]
