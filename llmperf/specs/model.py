@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmperf.errors import SpecError
-from llmperf.specs.precision import dtype_bytes, normalize_dtype
+from llmperf.specs.precision import QuantizationSpec, dtype_bytes, normalize_dtype
 
 FFN_KINDS = ("gelu", "relu", "swiglu")  # gelu/relu: two matrices (up, down); swiglu: gate, up, down
 NORM_KINDS = ("rmsnorm", "layernorm")
@@ -57,6 +57,8 @@ class ModelSpec:
     mlp_bias: bool = False
     parallel_residual: bool = False  # GPT-NeoX: attention and MLP read the same input
     dtype: str = "fp16"  # the checkpoint's native dtype
+    sliding_window: int | None = None  # tokens each query attends to (Mistral); None: full attention
+    quantization: QuantizationSpec | None = None  # a quantised checkpoint's weight storage (AWQ/GPTQ)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -100,6 +102,10 @@ class ModelSpec:
                 raise SpecError(f"{self.name}: {f} must be one of {', '.join(allowed)}, "
                                 f"got {getattr(self, f)!r}")
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype, f"{self.name}: dtype"))
+        if self.sliding_window is not None:
+            _positive_int(self, "sliding_window")
+        if self.quantization is not None and not isinstance(self.quantization, QuantizationSpec):
+            raise SpecError(f"{self.name}: quantization must be a QuantizationSpec, got {self.quantization!r}")
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
