@@ -8,6 +8,7 @@
 """
 
 from llmperf.analysis.generation import GenerationEstimate, estimate, sum_max_linear
+from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, rollup, sum_max_lines
 from llmperf.analysis.memory import (
     KVUtilization,
     MemoryEstimate,
@@ -29,11 +30,11 @@ from llmperf.analysis.roofline import (
     op_time,
     roofline_time_s,
 )
-from llmperf.analysis.sweep import sweep
+from llmperf.analysis.sweep import SCHEMA_VERSION, sweep
 
 __all__ = [
-    "ROOFLINE", "Efficiency", "ForwardModel", "GenerationEstimate", "KVUtilization", "MemoryEstimate", "OpCost", "OpTime",
+    "DEFAULT_MAX_BATCHED_TOKENS", "ROOFLINE", "SCHEMA_VERSION", "Conventions", "Efficiency", "ForwardModel", "GenerationEstimate", "KVUtilization", "MemoryEstimate", "OpCost", "OpTime",
     "PhaseEstimate", "RegimeEstimate", "RooflineTimeModel", "ShardDims", "TimeModel", "bound_label", "attended_pairs", "attention_cost", "estimate",
     "estimate_memory", "estimate_phase", "estimate_regimes", "kv_utilization", "op_time",
-    "roofline_time_s", "sum_max_linear", "sweep", "weight_bytes_per_gpu",
+    "rollup", "roofline_time_s", "sum_max_linear", "sum_max_lines", "sweep", "weight_bytes_per_gpu",
 ]

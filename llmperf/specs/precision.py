@@ -89,9 +89,27 @@ class QuantizationSpec:
         return f"int{self.bits}"
 
 
-def _check_group_size(value: object, field: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise SpecError(f"{field}: must be a positive integer (or none: per channel), got {value!r}")
+def _matrix_bytes(dtype: str, d_in, d_out, group_size: int | None, zero_point: bool):  # noqa: ANN001, ANN202
+    """`d_in x d_out` elements at `dtype`, plus one 16-bit scale (and a zero point at the weight's
+    width) per group of `group_size` inputs of each output row when `dtype` is an integer format."""
+    elem = DTYPE_BYTES[dtype]
+    nbytes = d_in * d_out * elem
+    if dtype in QUANTIZED_WEIGHT_DTYPES:
+        groups = d_out * -(-d_in // (group_size or d_in))
+        nbytes = nbytes + groups * (SCALE_BYTES + (elem if zero_point else 0.0))
+    return nbytes
+
+
+#: `Precision.group_size` value meaning one scale per output channel (as HF's `group_size: -1`)
+PER_CHANNEL = -1
+
+
+def _check_group_size(value: object, field: str, per_channel: object = None) -> None:
+    if value is None or value == per_channel and not isinstance(value, bool):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        hint = "none: per channel" if per_channel is None else f"{per_channel}: per channel"
+        raise SpecError(f"{field}: must be a positive integer ({hint}), got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +117,7 @@ class Precision:
     """Storage formats of the three kinds of tensors an inference pass moves.
 
     `group_size` and `zero_point` apply to integer weights (None: the format's default, see the
-    module docstring); `embeddings` is the format of the embedding and lm_head matrices (None: the
+    module docstring; `PER_CHANNEL` = -1: one scale per output channel); `embeddings` is the format of the embedding and lm_head matrices (None: the
     weights' format, or 16 bits when the weights are quantised below 16 bits)."""
 
     weights: str = "fp16"
@@ -113,7 +131,7 @@ class Precision:
         for field in ("weights", "activations", "kv"):
             value = normalize_dtype(getattr(self, field), field=f"precision.{field}")
             object.__setattr__(self, field, value)
-        _check_group_size(self.group_size, "precision.group_size")
+        _check_group_size(self.group_size, "precision.group_size", PER_CHANNEL)
         if self.zero_point is not None and not isinstance(self.zero_point, bool):
             raise SpecError(f"precision.zero_point: must be true or false, got {self.zero_point!r}")
         if (self.group_size is not None or self.zero_point) and self.weights not in QUANTIZED_WEIGHT_DTYPES:
@@ -131,6 +149,8 @@ class Precision:
     def effective_group_size(self) -> int | None:
         """Input elements per scale (None: per output channel); None for unquantised weights too."""
         if not self.quantized:
+            return None
+        if self.group_size == PER_CHANNEL:
             return None
         return self.group_size if self.group_size is not None else DEFAULT_GROUP_SIZE[self.weights]
 
@@ -156,13 +176,15 @@ class Precision:
     def matrix_bytes(self, d_in: int, d_out: int) -> float:
         """Bytes of one `d_in x d_out` weight matrix at the weight format, scales and zeros included:
         `d_in*d_out*bytes + d_out*ceil(d_in/group)*(scale + zero)`."""
-        nbytes = d_in * d_out * self.weight_bytes
-        if self.quantized:
-            group = self.effective_group_size or d_in
-            groups = d_out * -(-d_in // group)
-            per_group = SCALE_BYTES + (self.weight_bytes if self.effective_zero_point else 0.0)
-            nbytes += groups * per_group
-        return nbytes
+        return _matrix_bytes(self.weights, d_in, d_out, self.effective_group_size, self.effective_zero_point)
+
+    def embedding_matrix_bytes(self, d_in: int, d_out: int) -> float:
+        """Bytes of the embedding or lm_head matrix at `embedding_dtype` (group scales if integer)."""
+        dt = self.embedding_dtype
+        if dt not in QUANTIZED_WEIGHT_DTYPES:
+            return _matrix_bytes(dt, d_in, d_out, None, False)
+        group = self.effective_group_size if dt == self.weights else DEFAULT_GROUP_SIZE[dt]
+        return _matrix_bytes(dt, d_in, d_out, group, DEFAULT_ZERO_POINT[dt])
 
     def label(self) -> str:
         """`str(self)` plus the quantisation details when they differ from plain storage."""
