@@ -9,11 +9,12 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from llmperf.analysis.generation import check_lengths, resolve_precision
+from llmperf.analysis.generation import GenerationEstimate, check_lengths, estimate, resolve_precision
 from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, REGIME_COLUMNS, Conventions, rollup
 from llmperf.analysis.roofline import TimeModel, resolve_time_model
 from llmperf.errors import SpecError
@@ -37,22 +38,36 @@ def _lengths(name: str, value: object) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
-def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
-          hardware: str | HardwareSpec | Sequence = "a100-80gb-sxm", *,
-          batch: int | Sequence[int] = (1,), prompt_len: int | Sequence[int] = (512,),
-          gen_len: int | Sequence[int] = (128,), precision: Precision | str | Sequence | None = None,
-          weights: str | Sequence[str] | None = None, activations: str | Sequence[str] | None = None,
-          kv: str | Sequence[str] | None = None, tp: int | Sequence[int] = 1, pp: int | Sequence[int] = 1,
-          attention: str = "fused", max_seq_len: int | None = None, block_size: int = 16,
-          mem_util: float = 0.9, attention_flops: str = "executed", all_logits: bool = False,
-          fused_qkv: bool = True, fused_gate_up: bool = True,
-          max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
-          zero_point: bool | None = None, embeddings: str | None = None,
-          time_model: TimeModel | None = None) -> pd.DataFrame:
-    """One row per (model, hardware, precision, tp, pp, batch, prompt_len, gen_len), in that nesting
-    order; the columns are the result schema (README, "Output schema"), the same as
-    `estimate(...).summary()`. Lists are accepted for models, hardware, the precisions, tp, pp and the
-    three lengths; every other option applies to every row."""
+@dataclass(frozen=True)
+class Group:
+    """Configurations that share model, device, precision, parallelism, conventions and time model;
+    `batch`, `prompt_len`, `gen_len` are equal-length arrays (every combination of the lists)."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    precision: Precision
+    tp: int
+    pp: int
+    conventions: Conventions
+    time_model: TimeModel
+    batch: np.ndarray
+    prompt_len: np.ndarray
+    gen_len: np.ndarray
+
+
+def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
+         hardware: str | HardwareSpec | Sequence = "a100-80gb-sxm", *,
+         batch: int | Sequence[int] = (1,), prompt_len: int | Sequence[int] = (512,),
+         gen_len: int | Sequence[int] = (128,), precision: Precision | str | Sequence | None = None,
+         weights: str | Sequence[str] | None = None, activations: str | Sequence[str] | None = None,
+         kv: str | Sequence[str] | None = None, tp: int | Sequence[int] = 1, pp: int | Sequence[int] = 1,
+         attention: str = "fused", max_seq_len: int | None = None, block_size: int = 16,
+         mem_util: float = 0.9, attention_flops: str = "executed", all_logits: bool = False,
+         fused_qkv: bool = True, fused_gate_up: bool = True,
+         max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
+         zero_point: bool | None = None, embeddings: str | None = None,
+         time_model: TimeModel | None = None) -> list[Group]:
+    """The groups of a sweep, in row order (model, hardware, precision, tp, pp, then the lengths)."""
     batches, prompts, gens = (_lengths(n, v) for n, v in
                               (("batch", batch), ("prompt_len", prompt_len), ("gen_len", gen_len)))
     tps, pps = _as_list(tp), _as_list(pp)
@@ -61,19 +76,53 @@ def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
                        block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens)
     tm = resolve_time_model(time_model)
     B, P, G = (a.ravel() for a in np.meshgrid(batches, prompts, gens, indexing="ij"))
-    frames = []
+    groups = []
     for model_ref, hw_ref in itertools.product(_as_list(models), _as_list(hardware)):
         m, hw = load_model(model_ref), load_hardware(hw_ref)
         for w in check_lengths(m, 1, int(prompts.max()), int(gens.max())):
-            warnings.warn(w, stacklevel=2)
+            warnings.warn(w, stacklevel=3)
         precs = _precisions(m, precision, weights, activations, kv, group_size, zero_point, embeddings)
         for prec, t, p in itertools.product(precs, tps, pps):
-            cols = rollup(m, hw, prec, tp=t, pp=p, conv=conv, batch=B, prompt_len=P, gen_len=G, time_model=tm)
-            frame = pd.DataFrame({k: v for k, v in cols.items() if not k.startswith("_")}, index=range(B.size))
-            for k in REGIME_COLUMNS:  # integers, or missing where there is no answer
-                frame[k] = pd.array(np.where(np.isnan(cols[k]), None, cols[k]), dtype="Int64")
-            frames.append(frame)
+            groups.append(Group(model=m, hardware=hw, precision=prec, tp=t, pp=p, conventions=conv,
+                                time_model=tm, batch=B, prompt_len=P, gen_len=G))
+    return groups
+
+
+def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
+          hardware: str | HardwareSpec | Sequence = "a100-80gb-sxm", **options: object) -> pd.DataFrame:
+    """One row per (model, hardware, precision, tp, pp, batch, prompt_len, gen_len), in that nesting
+    order; the columns are the result schema (README, "Output schema"), the same as
+    `estimate(...).summary()`. Lists are accepted for models, hardware, the precisions (`precision`,
+    `weights`, `activations`, `kv`), `tp`, `pp` and the three lengths; every other option of
+    `estimate` (`attention`, `attention_flops`, `all_logits`, `fused_qkv`, `fused_gate_up`,
+    `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`, `group_size`, `zero_point`,
+    `embeddings`, `time_model`) applies to every row."""
+    frames = []
+    for g in plan(models, hardware, **options):
+        cols = rollup(g.model, g.hardware, g.precision, tp=g.tp, pp=g.pp, conv=g.conventions,
+                      batch=g.batch, prompt_len=g.prompt_len, gen_len=g.gen_len, time_model=g.time_model)
+        frame = pd.DataFrame({k: v for k, v in cols.items() if not k.startswith("_")}, index=range(g.batch.size))
+        for k in REGIME_COLUMNS:  # integers, or missing where there is no answer
+            frame[k] = pd.array(np.where(np.isnan(cols[k]), None, cols[k]), dtype="Int64")
+        frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def sweep_estimates(models: str | ModelSpec | Sequence = "llama-3.1-8b",
+                    hardware: str | HardwareSpec | Sequence = "a100-80gb-sxm",
+                    **options: object) -> list[GenerationEstimate]:
+    """A `GenerationEstimate` for every row of `sweep(...)` with the same arguments, in row order
+    (for per-operator detail; each summary equals its row)."""
+    out = []
+    for g in plan(models, hardware, **options):
+        c = g.conventions
+        for b, p, n in zip(g.batch.tolist(), g.prompt_len.tolist(), g.gen_len.tolist()):
+            out.append(estimate(g.model, g.hardware, batch=b, prompt_len=p, gen_len=n, precision=g.precision,
+                                tp=g.tp, pp=g.pp, attention=c.attention, attention_flops=c.attention_flops,
+                                all_logits=c.all_logits, fused_qkv=c.fused_qkv, fused_gate_up=c.fused_gate_up,
+                                max_seq_len=c.max_seq_len, block_size=c.block_size, mem_util=c.mem_util,
+                                max_batched_tokens=c.max_batched_tokens, time_model=g.time_model))
+    return out
 
 
 def _precisions(m: ModelSpec, precision, weights, activations, kv, group_size, zero_point, embeddings):  # noqa: ANN001, ANN202
