@@ -18,7 +18,9 @@ Its time is priced from the same operator costs as `llmperf.estimate` (`ForwardM
   analytical model once (exact, checked on probe points), so a step costs a few multiply-adds;
 - the time of each operator is `op_time` (the roofline, or the calibrated time model passed as
   `time_model`, whose efficiencies depend on the operator and its rows `T`, never on the context);
-  the time of everything outside attention is cached per `T` (vectorised over blocks of `T`).
+  the time of everything outside attention is cached per `T` (vectorised over blocks of `T`);
+- a calibrated time model's `step_overhead_s` (the host's fixed cost per engine step: sampling,
+  bookkeeping) is added once per step.
 
 So a static batch (B prompts of P tokens, then decode steps at contexts P+1, P+2, ...) is priced
 exactly as `estimate` prices it (tested), and a mixed step adds its prefill chunks and decode tokens.
@@ -176,10 +178,17 @@ class StepCostModel:
         kv = np.asarray(list(kv_lens) if not isinstance(kv_lens, np.ndarray) else kv_lens, dtype=float)
         return self.step_time_from_features(int(q.sum()), _features(q, kv).sum(axis=0), logit_rows)
 
+    @property
+    def step_overhead_s(self) -> float:
+        """The host's fixed cost per engine step outside the forward pass (sampling, bookkeeping),
+        from a calibrated time model (0 for the roofline)."""
+        return float(getattr(self.time_model, "step_overhead_s", 0.0) or 0.0)
+
     def step_time_from_features(self, tokens: int, features: np.ndarray, logit_rows: int) -> float:
         if tokens <= 0:
             return 0.0
-        return self.dense_time_s(tokens) + self.attention_time_s(features, tokens) + self.head_time_s(logit_rows)
+        return (self.dense_time_s(tokens) + self.attention_time_s(features, tokens) + self.head_time_s(logit_rows)
+                + self.step_overhead_s)
 
 
 def _cost(part: _AttnPart, rows: int, **counts: float) -> OpCost:
