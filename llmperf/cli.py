@@ -161,6 +161,8 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table) -> None:
 
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
+__import__("llmperf.commands.calibrate", fromlist=["register"]).register(app)
+__import__("llmperf.commands.profile", fromlist=["register"]).register(app)
 
 
 def main() -> None:

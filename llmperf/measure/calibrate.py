@@ -63,7 +63,7 @@ class Settings:
     gemm_k: int = 4096
     gemm_n: int = 8192
     gemm_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-    gemm_call_budget_s: float = 0.4  # stop growing rows once one call takes longer (slow dtypes)
+    gemm_call_budget_s: float = 0.8  # stop growing rows once one call takes longer (slow dtypes)
     attn_heads: int = 16
     attn_head_dim: int = 128
     attn_decode: tuple[tuple[int, int], ...] = ((1, 4096), (4, 4096))  # (batch, context)
@@ -207,14 +207,7 @@ class Calibration:
                 if not pts:
                     continue
                 oh = self.overhead_s.get(op, 0.0)
-                e_floor = min(1.0, pts[0].bytes / (bw * max(pts[0].seconds - oh, 1e-9)))
-                ec, em = {}, {}
-                for p in pts:
-                    t = max(p.seconds - oh, 0.5 * p.seconds)  # never let the overhead eat the whole call
-                    ec.setdefault(p.rows, []).append(min(1.0, p.flops / (peak * t)))
-                    em.setdefault(p.rows, []).append(min(1.0, max(e_floor, p.bytes / (bw * t))))
-                kinds[op] = dict(e_compute=[[r, _clean(min(v))] for r, v in ec.items()],
-                                 e_memory=[[r, _clean(min(v))] for r, v in em.items()], overhead_s=_clean(oh))
+                kinds[op] = fit_curves(pts, peak, bw, oh)
             for kind in VECTOR_KINDS:
                 kinds[kind] = dict(e_compute=1.0, e_memory=_clean(e_vec), overhead_s=_clean(self.overhead_s.get(kind, 0.0)))
             if self.allreduce:
@@ -279,6 +272,51 @@ class Calibration:
     def to_spec(self, name: str = LOCAL_NAME) -> HardwareSpec:
         from llmperf.specs.loader import hardware_from_mapping
         return hardware_from_mapping(self.to_mapping(name), origin=name)
+
+
+MEMORY_BOUND_SHARE = 0.8  # a point whose memory time explains this share of its time is memory-bound
+
+
+def fit_curves(pts: Sequence[ComputePoint], peak: float, bw: float, overhead: float) -> dict[str, Any]:
+    """`e_compute(rows)`, `e_memory(rows)` that reproduce every point `t = max(c / e_c, m / e_m) + overhead`.
+
+    `e_mem0`, the smallest-rows point's bytes / (bw t'), is the streaming efficiency (a GEMV's). A point
+    whose memory time at `e_mem0` explains most of its time is memory-bound: its `e_memory` is its own
+    bytes / (bw t') and its `e_compute` is only bounded below (compute must not exceed t'), so it takes
+    the first compute-bound point's value when that is higher: interpolating a memory-bound point's
+    `flops / (peak t')` to more rows would wrongly make those rows compute-bound. A compute-bound point
+    gets `e_compute = flops / (peak t')` and `e_memory = e_mem0`. All values are clipped to (0, 1].
+    With t' = t - overhead (at least half of t: the overhead never explains a whole call)."""
+    by_rows: dict[int, list[ComputePoint]] = {}
+    for p in pts:
+        by_rows.setdefault(p.rows, []).append(p)
+    rows = sorted(by_rows)
+
+    def t_prime(p: ComputePoint) -> float:
+        return max(p.seconds - overhead, 0.5 * p.seconds)
+
+    first = by_rows[rows[0]][0]
+    e_mem0 = min(1.0, first.bytes / (bw * t_prime(first)))
+    ec_floor: dict[int, float] = {}
+    em: dict[int, float] = {}
+    memory_bound: dict[int, bool] = {}
+    for r in rows:
+        ps = by_rows[r]
+        ec_floor[r] = min(1.0, max(p.flops / (peak * t_prime(p)) for p in ps))
+        em[r] = min(1.0, max(e_mem0, max(p.bytes / (bw * t_prime(p)) for p in ps)))
+        memory_bound[r] = all(p.bytes / (bw * e_mem0) >= MEMORY_BOUND_SHARE * t_prime(p) for p in ps)
+    compute_rows = [r for r in rows if not memory_bound[r]]
+    ec = {}
+    for r in rows:
+        if memory_bound[r]:
+            later = [ec_floor[c] for c in compute_rows if c > r]
+            ec[r] = max(ec_floor[r], later[0]) if later else 1.0
+            em[r] = min(1.0, max(p.bytes / (bw * t_prime(p)) for p in by_rows[r]))
+        else:
+            ec[r] = ec_floor[r]
+            em[r] = e_mem0
+    return dict(e_compute=[[r, _clean(max(ec[r], 1e-6))] for r in rows],
+                e_memory=[[r, _clean(max(em[r], 1e-6))] for r in rows], overhead_s=_clean(overhead))
 
 
 def _clean(x: float) -> float:
