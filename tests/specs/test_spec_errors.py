@@ -108,7 +108,7 @@ def test_non_positive_or_non_integer_field(tmp_path, field, value):
 
 
 def test_non_positive_norm_eps():
-    with raises("norm_eps must be a positive number, got 0"):
+    with raises("norm_eps must be a finite positive number, got 0"):
         ModelSpec(**{**GOOD_MODEL, "norm_eps": 0})
 
 
@@ -177,12 +177,12 @@ def test_hardware_unknown_peak_dtype(tmp_path):
 @pytest.mark.parametrize("field,value", [("memory_bandwidth_gbps", 0), ("memory_gib", -1),
                                          ("l2_cache_mib", 0), ("sram_per_sm_kib", "big")])
 def test_hardware_non_positive_number(tmp_path, field, value):
-    with raises(f"{field} must be a positive number, got {value!r}"):
+    with raises(f"{field} must be a finite positive number, got {value!r}"):
         load_hardware(str(write_yaml(tmp_path, {**GOOD_HW, field: value})))
 
 
 def test_hardware_non_positive_peak():
-    with raises("peak_tflops.fp16 must be a positive number, got 0"):
+    with raises("peak_tflops.fp16 must be a finite positive number, got 0"):
         HardwareSpec(**{**GOOD_HW, "peak_tflops": {"fp16": 0}})
 
 
