@@ -102,6 +102,7 @@ def register(app: typer.Typer) -> None:
         name: Annotated[str, typer.Option("--name", help="Name of the written spec.")] = "local",
         allreduce: Annotated[bool, typer.Option("--allreduce/--no-allreduce", help="Measure all-reduce (NCCL over >= 2 GPUs; gloo over 2 CPU processes).")] = True,
         quick: Annotated[bool, typer.Option("--quick", help="Tiny sizes: checks the tool in seconds; the figures mean nothing.")] = False,
+        threads: Annotated[int | None, typer.Option("--threads", help="CPU threads while measuring (default: torch's).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the written YAML's content as JSON instead of tables.")] = False,
     ) -> None:
         """Measure this device's real ceilings (bandwidth by buffer size, GEMV bandwidth, GEMM peak per
@@ -124,7 +125,9 @@ def register(app: typer.Typer) -> None:
                 raise SpecError(f"--output: {str(path)!r} is a folder; give a file path")
             base = Settings.tiny(device=dev) if quick else Settings.for_device(dev)
             from dataclasses import replace
-            settings = replace(base, dtypes=tuple(names), allreduce=allreduce and not quick)
+            if threads is not None and threads < 1:
+                raise SpecError(f"--threads: must be a positive integer, got {threads}")
+            settings = replace(base, dtypes=tuple(names), allreduce=allreduce and not quick, threads=threads)
             cal = run_calibration(settings)
             mapping = cal.to_mapping(name)
             write_yaml(mapping, path)

@@ -15,7 +15,9 @@ Compute's roofline; see REFERENCE.md):
   bus bandwidth as nccl-tests reports them: `busbw = bytes / time * 2 (n - 1) / n`.
 
 Timers: `llmperf.measure.timers` (CUDA events via `triton.testing.do_bench` on GPU; a warmed-up
-median of `perf_counter` on CPU, threads recorded). Every figure keeps its spread.
+`perf_counter` on CPU, threads recorded). A ceiling is the fastest call observed (as ERT reports the
+best of its trials: a shared machine only ever slows a call down); every figure keeps the spread
+(p90 - p10) of its calls beside it. The dispatch overheads are medians of back-to-back rounds.
 
 From these, `fit_terms` derives the calibrated time model (`llmperf.analysis.timemodel`):
 the spec's `peak_tflops[dtype]` is the best GEMM throughput measured at that dtype and
@@ -42,7 +44,7 @@ from typing import Any
 from llmperf.analysis.operators import attention_cost
 from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
 from llmperf.measure.device import describe, versions
-from llmperf.measure.timers import Timing, time_fn
+from llmperf.measure.timers import time_fn
 from llmperf.specs import HardwareSpec
 from llmperf.specs.local import CALIBRATION_SCHEMA, CALIBRATION_TOOL, LOCAL_NAME
 
@@ -72,6 +74,7 @@ class Settings:
     allreduce: bool = True
     allreduce_sizes: tuple[int, ...] = (4096, 65536, MiB, 16 * MiB)
     step_overhead: bool = True
+    threads: int | None = None  # CPU threads (torch.set_num_threads) while measuring; None: torch's default
 
     @classmethod
     def for_device(cls, device: str, **changes: Any) -> Settings:
@@ -372,12 +375,12 @@ def measure_streams(s: Settings, device: Any, progress: Progress) -> list[Stream
         src = torch.rand(n, device=device)
         dst = torch.empty_like(src)
         for kind, fn, moved in (("read", lambda: src.sum(), 4 * n), ("copy", lambda: dst.copy_(src), 8 * n)):
-            t = time_fn(fn, device, reps=s.reps, min_time_s=0.02)
-            out.append(StreamPoint(kind=kind, size_bytes=4 * n, bytes_moved=moved, seconds=t.median_s,
+            t = time_fn(fn, device, reps=s.reps, min_time_s=0.05)
+            out.append(StreamPoint(kind=kind, size_bytes=4 * n, bytes_moved=moved, seconds=t.min_s,
                                    spread_s=t.spread_s, n=t.n))
         if size == max(s.stream_sizes):
             t = time_fn(lambda: dst.add_(src), device, reps=s.reps, min_time_s=0.02)  # reads 2, writes 1
-            out.append(StreamPoint(kind="add", size_bytes=4 * n, bytes_moved=12 * n, seconds=t.median_s,
+            out.append(StreamPoint(kind="add", size_bytes=4 * n, bytes_moved=12 * n, seconds=t.min_s,
                                    spread_s=t.spread_s, n=t.n))
         del src, dst
     return out
@@ -415,7 +418,7 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
                 notes.append(f"gemm {dname}: not measured ({str(exc).splitlines()[0]})")
                 break
             out.append(ComputePoint(op="matmul", dtype=dname, rows=rows, shape=f"({rows},{k})@({k},{n})",
-                                    seconds=t.median_s, spread_s=t.spread_s, n=t.n, flops=2.0 * rows * k * n,
+                                    seconds=t.min_s, spread_s=t.spread_s, n=t.n, flops=2.0 * rows * k * n,
                                     bytes=float(elem * (k * n + rows * k + rows * n))))
             del fn
             if t.median_s > s.gemm_call_budget_s and rows != s.gemm_rows[-1]:
@@ -448,7 +451,7 @@ def measure_attention(s: Settings, device: Any, progress: Progress) -> list[Comp
             cost = attention_cost(batch, q_len, kv_len, num_heads=H, num_kv_heads=H, head_dim=D, act_bytes=elem,
                                   kv_bytes=elem, impl="fused", causal=True)
             out.append(ComputePoint(op="attention", dtype=dname, rows=batch * q_len,
-                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.median_s,
+                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.min_s,
                                     spread_s=t.spread_s, n=t.n, flops=float(cost.flops),
                                     bytes=float(cost.bytes_total)))
             del q, kk, vv
@@ -576,13 +579,27 @@ def calibrate(settings: Settings | None = None, *, progress: Progress | None = N
     """Measure the device `settings.device` names (see the module docstring)."""
     import torch
 
-    from llmperf.specs import match_hardware
-
     s = settings or Settings()
     device = torch.device(s.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device: cuda requested but torch sees no CUDA device")
     tick = progress or (lambda msg: None)
+    previous_threads = torch.get_num_threads()
+    if s.threads is not None:
+        if s.threads < 1:
+            raise ValueError(f"--threads: must be a positive integer, got {s.threads}")
+        torch.set_num_threads(s.threads)
+    try:
+        return _calibrate(s, device, tick)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
+    import torch
+
+    from llmperf.specs import match_hardware
+
     dev = describe(device)
     cal = Calibration(device=dev, versions=versions(), settings=s,
                       created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
@@ -606,5 +623,3 @@ def calibrate(settings: Settings | None = None, *, progress: Progress | None = N
     return cal
 
 
-def timing_summary(t: Timing) -> str:
-    return f"{t.median_s * 1e6:.1f} us ± {t.spread_s * 1e6:.1f}"

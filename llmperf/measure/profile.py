@@ -91,6 +91,7 @@ class ProfileSettings:
     reps: int = 5
     micro: bool = True
     seed: int = 0
+    threads: int | None = None  # CPU threads (torch.set_num_threads); None: torch's default
 
     def configs(self) -> list[tuple[int, int, int]]:
         return [(b, p, g) for b in self.batches for p in self.prompt_lens for g in self.gen_lens]
@@ -107,6 +108,8 @@ class ProfileSettings:
                             "nothing about speed, so they are not timed (use sdpa or naive, or --device cuda)")
         if self.layers is not None and self.layers < 1:
             raise SpecError(f"--layers: must be a positive integer, got {self.layers}")
+        if self.threads is not None and self.threads < 1:
+            raise SpecError(f"--threads: must be a positive integer, got {self.threads}")
         if self.reps < 1:
             raise SpecError(f"--reps: must be a positive integer, got {self.reps}")
         for name, values in (("--batch", self.batches), ("--prompt-len", self.prompt_lens),
@@ -554,6 +557,19 @@ def run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Path
     """Measure, predict, join and write the run directory (see the module docstring)."""
     import torch
 
+    previous = torch.get_num_threads()
+    if settings.threads is not None and settings.threads >= 1:
+        torch.set_num_threads(settings.threads)
+    try:
+        return _run_profile(settings, hardware, out_dir, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Path,
+                 progress: Progress | None) -> ProfileResult:
+    import torch
+
     from llmperf.engine import Engine, build_model
     from llmperf.measure.device import available_memory_bytes, describe, git_commit, versions
 
@@ -587,6 +603,7 @@ def run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Path
                       gen_len=list(settings.gen_lens), dtype=settings.dtype, compute_dtype=compute_dtype,
                       backend=settings.backend, kv=settings.kv, layers=spec.num_layers, reps=settings.reps,
                       micro=settings.micro, seed=settings.seed, device=settings.device,
+                      threads=torch.get_num_threads() if settings.device == "cpu" else None,
                       time_models=dict(roofline=ROOFLINE_MODEL.source,
                                        calibrated=calibrated.source if calibrated else None),
                       hardware_source=hardware.source, notes=notes),

@@ -22,12 +22,15 @@ from typing import Any
 
 @dataclass(frozen=True, kw_only=True)
 class Timing:
-    """Median seconds of one call, p90 - p10 spread, number of timed calls, CPU threads (0 on CUDA)."""
+    """Median seconds of one call, p90 - p10 spread, number of timed calls, CPU threads (0 on CUDA),
+    and the fastest call (`min_s`: what a ceiling measurement reports, as empirical roofline tools do,
+    since a shared machine only ever slows a call down)."""
 
     median_s: float
     spread_s: float
     n: int
     threads: int = 0
+    min_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.median_s > 0:
@@ -51,7 +54,7 @@ def summarize(samples: list[float], threads: int = 0) -> Timing:
     s = sorted(samples)
     floor = 1e-9  # a clock tick: a call the clock cannot resolve still took some time
     return Timing(median_s=max(statistics.median(s), floor), spread_s=_quantile(s, 0.9) - _quantile(s, 0.1),
-                  n=len(s), threads=threads)
+                  n=len(s), threads=threads, min_s=max(s[0], floor))
 
 
 def time_cpu(fn: Callable[[], Any], *, warmup: int = 2, reps: int = 5, min_time_s: float = 0.0,
@@ -74,9 +77,9 @@ def time_cuda(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 1
     """`triton.testing.do_bench`: median and p10/p90 (CUDA events, L2 flushed between runs)."""
     from triton.testing import do_bench
 
-    p10, p50, p90 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.1, 0.5, 0.9])
+    p0, p10, p50, p90 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.0, 0.1, 0.5, 0.9])
     n = max(int(rep_ms / max(p50, 1e-6)), 1)  # do_bench runs about rep_ms worth of calls
-    return Timing(median_s=p50 * 1e-3, spread_s=(p90 - p10) * 1e-3, n=n)
+    return Timing(median_s=p50 * 1e-3, spread_s=(p90 - p10) * 1e-3, n=n, min_s=p0 * 1e-3)
 
 
 def time_fn(fn: Callable[[], Any], device: Any, *, reps: int = 5, warmup: int = 2,
