@@ -200,6 +200,15 @@ def _json_default(x: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+def _plain_dict(x: Any) -> Any:
+    """Tuples and mappings as JSON lists and dicts (a spec's `to_dict`)."""
+    if isinstance(x, dict) or hasattr(x, "items"):
+        return {str(k): _plain_dict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain_dict(v) for v in x]
+    return x
+
+
 def _finite(x: Any) -> Any:
     """NaN -> None for JSON (strict JSON has no NaN)."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -592,6 +601,10 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     notes = []
     if settings.device == "cpu":
         notes.append("Triton kernels are not timed on CPU (the interpreter says nothing about speed)")
+    cal_threads = (hardware.calibration or {}).get("threads")
+    if settings.device == "cpu" and cal_threads and cal_threads != torch.get_num_threads():
+        notes.append(f"calibrated with {cal_threads} threads but profiled with {torch.get_num_threads()}: "
+                     "the calibrated ceilings do not describe this run (pass --threads to match)")
     if calibrated is None:
         notes.append(f"hardware {hardware.name!r} has no calibration: predicted_calibrated_s is empty "
                      "(run `llmperf calibrate`, then --hardware local)")
@@ -606,7 +619,10 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
                       threads=torch.get_num_threads() if settings.device == "cpu" else None,
                       time_models=dict(roofline=ROOFLINE_MODEL.source,
                                        calibrated=calibrated.source if calibrated else None),
-                      hardware_source=hardware.source, notes=notes),
+                      hardware_source=hardware.source, notes=notes,
+                      model_spec=_plain_dict(spec.to_dict()),
+                      hardware_spec=_plain_dict({k: v for k, v in hardware.to_dict().items()
+                                                 if k not in ("calibration",)})),
         errors=[], checks=[], status="running")
     run_path = out_dir / "run.json"
     _atomic_json(run_path, _finite(run))
