@@ -161,6 +161,7 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table) -> None:
 
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
+__import__("llmperf.commands.report", fromlist=["register"]).register(app)
 
 
 def main() -> None:
