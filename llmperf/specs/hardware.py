@@ -51,6 +51,10 @@ class HardwareSpec:
     l2_cache_mib: float | None = None  # None = unknown
     device_names: tuple[str, ...] = ()  # substrings of torch.cuda.get_device_name() that identify it
     source: str = ""
+    # Written by `llmperf calibrate` (see llmperf.analysis.timemodel): the measured time-model terms,
+    # and how, when and with what each ceiling was measured. Datasheet specs leave both empty.
+    efficiency: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    calibration: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.peak_tflops:
@@ -70,6 +74,9 @@ class HardwareSpec:
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
             raise SpecError(f"{self.name}: num_sms must be a positive integer, got {n!r}")
         object.__setattr__(self, "device_names", tuple(self.device_names))
+        for f in ("efficiency", "calibration"):
+            if getattr(self, f) is not None and not isinstance(getattr(self, f), Mapping):
+                raise SpecError(f"{self.name}: {f} must be a mapping, got {type(getattr(self, f)).__name__}")
 
     @property
     def mem_bandwidth_bytes_per_s(self) -> float:

@@ -156,8 +156,14 @@ def load_hardware(ref: str | os.PathLike[str] | HardwareSpec) -> HardwareSpec:
     key = ref.lower()
     if key in _builtin_files("hardware"):
         return _load_builtin_hardware(key)
+    from llmperf.specs.local import LOCAL_NAME, load_calibrated, load_local  # the calibrated device
+    if key == LOCAL_NAME:
+        return load_local()
     if _looks_like_path(ref):
-        return hardware_from_mapping(read_mapping(ref), origin=Path(ref).stem)
+        data = read_mapping(ref)
+        if "calibration" in data or "efficiency" in data:
+            return load_calibrated(ref)
+        return hardware_from_mapping(data, origin=Path(ref).stem)
     raise unknown_name("hardware", ref, list_hardware())
 
 
