@@ -194,6 +194,7 @@ def _write_listing(rows: list[dict], table, output_format: OutputFormat, output:
                 return
             text = table_text(table())
         elif output_format is OutputFormat.json:
+            import json
             text = json.dumps(rows, indent=2, allow_nan=False)
         else:
             import pandas as pd

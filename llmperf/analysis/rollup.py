@@ -284,7 +284,7 @@ def activation_reserve_bytes(model: ModelSpec, precision: Precision, conv: Conve
 
 def kv_tokens_held(model: ModelSpec, context):  # noqa: ANN001, ANN201
     """Tokens of KV a sequence of `context` tokens keeps: all, or the sliding window's."""
-    return context if model.sliding_window is None else np.minimum(context, model.sliding_window)
+    return model.kv_cache().tokens_held(context)  # the one KV-cache spec (llmperf.specs.kvcache)
 
 
 def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv: Conventions, *,
