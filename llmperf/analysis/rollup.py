@@ -185,7 +185,8 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
     window (constant after it), and the time model's efficiencies do not depend on the context."""
     x_lo, x_hi = prompt_len + 1.0, prompt_len + gen_len - 1.0
     window = fm.model.sliding_window
-    lin_hi = x_hi if window is None else np.minimum(x_hi, window)  # linear part [x_lo, lin_hi]
+    # linear part [x_lo, lin_hi]; empty (lin_hi = x_lo - 1) when the prompt already fills the window
+    lin_hi = x_hi if window is None else np.maximum(np.minimum(x_hi, window), x_lo - 1)
     flat = 0.0 if window is None else np.maximum(x_hi - np.maximum(x_lo - 1, window), 0)  # steps at the cap
     at0 = fm.forward_ops(batch, 1, 0.0 * prompt_len)
     at1 = fm.forward_ops(batch, 1, 0.0 * prompt_len + 1)

@@ -226,3 +226,19 @@ def test_cli_refuses_nan_hardware_with_one_line(tmp_path, line, field, fmt):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "must be a finite" in lines[0]
     assert "Traceback" not in r.output and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["hw.yaml"]
+
+
+@pytest.mark.parametrize("prompt_len,gen_len", [(20_000, 64), (4_096, 64), (3_000, 2_000), (4_000, 200)])
+def test_sliding_window_decode_closed_form_equals_the_steps(prompt_len, gen_len):
+    """A prompt already past Mistral's 4096-token window: every decode step reads 4096 tokens of KV,
+    so the closed-form TPOT equals the mean of the per-step times (it once summed the steps between
+    the window and the prompt: 1.8 s per token instead of 8 ms at a 32k prompt)."""
+    import numpy as np
+
+    import llmperf
+    est = llmperf.estimate("mistral-7b", "a100-80gb-sxm", batch=4, prompt_len=prompt_len, gen_len=gen_len)
+    steps = np.asarray(list(est.decode_step_times_s()))
+    assert len(steps) == gen_len - 1
+    assert est.tpot_s == pytest.approx(steps.mean(), rel=1e-9)
+    if prompt_len >= 4096:
+        assert steps.max() == pytest.approx(steps.min(), rel=1e-12)  # the window caps the context
