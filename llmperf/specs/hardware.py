@@ -57,6 +57,8 @@ class HardwareSpec:
     calibration: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.peak_tflops, Mapping):
+            raise SpecError(f"{self.name}: peak_tflops must map dtypes to TFLOP/s, got {self.peak_tflops!r}")
         if not self.peak_tflops:
             raise SpecError(f"{self.name}: peak_tflops must list at least one dtype")
         peaks = {}
@@ -73,7 +75,10 @@ class HardwareSpec:
         n = self.num_sms
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
             raise SpecError(f"{self.name}: num_sms must be a positive integer, got {n!r}")
-        object.__setattr__(self, "device_names", tuple(self.device_names))
+        names = self.device_names
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
+            raise SpecError(f"{self.name}: device_names must be a list of names, got {names!r}")
+        object.__setattr__(self, "device_names", tuple(names))
         for f in ("efficiency", "calibration"):
             if getattr(self, f) is not None and not isinstance(getattr(self, f), Mapping):
                 raise SpecError(f"{self.name}: {f} must be a mapping, got {type(getattr(self, f)).__name__}")

@@ -120,8 +120,11 @@ def _neox_extra(cfg: _Config, out: dict[str, Any]) -> None:
     heads = out["num_heads"]
     if out["hidden_size"] % heads:
         return  # ModelSpec names the error
-    fraction = _rope_parameters(cfg).get("partial_rotary_factor", cfg.get("rotary_pct"))
-    out["rotary_dim"] = int(out["hidden_size"] // heads * float(fraction))
+    key = "rope_parameters.partial_rotary_factor" if "partial_rotary_factor" in _rope_parameters(cfg) else "rotary_pct"
+    fraction = _number(cfg, key, _rope_parameters(cfg).get("partial_rotary_factor", cfg.get("rotary_pct")))
+    if not 0 < fraction <= 1:
+        raise SpecError(f"{cfg.origin}: {key} must be in (0, 1], got {fraction!r}")
+    out["rotary_dim"] = int(out["hidden_size"] // heads * fraction)
 
 
 _LLAMA_KEYS = dict(vocab_size="vocab_size", hidden_size="hidden_size", num_layers="num_hidden_layers",
@@ -190,6 +193,10 @@ _TYPES = (
 HF_MODEL_TYPES: Mapping[str, HFModelType] = MappingProxyType({t.model_type: t for t in _TYPES})
 SUPPORTED_MODEL_TYPES = tuple(HF_MODEL_TYPES)
 
+# ModelSpec fields that are counts: checked as soon as they are read, naming the config key
+_COUNT_FIELDS = frozenset({"vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                           "ffn_size", "max_positions", "num_experts", "experts_per_token"})
+
 #: rope_scaling types llmperf (and its engine) model; others change the positions and are refused
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -252,7 +259,22 @@ def _rope(cfg: _Config, spec_type: HFModelType) -> dict[str, Any]:
         raise cfg.refuse(f"{key}.rope_type", kind, f"supported: {', '.join(ROPE_TYPES)}")
     default_theta = cfg.get("rotary_emb_base", 10000.0) if spec_type.model_type == "gpt_neox" else 10000.0
     theta = nested.get("rope_theta", cfg.get("rope_theta", default_theta))
-    return {"rope_theta": float(theta), "rope_scaling": None if kind == "default" else dict(scaling)}
+    return {"rope_theta": _number(cfg, "rope_theta", theta),
+            "rope_scaling": None if kind == "default" else dict(scaling)}
+
+
+def _number(cfg: _Config, key: str, value: Any) -> float:
+    """A config number as a float; anything else is refused naming the key (ModelSpec then checks
+    that it is finite and positive)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{cfg.origin}: {key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _int(cfg: _Config, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{cfg.origin}: {key} must be an integer, got {value!r}")
+    return value
 
 
 def _sliding_window(cfg: _Config, spec_type: HFModelType, num_layers: int) -> int | None:
@@ -263,7 +285,9 @@ def _sliding_window(cfg: _Config, spec_type: HFModelType, num_layers: int) -> in
             raise cfg.refuse("sliding_window", window, f"{spec_type.model_type} has no sliding-window attention")
         return None
     if cfg.has("layer_types"):  # transformers 5 states each layer's attention explicitly
-        kinds = list(cfg.get("layer_types"))
+        kinds = cfg.get("layer_types")
+        if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+            raise SpecError(f"{cfg.origin}: layer_types must be a list of attention kinds, got {kinds!r}")
         if set(kinds) <= {"full_attention"}:
             return None
         if set(kinds) == {"sliding_attention"} and len(kinds) == num_layers and window is not None:
@@ -273,7 +297,7 @@ def _sliding_window(cfg: _Config, spec_type: HFModelType, num_layers: int) -> in
     if spec_type.sliding_window == "gated":
         if not cfg.get("use_sliding_window") or window is None:
             return None
-        first_sliding = cfg.get("max_window_layers")  # layers >= max_window_layers slide
+        first_sliding = _int(cfg, "max_window_layers", cfg.get("max_window_layers"))  # layers >= it slide
         if first_sliding >= num_layers:
             return None
         if first_sliding > 0:
@@ -340,8 +364,11 @@ def read_hf_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dic
     out: dict[str, Any] = {"name": name, "family": spec_type.family}
     for spec_field, key in spec_type.keys.items():
         value = cfg.get(key)
-        if value is not None:
-            out[spec_field] = value
+        if value is None:
+            continue
+        if spec_field in _COUNT_FIELDS and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise SpecError(f"{origin}: {key} must be a positive integer, got {value!r}")
+        out[spec_field] = value
     if "num_kv_heads" in out and "num_key_value_heads" not in data:
         # absent: the config class's default (Mistral, Mixtral: 8; Qwen2: 32), as transformers builds it
         kv, heads = out["num_kv_heads"], out["num_heads"]

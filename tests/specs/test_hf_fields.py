@@ -285,3 +285,33 @@ def test_every_supported_type_described_once():
 def test_quantized_checkpoint_through_load_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "quantization_config": AWQ}))
     assert load_model(str(tmp_path)).quantization.method == "awq"
+
+
+# ---- any junk in any field: a ModelSpec or one SpecError, never another exception -------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 70_000), st.floats(allow_nan=True, allow_infinity=True),
+                  st.text(max_size=6), st.lists(st.integers(0, 3), max_size=3),
+                  st.lists(st.sampled_from(["full_attention", "sliding_attention"]), max_size=3),
+                  st.dictionaries(st.sampled_from(["rope_type", "type", "factor", "quant_method", "bits",
+                                                   "group_size", "rope_theta"]),
+                                  st.one_of(st.sampled_from(["yarn", "linear", "awq", "gptq", "llama3"]),
+                                            st.integers(-1, 256), st.floats(allow_nan=True)), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(FULL_CONFIGS), st.data())
+def test_junk_values_give_a_spec_or_one_spec_error(cfg, data):
+    keys = sorted(set(cfg) | set(HF_CONFIG_FIELDS) | set(HF_REFUSED_FIELDS))
+    changed = dict(cfg)
+    for key in data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=3, unique=True)):
+        if key != "model_type":
+            changed[key] = data.draw(_JUNK)
+    try:
+        spec = read(changed)
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert spec.param_count > 0 and spec.kv_bytes_per_token("fp16") > 0

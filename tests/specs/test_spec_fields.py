@@ -242,3 +242,45 @@ def test_sliding_window_decode_closed_form_equals_the_steps(prompt_len, gen_len)
     assert est.tpot_s == pytest.approx(steps.mean(), rel=1e-9)
     if prompt_len >= 4096:
         assert steps.max() == pytest.approx(steps.min(), rel=1e-12)  # the window caps the context
+
+
+# ---- any junk in any field: a spec or one SpecError, never another exception ------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 10_000), st.floats(allow_nan=True, allow_infinity=True),
+                  st.text(max_size=5), st.lists(st.integers(0, 3), max_size=2),
+                  st.dictionaries(st.text(max_size=4), st.one_of(st.integers(-1, 9), st.floats(), st.text(max_size=3)),
+                                  max_size=2))
+GOOD_HW = dict(name="hw", peak_tflops={"fp16": 100}, memory_bandwidth_gbps=1000, memory_gib=16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_junk_model_fields(data):
+    names = [f.name for f in fields(ModelSpec) if f.name != "name"]
+    changed = dict(GOOD_MODEL)
+    for key in data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True)):
+        changed[key] = data.draw(_JUNK)
+    try:
+        m = ModelSpec(**changed)
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert m.param_count > 0 and m.kv_bytes_per_token("fp16") > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_junk_hardware_fields(data):
+    names = [f.name for f in fields(HardwareSpec) if f.name not in ("name", "efficiency", "calibration")]
+    changed = dict(GOOD_HW)
+    for key in data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True)):
+        changed[key] = data.draw(_JUNK)
+    try:
+        hw = HardwareSpec(**changed)
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert hw.ridge_point(next(iter(hw.peak_tflops))) > 0
