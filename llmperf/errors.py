@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -11,8 +10,7 @@ class SpecError(ValueError):
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> SpecError:
-    """An exact-lookup miss: list the close names (or all of them when none is close)."""
-    known = sorted(known)
-    close = difflib.get_close_matches(name.lower(), known, n=5, cutoff=0.5)
-    hint = f"did you mean: {', '.join(close)}" if close else f"known: {', '.join(known)}"
-    return SpecError(f"unknown {kind} {name!r} ({hint})")
+    """An exact-lookup miss listing the close names (prefix, token, then spelling matches); the rule
+    lives in `llmperf.specs.names`."""
+    from llmperf.specs.names import unknown_name as _unknown_name
+    return _unknown_name(kind, name, known)

@@ -339,3 +339,32 @@ def test_no_separator_folding_in_exact_lookup():
     """Exact means exact: a100_80gb_sxm is suggested, not silently taken."""
     with raises("unknown hardware 'a100_80gb_sxm' (did you mean: a100-80gb-sxm"):
         load_hardware("a100_80gb_sxm")
+
+
+def test_every_prefix_suggests_its_names():
+    """Any prefix of a built-in name that is not itself a name lists that name."""
+    from llmperf.specs import list_hardware, list_models
+    from llmperf.specs.names import close_names
+    for known in (list_models(), list_hardware()):
+        for name in known:
+            for k in range(1, len(name)):
+                if name[:k] not in known:
+                    assert name in close_names(name[:k], known), (name[:k], name)
+
+
+def test_every_token_subset_suggests_its_names():
+    from llmperf.specs import list_hardware, list_models
+    from llmperf.specs.names import close_names, tokens
+    for known in (list_models(), list_hardware()):
+        for name in known:
+            parts = tokens(name)
+            for drop in range(len(parts)):
+                query = " ".join(parts[:drop] + parts[drop + 1:])
+                if query and query not in known:
+                    assert name in close_names(query, known), (query, name)
+
+
+def test_errors_unknown_name_is_the_same_rule():
+    from llmperf.errors import unknown_name
+    assert str(unknown_name("hardware", "a100", ["a10", "a100-80gb"])) == \
+        "unknown hardware 'a100' (did you mean: a100-80gb)"
