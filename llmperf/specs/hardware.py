@@ -64,14 +64,15 @@ class HardwareSpec:
         peaks = {}
         for dtype, value in dict(self.peak_tflops).items():
             key = normalize_dtype(dtype, f"{self.name}: peak_tflops") if dtype != "tf32" else "tf32"
-            _check_number(self.name, f"peak_tflops.{dtype}", value)
+            _check_number(self.name, f"peak_tflops.{dtype}", value, scale=1e12)
             peaks[key] = float(value)
         object.__setattr__(self, "peak_tflops", peaks)
-        for f in ("memory_bandwidth_gbps", "memory_gib", "sram_per_sm_kib", "l2_cache_mib"):
+        for f, scale in (("memory_bandwidth_gbps", 1e9), ("memory_gib", 2**30), ("sram_per_sm_kib", 1024),
+                         ("l2_cache_mib", 2**20)):
             if f in ("memory_bandwidth_gbps", "memory_gib") or getattr(self, f) is not None:
-                _check_number(self.name, f, getattr(self, f))
+                _check_number(self.name, f, getattr(self, f), scale=scale)
         # 0 means "no GPU-to-GPU link" (a single-GPU card): the only spec number allowed to be 0
-        _check_number(self.name, "interconnect_gbps", self.interconnect_gbps, zero_ok=True)
+        _check_number(self.name, "interconnect_gbps", self.interconnect_gbps, zero_ok=True, scale=1e9)
         n = self.num_sms
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
             raise SpecError(f"{self.name}: num_sms must be a positive integer, got {n!r}")
@@ -123,9 +124,10 @@ class HardwareSpec:
         return asdict(self)
 
 
-def _check_number(device: str, name: str, value: Any, zero_ok: bool = False) -> None:
-    """A finite real number, > 0 (or >= 0 with `zero_ok`); NaN and infinity are refused."""
+def _check_number(device: str, name: str, value: Any, zero_ok: bool = False, scale: float = 1.0) -> None:
+    """A finite real number, > 0 (or >= 0 with `zero_ok`), still finite in base units (`value * scale`,
+    e.g. TFLOP/s -> FLOP/s); NaN and infinity are refused."""
     bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-    if bad or value < 0 or (value == 0 and not zero_ok):
+    if bad or value < 0 or (value == 0 and not zero_ok) or not math.isfinite(value * scale):
         kind = "a finite number >= 0" if zero_ok else "a finite positive number"
         raise SpecError(f"{device}: {name} must be {kind}, got {value!r}")

@@ -271,7 +271,7 @@ def test_junk_model_fields(data):
         assert m.param_count > 0 and m.kv_bytes_per_token("fp16") > 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_junk_hardware_fields(data):
     names = [f.name for f in fields(HardwareSpec) if f.name not in ("name", "efficiency", "calibration")]
@@ -283,4 +283,4 @@ def test_junk_hardware_fields(data):
     except SpecError as exc:
         assert "\n" not in str(exc)
     else:
-        assert hw.ridge_point(next(iter(hw.peak_tflops))) > 0
+        assert 0 < hw.ridge_point(next(iter(hw.peak_tflops))) < float("inf")
