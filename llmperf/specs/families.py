@@ -37,6 +37,7 @@ class Family:
     tied_embeddings: bool
     parallel_residual: bool = False  # attention and MLP read the same input (GPT-NeoX)
     position_offset: int = 0  # extra learned position rows (OPT stores 2)
+    hf_model_types: tuple[str, ...] = ()  # Hugging Face `model_type`s built this way (read by hf.py)
 
     def defaults(self) -> dict[str, object]:
         """The `ModelSpec` fields this family fills when a spec leaves them out."""
@@ -50,16 +51,19 @@ FAMILY_FIELDS = ("norm_kind", "ffn_kind", "hidden_act", "pos_encoding", "qkv_bia
 _ALL = (
     Family(name="llama", description="RMSNorm, RoPE, SwiGLU, untied head (Llama, Mistral, Mixtral, Qwen2)",
            norm_kind="rmsnorm", ffn_kind="swiglu", hidden_act="silu", pos_encoding="rope",
-           qkv_bias=False, out_bias=False, mlp_bias=False, tied_embeddings=False),
+           qkv_bias=False, out_bias=False, mlp_bias=False, tied_embeddings=False,
+           hf_model_types=("llama", "mistral", "mixtral", "qwen2")),
     Family(name="gpt2", description="LayerNorm, learned positions, GELU MLP, biases, tied head",
            norm_kind="layernorm", ffn_kind="gelu", hidden_act="gelu_new", pos_encoding="learned",
-           qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True),
+           qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True, hf_model_types=("gpt2",)),
     Family(name="opt", description="LayerNorm, learned positions (+2 rows), ReLU MLP, biases, tied head",
            norm_kind="layernorm", ffn_kind="relu", hidden_act="relu", pos_encoding="learned",
-           qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True, position_offset=2),
+           qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True, position_offset=2,
+           hf_model_types=("opt",)),
     Family(name="gpt_neox", description="LayerNorm, partial RoPE, GELU MLP, parallel residual",
            norm_kind="layernorm", ffn_kind="gelu", hidden_act="gelu", pos_encoding="rope",
-           qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=False, parallel_residual=True),
+           qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=False, parallel_residual=True,
+           hf_model_types=("gpt_neox",)),
 )
 
 #: every known family by name

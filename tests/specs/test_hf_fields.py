@@ -315,3 +315,10 @@ def test_junk_values_give_a_spec_or_one_spec_error(cfg, data):
         assert "\n" not in str(exc)
     else:
         assert spec.param_count > 0 and spec.kv_bytes_per_token("fp16") > 0
+
+
+def test_families_and_hf_model_types_agree():
+    """Each family lists the HF model types built its way; each HF description names its family."""
+    from llmperf.specs import FAMILIES
+    listed = {mt: fam.name for fam in FAMILIES.values() for mt in fam.hf_model_types}
+    assert listed == {mt: t.family for mt, t in HF_MODEL_TYPES.items()}
