@@ -83,7 +83,8 @@ def write_output(text: str, output: Path | str | None) -> None:
     target = Path(os.path.realpath(output))  # through symlinks (a dangling one: its target is created)
     folder = target.parent
     if not folder.is_dir():
-        raise SpecError(f"--output: folder {str(Path(output).parent)!r} does not exist")
+        named = Path(output).parent if Path(output).parent.resolve() == folder else folder  # a link's target
+        raise SpecError(f"--output: folder {str(named)!r} does not exist")
     st: os.stat_result | None = None
     try:
         st = os.stat(target)

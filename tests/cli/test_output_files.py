@@ -268,3 +268,10 @@ def test_oserror_without_strerror_names_no_temporary_file(tmp_path, monkeypatch)
         write_output("x", tmp_path / "out.txt")
     assert str(err.value) == f"--output: cannot write {str(tmp_path / 'out.txt')!r} (OSError)"
     assert listing(tmp_path) == []
+
+
+def test_symlink_into_a_missing_folder_names_that_folder(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "gone" / "file.txt")
+    with pytest.raises(SpecError, match=r"^--output: folder '.*gone' does not exist$"):
+        write_output("x", tmp_path / "link")
+    assert listing(tmp_path) == ["link"]
