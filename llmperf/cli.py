@@ -197,6 +197,11 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table) -> None:
 
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
+from llmperf.commands import calibrate as _calibrate, profile as _profile, report as _report  # noqa: E402
+from llmperf.commands import simulate as _simulate  # noqa: E402
+
+for _command in (_calibrate, _profile, _simulate, _report):
+    _command.register(app)
 
 
 def main() -> None:

@@ -155,7 +155,7 @@ def resolve_precision(model: ModelSpec, precision: Precision | str | None = None
         base = Precision.uniform(precision or model.dtype)
     q = model.quantization
     if q is not None and precision is None and weights is None:
-        w = q.weights_dtype
+        w = q.weight_dtype
         group_size = group_size if group_size is not None else (q.group_size or PER_CHANNEL)
         zero_point = zero_point if zero_point is not None else q.zero_point
     else:

@@ -63,32 +63,6 @@ DEFAULT_ZERO_POINT: dict[str, bool] = {"int4": True, "int8": False}
 _SIXTEEN_BIT = ("fp16", "bf16")
 
 
-@dataclass(frozen=True, kw_only=True)
-class QuantizationSpec:
-    """How a quantised checkpoint stores its weights (Hugging Face `quantization_config`).
-
-    `bits` 4 or 8; `group_size` input elements per scale (None: one scale per output channel, HF's
-    `group_size: -1`); `zero_point` whether zero points are stored (asymmetric quantisation)."""
-
-    method: str
-    bits: int
-    group_size: int | None = 128
-    zero_point: bool = True
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.method, str) or not self.method:
-            raise SpecError(f"quantization.method: must be a non-empty name, got {self.method!r}")
-        if isinstance(self.bits, bool) or self.bits not in (4, 8):
-            raise SpecError(f"quantization.bits: {self.bits!r} is not modelled (4 or 8)")
-        _check_group_size(self.group_size, "quantization.group_size")
-        if not isinstance(self.zero_point, bool):
-            raise SpecError(f"quantization.zero_point: must be true or false, got {self.zero_point!r}")
-
-    @property
-    def weights_dtype(self) -> str:
-        return f"int{self.bits}"
-
-
 def _matrix_bytes(dtype: str, d_in, d_out, group_size: int | None, zero_point: bool):  # noqa: ANN001, ANN202
     """`d_in x d_out` elements at `dtype`, plus one 16-bit scale (and a zero point at the weight's
     width) per group of `group_size` inputs of each output row when `dtype` is an integer format."""

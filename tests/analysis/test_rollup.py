@@ -28,7 +28,7 @@ from llmperf.analysis.rollup import stage_layers, stage_weight_bytes, sum_max_li
 from llmperf.analysis.schema import COLUMNS, to_json
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
-from llmperf.specs.precision import QuantizationSpec
+from llmperf.specs.quantization import QuantizationSpec
 
 GIB = 2**30
 
