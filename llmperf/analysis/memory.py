@@ -48,8 +48,8 @@ def weight_bytes_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp
 def kv_bytes_per_token_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1) -> float:
     """KV bytes per token on one GPU of the stage with the most layers: 2 (K and V) x layers x
     KV heads per GPU (replicated, never 0, when tp exceeds them) x head_dim x bytes."""
-    d = ShardDims.of(model, tp)
-    return 2 * layers_per_stage(model, pp) * d.num_kv_heads * model.head_dim * precision.kv_bytes
+    ShardDims.of(model, tp)  # validates tp against the heads
+    return layers_per_stage(model, pp) * model.kv_cache(precision).sharded(tp=tp).bytes_per_token_per_layer
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -283,15 +283,16 @@ def activation_reserve_bytes(model: ModelSpec, precision: Precision, conv: Conve
 
 
 def kv_tokens_held(model: ModelSpec, context):  # noqa: ANN001, ANN201
-    """Tokens of KV a sequence of `context` tokens keeps: all, or the sliding window's."""
-    return context if model.sliding_window is None else np.minimum(context, model.sliding_window)
+    """Tokens of KV a sequence of `context` tokens keeps: all, or the sliding window's (`KVCacheSpec`)."""
+    return model.kv_cache().tokens_held(context)
 
 
 def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv: Conventions, *,
                   tp: int, pp: int, batch, prompt_len, gen_len) -> dict[str, np.ndarray]:  # noqa: ANN001
     """Per-GPU memory of every configuration (the tightest pipeline stage decides max batch)."""
     from llmperf.analysis.operators import ShardDims
-    d = ShardDims.of(model, tp)
+    ShardDims.of(model, tp)  # validates tp against the heads
+    kv_spec = model.kv_cache(precision).sharded(tp=tp)  # the one KV formula (llmperf.specs.kvcache)
     batch, prompt_len, gen_len = (np.asarray(x, dtype=float) for x in (batch, prompt_len, gen_len))
     ctx = prompt_len + gen_len
     if conv.max_seq_len is None:
@@ -308,7 +309,7 @@ def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv
     held = kv_tokens_held(model, ctx)
     paged_tokens = np.ceil(held / bs) * bs
     contiguous_tokens = kv_tokens_held(model, max_seq)
-    per_layer_token = 2 * d.num_kv_heads * model.head_dim * precision.kv_bytes  # K and V
+    per_layer_token = kv_spec.bytes_per_token_per_layer  # K and V of one layer, on one GPU
     weights = stage_weight_bytes(model, precision, tp, pp)
     layers = stage_layers(model, pp)
     max_batch = max_batch_contig = None
