@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, ForwardModel
-from llmperf.analysis.roofline import TimeModel, bound_label, op_time, resolve_time_model
+from llmperf.analysis.roofline import TimeModel, op_time, resolve_time_model, step_overhead_s
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
@@ -166,7 +166,7 @@ def pipeline_transfer_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, 
 def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp: int, compute_dtype: str,  # noqa: ANN001
                  time_model: TimeModel | None = None) -> PhaseArrays:
     """Time, FLOPs, bytes and memory-bound time of one forward pass, for array arguments."""
-    time = pipeline_transfer_s(fm, hw, batch, q_len, pp) + 0.0 * kv_len
+    time = pipeline_transfer_s(fm, hw, batch, q_len, pp) + 0.0 * kv_len + step_overhead_s(time_model)
     flops = nbytes = mem_time = 0.0
     for c in fm.forward_ops(batch, q_len, kv_len):
         t = op_time(c, hw, compute_dtype, time_model)
@@ -208,7 +208,7 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
         # the overhead is per launch, the same at every step
         time = time + np.maximum(gen_len - 1.0, 0) * t0.overhead_s
     steps = np.maximum(gen_len - 1.0, 0)
-    time = time + steps * pipeline_transfer_s(fm, hw, batch, 1, pp)
+    time = time + steps * (pipeline_transfer_s(fm, hw, batch, 1, pp) + step_overhead_s(time_model))
     return time, flops, nbytes
 
 

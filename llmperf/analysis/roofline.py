@@ -118,7 +118,9 @@ class TimeModel(Protocol):
     overhead_s)`): it may depend on `cost.kind`, `cost.name` and `cost.rows` (= batch * q_len), and
     on the device, but NOT on the context length (kv_len), so decode sums stay in closed form.
     Efficiencies must be in (0, 1] (a measured ceiling above the datasheet is a calibration error)
-    and the overhead >= 0.
+    and the overhead >= 0. An optional attribute `step_overhead_s` (seconds) is a fixed cost per
+    forward pass outside the operators (the host's sampling and bookkeeping); every roll-up adds it
+    once per step (`step_overhead_s(time_model)`).
     """
 
     name: str
@@ -141,10 +143,20 @@ _UNIT = Efficiency()
 ROOFLINE = RooflineTimeModel()
 
 
-def resolve_time_model(time_model: TimeModel | None) -> TimeModel:
-    """`None` -> the pure roofline; anything else must implement `TimeModel`."""
+def step_overhead_s(time_model: TimeModel | None) -> float:
+    """The per-step fixed cost a time model declares (0 for the roofline or when absent)."""
+    return float(getattr(time_model, "step_overhead_s", 0.0) or 0.0)
+
+
+def resolve_time_model(time_model: TimeModel | None, hardware: HardwareSpec | None = None,
+                       compute_dtype: str | None = None) -> TimeModel:
+    """`None` -> the pure roofline; a `TimeModel` as it is; a factory `f(hardware, compute_dtype)`
+    (e.g. `functools.partial(timemodel.time_model_for, efficiency="typical")` reordered) is called
+    for the device and dtype at hand, so one sweep over several devices gets each its own model."""
     if time_model is None:
         return ROOFLINE
+    if not isinstance(time_model, TimeModel) and callable(time_model) and hardware is not None:
+        time_model = time_model(hardware, compute_dtype)
     if not isinstance(time_model, TimeModel):
         raise TypeError(f"time_model: expected an object with .name and .efficiency(cost, hardware), "
                         f"got {type(time_model).__name__}")

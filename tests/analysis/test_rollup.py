@@ -182,6 +182,7 @@ class HalfSpeed:
     """Half the compute roof, 80% of bandwidth, 2 µs per launch; bigger GEMMs do better."""
 
     name = "half-speed"
+    step_overhead_s = 5e-6  # per forward pass, outside the operators
 
     def efficiency(self, cost, hardware):  # noqa: ANN001, ANN201
         rows = np.asarray(cost.rows, dtype=float)
@@ -198,7 +199,7 @@ def test_time_model_reaches_every_time_and_keeps_the_closed_form(tiny_llama, a10
     base = estimate(tiny_llama, a100, batch=5, prompt_len=30, gen_len=40)
     assert base.summary()["time_model"] == "roofline" and est.ttft_s > base.ttft_s
     n_ops = len(est.prefill.ops)
-    assert est.prefill.time_s >= n_ops * 2e-6
+    assert est.prefill.time_s >= n_ops * 2e-6 + 5e-6
     row = sweep([tiny_llama], [a100], batch=[5], prompt_len=[30], gen_len=[40], time_model=tm).iloc[0]
     assert row.tpot_s == est.tpot_s and row.ttft_s == est.ttft_s
 
