@@ -241,7 +241,7 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
     gib = 2.0 ** 30
     memory = MemoryEstimate(
         weights_bytes=float(row["weights_gib"]) * gib, kv_bytes_per_token=kv_tok,
-        kv_cache_bytes=float(row["kv_cache_gib"]) * gib, activation_peak_bytes=float(row["activation_gib"]) * gib,
+        kv_cache_bytes=float(row["kv_cache_gib"]) * gib, activation_peak_bytes=float(row["activation_peak_gib"]) * gib,
         device_bytes=hw.memory_bytes, mem_util=mem_util, max_batch=int(row["max_batch"]),
         max_batch_contiguous=int(row["max_batch_contiguous"]), kv=util, batch=batch,
         max_batched_tokens=max_batched_tokens)

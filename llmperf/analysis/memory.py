@@ -126,7 +126,7 @@ class MemoryEstimate:
     def summary(self) -> dict[str, float | int | bool]:
         return dict(weights_gib=self.weights_bytes / 2**30, kv_bytes_per_token=self.kv_bytes_per_token,
                     kv_cache_gib=self.kv_cache_bytes / 2**30,
-                    activation_gib=self.activation_peak_bytes / 2**30,
+                    activation_peak_gib=self.activation_peak_bytes / 2**30,
                     total_gib=self.total_bytes / 2**30, device_gib=self.device_bytes / 2**30,
                     fits=self.fits, max_batch=self.max_batch, max_batch_contiguous=self.max_batch_contiguous,
                     kv_util_contiguous=self.kv.contiguous_utilization, kv_util_paged=self.kv.paged_utilization)
