@@ -204,12 +204,27 @@ def bound_label(compute_s: Number, memory_s: Number, comm_s: Number = 0.0) -> An
     return str(out) if out.ndim == 0 else out
 
 
+def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
+    """Efficiencies in (0, 1] and a non-negative overhead, or an error naming the model and operator."""
+    for field in ("e_compute", "e_memory", "e_comm"):
+        value = np.asarray(getattr(eff, field), dtype=float)
+        if not np.all((value > 0) & (value <= 1)):
+            raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be in (0, 1], got "
+                             f"{float(value.ravel()[~((value > 0) & (value <= 1)).ravel()][0])!r}")
+    overhead = np.asarray(eff.overhead_s, dtype=float)
+    if not np.all(np.isfinite(overhead) & (overhead >= 0)):
+        raise ValueError(f"time model {tm.name!r}: overhead_s for {cost.name} must be >= 0, got {eff.overhead_s!r}")
+
+
 def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
             time_model: TimeModel | None = None) -> OpTime:
     """Time of `cost` on `hardware`: each roof separately (compute, memory, interconnect), divided by
     the efficiencies `time_model` gives (default: the pure roofline), plus its overhead.
     Every operator time in llmperf is computed here."""
-    eff = _as_efficiency(resolve_time_model(time_model).efficiency(cost, hardware))
+    tm = resolve_time_model(time_model)
+    eff = _as_efficiency(tm.efficiency(cost, hardware))
+    if tm is not ROOFLINE:
+        _check_efficiency(eff, tm, cost)
     compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * eff.e_compute)
     memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
     if np.any(np.asarray(cost.comm_bytes) > 0) and hardware.interconnect_bytes_per_s <= 0:

@@ -319,3 +319,17 @@ def test_hardware_with_no_interconnect_refuses_pp_by_name(tiny_llama):
     lonely = replace(hw, interconnect_gbps=0.0)
     with pytest.raises(SpecError, match="pp: 2"):
         estimate(tiny_llama, lonely, pp=2)
+
+
+class Broken:
+    name = "broken"
+
+    def efficiency(self, cost, hardware):  # noqa: ANN001, ANN201
+        return (1.5, 1.0, 0.0)
+
+
+def test_a_time_model_out_of_range_is_refused_by_name(tiny_llama, a100):
+    with pytest.raises(ValueError, match="time model 'broken': e_compute for .* must be in \\(0, 1\\], got 1.5"):
+        estimate(tiny_llama, a100, time_model=Broken())
+    with pytest.raises(TypeError, match="time_model"):
+        estimate(tiny_llama, a100, time_model=object())
