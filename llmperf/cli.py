@@ -85,6 +85,7 @@ def estimate(
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
     max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Per-step token budget: activation memory (GiB) is reserved once for a forward of this many tokens (vLLM's max_num_batched_tokens).")] = 8192,
+    efficiency: Annotated[str, typer.Option("--efficiency", help="Time model: roofline (e = 1, no overhead), typical (published fractions of the roofs, GPUs), calibrated (what `llmperf calibrate` measured; --hardware local).")] = "roofline",
     per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step (of every configuration).")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv (the same columns; see the README's output schema).")] = OutputFormat.table,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")] = None,
@@ -115,7 +116,11 @@ def estimate(
             raise SpecError(f"--mem-util: must be in (0, 1], got {mem_util}")
         if attention_flops not in ("executed", "dense"):
             raise SpecError(f"--attention-flops: must be executed or dense, got {attention_flops!r}")
-        conventions = dict(attention=attention.value, attention_flops=attention_flops, all_logits=all_logits,
+        from llmperf.analysis.timemodel import TIME_MODELS, time_model_for
+        if efficiency not in TIME_MODELS:
+            raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {efficiency!r}")
+        conventions = dict(time_model=lambda hw, dtype: time_model_for(hw, efficiency, dtype),
+                           attention=attention.value, attention_flops=attention_flops, all_logits=all_logits,
                            fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                            block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
                            group_size=group_size, embeddings=embeddings)

@@ -3,8 +3,10 @@
 - `attention_cost`, `ForwardModel`: FLOPs and bytes of each operator at `(batch, q_len, kv_len)`
 - `op_time`, `roofline_time_s`: time on a device, `max(flops / peak, bytes / bandwidth)`; every
   operator time goes through `op_time` and its `TimeModel` (default `ROOFLINE`: e = 1, no overhead)
-- `estimate`: a whole generation (TTFT, TPOT, throughput, memory, regimes) -> `GenerationEstimate`
-- `sweep`: thousands of configurations at once -> pandas DataFrame
+- `rollup`: the one roll-up (phases, closed-form decode, memory, regimes) over arrays of configurations
+- `estimate`: a whole generation (TTFT, TPOT, throughput, memory, regimes) -> `GenerationEstimate`,
+  a roll-up of one: its `summary()` is the same row `sweep` gives
+- `sweep`: thousands of configurations at once -> pandas DataFrame (columns: `schema.COLUMNS`)
 """
 
 from llmperf.analysis.generation import GenerationEstimate, estimate, sum_max_linear

@@ -28,7 +28,7 @@ from llmperf.analysis.rollup import (
     rollup,
     sum_max_linear,
 )
-from llmperf.analysis.roofline import ROOFLINE, TimeModel, op_time, resolve_time_model
+from llmperf.analysis.roofline import ROOFLINE, TimeModel, op_time, resolve_time_model, step_overhead_s
 from llmperf.analysis.vocabulary import Phase
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
@@ -125,7 +125,8 @@ class GenerationEstimate:
         stop = self.gen_len if stop is None else min(stop, self.gen_len)
         fm = self.forward_model()
         ctx = self.prompt_len + np.arange(max(start, 1), stop, dtype=float)
-        total = pipeline_transfer_s(fm, self.hardware, self.batch, 1, self.pp) + 0.0 * ctx
+        total = (pipeline_transfer_s(fm, self.hardware, self.batch, 1, self.pp) + 0.0 * ctx
+                 + step_overhead_s(self.time_model))
         for c in fm.forward_ops(self.batch, 1, ctx):
             total = total + op_time(c, self.hardware, self.prefill.compute_dtype, self.time_model).time_s
         return np.asarray(total, dtype=float)
@@ -219,7 +220,7 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
     conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
                        fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                        block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens)
-    tm = resolve_time_model(time_model)
+    tm = resolve_time_model(time_model, hw, hw.compute_dtype(prec.activations))
     raw = rollup(m, hw, prec, tp=tp, pp=pp, conv=conv, batch=[batch], prompt_len=[prompt_len],
                  gen_len=[gen_len], time_model=tm)
     row = {k: _scalar(v) for k, v in raw.items() if not k.startswith("_")}
@@ -240,7 +241,7 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
     gib = 2.0 ** 30
     memory = MemoryEstimate(
         weights_bytes=float(row["weights_gib"]) * gib, kv_bytes_per_token=kv_tok,
-        kv_cache_bytes=float(row["kv_cache_gib"]) * gib, activation_peak_bytes=float(row["activation_gib"]) * gib,
+        kv_cache_bytes=float(row["kv_cache_gib"]) * gib, activation_peak_bytes=float(row["activation_peak_gib"]) * gib,
         device_bytes=hw.memory_bytes, mem_util=mem_util, max_batch=int(row["max_batch"]),
         max_batch_contiguous=int(row["max_batch_contiguous"]), kv=util, batch=batch,
         max_batched_tokens=max_batched_tokens)

@@ -48,8 +48,8 @@ def weight_bytes_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp
 def kv_bytes_per_token_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1) -> float:
     """KV bytes per token on one GPU of the stage with the most layers: 2 (K and V) x layers x
     KV heads per GPU (replicated, never 0, when tp exceeds them) x head_dim x bytes."""
-    ShardDims.of(model, tp)  # validates tp against the KV heads
-    return model.kv_cache(precision).sharded(tp=tp, pp=pp).bytes_per_token  # the one KV formula
+    ShardDims.of(model, tp)  # validates tp against the heads
+    return layers_per_stage(model, pp) * model.kv_cache(precision).sharded(tp=tp).bytes_per_token_per_layer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,7 +126,7 @@ class MemoryEstimate:
     def summary(self) -> dict[str, float | int | bool]:
         return dict(weights_gib=self.weights_bytes / 2**30, kv_bytes_per_token=self.kv_bytes_per_token,
                     kv_cache_gib=self.kv_cache_bytes / 2**30,
-                    activation_gib=self.activation_peak_bytes / 2**30,
+                    activation_peak_gib=self.activation_peak_bytes / 2**30,
                     total_gib=self.total_bytes / 2**30, device_gib=self.device_bytes / 2**30,
                     fits=self.fits, max_batch=self.max_batch, max_batch_contiguous=self.max_batch_contiguous,
                     kv_util_contiguous=self.kv.contiguous_utilization, kv_util_paged=self.kv.paged_utilization)

@@ -14,7 +14,7 @@ import pandas as pd
 
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.rollup import phase_bound, pipeline_transfer_s
-from llmperf.analysis.roofline import OpTime, TimeModel, op_time
+from llmperf.analysis.roofline import OpTime, TimeModel, op_time, step_overhead_s
 from llmperf.analysis.vocabulary import Phase, as_phase
 from llmperf.specs import HardwareSpec
 
@@ -34,6 +34,7 @@ class PhaseEstimate:
     compute_dtype: str
     ops: tuple[OpTime, ...]
     pipeline_s: float = 0.0  # activation transfers between pipeline stages
+    step_overhead_s: float = 0.0  # the time model's fixed cost per forward pass, outside the operators
     layers: int = field(default=1)
 
     @property
@@ -58,7 +59,7 @@ class PhaseEstimate:
 
     @property
     def time_s(self) -> float:
-        return float(sum(o.time_s for o in self.ops)) + self.pipeline_s
+        return float(sum(o.time_s for o in self.ops)) + self.pipeline_s + self.step_overhead_s
 
     @property
     def compute_s(self) -> float:
@@ -146,7 +147,8 @@ def estimate_phase(fm: ForwardModel, hardware: HardwareSpec, batch: int, q_len: 
         phase = Phase.prefill if q_len > 1 or kv_len == q_len else Phase.decode
     return PhaseEstimate(phase=as_phase(phase).value, batch=batch, q_len=q_len, kv_len=kv_len, hardware=hardware,
                          compute_dtype=dtype, ops=ops, layers=fm.model.num_layers,
-                         pipeline_s=float(pipeline_transfer_s(fm, hardware, batch, q_len, pp)))
+                         pipeline_s=float(pipeline_transfer_s(fm, hardware, batch, q_len, pp)),
+                         step_overhead_s=step_overhead_s(time_model))
 
 
 def phase_time_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, kv_len, *,  # noqa: ANN001

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, ForwardModel
-from llmperf.analysis.roofline import TimeModel, bound_label, op_time, resolve_time_model
+from llmperf.analysis.roofline import TimeModel, op_time, resolve_time_model, step_overhead_s
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
@@ -166,7 +166,7 @@ def pipeline_transfer_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, 
 def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp: int, compute_dtype: str,  # noqa: ANN001
                  time_model: TimeModel | None = None) -> PhaseArrays:
     """Time, FLOPs, bytes and memory-bound time of one forward pass, for array arguments."""
-    time = pipeline_transfer_s(fm, hw, batch, q_len, pp) + 0.0 * kv_len
+    time = pipeline_transfer_s(fm, hw, batch, q_len, pp) + 0.0 * kv_len + step_overhead_s(time_model)
     flops = nbytes = mem_time = 0.0
     for c in fm.forward_ops(batch, q_len, kv_len):
         t = op_time(c, hw, compute_dtype, time_model)
@@ -209,7 +209,7 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
         # the overhead is per launch, the same at every step
         time = time + np.maximum(gen_len - 1.0, 0) * t0.overhead_s
     steps = np.maximum(gen_len - 1.0, 0)
-    time = time + steps * pipeline_transfer_s(fm, hw, batch, 1, pp)
+    time = time + steps * (pipeline_transfer_s(fm, hw, batch, 1, pp) + step_overhead_s(time_model))
     return time, flops, nbytes
 
 
@@ -284,15 +284,16 @@ def activation_reserve_bytes(model: ModelSpec, precision: Precision, conv: Conve
 
 
 def kv_tokens_held(model: ModelSpec, context):  # noqa: ANN001, ANN201
-    """Tokens of KV a sequence of `context` tokens keeps: all, or the sliding window's."""
-    return model.kv_cache().tokens_held(context)  # the one KV-cache spec (llmperf.specs.kvcache)
+    """Tokens of KV a sequence of `context` tokens keeps: all, or the sliding window's (`KVCacheSpec`)."""
+    return model.kv_cache().tokens_held(context)
 
 
 def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv: Conventions, *,
                   tp: int, pp: int, batch, prompt_len, gen_len) -> dict[str, np.ndarray]:  # noqa: ANN001
     """Per-GPU memory of every configuration (the tightest pipeline stage decides max batch)."""
     from llmperf.analysis.operators import ShardDims
-    d = ShardDims.of(model, tp)
+    ShardDims.of(model, tp)  # validates tp against the heads
+    kv_spec = model.kv_cache(precision).sharded(tp=tp)  # the one KV formula (llmperf.specs.kvcache)
     batch, prompt_len, gen_len = (np.asarray(x, dtype=float) for x in (batch, prompt_len, gen_len))
     ctx = prompt_len + gen_len
     if conv.max_seq_len is None:
@@ -309,7 +310,7 @@ def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv
     held = kv_tokens_held(model, ctx)
     paged_tokens = np.ceil(held / bs) * bs
     contiguous_tokens = kv_tokens_held(model, max_seq)
-    per_layer_token = 2 * d.num_kv_heads * model.head_dim * precision.kv_bytes  # K and V
+    per_layer_token = kv_spec.bytes_per_token_per_layer  # K and V of one layer, on one GPU
     weights = stage_weight_bytes(model, precision, tp, pp)
     layers = stage_layers(model, pp)
     max_batch = max_batch_contig = None
@@ -349,34 +350,41 @@ def _capped_sum(model: ModelSpec, lo, hi, prefix):  # noqa: ANN001, ANN202
 
 
 # ---- regimes -------------------------------------------------------------------------------------
-def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX):  # noqa: ANN001, ANN201
-    """Smallest n in [lo, hi] with pred(n) True, elementwise (pred takes and returns arrays of `size`;
-    it must stay True once True). NaN where pred(hi) is False."""
+def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX, ways: int = 64):  # noqa: ANN001, ANN201
+    """Smallest n in [lo, hi] with pred(n) True, elementwise over `size` rows, for a pred that stays
+    True once True; NaN where pred(hi) is False. A `ways`-ary search: pred takes an (size, k) array
+    of candidates (each row's own) and returns booleans of that shape, so 2^26 needs ~5 calls."""
     lo_a, hi_a = np.full(size, float(lo)), np.full(size, float(hi))
-    ok = np.asarray(pred(hi_a), dtype=bool)
+    ok = np.asarray(pred(hi_a[:, None]), dtype=bool).reshape(size)
+    steps = np.arange(1, ways + 1) / ways
     while np.any(lo_a < hi_a):
-        mid = np.floor((lo_a + hi_a) / 2)
-        up = np.asarray(pred(mid), dtype=bool)
-        hi_a = np.where(up, mid, hi_a)
-        lo_a = np.where(up, lo_a, mid + 1)
+        span = hi_a - lo_a
+        pts = np.minimum(lo_a[:, None] + np.floor(span[:, None] * steps), hi_a[:, None])  # last = hi
+        up = np.asarray(pred(pts), dtype=bool).reshape(size, ways) | (pts >= hi_a[:, None])
+        first = np.argmax(up, axis=1)
+        rows = np.arange(size)
+        new_hi = pts[rows, first]
+        new_lo = np.where(first > 0, pts[rows, np.maximum(first - 1, 0)] + 1, lo_a)
+        lo_a, hi_a = np.minimum(new_lo, new_hi), new_hi
     return np.where(ok, lo_a, np.nan)
 
 
 def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel | None, *, batch, context,  # noqa: ANN001
                   size: int) -> dict[str, np.ndarray]:
     """Critical batches (decode turns compute-bound: compute time strictly above memory time) and the
-    attention crossovers (attention FLOPs / bytes reach those of the rest of the layer)."""
+    attention crossovers (attention FLOPs / bytes reach those of the rest of the layer). Each search
+    runs once per distinct value it depends on (the context, the batch, or nothing)."""
     batch = np.asarray(batch, dtype=float) + np.zeros(size)
     context = np.asarray(context, dtype=float) + np.zeros(size)
 
-    def compute_bound(b, only_matmul: bool):  # noqa: ANN001, ANN202
+    def compute_bound(b, ctx, only_matmul: bool):  # noqa: ANN001, ANN202
         comp = mem = 0.0
-        for c in fm.forward_ops(b, 1, context):
+        for c in fm.forward_ops(b, 1, ctx):
             if only_matmul and c.kind != "matmul":
                 continue
             t = op_time(c, hw, dtype, tm)
             comp, mem = comp + t.compute_s, mem + t.memory_s
-        return np.asarray(comp > mem)
+        return np.asarray(comp > mem) & np.ones(np.shape(b), dtype=bool)
 
     def split(b, q, kv, field: str):  # noqa: ANN001, ANN202
         attn = rest = 0.0
@@ -385,13 +393,21 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
                 attn = attn + getattr(c, field)
             else:
                 rest = rest + getattr(c, field)
-        return np.asarray(attn >= rest) & np.ones(size, dtype=bool)
+        return np.asarray(attn >= rest) & np.ones(np.broadcast_shapes(np.shape(b), np.shape(q)), dtype=bool)
 
+    def per_value(values, search):  # noqa: ANN001, ANN202
+        """Run `search(unique_values[:, None], n)` once per distinct value, spread back to the rows."""
+        uniq, inverse = np.unique(values, return_inverse=True)
+        return search(uniq[:, None], uniq.size)[inverse.reshape(-1)]
+
+    ctx1 = context[:1, None]  # the matmuls' roofs do not depend on the context
     return dict(
-        critical_batch_matmul=first_true_array(lambda b: compute_bound(b, True), size),
-        critical_batch=first_true_array(lambda b: compute_bound(b, False), size),
-        attention_flops_crossover=first_true_array(lambda n: split(1, n, n, "flops"), size),
-        attention_bytes_crossover=first_true_array(lambda n: split(batch, 1, n, "bytes_total"), size))
+        critical_batch_matmul=np.repeat(first_true_array(lambda b: compute_bound(b, ctx1, True), 1), size),
+        critical_batch=per_value(context, lambda ctx, n: first_true_array(
+            lambda b: compute_bound(b, ctx, False), n)),
+        attention_flops_crossover=np.repeat(first_true_array(lambda n: split(1, n, n, "flops"), 1), size),
+        attention_bytes_crossover=per_value(batch, lambda b, n: first_true_array(
+            lambda c: split(b, 1, c, "bytes_total"), n)))
 
 
 # ---- the roll-up ---------------------------------------------------------------------------------
@@ -445,7 +461,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         decode_intensity=first.intensity, decode_bound=first.bound,
         compute_dtype=dtype, ridge_point=hw.ridge_point(dtype),
         weights_gib=mem["weights_bytes"] / gib, kv_bytes_per_token=mem["kv_bytes_per_token"],
-        kv_cache_gib=mem["kv_cache_bytes"] / gib, activation_gib=mem["activation_bytes"] / gib,
+        kv_cache_gib=mem["kv_cache_bytes"] / gib, activation_peak_gib=mem["activation_bytes"] / gib,
         total_gib=total_mem / gib, usable_gib=mem["usable_bytes"] / gib, device_gib=mem["device_bytes"] / gib,
         mem_util=conv.mem_util, max_batched_tokens=conv.max_batched_tokens, block_size=conv.block_size,
         max_seq_len=mem["max_seq_len"].astype(np.int64),

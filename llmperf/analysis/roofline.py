@@ -118,7 +118,9 @@ class TimeModel(Protocol):
     overhead_s)`): it may depend on `cost.kind`, `cost.name` and `cost.rows` (= batch * q_len), and
     on the device, but NOT on the context length (kv_len), so decode sums stay in closed form.
     Efficiencies must be in (0, 1] (a measured ceiling above the datasheet is a calibration error)
-    and the overhead >= 0.
+    and the overhead >= 0. An optional attribute `step_overhead_s` (seconds) is a fixed cost per
+    forward pass outside the operators (the host's sampling and bookkeeping); every roll-up adds it
+    once per step (`step_overhead_s(time_model)`).
     """
 
     name: str
@@ -141,10 +143,20 @@ _UNIT = Efficiency()
 ROOFLINE = RooflineTimeModel()
 
 
-def resolve_time_model(time_model: TimeModel | None) -> TimeModel:
-    """`None` -> the pure roofline; anything else must implement `TimeModel`."""
+def step_overhead_s(time_model: TimeModel | None) -> float:
+    """The per-step fixed cost a time model declares (0 for the roofline or when absent)."""
+    return float(getattr(time_model, "step_overhead_s", 0.0) or 0.0)
+
+
+def resolve_time_model(time_model: TimeModel | None, hardware: HardwareSpec | None = None,
+                       compute_dtype: str | None = None) -> TimeModel:
+    """`None` -> the pure roofline; a `TimeModel` as it is; a factory `f(hardware, compute_dtype)`
+    (e.g. `functools.partial(timemodel.time_model_for, efficiency="typical")` reordered) is called
+    for the device and dtype at hand, so one sweep over several devices gets each its own model."""
     if time_model is None:
         return ROOFLINE
+    if not isinstance(time_model, TimeModel) and callable(time_model) and hardware is not None:
+        time_model = time_model(hardware, compute_dtype)
     if not isinstance(time_model, TimeModel):
         raise TypeError(f"time_model: expected an object with .name and .efficiency(cost, hardware), "
                         f"got {type(time_model).__name__}")
@@ -192,12 +204,27 @@ def bound_label(compute_s: Number, memory_s: Number, comm_s: Number = 0.0) -> An
     return str(out) if out.ndim == 0 else out
 
 
+def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
+    """Efficiencies in (0, 1] and a non-negative overhead, or an error naming the model and operator."""
+    for field in ("e_compute", "e_memory", "e_comm"):
+        value = np.asarray(getattr(eff, field), dtype=float)
+        if not np.all((value > 0) & (value <= 1)):
+            raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be in (0, 1], got "
+                             f"{float(value.ravel()[~((value > 0) & (value <= 1)).ravel()][0])!r}")
+    overhead = np.asarray(eff.overhead_s, dtype=float)
+    if not np.all(np.isfinite(overhead) & (overhead >= 0)):
+        raise ValueError(f"time model {tm.name!r}: overhead_s for {cost.name} must be >= 0, got {eff.overhead_s!r}")
+
+
 def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
             time_model: TimeModel | None = None) -> OpTime:
     """Time of `cost` on `hardware`: each roof separately (compute, memory, interconnect), divided by
     the efficiencies `time_model` gives (default: the pure roofline), plus its overhead.
     Every operator time in llmperf is computed here."""
-    eff = _as_efficiency(resolve_time_model(time_model).efficiency(cost, hardware))
+    tm = resolve_time_model(time_model)
+    eff = _as_efficiency(tm.efficiency(cost, hardware))
+    if tm is not ROOFLINE:
+        _check_efficiency(eff, tm, cost)
     compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * eff.e_compute)
     memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
     if np.any(np.asarray(cost.comm_bytes) > 0) and hardware.interconnect_bytes_per_s <= 0:

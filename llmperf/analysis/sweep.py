@@ -74,7 +74,6 @@ def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
     conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
                        fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                        block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens)
-    tm = resolve_time_model(time_model)
     B, P, G = (a.ravel() for a in np.meshgrid(batches, prompts, gens, indexing="ij"))
     groups = []
     for model_ref, hw_ref in itertools.product(_as_list(models), _as_list(hardware)):
@@ -83,6 +82,7 @@ def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
             warnings.warn(w, stacklevel=3)
         precs = _precisions(m, precision, weights, activations, kv, group_size, zero_point, embeddings)
         for prec, t, p in itertools.product(precs, tps, pps):
+            tm = resolve_time_model(time_model, hw, hw.compute_dtype(prec.activations))
             groups.append(Group(model=m, hardware=hw, precision=prec, tp=t, pp=p, conventions=conv,
                                 time_model=tm, batch=B, prompt_len=P, gen_len=G))
     return groups

@@ -182,6 +182,7 @@ class HalfSpeed:
     """Half the compute roof, 80% of bandwidth, 2 µs per launch; bigger GEMMs do better."""
 
     name = "half-speed"
+    step_overhead_s = 5e-6  # per forward pass, outside the operators
 
     def efficiency(self, cost, hardware):  # noqa: ANN001, ANN201
         rows = np.asarray(cost.rows, dtype=float)
@@ -198,7 +199,7 @@ def test_time_model_reaches_every_time_and_keeps_the_closed_form(tiny_llama, a10
     base = estimate(tiny_llama, a100, batch=5, prompt_len=30, gen_len=40)
     assert base.summary()["time_model"] == "roofline" and est.ttft_s > base.ttft_s
     n_ops = len(est.prefill.ops)
-    assert est.prefill.time_s >= n_ops * 2e-6
+    assert est.prefill.time_s >= n_ops * 2e-6 + 5e-6
     row = sweep([tiny_llama], [a100], batch=[5], prompt_len=[30], gen_len=[40], time_model=tm).iloc[0]
     assert row.tpot_s == est.tpot_s and row.ttft_s == est.ttft_s
 
@@ -318,3 +319,17 @@ def test_hardware_with_no_interconnect_refuses_pp_by_name(tiny_llama):
     lonely = replace(hw, interconnect_gbps=0.0)
     with pytest.raises(SpecError, match="pp: 2"):
         estimate(tiny_llama, lonely, pp=2)
+
+
+class Broken:
+    name = "broken"
+
+    def efficiency(self, cost, hardware):  # noqa: ANN001, ANN201
+        return (1.5, 1.0, 0.0)
+
+
+def test_a_time_model_out_of_range_is_refused_by_name(tiny_llama, a100):
+    with pytest.raises(ValueError, match="time model 'broken': e_compute for .* must be in \\(0, 1\\], got 1.5"):
+        estimate(tiny_llama, a100, time_model=Broken())
+    with pytest.raises(TypeError, match="time_model"):
+        estimate(tiny_llama, a100, time_model=object())

@@ -167,3 +167,77 @@ def test_cli_and_analysis_do_not_import_torch():
             "print('torch' in sys.modules, 'triton' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+# ---- issue 7: one schema, every convention, lists, unfit configurations, 80 columns ------------------
+def test_single_and_sweep_share_one_schema():
+    one = json.loads(run("estimate", "-f", "json").stdout)
+    many = json.loads(run("estimate", "-b", "1,2", "--tp", "1,2", "--weights", "bf16,int4", "-f", "json").stdout)
+    assert one["schema_version"] == many["schema_version"] == 1
+    assert list(one["configurations"][0]) == list(many["configurations"][0])
+    assert len(many["configurations"]) == 8 and {c["gpus"] for c in many["configurations"]} == {1, 2}
+    same = [c for c in many["configurations"] if c["batch"] == 1 and c["tp"] == 1 and c["weights"] == "bf16"]
+    assert same == one["configurations"]  # a single estimate is the same row of a sweep
+    csv = pd.read_csv(StringIO(run("estimate", "-b", "1,2", "-f", "csv").stdout))
+    assert list(csv.columns) == list(one["configurations"][0])
+
+
+def test_every_convention_reaches_the_numbers():
+    def row(*args: str) -> dict:
+        r = run("estimate", "-f", "json", *args)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["configurations"][0]
+    base = row()
+    assert row("--all-logits")["prefill_flops"] > base["prefill_flops"]
+    assert row("--attention-flops", "dense")["prefill_flops"] > base["prefill_flops"]
+    assert row("--attention", "naive")["prefill_bytes"] > base["prefill_bytes"]
+    assert row("--split-qkv")["prefill_bytes"] > base["prefill_bytes"]
+    assert row("--split-gate-up")["prefill_bytes"] > base["prefill_bytes"]
+    assert row("--max-batched-tokens", "2048")["max_batch"] > base["max_batch"]
+    assert row("--weights", "int4", "--group-size", "32")["weights_gib"] > row("--weights", "int4")["weights_gib"]
+    assert row("--weights", "int4", "--embeddings", "int4")["weights_gib"] < row("--weights", "int4")["weights_gib"]
+    assert row("--max-seq-len", "8192")["max_batch_contiguous"] > base["max_batch_contiguous"]
+    lists = json.loads(run("estimate", "-b", "1,2", "--max-seq-len", "8192", "--per-op", "-f", "json").stdout)
+    assert {c["max_seq_len"] for c in lists["configurations"]} == {8192}
+    assert {o["configuration"] for o in lists["ops"]} == {0, 1}
+    assert base["time_model"] == "roofline" and base["params_total"] == 8_030_261_248
+
+
+def test_unfit_configuration_is_flagged_and_warned_but_answers():
+    r = run("estimate", "-b", "100000", "-f", "json")
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["configurations"][0]["fits"] is False
+    assert "does not fit" in r.stderr
+    r = run("estimate", "-b", "1,100000")
+    assert r.exit_code == 0 and "NO" in r.stdout and "1 of 2 configurations do not fit" in r.stderr
+
+
+def test_tables_fit_in_80_columns_without_truncating_names(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    for args in (["estimate"], ["estimate", "--per-op"],
+                 ["estimate", "mixtral-8x7b,llama-3.1-8b", "-H", "a100-80gb-sxm,h100-sxm", "-b", "1,64"]):
+        r = run(*args)
+        assert r.exit_code == 0, r.output
+        assert max(len(line) for line in r.stdout.splitlines()) <= 80, r.stdout
+        assert "…" not in r.stdout
+    assert "mixtral-8x7b" in r.stdout and "a100-80gb-sxm" in r.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--max-batched-tokens", "0"], "--max-batched-tokens: must be a positive integer, got 0"),
+    (["--group-size", "0", "--weights", "int4"], "group_size: must be a positive integer"),
+    (["--group-size", "64"], "group scales apply to int4/int8 weights"),
+    (["--attention-flops", "sparse"], "--attention-flops: must be executed or dense, got 'sparse'"),
+    (["--tp", "1,x"], "--tp"),
+    (["--pp", "2,0"], "--pp: 0"),
+    (["--weights", "int4,fp9"], "unknown dtype 'fp9'"),
+    (["--max-seq-len", "600"], "max_seq_len: 600 is shorter than a context of 640"),
+    (["--embeddings", "fp5"], "precision.embeddings"),
+])
+def test_new_bad_inputs_exit_2_and_leave_no_file(tmp_path, args, needle):
+    out = tmp_path / "out.json"
+    r = run("estimate", *args, "-f", "json", "-o", str(out))
+    assert r.exit_code == 2, r.output
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.output
+    assert list(tmp_path.iterdir()) == []
