@@ -132,6 +132,10 @@ class ModelSpec:
                 raise SpecError(f"{self.name}: {f} must be one of {', '.join(allowed)}, "
                                 f"got {getattr(self, f)!r}")
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype, f"{self.name}: dtype"))
+        if self.sliding_window is not None:
+            _positive_int(self, "sliding_window")
+        if self.quantization is not None and not isinstance(self.quantization, QuantizationSpec):
+            raise SpecError(f"{self.name}: quantization must be a QuantizationSpec, got {self.quantization!r}")
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
