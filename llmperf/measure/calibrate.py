@@ -616,6 +616,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
     if s.allreduce:
         try:
             cal.allreduce = measure_allreduce(s, device, tick)
+            if not cal.allreduce:
+                cal.notes.append("all-reduce not measured: one CUDA device (NCCL needs two or more)")
         except Exception as exc:  # noqa: BLE001 - a sandbox without sockets/shm still calibrates the rest
             cal.notes.append(f"all-reduce not measured ({type(exc).__name__}: {str(exc).splitlines()[0]})")
     if not cal.measured_dtypes():

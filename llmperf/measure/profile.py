@@ -72,6 +72,7 @@ BACKENDS = ("sdpa", "naive", "triton")
 KV_KINDS = ("contiguous", "paged")
 MEMORY_HEADROOM = 0.9  # refuse a run that needs more than this share of the free memory
 CACHE_ROTATION_FACTOR = 2  # rotate weights through copies totalling 2x the last-level cache
+PAGED_BLOCK = 16  # tokens per block of the paged cache (vLLM's default, the engine's)
 MICRO_BUDGET_S = 2.0  # a micro-benchmark stops repeating (after two calls) once it has spent this
 
 Progress = Callable[[str], None]
@@ -363,11 +364,14 @@ def cross_checks(model: Any, spec: ModelSpec, prec: Precision, settings: Profile
     checks.append(dict(name="weight bytes vs parameters", passed=int(predicted_w) == real,
                        detail=f"analytical {int(predicted_w)} B vs real {real} B"))
     b, ctx = max(settings.batches), max(settings.prompt_lens) + max(settings.gen_lens)
-    cache = make_cache(settings.kv, spec, dtype=model.dtype, device=model.device, max_batch=b, max_seq_len=ctx)
-    predicted_kv = b * ctx * spec.kv_bytes_per_token(prec.kv)
+    cache = make_cache(settings.kv, spec, dtype=model.dtype, device=model.device, max_batch=b, max_seq_len=ctx,
+                       block_size=PAGED_BLOCK)
+    # a paged cache holds whole blocks of 16 tokens per sequence (the engine's default block size)
+    slots = ctx if settings.kv == "contiguous" else -(-ctx // PAGED_BLOCK) * PAGED_BLOCK
+    predicted_kv = b * slots * spec.kv_bytes_per_token(prec.kv)
     checks.append(dict(name="KV cache bytes vs cache storage", passed=int(predicted_kv) == int(cache.capacity_bytes),
                        detail=f"analytical {int(predicted_kv)} B vs real {int(cache.capacity_bytes)} B "
-                              f"({settings.kv}, {b} x {ctx} tokens)"))
+                              f"({settings.kv}, {b} x {slots} token slots)"))
     del cache
     return checks
 
@@ -637,7 +641,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         tick("cross-checks")
         run["checks"] = cross_checks(model, spec, prec, settings)
         _atomic_json(run_path, _finite(run))
-        engine = Engine(model, cache=settings.kv)
+        engine = Engine(model, cache=settings.kv, attention=settings.backend)
         llc = _llc_bytes(dev)
         for i, (b, p, g) in enumerate(settings.configs()):
             config = f"b{b}-p{p}-g{g}"

@@ -214,3 +214,15 @@ def test_triton_micro_path_runs_in_the_interpreter(q_len, hardware, monkeypatch)
         rows = prof._attention_micro(model, spec, pred, settings, 2, prof.Phase.prefill if q_len > 1 else
                                      prof.Phase.decode, q_len, 24)
     assert len(rows) == 1 and rows[0]["op"] == "attention" and rows[0]["measured_s"] == 1e-3
+
+
+def test_paged_kv_cross_check(hardware, model_path, tmp_path):
+    from llmperf.engine import build_model
+    from llmperf.specs import ModelSpec, Precision
+
+    spec = ModelSpec(**TINY)
+    s = prof.ProfileSettings(model=model_path, hardware="local", kv="paged", batches=(3,), prompt_lens=(10,),
+                             gen_lens=(3,))
+    checks = prof.cross_checks(build_model(spec), spec, Precision.uniform("fp32"), s)
+    kv = next(c for c in checks if c["name"].startswith("KV"))
+    assert kv["passed"] and "3 x 16 token slots" in kv["detail"], kv
