@@ -149,3 +149,18 @@ def test_estimate_efficiency_bad_input(args, needles):
 def test_estimate_typical_refused_for_a_cpu(calibrated):
     _one_error_line(runner.invoke(app, ["estimate", "gpt2", "-H", str(calibrated), "--efficiency", "typical"]),
                     "GPU measurements")
+
+
+def test_profile_calibrates_first_when_there_is_no_local(model_path, tmp_path, monkeypatch):
+    from llmperf.measure import calibrate as cal_mod
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cal_mod.Settings, "for_device",
+                        classmethod(lambda cls, device, **kw: cls.tiny(device=device, **kw)))
+    res = runner.invoke(app, ["profile", model_path, "--device", "cpu", "-p", "8", "-g", "2", "--reps", "1",
+                              "--threads", "1", "--no-micro", "-o", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "cache" / "llmperf" / "local.yaml").is_file()
+    doc = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert doc["hardware"] == "local" and doc["status"] == "complete"
+    assert yaml.safe_load((tmp_path / "cache" / "llmperf" / "local.yaml").read_text())["calibration"]["threads"] == 1
