@@ -382,7 +382,6 @@ def measure_streams(s: Settings, device: Any, progress: Progress) -> list[Stream
             t = time_fn(lambda: dst.add_(src), device, reps=s.reps, min_time_s=0.02)  # reads 2, writes 1
             out.append(StreamPoint(kind="add", size_bytes=4 * n, bytes_moved=12 * n, seconds=t.min_s,
                                    spread_s=t.spread_s, n=t.n))
-        del src, dst
     return out
 
 
@@ -454,7 +453,6 @@ def measure_attention(s: Settings, device: Any, progress: Progress) -> list[Comp
                                     shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.min_s,
                                     spread_s=t.spread_s, n=t.n, flops=float(cost.flops),
                                     bytes=float(cost.bytes_total)))
-            del q, kk, vv
     return out
 
 
