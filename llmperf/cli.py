@@ -46,6 +46,17 @@ def _ops_of(models: list[str], devices: list[str], options: dict) -> tuple[list,
     return ests, pd.concat(parts, ignore_index=True)
 
 
+def _renumber(frames: list):  # noqa: ANN202
+    """Per-operator frames of consecutive sweep parts, their `configuration` indices made global."""
+    import pandas as pd
+
+    offset, out = 0, []
+    for f in frames:
+        out.append(f.assign(configuration=f["configuration"] + offset))
+        offset += int(f["configuration"].max()) + 1 if len(f) else 0
+    return pd.concat(out, ignore_index=True)
+
+
 def _warn_unfit(frame) -> None:  # noqa: ANN001
     """A configuration that does not fit is an answer (exit 0), flagged in the output and here."""
     bad = frame[~frame["fits"].astype(bool)]
@@ -89,6 +100,7 @@ def estimate(
     per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step (of every configuration).")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv (the same columns; see the README's output schema).")] = OutputFormat.table,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")] = None,
+    efficiency: Annotated[str, typer.Option("--efficiency", help="Time model: roofline (peaks, no overhead), typical (published GPU efficiencies, models_spec/efficiency/typical.yaml) or calibrated (the device's `llmperf calibrate` terms, e.g. -H local).")] = "roofline",
 ) -> None:
     """Predict TTFT, time per output token, throughput, memory and the bound (memory or compute)
     of generating GEN_LEN tokens after a PROMPT_LEN prompt for BATCH sequences.
@@ -96,6 +108,8 @@ def estimate(
     Units: times in seconds, FLOPs as multiply + add = 2, bytes decimal (GB = 1e9), capacities GiB.
     A configuration that does not fit in memory is flagged (fits = false) and warned about.
     """
+    import pandas as pd
+
     import llmperf.analysis as analysis
     from llmperf.analysis import schema
 
@@ -126,10 +140,14 @@ def estimate(
                            group_size=group_size, embeddings=embeddings)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            frame = analysis.sweep(models, devices, **lists, **precisions, **conventions)
+            from llmperf.analysis.timemodel import sweep_jobs  # one time model per part (--efficiency)
+            jobs = sweep_jobs(efficiency, models, devices, dict(lists, **precisions, **conventions))
+            frame = pd.concat([analysis.sweep(ms, ds, **opts) for ms, ds, opts in jobs], ignore_index=True)
             estimates, ops = [], None
             if per_op or (len(frame) == 1 and output_format is OutputFormat.table):
-                estimates, ops = _ops_of(models, devices, dict(lists, **precisions, **conventions))
+                parts = [_ops_of(ms, ds, opts) for ms, ds, opts in jobs]
+                estimates = [e for part in parts for e in part[0]]
+                ops = _renumber([part[1] for part in parts])
         for w in dict.fromkeys(str(w.message) for w in caught):
             err_console.print(f"[yellow]warning:[/] {w}", markup=True)
         _warn_unfit(frame)

@@ -233,3 +233,38 @@ def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute
     used, kinds = _pick_dtype(parsed, compute_dtype, str(path))
     return EfficiencyTimeModel(name="typical", kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
                                source=parsed["source"])
+
+
+def sweep_jobs(efficiency: str, models: Sequence[Any], devices: Sequence[Any], options: Mapping[str, Any]
+               ) -> list[tuple[list[Any], list[Any], dict[str, Any]]]:
+    """Split a sweep so each part has one time model: `(models, devices, options + time_model)`.
+
+    The roofline needs no split (one part, the default time model). `typical` and `calibrated` terms
+    belong to one device and one compute dtype, so the sweep is split per model, device and
+    activation precision (in the sweep's own row order: model, hardware, precision), each part
+    carrying the `time_model` `time_model_for` gives."""
+    from llmperf.specs import load_hardware, load_model
+
+    if efficiency not in TIME_MODELS:
+        raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {efficiency!r}")
+    if efficiency == "roofline":
+        return [(list(models), list(devices), dict(options))]
+    jobs = []
+    for m_ref in models:
+        model = load_model(m_ref)
+        for d_ref in devices:
+            hw = load_hardware(d_ref)
+            if options.get("activations"):
+                key, values = "activations", list(options["activations"])
+            elif options.get("precision"):
+                key, values = "precision", list(options["precision"])
+            else:
+                key, values = None, [model.dtype]
+            for act in values:
+                name = act if isinstance(act, str) else getattr(act, "activations", model.dtype)
+                tm = time_model_for(hw, efficiency, hw.compute_dtype(name))
+                opts = dict(options, time_model=tm)
+                if key is not None:
+                    opts[key] = [act]
+                jobs.append(([m_ref], [d_ref], opts))
+    return jobs

@@ -18,7 +18,7 @@ import typer
 from llmperf.clitools import err_console, fail, out_console, parse_int_list
 
 
-def _hardware(name: str | None, device: str) -> Any:
+def _hardware(name: str | None, device: str, threads: int | None = None) -> Any:
     """The named spec, or `local` (calibrating this device first when no calibration exists)."""
     from llmperf.specs import load_hardware
     from llmperf.specs.local import local_path
@@ -30,7 +30,7 @@ def _hardware(name: str | None, device: str) -> Any:
         from llmperf.measure.calibrate import Settings, write_yaml
 
         err_console.print(f"no calibration at {local_path()}: calibrating this device first")
-        cal = run_calibration(Settings.for_device(device))
+        cal = run_calibration(Settings.for_device(device, threads=threads))  # profiled with the same threads
         write_yaml(cal.to_mapping(), local_path())
     return load_hardware("local")
 
@@ -131,7 +131,7 @@ def register(app: typer.Typer) -> None:
                 raise SpecError(f"--output: {str(out_dir)!r} already holds a run (run.json); choose another folder")
             if out_dir.exists() and not out_dir.is_dir():
                 raise SpecError(f"--output: {str(out_dir)!r} is a file")
-            hw = _hardware(hardware, dev)
+            hw = _hardware(hardware, dev, threads)
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                           console=err_console, transient=True) as bar:
                 task = bar.add_task("profiling", total=None)

@@ -130,6 +130,17 @@ def report(run_dir: Path) -> tuple[str, bool]:
                 ok &= met
                 lines.append(f"    {'met ' if met else 'MISS'} calibrated {phase} {stat} {value:.1%} "
                              f"(target <= {goal:.0%})")
+    ops = pd.read_csv(run_dir / "ops.csv")
+    lines.append("")
+    lines.append("operators: |predicted / measured - 1| (median, p90, share within 20%), roofline | calibrated")
+    for (kind, phase), rows in ops.groupby(["kind", "phase"]):
+        cells = []
+        for model in ("roofline", "calibrated"):
+            err = (rows[f"ratio_{model}"] - 1).abs().dropna()
+            cells.append(f"{err.median():6.1%} {err.quantile(0.9):6.1%} {(err <= 0.2).mean():4.0%}" if len(err)
+                         else "      -")
+        lines.append(f"  {kind:10} {phase:8} n={len(rows):4}  {cells[0]} | {cells[1]}")
+    lines.append("")
     crit = critical_batches(run, steps)
     for cb in crit:
         ok &= cb.within

@@ -382,7 +382,6 @@ def measure_streams(s: Settings, device: Any, progress: Progress) -> list[Stream
             t = time_fn(lambda: dst.add_(src), device, reps=s.reps, min_time_s=0.02)  # reads 2, writes 1
             out.append(StreamPoint(kind="add", size_bytes=4 * n, bytes_moved=12 * n, seconds=t.min_s,
                                    spread_s=t.spread_s, n=t.n))
-        del src, dst
     return out
 
 
@@ -454,7 +453,6 @@ def measure_attention(s: Settings, device: Any, progress: Progress) -> list[Comp
                                     shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.min_s,
                                     spread_s=t.spread_s, n=t.n, flops=float(cost.flops),
                                     bytes=float(cost.bytes_total)))
-            del q, kk, vv
     return out
 
 
@@ -616,6 +614,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
     if s.allreduce:
         try:
             cal.allreduce = measure_allreduce(s, device, tick)
+            if not cal.allreduce:
+                cal.notes.append("all-reduce not measured: one CUDA device (NCCL needs two or more)")
         except Exception as exc:  # noqa: BLE001 - a sandbox without sockets/shm still calibrates the rest
             cal.notes.append(f"all-reduce not measured ({type(exc).__name__}: {str(exc).splitlines()[0]})")
     if not cal.measured_dtypes():

@@ -43,7 +43,7 @@ import statistics
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,8 @@ BACKENDS = ("sdpa", "naive", "triton")
 KV_KINDS = ("contiguous", "paged")
 MEMORY_HEADROOM = 0.9  # refuse a run that needs more than this share of the free memory
 CACHE_ROTATION_FACTOR = 2  # rotate weights through copies totalling 2x the last-level cache
+PAGED_BLOCK = 16  # tokens per block of the paged cache (vLLM's default, the engine's)
+MICRO_BUDGET_S = 2.0  # a micro-benchmark stops repeating (after two calls) once it has spent this
 
 Progress = Callable[[str], None]
 
@@ -362,11 +364,14 @@ def cross_checks(model: Any, spec: ModelSpec, prec: Precision, settings: Profile
     checks.append(dict(name="weight bytes vs parameters", passed=int(predicted_w) == real,
                        detail=f"analytical {int(predicted_w)} B vs real {real} B"))
     b, ctx = max(settings.batches), max(settings.prompt_lens) + max(settings.gen_lens)
-    cache = make_cache(settings.kv, spec, dtype=model.dtype, device=model.device, max_batch=b, max_seq_len=ctx)
-    predicted_kv = b * ctx * spec.kv_bytes_per_token(prec.kv)
+    cache = make_cache(settings.kv, spec, dtype=model.dtype, device=model.device, max_batch=b, max_seq_len=ctx,
+                       block_size=PAGED_BLOCK)
+    # a paged cache holds whole blocks of 16 tokens per sequence (the engine's default block size)
+    slots = ctx if settings.kv == "contiguous" else -(-ctx // PAGED_BLOCK) * PAGED_BLOCK
+    predicted_kv = b * slots * spec.kv_bytes_per_token(prec.kv)
     checks.append(dict(name="KV cache bytes vs cache storage", passed=int(predicted_kv) == int(cache.capacity_bytes),
                        detail=f"analytical {int(predicted_kv)} B vs real {int(cache.capacity_bytes)} B "
-                              f"({settings.kv}, {b} x {ctx} tokens)"))
+                              f"({settings.kv}, {b} x {slots} token slots)"))
     del cache
     return checks
 
@@ -430,7 +435,7 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
                 w = ws[state["i"]]
                 return torch.matmul(x, w) if in_out else F.linear(x, w)
 
-            t = time_fn(call, device, reps=settings.reps, warmup=len(ws))
+            t = time_fn(call, device, reps=settings.reps, warmup=1, max_time_s=MICRO_BUDGET_S)
             cost = pred.cost(op, batch, q_len, kv_len)
             rows_out.append(op_row("micro", phase.value, op.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
                                    cost, pred.times(cost, batch, q_len), pred.hardware, pred.compute_dtype))
@@ -465,7 +470,7 @@ def _attention_micro(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
         fn = lambda: kernels.naive_attention(q, k, v, causal)  # noqa: E731
     else:
         fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=H != H_kv)  # noqa: E731
-    t = time_fn(fn, device, reps=settings.reps, warmup=1)
+    t = time_fn(fn, device, reps=settings.reps, warmup=1, max_time_s=MICRO_BUDGET_S)
     names = [Op.attention] if settings.backend != "naive" else [Op.attn_score, Op.attn_softmax, Op.attn_value]
     costs = [pred.cost(n, batch, q_len, kv_len) for n in names]
     if settings.backend == "naive":  # one timed call covers the three naive operators: join it to their sum
@@ -494,7 +499,8 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
     gen = torch.Generator().manual_seed(settings.seed)
     prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=gen).tolist()
     params = SamplingParams(max_new_tokens=gen_len, min_new_tokens=gen_len)
-    engine.generate(prompts, SamplingParams(max_new_tokens=2, min_new_tokens=2), seed=settings.seed)  # warm-up
+    # warm-up (allocator, kernels, thread pool) on short prompts: a long prefill twice would double the run
+    engine.generate([p[:8] for p in prompts], SamplingParams(max_new_tokens=2, min_new_tokens=2), seed=settings.seed)
     rec = Recorder(engine.model.device)
     engine.generate(prompts, params, seed=settings.seed, recorder=rec)
     trace = rec.trace
@@ -635,7 +641,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         tick("cross-checks")
         run["checks"] = cross_checks(model, spec, prec, settings)
         _atomic_json(run_path, _finite(run))
-        engine = Engine(model, cache=settings.kv)
+        engine = Engine(model, cache=settings.kv, attention=settings.backend)
         llc = _llc_bytes(dev)
         for i, (b, p, g) in enumerate(settings.configs()):
             config = f"b{b}-p{p}-g{g}"

@@ -13,6 +13,7 @@ medians differ.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -58,15 +59,22 @@ def summarize(samples: list[float], threads: int = 0) -> Timing:
 
 
 def time_cpu(fn: Callable[[], Any], *, warmup: int = 2, reps: int = 5, min_time_s: float = 0.0,
-             max_reps: int = 10_000) -> Timing:
-    """Warmed-up median of `perf_counter` around `fn()` (see the module docstring)."""
+             max_reps: int = 10_000, max_time_s: float = math.inf) -> Timing:
+    """Warmed-up median of `perf_counter` around `fn()` (see the module docstring). At least `reps`
+    calls, more while under `min_time_s`; fewer (but two at least) once `max_time_s` is spent, so a
+    seconds-long call is not repeated needlessly."""
     import torch
 
     for _ in range(warmup):
         fn()
     samples: list[float] = []
     start = time.perf_counter()
-    while len(samples) < reps or (time.perf_counter() - start < min_time_s and len(samples) < max_reps):
+    while True:
+        elapsed = time.perf_counter() - start
+        if len(samples) >= 2 and elapsed > max_time_s:
+            break
+        if len(samples) >= reps and (elapsed >= min_time_s or len(samples) >= max_reps):
+            break
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
@@ -83,8 +91,8 @@ def time_cuda(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 1
 
 
 def time_fn(fn: Callable[[], Any], device: Any, *, reps: int = 5, warmup: int = 2,
-            min_time_s: float = 0.0) -> Timing:
+            min_time_s: float = 0.0, max_time_s: float = math.inf) -> Timing:
     """`time_cuda` on a CUDA device, else `time_cpu`."""
     if getattr(device, "type", str(device)) == "cuda":
         return time_cuda(fn)
-    return time_cpu(fn, warmup=warmup, reps=reps, min_time_s=min_time_s)
+    return time_cpu(fn, warmup=warmup, reps=reps, min_time_s=min_time_s, max_time_s=max_time_s)

@@ -119,3 +119,48 @@ def test_profile_shape_that_does_not_fit(calibrated, tmp_path):
                               "-p", "8192", "-o", str(tmp_path / "run")])
     _one_error_line(res, "GiB", "weights", "KV cache", "free")
     assert not (tmp_path / "run").exists()
+
+
+def _summary(args):
+    res = runner.invoke(app, ["estimate", *args, "-f", "json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)["configurations"]
+
+
+def test_estimate_says_which_time_model_produced_the_numbers(calibrated):
+    roof = _summary(["-H", "h100-sxm,a100-80gb-sxm", "-b", "1,8"])
+    typical = _summary(["-H", "h100-sxm,a100-80gb-sxm", "-b", "1,8", "--efficiency", "typical"])
+    assert [r["time_model"] for r in roof] == ["roofline"] * 4 and [r["time_model"] for r in typical] == ["typical"] * 4
+    for r, t in zip(roof, typical):
+        assert (r["hardware"], r["batch"]) == (t["hardware"], t["batch"])
+        assert t["tpot_s"] > r["tpot_s"] and t["ttft_s"] > r["ttft_s"]
+    cal = _summary(["gpt2", "-H", str(calibrated), "--dtype", "fp32", "--efficiency", "calibrated"])
+    assert cal[0]["time_model"] == "calibrated"
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["-H", "h100-sxm", "--efficiency", "calibrated"], ("no calibration", "llmperf calibrate")),
+    (["-H", "h100-sxm", "--efficiency", "measured"], ("--efficiency", "measured")),
+])
+def test_estimate_efficiency_bad_input(args, needles):
+    _one_error_line(runner.invoke(app, ["estimate", *args]), *needles)
+
+
+def test_estimate_typical_refused_for_a_cpu(calibrated):
+    _one_error_line(runner.invoke(app, ["estimate", "gpt2", "-H", str(calibrated), "--efficiency", "typical"]),
+                    "GPU measurements")
+
+
+def test_profile_calibrates_first_when_there_is_no_local(model_path, tmp_path, monkeypatch):
+    from llmperf.measure import calibrate as cal_mod
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cal_mod.Settings, "for_device",
+                        classmethod(lambda cls, device, **kw: cls.tiny(device=device, **kw)))
+    res = runner.invoke(app, ["profile", model_path, "--device", "cpu", "-p", "8", "-g", "2", "--reps", "1",
+                              "--threads", "1", "--no-micro", "-o", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "cache" / "llmperf" / "local.yaml").is_file()
+    doc = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert doc["hardware"] == "local" and doc["status"] == "complete"
+    assert yaml.safe_load((tmp_path / "cache" / "llmperf" / "local.yaml").read_text())["calibration"]["threads"] == 1

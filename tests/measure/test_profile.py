@@ -170,3 +170,59 @@ def test_context_beyond_positions_is_refused(model_path):
     s = prof.ProfileSettings(model=model_path, hardware="local", prompt_lens=(500,), gen_lens=(100,))
     with pytest.raises(SpecError, match="max_positions=512"):
         prof.resolve_spec(s)
+
+
+def test_accuracy_benchmark_reads_the_run(run, capsys):
+    from llmperf.measure import accuracy
+
+    text, _ = accuracy.report(run.out_dir)
+    for needle in ("roofline median", "calibrated median", "decode", "e2e", "critical batch", "checks:"):
+        assert needle in text
+    assert accuracy.main([str(run.out_dir)]) == 0
+    assert accuracy.main([str(run.out_dir / "nowhere")]) == 2
+
+
+def test_growth_batch_golden():
+    import numpy as np
+
+    from llmperf.measure.accuracy import _growth_batch
+
+    # flat to batch 4, then linear: 1.5x the batch-1 time is reached halfway (in log) from 4 to 16
+    assert _growth_batch(np.array([1, 4, 16]), np.array([1.0, 1.0, 2.0])) == pytest.approx(8.0)
+    assert math.isnan(_growth_batch(np.array([1, 4]), np.array([1.0, 1.1])))
+
+
+@pytest.mark.parametrize("q_len", [1, 16], ids=["decode", "prefill"])
+def test_triton_micro_path_runs_in_the_interpreter(q_len, hardware, monkeypatch):
+    """The CUDA-only micro path (Triton kernels) runs here through the interpreter, so a GPU run cannot
+    fail on a typo; its timing is faked (the interpreter says nothing about speed)."""
+    pytest.importorskip("triton")
+    import torch
+
+    from llmperf.analysis import ForwardModel
+    from llmperf.engine import build_model
+    from llmperf.measure import timers
+    from llmperf.specs import ModelSpec, Precision
+
+    monkeypatch.setattr(timers, "time_fn", lambda fn, device, **kw: (fn(), timers.summarize([1e-3]))[1])
+    spec = ModelSpec(**{**TINY, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "num_layers": 1})
+    model = build_model(spec, dtype="fp32")
+    fm = ForwardModel(model=spec, precision=Precision.uniform("fp32"))
+    pred = prof.Predictor(fm=fm, hardware=hardware, compute_dtype="fp32", calibrated=None)
+    settings = prof.ProfileSettings(model="x", hardware="local", backend="triton")
+    with torch.inference_mode():
+        rows = prof._attention_micro(model, spec, pred, settings, 2, prof.Phase.prefill if q_len > 1 else
+                                     prof.Phase.decode, q_len, 24)
+    assert len(rows) == 1 and rows[0]["op"] == "attention" and rows[0]["measured_s"] == 1e-3
+
+
+def test_paged_kv_cross_check(hardware, model_path, tmp_path):
+    from llmperf.engine import build_model
+    from llmperf.specs import ModelSpec, Precision
+
+    spec = ModelSpec(**TINY)
+    s = prof.ProfileSettings(model=model_path, hardware="local", kv="paged", batches=(3,), prompt_lens=(10,),
+                             gen_lens=(3,))
+    checks = prof.cross_checks(build_model(spec), spec, Precision.uniform("fp32"), s)
+    kv = next(c for c in checks if c["name"].startswith("KV"))
+    assert kv["passed"] and "3 x 16 token slots" in kv["detail"], kv

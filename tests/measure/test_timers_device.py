@@ -36,3 +36,10 @@ def test_describe_cpu_has_the_facts():
     v = device.versions()
     assert {"python", "torch", "numpy", "triton", "llmperf"} <= set(v) and all(isinstance(x, str) for x in v.values())
     assert device.available_memory_bytes("cpu") > 0
+
+
+def test_time_cpu_stops_a_long_call_after_two():
+    import time
+
+    t = timers.time_cpu(lambda: time.sleep(0.02), warmup=0, reps=10, max_time_s=0.01)
+    assert t.n == 2 and t.min_s >= 0.02
