@@ -162,6 +162,7 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table) -> None:
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
 from llmperf.commands import simulate as _simulate; _simulate.register(app)  # noqa: E402, E702
+from llmperf.commands import plan as _plan; _plan.register(app)  # noqa: E402, E702
 
 
 def main() -> None:
