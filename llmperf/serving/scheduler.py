@@ -211,6 +211,11 @@ class RequestState:
     def max_len(self) -> int:
         return self.prompt_len + self.max_new_tokens
 
+    @property
+    def max_cached(self) -> int:
+        """The most slots a sequence of it holds: its last token is never fed back."""
+        return self.max_len - 1
+
     def cached_seq_ids(self) -> list[int]:
         return self.seq_ids if self.forked else self.seq_ids[:1]
 
@@ -266,7 +271,7 @@ class Scheduler:
     def worst_case_blocks(self, r: RequestState) -> int:
         """Blocks `r` needs alone at its longest: the prompt's full blocks once, and every sequence's
         own blocks past them (contiguous: a row per sequence)."""
-        full = self.kv.blocks_for(r.max_len)
+        full = self.kv.blocks_for(r.max_cached)
         if self.kv.fork_cost:
             return full + (r.width - 1) * self.kv.fork_cost * full
         shared = r.prompt_len // self.kv.block_size
@@ -278,10 +283,10 @@ class Scheduler:
             raise ValueError(f"prompt: request {r.request_id} has no tokens")
         if r.prompt is not None and len(r.prompt) != r.prompt_len:
             raise ValueError(f"prompt: request {r.request_id} has {len(r.prompt)} tokens but prompt_len={r.prompt_len}")
-        if r.max_len > self.kv.max_seq_len:
+        if r.max_cached > self.kv.max_seq_len:
             raise ValueError(f"max_new_tokens: request {r.request_id} needs {r.prompt_len} prompt + "
-                             f"{r.max_new_tokens} new tokens, more than the {self.kv.max_seq_len} positions "
-                             "the cache and model hold")
+                             f"{r.max_new_tokens} new tokens, i.e. {r.max_cached} cached positions (the last "
+                             f"token is never fed back), more than the {self.kv.max_seq_len} the cache holds")
         if self.config.max_batch is not None and r.width > self.config.max_batch:
             raise ValueError(f"max_batch: request {r.request_id} runs {r.width} sequences at once, more than "
                              f"max_batch={self.config.max_batch}")
@@ -516,11 +521,12 @@ class Scheduler:
         return done
 
     # ---- a whole workload ------------------------------------------------------------------------
-    def run(self, requests: Iterable[RequestState], *, wait: Callable[[float], None] | None = None
-            ) -> list[RequestState]:
+    def run(self, requests: Iterable[RequestState], *, wait: Callable[[float], None] | None = None,
+            on_step: Callable[[StepLog], None] | None = None) -> list[RequestState]:
         """Serve `requests` (each admitted once the clock reaches its `arrival_s`) to completion.
         Every request is checked before any is queued. When nothing can run, the clock jumps to the
-        next arrival (`wait(seconds)` is called first, if given). Returns the requests, finished."""
+        next arrival (`wait(seconds)` is called first, if given). `on_step(log)` is called after
+        every step. Returns the requests, finished."""
         reqs = list(requests)
         for r in reqs:
             self.check(r)
@@ -528,7 +534,10 @@ class Scheduler:
         while pending or self.has_unfinished:
             while pending and pending[0].arrival_s <= self.now:
                 self.add(pending.popleft())
-            if self.step() is None:
+            log = self.step()
+            if log is not None and on_step is not None:
+                on_step(log)
+            if log is None:
                 if not pending:
                     break
                 gap = pending[0].arrival_s - self.now
