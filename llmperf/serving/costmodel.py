@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmperf.analysis import ForwardModel, op_time
-from llmperf.analysis.phase import pipeline_transfer_s
+from llmperf.analysis import op_time
+from llmperf.analysis.rollup import Conventions, forward_model, pipeline_transfer_s
 from llmperf.analysis.roofline import OpCost
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
@@ -79,12 +79,14 @@ class StepCostModel:
     pp: int = 1
     attention: str = "fused"
     time_model: object | None = None
+    conventions: Conventions | None = None  # fused projections, attention FLOPs, logits (as `estimate`)
     _dense: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
     _head: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     _rates: dict[tuple[str, int], tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.fm = ForwardModel(model=self.model, precision=self.precision, attention=self.attention, tp=self.tp)
+        conv = self.conventions or Conventions(attention=self.attention)
+        self.fm = forward_model(self.model, self.precision, conv, self.tp)
         from llmperf.analysis.memory import layers_per_stage
         layers_per_stage(self.model, self.pp)
         self.dtype = self.hardware.compute_dtype(self.precision.activations)
@@ -200,7 +202,10 @@ def _cost(part: _AttnPart, rows: int, **counts: float) -> OpCost:
 
 def _has_rows() -> bool:
     """Whether `OpCost` carries `rows` (the time-model hook of `llmperf.analysis`)."""
-    return "rows" in OpCost.__dataclass_fields__
+    return _HAS_ROWS
+
+
+_HAS_ROWS = "rows" in OpCost.__dataclass_fields__
 
 
 __all__ = ["StepCostModel"]

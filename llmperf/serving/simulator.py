@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from llmperf.analysis.memory import activation_peak_bytes, kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
+from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
+from llmperf.analysis.rollup import Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
 from llmperf.serving.blocks import BlockManager
 from llmperf.serving.costmodel import StepCostModel
@@ -128,6 +129,15 @@ class ServingConfig:
                                max_batched_tokens=self.max_batched_tokens, chunked_prefill=self.chunked_prefill,
                                prefix_sharing=self.prefix_sharing, watermark=self.watermark)
 
+    def conventions(self, workload: Workload | None = None) -> Conventions:
+        """The analytical model's conventions (as `estimate`'s defaults: fused QKV and gate/up GEMMs,
+        logits for the last position), with this replica's token budget for the activation reserve
+        (without a budget: the longest prompt of the workload, as one forward holds it whole)."""
+        tokens = self.max_batched_tokens or (int(workload.prompt_tokens.max()) if workload is not None and len(workload)
+                                             else 8192)
+        return Conventions(attention=self.attention, block_size=self.block_size, mem_util=self.mem_util,
+                           max_batched_tokens=tokens)
+
     def resolve_time_model(self) -> object | None:
         """The time model object (None: the pure roofline)."""
         if self.time_model is not None:
@@ -181,9 +191,7 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     m, prec, hw = config.model, config.precision, config.hardware
     weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp)
     kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp)
-    tokens = config.max_batched_tokens or (int(workload.prompt_tokens.max()) if workload is not None and len(workload)
-                                           else 2048)
-    act = float(activation_peak_bytes(m, prec, 1, tokens, tokens, tp=config.tp, attention=config.attention))
+    act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp)
     usable = hw.memory_bytes * config.mem_util
     if config.num_blocks is not None:
         return MemoryPlan(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
@@ -394,7 +402,8 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
 
 def step_cost_model(config: ServingConfig) -> StepCostModel:
     return StepCostModel(model=config.model, hardware=config.hardware, precision=config.precision, tp=config.tp,
-                         pp=config.pp, attention=config.attention, time_model=config.resolve_time_model())
+                         pp=config.pp, attention=config.attention, time_model=config.resolve_time_model(),
+                         conventions=config.conventions())
 
 
 def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workload, states: list[RequestState],
