@@ -370,8 +370,9 @@ def check_fits(config: ServingConfig, memory: MemoryPlan, workload: Workload) ->
             f"workload: request {i} ({int(workload.prompt_tokens[i])} prompt + {int(workload.output_tokens[i])} output "
             f"tokens) needs {blocks * memory.block_bytes / GiB:.3f} GiB of KV cache per GPU, more than the "
             f"{memory.kv_pool_bytes / GiB:.3f} GiB pool ({memory.num_blocks} blocks of {memory.block_size} tokens) "
-            f"left on {config.hardware.name} after {memory.weights_bytes / GiB:.2f} GiB of weights and "
-            f"{memory.activation_bytes / GiB:.2f} GiB of activations")
+            + ("that --num-blocks gives" if config.num_blocks is not None else
+               f"left on {config.hardware.name} after {memory.weights_bytes / GiB:.2f} GiB of weights and "
+               f"{memory.activation_bytes / GiB:.2f} GiB of activations"))
     budget = config.max_batched_tokens
     if budget is not None and not config.chunked_prefill and int(workload.prompt_tokens.max()) > budget:
         j = int(np.argmax(workload.prompt_tokens))
