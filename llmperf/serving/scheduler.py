@@ -167,7 +167,7 @@ class StepLog:
         return (self.step, self.phase, items, self.admitted, self.preempted, self.finished)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)  # identity: membership and removal compare objects, not every field
 class RequestState:
     """A request as the scheduler tracks it (times on the scheduler's clock).
 

@@ -161,3 +161,22 @@ def test_a_mixed_step_adds_its_sequences_attention(q, extra):
     for i, c in enumerate(counts):
         assert np.allclose(c, sum(p[i] for p in parts), rtol=1e-12)
     assert cm.step_time_s(q, kv, 1) >= cm.dense_time_s(sum(q))
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40)), min_size=1, max_size=40))
+def test_bulk_reserve_equals_slot_by_slot(ops):
+    """`BlockManager.reserve` (bulk, the simulator's path) leaves exactly the state `append_slots`
+    (one slot at a time, the engine's path) leaves."""
+    from llmperf.serving.blocks import BlockManager
+    a, b = BlockManager(30, 4), BlockManager(30, 4)
+    for m in (a, b):
+        for s in range(4):
+            m.allocate(s, 1)
+    for seq, n in ops:
+        ok_a = a.reserve(seq, n)
+        ok_b = b.append_slots(seq, n) is not None
+        assert ok_a == ok_b
+        assert [a.block_table(s) for s in range(4)] == [b.block_table(s) for s in range(4)]
+        assert a.usage() == b.usage()
+        a.check_invariants()
