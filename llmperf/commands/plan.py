@@ -61,7 +61,8 @@ def register(app: typer.Typer) -> None:
         prompt_len: PromptOpt = "lognormal:6:0.8:16:4096",
         output_len: OutputOpt = "lognormal:5:0.8:1:1024",
         system_prompt_len: SystemOpt = 0,
-        requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per simulation (more: steadier percentiles, slower).")] = 100,
+        requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per simulation (more: steadier percentiles, slower).")] = 60,
+        jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Processes evaluating candidates (default: one per CPU).")] = None,
         seed: SeedOpt = 0,
         max_batch: MaxBatchOpt = 256,
         max_batched_tokens: TokensOpt = 2048,
@@ -88,6 +89,7 @@ def register(app: typer.Typer) -> None:
             _positive("--user-interval", user_interval)
             _positive("--requests", requests, integer=True)
             _positive("--max-replicas", max_replicas, integer=True)
+            _positive("--jobs", jobs, integer=True)
             slo = SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)
             if not slo.any:
                 raise SpecError("plan: give at least one SLO (--slo-ttft, --slo-tpot)")
@@ -104,7 +106,7 @@ def register(app: typer.Typer) -> None:
                                 system_prompt_len=system_prompt_len, seed=seed)
             base = dict(max_batch=max_batch, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
                         prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util)
-            result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base)
+            result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs)
             frame = result.to_frame()
             if run_dir is not None:
                 from llmperf.serving.rundir import _atomic_write, jsonable, prepare_dir
@@ -146,7 +148,7 @@ def jsonable_doc(result, frame) -> dict:  # noqa: ANN001
     return jsonable(dict(settings=result.settings, rows=frame.to_dict(orient="records")))
 
 
-def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base):  # noqa: ANN001, ANN202
+def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs):  # noqa: ANN001, ANN202
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from llmperf.serving import planner
@@ -158,4 +160,5 @@ def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, b
         def on_candidate(row) -> None:  # noqa: ANN001
             progress.update(task, advance=1, description=f"{row.device} {row.precision} tp={row.tp}")
         return planner.plan(model, rate=load, slo=slo, workload=spec, devices=devices, precisions=precs, tps=tp_list,
-                            max_replicas=max_replicas, gpu_cost=costs, base=base, on_candidate=on_candidate)
+                            max_replicas=max_replicas, gpu_cost=costs, base=base, on_candidate=on_candidate,
+                            jobs=jobs)

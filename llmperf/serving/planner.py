@@ -23,6 +23,7 @@ user_interval_s.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -110,7 +111,7 @@ class PlanResult:
     def to_frame(self) -> pd.DataFrame:
         rows = self.feasible + self.losers
         frame = pd.DataFrame([r.as_dict() for r in rows])
-        frame.insert(0, "rank", [i + 1 if r.feasible else None for i, r in enumerate(rows)])
+        frame.insert(0, "rank", pd.array([i + 1 if r.feasible else None for i, r in enumerate(rows)], dtype="Int64"))
         return frame
 
     def best_loser(self) -> PlanRow | None:
@@ -253,8 +254,9 @@ def _loser(common: dict, replicas: int, tp: int, res, slo: SLO, sims: int, why: 
 def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpec, devices: Sequence[str],
          precisions: Sequence[str] = DEFAULT_PRECISIONS, tps: Sequence[int] = DEFAULT_TPS, max_replicas: int = 64,
          gpu_cost: dict[str, float] | float | None = None, kv: str | None = None, base: dict | None = None,
-         on_candidate: Callable[[PlanRow], None] | None = None) -> PlanResult:
-    """Evaluate every device x precision x TP candidate for `rate` requests/s under `slo`."""
+         on_candidate: Callable[[PlanRow], None] | None = None, jobs: int | None = None) -> PlanResult:
+    """Evaluate every device x precision x TP candidate for `rate` requests/s under `slo` (in `jobs`
+    processes; default one per CPU)."""
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise SpecError(f"--rate: must be a number of requests/s > 0, got {rate!r}")
     if not slo.any:
@@ -265,19 +267,30 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     for d in devices:
         load_hardware(d)  # unknown names fail before any work
     base = dict(base or {})
-    rows = []
-    for device in devices:
-        for prec in precisions:
-            for tp in tps:
-                row = _evaluate(Candidate(device=device, precision=prec, tp=tp), m, rate, workload, slo, base,
-                                max_replicas, gpu_cost, kv)
-                rows.append(row)
+    cands = [Candidate(device=d, precision=p, tp=t) for d in devices for p in precisions for t in tps]
+    args = (m, rate, workload, slo, base, max_replicas, gpu_cost, kv)
+    rows: list[PlanRow | None] = [None] * len(cands)
+    jobs = max(1, min(jobs if jobs is not None else (os.cpu_count() or 1), len(cands)))
+    if jobs == 1:
+        for i, c in enumerate(cands):
+            rows[i] = _evaluate(c, *args)
+            if on_candidate is not None:
+                on_candidate(rows[i])
+    else:
+        # Candidates are independent simulations: one process per core (fork keeps the loaded specs).
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(_evaluate, c, *args): i for i, c in enumerate(cands)}
+            for fut in as_completed(futures):
+                rows[futures[fut]] = fut.result()
                 if on_candidate is not None:
-                    on_candidate(row)
+                    on_candidate(rows[futures[fut]])
     settings = dict(model=m.name, rate_rps=rate, devices=list(devices), precisions=list(precisions), tps=list(tps),
                     max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
                     slo_percentile=slo.percentile, workload=workload.describe(), **base)
-    return PlanResult(model=m.name, rate_rps=rate, slo=slo, rows=rows, settings=settings)
+    return PlanResult(model=m.name, rate_rps=rate, slo=slo, rows=list(rows), settings=settings)
 
 
 def all_devices() -> list[str]:
