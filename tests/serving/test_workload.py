@@ -124,3 +124,11 @@ def test_engine_adapter_shares_the_system_prompt():
     assert [r.prompt_len for r in reqs] == w.prompt_tokens.tolist()
     assert [r.arrival_time_s for r in reqs] == w.arrival_s.tolist()
     assert isinstance(spec().arrival, Poisson)
+
+
+def test_serving_never_imports_torch():
+    import subprocess
+    import sys
+    code = ("import sys; import llmperf.serving.simulator, llmperf.serving.planner, llmperf.serving.workload, "
+            "llmperf.serving.rundir; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
