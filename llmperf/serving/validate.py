@@ -219,7 +219,10 @@ def validation_table(report: ValidationReport):  # noqa: ANN201
 def run_validation_cli(*, model: str, rate: float | None, requests: int | None, prompt_len: str, output_len: str,
                        seed: int, num_blocks: int | None, max_batched_tokens: int, chunked_prefill: bool,
                        hardware: str, run_dir: Path | None, hidden: int = 1024, layers: int = 8) -> None:
-    """What `llmperf simulate --validate` runs (defaults sized for a 2-core CPU, a few minutes)."""
+    """What `llmperf simulate --validate` runs. Defaults (sized for a quiet 2-core CPU, about a minute
+    of engine time): 60 requests, Poisson 2.5 req/s, prompts uniform 16-192, outputs uniform 8-64 tokens,
+    a pool of 32 blocks of 16 tokens (at most two long requests at once: preemptions), chunked prefill
+    with the `--max-batched-tokens` budget."""
     from llmperf.clitools import out_console
     if model not in ("llama-3.1-8b", "validation"):
         raise SpecError("--validate: runs its own scaled Llama-3.1-8B-architecture model; leave MODEL at its "
@@ -227,15 +230,15 @@ def run_validation_cli(*, model: str, rate: float | None, requests: int | None, 
     if hardware == "a100-80gb-sxm":
         hardware = "local"
     hw = load_hardware(hardware)
-    spec = WorkloadSpec(arrival=f"poisson:{rate if rate is not None else 2.0!r}",
+    spec = WorkloadSpec(arrival=f"poisson:{rate if rate is not None else 2.5!r}",
                         prompt_len=prompt_len if prompt_len != "lognormal:6:0.8:16:4096" else "uniform:16:192",
                         output_len=output_len if output_len != "lognormal:5:0.8:1:1024" else "uniform:8:64",
-                        num_requests=requests or 40, seed=seed)
+                        num_requests=requests or 60, seed=seed)
     if spec.arrival.rate_per_s <= 0:
         raise SpecError("--rate: must be > 0")
     workload = generate(spec)
     net = validation_model(hidden, layers)
-    report = run_validation(model=net, hardware=hw, workload=workload, num_blocks=num_blocks or 48,
+    report = run_validation(model=net, hardware=hw, workload=workload, num_blocks=num_blocks or 32,
                             max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill, seed=seed)
     out_console.print(validation_table(report))
     if run_dir is not None:
