@@ -425,8 +425,14 @@ class BlockManager:
         table = self._tables.get(seq_id)
         if num_tokens == 1 and table is not None:  # a decode token: the hot path
             length, bs = self._lens[seq_id], self.block_size
-            if length < len(table) * bs and self.pool._blocks[table[-1]].ref_count == 1:
-                self._set_fill(table[-1], length + 1 - (len(table) - 1) * bs)
+            fill = length + 1 - (len(table) - 1) * bs  # the last block's fill after the token
+            if 1 < fill <= bs and self.pool._blocks[table[-1]].ref_count == 1:
+                # it was partly filled (fill - 1 tokens): one fewer empty slot, as _set_fill would count
+                if fill < bs:
+                    self._partial[table[-1]] = fill
+                else:
+                    del self._partial[table[-1]]
+                self._gap -= 1
                 self._lens[seq_id] = length + 1
                 self._logical += 1
                 return True

@@ -25,6 +25,7 @@ lengths and random stream, only the arrival times scale.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -246,32 +247,39 @@ class CostModelRunner:
         self.records: list[tuple[int, int, int, float, float]] = []  # batch, prefill, decode, used, reserved
 
     def execute(self, plan: StepPlan) -> StepOutcome:
-        tokens = prefill = batch = logits = 0
+        decodes = prefill = batch = logits = 0
         f_kv = f_qkv = f_tri = 0.0
         finished: list[int] = []
         out = self.out
         for item in plan.items:
             n, q = len(item.seq_ids), item.num_tokens
             kv = item.start + q
+            if item.decode and n == 1:  # the common case: one decode token of one sequence
+                decodes += 1
+                f_kv += kv
+                f_qkv += kv
+            else:
+                if item.decode:
+                    decodes += q * n
+                else:
+                    prefill += q * n
+                f_kv += kv * n
+                f_qkv += q * kv * n
+                f_tri += q * (q - 1) / 2 * n
             batch += n
-            tokens += q * n
-            if not item.decode:
-                prefill += q * n
-            f_kv += kv * n
-            f_qkv += q * kv * n
-            f_tri += q * (q - 1) / 2 * n
             if item.samples:
                 logits += n
                 if item.num_generated + 1 >= out[item.request_id]:
                     finished.extend(item.seq_ids)
+        tokens = decodes + prefill
         if self.step_times is not None:
             if plan.step >= len(self.step_times):
                 raise ValueError(f"step_times: the schedule ran past the {len(self.step_times)} given step times")
             duration = float(self.step_times[plan.step])
         else:
-            duration = self.cost.step_time_from_features(tokens, np.array([tokens, f_kv, f_qkv, f_tri]), logits)
+            duration = self.cost.step_time_from_features(tokens, (tokens, f_kv, f_qkv, f_tri), logits)
         u = self.kv.usage()
-        self.records.append((batch, prefill, tokens - prefill, u.used_slots * self.kv_tok, u.reserved_slots * self.kv_tok))
+        self.records.append((batch, prefill, decodes, u.used_slots * self.kv_tok, u.reserved_slots * self.kv_tok))
         return StepOutcome(duration_s=duration, finished=frozenset(finished))
 
 
@@ -394,10 +402,17 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token, step_times)
     sched = Scheduler(kv, runner, config.scheduler_config())
     states = _states(workload, config.prefix_sharing)
+    # The run allocates millions of small, short-lived objects (step items) and no reference cycles:
+    # the cyclic garbage collector's scans over the long-lived request states only cost time.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         sched.run(states)
     except (ValueError, RuntimeError) as exc:
         raise SpecError(f"workload: {exc}") from None
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return _result(config, slo, memory, workload, states, sched.log, runner.records)
 
 
