@@ -249,9 +249,9 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table, output: Outpu
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
 from llmperf.commands import calibrate as _calibrate, profile as _profile, report as _report  # noqa: E402
-from llmperf.commands import simulate as _simulate  # noqa: E402
+from llmperf.commands import plan as _plan, simulate as _simulate  # noqa: E402
 
-for _command in (_calibrate, _profile, _simulate, _report):
+for _command in (_calibrate, _profile, _simulate, _report, _plan):
     _command.register(app)
 
 

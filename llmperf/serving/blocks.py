@@ -419,8 +419,43 @@ class BlockManager:
         return results  # type: ignore[return-value]
 
     def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
-        """`append_slots` as the scheduler asks it: True, or False with nothing changed."""
-        return self.append_slots(seq_id, num_tokens) is not None
+        """`append_slots` as the scheduler asks it: True, or False with nothing changed. Without a
+        copy-on-write it takes the new blocks at once instead of a `SlotResult` per token (the
+        simulator reserves millions of tokens); the resulting state is the same."""
+        table = self._tables.get(seq_id)
+        if num_tokens == 1 and table is not None:  # a decode token: the hot path
+            length, bs = self._lens[seq_id], self.block_size
+            fill = length + 1 - (len(table) - 1) * bs  # the last block's fill after the token
+            if 1 < fill <= bs and self.pool._blocks[table[-1]].ref_count == 1:
+                # it was partly filled (fill - 1 tokens): one fewer empty slot, as _set_fill would count
+                if fill < bs:
+                    self._partial[table[-1]] = fill
+                else:
+                    del self._partial[table[-1]]
+                self._gap -= 1
+                self._lens[seq_id] = length + 1
+                self._logical += 1
+                return True
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
+        needed, cow = self._blocks_to_append(seq_id, num_tokens)
+        if cow:
+            return self.append_slots(seq_id, num_tokens) is not None
+        if needed > self.pool.num_free:
+            return False
+        table, length, bs = self._tables[seq_id], self._lens[seq_id], self.block_size
+        if len(table) * bs > length:  # the partly filled last block takes what it can
+            self._set_fill(table[-1], min(bs, length + num_tokens - (len(table) - 1) * bs))
+        for _ in range(needed):
+            block_id = self.pool.allocate()
+            assert block_id is not None, "the free count promised enough free blocks"
+            table.append(block_id)
+        end = length + num_tokens
+        if needed:
+            self._set_fill(table[-1], end - (len(table) - 1) * bs)
+        self._lens[seq_id] = end
+        self._logical += num_tokens
+        return True
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """A new sequence sharing all of the parent's blocks (reference counts + 1): a beam or

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmperf.analysis import ForwardModel, op_time
-from llmperf.analysis.phase import pipeline_transfer_s
+from llmperf.analysis import op_time
+from llmperf.analysis.rollup import Conventions, forward_model, pipeline_transfer_s
 from llmperf.analysis.roofline import OpCost
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
@@ -79,16 +79,21 @@ class StepCostModel:
     pp: int = 1
     attention: str = "fused"
     time_model: object | None = None
+    conventions: Conventions | None = None  # fused projections, attention FLOPs, logits (as `estimate`)
     _dense: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
     _head: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     _rates: dict[tuple[str, int], tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.fm = ForwardModel(model=self.model, precision=self.precision, attention=self.attention, tp=self.tp)
+        conv = self.conventions or Conventions(attention=self.attention)
+        self.fm = forward_model(self.model, self.precision, conv, self.tp)
         from llmperf.analysis.memory import layers_per_stage
         layers_per_stage(self.model, self.pp)
         self.dtype = self.hardware.compute_dtype(self.precision.activations)
         self.parts = self._fit_attention()
+        # per part: FLOP and memory-byte coefficients as plain floats (the per-step hot path)
+        self._lines = [(tuple(float(x) for x in p.coef[0]), tuple(float(x) for x in p.coef[1:6].sum(axis=0)))
+                       for p in self.parts]
 
     # ---- attention: linear coefficients ----------------------------------------------------------
     def _fit_attention(self) -> list[_AttnPart]:
@@ -127,14 +132,15 @@ class StepCostModel:
         F = _features(np.asarray(q_lens, dtype=float), np.asarray(kv_lens, dtype=float)).sum(axis=0)
         return [p.coef @ F for p in self.parts]
 
-    def attention_time_s(self, features: np.ndarray, rows: int) -> float:
-        """Attention time of a step whose summed sequence features are `features` (4,)."""
+    def attention_time_s(self, features, rows: int) -> float:  # noqa: ANN001
+        """Attention time of a step whose summed sequence features are `features` (4 numbers)."""
+        f0, f1, f2, f3 = (float(x) for x in features)
         total = 0.0
-        for p in self.parts:
-            counts = p.coef @ features
+        for p, (c, b) in zip(self.parts, self._lines):
             per_flop, per_byte, fixed = self._rates_for(p, rows)
-            nbytes = counts[1] + counts[2] + counts[3] + counts[4] + counts[5]
-            total += max(counts[0] * per_flop, nbytes * per_byte) + fixed
+            flops = c[0] * f0 + c[1] * f1 + c[2] * f2 + c[3] * f3
+            nbytes = b[0] * f0 + b[1] * f1 + b[2] * f2 + b[3] * f3
+            total += max(flops * per_flop, nbytes * per_byte) + fixed
         return total
 
     # ---- everything else: cached per token count ---------------------------------------------------
@@ -200,7 +206,10 @@ def _cost(part: _AttnPart, rows: int, **counts: float) -> OpCost:
 
 def _has_rows() -> bool:
     """Whether `OpCost` carries `rows` (the time-model hook of `llmperf.analysis`)."""
-    return "rows" in OpCost.__dataclass_fields__
+    return _HAS_ROWS
+
+
+_HAS_ROWS = "rows" in OpCost.__dataclass_fields__
 
 
 __all__ = ["StepCostModel"]

@@ -167,7 +167,7 @@ class StepLog:
         return (self.step, self.phase, items, self.admitted, self.preempted, self.finished)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)  # identity: membership and removal compare objects, not every field
 class RequestState:
     """A request as the scheduler tracks it (times on the scheduler's clock).
 
@@ -373,10 +373,11 @@ class Scheduler:
     def _item(self, r: RequestState, start: int, n: int) -> ScheduledItem:
         seqs = r.cached_seq_ids()
         end = start + n
-        samples = (r.num_generated == 0 and end == r.prompt_len) or r.decoding
+        decoding = r.decoding
+        samples = (r.num_generated == 0 and end == r.prompt_len) or decoding
         fork_into = tuple(r.seq_ids[1:]) if not r.forked and end == r.prompt_len else ()
         return ScheduledItem(request_id=r.request_id, seq_ids=tuple(seqs), start=start, num_tokens=n,
-                             decode=r.decoding, samples=samples, num_generated=r.num_generated, fork_into=fork_into)
+                             decode=decoding, samples=samples, num_generated=r.num_generated, fork_into=fork_into)
 
     # ---- scheduling ------------------------------------------------------------------------------
     def _schedule_running(self, budget: float, preempted: list[int], decodes: bool

@@ -25,6 +25,7 @@ lengths and random stream, only the arrival times scale.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from llmperf.analysis.memory import activation_peak_bytes, kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
+from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
+from llmperf.analysis.rollup import Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
 from llmperf.serving.blocks import BlockManager
 from llmperf.serving.costmodel import StepCostModel
@@ -128,6 +130,15 @@ class ServingConfig:
                                max_batched_tokens=self.max_batched_tokens, chunked_prefill=self.chunked_prefill,
                                prefix_sharing=self.prefix_sharing, watermark=self.watermark)
 
+    def conventions(self, workload: Workload | None = None) -> Conventions:
+        """The analytical model's conventions (as `estimate`'s defaults: fused QKV and gate/up GEMMs,
+        logits for the last position), with this replica's token budget for the activation reserve
+        (without a budget: the longest prompt of the workload, as one forward holds it whole)."""
+        tokens = self.max_batched_tokens or (int(workload.prompt_tokens.max()) if workload is not None and len(workload)
+                                             else 8192)
+        return Conventions(attention=self.attention, block_size=self.block_size, mem_util=self.mem_util,
+                           max_batched_tokens=tokens)
+
     def resolve_time_model(self) -> object | None:
         """The time model object (None: the pure roofline)."""
         if self.time_model is not None:
@@ -181,9 +192,7 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     m, prec, hw = config.model, config.precision, config.hardware
     weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp)
     kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp)
-    tokens = config.max_batched_tokens or (int(workload.prompt_tokens.max()) if workload is not None and len(workload)
-                                           else 2048)
-    act = float(activation_peak_bytes(m, prec, 1, tokens, tokens, tp=config.tp, attention=config.attention))
+    act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp)
     usable = hw.memory_bytes * config.mem_util
     if config.num_blocks is not None:
         return MemoryPlan(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
@@ -238,32 +247,39 @@ class CostModelRunner:
         self.records: list[tuple[int, int, int, float, float]] = []  # batch, prefill, decode, used, reserved
 
     def execute(self, plan: StepPlan) -> StepOutcome:
-        tokens = prefill = batch = logits = 0
+        decodes = prefill = batch = logits = 0
         f_kv = f_qkv = f_tri = 0.0
         finished: list[int] = []
         out = self.out
         for item in plan.items:
             n, q = len(item.seq_ids), item.num_tokens
             kv = item.start + q
+            if item.decode and n == 1:  # the common case: one decode token of one sequence
+                decodes += 1
+                f_kv += kv
+                f_qkv += kv
+            else:
+                if item.decode:
+                    decodes += q * n
+                else:
+                    prefill += q * n
+                f_kv += kv * n
+                f_qkv += q * kv * n
+                f_tri += q * (q - 1) / 2 * n
             batch += n
-            tokens += q * n
-            if not item.decode:
-                prefill += q * n
-            f_kv += kv * n
-            f_qkv += q * kv * n
-            f_tri += q * (q - 1) / 2 * n
             if item.samples:
                 logits += n
                 if item.num_generated + 1 >= out[item.request_id]:
                     finished.extend(item.seq_ids)
+        tokens = decodes + prefill
         if self.step_times is not None:
             if plan.step >= len(self.step_times):
                 raise ValueError(f"step_times: the schedule ran past the {len(self.step_times)} given step times")
             duration = float(self.step_times[plan.step])
         else:
-            duration = self.cost.step_time_from_features(tokens, np.array([tokens, f_kv, f_qkv, f_tri]), logits)
+            duration = self.cost.step_time_from_features(tokens, (tokens, f_kv, f_qkv, f_tri), logits)
         u = self.kv.usage()
-        self.records.append((batch, prefill, tokens - prefill, u.used_slots * self.kv_tok, u.reserved_slots * self.kv_tok))
+        self.records.append((batch, prefill, decodes, u.used_slots * self.kv_tok, u.reserved_slots * self.kv_tok))
         return StepOutcome(duration_s=duration, finished=frozenset(finished))
 
 
@@ -362,8 +378,9 @@ def check_fits(config: ServingConfig, memory: MemoryPlan, workload: Workload) ->
             f"workload: request {i} ({int(workload.prompt_tokens[i])} prompt + {int(workload.output_tokens[i])} output "
             f"tokens) needs {blocks * memory.block_bytes / GiB:.3f} GiB of KV cache per GPU, more than the "
             f"{memory.kv_pool_bytes / GiB:.3f} GiB pool ({memory.num_blocks} blocks of {memory.block_size} tokens) "
-            f"left on {config.hardware.name} after {memory.weights_bytes / GiB:.2f} GiB of weights and "
-            f"{memory.activation_bytes / GiB:.2f} GiB of activations")
+            + ("that --num-blocks gives" if config.num_blocks is not None else
+               f"left on {config.hardware.name} after {memory.weights_bytes / GiB:.2f} GiB of weights and "
+               f"{memory.activation_bytes / GiB:.2f} GiB of activations"))
     budget = config.max_batched_tokens
     if budget is not None and not config.chunked_prefill and int(workload.prompt_tokens.max()) > budget:
         j = int(np.argmax(workload.prompt_tokens))
@@ -385,16 +402,24 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token, step_times)
     sched = Scheduler(kv, runner, config.scheduler_config())
     states = _states(workload, config.prefix_sharing)
+    # The run allocates millions of small, short-lived objects (step items) and no reference cycles:
+    # the cyclic garbage collector's scans over the long-lived request states only cost time.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         sched.run(states)
     except (ValueError, RuntimeError) as exc:
         raise SpecError(f"workload: {exc}") from None
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return _result(config, slo, memory, workload, states, sched.log, runner.records)
 
 
 def step_cost_model(config: ServingConfig) -> StepCostModel:
     return StepCostModel(model=config.model, hardware=config.hardware, precision=config.precision, tp=config.tp,
-                         pp=config.pp, attention=config.attention, time_model=config.resolve_time_model())
+                         pp=config.pp, attention=config.attention, time_model=config.resolve_time_model(),
+                         conventions=config.conventions())
 
 
 def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workload, states: list[RequestState],

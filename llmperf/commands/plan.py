@@ -1,0 +1,164 @@
+"""`llmperf plan MODEL --rate R | --users N`: which devices, precisions, TP degrees and replica counts
+serve the load within the SLOs, ranked by cost per million generated tokens (`llmperf.serving.planner`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmperf.clitools import OutputFormat, err_console, fail, out_console, parse_int_list, parse_name_list, write_output
+from llmperf.commands.simulate import (
+    BlockOpt, ChunkOpt, FormatOpt, MaxBatchOpt, MemOpt, OutOpt, OutputOpt, PrefixOpt, PromptOpt, SeedOpt, SloPctOpt,
+    SloTpotOpt, SloTtftOpt, SystemOpt, TokensOpt, _fmt_s, _length, _positive,
+)
+from llmperf.errors import SpecError
+
+
+def _money(x: float | None, digits: int = 3) -> str:
+    return "?" if x is None or (isinstance(x, float) and math.isnan(x)) else f"${x:.{digits}g}"
+
+
+def plan_tables(result):  # noqa: ANN001, ANN201
+    from rich.table import Table
+    slo = result.slo
+    pct = f"p{slo.percentile:g}"
+    win = Table(title=f"{result.model} at {result.rate_rps:.4g} req/s: configurations meeting {pct} "
+                      f"TTFT <= {_fmt_s(slo.ttft_s)}, TPOT <= {_fmt_s(slo.tpot_s)} (cheapest first)")
+    for col in ("rank", "device", "precision", "TP", "replicas", "GPUs", f"TTFT {pct}", f"TPOT {pct}", "$/GPU-h",
+                "$/hour", "$/M tokens"):
+        win.add_column(col, justify="right")
+    for i, r in enumerate(result.feasible, start=1):
+        win.add_row(str(i), r.device, r.precision, str(r.tp), str(r.replicas), str(r.gpus), _fmt_s(r.ttft_s),
+                    _fmt_s(r.tpot_s), _money(r.usd_per_gpu_hour), _money(r.cost_per_hour),
+                    _money(r.cost_per_million_tokens))
+    lose = Table(title="configurations that lose, and why")
+    for col in ("device", "precision", "TP", "loses on", "why"):
+        lose.add_column(col, justify="left" if col == "why" else "right", overflow="fold")
+    for r in sorted(result.losers, key=lambda r: (r.device, r.precision, r.tp)):
+        lose.add_row(r.device, r.precision, str(r.tp), r.binding, r.detail)
+    return [win, lose] if result.losers else [win]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        model: Annotated[str, typer.Argument(help="Built-in model name, or a YAML / HF config.json path.")] = "llama-3.1-8b",
+        rate: Annotated[float | None, typer.Option("--rate", help="Offered load, requests/s (Poisson).")] = None,
+        users: Annotated[int | None, typer.Option("--users", help="Concurrent users instead of --rate: each sends a request every --user-interval seconds on average.")] = None,
+        user_interval: Annotated[float, typer.Option("--user-interval", help="Mean seconds between one user's requests (with --users).")] = 30.0,
+        hardware: Annotated[str | None, typer.Option("--hardware", "-H", help="Devices to consider, comma-separated (default: every built-in device).")] = None,
+        precisions: Annotated[str, typer.Option("--precisions", help="Weight precisions to consider: bf16/fp16 (16-bit), fp8 (W8A8), int8, int4 (weight-only).")] = "bf16,fp8,int8,int4",
+        tps: Annotated[str, typer.Option("--tp", help="Tensor-parallel degrees to consider.")] = "1,2,4,8",
+        max_replicas: Annotated[int, typer.Option("--max-replicas", help="Most data-parallel replicas per configuration.")] = 64,
+        gpu_cost: Annotated[str | None, typer.Option("--gpu-cost", help="USD per GPU-hour: one price for all, or device=price,... (defaults per device are cited in llmperf/serving/prices.py).")] = None,
+        slo_ttft: SloTtftOpt = None,
+        slo_tpot: SloTpotOpt = None,
+        slo_percentile: SloPctOpt = 90.0,
+        prompt_len: PromptOpt = "lognormal:6:0.8:16:4096",
+        output_len: OutputOpt = "lognormal:5:0.8:1:1024",
+        system_prompt_len: SystemOpt = 0,
+        requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per simulation (more: steadier percentiles, slower).")] = 60,
+        jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Processes evaluating candidates (default: one per CPU).")] = None,
+        seed: SeedOpt = 0,
+        max_batch: MaxBatchOpt = 256,
+        max_batched_tokens: TokensOpt = 2048,
+        chunked_prefill: ChunkOpt = True,
+        prefix_sharing: PrefixOpt = True,
+        block_size: BlockOpt = 16,
+        mem_util: MemOpt = 0.9,
+        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Write plan.json and plan.csv here.")] = None,
+        output_format: FormatOpt = OutputFormat.table,
+        output: OutOpt = None,
+    ) -> None:
+        """Plan capacity: search devices x precision x TP x replicas for the load and the SLOs; rank the
+        configurations that meet them by cost per million generated tokens and GPU count, and say why
+        each other one loses (memory, TTFT or TPOT)."""
+        from llmperf.serving import planner
+        from llmperf.serving.prices import parse_gpu_cost
+        from llmperf.serving.simulator import SLO
+        from llmperf.serving.workload import WorkloadSpec
+        try:
+            if (rate is None) == (users is None):
+                raise SpecError("plan: give exactly one of --rate and --users")
+            _positive("--rate", rate)
+            _positive("--users", users, integer=True)
+            _positive("--user-interval", user_interval)
+            _positive("--requests", requests, integer=True)
+            _positive("--max-replicas", max_replicas, integer=True)
+            _positive("--jobs", jobs, integer=True)
+            slo = SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)
+            if not slo.any:
+                raise SpecError("plan: give at least one SLO (--slo-ttft, --slo-tpot)")
+            load = rate if rate is not None else users / user_interval
+            devices = parse_name_list("--hardware", hardware) if hardware else planner.all_devices()
+            precs = parse_name_list("--precisions", precisions)
+            for p in precs:
+                from llmperf.specs.precision import normalize_dtype
+                normalize_dtype(p, "--precisions")
+            tp_list = parse_int_list("--tp", tps)
+            costs = parse_gpu_cost(gpu_cost)
+            spec = WorkloadSpec(arrival="poisson:1", prompt_len=_length("--prompt-len", prompt_len),
+                                output_len=_length("--output-len", output_len), num_requests=requests,
+                                system_prompt_len=system_prompt_len, seed=seed)
+            base = dict(max_batch=max_batch, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
+                        prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util)
+            result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs)
+            frame = result.to_frame()
+            if run_dir is not None:
+                from llmperf.serving.rundir import _atomic_write, jsonable, prepare_dir
+                d = prepare_dir(run_dir)
+                _atomic_write(d / "plan.csv", frame.to_csv(index=False))
+                _atomic_write(d / "plan.json", json.dumps(jsonable(dict(kind="plan", schema_version=1,
+                                                                         settings=result.settings,
+                                                                         rows=frame.to_dict(orient="records"))),
+                                                          indent=2) + "\n")
+            if output_format is OutputFormat.json:
+                write_output(json.dumps(jsonable_doc(result, frame), indent=2), output)
+            elif output_format is OutputFormat.csv:
+                write_output(frame.to_csv(index=False), output)
+            else:
+                tables = plan_tables(result)
+                if output is None:
+                    for t in tables:
+                        out_console.print(t)
+                else:
+                    import os
+
+                    from rich.console import Console
+                    console = Console(record=True, width=180, file=open(os.devnull, "w"))
+                    for t in tables:
+                        console.print(t)
+                    write_output(console.export_text(), output)
+            if not result.feasible:
+                best = result.best_loser()
+                raise SpecError(f"plan: no configuration meets the SLOs at {load:.4g} req/s; the closest, "
+                                f"{best.device} {best.precision} tp={best.tp}, loses on {best.binding}: {best.detail}")
+        except SpecError as exc:
+            raise fail(str(exc)) from None
+        except OSError as exc:
+            raise fail(f"--output: {exc}") from None
+
+
+def jsonable_doc(result, frame) -> dict:  # noqa: ANN001
+    from llmperf.serving.rundir import jsonable
+    return jsonable(dict(settings=result.settings, rows=frame.to_dict(orient="records")))
+
+
+def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs):  # noqa: ANN001, ANN202
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from llmperf.serving import planner
+    total = len(devices) * len(precs) * len(tp_list)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        task = progress.add_task("planning", total=total)
+
+        def on_candidate(row) -> None:  # noqa: ANN001
+            progress.update(task, advance=1, description=f"{row.device} {row.precision} tp={row.tp}")
+        return planner.plan(model, rate=load, slo=slo, workload=spec, devices=devices, precisions=precs, tps=tp_list,
+                            max_replicas=max_replicas, gpu_cost=costs, base=base, on_candidate=on_candidate,
+                            jobs=jobs)

@@ -1,0 +1,302 @@
+"""Capacity planning: which devices, at which precision and tensor-parallel degree, and how many
+replicas (data parallel) serve a load within the SLOs, at what cost per million generated tokens.
+
+For every candidate (device x precision x TP):
+
+1. memory: the weights and one step's activations must leave room for a KV pool that holds the
+   longest request (`simulator.plan_memory` / `check_fits`); otherwise the candidate loses on memory;
+2. floors: a request alone cannot beat its own prefill (TTFT) or a batch-1 decode step (TPOT), priced
+   by the step cost model at the SLO percentile of the workload's lengths; a floor above an SLO loses
+   without simulating;
+3. replicas: the offered rate is split evenly over `r` replicas (a load balancer); `r` starts at
+   `rate / upper-bound service rate` (the decode throughput of the largest batch that fits, plus the
+   prefill work per request) and grows until the simulated SLO percentiles meet the SLOs (then, if
+   the first guess already met them, it shrinks while they still do). The simulation is the serving
+   simulator itself: the engine's scheduler priced by the cost model.
+
+Cost per million generated tokens = replicas x TP x price per GPU-hour / (3600 x generated tokens/s)
+x 1e6, at the offered load (all of it is served when the SLOs are met). `--users N` is N users each
+sending a request every `user_interval_s` seconds on average: an aggregate Poisson rate N /
+user_interval_s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from llmperf.errors import SpecError
+from llmperf.serving.prices import price_for
+from llmperf.serving.simulator import SLO, ServingConfig, check_fits, plan_memory, simulate, step_cost_model
+from llmperf.serving.workload import Poisson, WorkloadSpec, generate
+from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
+
+GiB = 2**30
+DEFAULT_PRECISIONS = ("bf16", "fp8", "int8", "int4")
+DEFAULT_TPS = (1, 2, 4, 8)
+
+
+def plan_precision(model: ModelSpec, name: str, kv: str | None = None) -> Precision:
+    """A serving precision by its weight format: fp8 is W8A8 (FP8 activations too, as FP8 serving
+    runs), int8 / int4 are weight-only (activations at the model's 16-bit dtype), bf16/fp16 all 16-bit.
+    The KV cache stays at the activation dtype unless `kv` says otherwise."""
+    native = model.dtype if model.dtype in ("fp16", "bf16") else "bf16"
+    acts = "fp8" if name == "fp8" else (name if name in ("fp16", "bf16", "fp32") else native)
+    return Precision(weights=name, activations=acts, kv=kv or acts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    device: str
+    precision: str
+    tp: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRow:
+    """One candidate's outcome. `feasible`: it meets the SLOs with `replicas` replicas; else
+    `binding` names what it loses on (memory, TTFT, TPOT, tp, replicas) and `detail` gives figures."""
+
+    device: str
+    precision: str
+    tp: int
+    replicas: int | None
+    gpus: int | None
+    feasible: bool
+    binding: str
+    detail: str
+    ttft_s: float | None = None  # at the SLO percentile, per replica load
+    tpot_s: float | None = None
+    usd_per_gpu_hour: float | None = None
+    price_source: str = ""
+    cost_per_hour: float | None = None
+    cost_per_million_tokens: float | None = None
+    replica_rate_rps: float | None = None
+    simulations: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(device=self.device, precision=self.precision, tp=self.tp, replicas=self.replicas, gpus=self.gpus,
+                    feasible=self.feasible, binding=self.binding, detail=self.detail, ttft_s=self.ttft_s,
+                    tpot_s=self.tpot_s, usd_per_gpu_hour=self.usd_per_gpu_hour, price_source=self.price_source,
+                    cost_per_hour=self.cost_per_hour, cost_per_million_tokens=self.cost_per_million_tokens,
+                    replica_rate_rps=self.replica_rate_rps, simulations=self.simulations)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    model: str
+    rate_rps: float
+    slo: SLO
+    rows: list[PlanRow]
+    settings: dict[str, object]
+
+    @property
+    def feasible(self) -> list[PlanRow]:
+        """Configurations meeting the SLOs, cheapest per million tokens first (unknown prices last),
+        then fewest GPUs."""
+        ok = [r for r in self.rows if r.feasible]
+        return sorted(ok, key=lambda r: (r.cost_per_million_tokens is None,
+                                         r.cost_per_million_tokens if r.cost_per_million_tokens is not None else 0.0,
+                                         r.gpus))
+
+    @property
+    def losers(self) -> list[PlanRow]:
+        return [r for r in self.rows if not r.feasible]
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = self.feasible + self.losers
+        frame = pd.DataFrame([r.as_dict() for r in rows])
+        frame.insert(0, "rank", pd.array([i + 1 if r.feasible else None for i, r in enumerate(rows)], dtype="Int64"))
+        return frame
+
+    def best_loser(self) -> PlanRow | None:
+        """The losing candidate that came closest: fewest GPUs tried / smallest SLO overshoot."""
+        if not self.losers:
+            return None
+        return min(self.losers, key=_closeness)
+
+
+_BINDING_ORDER = {"replicas": 0, "TTFT": 1, "TPOT": 1, "memory": 2, "tp": 3}
+
+
+def _closeness(r: PlanRow) -> tuple:
+    return (_BINDING_ORDER.get(r.binding, 4), r.gpus or 0)
+
+
+def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float, float]:
+    """(TTFT, TPOT) a request at the SLO percentile of the lengths gets alone on an idle replica."""
+    cost = step_cost_model(config)
+    probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
+                                  num_requests=2000, system_prompt_len=spec.system_prompt_len, seed=spec.seed))
+    P = int(np.percentile(probe.prompt_tokens, slo.percentile))
+    budget = config.max_batched_tokens if config.chunked_prefill and config.max_batched_tokens else P
+    ttft, done = 0.0, 0
+    while done < P:
+        n = min(budget, P - done)
+        done += n
+        ttft += cost.step_time_s([n], [done], 1 if done == P else 0)
+    tpot = cost.step_time_s([1], [P + 1], 1)
+    return ttft, tpot
+
+
+def _upper_service_rate(config: ServingConfig, spec: WorkloadSpec, num_blocks: int) -> float:
+    """An optimistic requests/s of one replica: decode at the largest batch that fits (mean context),
+    plus each request's prefill at the token budget's efficiency."""
+    cost = step_cost_model(config)
+    p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
+    ctx = p_mean + o_mean / 2
+    fit = max(1, int(num_blocks * config.block_size / max(ctx, 1)))
+    b = max(1, min(config.max_batch or fit, fit))
+    step = cost.step_time_s(np.ones(b), np.full(b, ctx), b)
+    chunk = int(min(config.max_batched_tokens or p_mean, max(p_mean, 1)))
+    prefill_per_token = cost.step_time_s([chunk], [chunk], 1) / chunk
+    per_request = o_mean * step / b + p_mean * prefill_per_token
+    return 1.0 / per_request if per_request > 0 else math.inf
+
+
+def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec, slo: SLO, base: dict,
+              max_replicas: int, gpu_cost: dict[str, float] | float | None, kv: str | None) -> PlanRow:
+    price, source = price_for(cand.device, gpu_cost)
+    common = dict(device=cand.device, precision=cand.precision, tp=cand.tp, usd_per_gpu_hour=price,
+                  price_source=source)
+    try:
+        hw = load_hardware(cand.device)
+        config = ServingConfig(model=model, hardware=hw, precision=plan_precision(model, cand.precision, kv),
+                               tp=cand.tp, **base)
+    except SpecError as exc:
+        return PlanRow(replicas=None, gpus=None, feasible=False, binding="tp", detail=str(exc), **common)
+    probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
+                                  num_requests=200, system_prompt_len=spec.system_prompt_len, seed=spec.seed))
+    try:
+        memory = plan_memory(config, probe)
+        check_fits(config, memory, probe)
+    except SpecError as exc:
+        return PlanRow(replicas=None, gpus=None, feasible=False, binding="memory",
+                       detail=str(exc).removeprefix("memory: ").removeprefix("workload: "), **common)
+    ttft_floor, tpot_floor = _floors(config, spec, slo)
+    if slo.ttft_s is not None and ttft_floor > slo.ttft_s:
+        return PlanRow(replicas=None, gpus=None, feasible=False, binding="TTFT", ttft_s=ttft_floor, tpot_s=tpot_floor,
+                       detail=f"a p{slo.percentile:g}-length prompt alone takes {ttft_floor:.3g} s to its first token "
+                              f"> SLO {slo.ttft_s:g} s", **common)
+    if slo.tpot_s is not None and tpot_floor > slo.tpot_s:
+        return PlanRow(replicas=None, gpus=None, feasible=False, binding="TPOT", ttft_s=ttft_floor, tpot_s=tpot_floor,
+                       detail=f"one decode step alone takes {tpot_floor:.3g} s > SLO {slo.tpot_s:g} s", **common)
+    cost = step_cost_model(config)
+    mu = _upper_service_rate(config, spec, memory.num_blocks)
+    sims = 0
+    cache: dict[int, object] = {}
+
+    def run(r: int):  # noqa: ANN202
+        nonlocal sims
+        if r not in cache:
+            w = generate(WorkloadSpec(arrival=Poisson(rate / r), prompt_len=spec.prompt_len, output_len=spec.output_len,
+                                      num_requests=spec.num_requests, system_prompt_len=spec.system_prompt_len,
+                                      seed=spec.seed))
+            cache[r] = simulate(w, config, slo=slo, cost=cost)
+            sims += 1
+        return cache[r]
+
+    r = max(1, math.ceil(rate / mu)) if math.isfinite(mu) else 1
+    if r > max_replicas:
+        res = run(max_replicas)
+        return _loser(common, max_replicas, cand.tp, res, slo, sims,
+                      f"needs at least {r} replicas by its optimistic service rate {mu:.3g} req/s per replica")
+    res = run(r)
+    if res.meets_slo:
+        while r > 1 and run(r - 1).meets_slo:
+            r -= 1
+    else:
+        lo, hi = r, None
+        step = 1
+        while hi is None:
+            nxt = min(lo + step, max_replicas)
+            if run(nxt).meets_slo:
+                hi = nxt
+            elif nxt == max_replicas:
+                return _loser(common, max_replicas, cand.tp, run(max_replicas), slo, sims,
+                              f"misses the SLOs even with {max_replicas} replicas (--max-replicas)")
+            else:
+                lo, step = nxt, step * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if run(mid).meets_slo:
+                hi = mid
+            else:
+                lo = mid
+        r = hi
+    res = run(r)
+    tokens_per_s = rate * float(res.requests["output_tokens"].mean())
+    cost_h = price * r * cand.tp if price is not None else None
+    return PlanRow(replicas=r, gpus=r * cand.tp, feasible=True, binding="", detail="meets the SLOs",
+                   ttft_s=res.percentile("ttft_s"), tpot_s=res.percentile("tpot_s"), cost_per_hour=cost_h,
+                   cost_per_million_tokens=cost_h / 3600 / tokens_per_s * 1e6 if cost_h is not None else None,
+                   replica_rate_rps=rate / r, simulations=sims, **common)
+
+
+def _loser(common: dict, replicas: int, tp: int, res, slo: SLO, sims: int, why: str) -> PlanRow:  # noqa: ANN001
+    ttft, tpot = res.percentile("ttft_s"), res.percentile("tpot_s")
+    over = []
+    if slo.ttft_s is not None and ttft > slo.ttft_s:
+        over.append(("TTFT", ttft / slo.ttft_s, f"p{slo.percentile:g} TTFT {ttft:.3g} s > {slo.ttft_s:g} s"))
+    if slo.tpot_s is not None and tpot > slo.tpot_s:
+        over.append(("TPOT", tpot / slo.tpot_s, f"p{slo.percentile:g} TPOT {tpot:.3g} s > {slo.tpot_s:g} s"))
+    binding = max(over, key=lambda o: o[1])[0] if over else "replicas"
+    detail = "; ".join(o[2] for o in over) + (f" at {replicas} replicas: " if over else "") + why
+    return PlanRow(replicas=replicas, gpus=replicas * tp, feasible=False, binding=binding, detail=detail,
+                   ttft_s=ttft, tpot_s=tpot, simulations=sims, **common)
+
+
+def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpec, devices: Sequence[str],
+         precisions: Sequence[str] = DEFAULT_PRECISIONS, tps: Sequence[int] = DEFAULT_TPS, max_replicas: int = 64,
+         gpu_cost: dict[str, float] | float | None = None, kv: str | None = None, base: dict | None = None,
+         on_candidate: Callable[[PlanRow], None] | None = None, jobs: int | None = None) -> PlanResult:
+    """Evaluate every device x precision x TP candidate for `rate` requests/s under `slo` (in `jobs`
+    processes; default one per CPU)."""
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise SpecError(f"--rate: must be a number of requests/s > 0, got {rate!r}")
+    if not slo.any:
+        raise SpecError("plan: give at least one SLO (--slo-ttft, --slo-tpot)")
+    if workload.num_requests is None or workload.num_requests < 1:
+        raise SpecError("plan: the workload needs a number of requests per simulation")
+    m = load_model(model)
+    for d in devices:
+        load_hardware(d)  # unknown names fail before any work
+    base = dict(base or {})
+    cands = [Candidate(device=d, precision=p, tp=t) for d in devices for p in precisions for t in tps]
+    args = (m, rate, workload, slo, base, max_replicas, gpu_cost, kv)
+    rows: list[PlanRow | None] = [None] * len(cands)
+    jobs = max(1, min(jobs if jobs is not None else (os.cpu_count() or 1), len(cands)))
+    if jobs == 1:
+        for i, c in enumerate(cands):
+            rows[i] = _evaluate(c, *args)
+            if on_candidate is not None:
+                on_candidate(rows[i])
+    else:
+        # Candidates are independent simulations: one process per core (fork keeps the loaded specs).
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(_evaluate, c, *args): i for i, c in enumerate(cands)}
+            for fut in as_completed(futures):
+                rows[futures[fut]] = fut.result()
+                if on_candidate is not None:
+                    on_candidate(rows[futures[fut]])
+    settings = dict(model=m.name, rate_rps=rate, devices=list(devices), precisions=list(precisions), tps=list(tps),
+                    max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
+                    slo_percentile=slo.percentile, workload=workload.describe(), **base)
+    return PlanResult(model=m.name, rate_rps=rate, slo=slo, rows=list(rows), settings=settings)
+
+
+def all_devices() -> list[str]:
+    from llmperf.specs.loader import list_hardware
+    return sorted(list_hardware())
+
+
+__all__ = ["Candidate", "DEFAULT_PRECISIONS", "DEFAULT_TPS", "PlanResult", "PlanRow", "all_devices", "plan",
+           "plan_precision"]

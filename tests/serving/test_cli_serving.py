@@ -1,0 +1,127 @@
+"""`llmperf simulate` and `llmperf plan` from the command line: good runs, the run directory
+contract, and every bad-input path (exit 2, one line naming the field, no traceback)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from llmperf.cli import app
+from llmperf.serving.rundir import REQUEST_COLUMNS, STEP_COLUMNS
+
+runner = CliRunner()
+SMALL = ["--requests", "40", "--prompt-len", "uniform:50:200", "--output-len", "uniform:5:40"]
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_simulate_table_and_run_dir(tmp_path):
+    d = tmp_path / "run"
+    res = run("simulate", "--rate", "5", *SMALL, "--slo-ttft", "0.5", "--slo-tpot", "0.05", "--run-dir", d)
+    assert res.exit_code == 0, res.output
+    assert "TTFT" in res.output and "goodput" in res.output and "over time" in res.output
+    doc = json.loads((d / "run.json").read_text())
+    assert doc["kind"] == "simulate" and doc["schema_version"] == 1 and doc["model"] == "llama-3.1-8b"
+    assert set(doc["summary"]["ttft_s"]) == {"p50", "p90", "p99", "mean"}
+    for key in ("throughput_rps", "tokens_per_s", "goodput_rps", "preemptions", "requests"):
+        assert key in doc["summary"]
+    assert tuple(pd.read_csv(d / "requests.csv").columns) == REQUEST_COLUMNS
+    assert tuple(pd.read_csv(d / "steps.csv").columns) == STEP_COLUMNS
+    assert len(pd.read_csv(d / "requests.csv")) == 40
+
+
+def test_simulate_json_csv_and_find_max_rate(tmp_path):
+    res = run("simulate", "--rate", "3", *SMALL, "-f", "json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["summary"]["requests"] == 40
+    res = run("simulate", "--rate", "3", *SMALL, "-f", "csv")
+    assert res.exit_code == 0 and "ttft_p50_s" in res.stdout.splitlines()[0]
+    d = tmp_path / "rates"
+    res = run("simulate", "--rate", "3", *SMALL, "--find-max-rate", "--slo-ttft", "0.2", "--slo-tpot", "0.02",
+              "--max-batch", "8", "--run-dir", d, "-f", "json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["max_rate_rps"] > 0
+    rates = pd.read_csv(d / "rates.csv")
+    assert rates["meets_slo"].any() and not rates["meets_slo"].all()
+
+
+def test_simulate_trace(tmp_path):
+    t = tmp_path / "t.csv"
+    t.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.1,200,20\n")
+    res = run("simulate", "--trace", t, "-f", "json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["summary"]["requests"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rate", "0"], "--rate: must be a number > 0, got 0"),
+    (["--rate", "-2"], "--rate: must be a number > 0"),
+    (["--rate", "1", "--slo-ttft", "0"], "--slo-ttft: must be a number of seconds > 0"),
+    (["--rate", "1", "--slo-tpot", "-1"], "--slo-tpot: must be a number of seconds > 0"),
+    (["--rate", "1", "--arrival", "gamma", "--cv", "0"], "--cv: must be a number > 0"),
+    (["--rate", "1", "--prompt-len", "uniform:5"], "--prompt-len: 'uniform:5': expected uniform:LO:HI"),
+    (["--rate", "1", "--requests", "0"], "--requests: must be a positive integer"),
+    (["--duration", "10"], "--duration: needs --rate"),
+    (["--rate", "1", "--prompt-len", "5000", "--num-blocks", "100"],
+     "(5000 prompt + 39 output tokens) needs 0.615 GiB of KV cache per GPU, more than the 0.195 GiB pool"),
+    (["llama-3.1-70b", "-H", "l4", "--rate", "1"], "memory: llama-3.1-70b"),
+    (["--rate", "1", "-H", "nope"], "unknown hardware 'nope'"),
+    (["--find-max-rate", "--rate", "1"], "--find-max-rate: needs --slo-ttft and/or --slo-tpot"),
+])
+def test_simulate_bad_input(args, message):
+    res = run("simulate", *SMALL, *args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) <= 2
+
+
+def test_simulate_bad_trace_names_line_and_field(tmp_path):
+    t = tmp_path / "t.csv"
+    t.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.1,-3,20\n")
+    res = run("simulate", "--trace", t)
+    assert res.exit_code == 2
+    assert "line 3: prompt_tokens: must be an integer >= 1, got '-3'" in res.output
+
+
+def test_plan_ranks_and_explains(tmp_path):
+    res = run("plan", "--rate", "4", "-H", "a100-80gb-sxm,l4", "--precisions", "bf16", "--tp", "1,2", "--slo-ttft",
+              "0.5", "--slo-tpot", "0.04", "--requests", "30", "--prompt-len", "uniform:100:400", "--output-len",
+              "uniform:10:60", "-f", "json", "--run-dir", tmp_path / "plan")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    ok = [r for r in rows if r["feasible"]]
+    assert ok and ok[0]["rank"] == 1
+    costs = [r["cost_per_million_tokens"] for r in ok]
+    assert costs == sorted(costs)
+    lost = [r for r in rows if not r["feasible"]]
+    assert all(r["binding"] in ("memory", "TTFT", "TPOT", "tp", "replicas") and r["detail"] for r in lost)
+    assert (tmp_path / "plan" / "plan.csv").exists()
+
+
+def test_plan_infeasible_names_the_binding_constraint():
+    res = run("plan", "--rate", "2", "-H", "l4", "--precisions", "bf16", "--tp", "1", "--slo-tpot", "0.001",
+              "--requests", "20")
+    assert res.exit_code == 2
+    assert "no configuration meets the SLOs" in res.output and "loses on TPOT" in res.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rate", "0", "--slo-ttft", "1"], "--rate: must be a number > 0"),
+    (["--users", "10", "--rate", "1", "--slo-ttft", "1"], "exactly one of --rate and --users"),
+    (["--rate", "1"], "give at least one SLO"),
+    (["--rate", "1", "--slo-ttft", "-1"], "--slo-ttft: must be a number of seconds > 0"),
+    (["--rate", "1", "--slo-ttft", "1", "--gpu-cost", "abc"], "--gpu-cost: 'abc' is not a price"),
+    (["--rate", "1", "--slo-ttft", "1", "--gpu-cost", "l4=-1"], "--gpu-cost: l4 must cost > 0"),
+    (["--rate", "1", "--slo-ttft", "1", "--tp", "0"], "--tp: 0 in '0' is not a positive integer"),
+    (["--rate", "1", "--slo-ttft", "1", "--precisions", "fp7"], "fp7"),
+])
+def test_plan_bad_input(args, message):
+    res = run("plan", "-H", "l4", *args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output

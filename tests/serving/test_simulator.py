@@ -1,0 +1,182 @@
+"""The simulator: step costs equal `estimate` on static batches, Little's law, saturation at the
+predicted service rate, same seed same run, preemptions, rate search, memory refusals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import llmperf
+from llmperf.analysis.timemodel import time_model_for
+from llmperf.errors import SpecError
+from llmperf.serving.costmodel import StepCostModel
+from llmperf.serving.simulator import SLO, ServingConfig, find_max_rate, simulate
+from llmperf.serving.workload import Workload, WorkloadSpec, generate
+from llmperf.specs import load_hardware
+
+
+@pytest.mark.parametrize("model, hw, batch, prompt, gen, tp, attention, eff", [
+    ("llama-3.1-8b", "a100-80gb-sxm", 8, 512, 16, 1, "fused", "roofline"),
+    ("llama-2-13b", "h100-sxm", 3, 1000, 9, 2, "naive", "typical"),
+    ("mixtral-8x7b", "h100-sxm", 4, 300, 5, 4, "fused", "typical"),
+    ("gpt2", "a10", 2, 77, 6, 1, "fused", "roofline"),
+])
+def test_step_costs_equal_estimate(model, hw, batch, prompt, gen, tp, attention, eff):
+    tm = time_model_for(load_hardware(hw), eff, "fp16")
+    est = llmperf.estimate(model, hw, batch=batch, prompt_len=prompt, gen_len=gen, tp=tp, attention=attention,
+                           time_model=tm)
+    cm = StepCostModel(model=est.model, hardware=est.hardware, precision=est.precision, tp=tp, attention=attention,
+                       time_model=tm)
+    oh = cm.step_overhead_s  # the host's per-step cost is the simulator's addition
+    assert cm.step_time_s([prompt] * batch, [prompt] * batch, batch) - oh == pytest.approx(est.ttft_s, rel=1e-12)
+    steps = [cm.step_time_s([1] * batch, [prompt + j] * batch, batch) - oh for j in range(1, gen)]
+    assert np.allclose(steps, est.decode_step_times_s(), rtol=1e-12)
+
+
+def static_config(**kw):
+    base = dict(policy="static", max_batch=8, max_batched_tokens=None, chunked_prefill=False, prefix_sharing=False)
+    return ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", **(base | kw))
+
+
+def fixed_workload(n, prompt, out, times=None):
+    return Workload(arrival_s=np.zeros(n) if times is None else times, prompt_tokens=np.full(n, prompt),
+                    output_tokens=np.full(n, out), shared_prefix_tokens=np.zeros(n, dtype=int))
+
+
+def test_simulated_static_batch_is_estimate():
+    est = llmperf.estimate("llama-3.1-8b", "a100-80gb-sxm", batch=8, prompt_len=256, gen_len=32)
+    res = simulate(fixed_workload(8, 256, 32), static_config())
+    r = res.requests
+    assert r["ttft_s"].to_numpy() == pytest.approx(np.full(8, est.ttft_s), rel=1e-12)
+    assert r["e2e_s"].to_numpy() == pytest.approx(np.full(8, est.e2e_s), rel=1e-12)
+    assert r["tpot_s"].to_numpy() == pytest.approx(np.full(8, est.tpot_s), rel=1e-12)
+    assert (res.steps["phase"].iloc[1:] == "decode").all() and len(res.steps) == 32
+
+
+def test_throughput_saturates_at_the_static_service_rate():
+    """Static batches of 8 back to back: the service rate is 8 / e2e(batch 8). Offered well below it,
+    throughput follows the load; offered well above, it saturates at the service rate."""
+    est = llmperf.estimate("llama-3.1-8b", "a100-80gb-sxm", batch=8, prompt_len=256, gen_len=32)
+    mu = 8 / est.e2e_s
+    cfg = static_config()
+    spec = WorkloadSpec(arrival=f"poisson:{3 * mu!r}", prompt_len=256, output_len=32, num_requests=400, seed=1)
+    over = simulate(generate(spec), cfg).summary()["throughput_rps"]
+    assert over == pytest.approx(mu, rel=0.03)
+    under = simulate(generate(WorkloadSpec(arrival=f"poisson:{0.3 * mu!r}", prompt_len=256, output_len=32,
+                                           num_requests=400, seed=1)), cfg).summary()["throughput_rps"]
+    assert under == pytest.approx(0.3 * mu, rel=0.15)
+    assert over <= mu * (1 + 1e-9) * 1.001
+
+
+def test_littles_law_on_a_steady_run():
+    """L = lambda W: the time-average of requests in the system (running + waiting after each step,
+    weighted by the step's duration) equals the arrival rate times the mean time in system."""
+    spec = WorkloadSpec(arrival="poisson:12", prompt_len="uniform:100:800", output_len="uniform:20:200",
+                        num_requests=1500, seed=2)
+    w = generate(spec)
+    res = simulate(w, ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm"))
+    st, r = res.steps, res.requests
+    # the middle of the run, away from the ramp-up and the drain
+    t0, t1 = w.arrival_s[300], w.arrival_s[1200]
+    sel = (st["start_s"] >= t0) & (st["start_s"] < t1)
+    L = float(np.average(st.loc[sel, "running"] + st.loc[sel, "waiting"], weights=st.loc[sel, "duration_s"]))
+    inside = (r["arrival_s"] >= t0) & (r["arrival_s"] < t1)
+    lam = inside.sum() / (t1 - t0)
+    W = float(r.loc[inside, "e2e_s"].mean())
+    assert L == pytest.approx(lam * W, rel=0.1)
+
+
+def test_same_seed_same_run_and_prefix_sharing_saves_prefill():
+    spec = WorkloadSpec(arrival="poisson:20", prompt_len="uniform:50:300", output_len="uniform:5:60",
+                        num_requests=150, system_prompt_len=512, seed=5)
+    cfg = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm")
+    a, b = simulate(generate(spec), cfg), simulate(generate(spec), cfg)
+    assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
+    assert [s.decision() for s in a.log] == [s.decision() for s in b.log]
+    off = simulate(generate(spec), ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", prefix_sharing=False))
+    assert a.steps["prefill_tokens"].sum() < off.steps["prefill_tokens"].sum() - 100 * 480
+
+
+def test_small_pool_preempts_and_replay_reproduces_the_schedule():
+    spec = WorkloadSpec(arrival="poisson:50", prompt_len="uniform:100:400", output_len="uniform:50:300",
+                        num_requests=120, seed=7)
+    w = generate(spec)
+    cfg = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", num_blocks=200, max_batched_tokens=512)
+    res = simulate(w, cfg)
+    assert res.summary()["preemptions"] > 0
+    assert (res.steps["phase"] == "mixed").any()
+    replay = simulate(w, cfg, step_times=res.steps["duration_s"].to_list())
+    assert [s.decision() for s in replay.log] == [s.decision() for s in res.log]
+    assert res.steps["kv_reserved_bytes"].max() <= 200 * 16 * res.memory.kv_bytes_per_token
+
+
+def test_find_max_rate_brackets_the_slo():
+    spec = WorkloadSpec(arrival="poisson:1", prompt_len="uniform:100:400", output_len="uniform:20:100",
+                        num_requests=150, seed=3)
+    cfg = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", max_batch=16)
+    slo = SLO(ttft_s=0.5, tpot_s=0.03, percentile=90)
+    search = find_max_rate(spec, cfg, slo, rel_tol=0.05)
+    frame = search.to_frame()
+    assert search.max_rate is not None and search.best.meets_slo
+    above = frame[frame["rate"] > search.max_rate]
+    assert len(above) and not above["meets_slo"].iloc[0]
+    assert above["rate"].min() <= search.max_rate * 1.06
+
+
+def test_memory_refusals_carry_figures():
+    with pytest.raises(SpecError, match=r"memory: llama-3.1-70b .* GiB of weights .* usable on a10"):
+        simulate(fixed_workload(1, 10, 10), ServingConfig.build("llama-3.1-70b", "a10"))
+    cfg = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", num_blocks=10)
+    with pytest.raises(SpecError, match=r"request 0 \(1000 prompt \+ 10 output tokens\) needs 0\.\d+ GiB of KV cache"):
+        simulate(fixed_workload(1, 1000, 10), cfg)
+    with pytest.raises(SpecError, match="more than llama-3.1-8b's 131072 positions"):
+        simulate(fixed_workload(1, 131072, 10), ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm"))
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(ttft_s=0.0), "--slo-ttft"), (dict(tpot_s=-1.0), "--slo-tpot"), (dict(percentile=0), "--slo-percentile"),
+    (dict(ttft_s=math.nan), "--slo-ttft"),
+])
+def test_bad_slo(kw, message):
+    with pytest.raises(SpecError, match=message):
+        SLO(**kw)
+
+
+@settings(max_examples=25, deadline=None)
+@given(q=st.lists(st.integers(1, 300), min_size=1, max_size=6), extra=st.lists(st.integers(0, 900), min_size=6,
+                                                                           max_size=6))
+def test_a_mixed_step_adds_its_sequences_attention(q, extra):
+    """Everything outside attention depends on the step's token count only; attention adds up over
+    sequences: a mixed step's time minus the same tokens as one sequence without context equals the
+    difference of their attention times."""
+    cm = StepCostModel(model=llmperf.specs.load_model("llama-3.1-8b"), hardware=load_hardware("h100-sxm"),
+                       precision=llmperf.specs.Precision.uniform("bf16"))
+    kv = [a + b for a, b in zip(q, extra)]
+    counts = cm.attention_counts(q, kv)
+    parts = [cm.attention_counts([a], [b]) for a, b in zip(q, kv)]
+    for i, c in enumerate(counts):
+        assert np.allclose(c, sum(p[i] for p in parts), rtol=1e-12)
+    assert cm.step_time_s(q, kv, 1) >= cm.dense_time_s(sum(q))
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40)), min_size=1, max_size=40))
+def test_bulk_reserve_equals_slot_by_slot(ops):
+    """`BlockManager.reserve` (bulk, the simulator's path) leaves exactly the state `append_slots`
+    (one slot at a time, the engine's path) leaves."""
+    from llmperf.serving.blocks import BlockManager
+    a, b = BlockManager(30, 4), BlockManager(30, 4)
+    for m in (a, b):
+        for s in range(4):
+            m.allocate(s, 1)
+    for seq, n in ops:
+        ok_a = a.reserve(seq, n)
+        ok_b = b.append_slots(seq, n) is not None
+        assert ok_a == ok_b
+        assert [a.block_table(s) for s in range(4)] == [b.block_table(s) for s in range(4)]
+        assert a.usage() == b.usage()
+        a.check_invariants()
