@@ -133,8 +133,8 @@ def roofline_figure(points: pd.DataFrame, ceilings: Sequence[Ceiling], *, title:
         ax.set_xlabel("arithmetic intensity (FLOP/B)")
         ax.set_ylabel("attained performance (FLOP/s)")
         ax.set_title(title)
-        roof_legend = ax.legend(loc="lower right", frameon=False)
-        ax.add_artist(roof_legend)
+        if ceilings:
+            ax.add_artist(ax.legend(loc="lower right", frameon=False))
         handles = [Patch(color=phase_color(p), label=p) for p in phases]
         names = {"measured": "measured", "roofline": "predicted (roofline)", "calibrated": "predicted (calibrated)"}
         handles += [Line2D([], [], linestyle="none", markersize=6, label=names[k], **marker_style(k, BLACK))

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 import llmperf
-from llmperf.analysis import ForwardModel, estimate_memory, estimate_phase
+from llmperf.analysis import ForwardModel, estimate_memory, op_time
 from llmperf.analysis.generation import resolve_precision
 from llmperf.analysis.vocabulary import ATTENTION_OPS
 from llmperf.errors import SpecError
@@ -203,18 +203,25 @@ def _estimate_points(est) -> pd.DataFrame:  # noqa: ANN001
 
 
 def _context_frame(spec: EstimateSpec, model, hw: HardwareSpec, batch: int, contexts: Sequence[int]) -> pd.DataFrame:  # noqa: ANN001
+    """Attention's share of one forward pass at every context at once (the cost functions take arrays)."""
     prec = resolve_precision(model, spec.precision, weights=spec.weights, activations=spec.activations, kv=spec.kv)
     fm = ForwardModel(model=model, precision=prec, attention=spec.attention, tp=spec.tp)
     dtype = hw.compute_dtype(prec.activations)
-    rows = []
-    for ctx in contexts:
-        for phase, q_len in (("prefill", ctx), ("decode", 1)):
-            frame = estimate_phase(fm, hw, batch, q_len, ctx, pp=spec.pp, compute_dtype=dtype).to_frame()
-            attn = frame["op"].isin(_ATTN)
-            rows.append(dict(phase=phase, context=ctx, **{
-                f"{what}_share": float(frame.loc[attn, col].sum() / frame[col].sum()) if frame[col].sum() else 0.0
-                for what, col in (("flops", "flops"), ("bytes", "bytes_total"), ("time", "time_s"))}))
-    return pd.DataFrame(rows)
+    ctx = np.asarray(sorted(contexts), dtype=np.int64)
+    frames = []
+    for phase, q_len in (("prefill", ctx), ("decode", 1 + 0 * ctx)):
+        sums = {k: np.zeros(ctx.size) for k in ("flops", "bytes", "time", "attn_flops", "attn_bytes", "attn_time")}
+        for cost in fm.forward_ops(batch, q_len, ctx):
+            t = op_time(cost, hw, dtype)
+            parts = {"flops": cost.flops, "bytes": cost.bytes_total, "time": t.time_s}
+            for key, value in parts.items():
+                sums[key] = sums[key] + value
+                if cost.name in _ATTN:
+                    sums[f"attn_{key}"] = sums[f"attn_{key}"] + value
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frames.append(pd.DataFrame(dict(phase=phase, context=ctx, **{
+                f"{k}_share": np.where(sums[k] > 0, sums[f"attn_{k}"] / sums[k], 0.0) for k in ("flops", "bytes", "time")})))
+    return pd.concat(frames, ignore_index=True)
 
 
 def _memory(spec: EstimateSpec, model, hw: HardwareSpec, sweep: pd.DataFrame, est) -> F.ReportFigure:  # noqa: ANN001
