@@ -39,6 +39,18 @@ class ReportFigure:
     figure: Figure = field(repr=False)
     data: pd.DataFrame = field(repr=False)
 
+    def png(self, dpi: int | None = None) -> bytes:
+        """The figure as PNG bytes (the report's resolution unless `dpi` is given)."""
+        import io
+
+        from llmperf.report.style import DPI
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=dpi or DPI)
+        return buf.getvalue()
+
+    def _repr_png_(self) -> bytes:  # Jupyter shows the chart when a cell ends with it
+        return self.png()
+
 
 @dataclass(frozen=True, kw_only=True)
 class Ceiling:
