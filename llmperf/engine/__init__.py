@@ -6,9 +6,9 @@
     result = engine.serve(generate_workload(...), policy="continuous" | "static")
 
 Modules: `model` (the decoder), `weights` (random / Hugging Face checkpoints), `attention` (backends),
-`cache` (contiguous and paged KV caches), `runner` (forward + token choice), `scheduler` (static and
-continuous batching, preemption), `generate` (`Engine`), `instrument` (per-step / per-operator
-timings), `timing` (one timed forward at a chosen (batch, q_len, kv_len)), `bench` (speed against
+`cache` (contiguous and paged KV caches), `runner` (executes the shared scheduler's steps: forward +
+token choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`),
+`instrument` (per-step / per-operator timings), `bench` (speed against
 `transformers`); `sampling`, `beam`, `block_pool`, `workload` (engine-pure).
 """
 
@@ -19,16 +19,15 @@ from llmperf.engine.generate import Engine, generate
 from llmperf.engine.instrument import NULL_RECORDER, OP_NAMES, OpRecord, Recorder, StepRecord, Trace
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams
-from llmperf.engine.scheduler import POLICIES, Scheduler, ServeResult, StepStats
+from llmperf.engine.scheduler import POLICIES, ServeResult, StepStats, run_groups
 from llmperf.engine.sequence import Completion, RequestMetrics, RequestOutput
-from llmperf.engine.timing import time_forward
 from llmperf.engine.weights import build_model, from_pretrained, hf_config, load_hf_state_dict, to_hf_state_dict
 from llmperf.engine.workload import Request, generate_workload
 
 __all__ = [
     "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "Engine", "KVCache", "NULL_RECORDER",
     "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics", "RequestOutput",
-    "SamplingParams", "Scheduler", "ServeResult", "StepMeta", "StepRecord", "StepStats", "Trace", "Transformer",
+    "SamplingParams", "ServeResult", "StepMeta", "StepRecord", "StepStats", "Trace", "Transformer",
     "build_model", "from_pretrained", "generate", "generate_workload", "hf_config", "load_hf_state_dict",
-    "make_cache", "time_forward", "to_hf_state_dict",
+    "make_cache", "run_groups", "to_hf_state_dict",
 ]

@@ -8,13 +8,15 @@ N blocks in the paged pool, P tokens per block (block_size).
   preallocates the maximum length (20-40% of it holds real tokens; Kwon et al. 2023, "Efficient
   Memory Management for Large Language Model Serving with PagedAttention", arXiv:2309.06180, §2.3).
 - `PagedKVCache`: one tensor `(L, 2, N, P, H_kv, D)`: per layer a K and a V pool of N blocks of P
-  token slots, handed out on demand by `llmperf.engine.block_pool.BlockManager` (block tables,
+  token slots, handed out on demand by `llmperf.serving.blocks.BlockManager` (block tables,
   reference counts, copy-on-write). Forked sequences (beams, several samples of one prompt) share
   their prompt's blocks; blocks return to the pool when a sequence ends. When no block is free,
   `append_slot` returns False and the scheduler preempts; no sequence is ever written out of place.
 
 Both caches take the same calls (`allocate`, `append_slot`, `fork`, `reorder`, `free`, `prepare`,
-`write`, `gather`), so the engine does not care which one it drives, and both report
+`write`, `gather`), so the engine does not care which one it drives. Both implement the shared
+scheduler's `llmperf.serving.scheduler.KVSpace` (`reserve`, `reserve_cost`, `blocks_for`,
+`fork_cost`, ...): a contiguous "block" is one max-length row. Both report
 `usage()`: bytes the storage has (capacity), bytes held by live sequences (reserved), bytes holding
 real tokens (used). Bytes per token = `2 * L * H_kv * D * element_size`, equal to
 `ModelSpec.kv_bytes_per_token(dtype)`.
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from llmperf.engine.attention import StepMeta
-from llmperf.engine.block_pool import BlockManager
+from llmperf.serving.blocks import BlockManager
 from llmperf.specs import ModelSpec
 
 CACHE_KINDS = ("contiguous", "paged")
@@ -124,6 +126,15 @@ class KVCache(ABC):
     def free(self, seq_id: int) -> None:
         """The sequence ended: its storage returns to the cache."""
 
+    @abstractmethod
+    def live_ids(self) -> list[int]:
+        """Ids of the sequences the cache holds."""
+
+    def clear(self) -> None:
+        """Free every sequence (after a failure: the cache is empty and reusable again)."""
+        for seq_id in self.live_ids():
+            self.free(seq_id)
+
     def reorder(self, seq_ids: Sequence[int], sources: Sequence[int]) -> bool:
         """Beam search: afterwards `seq_ids[i]` holds what `seq_ids[sources[i]]` held before.
         False (nothing changed) if there is no room for the copies."""
@@ -180,6 +191,7 @@ class ContiguousKVCache(KVCache):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
         self.max_batch, self._max_seq_len = max_batch, max_seq_len
+        self.block_size = max_seq_len  # KVSpace: a "block" is a whole row
         # Zeros, not empty: attention reads (masked) slots past a sequence's end, and 0 * NaN = NaN.
         self.kv = torch.zeros(spec.num_layers, 2, max_batch, spec.num_kv_heads, max_seq_len, spec.head_dim,
                               dtype=dtype, device=self.device)  # (L, 2, B_max, H_kv, S_max, D)
@@ -195,16 +207,50 @@ class ContiguousKVCache(KVCache):
     def num_seqs(self) -> int:
         return len(self._len)
 
+    def live_ids(self) -> list[int]:
+        return list(self._len)
+
     def seq_len(self, seq_id: int) -> int:
         return self._len[seq_id]
 
     def row(self, seq_id: int) -> int:
         return self._row[seq_id]
 
+    # ---- KVSpace (the shared scheduler's view): a block is a row ------------------------------
+    fork_cost = 1
+    paged = False
+    supports_prefix_sharing = False
+
+    @property
+    def num_blocks(self) -> int:
+        return self.max_batch
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_rows)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return 1 if num_tokens <= self._max_seq_len else self.max_batch + 1
+
+    def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int:
+        return 0
+
+    def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
+        if self._len[seq_id] + num_tokens > self._max_seq_len:
+            return False
+        self._len[seq_id] += num_tokens
+        return True
+
+    def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:
+        return 0
+
+    def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
+        return None
+
     def can_allocate(self, lengths: Sequence[int], forks: int = 0, headroom: int = 0) -> bool:
         return len(self._free_rows) >= len(lengths) + forks and max(lengths) <= self._max_seq_len
 
-    def allocate(self, seq_id: int, num_tokens: int) -> bool:
+    def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
         if seq_id in self._len:
             raise ValueError(f"seq_id: {seq_id} is already in the cache")
         if not self.can_allocate([num_tokens]):
@@ -214,16 +260,13 @@ class ContiguousKVCache(KVCache):
         return True
 
     def append_slot(self, seq_id: int) -> bool:
-        if self._len[seq_id] >= self._max_seq_len:
-            return False
-        self._len[seq_id] += 1
-        return True
+        return self.reserve(seq_id, 1)
 
     def fork(self, parent: int, child: int) -> bool:
         if child in self._len:
             raise ValueError(f"child: {child} is already in the cache")
         if not self._free_rows:
-            return False
+            raise RuntimeError(f"fork: no free row for sequence {child} (the scheduler counts a row per fork)")
         n = self._len[parent]
         row = heapq.heappop(self._free_rows)
         self.kv[:, :, row, :, :n] = self.kv[:, :, self._row[parent], :, :n]
@@ -300,23 +343,59 @@ class PagedKVCache(KVCache):
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  max_seq_len: int | None = None) -> None:
         super().__init__(spec, dtype, device)
-        self.manager = BlockManager(num_blocks, block_size)
-        self.block_size = block_size
         self._max_seq_len = min(max_seq_len or num_blocks * block_size, num_blocks * block_size)
+        self.manager = BlockManager(num_blocks, block_size, max_seq_len=self._max_seq_len)
+        self.block_size = block_size
         # Zeros: the gather for attention reads whole blocks (masked past each sequence's end).
         self.kv = torch.zeros(spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
                               dtype=dtype, device=self.device)  # (L, 2, N, P, H_kv, D)
 
+    # ---- KVSpace (the shared scheduler's view) ------------------------------------------------
+    fork_cost = 0
+    paged = True
+    supports_prefix_sharing = True
+
+    @property
+    def num_blocks(self) -> int:
+        return self.manager.num_blocks
+
     @property
     def num_free_blocks(self) -> int:
         return self.manager.num_free_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return self.manager.blocks_needed(num_tokens)
+
+    def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int:
+        return self.manager.reserve_cost(seq_id, num_tokens)
+
+    def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:
+        return self.manager.cached_prefix(tokens, limit)
+
+    def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
+        self.manager.publish(seq_id, tokens, num_computed)
+
+    def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Reserve `num_tokens` more slots (all or none), copying a shared last block first."""
+        if self.manager.seq_len(seq_id) + num_tokens > self._max_seq_len:
+            return False
+        results = self.manager.append_slots(seq_id, num_tokens)
+        if results is None:
+            return False
+        if results and results[0].copy is not None:  # copy-on-write: the shared block's filled slots
+            src, dst = results[0].copy
+            self.kv[:, :, dst, :results[0].offset] = self.kv[:, :, src, :results[0].offset]
+        return True
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.manager
 
     @property
     def num_seqs(self) -> int:
-        return len(self.manager.seq_ids)
+        return self.manager.num_seqs
+
+    def live_ids(self) -> list[int]:
+        return self.manager.seq_ids
 
     def seq_len(self, seq_id: int) -> int:
         return self.manager.seq_len(seq_id)
@@ -329,21 +408,13 @@ class PagedKVCache(KVCache):
         needed = sum(self.manager.blocks_needed(n) for n in lengths)  # forks share blocks: free
         return needed + headroom <= self.manager.num_free_blocks and max(lengths) <= self._max_seq_len
 
-    def allocate(self, seq_id: int, num_tokens: int) -> bool:
+    def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
         if num_tokens > self._max_seq_len:
             return False
-        return self.manager.allocate(seq_id, num_tokens)
+        return self.manager.allocate(seq_id, num_tokens, prefix=prefix)
 
     def append_slot(self, seq_id: int) -> bool:
-        if self.manager.seq_len(seq_id) >= self._max_seq_len:
-            return False
-        result = self.manager.append_slot(seq_id)
-        if result is None:
-            return False
-        if result.copy is not None:  # copy-on-write: the shared block's filled slots, every layer
-            src, dst = result.copy
-            self.kv[:, :, dst, :result.offset] = self.kv[:, :, src, :result.offset]
-        return True
+        return self.reserve(seq_id, 1)
 
     def fork(self, parent: int, child: int) -> bool:
         self.manager.fork(parent, child)

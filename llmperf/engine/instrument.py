@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from llmperf.analysis.vocabulary import Phase
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -41,7 +43,8 @@ OP_NAMES = (
     "attn_score", "attn_softmax", "attn_value", "attention", "o_proj", "attn_residual", "mlp_norm",
     "router", "gate_proj", "up_proj", "act", "down_proj", "mlp_residual", "final_norm", "lm_head",
 )
-PHASES = ("prefill", "decode")
+#: the phases a step can have; set by the scheduler (`llmperf.serving`), never guessed from shapes
+PHASES = (Phase.prefill.value, Phase.decode.value, Phase.mixed.value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,6 +237,7 @@ class Recorder:
         """Around one engine step; operator records made inside it are stamped with its shape."""
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+        phase = Phase(phase).value  # a plain string in records and frames
         self._sync()
         self._pending.clear()
         self._forward_seconds = 0.0

@@ -382,11 +382,12 @@ class Transformer(nn.Module):
         self.attention_backend = backend
 
     def forward(self, tokens: torch.Tensor, meta: StepMeta | None = None, *, all_logits: bool = False,
-                rec: Any = NULL_RECORDER) -> torch.Tensor:
+                rec: Any = NULL_RECORDER, attend: Any = None) -> torch.Tensor:
         """Logits `(B, V)` of each sequence's last new token, or `(B, T, V)` with `all_logits`.
 
         `tokens` (B, T) int64: T new tokens of each of B sequences. `meta` places them (positions,
-        cache); None runs a full causal forward from position 0 without a cache.
+        cache); None runs a full causal forward from position 0 without a cache. `attend`: an
+        attention function (`attention.get_backend(name)`) for this call; default: the model's.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens: expected (B, T) token ids, got shape {tuple(tokens.shape)}")
@@ -401,7 +402,7 @@ class Transformer(nn.Module):
         cos = sin = None
         if self.rotary is not None:
             cos, sin = self.rotary.lookup(meta.positions, meta.max_seq_len - 1, self.dtype)
-        ctx = ForwardContext(rec, self._attend, cos, sin)
+        ctx = ForwardContext(rec, attend or self._attend, cos, sin)
         with rec.op("embed"):
             x = F.embedding(tokens, self.embed_weight)  # (B, T, C)
         if self.pos_weight is not None:

@@ -1,124 +1,123 @@
-"""The model runner: feeds scheduled sequence groups through the model and turns logits into tokens.
+"""The model runner: executes the steps the shared scheduler plans, and turns logits into tokens.
 
-Two kinds of step, each one forward pass:
+`ModelRunner` is the engine's `llmperf.serving.scheduler.Runner`: `execute(plan)` runs one
+`StepPlan` and returns its measured duration and the sequences that ended. A plan lists, per request,
+the tokens to compute for each of its sequences (`ScheduledItem`: positions `start .. start + n`;
+their cache slots are already reserved by the scheduler). Items with the same `n` run as one forward
+(B, n); a step whose items differ in length (a mixed step: decode tokens and prefill chunks) runs one
+forward per length. The step's phase comes from the plan, never from shapes.
 
-- `prefill(groups)`: the prompts of new groups (their first token is chosen here: greedy, sampled,
-  or the first beam-search step; then the prompt's cache is forked into the group's samples / beams),
-  and the tokens of preempted groups being recomputed (all but the last token; the logits are
-  dropped, the last token is fed by the next decode). Sequences of equal length run as one batch.
-- `decode(groups)`: one new token for every running sequence, as one batch.
-
-The caller (the scheduler) has already reserved the cache slots these steps write. Token choice is
-`llmperf.engine.sampling` (processors in HF order, greedy or a draw from the group's generator) and,
-for beams, `llmperf.engine.beam.BeamSearch` on log-softmax scores, after which the beams' caches are
-reordered by `source_rows`. Greedy groups with identical parameters are processed as one batch.
+Items that end at a sequence's last token sample its next one (`samples`): greedy, sampled or, for
+beams, a `llmperf.engine.beam.BeamSearch` step on log-softmax scores, after which the beams' caches
+are reordered by `source_rows`. A request's first token is chosen from its prompt's last logits for
+each of its samples / beams (`fork_into`: the scheduler forks their caches after the step). Token
+choice is `llmperf.engine.sampling` (processors in HF order, greedy or a draw from the group's
+generator); greedy groups with identical parameters are processed as one batch. Sequences that end
+(EOS, stop sequence, max_new_tokens, beam search done) are reported, and the scheduler frees them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from llmperf.engine.attention import AttentionFn, get_backend
 from llmperf.engine.cache import KVCache
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams, finish_reason, process_logits, select_next_tokens
 from llmperf.engine.sequence import Completion, Sequence, SequenceGroup
+from llmperf.serving.scheduler import ScheduledItem, StepOutcome, StepPlan
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, cache: KVCache, *, recorder: Any = NULL_RECORDER,
+    """Runs plans over `groups` (request id -> `SequenceGroup`) with `model` and `cache`, using the
+    attention backend `attention` (the engine's choice, not the model's)."""
+
+    def __init__(self, model: Transformer, cache: KVCache, groups: dict[int, SequenceGroup], *,
+                 attention: str | None = None, recorder: Any = NULL_RECORDER,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.model, self.cache, self.rec, self.clock = model, cache, recorder, clock
+        self.model, self.cache, self.groups, self.rec, self.clock = model, cache, groups, recorder, clock
+        self.attend: AttentionFn = get_backend(attention or model.attention_backend)
         self.device = model.device
 
     # ---- forward ---------------------------------------------------------------------------------
-    def _forward(self, seqs: list[Sequence], inputs: list[list[int]]) -> torch.Tensor:
+    def _forward(self, seq_ids: list[int], inputs: list[list[int]]) -> torch.Tensor:
         """Logits (B, V) of the last of `inputs[b]` fed to sequence b (all inputs of one length)."""
         T = len(inputs[0])
         tokens = torch.tensor(inputs, dtype=torch.long).to(self.device, non_blocking=True)  # (B, T)
-        meta = self.cache.prepare([s.seq_id for s in seqs], T)
+        meta = self.cache.prepare(seq_ids, T)
         with self.rec.forward():
-            return self.model(tokens, meta, rec=self.rec)
+            return self.model(tokens, meta, rec=self.rec, attend=self.attend)
 
-    def _step_shape(self, seqs: list[Sequence], q_len: int) -> dict[str, int]:
-        lens = [self.cache.seq_len(s.seq_id) for s in seqs]
-        return dict(batch=len(seqs), q_len=q_len, kv_len=max(lens), tokens_in_cache=sum(lens))
-
-    # ---- prefill ---------------------------------------------------------------------------------
+    # ---- one step --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, groups: Seq[SequenceGroup]) -> None:
-        """Run the prompts (or recomputations) of `groups`; fresh groups get their first token."""
-        items: dict[int, list[tuple[SequenceGroup, Sequence, list[int]]]] = {}
-        for g in groups:
-            if not g.prefilled:
-                seq = g.seqs[0]
-                items.setdefault(len(seq.tokens), []).append((g, seq, seq.tokens))
-            else:  # recompute after preemption: the cache gets all but the last token back
-                for seq in g.seqs:
-                    items.setdefault(len(seq.tokens) - 1, []).append((g, seq, seq.tokens[:-1]))
-            g.needs_prefill = False
-        for T in sorted(items):
-            chunk = items[T]
-            seqs = [seq for _, seq, _ in chunk]
-            with self.rec.step("prefill", **self._step_shape(seqs, T)):
-                logits = self._forward(seqs, [inp for _, _, inp in chunk])  # (B, V)
-                fresh = [(g, logits[b]) for b, (g, _, _) in enumerate(chunk) if not g.prefilled]
-                self._first_tokens(fresh)
-            now = self.clock()
-            for g, _ in fresh:
-                g.prefilled = True
-                g.metrics.first_token = now
-                g.metrics.token_times.append(now)
-                if g.is_finished:
-                    g.metrics.finished = now
-
-    def _first_tokens(self, fresh: list[tuple[SequenceGroup, torch.Tensor]]) -> None:
-        """Choose each fresh group's first token(s) from its prompt's logits `(V,)`, then fork."""
-        plain = []
-        for g, row in fresh:
-            if g.beams is not None:
-                self._beam_step(g, row[None].expand(g.params.num_beams, -1), [g.seqs[0]] * g.params.num_beams)
-            else:
-                plain.append((g, row[None].expand(g.width, -1), [g.seqs[0].tokens] * g.width, [0] * g.width))
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        t0 = self.clock()
+        finished: set[int] = set()
+        by_len: dict[int, list[ScheduledItem]] = {}
+        for item in plan.items:
+            by_len.setdefault(item.num_tokens, []).append(item)
+        plain: list[tuple[SequenceGroup, torch.Tensor, list[list[int]], list[int]]] = []
+        for n in sorted(by_len):
+            items = by_len[n]
+            seq_ids, inputs, owners = [], [], []
+            for item in items:
+                g = self.groups[item.request_id]
+                if g.metrics.scheduled is None:
+                    g.metrics.scheduled = t0
+                if not g.prefilled:
+                    g.seqs[0].seq_id = item.seq_ids[0]  # the scheduler names the sequences
+                tokens = {s.seq_id: s.tokens for s in g.seqs}
+                for sid in item.seq_ids:
+                    seq_ids.append(sid)
+                    inputs.append(tokens[sid][item.start:item.start + n])
+                owners.append(len(item.seq_ids))
+            lens = [self.cache.seq_len(s) for s in seq_ids]
+            with self.rec.step(plan.phase, batch=len(seq_ids), q_len=n, kv_len=max(lens),
+                               tokens_in_cache=sum(lens)):
+                logits = self._forward(seq_ids, inputs)  # (B, V)
+                row = 0
+                for item, k in zip(items, owners):
+                    rows = logits[row:row + k]
+                    row += k
+                    if item.samples:
+                        plain += self._sample(item, rows, finished)
         for (g, _, _, _), toks in zip(plain, self._choose(plain)):
-            seq0 = g.seqs[0]
-            children = [Sequence(list(g.prompt), len(g.prompt), index=i) for i in range(1, g.width)]
-            for child in children:
-                self.cache.fork(seq0.seq_id, child.seq_id)
-            g.seqs = [seq0] + children
             for seq, tok in zip(g.seqs, toks):
                 seq.tokens.append(tok)
-            self._retire(g)
-
-    # ---- decode ----------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def decode(self, groups: Seq[SequenceGroup]) -> None:
-        """One token for every running sequence of `groups` (their slots already reserved)."""
-        seqs = [s for g in groups for s in g.seqs]
-        with self.rec.step("decode", **self._step_shape(seqs, 1)):
-            logits = self._forward(seqs, [[s.tokens[-1]] for s in seqs])  # (B, V)
-            plain, row = [], 0
-            for g in groups:
-                n = len(g.seqs)
-                rows = logits[row:row + n]
-                row += n
-                if g.beams is not None:
-                    self._beam_step(g, rows, g.seqs)
-                else:
-                    plain.append((g, rows, [s.tokens for s in g.seqs], [s.num_generated for s in g.seqs]))
-            for (g, _, _, _), toks in zip(plain, self._choose(plain)):
-                for seq, tok in zip(g.seqs, toks):
-                    seq.tokens.append(tok)
-                self._retire(g)
+            self._retire(g, finished)
         now = self.clock()
-        for g in groups:
+        for item in plan.items:
+            if not item.samples:
+                continue
+            g = self.groups[item.request_id]
+            g.prefilled = True
+            if g.metrics.first_token is None:
+                g.metrics.first_token = now
             g.metrics.token_times.append(now)
             if g.is_finished:
                 g.metrics.finished = now
+        return StepOutcome(duration_s=now - t0, finished=frozenset(finished))
+
+    def _sample(self, item: ScheduledItem, rows: torch.Tensor, finished: set[int]
+                ) -> list[tuple[SequenceGroup, torch.Tensor, list[list[int]], list[int]]]:
+        """Token choice for one item's sequences from `rows` (k, V). Beam steps run here; plain
+        groups are returned for one batched choice."""
+        g = self.groups[item.request_id]
+        first = not g.prefilled
+        if first:  # the prompt's logits give every sample / beam its first token
+            seq0 = g.seqs[0]
+            g.seqs = [seq0] + [Sequence(list(g.prompt), len(g.prompt), index=i, seq_id=sid)
+                               for i, sid in enumerate(item.fork_into, start=1)]
+            rows = rows.expand(len(g.seqs), -1)
+        if g.beams is not None:
+            self._beam_step(g, rows, first, finished)
+            return []
+        return [(g, rows, [s.tokens for s in g.seqs], [s.num_generated for s in g.seqs])]
 
     # ---- token choice ----------------------------------------------------------------------------
     def _choose(self, entries: list[tuple[SequenceGroup, torch.Tensor, list[list[int]], list[int]]]
@@ -144,23 +143,17 @@ class ModelRunner:
                 out[i], pos = toks[pos:pos + n], pos + n
         return out
 
-    def _beam_step(self, g: SequenceGroup, logits: torch.Tensor, rows: list[Sequence]) -> None:
-        """One beam-search step for group `g`: `logits` (K, V) of its K rows (before the first step
-        all K rows are the prompt's sequence). Reorders the cache, appends the tokens."""
+    def _beam_step(self, g: SequenceGroup, logits: torch.Tensor, first: bool, finished: set[int]) -> None:
+        """One beam-search step for group `g`: `logits` (K, V) of its K beams (at the first step
+        every beam is the prompt). Reorders the cache, appends the tokens."""
         assert g.beams is not None
-        K = g.params.num_beams
         scores = torch.log_softmax(logits.float(), dim=-1)  # (K, V); HF processes log-probs in beam search
-        scores = process_logits(scores, [s.tokens for s in rows], g.params, g.beams.num_generated)
+        scores = process_logits(scores, [s.tokens for s in g.seqs], g.params, g.beams.num_generated)
         # BeamSearch keeps its (small) state on the CPU, as HF's bookkeeping is host-side too.
         tokens, src = g.beams.step(scores.cpu(), g.generator if g.params.is_sampling else None)
         tokens, src = tokens.tolist(), src.tolist()
-        if len(g.seqs) == 1:  # first step: every beam continues the prompt (HF starts beams 1.. at -1e9)
+        if first:  # every beam continues the prompt (HF starts beams 1.. at -1e9); the scheduler forks them
             assert set(src) == {0}, f"the first beam step must continue the prompt, got sources {src}"
-            seq0 = g.seqs[0]
-            children = [Sequence(list(g.prompt), len(g.prompt), index=i) for i in range(1, K)]
-            for child in children:
-                self.cache.fork(seq0.seq_id, child.seq_id)
-            g.seqs = [seq0] + children
         else:
             self.cache.reorder([s.seq_id for s in g.seqs], src)
             new_tokens = [list(g.seqs[j].tokens) for j in src]
@@ -172,12 +165,12 @@ class ModelRunner:
             for rank, (toks, score) in enumerate(g.beams.finalize()[0]):
                 g.finished[rank] = Completion(tokens=toks, finish_reason=finish_reason(toks, g.params) or "length",
                                               score=score)
-            for seq in g.seqs:
-                self.cache.free(seq.seq_id)
+            finished.update(s.seq_id for s in g.seqs)
             g.seqs = []
 
-    def _retire(self, g: SequenceGroup) -> None:
-        """Finish the sequences of `g` that hit EOS, a stop sequence or max_new_tokens; free their cache."""
+    def _retire(self, g: SequenceGroup, finished: set[int]) -> None:
+        """Finish the sequences of `g` that hit EOS, a stop sequence or max_new_tokens (reported to
+        the scheduler, which frees their cache)."""
         keep = []
         for seq in g.seqs:
             reason = finish_reason(seq.generated, g.params)
@@ -185,5 +178,5 @@ class ModelRunner:
                 keep.append(seq)
                 continue
             g.finished[seq.index] = Completion(tokens=seq.generated, finish_reason=reason)
-            self.cache.free(seq.seq_id)
+            finished.add(seq.seq_id)
         g.seqs = keep

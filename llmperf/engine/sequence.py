@@ -89,8 +89,8 @@ class Sequence:
 
     __slots__ = ("seq_id", "tokens", "prompt_len", "index")
 
-    def __init__(self, tokens: list[int], prompt_len: int, index: int = 0) -> None:
-        self.seq_id = next(_seq_ids)
+    def __init__(self, tokens: list[int], prompt_len: int, index: int = 0, seq_id: int | None = None) -> None:
+        self.seq_id = next(_seq_ids) if seq_id is None else seq_id
         self.tokens = tokens
         self.prompt_len = prompt_len
         self.index = index  # which sample (or beam slot) of its request

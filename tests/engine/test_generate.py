@@ -136,14 +136,15 @@ def test_samples_of_one_prompt_share_its_blocks(models):
     engine.generate([prompt], params)  # warm: nothing stays allocated
     assert engine.cache.num_free_blocks == 64
     from llmperf.engine.runner import ModelRunner
-    from llmperf.engine.scheduler import Scheduler
-    from llmperf.engine.sequence import SequenceGroup
     from llmperf.engine.sampling import make_generator
+    from llmperf.engine.scheduler import request_state
+    from llmperf.engine.sequence import SequenceGroup
+    from llmperf.serving import Scheduler
 
     params = SamplingParams(max_new_tokens=5, do_sample=True, num_return_sequences=4)
-    sched = Scheduler(ModelRunner(model, engine.cache))
     g = SequenceGroup(0, prompt, params, arrival=0.0, generator=make_generator(0))
-    sched.add(g)
+    sched = Scheduler(engine.cache, ModelRunner(model, engine.cache, {0: g}))
+    sched.add(request_state(g))
     sched.step()  # prefill: 4 blocks, forked 4 times
     assert len(g.seqs) == 4 and engine.cache.manager.num_used_blocks == 4
     sched.step()  # decode: each sample opens its own fifth block

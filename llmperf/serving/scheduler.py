@@ -1,0 +1,559 @@
+"""The one scheduler: which requests run in each step, bounded by the KV cache. No torch.
+
+The same `Scheduler` drives the real engine (`llmperf.engine`, whose model runner executes each step
+on the device) and the simulator (`llmperf.serving`, whose cost-model runner prices each step with
+`llmperf.analysis`). Given the same step durations, both produce the same schedule, step for step:
+the decisions are recorded as typed `StepLog`s and compared with `StepLog.decision()`.
+
+Policies (Yu et al. 2022, "Orca", OSDI, for iteration-level scheduling; Kwon et al. 2023,
+"PagedAttention", SOSP, for paged KV and recompute preemption; Agrawal et al. 2024, "Sarathi-Serve",
+OSDI, for chunked prefill with a per-step token budget and mixed steps):
+
+- `policy="static"`: a batch is admitted only when nothing is running; short requests wait for the
+  longest of their batch. `policy="continuous"`: at every step finished requests leave and waiting
+  ones join while the cache has room (and `max_batch` sequences are not exceeded).
+- Without chunked prefill (vLLM v0's default): a step either prefills (whole prompts of newly
+  admitted requests, and any running request still being recomputed) or decodes one token for every
+  running sequence; prefill has priority. With `chunked_prefill=True` (vLLM v1 / Sarathi-Serve), each
+  step spends a budget of `max_batched_tokens` tokens: first one decode token per running sequence
+  (oldest request first), then the next chunk of prompts already being prefilled, then new
+  admissions, each chunk cut to what is left of the budget. Such a step is `Phase.mixed`.
+- Paged KV with recompute preemption: every scheduled token's slot is reserved before the step runs
+  (`KVSpace.reserve`); when the pool is out of blocks the *newest* running request is preempted: all
+  its blocks are freed and it goes back to the *front* of the waiting queue, to be recomputed from its
+  tokens when room returns. A multi-sequence request (samples, beams) is recomputed as it was built:
+  its prompt once, then forked (shared blocks, copy-on-write), then each sequence's own tokens.
+- Admission keeps a watermark of free blocks (`watermark` of the pool, and at least one block per
+  running sequence) so that running sequences can grow into their next block without immediately
+  preempting the newcomer (the thrash of admit / preempt on alternating steps).
+- Prefix sharing (`prefix_sharing=True`, paged only): a request whose prompt starts with full blocks
+  that another request already computed takes them by reference and computes only the rest
+  (`llmperf.serving.blocks`). Blocks are published after the step that computed them.
+
+Each step's `Phase` (prefill, decode, mixed) is set here from what was scheduled, never guessed
+from tensor shapes by whoever runs it.
+
+Protocols (structural; see the classes below):
+
+- `KVSpace`: the cache bookkeeping the scheduler reserves in. `llmperf.serving.blocks.BlockManager`
+  implements it (the simulator); the engine's `PagedKVCache` and `ContiguousKVCache` implement it
+  over their tensors (a contiguous "block" is one max-length row).
+- `Runner.execute(plan: StepPlan) -> StepOutcome`: run (or price) one step. The plan lists, per
+  request, the sequence ids computing this step, the first position and the number of tokens
+  computed for each of them (`ScheduledItem`); their slots are already reserved. An item whose
+  `samples` is True ends at the sequence's last token: the runner produces the next token of each of
+  its sequences (for a request's first token, also of `fork_into`, the ids of its other samples /
+  beams, which the scheduler forks from the first sequence after the step). The runner returns the
+  step's duration and the ids of the sequences that ended (EOS, stop, length, beam search done); the
+  scheduler frees them. A runner may reorder a beam request's sequences in the `KVSpace` itself
+  (same lengths, same ids).
+
+The clock: the scheduler keeps its own time, `now` (seconds from the start of `run`), advanced by
+each step's `StepOutcome.duration_s` and, when nothing can run, to the next arrival (calling
+`wait(seconds)` if given, which the real engine uses to sleep in real time). So a simulated runner
+gives a simulated clock, and the real runner, which returns measured durations, the wall clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llmperf.analysis.vocabulary import Phase
+
+POLICIES = ("continuous", "static")
+
+
+class KVSpace(Protocol):
+    """Cache bookkeeping the scheduler allocates in (sequence ids are the scheduler's)."""
+
+    num_blocks: int
+    block_size: int
+    max_seq_len: int
+    fork_cost: int  # blocks a fork takes (paged: 0, shared by reference; contiguous: 1 row)
+    paged: bool  # blocks come from one shared pool as sequences grow (then admission keeps a watermark)
+    supports_prefix_sharing: bool
+
+    @property
+    def num_free_blocks(self) -> int: ...
+    def blocks_for(self, num_tokens: int) -> int: ...
+    def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int: ...
+    def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool: ...
+    def reserve(self, seq_id: int, num_tokens: int = 1) -> bool: ...
+    def fork(self, parent_id: int, child_id: int) -> object: ...
+    def free(self, seq_id: int) -> None: ...
+    def seq_len(self, seq_id: int) -> int: ...
+    def cached_prefix(self, tokens: Sequence[int], limit: int) -> int: ...
+    def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduledItem:
+    """One request's share of a step: `num_tokens` tokens at positions `start..` of each of `seq_ids`."""
+
+    request_id: int
+    seq_ids: tuple[int, ...]
+    start: int
+    num_tokens: int
+    decode: bool  # one token after the whole sequence is cached (else a prompt chunk or a recompute)
+    samples: bool  # the step produces each sequence's next token
+    num_generated: int  # tokens the request had generated before this step
+    fork_into: tuple[int, ...] = ()  # first token: the other samples / beams, forked after the step
+
+    @property
+    def tokens(self) -> int:
+        """Tokens this item puts through the model (the step's budget counts these)."""
+        return self.num_tokens * len(self.seq_ids)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepPlan:
+    """What the runner executes: the step's index, its phase and its items (oldest request first)."""
+
+    step: int
+    phase: Phase
+    items: tuple[ScheduledItem, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepOutcome:
+    """What the runner reports: how long the step took (seconds) and which sequences ended."""
+
+    duration_s: float
+    finished: frozenset[int] = frozenset()
+
+
+class Runner(Protocol):
+    def execute(self, plan: StepPlan) -> StepOutcome: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepLog:
+    """One step as scheduled and run. Times are the scheduler's clock (seconds from the start)."""
+
+    step: int
+    phase: Phase
+    start_s: float
+    duration_s: float
+    items: tuple[ScheduledItem, ...]
+    admitted: tuple[int, ...]  # requests that entered the running set this step (first time or after preemption)
+    preempted: tuple[int, ...]  # requests preempted to make room for this step, in order
+    finished: tuple[int, ...]  # requests that finished at the end of this step
+    num_running: int  # requests after the step
+    num_waiting: int
+    free_blocks: int  # after the step
+
+    @property
+    def batch(self) -> int:
+        """Sequences that ran in the step."""
+        return sum(len(i.seq_ids) for i in self.items)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(i.tokens for i in self.items if not i.decode)
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(i.tokens for i in self.items if i.decode)
+
+    def decision(self) -> tuple:
+        """Everything the scheduler decided, without the times: equal for two schedulers that made
+        the same choices (request ids, token counts, phases, admissions, preemptions)."""
+        items = tuple((i.request_id, len(i.seq_ids), i.start, i.num_tokens, i.decode) for i in self.items)
+        return (self.step, self.phase, items, self.admitted, self.preempted, self.finished)
+
+
+@dataclass(kw_only=True)
+class RequestState:
+    """A request as the scheduler tracks it (times on the scheduler's clock).
+
+    `seq_ids`: its live sequences (all samples / beams once forked; before the first token, the
+    first id computes the prompt and the others are forked from it after). `num_tokens`: tokens each
+    live sequence holds (prompt + generated); `num_computed`: of them, how many are in the cache.
+    """
+
+    request_id: int
+    prompt_len: int
+    max_new_tokens: int
+    width: int = 1
+    arrival_s: float = 0.0
+    prompt: tuple[int, ...] | None = None  # token ids (needed only for prefix sharing)
+    seq_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+    num_computed: int = 0
+    num_generated: int = 0
+    forked: bool = False  # seq_ids[1:] are in the cache
+    preemptions: int = 0
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    # Progress (num_tokens) at the last preemption, to tell thrash from progress.
+    preempted_at: int | None = None
+    # Blocks promised at admission for the rest of its prefill / recompute, not yet taken.
+    promised: int = 0
+
+    @property
+    def target(self) -> int:
+        """Tokens to have in the cache before decoding: the prompt (its last token's logits give the
+        first token), or after a preemption all tokens but the last (fed by the next decode)."""
+        return self.prompt_len if self.num_generated == 0 else self.num_tokens - 1
+
+    @property
+    def decoding(self) -> bool:
+        return self.forked and self.num_computed == self.num_tokens - 1 and self.num_generated > 0
+
+    @property
+    def max_len(self) -> int:
+        return self.prompt_len + self.max_new_tokens
+
+    @property
+    def max_cached(self) -> int:
+        """The most slots a sequence of it holds: its last token is never fed back."""
+        return self.max_len - 1
+
+    def cached_seq_ids(self) -> list[int]:
+        return self.seq_ids if self.forked else self.seq_ids[:1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """`max_batch`: most sequences running at once (None: no cap). `max_batched_tokens`: tokens per
+    step (None: no cap; required with `chunked_prefill`). `watermark`: share of the pool kept free at
+    admission (and at least one block per running sequence)."""
+
+    policy: str = "continuous"
+    max_batch: int | None = None
+    max_batched_tokens: int | None = None
+    chunked_prefill: bool = False
+    prefix_sharing: bool = False
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        for name in ("max_batch", "max_batched_tokens"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name}: must be None or a positive integer, got {v!r}")
+        if self.chunked_prefill and self.max_batched_tokens is None:
+            raise ValueError("max_batched_tokens: chunked_prefill needs a per-step token budget, got None")
+        if isinstance(self.watermark, bool) or not isinstance(self.watermark, (int, float)) \
+                or not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark: must be in [0, 1), got {self.watermark!r}")
+
+
+class Scheduler:
+    """Waiting and running requests over one `KVSpace`; `step()` schedules and runs one step."""
+
+    def __init__(self, kv: KVSpace, runner: Runner, config: SchedulerConfig | None = None) -> None:
+        self.kv, self.runner = kv, runner
+        self.config = config or SchedulerConfig()
+        if self.config.prefix_sharing and not getattr(kv, "supports_prefix_sharing", False):
+            raise ValueError(f"prefix_sharing: needs a paged cache, got {type(kv).__name__}")
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []  # oldest admitted first
+        self.finished: list[RequestState] = []
+        self.log: list[StepLog] = []
+        self.now = 0.0
+        self._ids = itertools.count()
+        self._watermark_blocks = math.ceil(self.config.watermark * kv.num_blocks) if kv.paged else 0
+
+    # ---- requests --------------------------------------------------------------------------------
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def worst_case_blocks(self, r: RequestState) -> int:
+        """Blocks `r` needs alone at its longest: the prompt's full blocks once, and every sequence's
+        own blocks past them (contiguous: a row per sequence)."""
+        full = self.kv.blocks_for(r.max_cached)
+        if self.kv.fork_cost:
+            return full + (r.width - 1) * self.kv.fork_cost * full
+        shared = r.prompt_len // self.kv.block_size
+        return full + (r.width - 1) * (full - shared)
+
+    def check(self, r: RequestState) -> None:
+        """Refuse (ValueError) a request that could never run, before anything is allocated."""
+        if r.prompt_len < 1:
+            raise ValueError(f"prompt: request {r.request_id} has no tokens")
+        if r.prompt is not None and len(r.prompt) != r.prompt_len:
+            raise ValueError(f"prompt: request {r.request_id} has {len(r.prompt)} tokens but prompt_len={r.prompt_len}")
+        if r.max_cached > self.kv.max_seq_len:
+            raise ValueError(f"max_new_tokens: request {r.request_id} needs {r.prompt_len} prompt + "
+                             f"{r.max_new_tokens} new tokens, i.e. {r.max_cached} cached positions (the last "
+                             f"token is never fed back), more than the {self.kv.max_seq_len} the cache holds")
+        if self.config.max_batch is not None and r.width > self.config.max_batch:
+            raise ValueError(f"max_batch: request {r.request_id} runs {r.width} sequences at once, more than "
+                             f"max_batch={self.config.max_batch}")
+        need = self.worst_case_blocks(r)
+        if need > self.kv.num_blocks:
+            raise ValueError(f"max_new_tokens: request {r.request_id} ({r.prompt_len} prompt + {r.max_new_tokens} "
+                             f"new tokens, {r.width} sequences) needs up to {need} blocks of {self.kv.block_size} "
+                             f"tokens alone; the cache has {self.kv.num_blocks}")
+        budget = self.config.max_batched_tokens
+        if budget is not None and not self.config.chunked_prefill and r.prompt_len > budget:
+            raise ValueError(f"max_batched_tokens: request {r.request_id}'s {r.prompt_len}-token prompt exceeds "
+                             f"the per-step budget of {budget} (enable chunked_prefill or raise the budget)")
+        if budget is not None and r.width > budget:
+            raise ValueError(f"max_batched_tokens: request {r.request_id} decodes {r.width} sequences per step, "
+                             f"more than the per-step budget of {budget}")
+
+    def add(self, r: RequestState) -> RequestState:
+        """Queue a request (checked first). Its sequence ids are assigned here."""
+        self.check(r)
+        r.seq_ids = [next(self._ids) for _ in range(r.width)]
+        r.num_tokens, r.num_computed, r.num_generated, r.forked = r.prompt_len, 0, 0, r.width == 1
+        self.waiting.append(r)
+        return r
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _running_seqs(self) -> int:
+        return sum(len(r.seq_ids) for r in self.running)
+
+    def _headroom(self, extra_seqs: int) -> int:
+        if not self.kv.paged:
+            return 0
+        return max(self._watermark_blocks, self._running_seqs() + extra_seqs)
+
+    def _prefill_cost(self, r: RequestState, shared: int) -> int:
+        """Blocks `r` takes from admission (with `shared` prefix tokens already cached) until its
+        prefill or recompute is done: the prompt's blocks once, each other sequence's own blocks
+        past the prompt's full blocks (contiguous: a row per sequence)."""
+        n = len(r.seq_ids)
+        first = self.kv.blocks_for(r.target) - shared // self.kv.block_size
+        if self.kv.fork_cost:
+            return first + self.kv.fork_cost * (n - 1)
+        return first + (n - 1) * (self.kv.blocks_for(r.target) - r.prompt_len // self.kv.block_size)
+
+    def _promised(self) -> int:
+        return sum(r.promised for r in self.running)
+
+    def _preempt(self, r: RequestState, preempted: list[int]) -> None:
+        for s in r.cached_seq_ids():
+            self.kv.free(s)
+        r.promised = 0
+        r.num_computed = 0
+        r.forked = len(r.seq_ids) == 1
+        r.preemptions += 1
+        r.preempted_at = r.num_tokens
+        self.running.remove(r)
+        self.waiting.appendleft(r)  # to the front: it is recomputed first when room returns
+        preempted.append(r.request_id)
+
+    def _reserve(self, r: RequestState, n: int, preempted: list[int]) -> bool:
+        """Reserve `n` more slots for each cached sequence of the running request `r`, preempting the
+        newest running request while blocks are short. False when `r` itself was preempted."""
+        for s in r.cached_seq_ids():
+            while not self.kv.reserve(s, n):
+                victim = self.running[-1]
+                if victim is r and len(self.running) == 1:
+                    raise RuntimeError(
+                        f"request {r.request_id} alone needs {self.kv.reserve_cost(s, n)} more blocks for sequence "
+                        f"{s} at {self.kv.seq_len(s)} tokens, but only {self.kv.num_free_blocks} of "
+                        f"{self.kv.num_blocks} are free and no other request holds any")
+                self._preempt(victim, preempted)
+                if victim is r:
+                    return False
+        return True
+
+    def _chunk(self, r: RequestState, budget: float) -> int:
+        """Tokens per sequence of `r`'s next prefill / recompute chunk within `budget` tokens."""
+        stop = r.target if r.forked else min(r.target, r.prompt_len)  # fork at the prompt's end
+        left = stop - r.num_computed
+        nseq = len(r.cached_seq_ids())
+        if not self.config.chunked_prefill:
+            return left if left * nseq <= budget else 0
+        return int(min(left, budget // nseq))
+
+    def _item(self, r: RequestState, start: int, n: int) -> ScheduledItem:
+        seqs = r.cached_seq_ids()
+        end = start + n
+        samples = (r.num_generated == 0 and end == r.prompt_len) or r.decoding
+        fork_into = tuple(r.seq_ids[1:]) if not r.forked and end == r.prompt_len else ()
+        return ScheduledItem(request_id=r.request_id, seq_ids=tuple(seqs), start=start, num_tokens=n,
+                             decode=r.decoding, samples=samples, num_generated=r.num_generated, fork_into=fork_into)
+
+    # ---- scheduling ------------------------------------------------------------------------------
+    def _schedule_running(self, budget: float, preempted: list[int], decodes: bool
+                          ) -> tuple[list[ScheduledItem], float]:
+        """Items for running requests, oldest first: decode tokens (if `decodes`) and continued
+        prefill / recompute chunks."""
+        items: list[ScheduledItem] = []
+        for r in list(self.running):
+            if r not in self.running:  # preempted while an older request made room
+                continue
+            if r.decoding:
+                if not decodes or budget < len(r.seq_ids):
+                    continue
+                if self._reserve(r, 1, preempted):
+                    items.append(self._item(r, r.num_computed, 1))
+                    budget -= len(r.seq_ids)
+                continue
+            n = self._chunk(r, budget)
+            if n <= 0:
+                continue
+            start, free = r.num_computed, self.kv.num_free_blocks
+            if self._reserve(r, n, preempted):
+                items.append(self._item(r, start, n))
+                budget -= n * len(r.cached_seq_ids())
+                r.promised = max(0, r.promised - (free - self.kv.num_free_blocks))
+        # A request preempted after it was scheduled in this loop gave its slots back: drop it.
+        gone = set(preempted)
+        return [i for i in items if i.request_id not in gone], budget
+
+    def _admit(self, budget: float, static_blocked: bool) -> tuple[list[ScheduledItem], list[RequestState]]:
+        items: list[ScheduledItem] = []
+        admitted: list[RequestState] = []
+        if static_blocked:
+            return items, admitted
+        seqs = self._running_seqs()
+        sharing = self.config.prefix_sharing
+        while self.waiting:
+            r = self.waiting[0]
+            if self.config.max_batch is not None and seqs + len(r.seq_ids) > self.config.max_batch:
+                break
+            stop = min(r.target, r.prompt_len)
+            shared = self.kv.cached_prefix(r.prompt, stop - 1) if sharing and r.prompt is not None else 0
+            r.num_computed = shared
+            n = self._chunk(r, budget)
+            if n <= 0:
+                r.num_computed = 0
+                break
+            # Admit only if the whole prefill / recompute fits beside what running requests were
+            # promised, plus the watermark: once admitted, a request is not preempted by its own
+            # next chunk.
+            cost = self._prefill_cost(r, shared)
+            headroom = self._headroom(len(r.seq_ids)) if (self.running or admitted) else 0
+            if self.kv.num_free_blocks - self._promised() - cost < headroom:
+                r.num_computed = 0
+                break
+            free = self.kv.num_free_blocks
+            ok = self.kv.allocate(r.seq_ids[0], shared + n, prefix=r.prompt if sharing else None)
+            assert ok, "the free block count promised room for the first chunk"
+            r.promised = max(0, cost - (free - self.kv.num_free_blocks))
+            self.waiting.popleft()
+            if r.scheduled_s is None:
+                r.scheduled_s = self.now
+            items.append(self._item(r, shared, n))
+            admitted.append(r)
+            self.running.append(r)
+            seqs += len(r.seq_ids)
+            budget -= n
+        return items, admitted
+
+    def _plan(self) -> tuple[list[ScheduledItem], list[RequestState], list[int]]:
+        budget: float = self.config.max_batched_tokens or math.inf
+        preempted: list[int] = []
+        static_blocked = self.config.policy == "static" and bool(self.running)
+        if self.config.chunked_prefill:
+            items, budget = self._schedule_running(budget, preempted, decodes=True)
+            new, admitted = self._admit(budget, static_blocked or bool(preempted))
+            return items + new, admitted, preempted
+        # Prefill first: continued recomputes and admissions; decode only when there are none.
+        items, budget = self._schedule_running(budget, preempted, decodes=False)
+        new, admitted = self._admit(budget, static_blocked or bool(preempted))
+        if items or new:
+            return items + new, admitted, preempted
+        items, _ = self._schedule_running(math.inf, preempted, decodes=True)
+        return items, admitted, preempted
+
+    def step(self) -> StepLog | None:
+        """Schedule and run one step; None when nothing can run now."""
+        if not self.running and not self.waiting:
+            return None
+        items, admitted, preempted = self._plan()
+        if not items:
+            if not self.running and self.waiting:
+                r = self.waiting[0]
+                raise RuntimeError(f"request {r.request_id} ({r.prompt_len} prompt tokens, {len(r.seq_ids)} "
+                                   f"sequences) cannot start in an empty cache of {self.kv.num_blocks} blocks "
+                                   f"({self.kv.num_free_blocks} free)")
+            return None
+        decode = [i.decode for i in items]
+        phase = Phase.decode if all(decode) else Phase.prefill if not any(decode) else Phase.mixed
+        plan = StepPlan(step=len(self.log), phase=phase, items=tuple(items))
+        outcome = self.runner.execute(plan)
+        start = self.now
+        self.now += outcome.duration_s
+        finished = self._advance(plan, outcome)
+        log = StepLog(step=plan.step, phase=phase, start_s=start, duration_s=outcome.duration_s, items=plan.items,
+                      admitted=tuple(r.request_id for r in admitted), preempted=tuple(preempted),
+                      finished=tuple(finished), num_running=len(self.running), num_waiting=len(self.waiting),
+                      free_blocks=self.kv.num_free_blocks)
+        self.log.append(log)
+        return log
+
+    def _advance(self, plan: StepPlan, outcome: StepOutcome) -> list[int]:
+        by_id = {r.request_id: r for r in self.running}
+        done: list[int] = []
+        for item in plan.items:
+            r = by_id[item.request_id]
+            r.num_computed = item.start + item.num_tokens
+            if r.num_computed >= r.target:
+                r.promised = 0
+            if item.fork_into:
+                for child in item.fork_into:
+                    self.kv.fork(r.seq_ids[0], child)
+                r.forked = True
+            if self.config.prefix_sharing and r.prompt is not None and item.start < r.prompt_len:
+                self.kv.publish(r.seq_ids[0], r.prompt, min(r.num_computed, r.prompt_len))
+            if item.samples:
+                r.num_tokens += 1
+                r.num_generated += 1
+                r.token_times.append(self.now)
+                if r.first_token_s is None:
+                    r.first_token_s = self.now
+            ended = [s for s in r.seq_ids if s in outcome.finished]
+            for s in ended:
+                if s in r.cached_seq_ids():
+                    self.kv.free(s)
+                r.seq_ids.remove(s)
+            if not r.seq_ids:
+                r.finish_s = self.now
+                self.running.remove(r)
+                self.finished.append(r)
+                done.append(r.request_id)
+        return done
+
+    # ---- a whole workload ------------------------------------------------------------------------
+    def run(self, requests: Iterable[RequestState], *, wait: Callable[[float], None] | None = None,
+            on_step: Callable[[StepLog], None] | None = None) -> list[RequestState]:
+        """Serve `requests` (each admitted once the clock reaches its `arrival_s`) to completion.
+        Every request is checked before any is queued. When nothing can run, the clock jumps to the
+        next arrival (`wait(seconds)` is called first, if given). `on_step(log)` is called after
+        every step. Returns the requests, finished."""
+        reqs = list(requests)
+        for r in reqs:
+            self.check(r)
+        pending = deque(sorted(reqs, key=lambda r: r.arrival_s))
+        while pending or self.has_unfinished:
+            while pending and pending[0].arrival_s <= self.now:
+                self.add(pending.popleft())
+            log = self.step()
+            if log is not None and on_step is not None:
+                on_step(log)
+            if log is None:
+                if not pending:
+                    break
+                gap = pending[0].arrival_s - self.now
+                if wait is not None and gap > 0:
+                    wait(gap)
+                self.now = max(self.now, pending[0].arrival_s)
+        return reqs
+
+    def release(self) -> None:
+        """Free every sequence still in the cache and forget all requests (after a failure)."""
+        for r in self.running:
+            for s in r.cached_seq_ids():
+                self.kv.free(s)
+        self.running.clear()
+        self.waiting.clear()
+
+
+__all__ = ["POLICIES", "KVSpace", "RequestState", "Runner", "ScheduledItem", "Scheduler", "SchedulerConfig",
+           "StepLog", "StepOutcome", "StepPlan"]
