@@ -500,6 +500,10 @@ def serving_figure(requests: pd.DataFrame, steps: pd.DataFrame, rates: pd.DataFr
                                    ("tpot_p50", "decode", ":"), ("tpot_p99", "decode", "-")):
                 ax_rate.plot(r["rate"], r[col] / scale, ls, color=phase_color(phase), label=col.replace("_", " "),
                              markersize=4, **marker_style("roofline", phase_color(phase)))
+            for key, phase in (("ttft_s", "prefill"), ("tpot_s", "decode")):
+                if slo.get(key):
+                    ax_rate.axhline(slo[key] / scale, color=phase_color(phase), linestyle="--", linewidth=0.8,
+                                    label=f"SLO {key.split('_')[0].upper()} {slo[key] / scale:,.3g} {unit}")
             ok = r[r["meets_slo"].astype(str).str.lower().isin(("true", "1", "1.0"))]
             if len(ok):
                 knee = float(ok["rate"].max())
