@@ -75,11 +75,12 @@ def _require(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
 _TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
 
 
-def time_unit(values: object) -> tuple[float, str]:
-    """(divisor, unit) that shows times in seconds with readable magnitudes (s, ms, µs, ns)."""
+def time_unit(values: object, *, by: str = "median") -> tuple[float, str]:
+    """(divisor, unit) that shows times in seconds with readable magnitudes (s, ms, µs, ns), chosen
+    for the median value (log axes) or the largest (`by="max"`: bar lengths on a linear axis)."""
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr) & (arr > 0)]
-    ref = float(np.median(arr)) if arr.size else 1.0
+    ref = (float(np.max(arr)) if by == "max" else float(np.median(arr))) if arr.size else 1.0
     for scale, unit in _TIME_UNITS:
         if ref >= scale:
             return scale, unit
@@ -178,7 +179,7 @@ def breakdown_figure(frame: pd.DataFrame, *, title: str) -> ReportFigure:
         for ax, phase in zip(axes, phases):
             grp = frame[frame["phase"] == phase].groupby("op", sort=False).agg(
                 time_s=("time_s", "sum"), bound=("bound", "first")).reset_index()
-            scale, unit = time_unit(grp["time_s"])
+            scale, unit = time_unit(grp["time_s"], by="max")
             y = np.arange(len(grp))
             color = phase_color(str(phase))
             ax.barh(y, grp["time_s"] / scale, color=[color if b == "memory" else "white" for b in grp["bound"]],
@@ -188,7 +189,7 @@ def breakdown_figure(frame: pd.DataFrame, *, title: str) -> ReportFigure:
             total = grp["time_s"].sum()
             mem = grp.loc[grp["bound"] == "memory", "time_s"].sum()
             shares.append(f"{phase}: {mem / total:.0%} memory-bound" if total else f"{phase}: no time")
-            ax.set_title(f"{phase} ({total / scale:,.3g} {unit}; {mem / total:.0%} memory-bound)" if total
+            ax.set_title(f"{phase} ({_num(total / scale)} {unit}; {mem / total:.0%} memory-bound)" if total
                          else str(phase))
             ax.set_xlabel(f"time ({unit})")
             ax.set_ylabel("operator")
@@ -340,7 +341,7 @@ def attention_figure(frame: pd.DataFrame, *, title: str, shape: str) -> ReportFi
         for row, phase in enumerate(phases):
             ax_b, ax_t = axes[2 * row], axes[2 * row + 1]
             sub = frame[frame["phase"] == phase]
-            scale, unit = time_unit(sub.groupby("impl")["time_s"].sum())
+            scale, unit = time_unit(sub.groupby("impl")["time_s"].sum(), by="max")
             labels = []
             for pos, impl in enumerate(i for i in ("naive", "fused") if (sub["impl"] == i).any()):
                 part = sub[sub["impl"] == impl]
