@@ -11,5 +11,5 @@ python -m llmperf.cli profile reports/profile/llama-style-cpu.yaml --device cpu 
 python -m llmperf.cli simulate llama-3.1-8b -H a100-80gb-sxm -n 300 --rate 20 --slo-ttft 0.5 --slo-tpot 0.05 \
     --find-max-rate --run-dir "$out/simulate-a100" > "$out/simulate-a100.txt"
 python -m llmperf.cli report "$out/profile-cpu" "$out/simulate-a100" \
-    -m llama-3.1-8b -H a100-80gb-sxm -b 1,8,64,256 -p 512,4096 -g 128 \
+    -m llama-3.1-8b -H a100-80gb-sxm -b 1,8,64,256 -p 512,4096 -g 128 --compare a100-80gb-sxm,h100-sxm,h200,local \
     --title "llmperf sample report: estimate, CPU profile, simulated A100 serving" -o "$out/report.html"
