@@ -33,7 +33,7 @@ def report(
     attention: Annotated[AttentionImpl, typer.Option("--attention", help="fused or naive attention for the estimate (figure 6 always shows both).")] = AttentionImpl.fused,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
-    compare: Annotated[str, typer.Option("--compare", help="Devices drawn side by side (figure 8), comma-separated names or YAML paths.")] = "a100-80gb-sxm,h100-sxm,h200",
+    compare: Annotated[str, typer.Option("--compare", help="Devices drawn side by side (figure 8), comma-separated names or YAML paths (`local`: this machine as `llmperf calibrate` measured it).")] = "a100-80gb-sxm,h100-sxm,h200",
     title: Annotated[str, typer.Option("--title", help="The report's title.")] = "llmperf report",
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write (atomically); PNGs and CSVs go to <name>_files/ beside it.")] = Path("report.html"),
 ) -> None:

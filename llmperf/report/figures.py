@@ -39,6 +39,18 @@ class ReportFigure:
     figure: Figure = field(repr=False)
     data: pd.DataFrame = field(repr=False)
 
+    def png(self, dpi: int | None = None) -> bytes:
+        """The figure as PNG bytes (the report's resolution unless `dpi` is given)."""
+        import io
+
+        from llmperf.report.style import DPI
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=dpi or DPI)
+        return buf.getvalue()
+
+    def _repr_png_(self) -> bytes:  # Jupyter shows the chart when a cell ends with it
+        return self.png()
+
 
 @dataclass(frozen=True, kw_only=True)
 class Ceiling:
@@ -63,11 +75,12 @@ def _require(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
 _TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
 
 
-def time_unit(values: object) -> tuple[float, str]:
-    """(divisor, unit) that shows times in seconds with readable magnitudes (s, ms, µs, ns)."""
+def time_unit(values: object, *, by: str = "median") -> tuple[float, str]:
+    """(divisor, unit) that shows times in seconds with readable magnitudes (s, ms, µs, ns), chosen
+    for the median value (log axes) or the largest (`by="max"`: bar lengths on a linear axis)."""
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr) & (arr > 0)]
-    ref = float(np.median(arr)) if arr.size else 1.0
+    ref = (float(np.max(arr)) if by == "max" else float(np.median(arr))) if arr.size else 1.0
     for scale, unit in _TIME_UNITS:
         if ref >= scale:
             return scale, unit
@@ -133,8 +146,8 @@ def roofline_figure(points: pd.DataFrame, ceilings: Sequence[Ceiling], *, title:
         ax.set_xlabel("arithmetic intensity (FLOP/B)")
         ax.set_ylabel("attained performance (FLOP/s)")
         ax.set_title(title)
-        roof_legend = ax.legend(loc="lower right", frameon=False)
-        ax.add_artist(roof_legend)
+        if ceilings:
+            ax.add_artist(ax.legend(loc="lower right", frameon=False))
         handles = [Patch(color=phase_color(p), label=p) for p in phases]
         names = {"measured": "measured", "roofline": "predicted (roofline)", "calibrated": "predicted (calibrated)"}
         handles += [Line2D([], [], linestyle="none", markersize=6, label=names[k], **marker_style(k, BLACK))
@@ -166,7 +179,7 @@ def breakdown_figure(frame: pd.DataFrame, *, title: str) -> ReportFigure:
         for ax, phase in zip(axes, phases):
             grp = frame[frame["phase"] == phase].groupby("op", sort=False).agg(
                 time_s=("time_s", "sum"), bound=("bound", "first")).reset_index()
-            scale, unit = time_unit(grp["time_s"])
+            scale, unit = time_unit(grp["time_s"], by="max")
             y = np.arange(len(grp))
             color = phase_color(str(phase))
             ax.barh(y, grp["time_s"] / scale, color=[color if b == "memory" else "white" for b in grp["bound"]],
@@ -176,7 +189,7 @@ def breakdown_figure(frame: pd.DataFrame, *, title: str) -> ReportFigure:
             total = grp["time_s"].sum()
             mem = grp.loc[grp["bound"] == "memory", "time_s"].sum()
             shares.append(f"{phase}: {mem / total:.0%} memory-bound" if total else f"{phase}: no time")
-            ax.set_title(f"{phase} ({total / scale:,.3g} {unit}; {mem / total:.0%} memory-bound)" if total
+            ax.set_title(f"{phase} ({_num(total / scale)} {unit}; {mem / total:.0%} memory-bound)" if total
                          else str(phase))
             ax.set_xlabel(f"time ({unit})")
             ax.set_ylabel("operator")
@@ -269,7 +282,7 @@ def memory_figure(frame: pd.DataFrame, kv_util: pd.DataFrame, *, device_gib: flo
     """Weights + KV cache (+ activations) against batch for several contexts, under the device's
     memory; and the share of reserved KV bytes that hold tokens, contiguous vs paged.
 
-    `frame`: columns context, batch, weights_gib, kv_cache_gib, activation_peak_gib, total_gib,
+    `frame`: columns context, batch, weights_gib, kv_cache_gib, activation_gib, total_gib,
     max_batch. `kv_util`: columns context, contiguous, paged (fractions)."""
     _require(frame, ("context", "batch", "weights_gib", "kv_cache_gib", "total_gib", "max_batch"), "memory")
     _require(kv_util, ("context", "contiguous", "paged"), "KV utilisation")
@@ -328,7 +341,7 @@ def attention_figure(frame: pd.DataFrame, *, title: str, shape: str) -> ReportFi
         for row, phase in enumerate(phases):
             ax_b, ax_t = axes[2 * row], axes[2 * row + 1]
             sub = frame[frame["phase"] == phase]
-            scale, unit = time_unit(sub.groupby("impl")["time_s"].sum())
+            scale, unit = time_unit(sub.groupby("impl")["time_s"].sum(), by="max")
             labels = []
             for pos, impl in enumerate(i for i in ("naive", "fused") if (sub["impl"] == i).any()):
                 part = sub[sub["impl"] == impl]
@@ -488,6 +501,10 @@ def serving_figure(requests: pd.DataFrame, steps: pd.DataFrame, rates: pd.DataFr
                                    ("tpot_p50", "decode", ":"), ("tpot_p99", "decode", "-")):
                 ax_rate.plot(r["rate"], r[col] / scale, ls, color=phase_color(phase), label=col.replace("_", " "),
                              markersize=4, **marker_style("roofline", phase_color(phase)))
+            for key, phase in (("ttft_s", "prefill"), ("tpot_s", "decode")):
+                if slo.get(key):
+                    ax_rate.axhline(slo[key] / scale, color=phase_color(phase), linestyle="--", linewidth=0.8,
+                                    label=f"SLO {key.split('_')[0].upper()} {slo[key] / scale:,.3g} {unit}")
             ok = r[r["meets_slo"].astype(str).str.lower().isin(("true", "1", "1.0"))]
             if len(ok):
                 knee = float(ok["rate"].max())

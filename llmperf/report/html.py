@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-import io
 import os
 import re
 import shutil
@@ -130,9 +129,7 @@ def render(sections: Sequence[Section], *, title: str) -> RenderedReport:
         figs = []
         for fig in section.figures:
             number += 1
-            buf = io.BytesIO()
-            fig.figure.savefig(buf, format="png", dpi=DPI)
-            png = buf.getvalue()
+            png = fig.png(DPI)
             w, h = (int(round(v * DPI)) for v in fig.figure.get_size_inches())
             name = f"{si:02d}-{section.kind}-{number:02d}-{fig.name}.png"
             files[name] = png

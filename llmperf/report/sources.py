@@ -1,5 +1,5 @@
 """Where a report's frames come from: an estimate run on the spot through the public analytical API
-(`llmperf.estimate`, `llmperf.sweep`, `ForwardModel`, `estimate_phase`, `estimate_memory`), a
+(`llmperf.estimate`, `llmperf.sweep`, `ForwardModel`, `op_time`), a
 `profile` run directory, or a `simulate` run directory. Each source becomes a `Section`: a heading,
 a few key numbers, tables and the figures of `llmperf.report.figures`.
 
@@ -17,13 +17,14 @@ import numpy as np
 import pandas as pd
 
 import llmperf
-from llmperf.analysis import ForwardModel, estimate_memory, estimate_phase
+from llmperf.analysis import ForwardModel, op_time
 from llmperf.analysis.generation import resolve_precision
 from llmperf.analysis.vocabulary import ATTENTION_OPS
 from llmperf.errors import SpecError
 from llmperf.report import figures as F
 from llmperf.report.runs import ProfileRun, SimulateRun
 from llmperf.specs import HardwareSpec, list_hardware, load_hardware, load_model
+from llmperf.specs.loader import hardware_from_mapping
 
 DEFAULT_COMPARE = ("a100-80gb-sxm", "h100-sxm", "h200")
 _ATTN = {op.value for op in ATTENTION_OPS}
@@ -106,29 +107,56 @@ def _pick(values: Sequence[int], n: int) -> list[int]:
     return [values[i] for i in idx]
 
 
+def _peak_tflops(peaks: object, dtype: str) -> float | None:
+    """A peak (TFLOP/s) at `dtype` from a {dtype: TFLOP/s} mapping, or the widest format listed."""
+    if not isinstance(peaks, dict) or not peaks:
+        return None
+    for key in (dtype, "fp16", "bf16", "fp32"):
+        if isinstance(peaks.get(key), (int, float)) and peaks[key] > 0:
+            return float(peaks[key])
+    return None
+
+
 def ceilings_for(hw: HardwareSpec, compute_dtype: str) -> list[F.Ceiling]:
-    """The device's datasheet roofs (matrix peak at the compute dtype; fp32 vector peak) and, when the
-    spec carries measured (calibrated) ceilings, those too."""
-    bw = hw.mem_bandwidth_bytes_per_s
-    roofs = [F.Ceiling(label=f"{hw.name} {compute_dtype} datasheet", peak_flops_per_s=hw.peak_flops_per_s(compute_dtype),
-                       bandwidth_bytes_per_s=bw)]
-    if compute_dtype != "fp32" and "fp32" in hw.peak_tflops:
-        roofs.append(F.Ceiling(label=f"{hw.name} fp32 (vector) datasheet",
-                               peak_flops_per_s=hw.peak_flops_per_s("fp32"), bandwidth_bytes_per_s=bw))
+    """The roofs of the roofline chart: the datasheet's (matrix peak at the compute dtype and the fp32
+    vector peak) always when known, and the ceilings `llmperf calibrate` measured when the spec carries
+    them (its `calibration.ceilings`). A spec made by `calibrate` itself (the `local` device: peaks
+    *are* the measured ceilings, no datasheet) gives only the measured roofs."""
+    cal = hw.calibration if isinstance(hw.calibration, dict) else {}
+    roofs: list[F.Ceiling] = []
+    measured_spec = not cal and hw.efficiency is not None and hw.source.startswith("measured")
+    datasheet = cal.get("datasheet") if cal else None
+    if isinstance(datasheet, dict):
+        peak = _peak_tflops(datasheet.get("peak_tflops"), compute_dtype)
+        bw = datasheet.get("memory_bandwidth_gbps")
+        if peak and isinstance(bw, (int, float)) and bw > 0:
+            roofs.append(F.Ceiling(label=f"{datasheet.get('name', hw.name)} {compute_dtype} datasheet",
+                                   peak_flops_per_s=peak * 1e12, bandwidth_bytes_per_s=bw * 1e9))
+    elif not cal:
+        bw = hw.mem_bandwidth_bytes_per_s
+        kind = "measured (llmperf calibrate)" if measured_spec else "datasheet"
+        roofs.append(F.Ceiling(label=f"{hw.name} {compute_dtype} {kind}", calibrated=measured_spec,
+                               peak_flops_per_s=hw.peak_flops_per_s(compute_dtype), bandwidth_bytes_per_s=bw))
+        if compute_dtype != "fp32" and "fp32" in hw.peak_tflops and not measured_spec:
+            roofs.append(F.Ceiling(label=f"{hw.name} fp32 (vector) datasheet",
+                                   peak_flops_per_s=hw.peak_flops_per_s("fp32"), bandwidth_bytes_per_s=bw))
     roofs.extend(calibrated_ceilings(hw, compute_dtype))
     return roofs
 
 
 def calibrated_ceilings(hw: HardwareSpec, compute_dtype: str) -> list[F.Ceiling]:
-    """Measured ceilings from `llmperf calibrate`, when the spec carries them (none otherwise)."""
-    peak = getattr(hw, "calibrated_peak_flops_per_s", None)
-    bw = getattr(hw, "calibrated_bandwidth_bytes_per_s", None)
-    if callable(peak):
-        peak = peak(compute_dtype)
-    if not peak or not bw:
+    """Measured ceilings from `llmperf calibrate` (`calibration.ceilings`: memory_gbps, peak_tflops per
+    dtype), when the spec carries them; none otherwise."""
+    cal = hw.calibration if isinstance(hw.calibration, dict) else {}
+    ceilings = cal.get("ceilings") if cal else None
+    if not isinstance(ceilings, dict):
         return []
-    return [F.Ceiling(label=f"{hw.name} measured", peak_flops_per_s=float(peak),
-                      bandwidth_bytes_per_s=float(bw), calibrated=True)]
+    peak = _peak_tflops(ceilings.get("peak_tflops"), compute_dtype)
+    bw = ceilings.get("memory_gbps")
+    if not peak or not isinstance(bw, (int, float)) or bw <= 0:
+        return []
+    return [F.Ceiling(label=f"{hw.name} measured (llmperf calibrate)", peak_flops_per_s=peak * 1e12,
+                      bandwidth_bytes_per_s=float(bw) * 1e9, calibrated=True)]
 
 
 # estimate --------------------------------------------------------------------------------------
@@ -203,34 +231,41 @@ def _estimate_points(est) -> pd.DataFrame:  # noqa: ANN001
 
 
 def _context_frame(spec: EstimateSpec, model, hw: HardwareSpec, batch: int, contexts: Sequence[int]) -> pd.DataFrame:  # noqa: ANN001
+    """Attention's share of one forward pass at every context at once (the cost functions take arrays)."""
     prec = resolve_precision(model, spec.precision, weights=spec.weights, activations=spec.activations, kv=spec.kv)
     fm = ForwardModel(model=model, precision=prec, attention=spec.attention, tp=spec.tp)
     dtype = hw.compute_dtype(prec.activations)
-    rows = []
-    for ctx in contexts:
-        for phase, q_len in (("prefill", ctx), ("decode", 1)):
-            frame = estimate_phase(fm, hw, batch, q_len, ctx, pp=spec.pp, compute_dtype=dtype).to_frame()
-            attn = frame["op"].isin(_ATTN)
-            rows.append(dict(phase=phase, context=ctx, **{
-                f"{what}_share": float(frame.loc[attn, col].sum() / frame[col].sum()) if frame[col].sum() else 0.0
-                for what, col in (("flops", "flops"), ("bytes", "bytes_total"), ("time", "time_s"))}))
-    return pd.DataFrame(rows)
+    ctx = np.asarray(sorted(contexts), dtype=np.int64)
+    frames = []
+    for phase, q_len in (("prefill", ctx), ("decode", 1 + 0 * ctx)):
+        sums = {k: np.zeros(ctx.size) for k in ("flops", "bytes", "time", "attn_flops", "attn_bytes", "attn_time")}
+        for cost in fm.forward_ops(batch, q_len, ctx):
+            t = op_time(cost, hw, dtype)
+            parts = {"flops": cost.flops, "bytes": cost.bytes_total, "time": t.time_s}
+            for key, value in parts.items():
+                sums[key] = sums[key] + value
+                if cost.name in _ATTN:
+                    sums[f"attn_{key}"] = sums[f"attn_{key}"] + value
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frames.append(pd.DataFrame(dict(phase=phase, context=ctx, **{
+                f"{k}_share": np.where(sums[k] > 0, sums[f"attn_{k}"] / sums[k], 0.0) for k in ("flops", "bytes", "time")})))
+    return pd.concat(frames, ignore_index=True)
 
 
 def _memory(spec: EstimateSpec, model, hw: HardwareSpec, sweep: pd.DataFrame, est) -> F.ReportFigure:  # noqa: ANN001
+    """Memory against batch per context, and KV utilisation per context: `llmperf.sweep` columns."""
     frame = pd.DataFrame(dict(context=sweep["prompt_len"] + sweep["gen_len"], batch=sweep["batch"],
                               weights_gib=sweep["weights_gib"], kv_cache_gib=sweep["kv_cache_gib"],
-                              activation_peak_gib=sweep["activation_peak_gib"], total_gib=sweep["total_gib"],
+                              activation_gib=sweep["activation_gib"], total_gib=sweep["total_gib"],
                               max_batch=sweep["max_batch"]))
-    rows = []
-    g0 = int(spec.gen_len[0])
-    for p in sorted(set(sweep["prompt_len"])):
-        mem = estimate_memory(model, est.precision, hw, batch=est.batch, prompt_len=int(p), gen_len=g0, tp=spec.tp,
-                              pp=spec.pp, attention=spec.attention, block_size=spec.block_size, mem_util=spec.mem_util)
-        rows.append(dict(context=int(p) + g0, contiguous=mem.kv.contiguous_utilization, paged=mem.kv.paged_utilization))
-    return F.memory_figure(frame, pd.DataFrame(rows), device_gib=hw.memory_gib, usable_gib=hw.memory_gib * spec.mem_util,
-                           title=f"Memory: {model.name} ({est.precision}) on {hw.name}, {g0} generated tokens; "
-                                 f"contiguous cache reserves {model.max_positions:,} tokens, blocks of {spec.block_size}")
+    util = (sweep.assign(context=sweep["prompt_len"] + sweep["gen_len"])
+            .groupby("context", as_index=False)[["kv_util_contiguous", "kv_util_paged"]].first()
+            .rename(columns={"kv_util_contiguous": "contiguous", "kv_util_paged": "paged"}))
+    max_seq = int(sweep["max_seq_len"].iloc[0]) if "max_seq_len" in sweep else model.max_positions
+    usable = float(sweep["usable_gib"].iloc[0]) if "usable_gib" in sweep else hw.memory_gib * spec.mem_util
+    return F.memory_figure(frame, util, device_gib=hw.memory_gib, usable_gib=usable,
+                           title=f"Memory: {model.name} ({est.precision}) on {hw.name}, {int(spec.gen_len[0])} generated "
+                                 f"tokens; contiguous cache reserves {max_seq:,} tokens, blocks of {spec.block_size}")
 
 
 def _attention_frame(naive, fused) -> pd.DataFrame:  # noqa: ANN001
@@ -247,11 +282,12 @@ def _attention_frame(naive, fused) -> pd.DataFrame:  # noqa: ANN001
 def profile_hardware(run: ProfileRun) -> HardwareSpec | None:
     """The device spec a profile ran against: a spec stored in run.json, or a built-in name. A name that
     is not built in (e.g. a local device described at run time) gives None: no ceilings are drawn."""
-    stored = run.meta.get("hardware_spec")
+    settings = run.meta.get("settings") if isinstance(run.meta.get("settings"), dict) else {}
+    stored = run.meta.get("hardware_spec", settings.get("hardware_spec"))
     if isinstance(stored, dict):
         try:
-            return HardwareSpec(**stored)
-        except (TypeError, SpecError):
+            return hardware_from_mapping(stored, origin=run.hardware)
+        except (TypeError, ValueError):
             return None
     if run.hardware in list_hardware():
         return load_hardware(run.hardware)
@@ -274,7 +310,8 @@ def profile_section(run: ProfileRun) -> Section:
                                      flops_per_s=fps)))
     points = pd.concat(pts, ignore_index=True).dropna(subset=["flops_per_s"])
     hw = profile_hardware(run)
-    dtype = str(run.meta.get("settings", {}).get("dtype", "fp32")) if isinstance(run.meta.get("settings"), dict) else "fp32"
+    settings = run.meta.get("settings") if isinstance(run.meta.get("settings"), dict) else {}
+    dtype = str(settings.get("compute_dtype") or settings.get("dtype") or "fp32")
     try:
         ceilings = ceilings_for(hw, hw.compute_dtype(dtype)) if hw is not None else []
     except SpecError:

@@ -35,7 +35,7 @@ SERIES_COLORS = (BLUE, VERMILLION, GREEN, ORANGE, PURPLE, SKY_BLUE, BLACK, YELLO
 MARKERS = {"measured": "o", "roofline": "s", "calibrated": "D"}
 HATCH_COMPUTE = "///"  # compute-bound time is hatched, memory-bound time solid
 
-DPI = 110
+DPI = 100
 
 
 def phase_color(phase: str) -> str:

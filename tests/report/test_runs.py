@@ -91,3 +91,41 @@ def test_slo_targets_from_settings() -> None:
     assert slo_targets({"slo_ttft_s": 0.5, "slo_tpot_ms": 50, "rate": 3}) == {"ttft_s": 0.5, "tpot_s": 0.05}
     assert slo_targets({"slo": {"ttft_s": 1.0}}) == {"ttft_s": 1.0}
     assert slo_targets(None) == {}
+
+
+def test_profile_with_ops_only_has_no_batch_figure(tmp_path: Path) -> None:
+    folder = write_profile(tmp_path / "p")
+    (folder / "steps.csv").unlink()
+    (folder / "generations.csv").unlink()
+    names = [f.name for f in profile_section(load_profile(folder)).figures]
+    assert names == ["roofline", "breakdown", "errors"]
+
+
+def test_stored_measured_spec_draws_measured_roofs(tmp_path: Path) -> None:
+    """A profile against `local` stores the spec calibrate made: its roofs are measured, not datasheet."""
+    folder = write_profile(tmp_path / "p", hardware="local")
+    doc = json.loads((folder / "run.json").read_text())
+    doc["settings"]["hardware_spec"] = dict(
+        name="local", vendor="cpu", peak_tflops={"fp32": 0.36}, memory_bandwidth_gbps=28.0, memory_gib=24.0,
+        source="measured by llmperf calibrate on 2026-11-23", efficiency={"schema_version": 1})
+    doc["settings"]["compute_dtype"] = "fp32"
+    (folder / "run.json").write_text(json.dumps(doc))
+    fig = profile_section(load_profile(folder)).figures[0]
+    assert "local fp32 measured (llmperf calibrate): 0.36 TFLOP/s, 28 GB/s" in fig.caption
+    assert "datasheet" not in fig.caption
+
+
+def test_calibration_ceilings_beside_the_datasheet() -> None:
+    from dataclasses import replace
+
+    from llmperf.report.sources import ceilings_for
+    from llmperf.specs import load_hardware
+
+    hw = replace(load_hardware("h100-sxm"), calibration={
+        "ceilings": {"memory_gbps": 2900.0, "peak_tflops": {"bf16": 700.0}},
+        "datasheet": {"name": "h100-sxm", "peak_tflops": {"bf16": 989.0}, "memory_bandwidth_gbps": 3350.0}})
+    roofs = ceilings_for(hw, "bf16")
+    assert [(r.calibrated, r.peak_flops_per_s, r.bandwidth_bytes_per_s) for r in roofs] == [
+        (False, 989e12, 3350e9), (True, 700e12, 2900e9)]
+    plain = ceilings_for(load_hardware("h100-sxm"), "bf16")
+    assert [r.calibrated for r in plain] == [False, False]  # datasheet matrix roof + fp32 vector roof
