@@ -369,6 +369,7 @@ class Transformer(nn.Module):
             self.lm_head_weight = _mat(C, spec.vocab_size, self.in_out, **kw)
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
         self.set_attention(attention)
+        self.eos_token_id: int | tuple[int, ...] | None = None  # the checkpoint's (from_pretrained)
         self.requires_grad_(False)  # an inference engine: no autograd graph, ever
         self.eval()
 

@@ -304,7 +304,28 @@ def from_pretrained(path: str | os.PathLike[str], *, dtype: str | torch.dtype | 
     spec = spec or ModelSpec.from_hf_config(d)
     model = Transformer(spec, dtype=torch_dtype(dtype or spec.dtype), device=device, attention=attention,
                         weight_layout=weight_layout)
+    model.eos_token_id = checkpoint_eos(d)
     return load_hf_state_dict(model, TensorSource(d))
+
+
+def checkpoint_eos(directory: str | os.PathLike[str]) -> int | tuple[int, ...] | None:
+    """The checkpoint's end-of-sequence id(s): `generation_config.json`'s `eos_token_id`, else
+    `config.json`'s (what Hugging Face `generate()` stops at by default), as an int or a tuple."""
+    for name in ("generation_config.json", "config.json"):
+        f = Path(directory) / name
+        if not f.is_file():
+            continue
+        try:
+            eos = json.loads(f.read_text()).get("eos_token_id")
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{name}: cannot read {str(f)!r} ({exc})") from None
+        if eos is None:
+            continue
+        ids = eos if isinstance(eos, list) else [eos]
+        if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise ValueError(f"eos_token_id: {name} holds {eos!r}, not a non-negative integer or a list of them")
+        return ids[0] if len(ids) == 1 else tuple(ids)
+    return None
 
 
 def hf_config(spec: ModelSpec) -> dict[str, Any]:

@@ -109,3 +109,28 @@ def toy_hf_lm(vocab_size: int, seed: int, *, scale: float, pad_token_id: int):
             return CausalLMOutputWithPast(logits=self.bigram[input_ids] + self.pos[:input_ids.shape[1]][None])
 
     return ToyLM(ToyConfig(vocab_size=vocab_size, pad_token_id=pad_token_id)).eval()
+
+
+def check_schedule(logs) -> None:
+    """Replay a scheduler's `StepLog`s and assert its decisions, not just its tokens: a preemption
+    always takes the newest running request, a preempted request goes to the front of the queue (it
+    is the next one admitted), and no request is preempted in the step right after its admission."""
+    running: list[int] = []  # oldest admitted first
+    front: list[int] = []  # preempted, most recent first: the head of the waiting queue
+    for prev, log in zip([None, *logs], logs):
+        for rid in log.preempted:
+            assert running and running[-1] == rid, (
+                f"step {log.step}: preempted request {rid}, but the newest running request is {running[-1:]}")
+            running.pop()
+            front.insert(0, rid)
+            assert prev is None or rid not in prev.admitted, (
+                f"step {log.step}: request {rid} was preempted right after its admission (thrash)")
+        for rid in log.admitted:
+            if front:
+                assert rid == front[0], (
+                    f"step {log.step}: admitted {rid} while preempted request {front[0]} waits at the front")
+                front.pop(0)
+            running.append(rid)
+        for rid in log.finished:
+            running.remove(rid)
+    assert not running and not front, f"requests left over: running {running}, preempted {front}"
