@@ -239,7 +239,7 @@ def test_check_schedule_catches_wrong_decisions():
         check_schedule([log(0, admitted=(0, 1)), log(1), log(2, preempted=(1,)), log(3, admitted=(2,))])
     with pytest.raises(AssertionError, match="thrash"):  # admitted, then preempted at once
         check_schedule([log(0, admitted=(0,)), log(1, admitted=(1,)), log(2, preempted=(1,))])
-    check_schedule([log(0, admitted=(0, 1)), log(2, preempted=(1,)), log(3, admitted=(1,)),
+    check_schedule([log(0, admitted=(0, 1)), log(1), log(2, preempted=(1,)), log(3, admitted=(1,)),
                     log(4, finished=(0, 1))])
 
 
