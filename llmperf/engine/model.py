@@ -368,6 +368,14 @@ class Transformer(nn.Module):
         else:
             self.lm_head_weight = _mat(C, spec.vocab_size, self.in_out, **kw)
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
+        # Math-changing spec fields, honoured by every backend through the step metadata:
+        # GPT-2's softmax scale per layer (HF `GPT2Attention.scaling`), and the sliding window.
+        if spec.attn_scale and not spec.attn_scale_inverse_layer_idx:
+            self.layer_scales: tuple[float, ...] | None = None  # the usual 1/sqrt(D)
+        else:
+            base = spec.head_dim ** -0.5 if spec.attn_scale else 1.0
+            self.layer_scales = tuple(base / (i + 1 if spec.attn_scale_inverse_layer_idx else 1)
+                                      for i in range(spec.num_layers))
         self.set_attention(attention)
         self.eos_token_id: int | tuple[int, ...] | None = None  # the checkpoint's (from_pretrained)
         self.requires_grad_(False)  # an inference engine: no autograd graph, ever
@@ -400,6 +408,7 @@ class Transformer(nn.Module):
         if meta.max_seq_len > self.spec.max_positions:
             raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
                              f"max_positions={self.spec.max_positions}")
+        meta.window, meta.layer_scales = self.spec.sliding_window, self.layer_scales
         cos = sin = None
         if self.rotary is not None:
             cos, sin = self.rotary.lookup(meta.positions, meta.max_seq_len - 1, self.dtype)

@@ -56,6 +56,9 @@ class ModelSpec:
     out_bias: bool = False
     mlp_bias: bool = False
     parallel_residual: bool = False  # GPT-NeoX: attention and MLP read the same input
+    sliding_window: int | None = None  # tokens each query attends to (and the cache holds); None = all
+    attn_scale: bool = True  # divide attention logits by sqrt(head_dim) (GPT-2 scale_attn_weights)
+    attn_scale_inverse_layer_idx: bool = False  # also by layer_idx + 1 (GPT-2 scale_attn_by_inverse_layer_idx)
     dtype: str = "fp16"  # the checkpoint's native dtype
     source: str = ""
 
@@ -80,9 +83,12 @@ class ModelSpec:
         _positive_int(self, "rotary_dim")
         if self.rotary_dim > self.head_dim:
             raise SpecError(f"{self.name}: rotary_dim={self.rotary_dim} exceeds head_dim={self.head_dim}")
-        for f in ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "parallel_residual"):
+        for f in ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "parallel_residual", "attn_scale",
+                  "attn_scale_inverse_layer_idx"):
             if not isinstance(getattr(self, f), bool):
                 raise SpecError(f"{self.name}: {f} must be true or false, got {getattr(self, f)!r}")
+        if self.sliding_window is not None:
+            _positive_int(self, "sliding_window")
         for f in ("norm_eps", "rope_theta"):
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

@@ -42,6 +42,11 @@ SPECS = {
     "gpt2": lambda: tiny("gpt2", num_kv_heads=4, ffn_size=256),
     "qwen2": lambda: tiny("qwen2.5-7b"),  # q/k/v biases
     "mixtral": lambda: tiny("mixtral-8x7b"),  # 8 experts, top-2
+    # A sliding window smaller than the test prompts, so the window matters.
+    "mistral": lambda: tiny("mistral-7b", sliding_window=6),
+    # GPT-2 without 1/sqrt(D) and with 1/(layer+1) (scale_attn_weights=False, scale_attn_by_inverse_layer_idx).
+    "gpt2_scaled": lambda: tiny("gpt2", num_kv_heads=4, ffn_size=256, attn_scale=False,
+                                attn_scale_inverse_layer_idx=True),
 }
 
 
