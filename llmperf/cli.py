@@ -5,7 +5,6 @@ Bad input prints one line naming the option and the value to stderr and exits wi
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -24,14 +23,42 @@ app = typer.Typer(
     help="Predict, measure and compare LLM inference performance (roofline model, real kernels).")
 
 
-def _render_single(est, per_op: bool) -> None:  # noqa: ANN001
+def _render_single(est, per_op: bool, console: Console) -> None:  # noqa: ANN001
     from llmperf.render import generation_tables, ops_table
     for table in generation_tables(est):
-        out_console.print(table)
+        console.print(table)
     if per_op:
-        out_console.print(ops_table(est.prefill, f"prefill: batch {est.batch} x {est.prompt_len} tokens"))
-        out_console.print(ops_table(est.decode_first,
-                                    f"decode step 1: batch {est.batch}, context {est.prompt_len + 1}"))
+        console.print(ops_table(est.prefill, f"prefill: batch {est.batch} x {est.prompt_len} tokens"))
+        console.print(ops_table(est.decode_first, f"decode step 1: batch {est.batch}, context {est.prompt_len + 1}"))
+
+
+def _ops_of(models: list[str], devices: list[str], options: dict) -> tuple[list, object]:
+    """An estimate (the same numbers as its row) and its per-operator rows, for every configuration."""
+    import pandas as pd
+
+    from llmperf.analysis.sweep import sweep_estimates
+    ests = sweep_estimates(models, devices, **options)
+    parts = []
+    for index, est in enumerate(ests):
+        ops = est.ops_frame()
+        ops.insert(0, "configuration", index)
+        parts.append(ops)
+    return ests, pd.concat(parts, ignore_index=True)
+
+
+def _warn_unfit(frame) -> None:  # noqa: ANN001
+    """A configuration that does not fit is an answer (exit 0), flagged in the output and here."""
+    bad = frame[~frame["fits"].astype(bool)]
+    if bad.empty:
+        return
+    if len(frame) == 1:
+        r = bad.iloc[0]
+        err_console.print(f"[yellow]warning:[/] does not fit: {r.model} on {r.hardware}, batch {r.batch} x "
+                          f"{r.prompt_len + r.gen_len} tokens needs {r.total_gib:.1f} GiB per GPU of "
+                          f"{r.usable_gib:.1f} GiB usable (max batch {r.max_batch})", markup=True)
+    else:
+        err_console.print(f"[yellow]warning:[/] {len(bad)} of {len(frame)} configurations do not fit in memory "
+                          f"(fits = false)", markup=True)
 
 
 @app.command()
@@ -41,79 +68,75 @@ def estimate(
     batch: Annotated[str, typer.Option("--batch", "-b", help="Sequences decoded together (a list sweeps: 1,8,64,512).")] = "1",
     prompt_len: Annotated[str, typer.Option("--prompt-len", "-p", help="Prompt length in tokens (a list sweeps).")] = "512",
     gen_len: Annotated[str, typer.Option("--gen-len", "-g", help="Generated tokens per sequence (a list sweeps).")] = "128",
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Precision preset for weights, activations and KV (fp32, fp16, bf16, fp8, int8, int4). Default: the model's native dtype.")] = None,
-    weights: Annotated[str | None, typer.Option("--weights", help="Weight precision, overriding --dtype (int4 = 0.5 byte).")] = None,
-    activations: Annotated[str | None, typer.Option("--activations", help="Activation precision; matrix work runs at it unless the device lacks it.")] = None,
-    kv: Annotated[str | None, typer.Option("--kv", help="KV cache precision.")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (GPUs splitting each layer).")] = 1,
-    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree (GPUs splitting the layers).")] = 1,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="Precision preset(s) for weights, activations and KV (fp32, fp16, bf16, fp8, int8, int4; a list sweeps). Default: the model's native dtype, or a quantised checkpoint's.")] = None,
+    weights: Annotated[str | None, typer.Option("--weights", help="Weight precision(s), overriding --dtype (int4 = 0.5 byte plus group scales).")] = None,
+    activations: Annotated[str | None, typer.Option("--activations", help="Activation precision(s); matrix work runs at it unless the device lacks it.")] = None,
+    kv: Annotated[str | None, typer.Option("--kv", help="KV cache precision(s).")] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", help="int4/int8 weights: input elements per 16-bit scale (default 128 for int4, per channel for int8; -1: per channel).")] = None,
+    embeddings: Annotated[str | None, typer.Option("--embeddings", help="Precision of the embedding and lm_head (default: the weights', or 16-bit when weights are quantised, as AWQ/GPTQ).")] = None,
+    tp: Annotated[str, typer.Option("--tp", help="Tensor-parallel degree(s) (GPUs splitting each layer; a list sweeps).")] = "1",
+    pp: Annotated[str, typer.Option("--pp", help="Pipeline-parallel degree(s) (GPUs splitting the layers; a list sweeps).")] = "1",
     attention: Annotated[AttentionImpl, typer.Option("--attention", help="fused: FlashAttention-style, S and P stay on chip; naive: S and P written to memory.")] = AttentionImpl.fused,
+    attention_flops: Annotated[str, typer.Option("--attention-flops", help="executed: FLOPs the kernel runs (a fused causal kernel skips masked tiles); dense: the whole square (torch.utils.flop_counter).")] = "executed",
+    all_logits: Annotated[bool, typer.Option("--all-logits", help="Prefill computes logits at every position (default: the last only, as servers do).")] = False,
+    fused_qkv: Annotated[bool, typer.Option("--fused-qkv/--split-qkv", help="Q, K and V as one GEMM reading the input once (vLLM, TensorRT-LLM), or three.")] = True,
+    fused_gate_up: Annotated[bool, typer.Option("--fused-gate-up/--split-gate-up", help="Gate and up projections as one GEMM, or two.")] = True,
     max_seq_len: Annotated[int | None, typer.Option("--max-seq-len", help="Tokens a contiguous KV cache reserves per sequence (default: the model's max positions).")] = None,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
-    per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step.")] = False,
-    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")] = OutputFormat.table,
+    max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Per-step token budget: activation memory (GiB) is reserved once for a forward of this many tokens (vLLM's max_num_batched_tokens).")] = 8192,
+    per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step (of every configuration).")] = False,
+    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv (the same columns; see the README's output schema).")] = OutputFormat.table,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")] = None,
 ) -> None:
     """Predict TTFT, time per output token, throughput, memory and the bound (memory or compute)
     of generating GEN_LEN tokens after a PROMPT_LEN prompt for BATCH sequences.
 
     Units: times in seconds, FLOPs as multiply + add = 2, bytes decimal (GB = 1e9), capacities GiB.
+    A configuration that does not fit in memory is flagged (fits = false) and warned about.
     """
     import llmperf.analysis as analysis
+    from llmperf.analysis import schema
 
     try:
         models = parse_name_list("model", model)
         devices = parse_name_list("--hardware", hardware)
-        batches = parse_int_list("--batch", batch)
-        prompts = parse_int_list("--prompt-len", prompt_len)
-        gens = parse_int_list("--gen-len", gen_len)
-        if max_seq_len is not None and max_seq_len < 1:
-            raise SpecError(f"--max-seq-len: must be a positive integer, got {max_seq_len}")
-        if block_size < 1:
-            raise SpecError(f"--block-size: must be a positive integer, got {block_size}")
-        common = dict(precision=dtype, weights=weights, activations=activations, kv=kv, tp=tp, pp=pp,
-                      attention=attention.value, block_size=block_size, mem_util=mem_util)
+        lists = dict(batch=parse_int_list("--batch", batch), prompt_len=parse_int_list("--prompt-len", prompt_len),
+                     gen_len=parse_int_list("--gen-len", gen_len), tp=parse_int_list("--tp", tp),
+                     pp=parse_int_list("--pp", pp))
+        precisions = {name: (parse_name_list(opt, value) if value is not None else None) for name, opt, value in
+                      (("precision", "--dtype", dtype), ("weights", "--weights", weights),
+                       ("activations", "--activations", activations), ("kv", "--kv", kv))}
+        for name, value in (("--max-seq-len", max_seq_len), ("--block-size", block_size),
+                            ("--max-batched-tokens", max_batched_tokens)):
+            if value is not None and value < 1:
+                raise SpecError(f"{name}: must be a positive integer, got {value}")
+        if not 0 < mem_util <= 1:
+            raise SpecError(f"--mem-util: must be in (0, 1], got {mem_util}")
+        if attention_flops not in ("executed", "dense"):
+            raise SpecError(f"--attention-flops: must be executed or dense, got {attention_flops!r}")
+        conventions = dict(attention=attention.value, attention_flops=attention_flops, all_logits=all_logits,
+                           fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
+                           block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
+                           group_size=group_size, embeddings=embeddings)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            if max(len(models), len(devices), len(batches), len(prompts), len(gens)) > 1:
-                result = analysis.sweep(models, devices, batch=batches, prompt_len=prompts, gen_len=gens,
-                                        **common)
-                single = None
-            else:
-                single = analysis.estimate(models[0], devices[0], batch=batches[0], prompt_len=prompts[0],
-                                           gen_len=gens[0], max_seq_len=max_seq_len, **common)
-                from llmperf.analysis.generation import check_lengths
-                for w in check_lengths(single.model, single.batch, single.prompt_len, single.gen_len):
-                    warnings.warn(w, stacklevel=1)
-        for w in caught:
-            err_console.print(f"[yellow]warning:[/] {w.message}", markup=True)
+            frame = analysis.sweep(models, devices, **lists, **precisions, **conventions)
+            estimates, ops = [], None
+            if per_op or (len(frame) == 1 and output_format is OutputFormat.table):
+                estimates, ops = _ops_of(models, devices, dict(lists, **precisions, **conventions))
+        for w in dict.fromkeys(str(w.message) for w in caught):
+            err_console.print(f"[yellow]warning:[/] {w}", markup=True)
+        _warn_unfit(frame)
 
-        if single is None:
-            if output_format is OutputFormat.table and output is None:
-                from llmperf.render import sweep_table
-                out_console.print(sweep_table(result))
-            else:
-                text = (result.to_json(orient="records", indent=2) if output_format is OutputFormat.json
-                        else result.to_csv(index=False))
-                write_output(text, output)
-            return
-        if output_format is OutputFormat.table and output is None:
-            _render_single(single, per_op)
-            return
-        if output_format is OutputFormat.csv:
-            text = (single.ops_frame() if per_op else single.to_frame()).to_csv(index=False)
-        elif output_format is OutputFormat.json:
-            doc: dict[str, object] = {"summary": single.summary()}
-            if per_op:
-                doc["ops"] = single.ops_frame().to_dict(orient="records")
-            text = json.dumps(doc, indent=2, default=_json_default)
-        else:  # a table written to a file
-            console = Console(record=True, width=160, file=open(os.devnull, "w"))
-            from llmperf.render import generation_tables
-            for table in generation_tables(single):
-                console.print(table)
-            text = console.export_text()
+        if output_format is OutputFormat.json:
+            text = schema.to_json(frame, ops)
+        elif output_format is OutputFormat.csv:
+            text = schema.to_csv(ops if ops is not None else frame)
+        else:
+            text = _render_tables(frame, estimates, per_op, to_file=output is not None)
+            if output is None:
+                return
         write_output(text, output)
     except (SpecError, ValueError) as exc:
         raise fail(str(exc)) from None
@@ -121,11 +144,24 @@ def estimate(
         raise fail(f"--output: {exc}") from None
 
 
-def _json_default(value: object) -> object:
-    import numpy as np
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+def _render_tables(frame, estimates: list, per_op: bool, to_file: bool) -> str:  # noqa: ANN001
+    """Print the tables (width: the terminal's, COLUMNS, or 80 when piped), or return their text."""
+    from llmperf.render import ops_table, sweep_table
+    sink = open(os.devnull, "w") if to_file else None  # noqa: SIM115
+    console = Console(file=sink, record=to_file, highlight=False)
+    try:
+        if len(frame) == 1:
+            _render_single(estimates[0], per_op, console)
+        else:
+            console.print(sweep_table(frame, width=console.width))
+            for index, est in enumerate(estimates):
+                console.print(ops_table(est.prefill, f"[{index}] prefill: batch {est.batch} x {est.prompt_len}"))
+                console.print(ops_table(est.decode_first,
+                                        f"[{index}] decode step 1: batch {est.batch}, context {est.prompt_len + 1}"))
+        return console.export_text() if to_file else ""
+    finally:
+        if sink is not None:
+            sink.close()
 
 
 def _show_listing(frame, shown, title: str, output_format: OutputFormat) -> None:  # noqa: ANN001
@@ -161,6 +197,11 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table) -> None:
 
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
+from llmperf.commands import calibrate as _calibrate, profile as _profile, report as _report  # noqa: E402
+from llmperf.commands import simulate as _simulate  # noqa: E402
+
+for _command in (_calibrate, _profile, _simulate, _report):
+    _command.register(app)
 
 
 def main() -> None:

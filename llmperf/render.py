@@ -1,8 +1,14 @@
-"""Rich tables for the CLI: result objects and DataFrames in, `rich.table.Table` out. Computes nothing."""
+"""Rich tables for the CLI: result objects and DataFrames in, `rich.table.Table` out. Computes nothing.
+
+Tables must read in 80 columns (a pipe, or COLUMNS=80): values that are the same in every row go to
+the title instead of a column, headers are short, and no cell is ever truncated (long names fold
+onto a second line instead of ending in an ellipsis).
+"""
 
 from __future__ import annotations
 
 import pandas as pd
+from rich import box
 from rich.table import Table
 
 from llmperf import format as fmt
@@ -12,50 +18,66 @@ from llmperf.specs import list_hardware, list_models, load_hardware, load_model
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column("what", style="bold")
-    table.add_column("value", justify="right")
+    table.add_column("what", style="bold", overflow="fold")
+    table.add_column("value", justify="right", overflow="fold")
     for k, v in rows:
         table.add_row(k, v)
     return table
 
 
+def _conventions(est: GenerationEstimate) -> str:
+    c = est.conventions
+    parts = [f"{c.attention} attention ({c.attention_flops} FLOPs)",
+             "fused QKV" if c.fused_qkv else "split QKV",
+             "fused gate+up" if c.fused_gate_up else "split gate+up",
+             "logits at every position" if c.all_logits else "last-position logits"]
+    if est.model.sliding_window:
+        parts.append(f"sliding window {est.model.sliding_window:,}")
+    return ", ".join(parts)
+
+
 def generation_tables(est: GenerationEstimate) -> list[Table]:
     """Latency, phases, memory and regimes of one estimate."""
-    head = (f"{est.model.name} on {est.hardware.name} · {est.precision} · batch {est.batch} · "
-            f"prompt {est.prompt_len} · gen {est.gen_len}"
-            + (f" · tp {est.tp}" if est.tp > 1 else "") + (f" · pp {est.pp}" if est.pp > 1 else "")
-            + f" · {est.attention} attention")
+    m = est.model
+    head = (f"{m.name} on {est.hardware.name} · {est.precision.label()} · batch {est.batch} · "
+            f"prompt {est.prompt_len} · gen {est.gen_len} · {est.gpus} GPU{'s' if est.gpus > 1 else ''}"
+            + (f" (tp {est.tp} x pp {est.pp})" if est.gpus > 1 else ""))
+    params = fmt.count(m.param_count) + (f" ({fmt.count(m.active_param_count)} active)" if m.is_moe else "")
     latency = _kv_table(head, [
+        ("parameters", params),
         ("time to first token (prefill)", fmt.seconds(est.ttft_s)),
         ("time per output token (mean decode step)", fmt.seconds(est.tpot_s)),
         ("end-to-end latency", fmt.seconds(est.e2e_s)),
         ("throughput (generated tokens/s, all sequences)", f"{est.tokens_per_s:,.1f}"),
         ("decode throughput (tokens/s)", f"{est.decode_tokens_per_s:,.1f}"),
         ("achieved FLOP/s / peak (whole generation)", f"{est.peak_fraction:.1%}"),
+        ("conventions", _conventions(est)),
+        ("time model", est.time_model.name),
     ])
     phases = Table(title="Phases (one forward pass; per GPU)", title_justify="left")
-    for col in ("phase", "FLOPs", "bytes", "FLOP/B", "ridge", "bound", "time", "% peak"):
-        phases.add_column(col, justify="left" if col in ("phase", "bound") else "right")
-    ridge = est.regimes.ridge_point
+    for col in ("phase", "FLOPs", "bytes", "FLOP/B", "bound", "time", "% peak"):
+        phases.add_column(col, justify="left" if col in ("phase", "bound") else "right", overflow="fold")
     for label, ph in (("prefill", est.prefill), (f"decode (ctx {est.decode_first.kv_len})", est.decode_first),
                       (f"decode (ctx {est.decode_last.kv_len})", est.decode_last)):
         phases.add_row(label, fmt.flops(ph.flops), fmt.nbytes(ph.bytes_total), f"{ph.intensity:.1f}",
-                       f"{ridge:.0f}", ph.bound, fmt.seconds(ph.time_s), f"{ph.peak_fraction:.1%}")
+                       ph.bound, fmt.seconds(ph.time_s), f"{ph.peak_fraction:.1%}")
     mem = est.memory
-    memory = _kv_table(f"Memory per GPU ({est.hardware.memory_gib:g} GiB device, {mem.mem_util:.0%} usable)", [
+    verdict = "fits" if mem.fits else "DOES NOT FIT"
+    memory = _kv_table(f"Memory per GPU ({est.hardware.memory_gib:g} GiB device, {mem.mem_util:.0%} usable = "
+                       f"{fmt.gib(mem.usable_bytes)})", [
         ("weights", fmt.gib(mem.weights_bytes)),
+        (f"KV cache, paged ({est.batch} x {est.prompt_len + est.gen_len} tokens)", fmt.gib(mem.kv_cache_bytes)),
+        (f"activations (one reservation for {mem.max_batched_tokens:,} tokens/step)",
+         fmt.gib(mem.activation_peak_bytes)),
+        ("total", f"{fmt.gib(mem.total_bytes)} ({verdict})"),
         ("KV cache per token", f"{mem.kv_bytes_per_token / 1024:,.0f} KiB"),
-        (f"KV cache ({est.batch} x {est.prompt_len + est.gen_len} tokens)", fmt.gib(mem.kv_cache_bytes)),
-        ("activations (peak)", fmt.gib(mem.activation_peak_bytes)),
-        ("total", f"{fmt.gib(mem.total_bytes)}  ({'fits' if mem.fits else 'DOES NOT FIT'})"),
         ("max batch at this context (paged KV)", fmt.count(mem.max_batch)),
         (f"max batch, contiguous KV reserving {mem.kv.max_seq_len:,} tokens", fmt.count(mem.max_batch_contiguous)),
         ("KV utilisation, contiguous / paged", f"{mem.kv.contiguous_utilization:.1%} / {mem.kv.paged_utilization:.1%}"
                                                 f" (block {mem.kv.block_size})"),
     ])
     r = est.regimes
-    regimes = _kv_table(f"Regimes ({r.compute_dtype})", [
-        ("ridge point (FLOP/B)", f"{r.ridge_point:.1f}"),
+    regimes = _kv_table(f"Regimes ({r.compute_dtype}, ridge point {r.ridge_point:.1f} FLOP/B)", [
         ("decode batch where the linear layers turn compute-bound", fmt.count(r.critical_batch_matmul)),
         (f"decode batch where the whole step turns compute-bound (ctx {est.prompt_len + est.gen_len})",
          fmt.count(r.critical_batch) if r.critical_batch else "never"),
@@ -68,9 +90,12 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
 
 def ops_table(phase: PhaseEstimate, title: str) -> Table:
     """Per-operator FLOPs, bytes, intensity, time and bound (per-layer operators summed over layers)."""
-    table = Table(title=f"{title} — operators (x{phase.layers} layers where scope=layer)", title_justify="left")
+    table = Table(title=f"{title} — operators (x{phase.layers} layers where scope=layer)", title_justify="left",
+                  box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    longest = max(len(o.cost.name) for o in phase.ops)
     for col in ("op", "kind", "FLOPs", "weights", "act", "KV", "FLOP/B", "time", "share", "bound"):
-        table.add_column(col, justify="left" if col in ("op", "kind", "bound") else "right")
+        table.add_column(col, justify="left" if col in ("op", "kind", "bound") else "right", overflow="fold",
+                         min_width=longest if col == "op" else None, no_wrap=col == "op")
     for row in phase.to_frame().itertuples():
         table.add_row(row.op, row.kind, fmt.flops(row.flops), fmt.nbytes(row.weight_bytes),
                       fmt.nbytes(row.act_bytes), fmt.nbytes(row.kv_bytes), f"{row.intensity:.1f}",
@@ -81,21 +106,51 @@ def ops_table(phase: PhaseEstimate, title: str) -> Table:
     return table
 
 
-_SWEEP_COLUMNS = {
-    "model": str, "hardware": str, "batch": fmt.count, "prompt_len": fmt.count, "gen_len": fmt.count,
-    "ttft_s": fmt.seconds, "tpot_s": fmt.seconds, "tokens_per_s": lambda v: f"{v:,.0f}",
-    "decode_intensity": lambda v: f"{v:.1f}", "decode_bound": str,
-    "total_gib": lambda v: f"{v:.1f}", "fits": lambda v: "yes" if v else "NO", "max_batch": fmt.count,
+#: identity columns: shown as a column only when they vary, else in the title
+_SWEEP_KEYS = {"model": ("model", str), "hardware": ("device", str), "precision": ("precision", str),
+               "tp": ("tp", fmt.count), "pp": ("pp", fmt.count), "batch": ("batch", fmt.count),
+               "prompt_len": ("prompt", fmt.count), "gen_len": ("gen", fmt.count)}
+_SWEEP_VALUES = {
+    "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds), "tokens_per_s": ("tok/s", lambda v: f"{v:,.0f}"),
+    "decode_bound": ("decode", str), "total_gib": ("GiB", lambda v: f"{v:.1f}"),
+    "fits": ("fits", lambda v: "yes" if v else "NO"), "max_batch": ("max b", fmt.count),
 }
+_TITLE_NAMES = {"tp": "tp ", "pp": "pp ", "batch": "batch ", "prompt_len": "prompt ", "gen_len": "gen "}
 
 
-def sweep_table(frame: pd.DataFrame) -> Table:
-    table = Table(title=f"Sweep: {len(frame)} configurations", title_justify="left")
-    for col in _SWEEP_COLUMNS:
-        table.add_column(col[:-2] if col in ("ttft_s", "tpot_s") else col.replace("_per_s", "/s"),
-                         justify="left" if col in ("model", "hardware", "decode_bound") else "right")
-    for row in frame.to_dict(orient="records"):
-        table.add_row(*(render(row[c]) for c, render in _SWEEP_COLUMNS.items()))
+#: value columns given up first when the table would be wider than the console (all are in -f csv)
+_DROP_ORDER = ("total_gib", "tokens_per_s", "decode_bound", "max_batch")
+
+
+def sweep_table(frame: pd.DataFrame, width: int | None = None) -> Table:
+    """One row per configuration; what is the same in every row is said once, in the title. With a
+    console `width`, the least important value columns are left out until the table fits (the
+    title says so: every column is in `-f csv` / `-f json`)."""
+    varying = [c for c in _SWEEP_KEYS if frame[c].nunique(dropna=False) > 1]
+    fixed = [f"{_TITLE_NAMES.get(c, '')}{frame[c].iloc[0]}" for c in _SWEEP_KEYS if c not in varying]
+    title = f"{len(frame)} configurations" + (": " + " · ".join(fixed) if fixed else "")
+    cols = varying + list(_SWEEP_VALUES)
+    records_ = frame.to_dict(orient="records")
+    cells = {c: [(_SWEEP_KEYS.get(c) or _SWEEP_VALUES[c])[1](r[c]) for r in records_] for c in cols}
+    widths = {c: max([len((_SWEEP_KEYS.get(c) or _SWEEP_VALUES[c])[0])] + [len(x) for x in cells[c]]) for c in cols}
+    dropped = []
+    for c in _DROP_ORDER:
+        if width is None or sum(widths[k] for k in cols) + 2 * len(cols) <= width:
+            break
+        cols.remove(c)
+        dropped.append((_SWEEP_VALUES[c])[0])
+    fits_all = width is None or sum(widths[k] for k in cols) + 2 * len(cols) <= width
+    if dropped:
+        title += f" (not shown: {', '.join(dropped)}; every column: -f csv)"
+    # a light box with one space between columns, so ten columns fit in 80
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    for c in cols:
+        header = (_SWEEP_KEYS.get(c) or _SWEEP_VALUES[c])[0]
+        left = c in ("model", "hardware", "precision", "decode_bound")
+        table.add_column(header, justify="left" if left else "right", overflow="fold",
+                         min_width=widths[c] if fits_all else None)
+    for i, r in enumerate(records_):
+        table.add_row(*(cells[c][i] for c in cols), style=None if r["fits"] else "red")
     return table
 
 

@@ -1,12 +1,14 @@
 """The analytical roofline model (pure Python + numpy; never imports torch).
 
 - `attention_cost`, `ForwardModel`: FLOPs and bytes of each operator at `(batch, q_len, kv_len)`
-- `op_time`, `roofline_time_s`: time on a device, `max(flops / peak, bytes / bandwidth)`
+- `op_time`, `roofline_time_s`: time on a device, `max(flops / peak, bytes / bandwidth)`; every
+  operator time goes through `op_time` and its `TimeModel` (default `ROOFLINE`: e = 1, no overhead)
 - `estimate`: a whole generation (TTFT, TPOT, throughput, memory, regimes) -> `GenerationEstimate`
 - `sweep`: thousands of configurations at once -> pandas DataFrame
 """
 
 from llmperf.analysis.generation import GenerationEstimate, estimate, sum_max_linear
+from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, rollup, sum_max_lines
 from llmperf.analysis.memory import (
     KVUtilization,
     MemoryEstimate,
@@ -17,12 +19,22 @@ from llmperf.analysis.memory import (
 from llmperf.analysis.operators import ForwardModel, ShardDims, attended_pairs, attention_cost
 from llmperf.analysis.phase import PhaseEstimate, estimate_phase
 from llmperf.analysis.regimes import RegimeEstimate, estimate_regimes
-from llmperf.analysis.roofline import OpCost, OpTime, op_time, roofline_time_s
-from llmperf.analysis.sweep import sweep
+from llmperf.analysis.roofline import (
+    ROOFLINE,
+    Efficiency,
+    OpCost,
+    OpTime,
+    RooflineTimeModel,
+    TimeModel,
+    bound_label,
+    op_time,
+    roofline_time_s,
+)
+from llmperf.analysis.sweep import SCHEMA_VERSION, sweep
 
 __all__ = [
-    "ForwardModel", "GenerationEstimate", "KVUtilization", "MemoryEstimate", "OpCost", "OpTime",
-    "PhaseEstimate", "RegimeEstimate", "ShardDims", "attended_pairs", "attention_cost", "estimate",
+    "DEFAULT_MAX_BATCHED_TOKENS", "ROOFLINE", "SCHEMA_VERSION", "Conventions", "Efficiency", "ForwardModel", "GenerationEstimate", "KVUtilization", "MemoryEstimate", "OpCost", "OpTime",
+    "PhaseEstimate", "RegimeEstimate", "RooflineTimeModel", "ShardDims", "TimeModel", "bound_label", "attended_pairs", "attention_cost", "estimate",
     "estimate_memory", "estimate_phase", "estimate_regimes", "kv_utilization", "op_time",
-    "roofline_time_s", "sum_max_linear", "sweep", "weight_bytes_per_gpu",
+    "rollup", "roofline_time_s", "sum_max_linear", "sum_max_lines", "sweep", "weight_bytes_per_gpu",
 ]

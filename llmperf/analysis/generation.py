@@ -2,61 +2,48 @@
 steps (the prefill already yields the first token). TTFT is the prefill time; decode step j reads a
 context of `prompt_len + j` tokens; TPOT is the mean decode step time.
 
-Every decode operator's compute and memory time is linear in the context, so the sum over steps of
-`max(compute, memory)` has a closed form (`sum_max_linear`): a generation of any length, or a sweep
-of 10,000 of them, costs a few numpy operations.
+`estimate` is the roll-up of one configuration (`llmperf.analysis.rollup.rollup` with arrays of
+length one): its `summary()` is exactly the row `sweep` gives for the same configuration. The
+per-operator detail (`prefill`, `decode_first`, `decode_last`) is computed by the same cost
+functions and the same `op_time`; the per-step series (`decode_step_times_s`) only on demand.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from llmperf.analysis.memory import MemoryEstimate, estimate_memory
+from llmperf.analysis.memory import KVUtilization, MemoryEstimate
 from llmperf.analysis.operators import ForwardModel
-from llmperf.analysis.phase import PhaseEstimate, estimate_phase, pipeline_transfer_s
-from llmperf.analysis.regimes import RegimeEstimate, estimate_regimes
-from llmperf.analysis.roofline import op_time
+from llmperf.analysis.phase import PhaseEstimate, estimate_phase
+from llmperf.analysis.regimes import RegimeEstimate
+from llmperf.analysis.rollup import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    REGIME_COLUMNS,
+    Conventions,
+    forward_model,
+    pipeline_transfer_s,
+    rollup,
+    sum_max_linear,
+)
+from llmperf.analysis.roofline import ROOFLINE, TimeModel, op_time, resolve_time_model
+from llmperf.analysis.vocabulary import Phase
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
+from llmperf.specs.precision import PER_CHANNEL
+
+__all__ = ["GenerationEstimate", "check_lengths", "decode_total_s", "estimate", "resolve_precision",
+           "sum_max_linear"]
 
 
-def _segment_sum(a0, a1, lo, hi):  # noqa: ANN001
-    """Sum of `a0 + a1 * x` over integers x in [lo, hi] (zero when empty)."""
-    count = np.maximum(hi - lo + 1, 0)
-    return count * a0 + a1 * (lo + hi) * count / 2
-
-
-def sum_max_linear(u0, u1, v0, v1, x_lo, x_hi):  # noqa: ANN001
-    """Sum over integers x in [x_lo, x_hi] of `max(u0 + u1 x, v0 + v1 x)`, elementwise on arrays."""
-    d0, d1 = np.asarray(u0 - v0, dtype=float), np.asarray(u1 - v1, dtype=float)
-    safe = np.where(d1 == 0, 1.0, d1)
-    with np.errstate(over="ignore", divide="ignore"):
-        xc = -d0 / safe  # where the two lines cross
-    # d1 > 0: u wins from ceil(xc) on; d1 < 0: u wins up to floor(xc)
-    k_up = np.clip(np.ceil(xc), x_lo, x_hi + 1)
-    k_dn = np.clip(np.floor(xc), x_lo - 1, x_hi)
-    rising = _segment_sum(v0, v1, x_lo, k_up - 1) + _segment_sum(u0, u1, k_up, x_hi)
-    falling = _segment_sum(u0, u1, x_lo, k_dn) + _segment_sum(v0, v1, k_dn + 1, x_hi)
-    flat = np.where(d0 >= 0, _segment_sum(u0, u1, x_lo, x_hi), _segment_sum(v0, v1, x_lo, x_hi))
-    return np.where(d1 > 0, rising, np.where(d1 < 0, falling, flat))
-
-
-def decode_total_s(fm: ForwardModel, hardware: HardwareSpec, batch, prompt_len, gen_len, *,  # noqa: ANN001
-                   pp: int, compute_dtype: str):
+def decode_total_s(fm: ForwardModel, hardware: HardwareSpec, batch, prompt_len, gen_len, *,  # noqa: ANN001, ANN201
+                   pp: int, compute_dtype: str, time_model: TimeModel | None = None):
     """Total time of decode steps j = 1 .. gen_len - 1 (context prompt_len + j), exact and vectorised."""
-    x_lo, x_hi = prompt_len + 1, prompt_len + gen_len - 1
-    at0 = fm.forward_ops(batch, 1, 0 * prompt_len)
-    at1 = fm.forward_ops(batch, 1, 0 * prompt_len + 1)
-    total = 0.0
-    for c0, c1 in zip(at0, at1):
-        t0, t1 = op_time(c0, hardware, compute_dtype), op_time(c1, hardware, compute_dtype)
-        u0, v0 = t0.compute_s, t0.memory_s + t0.comm_s  # an op moves memory bytes or sends comm bytes
-        total = total + sum_max_linear(u0, t1.compute_s - u0, v0, t1.memory_s + t1.comm_s - v0, x_lo, x_hi)
-    steps = np.maximum(gen_len - 1, 0)
-    return total + steps * pipeline_transfer_s(fm, hardware, batch, 1, pp)
+    from llmperf.analysis.rollup import decode_sums
+    return decode_sums(fm, hardware, batch, prompt_len, gen_len, pp=pp, compute_dtype=compute_dtype,
+                       time_model=time_model)[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,15 +67,22 @@ class GenerationEstimate:
     decode_bytes: float
     memory: MemoryEstimate
     regimes: RegimeEstimate
+    conventions: Conventions = field(default_factory=Conventions)
+    time_model: TimeModel = ROOFLINE
+    row: dict[str, object] = field(default_factory=dict, compare=False)  # the roll-up's row
 
     @property
     def decode_steps(self) -> int:
         return max(self.gen_len - 1, 0)
 
     @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
     def ttft_s(self) -> float:
         """Time to first token: the prefill."""
-        return self.prefill.time_s
+        return float(self.row["ttft_s"]) if self.row else self.prefill.time_s
 
     @property
     def tpot_s(self) -> float:
@@ -122,30 +116,23 @@ class GenerationEstimate:
         peak = self.hardware.peak_flops_per_s(self.prefill.compute_dtype)
         return self.total_flops / self.e2e_s / peak if self.e2e_s else 0.0
 
-    def decode_step_times_s(self) -> np.ndarray:
-        """Time of every decode step j = 1 .. gen_len - 1, in order."""
-        fm = _forward_model(self.model, self.precision, self.attention, self.tp)
-        ctx = self.prompt_len + np.arange(1, self.gen_len)
+    def forward_model(self) -> ForwardModel:
+        return forward_model(self.model, self.precision, self.conventions, self.tp)
+
+    def decode_step_times_s(self, start: int = 1, stop: int | None = None) -> np.ndarray:
+        """Time of decode steps j = start .. stop - 1 (default: every step 1 .. gen_len - 1), in order.
+        Computed on demand: ask for a slice of a very long generation."""
+        stop = self.gen_len if stop is None else min(stop, self.gen_len)
+        fm = self.forward_model()
+        ctx = self.prompt_len + np.arange(max(start, 1), stop, dtype=float)
         total = pipeline_transfer_s(fm, self.hardware, self.batch, 1, self.pp) + 0.0 * ctx
         for c in fm.forward_ops(self.batch, 1, ctx):
-            total = total + op_time(c, self.hardware, self.prefill.compute_dtype).time_s
+            total = total + op_time(c, self.hardware, self.prefill.compute_dtype, self.time_model).time_s
         return np.asarray(total, dtype=float)
 
     def summary(self) -> dict[str, object]:
-        """The headline numbers, flat (one row of `to_frame()`)."""
-        out: dict[str, object] = dict(
-            model=self.model.name, hardware=self.hardware.name, precision=str(self.precision),
-            batch=self.batch, prompt_len=self.prompt_len, gen_len=self.gen_len, tp=self.tp, pp=self.pp,
-            attention=self.attention, ttft_s=self.ttft_s, tpot_s=self.tpot_s, e2e_s=self.e2e_s,
-            tpot_first_s=self.decode_first.time_s if self.decode_steps else 0.0,
-            tpot_last_s=self.decode_last.time_s if self.decode_steps else 0.0,
-            tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s,
-            total_flops=self.total_flops, total_bytes=self.total_bytes, peak_fraction=self.peak_fraction,
-            prefill_intensity=self.prefill.intensity, prefill_bound=self.prefill.bound,
-            decode_intensity=self.decode_first.intensity, decode_bound=self.decode_first.bound)
-        out.update(self.memory.summary())
-        out.update(self.regimes.summary())
-        return out
+        """The headline numbers, flat: exactly one row of `sweep` (see README, "Output schema")."""
+        return dict(self.row)
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame([self.summary()])
@@ -155,19 +142,30 @@ class GenerationEstimate:
         return pd.concat([self.prefill.to_frame(), self.decode_first.to_frame()], ignore_index=True)
 
 
-def _forward_model(model: ModelSpec, precision: Precision, attention: str, tp: int) -> ForwardModel:
-    return ForwardModel(model=model, precision=precision, attention=attention, tp=tp)
-
-
 def resolve_precision(model: ModelSpec, precision: Precision | str | None = None, *, weights: str | None = None,
-                      activations: str | None = None, kv: str | None = None) -> Precision:
-    """A `Precision` from a preset (or the model's native dtype) with per-tensor overrides."""
+                      activations: str | None = None, kv: str | None = None, group_size: int | None = None,
+                      zero_point: bool | None = None, embeddings: str | None = None) -> Precision:
+    """A `Precision` from a preset (or the model's native dtype) with per-tensor overrides.
+
+    A quantised checkpoint (`model.quantization`) sets the default weight format, group size and
+    zero points; an explicit `precision` preset or `weights` overrides it."""
     if isinstance(precision, Precision):
         base = precision
     else:
         base = Precision.uniform(precision or model.dtype)
-    return Precision(weights=weights or base.weights, activations=activations or base.activations,
-                     kv=kv or base.kv)
+    q = model.quantization
+    if q is not None and precision is None and weights is None:
+        w = q.weight_dtype
+        group_size = group_size if group_size is not None else (q.group_size or PER_CHANNEL)
+        zero_point = zero_point if zero_point is not None else q.zero_point
+    else:
+        w = weights or base.weights
+    if isinstance(precision, Precision):
+        group_size = precision.group_size if group_size is None else group_size
+        zero_point = precision.zero_point if zero_point is None else zero_point
+        embeddings = precision.embeddings if embeddings is None else embeddings
+    return Precision(weights=w, activations=activations or base.activations, kv=kv or base.kv,
+                     group_size=group_size, zero_point=zero_point, embeddings=embeddings)
 
 
 def check_lengths(model: ModelSpec, batch: int, prompt_len: int, gen_len: int) -> list[str]:
@@ -181,38 +179,79 @@ def check_lengths(model: ModelSpec, batch: int, prompt_len: int, gen_len: int) -
     return []
 
 
+def _scalar(value: object) -> object:
+    """A roll-up value of a one-row roll-up as a plain Python scalar (NaN -> None)."""
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1)[0]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else int(value)
+
+
 def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSpec = "a100-80gb-sxm", *,
              batch: int = 1, prompt_len: int = 512, gen_len: int = 128,
              precision: Precision | str | None = None, weights: str | None = None,
              activations: str | None = None, kv: str | None = None, tp: int = 1, pp: int = 1,
              attention: str = "fused", max_seq_len: int | None = None, block_size: int = 16,
-             mem_util: float = 0.9) -> GenerationEstimate:
+             mem_util: float = 0.9, attention_flops: str = "executed", all_logits: bool = False,
+             fused_qkv: bool = True, fused_gate_up: bool = True,
+             max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
+             zero_point: bool | None = None, embeddings: str | None = None,
+             time_model: TimeModel | None = None) -> GenerationEstimate:
     """Predict a generation: TTFT, TPOT, latency, throughput, memory and regime.
 
     `model`/`hardware` are built-in names, file paths or specs. `precision` is a dtype preset (default:
-    the model's native dtype) that `weights`, `activations` and `kv` override separately.
+    the model's native dtype, or a quantised checkpoint's format) that `weights`, `activations` and
+    `kv` override separately. The conventions (`attention`, `attention_flops`, `all_logits`,
+    `fused_qkv`, `fused_gate_up`) and the memory settings (`max_seq_len`, `block_size`, `mem_util`,
+    `max_batched_tokens`) are described in the README; `time_model` defaults to the pure roofline.
     """
     m, hw = load_model(model), load_hardware(hardware)
     check_lengths(m, batch, prompt_len, gen_len)
-    prec = resolve_precision(m, precision, weights=weights, activations=activations, kv=kv)
-    fm = _forward_model(m, prec, attention, tp)
-    from llmperf.analysis.memory import layers_per_stage
-    layers_per_stage(m, pp)
-    dtype = hw.compute_dtype(prec.activations)
-    prefill = estimate_phase(fm, hw, batch, prompt_len, prompt_len, pp=pp, compute_dtype=dtype)
-    first = estimate_phase(fm, hw, batch, 1, prompt_len + 1, pp=pp, compute_dtype=dtype)
-    last = estimate_phase(fm, hw, batch, 1, prompt_len + max(gen_len - 1, 1), pp=pp, compute_dtype=dtype)
-    steps = max(gen_len - 1, 0)
-    # FLOPs and bytes are linear in the context: the sum over steps is steps * (mean of first and last)
-    decode_flops = steps * (first.flops + last.flops) / 2 if steps else 0.0
-    decode_bytes = steps * (first.bytes_total + last.bytes_total) / 2 if steps else 0.0
-    total = float(decode_total_s(fm, hw, batch, prompt_len, gen_len, pp=pp, compute_dtype=dtype))
-    memory = estimate_memory(m, prec, hw, batch=batch, prompt_len=prompt_len, gen_len=gen_len, tp=tp, pp=pp,
-                             attention=attention, max_seq_len=max_seq_len, block_size=block_size,
-                             mem_util=mem_util)
-    regimes = estimate_regimes(fm, hw, batch=batch, context=prompt_len + gen_len, compute_dtype=dtype)
+    prec = resolve_precision(m, precision, weights=weights, activations=activations, kv=kv,
+                             group_size=group_size, zero_point=zero_point, embeddings=embeddings)
+    conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
+                       fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
+                       block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens)
+    tm = resolve_time_model(time_model)
+    raw = rollup(m, hw, prec, tp=tp, pp=pp, conv=conv, batch=[batch], prompt_len=[prompt_len],
+                 gen_len=[gen_len], time_model=tm)
+    row = {k: _scalar(v) for k, v in raw.items() if not k.startswith("_")}
+    for k in REGIME_COLUMNS:
+        row[k] = _int_or_none(row[k])
+    fm = forward_model(m, prec, conv, tp)
+    dtype = str(row["compute_dtype"])
+    kw = dict(pp=pp, compute_dtype=dtype, time_model=tm)
+    prefill = estimate_phase(fm, hw, batch, prompt_len, prompt_len, phase=Phase.prefill, **kw)
+    first = estimate_phase(fm, hw, batch, 1, prompt_len + 1, phase=Phase.decode, **kw)
+    last = estimate_phase(fm, hw, batch, 1, prompt_len + max(gen_len - 1, 1), phase=Phase.decode, **kw)
+    kv_tok = float(row["kv_bytes_per_token"])
+    max_seq = int(row["max_seq_len"])
+    util = KVUtilization(used_bytes=float(raw["_kv_used_bytes"][0]),
+                         contiguous_reserved_bytes=float(raw["_kv_contiguous_bytes"][0]),
+                         paged_reserved_bytes=float(raw["_kv_paged_bytes"][0]), max_seq_len=max_seq,
+                         block_size=block_size)
+    gib = 2.0 ** 30
+    memory = MemoryEstimate(
+        weights_bytes=float(row["weights_gib"]) * gib, kv_bytes_per_token=kv_tok,
+        kv_cache_bytes=float(row["kv_cache_gib"]) * gib, activation_peak_bytes=float(row["activation_gib"]) * gib,
+        device_bytes=hw.memory_bytes, mem_util=mem_util, max_batch=int(row["max_batch"]),
+        max_batch_contiguous=int(row["max_batch_contiguous"]), kv=util, batch=batch,
+        max_batched_tokens=max_batched_tokens)
+    regimes = RegimeEstimate(
+        compute_dtype=dtype, ridge_point=float(row["ridge_point"]),
+        critical_batch_matmul=_int_or_none(row["critical_batch_matmul"]),
+        critical_batch=_int_or_none(row["critical_batch"]),
+        attention_flops_crossover=_int_or_none(row["attention_flops_crossover"]),
+        attention_bytes_crossover=_int_or_none(row["attention_bytes_crossover"]))
     return GenerationEstimate(model=m, hardware=hw, precision=prec, batch=batch, prompt_len=prompt_len,
                               gen_len=gen_len, tp=tp, pp=pp, attention=attention, prefill=prefill,
-                              decode_first=first, decode_last=last, decode_total_s=total,
-                              decode_flops=decode_flops, decode_bytes=decode_bytes, memory=memory,
-                              regimes=regimes)
+                              decode_first=first, decode_last=last, decode_total_s=float(row["decode_s"]),
+                              decode_flops=float(row["decode_flops"]), decode_bytes=float(row["decode_bytes"]),
+                              memory=memory, regimes=regimes, conventions=conv, time_model=tm, row=row)

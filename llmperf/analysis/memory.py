@@ -5,6 +5,10 @@ KV cache bytes per token = `2 * layers * kv_heads * head_dim * bytes(kv_dtype)` 
 every sequence up front; a paged cache (Kwon et al., "Efficient Memory Management for Large Language
 Model Serving with PagedAttention", SOSP 2023) reserves blocks of `block_size` tokens as they fill,
 wasting less than one block per sequence. Capacities are reported in bytes and shown in GiB.
+
+The rule (computed in `llmperf.analysis.rollup`, the one roll-up): weights + the KV blocks of the
+batch + ONE activation reservation for a forward of `max_batched_tokens` tokens must fit in
+`mem_util` of the device, on every pipeline stage. Max batch is what the KV memory left then holds.
 """
 
 from __future__ import annotations
@@ -14,59 +18,38 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from llmperf.analysis.rollup import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    Conventions,
+    activation_peak_bytes,
+    memory_arrays,
+    stage_layers,
+    stage_weight_bytes,
+)
 from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
 
+__all__ = ["KVUtilization", "MemoryEstimate", "activation_peak_bytes", "estimate_memory",
+           "kv_bytes_per_token_per_gpu", "kv_utilization", "layers_per_stage", "max_batch_that_fits",
+           "weight_bytes_per_gpu"]
+
 
 def layers_per_stage(model: ModelSpec, pp: int) -> int:
-    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
-        raise SpecError(f"pp: must be a positive integer, got {pp!r}")
-    if pp > model.num_layers:
-        raise SpecError(f"pp: {pp} exceeds {model.name}'s num_layers={model.num_layers}")
-    return -(-model.num_layers // pp)
+    """Layers of the most loaded pipeline stage (vLLM's partition, `stage_layers`)."""
+    return max(stage_layers(model, pp))
 
 
 def weight_bytes_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1) -> float:
-    """Weights on the most loaded GPU. Matrices at the weight precision, norms and biases at the
-    activation precision; attention, FFN and vocabulary split `tp` ways, layers `pp` ways (the first
-    stage holds the embeddings, the last the final norm and lm_head)."""
-    d = ShardDims.of(model, tp)
-    m, wb, ab = model, precision.weight_bytes, precision.act_bytes
-    h, hd = m.hidden_size, m.head_dim
-    attn = h * (d.num_heads + 2 * d.num_kv_heads) * hd + d.num_heads * hd * h
-    experts = (m.num_experts + m.shared_experts) * m.ffn_matrices * h * d.ffn_size
-    small = 2 * m.norm_params + m.router_params_per_layer  # replicated
-    biases = m.attn_params_per_layer - (h * m.q_size + 2 * h * m.kv_size + m.q_size * h)
-    biases += (m.num_experts + m.shared_experts) * (m.expert_params - m.ffn_matrices * h * m.ffn_size)
-    layer = (attn + experts) * wb + (small + biases) * ab
-    embed = d.vocab_size * h * wb + (m.embedding_params - m.vocab_size * h) * wb
-    head = m.norm_params * ab + (d.vocab_size * h * wb if (not m.tied_embeddings or pp > 1) else 0.0)
-    ends = embed + head if pp == 1 else max(embed, head)
-    return layers_per_stage(m, pp) * layer + ends
+    """Weights on the most loaded GPU (see `stage_weight_bytes`)."""
+    return max(stage_weight_bytes(model, precision, tp, pp))
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1) -> float:
+    """KV bytes per token on one GPU of the stage with the most layers: 2 (K and V) x layers x
+    KV heads per GPU (replicated, never 0, when tp exceeds them) x head_dim x bytes."""
     d = ShardDims.of(model, tp)
     return 2 * layers_per_stage(model, pp) * d.num_kv_heads * model.head_dim * precision.kv_bytes
-
-
-def activation_peak_bytes(model: ModelSpec, precision: Precision, batch, q_len, kv_len, *,  # noqa: ANN001
-                          tp: int = 1, attention: str = "fused", all_logits: bool = False):
-    """Largest transient working set of one forward pass: the residual stream and its normalised
-    copy, plus the larger of the attention block's tensors (Q, K, V, output; S and P when naive) and
-    the FFN's (gate, up, activation outputs of the routed rows), plus fp32 logits."""
-    d = ShardDims.of(model, tp)
-    m, a = model, precision.act_bytes
-    tokens = batch * q_len
-    stream = 2 * tokens * m.hidden_size * a
-    attn = tokens * (2 * d.num_heads + 2 * d.num_kv_heads) * m.head_dim * a
-    if attention == "naive":
-        attn = attn + 2 * batch * d.num_heads * q_len * kv_len * a
-    rows = tokens * (m.experts_per_token + m.shared_experts)
-    ffn = rows * d.ffn_size * a * (3 if m.ffn_kind == "swiglu" else 2)
-    logits = (tokens if all_logits else batch) * d.vocab_size * 4
-    return stream + np.maximum(attn, ffn) + logits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +98,13 @@ class MemoryEstimate:
     max_batch: int  # paged cache: sequences of `context` tokens that fit
     max_batch_contiguous: int  # contiguous cache reserving `max_seq_len` per sequence
     kv: KVUtilization
+    batch: int = 1
+    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS  # the activation reservation's token budget
+
+    @property
+    def activation_bytes(self) -> float:
+        """The one activation reservation (a forward of `max_batched_tokens` tokens)."""
+        return self.activation_peak_bytes
 
     @property
     def total_bytes(self) -> float:
@@ -126,7 +116,9 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.usable_bytes
+        """The batch fits when every pipeline stage holds its KV blocks next to weights and the
+        activation reservation: `batch <= max_batch`."""
+        return self.batch <= self.max_batch
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame([self.summary()])
@@ -134,13 +126,13 @@ class MemoryEstimate:
     def summary(self) -> dict[str, float | int | bool]:
         return dict(weights_gib=self.weights_bytes / 2**30, kv_bytes_per_token=self.kv_bytes_per_token,
                     kv_cache_gib=self.kv_cache_bytes / 2**30,
-                    activation_peak_gib=self.activation_peak_bytes / 2**30,
+                    activation_gib=self.activation_peak_bytes / 2**30,
                     total_gib=self.total_bytes / 2**30, device_gib=self.device_bytes / 2**30,
                     fits=self.fits, max_batch=self.max_batch, max_batch_contiguous=self.max_batch_contiguous,
                     kv_util_contiguous=self.kv.contiguous_utilization, kv_util_paged=self.kv.paged_utilization)
 
 
-def max_batch_that_fits(usable_bytes, weights_bytes, per_seq_bytes):  # noqa: ANN001
+def max_batch_that_fits(usable_bytes, weights_bytes, per_seq_bytes):  # noqa: ANN001, ANN201
     """Largest batch with `weights + batch * per_seq <= usable` (memory is linear in batch)."""
     free = np.asarray(usable_bytes - weights_bytes, dtype=float)
     out = np.where(free > 0, np.floor(free / per_seq_bytes), 0).astype(np.int64)
@@ -149,22 +141,21 @@ def max_batch_that_fits(usable_bytes, weights_bytes, per_seq_bytes):  # noqa: AN
 
 def estimate_memory(model: ModelSpec, precision: Precision, hardware: HardwareSpec, *, batch: int,
                     prompt_len: int, gen_len: int, tp: int = 1, pp: int = 1, attention: str = "fused",
-                    max_seq_len: int | None = None, block_size: int = 16, mem_util: float = 0.9) -> MemoryEstimate:
-    """Memory of one GPU serving `batch` sequences of `prompt_len + gen_len` tokens."""
-    if not 0 < mem_util <= 1:
-        raise SpecError(f"mem_util: must be in (0, 1], got {mem_util!r}")
-    context = prompt_len + gen_len
-    max_seq_len = max(context, max_seq_len or model.max_positions)
-    weights = weight_bytes_per_gpu(model, precision, tp, pp)
-    kv_tok = kv_bytes_per_token_per_gpu(model, precision, tp, pp)
-    act = float(activation_peak_bytes(model, precision, batch, prompt_len, prompt_len, tp=tp, attention=attention))
-    act_one = float(activation_peak_bytes(model, precision, 1, prompt_len, prompt_len, tp=tp, attention=attention))
-    usable = hardware.memory_bytes * mem_util
-    steps = prompt_len + np.arange(1, gen_len + 1)  # lengths during the generation
-    paged_per_seq = -(-context // block_size) * block_size * kv_tok
-    return MemoryEstimate(
-        weights_bytes=weights, kv_bytes_per_token=kv_tok, kv_cache_bytes=batch * context * kv_tok,
-        activation_peak_bytes=act, device_bytes=hardware.memory_bytes, mem_util=mem_util,
-        max_batch=max_batch_that_fits(usable, weights, paged_per_seq + act_one),
-        max_batch_contiguous=max_batch_that_fits(usable, weights, max_seq_len * kv_tok + act_one),
-        kv=kv_utilization(steps, kv_tok, max_seq_len=max_seq_len, block_size=block_size))
+                    max_seq_len: int | None = None, block_size: int = 16, mem_util: float = 0.9,
+                    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+                    all_logits: bool = False) -> MemoryEstimate:
+    """Memory of one GPU serving `batch` sequences of `prompt_len + gen_len` tokens (the roll-up's
+    memory rule: weights + paged KV + one activation reservation for `max_batched_tokens`)."""
+    conv = Conventions(attention=attention, max_seq_len=max_seq_len, block_size=block_size, mem_util=mem_util,
+                       max_batched_tokens=max_batched_tokens, all_logits=all_logits)
+    mem = memory_arrays(model, precision, hardware, conv, tp=tp, pp=pp, batch=[batch], prompt_len=[prompt_len],
+                        gen_len=[gen_len])
+    one = {k: float(v[0]) for k, v in mem.items()}
+    kv = KVUtilization(used_bytes=one["kv_used_bytes"], contiguous_reserved_bytes=one["kv_contiguous_bytes"],
+                       paged_reserved_bytes=one["kv_paged_bytes"], max_seq_len=int(one["max_seq_len"]),
+                       block_size=block_size)
+    return MemoryEstimate(weights_bytes=one["weights_bytes"], kv_bytes_per_token=one["kv_bytes_per_token"],
+                          kv_cache_bytes=one["kv_cache_bytes"], activation_peak_bytes=one["activation_bytes"],
+                          device_bytes=hardware.memory_bytes, mem_util=mem_util, max_batch=int(one["max_batch"]),
+                          max_batch_contiguous=int(one["max_batch_contiguous"]), kv=kv, batch=batch,
+                          max_batched_tokens=max_batched_tokens)

@@ -14,7 +14,18 @@ prefill), a naive one the whole square; `attention_flops="dense"` counts the who
 as `torch.utils.flop_counter` does. Attention FLOPs count the two matmuls (4 per pair per head-dim
 element); the naive form's softmax is a separate vector operator (5 FLOPs per score). Prefill
 computes logits for the last position only unless `all_logits=True`. Norm weights and biases are
-kept at activation precision (quantisation applies to the matrices).
+kept at activation precision (quantisation applies to the matrices); integer weights carry their
+group scales and zero points (`Precision.matrix_bytes`); embedding and lm_head matrices are at
+`Precision.embedding_dtype` (16 bits when the other weights are quantised, as AWQ/GPTQ keep them).
+
+Fused projections (`fused_qkv`, `fused_gate_up`): fast engines (vLLM, TensorRT-LLM) run Q, K and V
+as one GEMM over the concatenated weight, and the gate and up projections as one, so the input
+activations are read once instead of three (two) times. Off in `ForwardModel` by default (the split
+names are what the engine's instrumentation times); `estimate`, `sweep` and the CLI turn them on.
+
+Sliding-window attention (Mistral; Beltagy et al. 2020, arXiv:2004.05150): each query sees at most
+the last `window` keys (itself included), so attention FLOPs count `min(i + 1, window)` pairs for
+the query at position i, and a step reads at most `q_len + window - 1` keys per sequence.
 """
 
 from __future__ import annotations
@@ -37,20 +48,34 @@ SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide
 ROPE_FLOPS = 3  # x * cos + rotate(x) * sin
 
 
-def attended_pairs(q_len: Number, kv_len: Number, causal: bool) -> Number:
+def attended_pairs(q_len: Number, kv_len: Number, causal: bool, window: int | None = None) -> Number:
     """(query, key) pairs a causal or full attention actually needs, per sequence and head.
 
     Causal with queries at the last `q_len` of `kv_len` positions: query i sees `kv_len - q_len + i + 1`
     keys, so the sum is `q_len * kv_len - q_len * (q_len - 1) / 2` (prefill: n(n+1)/2; decode: n).
+    With a sliding `window` a query sees `min(keys, window)`: the sum of `min(n, W)` for n from
+    `kv_len - q_len + 1` to `kv_len`.
     """
-    if causal:
+    if not causal:
+        return q_len * (kv_len if window is None else np.minimum(kv_len, window))
+    if window is None:
         return q_len * kv_len - q_len * (q_len - 1) / 2
-    return q_len * kv_len
+    lo, hi = kv_len - q_len + 1, kv_len
+    top = np.minimum(hi, window)  # n in [lo, top] contribute n; n in [max(lo, W+1), hi] contribute W
+    below = np.maximum(top - lo + 1, 0) * (lo + top) / 2
+    above = np.maximum(hi - np.maximum(lo, window + 1) + 1, 0) * window
+    return below + above
+
+
+def keys_read(q_len: Number, kv_len: Number, window: int | None = None) -> Number:
+    """Keys (per sequence and KV head) a step must read: all of them, or with a sliding window the
+    `q_len + window - 1` most recent ones."""
+    return kv_len if window is None else np.minimum(kv_len, q_len + window - 1)
 
 
 def attention_cost(batch: Number, q_len: Number, kv_len: Number, *, num_heads: int, num_kv_heads: int,
                    head_dim: int, act_bytes: float = 2.0, kv_bytes: float = 2.0, impl: str = "fused",
-                   causal: bool = True, flops: str = "executed") -> OpCost:
+                   causal: bool = True, flops: str = "executed", window: int | None = None) -> OpCost:
     """The whole of attention as one operator (fused: FlashAttention / Flash-Decoding / PagedAttention;
     naive: the sum of score, softmax and value). The kernel benchmarks take their counts from here.
 
@@ -58,39 +83,42 @@ def attention_cost(batch: Number, q_len: Number, kv_len: Number, *, num_heads: i
     """
     parts = attention_parts(batch, q_len, kv_len, num_heads=num_heads, num_kv_heads=num_kv_heads,
                             head_dim=head_dim, act_bytes=act_bytes, kv_bytes=kv_bytes, impl=impl,
-                            causal=causal, flops=flops)
+                            causal=causal, flops=flops, window=window)
     if len(parts) == 1:
         return parts[0]
     total = {f: sum(getattr(p, f) for p in parts) for f in
              ("flops", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes")}
-    return OpCost(name="attention", kind="attention", **total)
+    return OpCost(name="attention", kind="attention", rows=batch * q_len, **total)
 
 
 def attention_parts(batch: Number, q_len: Number, kv_len: Number, *, num_heads: int, num_kv_heads: int,
                     head_dim: int, act_bytes: float, kv_bytes: float, impl: str, causal: bool,
-                    flops: str = "executed") -> list[OpCost]:
+                    flops: str = "executed", window: int | None = None) -> list[OpCost]:
     """Fused: `[attention]`. Naive: `[attn_score, attn_softmax, attn_value]` with S and P in memory."""
     if impl not in ATTENTION_IMPLS:
         raise SpecError(f"attention: must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
     if flops not in FLOP_CONVENTIONS:
         raise SpecError(f"attention_flops: must be one of {', '.join(FLOP_CONVENTIONS)}, got {flops!r}")
     B, H, Hkv, D = batch, num_heads, num_kv_heads, head_dim
-    square = q_len * kv_len
-    executed = attended_pairs(q_len, kv_len, causal) if (impl == "fused" and flops == "executed") else square
+    keys = keys_read(q_len, kv_len, window)
+    square = q_len * keys
+    executed = (attended_pairs(q_len, kv_len, causal, window) if (impl == "fused" and flops == "executed")
+                else square)
     q_bytes = B * q_len * H * D * act_bytes
-    kv_read = 2 * B * kv_len * Hkv * D * kv_bytes  # K and V, each read once per KV head
+    kv_read = 2 * B * keys * Hkv * D * kv_bytes  # K and V, each read once per KV head
     o_bytes = B * q_len * H * D * act_bytes
+    rows = B * q_len
     if impl == "fused":
         return [OpCost(name="attention", kind="attention", flops=4 * B * H * executed * D,
-                       act_read_bytes=q_bytes, kv_read_bytes=kv_read, act_write_bytes=o_bytes)]
+                       act_read_bytes=q_bytes, kv_read_bytes=kv_read, act_write_bytes=o_bytes, rows=rows)]
     s_bytes = B * H * square * act_bytes  # the materialised score / probability matrix
     return [
         OpCost(name="attn_score", kind="attention", flops=2 * B * H * executed * D,
-               act_read_bytes=q_bytes, kv_read_bytes=kv_read / 2, act_write_bytes=s_bytes),
+               act_read_bytes=q_bytes, kv_read_bytes=kv_read / 2, act_write_bytes=s_bytes, rows=rows),
         OpCost(name="attn_softmax", kind="elementwise", flops=SOFTMAX_FLOPS * B * H * square,
-               act_read_bytes=s_bytes, act_write_bytes=s_bytes),
+               act_read_bytes=s_bytes, act_write_bytes=s_bytes, rows=rows),
         OpCost(name="attn_value", kind="attention", flops=2 * B * H * executed * D,
-               act_read_bytes=s_bytes, kv_read_bytes=kv_read / 2, act_write_bytes=o_bytes),
+               act_read_bytes=s_bytes, kv_read_bytes=kv_read / 2, act_write_bytes=o_bytes, rows=rows),
     ]
 
 
@@ -144,8 +172,13 @@ class ForwardModel:
     tp: int = 1
     all_logits: bool = False
     attention_flops: str = "executed"
+    fused_qkv: bool = False  # one qkv_proj GEMM instead of q_proj, k_proj, v_proj
+    fused_gate_up: bool = False  # one gate_up_proj GEMM instead of gate_proj, up_proj (gated FFNs)
 
     def __post_init__(self) -> None:
+        for flag in ("all_logits", "fused_qkv", "fused_gate_up"):
+            if not isinstance(getattr(self, flag), bool):
+                raise SpecError(f"{flag}: must be true or false, got {getattr(self, flag)!r}")
         if self.attention not in ATTENTION_IMPLS:
             raise SpecError(f"attention: must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
         if self.attention_flops not in FLOP_CONVENTIONS:
@@ -155,32 +188,36 @@ class ForwardModel:
 
     # ---- helpers -------------------------------------------------------------------------------
     def _linear(self, name: str, tokens: Number, d_in: int, d_out: int, bias: bool,
-                weight_copies: Number = 1.0, per_layer: bool = True) -> OpCost:
-        """`tokens x d_in @ d_in x d_out`; `weight_copies` distinct weight matrices are read (MoE)."""
+                weight_copies: Number = 1.0, per_layer: bool = True, rows: Number | None = None,
+                embedding: bool = False) -> OpCost:
+        """`tokens x d_in @ d_in x d_out`; `weight_copies` distinct weight matrices are read (MoE).
+        `embedding`: the matrix is stored at the embedding format (lm_head)."""
         p = self.precision
-        w = d_in * d_out * p.weight_bytes + (d_out * p.act_bytes if bias else 0.0)
+        matrix = p.embedding_matrix_bytes(d_in, d_out) if embedding else p.matrix_bytes(d_in, d_out)
+        w = matrix + (d_out * p.act_bytes if bias else 0.0)
         return OpCost(name=name, kind="matmul", flops=2 * tokens * d_in * d_out + (tokens * d_out if bias else 0),
                       weight_bytes=w * weight_copies, act_read_bytes=tokens * d_in * p.act_bytes,
-                      act_write_bytes=tokens * d_out * p.act_bytes, per_layer=per_layer)
+                      act_write_bytes=tokens * d_out * p.act_bytes, per_layer=per_layer,
+                      rows=tokens if rows is None else rows)
 
     def _norm(self, name: str, tokens: Number, per_layer: bool = True) -> OpCost:
         m, a = self.model, self.precision.act_bytes
         n_w = 2 if m.norm_kind == "layernorm" else 1
         return OpCost(name=name, kind="norm", flops=NORM_FLOPS[m.norm_kind] * tokens * m.hidden_size,
                       weight_bytes=n_w * m.hidden_size * a, act_read_bytes=tokens * m.hidden_size * a,
-                      act_write_bytes=tokens * m.hidden_size * a, per_layer=per_layer)
+                      act_write_bytes=tokens * m.hidden_size * a, per_layer=per_layer, rows=tokens)
 
     def _residual(self, name: str, tokens: Number) -> OpCost:
         h, a = self.model.hidden_size, self.precision.act_bytes
         return OpCost(name=name, kind="elementwise", flops=tokens * h, act_read_bytes=2 * tokens * h * a,
-                      act_write_bytes=tokens * h * a)
+                      act_write_bytes=tokens * h * a, rows=tokens)
 
     def _allreduce(self, name: str, tokens: Number) -> OpCost:
         """Ring all-reduce of the `tokens x hidden` activations: each GPU sends 2(t-1)/t of them."""
         t = self.tp
         msg = tokens * self.model.hidden_size * self.precision.act_bytes
         return OpCost(name=name, kind="comm", flops=tokens * self.model.hidden_size * (t - 1) / t,
-                      comm_bytes=2 * (t - 1) / t * msg)
+                      comm_bytes=2 * (t - 1) / t * msg, rows=tokens)
 
     @property
     def head_dim(self) -> int:
@@ -190,15 +227,15 @@ class ForwardModel:
     def embed(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         tokens = batch * q_len
         h, p = self.model.hidden_size, self.precision
-        return OpCost(name="embed", kind="embedding", weight_bytes=tokens * h * p.weight_bytes,
-                      act_write_bytes=tokens * h * p.act_bytes, per_layer=False)
+        return OpCost(name="embed", kind="embedding", weight_bytes=tokens * h * p.embedding_bytes,
+                      act_write_bytes=tokens * h * p.act_bytes, per_layer=False, rows=tokens)
 
     def pos_embed(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         tokens = batch * q_len
         h, p = self.model.hidden_size, self.precision
         return OpCost(name="pos_embed", kind="embedding", flops=tokens * h,
-                      weight_bytes=tokens * h * p.weight_bytes, act_read_bytes=tokens * h * p.act_bytes,
-                      act_write_bytes=tokens * h * p.act_bytes, per_layer=False)
+                      weight_bytes=tokens * h * p.embedding_bytes, act_read_bytes=tokens * h * p.act_bytes,
+                      act_write_bytes=tokens * h * p.act_bytes, per_layer=False, rows=tokens)
 
     def attn_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         return self._norm("attn_norm", batch * q_len)
@@ -206,6 +243,12 @@ class ForwardModel:
     def q_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         return self._linear("q_proj", batch * q_len, self.model.hidden_size,
                             self.dims.num_heads * self.head_dim, self.model.qkv_bias)
+
+    def qkv_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Q, K and V as one GEMM over the concatenated weight: the input is read once."""
+        return self._linear("qkv_proj", batch * q_len, self.model.hidden_size,
+                            (self.dims.num_heads + 2 * self.dims.num_kv_heads) * self.head_dim,
+                            self.model.qkv_bias)
 
     def k_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         return self._linear("k_proj", batch * q_len, self.model.hidden_size,
@@ -219,20 +262,21 @@ class ForwardModel:
         tokens, a = batch * q_len, self.precision.act_bytes
         rotated = tokens * (self.dims.num_heads + self.dims.num_kv_heads) * self.model.rotary_dim
         return OpCost(name="rope", kind="elementwise", flops=ROPE_FLOPS * rotated,
-                      act_read_bytes=rotated * a, act_write_bytes=rotated * a)
+                      act_read_bytes=rotated * a, act_write_bytes=rotated * a, rows=tokens)
 
     def kv_write(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """The new tokens' K and V appended to the cache (read at activation, written at KV precision)."""
-        n = 2 * batch * q_len * self.dims.num_kv_heads * self.head_dim
+        n = 2 * batch * q_len * self.dims.num_kv_heads * self.head_dim  # 2: K and V
         return OpCost(name="kv_write", kind="elementwise", act_read_bytes=n * self.precision.act_bytes,
-                      kv_write_bytes=n * self.precision.kv_bytes)
+                      kv_write_bytes=n * self.precision.kv_bytes, rows=batch * q_len)
 
     def attention_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
         """`[attention]` (fused) or `[attn_score, attn_softmax, attn_value]` (naive)."""
         return attention_parts(batch, q_len, kv_len, num_heads=self.dims.num_heads,
                                num_kv_heads=self.dims.num_kv_heads, head_dim=self.head_dim,
                                act_bytes=self.precision.act_bytes, kv_bytes=self.precision.kv_bytes,
-                               impl=self.attention, causal=True, flops=self.attention_flops)
+                               impl=self.attention, causal=True, flops=self.attention_flops,
+                               window=self.model.sliding_window)
 
     def o_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         return self._linear("o_proj", batch * q_len, self.dims.num_heads * self.head_dim,
@@ -258,6 +302,12 @@ class ForwardModel:
         return self._linear("gate_proj", rows, self.model.hidden_size, self.dims.ffn_size,
                             self.model.mlp_bias, copies)
 
+    def gate_up_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Gate and up projections as one GEMM (gated FFNs only): the input is read once."""
+        rows, copies = self._expert_rows_and_copies(batch, q_len)
+        return self._linear("gate_up_proj", rows, self.model.hidden_size, 2 * self.dims.ffn_size,
+                            self.model.mlp_bias, copies)
+
     def up_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         rows, copies = self._expert_rows_and_copies(batch, q_len)
         return self._linear("up_proj", rows, self.model.hidden_size, self.dims.ffn_size,
@@ -268,7 +318,7 @@ class ForwardModel:
         n, a = rows * self.dims.ffn_size, self.precision.act_bytes
         reads = 2 if self.model.ffn_kind == "swiglu" else 1
         return OpCost(name="act", kind="elementwise", flops=ACT_FLOPS[self.model.ffn_kind] * n,
-                      act_read_bytes=reads * n * a, act_write_bytes=n * a)
+                      act_read_bytes=reads * n * a, act_write_bytes=n * a, rows=rows)
 
     def down_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         rows, copies = self._expert_rows_and_copies(batch, q_len)
@@ -284,14 +334,18 @@ class ForwardModel:
     def lm_head(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         rows = batch * q_len if self.all_logits else batch
         return self._linear("lm_head", rows, self.model.hidden_size, self.dims.vocab_size, False,
-                            per_layer=False)
+                            per_layer=False, embedding=True)
 
     # ---- the pass ----------------------------------------------------------------------------------
     def layer_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
         """The operators of one transformer block, in execution order."""
         m = self.model
-        ops = [self.attn_norm(batch, q_len, kv_len), self.q_proj(batch, q_len, kv_len),
-               self.k_proj(batch, q_len, kv_len), self.v_proj(batch, q_len, kv_len)]
+        ops = [self.attn_norm(batch, q_len, kv_len)]
+        if self.fused_qkv:
+            ops.append(self.qkv_proj(batch, q_len, kv_len))
+        else:
+            ops += [self.q_proj(batch, q_len, kv_len), self.k_proj(batch, q_len, kv_len),
+                    self.v_proj(batch, q_len, kv_len)]
         if m.pos_encoding == "rope":
             ops.append(self.rope(batch, q_len, kv_len))
         ops.append(self.kv_write(batch, q_len, kv_len))
@@ -302,10 +356,13 @@ class ForwardModel:
         ops += [self.attn_residual(batch, q_len, kv_len), self.mlp_norm(batch, q_len, kv_len)]
         if m.is_moe:
             ops.append(self.router(batch, q_len, kv_len))
-        if m.ffn_kind == "swiglu":
-            ops.append(self.gate_proj(batch, q_len, kv_len))
-        ops += [self.up_proj(batch, q_len, kv_len), self.act(batch, q_len, kv_len),
-                self.down_proj(batch, q_len, kv_len)]
+        if m.ffn_kind == "swiglu" and self.fused_gate_up:
+            ops.append(self.gate_up_proj(batch, q_len, kv_len))
+        elif m.ffn_kind == "swiglu":
+            ops += [self.gate_proj(batch, q_len, kv_len), self.up_proj(batch, q_len, kv_len)]
+        else:
+            ops.append(self.up_proj(batch, q_len, kv_len))
+        ops += [self.act(batch, q_len, kv_len), self.down_proj(batch, q_len, kv_len)]
         if self.tp > 1:
             ops.append(self._allreduce("mlp_allreduce", batch * q_len))
         ops.append(self.mlp_residual(batch, q_len, kv_len))

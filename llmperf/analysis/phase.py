@@ -13,10 +13,13 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.operators import ForwardModel
-from llmperf.analysis.roofline import OpTime, op_time
+from llmperf.analysis.rollup import phase_bound, pipeline_transfer_s
+from llmperf.analysis.roofline import OpTime, TimeModel, op_time
+from llmperf.analysis.vocabulary import Phase, as_phase
 from llmperf.specs import HardwareSpec
 
-PHASES = ("prefill", "decode")
+PHASES = (Phase.prefill.value, Phase.decode.value)
+__all__ = ["PHASES", "PhaseEstimate", "estimate_phase", "phase_time_s", "pipeline_transfer_s"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,8 +76,10 @@ class PhaseEstimate:
 
     @property
     def bound(self) -> str:
-        """'memory' or 'compute': the roof under which most of the phase's time is spent."""
-        return "memory" if self.memory_bound_fraction >= 0.5 else "compute"
+        """'memory' or 'compute': the roof under which at least half the phase's time is spent
+        (`rollup.phase_bound`, the same rule as every summary and sweep row)."""
+        mem = sum(o.time_s for o in self.ops if o.bound == "memory")
+        return phase_bound(float(mem), self.time_s)
 
     @property
     def achieved_flops_per_s(self) -> float:
@@ -128,31 +133,25 @@ class PhaseEstimate:
                     time_s=self.time_s, bound=self.bound, peak_fraction=self.peak_fraction)
 
 
-def pipeline_transfer_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, pp: int):  # noqa: ANN001
-    """`pp - 1` sends of the `batch*q_len x hidden` activations between pipeline stages."""
-    if pp <= 1:
-        return 0.0 * batch
-    if hardware.interconnect_bytes_per_s <= 0:
-        raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot model pp={pp}")
-    msg = batch * q_len * fm.model.hidden_size * fm.precision.act_bytes
-    return (pp - 1) * msg / hardware.interconnect_bytes_per_s
-
-
 def estimate_phase(fm: ForwardModel, hardware: HardwareSpec, batch: int, q_len: int, kv_len: int, *,
-                   pp: int = 1, compute_dtype: str | None = None) -> PhaseEstimate:
-    """Cost and time of one forward pass of `fm` at `(batch, q_len, kv_len)` on `hardware`."""
+                   pp: int = 1, compute_dtype: str | None = None, time_model: TimeModel | None = None,
+                   phase: Phase | str | None = None) -> PhaseEstimate:
+    """Cost and time of one forward pass of `fm` at `(batch, q_len, kv_len)` on `hardware`.
+
+    `phase` names what the step is (prefill, decode, mixed, verify); when omitted it is `prefill`
+    for a pass over the whole prompt (`q_len == kv_len`) or several tokens, `decode` otherwise."""
     dtype = compute_dtype or hardware.compute_dtype(fm.precision.activations)
-    ops = tuple(op_time(c, hardware, dtype) for c in fm.forward_ops(batch, q_len, kv_len))
-    phase = "prefill" if q_len > 1 or kv_len == q_len else "decode"
-    return PhaseEstimate(phase=phase, batch=batch, q_len=q_len, kv_len=kv_len, hardware=hardware,
+    ops = tuple(op_time(c, hardware, dtype, time_model) for c in fm.forward_ops(batch, q_len, kv_len))
+    if phase is None:
+        phase = Phase.prefill if q_len > 1 or kv_len == q_len else Phase.decode
+    return PhaseEstimate(phase=as_phase(phase).value, batch=batch, q_len=q_len, kv_len=kv_len, hardware=hardware,
                          compute_dtype=dtype, ops=ops, layers=fm.model.num_layers,
                          pipeline_s=float(pipeline_transfer_s(fm, hardware, batch, q_len, pp)))
 
 
 def phase_time_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, kv_len, *,  # noqa: ANN001
-                 pp: int = 1, compute_dtype: str) -> np.ndarray:
-    """Vectorised phase time for array arguments (the sweep's fast path; same formulas)."""
-    total = pipeline_transfer_s(fm, hardware, batch, q_len, pp)
-    for c in fm.forward_ops(batch, q_len, kv_len):
-        total = total + op_time(c, hardware, compute_dtype).time_s
-    return total
+                 pp: int = 1, compute_dtype: str, time_model: TimeModel | None = None) -> np.ndarray:
+    """Vectorised phase time for array arguments (the same formulas as the roll-up)."""
+    from llmperf.analysis.rollup import phase_arrays
+    return phase_arrays(fm, hardware, batch, q_len, kv_len, pp=pp, compute_dtype=compute_dtype,
+                        time_model=time_model).time_s

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from llmperf.analysis.operators import ForwardModel
-from llmperf.analysis.roofline import op_time
+from llmperf.analysis.roofline import TimeModel
 from llmperf.specs import HardwareSpec
 
 _SEARCH_MAX = 1 << 26  # no answer up to 67M: report None
-_ATTENTION_OPS = ("attention", "attn_score", "attn_softmax", "attn_value", "kv_write")
 
 
 def first_true(pred: Callable[[int], bool], lo: int = 1, hi: int = _SEARCH_MAX) -> int | None:
@@ -54,40 +54,10 @@ class RegimeEstimate:
                     attention_bytes_crossover=self.attention_bytes_crossover)
 
 
-def _compute_bound(fm: ForwardModel, hw: HardwareSpec, dtype: str, batch: int, kv_len: int,
-                   only_matmul: bool) -> bool:
-    ops = fm.forward_ops(batch, 1, kv_len)
-    if only_matmul:
-        ops = [o for o in ops if o.kind == "matmul"]
-    times = [op_time(o, hw, dtype) for o in ops]
-    return sum(t.compute_s for t in times) >= sum(t.memory_s for t in times)
-
-
-def _split(fm: ForwardModel, batch: int, q_len: int, kv_len: int, field: str) -> tuple[float, float]:
-    """(attention, rest of the layer) totals of `field` over one layer's operators."""
-    attn = rest = 0.0
-    for op in fm.layer_ops(batch, q_len, kv_len):
-        value = float(getattr(op, field))
-        if op.name in _ATTENTION_OPS:
-            attn += value
-        else:
-            rest += value
-    return attn, rest
-
-
 def estimate_regimes(fm: ForwardModel, hw: HardwareSpec, *, batch: int, context: int,
-                     compute_dtype: str) -> RegimeEstimate:
-    def flops_cross(n: int) -> bool:
-        attn, rest = _split(fm, 1, n, n, "flops")
-        return attn >= rest
-
-    def bytes_cross(n: int) -> bool:
-        attn, rest = _split(fm, batch, 1, n, "bytes_total")
-        return attn >= rest
-
-    return RegimeEstimate(
-        compute_dtype=compute_dtype, ridge_point=hw.ridge_point(compute_dtype),
-        critical_batch_matmul=first_true(lambda b: _compute_bound(fm, hw, compute_dtype, b, context, True)),
-        critical_batch=first_true(lambda b: _compute_bound(fm, hw, compute_dtype, b, context, False)),
-        attention_flops_crossover=first_true(flops_cross),
-        attention_bytes_crossover=first_true(bytes_cross))
+                     compute_dtype: str, time_model: TimeModel | None = None) -> RegimeEstimate:
+    """The regime thresholds of one configuration (the roll-up's vectorised searches, one row)."""
+    from llmperf.analysis.rollup import regime_arrays
+    r = regime_arrays(fm, hw, compute_dtype, time_model, batch=batch, context=context, size=1)
+    as_int = {k: (None if np.isnan(v[0]) else int(v[0])) for k, v in r.items()}
+    return RegimeEstimate(compute_dtype=compute_dtype, ridge_point=hw.ridge_point(compute_dtype), **as_int)

@@ -8,12 +8,26 @@ An operator whose arithmetic intensity `flops / bytes` is below the device's rid
 Conventions: 1 FLOP is one multiply or one add (a multiply-accumulate is 2 FLOPs, `A(m,k) @ B(k,n)`
 is `2*m*k*n`); bytes are decimal. Every field may be a numpy array, so one code path serves a single
 estimate and a 10,000-point sweep.
+
+The time model hook. Every operator time in llmperf (a single estimate, a sweep, the closed-form
+decode sum, the regimes, the serving simulator's step prices) goes through `op_time`, which asks a
+`TimeModel` for the efficiencies of the operator at hand:
+
+    time = max(flops / (peak * e_compute), bytes / (bandwidth * e_memory), comm / (link * e_comm))
+           + overhead_s
+
+`ROOFLINE` (e = 1, overhead = 0) is the pure roofline; calibrated or typical models (measured
+fractions of the roofs plus a per-kernel launch overhead, `llmperf.analysis.timemodel`) implement
+the same protocol. A time model may look at the operator's kind and name and at its `rows` (tokens
+through it, `batch * q_len`), but never at the context length: then every decode step's operator
+time stays `max(a + b*ctx, c + d*ctx) + overhead` and the sum over a whole generation keeps its
+closed form (`sum_max_lines`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -41,6 +55,7 @@ class OpCost:
     kv_write_bytes: Number = 0.0  # KV cache written
     comm_bytes: Number = 0.0  # bytes each GPU sends over the interconnect (collectives)
     per_layer: bool = True
+    rows: Number = 0.0  # tokens through the operator (batch * q_len); what a time model may key on
 
     @property
     def bytes_read(self) -> Number:
@@ -66,7 +81,7 @@ class OpCost:
 
     def scaled(self, factor: Number) -> OpCost:
         """Every count multiplied by `factor` (e.g. the number of layers)."""
-        return OpCost(name=self.name, kind=self.kind, per_layer=self.per_layer, **{
+        return OpCost(name=self.name, kind=self.kind, per_layer=self.per_layer, rows=self.rows, **{
             f: getattr(self, f) * factor for f in _COUNT_FIELDS})
 
 
@@ -83,37 +98,117 @@ def peak_for(kind: str, hardware: HardwareSpec, compute_dtype: str) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Efficiency:
+    """Fractions of the roofs an operator reaches, and a fixed cost per launch (seconds).
+
+    Each field may be a numpy array (one value per configuration of a sweep)."""
+
+    e_compute: Number = 1.0
+    e_memory: Number = 1.0
+    overhead_s: Number = 0.0
+    e_comm: Number = 1.0
+
+
+@runtime_checkable
+class TimeModel(Protocol):
+    """What `op_time` asks to turn an `OpCost` into seconds.
+
+    `name` is reported with every result (`time_model` in summaries, JSON and CSV).
+    `efficiency(cost, hardware)` returns an `Efficiency` (or a tuple `(e_compute, e_memory,
+    overhead_s)`): it may depend on `cost.kind`, `cost.name` and `cost.rows` (= batch * q_len), and
+    on the device, but NOT on the context length (kv_len), so decode sums stay in closed form.
+    Efficiencies must be in (0, 1] (a measured ceiling above the datasheet is a calibration error)
+    and the overhead >= 0.
+    """
+
+    name: str
+
+    def efficiency(self, cost: OpCost, hardware: HardwareSpec) -> Efficiency | tuple[Number, Number, Number]:
+        ...
+
+
+@dataclass(frozen=True)
+class RooflineTimeModel:
+    """The pure roofline: every roof reached, no overhead."""
+
+    name: str = "roofline"
+
+    def efficiency(self, cost: OpCost, hardware: HardwareSpec) -> Efficiency:
+        return _UNIT
+
+
+_UNIT = Efficiency()
+ROOFLINE = RooflineTimeModel()
+
+
+def resolve_time_model(time_model: TimeModel | None) -> TimeModel:
+    """`None` -> the pure roofline; anything else must implement `TimeModel`."""
+    if time_model is None:
+        return ROOFLINE
+    if not isinstance(time_model, TimeModel):
+        raise TypeError(f"time_model: expected an object with .name and .efficiency(cost, hardware), "
+                        f"got {type(time_model).__name__}")
+    return time_model
+
+
+def _as_efficiency(value: Efficiency | tuple) -> Efficiency:  # noqa: ANN001
+    if isinstance(value, Efficiency):
+        return value
+    e_c, e_m, overhead = value
+    return Efficiency(e_compute=e_c, e_memory=e_m, overhead_s=overhead)
+
+
+@dataclass(frozen=True, kw_only=True)
 class OpTime:
-    """An `OpCost` on a device: the time of each roof and the bound that wins."""
+    """An `OpCost` on a device: the time of each roof (already divided by the time model's
+    efficiencies), the fixed overhead, and the bound that wins."""
 
     cost: OpCost
     compute_s: Number
     memory_s: Number
     comm_s: Number
+    overhead_s: Number = 0.0
 
     @property
     def time_s(self) -> Number:
-        return np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s)
+        return np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s) + self.overhead_s
 
     @property
     def bound(self) -> Any:
-        """'compute', 'memory' or 'comm' (an array of them for array inputs)."""
-        labels = np.array(["compute", "memory", "comm"])
-        idx = np.argmax(np.stack(np.broadcast_arrays(self.compute_s, self.memory_s, self.comm_s)), axis=0)
-        out = labels[idx]
-        return str(out) if np.ndim(out) == 0 else out
+        """'compute', 'memory' or 'comm' (an array of them for array inputs).
+
+        Ties go to memory: an operator is compute-bound only when its compute time strictly exceeds
+        its memory time (intensity strictly above the ridge point), comm-bound only when the
+        interconnect strictly exceeds both. The same rule everywhere (`bound_label`)."""
+        return bound_label(self.compute_s, self.memory_s, self.comm_s)
 
 
-def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16") -> OpTime:
-    """Time of `cost` on `hardware`: each roof separately (compute, memory, interconnect)."""
-    compute = cost.flops / peak_for(cost.kind, hardware, compute_dtype)
-    memory = cost.bytes_total / hardware.mem_bandwidth_bytes_per_s
+def bound_label(compute_s: Number, memory_s: Number, comm_s: Number = 0.0) -> Any:
+    """The one bound rule: 'comm' if the interconnect time strictly exceeds both others, else
+    'compute' if compute strictly exceeds memory, else 'memory' (ties go to memory)."""
+    c, m, k = np.broadcast_arrays(np.asarray(compute_s, dtype=float), np.asarray(memory_s, dtype=float),
+                                  np.asarray(comm_s, dtype=float))
+    out = np.where(k > np.maximum(c, m), "comm", np.where(c > m, "compute", "memory"))
+    return str(out) if out.ndim == 0 else out
+
+
+def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
+            time_model: TimeModel | None = None) -> OpTime:
+    """Time of `cost` on `hardware`: each roof separately (compute, memory, interconnect), divided by
+    the efficiencies `time_model` gives (default: the pure roofline), plus its overhead.
+    Every operator time in llmperf is computed here."""
+    eff = _as_efficiency(resolve_time_model(time_model).efficiency(cost, hardware))
+    compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * eff.e_compute)
+    memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
     if np.any(np.asarray(cost.comm_bytes) > 0) and hardware.interconnect_bytes_per_s <= 0:
         raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot time {cost.name}")
-    comm = (cost.comm_bytes / hardware.interconnect_bytes_per_s) if hardware.interconnect_bytes_per_s else 0.0
-    return OpTime(cost=cost, compute_s=compute, memory_s=memory, comm_s=comm)
+    comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
+            if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)
+    return OpTime(cost=cost, compute_s=compute, memory_s=memory, comm_s=comm, overhead_s=eff.overhead_s)
 
 
-def roofline_time_s(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16") -> Number:
-    """`max(flops / peak, bytes / bandwidth)` for one operator (the kernel benchmarks' prediction)."""
-    return op_time(cost, hardware, compute_dtype).time_s
+def roofline_time_s(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
+                    time_model: TimeModel | None = None) -> Number:
+    """`max(flops / peak, bytes / bandwidth)` for one operator (the kernel benchmarks' prediction);
+    with a `time_model`, its efficiencies and overhead applied."""
+    return op_time(cost, hardware, compute_dtype, time_model).time_s

@@ -1,6 +1,7 @@
-"""Vectorised sweeps: every combination of models x devices x batch x prompt x generation length,
-evaluated with numpy arrays through the same cost functions as a single estimate (one code path).
-10,000 configurations take a few tens of milliseconds.
+"""Sweeps: every combination of models x devices x precisions x tp x pp x batch x prompt x generation
+length, through the one roll-up (`llmperf.analysis.rollup.rollup`) with numpy arrays. A single
+estimate is a sweep of one: `estimate(...).summary()` equals the matching row here. 10,000
+configurations take a fraction of a second.
 """
 
 from __future__ import annotations
@@ -8,93 +9,135 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from llmperf.analysis.generation import check_lengths, decode_total_s, resolve_precision
-from llmperf.analysis.memory import (
-    activation_peak_bytes,
-    kv_bytes_per_token_per_gpu,
-    layers_per_stage,
-    max_batch_that_fits,
-    weight_bytes_per_gpu,
-)
-from llmperf.analysis.operators import ForwardModel
-from llmperf.analysis.phase import pipeline_transfer_s
-from llmperf.analysis.roofline import op_time
+from llmperf.analysis.generation import GenerationEstimate, check_lengths, estimate, resolve_precision
+from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, REGIME_COLUMNS, Conventions, rollup
+from llmperf.analysis.roofline import TimeModel, resolve_time_model
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
 
+#: version of the result schema (the columns of a sweep row / an estimate summary); see README
+SCHEMA_VERSION = 1
+
 
 def _as_list(value: object) -> list:
-    if isinstance(value, (str, int, ModelSpec, HardwareSpec)) or not isinstance(value, Iterable):
+    if isinstance(value, (str, int, ModelSpec, HardwareSpec, Precision)) or value is None \
+            or not isinstance(value, Iterable):
         return [value]
     return list(value)
 
 
-def _phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, pp: int, dtype: str):  # noqa: ANN001
-    """Time, FLOPs, bytes and memory-bound time of one phase, for array arguments."""
-    time = pipeline_transfer_s(fm, hw, batch, q_len, pp) + 0.0 * kv_len
-    flops = nbytes = mem_time = 0.0
-    for c in fm.forward_ops(batch, q_len, kv_len):
-        t = op_time(c, hw, dtype)
-        time = time + t.time_s
-        flops = flops + c.flops
-        nbytes = nbytes + c.bytes_total
-        mem_time = mem_time + np.where(t.memory_s >= np.maximum(t.compute_s, t.comm_s), t.time_s, 0.0)
-    return time, flops, nbytes, mem_time
+def _lengths(name: str, value: object) -> np.ndarray:
+    values = _as_list(value)
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in values):
+        raise SpecError(f"{name}: every value must be an integer >= 1, got {values!r}")
+    return np.asarray(values, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Configurations that share model, device, precision, parallelism, conventions and time model;
+    `batch`, `prompt_len`, `gen_len` are equal-length arrays (every combination of the lists)."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    precision: Precision
+    tp: int
+    pp: int
+    conventions: Conventions
+    time_model: TimeModel
+    batch: np.ndarray
+    prompt_len: np.ndarray
+    gen_len: np.ndarray
+
+
+def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
+         hardware: str | HardwareSpec | Sequence = "a100-80gb-sxm", *,
+         batch: int | Sequence[int] = (1,), prompt_len: int | Sequence[int] = (512,),
+         gen_len: int | Sequence[int] = (128,), precision: Precision | str | Sequence | None = None,
+         weights: str | Sequence[str] | None = None, activations: str | Sequence[str] | None = None,
+         kv: str | Sequence[str] | None = None, tp: int | Sequence[int] = 1, pp: int | Sequence[int] = 1,
+         attention: str = "fused", max_seq_len: int | None = None, block_size: int = 16,
+         mem_util: float = 0.9, attention_flops: str = "executed", all_logits: bool = False,
+         fused_qkv: bool = True, fused_gate_up: bool = True,
+         max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
+         zero_point: bool | None = None, embeddings: str | None = None,
+         time_model: TimeModel | None = None) -> list[Group]:
+    """The groups of a sweep, in row order (model, hardware, precision, tp, pp, then the lengths)."""
+    batches, prompts, gens = (_lengths(n, v) for n, v in
+                              (("batch", batch), ("prompt_len", prompt_len), ("gen_len", gen_len)))
+    tps, pps = _as_list(tp), _as_list(pp)
+    conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
+                       fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
+                       block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens)
+    tm = resolve_time_model(time_model)
+    B, P, G = (a.ravel() for a in np.meshgrid(batches, prompts, gens, indexing="ij"))
+    groups = []
+    for model_ref, hw_ref in itertools.product(_as_list(models), _as_list(hardware)):
+        m, hw = load_model(model_ref), load_hardware(hw_ref)
+        for w in check_lengths(m, 1, int(prompts.max()), int(gens.max())):
+            warnings.warn(w, stacklevel=3)
+        precs = _precisions(m, precision, weights, activations, kv, group_size, zero_point, embeddings)
+        for prec, t, p in itertools.product(precs, tps, pps):
+            groups.append(Group(model=m, hardware=hw, precision=prec, tp=t, pp=p, conventions=conv,
+                                time_model=tm, batch=B, prompt_len=P, gen_len=G))
+    return groups
 
 
 def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
-          hardware: str | HardwareSpec | Sequence = "a100-80gb-sxm", *,
-          batch: int | Sequence[int] = (1,), prompt_len: int | Sequence[int] = (512,),
-          gen_len: int | Sequence[int] = (128,), precision: Precision | str | None = None,
-          weights: str | None = None, activations: str | None = None, kv: str | None = None,
-          tp: int = 1, pp: int = 1, attention: str = "fused", block_size: int = 16,
-          mem_util: float = 0.9) -> pd.DataFrame:
-    """One row per (model, hardware, batch, prompt_len, gen_len): TTFT, TPOT, latency, throughput,
-    intensities and bounds, memory and whether it fits, the largest batch at that context."""
-    batches = np.asarray(_as_list(batch), dtype=np.int64)
-    prompts = np.asarray(_as_list(prompt_len), dtype=np.int64)
-    gens = np.asarray(_as_list(gen_len), dtype=np.int64)
+          hardware: str | HardwareSpec | Sequence = "a100-80gb-sxm", **options: object) -> pd.DataFrame:
+    """One row per (model, hardware, precision, tp, pp, batch, prompt_len, gen_len), in that nesting
+    order; the columns are the result schema (README, "Output schema"), the same as
+    `estimate(...).summary()`. Lists are accepted for models, hardware, the precisions (`precision`,
+    `weights`, `activations`, `kv`), `tp`, `pp` and the three lengths; every other option of
+    `estimate` (`attention`, `attention_flops`, `all_logits`, `fused_qkv`, `fused_gate_up`,
+    `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`, `group_size`, `zero_point`,
+    `embeddings`, `time_model`) applies to every row."""
     frames = []
-    for model_ref, hw_ref in itertools.product(_as_list(models), _as_list(hardware)):
-        m, hw = load_model(model_ref), load_hardware(hw_ref)
-        for name, values in (("batch", batches), ("prompt_len", prompts), ("gen_len", gens)):
-            if values.size == 0 or values.min() < 1:
-                raise SpecError(f"{name}: every value must be an integer >= 1, got {values.tolist()}")
-        for w in check_lengths(m, 1, int(prompts.max()), int(gens.max())):
-            warnings.warn(w, stacklevel=2)
-        prec = resolve_precision(m, precision, weights=weights, activations=activations, kv=kv)
-        layers_per_stage(m, pp)
-        fm = ForwardModel(model=m, precision=prec, attention=attention, tp=tp)
-        dtype = hw.compute_dtype(prec.activations)
-        B, P, G = (a.ravel() for a in np.meshgrid(batches, prompts, gens, indexing="ij"))
-        ttft, pf_flops, pf_bytes, pf_mem = _phase_arrays(fm, hw, B, P, P, pp, dtype)
-        d_time, d_flops, d_bytes, d_mem = _phase_arrays(fm, hw, B, 1, P + 1, pp, dtype)
-        decode = decode_total_s(fm, hw, B, P, G, pp=pp, compute_dtype=dtype)
-        steps = np.maximum(G - 1, 0)
-        e2e = ttft + decode
-        weights_b = weight_bytes_per_gpu(m, prec, tp, pp)
-        kv_tok = kv_bytes_per_token_per_gpu(m, prec, tp, pp)
-        act = activation_peak_bytes(m, prec, B, P, P, tp=tp, attention=attention)
-        act_one = activation_peak_bytes(m, prec, 1, P, P, tp=tp, attention=attention)
-        ctx = P + G
-        total = weights_b + B * ctx * kv_tok + act
-        usable = hw.memory_bytes * mem_util
-        paged_seq = np.ceil(ctx / block_size) * block_size * kv_tok
-        frames.append(pd.DataFrame(dict(
-            model=m.name, hardware=hw.name, precision=str(prec), tp=tp, pp=pp, attention=attention,
-            batch=B, prompt_len=P, gen_len=G,
-            ttft_s=ttft, tpot_s=np.where(steps > 0, decode / np.maximum(steps, 1), 0.0), e2e_s=e2e,
-            tokens_per_s=B * G / e2e,
-            prefill_intensity=pf_flops / pf_bytes,
-            prefill_bound=np.where(pf_mem >= 0.5 * ttft, "memory", "compute"),
-            decode_intensity=d_flops / d_bytes,
-            decode_bound=np.where(d_mem >= 0.5 * d_time, "memory", "compute"),
-            ridge_point=hw.ridge_point(dtype),
-            weights_gib=weights_b / 2**30, kv_cache_gib=B * ctx * kv_tok / 2**30,
-            activation_peak_gib=act / 2**30, total_gib=total / 2**30, fits=total <= usable,
-            max_batch=max_batch_that_fits(usable, weights_b, paged_seq + act_one))))
+    for g in plan(models, hardware, **options):
+        cols = rollup(g.model, g.hardware, g.precision, tp=g.tp, pp=g.pp, conv=g.conventions,
+                      batch=g.batch, prompt_len=g.prompt_len, gen_len=g.gen_len, time_model=g.time_model)
+        frame = pd.DataFrame({k: v for k, v in cols.items() if not k.startswith("_")}, index=range(g.batch.size))
+        for k in REGIME_COLUMNS:  # integers, or missing where there is no answer
+            frame[k] = pd.array(np.where(np.isnan(cols[k]), None, cols[k]), dtype="Int64")
+        frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def sweep_estimates(models: str | ModelSpec | Sequence = "llama-3.1-8b",
+                    hardware: str | HardwareSpec | Sequence = "a100-80gb-sxm",
+                    **options: object) -> list[GenerationEstimate]:
+    """A `GenerationEstimate` for every row of `sweep(...)` with the same arguments, in row order
+    (for per-operator detail; each summary equals its row)."""
+    out = []
+    for g in plan(models, hardware, **options):
+        c = g.conventions
+        for b, p, n in zip(g.batch.tolist(), g.prompt_len.tolist(), g.gen_len.tolist()):
+            out.append(estimate(g.model, g.hardware, batch=b, prompt_len=p, gen_len=n, precision=g.precision,
+                                tp=g.tp, pp=g.pp, attention=c.attention, attention_flops=c.attention_flops,
+                                all_logits=c.all_logits, fused_qkv=c.fused_qkv, fused_gate_up=c.fused_gate_up,
+                                max_seq_len=c.max_seq_len, block_size=c.block_size, mem_util=c.mem_util,
+                                max_batched_tokens=c.max_batched_tokens, time_model=g.time_model))
+    return out
+
+
+def _precisions(m: ModelSpec, precision, weights, activations, kv, group_size, zero_point, embeddings):  # noqa: ANN001, ANN202
+    """Every combination of the precision lists, resolved against the model (duplicates dropped).
+    A group size applies to the integer weights among them; it is refused when there are none."""
+    out: list[Precision] = []
+    combos = list(itertools.product(_as_list(precision), _as_list(weights), _as_list(activations), _as_list(kv)))
+    for pre, w, a, k in combos:
+        base = resolve_precision(m, pre, weights=w, activations=a, kv=k, embeddings=embeddings)
+        if base.quantized:
+            base = resolve_precision(m, pre, weights=w, activations=a, kv=k, group_size=group_size,
+                                     zero_point=zero_point, embeddings=embeddings)
+        if base not in out:
+            out.append(base)
+    if (group_size is not None or zero_point is not None) and not any(p.quantized for p in out):
+        raise SpecError(f"group_size: group scales apply to int4/int8 weights, got weights="
+                        f"{', '.join(sorted({p.weights for p in out}))}")
+    return out

@@ -7,8 +7,8 @@
 
 Modules: `model` (the decoder), `weights` (random / Hugging Face checkpoints), `attention` (backends),
 `cache` (contiguous and paged KV caches), `runner` (executes the shared scheduler's steps: forward +
-token choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`), `instrument` (per-step / per-operator
-timings), `timing` (one timed forward at a chosen (batch, q_len, kv_len)), `bench` (speed against
+token choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`),
+`instrument` (per-step / per-operator timings), `bench` (speed against
 `transformers`); `sampling`, `beam`, `block_pool`, `workload` (engine-pure).
 """
 
@@ -21,7 +21,6 @@ from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.scheduler import POLICIES, ServeResult, StepStats, run_groups
 from llmperf.engine.sequence import Completion, RequestMetrics, RequestOutput
-from llmperf.engine.timing import time_forward
 from llmperf.engine.weights import build_model, from_pretrained, hf_config, load_hf_state_dict, to_hf_state_dict
 from llmperf.engine.workload import Request, generate_workload
 
@@ -30,5 +29,5 @@ __all__ = [
     "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics", "RequestOutput",
     "SamplingParams", "ServeResult", "StepMeta", "StepRecord", "StepStats", "Trace", "Transformer",
     "build_model", "from_pretrained", "generate", "generate_workload", "hf_config", "load_hf_state_dict",
-    "make_cache", "run_groups", "time_forward", "to_hf_state_dict",
+    "make_cache", "run_groups", "to_hf_state_dict",
 ]

@@ -5,11 +5,16 @@ dense peaks: the "with sparsity" figures are 2x and are never used as peaks. Uni
 bytes/s are decimal (1 TFLOP/s = 1e12 FLOP/s, 1 GB/s = 1e9 B/s); memory capacity is in GiB, as
 `nvidia-smi` shows it. The ridge point `peak / bandwidth` (FLOP/B) separates memory-bound from
 compute-bound work: A100-80GB SXM at fp16 is 312e12 / 2039e9 = 153 FLOP/B.
+
+A custom device needs only what the roofline uses: `name`, `peak_tflops` (dense, at least one dtype),
+`memory_bandwidth_gbps` and `memory_gib`; every other field is optional. Every number must be finite
+and positive (NaN and infinity are refused, naming the field).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,11 +46,15 @@ class HardwareSpec:
     memory_bandwidth_gbps: float  # GB/s, decimal
     memory_gib: float
     interconnect_gbps: float = 0.0  # GPU-to-GPU bandwidth per direction (NVLink / xGMI / PCIe), GB/s
-    num_sms: int  # streaming multiprocessors (NVIDIA) or compute units (AMD)
-    sram_per_sm_kib: float  # shared memory + L1 per SM
-    l2_cache_mib: float
+    num_sms: int | None = None  # streaming multiprocessors (NVIDIA) or compute units (AMD); None = unknown
+    sram_per_sm_kib: float | None = None  # shared memory + L1 per SM; None = unknown
+    l2_cache_mib: float | None = None  # None = unknown
     device_names: tuple[str, ...] = ()  # substrings of torch.cuda.get_device_name() that identify it
     source: str = ""
+    # Written by `llmperf calibrate` (see llmperf.analysis.timemodel): the measured time-model terms,
+    # and how, when and with what each ceiling was measured. Datasheet specs leave both empty.
+    efficiency: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    calibration: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.peak_tflops:
@@ -53,20 +62,21 @@ class HardwareSpec:
         peaks = {}
         for dtype, value in dict(self.peak_tflops).items():
             key = normalize_dtype(dtype, f"{self.name}: peak_tflops") if dtype != "tf32" else "tf32"
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise SpecError(f"{self.name}: peak_tflops.{dtype} must be a positive number, got {value!r}")
+            _check_number(self.name, f"peak_tflops.{dtype}", value)
             peaks[key] = float(value)
         object.__setattr__(self, "peak_tflops", peaks)
         for f in ("memory_bandwidth_gbps", "memory_gib", "sram_per_sm_kib", "l2_cache_mib"):
-            value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise SpecError(f"{self.name}: {f} must be a positive number, got {value!r}")
-        ic = self.interconnect_gbps
-        if isinstance(ic, bool) or not isinstance(ic, (int, float)) or ic < 0:
-            raise SpecError(f"{self.name}: interconnect_gbps must be >= 0, got {self.interconnect_gbps!r}")
-        if isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int) or self.num_sms <= 0:
-            raise SpecError(f"{self.name}: num_sms must be a positive integer, got {self.num_sms!r}")
+            if f in ("memory_bandwidth_gbps", "memory_gib") or getattr(self, f) is not None:
+                _check_number(self.name, f, getattr(self, f))
+        # 0 means "no GPU-to-GPU link" (a single-GPU card): the only spec number allowed to be 0
+        _check_number(self.name, "interconnect_gbps", self.interconnect_gbps, zero_ok=True)
+        n = self.num_sms
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
+            raise SpecError(f"{self.name}: num_sms must be a positive integer, got {n!r}")
         object.__setattr__(self, "device_names", tuple(self.device_names))
+        for f in ("efficiency", "calibration"):
+            if getattr(self, f) is not None and not isinstance(getattr(self, f), Mapping):
+                raise SpecError(f"{self.name}: {f} must be a mapping, got {type(getattr(self, f)).__name__}")
 
     @property
     def mem_bandwidth_bytes_per_s(self) -> float:
@@ -81,8 +91,10 @@ class HardwareSpec:
         return self.interconnect_gbps * 1e9
 
     @property
-    def on_chip_bytes(self) -> float:
-        """Shared memory / L1 across all SMs, the space FlashAttention tiles live in."""
+    def on_chip_bytes(self) -> float | None:
+        """Shared memory / L1 across all SMs, the space FlashAttention tiles live in (None: unknown)."""
+        if self.num_sms is None or self.sram_per_sm_kib is None:
+            return None
         return self.num_sms * self.sram_per_sm_kib * 1024
 
     def compute_dtype(self, dtype: str) -> str:
@@ -104,3 +116,11 @@ class HardwareSpec:
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
         return asdict(self)
+
+
+def _check_number(device: str, name: str, value: Any, zero_ok: bool = False) -> None:
+    """A finite real number, > 0 (or >= 0 with `zero_ok`); NaN and infinity are refused."""
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    if bad or value < 0 or (value == 0 and not zero_ok):
+        kind = "a finite number >= 0" if zero_ok else "a finite positive number"
+        raise SpecError(f"{device}: {name} must be {kind}, got {value!r}")

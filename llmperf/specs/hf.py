@@ -1,131 +1,362 @@
 """Read a Hugging Face `config.json` into a `ModelSpec` (llama, mistral, mixtral, qwen2, gpt2, opt,
-gpt_neox). Field names follow each model type's `PretrainedConfig` in `transformers`."""
+gpt_neox). Field names and the defaults of absent fields follow each model type's `PretrainedConfig`
+in `transformers` (`configuration_<type>.py`): an absent (or null) `num_key_value_heads` means MHA
+(= `num_attention_heads`) for Llama, while Mistral and Mixtral default to 8 and Qwen2 to 32 KV heads
+(a null one is MHA for every type); an absent `tie_word_embeddings` means tied for GPT-2 and OPT (the
+`PretrainedConfig` default) and untied for the Llama family and GPT-NeoX (their configs override it).
+
+Each model type is one `HFModelType` description: its block family, the config keys of the spec's
+fields, the defaults of absent keys, and how it spells sliding-window attention. A field that changes
+the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS` lists every field read
+and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value llmperf does not model
+(logit soft-capping, ALiBi, rope scaling types other than linear and llama3, mixed sliding / full
+attention layers, quantization methods other than AWQ and GPTQ, ...). Everything else in a config
+(token ids, dropout, initializer range, `transformers_version`, ...) does not change what is counted.
+
+Quantized checkpoints (`quantization_config`, as AutoAWQ and AutoGPTQ write it): AWQ `bits`,
+`group_size`, `zero_point`; GPTQ `bits`, `group_size` (-1: per channel), `sym` (no zero point),
+`desc_act` (act order).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from llmperf.errors import SpecError
 from llmperf.specs.model import ModelSpec
+from llmperf.specs.precision import normalize_dtype
+from llmperf.specs.quantization import QuantizationSpec
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "opt", "gpt_neox")
-
-
-def _dtype(cfg: dict[str, Any]) -> str:
-    value = cfg.get("torch_dtype") or cfg.get("dtype") or "float16"
-    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(str(value), "fp16")
-
-
-def _req(cfg: dict[str, Any], key: str, origin: str) -> Any:
-    if cfg.get(key) is None:
-        raise SpecError(f"{origin}: missing field {key!r}")
-    return cfg[key]
+_ABSENT = object()
+# keys whose explicit null differs from their absence: a null window is full attention (the Mistral
+# default is 4096), null KV heads are multi-head attention (the Mistral default is 8)
+_NULL_IS_A_VALUE = frozenset({"sliding_window", "num_key_value_heads"})
 
 
-def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
-    """RoPE settings: transformers 4 spells them at the top level (`rope_theta`, `rope_scaling`,
-    `rotary_pct`), transformers 5 nests them in `rope_parameters` (with `partial_rotary_factor`)."""
-    nested = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {k: v for k, v in nested.items()
-                                          if k not in ("rope_theta", "partial_rotary_factor")}
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
-        scaling = None
-    theta = nested.get("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0)))
-    fraction = nested.get("partial_rotary_factor", cfg.get("rotary_pct", cfg.get("partial_rotary_factor", 1.0)))
-    return {"rope_theta": float(theta), "rope_scaling": scaling or None, "rotary_fraction": float(fraction)}
+class _Config:
+    """A config.json mapping that knows its origin, the HF defaults of its model type, and records
+    which keys were read (the test of `HF_CONFIG_FIELDS` uses that record)."""
+
+    def __init__(self, data: Mapping[str, Any], origin: str, defaults: Mapping[str, Any]) -> None:
+        self.data, self.origin, self.defaults = data, origin, defaults
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: Any = _ABSENT) -> Any:
+        """The value of `key`; absent or null: the model type's HF default (or `default`). For the
+        keys whose null means something (`_NULL_IS_A_VALUE`) only an absent key takes the default."""
+        self.read.add(key)
+        if key in _NULL_IS_A_VALUE and key in self.data:
+            return self.data[key]
+        value = self.data.get(key)
+        if value is None:
+            value = self.defaults.get(key) if default is _ABSENT else default
+        return value
+
+    def has(self, key: str) -> bool:
+        self.read.add(key)
+        return self.data.get(key) is not None
+
+    def req(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise SpecError(f"{self.origin}: missing field {key!r}")
+        return value
+
+    def refuse(self, key: str, value: Any, why: str) -> SpecError:
+        return SpecError(f"{self.origin}: {key}={value!r} is not modelled ({why})")
 
 
-def _llama_like(cfg: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
-    mt = cfg["model_type"]
-    heads = _req(cfg, "num_attention_heads", origin)
-    out: dict[str, Any] = dict(
-        name=name, family="llama",
-        vocab_size=_req(cfg, "vocab_size", origin),
-        hidden_size=_req(cfg, "hidden_size", origin),
-        num_layers=_req(cfg, "num_hidden_layers", origin),
-        num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim"),
-        ffn_size=_req(cfg, "intermediate_size", origin),
-        ffn_kind="swiglu", hidden_act=cfg.get("hidden_act", "silu"),
-        norm_kind="rmsnorm", norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        pos_encoding="rope", rope_theta=_rope(cfg)["rope_theta"], rope_scaling=_rope(cfg)["rope_scaling"],
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_positions=_req(cfg, "max_position_embeddings", origin),
-        dtype=_dtype(cfg),
-    )
-    if mt == "llama":
-        out["qkv_bias"] = out["out_bias"] = bool(cfg.get("attention_bias", False))
-        out["mlp_bias"] = bool(cfg.get("mlp_bias", False))
-    elif mt == "qwen2":
-        out["qkv_bias"] = True
-    elif mt == "mixtral":
-        out["num_experts"] = _req(cfg, "num_local_experts", origin)
-        out["experts_per_token"] = _req(cfg, "num_experts_per_tok", origin)
-    return out
+@dataclass(frozen=True, kw_only=True)
+class HFModelType:
+    """How one Hugging Face `model_type` maps onto a `ModelSpec`."""
+
+    model_type: str
+    family: str  # the llmperf block family (llmperf.specs.families)
+    architectures: tuple[str, ...]  # the causal-LM classes that save this model type
+    keys: Mapping[str, str]  # ModelSpec field -> config key, read as is
+    required: tuple[str, ...]  # config keys without a usable default (the model's shape)
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # config key -> its HF default
+    fixed: Mapping[str, Any] = field(default_factory=dict)  # ModelSpec fields fixed by the architecture
+    sliding_window: str = "none"  # "none" | "all" (every layer, if set) | "qwen2" (use_sliding_window, max_window_layers)
+    rope: bool = True  # reads rope_theta / rope_scaling (or transformers 5's rope_parameters)
+    extra: Callable[[_Config, dict[str, Any]], None] | None = None  # fields that do not map one to one
 
 
-def _gpt2(cfg: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
-    h = _req(cfg, "n_embd", origin)
-    return dict(
-        name=name, family="gpt2",
-        vocab_size=_req(cfg, "vocab_size", origin), hidden_size=h,
-        num_layers=_req(cfg, "n_layer", origin), num_heads=_req(cfg, "n_head", origin),
-        ffn_size=cfg.get("n_inner") or 4 * h, ffn_kind="gelu",
-        hidden_act=cfg.get("activation_function", "gelu_new"),
-        norm_kind="layernorm", norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
-        pos_encoding="learned", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        max_positions=_req(cfg, "n_positions", origin),
-        qkv_bias=True, out_bias=True, mlp_bias=True, dtype=_dtype(cfg),
-    )
+def _llama_biases(cfg: _Config, out: dict[str, Any]) -> None:
+    out["qkv_bias"] = out["out_bias"] = bool(cfg.get("attention_bias"))
+    out["mlp_bias"] = bool(cfg.get("mlp_bias"))
 
 
-def _opt(cfg: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
-    h = _req(cfg, "hidden_size", origin)
+def _gpt2_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    out["ffn_size"] = cfg.get("n_inner") or 4 * out["hidden_size"]
+    if cfg.get("add_cross_attention"):
+        raise cfg.refuse("add_cross_attention", True, "decoder-only models have no cross-attention")
+
+
+def _opt_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    h = out["hidden_size"]
     proj = cfg.get("word_embed_proj_dim", h)
     if proj != h:
-        raise SpecError(f"{origin}: word_embed_proj_dim={proj} differs from hidden_size={h} "
+        raise SpecError(f"{cfg.origin}: word_embed_proj_dim={proj} differs from hidden_size={h} "
                         "(OPT-350m's projected embeddings are not modelled)")
-    bias = bool(cfg.get("enable_bias", True))
-    return dict(
-        name=name, family="opt",
-        vocab_size=_req(cfg, "vocab_size", origin), hidden_size=h,
-        num_layers=_req(cfg, "num_hidden_layers", origin),
-        num_heads=_req(cfg, "num_attention_heads", origin),
-        ffn_size=_req(cfg, "ffn_dim", origin), ffn_kind="relu",
-        hidden_act=cfg.get("activation_function", "relu"),
-        norm_kind="layernorm", norm_eps=1e-5, pos_encoding="learned", position_offset=2,
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-        max_positions=_req(cfg, "max_position_embeddings", origin),
-        qkv_bias=bias, out_bias=bias, mlp_bias=bias, dtype=_dtype(cfg),
-    )
+    out["qkv_bias"] = out["out_bias"] = out["mlp_bias"] = bool(cfg.get("enable_bias"))
+    if not cfg.get("do_layer_norm_before"):
+        raise cfg.refuse("do_layer_norm_before", False, "post-norm blocks (OPT-350m)")
+    if cfg.get("_remove_final_layer_norm"):
+        raise cfg.refuse("_remove_final_layer_norm", True, "a model without its final norm")
+    if not cfg.get("layer_norm_elementwise_affine"):
+        raise cfg.refuse("layer_norm_elementwise_affine", False, "norms without weights and biases")
 
 
-def _gpt_neox(cfg: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
-    h = _req(cfg, "hidden_size", origin)
-    heads = _req(cfg, "num_attention_heads", origin)
-    head_dim = h // heads
-    bias = bool(cfg.get("attention_bias", True))
-    return dict(
-        name=name, family="gpt_neox",
-        vocab_size=_req(cfg, "vocab_size", origin), hidden_size=h,
-        num_layers=_req(cfg, "num_hidden_layers", origin), num_heads=heads,
-        ffn_size=_req(cfg, "intermediate_size", origin), ffn_kind="gelu",
-        hidden_act=cfg.get("hidden_act", "gelu"),
-        norm_kind="layernorm", norm_eps=cfg.get("layer_norm_eps", 1e-5),
-        pos_encoding="rope", rope_theta=_rope(cfg)["rope_theta"],
-        rotary_dim=int(head_dim * _rope(cfg)["rotary_fraction"]),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_positions=_req(cfg, "max_position_embeddings", origin),
-        qkv_bias=bias, out_bias=bias, mlp_bias=True,
-        parallel_residual=bool(cfg.get("use_parallel_residual", True)), dtype=_dtype(cfg),
-    )
+def _neox_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    out["qkv_bias"] = out["out_bias"] = bool(cfg.get("attention_bias"))
+    heads = out["num_heads"]
+    if out["hidden_size"] % heads:
+        return  # ModelSpec names the error
+    fraction = _rope_parameters(cfg).get("partial_rotary_factor", cfg.get("rotary_pct"))
+    out["rotary_dim"] = int(out["hidden_size"] // heads * float(fraction))
 
 
-_READERS = {"llama": _llama_like, "mistral": _llama_like, "mixtral": _llama_like,
-            "qwen2": _llama_like, "gpt2": _gpt2, "opt": _opt, "gpt_neox": _gpt_neox}
+_LLAMA_KEYS = dict(vocab_size="vocab_size", hidden_size="hidden_size", num_layers="num_hidden_layers",
+                   num_heads="num_attention_heads", num_kv_heads="num_key_value_heads", head_dim="head_dim",
+                   ffn_size="intermediate_size", hidden_act="hidden_act", norm_eps="rms_norm_eps",
+                   tied_embeddings="tie_word_embeddings", max_positions="max_position_embeddings")
+_LLAMA_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                   "intermediate_size", "max_position_embeddings")
+# The transformers defaults each config class gives an absent key (tests/specs/test_hf_crosscheck.py
+# checks them against the installed transformers).
+_LLAMA_DEFAULTS = dict(hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+_TYPES = (
+    HFModelType(model_type="llama", family="llama", architectures=("LlamaForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED, defaults={**_LLAMA_DEFAULTS, "attention_bias": False, "mlp_bias": False},
+                extra=_llama_biases),
+    HFModelType(model_type="mistral", family="llama", architectures=("MistralForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 8, "sliding_window": 4096},
+                sliding_window="all"),
+    HFModelType(model_type="mixtral", family="llama", architectures=("MixtralForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "num_local_experts",
+                      "experts_per_token": "num_experts_per_tok"},
+                required=(*_LLAMA_REQUIRED, "num_local_experts", "num_experts_per_tok"),
+                defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 8, "rms_norm_eps": 1e-5},
+                sliding_window="all"),
+    HFModelType(model_type="qwen2", family="llama", architectures=("Qwen2ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 32, "use_sliding_window": False,
+                          "max_window_layers": 28},
+                fixed={"qkv_bias": True}, sliding_window="qwen2"),
+    HFModelType(model_type="gpt2", family="gpt2", architectures=("GPT2LMHeadModel",),
+                keys=dict(vocab_size="vocab_size", hidden_size="n_embd", num_layers="n_layer", num_heads="n_head",
+                          hidden_act="activation_function", norm_eps="layer_norm_epsilon",
+                          tied_embeddings="tie_word_embeddings", max_positions="n_positions",
+                          attn_scale="scale_attn_weights",
+                          attn_scale_inverse_layer_idx="scale_attn_by_inverse_layer_idx"),
+                required=("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"),
+                defaults=dict(activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=True,
+                              scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False),
+                rope=False, extra=_gpt2_extra),
+    HFModelType(model_type="opt", family="opt", architectures=("OPTForCausalLM",),
+                keys=dict(vocab_size="vocab_size", hidden_size="hidden_size", num_layers="num_hidden_layers",
+                          num_heads="num_attention_heads", ffn_size="ffn_dim", hidden_act="activation_function",
+                          tied_embeddings="tie_word_embeddings", max_positions="max_position_embeddings"),
+                required=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "ffn_dim",
+                          "max_position_embeddings"),
+                defaults=dict(activation_function="relu", tie_word_embeddings=True, enable_bias=True,
+                              do_layer_norm_before=True, _remove_final_layer_norm=False,
+                              layer_norm_elementwise_affine=True),
+                rope=False, extra=_opt_extra),
+    HFModelType(model_type="gpt_neox", family="gpt_neox", architectures=("GPTNeoXForCausalLM",),
+                keys=dict(vocab_size="vocab_size", hidden_size="hidden_size", num_layers="num_hidden_layers",
+                          num_heads="num_attention_heads", ffn_size="intermediate_size", hidden_act="hidden_act",
+                          norm_eps="layer_norm_eps", tied_embeddings="tie_word_embeddings",
+                          max_positions="max_position_embeddings", parallel_residual="use_parallel_residual"),
+                required=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "max_position_embeddings"),
+                defaults=dict(hidden_act="gelu", layer_norm_eps=1e-5, tie_word_embeddings=False,
+                              use_parallel_residual=True, attention_bias=True, rotary_pct=0.25,
+                              rotary_emb_base=10000),
+                extra=_neox_extra),
+)
+
+#: every supported model type's description, by `model_type`
+HF_MODEL_TYPES: Mapping[str, HFModelType] = MappingProxyType({t.model_type: t for t in _TYPES})
+SUPPORTED_MODEL_TYPES = tuple(HF_MODEL_TYPES)
+
+#: rope_scaling types llmperf (and its engine) model; others change the positions and are refused
+ROPE_TYPES = ("default", "linear", "llama3")
+
+#: fields refused when present with a value other than the neutral one(s) listed
+_NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType({
+    "attn_logit_softcapping": (None,),  # Gemma 2: tanh-capped attention logits
+    "final_logit_softcapping": (None,),
+    "alibi": (None, False),  # ALiBi position biases (Falcon, BLOOM, MPT)
+    "use_alibi": (None, False),
+    "position_embedding_type": (None, "absolute", "rope", "rotary"),
+    "use_qk_norm": (None, False),  # norms on q and k
+    "qk_layernorm": (None, False),
+    "embedding_multiplier": (None, 1, 1.0),  # Granite's scaled embeddings, residuals, logits, attention
+    "residual_multiplier": (None, 1, 1.0),
+    "logits_scaling": (None, 1, 1.0),
+    "attention_multiplier": (None,),
+})
+
+#: every config field llmperf reads and honours
+HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
+    {k for t in _TYPES for k in (*t.keys.values(), *t.required, *t.defaults)}
+    | {"model_type", "architectures", "torch_dtype", "dtype", "attention_bias", "mlp_bias", "n_inner",
+       "enable_bias", "word_embed_proj_dim", "rotary_pct", "partial_rotary_factor", "rotary_emb_base",
+       "rope_theta", "rope_scaling", "rope_parameters", "sliding_window", "use_sliding_window",
+       "max_window_layers", "layer_types", "quantization_config"}))
+
+#: every config field refused when it holds a value llmperf does not model (named in the error)
+HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
+    {*_NEUTRAL, "add_cross_attention", "do_layer_norm_before", "_remove_final_layer_norm",
+     "layer_norm_elementwise_affine", "rope_scaling", "rope_parameters", "sliding_window", "layer_types",
+     "max_window_layers", "quantization_config", "architectures", "torch_dtype"}))
+
+
+def _dtype(cfg: _Config) -> str:
+    value = cfg.get("torch_dtype") or cfg.get("dtype") or "float16"
+    key = "torch_dtype" if cfg.has("torch_dtype") else "dtype"
+    if str(value) not in ("float32", "float16", "bfloat16"):
+        raise cfg.refuse(key, value, "a checkpoint's tensors are float32, float16 or bfloat16")
+    return normalize_dtype(str(value))
+
+
+def _rope_parameters(cfg: _Config) -> dict[str, Any]:
+    nested = cfg.get("rope_parameters", None)
+    return dict(nested) if isinstance(nested, Mapping) else {}
+
+
+def _rope(cfg: _Config, spec_type: HFModelType) -> dict[str, Any]:
+    """RoPE settings: transformers 4 spells them at the top level (`rope_theta`, `rope_scaling`),
+    transformers 5 nests them in `rope_parameters`. Unknown scaling types are refused."""
+    nested = _rope_parameters(cfg)
+    scaling = cfg.get("rope_scaling", None)
+    key = "rope_scaling"
+    if not scaling and nested:
+        scaling = {k: v for k, v in nested.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        key = "rope_parameters"
+    if scaling is not None and not isinstance(scaling, Mapping):
+        raise SpecError(f"{cfg.origin}: {key} must be a mapping, got {scaling!r}")
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise cfg.refuse(f"{key}.rope_type", kind, f"supported: {', '.join(ROPE_TYPES)}")
+    default_theta = cfg.get("rotary_emb_base", 10000.0) if spec_type.model_type == "gpt_neox" else 10000.0
+    theta = nested.get("rope_theta", cfg.get("rope_theta", default_theta))
+    return {"rope_theta": float(theta), "rope_scaling": None if kind == "default" else dict(scaling)}
+
+
+def _sliding_window(cfg: _Config, spec_type: HFModelType, num_layers: int) -> int | None:
+    """The window every layer attends over, None for full attention; mixed layers are refused."""
+    window = cfg.get("sliding_window")
+    if spec_type.sliding_window == "none":
+        if window is not None:
+            raise cfg.refuse("sliding_window", window, f"{spec_type.model_type} has no sliding-window attention")
+        return None
+    if cfg.has("layer_types"):  # transformers 5 states each layer's attention explicitly
+        kinds = list(cfg.get("layer_types"))
+        if set(kinds) <= {"full_attention"}:
+            return None
+        if set(kinds) == {"sliding_attention"} and len(kinds) == num_layers and window is not None:
+            return window
+        raise cfg.refuse("layer_types", kinds if len(kinds) <= 4 else f"{kinds[:4]}...",
+                         "layers that mix sliding-window and full attention")
+    if spec_type.sliding_window == "qwen2":
+        if not cfg.get("use_sliding_window") or window is None:
+            return None
+        first_sliding = cfg.get("max_window_layers")  # layers >= max_window_layers slide
+        if first_sliding >= num_layers:
+            return None
+        if first_sliding > 0:
+            raise cfg.refuse("max_window_layers", first_sliding,
+                             f"the first {first_sliding} of {num_layers} layers full, the rest sliding-window")
+    return window
+
+
+def _quantization(cfg: _Config) -> QuantizationSpec | None:
+    q = cfg.get("quantization_config", None)
+    if q is None:
+        return None
+    if not isinstance(q, Mapping):
+        raise SpecError(f"{cfg.origin}: quantization_config must be a mapping, got {q!r}")
+    method = str(q.get("quant_method", "")).lower()
+    where = "quantization_config"
+    if method == "awq":
+        if q.get("modules_to_not_convert"):
+            raise cfg.refuse(f"{where}.modules_to_not_convert", q["modules_to_not_convert"],
+                             "only some linear layers quantized")
+        fields = dict(bits=q.get("bits", q.get("w_bit")), group_size=q.get("group_size", q.get("q_group_size", 128)),
+                      zero_point=q.get("zero_point", True), act_order=False)
+    elif method == "gptq":
+        if q.get("modules_in_block_to_quantize"):
+            raise cfg.refuse(f"{where}.modules_in_block_to_quantize", q["modules_in_block_to_quantize"],
+                             "only some linear layers quantized")
+        fields = dict(bits=q.get("bits"), group_size=q.get("group_size", 128), zero_point=not q.get("sym", True),
+                      act_order=q.get("desc_act", False))
+    else:
+        raise cfg.refuse(f"{where}.quant_method", q.get("quant_method"), "supported: awq, gptq")
+    if fields["group_size"] == -1:  # per output channel
+        fields["group_size"] = None
+    if fields["bits"] is None:
+        raise SpecError(f"{cfg.origin}: missing field '{where}.bits'")
+    try:
+        return QuantizationSpec(method=method, **fields)
+    except SpecError as exc:
+        raise SpecError(f"{cfg.origin}: {str(exc).replace('quantization.', where + '.')}") from None
+
+
+def _refuse_unmodelled(cfg: _Config, spec_type: HFModelType) -> None:
+    for key, neutral in _NEUTRAL.items():
+        value = cfg.data.get(key)
+        if value not in neutral:
+            raise cfg.refuse(key, value, "it changes the math and llmperf does not model it")
+    archs = cfg.get("architectures", None) or []
+    for arch in archs if isinstance(archs, list) else [archs]:
+        if not str(arch).endswith(("ForCausalLM", "LMHeadModel")):
+            raise cfg.refuse("architectures", arch, f"not a causal LM head; expected {spec_type.architectures[0]}")
+
+
+def read_hf_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dict[str, Any], set[str]]:
+    """The `ModelSpec` fields of a parsed config.json, and the set of config keys read."""
+    mt = data.get("model_type")
+    if mt not in HF_MODEL_TYPES:
+        raise SpecError(f"{origin}: model_type {mt!r} is not supported "
+                        f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    spec_type = HF_MODEL_TYPES[mt]
+    cfg = _Config(data, origin, spec_type.defaults)
+    cfg.read.add("model_type")
+    for key in spec_type.required:
+        cfg.req(key)
+    _refuse_unmodelled(cfg, spec_type)
+    out: dict[str, Any] = {"name": name, "family": spec_type.family}
+    for spec_field, key in spec_type.keys.items():
+        value = cfg.get(key)
+        if value is not None:
+            out[spec_field] = value
+    if "num_kv_heads" in out and "num_key_value_heads" not in data:
+        # absent: the config class's default (Mistral, Mixtral: 8; Qwen2: 32), as transformers builds it
+        kv, heads = out["num_kv_heads"], out["num_heads"]
+        if isinstance(heads, int) and (kv > heads or heads % kv):
+            raise SpecError(f"{origin}: num_key_value_heads is absent and {mt}'s default {kv} does not divide "
+                            f"num_attention_heads={heads}")
+    if out.get("num_kv_heads") is None and spec_type.keys.get("num_kv_heads"):
+        out["num_kv_heads"] = out["num_heads"]  # null (or Llama's absent): multi-head attention, as transformers
+    out.update(spec_type.fixed)
+    if spec_type.rope:
+        out.update({k: v for k, v in _rope(cfg, spec_type).items() if k != "rope_scaling" or v})
+    if spec_type.extra is not None:
+        spec_type.extra(cfg, out)
+    out["sliding_window"] = _sliding_window(cfg, spec_type, out["num_layers"])
+    out["quantization"] = _quantization(cfg)
+    out["dtype"] = _dtype(cfg)
+    return out, cfg.read
 
 
 def model_spec_from_hf_config(path: str | os.PathLike[str] | dict[str, Any],
@@ -134,18 +365,14 @@ def model_spec_from_hf_config(path: str | os.PathLike[str] | dict[str, Any],
     from llmperf.specs.loader import read_mapping
 
     if isinstance(path, dict):
-        cfg, origin = path, name or "config"
+        data, origin = path, name or "config"
     else:
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
-        cfg, origin = read_mapping(p), str(p)
+        data, origin = read_mapping(p), str(p)
         name = name or (p.parent.name if p.name == "config.json" else p.stem)
-    mt = cfg.get("model_type")
-    if mt not in _READERS:
-        raise SpecError(f"{origin}: model_type {mt!r} is not supported "
-                        f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    fields = _READERS[mt](cfg, name or str(mt), origin)
+    fields, _ = read_hf_config(data, name or str(data.get("model_type")), origin)
     fields["source"] = f"Hugging Face config ({origin})"
     try:
         return ModelSpec(**fields)

@@ -1,7 +1,8 @@
 """Load `ModelSpec` / `HardwareSpec` by built-in name or from a YAML/JSON file.
 
 Built-ins live in the `models_spec` package (`models/*.yaml`, `hardware/*.yaml`); the file name is the
-name. Names are matched exactly (case-insensitive); a miss lists the close names. A path (anything
+name. Names are matched exactly (case-insensitive); a miss lists the close names (by prefix, then
+by token, then by spelling: `llmperf.specs.names`). A path (anything
 ending in .yaml/.yml/.json, or an existing file) is read instead; a Hugging Face `config.json` (or a
 directory holding one) is recognised by its `model_type`.
 """
@@ -19,9 +20,10 @@ from typing import Any
 
 import yaml
 
-from llmperf.errors import SpecError, unknown_name
+from llmperf.errors import SpecError
 from llmperf.specs.hardware import HardwareSpec
 from llmperf.specs.model import ModelSpec
+from llmperf.specs.names import unknown_name
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_HARDWARE = "a100-80gb-sxm"
@@ -154,8 +156,14 @@ def load_hardware(ref: str | os.PathLike[str] | HardwareSpec) -> HardwareSpec:
     key = ref.lower()
     if key in _builtin_files("hardware"):
         return _load_builtin_hardware(key)
+    from llmperf.specs.local import LOCAL_NAME, load_calibrated, load_local  # the calibrated device
+    if key == LOCAL_NAME:
+        return load_local()
     if _looks_like_path(ref):
-        return hardware_from_mapping(read_mapping(ref), origin=Path(ref).stem)
+        data = read_mapping(ref)
+        if "calibration" in data or "efficiency" in data:
+            return load_calibrated(ref)
+        return hardware_from_mapping(data, origin=Path(ref).stem)
     raise unknown_name("hardware", ref, list_hardware())
 
 

@@ -2,22 +2,30 @@
 
 Parameter counts follow the Hugging Face implementations exactly (biases, norms, learned positions,
 tied embeddings), so Llama-2-7B is 6,738,415,616. KV cache bytes per token are
-`2 * layers * kv_heads * head_dim * bytes(kv_dtype)` (K and V, every layer).
+`2 * layers * kv_heads * head_dim * bytes(kv_dtype)` (K and V, every layer), defined once in
+`llmperf.specs.kvcache.KVCacheSpec`. Structural fields a spec leaves out come from its family's
+description (`llmperf.specs.families`).
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmperf.errors import SpecError
+from llmperf.specs.families import FAMILIES as _FAMILY_DESCRIPTIONS
+from llmperf.specs.families import FAMILY_FIELDS, get_family
+from llmperf.specs.kvcache import KVCacheSpec
 from llmperf.specs.precision import dtype_bytes, normalize_dtype
+from llmperf.specs.quantization import QuantizationSpec
 
 FFN_KINDS = ("gelu", "relu", "swiglu")  # gelu/relu: two matrices (up, down); swiglu: gate, up, down
 NORM_KINDS = ("rmsnorm", "layernorm")
 POS_ENCODINGS = ("rope", "learned")
-FAMILIES = ("llama", "gpt2", "opt", "gpt_neox")
+FAMILIES = tuple(_FAMILY_DESCRIPTIONS)  # the names; the descriptions are in llmperf.specs.families
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,7 +34,15 @@ class ModelSpec:
 
     `family` picks the block structure the engine builds: `llama` (RMSNorm, RoPE, SwiGLU; also
     Mistral, Mixtral, Qwen2), `gpt2` (LayerNorm, learned positions, GELU MLP, tied embeddings),
-    `opt` and `gpt_neox` (cost model only).
+    `opt` and `gpt_neox` (cost model only). The structural fields (norm_kind, ffn_kind, hidden_act,
+    pos_encoding, biases, tied_embeddings, parallel_residual, position_offset) default to the
+    family's description; after construction they always hold a value.
+
+    `sliding_window` (None: full attention) caps the tokens every layer attends to and the KV cache
+    holds. `quantization` describes a weight-only quantized checkpoint (AWQ, GPTQ). `attn_scale` and
+    `attn_scale_inverse_layer_idx` are GPT-2's `scale_attn_weights` and
+    `scale_attn_by_inverse_layer_idx`: the softmax logits are divided by sqrt(head_dim) (if
+    attn_scale) and by layer_idx + 1 (if attn_scale_inverse_layer_idx); they change values, not costs.
     """
 
     name: str
@@ -38,31 +54,41 @@ class ModelSpec:
     num_kv_heads: int | None = None
     head_dim: int | None = None
     ffn_size: int
-    ffn_kind: str = "swiglu"
-    hidden_act: str = "silu"  # the activation function by its HF name (silu, gelu_new, gelu, relu)
+    ffn_kind: str = None  # type: ignore[assignment]  # family default (None only before __post_init__)
+    hidden_act: str = None  # type: ignore[assignment]  # by its HF name (silu, gelu_new, gelu, relu)
     num_experts: int = 1  # 1 = dense FFN
     experts_per_token: int = 1
     shared_experts: int = 0  # always-active experts of size ffn_size, on top of the routed ones
-    norm_kind: str = "rmsnorm"
+    norm_kind: str = None  # type: ignore[assignment]  # family default
     norm_eps: float = 1e-5
-    pos_encoding: str = "rope"
+    pos_encoding: str = None  # type: ignore[assignment]  # family default
     rope_theta: float = 10000.0
     rotary_dim: int | None = None  # partial rotary (GPT-NeoX); defaults to head_dim
     rope_scaling: dict[str, Any] | None = field(default=None, compare=False, hash=False)
-    position_offset: int = 0  # OPT stores 2 extra learned position rows
-    tied_embeddings: bool = False
+    position_offset: int = None  # type: ignore[assignment]  # OPT stores 2 extra learned position rows
+    tied_embeddings: bool = None  # type: ignore[assignment]  # family default
     max_positions: int
-    qkv_bias: bool = False
-    out_bias: bool = False
-    mlp_bias: bool = False
-    parallel_residual: bool = False  # GPT-NeoX: attention and MLP read the same input
+    qkv_bias: bool = None  # type: ignore[assignment]  # family default
+    out_bias: bool = None  # type: ignore[assignment]  # family default
+    mlp_bias: bool = None  # type: ignore[assignment]  # family default
+    parallel_residual: bool = None  # type: ignore[assignment]  # GPT-NeoX: attention and MLP read the same input
     sliding_window: int | None = None  # tokens each query attends to (and the cache holds); None = all
     attn_scale: bool = True  # divide attention logits by sqrt(head_dim) (GPT-2 scale_attn_weights)
     attn_scale_inverse_layer_idx: bool = False  # also by layer_idx + 1 (GPT-2 scale_attn_by_inverse_layer_idx)
-    dtype: str = "fp16"  # the checkpoint's native dtype
+    quantization: QuantizationSpec | None = None  # weight-only quantized checkpoint (AWQ, GPTQ)
+    dtype: str = "fp16"  # the checkpoint's native dtype (of the unquantized tensors when quantized)
     source: str = ""
 
     def __post_init__(self) -> None:
+        family = get_family(self.family, str(self.name))
+        for f, default in family.defaults().items():
+            if getattr(self, f) is None:
+                object.__setattr__(self, f, default)
+        if isinstance(self.quantization, Mapping):
+            object.__setattr__(self, "quantization", _quantization(self.name, self.quantization))
+        elif self.quantization is not None and not isinstance(self.quantization, QuantizationSpec):
+            raise SpecError(f"{self.name}: quantization must be a mapping of method, bits, group_size, "
+                            f"zero_point, got {self.quantization!r}")
         for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions",
                   "num_experts", "experts_per_token"):
             _positive_int(self, f)
@@ -87,12 +113,12 @@ class ModelSpec:
                   "attn_scale_inverse_layer_idx"):
             if not isinstance(getattr(self, f), bool):
                 raise SpecError(f"{self.name}: {f} must be true or false, got {getattr(self, f)!r}")
+        for f in ("norm_eps", "rope_theta"):
+            _positive_number(self.name, f, getattr(self, f))
         if self.sliding_window is not None:
             _positive_int(self, "sliding_window")
-        for f in ("norm_eps", "rope_theta"):
-            value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise SpecError(f"{self.name}: {f} must be a positive number, got {value!r}")
+        if not isinstance(self.hidden_act, str) or not self.hidden_act:
+            raise SpecError(f"{self.name}: hidden_act must be an activation name, got {self.hidden_act!r}")
         for f in ("shared_experts", "position_offset"):
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -101,11 +127,15 @@ class ModelSpec:
             raise SpecError(f"{self.name}: experts_per_token={self.experts_per_token} exceeds "
                             f"num_experts={self.num_experts}")
         for f, allowed in (("ffn_kind", FFN_KINDS), ("norm_kind", NORM_KINDS),
-                           ("pos_encoding", POS_ENCODINGS), ("family", FAMILIES)):
+                           ("pos_encoding", POS_ENCODINGS)):
             if getattr(self, f) not in allowed:
                 raise SpecError(f"{self.name}: {f} must be one of {', '.join(allowed)}, "
                                 f"got {getattr(self, f)!r}")
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype, f"{self.name}: dtype"))
+        if self.sliding_window is not None:
+            _positive_int(self, "sliding_window")
+        if self.quantization is not None and not isinstance(self.quantization, QuantizationSpec):
+            raise SpecError(f"{self.name}: quantization must be a QuantizationSpec, got {self.quantization!r}")
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -191,15 +221,24 @@ class ModelSpec:
         return self.param_count - self.num_layers * unused
 
     # ---- bytes -----------------------------------------------------------------------------------
-    def kv_bytes_per_token(self, kv_dtype: str = "fp16") -> float:
+    def kv_cache(self, kv: str | float | Any = "fp16") -> KVCacheSpec:
+        """The KV-cache spec of this model with elements of `kv` (a dtype name, a byte size, or a
+        `Precision`): bytes per token, per block, per context (capped at `sliding_window`)."""
+        return KVCacheSpec.from_model(self, kv)
+
+    def kv_bytes_per_token(self, kv_dtype: str | float = "fp16") -> float:
         """KV cache bytes one token occupies: 2 (K and V) * layers * kv_heads * head_dim * bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes(kv_dtype)
+        return self.kv_cache(kv_dtype).bytes_per_token
 
     def weight_bytes(self, weight_dtype: str = "fp16") -> float:
         return self.param_count * dtype_bytes(weight_dtype)
 
     def scaled(self, **changes: Any) -> ModelSpec:
-        """A copy with some fields changed (e.g. a 2-layer version for tests); re-validated."""
+        """A copy with some fields changed (e.g. a 2-layer version for tests); re-validated.
+        Changing `family` re-derives the structural fields not given from the new family."""
+        if "family" in changes and changes["family"] != self.family:
+            for f in FAMILY_FIELDS:
+                changes.setdefault(f, None)
         if "hidden_size" in changes or "num_heads" in changes:
             changes.setdefault("head_dim", None)
         if changes.get("head_dim", self.head_dim) != self.head_dim or "head_dim" in changes:
@@ -216,6 +255,25 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
         return asdict(self)
+
+
+def _quantization(model: str, data: Mapping[str, Any]) -> QuantizationSpec:
+    allowed = ("method", "bits", "group_size", "zero_point", "act_order")
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise SpecError(f"{model}: unknown field 'quantization.{unknown[0]}' (fields: {', '.join(allowed)})")
+    if "method" not in data or "bits" not in data:
+        raise SpecError(f"{model}: missing field 'quantization.{'method' if 'method' not in data else 'bits'}'")
+    try:
+        return QuantizationSpec(**data)
+    except SpecError as exc:
+        raise SpecError(f"{model}: {exc}") from None
+
+
+def _positive_number(model: str, name: str, value: Any) -> None:
+    """A real number > 0 that is finite (NaN and infinity are refused: they poison every result)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecError(f"{model}: {name} must be a finite positive number, got {value!r}")
 
 
 def _positive_int(spec: ModelSpec, name: str) -> None:

@@ -28,18 +28,21 @@ def test_estimate_default_runs():
 
 
 def test_estimate_per_op_names_every_operator():
-    r = run("estimate", "--per-op", "--batch", "4")
+    r = run("estimate", "--per-op", "--batch", "4", "--split-qkv", "--split-gate-up")
     assert r.exit_code == 0, r.output
     for name in ("embed", "q_proj", "k_proj", "v_proj", "rope", "attention", "o_proj", "gate_proj",
                  "down_proj", "lm_head"):
         assert name in r.output
+    r = run("estimate", "--per-op")  # fused projections by default, as vLLM runs them
+    assert "qkv_proj" in r.output and "gate_up_proj" in r.output and "q_proj " not in r.output
 
 
 def test_estimate_json_pipes_cleanly():
     r = run("estimate", "--format", "json", "--per-op")
     doc = json.loads(r.stdout)
-    assert doc["summary"]["model"] == "llama-3.1-8b"
-    assert doc["summary"]["kv_bytes_per_token"] == 131072
+    assert doc["schema_version"] == 1 and len(doc["configurations"]) == 1
+    assert doc["configurations"][0]["model"] == "llama-3.1-8b"
+    assert doc["configurations"][0]["kv_bytes_per_token"] == 131072
     assert {o["op"] for o in doc["ops"]} >= {"attention", "lm_head"}
 
 
@@ -52,13 +55,13 @@ def test_estimate_csv_sweep():
 
 def test_estimate_sweep_table():
     r = run("estimate", "--batch", "1,8", "--attention", "naive")
-    assert r.exit_code == 0 and "Sweep: 2 configurations" in r.output
+    assert r.exit_code == 0 and "2 configurations" in r.output
 
 
 def test_precision_options():
     r = run("estimate", "--weights", "int4", "--kv", "fp8", "-f", "json")
-    s = json.loads(r.stdout)["summary"]
-    assert s["precision"] == "w:int4/a:bf16/kv:fp8"
+    s = json.loads(r.stdout)["configurations"][0]
+    assert s["precision"] == "w:int4/a:bf16/kv:fp8 (g128, zp)" and s["group_size"] == 128
     assert s["kv_bytes_per_token"] == 65536
 
 
@@ -66,7 +69,7 @@ def test_output_file_is_written_atomically(tmp_path):
     out = tmp_path / "est.json"
     r = run("estimate", "-f", "json", "-o", str(out))
     assert r.exit_code == 0
-    assert json.loads(out.read_text())["summary"]["batch"] == 1
+    assert json.loads(out.read_text())["configurations"][0]["batch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["est.json"]  # no temporary left behind
 
 
@@ -75,7 +78,7 @@ def test_model_from_yaml_and_hf_config(tmp_path):
                                      "num_heads: 4\nffn_size: 512\nmax_positions: 2048\n")
     r = run("estimate", str(tmp_path / "m.yaml"), "-f", "json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["summary"]["model"] == "mine"
+    assert json.loads(r.stdout)["configurations"][0]["model"] == "mine"
     cfg = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
            "max_position_embeddings": 2048}
@@ -83,7 +86,7 @@ def test_model_from_yaml_and_hf_config(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
     r = run("estimate", str(tmp_path / "hf"), "-f", "json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["summary"]["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2
+    assert json.loads(r.stdout)["configurations"][0]["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2
 
 
 def test_models_and_hardware_lists():
@@ -107,11 +110,11 @@ def test_help_names_units():
     (["estimate", "--batch", "1,,2"], "--batch"),
     (["estimate", "--prompt-len", "-5"], "--prompt-len"),
     (["estimate", "--tp", "3"], "tp: 3 does not divide"),
-    (["estimate", "--tp", "0"], "tp: must be a positive integer"),
+    (["estimate", "--tp", "0"], "--tp: 0"),
     (["estimate", "--pp", "1000"], "pp: 1000 exceeds"),
     (["estimate", "--dtype", "fp12"], "unknown dtype 'fp12'"),
     (["estimate", "--kv", "fp7"], "precision.kv"),
-    (["estimate", "--mem-util", "1.5"], "mem_util"),
+    (["estimate", "--mem-util", "1.5"], "--mem-util: must be in (0, 1], got 1.5"),
     (["estimate", "--block-size", "0"], "--block-size"),
     (["estimate", "does/not/exist.yaml"], "file not found"),
     (["estimate", "-o", "/nonexistent-dir/x.json", "-f", "json"], "--output"),

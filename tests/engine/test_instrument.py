@@ -92,7 +92,7 @@ def test_bad_recorder_arguments():
 
 @pytest.mark.parametrize("cache", ["contiguous", "paged"])
 def test_time_forward_records_the_requested_shape(cache):
-    from llmperf.engine.timing import time_forward
+    from llmperf.measure.timing import time_forward
 
     model = make_model("llama")
     trace = time_forward(model, batch=3, q_len=1, kv_len=40, cache=cache, reps=2, warmup=1)

@@ -259,3 +259,71 @@ def test_structure_compares_every_shape_field():
     """Guard for `structure`: the only fields it ignores are the three it blanks (and rope_scaling)."""
     ignored = {f.name for f in fields(ModelSpec) if not f.compare} | {"name", "source", "dtype"}
     assert ignored == {"name", "source", "dtype", "rope_scaling"}
+
+
+# ---- the defaults llmperf assumes for absent config fields are transformers' own --------------------
+
+CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "mixtral": "MixtralConfig",
+                  "qwen2": "Qwen2Config", "gpt2": "GPT2Config", "opt": "OPTConfig", "gpt_neox": "GPTNeoXConfig"}
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIG_CLASSES))
+def test_hf_defaults_are_transformers_defaults(model_type):
+    from llmperf.specs.hf import HF_MODEL_TYPES
+    cfg = getattr(transformers, CONFIG_CLASSES[model_type])()
+    nested = getattr(cfg, "rope_parameters", None) or {}
+    renamed = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}  # transformers 5
+    for key, value in HF_MODEL_TYPES[model_type].defaults.items():
+        actual = getattr(cfg, key) if hasattr(cfg, key) else nested[renamed[key]]
+        assert actual == value, (model_type, key)
+
+
+@pytest.mark.parametrize("model_type,heads,kv_heads", [("llama", 4, 4), ("mistral", 16, 8), ("mixtral", 16, 8),
+                                                      ("qwen2", 64, 32)])
+def test_absent_kv_heads_and_tying_match_transformers(model_type, heads, kv_heads, tmp_path):
+    """Drop num_key_value_heads and tie_word_embeddings from a saved config: transformers builds the
+    config class's default KV heads (Llama: MHA) with an untied head, and so does the spec read back."""
+    cfg = getattr(transformers, CONFIG_CLASSES[model_type])(
+        vocab_size=100, hidden_size=heads * 16, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=64)
+    cfg.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data.pop("num_key_value_heads"), data.pop("tie_word_embeddings", None)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    model = meta_model(transformers.AutoConfig.from_pretrained(tmp_path))
+    spec = ModelSpec.from_hf_config(tmp_path)
+    assert spec.num_kv_heads == kv_heads == hf_kv_width(model, model_type) // 16
+    assert not spec.tied_embeddings and spec.param_count == hf_param_count(model)
+    data["num_key_value_heads"] = None  # explicit null: MHA for every type
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert ModelSpec.from_hf_config(tmp_path).num_kv_heads == heads
+
+
+def test_absent_tying_gpt2_matches_transformers(tmp_path):
+    transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=32).save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data.pop("tie_word_embeddings", None)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    model = meta_model(transformers.AutoConfig.from_pretrained(tmp_path))
+    spec = ModelSpec.from_hf_config(tmp_path)
+    assert spec.tied_embeddings and spec.param_count == hf_param_count(model) == 108_544
+
+
+@pytest.mark.parametrize("overrides,window", [({}, None), ({"use_sliding_window": True, "sliding_window": 64,
+                                                            "max_window_layers": 0}, 64),
+                                              ({"use_sliding_window": True, "sliding_window": 64,
+                                                "max_window_layers": 2}, None)])
+def test_qwen2_sliding_window_as_transformers_saves_it(overrides, window, tmp_path):
+    cfg = transformers.Qwen2Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, **overrides)
+    cfg.save_pretrained(tmp_path)
+    assert ModelSpec.from_hf_config(tmp_path).sliding_window == window
+
+
+def test_qwen2_mixed_layers_refused_as_transformers_saves_them(tmp_path):
+    from llmperf.errors import SpecError
+    transformers.Qwen2Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                             num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                             sliding_window=64, max_window_layers=2).save_pretrained(tmp_path)
+    with pytest.raises(SpecError, match="layer_types|max_window_layers"):
+        ModelSpec.from_hf_config(tmp_path)

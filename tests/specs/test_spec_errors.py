@@ -108,7 +108,7 @@ def test_non_positive_or_non_integer_field(tmp_path, field, value):
 
 
 def test_non_positive_norm_eps():
-    with raises("norm_eps must be a positive number, got 0"):
+    with raises("norm_eps must be a finite positive number, got 0"):
         ModelSpec(**{**GOOD_MODEL, "norm_eps": 0})
 
 
@@ -177,12 +177,12 @@ def test_hardware_unknown_peak_dtype(tmp_path):
 @pytest.mark.parametrize("field,value", [("memory_bandwidth_gbps", 0), ("memory_gib", -1),
                                          ("l2_cache_mib", 0), ("sram_per_sm_kib", "big")])
 def test_hardware_non_positive_number(tmp_path, field, value):
-    with raises(f"{field} must be a positive number, got {value!r}"):
+    with raises(f"{field} must be a finite positive number, got {value!r}"):
         load_hardware(str(write_yaml(tmp_path, {**GOOD_HW, field: value})))
 
 
 def test_hardware_non_positive_peak():
-    with raises("peak_tflops.fp16 must be a positive number, got 0"):
+    with raises("peak_tflops.fp16 must be a finite positive number, got 0"):
         HardwareSpec(**{**GOOD_HW, "peak_tflops": {"fp16": 0}})
 
 
@@ -292,3 +292,50 @@ def test_invalid_rope_theta(value):
 def test_bool_fields_must_be_bools(field):
     with raises(field):
         ModelSpec(**{**GOOD_MODEL, field: "maybe"})
+
+
+# ---- close names: prefix, then token, then spelling ----------------------------------------------------
+
+@pytest.mark.parametrize("loader,name,expected", [
+    (load_hardware, "a100", ["a100-40gb-sxm", "a100-80gb-pcie", "a100-80gb-sxm"]),  # prefix, not the A10
+    (load_hardware, "A100", ["a100-40gb-sxm", "a100-80gb-pcie", "a100-80gb-sxm"]),
+    (load_hardware, "h100 sxm", ["h100-sxm"]),  # tokens
+    (load_hardware, "80gb", ["a100-80gb-pcie", "a100-80gb-sxm"]),
+    (load_hardware, "sxm_h100", ["h100-sxm"]),  # tokens in any order, any separator
+    (load_hardware, "h10", ["h100-pcie", "h100-sxm"]),
+    (load_model, "llama-8b", ["llama-3.1-8b"]),
+    (load_model, "mistral", ["mistral-7b"]),
+    (load_model, "qwen", ["qwen2.5-72b", "qwen2.5-7b"]),
+    (load_model, "lama-2-7b", ["llama-2-7b"]),  # spelling, only when nothing else matches
+])
+def test_close_names(loader, name, expected):
+    from llmperf.specs.names import close_names
+    from llmperf.specs import list_hardware, list_models
+    known = list_hardware() if loader is load_hardware else list_models()
+    got = close_names(name, known)
+    assert got[:len(expected)] == expected
+    with pytest.raises(SpecError) as err:
+        loader(name)
+    msg = str(err.value)
+    assert msg.startswith(f"unknown {'hardware' if loader is load_hardware else 'model'} {name!r} (did you mean: ")
+    assert all(e in msg for e in expected)
+
+
+def test_a100_does_not_suggest_the_a10():
+    with pytest.raises(SpecError) as err:
+        load_hardware("a100")
+    assert "a10," not in str(err.value) and not str(err.value).endswith("a10)")
+
+
+@pytest.mark.parametrize("name", ["A100-80GB-SXM", "Llama-3.1-8B", " h100-sxm "])
+def test_exact_names_are_case_insensitive_only(name):
+    if "llama" in name.lower():
+        assert load_model(name.strip()).name == "llama-3.1-8b"
+    else:
+        assert load_hardware(name.strip()).name == name.strip().lower()
+
+
+def test_no_separator_folding_in_exact_lookup():
+    """Exact means exact: a100_80gb_sxm is suggested, not silently taken."""
+    with raises("unknown hardware 'a100_80gb_sxm' (did you mean: a100-80gb-sxm"):
+        load_hardware("a100_80gb_sxm")

@@ -1,4 +1,4 @@
-"""Benchmark the attention kernels against the roofline: `python -m kernels.bench [--out DIR] [--dry-run]`.
+"""Benchmark the attention kernels against the roofline: `python -m llmperf.measure.kernel_bench [--out DIR] [--dry-run]`.
 
 On a CUDA device, times each kernel with `triton.testing.do_bench` (median; L2 flushed between runs)
 over Llama-3-8B-like attention (32 query / 8 KV heads, head dim 128), batch 1..64, context 512..32k:
@@ -259,6 +259,17 @@ def save(rows: Sequence[Row], meta: Meta, out_dir: Path) -> tuple[Path, Path]:
     return json_path, csv_path
 
 
+def load(out_dir: Path) -> tuple[list[Row], Meta]:
+    """Read back a folder written by `save` (e.g. `reports/kernels/2026-11-23-h100/`): rows and meta."""
+    data = json.loads((Path(out_dir) / "kernels.json").read_text())
+    meta = Meta(**data["meta"])
+
+    def restore(r: dict[str, Any]) -> Row:
+        return Row(**{k: (float("nan") if v is None else v) for k, v in r.items()})
+
+    return [restore(r) for r in data["rows"]], meta
+
+
 # --- CUDA-only part -------------------------------------------------------------------------------
 
 
@@ -397,7 +408,7 @@ def run(case_list: Sequence[Case], dtype_name: str, hardware: str | None) -> tup
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m llmperf.measure.kernel_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help="output folder (default reports/kernels/<date>/)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="element type of Q, K, V")
     p.add_argument("--hardware", default=None, help="llmperf hardware spec name (default: matched from the device)")
@@ -416,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("kernels.bench: no CUDA device; the benchmark times GPU kernels (try --dry-run for the shapes)",
+        print("kernel_bench: no CUDA device; the benchmark times GPU kernels (try --dry-run for the shapes)",
               file=sys.stderr)
         return 2
     from rich.console import Console

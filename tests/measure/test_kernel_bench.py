@@ -1,4 +1,4 @@
-"""The pure-Python parts of `python -m kernels.bench`, with fake timings (the timing itself needs a GPU)."""
+"""The pure-Python parts of `python -m llmperf.measure.kernel_bench`, with fake timings (the timing itself needs a GPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from kernels import bench
+from llmperf.measure import kernel_bench as bench
 from llmperf.analysis import attention_cost, roofline_time_s
 from llmperf.specs import load_hardware
 
@@ -129,3 +129,22 @@ def test_bench_case_end_to_end_with_fake_timer(case, device, monkeypatch):
     assert {r.impl for r in rows} == expected
     for r in rows:
         assert r.time_s == 1e-3 and r.max_rel_error < 1e-2, r
+
+
+def test_reads_the_committed_h100_run():
+    """The moved benchmark still reads the format of the H100 run committed before the move."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "reports" / "kernels" / "2026-11-23-h100"
+    rows, meta = bench.load(folder)
+    assert meta.hardware == "h100-sxm" and meta.copy_gb_per_s > 2500
+    assert {r.impl for r in rows} >= {"flash_attention", "flash_decoding", "paged_attention"}
+    assert all(r.time_s > 0 for r in rows if r.impl == "flash_decoding")
+
+
+def test_save_then_load_round_trips(tmp_path):
+    rows, meta = _fake_rows(), _meta()
+    bench.save(rows, meta, tmp_path)
+    back, meta2 = bench.load(tmp_path)
+    assert meta2 == meta and len(back) == len(rows)
+    assert math.isnan(back[2].time_s) and back[0].time_s == rows[0].time_s

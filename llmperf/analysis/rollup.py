@@ -1,0 +1,458 @@
+"""The one roll-up: operator costs -> phase times -> a whole generation, memory and regimes, for
+arrays of (batch, prompt_len, gen_len). `estimate` is a roll-up of one row, `sweep` of many: the same
+code computes every number of both, so a single estimate equals the same row of a sweep.
+
+- Phase time: the sum over operators of `op_time` (each through the `TimeModel`), plus `pp - 1`
+  stage-to-stage transfers with pipeline parallelism.
+- Decode: step j (j = 1 .. gen_len - 1) attends to a context of `prompt_len + j` tokens. Every
+  operator's roofs are linear in the context (up to a sliding window, after which they are
+  constant), so the sum over steps of `max(lines) + overhead` has a closed form (`sum_max_lines`):
+  a generation of 1e9 tokens costs what one of 10 does.
+- Memory (per GPU, the tightest pipeline stage): weights, a paged KV cache and ONE activation
+  reservation for the per-step token budget `max_batched_tokens`, as vLLM reserves it (it profiles one
+  forward of `max_num_batched_tokens` tokens and gives the rest of `gpu_memory_utilization` to KV
+  blocks). Activations are transient: they do not grow with the number of sequences. Max batch is
+  what the KV memory left over then holds.
+- Regimes: vectorised bisections (critical batches, attention crossovers).
+
+All arithmetic is float64, so products such as batch x context x bytes never overflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, ForwardModel
+from llmperf.analysis.roofline import TimeModel, bound_label, op_time, resolve_time_model
+from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
+from llmperf.errors import SpecError
+from llmperf.specs import HardwareSpec, ModelSpec, Precision
+
+#: vLLM V1's default `max_num_batched_tokens` for its OpenAI server on an 80 GB-class GPU
+#: (vllm/engine/arg_utils.py, `_set_default_args_v1`: 8192; 2048 on smaller GPUs, 16384 offline)
+DEFAULT_MAX_BATCHED_TOKENS = 8192
+#: the largest value the regime searches try before answering "none" (67M)
+SEARCH_MAX = 1 << 26
+#: columns that are integers or missing (no answer up to SEARCH_MAX)
+REGIME_COLUMNS = ("critical_batch_matmul", "critical_batch", "attention_flops_crossover",
+                  "attention_bytes_crossover")
+_ATTN_NAMES = frozenset(op.value for op in ATTENTION_OPS) | {Op.kv_write.value}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Conventions:
+    """Everything besides model, device, precision, parallelism and lengths that changes a number."""
+
+    attention: str = "fused"  # fused (FlashAttention) | naive (S and P in memory)
+    attention_flops: str = "executed"  # executed (skip masked tiles) | dense (the whole square)
+    all_logits: bool = False  # prefill computes logits at every position (else the last only)
+    fused_qkv: bool = True  # one QKV GEMM (reads the input once), as vLLM / TensorRT-LLM
+    fused_gate_up: bool = True  # one gate+up GEMM
+    max_seq_len: int | None = None  # contiguous cache reservation per sequence (None: model max)
+    block_size: int = 16  # paged KV block, tokens
+    mem_util: float = 0.9  # fraction of device memory the server uses (vLLM gpu_memory_utilization)
+    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS  # per-step token budget (activation reservation)
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_IMPLS:
+            raise SpecError(f"attention: must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
+        if self.attention_flops not in FLOP_CONVENTIONS:
+            raise SpecError(f"attention_flops: must be one of {', '.join(FLOP_CONVENTIONS)}, "
+                            f"got {self.attention_flops!r}")
+        for flag in ("all_logits", "fused_qkv", "fused_gate_up"):
+            if not isinstance(getattr(self, flag), bool):
+                raise SpecError(f"{flag}: must be true or false, got {getattr(self, flag)!r}")
+        for name in ("block_size", "max_batched_tokens"):
+            _check_positive_int(name, getattr(self, name))
+        if self.max_seq_len is not None:
+            _check_positive_int("max_seq_len", self.max_seq_len)
+        mu = self.mem_util
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 < mu <= 1:
+            raise SpecError(f"mem_util: must be in (0, 1], got {mu!r}")
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise SpecError(f"{name}: must be a positive integer, got {value!r}")
+
+
+# ---- closed-form sums ------------------------------------------------------------------------------
+def _line_sum(a, b, lo, hi):  # noqa: ANN001, ANN202
+    """Sum of `a + b x` over integers x in [lo, hi] (zero when empty)."""
+    count = np.maximum(hi - lo + 1, 0)
+    return count * a + b * (lo + hi) * count / 2
+
+
+def sum_max_lines(intercepts, slopes, lo, hi):  # noqa: ANN001, ANN201
+    """Sum over integers x in [lo, hi] of `max_i(a_i + b_i x)`, elementwise on arrays. Exact.
+
+    Between two consecutive crossings of the lines the same line is on top, so the range splits at
+    the (floored) crossings into at most k(k-1)/2 + 1 segments, each a sum of one line."""
+    a = [np.asarray(x, dtype=float) for x in intercepts]
+    b = [np.asarray(x, dtype=float) for x in slopes]
+    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    shape = np.broadcast_shapes(lo.shape, hi.shape, *(x.shape for x in a), *(x.shape for x in b))
+    a = [np.broadcast_to(x, shape) for x in a]
+    b = [np.broadcast_to(x, shape) for x in b]
+    lo, hi = np.broadcast_to(lo, shape), np.broadcast_to(hi, shape)
+    cuts = [lo - 1, hi]
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            db = b[i] - b[j]
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                xc = np.where(db != 0, (a[j] - a[i]) / np.where(db != 0, db, 1.0), lo - 1)
+            cuts.append(np.clip(np.floor(np.nan_to_num(xc, nan=-np.inf)), lo - 1, hi))
+    cuts = np.sort(np.stack(cuts), axis=0)
+    total = np.zeros(shape)
+    for s in range(1, cuts.shape[0]):
+        n1, n2 = cuts[s - 1] + 1, cuts[s]
+        mid = (n1 + n2) / 2
+        values = np.stack([ai + bi * mid for ai, bi in zip(a, b)])
+        top = np.argmax(values, axis=0)
+        a_top = np.choose(top, a)
+        b_top = np.choose(top, b)
+        total = total + _line_sum(a_top, b_top, n1, n2)
+    return total if total.ndim else float(total)
+
+
+def sum_max_linear(u0, u1, v0, v1, x_lo, x_hi):  # noqa: ANN001, ANN201
+    """Sum over integers x in [x_lo, x_hi] of `max(u0 + u1 x, v0 + v1 x)`, elementwise on arrays."""
+    return sum_max_lines([u0, v0], [u1, v1], x_lo, x_hi)
+
+
+def _sum_ceil_div(n, size):  # noqa: ANN001, ANN202
+    """Sum over L = 1 .. n of ceil(L / size) (n >= 0): full blocks of `size` plus the remainder."""
+    q, r = np.floor_divide(n, size), np.mod(n, size)
+    return size * q * (q + 1) / 2 + r * (q + 1)
+
+
+# ---- phases --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PhaseArrays:
+    """Totals of one forward pass, elementwise over configurations."""
+
+    time_s: np.ndarray
+    flops: np.ndarray
+    bytes_total: np.ndarray
+    memory_bound_s: np.ndarray  # time spent in memory-bound operators
+
+    @property
+    def intensity(self) -> np.ndarray:
+        return np.where(self.bytes_total > 0, self.flops / np.where(self.bytes_total > 0, self.bytes_total, 1), 0.0)
+
+    @property
+    def bound(self) -> np.ndarray:
+        return phase_bound(self.memory_bound_s, self.time_s)
+
+
+def phase_bound(memory_bound_s, time_s):  # noqa: ANN001, ANN201
+    """The one phase rule: 'memory' when at least half the time is in memory-bound operators."""
+    out = np.where(np.asarray(memory_bound_s) >= 0.5 * np.asarray(time_s), "memory", "compute")
+    return str(out) if out.ndim == 0 else out
+
+
+def pipeline_transfer_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, pp: int):  # noqa: ANN001, ANN201
+    """`pp - 1` sends of the `batch*q_len x hidden` activations between pipeline stages."""
+    if pp <= 1:
+        return 0.0 * batch * q_len
+    if hardware.interconnect_bytes_per_s <= 0:
+        raise SpecError(f"pp: {pp} needs an interconnect, but {hardware.name} has interconnect_gbps 0")
+    msg = batch * q_len * fm.model.hidden_size * fm.precision.act_bytes
+    return (pp - 1) * msg / hardware.interconnect_bytes_per_s
+
+
+def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp: int, compute_dtype: str,  # noqa: ANN001
+                 time_model: TimeModel | None = None) -> PhaseArrays:
+    """Time, FLOPs, bytes and memory-bound time of one forward pass, for array arguments."""
+    time = pipeline_transfer_s(fm, hw, batch, q_len, pp) + 0.0 * kv_len
+    flops = nbytes = mem_time = 0.0
+    for c in fm.forward_ops(batch, q_len, kv_len):
+        t = op_time(c, hw, compute_dtype, time_model)
+        time = time + t.time_s
+        flops = flops + c.flops
+        nbytes = nbytes + c.bytes_total
+        mem_time = mem_time + np.where(np.asarray(t.bound) == "memory", t.time_s, 0.0)
+    f = lambda x: np.asarray(x, dtype=float) + 0.0 * time  # noqa: E731
+    return PhaseArrays(time_s=f(time), flops=f(flops), bytes_total=f(nbytes), memory_bound_s=f(mem_time))
+
+
+def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, *, pp: int,  # noqa: ANN001, ANN201
+                compute_dtype: str, time_model: TimeModel | None = None):
+    """(time, FLOPs, bytes) summed over decode steps j = 1 .. gen_len - 1 (context prompt_len + j),
+    exact and O(1) in gen_len: each operator's roofs are lines in the context up to the sliding
+    window (constant after it), and the time model's efficiencies do not depend on the context."""
+    x_lo, x_hi = prompt_len + 1.0, prompt_len + gen_len - 1.0
+    window = fm.model.sliding_window
+    lin_hi = x_hi if window is None else np.minimum(x_hi, window)  # linear part [x_lo, lin_hi]
+    flat = 0.0 if window is None else np.maximum(x_hi - np.maximum(x_lo - 1, window), 0)  # steps at the cap
+    at0 = fm.forward_ops(batch, 1, 0.0 * prompt_len)
+    at1 = fm.forward_ops(batch, 1, 0.0 * prompt_len + 1)
+    time = flops = nbytes = 0.0
+    for c0, c1 in zip(at0, at1):
+        t0 = op_time(c0, hw, compute_dtype, time_model)
+        t1 = op_time(c1, hw, compute_dtype, time_model)
+        a = [t0.compute_s, t0.memory_s, t0.comm_s]
+        b = [t1.compute_s - t0.compute_s, t1.memory_s - t0.memory_s, t1.comm_s - t0.comm_s]
+        time = time + sum_max_lines(a, b, x_lo, lin_hi)
+        fa, fb = c0.flops, c1.flops - c0.flops
+        ba, bb = c0.bytes_total, c1.bytes_total - c0.bytes_total
+        flops = flops + _line_sum(fa, fb, x_lo, lin_hi)
+        nbytes = nbytes + _line_sum(ba, bb, x_lo, lin_hi)
+        if window is not None:
+            time = time + flat * np.maximum(np.maximum(a[0] + b[0] * window, a[1] + b[1] * window),
+                                            a[2] + b[2] * window)
+            flops = flops + flat * (fa + fb * window)
+            nbytes = nbytes + flat * (ba + bb * window)
+        # the overhead is per launch, the same at every step
+        time = time + np.maximum(gen_len - 1.0, 0) * t0.overhead_s
+    steps = np.maximum(gen_len - 1.0, 0)
+    time = time + steps * pipeline_transfer_s(fm, hw, batch, 1, pp)
+    return time, flops, nbytes
+
+
+# ---- memory --------------------------------------------------------------------------------------
+def stage_layers(model: ModelSpec, pp: int) -> list[int]:
+    """Layers of each pipeline stage, as vLLM partitions them (`get_pp_indices`): `L // pp` each, the
+    remainder one more each on the stages before the last (the last one holds the lm_head)."""
+    if isinstance(pp, bool) or not isinstance(pp, (int, np.integer)) or pp < 1:
+        raise SpecError(f"pp: must be a positive integer, got {pp!r}")
+    if pp > model.num_layers:
+        raise SpecError(f"pp: {pp} exceeds {model.name}'s num_layers={model.num_layers}")
+    parts = [model.num_layers // pp] * pp
+    for i in range(2, model.num_layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def stage_weight_bytes(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1) -> list[float]:
+    """Weight bytes on one GPU of each pipeline stage. Matrices at the weight precision with their
+    group scales, embedding and lm_head at the embedding precision, norms and biases at the
+    activation precision; heads, FFN and vocabulary split `tp` ways (KV heads replicated when `tp`
+    exceeds them). The first stage holds the embeddings, the last the final norm and the lm_head
+    (a tied lm_head shares the embedding only when both sit on one GPU, i.e. pp = 1)."""
+    from llmperf.analysis.operators import ShardDims
+    d = ShardDims.of(model, tp)
+    m, p, ab = model, precision, precision.act_bytes
+    h, hd = m.hidden_size, m.head_dim
+    attn = (p.matrix_bytes(h, d.num_heads * hd) + 2 * p.matrix_bytes(h, d.num_kv_heads * hd)
+            + p.matrix_bytes(d.num_heads * hd, h))
+    one_expert = (m.ffn_matrices - 1) * p.matrix_bytes(h, d.ffn_size) + p.matrix_bytes(d.ffn_size, h)
+    experts = (m.num_experts + m.shared_experts) * one_expert
+    router = m.router_params_per_layer * ab  # small, kept at activation precision
+    biases = m.attn_params_per_layer - (h * m.q_size + 2 * h * m.kv_size + m.q_size * h)
+    biases += (m.num_experts + m.shared_experts) * (m.expert_params - m.ffn_matrices * h * m.ffn_size)
+    layer = attn + experts + (2 * m.norm_params + biases) * ab + router
+    vocab = p.embedding_matrix_bytes(h, d.vocab_size)
+    embed = vocab + (m.embedding_params - m.vocab_size * h) * p.embedding_bytes  # + learned positions
+    head = m.norm_params * ab + (vocab if (not m.tied_embeddings or pp > 1) else 0.0)
+    layers = stage_layers(m, pp)
+    out = [n * layer for n in layers]
+    out[0] += embed
+    out[-1] += head
+    return out
+
+
+def activation_peak_bytes(model: ModelSpec, precision: Precision, batch, q_len, kv_len, *,  # noqa: ANN001, ANN201
+                          tp: int = 1, attention: str = "fused", all_logits: bool = False):
+    """Largest transient working set of one forward pass: the residual stream and its normalised
+    copy, plus the larger of the attention block's tensors (Q, K, V, output; S and P when naive) and
+    the FFN's (gate, up, activation outputs of the routed rows), plus fp32 logits."""
+    from llmperf.analysis.operators import ShardDims
+    d = ShardDims.of(model, tp)
+    m, a = model, precision.act_bytes
+    tokens = batch * q_len
+    stream = 2 * tokens * m.hidden_size * a
+    attn = tokens * (2 * d.num_heads + 2 * d.num_kv_heads) * m.head_dim * a
+    if attention == "naive":
+        keys = kv_len if m.sliding_window is None else np.minimum(kv_len, q_len + m.sliding_window - 1)
+        attn = attn + 2 * batch * d.num_heads * q_len * keys * a
+    rows = tokens * (m.experts_per_token + m.shared_experts)
+    ffn = rows * d.ffn_size * a * (3 if m.ffn_kind == "swiglu" else 2)
+    logits = (tokens if all_logits else batch) * d.vocab_size * 4
+    return stream + np.maximum(attn, ffn) + logits
+
+
+def activation_reserve_bytes(model: ModelSpec, precision: Precision, conv: Conventions, tp: int = 1) -> float:
+    """The one activation reservation: the peak of a forward of `max_batched_tokens` tokens (one
+    chunk of that many tokens; logits for its last position, or for all with `all_logits`)."""
+    t = conv.max_batched_tokens
+    return float(activation_peak_bytes(model, precision, 1, t, t, tp=tp, attention=conv.attention,
+                                       all_logits=conv.all_logits))
+
+
+def kv_tokens_held(model: ModelSpec, context):  # noqa: ANN001, ANN201
+    """Tokens of KV a sequence of `context` tokens keeps: all, or the sliding window's."""
+    return context if model.sliding_window is None else np.minimum(context, model.sliding_window)
+
+
+def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv: Conventions, *,
+                  tp: int, pp: int, batch, prompt_len, gen_len) -> dict[str, np.ndarray]:  # noqa: ANN001
+    """Per-GPU memory of every configuration (the tightest pipeline stage decides max batch)."""
+    from llmperf.analysis.operators import ShardDims
+    d = ShardDims.of(model, tp)
+    batch, prompt_len, gen_len = (np.asarray(x, dtype=float) for x in (batch, prompt_len, gen_len))
+    ctx = prompt_len + gen_len
+    if conv.max_seq_len is None:
+        max_seq = np.maximum(ctx, float(model.max_positions))
+    else:
+        max_seq = np.full_like(ctx, float(conv.max_seq_len))
+        if np.any(ctx > max_seq):
+            worst = int(ctx.max())
+            raise SpecError(f"max_seq_len: {conv.max_seq_len} is shorter than a context of {worst} tokens "
+                            f"(prompt_len + gen_len)")
+    bs = float(conv.block_size)
+    usable = hw.memory_bytes * conv.mem_util
+    act = activation_reserve_bytes(model, precision, conv, tp)
+    held = kv_tokens_held(model, ctx)
+    paged_tokens = np.ceil(held / bs) * bs
+    contiguous_tokens = kv_tokens_held(model, max_seq)
+    per_layer_token = 2 * d.num_kv_heads * model.head_dim * precision.kv_bytes  # K and V
+    weights = stage_weight_bytes(model, precision, tp, pp)
+    layers = stage_layers(model, pp)
+    max_batch = max_batch_contig = None
+    for w, n in zip(weights, layers):  # every stage must hold the batch: the tightest decides
+        free = np.maximum(usable - w - act, 0.0)
+        kv_tok = n * per_layer_token
+        mb = np.floor(free / (paged_tokens * kv_tok))
+        mbc = np.floor(free / (contiguous_tokens * kv_tok))
+        max_batch = mb if max_batch is None else np.minimum(max_batch, mb)
+        max_batch_contig = mbc if max_batch_contig is None else np.minimum(max_batch_contig, mbc)
+    heavy = int(np.argmax(weights))
+    kv_tok = max(layers) * per_layer_token
+    # lengths during the generation: prompt + 1 .. prompt + gen (closed-form means, O(1) in gen_len)
+    lo, hi = prompt_len + 1, ctx
+    used_sum = _capped_sum(model, lo, hi, lambda n: n * (n + 1) / 2)
+    paged_sum = _capped_sum(model, lo, hi, lambda n: bs * _sum_ceil_div(n, bs))
+    used_mean, paged_mean = used_sum / gen_len, paged_sum / gen_len
+    return dict(
+        weights_bytes=np.full_like(ctx, weights[heavy]), kv_bytes_per_token=np.full_like(ctx, kv_tok),
+        kv_cache_bytes=batch * paged_tokens * kv_tok, activation_bytes=np.full_like(ctx, act),
+        usable_bytes=np.full_like(ctx, usable), device_bytes=np.full_like(ctx, hw.memory_bytes),
+        max_batch=max_batch, max_batch_contiguous=max_batch_contig, max_seq_len=max_seq,
+        kv_used_bytes=used_mean * kv_tok, kv_paged_bytes=paged_mean * kv_tok,
+        kv_contiguous_bytes=contiguous_tokens * kv_tok)
+
+
+def _capped_sum(model: ModelSpec, lo, hi, prefix):  # noqa: ANN001, ANN202
+    """Sum over lengths L in [lo, hi] of f(min(L, window)), where `prefix(n)` = sum of f over 1..n."""
+    w = model.sliding_window
+    if w is None:
+        return prefix(hi) - prefix(lo - 1)
+    top = np.minimum(hi, w)
+    below = np.where(top >= lo, prefix(top) - prefix(np.minimum(lo - 1, top)), 0.0)
+    f_w = prefix(float(w)) - prefix(float(w) - 1)
+    above = np.maximum(hi - np.maximum(lo - 1, w), 0) * f_w
+    return below + above
+
+
+# ---- regimes -------------------------------------------------------------------------------------
+def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX):  # noqa: ANN001, ANN201
+    """Smallest n in [lo, hi] with pred(n) True, elementwise (pred takes and returns arrays of `size`;
+    it must stay True once True). NaN where pred(hi) is False."""
+    lo_a, hi_a = np.full(size, float(lo)), np.full(size, float(hi))
+    ok = np.asarray(pred(hi_a), dtype=bool)
+    while np.any(lo_a < hi_a):
+        mid = np.floor((lo_a + hi_a) / 2)
+        up = np.asarray(pred(mid), dtype=bool)
+        hi_a = np.where(up, mid, hi_a)
+        lo_a = np.where(up, lo_a, mid + 1)
+    return np.where(ok, lo_a, np.nan)
+
+
+def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel | None, *, batch, context,  # noqa: ANN001
+                  size: int) -> dict[str, np.ndarray]:
+    """Critical batches (decode turns compute-bound: compute time strictly above memory time) and the
+    attention crossovers (attention FLOPs / bytes reach those of the rest of the layer)."""
+    batch = np.asarray(batch, dtype=float) + np.zeros(size)
+    context = np.asarray(context, dtype=float) + np.zeros(size)
+
+    def compute_bound(b, only_matmul: bool):  # noqa: ANN001, ANN202
+        comp = mem = 0.0
+        for c in fm.forward_ops(b, 1, context):
+            if only_matmul and c.kind != "matmul":
+                continue
+            t = op_time(c, hw, dtype, tm)
+            comp, mem = comp + t.compute_s, mem + t.memory_s
+        return np.asarray(comp > mem)
+
+    def split(b, q, kv, field: str):  # noqa: ANN001, ANN202
+        attn = rest = 0.0
+        for c in fm.layer_ops(b, q, kv):
+            if c.name in _ATTN_NAMES:
+                attn = attn + getattr(c, field)
+            else:
+                rest = rest + getattr(c, field)
+        return np.asarray(attn >= rest) & np.ones(size, dtype=bool)
+
+    return dict(
+        critical_batch_matmul=first_true_array(lambda b: compute_bound(b, True), size),
+        critical_batch=first_true_array(lambda b: compute_bound(b, False), size),
+        attention_flops_crossover=first_true_array(lambda n: split(1, n, n, "flops"), size),
+        attention_bytes_crossover=first_true_array(lambda n: split(batch, 1, n, "bytes_total"), size))
+
+
+# ---- the roll-up ---------------------------------------------------------------------------------
+def forward_model(model: ModelSpec, precision: Precision, conv: Conventions, tp: int) -> ForwardModel:
+    return ForwardModel(model=model, precision=precision, attention=conv.attention, tp=tp,
+                        all_logits=conv.all_logits, attention_flops=conv.attention_flops,
+                        fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up)
+
+
+def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int, pp: int, conv: Conventions,
+           batch, prompt_len, gen_len, time_model: TimeModel | None = None) -> dict[str, object]:  # noqa: ANN001
+    """Every column of the result schema for arrays of (batch, prompt_len, gen_len) (same shape)."""
+    tm = resolve_time_model(time_model)
+    stage_layers(model, pp)
+    fm = forward_model(model, precision, conv, tp)
+    dtype = hw.compute_dtype(precision.activations)
+    B, P, G = (np.asarray(x, dtype=float).ravel() for x in (batch, prompt_len, gen_len))
+    n = B.size
+    prefill = phase_arrays(fm, hw, B, P, P, pp=pp, compute_dtype=dtype, time_model=tm)
+    first = phase_arrays(fm, hw, B, 1.0, P + 1, pp=pp, compute_dtype=dtype, time_model=tm)
+    last = phase_arrays(fm, hw, B, 1.0, P + np.maximum(G - 1, 1), pp=pp, compute_dtype=dtype, time_model=tm)
+    d_time, d_flops, d_bytes = decode_sums(fm, hw, B, P, G, pp=pp, compute_dtype=dtype, time_model=tm)
+    steps = np.maximum(G - 1, 0)
+    has_steps = steps > 0
+    e2e = prefill.time_s + d_time
+    tpot = np.where(has_steps, d_time / np.maximum(steps, 1), 0.0)
+    total_flops = prefill.flops + d_flops
+    peak = hw.peak_flops_per_s(dtype)
+    mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G)
+    reg = regime_arrays(fm, hw, dtype, tm, batch=B, context=P + G, size=n)
+    gib = 2.0 ** 30
+    total_mem = mem["weights_bytes"] + mem["kv_cache_bytes"] + mem["activation_bytes"]
+    return dict(
+        model=model.name, hardware=hw.name, precision=precision.label(), weights=precision.weights,
+        activations=precision.activations, kv=precision.kv, embeddings=precision.embedding_dtype,
+        group_size=precision.effective_group_size if precision.quantized else None,
+        tp=tp, pp=pp, gpus=tp * pp, attention=conv.attention, attention_flops=conv.attention_flops,
+        all_logits=conv.all_logits, fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up,
+        sliding_window=model.sliding_window, time_model=tm.name,
+        batch=B.astype(np.int64), prompt_len=P.astype(np.int64), gen_len=G.astype(np.int64),
+        params_total=model.param_count, params_active=model.active_param_count,
+        ttft_s=prefill.time_s, tpot_s=tpot, e2e_s=e2e, decode_s=d_time,
+        tpot_first_s=np.where(has_steps, first.time_s, 0.0), tpot_last_s=np.where(has_steps, last.time_s, 0.0),
+        tokens_per_s=np.where(e2e > 0, B * G / np.where(e2e > 0, e2e, 1), 0.0),
+        decode_tokens_per_s=np.where(tpot > 0, B / np.where(tpot > 0, tpot, 1), 0.0),
+        prefill_flops=prefill.flops, prefill_bytes=prefill.bytes_total,
+        decode_flops=d_flops, decode_bytes=d_bytes, total_flops=total_flops,
+        total_bytes=prefill.bytes_total + d_bytes,
+        peak_fraction=np.where(e2e > 0, total_flops / np.where(e2e > 0, e2e, 1) / peak, 0.0),
+        prefill_intensity=prefill.intensity, prefill_bound=prefill.bound,
+        decode_intensity=first.intensity, decode_bound=first.bound,
+        compute_dtype=dtype, ridge_point=hw.ridge_point(dtype),
+        weights_gib=mem["weights_bytes"] / gib, kv_bytes_per_token=mem["kv_bytes_per_token"],
+        kv_cache_gib=mem["kv_cache_bytes"] / gib, activation_gib=mem["activation_bytes"] / gib,
+        total_gib=total_mem / gib, usable_gib=mem["usable_bytes"] / gib, device_gib=mem["device_bytes"] / gib,
+        mem_util=conv.mem_util, max_batched_tokens=conv.max_batched_tokens, block_size=conv.block_size,
+        max_seq_len=mem["max_seq_len"].astype(np.int64),
+        fits=B <= mem["max_batch"], max_batch=mem["max_batch"].astype(np.int64),
+        max_batch_contiguous=mem["max_batch_contiguous"].astype(np.int64),
+        kv_util_contiguous=mem["kv_used_bytes"] / mem["kv_contiguous_bytes"],
+        kv_util_paged=mem["kv_used_bytes"] / mem["kv_paged_bytes"],
+        **reg,
+        # private: the KV utilisation inputs `estimate` keeps in its `KVUtilization` (not columns)
+        _kv_used_bytes=mem["kv_used_bytes"], _kv_paged_bytes=mem["kv_paged_bytes"],
+        _kv_contiguous_bytes=mem["kv_contiguous_bytes"])

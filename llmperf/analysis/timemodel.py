@@ -1,0 +1,235 @@
+"""The calibrated time model: how long an operator really takes on a device, not only its roofline.
+
+    time = max(flops / (peak * e_compute), bytes / (bandwidth * e_memory)) + overhead_s
+
+`peak` and `bandwidth` come from the `HardwareSpec` (datasheet figures, or the ceilings `llmperf
+calibrate` measured). The efficiencies `e_compute`, `e_memory` (fractions of those roofs, in (0, 1])
+and the fixed cost `overhead_s` (dispatch on CPU, launch on GPU) depend on the operator's kind
+(`matmul`, `attention`, `elementwise`, `norm`, `embedding`, `comm`) and on its `rows` (tokens through
+it, `batch * q_len`: a GEMV is not a large GEMM), never on the context length, so every decode
+step's time stays `max(a + b*ctx, c + d*ctx) + overhead` and the sum over a generation keeps its
+closed form (`llmperf.analysis.generation.sum_max_linear`).
+
+Three models (`--efficiency`):
+- `roofline`: e = 1, overhead = 0 (the pure roofline; what every datasheet spec gives unless asked);
+- `typical`: published fractions for GPUs without a measurement (`models_spec/efficiency/typical.yaml`,
+  each figure cited there: e.g. the peak roofline is a median 0.75 of measured time on published
+  A100/H100 kernels);
+- `calibrated`: the terms `llmperf calibrate` measured on this device (the `efficiency:` block of its
+  hardware YAML), per compute dtype.
+
+An efficiency curve is a list of `[rows, value]` points interpolated linearly in log(rows) and held
+flat beyond its ends. Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmperf.analysis.roofline import Number, OpCost, peak_for
+from llmperf.errors import SpecError
+from llmperf.specs import HardwareSpec
+
+TIME_MODELS = ("roofline", "typical", "calibrated")
+OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
+EFFICIENCY_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A value as a function of rows: `[rows, value]` points, log-linear between, flat outside."""
+
+    points: tuple[tuple[float, float], ...]
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> Curve:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            raw = [[1, raw]]
+        if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
+            raise SpecError(f"{where}: expected a number or a list of [rows, value] pairs, got {raw!r}")
+        pts = []
+        for p in raw:
+            if (not isinstance(p, Sequence) or isinstance(p, str) or len(p) != 2
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)):
+                raise SpecError(f"{where}: each point must be [rows, value], got {p!r}")
+            rows, value = float(p[0]), float(p[1])
+            if not (rows >= 1 and math.isfinite(rows)):
+                raise SpecError(f"{where}: rows must be >= 1, got {p[0]!r}")
+            if not (0 < value <= 1):
+                raise SpecError(f"{where}: an efficiency must be in (0, 1], got {p[1]!r}")
+            pts.append((rows, value))
+        pts.sort()
+        if len({r for r, _ in pts}) != len(pts):
+            raise SpecError(f"{where}: rows repeat in {raw!r}")
+        return cls(tuple(pts))
+
+    def __call__(self, rows: Number) -> Number:
+        xs = np.log([r for r, _ in self.points])
+        ys = np.array([v for _, v in self.points])
+        out = np.interp(np.log(np.maximum(np.asarray(rows, dtype=float), 1.0)), xs, ys)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def to_list(self) -> list[list[float]]:
+        return [[r, v] for r, v in self.points]
+
+
+@dataclass(frozen=True)
+class KindTerms:
+    """The efficiencies and overhead of one operator kind."""
+
+    e_compute: Curve
+    e_memory: Curve
+    overhead_s: float = 0.0
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> KindTerms:
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"{where}: expected a mapping with e_compute, e_memory, overhead_s, got {raw!r}")
+        unknown = sorted(set(raw) - {"e_compute", "e_memory", "overhead_s"})
+        if unknown:
+            raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: e_compute, e_memory, overhead_s)")
+        overhead = raw.get("overhead_s", 0.0)
+        if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not 0 <= overhead < 1:
+            raise SpecError(f"{where}.overhead_s: must be seconds in [0, 1), got {overhead!r}")
+        return cls(e_compute=Curve.parse(raw.get("e_compute", 1.0), f"{where}.e_compute"),
+                   e_memory=Curve.parse(raw.get("e_memory", 1.0), f"{where}.e_memory"),
+                   overhead_s=float(overhead))
+
+
+_UNIT = KindTerms(e_compute=Curve(((1.0, 1.0),)), e_memory=Curve(((1.0, 1.0),)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EfficiencyTimeModel:
+    """A `TimeModel` (see `llmperf.analysis.roofline`): per-kind efficiencies and overheads.
+
+    `name` says which model produced a number ("roofline", "typical" or "calibrated"); `dtype` is the
+    compute dtype the terms were measured at; `step_overhead_s` is the host's fixed cost per engine
+    step outside the forward pass (sampling, cache bookkeeping), added by whoever prices a step.
+    """
+
+    name: str
+    kinds: Mapping[str, KindTerms] = field(default_factory=dict, hash=False)
+    dtype: str = ""
+    step_overhead_s: float = 0.0
+    source: str = ""
+
+    def terms(self, kind: str) -> KindTerms:
+        return self.kinds.get(kind, _UNIT)
+
+    def efficiency(self, cost: OpCost, hardware: HardwareSpec | None = None,
+                   rows: Number | None = None) -> tuple[Number, Number, Number]:
+        """`(e_compute, e_memory, overhead_s)` of `cost` at `rows` (default: `cost.rows`)."""
+        t = self.terms(cost.kind)
+        if rows is None:
+            rows = getattr(cost, "rows", None)
+        if rows is None or np.all(np.asarray(rows) == 0):
+            rows = 1.0
+        return t.e_compute(rows), t.e_memory(rows), t.overhead_s
+
+    def op_time_s(self, cost: OpCost, hardware: HardwareSpec, compute_dtype: str, rows: Number) -> Number:
+        """`max(flops / (peak e_c), bytes / (bw e_m)) + overhead` at `rows` (interconnect bytes at the
+        link bandwidth, as the roofline)."""
+        e_c, e_m, overhead = self.efficiency(cost, hardware, rows)
+        compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * e_c)
+        memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * e_m)
+        comm = (cost.comm_bytes / hardware.interconnect_bytes_per_s if hardware.interconnect_bytes_per_s
+                else 0.0 * cost.comm_bytes)
+        return np.maximum(np.maximum(compute, memory), comm) + overhead
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(model=self.name, dtype=self.dtype, step_overhead_s=self.step_overhead_s, source=self.source,
+                    kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
+                                   overhead_s=t.overhead_s) for k, t in self.kinds.items()})
+
+
+ROOFLINE_MODEL = EfficiencyTimeModel(name="roofline", source="pure roofline: efficiency 1, overhead 0")
+
+
+def parse_kinds(raw: Any, where: str) -> dict[str, KindTerms]:
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping of operator kind -> terms, got {raw!r}")
+    out = {}
+    for kind, terms in raw.items():
+        if kind not in OP_KINDS:
+            raise SpecError(f"{where}: unknown operator kind {kind!r} (kinds: {', '.join(OP_KINDS)})")
+        out[kind] = KindTerms.parse(terms, f"{where}.{kind}")
+    return out
+
+
+def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
+    """Validate an `efficiency:` block: {schema_version, model, step_overhead_s, dtypes: {dtype: kinds}}."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    version = raw.get("schema_version")
+    if version != EFFICIENCY_SCHEMA:
+        raise SpecError(f"{where}.schema_version: expected {EFFICIENCY_SCHEMA}, got {version!r}")
+    dtypes = raw.get("dtypes")
+    if not isinstance(dtypes, Mapping) or not dtypes:
+        raise SpecError(f"{where}.dtypes: expected a mapping of compute dtype -> kinds, got {dtypes!r}")
+    step = raw.get("step_overhead_s", 0.0)
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 <= step < 1:
+        raise SpecError(f"{where}.step_overhead_s: must be seconds in [0, 1), got {step!r}")
+    return dict(model=str(raw.get("model", "calibrated")), step_overhead_s=float(step),
+                source=str(raw.get("source", "")),
+                dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
+
+
+def typical_path() -> Path:
+    return Path(str(resources.files("models_spec").joinpath("efficiency", "typical.yaml")))
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"{path}: cannot read the efficiency file ({str(exc).splitlines()[0]})") from None
+
+
+def _pick_dtype(parsed: dict[str, Any], dtype: str, where: str) -> tuple[str, dict[str, KindTerms]]:
+    dtypes = parsed["dtypes"]
+    if dtype in dtypes:
+        return dtype, dtypes[dtype]
+    if "default" in dtypes:
+        return "default", dtypes["default"]
+    raise SpecError(f"{where}: no efficiency terms for compute dtype {dtype!r} "
+                    f"(measured: {', '.join(dtypes)}); run `llmperf calibrate --dtypes {dtype}`")
+
+
+def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16"
+                   ) -> EfficiencyTimeModel:
+    """The time model `efficiency` names, for `hardware` at `compute_dtype`.
+
+    `calibrated` needs a spec written by `llmperf calibrate` (its `efficiency:` block); `typical`
+    reads `models_spec/efficiency/typical.yaml` and is refused for a CPU (its figures are GPU
+    measurements)."""
+    if efficiency not in TIME_MODELS:
+        raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {efficiency!r}")
+    if efficiency == "roofline":
+        return ROOFLINE_MODEL
+    if efficiency == "calibrated":
+        raw = getattr(hardware, "efficiency", None)
+        if not raw:
+            raise SpecError(f"--efficiency calibrated: hardware {hardware.name!r} has no calibration "
+                            "(run `llmperf calibrate`, then use --hardware local)")
+        parsed = parse_efficiency(raw, f"{hardware.name}: efficiency")
+        used, kinds = _pick_dtype(parsed, compute_dtype, f"{hardware.name}: efficiency")
+        return EfficiencyTimeModel(name="calibrated", kinds=kinds, dtype=used,
+                                   step_overhead_s=parsed["step_overhead_s"], source=parsed["source"])
+    if hardware.vendor.lower() == "cpu" or "cpu" in (hardware.variant or "").lower().split():
+        raise SpecError(f"--efficiency typical: the typical figures are GPU measurements; {hardware.name!r} "
+                        "is a CPU (use --efficiency calibrated)")
+    path = typical_path()
+    parsed = parse_efficiency(_read_yaml(path), str(path))
+    used, kinds = _pick_dtype(parsed, compute_dtype, str(path))
+    return EfficiencyTimeModel(name="typical", kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
+                               source=parsed["source"])

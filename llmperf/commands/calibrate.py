@@ -1,0 +1,145 @@
+"""`llmperf calibrate`: measure this device's ceilings and write its hardware YAML (`local`).
+
+Thin: parses options, runs `llmperf.measure.calibrate.calibrate` under a progress bar, renders the
+measured ceilings beside the datasheet's, and writes the YAML atomically (default: the user's cache
+directory, `$XDG_CACHE_HOME/llmperf/local.yaml`, so `--hardware local` works everywhere).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from llmperf.clitools import err_console, fail, out_console, parse_name_list
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> cuda when torch sees one, else cpu; 'cuda' without CUDA is bad input."""
+    import torch
+
+    if device not in DEVICES:
+        raise ValueError(f"--device: must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda requested but torch sees no CUDA device "
+                         f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+    return device
+
+
+def expected_ticks(s: Any) -> int:
+    attn = len(s.attn_decode) + len(s.attn_prefill)
+    return (len(s.stream_sizes) + len(s.dtypes) * (len(s.gemm_rows) + attn) + 1 + int(s.step_overhead)
+            + int(s.allreduce))
+
+
+def run_calibration(settings: Any, *, quiet: bool = False) -> Any:
+    """`calibrate(settings)` under a rich progress bar on stderr."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from llmperf.measure.calibrate import calibrate
+
+    with Progress(TextColumn("calibrating"), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err_console, transient=True, disable=quiet) as bar:
+        task = bar.add_task("", total=expected_ticks(settings))
+
+        def tick(msg: str) -> None:
+            bar.update(task, advance=1, description=msg)
+
+        return calibrate(settings, progress=tick)
+
+
+def calibration_tables(cal: Any, path: Path | None) -> list[Any]:
+    from rich.table import Table
+
+    ds = cal.datasheet
+    ceil = Table(title=f"measured ceilings: {cal.device.get('name')} ({cal.device.get('kind')}, "
+                       f"{cal.device.get('threads') or cal.device.get('sms')} "
+                       f"{'threads' if cal.device.get('kind') == 'cpu' else 'SMs'})")
+    for col in ("ceiling", "measured", "datasheet"):
+        ceil.add_column(col, justify="left" if col == "ceiling" else "right")
+    ceil.add_row("memory bandwidth (best DRAM stream)", f"{cal.memory_bytes_per_s() / 1e9:.1f} GB/s",
+                 f"{ds.memory_bandwidth_gbps:.0f} GB/s" if ds else "-")
+    ceil.add_row("copy bandwidth (DRAM-sized)", f"{cal.copy_bytes_per_s() / 1e9:.1f} GB/s", "-")
+    for d in cal.measured_dtypes():
+        sheet = f"{ds.peak_tflops[d]:.1f}" if ds and d in ds.peak_tflops else "-"
+        ceil.add_row(f"GEMM peak {d}", f"{cal.peak_flops_per_s(d) / 1e12:.3f} TFLOP/s", sheet)
+        gemv = [p for p in cal.compute if p.op == "matmul" and p.dtype == d and p.rows == 1]
+        if gemv:
+            ceil.add_row(f"GEMV bandwidth {d}", f"{gemv[0].bytes_per_s / 1e9:.1f} GB/s", "-")
+    for k, v in cal.overhead_s.items():
+        ceil.add_row(f"tiny {k} operator", f"{v * 1e6:.2f} us", "-")
+    if cal.step_overhead_s:
+        ceil.add_row("engine step outside the forward", f"{cal.step_overhead_s * 1e6:.1f} us", "-")
+    for p in cal.allreduce:
+        ceil.add_row(f"all-reduce {p.size_bytes / 1024:g} KiB ({p.backend}, {p.world})",
+                     f"{p.seconds * 1e6:.1f} us, busbw {p.busbw / 1e9:.2f} GB/s", "-")
+    streams = Table(title="streaming bandwidth by buffer size (GB/s, read + written)")
+    for col in ("size", "read", "copy", "add", "spread (copy)"):
+        streams.add_column(col, justify="right")
+    by = {}
+    for p in cal.streams:
+        by.setdefault(p.size_bytes, {})[p.kind] = p
+    for size, kinds in sorted(by.items()):
+        cells = [f"{kinds[k].bytes_per_s / 1e9:.1f}" if k in kinds else "-" for k in ("read", "copy", "add")]
+        spread = kinds.get("copy")
+        rel = f"±{spread.spread_s / spread.seconds:.0%}" if spread else "-"
+        streams.add_row(f"{size / 2**20:g} MiB", *cells, rel)
+    return [ceil, streams]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("calibrate")
+    def calibrate_cmd(
+        device: Annotated[str, typer.Option("--device", help="auto (cuda when available), cpu or cuda.")] = "auto",
+        dtypes: Annotated[str, typer.Option("--dtypes", help="GEMM/attention dtypes to measure, comma-separated (fp32, bf16, fp16).")] = "fp32,bf16,fp16",
+        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the hardware YAML here (default: the user's cache dir as 'local').")] = None,
+        name: Annotated[str, typer.Option("--name", help="Name of the written spec.")] = "local",
+        allreduce: Annotated[bool, typer.Option("--allreduce/--no-allreduce", help="Measure all-reduce (NCCL over >= 2 GPUs; gloo over 2 CPU processes).")] = True,
+        quick: Annotated[bool, typer.Option("--quick", help="Tiny sizes: checks the tool in seconds; the figures mean nothing.")] = False,
+        threads: Annotated[int | None, typer.Option("--threads", help="CPU threads while measuring (default: torch's).")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the written YAML's content as JSON instead of tables.")] = False,
+    ) -> None:
+        """Measure this device's real ceilings (bandwidth by buffer size, GEMV bandwidth, GEMM peak per
+        dtype, attention, tiny-operator overhead, all-reduce) and write a calibrated hardware YAML,
+        usable as `--hardware local`. Under 2 minutes on a 2-core CPU."""
+        from llmperf.errors import SpecError
+        from llmperf.measure.calibrate import DTYPE_NAMES, Settings, write_yaml
+        from llmperf.specs.local import local_path
+
+        try:
+            dev = resolve_device(device)
+            names = parse_name_list("--dtypes", dtypes)
+            bad = [d for d in names if d not in DTYPE_NAMES]
+            if bad:
+                raise SpecError(f"--dtypes: {bad[0]!r} is not one of {', '.join(DTYPE_NAMES)}")
+            if not name.strip():
+                raise SpecError("--name: must not be empty")
+            path = output or local_path()
+            if path.exists() and path.is_dir():
+                raise SpecError(f"--output: {str(path)!r} is a folder; give a file path")
+            base = Settings.tiny(device=dev) if quick else Settings.for_device(dev)
+            from dataclasses import replace
+            if threads is not None and threads < 1:
+                raise SpecError(f"--threads: must be a positive integer, got {threads}")
+            settings = replace(base, dtypes=tuple(names), allreduce=allreduce and not quick, threads=threads)
+            cal = run_calibration(settings)
+            mapping = cal.to_mapping(name)
+            write_yaml(mapping, path)
+        except (SpecError, ValueError) as exc:
+            raise fail(str(exc)) from None
+        except OSError as exc:
+            raise fail(f"--output: {exc}") from None
+        if as_json:
+            out_console.print_json(json.dumps(mapping))
+        else:
+            for table in calibration_tables(cal, path):
+                out_console.print(table)
+            for note in cal.notes:
+                err_console.print(f"[yellow]note:[/] {note}", markup=True)
+            out_console.print(f"wrote {path} (use it as --hardware {name if output is None else path})")

@@ -1,0 +1,152 @@
+"""`llmperf profile MODEL`: measure a model op by op and step by step, join with the predictions.
+
+Thin: parses options, resolves the hardware (default: the calibrated `local` device, calibrating
+first if there is none), runs `llmperf.measure.profile.run_profile` under a progress bar, and renders
+the errors per phase (roofline and calibrated side by side), the exact cross-checks and the
+per-operator join of the first configuration. The run directory is written as it goes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from llmperf.clitools import err_console, fail, out_console, parse_int_list
+
+
+def _hardware(name: str | None, device: str) -> Any:
+    """The named spec, or `local` (calibrating this device first when no calibration exists)."""
+    from llmperf.specs import load_hardware
+    from llmperf.specs.local import local_path
+
+    if name is not None:
+        return load_hardware(name)
+    if not local_path().is_file():
+        from llmperf.commands.calibrate import run_calibration
+        from llmperf.measure.calibrate import Settings, write_yaml
+
+        err_console.print(f"no calibration at {local_path()}: calibrating this device first")
+        cal = run_calibration(Settings.for_device(device))
+        write_yaml(cal.to_mapping(), local_path())
+    return load_hardware("local")
+
+
+def _pct(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
+
+
+def _ms(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:.3f}"
+
+
+def summary_tables(result: Any) -> list[Any]:
+    from rich.table import Table
+
+    run = result.run
+    err = Table(title=f"{run['model']} on {run['hardware']}: |predicted / measured - 1| per phase "
+                      "(median / p90; held-out: nothing was fitted on these runs)")
+    for col in ("phase", "n", "roofline median", "roofline p90", "calibrated median", "calibrated p90"):
+        err.add_column(col, justify="left" if col == "phase" else "right")
+    by = {(e["phase"], e["model"]): e for e in run["errors"]}
+    for phase in dict.fromkeys(e["phase"] for e in run["errors"]):
+        r, c = by.get((phase, "roofline"), {}), by.get((phase, "calibrated"), {})
+        err.add_row(phase, str(r.get("n", 0)), _pct(r.get("median_abs_err")), _pct(r.get("p90_abs_err")),
+                    _pct(c.get("median_abs_err")), _pct(c.get("p90_abs_err")))
+    checks = Table(title="exact cross-checks")
+    for col in ("check", "result", "detail"):
+        checks.add_column(col)
+    for c in run["checks"]:
+        checks.add_row(c["name"], "[green]pass[/]" if c["passed"] else "[red]FAIL[/]", c["detail"])
+    tables = [err, checks]
+    if result.ops:
+        first = result.ops[0]
+        ops = Table(title=f"operators at batch {first['batch']} (micro: one layer; generation: all layers); "
+                          "times in ms, ratio = predicted / measured")
+        for col in ("kind", "phase", "op", "q", "kv", "measured", "± spread", "roofline", "calibrated",
+                    "ratio roof", "ratio cal", "bound"):
+            ops.add_column(col, justify="left" if col in ("kind", "phase", "op", "bound") else "right")
+        seen_decode: set[tuple] = set()
+        for r in result.ops:
+            if r["batch"] != first["batch"]:
+                continue
+            if r["kind"] == "generation" and r["phase"] == "decode":  # one decode step is enough to show
+                key = (r["op"],)
+                if key in seen_decode:
+                    continue
+                seen_decode.add(key)
+            ops.add_row(r["kind"], r["phase"], r["op"], str(r["q_len"]), str(r["kv_len"]), _ms(r["measured_s"]),
+                        _ms(r["measured_spread_s"]), _ms(r["predicted_roofline_s"]), _ms(r["predicted_calibrated_s"]),
+                        f"{r['ratio_roofline']:.2f}", "-" if math.isnan(r["ratio_calibrated"]) else
+                        f"{r['ratio_calibrated']:.2f}", r["bound"])
+        tables.insert(0, ops)
+    return tables
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("profile")
+    def profile_cmd(
+        model: Annotated[str, typer.Argument(help="Built-in model name, or a YAML / HF config.json path (Llama or GPT-2 family).")],
+        hardware: Annotated[str | None, typer.Option("--hardware", "-H", help="Spec to predict with (default: the calibrated 'local' device; calibrates first if none).")] = None,
+        device: Annotated[str, typer.Option("--device", help="auto (cuda when available), cpu or cuda.")] = "auto",
+        batch: Annotated[str, typer.Option("--batch", "-b", help="Sequences per generation (a list sweeps).")] = "1",
+        prompt_len: Annotated[str, typer.Option("--prompt-len", "-p", help="Prompt tokens (a list sweeps).")] = "64",
+        gen_len: Annotated[str, typer.Option("--gen-len", "-g", help="Generated tokens (a list sweeps).")] = "16",
+        dtype: Annotated[str, typer.Option("--dtype", help="Weights, activations and KV: fp32, bf16 or fp16.")] = "fp32",
+        backend: Annotated[str, typer.Option("--backend", help="Attention: sdpa, naive or triton (CUDA only).")] = "sdpa",
+        kv: Annotated[str, typer.Option("--kv", help="KV cache: contiguous or paged.")] = "contiguous",
+        layers: Annotated[int | None, typer.Option("--layers", help="Keep only N layers (same shapes) so a big spec fits.")] = None,
+        reps: Annotated[int, typer.Option("--reps", help="Timed repetitions of each micro-benchmark.")] = 5,
+        micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Per-operator micro-benchmarks beside the generation loop.")] = True,
+        threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: torch's); recorded in run.json.")] = None,
+        output: Annotated[Path | None, typer.Option("--output", "-o", help="Run directory (default reports/profile/<date>-<device>).")] = None,
+    ) -> None:
+        """Run per-operator micro-benchmarks and the full generation loop of MODEL on this device, and
+        join every measurement with its roofline and calibrated predictions by (phase, operator,
+        batch, q_len, kv_len). Writes run.json, ops.csv, steps.csv and generations.csv."""
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        from llmperf.commands.calibrate import resolve_device
+        from llmperf.errors import SpecError
+        from llmperf.measure.calibrate import DTYPE_NAMES
+        from llmperf.measure.profile import ProfileSettings, run_profile
+
+        try:
+            dev = resolve_device(device)
+            if dtype not in DTYPE_NAMES:
+                raise SpecError(f"--dtype: must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+            settings = ProfileSettings(
+                model=model, hardware=hardware or "local", device=dev, batches=tuple(parse_int_list("--batch", batch)),
+                prompt_lens=tuple(parse_int_list("--prompt-len", prompt_len)),
+                gen_lens=tuple(parse_int_list("--gen-len", gen_len)), dtype=dtype, backend=backend, kv=kv,
+                layers=layers, reps=reps, micro=micro, threads=threads)
+            settings.validate()
+            from llmperf.measure.profile import resolve_spec
+            resolve_spec(settings)  # unknown names and impossible lengths before anything is measured
+            out_dir = output or Path("reports") / "profile" / f"{dt.date.today().isoformat()}-{dev}"
+            if (out_dir / "run.json").exists():
+                raise SpecError(f"--output: {str(out_dir)!r} already holds a run (run.json); choose another folder")
+            if out_dir.exists() and not out_dir.is_dir():
+                raise SpecError(f"--output: {str(out_dir)!r} is a file")
+            hw = _hardware(hardware, dev)
+            with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                          console=err_console, transient=True) as bar:
+                task = bar.add_task("profiling", total=None)
+                result = run_profile(settings, hw, out_dir,
+                                     progress=lambda msg: bar.update(task, description=msg))
+        except (SpecError, ValueError) as exc:
+            raise fail(str(exc)) from None
+        except OSError as exc:
+            raise fail(f"--output: {exc}") from None
+        for table in summary_tables(result):
+            out_console.print(table)
+        for note in result.run["settings"].get("notes", []):
+            out_console.print(f"note: {note}")
+        if result.interrupted:
+            err_console.print(f"interrupted: {len(result.steps)} steps and {len(result.ops)} operator rows kept in "
+                              f"{out_dir}")
+            raise typer.Exit(130)
+        out_console.print(f"wrote {out_dir}/run.json, ops.csv, steps.csv, generations.csv")

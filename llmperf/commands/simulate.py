@@ -1,0 +1,327 @@
+"""`llmperf simulate MODEL`: serve a workload with the engine's scheduler on a simulated clock, each
+step priced by the analytical model (`llmperf.serving.simulator`); `--find-max-rate` bisects the
+arrival rate for the SLOs; `--validate` runs the same workload through the real engine on this CPU
+and compares (`llmperf.serving.validate`)."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmperf.clitools import OutputFormat, err_console, fail, out_console, write_output
+from llmperf.errors import SpecError
+
+
+class Policy(str, Enum):
+    continuous = "continuous"
+    static = "static"
+
+
+class Efficiency(str, Enum):
+    auto = "auto"
+    roofline = "roofline"
+    typical = "typical"
+    calibrated = "calibrated"
+
+
+# Shared by `simulate` and `plan`.
+PromptOpt = Annotated[str, typer.Option("--prompt-len", help="Prompt tokens per request: 512, uniform:LO:HI, normal:MEAN:STD[:LO[:HI]], lognormal:MU:SIGMA[:LO[:HI]], cycle:A,B,C or file:PATH (one length a line).")]
+OutputOpt = Annotated[str, typer.Option("--output-len", help="Generated tokens per request (same forms as --prompt-len).")]
+SystemOpt = Annotated[int, typer.Option("--system-prompt-len", help="Tokens of a system prompt shared by every request (in front of its own prompt; shared KV blocks with prefix sharing).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the workload's random streams (same seed, same run).")]
+SloTtftOpt = Annotated[float | None, typer.Option("--slo-ttft", help="SLO on time to first token, seconds.")]
+SloTpotOpt = Annotated[float | None, typer.Option("--slo-tpot", help="SLO on time per output token, seconds.")]
+SloPctOpt = Annotated[float, typer.Option("--slo-percentile", help="Percentile of TTFT and TPOT the SLOs bound (e.g. 90, 99).")]
+DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="Precision preset (fp32, fp16, bf16, fp8, int8, int4). Default: the model's dtype.")]
+KvOpt = Annotated[str | None, typer.Option("--kv", help="KV cache precision, overriding --dtype.")]
+PolicyOpt = Annotated[Policy, typer.Option("--policy", help="continuous (in-flight) or static batching.")]
+MaxBatchOpt = Annotated[int, typer.Option("--max-batch", help="Most sequences running at once (vLLM max_num_seqs).")]
+TokensOpt = Annotated[int, typer.Option("--max-batched-tokens", help="Tokens per step (vLLM max_num_batched_tokens).")]
+ChunkOpt = Annotated[bool, typer.Option("--chunked-prefill/--no-chunked-prefill", help="Chunked prefill with mixed prefill+decode steps (Sarathi-Serve).")]
+PrefixOpt = Annotated[bool, typer.Option("--prefix-sharing/--no-prefix-sharing", help="Share the KV blocks of a common prompt prefix.")]
+BlockOpt = Annotated[int, typer.Option("--block-size", help="Tokens per paged KV block.")]
+MemOpt = Annotated[float, typer.Option("--mem-util", help="Fraction of device memory the server uses (vLLM gpu_memory_utilization).")]
+EffOpt = Annotated[Efficiency, typer.Option("--efficiency", help="Time model: auto (the calibration of --hardware local, else roofline), roofline, typical, calibrated.")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")]
+OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
+
+
+def _positive(option: str, value: float | None, *, integer: bool = False) -> None:
+    if value is None:
+        return
+    if value <= 0:
+        kind = "a positive integer" if integer else "a number > 0"
+        raise SpecError(f"{option}: must be {kind}, got {value:g}")
+
+
+def workload_from_options(*, rate: float | None, arrival: str, cv: float, trace: Path | None, requests: int | None,
+                          duration: float | None, prompt_len: str, output_len: str, system_prompt_len: int,
+                          seed: int):  # noqa: ANN201
+    """(WorkloadSpec or None, Workload) from the command-line options; bad ones raise SpecError."""
+    from llmperf.serving.workload import WorkloadSpec, generate, load_trace
+    _positive("--rate", rate)
+    _positive("--cv", cv)
+    _positive("--duration", duration)
+    if requests is not None and requests < 1:
+        raise SpecError(f"--requests: must be a positive integer, got {requests}")
+    if system_prompt_len < 0:
+        raise SpecError(f"--system-prompt-len: must be >= 0, got {system_prompt_len}")
+    if trace is not None:
+        if rate is not None or duration is not None or requests is not None:
+            raise SpecError("--trace: the trace gives arrivals and lengths; drop --rate / --requests / --duration")
+        return None, load_trace(trace)
+    if arrival not in ("poisson", "gamma"):
+        raise SpecError(f"--arrival: must be poisson or gamma, got {arrival!r}")
+    if rate is None:
+        if duration is not None:
+            raise SpecError("--duration: needs --rate (an offline batch has no duration)")
+        proc = "offline"
+    else:
+        proc = f"poisson:{rate!r}" if arrival == "poisson" else f"gamma:{rate!r}:{cv!r}"
+    if requests is None and duration is None:
+        requests = 1000
+    spec = WorkloadSpec(arrival=proc, prompt_len=_length("--prompt-len", prompt_len),
+                        output_len=_length("--output-len", output_len), num_requests=requests, duration_s=duration,
+                        system_prompt_len=system_prompt_len, seed=seed)
+    return spec, generate(spec)
+
+
+def _length(option: str, text: str):  # noqa: ANN202
+    from llmperf.serving.workload import parse_length
+    try:
+        return parse_length(text)
+    except SpecError as exc:
+        raise SpecError(f"{option}: {exc}") from None
+
+
+def _fmt_s(x: float | None) -> str:
+    import math
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if x == 0:
+        return "0 s"
+    if x >= 1:
+        return f"{x:.3f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.2f} ms"
+    return f"{x * 1e6:.1f} us"
+
+
+def summary_tables(result, title: str):  # noqa: ANN001, ANN201
+    """Rich tables: latency percentiles, throughput and memory, and the run over time."""
+    from rich.table import Table
+    s = result.summary()
+    lat = Table(title=title)
+    for col in ("metric", "p50", "p90", "p99", "mean"):
+        lat.add_column(col, justify="left" if col == "metric" else "right")
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "end-to-end"), ("queue_s", "queueing")):
+        st = s[key]
+        lat.add_row(label, *(_fmt_s(st[k]) for k in ("p50", "p90", "p99", "mean")))
+    tot = Table(title="throughput and memory")
+    tot.add_column("quantity")
+    tot.add_column("value", justify="right")
+    slo = result.slo
+    rows = [("requests", f"{s['requests']}"), ("makespan", _fmt_s(s["makespan_s"])),
+            ("throughput", f"{s['throughput_rps']:.3f} req/s"), ("output tokens/s", f"{s['tokens_per_s']:.1f}"),
+            ("goodput" + (" (all requests: no SLO)" if not slo.any else ""), f"{s['goodput_rps']:.3f} req/s"),
+            ("preemptions", f"{s['preemptions']}"), ("mean batch (time-weighted)", f"{s['mean_batch']:.1f}"),
+            ("mean KV utilisation (used / reserved)", f"{s['mean_kv_util']:.1%}"),
+            ("peak KV used / pool (per GPU)",
+             f"{s['peak_kv_used_bytes'] / 2**30:.2f} / {s['kv_pool_bytes'] / 2**30:.2f} GiB ({s['num_blocks']} blocks)")]
+    if slo.any:
+        rows.append((f"p{slo.percentile:g} meets SLO (TTFT <= {_fmt_s(slo.ttft_s)}, TPOT <= {_fmt_s(slo.tpot_s)})",
+                     "yes" if s["meets_slo"] else "NO"))
+    for k, v in rows:
+        tot.add_row(k, v)
+    return [lat, tot, over_time_table(result)]
+
+
+def over_time_table(result, buckets: int = 10):  # noqa: ANN001, ANN201
+    """The run in `buckets` equal time windows: batch size, KV utilisation, queue, preemptions."""
+    import numpy as np
+    from rich.table import Table
+    st = result.steps
+    t = Table(title="over time (time-weighted means per window; KV per GPU)")
+    for col in ("window", "steps", "batch", "KV used", "KV util", "running", "waiting", "preemptions"):
+        t.add_column(col, justify="right")
+    if not len(st):
+        return t
+    end = float((st["start_s"] + st["duration_s"]).max())
+    edges = np.linspace(0.0, end, buckets + 1)
+    which = np.clip(np.searchsorted(edges, st["start_s"].to_numpy(), side="right") - 1, 0, buckets - 1)
+    for b in range(buckets):
+        sel = st[which == b]
+        if not len(sel):
+            continue
+        w = sel["duration_s"].to_numpy()
+        w = w if w.sum() > 0 else np.ones(len(sel))
+        t.add_row(f"{_fmt_s(edges[b])} - {_fmt_s(edges[b + 1])}", str(len(sel)),
+                  f"{np.average(sel['batch'], weights=w):.1f}",
+                  f"{np.average(sel['kv_used_bytes'], weights=w) / 2**30:.2f} GiB",
+                  f"{np.average(sel['kv_util'], weights=w):.1%}", f"{np.average(sel['running'], weights=w):.1f}",
+                  f"{np.average(sel['waiting'], weights=w):.1f}", str(int(sel["preemptions"].sum())))
+    return t
+
+
+def rates_table(frame, max_rate: float | None, slo):  # noqa: ANN001, ANN201
+    from rich.table import Table
+    title = (f"--find-max-rate: highest rate meeting p{slo.percentile:g} SLOs = "
+             + (f"{max_rate:.4g} req/s" if max_rate is not None else "none (even the lowest rate tried misses)"))
+    t = Table(title=title)
+    for col in ("rate", f"TTFT p{slo.percentile:g}", f"TPOT p{slo.percentile:g}", "throughput", "goodput", "meets"):
+        t.add_column(col, justify="right")
+    pct = {50: "p50", 90: "p90", 99: "p99"}.get(int(slo.percentile) if float(slo.percentile).is_integer() else -1)
+    for _, r in frame.iterrows():
+        ttft = r[f"ttft_{pct}"] if pct else float("nan")
+        tpot = r[f"tpot_{pct}"] if pct else float("nan")
+        t.add_row(f"{r['rate']:.4g}", _fmt_s(ttft), _fmt_s(tpot), f"{r['throughput_rps']:.3g}",
+                  f"{r['goodput_rps']:.3g}", "yes" if r["meets_slo"] else "no")
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    def simulate_cmd(
+        model: Annotated[str, typer.Argument(help="Built-in model name, or a YAML / HF config.json path.")] = "llama-3.1-8b",
+        hardware: Annotated[str, typer.Option("--hardware", "-H", help="Built-in device, a YAML path, or `local` (after `llmperf calibrate`).")] = "a100-80gb-sxm",
+        rate: Annotated[float | None, typer.Option("--rate", help="Arrival rate, requests/s (default: an offline batch, all at t=0).")] = None,
+        arrival: Annotated[str, typer.Option("--arrival", help="poisson, or gamma (with --cv).")] = "poisson",
+        cv: Annotated[float, typer.Option("--cv", help="Coefficient of variation of gamma inter-arrival gaps (1 = Poisson; > 1 bursty).")] = 1.0,
+        trace: Annotated[Path | None, typer.Option("--trace", help="CSV (header) or JSONL with arrival_s, prompt_tokens, output_tokens[, shared_prefix_tokens].")] = None,
+        requests: Annotated[int | None, typer.Option("--requests", "-n", help="Number of requests (default 1000 unless --duration).")] = None,
+        duration: Annotated[float | None, typer.Option("--duration", help="Generate arrivals for this many seconds instead of --requests.")] = None,
+        prompt_len: PromptOpt = "lognormal:6:0.8:16:4096",
+        output_len: OutputOpt = "lognormal:5:0.8:1:1024",
+        system_prompt_len: SystemOpt = 0,
+        seed: SeedOpt = 0,
+        dtype: DtypeOpt = None,
+        kv: KvOpt = None,
+        tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree of the replica.")] = 1,
+        policy: PolicyOpt = Policy.continuous,
+        max_batch: MaxBatchOpt = 256,
+        max_batched_tokens: TokensOpt = 2048,
+        chunked_prefill: ChunkOpt = True,
+        prefix_sharing: PrefixOpt = True,
+        block_size: BlockOpt = 16,
+        mem_util: MemOpt = 0.9,
+        num_blocks: Annotated[int | None, typer.Option("--num-blocks", help="KV pool size in blocks (default: what memory leaves).")] = None,
+        efficiency: EffOpt = Efficiency.auto,
+        slo_ttft: SloTtftOpt = None,
+        slo_tpot: SloTpotOpt = None,
+        slo_percentile: SloPctOpt = 90.0,
+        find_max_rate: Annotated[bool, typer.Option("--find-max-rate", help="Bisect the arrival rate for the highest one meeting the SLOs.")] = False,
+        validate: Annotated[bool, typer.Option("--validate", help="Run the workload through the real engine on this CPU too, and compare (see README).")] = False,
+        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Write run.json, requests.csv, steps.csv (and rates.csv) here, for `llmperf report`.")] = None,
+        output_format: FormatOpt = OutputFormat.table,
+        output: OutOpt = None,
+    ) -> None:
+        """Simulate serving a workload: TTFT, TPOT, end-to-end and queueing percentiles, throughput,
+        goodput, KV utilisation, batch size and preemptions over time.
+
+        The scheduler is the engine's own (continuous batching, chunked prefill, paged KV with
+        recompute preemption, prefix sharing); each step is priced by the roofline model or the
+        calibrated time model. Times in seconds, bytes decimal, capacities GiB.
+        """
+        from llmperf.serving import simulator as sim
+        try:
+            if validate:
+                from llmperf.serving.validate import run_validation_cli
+                run_validation_cli(model=model, rate=rate, requests=requests, prompt_len=prompt_len,
+                                   output_len=output_len, seed=seed, num_blocks=num_blocks,
+                                   max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
+                                   hardware=hardware, run_dir=run_dir)
+                return
+            slo = sim.SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)
+            for opt, v in (("--tp", tp), ("--max-batch", max_batch), ("--max-batched-tokens", max_batched_tokens)):
+                _positive(opt, v, integer=True)
+            spec, workload = workload_from_options(rate=rate, arrival=arrival, cv=cv, trace=trace, requests=requests,
+                                                   duration=duration, prompt_len=prompt_len, output_len=output_len,
+                                                   system_prompt_len=system_prompt_len, seed=seed)
+            config = sim.ServingConfig.build(
+                model, hardware, precision=dtype, kv=kv, tp=tp, policy=policy.value, max_batch=max_batch,
+                max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
+                prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, num_blocks=num_blocks,
+                efficiency=efficiency.value)
+            search = None
+            if find_max_rate:
+                if spec is None:
+                    raise SpecError("--find-max-rate: needs a synthetic workload (--rate), not a --trace")
+                if rate is None:
+                    spec = sim.with_rate(spec, 1.0)
+                search = _search_with_progress(spec, config, slo)
+                result = search.best
+                if result is None:
+                    result = min(search.points, key=lambda p: p.rate).result
+            else:
+                result = sim.simulate(workload, config, slo=slo)
+            rates = search.to_frame() if search is not None else None
+            if run_dir is not None:
+                from llmperf.serving.rundir import write_run_dir
+                summary = result.summary()
+                extra = {"max_rate_rps": search.max_rate} if search is not None else None
+                write_run_dir(run_dir, model=config.model.name, hardware=config.hardware.name,
+                              settings=result.settings, summary=summary, requests=result.requests,
+                              steps=result.steps, rates=rates, extra=extra)
+            _render(result, search, rates, output_format, output)
+        except SpecError as exc:
+            raise fail(str(exc)) from None
+        except OSError as exc:
+            raise fail(f"--output: {exc}") from None
+
+
+def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from llmperf.serving.simulator import find_max_rate
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True) as progress:
+        task = progress.add_task("bisecting the arrival rate", total=None)
+
+        def on_point(p) -> None:  # noqa: ANN001
+            progress.update(task, description=f"rate {p.rate:.4g} req/s: {'meets' if p.result.meets_slo else 'misses'} SLOs")
+        return find_max_rate(spec, config, slo, on_point=on_point)
+
+
+def _render(result, search, rates, output_format: OutputFormat, output: Path | None) -> None:  # noqa: ANN001
+    from llmperf.serving.rundir import jsonable
+    s = result.summary()
+    if output_format is OutputFormat.json:
+        doc = dict(settings=result.settings, summary=s)
+        if search is not None:
+            doc["max_rate_rps"] = search.max_rate
+            doc["rates"] = rates.to_dict(orient="records")
+        write_output(json.dumps(jsonable(doc), indent=2), output)
+        return
+    if output_format is OutputFormat.csv:
+        if rates is not None:
+            write_output(rates.to_csv(index=False), output)
+            return
+        import pandas as pd
+        flat = {k: v for k, v in s.items() if not isinstance(v, dict)}
+        for k, v in s.items():
+            if isinstance(v, dict):
+                flat |= {f"{k.removesuffix('_s')}_{q}_s": x for q, x in v.items()}
+        write_output(pd.DataFrame([flat]).to_csv(index=False), output)
+        return
+    st = result.settings
+    title = (f"{st['model']} on {st['hardware']} (tp={st['tp']}, {st['weights']} weights, {st['time_model']} time "
+             f"model): {s['requests']} requests, {st['policy']}"
+             + (f", chunked prefill {st['max_batched_tokens']} tokens/step" if st["chunked_prefill"] else ""))
+    tables = summary_tables(result, title)
+    if search is not None:
+        tables.insert(0, rates_table(rates, search.max_rate, result.slo))
+    if output is None:
+        for t in tables:
+            out_console.print(t)
+        return
+    import os
+
+    from rich.console import Console
+    console = Console(record=True, width=160, file=open(os.devnull, "w"))
+    for t in tables:
+        console.print(t)
+    write_output(console.export_text(), output)

@@ -1,0 +1,163 @@
+"""The accuracy benchmark: how close are the predictions of a `llmperf profile` run to its measurements?
+
+    python -m llmperf.measure.accuracy reports/profile/<date>-cpu [more run dirs] [--save]
+
+Prints, per run directory, the median and p90 of |predicted / measured - 1| per phase for the
+roofline and the calibrated model side by side (from `run.json`, recomputed from `steps.csv` and
+`generations.csv` so a hand-edited `run.json` cannot hide anything), against issue 9's targets on a
+CPU, and the critical-batch check: the batch at which the measured decode step starts to grow
+(the first batch whose step takes `GROWTH` times the batch-1 step, interpolated in log(batch)
+between measured batches) against the same point of the calibrated model's decode step, evaluated on
+every batch from 1 to 1024 at the same context.
+
+Targets (issue 9, a Llama-style model whose weights exceed the cache, fp32 and bf16, batch 1-16,
+context 64-2048): calibrated decode step median <= 10% and p90 <= 20%; prefill median <= 15%;
+end-to-end generation median <= 10%; critical batch within 2x. They are printed as met / MISS, never
+asserted: figures measured on a shared machine say so beside them. Nothing here is fitted: the
+calibrated terms come from `llmperf calibrate`'s micro-benchmarks, never from the profiled runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from llmperf.analysis.operators import ForwardModel
+from llmperf.analysis.timemodel import ROOFLINE_MODEL, time_model_for
+from llmperf.measure.profile import E2E, error_stats
+from llmperf.specs import Precision
+from llmperf.specs.loader import hardware_from_mapping, model_from_mapping
+
+TARGETS = {("decode", "median"): 0.10, ("decode", "p90"): 0.20, ("prefill", "median"): 0.15, (E2E, "median"): 0.10}
+GROWTH = 1.5  # the decode step "starts to grow" once it takes 1.5x the batch-1 step
+CRITICAL_BATCH_FACTOR = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticalBatch:
+    context: int
+    measured: float  # NaN when the measured batches never reach GROWTH x
+    predicted: float
+
+    @property
+    def within(self) -> bool:
+        if not (math.isfinite(self.measured) and math.isfinite(self.predicted)):
+            return False
+        return max(self.measured, self.predicted) / min(self.measured, self.predicted) <= CRITICAL_BATCH_FACTOR
+
+
+def _growth_batch(batches: np.ndarray, times: np.ndarray) -> float:
+    """First batch where `times` reaches GROWTH x its batch-1 value (log-interpolated), NaN if never."""
+    order = np.argsort(batches)
+    b, t = batches[order].astype(float), times[order].astype(float)
+    if b[0] != 1:
+        return math.nan
+    goal = GROWTH * t[0]
+    for i in range(1, len(b)):
+        if t[i] >= goal:
+            frac = (goal - t[i - 1]) / (t[i] - t[i - 1]) if t[i] > t[i - 1] else 1.0
+            return float(np.exp(np.log(b[i - 1]) + frac * (np.log(b[i]) - np.log(b[i - 1]))))
+    return math.nan
+
+
+def critical_batches(run: dict, steps: pd.DataFrame) -> list[CriticalBatch]:
+    """Per prompt length: the measured and predicted batch where the decode step grows (see the docstring)."""
+    s = run["settings"]
+    if "model_spec" not in s or "hardware_spec" not in s:
+        return []
+    spec = model_from_mapping(dict(s["model_spec"]), origin=run["model"])
+    hw = hardware_from_mapping(dict(s["hardware_spec"]), origin=run["hardware"])
+    dtype = s.get("compute_dtype") or hw.compute_dtype(s["dtype"])
+    try:
+        tm = time_model_for(hw, "calibrated", dtype)
+    except Exception:  # noqa: BLE001 - an uncalibrated spec: the roofline's critical batch
+        tm = ROOFLINE_MODEL
+    fm = ForwardModel(model=spec, precision=Precision.uniform(s["dtype"]),
+                      attention="naive" if s.get("backend") == "naive" else "fused")
+    decode = steps[steps["phase"] == "decode"]
+    out = []
+    grid = np.arange(1, 1025)
+    for prompt in sorted({int(c.split("-p")[1].split("-")[0]) for c in decode["config"]}):
+        rows = decode[decode["config"].str.contains(f"-p{prompt}-")]
+        first = rows.groupby("batch")["kv_len"].min()  # compare each batch at its first decode step's context
+        ctx = int(first.max())
+        meas = rows[rows["kv_len"] == rows["batch"].map(first)].groupby("batch")["measured_s"].median()
+        if len(meas) < 2:
+            continue
+        ops = [fm.head_ops, fm.layer_ops, fm.tail_ops]  # a decode step: rows = batch for every operator
+        pred = np.array([tm.step_overhead_s + sum(tm.op_time_s(c, hw, dtype, b) * (spec.num_layers if c.per_layer else 1)
+                                                  for f in ops for c in f(b, 1, ctx)) for b in grid])
+        out.append(CriticalBatch(context=ctx, measured=_growth_batch(meas.index.to_numpy(), meas.to_numpy()),
+                                 predicted=_growth_batch(grid, pred)))
+    return out
+
+
+def report(run_dir: Path) -> tuple[str, bool]:
+    """The printed report for one run directory, and whether every calibrated target was met."""
+    run = json.loads((run_dir / "run.json").read_text())
+    steps = pd.read_csv(run_dir / "steps.csv")
+    gens = pd.read_csv(run_dir / "generations.csv")
+    s = run["settings"]
+    lines = [f"# {run_dir}: {run['model']} on {run['hardware']} ({run['device'].get('name')}, "
+             f"{s.get('threads') or '-'} threads, {s['dtype']}, {s['backend']}, {s['kv']} KV), status "
+             f"{run.get('status', '?')}",
+             f"batch {s['batch']}, prompt {s['prompt_len']}, gen {s['gen_len']}; created {run['created']}",
+             "", f"{'phase':8} {'n':>4}  {'roofline median':>15} {'p90':>7}  {'calibrated median':>17} {'p90':>7}"]
+    ok = True
+    for phase in ("prefill", "decode", E2E):
+        cells = {}
+        for model in ("roofline", "calibrated"):
+            if phase == E2E:
+                med, p90, n = error_stats(gens[f"predicted_e2e_s_{model}"], gens["measured_e2e_s"])
+            else:
+                rows = steps[steps["phase"] == phase]
+                med, p90, n = error_stats(rows[f"predicted_{model}_s"], rows["measured_s"])
+            cells[model] = (med, p90, n)
+        r, c = cells["roofline"], cells["calibrated"]
+        lines.append(f"{phase:8} {c[2]:>4}  {r[0]:>15.1%} {r[1]:>7.1%}  {c[0]:>17.1%} {c[1]:>7.1%}")
+        for (tphase, stat), goal in TARGETS.items():
+            if tphase == phase:
+                value = c[0] if stat == "median" else c[1]
+                met = math.isfinite(value) and value <= goal
+                ok &= met
+                lines.append(f"    {'met ' if met else 'MISS'} calibrated {phase} {stat} {value:.1%} "
+                             f"(target <= {goal:.0%})")
+    crit = critical_batches(run, steps)
+    for cb in crit:
+        ok &= cb.within
+        lines.append(f"{'met ' if cb.within else 'MISS'} critical batch at context {cb.context}: measured "
+                     f"{cb.measured:.1f}, predicted {cb.predicted:.1f} (target within {CRITICAL_BATCH_FACTOR:g}x; "
+                     f"growth = {GROWTH:g}x the batch-1 decode step)")
+    if not crit:
+        lines.append("critical batch: needs batch 1 and at least one more batch in the run")
+    checks = run.get("checks", [])
+    lines.append("checks: " + ", ".join(f"{c['name']}: {'pass' if c['passed'] else 'FAIL'}" for c in checks))
+    return "\n".join(lines), ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m llmperf.measure.accuracy", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="profile run directories")
+    p.add_argument("--save", action="store_true", help="also write accuracy.txt into each run directory")
+    args = p.parse_args(argv)
+    for run_dir in args.runs:
+        if not (run_dir / "run.json").is_file():
+            print(f"accuracy: {run_dir} has no run.json (not a profile run directory)", file=sys.stderr)
+            return 2
+        text, _ = report(run_dir)
+        print(text + "\n")
+        if args.save:
+            (run_dir / "accuracy.txt").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

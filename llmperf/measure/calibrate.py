@@ -1,0 +1,625 @@
+"""`llmperf calibrate`: measure this device's real ceilings and fit the calibrated time model.
+
+What is measured (an empirical roofline toolkit's method: Berkeley ERT, Intel Advisor, Nsight
+Compute's roofline; see REFERENCE.md):
+- streaming `read` (a sum) and `copy` bandwidth over buffer sizes that reveal the caches (bytes moved
+  = read + written, decimal GB/s), and an elementwise `add` on the largest buffer;
+- GEMM throughput per dtype the device supports, `x (rows, K) @ W (K, N)` with a weight too large for
+  the cache, over rows = 1 .. R: rows = 1 is a GEMV, the matrix-vector bandwidth decode really gets;
+- attention through `torch.nn.functional.scaled_dot_product_attention` (decode: a large KV cache;
+  prefill: causal squares), per dtype;
+- the fixed cost of a tiny operator of each kind (host dispatch on CPU, launch on GPU): the mean
+  time of back-to-back calls on 1-row tensors, and the host time of an engine step outside its
+  forward pass (sampling and cache bookkeeping, from a tiny model's generation);
+- with more than one CUDA device (NCCL) or on CPU with two processes (gloo), all-reduce latency and
+  bus bandwidth as nccl-tests reports them: `busbw = bytes / time * 2 (n - 1) / n`.
+
+Timers: `llmperf.measure.timers` (CUDA events via `triton.testing.do_bench` on GPU; a warmed-up
+`perf_counter` on CPU, threads recorded). A ceiling is the fastest call observed (as ERT reports the
+best of its trials: a shared machine only ever slows a call down); every figure keeps the spread
+(p90 - p10) of its calls beside it. The dispatch overheads are medians of back-to-back rounds.
+
+From these, `fit_terms` derives the calibrated time model (`llmperf.analysis.timemodel`):
+the spec's `peak_tflops[dtype]` is the best GEMM throughput measured at that dtype and
+`memory_bandwidth_gbps` the best DRAM-sized stream (read, copy or GEMV), so every efficiency is in
+(0, 1]. For each measured GEMM / attention point, with `t' = t - overhead`:
+`e_compute(rows) = min(1, flops / (peak * t'))` and `e_memory(rows) = min(1, max(e_gemv,
+bytes / (bw * t')))`, so the model reproduces every calibration point and interpolates in log(rows)
+between them. Vector operators get `e_memory = add bandwidth / bw`. Nothing from `profile`'s
+configurations is used: calibration is fitted on these micro-benchmarks only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmperf.analysis.operators import attention_cost
+from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
+from llmperf.measure.device import describe, versions
+from llmperf.measure.timers import time_fn
+from llmperf.specs import HardwareSpec
+from llmperf.specs.local import CALIBRATION_SCHEMA, CALIBRATION_TOOL, LOCAL_NAME
+
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+VECTOR_KINDS = ("elementwise", "norm", "embedding")
+MiB = 1 << 20
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What to measure. `for_device` gives the full run; `tiny()` a seconds-long one for tests."""
+
+    device: str = "cpu"
+    dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
+    stream_sizes: tuple[int, ...] = tuple(s * 1024 for s in (64, 256, 1024, 4096, 16384, 65536, 262144))
+    gemm_k: int = 4096
+    gemm_n: int = 8192
+    gemm_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    gemm_call_budget_s: float = 0.8  # stop growing rows once one call takes longer (slow dtypes)
+    attn_heads: int = 16
+    attn_head_dim: int = 128
+    attn_decode: tuple[tuple[int, int], ...] = ((1, 4096), (4, 4096))  # (batch, context)
+    attn_prefill: tuple[int, ...] = (256, 1024)  # causal square, batch 1
+    reps: int = 5
+    allreduce: bool = True
+    allreduce_sizes: tuple[int, ...] = (4096, 65536, MiB, 16 * MiB)
+    step_overhead: bool = True
+    threads: int | None = None  # CPU threads (torch.set_num_threads) while measuring; None: torch's default
+
+    @classmethod
+    def for_device(cls, device: str, **changes: Any) -> Settings:
+        if device == "cuda":
+            base = cls(device="cuda", stream_sizes=tuple(s * MiB for s in (1, 8, 32, 128, 512, 2048)),
+                       gemm_k=8192, gemm_n=8192, gemm_rows=(1, 4, 16, 64, 256, 1024, 4096, 8192),
+                       gemm_call_budget_s=1.0, attn_heads=32, attn_decode=((1, 8192), (32, 8192)),
+                       attn_prefill=(1024, 4096), allreduce_sizes=(4096, 65536, MiB, 16 * MiB, 256 * MiB))
+        else:
+            base = cls(device=device)
+        from dataclasses import replace
+        return replace(base, **changes)
+
+    @classmethod
+    def tiny(cls, **changes: Any) -> Settings:
+        """Sizes small enough for a test (the figures are meaningless, the code paths are not)."""
+        from dataclasses import replace
+        base = cls(dtypes=("fp32", "bf16"), stream_sizes=(64 * 1024, 4 * MiB), gemm_k=256, gemm_n=512,
+                   gemm_rows=(1, 8, 64), attn_heads=2, attn_head_dim=32, attn_decode=((1, 256),),
+                   attn_prefill=(64,), reps=3, allreduce=False, step_overhead=False)
+        return replace(base, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamPoint:
+    kind: str  # "read" | "copy" | "add"
+    size_bytes: int  # one buffer
+    bytes_moved: int  # per call: read + written
+    seconds: float
+    spread_s: float
+    n: int
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes_moved / self.seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputePoint:
+    """A timed GEMM (`op="matmul"`) or SDPA call (`op="attention"`) with its FLOPs and bytes."""
+
+    op: str
+    dtype: str
+    rows: int  # batch * q_len: the time model's key
+    shape: str
+    seconds: float
+    spread_s: float
+    n: int
+    flops: float
+    bytes: float
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.seconds
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllreducePoint:
+    backend: str
+    world: int
+    size_bytes: int
+    seconds: float
+
+    @property
+    def algbw(self) -> float:
+        return self.size_bytes / self.seconds
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * 2 * (self.world - 1) / self.world
+
+
+@dataclass(kw_only=True)
+class Calibration:
+    """Everything measured, with where and how."""
+
+    device: dict[str, Any]
+    versions: dict[str, str]
+    created: str
+    settings: Settings
+    streams: list[StreamPoint] = field(default_factory=list)
+    compute: list[ComputePoint] = field(default_factory=list)
+    overhead_s: dict[str, float] = field(default_factory=dict)
+    step_overhead_s: float = 0.0
+    allreduce: list[AllreducePoint] = field(default_factory=list)
+    datasheet: HardwareSpec | None = None
+    notes: list[str] = field(default_factory=list)
+
+    # ---- the ceilings ---------------------------------------------------------------------------
+    def dram_size_bytes(self) -> int:
+        """Buffers at least 4x the last-level cache (or the largest measured) stream from DRAM."""
+        caches = self.device.get("caches") or {}
+        llc = max(caches.values()) if caches else self.device.get("l2_cache_bytes", 0)
+        largest = max(p.size_bytes for p in self.streams)
+        return min(largest, 4 * llc) if llc else largest
+
+    def memory_bytes_per_s(self) -> float:
+        """The best DRAM-sized stream: read, copy, or the GEMV's weight stream."""
+        floor = self.dram_size_bytes()
+        best = max((p.bytes_per_s for p in self.streams if p.size_bytes >= floor and p.kind != "add"), default=0.0)
+        gemv = max((p.bytes_per_s for p in self.compute if p.op == "matmul" and p.rows == 1), default=0.0)
+        return max(best, gemv)
+
+    def copy_bytes_per_s(self) -> float:
+        return max((p.bytes_per_s for p in self.streams if p.kind == "copy"
+                    and p.size_bytes >= self.dram_size_bytes()), default=0.0)
+
+    def peak_flops_per_s(self, dtype: str) -> float:
+        return max((p.flops_per_s for p in self.compute if p.op == "matmul" and p.dtype == dtype), default=0.0)
+
+    def measured_dtypes(self) -> list[str]:
+        return [d for d in self.settings.dtypes if self.peak_flops_per_s(d) > 0]
+
+    def interconnect_bytes_per_s(self) -> float:
+        return max((p.busbw for p in self.allreduce), default=0.0)
+
+    # ---- the time model ---------------------------------------------------------------------------
+    def fit_terms(self) -> dict[str, Any]:
+        """The `efficiency:` block (see the module docstring for the formulas)."""
+        bw = self.memory_bytes_per_s()
+        dtypes: dict[str, Any] = {}
+        add = [p for p in self.streams if p.kind == "add"]
+        e_vec = min(1.0, max(p.bytes_per_s for p in add) / bw) if add else 1.0
+        for dtype in self.measured_dtypes():
+            peak = self.peak_flops_per_s(dtype)
+            kinds: dict[str, Any] = {}
+            for op in ("matmul", "attention"):
+                pts = sorted((p for p in self.compute if p.op == op and p.dtype == dtype), key=lambda p: p.rows)
+                if not pts:
+                    continue
+                oh = self.overhead_s.get(op, 0.0)
+                kinds[op] = fit_curves(pts, peak, bw, oh)
+            for kind in VECTOR_KINDS:
+                kinds[kind] = dict(e_compute=1.0, e_memory=_clean(e_vec), overhead_s=_clean(self.overhead_s.get(kind, 0.0)))
+            if self.allreduce:
+                small = min(self.allreduce, key=lambda p: p.size_bytes)
+                kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
+            dtypes[dtype] = kinds
+        return dict(schema_version=EFFICIENCY_SCHEMA, model="calibrated", step_overhead_s=self.step_overhead_s,
+                    source=f"{CALIBRATION_TOOL}, {self.created}", dtypes=dtypes)
+
+    # ---- the hardware YAML ------------------------------------------------------------------------
+    def to_mapping(self, name: str = LOCAL_NAME) -> dict[str, Any]:
+        """A hardware mapping `llmperf.specs` loads (HardwareSpec fields + efficiency + calibration)."""
+        dev = self.device
+        cuda = dev.get("kind") == "cuda"
+        ds = self.datasheet
+        peaks = {d: _clean(self.peak_flops_per_s(d) / 1e12) for d in self.measured_dtypes()}
+        caches = dev.get("caches") or {}
+        if cuda:
+            sram = ds.sram_per_sm_kib if ds else 228.0
+            llc_mib = dev.get("l2_cache_bytes", 0) / MiB or (ds.l2_cache_mib if ds else 1.0)
+            units = int(dev.get("sms") or (ds.num_sms if ds else 1))
+        else:
+            cores = int(dev.get("cores") or 1)
+            sram = (caches.get("L1d", 0) + caches.get("L2", 0)) / 1024 or 1.0  # private caches per core
+            llc_mib = max(caches.values()) / MiB if caches else 1.0
+            units = cores
+        return dict(
+            name=name, vendor="NVIDIA" if cuda else "cpu",
+            variant=str(dev.get("name", "")) if cuda else f"CPU {dev.get('name', '')}",
+            source=f"measured by {CALIBRATION_TOOL} on {self.created}",
+            peak_tflops=peaks, memory_bandwidth_gbps=_clean(self.memory_bytes_per_s() / 1e9),
+            memory_gib=_clean(dev.get("memory_bytes", 0) / 2**30) or 1.0,
+            interconnect_gbps=_clean(self.interconnect_bytes_per_s() / 1e9),
+            num_sms=units, sram_per_sm_kib=_clean(sram), l2_cache_mib=_clean(llc_mib),
+            device_names=[str(dev.get("name", ""))] if dev.get("name") else [],
+            efficiency=self.fit_terms(),
+            calibration=self.provenance())
+
+    def provenance(self) -> dict[str, Any]:
+        ds = self.datasheet
+        return dict(
+            tool=CALIBRATION_TOOL, schema_version=CALIBRATION_SCHEMA, created=self.created, device=self.device,
+            versions=self.versions, threads=self.device.get("threads", 0), settings=_plain(asdict(self.settings)),
+            datasheet=None if ds is None else dict(name=ds.name, peak_tflops=dict(ds.peak_tflops),
+                                                    memory_bandwidth_gbps=ds.memory_bandwidth_gbps,
+                                                    source=ds.source),
+            ceilings=dict(memory_gbps=_clean(self.memory_bytes_per_s() / 1e9),
+                          copy_gbps=_clean(self.copy_bytes_per_s() / 1e9),
+                          peak_tflops={d: _clean(self.peak_flops_per_s(d) / 1e12) for d in self.measured_dtypes()},
+                          interconnect_busbw_gbps=_clean(self.interconnect_bytes_per_s() / 1e9)),
+            overhead_s={k: _clean(v) for k, v in self.overhead_s.items()},
+            step_overhead_s=_clean(self.step_overhead_s),
+            streams=[dict(kind=p.kind, size_bytes=p.size_bytes, gb_per_s=_clean(p.bytes_per_s / 1e9),
+                          seconds=_clean(p.seconds), spread_s=_clean(p.spread_s), n=p.n) for p in self.streams],
+            compute=[dict(op=p.op, dtype=p.dtype, rows=p.rows, shape=p.shape, seconds=_clean(p.seconds),
+                          spread_s=_clean(p.spread_s), n=p.n, tflops_per_s=_clean(p.flops_per_s / 1e12),
+                          gb_per_s=_clean(p.bytes_per_s / 1e9)) for p in self.compute],
+            allreduce=[dict(backend=p.backend, world=p.world, size_bytes=p.size_bytes, seconds=_clean(p.seconds),
+                            busbw_gbps=_clean(p.busbw / 1e9)) for p in self.allreduce],
+            notes=list(self.notes))
+
+    def to_spec(self, name: str = LOCAL_NAME) -> HardwareSpec:
+        from llmperf.specs.loader import hardware_from_mapping
+        return hardware_from_mapping(self.to_mapping(name), origin=name)
+
+
+MEMORY_BOUND_SHARE = 0.8  # a point whose memory time explains this share of its time is memory-bound
+
+
+def fit_curves(pts: Sequence[ComputePoint], peak: float, bw: float, overhead: float) -> dict[str, Any]:
+    """`e_compute(rows)`, `e_memory(rows)` that reproduce every point `t = max(c / e_c, m / e_m) + overhead`.
+
+    `e_mem0`, the smallest-rows point's bytes / (bw t'), is the streaming efficiency (a GEMV's). A point
+    whose memory time at `e_mem0` explains most of its time is memory-bound: its `e_memory` is its own
+    bytes / (bw t') and its `e_compute` is only bounded below (compute must not exceed t'), so it takes
+    the first compute-bound point's value when that is higher: interpolating a memory-bound point's
+    `flops / (peak t')` to more rows would wrongly make those rows compute-bound. A compute-bound point
+    gets `e_compute = flops / (peak t')` and `e_memory = e_mem0`. All values are clipped to (0, 1].
+    With t' = t - overhead (at least half of t: the overhead never explains a whole call)."""
+    by_rows: dict[int, list[ComputePoint]] = {}
+    for p in pts:
+        by_rows.setdefault(p.rows, []).append(p)
+    rows = sorted(by_rows)
+
+    def t_prime(p: ComputePoint) -> float:
+        return max(p.seconds - overhead, 0.5 * p.seconds)
+
+    first = by_rows[rows[0]][0]
+    e_mem0 = min(1.0, first.bytes / (bw * t_prime(first)))
+    ec_floor: dict[int, float] = {}
+    em: dict[int, float] = {}
+    memory_bound: dict[int, bool] = {}
+    for r in rows:
+        ps = by_rows[r]
+        ec_floor[r] = min(1.0, max(p.flops / (peak * t_prime(p)) for p in ps))
+        em[r] = min(1.0, max(e_mem0, max(p.bytes / (bw * t_prime(p)) for p in ps)))
+        memory_bound[r] = all(p.bytes / (bw * e_mem0) >= MEMORY_BOUND_SHARE * t_prime(p) for p in ps)
+    compute_rows = [r for r in rows if not memory_bound[r]]
+    ec = {}
+    for r in rows:
+        if memory_bound[r]:
+            later = [ec_floor[c] for c in compute_rows if c > r]
+            ec[r] = max(ec_floor[r], later[0]) if later else 1.0
+            em[r] = min(1.0, max(p.bytes / (bw * t_prime(p)) for p in by_rows[r]))
+        else:
+            ec[r] = ec_floor[r]
+            em[r] = e_mem0
+    return dict(e_compute=[[r, _clean(max(ec[r], 1e-6))] for r in rows],
+                e_memory=[[r, _clean(max(em[r], 1e-6))] for r in rows], overhead_s=_clean(overhead))
+
+
+def _clean(x: float) -> float:
+    """Round to 4 significant figures for a readable YAML (the spreads are far wider)."""
+    x = float(x)
+    return float(f"{x:.4g}") if math.isfinite(x) and x != 0 else x
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def write_yaml(mapping: dict[str, Any], path: Path) -> Path:
+    """Write atomically (temporary file in the same folder, then rename); creates the folder."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = ("# Written by `llmperf calibrate`: measured ceilings of this device and the calibrated time\n"
+              "# model (efficiency). Use it as `--hardware local` (or pass this path).\n")
+    text = header + yaml.safe_dump(mapping, sort_keys=False, default_flow_style=None, width=120)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ---- the measurements (torch) ----------------------------------------------------------------------
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_streams(s: Settings, device: Any, progress: Progress) -> list[StreamPoint]:
+    import torch
+
+    out = []
+    for size in s.stream_sizes:
+        progress(f"stream {size / MiB:g} MiB")
+        n = max(size // 4, 1)
+        src = torch.rand(n, device=device)
+        dst = torch.empty_like(src)
+        for kind, fn, moved in (("read", lambda: src.sum(), 4 * n), ("copy", lambda: dst.copy_(src), 8 * n)):
+            t = time_fn(fn, device, reps=s.reps, min_time_s=0.05)
+            out.append(StreamPoint(kind=kind, size_bytes=4 * n, bytes_moved=moved, seconds=t.min_s,
+                                   spread_s=t.spread_s, n=t.n))
+        if size == max(s.stream_sizes):
+            t = time_fn(lambda: dst.add_(src), device, reps=s.reps, min_time_s=0.02)  # reads 2, writes 1
+            out.append(StreamPoint(kind="add", size_bytes=4 * n, bytes_moved=12 * n, seconds=t.min_s,
+                                   spread_s=t.spread_s, n=t.n))
+        del src, dst
+    return out
+
+
+def _linear_fn(rows: int, k: int, n: int, dtype: Any, device: Any) -> Callable[[], Any]:
+    """`x @ W` in the engine's weight layout for this dtype and device (llmperf.engine.model)."""
+    import torch
+    import torch.nn.functional as F
+
+    from llmperf.engine.model import resolve_layout
+
+    x = torch.randn(rows, k, device=device, dtype=dtype)
+    if resolve_layout("auto", dtype, device):
+        w = torch.randn(k, n, device=device, dtype=dtype)
+        return lambda: torch.matmul(x, w)
+    w = torch.randn(n, k, device=device, dtype=dtype)
+    return lambda: F.linear(x, w)
+
+
+def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[ComputePoint], list[str]]:
+    import torch
+
+    out, notes = [], []
+    k, n = s.gemm_k, s.gemm_n
+    for dname in s.dtypes:
+        dtype = getattr(torch, DTYPE_NAMES[dname])
+        elem = torch.empty((), dtype=dtype).element_size()
+        for rows in s.gemm_rows:
+            progress(f"gemm {dname} rows={rows}")
+            try:
+                fn = _linear_fn(rows, k, n, dtype, device)
+                t = time_fn(fn, device, reps=s.reps, warmup=1)
+            except RuntimeError as exc:  # a dtype this device or build cannot multiply
+                notes.append(f"gemm {dname}: not measured ({str(exc).splitlines()[0]})")
+                break
+            out.append(ComputePoint(op="matmul", dtype=dname, rows=rows, shape=f"({rows},{k})@({k},{n})",
+                                    seconds=t.min_s, spread_s=t.spread_s, n=t.n, flops=2.0 * rows * k * n,
+                                    bytes=float(elem * (k * n + rows * k + rows * n))))
+            del fn
+            if t.median_s > s.gemm_call_budget_s and rows != s.gemm_rows[-1]:
+                notes.append(f"gemm {dname}: stopped at rows={rows} ({t.median_s:.2f} s per call)")
+                break
+    return out, notes
+
+
+def measure_attention(s: Settings, device: Any, progress: Progress) -> list[ComputePoint]:
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    H, D = s.attn_heads, s.attn_head_dim
+    for dname in s.dtypes:
+        dtype = getattr(torch, DTYPE_NAMES[dname])
+        elem = torch.empty((), dtype=dtype).element_size()
+        shapes = [(b, 1, t) for b, t in s.attn_decode] + [(1, t, t) for t in s.attn_prefill]
+        for batch, q_len, kv_len in shapes:
+            progress(f"attention {dname} B={batch} q={q_len} kv={kv_len}")
+            q = torch.randn(batch, H, q_len, D, device=device, dtype=dtype)
+            kk = torch.randn(batch, H, kv_len, D, device=device, dtype=dtype)
+            vv = torch.randn_like(kk)
+            causal = q_len > 1
+            try:
+                t = time_fn(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal), device,  # noqa: B023
+                            reps=s.reps, warmup=1)
+            except RuntimeError:
+                break
+            cost = attention_cost(batch, q_len, kv_len, num_heads=H, num_kv_heads=H, head_dim=D, act_bytes=elem,
+                                  kv_bytes=elem, impl="fused", causal=True)
+            out.append(ComputePoint(op="attention", dtype=dname, rows=batch * q_len,
+                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.min_s,
+                                    spread_s=t.spread_s, n=t.n, flops=float(cost.flops),
+                                    bytes=float(cost.bytes_total)))
+            del q, kk, vv
+    return out
+
+
+def _per_call_s(fn: Callable[[], Any], device: Any, calls: int = 200, rounds: int = 7) -> float:
+    """Mean time of back-to-back calls (what an eager engine pays per operator), median over rounds."""
+    import statistics
+    import time
+
+    fn()
+    _sync(device)
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        samples.append((time.perf_counter() - t0) / calls)
+    return statistics.median(samples)
+
+
+def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
+    """Dispatch / launch cost of a tiny operator of each kind (1 row, width 64)."""
+    import torch
+    import torch.nn.functional as F
+
+    progress("tiny-operator overhead")
+    x = torch.randn(1, 64, device=device)
+    w = torch.randn(64, 64, device=device)
+    y = torch.randn(1, 64, device=device)
+    q = torch.randn(1, 1, 1, 64, device=device)
+    kv = torch.randn(1, 1, 8, 64, device=device)
+    table = torch.randn(256, 64, device=device)
+    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+    nw = torch.ones(64, device=device)
+
+    def rmsnorm() -> Any:  # the engine's RMSNorm: square, mean, rsqrt, scale, weight
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * nw
+
+    return dict(matmul=_per_call_s(lambda: torch.matmul(x, w), device),
+                attention=_per_call_s(lambda: F.scaled_dot_product_attention(q, kv, kv), device),
+                elementwise=_per_call_s(lambda: y.add_(x), device),
+                norm=_per_call_s(rmsnorm, device),
+                embedding=_per_call_s(lambda: F.embedding(ids, table), device))
+
+
+def measure_step_overhead(device: Any, progress: Progress) -> float:
+    """Host time of an engine decode step outside its forward pass (sampling, cache bookkeeping),
+    median over the steps of a tiny model's greedy generation."""
+    import statistics
+
+    from llmperf.engine import Engine, Recorder, SamplingParams, build_model
+    from llmperf.specs import ModelSpec
+
+    progress("engine step overhead")
+    spec = ModelSpec(name="calibrate-tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+                     num_kv_heads=2, ffn_size=128, max_positions=256)
+    engine = Engine(build_model(spec, seed=0, device=device), cache="contiguous")
+    engine.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=4))  # warm-up
+    rec = Recorder(device, ops=False)
+    engine.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=32), recorder=rec)
+    gaps = [st.seconds - st.forward_seconds for st in rec.trace.steps if st.phase == "decode"]
+    return max(statistics.median(gaps), 0.0) if gaps else 0.0
+
+
+def _allreduce_worker(rank: int, world: int, backend: str, sizes: Sequence[int], init_file: str,
+                      result_file: str) -> None:  # pragma: no cover - runs in spawned processes
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            torch.cuda.set_device(device)
+        results = []
+        for size in sizes:
+            buf = torch.ones(size // 4, device=device)
+            for _ in range(3):
+                dist.all_reduce(buf)
+            reps = 20 if size <= MiB else 5
+            times = []
+            for _ in range(reps):
+                dist.barrier()
+                _sync(device)
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+            times.sort()
+            results.append(dict(size_bytes=size, seconds=times[len(times) // 2]))
+        if rank == 0:
+            Path(result_file).write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_allreduce(s: Settings, device: Any, progress: Progress) -> list[AllreducePoint]:
+    """All-reduce between `world` processes: NCCL over every CUDA device (needs two), gloo over two
+    CPU processes."""
+    import torch
+    import torch.multiprocessing as mp
+
+    if device.type == "cuda":
+        world, backend = torch.cuda.device_count(), "nccl"
+        if world < 2:
+            return []
+    else:
+        world, backend = 2, "gloo"
+    progress(f"all-reduce ({backend}, {world} processes)")
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file, result_file = os.path.join(tmp, "init"), os.path.join(tmp, "result.json")
+        mp.spawn(_allreduce_worker, args=(world, backend, list(s.allreduce_sizes), init_file, result_file),
+                 nprocs=world, join=True)
+        rows = json.loads(Path(result_file).read_text())
+    return [AllreducePoint(backend=backend, world=world, size_bytes=r["size_bytes"], seconds=r["seconds"])
+            for r in rows]
+
+
+def calibrate(settings: Settings | None = None, *, progress: Progress | None = None) -> Calibration:
+    """Measure the device `settings.device` names (see the module docstring)."""
+    import torch
+
+    s = settings or Settings()
+    device = torch.device(s.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda requested but torch sees no CUDA device")
+    tick = progress or (lambda msg: None)
+    previous_threads = torch.get_num_threads()
+    if s.threads is not None:
+        if s.threads < 1:
+            raise ValueError(f"--threads: must be a positive integer, got {s.threads}")
+        torch.set_num_threads(s.threads)
+    try:
+        return _calibrate(s, device, tick)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
+    import torch
+
+    from llmperf.specs import match_hardware
+
+    dev = describe(device)
+    cal = Calibration(device=dev, versions=versions(), settings=s,
+                      created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    if device.type == "cuda":
+        cal.datasheet = match_hardware(dev["name"])
+    with torch.inference_mode():
+        cal.streams = measure_streams(s, device, tick)
+        gemm, notes = measure_gemm(s, device, tick)
+        cal.compute = gemm + measure_attention(s, device, tick)
+        cal.notes += notes
+        cal.overhead_s = measure_overheads(device, tick)
+    if s.step_overhead:
+        cal.step_overhead_s = measure_step_overhead(device, tick)
+    if s.allreduce:
+        try:
+            cal.allreduce = measure_allreduce(s, device, tick)
+        except Exception as exc:  # noqa: BLE001 - a sandbox without sockets/shm still calibrates the rest
+            cal.notes.append(f"all-reduce not measured ({type(exc).__name__}: {str(exc).splitlines()[0]})")
+    if not cal.measured_dtypes():
+        raise ValueError(f"--dtypes: no GEMM could be timed for {', '.join(s.dtypes)}")
+    return cal
+
+

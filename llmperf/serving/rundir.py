@@ -1,0 +1,108 @@
+"""The simulate run directory (the contract between `simulate`, `plan` and `llmperf report`).
+
+    run.json       {"kind": "simulate", "schema_version": 1, "created", "model", "hardware",
+                    "settings": {...}, "summary": {"ttft_s": {"p50","p90","p99","mean"}, "tpot_s",
+                    "e2e_s", "queue_s", "throughput_rps", "tokens_per_s", "goodput_rps",
+                    "preemptions", "requests", ...}}
+    requests.csv   request_id, arrival_s, prompt_tokens, output_tokens, first_token_s, finish_s,
+                   ttft_s, tpot_s, e2e_s, queue_s, preemptions
+    steps.csv      step, start_s, duration_s, phase, batch, prefill_tokens, decode_tokens,
+                   kv_used_bytes, kv_reserved_bytes, kv_util, running, waiting, preemptions
+    rates.csv      (a rate sweep / --find-max-rate) rate, ttft_p50, ttft_p90, ttft_p99, tpot_p50,
+                   tpot_p90, tpot_p99, goodput_rps, throughput_rps, meets_slo
+
+Times in seconds, bytes decimal (KV bytes are per GPU). Every file is written to a temporary name in
+the same folder and renamed, run.json last, so a reader never sees a half-written run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from llmperf.errors import SpecError
+
+SCHEMA_VERSION = 1
+REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",
+                   "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions")
+STEP_COLUMNS = ("step", "start_s", "duration_s", "phase", "batch", "prefill_tokens", "decode_tokens",
+                "kv_used_bytes", "kv_reserved_bytes", "kv_util", "running", "waiting", "preemptions")
+RATE_COLUMNS = ("rate", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "goodput_rps",
+                "throughput_rps", "meets_slo")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def jsonable(value: object) -> object:
+    """numpy scalars to Python, NaN / inf to None (JSON has neither)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def prepare_dir(path: str | Path) -> Path:
+    """Create the run directory (parents included); refuse a path that is a file."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise SpecError(f"--run-dir: {str(p)!r} exists and is not a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"--run-dir: cannot create {str(p)!r} ({exc.strerror or exc})") from None
+    return p
+
+
+def write_run_dir(path: str | Path, *, model: str, hardware: str, settings: dict, summary: dict,
+                  requests: pd.DataFrame, steps: pd.DataFrame, rates: pd.DataFrame | None = None,
+                  extra: dict | None = None) -> Path:
+    """Write a simulate run directory; returns its path."""
+    p = prepare_dir(path)
+    _atomic_write(p / "requests.csv", requests.loc[:, list(REQUEST_COLUMNS)].to_csv(index=False))
+    _atomic_write(p / "steps.csv", steps.loc[:, list(STEP_COLUMNS)].to_csv(index=False))
+    if rates is not None:
+        _atomic_write(p / "rates.csv", rates.loc[:, list(RATE_COLUMNS)].to_csv(index=False))
+    doc = dict(kind="simulate", schema_version=SCHEMA_VERSION,
+               created=datetime.now(timezone.utc).isoformat(timespec="seconds"), model=model, hardware=hardware,
+               settings=settings, summary=summary)
+    if extra:
+        doc |= extra
+    _atomic_write(p / "run.json", json.dumps(jsonable(doc), indent=2) + "\n")
+    return p
+
+
+def read_run_dir(path: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(run.json, requests, steps) of a simulate run directory."""
+    p = Path(path)
+    try:
+        doc = json.loads((p / "run.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"run directory {str(p)!r}: cannot read run.json ({exc})") from None
+    if doc.get("kind") != "simulate":
+        raise SpecError(f"run directory {str(p)!r}: kind is {doc.get('kind')!r}, not 'simulate'")
+    return doc, pd.read_csv(p / "requests.csv"), pd.read_csv(p / "steps.csv")
+
+
+__all__ = ["RATE_COLUMNS", "REQUEST_COLUMNS", "SCHEMA_VERSION", "STEP_COLUMNS", "jsonable", "prepare_dir",
+           "read_run_dir", "write_run_dir"]

@@ -1,0 +1,525 @@
+"""The serving simulator: the engine's own scheduler (`llmperf.serving.scheduler`) driven by the
+cost-model runner (`llmperf.serving.costmodel`) on a simulated clock.
+
+Nothing here decides what runs when: the `Scheduler` does, exactly as it does in the real engine
+(static / continuous batching, chunked prefill with a token budget and mixed steps, paged KV with
+recompute preemption, prefix sharing). This module sizes the KV pool the way vLLM does (device
+memory x `mem_util`, minus the weights and one forward pass's activations at the step's token
+budget, in blocks of `block_size` tokens), feeds the workload's requests at their arrival times,
+prices each step with `StepCostModel` (or replays given step durations: `step_times`), and turns the
+finished requests and the step log into latency statistics:
+
+- TTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1) (undefined for
+  one-token outputs); e2e = finish - arrival; queueing delay = first admission - arrival;
+- p50 / p90 / p99 (linear interpolation, `numpy.percentile`), throughput over the makespan (first
+  arrival to last finish), goodput = requests meeting every given SLO per second of makespan
+  (DistServe, Zhong et al., OSDI 2024);
+- per step: phase, batch, prefill and decode tokens, KV bytes used and reserved (per GPU) during
+  the step, running / waiting requests and preemptions.
+
+`find_max_rate` bisects the arrival rate for the highest one whose chosen percentile of TTFT and TPOT
+meets the SLOs (Vidur's "capacity", Agrawal et al., MLSys 2024); each simulation reuses the same
+lengths and random stream, only the arrival times scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from llmperf.analysis.memory import activation_peak_bytes, kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
+from llmperf.errors import SpecError
+from llmperf.serving.blocks import BlockManager
+from llmperf.serving.costmodel import StepCostModel
+from llmperf.serving.scheduler import RequestState, Scheduler, SchedulerConfig, StepOutcome, StepPlan
+from llmperf.serving.workload import Gamma, Poisson, Workload, WorkloadSpec, generate
+from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
+
+GiB = 2**30
+EFFICIENCIES = ("auto", "roofline", "typical", "calibrated")
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SLO:
+    """Service-level objectives: `percentile` of TTFT and of TPOT at most `ttft_s` / `tpot_s` seconds
+    (None: no bound). Goodput counts requests whose own TTFT and TPOT meet them."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    percentile: float = 90.0
+
+    def __post_init__(self) -> None:
+        for name, v in (("slo_ttft", self.ttft_s), ("slo_tpot", self.tpot_s)):
+            if v is not None and (not _is_num(v) or v <= 0):
+                raise SpecError(f"--{name.replace('_', '-')}: must be a number of seconds > 0, got {v!r}")
+        if not _is_num(self.percentile) or not 0 < self.percentile <= 100:
+            raise SpecError(f"--slo-percentile: must be in (0, 100], got {self.percentile!r}")
+
+    @property
+    def any(self) -> bool:
+        return self.ttft_s is not None or self.tpot_s is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingConfig:
+    """One replica (a `tp`-way tensor-parallel group) serving one model, and its scheduler settings.
+
+    Defaults follow vLLM's online serving: continuous batching, chunked prefill with a budget of
+    2048 tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
+    `efficiency`: the time model ("auto": the calibration a `--hardware local` spec carries, else the
+    roofline), or pass `time_model` directly. `num_blocks` overrides the memory-derived pool size."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    precision: Precision
+    tp: int = 1
+    pp: int = 1
+    attention: str = "fused"
+    efficiency: str = "auto"
+    time_model: object | None = None
+    policy: str = "continuous"
+    max_batch: int | None = 256
+    max_batched_tokens: int | None = 2048
+    chunked_prefill: bool = True
+    prefix_sharing: bool = True
+    block_size: int = 16
+    mem_util: float = 0.9
+    num_blocks: int | None = None
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.efficiency not in EFFICIENCIES:
+            raise SpecError(f"--efficiency: must be one of {', '.join(EFFICIENCIES)}, got {self.efficiency!r}")
+        for name in ("block_size",):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(f"--block-size: must be a positive integer, got {v!r}")
+        if self.num_blocks is not None and (isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int)
+                                            or self.num_blocks < 1):
+            raise SpecError(f"--num-blocks: must be a positive integer, got {self.num_blocks!r}")
+        if not _is_num(self.mem_util) or not 0 < self.mem_util <= 1:
+            raise SpecError(f"--mem-util: must be in (0, 1], got {self.mem_util!r}")
+        try:
+            self.scheduler_config()
+        except ValueError as exc:
+            raise SpecError(f"--{str(exc).replace('_', '-')}") from None
+
+    @classmethod
+    def build(cls, model: str | ModelSpec, hardware: str | HardwareSpec, *, precision: Precision | str | None = None,
+              weights: str | None = None, activations: str | None = None, kv: str | None = None,
+              **kw: object) -> ServingConfig:
+        """From names or specs, with a precision preset (default: the model's dtype) and overrides."""
+        from llmperf.analysis.generation import resolve_precision
+        m, hw = load_model(model), load_hardware(hardware)
+        prec = resolve_precision(m, precision, weights=weights, activations=activations, kv=kv)
+        return cls(model=m, hardware=hw, precision=prec, **kw)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(policy=self.policy, max_batch=self.max_batch,
+                               max_batched_tokens=self.max_batched_tokens, chunked_prefill=self.chunked_prefill,
+                               prefix_sharing=self.prefix_sharing, watermark=self.watermark)
+
+    def resolve_time_model(self) -> object | None:
+        """The time model object (None: the pure roofline)."""
+        if self.time_model is not None:
+            return self.time_model
+        eff = self.efficiency
+        if eff == "auto":
+            eff = "calibrated" if getattr(self.hardware, "efficiency", None) else "roofline"
+        if eff == "roofline":
+            return None
+        try:
+            from llmperf.analysis.timemodel import time_model_for
+        except ImportError:
+            raise SpecError(f"--efficiency {eff}: this installation has no calibrated time model") from None
+        return time_model_for(self.hardware, eff, self.hardware.compute_dtype(self.precision.activations))
+
+    def settings(self) -> dict[str, object]:
+        tm = self.resolve_time_model()
+        return dict(model=self.model.name, hardware=self.hardware.name, weights=self.precision.weights,
+                    activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
+                    attention=self.attention, time_model=getattr(tm, "name", "roofline"), policy=self.policy,
+                    max_batch=self.max_batch, max_batched_tokens=self.max_batched_tokens,
+                    chunked_prefill=self.chunked_prefill, prefix_sharing=self.prefix_sharing,
+                    block_size=self.block_size, mem_util=self.mem_util, num_blocks=self.num_blocks,
+                    watermark=self.watermark)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPlan:
+    """Per-GPU memory of a replica: weights, the activation reserve, and the KV pool it leaves."""
+
+    usable_bytes: float
+    weights_bytes: float
+    activation_bytes: float
+    kv_bytes_per_token: float
+    block_size: int
+    num_blocks: int
+
+    @property
+    def block_bytes(self) -> float:
+        return self.kv_bytes_per_token * self.block_size
+
+    @property
+    def kv_pool_bytes(self) -> float:
+        return self.num_blocks * self.block_bytes
+
+
+def plan_memory(config: ServingConfig, workload: Workload | None = None) -> MemoryPlan:
+    """vLLM's sizing: usable = memory x mem_util; minus weights; minus one forward pass's activations
+    at the token budget (or the longest prompt without one); the rest in KV blocks. Raises SpecError
+    with the figures when nothing is left for the cache."""
+    m, prec, hw = config.model, config.precision, config.hardware
+    weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp)
+    kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp)
+    tokens = config.max_batched_tokens or (int(workload.prompt_tokens.max()) if workload is not None and len(workload)
+                                           else 2048)
+    act = float(activation_peak_bytes(m, prec, 1, tokens, tokens, tp=config.tp, attention=config.attention))
+    usable = hw.memory_bytes * config.mem_util
+    if config.num_blocks is not None:
+        return MemoryPlan(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
+                          block_size=config.block_size, num_blocks=config.num_blocks)
+    free = usable - weights - act
+    blocks = int(free // (kv_tok * config.block_size)) if free > 0 else 0
+    if blocks < 1:
+        raise SpecError(f"memory: {m.name} at {prec} (tp={config.tp}) needs {weights / GiB:.2f} GiB of weights + "
+                        f"{act / GiB:.2f} GiB of activations per GPU, more than the {usable / GiB:.2f} GiB usable "
+                        f"on {hw.name} ({hw.memory_gib:g} GiB x mem_util {config.mem_util:g}); no room for a KV cache")
+    return MemoryPlan(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
+                      block_size=config.block_size, num_blocks=blocks)
+
+
+class SyntheticPrompt(Sequence):
+    """Token ids of a simulated prompt, made up on demand (prefix sharing compares block contents):
+    the first `shared` positions are the system prompt (`0, 1, 2, ...`, the same for every request),
+    the rest are private to request `rid` (negative ids, equal within a request, never across)."""
+
+    __slots__ = ("rid", "shared", "length")
+
+    def __init__(self, rid: int, shared: int, length: int) -> None:
+        self.rid, self.shared, self.length = rid, shared, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _tok(self, i: int) -> int:
+        return i if i < self.shared else -1 - self.rid
+
+    def __getitem__(self, index):  # noqa: ANN001, ANN204
+        if isinstance(index, slice):
+            return tuple(self._tok(i) for i in range(*index.indices(self.length)))
+        if index < 0:
+            index += self.length
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        return self._tok(index)
+
+
+class CostModelRunner:
+    """The scheduler's `Runner` for the simulator: prices each step with a `StepCostModel` (or takes
+    its duration from `step_times[step]`), ends each request after its `output_tokens`, and records
+    the step's token counts and KV occupancy (per GPU) while it runs."""
+
+    def __init__(self, cost: StepCostModel | None, kv: BlockManager, output_tokens: Sequence[int],
+                 kv_bytes_per_token: float, step_times: Sequence[float] | None = None) -> None:
+        if cost is None and step_times is None:
+            raise ValueError("runner: needs a cost model or step_times")
+        self.cost, self.kv, self.out = cost, kv, output_tokens
+        self.kv_tok, self.step_times = kv_bytes_per_token, step_times
+        self.records: list[tuple[int, int, int, float, float]] = []  # batch, prefill, decode, used, reserved
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        tokens = prefill = batch = logits = 0
+        f_kv = f_qkv = f_tri = 0.0
+        finished: list[int] = []
+        out = self.out
+        for item in plan.items:
+            n, q = len(item.seq_ids), item.num_tokens
+            kv = item.start + q
+            batch += n
+            tokens += q * n
+            if not item.decode:
+                prefill += q * n
+            f_kv += kv * n
+            f_qkv += q * kv * n
+            f_tri += q * (q - 1) / 2 * n
+            if item.samples:
+                logits += n
+                if item.num_generated + 1 >= out[item.request_id]:
+                    finished.extend(item.seq_ids)
+        if self.step_times is not None:
+            if plan.step >= len(self.step_times):
+                raise ValueError(f"step_times: the schedule ran past the {len(self.step_times)} given step times")
+            duration = float(self.step_times[plan.step])
+        else:
+            duration = self.cost.step_time_from_features(tokens, np.array([tokens, f_kv, f_qkv, f_tri]), logits)
+        u = self.kv.usage()
+        self.records.append((batch, prefill, tokens - prefill, u.used_slots * self.kv_tok, u.reserved_slots * self.kv_tok))
+        return StepOutcome(duration_s=duration, finished=frozenset(finished))
+
+
+def _stats(x: np.ndarray) -> dict[str, float]:
+    x = x[~np.isnan(x)]
+    if not x.size:
+        return dict(p50=float("nan"), p90=float("nan"), p99=float("nan"), mean=float("nan"))
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return dict(p50=float(p50), p90=float(p90), p99=float(p99), mean=float(x.mean()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    """A simulated run: per-request and per-step tables, the summary, the scheduler's step log."""
+
+    settings: dict[str, object]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    memory: MemoryPlan
+    slo: SLO
+    log: list = field(default_factory=list, repr=False)  # the scheduler's StepLog records
+
+    @property
+    def makespan_s(self) -> float:
+        r = self.requests
+        return float(r["finish_s"].max() - r["arrival_s"].min()) if len(r) else 0.0
+
+    def meets(self) -> np.ndarray:
+        """Per request: TTFT and TPOT within the SLOs (a one-token output has no TPOT to miss)."""
+        r = self.requests
+        ok = np.ones(len(r), dtype=bool)
+        if self.slo.ttft_s is not None:
+            ok &= r["ttft_s"].to_numpy() <= self.slo.ttft_s
+        if self.slo.tpot_s is not None:
+            tpot = r["tpot_s"].to_numpy()
+            ok &= np.isnan(tpot) | (tpot <= self.slo.tpot_s)
+        return ok
+
+    def percentile(self, column: str, q: float | None = None) -> float:
+        x = self.requests[column].to_numpy(dtype=float)
+        x = x[~np.isnan(x)]
+        return float(np.percentile(x, self.slo.percentile if q is None else q)) if x.size else float("nan")
+
+    @property
+    def meets_slo(self) -> bool:
+        """The SLO percentile of TTFT and of TPOT within their bounds."""
+        ok = True
+        if self.slo.ttft_s is not None:
+            ok &= self.percentile("ttft_s") <= self.slo.ttft_s
+        if self.slo.tpot_s is not None:
+            t = self.percentile("tpot_s")
+            ok &= math.isnan(t) or t <= self.slo.tpot_s
+        return bool(ok)
+
+    def summary(self) -> dict[str, object]:
+        r, span = self.requests, self.makespan_s
+        n = len(r)
+        return dict(
+            ttft_s=_stats(r["ttft_s"].to_numpy(dtype=float)), tpot_s=_stats(r["tpot_s"].to_numpy(dtype=float)),
+            e2e_s=_stats(r["e2e_s"].to_numpy(dtype=float)), queue_s=_stats(r["queue_s"].to_numpy(dtype=float)),
+            throughput_rps=n / span if span > 0 else 0.0,
+            tokens_per_s=float(r["output_tokens"].sum()) / span if span > 0 else 0.0,
+            goodput_rps=float(self.meets().sum()) / span if span > 0 else 0.0,
+            preemptions=int(r["preemptions"].sum()), requests=n, makespan_s=span,
+            meets_slo=self.meets_slo if self.slo.any else None,
+            mean_batch=float(np.average(self.steps["batch"], weights=self.steps["duration_s"]))
+            if len(self.steps) and self.steps["duration_s"].sum() > 0 else 0.0,
+            mean_kv_util=float(self.steps["kv_util"].mean()) if len(self.steps) else 0.0,
+            peak_kv_used_bytes=float(self.steps["kv_used_bytes"].max()) if len(self.steps) else 0.0,
+            kv_pool_bytes=self.memory.kv_pool_bytes, num_blocks=self.memory.num_blocks,
+        )
+
+
+def _states(workload: Workload, prefix_sharing: bool) -> list[RequestState]:
+    share = prefix_sharing and bool(len(workload)) and int(workload.shared_prefix_tokens.max()) > 0
+    arr, pr, out, sh = (workload.arrival_s.tolist(), workload.prompt_tokens.tolist(),
+                        workload.output_tokens.tolist(), workload.shared_prefix_tokens.tolist())
+    return [RequestState(request_id=i, prompt_len=pr[i], max_new_tokens=out[i], arrival_s=arr[i],
+                         prompt=SyntheticPrompt(i, sh[i], pr[i]) if share else None)
+            for i in range(len(workload))]
+
+
+def check_fits(config: ServingConfig, memory: MemoryPlan, workload: Workload) -> None:
+    """Refuse (SpecError, with the figures) a workload one of whose requests cannot fit alone."""
+    if not len(workload):
+        raise SpecError("workload: no requests")
+    total = workload.prompt_tokens + workload.output_tokens
+    i = int(np.argmax(total))
+    if total[i] > config.model.max_positions:
+        raise SpecError(f"workload: request {i} needs {int(workload.prompt_tokens[i])} prompt + "
+                        f"{int(workload.output_tokens[i])} output tokens, more than {config.model.name}'s "
+                        f"{config.model.max_positions} positions")
+    blocks = -(-int(total[i]) // memory.block_size)
+    if blocks > memory.num_blocks:
+        raise SpecError(
+            f"workload: request {i} ({int(workload.prompt_tokens[i])} prompt + {int(workload.output_tokens[i])} output "
+            f"tokens) needs {blocks * memory.block_bytes / GiB:.3f} GiB of KV cache per GPU, more than the "
+            f"{memory.kv_pool_bytes / GiB:.3f} GiB pool ({memory.num_blocks} blocks of {memory.block_size} tokens) "
+            f"left on {config.hardware.name} after {memory.weights_bytes / GiB:.2f} GiB of weights and "
+            f"{memory.activation_bytes / GiB:.2f} GiB of activations")
+    budget = config.max_batched_tokens
+    if budget is not None and not config.chunked_prefill and int(workload.prompt_tokens.max()) > budget:
+        j = int(np.argmax(workload.prompt_tokens))
+        raise SpecError(f"--max-batched-tokens: request {j}'s {int(workload.prompt_tokens[j])}-token prompt exceeds "
+                        f"the per-step budget of {budget} without chunked prefill")
+
+
+def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = None,
+             step_times: Sequence[float] | None = None, cost: StepCostModel | None = None) -> SimResult:
+    """Serve `workload` on one replica with the shared scheduler on a simulated clock. `step_times`
+    replays given step durations instead of pricing them; `cost` reuses a step cost model (its
+    caches) across runs of the same configuration."""
+    slo = slo or SLO()
+    memory = plan_memory(config, workload)
+    check_fits(config, memory, workload)
+    if cost is None and step_times is None:
+        cost = step_cost_model(config)
+    kv = BlockManager(memory.num_blocks, config.block_size, max_seq_len=config.model.max_positions)
+    runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token, step_times)
+    sched = Scheduler(kv, runner, config.scheduler_config())
+    states = _states(workload, config.prefix_sharing)
+    try:
+        sched.run(states)
+    except (ValueError, RuntimeError) as exc:
+        raise SpecError(f"workload: {exc}") from None
+    return _result(config, slo, memory, workload, states, sched.log, runner.records)
+
+
+def step_cost_model(config: ServingConfig) -> StepCostModel:
+    return StepCostModel(model=config.model, hardware=config.hardware, precision=config.precision, tp=config.tp,
+                         pp=config.pp, attention=config.attention, time_model=config.resolve_time_model())
+
+
+def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workload, states: list[RequestState],
+            log: list, records: list) -> SimResult:
+    arrival = workload.arrival_s
+    first = np.array([s.first_token_s for s in states], dtype=float)
+    finish = np.array([s.finish_s for s in states], dtype=float)
+    sched = np.array([s.scheduled_s for s in states], dtype=float)
+    out = workload.output_tokens
+    gen = np.array([s.num_generated for s in states])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(gen > 1, (finish - first) / np.maximum(gen - 1, 1), np.nan)
+    requests = pd.DataFrame(dict(
+        request_id=np.arange(len(states)), arrival_s=arrival, prompt_tokens=workload.prompt_tokens,
+        output_tokens=out, first_token_s=first, finish_s=finish, ttft_s=first - arrival, tpot_s=tpot,
+        e2e_s=finish - arrival, queue_s=sched - arrival, preemptions=[s.preemptions for s in states]))
+    rec = np.array(records, dtype=float).reshape(-1, 5)
+    used, reserved = rec[:, 3], rec[:, 4]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        util = np.where(reserved > 0, used / np.where(reserved > 0, reserved, 1), 1.0)
+    steps = pd.DataFrame(dict(
+        step=[g.step for g in log], start_s=[g.start_s for g in log], duration_s=[g.duration_s for g in log],
+        phase=[str(g.phase) for g in log], batch=rec[:, 0].astype(int), prefill_tokens=rec[:, 1].astype(int),
+        decode_tokens=rec[:, 2].astype(int), kv_used_bytes=used, kv_reserved_bytes=reserved, kv_util=util,
+        running=[g.num_running for g in log], waiting=[g.num_waiting for g in log],
+        preemptions=[len(g.preempted) for g in log]))
+    settings = config.settings() | dict(num_blocks=memory.num_blocks, kv_pool_bytes=memory.kv_pool_bytes,
+                                        weights_bytes=memory.weights_bytes, slo_ttft_s=slo.ttft_s,
+                                        slo_tpot_s=slo.tpot_s, slo_percentile=slo.percentile)
+    settings |= {f"workload_{k}": v for k, v in workload.description.items()}
+    return SimResult(settings=settings, requests=requests, steps=steps, memory=memory, slo=slo, log=log)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rate search
+
+
+@dataclass(frozen=True, kw_only=True)
+class RatePoint:
+    rate: float
+    result: SimResult
+
+    def row(self) -> dict[str, object]:
+        s = self.result.summary()
+        return dict(rate=self.rate, ttft_p50=s["ttft_s"]["p50"], ttft_p90=s["ttft_s"]["p90"],
+                    ttft_p99=s["ttft_s"]["p99"], tpot_p50=s["tpot_s"]["p50"], tpot_p90=s["tpot_s"]["p90"],
+                    tpot_p99=s["tpot_s"]["p99"], goodput_rps=s["goodput_rps"], throughput_rps=s["throughput_rps"],
+                    meets_slo=self.result.meets_slo)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RateSearch:
+    """The points a bisection visited, and the highest rate that met the SLOs (None: none did)."""
+
+    points: list[RatePoint]
+    max_rate: float | None
+    best: SimResult | None
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([p.row() for p in sorted(self.points, key=lambda p: p.rate)])
+
+
+def with_rate(spec: WorkloadSpec, rate: float) -> WorkloadSpec:
+    """The same workload at another arrival rate (Poisson stays Poisson, gamma keeps its CV)."""
+    arrival = spec.arrival
+    new = Gamma(rate, arrival.cv) if isinstance(arrival, Gamma) else Poisson(rate)
+    return dataclasses.replace(spec, arrival=new)
+
+
+def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_tol: float = 0.02,
+                  max_iter: int = 30, on_point: Callable[[RatePoint], None] | None = None) -> RateSearch:
+    """Bisection on the arrival rate: the highest rate whose SLO percentile of TTFT and TPOT meets the
+    SLOs, within `rel_tol`. The workload keeps its lengths and seed; only arrivals change."""
+    if not slo.any:
+        raise SpecError("--find-max-rate: needs --slo-ttft and/or --slo-tpot")
+    cost = step_cost_model(config)
+    points: list[RatePoint] = []
+
+    def run(rate: float) -> RatePoint:
+        res = simulate(generate(with_rate(spec, rate)), config, slo=slo, cost=cost)
+        p = RatePoint(rate=rate, result=res)
+        points.append(p)
+        if on_point is not None:
+            on_point(p)
+        return p
+
+    # Start from the rate one request at a time would allow, then bracket by doubling / halving.
+    probe = generate(dataclasses.replace(with_rate(spec, 1.0), num_requests=1, duration_s=None))
+    one = simulate(probe, config, slo=slo, cost=cost)
+    rate = 1.0 / max(float(one.requests["e2e_s"].iloc[0]), 1e-9)
+    first = run(rate)
+    lo = hi = None
+    if first.result.meets_slo:
+        lo = first
+        for _ in range(max_iter):
+            p = run(lo.rate * 2)
+            if not p.result.meets_slo:
+                hi = p
+                break
+            lo = p
+    else:
+        hi = first
+        for _ in range(max_iter):
+            p = run(hi.rate / 4)
+            if p.result.meets_slo:
+                lo = p
+                break
+            hi = p
+            if p.rate < 1e-6:
+                break
+    if lo is None:
+        return RateSearch(points=points, max_rate=None, best=None)
+    if hi is None:
+        return RateSearch(points=points, max_rate=lo.rate, best=lo.result)
+    for _ in range(max_iter):
+        if hi.rate - lo.rate <= rel_tol * lo.rate:
+            break
+        p = run(math.sqrt(lo.rate * hi.rate) if hi.rate > 4 * lo.rate else (lo.rate + hi.rate) / 2)
+        if p.result.meets_slo:
+            lo = p
+        else:
+            hi = p
+    return RateSearch(points=points, max_rate=lo.rate, best=lo.result)
+
+
+__all__ = ["EFFICIENCIES", "SLO", "CostModelRunner", "MemoryPlan", "RatePoint", "RateSearch", "ServingConfig",
+           "SimResult", "SyntheticPrompt", "check_fits", "find_max_rate", "plan_memory", "simulate",
+           "step_cost_model", "with_rate"]

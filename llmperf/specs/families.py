@@ -1,0 +1,74 @@
+"""Block families: one data description per transformer block structure.
+
+A family says how a block is built (norm, FFN kind, activation, positions, where the biases are,
+whether the LM head is tied to the embedding), which is what the cost model counts and the engine
+builds. `ModelSpec` fills every structural field a spec leaves out from its family's description, and
+the Hugging Face reader (`llmperf/specs/hf.py`) maps each `model_type` onto a family. Adding a family
+means adding one `Family` to `FAMILIES` (and, to read its configs, one `HFModelType` in hf.py): no
+`if family == ...` branches elsewhere in `llmperf.specs`.
+
+Sources: the `transformers` modelling files of each family (`modeling_llama.py`, `modeling_gpt2.py`,
+`modeling_opt.py`, `modeling_gpt_neox.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from llmperf.errors import SpecError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """How one family builds a decoder block. Each field is the default of the `ModelSpec` field of
+    the same name; a spec may still override any of them (e.g. Qwen2's q/k/v biases on a llama block)."""
+
+    name: str
+    description: str
+    norm_kind: str  # rmsnorm | layernorm
+    ffn_kind: str  # swiglu (gate, up, down) | gelu | relu (up, down)
+    hidden_act: str  # by its Hugging Face name
+    pos_encoding: str  # rope | learned
+    qkv_bias: bool
+    out_bias: bool
+    mlp_bias: bool
+    tied_embeddings: bool
+    parallel_residual: bool = False  # attention and MLP read the same input (GPT-NeoX)
+    position_offset: int = 0  # extra learned position rows (OPT stores 2)
+
+    def defaults(self) -> dict[str, object]:
+        """The `ModelSpec` fields this family fills when a spec leaves them out."""
+        return {f: getattr(self, f) for f in FAMILY_FIELDS}
+
+
+#: the ModelSpec fields a family describes
+FAMILY_FIELDS = ("norm_kind", "ffn_kind", "hidden_act", "pos_encoding", "qkv_bias", "out_bias", "mlp_bias",
+                 "tied_embeddings", "parallel_residual", "position_offset")
+
+_ALL = (
+    Family(name="llama", description="RMSNorm, RoPE, SwiGLU, untied head (Llama, Mistral, Mixtral, Qwen2)",
+           norm_kind="rmsnorm", ffn_kind="swiglu", hidden_act="silu", pos_encoding="rope",
+           qkv_bias=False, out_bias=False, mlp_bias=False, tied_embeddings=False),
+    Family(name="gpt2", description="LayerNorm, learned positions, GELU MLP, biases, tied head",
+           norm_kind="layernorm", ffn_kind="gelu", hidden_act="gelu_new", pos_encoding="learned",
+           qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True),
+    Family(name="opt", description="LayerNorm, learned positions (+2 rows), ReLU MLP, biases, tied head",
+           norm_kind="layernorm", ffn_kind="relu", hidden_act="relu", pos_encoding="learned",
+           qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True, position_offset=2),
+    Family(name="gpt_neox", description="LayerNorm, partial RoPE, GELU MLP, parallel residual",
+           norm_kind="layernorm", ffn_kind="gelu", hidden_act="gelu", pos_encoding="rope",
+           qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=False, parallel_residual=True),
+)
+
+#: every known family by name
+FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in _ALL})
+
+
+def get_family(name: str, origin: str = "model") -> Family:
+    """The family called `name`; an unknown name is a `SpecError` listing the known ones."""
+    try:
+        return FAMILIES[name]
+    except (KeyError, TypeError):
+        raise SpecError(f"{origin}: family must be one of {', '.join(FAMILIES)}, got {name!r}") from None

@@ -1,0 +1,320 @@
+"""The one roll-up (issue 7): the memory rule, sliding windows, fused projections, group scales,
+pipeline stages, the time-model hook, and a single estimate equal to its sweep row. Every golden
+value is computed by hand in the comment beside it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmperf.analysis import (
+    Efficiency,
+    ForwardModel,
+    attention_cost,
+    bound_label,
+    estimate,
+    op_time,
+    sweep,
+    weight_bytes_per_gpu,
+)
+from llmperf.analysis.memory import kv_bytes_per_token_per_gpu
+from llmperf.analysis.operators import attended_pairs
+from llmperf.analysis.rollup import stage_layers, stage_weight_bytes, sum_max_lines
+from llmperf.analysis.schema import COLUMNS, to_json
+from llmperf.errors import SpecError
+from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
+from llmperf.specs.quantization import QuantizationSpec
+
+GIB = 2**30
+
+
+# ---- the memory rule -------------------------------------------------------------------------------
+def test_max_batch_is_what_kv_memory_holds_after_one_activation_reservation():
+    """Llama-3.1-8B (bf16) on an A100-80GB, prompt 512 + 128 generated, vLLM defaults.
+    usable = 0.9 x 80 GiB = 77,309,411,328 B; weights = 8,030,261,248 x 2 = 16,060,522,496 B.
+    Activations, one forward of 8192 tokens: residual + normed copy 2*8192*4096*2 = 134,217,728,
+    the FFN (larger than attention) 8192*14336*2*3 = 704,643,072, fp32 logits of one row
+    128,256*4 = 513,024: 839,373,824 B. KV per sequence: 640 tokens (40 blocks of 16) x 131,072 B =
+    83,886,080 B. Max batch = floor((77,309,411,328 - 16,060,522,496 - 839,373,824) / 83,886,080) = 720
+    (the KV memory alone would hold 730; charging each sequence its own prefill peak gave 447)."""
+    est = estimate("llama-3.1-8b", "a100-80gb-sxm", batch=1, prompt_len=512, gen_len=128)
+    assert est.memory.activation_peak_bytes == 839_373_824
+    assert est.memory.weights_bytes == 16_060_522_496
+    assert est.memory.max_batch == 720
+    assert math.floor((0.9 * 80 * GIB - 16_060_522_496) / 83_886_080) == 730
+    # the reservation does not grow with the batch: 700 sequences fit, 721 do not
+    assert estimate("llama-3.1-8b", batch=700).memory.fits
+    big = estimate("llama-3.1-8b", batch=721)
+    assert not big.memory.fits and big.memory.activation_peak_bytes == 839_373_824
+    # a smaller token budget reserves less and leaves room for more sequences
+    assert estimate("llama-3.1-8b", max_batched_tokens=2048).memory.max_batch > 720
+
+
+def test_paged_block_rounding_and_utilisation_are_exact(llama2_7b, a100):
+    """prompt 100, gen 28, blocks of 16: lengths 101..128 during the generation; paged tokens
+    ceil(L/16)*16 -> 112 (L <= 112) or 128; the final 128 tokens are 8 whole blocks."""
+    est = estimate(llama2_7b, a100, batch=3, prompt_len=100, gen_len=28, block_size=16, max_seq_len=4096)
+    lengths = np.arange(101, 129)
+    paged = np.ceil(lengths / 16) * 16
+    assert est.memory.kv.paged_utilization == pytest.approx(lengths.mean() / paged.mean(), rel=1e-12)
+    assert est.memory.kv.contiguous_utilization == pytest.approx(lengths.mean() / 4096, rel=1e-12)
+    assert est.memory.kv_cache_bytes == 3 * 128 * 524_288
+    # 130 final tokens round up to 144 (9 blocks)
+    assert estimate(llama2_7b, a100, prompt_len=100, gen_len=30).memory.kv_cache_bytes == 144 * 524_288
+
+
+def test_max_seq_len_shorter_than_the_context_is_refused(llama2_7b, a100):
+    with pytest.raises(SpecError, match="max_seq_len: 600"):
+        estimate(llama2_7b, a100, prompt_len=512, gen_len=128, max_seq_len=600)
+    with pytest.raises(SpecError, match="max_seq_len: 600"):
+        sweep([llama2_7b], [a100], prompt_len=[64, 512], gen_len=[128], max_seq_len=600)
+
+
+# ---- tensor and pipeline parallelism ------------------------------------------------------------------
+def test_tp_beyond_kv_heads_replicates_them():
+    """Llama-3.1-8B has 8 KV heads; at tp 16 each GPU keeps one (replicated), never zero:
+    KV per token per GPU = 2 x 32 layers x 1 head x 128 x 2 B = 16,384; k_proj reads 4096 x 128 x 2 B."""
+    m = load_model("llama-3.1-8b")
+    assert kv_bytes_per_token_per_gpu(m, Precision.uniform("bf16"), tp=16) == 16_384
+    fm = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=16)
+    assert fm.k_proj(1, 1, 10).weight_bytes == 4096 * 128 * 2
+    assert fm.attention_ops(1, 1, 1000)[0].kv_read_bytes == 2 * 1000 * 1 * 128 * 2
+
+
+def test_pipeline_stages_follow_vllm_partition(llama2_7b):
+    """32 layers on 3 stages: 10 each, the 2 left over to the stages before the last -> [11, 11, 10].
+    Stage 0 holds 11 layers + the embedding; the last 10 layers + final norm + lm_head."""
+    assert stage_layers(llama2_7b, 3) == [11, 11, 10]
+    p = Precision()
+    layer = (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) * 2
+    vocab = 32000 * 4096 * 2
+    assert stage_weight_bytes(llama2_7b, p, pp=3) == [11 * layer + vocab, 11 * layer, 10 * layer + 4096 * 2 + vocab]
+    assert weight_bytes_per_gpu(llama2_7b, p, pp=3) == 11 * layer + vocab
+    assert kv_bytes_per_token_per_gpu(llama2_7b, p, pp=3) == 11 * 2 * 32 * 128 * 2
+
+
+def test_tied_lm_head_sits_on_the_last_stage():
+    """GPT-2 small ties lm_head to the embedding: one copy at pp 1, a copy on the last stage at pp 2."""
+    m = load_model("gpt2")
+    p = Precision.uniform("fp16")
+    one = stage_weight_bytes(m, p, pp=1)[0]
+    first, last = stage_weight_bytes(m, p, pp=2)
+    vocab = m.vocab_size * m.hidden_size * 2
+    assert one == m.param_count * 2  # tied: counted once, as HF counts parameters
+    assert first + last == one + vocab
+    assert last >= vocab
+
+
+# ---- quantisation ---------------------------------------------------------------------------------
+def test_group_scales_and_16_bit_embeddings():
+    """int4, groups of 128: 0.5 B per weight + (2 B scale + 0.5 B zero) / 128 = 0.51953125 B;
+    int8 per channel: 1 B + 2 B per output row; lm_head stays at 16 bits, tied or not."""
+    assert Precision(weights="int4").matrix_bytes(4096, 4096) == 4096 * 4096 * 0.51953125
+    assert Precision(weights="int4", group_size=64, zero_point=False).matrix_bytes(4096, 4096) == \
+        4096 * 4096 * 0.5 + 4096 * 64 * 2
+    assert Precision(weights="int8").matrix_bytes(4096, 1000) == 4096 * 1000 + 1000 * 2
+    fm = ForwardModel(model=load_model("llama-3.1-8b"), precision=Precision(weights="int4", activations="bf16"))
+    assert fm.lm_head(1, 1, 1).weight_bytes == 4096 * 128_256 * 2
+    assert fm.embed(2, 3, 3).weight_bytes == 6 * 4096 * 2
+    tied = ForwardModel(model=load_model("gpt2"), precision=Precision(weights="int4"))
+    assert tied.lm_head(1, 1, 1).weight_bytes == 768 * 50257 * 2
+    assert ForwardModel(model=load_model("gpt2"), precision=Precision(weights="int4", embeddings="int4")) \
+        .lm_head(1, 1, 1).weight_bytes == 768 * 50257 * 0.5 + 50257 * 6 * 2.5  # ceil(768/128) = 6 groups
+
+
+def test_quantised_checkpoint_sets_the_default_weight_precision(tiny_llama, a100):
+    q = tiny_llama.scaled(quantization=QuantizationSpec(method="gptq", bits=4, group_size=32, zero_point=False))
+    est = estimate(q, a100)
+    assert est.precision.weights == "int4" and est.precision.effective_group_size == 32
+    assert not est.precision.effective_zero_point
+    assert est.summary()["group_size"] == 32
+    assert estimate(q, a100, weights="fp16").precision.weights == "fp16"  # an explicit choice wins
+    per_channel = tiny_llama.scaled(quantization=QuantizationSpec(method="gptq", bits=4, group_size=None))
+    assert estimate(per_channel, a100).precision.effective_group_size is None
+
+
+# ---- fused projections ------------------------------------------------------------------------------
+def test_fused_qkv_reads_the_input_once(llama2_7b):
+    """Llama-2-7B prefill of 1024 tokens at fp16, Q K V fused (4096 -> 12288):
+    2*1024*4096*12288 FLOPs / 2*(4096*12288 + 1024*4096 + 1024*12288) B = 768.0 FLOP/B."""
+    fm = ForwardModel(model=llama2_7b, precision=Precision(), fused_qkv=True, fused_gate_up=True)
+    qkv = fm.qkv_proj(1, 1024, 1024)
+    assert qkv.intensity == 768.0
+    split = [fm.q_proj(1, 1024, 1024), fm.k_proj(1, 1024, 1024), fm.v_proj(1, 1024, 1024)]
+    assert qkv.flops == sum(o.flops for o in split) and qkv.weight_bytes == sum(o.weight_bytes for o in split)
+    assert qkv.act_read_bytes == split[0].act_read_bytes  # read once, not three times
+    gu = fm.gate_up_proj(1, 1024, 1024)
+    assert gu.act_read_bytes == 1024 * 4096 * 2 and gu.weight_bytes == 2 * 4096 * 11008 * 2
+    names = [o.name for o in fm.layer_ops(1, 8, 8)]
+    assert "qkv_proj" in names and "gate_up_proj" in names and "q_proj" not in names
+    assert estimate(llama2_7b, fused_qkv=False).prefill.op("q_proj")
+
+
+# ---- sliding window ------------------------------------------------------------------------------
+def test_sliding_window_caps_pairs_keys_and_memory(tiny_llama, a100):
+    """Window 4, prefill of 10: pairs = 1 + 2 + 3 + 4 x 7 = 34; a decode step at context 100 reads
+    4 keys; the KV a sequence keeps is capped at 4 tokens (one block of 16)."""
+    assert attended_pairs(10, 10, True, window=4) == 34
+    assert attended_pairs(1, 100, True, window=4) == 4
+    assert attended_pairs(3, 10, True, window=4) == 12
+    kw = dict(num_heads=4, num_kv_heads=2, head_dim=16)
+    dec = attention_cost(2, 1, 100, window=4, **kw)
+    assert dec.kv_read_bytes == 2 * 2 * 4 * 2 * 16 * 2
+    assert dec.flops == 4 * 2 * 4 * 4 * 16
+    m = tiny_llama.scaled(sliding_window=4)
+    est = estimate(m, a100, batch=2, prompt_len=20, gen_len=30)
+    assert est.memory.kv_cache_bytes == 2 * 16 * m.kv_bytes_per_token("fp16")
+    # the closed form crosses the window exactly
+    w = tiny_llama.scaled(sliding_window=40)
+    est = estimate(w, a100, batch=3, prompt_len=20, gen_len=50)
+    steps = est.decode_step_times_s()
+    assert steps.sum() == pytest.approx(est.decode_total_s, rel=1e-12)
+    assert steps[-1] == steps[-2]  # past the window a step costs the same
+
+
+# ---- time model and the bound rule -------------------------------------------------------------------
+class HalfSpeed:
+    """Half the compute roof, 80% of bandwidth, 2 µs per launch; bigger GEMMs do better."""
+
+    name = "half-speed"
+
+    def efficiency(self, cost, hardware):  # noqa: ANN001, ANN201
+        rows = np.asarray(cost.rows, dtype=float)
+        return Efficiency(e_compute=np.where(rows >= 64, 0.6, 0.5), e_memory=0.8, overhead_s=2e-6)
+
+
+def test_time_model_reaches_every_time_and_keeps_the_closed_form(tiny_llama, a100):
+    tm = HalfSpeed()
+    est = estimate(tiny_llama, a100, batch=5, prompt_len=30, gen_len=40, time_model=tm)
+    steps = est.decode_step_times_s()
+    assert steps.sum() == pytest.approx(est.decode_total_s, rel=1e-12)
+    assert est.ttft_s == pytest.approx(est.prefill.time_s, rel=1e-12)
+    assert est.summary()["time_model"] == "half-speed"
+    base = estimate(tiny_llama, a100, batch=5, prompt_len=30, gen_len=40)
+    assert base.summary()["time_model"] == "roofline" and est.ttft_s > base.ttft_s
+    n_ops = len(est.prefill.ops)
+    assert est.prefill.time_s >= n_ops * 2e-6
+    row = sweep([tiny_llama], [a100], batch=[5], prompt_len=[30], gen_len=[40], time_model=tm).iloc[0]
+    assert row.tpot_s == est.tpot_s and row.ttft_s == est.ttft_s
+
+
+def test_attention_is_timed_at_the_matrix_peak_and_softmax_at_the_vector_peak(a100):
+    fused = attention_cost(1, 512, 512, num_heads=8, num_kv_heads=8, head_dim=64)
+    assert op_time(fused, a100, "fp16").compute_s == fused.flops / 312e12
+    naive = ForwardModel(model=ModelSpec(name="t", vocab_size=10, hidden_size=512, num_layers=1, num_heads=8,
+                                         ffn_size=64, max_positions=1024), precision=Precision(),
+                         attention="naive").attention_ops(1, 512, 512)
+    score, softmax = naive[0], naive[1]
+    assert op_time(score, a100, "fp16").compute_s == score.flops / 312e12
+    assert op_time(softmax, a100, "fp16").compute_s == softmax.flops / 19.5e12
+
+
+def test_kv_write_counts_k_and_v(tiny_llama):
+    """3 sequences x 5 tokens x 2 KV heads x 16 dims, K and V: 2 x 240 values, 2 B each."""
+    c = ForwardModel(model=tiny_llama, precision=Precision(kv="fp8")).kv_write(3, 5, 5)
+    assert c.kv_write_bytes == 2 * 3 * 5 * 2 * 16 * 1 and c.act_read_bytes == 2 * 3 * 5 * 2 * 16 * 2
+
+
+def test_ties_go_to_memory_everywhere():
+    assert bound_label(1.0, 1.0) == "memory" and bound_label(1.0 + 1e-9, 1.0) == "compute"
+    assert bound_label(0.0, 0.0, 0.0) == "memory" and bound_label(1.0, 1.0, 1.0) == "memory"
+    assert list(bound_label(np.array([1.0, 2.0]), np.array([1.0, 1.0]))) == ["memory", "compute"]
+
+
+# ---- one roll-up -----------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:context 131200")
+def test_no_overflow_a_row_does_not_depend_on_its_neighbours(a100):
+    one = sweep(["llama-3.1-8b"], [a100], batch=[100_000], prompt_len=[131_072], gen_len=[128])
+    two = sweep(["llama-3.1-8b"], [a100], batch=[100_000, 1], prompt_len=[131_072], gen_len=[128])
+    pd.testing.assert_frame_equal(one, two.iloc[:1])
+    est = estimate("llama-3.1-8b", a100, batch=100_000, prompt_len=131_072, gen_len=128)
+    assert est.ttft_s == one.ttft_s.iloc[0] and est.memory.kv_cache_bytes / GIB == one.kv_cache_gib.iloc[0]
+
+
+def test_a_billion_tokens_is_a_closed_form(a100):
+    est = estimate("llama-3.1-8b", a100, prompt_len=512, gen_len=10**9)
+    assert est.decode_first.time_s <= est.tpot_s <= est.decode_last.time_s
+    assert 0.99 < est.memory.kv.paged_utilization <= 1.0
+    # a slice of the per-step series on demand
+    tail = est.decode_step_times_s(start=10**9 - 3)
+    assert len(tail) == 3 and tail[-1] == pytest.approx(est.decode_last.time_s, rel=1e-12)
+
+
+def test_columns_are_documented_and_json_is_strict(a100):
+    frame = sweep(["llama-3.1-8b", "mixtral-8x7b"], [a100], batch=[1, 4], tp=[1, 2], weights=["bf16", "int4"])
+    assert list(frame.columns) == list(COLUMNS)
+    assert len(frame) == 2 * 2 * 2 * 2
+    assert list(estimate("llama-3.1-8b", a100).summary()) == list(COLUMNS)
+    frame.loc[0, "ttft_s"] = float("nan")
+    text = to_json(frame)
+    assert "NaN" not in text and '"ttft_s": null' in text
+    mix = frame[frame.model == "mixtral-8x7b"].iloc[0]
+    assert mix.params_total == 46_702_792_704 and mix.params_active < mix.params_total
+    assert set(frame.gpus) == {1, 2}
+
+
+def _assert_row_equal(row: dict, summary: dict) -> None:
+    assert list(row) == list(summary)
+    for key, value in summary.items():
+        got = row[key]
+        if value is None:
+            assert got is None or got != got or got is pd.NA, key
+        elif isinstance(value, float):
+            assert got == pytest.approx(value, rel=1e-12, abs=0), key
+        else:
+            assert got == value, key
+
+
+heads = st.sampled_from([(8, 8), (8, 4), (8, 2), (4, 1)])
+
+
+@st.composite
+def small_models(draw) -> ModelSpec:  # noqa: ANN001
+    h, kvh = draw(heads)
+    return ModelSpec(name="m", vocab_size=draw(st.integers(100, 3000)), hidden_size=h * 32,
+                     num_layers=draw(st.integers(2, 7)), num_heads=h, num_kv_heads=kvh,
+                     ffn_size=8 * draw(st.integers(2, 64)), ffn_kind=draw(st.sampled_from(["swiglu", "gelu"])),
+                     tied_embeddings=draw(st.booleans()), max_positions=1 << 20,
+                     sliding_window=draw(st.sampled_from([None, 50, 300])),
+                     num_experts=draw(st.sampled_from([1, 4])), experts_per_token=1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(small_models(), st.lists(st.integers(1, 300), min_size=1, max_size=2), st.integers(1, 400),
+       st.integers(1, 400), st.sampled_from([[1], [1, 2], [2, 4]]), st.sampled_from([[1], [1, 2]]),
+       st.sampled_from([["fp16"], ["fp16", "int4"], ["int8", "fp8"]]), st.sampled_from(["fused", "naive"]),
+       st.booleans())
+def test_single_estimate_equals_its_sweep_row(a100, m, batches, prompt, gen, tps, pps, weights, attn, fused):
+    frame = sweep([m], [a100], batch=batches, prompt_len=[prompt], gen_len=[gen], tp=tps, pp=pps,
+                  weights=weights, attention=attn, fused_qkv=fused, all_logits=not fused)
+    rows = frame.to_dict(orient="records")
+    assert len(rows) == len(batches) * len(tps) * len(pps) * len(weights)
+    for row in rows:
+        est = estimate(m, a100, batch=row["batch"], prompt_len=prompt, gen_len=gen, tp=row["tp"], pp=row["pp"],
+                       weights=row["weights"], attention=attn, fused_qkv=fused, all_logits=not fused)
+        _assert_row_equal(row, est.summary())
+        assert est.prefill.time_s == pytest.approx(est.ttft_s, rel=1e-12)
+        assert est.prefill.bound == row["prefill_bound"] and est.decode_first.bound == row["decode_bound"]
+
+
+@given(st.lists(st.tuples(st.floats(-5, 5), st.floats(-1, 1)), min_size=1, max_size=3),
+       st.integers(-20, 20), st.integers(0, 40))
+def test_sum_max_lines_matches_a_loop(lines, lo, n):
+    hi = lo + n - 1
+    xs = np.arange(lo, hi + 1)
+    expected = np.max([a + b * xs for a, b in lines], axis=0).sum() if n else 0.0
+    got = sum_max_lines([a for a, _ in lines], [b for _, b in lines], lo, hi)
+    assert float(got) == pytest.approx(expected, abs=1e-9)
+
+
+def test_hardware_with_no_interconnect_refuses_pp_by_name(tiny_llama):
+    hw = load_hardware("a100-80gb-sxm")
+    from dataclasses import replace
+    lonely = replace(hw, interconnect_gbps=0.0)
+    with pytest.raises(SpecError, match="pp: 2"):
+        estimate(tiny_llama, lonely, pp=2)

@@ -1,0 +1,106 @@
+"""`llmperf calibrate` on this CPU with small sizes: positive, plausible, ordered figures; the fit
+reproduces a synthetic device; the YAML round-trips as `local`; corrupt and foreign files are refused."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from llmperf.analysis.timemodel import KindTerms, time_model_for
+from llmperf.errors import SpecError
+from llmperf.measure.calibrate import ComputePoint, Settings, calibrate, fit_curves, write_yaml
+from llmperf.specs import load_hardware
+from llmperf.specs.local import load_calibrated, local_path
+
+
+@pytest.fixture(scope="module")
+def cal():
+    # 256 KiB fits the L2 of any current CPU; 96 MiB exceeds its last-level cache: DRAM
+    # one thread: on a shared machine a second OpenMP thread waits for a descheduled peer
+    return calibrate(Settings.tiny(stream_sizes=(256 * 1024, 96 * 2**20), threads=1))
+
+
+def test_figures_are_positive_and_plausible(cal):
+    assert all(p.seconds > 0 and p.bytes_per_s > 0 for p in cal.streams)
+    assert all(p.seconds > 0 and p.flops_per_s > 0 for p in cal.compute)
+    assert 1e9 < cal.memory_bytes_per_s() < 5e12  # 1 GB/s .. 5 TB/s
+    for d in ("fp32", "bf16"):
+        assert 1e9 < cal.peak_flops_per_s(d) < 1e16
+    assert set(cal.overhead_s) == {"matmul", "attention", "elementwise", "norm", "embedding"}
+    assert all(0 < v < 1e-2 for v in cal.overhead_s.values())  # a tiny operator costs microseconds
+    assert cal.device["threads"] >= 1 and cal.versions["torch"]
+
+
+def test_cache_is_faster_than_dram(cal):
+    """Physics: a buffer that fits in L2 streams faster than one that must come from DRAM."""
+    copy = {p.size_bytes: p.bytes_per_s for p in cal.streams if p.kind == "copy"}
+    assert copy[256 * 1024] > copy[96 * 2**20]
+
+
+def test_bf16_gemm_at_least_fp32_on_amx(cal):
+    if "amx_bf16" not in cal.device["isa"]:
+        pytest.skip(f"no AMX on this CPU (ISA: {', '.join(cal.device['isa'])})")
+    assert cal.peak_flops_per_s("bf16") >= cal.peak_flops_per_s("fp32")
+
+
+def test_efficiencies_are_valid_and_spec_loads(cal, tmp_path):
+    mapping = cal.to_mapping()
+    for dtype, kinds in mapping["efficiency"]["dtypes"].items():
+        for kind, terms in kinds.items():
+            KindTerms.parse(terms, f"{dtype}.{kind}")  # every efficiency in (0, 1], overhead >= 0
+    path = write_yaml(mapping, tmp_path / "dev.yaml")
+    spec = load_hardware(str(path))
+    assert spec.name == "local" and spec.memory_bandwidth_gbps > 0 and set(spec.peak_tflops) == {"fp32", "bf16"}
+    tm = time_model_for(spec, "calibrated", "fp32")
+    assert tm.name == "calibrated" and tm.terms("matmul").overhead_s > 0
+    assert spec.calibration["datasheet"] is None and spec.calibration["threads"] >= 1
+
+
+def test_local_is_read_from_the_cache_dir(cal, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(SpecError, match="run `llmperf calibrate` first"):
+        load_hardware("local")
+    write_yaml(cal.to_mapping(), local_path())
+    assert local_path() == tmp_path / "llmperf" / "local.yaml"
+    assert load_hardware("local").efficiency["model"] == "calibrated"
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda text, m: "peak_tflops: [unclosed\n", "not valid YAML"),
+    (lambda text, m: yaml.safe_dump({k: v for k, v in m.items() if k != "calibration"}), "not a calibration file"),
+    (lambda text, m: yaml.safe_dump({**m, "calibration": {**m["calibration"], "tool": "other-tool"}}), "foreign"),
+    (lambda text, m: yaml.safe_dump({**m, "calibration": {**m["calibration"], "schema_version": 99}}),
+     "schema_version"),
+    (lambda text, m: yaml.safe_dump({**m, "efficiency": {**m["efficiency"], "dtypes": {
+        "fp32": {"matmul": {"e_compute": 3.0}}}}}), "in \\(0, 1\\]"),
+    (lambda text, m: yaml.safe_dump({**m, "memory_bandwidth_gbps": -1}), "memory_bandwidth_gbps"),
+])
+def test_corrupt_or_foreign_calibration_is_named_and_refused(cal, tmp_path, monkeypatch, mutate, message):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    mapping = cal.to_mapping()
+    path = local_path()
+    write_yaml(mapping, path)
+    path.write_text(mutate(path.read_text(), mapping))
+    with pytest.raises(SpecError, match=message) as err:
+        load_hardware("local")
+    assert str(path) in str(err.value)
+    with pytest.raises(SpecError, match=message):
+        load_calibrated(path)
+
+
+def test_fit_reproduces_a_synthetic_device():
+    """A device with known peak, bandwidth, efficiencies and overhead: the fitted curves give back
+    every calibration point and interpolate between them (memory-bound rows stay memory-bound)."""
+    peak, bw, oh, K, N = 1e11, 1e10, 5e-6, 4096, 8192
+
+    def truth(r):
+        c, m = 2.0 * r * K * N, 4.0 * (K * N + r * K + r * N)
+        return c, m, max(c / (peak * 0.6), m / (bw * 0.8)) + oh
+
+    pts = [ComputePoint(op="matmul", dtype="fp32", rows=r, shape="", seconds=truth(r)[2], spread_s=0.0, n=1,
+                        flops=truth(r)[0], bytes=truth(r)[1]) for r in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    terms = KindTerms.parse(fit_curves(pts, peak, bw, oh), "fit")
+    for r in (1, 3, 6, 24, 48, 100, 256, 1000):
+        c, m, t = truth(r)
+        pred = max(c / (peak * terms.e_compute(r)), m / (bw * terms.e_memory(r))) + oh
+        assert pred == pytest.approx(t, rel=2e-3), r

@@ -1,0 +1,172 @@
+"""`llmperf profile` on a tiny model: one joined row per operator and phase with vocabulary names,
+exact cross-checks, the run-directory contract, held-out accuracy against the roofline, and every
+failure path (a shape that does not fit, an interrupted sweep)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import yaml
+
+from llmperf.analysis.vocabulary import OP_NAMES, PHASE_NAMES, Op
+from llmperf.errors import SpecError
+from llmperf.measure import profile as prof
+from llmperf.measure.calibrate import Settings, calibrate
+
+TINY = dict(name="tiny-llama", family="llama", vocab_size=512, hidden_size=128, num_layers=2, num_heads=4,
+            num_kv_heads=2, ffn_size=256, max_positions=512)
+
+
+@pytest.fixture(scope="module")
+def hardware():
+    """Calibrated from calibrate's own micro-benchmarks only (none of them is a profiled configuration)."""
+    cal = calibrate(Settings.tiny(gemm_k=512, gemm_n=1024, gemm_rows=(1, 4, 16, 64), attn_heads=4, attn_head_dim=32,
+                                  attn_decode=((1, 128), (4, 128)), attn_prefill=(32, 128), step_overhead=True,
+                                  threads=1))
+    return cal.to_spec()
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("spec") / "tiny-llama.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def run(hardware, model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "profile"
+    s = prof.ProfileSettings(model=model_path, hardware="local", batches=(1, 2), prompt_lens=(16,), gen_lens=(6,),
+                             reps=3, threads=1)
+    return prof.run_profile(s, hardware, out)
+
+
+def _read(path):
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_run_directory_contract(run):
+    doc = json.loads((run.out_dir / "run.json").read_text())
+    assert {"kind", "schema_version", "created", "model", "hardware", "device", "versions", "git_commit", "settings",
+            "errors", "checks"} <= set(doc)
+    assert doc["kind"] == "profile" and doc["schema_version"] == 1 and doc["status"] == "complete"
+    assert doc["settings"]["threads"] == 1 and doc["settings"]["notes"]  # says Triton is not timed on CPU
+    assert any("Triton kernels are not timed" in n for n in doc["settings"]["notes"])
+    for name, cols in (("ops.csv", prof.OPS_COLUMNS), ("steps.csv", prof.STEPS_COLUMNS),
+                       ("generations.csv", prof.GENERATIONS_COLUMNS)):
+        with (run.out_dir / name).open() as f:
+            assert tuple(next(csv.reader(f))) == cols
+    assert len(_read(run.out_dir / "generations.csv")) == 2
+    assert len(_read(run.out_dir / "steps.csv")) == 2 * 6  # a prefill and 5 decode steps per generation
+    for e in doc["errors"]:
+        assert e["model"] in ("roofline", "calibrated") and e["phase"] in ("prefill", "decode", "e2e")
+        assert e["n"] > 0 and e["median_abs_err"] >= 0 and e["p90_abs_err"] >= e["median_abs_err"]
+
+
+def test_exact_cross_checks_pass(run):
+    names = {c["name"]: c for c in run.run["checks"]}
+    assert set(names) == {"matmul FLOPs vs FlopCounterMode", "weight bytes vs parameters",
+                          "KV cache bytes vs cache storage"}
+    assert all(c["passed"] for c in names.values()), names
+
+
+def test_one_joined_row_per_operator_and_phase(run):
+    keys = [(r["kind"], r["phase"], r["op"], r["batch"], r["q_len"], r["kv_len"]) for r in run.ops]
+    assert len(keys) == len(set(keys))
+    assert {r["op"] for r in run.ops} <= set(OP_NAMES) and {r["phase"] for r in run.ops} <= set(PHASE_NAMES)
+    gen = [r for r in run.ops if r["kind"] == "generation"]
+    prefill_ops = {r["op"] for r in gen if r["phase"] == "prefill" and r["batch"] == 1}
+    # every operator of a Llama layer, measured and predicted under both models
+    assert {"embed", "attn_norm", "rope", "kv_write", "attention", "o_proj", "act", "down_proj", "final_norm",
+            "lm_head"} <= prefill_ops
+    assert {"q_proj", "k_proj", "v_proj"} <= prefill_ops or "qkv_proj" in prefill_ops
+    for r in gen:
+        assert r["measured_s"] > 0 and r["predicted_roofline_s"] > 0 and r["predicted_calibrated_s"] > 0, r
+        assert r["ratio_roofline"] == pytest.approx(r["predicted_roofline_s"] / r["measured_s"])
+        assert r["bound"] in ("memory", "compute")
+    micro = {(r["phase"], r["op"]) for r in run.ops if r["kind"] == "micro"}
+    assert ("prefill", "attention") in micro and ("decode", "gate_proj") in micro and ("decode", "lm_head") in micro
+
+
+def test_generation_rows_sum_to_the_steps(run):
+    steps = {(s["config"], s["phase"]) for s in run.steps}
+    assert ("b1-p16-g6", "prefill") in steps
+    for g in run.generations:
+        mine = [s for s in run.steps if s["config"] == g["config"]]
+        assert g["measured_e2e_s"] == pytest.approx(sum(s["measured_s"] for s in mine))
+        assert g["predicted_e2e_s_roofline"] == pytest.approx(sum(s["predicted_roofline_s"] for s in mine))
+
+
+def test_calibrated_beats_the_roofline_on_held_out_generations(run):
+    """Nothing was fitted on these generations: the calibrated terms come from calibrate's micro-benchmarks."""
+    err = {(e["phase"], e["model"]): e["median_abs_err"] for e in run.run["errors"]}
+    for phase in ("decode", "e2e"):
+        assert err[(phase, "calibrated")] < err[(phase, "roofline")], err
+
+
+def test_fused_measurements_join_the_sum_of_their_parts(hardware):
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import ModelSpec, Precision
+
+    fm = ForwardModel(model=ModelSpec(**TINY), precision=Precision.uniform("fp32"))
+    pred = prof.Predictor(fm=fm, hardware=hardware, compute_dtype="fp32", calibrated=None)
+    qkv = pred.cost(Op.qkv_proj, 2, 1, 10)
+    parts = [pred.cost(p, 2, 1, 10) for p in (Op.q_proj, Op.k_proj, Op.v_proj)]
+    assert qkv.flops == sum(p.flops for p in parts) and qkv.weight_bytes == sum(p.weight_bytes for p in parts)
+    assert qkv.act_read_bytes == parts[0].act_read_bytes  # the input is read once
+    gate_up = pred.cost(Op.gate_up_proj, 2, 1, 10)
+    assert gate_up.flops == pred.cost(Op.gate_proj, 2, 1, 10).flops * 2
+    assert pred.cost(Op.pos_embed, 2, 1, 10) is None  # a Llama has no learned positions
+    assert math.isnan(pred.times(qkv, 2, 1)[1])  # no calibrated model: the calibrated column is empty
+
+
+def test_a_shape_that_does_not_fit_is_refused_with_figures(hardware, model_path, tmp_path, monkeypatch):
+    import llmperf.measure.device as device
+
+    monkeypatch.setattr(device, "available_memory_bytes", lambda dev: 2**20)
+    s = prof.ProfileSettings(model=model_path, hardware="local", batches=(64,), prompt_lens=(256,), gen_lens=(16,))
+    with pytest.raises(SpecError, match=r"needs \d+\.\d+ GiB \(weights .* KV cache .* activations .*\) but cpu has"):
+        prof.run_profile(s, hardware, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_interrupted_sweep_keeps_its_rows(hardware, model_path, tmp_path, monkeypatch):
+    real = prof.generation
+    calls = {"n": 0}
+
+    def interrupt_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prof, "generation", interrupt_second)
+    s = prof.ProfileSettings(model=model_path, hardware="local", batches=(1, 2), prompt_lens=(8,), gen_lens=(3,),
+                             micro=False, reps=1)
+    res = prof.run_profile(s, hardware, tmp_path / "out")
+    assert res.interrupted
+    doc = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert doc["status"] == "interrupted" and doc["settings"]["configs_done"] == 1
+    assert len(_read(tmp_path / "out" / "generations.csv")) == 1
+    assert len(_read(tmp_path / "out" / "steps.csv")) == 3 and _read(tmp_path / "out" / "ops.csv")
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(backend="triton"), "Triton kernels run in the interpreter"),
+    (dict(backend="flash"), "--backend"), (dict(kv="ring"), "--kv"), (dict(layers=0), "--layers"),
+    (dict(batches=()), "--batch"), (dict(threads=0), "--threads"),
+])
+def test_bad_settings_name_the_option(changes, message, model_path):
+    s = prof.ProfileSettings(model=model_path, hardware="local", **changes)
+    with pytest.raises(SpecError, match=message):
+        s.validate()
+
+
+def test_context_beyond_positions_is_refused(model_path):
+    s = prof.ProfileSettings(model=model_path, hardware="local", prompt_lens=(500,), gen_lens=(100,))
+    with pytest.raises(SpecError, match="max_positions=512"):
+        prof.resolve_spec(s)

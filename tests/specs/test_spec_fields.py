@@ -1,0 +1,187 @@
+"""New spec fields: sliding window, quantization, GPT-2 attention scaling, family descriptions,
+finite numbers only (NaN / infinity refused naming the field), optional hardware fields."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+
+import pytest
+
+from llmperf.errors import SpecError
+from llmperf.specs import (
+    FAMILIES, HardwareSpec, ModelSpec, QuantizationSpec, list_models, load_hardware, load_model,
+)
+from llmperf.specs.families import FAMILY_FIELDS
+
+GOOD_MODEL = dict(name="m", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                  ffn_size=128, max_positions=256)
+MINIMAL_HW = "name: mine\npeak_tflops: {fp16: 100}\nmemory_bandwidth_gbps: 1000\nmemory_gib: 16\n"
+
+
+def raises(text: str):
+    return pytest.raises(SpecError, match=re.escape(text))
+
+
+# ---- NaN and infinity ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("yaml_value,shown", [(".nan", "nan"), (".NaN", "nan"), (".inf", "inf"),
+                                              ("-.inf", "-inf"), ("+.inf", "inf")])
+@pytest.mark.parametrize("field", ["memory_bandwidth_gbps", "memory_gib", "l2_cache_mib", "sram_per_sm_kib",
+                                   "interconnect_gbps"])
+def test_hardware_yaml_refuses_nan_and_inf(tmp_path, field, yaml_value, shown):
+    path = tmp_path / "hw.yaml"
+    path.write_text(MINIMAL_HW.replace(f"{field}: 1000\n", "").replace(f"{field}: 16\n", "")
+                    + f"{field}: {yaml_value}\n")
+    with raises(f"{field} must be a finite"):
+        load_hardware(str(path))
+    with raises(f"got {shown}"):
+        load_hardware(str(path))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_hardware_peak_refuses_nan_and_inf(value):
+    with raises(f"peak_tflops.fp16 must be a finite positive number, got {value!r}"):
+        HardwareSpec(name="x", peak_tflops={"fp16": value}, memory_bandwidth_gbps=1, memory_gib=1)
+
+
+@pytest.mark.parametrize("field", ["norm_eps", "rope_theta"])
+@pytest.mark.parametrize("yaml_value,shown", [(".nan", "nan"), (".inf", "inf"), ("-.inf", "-inf")])
+def test_model_yaml_refuses_nan_and_inf(tmp_path, field, yaml_value, shown):
+    path = tmp_path / "m.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in GOOD_MODEL.items()) + f"{field}: {yaml_value}\n")
+    with raises(f"{field} must be a finite positive number, got {shown}"):
+        load_model(str(path))
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "num_layers", "sliding_window", "max_positions"])
+def test_model_integer_fields_refuse_nan_and_inf(field):
+    for value in (float("nan"), float("inf")):
+        with raises(f"{field} must be a positive integer, got {value!r}"):
+            ModelSpec(**{**GOOD_MODEL, field: value})
+
+
+def test_interconnect_zero_allowed_negative_not():
+    assert HardwareSpec(name="x", peak_tflops={"fp16": 1}, memory_bandwidth_gbps=1, memory_gib=1,
+                        interconnect_gbps=0).interconnect_gbps == 0
+    with raises("interconnect_gbps must be a finite number >= 0, got -1"):
+        HardwareSpec(name="x", peak_tflops={"fp16": 1}, memory_bandwidth_gbps=1, memory_gib=1, interconnect_gbps=-1)
+
+
+# ---- a custom hardware file needs only the roofline's fields --------------------------------------
+
+def test_minimal_hardware_yaml(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(MINIMAL_HW)
+    hw = load_hardware(str(path))
+    assert hw.ridge_point("fp16") == 100e12 / 1000e9
+    assert hw.memory_bytes == 16 * 2**30
+    assert (hw.num_sms, hw.sram_per_sm_kib, hw.l2_cache_mib, hw.on_chip_bytes) == (None, None, None, None)
+    assert hw.interconnect_gbps == 0 and hw.variant == "" and hw.device_names == ()
+
+
+@pytest.mark.parametrize("missing", ["peak_tflops", "memory_bandwidth_gbps", "memory_gib"])
+def test_hardware_required_fields(tmp_path, missing):
+    path = tmp_path / "mine.yaml"
+    path.write_text("".join(line + "\n" for line in MINIMAL_HW.splitlines() if not line.startswith(missing)))
+    with raises(f"missing field {missing!r}"):
+        load_hardware(str(path))
+
+
+def test_hardware_required_field_set():
+    """What the README documents as required: the roofline's inputs and nothing else."""
+    import dataclasses
+    required = {f.name for f in fields(HardwareSpec)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    assert required == {"name", "peak_tflops", "memory_bandwidth_gbps", "memory_gib"}
+
+
+# ---- sliding window, attention scaling -------------------------------------------------------------
+
+def test_sliding_window_field():
+    assert load_model("mistral-7b").sliding_window == 4096
+    assert load_model("llama-3.1-8b").sliding_window is None
+    assert load_model("qwen2.5-7b").sliding_window is None  # use_sliding_window is false
+    assert load_model("mixtral-8x7b").sliding_window is None
+    with raises("sliding_window must be a positive integer, got 0"):
+        ModelSpec(**{**GOOD_MODEL, "sliding_window": 0})
+    with raises("sliding_window must be a positive integer, got 10.5"):
+        ModelSpec(**{**GOOD_MODEL, "sliding_window": 10.5})
+
+
+def test_attention_scale_flags():
+    m = ModelSpec(**GOOD_MODEL)
+    assert m.attn_scale is True and m.attn_scale_inverse_layer_idx is False
+    for f in ("attn_scale", "attn_scale_inverse_layer_idx"):
+        with raises(f"{f} must be true or false, got 'yes'"):
+            ModelSpec(**{**GOOD_MODEL, f: "yes"})
+
+
+# ---- quantization ---------------------------------------------------------------------------------
+
+def test_quantization_spec():
+    q = QuantizationSpec(method="awq", bits=4, group_size=128, zero_point=True)
+    assert (q.weight_dtype, q.bytes_per_weight) == ("int4", 0.5)
+    assert QuantizationSpec(method="gptq", bits=8, group_size=None, zero_point=False).weight_dtype == "int8"
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(method="bnb"), "quantization.method must be one of awq, gptq, got 'bnb'"),
+    (dict(bits=3), "quantization.bits must be one of 4, 8, got 3"),
+    (dict(bits=True), "quantization.bits must be one of 4, 8, got True"),
+    (dict(group_size=0), "quantization.group_size must be a positive integer or null (per channel), got 0"),
+    (dict(group_size=-1), "got -1"),
+    (dict(zero_point="yes"), "quantization.zero_point must be true or false, got 'yes'"),
+])
+def test_quantization_bad_fields(kwargs, needle):
+    with raises(needle):
+        QuantizationSpec(**{**dict(method="gptq", bits=4), **kwargs})
+
+
+def test_quantization_from_yaml(tmp_path):
+    path = tmp_path / "q.yaml"
+    body = "".join(f"{k}: {v}\n" for k, v in GOOD_MODEL.items())
+    path.write_text(body + "quantization: {method: awq, bits: 4, group_size: 128, zero_point: true}\n")
+    m = load_model(str(path))
+    assert m.quantization == QuantizationSpec(method="awq", bits=4, group_size=128, zero_point=True)
+    assert ModelSpec(**m.to_dict()) == m  # round trip through plain data
+    path.write_text(body + "quantization: {method: awq, bitz: 4}\n")
+    with raises("unknown field 'quantization.bitz'"):
+        load_model(str(path))
+    path.write_text(body + "quantization: {method: awq}\n")
+    with raises("missing field 'quantization.bits'"):
+        load_model(str(path))
+    path.write_text(body + "quantization: int4\n")
+    with raises("quantization must be a mapping"):
+        load_model(str(path))
+
+
+# ---- family descriptions ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_fills_the_structural_fields(family):
+    m = ModelSpec(**GOOD_MODEL, family=family)
+    for f in FAMILY_FIELDS:
+        assert getattr(m, f) == getattr(FAMILIES[family], f), f
+
+
+def test_explicit_fields_override_the_family():
+    m = ModelSpec(**GOOD_MODEL, family="llama", qkv_bias=True)  # Qwen2's layout on a llama block
+    assert m.qkv_bias and not m.out_bias and m.norm_kind == "rmsnorm"
+
+
+def test_scaled_to_another_family_rederives_its_fields():
+    m = ModelSpec(**GOOD_MODEL).scaled(family="gpt2")
+    assert (m.norm_kind, m.pos_encoding, m.tied_embeddings, m.qkv_bias) == ("layernorm", "learned", True, True)
+    assert m.scaled(num_layers=4).norm_kind == "layernorm"  # other changes keep the fields
+
+
+def test_unknown_family():
+    with raises("family must be one of llama, gpt2, opt, gpt_neox, got 'bert'"):
+        ModelSpec(**GOOD_MODEL, family="bert")
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_builtin_models_structural_fields_are_set(name):
+    m = load_model(name)
+    assert all(getattr(m, f) is not None for f in FAMILY_FIELDS)
