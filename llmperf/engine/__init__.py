@@ -8,8 +8,8 @@
 Modules: `model` (the decoder), `weights` (random / Hugging Face checkpoints), `attention` (backends),
 `cache` (contiguous and paged KV caches), `runner` (executes the shared scheduler's steps: forward +
 token choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`),
-`instrument` (per-step / per-operator timings), `bench` (speed against
-`transformers`); `sampling`, `beam`, `block_pool`, `workload` (engine-pure).
+`instrument` (per-step / per-operator timings); `sampling`, `beam`, `workload` (engine-pure). The
+speed benchmark is `llmperf.measure.engine_bench`; block bookkeeping is `llmperf.serving.blocks`.
 """
 
 from llmperf.engine.attention import BACKENDS, StepMeta

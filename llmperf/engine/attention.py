@@ -60,7 +60,20 @@ class StepMeta:
     row_slice: slice | None = None
     slot_mapping: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
+    # Set by the model for its forward (ModelSpec fields that change the math): keys a query may
+    # see (sliding window; None = all), and each layer's softmax scale (None = 1/sqrt(D)).
+    window: int | None = None
+    layer_scales: tuple[float, ...] | None = None
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def scale(self, layer: int, head_dim: int) -> float:
+        """The factor on QK^T in `layer`: 1/sqrt(D), or the model's (GPT-2 scalings)."""
+        return self.layer_scales[layer] if self.layer_scales is not None else 1.0 / math.sqrt(head_dim)
+
+    @property
+    def windowed(self) -> bool:
+        """Some query of the step has keys outside its sliding window (the window matters)."""
+        return self.window is not None and self.max_seq_len > self.window
 
     @property
     def batch(self) -> int:
@@ -91,13 +104,18 @@ class StepMeta:
         return self._memo["seq_lens"]
 
     def mask(self, S: int) -> torch.Tensor | None:
-        """(B, 1, T, S) bool, True where query (b, t) may see key s (s <= its position); None when
-        every query sees every one of the S keys (uniform decode)."""
-        if self.q_len == 1 and self.uniform and S == self.max_seq_len:
+        """(B, 1, T, S) bool, True where query (b, t) may see key s: s <= its position p and, with a
+        sliding window W, s > p - W (Mistral / Hugging Face: each query sees its last W keys, itself
+        included). None when every query sees every one of the S keys (uniform decode)."""
+        if self.q_len == 1 and self.uniform and S == self.max_seq_len and not self.windowed:
             return None
         if S not in self._memo:
-            keys = torch.arange(S, device=self.positions.device)  # (S,)
-            self._memo[S] = (keys[None, None, :] <= self.positions[:, :, None])[:, None]  # (B, 1, T, S)
+            keys = torch.arange(S, device=self.positions.device)[None, None, :]  # (1, 1, S)
+            pos = self.positions[:, :, None]  # (B, T, 1)
+            visible = keys <= pos
+            if self.windowed:
+                visible &= keys > pos - self.window
+            self._memo[S] = visible[:, None]  # (B, 1, T, S)
         return self._memo[S]
 
     @classmethod
@@ -121,6 +139,7 @@ def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     B, T, H, D = q.shape
     H_kv = k.shape[2]
     G = H // H_kv
+    scale = meta.scale(layer, D)
     with rec.op("attention", layer):
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
         S = K.shape[2]
@@ -128,13 +147,13 @@ def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             # Fold the G query heads of each KV head into the query axis: (B, H_kv, G, D).
             qg = q.reshape(B, H_kv, G, D)
             mask = meta.mask(S)
-            o = F.scaled_dot_product_attention(qg, K, V, attn_mask=mask)  # (B, H_kv, G, D)
+            o = F.scaled_dot_product_attention(qg, K, V, attn_mask=mask, scale=scale)  # (B, H_kv, G, D)
             return o.reshape(B, 1, H * D)
         qt = q.transpose(1, 2)  # (B, H, T, D)
-        if meta.fresh and meta.uniform:
-            o = F.scaled_dot_product_attention(qt, K, V, is_causal=True, enable_gqa=G > 1)
+        if meta.fresh and meta.uniform and not meta.windowed:
+            o = F.scaled_dot_product_attention(qt, K, V, is_causal=True, enable_gqa=G > 1, scale=scale)
         else:
-            o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(S), enable_gqa=G > 1)
+            o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(S), enable_gqa=G > 1, scale=scale)
         return o.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
 
 
@@ -147,7 +166,7 @@ def naive_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     S = K.shape[2]
     qg = q.transpose(1, 2).reshape(B, H_kv, G * T, D)  # rows ordered (g, t)
     with rec.op("attn_score", layer):
-        scores = torch.matmul(qg, K.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (B, H_kv, G*T, S)
+        scores = torch.matmul(qg, K.transpose(-1, -2)) * meta.scale(layer, D)  # (B, H_kv, G*T, S)
     with rec.op("attn_softmax", layer):
         mask = meta.mask(S)  # (B, 1, T, S) or None
         s = scores.float()
@@ -195,28 +214,34 @@ def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     kernels = _kernels()
     B, T, H, D = q.shape
     H_kv = k.shape[2]
+    if meta.windowed:  # the kernels attend to every earlier key: refuse rather than attend wrongly
+        raise ValueError(f"sliding_window: the triton backend has no sliding-window kernels; this step's "
+                         f"{meta.max_seq_len}-token context exceeds the window of {meta.window} "
+                         "(use attention='sdpa' or 'naive')")
+    sm = meta.scale(layer, D)
     with rec.op("attention", layer):
         if meta.fresh and meta.uniform:
-            o = kernels.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+            o = kernels.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                                        sm_scale=sm)
             return o.transpose(1, 2).reshape(B, T, H * D)
         if T == 1 and isinstance(meta.cache, PagedKVCache):
             k_pool, v_pool = meta.cache.pools(layer)  # (num_blocks, block_size, H_kv, D) each
             o = kernels.paged_attention(q.reshape(B, H, D), k_pool, v_pool, meta.block_tables,
                                         meta.seq_lens_tensor(), _decode_splits(kernels, meta, H_kv, q.device),
-                                        validate=False)
+                                        sm_scale=sm, validate=False)
             return o.reshape(B, 1, H * D)
         if T == 1 and isinstance(meta.cache, ContiguousKVCache):
             k_rows, v_rows = meta.cache.rows_of(layer, meta)  # (B, H_kv, S_max, D) each
             o = kernels.flash_decoding(q.reshape(B, H, D), k_rows, v_rows, meta.seq_lens_tensor(),
-                                       _decode_splits(kernels, meta, H_kv, q.device), validate=False)
+                                       _decode_splits(kernels, meta, H_kv, q.device), sm_scale=sm, validate=False)
             return o.reshape(B, 1, H * D)
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
         qt = q.transpose(1, 2)  # (B, H, T, D)
         if meta.uniform:  # extend: queries are the last T of S keys, causal aligned bottom-right
-            o = kernels.flash_attention(qt, K, V, causal=True)
+            o = kernels.flash_attention(qt, K, V, causal=True, sm_scale=sm)
             return o.transpose(1, 2).reshape(B, T, H * D)
         # extend over ragged contexts: one launch per sequence over exactly its own keys
-        outs = [kernels.flash_attention(qt[b:b + 1], K[b:b + 1, :, :n], V[b:b + 1, :, :n], causal=True)
+        outs = [kernels.flash_attention(qt[b:b + 1], K[b:b + 1, :, :n], V[b:b + 1, :, :n], causal=True, sm_scale=sm)
                 for b, n in enumerate(meta.seq_lens)]  # each (1, H, T, D)
         return torch.cat(outs).transpose(1, 2).reshape(B, T, H * D)
 

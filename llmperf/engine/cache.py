@@ -466,8 +466,11 @@ class PagedKVCache(KVCache):
         tables = meta._memo["tables_long"]
         B, nb = tables.shape
         out = []
+        flat = tables.reshape(-1)  # (B*nb,)
         for kv in (self.kv[layer, 0], self.kv[layer, 1]):
-            blocks = kv[tables]  # (B, nb, P, H_kv, D)
+            # index_select, not kv[tables]: one contiguous gather of whole blocks, measured 1.14-1.51x
+            # faster than advanced indexing on this CPU at 2048 tokens (issue 8).
+            blocks = kv.index_select(0, flat).view(B, nb, *kv.shape[1:])  # (B, nb, P, H_kv, D)
             out.append(blocks.view(B, nb * self.block_size, self.num_kv_heads, self.head_dim)[:, :S].transpose(1, 2))
         return out[0], out[1]  # (B, H_kv, S, D) each
 

@@ -11,10 +11,12 @@ method call and an empty `with` per operator, no clock, no synchronisation, no a
   `torch.cuda.synchronize()` before and after each operator (`mode="sync"`), which adds launch
   overhead to each operator but times exactly what the host waits for.
 
-Operator names (the one vocabulary, see DESIGN.md): `embed`, `pos_embed`, `attn_norm`, `q_proj`,
-`k_proj`, `v_proj`, `rope`, `kv_write`, `attn_score`, `attn_softmax`, `attn_value` (naive backend) or
-`attention` (sdpa / triton), `o_proj`, `attn_residual`, `mlp_norm`, `router`, `gate_proj`, `up_proj`,
-`act`, `down_proj`, `mlp_residual`, `final_norm`, `lm_head`. Per-layer operators carry their layer
+Operator names (the one vocabulary, `llmperf.analysis.vocabulary.Op`): `embed`, `pos_embed`,
+`attn_norm`, `qkv_proj` (Q, K and V as the one fused GEMM the model runs), `rope`, `kv_write`,
+`attn_score`, `attn_softmax`, `attn_value` (naive backend) or `attention` (sdpa / triton), `o_proj`,
+`attn_residual`, `mlp_norm`, `router`, `gate_up_proj` (gated FFNs: the one fused GEMM) or `up_proj`
+(GELU FFNs), `act`, `down_proj`, `mlp_residual`, `final_norm`, `lm_head`. What is timed is what
+normally runs: recording never splits a fused GEMM (`FUSED_PARTS` joins it to split predictions). Per-layer operators carry their layer
 index; the others have `layer=None`. Sampling and cache bookkeeping between forward passes are not
 operators; they are in the step time (`StepRecord.seconds`) but in no `OpRecord`.
 
@@ -32,17 +34,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from llmperf.analysis.vocabulary import Phase
+from llmperf.analysis.vocabulary import Op, Phase
 
 if TYPE_CHECKING:
     import pandas as pd
 
 #: operator names in forward order (each appears only where the model has it)
-OP_NAMES = (
-    "embed", "pos_embed", "attn_norm", "q_proj", "k_proj", "v_proj", "rope", "kv_write",
-    "attn_score", "attn_softmax", "attn_value", "attention", "o_proj", "attn_residual", "mlp_norm",
-    "router", "gate_proj", "up_proj", "act", "down_proj", "mlp_residual", "final_norm", "lm_head",
-)
+OP_NAMES = tuple(op.value for op in (
+    Op.embed, Op.pos_embed, Op.attn_norm, Op.qkv_proj, Op.rope, Op.kv_write, Op.attn_score, Op.attn_softmax,
+    Op.attn_value, Op.attention, Op.o_proj, Op.attn_residual, Op.mlp_norm, Op.router, Op.gate_up_proj, Op.up_proj,
+    Op.act, Op.down_proj, Op.mlp_residual, Op.final_norm, Op.lm_head,
+))
 #: the phases a step can have; set by the scheduler (`llmperf.serving`), never guessed from shapes
 PHASES = (Phase.prefill.value, Phase.decode.value, Phase.mixed.value)
 
@@ -207,7 +209,7 @@ class Recorder:
         self.cuda = self.device.type == "cuda"
         self.mode = mode
         self.record_ops = ops
-        self.active = ops  # the model splits fused projections only when operators are timed
+        self.active = ops  # operators are timed (the model runs the same code either way)
         self.trace = Trace()
         self._pending: list[tuple[str, int | None, Any]] = []
         self._step_index = {p: 0 for p in PHASES}

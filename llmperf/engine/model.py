@@ -38,9 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmperf.analysis.vocabulary import Op
 from llmperf.engine.attention import BACKENDS, StepMeta, get_backend
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.specs import ModelSpec
+
+# The fused projections are the model's structure (one GEMM each, as vLLM runs them), and the
+# recorder times them under their fused names.
+_QKV, _GATE_UP = Op.qkv_proj.value, Op.gate_up_proj.value
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -184,11 +189,6 @@ def _matmul_in_out(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = No
     return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
 
 
-def _out_cols(w: torch.Tensor, lo: int, hi: int, in_out: bool) -> torch.Tensor:
-    """Output features lo..hi of a weight (a view: columns of `(in, out)`, rows of `(out, in)`)."""
-    return w[..., lo:hi] if in_out else w[..., lo:hi, :]
-
-
 class Block(nn.Module):
     """One transformer layer. Parameters (names used by `weights.py`):
 
@@ -229,17 +229,10 @@ class Block(nn.Module):
 
     # ---- attention ------------------------------------------------------------------------------
     def _qkv(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
-        """[q | k | v] `(B, T, q_size + 2 kv_size)`: one GEMM, or three timed ones when recording
-        (then concatenated, untimed, so the rest of the layer runs the same code)."""
-        W, b = self.qkv_weight, self.qkv_bias
-        if not rec.active:
-            return self.linear(h, W, b)
-        qs, ks = self.q_size, self.kv_size
-        out = []
-        for name, lo, hi in (("q_proj", 0, qs), ("k_proj", qs, qs + ks), ("v_proj", qs + ks, qs + 2 * ks)):
-            with rec.op(name, self.index):
-                out.append(self.linear(h, _out_cols(W, lo, hi, self.in_out), None if b is None else b[lo:hi]))
-        return torch.cat(out, dim=-1)
+        """[q | k | v] `(B, T, q_size + 2 kv_size)`: one fused GEMM, timed as `Op.qkv_proj` (what runs
+        is what is measured; `FUSED_PARTS` joins it to the q/k/v predictions)."""
+        with rec.op(_QKV, self.index):
+            return self.linear(h, self.qkv_weight, self.qkv_bias)
 
     def attention(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
         rec, i = ctx.rec, self.index
@@ -269,13 +262,7 @@ class Block(nn.Module):
              down_b: torch.Tensor | None, rec: Any) -> torch.Tensor:
         i = self.index
         if self.swiglu:
-            F_ = self.ffn_size
-            if rec.active:
-                with rec.op("gate_proj", i):
-                    gate = self.linear(h, _out_cols(up_w, 0, F_, self.in_out), None if up_b is None else up_b[:F_])
-                with rec.op("up_proj", i):
-                    up = self.linear(h, _out_cols(up_w, F_, 2 * F_, self.in_out), None if up_b is None else up_b[F_:])
-            else:
+            with rec.op(_GATE_UP, i):  # one fused GEMM over [gate | up], timed as such
                 gate, up = self.linear(h, up_w, up_b).chunk(2, dim=-1)
             with rec.op("act", i):
                 a = self.act(gate) * up
@@ -368,7 +355,16 @@ class Transformer(nn.Module):
         else:
             self.lm_head_weight = _mat(C, spec.vocab_size, self.in_out, **kw)
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
+        # Math-changing spec fields, honoured by every backend through the step metadata:
+        # GPT-2's softmax scale per layer (HF `GPT2Attention.scaling`), and the sliding window.
+        if spec.attn_scale and not spec.attn_scale_inverse_layer_idx:
+            self.layer_scales: tuple[float, ...] | None = None  # the usual 1/sqrt(D)
+        else:
+            base = spec.head_dim ** -0.5 if spec.attn_scale else 1.0
+            self.layer_scales = tuple(base / (i + 1 if spec.attn_scale_inverse_layer_idx else 1)
+                                      for i in range(spec.num_layers))
         self.set_attention(attention)
+        self.eos_token_id: int | tuple[int, ...] | None = None  # the checkpoint's (from_pretrained)
         self.requires_grad_(False)  # an inference engine: no autograd graph, ever
         self.eval()
 
@@ -399,6 +395,7 @@ class Transformer(nn.Module):
         if meta.max_seq_len > self.spec.max_positions:
             raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
                              f"max_positions={self.spec.max_positions}")
+        meta.window, meta.layer_scales = self.spec.sliding_window, self.layer_scales
         cos = sin = None
         if self.rotary is not None:
             cos, sin = self.rotary.lookup(meta.positions, meta.max_seq_len - 1, self.dtype)

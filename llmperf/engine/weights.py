@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -301,10 +301,90 @@ def from_pretrained(path: str | os.PathLike[str], *, dtype: str | torch.dtype | 
     d = Path(path)
     if not d.is_dir():
         raise ValueError(f"path: {str(path)!r} is not a checkpoint directory")
-    spec = spec or ModelSpec.from_hf_config(d)
+    if spec is None:
+        spec = honour_hf_fields(ModelSpec.from_hf_config(d), json.loads((d / "config.json").read_text()))
     model = Transformer(spec, dtype=torch_dtype(dtype or spec.dtype), device=device, attention=attention,
                         weight_layout=weight_layout)
+    model.eos_token_id = checkpoint_eos(d)
     return load_hf_state_dict(model, TensorSource(d))
+
+
+#: Hugging Face config fields that change the math of a model the engine builds, and what the engine
+#: does with each: "honoured" (through the named ModelSpec field, which every attention backend
+#: reads) or "refused" (loading raises, naming the field). Tested field by field.
+MATH_FIELDS: dict[str, str] = {
+    "sliding_window": "honoured: ModelSpec.sliding_window (Mistral, Mixtral; Qwen2 with use_sliding_window)",
+    "use_sliding_window": "honoured: Qwen2 enables sliding_window with it",
+    "max_window_layers": "honoured when every layer slides (0) or none does (>= num_layers); refused otherwise",
+    "layer_types": "honoured when all 'full_attention' or all 'sliding_attention'; refused when mixed",
+    "scale_attn_weights": "honoured: ModelSpec.attn_scale (GPT-2)",
+    "scale_attn_by_inverse_layer_idx": "honoured: ModelSpec.attn_scale_inverse_layer_idx (GPT-2)",
+    "attn_logit_softcapping": "refused (Gemma 2 logit soft-capping is not implemented)",
+    "final_logit_softcapping": "refused (Gemma 2 logit soft-capping is not implemented)",
+    "attention_chunk_size": "refused (Llama 4 chunked attention is not implemented)",
+}
+
+
+def _refuse(field: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"{field}: the checkpoint sets {value!r}, which the engine does not implement ({why}); "
+                      "refusing to load a model that would compute wrong logits")
+
+
+def honour_hf_fields(spec: ModelSpec, cfg: dict[str, Any]) -> ModelSpec:
+    """`spec` with every field of `MATH_FIELDS` found in the raw HF config `cfg` honoured (whatever the
+    spec loader kept), or a ValueError naming a field the engine cannot honour."""
+    model_type = cfg.get("model_type", "")
+    window = cfg.get("sliding_window")
+    if model_type == "qwen2" or "use_sliding_window" in cfg:
+        window = window if cfg.get("use_sliding_window") else None
+    if window is not None:
+        mwl = cfg.get("max_window_layers")
+        if model_type == "qwen2" and mwl is not None and mwl >= spec.num_layers:
+            window = None  # no layer reaches max_window_layers: all attend fully
+        elif model_type == "qwen2" and mwl:
+            raise _refuse("max_window_layers", mwl, f"layers below {mwl} attend fully and the rest slide; the "
+                          "engine has one window for all layers")
+    types = cfg.get("layer_types")
+    if types:
+        kinds = set(types)
+        if kinds - {"full_attention", "sliding_attention"} or len(kinds) > 1:
+            raise _refuse("layer_types", sorted(kinds), "per-layer attention kinds")
+        if kinds == {"full_attention"}:
+            window = None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window: must be a positive integer or null, got {window!r}")
+    changes: dict[str, Any] = {}
+    if window is not None and window < spec.max_positions:
+        changes["sliding_window"] = window
+    elif spec.sliding_window is not None and window is None:
+        changes["sliding_window"] = None
+    if model_type == "gpt2":
+        changes["attn_scale"] = bool(cfg.get("scale_attn_weights", True))
+        changes["attn_scale_inverse_layer_idx"] = bool(cfg.get("scale_attn_by_inverse_layer_idx", False))
+    for field in ("attn_logit_softcapping", "final_logit_softcapping", "attention_chunk_size"):
+        if cfg.get(field) is not None:
+            raise _refuse(field, cfg[field], MATH_FIELDS[field])
+    return replace(spec, **changes) if changes else spec
+
+
+def checkpoint_eos(directory: str | os.PathLike[str]) -> int | tuple[int, ...] | None:
+    """The checkpoint's end-of-sequence id(s): `generation_config.json`'s `eos_token_id`, else
+    `config.json`'s (what Hugging Face `generate()` stops at by default), as an int or a tuple."""
+    for name in ("generation_config.json", "config.json"):
+        f = Path(directory) / name
+        if not f.is_file():
+            continue
+        try:
+            eos = json.loads(f.read_text()).get("eos_token_id")
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{name}: cannot read {str(f)!r} ({exc})") from None
+        if eos is None:
+            continue
+        ids = eos if isinstance(eos, list) else [eos]
+        if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise ValueError(f"eos_token_id: {name} holds {eos!r}, not a non-negative integer or a list of them")
+        return ids[0] if len(ids) == 1 else tuple(ids)
+    return None
 
 
 def hf_config(spec: ModelSpec) -> dict[str, Any]:
@@ -315,9 +395,12 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
                     n_layer=spec.num_layers, n_head=spec.num_heads, n_inner=spec.ffn_size,
                     n_positions=spec.max_positions, activation_function=spec.hidden_act,
                     layer_norm_epsilon=spec.norm_eps, tie_word_embeddings=spec.tied_embeddings,
-                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, scale_attn_weights=spec.attn_scale,
+                    scale_attn_by_inverse_layer_idx=spec.attn_scale_inverse_layer_idx)
     if spec.family != "llama":
         raise ValueError(f"family: no Hugging Face config for {spec.family!r}")
+    if not spec.attn_scale or spec.attn_scale_inverse_layer_idx:
+        raise ValueError("attn_scale: only GPT-2 configs express non-default attention scaling")
     cfg: dict[str, Any] = dict(
         vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
@@ -328,13 +411,19 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         cfg["rope_scaling"] = dict(spec.rope_scaling)
     if spec.num_experts > 1:
         cfg.update(model_type="mixtral", num_local_experts=spec.num_experts,
-                   num_experts_per_tok=spec.experts_per_token)
+                   num_experts_per_tok=spec.experts_per_token, sliding_window=spec.sliding_window)
     elif spec.qkv_bias and not spec.out_bias:
         cfg.update(model_type="qwen2")
+        if spec.sliding_window is not None:  # every layer slides (max_window_layers=0)
+            cfg.update(use_sliding_window=True, sliding_window=spec.sliding_window, max_window_layers=0)
+    elif spec.sliding_window is not None:
+        if spec.qkv_bias or spec.mlp_bias:
+            raise ValueError("sliding_window: no Hugging Face model type has both a sliding window and llama biases")
+        cfg.update(model_type="mistral", sliding_window=spec.sliding_window)
     else:
         cfg.update(model_type="llama", attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
     return cfg
 
 
-__all__ = ["TensorSource", "build_model", "from_pretrained", "hf_config", "init_random",
-           "load_hf_state_dict", "to_hf_state_dict"]
+__all__ = ["MATH_FIELDS", "TensorSource", "build_model", "checkpoint_eos", "from_pretrained", "hf_config",
+           "honour_hf_fields", "init_random", "load_hf_state_dict", "to_hf_state_dict"]

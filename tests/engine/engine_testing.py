@@ -42,6 +42,11 @@ SPECS = {
     "gpt2": lambda: tiny("gpt2", num_kv_heads=4, ffn_size=256),
     "qwen2": lambda: tiny("qwen2.5-7b"),  # q/k/v biases
     "mixtral": lambda: tiny("mixtral-8x7b"),  # 8 experts, top-2
+    # A sliding window smaller than the test prompts, so the window matters.
+    "mistral": lambda: tiny("mistral-7b", sliding_window=6),
+    # GPT-2 without 1/sqrt(D) and with 1/(layer+1) (scale_attn_weights=False, scale_attn_by_inverse_layer_idx).
+    "gpt2_scaled": lambda: tiny("gpt2", num_kv_heads=4, ffn_size=256, attn_scale=False,
+                                attn_scale_inverse_layer_idx=True),
 }
 
 
@@ -109,3 +114,28 @@ def toy_hf_lm(vocab_size: int, seed: int, *, scale: float, pad_token_id: int):
             return CausalLMOutputWithPast(logits=self.bigram[input_ids] + self.pos[:input_ids.shape[1]][None])
 
     return ToyLM(ToyConfig(vocab_size=vocab_size, pad_token_id=pad_token_id)).eval()
+
+
+def check_schedule(logs) -> None:
+    """Replay a scheduler's `StepLog`s and assert its decisions, not just its tokens: a preemption
+    always takes the newest running request, a preempted request goes to the front of the queue (it
+    is the next one admitted), and no request is preempted in the step right after its admission."""
+    running: list[int] = []  # oldest admitted first
+    front: list[int] = []  # preempted, most recent first: the head of the waiting queue
+    for prev, log in zip([None, *logs], logs):
+        for rid in log.preempted:
+            assert running and running[-1] == rid, (
+                f"step {log.step}: preempted request {rid}, but the newest running request is {running[-1:]}")
+            running.pop()
+            front.insert(0, rid)
+            assert prev is None or rid not in prev.admitted, (
+                f"step {log.step}: request {rid} was preempted right after its admission (thrash)")
+        for rid in log.admitted:
+            if front:
+                assert rid == front[0], (
+                    f"step {log.step}: admitted {rid} while preempted request {front[0]} waits at the front")
+                front.pop(0)
+            running.append(rid)
+        for rid in log.finished:
+            running.remove(rid)
+    assert not running and not front, f"requests left over: running {running}, preempted {front}"

@@ -14,7 +14,7 @@ PROMPTS = [[11, 42, 7, 99, 3], [5, 200, 17], [8] * 9]
 
 @pytest.fixture(scope="module")
 def models():
-    return {kind: make_model(kind, seed=11) for kind in ("llama", "gpt2")}
+    return {kind: make_model(kind, seed=11) for kind in ("llama", "gpt2", "mistral")}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ _HF_MEMO: dict[tuple[str, str], list] = {}
 
 @pytest.mark.parametrize("cache", ["paged", "contiguous"])
 @pytest.mark.parametrize("case", list(HF_CASES))
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "mistral"])  # mistral: a window of 6 < prompt + new tokens
 def test_tokens_equal_transformers_generate(models, twins, kind, case, cache):
     params = HF_CASES[case]
     if (kind, case) not in _HF_MEMO:  # one HF run serves both caches

@@ -25,7 +25,7 @@ def test_operator_names_follow_the_analytical_model(kind, backend):
     df = rec.trace.to_frame()
     assert set(df["op"]) <= set(OP_NAMES)
     fm = ForwardModel(model=model.spec, precision=Precision.uniform("fp32"),
-                      attention="naive" if backend == "naive" else "fused")
+                      attention="naive" if backend == "naive" else "fused", fused_qkv=True, fused_gate_up=True)
     for phase, T in (("prefill", 5), ("decode", 1)):
         step = df[(df.phase == phase) & (df.step == 0)]
         head = step[step.layer.isna()]
@@ -49,7 +49,7 @@ def test_step_records_and_frames():
     assert (steps.forward_seconds <= steps.seconds).all()
     totals = rec.trace.op_totals()
     df = rec.trace.to_frame()
-    assert totals[("decode", "q_proj")] == pytest.approx(df[(df.phase == "decode") & (df.op == "q_proj")].seconds.sum())
+    assert totals[("decode", "qkv_proj")] == pytest.approx(df[(df.phase == "decode") & (df.op == "qkv_proj")].seconds.sum())
     per_layer = df[df.op == "attention"].groupby(["phase", "step"]).size()
     assert (per_layer == model.spec.num_layers).all()
 

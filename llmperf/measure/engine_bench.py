@@ -1,0 +1,236 @@
+"""How fast is the engine? Three ratios, side by side in one run, each with its spread over repeats.
+
+    python -m llmperf.measure.engine_bench                      # ~200M-parameter Llama-style model
+    python -m llmperf.measure.engine_bench --hidden 256 --layers 4 --reps 3 --context 512   # quick
+
+1. **Decode step vs the memory limit**, for batch 1 and 8 in fp32 and bf16: a decode step must at
+   least read every weight it multiplies by and every cached K/V byte it attends to, so its floor is
+   `(weight bytes + KV bytes) / copy bandwidth` (the copy bandwidth measured here, with
+   `torch.Tensor.copy_` over a buffer larger than the caches, read + write counted, as STREAM's
+   "copy" does). The figure is floor / measured step time (1.0: at the memory roofline). Weight bytes
+   are the parameters a step reads in full (the embedding table is gathered, B rows, unless it is
+   tied to the LM head); KV bytes are the tokens in cache times `ModelSpec.kv_bytes_per_token`.
+2. **Engine vs `transformers.generate`** at batch 8 (fp32, greedy, the same weights, prompts and
+   number of tokens, no EOS): tokens/s ours / tokens/s theirs, the two timed alternately.
+3. **Paged vs contiguous KV cache** at a long context (default 2048 tokens, batch 1): contiguous
+   decode step time / paged decode step time (1.0: paging costs nothing).
+
+Each figure is the median over `--reps` repeats with the [min, max] beside it. Every repeat is one
+`generate()` call; a decode-step time is the median over that call's decode steps (the scheduler's
+per-step durations, `Engine.last_steps`). The machine's other load moves every figure: read them
+as ratios taken under the same conditions, and rerun on a quiet machine for the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from llmperf.analysis.vocabulary import Phase
+from llmperf.engine.generate import Engine
+from llmperf.engine.model import Transformer
+from llmperf.engine.sampling import SamplingParams
+from llmperf.engine.weights import build_model, hf_config, to_hf_state_dict
+from llmperf.specs import ModelSpec, load_model
+
+MiB = 1 << 20
+
+
+def bench_spec(hidden: int = 1024, layers: int = 12, vocab: int = 32000, max_positions: int = 4096) -> ModelSpec:
+    """A Llama-3-style model scaled to ~200M parameters: GQA (16 query / 4 KV heads), SwiGLU."""
+    heads = max(1, hidden // 64)
+    return load_model("llama-3.1-8b").scaled(
+        name=f"llama-bench-{hidden}x{layers}", hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=max(1, heads // 4), ffn_size=int(hidden * 2.75), vocab_size=vocab,
+        max_positions=max_positions, rotary_dim=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    """One benchmark figure: the median over repeats and their range."""
+
+    name: str
+    median: float
+    low: float
+    high: float
+    detail: str = ""
+
+    @classmethod
+    def of(cls, name: str, values: list[float], detail: str = "") -> Figure:
+        return cls(name=name, median=statistics.median(values), low=min(values), high=max(values), detail=detail)
+
+    def line(self) -> str:
+        return f"{self.name:<44} {self.median:6.2f}  [{self.low:.2f}, {self.high:.2f}]  {self.detail}"
+
+
+def copy_bandwidth_bytes_per_s(size_bytes: int = 512 * MiB, reps: int = 5) -> float:
+    """`dst.copy_(src)` over fp32 buffers of `size_bytes`, read + write counted; the fastest call
+    (a shared machine only slows a call down)."""
+    n = size_bytes // 4
+    src = torch.rand(n)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size_bytes / best
+
+
+def weight_bytes_read(model: Transformer) -> int:
+    """Bytes of the parameters a decode step reads in full (gathered embeddings excluded)."""
+    skip = set()
+    if not model.spec.tied_embeddings:
+        skip.add(id(model.embed_weight))
+    if model.pos_weight is not None:
+        skip.add(id(model.pos_weight))
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) in skip or id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total
+
+
+def _decode_steps(engine: Engine, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """(median decode-step seconds, mean tokens in cache during the decode steps) of one call."""
+    engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
+    steps = [s for s in engine.last_steps if s.phase == Phase.decode]
+    tokens = statistics.mean(s.usage.logical_tokens for s in steps)
+    return statistics.median(s.seconds for s in steps), tokens
+
+
+def memory_limit_fractions(spec: ModelSpec, dtype: str, batch: int, *, prompt_len: int, new_tokens: int,
+                           reps: int, bandwidth: float, seed: int = 0) -> Figure:
+    model = build_model(spec, seed=seed, dtype=dtype)
+    wbytes = weight_bytes_read(model)
+    kv_per_token = spec.kv_bytes_per_token(dtype)
+    prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+    engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
+    _decode_steps(engine, prompts, new_tokens)  # warm-up
+    fractions = []
+    for _ in range(reps):
+        step_s, tokens = _decode_steps(engine, prompts, new_tokens)
+        floor_s = (wbytes + tokens * kv_per_token) / bandwidth
+        fractions.append(floor_s / step_s)
+    return Figure.of(f"decode / memory limit  {dtype} batch {batch}", fractions,
+                     f"weights {wbytes / 1e6:.0f} MB, KV {kv_per_token * prompt_len * batch / 1e6:.1f} MB")
+
+
+def _hf_model(model: Transformer, spec: ModelSpec):
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(**hf_config(spec))
+    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=model.dtype).eval()
+    hf.load_state_dict(to_hf_state_dict(model), strict=False)
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+def versus_transformers(spec: ModelSpec, *, batch: int, prompt_len: int, new_tokens: int, reps: int,
+                        seed: int = 0) -> Figure:
+    model = build_model(spec, seed=seed, dtype="fp32")
+    hf = _hf_model(model, spec)
+    prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+    engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
+    params = SamplingParams(max_new_tokens=new_tokens)
+
+    def ours() -> list[list[int]]:
+        return [o.tokens for o in engine.generate(prompts, params)]
+
+    def theirs() -> list[list[int]]:
+        with torch.inference_mode():
+            out = hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False)
+        return out[:, prompt_len:].tolist()
+
+    same = ours() == theirs()  # also the warm-up
+    ratios = []
+    for _ in range(reps):
+        t = {}
+        for name, fn in (("ours", ours), ("hf", theirs)):
+            t0 = time.perf_counter()
+            fn()
+            t[name] = time.perf_counter() - t0
+        ratios.append(t["hf"] / t["ours"])  # = tokens/s ours / tokens/s theirs (same tokens)
+    return Figure.of(f"engine / transformers.generate  batch {batch}", ratios,
+                     "same tokens" if same else "TOKENS DIFFER")
+
+
+def paged_versus_contiguous(spec: ModelSpec, *, context: int, new_tokens: int, reps: int, block_size: int = 16,
+                            seed: int = 0) -> Figure:
+    model = build_model(spec, seed=seed, dtype="fp32")
+    prompts = torch.randint(0, spec.vocab_size, (1, context), generator=torch.Generator().manual_seed(seed))
+    engines = {kind: Engine(model, cache=kind, block_size=block_size, max_batch=1, max_seq_len=context + new_tokens,
+                            num_blocks=-(-(context + new_tokens) // block_size) + 2 if kind == "paged" else None)
+               for kind in ("contiguous", "paged")}
+    for e in engines.values():
+        _decode_steps(e, prompts, new_tokens)  # warm-up
+    ratios = []
+    for _ in range(reps):
+        t = {kind: _decode_steps(e, prompts, new_tokens)[0] for kind, e in engines.items()}
+        ratios.append(t["contiguous"] / t["paged"])
+    return Figure.of(f"paged / contiguous speed  context {context}", ratios, f"block_size {block_size}")
+
+
+def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context: int = 2048, reps: int = 5,
+        threads: int | None = None, copy_mib: int = 512, say: Callable[[str], None] = print) -> list[Figure]:
+    """Every figure, printed as it is measured; returns them."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    bw = copy_bandwidth_bytes_per_s(copy_mib * MiB)
+    say(f"# llmperf engine benchmark  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    say(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"model {spec.name} ({spec.param_count / 1e6:.0f}M params), copy bandwidth {bw / 1e9:.1f} GB/s "
+        f"(read+write, {copy_mib} MiB)")
+    say(f"{'figure':<44} median  [min, max] over {reps} repeats")
+    figures = []
+    for fig in (
+        *(memory_limit_fractions(spec, dtype, b, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps,
+                                 bandwidth=bw) for dtype in ("fp32", "bf16") for b in (1, 8)),
+        versus_transformers(spec, batch=8, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps),
+        paged_versus_contiguous(spec, context=context, new_tokens=min(new_tokens, 16), reps=reps),
+    ):
+        say(fig.line())
+        figures.append(fig)
+    say("# targets (issue 8): decode >= 0.8 of the memory limit; >= 1.3x transformers at batch 8; paged >= 0.9x")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> list[Figure]:
+    ap = argparse.ArgumentParser(prog="python -m llmperf.measure.engine_bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--context", type=int, default=2048, help="context of the paged-vs-contiguous figure")
+    ap.add_argument("--reps", type=int, default=5, help="repeats per figure (median and [min, max] printed)")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--copy-mib", type=int, default=512, help="buffer of the copy-bandwidth measurement")
+    args = ap.parse_args(argv)
+    for name in ("prompt_len", "new_tokens", "context", "reps", "hidden", "layers", "vocab", "copy_mib"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: must be a positive integer, got {getattr(args, name)}")
+    if args.new_tokens < 2:
+        ap.error(f"--new-tokens: at least 2 (one decode step), got {args.new_tokens}")
+    spec = bench_spec(args.hidden, args.layers, args.vocab, max_positions=max(4096, args.context + args.new_tokens))
+    return run(spec=spec, prompt_len=args.prompt_len, new_tokens=args.new_tokens, context=args.context,
+               reps=args.reps, threads=args.threads, copy_mib=args.copy_mib)
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["Figure", "bench_spec", "copy_bandwidth_bytes_per_s", "memory_limit_fractions", "paged_versus_contiguous",
+           "run", "versus_transformers", "weight_bytes_read"]
