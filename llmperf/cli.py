@@ -100,7 +100,6 @@ def estimate(
     per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step (of every configuration).")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv (the same columns; see the README's output schema).")] = OutputFormat.table,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")] = None,
-    efficiency: Annotated[str, typer.Option("--efficiency", help="Time model: roofline (peaks, no overhead), typical (published GPU efficiencies, models_spec/efficiency/typical.yaml) or calibrated (the device's `llmperf calibrate` terms, e.g. -H local).")] = "roofline",
 ) -> None:
     """Predict TTFT, time per output token, throughput, memory and the bound (memory or compute)
     of generating GEN_LEN tokens after a PROMPT_LEN prompt for BATCH sequences.
