@@ -282,7 +282,7 @@ def memory_figure(frame: pd.DataFrame, kv_util: pd.DataFrame, *, device_gib: flo
     """Weights + KV cache (+ activations) against batch for several contexts, under the device's
     memory; and the share of reserved KV bytes that hold tokens, contiguous vs paged.
 
-    `frame`: columns context, batch, weights_gib, kv_cache_gib, activation_gib, total_gib,
+    `frame`: columns context, batch, weights_gib, kv_cache_gib, activation_peak_gib, total_gib,
     max_batch. `kv_util`: columns context, contiguous, paged (fractions)."""
     _require(frame, ("context", "batch", "weights_gib", "kv_cache_gib", "total_gib", "max_batch"), "memory")
     _require(kv_util, ("context", "contiguous", "paged"), "KV utilisation")

@@ -256,7 +256,7 @@ def _memory(spec: EstimateSpec, model, hw: HardwareSpec, sweep: pd.DataFrame, es
     """Memory against batch per context, and KV utilisation per context: `llmperf.sweep` columns."""
     frame = pd.DataFrame(dict(context=sweep["prompt_len"] + sweep["gen_len"], batch=sweep["batch"],
                               weights_gib=sweep["weights_gib"], kv_cache_gib=sweep["kv_cache_gib"],
-                              activation_gib=sweep["activation_gib"], total_gib=sweep["total_gib"],
+                              activation_peak_gib=sweep["activation_peak_gib"], total_gib=sweep["total_gib"],
                               max_batch=sweep["max_batch"]))
     util = (sweep.assign(context=sweep["prompt_len"] + sweep["gen_len"])
             .groupby("context", as_index=False)[["kv_util_contiguous", "kv_util_paged"]].first()

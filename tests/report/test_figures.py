@@ -90,7 +90,7 @@ def test_context_shares_in_percent() -> None:
 
 def test_memory_lines_device_line_and_max_batch() -> None:
     b = np.array([1, 2, 4, 8])
-    frame = pd.DataFrame(dict(context=4096, batch=b, weights_gib=10.0, kv_cache_gib=2.0 * b, activation_gib=0.1,
+    frame = pd.DataFrame(dict(context=4096, batch=b, weights_gib=10.0, kv_cache_gib=2.0 * b, activation_peak_gib=0.1,
                               total_gib=10.1 + 2.0 * b, max_batch=30))
     util = pd.DataFrame(dict(context=[4096], contiguous=[0.25], paged=[0.99]))
     fig = F.memory_figure(frame, util, device_gib=80.0, usable_gib=72.0, title="t")
