@@ -107,6 +107,7 @@ class Efficiency:
     e_memory: Number = 1.0
     overhead_s: Number = 0.0
     e_comm: Number = 1.0
+    host_s: Number = 0.0  # host dispatch that overlaps the device work (asynchronous launches): a floor
 
 
 @runtime_checkable
@@ -180,10 +181,14 @@ class OpTime:
     memory_s: Number
     comm_s: Number
     overhead_s: Number = 0.0
+    host_s: Number = 0.0
 
     @property
     def time_s(self) -> Number:
-        return np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s) + self.overhead_s
+        """`max(compute, memory, comm, host) + overhead`: a serial overhead (a synchronous CPU's
+        dispatch) adds; an overlapped host dispatch (a GPU's asynchronous launch) is only a floor."""
+        return np.maximum(np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s),
+                          self.host_s) + self.overhead_s
 
     @property
     def bound(self) -> Any:
@@ -211,9 +216,11 @@ def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
         if not np.all((value > 0) & (value <= 1)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be in (0, 1], got "
                              f"{float(value.ravel()[~((value > 0) & (value <= 1)).ravel()][0])!r}")
-    overhead = np.asarray(eff.overhead_s, dtype=float)
-    if not np.all(np.isfinite(overhead) & (overhead >= 0)):
-        raise ValueError(f"time model {tm.name!r}: overhead_s for {cost.name} must be >= 0, got {eff.overhead_s!r}")
+    for field in ("overhead_s", "host_s"):
+        value = np.asarray(getattr(eff, field), dtype=float)
+        if not np.all(np.isfinite(value) & (value >= 0)):
+            raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be >= 0, got "
+                             f"{getattr(eff, field)!r}")
 
 
 def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
@@ -231,7 +238,8 @@ def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
         raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot time {cost.name}")
     comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
             if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)
-    return OpTime(cost=cost, compute_s=compute, memory_s=memory, comm_s=comm, overhead_s=eff.overhead_s)
+    return OpTime(cost=cost, compute_s=compute, memory_s=memory, comm_s=comm, overhead_s=eff.overhead_s,
+                  host_s=eff.host_s)
 
 
 def roofline_time_s(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
