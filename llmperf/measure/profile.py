@@ -178,12 +178,18 @@ class Predictor:
             return batch
         return batch * q_len
 
-    def times(self, cost: OpCost, batch: int, q_len: int) -> tuple[float, float]:
-        """(roofline, calibrated) seconds of one call; calibrated is NaN without a calibrated model."""
+    def times(self, cost: OpCost, batch: int, q_len: int, micro: bool = False) -> tuple[float, float]:
+        """(roofline, calibrated) seconds of one call; calibrated is NaN without a calibrated model.
+
+        `micro`: an isolated kernel call (a micro-benchmark), priced with the per-kind overhead of one
+        tiny framework call; the per-operator overheads are what the ENGINE pays around its kernels
+        (reshapes, cache bookkeeping, several calls per operator), which a lone call does not."""
         rows = self.rows(cost, batch, q_len, self.fm)
         roof = float(ROOFLINE_MODEL.op_time_s(cost, self.hardware, self.compute_dtype, rows))
-        cal = (float(self.calibrated.op_time_s(cost, self.hardware, self.compute_dtype, rows))
-               if self.calibrated else math.nan)
+        tm = self.calibrated
+        if tm is not None and micro and tm.op_overhead_s:
+            tm = replace(tm, op_overhead_s={}, backend="")
+        cal = float(tm.op_time_s(cost, self.hardware, self.compute_dtype, rows)) if tm else math.nan
         return roof, cal
 
     def forward(self, batch: int, q_len: int, kv_len: int) -> tuple[float, float]:
@@ -460,7 +466,7 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
             t = time_fn(call, device, reps=settings.reps, warmup=1, max_time_s=MICRO_BUDGET_S)
             cost = pred.cost(op, batch, q_len, kv_len)
             rows_out.append(op_row("micro", phase.value, op.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
-                                   cost, pred.times(cost, batch, q_len), pred.hardware, pred.compute_dtype))
+                                   cost, pred.times(cost, batch, q_len, micro=True), pred.hardware, pred.compute_dtype))
             del ws, x
         rows_out += _attention_micro(model, spec, pred, settings, batch, phase, q_len, kv_len)
     return rows_out
@@ -499,13 +505,13 @@ def _attention_micro(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
         total = OpCost(name=Op.attention.value, kind="attention",
                        **{f: sum(getattr(c, f) for c in costs) for f in
                           ("flops", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes")})
-        times = [pred.times(c, batch, q_len) for c in costs]
+        times = [pred.times(c, batch, q_len, micro=True) for c in costs]
         p = (sum(t_[0] for t_ in times), sum(t_[1] for t_ in times))
         return [op_row("micro", phase.value, Op.attention.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
                        total, p, pred.hardware, pred.compute_dtype)]
     cost = costs[0]
     return [op_row("micro", phase.value, Op.attention.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
-                   cost, pred.times(cost, batch, q_len), pred.hardware, pred.compute_dtype)]
+                   cost, pred.times(cost, batch, q_len, micro=True), pred.hardware, pred.compute_dtype)]
 
 
 # ---- the generation loop (torch) ------------------------------------------------------------------------

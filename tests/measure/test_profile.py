@@ -274,3 +274,28 @@ def test_generation_predictions_use_the_per_operator_overheads(run, hardware):
     pred = prof.Predictor(fm=fused, hardware=hardware, compute_dtype="fp32", calibrated=tm)
     st = next(st for st in run.steps if st["phase"] == "decode")
     assert st["predicted_calibrated_s"] == pytest.approx(pred.step(st["batch"], st["q_len"], st["kv_len"])[1])
+
+
+def test_micro_rows_use_the_per_kind_overhead(run, hardware):
+    """A micro-benchmark times one isolated kernel call: its prediction carries the tiny-call overhead
+    of its kind, not what the engine pays around the kernel (the per-operator figure)."""
+    from llmperf.analysis.timemodel import time_model_for
+
+    tm = time_model_for(hardware, "calibrated", "fp32", backend="sdpa")
+    micro = [r for r in run.ops if r["kind"] == "micro" and r["op"] in ("o_proj", "lm_head", "attention")]
+    assert micro
+    fm = run_fm()
+    pred = prof.Predictor(fm=fm, hardware=hardware, compute_dtype="fp32", calibrated=tm)
+    for r in micro:
+        cost = pred.cost(Op(r["op"]), r["batch"], r["q_len"], r["kv_len"])
+        kind_only = tm.op_time_s(cost, hardware, "fp32", pred.rows(cost, r["batch"], r["q_len"], fm)) \
+            - tm.overhead_for(cost)[0] + tm.terms(cost.kind).overhead_s
+        assert r["predicted_calibrated_s"] == pytest.approx(kind_only), r
+
+
+def run_fm():
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import ModelSpec, Precision
+
+    return ForwardModel(model=ModelSpec(**TINY), precision=Precision.uniform("fp32"), fused_qkv=True,
+                        fused_gate_up=True)
