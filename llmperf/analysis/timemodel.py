@@ -183,7 +183,8 @@ class EfficiencyTimeModel:
         memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
         comm = (cost.comm_bytes / hardware.interconnect_bytes_per_s if hardware.interconnect_bytes_per_s
                 else 0.0 * cost.comm_bytes)
-        return np.maximum(np.maximum(np.maximum(compute, memory), comm), eff.host_s) + eff.overhead_s
+        calls = getattr(cost, "calls", 1.0)  # an operator scaled to L layers launches L times
+        return np.maximum(np.maximum(np.maximum(compute, memory), comm), eff.host_s * calls) + eff.overhead_s * calls
 
     def to_dict(self) -> dict[str, Any]:
         return dict(model=self.name, dtype=self.dtype, step_overhead_s=self.step_overhead_s, source=self.source,

@@ -142,3 +142,16 @@ def test_overlap_mode_on_cuda_fits_device_time_without_subtracting_the_launch(ca
     cpu_fit = cal.fit_terms()["dtypes"]["fp32"]["matmul"]
     assert fp32["overhead_s"] == pytest.approx(1e-3)
     assert fp32["e_memory"][0][1] <= cpu_fit["e_memory"][0][1] + 1e-9  # t' = t: never a faster fit
+
+
+def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
+    """Calibrations written before per-operator overheads (efficiency schema 1) load and fall back to
+    the per-kind overheads, added to the device time as before."""
+    from llmperf.analysis.timemodel import time_model_for
+
+    mapping = cal.to_mapping()
+    eff = {k: v for k, v in mapping["efficiency"].items() if k not in ("op_overhead_s", "overhead_mode")}
+    path = write_yaml({**mapping, "efficiency": {**eff, "schema_version": 1}}, tmp_path / "old.yaml")
+    tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
+    assert tm.op_overhead_s == {} and tm.overhead_mode == "add"
+    assert tm.terms("norm").overhead_s == pytest.approx(cal.overhead_s["norm"], rel=1e-3)

@@ -199,3 +199,27 @@ def test_schema_1_still_loads_and_schema_2_fields_are_checked():
         parse_efficiency(_eff(op_overhead_s={"sdpa": {"rotary": 1e-6}}), "f")
     with pytest.raises(SpecError, match=r"op_overhead_s.sdpa.rope: must be seconds"):
         parse_efficiency(_eff(op_overhead_s={"sdpa": {"rope": -1}}), "f")
+
+
+@pytest.mark.parametrize("mode", ["add", "overlap"])
+def test_the_overhead_is_paid_once_per_layer_in_every_roll_up(mode):
+    """A per-layer operator launches once per layer: `estimate` (whose roll-ups scale an operator to L
+    layers) pays its overhead L times, exactly as the per-layer sum does, in both overhead modes."""
+    from llmperf.analysis import estimate
+
+    oh = 1e-3  # far above any device time of gpt2's decode at batch 1 on an H100
+    terms = KindTerms(e_compute=Curve(((1.0, 1.0),)), e_memory=Curve(((1.0, 1.0),)), overhead_s=oh)
+    tm = EfficiencyTimeModel(name="t", kinds={k: terms for k in ("matmul", "attention", "norm", "elementwise",
+                                                                  "embedding")}, overhead_mode=mode)
+    est = estimate("gpt2", "h100-sxm", batch=1, prompt_len=16, gen_len=3, precision="fp16", time_model=tm)
+    fm = est.forward_model()
+    L = est.model.num_layers
+    per_layer, model_level = len(fm.layer_ops(1, 1, 17)), len(fm.head_ops(1, 1, 17) + fm.tail_ops(1, 1, 17))
+    launches = per_layer * L + model_level
+    step = float(est.decode_step_times_s()[0])
+    if mode == "overlap":  # every operator is launch-bound here: the step is its launches
+        assert step == pytest.approx(launches * oh, rel=1e-9)
+    else:
+        roof = estimate("gpt2", "h100-sxm", batch=1, prompt_len=16, gen_len=3, precision="fp16")
+        assert step - float(roof.decode_step_times_s()[0]) == pytest.approx(launches * oh, rel=1e-9)
+    assert est.decode_total_s == pytest.approx(float(est.decode_step_times_s().sum()), rel=1e-9)
