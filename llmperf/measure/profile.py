@@ -672,6 +672,9 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     if calibrated is not None and not calibrated.op_overhead_s:
         notes.append(f"the calibration has no per-operator overheads for the {settings.backend} backend: the "
                      "per-kind tiny-operator figures are used (re-run `llmperf calibrate`)")
+    if calibrated is not None and calibrated.op_overhead_s and settings.kv == "paged":
+        notes.append("the per-operator overheads were measured with a contiguous KV cache: kv_write and "
+                     "attention with the paged cache may dispatch more")
     if calibrated is None:
         notes.append(f"hardware {hardware.name!r} has no calibration: predicted_calibrated_s is empty "
                      "(run `llmperf calibrate`, then --hardware local)")
