@@ -56,6 +56,7 @@ class OpCost:
     comm_bytes: Number = 0.0  # bytes each GPU sends over the interconnect (collectives)
     per_layer: bool = True
     rows: Number = 0.0  # tokens through the operator (batch * q_len); what a time model may key on
+    calls: Number = 1.0  # launches the counts cover: `scaled(L)` is L layers' calls, each paying the overhead
 
     @property
     def bytes_read(self) -> Number:
@@ -80,9 +81,10 @@ class OpCost:
         return float(out) if out.ndim == 0 else out
 
     def scaled(self, factor: Number) -> OpCost:
-        """Every count multiplied by `factor` (e.g. the number of layers)."""
-        return OpCost(name=self.name, kind=self.kind, per_layer=self.per_layer, rows=self.rows, **{
-            f: getattr(self, f) * factor for f in _COUNT_FIELDS})
+        """Every count multiplied by `factor` (e.g. the number of layers), and the launches with them:
+        a time model's per-launch overhead is paid `calls` times."""
+        return OpCost(name=self.name, kind=self.kind, per_layer=self.per_layer, rows=self.rows,
+                      calls=self.calls * factor, **{f: getattr(self, f) * factor for f in _COUNT_FIELDS})
 
 
 _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes",
@@ -107,6 +109,7 @@ class Efficiency:
     e_memory: Number = 1.0
     overhead_s: Number = 0.0
     e_comm: Number = 1.0
+    host_s: Number = 0.0  # host dispatch that overlaps the device work (asynchronous launches): a floor
 
 
 @runtime_checkable
@@ -180,10 +183,14 @@ class OpTime:
     memory_s: Number
     comm_s: Number
     overhead_s: Number = 0.0
+    host_s: Number = 0.0
 
     @property
     def time_s(self) -> Number:
-        return np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s) + self.overhead_s
+        """`max(compute, memory, comm, host) + overhead`: a serial overhead (a synchronous CPU's
+        dispatch) adds; an overlapped host dispatch (a GPU's asynchronous launch) is only a floor."""
+        return np.maximum(np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s),
+                          self.host_s) + self.overhead_s
 
     @property
     def bound(self) -> Any:
@@ -211,9 +218,11 @@ def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
         if not np.all((value > 0) & (value <= 1)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be in (0, 1], got "
                              f"{float(value.ravel()[~((value > 0) & (value <= 1)).ravel()][0])!r}")
-    overhead = np.asarray(eff.overhead_s, dtype=float)
-    if not np.all(np.isfinite(overhead) & (overhead >= 0)):
-        raise ValueError(f"time model {tm.name!r}: overhead_s for {cost.name} must be >= 0, got {eff.overhead_s!r}")
+    for field in ("overhead_s", "host_s"):
+        value = np.asarray(getattr(eff, field), dtype=float)
+        if not np.all(np.isfinite(value) & (value >= 0)):
+            raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be >= 0, got "
+                             f"{getattr(eff, field)!r}")
 
 
 def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
@@ -231,7 +240,10 @@ def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
         raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot time {cost.name}")
     comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
             if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)
-    return OpTime(cost=cost, compute_s=compute, memory_s=memory, comm_s=comm, overhead_s=eff.overhead_s)
+    # the overhead is per launch: an operator scaled to L layers pays it L times (L max(dev, host) =
+    # max(L dev, L host) for an overlapped one)
+    return OpTime(cost=cost, compute_s=compute, memory_s=memory, comm_s=comm, overhead_s=eff.overhead_s * cost.calls,
+                  host_s=eff.host_s * cost.calls)
 
 
 def roofline_time_s(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",

@@ -1,6 +1,7 @@
 """The calibrated time model: how long an operator really takes on a device, not only its roofline.
 
-    time = max(flops / (peak * e_compute), bytes / (bandwidth * e_memory)) + overhead_s
+    time = max(flops / (peak * e_compute), bytes / (bandwidth * e_memory)) + overhead_s   (mode "add")
+    time = max(flops / (peak * e_compute), bytes / (bandwidth * e_memory), overhead_s)   (mode "overlap")
 
 `peak` and `bandwidth` come from the `HardwareSpec` (datasheet figures, or the ceilings `llmperf
 calibrate` measured). The efficiencies `e_compute`, `e_memory` (fractions of those roofs, in (0, 1])
@@ -19,7 +20,27 @@ Three models (`--efficiency`):
   hardware YAML), per compute dtype.
 
 An efficiency curve is a list of `[rows, value]` points interpolated linearly in log(rows) and held
-flat beyond its ends. Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
+flat beyond its ends.
+
+The overhead of an operator is its host cost: the Python and framework dispatch an eager engine pays
+for it (one operator is often several framework calls: the engine's RoPE is about ten). It is taken
+per operator NAME when the calibration measured it (`op_overhead_s`, per attention backend: what a
+tiny model's recorded generation spends in each of the engine's operators), else per KIND (one tiny
+framework call of that kind; older calibrations and `typical` have only these). How it combines with
+the device time is the block's `overhead_mode`:
+- `add` (CPU, and every schema-1 file): the CPU runs an operator's kernels on the thread that
+  dispatched them, so dispatch and work are serial;
+- `overlap` (CUDA): launches are asynchronous, so while the device is busy the host is already
+  issuing the next operator. With a shallow queue (an eager engine is never far ahead) each
+  operator takes about `max(device time, host dispatch)`: a tiny operator is as slow as its
+  dispatch, a large GEMM as its kernel, and adding the two would count a launch-bound decode step's
+  dispatch twice over the kernels it hides. (The sum over a step of per-operator maxima is at least
+  `max(sum host, sum device)`: the queue never carries slack from one operator to the next, which
+  is what a host-bound eager loop shows.)
+Either way the overhead does not depend on the context, so the closed form holds: an overlapped
+overhead is one more (flat) line in the maximum (`llmperf.analysis.roofline.OpTime.host_s`).
+
+Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
 """
 
 from __future__ import annotations
@@ -33,13 +54,16 @@ from typing import Any
 
 import numpy as np
 
-from llmperf.analysis.roofline import Number, OpCost, peak_for
+from llmperf.analysis.roofline import Efficiency, Number, OpCost, peak_for
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
 
 TIME_MODELS = ("roofline", "typical", "calibrated")
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
-EFFICIENCY_SCHEMA = 1
+EFFICIENCY_SCHEMA = 2  # 2 added `overhead_mode` and `op_overhead_s`; schema-1 files still load
+READABLE_SCHEMAS = (1, 2)
+OVERHEAD_MODES = ("add", "overlap")
+BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
 
 
 @dataclass(frozen=True)
@@ -120,32 +144,51 @@ class EfficiencyTimeModel:
     dtype: str = ""
     step_overhead_s: float = 0.0
     source: str = ""
+    op_overhead_s: Mapping[str, float] = field(default_factory=dict, hash=False)  # operator name -> s
+    overhead_mode: str = "add"  # "add" (serial host dispatch) or "overlap" (asynchronous launches)
+    backend: str = ""  # the attention backend `op_overhead_s` was measured with
+
+    def __post_init__(self) -> None:
+        if self.overhead_mode not in OVERHEAD_MODES:
+            raise SpecError(f"overhead_mode: must be one of {', '.join(OVERHEAD_MODES)}, got {self.overhead_mode!r}")
 
     def terms(self, kind: str) -> KindTerms:
         return self.kinds.get(kind, _UNIT)
 
+    def overhead_for(self, cost: OpCost) -> tuple[float, str]:
+        """The host overhead of one call of `cost` and where it comes from ("op" or "kind")."""
+        if cost.name in self.op_overhead_s:
+            return self.op_overhead_s[cost.name], "op"
+        return self.terms(cost.kind).overhead_s, "kind"
+
     def efficiency(self, cost: OpCost, hardware: HardwareSpec | None = None,
-                   rows: Number | None = None) -> tuple[Number, Number, Number]:
-        """`(e_compute, e_memory, overhead_s)` of `cost` at `rows` (default: `cost.rows`)."""
+                   rows: Number | None = None) -> Efficiency:
+        """The efficiencies of `cost` at `rows` (default: `cost.rows`), and its overhead as a serial
+        `overhead_s` (mode add) or an overlapped `host_s` (mode overlap)."""
         t = self.terms(cost.kind)
         if rows is None:
             rows = getattr(cost, "rows", None)
         if rows is None or np.all(np.asarray(rows) == 0):
             rows = 1.0
-        return t.e_compute(rows), t.e_memory(rows), t.overhead_s
+        overhead, _ = self.overhead_for(cost)
+        if self.overhead_mode == "overlap":
+            return Efficiency(e_compute=t.e_compute(rows), e_memory=t.e_memory(rows), host_s=overhead)
+        return Efficiency(e_compute=t.e_compute(rows), e_memory=t.e_memory(rows), overhead_s=overhead)
 
     def op_time_s(self, cost: OpCost, hardware: HardwareSpec, compute_dtype: str, rows: Number) -> Number:
-        """`max(flops / (peak e_c), bytes / (bw e_m)) + overhead` at `rows` (interconnect bytes at the
-        link bandwidth, as the roofline)."""
-        e_c, e_m, overhead = self.efficiency(cost, hardware, rows)
-        compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * e_c)
-        memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * e_m)
+        """`max(flops / (peak e_c), bytes / (bw e_m), host) + overhead` at `rows` (interconnect bytes
+        at the link bandwidth, as the roofline): `llmperf.analysis.roofline.op_time` at given rows."""
+        eff = self.efficiency(cost, hardware, rows)
+        compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * eff.e_compute)
+        memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
         comm = (cost.comm_bytes / hardware.interconnect_bytes_per_s if hardware.interconnect_bytes_per_s
                 else 0.0 * cost.comm_bytes)
-        return np.maximum(np.maximum(compute, memory), comm) + overhead
+        calls = getattr(cost, "calls", 1.0)  # an operator scaled to L layers launches L times
+        return np.maximum(np.maximum(np.maximum(compute, memory), comm), eff.host_s * calls) + eff.overhead_s * calls
 
     def to_dict(self) -> dict[str, Any]:
         return dict(model=self.name, dtype=self.dtype, step_overhead_s=self.step_overhead_s, source=self.source,
+                    overhead_mode=self.overhead_mode, backend=self.backend, op_overhead_s=dict(self.op_overhead_s),
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
                                    overhead_s=t.overhead_s) for k, t in self.kinds.items()})
 
@@ -164,13 +207,48 @@ def parse_kinds(raw: Any, where: str) -> dict[str, KindTerms]:
     return out
 
 
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise SpecError(f"{where}: must be seconds in [0, 1), got {value!r}")
+    return float(value)
+
+
+def parse_op_overheads(raw: Any, where: str) -> dict[str, dict[str, float]]:
+    """`op_overhead_s`: {backend: {operator name: seconds}}, names from the shared vocabulary."""
+    from llmperf.analysis.vocabulary import OP_NAMES
+
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping of attention backend -> {{operator: seconds}}, got {raw!r}")
+    out: dict[str, dict[str, float]] = {}
+    for backend, ops in raw.items():
+        if backend not in BACKENDS:
+            raise SpecError(f"{where}: unknown attention backend {backend!r} (backends: {', '.join(BACKENDS)})")
+        if not isinstance(ops, Mapping):
+            raise SpecError(f"{where}.{backend}: expected a mapping of operator -> seconds, got {ops!r}")
+        for op in ops:
+            if op not in OP_NAMES:
+                raise SpecError(f"{where}.{backend}: unknown operator {op!r} (see llmperf.analysis.vocabulary)")
+        out[str(backend)] = {str(op): _seconds(v, f"{where}.{backend}.{op}") for op, v in ops.items()}
+    return out
+
+
 def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
-    """Validate an `efficiency:` block: {schema_version, model, step_overhead_s, dtypes: {dtype: kinds}}."""
+    """Validate an `efficiency:` block: {schema_version, model, step_overhead_s, dtypes: {dtype: kinds}}
+    and, from schema 2, `overhead_mode` (add | overlap) and `op_overhead_s` ({backend: {op: s}})."""
     if not isinstance(raw, Mapping):
         raise SpecError(f"{where}: expected a mapping, got {type(raw).__name__}")
     version = raw.get("schema_version")
-    if version != EFFICIENCY_SCHEMA:
-        raise SpecError(f"{where}.schema_version: expected {EFFICIENCY_SCHEMA}, got {version!r}")
+    if version not in READABLE_SCHEMAS or isinstance(version, bool):
+        raise SpecError(f"{where}.schema_version: expected one of {', '.join(map(str, READABLE_SCHEMAS))}, "
+                        f"got {version!r}")
+    if version < 2:
+        newer = sorted({"overhead_mode", "op_overhead_s"} & set(raw))
+        if newer:
+            raise SpecError(f"{where}.{newer[0]}: needs schema_version 2, the file says {version}")
+    mode = raw.get("overhead_mode", "add")
+    if mode not in OVERHEAD_MODES:
+        raise SpecError(f"{where}.overhead_mode: must be one of {', '.join(OVERHEAD_MODES)}, got {mode!r}")
+    op_overheads = parse_op_overheads(raw.get("op_overhead_s") or {}, f"{where}.op_overhead_s")
     dtypes = raw.get("dtypes")
     if not isinstance(dtypes, Mapping) or not dtypes:
         raise SpecError(f"{where}.dtypes: expected a mapping of compute dtype -> kinds, got {dtypes!r}")
@@ -178,7 +256,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 <= step < 1:
         raise SpecError(f"{where}.step_overhead_s: must be seconds in [0, 1), got {step!r}")
     return dict(model=str(raw.get("model", "calibrated")), step_overhead_s=float(step),
-                source=str(raw.get("source", "")),
+                source=str(raw.get("source", "")), overhead_mode=mode, op_overhead_s=op_overheads,
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -205,9 +283,20 @@ def _pick_dtype(parsed: dict[str, Any], dtype: str, where: str) -> tuple[str, di
                     f"(measured: {', '.join(dtypes)}); run `llmperf calibrate --dtypes {dtype}`")
 
 
-def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16"
-                   ) -> EfficiencyTimeModel:
-    """The time model `efficiency` names, for `hardware` at `compute_dtype`.
+def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, backend: str) -> EfficiencyTimeModel:
+    used, kinds = _pick_dtype(parsed, dtype, where)
+    if backend not in BACKENDS:
+        raise SpecError(f"--backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    ops = parsed["op_overhead_s"].get(backend, {})  # a backend never measured: the per-kind figures
+    return EfficiencyTimeModel(name=name, kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
+                               source=parsed["source"], op_overhead_s=ops, overhead_mode=parsed["overhead_mode"],
+                               backend=backend if ops else "")
+
+
+def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16",
+                   backend: str = "sdpa") -> EfficiencyTimeModel:
+    """The time model `efficiency` names, for `hardware` at `compute_dtype`, with the per-operator
+    overheads measured for the attention `backend` (sdpa unless said: the engine's default).
 
     `calibrated` needs a spec written by `llmperf calibrate` (its `efficiency:` block); `typical`
     reads `models_spec/efficiency/typical.yaml` and is refused for a CPU (its figures are GPU
@@ -222,17 +311,13 @@ def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute
             raise SpecError(f"--efficiency calibrated: hardware {hardware.name!r} has no calibration "
                             "(run `llmperf calibrate`, then use --hardware local)")
         parsed = parse_efficiency(raw, f"{hardware.name}: efficiency")
-        used, kinds = _pick_dtype(parsed, compute_dtype, f"{hardware.name}: efficiency")
-        return EfficiencyTimeModel(name="calibrated", kinds=kinds, dtype=used,
-                                   step_overhead_s=parsed["step_overhead_s"], source=parsed["source"])
+        return _from_parsed("calibrated", parsed, compute_dtype, f"{hardware.name}: efficiency", backend)
     if hardware.vendor.lower() == "cpu" or "cpu" in (hardware.variant or "").lower().split():
         raise SpecError(f"--efficiency typical: the typical figures are GPU measurements; {hardware.name!r} "
                         "is a CPU (use --efficiency calibrated)")
     path = typical_path()
     parsed = parse_efficiency(_read_yaml(path), str(path))
-    used, kinds = _pick_dtype(parsed, compute_dtype, str(path))
-    return EfficiencyTimeModel(name="typical", kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
-                               source=parsed["source"])
+    return _from_parsed("typical", parsed, compute_dtype, str(path), backend)
 
 
 def sweep_jobs(efficiency: str, models: Sequence[Any], devices: Sequence[Any], options: Mapping[str, Any]

@@ -34,8 +34,12 @@ def resolve_device(device: str) -> str:
 
 def expected_ticks(s: Any) -> int:
     attn = len(s.attn_decode) + len(s.attn_prefill)
+    from llmperf.measure.calibrate import op_overhead_backends
+
+    import torch
+    backends = len(op_overhead_backends(torch.device(s.device))) if s.op_overhead else 0
     return (len(s.stream_sizes) + len(s.dtypes) * (len(s.gemm_rows) + attn) + 1 + int(s.step_overhead)
-            + int(s.allreduce))
+            + backends + int(s.allreduce))
 
 
 def run_calibration(settings: Any, *, quiet: bool = False) -> Any:
@@ -90,7 +94,19 @@ def calibration_tables(cal: Any, path: Path | None) -> list[Any]:
         spread = kinds.get("copy")
         rel = f"±{spread.spread_s / spread.seconds:.0%}" if spread else "-"
         streams.add_row(f"{size / 2**20:g} MiB", *cells, rel)
-    return [ceil, streams]
+    tables = [ceil, streams]
+    if cal.op_overhead_s:
+        backends = list(cal.op_overhead_s)
+        ops_table = Table(title="engine operator overheads (us per call; tiny model's decode, median)")
+        ops_table.add_column("operator")
+        for b in backends:
+            ops_table.add_column(b, justify="right")
+        names = list(dict.fromkeys(op for b in backends for op in cal.op_overhead_s[b]))
+        for op in names:
+            ops_table.add_row(op, *(f"{cal.op_overhead_s[b][op] * 1e6:.1f}" if op in cal.op_overhead_s[b] else "-"
+                                    for b in backends))
+        tables.append(ops_table)
+    return tables
 
 
 def register(app: typer.Typer) -> None:

@@ -102,6 +102,7 @@ def register(app: typer.Typer) -> None:
         reps: Annotated[int, typer.Option("--reps", help="Timed repetitions of each micro-benchmark.")] = 5,
         micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Per-operator micro-benchmarks beside the generation loop.")] = True,
         threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: torch's); recorded in run.json.")] = None,
+        separate_step_run: Annotated[bool | None, typer.Option("--separate-step-run/--one-run", help="Time steps in a run without per-operator recording and take operators from a second, recorded run (default: on CUDA only, where recording slows launch-bound steps).")] = None,
         output: Annotated[Path | None, typer.Option("--output", "-o", help="Run directory (default reports/profile/<date>-<device>).")] = None,
     ) -> None:
         """Run per-operator micro-benchmarks and the full generation loop of MODEL on this device, and
@@ -122,7 +123,7 @@ def register(app: typer.Typer) -> None:
                 model=model, hardware=hardware or "local", device=dev, batches=tuple(parse_int_list("--batch", batch)),
                 prompt_lens=tuple(parse_int_list("--prompt-len", prompt_len)),
                 gen_lens=tuple(parse_int_list("--gen-len", gen_len)), dtype=dtype, backend=backend, kv=kv,
-                layers=layers, reps=reps, micro=micro, threads=threads)
+                layers=layers, reps=reps, micro=micro, threads=threads, separate_step_run=separate_step_run)
             settings.validate()
             from llmperf.measure.profile import resolve_spec
             resolve_spec(settings)  # unknown names and impossible lengths before anything is measured

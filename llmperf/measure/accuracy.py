@@ -77,11 +77,12 @@ def critical_batches(run: dict, steps: pd.DataFrame) -> list[CriticalBatch]:
     hw = hardware_from_mapping(dict(s["hardware_spec"]), origin=run["hardware"])
     dtype = s.get("compute_dtype") or hw.compute_dtype(s["dtype"])
     try:
-        tm = time_model_for(hw, "calibrated", dtype)
+        tm = time_model_for(hw, "calibrated", dtype, backend=s.get("backend") or "sdpa")
     except Exception:  # noqa: BLE001 - an uncalibrated spec: the roofline's critical batch
         tm = ROOFLINE_MODEL
     fm = ForwardModel(model=spec, precision=Precision.uniform(s["dtype"]),
-                      attention="naive" if s.get("backend") == "naive" else "fused")
+                      attention="naive" if s.get("backend") == "naive" else "fused", fused_qkv=True,
+                      fused_gate_up=True)  # the engine's fused GEMMs, as profile predicts them
     decode = steps[steps["phase"] == "decode"]
     out = []
     grid = np.arange(1, 1025)
@@ -110,6 +111,7 @@ def report(run_dir: Path) -> tuple[str, bool]:
              f"{s.get('threads') or '-'} threads, {s['dtype']}, {s['backend']}, {s['kv']} KV), status "
              f"{run.get('status', '?')}",
              f"batch {s['batch']}, prompt {s['prompt_len']}, gen {s['gen_len']}; created {run['created']}",
+             f"steps from {run.get('measurements', {}).get('steps', 'the recorded run (schema-1 run: one run)')}",
              "", f"{'phase':8} {'n':>4}  {'roofline median':>15} {'p90':>7}  {'calibrated median':>17} {'p90':>7}"]
     ok = True
     for phase in ("prefill", "decode", E2E):

@@ -11,6 +11,16 @@ Compute's roofline; see REFERENCE.md):
 - the fixed cost of a tiny operator of each kind (host dispatch on CPU, launch on GPU): the mean
   time of back-to-back calls on 1-row tensors, and the host time of an engine step outside its
   forward pass (sampling and cache bookkeeping, from a tiny model's generation);
+- the dispatch cost of each engine OPERATOR (`attn_norm`, `qkv_proj`, `rope`, `kv_write`,
+  `attention`, ...), per attention backend (sdpa and naive; triton on CUDA only, where it is timed):
+  the median per-layer time of each operator over the decode steps of a tiny model's recorded greedy
+  generation (hidden 64, 2 layers: nothing like a model anyone evaluates, so no evaluated
+  configuration leaks into the calibration). At that size the device work is a fraction of a
+  microsecond (every weight is a few KiB and cache-resident), so what is measured is what the
+  engine's eager Python pays per operator: one operator can be many framework calls (the RoPE is
+  about ten), which one tiny call per kind does not see. On CUDA the per-operator CUDA events of the
+  recorder measure the time the GPU waits between the operator's first and last launch: in a
+  launch-bound tiny model, its host dispatch;
 - with more than one CUDA device (NCCL) or on CPU with two processes (gloo), all-reduce latency and
   bus bandwidth as nccl-tests reports them: `busbw = bytes / time * 2 (n - 1) / n`.
 
@@ -25,7 +35,10 @@ the spec's `peak_tflops[dtype]` is the best GEMM throughput measured at that dty
 (0, 1]. For each measured GEMM / attention point, with `t' = t - overhead`:
 `e_compute(rows) = min(1, flops / (peak * t'))` and `e_memory(rows) = min(1, max(e_gemv,
 bytes / (bw * t')))`, so the model reproduces every calibration point and interpolates in log(rows)
-between them. Vector operators get `e_memory = add bandwidth / bw`. Nothing from `profile`'s
+between them. Vector operators get `e_memory = add bandwidth / bw`. The overheads combine with
+the device time by `overhead_mode`: `add` on CPU (dispatch and work run on one thread), `overlap` on
+CUDA (asynchronous launches; see `llmperf.analysis.timemodel`), where the fit takes `t' = t`: a
+CUDA-event time of back-to-back calls is the device's own time. Nothing from `profile`'s
 configurations is used: calibration is fitted on these micro-benchmarks only.
 """
 
@@ -74,6 +87,8 @@ class Settings:
     allreduce: bool = True
     allreduce_sizes: tuple[int, ...] = (4096, 65536, MiB, 16 * MiB)
     step_overhead: bool = True
+    op_overhead: bool = True  # per engine operator and attention backend, from a tiny model's generation
+    op_overhead_tokens: int = 32  # tokens the tiny model generates for it
     threads: int | None = None  # CPU threads (torch.set_num_threads) while measuring; None: torch's default
 
     @classmethod
@@ -94,7 +109,7 @@ class Settings:
         from dataclasses import replace
         base = cls(dtypes=("fp32", "bf16"), stream_sizes=(64 * 1024, 4 * MiB), gemm_k=256, gemm_n=512,
                    gemm_rows=(1, 8, 64), attn_heads=2, attn_head_dim=32, attn_decode=((1, 256),),
-                   attn_prefill=(64,), reps=3, allreduce=False, step_overhead=False)
+                   attn_prefill=(64,), reps=3, allreduce=False, step_overhead=False, op_overhead_tokens=6)
         return replace(base, **changes)
 
 
@@ -162,6 +177,7 @@ class Calibration:
     streams: list[StreamPoint] = field(default_factory=list)
     compute: list[ComputePoint] = field(default_factory=list)
     overhead_s: dict[str, float] = field(default_factory=dict)
+    op_overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)  # backend -> operator -> s
     step_overhead_s: float = 0.0
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
@@ -196,9 +212,15 @@ class Calibration:
         return max((p.busbw for p in self.allreduce), default=0.0)
 
     # ---- the time model ---------------------------------------------------------------------------
+    @property
+    def overhead_mode(self) -> str:
+        """`overlap` on CUDA (asynchronous launches), `add` on CPU (see llmperf.analysis.timemodel)."""
+        return "overlap" if self.device.get("kind") == "cuda" else "add"
+
     def fit_terms(self) -> dict[str, Any]:
         """The `efficiency:` block (see the module docstring for the formulas)."""
         bw = self.memory_bytes_per_s()
+        overlap = self.overhead_mode == "overlap"
         dtypes: dict[str, Any] = {}
         add = [p for p in self.streams if p.kind == "add"]
         e_vec = min(1.0, max(p.bytes_per_s for p in add) / bw) if add else 1.0
@@ -210,15 +232,21 @@ class Calibration:
                 if not pts:
                     continue
                 oh = self.overhead_s.get(op, 0.0)
-                kinds[op] = fit_curves(pts, peak, bw, oh)
+                kinds[op] = fit_curves(pts, peak, bw, 0.0 if overlap else oh)
+                kinds[op]["overhead_s"] = _clean(oh)
             for kind in VECTOR_KINDS:
                 kinds[kind] = dict(e_compute=1.0, e_memory=_clean(e_vec), overhead_s=_clean(self.overhead_s.get(kind, 0.0)))
             if self.allreduce:
                 small = min(self.allreduce, key=lambda p: p.size_bytes)
                 kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
             dtypes[dtype] = kinds
-        return dict(schema_version=EFFICIENCY_SCHEMA, model="calibrated", step_overhead_s=self.step_overhead_s,
-                    source=f"{CALIBRATION_TOOL}, {self.created}", dtypes=dtypes)
+        out = dict(schema_version=EFFICIENCY_SCHEMA, model="calibrated", step_overhead_s=self.step_overhead_s,
+                   source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
+        if self.op_overhead_s:
+            out["op_overhead_s"] = {b: {op: _clean(v) for op, v in ops.items()}
+                                    for b, ops in self.op_overhead_s.items()}
+        out["dtypes"] = dtypes
+        return out
 
     # ---- the hardware YAML ------------------------------------------------------------------------
     def to_mapping(self, name: str = LOCAL_NAME) -> dict[str, Any]:
@@ -262,6 +290,8 @@ class Calibration:
                           peak_tflops={d: _clean(self.peak_flops_per_s(d) / 1e12) for d in self.measured_dtypes()},
                           interconnect_busbw_gbps=_clean(self.interconnect_bytes_per_s() / 1e9)),
             overhead_s={k: _clean(v) for k, v in self.overhead_s.items()},
+            op_overhead_s={b: {op: _clean(v) for op, v in ops.items()} for b, ops in self.op_overhead_s.items()},
+            op_overhead_model=dict(TINY_SPEC, cache="contiguous", tokens=self.settings.op_overhead_tokens),
             step_overhead_s=_clean(self.step_overhead_s),
             streams=[dict(kind=p.kind, size_bytes=p.size_bytes, gb_per_s=_clean(p.bytes_per_s / 1e9),
                           seconds=_clean(p.seconds), spread_s=_clean(p.spread_s), n=p.n) for p in self.streams],
@@ -498,6 +528,53 @@ def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
                 embedding=_per_call_s(lambda: F.embedding(ids, table), device))
 
 
+#: the tiny model of the engine measurements: hidden 64, 2 layers (nothing like an evaluated model)
+TINY_SPEC = dict(name="calibrate-tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+                 num_kv_heads=2, ffn_size=128, max_positions=256)
+
+
+def op_overhead_backends(device: Any) -> tuple[str, ...]:
+    """The attention backends whose operator overheads are measured: Triton only where it is timed."""
+    return ("sdpa", "naive", "triton") if device.type == "cuda" else ("sdpa", "naive")
+
+
+def measure_op_overheads(s: Settings, device: Any, progress: Progress) -> dict[str, dict[str, float]]:
+    """Per attention backend, the median time of one call of each engine operator over the decode
+    steps of the tiny model's recorded greedy generation (per layer for per-layer operators)."""
+    import statistics
+    from collections import defaultdict
+
+    import torch
+
+    from llmperf.engine import Engine, Recorder, SamplingParams, build_model
+    from llmperf.specs import ModelSpec
+
+    spec = ModelSpec(**TINY_SPEC)
+    dtype = "bf16" if device.type == "cuda" else "fp32"  # what each device's runs use; dispatch barely cares
+    out: dict[str, dict[str, float]] = {}
+    prompt = [[1, 2, 3, 4]]
+    params = SamplingParams(max_new_tokens=s.op_overhead_tokens, min_new_tokens=s.op_overhead_tokens)
+    for backend in op_overhead_backends(device):
+        progress(f"operator overheads ({backend})")
+        try:
+            model = build_model(spec, seed=0, dtype=dtype, device=device, attention=backend)
+            engine = Engine(model, cache="contiguous", attention=backend)
+            engine.generate(prompt, params)  # warm-up: the same lengths, so every kernel is compiled
+            rec = Recorder(device)
+            engine.generate(prompt, params, recorder=rec)
+        except Exception:  # noqa: BLE001 - a backend this build cannot run keeps the per-kind figures (noted)
+            continue
+        samples: dict[str, list[float]] = defaultdict(list)
+        for r in rec.trace.ops:
+            if r.phase == "decode":
+                samples[r.op].append(r.seconds)
+        out[backend] = {op: float(statistics.median(v)) for op, v in samples.items()}
+        del engine, model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 def measure_step_overhead(device: Any, progress: Progress) -> float:
     """Host time of an engine decode step outside its forward pass (sampling, cache bookkeeping),
     median over the steps of a tiny model's greedy generation."""
@@ -507,8 +584,7 @@ def measure_step_overhead(device: Any, progress: Progress) -> float:
     from llmperf.specs import ModelSpec
 
     progress("engine step overhead")
-    spec = ModelSpec(name="calibrate-tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
-                     num_kv_heads=2, ffn_size=128, max_positions=256)
+    spec = ModelSpec(**TINY_SPEC)
     engine = Engine(build_model(spec, seed=0, device=device), cache="contiguous")
     engine.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=4))  # warm-up
     rec = Recorder(device, ops=False)
@@ -611,6 +687,12 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
         cal.overhead_s = measure_overheads(device, tick)
     if s.step_overhead:
         cal.step_overhead_s = measure_step_overhead(device, tick)
+    if s.op_overhead:
+        with torch.inference_mode():
+            cal.op_overhead_s = measure_op_overheads(s, device, tick)
+        missing = [b for b in op_overhead_backends(device) if b not in cal.op_overhead_s]
+        if missing:
+            cal.notes.append(f"operator overheads not measured for {', '.join(missing)}: the per-kind figures apply")
     if s.allreduce:
         try:
             cal.allreduce = measure_allreduce(s, device, tick)

@@ -10,6 +10,18 @@ For every configuration (batch x prompt length x generation length):
 (b) the engine's whole greedy generation (`kind="generation"`), timed per step and per operator with
     `llmperf.engine.Recorder` (per-layer records summed over layers).
 
+Two runs of each generation on CUDA. Per-operator recording costs host time (a pair of CUDA events
+created and recorded per operator) and an eager engine on a GPU is launch-bound, so a recorded
+step is slower than a real one. The step, TTFT, TPOT and end-to-end times (`steps.csv`,
+`generations.csv`, the errors) therefore come from a run recorded per step only (`ops=False`:
+synchronise, perf_counter, synchronise), and the per-operator breakdown (`ops.csv`, kind
+`generation`) from a second, recorded run of the same greedy generation; `steps.csv` keeps the
+recorded run's step time beside (`measured_recorded_s`) so the instrumentation's cost shows. On
+CPU one recorded run serves both by default: there an operator's record is two `perf_counter`
+calls and a small object, about a microsecond against the milliseconds of any operator the CPU
+runs are about (`separate_step_run=True` forces the second run on CPU too). `run.json`
+`measurements` says which run every number came from.
+
 Each measurement is joined with `llmperf.analysis` by (phase, operator, batch, q_len, kv_len) through
 the shared vocabulary (`llmperf.analysis.vocabulary`): a fused measurement (`qkv_proj`, `gate_up_proj`)
 is joined to the sum of its parts (`FUSED_PARTS`), so the engine may time either. Predictions:
@@ -43,7 +55,7 @@ import statistics
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +74,8 @@ E2E = "e2e"  # the error row of whole generations (not a step phase)
 OPS_COLUMNS = ("kind", "phase", "op", "batch", "q_len", "kv_len", "measured_s", "measured_spread_s", "n",
                "predicted_roofline_s", "predicted_calibrated_s", "ratio_roofline", "ratio_calibrated", "flops",
                "bytes", "intensity", "achieved_flops_per_s", "achieved_bytes_per_s", "roofline_fraction", "bound")
-STEPS_COLUMNS = ("config", "step", "phase", "batch", "q_len", "kv_len", "measured_s", "predicted_roofline_s",
-                 "predicted_calibrated_s")
+STEPS_COLUMNS = ("config", "step", "phase", "batch", "q_len", "kv_len", "measured_s", "measured_recorded_s",
+                 "predicted_roofline_s", "predicted_calibrated_s")
 GENERATIONS_COLUMNS = ("config", "batch", "prompt_len", "gen_len", "measured_ttft_s", "measured_tpot_s",
                        "measured_e2e_s", "predicted_ttft_s_roofline", "predicted_tpot_s_roofline",
                        "predicted_e2e_s_roofline", "predicted_ttft_s_calibrated", "predicted_tpot_s_calibrated",
@@ -94,6 +106,12 @@ class ProfileSettings:
     micro: bool = True
     seed: int = 0
     threads: int | None = None  # CPU threads (torch.set_num_threads); None: torch's default
+    separate_step_run: bool | None = None  # time steps in an unrecorded run; None: on CUDA only
+
+    @property
+    def two_runs(self) -> bool:
+        """Whether steps are timed in a run without per-operator recording (see the module docstring)."""
+        return self.device == "cuda" if self.separate_step_run is None else self.separate_step_run
 
     def configs(self) -> list[tuple[int, int, int]]:
         return [(b, p, g) for b in self.batches for p in self.prompt_lens for g in self.gen_lens]
@@ -132,6 +150,9 @@ class Predictor:
     def cost(self, op: Op, batch: int, q_len: int, kv_len: int) -> OpCost | None:
         """One call's cost (one layer, or the model for embed/final_norm/lm_head); a fused name is the sum
         of its parts, its input read once. None when the model has no such operator."""
+        for c in self._layer_and_model_ops(batch, q_len, kv_len):
+            if c.name == op.value:
+                return c
         if op in FUSED_PARTS:
             parts = [self.cost(p, batch, q_len, kv_len) for p in FUSED_PARTS[op]]
             parts = [p for p in parts if p is not None]
@@ -140,7 +161,8 @@ class Predictor:
             fields = ("flops", "weight_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes", "comm_bytes")
             return OpCost(name=op.value, kind=parts[0].kind, act_read_bytes=parts[0].act_read_bytes,
                           **{f: sum(getattr(p, f) for p in parts) for f in fields})
-        for c in self._layer_and_model_ops(batch, q_len, kv_len):
+        split = replace(self.fm, fused_qkv=False, fused_gate_up=False)  # a part of a fused GEMM (micro rows)
+        for c in split.head_ops(batch, q_len, kv_len) + split.layer_ops(batch, q_len, kv_len):
             if c.name == op.value:
                 return c
         return None
@@ -156,12 +178,18 @@ class Predictor:
             return batch
         return batch * q_len
 
-    def times(self, cost: OpCost, batch: int, q_len: int) -> tuple[float, float]:
-        """(roofline, calibrated) seconds of one call; calibrated is NaN without a calibrated model."""
+    def times(self, cost: OpCost, batch: int, q_len: int, micro: bool = False) -> tuple[float, float]:
+        """(roofline, calibrated) seconds of one call; calibrated is NaN without a calibrated model.
+
+        `micro`: an isolated kernel call (a micro-benchmark), priced with the per-kind overhead of one
+        tiny framework call; the per-operator overheads are what the ENGINE pays around its kernels
+        (reshapes, cache bookkeeping, several calls per operator), which a lone call does not."""
         rows = self.rows(cost, batch, q_len, self.fm)
         roof = float(ROOFLINE_MODEL.op_time_s(cost, self.hardware, self.compute_dtype, rows))
-        cal = (float(self.calibrated.op_time_s(cost, self.hardware, self.compute_dtype, rows))
-               if self.calibrated else math.nan)
+        tm = self.calibrated
+        if tm is not None and micro and tm.op_overhead_s:
+            tm = replace(tm, op_overhead_s={}, backend="")
+        cal = float(tm.op_time_s(cost, self.hardware, self.compute_dtype, rows)) if tm else math.nan
         return roof, cal
 
     def forward(self, batch: int, q_len: int, kv_len: int) -> tuple[float, float]:
@@ -438,7 +466,7 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
             t = time_fn(call, device, reps=settings.reps, warmup=1, max_time_s=MICRO_BUDGET_S)
             cost = pred.cost(op, batch, q_len, kv_len)
             rows_out.append(op_row("micro", phase.value, op.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
-                                   cost, pred.times(cost, batch, q_len), pred.hardware, pred.compute_dtype))
+                                   cost, pred.times(cost, batch, q_len, micro=True), pred.hardware, pred.compute_dtype))
             del ws, x
         rows_out += _attention_micro(model, spec, pred, settings, batch, phase, q_len, kv_len)
     return rows_out
@@ -477,13 +505,13 @@ def _attention_micro(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
         total = OpCost(name=Op.attention.value, kind="attention",
                        **{f: sum(getattr(c, f) for c in costs) for f in
                           ("flops", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes")})
-        times = [pred.times(c, batch, q_len) for c in costs]
+        times = [pred.times(c, batch, q_len, micro=True) for c in costs]
         p = (sum(t_[0] for t_ in times), sum(t_[1] for t_ in times))
         return [op_row("micro", phase.value, Op.attention.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
                        total, p, pred.hardware, pred.compute_dtype)]
     cost = costs[0]
     return [op_row("micro", phase.value, Op.attention.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
-                   cost, pred.times(cost, batch, q_len), pred.hardware, pred.compute_dtype)]
+                   cost, pred.times(cost, batch, q_len, micro=True), pred.hardware, pred.compute_dtype)]
 
 
 # ---- the generation loop (torch) ------------------------------------------------------------------------
@@ -491,7 +519,9 @@ def _attention_micro(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
 
 def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileSettings, config: str, batch: int,
                prompt_len: int, gen_len: int) -> tuple[list[dict], list[dict], dict[str, Any]]:
-    """One greedy generation, recorded; returns (ops rows, steps rows, generations row)."""
+    """One greedy generation: its steps timed in an unrecorded run when `settings.two_runs`, its
+    operators in a recorded run (see the module docstring); returns (ops rows, steps rows,
+    generations row)."""
     import torch
 
     from llmperf.engine import Recorder, SamplingParams
@@ -499,18 +529,31 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
     gen = torch.Generator().manual_seed(settings.seed)
     prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=gen).tolist()
     params = SamplingParams(max_new_tokens=gen_len, min_new_tokens=gen_len)
-    # warm-up (allocator, kernels, thread pool) on short prompts: a long prefill twice would double the run
-    engine.generate([p[:8] for p in prompts], SamplingParams(max_new_tokens=2, min_new_tokens=2), seed=settings.seed)
-    rec = Recorder(engine.model.device)
+    device = engine.model.device
+    if device.type == "cuda":
+        # the whole generation once: Triton autotunes per length bucket (prefill, and decode's split
+        # count), which must not land in a timed step; a GPU generation costs well under a second
+        engine.generate(prompts, params, seed=settings.seed)
+    else:  # allocator and thread pool on short prompts: a long CPU prefill twice would double the run
+        engine.generate([p[:8] for p in prompts], SamplingParams(max_new_tokens=2, min_new_tokens=2),
+                        seed=settings.seed)
+    step_trace = None
+    if settings.two_runs:  # the steps as they run without per-operator instrumentation
+        step_rec = Recorder(device, ops=False)
+        engine.generate(prompts, params, seed=settings.seed, recorder=step_rec)
+        step_trace = step_rec.trace
+    rec = Recorder(device)
     engine.generate(prompts, params, seed=settings.seed, recorder=rec)
     trace = rec.trace
+    recorded = {(st.phase, st.step): st.seconds for st in trace.steps}
 
     steps_rows = []
-    for st in trace.steps:
+    for st in (step_trace or trace).steps:
         roof, cal = pred.step(st.batch, st.q_len, st.kv_len)
         steps_rows.append(dict(config=config, step=st.step, phase=st.phase, batch=st.batch, q_len=st.q_len,
-                               kv_len=st.kv_len, measured_s=st.seconds, predicted_roofline_s=roof,
-                               predicted_calibrated_s=cal))
+                               kv_len=st.kv_len, measured_s=st.seconds,
+                               measured_recorded_s=recorded.get((st.phase, st.step), math.nan),
+                               predicted_roofline_s=roof, predicted_calibrated_s=cal))
 
     # per step: each operator summed over layers; then per (phase, op, batch, q_len, kv_len) over steps
     per_step: dict[tuple, float] = defaultdict(float)
@@ -553,6 +596,19 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
 
 
 # ---- the run ------------------------------------------------------------------------------------------------
+
+
+def measurement_sources(settings: ProfileSettings) -> dict[str, str]:
+    """Which run each number of the run directory came from (run.json `measurements`)."""
+    ops_run = ("the recorded run (a pair of CUDA events per operator, read at the end of each step)"
+               if settings.device == "cuda" else "the recorded run (perf_counter around each operator)")
+    steps_run = ("the unrecorded run (steps timed with synchronize + perf_counter; no per-operator recording)"
+                 if settings.two_runs else ops_run + "; one run serves steps and operators")
+    return dict(steps=steps_run, generations=steps_run + " (TTFT, TPOT, e2e summed from its steps)",
+                errors=steps_run, ops_generation=ops_run,
+                steps_measured_recorded_s=ops_run,
+                ops_micro="micro-benchmarks (llmperf.measure.timers.time_fn: CUDA events / do_bench on GPU, "
+                          "warmed-up median perf_counter on CPU)")
 
 
 def resolve_spec(settings: ProfileSettings) -> ModelSpec:
@@ -598,8 +654,10 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     attention = "naive" if settings.backend == "naive" else "fused"
     check_fits(memory_needed(spec, prec, settings, attention), available_memory_bytes(device), settings.device)
     compute_dtype = hardware.compute_dtype(settings.dtype)
-    calibrated = time_model_for(hardware, "calibrated", compute_dtype) if hardware.efficiency else None
-    fm = ForwardModel(model=spec, precision=prec, attention=attention)
+    calibrated = (time_model_for(hardware, "calibrated", compute_dtype, backend=settings.backend)
+                  if hardware.efficiency else None)
+    # the engine runs Q, K, V as one GEMM and gate + up as one (llmperf.engine.model): predict that engine
+    fm = ForwardModel(model=spec, precision=prec, attention=attention, fused_qkv=True, fused_gate_up=True)
     pred = Predictor(fm=fm, hardware=hardware, compute_dtype=compute_dtype, calibrated=calibrated)
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -611,6 +669,12 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     if settings.device == "cpu" and cal_threads and cal_threads != torch.get_num_threads():
         notes.append(f"calibrated with {cal_threads} threads but profiled with {torch.get_num_threads()}: "
                      "the calibrated ceilings do not describe this run (pass --threads to match)")
+    if calibrated is not None and not calibrated.op_overhead_s:
+        notes.append(f"the calibration has no per-operator overheads for the {settings.backend} backend: the "
+                     "per-kind tiny-operator figures are used (re-run `llmperf calibrate`)")
+    if calibrated is not None and calibrated.op_overhead_s and settings.kv == "paged":
+        notes.append("the per-operator overheads were measured with a contiguous KV cache: kv_write and "
+                     "attention with the paged cache may dispatch more")
     if calibrated is None:
         notes.append(f"hardware {hardware.name!r} has no calibration: predicted_calibrated_s is empty "
                      "(run `llmperf calibrate`, then --hardware local)")
@@ -623,13 +687,17 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
                       backend=settings.backend, kv=settings.kv, layers=spec.num_layers, reps=settings.reps,
                       micro=settings.micro, seed=settings.seed, device=settings.device,
                       threads=torch.get_num_threads() if settings.device == "cpu" else None,
+                      separate_step_run=settings.two_runs,
                       time_models=dict(roofline=ROOFLINE_MODEL.source,
                                        calibrated=calibrated.source if calibrated else None),
+                      calibrated_overheads=None if calibrated is None else dict(
+                          mode=calibrated.overhead_mode, backend=calibrated.backend or None,
+                          per_operator=sorted(calibrated.op_overhead_s)),
                       hardware_source=hardware.source, notes=notes,
                       model_spec=_plain_dict(spec.to_dict()),
                       hardware_spec=_plain_dict({k: v for k, v in hardware.to_dict().items()
                                                  if k not in ("calibration",)})),
-        errors=[], checks=[], status="running")
+        measurements=measurement_sources(settings), errors=[], checks=[], status="running")
     run_path = out_dir / "run.json"
     _atomic_json(run_path, _finite(run))
     tables = dict(ops=_Table(out_dir / "ops.csv", OPS_COLUMNS), steps=_Table(out_dir / "steps.csv", STEPS_COLUMNS),

@@ -82,7 +82,7 @@ class StepCostModel:
     conventions: Conventions | None = None  # fused projections, attention FLOPs, logits (as `estimate`)
     _dense: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
     _head: dict[int, float] = field(default_factory=dict, init=False, repr=False)
-    _rates: dict[tuple[str, int], tuple[float, float, float]] = field(default_factory=dict, init=False, repr=False)
+    _rates: dict[tuple[str, int], tuple[float, float, float, float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         conv = self.conventions or Conventions(attention=self.attention)
@@ -111,19 +111,21 @@ class StepCostModel:
             parts.append(_AttnPart(name=op.name, kind=op.kind, coef=coef.T * L))
         return parts
 
-    def _rates_for(self, part: _AttnPart, rows: int) -> tuple[float, float, float]:
-        """(seconds per FLOP, seconds per byte, fixed seconds) of `part` at `rows` tokens: the time
-        model's efficiencies depend on the operator and its rows only, so they are read once."""
+    def _rates_for(self, part: _AttnPart, rows: int) -> tuple[float, float, float, float]:
+        """(seconds per FLOP, seconds per byte, fixed seconds, overlapped host seconds) of `part` at
+        `rows` tokens: the time model's efficiencies depend on the operator and its rows only, so they
+        are read once."""
         key = (part.name, rows)
         hit = self._rates.get(key)
         if hit is None:
             base = _op_time(OpCost(name=part.name, kind=part.kind, rows=rows), self.hardware, self.dtype,
                             self.time_model) if _has_rows() else None
-            zero = base.time_s if base is not None else 0.0
+            zero = base.overhead_s if base is not None else 0.0
+            host = base.host_s if base is not None else 0.0
             per_flop = _op_time(_cost(part, rows, flops=1.0), self.hardware, self.dtype, self.time_model).compute_s
             per_byte = _op_time(_cost(part, rows, act_read_bytes=1.0), self.hardware, self.dtype,
                                 self.time_model).memory_s
-            hit = (float(per_flop), float(per_byte), float(zero))
+            hit = (float(per_flop), float(per_byte), float(zero), float(host))
             self._rates[key] = hit
         return hit
 
@@ -135,12 +137,14 @@ class StepCostModel:
     def attention_time_s(self, features, rows: int) -> float:  # noqa: ANN001
         """Attention time of a step whose summed sequence features are `features` (4 numbers)."""
         f0, f1, f2, f3 = (float(x) for x in features)
+        L = self.model.num_layers
         total = 0.0
         for p, (c, b) in zip(self.parts, self._lines):
-            per_flop, per_byte, fixed = self._rates_for(p, rows)
+            per_flop, per_byte, fixed, host = self._rates_for(p, rows)
             flops = c[0] * f0 + c[1] * f1 + c[2] * f2 + c[3] * f3
             nbytes = b[0] * f0 + b[1] * f1 + b[2] * f2 + b[3] * f3
-            total += max(flops * per_flop, nbytes * per_byte) + fixed
+            # the counts are summed over the layers; every layer launches the operator once
+            total += L * (max(flops * per_flop / L, nbytes * per_byte / L, host) + fixed)
         return total
 
     # ---- everything else: cached per token count ---------------------------------------------------

@@ -104,3 +104,54 @@ def test_fit_reproduces_a_synthetic_device():
         c, m, t = truth(r)
         pred = max(c / (peak * terms.e_compute(r)), m / (bw * terms.e_memory(r))) + oh
         assert pred == pytest.approx(t, rel=2e-3), r
+
+
+def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
+    """Tiny settings still measure every engine operator's dispatch per backend (sdpa, naive; no Triton
+    on CPU), named by the shared vocabulary, and write them (schema 2, mode add on CPU) so that the
+    calibrated time model of each backend uses them."""
+    from llmperf.analysis.timemodel import time_model_for
+    from llmperf.analysis.vocabulary import OP_NAMES
+
+    assert set(cal.op_overhead_s) == {"sdpa", "naive"}
+    for backend, ops in cal.op_overhead_s.items():
+        assert set(ops) <= set(OP_NAMES)
+        assert {"attn_norm", "qkv_proj", "rope", "kv_write", "o_proj", "gate_up_proj", "down_proj", "lm_head"} <= set(ops)
+        assert all(0 < v < 0.05 for v in ops.values()), ops
+    assert "attention" in cal.op_overhead_s["sdpa"]
+    assert {"attn_score", "attn_softmax", "attn_value"} <= set(cal.op_overhead_s["naive"])
+    eff = cal.to_mapping()["efficiency"]
+    assert eff["schema_version"] == 2 and eff["overhead_mode"] == "add"
+    path = write_yaml(cal.to_mapping(), tmp_path / "cal.yaml")
+    hw = load_calibrated(path)
+    tm = time_model_for(hw, "calibrated", "fp32", backend="naive")
+    assert tm.op_overhead_s["attn_softmax"] == pytest.approx(cal.op_overhead_s["naive"]["attn_softmax"], rel=1e-3)
+    assert cal.provenance()["op_overhead_model"]["hidden_size"] == 64
+
+
+def test_overlap_mode_on_cuda_fits_device_time_without_subtracting_the_launch(cal):
+    """On CUDA the micro-benchmark times are the device's own (events over back-to-back calls) and the
+    overhead overlaps: the fit must not subtract it, and the block says `overlap`."""
+    from dataclasses import replace as dc_replace
+
+    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda"})
+    gpu.overhead_s = {**cal.overhead_s, "matmul": 1e-3}  # absurdly large: subtracting it would show
+    eff = gpu.fit_terms()
+    assert eff["overhead_mode"] == "overlap"
+    fp32 = eff["dtypes"]["fp32"]["matmul"]
+    cpu_fit = cal.fit_terms()["dtypes"]["fp32"]["matmul"]
+    assert fp32["overhead_s"] == pytest.approx(1e-3)
+    assert fp32["e_memory"][0][1] <= cpu_fit["e_memory"][0][1] + 1e-9  # t' = t: never a faster fit
+
+
+def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
+    """Calibrations written before per-operator overheads (efficiency schema 1) load and fall back to
+    the per-kind overheads, added to the device time as before."""
+    from llmperf.analysis.timemodel import time_model_for
+
+    mapping = cal.to_mapping()
+    eff = {k: v for k, v in mapping["efficiency"].items() if k not in ("op_overhead_s", "overhead_mode")}
+    path = write_yaml({**mapping, "efficiency": {**eff, "schema_version": 1}}, tmp_path / "old.yaml")
+    tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
+    assert tm.op_overhead_s == {} and tm.overhead_mode == "add"
+    assert tm.terms("norm").overhead_s == pytest.approx(cal.overhead_s["norm"], rel=1e-3)

@@ -164,3 +164,20 @@ def test_profile_calibrates_first_when_there_is_no_local(model_path, tmp_path, m
     doc = json.loads((tmp_path / "run" / "run.json").read_text())
     assert doc["hardware"] == "local" and doc["status"] == "complete"
     assert yaml.safe_load((tmp_path / "cache" / "llmperf" / "local.yaml").read_text())["calibration"]["threads"] == 1
+
+
+def test_profile_separate_step_run_flag(calibrated, model_path, tmp_path):
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["profile", model_path, "-H", str(calibrated), "--device", "cpu", "-b", "1", "-p", "8",
+                              "-g", "3", "--reps", "1", "--threads", "1", "--no-micro", "--separate-step-run",
+                              "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["settings"]["separate_step_run"] is True and "unrecorded" in doc["measurements"]["steps"]
+
+
+def test_calibrate_shows_the_operator_overheads(tmp_path):
+    res = runner.invoke(app, ["calibrate", "--quick", "--threads", "1", "--dtypes", "fp32", "-o",
+                              str(tmp_path / "c.yaml")])
+    assert res.exit_code == 0, res.output
+    assert "engine operator overheads" in res.output and "rope" in res.output and "naive" in res.output

@@ -226,3 +226,76 @@ def test_paged_kv_cross_check(hardware, model_path, tmp_path):
     checks = prof.cross_checks(build_model(spec), spec, Precision.uniform("fp32"), s)
     kv = next(c for c in checks if c["name"].startswith("KV"))
     assert kv["passed"] and "3 x 16 token slots" in kv["detail"], kv
+
+
+def test_steps_from_an_unrecorded_run_operators_from_a_recorded_one(hardware, model_path, tmp_path):
+    """On CUDA (and on CPU when asked) the steps, TTFT, TPOT and e2e come from a run without per-operator
+    recording and the operators from a second, recorded run; run.json says which is which."""
+    s = prof.ProfileSettings(model=model_path, hardware="local", batches=(1,), prompt_lens=(8,), gen_lens=(4,),
+                             micro=False, reps=1, threads=1, separate_step_run=True)
+    res = prof.run_profile(s, hardware, tmp_path / "two")
+    doc = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert doc["settings"]["separate_step_run"] is True
+    assert "unrecorded run" in doc["measurements"]["steps"] and "unrecorded run" in doc["measurements"]["errors"]
+    assert "recorded run" in doc["measurements"]["ops_generation"]
+    assert len(res.steps) == 4
+    for st in res.steps:  # the same greedy steps in both runs: every step has both times
+        assert st["measured_s"] > 0 and st["measured_recorded_s"] > 0
+    assert res.generations[0]["measured_e2e_s"] == pytest.approx(sum(st["measured_s"] for st in res.steps))
+    assert {r["op"] for r in res.ops if r["kind"] == "generation"} >= {"rope", "qkv_proj", "attention"}
+
+
+def test_cpu_default_is_one_recorded_run(run):
+    doc = json.loads((run.out_dir / "run.json").read_text())
+    assert doc["settings"]["separate_step_run"] is False and "one run serves" in doc["measurements"]["steps"]
+    assert all(st["measured_recorded_s"] == st["measured_s"] for st in run.steps)
+    assert prof.ProfileSettings(model="x", hardware="h", device="cuda").two_runs
+
+
+def test_generation_predictions_use_the_per_operator_overheads(run, hardware):
+    """The calibrated prediction of a generation operator carries that operator's own measured dispatch
+    (per layer), not one tiny call of its kind: the engine's RoPE is many framework calls."""
+    from llmperf.analysis.timemodel import time_model_for
+
+    tm = time_model_for(hardware, "calibrated", "fp32", backend="sdpa")
+    assert tm.op_overhead_s and "rope" in tm.op_overhead_s
+    doc = json.loads((run.out_dir / "run.json").read_text())
+    assert doc["settings"]["calibrated_overheads"]["backend"] == "sdpa"
+    L = TINY["num_layers"]
+    for r in run.ops:
+        if r["kind"] == "generation" and r["op"] in ("rope", "qkv_proj", "kv_write"):
+            assert r["predicted_calibrated_s"] >= L * tm.op_overhead_s[r["op"]] * (1 - 1e-9), r
+    # the step prediction is the engine's fused forward: one qkv_proj and one gate_up_proj per layer
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import ModelSpec, Precision
+
+    fused = ForwardModel(model=ModelSpec(**TINY), precision=Precision.uniform("fp32"), fused_qkv=True,
+                         fused_gate_up=True)
+    pred = prof.Predictor(fm=fused, hardware=hardware, compute_dtype="fp32", calibrated=tm)
+    st = next(st for st in run.steps if st["phase"] == "decode")
+    assert st["predicted_calibrated_s"] == pytest.approx(pred.step(st["batch"], st["q_len"], st["kv_len"])[1])
+
+
+def test_micro_rows_use_the_per_kind_overhead(run, hardware):
+    """A micro-benchmark times one isolated kernel call: its prediction carries the tiny-call overhead
+    of its kind, not what the engine pays around the kernel (the per-operator figure)."""
+    from llmperf.analysis.timemodel import time_model_for
+
+    tm = time_model_for(hardware, "calibrated", "fp32", backend="sdpa")
+    micro = [r for r in run.ops if r["kind"] == "micro" and r["op"] in ("o_proj", "lm_head", "attention")]
+    assert micro
+    fm = run_fm()
+    pred = prof.Predictor(fm=fm, hardware=hardware, compute_dtype="fp32", calibrated=tm)
+    for r in micro:
+        cost = pred.cost(Op(r["op"]), r["batch"], r["q_len"], r["kv_len"])
+        kind_only = tm.op_time_s(cost, hardware, "fp32", pred.rows(cost, r["batch"], r["q_len"], fm)) \
+            - tm.overhead_for(cost)[0] + tm.terms(cost.kind).overhead_s
+        assert r["predicted_calibrated_s"] == pytest.approx(kind_only), r
+
+
+def run_fm():
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import ModelSpec, Precision
+
+    return ForwardModel(model=ModelSpec(**TINY), precision=Precision.uniform("fp32"), fused_qkv=True,
+                        fused_gate_up=True)

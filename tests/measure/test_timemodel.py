@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmperf.analysis import ForwardModel, roofline_time_s
+from llmperf.analysis.roofline import OpCost
 from llmperf.analysis.timemodel import (
     ROOFLINE_MODEL,
     Curve,
@@ -119,3 +120,106 @@ def test_decode_efficiencies_do_not_depend_on_the_context():
     ctx = np.array([1000.0, 2000.0, 3000.0])
     t = tm.op_time_s(fm.attention_ops(8, 1, ctx)[0], H100, "bf16", 8)
     assert t[2] - t[1] == pytest.approx(t[1] - t[0])  # memory-bound decode attention: linear in context
+
+
+# ---- per-operator overheads and the overhead mode (efficiency schema 2) ------------------------------
+
+def _hw(eff, vendor="cpu"):
+    return HardwareSpec(name="local", vendor=vendor, peak_tflops={"fp32": 0.1}, memory_bandwidth_gbps=12,
+                        memory_gib=8, efficiency=eff, calibration={"tool": "llmperf calibrate"})
+
+
+def _eff(**extra):
+    return {"schema_version": 2, "dtypes": {"fp32": {
+        "matmul": {"e_compute": 0.5, "e_memory": 0.5, "overhead_s": 2e-6},
+        "elementwise": {"e_compute": 1.0, "e_memory": 1.0, "overhead_s": 1e-6}}}, **extra}
+
+
+def test_per_operator_overhead_wins_over_the_kind_and_is_per_backend():
+    ops = {"sdpa": {"rope": 9e-5, "qkv_proj": 3e-5}, "naive": {"rope": 5e-5}}
+    hw = _hw(_eff(op_overhead_s=ops))
+    fm = ForwardModel(model=load_model("llama-3.1-8b").scaled(num_layers=2), precision=Precision.uniform("fp32"),
+                      fused_qkv=True)
+    rope, qkv, act = fm.rope(1, 1, 10), fm.qkv_proj(1, 1, 10), fm.act(1, 1, 10)
+    sdpa = time_model_for(hw, "calibrated", "fp32")  # sdpa is the default backend
+    assert sdpa.backend == "sdpa" and sdpa.overhead_for(rope) == (9e-5, "op")
+    assert sdpa.overhead_for(qkv) == (3e-5, "op") and sdpa.overhead_for(act) == (1e-6, "kind")
+    naive = time_model_for(hw, "calibrated", "fp32", backend="naive")
+    assert naive.overhead_for(rope) == (5e-5, "op") and naive.overhead_for(qkv) == (2e-6, "kind")
+    triton = time_model_for(hw, "calibrated", "fp32", backend="triton")  # never measured: per kind
+    assert triton.op_overhead_s == {} and triton.backend == "" and triton.overhead_for(rope) == (1e-6, "kind")
+    # add mode (the default, CPU): device time + overhead
+    dev = ROOFLINE_MODEL.op_time_s(rope, hw, "fp32", 1)  # e = 1 for elementwise here
+    assert sdpa.op_time_s(rope, hw, "fp32", 1) == pytest.approx(dev + 9e-5)
+    with pytest.raises(SpecError, match="--backend"):
+        time_model_for(hw, "calibrated", "fp32", backend="flash")
+
+
+def test_overlap_mode_takes_the_max_of_device_and_host():
+    hw = _hw(_eff(overhead_mode="overlap", op_overhead_s={"sdpa": {"qkv_proj": 1e-4}}), vendor="NVIDIA")
+    tm = time_model_for(hw, "calibrated", "fp32")
+    fm = ForwardModel(model=load_model("llama-3.1-8b").scaled(num_layers=2), precision=Precision.uniform("fp32"),
+                      fused_qkv=True)
+    small = OpCost(name="qkv_proj", kind="matmul", flops=2e3, weight_bytes=4e3, rows=1)  # launch-bound
+    big = fm.qkv_proj(64, 512, 512)
+    for cost, rows in ((small, 1), (big, 64 * 512)):
+        e_c, e_m = 0.5, 0.5
+        device = max(cost.flops / (hw.peak_flops_per_s("fp32") * e_c), cost.bytes_total / (12e9 * e_m))
+        assert tm.op_time_s(cost, hw, "fp32", rows) == pytest.approx(max(device, 1e-4))
+    assert tm.op_time_s(big, hw, "fp32", 64 * 512) > 1e-4  # the big GEMM hides its launch entirely
+    # the same through the library's one op_time (estimate, simulate): host_s is a floor, not an addend
+    from llmperf.analysis.roofline import op_time
+    t = op_time(small, hw, "fp32", tm)
+    assert t.host_s == 1e-4 and t.overhead_s == 0 and float(t.time_s) == pytest.approx(1e-4)
+
+
+def test_overlap_keeps_the_decode_closed_form_exact():
+    """The closed-form decode sum (a flat host line in the max) equals the step-by-step sum."""
+    from llmperf.analysis import estimate
+
+    tm = time_model_for(H100, "typical", "bf16")
+    assert tm.overhead_mode == "overlap"
+    for batch, prompt in ((1, 100), (64, 3000)):
+        est = estimate("llama-3.1-8b", "h100-sxm", batch=batch, prompt_len=prompt, gen_len=200, precision="bf16",
+                       time_model=tm)
+        assert est.decode_total_s == pytest.approx(float(est.decode_step_times_s().sum()), rel=1e-9)
+
+
+def test_schema_1_still_loads_and_schema_2_fields_are_checked():
+    old = {"schema_version": 1, "dtypes": {"fp32": {"matmul": {"overhead_s": 2e-6}}}}
+    tm = time_model_for(_hw(old), "calibrated", "fp32")
+    assert tm.overhead_mode == "add" and tm.op_overhead_s == {}
+    with pytest.raises(SpecError, match="needs schema_version 2"):
+        parse_efficiency({**old, "op_overhead_s": {"sdpa": {"rope": 1e-6}}}, "f")
+    with pytest.raises(SpecError, match="overhead_mode"):
+        parse_efficiency(_eff(overhead_mode="sometimes"), "f")
+    with pytest.raises(SpecError, match="unknown attention backend 'flash'"):
+        parse_efficiency(_eff(op_overhead_s={"flash": {"rope": 1e-6}}), "f")
+    with pytest.raises(SpecError, match="unknown operator 'rotary'"):
+        parse_efficiency(_eff(op_overhead_s={"sdpa": {"rotary": 1e-6}}), "f")
+    with pytest.raises(SpecError, match=r"op_overhead_s.sdpa.rope: must be seconds"):
+        parse_efficiency(_eff(op_overhead_s={"sdpa": {"rope": -1}}), "f")
+
+
+@pytest.mark.parametrize("mode", ["add", "overlap"])
+def test_the_overhead_is_paid_once_per_layer_in_every_roll_up(mode):
+    """A per-layer operator launches once per layer: `estimate` (whose roll-ups scale an operator to L
+    layers) pays its overhead L times, exactly as the per-layer sum does, in both overhead modes."""
+    from llmperf.analysis import estimate
+
+    oh = 1e-3  # far above any device time of gpt2's decode at batch 1 on an H100
+    terms = KindTerms(e_compute=Curve(((1.0, 1.0),)), e_memory=Curve(((1.0, 1.0),)), overhead_s=oh)
+    tm = EfficiencyTimeModel(name="t", kinds={k: terms for k in ("matmul", "attention", "norm", "elementwise",
+                                                                  "embedding")}, overhead_mode=mode)
+    est = estimate("gpt2", "h100-sxm", batch=1, prompt_len=16, gen_len=3, precision="fp16", time_model=tm)
+    fm = est.forward_model()
+    L = est.model.num_layers
+    per_layer, model_level = len(fm.layer_ops(1, 1, 17)), len(fm.head_ops(1, 1, 17) + fm.tail_ops(1, 1, 17))
+    launches = per_layer * L + model_level
+    step = float(est.decode_step_times_s()[0])
+    if mode == "overlap":  # every operator is launch-bound here: the step is its launches
+        assert step == pytest.approx(launches * oh, rel=1e-9)
+    else:
+        roof = estimate("gpt2", "h100-sxm", batch=1, prompt_len=16, gen_len=3, precision="fp16")
+        assert step - float(roof.decode_step_times_s()[0]) == pytest.approx(launches * oh, rel=1e-9)
+    assert est.decode_total_s == pytest.approx(float(est.decode_step_times_s().sum()), rel=1e-9)
