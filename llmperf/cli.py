@@ -28,8 +28,10 @@ def _render_single(est, per_op: bool, console: Console) -> None:  # noqa: ANN001
     for table in generation_tables(est):
         console.print(table)
     if per_op:
-        console.print(ops_table(est.prefill, f"prefill: batch {est.batch} x {est.prompt_len} tokens"))
-        console.print(ops_table(est.decode_first, f"decode step 1: batch {est.batch}, context {est.prompt_len + 1}"))
+        console.print(ops_table(est.prefill, f"prefill: batch {est.batch} x {est.prompt_len} tokens",
+                                width=console.width))
+        console.print(ops_table(est.decode_first, f"decode step 1: batch {est.batch}, context {est.prompt_len + 1}",
+                                width=console.width))
 
 
 def _ops_of(models: list[str], devices: list[str], options: dict) -> tuple[list, object]:
@@ -177,9 +179,11 @@ def _render_tables(frame, estimates: list, per_op: bool, to_file: bool) -> str: 
         else:
             console.print(sweep_table(frame, width=console.width))
             for index, est in enumerate(estimates):
-                console.print(ops_table(est.prefill, f"[{index}] prefill: batch {est.batch} x {est.prompt_len}"))
+                console.print(ops_table(est.prefill, f"[{index}] prefill: batch {est.batch} x {est.prompt_len}",
+                                        width=console.width))
                 console.print(ops_table(est.decode_first,
-                                        f"[{index}] decode step 1: batch {est.batch}, context {est.prompt_len + 1}"))
+                                        f"[{index}] decode step 1: batch {est.batch}, context {est.prompt_len + 1}",
+                                        width=console.width))
         return console.export_text() if to_file else ""
     finally:
         if sink is not None:

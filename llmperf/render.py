@@ -88,21 +88,40 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
     return [latency, phases, memory, regimes]
 
 
-def ops_table(phase: PhaseEstimate, title: str) -> Table:
-    """Per-operator FLOPs, bytes, intensity, time and bound (per-layer operators summed over layers)."""
-    table = Table(title=f"{title} — operators (x{phase.layers} layers where scope=layer)", title_justify="left",
-                  box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    longest = max(len(o.cost.name) for o in phase.ops)
-    for col in ("op", "kind", "FLOPs", "weights", "act", "KV", "FLOP/B", "time", "share", "bound"):
-        table.add_column(col, justify="left" if col in ("op", "kind", "bound") else "right", overflow="fold",
-                         min_width=longest if col == "op" else None, no_wrap=col == "op")
-    for row in phase.to_frame().itertuples():
-        table.add_row(row.op, row.kind, fmt.flops(row.flops), fmt.nbytes(row.weight_bytes),
-                      fmt.nbytes(row.act_bytes), fmt.nbytes(row.kv_bytes), f"{row.intensity:.1f}",
-                      fmt.seconds(row.time_s), f"{row.time_share:.1%}", row.bound)
-    table.add_row("total", "", fmt.flops(phase.flops), fmt.nbytes(phase.weight_bytes), "",
-                  fmt.nbytes(phase.kv_bytes), f"{phase.intensity:.1f}", fmt.seconds(phase.time_s), "100%",
-                  phase.bound, style="bold")
+#: per-operator columns: header, justification; `_OPS_DROP_ORDER` are given up first in a narrow console
+_OPS_COLUMNS = (("op", "left"), ("kind", "left"), ("FLOPs", "right"), ("weights", "right"), ("act", "right"),
+                ("KV", "right"), ("FLOP/B", "right"), ("time", "right"), ("share", "right"), ("bound", "left"))
+_OPS_DROP_ORDER = ("kind", "act", "KV", "share")
+
+
+def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Table:
+    """Per-operator FLOPs, bytes, intensity, time and bound (per-layer operators summed over layers).
+    With a console `width` (80 when piped), the least needed columns are left out until every cell
+    fits on one line (the title says which; `-f csv --per-op` has them all)."""
+    rows = [[row.op, row.kind, fmt.flops(row.flops), fmt.nbytes(row.weight_bytes), fmt.nbytes(row.act_bytes),
+             fmt.nbytes(row.kv_bytes), f"{row.intensity:.1f}", fmt.seconds(row.time_s), f"{row.time_share:.1%}",
+             row.bound] for row in phase.to_frame().itertuples()]
+    total = ["total", "", fmt.flops(phase.flops), fmt.nbytes(phase.weight_bytes), "", fmt.nbytes(phase.kv_bytes),
+             f"{phase.intensity:.1f}", fmt.seconds(phase.time_s), "100%", phase.bound]
+    names = [h for h, _ in _OPS_COLUMNS]
+    widths = {h: max(len(h), *(len(r[i]) for r in (*rows, total))) for i, h in enumerate(names)}
+    cols = list(names)
+    dropped = []
+    for c in _OPS_DROP_ORDER:
+        if width is None or sum(widths[k] for k in cols) + 2 * (len(cols) - 1) <= width:
+            break
+        cols.remove(c)
+        dropped.append(c)
+    note = f" (not shown: {', '.join(dropped)}; every column: -f csv --per-op)" if dropped else ""
+    table = Table(title=f"{title} — operators (x{phase.layers} layers where scope=layer){note}",
+                  title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    keep = [names.index(c) for c in cols]
+    for i in keep:
+        header, justify = _OPS_COLUMNS[i]
+        table.add_column(header, justify=justify, overflow="fold", min_width=widths[header], no_wrap=True)
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    table.add_row(*(total[i] for i in keep), style="bold")
     return table
 
 

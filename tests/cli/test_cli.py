@@ -223,6 +223,22 @@ def test_tables_fit_in_80_columns_without_truncating_names(monkeypatch):
     assert "mixtral-8x7b" in r.stdout and "a100-80gb-sxm" in r.stdout
 
 
+def test_per_op_rows_stay_on_one_line_in_80_columns(monkeypatch):
+    """Piped (80 columns), the per-operator table drops its least needed columns (and says so)
+    rather than folding 'matmul' into 'matmu / l' and 'compute' into 'comput / e'."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for args in (["estimate", "--per-op", "--weights", "int4"], ["estimate", "-b", "1,2", "--per-op"]):
+        r = run(*args)
+        assert r.exit_code == 0, r.output
+        rows = [line.split() for line in r.stdout.splitlines()
+                if line.split() and line.split()[0] in ("qkv_proj", "gate_up_proj", "lm_head", "total")]
+        assert rows and all(row[-1] in ("memory", "compute") for row in rows), r.stdout
+        assert "not shown: kind" in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 80
+    monkeypatch.setenv("COLUMNS", "200")
+    wide = run("estimate", "--per-op")
+    assert "not shown" not in wide.stdout and " matmul " in wide.stdout
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--max-batched-tokens", "0"], "--max-batched-tokens: must be a positive integer, got 0"),
     (["--group-size", "0", "--weights", "int4"], "group_size: must be a positive integer"),
