@@ -153,6 +153,20 @@ def test_bad_hardware_file(tmp_path):
     assert r.exit_code == 2 and "peak_tflops.fp16" in r.stderr
 
 
+def test_hardware_without_an_fp32_peak_is_refused_naming_the_field(tmp_path):
+    """Elementwise operators run at the fp32 vector peak: a device file listing only fp16 used to
+    fail with 'no compute peak for dtype fp32 or a wider one', naming neither field nor file value."""
+    path = tmp_path / "hw.yaml"
+    path.write_text("name: x\npeak_tflops: {fp16: 100}\nmemory_bandwidth_gbps: 1000\nmemory_gib: 10\n")
+    out = tmp_path / "out.json"
+    r = run("estimate", "--hardware", str(path), "-f", "json", "-o", str(out))
+    assert r.exit_code == 2 and not out.exists()
+    assert "peak_tflops has no fp32 entry" in r.stderr and "'fp16': 100.0" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+    path.write_text("name: x\npeak_tflops: {fp16: 100, fp32: 10}\nmemory_bandwidth_gbps: 1000\nmemory_gib: 10\n")
+    assert run("estimate", "--hardware", str(path), "-f", "json").exit_code == 0
+
+
 def test_context_beyond_positions_warns_but_runs():
     r = run("estimate", "--prompt-len", "200000", "-f", "csv")
     assert r.exit_code == 0
