@@ -136,6 +136,9 @@ def test_quantised_checkpoint_sets_the_default_weight_precision(tiny_llama, a100
     assert estimate(q, a100, weights="fp16").precision.weights == "fp16"  # an explicit choice wins
     per_channel = tiny_llama.scaled(quantization=QuantizationSpec(method="gptq", bits=4, group_size=None))
     assert estimate(per_channel, a100).precision.effective_group_size is None
+    # the label says so in words (it read "(gchannel)")
+    assert estimate(per_channel, a100).summary()["precision"] == "w:int4/a:fp16/kv:fp16 (per-channel, zp)"
+    assert Precision(weights="int8").label() == "w:int8/a:fp16/kv:fp16 (per-channel)"
 
 
 # ---- fused projections ------------------------------------------------------------------------------
