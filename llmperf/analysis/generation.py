@@ -112,9 +112,10 @@ class GenerationEstimate:
 
     @property
     def peak_fraction(self) -> float:
-        """Achieved FLOP/s over the whole generation as a fraction of the device's peak."""
+        """Achieved FLOP/s per GPU over the whole generation as a fraction of the device's peak (the
+        counts are per tensor-parallel rank over all `pp` stages, which run one after another)."""
         peak = self.hardware.peak_flops_per_s(self.prefill.compute_dtype)
-        return self.total_flops / self.e2e_s / peak if self.e2e_s else 0.0
+        return self.total_flops / self.e2e_s / (self.pp * peak) if self.e2e_s else 0.0
 
     def forward_model(self) -> ForwardModel:
         return forward_model(self.model, self.precision, self.conventions, self.tp)

@@ -98,6 +98,19 @@ def test_pipeline_stages_follow_vllm_partition(llama2_7b):
     assert kv_bytes_per_token_per_gpu(llama2_7b, p, pp=3) == 11 * 2 * 32 * 128 * 2
 
 
+def test_peak_fraction_is_per_gpu_with_pipeline_stages(llama2_7b, a100):
+    """The FLOP columns are per tensor-parallel rank over all stages; the pp GPUs run one after
+    another, so each is busy 1/pp of the time. Llama-2-7B, pp 2: prefill FLOPs as pp 1 (the
+    whole model), and the achieved fraction of ONE GPU's peak about half of pp 1's (it read 91%)."""
+    one, two = (estimate(llama2_7b, a100, batch=8, prompt_len=512, gen_len=16, pp=p) for p in (1, 2))
+    assert two.summary()["prefill_flops"] == one.summary()["prefill_flops"]
+    row = two.summary()
+    assert row["peak_fraction"] == pytest.approx(row["total_flops"] / row["e2e_s"] / (2 * 312e12), rel=1e-12)
+    assert two.peak_fraction == pytest.approx(row["peak_fraction"], rel=1e-12)
+    assert two.prefill.peak_fraction == pytest.approx(two.prefill.flops / two.prefill.time_s / (2 * 312e12))
+    assert 0.49 < two.prefill.peak_fraction / one.prefill.peak_fraction < 0.5
+
+
 def test_tied_lm_head_sits_on_the_last_stage():
     """GPT-2 small ties lm_head to the embedding: one copy at pp 1, a copy on the last stage at pp 2."""
     m = load_model("gpt2")
