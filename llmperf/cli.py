@@ -18,6 +18,17 @@ from llmperf.clitools import (
 )
 from llmperf.errors import SpecError
 
+def _one_line_usage_error(exc) -> None:  # noqa: ANN001
+    """typer draws a usage error (an unknown option, an option that is not a number, a format
+    that is not a choice) as a box of five lines; llmperf shows every bad input as one line."""
+    where = f" (see `{exc.ctx.command_path} --help`)" if getattr(exc, "ctx", None) is not None else ""
+    err_console.print(f"[bold red]error:[/] {exc.format_message()}{where}", markup=True, highlight=False)
+
+
+import typer.rich_utils as _typer_rich  # noqa: E402
+
+_typer_rich.rich_format_error = _one_line_usage_error
+
 app = typer.Typer(
     name="llmperf", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Predict, measure and compare LLM inference performance (roofline model, real kernels).")

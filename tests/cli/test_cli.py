@@ -167,6 +167,22 @@ def test_hardware_without_an_fp32_peak_is_refused_naming_the_field(tmp_path):
     assert run("estimate", "--hardware", str(path), "-f", "json").exit_code == 0
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["estimate", "--block-size", "x"], "'--block-size'"),
+    (["estimate", "--mem-util", "lots"], "'--mem-util'"),
+    (["estimate", "--bogus"], "No such option: --bogus"),
+    (["estimate", "--attention", "flash"], "'flash' is not one of"),
+    (["models", "-f", "xml"], "'xml' is not one of"),
+])
+def test_usage_errors_are_one_line(tmp_path, args, needle):
+    """typer drew these as a five-line box; every bad input is one line naming the option."""
+    out = tmp_path / "out.json"
+    r = run(*args, "-o", str(out))
+    assert r.exit_code == 2 and not out.exists()
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+
+
 def test_context_beyond_positions_warns_but_runs():
     r = run("estimate", "--prompt-len", "200000", "-f", "csv")
     assert r.exit_code == 0
