@@ -305,15 +305,26 @@ def small_models(draw) -> ModelSpec:  # noqa: ANN001
 @given(small_models(), st.lists(st.integers(1, 300), min_size=1, max_size=2), st.integers(1, 400),
        st.integers(1, 400), st.sampled_from([[1], [1, 2], [2, 4]]), st.sampled_from([[1], [1, 2]]),
        st.sampled_from([["fp16"], ["fp16", "int4"], ["int8", "fp8"]]), st.sampled_from(["fused", "naive"]),
-       st.booleans())
-def test_single_estimate_equals_its_sweep_row(a100, m, batches, prompt, gen, tps, pps, weights, attn, fused):
+       st.booleans(), st.sampled_from([[None], ["fp8", "fp16"]]),
+       st.fixed_dictionaries({"attention_flops": st.sampled_from(["executed", "dense"]),
+                              "block_size": st.sampled_from([1, 16, 32]), "mem_util": st.sampled_from([0.5, 0.9]),
+                              "max_batched_tokens": st.sampled_from([256, 8192]),
+                              "max_seq_len": st.sampled_from([None, 2048]),
+                              "group_size": st.sampled_from([None, 32]),
+                              "embeddings": st.sampled_from([None, "fp8"])}))
+def test_single_estimate_equals_its_sweep_row(a100, m, batches, prompt, gen, tps, pps, weights, attn, fused, kvs,
+                                              extra):
+    if extra["group_size"] is not None and weights == ["fp16"]:
+        extra = {**extra, "group_size": None}  # group scales need integer weights (refused otherwise)
     frame = sweep([m], [a100], batch=batches, prompt_len=[prompt], gen_len=[gen], tp=tps, pp=pps,
-                  weights=weights, attention=attn, fused_qkv=fused, all_logits=not fused)
+                  weights=weights, kv=kvs, attention=attn, fused_qkv=fused, all_logits=not fused, **extra)
     rows = frame.to_dict(orient="records")
-    assert len(rows) == len(batches) * len(tps) * len(pps) * len(weights)
+    assert len(rows) == len(batches) * len(tps) * len(pps) * len(weights) * len(kvs)
     for row in rows:
+        quantized = row["weights"] in ("int4", "int8")
         est = estimate(m, a100, batch=row["batch"], prompt_len=prompt, gen_len=gen, tp=row["tp"], pp=row["pp"],
-                       weights=row["weights"], attention=attn, fused_qkv=fused, all_logits=not fused)
+                       weights=row["weights"], kv=row["kv"], attention=attn, fused_qkv=fused, all_logits=not fused,
+                       **{**extra, "group_size": extra["group_size"] if quantized else None})
         _assert_row_equal(row, est.summary())
         assert est.prefill.time_s == pytest.approx(est.ttft_s, rel=1e-12)
         assert est.prefill.bound == row["prefill_bound"] and est.decode_first.bound == row["decode_bound"]
