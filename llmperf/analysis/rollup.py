@@ -422,6 +422,8 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     """Every column of the result schema for arrays of (batch, prompt_len, gen_len) (same shape)."""
     tm = resolve_time_model(time_model)
     stage_layers(model, pp)
+    if tp > 1 and hw.interconnect_bytes_per_s <= 0:  # the all-reduces need a link (as pp's transfers do)
+        raise SpecError(f"tp: {tp} needs an interconnect, but {hw.name} has interconnect_gbps 0")
     fm = forward_model(model, precision, conv, tp)
     dtype = hw.compute_dtype(precision.activations)
     B, P, G = (np.asarray(x, dtype=float).ravel() for x in (batch, prompt_len, gen_len))
