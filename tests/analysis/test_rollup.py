@@ -349,7 +349,7 @@ def test_hardware_with_no_interconnect_refuses_pp_by_name(tiny_llama):
     with pytest.raises(SpecError, match="tp: 2 needs an interconnect, but a100-80gb-sxm has interconnect_gbps 0"):
         estimate(tiny_llama, lonely, tp=2)  # it said "cannot time attn_allreduce", naming neither tp nor 2
     with pytest.raises(SpecError, match="tp: 2 needs an interconnect"):
-        sweep([tiny_llama], [lonely], tp=[1, 2])
+        sweep([tiny_llama], [lonely], tp=[1, 2], prompt_len=[64], gen_len=[16])
 
 
 class Broken:
