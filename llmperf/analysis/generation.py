@@ -172,9 +172,10 @@ def resolve_precision(model: ModelSpec, precision: Precision | str | None = None
 
 def check_lengths(model: ModelSpec, batch: int, prompt_len: int, gen_len: int) -> list[str]:
     """Validate the workload; returns warnings (a context beyond the model's positions)."""
+    from llmperf.analysis.rollup import MAX_COUNT
     for name, value, low in (("batch", batch, 1), ("prompt_len", prompt_len, 1), ("gen_len", gen_len, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise SpecError(f"{name}: must be an integer >= {low}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= MAX_COUNT:
+            raise SpecError(f"{name}: must be an integer in {low} .. 2**53, got {value!r}")
     if prompt_len + gen_len > model.max_positions:
         return [f"context {prompt_len + gen_len} (prompt_len + gen_len) exceeds {model.name}'s "
                 f"max_positions={model.max_positions}"]

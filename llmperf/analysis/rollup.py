@@ -35,6 +35,9 @@ from llmperf.specs import HardwareSpec, ModelSpec, Precision
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 #: the largest value the regime searches try before answering "none" (67M)
 SEARCH_MAX = 1 << 26
+#: the largest count (batch, lengths, block size, token budget, ...) accepted: float64 holds every
+#: integer up to 2**53 exactly, and the integer columns (int64) hold it too
+MAX_COUNT = 2**53
 #: columns that are integers or missing (no answer up to SEARCH_MAX)
 REGIME_COLUMNS = ("critical_batch_matmul", "critical_batch", "attention_flops_crossover",
                   "attention_bytes_crossover")
@@ -74,8 +77,8 @@ class Conventions:
 
 
 def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise SpecError(f"{name}: must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_COUNT:
+        raise SpecError(f"{name}: must be an integer in 1 .. 2**53, got {value!r}")
 
 
 # ---- closed-form sums ------------------------------------------------------------------------------

@@ -279,6 +279,11 @@ def test_per_op_rows_stay_on_one_line_in_80_columns(monkeypatch):
     (["--weights", "int4,fp9"], "unknown dtype 'fp9'"),
     (["--max-seq-len", "600"], "max_seq_len: 600 is shorter than a context of 640"),
     (["--embeddings", "fp5"], "precision.embeddings"),
+    # beyond 2**53: an OverflowError traceback (batch, prompt) or a max_seq_len of -9223372036854775808
+    (["-b", "99999999999999999999"], "batch: every value must be an integer in 1 .. 2**53"),
+    (["-p", "1,99999999999999999999"], "prompt_len: every value must be an integer in 1 .. 2**53"),
+    (["--max-seq-len", "99999999999999999999"], "max_seq_len: must be an integer in 1 .. 2**53"),
+    (["--max-batched-tokens", "99999999999999999999"], "max_batched_tokens: must be an integer in 1 .. 2**53"),
 ])
 def test_new_bad_inputs_exit_2_and_leave_no_file(tmp_path, args, needle):
     out = tmp_path / "out.json"
