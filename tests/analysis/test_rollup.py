@@ -275,6 +275,16 @@ def test_columns_are_documented_and_json_is_strict(a100):
     assert set(frame.gpus) == {1, 2}
 
 
+def test_readme_output_schema_names_every_column_in_order():
+    """The README's "Output schema" table documents every column of `COLUMNS`, in schema order."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("### Output schema", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("| `")]
+    named = [name for line in table for name in line.split("|")[1].replace("`", "").replace(" ", "").split(",")]
+    assert named == list(COLUMNS)
+
+
 def _assert_row_equal(row: dict, summary: dict) -> None:
     assert list(row) == list(summary)
     for key, value in summary.items():
