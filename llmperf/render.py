@@ -36,6 +36,14 @@ def _conventions(est: GenerationEstimate) -> str:
     return ", ".join(parts)
 
 
+def _kv_tokens(est: GenerationEstimate) -> str:
+    """Tokens of KV a sequence keeps: its context, or the sliding window's share of it."""
+    context, window = est.prompt_len + est.gen_len, est.model.sliding_window
+    if window is not None and context > window:
+        return f"{window:,} tokens, sliding window; context {context:,}"
+    return f"{context:,} tokens"
+
+
 def generation_tables(est: GenerationEstimate) -> list[Table]:
     """Latency, phases, memory and regimes of one estimate."""
     m = est.model
@@ -66,7 +74,7 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
     memory = _kv_table(f"Memory per GPU ({est.hardware.memory_gib:g} GiB device, {mem.mem_util:.0%} usable = "
                        f"{fmt.gib(mem.usable_bytes)})", [
         ("weights", fmt.gib(mem.weights_bytes)),
-        (f"KV cache, paged ({est.batch} x {est.prompt_len + est.gen_len} tokens)", fmt.gib(mem.kv_cache_bytes)),
+        (f"KV cache, paged ({est.batch} x {_kv_tokens(est)})", fmt.gib(mem.kv_cache_bytes)),
         (f"activations (one reservation for {mem.max_batched_tokens:,} tokens/step)",
          fmt.gib(mem.activation_peak_bytes)),
         ("total", f"{fmt.gib(mem.total_bytes)} ({verdict})"),

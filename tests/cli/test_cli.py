@@ -183,6 +183,14 @@ def test_usage_errors_are_one_line(tmp_path, args, needle):
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
 
 
+def test_memory_table_says_the_sliding_window_caps_the_kv(monkeypatch):
+    """Mistral-7B keeps 4,096 of 8,200 tokens; the table said '1 x 8200 tokens' beside 0.5 GiB."""
+    monkeypatch.setenv("COLUMNS", "200")
+    r = run("estimate", "mistral-7b", "-p", "8000", "-g", "200")
+    assert r.exit_code == 0 and "(1 x 4,096 tokens, sliding window;" in r.stdout, r.stdout
+    assert "(1 x 640 tokens)" in run("estimate", "mistral-7b").stdout
+
+
 def test_context_beyond_positions_warns_but_runs():
     r = run("estimate", "--prompt-len", "200000", "-f", "csv")
     assert r.exit_code == 0
