@@ -181,14 +181,15 @@ def estimate(
 
 def _render_tables(frame, estimates: list, per_op: bool, to_file: bool) -> str:  # noqa: ANN001
     """Print the tables (width: the terminal's, COLUMNS, or 80 when piped), or return their text."""
-    from llmperf.render import ops_table, sweep_table
+    from llmperf.render import ops_table, sweep_tables
     sink = open(os.devnull, "w") if to_file else None  # noqa: SIM115
     console = Console(file=sink, record=to_file, highlight=False)
     try:
         if len(frame) == 1:
             _render_single(estimates[0], per_op, console)
         else:
-            console.print(sweep_table(frame, width=console.width))
+            for table in sweep_tables(frame, width=console.width):
+                console.print(table)
             for index, est in enumerate(estimates):
                 console.print(ops_table(est.prefill, f"[{index}] prefill: batch {est.batch} x {est.prompt_len}",
                                         width=console.width))

@@ -149,10 +149,23 @@ _TITLE_NAMES = {"tp": "tp ", "pp": "pp ", "batch": "batch ", "prompt_len": "prom
 _DROP_ORDER = ("total_gib", "tokens_per_s", "decode_bound", "max_batch")
 
 
+def sweep_tables(frame: pd.DataFrame, width: int | None = None) -> list[Table]:
+    """`sweep_table`, or, when even its narrowest form would fold names (model, device, precision)
+    in `width` columns, one table per distinct (model, device, precision), which go to the titles."""
+    table = sweep_table(frame, width)
+    keys = [c for c in ("model", "hardware", "precision") if frame[c].nunique(dropna=False) > 1]
+    if width is None or table.columns[0].min_width is not None or not keys:
+        return [table]
+    parts = frame.groupby(keys, sort=False, dropna=False)
+    return [sweep_table(part.reset_index(drop=True), width) for _, part in parts]
+
+
 def sweep_table(frame: pd.DataFrame, width: int | None = None) -> Table:
     """One row per configuration; what is the same in every row is said once, in the title. With a
     console `width`, the least important value columns are left out until the table fits (the
-    title says so: every column is in `-f csv` / `-f json`)."""
+    title says so: every column is in `-f csv` / `-f json`); if it still does not fit, cells fold
+    (no column then has a `min_width`: `sweep_tables` splits such a table by model, device and
+    precision instead)."""
     varying = [c for c in _SWEEP_KEYS if frame[c].nunique(dropna=False) > 1]
     fixed = [f"{_TITLE_NAMES.get(c, '')}{frame[c].iloc[0]}" for c in _SWEEP_KEYS if c not in varying]
     title = f"{len(frame)} configurations" + (": " + " · ".join(fixed) if fixed else "")

@@ -261,6 +261,22 @@ def test_tables_fit_in_80_columns_without_truncating_names(monkeypatch):
     assert "mixtral-8x7b" in r.stdout and "a100-80gb-sxm" in r.stdout
 
 
+def test_a_sweep_too_wide_for_80_columns_splits_by_model_device_precision(monkeypatch):
+    """With every key varying, the one table folded 'llama-3.1-8b' into 'llama-3' / '.1-8b' and
+    'a100-80gb-sxm' into 'a100-80g' / 'b-sxm'; now each (model, device, precision) gets a table."""
+    monkeypatch.setenv("COLUMNS", "80")
+    r = run("estimate", "llama-3.1-8b,mixtral-8x7b", "-H", "a100-80gb-sxm,h100-sxm", "--weights", "bf16,int4",
+            "--tp", "1,2", "--pp", "1,2", "-b", "1,8", "-p", "128,1024", "-g", "16,64")
+    assert r.exit_code == 0, r.output
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+    titles = [line for line in r.stdout.splitlines() if line.startswith("32 configurations: ")]
+    assert len(titles) == 8
+    assert "32 configurations: llama-3.1-8b · a100-80gb-sxm · bf16" in r.stdout
+    assert "32 configurations: mixtral-8x7b · h100-sxm · w:int4/a:bf16/kv:bf16" in " ".join(r.stdout.split())
+    wide = run("estimate", "llama-3.1-8b,mixtral-8x7b", "-b", "1,8")  # fits: still one table
+    assert wide.stdout.count("configurations") == 1
+
+
 def test_per_op_rows_stay_on_one_line_in_80_columns(monkeypatch):
     """Piped (80 columns), the per-operator table drops its least needed columns (and says so)
     rather than folding 'matmul' into 'matmu / l' and 'compute' into 'comput / e'."""
