@@ -18,6 +18,17 @@ from llmperf.clitools import (
 )
 from llmperf.errors import SpecError
 
+def _one_line_usage_error(exc) -> None:  # noqa: ANN001
+    """typer draws a usage error (an unknown option, an option that is not a number, a format
+    that is not a choice) as a box of five lines; llmperf shows every bad input as one line."""
+    where = f" (see `{exc.ctx.command_path} --help`)" if getattr(exc, "ctx", None) is not None else ""
+    err_console.print(f"[bold red]error:[/] {exc.format_message()}{where}", markup=True, highlight=False)
+
+
+import typer.rich_utils as _typer_rich  # noqa: E402
+
+_typer_rich.rich_format_error = _one_line_usage_error
+
 app = typer.Typer(
     name="llmperf", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Predict, measure and compare LLM inference performance (roofline model, real kernels).")
@@ -28,8 +39,10 @@ def _render_single(est, per_op: bool, console: Console) -> None:  # noqa: ANN001
     for table in generation_tables(est):
         console.print(table)
     if per_op:
-        console.print(ops_table(est.prefill, f"prefill: batch {est.batch} x {est.prompt_len} tokens"))
-        console.print(ops_table(est.decode_first, f"decode step 1: batch {est.batch}, context {est.prompt_len + 1}"))
+        console.print(ops_table(est.prefill, f"prefill: batch {est.batch} x {est.prompt_len} tokens",
+                                width=console.width))
+        console.print(ops_table(est.decode_first, f"decode step 1: batch {est.batch}, context {est.prompt_len + 1}",
+                                width=console.width))
 
 
 def _ops_of(models: list[str], devices: list[str], options: dict) -> tuple[list, object]:
@@ -168,18 +181,21 @@ def estimate(
 
 def _render_tables(frame, estimates: list, per_op: bool, to_file: bool) -> str:  # noqa: ANN001
     """Print the tables (width: the terminal's, COLUMNS, or 80 when piped), or return their text."""
-    from llmperf.render import ops_table, sweep_table
+    from llmperf.render import ops_table, sweep_tables
     sink = open(os.devnull, "w") if to_file else None  # noqa: SIM115
     console = Console(file=sink, record=to_file, highlight=False)
     try:
         if len(frame) == 1:
             _render_single(estimates[0], per_op, console)
         else:
-            console.print(sweep_table(frame, width=console.width))
+            for table in sweep_tables(frame, width=console.width):
+                console.print(table)
             for index, est in enumerate(estimates):
-                console.print(ops_table(est.prefill, f"[{index}] prefill: batch {est.batch} x {est.prompt_len}"))
+                console.print(ops_table(est.prefill, f"[{index}] prefill: batch {est.batch} x {est.prompt_len}",
+                                        width=console.width))
                 console.print(ops_table(est.decode_first,
-                                        f"[{index}] decode step 1: batch {est.batch}, context {est.prompt_len + 1}"))
+                                        f"[{index}] decode step 1: batch {est.batch}, context {est.prompt_len + 1}",
+                                        width=console.width))
         return console.export_text() if to_file else ""
     finally:
         if sink is not None:

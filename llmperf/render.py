@@ -36,6 +36,14 @@ def _conventions(est: GenerationEstimate) -> str:
     return ", ".join(parts)
 
 
+def _kv_tokens(est: GenerationEstimate) -> str:
+    """Tokens of KV a sequence keeps: its context, or the sliding window's share of it."""
+    context, window = est.prompt_len + est.gen_len, est.model.sliding_window
+    if window is not None and context > window:
+        return f"{window:,} tokens, sliding window; context {context:,}"
+    return f"{context:,} tokens"
+
+
 def generation_tables(est: GenerationEstimate) -> list[Table]:
     """Latency, phases, memory and regimes of one estimate."""
     m = est.model
@@ -66,7 +74,7 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
     memory = _kv_table(f"Memory per GPU ({est.hardware.memory_gib:g} GiB device, {mem.mem_util:.0%} usable = "
                        f"{fmt.gib(mem.usable_bytes)})", [
         ("weights", fmt.gib(mem.weights_bytes)),
-        (f"KV cache, paged ({est.batch} x {est.prompt_len + est.gen_len} tokens)", fmt.gib(mem.kv_cache_bytes)),
+        (f"KV cache, paged ({est.batch} x {_kv_tokens(est)})", fmt.gib(mem.kv_cache_bytes)),
         (f"activations (one reservation for {mem.max_batched_tokens:,} tokens/step)",
          fmt.gib(mem.activation_peak_bytes)),
         ("total", f"{fmt.gib(mem.total_bytes)} ({verdict})"),
@@ -88,21 +96,40 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
     return [latency, phases, memory, regimes]
 
 
-def ops_table(phase: PhaseEstimate, title: str) -> Table:
-    """Per-operator FLOPs, bytes, intensity, time and bound (per-layer operators summed over layers)."""
-    table = Table(title=f"{title} — operators (x{phase.layers} layers where scope=layer)", title_justify="left",
-                  box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    longest = max(len(o.cost.name) for o in phase.ops)
-    for col in ("op", "kind", "FLOPs", "weights", "act", "KV", "FLOP/B", "time", "share", "bound"):
-        table.add_column(col, justify="left" if col in ("op", "kind", "bound") else "right", overflow="fold",
-                         min_width=longest if col == "op" else None, no_wrap=col == "op")
-    for row in phase.to_frame().itertuples():
-        table.add_row(row.op, row.kind, fmt.flops(row.flops), fmt.nbytes(row.weight_bytes),
-                      fmt.nbytes(row.act_bytes), fmt.nbytes(row.kv_bytes), f"{row.intensity:.1f}",
-                      fmt.seconds(row.time_s), f"{row.time_share:.1%}", row.bound)
-    table.add_row("total", "", fmt.flops(phase.flops), fmt.nbytes(phase.weight_bytes), "",
-                  fmt.nbytes(phase.kv_bytes), f"{phase.intensity:.1f}", fmt.seconds(phase.time_s), "100%",
-                  phase.bound, style="bold")
+#: per-operator columns: header, justification; `_OPS_DROP_ORDER` are given up first in a narrow console
+_OPS_COLUMNS = (("op", "left"), ("kind", "left"), ("FLOPs", "right"), ("weights", "right"), ("act", "right"),
+                ("KV", "right"), ("FLOP/B", "right"), ("time", "right"), ("share", "right"), ("bound", "left"))
+_OPS_DROP_ORDER = ("kind", "act", "KV", "share")
+
+
+def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Table:
+    """Per-operator FLOPs, bytes, intensity, time and bound (per-layer operators summed over layers).
+    With a console `width` (80 when piped), the least needed columns are left out until every cell
+    fits on one line (the title says which; `-f csv --per-op` has them all)."""
+    rows = [[row.op, row.kind, fmt.flops(row.flops), fmt.nbytes(row.weight_bytes), fmt.nbytes(row.act_bytes),
+             fmt.nbytes(row.kv_bytes), f"{row.intensity:.1f}", fmt.seconds(row.time_s), f"{row.time_share:.1%}",
+             row.bound] for row in phase.to_frame().itertuples()]
+    total = ["total", "", fmt.flops(phase.flops), fmt.nbytes(phase.weight_bytes), "", fmt.nbytes(phase.kv_bytes),
+             f"{phase.intensity:.1f}", fmt.seconds(phase.time_s), "100%", phase.bound]
+    names = [h for h, _ in _OPS_COLUMNS]
+    widths = {h: max(len(h), *(len(r[i]) for r in (*rows, total))) for i, h in enumerate(names)}
+    cols = list(names)
+    dropped = []
+    for c in _OPS_DROP_ORDER:
+        if width is None or sum(widths[k] for k in cols) + 2 * (len(cols) - 1) <= width:
+            break
+        cols.remove(c)
+        dropped.append(c)
+    note = f" (not shown: {', '.join(dropped)}; every column: -f csv --per-op)" if dropped else ""
+    table = Table(title=f"{title} — operators (x{phase.layers} layers where scope=layer){note}",
+                  title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    keep = [names.index(c) for c in cols]
+    for i in keep:
+        header, justify = _OPS_COLUMNS[i]
+        table.add_column(header, justify=justify, overflow="fold", min_width=widths[header], no_wrap=True)
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    table.add_row(*(total[i] for i in keep), style="bold")
     return table
 
 
@@ -122,10 +149,23 @@ _TITLE_NAMES = {"tp": "tp ", "pp": "pp ", "batch": "batch ", "prompt_len": "prom
 _DROP_ORDER = ("total_gib", "tokens_per_s", "decode_bound", "max_batch")
 
 
+def sweep_tables(frame: pd.DataFrame, width: int | None = None) -> list[Table]:
+    """`sweep_table`, or, when even its narrowest form would fold names (model, device, precision)
+    in `width` columns, one table per distinct (model, device, precision), which go to the titles."""
+    table = sweep_table(frame, width)
+    keys = [c for c in ("model", "hardware", "precision") if frame[c].nunique(dropna=False) > 1]
+    if width is None or table.columns[0].min_width is not None or not keys:
+        return [table]
+    parts = frame.groupby(keys, sort=False, dropna=False)
+    return [sweep_table(part.reset_index(drop=True), width) for _, part in parts]
+
+
 def sweep_table(frame: pd.DataFrame, width: int | None = None) -> Table:
     """One row per configuration; what is the same in every row is said once, in the title. With a
     console `width`, the least important value columns are left out until the table fits (the
-    title says so: every column is in `-f csv` / `-f json`)."""
+    title says so: every column is in `-f csv` / `-f json`); if it still does not fit, cells fold
+    (no column then has a `min_width`: `sweep_tables` splits such a table by model, device and
+    precision instead)."""
     varying = [c for c in _SWEEP_KEYS if frame[c].nunique(dropna=False) > 1]
     fixed = [f"{_TITLE_NAMES.get(c, '')}{frame[c].iloc[0]}" for c in _SWEEP_KEYS if c not in varying]
     title = f"{len(frame)} configurations" + (": " + " · ".join(fixed) if fixed else "")

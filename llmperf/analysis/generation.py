@@ -112,9 +112,10 @@ class GenerationEstimate:
 
     @property
     def peak_fraction(self) -> float:
-        """Achieved FLOP/s over the whole generation as a fraction of the device's peak."""
+        """Achieved FLOP/s per GPU over the whole generation as a fraction of the device's peak (the
+        counts are per tensor-parallel rank over all `pp` stages, which run one after another)."""
         peak = self.hardware.peak_flops_per_s(self.prefill.compute_dtype)
-        return self.total_flops / self.e2e_s / peak if self.e2e_s else 0.0
+        return self.total_flops / self.e2e_s / (self.pp * peak) if self.e2e_s else 0.0
 
     def forward_model(self) -> ForwardModel:
         return forward_model(self.model, self.precision, self.conventions, self.tp)
@@ -171,9 +172,10 @@ def resolve_precision(model: ModelSpec, precision: Precision | str | None = None
 
 def check_lengths(model: ModelSpec, batch: int, prompt_len: int, gen_len: int) -> list[str]:
     """Validate the workload; returns warnings (a context beyond the model's positions)."""
+    from llmperf.analysis.rollup import MAX_COUNT
     for name, value, low in (("batch", batch, 1), ("prompt_len", prompt_len, 1), ("gen_len", gen_len, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise SpecError(f"{name}: must be an integer >= {low}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= MAX_COUNT:
+            raise SpecError(f"{name}: must be an integer in {low} .. 2**53, got {value!r}")
     if prompt_len + gen_len > model.max_positions:
         return [f"context {prompt_len + gen_len} (prompt_len + gen_len) exceeds {model.name}'s "
                 f"max_positions={model.max_positions}"]

@@ -185,6 +185,7 @@ class ForwardModel:
             raise SpecError(f"attention_flops: must be one of {', '.join(FLOP_CONVENTIONS)}, "
                             f"got {self.attention_flops!r}")
         object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp))
+        object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.tp))
 
     # ---- helpers -------------------------------------------------------------------------------
     def _linear(self, name: str, tokens: Number, d_in: int, d_out: int, bias: bool,
@@ -266,9 +267,11 @@ class ForwardModel:
 
     def kv_write(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """The new tokens' K and V appended to the cache (read at activation, written at KV precision)."""
-        n = 2 * batch * q_len * self.dims.num_kv_heads * self.head_dim  # 2: K and V
-        return OpCost(name="kv_write", kind="elementwise", act_read_bytes=n * self.precision.act_bytes,
-                      kv_write_bytes=n * self.precision.kv_bytes, rows=batch * q_len)
+        kv = self.kv_spec  # the one KV formula: 2 (K and V) x KV heads per GPU x head_dim x bytes
+        tokens = batch * q_len
+        values = tokens * kv.bytes_per_token_per_layer / kv.element_bytes
+        return OpCost(name="kv_write", kind="elementwise", act_read_bytes=values * self.precision.act_bytes,
+                      kv_write_bytes=tokens * kv.bytes_per_token_per_layer, rows=tokens)
 
     def attention_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
         """`[attention]` (fused) or `[attn_score, attn_softmax, attn_value]` (naive)."""

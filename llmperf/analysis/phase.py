@@ -36,6 +36,7 @@ class PhaseEstimate:
     pipeline_s: float = 0.0  # activation transfers between pipeline stages
     step_overhead_s: float = 0.0  # the time model's fixed cost per forward pass, outside the operators
     layers: int = field(default=1)
+    pp: int = 1  # pipeline stages: each GPU runs its stage's share while the others wait
 
     @property
     def flops(self) -> float:
@@ -88,8 +89,9 @@ class PhaseEstimate:
 
     @property
     def peak_fraction(self) -> float:
-        """Achieved FLOP/s as a fraction of the device's dense peak at the compute dtype."""
-        return self.achieved_flops_per_s / self.hardware.peak_flops_per_s(self.compute_dtype)
+        """Achieved FLOP/s per GPU as a fraction of the device's dense peak at the compute dtype: with
+        `pp` stages the pass's FLOPs are spread over `pp` GPUs that run one after another."""
+        return self.achieved_flops_per_s / (self.pp * self.hardware.peak_flops_per_s(self.compute_dtype))
 
     def layer_frame(self) -> pd.DataFrame:
         """The operators of ONE transformer block (per-layer rows divided by the number of layers)."""
@@ -135,18 +137,16 @@ class PhaseEstimate:
 
 
 def estimate_phase(fm: ForwardModel, hardware: HardwareSpec, batch: int, q_len: int, kv_len: int, *,
-                   pp: int = 1, compute_dtype: str | None = None, time_model: TimeModel | None = None,
-                   phase: Phase | str | None = None) -> PhaseEstimate:
+                   phase: Phase | str, pp: int = 1, compute_dtype: str | None = None,
+                   time_model: TimeModel | None = None) -> PhaseEstimate:
     """Cost and time of one forward pass of `fm` at `(batch, q_len, kv_len)` on `hardware`.
 
-    `phase` names what the step is (prefill, decode, mixed, verify); when omitted it is `prefill`
-    for a pass over the whole prompt (`q_len == kv_len`) or several tokens, `decode` otherwise."""
+    `phase` names what the step is (prefill, decode, mixed, verify): it is stated by the caller,
+    never guessed from the shapes (a one-token prefill and a chunked prefill look like other steps)."""
     dtype = compute_dtype or hardware.compute_dtype(fm.precision.activations)
     ops = tuple(op_time(c, hardware, dtype, time_model) for c in fm.forward_ops(batch, q_len, kv_len))
-    if phase is None:
-        phase = Phase.prefill if q_len > 1 or kv_len == q_len else Phase.decode
     return PhaseEstimate(phase=as_phase(phase).value, batch=batch, q_len=q_len, kv_len=kv_len, hardware=hardware,
-                         compute_dtype=dtype, ops=ops, layers=fm.model.num_layers,
+                         compute_dtype=dtype, ops=ops, layers=fm.model.num_layers, pp=pp,
                          pipeline_s=float(pipeline_transfer_s(fm, hardware, batch, q_len, pp)),
                          step_overhead_s=step_overhead_s(time_model))
 

@@ -35,6 +35,9 @@ from llmperf.specs import HardwareSpec, ModelSpec, Precision
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 #: the largest value the regime searches try before answering "none" (67M)
 SEARCH_MAX = 1 << 26
+#: the largest count (batch, lengths, block size, token budget, ...) accepted: float64 holds every
+#: integer up to 2**53 exactly, and the integer columns (int64) hold it too
+MAX_COUNT = 2**53
 #: columns that are integers or missing (no answer up to SEARCH_MAX)
 REGIME_COLUMNS = ("critical_batch_matmul", "critical_batch", "attention_flops_crossover",
                   "attention_bytes_crossover")
@@ -74,8 +77,8 @@ class Conventions:
 
 
 def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise SpecError(f"{name}: must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_COUNT:
+        raise SpecError(f"{name}: must be an integer in 1 .. 2**53, got {value!r}")
 
 
 # ---- closed-form sums ------------------------------------------------------------------------------
@@ -423,6 +426,8 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     """Every column of the result schema for arrays of (batch, prompt_len, gen_len) (same shape)."""
     tm = resolve_time_model(time_model)
     stage_layers(model, pp)
+    if tp > 1 and hw.interconnect_bytes_per_s <= 0:  # the all-reduces need a link (as pp's transfers do)
+        raise SpecError(f"tp: {tp} needs an interconnect, but {hw.name} has interconnect_gbps 0")
     fm = forward_model(model, precision, conv, tp)
     dtype = hw.compute_dtype(precision.activations)
     B, P, G = (np.asarray(x, dtype=float).ravel() for x in (batch, prompt_len, gen_len))
@@ -457,7 +462,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         prefill_flops=prefill.flops, prefill_bytes=prefill.bytes_total,
         decode_flops=d_flops, decode_bytes=d_bytes, total_flops=total_flops,
         total_bytes=prefill.bytes_total + d_bytes,
-        peak_fraction=np.where(e2e > 0, total_flops / np.where(e2e > 0, e2e, 1) / peak, 0.0),
+        peak_fraction=np.where(e2e > 0, total_flops / np.where(e2e > 0, e2e, 1) / (pp * peak), 0.0),
         prefill_intensity=prefill.intensity, prefill_bound=prefill.bound,
         decode_intensity=first.intensity, decode_bound=first.bound,
         compute_dtype=dtype, ridge_point=hw.ridge_point(dtype),

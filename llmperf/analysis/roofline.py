@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
 
 #: operator kinds that run on the matrix units (tensor cores); the rest run on the vector units
@@ -96,6 +97,9 @@ def peak_for(kind: str, hardware: HardwareSpec, compute_dtype: str) -> float:
     the vector (fp32 CUDA-core) peak for elementwise work."""
     if kind in MATRIX_KINDS:
         return hardware.peak_flops_per_s(compute_dtype)
+    if "fp32" not in hardware.peak_tflops:
+        raise SpecError(f"{hardware.name}: peak_tflops has no fp32 entry, got {dict(hardware.peak_tflops)!r} "
+                        "(norms, activations and softmax run at the fp32 vector peak: add peak_tflops.fp32)")
     return hardware.peak_flops_per_s("fp32")
 
 

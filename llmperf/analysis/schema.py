@@ -4,7 +4,7 @@ is `null`) or CSV (the same columns, empty for a missing value).
 
 JSON document: `{"schema_version": 1, "configurations": [row, ...]}` plus, with per-operator detail,
 `"ops": [{"configuration": index, "phase", "op", ...}, ...]`. `COLUMNS` describes every column
-(unit included); the README's "Output schema" section is generated from the same list.
+(unit included); the README's "Output schema" table names the same columns in the same order (tested).
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ COLUMNS: dict[str, str] = {
     "ttft_s": "time to first token (prefill), s", "tpot_s": "mean decode step, s", "e2e_s": "TTFT + all decode steps, s",
     "decode_s": "all decode steps, s", "tpot_first_s": "first decode step, s", "tpot_last_s": "last decode step, s",
     "tokens_per_s": "batch * gen_len / e2e_s", "decode_tokens_per_s": "batch / tpot_s",
-    "prefill_flops": "FLOP per GPU", "prefill_bytes": "bytes per GPU", "decode_flops": "FLOP per GPU, all steps",
-    "decode_bytes": "bytes per GPU, all steps", "total_flops": "FLOP per GPU", "total_bytes": "bytes per GPU",
-    "peak_fraction": "achieved FLOP/s / dense peak", "prefill_intensity": "FLOP/B", "prefill_bound": "memory | compute",
+    "prefill_flops": "FLOP per tensor-parallel rank, all pipeline stages",
+    "prefill_bytes": "bytes per tensor-parallel rank, all pipeline stages",
+    "decode_flops": "FLOP per tensor-parallel rank, all stages, all steps",
+    "decode_bytes": "bytes per tensor-parallel rank, all stages, all steps",
+    "total_flops": "FLOP per tensor-parallel rank, all stages", "total_bytes": "bytes per tensor-parallel rank, all stages",
+    "peak_fraction": "achieved FLOP/s per GPU / dense peak (total_flops / e2e_s / (pp * peak))", "prefill_intensity": "FLOP/B", "prefill_bound": "memory | compute",
     "decode_intensity": "FLOP/B, first decode step", "decode_bound": "memory | compute, first decode step",
     "compute_dtype": "format the matrix units run", "ridge_point": "peak / bandwidth, FLOP/B",
     "weights_gib": "weights on the most loaded GPU, GiB", "kv_bytes_per_token": "KV bytes per token per GPU",

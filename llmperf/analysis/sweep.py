@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.generation import GenerationEstimate, check_lengths, estimate, resolve_precision
-from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, REGIME_COLUMNS, Conventions, rollup
+from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, MAX_COUNT, REGIME_COLUMNS, Conventions, rollup
 from llmperf.analysis.roofline import TimeModel, resolve_time_model
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
@@ -33,8 +33,9 @@ def _as_list(value: object) -> list:
 
 def _lengths(name: str, value: object) -> np.ndarray:
     values = _as_list(value)
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in values):
-        raise SpecError(f"{name}: every value must be an integer >= 1, got {values!r}")
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= MAX_COUNT
+                         for v in values):
+        raise SpecError(f"{name}: every value must be an integer in 1 .. 2**53, got {values!r}")
     return np.asarray(values, dtype=np.int64)
 
 

@@ -6,7 +6,8 @@ bytes/s are decimal (1 TFLOP/s = 1e12 FLOP/s, 1 GB/s = 1e9 B/s); memory capacity
 `nvidia-smi` shows it. The ridge point `peak / bandwidth` (FLOP/B) separates memory-bound from
 compute-bound work: A100-80GB SXM at fp16 is 312e12 / 2039e9 = 153 FLOP/B.
 
-A custom device needs only what the roofline uses: `name`, `peak_tflops` (dense, at least one dtype),
+A custom device needs only what the roofline uses: `name`, `peak_tflops` (dense; `fp32`, the vector
+peak elementwise operators run at, plus the matrix dtypes you use),
 `memory_bandwidth_gbps` and `memory_gib`; every other field is optional. Every number must be finite
 and positive (NaN and infinity are refused, naming the field).
 """

@@ -35,7 +35,7 @@ def _data_dir(kind: str) -> Path:
 
 @lru_cache(maxsize=None)
 def _builtin_files(kind: str) -> dict[str, Path]:
-    return {p.stem.lower(): p for p in sorted(_data_dir(kind).glob("*.yaml"))}
+    return {p.stem.lower(): p for p in sorted(_data_dir(kind).glob("*.yaml"), key=lambda p: p.stem.lower())}
 
 
 def list_models() -> list[str]:

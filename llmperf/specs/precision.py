@@ -165,7 +165,7 @@ class Precision:
         text = str(self)
         if self.quantized:
             g = self.effective_group_size
-            text += f" (g{g if g else 'channel'}{', zp' if self.effective_zero_point else ''})"
+            text += f" ({f'g{g}' if g else 'per-channel'}{', zp' if self.effective_zero_point else ''})"
         return text
 
     @classmethod

@@ -98,6 +98,19 @@ def test_pipeline_stages_follow_vllm_partition(llama2_7b):
     assert kv_bytes_per_token_per_gpu(llama2_7b, p, pp=3) == 11 * 2 * 32 * 128 * 2
 
 
+def test_peak_fraction_is_per_gpu_with_pipeline_stages(llama2_7b, a100):
+    """The FLOP columns are per tensor-parallel rank over all stages; the pp GPUs run one after
+    another, so each is busy 1/pp of the time. Llama-2-7B, pp 2: prefill FLOPs as pp 1 (the
+    whole model), and the achieved fraction of ONE GPU's peak about half of pp 1's (it read 91%)."""
+    one, two = (estimate(llama2_7b, a100, batch=8, prompt_len=512, gen_len=16, pp=p) for p in (1, 2))
+    assert two.summary()["prefill_flops"] == one.summary()["prefill_flops"]
+    row = two.summary()
+    assert row["peak_fraction"] == pytest.approx(row["total_flops"] / row["e2e_s"] / (2 * 312e12), rel=1e-12)
+    assert two.peak_fraction == pytest.approx(row["peak_fraction"], rel=1e-12)
+    assert two.prefill.peak_fraction == pytest.approx(two.prefill.flops / two.prefill.time_s / (2 * 312e12))
+    assert 0.49 < two.prefill.peak_fraction / one.prefill.peak_fraction < 0.5
+
+
 def test_tied_lm_head_sits_on_the_last_stage():
     """GPT-2 small ties lm_head to the embedding: one copy at pp 1, a copy on the last stage at pp 2."""
     m = load_model("gpt2")
@@ -136,6 +149,9 @@ def test_quantised_checkpoint_sets_the_default_weight_precision(tiny_llama, a100
     assert estimate(q, a100, weights="fp16").precision.weights == "fp16"  # an explicit choice wins
     per_channel = tiny_llama.scaled(quantization=QuantizationSpec(method="gptq", bits=4, group_size=None))
     assert estimate(per_channel, a100).precision.effective_group_size is None
+    # the label says so in words (it read "(gchannel)")
+    assert estimate(per_channel, a100).summary()["precision"] == "w:int4/a:fp16/kv:fp16 (per-channel, zp)"
+    assert Precision(weights="int8").label() == "w:int8/a:fp16/kv:fp16 (per-channel)"
 
 
 # ---- fused projections ------------------------------------------------------------------------------
@@ -259,6 +275,16 @@ def test_columns_are_documented_and_json_is_strict(a100):
     assert set(frame.gpus) == {1, 2}
 
 
+def test_readme_output_schema_names_every_column_in_order():
+    """The README's "Output schema" table documents every column of `COLUMNS`, in schema order."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("### Output schema", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("| `")]
+    named = [name for line in table for name in line.split("|")[1].replace("`", "").replace(" ", "").split(",")]
+    assert named == list(COLUMNS)
+
+
 def _assert_row_equal(row: dict, summary: dict) -> None:
     assert list(row) == list(summary)
     for key, value in summary.items():
@@ -289,15 +315,26 @@ def small_models(draw) -> ModelSpec:  # noqa: ANN001
 @given(small_models(), st.lists(st.integers(1, 300), min_size=1, max_size=2), st.integers(1, 400),
        st.integers(1, 400), st.sampled_from([[1], [1, 2], [2, 4]]), st.sampled_from([[1], [1, 2]]),
        st.sampled_from([["fp16"], ["fp16", "int4"], ["int8", "fp8"]]), st.sampled_from(["fused", "naive"]),
-       st.booleans())
-def test_single_estimate_equals_its_sweep_row(a100, m, batches, prompt, gen, tps, pps, weights, attn, fused):
+       st.booleans(), st.sampled_from([[None], ["fp8", "fp16"]]),
+       st.fixed_dictionaries({"attention_flops": st.sampled_from(["executed", "dense"]),
+                              "block_size": st.sampled_from([1, 16, 32]), "mem_util": st.sampled_from([0.5, 0.9]),
+                              "max_batched_tokens": st.sampled_from([256, 8192]),
+                              "max_seq_len": st.sampled_from([None, 2048]),
+                              "group_size": st.sampled_from([None, 32]),
+                              "embeddings": st.sampled_from([None, "fp8"])}))
+def test_single_estimate_equals_its_sweep_row(a100, m, batches, prompt, gen, tps, pps, weights, attn, fused, kvs,
+                                              extra):
+    if extra["group_size"] is not None and weights == ["fp16"]:
+        extra = {**extra, "group_size": None}  # group scales need integer weights (refused otherwise)
     frame = sweep([m], [a100], batch=batches, prompt_len=[prompt], gen_len=[gen], tp=tps, pp=pps,
-                  weights=weights, attention=attn, fused_qkv=fused, all_logits=not fused)
+                  weights=weights, kv=kvs, attention=attn, fused_qkv=fused, all_logits=not fused, **extra)
     rows = frame.to_dict(orient="records")
-    assert len(rows) == len(batches) * len(tps) * len(pps) * len(weights)
+    assert len(rows) == len(batches) * len(tps) * len(pps) * len(weights) * len(kvs)
     for row in rows:
+        quantized = row["weights"] in ("int4", "int8")
         est = estimate(m, a100, batch=row["batch"], prompt_len=prompt, gen_len=gen, tp=row["tp"], pp=row["pp"],
-                       weights=row["weights"], attention=attn, fused_qkv=fused, all_logits=not fused)
+                       weights=row["weights"], kv=row["kv"], attention=attn, fused_qkv=fused, all_logits=not fused,
+                       **{**extra, "group_size": extra["group_size"] if quantized else None})
         _assert_row_equal(row, est.summary())
         assert est.prefill.time_s == pytest.approx(est.ttft_s, rel=1e-12)
         assert est.prefill.bound == row["prefill_bound"] and est.decode_first.bound == row["decode_bound"]
@@ -319,6 +356,10 @@ def test_hardware_with_no_interconnect_refuses_pp_by_name(tiny_llama):
     lonely = replace(hw, interconnect_gbps=0.0)
     with pytest.raises(SpecError, match="pp: 2"):
         estimate(tiny_llama, lonely, pp=2)
+    with pytest.raises(SpecError, match="tp: 2 needs an interconnect, but a100-80gb-sxm has interconnect_gbps 0"):
+        estimate(tiny_llama, lonely, tp=2)  # it said "cannot time attn_allreduce", naming neither tp nor 2
+    with pytest.raises(SpecError, match="tp: 2 needs an interconnect"):
+        sweep([tiny_llama], [lonely], tp=[1, 2], prompt_len=[64], gen_len=[16])
 
 
 class Broken:

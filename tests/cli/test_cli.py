@@ -153,6 +153,44 @@ def test_bad_hardware_file(tmp_path):
     assert r.exit_code == 2 and "peak_tflops.fp16" in r.stderr
 
 
+def test_hardware_without_an_fp32_peak_is_refused_naming_the_field(tmp_path):
+    """Elementwise operators run at the fp32 vector peak: a device file listing only fp16 used to
+    fail with 'no compute peak for dtype fp32 or a wider one', naming neither field nor file value."""
+    path = tmp_path / "hw.yaml"
+    path.write_text("name: x\npeak_tflops: {fp16: 100}\nmemory_bandwidth_gbps: 1000\nmemory_gib: 10\n")
+    out = tmp_path / "out.json"
+    r = run("estimate", "--hardware", str(path), "-f", "json", "-o", str(out))
+    assert r.exit_code == 2 and not out.exists()
+    assert "peak_tflops has no fp32 entry" in r.stderr and "'fp16': 100.0" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+    path.write_text("name: x\npeak_tflops: {fp16: 100, fp32: 10}\nmemory_bandwidth_gbps: 1000\nmemory_gib: 10\n")
+    assert run("estimate", "--hardware", str(path), "-f", "json").exit_code == 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["estimate", "--block-size", "x"], "'--block-size'"),
+    (["estimate", "--mem-util", "lots"], "'--mem-util'"),
+    (["estimate", "--bogus"], "No such option: --bogus"),
+    (["estimate", "--attention", "flash"], "'flash' is not one of"),
+    (["models", "-f", "xml"], "'xml' is not one of"),
+])
+def test_usage_errors_are_one_line(tmp_path, args, needle):
+    """typer drew these as a five-line box; every bad input is one line naming the option."""
+    out = tmp_path / "out.json"
+    r = run(*args, "-o", str(out))
+    assert r.exit_code == 2 and not out.exists()
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+
+
+def test_memory_table_says_the_sliding_window_caps_the_kv(monkeypatch):
+    """Mistral-7B keeps 4,096 of 8,200 tokens; the table said '1 x 8200 tokens' beside 0.5 GiB."""
+    monkeypatch.setenv("COLUMNS", "200")
+    r = run("estimate", "mistral-7b", "-p", "8000", "-g", "200")
+    assert r.exit_code == 0 and "(1 x 4,096 tokens, sliding window;" in r.stdout, r.stdout
+    assert "(1 x 640 tokens)" in run("estimate", "mistral-7b").stdout
+
+
 def test_context_beyond_positions_warns_but_runs():
     r = run("estimate", "--prompt-len", "200000", "-f", "csv")
     assert r.exit_code == 0
@@ -223,6 +261,38 @@ def test_tables_fit_in_80_columns_without_truncating_names(monkeypatch):
     assert "mixtral-8x7b" in r.stdout and "a100-80gb-sxm" in r.stdout
 
 
+def test_a_sweep_too_wide_for_80_columns_splits_by_model_device_precision(monkeypatch):
+    """With every key varying, the one table folded 'llama-3.1-8b' into 'llama-3' / '.1-8b' and
+    'a100-80gb-sxm' into 'a100-80g' / 'b-sxm'; now each (model, device, precision) gets a table."""
+    monkeypatch.setenv("COLUMNS", "80")
+    r = run("estimate", "llama-3.1-8b,mixtral-8x7b", "-H", "a100-80gb-sxm,h100-sxm", "--weights", "bf16,int4",
+            "--tp", "1,2", "--pp", "1,2", "-b", "1,8", "-p", "128,1024", "-g", "16,64")
+    assert r.exit_code == 0, r.output
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+    titles = [line for line in r.stdout.splitlines() if line.startswith("32 configurations: ")]
+    assert len(titles) == 8
+    assert "32 configurations: llama-3.1-8b · a100-80gb-sxm · bf16" in r.stdout
+    assert "32 configurations: mixtral-8x7b · h100-sxm · w:int4/a:bf16/kv:bf16" in " ".join(r.stdout.split())
+    wide = run("estimate", "llama-3.1-8b,mixtral-8x7b", "-b", "1,8")  # fits: still one table
+    assert wide.stdout.count("configurations") == 1
+
+
+def test_per_op_rows_stay_on_one_line_in_80_columns(monkeypatch):
+    """Piped (80 columns), the per-operator table drops its least needed columns (and says so)
+    rather than folding 'matmul' into 'matmu / l' and 'compute' into 'comput / e'."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for args in (["estimate", "--per-op", "--weights", "int4"], ["estimate", "-b", "1,2", "--per-op"]):
+        r = run(*args)
+        assert r.exit_code == 0, r.output
+        rows = [line.split() for line in r.stdout.splitlines()
+                if line.split() and line.split()[0] in ("qkv_proj", "gate_up_proj", "lm_head", "total")]
+        assert rows and all(row[-1] in ("memory", "compute") for row in rows), r.stdout
+        assert "not shown: kind" in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 80
+    monkeypatch.setenv("COLUMNS", "200")
+    wide = run("estimate", "--per-op")
+    assert "not shown" not in wide.stdout and " matmul " in wide.stdout
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--max-batched-tokens", "0"], "--max-batched-tokens: must be a positive integer, got 0"),
     (["--group-size", "0", "--weights", "int4"], "group_size: must be a positive integer"),
@@ -233,6 +303,11 @@ def test_tables_fit_in_80_columns_without_truncating_names(monkeypatch):
     (["--weights", "int4,fp9"], "unknown dtype 'fp9'"),
     (["--max-seq-len", "600"], "max_seq_len: 600 is shorter than a context of 640"),
     (["--embeddings", "fp5"], "precision.embeddings"),
+    # beyond 2**53: an OverflowError traceback (batch, prompt) or a max_seq_len of -9223372036854775808
+    (["-b", "99999999999999999999"], "batch: every value must be an integer in 1 .. 2**53"),
+    (["-p", "1,99999999999999999999"], "prompt_len: every value must be an integer in 1 .. 2**53"),
+    (["--max-seq-len", "99999999999999999999"], "max_seq_len: must be an integer in 1 .. 2**53"),
+    (["--max-batched-tokens", "99999999999999999999"], "max_batched_tokens: must be an integer in 1 .. 2**53"),
 ])
 def test_new_bad_inputs_exit_2_and_leave_no_file(tmp_path, args, needle):
     out = tmp_path / "out.json"

@@ -120,6 +120,9 @@ def test_memory_capacities_in_gib():
 def test_builtin_lists():
     assert len(list_models()) == 16 and len(list_hardware()) == 12
     assert DEFAULT_MODEL in list_models() and DEFAULT_HARDWARE in list_hardware()
+    # in name order ('gpt2' before 'gpt2-large'; sorting file names put 'gpt2.yaml' after it)
+    assert list_models() == sorted(list_models()) and list_models()[0] == "gpt2"
+    assert list_hardware() == sorted(list_hardware())
 
 
 @pytest.mark.parametrize("kind,names", [("models", list_models()), ("hardware", list_hardware())])
