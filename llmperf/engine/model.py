@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmperf.analysis.vocabulary import Op
-from llmperf.engine.attention import BACKENDS, StepMeta, get_backend
+from llmperf.engine.attention import BACKENDS, get_backend
+from llmperf.engine.step import StepMeta
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.specs import ModelSpec
 
@@ -248,9 +249,9 @@ class Block(nn.Module):
             qk = qkv[:, :, :H + H_kv]
         q, k = qk[:, :, :H], qk[:, :, H:]  # (B, T, H, D), (B, T, H_kv, D): views
         v = qkv[:, :, H + H_kv:]  # (B, T, H_kv, D)
-        if meta.cache is not None:
+        if meta.store is not None:
             with rec.op("kv_write", i):
-                meta.cache.write(i, k, v, meta)
+                meta.store.write(i, k, v, meta)
         o = ctx.attend(i, q, k, v, meta, rec)  # (B, T, H*D)
         with rec.op("o_proj", i):
             o = self.linear(o, self.o_weight, self.o_bias)

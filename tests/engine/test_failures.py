@@ -89,7 +89,7 @@ def test_engine_is_reusable_after_a_step_fails(model, monkeypatch):
         engine.generate([[1, 2, 3], [4, 5, 6, 7]], ok)
     monkeypatch.undo()
     assert engine.cache.num_free_blocks == 32 and engine.cache.num_seqs == 0
-    engine.cache.manager.check_invariants()
+    engine.cache.check_invariants()
     assert [c.tokens for c in engine.generate([[1, 2, 3]], ok)[0].completions] == _alone(model, [1, 2, 3], ok)
 
 
@@ -124,7 +124,7 @@ def test_random_workloads_with_failures_leave_the_pool_empty(model, spec, num_bl
     finally:
         type(model).forward = real
     assert engine.cache.num_free_blocks == num_blocks and engine.cache.num_seqs == 0
-    engine.cache.manager.check_invariants()
+    engine.cache.check_invariants()
     out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=1))
     assert len(out[0].tokens) == 1 and engine.cache.num_free_blocks == num_blocks
 

@@ -146,9 +146,9 @@ def test_samples_of_one_prompt_share_its_blocks(models):
     sched = Scheduler(engine.cache, ModelRunner(model, engine.cache, {0: g}))
     sched.add(request_state(g))
     sched.step()  # prefill: 4 blocks, forked 4 times
-    assert len(g.seqs) == 4 and engine.cache.manager.num_used_blocks == 4
+    assert len(g.seqs) == 4 and engine.cache.num_used_blocks == 4
     sched.step()  # decode: each sample opens its own fifth block
-    assert engine.cache.manager.num_used_blocks == 4 + 4
+    assert engine.cache.num_used_blocks == 4 + 4
     usage = engine.cache.usage()
     # each sample: 16 shared prompt slots + 1 of its own (the token just fed)
     assert usage.logical_tokens == 4 * 17 and usage.used_bytes == (16 + 4) * usage.bytes_per_token
