@@ -206,12 +206,17 @@ def test_attention_backend_belongs_to_the_engine(model):
     assert "attn_score" in set(rec_naive.trace.to_frame().op)
 
 
-def test_small_pool_never_thrashes(model):
-    reqs = [Request(request_id=i, prompt=tuple(range(1 + i, 9 + i)), max_new_tokens=12) for i in range(6)]
-    engine = Engine(model, cache="paged", block_size=2, num_blocks=30)  # < 100 blocks: 1% rounds to 0
+@pytest.mark.parametrize("block_size, num_blocks, prompt_len", [(2, 12, 4), (2, 20, 8), (4, 12, 8), (2, 30, 8)])
+def test_small_pool_never_thrashes(model, block_size, num_blocks, prompt_len):
+    # < 100 blocks: a 1% watermark alone rounds to 0 or 1 block, and with only that as admission
+    # headroom the first three cases re-admit and preempt the same request on consecutive steps.
+    reqs = [Request(request_id=i, prompt=tuple(range(1 + i, 1 + i + prompt_len)), max_new_tokens=12)
+            for i in range(6)]
+    engine = Engine(model, cache="paged", block_size=block_size, num_blocks=num_blocks)
     result = engine.serve(reqs, realtime=False)
     assert result.num_preemptions > 0
-    check_schedule(engine.last_schedule)
+    check_schedule(engine.last_schedule)  # no preemption right after admission, none twice without progress
+    assert engine.cache.num_free_blocks == num_blocks
 
 
 # --- the mutation survivors: scheduling decisions and the top-p boundary -------------------------
@@ -239,6 +244,9 @@ def test_check_schedule_catches_wrong_decisions():
         check_schedule([log(0, admitted=(0, 1)), log(1), log(2, preempted=(1,)), log(3, admitted=(2,))])
     with pytest.raises(AssertionError, match="thrash"):  # admitted, then preempted at once
         check_schedule([log(0, admitted=(0,)), log(1, admitted=(1,)), log(2, preempted=(1,))])
+    with pytest.raises(AssertionError, match="without producing a token"):  # preempted twice, no progress
+        check_schedule([log(0, admitted=(0, 1)), log(1), log(2, preempted=(1,)), log(3, admitted=(1,)), log(4),
+                        log(5, preempted=(1,))])
     check_schedule([log(0, admitted=(0, 1)), log(1), log(2, preempted=(1,)), log(3, admitted=(1,)),
                     log(4, finished=(0, 1))])
 
