@@ -148,8 +148,12 @@ class Engine:
     def default_params(self) -> SamplingParams:
         """What `generate` uses when given no params: greedy, stopping at the checkpoint's EOS (its
         `generation_config.json`, else `config.json`), as Hugging Face `generate()` does."""
-        eos = getattr(self.model, "eos_token_id", None)
-        return SamplingParams(eos_token_id=eos) if eos is not None else SamplingParams()
+        return SamplingParams().with_model_eos(self.model.eos_token_id)
+
+    def _resolved(self, plist: Seq[SamplingParams]) -> list[SamplingParams]:
+        """Each params' `MODEL_EOS` (the default `eos_token_id`) replaced by the model's EOS: given
+        params stop at the checkpoint's EOS too, unless they set `eos_token_id` (None: never)."""
+        return [p.with_model_eos(self.model.eos_token_id) for p in plist]
 
     def _make_cache(self, rows: int, seq_len: int) -> KVCache:
         num_blocks = self.num_blocks
@@ -226,7 +230,7 @@ class Engine:
         `RequestOutput` per prompt, in order. Bad input raises ValueError before anything runs; if a
         step fails, everything the call allocated is freed before the error propagates."""
         prompts = _as_prompts(prompts)
-        plist = _as_params(params, len(prompts), self.default_params)
+        plist = self._resolved(_as_params(params, len(prompts), self.default_params))
         if not prompts:
             return []
         self._check(prompts, plist, seed)
@@ -248,7 +252,7 @@ class Engine:
         if not requests:
             return ServeResult(outputs=[], steps=[], elapsed_s=0.0, policy=policy, cache_kind=self.cache_kind)
         prompts = [list(r.prompt) for r in requests]
-        plist = [r.params(default) for r in requests]
+        plist = self._resolved([r.params(default) for r in requests])
         self._check(prompts, plist, seed)
         groups = self._groups(prompts, plist, seed)
         for g, r in zip(groups, requests):

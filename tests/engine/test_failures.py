@@ -190,6 +190,18 @@ def test_from_pretrained_stops_at_the_checkpoint_eos(tmp_path):
     assert loaded.eos_token_id == eos
     out = Engine(loaded).generate([prompt])[0]
     assert out.tokens == greedy[:greedy.index(eos) + 1] and out.completions[0].finish_reason == "eos"
+    # Given params stop there too (HF merges a call's kwargs over the generation config), unless
+    # they say otherwise; serve() resolves it the same way.
+    engine = Engine(loaded)
+    assert engine.generate([prompt], SamplingParams(max_new_tokens=8))[0].tokens == out.tokens
+    assert engine.generate([prompt], SamplingParams(max_new_tokens=8, eos_token_id=None))[0].tokens == greedy
+    assert engine.generate([prompt], SamplingParams(max_new_tokens=8, eos_token_id=greedy[1]))[0].tokens == greedy[:2]
+    served = engine.serve([Request(request_id=0, prompt=tuple(prompt), max_new_tokens=8)], realtime=False)
+    assert served.outputs[0].tokens == out.tokens
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 3, dtype=torch.long), max_new_tokens=8,
+                          do_sample=False)[0, 3:].tolist()
+    assert ref == out.tokens  # HF itself stops at the generation config's EOS with only max_new_tokens given
 
 
 def test_attention_backend_belongs_to_the_engine(model):
