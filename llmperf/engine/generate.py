@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence as Seq
+from collections.abc import Iterator, Sequence as Seq
 from typing import Any
 
 import torch
@@ -249,6 +249,13 @@ class Engine:
         if params is not None and not isinstance(params, SamplingParams):
             raise ValueError(f"params: must be a SamplingParams or None, got {type(params).__name__} {params!r:.80}")
         default = params or self.default_params
+        if isinstance(requests, (str, bytes, dict)) or not isinstance(requests, (Seq, Iterator)):
+            raise ValueError(f"requests: must be a list of Request, got {type(requests).__name__} {requests!r:.80}")
+        requests = list(requests)  # a generator is read once, here
+        for i, r in enumerate(requests):
+            if not isinstance(r, Request):
+                raise ValueError(f"requests[{i}]: must be a Request (llmperf.engine.workload), got "
+                                 f"{type(r).__name__} {r!r:.80}")
         if not requests:
             return ServeResult(outputs=[], steps=[], elapsed_s=0.0, policy=policy, cache_kind=self.cache_kind)
         prompts = [list(r.prompt) for r in requests]

@@ -165,6 +165,13 @@ def test_bad_input_names_the_argument(model):
         engine.generate([[1, 2]], seed=-1)
     with pytest.raises(ValueError, match="stop_sequences"):
         engine.generate([[1, 2]], SamplingParams(stop_sequences=[[100_000]]))
+    with pytest.raises(ValueError, match=r"requests\[0\]"):
+        engine.serve([[1, 2, 3]], realtime=False)
+    with pytest.raises(ValueError, match="requests"):
+        engine.serve({"a": 1}, realtime=False)
+    reqs = [Request(request_id=i, prompt=(1, 2, 3), max_new_tokens=2) for i in range(2)]
+    served = engine.serve((r for r in reqs), realtime=False)  # a generator is read once
+    assert [o.request_id for o in served.outputs] == [0, 1] and all(len(o.tokens) == 2 for o in served.outputs)
     with pytest.raises(ValueError, match="attention"):
         Engine(model, attention="flash")
     with pytest.raises(ValueError, match="prefix_sharing"):
