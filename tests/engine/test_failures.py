@@ -211,6 +211,15 @@ def test_from_pretrained_stops_at_the_checkpoint_eos(tmp_path):
     assert ref == out.tokens  # HF itself stops at the generation config's EOS with only max_new_tokens given
 
 
+def test_a_checkpoint_eos_outside_the_vocabulary_is_named_as_the_checkpoints():
+    model = make_model("llama", seed=9)
+    model.eos_token_id = 50256  # as a tiny GPT-2 checkpoint's config.json may say
+    engine = Engine(model)
+    with pytest.raises(ValueError, match=r"eos_token_id: .*50256.*the checkpoint's EOS"):
+        engine.generate([[1, 2]])
+    assert len(engine.generate([[1, 2]], SamplingParams(max_new_tokens=2, eos_token_id=None))[0].tokens) == 2
+
+
 def test_attention_backend_belongs_to_the_engine(model):
     from llmperf.engine import Recorder
 
