@@ -104,3 +104,21 @@ def test_time_forward_records_the_requested_shape(cache):
     assert set(prefill.to_frame().phase) == {"prefill"}
     with pytest.raises(ValueError, match="q_len"):
         time_forward(model, batch=1, q_len=8, kv_len=4)
+
+
+def test_phases_come_from_the_scheduler_not_from_shapes():
+    """A chunked-prefill step that carries decode tokens and a prompt chunk is `mixed` in the trace,
+    even for its one-token forward; a recompute after preemption is `prefill`, whatever its shape."""
+    model = make_model("llama")
+    rec = Recorder()
+    engine = Engine(model, chunked_prefill=True, max_batched_tokens=6)
+    engine.generate([[1, 2, 3], list(range(10, 24))], SamplingParams(max_new_tokens=5), recorder=rec)
+    scheduled = [log.phase.value for log in engine.last_schedule]
+    assert "mixed" in scheduled
+    steps = rec.trace.steps_frame()
+    assert set(steps.phase) == set(scheduled)
+    mixed = steps[steps.phase == "mixed"]
+    assert set(mixed.q_len) > {1}, "a mixed step's decode forward (q_len 1) is recorded as mixed, not decode"
+    # one record per forward: a mixed step runs one forward per token count it carries
+    per_step = [len({i.num_tokens for i in log.items}) for log in engine.last_schedule]
+    assert len(steps) == sum(per_step)
