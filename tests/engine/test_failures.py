@@ -93,21 +93,30 @@ def test_engine_is_reusable_after_a_step_fails(model, monkeypatch):
     assert [c.tokens for c in engine.generate([[1, 2, 3]], ok)[0].completions] == _alone(model, [1, 2, 3], ok)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(1, 10), st.integers(1, 8), st.sampled_from(["greedy", "sample", "beam", "bad"])),
                 min_size=1, max_size=5),
-       st.integers(4, 24), st.one_of(st.none(), st.integers(1, 6)), st.booleans())
-def test_random_workloads_with_failures_leave_the_pool_empty(model, spec, num_blocks, fail_at, chunked):
-    engine = Engine(model, cache="paged", block_size=4, num_blocks=num_blocks, chunked_prefill=chunked,
-                    max_batched_tokens=8 if chunked else None)
+       st.integers(4, 24), st.one_of(st.none(), st.integers(1, 6)), st.sampled_from(["forward", "reserve", "fork"]),
+       st.booleans(), st.sampled_from(["paged", "contiguous"]))
+def test_random_workloads_with_failures_leave_the_pool_empty(model, spec, num_blocks, fail_at, where, chunked, kind):
+    """Random requests (some bad), pools too small, and a failure injected at the `fail_at`-th call of
+    the model's forward, the cache's `reserve` or its `fork`: the pool comes back whole every time and
+    the engine serves the next call."""
+    from llmperf.engine import ContiguousKVCache, PagedKVCache
+
+    size = dict(block_size=4, num_blocks=num_blocks) if kind == "paged" else dict(max_batch=max(2, num_blocks // 4),
+                                                                                 max_seq_len=24)
+    engine = Engine(model, cache=kind, chunked_prefill=chunked, max_batched_tokens=8 if chunked else None, **size)
+    total = engine.cache.num_blocks
     kinds = {"greedy": SamplingParams(max_new_tokens=4), "sample": SamplingParams(max_new_tokens=4, do_sample=True,
                                                                                    num_return_sequences=2),
              "beam": SamplingParams(max_new_tokens=4, num_beams=2), "bad": SamplingParams(max_new_tokens=4,
                                                                                         eos_token_id=10 ** 6)}
     prompts = [list(range(1, 1 + p + o)) for p, o, _ in spec]
     params = [kinds[k] for _, _, k in spec]
-    real = type(model).forward
+    owner = type(model) if where == "forward" else PagedKVCache if kind == "paged" else ContiguousKVCache
+    real = getattr(owner, where)
     calls = {"n": 0}
 
     def flaky(self, *args, **kwargs):
@@ -116,17 +125,18 @@ def test_random_workloads_with_failures_leave_the_pool_empty(model, spec, num_bl
             raise RuntimeError("injected failure")
         return real(self, *args, **kwargs)
 
-    type(model).forward = flaky
+    setattr(owner, where, flaky)
     try:
         engine.generate(prompts, params)
     except (ValueError, RuntimeError):
         pass
     finally:
-        type(model).forward = real
-    assert engine.cache.num_free_blocks == num_blocks and engine.cache.num_seqs == 0
-    engine.cache.check_invariants()
-    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=1))
-    assert len(out[0].tokens) == 1 and engine.cache.num_free_blocks == num_blocks
+        setattr(owner, where, real)
+    assert engine.cache.num_free_blocks == total and engine.cache.num_seqs == 0
+    if kind == "paged":
+        engine.cache.check_invariants()
+    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, do_sample=True, num_return_sequences=2))
+    assert [len(c.tokens) for c in out[0].completions] == [2, 2] and engine.cache.num_free_blocks == total
 
 
 # --- 3: the position limit is HF's: the last token is never fed back ----------------------------
