@@ -93,6 +93,31 @@ def test_engine_is_reusable_after_a_step_fails(model, monkeypatch):
     assert [c.tokens for c in engine.generate([[1, 2, 3]], ok)[0].completions] == _alone(model, [1, 2, 3], ok)
 
 
+@pytest.mark.parametrize("kind", ["paged", "contiguous"])
+def test_a_fork_failing_halfway_leaves_nothing_behind(model, monkeypatch, kind):
+    """The second of a 3-sample request's two forks fails: the first child is in the cache but the
+    request is not yet marked forked. Everything is freed all the same."""
+    from llmperf.engine import ContiguousKVCache, PagedKVCache
+
+    owner = PagedKVCache if kind == "paged" else ContiguousKVCache
+    engine = Engine(model, cache=kind, block_size=4, num_blocks=16, max_batch=3 if kind == "contiguous" else None,
+                    max_seq_len=16 if kind == "contiguous" else None)
+    total = engine.cache.num_blocks
+    real, calls = owner.fork, {"n": 0}
+
+    def flaky(self, parent, child):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected failure")
+        return real(self, parent, child)
+
+    monkeypatch.setattr(owner, "fork", flaky)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=4, do_sample=True, num_return_sequences=3))
+    monkeypatch.undo()
+    assert calls["n"] == 2 and engine.cache.num_seqs == 0 and engine.cache.num_free_blocks == total
+
+
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(1, 10), st.integers(1, 8), st.sampled_from(["greedy", "sample", "beam", "bad"])),
@@ -105,12 +130,13 @@ def test_random_workloads_with_failures_leave_the_pool_empty(model, spec, num_bl
     the engine serves the next call."""
     from llmperf.engine import ContiguousKVCache, PagedKVCache
 
-    size = dict(block_size=4, num_blocks=num_blocks) if kind == "paged" else dict(max_batch=max(2, num_blocks // 4),
+    size = dict(block_size=4, num_blocks=num_blocks) if kind == "paged" else dict(max_batch=max(3, num_blocks // 4),
                                                                                  max_seq_len=24)
     engine = Engine(model, cache=kind, chunked_prefill=chunked, max_batched_tokens=8 if chunked else None, **size)
     total = engine.cache.num_blocks
+    # three samples: a fork that fails after the first of a request's two forks leaves a child behind
     kinds = {"greedy": SamplingParams(max_new_tokens=4), "sample": SamplingParams(max_new_tokens=4, do_sample=True,
-                                                                                   num_return_sequences=2),
+                                                                                   num_return_sequences=3),
              "beam": SamplingParams(max_new_tokens=4, num_beams=2), "bad": SamplingParams(max_new_tokens=4,
                                                                                         eos_token_id=10 ** 6)}
     prompts = [list(range(1, 1 + p + o)) for p, o, _ in spec]
