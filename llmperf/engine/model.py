@@ -20,9 +20,9 @@ so "auto" picks "in_out" for fp32 on CPU and "out_in" otherwise (cuBLAS is indif
 
 Fused weights for speed: Q, K and V are one `(C, q_size + 2 kv_size)` matrix and SwiGLU's gate and
 up one `(C, 2F)` matrix, so a decode step runs one GEMM where three (two) would do the same work, and
-one RoPE call rotates the adjacent q and k heads. When a `Recorder` is attached the model instead multiplies by column slices of those matrices (views,
-no copy), one per analytical operator (`q_proj`, `k_proj`, `v_proj`, `gate_proj`, `up_proj`), so each
-is timed under its own name; the result is the same up to GEMM rounding.
+one RoPE call rotates the adjacent q and k heads. A `Recorder` times exactly these fused GEMMs, under
+the shared vocabulary's fused names (`qkv_proj`, `gate_up_proj`; `llmperf.analysis.vocabulary.FUSED_PARTS`
+joins them to the split predictions): recording never changes what runs.
 
 The forward pass takes the step's metadata (`StepMeta`: positions, cache addressing) and returns the
 logits of the last position of each sequence (as serving engines do), or of every position with
