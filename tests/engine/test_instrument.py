@@ -69,16 +69,19 @@ def test_recording_is_off_by_default_and_does_not_change_tokens():
 
 
 @pytest.mark.parametrize("layout", ["in_out", "out_in"])
-def test_split_projections_equal_fused_ones(layout):
-    """With a recorder the model multiplies by slices of the fused QKV / gate-up weights."""
+def test_recording_runs_the_same_fused_gemms(layout):
+    """With a recorder the model runs exactly what it runs without one (the fused QKV / gate-up GEMMs,
+    timed as `qkv_proj` / `gate_up_proj`): the logits are equal bit for bit."""
     model = make_model("llama", seed=6, weight_layout=layout)
     tokens = torch.randint(0, 256, (2, 7))
     rec = Recorder()
     with torch.no_grad():
         fused = model(tokens, all_logits=True)
         with rec.step("prefill", batch=2, q_len=7, kv_len=7, tokens_in_cache=0):
-            split = model(tokens, all_logits=True, rec=rec)
-    torch.testing.assert_close(fused, split, rtol=1e-5, atol=1e-6)
+            recorded = model(tokens, all_logits=True, rec=rec)
+    torch.testing.assert_close(fused, recorded, rtol=0, atol=0)
+    ops = set(rec.trace.to_frame().op)
+    assert {"qkv_proj", "gate_up_proj"} <= ops and not ops & {"q_proj", "k_proj", "v_proj", "gate_proj"}
 
 
 def test_bad_recorder_arguments():
