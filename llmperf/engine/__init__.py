@@ -6,8 +6,9 @@
     result = engine.serve(generate_workload(...), policy="continuous" | "static")
 
 Modules: `model` (the decoder), `weights` (random / Hugging Face checkpoints), `step` (one step's
-metadata, which the runner prepares and every backend reads), `attention` (backends), `cache` (contiguous and paged KV caches), `runner` (executes the shared scheduler's steps: forward +
-token choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`),
+metadata, which the runner prepares and every backend reads), `attention` (backends), `cache`
+(contiguous and paged KV caches), `runner` (executes the shared scheduler's steps: forward + token
+choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`),
 `instrument` (per-step / per-operator timings); `sampling`, `beam`, `workload` (engine-pure). The
 speed benchmark is `llmperf.measure.engine_bench`; block bookkeeping is `llmperf.serving.blocks`.
 """
@@ -27,7 +28,8 @@ from llmperf.engine.workload import Request, generate_workload
 
 __all__ = [
     "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "Engine", "KVCache", "KVStore",
-    "NULL_RECORDER", "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics", "RequestOutput",
+    "NULL_RECORDER", "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics",
+    "RequestOutput",
     "SamplingParams", "ServeResult", "StepMeta", "StepRecord", "StepStats", "Trace", "Transformer",
     "build_model", "from_pretrained", "generate", "generate_workload", "hf_config", "load_hf_state_dict",
     "make_cache", "run_groups", "to_hf_state_dict",

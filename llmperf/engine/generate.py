@@ -206,7 +206,8 @@ class Engine:
                 if out:
                     whose = (" (the checkpoint's EOS: pass SamplingParams(eos_token_id=None) or your own)"
                              if name == "eos_token_id" and p.eos_token_id == self.model.eos_token_id else "")
-                    raise ValueError(f"{name}: token ids {out[:5]} (request {i}) are outside the vocabulary of {V}{whose}")
+                    raise ValueError(f"{name}: token ids {out[:5]} (request {i}) are outside the vocabulary "
+                                     f"of {V}{whose}")
             # The last new token is never fed back: prompt + max_new_tokens may reach positions + 1 (as HF).
             if len(prompt) + p.max_new_tokens > P + 1:
                 raise ValueError(f"max_new_tokens: request {i} needs {len(prompt)} prompt + {p.max_new_tokens} new "

@@ -148,7 +148,8 @@ class SamplingParams:
         eos = self.eos_token_id
         if eos is not None and eos != MODEL_EOS and not (_is_int(eos) and eos >= 0) and not (
                 isinstance(eos, tuple) and len(eos) > 0 and all(_is_int(t) and t >= 0 for t in eos)):
-            raise bad("eos_token_id", f"must be {MODEL_EOS!r}, None, a non-negative integer or a non-empty tuple of them")
+            raise bad("eos_token_id", f"must be {MODEL_EOS!r}, None, a non-negative integer or a non-empty tuple "
+                                      "of them")
         if not _is_int(self.num_beams) or self.num_beams < 1:
             raise bad("num_beams", "must be a positive integer")
         if not _is_real(self.length_penalty):
