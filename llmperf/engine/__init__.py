@@ -5,14 +5,15 @@
     outputs = engine.generate(prompts, SamplingParams(...), seed=0, recorder=Recorder(model.device))
     result = engine.serve(generate_workload(...), policy="continuous" | "static")
 
-Modules: `model` (the decoder), `weights` (random / Hugging Face checkpoints), `attention` (backends),
-`cache` (contiguous and paged KV caches), `runner` (executes the shared scheduler's steps: forward +
-token choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`),
+Modules: `model` (the decoder), `weights` (random / Hugging Face checkpoints), `step` (one step's
+metadata, which the runner prepares and every backend reads), `attention` (backends), `cache`
+(contiguous and paged KV caches), `runner` (executes the shared scheduler's steps: forward + token
+choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`),
 `instrument` (per-step / per-operator timings); `sampling`, `beam`, `workload` (engine-pure). The
 speed benchmark is `llmperf.measure.engine_bench`; block bookkeeping is `llmperf.serving.blocks`.
 """
 
-from llmperf.engine.attention import BACKENDS, StepMeta
+from llmperf.engine.attention import BACKENDS
 from llmperf.engine.beam import BeamSearch
 from llmperf.engine.cache import CacheUsage, ContiguousKVCache, KVCache, PagedKVCache, make_cache
 from llmperf.engine.generate import Engine, generate
@@ -21,12 +22,14 @@ from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.scheduler import POLICIES, ServeResult, StepStats, run_groups
 from llmperf.engine.sequence import Completion, RequestMetrics, RequestOutput
+from llmperf.engine.step import KVStore, StepMeta
 from llmperf.engine.weights import build_model, from_pretrained, hf_config, load_hf_state_dict, to_hf_state_dict
 from llmperf.engine.workload import Request, generate_workload
 
 __all__ = [
-    "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "Engine", "KVCache", "NULL_RECORDER",
-    "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics", "RequestOutput",
+    "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "Engine", "KVCache", "KVStore",
+    "NULL_RECORDER", "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics",
+    "RequestOutput",
     "SamplingParams", "ServeResult", "StepMeta", "StepRecord", "StepStats", "Trace", "Transformer",
     "build_model", "from_pretrained", "generate", "generate_workload", "hf_config", "load_hf_state_dict",
     "make_cache", "run_groups", "to_hf_state_dict",

@@ -1,4 +1,4 @@
-"""Attention backends and the per-step metadata they share.
+"""Attention backends: one function each over the step's metadata (`llmperf.engine.step.StepMeta`).
 
 Letters: B sequences in the step, T new tokens per sequence (the step's `q_len`), H query heads,
 H_kv key/value heads, G = H / H_kv, D head dim, S keys attended (the longest context in the step).
@@ -20,8 +20,9 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
   cache is read once per KV head with no copy (the grouping Flash-Decoding uses);
 - `naive`: S = QK^T / sqrt(D) and P = softmax(S) materialised (`attn_score`, `attn_softmax`,
   `attn_value`), softmax in fp32 as Hugging Face's eager attention does;
-- `triton`: the `kernels` package: fused FlashAttention prefill, Flash-Decoding on the contiguous
-  cache, PagedAttention on the paged cache.
+- `triton`: the `kernels` package: fused FlashAttention prefill, and in decode PagedAttention when
+  the step carries block tables (`meta.paged`), Flash-Decoding when it carries cache rows
+  (`meta.contiguous`). Backends dispatch on what the step carries, never on the cache's class.
 """
 
 from __future__ import annotations
@@ -29,109 +30,24 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from llmperf.engine.cache import KVCache
+from llmperf.engine.step import StepMeta
 
 BACKENDS = ("sdpa", "naive", "triton")
 INTERPRETER_NUM_SMS = 4
-
-
-@dataclass(eq=False)
-class StepMeta:
-    """What every layer needs to know about one forward step (built once per step, by the cache).
-
-    `positions` (B, T) int64 on the model's device; `starts` / `seq_lens` python ints per sequence
-    (tokens cached before / after this step). Cache addressing: `rows` (contiguous cache: the batch's
-    rows, `row_slice` when they are consecutive), or `slot_mapping` (B*T,) and `block_tables`
-    (B, max_blocks) int32 (paged cache).
-    """
-
-    positions: torch.Tensor
-    starts: tuple[int, ...]
-    q_len: int
-    cache: KVCache | None = None
-    rows: torch.Tensor | None = None
-    row_slice: slice | None = None
-    slot_mapping: torch.Tensor | None = None
-    block_tables: torch.Tensor | None = None
-    # Set by the model for its forward (ModelSpec fields that change the math): keys a query may
-    # see (sliding window; None = all), and each layer's softmax scale (None = 1/sqrt(D)).
-    window: int | None = None
-    layer_scales: tuple[float, ...] | None = None
-    _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
-
-    def scale(self, layer: int, head_dim: int) -> float:
-        """The factor on QK^T in `layer`: 1/sqrt(D), or the model's (GPT-2 scalings)."""
-        return self.layer_scales[layer] if self.layer_scales is not None else 1.0 / math.sqrt(head_dim)
-
-    @property
-    def windowed(self) -> bool:
-        """Some query of the step has keys outside its sliding window (the window matters)."""
-        return self.window is not None and self.max_seq_len > self.window
-
-    @property
-    def batch(self) -> int:
-        return len(self.starts)
-
-    @property
-    def seq_lens(self) -> tuple[int, ...]:
-        return tuple(s + self.q_len for s in self.starts)
-
-    @property
-    def max_seq_len(self) -> int:
-        return max(self.starts) + self.q_len
-
-    @property
-    def fresh(self) -> bool:
-        """Every sequence starts empty: this step's K and V are all the keys."""
-        return max(self.starts) == 0
-
-    @property
-    def uniform(self) -> bool:
-        """Every sequence has the same context (no padding mask needed)."""
-        return min(self.starts) == max(self.starts)
-
-    def seq_lens_tensor(self) -> torch.Tensor:
-        """(B,) int32 on the model's device (what the kernels take)."""
-        if "seq_lens" not in self._memo:
-            self._memo["seq_lens"] = torch.tensor(self.seq_lens, dtype=torch.int32, device=self.positions.device)
-        return self._memo["seq_lens"]
-
-    def mask(self, S: int) -> torch.Tensor | None:
-        """(B, 1, T, S) bool, True where query (b, t) may see key s: s <= its position p and, with a
-        sliding window W, s > p - W (Mistral / Hugging Face: each query sees its last W keys, itself
-        included). None when every query sees every one of the S keys (uniform decode)."""
-        if self.q_len == 1 and self.uniform and S == self.max_seq_len and not self.windowed:
-            return None
-        if S not in self._memo:
-            keys = torch.arange(S, device=self.positions.device)[None, None, :]  # (1, 1, S)
-            pos = self.positions[:, :, None]  # (B, T, 1)
-            visible = keys <= pos
-            if self.windowed:
-                visible &= keys > pos - self.window
-            self._memo[S] = visible[:, None]  # (B, 1, T, S)
-        return self._memo[S]
-
-    @classmethod
-    def no_cache(cls, batch: int, q_len: int, device: torch.device | str) -> StepMeta:
-        """A full forward of `q_len` tokens from position 0, with no cache (recomputation)."""
-        positions = torch.arange(q_len, device=device).expand(batch, q_len)  # (B, T)
-        return cls(positions=positions, starts=(0,) * batch, q_len=q_len)
 
 
 def _keys(layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V `(B, H_kv, S, D)` this step attends to: the fresh ones, or the cache's."""
     if meta.fresh:
         return k.transpose(1, 2), v.transpose(1, 2)
-    if meta.cache is None:
+    if meta.store is None:
         raise ValueError("meta: a step that continues cached sequences needs a cache")
-    return meta.cache.gather(layer, meta)
+    return meta.store.gather(layer, meta)
 
 
 def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
@@ -209,8 +125,6 @@ def _num_sms(device: torch.device) -> int:
 
 def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
                      rec: Any) -> torch.Tensor:
-    from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
-
     kernels = _kernels()
     B, T, H, D = q.shape
     H_kv = k.shape[2]
@@ -224,14 +138,14 @@ def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             o = kernels.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
                                         sm_scale=sm)
             return o.transpose(1, 2).reshape(B, T, H * D)
-        if T == 1 and isinstance(meta.cache, PagedKVCache):
-            k_pool, v_pool = meta.cache.pools(layer)  # (num_blocks, block_size, H_kv, D) each
+        if T == 1 and meta.paged:
+            k_pool, v_pool = meta.store.pools(layer)  # (num_blocks, block_size, H_kv, D) each
             o = kernels.paged_attention(q.reshape(B, H, D), k_pool, v_pool, meta.block_tables,
                                         meta.seq_lens_tensor(), _decode_splits(kernels, meta, H_kv, q.device),
                                         sm_scale=sm, validate=False)
             return o.reshape(B, 1, H * D)
-        if T == 1 and isinstance(meta.cache, ContiguousKVCache):
-            k_rows, v_rows = meta.cache.rows_of(layer, meta)  # (B, H_kv, S_max, D) each
+        if T == 1 and meta.contiguous:
+            k_rows, v_rows = meta.store.rows_of(layer, meta)  # (B, H_kv, S_max, D) each
             o = kernels.flash_decoding(q.reshape(B, H, D), k_rows, v_rows, meta.seq_lens_tensor(),
                                        _decode_splits(kernels, meta, H_kv, q.device), sm_scale=sm, validate=False)
             return o.reshape(B, 1, H * D)

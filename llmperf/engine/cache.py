@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmperf.engine.attention import StepMeta
+from llmperf.engine.step import StepMeta
 from llmperf.serving.blocks import BlockManager
 from llmperf.specs import ModelSpec
 
@@ -293,7 +293,7 @@ class ContiguousKVCache(KVCache):
         starts = self._starts(seq_ids, q_len)
         rows = [self._row[s] for s in seq_ids]
         consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
-        return StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, cache=self,
+        return StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, store=self,
                         rows=torch.tensor(rows, device=self.device),
                         row_slice=slice(rows[0], rows[0] + len(rows)) if consecutive else None)
 
@@ -400,6 +400,19 @@ class PagedKVCache(KVCache):
     def seq_len(self, seq_id: int) -> int:
         return self.manager.seq_len(seq_id)
 
+    def block_table(self, seq_id: int) -> list[int]:
+        """The blocks holding the sequence's tokens, in order."""
+        return self.manager.block_table(seq_id)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by at least one sequence (a block shared by forks counts once)."""
+        return self.manager.num_used_blocks
+
+    def check_invariants(self) -> None:
+        """Assert the block bookkeeping is consistent (reference counts, free list, tables)."""
+        self.manager.check_invariants()
+
     def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V block pools of `layer`, `(N, P, H_kv, D)` each (what PagedAttention reads)."""
         return self.kv[layer, 0], self.kv[layer, 1]
@@ -446,7 +459,7 @@ class PagedKVCache(KVCache):
             tables.append(self.manager.block_table(s))
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]  # padding points at block 0: masked
-        return StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, cache=self,
+        return StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, store=self,
                         slot_mapping=torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True),
                         block_tables=torch.tensor(padded, dtype=torch.int32).to(self.device, non_blocking=True))
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence as Seq
+from collections.abc import Iterator, Sequence as Seq
 from typing import Any
 
 import torch
@@ -148,8 +148,12 @@ class Engine:
     def default_params(self) -> SamplingParams:
         """What `generate` uses when given no params: greedy, stopping at the checkpoint's EOS (its
         `generation_config.json`, else `config.json`), as Hugging Face `generate()` does."""
-        eos = getattr(self.model, "eos_token_id", None)
-        return SamplingParams(eos_token_id=eos) if eos is not None else SamplingParams()
+        return SamplingParams().with_model_eos(self.model.eos_token_id)
+
+    def _resolved(self, plist: Seq[SamplingParams]) -> list[SamplingParams]:
+        """Each params' `MODEL_EOS` (the default `eos_token_id`) replaced by the model's EOS: given
+        params stop at the checkpoint's EOS too, unless they set `eos_token_id` (None: never)."""
+        return [p.with_model_eos(self.model.eos_token_id) for p in plist]
 
     def _make_cache(self, rows: int, seq_len: int) -> KVCache:
         num_blocks = self.num_blocks
@@ -200,7 +204,10 @@ class Engine:
                               ("stop_sequences", [t for w in p.stop_sequences for t in w])):
                 out = [t for t in ids if t >= V]
                 if out:
-                    raise ValueError(f"{name}: token ids {out[:5]} (request {i}) are outside the vocabulary of {V}")
+                    whose = (" (the checkpoint's EOS: pass SamplingParams(eos_token_id=None) or your own)"
+                             if name == "eos_token_id" and p.eos_token_id == self.model.eos_token_id else "")
+                    raise ValueError(f"{name}: token ids {out[:5]} (request {i}) are outside the vocabulary "
+                                     f"of {V}{whose}")
             # The last new token is never fed back: prompt + max_new_tokens may reach positions + 1 (as HF).
             if len(prompt) + p.max_new_tokens > P + 1:
                 raise ValueError(f"max_new_tokens: request {i} needs {len(prompt)} prompt + {p.max_new_tokens} new "
@@ -226,7 +233,7 @@ class Engine:
         `RequestOutput` per prompt, in order. Bad input raises ValueError before anything runs; if a
         step fails, everything the call allocated is freed before the error propagates."""
         prompts = _as_prompts(prompts)
-        plist = _as_params(params, len(prompts), self.default_params)
+        plist = self._resolved(_as_params(params, len(prompts), self.default_params))
         if not prompts:
             return []
         self._check(prompts, plist, seed)
@@ -245,10 +252,17 @@ class Engine:
         if params is not None and not isinstance(params, SamplingParams):
             raise ValueError(f"params: must be a SamplingParams or None, got {type(params).__name__} {params!r:.80}")
         default = params or self.default_params
+        if isinstance(requests, (str, bytes, dict)) or not isinstance(requests, (Seq, Iterator)):
+            raise ValueError(f"requests: must be a list of Request, got {type(requests).__name__} {requests!r:.80}")
+        requests = list(requests)  # a generator is read once, here
+        for i, r in enumerate(requests):
+            if not isinstance(r, Request):
+                raise ValueError(f"requests[{i}]: must be a Request (llmperf.engine.workload), got "
+                                 f"{type(r).__name__} {r!r:.80}")
         if not requests:
             return ServeResult(outputs=[], steps=[], elapsed_s=0.0, policy=policy, cache_kind=self.cache_kind)
         prompts = [list(r.prompt) for r in requests]
-        plist = [r.params(default) for r in requests]
+        plist = self._resolved([r.params(default) for r in requests])
         self._check(prompts, plist, seed)
         groups = self._groups(prompts, plist, seed)
         for g, r in zip(groups, requests):

@@ -20,9 +20,9 @@ so "auto" picks "in_out" for fp32 on CPU and "out_in" otherwise (cuBLAS is indif
 
 Fused weights for speed: Q, K and V are one `(C, q_size + 2 kv_size)` matrix and SwiGLU's gate and
 up one `(C, 2F)` matrix, so a decode step runs one GEMM where three (two) would do the same work, and
-one RoPE call rotates the adjacent q and k heads. When a `Recorder` is attached the model instead multiplies by column slices of those matrices (views,
-no copy), one per analytical operator (`q_proj`, `k_proj`, `v_proj`, `gate_proj`, `up_proj`), so each
-is timed under its own name; the result is the same up to GEMM rounding.
+one RoPE call rotates the adjacent q and k heads. A `Recorder` times exactly these fused GEMMs, under
+the shared vocabulary's fused names (`qkv_proj`, `gate_up_proj`; `llmperf.analysis.vocabulary.FUSED_PARTS`
+joins them to the split predictions): recording never changes what runs.
 
 The forward pass takes the step's metadata (`StepMeta`: positions, cache addressing) and returns the
 logits of the last position of each sequence (as serving engines do), or of every position with
@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmperf.analysis.vocabulary import Op
-from llmperf.engine.attention import BACKENDS, StepMeta, get_backend
+from llmperf.engine.attention import BACKENDS, get_backend
+from llmperf.engine.step import StepMeta
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.specs import ModelSpec
 
@@ -248,9 +249,9 @@ class Block(nn.Module):
             qk = qkv[:, :, :H + H_kv]
         q, k = qk[:, :, :H], qk[:, :, H:]  # (B, T, H, D), (B, T, H_kv, D): views
         v = qkv[:, :, H + H_kv:]  # (B, T, H_kv, D)
-        if meta.cache is not None:
+        if meta.store is not None:
             with rec.op("kv_write", i):
-                meta.cache.write(i, k, v, meta)
+                meta.store.write(i, k, v, meta)
         o = ctx.attend(i, q, k, v, meta, rec)  # (B, T, H*D)
         with rec.op("o_proj", i):
             o = self.linear(o, self.o_weight, self.o_bias)

@@ -12,9 +12,10 @@ Public API (engine-core builds on it; keep stable):
 
     SamplingParams(*, max_new_tokens=32, min_new_tokens=0, do_sample=False, temperature=1.0, top_k=0,
                    top_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0, bad_words_ids=(),
-                   eos_token_id=None, stop_sequences=(), num_beams=1, length_penalty=1.0,
+                   eos_token_id=MODEL_EOS, stop_sequences=(), num_beams=1, length_penalty=1.0,
                    early_stopping=False, num_return_sequences=1, seed=None)
         .eos_ids -> tuple[int, ...]       .is_sampling -> bool   .is_beam_search -> bool
+        .with_model_eos(eos) -> SamplingParams (MODEL_EOS replaced by the model's EOS, the Engine does it)
         .min_tokens_to_keep -> int (what HF's warpers keep: 1, or len(eos)+1 (2 without EOS) for beams)
     apply_repetition_penalty(logits, history, penalty) -> Tensor
     ban_repeated_ngrams(logits, history, n) -> Tensor
@@ -43,6 +44,7 @@ Conventions:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +53,12 @@ from typing import Literal
 import torch
 
 from llmperf.errors import SpecError
+
+#: `SamplingParams.eos_token_id`'s default: stop at the model's own end-of-sequence id(s) (a
+#: checkpoint's `generation_config.json`, else `config.json`; none for a random model), as HF
+#: `generate()` does unless told otherwise. The `Engine` resolves it (`with_model_eos`); pass
+#: `eos_token_id=None` to never stop on a token.
+MODEL_EOS: Literal["model"] = "model"
 
 History = Sequence[Sequence[int]] | torch.Tensor
 FinishReason = Literal["eos", "stop_sequence", "length"]
@@ -83,7 +91,8 @@ class SamplingParams:
     """How to decode one request (HF `GenerationConfig` names and meanings, with llmperf's defaults:
     `top_k=0` is off, where HF's global default is 50).
 
-    `eos_token_id` is None (never stop on a token), an int, or a tuple of ints; `bad_words_ids` and
+    `eos_token_id` is `MODEL_EOS` (the default: the model's own EOS, resolved by the `Engine`; no EOS
+    where nothing resolves it), None (never stop on a token), an int, or a tuple of ints; `bad_words_ids` and
     `stop_sequences` are tuples of token-id tuples (lists are converted). `stop_sequences` ends a
     sequence when its generated tokens end with one of them (the token-level analogue of HF's
     `stop_strings`). `early_stopping` is True, False or "never" (HF beam-search semantics).
@@ -98,7 +107,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
-    eos_token_id: int | tuple[int, ...] | None = None
+    eos_token_id: int | tuple[int, ...] | None | Literal["model"] = MODEL_EOS
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     num_beams: int = 1
     length_penalty: float = 1.0
@@ -137,9 +146,10 @@ class SamplingParams:
         if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
             raise bad("no_repeat_ngram_size", "must be a non-negative integer (0 means off)")
         eos = self.eos_token_id
-        if eos is not None and not (_is_int(eos) and eos >= 0) and not (
+        if eos is not None and eos != MODEL_EOS and not (_is_int(eos) and eos >= 0) and not (
                 isinstance(eos, tuple) and len(eos) > 0 and all(_is_int(t) and t >= 0 for t in eos)):
-            raise bad("eos_token_id", "must be None, a non-negative integer or a non-empty tuple of them")
+            raise bad("eos_token_id", f"must be {MODEL_EOS!r}, None, a non-negative integer or a non-empty tuple "
+                                      "of them")
         if not _is_int(self.num_beams) or self.num_beams < 1:
             raise bad("num_beams", "must be a positive integer")
         if not _is_real(self.length_penalty):
@@ -158,9 +168,16 @@ class SamplingParams:
     @property
     def eos_ids(self) -> tuple[int, ...]:
         """The end-of-sequence ids as a tuple (empty when there is none)."""
-        if self.eos_token_id is None:
+        if self.eos_token_id is None or self.eos_token_id == MODEL_EOS:
             return ()
         return (self.eos_token_id,) if isinstance(self.eos_token_id, int) else self.eos_token_id
+
+    def with_model_eos(self, eos: int | Sequence[int] | None) -> SamplingParams:
+        """These params with `MODEL_EOS` replaced by the model's `eos` (None: the model has none);
+        an explicit `eos_token_id` (None included) is kept."""
+        if self.eos_token_id != MODEL_EOS:
+            return self
+        return dataclasses.replace(self, eos_token_id=eos)
 
     @property
     def is_sampling(self) -> bool:
@@ -432,7 +449,8 @@ def hf_generate_kwargs(params: SamplingParams) -> dict:
     """The keyword arguments that make HF `model.generate()` decode as `params` does (for
     equivalence tests). Sampling parameters are passed explicitly because HF's global default top_k
     is 50, where ours is 0 (off). `stop_sequences` has no token-level HF equivalent: ValueError.
-    With `eos_token_id=None` the model's own generation config must have no EOS either."""
+    With `MODEL_EOS` HF uses its generation config's EOS; with `eos_token_id=None` that config must
+    have no EOS either."""
     if params.stop_sequences:
         raise ValueError("stop_sequences: HF generate() has no token-level stop sequences "
                          f"(only stop_strings with a tokenizer), got {params.stop_sequences!r}")
@@ -442,7 +460,7 @@ def hf_generate_kwargs(params: SamplingParams) -> dict:
                   bad_words_ids=[list(s) for s in params.bad_words_ids] or None,
                   num_beams=params.num_beams, num_return_sequences=params.num_return_sequences,
                   length_penalty=float(params.length_penalty), early_stopping=params.early_stopping)
-    if params.eos_token_id is not None:
+    if params.eos_token_id is not None and params.eos_token_id != MODEL_EOS:
         kwargs["eos_token_id"] = params.eos_token_id if _is_int(params.eos_token_id) else list(params.eos_token_id)
     if params.is_sampling:
         kwargs.update(temperature=float(params.temperature), top_k=params.top_k, top_p=float(params.top_p))
@@ -450,7 +468,7 @@ def hf_generate_kwargs(params: SamplingParams) -> dict:
 
 
 __all__ = [
-    "FinishReason", "History", "SamplingParams", "apply_repetition_penalty", "apply_temperature",
+    "MODEL_EOS", "FinishReason", "History", "SamplingParams", "apply_repetition_penalty", "apply_temperature",
     "ban_repeated_ngrams", "ban_sequences", "enforce_min_new_tokens", "finish_reason", "hf_generate_kwargs",
     "hits_stop", "make_generator", "process_logits", "select_next_tokens", "top_k_filter", "top_p_filter",
 ]

@@ -1,7 +1,7 @@
 """How fast is the engine? Three ratios, side by side in one run, each with its spread over repeats.
 
-    python -m llmperf.measure.engine_bench                      # ~200M-parameter Llama-style model
-    python -m llmperf.measure.engine_bench --hidden 256 --layers 4 --reps 3 --context 512   # quick
+    python -m llmperf.measure.engine_bench --out reports/engine/$(date +%F)-cpu   # ~200M-parameter Llama-style model
+    python -m llmperf.measure.engine_bench --hidden 256 --layers 4 --reps 3 --context 512   # quick, print only
 
 1. **Decode step vs the memory limit**, for batch 1 and 8 in fp32 and bf16: a decode step must at
    least read every weight it multiplies by and every cached K/V byte it attends to, so its floor is
@@ -19,16 +19,22 @@ Each figure is the median over `--reps` repeats with the [min, max] beside it. E
 `generate()` call; a decode-step time is the median over that call's decode steps (the scheduler's
 per-step durations, `Engine.last_steps`). The machine's other load moves every figure: read them
 as ratios taken under the same conditions, and rerun on a quiet machine for the record.
+
+Every run prints (and with `--out DIR` writes to `DIR/engine_bench.txt` and `DIR/engine_bench.json`)
+the date, the machine (CPU model, cores, torch threads, ISA extensions, memory), the versions (python,
+torch, numpy, triton, transformers, llmperf), the git commit and the settings beside the figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
+import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,6 +43,7 @@ from llmperf.engine.generate import Engine
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.weights import build_model, hf_config, to_hf_state_dict
+from llmperf.measure.device import describe_cpu, git_commit, versions
 from llmperf.specs import ModelSpec, load_model
 
 MiB = 1 << 20
@@ -182,17 +189,48 @@ def paged_versus_contiguous(spec: ModelSpec, *, context: int, new_tokens: int, r
     return Figure.of(f"paged / contiguous speed  context {context}", ratios, f"block_size {block_size}")
 
 
+def environment() -> dict[str, Any]:
+    """When and where a run happens: date, machine (CPU model, cores, threads, ISA), versions, commit."""
+    env: dict[str, Any] = dict(date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=describe_cpu(), versions=versions(),
+                               git_commit=git_commit())
+    try:
+        import transformers
+        env["versions"]["transformers"] = str(transformers.__version__)
+    except ImportError:
+        env["versions"]["transformers"] = "not installed"
+    return env
+
+
+def _header(env: dict[str, Any], spec: ModelSpec, bw: float, copy_mib: int) -> list[str]:
+    m = env["machine"]
+    return [f"# llmperf engine benchmark  {env['date']}  commit {env['git_commit'] or 'unknown'}",
+            f"# machine: {m['name']} ({m['machine']}), {m['cores']} cores, torch threads {m['threads']}, "
+            f"ISA {' '.join(m['isa']) or '-'}, memory {m['memory_bytes'] / 2**30:.0f} GiB",
+            "# versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
+            f"# model {spec.name} ({spec.param_count / 1e6:.0f}M params), copy bandwidth {bw / 1e9:.1f} GB/s "
+            f"(read+write, {copy_mib} MiB)"]
+
+
 def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context: int = 2048, reps: int = 5,
-        threads: int | None = None, copy_mib: int = 512, say: Callable[[str], None] = print) -> list[Figure]:
-    """Every figure, printed as it is measured; returns them."""
+        threads: int | None = None, copy_mib: int = 512, out: str | Path | None = None,
+        say: Callable[[str], None] = print) -> list[Figure]:
+    """Every figure, printed as it is measured (and written under `out`, if given); returns them."""
     if threads is not None:
         torch.set_num_threads(threads)
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        say(line)
+
+    env = environment()
     bw = copy_bandwidth_bytes_per_s(copy_mib * MiB)
-    say(f"# llmperf engine benchmark  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    say(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-        f"model {spec.name} ({spec.param_count / 1e6:.0f}M params), copy bandwidth {bw / 1e9:.1f} GB/s "
-        f"(read+write, {copy_mib} MiB)")
-    say(f"{'figure':<44} median  [min, max] over {reps} repeats")
+    for line in _header(env, spec, bw, copy_mib):
+        emit(line)
+    settings = dict(prompt_len=prompt_len, new_tokens=new_tokens, context=context, reps=reps, copy_mib=copy_mib,
+                    hidden=spec.hidden_size, layers=spec.num_layers, vocab=spec.vocab_size)
+    emit("# settings: " + ", ".join(f"{k} {v}" for k, v in settings.items()))
+    emit(f"{'figure':<44} median  [min, max] over {reps} repeats")
     figures = []
     for fig in (
         *(memory_limit_fractions(spec, dtype, b, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps,
@@ -200,10 +238,23 @@ def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context:
         versus_transformers(spec, batch=8, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps),
         paged_versus_contiguous(spec, context=context, new_tokens=min(new_tokens, 16), reps=reps),
     ):
-        say(fig.line())
+        emit(fig.line())
         figures.append(fig)
-    say("# targets (issue 8): decode >= 0.8 of the memory limit; >= 1.3x transformers at batch 8; paged >= 0.9x")
+    emit("# targets (issue 8): decode >= 0.8 of the memory limit; >= 1.3x transformers at batch 8; paged >= 0.9x")
+    if out is not None:
+        write_results(Path(out), lines, env=env, settings=settings, bandwidth=bw, spec=spec, figures=figures)
+        say(f"# written to {out}/engine_bench.txt and engine_bench.json")
     return figures
+
+
+def write_results(out: Path, lines: list[str], *, env: dict[str, Any], settings: dict[str, Any], bandwidth: float,
+                  spec: ModelSpec, figures: list[Figure]) -> None:
+    """`out/engine_bench.txt` (what was printed) and `out/engine_bench.json` (the same, typed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_bench.txt").write_text("\n".join(lines) + "\n")
+    doc = dict(env, settings=settings, model=dict(name=spec.name, params=spec.param_count),
+               copy_bandwidth_bytes_per_s=bandwidth, figures=[asdict(f) for f in figures])
+    (out / "engine_bench.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> list[Figure]:
@@ -217,20 +268,22 @@ def main(argv: list[str] | None = None) -> list[Figure]:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--copy-mib", type=int, default=512, help="buffer of the copy-bandwidth measurement")
+    ap.add_argument("--out", default=None, help="write engine_bench.txt / .json here (e.g. reports/engine/<date>-cpu)")
     args = ap.parse_args(argv)
     for name in ("prompt_len", "new_tokens", "context", "reps", "hidden", "layers", "vocab", "copy_mib"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: must be a positive integer, got {getattr(args, name)}")
     if args.new_tokens < 2:
         ap.error(f"--new-tokens: at least 2 (one decode step), got {args.new_tokens}")
-    spec = bench_spec(args.hidden, args.layers, args.vocab, max_positions=max(4096, args.context + args.new_tokens))
+    # 8192 positions: the llama3 rope scaling it inherits starts at 8192 (transformers warns below that)
+    spec = bench_spec(args.hidden, args.layers, args.vocab, max_positions=max(8192, args.context + args.new_tokens))
     return run(spec=spec, prompt_len=args.prompt_len, new_tokens=args.new_tokens, context=args.context,
-               reps=args.reps, threads=args.threads, copy_mib=args.copy_mib)
+               reps=args.reps, threads=args.threads, copy_mib=args.copy_mib, out=args.out)
 
 
 if __name__ == "__main__":
     main()
 
 
-__all__ = ["Figure", "bench_spec", "copy_bandwidth_bytes_per_s", "memory_limit_fractions", "paged_versus_contiguous",
-           "run", "versus_transformers", "weight_bytes_read"]
+__all__ = ["Figure", "bench_spec", "copy_bandwidth_bytes_per_s", "environment", "memory_limit_fractions",
+           "paged_versus_contiguous", "run", "versus_transformers", "weight_bytes_read", "write_results"]

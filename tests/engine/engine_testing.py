@@ -119,9 +119,12 @@ def toy_hf_lm(vocab_size: int, seed: int, *, scale: float, pad_token_id: int):
 def check_schedule(logs) -> None:
     """Replay a scheduler's `StepLog`s and assert its decisions, not just its tokens: a preemption
     always takes the newest running request, a preempted request goes to the front of the queue (it
-    is the next one admitted), and no request is preempted in the step right after its admission."""
+    is the next one admitted), no request is preempted in the step right after its admission, and no
+    request is preempted twice without producing a token in between (the admit / preempt thrash)."""
     running: list[int] = []  # oldest admitted first
     front: list[int] = []  # preempted, most recent first: the head of the waiting queue
+    produced: dict[int, int] = {}  # tokens each request has produced so far
+    at_preemption: dict[int, int] = {}  # ... when it was last preempted
     for prev, log in zip([None, *logs], logs):
         for rid in log.preempted:
             assert running and running[-1] == rid, (
@@ -130,12 +133,19 @@ def check_schedule(logs) -> None:
             front.insert(0, rid)
             assert prev is None or rid not in prev.admitted, (
                 f"step {log.step}: request {rid} was preempted right after its admission (thrash)")
+            assert at_preemption.get(rid, -1) < produced.get(rid, 0), (
+                f"step {log.step}: request {rid} preempted again without producing a token since its last "
+                f"preemption (thrash)")
+            at_preemption[rid] = produced.get(rid, 0)
         for rid in log.admitted:
             if front:
                 assert rid == front[0], (
                     f"step {log.step}: admitted {rid} while preempted request {front[0]} waits at the front")
                 front.pop(0)
             running.append(rid)
+        for item in log.items:
+            if item.samples and item.request_id not in log.preempted:
+                produced[item.request_id] = produced.get(item.request_id, 0) + 1
         for rid in log.finished:
             running.remove(rid)
     assert not running and not front, f"requests left over: running {running}, preempted {front}"

@@ -69,14 +69,14 @@ def test_copy_on_write_keeps_the_parent_intact():
     assert cache.allocate(0, 6)  # blocks: one full, one with 2 of 4 slots
     cache.kv.normal_()
     before = cache.kv.clone()
-    table = cache.manager.block_table(0)
+    table = cache.block_table(0)
     cache.fork(0, 1)
     assert cache.append_slot(1)  # child writes into the shared half-full block: copy it first
-    child_table = cache.manager.block_table(1)
+    child_table = cache.block_table(1)
     assert child_table[0] == table[0] and child_table[1] != table[1]
     torch.testing.assert_close(cache.kv[:, :, child_table[1], :2], before[:, :, table[1], :2], rtol=0, atol=0)
     torch.testing.assert_close(cache.kv[:, :, table[1]], before[:, :, table[1]], rtol=0, atol=0)
-    cache.manager.check_invariants()
+    cache.check_invariants()
     cache.free(0)
     cache.free(1)
     assert cache.num_free_blocks == 8
@@ -100,7 +100,7 @@ def test_reorder_moves_whole_sequences(kind):
     torch.testing.assert_close(k_after[1, :, :7], k_before[1, :, :7], rtol=0, atol=0)
     torch.testing.assert_close(k_after[2, :, :5], k_before[0, :, :5], rtol=0, atol=0)
     if kind == "paged":
-        cache.manager.check_invariants()
+        cache.check_invariants()
 
 
 def test_shortage_is_reported_not_corrupting():

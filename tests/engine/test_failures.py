@@ -89,25 +89,60 @@ def test_engine_is_reusable_after_a_step_fails(model, monkeypatch):
         engine.generate([[1, 2, 3], [4, 5, 6, 7]], ok)
     monkeypatch.undo()
     assert engine.cache.num_free_blocks == 32 and engine.cache.num_seqs == 0
-    engine.cache.manager.check_invariants()
+    engine.cache.check_invariants()
     assert [c.tokens for c in engine.generate([[1, 2, 3]], ok)[0].completions] == _alone(model, [1, 2, 3], ok)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@pytest.mark.parametrize("kind", ["paged", "contiguous"])
+def test_a_fork_failing_halfway_leaves_nothing_behind(model, monkeypatch, kind):
+    """The second of a 3-sample request's two forks fails: the first child is in the cache but the
+    request is not yet marked forked. Everything is freed all the same."""
+    from llmperf.engine import ContiguousKVCache, PagedKVCache
+
+    owner = PagedKVCache if kind == "paged" else ContiguousKVCache
+    engine = Engine(model, cache=kind, block_size=4, num_blocks=16, max_batch=3 if kind == "contiguous" else None,
+                    max_seq_len=16 if kind == "contiguous" else None)
+    total = engine.cache.num_blocks
+    real, calls = owner.fork, {"n": 0}
+
+    def flaky(self, parent, child):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected failure")
+        return real(self, parent, child)
+
+    monkeypatch.setattr(owner, "fork", flaky)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=4, do_sample=True, num_return_sequences=3))
+    monkeypatch.undo()
+    assert calls["n"] == 2 and engine.cache.num_seqs == 0 and engine.cache.num_free_blocks == total
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(1, 10), st.integers(1, 8), st.sampled_from(["greedy", "sample", "beam", "bad"])),
                 min_size=1, max_size=5),
-       st.integers(4, 24), st.one_of(st.none(), st.integers(1, 6)), st.booleans())
-def test_random_workloads_with_failures_leave_the_pool_empty(model, spec, num_blocks, fail_at, chunked):
-    engine = Engine(model, cache="paged", block_size=4, num_blocks=num_blocks, chunked_prefill=chunked,
-                    max_batched_tokens=8 if chunked else None)
+       st.integers(4, 24), st.one_of(st.none(), st.integers(1, 6)), st.sampled_from(["forward", "reserve", "fork"]),
+       st.booleans(), st.sampled_from(["paged", "contiguous"]))
+def test_random_workloads_with_failures_leave_the_pool_empty(model, spec, num_blocks, fail_at, where, chunked, kind):
+    """Random requests (some bad), pools too small, and a failure injected at the `fail_at`-th call of
+    the model's forward, the cache's `reserve` or its `fork`: the pool comes back whole every time and
+    the engine serves the next call."""
+    from llmperf.engine import ContiguousKVCache, PagedKVCache
+
+    size = dict(block_size=4, num_blocks=num_blocks) if kind == "paged" else dict(max_batch=max(3, num_blocks // 4),
+                                                                                 max_seq_len=24)
+    engine = Engine(model, cache=kind, chunked_prefill=chunked, max_batched_tokens=8 if chunked else None, **size)
+    total = engine.cache.num_blocks
+    # three samples: a fork that fails after the first of a request's two forks leaves a child behind
     kinds = {"greedy": SamplingParams(max_new_tokens=4), "sample": SamplingParams(max_new_tokens=4, do_sample=True,
-                                                                                   num_return_sequences=2),
+                                                                                   num_return_sequences=3),
              "beam": SamplingParams(max_new_tokens=4, num_beams=2), "bad": SamplingParams(max_new_tokens=4,
                                                                                         eos_token_id=10 ** 6)}
     prompts = [list(range(1, 1 + p + o)) for p, o, _ in spec]
     params = [kinds[k] for _, _, k in spec]
-    real = type(model).forward
+    owner = type(model) if where == "forward" else PagedKVCache if kind == "paged" else ContiguousKVCache
+    real = getattr(owner, where)
     calls = {"n": 0}
 
     def flaky(self, *args, **kwargs):
@@ -116,17 +151,18 @@ def test_random_workloads_with_failures_leave_the_pool_empty(model, spec, num_bl
             raise RuntimeError("injected failure")
         return real(self, *args, **kwargs)
 
-    type(model).forward = flaky
+    setattr(owner, where, flaky)
     try:
         engine.generate(prompts, params)
     except (ValueError, RuntimeError):
         pass
     finally:
-        type(model).forward = real
-    assert engine.cache.num_free_blocks == num_blocks and engine.cache.num_seqs == 0
-    engine.cache.manager.check_invariants()
-    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=1))
-    assert len(out[0].tokens) == 1 and engine.cache.num_free_blocks == num_blocks
+        setattr(owner, where, real)
+    assert engine.cache.num_free_blocks == total and engine.cache.num_seqs == 0
+    if kind == "paged":
+        engine.cache.check_invariants()
+    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, do_sample=True, num_return_sequences=2))
+    assert [len(c.tokens) for c in out[0].completions] == [2, 2] and engine.cache.num_free_blocks == total
 
 
 # --- 3: the position limit is HF's: the last token is never fed back ----------------------------
@@ -165,6 +201,13 @@ def test_bad_input_names_the_argument(model):
         engine.generate([[1, 2]], seed=-1)
     with pytest.raises(ValueError, match="stop_sequences"):
         engine.generate([[1, 2]], SamplingParams(stop_sequences=[[100_000]]))
+    with pytest.raises(ValueError, match=r"requests\[0\]"):
+        engine.serve([[1, 2, 3]], realtime=False)
+    with pytest.raises(ValueError, match="requests"):
+        engine.serve({"a": 1}, realtime=False)
+    reqs = [Request(request_id=i, prompt=(1, 2, 3), max_new_tokens=2) for i in range(2)]
+    served = engine.serve((r for r in reqs), realtime=False)  # a generator is read once
+    assert [o.request_id for o in served.outputs] == [0, 1] and all(len(o.tokens) == 2 for o in served.outputs)
     with pytest.raises(ValueError, match="attention"):
         Engine(model, attention="flash")
     with pytest.raises(ValueError, match="prefix_sharing"):
@@ -190,6 +233,27 @@ def test_from_pretrained_stops_at_the_checkpoint_eos(tmp_path):
     assert loaded.eos_token_id == eos
     out = Engine(loaded).generate([prompt])[0]
     assert out.tokens == greedy[:greedy.index(eos) + 1] and out.completions[0].finish_reason == "eos"
+    # Given params stop there too (HF merges a call's kwargs over the generation config), unless
+    # they say otherwise; serve() resolves it the same way.
+    engine = Engine(loaded)
+    assert engine.generate([prompt], SamplingParams(max_new_tokens=8))[0].tokens == out.tokens
+    assert engine.generate([prompt], SamplingParams(max_new_tokens=8, eos_token_id=None))[0].tokens == greedy
+    assert engine.generate([prompt], SamplingParams(max_new_tokens=8, eos_token_id=greedy[1]))[0].tokens == greedy[:2]
+    served = engine.serve([Request(request_id=0, prompt=tuple(prompt), max_new_tokens=8)], realtime=False)
+    assert served.outputs[0].tokens == out.tokens
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 3, dtype=torch.long), max_new_tokens=8,
+                          do_sample=False)[0, 3:].tolist()
+    assert ref == out.tokens  # HF itself stops at the generation config's EOS with only max_new_tokens given
+
+
+def test_a_checkpoint_eos_outside_the_vocabulary_is_named_as_the_checkpoints():
+    model = make_model("llama", seed=9)
+    model.eos_token_id = 50256  # as a tiny GPT-2 checkpoint's config.json may say
+    engine = Engine(model)
+    with pytest.raises(ValueError, match=r"eos_token_id: .*50256.*the checkpoint's EOS"):
+        engine.generate([[1, 2]])
+    assert len(engine.generate([[1, 2]], SamplingParams(max_new_tokens=2, eos_token_id=None))[0].tokens) == 2
 
 
 def test_attention_backend_belongs_to_the_engine(model):
@@ -206,12 +270,17 @@ def test_attention_backend_belongs_to_the_engine(model):
     assert "attn_score" in set(rec_naive.trace.to_frame().op)
 
 
-def test_small_pool_never_thrashes(model):
-    reqs = [Request(request_id=i, prompt=tuple(range(1 + i, 9 + i)), max_new_tokens=12) for i in range(6)]
-    engine = Engine(model, cache="paged", block_size=2, num_blocks=30)  # < 100 blocks: 1% rounds to 0
+@pytest.mark.parametrize("block_size, num_blocks, prompt_len", [(2, 12, 4), (2, 20, 8), (4, 12, 8), (2, 30, 8)])
+def test_small_pool_never_thrashes(model, block_size, num_blocks, prompt_len):
+    # < 100 blocks: a 1% watermark alone rounds to 0 or 1 block, and with only that as admission
+    # headroom the first three cases re-admit and preempt the same request on consecutive steps.
+    reqs = [Request(request_id=i, prompt=tuple(range(1 + i, 1 + i + prompt_len)), max_new_tokens=12)
+            for i in range(6)]
+    engine = Engine(model, cache="paged", block_size=block_size, num_blocks=num_blocks)
     result = engine.serve(reqs, realtime=False)
     assert result.num_preemptions > 0
-    check_schedule(engine.last_schedule)
+    check_schedule(engine.last_schedule)  # no preemption right after admission, none twice without progress
+    assert engine.cache.num_free_blocks == num_blocks
 
 
 # --- the mutation survivors: scheduling decisions and the top-p boundary -------------------------
@@ -239,6 +308,9 @@ def test_check_schedule_catches_wrong_decisions():
         check_schedule([log(0, admitted=(0, 1)), log(1), log(2, preempted=(1,)), log(3, admitted=(2,))])
     with pytest.raises(AssertionError, match="thrash"):  # admitted, then preempted at once
         check_schedule([log(0, admitted=(0,)), log(1, admitted=(1,)), log(2, preempted=(1,))])
+    with pytest.raises(AssertionError, match="without producing a token"):  # preempted twice, no progress
+        check_schedule([log(0, admitted=(0, 1)), log(1), log(2, preempted=(1,)), log(3, admitted=(1,)), log(4),
+                        log(5, preempted=(1,))])
     check_schedule([log(0, admitted=(0, 1)), log(1), log(2, preempted=(1,)), log(3, admitted=(1,)),
                     log(4, finished=(0, 1))])
 

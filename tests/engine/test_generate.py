@@ -146,9 +146,9 @@ def test_samples_of_one_prompt_share_its_blocks(models):
     sched = Scheduler(engine.cache, ModelRunner(model, engine.cache, {0: g}))
     sched.add(request_state(g))
     sched.step()  # prefill: 4 blocks, forked 4 times
-    assert len(g.seqs) == 4 and engine.cache.manager.num_used_blocks == 4
+    assert len(g.seqs) == 4 and engine.cache.num_used_blocks == 4
     sched.step()  # decode: each sample opens its own fifth block
-    assert engine.cache.manager.num_used_blocks == 4 + 4
+    assert engine.cache.num_used_blocks == 4 + 4
     usage = engine.cache.usage()
     # each sample: 16 shared prompt slots + 1 of its own (the token just fed)
     assert usage.logical_tokens == 4 * 17 and usage.used_bytes == (16 + 4) * usage.bytes_per_token
@@ -176,3 +176,19 @@ def test_one_shot_generate_and_single_prompt(models):
     out = generate(models["llama"], [1, 2, 3], SamplingParams(max_new_tokens=4), cache="contiguous")
     assert len(out) == 1 and len(out[0].tokens) == 4
     assert out[0].metrics.ttft is not None and out[0].metrics.tpot is not None
+
+
+@pytest.mark.parametrize("options", [dict(attention="naive"), dict(chunked_prefill=True, max_batched_tokens=5),
+                                     dict(block_size=4, num_blocks=14, watermark=0.0)],
+                         ids=["naive", "chunked", "preempted"])
+def test_sliding_window_equals_transformers_across_chunks_and_recompute(models, twins, options):
+    """Mistral's window of 6 against prompts up to 14 tokens, with the window crossing prefill chunks
+    (extend steps) and recomputed after preemption: HF's exact tokens."""
+    prompts = [list(range(3, 17)), [5, 200, 17], [8] * 11, list(range(40, 47))]
+    params = SamplingParams(max_new_tokens=12)
+    expected = hf_generate(twins["mistral"], prompts, params)
+    engine = Engine(models["mistral"], **options)
+    outputs = engine.generate(prompts, params)
+    assert [[c.tokens for c in o.completions] for o in outputs] == expected
+    if "num_blocks" in options:
+        assert sum(o.metrics.num_preemptions for o in outputs) > 0

@@ -69,16 +69,19 @@ def test_recording_is_off_by_default_and_does_not_change_tokens():
 
 
 @pytest.mark.parametrize("layout", ["in_out", "out_in"])
-def test_split_projections_equal_fused_ones(layout):
-    """With a recorder the model multiplies by slices of the fused QKV / gate-up weights."""
+def test_recording_runs_the_same_fused_gemms(layout):
+    """With a recorder the model runs exactly what it runs without one (the fused QKV / gate-up GEMMs,
+    timed as `qkv_proj` / `gate_up_proj`): the logits are equal bit for bit."""
     model = make_model("llama", seed=6, weight_layout=layout)
     tokens = torch.randint(0, 256, (2, 7))
     rec = Recorder()
     with torch.no_grad():
         fused = model(tokens, all_logits=True)
         with rec.step("prefill", batch=2, q_len=7, kv_len=7, tokens_in_cache=0):
-            split = model(tokens, all_logits=True, rec=rec)
-    torch.testing.assert_close(fused, split, rtol=1e-5, atol=1e-6)
+            recorded = model(tokens, all_logits=True, rec=rec)
+    torch.testing.assert_close(fused, recorded, rtol=0, atol=0)
+    ops = set(rec.trace.to_frame().op)
+    assert {"qkv_proj", "gate_up_proj"} <= ops and not ops & {"q_proj", "k_proj", "v_proj", "gate_proj"}
 
 
 def test_bad_recorder_arguments():
@@ -104,3 +107,21 @@ def test_time_forward_records_the_requested_shape(cache):
     assert set(prefill.to_frame().phase) == {"prefill"}
     with pytest.raises(ValueError, match="q_len"):
         time_forward(model, batch=1, q_len=8, kv_len=4)
+
+
+def test_phases_come_from_the_scheduler_not_from_shapes():
+    """A chunked-prefill step that carries decode tokens and a prompt chunk is `mixed` in the trace,
+    even for its one-token forward; a recompute after preemption is `prefill`, whatever its shape."""
+    model = make_model("llama")
+    rec = Recorder()
+    engine = Engine(model, chunked_prefill=True, max_batched_tokens=6)
+    engine.generate([[1, 2, 3], list(range(10, 24))], SamplingParams(max_new_tokens=5), recorder=rec)
+    scheduled = [log.phase.value for log in engine.last_schedule]
+    assert "mixed" in scheduled
+    steps = rec.trace.steps_frame()
+    assert set(steps.phase) == set(scheduled)
+    mixed = steps[steps.phase == "mixed"]
+    assert set(mixed.q_len) > {1}, "a mixed step's decode forward (q_len 1) is recorded as mixed, not decode"
+    # one record per forward: a mixed step runs one forward per token count it carries
+    per_step = [len({i.num_tokens for i in log.items}) for log in engine.last_schedule]
+    assert len(steps) == sum(per_step)

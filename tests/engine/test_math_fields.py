@@ -87,3 +87,49 @@ def test_triton_refuses_a_window_that_matters():
     with pytest.raises(ValueError, match="sliding_window"):
         engine.generate([list(range(1, 10))], SamplingParams(max_new_tokens=2))
     assert engine.cache.num_seqs == 0
+
+
+_LLAMA = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+_GPT2 = dict(model_type="gpt2", vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64, eos_token_id=0,
+             bos_token_id=0)
+# Fields that change the math and that the spec loader (llmperf.specs.hf) reads: each checkpoint
+# loads equal to transformers, or is refused naming the field.
+VARIANTS = {
+    "head_dim": (dict(_LLAMA, head_dim=32), None),
+    "hidden_act": (dict(_LLAMA, hidden_act="gelu_pytorch_tanh"), None),
+    "attention_bias+mlp_bias": (dict(_LLAMA, attention_bias=True, mlp_bias=True), None),
+    "rope_scaling linear": (dict(_LLAMA, rope_scaling=dict(rope_type="linear", factor=2.0)), None),
+    "rope_scaling dynamic": (dict(_LLAMA, rope_scaling=dict(rope_type="dynamic", factor=2.0)), "rope_type"),
+    "rope_scaling yarn": (dict(_LLAMA, rope_scaling=dict(rope_type="yarn", factor=2.0,
+                                                         original_max_position_embeddings=32)), "rope_type"),
+    "tie_word_embeddings": (dict(_LLAMA, tie_word_embeddings=True), None),
+    "rope_theta+rms_norm_eps": (dict(_LLAMA, rope_theta=500.0, rms_norm_eps=1e-3), None),
+    "mistral head_dim+window": (dict(_LLAMA, model_type="mistral", sliding_window=4, head_dim=8), None),
+    "qwen2 mixed windows": (dict(_LLAMA, model_type="qwen2", use_sliding_window=True, sliding_window=4,
+                                 max_window_layers=1), "layer_types|max_window_layers"),
+    "mixtral": (dict(_LLAMA, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=5), None),
+    "gpt2 activation_function+n_inner": (dict(_GPT2, activation_function="relu", n_inner=80), None),
+    "gpt2 reorder_and_upcast_attn": (dict(_GPT2, reorder_and_upcast_attn=True), None),
+    "gpt2 layer_norm_epsilon": (dict(_GPT2, layer_norm_epsilon=1e-2), None),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_checkpoint_variants_load_equal_to_transformers_or_are_refused(tmp_path, name):
+    cfg, refused = VARIANTS[name]
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg),
+                                                       dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in hf.parameters():  # away from the init's zeros and ones, so every weight matters
+            p.add_(torch.randn_like(p) * 0.05)
+    hf.save_pretrained(tmp_path)
+    if refused:
+        with pytest.raises(ValueError, match=refused):
+            from_pretrained(tmp_path, dtype="fp32")
+        return
+    model = from_pretrained(tmp_path, dtype="fp32")
+    tokens = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1))  # > every window
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens, all_logits=True), hf(tokens).logits, rtol=1e-5, atol=1e-5)

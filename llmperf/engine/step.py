@@ -1,0 +1,140 @@
+"""One forward step's metadata: what the runner prepares (through the cache) and every attention
+backend reads. Its own module, imported by both `attention` and `cache`, so neither imports the other.
+
+Letters: B sequences in the step, T new tokens per sequence (`q_len`), S keys attended.
+
+A step feeds T new tokens of each of B sequences; sequence b already holds `starts[b]` tokens in the
+cache. What the step carries says how its K/V are addressed, and backends dispatch on that, never
+on the cache's class:
+
+- `block_tables` (B, max_blocks) int32 and `slot_mapping` (B*T,): a paged cache (PagedAttention
+  reads the block pools `store.pools(layer)` in place);
+- `rows` (B,) (and `row_slice` when consecutive): a contiguous cache (Flash-Decoding reads the rows
+  `store.rows_of(layer, meta)`);
+- neither, `store` None: no cache (a full forward from position 0).
+
+`store` is the `KVStore` (the cache's tensor side: `write`, `gather`, `pools`, `rows_of`); nothing
+here reaches into the cache's block bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+
+class KVStore(Protocol):
+    """The tensor side of a cache that the model and the backends use (the engine's caches implement it)."""
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> None:
+        """Store this step's K and V `(B, T, H_kv, D)` of `layer` at the step's slots."""
+
+    def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V `(B, H_kv, S, D)` of `layer` for the step's sequences (S = the longest context)."""
+
+    def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Paged: the K and V block pools `(N, P, H_kv, D)` of `layer`."""
+
+    def rows_of(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous: the step's K and V rows `(B, H_kv, S_max, D)` of `layer`."""
+
+
+@dataclass(eq=False)
+class StepMeta:
+    """What every layer needs to know about one forward step (built once per step, by the cache's
+    `prepare`, which the runner calls).
+
+    `positions` (B, T) int64 on the model's device; `starts` / `seq_lens` python ints per sequence
+    (tokens cached before / after this step). Cache addressing: `rows` (contiguous cache: the batch's
+    rows, `row_slice` when they are consecutive), or `slot_mapping` (B*T,) and `block_tables`
+    (B, max_blocks) int32 (paged cache). `store`: where the K/V live (None: no cache).
+    """
+
+    positions: torch.Tensor
+    starts: tuple[int, ...]
+    q_len: int
+    store: KVStore | None = None
+    rows: torch.Tensor | None = None
+    row_slice: slice | None = None
+    slot_mapping: torch.Tensor | None = None
+    block_tables: torch.Tensor | None = None
+    # Set by the model for its forward (ModelSpec fields that change the math): keys a query may
+    # see (sliding window; None = all), and each layer's softmax scale (None = 1/sqrt(D)).
+    window: int | None = None
+    layer_scales: tuple[float, ...] | None = None
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def scale(self, layer: int, head_dim: int) -> float:
+        """The factor on QK^T in `layer`: 1/sqrt(D), or the model's (GPT-2 scalings)."""
+        return self.layer_scales[layer] if self.layer_scales is not None else 1.0 / math.sqrt(head_dim)
+
+    @property
+    def windowed(self) -> bool:
+        """Some query of the step has keys outside its sliding window (the window matters)."""
+        return self.window is not None and self.max_seq_len > self.window
+
+    @property
+    def batch(self) -> int:
+        return len(self.starts)
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        return tuple(s + self.q_len for s in self.starts)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.starts) + self.q_len
+
+    @property
+    def fresh(self) -> bool:
+        """Every sequence starts empty: this step's K and V are all the keys."""
+        return max(self.starts) == 0
+
+    @property
+    def uniform(self) -> bool:
+        """Every sequence has the same context (no padding mask needed)."""
+        return min(self.starts) == max(self.starts)
+
+    def seq_lens_tensor(self) -> torch.Tensor:
+        """(B,) int32 on the model's device (what the kernels take)."""
+        if "seq_lens" not in self._memo:
+            self._memo["seq_lens"] = torch.tensor(self.seq_lens, dtype=torch.int32, device=self.positions.device)
+        return self._memo["seq_lens"]
+
+    def mask(self, S: int) -> torch.Tensor | None:
+        """(B, 1, T, S) bool, True where query (b, t) may see key s: s <= its position p and, with a
+        sliding window W, s > p - W (Mistral / Hugging Face: each query sees its last W keys, itself
+        included). None when every query sees every one of the S keys (uniform decode)."""
+        if self.q_len == 1 and self.uniform and S == self.max_seq_len and not self.windowed:
+            return None
+        if S not in self._memo:
+            keys = torch.arange(S, device=self.positions.device)[None, None, :]  # (1, 1, S)
+            pos = self.positions[:, :, None]  # (B, T, 1)
+            visible = keys <= pos
+            if self.windowed:
+                visible &= keys > pos - self.window
+            self._memo[S] = visible[:, None]  # (B, 1, T, S)
+        return self._memo[S]
+
+    @classmethod
+    def no_cache(cls, batch: int, q_len: int, device: torch.device | str) -> StepMeta:
+        """A full forward of `q_len` tokens from position 0, with no cache (recomputation)."""
+        positions = torch.arange(q_len, device=device).expand(batch, q_len)  # (B, T)
+        return cls(positions=positions, starts=(0,) * batch, q_len=q_len)
+
+
+    @property
+    def paged(self) -> bool:
+        """K/V are addressed by block tables (read the pools in place)."""
+        return self.block_tables is not None
+
+    @property
+    def contiguous(self) -> bool:
+        """K/V are addressed by cache rows."""
+        return self.rows is not None
+
+
+__all__ = ["KVStore", "StepMeta"]

@@ -1,0 +1,38 @@
+"""The engine benchmark runs end to end at a toy size and records when, where and with what it ran.
+A smoke test: it checks the output's shape, never a timing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from llmperf.measure import engine_bench  # noqa: E402
+
+
+def test_the_benchmark_prints_the_three_ratios_with_their_spread_and_its_environment(tmp_path, capsys):
+    out = tmp_path / "engine" / "2026-01-01-cpu"
+    figures = engine_bench.main(["--hidden", "64", "--layers", "1", "--vocab", "256", "--context", "32", "--reps", "2",
+                                 "--copy-mib", "4", "--prompt-len", "4", "--new-tokens", "3", "--out", str(out)])
+    names = [f.name for f in figures]
+    assert sum(n.startswith("decode / memory limit") for n in names) == 4  # fp32, bf16 x batch 1, 8
+    assert any(n.startswith("engine / transformers.generate  batch 8") for n in names)
+    assert any(n.startswith("paged / contiguous speed") for n in names)
+    assert all(f.low <= f.median <= f.high for f in figures)
+    printed = capsys.readouterr().out
+    text = (out / "engine_bench.txt").read_text()
+    for needle in ("# machine:", "cores", "torch threads", "# versions:", "torch", "transformers", "# settings:",
+                   "[min, max] over 2 repeats", "same tokens"):
+        assert needle in text and needle in printed, needle
+    doc = json.loads((out / "engine_bench.json").read_text())
+    assert doc["date"][:4].isdigit() and doc["machine"]["name"] and doc["machine"]["threads"] >= 1
+    assert {"python", "torch", "transformers", "llmperf"} <= set(doc["versions"])
+    assert [f["name"] for f in doc["figures"]] == names
+
+
+def test_bad_options_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        engine_bench.main(["--new-tokens", "1"])
+    assert "--new-tokens" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""Issue 8's shape, checked: the step's metadata is one module that `attention` and `cache` both
+import (no cycle between them); backends dispatch on what the step carries, not on the cache's
+class; nothing outside the cache reaches into its block manager."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine_testing import SPECS, kernels_available
+from llmperf.engine import ContiguousKVCache, PagedKVCache, StepMeta, build_model
+
+ENGINE = Path(__file__).resolve().parents[2] / "llmperf" / "engine"
+
+
+def _engine_imports(module: str) -> set[str]:
+    tree = ast.parse((ENGINE / f"{module}.py").read_text())
+    return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+            and n.module.startswith("llmperf.engine")}
+
+
+def test_attention_and_cache_share_the_step_module_without_a_cycle():
+    assert _engine_imports("attention") == {"llmperf.engine.step"}
+    assert _engine_imports("cache") == {"llmperf.engine.step"}
+    assert not [m for m in _engine_imports("step")], "the step module imports nothing of the engine"
+
+
+def test_no_backend_dispatches_on_the_cache_class():
+    tree = ast.parse((ENGINE / "attention.py").read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert not names & {"PagedKVCache", "ContiguousKVCache", "KVCache"}
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "isinstance"]
+    assert not calls
+
+
+def test_nothing_outside_the_cache_reaches_into_its_manager():
+    root = ENGINE.parents[1]
+    offenders = []
+    for f in [*root.joinpath("llmperf").rglob("*.py"), *root.joinpath("tests", "engine").rglob("*.py"),
+              *root.joinpath("notebooks").rglob("*.py")]:
+        if f == ENGINE / "cache.py" or f == Path(__file__).resolve():
+            continue
+        tree = ast.parse(f.read_text())
+        offenders += [f"{f.relative_to(root)}:{n.lineno}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Attribute) and n.attr == "manager"
+                      and isinstance(n.value, ast.Attribute) and n.value.attr == "cache"]
+    assert not offenders
+
+
+class _Store:
+    """A duck-typed `KVStore` wrapping a real cache: only the tensor side, and not a KVCache."""
+
+    def __init__(self, cache):
+        self._c = cache
+
+    def write(self, layer, k, v, meta):
+        self._c.write(layer, k, v, meta)
+
+    def gather(self, layer, meta):
+        return self._c.gather(layer, meta)
+
+    def pools(self, layer):
+        return self._c.pools(layer)
+
+    def rows_of(self, layer, meta):
+        return self._c.rows_of(layer, meta)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "naive", "triton"])
+@pytest.mark.parametrize("kind", ["contiguous", "paged"])
+def test_backends_read_what_the_step_carries(backend, kind):
+    if backend == "triton" and not kernels_available()[0]:
+        pytest.skip(kernels_available()[1])
+    spec = SPECS["llama"]()
+    model = build_model(spec, seed=1)
+    from llmperf.engine.attention import get_backend
+
+    attend = get_backend(backend)
+    prompt = torch.randint(0, spec.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+
+    def decode_logits(wrap: bool) -> torch.Tensor:
+        cache = (ContiguousKVCache(spec, max_batch=2, max_seq_len=16) if kind == "contiguous"
+                 else PagedKVCache(spec, num_blocks=8, block_size=4))
+        for s in (0, 1):
+            cache.allocate(s, 7)
+        meta = cache.prepare([0, 1], 7)
+        if wrap:
+            meta.store = _Store(cache)
+        model(prompt, meta, attend=attend)
+        for s in (0, 1):
+            cache.append_slot(s)
+        meta = cache.prepare([0, 1], 1)
+        assert meta.paged == (kind == "paged") and meta.contiguous == (kind == "contiguous")
+        if wrap:
+            meta.store = _Store(cache)
+        return model(prompt[:, -1:], meta, attend=attend)
+
+    with torch.no_grad():
+        torch.testing.assert_close(decode_logits(True), decode_logits(False), rtol=0, atol=0)
+    assert StepMeta.no_cache(1, 2, "cpu").store is None
