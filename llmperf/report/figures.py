@@ -3,7 +3,8 @@ prediction or a measurement; every number drawn is a column of the frame it is g
 `llmperf.report.sources` for where the frames come from).
 
 1 roofline, 2 time breakdown, 3 batch sweep, 4 context sweep, 5 memory, 6 naive vs fused attention,
-7 prediction vs measurement, 8 several devices, 9 serving.
+7 prediction vs measurement, 8 several devices, 9 serving; and a capacity plan (`llmperf plan`) for the
+notebooks.
 
 The roofline chart follows Williams, Waterman & Patterson ("Roofline: an insightful visual
 performance model", CACM 2009): attainable FLOP/s = min(peak, bandwidth x intensity), log-log, the
@@ -549,3 +550,98 @@ def serving_figure(requests: pd.DataFrame, steps: pd.DataFrame, rates: pd.DataFr
                "waiting requests growing, which is where latency takes off.")
     data = requests.assign(source="requests")
     return ReportFigure(name="serving", title="Serving", caption=caption, figure=fig, data=data)
+
+
+# capacity plan (`llmperf plan`) ---------------------------------------------------------------------
+#: how a losing configuration's cell reads, by what it loses on
+_LOSES_ON = {"memory": "does not fit", "TTFT": "TTFT", "TPOT": "TPOT", "replicas": "too many replicas", "tp": "TP"}
+
+
+def _is_true(v: object) -> bool:
+    return str(v).strip().lower() in ("true", "1", "1.0")
+
+
+def plan_figure(frame: pd.DataFrame, *, title: str, slo: Mapping[str, float] | None = None,
+                percentile: float = 90.0) -> ReportFigure:
+    """A capacity plan at a glance: every device x precision x TP candidate as a cell holding its GPU
+    count and cost per million generated tokens (or what it loses on), and each candidate's simulated
+    p90 TTFT against p90 TPOT beside the SLO box.
+
+    `frame`: `PlanResult.to_frame()` columns device, precision, tp, replicas, gpus, feasible, binding,
+    ttft_s, tpot_s, cost_per_million_tokens. `slo`: 'ttft_s' / 'tpot_s' targets (seconds) at `percentile`."""
+    _require(frame, ("device", "precision", "tp", "replicas", "gpus", "feasible", "binding", "ttft_s", "tpot_s",
+                     "cost_per_million_tokens"), "plan")
+    slo = dict(slo or {})
+    ok = frame["feasible"].map(_is_true)
+    rows = list(dict.fromkeys(zip(frame["device"], frame["precision"])))
+    tps = sorted({int(t) for t in frame["tp"]})
+    cost = pd.to_numeric(frame["cost_per_million_tokens"], errors="coerce")
+    with report_style():
+        fig, (ax_grid, ax_slo) = new_figure(ncols=2, width=12.0, height=max(3.5, 0.42 * len(rows) + 1.6))
+        import matplotlib as mpl
+        cmap = mpl.colormaps["cividis"]  # sequential and colour-vision safe; lighter = cheaper
+        lo, hi = (float(cost[ok].min()), float(cost[ok].max())) if ok.any() and cost[ok].notna().any() else (0.0, 1.0)
+        norm = mpl.colors.Normalize(vmin=lo, vmax=hi if hi > lo else lo + 1)
+        for _, r in frame.iterrows():
+            y, x = rows.index((r["device"], r["precision"])), tps.index(int(r["tp"]))
+            if _is_true(r["feasible"]):
+                c = pd.to_numeric(r["cost_per_million_tokens"], errors="coerce")
+                face = cmap(1 - norm(c)) if pd.notna(c) else "white"
+                text = f"{int(r['gpus'])} GPUs" + (f"\n${c:.2f}" if pd.notna(c) else "\n$?")
+                dark = pd.notna(c) and norm(c) > 0.5
+                ax_grid.add_patch(mpl.patches.Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=face, edgecolor="white"))
+                ax_grid.text(x, y, text, ha="center", va="center", fontsize=7, color="white" if dark else BLACK)
+            else:
+                ax_grid.add_patch(mpl.patches.Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor="#EEEEEE", hatch="//",
+                                                        edgecolor="white"))
+                ax_grid.text(x, y, "loses:\n" + _LOSES_ON.get(str(r["binding"]), str(r["binding"])), ha="center",
+                             va="center", fontsize=7, color=BLACK)
+        ax_grid.set_xlim(-0.5, len(tps) - 0.5)
+        ax_grid.set_ylim(len(rows) - 0.5, -0.5)
+        ax_grid.set_xticks(range(len(tps)), [str(t) for t in tps])
+        ax_grid.set_yticks(range(len(rows)), [f"{d} {p}" for d, p in rows])
+        ax_grid.grid(False)
+        ax_grid.set_xlabel("tensor-parallel degree (GPUs per replica)")
+        ax_grid.set_ylabel("device and weight precision")
+        ax_grid.set_title("GPUs and $ per million generated tokens")
+        precisions = list(dict.fromkeys(frame["precision"]))
+        devices = list(dict.fromkeys(frame["device"]))
+        device_marker = dict(zip(devices, ("o", "s", "D", "^", "v", "P", "X", "*")))
+        sim = frame[pd.to_numeric(frame["ttft_s"], errors="coerce").notna()]
+        scale_x, unit_x = time_unit(sim["ttft_s"]) if len(sim) else (1.0, "s")
+        scale_y, unit_y = time_unit(sim["tpot_s"]) if len(sim) else (1.0, "s")
+        for _, r in sim.iterrows():
+            color = series_color(precisions.index(r["precision"]))
+            win = _is_true(r["feasible"])
+            ax_slo.plot([float(r["ttft_s"]) / scale_x], [float(r["tpot_s"]) / scale_y], linestyle="none",
+                        marker=device_marker[r["device"]], markersize=6, markeredgecolor=color,
+                        markerfacecolor=color if win else "white", markeredgewidth=1.4)
+        if slo.get("ttft_s"):
+            ax_slo.axvline(slo["ttft_s"] / scale_x, color=BLACK, linestyle="--", linewidth=1)
+        if slo.get("tpot_s"):
+            ax_slo.axhline(slo["tpot_s"] / scale_y, color=BLACK, linestyle="--", linewidth=1)
+        ax_slo.set_xscale("log")
+        ax_slo.set_yscale("log")
+        ax_slo.set_xlabel(f"p{percentile:g} time to first token ({unit_x})")
+        ax_slo.set_ylabel(f"p{percentile:g} time per output token ({unit_y})")
+        ax_slo.set_title("latency of each candidate (SLO dashed)")
+        handles = [Patch(color=series_color(i), label=p) for i, p in enumerate(precisions)]
+        handles += [Line2D([], [], linestyle="none", marker=device_marker[d], markeredgecolor=BLACK,
+                           markerfacecolor=BLACK, label=d) for d in devices]
+        handles.append(Line2D([], [], linestyle="none", marker="o", markeredgecolor=BLACK, markerfacecolor="white",
+                              label="hollow: misses the SLO"))
+        ax_slo.legend(handles=handles, frameon=False, fontsize=7, loc="best")
+        fig.suptitle(title)
+    best = frame[ok].assign(_c=cost[ok]).sort_values(["_c", "gpus"], na_position="last").head(1)
+    lead = (f"The cheapest: {best['device'].iloc[0]} at {best['precision'].iloc[0]}, TP {int(best['tp'].iloc[0])} x "
+            f"{int(best['replicas'].iloc[0])} replicas = {int(best['gpus'].iloc[0])} GPUs. " if len(best) else
+            "No configuration meets the SLOs. ")
+    counts = frame.loc[~ok, "binding"].value_counts()
+    losers = ", ".join(f"{n} on {b}" for b, n in counts.items())
+    caption = (lead + "Left: each cell is one replica shape; lighter is cheaper per million generated tokens "
+               "(at a fixed load, cost is GPUs x price, so what a precision or TP degree buys is fewer GPUs); "
+               "hatched cells lose" + (f" ({losers})" if losers else "") + f". Right: each candidate's simulated "
+               f"p{percentile:g} latencies at its replica count (a lone request's, for one that lost on a floor; "
+               "colour = precision, marker = device); a point outside the dashed SLO box misses it, and a loser "
+               "without a point lost before any simulation (memory).")
+    return ReportFigure(name="plan", title="Capacity plan", caption=caption, figure=fig, data=frame)

@@ -178,3 +178,38 @@ def test_dollar_in_a_name_prints_literally() -> None:
 def test_marker_style_filled_measured_hollow_predicted() -> None:
     assert marker_style("measured", "#000000")["markerfacecolor"] == "#000000"
     assert marker_style("roofline", "#000000")["markerfacecolor"] == "white"
+
+
+def _plan_frame() -> pd.DataFrame:
+    return pd.DataFrame(dict(
+        rank=[1, 2, None, None], device=["h100-sxm", "h100-sxm", "a100-80gb-sxm", "h100-sxm"],
+        precision=["fp8", "bf16", "bf16", "bf16"], tp=[2, 4, 1, 1], replicas=[1, 2, None, None],
+        gpus=[2, 8, None, None], feasible=[True, True, False, False], binding=["", "", "memory", "TPOT"],
+        ttft_s=[0.2, 0.3, None, 0.9], tpot_s=[0.02, 0.03, None, 0.06], cost_per_million_tokens=[0.28, 1.1, None, None]))
+
+
+def test_plan_grid_cells_losers_and_slo_box() -> None:
+    fig = F.plan_figure(_plan_frame(), title="t", slo={"ttft_s": 0.5, "tpot_s": 0.035})
+    grid, lat = fig.figure.axes[:2]
+    assert [t.get_text() for t in grid.get_xticklabels()] == ["1", "2", "4"]
+    assert [t.get_text() for t in grid.get_yticklabels()] == ["h100-sxm fp8", "h100-sxm bf16", "a100-80gb-sxm bf16"]
+    assert grid.get_xlabel() == "tensor-parallel degree (GPUs per replica)"
+    cells = {t.get_text() for t in grid.texts}
+    assert {"2 GPUs\n$0.28", "8 GPUs\n$1.10", "loses:\ndoes not fit", "loses:\nTPOT"} == cells
+    assert sum(p.get_hatch() == "//" for p in grid.patches) == 2  # the two losers, hatched
+    assert lat.get_xscale() == lat.get_yscale() == "log"
+    assert lat.get_xlabel() == "p90 time to first token (ms)" and lat.get_ylabel() == "p90 time per output token (ms)"
+    points = [(ln.get_xdata()[0], ln.get_ydata()[0], ln.get_markerfacecolor() == "white")
+              for ln in lat.lines if ln.get_linestyle() == "None"]
+    assert points == pytest.approx([(200, 20, False), (300, 30, False), (900, 60, True)])  # the memory loser: no point
+    vline, hline = [ln for ln in lat.lines if ln.get_linestyle() == "--"]
+    assert list(vline.get_xdata()) == pytest.approx([500, 500]) and list(hline.get_ydata()) == pytest.approx([35, 35])
+    assert fig.caption.startswith("The cheapest: h100-sxm at fp8, TP 2 x 1 replicas = 2 GPUs.")
+    assert "1 on memory" in fig.caption and "1 on TPOT" in fig.caption
+    _units_everywhere(fig)
+
+
+def test_plan_with_no_winner_says_so() -> None:
+    frame = _plan_frame().assign(feasible=False, binding="memory", ttft_s=None, tpot_s=None)
+    fig = F.plan_figure(frame, title="t")
+    assert fig.caption.startswith("No configuration meets the SLOs.")
