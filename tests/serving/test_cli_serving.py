@@ -42,11 +42,12 @@ def test_simulate_json_csv_and_find_max_rate(tmp_path):
     res = run("simulate", "--rate", "3", *SMALL, "-f", "csv")
     assert res.exit_code == 0 and "ttft_p50_s" in res.stdout.splitlines()[0]
     d = tmp_path / "rates"
-    res = run("simulate", "--rate", "3", *SMALL, "--find-max-rate", "--slo-ttft", "0.2", "--slo-tpot", "0.02",
+    res = run("simulate", "--rate", "3", *SMALL, "--find-max-rate", "--slo-ttft", "0.03", "--slo-tpot", "0.02",
               "--max-batch", "8", "--run-dir", d, "-f", "json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["max_rate_rps"] > 0
+    assert 0 < doc["max_rate_rps"] < doc["service_rate_bound_rps"] and not doc["max_rate_capped"]
+    assert "misses (TTFT p90" in doc["max_rate_note"]
     rates = pd.read_csv(d / "rates.csv")
     assert rates["meets_slo"].any() and not rates["meets_slo"].all()
 
@@ -125,3 +126,26 @@ def test_plan_bad_input(args, message):
     res = run("plan", "-H", "l4", *args)
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
+
+
+def test_plan_never_serves_more_than_the_service_rate_per_replica():
+    """Loose SLOs at 1000 req/s: a 60-request run drains within them on one A100, which plan once
+    ranked as feasible at one replica. The replica count never falls below rate / (an upper bound on
+    one replica's service rate) (regression)."""
+    import math
+
+    from llmperf.serving import planner
+    from llmperf.serving.simulator import SLO, ServingConfig, plan_memory, service_rate_bound
+    from llmperf.serving.workload import WorkloadSpec, generate
+    spec = WorkloadSpec(arrival="poisson:1", prompt_len="lognormal:6:0.8:16:4096", output_len="lognormal:5:0.8:1:1024",
+                        num_requests=60, seed=0)
+    res = planner.plan("llama-3.1-8b", rate=1000.0, slo=SLO(ttft_s=100, tpot_s=1), workload=spec,
+                       devices=["a100-80gb-sxm"], precisions=["bf16"], tps=[1], jobs=1, max_replicas=200)
+    (row,) = res.rows
+    model = planner.load_model("llama-3.1-8b")
+    cfg = ServingConfig(model=model, hardware=planner.load_hardware("a100-80gb-sxm"),
+                        precision=planner.plan_precision(model, "bf16"))
+    probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
+                                  num_requests=200, seed=0))
+    mu = service_rate_bound(cfg, spec, plan_memory(cfg, probe).num_blocks)
+    assert row.feasible and row.replicas >= math.ceil(1000 / mu) > 1
