@@ -231,7 +231,7 @@ def read_length_file(path: str | Path) -> Empirical:
     """One positive integer a line; blank lines and `#` comments skipped; errors name the line."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise SpecError(f"file: cannot read length file {str(path)!r} ({exc.strerror or exc})") from None
     values = []
@@ -575,7 +575,7 @@ def _trace_value(path: str, lineno: int, name: str, raw: object, *, integer: boo
 
 
 def _trace_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's CSV starts with a byte-order mark
     rows: list[tuple[int, dict[str, object]]] = []
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     if first.startswith("{"):

@@ -16,6 +16,7 @@ from llmperf.serving.workload import (
     load_trace,
     parse_arrival,
     parse_length,
+    read_length_file,
 )
 
 
@@ -84,6 +85,17 @@ def test_trace_csv_and_jsonl(tmp_path):
     js = tmp_path / "t.jsonl"
     js.write_text('{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 2, "shared_prefix_tokens": 4}\n')
     assert load_trace(js).shared_prefix_tokens.tolist() == [4]
+
+
+def test_trace_and_length_file_with_a_byte_order_mark(tmp_path):
+    """A CSV saved by a spreadsheet starts with a UTF-8 byte-order mark; its header was once read as
+    lacking 'arrival_s' (regression)."""
+    csv = tmp_path / "excel.csv"
+    csv.write_bytes(b"\xef\xbb\xbfarrival_s,prompt_tokens,output_tokens\r\n0,100,10\r\n")
+    assert load_trace(csv).prompt_tokens.tolist() == [100]
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_bytes(b"\xef\xbb\xbf12\n34\n")
+    assert read_length_file(lengths).values == (12, 34)
 
 
 @pytest.mark.parametrize("text, message", [
