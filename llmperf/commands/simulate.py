@@ -282,7 +282,7 @@ def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202
 
     from llmperf.serving.simulator import find_max_rate
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True) as progress:
+                  transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("bisecting the arrival rate", total=None)
 
         def on_point(p) -> None:  # noqa: ANN001

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
 from llmperf.serving.prices import price_for
 from llmperf.serving.simulator import (
@@ -119,17 +120,22 @@ class PlanResult:
         return frame
 
     def best_loser(self) -> PlanRow | None:
-        """The losing candidate that came closest: fewest GPUs tried / smallest SLO overshoot."""
+        """The losing candidate that came closest: an SLO miss before memory before tp; among SLO
+        misses the smallest overshoot (worst of TTFT / SLO and TPOT / SLO), then the fewest GPUs."""
         if not self.losers:
             return None
-        return min(self.losers, key=_closeness)
+        return min(self.losers, key=lambda r: _closeness(r, self.slo))
 
 
 _BINDING_ORDER = {"replicas": 0, "TTFT": 1, "TPOT": 1, "memory": 2, "tp": 3}
 
 
-def _closeness(r: PlanRow) -> tuple:
-    return (_BINDING_ORDER.get(r.binding, 4), r.gpus or 0)
+def _closeness(r: PlanRow, slo: SLO) -> tuple:
+    over = 0.0
+    for got, bound in ((r.ttft_s, slo.ttft_s), (r.tpot_s, slo.tpot_s)):
+        if got is not None and bound is not None and math.isfinite(got):
+            over = max(over, got / bound)
+    return (_BINDING_ORDER.get(r.binding, 4), over, r.gpus or 0)
 
 
 def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float, float]:
@@ -157,6 +163,7 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
         hw = load_hardware(cand.device)
         config = ServingConfig(model=model, hardware=hw, precision=plan_precision(model, cand.precision, kv),
                                tp=cand.tp, **base)
+        ShardDims.of(model, cand.tp)  # a TP degree the heads and the FFN cannot be split over loses on tp
     except SpecError as exc:
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="tp", detail=str(exc), **common)
     probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,

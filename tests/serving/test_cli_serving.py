@@ -112,6 +112,19 @@ def test_plan_infeasible_names_the_binding_constraint():
     assert "no configuration meets the SLOs" in res.output and "loses on TPOT" in res.output
 
 
+def test_plan_infeasible_tp_loses_on_tp_and_the_closest_is_the_smallest_overshoot():
+    """A TP degree the heads cannot be split over loses on tp (it was reported as memory); among SLO
+    misses the closest is the one with the smallest overshoot (it was the first device listed)
+    (regressions). The error is one line."""
+    res = run("plan", "--rate", "2", "-H", "a100-80gb-sxm", "--precisions", "bf16", "--tp", "3",
+              "--slo-ttft", "1", "--requests", "20")
+    assert res.exit_code == 2 and "loses on tp: tp: 3 does not divide" in res.output
+    res = run("plan", "--rate", "2", "-H", "a100-80gb-sxm,h100-sxm", "--precisions", "bf16", "--tp", "1",
+              "--slo-ttft", "0.0001", "--requests", "20")
+    assert res.exit_code == 2 and "the closest, h100-sxm bf16 tp=1, loses on TTFT" in res.output
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args, message", [
     (["--rate", "0", "--slo-ttft", "1"], "--rate: must be a number > 0"),
     (["--users", "10", "--rate", "1", "--slo-ttft", "1"], "exactly one of --rate and --users"),
@@ -121,6 +134,8 @@ def test_plan_infeasible_names_the_binding_constraint():
     (["--rate", "1", "--slo-ttft", "1", "--gpu-cost", "l4=-1"], "--gpu-cost: l4 must cost > 0"),
     (["--rate", "1", "--slo-ttft", "1", "--tp", "0"], "--tp: 0 in '0' is not a positive integer"),
     (["--rate", "1", "--slo-ttft", "1", "--precisions", "fp7"], "fp7"),
+    # a misspelt device in the price list was once ignored silently (regression)
+    (["--rate", "1", "--slo-ttft", "1", "--gpu-cost", "l4=1,l40=2"], "--gpu-cost: unknown device 'l40'"),
 ])
 def test_plan_bad_input(args, message):
     res = run("plan", "-H", "l4", *args)
