@@ -70,8 +70,6 @@ def workload_from_options(*, rate: float | None, arrival: str, cv: float, trace:
         raise SpecError(f"--requests: must be a positive integer, got {requests}")
     if system_prompt_len < 0:
         raise SpecError(f"--system-prompt-len: must be >= 0, got {system_prompt_len}")
-    if requests is not None and duration is not None:
-        raise SpecError("--requests / --duration: give one of them, not both")
     if trace is not None:
         if rate is not None or duration is not None or requests is not None:
             raise SpecError("--trace: the trace gives arrivals and lengths; drop --rate / --requests / --duration")
@@ -84,6 +82,8 @@ def workload_from_options(*, rate: float | None, arrival: str, cv: float, trace:
         proc = "offline"
     else:
         proc = f"poisson:{rate!r}" if arrival == "poisson" else f"gamma:{rate!r}:{cv!r}"
+    if requests is not None and duration is not None:
+        raise SpecError("--requests / --duration: give one of them, not both")
     if requests is None and duration is None:
         requests = 1000
     spec = WorkloadSpec(arrival=proc, prompt_len=_length("--prompt-len", prompt_len),
