@@ -240,9 +240,9 @@ def _loser(common: dict, replicas: int, tp: int, res, slo: SLO, sims: int, why: 
     ttft, tpot = res.percentile("ttft_s"), res.percentile("tpot_s")
     over = []
     if slo.ttft_s is not None and ttft > slo.ttft_s:
-        over.append(("TTFT", ttft / slo.ttft_s, f"p{slo.percentile:g} TTFT {ttft:.3g} s > {slo.ttft_s:g} s"))
+        over.append(("TTFT", ttft / slo.ttft_s, f"p{slo.percentile:g} TTFT {ttft:.4g} s > {slo.ttft_s:g} s"))
     if slo.tpot_s is not None and tpot > slo.tpot_s:
-        over.append(("TPOT", tpot / slo.tpot_s, f"p{slo.percentile:g} TPOT {tpot:.3g} s > {slo.tpot_s:g} s"))
+        over.append(("TPOT", tpot / slo.tpot_s, f"p{slo.percentile:g} TPOT {tpot:.4g} s > {slo.tpot_s:g} s"))
     binding = max(over, key=lambda o: o[1])[0] if over else "replicas"
     detail = "; ".join(o[2] for o in over) + (f" at {replicas} replicas: " if over else "") + why
     return PlanRow(replicas=replicas, gpus=replicas * tp, feasible=False, binding=binding, detail=detail,

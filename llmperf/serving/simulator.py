@@ -550,9 +550,9 @@ def _overlapped(res: SimResult) -> bool:
 def _missed(res: SimResult) -> str:
     slo, parts = res.slo, []
     if slo.ttft_s is not None and res.percentile("ttft_s") > slo.ttft_s:
-        parts.append(f"TTFT p{slo.percentile:g} {res.percentile('ttft_s'):.3g} s > {slo.ttft_s:g} s")
+        parts.append(f"TTFT p{slo.percentile:g} {res.percentile('ttft_s'):.4g} s > {slo.ttft_s:g} s")
     if slo.tpot_s is not None and res.percentile("tpot_s") > slo.tpot_s:
-        parts.append(f"TPOT p{slo.percentile:g} {res.percentile('tpot_s'):.3g} s > {slo.tpot_s:g} s")
+        parts.append(f"TPOT p{slo.percentile:g} {res.percentile('tpot_s'):.4g} s > {slo.tpot_s:g} s")
     return " and ".join(parts)
 
 
