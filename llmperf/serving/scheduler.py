@@ -14,7 +14,8 @@ OSDI, for chunked prefill with a per-step token budget and mixed steps):
   ones join while the cache has room (and `max_batch` sequences are not exceeded).
 - Without chunked prefill (vLLM v0's default): a step either prefills (whole prompts of newly
   admitted requests, and any running request still being recomputed) or decodes one token for every
-  running sequence; prefill has priority. With `chunked_prefill=True` (vLLM v1 / Sarathi-Serve), each
+  running sequence; prefill has priority. A recompute longer than the token budget (its prompt fitted,
+  the tokens it generated before its preemption did not) runs alone in a step of its own. With `chunked_prefill=True` (vLLM v1 / Sarathi-Serve), each
   step spends a budget of `max_batched_tokens` tokens: first one decode token per running sequence
   (oldest request first), then the next chunk of prompts already being prefilled, then new
   admissions, each chunk cut to what is left of the budget. Such a step is `Phase.mixed`.
@@ -386,7 +387,12 @@ class Scheduler:
         left = stop - r.num_computed
         nseq = len(r.cached_seq_ids())
         if not self.config.chunked_prefill:
-            return left if left * nseq <= budget else 0
+            if left * nseq <= budget:
+                return left
+            # A recompute holds the prompt and the tokens generated before the preemption, and may
+            # outgrow the budget its prompt fitted: it runs alone, in a step of its own, rather than
+            # block the queue for ever.
+            return left if r.num_generated > 0 and budget == self.config.max_batched_tokens else 0
         return int(min(left, budget // nseq))
 
     def _item(self, r: RequestState, start: int, n: int) -> ScheduledItem:
