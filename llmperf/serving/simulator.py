@@ -413,6 +413,8 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     finally:
         if gc_was_enabled:
             gc.enable()
+    stuck = next((s for s in states if s.finish_s is None), None)
+    assert stuck is None, f"the scheduler stopped with request {stuck.request_id} unfinished"
     return _result(config, slo, memory, workload, states, sched.log, runner.records)
 
 
