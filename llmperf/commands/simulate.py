@@ -233,6 +233,12 @@ def register(app: typer.Typer) -> None:
         from llmperf.serving import simulator as sim
         try:
             if validate:
+                for opt, given in (("--trace", trace is not None), ("--duration", duration is not None),
+                                   ("--find-max-rate", find_max_rate), ("--policy static", policy is Policy.static)):
+                    if given:
+                        raise SpecError(f"--validate: serves its own Poisson workload with continuous batching; "
+                                        f"drop {opt}")
+                _positive("--rate", rate)
                 from llmperf.serving.validate import run_validation_cli
                 run_validation_cli(model=model, rate=rate, requests=requests, prompt_len=prompt_len,
                                    output_len=output_len, seed=seed, num_blocks=num_blocks,

@@ -84,6 +84,17 @@ def test_simulate_bad_input(args, message):
 
 
 @pytest.mark.parametrize("args, message", [
+    (["--trace", "t.csv"], "--validate: serves its own Poisson workload with continuous batching; drop --trace"),
+    (["--find-max-rate", "--slo-ttft", "1"], "drop --find-max-rate"),
+    (["--rate", "0"], "--rate: must be a number > 0"),
+])
+def test_validate_refuses_options_it_would_ignore(args, message):
+    """`--validate` once ran its own workload silently ignoring --trace, --find-max-rate, ... (regression)."""
+    res = run("simulate", "--validate", *args)
+    assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
     (["--rate", "1e6", "--duration", "1e4"], "about 1e+10 requests, more than the 10,000,000"),
     (["--requests", "20000000"], "requests: at most 10,000,000 per workload"),
 ])
