@@ -586,7 +586,11 @@ def _trace_value(path: str, lineno: int, name: str, raw: object, *, integer: boo
 def _trace_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
     text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's CSV starts with a byte-order mark
     rows: list[tuple[int, dict[str, object]]] = []
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    first_line, first = next(((i, ln.strip()) for i, ln in enumerate(text.splitlines(), start=1) if ln.strip()),
+                             (1, ""))
+    if first.startswith("["):
+        raise SpecError(f"{path}: line {first_line}: a JSON array; a trace is JSONL (one JSON object a line) or CSV "
+                        "with a header")
     if first.startswith("{"):
         for lineno, line in enumerate(text.splitlines(), start=1):
             if not line.strip():

@@ -110,6 +110,8 @@ def test_trace_and_length_file_with_a_byte_order_mark(tmp_path):
     ('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 1, "shared_prefix_tokens": 11}\n',
      r"line 1: shared_prefix_tokens: 11 exceeds prompt_tokens 10"),
     ("", "holds no requests"),
+    # a JSON array was once read as a CSV whose header "lacks column 'arrival_s'" (regression)
+    ('\n[{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 1}]\n', r"line 2: a JSON array; a trace is JSONL"),
 ])
 def test_bad_trace_names_line_and_field(tmp_path, text, message):
     f = tmp_path / "trace.csv"
