@@ -101,6 +101,11 @@ def register(app: typer.Typer) -> None:
                 normalize_dtype(p, "--precisions")
             tp_list = parse_int_list("--tp", tps)
             costs = parse_gpu_cost(gpu_cost)
+            if isinstance(costs, dict):
+                known = set(devices) | set(planner.all_devices())
+                unknown = [d for d in costs if d not in known]
+                if unknown:
+                    raise SpecError(f"--gpu-cost: unknown device {unknown[0]!r} (known: {', '.join(sorted(known))})")
             spec = WorkloadSpec(arrival="poisson:1", prompt_len=_length("--prompt-len", prompt_len),
                                 output_len=_length("--output-len", output_len), num_requests=requests,
                                 system_prompt_len=system_prompt_len, seed=seed)
@@ -154,7 +159,7 @@ def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, b
     from llmperf.serving import planner
     total = len(devices) * len(precs) * len(tp_list)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as progress:
+                  console=err_console, transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("planning", total=total)
 
         def on_candidate(row) -> None:  # noqa: ANN001

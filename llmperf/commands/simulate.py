@@ -82,6 +82,8 @@ def workload_from_options(*, rate: float | None, arrival: str, cv: float, trace:
         proc = "offline"
     else:
         proc = f"poisson:{rate!r}" if arrival == "poisson" else f"gamma:{rate!r}:{cv!r}"
+    if requests is not None and duration is not None:
+        raise SpecError("--requests / --duration: give one of them, not both")
     if requests is None and duration is None:
         requests = 1000
     spec = WorkloadSpec(arrival=proc, prompt_len=_length("--prompt-len", prompt_len),
@@ -167,10 +169,12 @@ def over_time_table(result, buckets: int = 10):  # noqa: ANN001, ANN201
     return t
 
 
-def rates_table(frame, max_rate: float | None, slo):  # noqa: ANN001, ANN201
+def rates_table(frame, search, slo):  # noqa: ANN001, ANN201
     from rich.table import Table
+    max_rate = search.max_rate
     title = (f"--find-max-rate: highest rate meeting p{slo.percentile:g} SLOs = "
-             + (f"{max_rate:.4g} req/s" if max_rate is not None else "none (even the lowest rate tried misses)"))
+             + (f"{max_rate:.4g} req/s" if max_rate is not None else "none")
+             + (f" ({search.note})" if search.note else ""))
     t = Table(title=title)
     for col in ("rate", f"TTFT p{slo.percentile:g}", f"TPOT p{slo.percentile:g}", "throughput", "goodput", "meets"):
         t.add_column(col, justify="right")
@@ -229,6 +233,12 @@ def register(app: typer.Typer) -> None:
         from llmperf.serving import simulator as sim
         try:
             if validate:
+                for opt, given in (("--trace", trace is not None), ("--duration", duration is not None),
+                                   ("--find-max-rate", find_max_rate), ("--policy static", policy is Policy.static)):
+                    if given:
+                        raise SpecError(f"--validate: serves its own Poisson workload with continuous batching; "
+                                        f"drop {opt}")
+                _positive("--rate", rate)
                 from llmperf.serving.validate import run_validation_cli
                 run_validation_cli(model=model, rate=rate, requests=requests, prompt_len=prompt_len,
                                    output_len=output_len, seed=seed, num_blocks=num_blocks,
@@ -262,7 +272,9 @@ def register(app: typer.Typer) -> None:
             if run_dir is not None:
                 from llmperf.serving.rundir import write_run_dir
                 summary = result.summary()
-                extra = {"max_rate_rps": search.max_rate} if search is not None else None
+                extra = (dict(max_rate_rps=search.max_rate, service_rate_bound_rps=search.service_rate_rps,
+                              max_rate_capped=search.capped, max_rate_note=search.note)
+                         if search is not None else None)
                 write_run_dir(run_dir, model=config.model.name, hardware=config.hardware.name,
                               settings=result.settings, summary=summary, requests=result.requests,
                               steps=result.steps, rates=rates, extra=extra)
@@ -278,7 +290,7 @@ def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202
 
     from llmperf.serving.simulator import find_max_rate
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True) as progress:
+                  transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("bisecting the arrival rate", total=None)
 
         def on_point(p) -> None:  # noqa: ANN001
@@ -293,6 +305,9 @@ def _render(result, search, rates, output_format: OutputFormat, output: Path | N
         doc = dict(settings=result.settings, summary=s)
         if search is not None:
             doc["max_rate_rps"] = search.max_rate
+            doc["service_rate_bound_rps"] = search.service_rate_rps
+            doc["max_rate_capped"] = search.capped
+            doc["max_rate_note"] = search.note
             doc["rates"] = rates.to_dict(orient="records")
         write_output(json.dumps(jsonable(doc), indent=2), output)
         return
@@ -313,7 +328,7 @@ def _render(result, search, rates, output_format: OutputFormat, output: Path | N
              + (f", chunked prefill {st['max_batched_tokens']} tokens/step" if st["chunked_prefill"] else ""))
     tables = summary_tables(result, title)
     if search is not None:
-        tables.insert(0, rates_table(rates, search.max_rate, result.slo))
+        tables.insert(0, rates_table(rates, search, result.slo))
     if output is None:
         for t in tables:
             out_console.print(t)

@@ -9,10 +9,12 @@ For every candidate (device x precision x TP):
    by the step cost model at the SLO percentile of the workload's lengths; a floor above an SLO loses
    without simulating;
 3. replicas: the offered rate is split evenly over `r` replicas (a load balancer); `r` starts at
-   `rate / upper-bound service rate` (the decode throughput of the largest batch that fits, plus the
-   prefill work per request) and grows until the simulated SLO percentiles meet the SLOs (then, if
-   the first guess already met them, it shrinks while they still do). The simulation is the serving
-   simulator itself: the engine's scheduler priced by the cost model.
+   `rate / upper-bound service rate` (`simulator.service_rate_bound`: the decode throughput of the
+   largest batch that fits, plus the prefill work per request) and grows until the simulated SLO
+   percentiles meet the SLOs (then, if the first guess already met them, it shrinks while they still
+   do, but never below that bound: fewer replicas cannot keep up with the load, even where a finite
+   run drains its queue within loose SLOs). The simulation is the serving simulator itself: the
+   engine's scheduler priced by the cost model.
 
 Cost per million generated tokens = replicas x TP x price per GPU-hour / (3600 x generated tokens/s)
 x 1e6, at the offered load (all of it is served when the SLOs are met). `--users N` is N users each
@@ -30,9 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
 from llmperf.serving.prices import price_for
-from llmperf.serving.simulator import SLO, ServingConfig, check_fits, plan_memory, simulate, step_cost_model
+from llmperf.serving.simulator import (
+    SLO, ServingConfig, check_fits, plan_memory, service_rate_bound, simulate, step_cost_model,
+)
 from llmperf.serving.workload import Poisson, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
 
@@ -115,17 +120,22 @@ class PlanResult:
         return frame
 
     def best_loser(self) -> PlanRow | None:
-        """The losing candidate that came closest: fewest GPUs tried / smallest SLO overshoot."""
+        """The losing candidate that came closest: an SLO miss before memory before tp; among SLO
+        misses the smallest overshoot (worst of TTFT / SLO and TPOT / SLO), then the fewest GPUs."""
         if not self.losers:
             return None
-        return min(self.losers, key=_closeness)
+        return min(self.losers, key=lambda r: _closeness(r, self.slo))
 
 
 _BINDING_ORDER = {"replicas": 0, "TTFT": 1, "TPOT": 1, "memory": 2, "tp": 3}
 
 
-def _closeness(r: PlanRow) -> tuple:
-    return (_BINDING_ORDER.get(r.binding, 4), r.gpus or 0)
+def _closeness(r: PlanRow, slo: SLO) -> tuple:
+    over = 0.0
+    for got, bound in ((r.ttft_s, slo.ttft_s), (r.tpot_s, slo.tpot_s)):
+        if got is not None and bound is not None and math.isfinite(got):
+            over = max(over, got / bound)
+    return (_BINDING_ORDER.get(r.binding, 4), over, r.gpus or 0)
 
 
 def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float, float]:
@@ -144,21 +154,6 @@ def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float,
     return ttft, tpot
 
 
-def _upper_service_rate(config: ServingConfig, spec: WorkloadSpec, num_blocks: int) -> float:
-    """An optimistic requests/s of one replica: decode at the largest batch that fits (mean context),
-    plus each request's prefill at the token budget's efficiency."""
-    cost = step_cost_model(config)
-    p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
-    ctx = p_mean + o_mean / 2
-    fit = max(1, int(num_blocks * config.block_size / max(ctx, 1)))
-    b = max(1, min(config.max_batch or fit, fit))
-    step = cost.step_time_s(np.ones(b), np.full(b, ctx), b)
-    chunk = int(min(config.max_batched_tokens or p_mean, max(p_mean, 1)))
-    prefill_per_token = cost.step_time_s([chunk], [chunk], 1) / chunk
-    per_request = o_mean * step / b + p_mean * prefill_per_token
-    return 1.0 / per_request if per_request > 0 else math.inf
-
-
 def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec, slo: SLO, base: dict,
               max_replicas: int, gpu_cost: dict[str, float] | float | None, kv: str | None) -> PlanRow:
     price, source = price_for(cand.device, gpu_cost)
@@ -168,6 +163,7 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
         hw = load_hardware(cand.device)
         config = ServingConfig(model=model, hardware=hw, precision=plan_precision(model, cand.precision, kv),
                                tp=cand.tp, **base)
+        ShardDims.of(model, cand.tp)  # a TP degree the heads and the FFN cannot be split over loses on tp
     except SpecError as exc:
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="tp", detail=str(exc), **common)
     probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
@@ -187,7 +183,7 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="TPOT", ttft_s=ttft_floor, tpot_s=tpot_floor,
                        detail=f"one decode step alone takes {tpot_floor:.3g} s > SLO {slo.tpot_s:g} s", **common)
     cost = step_cost_model(config)
-    mu = _upper_service_rate(config, spec, memory.num_blocks)
+    mu = service_rate_bound(config, spec, memory.num_blocks, cost)
     sims = 0
     cache: dict[int, object] = {}
 
@@ -201,14 +197,16 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
             sims += 1
         return cache[r]
 
-    r = max(1, math.ceil(rate / mu)) if math.isfinite(mu) else 1
+    # Fewer replicas than rate / (an upper bound on one replica's service rate) cannot keep up with
+    # the load, even when a finite run drains its queue within loose SLOs: never go below it.
+    r_min = r = max(1, math.ceil(rate / mu)) if math.isfinite(mu) else 1
     if r > max_replicas:
         res = run(max_replicas)
         return _loser(common, max_replicas, cand.tp, res, slo, sims,
                       f"needs at least {r} replicas by its optimistic service rate {mu:.3g} req/s per replica")
     res = run(r)
     if res.meets_slo:
-        while r > 1 and run(r - 1).meets_slo:
+        while r > r_min and run(r - 1).meets_slo:
             r -= 1
     else:
         lo, hi = r, None
@@ -242,9 +240,9 @@ def _loser(common: dict, replicas: int, tp: int, res, slo: SLO, sims: int, why: 
     ttft, tpot = res.percentile("ttft_s"), res.percentile("tpot_s")
     over = []
     if slo.ttft_s is not None and ttft > slo.ttft_s:
-        over.append(("TTFT", ttft / slo.ttft_s, f"p{slo.percentile:g} TTFT {ttft:.3g} s > {slo.ttft_s:g} s"))
+        over.append(("TTFT", ttft / slo.ttft_s, f"p{slo.percentile:g} TTFT {ttft:.4g} s > {slo.ttft_s:g} s"))
     if slo.tpot_s is not None and tpot > slo.tpot_s:
-        over.append(("TPOT", tpot / slo.tpot_s, f"p{slo.percentile:g} TPOT {tpot:.3g} s > {slo.tpot_s:g} s"))
+        over.append(("TPOT", tpot / slo.tpot_s, f"p{slo.percentile:g} TPOT {tpot:.4g} s > {slo.tpot_s:g} s"))
     binding = max(over, key=lambda o: o[1])[0] if over else "replicas"
     detail = "; ".join(o[2] for o in over) + (f" at {replicas} replicas: " if over else "") + why
     return PlanRow(replicas=replicas, gpus=replicas * tp, feasible=False, binding=binding, detail=detail,

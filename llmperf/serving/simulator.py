@@ -413,6 +413,8 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     finally:
         if gc_was_enabled:
             gc.enable()
+    stuck = next((s for s in states if s.finish_s is None), None)
+    assert stuck is None, f"the scheduler stopped with request {stuck.request_id} unfinished"
     return _result(config, slo, memory, workload, states, sched.log, runner.records)
 
 
@@ -472,14 +474,64 @@ class RatePoint:
 
 @dataclass(frozen=True, kw_only=True)
 class RateSearch:
-    """The points a bisection visited, and the highest rate that met the SLOs (None: none did)."""
+    """The points a bisection visited, and the highest rate that met the SLOs (None: none did).
+
+    `service_rate_rps`: the replica's service rate (`saturated_rate`), above which no rate is
+    sustainable; `capped`: the SLOs held all the way up to it, so `max_rate` is that rate, not an SLO
+    crossing. `note`: why the search stopped where it did, in words."""
 
     points: list[RatePoint]
     max_rate: float | None
     best: SimResult | None
+    service_rate_rps: float = math.inf
+    capped: bool = False
+    note: str = ""
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame([p.row() for p in sorted(self.points, key=lambda p: p.rate)])
+
+
+def service_rate_bound(config: ServingConfig, spec: WorkloadSpec, num_blocks: int,
+                       cost: StepCostModel | None = None) -> float:
+    """An optimistic requests/s of one replica (an upper bound on its service rate): every request's
+    decode tokens at the largest batch that fits at the mean context, plus its prompt's prefill at
+    the token budget's efficiency. Offered more than this, the queue grows without bound, whatever a
+    finite run's percentiles say."""
+    cost = cost or step_cost_model(config)
+    p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
+    ctx = p_mean + o_mean / 2
+    fit = max(1, int(num_blocks * config.block_size / max(ctx, 1)))
+    b = max(1, min(config.max_batch or fit, fit))
+    step = cost.step_time_s(np.ones(b), np.full(b, ctx), b)
+    chunk = int(min(config.max_batched_tokens or p_mean, max(p_mean, 1)))
+    prefill_per_token = cost.step_time_s([chunk], [chunk], 1) / chunk
+    per_request = o_mean * step / b + p_mean * prefill_per_token
+    return 1.0 / per_request if per_request > 0 else math.inf
+
+
+def saturated_rate(spec: WorkloadSpec, config: ServingConfig, cost: StepCostModel | None = None) -> float:
+    """The replica's service rate for this workload's lengths, simulated: an offline backlog of at
+    least three full batches (`max_batch`, else what the pool holds at the mean length) served until
+    its queue empties; departures per second between the first and the last request that finished
+    while some still waited. Offered more than this, the queue grows without bound."""
+    n = max(spec.num_requests or 0, 64)
+    p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
+    memory = plan_memory(config)
+    fit = max(1, int(memory.num_blocks * config.block_size / max(p_mean + o_mean, 1)))
+    n = min(max(n, 3 * min(config.max_batch or fit, fit)), 4096)
+    work = generate(dataclasses.replace(spec, arrival="offline", num_requests=n, duration_s=None))
+    res = simulate(work, config, cost=cost)
+    st = res.steps
+    backlog = st[st["waiting"] > 0]
+    if len(backlog):
+        end = float(backlog["start_s"].iloc[-1] + backlog["duration_s"].iloc[-1])
+        done = np.sort(res.requests["finish_s"].to_numpy())
+        done = done[done <= end]
+        # Departures per second between the first and the last finish while the queue was full
+        # (from t=0 the first batch has not finished yet: counting that ramp would understate).
+        if len(done) >= 8 and done[-1] > done[0]:
+            return (len(done) - 1) / float(done[-1] - done[0])
+    return res.summary()["throughput_rps"]
 
 
 def with_rate(spec: WorkloadSpec, rate: float) -> WorkloadSpec:
@@ -489,10 +541,32 @@ def with_rate(spec: WorkloadSpec, rate: float) -> WorkloadSpec:
     return dataclasses.replace(spec, arrival=new)
 
 
+def _overlapped(res: SimResult) -> bool:
+    """Whether two requests were ever in the system together (else a lower rate changes nothing)."""
+    st = res.steps
+    if not len(st):
+        return False
+    return int((st["running"] + st["waiting"]).max()) > 1 or int(st["batch"].max()) > 1
+
+
+def _missed(res: SimResult) -> str:
+    slo, parts = res.slo, []
+    if slo.ttft_s is not None and res.percentile("ttft_s") > slo.ttft_s:
+        parts.append(f"TTFT p{slo.percentile:g} {res.percentile('ttft_s'):.4g} s > {slo.ttft_s:g} s")
+    if slo.tpot_s is not None and res.percentile("tpot_s") > slo.tpot_s:
+        parts.append(f"TPOT p{slo.percentile:g} {res.percentile('tpot_s'):.4g} s > {slo.tpot_s:g} s")
+    return " and ".join(parts)
+
+
 def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_tol: float = 0.02,
                   max_iter: int = 30, on_point: Callable[[RatePoint], None] | None = None) -> RateSearch:
     """Bisection on the arrival rate: the highest rate whose SLO percentile of TTFT and TPOT meets the
-    SLOs, within `rel_tol`. The workload keeps its lengths and seed; only arrivals change."""
+    SLOs, within `rel_tol`. The workload keeps its lengths and seed; only arrivals change.
+
+    The search never goes above the replica's service rate (`saturated_rate`, at most
+    `service_rate_bound`): a finite run offered more than the replica can serve still drains its
+    queue and may meet loose SLOs, but the load is not sustainable. It stops
+    going down once no two requests overlap: then the SLOs are missed by a request alone."""
     if not slo.any:
         raise SpecError("--find-max-rate: needs --slo-ttft and/or --slo-tpot")
     cost = step_cost_model(config)
@@ -509,13 +583,18 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
     # Start from the rate one request at a time would allow, then bracket by doubling / halving.
     probe = generate(dataclasses.replace(with_rate(spec, 1.0), num_requests=1, duration_s=None))
     one = simulate(probe, config, slo=slo, cost=cost)
-    rate = 1.0 / max(float(one.requests["e2e_s"].iloc[0]), 1e-9)
+    mu = min(service_rate_bound(config, spec, one.memory.num_blocks, cost), saturated_rate(spec, config, cost))
+    rate = min(1.0 / max(float(one.requests["e2e_s"].iloc[0]), 1e-9), mu)
     first = run(rate)
     lo = hi = None
     if first.result.meets_slo:
         lo = first
         for _ in range(max_iter):
-            p = run(lo.rate * 2)
+            if lo.rate >= mu:
+                return RateSearch(points=points, max_rate=lo.rate, best=lo.result, service_rate_rps=mu, capped=True,
+                                  note=f"the SLOs hold up to the replica's service rate, {mu:.4g} req/s; "
+                                       "no higher rate is sustainable")
+            p = run(min(lo.rate * 2, mu))
             if not p.result.meets_slo:
                 hi = p
                 break
@@ -523,17 +602,21 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
     else:
         hi = first
         for _ in range(max_iter):
+            if not _overlapped(hi.result):
+                return RateSearch(points=points, max_rate=None, best=None, service_rate_rps=mu,
+                                  note=f"missed with no two requests overlapping ({_missed(hi.result)}): "
+                                       "no rate meets the SLOs")
             p = run(hi.rate / 4)
             if p.result.meets_slo:
                 lo = p
                 break
             hi = p
-            if p.rate < 1e-6:
-                break
     if lo is None:
-        return RateSearch(points=points, max_rate=None, best=None)
+        return RateSearch(points=points, max_rate=None, best=None, service_rate_rps=mu,
+                          note=f"even {hi.rate:.4g} req/s misses ({_missed(hi.result)})")
     if hi is None:
-        return RateSearch(points=points, max_rate=lo.rate, best=lo.result)
+        return RateSearch(points=points, max_rate=lo.rate, best=lo.result, service_rate_rps=mu,
+                          note=f"the SLOs still hold after {max_iter} doublings")
     for _ in range(max_iter):
         if hi.rate - lo.rate <= rel_tol * lo.rate:
             break
@@ -542,9 +625,10 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
             lo = p
         else:
             hi = p
-    return RateSearch(points=points, max_rate=lo.rate, best=lo.result)
+    return RateSearch(points=points, max_rate=lo.rate, best=lo.result, service_rate_rps=mu,
+                      note=f"{hi.rate:.4g} req/s misses ({_missed(hi.result)})")
 
 
 __all__ = ["EFFICIENCIES", "SLO", "CostModelRunner", "MemoryPlan", "RatePoint", "RateSearch", "ServingConfig",
-           "SimResult", "SyntheticPrompt", "check_fits", "find_max_rate", "plan_memory", "simulate",
-           "step_cost_model", "with_rate"]
+           "SimResult", "SyntheticPrompt", "check_fits", "find_max_rate", "plan_memory", "saturated_rate",
+           "service_rate_bound", "simulate", "step_cost_model", "with_rate"]

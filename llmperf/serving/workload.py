@@ -231,7 +231,7 @@ def read_length_file(path: str | Path) -> Empirical:
     """One positive integer a line; blank lines and `#` comments skipped; errors name the line."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise SpecError(f"file: cannot read length file {str(path)!r} ({exc.strerror or exc})") from None
     values = []
@@ -491,6 +491,9 @@ class Workload:
                                  shared_prefix_tokens=self.shared_prefix_tokens))
 
 
+MAX_REQUESTS = 10_000_000  # a workload's arrays and the simulator's request states stay within memory
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkloadSpec:
     """How to draw a synthetic workload: exactly one of `num_requests` and `duration_s`."""
@@ -517,8 +520,14 @@ class WorkloadSpec:
             raise SpecError(f"system_prompt_len: must be a non-negative integer, got {self.system_prompt_len!r}")
         if not _is_int(self.seed) or self.seed < 0:
             raise SpecError(f"seed: must be a non-negative integer, got {self.seed!r}")
+        if self.num_requests is not None and self.num_requests > MAX_REQUESTS:
+            raise SpecError(f"requests: at most {MAX_REQUESTS:,} per workload, got {self.num_requests:,}")
         if self.duration_s is not None:
             times_within(self.arrival, 0.0, np.random.default_rng(0))  # refuses an arrival without a rate
+            expected = arrival_rate(self.arrival) * self.duration_s
+            if expected > MAX_REQUESTS:
+                raise SpecError(f"duration: {_fmt(self.duration_s)} s at {arrival_rate(self.arrival):g} requests/s is "
+                                f"about {expected:.3g} requests, more than the {MAX_REQUESTS:,} a workload holds")
 
     def describe(self) -> dict[str, object]:
         return dict(arrival=str(self.arrival), prompt_len=str(self.prompt_len), output_len=str(self.output_len),
@@ -575,9 +584,13 @@ def _trace_value(path: str, lineno: int, name: str, raw: object, *, integer: boo
 
 
 def _trace_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's CSV starts with a byte-order mark
     rows: list[tuple[int, dict[str, object]]] = []
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    first_line, first = next(((i, ln.strip()) for i, ln in enumerate(text.splitlines(), start=1) if ln.strip()),
+                             (1, ""))
+    if first.startswith("["):
+        raise SpecError(f"{path}: line {first_line}: a JSON array; a trace is JSONL (one JSON object a line) or CSV "
+                        "with a header")
     if first.startswith("{"):
         for lineno, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
@@ -640,7 +653,7 @@ def load_trace(path: str | Path) -> Workload:
 
 
 __all__ = [
-    "Arrival", "Cycle", "Empirical", "Fixed", "FixedInterval", "Gamma", "LengthDist", "LogNormal", "Normal",
-    "Offline", "Poisson", "TRACE_FIELDS", "Uniform", "Workload", "WorkloadSpec", "arrival_rate", "child_rngs",
+    "MAX_REQUESTS", "Arrival", "Cycle", "Empirical", "Fixed", "FixedInterval", "Gamma", "LengthDist", "LogNormal",
+    "Normal", "Offline", "Poisson", "TRACE_FIELDS", "Uniform", "Workload", "WorkloadSpec", "arrival_rate", "child_rngs",
     "generate", "load_trace", "parse_arrival", "parse_length", "read_length_file", "times_within",
 ]

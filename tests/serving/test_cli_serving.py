@@ -42,11 +42,12 @@ def test_simulate_json_csv_and_find_max_rate(tmp_path):
     res = run("simulate", "--rate", "3", *SMALL, "-f", "csv")
     assert res.exit_code == 0 and "ttft_p50_s" in res.stdout.splitlines()[0]
     d = tmp_path / "rates"
-    res = run("simulate", "--rate", "3", *SMALL, "--find-max-rate", "--slo-ttft", "0.2", "--slo-tpot", "0.02",
+    res = run("simulate", "--rate", "3", *SMALL, "--find-max-rate", "--slo-ttft", "0.03", "--slo-tpot", "0.02",
               "--max-batch", "8", "--run-dir", d, "-f", "json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["max_rate_rps"] > 0
+    assert 0 < doc["max_rate_rps"] < doc["service_rate_bound_rps"] and not doc["max_rate_capped"]
+    assert "misses (TTFT p90" in doc["max_rate_note"]
     rates = pd.read_csv(d / "rates.csv")
     assert rates["meets_slo"].any() and not rates["meets_slo"].all()
 
@@ -73,12 +74,34 @@ def test_simulate_trace(tmp_path):
     (["llama-3.1-70b", "-H", "l4", "--rate", "1"], "memory: llama-3.1-70b"),
     (["--rate", "1", "-H", "nope"], "unknown hardware 'nope'"),
     (["--find-max-rate", "--rate", "1"], "--find-max-rate: needs --slo-ttft and/or --slo-tpot"),
+    (["--rate", "1", "--duration", "5"], "--requests / --duration: give one of them, not both"),
 ])
 def test_simulate_bad_input(args, message):
     res = run("simulate", *SMALL, *args)
     assert res.exit_code == 2, res.output
     assert message in res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trace", "t.csv"], "--validate: serves its own Poisson workload with continuous batching; drop --trace"),
+    (["--find-max-rate", "--slo-ttft", "1"], "drop --find-max-rate"),
+    (["--rate", "0"], "--rate: must be a number > 0"),
+])
+def test_validate_refuses_options_it_would_ignore(args, message):
+    """`--validate` once ran its own workload silently ignoring --trace, --find-max-rate, ... (regression)."""
+    res = run("simulate", "--validate", *args)
+    assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rate", "1e6", "--duration", "1e4"], "about 1e+10 requests, more than the 10,000,000"),
+    (["--requests", "20000000"], "requests: at most 10,000,000 per workload"),
+])
+def test_simulate_refuses_a_workload_too_large_for_memory(args, message):
+    """A huge workload once ended in a numpy MemoryError traceback (regression)."""
+    res = run("simulate", *args)
+    assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1
 
 
 def test_simulate_bad_trace_names_line_and_field(tmp_path):
@@ -111,6 +134,19 @@ def test_plan_infeasible_names_the_binding_constraint():
     assert "no configuration meets the SLOs" in res.output and "loses on TPOT" in res.output
 
 
+def test_plan_infeasible_tp_loses_on_tp_and_the_closest_is_the_smallest_overshoot():
+    """A TP degree the heads cannot be split over loses on tp (it was reported as memory); among SLO
+    misses the closest is the one with the smallest overshoot (it was the first device listed)
+    (regressions). The error is one line."""
+    res = run("plan", "--rate", "2", "-H", "a100-80gb-sxm", "--precisions", "bf16", "--tp", "3",
+              "--slo-ttft", "1", "--requests", "20")
+    assert res.exit_code == 2 and "loses on tp: tp: 3 does not divide" in res.output
+    res = run("plan", "--rate", "2", "-H", "a100-80gb-sxm,h100-sxm", "--precisions", "bf16", "--tp", "1",
+              "--slo-ttft", "0.0001", "--requests", "20")
+    assert res.exit_code == 2 and "the closest, h100-sxm bf16 tp=1, loses on TTFT" in res.output
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args, message", [
     (["--rate", "0", "--slo-ttft", "1"], "--rate: must be a number > 0"),
     (["--users", "10", "--rate", "1", "--slo-ttft", "1"], "exactly one of --rate and --users"),
@@ -120,8 +156,33 @@ def test_plan_infeasible_names_the_binding_constraint():
     (["--rate", "1", "--slo-ttft", "1", "--gpu-cost", "l4=-1"], "--gpu-cost: l4 must cost > 0"),
     (["--rate", "1", "--slo-ttft", "1", "--tp", "0"], "--tp: 0 in '0' is not a positive integer"),
     (["--rate", "1", "--slo-ttft", "1", "--precisions", "fp7"], "fp7"),
+    # a misspelt device in the price list was once ignored silently (regression)
+    (["--rate", "1", "--slo-ttft", "1", "--gpu-cost", "l4=1,l40=2"], "--gpu-cost: unknown device 'l40'"),
 ])
 def test_plan_bad_input(args, message):
     res = run("plan", "-H", "l4", *args)
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
+
+
+def test_plan_never_serves_more_than_the_service_rate_per_replica():
+    """Loose SLOs at 1000 req/s: a 60-request run drains within them on one A100, which plan once
+    ranked as feasible at one replica. The replica count never falls below rate / (an upper bound on
+    one replica's service rate) (regression)."""
+    import math
+
+    from llmperf.serving import planner
+    from llmperf.serving.simulator import SLO, ServingConfig, plan_memory, service_rate_bound
+    from llmperf.serving.workload import WorkloadSpec, generate
+    spec = WorkloadSpec(arrival="poisson:1", prompt_len="lognormal:6:0.8:16:4096", output_len="lognormal:5:0.8:1:1024",
+                        num_requests=60, seed=0)
+    res = planner.plan("llama-3.1-8b", rate=1000.0, slo=SLO(ttft_s=100, tpot_s=1), workload=spec,
+                       devices=["a100-80gb-sxm"], precisions=["bf16"], tps=[1], jobs=1, max_replicas=200)
+    (row,) = res.rows
+    model = planner.load_model("llama-3.1-8b")
+    cfg = ServingConfig(model=model, hardware=planner.load_hardware("a100-80gb-sxm"),
+                        precision=planner.plan_precision(model, "bf16"))
+    probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
+                                  num_requests=200, seed=0))
+    mu = service_rate_bound(cfg, spec, plan_memory(cfg, probe).num_blocks)
+    assert row.feasible and row.replicas >= math.ceil(1000 / mu) > 1

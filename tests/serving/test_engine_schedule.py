@@ -14,12 +14,13 @@ from llmperf.serving.workload import WorkloadSpec, generate  # noqa: E402
 from llmperf.specs import Precision, load_hardware, load_model  # noqa: E402
 
 
-@pytest.mark.parametrize("chunked, sharing, num_blocks, system", [
-    (True, False, 16, 0),  # chunked prefill, mixed steps, preemptions
-    (False, False, 16, 0),  # prefill-first steps, preemptions
-    (True, True, 40, 24),  # shared system prompt blocks
+@pytest.mark.parametrize("chunked, sharing, num_blocks, system, policy", [
+    (True, False, 16, 0, "continuous"),  # chunked prefill, mixed steps, preemptions
+    (False, False, 16, 0, "continuous"),  # prefill-first steps, preemptions
+    (True, True, 40, 24, "continuous"),  # shared system prompt blocks
+    (False, False, 40, 0, "static"),  # static batches
 ])
-def test_engine_and_simulator_schedules_match(chunked, sharing, num_blocks, system):
+def test_engine_and_simulator_schedules_match(chunked, sharing, num_blocks, system, policy):
     spec = load_model("llama-3.1-8b").scaled(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=128,
                                              vocab_size=97, max_positions=512)
     work = generate(WorkloadSpec(arrival="poisson:400", prompt_len="uniform:8:40", output_len="uniform:4:16",
@@ -28,17 +29,19 @@ def test_engine_and_simulator_schedules_match(chunked, sharing, num_blocks, syst
                     max_batched_tokens=32 if chunked else None, chunked_prefill=chunked, prefix_sharing=sharing)
     longest = int(work.output_tokens.max())
     res = engine.serve(to_requests(work, vocab_size=spec.vocab_size, seed=2),
-                       SamplingParams(max_new_tokens=longest, min_new_tokens=longest), realtime=True)
+                       SamplingParams(max_new_tokens=longest, min_new_tokens=longest), policy=policy, realtime=True)
     engine_logs = [s.log for s in res.steps]
     cfg = ServingConfig(model=spec, hardware=load_hardware("a100-80gb-sxm"), precision=Precision.uniform("fp32"),
                         max_batch=None, max_batched_tokens=32 if chunked else None, chunked_prefill=chunked,
-                        prefix_sharing=sharing, block_size=4, num_blocks=num_blocks)
+                        prefix_sharing=sharing, block_size=4, num_blocks=num_blocks, policy=policy)
     sim = simulate(work, cfg, step_times=[g.duration_s for g in engine_logs])
     assert len(sim.log) == len(engine_logs)
     for a, b in zip(engine_logs, sim.log):
         assert a.decision() == b.decision(), f"step {a.step} differs"
-    if not sharing:
+    if num_blocks == 16:
         assert sum(len(g.preempted) for g in engine_logs) > 0, "the pool should force preemptions"
+    if policy == "static":
+        assert all(not g.admitted or g.num_running == len(g.admitted) - len(g.finished) for g in engine_logs)
     if chunked:
         assert any(str(g.phase) == "mixed" for g in engine_logs)
     # The engine's request metrics are wall-clock (they include its host time between steps), the

@@ -212,3 +212,30 @@ def test_bad_config_names_the_field():
     s = Scheduler(BlockManager(4, 2), FakeRunner({}))
     with pytest.raises(ValueError, match="max_new_tokens"):
         s.add(req(0, 6, 4))
+
+
+def test_the_fast_decode_item_equals_the_keyword_one():
+    """The scheduler builds decode items field by field for speed: the same object as `__init__`."""
+    from dataclasses import fields
+
+    from llmperf.serving.scheduler import ScheduledItem, _decode_item
+    kw = ScheduledItem(request_id=7, seq_ids=(3, 4), start=41, num_tokens=1, decode=True, samples=True,
+                       num_generated=9)
+    fast = _decode_item(7, (3, 4), 41, 9)
+    assert fast == kw and hash(fast) == hash(kw) and fast.tokens == 2
+    assert {f.name for f in fields(ScheduledItem)} == {"request_id", "seq_ids", "start", "num_tokens", "decode",
+                                                       "samples", "num_generated", "fork_into"}
+
+
+def test_a_recompute_longer_than_the_budget_runs_alone():
+    """Without chunked prefill, a preempted request's recompute (its prompt and the tokens it had
+    generated) can outgrow the budget its prompt fitted. It once blocked the queue for ever and the
+    run died with "cannot start in an empty cache"; it now runs alone in a step of its own
+    (regression)."""
+    kv = BlockManager(6, 2)
+    s = serve([req(0, 3, 8), req(1, 3, 8), req(2, 3, 8)], kv, max_batched_tokens=4, watermark=0.0)
+    assert {r.request_id for r in s.finished} == {0, 1, 2} and kv.num_free_blocks == 6
+    assert sum(len(log.preempted) for log in s.log) > 0
+    over = [log for log in s.log if log.prefill_tokens > 4]
+    assert over and all(len(log.items) == 1 and log.items[0].num_generated > 0 for log in over)
+    assert all(log.prefill_tokens <= 4 for log in s.log if log not in over)

@@ -16,6 +16,7 @@ from llmperf.serving.workload import (
     load_trace,
     parse_arrival,
     parse_length,
+    read_length_file,
 )
 
 
@@ -86,6 +87,17 @@ def test_trace_csv_and_jsonl(tmp_path):
     assert load_trace(js).shared_prefix_tokens.tolist() == [4]
 
 
+def test_trace_and_length_file_with_a_byte_order_mark(tmp_path):
+    """A CSV saved by a spreadsheet starts with a UTF-8 byte-order mark; its header was once read as
+    lacking 'arrival_s' (regression)."""
+    csv = tmp_path / "excel.csv"
+    csv.write_bytes(b"\xef\xbb\xbfarrival_s,prompt_tokens,output_tokens\r\n0,100,10\r\n")
+    assert load_trace(csv).prompt_tokens.tolist() == [100]
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_bytes(b"\xef\xbb\xbf12\n34\n")
+    assert read_length_file(lengths).values == (12, 34)
+
+
 @pytest.mark.parametrize("text, message", [
     ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,,5\n", r"line 3: prompt_tokens: missing"),
     ("arrival_s,prompt_tokens,output_tokens\n-1,10,5\n", r"line 2: arrival_s: must be a number >= 0, got '-1'"),
@@ -98,6 +110,8 @@ def test_trace_csv_and_jsonl(tmp_path):
     ('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 1, "shared_prefix_tokens": 11}\n',
      r"line 1: shared_prefix_tokens: 11 exceeds prompt_tokens 10"),
     ("", "holds no requests"),
+    # a JSON array was once read as a CSV whose header "lacks column 'arrival_s'" (regression)
+    ('\n[{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 1}]\n', r"line 2: a JSON array; a trace is JSONL"),
 ])
 def test_bad_trace_names_line_and_field(tmp_path, text, message):
     f = tmp_path / "trace.csv"

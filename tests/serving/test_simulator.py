@@ -118,8 +118,9 @@ def test_find_max_rate_brackets_the_slo():
     spec = WorkloadSpec(arrival="poisson:1", prompt_len="uniform:100:400", output_len="uniform:20:100",
                         num_requests=150, seed=3)
     cfg = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", max_batch=16)
-    slo = SLO(ttft_s=0.5, tpot_s=0.03, percentile=90)
+    slo = SLO(ttft_s=0.05, tpot_s=0.03, percentile=90)
     search = find_max_rate(spec, cfg, slo, rel_tol=0.05)
+    assert not search.capped and search.max_rate < search.service_rate_rps
     frame = search.to_frame()
     assert search.max_rate is not None and search.best.meets_slo
     above = frame[frame["rate"] > search.max_rate]
@@ -180,3 +181,27 @@ def test_bulk_reserve_equals_slot_by_slot(ops):
         assert [a.block_table(s) for s in range(4)] == [b.block_table(s) for s in range(4)]
         assert a.usage() == b.usage()
         a.check_invariants()
+
+
+def test_find_max_rate_never_passes_the_service_rate():
+    """Loose SLOs: a finite run drains its queue at any rate, so the search once doubled to
+    5e8 req/s. It stops at the replica's service rate (regression)."""
+    from llmperf.serving.simulator import saturated_rate
+    spec = WorkloadSpec(arrival="poisson:1", prompt_len="uniform:100:400", output_len="uniform:20:100",
+                        num_requests=20, seed=3)
+    cfg = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm")
+    search = find_max_rate(spec, cfg, SLO(ttft_s=100, tpot_s=100))
+    mu = saturated_rate(spec, cfg)
+    assert search.capped and search.max_rate == pytest.approx(mu) and search.service_rate_rps == pytest.approx(mu)
+    assert search.to_frame()["rate"].max() <= mu * (1 + 1e-9)
+    assert "service rate" in search.note
+
+
+def test_find_max_rate_gives_up_when_a_request_alone_misses():
+    """An SLO no request meets even alone: the search stops once requests no longer overlap instead
+    of halving the rate down to 1e-6 req/s (regression), and says what misses."""
+    spec = WorkloadSpec(arrival="poisson:1", prompt_len=200, output_len=20, num_requests=20, seed=0)
+    search = find_max_rate(spec, ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm"), SLO(ttft_s=1e-7))
+    assert search.max_rate is None and search.best is None
+    assert len(search.points) <= 6 and min(p.rate for p in search.points) > 1e-4
+    assert "no two requests overlapping" in search.note and "TTFT p90" in search.note
