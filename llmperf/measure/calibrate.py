@@ -129,7 +129,13 @@ class StreamPoint:
 
 @dataclass(frozen=True, kw_only=True)
 class ComputePoint:
-    """A timed GEMM (`op="matmul"`) or SDPA call (`op="attention"`) with its FLOPs and bytes."""
+    """A timed GEMM (`op="matmul"`) or SDPA call (`op="attention"`) with its FLOPs and bytes.
+
+    `seconds` is the fastest call: what a ceiling reports (peak FLOP/s, GEMV bandwidth), as empirical
+    roofline tools do. `median_s` is the typical call: what the time model's efficiencies are fitted
+    on, because a prediction is compared with typical (median) calls. Fitting them on the fastest
+    call made every calibrated prediction optimistic by the run-to-run spread (on a 2-core CPU the
+    p10-p90 spread of a GEMV is 25-60% of its fastest call)."""
 
     op: str
     dtype: str
@@ -140,6 +146,11 @@ class ComputePoint:
     n: int
     flops: float
     bytes: float
+    median_s: float = 0.0  # 0: unknown (the fastest call stands in)
+
+    @property
+    def typical_s(self) -> float:
+        return self.median_s if self.median_s > 0 else self.seconds
 
     @property
     def flops_per_s(self) -> float:
@@ -296,7 +307,7 @@ class Calibration:
             streams=[dict(kind=p.kind, size_bytes=p.size_bytes, gb_per_s=_clean(p.bytes_per_s / 1e9),
                           seconds=_clean(p.seconds), spread_s=_clean(p.spread_s), n=p.n) for p in self.streams],
             compute=[dict(op=p.op, dtype=p.dtype, rows=p.rows, shape=p.shape, seconds=_clean(p.seconds),
-                          spread_s=_clean(p.spread_s), n=p.n, tflops_per_s=_clean(p.flops_per_s / 1e12),
+                          median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n, tflops_per_s=_clean(p.flops_per_s / 1e12),
                           gb_per_s=_clean(p.bytes_per_s / 1e9)) for p in self.compute],
             allreduce=[dict(backend=p.backend, world=p.world, size_bytes=p.size_bytes, seconds=_clean(p.seconds),
                             busbw_gbps=_clean(p.busbw / 1e9)) for p in self.allreduce],
@@ -319,14 +330,15 @@ def fit_curves(pts: Sequence[ComputePoint], peak: float, bw: float, overhead: fl
     the first compute-bound point's value when that is higher: interpolating a memory-bound point's
     `flops / (peak t')` to more rows would wrongly make those rows compute-bound. A compute-bound point
     gets `e_compute = flops / (peak t')` and `e_memory = e_mem0`. All values are clipped to (0, 1].
-    With t' = t - overhead (at least half of t: the overhead never explains a whole call)."""
+    With t' = t - overhead, t the point's typical (median) call (at least half of t: the overhead never
+    explains a whole call)."""
     by_rows: dict[int, list[ComputePoint]] = {}
     for p in pts:
         by_rows.setdefault(p.rows, []).append(p)
     rows = sorted(by_rows)
 
-    def t_prime(p: ComputePoint) -> float:
-        return max(p.seconds - overhead, 0.5 * p.seconds)
+    def t_prime(p: ComputePoint) -> float:  # the typical call, less the overhead
+        return max(p.typical_s - overhead, 0.5 * p.typical_s)
 
     first = by_rows[rows[0]][0]
     e_mem0 = min(1.0, first.bytes / (bw * t_prime(first)))
@@ -447,7 +459,7 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
                 notes.append(f"gemm {dname}: not measured ({str(exc).splitlines()[0]})")
                 break
             out.append(ComputePoint(op="matmul", dtype=dname, rows=rows, shape=f"({rows},{k})@({k},{n})",
-                                    seconds=t.min_s, spread_s=t.spread_s, n=t.n, flops=2.0 * rows * k * n,
+                                    seconds=t.min_s, median_s=t.median_s, spread_s=t.spread_s, n=t.n, flops=2.0 * rows * k * n,
                                     bytes=float(elem * (k * n + rows * k + rows * n))))
             del fn
             if t.median_s > s.gemm_call_budget_s and rows != s.gemm_rows[-1]:
@@ -480,7 +492,7 @@ def measure_attention(s: Settings, device: Any, progress: Progress) -> list[Comp
             cost = attention_cost(batch, q_len, kv_len, num_heads=H, num_kv_heads=H, head_dim=D, act_bytes=elem,
                                   kv_bytes=elem, impl="fused", causal=True)
             out.append(ComputePoint(op="attention", dtype=dname, rows=batch * q_len,
-                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.min_s,
+                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.min_s, median_s=t.median_s,
                                     spread_s=t.spread_s, n=t.n, flops=float(cost.flops),
                                     bytes=float(cost.bytes_total)))
     return out

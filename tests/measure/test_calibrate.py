@@ -106,6 +106,26 @@ def test_fit_reproduces_a_synthetic_device():
         assert pred == pytest.approx(t, rel=2e-3), r
 
 
+def test_fit_is_on_the_typical_call_and_the_ceiling_on_the_fastest():
+    """The efficiencies reproduce each point's median call (what a prediction is compared with), not
+    its fastest one; a point without a median falls back to its fastest call (regression: fitting on
+    the fastest call made every calibrated prediction optimistic by the run-to-run spread)."""
+    peak, bw, K, N = 1e11, 1e10, 4096, 8192
+    pts = []
+    for r in (1, 4, 16, 64, 256):
+        c, m = 2.0 * r * K * N, 4.0 * (K * N + r * K + r * N)
+        fastest = max(c / peak, m / bw)  # the roofline itself
+        pts.append(ComputePoint(op="matmul", dtype="fp32", rows=r, shape="", seconds=fastest, median_s=1.5 * fastest,
+                                spread_s=0.0, n=5, flops=c, bytes=m))
+    terms = KindTerms.parse(fit_curves(pts, peak, bw, 0.0), "fit")
+    for p in pts:
+        pred = max(p.flops / (peak * terms.e_compute(p.rows)), p.bytes / (bw * terms.e_memory(p.rows)))
+        assert pred == pytest.approx(p.median_s, rel=2e-3), p.rows
+    no_median = [ComputePoint(**{**p.__dict__, "median_s": 0.0}) for p in pts]
+    terms0 = KindTerms.parse(fit_curves(no_median, peak, bw, 0.0), "fit")
+    assert terms0.e_memory(1) == pytest.approx(1.0) and terms.e_memory(1) == pytest.approx(1 / 1.5, rel=1e-3)
+
+
 def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
     """Tiny settings still measure every engine operator's dispatch per backend (sdpa, naive; no Triton
     on CPU), named by the shared vocabulary, and write them (schema 2, mode add on CPU) so that the
