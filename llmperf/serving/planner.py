@@ -13,8 +13,10 @@ For every candidate (device x precision x TP):
    largest batch that fits, plus the prefill work per request) and grows until the simulated SLO
    percentiles meet the SLOs (then, if the first guess already met them, it shrinks while they still
    do, but never below that bound: fewer replicas cannot keep up with the load, even where a finite
-   run drains its queue within loose SLOs). The simulation is the serving simulator itself: the
-   engine's scheduler priced by the cost model.
+   run drains its queue within loose SLOs); and the chosen count never offers a replica its simulated
+   service rate (`simulator.saturated_rate`, a backlog of these lengths served flat out) or more: a
+   finite run can meet the SLOs at a load whose queue is still building when its arrivals stop.
+   The simulation is the serving simulator itself: the engine's scheduler priced by the cost model.
 
 Cost per million generated tokens = replicas x TP x price per GPU-hour / (3600 x generated tokens/s)
 x 1e6, at the offered load (all of it is served when the SLOs are met). `--users N` is N users each
@@ -36,7 +38,7 @@ from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
 from llmperf.serving.prices import price_for
 from llmperf.serving.simulator import (
-    SLO, ServingConfig, check_fits, plan_memory, service_rate_bound, simulate, step_cost_model,
+    SLO, ServingConfig, check_fits, plan_memory, saturated_rate, service_rate_bound, simulate, step_cost_model,
 )
 from llmperf.serving.workload import Poisson, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
@@ -227,6 +229,15 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
             else:
                 lo = mid
         r = hi
+    # A finite run can meet the SLOs at a load its replica cannot sustain (the queue is still
+    # building when the arrivals stop): never offer a replica its simulated service rate or more.
+    mu_sim = saturated_rate(spec, config, cost)
+    while rate / r >= mu_sim and r < max_replicas:
+        r += 1
+    if rate / r >= mu_sim:
+        return _loser(common, r, cand.tp, run(r), slo, sims,
+                      f"{rate / r:.3g} req/s per replica reaches its simulated service rate {mu_sim:.3g} req/s "
+                      f"even with {max_replicas} replicas (--max-replicas)")
     res = run(r)
     tokens_per_s = rate * float(res.requests["output_tokens"].mean())
     cost_h = price * r * cand.tp if price is not None else None

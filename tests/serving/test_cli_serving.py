@@ -186,3 +186,30 @@ def test_plan_never_serves_more_than_the_service_rate_per_replica():
                                   num_requests=200, seed=0))
     mu = service_rate_bound(cfg, spec, plan_memory(cfg, probe).num_blocks)
     assert row.feasible and row.replicas >= math.ceil(1000 / mu) > 1
+
+
+def test_plan_never_offers_a_replica_its_simulated_service_rate():
+    """40 req/s of the default lengths on A100s: a 60-request run meets p90 TPOT 30 ms at 2 replicas,
+    but one replica serves only about 17 req/s flat out, so at 20 req/s its queue grows without bound
+    and a 1,500-request run misses the TPOT target. The plan takes the replicas that keep each one
+    under its simulated service rate, and those hold on the long run (regression)."""
+    from llmperf.serving import planner
+    from llmperf.serving.simulator import SLO, ServingConfig, saturated_rate, simulate
+    from llmperf.serving.workload import Poisson, WorkloadSpec, generate
+    spec = WorkloadSpec(arrival="poisson:1", prompt_len="lognormal:6:0.8:16:4096", output_len="lognormal:5:0.8:1:1024",
+                        num_requests=60, seed=0)
+    slo = SLO(ttft_s=0.5, tpot_s=0.03, percentile=90)
+    res = planner.plan("llama-3.1-8b", rate=40.0, slo=slo, workload=spec, devices=["a100-80gb-sxm"],
+                       precisions=["bf16"], tps=[1], jobs=1)
+    (row,) = res.rows
+    model = planner.load_model("llama-3.1-8b")
+    cfg = ServingConfig(model=model, hardware=planner.load_hardware("a100-80gb-sxm"),
+                        precision=planner.plan_precision(model, "bf16"))
+    mu = saturated_rate(spec, cfg)
+    assert row.feasible and 40.0 / row.replicas < mu < 40.0 / 2
+    long = WorkloadSpec(arrival=Poisson(40.0 / row.replicas), prompt_len=spec.prompt_len, output_len=spec.output_len,
+                        num_requests=1500, seed=1)
+    assert simulate(generate(long), cfg, slo=slo).meets_slo
+    two = WorkloadSpec(arrival=Poisson(20.0), prompt_len=spec.prompt_len, output_len=spec.output_len,
+                       num_requests=1500, seed=1)
+    assert not simulate(generate(two), cfg, slo=slo).meets_slo
