@@ -27,7 +27,7 @@ A recorded run is a `Trace`: `trace.ops` (list of `OpRecord`), `trace.steps` (li
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -155,6 +155,8 @@ class _CpuOp:
         self.rec, self.name, self.layer = rec, name, layer
 
     def __enter__(self) -> None:
+        if self.rec.before_op is not None:
+            self.rec.before_op()
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc: object) -> bool:
@@ -196,13 +198,16 @@ class Recorder:
     """Times engine steps and, if `ops=True`, every operator of every forward pass.
 
     `device`: where the model runs (CUDA timing needs it). `mode`: "events" or "sync" on CUDA (see the
-    module docstring); ignored on CPU. Attach with `Engine.generate(..., recorder=rec)` or
+    module docstring); ignored on CPU. `before_op` (CPU only): called before each operator's clock
+    starts, outside the timed region (`llmperf calibrate` runs a GEMM there, so that each operator
+    dispatches with the caches as cold as a real decode step leaves them). Attach with `Engine.generate(..., recorder=rec)` or
     `model.forward(..., rec=rec)`; read with `rec.trace`.
     """
 
     active = True
 
-    def __init__(self, device: torch.device | str = "cpu", *, ops: bool = True, mode: str = "events") -> None:
+    def __init__(self, device: torch.device | str = "cpu", *, ops: bool = True, mode: str = "events",
+                 before_op: Callable[[], Any] | None = None) -> None:
         if mode not in ("events", "sync"):
             raise ValueError(f"mode must be 'events' or 'sync', got {mode!r}")
         self.device = torch.device(device)
@@ -215,6 +220,9 @@ class Recorder:
         self._step_index = {p: 0 for p in PHASES}
         self._forward_seconds = 0.0
         self._op_cls = (_EventOp if mode == "events" else _SyncOp) if self.cuda else _CpuOp
+        if before_op is not None and self.cuda:
+            raise ValueError("before_op: only a CPU recorder runs a hook before each operator")
+        self.before_op = before_op
 
     def op(self, name: str, layer: int | None = None) -> Any:
         if not self.record_ops:

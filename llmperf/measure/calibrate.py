@@ -302,7 +302,9 @@ class Calibration:
                           interconnect_busbw_gbps=_clean(self.interconnect_bytes_per_s() / 1e9)),
             overhead_s={k: _clean(v) for k, v in self.overhead_s.items()},
             op_overhead_s={b: {op: _clean(v) for op, v in ops.items()} for b, ops in self.op_overhead_s.items()},
-            op_overhead_model=dict(TINY_SPEC, cache="contiguous", tokens=self.settings.op_overhead_tokens),
+            op_overhead_model=dict(TINY_SPEC, cache="contiguous", tokens=self.settings.op_overhead_tokens,
+                                   cold=(f"a (1,{COLD_GEMM[0]})@({COLD_GEMM[0]},{COLD_GEMM[1]}) fp32 GEMV before each "
+                                         "operator" if self.device.get("kind") == "cpu" else "none (GPU: warm host)")),
             step_overhead_s=_clean(self.step_overhead_s),
             streams=[dict(kind=p.kind, size_bytes=p.size_bytes, gb_per_s=_clean(p.bytes_per_s / 1e9),
                           seconds=_clean(p.seconds), spread_s=_clean(p.spread_s), n=p.n) for p in self.streams],
@@ -541,6 +543,31 @@ def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
 
 
 #: the tiny model of the engine measurements: hidden 64, 2 layers (nothing like an evaluated model)
+#: On a CPU, every operator of a real decode step dispatches right after a weight matrix streamed
+#: through the caches, which evicts the interpreter's and the framework's dispatch state: measured on
+#: the 2-core development machine, the engine's RMSNorm at (4, 1024) fp32 took 14 us back to back but
+#: 95 us (1 thread) to 198 us (2 threads) right after a (4,1024)@(1024,7168) GEMM, and 76-117 us after
+#: reading 32 MB. So the tiny model's operators are each timed right after such a GEMM (outside the
+#: timed region), as `do_bench` flushes a GPU's L2 before each call. A GPU engine's host never streams
+#: the weights, so CUDA runs keep warm host caches.
+COLD_GEMM = (1024, 8192)  # (K, N) of the fp32 GEMV before each operator: 32 MiB of weights, two of them
+
+
+def _cold_caches(device: Any) -> Callable[[], Any] | None:
+    """The hook a CPU recorder runs before each operator: a GEMV over one of two 32 MiB weight matrices
+    in turn (at the calibration's threads, like the engine's own projections)."""
+    import itertools
+
+    import torch
+
+    if device.type != "cpu":
+        return None
+    k, n = COLD_GEMM
+    x = torch.randn(1, k)
+    weights = itertools.cycle([torch.randn(k, n), torch.randn(k, n)])
+    return lambda: torch.matmul(x, next(weights))
+
+
 TINY_SPEC = dict(name="calibrate-tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
                  num_kv_heads=2, ffn_size=128, max_positions=256)
 
@@ -562,6 +589,7 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress) -> dict[s
     from llmperf.specs import ModelSpec
 
     spec = ModelSpec(**TINY_SPEC)
+    before_op = _cold_caches(device)
     dtype = "bf16" if device.type == "cuda" else "fp32"  # what each device's runs use; dispatch barely cares
     out: dict[str, dict[str, float]] = {}
     prompt = [[1, 2, 3, 4]]
@@ -572,7 +600,7 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress) -> dict[s
             model = build_model(spec, seed=0, dtype=dtype, device=device, attention=backend)
             engine = Engine(model, cache="contiguous", attention=backend)
             engine.generate(prompt, params)  # warm-up: the same lengths, so every kernel is compiled
-            rec = Recorder(device)
+            rec = Recorder(device, before_op=before_op)
             engine.generate(prompt, params, recorder=rec)
         except Exception:  # noqa: BLE001 - a backend this build cannot run keeps the per-kind figures (noted)
             continue

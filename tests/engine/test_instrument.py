@@ -84,6 +84,26 @@ def test_recording_runs_the_same_fused_gemms(layout):
     assert {"qkv_proj", "gate_up_proj"} <= ops and not ops & {"q_proj", "k_proj", "v_proj", "gate_proj"}
 
 
+def test_before_op_runs_once_per_operator_outside_the_clock():
+    """`before_op` (what calibrate uses to cool the caches) runs before every timed operator and its
+    time is in no operator's figure; the tokens do not change."""
+    import time
+
+    model = make_model("llama")
+    calls = []
+
+    def slow_hook():
+        calls.append(1)
+        time.sleep(0.002)
+
+    rec = Recorder(before_op=slow_hook)
+    plain = [o.tokens for o in Engine(model).generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))]
+    timed = [o.tokens for o in Engine(model).generate([[1, 2, 3]], SamplingParams(max_new_tokens=3), recorder=rec)]
+    assert plain == timed
+    assert len(calls) == len(rec.trace.ops) > 0
+    assert sum(r.seconds for r in rec.trace.ops) < 0.002 * len(calls)
+
+
 def test_bad_recorder_arguments():
     with pytest.raises(ValueError, match="mode"):
         Recorder(mode="nvtx")
