@@ -245,7 +245,7 @@ class Linear:
         return entry[3]
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        if self.min_rows is None or x.numel() < self.min_rows * x.shape[-1]:
+        if self.min_rows is None or x.numel() < self.min_rows * x.shape[-1] or not x.is_cpu:  # moved to CUDA
             return self.plain(x, w, b)
         return _PACKED_LINEAR(x, self.packed(w), b, "none", [], "")
 
