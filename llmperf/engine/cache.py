@@ -459,9 +459,11 @@ class PagedKVCache(KVCache):
             tables.append(self.manager.block_table(s))
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]  # padding points at block 0: masked
-        return StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, store=self,
+        meta = StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, store=self,
                         slot_mapping=torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True),
                         block_tables=torch.tensor(padded, dtype=torch.int32).to(self.device, non_blocking=True))
+        meta._memo["block_runs"] = _block_runs(tables, -(-meta.max_seq_len // self.block_size))
+        return meta
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> None:
         N, P = self.kv.shape[2], self.kv.shape[3]
@@ -478,6 +480,13 @@ class PagedKVCache(KVCache):
             meta._memo["tables_long"] = meta.block_tables[:, :nb].long()  # (B, nb)
         tables = meta._memo["tables_long"]
         B, nb = tables.shape
+        runs = meta._memo.get("block_runs")
+        if runs is not None:  # every sequence's blocks are one run, equally spaced: a view, no copy
+            first, spacing = runs
+            P, H_kv, D = self.block_size, self.num_kv_heads, self.head_dim
+            return tuple(kv.as_strided((B, H_kv, S, D), (spacing * P * H_kv * D, D, H_kv * D, 1),
+                                       kv.storage_offset() + first * P * H_kv * D)
+                         for kv in (self.kv[layer, 0], self.kv[layer, 1]))  # (B, H_kv, S, D) each
         out = []
         flat = tables.reshape(-1)  # (B*nb,)
         for kv in (self.kv[layer, 0], self.kv[layer, 1]):
@@ -493,6 +502,21 @@ class PagedKVCache(KVCache):
         return CacheUsage(kind=self.kind, bytes_per_token=bpt, capacity_bytes=self.capacity_bytes,
                           reserved_bytes=u.reserved_slots * bpt, used_bytes=u.used_slots * bpt,
                           logical_tokens=u.logical_tokens, num_seqs=u.num_sequences)
+
+
+def _block_runs(tables: Sequence[Sequence[int]], nb: int) -> tuple[int, int] | None:
+    """(first block, spacing between sequences) when the first `nb` blocks of every table are one
+    run of consecutive ids and the runs start equally spaced, so the step's K/V is a strided view
+    of the pool (PagedAttention reading the blocks in place); None otherwise (then a gather copies)."""
+    firsts = []
+    for t in tables:
+        if len(t) < nb or t[nb - 1] - t[0] != nb - 1 or any(t[j + 1] != t[j] + 1 for j in range(nb - 1)):
+            return None
+        firsts.append(t[0])
+    spacing = firsts[1] - firsts[0] if len(firsts) > 1 else nb
+    if spacing < nb or any(b - a != spacing for a, b in zip(firsts, firsts[1:])):
+        return None
+    return firsts[0], spacing
 
 
 def make_cache(kind: str, spec: ModelSpec, *, dtype: torch.dtype, device: torch.device | str,

@@ -14,9 +14,10 @@ Numerics follow Hugging Face `transformers` (RMSNorm in fp32 then cast; RoPE tab
 the activation dtype; router softmax in fp32), so fp32 greedy decoding reproduces `generate()`.
 
 Matrix layout (`weight_layout`): "out_in" (`nn.Linear`'s `(out, in)`, `F.linear`) or "in_out"
-(`x @ W + b`, GPT-2's Conv1D). On CPU the fastest depends on the dtype (measured, 2 cores, M = 8
-rows: fp32 GEMMs are ~1.4x faster against `(in, out)`, bf16 ones ~1.4x faster against `(out, in)`),
-so "auto" picks "in_out" for fp32 on CPU and "out_in" otherwise (cuBLAS is indifferent).
+(`x @ W + b`, GPT-2's Conv1D). On CPU, GEMMs with enough rows also run on a copy of each weight packed
+for oneDNN (`torch.ops.mkldnn._reorder_linear_weight` + `_linear_pointwise`, what torch inductor runs
+on CPU). Both choices, and the measurement behind them, are in one place: `resolve_layout` and
+`packed_min_rows`.
 
 Fused weights for speed: Q, K and V are one `(C, q_size + 2 kv_size)` matrix and SwiGLU's gate and
 up one `(C, 2F)` matrix, so a decode step runs one GEMM where three (two) would do the same work, and
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils import flop_counter
 
 from llmperf.analysis.vocabulary import Op
 from llmperf.engine.attention import BACKENDS, get_backend
@@ -164,14 +166,88 @@ class Norm(nn.Module):
 
 WEIGHT_LAYOUTS = ("auto", "in_out", "out_in")
 
+# How each GEMM reads its weights, chosen here and nowhere else. Measured 2026-11-23 on the 2-core
+# Xeon (AVX-512, AVX512_BF16, AMX; torch 2.13 CPU): the four projections of 12 layers of a 1024-wide
+# Llama (540 MB in fp32, far beyond the caches), rows (B*T) as in a decode step, GB/s of weights read,
+# median of 5 (spread within 5%):
+#
+#                  F.linear (out, in)   x @ W (in, out)   oneDNN packed
+#     fp32  1 row        24.4               25.3              21.6
+#     fp32  8 rows       10.0               12.6              16.5
+#     bf16  1 row        12.8                8.6              18.4
+#     bf16  8 rows       13.1               10.5              17.1
+#
+# So on CPU: fp32 stores `(in, out)` (the plain matrix-vector path wins at one row) and runs GEMMs of
+# 2+ rows on the packed copy; bf16 stores `(out, in)` and runs every GEMM on the packed copy (torch's
+# own bf16 GEMV is the slow kernel). Prefill (32-256 rows) is as fast or faster packed. cuBLAS is
+# indifferent to the layout and nothing is packed on CUDA; fp16 was not measured and is not packed.
+
 
 def resolve_layout(layout: str, dtype: torch.dtype, device: torch.device) -> bool:
-    """True when matrices are stored `(in, out)` (see the module docstring for "auto")."""
+    """True when matrices are stored `(in, out)` ("auto": the measurement above)."""
     if layout not in WEIGHT_LAYOUTS:
         raise ValueError(f"weight_layout: must be one of {', '.join(WEIGHT_LAYOUTS)}, got {layout!r}")
     if layout == "auto":
         return device.type == "cpu" and dtype == torch.float32
     return layout == "in_out"
+
+
+def packed_min_rows(dtype: torch.dtype, device: torch.device) -> int | None:
+    """The fewest rows (B*T) from which a GEMM runs on the oneDNN-packed copy of its weight (the
+    measurement above); None: never packed (CUDA, fp16, a CPU or torch build without oneDNN bf16)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    if dtype == torch.float32:
+        return 2
+    if dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return 1
+    return None
+
+
+def _packed_linear_flops(x_shape: torch.Size, *args: Any, out_shape: torch.Size, **kwargs: Any) -> int:
+    """`FlopCounterMode` formula for the packed GEMM (either overload): 2 * rows * in * out, as it
+    counts `mm` / `addmm` (the bias not counted)."""
+    return 2 * math.prod(out_shape) * x_shape[-1]
+
+
+_PACKED_LINEAR = torch.ops.mkldnn._linear_pointwise.default
+if torch.ops.mkldnn._linear_pointwise not in flop_counter.flop_registry:  # profile's cross-check counts what runs
+    flop_counter.register_flop_formula(torch.ops.mkldnn._linear_pointwise)(_packed_linear_flops)
+
+
+class Linear:
+    """`y = x W^T + b` for one model's weights (stored as `resolve_layout` says): on the plain path,
+    or, from `min_rows` rows up, on oneDNN-packed copies made on first use and remade whenever the
+    weight changes (its version counter or storage), so loading weights after building stays right
+    (an inference tensor has no version counter: changing one in place needs `clear()`)."""
+
+    __slots__ = ("in_out", "min_rows", "_packs")
+
+    def __init__(self, in_out: bool, min_rows: int | None) -> None:
+        self.in_out, self.min_rows = in_out, min_rows
+        self._packs: dict[int, tuple[torch.Tensor, int, int, torch.Tensor]] = {}
+
+    def clear(self) -> None:
+        """Forget every packed copy (they are remade on next use)."""
+        self._packs.clear()
+
+    def plain(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        return _matmul_in_out(x, w, b) if self.in_out else F.linear(x, w, b)
+
+    def packed(self, w: torch.Tensor) -> torch.Tensor:
+        """The packed copy of `w` (out, in) for oneDNN, made now if `w` is new or changed."""
+        entry = self._packs.get(id(w))
+        # a weight made under inference_mode has no version counter: its storage alone is checked
+        version = -1 if w.is_inference() else w._version
+        if entry is None or entry[0] is not w or entry[1] != version or entry[2] != w.data_ptr():
+            packed = torch.ops.mkldnn._reorder_linear_weight(w.t() if self.in_out else w, None)
+            entry = self._packs[id(w)] = (w, version, w.data_ptr(), packed)
+        return entry[3]
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if self.min_rows is None or x.numel() < self.min_rows * x.shape[-1] or not x.is_cpu:  # moved to CUDA
+            return self.plain(x, w, b)
+        return _PACKED_LINEAR(x, self.packed(w), b, "none", [], "")
 
 
 def _mat(in_f: int, out_f: int, in_out: bool, **kw: Any) -> nn.Parameter:
@@ -200,11 +276,11 @@ class Block(nn.Module):
     "out_in" stores each matrix transposed (y = x @ W^T + b, `F.linear`).
     """
 
-    def __init__(self, spec: ModelSpec, index: int, in_out: bool, **kw: Any) -> None:
+    def __init__(self, spec: ModelSpec, index: int, linear: Linear, **kw: Any) -> None:
         super().__init__()
         self.index = index
-        self.in_out = in_out
-        self.linear = _matmul_in_out if in_out else F.linear
+        in_out = self.in_out = linear.in_out
+        self.linear = linear
         C, F_ = spec.hidden_size, spec.ffn_size
         self.H, self.H_kv, self.D = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.q_size, spec.kv_size
@@ -260,34 +336,36 @@ class Block(nn.Module):
 
     # ---- MLP ------------------------------------------------------------------------------------
     def _ffn(self, h: torch.Tensor, up_w: torch.Tensor, up_b: torch.Tensor | None, down_w: torch.Tensor,
-             down_b: torch.Tensor | None, rec: Any) -> torch.Tensor:
+             down_b: torch.Tensor | None, rec: Any, linear: Any) -> torch.Tensor:
         i = self.index
         if self.swiglu:
             with rec.op(_GATE_UP, i):  # one fused GEMM over [gate | up], timed as such
-                gate, up = self.linear(h, up_w, up_b).chunk(2, dim=-1)
+                gate, up = linear(h, up_w, up_b).chunk(2, dim=-1)
             with rec.op("act", i):
                 a = self.act(gate) * up
         else:
             with rec.op("up_proj", i):
-                a = self.linear(h, up_w, up_b)
+                a = linear(h, up_w, up_b)
             with rec.op("act", i):
                 a = self.act(a)
         with rec.op("down_proj", i):
-            return self.linear(a, down_w, down_b)
+            return linear(a, down_w, down_b)
 
     def _moe(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
         """Mixtral routing: softmax over experts in fp32, top-k, renormalise, weighted sum of experts."""
         B, T, C = h.shape
         flat = h.reshape(B * T, C)  # (N, C)
         with rec.op("router", self.index):
-            logits = self.linear(flat, self.router_weight)  # (N, E)
+            logits = self.linear.plain(flat, self.router_weight)  # (N, E)
             weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
             weights, chosen = torch.topk(weights, self.top_k, dim=-1)  # (N, K)
             weights = weights / weights.sum(dim=-1, keepdim=True)  # fp32, as Hugging Face keeps them
         out = torch.zeros_like(flat)
         for e in torch.unique(chosen).tolist():
             rows, slot = torch.nonzero(chosen == e, as_tuple=True)
-            y = self._ffn(flat[rows], self.experts_up_weight[e], None, self.experts_down_weight[e], None, rec)
+            # experts run plain: their weights are views made per step, not packable parameters
+            y = self._ffn(flat[rows], self.experts_up_weight[e], None, self.experts_down_weight[e], None, rec,
+                          self.linear.plain)
             out.index_add_(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
         return out.view(B, T, C)
 
@@ -298,7 +376,7 @@ class Block(nn.Module):
         if self.moe:
             y = self._moe(h, rec)
         else:
-            y = self._ffn(h, self.up_weight, self.up_bias, self.down_weight, self.down_bias, rec)
+            y = self._ffn(h, self.up_weight, self.up_bias, self.down_weight, self.down_bias, rec, self.linear)
         with rec.op("mlp_residual", i):
             return y.add_(x)
 
@@ -344,17 +422,20 @@ class Transformer(nn.Module):
         device = torch.device(device)
         self.in_out = resolve_layout(weight_layout, self.dtype, device)
         self.weight_layout = "in_out" if self.in_out else "out_in"
+        self.linear = Linear(self.in_out, packed_min_rows(self.dtype, device))
         kw = dict(dtype=self.dtype, device=device)
         C = spec.hidden_size
         self.embed_weight = nn.Parameter(torch.empty(spec.vocab_size, C, **kw))
         self.pos_weight = (nn.Parameter(torch.empty(spec.max_positions, C, **kw))
                            if spec.pos_encoding == "learned" else None)
-        self.layers = nn.ModuleList(Block(spec, i, self.in_out, **kw) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(Block(spec, i, self.linear, **kw) for i in range(spec.num_layers))
         self.final_norm = Norm(spec.norm_kind, C, spec.norm_eps, **kw)
-        if spec.tied_embeddings:
+        if spec.tied_embeddings:  # the embedding itself, (V, C) whatever the layout
             self.lm_head_weight = self.embed_weight
+            self._head_linear = Linear(False, self.linear.min_rows)
         else:
             self.lm_head_weight = _mat(C, spec.vocab_size, self.in_out, **kw)
+            self._head_linear = self.linear
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
         # Math-changing spec fields, honoured by every backend through the step metadata:
         # GPT-2's softmax scale per layer (HF `GPT2Attention.scaling`), and the sliding window.
@@ -413,9 +494,7 @@ class Transformer(nn.Module):
         with rec.op("final_norm"):
             x = self.final_norm.forward(x)
         with rec.op("lm_head"):
-            if self.spec.tied_embeddings or not self.in_out:
-                return F.linear(x, self.lm_head_weight)  # (V, C): the tied embedding, or "out_in"
-            return _matmul_in_out(x, self.lm_head_weight)  # (B, V) or (B, T, V)
+            return self._head_linear(x, self.lm_head_weight)  # (B, V) or (B, T, V)
 
 
 __all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "rope_inv_freq", "torch_dtype"]

@@ -152,3 +152,36 @@ def test_paged_and_contiguous_store_the_same_keys_and_values(lengths, extra, blo
         torch.testing.assert_close(k0[b, :, :n + extra], k1[b, :, :n + extra], rtol=0, atol=0)
         torch.testing.assert_close(v0[b, :, :n + extra], v1[b, :, :n + extra], rtol=0, atol=0)
     assert caches[0].usage().logical_tokens == caches[1].usage().logical_tokens == sum(lengths) + extra * len(lengths)
+
+
+def test_block_runs_find_tables_that_are_one_equally_spaced_run_each():
+    from llmperf.engine.cache import _block_runs
+
+    assert _block_runs([[3, 4, 5]], 3) == (3, 3)
+    assert _block_runs([[3, 4, 5, 9]], 3) == (3, 3)  # only the blocks the step reads count
+    assert _block_runs([[0, 1], [4, 5], [8, 9]], 2) == (0, 4)
+    assert _block_runs([[0, 1], [4, 5], [9, 10]], 2) is None  # unequal spacing
+    assert _block_runs([[4, 5], [0, 1]], 2) is None  # descending: no positive stride
+    assert _block_runs([[0, 1], [1, 2]], 2) is None  # overlapping runs
+    assert _block_runs([[0, 2]], 2) is None and _block_runs([[0]], 2) is None
+
+
+def test_paged_gather_view_equals_the_copying_gather():
+    """A step whose blocks are one run per sequence reads the pool in place (a strided view); the
+    values are those of the gather that copies blocks (forced by dropping the run)."""
+    spec = SPECS["llama"]()
+    cache = PagedKVCache(spec, num_blocks=12, block_size=4)
+    g = torch.Generator().manual_seed(7)
+    for s, n in enumerate((9, 9)):  # 3 blocks each: [0, 1, 2], [3, 4, 5]
+        assert cache.allocate(s, n)
+        for layer in range(spec.num_layers):
+            shape = (1, n, spec.num_kv_heads, spec.head_dim)
+            cache.write(layer, torch.randn(shape, generator=g), torch.randn(shape, generator=g), cache.prepare([s], n))
+    meta = cache.prepare([0, 1], 1)
+    assert meta._memo["block_runs"] == (0, 3)
+    view = cache.gather(1, meta)
+    assert view[0].data_ptr() == cache.kv[1, 0].data_ptr()  # the pool itself, no copy
+    del meta._memo["block_runs"]
+    copy = cache.gather(1, meta)
+    for a, b in zip(view, copy):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

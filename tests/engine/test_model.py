@@ -206,3 +206,79 @@ def test_triton_ragged_multi_token_step_equals_sdpa(cache_kind):
         pytest.skip(why)
     torch.testing.assert_close(_ragged_extend_logits("triton", cache_kind), _ragged_extend_logits("sdpa", cache_kind),
                                rtol=1e-4, atol=1e-4)
+
+
+# ---- GEMMs on packed weights (CPU) -----------------------------------------------------------------
+
+
+def _forward_both_ways(model, tokens):
+    """Logits with the layout's packing policy and with every GEMM on the plain path."""
+    rows = model.linear.min_rows
+    with torch.no_grad():
+        packed = model(tokens, all_logits=True)
+        model.linear.min_rows = model._head_linear.min_rows = None
+        try:
+            plain = model(tokens, all_logits=True)
+        finally:
+            model.linear.min_rows = model._head_linear.min_rows = rows
+    return packed, plain
+
+
+def test_packing_policy_per_dtype_and_device():
+    from llmperf.engine.model import packed_min_rows
+
+    cpu = torch.device("cpu")
+    assert packed_min_rows(torch.float16, cpu) is None
+    assert packed_min_rows(torch.float32, torch.device("cuda")) is None  # CUDA: never packed
+    if torch.backends.mkldnn.is_available():
+        assert packed_min_rows(torch.float32, cpu) == 2  # one fp32 row: the plain GEMV is faster
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "mixtral"])
+def test_packed_gemms_equal_the_plain_path(kind, layout):
+    model = make_model(kind, seed=2, weight_layout=layout)
+    assert model.linear.min_rows == 2
+    tokens = torch.randint(0, model.spec.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    packed, plain = _forward_both_ways(model, tokens)
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
+def test_packed_weights_follow_a_weight_changed_after_packing(llama_spec):
+    model = build_model(llama_spec, seed=0)
+    tokens = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model(tokens)  # packs every matrix
+        model.layers[0].qkv_weight.mul_(2.0)  # in place: the version counter moves
+        model.layers[1].up_weight.data = model.layers[1].up_weight.data * 0.5  # new storage
+    packed, plain = _forward_both_ways(model, tokens)
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_flop_counter_sees_the_packed_gemms(llama_spec):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_model(llama_spec, seed=0)
+    tokens = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(3))
+    counts = []
+    for rows in (model.linear.min_rows, None):
+        model.linear.min_rows = rows
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(tokens)
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0
+
+
+def test_bf16_packed_gemv_is_the_plain_math():
+    """bf16 runs every GEMM packed (one row too): same logits as the plain bf16 path, to bf16 rounding."""
+    from llmperf.engine.model import packed_min_rows
+
+    if packed_min_rows(torch.bfloat16, torch.device("cpu")) is None:
+        pytest.skip("no oneDNN bf16 on this CPU")
+    model = make_model("llama", seed=3, dtype="bf16")
+    assert model.linear.min_rows == 1
+    tokens = torch.randint(0, model.spec.vocab_size, (1, 1), generator=torch.Generator().manual_seed(4))
+    packed, plain = _forward_both_ways(model, tokens)
+    torch.testing.assert_close(packed.float(), plain.float(), rtol=2e-2, atol=2e-2)
