@@ -249,6 +249,10 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     if mode not in OVERHEAD_MODES:
         raise SpecError(f"{where}.overhead_mode: must be one of {', '.join(OVERHEAD_MODES)}, got {mode!r}")
     op_overheads = parse_op_overheads(raw.get("op_overhead_s") or {}, f"{where}.op_overhead_s")
+    warm_overheads = parse_op_overheads(raw.get("op_overhead_warm_s") or {}, f"{where}.op_overhead_warm_s")
+    warm_below = raw.get("warm_below_bytes", 0)
+    if isinstance(warm_below, bool) or not isinstance(warm_below, (int, float)) or not 0 <= warm_below < 1e15:
+        raise SpecError(f"{where}.warm_below_bytes: must be bytes >= 0, got {warm_below!r}")
     dtypes = raw.get("dtypes")
     if not isinstance(dtypes, Mapping) or not dtypes:
         raise SpecError(f"{where}.dtypes: expected a mapping of compute dtype -> kinds, got {dtypes!r}")
@@ -257,6 +261,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
         raise SpecError(f"{where}.step_overhead_s: must be seconds in [0, 1), got {step!r}")
     return dict(model=str(raw.get("model", "calibrated")), step_overhead_s=float(step),
                 source=str(raw.get("source", "")), overhead_mode=mode, op_overhead_s=op_overheads,
+                op_overhead_warm_s=warm_overheads, warm_below_bytes=float(warm_below),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -283,20 +288,28 @@ def _pick_dtype(parsed: dict[str, Any], dtype: str, where: str) -> tuple[str, di
                     f"(measured: {', '.join(dtypes)}); run `llmperf calibrate --dtypes {dtype}`")
 
 
-def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, backend: str) -> EfficiencyTimeModel:
+def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, backend: str,
+                 weight_bytes: float | None = None) -> EfficiencyTimeModel:
     used, kinds = _pick_dtype(parsed, dtype, where)
     if backend not in BACKENDS:
         raise SpecError(f"--backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
     ops = parsed["op_overhead_s"].get(backend, {})  # a backend never measured: the per-kind figures
+    warm = parsed.get("op_overhead_warm_s", {}).get(backend, {})
+    if warm and weight_bytes is not None and weight_bytes <= parsed.get("warm_below_bytes", 0.0):
+        ops = warm  # weights that stay in the private caches leave the dispatch warm
     return EfficiencyTimeModel(name=name, kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
                                source=parsed["source"], op_overhead_s=ops, overhead_mode=parsed["overhead_mode"],
                                backend=backend if ops else "")
 
 
 def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16",
-                   backend: str = "sdpa") -> EfficiencyTimeModel:
+                   backend: str = "sdpa", weight_bytes: float | None = None) -> EfficiencyTimeModel:
     """The time model `efficiency` names, for `hardware` at `compute_dtype`, with the per-operator
     overheads measured for the attention `backend` (sdpa unless said: the engine's default).
+    `weight_bytes`: the model's weights on the device; when a CPU calibration measured warm overheads
+    too (`op_overhead_warm_s`) and the weights fit its private caches (`warm_below_bytes`), those
+    are used: every operator then dispatches with warm caches (a toy model), not after a weight
+    matrix streamed through them (a real one, the default).
 
     `calibrated` needs a spec written by `llmperf calibrate` (its `efficiency:` block); `typical`
     reads `models_spec/efficiency/typical.yaml` and is refused for a CPU (its figures are GPU
@@ -311,7 +324,8 @@ def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute
             raise SpecError(f"--efficiency calibrated: hardware {hardware.name!r} has no calibration "
                             "(run `llmperf calibrate`, then use --hardware local)")
         parsed = parse_efficiency(raw, f"{hardware.name}: efficiency")
-        return _from_parsed("calibrated", parsed, compute_dtype, f"{hardware.name}: efficiency", backend)
+        return _from_parsed("calibrated", parsed, compute_dtype, f"{hardware.name}: efficiency", backend,
+                            weight_bytes)
     if hardware.vendor.lower() == "cpu" or "cpu" in (hardware.variant or "").lower().split():
         raise SpecError(f"--efficiency typical: the typical figures are GPU measurements; {hardware.name!r} "
                         "is a CPU (use --efficiency calibrated)")

@@ -37,7 +37,9 @@ def expected_ticks(s: Any) -> int:
     from llmperf.measure.calibrate import op_overhead_backends
 
     import torch
-    backends = len(op_overhead_backends(torch.device(s.device))) if s.op_overhead else 0
+    dev = torch.device(s.device)
+    # per backend; a CPU measures each twice (cold caches, then warm)
+    backends = len(op_overhead_backends(dev)) * (2 if dev.type == "cpu" else 1) if s.op_overhead else 0
     return (len(s.stream_sizes) + len(s.dtypes) * (len(s.gemm_rows) + attn) + 1 + int(s.step_overhead)
             + backends + int(s.allreduce))
 

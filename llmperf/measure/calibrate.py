@@ -189,12 +189,19 @@ class Calibration:
     compute: list[ComputePoint] = field(default_factory=list)
     overhead_s: dict[str, float] = field(default_factory=dict)
     op_overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)  # backend -> operator -> s
+    op_overhead_warm_s: dict[str, dict[str, float]] = field(default_factory=dict)  # CPU: without the cold GEMV
     step_overhead_s: float = 0.0
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
     notes: list[str] = field(default_factory=list)
 
     # ---- the ceilings ---------------------------------------------------------------------------
+    def private_cache_bytes(self) -> int:
+        """The cores' private caches together (L2 x cores): a model whose weights fit there keeps the
+        dispatch state cached between operators (`op_overhead_warm_s` applies)."""
+        caches = self.device.get("caches") or {}
+        return int(caches.get("L2", 0)) * int(self.device.get("cores", 1) or 1)
+
     def dram_size_bytes(self) -> int:
         """Buffers at least 4x the last-level cache (or the largest measured) stream from DRAM."""
         caches = self.device.get("caches") or {}
@@ -256,6 +263,10 @@ class Calibration:
         if self.op_overhead_s:
             out["op_overhead_s"] = {b: {op: _clean(v) for op, v in ops.items()}
                                     for b, ops in self.op_overhead_s.items()}
+        if self.op_overhead_warm_s:
+            out["op_overhead_warm_s"] = {b: {op: _clean(v) for op, v in ops.items()}
+                                         for b, ops in self.op_overhead_warm_s.items()}
+            out["warm_below_bytes"] = self.private_cache_bytes()
         out["dtypes"] = dtypes
         return out
 
@@ -430,18 +441,18 @@ def measure_streams(s: Settings, device: Any, progress: Progress) -> list[Stream
 
 
 def _linear_fn(rows: int, k: int, n: int, dtype: Any, device: Any) -> Callable[[], Any]:
-    """`x @ W` in the engine's weight layout for this dtype and device (llmperf.engine.model)."""
+    """`x @ W` as the engine runs it for this dtype and device: its weight layout and, where it packs
+    weights for oneDNN, the packed GEMM (`llmperf.engine.model.Linear`, packed once before timing)."""
     import torch
-    import torch.nn.functional as F
 
-    from llmperf.engine.model import resolve_layout
+    from llmperf.engine.model import Linear, packed_min_rows, resolve_layout
 
     x = torch.randn(rows, k, device=device, dtype=dtype)
-    if resolve_layout("auto", dtype, device):
-        w = torch.randn(k, n, device=device, dtype=dtype)
-        return lambda: torch.matmul(x, w)
-    w = torch.randn(n, k, device=device, dtype=dtype)
-    return lambda: F.linear(x, w)
+    in_out = resolve_layout("auto", dtype, device)
+    w = torch.randn((k, n) if in_out else (n, k), device=device, dtype=dtype)
+    linear = Linear(in_out, packed_min_rows(dtype, device))
+    linear(x, w)  # packs now, outside the timing
+    return lambda: linear(x, w)
 
 
 def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[ComputePoint], list[str]]:
@@ -577,9 +588,11 @@ def op_overhead_backends(device: Any) -> tuple[str, ...]:
     return ("sdpa", "naive", "triton") if device.type == "cuda" else ("sdpa", "naive")
 
 
-def measure_op_overheads(s: Settings, device: Any, progress: Progress) -> dict[str, dict[str, float]]:
+def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: bool = True
+                         ) -> dict[str, dict[str, float]]:
     """Per attention backend, the median time of one call of each engine operator over the decode
-    steps of the tiny model's recorded greedy generation (per layer for per-layer operators)."""
+    steps of the tiny model's recorded greedy generation (per layer for per-layer operators); on a
+    CPU with `cold`, each operator right after a 32 MiB GEMV (`_cold_caches`)."""
     import statistics
     from collections import defaultdict
 
@@ -589,13 +602,13 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress) -> dict[s
     from llmperf.specs import ModelSpec
 
     spec = ModelSpec(**TINY_SPEC)
-    before_op = _cold_caches(device)
+    before_op = _cold_caches(device) if cold else None
     dtype = "bf16" if device.type == "cuda" else "fp32"  # what each device's runs use; dispatch barely cares
     out: dict[str, dict[str, float]] = {}
     prompt = [[1, 2, 3, 4]]
     params = SamplingParams(max_new_tokens=s.op_overhead_tokens, min_new_tokens=s.op_overhead_tokens)
     for backend in op_overhead_backends(device):
-        progress(f"operator overheads ({backend})")
+        progress(f"operator overheads ({backend}{', cold caches' if before_op else ''})")
         try:
             model = build_model(spec, seed=0, dtype=dtype, device=device, attention=backend)
             engine = Engine(model, cache="contiguous", attention=backend)
@@ -730,6 +743,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
     if s.op_overhead:
         with torch.inference_mode():
             cal.op_overhead_s = measure_op_overheads(s, device, tick)
+            if device.type == "cpu":
+                cal.op_overhead_warm_s = measure_op_overheads(s, device, tick, cold=False)
         missing = [b for b in op_overhead_backends(device) if b not in cal.op_overhead_s]
         if missing:
             cal.notes.append(f"operator overheads not measured for {', '.join(missing)}: the per-kind figures apply")

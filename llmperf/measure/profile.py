@@ -437,13 +437,13 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
     """Every weight matmul and the attention of one layer, at this configuration's prefill and at its
     middle decode step (context prompt + gen / 2)."""
     import torch
-    import torch.nn.functional as F
 
-    from llmperf.engine.model import resolve_layout
+    from llmperf.engine.model import Linear, packed_min_rows, resolve_layout
     from llmperf.measure.timers import time_fn
 
     device, dtype = model.device, model.dtype
     in_out = resolve_layout("auto", dtype, device)
+    linear = Linear(in_out, packed_min_rows(dtype, device))  # the engine's GEMM: packed where it packs
     elem = torch.empty((), dtype=dtype).element_size()
     rows_out = []
     shapes = [(Phase.prefill, prompt_len, prompt_len), (Phase.decode, 1, prompt_len + max(gen_len // 2, 1))]
@@ -456,18 +456,20 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
             ws = [torch.randn((d_in, d_out) if in_out else (d_out, d_in), device=device, dtype=dtype)
                   for _ in range(copies)]
             x = torch.randn(rows, d_in, device=device, dtype=dtype)
+            for w in ws:
+                linear(x, w)  # pack every copy before timing
             state = {"i": 0}
 
             def call(x=x, ws=ws, state=state) -> Any:
                 state["i"] = (state["i"] + 1) % len(ws)
-                w = ws[state["i"]]
-                return torch.matmul(x, w) if in_out else F.linear(x, w)
+                return linear(x, ws[state["i"]])
 
             t = time_fn(call, device, reps=settings.reps, warmup=1, max_time_s=MICRO_BUDGET_S)
             cost = pred.cost(op, batch, q_len, kv_len)
             rows_out.append(op_row("micro", phase.value, op.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
                                    cost, pred.times(cost, batch, q_len, micro=True), pred.hardware, pred.compute_dtype))
             del ws, x
+            linear.clear()
         rows_out += _attention_micro(model, spec, pred, settings, batch, phase, q_len, kv_len)
     return rows_out
 
@@ -654,7 +656,8 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     attention = "naive" if settings.backend == "naive" else "fused"
     check_fits(memory_needed(spec, prec, settings, attention), available_memory_bytes(device), settings.device)
     compute_dtype = hardware.compute_dtype(settings.dtype)
-    calibrated = (time_model_for(hardware, "calibrated", compute_dtype, backend=settings.backend)
+    calibrated = (time_model_for(hardware, "calibrated", compute_dtype, backend=settings.backend,
+                                 weight_bytes=weight_bytes_per_gpu(spec, prec))
                   if hardware.efficiency else None)
     # the engine runs Q, K, V as one GEMM and gate + up as one (llmperf.engine.model): predict that engine
     fm = ForwardModel(model=spec, precision=prec, attention=attention, fused_qkv=True, fused_gate_up=True)

@@ -41,7 +41,7 @@ from llmperf.serving.simulator import (
     SLO, ServingConfig, check_fits, plan_memory, saturated_rate, service_rate_bound, simulate, step_cost_model,
 )
 from llmperf.serving.workload import Poisson, WorkloadSpec, generate
-from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
+from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
 
 GiB = 2**30
 DEFAULT_PRECISIONS = ("bf16", "fp8", "int8", "int4")

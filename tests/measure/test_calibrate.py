@@ -142,6 +142,8 @@ def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
     assert {"attn_score", "attn_softmax", "attn_value"} <= set(cal.op_overhead_s["naive"])
     eff = cal.to_mapping()["efficiency"]
     assert eff["schema_version"] == 2 and eff["overhead_mode"] == "add"
+    # a CPU measures them warm too, for models whose weights fit the private caches
+    assert set(cal.op_overhead_warm_s) == {"sdpa", "naive"} and eff["warm_below_bytes"] > 0
     path = write_yaml(cal.to_mapping(), tmp_path / "cal.yaml")
     hw = load_calibrated(path)
     tm = time_model_for(hw, "calibrated", "fp32", backend="naive")

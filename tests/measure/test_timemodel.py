@@ -155,6 +155,22 @@ def test_per_operator_overhead_wins_over_the_kind_and_is_per_backend():
         time_model_for(hw, "calibrated", "fp32", backend="flash")
 
 
+def test_warm_overheads_for_weights_that_fit_the_private_caches():
+    """A CPU calibration measures each operator twice: cold (after a weight matrix streamed, as in a
+    real model's step; the default) and warm. The warm figures apply only to a model whose weights fit
+    `warm_below_bytes`; a bad `warm_below_bytes` is named."""
+    hw = _hw(_eff(op_overhead_s={"sdpa": {"rope": 9e-5}}, op_overhead_warm_s={"sdpa": {"rope": 2e-5}},
+                  warm_below_bytes=4 * 2**20))
+    fm = ForwardModel(model=load_model("llama-3.1-8b").scaled(num_layers=2), precision=Precision.uniform("fp32"))
+    rope = fm.rope(1, 1, 10)
+    assert time_model_for(hw, "calibrated", "fp32").overhead_for(rope) == (9e-5, "op")  # unknown size: cold
+    assert time_model_for(hw, "calibrated", "fp32", weight_bytes=16e9).overhead_for(rope) == (9e-5, "op")
+    assert time_model_for(hw, "calibrated", "fp32", weight_bytes=1e6).overhead_for(rope) == (2e-5, "op")
+    assert time_model_for(hw, "calibrated", "fp32", weight_bytes=4 * 2**20).overhead_for(rope) == (2e-5, "op")
+    with pytest.raises(SpecError, match="warm_below_bytes"):
+        time_model_for(_hw(_eff(op_overhead_s={"sdpa": {"rope": 9e-5}}, warm_below_bytes=-1)), "calibrated", "fp32")
+
+
 def test_overlap_mode_takes_the_max_of_device_and_host():
     hw = _hw(_eff(overhead_mode="overlap", op_overhead_s={"sdpa": {"qkv_proj": 1e-4}}), vendor="NVIDIA")
     tm = time_model_for(hw, "calibrated", "fp32")
