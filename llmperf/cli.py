@@ -25,9 +25,12 @@ def _one_line_usage_error(exc) -> None:  # noqa: ANN001
     err_console.print(f"[bold red]error:[/] {exc.format_message()}{where}", markup=True, highlight=False)
 
 
-import typer.rich_utils as _typer_rich  # noqa: E402
-
-_typer_rich.rich_format_error = _one_line_usage_error
+try:  # typer's own renderer of usage errors; a typer without it keeps its default (still exit 2)
+    import typer.rich_utils as _typer_rich  # noqa: E402
+except ImportError:  # pragma: no cover - typer built without rich
+    _typer_rich = None
+if _typer_rich is not None and hasattr(_typer_rich, "rich_format_error"):
+    _typer_rich.rich_format_error = _one_line_usage_error
 
 app = typer.Typer(
     name="llmperf", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
