@@ -30,10 +30,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmperf.analysis.memory import weight_bytes_per_gpu
 from llmperf.analysis.operators import ForwardModel
-from llmperf.analysis.timemodel import ROOFLINE_MODEL, time_model_for
-from llmperf.measure.profile import E2E, error_stats
+from llmperf.analysis.timemodel import ROOFLINE_MODEL
+from llmperf.measure.profile import E2E, calibrated_model, error_stats
 from llmperf.specs import Precision
 from llmperf.specs.loader import hardware_from_mapping, model_from_mapping
 
@@ -78,8 +77,7 @@ def critical_batches(run: dict, steps: pd.DataFrame) -> list[CriticalBatch]:
     hw = hardware_from_mapping(dict(s["hardware_spec"]), origin=run["hardware"])
     dtype = s.get("compute_dtype") or hw.compute_dtype(s["dtype"])
     try:
-        tm = time_model_for(hw, "calibrated", dtype, backend=s.get("backend") or "sdpa",
-                            weight_bytes=weight_bytes_per_gpu(spec, Precision.uniform(s["dtype"])))
+        tm = calibrated_model(hw, spec, Precision.uniform(s["dtype"]), dtype, s.get("backend") or "sdpa")
     except Exception:  # noqa: BLE001 - an uncalibrated spec: the roofline's critical batch
         tm = ROOFLINE_MODEL
     fm = ForwardModel(model=spec, precision=Precision.uniform(s["dtype"]),

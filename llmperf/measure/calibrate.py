@@ -261,11 +261,9 @@ class Calibration:
         out = dict(schema_version=EFFICIENCY_SCHEMA, model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
         if self.op_overhead_s:
-            out["op_overhead_s"] = {b: {op: _clean(v) for op, v in ops.items()}
-                                    for b, ops in self.op_overhead_s.items()}
+            out["op_overhead_s"] = _clean_ops(self.op_overhead_s)
         if self.op_overhead_warm_s:
-            out["op_overhead_warm_s"] = {b: {op: _clean(v) for op, v in ops.items()}
-                                         for b, ops in self.op_overhead_warm_s.items()}
+            out["op_overhead_warm_s"] = _clean_ops(self.op_overhead_warm_s)
             out["warm_below_bytes"] = self.private_cache_bytes()
         out["dtypes"] = dtypes
         return out
@@ -312,7 +310,7 @@ class Calibration:
                           peak_tflops={d: _clean(self.peak_flops_per_s(d) / 1e12) for d in self.measured_dtypes()},
                           interconnect_busbw_gbps=_clean(self.interconnect_bytes_per_s() / 1e9)),
             overhead_s={k: _clean(v) for k, v in self.overhead_s.items()},
-            op_overhead_s={b: {op: _clean(v) for op, v in ops.items()} for b, ops in self.op_overhead_s.items()},
+            op_overhead_s=_clean_ops(self.op_overhead_s),
             op_overhead_model=dict(TINY_SPEC, cache="contiguous", tokens=self.settings.op_overhead_tokens,
                                    cold=(f"a (1,{COLD_GEMM[0]})@({COLD_GEMM[0]},{COLD_GEMM[1]}) fp32 GEMV before each "
                                          "operator" if self.device.get("kind") == "cpu" else "none (GPU: warm host)")),
@@ -320,7 +318,8 @@ class Calibration:
             streams=[dict(kind=p.kind, size_bytes=p.size_bytes, gb_per_s=_clean(p.bytes_per_s / 1e9),
                           seconds=_clean(p.seconds), spread_s=_clean(p.spread_s), n=p.n) for p in self.streams],
             compute=[dict(op=p.op, dtype=p.dtype, rows=p.rows, shape=p.shape, seconds=_clean(p.seconds),
-                          median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n, tflops_per_s=_clean(p.flops_per_s / 1e12),
+                          median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n,
+                          tflops_per_s=_clean(p.flops_per_s / 1e12),
                           gb_per_s=_clean(p.bytes_per_s / 1e9)) for p in self.compute],
             allreduce=[dict(backend=p.backend, world=p.world, size_bytes=p.size_bytes, seconds=_clean(p.seconds),
                             busbw_gbps=_clean(p.busbw / 1e9)) for p in self.allreduce],
@@ -381,6 +380,11 @@ def _clean(x: float) -> float:
     """Round to 4 significant figures for a readable YAML (the spreads are far wider)."""
     x = float(x)
     return float(f"{x:.4g}") if math.isfinite(x) and x != 0 else x
+
+
+def _clean_ops(per_backend: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """{backend: {operator: seconds}} with every figure `_clean`ed, for the YAML."""
+    return {b: {op: _clean(v) for op, v in ops.items()} for b, ops in per_backend.items()}
 
 
 def _plain(x: Any) -> Any:
@@ -472,7 +476,8 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
                 notes.append(f"gemm {dname}: not measured ({str(exc).splitlines()[0]})")
                 break
             out.append(ComputePoint(op="matmul", dtype=dname, rows=rows, shape=f"({rows},{k})@({k},{n})",
-                                    seconds=t.min_s, median_s=t.median_s, spread_s=t.spread_s, n=t.n, flops=2.0 * rows * k * n,
+                                    seconds=t.min_s, median_s=t.median_s, spread_s=t.spread_s, n=t.n,
+                                    flops=2.0 * rows * k * n,
                                     bytes=float(elem * (k * n + rows * k + rows * n))))
             del fn
             if t.median_s > s.gemm_call_budget_s and rows != s.gemm_rows[-1]:
@@ -505,7 +510,8 @@ def measure_attention(s: Settings, device: Any, progress: Progress) -> list[Comp
             cost = attention_cost(batch, q_len, kv_len, num_heads=H, num_kv_heads=H, head_dim=D, act_bytes=elem,
                                   kv_bytes=elem, impl="fused", causal=True)
             out.append(ComputePoint(op="attention", dtype=dname, rows=batch * q_len,
-                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.min_s, median_s=t.median_s,
+                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.min_s,
+                                    median_s=t.median_s,
                                     spread_s=t.spread_s, n=t.n, flops=float(cost.flops),
                                     bytes=float(cost.bytes_total)))
     return out
@@ -553,7 +559,6 @@ def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
                 embedding=_per_call_s(lambda: F.embedding(ids, table), device))
 
 
-#: the tiny model of the engine measurements: hidden 64, 2 layers (nothing like an evaluated model)
 #: On a CPU, every operator of a real decode step dispatches right after a weight matrix streamed
 #: through the caches, which evicts the interpreter's and the framework's dispatch state: measured on
 #: the 2-core development machine, the engine's RMSNorm at (4, 1024) fp32 took 14 us back to back but
@@ -579,6 +584,7 @@ def _cold_caches(device: Any) -> Callable[[], Any] | None:
     return lambda: torch.matmul(x, next(weights))
 
 
+#: the tiny model of the engine measurements: hidden 64, 2 layers (nothing like an evaluated model)
 TINY_SPEC = dict(name="calibrate-tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
                  num_kv_heads=2, ffn_size=128, max_positions=256)
 

@@ -600,6 +600,14 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
 # ---- the run ------------------------------------------------------------------------------------------------
 
 
+def calibrated_model(hardware: HardwareSpec, spec: ModelSpec, prec: Precision, compute_dtype: str,
+                     backend: str) -> EfficiencyTimeModel:
+    """The calibrated time model that predicts `spec` as the engine runs it: the backend's per-operator
+    overheads, warm ones when the model's weights fit the private caches (`time_model_for`)."""
+    return time_model_for(hardware, "calibrated", compute_dtype, backend=backend,
+                          weight_bytes=weight_bytes_per_gpu(spec, prec))
+
+
 def measurement_sources(settings: ProfileSettings) -> dict[str, str]:
     """Which run each number of the run directory came from (run.json `measurements`)."""
     ops_run = ("the recorded run (a pair of CUDA events per operator, read at the end of each step)"
@@ -656,8 +664,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     attention = "naive" if settings.backend == "naive" else "fused"
     check_fits(memory_needed(spec, prec, settings, attention), available_memory_bytes(device), settings.device)
     compute_dtype = hardware.compute_dtype(settings.dtype)
-    calibrated = (time_model_for(hardware, "calibrated", compute_dtype, backend=settings.backend,
-                                 weight_bytes=weight_bytes_per_gpu(spec, prec))
+    calibrated = (calibrated_model(hardware, spec, prec, compute_dtype, settings.backend)
                   if hardware.efficiency else None)
     # the engine runs Q, K, V as one GEMM and gate + up as one (llmperf.engine.model): predict that engine
     fm = ForwardModel(model=spec, precision=prec, attention=attention, fused_qkv=True, fused_gate_up=True)
