@@ -40,6 +40,13 @@ the device time is the block's `overhead_mode`:
 Either way the overhead does not depend on the context, so the closed form holds: an overlapped
 overhead is one more (flat) line in the maximum (`llmperf.analysis.roofline.OpTime.host_s`).
 
+The engine's vector operators (norms, RoPE, the gated activation, residual adds, KV writes) are not
+one streaming pass each: an eager RMSNorm squares, averages, scales and multiplies, each into a fresh
+tensor, and a large fresh tensor is paid for again in page faults. Their memory efficiency is taken
+per operator NAME when the calibration measured it (`op_e_memory`, per compute dtype: a curve over the
+BYTES one call moves, from a recorded prefill of a small calibration model at several sizes), else per
+kind. Those operators' bytes never depend on the context, so the closed form still holds.
+
 Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
 """
 
@@ -60,10 +67,13 @@ from llmperf.specs import HardwareSpec
 
 TIME_MODELS = ("roofline", "typical", "calibrated")
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
-EFFICIENCY_SCHEMA = 2  # 2 added `overhead_mode` and `op_overhead_s`; schema-1 files still load
-READABLE_SCHEMAS = (1, 2)
+EFFICIENCY_SCHEMA = 3  # 2 added `overhead_mode` and `op_overhead_s`; 3 `op_e_memory`; older files still load
+READABLE_SCHEMAS = (1, 2, 3)
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
+# the operators `op_e_memory` may price: vector operators whose bytes never depend on the context
+BYTES_CURVE_OPS = ("embed", "attn_norm", "rope", "kv_write", "attn_residual", "mlp_norm", "act", "mlp_residual",
+                   "final_norm")
 
 
 @dataclass(frozen=True)
@@ -73,25 +83,26 @@ class Curve:
     points: tuple[tuple[float, float], ...]
 
     @classmethod
-    def parse(cls, raw: Any, where: str) -> Curve:
+    def parse(cls, raw: Any, where: str, x: str = "rows") -> Curve:
+        """`x` names the abscissa in messages (rows, or bytes for `op_e_memory`)."""
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
             raw = [[1, raw]]
         if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
-            raise SpecError(f"{where}: expected a number or a list of [rows, value] pairs, got {raw!r}")
+            raise SpecError(f"{where}: expected a number or a list of [{x}, value] pairs, got {raw!r}")
         pts = []
         for p in raw:
             if (not isinstance(p, Sequence) or isinstance(p, str) or len(p) != 2
                     or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)):
-                raise SpecError(f"{where}: each point must be [rows, value], got {p!r}")
+                raise SpecError(f"{where}: each point must be [{x}, value], got {p!r}")
             rows, value = float(p[0]), float(p[1])
             if not (rows >= 1 and math.isfinite(rows)):
-                raise SpecError(f"{where}: rows must be >= 1, got {p[0]!r}")
+                raise SpecError(f"{where}: {x} must be >= 1, got {p[0]!r}")
             if not (0 < value <= 1):
                 raise SpecError(f"{where}: an efficiency must be in (0, 1], got {p[1]!r}")
             pts.append((rows, value))
         pts.sort()
         if len({r for r, _ in pts}) != len(pts):
-            raise SpecError(f"{where}: rows repeat in {raw!r}")
+            raise SpecError(f"{where}: {x} repeat in {raw!r}")
         return cls(tuple(pts))
 
     def __call__(self, rows: Number) -> Number:
@@ -147,6 +158,7 @@ class EfficiencyTimeModel:
     op_overhead_s: Mapping[str, float] = field(default_factory=dict, hash=False)  # operator name -> s
     overhead_mode: str = "add"  # "add" (serial host dispatch) or "overlap" (asynchronous launches)
     backend: str = ""  # the attention backend `op_overhead_s` was measured with
+    op_e_memory: Mapping[str, Curve] = field(default_factory=dict, hash=False)  # operator -> e_memory(bytes)
 
     def __post_init__(self) -> None:
         if self.overhead_mode not in OVERHEAD_MODES:
@@ -171,9 +183,15 @@ class EfficiencyTimeModel:
         if rows is None or np.all(np.asarray(rows) == 0):
             rows = 1.0
         overhead, _ = self.overhead_for(cost)
+        by_bytes = self.op_e_memory.get(cost.name)
+        if by_bytes is not None:  # one call's bytes (a cost scaled to L layers carries L calls)
+            e_memory = by_bytes(np.maximum(np.asarray(cost.bytes_total, dtype=float)
+                                           / max(float(getattr(cost, "calls", 1.0)), 1.0), 1.0))
+        else:
+            e_memory = t.e_memory(rows)
         if self.overhead_mode == "overlap":
-            return Efficiency(e_compute=t.e_compute(rows), e_memory=t.e_memory(rows), host_s=overhead)
-        return Efficiency(e_compute=t.e_compute(rows), e_memory=t.e_memory(rows), overhead_s=overhead)
+            return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, host_s=overhead)
+        return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, overhead_s=overhead)
 
     def op_time_s(self, cost: OpCost, hardware: HardwareSpec, compute_dtype: str, rows: Number) -> Number:
         """`max(flops / (peak e_c), bytes / (bw e_m), host) + overhead` at `rows` (interconnect bytes
@@ -189,6 +207,7 @@ class EfficiencyTimeModel:
     def to_dict(self) -> dict[str, Any]:
         return dict(model=self.name, dtype=self.dtype, step_overhead_s=self.step_overhead_s, source=self.source,
                     overhead_mode=self.overhead_mode, backend=self.backend, op_overhead_s=dict(self.op_overhead_s),
+                    op_e_memory={op: c.to_list() for op, c in self.op_e_memory.items()},
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
                                    overhead_s=t.overhead_s) for k, t in self.kinds.items()})
 
@@ -232,6 +251,26 @@ def parse_op_overheads(raw: Any, where: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def parse_op_e_memory(raw: Any, where: str) -> dict[str, dict[str, Curve]]:
+    """`op_e_memory`: {compute dtype: {operator name: [[bytes of one call, e_memory], ...]}}."""
+    from llmperf.analysis.vocabulary import OP_NAMES
+
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping of compute dtype -> {{operator: curve}}, got {raw!r}")
+    out: dict[str, dict[str, Curve]] = {}
+    for dtype, ops in raw.items():
+        if not isinstance(ops, Mapping):
+            raise SpecError(f"{where}.{dtype}: expected a mapping of operator -> [[bytes, e_memory], ...], got {ops!r}")
+        for op in ops:
+            if op not in OP_NAMES:
+                raise SpecError(f"{where}.{dtype}: unknown operator {op!r} (see llmperf.analysis.vocabulary)")
+            if op not in BYTES_CURVE_OPS:
+                raise SpecError(f"{where}.{dtype}: {op!r} cannot take a per-operator memory efficiency "
+                                f"(operators: {', '.join(BYTES_CURVE_OPS)})")
+        out[str(dtype)] = {str(op): Curve.parse(c, f"{where}.{dtype}.{op}", x="bytes") for op, c in ops.items()}
+    return out
+
+
 def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     """Validate an `efficiency:` block: {schema_version, model, step_overhead_s, dtypes: {dtype: kinds}}
     and, from schema 2, `overhead_mode` (add | overlap) and `op_overhead_s` ({backend: {op: s}})."""
@@ -241,10 +280,11 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     if version not in READABLE_SCHEMAS or isinstance(version, bool):
         raise SpecError(f"{where}.schema_version: expected one of {', '.join(map(str, READABLE_SCHEMAS))}, "
                         f"got {version!r}")
-    if version < 2:
-        newer = sorted({"overhead_mode", "op_overhead_s"} & set(raw))
-        if newer:
-            raise SpecError(f"{where}.{newer[0]}: needs schema_version 2, the file says {version}")
+    for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
+                          (3, {"op_e_memory"})):
+        newer = sorted(fields & set(raw))
+        if version < needs and newer:
+            raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
     mode = raw.get("overhead_mode", "add")
     if mode not in OVERHEAD_MODES:
         raise SpecError(f"{where}.overhead_mode: must be one of {', '.join(OVERHEAD_MODES)}, got {mode!r}")
@@ -262,6 +302,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     return dict(model=str(raw.get("model", "calibrated")), step_overhead_s=float(step),
                 source=str(raw.get("source", "")), overhead_mode=mode, op_overhead_s=op_overheads,
                 op_overhead_warm_s=warm_overheads, warm_below_bytes=float(warm_below),
+                op_e_memory=parse_op_e_memory(raw.get("op_e_memory") or {}, f"{where}.op_e_memory"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -299,7 +340,7 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
         ops = warm  # weights that stay in the private caches leave the dispatch warm
     return EfficiencyTimeModel(name=name, kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
                                source=parsed["source"], op_overhead_s=ops, overhead_mode=parsed["overhead_mode"],
-                               backend=backend if ops else "")
+                               backend=backend if ops else "", op_e_memory=parsed.get("op_e_memory", {}).get(used, {}))
 
 
 def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16",

@@ -239,3 +239,50 @@ def test_the_overhead_is_paid_once_per_layer_in_every_roll_up(mode):
         roof = estimate("gpt2", "h100-sxm", batch=1, prompt_len=16, gen_len=3, precision="fp16")
         assert step - float(roof.decode_step_times_s()[0]) == pytest.approx(launches * oh, rel=1e-9)
     assert est.decode_total_s == pytest.approx(float(est.decode_step_times_s().sum()), rel=1e-9)
+
+
+# ---- per-operator memory efficiency over the bytes of one call (efficiency schema 3) -----------------
+
+def test_op_e_memory_prices_a_vector_operator_by_the_bytes_it_moves():
+    """A measured curve over bytes replaces the kind's e_memory for that operator only (at its dtype),
+    is read per call for a cost scaled to L layers, and keeps decode closed-form exact (the bytes of
+    these operators never depend on the context)."""
+    eff = {**_eff(), "schema_version": 3, "op_e_memory": {"fp32": {"act": [[2e5, 1.0], [1e8, 0.1]]},
+                                                          "bf16": {"rope": [[1, 0.5]]}}}
+    hw = _hw(eff)
+    fm = ForwardModel(model=load_model("llama-3.1-8b").scaled(num_layers=2), precision=Precision.uniform("fp32"))
+    tm = time_model_for(hw, "calibrated", "fp32")
+    assert set(tm.op_e_memory) == {"act"}  # bf16's curves stay with bf16
+    small, big = fm.act(1, 1, 10), fm.act(64, 512, 512)
+    assert small.bytes_total < 2e5 and big.bytes_total > 1e8
+    assert tm.efficiency(small, hw).e_memory == pytest.approx(1.0)
+    assert tm.efficiency(big, hw).e_memory == pytest.approx(0.1)
+    mid = fm.act(1, 64, 64)
+    expect = np.interp(np.log(mid.bytes_total), np.log([2e5, 1e8]), [1.0, 0.1])
+    assert tm.efficiency(mid, hw).e_memory == pytest.approx(expect)
+    assert tm.efficiency(mid.scaled(32), hw).e_memory == pytest.approx(expect)  # per call, not per 32 calls
+    rope = fm.rope(64, 512, 512)
+    assert tm.efficiency(rope, hw).e_memory == 1.0  # elementwise kind: no curve for rope at fp32
+    dev = big.bytes_total / (hw.mem_bandwidth_bytes_per_s * 0.1)
+    assert tm.op_time_s(big, hw, "fp32", 64 * 512) == pytest.approx(dev + 1e-6)
+    a, b = fm.forward_ops(8, 1, 100), fm.forward_ops(8, 1, 100_000)
+    for x, y in zip(a, b):
+        if x.kind != "attention":
+            assert tm.efficiency(x, hw, 8) == tm.efficiency(y, hw, 8)
+    assert tm.to_dict()["op_e_memory"] == {"act": [[2e5, 1.0], [1e8, 0.1]]}
+
+
+def test_op_e_memory_errors_name_the_field():
+    base = {**_eff(), "schema_version": 3}
+    with pytest.raises(SpecError, match="op_e_memory: needs schema_version 3, the file says 2"):
+        parse_efficiency({**_eff(), "op_e_memory": {"fp32": {"act": 0.5}}}, "f")
+    with pytest.raises(SpecError, match="unknown operator 'swish'"):
+        parse_efficiency({**base, "op_e_memory": {"fp32": {"swish": 0.5}}}, "f")
+    with pytest.raises(SpecError, match="'attn_softmax' cannot take a per-operator memory efficiency"):
+        parse_efficiency({**base, "op_e_memory": {"fp32": {"attn_softmax": 0.5}}}, "f")
+    with pytest.raises(SpecError, match=r"f.op_e_memory.fp32.act: bytes must be >= 1, got 0"):
+        parse_efficiency({**base, "op_e_memory": {"fp32": {"act": [[0, 0.5]]}}}, "f")
+    with pytest.raises(SpecError, match=r"f.op_e_memory.fp32.act: an efficiency must be in \(0, 1\]"):
+        parse_efficiency({**base, "op_e_memory": {"fp32": {"act": [[10, 1.5]]}}}, "f")
+    with pytest.raises(SpecError, match=r"f.op_e_memory.fp32: expected a mapping"):
+        parse_efficiency({**base, "op_e_memory": {"fp32": [1, 2]}}, "f")
