@@ -5,9 +5,12 @@ Compute's roofline; see REFERENCE.md):
 - streaming `read` (a sum) and `copy` bandwidth over buffer sizes that reveal the caches (bytes moved
   = read + written, decimal GB/s), and an elementwise `add` on the largest buffer;
 - GEMM throughput per dtype the device supports, `x (rows, K) @ W (K, N)` with a weight too large for
-  the cache, over rows = 1 .. R: rows = 1 is a GEMV, the matrix-vector bandwidth decode really gets;
-- attention through `torch.nn.functional.scaled_dot_product_attention` (decode: a large KV cache;
-  prefill: causal squares), per dtype;
+  the cache, over rows = 1 .. R: rows = 1 is a GEMV, the matrix-vector bandwidth decode really gets.
+  On CPU the calls cycle through copies of W that together fill twice the largest cache reported (at
+  least 512 MiB, `working_set_for`): a single 67 MB weight stayed in this machine's shared L3 and its
+  GEMV ran twice as fast as any real model's;
+- attention through `torch.nn.functional.scaled_dot_product_attention` (decode: a large KV cache,
+  cycled through copies like W, memory-bound by construction; prefill: causal squares), per dtype;
 - the fixed cost of a tiny operator of each kind (host dispatch on CPU, launch on GPU): the mean
   time of back-to-back calls on 1-row tensors, and the host time of an engine step outside its
   forward pass (sampling and cache bookkeeping, from a tiny model's generation);
@@ -21,6 +24,11 @@ Compute's roofline; see REFERENCE.md):
   about ten), which one tiny call per kind does not see. On CUDA the per-operator CUDA events of the
   recorder measure the time the GPU waits between the operator's first and last launch: in a
   launch-bound tiny model, its host dispatch;
+- the engine's vector operators at size (`op_e_memory`): norms, RoPE, the gated activation, residual
+  adds and the KV write are several framework calls each, with fresh (page-faulting) outputs, so a
+  large prefill runs them at a fraction of the streaming bandwidth (the engine's RMSNorm over 8192 x
+  1024 fp32 moved 64 MB at 5.8 GB/s). Recorded prefills of a hidden-512 one-layer model at 128 to
+  32768 tokens give each operator's memory efficiency as a curve over the bytes one call moves;
 - with more than one CUDA device (NCCL) or on CPU with two processes (gloo), all-reduce latency and
   bus bandwidth as nccl-tests reports them: `busbw = bytes / time * 2 (n - 1) / n`.
 
@@ -90,6 +98,12 @@ class Settings:
     op_overhead: bool = True  # per engine operator and attention backend, from a tiny model's generation
     op_overhead_tokens: int = 32  # tokens the tiny model generates for it
     threads: int | None = None  # CPU threads (torch.set_num_threads) while measuring; None: torch's default
+    # CPU: the bytes a GEMM's weights / a decode's KV cache cycle through (copies used in turn), so every
+    # call streams from DRAM as in a real model's step. None: `working_set_for` decides (0: one copy).
+    working_set_bytes: int | None = None
+    # (batch, prompt) prefills of VECTOR_SPEC whose recorded operators give `op_e_memory`; () skips it
+    vector_prefills: tuple[tuple[int, int], ...] = ((1, 128), (4, 512), (16, 1024), (32, 1024))
+    vector_reps: int = 3
 
     @classmethod
     def for_device(cls, device: str, **changes: Any) -> Settings:
@@ -109,7 +123,8 @@ class Settings:
         from dataclasses import replace
         base = cls(dtypes=("fp32", "bf16"), stream_sizes=(64 * 1024, 4 * MiB), gemm_k=256, gemm_n=512,
                    gemm_rows=(1, 8, 64), attn_heads=2, attn_head_dim=32, attn_decode=((1, 256),),
-                   attn_prefill=(64,), reps=3, allreduce=False, step_overhead=False, op_overhead_tokens=6)
+                   attn_prefill=(64,), reps=3, allreduce=False, step_overhead=False, op_overhead_tokens=6,
+                   working_set_bytes=0, vector_prefills=((1, 8), (2, 32)), vector_reps=2)
         return replace(base, **changes)
 
 
@@ -147,6 +162,7 @@ class ComputePoint:
     flops: float
     bytes: float
     median_s: float = 0.0  # 0: unknown (the fastest call stands in)
+    memory_bound: bool = False  # by construction (a decode attention call streams its KV cache)
 
     @property
     def typical_s(self) -> float:
@@ -190,6 +206,7 @@ class Calibration:
     overhead_s: dict[str, float] = field(default_factory=dict)
     op_overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)  # backend -> operator -> s
     op_overhead_warm_s: dict[str, dict[str, float]] = field(default_factory=dict)  # CPU: without the cold GEMV
+    op_e_memory: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)  # dtype -> op -> [[bytes, e]]
     step_overhead_s: float = 0.0
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
@@ -265,6 +282,9 @@ class Calibration:
         if self.op_overhead_warm_s:
             out["op_overhead_warm_s"] = _clean_ops(self.op_overhead_warm_s)
             out["warm_below_bytes"] = self.private_cache_bytes()
+        if self.op_e_memory:
+            out["op_e_memory"] = {d: {op: [[int(b), _clean(e)] for b, e in pts] for op, pts in ops.items()}
+                                  for d, ops in self.op_e_memory.items() if d in dtypes}
         out["dtypes"] = dtypes
         return out
 
@@ -315,6 +335,8 @@ class Calibration:
                                    cold=(f"a (1,{COLD_GEMM[0]})@({COLD_GEMM[0]},{COLD_GEMM[1]}) fp32 GEMV before each "
                                          "operator" if self.device.get("kind") == "cpu" else "none (GPU: warm host)")),
             step_overhead_s=_clean(self.step_overhead_s),
+            op_e_memory_model=dict(VECTOR_SPEC, cache="contiguous", prefills=[list(p) for p in self.settings.vector_prefills],
+                                   reps=self.settings.vector_reps) if self.op_e_memory else None,
             streams=[dict(kind=p.kind, size_bytes=p.size_bytes, gb_per_s=_clean(p.bytes_per_s / 1e9),
                           seconds=_clean(p.seconds), spread_s=_clean(p.spread_s), n=p.n) for p in self.streams],
             compute=[dict(op=p.op, dtype=p.dtype, rows=p.rows, shape=p.shape, seconds=_clean(p.seconds),
@@ -341,7 +363,9 @@ def fit_curves(pts: Sequence[ComputePoint], peak: float, bw: float, overhead: fl
     bytes / (bw t') and its `e_compute` is only bounded below (compute must not exceed t'), so it takes
     the first compute-bound point's value when that is higher: interpolating a memory-bound point's
     `flops / (peak t')` to more rows would wrongly make those rows compute-bound. A compute-bound point
-    gets `e_compute = flops / (peak t')` and `e_memory = e_mem0`. All values are clipped to (0, 1].
+    gets `e_compute = flops / (peak t')` and `e_memory = e_mem0`. A point marked `memory_bound` (a decode
+    attention call: its time is its KV stream, however slow) is memory-bound whatever its time. All
+    values are clipped to (0, 1].
     With t' = t - overhead, t the point's typical (median) call (at least half of t: the overhead never
     explains a whole call)."""
     by_rows: dict[int, list[ComputePoint]] = {}
@@ -361,7 +385,8 @@ def fit_curves(pts: Sequence[ComputePoint], peak: float, bw: float, overhead: fl
         ps = by_rows[r]
         ec_floor[r] = min(1.0, max(p.flops / (peak * t_prime(p)) for p in ps))
         em[r] = min(1.0, max(e_mem0, max(p.bytes / (bw * t_prime(p)) for p in ps)))
-        memory_bound[r] = all(p.bytes / (bw * e_mem0) >= MEMORY_BOUND_SHARE * t_prime(p) for p in ps)
+        memory_bound[r] = all(p.memory_bound or p.bytes / (bw * e_mem0) >= MEMORY_BOUND_SHARE * t_prime(p)
+                              for p in ps)
     compute_rows = [r for r in rows if not memory_bound[r]]
     ec = {}
     for r in rows:
@@ -444,19 +469,75 @@ def measure_streams(s: Settings, device: Any, progress: Progress) -> list[Stream
     return out
 
 
+WORKING_SET_MIN = 512 * MiB  # CPU: at least this much in turn, whatever the caches report
+
+
+def working_set_for(s: Settings, device: Any) -> int:
+    """The bytes a CPU micro-benchmark's large operand cycles through: `s.working_set_bytes` if set,
+    else twice the largest cache the CPU reports, and at least `WORKING_SET_MIN`, at most an eighth of
+    the memory. Measured here: a (1, 4096) x (4096, 8192) bf16 GEMV (67 MB of weights) ran at
+    49 GB/s back to back and 25 GB/s cycling through twelve copies; the engine's decode GEMVs stream
+    at 18-25 GB/s (a shared last-level cache of hundreds of MB held the single copy). On CUDA
+    `do_bench` already flushes the L2 before every call: 0."""
+    if s.working_set_bytes is not None:
+        return max(0, int(s.working_set_bytes))
+    if getattr(device, "type", str(device)) != "cpu":
+        return 0
+    from llmperf.measure.device import _total_memory_bytes, cpu_caches
+
+    caches = cpu_caches()
+    target = max(WORKING_SET_MIN, 2 * max(caches.values(), default=0))
+    memory = _total_memory_bytes()
+    return min(target, memory // 8) if memory else target
+
+
+def copies_for(one_bytes: int, working_set: int, limit: int = 64) -> int:
+    """How many copies of an operand of `one_bytes` fill `working_set` (1 .. `limit`)."""
+    if working_set <= one_bytes or one_bytes <= 0:
+        return 1
+    return min(limit, math.ceil(working_set / one_bytes))
+
+
+def _in_turn(fns: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
+    """One call of the next function of `fns`, round robin."""
+    if len(fns) == 1:
+        return fns[0]
+    state = [0]
+
+    def call() -> Any:
+        i = state[0]
+        state[0] = (i + 1) % len(fns)
+        return fns[i]()
+    return call
+
+
+class _Weights:
+    """The engine's `x @ W` for one dtype and device, over `copies` weight matrices used in turn (its
+    weight layout and, where it packs weights for oneDNN, the packed GEMM of
+    `llmperf.engine.model.Linear`, packed before timing)."""
+
+    def __init__(self, k: int, n: int, dtype: Any, device: Any, copies: int) -> None:
+        import torch
+
+        from llmperf.engine.model import Linear, packed_min_rows, resolve_layout
+
+        self.k, self.dtype, self.device = k, dtype, device
+        in_out = resolve_layout("auto", dtype, device)
+        self.ws = [torch.randn((k, n) if in_out else (n, k), device=device, dtype=dtype) for _ in range(copies)]
+        self.linear = Linear(in_out, packed_min_rows(dtype, device))
+
+    def fn(self, rows: int) -> Callable[[], Any]:
+        import torch
+
+        x = torch.randn(rows, self.k, device=self.device, dtype=self.dtype)
+        for w in self.ws:
+            self.linear(x, w)  # packs now (once per weight), outside the timing
+        return _in_turn([lambda w=w: self.linear(x, w) for w in self.ws])
+
+
 def _linear_fn(rows: int, k: int, n: int, dtype: Any, device: Any) -> Callable[[], Any]:
-    """`x @ W` as the engine runs it for this dtype and device: its weight layout and, where it packs
-    weights for oneDNN, the packed GEMM (`llmperf.engine.model.Linear`, packed once before timing)."""
-    import torch
-
-    from llmperf.engine.model import Linear, packed_min_rows, resolve_layout
-
-    x = torch.randn(rows, k, device=device, dtype=dtype)
-    in_out = resolve_layout("auto", dtype, device)
-    w = torch.randn((k, n) if in_out else (n, k), device=device, dtype=dtype)
-    linear = Linear(in_out, packed_min_rows(dtype, device))
-    linear(x, w)  # packs now, outside the timing
-    return lambda: linear(x, w)
+    """`x @ W` as the engine runs it for this dtype and device (one weight matrix)."""
+    return _Weights(k, n, dtype, device, 1).fn(rows)
 
 
 def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[ComputePoint], list[str]]:
@@ -464,18 +545,24 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
 
     out, notes = [], []
     k, n = s.gemm_k, s.gemm_n
+    working_set = working_set_for(s, device)
     for dname in s.dtypes:
         dtype = getattr(torch, DTYPE_NAMES[dname])
         elem = torch.empty((), dtype=dtype).element_size()
+        copies = copies_for(elem * k * n, working_set)
+        weights = None
         for rows in s.gemm_rows:
             progress(f"gemm {dname} rows={rows}")
             try:
-                fn = _linear_fn(rows, k, n, dtype, device)
-                t = time_fn(fn, device, reps=s.reps, warmup=1)
+                if weights is None:
+                    weights = _Weights(k, n, dtype, device, copies)
+                fn = weights.fn(rows)
+                t = time_fn(fn, device, reps=max(s.reps, copies), warmup=copies)
             except RuntimeError as exc:  # a dtype this device or build cannot multiply
                 notes.append(f"gemm {dname}: not measured ({str(exc).splitlines()[0]})")
                 break
-            out.append(ComputePoint(op="matmul", dtype=dname, rows=rows, shape=f"({rows},{k})@({k},{n})",
+            out.append(ComputePoint(op="matmul", dtype=dname, rows=rows,
+                                    shape=f"({rows},{k})@({k},{n})" + (f" x{copies} in turn" if copies > 1 else ""),
                                     seconds=t.min_s, median_s=t.median_s, spread_s=t.spread_s, n=t.n,
                                     flops=2.0 * rows * k * n,
                                     bytes=float(elem * (k * n + rows * k + rows * n))))
@@ -483,37 +570,46 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
             if t.median_s > s.gemm_call_budget_s and rows != s.gemm_rows[-1]:
                 notes.append(f"gemm {dname}: stopped at rows={rows} ({t.median_s:.2f} s per call)")
                 break
+        del weights
     return out, notes
 
 
 def measure_attention(s: Settings, device: Any, progress: Progress) -> list[ComputePoint]:
+    """SDPA per dtype: decode (one query over a KV cache, copies used in turn to fill the working set,
+    memory-bound by construction) and causal prefill squares."""
     import torch
     import torch.nn.functional as F
 
     out = []
     H, D = s.attn_heads, s.attn_head_dim
+    working_set = working_set_for(s, device)
     for dname in s.dtypes:
         dtype = getattr(torch, DTYPE_NAMES[dname])
         elem = torch.empty((), dtype=dtype).element_size()
         shapes = [(b, 1, t) for b, t in s.attn_decode] + [(1, t, t) for t in s.attn_prefill]
         for batch, q_len, kv_len in shapes:
             progress(f"attention {dname} B={batch} q={q_len} kv={kv_len}")
+            decode = q_len == 1
+            copies = copies_for(2 * batch * H * kv_len * D * elem, working_set) if decode else 1
             q = torch.randn(batch, H, q_len, D, device=device, dtype=dtype)
-            kk = torch.randn(batch, H, kv_len, D, device=device, dtype=dtype)
-            vv = torch.randn_like(kk)
+            kvs = [(torch.randn(batch, H, kv_len, D, device=device, dtype=dtype),
+                    torch.randn(batch, H, kv_len, D, device=device, dtype=dtype)) for _ in range(copies)]
             causal = q_len > 1
+            fn = _in_turn([lambda kk=kk, vv=vv: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+                           for kk, vv in kvs])
             try:
-                t = time_fn(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal), device,  # noqa: B023
-                            reps=s.reps, warmup=1)
+                t = time_fn(fn, device, reps=max(s.reps, copies), warmup=copies)
             except RuntimeError:
                 break
             cost = attention_cost(batch, q_len, kv_len, num_heads=H, num_kv_heads=H, head_dim=D, act_bytes=elem,
                                   kv_bytes=elem, impl="fused", causal=True)
             out.append(ComputePoint(op="attention", dtype=dname, rows=batch * q_len,
-                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}", seconds=t.min_s,
-                                    median_s=t.median_s,
+                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}"
+                                    + (f" x{copies} in turn" if copies > 1 else ""), seconds=t.min_s,
+                                    median_s=t.median_s, memory_bound=decode,
                                     spread_s=t.spread_s, n=t.n, flops=float(cost.flops),
                                     bytes=float(cost.bytes_total)))
+            del fn, kvs
     return out
 
 
@@ -631,6 +727,78 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: 
         del engine, model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    return out
+
+
+#: the model whose recorded prefills measure the engine's vector operators at size (hidden 512, one
+#: layer: nothing like an evaluated model; its GEMMs are small, so a 32 x 1024 prefill takes a second)
+VECTOR_SPEC = dict(name="calibrate-vector", vocab_size=256, hidden_size=512, num_layers=1, num_heads=4,
+                   num_kv_heads=2, ffn_size=1536, max_positions=2048)
+
+
+def fit_op_e_memory(samples: dict[str, list[tuple[float, float]]], bw: float, overheads: dict[str, float]
+                    ) -> dict[str, list[list[float]]]:
+    """Per operator, `[[bytes, e_memory], ...]` from (bytes of one call, typical seconds) samples:
+    `e = bytes / (bw (t - overhead))`, 1 where the memory roof at full bandwidth explains the call
+    (a call no slower than its dispatch), clipped to (1e-4, 1]; one point per byte count (the best)."""
+    out: dict[str, list[list[float]]] = {}
+    for op, pts in samples.items():
+        best: dict[int, float] = {}
+        for nbytes, seconds in pts:
+            if nbytes <= 0:
+                continue
+            t = seconds - overheads.get(op, 0.0)
+            e = 1.0 if t <= nbytes / bw else max(nbytes / (bw * t), 1e-4)
+            key = max(1, int(nbytes))
+            best[key] = max(best.get(key, 0.0), e)
+        if best:
+            out[op] = [[b, best[b]] for b in sorted(best)]
+    return out
+
+
+def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Sequence[str], bw: float,
+                        overheads: dict[str, float]) -> dict[str, dict[str, list[list[float]]]]:
+    """Per compute dtype, the memory efficiency of each engine vector operator (norms, RoPE, the gated
+    activation, residual adds, the KV write, the embedding) as a function of the bytes one call moves:
+    the median time of each operator over `vector_reps` recorded prefills of `VECTOR_SPEC` at each
+    (batch, prompt) of `s.vector_prefills`, less its dispatch overhead, against the analytical bytes
+    of the same call (`llmperf.analysis.operators`, the engine's fused GEMMs)."""
+    import statistics
+    from collections import defaultdict
+
+    from llmperf.analysis.operators import ForwardModel
+    from llmperf.analysis.timemodel import BYTES_CURVE_OPS
+    from llmperf.engine import Engine, Recorder, SamplingParams, build_model
+    from llmperf.specs import ModelSpec, Precision
+
+    spec = ModelSpec(**VECTOR_SPEC)
+    params = SamplingParams(max_new_tokens=1)
+    out: dict[str, dict[str, list[list[float]]]] = {}
+    for dname in dtypes:
+        try:
+            engine = Engine(build_model(spec, seed=0, dtype=dname, device=device), cache="contiguous")
+        except (RuntimeError, ValueError):
+            continue
+        fm = ForwardModel(model=spec, precision=Precision.uniform(dname), fused_qkv=True, fused_gate_up=True)
+        samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for batch, prompt_len in s.vector_prefills:
+            progress(f"vector operators {dname} {batch}x{prompt_len}")
+            prompts = [[1 + (7 * i + j) % (spec.vocab_size - 1) for j in range(prompt_len)] for i in range(batch)]
+            engine.generate(prompts, params)  # warm-up: the same shapes
+            times: dict[str, list[float]] = defaultdict(list)
+            for _ in range(s.vector_reps):
+                rec = Recorder(device)
+                engine.generate(prompts, params, recorder=rec)
+                for r in rec.trace.ops:
+                    if r.phase == "prefill" and r.op in BYTES_CURVE_OPS:
+                        times[r.op].append(r.seconds)
+            costs = {c.name: c for c in fm.head_ops(batch, prompt_len, prompt_len)
+                     + fm.layer_ops(batch, prompt_len, prompt_len) + fm.tail_ops(batch, prompt_len, prompt_len)}
+            for op, ts in times.items():
+                if op in costs:
+                    samples[op].append((float(costs[op].bytes_total), float(statistics.median(ts))))
+        del engine
+        out[dname] = fit_op_e_memory(samples, bw, overheads)
     return out
 
 
@@ -754,6 +922,12 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
         missing = [b for b in op_overhead_backends(device) if b not in cal.op_overhead_s]
         if missing:
             cal.notes.append(f"operator overheads not measured for {', '.join(missing)}: the per-kind figures apply")
+    if s.vector_prefills and cal.measured_dtypes():
+        with torch.inference_mode():
+            # CPU: dispatch is serial with the work, so it comes off each call; CUDA: event times are device time
+            overheads = cal.op_overhead_s.get("sdpa", {}) if device.type == "cpu" else {}
+            cal.op_e_memory = measure_op_e_memory(s, device, tick, cal.measured_dtypes(), cal.memory_bytes_per_s(),
+                                                  overheads)
     if s.allreduce:
         try:
             cal.allreduce = measure_allreduce(s, device, tick)

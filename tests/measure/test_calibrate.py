@@ -141,7 +141,7 @@ def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
     assert "attention" in cal.op_overhead_s["sdpa"]
     assert {"attn_score", "attn_softmax", "attn_value"} <= set(cal.op_overhead_s["naive"])
     eff = cal.to_mapping()["efficiency"]
-    assert eff["schema_version"] == 2 and eff["overhead_mode"] == "add"
+    assert eff["schema_version"] == 3 and eff["overhead_mode"] == "add"
     # a CPU measures them warm too, for models whose weights fit the private caches
     assert set(cal.op_overhead_warm_s) == {"sdpa", "naive"} and eff["warm_below_bytes"] > 0
     path = write_yaml(cal.to_mapping(), tmp_path / "cal.yaml")
@@ -172,8 +172,93 @@ def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
     from llmperf.analysis.timemodel import time_model_for
 
     mapping = cal.to_mapping()
-    eff = {k: v for k, v in mapping["efficiency"].items() if k not in ("op_overhead_s", "overhead_mode")}
+    newer = ("op_overhead_s", "overhead_mode", "op_overhead_warm_s", "warm_below_bytes", "op_e_memory")
+    eff = {k: v for k, v in mapping["efficiency"].items() if k not in newer}
     path = write_yaml({**mapping, "efficiency": {**eff, "schema_version": 1}}, tmp_path / "old.yaml")
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
     assert tm.op_overhead_s == {} and tm.overhead_mode == "add"
     assert tm.terms("norm").overhead_s == pytest.approx(cal.overhead_s["norm"], rel=1e-3)
+
+
+def test_a_decode_attention_point_is_memory_bound_however_slow():
+    """Regression: a batch-4 decode over a KV cache larger than the last-level cache streamed slower
+    than the batch-1 one (which the cache partly held), so the fit called it compute-bound and gave
+    attention at 4 rows an e_compute of 0.03; every decode attention was then priced by its FLOPs.
+    Marked memory-bound, its slowness goes to e_memory and e_compute comes from the prefill points."""
+    peak, bw, H, D = 1e11, 4e10, 16, 128
+
+    def point(batch, q, kv, seconds, decode):
+        c = 4.0 * batch * H * q * kv * D
+        m = 4.0 * 2 * batch * H * kv * D + 2 * 4.0 * batch * H * q * D
+        return ComputePoint(op="attention", dtype="fp32", rows=batch * q, shape="", seconds=seconds, median_s=seconds,
+                            spread_s=0.0, n=5, flops=c, bytes=m, memory_bound=decode)
+
+    b1 = point(1, 1, 4096, 67.2e6 / (0.7 * bw), True)  # 70% of the roof
+    b4 = point(4, 1, 4096, 4 * 67.2e6 / (0.5 * bw), True)  # DRAM: 50% of the roof
+    pre = point(1, 1024, 1024, 4.0 * 16 * 1024 * 1024 * 128 / (0.3 * peak), False)
+    terms = KindTerms.parse(fit_curves([b1, b4, pre], peak, bw, 0.0), "fit")
+    assert terms.e_memory(4) == pytest.approx(0.5, rel=0.02)
+    assert terms.e_compute(4) == pytest.approx(0.3, rel=0.02)  # the prefill's, not flops / (peak t)
+    unmarked = [ComputePoint(**{**p.__dict__, "memory_bound": False}) for p in (b1, b4, pre)]
+    assert KindTerms.parse(fit_curves(unmarked, peak, bw, 0.0), "fit").e_compute(4) < 0.15  # the old misfit: FLOPs/(peak t)
+
+
+def test_the_working_set_fills_twice_the_largest_cache(monkeypatch):
+    """On CPU a micro-benchmark's big operand cycles through copies filling twice the largest cache
+    (at least 512 MiB, at most an eighth of memory); set explicitly it is taken as is; 0 on CUDA."""
+    import llmperf.measure.device as dev
+    from llmperf.measure.calibrate import WORKING_SET_MIN, _in_turn, copies_for, working_set_for
+
+    monkeypatch.setattr(dev, "cpu_caches", lambda: {"L1d": 48 << 10, "L2": 2 << 20, "L3": 480 << 20})
+    monkeypatch.setattr(dev, "_total_memory_bytes", lambda: 24 << 30)
+    assert working_set_for(Settings(), "cpu") == 960 << 20
+    monkeypatch.setattr(dev, "cpu_caches", lambda: {"L2": 1 << 20})
+    assert working_set_for(Settings(), "cpu") == WORKING_SET_MIN
+    monkeypatch.setattr(dev, "_total_memory_bytes", lambda: 2 << 30)
+    assert working_set_for(Settings(), "cpu") == 256 << 20
+    assert working_set_for(Settings(working_set_bytes=123), "cpu") == 123
+    assert working_set_for(Settings(), "cuda") == 0
+    assert copies_for(67 << 20, 960 << 20) == 15 and copies_for(1 << 30, 960 << 20) == 1
+    assert copies_for(1, 1 << 30) == 64 and copies_for(0, 1 << 30) == 1
+    calls = []
+    fn = _in_turn([lambda i=i: calls.append(i) for i in range(3)])
+    for _ in range(7):
+        fn()
+    assert calls == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_gemm_and_decode_attention_cycle_through_their_copies():
+    """With a working set, each GEMM and decode-attention point names how many copies it used, and
+    the decode points are marked memory-bound (the prefill ones are not)."""
+    import torch
+
+    from llmperf.measure.calibrate import measure_attention, measure_gemm
+
+    s = Settings.tiny(dtypes=("fp32",), gemm_rows=(1, 8), working_set_bytes=4 << 20, threads=1)
+    gemm, _ = measure_gemm(s, torch.device("cpu"), lambda m: None)
+    assert [p.rows for p in gemm] == [1, 8] and all(" x8 in turn" in p.shape for p in gemm)  # 512 KiB each
+    att = measure_attention(s, torch.device("cpu"), lambda m: None)
+    assert [p.memory_bound for p in att] == [True, False]
+    assert "in turn" in att[0].shape and "in turn" not in att[1].shape
+
+
+def test_vector_operator_efficiency_is_fitted_per_byte_count():
+    """`e = bytes / (bw (t - overhead))`; a call its dispatch explains gets 1; repeated byte counts keep
+    the best point; the tiny calibration writes curves the time model reads back for its dtype."""
+    from llmperf.measure.calibrate import fit_op_e_memory
+
+    bw = 1e10
+    fit = fit_op_e_memory({"act": [(1e6, 1e-4 + 1e6 / (0.5 * bw)), (1e8, 1e-4 + 1e8 / (0.1 * bw)), (1e8, 1e-4 + 1e8 / (0.2 * bw)),
+                                   (1e3, 5e-5)]}, bw, {"act": 1e-4})
+    assert fit["act"][0] == [1000, 1.0]  # faster than its overhead: the dispatch explains it
+    assert fit["act"][1][0] == 1_000_000 and fit["act"][1][1] == pytest.approx(0.5)
+    assert fit["act"][2][0] == 100_000_000 and fit["act"][2][1] == pytest.approx(0.2)
+
+
+def test_calibration_writes_vector_operator_curves(cal):
+    terms = cal.fit_terms()
+    assert terms["schema_version"] == 3 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
+    assert {"attn_norm", "rope", "act", "mlp_residual"} <= set(terms["op_e_memory"]["fp32"])
+    tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
+    assert tm.op_e_memory and all(0 < v <= 1 for c in tm.op_e_memory.values() for _, v in c.points)
+    assert cal.provenance()["op_e_memory_model"]["prefills"] == [[1, 8], [2, 32]]
