@@ -33,6 +33,7 @@ logits of the last position of each sequence (as serving engines do), or of ever
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -383,6 +384,42 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
         return self.mlp(self.attention(x, meta, ctx), ctx)
 
+    def attention_groups(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
+                         ctx: ForwardContext) -> torch.Tensor:
+        """`attention` for `x` (1, N, C) holding several groups' tokens one after another: `spans`
+        gives each group's (meta, B, T, first row). The norm and the QKV / output GEMMs run once over
+        all N tokens (each weight read once), RoPE too (the tables are per token); the KV write and
+        attention run per group, each with its own metadata."""
+        rec, i = ctx.rec, self.index
+        N = x.shape[1]
+        H, H_kv, D = self.H, self.H_kv, self.D
+        with rec.op("attn_norm", i):
+            h = self.attn_norm.forward(x)
+        qkv = self._qkv(h, rec).view(N, H + 2 * H_kv, D)
+        if self.rope:
+            with rec.op("rope", i):
+                qk = apply_rope(qkv[None, :, :H + H_kv], ctx.cos, ctx.sin)[0]  # (N, H + H_kv, D)
+        else:
+            qk = qkv[:, :H + H_kv]
+        outs = []
+        for meta, B, T, lo in spans:
+            part = qk[lo:lo + B * T].view(B, T, H + H_kv, D)
+            q, k = part[:, :, :H], part[:, :, H:]
+            v = qkv[lo:lo + B * T, H + H_kv:].view(B, T, H_kv, D)
+            if meta.store is not None:
+                with rec.op("kv_write", i):
+                    meta.store.write(i, k, v, meta)
+            outs.append(ctx.attend(i, q, k, v, meta, rec).reshape(B * T, H * D))
+        o = torch.cat(outs)[None]  # (1, N, H*D)
+        with rec.op("o_proj", i):
+            o = self.linear(o, self.o_weight, self.o_bias)
+        with rec.op("attn_residual", i):
+            return o.add_(x)
+
+    def forward_groups(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
+                       ctx: ForwardContext) -> torch.Tensor:
+        return self.mlp(self.attention_groups(x, spans, ctx), ctx)
+
 
 class ForwardContext:
     """Per-forward values shared by the layers: recorder, attention function, RoPE tables."""
@@ -495,6 +532,50 @@ class Transformer(nn.Module):
             x = self.final_norm.forward(x)
         with rec.op("lm_head"):
             return self._head_linear(x, self.lm_head_weight)  # (B, V) or (B, T, V)
+
+    def forward_groups(self, groups: Sequence[tuple[torch.Tensor, StepMeta]], *, rec: Any = NULL_RECORDER,
+                       attend: Any = None) -> list[torch.Tensor]:
+        """One forward pass over groups of sequences that feed different numbers of new tokens (a
+        mixed step: decode tokens and prefill chunks). `groups`: `(tokens (B_g, T_g), meta_g)` per
+        group, each placed by its own metadata. Every GEMM, norm and activation runs once over all the
+        step's tokens, so each weight is read once per step, as a serving engine does and as the
+        simulator prices a mixed step; the KV writes and attention run per group. Returns each group's
+        logits `(B_g, V)` of its sequences' last new tokens."""
+        if not groups:
+            raise ValueError("groups: expected at least one (tokens, meta) group")
+        spans, lo, last = [], 0, []
+        for tokens, meta in groups:
+            if tokens.dim() != 2:
+                raise ValueError(f"tokens: expected (B, T) token ids, got shape {tuple(tokens.shape)}")
+            B, T = tokens.shape
+            if meta.positions.shape != (B, T):
+                raise ValueError(f"meta: positions {tuple(meta.positions.shape)} do not match tokens {(B, T)}")
+            if meta.max_seq_len > self.spec.max_positions:
+                raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
+                                 f"max_positions={self.spec.max_positions}")
+            meta.window, meta.layer_scales = self.spec.sliding_window, self.layer_scales
+            spans.append((meta, B, T, lo))
+            last += [lo + b * T + T - 1 for b in range(B)]
+            lo += B * T
+        tokens = torch.cat([t.reshape(-1) for t, _ in groups])[None]  # (1, N)
+        positions = torch.cat([m.positions.reshape(-1) for _, m in groups])[None]  # (1, N)
+        cos = sin = None
+        if self.rotary is not None:
+            cos, sin = self.rotary.lookup(positions, max(m.max_seq_len for _, m in groups) - 1, self.dtype)
+        ctx = ForwardContext(rec, attend or self._attend, cos, sin)
+        with rec.op("embed"):
+            x = F.embedding(tokens, self.embed_weight)  # (1, N, C)
+        if self.pos_weight is not None:
+            with rec.op("pos_embed"):
+                x = x + F.embedding(positions, self.pos_weight)
+        for layer in self.layers:
+            x = layer.forward_groups(x, spans, ctx)
+        x = x[0, torch.tensor(last, device=x.device)]  # (sum B_g, C): each sequence's last new token
+        with rec.op("final_norm"):
+            x = self.final_norm.forward(x)
+        with rec.op("lm_head"):
+            logits = self._head_linear(x, self.lm_head_weight)
+        return list(logits.split([B for _, B, _, _ in spans]))
 
 
 __all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "rope_inv_freq", "torch_dtype"]

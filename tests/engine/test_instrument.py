@@ -65,7 +65,8 @@ def test_recording_is_off_by_default_and_does_not_change_tokens():
     assert plain == timed and len(rec.trace.ops) > 0
     steps_only = Recorder(ops=False)
     Engine(model).generate(prompts, SamplingParams(max_new_tokens=6), recorder=steps_only)
-    assert not steps_only.trace.ops and len(steps_only.trace.steps) == 1 + 1 + 5
+    # one forward per step: the two prompts (4 and 2 tokens) prefill in ONE forward, then 5 decodes
+    assert not steps_only.trace.ops and len(steps_only.trace.steps) == 1 + 5
 
 
 @pytest.mark.parametrize("layout", ["in_out", "out_in"])
@@ -141,7 +142,7 @@ def test_phases_come_from_the_scheduler_not_from_shapes():
     steps = rec.trace.steps_frame()
     assert set(steps.phase) == set(scheduled)
     mixed = steps[steps.phase == "mixed"]
-    assert set(mixed.q_len) > {1}, "a mixed step's decode forward (q_len 1) is recorded as mixed, not decode"
-    # one record per forward: a mixed step runs one forward per token count it carries
-    per_step = [len({i.num_tokens for i in log.items}) for log in engine.last_schedule]
-    assert len(steps) == sum(per_step)
+    assert set(mixed.q_len) > {1}, "a mixed step (its longest chunk) is recorded as mixed, not decode"
+    # one record per step: a mixed step runs ONE forward over its decode tokens and prompt chunks
+    assert len(steps) == len(engine.last_schedule)
+    assert steps.batch.tolist() == [sum(len(i.seq_ids) for i in log.items) for log in engine.last_schedule]
