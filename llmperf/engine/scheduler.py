@@ -90,8 +90,9 @@ def run_groups(model: Transformer, cache: KVCache, groups: Seq[SequenceGroup], c
                                usage=cache.usage(), log=log))
 
     wait: Callable[[float], None] | None = time.sleep if realtime else None
+    clock: Callable[[], float] | None = (lambda: time.perf_counter() - t0) if realtime else None
     try:
-        sched.run(states, wait=wait, on_step=record)
+        sched.run(states, wait=wait, on_step=record, clock=clock)
     finally:
         sched.release()
         cache.clear()  # anything a failed step left behind

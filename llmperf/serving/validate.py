@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,7 +153,7 @@ def run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Worklo
     t1 = time.perf_counter()
     sim = simulate(workload, config)
     sim_wall = time.perf_counter() - t1
-    durations = eng_steps["duration_s"].to_list()
+    durations = replay_durations(eng_steps["start_s"].to_list(), eng_steps["duration_s"].to_list())
     try:
         replay = simulate(workload, config, step_times=durations)
         divergence = _first_divergence([s.log for s in res.steps], replay.log)
@@ -167,6 +168,15 @@ def run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Worklo
     return ValidationReport(settings=settings, comparisons=compare(eng_req, sim), engine_requests=eng_req,
                             engine_steps=eng_steps, simulated=sim, replay=replay, schedule_identical=divergence is None,
                             first_divergence=divergence, engine_wall_s=wall, sim_wall_s=sim_wall)
+
+
+def replay_durations(starts: Sequence[float], durations: Sequence[float]) -> list[float]:
+    """The step times that replay the engine's clock: each step lasts until the next one started
+    (its own duration plus the loop's time before the next step, or an idle wait for an arrival, which
+    the simulator then spends the same way), the last one its own duration. The engine's scheduler
+    clock follows the wall clock (`Scheduler.run(clock=...)`), so its steps start where these put them."""
+    own = list(durations)
+    return [max(b - a, d) for a, b, d in zip(starts, starts[1:], own)] + own[-1:]
 
 
 def _first_divergence(engine_logs: list, sim_logs: list) -> int | None:

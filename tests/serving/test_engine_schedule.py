@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 from llmperf.engine import Engine, SamplingParams, build_model  # noqa: E402
 from llmperf.engine.workload import to_requests  # noqa: E402
 from llmperf.serving.simulator import ServingConfig, simulate  # noqa: E402
+from llmperf.serving.validate import replay_durations  # noqa: E402
 from llmperf.serving.workload import WorkloadSpec, generate  # noqa: E402
 from llmperf.specs import Precision, load_hardware, load_model  # noqa: E402
 
@@ -34,7 +35,8 @@ def test_engine_and_simulator_schedules_match(chunked, sharing, num_blocks, syst
     cfg = ServingConfig(model=spec, hardware=load_hardware("a100-80gb-sxm"), precision=Precision.uniform("fp32"),
                         max_batch=None, max_batched_tokens=32 if chunked else None, chunked_prefill=chunked,
                         prefix_sharing=sharing, block_size=4, num_blocks=num_blocks, policy=policy)
-    sim = simulate(work, cfg, step_times=[g.duration_s for g in engine_logs])
+    sim = simulate(work, cfg, step_times=replay_durations([g.start_s for g in engine_logs],
+                                                          [g.duration_s for g in engine_logs]))
     assert len(sim.log) == len(engine_logs)
     for a, b in zip(engine_logs, sim.log):
         assert a.decision() == b.decision(), f"step {a.step} differs"
@@ -44,8 +46,8 @@ def test_engine_and_simulator_schedules_match(chunked, sharing, num_blocks, syst
         assert all(not g.admitted or g.num_running == len(g.admitted) - len(g.finished) for g in engine_logs)
     if chunked:
         assert any(str(g.phase) == "mixed" for g in engine_logs)
-    # The engine's request metrics are wall-clock (they include its host time between steps), the
-    # scheduler's clock counts step durations and idle gaps only: per-request times are compared by
+    # The engine's scheduler clock follows the wall clock (its host time between steps included), so
+    # the replay spends each step until the next one started; per-request times are compared by
     # `simulate --validate`, not here. What must be equal is every decision, checked above, and so
     # the step at which each request got its first token and finished.
     first_step = {}

@@ -239,3 +239,44 @@ def test_a_recompute_longer_than_the_budget_runs_alone():
     over = [log for log in s.log if log.prefill_tokens > 4]
     assert over and all(len(log.items) == 1 and log.items[0].num_generated > 0 for log in over)
     assert all(log.prefill_tokens <= 4 for log in s.log if log not in over)
+
+
+def test_a_real_clock_admits_requests_when_they_really_arrived():
+    """With `clock` (a real-time engine) the scheduler's clock catches up with it before every step:
+    the loop's own time between steps delays nothing. Regression: the engine's scheduler clock summed
+    step durations only, fell 0.24 s behind the wall clock over a 45 s run, and admitted every later
+    request that much late (the engine's TTFT then carried the lag, the simulator's did not)."""
+    from llmperf.serving.validate import replay_durations
+
+    def run(clock):
+        reqs = [req(0, 4, 6), req(1, 4, 2, arrival=3.2)]
+        runner = FakeRunner({0: 6, 1: 2}, dt=1.0)
+        sched = Scheduler(BlockManager(16, 4), runner, SchedulerConfig())
+        sched.run(reqs, clock=clock)
+        return sched
+
+    plain = run(None)  # steps at 0, 1, 2, 3, 4: request 1 (3.2) waits for the step starting at 4
+    assert [log.start_s for log in plain.log][:5] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert next(log.step for log in plain.log if 1 in log.admitted) == 4
+    # A host that spends 0.25 s between steps: the clock reads 1.25 s per step.
+    ticks = iter(1.25 * i for i in range(100))
+    real = run(lambda: next(ticks))
+    assert [log.start_s for log in real.log][:4] == [0.0, 1.25, 2.5, 3.75]
+    assert next(log.step for log in real.log if 1 in log.admitted) == 3  # admitted at 3.75, not 4.0
+    assert all(log.duration_s == 1.0 for log in real.log)  # the runner's own time, unchanged
+    # Replaying the real clock: each step lasts until the next one started, and the decisions match.
+    times = replay_durations([log.start_s for log in real.log], [log.duration_s for log in real.log])
+    assert times[:3] == [1.25, 1.25, 1.25] and times[-1] == 1.0
+    replayed = Scheduler(BlockManager(16, 4), _Replay(times, {0: 6, 1: 2}), SchedulerConfig())
+    replayed.run([req(0, 4, 6), req(1, 4, 2, arrival=3.2)])
+    assert [a.decision() for a in replayed.log] == [b.decision() for b in real.log]
+
+
+class _Replay(FakeRunner):
+    def __init__(self, times, outputs):
+        super().__init__(outputs)
+        self.times = times
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        out = super().execute(plan)
+        return StepOutcome(duration_s=self.times[plan.step], finished=out.finished)
