@@ -47,6 +47,12 @@ per operator NAME when the calibration measured it (`op_e_memory`, per compute d
 BYTES one call moves, from a recorded prefill of a small calibration model at several sizes), else per
 kind. Those operators' bytes never depend on the context, so the closed form still holds.
 
+On a CPU a GEMM's dispatch depends on the path it takes: the engine runs a one-row fp32 GEMM on the
+plain matrix-vector kernel and everything else on oneDNN's packed one, whose cold call costs about
+three times as much (tiny model, after a 32 MiB GEMV: 38 us against 123 us per projection). So a
+calibration may also give each operator's overhead per compute dtype as a curve over rows
+(`op_overhead_rows_s`: measured at 1 and 2 rows), which wins over `op_overhead_s` for that dtype.
+
 Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
 """
 
@@ -67,7 +73,7 @@ from llmperf.specs import HardwareSpec
 
 TIME_MODELS = ("roofline", "typical", "calibrated")
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
-EFFICIENCY_SCHEMA = 3  # 2 added `overhead_mode` and `op_overhead_s`; 3 `op_e_memory`; older files still load
+EFFICIENCY_SCHEMA = 3  # 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`
 READABLE_SCHEMAS = (1, 2, 3)
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
@@ -83,8 +89,9 @@ class Curve:
     points: tuple[tuple[float, float], ...]
 
     @classmethod
-    def parse(cls, raw: Any, where: str, x: str = "rows") -> Curve:
-        """`x` names the abscissa in messages (rows, or bytes for `op_e_memory`)."""
+    def parse(cls, raw: Any, where: str, x: str = "rows", what: str = "efficiency") -> Curve:
+        """`x` names the abscissa in messages (rows, or bytes for `op_e_memory`); `what` the values
+        ("efficiency": in (0, 1]; "seconds": in (0, 1), an overhead)."""
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
             raw = [[1, raw]]
         if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
@@ -97,7 +104,9 @@ class Curve:
             rows, value = float(p[0]), float(p[1])
             if not (rows >= 1 and math.isfinite(rows)):
                 raise SpecError(f"{where}: {x} must be >= 1, got {p[0]!r}")
-            if not (0 < value <= 1):
+            if what == "seconds" and not (0 < value < 1):
+                raise SpecError(f"{where}: seconds must be in (0, 1), got {p[1]!r}")
+            if what != "seconds" and not (0 < value <= 1):
                 raise SpecError(f"{where}: an efficiency must be in (0, 1], got {p[1]!r}")
             pts.append((rows, value))
         pts.sort()
@@ -159,6 +168,7 @@ class EfficiencyTimeModel:
     overhead_mode: str = "add"  # "add" (serial host dispatch) or "overlap" (asynchronous launches)
     backend: str = ""  # the attention backend `op_overhead_s` was measured with
     op_e_memory: Mapping[str, Curve] = field(default_factory=dict, hash=False)  # operator -> e_memory(bytes)
+    op_overhead_rows: Mapping[str, Curve] = field(default_factory=dict, hash=False)  # operator -> seconds(rows)
 
     def __post_init__(self) -> None:
         if self.overhead_mode not in OVERHEAD_MODES:
@@ -167,8 +177,15 @@ class EfficiencyTimeModel:
     def terms(self, kind: str) -> KindTerms:
         return self.kinds.get(kind, _UNIT)
 
-    def overhead_for(self, cost: OpCost) -> tuple[float, str]:
-        """The host overhead of one call of `cost` and where it comes from ("op" or "kind")."""
+    def overhead_for(self, cost: OpCost, rows: Number | None = None) -> tuple[float, str]:
+        """The host overhead of one call of `cost` at `rows` (default: `cost.rows`) and where it comes
+        from ("op" or "kind")."""
+        curve = self.op_overhead_rows.get(cost.name)
+        if curve is not None:
+            r = rows if rows is not None else getattr(cost, "rows", None)
+            if r is None or np.all(np.asarray(r) == 0):
+                r = 1.0
+            return curve(r), "op"
         if cost.name in self.op_overhead_s:
             return self.op_overhead_s[cost.name], "op"
         return self.terms(cost.kind).overhead_s, "kind"
@@ -182,7 +199,7 @@ class EfficiencyTimeModel:
             rows = getattr(cost, "rows", None)
         if rows is None or np.all(np.asarray(rows) == 0):
             rows = 1.0
-        overhead, _ = self.overhead_for(cost)
+        overhead, _ = self.overhead_for(cost, rows)
         by_bytes = self.op_e_memory.get(cost.name)
         if by_bytes is not None:  # one call's bytes (a cost scaled to L layers carries L calls)
             e_memory = by_bytes(np.maximum(np.asarray(cost.bytes_total, dtype=float)
@@ -208,6 +225,7 @@ class EfficiencyTimeModel:
         return dict(model=self.name, dtype=self.dtype, step_overhead_s=self.step_overhead_s, source=self.source,
                     overhead_mode=self.overhead_mode, backend=self.backend, op_overhead_s=dict(self.op_overhead_s),
                     op_e_memory={op: c.to_list() for op, c in self.op_e_memory.items()},
+                    op_overhead_rows_s={op: c.to_list() for op, c in self.op_overhead_rows.items()},
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
                                    overhead_s=t.overhead_s) for k, t in self.kinds.items()})
 
@@ -271,6 +289,32 @@ def parse_op_e_memory(raw: Any, where: str) -> dict[str, dict[str, Curve]]:
     return out
 
 
+def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str, Curve]]]:
+    """`op_overhead_rows_s`: {compute dtype: {backend: {operator: [[rows, seconds], ...]}}}."""
+    from llmperf.analysis.vocabulary import OP_NAMES
+
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping of compute dtype -> {{backend: {{operator: curve}}}}, got {raw!r}")
+    out: dict[str, dict[str, dict[str, Curve]]] = {}
+    for dtype, backends in raw.items():
+        if not isinstance(backends, Mapping):
+            raise SpecError(f"{where}.{dtype}: expected a mapping of attention backend -> operators, got {backends!r}")
+        out[str(dtype)] = {}
+        for backend, ops in backends.items():
+            if backend not in BACKENDS:
+                raise SpecError(f"{where}.{dtype}: unknown attention backend {backend!r} (backends: {', '.join(BACKENDS)})")
+            if not isinstance(ops, Mapping):
+                raise SpecError(f"{where}.{dtype}.{backend}: expected a mapping of operator -> [[rows, seconds], ...], "
+                                f"got {ops!r}")
+            for op in ops:
+                if op not in OP_NAMES:
+                    raise SpecError(f"{where}.{dtype}.{backend}: unknown operator {op!r} (see llmperf.analysis.vocabulary)")
+            out[str(dtype)][str(backend)] = {str(op): Curve.parse(c, f"{where}.{dtype}.{backend}.{op}", x="rows",
+                                                                  what="seconds")
+                                             for op, c in ops.items()}
+    return out
+
+
 def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     """Validate an `efficiency:` block: {schema_version, model, step_overhead_s, dtypes: {dtype: kinds}}
     and, from schema 2, `overhead_mode` (add | overlap) and `op_overhead_s` ({backend: {op: s}})."""
@@ -281,7 +325,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
         raise SpecError(f"{where}.schema_version: expected one of {', '.join(map(str, READABLE_SCHEMAS))}, "
                         f"got {version!r}")
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
-                          (3, {"op_e_memory"})):
+                          (3, {"op_e_memory", "op_overhead_rows_s"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -303,6 +347,8 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 source=str(raw.get("source", "")), overhead_mode=mode, op_overhead_s=op_overheads,
                 op_overhead_warm_s=warm_overheads, warm_below_bytes=float(warm_below),
                 op_e_memory=parse_op_e_memory(raw.get("op_e_memory") or {}, f"{where}.op_e_memory"),
+                op_overhead_rows_s=parse_op_overhead_rows(raw.get("op_overhead_rows_s") or {},
+                                                          f"{where}.op_overhead_rows_s"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -336,11 +382,13 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
         raise SpecError(f"--backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
     ops = parsed["op_overhead_s"].get(backend, {})  # a backend never measured: the per-kind figures
     warm = parsed.get("op_overhead_warm_s", {}).get(backend, {})
+    by_rows = parsed.get("op_overhead_rows_s", {}).get(used, {}).get(backend, {})
     if warm and weight_bytes is not None and weight_bytes <= parsed.get("warm_below_bytes", 0.0):
-        ops = warm  # weights that stay in the private caches leave the dispatch warm
+        ops, by_rows = warm, {}  # weights that stay in the private caches leave the dispatch warm
     return EfficiencyTimeModel(name=name, kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
                                source=parsed["source"], op_overhead_s=ops, overhead_mode=parsed["overhead_mode"],
-                               backend=backend if ops else "", op_e_memory=parsed.get("op_e_memory", {}).get(used, {}))
+                               backend=backend if ops or by_rows else "",
+                               op_e_memory=parsed.get("op_e_memory", {}).get(used, {}), op_overhead_rows=by_rows)
 
 
 def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16",

@@ -24,6 +24,9 @@ Compute's roofline; see REFERENCE.md):
   about ten), which one tiny call per kind does not see. On CUDA the per-operator CUDA events of the
   recorder measure the time the GPU waits between the operator's first and last launch: in a
   launch-bound tiny model, its host dispatch;
+- on CPU, the same per compute dtype (fp32, bf16) at one and two rows (`op_overhead_rows_s`): a
+  one-row fp32 projection runs the plain matrix-vector kernel, anything else oneDNN's packed GEMM,
+  whose cold call costs three times as much (38 us against 123 us);
 - the engine's vector operators at size (`op_e_memory`): norms, RoPE, the gated activation, residual
   adds and the KV write are several framework calls each, with fresh (page-faulting) outputs, so a
   large prefill runs them at a fraction of the streaming bandwidth (the engine's RMSNorm over 8192 x
@@ -207,6 +210,8 @@ class Calibration:
     op_overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)  # backend -> operator -> s
     op_overhead_warm_s: dict[str, dict[str, float]] = field(default_factory=dict)  # CPU: without the cold GEMV
     op_e_memory: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)  # dtype -> op -> [[bytes, e]]
+    # CPU: dtype -> backend -> op -> [[rows, seconds]] (the packed GEMM path dispatches differently)
+    op_overhead_rows_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
     step_overhead_s: float = 0.0
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
@@ -282,6 +287,11 @@ class Calibration:
         if self.op_overhead_warm_s:
             out["op_overhead_warm_s"] = _clean_ops(self.op_overhead_warm_s)
             out["warm_below_bytes"] = self.private_cache_bytes()
+        if self.op_overhead_rows_s:
+            out["op_overhead_rows_s"] = {
+                d: {b: {op: [[int(r), max(_clean(v), 1e-9)] for r, v in pts] for op, pts in ops.items()}
+                    for b, ops in backends.items()}
+                for d, backends in self.op_overhead_rows_s.items() if d in dtypes}
         if self.op_e_memory:
             out["op_e_memory"] = {d: {op: [[int(b), _clean(e)] for b, e in pts] for op, pts in ops.items()}
                                   for d, ops in self.op_e_memory.items() if d in dtypes}
@@ -690,11 +700,12 @@ def op_overhead_backends(device: Any) -> tuple[str, ...]:
     return ("sdpa", "naive", "triton") if device.type == "cuda" else ("sdpa", "naive")
 
 
-def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: bool = True
-                         ) -> dict[str, dict[str, float]]:
+def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: bool = True,
+                         dtype: str | None = None, batch: int = 1) -> dict[str, dict[str, float]]:
     """Per attention backend, the median time of one call of each engine operator over the decode
-    steps of the tiny model's recorded greedy generation (per layer for per-layer operators); on a
-    CPU with `cold`, each operator right after a 32 MiB GEMV (`_cold_caches`)."""
+    steps of the tiny model's recorded greedy generation of `batch` sequences at `dtype` (default:
+    bf16 on CUDA, fp32 on CPU; per layer for per-layer operators); on a CPU with `cold`, each operator
+    right after a 32 MiB GEMV (`_cold_caches`)."""
     import statistics
     from collections import defaultdict
 
@@ -705,9 +716,9 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: 
 
     spec = ModelSpec(**TINY_SPEC)
     before_op = _cold_caches(device) if cold else None
-    dtype = "bf16" if device.type == "cuda" else "fp32"  # what each device's runs use; dispatch barely cares
+    dtype = dtype or ("bf16" if device.type == "cuda" else "fp32")
     out: dict[str, dict[str, float]] = {}
-    prompt = [[1, 2, 3, 4]]
+    prompt = [[1, 2, 3, 4]] * batch
     params = SamplingParams(max_new_tokens=s.op_overhead_tokens, min_new_tokens=s.op_overhead_tokens)
     for backend in op_overhead_backends(device):
         progress(f"operator overheads ({backend}{', cold caches' if before_op else ''})")
@@ -799,6 +810,36 @@ def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Se
                     samples[op].append((float(costs[op].bytes_total), float(statistics.median(ts))))
         del engine
         out[dname] = fit_op_e_memory(samples, bw, overheads)
+    return out
+
+
+OVERHEAD_ROWS = (1, 2)  # a CPU GEMM of one row runs the plain kernel, of two or more the packed one
+OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp16 is never packed)
+
+
+def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress,
+                             fp32_rows1: dict[str, dict[str, float]]) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
+    """CPU: each engine operator's cold dispatch per compute dtype (fp32, bf16) and per rows (1, 2:
+    the tiny model decoding 1 and 2 sequences), as `[[rows, seconds], ...]`; `fp32_rows1` is the
+    fp32 one-sequence run already made. Measured 2026-11-23 on the 2-core CPU: a projection takes
+    38 us at one fp32 row (the plain matrix-vector kernel) and 123 us at two (oneDNN's packed GEMM),
+    bf16 about 130 us at any rows (always packed)."""
+    out: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
+    for dname in OVERHEAD_DTYPES:
+        if dname not in s.dtypes:
+            continue
+        runs = {}
+        for rows in OVERHEAD_ROWS:
+            if dname == "fp32" and rows == 1 and fp32_rows1:
+                runs[rows] = fp32_rows1
+                continue
+            progress(f"operator overheads ({dname}, {rows} row{'s' if rows > 1 else ''}, cold caches)")
+            runs[rows] = measure_op_overheads(s, device, progress, dtype=dname, batch=rows)
+        table: dict[str, dict[str, list[list[float]]]] = {}
+        for backend in runs[OVERHEAD_ROWS[0]]:
+            ops = set.intersection(*(set(runs[r].get(backend, {})) for r in OVERHEAD_ROWS))
+            table[backend] = {op: [[r, runs[r][backend][op]] for r in OVERHEAD_ROWS] for op in sorted(ops)}
+        out[dname] = table
     return out
 
 
@@ -919,6 +960,7 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
             cal.op_overhead_s = measure_op_overheads(s, device, tick)
             if device.type == "cpu":
                 cal.op_overhead_warm_s = measure_op_overheads(s, device, tick, cold=False)
+                cal.op_overhead_rows_s = measure_op_overhead_rows(s, device, tick, cal.op_overhead_s)
         missing = [b for b in op_overhead_backends(device) if b not in cal.op_overhead_s]
         if missing:
             cal.notes.append(f"operator overheads not measured for {', '.join(missing)}: the per-kind figures apply")

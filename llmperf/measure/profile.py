@@ -187,8 +187,8 @@ class Predictor:
         rows = self.rows(cost, batch, q_len, self.fm)
         roof = float(ROOFLINE_MODEL.op_time_s(cost, self.hardware, self.compute_dtype, rows))
         tm = self.calibrated
-        if tm is not None and micro and tm.op_overhead_s:
-            tm = replace(tm, op_overhead_s={}, backend="")
+        if tm is not None and micro and (tm.op_overhead_s or tm.op_overhead_rows):
+            tm = replace(tm, op_overhead_s={}, op_overhead_rows={}, backend="")
         cal = float(tm.op_time_s(cost, self.hardware, self.compute_dtype, rows)) if tm else math.nan
         return roof, cal
 
@@ -679,10 +679,10 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     if settings.device == "cpu" and cal_threads and cal_threads != torch.get_num_threads():
         notes.append(f"calibrated with {cal_threads} threads but profiled with {torch.get_num_threads()}: "
                      "the calibrated ceilings do not describe this run (pass --threads to match)")
-    if calibrated is not None and not calibrated.op_overhead_s:
+    if calibrated is not None and not (calibrated.op_overhead_s or calibrated.op_overhead_rows):
         notes.append(f"the calibration has no per-operator overheads for the {settings.backend} backend: the "
                      "per-kind tiny-operator figures are used (re-run `llmperf calibrate`)")
-    if calibrated is not None and calibrated.op_overhead_s and settings.kv == "paged":
+    if calibrated is not None and (calibrated.op_overhead_s or calibrated.op_overhead_rows) and settings.kv == "paged":
         notes.append("the per-operator overheads were measured with a contiguous KV cache: kv_write and "
                      "attention with the paged cache may dispatch more")
     if calibrated is None:
@@ -702,7 +702,8 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
                                        calibrated=calibrated.source if calibrated else None),
                       calibrated_overheads=None if calibrated is None else dict(
                           mode=calibrated.overhead_mode, backend=calibrated.backend or None,
-                          per_operator=sorted(calibrated.op_overhead_s)),
+                          per_operator=sorted(calibrated.op_overhead_s),
+                          per_operator_and_rows=sorted(calibrated.op_overhead_rows)),
                       hardware_source=hardware.source, notes=notes,
                       model_spec=_plain_dict(spec.to_dict()),
                       hardware_spec=_plain_dict({k: v for k, v in hardware.to_dict().items()

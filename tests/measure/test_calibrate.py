@@ -172,7 +172,8 @@ def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
     from llmperf.analysis.timemodel import time_model_for
 
     mapping = cal.to_mapping()
-    newer = ("op_overhead_s", "overhead_mode", "op_overhead_warm_s", "warm_below_bytes", "op_e_memory")
+    newer = ("op_overhead_s", "overhead_mode", "op_overhead_warm_s", "warm_below_bytes", "op_e_memory",
+             "op_overhead_rows_s")
     eff = {k: v for k, v in mapping["efficiency"].items() if k not in newer}
     path = write_yaml({**mapping, "efficiency": {**eff, "schema_version": 1}}, tmp_path / "old.yaml")
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
@@ -262,3 +263,19 @@ def test_calibration_writes_vector_operator_curves(cal):
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_e_memory and all(0 < v <= 1 for c in tm.op_e_memory.values() for _, v in c.points)
     assert cal.provenance()["op_e_memory_model"]["prefills"] == [[1, 8], [2, 32]]
+
+
+def test_cpu_calibration_measures_dispatch_per_dtype_and_rows(cal):
+    """On CPU the cold per-operator dispatch is measured per compute dtype at 1 and 2 rows (the plain
+    one-row GEMM and the packed one dispatch differently) and written so each dtype's time model
+    uses its own."""
+    terms = cal.fit_terms()
+    table = terms["op_overhead_rows_s"]
+    assert set(table) == {"fp32", "bf16"} and set(table["fp32"]) == {"sdpa", "naive"}
+    for dtype in table:
+        ops = table[dtype]["sdpa"]
+        assert {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "attn_norm"} <= set(ops)
+        assert all([r for r, _ in pts] == [1, 2] and all(0 < v < 0.05 for _, v in pts) for pts in ops.values())
+    assert table["fp32"]["sdpa"]["qkv_proj"][0][1] == pytest.approx(cal.op_overhead_s["sdpa"]["qkv_proj"], rel=1e-3)
+    tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
+    assert tm.op_overhead_rows and tm.backend == "sdpa"

@@ -286,3 +286,38 @@ def test_op_e_memory_errors_name_the_field():
         parse_efficiency({**base, "op_e_memory": {"fp32": {"act": [[10, 1.5]]}}}, "f")
     with pytest.raises(SpecError, match=r"f.op_e_memory.fp32: expected a mapping"):
         parse_efficiency({**base, "op_e_memory": {"fp32": [1, 2]}}, "f")
+
+
+def test_op_overhead_rows_wins_per_dtype_and_rows():
+    """`op_overhead_rows_s` (CPU: the plain one-row GEMM dispatches cheaper than the packed one) wins
+    over `op_overhead_s` for its dtype and backend, interpolates over rows, is skipped for a model
+    whose weights fit the private caches (warm dispatch), and its errors name the field."""
+    rows_tab = {"fp32": {"sdpa": {"qkv_proj": [[1, 4e-5], [2, 1.2e-4]]}}}
+    eff = {**_eff(op_overhead_s={"sdpa": {"qkv_proj": 3e-5, "rope": 9e-5}},
+                  op_overhead_warm_s={"sdpa": {"qkv_proj": 5e-6}}, warm_below_bytes=4 * 2**20),
+           "schema_version": 3, "op_overhead_rows_s": rows_tab}
+    hw = _hw(eff)
+    fm = ForwardModel(model=load_model("llama-3.1-8b").scaled(num_layers=2), precision=Precision.uniform("fp32"),
+                      fused_qkv=True)
+    tm = time_model_for(hw, "calibrated", "fp32")
+    one, four = fm.qkv_proj(1, 1, 10), fm.qkv_proj(4, 1, 10)
+    assert tm.overhead_for(one) == (pytest.approx(4e-5), "op")
+    assert tm.overhead_for(four) == (pytest.approx(1.2e-4), "op")  # flat past the last point
+    assert tm.overhead_for(one, rows=4) == (pytest.approx(1.2e-4), "op")
+    assert tm.overhead_for(fm.rope(4, 1, 10)) == (9e-5, "op")  # no rows curve: the per-operator figure
+    dev = ROOFLINE_MODEL.op_time_s(four, hw, "fp32", 4)
+    assert tm.op_time_s(four, hw, "fp32", 4) >= dev + 1.2e-4 - 1e-12
+    assert time_model_for(hw, "calibrated", "fp32", backend="naive").op_overhead_rows == {}
+    assert time_model_for(hw, "calibrated", "fp32", weight_bytes=1e6).overhead_for(four) == (5e-6, "op")  # warm
+    bf16 = _hw({**eff, "dtypes": {**eff["dtypes"], "bf16": eff["dtypes"]["fp32"]}})
+    assert time_model_for(bf16, "calibrated", "bf16").op_overhead_rows == {}  # measured for fp32 only
+    assert time_model_for(hw, "calibrated", "fp32").to_dict()["op_overhead_rows_s"] == {
+        "qkv_proj": [[1.0, 4e-5], [2.0, 1.2e-4]]}
+    with pytest.raises(SpecError, match="op_overhead_rows_s: needs schema_version 3"):
+        parse_efficiency({**_eff(), "op_overhead_rows_s": rows_tab}, "f")
+    with pytest.raises(SpecError, match=r"f.op_overhead_rows_s.fp32.sdpa.qkv_proj: seconds must be in \(0, 1\)"):
+        parse_efficiency({**eff, "op_overhead_rows_s": {"fp32": {"sdpa": {"qkv_proj": [[1, 2.0]]}}}}, "f")
+    with pytest.raises(SpecError, match="unknown attention backend 'flash'"):
+        parse_efficiency({**eff, "op_overhead_rows_s": {"fp32": {"flash": {}}}}, "f")
+    with pytest.raises(SpecError, match="unknown operator 'proj'"):
+        parse_efficiency({**eff, "op_overhead_rows_s": {"fp32": {"sdpa": {"proj": 1e-5}}}}, "f")
