@@ -303,3 +303,16 @@ def run_fm():
 
     return ForwardModel(model=ModelSpec(**TINY), precision=Precision.uniform("fp32"), fused_qkv=True,
                         fused_gate_up=True)
+
+
+def test_a_critical_batch_beyond_the_sweep_is_neither_met_nor_missed():
+    """The measured step never grew 1.5x up to the largest batch: a prediction past half that batch
+    may be right and cannot be checked (n/a); one below it is a miss whatever lies beyond."""
+    from llmperf.measure.accuracy import CriticalBatch
+
+    beyond = CriticalBatch(context=65, measured=float("nan"), predicted=36.9, largest=16)
+    assert beyond.beyond_sweep and not beyond.within
+    early = CriticalBatch(context=65, measured=float("nan"), predicted=6.0, largest=16)
+    assert not early.beyond_sweep and not early.within
+    found = CriticalBatch(context=65, measured=6.0, predicted=9.0, largest=16)
+    assert not found.beyond_sweep and found.within
