@@ -81,13 +81,18 @@ class ValidationReport:
 
 
 def _engine_frames(res, workload: Workload) -> tuple[pd.DataFrame, pd.DataFrame]:  # noqa: ANN001
-    """The engine's run in the simulate run-directory columns (times on the scheduler's clock)."""
+    """The engine's run in the simulate run-directory columns: times in seconds from the start of the
+    run, on the clock the workload's arrivals use (the engine's metrics are `perf_counter` readings;
+    each request arrived at start + its workload arrival time)."""
+    arrival_of = dict(zip(range(len(workload)), workload.arrival_s.tolist()))
+    starts = [o.metrics.arrival - arrival_of[o.request_id] for o in res.outputs if o.request_id in arrival_of]
+    t0 = min(starts) if starts else 0.0
     rows = []
     for o in res.outputs:
         m = o.metrics
         n = o.num_generated
-        rows.append(dict(request_id=o.request_id, arrival_s=m.arrival, prompt_tokens=len(o.prompt), output_tokens=n,
-                         first_token_s=m.first_token, finish_s=m.finished, ttft_s=m.ttft,
+        rows.append(dict(request_id=o.request_id, arrival_s=m.arrival - t0, prompt_tokens=len(o.prompt),
+                         output_tokens=n, first_token_s=m.first_token - t0, finish_s=m.finished - t0, ttft_s=m.ttft,
                          tpot_s=m.tpot if m.tpot is not None else float("nan"), e2e_s=m.finished - m.arrival,
                          queue_s=m.queue_time, preemptions=m.num_preemptions))
     req = pd.DataFrame(rows).sort_values("request_id").reset_index(drop=True)
@@ -124,7 +129,23 @@ def run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Worklo
                    dtype: str = "fp32", seed: int = 0, threads: int | None = None,
                    attention: str = "sdpa") -> ValidationReport:
     """Serve `workload` on the real engine (wall clock, real time arrivals), then simulate it with the
-    calibrated `hardware`, then replay the engine's step times through the simulator."""
+    calibrated `hardware`, then replay the engine's step times through the simulator. `threads`: torch's
+    CPU threads for the engine run (restored afterwards)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    try:
+        return _run_validation(model=model, hardware=hardware, workload=workload, num_blocks=num_blocks,
+                               block_size=block_size, max_batched_tokens=max_batched_tokens,
+                               chunked_prefill=chunked_prefill, dtype=dtype, seed=seed, threads=threads,
+                               attention=attention)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload, num_blocks: int,
+                    block_size: int, max_batched_tokens: int | None, chunked_prefill: bool, dtype: str, seed: int,
+                    threads: int | None, attention: str) -> ValidationReport:
     import torch
 
     from llmperf.engine import Engine, SamplingParams, build_model
