@@ -29,11 +29,18 @@ import numpy as np
 import pandas as pd
 
 from llmperf.errors import SpecError
-from llmperf.serving.simulator import ServingConfig, SimResult, simulate
+from llmperf.serving.simulator import ServingConfig, SimResult, saturated_rate, simulate, with_rate
 from llmperf.serving.workload import Workload, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
 
 TARGETS = {"p50": 0.15, "p90": 0.25, "preemptions": 0.20, "throughput": 0.15}
+
+
+#: the default offered load of `--validate`, as a fraction of the replica's simulated service rate: a
+#: steady state. Above the service rate the queue grows for the whole run and TTFT measures its length
+#: (at 2.5 req/s, just above this CPU's simulated 2.4, a 1-2% step-time difference moved the TTFT
+#: median by 10-20%).
+DEFAULT_LOAD = 0.7
 
 
 def validation_model(hidden: int = 1024, layers: int = 8, vocab: int = 16000) -> ModelSpec:
@@ -173,9 +180,7 @@ def _run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Workl
     wall = time.perf_counter() - t0
     eng_req, eng_steps = _engine_frames(res, workload)
 
-    config = ServingConfig(model=model, hardware=hardware, precision=Precision.uniform(dtype), efficiency="calibrated",
-                           max_batch=None, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
-                           prefix_sharing=False, block_size=block_size, num_blocks=num_blocks)
+    config = _sim_config(model, hardware, num_blocks, block_size, max_batched_tokens, chunked_prefill, dtype)
     t1 = time.perf_counter()
     sim = simulate(workload, config)
     sim_wall = time.perf_counter() - t1
@@ -203,6 +208,14 @@ def replay_durations(starts: Sequence[float], durations: Sequence[float]) -> lis
     clock follows the wall clock (`Scheduler.run(clock=...)`), so its steps start where these put them."""
     own = list(durations)
     return [max(b - a, d) for a, b, d in zip(starts, starts[1:], own)] + own[-1:]
+
+
+def _sim_config(model: ModelSpec, hardware: HardwareSpec, num_blocks: int, block_size: int,
+                max_batched_tokens: int | None, chunked_prefill: bool, dtype: str) -> ServingConfig:
+    """The simulator's view of the validation's engine: its pool, budget and calibrated time model."""
+    return ServingConfig(model=model, hardware=hardware, precision=Precision.uniform(dtype), efficiency="calibrated",
+                         max_batch=None, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
+                         prefix_sharing=False, block_size=block_size, num_blocks=num_blocks)
 
 
 def _first_divergence(engine_logs: list, sim_logs: list) -> int | None:
@@ -256,9 +269,10 @@ def run_validation_cli(*, model: str, rate: float | None, requests: int | None, 
                        seed: int, num_blocks: int | None, max_batched_tokens: int, chunked_prefill: bool,
                        hardware: str, run_dir: Path | None, hidden: int = 1024, layers: int = 8) -> None:
     """What `llmperf simulate --validate` runs. Defaults (sized for a quiet 2-core CPU, about a minute
-    of engine time): 60 requests, Poisson 2.5 req/s, prompts uniform 16-192, outputs uniform 8-64 tokens,
-    a pool of 32 blocks of 16 tokens (at most two long requests at once: preemptions), chunked prefill
-    with the `--max-batched-tokens` budget."""
+    of engine time): 60 requests, Poisson arrivals at `DEFAULT_LOAD` of the replica's simulated
+    service rate (a steady state; `--rate` sets one), prompts uniform 16-192, outputs uniform 8-64
+    tokens, a pool of 32 blocks of 16 tokens (at most two long requests at once: preemptions), chunked
+    prefill with the `--max-batched-tokens` budget."""
     from llmperf.clitools import out_console
     if model not in ("llama-3.1-8b", "validation"):
         raise SpecError("--validate: runs its own scaled Llama-3.1-8B-architecture model; leave MODEL at its "
@@ -266,14 +280,24 @@ def run_validation_cli(*, model: str, rate: float | None, requests: int | None, 
     if hardware == "a100-80gb-sxm":
         hardware = "local"
     hw = load_hardware(hardware)
-    spec = WorkloadSpec(arrival=f"poisson:{rate if rate is not None else 2.5!r}",
+    if not getattr(hw, "efficiency", None):
+        raise SpecError(f"--hardware: {hw.name!r} carries no calibration; run `llmperf calibrate` first and "
+                        "validate with --hardware local")
+    spec = WorkloadSpec(arrival=f"poisson:{rate if rate is not None else 1.0!r}",
                         prompt_len=prompt_len if prompt_len != "lognormal:6:0.8:16:4096" else "uniform:16:192",
                         output_len=output_len if output_len != "lognormal:5:0.8:1:1024" else "uniform:8:64",
                         num_requests=requests or 60, seed=seed)
     if spec.arrival.rate_per_s <= 0:
         raise SpecError("--rate: must be > 0")
-    workload = generate(spec)
     net = validation_model(hidden, layers)
+    if rate is None:
+        config = _sim_config(net, hw, num_blocks or 32, 16, max_batched_tokens, chunked_prefill, "fp32")
+        mu = saturated_rate(spec, config)
+        spec = with_rate(spec, round(DEFAULT_LOAD * mu, 3))
+        out_console.print(f"rate: {spec.arrival.rate_per_s:.3g} requests/s, {DEFAULT_LOAD:.0%} of the "
+                          f"{mu:.3g} requests/s this replica serves flat out on {hw.name} (simulated; "
+                          "--rate sets another)")
+    workload = generate(spec)
     report = run_validation(model=net, hardware=hw, workload=workload, num_blocks=num_blocks or 32,
                             max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill, seed=seed)
     out_console.print(validation_table(report))

@@ -46,3 +46,44 @@ def test_validation_writes_the_engine_run_on_the_workload_clock(tmp_path):
     assert (tmp_path / "run" / "engine" / "requests.csv").exists()
     summary = json.loads((tmp_path / "run" / "validation.json").read_text())
     assert summary
+
+
+def test_the_default_rate_is_a_steady_state_load(monkeypatch, tmp_path):
+    """Without --rate the validation offers DEFAULT_LOAD of the replica's simulated service rate (the
+    old fixed 2.5 req/s was just above this CPU's: a queue growing all run long); --rate is taken as
+    given; a hardware without calibration is refused before anything runs."""
+    import llmperf.serving.validate as v
+    from llmperf.errors import SpecError
+    from llmperf.serving.simulator import saturated_rate
+
+    hw = HardwareSpec(name="local", vendor="cpu", peak_tflops={"fp32": 0.1}, memory_bandwidth_gbps=20, memory_gib=8,
+                      efficiency=EFF, calibration={"tool": "llmperf calibrate"})
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run(**kw):
+        seen.append(kw["workload"])
+        raise Stop
+
+    monkeypatch.setattr(v, "run_validation", fake_run)
+    monkeypatch.setattr(v, "load_hardware", lambda name: hw)
+    common = dict(model="llama-3.1-8b", requests=None, prompt_len="lognormal:6:0.8:16:4096",
+                  output_len="lognormal:5:0.8:1:1024", seed=0, num_blocks=None, max_batched_tokens=2048,
+                  chunked_prefill=True, hardware="local", run_dir=None, hidden=64, layers=2)
+    with pytest.raises(Stop):
+        v.run_validation_cli(rate=None, **common)
+    spec = WorkloadSpec(arrival="poisson:1", prompt_len="uniform:16:192", output_len="uniform:8:64", num_requests=60,
+                        seed=0)
+    mu = saturated_rate(spec, v._sim_config(validation_model(64, 2), hw, 32, 16, 2048, True, "fp32"))
+    rate = len(seen[0]) / float(seen[0].arrival_s[-1])  # Poisson: about the offered rate
+    assert 0.5 * v.DEFAULT_LOAD * mu < rate < 1.5 * v.DEFAULT_LOAD * mu
+    with pytest.raises(Stop):
+        v.run_validation_cli(rate=0.5, **common)
+    assert len(seen[1]) / float(seen[1].arrival_s[-1]) < 1.0
+    monkeypatch.setattr(v, "load_hardware", lambda name: HardwareSpec(name="a100", vendor="NVIDIA",
+                                                                      peak_tflops={"fp32": 19.5},
+                                                                      memory_bandwidth_gbps=2000, memory_gib=80))
+    with pytest.raises(SpecError, match="carries no calibration"):
+        v.run_validation_cli(rate=None, **common)
