@@ -184,7 +184,8 @@ def _run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Workl
     t1 = time.perf_counter()
     sim = simulate(workload, config)
     sim_wall = time.perf_counter() - t1
-    durations = replay_durations(eng_steps["start_s"].to_list(), eng_steps["duration_s"].to_list())
+    durations = replay_durations(eng_steps["start_s"].to_list(), eng_steps["duration_s"].to_list(),
+                                 origin=float(workload.arrival_s.min()))
     try:
         replay = simulate(workload, config, step_times=durations)
         divergence = _first_divergence([s.log for s in res.steps], replay.log)
@@ -201,13 +202,20 @@ def _run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Workl
                             first_divergence=divergence, engine_wall_s=wall, sim_wall_s=sim_wall)
 
 
-def replay_durations(starts: Sequence[float], durations: Sequence[float]) -> list[float]:
+def replay_durations(starts: Sequence[float], durations: Sequence[float], origin: float | None = None) -> list[float]:
     """The step times that replay the engine's clock: each step lasts until the next one started
     (its own duration plus the loop's time before the next step, or an idle wait for an arrival, which
     the simulator then spends the same way), the last one its own duration. The engine's scheduler
-    clock follows the wall clock (`Scheduler.run(clock=...)`), so its steps start where these put them."""
+    clock follows the wall clock (`Scheduler.run(clock=...)`), so its steps start where these put them.
+    `origin`: where the simulator's first step starts (the first arrival); the engine's first step
+    started a little later (its clock had run on), and the first duration takes that up, so every
+    later step starts at the engine's time. (Without it the replay ran tens of microseconds early, and
+    a request that arrived 3 us before an engine step was admitted a step later: a false divergence.)"""
     own = list(durations)
-    return [max(b - a, d) for a, b, d in zip(starts, starts[1:], own)] + own[-1:]
+    out = [max(b - a, d) for a, b, d in zip(starts, starts[1:], own)] + own[-1:]
+    if origin is not None and out:
+        out[0] += max(0.0, float(starts[0]) - origin)
+    return out
 
 
 def _sim_config(model: ModelSpec, hardware: HardwareSpec, num_blocks: int, block_size: int,

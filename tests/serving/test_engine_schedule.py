@@ -36,7 +36,8 @@ def test_engine_and_simulator_schedules_match(chunked, sharing, num_blocks, syst
                         max_batch=None, max_batched_tokens=32 if chunked else None, chunked_prefill=chunked,
                         prefix_sharing=sharing, block_size=4, num_blocks=num_blocks, policy=policy)
     sim = simulate(work, cfg, step_times=replay_durations([g.start_s for g in engine_logs],
-                                                          [g.duration_s for g in engine_logs]))
+                                                          [g.duration_s for g in engine_logs],
+                                                          origin=float(work.arrival_s.min())))
     assert len(sim.log) == len(engine_logs)
     for a, b in zip(engine_logs, sim.log):
         assert a.decision() == b.decision(), f"step {a.step} differs"

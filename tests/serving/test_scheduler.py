@@ -270,6 +270,25 @@ def test_a_real_clock_admits_requests_when_they_really_arrived():
     replayed = Scheduler(BlockManager(16, 4), _Replay(times, {0: 6, 1: 2}), SchedulerConfig())
     replayed.run([req(0, 4, 6), req(1, 4, 2, arrival=3.2)])
     assert [a.decision() for a in replayed.log] == [b.decision() for b in real.log]
+    # The engine's first step starts after the first arrival (its clock ran on): the first replayed
+    # step takes that up, so a request arriving just before an engine step is admitted there too.
+    late = iter([0.0004] + [0.0004 + 1.25 * i for i in range(1, 100)])
+    real2 = run(lambda: next(late))
+    assert real2.log[0].start_s == pytest.approx(0.0004)
+    times2 = replay_durations([g.start_s for g in real2.log], [g.duration_s for g in real2.log], origin=0.0)
+    assert times2[0] == pytest.approx(1.2504) and sum(times2[:3]) == pytest.approx(real2.log[3].start_s)
+    # the regression: a request that arrives 0.1 ms before the engine's second step starts
+    reqs = [req(0, 4, 6), req(1, 4, 2, arrival=1.2503)]
+    ticks3 = iter([0.0004] + [0.0004 + 1.25 * i for i in range(1, 100)])
+    engine = Scheduler(BlockManager(16, 4), FakeRunner({0: 6, 1: 2}), SchedulerConfig())
+    engine.run(reqs, clock=lambda: next(ticks3))
+    assert 1 in engine.log[1].admitted
+    starts, durs = [g.start_s for g in engine.log], [g.duration_s for g in engine.log]
+    for origin, same in ((None, False), (0.0, True)):
+        sim = Scheduler(BlockManager(16, 4), _Replay(replay_durations(starts, durs, origin=origin), {0: 6, 1: 2}),
+                        SchedulerConfig())
+        sim.run([req(0, 4, 6), req(1, 4, 2, arrival=1.2503)])
+        assert ([a.decision() for a in sim.log] == [b.decision() for b in engine.log]) is same, origin
 
 
 class _Replay(FakeRunner):
