@@ -53,13 +53,6 @@ three times as much (tiny model, after a 32 MiB GEMV: 38 us against 123 us per p
 calibration may also give each operator's overhead per compute dtype as a curve over rows
 (`op_overhead_rows_s`: measured at 1 and 2 rows), which wins over `op_overhead_s` for that dtype.
 
-How cold the dispatch runs depends on how many bytes streamed through the caches just before: the
-tiny model's RMSNorm took 15 us warm and 40, 49, 70, 83, 92 us right after a GEMV over 2, 4, 8, 16,
-32 MiB of weights. The per-operator figures are measured after 32 MiB (a 7-8B model's projection);
-`op_overhead_streamed_s` gives each operator's dispatch after 4 and 32 MiB, and a model whose weight
-matrices average `matrix_bytes` (`mean_matrix_bytes`) gets every per-operator overhead scaled by
-curve(matrix_bytes) / curve(32 MiB) (log-linear between, flat outside).
-
 Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
 """
 
@@ -322,33 +315,6 @@ def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str
     return out
 
 
-def parse_op_streamed(raw: Any, where: str) -> dict[str, dict[str, Curve]]:
-    """`op_overhead_streamed_s`: {backend: {operator: [[bytes streamed before, seconds], ...]}}."""
-    from llmperf.analysis.vocabulary import OP_NAMES
-
-    if not isinstance(raw, Mapping):
-        raise SpecError(f"{where}: expected a mapping of attention backend -> {{operator: curve}}, got {raw!r}")
-    out: dict[str, dict[str, Curve]] = {}
-    for backend, ops in raw.items():
-        if backend not in BACKENDS:
-            raise SpecError(f"{where}: unknown attention backend {backend!r} (backends: {', '.join(BACKENDS)})")
-        if not isinstance(ops, Mapping):
-            raise SpecError(f"{where}.{backend}: expected a mapping of operator -> [[bytes, seconds], ...], got {ops!r}")
-        for op in ops:
-            if op not in OP_NAMES:
-                raise SpecError(f"{where}.{backend}: unknown operator {op!r} (see llmperf.analysis.vocabulary)")
-        out[str(backend)] = {str(op): Curve.parse(c, f"{where}.{backend}.{op}", x="bytes", what="seconds")
-                             for op, c in ops.items()}
-    return out
-
-
-def mean_matrix_bytes(fm: Any) -> float:
-    """The mean bytes of one layer's weight matrices (`fm`: a `ForwardModel`): what streams through
-    the caches before a typical operator of a decode step."""
-    mats = [c.weight_bytes for c in fm.layer_ops(1, 1, 1) if c.kind == "matmul" and float(c.weight_bytes) > 0]
-    return float(sum(mats) / len(mats)) if mats else 0.0
-
-
 def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     """Validate an `efficiency:` block: {schema_version, model, step_overhead_s, dtypes: {dtype: kinds}}
     and, from schema 2, `overhead_mode` (add | overlap) and `op_overhead_s` ({backend: {op: s}})."""
@@ -359,7 +325,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
         raise SpecError(f"{where}.schema_version: expected one of {', '.join(map(str, READABLE_SCHEMAS))}, "
                         f"got {version!r}")
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
-                          (3, {"op_e_memory", "op_overhead_rows_s", "op_overhead_streamed_s"})):
+                          (3, {"op_e_memory", "op_overhead_rows_s"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -383,8 +349,6 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 op_e_memory=parse_op_e_memory(raw.get("op_e_memory") or {}, f"{where}.op_e_memory"),
                 op_overhead_rows_s=parse_op_overhead_rows(raw.get("op_overhead_rows_s") or {},
                                                           f"{where}.op_overhead_rows_s"),
-                op_overhead_streamed_s=parse_op_streamed(raw.get("op_overhead_streamed_s") or {},
-                                                         f"{where}.op_overhead_streamed_s"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -411,33 +375,16 @@ def _pick_dtype(parsed: dict[str, Any], dtype: str, where: str) -> tuple[str, di
                     f"(measured: {', '.join(dtypes)}); run `llmperf calibrate --dtypes {dtype}`")
 
 
-def _scaled_by_streamed(ops: Mapping[str, float], by_rows: Mapping[str, Curve], streamed: Mapping[str, Curve],
-                        matrix_bytes: float) -> tuple[dict[str, float], dict[str, Curve]]:
-    """The per-operator overheads, each scaled by its streamed-bytes curve at `matrix_bytes` over the
-    curve's last (coldest) point: the figures were measured after that many bytes."""
-    def factor(op: str) -> float:
-        c = streamed.get(op)
-        if c is None:
-            return 1.0
-        return float(c(matrix_bytes)) / c.points[-1][1]
-    new_ops = {op: v * factor(op) for op, v in ops.items()}
-    new_rows = {op: Curve(tuple((r, v * factor(op)) for r, v in c.points)) for op, c in by_rows.items()}
-    return new_ops, new_rows
-
-
 def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, backend: str,
-                 weight_bytes: float | None = None, matrix_bytes: float | None = None) -> EfficiencyTimeModel:
+                 weight_bytes: float | None = None) -> EfficiencyTimeModel:
     used, kinds = _pick_dtype(parsed, dtype, where)
     if backend not in BACKENDS:
         raise SpecError(f"--backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
     ops = parsed["op_overhead_s"].get(backend, {})  # a backend never measured: the per-kind figures
     warm = parsed.get("op_overhead_warm_s", {}).get(backend, {})
     by_rows = parsed.get("op_overhead_rows_s", {}).get(used, {}).get(backend, {})
-    streamed = parsed.get("op_overhead_streamed_s", {}).get(backend, {})
     if warm and weight_bytes is not None and weight_bytes <= parsed.get("warm_below_bytes", 0.0):
         ops, by_rows = warm, {}  # weights that stay in the private caches leave the dispatch warm
-    elif streamed and matrix_bytes:
-        ops, by_rows = _scaled_by_streamed(ops, by_rows, streamed, matrix_bytes)
     return EfficiencyTimeModel(name=name, kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
                                source=parsed["source"], op_overhead_s=ops, overhead_mode=parsed["overhead_mode"],
                                backend=backend if ops or by_rows else "",
@@ -445,16 +392,13 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
 
 
 def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16",
-                   backend: str = "sdpa", weight_bytes: float | None = None,
-                   matrix_bytes: float | None = None) -> EfficiencyTimeModel:
+                   backend: str = "sdpa", weight_bytes: float | None = None) -> EfficiencyTimeModel:
     """The time model `efficiency` names, for `hardware` at `compute_dtype`, with the per-operator
     overheads measured for the attention `backend` (sdpa unless said: the engine's default).
     `weight_bytes`: the model's weights on the device; when a CPU calibration measured warm overheads
     too (`op_overhead_warm_s`) and the weights fit its private caches (`warm_below_bytes`), those
     are used: every operator then dispatches with warm caches (a toy model), not after a weight
-    matrix streamed through them (a real one, the default). `matrix_bytes`: the model's mean weight
-    matrix (`mean_matrix_bytes`); with `op_overhead_streamed_s` in the calibration, the per-operator
-    overheads are those after that many bytes streamed (else after the calibration's 32 MiB).
+    matrix streamed through them (a real one, the default).
 
     `calibrated` needs a spec written by `llmperf calibrate` (its `efficiency:` block); `typical`
     reads `models_spec/efficiency/typical.yaml` and is refused for a CPU (its figures are GPU
@@ -470,7 +414,7 @@ def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute
                             "(run `llmperf calibrate`, then use --hardware local)")
         parsed = parse_efficiency(raw, f"{hardware.name}: efficiency")
         return _from_parsed("calibrated", parsed, compute_dtype, f"{hardware.name}: efficiency", backend,
-                            weight_bytes, matrix_bytes)
+                            weight_bytes)
     if hardware.vendor.lower() == "cpu" or "cpu" in (hardware.variant or "").lower().split():
         raise SpecError(f"--efficiency typical: the typical figures are GPU measurements; {hardware.name!r} "
                         "is a CPU (use --efficiency calibrated)")

@@ -24,9 +24,6 @@ Compute's roofline; see REFERENCE.md):
   about ten), which one tiny call per kind does not see. On CUDA the per-operator CUDA events of the
   recorder measure the time the GPU waits between the operator's first and last launch: in a
   launch-bound tiny model, its host dispatch;
-- on CPU, the same after a 4 MiB GEMV (`op_overhead_streamed_s`, with the 32 MiB figures): dispatch
-  runs colder the more bytes streamed before it (the RMSNorm: 49 us after 4 MiB, 92 us after 32), and
-  a model's weight matrices say how many do;
 - on CPU, the same per compute dtype (fp32, bf16) at one and two rows (`op_overhead_rows_s`): a
   one-row fp32 projection runs the plain matrix-vector kernel, anything else oneDNN's packed GEMM,
   whose cold call costs three times as much (38 us against 123 us);
@@ -215,7 +212,6 @@ class Calibration:
     op_e_memory: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)  # dtype -> op -> [[bytes, e]]
     # CPU: dtype -> backend -> op -> [[rows, seconds]] (the packed GEMM path dispatches differently)
     op_overhead_rows_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
-    op_overhead_small_s: dict[str, dict[str, float]] = field(default_factory=dict)  # CPU: after a 4 MiB GEMV
     step_overhead_s: float = 0.0
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
@@ -291,13 +287,6 @@ class Calibration:
         if self.op_overhead_warm_s:
             out["op_overhead_warm_s"] = _clean_ops(self.op_overhead_warm_s)
             out["warm_below_bytes"] = self.private_cache_bytes()
-        if self.op_overhead_small_s and self.op_overhead_s:
-            small, big = 4 * COLD_SMALL_GEMM[0] * COLD_SMALL_GEMM[1], 4 * COLD_GEMM[0] * COLD_GEMM[1]
-            out["op_overhead_streamed_s"] = {
-                b: {op: [[small, max(_clean(self.op_overhead_small_s[b][op]), 1e-9)],
-                         [big, max(_clean(self.op_overhead_s[b][op]), 1e-9)]]
-                    for op in self.op_overhead_s[b] if op in self.op_overhead_small_s.get(b, {})}
-                for b in self.op_overhead_s if b in self.op_overhead_small_s}
         if self.op_overhead_rows_s:
             out["op_overhead_rows_s"] = {
                 d: {b: {op: [[int(r), max(_clean(v), 1e-9)] for r, v in pts] for op, pts in ops.items()}
@@ -686,20 +675,16 @@ def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
 COLD_GEMM = (1024, 8192)  # (K, N) of the fp32 GEMV before each operator: 32 MiB of weights, two of them
 
 
-COLD_SMALL_GEMM = (1024, 1024)  # the same after a 4 MiB GEMV (`op_overhead_streamed_s`)
-
-
-def _cold_caches(device: Any, gemm: tuple[int, int] = COLD_GEMM) -> Callable[[], Any] | None:
-    """The hook a CPU recorder runs before each operator: a GEMV over one of two fp32 weight matrices
-    of `gemm` = (K, N) in turn (32 MiB each by default; at the calibration's threads, like the
-    engine's own projections)."""
+def _cold_caches(device: Any) -> Callable[[], Any] | None:
+    """The hook a CPU recorder runs before each operator: a GEMV over one of two 32 MiB weight matrices
+    in turn (at the calibration's threads, like the engine's own projections)."""
     import itertools
 
     import torch
 
     if device.type != "cpu":
         return None
-    k, n = gemm
+    k, n = COLD_GEMM
     x = torch.randn(1, k)
     weights = itertools.cycle([torch.randn(k, n), torch.randn(k, n)])
     return lambda: torch.matmul(x, next(weights))
@@ -716,8 +701,7 @@ def op_overhead_backends(device: Any) -> tuple[str, ...]:
 
 
 def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: bool = True,
-                         dtype: str | None = None, batch: int = 1,
-                         cold_gemm: tuple[int, int] = COLD_GEMM) -> dict[str, dict[str, float]]:
+                         dtype: str | None = None, batch: int = 1) -> dict[str, dict[str, float]]:
     """Per attention backend, the median time of one call of each engine operator over the decode
     steps of the tiny model's recorded greedy generation of `batch` sequences at `dtype` (default:
     bf16 on CUDA, fp32 on CPU; per layer for per-layer operators); on a CPU with `cold`, each operator
@@ -731,14 +715,13 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: 
     from llmperf.specs import ModelSpec
 
     spec = ModelSpec(**TINY_SPEC)
-    before_op = _cold_caches(device, cold_gemm) if cold else None
+    before_op = _cold_caches(device) if cold else None
     dtype = dtype or ("bf16" if device.type == "cuda" else "fp32")
     out: dict[str, dict[str, float]] = {}
     prompt = [[1, 2, 3, 4]] * batch
     params = SamplingParams(max_new_tokens=s.op_overhead_tokens, min_new_tokens=s.op_overhead_tokens)
     for backend in op_overhead_backends(device):
-        cold_mib = 4 * cold_gemm[0] * cold_gemm[1] // MiB
-        progress(f"operator overheads ({backend}{f', after a {cold_mib} MiB GEMV' if before_op else ''})")
+        progress(f"operator overheads ({backend}{', cold caches' if before_op else ''})")
         try:
             model = build_model(spec, seed=0, dtype=dtype, device=device, attention=backend)
             engine = Engine(model, cache="contiguous", attention=backend)
@@ -978,7 +961,6 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
             if device.type == "cpu":
                 cal.op_overhead_warm_s = measure_op_overheads(s, device, tick, cold=False)
                 cal.op_overhead_rows_s = measure_op_overhead_rows(s, device, tick, cal.op_overhead_s)
-                cal.op_overhead_small_s = measure_op_overheads(s, device, tick, cold_gemm=COLD_SMALL_GEMM)
         missing = [b for b in op_overhead_backends(device) if b not in cal.op_overhead_s]
         if missing:
             cal.notes.append(f"operator overheads not measured for {', '.join(missing)}: the per-kind figures apply")

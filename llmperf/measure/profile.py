@@ -603,13 +603,9 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
 def calibrated_model(hardware: HardwareSpec, spec: ModelSpec, prec: Precision, compute_dtype: str,
                      backend: str) -> EfficiencyTimeModel:
     """The calibrated time model that predicts `spec` as the engine runs it: the backend's per-operator
-    overheads, warm ones when the model's weights fit the private caches, else those after its mean
-    weight matrix streamed (`time_model_for`)."""
-    from llmperf.analysis.timemodel import mean_matrix_bytes
-
-    fm = ForwardModel(model=spec, precision=prec, fused_qkv=True, fused_gate_up=True)  # the engine's GEMMs
+    overheads, warm ones when the model's weights fit the private caches (`time_model_for`)."""
     return time_model_for(hardware, "calibrated", compute_dtype, backend=backend,
-                          weight_bytes=weight_bytes_per_gpu(spec, prec), matrix_bytes=mean_matrix_bytes(fm))
+                          weight_bytes=weight_bytes_per_gpu(spec, prec))
 
 
 def measurement_sources(settings: ProfileSettings) -> dict[str, str]:

@@ -152,12 +152,7 @@ class ServingConfig:
             from llmperf.analysis.timemodel import time_model_for
         except ImportError:
             raise SpecError(f"--efficiency {eff}: this installation has no calibrated time model") from None
-        from llmperf.analysis.operators import ForwardModel
-        from llmperf.analysis.timemodel import mean_matrix_bytes
-        fm = ForwardModel(model=self.model, precision=self.precision, fused_qkv=True, fused_gate_up=True,
-                          tp=self.tp)  # the engine's GEMMs; their mean size sets how cold dispatch runs
-        return time_model_for(self.hardware, eff, self.hardware.compute_dtype(self.precision.activations),
-                              matrix_bytes=mean_matrix_bytes(fm))
+        return time_model_for(self.hardware, eff, self.hardware.compute_dtype(self.precision.activations))
 
     def settings(self) -> dict[str, object]:
         tm = self.resolve_time_model()

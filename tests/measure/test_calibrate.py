@@ -173,7 +173,7 @@ def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
 
     mapping = cal.to_mapping()
     newer = ("op_overhead_s", "overhead_mode", "op_overhead_warm_s", "warm_below_bytes", "op_e_memory",
-             "op_overhead_rows_s", "op_overhead_streamed_s")
+             "op_overhead_rows_s")
     eff = {k: v for k, v in mapping["efficiency"].items() if k not in newer}
     path = write_yaml({**mapping, "efficiency": {**eff, "schema_version": 1}}, tmp_path / "old.yaml")
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
@@ -279,13 +279,3 @@ def test_cpu_calibration_measures_dispatch_per_dtype_and_rows(cal):
     assert table["fp32"]["sdpa"]["qkv_proj"][0][1] == pytest.approx(cal.op_overhead_s["sdpa"]["qkv_proj"], rel=1e-3)
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_overhead_rows and tm.backend == "sdpa"
-
-
-def test_cpu_calibration_measures_dispatch_after_4_and_32_mib(cal):
-    table = cal.fit_terms()["op_overhead_streamed_s"]
-    assert set(table) == {"sdpa", "naive"}
-    pts = table["sdpa"]["attn_norm"]
-    assert [b for b, _ in pts] == [4 * 2**20, 32 * 2**20] and all(0 < s < 0.05 for _, s in pts)
-    assert pts[1][1] == pytest.approx(cal.op_overhead_s["sdpa"]["attn_norm"], rel=1e-3)
-    tm = time_model_for(cal.to_spec(), "calibrated", "fp32", matrix_bytes=4 * 2**20)
-    assert tm.op_overhead_s["attn_norm"] == pytest.approx(pts[0][1], rel=1e-3)

@@ -321,38 +321,3 @@ def test_op_overhead_rows_wins_per_dtype_and_rows():
         parse_efficiency({**eff, "op_overhead_rows_s": {"fp32": {"flash": {}}}}, "f")
     with pytest.raises(SpecError, match="unknown operator 'proj'"):
         parse_efficiency({**eff, "op_overhead_rows_s": {"fp32": {"sdpa": {"proj": 1e-5}}}}, "f")
-
-
-def test_overheads_scale_with_the_bytes_streamed_before_them():
-    """`op_overhead_streamed_s`: each operator's dispatch after 4 and 32 MiB streamed; a model whose
-    matrices average `matrix_bytes` gets its per-operator and per-rows overheads scaled by
-    curve(matrix_bytes) / curve(32 MiB); without `matrix_bytes`, or for warm weights, nothing moves."""
-    from llmperf.analysis.timemodel import mean_matrix_bytes
-
-    small, big = 4 * 2**20, 32 * 2**20
-    eff = {**_eff(op_overhead_s={"sdpa": {"attn_norm": 1e-4, "qkv_proj": 4e-5}},
-                  op_overhead_warm_s={"sdpa": {"attn_norm": 1e-5}}, warm_below_bytes=4 * 2**20),
-           "schema_version": 3,
-           "op_overhead_rows_s": {"fp32": {"sdpa": {"qkv_proj": [[1, 4e-5], [2, 1.2e-4]]}}},
-           "op_overhead_streamed_s": {"sdpa": {"attn_norm": [[small, 5e-5], [big, 1e-4]],
-                                               "qkv_proj": [[small, 2e-5], [big, 4e-5]]}}}
-    hw = _hw(eff)
-    cold = time_model_for(hw, "calibrated", "fp32")
-    assert cold.op_overhead_s["attn_norm"] == 1e-4  # no matrix size: the 32 MiB figures
-    at_small = time_model_for(hw, "calibrated", "fp32", matrix_bytes=small, weight_bytes=1e9)
-    assert at_small.op_overhead_s["attn_norm"] == pytest.approx(5e-5)
-    assert at_small.op_overhead_rows["qkv_proj"].points == (pytest.approx((1.0, 2e-5)), pytest.approx((2.0, 6e-5)))
-    mid = time_model_for(hw, "calibrated", "fp32", matrix_bytes=2**(22 + 1.5))  # halfway in log between 4 and 32 MiB
-    assert mid.op_overhead_s["attn_norm"] == pytest.approx(7.5e-5)
-    assert time_model_for(hw, "calibrated", "fp32", matrix_bytes=1e3).op_overhead_s["attn_norm"] == pytest.approx(5e-5)
-    assert time_model_for(hw, "calibrated", "fp32", matrix_bytes=1e9).op_overhead_s["attn_norm"] == pytest.approx(1e-4)
-    warm = time_model_for(hw, "calibrated", "fp32", matrix_bytes=small, weight_bytes=1e6)
-    assert warm.op_overhead_s == {"attn_norm": 1e-5}  # warm weights: the warm figures, unscaled
-    fm = ForwardModel(model=load_model("llama-3.1-8b"), precision=Precision.uniform("bf16"), fused_qkv=True,
-                      fused_gate_up=True)
-    C, F, kv = 4096, 14336, 1024
-    assert mean_matrix_bytes(fm) == pytest.approx(2 * (C * (C + 2 * kv) + C * C + C * 2 * F + F * C) / 4)
-    with pytest.raises(SpecError, match="op_overhead_streamed_s: needs schema_version 3"):
-        parse_efficiency({**_eff(), "op_overhead_streamed_s": {"sdpa": {}}}, "f")
-    with pytest.raises(SpecError, match=r"op_overhead_streamed_s.sdpa.rope: seconds must be in \(0, 1\)"):
-        parse_efficiency({**eff, "op_overhead_streamed_s": {"sdpa": {"rope": [[small, 0]]}}}, "f")
