@@ -294,7 +294,8 @@ def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str
     from llmperf.analysis.vocabulary import OP_NAMES
 
     if not isinstance(raw, Mapping):
-        raise SpecError(f"{where}: expected a mapping of compute dtype -> {{backend: {{operator: curve}}}}, got {raw!r}")
+        raise SpecError(f"{where}: expected a mapping of compute dtype -> {{backend: {{operator: curve}}}}, "
+                        f"got {raw!r}")
     out: dict[str, dict[str, dict[str, Curve]]] = {}
     for dtype, backends in raw.items():
         if not isinstance(backends, Mapping):
@@ -302,13 +303,15 @@ def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str
         out[str(dtype)] = {}
         for backend, ops in backends.items():
             if backend not in BACKENDS:
-                raise SpecError(f"{where}.{dtype}: unknown attention backend {backend!r} (backends: {', '.join(BACKENDS)})")
+                raise SpecError(f"{where}.{dtype}: unknown attention backend {backend!r} "
+                                f"(backends: {', '.join(BACKENDS)})")
             if not isinstance(ops, Mapping):
                 raise SpecError(f"{where}.{dtype}.{backend}: expected a mapping of operator -> [[rows, seconds], ...], "
                                 f"got {ops!r}")
             for op in ops:
                 if op not in OP_NAMES:
-                    raise SpecError(f"{where}.{dtype}.{backend}: unknown operator {op!r} (see llmperf.analysis.vocabulary)")
+                    raise SpecError(f"{where}.{dtype}.{backend}: unknown operator {op!r} "
+                                    "(see llmperf.analysis.vocabulary)")
             out[str(dtype)][str(backend)] = {str(op): Curve.parse(c, f"{where}.{dtype}.{backend}.{op}", x="rows",
                                                                   what="seconds")
                                              for op, c in ops.items()}

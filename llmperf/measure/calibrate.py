@@ -345,7 +345,8 @@ class Calibration:
                                    cold=(f"a (1,{COLD_GEMM[0]})@({COLD_GEMM[0]},{COLD_GEMM[1]}) fp32 GEMV before each "
                                          "operator" if self.device.get("kind") == "cpu" else "none (GPU: warm host)")),
             step_overhead_s=_clean(self.step_overhead_s),
-            op_e_memory_model=dict(VECTOR_SPEC, cache="contiguous", prefills=[list(p) for p in self.settings.vector_prefills],
+            op_e_memory_model=dict(VECTOR_SPEC, cache="contiguous",
+                                   prefills=[list(p) for p in self.settings.vector_prefills],
                                    reps=self.settings.vector_reps) if self.op_e_memory else None,
             streams=[dict(kind=p.kind, size_bytes=p.size_bytes, gb_per_s=_clean(p.bytes_per_s / 1e9),
                           seconds=_clean(p.seconds), spread_s=_clean(p.spread_s), n=p.n) for p in self.streams],
@@ -817,8 +818,8 @@ OVERHEAD_ROWS = (1, 2)  # a CPU GEMM of one row runs the plain kernel, of two or
 OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp16 is never packed)
 
 
-def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress,
-                             fp32_rows1: dict[str, dict[str, float]]) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
+def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_rows1: dict[str, dict[str, float]]
+                             ) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
     """CPU: each engine operator's cold dispatch per compute dtype (fp32, bf16) and per rows (1, 2:
     the tiny model decoding 1 and 2 sequences), as `[[rows, seconds], ...]`; `fp32_rows1` is the
     fp32 one-sequence run already made. Measured 2026-11-23 on the 2-core CPU: a projection takes

@@ -201,7 +201,8 @@ def test_a_decode_attention_point_is_memory_bound_however_slow():
     assert terms.e_memory(4) == pytest.approx(0.5, rel=0.02)
     assert terms.e_compute(4) == pytest.approx(0.3, rel=0.02)  # the prefill's, not flops / (peak t)
     unmarked = [ComputePoint(**{**p.__dict__, "memory_bound": False}) for p in (b1, b4, pre)]
-    assert KindTerms.parse(fit_curves(unmarked, peak, bw, 0.0), "fit").e_compute(4) < 0.15  # the old misfit: FLOPs/(peak t)
+    old = KindTerms.parse(fit_curves(unmarked, peak, bw, 0.0), "fit")
+    assert old.e_compute(4) < 0.15  # the old misfit: FLOPs / (peak t)
 
 
 def test_the_working_set_fills_twice_the_largest_cache(monkeypatch):
@@ -249,8 +250,9 @@ def test_vector_operator_efficiency_is_fitted_per_byte_count():
     from llmperf.measure.calibrate import fit_op_e_memory
 
     bw = 1e10
-    fit = fit_op_e_memory({"act": [(1e6, 1e-4 + 1e6 / (0.5 * bw)), (1e8, 1e-4 + 1e8 / (0.1 * bw)), (1e8, 1e-4 + 1e8 / (0.2 * bw)),
-                                   (1e3, 5e-5)]}, bw, {"act": 1e-4})
+    samples = [(1e6, 1e-4 + 1e6 / (0.5 * bw)), (1e8, 1e-4 + 1e8 / (0.1 * bw)), (1e8, 1e-4 + 1e8 / (0.2 * bw)),
+               (1e3, 5e-5)]
+    fit = fit_op_e_memory({"act": samples}, bw, {"act": 1e-4})
     assert fit["act"][0] == [1000, 1.0]  # faster than its overhead: the dispatch explains it
     assert fit["act"][1][0] == 1_000_000 and fit["act"][1][1] == pytest.approx(0.5)
     assert fit["act"][2][0] == 100_000_000 and fit["act"][2][1] == pytest.approx(0.2)
