@@ -59,7 +59,7 @@ Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -147,6 +147,13 @@ class KindTerms:
                    overhead_s=float(overhead))
 
 
+def _rows_of(cost: OpCost, rows: Number | None) -> Number:
+    """`rows`, else the cost's own rows; 1 where neither says (an efficiency curve starts at 1 row)."""
+    if rows is None:
+        rows = getattr(cost, "rows", None)
+    return 1.0 if rows is None or np.all(np.asarray(rows) == 0) else rows
+
+
 _UNIT = KindTerms(e_compute=Curve(((1.0, 1.0),)), e_memory=Curve(((1.0, 1.0),)))
 
 
@@ -182,10 +189,7 @@ class EfficiencyTimeModel:
         from ("op" or "kind")."""
         curve = self.op_overhead_rows.get(cost.name)
         if curve is not None:
-            r = rows if rows is not None else getattr(cost, "rows", None)
-            if r is None or np.all(np.asarray(r) == 0):
-                r = 1.0
-            return curve(r), "op"
+            return curve(_rows_of(cost, rows)), "op"
         if cost.name in self.op_overhead_s:
             return self.op_overhead_s[cost.name], "op"
         return self.terms(cost.kind).overhead_s, "kind"
@@ -195,10 +199,7 @@ class EfficiencyTimeModel:
         """The efficiencies of `cost` at `rows` (default: `cost.rows`), and its overhead as a serial
         `overhead_s` (mode add) or an overlapped `host_s` (mode overlap)."""
         t = self.terms(cost.kind)
-        if rows is None:
-            rows = getattr(cost, "rows", None)
-        if rows is None or np.all(np.asarray(rows) == 0):
-            rows = 1.0
+        rows = _rows_of(cost, rows)
         overhead, _ = self.overhead_for(cost, rows)
         by_bytes = self.op_e_memory.get(cost.name)
         if by_bytes is not None:  # one call's bytes (a cost scaled to L layers carries L calls)
@@ -250,38 +251,45 @@ def _seconds(value: Any, where: str) -> float:
     return float(value)
 
 
-def parse_op_overheads(raw: Any, where: str) -> dict[str, dict[str, float]]:
-    """`op_overhead_s`: {backend: {operator name: seconds}}, names from the shared vocabulary."""
+def _check_op_names(ops: Any, where: str, shape: str) -> None:
+    """`ops` is a mapping whose keys are operator names of the shared vocabulary (`shape` names its
+    values in the message)."""
     from llmperf.analysis.vocabulary import OP_NAMES
 
+    if not isinstance(ops, Mapping):
+        raise SpecError(f"{where}: expected a mapping of operator -> {shape}, got {ops!r}")
+    for op in ops:
+        if op not in OP_NAMES:
+            raise SpecError(f"{where}: unknown operator {op!r} (see llmperf.analysis.vocabulary)")
+
+
+def _per_backend(raw: Any, where: str, value: Callable[[Any, str], Any], shape: str) -> dict[str, dict[str, Any]]:
+    """{backend: {operator: value}}: known attention backends, vocabulary operator names, each value
+    read by `value(raw, where)` (`shape` names the values in the messages)."""
     if not isinstance(raw, Mapping):
-        raise SpecError(f"{where}: expected a mapping of attention backend -> {{operator: seconds}}, got {raw!r}")
-    out: dict[str, dict[str, float]] = {}
+        raise SpecError(f"{where}: expected a mapping of attention backend -> {{operator: {shape}}}, got {raw!r}")
+    out: dict[str, dict[str, Any]] = {}
     for backend, ops in raw.items():
         if backend not in BACKENDS:
             raise SpecError(f"{where}: unknown attention backend {backend!r} (backends: {', '.join(BACKENDS)})")
-        if not isinstance(ops, Mapping):
-            raise SpecError(f"{where}.{backend}: expected a mapping of operator -> seconds, got {ops!r}")
-        for op in ops:
-            if op not in OP_NAMES:
-                raise SpecError(f"{where}.{backend}: unknown operator {op!r} (see llmperf.analysis.vocabulary)")
-        out[str(backend)] = {str(op): _seconds(v, f"{where}.{backend}.{op}") for op, v in ops.items()}
+        _check_op_names(ops, f"{where}.{backend}", shape)
+        out[str(backend)] = {str(op): value(v, f"{where}.{backend}.{op}") for op, v in ops.items()}
     return out
+
+
+def parse_op_overheads(raw: Any, where: str) -> dict[str, dict[str, float]]:
+    """`op_overhead_s`: {backend: {operator name: seconds}}, names from the shared vocabulary."""
+    return _per_backend(raw, where, _seconds, "seconds")
 
 
 def parse_op_e_memory(raw: Any, where: str) -> dict[str, dict[str, Curve]]:
     """`op_e_memory`: {compute dtype: {operator name: [[bytes of one call, e_memory], ...]}}."""
-    from llmperf.analysis.vocabulary import OP_NAMES
-
     if not isinstance(raw, Mapping):
         raise SpecError(f"{where}: expected a mapping of compute dtype -> {{operator: curve}}, got {raw!r}")
     out: dict[str, dict[str, Curve]] = {}
     for dtype, ops in raw.items():
-        if not isinstance(ops, Mapping):
-            raise SpecError(f"{where}.{dtype}: expected a mapping of operator -> [[bytes, e_memory], ...], got {ops!r}")
+        _check_op_names(ops, f"{where}.{dtype}", "[[bytes, e_memory], ...]")
         for op in ops:
-            if op not in OP_NAMES:
-                raise SpecError(f"{where}.{dtype}: unknown operator {op!r} (see llmperf.analysis.vocabulary)")
             if op not in BYTES_CURVE_OPS:
                 raise SpecError(f"{where}.{dtype}: {op!r} cannot take a per-operator memory efficiency "
                                 f"(operators: {', '.join(BYTES_CURVE_OPS)})")
@@ -291,31 +299,14 @@ def parse_op_e_memory(raw: Any, where: str) -> dict[str, dict[str, Curve]]:
 
 def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str, Curve]]]:
     """`op_overhead_rows_s`: {compute dtype: {backend: {operator: [[rows, seconds], ...]}}}."""
-    from llmperf.analysis.vocabulary import OP_NAMES
-
     if not isinstance(raw, Mapping):
         raise SpecError(f"{where}: expected a mapping of compute dtype -> {{backend: {{operator: curve}}}}, "
                         f"got {raw!r}")
-    out: dict[str, dict[str, dict[str, Curve]]] = {}
-    for dtype, backends in raw.items():
-        if not isinstance(backends, Mapping):
-            raise SpecError(f"{where}.{dtype}: expected a mapping of attention backend -> operators, got {backends!r}")
-        out[str(dtype)] = {}
-        for backend, ops in backends.items():
-            if backend not in BACKENDS:
-                raise SpecError(f"{where}.{dtype}: unknown attention backend {backend!r} "
-                                f"(backends: {', '.join(BACKENDS)})")
-            if not isinstance(ops, Mapping):
-                raise SpecError(f"{where}.{dtype}.{backend}: expected a mapping of operator -> [[rows, seconds], ...], "
-                                f"got {ops!r}")
-            for op in ops:
-                if op not in OP_NAMES:
-                    raise SpecError(f"{where}.{dtype}.{backend}: unknown operator {op!r} "
-                                    "(see llmperf.analysis.vocabulary)")
-            out[str(dtype)][str(backend)] = {str(op): Curve.parse(c, f"{where}.{dtype}.{backend}.{op}", x="rows",
-                                                                  what="seconds")
-                                             for op, c in ops.items()}
-    return out
+
+    def curve(c: Any, at: str) -> Curve:
+        return Curve.parse(c, at, x="rows", what="seconds")
+    return {str(dtype): _per_backend(backends, f"{where}.{dtype}", curve, "[[rows, seconds], ...]")
+            for dtype, backends in raw.items()}
 
 
 def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:

@@ -312,29 +312,6 @@ class Block(nn.Module):
         with rec.op(_QKV, self.index):
             return self.linear(h, self.qkv_weight, self.qkv_bias)
 
-    def attention(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
-        rec, i = ctx.rec, self.index
-        B, T, _ = x.shape
-        H, H_kv = self.H, self.H_kv
-        with rec.op("attn_norm", i):
-            h = self.attn_norm.forward(x)
-        qkv = self._qkv(h, rec).view(B, T, H + 2 * H_kv, self.D)  # heads [q..., k..., v...]
-        if self.rope:  # q and k heads are adjacent: one rotation for both
-            with rec.op("rope", i):
-                qk = apply_rope(qkv[:, :, :H + H_kv], ctx.cos, ctx.sin)  # (B, T, H + H_kv, D)
-        else:
-            qk = qkv[:, :, :H + H_kv]
-        q, k = qk[:, :, :H], qk[:, :, H:]  # (B, T, H, D), (B, T, H_kv, D): views
-        v = qkv[:, :, H + H_kv:]  # (B, T, H_kv, D)
-        if meta.store is not None:
-            with rec.op("kv_write", i):
-                meta.store.write(i, k, v, meta)
-        o = ctx.attend(i, q, k, v, meta, rec)  # (B, T, H*D)
-        with rec.op("o_proj", i):
-            o = self.linear(o, self.o_weight, self.o_bias)
-        with rec.op("attn_residual", i):
-            return o.add_(x)  # o is this layer's own buffer: add the residual into it
-
     # ---- MLP ------------------------------------------------------------------------------------
     def _ffn(self, h: torch.Tensor, up_w: torch.Tensor, up_b: torch.Tensor | None, down_w: torch.Tensor,
              down_b: torch.Tensor | None, rec: Any, linear: Any) -> torch.Tensor:
@@ -381,22 +358,19 @@ class Block(nn.Module):
         with rec.op("mlp_residual", i):
             return y.add_(x)
 
-    def forward(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor:
-        return self.mlp(self.attention(x, meta, ctx), ctx)
-
-    def attention_groups(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
-                         ctx: ForwardContext) -> torch.Tensor:
-        """`attention` for `x` (1, N, C) holding several groups' tokens one after another: `spans`
-        gives each group's (meta, B, T, first row). The norm and the QKV / output GEMMs run once over
-        all N tokens (each weight read once), RoPE too (the tables are per token); the KV write and
-        attention run per group, each with its own metadata."""
+    def attention(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
+                  ctx: ForwardContext) -> torch.Tensor:
+        """`x` (1, N, C): the step's tokens, one group after another; `spans` gives each group's
+        (meta, B, T, first row). The norm and the QKV / output GEMMs run once over all N tokens (each
+        weight read once), RoPE too (the tables are per token); the KV write and attention run per
+        group, each with its own metadata (a plain step is one group)."""
         rec, i = ctx.rec, self.index
         N = x.shape[1]
         H, H_kv, D = self.H, self.H_kv, self.D
         with rec.op("attn_norm", i):
             h = self.attn_norm.forward(x)
         qkv = self._qkv(h, rec).view(N, H + 2 * H_kv, D)
-        if self.rope:
+        if self.rope:  # q and k heads are adjacent: one rotation for both
             with rec.op("rope", i):
                 qk = apply_rope(qkv[None, :, :H + H_kv], ctx.cos, ctx.sin)[0]  # (N, H + H_kv, D)
         else:
@@ -410,15 +384,15 @@ class Block(nn.Module):
                 with rec.op("kv_write", i):
                     meta.store.write(i, k, v, meta)
             outs.append(ctx.attend(i, q, k, v, meta, rec).reshape(B * T, H * D))
-        o = torch.cat(outs)[None]  # (1, N, H*D)
+        o = (outs[0] if len(outs) == 1 else torch.cat(outs))[None]  # (1, N, H*D)
         with rec.op("o_proj", i):
             o = self.linear(o, self.o_weight, self.o_bias)
         with rec.op("attn_residual", i):
-            return o.add_(x)
+            return o.add_(x)  # o is this layer's own buffer: add the residual into it
 
-    def forward_groups(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
-                       ctx: ForwardContext) -> torch.Tensor:
-        return self.mlp(self.attention_groups(x, spans, ctx), ctx)
+    def forward(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
+                ctx: ForwardContext) -> torch.Tensor:
+        return self.mlp(self.attention(x, spans, ctx), ctx)
 
 
 class ForwardContext:
@@ -509,29 +483,51 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if meta is None:
             meta = StepMeta.no_cache(B, T, tokens.device)
-        if meta.positions.shape != (B, T):
-            raise ValueError(f"meta: positions {tuple(meta.positions.shape)} do not match tokens {(B, T)}")
-        if meta.max_seq_len > self.spec.max_positions:
-            raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
-                             f"max_positions={self.spec.max_positions}")
-        meta.window, meta.layer_scales = self.spec.sliding_window, self.layer_scales
-        cos = sin = None
-        if self.rotary is not None:
-            cos, sin = self.rotary.lookup(meta.positions, meta.max_seq_len - 1, self.dtype)
-        ctx = ForwardContext(rec, attend or self._attend, cos, sin)
-        with rec.op("embed"):
-            x = F.embedding(tokens, self.embed_weight)  # (B, T, C)
-        if self.pos_weight is not None:
-            with rec.op("pos_embed"):
-                x = x + F.embedding(meta.positions, self.pos_weight)
-        for layer in self.layers:
-            x = layer.forward(x, meta, ctx)  # (B, T, C); .forward skips nn.Module hook dispatch
+        x = self._layers([(tokens, meta)], rec, attend).view(B, T, -1)  # (B, T, C)
         if not all_logits:
             x = x[:, -1]  # (B, C): serving engines only need the next token's logits
         with rec.op("final_norm"):
             x = self.final_norm.forward(x)
         with rec.op("lm_head"):
             return self._head_linear(x, self.lm_head_weight)  # (B, V) or (B, T, V)
+
+    def _place(self, tokens: torch.Tensor, meta: StepMeta) -> tuple[int, int]:
+        """(B, T) of one group, checked against its metadata, which gets the model's math fields."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens: expected (B, T) token ids, got shape {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        if meta.positions.shape != (B, T):
+            raise ValueError(f"meta: positions {tuple(meta.positions.shape)} do not match tokens {(B, T)}")
+        if meta.max_seq_len > self.spec.max_positions:
+            raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
+                             f"max_positions={self.spec.max_positions}")
+        meta.window, meta.layer_scales = self.spec.sliding_window, self.layer_scales
+        return B, T
+
+    def _layers(self, groups: Sequence[tuple[torch.Tensor, StepMeta]], rec: Any, attend: Any) -> torch.Tensor:
+        """Embeddings and every layer over the groups' tokens, one group after another: `(1, N, C)`."""
+        spans, lo = [], 0
+        for tokens, meta in groups:
+            B, T = self._place(tokens, meta)
+            spans.append((meta, B, T, lo))
+            lo += B * T
+        if len(groups) == 1:
+            tokens, positions = groups[0][0].reshape(1, -1), groups[0][1].positions.reshape(1, -1)
+        else:
+            tokens = torch.cat([t.reshape(-1) for t, _ in groups])[None]  # (1, N)
+            positions = torch.cat([m.positions.reshape(-1) for _, m in groups])[None]  # (1, N)
+        cos = sin = None
+        if self.rotary is not None:
+            cos, sin = self.rotary.lookup(positions, max(m.max_seq_len for _, m in groups) - 1, self.dtype)
+        ctx = ForwardContext(rec, attend or self._attend, cos, sin)
+        with rec.op("embed"):
+            x = F.embedding(tokens, self.embed_weight)  # (1, N, C)
+        if self.pos_weight is not None:
+            with rec.op("pos_embed"):
+                x = x + F.embedding(positions, self.pos_weight)
+        for layer in self.layers:
+            x = layer.forward(x, spans, ctx)  # .forward skips nn.Module hook dispatch
+        return x
 
     def forward_groups(self, groups: Sequence[tuple[torch.Tensor, StepMeta]], *, rec: Any = NULL_RECORDER,
                        attend: Any = None) -> list[torch.Tensor]:
@@ -543,39 +539,18 @@ class Transformer(nn.Module):
         logits `(B_g, V)` of its sequences' last new tokens."""
         if not groups:
             raise ValueError("groups: expected at least one (tokens, meta) group")
-        spans, lo, last = [], 0, []
-        for tokens, meta in groups:
-            if tokens.dim() != 2:
-                raise ValueError(f"tokens: expected (B, T) token ids, got shape {tuple(tokens.shape)}")
+        x = self._layers(groups, rec, attend)
+        last, lo = [], 0
+        for tokens, _ in groups:
             B, T = tokens.shape
-            if meta.positions.shape != (B, T):
-                raise ValueError(f"meta: positions {tuple(meta.positions.shape)} do not match tokens {(B, T)}")
-            if meta.max_seq_len > self.spec.max_positions:
-                raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
-                                 f"max_positions={self.spec.max_positions}")
-            meta.window, meta.layer_scales = self.spec.sliding_window, self.layer_scales
-            spans.append((meta, B, T, lo))
             last += [lo + b * T + T - 1 for b in range(B)]
             lo += B * T
-        tokens = torch.cat([t.reshape(-1) for t, _ in groups])[None]  # (1, N)
-        positions = torch.cat([m.positions.reshape(-1) for _, m in groups])[None]  # (1, N)
-        cos = sin = None
-        if self.rotary is not None:
-            cos, sin = self.rotary.lookup(positions, max(m.max_seq_len for _, m in groups) - 1, self.dtype)
-        ctx = ForwardContext(rec, attend or self._attend, cos, sin)
-        with rec.op("embed"):
-            x = F.embedding(tokens, self.embed_weight)  # (1, N, C)
-        if self.pos_weight is not None:
-            with rec.op("pos_embed"):
-                x = x + F.embedding(positions, self.pos_weight)
-        for layer in self.layers:
-            x = layer.forward_groups(x, spans, ctx)
         x = x[0, torch.tensor(last, device=x.device)]  # (sum B_g, C): each sequence's last new token
         with rec.op("final_norm"):
             x = self.final_norm.forward(x)
         with rec.op("lm_head"):
             logits = self._head_linear(x, self.lm_head_weight)
-        return list(logits.split([B for _, B, _, _ in spans]))
+        return list(logits.split([t.shape[0] for t, _ in groups]))
 
 
 __all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "rope_inv_freq", "torch_dtype"]

@@ -546,11 +546,6 @@ class _Weights:
         return _in_turn([lambda w=w: self.linear(x, w) for w in self.ws])
 
 
-def _linear_fn(rows: int, k: int, n: int, dtype: Any, device: Any) -> Callable[[], Any]:
-    """`x @ W` as the engine runs it for this dtype and device (one weight matrix)."""
-    return _Weights(k, n, dtype, device, 1).fn(rows)
-
-
 def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[ComputePoint], list[str]]:
     import torch
 
@@ -804,8 +799,7 @@ def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Se
                 for r in rec.trace.ops:
                     if r.phase == "prefill" and r.op in BYTES_CURVE_OPS:
                         times[r.op].append(r.seconds)
-            costs = {c.name: c for c in fm.head_ops(batch, prompt_len, prompt_len)
-                     + fm.layer_ops(batch, prompt_len, prompt_len) + fm.tail_ops(batch, prompt_len, prompt_len)}
+            costs = {c.name: c for c in fm.forward_ops(batch, prompt_len, prompt_len)}  # one layer: one call each
             for op, ts in times.items():
                 if op in costs:
                     samples[op].append((float(costs[op].bytes_total), float(statistics.median(ts))))

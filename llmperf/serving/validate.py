@@ -91,9 +91,8 @@ def _engine_frames(res, workload: Workload) -> tuple[pd.DataFrame, pd.DataFrame]
     """The engine's run in the simulate run-directory columns: times in seconds from the start of the
     run, on the clock the workload's arrivals use (the engine's metrics are `perf_counter` readings;
     each request arrived at start + its workload arrival time)."""
-    arrival_of = dict(zip(range(len(workload)), workload.arrival_s.tolist()))
-    starts = [o.metrics.arrival - arrival_of[o.request_id] for o in res.outputs if o.request_id in arrival_of]
-    t0 = min(starts) if starts else 0.0
+    # request i is workload row i (`to_requests`), and arrived at t0 + its arrival_s
+    t0 = min((o.metrics.arrival - float(workload.arrival_s[o.request_id]) for o in res.outputs), default=0.0)
     rows = []
     for o in res.outputs:
         m = o.metrics
