@@ -281,3 +281,75 @@ def test_cpu_calibration_measures_dispatch_per_dtype_and_rows(cal):
     assert table["fp32"]["sdpa"]["qkv_proj"][0][1] == pytest.approx(cal.op_overhead_s["sdpa"]["qkv_proj"], rel=1e-3)
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_overhead_rows and tm.backend == "sdpa"
+
+
+def test_operators_without_weights_take_their_dispatch_in_situ(cal):
+    """On CPU the weight GEMMs keep the tiny model's cold dispatch (a GEMV before each), every other
+    operator takes the one measured in a real layer's decode (`dispatch_spec`), and the per-operator
+    fallback is the fp32 one-row column of that same table."""
+    from llmperf.measure.calibrate import dispatch_spec, in_situ
+
+    cold = {"sdpa": {"qkv_proj": 1e-4, "lm_head": 2e-4, "rope": 9e-5, "attn_norm": 8e-5}}
+    situ = {"sdpa": {"qkv_proj": 5e-3, "rope": 4e-5}}  # a GEMM's in-situ time is its weight stream
+    assert in_situ(cold, situ) == {"sdpa": {"qkv_proj": 1e-4, "lm_head": 2e-4, "rope": 4e-5, "attn_norm": 8e-5}}
+    assert in_situ(cold, {}) == cold
+    spec = dispatch_spec(2048)  # Llama 3.2 1B's layer shapes
+    assert (spec["num_heads"], spec["num_kv_heads"], spec["ffn_size"], spec["num_layers"]) == (32, 8, 8192, 2)
+    prov = cal.provenance()["op_overhead_model"]
+    assert prov["in_situ"]["hidden_size"] == cal.settings.dispatch_hidden == 128
+    for backend, ops in cal.op_overhead_rows_s["fp32"].items():
+        assert cal.op_overhead_s[backend] == {op: pts[0][1] for op, pts in ops.items()}
+
+
+def test_in_situ_dispatch_can_be_switched_off():
+    """`dispatch_hidden=0`: every operator keeps the cold tiny-model figure, and the provenance says
+    no in-situ model was run."""
+    c = calibrate(Settings.tiny(dtypes=("fp32",), stream_sizes=(256 * 1024,), gemm_rows=(1, 8), vector_prefills=(),
+                                dispatch_hidden=0, threads=1))
+    assert c.provenance()["op_overhead_model"]["in_situ"] is None
+    assert set(c.op_overhead_rows_s["fp32"]) == {"sdpa", "naive"}
+
+
+def test_a_disturbed_point_is_timed_again(monkeypatch):
+    """A point whose median call is over 1.5x its fastest is timed again (at most twice) and the
+    steadiest timing kept; a steady one is timed once."""
+    import llmperf.measure.calibrate as calmod
+    from llmperf.measure.timers import Timing
+
+    def fake(timings):
+        it = iter(timings)
+        monkeypatch.setattr(calmod, "time_fn", lambda *a, **k: next(it))
+
+    notes: list[str] = []
+    fake([Timing(median_s=2.0, spread_s=1.0, n=5, min_s=1.0), Timing(median_s=1.1, spread_s=0.1, n=5, min_s=1.0)])
+    t = calmod._time_steady(lambda: None, "cpu", reps=5, warmup=1, notes=notes, what="gemm fp32 rows=4")
+    assert t.median_s == 1.1 and len(notes) == 1 and "gemm fp32 rows=4: timed again" in notes[0]
+    notes.clear()
+    fake([Timing(median_s=1.2, spread_s=0.1, n=5, min_s=1.0)])
+    assert calmod._time_steady(lambda: None, "cpu", reps=5, warmup=1, notes=notes, what="x").median_s == 1.2
+    assert notes == []
+    disturbed = [Timing(median_s=3.0, spread_s=1.0, n=5, min_s=1.0), Timing(median_s=2.0, spread_s=1.0, n=5, min_s=1.0),
+                 Timing(median_s=4.0, spread_s=1.0, n=5, min_s=1.0)]
+    fake(disturbed)
+    assert calmod._time_steady(lambda: None, "cpu", reps=5, warmup=1, notes=notes, what="x").median_s == 2.0
+    assert len(notes) == 2  # RETRIES, then it gives up with the steadiest
+
+
+def test_rounds_pool_into_one_point():
+    """Interleaved rounds of one GEMM pool into one timing: median of the medians, fastest call,
+    widest spread, every call counted."""
+    from llmperf.measure.calibrate import _pooled
+    from llmperf.measure.timers import Timing
+
+    ts = [Timing(median_s=m, spread_s=s, n=5, threads=2, min_s=lo) for m, s, lo in
+          ((5.0, 0.1, 4.8), (6.0, 0.3, 4.7), (5.5, 0.2, 5.0))]
+    t = _pooled(ts)
+    assert (t.median_s, t.spread_s, t.n, t.threads, t.min_s) == (5.5, 0.3, 15, 2, 4.7)
+    assert _pooled(ts[:1]) is ts[0]
+
+
+def test_memory_bound_gemm_points_are_timed_in_rounds(cal):
+    """On CPU every fast (memory-bound) GEMM point is the pool of `gemm_rounds` rounds."""
+    for p in cal.compute:
+        if p.op == "matmul" and p.typical_s < 0.02:
+            assert p.n >= cal.settings.gemm_rounds * cal.settings.reps, p

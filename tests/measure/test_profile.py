@@ -316,3 +316,29 @@ def test_a_critical_batch_beyond_the_sweep_is_neither_met_nor_missed():
     assert not early.beyond_sweep and not early.within
     found = CriticalBatch(context=65, measured=6.0, predicted=9.0, largest=16)
     assert not found.beyond_sweep and found.within
+
+
+def test_cpu_warm_up_runs_the_real_prompts(hardware):
+    """Before its timed runs, a CPU generation is warmed up on its own prompts: oneDNN builds a GEMM
+    primitive on the first call of every new row count (a 64-token bf16 prefill's first QKV GEMM
+    took 17x its steady time), which must not land in the measured prefill."""
+    from llmperf.analysis import ForwardModel
+    from llmperf.engine import Engine, build_model
+    from llmperf.specs import ModelSpec, Precision
+
+    spec = ModelSpec(**TINY)
+    engine = Engine(build_model(spec, seed=0), cache="contiguous")
+    seen = []
+    real = engine.generate
+
+    def spy(prompts, params, **kw):
+        seen.append(([len(p) for p in prompts], params.max_new_tokens, kw.get("recorder") is not None))
+        return real(prompts, params, **kw)
+
+    engine.generate = spy
+    pred = prof.Predictor(fm=ForwardModel(model=spec, precision=Precision.uniform("fp32")), hardware=hardware,
+                          compute_dtype="fp32", calibrated=None)
+    s = prof.ProfileSettings(model="x", hardware="local", reps=1, threads=1)
+    prof.generation(engine, spec, pred, s, "b2-p20-g4", 2, 20, 4)
+    assert seen[0] == ([20, 20], 2, False)  # the warm-up: the same prompts, one decode step
+    assert seen[-1] == ([20, 20], 4, True)  # the recorded run
