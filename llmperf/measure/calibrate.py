@@ -9,8 +9,9 @@ Compute's roofline; see REFERENCE.md):
   On CPU the calls cycle through copies of W that together fill twice the largest cache reported (at
   least 512 MiB, `working_set_for`): a single 67 MB weight stayed in this machine's shared L3 and its
   GEMV ran twice as fast as any real model's;
-- attention through `torch.nn.functional.scaled_dot_product_attention` (decode: a large KV cache,
-  cycled through copies like W, memory-bound by construction; prefill: causal squares), per dtype;
+- attention through `torch.nn.functional.scaled_dot_product_attention` as the engine calls it, with 4
+  query heads per KV head (decode: a large KV cache, cycled through copies like W, memory-bound by
+  construction, the group folded into the query axis; prefill: causal squares), per dtype;
 - the fixed cost of a tiny operator of each kind (host dispatch on CPU, launch on GPU): the mean
   time of back-to-back calls on 1-row tensors, and the host time of an engine step outside its
   forward pass (sampling and cache bookkeeping, from a tiny model's generation);
@@ -101,6 +102,10 @@ class Settings:
     gemm_rounds: int = 3  # CPU: interleaved rounds of the memory-bound GEMM points (`measure_gemm`)
     attn_heads: int = 16
     attn_head_dim: int = 128
+    # query heads per KV head (`attn_heads` query heads, attn_heads / attn_group KV heads): attention is
+    # timed as the engine's SDPA backend runs grouped-query attention (decode: the group folded into the
+    # query axis, read once per KV head; prefill: `enable_gqa`). 4: Llama 3 8B, Mistral 7B
+    attn_group: int = 4
     attn_decode: tuple[tuple[int, int], ...] = ((1, 4096), (4, 4096))  # (batch, context)
     attn_prefill: tuple[int, ...] = (256, 1024)  # causal square, batch 1
     reps: int = 5
@@ -137,7 +142,7 @@ class Settings:
         """Sizes small enough for a test (the figures are meaningless, the code paths are not)."""
         from dataclasses import replace
         base = cls(dtypes=("fp32", "bf16"), stream_sizes=(64 * 1024, 4 * MiB), gemm_k=256, gemm_n=512,
-                   gemm_rows=(1, 8, 64), attn_heads=2, attn_head_dim=32, attn_decode=((1, 256),),
+                   gemm_rows=(1, 8, 64), attn_heads=2, attn_head_dim=32, attn_group=2, attn_decode=((1, 256),),
                    attn_prefill=(64,), reps=3, allreduce=False, step_overhead=False, op_overhead_tokens=6,
                    working_set_bytes=0, vector_prefills=((1, 8), (2, 32)), vector_reps=2, dispatch_hidden=128)
         return replace(base, **changes)
@@ -649,13 +654,20 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
 
 
 def measure_attention(s: Settings, device: Any, progress: Progress) -> list[ComputePoint]:
-    """SDPA per dtype: decode (one query over a KV cache, copies used in turn to fill the working set,
-    memory-bound by construction) and causal prefill squares."""
+    """SDPA per dtype as the engine's `sdpa` backend calls it, with `s.attn_group` query heads per KV
+    head: decode (one query per sequence over a KV cache, the group folded into the query axis, copies
+    used in turn to fill the working set, memory-bound by construction) and causal prefill squares
+    (`enable_gqa`). On this CPU the folded group reads the cache at 17 GB/s in fp32 against 23-27 GB/s
+    for one query per head (measured 2026-11-23): a calibration with one query per head priced the
+    engine's decode attention 1.5x fast."""
     import torch
     import torch.nn.functional as F
 
     out = []
-    H, D = s.attn_heads, s.attn_head_dim
+    H, D, G = s.attn_heads, s.attn_head_dim, s.attn_group
+    if G < 1 or H % G:
+        raise ValueError(f"attn_group: must divide attn_heads={H}, got {G!r}")
+    H_kv = H // G
     working_set = working_set_for(s, device)
     for dname in s.dtypes:
         dtype = getattr(torch, DTYPE_NAMES[dname])
@@ -664,21 +676,23 @@ def measure_attention(s: Settings, device: Any, progress: Progress) -> list[Comp
         for batch, q_len, kv_len in shapes:
             progress(f"attention {dname} B={batch} q={q_len} kv={kv_len}")
             decode = q_len == 1
-            copies = copies_for(2 * batch * H * kv_len * D * elem, working_set) if decode else 1
-            q = torch.randn(batch, H, q_len, D, device=device, dtype=dtype)
-            kvs = [(torch.randn(batch, H, kv_len, D, device=device, dtype=dtype),
-                    torch.randn(batch, H, kv_len, D, device=device, dtype=dtype)) for _ in range(copies)]
-            causal = q_len > 1
-            fn = _in_turn([lambda kk=kk, vv=vv: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+            copies = copies_for(2 * batch * H_kv * kv_len * D * elem, working_set) if decode else 1
+            # decode: (B, H_kv, G, D), the engine's fold; prefill: (B, H, T, D)
+            q = torch.randn(*((batch, H_kv, G, D) if decode else (batch, H, q_len, D)), device=device, dtype=dtype)
+            kvs = [(torch.randn(batch, H_kv, kv_len, D, device=device, dtype=dtype),
+                    torch.randn(batch, H_kv, kv_len, D, device=device, dtype=dtype)) for _ in range(copies)]
+            causal, gqa = not decode, not decode and G > 1
+            fn = _in_turn([lambda kk=kk, vv=vv: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal,
+                                                                               enable_gqa=gqa)
                            for kk, vv in kvs])
             try:
                 t = time_fn(fn, device, reps=max(s.reps, copies), warmup=copies)
             except RuntimeError:
                 break
-            cost = attention_cost(batch, q_len, kv_len, num_heads=H, num_kv_heads=H, head_dim=D, act_bytes=elem,
+            cost = attention_cost(batch, q_len, kv_len, num_heads=H, num_kv_heads=H_kv, head_dim=D, act_bytes=elem,
                                   kv_bytes=elem, impl="fused", causal=True)
             out.append(ComputePoint(op="attention", dtype=dname, rows=batch * q_len,
-                                    shape=f"B={batch} H={H} q={q_len} kv={kv_len} D={D}"
+                                    shape=f"B={batch} H={H} H_kv={H_kv} q={q_len} kv={kv_len} D={D}"
                                     + (f" x{copies} in turn" if copies > 1 else ""), seconds=t.min_s,
                                     median_s=t.median_s, memory_bound=decode,
                                     spread_s=t.spread_s, n=t.n, flops=float(cost.flops),

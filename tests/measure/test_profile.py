@@ -342,3 +342,17 @@ def test_cpu_warm_up_runs_the_real_prompts(hardware):
     prof.generation(engine, spec, pred, s, "b2-p20-g4", 2, 20, 4)
     assert seen[0] == ([20, 20], 2, False)  # the warm-up: the same prompts, one decode step
     assert seen[-1] == ([20, 20], 4, True)  # the recorded run
+
+
+def test_the_critical_batch_reads_the_median_of_the_first_decode_steps():
+    """One slow first decode step (after a 2048-token prefill: 1.75x its successors) does not move
+    the measured step of its batch: each batch's step is the median of its first four."""
+    import pandas as pd
+
+    from llmperf.measure.accuracy import STEP_WINDOW, first_steps
+
+    rows = pd.DataFrame([dict(batch=b, kv_len=2049 + i, measured_s=t)
+                         for b, ts in ((1, [15.7, 14.7, 14.9, 14.7, 30.0]), (4, [38.4, 22.2, 20.9, 22.4, 21.0]))
+                         for i, t in enumerate(ts)])
+    assert STEP_WINDOW == 4
+    assert first_steps(rows).to_dict() == {1: pytest.approx(14.8), 4: pytest.approx(22.3)}
