@@ -52,6 +52,8 @@ plain matrix-vector kernel and everything else on oneDNN's packed one, whose col
 three times as much (tiny model, after a 32 MiB GEMV: 38 us against 123 us per projection). So a
 calibration may also give each operator's overhead per compute dtype as a curve over rows
 (`op_overhead_rows_s`: measured at 1 and 2 rows), which wins over `op_overhead_s` for that dtype.
+`llmperf calibrate` fills it with the weight GEMMs' cold dispatch and, for every operator that reads
+no weights, the dispatch measured in a real layer's recorded decode (see `llmperf.measure.calibrate`).
 
 Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
 """

@@ -7,7 +7,8 @@ roofline and the calibrated model side by side (from `run.json`, recomputed from
 `generations.csv` so a hand-edited `run.json` cannot hide anything), against issue 9's targets on a
 CPU, and the critical-batch check: the batch at which the measured decode step starts to grow
 (the first batch whose step takes `GROWTH` times the batch-1 step, interpolated in log(batch)
-between measured batches; each batch's step is the median of its first `STEP_WINDOW` decode steps) against the same point of the calibrated model's decode step, evaluated on
+between measured batches; each batch's step is the median of its first `STEP_WINDOW` decode steps)
+against the same point of the calibrated model's decode step, evaluated on
 every batch from 1 to 1024 at the same context.
 
 Targets (issue 9, a Llama-style model whose weights exceed the cache, fp32 and bf16, batch 1-16,
@@ -113,7 +114,8 @@ def critical_batches(run: dict, steps: pd.DataFrame) -> list[CriticalBatch]:
         if len(meas) < 2:
             continue
         ops = [fm.head_ops, fm.layer_ops, fm.tail_ops]  # a decode step: rows = batch for every operator
-        pred = np.array([tm.step_overhead_s + sum(tm.op_time_s(c, hw, dtype, b) * (spec.num_layers if c.per_layer else 1)
+        pred = np.array([tm.step_overhead_s + sum(tm.op_time_s(c, hw, dtype, b)
+                                                  * (spec.num_layers if c.per_layer else 1)
                                                   for f in ops for c in f(b, 1, ctx)) for b in grid])
         out.append(CriticalBatch(context=ctx, measured=_growth_batch(meas.index.to_numpy(), meas.to_numpy()),
                                  predicted=_growth_batch(grid, pred), largest=int(meas.index.max())))

@@ -292,7 +292,8 @@ class Calibration:
                 kinds[op] = fit_curves(pts, peak, bw, 0.0 if overlap else oh)
                 kinds[op]["overhead_s"] = _clean(oh)
             for kind in VECTOR_KINDS:
-                kinds[kind] = dict(e_compute=1.0, e_memory=_clean(e_vec), overhead_s=_clean(self.overhead_s.get(kind, 0.0)))
+                kinds[kind] = dict(e_compute=1.0, e_memory=_clean(e_vec),
+                                   overhead_s=_clean(self.overhead_s.get(kind, 0.0)))
             if self.allreduce:
                 small = min(self.allreduce, key=lambda p: p.size_bytes)
                 kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
@@ -1085,7 +1086,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
             # priced with: its dtype's, at the most rows measured); CUDA: event times are device time
             overheads = {}
             if device.type == "cpu":
-                overheads = {d: {op: pts[-1][1] for op, pts in cal.op_overhead_rows_s.get(d, {}).get("sdpa", {}).items()}
+                rows_s = cal.op_overhead_rows_s
+                overheads = {d: {op: pts[-1][1] for op, pts in rows_s.get(d, {}).get("sdpa", {}).items()}
                              or cal.op_overhead_s.get("sdpa", {}) for d in cal.measured_dtypes()}
             cal.op_e_memory = measure_op_e_memory(s, device, tick, cal.measured_dtypes(), cal.memory_bytes_per_s(),
                                                   overheads)

@@ -169,7 +169,8 @@ class Predictor:
 
     def _layer_and_model_ops(self, batch: int, q_len: int, kv_len: int) -> list[OpCost]:
         fm = self.fm
-        return fm.head_ops(batch, q_len, kv_len) + fm.layer_ops(batch, q_len, kv_len) + fm.tail_ops(batch, q_len, kv_len)
+        return (fm.head_ops(batch, q_len, kv_len) + fm.layer_ops(batch, q_len, kv_len)
+                + fm.tail_ops(batch, q_len, kv_len))
 
     @staticmethod
     def rows(cost: OpCost, batch: int, q_len: int, fm: ForwardModel) -> int:

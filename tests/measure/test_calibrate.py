@@ -136,7 +136,8 @@ def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
     assert set(cal.op_overhead_s) == {"sdpa", "naive"}
     for backend, ops in cal.op_overhead_s.items():
         assert set(ops) <= set(OP_NAMES)
-        assert {"attn_norm", "qkv_proj", "rope", "kv_write", "o_proj", "gate_up_proj", "down_proj", "lm_head"} <= set(ops)
+        assert {"attn_norm", "qkv_proj", "rope", "kv_write", "o_proj", "gate_up_proj", "down_proj",
+                "lm_head"} <= set(ops)
         assert all(0 < v < 0.05 for v in ops.values()), ops
     assert "attention" in cal.op_overhead_s["sdpa"]
     assert {"attn_score", "attn_softmax", "attn_value"} <= set(cal.op_overhead_s["naive"])
