@@ -125,6 +125,16 @@ class Settings:
     vector_prefills: tuple[tuple[int, int], ...] = ((1, 128), (4, 512), (16, 1024), (32, 1024))
     vector_reps: int = 3
 
+    def __post_init__(self) -> None:
+        """Settings that cannot be measured are refused before anything runs, naming the field."""
+        if self.attn_group < 1 or self.attn_heads % self.attn_group:
+            raise ValueError(f"attn_group: must divide attn_heads={self.attn_heads}, got {self.attn_group!r}")
+        if self.dispatch_hidden < 0 or self.dispatch_hidden % 64:
+            raise ValueError("dispatch_hidden: must be 0 or a multiple of 64 (heads of 64), "
+                             f"got {self.dispatch_hidden!r}")
+        if self.gemm_rounds < 1:
+            raise ValueError(f"gemm_rounds: must be >= 1, got {self.gemm_rounds!r}")
+
     @classmethod
     def for_device(cls, device: str, **changes: Any) -> Settings:
         if device == "cuda":
@@ -666,9 +676,7 @@ def measure_attention(s: Settings, device: Any, progress: Progress) -> list[Comp
 
     out = []
     H, D, G = s.attn_heads, s.attn_head_dim, s.attn_group
-    if G < 1 or H % G:
-        raise ValueError(f"attn_group: must divide attn_heads={H}, got {G!r}")
-    H_kv = H // G
+    H_kv = H // G  # `Settings` checked that G divides H
     working_set = working_set_for(s, device)
     for dname in s.dtypes:
         dtype = getattr(torch, DTYPE_NAMES[dname])

@@ -354,3 +354,15 @@ def test_memory_bound_gemm_points_are_timed_in_rounds(cal):
     for p in cal.compute:
         if p.op == "matmul" and p.typical_s < 0.02:
             assert p.n >= cal.settings.gemm_rounds * cal.settings.reps, p
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(attn_heads=16, attn_group=3), r"attn_group: must divide attn_heads=16, got 3"),
+    (dict(attn_group=0), r"attn_group: must divide attn_heads=16, got 0"),
+    (dict(dispatch_hidden=100), r"dispatch_hidden: must be 0 or a multiple of 64 \(heads of 64\), got 100"),
+    (dict(dispatch_hidden=-64), r"dispatch_hidden: must be 0 or a multiple of 64"),
+    (dict(gemm_rounds=0), r"gemm_rounds: must be >= 1, got 0"),
+])
+def test_settings_that_cannot_be_measured_are_refused_up_front(changes, message):
+    with pytest.raises(ValueError, match=message):
+        Settings(**changes)
