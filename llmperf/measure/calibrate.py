@@ -926,8 +926,8 @@ OVERHEAD_ROWS = (1, 2)  # a CPU GEMM of one row runs the plain kernel, of two or
 OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp16 is never packed)
 
 
-def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_rows1: dict[str, dict[str, float]]
-                             ) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
+def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_rows1: dict[str, dict[str, float]],
+                             notes: list[str] | None = None) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
     """CPU: each engine operator's dispatch per compute dtype (fp32, bf16) and per rows (1, 2: decoding
     1 and 2 sequences), as `[[rows, seconds], ...]`: the weight GEMMs cold (the tiny model, a 32 MiB
     GEMV before each; `fp32_rows1` is the fp32 one-sequence run already made), every other operator in
@@ -950,8 +950,15 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
             from llmperf.specs import ModelSpec
 
             spec = dispatch_spec(s.dispatch_hidden)
-            model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
-            for rows in OVERHEAD_ROWS:
+            try:
+                model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
+            except (RuntimeError, ValueError, MemoryError) as exc:  # the cold figures stand (noted)
+                if notes is not None:
+                    notes.append(f"in-situ dispatch {dname}: not measured ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); every operator keeps "
+                                 "the cold figure")
+                model = None
+            for rows in OVERHEAD_ROWS if model is not None else ():
                 situ = measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
                                             model=model)
                 runs[rows] = in_situ(runs[rows], situ)
@@ -1081,7 +1088,7 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
             cal.op_overhead_s = measure_op_overheads(s, device, tick)
             if device.type == "cpu":
                 cal.op_overhead_warm_s = measure_op_overheads(s, device, tick, cold=False)
-                cal.op_overhead_rows_s = measure_op_overhead_rows(s, device, tick, cal.op_overhead_s)
+                cal.op_overhead_rows_s = measure_op_overhead_rows(s, device, tick, cal.op_overhead_s, cal.notes)
                 fp32 = cal.op_overhead_rows_s.get("fp32", {})
                 if fp32:  # the per-operator fallback: fp32, one row, as the rows table has it
                     cal.op_overhead_s = {b: {op: pts[0][1] for op, pts in ops.items()} for b, ops in fp32.items()}

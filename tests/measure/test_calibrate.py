@@ -366,3 +366,23 @@ def test_memory_bound_gemm_points_are_timed_in_rounds(cal):
 def test_settings_that_cannot_be_measured_are_refused_up_front(changes, message):
     with pytest.raises(ValueError, match=message):
         Settings(**changes)
+
+
+def test_a_dispatch_model_that_cannot_be_built_keeps_the_cold_figures(monkeypatch):
+    """If the in-situ model cannot be built (memory, a dtype this build lacks), the calibration still
+    completes: every operator keeps the cold tiny-model figure and the notes say why."""
+    import llmperf.engine as engine
+
+    real = engine.build_model
+
+    def build(spec, *a, **kw):
+        if spec.name == "calibrate-dispatch":
+            raise MemoryError("no room for the dispatch model")
+        return real(spec, *a, **kw)
+
+    monkeypatch.setattr(engine, "build_model", build)
+    c = calibrate(Settings.tiny(dtypes=("fp32",), stream_sizes=(256 * 1024,), gemm_rows=(1, 8), vector_prefills=(),
+                                threads=1))
+    assert any("in-situ dispatch fp32: not measured (MemoryError: no room for the dispatch model)" in n
+               for n in c.notes)
+    assert set(c.op_overhead_rows_s["fp32"]) == {"sdpa", "naive"}
