@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -185,6 +185,18 @@ class EfficiencyTimeModel:
 
     def terms(self, kind: str) -> KindTerms:
         return self.kinds.get(kind, _UNIT)
+
+    @property
+    def has_op_overheads(self) -> bool:
+        """Whether any operator's overhead is its own (`op_overhead_s` or `op_overhead_rows`)."""
+        return bool(self.op_overhead_s or self.op_overhead_rows)
+
+    def per_kind_overheads(self) -> EfficiencyTimeModel:
+        """This model with only the per-kind overheads (a micro-benchmark's back-to-back calls pay no
+        engine operator's dispatch)."""
+        if not self.has_op_overheads:
+            return self
+        return replace(self, op_overhead_s={}, op_overhead_rows={}, backend="")
 
     def overhead_for(self, cost: OpCost, rows: Number | None = None) -> tuple[float, str]:
         """The host overhead of one call of `cost` at `rows` (default: `cost.rows`) and where it comes

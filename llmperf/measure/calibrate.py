@@ -77,7 +77,7 @@ from typing import Any
 from llmperf.analysis.operators import attention_cost
 from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
 from llmperf.measure.device import describe, versions
-from llmperf.measure.timers import time_fn
+from llmperf.measure.timers import pooled, time_fn
 from llmperf.specs import HardwareSpec
 from llmperf.specs.local import CALIBRATION_SCHEMA, CALIBRATION_TOOL, LOCAL_NAME
 
@@ -600,22 +600,9 @@ def _time_steady(fn: Callable[[], Any], device: Any, *, reps: int, warmup: int, 
     return t
 
 
-def _pooled(timings: Sequence[Any]) -> Any:
-    """One `Timing` from rounds of the same call: the median of the rounds' medians, the fastest call,
-    the widest spread, every call counted."""
-    import statistics
-
-    from llmperf.measure.timers import Timing
-
-    if len(timings) == 1:
-        return timings[0]
-    return Timing(median_s=statistics.median(t.median_s for t in timings), spread_s=max(t.spread_s for t in timings),
-                  n=sum(t.n for t in timings), threads=timings[0].threads, min_s=min(t.min_s for t in timings))
-
-
 def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[ComputePoint], list[str]]:
     """The GEMM sweep per dtype over `s.gemm_rows`. On CPU the calls under `ROUND_BELOW_S` (the
-    memory-bound rows) are timed in `s.gemm_rounds` interleaved rounds and pooled (`_pooled`): this
+    memory-bound rows) are timed in `s.gemm_rounds` interleaved rounds and pooled (`timers.pooled`): this
     machine's DRAM bandwidth drifts by 10% over a minute, and the decode efficiency of `rows` is the
     ratio of its time to the GEMV's, so both must be measured under the same conditions (the fp32
     4-row GEMM measured 23.4, 28.4 and 25.4 GB/s in three calibrations of one afternoon)."""
@@ -654,7 +641,7 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
             for rows, fn in again.items():
                 timed[rows].append(time_fn(fn, device, reps=reps, warmup=1))
         for rows, ts in timed.items():
-            t = _pooled(ts)
+            t = pooled(ts)
             out.append(ComputePoint(op="matmul", dtype=dname, rows=rows,
                                     shape=f"({rows},{k})@({k},{n})" + (f" x{copies} in turn" if copies > 1 else ""),
                                     seconds=t.min_s, median_s=t.median_s, spread_s=t.spread_s, n=t.n,
@@ -809,12 +796,11 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: 
     out: dict[str, dict[str, float]] = {}
     prompt = [[1, 2, 3, 4]] * batch
     params = SamplingParams(max_new_tokens=s.op_overhead_tokens, min_new_tokens=s.op_overhead_tokens)
-    given = model
     for backend in op_overhead_backends(device):
         progress(f"operator overheads ({spec.name}, {backend}{', cold caches' if before_op else ''})")
         try:
-            model = given or build_model(spec, seed=0, dtype=dtype, device=device, attention=backend)
-            engine = Engine(model, cache="contiguous", attention=backend)
+            net = model or build_model(spec, seed=0, dtype=dtype, device=device, attention=backend)
+            engine = Engine(net, cache="contiguous", attention=backend)
             engine.generate(prompt, params)  # warm-up: the same lengths, so every kernel is compiled
             rec = Recorder(device, before_op=before_op)
             engine.generate(prompt, params, recorder=rec)
@@ -825,7 +811,7 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: 
             if r.phase == "decode":
                 samples[r.op].append(r.seconds)
         out[backend] = {op: float(statistics.median(v)) for op, v in samples.items()}
-        del engine, model
+        del engine, net
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return out
@@ -922,6 +908,27 @@ def in_situ(cold: dict[str, dict[str, float]], situ: dict[str, dict[str, float]]
             for backend, ops in cold.items()}
 
 
+def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str, notes: list[str] | None
+                       ) -> dict[int, dict[str, dict[str, float]]]:
+    """Per rows of `OVERHEAD_ROWS`, the operators' dispatch in `dispatch_spec`'s decode at `dname`
+    ({} when `s.dispatch_hidden` is 0, or when the model cannot be built: noted, the cold figures stand)."""
+    if not s.dispatch_hidden:
+        return {}
+    from llmperf.engine import build_model
+    from llmperf.specs import ModelSpec
+
+    spec = dispatch_spec(s.dispatch_hidden)
+    try:
+        model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
+    except (RuntimeError, ValueError, MemoryError) as exc:
+        if notes is not None:
+            notes.append(f"in-situ dispatch {dname}: not measured ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}); every operator keeps the cold figure")
+        return {}
+    return {rows: measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
+                                       model=model) for rows in OVERHEAD_ROWS}
+
+
 OVERHEAD_ROWS = (1, 2)  # a CPU GEMM of one row runs the plain kernel, of two or more the packed one
 OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp16 is never packed)
 
@@ -945,24 +952,8 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
                 continue
             progress(f"operator overheads ({dname}, {rows} row{'s' if rows > 1 else ''}, cold caches)")
             runs[rows] = measure_op_overheads(s, device, progress, dtype=dname, batch=rows)
-        if s.dispatch_hidden:
-            from llmperf.engine import build_model
-            from llmperf.specs import ModelSpec
-
-            spec = dispatch_spec(s.dispatch_hidden)
-            try:
-                model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
-            except (RuntimeError, ValueError, MemoryError) as exc:  # the cold figures stand (noted)
-                if notes is not None:
-                    notes.append(f"in-situ dispatch {dname}: not measured ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); every operator keeps "
-                                 "the cold figure")
-                model = None
-            for rows in OVERHEAD_ROWS if model is not None else ():
-                situ = measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
-                                            model=model)
-                runs[rows] = in_situ(runs[rows], situ)
-            del model
+        for rows, situ in _in_situ_overheads(s, device, progress, dname, notes).items():
+            runs[rows] = in_situ(runs[rows], situ)
         table: dict[str, dict[str, list[list[float]]]] = {}
         for backend in runs[OVERHEAD_ROWS[0]]:
             ops = set.intersection(*(set(runs[r].get(backend, {})) for r in OVERHEAD_ROWS))

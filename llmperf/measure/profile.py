@@ -188,8 +188,8 @@ class Predictor:
         rows = self.rows(cost, batch, q_len, self.fm)
         roof = float(ROOFLINE_MODEL.op_time_s(cost, self.hardware, self.compute_dtype, rows))
         tm = self.calibrated
-        if tm is not None and micro and (tm.op_overhead_s or tm.op_overhead_rows):
-            tm = replace(tm, op_overhead_s={}, op_overhead_rows={}, backend="")
+        if tm is not None and micro:
+            tm = tm.per_kind_overheads()
         cal = float(tm.op_time_s(cost, self.hardware, self.compute_dtype, rows)) if tm else math.nan
         return roof, cal
 
@@ -682,10 +682,10 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     if settings.device == "cpu" and cal_threads and cal_threads != torch.get_num_threads():
         notes.append(f"calibrated with {cal_threads} threads but profiled with {torch.get_num_threads()}: "
                      "the calibrated ceilings do not describe this run (pass --threads to match)")
-    if calibrated is not None and not (calibrated.op_overhead_s or calibrated.op_overhead_rows):
+    if calibrated is not None and not calibrated.has_op_overheads:
         notes.append(f"the calibration has no per-operator overheads for the {settings.backend} backend: the "
                      "per-kind tiny-operator figures are used (re-run `llmperf calibrate`)")
-    if calibrated is not None and (calibrated.op_overhead_s or calibrated.op_overhead_rows) and settings.kv == "paged":
+    if calibrated is not None and calibrated.has_op_overheads and settings.kv == "paged":
         notes.append("the per-operator overheads were measured with a contiguous KV cache: kv_write and "
                      "attention with the paged cache may dispatch more")
     if calibrated is None:

@@ -48,6 +48,15 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def pooled(timings: list[Timing]) -> Timing:
+    """One `Timing` from rounds of the same call: the median of the rounds' medians, the fastest call,
+    the widest spread, every call counted."""
+    if len(timings) == 1:
+        return timings[0]
+    return Timing(median_s=statistics.median(t.median_s for t in timings), spread_s=max(t.spread_s for t in timings),
+                  n=sum(t.n for t in timings), threads=timings[0].threads, min_s=min(t.min_s for t in timings))
+
+
 def summarize(samples: list[float], threads: int = 0) -> Timing:
     """A `Timing` from raw per-call seconds."""
     if not samples:

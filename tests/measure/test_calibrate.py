@@ -339,7 +339,7 @@ def test_a_disturbed_point_is_timed_again(monkeypatch):
 def test_rounds_pool_into_one_point():
     """Interleaved rounds of one GEMM pool into one timing: median of the medians, fastest call,
     widest spread, every call counted."""
-    from llmperf.measure.calibrate import _pooled
+    from llmperf.measure.timers import pooled as _pooled
     from llmperf.measure.timers import Timing
 
     ts = [Timing(median_s=m, spread_s=s, n=5, threads=2, min_s=lo) for m, s, lo in
