@@ -42,6 +42,7 @@ from torch import nn
 from torch.utils import flop_counter
 
 from llmperf.analysis.vocabulary import Op
+from llmperf.engine import cpu_gemm
 from llmperf.engine.attention import BACKENDS, get_backend
 from llmperf.engine.step import StepMeta
 from llmperf.engine.instrument import NULL_RECORDER
@@ -179,9 +180,11 @@ WEIGHT_LAYOUTS = ("auto", "in_out", "out_in")
 #     bf16  8 rows       13.1               10.5              17.1
 #
 # So on CPU: fp32 stores `(in, out)` (the plain matrix-vector path wins at one row) and runs GEMMs of
-# 2+ rows on the packed copy; bf16 stores `(out, in)` and runs every GEMM on the packed copy (torch's
-# own bf16 GEMV is the slow kernel). Prefill (32-256 rows) is as fast or faster packed. cuBLAS is
-# indifferent to the layout and nothing is packed on CUDA; fp16 was not measured and is not packed.
+# 2+ rows on the packed copy; bf16 stores `(out, in)` and runs GEMMs of 2+ rows on the packed copy
+# (torch's own bf16 GEMV is the slow kernel) and one-row GEMMs on llmperf's own weight-streaming
+# kernel where it is available (`cpu_gemm`: 23-26 GB/s against the packed copy's 21-22; its
+# docstring). Prefill (32-256 rows) is as fast or faster packed. cuBLAS is indifferent to the layout
+# and nothing is packed on CUDA; fp16 was not measured and is not packed.
 
 
 def resolve_layout(layout: str, dtype: torch.dtype, device: torch.device) -> bool:
@@ -246,6 +249,8 @@ class Linear:
         return entry[3]
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.in_out and cpu_gemm.use_for(x, w):  # one bf16 row: llmperf's weight-streaming kernel
+            return cpu_gemm.small_gemm(x, w, b)
         if self.min_rows is None or x.numel() < self.min_rows * x.shape[-1] or not x.is_cpu:  # moved to CUDA
             return self.plain(x, w, b)
         return _PACKED_LINEAR(x, self.packed(w), b, "none", [], "")
