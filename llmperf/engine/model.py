@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils import flop_counter
 
 from llmperf.analysis.vocabulary import Op
-from llmperf.engine import cpu_gemm
+from llmperf.engine import cpu_kernels
 from llmperf.engine.attention import BACKENDS, get_backend
 from llmperf.engine.step import StepMeta
 from llmperf.engine.instrument import NULL_RECORDER
@@ -162,6 +162,8 @@ class Norm(nn.Module):
             return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.shape, self.weight, self.eps)
+        if x.dtype == torch.bfloat16 and x.is_cpu and cpu_kernels.available():  # the same in one call
+            return cpu_kernels.rms_norm_bf16(x, self.weight, self.eps)
         # As Hugging Face: normalise in fp32, cast back, then scale in the activation dtype.
         return self.weight * F.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype)
 
@@ -182,7 +184,7 @@ WEIGHT_LAYOUTS = ("auto", "in_out", "out_in")
 # So on CPU: fp32 stores `(in, out)` (the plain matrix-vector path wins at one row) and runs GEMMs of
 # 2+ rows on the packed copy; bf16 stores `(out, in)` and runs GEMMs of 2+ rows on the packed copy
 # (torch's own bf16 GEMV is the slow kernel) and one-row GEMMs on llmperf's own weight-streaming
-# kernel where it is available (`cpu_gemm`: 23-26 GB/s against the packed copy's 21-22; its
+# kernel where it is available (`cpu_kernels`: 25-29 GB/s against the packed copy's 21-22; its
 # docstring). Prefill (32-256 rows) is as fast or faster packed. cuBLAS is indifferent to the layout
 # and nothing is packed on CUDA; fp16 was not measured and is not packed.
 
@@ -249,8 +251,8 @@ class Linear:
         return entry[3]
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.in_out and cpu_gemm.use_for(x, w):  # one bf16 row: llmperf's weight-streaming kernel
-            return cpu_gemm.small_gemm(x, w, b)
+        if not self.in_out and cpu_kernels.use_for(x, w):  # one bf16 row: llmperf's weight-streaming kernel
+            return cpu_kernels.small_gemm(x, w, b)
         if self.min_rows is None or x.numel() < self.min_rows * x.shape[-1] or not x.is_cpu:  # moved to CUDA
             return self.plain(x, w, b)
         return _PACKED_LINEAR(x, self.packed(w), b, "none", [], "")

@@ -27,7 +27,7 @@ Compute's roofline; see REFERENCE.md):
   launch-bound tiny model, its host dispatch;
 - on CPU, the same per compute dtype (fp32, bf16) at one and two rows (`op_overhead_rows_s`): a
   one-row projection runs a plain matrix-vector kernel (fp32: torch's; bf16: llmperf's own
-  `engine.cpu_gemm`), anything else oneDNN's packed GEMM,
+  `engine.cpu_kernels`), anything else oneDNN's packed GEMM,
   whose cold call costs three times as much (38 us against 123 us);
 - on CPU, the dispatch of every operator that reads no weights (norms, RoPE, the KV write, attention
   over a short context, the activation, residual adds, the embedding) where it really runs: in the
@@ -930,7 +930,7 @@ def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str,
                                        model=model) for rows in OVERHEAD_ROWS}
 
 
-OVERHEAD_ROWS = (1, 2)  # a CPU GEMM of one row runs a plain kernel (the GEMV; bf16: cpu_gemm), of two or more packed
+OVERHEAD_ROWS = (1, 2)  # a CPU GEMM of one row runs a plain kernel (the GEMV; bf16: cpu_kernels), of two or more packed
 OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp16 is never packed)
 
 
@@ -942,7 +942,7 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
     situ (`dispatch_spec`'s decode, unless `s.dispatch_hidden` is 0). Measured 2026-11-23 on the
     2-core CPU: a projection takes 38 us at one fp32 row (the plain matrix-vector kernel) and 123 us
     at two (oneDNN's packed GEMM), bf16 about 130 us at any rows (then always packed; one bf16 row now
-    runs `engine.cpu_gemm`'s kernel, which this measures wherever the engine runs it)."""
+    runs `engine.cpu_kernels`'s kernel, which this measures wherever the engine runs it)."""
     out: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
     for dname in OVERHEAD_DTYPES:
         if dname not in s.dtypes:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from llmperf.analysis.vocabulary import Phase
-from llmperf.engine import cpu_gemm
+from llmperf.engine import cpu_kernels
 from llmperf.engine.generate import Engine
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams
@@ -133,14 +133,15 @@ def memory_limit_fractions(spec: ModelSpec, dtype: str, batch: int, *, prompt_le
                      f"weights {wbytes / 1e6:.0f} MB, KV {kv_per_token * prompt_len * batch / 1e6:.1f} MB")
 
 
-def own_gemm_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps: int, dtype: str = "bf16",
+def own_kernels_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps: int, dtype: str = "bf16",
                      batch: int = 1, seed: int = 0) -> Figure:
-    """Decode step on the library GEMMs / on llmperf's own one-row kernel (`engine.cpu_gemm`), the two
-    alternated on one engine (1.0: the kernel gains nothing, or is unavailable here)."""
+    """Decode step on torch's operators / on llmperf's own CPU kernels (`engine.cpu_kernels`: the
+    one-row GEMM, the bf16 RMSNorm), the two alternated on one engine (1.0: they gain nothing, or are
+    unavailable here)."""
     model = build_model(spec, seed=seed, dtype=dtype)
     prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
-    _decode_steps(engine, prompts, new_tokens)  # warm-up (compiles the kernel on first use)
+    _decode_steps(engine, prompts, new_tokens)  # warm-up (compiles the kernels on first use)
     params = SamplingParams(max_new_tokens=new_tokens)
 
     def step_and_tokens() -> tuple[float, list[list[int]]]:
@@ -149,13 +150,13 @@ def own_gemm_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps:
 
     ratios, same = [], True
     for _ in range(reps):
-        with cpu_gemm.disabled():
-            library, theirs = step_and_tokens()
+        with cpu_kernels.disabled():
+            library, theirs = step_and_tokens()  # torch's operators
         own, ours = step_and_tokens()
         same &= theirs == ours
         ratios.append(library / own)
-    return Figure.of(f"own GEMM / library  {dtype} batch {batch}", ratios,
-                     f"cpu_gemm {cpu_gemm.status()}" + (", same tokens" if same else ", tokens differ"))
+    return Figure.of(f"own CPU kernels / torch  {dtype} batch {batch}", ratios,
+                     f"cpu_kernels {cpu_kernels.status()}" + (", same tokens" if same else ", tokens differ"))
 
 
 def _hf_model(model: Transformer, spec: ModelSpec):
@@ -235,7 +236,8 @@ def _header(env: dict[str, Any], spec: ModelSpec, bw: float, copy_mib: int) -> l
             "# versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
             f"# model {spec.name} ({spec.param_count / 1e6:.0f}M params), copy bandwidth {bw / 1e9:.1f} GB/s "
             f"(read+write, {copy_mib} MiB)",
-            f"# own one-row bf16 GEMM (llmperf.engine.cpu_gemm): {cpu_gemm.status()}"]
+            f"# llmperf's own CPU kernels (one-row bf16 GEMM, bf16 RMSNorm; llmperf.engine.cpu_kernels): "
+            f"{cpu_kernels.status()}"]
 
 
 def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context: int = 2048, reps: int = 5,
@@ -262,7 +264,7 @@ def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context:
     for fig in (
         *(memory_limit_fractions(spec, dtype, b, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps,
                                  bandwidth=bw) for dtype in ("fp32", "bf16") for b in (1, 8)),
-        own_gemm_speedup(spec, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps),
+        own_kernels_speedup(spec, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps),
         versus_transformers(spec, batch=8, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps),
         paged_versus_contiguous(spec, context=context, new_tokens=min(new_tokens, 16), reps=reps),
     ):
@@ -314,5 +316,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["Figure", "bench_spec", "copy_bandwidth_bytes_per_s", "environment", "memory_limit_fractions",
-           "own_gemm_speedup", "paged_versus_contiguous", "run", "versus_transformers", "weight_bytes_read",
+           "own_kernels_speedup", "paged_versus_contiguous", "run", "versus_transformers", "weight_bytes_read",
            "write_results"]

@@ -6,21 +6,19 @@
 // of W at a time (R = 4 for up to 4 rows of x, else 2), against the M rows of x, which stay in L1/L2.
 // Accumulation is fp32: bf16 weights multiply bf16 activations with AVX512_BF16's VDPBF16PS (pairs
 // of products added into fp32 lanes), fp32 with FMA. The result is rounded to the storage dtype
-// once (bf16: round to nearest even). A software prefetch PREFETCH_BYTES ahead in each weight row
-// keeps enough lines in flight: without it the stream ran 8-14% slower on the development Xeon
-// (measured 2026-11-23; see llmperf/engine/cpu_gemm.py for the figures and when it is used).
+// once (bf16: round to nearest even). While it reads a block of R weight rows it prefetches the next
+// block's lines into L2 (R rows ahead in each stream): without that the stream ran 20-25% slower on
+// the development Xeon, and a prefetch 1 KiB ahead within the row gained only 5-10% (measured
+// 2026-11-23; see llmperf/engine/cpu_kernels.py for the figures and when the kernel is used).
 //
-// Built at first use by llmperf/engine/cpu_gemm.py with the host compiler and OpenMP (the process
+// Built at first use by llmperf/engine/cpu_kernels.py with the host compiler and OpenMP (the process
 // shares torch's OpenMP runtime: both name libgomp.so.1).
 #include <immintrin.h>
 #include <omp.h>
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
-
-#ifndef PREFETCH_BYTES
-#define PREFETCH_BYTES 1024
-#endif
 
 namespace {
 
@@ -76,7 +74,7 @@ void band(const typename D::T *x, const typename D::T *w, const typename D::T *b
             for (int r = 0; r < R; r++) {
                 const typename D::T *p = w + (n + r) * K + k;
                 wv[r] = D::load(p);
-                _mm_prefetch(reinterpret_cast<const char *>(p) + PREFETCH_BYTES, _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char *>(p + R * K), _MM_HINT_T1);  // the next block's line
             }
             for (int m = 0; m < M; m++) {
                 V xv = D::load(x + m * K + k);
@@ -138,4 +136,30 @@ extern "C" int llmperf_gemm_bf16(const uint16_t *x, const uint16_t *w, const uin
 extern "C" int llmperf_gemm_f32(const float *x, const float *w, const float *b, float *y,
                                 int64_t M, int64_t N, int64_t K, int threads) {
     return gemm<F32>(x, w, b, y, M, N, K, threads);
+}
+
+// Hugging Face's RMSNorm in bf16, one call instead of four framework calls (cast to fp32, normalise,
+// cast back, scale): y = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))), the mean accumulated in fp32.
+extern "C" int llmperf_rms_norm_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, int64_t rows, int64_t n,
+                                     float eps, int threads) {
+    if (rows < 1 || n < 1 || threads < 1) return 1;
+#pragma omp parallel for num_threads(threads) if (rows * n >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * n;
+        uint16_t *yr = y + r * n;
+        __m512 acc = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(xr + i))), 16));
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        float ss = _mm512_reduce_add_ps(acc);
+        for (; i < n; i++) { float v = bf16_to_float(xr[i]); ss += v * v; }
+        const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
+        for (int64_t j = 0; j < n; j++) {
+            const float h = bf16_to_float(float_to_bf16(bf16_to_float(xr[j]) * inv));
+            yr[j] = float_to_bf16(bf16_to_float(w[j]) * h);
+        }
+    }
+    return 0;
 }

@@ -1,0 +1,250 @@
+"""llmperf's own CPU kernels for a decode step (`cpu_kernels.cpp`): a weight-streaming GEMM for few
+rows, and Hugging Face's bf16 RMSNorm in one call.
+
+A decode step multiplies 1-8 rows of activations by every weight matrix: it is a stream of the
+weights through the cores, and how close a step gets to the memory roofline is how fast the GEMM
+library streams. `y = x W^T + b` here reads each row of `W (out, in)` once, in bands per thread,
+with a software prefetch, and accumulates in fp32 (bf16 with AVX512_BF16's dot product).
+
+Measured 2026-11-23 on the 2-core development Xeon (AVX-512, AVX512_BF16, AMX; torch 2.13 CPU, 2
+threads): the four projections of 12 layers of a 1024-wide Llama plus its 32000-token head (336 MB
+in bf16, 672 MB in fp32, cycled through memory), GB/s of weights read, median of 5-9 per run:
+
+                 this kernel   oneDNN packed   F.linear   x @ W (in, out)
+    bf16 1 row     25.0-28.8      20.9-21.9       15.5          -          (three runs)
+    bf16 2 rows       24.5           20.6         15.4          -
+    bf16 4 rows       22.3           20.5         16.0          -
+    bf16 8 rows       17.5           20.3         15.8          -          (VDPBF16PS-bound; oneDNN: AMX)
+    fp32 1 row        28.3           24.8         29.7        29.6
+    fp32 8 rows       23.9           20.8         11.4        14.4
+
+Called through ctypes directly (no Python wrapper) the kernel reads 29.8-31.6 GB/s at one bf16 row.
+What made it: prefetching the next block of R weight rows into L2 while reading this one (bf16 1 row
+23.2 -> 28.3-30.1 GB/s, fp32 8 rows 18.5 -> 24.8-25.1; a prefetch 1 KiB ahead within the row gained
+nothing at one bf16 row). In the engine the bf16 batch-1 decode step runs 1.17-1.19x faster on it
+(`engine_bench`, alternated on one engine). So the engine runs it for bf16 GEMMs of one row (`ROWS`);
+from two rows on, the packed GEMM's dispatch model in `calibrate` (measured at 1 and 2 rows) would
+no longer hold. fp32 at 2-8 rows and bf16 at 2-4 would gain too (decode step / memory limit, side by
+side: fp32 batch 8 0.62 -> 0.71, bf16 batch 2 0.59 -> 0.72) but fp32 needs weights stored
+`(out, in)`, which costs its one-row step 3%, and `calibrate` would have to time the GEMM dispatch at
+each path's edge: not switched.
+
+**The bf16 RMSNorm** (`rms_norm_bf16`): Hugging Face normalises in fp32, casts back and scales in
+bf16, four framework calls (14 us for one 1024-wide row, hot) where the kernel makes one (3 us). In
+the engine (bf16, alternated in one run): decode step / memory limit 0.72 -> 0.76 at batch 1, 0.53
+-> 0.56 at batch 8. It rounds exactly where Hugging Face does; only the fp32 sum of squares runs in
+another order, which moved 35 of 1.9 million outputs by one bf16 step against `transformers`' own
+formula (random rows 64-4096 wide). fp32 keeps `F.rms_norm`, already one call.
+
+The kernels are compiled at first use with the host's C++ compiler (`$CXX`, default `c++`) into
+`$LLMPERF_CACHE_DIR` (default `~/.cache/llmperf`), keyed by the source and flags. They are used only
+where they can run: an x86-64 Linux CPU with AVX-512 F/BW and AVX512_BF16, a working compiler, and
+`LLMPERF_CPU_KERNELS` not set to `0`; otherwise the engine keeps torch's operators, and `status()` says
+why. The op is `torch.ops.llmperf.small_gemm` (visible to the profiler and to `FlopCounterMode`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import flop_counter
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+MAX_ROWS = 8  # the kernel's limit (register blocking); the engine's use is `ROWS`
+ROWS = {torch.bfloat16: 1}  # dtype -> most rows the engine runs on this kernel (the measurement above)
+ISA = ("avx512f", "avx512bw", "avx512_bf16")  # /proc/cpuinfo flags the kernel needs
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mfma", "-fopenmp", "-fPIC", "-shared")
+SWITCH = "LLMPERF_CPU_KERNELS"  # "0": never use the kernels
+_SYMBOLS = {torch.bfloat16: "llmperf_gemm_bf16", torch.float32: "llmperf_gemm_f32"}
+
+
+class _State:
+    lib: ctypes.CDLL | None = None
+    fns: dict[torch.dtype, Any] = {}  # dtype -> the GEMM's entry point
+    norm: Any = None  # the bf16 RMSNorm's entry point
+    reason: str | None = None  # why the kernel is unavailable (None: not tried yet, or available)
+    tried = False
+    enabled = True
+
+
+_state = _State()
+
+
+def cache_dir() -> Path:
+    """Where the compiled kernel is kept: `$LLMPERF_CACHE_DIR`, else `$XDG_CACHE_HOME/llmperf`, else
+    `~/.cache/llmperf`."""
+    if os.environ.get("LLMPERF_CACHE_DIR"):
+        return Path(os.environ["LLMPERF_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "llmperf"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def _compile(cxx: str) -> Path:
+    """The shared library for this source and these flags, compiled now unless already cached."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join((cxx, *FLAGS)).encode()).hexdigest()[:16]
+    out = cache_dir() / f"cpu_kernels-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".cpu_kernels-", suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[:200])
+            raise RuntimeError(f"{cxx} failed on {SOURCE.name}: {first}")
+        os.replace(tmp, out)  # atomic: a concurrent build or a reader never sees half a library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _load() -> ctypes.CDLL | None:
+    if _state.tried:
+        return _state.lib
+    _state.tried = True
+    missing = [f for f in ISA if f not in _cpu_flags()]
+    cxx = os.environ.get("CXX", "c++")
+    if missing:
+        _state.reason = f"the CPU lacks {', '.join(missing)}"
+    elif shutil.which(cxx) is None:
+        _state.reason = f"no C++ compiler ({cxx!r} not found; set CXX)"
+    else:
+        try:
+            lib = ctypes.CDLL(str(_compile(cxx)))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            _state.reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        else:
+            fns = {}
+            for dtype, name in _SYMBOLS.items():
+                fn = fns[dtype] = getattr(lib, name)
+                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+                fn.restype = ctypes.c_int
+            norm = lib.llmperf_rms_norm_bf16
+            norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
+            norm.restype = ctypes.c_int
+            _state.lib, _state.fns, _state.norm = lib, fns, norm
+    return _state.lib
+
+
+def available() -> bool:
+    """Whether the kernel can run here (compiles it on first call; False when switched off)."""
+    return _state.enabled and (_state.lib if _state.tried else _load()) is not None and os.environ.get(SWITCH) != "0"
+
+
+def status() -> str:
+    """One line for benchmark headers: whether the engine runs these kernels, or why not."""
+    if os.environ.get(SWITCH) == "0":
+        return f"off ({SWITCH}=0)"
+    if not _state.enabled:
+        return "off (disabled)"
+    return "on" if _load() is not None else f"off ({_state.reason})"
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Run torch's operators instead within the block (side-by-side measurements)."""
+    before, _state.enabled = _state.enabled, False
+    try:
+        yield
+    finally:
+        _state.enabled = before
+
+
+def use_for(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether the engine's GEMM of `x (..., in)` by `w (out, in)` runs here: a CPU tensor of a dtype
+    in `ROWS`, with no more rows than that, and the kernel available."""
+    most = ROWS.get(x.dtype)
+    return most is not None and x.numel() <= most * x.shape[-1] and x.is_cpu and w.dtype == x.dtype and available()
+
+
+def _refusal(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str:
+    """What is wrong with these operands (for the error message)."""
+    if w.dim() != 2 or x.shape[-1] != w.shape[-1] or (b is not None and tuple(b.shape) != (w.shape[0],)):
+        return (f"small_gemm: x {tuple(x.shape)}, w {tuple(w.shape)}, b {None if b is None else tuple(b.shape)} "
+                "do not fit y = x w^T + b")
+    if x.dtype not in _SYMBOLS or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
+        return (f"small_gemm: dtypes must be one of fp32 / bf16 and agree, got x {x.dtype}, w {w.dtype}, "
+                f"b {None if b is None else b.dtype}")
+    return f"small_gemm: rows must be 1-{MAX_ROWS}, got {x.numel() // max(1, x.shape[-1])}"
+
+
+def _small_gemm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    if (w.dim() != 2 or w.shape[1] != K or not 1 <= M <= MAX_ROWS or w.dtype != x.dtype or x.dtype not in _SYMBOLS
+            or (b is not None and (b.dtype != x.dtype or b.dim() != 1 or b.shape[0] != w.shape[0]))):
+        raise ValueError(_refusal(x, w, b))
+    if _load() is None:
+        raise RuntimeError(f"small_gemm: the kernel is unavailable: {_state.reason}")
+    N = w.shape[0]
+    x, w = x.contiguous(), w.contiguous()
+    y = x.new_empty((*x.shape[:-1], N))
+    rc = _state.fns[x.dtype](x.data_ptr(), w.data_ptr(), None if b is None else b.contiguous().data_ptr(),
+                             y.data_ptr(), M, N, K, torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"small_gemm: the kernel refused M={M} N={N} K={K}")
+    return y
+
+
+_LIBRARY = torch.library.Library("llmperf", "FRAGMENT")  # noqa: TOR901 - a plain CPU kernel, no autograd
+_LIBRARY.define("small_gemm(Tensor x, Tensor w, Tensor? b) -> Tensor")
+_LIBRARY.impl("small_gemm", _small_gemm, "CPU")
+OP = torch.ops.llmperf.small_gemm.default
+
+
+def small_gemm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`y = x w^T + b` for 1-`MAX_ROWS` rows of `x (..., in)`, `w (out, in)`, fp32 or bf16 on CPU.
+    Runs as the op `OP` (`torch.ops.llmperf.small_gemm`) while a dispatch mode watches
+    (`FlopCounterMode`, ...), otherwise calls the kernel directly: the dispatcher's round trip through
+    Python costs 2 us a call, 5% of a bf16 batch-1 decode step's GEMM time."""
+    if _get_current_dispatch_mode() is not None:
+        return OP(x, w, b)
+    return _small_gemm(x, w, b)
+
+
+@flop_counter.register_flop_formula(torch.ops.llmperf.small_gemm)
+def _small_gemm_flops(x_shape: torch.Size, w_shape: torch.Size, *args: Any, **kwargs: Any) -> int:
+    """2 * rows * in * out, as `FlopCounterMode` counts `mm` (the bias not counted)."""
+    return 2 * math.prod(x_shape[:-1]) * w_shape[0] * w_shape[1]
+
+
+def rms_norm_bf16(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's `LlamaRMSNorm` on bf16 `x (..., n)` with bf16 weight `w (n,)`:
+    `w * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(bf16)`, one call."""
+    n = x.shape[-1]
+    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or tuple(w.shape) != (n,) or not x.is_cpu or n < 1:
+        raise ValueError(f"rms_norm_bf16: x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} {w.dtype} must be "
+                         "bf16 CPU tensors with w (n,) for x (..., n)")
+    if _load() is None:
+        raise RuntimeError(f"rms_norm_bf16: the kernels are unavailable: {_state.reason}")
+    x, w = x.contiguous(), w.contiguous()
+    y = torch.empty_like(x)
+    if x.numel():
+        _state.norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() // n, n, eps, torch.get_num_threads())
+    return y

@@ -1,0 +1,227 @@
+"""llmperf's own CPU kernels (`llmperf.engine.cpu_kernels`): the weight-streaming GEMM exact against a
+float64 reference at every row count, shape tail and dtype; the bf16 RMSNorm rounding where Hugging
+Face rounds; refused input named; used by the engine exactly where the measurement says (one bf16
+row; bf16 norms), no worse than torch there; and when they cannot be built, the engine keeps torch's
+operators and says why, leaving nothing half-written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
+
+from engine_testing import make_model
+from llmperf.engine import Engine, SamplingParams, cpu_kernels
+
+needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"cpu_kernels: {cpu_kernels.status()}")
+
+
+def hf_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """`transformers`' LlamaRMSNorm.forward, verbatim."""
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return w * h.to(x.dtype)
+
+
+def bf16_steps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many representable bf16 values lie between a and b (same sign assumed where they differ)."""
+    ia, ib = a.view(torch.int16).int(), b.view(torch.int16).int()
+    return (ia - ib).abs()
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return x.double() @ w.double().t() + (0 if b is None else b.double())
+
+
+def within_rounding(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """fp32 accumulation over K terms, then one rounding to the storage dtype."""
+    ref = reference(x, w, b)
+    scale = x.double().abs() @ w.double().abs().t() + (0 if b is None else b.double().abs())
+    accumulate = x.shape[-1] * 2.0 ** -23 * scale
+    store = ref.abs() * (2.0 ** -8 if y.dtype == torch.bfloat16 else 2.0 ** -23)
+    return bool(((y.double() - ref).abs() <= accumulate + store + 1e-30).all())
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, cpu_kernels.MAX_ROWS), n=st.integers(1, 70), k=st.integers(1, 300),
+       bf16=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_the_kernel_is_exact_up_to_fp32_accumulation_at_every_row_count_and_tail(rows, n, k, bf16, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    x, w = torch.randn(rows, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    y = cpu_kernels.small_gemm(x, w, b)
+    assert y.shape == (rows, n) and y.dtype == dtype
+    assert within_rounding(y, x, w, b)
+
+
+@needs_kernel
+def test_batched_and_strided_activations_give_the_same_result_as_contiguous_rows():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(40, 96, generator=g).to(torch.bfloat16)
+    x = torch.randn(3, 2, 192, generator=g).to(torch.bfloat16)[..., ::2]  # (3, 2, 96), not contiguous
+    y = cpu_kernels.small_gemm(x, w, None)
+    assert y.shape == (3, 2, 40)
+    assert torch.equal(y, cpu_kernels.small_gemm(x.contiguous().view(6, 96), w, None).view(3, 2, 40))
+
+
+@needs_kernel
+def test_flop_counter_counts_what_runs():
+    x, w = torch.randn(2, 64), torch.randn(48, 64)
+    with FlopCounterMode(display=False) as counter:
+        cpu_kernels.small_gemm(x, w, None)
+    assert counter.get_total_flops() == 2 * 2 * 64 * 48
+
+
+@pytest.mark.parametrize(("x", "w", "b", "needle"), [
+    (torch.randn(9, 8), torch.randn(4, 8), None, "rows must be 1-8, got 9"),
+    (torch.randn(1, 8), torch.randn(4, 7), None, "do not fit"),
+    (torch.randn(1, 8), torch.randn(4, 8), torch.randn(5), "do not fit"),
+    (torch.randn(1, 8), torch.randn(4, 8).to(torch.bfloat16), None, "dtypes"),
+    (torch.randn(1, 8).double(), torch.randn(4, 8).double(), None, "dtypes"),
+])
+def test_bad_operands_are_refused_by_name(x, w, b, needle):
+    with pytest.raises(ValueError, match=needle):
+        cpu_kernels.small_gemm(x, w, b)
+
+
+@needs_kernel
+def test_the_engine_runs_it_for_one_bf16_row_only(monkeypatch):
+    calls = []
+    real = cpu_kernels.small_gemm
+    monkeypatch.setattr(cpu_kernels, "small_gemm", lambda x, w, b: calls.append(x.numel() // x.shape[-1]) or real(x, w, b))
+    for dtype, batch, expected in (("bf16", 1, True), ("bf16", 2, False), ("fp32", 1, False)):
+        calls.clear()
+        engine = Engine(make_model("llama", dtype=dtype), cache="contiguous")
+        engine.generate([[1, 2, 3, 4, 5]] * batch, SamplingParams(max_new_tokens=3))
+        assert bool(calls) is expected, (dtype, batch)
+        assert set(calls) <= {1}
+    # two decode steps of 2 layers x (qkv, o, gate_up, down) + the head, and the prefill's head (its
+    # last position only)
+    calls.clear()
+    engine = Engine(make_model("llama", dtype="bf16"), cache="contiguous")
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))
+    assert len(calls) == 2 * (2 * 4 + 1) + 1
+
+
+@needs_kernel
+def test_bf16_logits_on_the_kernel_are_as_close_to_fp32_as_the_library_s():
+    """The same bf16 weights, one decode row: the kernel's logits are no further from the fp32 model's
+    than oneDNN's are (both accumulate in fp32; they differ only in order)."""
+    model, exact = make_model("llama", dtype="bf16"), make_model("llama", dtype="bf16")
+    exact = exact.float()
+    exact.dtype = torch.float32
+    tokens = torch.tensor([[5, 9, 13, 2, 7, 11]])
+    ref = exact(tokens)
+    own = model(tokens[:, -1:], None).float()  # one row: the kernel
+    with cpu_kernels.disabled():
+        lib = model(tokens[:, -1:], None).float()
+    one_row_ref = exact(tokens[:, -1:])
+    assert ref.shape == own.shape
+    err_own, err_lib = (own - one_row_ref).abs().max().item(), (lib - one_row_ref).abs().max().item()
+    assert err_own <= 1.5 * err_lib + 1e-3, (err_own, err_lib)
+
+
+def test_an_unavailable_kernel_leaves_the_library_gemms_and_says_why(monkeypatch):
+    state = cpu_kernels._State()
+    monkeypatch.setattr(cpu_kernels, "_state", state)
+    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: {"avx2"})
+    assert not cpu_kernels.available()
+    assert cpu_kernels.status() == "off (the CPU lacks avx512f, avx512bw, avx512_bf16)"
+    assert not cpu_kernels.use_for(torch.randn(1, 8).to(torch.bfloat16), torch.randn(4, 8).to(torch.bfloat16))
+    out = Engine(make_model("llama", dtype="bf16"), cache="contiguous").generate([[1, 2, 3]],
+                                                                                   SamplingParams(max_new_tokens=3))
+    assert len(out[0].tokens) == 3
+
+
+def test_the_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv(cpu_kernels.SWITCH, "0")
+    assert not cpu_kernels.available()
+    assert cpu_kernels.status() == f"off ({cpu_kernels.SWITCH}=0)"
+
+
+@pytest.mark.skipif(not cpu_kernels._cpu_flags() >= set(cpu_kernels.ISA), reason="the CPU lacks AVX-512 BF16")
+def test_a_failed_build_names_the_compiler_and_leaves_nothing_behind(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
+    monkeypatch.setenv("LLMPERF_CACHE_DIR", str(tmp_path))
+    fake = tmp_path / "fake-cxx"
+    fake.write_text("#!/bin/sh\necho 'fake-cxx: error: no such thing' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    assert not cpu_kernels.available()
+    assert "fake-cxx failed on cpu_kernels.cpp: fake-cxx: error: no such thing" in cpu_kernels.status()
+    assert [p.name for p in tmp_path.iterdir()] == ["fake-cxx"]
+
+
+@pytest.mark.skipif(not cpu_kernels._cpu_flags() >= set(cpu_kernels.ISA)
+                    or shutil.which(os.environ.get("CXX", "c++")) is None, reason="the CPU lacks AVX-512 BF16, or no C++ compiler")
+def test_a_build_is_cached_by_source_and_flags(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
+    monkeypatch.setenv("LLMPERF_CACHE_DIR", str(tmp_path))
+    assert cpu_kernels.available(), cpu_kernels.status()
+    built = sorted(tmp_path.iterdir())
+    assert len(built) == 1 and built[0].name.startswith("cpu_kernels-") and built[0].suffix == ".so"
+    stamp = os.stat(built[0]).st_mtime_ns
+    monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
+    assert cpu_kernels.available()
+    assert sorted(tmp_path.iterdir()) == built and os.stat(built[0]).st_mtime_ns == stamp
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 300), n=st.integers(1, 1100), scale=st.floats(1e-3, 1e3), eps=st.sampled_from([1e-6, 1e-5]),
+       seed=st.integers(0, 2**31 - 1))
+def test_the_bf16_rms_norm_rounds_where_hugging_face_rounds(rows, n, scale, eps, seed):
+    """Only the fp32 sum of squares runs in another order: an output may move one bf16 step, rarely."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, n, generator=g) * scale).to(torch.bfloat16)
+    w = torch.randn(n, generator=g).to(torch.bfloat16)
+    ours, theirs = cpu_kernels.rms_norm_bf16(x, w, eps), hf_rms_norm(x, w, eps)
+    steps = bf16_steps_apart(ours, theirs)
+    assert int(steps.max()) <= 1
+    assert int((steps > 0).sum()) <= max(2, ours.numel() // 1000)
+
+
+@needs_kernel
+def test_the_bf16_rms_norm_takes_any_leading_shape_and_strides():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 256, generator=g).to(torch.bfloat16)[:, ::2, ::2]  # (2, 3, 128), not contiguous
+    w = torch.randn(128, generator=g).to(torch.bfloat16)
+    y = cpu_kernels.rms_norm_bf16(x, w, 1e-5)
+    assert y.shape == x.shape and y.dtype == torch.bfloat16
+    assert torch.equal(y, cpu_kernels.rms_norm_bf16(x.contiguous().view(6, 128), w, 1e-5).view(2, 3, 128))
+    assert cpu_kernels.rms_norm_bf16(x[:0], w, 1e-5).shape == (0, 3, 128)
+
+
+@pytest.mark.parametrize(("x", "w"), [
+    (torch.randn(2, 8), torch.randn(8)),  # fp32
+    (torch.randn(2, 8).to(torch.bfloat16), torch.randn(7).to(torch.bfloat16)),
+    (torch.randn(2, 8).to(torch.bfloat16), torch.randn(8)),
+])
+def test_bad_norm_operands_are_refused_by_name(x, w):
+    with pytest.raises(ValueError, match="rms_norm_bf16: x"):
+        cpu_kernels.rms_norm_bf16(x, w, 1e-5)
+
+
+@needs_kernel
+def test_the_engine_runs_its_bf16_rms_norms_on_the_kernel_and_fp32_ones_on_torch(monkeypatch):
+    calls = []
+    real = cpu_kernels.rms_norm_bf16
+    monkeypatch.setattr(cpu_kernels, "rms_norm_bf16", lambda x, w, eps: calls.append(x.shape) or real(x, w, eps))
+    for dtype, expected in (("bf16", True), ("fp32", False)):
+        calls.clear()
+        Engine(make_model("llama", dtype=dtype), cache="contiguous").generate([[1, 2, 3, 4]],
+                                                                             SamplingParams(max_new_tokens=2))
+        assert bool(calls) is expected, dtype
+    calls.clear()
+    with cpu_kernels.disabled():
+        Engine(make_model("llama", dtype="bf16"), cache="contiguous").generate([[1, 2, 3]],
+                                                                              SamplingParams(max_new_tokens=2))
+    assert not calls
