@@ -126,6 +126,36 @@ int gemm(const typename D::T *x, const typename D::T *w, const typename D::T *b,
     return 0;
 }
 
+
+// Rotary embedding of the first `heads` heads of each token (the "rotate half" layout), rounding where
+// torch rounds in `x * cos + cat(-x2, x1) * sin`: each product and the sum are rounded to the storage
+// dtype (compiled with -ffp-contract=off, so no product is fused into the add). The features past
+// rotary_dim are copied. x: token t, head h, feature i at x[t * x_tok + h * d + i]; cos, sin (tokens, rd);
+// out (tokens, heads, d), contiguous.
+template <class D>
+void rope(const typename D::T *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d, int64_t rd,
+          const typename D::T *cos, const typename D::T *sin, typename D::T *out, int threads) {
+    using T = typename D::T;
+    const int64_t half = rd / 2;
+#pragma omp parallel for num_threads(threads) if (tokens * heads * d >= (1 << 16))
+    for (int64_t t = 0; t < tokens; t++) {
+        const T *c = cos + t * rd, *s = sin + t * rd;
+        for (int64_t h = 0; h < heads; h++) {
+            const T *xi = x + t * x_tok + h * d;
+            T *o = out + (t * heads + h) * d;
+            for (int64_t i = 0; i < half; i++) {
+                const float x1 = D::to_float(xi[i]), x2 = D::to_float(xi[i + half]);
+                const float a = D::to_float(D::from_float(x1 * D::to_float(c[i])));
+                const float b = D::to_float(D::from_float(-x2 * D::to_float(s[i])));
+                const float a2 = D::to_float(D::from_float(x2 * D::to_float(c[i + half])));
+                const float b2 = D::to_float(D::from_float(x1 * D::to_float(s[i + half])));
+                o[i] = D::from_float(a + b);
+                o[i + half] = D::from_float(a2 + b2);
+            }
+            for (int64_t i = rd; i < d; i++) o[i] = xi[i];
+        }
+    }
+}
 }  // namespace
 
 extern "C" int llmperf_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y,
@@ -150,7 +180,8 @@ extern "C" int llmperf_rms_norm_bf16(const uint16_t *x, const uint16_t *w, uint1
         __m512 acc = _mm512_setzero_ps();
         int64_t i = 0;
         for (; i + 16 <= n; i += 16) {
-            __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(xr + i))), 16));
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xr + i));
+            const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
             acc = _mm512_fmadd_ps(v, v, acc);
         }
         float ss = _mm512_reduce_add_ps(acc);
@@ -161,5 +192,19 @@ extern "C" int llmperf_rms_norm_bf16(const uint16_t *x, const uint16_t *w, uint1
             yr[j] = float_to_bf16(bf16_to_float(w[j]) * h);
         }
     }
+    return 0;
+}
+
+extern "C" int llmperf_rope_bf16(const uint16_t *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d,
+                                 int64_t rd, const uint16_t *cos, const uint16_t *sin, uint16_t *out, int threads) {
+    if (tokens < 0 || heads < 1 || d < 1 || rd < 0 || rd > d || rd % 2 || threads < 1) return 1;
+    rope<BF16>(x, tokens, x_tok, heads, d, rd, cos, sin, out, threads);
+    return 0;
+}
+
+extern "C" int llmperf_rope_f32(const float *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d,
+                                int64_t rd, const float *cos, const float *sin, float *out, int threads) {
+    if (tokens < 0 || heads < 1 || d < 1 || rd < 0 || rd > d || rd % 2 || threads < 1) return 1;
+    rope<F32>(x, tokens, x_tok, heads, d, rd, cos, sin, out, threads);
     return 0;
 }

@@ -379,7 +379,10 @@ class Block(nn.Module):
         qkv = self._qkv(h, rec).view(N, H + 2 * H_kv, D)
         if self.rope:  # q and k heads are adjacent: one rotation for both
             with rec.op("rope", i):
-                qk = apply_rope(qkv[None, :, :H + H_kv], ctx.cos, ctx.sin)[0]  # (N, H + H_kv, D)
+                if cpu_kernels.use_rope_for(qkv):  # the same, bit for bit, in one call
+                    qk = cpu_kernels.rope(qkv, H + H_kv, ctx.cos, ctx.sin)
+                else:
+                    qk = apply_rope(qkv[None, :, :H + H_kv], ctx.cos, ctx.sin)[0]  # (N, H + H_kv, D)
         else:
             qk = qkv[:, :H + H_kv]
         outs = []

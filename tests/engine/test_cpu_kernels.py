@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from engine_testing import make_model
 from llmperf.engine import Engine, SamplingParams, cpu_kernels
+from llmperf.engine.model import apply_rope
 
 needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"cpu_kernels: {cpu_kernels.status()}")
 
@@ -96,7 +97,8 @@ def test_bad_operands_are_refused_by_name(x, w, b, needle):
 def test_the_engine_runs_it_for_one_bf16_row_only(monkeypatch):
     calls = []
     real = cpu_kernels.small_gemm
-    monkeypatch.setattr(cpu_kernels, "small_gemm", lambda x, w, b: calls.append(x.numel() // x.shape[-1]) or real(x, w, b))
+    monkeypatch.setattr(cpu_kernels, "small_gemm",
+                        lambda x, w, b: calls.append(x.numel() // x.shape[-1]) or real(x, w, b))
     for dtype, batch, expected in (("bf16", 1, True), ("bf16", 2, False), ("fp32", 1, False)):
         calls.clear()
         engine = Engine(make_model("llama", dtype=dtype), cache="contiguous")
@@ -161,7 +163,8 @@ def test_a_failed_build_names_the_compiler_and_leaves_nothing_behind(monkeypatch
 
 
 @pytest.mark.skipif(not cpu_kernels._cpu_flags() >= set(cpu_kernels.ISA)
-                    or shutil.which(os.environ.get("CXX", "c++")) is None, reason="the CPU lacks AVX-512 BF16, or no C++ compiler")
+                    or shutil.which(os.environ.get("CXX", "c++")) is None,
+                    reason="the CPU lacks AVX-512 BF16, or no C++ compiler")
 def test_a_build_is_cached_by_source_and_flags(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
     monkeypatch.setenv("LLMPERF_CACHE_DIR", str(tmp_path))
@@ -225,3 +228,54 @@ def test_the_engine_runs_its_bf16_rms_norms_on_the_kernel_and_fp32_ones_on_torch
         Engine(make_model("llama", dtype="bf16"), cache="contiguous").generate([[1, 2, 3]],
                                                                               SamplingParams(max_new_tokens=2))
     assert not calls
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(0, 70), heads=st.integers(1, 6), kv=st.integers(0, 3), half=st.integers(1, 40),
+       extra=st.integers(0, 9), bf16=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_rope_is_bit_for_bit_the_engines_torch_rope(tokens, heads, kv, half, extra, bf16, seed):
+    """Every product and the sum rounded where torch rounds them; partial rotary copies the rest."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    rd, D = 2 * half, 2 * half + 2 * (extra // 2)
+    qkv = (torch.randn(tokens, heads + 2 * kv, D, generator=g) * 8).to(dtype)
+    angles = torch.randn(tokens, half, generator=g) * 50
+    table = torch.cat((angles, angles), -1)
+    cos, sin = table.cos().to(dtype)[None, :, None], table.sin().to(dtype)[None, :, None]
+    ours = cpu_kernels.rope(qkv, heads + kv, cos, sin)
+    assert torch.equal(ours, apply_rope(qkv[None, :, :heads + kv], cos, sin)[0])
+
+
+@needs_kernel
+def test_rope_of_many_tokens_runs_threaded_and_reads_strided_heads():
+    g = torch.Generator().manual_seed(5)
+    wide = torch.randn(2048, 12, 128, generator=g)
+    qkv = wide[:, ::2]  # heads two apart: copied to the contiguous layout the kernel reads
+    table = torch.randn(2048, 64, generator=g)
+    cos, sin = torch.cat((table, table), -1).cos(), torch.cat((table, table), -1).sin()
+    assert torch.equal(cpu_kernels.rope(qkv, 4, cos, sin), apply_rope(qkv[None, :, :4], cos[None, :, None],
+                                                                      sin[None, :, None])[0])
+
+
+@pytest.mark.parametrize(("qkv", "heads", "table", "needle"), [
+    (torch.randn(4, 3, 8).half(), 2, torch.randn(4, 8).half(), "rope: qkv must be"),
+    (torch.randn(4, 3, 8), 4, torch.randn(4, 8), "rope: qkv must be"),
+    (torch.randn(4, 3, 8), 2, torch.randn(3, 8), "do not fit 4 tokens"),
+    (torch.randn(4, 3, 8), 2, torch.randn(4, 10), "do not fit"),
+    (torch.randn(4, 3, 8), 2, torch.randn(4, 8).to(torch.bfloat16), "do not fit"),
+])
+def test_bad_rope_operands_are_refused_by_name(qkv, heads, table, needle):
+    with pytest.raises(ValueError, match=needle):
+        cpu_kernels.rope(qkv, heads, table, table)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("dtype", "expected"), [("fp32", True), ("bf16", True), ("fp16", False)])
+def test_the_engine_runs_its_cpu_rope_on_the_kernel(monkeypatch, dtype, expected):
+    calls = []
+    real = cpu_kernels.rope
+    monkeypatch.setattr(cpu_kernels, "rope", lambda *a: calls.append(a[0].shape) or real(*a))
+    Engine(make_model("llama", dtype=dtype), cache="contiguous").generate([[1, 2, 3, 4]],
+                                                                         SamplingParams(max_new_tokens=2))
+    assert bool(calls) is expected
