@@ -930,7 +930,7 @@ def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str,
                                        model=model) for rows in OVERHEAD_ROWS}
 
 
-OVERHEAD_ROWS = (1, 2)  # a CPU GEMM of one row runs a plain kernel (the GEMV; bf16: cpu_kernels), of two or more packed
+OVERHEAD_ROWS = (1, 2)  # a CPU GEMM of one row runs a plain kernel (fp32 GEMV; bf16 cpu_kernels), of 2+ packed
 OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp16 is never packed)
 
 
