@@ -47,11 +47,13 @@ per operator NAME when the calibration measured it (`op_e_memory`, per compute d
 BYTES one call moves, from a recorded prefill of a small calibration model at several sizes), else per
 kind. Those operators' bytes never depend on the context, so the closed form still holds.
 
-On a CPU a GEMM's dispatch depends on the path it takes: the engine runs a one-row fp32 GEMM on the
-plain matrix-vector kernel and everything else on oneDNN's packed one, whose cold call costs about
-three times as much (tiny model, after a 32 MiB GEMV: 38 us against 123 us per projection). So a
+On a CPU a GEMM's dispatch depends on the path it takes: the engine runs GEMMs of few rows on a
+matrix-vector kernel (llmperf's own up to 8 fp32 / 4 bf16 rows; torch's one-row fp32 GEMV without
+it) and everything else on oneDNN's packed one, whose cold call costs up to three times as much
+(tiny model, after a 32 MiB GEMV: 38 us against 123 us per fp32 projection). So a
 calibration may also give each operator's overhead per compute dtype as a curve over rows
-(`op_overhead_rows_s`: measured at 1 and 2 rows), which wins over `op_overhead_s` for that dtype.
+(`op_overhead_rows_s`: measured at 1 and 2 rows, the weight GEMMs also on both sides of each
+edge between the engine's GEMM paths), which wins over `op_overhead_s` for that dtype.
 `llmperf calibrate` fills it with the weight GEMMs' cold dispatch and, for every operator that reads
 no weights, the dispatch measured in a real layer's recorded decode (see `llmperf.measure.calibrate`).
 

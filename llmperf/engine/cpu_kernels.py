@@ -21,20 +21,23 @@ in bf16, 672 MB in fp32, cycled through memory), GB/s of weights read, median of
 Called through ctypes directly (no Python wrapper) the kernel reads 29.8-31.6 GB/s at one bf16 row.
 What made it: prefetching the next block of R weight rows into L2 while reading this one (bf16 1 row
 23.2 -> 28.3-30.1 GB/s, fp32 8 rows 18.5 -> 24.8-25.1; a prefetch 1 KiB ahead within the row gained
-nothing at one bf16 row). In the engine the bf16 batch-1 decode step runs 1.17-1.19x faster on it
-(`engine_bench`, alternated on one engine). So the engine runs it for bf16 GEMMs of one row (`ROWS`);
-from two rows on, the packed GEMM's dispatch model in `calibrate` (measured at 1 and 2 rows) would
-no longer hold. fp32 at 2-8 rows and bf16 at 2-4 would gain too (decode step / memory limit, side by
-side: fp32 batch 8 0.62 -> 0.71, bf16 batch 2 0.59 -> 0.72) but fp32 needs weights stored
-`(out, in)`, which costs its one-row step 3%, and `calibrate` would have to time the GEMM dispatch at
-each path's edge: not switched.
+nothing at one bf16 row).
+
+So the engine runs it up to `ROWS` rows: bf16 1-4 (oneDNN's AMX GEMM from 5), fp32 1-8 (packed from
+9), with fp32 weights stored `(out, in)` where the kernels are available (`model.resolve_layout`; the
+plain GEMV on `(in, out)` otherwise). In the engine, decode step / memory limit with the GEMMs of 2-8
+rows on it against the library, alternated in one run (RMSNorm and RoPE kernels on in both): fp32
+batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65 -> 0.77; bf16 batch 2 0.64 ->
+0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times the GEMM dispatch at each path's
+edge rows (`engine_gemm_edges`).
 
 **The bf16 RMSNorm** (`rms_norm_bf16`): Hugging Face normalises in fp32, casts back and scales in
 bf16, four framework calls (14 us for one 1024-wide row, hot) where the kernel makes one (3 us). In
 the engine (bf16, alternated in one run): decode step / memory limit 0.72 -> 0.76 at batch 1, 0.53
 -> 0.56 at batch 8. It rounds exactly where Hugging Face does; only the fp32 sum of squares runs in
-another order, which moved 35 of 1.9 million outputs by one bf16 step against `transformers`' own
-formula (random rows 64-4096 wide). fp32 keeps `F.rms_norm`, already one call.
+another order, which moved 35 of 1.9 million outputs against `transformers`' own formula (random
+rows 64-4096 wide): the normalised value by one bf16 step, the scaled output by one or two. fp32
+keeps `F.rms_norm`, already one call.
 
 **RoPE** (`rope`, fp32 and bf16): the engine's "rotate half" over q and k (six framework calls: two
 multiplies, a negation, a concatenation, an add, a slice) in one, rounding each product and the sum
@@ -68,7 +71,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 MAX_ROWS = 8  # the kernel's limit (register blocking); the engine's use is `ROWS`
-ROWS = {torch.bfloat16: 1}  # dtype -> most rows the engine runs on this kernel (the measurement above)
+ROWS = {torch.bfloat16: 4, torch.float32: 8}  # dtype -> most rows the engine runs on the GEMM (see above)
 ISA = ("avx512f", "avx512bw", "avx512_bf16")  # /proc/cpuinfo flags the kernel needs
 # -ffp-contract=off: the RoPE rounds each product as torch does (the GEMM's FMAs are explicit intrinsics)
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC",
@@ -190,7 +193,7 @@ def disabled() -> Iterator[None]:
 
 def use_for(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether the engine's GEMM of `x (..., in)` by `w (out, in)` runs here: a CPU tensor of a dtype
-    in `ROWS`, with no more rows than that, and the kernel available."""
+    in `ROWS`, with no more rows than that, and the kernels available."""
     most = ROWS.get(x.dtype)
     return most is not None and x.numel() <= most * x.shape[-1] and x.is_cpu and w.dtype == x.dtype and available()
 

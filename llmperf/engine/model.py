@@ -181,20 +181,23 @@ WEIGHT_LAYOUTS = ("auto", "in_out", "out_in")
 #     bf16  1 row        12.8                8.6              18.4
 #     bf16  8 rows       13.1               10.5              17.1
 #
-# So on CPU: fp32 stores `(in, out)` (the plain matrix-vector path wins at one row) and runs GEMMs of
-# 2+ rows on the packed copy; bf16 stores `(out, in)` and runs GEMMs of 2+ rows on the packed copy
-# (torch's own bf16 GEMV is the slow kernel) and one-row GEMMs on llmperf's own weight-streaming
-# kernel where it is available (`cpu_kernels`: 25-29 GB/s against the packed copy's 21-22; its
-# docstring). Prefill (32-256 rows) is as fast or faster packed. cuBLAS is indifferent to the layout
-# and nothing is packed on CUDA; fp16 was not measured and is not packed.
+# So on CPU, with torch's kernels alone: fp32 stores `(in, out)` (the plain matrix-vector path wins
+# at one row) and runs GEMMs of 2+ rows on the packed copy; bf16 stores `(out, in)` and runs every
+# GEMM on the packed copy (torch's own bf16 GEMV is the slow kernel). Where llmperf's own kernels are
+# available (`cpu_kernels`; its docstring has the figures: 25-29 GB/s at one bf16 row against the
+# packed copy's 21-22, 24 against 21 at 8 fp32 rows), both dtypes store `(out, in)` and GEMMs of up
+# to `cpu_kernels.ROWS` rows (bf16 4, fp32 8) run there, the rest packed. Prefill (32-256 rows) is as
+# fast or faster packed. cuBLAS is indifferent to the layout and nothing is packed on CUDA; fp16 was
+# not measured and is not packed.
 
 
 def resolve_layout(layout: str, dtype: torch.dtype, device: torch.device) -> bool:
-    """True when matrices are stored `(in, out)` ("auto": the measurement above)."""
+    """True when matrices are stored `(in, out)` ("auto": the measurement above; on a CPU it compiles
+    llmperf's kernels on first use to know whether they are available)."""
     if layout not in WEIGHT_LAYOUTS:
         raise ValueError(f"weight_layout: must be one of {', '.join(WEIGHT_LAYOUTS)}, got {layout!r}")
-    if layout == "auto":
-        return device.type == "cpu" and dtype == torch.float32
+    if layout == "auto":  # (in, out) for torch's fp32 GEMV on CPU; (out, in) for llmperf's own GEMM
+        return device.type == "cpu" and dtype == torch.float32 and not cpu_kernels.available()
     return layout == "in_out"
 
 
@@ -208,6 +211,19 @@ def packed_min_rows(dtype: torch.dtype, device: torch.device) -> int | None:
     if dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return 1
     return None
+
+
+def gemm_path_edges(dtype: torch.dtype, device: torch.device) -> tuple[int, ...]:
+    """Rows (B*T) on both sides of each change of the path a GEMM of the engine runs (`Linear`) at
+    the "auto" layout: with llmperf's kernels, `(ROWS, ROWS + 1)` (its own GEMM, then packed); fp32
+    without them `(1, 2)` (the GEMV, then packed); () where one path runs at every row count."""
+    device = torch.device(device)
+    packed = packed_min_rows(dtype, device)
+    own = cpu_kernels.ROWS.get(dtype, 0) if device.type == "cpu" and cpu_kernels.available() else 0
+    first_packed = max(packed, own + 1) if packed is not None else None
+    if first_packed is None or first_packed == 1:
+        return ()
+    return (first_packed - 1, first_packed)
 
 
 def _packed_linear_flops(x_shape: torch.Size, *args: Any, out_shape: torch.Size, **kwargs: Any) -> int:
@@ -251,7 +267,7 @@ class Linear:
         return entry[3]
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.in_out and cpu_kernels.use_for(x, w):  # one bf16 row: llmperf's weight-streaming kernel
+        if not self.in_out and cpu_kernels.use_for(x, w):  # few rows: llmperf's weight-streaming kernel
             return cpu_kernels.small_gemm(x, w, b)
         if self.min_rows is None or x.numel() < self.min_rows * x.shape[-1] or not x.is_cpu:  # moved to CUDA
             return self.plain(x, w, b)
@@ -563,4 +579,5 @@ class Transformer(nn.Module):
         return list(logits.split([t.shape[0] for t, _ in groups]))
 
 
-__all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "rope_inv_freq", "torch_dtype"]
+__all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "gemm_path_edges", "rope_inv_freq",
+           "torch_dtype"]

@@ -25,10 +25,11 @@ Compute's roofline; see REFERENCE.md):
   about ten), which one tiny call per kind does not see. On CUDA the per-operator CUDA events of the
   recorder measure the time the GPU waits between the operator's first and last launch: in a
   launch-bound tiny model, its host dispatch;
-- on CPU, the same per compute dtype (fp32, bf16) at one and two rows (`op_overhead_rows_s`): a
-  one-row projection runs a plain matrix-vector kernel (fp32: torch's; bf16: llmperf's own
-  `engine.cpu_kernels`), anything else oneDNN's packed GEMM,
-  whose cold call costs three times as much (38 us against 123 us);
+- on CPU, the same per compute dtype (fp32, bf16) at one and two rows (`op_overhead_rows_s`), and
+  for the weight GEMMs also on both sides of each edge between the engine's GEMM paths: a
+  projection of few rows runs a matrix-vector kernel (llmperf's own `engine.cpu_kernels`, up to 8
+  fp32 / 4 bf16 rows; without it torch's fp32 GEMV at one row), anything else oneDNN's packed GEMM,
+  whose cold call costs up to three times as much (38 us against 123 us);
 - on CPU, the dispatch of every operator that reads no weights (norms, RoPE, the KV write, attention
   over a short context, the activation, residual adds, the embedding) where it really runs: in the
   recorded decode of a model with Llama 3.2 1B's layer shapes (hidden 2048, FFN 8192, 32 query and
@@ -930,25 +931,44 @@ def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str,
                                        model=model) for rows in OVERHEAD_ROWS}
 
 
-OVERHEAD_ROWS = (1, 2)  # a CPU GEMM of one row runs a plain kernel (fp32 GEMV; bf16 cpu_kernels), of 2+ packed
+OVERHEAD_ROWS = (1, 2)  # decoding one and two sequences; weight GEMMs add their path edges (`gemm_rows`)
 OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp16 is never packed)
+
+
+def gemm_rows(dname: str, device: Any) -> tuple[int, ...]:
+    """The rows at which `calibrate` times a weight GEMM's dispatch for the engine at `dname`: 1 and 2
+    (`OVERHEAD_ROWS`, decoding one and two sequences) and both sides of every edge between the
+    engine's GEMM paths (`engine.model.gemm_path_edges`): fp32 with llmperf's kernels 1, 2, 8, 9 (its
+    own GEMM to 8 rows, oneDNN's packed one from 9), bf16 1, 2, 4, 5; with torch's kernels alone
+    fp32 1, 2 (the GEMV, then packed) and bf16 1, 2 (always packed)."""
+    import torch
+
+    from llmperf.engine.model import gemm_path_edges
+
+    dtype = getattr(torch, DTYPE_NAMES[dname])
+    return tuple(sorted(set(OVERHEAD_ROWS) | set(gemm_path_edges(dtype, device))))
 
 
 def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_rows1: dict[str, dict[str, float]],
                              notes: list[str] | None = None) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
-    """CPU: each engine operator's dispatch per compute dtype (fp32, bf16) and per rows (1, 2: decoding
-    1 and 2 sequences), as `[[rows, seconds], ...]`: the weight GEMMs cold (the tiny model, a 32 MiB
-    GEMV before each; `fp32_rows1` is the fp32 one-sequence run already made), every other operator in
-    situ (`dispatch_spec`'s decode, unless `s.dispatch_hidden` is 0). Measured 2026-11-23 on the
-    2-core CPU: a projection takes 38 us at one fp32 row (the plain matrix-vector kernel) and 123 us
-    at two (oneDNN's packed GEMM), bf16 about 130 us at any rows (then always packed; one bf16 row now
-    runs `engine.cpu_kernels`'s kernel, which this measures wherever the engine runs it)."""
+    """CPU: each engine operator's dispatch per compute dtype (fp32, bf16) and per rows, as
+    `[[rows, seconds], ...]`: the weight GEMMs cold (the tiny model, a 32 MiB GEMV before each;
+    `fp32_rows1` is the fp32 one-sequence run already made) at `gemm_rows` (1, 2 and each side of
+    every edge between the engine's GEMM paths, so that a batch is priced with the path it runs),
+    every other operator at 1 and 2 rows in situ (`dispatch_spec`'s decode, unless `s.dispatch_hidden`
+    is 0). Measured 2026-11-23 on the 2-core CPU: a projection took 38 us at one fp32 row (torch's
+    matrix-vector kernel) and 123 us at two (oneDNN's packed GEMM), bf16 about 130 us at any rows
+    (packed); llmperf's own GEMM 72-84 us at one bf16 row."""
+    from llmperf.analysis.vocabulary import WEIGHT_MATMUL_OPS
+
+    weights = {str(op) for op in WEIGHT_MATMUL_OPS}
     out: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
     for dname in OVERHEAD_DTYPES:
         if dname not in s.dtypes:
             continue
+        all_rows = gemm_rows(dname, device)
         runs = {}
-        for rows in OVERHEAD_ROWS:
+        for rows in all_rows:
             if dname == "fp32" and rows == 1 and fp32_rows1:
                 runs[rows] = fp32_rows1
                 continue
@@ -957,9 +977,10 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
         for rows, situ in _in_situ_overheads(s, device, progress, dname, notes).items():
             runs[rows] = in_situ(runs[rows], situ)
         table: dict[str, dict[str, list[list[float]]]] = {}
-        for backend in runs[OVERHEAD_ROWS[0]]:
-            ops = set.intersection(*(set(runs[r].get(backend, {})) for r in OVERHEAD_ROWS))
-            table[backend] = {op: [[r, runs[r][backend][op]] for r in OVERHEAD_ROWS] for op in sorted(ops)}
+        for backend in runs[all_rows[0]]:
+            ops = set.intersection(*(set(runs[r].get(backend, {})) for r in all_rows))
+            table[backend] = {op: [[r, runs[r][backend][op]] for r in (all_rows if op in weights else OVERHEAD_ROWS)]
+                              for op in sorted(ops)}
         out[dname] = table
     return out
 

@@ -135,9 +135,9 @@ def memory_limit_fractions(spec: ModelSpec, dtype: str, batch: int, *, prompt_le
 
 def own_kernels_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps: int, dtype: str = "bf16",
                      batch: int = 1, seed: int = 0) -> Figure:
-    """Decode step on torch's operators / on llmperf's own CPU kernels (`engine.cpu_kernels`: the
-    one-row GEMM, the bf16 RMSNorm, the RoPE), the two alternated on one engine (1.0: they gain nothing, or are
-    unavailable here)."""
+    """Decode step on torch's operators / on llmperf's own CPU kernels (`engine.cpu_kernels`: the GEMM
+    of few rows, the bf16 RMSNorm, the RoPE), the two alternated on one engine (1.0: they gain nothing,
+    or are unavailable here). Both runs read the weights in the layout the model was built with."""
     model = build_model(spec, seed=seed, dtype=dtype)
     prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
@@ -236,7 +236,7 @@ def _header(env: dict[str, Any], spec: ModelSpec, bw: float, copy_mib: int) -> l
             "# versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
             f"# model {spec.name} ({spec.param_count / 1e6:.0f}M params), copy bandwidth {bw / 1e9:.1f} GB/s "
             f"(read+write, {copy_mib} MiB)",
-            f"# llmperf's own CPU kernels (one-row bf16 GEMM, bf16 RMSNorm, RoPE; llmperf.engine.cpu_kernels): "
+            f"# llmperf's own CPU kernels (GEMM of few rows, bf16 RMSNorm, RoPE; llmperf.engine.cpu_kernels): "
             f"{cpu_kernels.status()}"]
 
 
@@ -264,7 +264,8 @@ def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context:
     for fig in (
         *(memory_limit_fractions(spec, dtype, b, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps,
                                  bandwidth=bw) for dtype in ("fp32", "bf16") for b in (1, 8)),
-        own_kernels_speedup(spec, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps),
+        *(own_kernels_speedup(spec, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps, dtype=dtype, batch=b)
+          for dtype, b in (("bf16", 1), ("fp32", 8))),
         versus_transformers(spec, batch=8, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps),
         paged_versus_contiguous(spec, context=context, new_tokens=min(new_tokens, 16), reps=reps),
     ):

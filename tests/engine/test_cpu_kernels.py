@@ -94,23 +94,32 @@ def test_bad_operands_are_refused_by_name(x, w, b, needle):
 
 
 @needs_kernel
-def test_the_engine_runs_it_for_one_bf16_row_only(monkeypatch):
+def test_the_engine_runs_its_gemms_of_up_to_rows_rows_on_the_kernel_and_the_rest_packed(monkeypatch):
+    """bf16 up to 4 rows, fp32 up to 8 (`ROWS`); a prefill of more rows and a bigger batch run packed."""
     calls = []
     real = cpu_kernels.small_gemm
     monkeypatch.setattr(cpu_kernels, "small_gemm",
                         lambda x, w, b: calls.append(x.numel() // x.shape[-1]) or real(x, w, b))
-    for dtype, batch, expected in (("bf16", 1, True), ("bf16", 2, False), ("fp32", 1, False)):
-        calls.clear()
-        engine = Engine(make_model("llama", dtype=dtype), cache="contiguous")
-        engine.generate([[1, 2, 3, 4, 5]] * batch, SamplingParams(max_new_tokens=3))
-        assert bool(calls) is expected, (dtype, batch)
-        assert set(calls) <= {1}
-    # two decode steps of 2 layers x (qkv, o, gate_up, down) + the head, and the prefill's head (its
-    # last position only)
+    for dtype, most in (("bf16", 4), ("fp32", 8)):
+        for batch in (1, most, most + 1):
+            calls.clear()
+            engine = Engine(make_model("llama", dtype=dtype), cache="contiguous")
+            engine.generate([list(range(1, 13))] * batch, SamplingParams(max_new_tokens=3))
+            # every decode step's GEMMs and the prefill's head (the last position of each prompt), not
+            # the prefill's other GEMMs (12 rows per prompt)
+            assert set(calls) == (set() if batch > most else {batch}), (dtype, batch)
+    # a 3-token prefill (3 rows; its head reads the last position only) and two decode steps, each
+    # 2 layers x (qkv, o, gate_up, down) + the head
     calls.clear()
     engine = Engine(make_model("llama", dtype="bf16"), cache="contiguous")
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))
-    assert len(calls) == 2 * (2 * 4 + 1) + 1
+    assert calls == [3] * 8 + [1] + [1] * 18
+
+
+def test_fp32_weights_are_stored_out_in_where_the_kernels_run(llama_spec):
+    from llmperf.engine import Transformer
+
+    assert Transformer(llama_spec, dtype="fp32").weight_layout == ("out_in" if cpu_kernels.available() else "in_out")
 
 
 @needs_kernel
@@ -182,13 +191,14 @@ def test_a_build_is_cached_by_source_and_flags(monkeypatch, tmp_path):
 @given(rows=st.integers(1, 300), n=st.integers(1, 1100), scale=st.floats(1e-3, 1e3), eps=st.sampled_from([1e-6, 1e-5]),
        seed=st.integers(0, 2**31 - 1))
 def test_the_bf16_rms_norm_rounds_where_hugging_face_rounds(rows, n, scale, eps, seed):
-    """Only the fp32 sum of squares runs in another order: an output may move one bf16 step, rarely."""
+    """Only the fp32 sum of squares runs in another order: the normalised value may move one bf16 step,
+    rarely, and the scaled output then one or two."""
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, n, generator=g) * scale).to(torch.bfloat16)
     w = torch.randn(n, generator=g).to(torch.bfloat16)
     ours, theirs = cpu_kernels.rms_norm_bf16(x, w, eps), hf_rms_norm(x, w, eps)
     steps = bf16_steps_apart(ours, theirs)
-    assert int(steps.max()) <= 1
+    assert int(steps.max()) <= 2
     assert int((steps > 0).sum()) <= max(2, ours.numel() // 1000)
 
 

@@ -269,16 +269,26 @@ def test_calibration_writes_vector_operator_curves(cal):
 
 
 def test_cpu_calibration_measures_dispatch_per_dtype_and_rows(cal):
-    """On CPU the cold per-operator dispatch is measured per compute dtype at 1 and 2 rows (the plain
-    one-row GEMM and the packed one dispatch differently) and written so each dtype's time model
-    uses its own."""
+    """On CPU the cold per-operator dispatch is measured per compute dtype at 1 and 2 rows, the weight
+    GEMMs also on both sides of each edge between the engine's GEMM paths (its own kernel, oneDNN's
+    packed GEMM dispatch differently), and written so each dtype's time model uses its own."""
+    import torch
+
+    from llmperf.engine import cpu_kernels
+    from llmperf.measure.calibrate import gemm_rows
+
     terms = cal.fit_terms()
     table = terms["op_overhead_rows_s"]
     assert set(table) == {"fp32", "bf16"} and set(table["fp32"]) == {"sdpa", "naive"}
+    edges = ({"fp32": [1, 2, 8, 9], "bf16": [1, 2, 4, 5]} if cpu_kernels.available()
+             else {"fp32": [1, 2], "bf16": [1, 2]})
     for dtype in table:
+        assert list(gemm_rows(dtype, torch.device("cpu"))) == edges[dtype]
         ops = table[dtype]["sdpa"]
         assert {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "attn_norm"} <= set(ops)
-        assert all([r for r, _ in pts] == [1, 2] and all(0 < v < 0.05 for _, v in pts) for pts in ops.values())
+        for op, pts in ops.items():
+            rows = edges[dtype] if op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head") else [1, 2]
+            assert [r for r, _ in pts] == rows and all(0 < v < 0.05 for _, v in pts), (dtype, op)
     assert table["fp32"]["sdpa"]["qkv_proj"][0][1] == pytest.approx(cal.op_overhead_s["sdpa"]["qkv_proj"], rel=1e-3)
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_overhead_rows and tm.backend == "sdpa"
