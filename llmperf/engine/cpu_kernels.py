@@ -28,13 +28,14 @@ So the engine runs it up to `ROWS` rows: bf16 1-4 (oneDNN's AMX GEMM from 5), fp
 plain GEMV on `(in, out)` otherwise). In the engine, decode step / memory limit with the GEMMs of 2-8
 rows on it against the library, alternated in one run (RMSNorm and RoPE kernels on in both): fp32
 batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65 -> 0.77; bf16 batch 2 0.64 ->
-0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times the GEMM dispatch at each path's
-edge rows (`engine_gemm_edges`).
+0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times the GEMM dispatch on both sides
+of each path's edge (`model.gemm_path_edges`, `calibrate.gemm_dispatch_rows`), and its GEMM sweep
+steps there (`calibrate.gemm_sweep_rows`).
 
 **The bf16 RMSNorm** (`rms_norm_bf16`): Hugging Face normalises in fp32, casts back and scales in
 bf16, four framework calls (14 us for one 1024-wide row, hot) where the kernel makes one (3 us). In
-the engine (bf16, alternated in one run): decode step / memory limit 0.72 -> 0.76 at batch 1, 0.53
--> 0.56 at batch 8. It rounds exactly where Hugging Face does; only the fp32 sum of squares runs in
+the engine (bf16, alternated in one run, with the first version of the GEMM): decode step / memory
+limit 0.72 -> 0.76 at batch 1, 0.53 -> 0.56 at batch 8. It rounds exactly where Hugging Face does; only the fp32 sum of squares runs in
 another order, which moved 35 of 1.9 million outputs against `transformers`' own formula (random
 rows 64-4096 wide): the normalised value by one bf16 step, the scaled output by one or two. fp32
 keeps `F.rms_norm`, already one call.
@@ -48,7 +49,8 @@ The kernels are compiled at first use with the host's C++ compiler (`$CXX`, defa
 `$LLMPERF_CACHE_DIR` (default `~/.cache/llmperf`), keyed by the source and flags. They are used only
 where they can run: an x86-64 Linux CPU with AVX-512 F/BW and AVX512_BF16, a working compiler, and
 `LLMPERF_CPU_KERNELS` not set to `0`; otherwise the engine keeps torch's operators, and `status()` says
-why. The op is `torch.ops.llmperf.small_gemm` (visible to the profiler and to `FlopCounterMode`).
+why. The GEMM is also the op `torch.ops.llmperf.small_gemm`, which `small_gemm` runs while a dispatch
+mode watches (`FlopCounterMode` counts its FLOPs) and calls around otherwise.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class _State:
     fns: dict[torch.dtype, Any] = {}  # dtype -> the GEMM's entry point
     norm: Any = None  # the bf16 RMSNorm's entry point
     ropes: dict[torch.dtype, Any] = {}  # dtype -> the RoPE's entry point
-    reason: str | None = None  # why the kernel is unavailable (None: not tried yet, or available)
+    reason: str | None = None  # why the kernels are unavailable (None: not tried yet, or available)
     tried = False
     enabled = True
 
@@ -94,7 +96,7 @@ _state = _State()
 
 
 def cache_dir() -> Path:
-    """Where the compiled kernel is kept: `$LLMPERF_CACHE_DIR`, else `$XDG_CACHE_HOME/llmperf`, else
+    """Where the compiled kernels are kept: `$LLMPERF_CACHE_DIR`, else `$XDG_CACHE_HOME/llmperf`, else
     `~/.cache/llmperf`."""
     if os.environ.get("LLMPERF_CACHE_DIR"):
         return Path(os.environ["LLMPERF_CACHE_DIR"])

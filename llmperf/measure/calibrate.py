@@ -602,8 +602,22 @@ def _time_steady(fn: Callable[[], Any], device: Any, *, reps: int, warmup: int, 
     return t
 
 
+def gemm_sweep_rows(s: Settings, dname: str, device: Any) -> tuple[int, ...]:
+    """The rows of `dname`'s GEMM sweep: `s.gemm_rows` and both sides of each edge between the engine's
+    GEMM paths inside its range (`engine.model.gemm_path_edges`; fp32 8 and 9 with llmperf's kernels),
+    so that the efficiency curve steps where the engine changes kernel instead of blending two
+    kernels' speeds over the rows between sweep points (fp32 rows 9-15 had been priced between the
+    own GEMM at 8 and oneDNN's at 16)."""
+    import torch
+
+    from llmperf.engine.model import gemm_path_edges
+
+    edges = gemm_path_edges(getattr(torch, DTYPE_NAMES[dname]), device)
+    return tuple(sorted(set(s.gemm_rows) | {r for r in edges if r < max(s.gemm_rows)}))
+
+
 def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[ComputePoint], list[str]]:
-    """The GEMM sweep per dtype over `s.gemm_rows`. On CPU the calls under `ROUND_BELOW_S` (the
+    """The GEMM sweep per dtype over `gemm_sweep_rows`. On CPU the calls under `ROUND_BELOW_S` (the
     memory-bound rows) are timed in `s.gemm_rounds` interleaved rounds and pooled (`timers.pooled`): this
     machine's DRAM bandwidth drifts by 10% over a minute, and the decode efficiency of `rows` is the
     ratio of its time to the GEMV's, so both must be measured under the same conditions (the fp32
@@ -621,7 +635,8 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
         weights = None
         timed: dict[int, list[Any]] = {}
         again: dict[int, Callable[[], Any]] = {}
-        for rows in s.gemm_rows:
+        sweep = gemm_sweep_rows(s, dname, device)
+        for rows in sweep:
             progress(f"gemm {dname} rows={rows}")
             try:
                 if weights is None:
@@ -635,7 +650,7 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
             if device.type == "cpu" and t.median_s < ROUND_BELOW_S:
                 again[rows] = fn
             del fn
-            if t.median_s > s.gemm_call_budget_s and rows != s.gemm_rows[-1]:
+            if t.median_s > s.gemm_call_budget_s and rows != sweep[-1]:
                 notes.append(f"gemm {dname}: stopped at rows={rows} ({t.median_s:.2f} s per call)")
                 break
         for i in range(1, s.gemm_rounds if len(again) > 1 else 1):
@@ -931,11 +946,11 @@ def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str,
                                        model=model) for rows in OVERHEAD_ROWS}
 
 
-OVERHEAD_ROWS = (1, 2)  # decoding one and two sequences; weight GEMMs add their path edges (`gemm_rows`)
+OVERHEAD_ROWS = (1, 2)  # decoding one and two sequences; weight GEMMs add their path edges (gemm_dispatch_rows)
 OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp16 is never packed)
 
 
-def gemm_rows(dname: str, device: Any) -> tuple[int, ...]:
+def gemm_dispatch_rows(dname: str, device: Any) -> tuple[int, ...]:
     """The rows at which `calibrate` times a weight GEMM's dispatch for the engine at `dname`: 1 and 2
     (`OVERHEAD_ROWS`, decoding one and two sequences) and both sides of every edge between the
     engine's GEMM paths (`engine.model.gemm_path_edges`): fp32 with llmperf's kernels 1, 2, 8, 9 (its
@@ -953,7 +968,7 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
                              notes: list[str] | None = None) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
     """CPU: each engine operator's dispatch per compute dtype (fp32, bf16) and per rows, as
     `[[rows, seconds], ...]`: the weight GEMMs cold (the tiny model, a 32 MiB GEMV before each;
-    `fp32_rows1` is the fp32 one-sequence run already made) at `gemm_rows` (1, 2 and each side of
+    `fp32_rows1` is the fp32 one-sequence run already made) at `gemm_dispatch_rows` (1, 2 and each side of
     every edge between the engine's GEMM paths, so that a batch is priced with the path it runs),
     every other operator at 1 and 2 rows in situ (`dispatch_spec`'s decode, unless `s.dispatch_hidden`
     is 0). Measured 2026-11-23 on the 2-core CPU: a projection took 38 us at one fp32 row (torch's
@@ -966,7 +981,7 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
     for dname in OVERHEAD_DTYPES:
         if dname not in s.dtypes:
             continue
-        all_rows = gemm_rows(dname, device)
+        all_rows = gemm_dispatch_rows(dname, device)
         runs = {}
         for rows in all_rows:
             if dname == "fp32" and rows == 1 and fp32_rows1:

@@ -275,7 +275,7 @@ def test_cpu_calibration_measures_dispatch_per_dtype_and_rows(cal):
     import torch
 
     from llmperf.engine import cpu_kernels
-    from llmperf.measure.calibrate import gemm_rows
+    from llmperf.measure.calibrate import gemm_dispatch_rows
 
     terms = cal.fit_terms()
     table = terms["op_overhead_rows_s"]
@@ -283,7 +283,7 @@ def test_cpu_calibration_measures_dispatch_per_dtype_and_rows(cal):
     edges = ({"fp32": [1, 2, 8, 9], "bf16": [1, 2, 4, 5]} if cpu_kernels.available()
              else {"fp32": [1, 2], "bf16": [1, 2]})
     for dtype in table:
-        assert list(gemm_rows(dtype, torch.device("cpu"))) == edges[dtype]
+        assert list(gemm_dispatch_rows(dtype, torch.device("cpu"))) == edges[dtype]
         ops = table[dtype]["sdpa"]
         assert {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "attn_norm"} <= set(ops)
         for op, pts in ops.items():
@@ -396,3 +396,22 @@ def test_a_dispatch_model_that_cannot_be_built_keeps_the_cold_figures(monkeypatc
     assert any("in-situ dispatch fp32: not measured (MemoryError: no room for the dispatch model)" in n
                for n in c.notes)
     assert set(c.op_overhead_rows_s["fp32"]) == {"sdpa", "naive"}
+
+
+def test_the_gemm_sweep_steps_where_the_engine_changes_kernel():
+    """The efficiency curve gets both sides of each edge between the engine's GEMM paths, so the rows
+    between two sweep points are not priced as a blend of two kernels."""
+    import torch
+
+    from llmperf.engine import cpu_kernels
+    from llmperf.measure.calibrate import gemm_sweep_rows
+
+    cpu = torch.device("cpu")
+    default = Settings()
+    if cpu_kernels.available():
+        assert gemm_sweep_rows(default, "fp32", cpu) == (1, 2, 4, 8, 9, 16, 32, 64, 128, 256, 512)
+        assert gemm_sweep_rows(default, "bf16", cpu) == (1, 2, 4, 5, 8, 16, 32, 64, 128, 256, 512)
+        assert gemm_sweep_rows(Settings.tiny(), "bf16", cpu) == (1, 4, 5, 8, 64)
+    else:
+        assert gemm_sweep_rows(default, "fp32", cpu) == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    assert gemm_sweep_rows(default, "fp16", cpu) == default.gemm_rows  # one path at every row count
