@@ -108,12 +108,18 @@ def weight_bytes_read(model: Transformer) -> int:
     return total
 
 
-def _decode_steps(engine: Engine, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float]:
-    """(median decode-step seconds, mean tokens in cache during the decode steps) of one call."""
-    engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
+def _decode_run(engine: Engine, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float, list[list[int]]]:
+    """(median decode-step seconds, mean tokens in cache during the decode steps, the tokens made) of
+    one call."""
+    outputs = engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
     steps = [s for s in engine.last_steps if s.phase == Phase.decode]
     tokens = statistics.mean(s.usage.logical_tokens for s in steps)
-    return statistics.median(s.seconds for s in steps), tokens
+    return statistics.median(s.seconds for s in steps), tokens, [o.tokens for o in outputs]
+
+
+def _decode_steps(engine: Engine, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """(median decode-step seconds, mean tokens in cache during the decode steps) of one call."""
+    return _decode_run(engine, prompts, new_tokens)[:2]
 
 
 def memory_limit_fractions(spec: ModelSpec, dtype: str, batch: int, *, prompt_len: int, new_tokens: int,
@@ -142,19 +148,13 @@ def own_kernels_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, re
     prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
     _decode_steps(engine, prompts, new_tokens)  # warm-up (compiles the kernels on first use)
-    params = SamplingParams(max_new_tokens=new_tokens)
-
-    def step_and_tokens() -> tuple[float, list[list[int]]]:
-        tokens = [o.tokens for o in engine.generate(prompts, params)]
-        return statistics.median(s.seconds for s in engine.last_steps if s.phase == Phase.decode), tokens
-
     ratios, same = [], True
     for _ in range(reps):
         with cpu_kernels.disabled():
-            library, theirs = step_and_tokens()  # torch's operators
-        own, ours = step_and_tokens()
+            torch_s, _, theirs = _decode_run(engine, prompts, new_tokens)
+        own_s, _, ours = _decode_run(engine, prompts, new_tokens)
         same &= theirs == ours
-        ratios.append(library / own)
+        ratios.append(torch_s / own_s)
     return Figure.of(f"own CPU kernels / torch  {dtype} batch {batch}", ratios,
                      f"cpu_kernels {cpu_kernels.status()}" + (", same tokens" if same else ", tokens differ"))
 

@@ -18,12 +18,15 @@ def test_the_benchmark_prints_the_three_ratios_with_their_spread_and_its_environ
                                  "--copy-mib", "4", "--prompt-len", "4", "--new-tokens", "3", "--out", str(out)])
     names = [f.name for f in figures]
     assert sum(n.startswith("decode / memory limit") for n in names) == 4  # fp32, bf16 x batch 1, 8
+    assert [n for n in names if n.startswith("own CPU kernels / torch")] == [
+        "own CPU kernels / torch  bf16 batch 1", "own CPU kernels / torch  fp32 batch 8"]
     assert any(n.startswith("engine / transformers.generate  batch 8") for n in names)
     assert any(n.startswith("paged / contiguous speed") for n in names)
     assert all(f.low <= f.median <= f.high for f in figures)
     printed = capsys.readouterr().out
     text = (out / "engine_bench.txt").read_text()
     for needle in ("# machine:", "cores", "torch threads", "# versions:", "torch", "transformers", "# settings:",
+                   "# llmperf's own CPU kernels",
                    "[min, max] over 2 repeats", "same tokens"):
         assert needle in text and needle in printed, needle
     doc = json.loads((out / "engine_bench.json").read_text())
