@@ -35,10 +35,10 @@ steps there (`calibrate.gemm_sweep_rows`).
 **The bf16 RMSNorm** (`rms_norm_bf16`): Hugging Face normalises in fp32, casts back and scales in
 bf16, four framework calls (14 us for one 1024-wide row, hot) where the kernel makes one (3 us). In
 the engine (bf16, alternated in one run, with the first version of the GEMM): decode step / memory
-limit 0.72 -> 0.76 at batch 1, 0.53 -> 0.56 at batch 8. It rounds exactly where Hugging Face does; only the fp32 sum of squares runs in
-another order, which moved 35 of 1.9 million outputs against `transformers`' own formula (random
-rows 64-4096 wide): the normalised value by one bf16 step, the scaled output by one or two. fp32
-keeps `F.rms_norm`, already one call.
+limit 0.72 -> 0.76 at batch 1, 0.53 -> 0.56 at batch 8. It rounds exactly where Hugging Face does;
+only the fp32 sum of squares runs in another order, which moved 35 of 1.9 million outputs against
+`transformers`' own formula (random rows 64-4096 wide): the normalised value by one bf16 step, the
+scaled output by one or two. fp32 keeps `F.rms_norm`, already one call.
 
 **RoPE** (`rope`, fp32 and bf16): the engine's "rotate half" over q and k (six framework calls: two
 multiplies, a negation, a concatenation, an add, a slice) in one, rounding each product and the sum
@@ -137,6 +137,13 @@ def _compile(cxx: str) -> Path:
     return out
 
 
+def _entry(lib: ctypes.CDLL, name: str, argtypes: list[Any]) -> Any:
+    """The kernel `name` of `lib`, typed (every entry point returns 0, or 1 for refused arguments)."""
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return fn
+
+
 def _load() -> ctypes.CDLL | None:
     if _state.tried:
         return _state.lib
@@ -153,19 +160,14 @@ def _load() -> ctypes.CDLL | None:
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             _state.reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         else:
-            fns = {}
-            for dtype, name in _SYMBOLS.items():
-                fn = fns[dtype] = getattr(lib, name)
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-                fn.restype = ctypes.c_int
-            norm = lib.llmperf_rms_norm_bf16
-            norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
-            norm.restype = ctypes.c_int
-            ropes = {torch.bfloat16: lib.llmperf_rope_bf16, torch.float32: lib.llmperf_rope_f32}
-            for fn in ropes.values():
-                fn.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 5, *[ctypes.c_void_p] * 3, ctypes.c_int]
-                fn.restype = ctypes.c_int
-            _state.lib, _state.fns, _state.norm, _state.ropes = lib, fns, norm, ropes
+            gemm_args = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+            rope_args = [ctypes.c_void_p, *[ctypes.c_int64] * 5, *[ctypes.c_void_p] * 3, ctypes.c_int]
+            _state.fns = {dtype: _entry(lib, name, gemm_args) for dtype, name in _SYMBOLS.items()}
+            _state.norm = _entry(lib, "llmperf_rms_norm_bf16",
+                                 [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int])
+            _state.ropes = {torch.bfloat16: _entry(lib, "llmperf_rope_bf16", rope_args),
+                            torch.float32: _entry(lib, "llmperf_rope_f32", rope_args)}
+            _state.lib = lib
     return _state.lib
 
 
@@ -200,23 +202,25 @@ def use_for(x: torch.Tensor, w: torch.Tensor) -> bool:
     return most is not None and x.numel() <= most * x.shape[-1] and x.is_cpu and w.dtype == x.dtype and available()
 
 
-def _refusal(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str:
-    """What is wrong with these operands (for the error message)."""
-    if w.dim() != 2 or x.shape[-1] != w.shape[-1] or (b is not None and tuple(b.shape) != (w.shape[0],)):
+def _refusal(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int) -> str | None:
+    """What is wrong with these operands of `y = x w^T + b` (None: nothing)."""
+    if w.dim() != 2 or x.shape[-1] != w.shape[1] or (b is not None and (b.dim() != 1 or b.shape[0] != w.shape[0])):
         return (f"small_gemm: x {tuple(x.shape)}, w {tuple(w.shape)}, b {None if b is None else tuple(b.shape)} "
                 "do not fit y = x w^T + b")
     if x.dtype not in _SYMBOLS or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         return (f"small_gemm: dtypes must be one of fp32 / bf16 and agree, got x {x.dtype}, w {w.dtype}, "
                 f"b {None if b is None else b.dtype}")
-    return f"small_gemm: rows must be 1-{MAX_ROWS}, got {x.numel() // max(1, x.shape[-1])}"
+    if not 1 <= rows <= MAX_ROWS:
+        return f"small_gemm: rows must be 1-{MAX_ROWS}, got {rows}"
+    return None
 
 
 def _small_gemm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     K = x.shape[-1]
     M = x.numel() // K if K else 0
-    if (w.dim() != 2 or w.shape[1] != K or not 1 <= M <= MAX_ROWS or w.dtype != x.dtype or x.dtype not in _SYMBOLS
-            or (b is not None and (b.dtype != x.dtype or b.dim() != 1 or b.shape[0] != w.shape[0]))):
-        raise ValueError(_refusal(x, w, b))
+    problem = _refusal(x, w, b, M)
+    if problem:
+        raise ValueError(problem)
     if _load() is None:
         raise RuntimeError(f"small_gemm: the kernel is unavailable: {_state.reason}")
     N = w.shape[0]

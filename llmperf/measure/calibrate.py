@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from llmperf.analysis.operators import attention_cost
+from llmperf.analysis.vocabulary import WEIGHT_MATMUL_OPS
 from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
 from llmperf.measure.device import describe, versions
 from llmperf.measure.timers import pooled, time_fn
@@ -602,18 +603,25 @@ def _time_steady(fn: Callable[[], Any], device: Any, *, reps: int, warmup: int, 
     return t
 
 
+WEIGHT_OPS = frozenset(str(op) for op in WEIGHT_MATMUL_OPS)  # the engine's weight GEMMs, by name
+
+
+def _gemm_path_edges(dname: str, device: Any) -> tuple[int, ...]:
+    """`engine.model.gemm_path_edges` for the dtype named `dname`."""
+    import torch
+
+    from llmperf.engine.model import gemm_path_edges
+
+    return gemm_path_edges(getattr(torch, DTYPE_NAMES[dname]), device)
+
+
 def gemm_sweep_rows(s: Settings, dname: str, device: Any) -> tuple[int, ...]:
     """The rows of `dname`'s GEMM sweep: `s.gemm_rows` and both sides of each edge between the engine's
     GEMM paths inside its range (`engine.model.gemm_path_edges`; fp32 8 and 9 with llmperf's kernels),
     so that the efficiency curve steps where the engine changes kernel instead of blending two
     kernels' speeds over the rows between sweep points (fp32 rows 9-15 had been priced between the
     own GEMM at 8 and oneDNN's at 16)."""
-    import torch
-
-    from llmperf.engine.model import gemm_path_edges
-
-    edges = gemm_path_edges(getattr(torch, DTYPE_NAMES[dname]), device)
-    return tuple(sorted(set(s.gemm_rows) | {r for r in edges if r < max(s.gemm_rows)}))
+    return tuple(sorted(set(s.gemm_rows) | {r for r in _gemm_path_edges(dname, device) if r < max(s.gemm_rows)}))
 
 
 def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[ComputePoint], list[str]]:
@@ -918,10 +926,7 @@ def dispatch_spec(hidden: int) -> dict[str, Any]:
 def in_situ(cold: dict[str, dict[str, float]], situ: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """Per backend, the weight GEMMs' dispatch from `cold` (the tiny model, a GEMV before each) and
     every other operator's from `situ` (a real layer's decode) where it was measured."""
-    from llmperf.analysis.vocabulary import WEIGHT_MATMUL_OPS
-
-    weights = {str(op) for op in WEIGHT_MATMUL_OPS}
-    return {backend: {op: (v if op in weights else situ.get(backend, {}).get(op, v)) for op, v in ops.items()}
+    return {backend: {op: (v if op in WEIGHT_OPS else situ.get(backend, {}).get(op, v)) for op, v in ops.items()}
             for backend, ops in cold.items()}
 
 
@@ -956,12 +961,7 @@ def gemm_dispatch_rows(dname: str, device: Any) -> tuple[int, ...]:
     engine's GEMM paths (`engine.model.gemm_path_edges`): fp32 with llmperf's kernels 1, 2, 8, 9 (its
     own GEMM to 8 rows, oneDNN's packed one from 9), bf16 1, 2, 4, 5; with torch's kernels alone
     fp32 1, 2 (the GEMV, then packed) and bf16 1, 2 (always packed)."""
-    import torch
-
-    from llmperf.engine.model import gemm_path_edges
-
-    dtype = getattr(torch, DTYPE_NAMES[dname])
-    return tuple(sorted(set(OVERHEAD_ROWS) | set(gemm_path_edges(dtype, device))))
+    return tuple(sorted(set(OVERHEAD_ROWS) | set(_gemm_path_edges(dname, device))))
 
 
 def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_rows1: dict[str, dict[str, float]],
@@ -974,9 +974,6 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
     is 0). Measured 2026-11-23 on the 2-core CPU: a projection took 38 us at one fp32 row (torch's
     matrix-vector kernel) and 123 us at two (oneDNN's packed GEMM), bf16 about 130 us at any rows
     (packed); llmperf's own GEMM 72-84 us at one bf16 row."""
-    from llmperf.analysis.vocabulary import WEIGHT_MATMUL_OPS
-
-    weights = {str(op) for op in WEIGHT_MATMUL_OPS}
     out: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
     for dname in OVERHEAD_DTYPES:
         if dname not in s.dtypes:
@@ -994,7 +991,7 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
         table: dict[str, dict[str, list[list[float]]]] = {}
         for backend in runs[all_rows[0]]:
             ops = set.intersection(*(set(runs[r].get(backend, {})) for r in all_rows))
-            table[backend] = {op: [[r, runs[r][backend][op]] for r in (all_rows if op in weights else OVERHEAD_ROWS)]
+            table[backend] = {op: [[r, runs[r][backend][op]] for r in (all_rows if op in WEIGHT_OPS else OVERHEAD_ROWS)]
                               for op in sorted(ops)}
         out[dname] = table
     return out
