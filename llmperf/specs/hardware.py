@@ -72,6 +72,12 @@ class HardwareSpec:
                          ("l2_cache_mib", 2**20)):
             if f in ("memory_bandwidth_gbps", "memory_gib") or getattr(self, f) is not None:
                 _check_number(self.name, f, getattr(self, f), scale=scale)
+        # every ridge point (peak FLOP/s over bytes/s) must be a number: a bandwidth so small that the
+        # ratio overflows (1e-308 GB/s) describes no device and would turn every intensity into infinity
+        top = max(peaks.values()) * 1e12
+        if not math.isfinite(top / (self.memory_bandwidth_gbps * 1e9)):
+            raise SpecError(f"{self.name}: memory_bandwidth_gbps is too small for its peak_tflops "
+                            f"(their ratio overflows), got {self.memory_bandwidth_gbps!r}")
         # 0 means "no GPU-to-GPU link" (a single-GPU card): the only spec number allowed to be 0
         _check_number(self.name, "interconnect_gbps", self.interconnect_gbps, zero_ok=True, scale=1e9)
         n = self.num_sms

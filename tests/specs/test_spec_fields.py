@@ -284,3 +284,10 @@ def test_junk_hardware_fields(data):
         assert "\n" not in str(exc)
     else:
         assert 0 < hw.ridge_point(next(iter(hw.peak_tflops))) < float("inf")
+
+
+def test_a_bandwidth_whose_ridge_point_overflows_is_refused_by_name():
+    """Found by `test_junk_hardware_fields`: 1e-308 GB/s passed every per-field check, then the ridge
+    point (peak FLOP/s / bytes/s) was infinite."""
+    with pytest.raises(SpecError, match="memory_bandwidth_gbps is too small for its peak_tflops"):
+        HardwareSpec(**dict(GOOD_HW, memory_bandwidth_gbps=1.1125369292536007e-308))
