@@ -17,7 +17,8 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
 
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (one `attention` operator). In decode,
   the G query heads that share a KV head are folded into the query length, `(B, H_kv, G, D)`, so the
-  cache is read once per KV head with no copy (the grouping Flash-Decoding uses);
+  cache is read once per KV head with no copy (the grouping Flash-Decoding uses); on a CPU where
+  llmperf's own kernels run, decode runs their decode attention instead (`sdpa_decode`);
 - `naive`: S = QK^T / sqrt(D) and P = softmax(S) materialised (`attn_score`, `attn_softmax`,
   `attn_value`), softmax in fp32 as Hugging Face's eager attention does;
 - `triton`: the `kernels` package: fused FlashAttention prefill, and in decode PagedAttention when
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from llmperf.engine import cpu_kernels
 from llmperf.engine.step import StepMeta
 
 BACKENDS = ("sdpa", "naive", "triton")
@@ -58,19 +60,30 @@ def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     scale = meta.scale(layer, D)
     with rec.op("attention", layer):
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
-        S = K.shape[2]
         if T == 1:
-            # Fold the G query heads of each KV head into the query axis: (B, H_kv, G, D).
-            qg = q.reshape(B, H_kv, G, D)
-            mask = meta.mask(S)
-            o = F.scaled_dot_product_attention(qg, K, V, attn_mask=mask, scale=scale)  # (B, H_kv, G, D)
-            return o.reshape(B, 1, H * D)
+            return sdpa_decode(q[:, 0], K, V, meta, scale).view(B, 1, H * D)
         qt = q.transpose(1, 2)  # (B, H, T, D)
         if meta.fresh and meta.uniform and not meta.windowed:
             o = F.scaled_dot_product_attention(qt, K, V, is_causal=True, enable_gqa=G > 1, scale=scale)
         else:
-            o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(S), enable_gqa=G > 1, scale=scale)
+            o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(K.shape[2]), enable_gqa=G > 1,
+                                               scale=scale)
         return o.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+
+
+def sdpa_decode(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, scale: float) -> torch.Tensor:
+    """The `sdpa` backend's decode attention, `q (B, H, D)` over `K`, `V (B, H_kv, S, D)` -> `(B, H*D)`
+    (`calibrate` and `profile` time it through here too). On a CPU with llmperf's kernels, their decode
+    attention (`cpu_kernels.decode_attention`, the mask from the step's lengths and window): one call
+    where SDPA's takes 60-65 us in a decode step after the weights flushed the caches, against ~20 hot.
+    Elsewhere SDPA, the G query heads of each KV head folded into the query axis `(B, H_kv, G, D)`,
+    so the cache is read once per KV head with no copy."""
+    if cpu_kernels.use_attention_for(q, K):
+        return cpu_kernels.decode_attention(q, K, V, meta.seq_lens_tensor(), scale, meta.window)
+    B, H, D = q.shape
+    qg = q.reshape(B, K.shape[1], H // K.shape[1], D)
+    o = F.scaled_dot_product_attention(qg, K, V, attn_mask=meta.mask(K.shape[2]), scale=scale)  # (B, H_kv, G, D)
+    return o.reshape(B, H * D)
 
 
 def naive_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,

@@ -3,7 +3,8 @@
 //   y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]),  1 <= M <= 8 rows, w stored (out, in) = (N, K).
 //
 // Each thread takes a contiguous band of output rows of W and streams it once from memory, R rows
-// of W at a time (R = 4 for up to 4 rows of x, else 2), against the M rows of x, which stay in L1/L2.
+// of W at a time (R = 4 for up to 4 rows of x, else 3 in fp32 and 2 in bf16), against the M rows of x,
+// which stay in L1/L2.
 // Accumulation is fp32: bf16 weights multiply bf16 activations with AVX512_BF16's VDPBF16PS (pairs
 // of products added into fp32 lanes), fp32 with FMA. The result is rounded to the storage dtype
 // once (bf16: round to nearest even). While it reads a block of R weight rows it prefetches the next
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 
 namespace {
 
@@ -35,6 +37,68 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays Na
     if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return uint16_t(u >> 16);
+}
+
+// 16 lanes at a time: bf16 -> fp32 is exact (a shift); fp32 -> bf16 rounds to nearest even exactly as
+// float_to_bf16 does (NaN stays NaN, quietened). Tails use masks (AVX-512 BW, no VL needed).
+inline __m512 bf16x16_to_f32(__m256i raw) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline __m256i f32x16_to_bf16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+// Load / store / round 16 lanes of a storage type as fp32 (n < 16: the first n lanes, the rest 0).
+struct LanesBF16 {
+    static __m512 load(const uint16_t *p, int64_t n = 16) {
+        if (n >= 16) return bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+        return bf16x16_to_f32(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16(__mmask32((1u << n) - 1), p)));
+    }
+    static void store(uint16_t *p, __m512 v, int64_t n = 16) {
+        const __m256i h = f32x16_to_bf16(v);
+        if (n >= 16) _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), h);
+        else _mm512_mask_storeu_epi16(p, __mmask32((1u << n) - 1), _mm512_castsi256_si512(h));
+    }
+    static __m512 round(__m512 v) { return bf16x16_to_f32(f32x16_to_bf16(v)); }  // to bf16 and back
+};
+
+struct LanesF32 {
+    static __m512 load(const float *p, int64_t n = 16) {
+        return n >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p);
+    }
+    static void store(float *p, __m512 v, int64_t n = 16) {
+        if (n >= 16) _mm512_storeu_ps(p, v);
+        else _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v);
+    }
+    static __m512 round(__m512 v) { return v; }
+};
+
+inline __m512 negate(__m512 v) {  // exact, -0 for +0 (as torch's negation)
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(int(0x80000000u))));
+}
+
+// exp(x) for 16 lanes, within 2 ulp of the exact value over the fp32 range (Cephes' polynomial after a
+// two-part ln 2 reduction; _mm512_scalef_ps applies 2^n, so overflow gives inf and underflow 0).
+inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
 }
 
 struct BF16 {
@@ -101,7 +165,10 @@ void band(const typename D::T *x, const typename D::T *w, const typename D::T *b
 template <class D, int M>
 void rows(const typename D::T *x, const typename D::T *w, const typename D::T *b, typename D::T *y,
           int64_t N, int64_t K, int64_t n0, int64_t n1) {
-    constexpr int R = M <= 4 ? 4 : 2;  // R * M accumulators + R weight lines + 1 x line <= 32 registers
+    // R * M accumulators + R weight lines + 1 x line <= 32 registers. Past 4 rows, fp32 reads 3 weight
+    // rows at a time (8 rows: 25.3 GB/s against 23.8 with 2; the FMA port is ~80% busy there), bf16 2
+    // (18.5 GB/s with 3 against 19.4 with 2: VDPBF16PS does twice the products per line).
+    constexpr int R = M <= 4 ? 4 : sizeof(typename D::T) == 4 ? 3 : 2;
     const int64_t split = n0 + (n1 - n0) / R * R;
     band<D, M, R>(x, w, b, y, N, K, n0, split);
     band<D, M, 1>(x, w, b, y, N, K, split, n1);
@@ -129,13 +196,12 @@ int gemm(const typename D::T *x, const typename D::T *w, const typename D::T *b,
 
 // Rotary embedding of the first `heads` heads of each token (the "rotate half" layout), rounding where
 // torch rounds in `x * cos + cat(-x2, x1) * sin`: each product and the sum are rounded to the storage
-// dtype (compiled with -ffp-contract=off, so no product is fused into the add). The features past
-// rotary_dim are copied. x: token t, head h, feature i at x[t * x_tok + h * d + i]; cos, sin (tokens, rd);
-// out (tokens, heads, d), contiguous.
-template <class D>
-void rope(const typename D::T *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d, int64_t rd,
-          const typename D::T *cos, const typename D::T *sin, typename D::T *out, int threads) {
-    using T = typename D::T;
+// dtype (compiled with -ffp-contract=off and explicit multiply / add intrinsics, so no product is fused
+// into the add). The features past rotary_dim are copied. x: token t, head h, feature i at
+// x[t * x_tok + h * d + i]; cos, sin (tokens, rd); out (tokens, heads, d), contiguous.
+template <class T, class L>
+void rope(const T *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d, int64_t rd, const T *cos,
+          const T *sin, T *out, int threads) {
     const int64_t half = rd / 2;
 #pragma omp parallel for num_threads(threads) if (tokens * heads * d >= (1 << 16))
     for (int64_t t = 0; t < tokens; t++) {
@@ -143,18 +209,145 @@ void rope(const typename D::T *x, int64_t tokens, int64_t x_tok, int64_t heads, 
         for (int64_t h = 0; h < heads; h++) {
             const T *xi = x + t * x_tok + h * d;
             T *o = out + (t * heads + h) * d;
-            for (int64_t i = 0; i < half; i++) {
-                const float x1 = D::to_float(xi[i]), x2 = D::to_float(xi[i + half]);
-                const float a = D::to_float(D::from_float(x1 * D::to_float(c[i])));
-                const float b = D::to_float(D::from_float(-x2 * D::to_float(s[i])));
-                const float a2 = D::to_float(D::from_float(x2 * D::to_float(c[i + half])));
-                const float b2 = D::to_float(D::from_float(x1 * D::to_float(s[i + half])));
-                o[i] = D::from_float(a + b);
-                o[i + half] = D::from_float(a2 + b2);
+            for (int64_t i = 0; i < half; i += 16) {
+                const int64_t n = half - i;
+                const __m512 x1 = L::load(xi + i, n), x2 = L::load(xi + i + half, n);
+                const __m512 a = L::round(_mm512_mul_ps(x1, L::load(c + i, n)));
+                const __m512 b = L::round(_mm512_mul_ps(negate(x2), L::load(s + i, n)));
+                const __m512 a2 = L::round(_mm512_mul_ps(x2, L::load(c + i + half, n)));
+                const __m512 b2 = L::round(_mm512_mul_ps(x1, L::load(s + i + half, n)));
+                L::store(o + i, _mm512_add_ps(a, b), n);
+                L::store(o + i + half, _mm512_add_ps(a2, b2), n);
             }
-            for (int64_t i = rd; i < d; i++) o[i] = xi[i];
+            if (rd < d) std::memcpy(o + rd, xi + rd, (d - rd) * sizeof(T));
         }
     }
+}
+
+// RMSNorm of `rows` rows of n: y = w * (x * rsqrt(mean(x^2) + eps)), the mean accumulated in fp32.
+// bf16 rounds as Hugging Face's LlamaRMSNorm: the normalised value to bf16, then the product with w.
+template <class T, class L>
+void rms_norm(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, int threads) {
+#pragma omp parallel for num_threads(threads) if (rows * n >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        const T *xr = x + r * n;
+        T *yr = y + r * n;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            const __m512 v = L::load(xr + i, n - i);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / float(n) + eps));
+        for (int64_t i = 0; i < n; i += 16) {
+            const __m512 h = L::round(_mm512_mul_ps(L::load(xr + i, n - i), inv));
+            L::store(yr + i, _mm512_mul_ps(L::load(w + i, n - i), h), n - i);
+        }
+    }
+}
+
+// SwiGLU's activation of `rows` rows of [gate | up] (2f wide): y = silu(gate) * up, silu(g) = g / (1 +
+// exp(-g)) in fp32, rounded to the storage dtype before the product, as torch's `F.silu(gate) * up`.
+template <class T, class L>
+void silu_mul(const T *gu, T *y, int64_t rows, int64_t f, int threads) {
+#pragma omp parallel for num_threads(threads) if (rows * f >= (1 << 13))
+    for (int64_t r = 0; r < rows; r++) {
+        const T *g = gu + r * 2 * f, *u = g + f;
+        T *yr = y + r * f;
+        for (int64_t i = 0; i < f; i += 16) {
+            const __m512 gv = L::load(g + i, f - i);
+            const __m512 a = L::round(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(negate(gv)))));
+            L::store(yr + i, _mm512_mul_ps(a, L::load(u + i, f - i)), f - i);
+        }
+    }
+}
+
+// Lane j of the result = the sum of the 16 lanes of a[j] (a transposed reduction: 45 instructions for 16
+// sums, against ~8 each one at a time).
+inline __m512 sum16(const __m512 *a) {
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+    const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xdd));
+}
+
+// Decode attention: one query per sequence and head against the sequence's cached keys, the G = H / H_kv
+// query heads of a KV head together (each key and value is read once for the group). Keys of sequence b:
+// [max(0, len_b - window), len_b) (window 0: all), len_b = min(lens[b], S). Scores in fp32 (16 keys at a
+// time), online softmax (running max and sum), fp32 accumulation of P V, one rounding of the output.
+// q: (b, h) at q[b * q_b + h * q_h], D contiguous; k, v: (b, kv head, s) at [b * kv_b + h * kv_h + s * kv_s];
+// out (B, H * D) contiguous. ND = ceil(D / 16).
+template <class T, class L, int ND>
+int decode_attention(const T *q, int64_t q_b, int64_t q_h, const T *k, const T *v, int64_t kv_b, int64_t kv_h,
+                      int64_t kv_s, const int32_t *lens, int64_t S, int64_t window, T *out, int64_t B, int64_t H,
+                      int64_t H_kv, int64_t D, float scale, int threads) {
+    const int64_t G = H / H_kv, tasks = B * H_kv, per = G * ND * 16 + 2 * G;  // per thread: o, m, l
+    if (threads > tasks) threads = int(tasks);
+    float *scratch = static_cast<float *>(std::malloc(sizeof(float) * per * threads));
+    if (!scratch) return 2;
+#pragma omp parallel num_threads(threads) if (tasks > 1)
+    {
+        float *o = scratch + per * omp_get_thread_num();
+        float *m = o + G * ND * 16, *l = m + G;
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; task++) {
+            const int64_t b = task / H_kv, hk = task % H_kv;
+            const int64_t hi = lens[b] < S ? (lens[b] > 0 ? lens[b] : 0) : S;
+            const int64_t lo = window > 0 && hi > window ? hi - window : 0;
+            const T *kb = k + b * kv_b + hk * kv_h, *vb = v + b * kv_b + hk * kv_h;
+            for (int64_t i = 0; i < G * ND * 16; i++) o[i] = 0.0f;
+            for (int64_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.0f;
+            for (int64_t s0 = lo; s0 < hi; s0 += 16) {
+                const int nk = hi - s0 < 16 ? int(hi - s0) : 16;
+                const __mmask16 valid = __mmask16((1u << nk) - 1);
+                for (int64_t g = 0; g < G; g++) {
+                    const T *qg = q + b * q_b + (hk * G + g) * q_h;
+                    __m512 qv[ND], acc[16];
+                    for (int c = 0; c < ND; c++)
+                        qv[c] = _mm512_mul_ps(L::load(qg + 16 * c, D - 16 * c), _mm512_set1_ps(scale));
+                    for (int j = 0; j < 16; j++) {
+                        acc[j] = _mm512_setzero_ps();
+                        if (j < nk) {
+                            const T *kj = kb + (s0 + j) * kv_s;
+                            for (int c = 0; c < ND; c++)
+                                acc[j] = _mm512_fmadd_ps(qv[c], L::load(kj + 16 * c, D - 16 * c), acc[j]);
+                        }
+                    }
+                    const __m512 sc = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), sum16(acc));
+                    const float m_new = std::fmax(m[g], _mm512_reduce_max_ps(sc));
+                    const float corr = std::exp(m[g] - m_new);
+                    const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m_new))));
+                    l[g] = l[g] * corr + _mm512_reduce_add_ps(p);
+                    m[g] = m_new;
+                    alignas(64) float pj[16];
+                    _mm512_store_ps(pj, p);
+                    float *og = o + g * ND * 16;
+                    for (int c = 0; c < ND; c++) {
+                        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(og + 16 * c), _mm512_set1_ps(corr));
+                        for (int j = 0; j < nk; j++)
+                            a = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), L::load(vb + (s0 + j) * kv_s + 16 * c,
+                                                                               D - 16 * c), a);
+                        _mm512_storeu_ps(og + 16 * c, a);
+                    }
+                }
+            }
+            for (int64_t g = 0; g < G; g++) {
+                const __m512 inv = _mm512_set1_ps(l[g] > 0.0f ? 1.0f / l[g] : 0.0f);
+                T *dst = out + b * H * D + (hk * G + g) * D;
+                for (int c = 0; c < ND; c++)
+                    L::store(dst + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(o + g * ND * 16 + 16 * c), inv), D - 16 * c);
+            }
+        }
+    }
+    std::free(scratch);
+    return 0;
 }
 }  // namespace
 
@@ -168,43 +361,47 @@ extern "C" int llmperf_gemm_f32(const float *x, const float *w, const float *b, 
     return gemm<F32>(x, w, b, y, M, N, K, threads);
 }
 
-// Hugging Face's RMSNorm in bf16, one call instead of four framework calls (cast to fp32, normalise,
-// cast back, scale): y = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))), the mean accumulated in fp32.
-extern "C" int llmperf_rms_norm_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, int64_t rows, int64_t n,
-                                     float eps, int threads) {
-    if (rows < 1 || n < 1 || threads < 1) return 1;
-#pragma omp parallel for num_threads(threads) if (rows * n >= (1 << 16))
-    for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *xr = x + r * n;
-        uint16_t *yr = y + r * n;
-        __m512 acc = _mm512_setzero_ps();
-        int64_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xr + i));
-            const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-            acc = _mm512_fmadd_ps(v, v, acc);
-        }
-        float ss = _mm512_reduce_add_ps(acc);
-        for (; i < n; i++) { float v = bf16_to_float(xr[i]); ss += v * v; }
-        const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
-        for (int64_t j = 0; j < n; j++) {
-            const float h = bf16_to_float(float_to_bf16(bf16_to_float(xr[j]) * inv));
-            yr[j] = float_to_bf16(bf16_to_float(w[j]) * h);
-        }
+#define LLMPERF_ROPE(NAME, T, L)                                                                             \
+    extern "C" int NAME(const T *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d, int64_t rd,        \
+                        const T *cos, const T *sin, T *out, int threads) {                                      \
+        if (tokens < 0 || heads < 1 || d < 1 || rd < 0 || rd > d || rd % 2 || threads < 1) return 1;            \
+        rope<T, L>(x, tokens, x_tok, heads, d, rd, cos, sin, out, threads);                                     \
+        return 0;                                                                                               \
     }
-    return 0;
-}
+LLMPERF_ROPE(llmperf_rope_bf16, uint16_t, LanesBF16)
+LLMPERF_ROPE(llmperf_rope_f32, float, LanesF32)
 
-extern "C" int llmperf_rope_bf16(const uint16_t *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d,
-                                 int64_t rd, const uint16_t *cos, const uint16_t *sin, uint16_t *out, int threads) {
-    if (tokens < 0 || heads < 1 || d < 1 || rd < 0 || rd > d || rd % 2 || threads < 1) return 1;
-    rope<BF16>(x, tokens, x_tok, heads, d, rd, cos, sin, out, threads);
-    return 0;
-}
+#define LLMPERF_RMS_NORM(NAME, T, L)                                                                         \
+    extern "C" int NAME(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, int threads) {      \
+        if (rows < 1 || n < 1 || threads < 1) return 1;                                                       \
+        rms_norm<T, L>(x, w, y, rows, n, eps, threads);                                                       \
+        return 0;                                                                                             \
+    }
+LLMPERF_RMS_NORM(llmperf_rms_norm_bf16, uint16_t, LanesBF16)
+LLMPERF_RMS_NORM(llmperf_rms_norm_f32, float, LanesF32)
 
-extern "C" int llmperf_rope_f32(const float *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d,
-                                int64_t rd, const float *cos, const float *sin, float *out, int threads) {
-    if (tokens < 0 || heads < 1 || d < 1 || rd < 0 || rd > d || rd % 2 || threads < 1) return 1;
-    rope<F32>(x, tokens, x_tok, heads, d, rd, cos, sin, out, threads);
-    return 0;
-}
+#define LLMPERF_SILU_MUL(NAME, T, L)                                                                         \
+    extern "C" int NAME(const T *gu, T *y, int64_t rows, int64_t f, int threads) {                            \
+        if (rows < 1 || f < 1 || threads < 1) return 1;                                                       \
+        silu_mul<T, L>(gu, y, rows, f, threads);                                                              \
+        return 0;                                                                                             \
+    }
+LLMPERF_SILU_MUL(llmperf_silu_mul_bf16, uint16_t, LanesBF16)
+LLMPERF_SILU_MUL(llmperf_silu_mul_f32, float, LanesF32)
+
+#define LLMPERF_DECODE_ATTENTION(NAME, T, L)                                                                 \
+    extern "C" int NAME(const T *q, int64_t q_b, int64_t q_h, const T *k, const T *v, int64_t kv_b,           \
+                        int64_t kv_h, int64_t kv_s, const int32_t *lens, int64_t S, int64_t window, T *out,   \
+                        int64_t B, int64_t H, int64_t H_kv, int64_t D, float scale, int threads) {            \
+        if (B < 1 || H_kv < 1 || H % H_kv || D < 1 || D > 128 || S < 0 || window < 0 || threads < 1)          \
+            return 1;                                                                                         \
+        using Fn = decltype(&decode_attention<T, L, 1>);                                                      \
+        static const Fn by_chunks[8] = {decode_attention<T, L, 1>, decode_attention<T, L, 2>,                 \
+                                        decode_attention<T, L, 3>, decode_attention<T, L, 4>,                 \
+                                        decode_attention<T, L, 5>, decode_attention<T, L, 6>,                 \
+                                        decode_attention<T, L, 7>, decode_attention<T, L, 8>};                \
+        return by_chunks[(D + 15) / 16 - 1](q, q_b, q_h, k, v, kv_b, kv_h, kv_s, lens, S, window, out, B, H,  \
+                                            H_kv, D, scale, threads);                                         \
+    }
+LLMPERF_DECODE_ATTENTION(llmperf_decode_attention_bf16, uint16_t, LanesBF16)
+LLMPERF_DECODE_ATTENTION(llmperf_decode_attention_f32, float, LanesF32)

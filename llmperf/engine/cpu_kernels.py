@@ -1,5 +1,5 @@
 """llmperf's own CPU kernels for a decode step (`cpu_kernels.cpp`): a weight-streaming GEMM for few
-rows, Hugging Face's bf16 RMSNorm in one call, and the engine's RoPE in one call.
+rows, and one call each for the RMSNorm, the RoPE, SwiGLU's activation and decode attention.
 
 A decode step multiplies 1-8 rows of activations by every weight matrix: it is a stream of the
 weights through the cores, and how close a step gets to the memory roofline is how fast the GEMM
@@ -32,18 +32,47 @@ batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65 -> 0.77; bf
 of each path's edge (`model.gemm_path_edges`, `calibrate.gemm_dispatch_rows`), and its GEMM sweep
 steps there (`calibrate.gemm_sweep_rows`).
 
-**The bf16 RMSNorm** (`rms_norm_bf16`): Hugging Face normalises in fp32, casts back and scales in
-bf16, four framework calls (14 us for one 1024-wide row, hot) where the kernel makes one (3 us). In
-the engine (bf16, alternated in one run, with the first version of the GEMM): decode step / memory
-limit 0.72 -> 0.76 at batch 1, 0.53 -> 0.56 at batch 8. It rounds exactly where Hugging Face does;
-only the fp32 sum of squares runs in another order, which moved 35 of 1.9 million outputs against
-`transformers`' own formula (random rows 64-4096 wide): the normalised value by one bf16 step, the
-scaled output by one or two. fp32 keeps `F.rms_norm`, already one call.
+Past 4 rows the fp32 GEMM reads 3 weight rows at a time, bf16 2 (fp32 8 rows 25.3 GB/s against 23.8
+with 2, bf16 8 rows 18.5 against 19.4 with 3; ctypes direct, 2026-11-24). At 8 fp32 rows it is near
+the core's limit: this VM retires ~1.9 G 512-bit FMAs per second per core, and 8 rows at 25 GB/s
+need 1.6 G.
+
+**Why one call per operator matters here.** Every operator of a decode step starts right after a
+GEMM has streamed megabytes of weights through the caches, which evicts the framework's dispatch
+code and data: measured 2026-11-24 after a 23 MB GEMV, `F.rms_norm` of (8, 1024) fp32 took 55 us
+(11 hot), `x + x` 12 (1.5), even `x.view(...)` 10 (0.8), SDPA's decode 75-105 (21-40). So what
+counts is how many framework calls a layer makes, more than how fast each computes.
+
+**The RMSNorm** (`rms_norm`, fp32 and bf16): Hugging Face normalises in fp32, casts back and scales
+in bf16, four framework calls (14 us for one 1024-wide row, hot) where the kernel makes one (3 us).
+In the engine (bf16, alternated in one run, with the first version of the GEMM): decode step /
+memory limit 0.72 -> 0.76 at batch 1, 0.53 -> 0.56 at batch 8. It rounds exactly where Hugging Face
+does; only the fp32 sum of squares runs in another order, which moved 35 of 1.9 million outputs
+against `transformers`' own formula (random rows 64-4096 wide): the normalised value by one bf16
+step, the scaled output by one or two. fp32 replaces `F.rms_norm` (one call too, but 55 us in the
+layer against the kernel's 25: fp32 batch 8, both norms of 12 layers 1.48 -> 0.78 ms per step).
+
+**SwiGLU's activation** (`silu_mul`): `F.silu(gate) * up` over the fused [gate | up] GEMM's output in
+one call instead of three (chunk, silu, multiply), rounded where torch rounds. Its exp is Cephes'
+polynomial, within 4 fp32 ulps of torch's (mean 0.13 ulp over [-100, 100]); in bf16 no output of a
+random (37, 5632) test differed from torch's.
 
 **RoPE** (`rope`, fp32 and bf16): the engine's "rotate half" over q and k (six framework calls: two
 multiplies, a negation, a concatenation, an add, a slice) in one, rounding each product and the sum
 where torch does, so it is bit for bit the same in both dtypes (the tests check equality). Per layer
-in the engine's recorded decode: bf16 batch 1 42 -> 18 us, fp32 batch 8 75 -> 58 us.
+in the engine's recorded decode: bf16 batch 1 42 -> 18 us, fp32 batch 8 75 -> 58 us (scalar then;
+vectorised since: 31 -> 9 us hot at bf16 batch 8).
+
+**Decode attention** (`decode_attention`, what the `sdpa` backend runs in decode on a CPU with these
+kernels; `attention.sdpa_decode`): one query per sequence and head against its cached keys, the
+query heads of a KV head together, 16 keys' scores at a time (a transposed reduction), online
+softmax, fp32 accumulation; the mask comes from the step's lengths and sliding window. As close to a
+float64 reference as SDPA (tests), the same fp32 greedy tokens. Hot it is no faster than SDPA (21 us
+against 22 at batch 1); in the layer it is: the recorded `attention` operator went 118 -> 85 us per
+layer at fp32 batch 8 and 50 -> 35 at bf16 batch 1, and alternated in one run on one engine the
+decode step gains 1.5-3% (fp32 batch 8 31.4 -> 31.0 ms, bf16 batch 1 15.25 -> 15.01, bf16 batch 8
+21.4 -> 20.8, fp32 batch 1 27.4 -> 26.9; 2026-11-24). `calibrate` and `profile` time decode attention
+through the same function.
 
 The kernels are compiled at first use with the host's C++ compiler (`$CXX`, default `c++`) into
 `$LLMPERF_CACHE_DIR` (default `~/.cache/llmperf`), keyed by the source and flags. They are used only
@@ -79,14 +108,16 @@ ISA = ("avx512f", "avx512bw", "avx512_bf16")  # /proc/cpuinfo flags the kernel n
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC",
          "-shared")
 SWITCH = "LLMPERF_CPU_KERNELS"  # "0": never use the kernels
-_SYMBOLS = {torch.bfloat16: "llmperf_gemm_bf16", torch.float32: "llmperf_gemm_f32"}
+_SUFFIXES = {torch.bfloat16: "bf16", torch.float32: "f32"}  # dtype -> the kernels' name suffix
 
 
 class _State:
     lib: ctypes.CDLL | None = None
     fns: dict[torch.dtype, Any] = {}  # dtype -> the GEMM's entry point
-    norm: Any = None  # the bf16 RMSNorm's entry point
+    norms: dict[torch.dtype, Any] = {}  # dtype -> the RMSNorm's entry point
     ropes: dict[torch.dtype, Any] = {}  # dtype -> the RoPE's entry point
+    silu_muls: dict[torch.dtype, Any] = {}  # dtype -> SwiGLU's activation's entry point
+    attentions: dict[torch.dtype, Any] = {}  # dtype -> the decode attention's entry point
     reason: str | None = None  # why the kernels are unavailable (None: not tried yet, or available)
     tried = False
     enabled = True
@@ -162,11 +193,17 @@ def _load() -> ctypes.CDLL | None:
         else:
             gemm_args = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
             rope_args = [ctypes.c_void_p, *[ctypes.c_int64] * 5, *[ctypes.c_void_p] * 3, ctypes.c_int]
-            _state.fns = {dtype: _entry(lib, name, gemm_args) for dtype, name in _SYMBOLS.items()}
-            _state.norm = _entry(lib, "llmperf_rms_norm_bf16",
-                                 [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int])
-            _state.ropes = {torch.bfloat16: _entry(lib, "llmperf_rope_bf16", rope_args),
-                            torch.float32: _entry(lib, "llmperf_rope_f32", rope_args)}
+            norm_args = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
+            silu_args = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+            attention_args = ([ctypes.c_void_p, *[ctypes.c_int64] * 2, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3,
+                               ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 4,
+                               ctypes.c_float, ctypes.c_int])
+            def entries(name: str, args: list[Any]) -> dict[torch.dtype, Any]:
+                return {dtype: _entry(lib, f"llmperf_{name}_{suffix}", args) for dtype, suffix in _SUFFIXES.items()}
+
+            _state.fns, _state.norms = entries("gemm", gemm_args), entries("rms_norm", norm_args)
+            _state.ropes, _state.silu_muls = entries("rope", rope_args), entries("silu_mul", silu_args)
+            _state.attentions = entries("decode_attention", attention_args)
             _state.lib = lib
     return _state.lib
 
@@ -207,7 +244,7 @@ def _refusal(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int
     if w.dim() != 2 or x.shape[-1] != w.shape[1] or (b is not None and (b.dim() != 1 or b.shape[0] != w.shape[0])):
         return (f"small_gemm: x {tuple(x.shape)}, w {tuple(w.shape)}, b {None if b is None else tuple(b.shape)} "
                 "do not fit y = x w^T + b")
-    if x.dtype not in _SYMBOLS or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
+    if x.dtype not in _SUFFIXES or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         return (f"small_gemm: dtypes must be one of fp32 / bf16 and agree, got x {x.dtype}, w {w.dtype}, "
                 f"b {None if b is None else b.dtype}")
     if not 1 <= rows <= MAX_ROWS:
@@ -255,32 +292,53 @@ def _small_gemm_flops(x_shape: torch.Size, w_shape: torch.Size, *args: Any, **kw
     return 2 * math.prod(x_shape[:-1]) * w_shape[0] * w_shape[1]
 
 
-def rms_norm_bf16(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """Hugging Face's `LlamaRMSNorm` on bf16 `x (..., n)` with bf16 weight `w (n,)`:
-    `w * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(bf16)`, one call."""
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of fp32 or bf16 `x (..., n)` with weight `w (n,)` of the same dtype, in one call:
+    `w * (x * rsqrt(mean(x^2) + eps))`, the mean in fp32; bf16 rounds as Hugging Face's
+    `LlamaRMSNorm`: `w * (x.float() * rsqrt(...)).to(bf16)`."""
     n = x.shape[-1]
-    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or tuple(w.shape) != (n,) or not x.is_cpu or n < 1:
-        raise ValueError(f"rms_norm_bf16: x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} {w.dtype} must be "
-                         "bf16 CPU tensors with w (n,) for x (..., n)")
+    if x.dtype not in _SUFFIXES or w.dtype != x.dtype or tuple(w.shape) != (n,) or not x.is_cpu or n < 1:
+        raise ValueError(f"rms_norm: x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} {w.dtype} must be "
+                         "fp32 / bf16 CPU tensors of one dtype with w (n,) for x (..., n)")
     if _load() is None:
-        raise RuntimeError(f"rms_norm_bf16: the kernels are unavailable: {_state.reason}")
+        raise RuntimeError(f"rms_norm: the kernels are unavailable: {_state.reason}")
     x, w = x.contiguous(), w.contiguous()
     y = torch.empty_like(x)
     if x.numel():
-        _state.norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() // n, n, eps, torch.get_num_threads())
+        _state.norms[x.dtype](x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() // n, n, eps,
+                              torch.get_num_threads())
     return y
 
 
-def use_rope_for(qkv: torch.Tensor) -> bool:
-    """Whether the engine's RoPE of `qkv` runs here: fp32 or bf16 on CPU, the kernels available."""
-    return qkv.dtype in _SYMBOLS and qkv.is_cpu and available()
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation of fp32 or bf16 `gate_up (..., 2f)` = [gate | up]: `F.silu(gate) * up`
+    `(..., f)` in one call, rounded where torch rounds (silu in fp32, rounded to the dtype, then the
+    product); its exp differs from torch's by an ulp or two of fp32."""
+    two_f = gate_up.shape[-1]
+    if gate_up.dtype not in _SUFFIXES or not gate_up.is_cpu or two_f < 2 or two_f % 2:
+        raise ValueError(f"silu_mul: gate_up must be an fp32 / bf16 CPU tensor (..., 2f), got "
+                         f"{tuple(gate_up.shape)} {gate_up.dtype}")
+    if _load() is None:
+        raise RuntimeError(f"silu_mul: the kernels are unavailable: {_state.reason}")
+    gate_up = gate_up.contiguous()
+    y = gate_up.new_empty((*gate_up.shape[:-1], two_f // 2))
+    if y.numel():
+        _state.silu_muls[gate_up.dtype](gate_up.data_ptr(), y.data_ptr(), gate_up.numel() // two_f, two_f // 2,
+                                        torch.get_num_threads())
+    return y
+
+
+def use_ops_for(x: torch.Tensor) -> bool:
+    """Whether the engine's RoPE, RMSNorm and SwiGLU activation of `x` run here: fp32 or bf16 on CPU,
+    the kernels available."""
+    return x.dtype in _SUFFIXES and x.is_cpu and available()
 
 
 def rope(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`apply_rope` of the engine on the first `heads` heads of `qkv (N, heads_total, D)` (a GEMM
     output: each token's heads adjacent, features contiguous) with tables `cos`, `sin` of N rows of
     rotary_dim (any leading shape), in one call: `(N, heads, D)`, bit for bit what torch computes."""
-    if qkv.dim() != 3 or not qkv.is_cpu or qkv.dtype not in _SYMBOLS or not 1 <= heads <= qkv.shape[1]:
+    if qkv.dim() != 3 or not qkv.is_cpu or qkv.dtype not in _SUFFIXES or not 1 <= heads <= qkv.shape[1]:
         raise ValueError(f"rope: qkv must be a (tokens, heads, D) fp32 / bf16 CPU tensor with at least {heads} "
                          f"heads, got {tuple(qkv.shape)} {qkv.dtype}")
     N, _, D = qkv.shape
@@ -298,4 +356,45 @@ def rope(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) ->
     if N:
         _state.ropes[qkv.dtype](qkv.data_ptr(), N, qkv.stride(0), heads, D, rd, cos.data_ptr(), sin.data_ptr(),
                                 out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+MAX_HEAD_DIM = 128  # the decode attention's limit (register blocking)
+
+
+def use_attention_for(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the engine's decode attention of `q (B, H, D)` over `k (B, H_kv, S, D)` runs here: fp32
+    or bf16 on CPU, D <= `MAX_HEAD_DIM`, the kernels available."""
+    return q.dtype in _SUFFIXES and q.is_cpu and q.shape[-1] <= MAX_HEAD_DIM and available()
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                     window: int | None = None) -> torch.Tensor:
+    """Attention of one query per sequence and head, `q (B, H, D)`, over its cached keys and values
+    `k`, `v (B, H_kv, S, D)` (any strides with D contiguous, the same for both): sequence b sees keys
+    `[max(0, len_b - window), len_b)`, `len_b = seq_lens[b]` (int32, at most S), softmax(scale q k^T) v in
+    fp32. Returns `(B, H * D)`, what `F.scaled_dot_product_attention` gives with that mask up to the
+    order of the sums."""
+    B, H, D = q.shape
+    if (q.dtype not in _SUFFIXES or not q.is_cpu or k.dim() != 4 or k.shape[0] != B or k.shape[-1] != D
+            or v.shape != k.shape or k.dtype != q.dtype or v.dtype != q.dtype or H % k.shape[1] or D > MAX_HEAD_DIM):
+        raise ValueError(f"decode_attention: q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, "
+                         f"v {tuple(v.shape)} {v.dtype} do not fit q (B, H, D), k = v (B, H_kv, S, D) of one "
+                         f"fp32 / bf16 dtype on CPU, H_kv dividing H, D <= {MAX_HEAD_DIM}")
+    if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (B,) or window is not None and window < 1:
+        raise ValueError(f"decode_attention: seq_lens must be ({B},) int32 and window None or >= 1, got "
+                         f"{tuple(seq_lens.shape)} {seq_lens.dtype}, window {window}")
+    if _load() is None:
+        raise RuntimeError(f"decode_attention: the kernels are unavailable: {_state.reason}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1 or v.stride() != k.stride():
+        k, v = k.contiguous(), v.contiguous()
+    seq_lens = seq_lens.contiguous()
+    out = q.new_empty((B, H * D))
+    rc = _state.attentions[q.dtype](q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
+                                    k.stride(0), k.stride(1), k.stride(2), seq_lens.data_ptr(), k.shape[2],
+                                    window or 0, out.data_ptr(), B, H, k.shape[1], D, scale, torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"decode_attention: the kernel failed (code {rc}: 2 is out of memory)")
     return out

@@ -160,10 +160,10 @@ class Norm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "layernorm":
             return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        if cpu_kernels.use_ops_for(x):  # fp32 / bf16 on CPU: the same in one call
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.shape, self.weight, self.eps)
-        if x.dtype == torch.bfloat16 and x.is_cpu and cpu_kernels.available():  # the same in one call
-            return cpu_kernels.rms_norm_bf16(x, self.weight, self.eps)
         # As Hugging Face: normalise in fp32, cast back, then scale in the activation dtype.
         return self.weight * F.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype)
 
@@ -311,6 +311,7 @@ class Block(nn.Module):
         self.swiglu = spec.ffn_kind == "swiglu"
         self.ffn_size = F_
         self.act = _ACTIVATIONS[spec.hidden_act]
+        self.silu = self.act is F.silu
         self.rope = spec.pos_encoding == "rope"
         self.moe = spec.num_experts > 1
         self.top_k = spec.experts_per_token
@@ -341,9 +342,13 @@ class Block(nn.Module):
         i = self.index
         if self.swiglu:
             with rec.op(_GATE_UP, i):  # one fused GEMM over [gate | up], timed as such
-                gate, up = linear(h, up_w, up_b).chunk(2, dim=-1)
+                gate_up = linear(h, up_w, up_b)
             with rec.op("act", i):
-                a = self.act(gate) * up
+                if self.silu and cpu_kernels.use_ops_for(gate_up):  # the same in one call
+                    a = cpu_kernels.silu_mul(gate_up)
+                else:
+                    gate, up = gate_up.chunk(2, dim=-1)
+                    a = self.act(gate) * up
         else:
             with rec.op("up_proj", i):
                 a = linear(h, up_w, up_b)
@@ -395,7 +400,7 @@ class Block(nn.Module):
         qkv = self._qkv(h, rec).view(N, H + 2 * H_kv, D)
         if self.rope:  # q and k heads are adjacent: one rotation for both
             with rec.op("rope", i):
-                if cpu_kernels.use_rope_for(qkv):  # the same, bit for bit, in one call
+                if cpu_kernels.use_ops_for(qkv):  # the same, bit for bit, in one call
                     qk = cpu_kernels.rope(qkv, H + H_kv, ctx.cos, ctx.sin)
                 else:
                     qk = apply_rope(qkv[None, :, :H + H_kv], ctx.cos, ctx.sin)[0]  # (N, H + H_kv, D)

@@ -120,6 +120,13 @@ class StepMeta:
         return self._memo[S]
 
     @classmethod
+    def decode(cls, batch: int, kv_len: int, device: torch.device | str) -> StepMeta:
+        """A decode step of `batch` sequences that each hold `kv_len` tokens after it (the new one
+        included), with no cache attached (what `calibrate` and `profile` time attention with)."""
+        positions = torch.full((batch, 1), kv_len - 1, dtype=torch.long, device=device)
+        return cls(positions=positions, starts=(kv_len - 1,) * batch, q_len=1)
+
+    @classmethod
     def no_cache(cls, batch: int, q_len: int, device: torch.device | str) -> StepMeta:
         """A full forward of `q_len` tokens from position 0, with no cache (recomputation)."""
         positions = torch.arange(q_len, device=device).expand(batch, q_len)  # (B, T)

@@ -677,14 +677,18 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
 
 
 def measure_attention(s: Settings, device: Any, progress: Progress) -> list[ComputePoint]:
-    """SDPA per dtype as the engine's `sdpa` backend calls it, with `s.attn_group` query heads per KV
-    head: decode (one query per sequence over a KV cache, the group folded into the query axis, copies
+    """Attention per dtype as the engine's `sdpa` backend runs it, with `s.attn_group` query heads per
+    KV head: decode (one query per sequence over a KV cache through `attention.sdpa_decode`, llmperf's
+    own kernel on a CPU that runs them, else SDPA with the group folded into the query axis; copies
     used in turn to fill the working set, memory-bound by construction) and causal prefill squares
-    (`enable_gqa`). On this CPU the folded group reads the cache at 17 GB/s in fp32 against 23-27 GB/s
-    for one query per head (measured 2026-11-23): a calibration with one query per head priced the
-    engine's decode attention 1.5x fast."""
+    (SDPA, `enable_gqa`). On this CPU SDPA's folded group read the cache at 17 GB/s in fp32 against
+    23-27 GB/s for one query per head (measured 2026-11-23): a calibration with one query per head
+    priced the engine's decode attention 1.5x fast. What the engine runs is what is timed."""
     import torch
     import torch.nn.functional as F
+
+    from llmperf.engine.attention import sdpa_decode
+    from llmperf.engine.step import StepMeta
 
     out = []
     H, D, G = s.attn_heads, s.attn_head_dim, s.attn_group
@@ -698,14 +702,17 @@ def measure_attention(s: Settings, device: Any, progress: Progress) -> list[Comp
             progress(f"attention {dname} B={batch} q={q_len} kv={kv_len}")
             decode = q_len == 1
             copies = copies_for(2 * batch * H_kv * kv_len * D * elem, working_set) if decode else 1
-            # decode: (B, H_kv, G, D), the engine's fold; prefill: (B, H, T, D)
-            q = torch.randn(*((batch, H_kv, G, D) if decode else (batch, H, q_len, D)), device=device, dtype=dtype)
+            # decode: (B, H, D) through the engine's own decode path; prefill: (B, H, T, D)
+            q = torch.randn(*((batch, H, D) if decode else (batch, H, q_len, D)), device=device, dtype=dtype)
             kvs = [(torch.randn(batch, H_kv, kv_len, D, device=device, dtype=dtype),
                     torch.randn(batch, H_kv, kv_len, D, device=device, dtype=dtype)) for _ in range(copies)]
-            causal, gqa = not decode, not decode and G > 1
-            fn = _in_turn([lambda kk=kk, vv=vv: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal,
-                                                                               enable_gqa=gqa)
-                           for kk, vv in kvs])
+            if decode:
+                meta, scale = StepMeta.decode(batch, kv_len, device), D ** -0.5
+                fn = _in_turn([lambda kk=kk, vv=vv: sdpa_decode(q, kk, vv, meta, scale) for kk, vv in kvs])
+            else:
+                fn = _in_turn([lambda kk=kk, vv=vv: F.scaled_dot_product_attention(q, kk, vv, is_causal=True,
+                                                                                   enable_gqa=G > 1)
+                               for kk, vv in kvs])
             try:
                 t = time_fn(fn, device, reps=max(s.reps, copies), warmup=copies)
             except RuntimeError:
@@ -744,12 +751,16 @@ def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
 
+    from llmperf.engine.attention import sdpa_decode
+    from llmperf.engine.step import StepMeta
+
     progress("tiny-operator overhead")
     x = torch.randn(1, 64, device=device)
     w = torch.randn(64, 64, device=device)
     y = torch.randn(1, 64, device=device)
-    q = torch.randn(1, 1, 1, 64, device=device)
+    q = torch.randn(1, 1, 64, device=device)
     kv = torch.randn(1, 1, 8, 64, device=device)
+    meta = StepMeta.decode(1, 8, device)
     table = torch.randn(256, 64, device=device)
     ids = torch.zeros(1, 1, dtype=torch.long, device=device)
     nw = torch.ones(64, device=device)
@@ -758,7 +769,7 @@ def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * nw
 
     return dict(matmul=_per_call_s(lambda: torch.matmul(x, w), device),
-                attention=_per_call_s(lambda: F.scaled_dot_product_attention(q, kv, kv), device),
+                attention=_per_call_s(lambda: sdpa_decode(q, kv, kv, meta, 0.125), device),  # the engine's decode
                 elementwise=_per_call_s(lambda: y.add_(x), device),
                 norm=_per_call_s(rmsnorm, device),
                 embedding=_per_call_s(lambda: F.embedding(ids, table), device))

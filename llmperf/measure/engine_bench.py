@@ -142,8 +142,9 @@ def memory_limit_fractions(spec: ModelSpec, dtype: str, batch: int, *, prompt_le
 def own_kernels_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps: int, dtype: str = "bf16",
                      batch: int = 1, seed: int = 0) -> Figure:
     """Decode step on torch's operators / on llmperf's own CPU kernels (`engine.cpu_kernels`: the GEMM
-    of few rows, the bf16 RMSNorm, the RoPE), the two alternated on one engine (1.0: they gain nothing,
-    or are unavailable here). Both runs read the weights in the layout the model was built with."""
+    of few rows, the RMSNorm, RoPE, SwiGLU activation and decode attention), the two alternated on one
+    engine (1.0: they gain nothing, or are unavailable here). Both runs read the weights in the layout
+    the model was built with."""
     model = build_model(spec, seed=seed, dtype=dtype)
     prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
@@ -236,7 +237,8 @@ def _header(env: dict[str, Any], spec: ModelSpec, bw: float, copy_mib: int) -> l
             "# versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
             f"# model {spec.name} ({spec.param_count / 1e6:.0f}M params), copy bandwidth {bw / 1e9:.1f} GB/s "
             f"(read+write, {copy_mib} MiB)",
-            f"# llmperf's own CPU kernels (GEMM of few rows, bf16 RMSNorm, RoPE; llmperf.engine.cpu_kernels): "
+            f"# llmperf's own CPU kernels (GEMM of few rows, RMSNorm, RoPE, SwiGLU, decode attention; "
+            f"llmperf.engine.cpu_kernels): "
             f"{cpu_kernels.status()}"]
 
 

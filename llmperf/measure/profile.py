@@ -481,6 +481,8 @@ def _attention_micro(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
     import torch
     import torch.nn.functional as F
 
+    from llmperf.engine.attention import sdpa_decode
+    from llmperf.engine.step import StepMeta
     from llmperf.measure.timers import time_fn
 
     device, dtype = model.device, model.dtype
@@ -499,6 +501,9 @@ def _attention_micro(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
     elif settings.backend == "naive":
         import kernels
         fn = lambda: kernels.naive_attention(q, k, v, causal)  # noqa: E731
+    elif q_len == 1:  # the engine's decode path (llmperf's own kernel on a CPU that runs them)
+        meta = StepMeta.decode(batch, kv_len, device)
+        fn = lambda: sdpa_decode(q[:, :, 0], k, v, meta, D ** -0.5)  # noqa: E731
     else:
         fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=H != H_kv)  # noqa: E731
     t = time_fn(fn, device, reps=settings.reps, warmup=1, max_time_s=MICRO_BUDGET_S)

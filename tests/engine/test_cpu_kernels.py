@@ -1,8 +1,10 @@
 """llmperf's own CPU kernels (`llmperf.engine.cpu_kernels`): the weight-streaming GEMM exact against a
-float64 reference at every row count, shape tail and dtype; the bf16 RMSNorm rounding where Hugging
-Face rounds; refused input named; used by the engine exactly where the measurement says (one bf16
-row; bf16 norms), no worse than torch there; and when they cannot be built, the engine keeps torch's
-operators and says why, leaving nothing half-written."""
+float64 reference at every row count, shape tail and dtype; the RMSNorm rounding where Hugging Face
+rounds (bf16) and torch's up to the order of a sum (fp32); the RoPE bit for bit torch's; SwiGLU's
+activation within its exp's ulps of torch's; decode attention as close to float64 as SDPA, with ragged
+lengths, windows and strided operands; refused input named; used by the engine exactly where the
+measurement says; and when they cannot be built, the engine keeps torch's operators and says why,
+leaving nothing half-written."""
 
 from __future__ import annotations
 
@@ -196,7 +198,7 @@ def test_the_bf16_rms_norm_rounds_where_hugging_face_rounds(rows, n, scale, eps,
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, n, generator=g) * scale).to(torch.bfloat16)
     w = torch.randn(n, generator=g).to(torch.bfloat16)
-    ours, theirs = cpu_kernels.rms_norm_bf16(x, w, eps), hf_rms_norm(x, w, eps)
+    ours, theirs = cpu_kernels.rms_norm(x, w, eps), hf_rms_norm(x, w, eps)
     steps = bf16_steps_apart(ours, theirs)
     assert int(steps.max()) <= 2
     assert int((steps > 0).sum()) <= max(2, ours.numel() // 1000)
@@ -207,37 +209,100 @@ def test_the_bf16_rms_norm_takes_any_leading_shape_and_strides():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 5, 256, generator=g).to(torch.bfloat16)[:, ::2, ::2]  # (2, 3, 128), not contiguous
     w = torch.randn(128, generator=g).to(torch.bfloat16)
-    y = cpu_kernels.rms_norm_bf16(x, w, 1e-5)
+    y = cpu_kernels.rms_norm(x, w, 1e-5)
     assert y.shape == x.shape and y.dtype == torch.bfloat16
-    assert torch.equal(y, cpu_kernels.rms_norm_bf16(x.contiguous().view(6, 128), w, 1e-5).view(2, 3, 128))
-    assert cpu_kernels.rms_norm_bf16(x[:0], w, 1e-5).shape == (0, 3, 128)
+    assert torch.equal(y, cpu_kernels.rms_norm(x.contiguous().view(6, 128), w, 1e-5).view(2, 3, 128))
+    assert cpu_kernels.rms_norm(x[:0], w, 1e-5).shape == (0, 3, 128)
 
 
 @pytest.mark.parametrize(("x", "w"), [
-    (torch.randn(2, 8), torch.randn(8)),  # fp32
+    (torch.randn(2, 8).half(), torch.randn(8).half()),  # fp16
     (torch.randn(2, 8).to(torch.bfloat16), torch.randn(7).to(torch.bfloat16)),
     (torch.randn(2, 8).to(torch.bfloat16), torch.randn(8)),
 ])
 def test_bad_norm_operands_are_refused_by_name(x, w):
-    with pytest.raises(ValueError, match="rms_norm_bf16: x"):
-        cpu_kernels.rms_norm_bf16(x, w, 1e-5)
+    with pytest.raises(ValueError, match="rms_norm: x"):
+        cpu_kernels.rms_norm(x, w, 1e-5)
 
 
 @needs_kernel
-def test_the_engine_runs_its_bf16_rms_norms_on_the_kernel_and_fp32_ones_on_torch(monkeypatch):
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 40), n=st.integers(1, 1100), scale=st.floats(1e-3, 1e3), seed=st.integers(0, 2**31 - 1))
+def test_the_fp32_rms_norm_is_torch_s_up_to_the_order_of_the_sum(rows, n, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, n, generator=g) * scale, torch.randn(n, generator=g)
+    ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5)) * w.double()
+    ours, theirs = cpu_kernels.rms_norm(x, w, 1e-5), torch.nn.functional.rms_norm(x, (n,), w, 1e-5)
+    # both within a few fp32 roundings of the float64 value, and of each other
+    assert torch.allclose(ours.double(), ref, rtol=4e-6, atol=1e-30)
+    assert torch.allclose(ours, theirs, rtol=8e-6, atol=0)
+
+
+@needs_kernel
+def test_the_engine_runs_its_rms_norms_and_swiglu_on_the_kernels_in_fp32_and_bf16(monkeypatch):
     calls = []
-    real = cpu_kernels.rms_norm_bf16
-    monkeypatch.setattr(cpu_kernels, "rms_norm_bf16", lambda x, w, eps: calls.append(x.shape) or real(x, w, eps))
-    for dtype, expected in (("bf16", True), ("fp32", False)):
+    real_norm, real_silu = cpu_kernels.rms_norm, cpu_kernels.silu_mul
+    monkeypatch.setattr(cpu_kernels, "rms_norm", lambda x, w, eps: calls.append("norm") or real_norm(x, w, eps))
+    monkeypatch.setattr(cpu_kernels, "silu_mul", lambda gu: calls.append("silu") or real_silu(gu))
+    for dtype, expected in (("bf16", {"norm", "silu"}), ("fp32", {"norm", "silu"}), ("fp16", set())):
         calls.clear()
         Engine(make_model("llama", dtype=dtype), cache="contiguous").generate([[1, 2, 3, 4]],
                                                                              SamplingParams(max_new_tokens=2))
-        assert bool(calls) is expected, dtype
+        assert set(calls) == expected, dtype
     calls.clear()
     with cpu_kernels.disabled():
         Engine(make_model("llama", dtype="bf16"), cache="contiguous").generate([[1, 2, 3]],
                                                                               SamplingParams(max_new_tokens=2))
-    assert not calls
+    Engine(make_model("gpt2"), cache="contiguous").generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+    assert not calls  # torch's operators when switched off; GPT-2 (LayerNorm, GELU) never runs them
+
+
+def silu_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    g, u = gate_up.double().chunk(2, -1)
+    return g / (1 + torch.exp(-g)) * u
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 40), f=st.integers(1, 700), scale=st.floats(1e-2, 60), bf16=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_swiglu_s_activation_is_torch_s_up_to_its_exp(rows, f, scale, bf16, seed):
+    """fp32: within 5 fp32 ulps of the float64 value, as torch is; bf16: rounded where torch rounds
+    (silu, then the product), so at most one bf16 step from torch where the two exps round apart."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    gate_up = (torch.randn(rows, 2 * f, generator=g) * scale).to(dtype)
+    ours = cpu_kernels.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, -1)
+    theirs = torch.nn.functional.silu(gate) * up
+    assert ours.shape == theirs.shape == (rows, f) and ours.dtype == dtype
+    if bf16:
+        steps = bf16_steps_apart(ours, theirs)
+        assert int(steps.max()) <= 1 and int((steps > 0).sum()) <= max(2, ours.numel() // 500)
+    else:
+        ref = silu_reference(gate_up)
+        # silu's relative error, then one rounding of the product: 5 ulps cover both (below 1e-30,
+        # where exp(-g) overflows fp32, torch's silu is 0 too)
+        assert bool(((ours.double() - ref).abs() <= 5 * 2.0 ** -23 * ref.abs() + 1e-30).all())
+
+
+@needs_kernel
+def test_swiglu_s_activation_takes_any_leading_shape_and_extreme_gates():
+    gate = torch.tensor([-1e4, -100.0, -88.0, -20.0, -0.0, 0.0, 1e-30, 20.0, 88.0, 100.0, 1e4, float("inf"),
+                         float("-inf"), float("nan")])
+    up = torch.full_like(gate, 2.0)
+    ours = cpu_kernels.silu_mul(torch.cat((gate, up))[None, None])
+    theirs = torch.nn.functional.silu(gate) * up
+    assert ours.shape == (1, 1, gate.numel())
+    torch.testing.assert_close(ours[0, 0], theirs, rtol=4e-7, atol=0, equal_nan=True)
+    x = torch.randn(2, 3, 10).to(torch.bfloat16)[:, :, ::1]
+    assert torch.equal(cpu_kernels.silu_mul(x), cpu_kernels.silu_mul(x.reshape(6, 10)).view(2, 3, 5))
+
+
+@pytest.mark.parametrize("gate_up", [torch.randn(2, 8).half(), torch.randn(2, 7), torch.randn(0)])
+def test_bad_swiglu_operands_are_refused_by_name(gate_up):
+    with pytest.raises(ValueError, match="silu_mul: gate_up must be"):
+        cpu_kernels.silu_mul(gate_up)
 
 
 @needs_kernel
@@ -289,3 +354,90 @@ def test_the_engine_runs_its_cpu_rope_on_the_kernel(monkeypatch, dtype, expected
     Engine(make_model("llama", dtype=dtype), cache="contiguous").generate([[1, 2, 3, 4]],
                                                                          SamplingParams(max_new_tokens=2))
     assert bool(calls) is expected
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, scale: float,
+                        window: int | None) -> torch.Tensor:
+    """float64 softmax(scale q k^T) v of each sequence's visible keys, `(B, H * D)`."""
+    B, H, D = q.shape
+    G = H // k.shape[1]
+    out = torch.empty(B, H, D, dtype=torch.float64)
+    for b in range(B):
+        hi = int(lens[b])
+        lo = max(0, hi - window) if window else 0
+        kk, vv = (t[b, :, lo:hi].double().repeat_interleave(G, 0) for t in (k, v))  # (H, n, D)
+        p = torch.softmax(torch.einsum("hd,hnd->hn", q[b].double(), kk) * scale, -1)
+        out[b] = torch.einsum("hn,hnd->hd", p, vv)
+    return out.view(B, H * D)
+
+
+@needs_kernel
+@settings(max_examples=50, deadline=None)
+@given(batch=st.integers(1, 5), kv_heads=st.integers(1, 4), group=st.integers(1, 5), d=st.integers(1, 128),
+       s=st.integers(1, 70), window=st.one_of(st.none(), st.integers(1, 40)), bf16=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_decode_attention_is_as_close_to_float64_as_sdpa(batch, kv_heads, group, d, s, window, bf16, seed):
+    """Ragged lengths, sliding windows, every head dim up to 128 (tails of 16 lanes), grouped heads; keys
+    past a sequence's length hold junk that must not leak in."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    H = kv_heads * group
+    q = (torch.randn(batch, H, d, generator=g) * 2).to(dtype)
+    k, v = ((torch.randn(batch, kv_heads, s, d, generator=g) * 2).to(dtype) for _ in range(2))
+    lens = torch.randint(1, s + 1, (batch,), generator=g, dtype=torch.int32)
+    scale = d ** -0.5
+    ours = cpu_kernels.decode_attention(q, k, v, lens, scale, window)
+    ref = attention_reference(q, k, v, lens, scale, window)
+    visible = torch.arange(s)[None, :] < lens[:, None].long()
+    if window:
+        visible &= torch.arange(s)[None, :] >= (lens[:, None].long() - window)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q.view(batch, kv_heads, group, d), k, v,
+                                                            attn_mask=visible[:, None, None], scale=scale)
+    sdpa_err = (sdpa.reshape(batch, H * d).double() - ref).abs().max()
+    step = 2.0 ** -8 if bf16 else 2.0 ** -23
+    assert ours.shape == (batch, H * d) and ours.dtype == dtype
+    assert float((ours.double() - ref).abs().max()) <= max(2 * float(sdpa_err), 8 * step * float(ref.abs().max()))
+
+
+@needs_kernel
+def test_decode_attention_reads_strided_cache_rows_and_queries():
+    """The engine passes q as a slice of the RoPE output and K/V as views of the cache's rows."""
+    g = torch.Generator().manual_seed(11)
+    cache = torch.randn(2, 6, 2, 40, 64, generator=g)  # (k|v, rows, H_kv, S_max, D)
+    qkv = torch.randn(3, 8 + 2 * 2, 64, generator=g)  # (B, H + 2 H_kv, D): q is its first 8 heads
+    q, k, v = qkv[:, :8], cache[0, 1:4, :, :30], cache[1, 1:4, :, :30]
+    lens = torch.tensor([30, 7, 19], dtype=torch.int32)
+    ours = cpu_kernels.decode_attention(q, k, v, lens, 0.125)
+    assert torch.allclose(ours.double(), attention_reference(q, k, v, lens, 0.125, None), atol=2e-6, rtol=0)
+    assert torch.equal(ours, cpu_kernels.decode_attention(q.contiguous(), k.contiguous(), v.contiguous(), lens, 0.125))
+
+
+@pytest.mark.parametrize(("q", "k", "lens", "needle"), [
+    (torch.randn(2, 4, 8).half(), torch.randn(2, 2, 5, 8).half(), torch.tensor([5, 5], dtype=torch.int32),
+     "do not fit"),
+    (torch.randn(2, 4, 8), torch.randn(2, 3, 5, 8), torch.tensor([5, 5], dtype=torch.int32), "do not fit"),
+    (torch.randn(2, 4, 8), torch.randn(1, 2, 5, 8), torch.tensor([5], dtype=torch.int32), "do not fit"),
+    (torch.randn(1, 2, 160), torch.randn(1, 2, 5, 160), torch.tensor([5], dtype=torch.int32), "D <= 128"),
+    (torch.randn(2, 4, 8), torch.randn(2, 2, 5, 8), torch.tensor([5, 5]), "seq_lens must be"),
+    (torch.randn(2, 4, 8), torch.randn(2, 2, 5, 8), torch.tensor([5], dtype=torch.int32), "seq_lens must be"),
+])
+def test_bad_decode_attention_operands_are_refused_by_name(q, k, lens, needle):
+    with pytest.raises(ValueError, match=f"decode_attention: .*{needle}"):
+        cpu_kernels.decode_attention(q, k, k, lens, 0.125)
+
+
+@needs_kernel
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_the_engine_decodes_on_the_kernel_with_the_same_tokens_as_sdpa(monkeypatch, cache):
+    """fp32 greedy decode of ragged prompts (a mask) with a sliding window smaller than the context."""
+    calls = []
+    real = cpu_kernels.decode_attention
+    monkeypatch.setattr(cpu_kernels, "decode_attention", lambda *a: calls.append(a[0].shape) or real(*a))
+    model = make_model("mistral")  # sliding_window 6
+    prompts = [[5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 9], [3, 1, 4], [2, 7, 1, 8, 2, 8]]
+    params = SamplingParams(max_new_tokens=6)
+    ours = [o.tokens for o in Engine(model, cache=cache).generate(prompts, params)]
+    assert calls and all(shape[0] in (1, 2, 3) for shape in calls)
+    with cpu_kernels.disabled():
+        theirs = [o.tokens for o in Engine(model, cache=cache).generate(prompts, params)]
+    assert ours == theirs
