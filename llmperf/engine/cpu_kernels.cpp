@@ -16,6 +16,8 @@
 // shares torch's OpenMP runtime: both name libgomp.so.1).
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cmath>
@@ -359,6 +361,106 @@ extern "C" int llmperf_gemm_bf16(const uint16_t *x, const uint16_t *w, const uin
 extern "C" int llmperf_gemm_f32(const float *x, const float *w, const float *b, float *y,
                                 int64_t M, int64_t N, int64_t K, int threads) {
     return gemm<F32>(x, w, b, y, M, N, K, threads);
+}
+
+// ---- bf16 GEMM of 1-16 rows on AMX tiles -------------------------------------------------------------
+// The weights are packed once (llmperf_amx_pack_bf16) into panels of 64 outputs: for each 32-wide block
+// of K, four 1 KiB tiles of 16 k-pairs x 16 outputs x 2 (the VNNI layout TDPBF16PS reads), N padded to
+// 64 and K to 32 with zeros. Each thread streams its panels in order, prefetching 3 k-blocks (12 KiB)
+// ahead into L1, and accumulates the panel's 64 outputs of all M rows in four fp32 C tiles (M rows each).
+// x is copied into a zero-padded (M, Kp) buffer first (K tails). Measured 2026-11-24 (12 layers'
+// projections, cycled): 8 rows 25.0-26.8 GB/s against oneDNN's AMX GEMM 19.0-19.5 and VDPBF16PS's
+// 16-18; 1 row 27.7 against 25.0; 4 rows 26.7 against 22.3; 16 rows 22.5 against oneDNN's 19.1.
+namespace {
+struct TileConfig {
+    uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+constexpr int64_t AMX_PANEL = 64, AMX_KB = 32, AMX_TILE = 16 * 32;  // outputs, k per block, bf16 per tile
+constexpr int64_t AMX_PREFETCH = 3;  // k-blocks ahead
+}  // namespace
+
+// Ask Linux for the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): 0 if granted.
+extern "C" int llmperf_amx_enable() { return syscall(SYS_arch_prctl, 0x1023, 18) ? 1 : 0; }
+
+extern "C" int64_t llmperf_amx_packed_size(int64_t N, int64_t K) {  // bf16 elements of the packed copy
+    return (N + AMX_PANEL - 1) / AMX_PANEL * AMX_PANEL * ((K + AMX_KB - 1) / AMX_KB * AMX_KB);
+}
+
+extern "C" int llmperf_amx_pack_bf16(const uint16_t *w, int64_t N, int64_t K, uint16_t *out, int threads) {
+    if (N < 1 || K < 1 || threads < 1) return 1;
+    const int64_t KB = (K + AMX_KB - 1) / AMX_KB, P = (N + AMX_PANEL - 1) / AMX_PANEL;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t kb = 0; kb < KB; kb++)
+            for (int64_t t = 0; t < 4; t++) {
+                uint16_t *tile = out + ((p * KB + kb) * 4 + t) * AMX_TILE;
+                for (int64_t r = 0; r < 16; r++)
+                    for (int64_t n = 0; n < 16; n++)
+                        for (int64_t e = 0; e < 2; e++) {
+                            const int64_t row = p * AMX_PANEL + t * 16 + n, col = kb * AMX_KB + 2 * r + e;
+                            tile[r * 32 + n * 2 + e] = row < N && col < K ? w[row * K + col] : 0;
+                        }
+            }
+    return 0;
+}
+
+extern "C" int llmperf_gemm_amx_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint16_t *y,
+                                     int64_t M, int64_t N, int64_t K, int threads) {
+    if (M < 1 || M > 16 || N < 1 || K < 1 || threads < 1) return 1;
+    const int64_t KB = (K + AMX_KB - 1) / AMX_KB, Kp = KB * AMX_KB, P = (N + AMX_PANEL - 1) / AMX_PANEL;
+    uint16_t *xp = static_cast<uint16_t *>(std::aligned_alloc(64, (M * Kp * 2 + 63) / 64 * 64));
+    if (!xp) return 2;
+    for (int64_t m = 0; m < M; m++) {
+        std::memcpy(xp + m * Kp, x + m * K, K * 2);
+        std::memset(xp + m * Kp + K, 0, (Kp - K) * 2);
+    }
+    if (threads > P) threads = int(P);
+#pragma omp parallel num_threads(threads)
+    {
+        TileConfig cfg;
+        for (int i = 0; i < 5; i++) cfg.rows[i] = uint8_t(M), cfg.colsb[i] = 64;  // C 0-3 (M x 16 fp32), A 4
+        for (int i = 5; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;          // B 5-7 (16 x 16 pairs)
+        _tile_loadconfig(&cfg);
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        alignas(64) float c[4][16 * 16];
+        for (int64_t p = P * t / nt; p < P * (t + 1) / nt; p++) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            const uint16_t *panel = wp + p * KB * 4 * AMX_TILE;
+            for (int64_t kb = 0; kb < KB; kb++) {
+                const uint16_t *tiles = panel + kb * 4 * AMX_TILE;
+                const char *ahead = reinterpret_cast<const char *>(tiles + AMX_PREFETCH * 4 * AMX_TILE);
+                for (int l = 0; l < 64; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+                _tile_loadd(4, xp + kb * AMX_KB, Kp * 2);
+                _tile_loadd(5, tiles, 64);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_loadd(6, tiles + AMX_TILE, 64);
+                _tile_dpbf16ps(1, 4, 6);
+                _tile_loadd(7, tiles + 2 * AMX_TILE, 64);
+                _tile_dpbf16ps(2, 4, 7);
+                _tile_loadd(5, tiles + 3 * AMX_TILE, 64);
+                _tile_dpbf16ps(3, 4, 5);
+            }
+            _tile_stored(0, c[0], 64);
+            _tile_stored(1, c[1], 64);
+            _tile_stored(2, c[2], 64);
+            _tile_stored(3, c[3], 64);
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t j = 0; j < AMX_PANEL && p * AMX_PANEL + j < N; j++) {
+                    const int64_t n = p * AMX_PANEL + j;
+                    float v = c[j / 16][m * 16 + j % 16];
+                    if (b) v += bf16_to_float(b[n]);
+                    y[m * N + n] = float_to_bf16(v);
+                }
+        }
+        _tile_release();
+    }
+    std::free(xp);
+    return 0;
 }
 
 #define LLMPERF_ROPE(NAME, T, L)                                                                             \

@@ -1,5 +1,6 @@
 """llmperf's own CPU kernels for a decode step (`cpu_kernels.cpp`): a weight-streaming GEMM for few
-rows, and one call each for the RMSNorm, the RoPE, SwiGLU's activation and decode attention.
+rows, a bf16 GEMM of up to 16 rows on AMX tiles, and one call each for the RMSNorm, the RoPE,
+SwiGLU's activation and decode attention.
 
 A decode step multiplies 1-8 rows of activations by every weight matrix: it is a stream of the
 weights through the cores, and how close a step gets to the memory roofline is how fast the GEMM
@@ -23,10 +24,10 @@ What made it: prefetching the next block of R weight rows into L2 while reading 
 23.2 -> 28.3-30.1 GB/s, fp32 8 rows 18.5 -> 24.8-25.1; a prefetch 1 KiB ahead within the row gained
 nothing at one bf16 row).
 
-So the engine runs it up to `ROWS` rows: bf16 1-4 (oneDNN's AMX GEMM from 5), fp32 1-8 (packed from
-9), with fp32 weights stored `(out, in)` where the kernels are available (`model.resolve_layout`; the
-plain GEMV on `(in, out)` otherwise). In the engine, decode step / memory limit with the GEMMs of 2-8
-rows on it against the library, alternated in one run (RMSNorm and RoPE kernels on in both): fp32
+So the engine runs it up to `ROWS` rows: fp32 1-8 (packed from 9), bf16 1-4, or 1-2 where the AMX
+GEMM runs (below), with fp32 weights stored `(out, in)` where the kernels are available
+(`model.resolve_layout`; the plain GEMV on `(in, out)` otherwise). In the engine, decode step /
+memory limit with the GEMMs of 2-8 rows on it against the library, alternated in one run (RMSNorm and RoPE kernels on in both): fp32
 batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65 -> 0.77; bf16 batch 2 0.64 ->
 0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times the GEMM dispatch on both sides
 of each path's edge (`model.gemm_path_edges`, `calibrate.gemm_dispatch_rows`), and its GEMM sweep
@@ -36,6 +37,20 @@ Past 4 rows the fp32 GEMM reads 3 weight rows at a time, bf16 2 (fp32 8 rows 25.
 with 2, bf16 8 rows 18.5 against 19.4 with 3; ctypes direct, 2026-11-24). At 8 fp32 rows it is near
 the core's limit: this VM retires ~1.9 G 512-bit FMAs per second per core, and 8 rows at 25 GB/s
 need 1.6 G.
+
+**The bf16 AMX GEMM** (`amx_pack`, `amx_gemm`; `gemm_kernel` picks per GEMM): VDPBF16PS is
+compute-bound from 4 rows on this core, and oneDNN's AMX GEMM streams only 19-21 GB/s at 1-16 rows.
+This one reads a copy of the weights packed once into the tiles' VNNI layout (panels of 64 outputs,
+made on first use and kept by `model.Linear` like oneDNN's packed copy), one 16-row A tile of x per
+32-wide block of K against four 1 KiB B tiles, prefetching 3 blocks ahead. Raw calls, the same 12
+layers cycled (2026-11-24), GB/s, AMX against VDPBF16PS (oneDNN): 1 row 27.4 / 27.1 (20.6), 2 rows
+27.8 / 27.8, 3 rows 27.4 / 26.9, 4 rows 27.3 / 24.7 (21.1), 8 rows 25.8 / 19.7 (19.5), 16 rows 22.5
+(19.1). Through the engine's Python per GEMM (the packed copy's lookup costs a few us after a flush)
+it lost to VDPBF16PS at 1-2 rows (bf16 batch 1 decode 5% slower), so the engine runs bf16 GEMMs of
+3-16 rows on it (`AMX_MIN_ROWS`, `AMX_ROWS`), 1-2 on VDPBF16PS, 17+ on oneDNN. Decode step,
+alternated in one run: batch 3 1.05x, batch 8 1.16x (20.8 -> 17.9 ms), same tokens at batch 8. It
+runs where the CPU has AMX_TILE and AMX_BF16 and Linux grants the tile state (`amx_available`). The
+cost: a bf16 model then holds its weights three times (as built, for AMX, for oneDNN's prefill).
 
 **Why one call per operator matters here.** Every operator of a decode step starts right after a
 GEMM has streamed megabytes of weights through the caches, which evicts the framework's dispatch
@@ -76,10 +91,11 @@ through the same function.
 
 The kernels are compiled at first use with the host's C++ compiler (`$CXX`, default `c++`) into
 `$LLMPERF_CACHE_DIR` (default `~/.cache/llmperf`), keyed by the source and flags. They are used only
-where they can run: an x86-64 Linux CPU with AVX-512 F/BW and AVX512_BF16, a working compiler, and
-`LLMPERF_CPU_KERNELS` not set to `0`; otherwise the engine keeps torch's operators, and `status()` says
-why. The GEMM is also the op `torch.ops.llmperf.small_gemm`, which `small_gemm` runs while a dispatch
-mode watches (`FlopCounterMode` counts its FLOPs) and calls around otherwise.
+where they can run: an x86-64 Linux CPU with AVX-512 F/BW and AVX512_BF16, a working compiler (one
+that knows AMX's intrinsics too: gcc 11+, clang 12+), and `LLMPERF_CPU_KERNELS` not set to `0`;
+otherwise the engine keeps torch's operators, and `status()` says why. The GEMMs are also the ops
+`torch.ops.llmperf.small_gemm` and `.amx_gemm`, which `small_gemm` / `amx_gemm` run while a dispatch
+mode watches (`FlopCounterMode` counts their FLOPs) and call around otherwise.
 """
 
 from __future__ import annotations
@@ -104,9 +120,12 @@ SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 MAX_ROWS = 8  # the kernel's limit (register blocking); the engine's use is `ROWS`
 ROWS = {torch.bfloat16: 4, torch.float32: 8}  # dtype -> most rows the engine runs on the GEMM (see above)
 ISA = ("avx512f", "avx512bw", "avx512_bf16")  # /proc/cpuinfo flags the kernel needs
+AMX_ISA = ("amx_tile", "amx_bf16")  # and the bf16 AMX GEMM
+AMX_ROWS = 16  # the most rows of the AMX GEMM (one tile of rows)
+AMX_MIN_ROWS = 3  # where AMX runs, the engine's bf16 GEMMs of 3-16 rows run on it (1-2 on the other kernel)
 # -ffp-contract=off: the RoPE rounds each product as torch does (the GEMM's FMAs are explicit intrinsics)
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC",
-         "-shared")
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mfma", "-ffp-contract=off",
+         "-fopenmp", "-fPIC", "-shared")
 SWITCH = "LLMPERF_CPU_KERNELS"  # "0": never use the kernels
 _SUFFIXES = {torch.bfloat16: "bf16", torch.float32: "f32"}  # dtype -> the kernels' name suffix
 
@@ -118,7 +137,10 @@ class _State:
     ropes: dict[torch.dtype, Any] = {}  # dtype -> the RoPE's entry point
     silu_muls: dict[torch.dtype, Any] = {}  # dtype -> SwiGLU's activation's entry point
     attentions: dict[torch.dtype, Any] = {}  # dtype -> the decode attention's entry point
+    amx_fns: tuple[Any, Any, Any] | None = None  # (packed size, pack, GEMM) entry points
     reason: str | None = None  # why the kernels are unavailable (None: not tried yet, or available)
+    amx: bool | None = None  # whether the AMX GEMM runs here (None: not asked yet)
+    amx_reason: str | None = None  # why not
     tried = False
     enabled = True
 
@@ -204,6 +226,11 @@ def _load() -> ctypes.CDLL | None:
             _state.fns, _state.norms = entries("gemm", gemm_args), entries("rms_norm", norm_args)
             _state.ropes, _state.silu_muls = entries("rope", rope_args), entries("silu_mul", silu_args)
             _state.attentions = entries("decode_attention", attention_args)
+            _state.amx_fns = (_entry(lib, "llmperf_amx_packed_size", [ctypes.c_int64] * 2),
+                              _entry(lib, "llmperf_amx_pack_bf16", [ctypes.c_void_p, *[ctypes.c_int64] * 2,
+                                                                    ctypes.c_void_p, ctypes.c_int]),
+                              _entry(lib, "llmperf_gemm_amx_bf16", gemm_args))
+            _state.amx_fns[0].restype = ctypes.c_int64
             _state.lib = lib
     return _state.lib
 
@@ -232,11 +259,52 @@ def disabled() -> Iterator[None]:
         _state.enabled = before
 
 
-def use_for(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether the engine's GEMM of `x (..., in)` by `w (out, in)` runs here: a CPU tensor of a dtype
-    in `ROWS`, with no more rows than that, and the kernels available."""
+def amx_available() -> bool:
+    """Whether the bf16 AMX GEMM runs here: the kernels available, the CPU has AMX tiles with bf16, and
+    Linux grants this process the tile state (asked once)."""
+    if not available():
+        return False
+    if _state.amx is None:
+        missing = [f for f in AMX_ISA if f not in _cpu_flags()]
+        if missing:
+            _state.amx, _state.amx_reason = False, f"the CPU lacks {', '.join(missing)}"
+        elif _state.lib.llmperf_amx_enable() != 0:
+            _state.amx, _state.amx_reason = False, "Linux refused the AMX tile state (arch_prctl)"
+        else:
+            _state.amx = True
+    return _state.amx
+
+
+def rows_for(dtype: torch.dtype) -> int:
+    """The most rows of a GEMM the engine runs on these kernels in `dtype` (0: none): bf16 `AMX_ROWS`
+    where the AMX GEMM runs, else `ROWS`."""
+    if not available():
+        return 0
+    if dtype == torch.bfloat16 and amx_available():
+        return AMX_ROWS
+    return ROWS.get(dtype, 0)
+
+
+STREAM, AMX = 1, 2  # `gemm_kernel`'s answers: the weight-streaming kernel (`small_gemm`), the AMX one
+
+
+def gemm_kernel(x: torch.Tensor, w: torch.Tensor) -> int:
+    """Which of these kernels runs the engine's GEMM of `x (..., in)` by `w (out, in)`: `AMX` (bf16 of
+    `AMX_MIN_ROWS`-`AMX_ROWS` rows where AMX runs), `STREAM` (up to `rows_for` rows of fp32 / bf16), or
+    0 (none: another dtype or device, more rows, the kernels unavailable). One call per GEMM, on the
+    hot path: every check here costs microseconds once a GEMM has flushed the caches."""
     most = ROWS.get(x.dtype)
-    return most is not None and x.numel() <= most * x.shape[-1] and x.is_cpu and w.dtype == x.dtype and available()
+    if most is None or not x.is_cpu or w.dtype != x.dtype or not available():
+        return 0
+    rows = x.numel() // x.shape[-1]
+    if x.dtype == torch.bfloat16 and (_state.amx if _state.amx is not None else amx_available()):
+        return 0 if rows > AMX_ROWS else AMX if rows >= AMX_MIN_ROWS else STREAM
+    return STREAM if rows <= most else 0
+
+
+def amx_rows(dtype: torch.dtype) -> tuple[int, int] | None:
+    """The rows (first, last) of `dtype`'s GEMMs that the engine runs on the AMX kernel (None: none)."""
+    return (AMX_MIN_ROWS, AMX_ROWS) if dtype == torch.bfloat16 and amx_available() else None
 
 
 def _refusal(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int) -> str | None:
@@ -290,6 +358,56 @@ def small_gemm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) 
 def _small_gemm_flops(x_shape: torch.Size, w_shape: torch.Size, *args: Any, **kwargs: Any) -> int:
     """2 * rows * in * out, as `FlopCounterMode` counts `mm` (the bias not counted)."""
     return 2 * math.prod(x_shape[:-1]) * w_shape[0] * w_shape[1]
+
+
+def amx_pack(w: torch.Tensor) -> torch.Tensor:
+    """The copy of bf16 `w (out, in)` the AMX GEMM reads (1-D: panels of 64 outputs, VNNI tiles of 32
+    inputs, zero-padded), made once per weight by the caller (`model.Linear` keeps it like oneDNN's)."""
+    if w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_cpu or w.numel() == 0:
+        raise ValueError(f"amx_pack: w must be a non-empty 2-D bf16 CPU tensor, got {tuple(w.shape)} {w.dtype}")
+    if not amx_available():
+        raise RuntimeError(f"amx_pack: the AMX GEMM is unavailable: {_state.reason or _state.amx_reason}")
+    N, K = w.shape
+    w = w.contiguous()
+    out = torch.empty(_state.amx_fns[0](N, K), dtype=torch.bfloat16)
+    _state.amx_fns[1](w.data_ptr(), N, K, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def _amx_gemm(x: torch.Tensor, packed: torch.Tensor, n: int, b: torch.Tensor | None) -> torch.Tensor:
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    size = -(-n // 64) * 64 * -(-K // 32) * 32  # llmperf_amx_packed_size
+    if (x.dtype != torch.bfloat16 or packed.dtype != torch.bfloat16 or not 1 <= M <= AMX_ROWS or n < 1
+            or packed.numel() != size or (b is not None and (b.shape != (n,) or b.dtype != x.dtype))):
+        raise ValueError(f"amx_gemm: x {tuple(x.shape)} {x.dtype} (1-{AMX_ROWS} rows), packed {packed.numel()} "
+                         f"{packed.dtype} for {n} outputs, b {None if b is None else tuple(b.shape)} do not fit")
+    x = x.contiguous()
+    y = x.new_empty((*x.shape[:-1], n))
+    rc = _state.amx_fns[2](x.data_ptr(), packed.data_ptr(), None if b is None else b.contiguous().data_ptr(),
+                           y.data_ptr(), M, n, K, torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"amx_gemm: the kernel failed on M={M} N={n} K={K} (code {rc}: 2 is out of memory)")
+    return y
+
+
+_LIBRARY.define("amx_gemm(Tensor x, Tensor packed, int n, Tensor? b) -> Tensor")
+_LIBRARY.impl("amx_gemm", _amx_gemm, "CPU")
+AMX_OP = torch.ops.llmperf.amx_gemm.default
+
+
+def amx_gemm(x: torch.Tensor, packed: torch.Tensor, n: int, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`y = x w^T + b` for 1-`AMX_ROWS` rows of bf16 `x (..., in)`, on `packed = amx_pack(w)` of `w
+    (n, in)`, fp32 accumulation and one rounding; as the op `AMX_OP` while a dispatch mode watches."""
+    if _get_current_dispatch_mode() is not None:
+        return AMX_OP(x, packed, n, b)
+    return _amx_gemm(x, packed, n, b)
+
+
+@flop_counter.register_flop_formula(torch.ops.llmperf.amx_gemm)
+def _amx_gemm_flops(x_shape: torch.Size, packed_shape: torch.Size, n: int, *args: Any, **kwargs: Any) -> int:
+    """2 * rows * in * out, as `FlopCounterMode` counts `mm` (the bias not counted)."""
+    return 2 * math.prod(x_shape[:-1]) * x_shape[-1] * n
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -185,10 +185,12 @@ WEIGHT_LAYOUTS = ("auto", "in_out", "out_in")
 # at one row) and runs GEMMs of 2+ rows on the packed copy; bf16 stores `(out, in)` and runs every
 # GEMM on the packed copy (torch's own bf16 GEMV is the slow kernel). Where llmperf's own kernels are
 # available (`cpu_kernels`; its docstring has the figures: 25-29 GB/s at one bf16 row against the
-# packed copy's 21-22, 24 against 21 at 8 fp32 rows), both dtypes store `(out, in)` and GEMMs of up
-# to `cpu_kernels.ROWS` rows (bf16 4, fp32 8) run there, the rest packed. Prefill (32-256 rows) is as
-# fast or faster packed. cuBLAS is indifferent to the layout and nothing is packed on CUDA; fp16 was
-# not measured and is not packed.
+# packed copy's 21-22, 25 against 21 at 8 fp32 rows; on AMX 25-27 at 8 bf16 rows against 19-20), both
+# dtypes store `(out, in)` and GEMMs of up to `cpu_kernels.rows_for` rows run there (fp32 8; bf16 4,
+# or on AMX CPUs 16, rows 3-16 on AMX tiles from a copy packed for them), the rest packed for oneDNN.
+# Prefill (32-256 rows) is as fast or faster packed. So a bf16 model on an AMX CPU holds its weights
+# three times (as built, packed for AMX, packed for oneDNN), fp32 twice. cuBLAS is indifferent to the
+# layout and nothing is packed on CUDA; fp16 was not measured and is not packed.
 
 
 def resolve_layout(layout: str, dtype: torch.dtype, device: torch.device) -> bool:
@@ -215,15 +217,18 @@ def packed_min_rows(dtype: torch.dtype, device: torch.device) -> int | None:
 
 def gemm_path_edges(dtype: torch.dtype, device: torch.device) -> tuple[int, ...]:
     """Rows (B*T) on both sides of each change of the path a GEMM of the engine runs (`Linear`) at
-    the "auto" layout: with llmperf's kernels, `(ROWS, ROWS + 1)` (its own GEMM, then packed); fp32
+    the "auto" layout: with llmperf's kernels, `(R, R + 1)`, R = `cpu_kernels.rows_for(dtype)` (its
+    own GEMM, then packed), and for bf16 on AMX also `(2, 3)` (its AMX GEMM from 3 rows); fp32
     without them `(1, 2)` (the GEMV, then packed); () where one path runs at every row count."""
     device = torch.device(device)
     packed = packed_min_rows(dtype, device)
-    own = cpu_kernels.ROWS.get(dtype, 0) if device.type == "cpu" and cpu_kernels.available() else 0
+    own = cpu_kernels.rows_for(dtype) if device.type == "cpu" else 0
+    amx = cpu_kernels.amx_rows(dtype) if device.type == "cpu" else None
+    edges = (amx[0] - 1, amx[0]) if amx and amx[0] > 1 else ()
     first_packed = max(packed, own + 1) if packed is not None else None
     if first_packed is None or first_packed == 1:
-        return ()
-    return (first_packed - 1, first_packed)
+        return edges
+    return (*edges, first_packed - 1, first_packed)
 
 
 def _packed_linear_flops(x_shape: torch.Size, *args: Any, out_shape: torch.Size, **kwargs: Any) -> int:
@@ -247,7 +252,7 @@ class Linear:
 
     def __init__(self, in_out: bool, min_rows: int | None) -> None:
         self.in_out, self.min_rows = in_out, min_rows
-        self._packs: dict[int, tuple[torch.Tensor, int, int, torch.Tensor]] = {}
+        self._packs: dict[tuple[bool, int], tuple[torch.Tensor, int, int, torch.Tensor]] = {}
 
     def clear(self) -> None:
         """Forget every packed copy (they are remade on next use)."""
@@ -256,19 +261,27 @@ class Linear:
     def plain(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         return _matmul_in_out(x, w, b) if self.in_out else F.linear(x, w, b)
 
-    def packed(self, w: torch.Tensor) -> torch.Tensor:
-        """The packed copy of `w` (out, in) for oneDNN, made now if `w` is new or changed."""
-        entry = self._packs.get(id(w))
+    def packed(self, w: torch.Tensor, amx: bool = False) -> torch.Tensor:
+        """The packed copy of `w` (out, in) for oneDNN, or with `amx` for llmperf's AMX GEMM
+        (`cpu_kernels.amx_pack`), made now if `w` is new or changed."""
+        key = (amx, id(w))
+        entry = self._packs.get(key)
         # a weight made under inference_mode has no version counter: its storage alone is checked
         version = -1 if w.is_inference() else w._version
         if entry is None or entry[0] is not w or entry[1] != version or entry[2] != w.data_ptr():
-            packed = torch.ops.mkldnn._reorder_linear_weight(w.t() if self.in_out else w, None)
-            entry = self._packs[id(w)] = (w, version, w.data_ptr(), packed)
+            if amx:
+                packed = cpu_kernels.amx_pack(w)
+            else:
+                packed = torch.ops.mkldnn._reorder_linear_weight(w.t() if self.in_out else w, None)
+            entry = self._packs[key] = (w, version, w.data_ptr(), packed)
         return entry[3]
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.in_out and cpu_kernels.use_for(x, w):  # few rows: llmperf's weight-streaming kernel
+        kernel = 0 if self.in_out else cpu_kernels.gemm_kernel(x, w)  # few rows: llmperf's own kernels
+        if kernel == cpu_kernels.STREAM:
             return cpu_kernels.small_gemm(x, w, b)
+        if kernel == cpu_kernels.AMX:
+            return cpu_kernels.amx_gemm(x, self.packed(w, amx=True), w.shape[0], b)
         if self.min_rows is None or x.numel() < self.min_rows * x.shape[-1] or not x.is_cpu:  # moved to CUDA
             return self.plain(x, w, b)
         return _PACKED_LINEAR(x, self.packed(w), b, "none", [], "")

@@ -83,6 +83,71 @@ def test_flop_counter_counts_what_runs():
     assert counter.get_total_flops() == 2 * 2 * 64 * 48
 
 
+needs_amx = pytest.mark.skipif(not cpu_kernels.amx_available(),
+                               reason=f"AMX GEMM: {cpu_kernels._state.amx_reason or cpu_kernels.status()}")
+
+
+@needs_amx
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, cpu_kernels.AMX_ROWS), n=st.integers(1, 200), k=st.integers(1, 300), bias=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_the_amx_gemm_is_exact_up_to_fp32_accumulation_at_every_row_count_and_tail(rows, n, k, bias, seed):
+    """Outputs past a 64-wide panel and inputs past a 32-wide block are zero-padded in the packed copy;
+    x is padded per call."""
+    g = torch.Generator().manual_seed(seed)
+    x, w = (torch.randn(rows, k, generator=g).to(torch.bfloat16), torch.randn(n, k, generator=g).to(torch.bfloat16))
+    b = torch.randn(n, generator=g).to(torch.bfloat16) if bias else None
+    y = cpu_kernels.amx_gemm(x, cpu_kernels.amx_pack(w), n, b)
+    assert y.shape == (rows, n) and y.dtype == torch.bfloat16
+    assert within_rounding(y, x, w, b)
+
+
+@needs_amx
+def test_the_amx_gemm_takes_batched_strided_rows_and_is_counted_by_the_flop_counter():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(130, 96, generator=g).to(torch.bfloat16)
+    packed = cpu_kernels.amx_pack(w)
+    x = torch.randn(3, 4, 192, generator=g).to(torch.bfloat16)[..., ::2]  # (3, 4, 96), not contiguous
+    y = cpu_kernels.amx_gemm(x, packed, 130)
+    assert y.shape == (3, 4, 130)
+    assert torch.equal(y, cpu_kernels.amx_gemm(x.contiguous().view(12, 96), packed, 130).view(3, 4, 130))
+    with FlopCounterMode(display=False) as counter:
+        cpu_kernels.amx_gemm(x, packed, 130)
+    assert counter.get_total_flops() == 2 * 12 * 96 * 130
+
+
+@needs_amx
+@pytest.mark.parametrize(("rows", "n", "packed_for", "needle"), [
+    (17, 8, (8, 32), "1-16 rows"),
+    (2, 8, (65, 32), "for 8 outputs"),
+    (2, 8, (8, 33), "for 8 outputs"),
+])
+def test_bad_amx_operands_are_refused_by_name(rows, n, packed_for, needle):
+    packed = cpu_kernels.amx_pack(torch.randn(*packed_for).to(torch.bfloat16))
+    with pytest.raises(ValueError, match=f"amx_gemm: .*{needle}"):
+        cpu_kernels.amx_gemm(torch.randn(rows, 32).to(torch.bfloat16), packed, n)
+    with pytest.raises(ValueError, match="amx_pack: w must be"):
+        cpu_kernels.amx_pack(torch.randn(4, 8))
+
+
+@needs_amx
+def test_the_engine_repacks_for_amx_when_a_weight_changes():
+    """Weights loaded in place after the first step: the next steps read them, not a stale packed copy."""
+    model = make_model("llama", dtype="bf16")
+    engine = Engine(model, cache="contiguous")
+    prompts = [[1, 2, 3, 4]] * 4  # decode steps of 4 rows: the AMX GEMM
+    engine.generate(prompts, SamplingParams(max_new_tokens=3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-1.0)
+    fresh = Engine(make_model("llama", dtype="bf16"), cache="contiguous")
+    with torch.no_grad():
+        for p in fresh.model.parameters():
+            p.mul_(-1.0)
+    ours, theirs = (e.generate(prompts, SamplingParams(max_new_tokens=4)) for e in (engine, fresh))
+    assert [o.tokens for o in ours] == [o.tokens for o in theirs]
+
+
 @pytest.mark.parametrize(("x", "w", "b", "needle"), [
     (torch.randn(9, 8), torch.randn(4, 8), None, "rows must be 1-8, got 9"),
     (torch.randn(1, 8), torch.randn(4, 7), None, "do not fit"),
@@ -95,27 +160,44 @@ def test_bad_operands_are_refused_by_name(x, w, b, needle):
         cpu_kernels.small_gemm(x, w, b)
 
 
-@needs_kernel
-def test_the_engine_runs_its_gemms_of_up_to_rows_rows_on_the_kernel_and_the_rest_packed(monkeypatch):
-    """bf16 up to 4 rows, fp32 up to 8 (`ROWS`); a prefill of more rows and a bigger batch run packed."""
+def _gemm_calls(monkeypatch) -> list[tuple[str, int]]:
+    """(kernel, rows) of each GEMM the engine runs on llmperf's kernels from now on."""
     calls = []
-    real = cpu_kernels.small_gemm
+    stream, amx = cpu_kernels.small_gemm, cpu_kernels.amx_gemm
     monkeypatch.setattr(cpu_kernels, "small_gemm",
-                        lambda x, w, b: calls.append(x.numel() // x.shape[-1]) or real(x, w, b))
-    for dtype, most in (("bf16", 4), ("fp32", 8)):
-        for batch in (1, most, most + 1):
-            calls.clear()
-            engine = Engine(make_model("llama", dtype=dtype), cache="contiguous")
-            engine.generate([list(range(1, 13))] * batch, SamplingParams(max_new_tokens=3))
-            # every decode step's GEMMs and the prefill's head (the last position of each prompt), not
-            # the prefill's other GEMMs (12 rows per prompt)
-            assert set(calls) == (set() if batch > most else {batch}), (dtype, batch)
+                        lambda x, w, b: calls.append(("stream", x.numel() // x.shape[-1])) or stream(x, w, b))
+    monkeypatch.setattr(cpu_kernels, "amx_gemm",
+                        lambda x, p, n, b: calls.append(("amx", x.numel() // x.shape[-1])) or amx(x, p, n, b))
+    return calls
+
+
+def _expected_kernel(dtype: str, rows: int) -> str | None:
+    if dtype == "bf16" and cpu_kernels.amx_available():
+        return None if rows > cpu_kernels.AMX_ROWS else "amx" if rows >= cpu_kernels.AMX_MIN_ROWS else "stream"
+    return "stream" if rows <= cpu_kernels.ROWS[{"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]] else None
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_the_engine_runs_each_gemm_on_the_kernel_its_rows_call_for_and_the_rest_packed(monkeypatch, dtype):
+    """fp32 up to 8 rows on the weight-streaming kernel; bf16 up to 4 there, or where AMX runs 1-2 there
+    and 3-16 on AMX tiles; a prefill of more rows and a bigger batch run packed for oneDNN."""
+    calls = _gemm_calls(monkeypatch)
+    most = cpu_kernels.rows_for({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
+    for batch in sorted({1, 2, 3, 4, most, most + 1}):
+        calls.clear()
+        engine = Engine(make_model("llama", dtype=dtype), cache="contiguous")
+        engine.generate([list(range(1, 19))] * batch, SamplingParams(max_new_tokens=3))
+        # every decode step's GEMMs and the prefill's head (the last position of each prompt), not
+        # the prefill's other GEMMs (18 rows per prompt)
+        kernel = _expected_kernel(dtype, batch)
+        assert set(calls) == (set() if kernel is None else {(kernel, batch)}), (dtype, batch)
     # a 3-token prefill (3 rows; its head reads the last position only) and two decode steps, each
     # 2 layers x (qkv, o, gate_up, down) + the head
     calls.clear()
-    engine = Engine(make_model("llama", dtype="bf16"), cache="contiguous")
+    engine = Engine(make_model("llama", dtype=dtype), cache="contiguous")
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))
-    assert calls == [3] * 8 + [1] + [1] * 18
+    assert calls == [(_expected_kernel(dtype, 3), 3)] * 8 + [("stream", 1)] + [("stream", 1)] * 18
 
 
 def test_fp32_weights_are_stored_out_in_where_the_kernels_run(llama_spec):
@@ -148,7 +230,7 @@ def test_an_unavailable_kernel_leaves_the_library_gemms_and_says_why(monkeypatch
     monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: {"avx2"})
     assert not cpu_kernels.available()
     assert cpu_kernels.status() == "off (the CPU lacks avx512f, avx512bw, avx512_bf16)"
-    assert not cpu_kernels.use_for(torch.randn(1, 8).to(torch.bfloat16), torch.randn(4, 8).to(torch.bfloat16))
+    assert not cpu_kernels.gemm_kernel(torch.randn(1, 8).to(torch.bfloat16), torch.randn(4, 8).to(torch.bfloat16))
     out = Engine(make_model("llama", dtype="bf16"), cache="contiguous").generate([[1, 2, 3]],
                                                                                    SamplingParams(max_new_tokens=3))
     assert len(out[0].tokens) == 3

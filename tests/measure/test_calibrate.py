@@ -280,7 +280,8 @@ def test_cpu_calibration_measures_dispatch_per_dtype_and_rows(cal):
     terms = cal.fit_terms()
     table = terms["op_overhead_rows_s"]
     assert set(table) == {"fp32", "bf16"} and set(table["fp32"]) == {"sdpa", "naive"}
-    edges = ({"fp32": [1, 2, 8, 9], "bf16": [1, 2, 4, 5]} if cpu_kernels.available()
+    bf16 = [1, 2, 3, 16, 17] if cpu_kernels.amx_available() else [1, 2, 4, 5]  # AMX from 3 rows to 16
+    edges = ({"fp32": [1, 2, 8, 9], "bf16": bf16} if cpu_kernels.available()
              else {"fp32": [1, 2], "bf16": [1, 2]})
     for dtype in table:
         assert list(gemm_dispatch_rows(dtype, torch.device("cpu"))) == edges[dtype]
@@ -410,8 +411,12 @@ def test_the_gemm_sweep_steps_where_the_engine_changes_kernel():
     default = Settings()
     if cpu_kernels.available():
         assert gemm_sweep_rows(default, "fp32", cpu) == (1, 2, 4, 8, 9, 16, 32, 64, 128, 256, 512)
-        assert gemm_sweep_rows(default, "bf16", cpu) == (1, 2, 4, 5, 8, 16, 32, 64, 128, 256, 512)
-        assert gemm_sweep_rows(Settings.tiny(), "bf16", cpu) == (1, 4, 5, 8, 64)
+        if cpu_kernels.amx_available():  # VDPBF16PS to 2 rows, AMX 3-16, oneDNN from 17
+            assert gemm_sweep_rows(default, "bf16", cpu) == (1, 2, 3, 4, 8, 16, 17, 32, 64, 128, 256, 512)
+            assert gemm_sweep_rows(Settings.tiny(), "bf16", cpu) == (1, 2, 3, 8, 16, 17, 64)
+        else:
+            assert gemm_sweep_rows(default, "bf16", cpu) == (1, 2, 4, 5, 8, 16, 32, 64, 128, 256, 512)
+            assert gemm_sweep_rows(Settings.tiny(), "bf16", cpu) == (1, 4, 5, 8, 64)
     else:
         assert gemm_sweep_rows(default, "fp32", cpu) == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     assert gemm_sweep_rows(default, "fp16", cpu) == default.gemm_rows  # one path at every row count
