@@ -267,7 +267,7 @@ def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context:
         *(memory_limit_fractions(spec, dtype, b, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps,
                                  bandwidth=bw) for dtype in ("fp32", "bf16") for b in (1, 8)),
         *(own_kernels_speedup(spec, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps, dtype=dtype, batch=b)
-          for dtype, b in (("bf16", 1), ("fp32", 8))),
+          for dtype, b in (("bf16", 1), ("bf16", 8), ("fp32", 8))),
         versus_transformers(spec, batch=8, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps),
         paged_versus_contiguous(spec, context=context, new_tokens=min(new_tokens, 16), reps=reps),
     ):
