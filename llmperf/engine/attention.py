@@ -18,7 +18,8 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (one `attention` operator). In decode,
   the G query heads that share a KV head are folded into the query length, `(B, H_kv, G, D)`, so the
   cache is read once per KV head with no copy (the grouping Flash-Decoding uses); on a CPU where
-  llmperf's own kernels run, decode runs their decode attention instead (`sdpa_decode`);
+  llmperf's own kernels run, decode runs their decode attention instead (`sdpa_decode`), reading a
+  paged cache's blocks in place through the step's block tables;
 - `naive`: S = QK^T / sqrt(D) and P = softmax(S) materialised (`attn_score`, `attn_softmax`,
   `attn_value`), softmax in fp32 as Hugging Face's eager attention does;
 - `triton`: the `kernels` package: fused FlashAttention prefill, and in decode PagedAttention when
@@ -59,6 +60,10 @@ def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     G = H // H_kv
     scale = meta.scale(layer, D)
     with rec.op("attention", layer):
+        if T == 1 and meta.paged and cpu_kernels.use_attention_for(q, k):  # the blocks read in place
+            pool_k, pool_v = meta.store.pools(layer)
+            return cpu_kernels.decode_attention(q[:, 0], pool_k, pool_v, meta.seq_lens_tensor(), scale, meta.window,
+                                                meta.block_tables).view(B, 1, H * D)
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
         if T == 1:
             return sdpa_decode(q[:, 0], K, V, meta, scale).view(B, 1, H * D)

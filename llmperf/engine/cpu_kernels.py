@@ -27,9 +27,9 @@ nothing at one bf16 row).
 So the engine runs it up to `ROWS` rows: fp32 1-8 (packed from 9), bf16 1-4, or 1-2 where the AMX
 GEMM runs (below), with fp32 weights stored `(out, in)` where the kernels are available
 (`model.resolve_layout`; the plain GEMV on `(in, out)` otherwise). In the engine, decode step /
-memory limit with the GEMMs of 2-8 rows on it against the library, alternated in one run (RMSNorm and RoPE kernels on in both): fp32
-batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65 -> 0.77; bf16 batch 2 0.64 ->
-0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times the GEMM dispatch on both sides
+memory limit with the GEMMs of 2-8 rows on it against the library, alternated in one run (RMSNorm and
+RoPE kernels on in both): fp32 batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65
+-> 0.77; bf16 batch 2 0.64 -> 0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times the GEMM dispatch on both sides
 of each path's edge (`model.gemm_path_edges`, `calibrate.gemm_dispatch_rows`), and its GEMM sweep
 steps there (`calibrate.gemm_sweep_rows`).
 
@@ -81,7 +81,8 @@ vectorised since: 31 -> 9 us hot at bf16 batch 8).
 **Decode attention** (`decode_attention`, what the `sdpa` backend runs in decode on a CPU with these
 kernels; `attention.sdpa_decode`): one query per sequence and head against its cached keys, the
 query heads of a KV head together, 16 keys' scores at a time (a transposed reduction), online
-softmax, fp32 accumulation; the mask comes from the step's lengths and sliding window. As close to a
+softmax, fp32 accumulation; the mask comes from the step's lengths and sliding window, and a paged
+cache's blocks are read in place through the step's block tables (no gather). As close to a
 float64 reference as SDPA (tests), the same fp32 greedy tokens. Hot it is no faster than SDPA (21 us
 against 22 at batch 1); in the layer it is: the recorded `attention` operator went 118 -> 85 us per
 layer at fp32 batch 8 and 50 -> 35 at bf16 batch 1, and alternated in one run on one engine the
@@ -218,8 +219,8 @@ def _load() -> ctypes.CDLL | None:
             norm_args = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
             silu_args = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
             attention_args = ([ctypes.c_void_p, *[ctypes.c_int64] * 2, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3,
-                               ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 4,
-                               ctypes.c_float, ctypes.c_int])
+                               ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 3,
+                               ctypes.c_void_p, *[ctypes.c_int64] * 4, ctypes.c_float, ctypes.c_int])
             def entries(name: str, args: list[Any]) -> dict[torch.dtype, Any]:
                 return {dtype: _entry(lib, f"llmperf_{name}_{suffix}", args) for dtype, suffix in _SUFFIXES.items()}
 
@@ -487,21 +488,29 @@ def use_attention_for(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                     window: int | None = None) -> torch.Tensor:
-    """Attention of one query per sequence and head, `q (B, H, D)`, over its cached keys and values
-    `k`, `v (B, H_kv, S, D)` (any strides with D contiguous, the same for both): sequence b sees keys
-    `[max(0, len_b - window), len_b)`, `len_b = seq_lens[b]` (int32, at most S), softmax(scale q k^T) v in
-    fp32. Returns `(B, H * D)`, what `F.scaled_dot_product_attention` gives with that mask up to the
-    order of the sums."""
+                     window: int | None = None, block_tables: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one query per sequence and head, `q (B, H, D)`, over its cached keys and values:
+    `k`, `v (B, H_kv, S, D)` (any strides with D contiguous, the same for both), or with `block_tables`
+    `(B, max_blocks)` int32 a paged cache's block pools `(N, P, H_kv, D)`, read in place (key s of
+    sequence b in block `block_tables[b, s // P]`, slot `s % P`). Sequence b sees keys
+    `[max(0, len_b - window), len_b)`, `len_b = seq_lens[b]` (int32, at most S = max_blocks * P when
+    paged); softmax(scale q k^T) v in fp32. Returns `(B, H * D)`, what `F.scaled_dot_product_attention`
+    gives with that mask up to the order of the sums."""
     B, H, D = q.shape
-    if (q.dtype not in _SUFFIXES or not q.is_cpu or k.dim() != 4 or k.shape[0] != B or k.shape[-1] != D
-            or v.shape != k.shape or k.dtype != q.dtype or v.dtype != q.dtype or H % k.shape[1] or D > MAX_HEAD_DIM):
+    paged = block_tables is not None
+    kv_heads = k.shape[2 if paged else 1] if k.dim() == 4 else 0
+    if (q.dtype not in _SUFFIXES or not q.is_cpu or k.dim() != 4 or (not paged and k.shape[0] != B)
+            or k.shape[-1] != D or v.shape != k.shape or k.dtype != q.dtype or v.dtype != q.dtype or not kv_heads
+            or H % kv_heads or D > MAX_HEAD_DIM):
         raise ValueError(f"decode_attention: q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, "
-                         f"v {tuple(v.shape)} {v.dtype} do not fit q (B, H, D), k = v (B, H_kv, S, D) of one "
-                         f"fp32 / bf16 dtype on CPU, H_kv dividing H, D <= {MAX_HEAD_DIM}")
+                         f"v {tuple(v.shape)} {v.dtype} do not fit q (B, H, D), k = v (B, H_kv, S, D) (paged: "
+                         f"(blocks, P, H_kv, D)) of one fp32 / bf16 dtype on CPU, H_kv dividing H, D <= {MAX_HEAD_DIM}")
     if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (B,) or window is not None and window < 1:
         raise ValueError(f"decode_attention: seq_lens must be ({B},) int32 and window None or >= 1, got "
                          f"{tuple(seq_lens.shape)} {seq_lens.dtype}, window {window}")
+    if paged and (block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.shape[0] != B):
+        raise ValueError(f"decode_attention: block_tables must be ({B}, max_blocks) int32, got "
+                         f"{tuple(block_tables.shape)} {block_tables.dtype}")
     if _load() is None:
         raise RuntimeError(f"decode_attention: the kernels are unavailable: {_state.reason}")
     if q.stride(-1) != 1:
@@ -509,10 +518,19 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     if k.stride(-1) != 1 or v.stride() != k.stride():
         k, v = k.contiguous(), v.contiguous()
     seq_lens = seq_lens.contiguous()
+    if paged:
+        tables = block_tables.contiguous()
+        # pools (N, P, H_kv, D): block, slot and head strides; S = the slots a table row addresses
+        strides, S = (k.stride(0), k.stride(2), k.stride(1)), tables.shape[1] * k.shape[1]
+        table_args = (tables.data_ptr(), tables.stride(0), k.shape[1], k.shape[0])
+    else:
+        strides, S, table_args = (k.stride(0), k.stride(1), k.stride(2)), k.shape[2], (None, 0, 0, 0)
     out = q.new_empty((B, H * D))
-    rc = _state.attentions[q.dtype](q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
-                                    k.stride(0), k.stride(1), k.stride(2), seq_lens.data_ptr(), k.shape[2],
-                                    window or 0, out.data_ptr(), B, H, k.shape[1], D, scale, torch.get_num_threads())
+    rc = _state.attentions[q.dtype](q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(), *strides,
+                                    seq_lens.data_ptr(), S, window or 0, *table_args, out.data_ptr(), B, H, kv_heads,
+                                    D, scale, torch.get_num_threads())
+    if rc == 3:
+        raise ValueError(f"decode_attention: block_tables name a block outside the {k.shape[0]} of the pools")
     if rc:
         raise RuntimeError(f"decode_attention: the kernel failed (code {rc}: 2 is out of memory)")
     return out

@@ -514,12 +514,46 @@ def test_the_engine_decodes_on_the_kernel_with_the_same_tokens_as_sdpa(monkeypat
     """fp32 greedy decode of ragged prompts (a mask) with a sliding window smaller than the context."""
     calls = []
     real = cpu_kernels.decode_attention
-    monkeypatch.setattr(cpu_kernels, "decode_attention", lambda *a: calls.append(a[0].shape) or real(*a))
+    monkeypatch.setattr(cpu_kernels, "decode_attention",
+                        lambda *a: calls.append((a[0].shape, len(a) > 6 and a[6] is not None)) or real(*a))
     model = make_model("mistral")  # sliding_window 6
     prompts = [[5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 9], [3, 1, 4], [2, 7, 1, 8, 2, 8]]
     params = SamplingParams(max_new_tokens=6)
     ours = [o.tokens for o in Engine(model, cache=cache).generate(prompts, params)]
-    assert calls and all(shape[0] in (1, 2, 3) for shape in calls)
+    assert calls and all(shape[0] in (1, 2, 3) for shape, _ in calls)
+    assert {paged for _, paged in calls} == {cache == "paged"}  # a paged cache's blocks are read in place
     with cpu_kernels.disabled():
         theirs = [o.tokens for o in Engine(model, cache=cache).generate(prompts, params)]
     assert ours == theirs
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 4), kv_heads=st.integers(1, 3), group=st.integers(1, 3), d=st.integers(1, 128),
+       block=st.integers(1, 20), window=st.one_of(st.none(), st.integers(1, 30)), bf16=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_paged_decode_attention_reads_the_blocks_in_place_as_the_gathered_rows(batch, kv_heads, group, d, block,
+                                                                               window, bf16, seed):
+    """Blocks in a random order of the pool: bit for bit the result on the same keys gathered into rows."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    max_blocks = 5
+    pools = [(torch.randn(batch * max_blocks + 3, block, kv_heads, d, generator=g) * 2).to(dtype) for _ in range(2)]
+    tables = torch.randperm(pools[0].shape[0], generator=g)[:batch * max_blocks].view(batch, max_blocks).int()
+    lens = torch.randint(1, max_blocks * block + 1, (batch,), generator=g, dtype=torch.int32)
+    q = (torch.randn(batch, kv_heads * group, d, generator=g) * 2).to(dtype)
+    # (B, H_kv, S, D) rows: pool[table[b, s // P], s % P]
+    k, v = (p[tables.long()].reshape(batch, max_blocks * block, kv_heads, d).transpose(1, 2) for p in pools)
+    paged = cpu_kernels.decode_attention(q, *pools, lens, d ** -0.5, window, tables)
+    assert torch.equal(paged, cpu_kernels.decode_attention(q, k, v, lens, d ** -0.5, window))
+
+
+@needs_kernel
+def test_paged_decode_attention_refuses_a_table_outside_the_pools():
+    pools = torch.randn(4, 8, 2, 16)
+    lens = torch.tensor([10], dtype=torch.int32)
+    with pytest.raises(ValueError, match="decode_attention: block_tables name a block outside the 4"):
+        cpu_kernels.decode_attention(torch.randn(1, 2, 16), pools, pools, lens, 0.25, None,
+                                     torch.tensor([[1, 4]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="decode_attention: block_tables must be"):
+        cpu_kernels.decode_attention(torch.randn(1, 2, 16), pools, pools, lens, 0.25, None, torch.tensor([[1, 2]]))
