@@ -45,6 +45,7 @@ from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.weights import build_model, hf_config, to_hf_state_dict
 from llmperf.measure.device import describe_cpu, git_commit, versions
+from llmperf.measure.timers import gc_paused
 from llmperf.specs import ModelSpec, load_model
 
 MiB = 1 << 20
@@ -111,7 +112,8 @@ def weight_bytes_read(model: Transformer) -> int:
 def _decode_run(engine: Engine, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float, list[list[int]]]:
     """(median decode-step seconds, mean tokens in cache during the decode steps, the tokens made) of
     one call."""
-    outputs = engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
+    with gc_paused():
+        outputs = engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
     steps = [s for s in engine.last_steps if s.phase == Phase.decode]
     tokens = statistics.mean(s.usage.logical_tokens for s in steps)
     return statistics.median(s.seconds for s in steps), tokens, [o.tokens for o in outputs]

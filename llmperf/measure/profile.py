@@ -533,6 +533,7 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
     import torch
 
     from llmperf.engine import Recorder, SamplingParams
+    from llmperf.measure.timers import gc_paused
 
     gen = torch.Generator().manual_seed(settings.seed)
     prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=gen).tolist()
@@ -550,10 +551,12 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
     step_trace = None
     if settings.two_runs:  # the steps as they run without per-operator instrumentation
         step_rec = Recorder(device, ops=False)
-        engine.generate(prompts, params, seed=settings.seed, recorder=step_rec)
+        with gc_paused():
+            engine.generate(prompts, params, seed=settings.seed, recorder=step_rec)
         step_trace = step_rec.trace
     rec = Recorder(device)
-    engine.generate(prompts, params, seed=settings.seed, recorder=rec)
+    with gc_paused():  # a garbage collection inside a timed step is not the engine's time
+        engine.generate(prompts, params, seed=settings.seed, recorder=rec)
     trace = rec.trace
     recorded = {(st.phase, st.step): st.seconds for st in trace.steps}
 

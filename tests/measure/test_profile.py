@@ -322,6 +322,8 @@ def test_cpu_warm_up_runs_the_real_prompts(hardware):
     """Before its timed runs, a CPU generation is warmed up on its own prompts: oneDNN builds a GEMM
     primitive on the first call of every new row count (a 64-token bf16 prefill's first QKV GEMM
     took 17x its steady time), which must not land in the measured prefill."""
+    import gc
+
     from llmperf.analysis import ForwardModel
     from llmperf.engine import Engine, build_model
     from llmperf.specs import ModelSpec, Precision
@@ -332,7 +334,8 @@ def test_cpu_warm_up_runs_the_real_prompts(hardware):
     real = engine.generate
 
     def spy(prompts, params, **kw):
-        seen.append(([len(p) for p in prompts], params.max_new_tokens, kw.get("recorder") is not None))
+        seen.append(([len(p) for p in prompts], params.max_new_tokens, kw.get("recorder") is not None,
+                     gc.isenabled()))
         return real(prompts, params, **kw)
 
     engine.generate = spy
@@ -340,8 +343,10 @@ def test_cpu_warm_up_runs_the_real_prompts(hardware):
                           compute_dtype="fp32", calibrated=None)
     s = prof.ProfileSettings(model="x", hardware="local", reps=1, threads=1)
     prof.generation(engine, spec, pred, s, "b2-p20-g4", 2, 20, 4)
-    assert seen[0] == ([20, 20], 2, False)  # the warm-up: the same prompts, one decode step
-    assert seen[-1] == ([20, 20], 4, True)  # the recorded run
+    assert seen[0] == ([20, 20], 2, False, True)  # the warm-up: the same prompts, one decode step
+    # the recorded run, with the garbage collector paused (a full collection inside a step is not the engine's)
+    assert seen[-1] == ([20, 20], 4, True, False)
+    assert gc.isenabled()
 
 
 def test_the_critical_batch_reads_the_median_of_the_first_decode_steps():

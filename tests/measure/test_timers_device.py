@@ -43,3 +43,38 @@ def test_time_cpu_stops_a_long_call_after_two():
 
     t = timers.time_cpu(lambda: time.sleep(0.02), warmup=0, reps=10, max_time_s=0.01)
     assert t.n == 2 and t.min_s >= 0.02
+
+
+def test_gc_paused_keeps_the_collector_off_inside_and_restores_it_as_it_was():
+    import gc
+
+    from llmperf.measure.timers import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():  # restored after an error too
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # it was off: left off
+    finally:
+        gc.enable()
+
+
+def test_the_engine_benchmark_times_generations_with_the_collector_paused(monkeypatch):
+    import gc
+
+    from llmperf.engine import Engine
+    from llmperf.measure import engine_bench
+
+    seen = []
+    real = Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, *a, **k: seen.append(gc.isenabled()) or real(self, *a, **k))
+    engine_bench.memory_limit_fractions(engine_bench.bench_spec(hidden=64, layers=1, vocab=256), "fp32", 1,
+                                        prompt_len=4, new_tokens=3, reps=1, bandwidth=1e10)
+    assert seen == [False, False]  # warm-up and the timed repeat
