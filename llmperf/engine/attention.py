@@ -60,7 +60,7 @@ def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     G = H // H_kv
     scale = meta.scale(layer, D)
     with rec.op("attention", layer):
-        if T == 1 and meta.paged and cpu_kernels.use_attention_for(q, k):  # the blocks read in place
+        if T == 1 and meta.paged and cpu_kernels.use_attention_for(q):  # the blocks read in place
             pool_k, pool_v = meta.store.pools(layer)
             return cpu_kernels.decode_attention(q[:, 0], pool_k, pool_v, meta.seq_lens_tensor(), scale, meta.window,
                                                 meta.block_tables).view(B, 1, H * D)
@@ -83,7 +83,7 @@ def sdpa_decode(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMet
     where SDPA's takes 60-65 us in a decode step after the weights flushed the caches, against ~20 hot.
     Elsewhere SDPA, the G query heads of each KV head folded into the query axis `(B, H_kv, G, D)`,
     so the cache is read once per KV head with no copy."""
-    if cpu_kernels.use_attention_for(q, K):
+    if cpu_kernels.use_attention_for(q):
         return cpu_kernels.decode_attention(q, K, V, meta.seq_lens_tensor(), scale, meta.window)
     B, H, D = q.shape
     qg = q.reshape(B, K.shape[1], H // K.shape[1], D)

@@ -481,9 +481,9 @@ def rope(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) ->
 MAX_HEAD_DIM = 128  # the decode attention's limit (register blocking)
 
 
-def use_attention_for(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the engine's decode attention of `q (B, H, D)` over `k (B, H_kv, S, D)` runs here: fp32
-    or bf16 on CPU, D <= `MAX_HEAD_DIM`, the kernels available."""
+def use_attention_for(q: torch.Tensor) -> bool:
+    """Whether the engine's decode attention of queries `q (..., D)` runs here: fp32 or bf16 on CPU,
+    D <= `MAX_HEAD_DIM`, the kernels available."""
     return q.dtype in _SUFFIXES and q.is_cpu and q.shape[-1] <= MAX_HEAD_DIM and available()
 
 
