@@ -80,7 +80,7 @@ from llmperf.analysis.operators import attention_cost
 from llmperf.analysis.vocabulary import WEIGHT_MATMUL_OPS
 from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
 from llmperf.measure.device import describe, versions
-from llmperf.measure.timers import pooled, time_fn
+from llmperf.measure.timers import gc_paused, pooled, time_fn
 from llmperf.specs import HardwareSpec
 from llmperf.specs.local import CALIBRATION_SCHEMA, CALIBRATION_TOOL, LOCAL_NAME
 
@@ -839,7 +839,8 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: 
             engine = Engine(net, cache="contiguous", attention=backend)
             engine.generate(prompt, params)  # warm-up: the same lengths, so every kernel is compiled
             rec = Recorder(device, before_op=before_op)
-            engine.generate(prompt, params, recorder=rec)
+            with gc_paused():  # as profile times the engine: no garbage collection inside a timed operator
+                engine.generate(prompt, params, recorder=rec)
         except Exception:  # noqa: BLE001 - a backend this build cannot run keeps the per-kind figures (noted)
             continue
         samples: dict[str, list[float]] = defaultdict(list)
@@ -912,7 +913,8 @@ def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Se
             times: dict[str, list[float]] = defaultdict(list)
             for _ in range(s.vector_reps):
                 rec = Recorder(device)
-                engine.generate(prompts, params, recorder=rec)
+                with gc_paused():
+                    engine.generate(prompts, params, recorder=rec)
                 for r in rec.trace.ops:
                     if r.phase == "prefill" and r.op in BYTES_CURVE_OPS:
                         times[r.op].append(r.seconds)
@@ -1021,7 +1023,8 @@ def measure_step_overhead(device: Any, progress: Progress) -> float:
     engine = Engine(build_model(spec, seed=0, device=device), cache="contiguous")
     engine.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=4))  # warm-up
     rec = Recorder(device, ops=False)
-    engine.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=32), recorder=rec)
+    with gc_paused():
+        engine.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=32), recorder=rec)
     gaps = [st.seconds - st.forward_seconds for st in rec.trace.steps if st.phase == "decode"]
     return max(statistics.median(gaps), 0.0) if gaps else 0.0
 

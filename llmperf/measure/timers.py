@@ -10,7 +10,7 @@
 `Timing.spread_s` is the 90th minus the 10th percentile: what a reader needs to judge whether two
 medians differ.
 
-`gc_paused()`: timed engine runs (profile's generations, the engine benchmark's decode steps) pause
+`gc_paused()`: timed engine runs (profile's generations, calibrate's in-situ runs, the engine benchmark) pause
 Python's cyclic garbage collector, as `timeit` does: a full collection walks every live object, which
 in a process holding a profile's records takes tens of milliseconds and lands inside whichever step
 is running. Measured 2026-11-24 (2-core Xeon): in two held-out fp32 profiles the first decode steps

@@ -420,3 +420,22 @@ def test_the_gemm_sweep_steps_where_the_engine_changes_kernel():
     else:
         assert gemm_sweep_rows(default, "fp32", cpu) == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     assert gemm_sweep_rows(default, "fp16", cpu) == default.gemm_rows  # one path at every row count
+
+
+def test_calibrate_times_the_engine_with_the_garbage_collector_paused_as_profile_does(monkeypatch):
+    """The in-situ operator timings are what profile compares against: both run with the collector off."""
+    import gc
+
+    import torch
+
+    from llmperf.engine import Engine
+    from llmperf.measure.calibrate import measure_op_overheads, measure_step_overhead
+
+    seen = []
+    real = Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, *a, **k: seen.append(
+        (k.get("recorder") is not None, gc.isenabled())) or real(self, *a, **k))
+    measure_op_overheads(Settings.tiny(), torch.device("cpu"), lambda _: None, cold=False)
+    measure_step_overhead(torch.device("cpu"), lambda _: None)
+    timed = [enabled for recorded, enabled in seen if recorded]
+    assert timed and not any(timed) and gc.isenabled()
