@@ -48,8 +48,8 @@ BYTES one call moves, from a recorded prefill of a small calibration model at se
 kind. Those operators' bytes never depend on the context, so the closed form still holds.
 
 On a CPU a GEMM's dispatch depends on the path it takes: the engine runs GEMMs of few rows on a
-matrix-vector kernel (llmperf's own up to 8 fp32 / 4 bf16 rows; torch's one-row fp32 GEMV without
-it) and everything else on oneDNN's packed one, whose cold call costs up to three times as much
+kernel of llmperf's own (up to 8 fp32 / 4 bf16 rows, bf16 3-16 on AMX; torch's one-row fp32 GEMV
+without them) and everything else on oneDNN's packed one, whose cold call costs up to three times as much
 (tiny model, after a 32 MiB GEMV: 38 us against 123 us per fp32 projection). So a
 calibration may also give each operator's overhead per compute dtype as a curve over rows
 (`op_overhead_rows_s`: measured at 1 and 2 rows, the weight GEMMs also on both sides of each

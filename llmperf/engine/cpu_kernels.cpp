@@ -406,10 +406,7 @@ constexpr int64_t AMX_PREFETCH = 3;  // k-blocks ahead
 // Ask Linux for the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): 0 if granted.
 extern "C" int llmperf_amx_enable() { return syscall(SYS_arch_prctl, 0x1023, 18) ? 1 : 0; }
 
-extern "C" int64_t llmperf_amx_packed_size(int64_t N, int64_t K) {  // bf16 elements of the packed copy
-    return (N + AMX_PANEL - 1) / AMX_PANEL * AMX_PANEL * ((K + AMX_KB - 1) / AMX_KB * AMX_KB);
-}
-
+// out: (N rounded up to 64) x (K rounded up to 32) bf16 (cpu_kernels.amx_packed_size).
 extern "C" int llmperf_amx_pack_bf16(const uint16_t *w, int64_t N, int64_t K, uint16_t *out, int threads) {
     if (N < 1 || K < 1 || threads < 1) return 1;
     const int64_t KB = (K + AMX_KB - 1) / AMX_KB, P = (N + AMX_PANEL - 1) / AMX_PANEL;

@@ -29,9 +29,9 @@ GEMM runs (below), with fp32 weights stored `(out, in)` where the kernels are av
 (`model.resolve_layout`; the plain GEMV on `(in, out)` otherwise). In the engine, decode step /
 memory limit with the GEMMs of 2-8 rows on it against the library, alternated in one run (RMSNorm and
 RoPE kernels on in both): fp32 batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65
--> 0.77; bf16 batch 2 0.64 -> 0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times the GEMM dispatch on both sides
-of each path's edge (`model.gemm_path_edges`, `calibrate.gemm_dispatch_rows`), and its GEMM sweep
-steps there (`calibrate.gemm_sweep_rows`).
+-> 0.77; bf16 batch 2 0.64 -> 0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times
+the GEMM dispatch on both sides of each path's edge (`model.gemm_path_edges`,
+`calibrate.gemm_dispatch_rows`), and its GEMM sweep steps there (`calibrate.gemm_sweep_rows`).
 
 Past 4 rows the fp32 GEMM reads 3 weight rows at a time, bf16 2 (fp32 8 rows 25.3 GB/s against 23.8
 with 2, bf16 8 rows 18.5 against 19.4 with 3; ctypes direct, 2026-11-24). At 8 fp32 rows it is near
@@ -138,7 +138,7 @@ class _State:
     ropes: dict[torch.dtype, Any] = {}  # dtype -> the RoPE's entry point
     silu_muls: dict[torch.dtype, Any] = {}  # dtype -> SwiGLU's activation's entry point
     attentions: dict[torch.dtype, Any] = {}  # dtype -> the decode attention's entry point
-    amx_fns: tuple[Any, Any, Any] | None = None  # (packed size, pack, GEMM) entry points
+    amx_fns: tuple[Any, Any] | None = None  # (pack, GEMM) entry points
     reason: str | None = None  # why the kernels are unavailable (None: not tried yet, or available)
     amx: bool | None = None  # whether the AMX GEMM runs here (None: not asked yet)
     amx_reason: str | None = None  # why not
@@ -227,11 +227,9 @@ def _load() -> ctypes.CDLL | None:
             _state.fns, _state.norms = entries("gemm", gemm_args), entries("rms_norm", norm_args)
             _state.ropes, _state.silu_muls = entries("rope", rope_args), entries("silu_mul", silu_args)
             _state.attentions = entries("decode_attention", attention_args)
-            _state.amx_fns = (_entry(lib, "llmperf_amx_packed_size", [ctypes.c_int64] * 2),
-                              _entry(lib, "llmperf_amx_pack_bf16", [ctypes.c_void_p, *[ctypes.c_int64] * 2,
+            _state.amx_fns = (_entry(lib, "llmperf_amx_pack_bf16", [ctypes.c_void_p, *[ctypes.c_int64] * 2,
                                                                     ctypes.c_void_p, ctypes.c_int]),
                               _entry(lib, "llmperf_gemm_amx_bf16", gemm_args))
-            _state.amx_fns[0].restype = ctypes.c_int64
             _state.lib = lib
     return _state.lib
 
@@ -361,6 +359,12 @@ def _small_gemm_flops(x_shape: torch.Size, w_shape: torch.Size, *args: Any, **kw
     return 2 * math.prod(x_shape[:-1]) * w_shape[0] * w_shape[1]
 
 
+def amx_packed_size(n: int, k: int) -> int:
+    """bf16 elements of `amx_pack`'s copy of an `(n, k)` weight: outputs padded to panels of 64, inputs
+    to blocks of 32."""
+    return -(-n // 64) * 64 * (-(-k // 32) * 32)
+
+
 def amx_pack(w: torch.Tensor) -> torch.Tensor:
     """The copy of bf16 `w (out, in)` the AMX GEMM reads (1-D: panels of 64 outputs, VNNI tiles of 32
     inputs, zero-padded), made once per weight by the caller (`model.Linear` keeps it like oneDNN's)."""
@@ -370,22 +374,21 @@ def amx_pack(w: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"amx_pack: the AMX GEMM is unavailable: {_state.reason or _state.amx_reason}")
     N, K = w.shape
     w = w.contiguous()
-    out = torch.empty(_state.amx_fns[0](N, K), dtype=torch.bfloat16)
-    _state.amx_fns[1](w.data_ptr(), N, K, out.data_ptr(), torch.get_num_threads())
+    out = torch.empty(amx_packed_size(N, K), dtype=torch.bfloat16)
+    _state.amx_fns[0](w.data_ptr(), N, K, out.data_ptr(), torch.get_num_threads())
     return out
 
 
 def _amx_gemm(x: torch.Tensor, packed: torch.Tensor, n: int, b: torch.Tensor | None) -> torch.Tensor:
     K = x.shape[-1]
     M = x.numel() // K if K else 0
-    size = -(-n // 64) * 64 * -(-K // 32) * 32  # llmperf_amx_packed_size
     if (x.dtype != torch.bfloat16 or packed.dtype != torch.bfloat16 or not 1 <= M <= AMX_ROWS or n < 1
-            or packed.numel() != size or (b is not None and (b.shape != (n,) or b.dtype != x.dtype))):
+            or packed.numel() != amx_packed_size(n, K) or (b is not None and (b.shape != (n,) or b.dtype != x.dtype))):
         raise ValueError(f"amx_gemm: x {tuple(x.shape)} {x.dtype} (1-{AMX_ROWS} rows), packed {packed.numel()} "
                          f"{packed.dtype} for {n} outputs, b {None if b is None else tuple(b.shape)} do not fit")
     x = x.contiguous()
     y = x.new_empty((*x.shape[:-1], n))
-    rc = _state.amx_fns[2](x.data_ptr(), packed.data_ptr(), None if b is None else b.contiguous().data_ptr(),
+    rc = _state.amx_fns[1](x.data_ptr(), packed.data_ptr(), None if b is None else b.contiguous().data_ptr(),
                            y.data_ptr(), M, n, K, torch.get_num_threads())
     if rc:
         raise RuntimeError(f"amx_gemm: the kernel failed on M={M} N={n} K={K} (code {rc}: 2 is out of memory)")

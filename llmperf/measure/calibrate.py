@@ -27,8 +27,9 @@ Compute's roofline; see REFERENCE.md):
   launch-bound tiny model, its host dispatch;
 - on CPU, the same per compute dtype (fp32, bf16) at one and two rows (`op_overhead_rows_s`), and
   for the weight GEMMs also on both sides of each edge between the engine's GEMM paths: a
-  projection of few rows runs a matrix-vector kernel (llmperf's own `engine.cpu_kernels`, up to 8
-  fp32 / 4 bf16 rows; without it torch's fp32 GEMV at one row), anything else oneDNN's packed GEMM,
+  projection of few rows runs a kernel of llmperf's own (`engine.cpu_kernels`: up to 8 fp32 / 4 bf16
+  rows, bf16 3-16 on its AMX GEMM where the CPU has AMX; without them torch's fp32 GEMV at one row),
+  anything else oneDNN's packed GEMM,
   whose cold call costs up to three times as much (38 us against 123 us);
 - on CPU, the dispatch of every operator that reads no weights (norms, RoPE, the KV write, attention
   over a short context, the activation, residual adds, the embedding) where it really runs: in the
@@ -972,7 +973,8 @@ def gemm_dispatch_rows(dname: str, device: Any) -> tuple[int, ...]:
     """The rows at which `calibrate` times a weight GEMM's dispatch for the engine at `dname`: 1 and 2
     (`OVERHEAD_ROWS`, decoding one and two sequences) and both sides of every edge between the
     engine's GEMM paths (`engine.model.gemm_path_edges`): fp32 with llmperf's kernels 1, 2, 8, 9 (its
-    own GEMM to 8 rows, oneDNN's packed one from 9), bf16 1, 2, 4, 5; with torch's kernels alone
+    own GEMM to 8 rows, oneDNN's packed one from 9), bf16 1, 2, 4, 5 (1, 2, 3, 16, 17 on an AMX CPU:
+    its own GEMM to 2 rows, AMX 3-16, oneDNN from 17); with torch's kernels alone
     fp32 1, 2 (the GEMV, then packed) and bf16 1, 2 (always packed)."""
     return tuple(sorted(set(OVERHEAD_ROWS) | set(_gemm_path_edges(dname, device))))
 
