@@ -160,6 +160,11 @@ class KVCache(ABC):
         """K and V `(B, H_kv, S, D)` of `layer` for the step's sequences, S = the longest context;
         positions past a shorter sequence's end hold finite junk that attention must mask."""
 
+    @abstractmethod
+    def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `layer` as blocks `(num_blocks, slots, H_kv, D)` (views, the same strides in every
+        layer): sequence b's token p in block `meta.block_table()[b, p // slots]`, slot `p % slots`."""
+
     # ---- accounting ------------------------------------------------------------------------------
     @abstractmethod
     def usage(self) -> CacheUsage: ...
@@ -316,6 +321,10 @@ class ContiguousKVCache(KVCache):
             return self.kv[layer, 0, meta.row_slice], self.kv[layer, 1, meta.row_slice]
         return self.kv[layer, 0].index_select(0, meta.rows), self.kv[layer, 1].index_select(0, meta.rows)
 
+    def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A row is a block of S_max slots: `(B_max, S_max, H_kv, D)` views."""
+        return self.kv[layer, 0].transpose(1, 2), self.kv[layer, 1].transpose(1, 2)
+
     def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         S = meta.max_seq_len
         if meta.row_slice is not None:
@@ -416,6 +425,10 @@ class PagedKVCache(KVCache):
     def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V block pools of `layer`, `(N, P, H_kv, D)` each (what PagedAttention reads)."""
         return self.kv[layer, 0], self.kv[layer, 1]
+
+    def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block pools `(N, P, H_kv, D)`."""
+        return self.pools(layer)
 
     def can_allocate(self, lengths: Sequence[int], forks: int = 0, headroom: int = 0) -> bool:
         needed = sum(self.manager.blocks_needed(n) for n in lengths)  # forks share blocks: free

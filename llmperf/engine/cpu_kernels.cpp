@@ -23,6 +23,8 @@
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
+#include <ctime>
+#include <type_traits>
 
 namespace {
 
@@ -528,3 +530,145 @@ LLMPERF_SILU_MUL(llmperf_silu_mul_f32, float, LanesF32)
     }
 LLMPERF_DECODE_ATTENTION(llmperf_decode_attention_bf16, uint16_t, LanesBF16)
 LLMPERF_DECODE_ATTENTION(llmperf_decode_attention_f32, float, LanesF32)
+
+// ---- A decode step's layers in one call --------------------------------------------------------------
+// Every layer of a Llama-family decode step (RMSNorm, fused QKV GEMM, RoPE, KV write, decode attention,
+// o_proj, residual, RMSNorm, fused gate/up GEMM, SwiGLU, down_proj, residual) runs the kernels above in
+// the order and with the roundings the engine's Python runs them, so the result is the same bit for bit;
+// what goes is the framework between them (measured 2026-11-24 after a weight stream: 10-55 us a call;
+// see llmperf/engine/cpu_kernels.py). x (B, C) is the residual stream, updated in place. Per layer,
+// ptrs holds LAYER_PTRS addresses (below; 0 for an absent bias) and scales its softmax scale. The cache
+// is addressed as blocks: the K and V of layer l, block n, slot s, head h at ptrs[K / V] + n * kv_b +
+// s * kv_s + h * kv_h; sequence b's key p in block table[b * table_b + p / block] (a paged cache's block
+// tables; a contiguous cache passes each sequence's row as its one block of S_max slots). Its new token
+// (position lens[b] - 1) is written there before attention reads it. With times, the seconds of each part
+// of each layer (LAYER_PARTS in order) are stored at times[l * LAYER_PARTS + part] (CLOCK_MONOTONIC, the
+// clock of Python's perf_counter). Returns 0, 1 for refused sizes, 2 out of memory, 3 a table naming a
+// block outside the cache (checked before anything is written).
+namespace {
+enum LayerPtr { P_ATTN_NORM, P_QKV, P_QKV_B, P_O, P_O_B, P_MLP_NORM, P_GATE_UP, P_GATE_UP_B, P_DOWN, P_DOWN_B,
+                P_K, P_V, LAYER_PTRS };
+constexpr int LAYER_PARTS = 12;
+
+inline double now() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+template <class T>
+const T *at(const int64_t *p, int i) { return reinterpret_cast<const T *>(p[i]); }
+
+template <class D>
+int layer_gemm(const typename D::T *x, const int64_t *p, int w, int b, typename D::T *y, int64_t M, int64_t N,
+               int64_t K, int amx, int threads) {
+    using T = typename D::T;
+    if constexpr (std::is_same<T, uint16_t>::value)
+        if (amx) return llmperf_gemm_amx_bf16(x, at<T>(p, w), at<T>(p, b), y, M, N, K, threads);
+    return gemm<D>(x, at<T>(p, w), at<T>(p, b), y, M, N, K, threads);
+}
+
+template <class T>
+void residual(T *x, const T *o, int64_t n);
+
+template <>
+void residual<float>(float *x, const float *o, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16)
+        LanesF32::store(x + i, _mm512_add_ps(LanesF32::load(o + i, n - i), LanesF32::load(x + i, n - i)), n - i);
+}
+
+template <>
+void residual<uint16_t>(uint16_t *x, const uint16_t *o, int64_t n) {  // fp32 sum, one rounding (as torch)
+    for (int64_t i = 0; i < n; i += 16)
+        LanesBF16::store(x + i, _mm512_add_ps(LanesBF16::load(o + i, n - i), LanesBF16::load(x + i, n - i)), n - i);
+}
+
+template <class D, class L>
+int decode_layers(typename D::T *x, const int64_t *ptrs, const float *scales, int64_t layers, int64_t B, int64_t C,
+                  int64_t H, int64_t H_kv, int64_t Dh, int64_t rd, int64_t F, float eps, const typename D::T *cos,
+                  const typename D::T *sin, const int32_t *lens, int64_t S, int64_t window, const int32_t *table,
+                  int64_t table_b, int64_t block, int64_t nblocks, int64_t kv_b, int64_t kv_s, int64_t kv_h,
+                  int amx, double *times, int threads,
+                  int (*attention)(const typename D::T *, int64_t, int64_t, const typename D::T *,
+                                   const typename D::T *, int64_t, int64_t, int64_t, const int32_t *, int64_t,
+                                   int64_t, const int32_t *, int64_t, int64_t, int64_t, typename D::T *, int64_t,
+                                   int64_t, int64_t, int64_t, float, int)) {
+    using T = typename D::T;
+    if (layers < 1 || B < 1 || C < 1 || H_kv < 1 || H % H_kv || Dh < 1 || Dh > 128 || rd < 0 || rd > Dh || rd % 2
+        || F < 1 || S < 1 || window < 0 || table_b < 1 || block < 1 || nblocks < 1 || threads < 1)
+        return 1;
+    for (int64_t b = 0; b < B; b++) {  // every block a sequence reads or writes must exist
+        if (lens[b] < 1 || lens[b] > S || (lens[b] - 1) / block >= table_b) return 1;
+        for (int64_t i = 0; i * block < lens[b]; i++)
+            if (table[b * table_b + i] < 0 || table[b * table_b + i] >= nblocks) return 3;
+    }
+    const int64_t W = (H + 2 * H_kv) * Dh, QK = (H + H_kv) * Dh;
+    const auto pad = [](int64_t n) { return (n + 31) / 32 * 32; };  // 64-byte aligned segments
+    const int64_t sizes[6] = {pad(B * C), pad(B * W), pad(B * QK), pad(B * H * Dh), pad(B * 2 * F), pad(B * F)};
+    int64_t total = 0;
+    for (int64_t s : sizes) total += s;
+    T *scratch = static_cast<T *>(std::aligned_alloc(64, (total * sizeof(T) + 63) / 64 * 64));
+    if (!scratch) return 2;
+    T *h = scratch, *qkv = h + sizes[0], *qk = qkv + sizes[1], *att = qk + sizes[2], *gu = att + sizes[3];
+    T *act = gu + sizes[4], *o = h;  // o reuses h: the norm's output is dead once the GEMM has read it
+    int rc = 0;
+    for (int64_t l = 0; l < layers; l++) {
+        const int64_t *p = ptrs + l * LAYER_PTRS;
+        T *kc = reinterpret_cast<T *>(p[P_K]), *vc = reinterpret_cast<T *>(p[P_V]);
+        double t[LAYER_PARTS + 1];
+        int part = 0;
+        const auto mark = [&] { if (times) t[++part] = now(); };
+        t[0] = times ? now() : 0.0;
+        rms_norm<T, L>(x, at<T>(p, P_ATTN_NORM), h, B, C, eps, threads);
+        mark();
+        if ((rc = layer_gemm<D>(h, p, P_QKV, P_QKV_B, qkv, B, W, C, amx, threads))) break;
+        mark();
+        rope<T, L>(qkv, B, W, H + H_kv, Dh, rd, cos, sin, qk, threads);
+        mark();
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t pos = lens[b] - 1;
+            const int64_t slot = table[b * table_b + pos / block] * kv_b + pos % block * kv_s;
+            for (int64_t g = 0; g < H_kv; g++) {
+                std::memcpy(kc + slot + g * kv_h, qk + b * QK + (H + g) * Dh, Dh * sizeof(T));
+                std::memcpy(vc + slot + g * kv_h, qkv + b * W + (H + H_kv + g) * Dh, Dh * sizeof(T));
+            }
+        }
+        mark();
+        if ((rc = attention(qk, QK, Dh, kc, vc, kv_b, kv_h, kv_s, lens, S, window, table, table_b, block, nblocks,
+                            att, B, H, H_kv, Dh, scales[l], threads)))
+            break;
+        mark();
+        if ((rc = layer_gemm<D>(att, p, P_O, P_O_B, o, B, C, H * Dh, amx, threads))) break;
+        mark();
+        residual<T>(x, o, B * C);
+        mark();
+        rms_norm<T, L>(x, at<T>(p, P_MLP_NORM), h, B, C, eps, threads);
+        mark();
+        if ((rc = layer_gemm<D>(h, p, P_GATE_UP, P_GATE_UP_B, gu, B, 2 * F, C, amx, threads))) break;
+        mark();
+        silu_mul<T, L>(gu, act, B, F, threads);
+        mark();
+        if ((rc = layer_gemm<D>(act, p, P_DOWN, P_DOWN_B, o, B, C, F, amx, threads))) break;
+        mark();
+        residual<T>(x, o, B * C);
+        mark();
+        if (times)
+            for (int i = 0; i < LAYER_PARTS; i++) times[l * LAYER_PARTS + i] = t[i + 1] - t[i];
+    }
+    std::free(scratch);
+    return rc;
+}
+}  // namespace
+
+#define LLMPERF_DECODE_LAYERS(NAME, D, L, ATTENTION)                                                        \
+    extern "C" int NAME(D::T *x, const int64_t *ptrs, const float *scales, int64_t layers, int64_t B,          \
+                        int64_t C, int64_t H, int64_t H_kv, int64_t Dh, int64_t rd, int64_t F, float eps,      \
+                        const D::T *cos, const D::T *sin, const int32_t *lens, int64_t S, int64_t window,      \
+                        const int32_t *table, int64_t table_b, int64_t block, int64_t nblocks, int64_t kv_b,   \
+                        int64_t kv_s, int64_t kv_h, int amx, double *times, int threads) {                     \
+        return decode_layers<D, L>(x, ptrs, scales, layers, B, C, H, H_kv, Dh, rd, F, eps, cos, sin, lens, S,  \
+                                   window, table, table_b, block, nblocks, kv_b, kv_s, kv_h, amx, times,       \
+                                   threads, ATTENTION);                                                        \
+    }
+LLMPERF_DECODE_LAYERS(llmperf_decode_layers_bf16, BF16, LanesBF16, llmperf_decode_attention_bf16)
+LLMPERF_DECODE_LAYERS(llmperf_decode_layers_f32, F32, LanesF32, llmperf_decode_attention_f32)

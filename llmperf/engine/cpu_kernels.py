@@ -1,6 +1,6 @@
 """llmperf's own CPU kernels for a decode step (`cpu_kernels.cpp`): a weight-streaming GEMM for few
-rows, a bf16 GEMM of up to 16 rows on AMX tiles, and one call each for the RMSNorm, the RoPE,
-SwiGLU's activation and decode attention.
+rows, a bf16 GEMM of up to 16 rows on AMX tiles, one call each for the RMSNorm, the RoPE, SwiGLU's
+activation and decode attention, and all of a decode step's layers in one call.
 
 A decode step multiplies 1-8 rows of activations by every weight matrix: it is a stream of the
 weights through the cores, and how close a step gets to the memory roofline is how fast the GEMM
@@ -90,6 +90,22 @@ decode step gains 1.5-3% (fp32 batch 8 31.4 -> 31.0 ms, bf16 batch 1 15.25 -> 15
 21.4 -> 20.8, fp32 batch 1 27.4 -> 26.9; 2026-11-24). `calibrate` and `profile` time decode attention
 through the same function.
 
+**A decode step's layers in one call** (`decode_layers`, what `Transformer` runs for a Llama-family
+decode step on these kernels, `Transformer._decode_in_one_call`): every layer's twelve operators
+(`LAYER_PARTS`) call the kernels above from C++, in the order and with the roundings the engine's
+Python calls them one by one (the same logits bit for bit: the tests compare them), the KV write
+included (into the cache's blocks, addressed as decode attention reads them). What goes is the
+framework between the operators: after each weight stream its dispatch state is cold (above), and a
+12-layer step made ~140 framework calls. Measured 2026-11-24 on the bench model (12 x 1024, 32000
+vocabulary; `engine_bench`), decode step / memory limit, one by one -> in one call, alternated in one
+run, three runs each, same tokens: bf16 batch 8 0.70-0.71 -> 0.86, bf16 batch 1 0.87 -> 1.04-1.09,
+fp32 batch 8 0.82-0.83 -> 0.92-0.93, fp32 batch 1 0.90-0.92 -> 1.04-1.05. (The limit divides by the
+copy bandwidth, 27.8 GB/s that run; reads alone stream ~34 GB/s here, so a step that only reads its
+weights can pass 1.) With a `Recorder` each part is timed inside the call (`CLOCK_MONOTONIC`, the
+clock of `time.perf_counter`) and recorded under its operator name, so what is measured is what runs.
+The layers' addresses are kept between steps until a weight, a packed copy (`Linear.clear`) or the
+cache changes: rebuilding them took ~240 us a step, keeping them ~60.
+
 The kernels are compiled at first use with the host's C++ compiler (`$CXX`, default `c++`) into
 `$LLMPERF_CACHE_DIR` (default `~/.cache/llmperf`), keyed by the source and flags. They are used only
 where they can run: an x86-64 Linux CPU with AVX-512 F/BW and AVX512_BF16, a working compiler (one
@@ -138,6 +154,7 @@ class _State:
     ropes: dict[torch.dtype, Any] = {}  # dtype -> the RoPE's entry point
     silu_muls: dict[torch.dtype, Any] = {}  # dtype -> SwiGLU's activation's entry point
     attentions: dict[torch.dtype, Any] = {}  # dtype -> the decode attention's entry point
+    layer_fns: dict[torch.dtype, Any] = {}  # dtype -> the decode layers' entry point
     amx_fns: tuple[Any, Any] | None = None  # (pack, GEMM) entry points
     reason: str | None = None  # why the kernels are unavailable (None: not tried yet, or available)
     amx: bool | None = None  # whether the AMX GEMM runs here (None: not asked yet)
@@ -227,6 +244,10 @@ def _load() -> ctypes.CDLL | None:
             _state.fns, _state.norms = entries("gemm", gemm_args), entries("rms_norm", norm_args)
             _state.ropes, _state.silu_muls = entries("rope", rope_args), entries("silu_mul", silu_args)
             _state.attentions = entries("decode_attention", attention_args)
+            layers_args = ([*[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 8, ctypes.c_float, *[ctypes.c_void_p] * 3,
+                            *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 6, ctypes.c_int,
+                            ctypes.c_void_p, ctypes.c_int])
+            _state.layer_fns = entries("decode_layers", layers_args)
             _state.amx_fns = (_entry(lib, "llmperf_amx_pack_bf16", [ctypes.c_void_p, *[ctypes.c_int64] * 2,
                                                                     ctypes.c_void_p, ctypes.c_int]),
                               _entry(lib, "llmperf_gemm_amx_bf16", gemm_args))
@@ -484,6 +505,13 @@ def rope(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) ->
 MAX_HEAD_DIM = 128  # the decode attention's limit (register blocking)
 
 
+def use_layers_for(x: torch.Tensor) -> bool:
+    """Whether a decode step of activations `x` may run its layers in one call (`decode_layers`): fp32 or
+    bf16 on CPU, the kernels available, and no dispatch mode watching (`FlopCounterMode` counts the
+    GEMMs only when they run one by one, as ops)."""
+    return x.dtype in _SUFFIXES and x.is_cpu and available() and _get_current_dispatch_mode() is None
+
+
 def use_attention_for(q: torch.Tensor) -> bool:
     """Whether the engine's decode attention of queries `q (..., D)` runs here: fp32 or bf16 on CPU,
     D <= `MAX_HEAD_DIM`, the kernels available."""
@@ -537,3 +565,60 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens
     if rc:
         raise RuntimeError(f"decode_attention: the kernel failed (code {rc}: 2 is out of memory)")
     return out
+
+
+#: the parts of a decode layer (`decode_layers`), in the order they run: the engine's operator names
+LAYER_PARTS = ("attn_norm", "qkv_proj", "rope", "kv_write", "attention", "o_proj", "attn_residual", "mlp_norm",
+               "gate_up_proj", "act", "down_proj", "mlp_residual")
+#: per layer, the addresses `decode_layers` takes (`ptrs` row), in this order (0 for an absent bias)
+LAYER_PTRS = ("attn_norm", "qkv", "qkv_bias", "o", "o_bias", "mlp_norm", "gate_up", "gate_up_bias", "down",
+              "down_bias", "k", "v")
+
+
+def decode_layers(x: torch.Tensor, ptrs: torch.Tensor, scales: torch.Tensor, *, heads: int, kv_heads: int,
+                  head_dim: int, ffn: int, eps: float, cos: torch.Tensor, sin: torch.Tensor, seq_lens: torch.Tensor,
+                  max_len: int, window: int | None, tables: torch.Tensor, k_blocks: torch.Tensor, amx: bool,
+                  times: torch.Tensor | None = None) -> torch.Tensor:
+    """Every layer of a Llama-family decode step in one call, on `x (B, C)` (the residual stream after
+    the embedding, contiguous; updated in place and returned): per layer RMSNorm, the fused QKV GEMM,
+    RoPE, the KV write, decode attention, o_proj and the residual, RMSNorm, the fused gate/up GEMM,
+    SwiGLU and down_proj and the residual: the kernels of this module, called as the engine calls them
+    one by one, so the result is the same bit for bit, without the framework between them.
+
+    `ptrs (L, len(LAYER_PTRS))` int64: each layer's addresses (`LAYER_PTRS`: norms and weights `(out,
+    in)`, or with `amx` their `amx_pack` copies, biases or 0, and the layer's K and V blocks); `scales (L,)`
+    fp32 the softmax scale per layer. The cache is blocks: `k_blocks (N, P, H_kv, D)` is layer 0's K,
+    whose strides every layer's K and V share; sequence b's token p sits in block `tables[b, p // P]`,
+    slot `p % P` (a paged cache's block tables, or a contiguous cache's row per sequence as its one block).
+    Each sequence's new token (position `seq_lens[b] - 1`, int32, each in [1, `max_len`]) is written
+    there, then attended with the keys `[max(0, len - window), len)`. `cos`, `sin`: the RoPE tables of the B tokens, `(B, rotary_dim)`
+    in x's dtype. `times (L * 12,)` fp64: if given, each part's seconds (`LAYER_PARTS` order per layer).
+    The caller checks the model's structure; this checks what could write out of bounds."""
+    B, C = x.shape
+    L = ptrs.shape[0]
+    rd = cos.shape[-1]
+    if (x.dtype not in _SUFFIXES or not x.is_cpu or not x.is_contiguous() or ptrs.dtype != torch.int64
+            or tuple(ptrs.shape) != (L, len(LAYER_PTRS)) or scales.dtype != torch.float32
+            or tuple(scales.shape) != (L,) or cos.dtype != x.dtype or sin.shape != cos.shape
+            or cos.numel() != B * rd or not cos.is_contiguous() or not sin.is_contiguous()
+            or seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (B,) or tables.dtype != torch.int32
+            or tables.dim() != 2 or tables.shape[0] != B or not tables.is_contiguous() or k_blocks.dim() != 4
+            or tuple(k_blocks.shape[2:]) != (kv_heads, head_dim) or k_blocks.dtype != x.dtype
+            or (times is not None and (times.dtype != torch.float64 or times.numel() != L * len(LAYER_PARTS)))
+            or (amx and x.dtype != torch.bfloat16)):
+        raise ValueError(f"decode_layers: arguments do not fit x {tuple(x.shape)} {x.dtype}: ptrs "
+                         f"{tuple(ptrs.shape)}, scales {tuple(scales.shape)}, cos {tuple(cos.shape)} {cos.dtype}, "
+                         f"seq_lens {tuple(seq_lens.shape)} {seq_lens.dtype}, tables {tuple(tables.shape)} "
+                         f"{tables.dtype}, k_blocks {tuple(k_blocks.shape)} {k_blocks.dtype}")
+    if _load() is None:
+        raise RuntimeError(f"decode_layers: the kernels are unavailable: {_state.reason}")
+    rc = _state.layer_fns[x.dtype](x.data_ptr(), ptrs.data_ptr(), scales.data_ptr(), L, B, C, heads, kv_heads,
+                                   head_dim, rd, ffn, eps, cos.data_ptr(), sin.data_ptr(), seq_lens.data_ptr(), max_len,
+                                   window or 0, tables.data_ptr(), tables.shape[1], k_blocks.shape[1],
+                                   k_blocks.shape[0], k_blocks.stride(0), k_blocks.stride(1), k_blocks.stride(2),
+                                   int(amx), None if times is None else times.data_ptr(), torch.get_num_threads())
+    if rc == 3:
+        raise ValueError(f"decode_layers: the tables name a block outside the {k_blocks.shape[0]} of the cache")
+    if rc:
+        raise RuntimeError(f"decode_layers: the kernels refused the step (code {rc}: 1 sizes, 2 out of memory)")
+    return x

@@ -229,6 +229,12 @@ class Recorder:
             return _NOOP
         return self._op_cls(self, name, layer)
 
+    def add(self, name: str, layer: int | None, seconds: float) -> None:
+        """Record an operator timed elsewhere (`decode_layers` times the parts of its layers inside
+        its one call, with the clock `time.perf_counter` reads)."""
+        if self.record_ops:
+            self._pending.append((name, layer, seconds))
+
     def _sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)

@@ -25,6 +25,12 @@ one RoPE call rotates the adjacent q and k heads. A `Recorder` times exactly the
 the shared vocabulary's fused names (`qkv_proj`, `gate_up_proj`; `llmperf.analysis.vocabulary.FUSED_PARTS`
 joins them to the split predictions): recording never changes what runs.
 
+A decode step (one token per sequence, with a cache) of a Llama-family model at fp32 / bf16 on a CPU
+with llmperf's kernels runs all its layers in one call of them (`cpu_kernels.decode_layers`), the
+same kernels in the same order as the layers' Python, so the same logits bit for bit, without ~140
+framework calls between them (`Transformer._decode_in_one_call`; `decode_in_one_call = False` turns
+it off). A recorder still gets every operator of every layer, timed inside the call.
+
 The forward pass takes the step's metadata (`StepMeta`: positions, cache addressing) and returns the
 logits of the last position of each sequence (as serving engines do), or of every position with
 `all_logits=True`.
@@ -43,7 +49,7 @@ from torch.utils import flop_counter
 
 from llmperf.analysis.vocabulary import Op
 from llmperf.engine import cpu_kernels
-from llmperf.engine.attention import BACKENDS, get_backend
+from llmperf.engine.attention import BACKENDS, get_backend, sdpa_attention
 from llmperf.engine.step import StepMeta
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.specs import ModelSpec
@@ -248,15 +254,17 @@ class Linear:
     weight changes (its version counter or storage), so loading weights after building stays right
     (an inference tensor has no version counter: changing one in place needs `clear()`)."""
 
-    __slots__ = ("in_out", "min_rows", "_packs")
+    __slots__ = ("in_out", "min_rows", "_packs", "generation")
 
     def __init__(self, in_out: bool, min_rows: int | None) -> None:
         self.in_out, self.min_rows = in_out, min_rows
         self._packs: dict[tuple[bool, int], tuple[torch.Tensor, int, int, torch.Tensor]] = {}
+        self.generation = 0  # counts `clear()` calls (whoever keeps a packed copy's address checks it)
 
     def clear(self) -> None:
         """Forget every packed copy (they are remade on next use)."""
         self._packs.clear()
+        self.generation += 1
 
     def plain(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         return _matmul_in_out(x, w, b) if self.in_out else F.linear(x, w, b)
@@ -285,6 +293,15 @@ class Linear:
         if self.min_rows is None or x.numel() < self.min_rows * x.shape[-1] or not x.is_cpu:  # moved to CUDA
             return self.plain(x, w, b)
         return _PACKED_LINEAR(x, self.packed(w), b, "none", [], "")
+
+
+#: a layer's parameters `decode_layers` reads (`Block`'s names); the norms' weights are `Norm` modules'
+_ONE_CALL_PARAMS = ("qkv_weight", "qkv_bias", "o_weight", "o_bias", "up_weight", "up_bias", "down_weight", "down_bias")
+
+
+def _address(t: torch.Tensor | None) -> int:
+    """The data address of an optional bias (0: none)."""
+    return 0 if t is None else t.data_ptr()
 
 
 def _mat(in_f: int, out_f: int, in_out: bool, **kw: Any) -> nn.Parameter:
@@ -501,6 +518,15 @@ class Transformer(nn.Module):
             self.layer_scales = tuple(base / (i + 1 if spec.attn_scale_inverse_layer_idx else 1)
                                       for i in range(spec.num_layers))
         self.set_attention(attention)
+        first = self.layers[0] if spec.num_layers else None
+        # A decode step of these models may run all its layers in one call of llmperf's kernels (`_decode_in_one_call`)
+        self._one_call_shape = (first is not None and first.attn_norm.kind == "rmsnorm" and first.rope and first.swiglu
+                                and first.silu and not first.moe and not self.in_out
+                                and spec.head_dim <= cpu_kernels.MAX_HEAD_DIM)
+        self.decode_in_one_call = True  # False: every operator from Python (side-by-side measurements)
+        self._one_call_memo: tuple[Any, ...] | None = None  # `_one_call_addresses`' last answer
+        self._scales = torch.tensor([self.layer_scales[i] if self.layer_scales else 1.0 / math.sqrt(spec.head_dim)
+                                     for i in range(spec.num_layers)], dtype=torch.float32)
         self.eos_token_id: int | tuple[int, ...] | None = None  # the checkpoint's (from_pretrained)
         self.requires_grad_(False)  # an inference engine: no autograd graph, ever
         self.eval()
@@ -569,9 +595,91 @@ class Transformer(nn.Module):
         if self.pos_weight is not None:
             with rec.op("pos_embed"):
                 x = x + F.embedding(positions, self.pos_weight)
+        if self._one_call_shape and self.decode_in_one_call and len(spans) == 1:
+            y = self._decode_in_one_call(x, spans[0][0], ctx)
+            if y is not None:
+                return y
         for layer in self.layers:
             x = layer.forward(x, spans, ctx)  # .forward skips nn.Module hook dispatch
         return x
+
+    def _decode_in_one_call(self, x: torch.Tensor, meta: StepMeta, ctx: ForwardContext) -> torch.Tensor | None:
+        """Every layer of a decode step in one call of llmperf's CPU kernels (`cpu_kernels.decode_layers`),
+        or None where it does not apply: a Llama-family model (RMSNorm, RoPE, SwiGLU, no experts) at
+        fp32 / bf16 on a CPU with the kernels, the `sdpa` backend, one token per sequence with a
+        cache, GEMMs of few enough rows for the kernels, and no dispatch mode watching. The kernels
+        are the ones the layers call one by one (the same result, bit for bit); what goes is the
+        framework between them: every operator of a decode step starts right after a weight stream,
+        with the interpreter's and torch's dispatch state evicted (10-55 us a framework call, see
+        `cpu_kernels`). A recorder gets each part of each layer timed inside the call, under the
+        operator names the layers record (`cpu_kernels.LAYER_PARTS`), so what is measured is what runs."""
+        if meta.q_len != 1 or meta.store is None or ctx.attend is not sdpa_attention or not cpu_kernels.use_layers_for(x):
+            return None
+        first = self.layers[0]
+        kernel = cpu_kernels.gemm_kernel(x, first.qkv_weight)
+        if not kernel:
+            return None
+        amx = kernel == cpu_kernels.AMX
+        ptrs = self._one_call_addresses(meta.store, amx, x.dtype)
+        if ptrs is None:
+            return None
+        rec = ctx.rec
+        times = torch.empty(len(self.layers) * len(cpu_kernels.LAYER_PARTS), dtype=torch.float64) if rec.active else None
+        if times is not None and getattr(rec, "before_op", None) is not None:
+            rec.before_op()  # as before the first operator of the layers it replaces
+        B, C = x.shape[1], x.shape[2]
+        cpu_kernels.decode_layers(x.view(B, C), ptrs[0], self._scales,
+                                  heads=first.H, kv_heads=first.H_kv, head_dim=first.D, ffn=first.ffn_size,
+                                  eps=first.attn_norm.eps, cos=ctx.cos, sin=ctx.sin, seq_lens=meta.seq_lens_tensor(),
+                                  max_len=meta.max_seq_len, window=meta.window, tables=meta.block_table(),
+                                  k_blocks=ptrs[1], amx=amx, times=times)
+        if times is not None:
+            parts = cpu_kernels.LAYER_PARTS
+            for j, seconds in enumerate(times.tolist()):
+                rec.add(parts[j % len(parts)], j // len(parts), seconds)
+        return x
+
+    def _one_call_addresses(self, store: Any, amx: bool, dtype: torch.dtype
+                            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(`decode_layers`' addresses `(L, len(LAYER_PTRS))`, layer 0's K blocks) for this cache, or
+        None where its layout does not fit (a `KVStore` without `blocks`, strides differing per layer, a
+        non-contiguous weight). Kept while nothing they point at changed: the same weight objects at
+        the same versions and storage, no `Linear.clear()`, a cache of the same class, address and
+        layout (rebuilding them costs ~240 us a step: module attributes and views, 12 layers)."""
+        blocks = getattr(store, "blocks", None)  # a KVStore of a user's may not address blocks
+        if blocks is None:
+            return None
+        k0, _ = blocks(0)
+        weights = [params[name] for layer in self.layers
+                   for params, names in ((layer._parameters, _ONE_CALL_PARAMS), (layer.attn_norm._parameters, ("weight",)),
+                                         (layer.mlp_norm._parameters, ("weight",)))
+                   for name in names]
+        key = (amx, self.linear.generation, type(store), k0.data_ptr(), k0.shape, k0.stride(),
+               [(-1 if w is None or w.is_inference() else w._version, 0 if w is None else w.data_ptr())
+                for w in weights])
+        memo = self._one_call_memo
+        if memo is not None and memo[0] == key and all(a is b for a, b in zip(memo[1], weights)):
+            return memo[2], k0
+        rows, keep = [], []
+        for i, layer in enumerate(self.layers):
+            k, v = blocks(i)
+            if k.stride() != k0.stride() or v.stride() != k0.stride() or k.dtype != dtype or v.dtype != dtype:
+                return None
+            mats = (layer.qkv_weight, layer.o_weight, layer.up_weight, layer.down_weight)
+            biases = (layer.qkv_bias, layer.o_bias, layer.up_bias, layer.down_bias)
+            if not all(t is None or t.is_contiguous() for t in (*mats, *biases)):
+                return None
+            if amx:
+                mats = tuple(self.linear.packed(w, amx=True) for w in mats)
+            keep += mats  # what the addresses point at stays alive while they are kept
+            q, o, gu, d = mats
+            rows.append((layer.attn_norm.weight.data_ptr(), q.data_ptr(), _address(layer.qkv_bias), o.data_ptr(),
+                         _address(layer.o_bias), layer.mlp_norm.weight.data_ptr(), gu.data_ptr(),
+                         _address(layer.up_bias), d.data_ptr(), _address(layer.down_bias), k.data_ptr(), v.data_ptr()))
+        ptrs = torch.tensor(rows, dtype=torch.int64)
+        # no reference to the cache: a model outlives its engines' caches (the key has their layout)
+        self._one_call_memo = (key, weights, ptrs, keep)
+        return ptrs, k0
 
     def forward_groups(self, groups: Sequence[tuple[torch.Tensor, StepMeta]], *, rec: Any = NULL_RECORDER,
                        attend: Any = None) -> list[torch.Tensor]:

@@ -13,7 +13,7 @@ on the cache's class:
   `store.rows_of(layer, meta)`);
 - neither, `store` None: no cache (a full forward from position 0).
 
-`store` is the `KVStore` (the cache's tensor side: `write`, `gather`, `pools`, `rows_of`); nothing
+`store` is the `KVStore` (the cache's tensor side: `write`, `gather`, `pools`, `rows_of`, `blocks`); nothing
 here reaches into the cache's block bookkeeping.
 """
 
@@ -40,6 +40,10 @@ class KVStore(Protocol):
 
     def rows_of(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous: the step's K and V rows `(B, H_kv, S_max, D)` of `layer`."""
+
+    def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Either cache: K and V of `layer` as blocks `(num_blocks, slots, H_kv, D)` (a contiguous cache's
+        block is a row), addressed by `StepMeta.block_table()`."""
 
 
 @dataclass(eq=False)
@@ -142,6 +146,17 @@ class StepMeta:
     def contiguous(self) -> bool:
         """K/V are addressed by cache rows."""
         return self.rows is not None
+
+    def block_table(self) -> torch.Tensor:
+        """(B, width) int32: each sequence's blocks in `store.blocks(layer)`: the block tables (paged),
+        or its row, its one block (contiguous)."""
+        if self.block_tables is not None:
+            return self.block_tables
+        if self.rows is None:
+            raise ValueError("meta: a step without a cache has no block table")
+        if "row_table" not in self._memo:
+            self._memo["row_table"] = self.rows.to(torch.int32)[:, None].contiguous()
+        return self._memo["row_table"]
 
 
 __all__ = ["KVStore", "StepMeta"]

@@ -1,4 +1,4 @@
-"""How fast is the engine? Three ratios, side by side in one run, each with its spread over repeats.
+"""How fast is the engine? Ratios measured side by side in one run, each with its spread over repeats.
 
     python -m llmperf.measure.engine_bench --out reports/engine/$(date +%F)-cpu   # ~200M-parameter Llama-style model
     python -m llmperf.measure.engine_bench --hidden 256 --layers 4 --reps 3 --context 512   # quick, print only
@@ -14,6 +14,9 @@
    number of tokens, no EOS): tokens/s ours / tokens/s theirs, the two timed alternately.
 3. **Paged vs contiguous KV cache** at a long context (default 2048 tokens, batch 1): contiguous
    decode step time / paged decode step time (1.0: paging costs nothing).
+4. **llmperf's own CPU kernels vs torch's operators** (`engine.cpu_kernels`), and **a decode step's
+   layers in one call vs the same kernels called one by one** (`Transformer.decode_in_one_call`):
+   decode-step time of the one / of the other, alternated on one engine, with whether the tokens match.
 
 Each figure is the median over `--reps` repeats with the [min, max] beside it. Every repeat is one
 `generate()` call; a decode-step time is the median over that call's decode steps (the scheduler's
@@ -162,6 +165,27 @@ def own_kernels_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, re
                      f"cpu_kernels {cpu_kernels.status()}" + (", same tokens" if same else ", tokens differ"))
 
 
+def one_call_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps: int, dtype: str = "bf16",
+                     batch: int = 1, seed: int = 0) -> Figure:
+    """Decode step with the operators called one by one from Python / with a step's layers in one
+    call of the same kernels (`Transformer.decode_in_one_call`), the two alternated on one engine (1.0
+    where the one call does not apply: no kernels here, or more rows than they take)."""
+    model = build_model(spec, seed=seed, dtype=dtype)
+    prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+    engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
+    _decode_steps(engine, prompts, new_tokens)  # warm-up
+    ratios, same = [], True
+    for _ in range(reps):
+        model.decode_in_one_call = False
+        apart_s, _, theirs = _decode_run(engine, prompts, new_tokens)
+        model.decode_in_one_call = True
+        one_s, _, ours = _decode_run(engine, prompts, new_tokens)
+        same &= theirs == ours
+        ratios.append(apart_s / one_s)
+    return Figure.of(f"layers in one call / one by one  {dtype} b{batch}", ratios,
+                     "same tokens" if same else "tokens differ")
+
+
 def _hf_model(model: Transformer, spec: ModelSpec):
     import transformers
 
@@ -270,6 +294,8 @@ def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context:
                                  bandwidth=bw) for dtype in ("fp32", "bf16") for b in (1, 8)),
         *(own_kernels_speedup(spec, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps, dtype=dtype, batch=b)
           for dtype, b in (("bf16", 1), ("bf16", 8), ("fp32", 8))),
+        *(one_call_speedup(spec, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps, dtype=dtype, batch=b)
+          for dtype, b in (("bf16", 1), ("bf16", 8), ("fp32", 8))),
         versus_transformers(spec, batch=8, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps),
         paged_versus_contiguous(spec, context=context, new_tokens=min(new_tokens, 16), reps=reps),
     ):
@@ -321,5 +347,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["Figure", "bench_spec", "copy_bandwidth_bytes_per_s", "environment", "memory_limit_fractions",
-           "own_kernels_speedup", "paged_versus_contiguous", "run", "versus_transformers", "weight_bytes_read",
-           "write_results"]
+           "one_call_speedup", "own_kernels_speedup", "paged_versus_contiguous", "run", "versus_transformers",
+           "weight_bytes_read", "write_results"]

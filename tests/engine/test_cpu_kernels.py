@@ -181,12 +181,19 @@ def _expected_kernel(dtype: str, rows: int) -> str | None:
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_the_engine_runs_each_gemm_on_the_kernel_its_rows_call_for_and_the_rest_packed(monkeypatch, dtype):
     """fp32 up to 8 rows on the weight-streaming kernel; bf16 up to 4 there, or where AMX runs 1-2 there
-    and 3-16 on AMX tiles; a prefill of more rows and a bigger batch run packed for oneDNN."""
+    and 3-16 on AMX tiles; a prefill of more rows and a bigger batch run packed for oneDNN. (Operators
+    one by one: `test_decode_layers` checks the one-call decode picks the same kernels.)"""
     calls = _gemm_calls(monkeypatch)
     most = cpu_kernels.rows_for({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
+
+    def per_operator_model():
+        model = make_model("llama", dtype=dtype)
+        model.decode_in_one_call = False
+        return model
+
     for batch in sorted({1, 2, 3, 4, most, most + 1}):
         calls.clear()
-        engine = Engine(make_model("llama", dtype=dtype), cache="contiguous")
+        engine = Engine(per_operator_model(), cache="contiguous")
         engine.generate([list(range(1, 19))] * batch, SamplingParams(max_new_tokens=3))
         # every decode step's GEMMs and the prefill's head (the last position of each prompt), not
         # the prefill's other GEMMs (18 rows per prompt)
@@ -195,7 +202,7 @@ def test_the_engine_runs_each_gemm_on_the_kernel_its_rows_call_for_and_the_rest_
     # a 3-token prefill (3 rows; its head reads the last position only) and two decode steps, each
     # 2 layers x (qkv, o, gate_up, down) + the head
     calls.clear()
-    engine = Engine(make_model("llama", dtype=dtype), cache="contiguous")
+    engine = Engine(per_operator_model(), cache="contiguous")
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))
     assert calls == [(_expected_kernel(dtype, 3), 3)] * 8 + [("stream", 1)] + [("stream", 1)] * 18
 
@@ -517,6 +524,7 @@ def test_the_engine_decodes_on_the_kernel_with_the_same_tokens_as_sdpa(monkeypat
     monkeypatch.setattr(cpu_kernels, "decode_attention",
                         lambda *a: calls.append((a[0].shape, len(a) > 6 and a[6] is not None)) or real(*a))
     model = make_model("mistral")  # sliding_window 6
+    model.decode_in_one_call = False  # attention as an operator of its own (test_decode_layers: in one call)
     prompts = [[5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 9], [3, 1, 4], [2, 7, 1, 8, 2, 8]]
     params = SamplingParams(max_new_tokens=6)
     ours = [o.tokens for o in Engine(model, cache=cache).generate(prompts, params)]

@@ -21,6 +21,10 @@ def test_the_benchmark_prints_the_three_ratios_with_their_spread_and_its_environ
     assert [n for n in names if n.startswith("own CPU kernels / torch")] == [
         "own CPU kernels / torch  bf16 batch 1", "own CPU kernels / torch  bf16 batch 8",
         "own CPU kernels / torch  fp32 batch 8"]
+    assert [n for n in names if n.startswith("layers in one call")] == [
+        "layers in one call / one by one  bf16 b1", "layers in one call / one by one  bf16 b8",
+        "layers in one call / one by one  fp32 b8"]
+    assert all(f.detail == "same tokens" for f in figures if f.name.startswith("layers in one call"))
     assert any(n.startswith("engine / transformers.generate  batch 8") for n in names)
     assert any(n.startswith("paged / contiguous speed") for n in names)
     assert all(f.low <= f.median <= f.high for f in figures)

@@ -8,7 +8,7 @@ import torch
 
 from engine_testing import make_model
 from llmperf.analysis.operators import ForwardModel
-from llmperf.engine import NULL_RECORDER, OP_NAMES, Engine, Recorder, SamplingParams
+from llmperf.engine import NULL_RECORDER, OP_NAMES, Engine, Recorder, SamplingParams, cpu_kernels
 from llmperf.specs import Precision
 
 
@@ -97,12 +97,21 @@ def test_before_op_runs_once_per_operator_outside_the_clock():
         calls.append(1)
         time.sleep(0.002)
 
-    rec = Recorder(before_op=slow_hook)
     plain = [o.tokens for o in Engine(model).generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))]
-    timed = [o.tokens for o in Engine(model).generate([[1, 2, 3]], SamplingParams(max_new_tokens=3), recorder=rec)]
-    assert plain == timed
-    assert len(calls) == len(rec.trace.ops) > 0
-    assert sum(r.seconds for r in rec.trace.ops) < 0.002 * len(calls)
+    for one_call in (False, True):
+        model.decode_in_one_call = one_call
+        calls.clear()
+        rec = Recorder(before_op=slow_hook)
+        timed = [o.tokens for o in Engine(model).generate([[1, 2, 3]], SamplingParams(max_new_tokens=3),
+                                                          recorder=rec)]
+        assert plain == timed
+        assert sum(r.seconds for r in rec.trace.ops) < 0.002 * len(calls)
+        if not one_call:
+            assert len(calls) == len(rec.trace.ops) > 0
+        elif cpu_kernels.available():  # a decode step's layers run in one call, the hook once before it
+            layer_ops = [r for r in rec.trace.ops if r.phase == "decode" and r.layer is not None]
+            assert len(layer_ops) == 2 * len(cpu_kernels.LAYER_PARTS) * model.spec.num_layers
+            assert len(calls) == len(rec.trace.ops) - len(layer_ops) + 2
 
 
 def test_bad_recorder_arguments():

@@ -76,6 +76,9 @@ class _Store:
     def rows_of(self, layer, meta):
         return self._c.rows_of(layer, meta)
 
+    def blocks(self, layer):
+        return self._c.blocks(layer)
+
 
 @pytest.mark.parametrize("backend", ["sdpa", "naive", "triton"])
 @pytest.mark.parametrize("kind", ["contiguous", "paged"])
