@@ -324,14 +324,35 @@ int decode_attention(const T *q, int64_t q_b, int64_t q_h, const T *k, const T *
             const int32_t *blocks = table ? table + b * table_b : nullptr;
             for (int64_t i = 0; i < G * ND * 16; i++) o[i] = 0.0f;
             for (int64_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.0f;
-            for (int64_t s0 = lo; s0 < hi; s0 += 16) {
+            // paged: the block of key s and its slot, advanced key by key; the next 16 keys' addresses
+            // are known one chunk ahead and their lines prefetched (a block's keys of one head sit
+            // H_kv * D apart, which the hardware prefetcher follows less well than a contiguous row)
+            int64_t bi = blocks ? lo / block : 0, slot = blocks ? lo % block : 0;
+            int64_t base = blocks && lo < hi ? blocks[bi] * kv_b : 0;
+            int64_t addr[2][16];  // offsets of the keys of this chunk and the next (in k and v alike)
+            const auto fill = [&](int64_t s0, int64_t *a) {
+                const int nk = hi - s0 < 16 ? int(hi - s0) : 16;
+                for (int j = 0; j < nk; j++) {
+                    a[j] = kb + base + slot * kv_s;
+                    if (++slot == block && s0 + j + 1 < hi) slot = 0, base = blocks[++bi] * kv_b;
+                }
+            };
+            if (blocks && lo < hi) fill(lo, addr[0]);
+            for (int64_t s0 = lo, chunk = 0; s0 < hi; s0 += 16, chunk ^= 1) {
                 const int nk = hi - s0 < 16 ? int(hi - s0) : 16;
                 const __mmask16 valid = __mmask16((1u << nk) - 1);
-                int64_t at[16];  // offset of key s0 + j (in k and v alike)
-                if (blocks)
-                    for (int j = 0; j < nk; j++)
-                        at[j] = kb + blocks[(s0 + j) / block] * kv_b + (s0 + j) % block * kv_s;
-                else
+                int64_t *at = addr[chunk];
+                if (blocks && s0 + 16 < hi) {
+                    int64_t *next = addr[chunk ^ 1];
+                    fill(s0 + 16, next);
+                    const int nn = hi - s0 - 16 < 16 ? int(hi - s0 - 16) : 16;
+                    for (int j = 0; j < nn; j++)
+                        for (int64_t e = 0; e < D; e += 64 / int64_t(sizeof(T))) {
+                            _mm_prefetch(reinterpret_cast<const char *>(k + next[j] + e), _MM_HINT_T0);
+                            _mm_prefetch(reinterpret_cast<const char *>(v + next[j] + e), _MM_HINT_T0);
+                        }
+                }
+                if (!blocks)
                     for (int j = 0; j < nk; j++) at[j] = kb + (s0 + j) * kv_s;
                 for (int64_t g = 0; g < G; g++) {
                     const T *qg = q + b * q_b + (hk * G + g) * q_h;

@@ -39,6 +39,17 @@ Compute's roofline; see REFERENCE.md):
   (fp32 RMSNorm: 78 us there, 33-45 us in layers 768 to 2048 wide, measured 2026-11-23), because
   in a layer most of them follow another small operator, not a GEMM. The weight GEMMs keep the tiny
   model's cold figure (their own time in a real layer is the weight stream);
+- where the engine runs a decode step's layers in one call (a Llama-family model at fp32 / bf16 on a
+  CPU with llmperf's kernels, as both models above are: `engine.cpu_kernels.decode_layers`), what
+  the recorder gives each operator is its part of that call, timed inside it, and the cold GEMV runs
+  once before the call: so the dispatch measured at 1 and 2 rows, and at the GEMM edges the call
+  takes (fp32 up to 8 rows, bf16 up to 16 on AMX), is what the engine pays, 1-10 us where the
+  operators called one by one paid 15-80 us; past those rows the operators dispatch one by one
+  again, and the edges' other side measures that. Measured 2026-11-24: in the one call, the small
+  operators' own work at the in-situ model's width (2048) is most of what is measured, so a
+  1024-wide, 4-layer model's norms, RoPE, KV write, activation and residuals are priced at 2-3x
+  their measured 4-35 us per step, all layers (0.1-0.2 ms of a 7-20 ms step); its GEMMs and
+  attention within 0-15%;
 - the engine's vector operators at size (`op_e_memory`): norms, RoPE, the gated activation, residual
   adds and the KV write are several framework calls each, with fresh (page-faulting) outputs, so a
   large prefill runs them at a fraction of the streaming bandwidth (the engine's RMSNorm over 8192 x

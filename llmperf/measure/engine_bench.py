@@ -3,7 +3,7 @@
     python -m llmperf.measure.engine_bench --out reports/engine/$(date +%F)-cpu   # ~200M-parameter Llama-style model
     python -m llmperf.measure.engine_bench --hidden 256 --layers 4 --reps 3 --context 512   # quick, print only
 
-1. **Decode step vs the memory limit**, for batch 1 and 8 in fp32 and bf16: a decode step must at
+1. **Decode step vs the memory limit**, for batch 1, 2, 4 and 8 in fp32 and bf16: a decode step must at
    least read every weight it multiplies by and every cached K/V byte it attends to, so its floor is
    `(weight bytes + KV bytes) / copy bandwidth` (the copy bandwidth measured here, with
    `torch.Tensor.copy_` over a buffer larger than the caches, read + write counted, as STREAM's
@@ -52,6 +52,7 @@ from llmperf.measure.timers import gc_paused
 from llmperf.specs import ModelSpec, load_model
 
 MiB = 1 << 20
+BATCHES = (1, 2, 4, 8)  # decode / memory limit: the batches of the target (1-8), both sides of each GEMM path
 
 
 def bench_spec(hidden: int = 1024, layers: int = 12, vocab: int = 32000, max_positions: int = 4096) -> ModelSpec:
@@ -291,7 +292,7 @@ def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context:
     figures = []
     for fig in (
         *(memory_limit_fractions(spec, dtype, b, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps,
-                                 bandwidth=bw) for dtype in ("fp32", "bf16") for b in (1, 8)),
+                                 bandwidth=bw) for dtype in ("fp32", "bf16") for b in BATCHES),
         *(own_kernels_speedup(spec, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps, dtype=dtype, batch=b)
           for dtype, b in (("bf16", 1), ("bf16", 8), ("fp32", 8))),
         *(one_call_speedup(spec, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps, dtype=dtype, batch=b)

@@ -17,7 +17,7 @@ def test_the_benchmark_prints_the_three_ratios_with_their_spread_and_its_environ
     figures = engine_bench.main(["--hidden", "64", "--layers", "1", "--vocab", "256", "--context", "32", "--reps", "2",
                                  "--copy-mib", "4", "--prompt-len", "4", "--new-tokens", "3", "--out", str(out)])
     names = [f.name for f in figures]
-    assert sum(n.startswith("decode / memory limit") for n in names) == 4  # fp32, bf16 x batch 1, 8
+    assert sum(n.startswith("decode / memory limit") for n in names) == 8  # fp32, bf16 x batch 1, 2, 4, 8
     assert [n for n in names if n.startswith("own CPU kernels / torch")] == [
         "own CPU kernels / torch  bf16 batch 1", "own CPU kernels / torch  bf16 batch 8",
         "own CPU kernels / torch  fp32 batch 8"]
