@@ -591,8 +591,9 @@ def decode_layers(x: torch.Tensor, ptrs: torch.Tensor, scales: torch.Tensor, *, 
     whose strides every layer's K and V share; sequence b's token p sits in block `tables[b, p // P]`,
     slot `p % P` (a paged cache's block tables, or a contiguous cache's row per sequence as its one block).
     Each sequence's new token (position `seq_lens[b] - 1`, int32, each in [1, `max_len`]) is written
-    there, then attended with the keys `[max(0, len - window), len)`. `cos`, `sin`: the RoPE tables of the B tokens, `(B, rotary_dim)`
-    in x's dtype. `times (L * 12,)` fp64: if given, each part's seconds (`LAYER_PARTS` order per layer).
+    there, then attended with the keys `[max(0, len - window), len)`. `cos`, `sin`: the RoPE tables of
+    the B tokens, `(B, rotary_dim)` in x's dtype. `times (L * 12,)` fp64: if given, each part's seconds
+    (`LAYER_PARTS` order per layer).
     The caller checks the model's structure; this checks what could write out of bounds."""
     B, C = x.shape
     L = ptrs.shape[0]

@@ -519,9 +519,9 @@ class Transformer(nn.Module):
                                       for i in range(spec.num_layers))
         self.set_attention(attention)
         first = self.layers[0] if spec.num_layers else None
-        # A decode step of these models may run all its layers in one call of llmperf's kernels (`_decode_in_one_call`)
-        self._one_call_shape = (first is not None and first.attn_norm.kind == "rmsnorm" and first.rope and first.swiglu
-                                and first.silu and not first.moe and not self.in_out
+        # a decode step of these models may run its layers in one call of llmperf's kernels (`_decode_in_one_call`)
+        self._one_call_shape = (first is not None and first.attn_norm.kind == "rmsnorm" and first.rope
+                                and first.swiglu and first.silu and not first.moe and not self.in_out
                                 and spec.head_dim <= cpu_kernels.MAX_HEAD_DIM)
         self.decode_in_one_call = True  # False: every operator from Python (side-by-side measurements)
         self._one_call_memo: tuple[Any, ...] | None = None  # `_one_call_addresses`' last answer
@@ -613,7 +613,8 @@ class Transformer(nn.Module):
         with the interpreter's and torch's dispatch state evicted (10-55 us a framework call, see
         `cpu_kernels`). A recorder gets each part of each layer timed inside the call, under the
         operator names the layers record (`cpu_kernels.LAYER_PARTS`), so what is measured is what runs."""
-        if meta.q_len != 1 or meta.store is None or ctx.attend is not sdpa_attention or not cpu_kernels.use_layers_for(x):
+        if (meta.q_len != 1 or meta.store is None or ctx.attend is not sdpa_attention
+                or not cpu_kernels.use_layers_for(x)):
             return None
         first = self.layers[0]
         kernel = cpu_kernels.gemm_kernel(x, first.qkv_weight)
@@ -624,7 +625,8 @@ class Transformer(nn.Module):
         if ptrs is None:
             return None
         rec = ctx.rec
-        times = torch.empty(len(self.layers) * len(cpu_kernels.LAYER_PARTS), dtype=torch.float64) if rec.active else None
+        parts = cpu_kernels.LAYER_PARTS
+        times = torch.empty(len(self.layers) * len(parts), dtype=torch.float64) if rec.active else None
         if times is not None and getattr(rec, "before_op", None) is not None:
             rec.before_op()  # as before the first operator of the layers it replaces
         B, C = x.shape[1], x.shape[2]
@@ -634,7 +636,6 @@ class Transformer(nn.Module):
                                   max_len=meta.max_seq_len, window=meta.window, tables=meta.block_table(),
                                   k_blocks=ptrs[1], amx=amx, times=times)
         if times is not None:
-            parts = cpu_kernels.LAYER_PARTS
             for j, seconds in enumerate(times.tolist()):
                 rec.add(parts[j % len(parts)], j // len(parts), seconds)
         return x
@@ -651,7 +652,8 @@ class Transformer(nn.Module):
             return None
         k0, _ = blocks(0)
         weights = [params[name] for layer in self.layers
-                   for params, names in ((layer._parameters, _ONE_CALL_PARAMS), (layer.attn_norm._parameters, ("weight",)),
+                   for params, names in ((layer._parameters, _ONE_CALL_PARAMS),
+                                         (layer.attn_norm._parameters, ("weight",)),
                                          (layer.mlp_norm._parameters, ("weight",)))
                    for name in names]
         key = (amx, self.linear.generation, type(store), k0.data_ptr(), k0.shape, k0.stride(),
