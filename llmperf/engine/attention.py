@@ -19,7 +19,9 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
   the G query heads that share a KV head are folded into the query length, `(B, H_kv, G, D)`, so the
   cache is read once per KV head with no copy (the grouping Flash-Decoding uses); on a CPU where
   llmperf's own kernels run, decode runs their decode attention instead (`sdpa_decode`), reading a
-  paged cache's blocks in place through the step's block tables;
+  paged cache's blocks in place through the step's block tables (and a Llama-family model's decode
+  step there runs that same kernel from its one call of all the layers, `cpu_kernels.decode_layers`,
+  without calling this function);
 - `naive`: S = QK^T / sqrt(D) and P = softmax(S) materialised (`attn_score`, `attn_softmax`,
   `attn_value`), softmax in fp32 as Hugging Face's eager attention does;
 - `triton`: the `kernels` package: fused FlashAttention prefill, and in decode PagedAttention when

@@ -16,9 +16,13 @@ Operator names (the one vocabulary, `llmperf.analysis.vocabulary.Op`): `embed`, 
 `attn_score`, `attn_softmax`, `attn_value` (naive backend) or `attention` (sdpa / triton), `o_proj`,
 `attn_residual`, `mlp_norm`, `router`, `gate_up_proj` (gated FFNs: the one fused GEMM) or `up_proj`
 (GELU FFNs), `act`, `down_proj`, `mlp_residual`, `final_norm`, `lm_head`. What is timed is what
-normally runs: recording never splits a fused GEMM (`FUSED_PARTS` joins it to split predictions). Per-layer operators carry their layer
-index; the others have `layer=None`. Sampling and cache bookkeeping between forward passes are not
-operators; they are in the step time (`StepRecord.seconds`) but in no `OpRecord`.
+normally runs: recording never splits a fused GEMM (`FUSED_PARTS` joins it to split
+predictions). Where a decode step's layers run in one call of llmperf's CPU kernels
+(`cpu_kernels.decode_layers`), each operator of each layer is timed inside the call and handed over
+with `Recorder.add`, under the same names (a `before_op` hook then runs once, before the call).
+Per-layer operators carry their layer index; the others have `layer=None`. Sampling and cache
+bookkeeping between forward passes are not operators; they are in the step time
+(`StepRecord.seconds`) but in no `OpRecord`.
 
 A recorded run is a `Trace`: `trace.ops` (list of `OpRecord`), `trace.steps` (list of `StepRecord`),
 `trace.to_frame()` / `trace.steps_frame()` (pandas), `trace.op_totals()` (seconds per (phase, op)).
