@@ -646,7 +646,9 @@ class Transformer(nn.Module):
         None where its layout does not fit (a `KVStore` without `blocks`, strides differing per layer, a
         non-contiguous weight). Kept while nothing they point at changed: the same weight objects at
         the same versions and storage, no `Linear.clear()`, a cache of the same class, address and
-        layout (rebuilding them costs ~240 us a step: module attributes and views, 12 layers)."""
+        layout (rebuilding them costs ~240 us a step: module attributes and views, 12 layers). The
+        memo holds the weights (the key's identities) but not the AMX copies: `Linear` keeps those
+        until a weight changes or `clear()`, and either changes the key, so `clear()` frees them."""
         blocks = getattr(store, "blocks", None)  # a KVStore of a user's may not address blocks
         if blocks is None:
             return None
@@ -662,7 +664,7 @@ class Transformer(nn.Module):
         memo = self._one_call_memo
         if memo is not None and memo[0] == key and all(a is b for a, b in zip(memo[1], weights)):
             return memo[2], k0
-        rows, keep = [], []
+        rows = []
         for i, layer in enumerate(self.layers):
             k, v = blocks(i)
             if k.stride() != k0.stride() or v.stride() != k0.stride() or k.dtype != dtype or v.dtype != dtype:
@@ -673,14 +675,13 @@ class Transformer(nn.Module):
                 return None
             if amx:
                 mats = tuple(self.linear.packed(w, amx=True) for w in mats)
-            keep += mats  # what the addresses point at stays alive while they are kept
             q, o, gu, d = mats
             rows.append((layer.attn_norm.weight.data_ptr(), q.data_ptr(), _address(layer.qkv_bias), o.data_ptr(),
                          _address(layer.o_bias), layer.mlp_norm.weight.data_ptr(), gu.data_ptr(),
                          _address(layer.up_bias), d.data_ptr(), _address(layer.down_bias), k.data_ptr(), v.data_ptr()))
         ptrs = torch.tensor(rows, dtype=torch.int64)
         # no reference to the cache: a model outlives its engines' caches (the key has their layout)
-        self._one_call_memo = (key, weights, ptrs, keep)
+        self._one_call_memo = (key, weights, ptrs)
         return ptrs, k0
 
     def forward_groups(self, groups: Sequence[tuple[torch.Tensor, StepMeta]], *, rec: Any = NULL_RECORDER,

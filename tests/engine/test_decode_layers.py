@@ -277,3 +277,19 @@ def test_the_one_call_follows_the_cache_it_is_given(one_calls):
         assert torch.equal(_decode_logits(model, kind, lens, 2, True, block),
                            _decode_logits(model, kind, lens, 2, False, block))
     assert len(one_calls) == 8
+
+
+@needs_kernel
+def test_clearing_the_packed_copies_frees_them_though_the_one_call_ran():
+    import gc
+    import weakref
+
+    model = make_model("llama", dtype="bf16")
+    _decode_logits(model, "paged", [4, 6, 5, 7], 2, True)  # 4 rows: on AMX, from packed copies
+    packs = [weakref.ref(entry[3]) for entry in model.linear._packs.values()]
+    assert packs
+    model.linear.clear()
+    gc.collect()
+    assert all(ref() is None for ref in packs)
+    lens = [4, 6, 5, 7]
+    assert torch.equal(_decode_logits(model, "paged", lens, 2, True), _decode_logits(model, "paged", lens, 2, False))
