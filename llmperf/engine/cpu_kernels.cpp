@@ -533,21 +533,31 @@ LLMPERF_RMS_NORM(llmperf_rms_norm_f32, float, LanesF32)
 LLMPERF_SILU_MUL(llmperf_silu_mul_bf16, uint16_t, LanesBF16)
 LLMPERF_SILU_MUL(llmperf_silu_mul_f32, float, LanesF32)
 
+namespace {
+// decode_attention with its argument checks, for any head dim up to 128 (ND = ceil(D / 16) chunks)
+template <class T, class L>
+int attend(const T *q, int64_t q_b, int64_t q_h, const T *k, const T *v, int64_t kv_b, int64_t kv_h, int64_t kv_s,
+           const int32_t *lens, int64_t S, int64_t window, const int32_t *table, int64_t table_b, int64_t block,
+           int64_t nblocks, T *out, int64_t B, int64_t H, int64_t H_kv, int64_t D, float scale, int threads) {
+    if (B < 1 || H_kv < 1 || H % H_kv || D < 1 || D > 128 || S < 0 || window < 0 || threads < 1
+        || (table && block < 1))
+        return 1;
+    using Fn = decltype(&decode_attention<T, L, 1>);
+    static const Fn by_chunks[8] = {decode_attention<T, L, 1>, decode_attention<T, L, 2>, decode_attention<T, L, 3>,
+                                    decode_attention<T, L, 4>, decode_attention<T, L, 5>, decode_attention<T, L, 6>,
+                                    decode_attention<T, L, 7>, decode_attention<T, L, 8>};
+    return by_chunks[(D + 15) / 16 - 1](q, q_b, q_h, k, v, kv_b, kv_h, kv_s, lens, S, window, table, table_b, block,
+                                        nblocks, out, B, H, H_kv, D, scale, threads);
+}
+}  // namespace
+
 #define LLMPERF_DECODE_ATTENTION(NAME, T, L)                                                                 \
     extern "C" int NAME(const T *q, int64_t q_b, int64_t q_h, const T *k, const T *v, int64_t kv_b,           \
                         int64_t kv_h, int64_t kv_s, const int32_t *lens, int64_t S, int64_t window,           \
                         const int32_t *table, int64_t table_b, int64_t block, int64_t nblocks, T *out,        \
                         int64_t B, int64_t H, int64_t H_kv, int64_t D, float scale, int threads) {            \
-        if (B < 1 || H_kv < 1 || H % H_kv || D < 1 || D > 128 || S < 0 || window < 0 || threads < 1          \
-            || (table && block < 1))                                                                          \
-            return 1;                                                                                         \
-        using Fn = decltype(&decode_attention<T, L, 1>);                                                      \
-        static const Fn by_chunks[8] = {decode_attention<T, L, 1>, decode_attention<T, L, 2>,                 \
-                                        decode_attention<T, L, 3>, decode_attention<T, L, 4>,                 \
-                                        decode_attention<T, L, 5>, decode_attention<T, L, 6>,                 \
-                                        decode_attention<T, L, 7>, decode_attention<T, L, 8>};                \
-        return by_chunks[(D + 15) / 16 - 1](q, q_b, q_h, k, v, kv_b, kv_h, kv_s, lens, S, window, table,      \
-                                            table_b, block, nblocks, out, B, H, H_kv, D, scale, threads);     \
+        return attend<T, L>(q, q_b, q_h, k, v, kv_b, kv_h, kv_s, lens, S, window, table, table_b, block,      \
+                            nblocks, out, B, H, H_kv, D, scale, threads);                                     \
     }
 LLMPERF_DECODE_ATTENTION(llmperf_decode_attention_bf16, uint16_t, LanesBF16)
 LLMPERF_DECODE_ATTENTION(llmperf_decode_attention_f32, float, LanesF32)
@@ -589,19 +599,11 @@ int layer_gemm(const typename D::T *x, const int64_t *p, int w, int b, typename 
     return gemm<D>(x, at<T>(p, w), at<T>(p, b), y, M, N, K, threads);
 }
 
-template <class T>
-void residual(T *x, const T *o, int64_t n);
-
-template <>
-void residual<float>(float *x, const float *o, int64_t n) {
+// x += o, the sum in fp32 and one rounding to the storage dtype (as torch's add)
+template <class T, class L>
+void residual(T *x, const T *o, int64_t n) {
     for (int64_t i = 0; i < n; i += 16)
-        LanesF32::store(x + i, _mm512_add_ps(LanesF32::load(o + i, n - i), LanesF32::load(x + i, n - i)), n - i);
-}
-
-template <>
-void residual<uint16_t>(uint16_t *x, const uint16_t *o, int64_t n) {  // fp32 sum, one rounding (as torch)
-    for (int64_t i = 0; i < n; i += 16)
-        LanesBF16::store(x + i, _mm512_add_ps(LanesBF16::load(o + i, n - i), LanesBF16::load(x + i, n - i)), n - i);
+        L::store(x + i, _mm512_add_ps(L::load(o + i, n - i), L::load(x + i, n - i)), n - i);
 }
 
 template <class D, class L>
@@ -609,11 +611,7 @@ int decode_layers(typename D::T *x, const int64_t *ptrs, const float *scales, in
                   int64_t H, int64_t H_kv, int64_t Dh, int64_t rd, int64_t F, float eps, const typename D::T *cos,
                   const typename D::T *sin, const int32_t *lens, int64_t S, int64_t window, const int32_t *table,
                   int64_t table_b, int64_t block, int64_t nblocks, int64_t kv_b, int64_t kv_s, int64_t kv_h,
-                  int amx, double *times, int threads,
-                  int (*attention)(const typename D::T *, int64_t, int64_t, const typename D::T *,
-                                   const typename D::T *, int64_t, int64_t, int64_t, const int32_t *, int64_t,
-                                   int64_t, const int32_t *, int64_t, int64_t, int64_t, typename D::T *, int64_t,
-                                   int64_t, int64_t, int64_t, float, int)) {
+                  int amx, double *times, int threads) {
     using T = typename D::T;
     if (layers < 1 || B < 1 || C < 1 || H_kv < 1 || H % H_kv || Dh < 1 || Dh > 128 || rd < 0 || rd > Dh || rd % 2
         || F < 1 || S < 1 || window < 0 || table_b < 1 || block < 1 || nblocks < 1 || threads < 1)
@@ -655,13 +653,13 @@ int decode_layers(typename D::T *x, const int64_t *ptrs, const float *scales, in
             }
         }
         mark();
-        if ((rc = attention(qk, QK, Dh, kc, vc, kv_b, kv_h, kv_s, lens, S, window, table, table_b, block, nblocks,
+        if ((rc = attend<T, L>(qk, QK, Dh, kc, vc, kv_b, kv_h, kv_s, lens, S, window, table, table_b, block, nblocks,
                             att, B, H, H_kv, Dh, scales[l], threads)))
             break;
         mark();
         if ((rc = layer_gemm<D>(att, p, P_O, P_O_B, o, B, C, H * Dh, amx, threads))) break;
         mark();
-        residual<T>(x, o, B * C);
+        residual<T, L>(x, o, B * C);
         mark();
         rms_norm<T, L>(x, at<T>(p, P_MLP_NORM), h, B, C, eps, threads);
         mark();
@@ -671,7 +669,7 @@ int decode_layers(typename D::T *x, const int64_t *ptrs, const float *scales, in
         mark();
         if ((rc = layer_gemm<D>(act, p, P_DOWN, P_DOWN_B, o, B, C, F, amx, threads))) break;
         mark();
-        residual<T>(x, o, B * C);
+        residual<T, L>(x, o, B * C);
         mark();
         if (times)
             for (int i = 0; i < LAYER_PARTS; i++) times[l * LAYER_PARTS + i] = t[i + 1] - t[i];
@@ -681,7 +679,7 @@ int decode_layers(typename D::T *x, const int64_t *ptrs, const float *scales, in
 }
 }  // namespace
 
-#define LLMPERF_DECODE_LAYERS(NAME, D, L, ATTENTION)                                                        \
+#define LLMPERF_DECODE_LAYERS(NAME, D, L)                                                                   \
     extern "C" int NAME(D::T *x, const int64_t *ptrs, const float *scales, int64_t layers, int64_t B,          \
                         int64_t C, int64_t H, int64_t H_kv, int64_t Dh, int64_t rd, int64_t F, float eps,      \
                         const D::T *cos, const D::T *sin, const int32_t *lens, int64_t S, int64_t window,      \
@@ -689,7 +687,7 @@ int decode_layers(typename D::T *x, const int64_t *ptrs, const float *scales, in
                         int64_t kv_s, int64_t kv_h, int amx, double *times, int threads) {                     \
         return decode_layers<D, L>(x, ptrs, scales, layers, B, C, H, H_kv, Dh, rd, F, eps, cos, sin, lens, S,  \
                                    window, table, table_b, block, nblocks, kv_b, kv_s, kv_h, amx, times,       \
-                                   threads, ATTENTION);                                                        \
+                                   threads);                                                                   \
     }
-LLMPERF_DECODE_LAYERS(llmperf_decode_layers_bf16, BF16, LanesBF16, llmperf_decode_attention_bf16)
-LLMPERF_DECODE_LAYERS(llmperf_decode_layers_f32, F32, LanesF32, llmperf_decode_attention_f32)
+LLMPERF_DECODE_LAYERS(llmperf_decode_layers_bf16, BF16, LanesBF16)
+LLMPERF_DECODE_LAYERS(llmperf_decode_layers_f32, F32, LanesF32)

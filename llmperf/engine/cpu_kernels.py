@@ -509,7 +509,7 @@ def use_layers_for(x: torch.Tensor) -> bool:
     """Whether a decode step of activations `x` may run its layers in one call (`decode_layers`): fp32 or
     bf16 on CPU, the kernels available, and no dispatch mode watching (`FlopCounterMode` counts the
     GEMMs only when they run one by one, as ops)."""
-    return x.dtype in _SUFFIXES and x.is_cpu and available() and _get_current_dispatch_mode() is None
+    return use_ops_for(x) and _get_current_dispatch_mode() is None
 
 
 def use_attention_for(q: torch.Tensor) -> bool:

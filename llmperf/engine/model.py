@@ -50,7 +50,7 @@ from torch.utils import flop_counter
 from llmperf.analysis.vocabulary import Op
 from llmperf.engine import cpu_kernels
 from llmperf.engine.attention import BACKENDS, get_backend, sdpa_attention
-from llmperf.engine.step import StepMeta
+from llmperf.engine.step import StepMeta, softmax_scale
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.specs import ModelSpec
 
@@ -525,7 +525,7 @@ class Transformer(nn.Module):
                                 and spec.head_dim <= cpu_kernels.MAX_HEAD_DIM)
         self.decode_in_one_call = True  # False: every operator from Python (side-by-side measurements)
         self._one_call_memo: tuple[Any, ...] | None = None  # `_one_call_addresses`' last answer
-        self._scales = torch.tensor([self.layer_scales[i] if self.layer_scales else 1.0 / math.sqrt(spec.head_dim)
+        self._scales = torch.tensor([softmax_scale(self.layer_scales, i, spec.head_dim)
                                      for i in range(spec.num_layers)], dtype=torch.float32)
         self.eos_token_id: int | tuple[int, ...] | None = None  # the checkpoint's (from_pretrained)
         self.requires_grad_(False)  # an inference engine: no autograd graph, ever

@@ -46,6 +46,11 @@ class KVStore(Protocol):
         block is a row), addressed by `StepMeta.block_table()`."""
 
 
+def softmax_scale(layer_scales: tuple[float, ...] | None, layer: int, head_dim: int) -> float:
+    """The factor on QK^T in `layer`: the model's own per layer (GPT-2 scalings), else 1/sqrt(D)."""
+    return layer_scales[layer] if layer_scales is not None else 1.0 / math.sqrt(head_dim)
+
+
 @dataclass(eq=False)
 class StepMeta:
     """What every layer needs to know about one forward step (built once per step, by the cache's
@@ -72,8 +77,8 @@ class StepMeta:
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def scale(self, layer: int, head_dim: int) -> float:
-        """The factor on QK^T in `layer`: 1/sqrt(D), or the model's (GPT-2 scalings)."""
-        return self.layer_scales[layer] if self.layer_scales is not None else 1.0 / math.sqrt(head_dim)
+        """The factor on QK^T in `layer` (`softmax_scale`)."""
+        return softmax_scale(self.layer_scales, layer, head_dim)
 
     @property
     def windowed(self) -> bool:
@@ -159,4 +164,4 @@ class StepMeta:
         return self._memo["row_table"]
 
 
-__all__ = ["KVStore", "StepMeta"]
+__all__ = ["KVStore", "StepMeta", "softmax_scale"]

@@ -34,7 +34,8 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -145,25 +146,44 @@ def memory_limit_fractions(spec: ModelSpec, dtype: str, batch: int, *, prompt_le
                      f"weights {wbytes / 1e6:.0f} MB, KV {kv_per_token * prompt_len * batch / 1e6:.1f} MB")
 
 
+def _alternated(spec: ModelSpec, baseline: Callable[[Transformer], AbstractContextManager[Any]], *, prompt_len: int,
+                new_tokens: int, reps: int, dtype: str, batch: int, seed: int) -> tuple[list[float], bool]:
+    """Decode-step seconds inside `baseline(model)` / outside it, alternated on one engine `reps` times
+    (after a warm-up that compiles the kernels on first use), and whether every run made the same tokens."""
+    model = build_model(spec, seed=seed, dtype=dtype)
+    prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+    engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
+    _decode_steps(engine, prompts, new_tokens)  # warm-up
+    ratios, same = [], True
+    for _ in range(reps):
+        with baseline(model):
+            base_s, _, theirs = _decode_run(engine, prompts, new_tokens)
+        ours_s, _, ours = _decode_run(engine, prompts, new_tokens)
+        same &= theirs == ours
+        ratios.append(base_s / ours_s)
+    return ratios, same
+
+
 def own_kernels_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps: int, dtype: str = "bf16",
-                     batch: int = 1, seed: int = 0) -> Figure:
+                        batch: int = 1, seed: int = 0) -> Figure:
     """Decode step on torch's operators / on llmperf's own CPU kernels (`engine.cpu_kernels`: the GEMM
     of few rows, the RMSNorm, RoPE, SwiGLU activation and decode attention), the two alternated on one
     engine (1.0: they gain nothing, or are unavailable here). Both runs read the weights in the layout
     the model was built with."""
-    model = build_model(spec, seed=seed, dtype=dtype)
-    prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
-    engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
-    _decode_steps(engine, prompts, new_tokens)  # warm-up (compiles the kernels on first use)
-    ratios, same = [], True
-    for _ in range(reps):
-        with cpu_kernels.disabled():
-            torch_s, _, theirs = _decode_run(engine, prompts, new_tokens)
-        own_s, _, ours = _decode_run(engine, prompts, new_tokens)
-        same &= theirs == ours
-        ratios.append(torch_s / own_s)
+    ratios, same = _alternated(spec, lambda model: cpu_kernels.disabled(), prompt_len=prompt_len,
+                               new_tokens=new_tokens, reps=reps, dtype=dtype, batch=batch, seed=seed)
     return Figure.of(f"own CPU kernels / torch  {dtype} batch {batch}", ratios,
                      f"cpu_kernels {cpu_kernels.status()}" + (", same tokens" if same else ", tokens differ"))
+
+
+@contextmanager
+def _one_by_one(model: Transformer) -> Iterator[None]:
+    """The model's decode steps with their operators called one by one (`decode_in_one_call` off)."""
+    model.decode_in_one_call = False
+    try:
+        yield
+    finally:
+        model.decode_in_one_call = True
 
 
 def one_call_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps: int, dtype: str = "bf16",
@@ -171,18 +191,8 @@ def one_call_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps:
     """Decode step with the operators called one by one from Python / with a step's layers in one
     call of the same kernels (`Transformer.decode_in_one_call`), the two alternated on one engine (1.0
     where the one call does not apply: no kernels here, or more rows than they take)."""
-    model = build_model(spec, seed=seed, dtype=dtype)
-    prompts = torch.randint(0, spec.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
-    engine = Engine(model, cache="contiguous", max_batch=batch, max_seq_len=prompt_len + new_tokens)
-    _decode_steps(engine, prompts, new_tokens)  # warm-up
-    ratios, same = [], True
-    for _ in range(reps):
-        model.decode_in_one_call = False
-        apart_s, _, theirs = _decode_run(engine, prompts, new_tokens)
-        model.decode_in_one_call = True
-        one_s, _, ours = _decode_run(engine, prompts, new_tokens)
-        same &= theirs == ours
-        ratios.append(apart_s / one_s)
+    ratios, same = _alternated(spec, _one_by_one, prompt_len=prompt_len, new_tokens=new_tokens, reps=reps,
+                               dtype=dtype, batch=batch, seed=seed)
     return Figure.of(f"layers in one call / one by one  {dtype} b{batch}", ratios,
                      "same tokens" if same else "tokens differ")
 
