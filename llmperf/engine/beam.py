@@ -161,7 +161,9 @@ class BeamSearch:
         acc = acc.reshape(B, K * V)
         if self.do_sample:
             idx = torch.multinomial(torch.softmax(acc, dim=-1), num_samples=C, generator=generator)  # (B, C)
-            scores = torch.gather(acc, 1, idx)
+            # best first, as the greedy branch: only the first K candidates may finish a hypothesis
+            scores, order = torch.gather(acc, 1, idx).sort(dim=-1, descending=True)
+            idx = idx.gather(1, order)
         else:
             scores, idx = torch.topk(acc, k=C)  # (B, C), best first
         beam = idx // V  # (B, C) beam within the item

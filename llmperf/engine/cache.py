@@ -270,8 +270,8 @@ class ContiguousKVCache(KVCache):
     def fork(self, parent: int, child: int) -> bool:
         if child in self._len:
             raise ValueError(f"child: {child} is already in the cache")
-        if not self._free_rows:
-            raise RuntimeError(f"fork: no free row for sequence {child} (the scheduler counts a row per fork)")
+        if not self._free_rows:  # the contract: an expected shortage is a value the caller acts on
+            return False
         n = self._len[parent]
         row = heapq.heappop(self._free_rows)
         self.kv[:, :, row, :, :n] = self.kv[:, :, self._row[parent], :, :n]

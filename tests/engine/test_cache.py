@@ -83,6 +83,24 @@ def test_copy_on_write_keeps_the_parent_intact():
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "paged"])
+def test_fork_without_room_returns_false_and_changes_nothing(kind):
+    """`KVCache.fork`'s contract, for both caches: False when there is no room (a contiguous cache
+    has no free row; a paged fork shares blocks and needs none), never an exception."""
+    spec = SPECS["llama"]()
+    cache = (ContiguousKVCache(spec, max_batch=2, max_seq_len=8) if kind == "contiguous"
+             else PagedKVCache(spec, num_blocks=2, block_size=4))
+    assert cache.allocate(0, 4) and cache.allocate(1, 4)
+    cache.kv.normal_()
+    before = cache.kv.clone()
+    expected = kind == "paged"
+    assert cache.fork(0, 2) is expected
+    assert sorted(cache.live_ids()) == ([0, 1, 2] if expected else [0, 1])
+    torch.testing.assert_close(cache.kv, before, rtol=0, atol=0)
+    cache.free(1)
+    assert cache.fork(0, 3) is True  # room again
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "paged"])
 def test_reorder_moves_whole_sequences(kind):
     spec = SPECS["llama"]()
     cache = (ContiguousKVCache(spec, max_batch=3, max_seq_len=12) if kind == "contiguous"
