@@ -30,7 +30,7 @@ GEMM runs (below), with fp32 weights stored `(out, in)` where the kernels are av
 memory limit with the GEMMs of 2-8 rows on it against the library, alternated in one run (RMSNorm and
 RoPE kernels on in both): fp32 batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65
 -> 0.77; bf16 batch 2 0.64 -> 0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times
-the GEMM dispatch on both sides of each path's edge (`model.gemm_path_edges`,
+the GEMM dispatch on both sides of each path's edge (`paths.gemm_path_edges`,
 `calibrate.gemm_dispatch_rows`), and its GEMM sweep steps there (`calibrate.gemm_sweep_rows`).
 
 Past 4 rows the fp32 GEMM reads 3 weight rows at a time, bf16 2 (fp32 8 rows 25.3 GB/s against 23.8
@@ -110,9 +110,13 @@ The kernels are compiled at first use with the host's C++ compiler (`$CXX`, defa
 `$LLMPERF_CACHE_DIR` (default `~/.cache/llmperf`), keyed by the source and flags. They are used only
 where they can run: an x86-64 Linux CPU with AVX-512 F/BW and AVX512_BF16, a working compiler (one
 that knows AMX's intrinsics too: gcc 11+, clang 12+), and `LLMPERF_CPU_KERNELS` not set to `0`;
-otherwise the engine keeps torch's operators, and `status()` says why. The GEMMs are also the ops
-`torch.ops.llmperf.small_gemm` and `.amx_gemm`, which `small_gemm` / `amx_gemm` run while a dispatch
-mode watches (`FlopCounterMode` counts their FLOPs) and call around otherwise.
+otherwise the engine keeps torch's operators, and `status()` says why. `build()` compiles them on any
+x86-64 host all the same (the tests do, so a compile or link error shows on an AVX2-only machine
+too). `LLMPERF_MAX_CPU_ISA=avx2` (or `avx512`) makes them see a CPU without AVX-512 and AMX (without
+AMX), to measure here what such a CPU runs (`isa_cap`; `engine.paths` says which kernel runs each
+GEMM). The GEMMs are also the ops `torch.ops.llmperf.small_gemm` and `.amx_gemm`, which `small_gemm`
+/ `amx_gemm` run while a dispatch mode watches (`FlopCounterMode` counts their FLOPs) and call around
+otherwise.
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ import ctypes
 import hashlib
 import math
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -142,7 +147,7 @@ AMX_ROWS = 16  # the most rows of the AMX GEMM (one tile of rows)
 AMX_MIN_ROWS = 3  # where AMX runs, the engine's bf16 GEMMs of 3-16 rows run on it (1-2 on the other kernel)
 # -ffp-contract=off: the RoPE rounds each product as torch does (the GEMM's FMAs are explicit intrinsics)
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mfma", "-ffp-contract=off",
-         "-fopenmp", "-fPIC", "-shared")
+         "-fopenmp", "-fPIC", "-shared", "-Wl,-z,defs")  # -z defs: an undefined symbol fails the link, not the load
 SWITCH = "LLMPERF_CPU_KERNELS"  # "0": never use the kernels
 _SUFFIXES = {torch.bfloat16: "bf16", torch.float32: "f32"}  # dtype -> the kernels' name suffix
 
@@ -175,7 +180,13 @@ def cache_dir() -> Path:
     return Path(base) / "llmperf"
 
 
-def _cpu_flags() -> set[str]:
+MAX_ISA = "LLMPERF_MAX_CPU_ISA"  # run as a CPU without the features above this level (as oneDNN's ONEDNN_MAX_CPU_ISA)
+#: level -> the prefixes of /proc/cpuinfo flags it hides ("native": none)
+ISA_LEVELS = {"avx2": ("avx512", "amx"), "avx512": ("amx",), "native": ()}
+
+
+def _proc_cpu_flags() -> set[str]:
+    """/proc/cpuinfo's flags (tests replace this to fake another CPU)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -184,6 +195,34 @@ def _cpu_flags() -> set[str]:
         if line.startswith("flags"):
             return set(line.partition(":")[2].split())
     return set()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the machine's architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def isa_cap() -> tuple[str, str | None]:
+    """(`$LLMPERF_MAX_CPU_ISA` or "native", None) or ("native", why the value is refused). With "avx2"
+    the kernels see a CPU without AVX-512 and AMX, with "avx512" one without AMX: to measure on this
+    machine what such a CPU runs. torch and oneDNN have their own switches, read when torch loads:
+    `ATEN_CPU_CAPABILITY=avx2` and `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN then has no native bf16 either)."""
+    level = os.environ.get(MAX_ISA, "").strip().lower() or "native"
+    if level not in ISA_LEVELS:
+        return "native", f"{MAX_ISA}: must be one of {', '.join(ISA_LEVELS)}, got {os.environ[MAX_ISA]!r}"
+    return level, None
+
+
+def cpu_features() -> set[str]:
+    """This CPU's /proc/cpuinfo flags, less those above `$LLMPERF_MAX_CPU_ISA` (`isa_cap`)."""
+    hidden = ISA_LEVELS[isa_cap()[0]]
+    return {f for f in _proc_cpu_flags() if not f.startswith(hidden)} if hidden else _proc_cpu_flags()
 
 
 def _compile(cxx: str) -> Path:
@@ -219,40 +258,64 @@ def _load() -> ctypes.CDLL | None:
     if _state.tried:
         return _state.lib
     _state.tried = True
-    missing = [f for f in ISA if f not in _cpu_flags()]
+    missing = [f for f in ISA if f not in cpu_features()]
     cxx = os.environ.get("CXX", "c++")
-    if missing:
-        _state.reason = f"the CPU lacks {', '.join(missing)}"
+    level, refused = isa_cap()
+    if refused:
+        _state.reason = refused
+    elif missing:
+        _state.reason = f"the CPU lacks {', '.join(missing)}" + (f"; {MAX_ISA}={level}" if level != "native" else "")
     elif shutil.which(cxx) is None:
         _state.reason = f"no C++ compiler ({cxx!r} not found; set CXX)"
     else:
         try:
             lib = ctypes.CDLL(str(_compile(cxx)))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            _bind(lib)
+        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
             _state.reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         else:
-            gemm_args = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-            rope_args = [ctypes.c_void_p, *[ctypes.c_int64] * 5, *[ctypes.c_void_p] * 3, ctypes.c_int]
-            norm_args = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
-            silu_args = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
-            attention_args = ([ctypes.c_void_p, *[ctypes.c_int64] * 2, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3,
-                               ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 3,
-                               ctypes.c_void_p, *[ctypes.c_int64] * 4, ctypes.c_float, ctypes.c_int])
-            def entries(name: str, args: list[Any]) -> dict[torch.dtype, Any]:
-                return {dtype: _entry(lib, f"llmperf_{name}_{suffix}", args) for dtype, suffix in _SUFFIXES.items()}
-
-            _state.fns, _state.norms = entries("gemm", gemm_args), entries("rms_norm", norm_args)
-            _state.ropes, _state.silu_muls = entries("rope", rope_args), entries("silu_mul", silu_args)
-            _state.attentions = entries("decode_attention", attention_args)
-            layers_args = ([*[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 8, ctypes.c_float, *[ctypes.c_void_p] * 3,
-                            *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 6, ctypes.c_int,
-                            ctypes.c_void_p, ctypes.c_int])
-            _state.layer_fns = entries("decode_layers", layers_args)
-            _state.amx_fns = (_entry(lib, "llmperf_amx_pack_bf16", [ctypes.c_void_p, *[ctypes.c_int64] * 2,
-                                                                    ctypes.c_void_p, ctypes.c_int]),
-                              _entry(lib, "llmperf_gemm_amx_bf16", gemm_args))
             _state.lib = lib
     return _state.lib
+
+
+def build() -> Path:
+    """The kernels' shared library, compiled now unless cached, on any x86-64 host with a compiler:
+    the compiler targets AVX-512 and AMX whatever this CPU runs, so a syntax or link error shows on
+    every machine (`tests/engine/test_cpu_kernels.py` builds it even where it cannot run). Loading it
+    runs none of its instructions; `_bind` checks that every entry point is there. Raises
+    RuntimeError when there is no compiler or it fails."""
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f"no C++ compiler ({cxx!r} not found; set CXX)")
+    return _compile(cxx)
+
+
+def _bind(lib: ctypes.CDLL, state: _State | None = None) -> None:
+    """Type every entry point of `lib` into `state` (default `_state`; AttributeError naming one that is
+    missing)."""
+    state = _state if state is None else state
+    gemm_args = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    rope_args = [ctypes.c_void_p, *[ctypes.c_int64] * 5, *[ctypes.c_void_p] * 3, ctypes.c_int]
+    norm_args = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
+    silu_args = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    attention_args = ([ctypes.c_void_p, *[ctypes.c_int64] * 2, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3,
+                       ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 3,
+                       ctypes.c_void_p, *[ctypes.c_int64] * 4, ctypes.c_float, ctypes.c_int])
+
+    def entries(name: str, args: list[Any]) -> dict[torch.dtype, Any]:
+        return {dtype: _entry(lib, f"llmperf_{name}_{suffix}", args) for dtype, suffix in _SUFFIXES.items()}
+
+    state.fns, state.norms = entries("gemm", gemm_args), entries("rms_norm", norm_args)
+    state.ropes, state.silu_muls = entries("rope", rope_args), entries("silu_mul", silu_args)
+    state.attentions = entries("decode_attention", attention_args)
+    layers_args = ([*[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 8, ctypes.c_float, *[ctypes.c_void_p] * 3,
+                    *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 6, ctypes.c_int,
+                    ctypes.c_void_p, ctypes.c_int])
+    state.layer_fns = entries("decode_layers", layers_args)
+    state.amx_fns = (_entry(lib, "llmperf_amx_pack_bf16", [ctypes.c_void_p, *[ctypes.c_int64] * 2,
+                                                           ctypes.c_void_p, ctypes.c_int]),
+                     _entry(lib, "llmperf_gemm_amx_bf16", gemm_args))
+    _entry(lib, "llmperf_amx_enable", [])
 
 
 def available() -> bool:
@@ -285,7 +348,7 @@ def amx_available() -> bool:
     if not available():
         return False
     if _state.amx is None:
-        missing = [f for f in AMX_ISA if f not in _cpu_flags()]
+        missing = [f for f in AMX_ISA if f not in cpu_features()]
         if missing:
             _state.amx, _state.amx_reason = False, f"the CPU lacks {', '.join(missing)}"
         elif _state.lib.llmperf_amx_enable() != 0:

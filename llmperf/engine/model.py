@@ -216,25 +216,15 @@ def packed_min_rows(dtype: torch.dtype, device: torch.device) -> int | None:
         return None
     if dtype == torch.float32:
         return 2
-    if dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if dtype == torch.bfloat16 and onednn_bf16():
         return 1
     return None
 
 
-def gemm_path_edges(dtype: torch.dtype, device: torch.device) -> tuple[int, ...]:
-    """Rows (B*T) on both sides of each change of the path a GEMM of the engine runs (`Linear`) at
-    the "auto" layout: with llmperf's kernels, `(R, R + 1)`, R = `cpu_kernels.rows_for(dtype)` (its
-    own GEMM, then packed), and for bf16 on AMX also `(2, 3)` (its AMX GEMM from 3 rows); fp32
-    without them `(1, 2)` (the GEMV, then packed); () where one path runs at every row count."""
-    device = torch.device(device)
-    packed = packed_min_rows(dtype, device)
-    own = cpu_kernels.rows_for(dtype) if device.type == "cpu" else 0
-    amx = cpu_kernels.amx_rows(dtype) if device.type == "cpu" else None
-    edges = (amx[0] - 1, amx[0]) if amx and amx[0] > 1 else ()
-    first_packed = max(packed, own + 1) if packed is not None else None
-    if first_packed is None or first_packed == 1:
-        return edges
-    return (*edges, first_packed - 1, first_packed)
+def onednn_bf16() -> bool:
+    """Whether oneDNN has native bf16 GEMMs on this CPU (AVX512_BF16 or AMX, unless `ONEDNN_MAX_CPU_ISA`
+    hides them when torch loads); without them a bf16 GEMM converts every element."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _packed_linear_flops(x_shape: torch.Size, *args: Any, out_shape: torch.Size, **kwargs: Any) -> int:
@@ -708,5 +698,5 @@ class Transformer(nn.Module):
         return list(logits.split([t.shape[0] for t, _ in groups]))
 
 
-__all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "gemm_path_edges", "rope_inv_freq",
+__all__ = ["BACKENDS", "DTYPES", "Block", "Norm", "Transformer", "apply_rope", "rope_inv_freq",
            "torch_dtype"]

@@ -619,17 +619,17 @@ WEIGHT_OPS = frozenset(str(op) for op in WEIGHT_MATMUL_OPS)  # the engine's weig
 
 
 def _gemm_path_edges(dname: str, device: Any) -> tuple[int, ...]:
-    """`engine.model.gemm_path_edges` for the dtype named `dname`."""
+    """`engine.paths.gemm_path_edges` for the dtype named `dname`."""
     import torch
 
-    from llmperf.engine.model import gemm_path_edges
+    from llmperf.engine.paths import gemm_path_edges
 
     return gemm_path_edges(getattr(torch, DTYPE_NAMES[dname]), device)
 
 
 def gemm_sweep_rows(s: Settings, dname: str, device: Any) -> tuple[int, ...]:
     """The rows of `dname`'s GEMM sweep: `s.gemm_rows` and both sides of each edge between the engine's
-    GEMM paths inside its range (`engine.model.gemm_path_edges`; fp32 8 and 9 with llmperf's kernels),
+    GEMM paths inside its range (`engine.paths.gemm_path_edges`; fp32 8 and 9 with llmperf's kernels),
     so that the efficiency curve steps where the engine changes kernel instead of blending two
     kernels' speeds over the rows between sweep points (fp32 rows 9-15 had been priced between the
     own GEMM at 8 and oneDNN's at 16)."""
@@ -983,7 +983,7 @@ OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp
 def gemm_dispatch_rows(dname: str, device: Any) -> tuple[int, ...]:
     """The rows at which `calibrate` times a weight GEMM's dispatch for the engine at `dname`: 1 and 2
     (`OVERHEAD_ROWS`, decoding one and two sequences) and both sides of every edge between the
-    engine's GEMM paths (`engine.model.gemm_path_edges`): fp32 with llmperf's kernels 1, 2, 8, 9 (its
+    engine's GEMM paths (`engine.paths.gemm_path_edges`): fp32 with llmperf's kernels 1, 2, 8, 9 (its
     own GEMM to 8 rows, oneDNN's packed one from 9), bf16 1, 2, 4, 5 (1, 2, 3, 16, 17 on an AMX CPU:
     its own GEMM to 2 rows, AMX 3-16, oneDNN from 17); with torch's kernels alone
     fp32 1, 2 (the GEMV, then packed) and bf16 1, 2 (always packed)."""

@@ -9,6 +9,7 @@ leaving nothing half-written."""
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 
 import pytest
@@ -234,7 +235,7 @@ def test_bf16_logits_on_the_kernel_are_as_close_to_fp32_as_the_library_s():
 def test_an_unavailable_kernel_leaves_the_library_gemms_and_says_why(monkeypatch):
     state = cpu_kernels._State()
     monkeypatch.setattr(cpu_kernels, "_state", state)
-    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(cpu_kernels, "_proc_cpu_flags", lambda: {"avx2", "fma"})
     assert not cpu_kernels.available()
     assert cpu_kernels.status() == "off (the CPU lacks avx512f, avx512bw, avx512_bf16)"
     assert not cpu_kernels.gemm_kernel(torch.randn(1, 8).to(torch.bfloat16), torch.randn(4, 8).to(torch.bfloat16))
@@ -249,9 +250,54 @@ def test_the_switch_turns_it_off(monkeypatch):
     assert cpu_kernels.status() == f"off ({cpu_kernels.SWITCH}=0)"
 
 
-@pytest.mark.skipif(not cpu_kernels._cpu_flags() >= set(cpu_kernels.ISA), reason="the CPU lacks AVX-512 BF16")
+@pytest.mark.parametrize("level,hidden", [("avx2", {"avx512f", "avx512_bf16", "amx_tile"}), ("avx512", {"amx_tile"}),
+                                          ("native", set()), ("", set())])
+def test_the_isa_cap_hides_the_features_above_it(monkeypatch, level, hidden):
+    """`LLMPERF_MAX_CPU_ISA` makes the kernels see a smaller CPU (to measure here what one runs)."""
+    every = {"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"}
+    monkeypatch.setattr(cpu_kernels, "_proc_cpu_flags", lambda: set(every))
+    monkeypatch.setenv(cpu_kernels.MAX_ISA, level)
+    assert cpu_kernels.cpu_features() & {"avx512f", "avx512_bf16", "amx_tile"} == {"avx512f", "avx512_bf16",
+                                                                                    "amx_tile"} - hidden
+    assert {"avx2", "fma"} <= cpu_kernels.cpu_features()
+    monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
+    if level == "avx2":
+        assert cpu_kernels.status() == ("off (the CPU lacks avx512f, avx512bw, avx512_bf16; "
+                                        f"{cpu_kernels.MAX_ISA}=avx2)")
+
+
+def test_a_bad_isa_cap_is_named_and_turns_the_kernels_off(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
+    monkeypatch.setenv(cpu_kernels.MAX_ISA, "avx1024")
+    assert not cpu_kernels.available()
+    assert cpu_kernels.status() == (f"off ({cpu_kernels.MAX_ISA}: must be one of avx2, avx512, native, "
+                                    "got 'avx1024')")
+
+
+needs_compiler = pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or shutil.which(os.environ.get("CXX", "c++")) is None,
+    reason=f"the kernels target x86-64 (this is {platform.machine()}) with a C++ compiler ($CXX or c++)")
+
+
+@needs_compiler
+def test_the_kernels_build_and_link_on_any_x86_host(monkeypatch, tmp_path):
+    """Built here even where this CPU cannot run them (the compiler targets AVX-512 and AMX on an AVX2
+    host), so a syntax or link error fails on every machine: every entry point is in the library, and
+    an undefined symbol fails the link (`-Wl,-z,defs`)."""
+    import ctypes
+
+    monkeypatch.setenv("LLMPERF_CACHE_DIR", str(tmp_path))
+    lib = ctypes.CDLL(str(cpu_kernels.build()))  # loading runs none of its instructions
+    state = cpu_kernels._State()
+    cpu_kernels._bind(lib, state)
+    assert set(state.fns) == set(state.layer_fns) == {torch.float32, torch.bfloat16} and state.amx_fns
+    assert "-Wl,-z,defs" in cpu_kernels.FLAGS
+
+
+@needs_compiler
 def test_a_failed_build_names_the_compiler_and_leaves_nothing_behind(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
+    monkeypatch.setattr(cpu_kernels, "_proc_cpu_flags", lambda: {"avx2", "fma", *cpu_kernels.ISA})
     monkeypatch.setenv("LLMPERF_CACHE_DIR", str(tmp_path))
     fake = tmp_path / "fake-cxx"
     fake.write_text("#!/bin/sh\necho 'fake-cxx: error: no such thing' >&2\nexit 1\n")
@@ -260,21 +306,22 @@ def test_a_failed_build_names_the_compiler_and_leaves_nothing_behind(monkeypatch
     assert not cpu_kernels.available()
     assert "fake-cxx failed on cpu_kernels.cpp: fake-cxx: error: no such thing" in cpu_kernels.status()
     assert [p.name for p in tmp_path.iterdir()] == ["fake-cxx"]
+    with pytest.raises(RuntimeError, match="fake-cxx failed"):
+        cpu_kernels.build()
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-cxx"))
+    with pytest.raises(RuntimeError, match="no C[+][+] compiler"):
+        cpu_kernels.build()
 
 
-@pytest.mark.skipif(not cpu_kernels._cpu_flags() >= set(cpu_kernels.ISA)
-                    or shutil.which(os.environ.get("CXX", "c++")) is None,
-                    reason="the CPU lacks AVX-512 BF16, or no C++ compiler")
+@needs_compiler
 def test_a_build_is_cached_by_source_and_flags(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
     monkeypatch.setenv("LLMPERF_CACHE_DIR", str(tmp_path))
-    assert cpu_kernels.available(), cpu_kernels.status()
+    first = cpu_kernels.build()
     built = sorted(tmp_path.iterdir())
-    assert len(built) == 1 and built[0].name.startswith("cpu_kernels-") and built[0].suffix == ".so"
-    stamp = os.stat(built[0]).st_mtime_ns
-    monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
-    assert cpu_kernels.available()
-    assert sorted(tmp_path.iterdir()) == built and os.stat(built[0]).st_mtime_ns == stamp
+    assert built == [first] and first.name.startswith("cpu_kernels-") and first.suffix == ".so"
+    stamp = os.stat(first).st_mtime_ns
+    assert cpu_kernels.build() == first and sorted(tmp_path.iterdir()) == built
+    assert os.stat(first).st_mtime_ns == stamp
 
 
 @needs_kernel
