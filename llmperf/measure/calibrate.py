@@ -83,6 +83,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -113,7 +114,12 @@ class Settings:
     gemm_k: int = 4096
     gemm_n: int = 8192
     gemm_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-    gemm_call_budget_s: float = 0.8  # stop growing rows once one call takes longer (slow dtypes)
+    gemm_call_budget_s: float = 0.8  # stop growing rows before a call predicted to take longer (slow dtypes)
+    # a dtype's GEMM sweep stops before a point predicted to take it past this many seconds (`sweep_fits`):
+    # bf16 without a native kernel (an AVX2-only CPU) runs ~10x slower than fp32 and took 66 s of sweep
+    gemm_sweep_budget_s: float = 10.0
+    # the vector-operator prefills of a dtype stop before one predicted to take them past this (`sweep_fits`)
+    vector_budget_s: float = 12.0
     gemm_rounds: int = 3  # CPU: interleaved rounds of the memory-bound GEMM points (`measure_gemm`)
     attn_heads: int = 16
     attn_head_dim: int = 128
@@ -155,7 +161,7 @@ class Settings:
         if device == "cuda":
             base = cls(device="cuda", stream_sizes=tuple(s * MiB for s in (1, 8, 32, 128, 512, 2048)),
                        gemm_k=8192, gemm_n=8192, gemm_rows=(1, 4, 16, 64, 256, 1024, 4096, 8192),
-                       gemm_call_budget_s=1.0, attn_heads=32, attn_decode=((1, 8192), (32, 8192)),
+                       gemm_call_budget_s=1.0, gemm_sweep_budget_s=60.0, vector_budget_s=60.0, attn_heads=32, attn_decode=((1, 8192), (32, 8192)),
                        attn_prefill=(1024, 4096), allreduce_sizes=(4096, 65536, MiB, 16 * MiB, 256 * MiB))
         else:
             base = cls(device=device)
@@ -627,6 +633,21 @@ def _gemm_path_edges(dname: str, device: Any) -> tuple[int, ...]:
     return gemm_path_edges(getattr(torch, DTYPE_NAMES[dname]), device)
 
 
+def sweep_fits(spent_s: float, next_s: float, budget_s: float, call_s: float = 0.0,
+               call_budget_s: float = math.inf) -> bool:
+    """Whether a sweep that has taken `spent_s` measures its next point, predicted to take `next_s` in
+    all (`call_s` a call) from the point before it: within `budget_s` in all and `call_budget_s` a call.
+    A sweep's work is sized from what it measured first, so a slow machine or dtype (bf16 without a
+    native kernel) measures fewer points instead of running for minutes; every stop is noted."""
+    return spent_s + next_s <= budget_s and call_s <= call_budget_s
+
+
+def _native_bf16() -> bool:
+    from llmperf.engine.paths import native_bf16
+
+    return native_bf16()
+
+
 def gemm_sweep_rows(s: Settings, dname: str, device: Any) -> tuple[int, ...]:
     """The rows of `dname`'s GEMM sweep: `s.gemm_rows` and both sides of each edge between the engine's
     GEMM paths inside its range (`engine.paths.gemm_path_edges`; fp32 8 and 9 with llmperf's kernels),
@@ -656,23 +677,38 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
         timed: dict[int, list[Any]] = {}
         again: dict[int, Callable[[], Any]] = {}
         sweep = gemm_sweep_rows(s, dname, device)
+        if device.type == "cpu" and dname == "bf16" and not _native_bf16():
+            notes.append("gemm bf16: no native kernel on this CPU (no AVX512_BF16 or AMX): torch converts every "
+                         "element, about 10x an fp32 GEMM's time; the sweep stops at its budget "
+                         f"({s.gemm_sweep_budget_s:g} s)")
+        spent, last = 0.0, None  # seconds of this dtype's sweep so far; (rows, median call) of the last point
         for rows in sweep:
+            # a compute-bound point (predicted past ROUND_BELOW_S a call) needs no cycling through the copies
+            call_s = last[1] * rows / last[0] if last else 0.0
+            heavy = call_s >= ROUND_BELOW_S
+            n_calls, warmup = (s.reps, 1) if heavy else (reps, copies)
+            if last and not sweep_fits(spent, call_s * (n_calls + warmup), s.gemm_sweep_budget_s, call_s,
+                                       s.gemm_call_budget_s):
+                notes.append(f"gemm {dname}: stopped before rows={rows} (predicted {call_s:.2g} s a call from "
+                             f"rows={last[0]}; {spent:.1f} s spent of the sweep's {s.gemm_sweep_budget_s:g} s)")
+                break
             progress(f"gemm {dname} rows={rows}")
+            started = time.perf_counter()
             try:
                 if weights is None:
                     weights = _Weights(k, n, dtype, device, copies)
                 fn = weights.fn(rows)
-                t = _time_steady(fn, device, reps=reps, warmup=copies, notes=notes, what=f"gemm {dname} rows={rows}")
+                t = _time_steady(fn, device, reps=n_calls, warmup=warmup, notes=notes,
+                                 what=f"gemm {dname} rows={rows}")
             except RuntimeError as exc:  # a dtype this device or build cannot multiply
                 notes.append(f"gemm {dname}: not measured ({str(exc).splitlines()[0]})")
                 break
+            spent += time.perf_counter() - started
+            last = (rows, t.median_s)
             timed[rows] = [t]
             if device.type == "cpu" and t.median_s < ROUND_BELOW_S:
                 again[rows] = fn
             del fn
-            if t.median_s > s.gemm_call_budget_s and rows != sweep[-1]:
-                notes.append(f"gemm {dname}: stopped at rows={rows} ({t.median_s:.2f} s per call)")
-                break
         for i in range(1, s.gemm_rounds if len(again) > 1 else 1):
             progress(f"gemm {dname} round {i + 1} of {s.gemm_rounds} (rows {', '.join(map(str, again))})")
             for rows, fn in again.items():
@@ -893,13 +929,15 @@ def fit_op_e_memory(samples: dict[str, list[tuple[float, float]]], bw: float, ov
 
 
 def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Sequence[str], bw: float,
-                        overheads: dict[str, dict[str, float]]) -> dict[str, dict[str, list[list[float]]]]:
+                        overheads: dict[str, dict[str, float]], notes: list[str] | None = None
+                        ) -> dict[str, dict[str, list[list[float]]]]:
     """Per compute dtype, the memory efficiency of each engine vector operator (norms, RoPE, the gated
     activation, residual adds, the KV write, the embedding) as a function of the bytes one call moves:
     the median time of each operator over `vector_reps` recorded prefills of `VECTOR_SPEC` at each
     (batch, prompt) of `s.vector_prefills`, less its dispatch overhead, against the analytical bytes
     of the same call (`llmperf.analysis.operators`, the engine's fused GEMMs). `overheads`: per dtype,
-    the dispatch the time model adds to each operator (none for a dtype it lacks)."""
+    the dispatch the time model adds to each operator (none for a dtype it lacks). The prefills of a
+    dtype stop before one predicted to take them past `s.vector_budget_s` (noted in `notes`)."""
     import statistics
     from collections import defaultdict
 
@@ -910,6 +948,7 @@ def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Se
 
     spec = ModelSpec(**VECTOR_SPEC)
     params = SamplingParams(max_new_tokens=1)
+    notes = [] if notes is None else notes
     out: dict[str, dict[str, list[list[float]]]] = {}
     for dname in dtypes:
         try:
@@ -918,10 +957,19 @@ def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Se
             continue
         fm = ForwardModel(model=spec, precision=Precision.uniform(dname), fused_qkv=True, fused_gate_up=True)
         samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        spent, last = 0.0, None  # seconds of this dtype's prefills so far; (tokens, warm-up seconds) of the last
         for batch, prompt_len in s.vector_prefills:
+            # a prefill's time grows about linearly in its tokens (a little faster: attention)
+            one_s = last[1] * batch * prompt_len / last[0] if last else 0.0
+            if last and not sweep_fits(spent, one_s * (1 + s.vector_reps), s.vector_budget_s):
+                notes.append(f"vector operators {dname}: stopped before {batch}x{prompt_len} (predicted "
+                             f"{one_s:.2g} s a prefill; {spent:.1f} s spent of {s.vector_budget_s:g} s)")
+                break
             progress(f"vector operators {dname} {batch}x{prompt_len}")
             prompts = [[1 + (7 * i + j) % (spec.vocab_size - 1) for j in range(prompt_len)] for i in range(batch)]
+            started = time.perf_counter()
             engine.generate(prompts, params)  # warm-up: the same shapes
+            last = (batch * prompt_len, time.perf_counter() - started)
             times: dict[str, list[float]] = defaultdict(list)
             for _ in range(s.vector_reps):
                 rec = Recorder(device)
@@ -930,6 +978,7 @@ def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Se
                 for r in rec.trace.ops:
                     if r.phase == "prefill" and r.op in BYTES_CURVE_OPS:
                         times[r.op].append(r.seconds)
+            spent += time.perf_counter() - started
             costs = {c.name: c for c in fm.forward_ops(batch, prompt_len, prompt_len)}  # one layer: one call each
             for op, ts in times.items():
                 if op in costs:
@@ -1158,7 +1207,7 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
                 overheads = {d: {op: pts[-1][1] for op, pts in rows_s.get(d, {}).get("sdpa", {}).items()}
                              or cal.op_overhead_s.get("sdpa", {}) for d in cal.measured_dtypes()}
             cal.op_e_memory = measure_op_e_memory(s, device, tick, cal.measured_dtypes(), cal.memory_bytes_per_s(),
-                                                  overheads)
+                                                  overheads, cal.notes)
     if s.allreduce:
         try:
             cal.allreduce = measure_allreduce(s, device, tick)

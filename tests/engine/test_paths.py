@@ -54,7 +54,7 @@ def test_paths_follow_what_this_cpu_has():
 
 def test_an_avx2_machine_changes_the_engine_calibrate_and_the_benchmark_together(avx2_only):
     from llmperf.measure import engine_bench
-    from llmperf.measure.calibrate import Settings, gemm_dispatch_rows, gemm_sweep_rows
+    from llmperf.measure.calibrate import Settings, gemm_dispatch_rows, gemm_sweep_rows, measure_gemm
 
     # the engine: torch's kernels, fp32 (in, out) for the GEMV, bf16 on torch's converting F.linear
     assert not cpu_kernels.available() and not cpu_kernels.amx_available()
@@ -79,6 +79,8 @@ def test_an_avx2_machine_changes_the_engine_calibrate_and_the_benchmark_together
     assert gemm_dispatch_rows("fp32", cpu) == (1, 2) and gemm_dispatch_rows("bf16", cpu) == (1, 2)
     tiny = Settings.tiny()
     assert gemm_sweep_rows(tiny, "fp32", cpu) == (1, 2, 8, 64) and gemm_sweep_rows(tiny, "bf16", cpu) == (1, 8, 64)
+    gemm, notes = measure_gemm(Settings.tiny(dtypes=("bf16",), threads=1), cpu, lambda m: None)
+    assert [p.rows for p in gemm] == [1, 8, 64] and notes[0].startswith("gemm bf16: no native kernel on this CPU")
     # the benchmark: bf16 at batch 1 and 8 only, without a target; no own-kernel or one-call figures
     plan = engine_bench.plan_for(found)
     assert plan.memory_limit == (("fp32", 1), ("fp32", 2), ("fp32", 4), ("fp32", 8), ("bf16", 1), ("bf16", 8))

@@ -237,9 +237,13 @@ def test_gemm_and_decode_attention_cycle_through_their_copies():
 
     from llmperf.measure.calibrate import measure_attention, measure_gemm
 
+    from llmperf.measure.calibrate import gemm_sweep_rows
+
     s = Settings.tiny(dtypes=("fp32",), gemm_rows=(1, 8), working_set_bytes=4 << 20, threads=1)
     gemm, _ = measure_gemm(s, torch.device("cpu"), lambda m: None)
-    assert [p.rows for p in gemm] == [1, 8] and all(" x8 in turn" in p.shape for p in gemm)  # 512 KiB each
+    # 1 and 8, and both sides of an edge between the engine's GEMM paths below 8 (1, 2 on torch's alone)
+    assert [p.rows for p in gemm] == list(gemm_sweep_rows(s, "fp32", torch.device("cpu")))
+    assert {1, 8} <= {p.rows for p in gemm} and all(" x8 in turn" in p.shape for p in gemm)  # 512 KiB each
     att = measure_attention(s, torch.device("cpu"), lambda m: None)
     assert [p.memory_bound for p in att] == [True, False]
     assert "in turn" in att[0].shape and "in turn" not in att[1].shape
@@ -439,3 +443,29 @@ def test_calibrate_times_the_engine_with_the_garbage_collector_paused_as_profile
     measure_step_overhead(torch.device("cpu"), lambda _: None)
     timed = [enabled for recorded, enabled in seen if recorded]
     assert timed and not any(timed) and gc.isenabled()
+
+
+@pytest.mark.parametrize("spent, nxt, budget, call, call_budget, fits", [
+    (0.0, 5.0, 10.0, 0.1, 0.8, True), (6.0, 4.0, 10.0, 0.1, 0.8, True),  # exactly at the budget: measured
+    (6.0, 4.1, 10.0, 0.1, 0.8, False), (0.0, 1.0, 10.0, 0.9, 0.8, False), (0.0, 0.0, 0.0, 0.0, 0.0, True)])
+def test_a_sweep_measures_a_point_only_within_its_budget(spent, nxt, budget, call, call_budget, fits):
+    from llmperf.measure.calibrate import sweep_fits
+
+    assert sweep_fits(spent, nxt, budget, call, call_budget) is fits
+
+
+def test_a_sweep_over_its_budget_stops_and_says_so_in_the_yaml(tmp_path):
+    """A budget of 0 s: each sweep measures its first point (what sizes the rest), then stops before
+    the next, and the calibration's notes (written to the YAML) name where and why."""
+    import torch
+
+    from llmperf.measure.calibrate import measure_gemm, measure_op_e_memory
+
+    s = Settings.tiny(dtypes=("fp32",), gemm_sweep_budget_s=0.0, vector_budget_s=0.0, threads=1)
+    gemm, notes = measure_gemm(s, torch.device("cpu"), lambda m: None)
+    assert [p.rows for p in gemm] == [1]
+    assert len(notes) == 1 and notes[0].startswith("gemm fp32: stopped before rows=") and "of the sweep's 0 s" in notes[0]
+    vec_notes: list[str] = []
+    curves = measure_op_e_memory(s, torch.device("cpu"), lambda m: None, ["fp32"], 1e10, {}, vec_notes)
+    assert curves["fp32"] and all(len(pts) == 1 for pts in curves["fp32"].values())  # the first prefill only
+    assert vec_notes == [vec_notes[0]] and vec_notes[0].startswith("vector operators fp32: stopped before 2x32")
