@@ -57,6 +57,16 @@ def native_bf16() -> bool:
     return cpu_kernels.available() or model.onednn_bf16()
 
 
+def native_kernel(dtype: torch.dtype) -> bool:
+    """Whether GEMMs of `dtype` have a native kernel on this CPU: fp32 always, bf16 `native_bf16`, fp16
+    where oneDNN has one (AVX512_FP16 or AMX-FP16)."""
+    if dtype == torch.bfloat16:
+        return native_bf16()
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return True
+
+
 def gemm_paths(dtype: torch.dtype, device: torch.device | str = "cpu") -> tuple[GemmPath, ...]:
     """The kernel of the engine's GEMMs (`model.Linear`, the "auto" weight layout) per row count, in
     order of rows, the last open-ended."""
@@ -152,4 +162,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["EnginePaths", "GemmPath", "KERNELS", "engine_paths", "gemm_path_edges", "gemm_paths", "machine_line",
-           "native_bf16", "one_call_rows"]
+           "native_bf16", "native_kernel", "one_call_rows"]

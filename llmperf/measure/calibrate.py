@@ -115,11 +115,14 @@ class Settings:
     gemm_n: int = 8192
     gemm_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     gemm_call_budget_s: float = 0.8  # stop growing rows before a call predicted to take longer (slow dtypes)
-    # a dtype's GEMM sweep stops before a point predicted to take it past this many seconds (`sweep_fits`):
-    # bf16 without a native kernel (an AVX2-only CPU) runs ~10x slower than fp32 and took 66 s of sweep
-    gemm_sweep_budget_s: float = 10.0
+    # a dtype's GEMM sweep stops before a point predicted to take it past this many seconds (`sweep_fits`)
+    gemm_sweep_budget_s: float = 30.0
     # the vector-operator prefills of a dtype stop before one predicted to take them past this (`sweep_fits`)
-    vector_budget_s: float = 12.0
+    vector_budget_s: float = 20.0
+    # CPU: either sweep of a dtype without a native kernel here (`engine.paths.native_kernel`: bf16 on an
+    # AVX2-only CPU, fp16 on most) stops at this instead. Such a GEMM converts every element, ~10x fp32's
+    # time: on an AVX2 EPYC the bf16 sweep took 66 s and its vector prefills 75 s, of a 330 s calibration
+    emulated_budget_s: float = 8.0
     gemm_rounds: int = 3  # CPU: interleaved rounds of the memory-bound GEMM points (`measure_gemm`)
     attn_heads: int = 16
     attn_head_dim: int = 128
@@ -161,7 +164,8 @@ class Settings:
         if device == "cuda":
             base = cls(device="cuda", stream_sizes=tuple(s * MiB for s in (1, 8, 32, 128, 512, 2048)),
                        gemm_k=8192, gemm_n=8192, gemm_rows=(1, 4, 16, 64, 256, 1024, 4096, 8192),
-                       gemm_call_budget_s=1.0, gemm_sweep_budget_s=60.0, vector_budget_s=60.0, attn_heads=32, attn_decode=((1, 8192), (32, 8192)),
+                       gemm_call_budget_s=1.0, gemm_sweep_budget_s=60.0, vector_budget_s=60.0,
+                       emulated_budget_s=60.0, attn_heads=32, attn_decode=((1, 8192), (32, 8192)),
                        attn_prefill=(1024, 4096), allreduce_sizes=(4096, 65536, MiB, 16 * MiB, 256 * MiB))
         else:
             base = cls(device=device)
@@ -642,10 +646,16 @@ def sweep_fits(spent_s: float, next_s: float, budget_s: float, call_s: float = 0
     return spent_s + next_s <= budget_s and call_s <= call_budget_s
 
 
-def _native_bf16() -> bool:
-    from llmperf.engine.paths import native_bf16
+def sweep_budget_s(s: Settings, dname: str, device: Any, native_s: float) -> float:
+    """A dtype's budget for one sweep: `native_s`, or on CPU `s.emulated_budget_s` where the dtype has
+    no native kernel (`engine.paths.native_kernel`)."""
+    import torch
 
-    return native_bf16()
+    from llmperf.engine.paths import native_kernel
+
+    if getattr(device, "type", str(device)) != "cpu" or native_kernel(getattr(torch, DTYPE_NAMES[dname])):
+        return native_s
+    return min(native_s, s.emulated_budget_s)
 
 
 def gemm_sweep_rows(s: Settings, dname: str, device: Any) -> tuple[int, ...]:
@@ -677,20 +687,20 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
         timed: dict[int, list[Any]] = {}
         again: dict[int, Callable[[], Any]] = {}
         sweep = gemm_sweep_rows(s, dname, device)
-        if device.type == "cpu" and dname == "bf16" and not _native_bf16():
-            notes.append("gemm bf16: no native kernel on this CPU (no AVX512_BF16 or AMX): torch converts every "
-                         "element, about 10x an fp32 GEMM's time; the sweep stops at its budget "
-                         f"({s.gemm_sweep_budget_s:g} s)")
+        budget = sweep_budget_s(s, dname, device, s.gemm_sweep_budget_s)
+        if budget < s.gemm_sweep_budget_s:
+            notes.append(f"gemm {dname}: no native kernel on this CPU"
+                         + (" (no AVX512_BF16 or AMX)" if dname == "bf16" else "") + ": torch converts every "
+                         f"element, about 10x an fp32 GEMM's time; its sweeps stop at {budget:g} s")
         spent, last = 0.0, None  # seconds of this dtype's sweep so far; (rows, median call) of the last point
         for rows in sweep:
             # a compute-bound point (predicted past ROUND_BELOW_S a call) needs no cycling through the copies
             call_s = last[1] * rows / last[0] if last else 0.0
             heavy = call_s >= ROUND_BELOW_S
             n_calls, warmup = (s.reps, 1) if heavy else (reps, copies)
-            if last and not sweep_fits(spent, call_s * (n_calls + warmup), s.gemm_sweep_budget_s, call_s,
-                                       s.gemm_call_budget_s):
+            if last and not sweep_fits(spent, call_s * (n_calls + warmup), budget, call_s, s.gemm_call_budget_s):
                 notes.append(f"gemm {dname}: stopped before rows={rows} (predicted {call_s:.2g} s a call from "
-                             f"rows={last[0]}; {spent:.1f} s spent of the sweep's {s.gemm_sweep_budget_s:g} s)")
+                             f"rows={last[0]}; {spent:.1f} s spent of the sweep's {budget:g} s)")
                 break
             progress(f"gemm {dname} rows={rows}")
             started = time.perf_counter()
@@ -958,12 +968,13 @@ def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Se
         fm = ForwardModel(model=spec, precision=Precision.uniform(dname), fused_qkv=True, fused_gate_up=True)
         samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
         spent, last = 0.0, None  # seconds of this dtype's prefills so far; (tokens, warm-up seconds) of the last
+        budget = sweep_budget_s(s, dname, device, s.vector_budget_s)
         for batch, prompt_len in s.vector_prefills:
             # a prefill's time grows about linearly in its tokens (a little faster: attention)
             one_s = last[1] * batch * prompt_len / last[0] if last else 0.0
-            if last and not sweep_fits(spent, one_s * (1 + s.vector_reps), s.vector_budget_s):
+            if last and not sweep_fits(spent, one_s * (1 + s.vector_reps), budget):
                 notes.append(f"vector operators {dname}: stopped before {batch}x{prompt_len} (predicted "
-                             f"{one_s:.2g} s a prefill; {spent:.1f} s spent of {s.vector_budget_s:g} s)")
+                             f"{one_s:.2g} s a prefill; {spent:.1f} s spent of {budget:g} s)")
                 break
             progress(f"vector operators {dname} {batch}x{prompt_len}")
             prompts = [[1 + (7 * i + j) % (spec.vocab_size - 1) for j in range(prompt_len)] for i in range(batch)]

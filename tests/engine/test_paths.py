@@ -80,7 +80,9 @@ def test_an_avx2_machine_changes_the_engine_calibrate_and_the_benchmark_together
     tiny = Settings.tiny()
     assert gemm_sweep_rows(tiny, "fp32", cpu) == (1, 2, 8, 64) and gemm_sweep_rows(tiny, "bf16", cpu) == (1, 8, 64)
     gemm, notes = measure_gemm(Settings.tiny(dtypes=("bf16",), threads=1), cpu, lambda m: None)
-    assert [p.rows for p in gemm] == [1, 8, 64] and notes[0].startswith("gemm bf16: no native kernel on this CPU")
+    assert [p.rows for p in gemm] == [1, 8, 64] and notes[0].startswith("gemm bf16: no native kernel on this CPU (no")
+    assert not [n for n in notes if "stopped" in n]  # the tiny sweep fits its budget
+    assert not paths.native_kernel(torch.bfloat16) and paths.native_kernel(torch.float32)
     # the benchmark: bf16 at batch 1 and 8 only, without a target; no own-kernel or one-call figures
     plan = engine_bench.plan_for(found)
     assert plan.memory_limit == (("fp32", 1), ("fp32", 2), ("fp32", 4), ("fp32", 8), ("bf16", 1), ("bf16", 8))

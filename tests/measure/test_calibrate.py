@@ -462,10 +462,12 @@ def test_a_sweep_over_its_budget_stops_and_says_so_in_the_yaml(tmp_path):
     from llmperf.measure.calibrate import measure_gemm, measure_op_e_memory
 
     s = Settings.tiny(dtypes=("fp32",), gemm_sweep_budget_s=0.0, vector_budget_s=0.0, threads=1)
+    assert Settings.tiny(emulated_budget_s=0.0).emulated_budget_s == 0.0
     gemm, notes = measure_gemm(s, torch.device("cpu"), lambda m: None)
     assert [p.rows for p in gemm] == [1]
-    assert len(notes) == 1 and notes[0].startswith("gemm fp32: stopped before rows=") and "of the sweep's 0 s" in notes[0]
+    stops = [n for n in notes if "stopped" in n]  # (a busy machine may also add "timed again" notes)
+    assert len(stops) == 1 and stops[0].startswith("gemm fp32: stopped before rows=") and "of the sweep's 0 s" in stops[0]
     vec_notes: list[str] = []
     curves = measure_op_e_memory(s, torch.device("cpu"), lambda m: None, ["fp32"], 1e10, {}, vec_notes)
     assert curves["fp32"] and all(len(pts) == 1 for pts in curves["fp32"].values())  # the first prefill only
-    assert vec_notes == [vec_notes[0]] and vec_notes[0].startswith("vector operators fp32: stopped before 2x32")
+    assert len(vec_notes) == 1 and vec_notes[0].startswith("vector operators fp32: stopped before 2x32")
