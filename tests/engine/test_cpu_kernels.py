@@ -236,6 +236,7 @@ def test_an_unavailable_kernel_leaves_the_library_gemms_and_says_why(monkeypatch
     state = cpu_kernels._State()
     monkeypatch.setattr(cpu_kernels, "_state", state)
     monkeypatch.setattr(cpu_kernels, "_proc_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.delenv(cpu_kernels.MAX_ISA, raising=False)  # the faked CPU, not a cap on it
     assert not cpu_kernels.available()
     assert cpu_kernels.status() == "off (the CPU lacks avx512f, avx512bw, avx512_bf16)"
     assert not cpu_kernels.gemm_kernel(torch.randn(1, 8).to(torch.bfloat16), torch.randn(4, 8).to(torch.bfloat16))
@@ -298,6 +299,7 @@ def test_the_kernels_build_and_link_on_any_x86_host(monkeypatch, tmp_path):
 def test_a_failed_build_names_the_compiler_and_leaves_nothing_behind(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
     monkeypatch.setattr(cpu_kernels, "_proc_cpu_flags", lambda: {"avx2", "fma", *cpu_kernels.ISA})
+    monkeypatch.delenv(cpu_kernels.MAX_ISA, raising=False)
     monkeypatch.setenv("LLMPERF_CACHE_DIR", str(tmp_path))
     fake = tmp_path / "fake-cxx"
     fake.write_text("#!/bin/sh\necho 'fake-cxx: error: no such thing' >&2\nexit 1\n")

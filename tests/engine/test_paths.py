@@ -21,6 +21,7 @@ def avx2_only(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
     monkeypatch.setattr(cpu_kernels, "_proc_cpu_flags", lambda: set(AVX2_FLAGS))
     monkeypatch.setattr(model, "onednn_bf16", lambda: False)
+    monkeypatch.delenv(cpu_kernels.MAX_ISA, raising=False)  # the faked CPU, not a cap on it
 
 
 def _rows_of(ps: tuple[GemmPath, ...]) -> list[tuple[int, int | None, str]]:
