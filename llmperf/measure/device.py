@@ -57,12 +57,19 @@ def cpu_caches() -> dict[str, int]:
 def describe_cpu() -> dict[str, Any]:
     import torch
 
+    from llmperf.engine import cpu_kernels
+
     info = _cpuinfo()
     flags = set(info.get("flags", info.get("Features", "")).split())
-    return dict(kind="cpu", name=info.get("model name") or platform.processor() or platform.machine(),
-                machine=platform.machine(), cores=os.cpu_count() or 1, threads=torch.get_num_threads(),
-                isa=[f for f in ISA_FLAGS if f in flags], caches=cpu_caches(),
-                memory_bytes=_total_memory_bytes())
+    level, _ = cpu_kernels.isa_cap()
+    if level != "native":  # LLMPERF_MAX_CPU_ISA: the features this run uses, and the cap that hid the rest
+        flags &= cpu_kernels.cpu_features()
+    out = dict(kind="cpu", name=info.get("model name") or platform.processor() or platform.machine(),
+               machine=platform.machine(), cores=os.cpu_count() or 1, threads=torch.get_num_threads(),
+               isa=[f for f in ISA_FLAGS if f in flags], caches=cpu_caches(), memory_bytes=_total_memory_bytes())
+    if level != "native":
+        out["isa_cap"] = f"{cpu_kernels.MAX_ISA}={level}"
+    return out
 
 
 def _total_memory_bytes() -> int:
