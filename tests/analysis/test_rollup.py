@@ -204,6 +204,19 @@ def test_group_scales_and_16_bit_embeddings():
         .lm_head(1, 1, 1).weight_bytes == 768 * 50257 * 0.5 + 50257 * 6 * 2.5  # ceil(768/128) = 6 groups
 
 
+def test_int4_gpt2_xl_weights_with_partial_groups():
+    """GPT-2 XL at int4, groups of 128 with zeros (as AutoGPTQ stores it: ceil(in / 128) groups a row).
+    Per layer: q, k, v, o are 1600 x 1600 and up 1600 x 6400, whose 1600 inputs are 12.5 groups: 13 a
+    row, 4 x 1600 x 13 + 6400 x 13 = 166,400 groups; down 6400 x 1600: 50 a row, 80,000 groups;
+    (30,720,000 x 0.5 B) + 246,400 x 2.5 B + 14,400 biases and 6,400 LayerNorm values at 2 B =
+    16,017,600 B. 48 layers, tied fp16 embeddings 50257 x 1600 and 1024 positions, the final
+    LayerNorm: 932,950,400 B."""
+    layer = 30_720_000 * 0.5 + 246_400 * 2.5 + (14_400 + 6_400) * 2
+    assert layer == 16_017_600
+    total = 48 * layer + (50_257 + 1024) * 1600 * 2 + 3200 * 2
+    assert weight_bytes_per_gpu(load_model("gpt2-xl"), Precision(weights="int4")) == total == 932_950_400
+
+
 def test_quantised_checkpoint_sets_the_default_weight_precision(tiny_llama, a100):
     q = tiny_llama.scaled(quantization=QuantizationSpec(method="gptq", bits=4, group_size=32, zero_point=False))
     est = estimate(q, a100)
