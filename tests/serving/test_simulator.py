@@ -14,7 +14,7 @@ import llmperf
 from llmperf.analysis.timemodel import time_model_for
 from llmperf.errors import SpecError
 from llmperf.serving.costmodel import StepCostModel
-from llmperf.serving.simulator import SLO, ServingConfig, find_max_rate, simulate
+from llmperf.serving.simulator import SLO, ServingConfig, find_max_rate, plan_memory, simulate
 from llmperf.serving.workload import Workload, WorkloadSpec, generate
 from llmperf.specs import load_hardware
 
@@ -253,3 +253,26 @@ def test_slos_at_the_observed_latencies_are_met(arrivals, prompt, outputs, durat
     pct = SLO(ttft_s=res.percentile("ttft_s", q), tpot_s=res.percentile("tpot_s", q) if tpot.notna().any() else None,
               percentile=q)
     assert simulate(w, _CONTINUOUS, slo=pct, step_times=steps).meets_slo
+
+
+def test_kv_pool_and_a_request_at_an_exact_fit():
+    """A device holding the weights, the activation reserve and exactly 3 blocks gets a pool of 3
+    blocks (one byte less: 2; less than one block: refused). A pool of 10 blocks of 16 serves a
+    150 + 10 token request (exactly 10 blocks) and refuses one token more."""
+    from dataclasses import replace
+    a100 = load_hardware("a100-80gb-sxm")
+    w = fixed_workload(1, 150, 10)
+    probe = ServingConfig.build("llama-3.1-8b", a100, mem_util=1.0, num_blocks=1)
+    mem = plan_memory(probe, w)
+    fixed = int(mem.weights_bytes + mem.activation_bytes)
+    for extra, blocks in ((3 * mem.block_bytes, 3), (3 * mem.block_bytes - 1, 2), (mem.block_bytes, 1)):
+        hw = replace(a100, name="a100-sized", memory_gib=(fixed + extra) / 2**30)
+        assert plan_memory(ServingConfig.build("llama-3.1-8b", hw, mem_util=1.0), w).num_blocks == blocks
+    hw = replace(a100, name="a100-sized", memory_gib=(fixed + mem.block_bytes - 1) / 2**30)
+    with pytest.raises(SpecError, match="no room for a KV cache"):
+        plan_memory(ServingConfig.build("llama-3.1-8b", hw, mem_util=1.0), w)
+    cfg = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", num_blocks=10)
+    res = simulate(w, cfg)
+    assert res.steps["kv_reserved_bytes"].max() == 10 * res.memory.block_bytes
+    with pytest.raises(SpecError, match=r"request 0 \(151 prompt \+ 10 output tokens\) needs"):
+        simulate(fixed_workload(1, 151, 10), cfg)
