@@ -111,8 +111,9 @@ def test_max_batch_at_an_exact_and_at_a_fractional_fit(llama2_7b, a100):
         assert mem.max_batch == expected and (mem.fits or expected == 0)
         assert not estimate_memory(llama2_7b, Precision(), hw, batch=expected + 1, prompt_len=100, gen_len=28,
                                    mem_util=1.0).fits
-        row = sweep([llama2_7b], [hw], batch=[expected + 1], prompt_len=[100], gen_len=[28], mem_util=1.0).iloc[0]
-        assert row.max_batch == expected and not row.fits
+        rows = sweep([llama2_7b], [hw], batch=[max(expected, 1), expected + 1], prompt_len=[100], gen_len=[28],
+                     mem_util=1.0)
+        assert rows["max_batch"].tolist() == [expected] * 2 and rows["fits"].tolist() == [expected > 0, False]
 
 
 @settings(max_examples=40, deadline=None)

@@ -258,7 +258,8 @@ def test_slos_at_the_observed_latencies_are_met(arrivals, prompt, outputs, durat
 def test_kv_pool_and_a_request_at_an_exact_fit():
     """A device holding the weights, the activation reserve and exactly 3 blocks gets a pool of 3
     blocks (one byte less: 2; less than one block: refused). A pool of 10 blocks of 16 serves a
-    150 + 10 token request (exactly 10 blocks) and refuses one token more."""
+    150 + 10 token request (exactly 10 blocks) and refuses one token more; a step budget of 256
+    tokens takes a 256-token prompt whole and refuses a 257-token one (without chunked prefill)."""
     from dataclasses import replace
     a100 = load_hardware("a100-80gb-sxm")
     w = fixed_workload(1, 150, 10)
@@ -276,3 +277,9 @@ def test_kv_pool_and_a_request_at_an_exact_fit():
     assert res.steps["kv_reserved_bytes"].max() == 10 * res.memory.block_bytes
     with pytest.raises(SpecError, match=r"request 0 \(151 prompt \+ 10 output tokens\) needs"):
         simulate(fixed_workload(1, 151, 10), cfg)
+    # without chunked prefill a prompt of exactly the step's token budget is one prefill step
+    cfg = static_config(max_batched_tokens=256)
+    res = simulate(fixed_workload(2, 256, 2), cfg, step_times=[0.25] * 4)
+    assert [n for n in res.steps["prefill_tokens"] if n] == [256, 256]
+    with pytest.raises(SpecError, match="request 0's 257-token prompt exceeds the per-step budget of 256"):
+        simulate(fixed_workload(2, 257, 2), cfg, step_times=[0.25] * 4)
