@@ -18,6 +18,7 @@ from llmperf.analysis import (
     attention_cost,
     bound_label,
     estimate,
+    kv_utilization,
     op_time,
     sweep,
     weight_bytes_per_gpu,
@@ -136,6 +137,12 @@ def test_reported_max_batch_fits_and_one_more_does_not(a100, mib, prompt, gen, b
 def test_max_seq_len_shorter_than_the_context_is_refused(llama2_7b, a100):
     with pytest.raises(SpecError, match="max_seq_len: 600"):
         estimate(llama2_7b, a100, prompt_len=512, gen_len=128, max_seq_len=600)
+    # a context of exactly max_seq_len fits: the contiguous cache reserves exactly it
+    exact = estimate(llama2_7b, a100, prompt_len=512, gen_len=88, max_seq_len=600)
+    assert exact.memory.kv.contiguous_reserved_bytes == 600 * 524_288
+    assert kv_utilization([599, 600], 1.0, max_seq_len=600, block_size=16).paged_reserved_bytes == 608
+    with pytest.raises(SpecError, match="max_seq_len: 600 is shorter than a sequence of 601 tokens"):
+        kv_utilization([601], 1.0, max_seq_len=600)
     with pytest.raises(SpecError, match="max_seq_len: 600"):
         sweep([llama2_7b], [a100], prompt_len=[64, 512], gen_len=[128], max_seq_len=600)
 
