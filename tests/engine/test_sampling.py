@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from engine_testing import toy_hf_lm
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from llmperf.engine.sampling import (
@@ -255,6 +255,20 @@ def test_top_p_equals_hf_when_a_cumulative_probability_is_exactly_one_minus_p(n,
     out = top_p_filter(logits, p, min_tokens_to_keep=keep)
     assert torch.equal(out, hf.TopPLogitsWarper(p, min_tokens_to_keep=keep)(None, logits.clone()))
     assert (torch.isfinite(out).sum(-1) == max(2**n - j, min(keep, 2**n))).all()
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000), k=st.integers(0, 11), keep=st.integers(1, 3))
+def test_top_p_equals_hf_at_a_cumulative_probability_of_its_own(seed, k, keep):
+    """top_p = 1 - (the k-th ascending cumulative probability of the row, as the warper computes it in
+    the logits' float32): the boundary token sits exactly on 1 - p, with probabilities that are not
+    binary fractions, and must be dropped exactly when transformers drops it."""
+    logits, history = rand_case(seed, n=1, v=12)
+    cum = logits.sort(dim=-1).values.softmax(dim=-1).cumsum(dim=-1)  # (1, V), float32
+    p = 1 - float(cum[0, k])
+    assume(0 < p <= 1)
+    expected = hf.TopPLogitsWarper(p, min_tokens_to_keep=keep)(history, logits.clone())
+    assert torch.equal(top_p_filter(logits, p, min_tokens_to_keep=keep), expected)
 
 
 @SETTINGS

@@ -233,7 +233,7 @@ def test_a_request_exactly_at_its_slo_meets_it():
 _CONTINUOUS = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", max_batched_tokens=256)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(arrivals=st.lists(st.floats(0, 2), min_size=1, max_size=6), prompt=st.integers(16, 600),
        outputs=st.lists(st.integers(1, 5), min_size=6, max_size=6),
        durations=st.lists(st.floats(1e-3, 0.5), min_size=1, max_size=5), q=st.floats(1, 100))
