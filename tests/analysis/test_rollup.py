@@ -124,8 +124,8 @@ def test_reported_max_batch_fits_and_one_more_does_not(a100, mib, prompt, gen, b
     """Paged and contiguous: weights + activations + max_batch sequences fit in the usable memory, one
     more sequence does not (every byte count an integer, so the comparison is exact)."""
     hw = _device_holding(a100, mib * 2**20)
-    mem = estimate_memory(load_model("llama-2-7b"), Precision(), hw, batch=1, prompt_len=prompt, gen_len=gen, mem_util=1.0,
-                          block_size=block, max_seq_len=max_seq)
+    mem = estimate_memory(load_model("llama-2-7b"), Precision(), hw, batch=1, prompt_len=prompt, gen_len=gen,
+                          mem_util=1.0, block_size=block, max_seq_len=max_seq)
     fixed = mem.weights_bytes + mem.activation_peak_bytes
     for mb, per_seq in ((mem.max_batch, mem.kv_cache_bytes), (mem.max_batch_contiguous,
                                                              mem.kv.contiguous_reserved_bytes)):
