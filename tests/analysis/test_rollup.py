@@ -158,6 +158,17 @@ def test_tp_beyond_kv_heads_replicates_them():
     assert fm.attention_ops(1, 1, 1000)[0].kv_read_bytes == 2 * 1000 * 1 * 128 * 2
 
 
+def test_a_vocabulary_tp_does_not_divide_is_split_into_rounded_up_shards():
+    """GPT-2's 50,257 tokens over 2 GPUs: the larger shard has 25,129 rows, and that GPU's lm_head
+    and (tied) embedding are what bound the step and the memory."""
+    m = load_model("gpt2")
+    fm = ForwardModel(model=m, precision=Precision(), tp=2)
+    assert fm.lm_head(1, 1, 1).flops == 2 * 768 * 25_129
+    assert fm.lm_head(1, 1, 1).weight_bytes == 768 * 25_129 * 2
+    shard = lambda vocab: weight_bytes_per_gpu(m.scaled(vocab_size=vocab), Precision(), tp=2)  # noqa: E731
+    assert shard(50_257) == shard(50_258) == shard(50_256) + 768 * 2  # one row of 768 more than 25,128
+
+
 def test_pipeline_stages_follow_vllm_partition(llama2_7b):
     """32 layers on 3 stages: 10 each, the 2 left over to the stages before the last -> [11, 11, 10].
     Stage 0 holds 11 layers + the embedding; the last 10 layers + final norm + lm_head."""
