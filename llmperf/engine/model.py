@@ -476,6 +476,9 @@ class Transformer(nn.Module):
                              f"(supported: {', '.join(_ACTIVATIONS)})")
         if spec.ffn_kind != "swiglu" and spec.num_experts > 1:
             raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
+        if spec.shared_experts:  # the cost model counts them; running without them would be another model
+            raise ValueError(f"shared_experts: the engine runs routed experts only (Mixtral), got "
+                             f"{spec.shared_experts} shared experts ({spec.name})")
         if spec.pos_encoding == "rope" and (spec.rotary_dim > spec.head_dim or spec.rotary_dim % 2):
             raise ValueError(f"rotary_dim: must be even and <= head_dim={spec.head_dim}, got {spec.rotary_dim} "
                              "(a spec scaled from a bigger one keeps its rotary_dim: pass rotary_dim=None)")

@@ -174,3 +174,33 @@ def test_result_objects_convert_to_frames(llama2_7b, a100):
     ops = est.ops_frame()
     assert set(ops["phase"]) == {"prefill", "decode"}
     assert ops[ops.phase == "prefill"]["time_s"].sum() == pytest.approx(est.ttft_s)
+
+
+def qwen15_moe_a27b():
+    """Qwen1.5-MoE-A2.7B (config.json: hidden 2048, 24 layers, 16 heads, 60 routed experts of 1408,
+    4 per token, one shared expert of 5632 = 4 x 1408, qkv biases). The model card: 14.3B parameters,
+    2.7B activated. The shared expert is four always-active experts of 1408 (the same matrices, FLOPs
+    and bytes); its one-output sigmoid gate (2048 weights a layer) is not modelled."""
+    from llmperf.specs import ModelSpec
+    return ModelSpec(name="qwen1.5-moe-a2.7b-code", vocab_size=151936, hidden_size=2048, num_layers=24,
+                     num_heads=16, ffn_size=1408, num_experts=60, experts_per_token=4, shared_experts=4,
+                     qkv_bias=True, max_positions=8192, rope_theta=1e6, norm_eps=1e-6)
+
+
+def test_moe_with_shared_experts_costs_two_flops_per_active_parameter():
+    """A token runs through its 4 routed experts and the shared ones: one token's matrix FLOPs are 2 per
+    active matrix parameter (plus one add per bias), and a decode step at batch 1 reads the weights
+    of exactly those 8 experts of 2048 x 1408 per matrix."""
+    m = qwen15_moe_a27b()
+    assert round(m.param_count / 1e9, 1) == 14.3 and round(m.active_param_count / 1e9, 1) == 2.7
+    fm = ForwardModel(model=m, precision=Precision(), all_logits=True)
+    matmul = sum(o.flops for o in fm.forward_ops(1, 1, 1) if o.kind == "matmul")
+    biases = m.num_layers * (m.q_size + 2 * m.kv_size)
+    not_matrices = m.embedding_params + (2 * m.num_layers + 1) * m.norm_params + biases
+    assert matmul == 2 * (m.active_param_count - not_matrices) + biases
+    layer = {o.name: o for o in fm.layer_ops(1, 1, 1)}
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        assert layer[name].flops == (4 + 4) * 2 * 2048 * 1408
+        assert layer[name].weight_bytes == pytest.approx((4 + 4) * 2048 * 1408 * 2, rel=1e-12)
+    # a large batch touches every routed expert, and the shared ones as well
+    assert fm.gate_proj(64, 256, 256).weight_bytes == pytest.approx((60 + 4) * 2048 * 1408 * 2, rel=1e-12)

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmperf.analysis import ForwardModel, estimate, estimate_phase, sum_max_linear, sweep
+from llmperf.analysis import ForwardModel, estimate, estimate_phase, sum_max_linear, sweep, weight_bytes_per_gpu
+from llmperf.analysis.rollup import activation_peak_bytes
 from llmperf.specs import ModelSpec, Precision
 
 heads = st.sampled_from([(8, 8), (8, 4), (8, 2), (8, 1), (16, 4)])
@@ -21,6 +22,15 @@ def models(draw) -> ModelSpec:
                      num_layers=draw(st.integers(1, 8)), num_heads=h, num_kv_heads=kvh,
                      ffn_size=draw(st.integers(16, 1024)), ffn_kind=draw(st.sampled_from(["swiglu", "gelu"])),
                      max_positions=1 << 20)
+
+
+@st.composite
+def moe_models(draw) -> ModelSpec:
+    """Mixtures of experts, with and without shared (always-active) experts."""
+    base = draw(models())
+    experts = draw(st.integers(2, 16))
+    return base.scaled(num_experts=experts, experts_per_token=draw(st.integers(1, experts)),
+                       shared_experts=draw(st.integers(0, 4)))
 
 
 dtypes = st.sampled_from(["fp32", "fp16", "bf16", "fp8", "int8", "int4"])
@@ -92,3 +102,37 @@ def test_sweep_of_ten_thousand(a100):
     assert len(frame) == 10_000
     assert frame["tpot_s"].is_monotonic_increasing is False  # sanity: a real grid, not a constant
     assert (frame["ttft_s"] > 0).all() and frame["fits"].dtype == bool
+
+
+FFN_OPS = ("gate_proj", "up_proj", "act", "down_proj")
+
+
+@settings(max_examples=40, deadline=None)
+@given(moe_models())
+def test_a_token_costs_two_flops_per_active_matrix_parameter(m):
+    """Dense or MoE, shared experts or not: one token multiplies by every active matrix once."""
+    fm = ForwardModel(model=m, precision=Precision(), all_logits=True)
+    matmul = sum(o.flops for o in fm.forward_ops(1, 1, 1) if o.kind == "matmul")
+    not_matrices = m.embedding_params + (2 * m.num_layers + 1) * m.norm_params  # no biases in these models
+    assert matmul == 2 * (m.active_param_count - not_matrices)
+
+
+@settings(max_examples=40, deadline=None)
+@given(moe_models(), st.integers(1, 16), st.integers(1, 256))
+def test_a_shared_expert_costs_what_an_expert_every_token_picks_costs(m, batch, q_len):
+    """s shared experts on top of k routed ones do the work of k + s routed experts: the same FFN
+    FLOPs and activation bytes, and the same activation peak."""
+    routed = m.scaled(num_experts=m.num_experts + m.shared_experts,
+                      experts_per_token=m.experts_per_token + m.shared_experts, shared_experts=0)
+    a, b = (ForwardModel(model=x, precision=Precision()) for x in (m, routed))
+    for name in FFN_OPS if m.ffn_kind == "swiglu" else ("up_proj", "act", "down_proj"):
+        x, y = getattr(a, name)(batch, q_len, q_len), getattr(b, name)(batch, q_len, q_len)
+        assert x.flops == y.flops and x.act_read_bytes == y.act_read_bytes and x.rows == y.rows
+    assert activation_peak_bytes(m, Precision(), batch, q_len, q_len) == \
+        activation_peak_bytes(routed, Precision(), batch, q_len, q_len)
+
+
+@settings(max_examples=40, deadline=None)
+@given(moe_models())
+def test_fp16_weights_are_two_bytes_per_parameter_with_shared_experts(m):
+    assert weight_bytes_per_gpu(m, Precision()) == 2 * m.param_count

@@ -18,11 +18,12 @@ from llmperf.analysis import (
     attention_cost,
     bound_label,
     estimate,
+    kv_utilization,
     op_time,
     sweep,
     weight_bytes_per_gpu,
 )
-from llmperf.analysis.memory import kv_bytes_per_token_per_gpu
+from llmperf.analysis.memory import estimate_memory, kv_bytes_per_token_per_gpu, max_batch_that_fits
 from llmperf.analysis.operators import attended_pairs
 from llmperf.analysis.rollup import stage_layers, stage_weight_bytes, sum_max_lines
 from llmperf.analysis.schema import COLUMNS, to_json
@@ -68,9 +69,80 @@ def test_paged_block_rounding_and_utilisation_are_exact(llama2_7b, a100):
     assert estimate(llama2_7b, a100, prompt_len=100, gen_len=30).memory.kv_cache_bytes == 144 * 524_288
 
 
+def test_max_batch_that_fits_is_floored_not_rounded():
+    """Llama-2-7B at fp16 on a 24 GiB card, 4096-token sequences (2 GiB of KV each): the 12.2 GB left
+    after 13.5 GB of weights hold 5.72 sequences, so 5 fit, not 6. At an exact fit of 5 all 5 fit;
+    one byte less and only 4 do."""
+    weights, per_seq = 2 * 6_738_415_616, 4096 * 524_288
+    assert (24 * GIB - weights) / per_seq == pytest.approx(5.72, abs=0.005)
+    assert max_batch_that_fits(24 * GIB, weights, per_seq) == 5
+    assert max_batch_that_fits(weights + 5 * per_seq, weights, per_seq) == 5
+    assert max_batch_that_fits(weights + 5 * per_seq - 1, weights, per_seq) == 4
+    assert max_batch_that_fits(weights + per_seq - 1, weights, per_seq) == 0
+    assert max_batch_that_fits(weights - 1, weights, per_seq) == 0  # weights alone do not fit
+    assert max_batch_that_fits(np.array([24 * GIB, 16 * GIB]), weights, per_seq).tolist() == [5, 1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**12), st.integers(1, 10**10), st.integers(-(10**12), 10**12))
+def test_max_batch_that_fits_is_the_largest_batch_that_fits(weights, per_seq, free):
+    mb = max_batch_that_fits(weights + free, weights, per_seq)
+    assert mb >= 0 and (mb == 0 or weights + mb * per_seq <= weights + free)
+    assert weights + (mb + 1) * per_seq > weights + free
+
+
+def _device_holding(a100, nbytes: int):
+    """The A100 fixture with exactly `nbytes` of memory (exact in GiB: a division by 2**30)."""
+    from dataclasses import replace
+    return replace(a100, name="a100-sized", memory_gib=nbytes / GIB)
+
+
+def test_max_batch_at_an_exact_and_at_a_fractional_fit(llama2_7b, a100):
+    """Llama-2-7B fp16, 100 + 28 tokens = 8 whole blocks = 64 MiB of KV a sequence, mem_util 1: on a
+    device holding weights + activations + exactly 7 sequences, 7 fit and 8 do not; with 0.6 of a
+    sequence more, still 7 (a rounded 7.6 would promise 8); one byte short of 7, 6."""
+    probe = estimate_memory(llama2_7b, Precision(), a100, batch=1, prompt_len=100, gen_len=28, mem_util=1.0)
+    per_seq = 128 * 524_288
+    assert probe.kv_cache_bytes == per_seq
+    fixed = int(probe.weights_bytes + probe.activation_peak_bytes)
+    for extra, expected in ((7 * per_seq, 7), (7 * per_seq + 6 * per_seq // 10, 7), (7 * per_seq - 1, 6),
+                            (per_seq - 1, 0)):
+        hw = _device_holding(a100, fixed + extra)
+        mem = estimate_memory(llama2_7b, Precision(), hw, batch=expected, prompt_len=100, gen_len=28, mem_util=1.0)
+        assert mem.max_batch == expected and (mem.fits or expected == 0)
+        assert not estimate_memory(llama2_7b, Precision(), hw, batch=expected + 1, prompt_len=100, gen_len=28,
+                                   mem_util=1.0).fits
+        rows = sweep([llama2_7b], [hw], batch=[max(expected, 1), expected + 1], prompt_len=[100], gen_len=[28],
+                     mem_util=1.0)
+        assert rows["max_batch"].tolist() == [expected] * 2 and rows["fits"].tolist() == [expected > 0, False]
+
+
+@settings(max_examples=40, deadline=None)
+@given(mib=st.integers(14_000, 80_000), prompt=st.integers(1, 3000), gen=st.integers(1, 1000),
+       block=st.sampled_from([1, 8, 16, 32]), max_seq=st.sampled_from([None, 4096]))
+def test_reported_max_batch_fits_and_one_more_does_not(a100, mib, prompt, gen, block, max_seq):
+    """Paged and contiguous: weights + activations + max_batch sequences fit in the usable memory, one
+    more sequence does not (every byte count an integer, so the comparison is exact)."""
+    hw = _device_holding(a100, mib * 2**20)
+    mem = estimate_memory(load_model("llama-2-7b"), Precision(), hw, batch=1, prompt_len=prompt, gen_len=gen,
+                          mem_util=1.0, block_size=block, max_seq_len=max_seq)
+    fixed = mem.weights_bytes + mem.activation_peak_bytes
+    for mb, per_seq in ((mem.max_batch, mem.kv_cache_bytes), (mem.max_batch_contiguous,
+                                                             mem.kv.contiguous_reserved_bytes)):
+        assert mb >= 0
+        assert mb == 0 or fixed + mb * per_seq <= mem.usable_bytes
+        assert fixed + (mb + 1) * per_seq > mem.usable_bytes
+
+
 def test_max_seq_len_shorter_than_the_context_is_refused(llama2_7b, a100):
     with pytest.raises(SpecError, match="max_seq_len: 600"):
         estimate(llama2_7b, a100, prompt_len=512, gen_len=128, max_seq_len=600)
+    # a context of exactly max_seq_len fits: the contiguous cache reserves exactly it
+    exact = estimate(llama2_7b, a100, prompt_len=512, gen_len=88, max_seq_len=600)
+    assert exact.memory.kv.contiguous_reserved_bytes == 600 * 524_288
+    assert kv_utilization([599, 600], 1.0, max_seq_len=600, block_size=16).paged_reserved_bytes == 608
+    with pytest.raises(SpecError, match="max_seq_len: 600 is shorter than a sequence of 601 tokens"):
+        kv_utilization([601], 1.0, max_seq_len=600)
     with pytest.raises(SpecError, match="max_seq_len: 600"):
         sweep([llama2_7b], [a100], prompt_len=[64, 512], gen_len=[128], max_seq_len=600)
 
@@ -84,6 +156,17 @@ def test_tp_beyond_kv_heads_replicates_them():
     fm = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=16)
     assert fm.k_proj(1, 1, 10).weight_bytes == 4096 * 128 * 2
     assert fm.attention_ops(1, 1, 1000)[0].kv_read_bytes == 2 * 1000 * 1 * 128 * 2
+
+
+def test_a_vocabulary_tp_does_not_divide_is_split_into_rounded_up_shards():
+    """GPT-2's 50,257 tokens over 2 GPUs: the larger shard has 25,129 rows, and that GPU's lm_head
+    and (tied) embedding are what bound the step and the memory."""
+    m = load_model("gpt2")
+    fm = ForwardModel(model=m, precision=Precision(), tp=2)
+    assert fm.lm_head(1, 1, 1).flops == 2 * 768 * 25_129
+    assert fm.lm_head(1, 1, 1).weight_bytes == 768 * 25_129 * 2
+    shard = lambda vocab: weight_bytes_per_gpu(m.scaled(vocab_size=vocab), Precision(), tp=2)  # noqa: E731
+    assert shard(50_257) == shard(50_258) == shard(50_256) + 768 * 2  # one row of 768 more than 25,128
 
 
 def test_pipeline_stages_follow_vllm_partition(llama2_7b):
@@ -138,6 +221,19 @@ def test_group_scales_and_16_bit_embeddings():
     assert tied.lm_head(1, 1, 1).weight_bytes == 768 * 50257 * 2
     assert ForwardModel(model=load_model("gpt2"), precision=Precision(weights="int4", embeddings="int4")) \
         .lm_head(1, 1, 1).weight_bytes == 768 * 50257 * 0.5 + 50257 * 6 * 2.5  # ceil(768/128) = 6 groups
+
+
+def test_int4_gpt2_xl_weights_with_partial_groups():
+    """GPT-2 XL at int4, groups of 128 with zeros (as AutoGPTQ stores it: ceil(in / 128) groups a row).
+    Per layer: q, k, v, o are 1600 x 1600 and up 1600 x 6400, whose 1600 inputs are 12.5 groups: 13 a
+    row, 4 x 1600 x 13 + 6400 x 13 = 166,400 groups; down 6400 x 1600: 50 a row, 80,000 groups;
+    (30,720,000 x 0.5 B) + 246,400 x 2.5 B + 14,400 biases and 6,400 LayerNorm values at 2 B =
+    16,017,600 B. 48 layers, tied fp16 embeddings 50257 x 1600 and 1024 positions, the final
+    LayerNorm: 932,950,400 B."""
+    layer = 30_720_000 * 0.5 + 246_400 * 2.5 + (14_400 + 6_400) * 2
+    assert layer == 16_017_600
+    total = 48 * layer + (50_257 + 1024) * 1600 * 2 + 3200 * 2
+    assert weight_bytes_per_gpu(load_model("gpt2-xl"), Precision(weights="int4")) == total == 932_950_400
 
 
 def test_quantised_checkpoint_sets_the_default_weight_precision(tiny_llama, a100):

@@ -4,10 +4,12 @@ cases, properties of top-k / top-p, determinism, and whole greedy / sampled gene
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from engine_testing import toy_hf_lm
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from llmperf.engine.sampling import (
@@ -106,6 +108,21 @@ def test_top_p_hand_computed():
     assert kept(0.85) == [True, True, True, False]
     assert kept(1.0) == [True, True, True, True]
     assert torch.isfinite(top_p_filter(logits, 0.01, min_tokens_to_keep=3)).sum() == 3
+
+
+def test_top_p_drops_a_token_whose_cumulative_probability_is_exactly_one_minus_p():
+    """A model equally unsure between 4 tokens (probabilities exactly 1/4) with top_p = 0.75: sorted
+    ascending, the first cumulative probability is 0.25 = 1 - p, so that token goes and 3 stay, as
+    transformers' TopPLogitsWarper does (three tokens already hold p). Two tokens at 1/2 with
+    top_p = 0.5 keep one; a uniform 8 with top_p = 0.75 keeps 6."""
+    inf = float("inf")
+    cases = [(torch.tensor([[1.5, 1.5, -inf, 1.5, 1.5, -inf]]), 0.75, 3),
+             (torch.tensor([[0.0, -inf, 0.0, -inf]]), 0.5, 1),
+             (torch.zeros(1, 8), 0.75, 6)]
+    for logits, p, kept in cases:
+        out = top_p_filter(logits, p)
+        assert torch.isfinite(out).sum() == kept
+        assert torch.equal(out, hf.TopPLogitsWarper(p)(None, logits.clone()))
 
 
 def test_top_k_hand_computed_keeps_ties():
@@ -220,6 +237,52 @@ def test_top_p_equals_hf(seed, p, keep):
 
 
 # --- properties -------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(n=st.integers(0, 6), data=st.data(), keep=st.integers(1, 4), seed=st.integers(0, 10_000))
+def test_top_p_equals_hf_when_a_cumulative_probability_is_exactly_one_minus_p(n, data, keep, seed):
+    """2**n equally likely tokens (exact probabilities 2**-n) among masked ones, and top_p = 1 - j / 2**n:
+    a cumulative probability lands exactly on 1 - p. The nucleus is the 2**n - j tokens that hold
+    exactly p (at least min_tokens_to_keep), as in transformers."""
+    j = data.draw(st.integers(0, 2**n - 1))
+    p = 1 - j / 2**n
+    g = torch.Generator().manual_seed(seed)
+    v = 2**n + data.draw(st.integers(0, 5))
+    logits = torch.full((2, v), -math.inf)
+    for r in range(2):
+        logits[r, torch.randperm(v, generator=g)[:2**n]] = float(r) - 0.5
+    out = top_p_filter(logits, p, min_tokens_to_keep=keep)
+    assert torch.equal(out, hf.TopPLogitsWarper(p, min_tokens_to_keep=keep)(None, logits.clone()))
+    assert (torch.isfinite(out).sum(-1) == max(2**n - j, min(keep, 2**n))).all()
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000), k=st.integers(0, 11), keep=st.integers(1, 3))
+def test_top_p_equals_hf_at_a_cumulative_probability_of_its_own(seed, k, keep):
+    """top_p = 1 - (the k-th ascending cumulative probability of the row, as the warper computes it in
+    the logits' float32): the boundary token sits exactly on 1 - p, with probabilities that are not
+    binary fractions, and must be dropped exactly when transformers drops it."""
+    logits, history = rand_case(seed, n=1, v=12)
+    cum = logits.sort(dim=-1).values.softmax(dim=-1).cumsum(dim=-1)  # (1, V), float32
+    p = 1 - float(cum[0, k])
+    assume(0 < p <= 1)
+    expected = hf.TopPLogitsWarper(p, min_tokens_to_keep=keep)(history, logits.clone())
+    assert torch.equal(top_p_filter(logits, p, min_tokens_to_keep=keep), expected)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 14), p=st.sampled_from([0.25, 0.5, 0.75, 0.9, 1.0]),
+       keep=st.integers(1, 3))
+def test_top_k_and_top_p_equal_hf_on_tied_logits(seed, k, p, keep):
+    """Logits that take a few integer values (as a quantised or low-temperature model's do): ties at
+    the k-th logit are kept, and ties straddling the nucleus are cut as transformers cuts them."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-2, 2, (3, 12), generator=g).float()
+    assert torch.equal(top_k_filter(logits, k, min_tokens_to_keep=keep),
+                       hf.TopKLogitsWarper(k, min_tokens_to_keep=keep)(None, logits.clone()))
+    assert torch.equal(top_p_filter(logits, p, min_tokens_to_keep=keep),
+                       hf.TopPLogitsWarper(p, min_tokens_to_keep=keep)(None, logits.clone()))
 
 
 @SETTINGS

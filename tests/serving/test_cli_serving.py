@@ -213,3 +213,28 @@ def test_plan_never_offers_a_replica_its_simulated_service_rate():
     two = WorkloadSpec(arrival=Poisson(20.0), prompt_len=spec.prompt_len, output_len=spec.output_len,
                        num_requests=1500, seed=1)
     assert not simulate(generate(two), cfg, slo=slo).meets_slo
+
+
+def test_plan_floors_at_exactly_the_slo_do_not_lose():
+    """A candidate whose lone-request TTFT (or TPOT) floor equals the SLO is not ruled out by the
+    floor check (it can still meet the SLO); one a hair above the SLO is."""
+    import numpy as np
+
+    from llmperf.serving import planner
+    from llmperf.serving.simulator import SLO, ServingConfig
+    from llmperf.serving.workload import WorkloadSpec
+    spec = WorkloadSpec(arrival="poisson:1", prompt_len=300, output_len=8, num_requests=8, seed=0)
+    model = planner.load_model("llama-3.1-8b")
+    cfg = ServingConfig(model=model, hardware=planner.load_hardware("a100-80gb-sxm"),
+                        precision=planner.plan_precision(model, "bf16"))
+    ttft, tpot = planner._floors(cfg, spec, SLO(ttft_s=1.0))
+
+    def row(slo):
+        (r,) = planner.plan("llama-3.1-8b", rate=0.01, slo=slo, workload=spec, devices=["a100-80gb-sxm"],
+                            precisions=["bf16"], tps=[1], jobs=1, max_replicas=2).rows
+        return r
+    for at, below, what in ((SLO(ttft_s=ttft), SLO(ttft_s=np.nextafter(ttft, 0)), "TTFT"),
+                            (SLO(tpot_s=tpot), SLO(tpot_s=np.nextafter(tpot, 0)), "TPOT")):
+        assert "alone takes" not in row(at).detail
+        lost = row(below)
+        assert not lost.feasible and lost.binding == what and "alone takes" in lost.detail

@@ -14,7 +14,7 @@ import llmperf
 from llmperf.analysis.timemodel import time_model_for
 from llmperf.errors import SpecError
 from llmperf.serving.costmodel import StepCostModel
-from llmperf.serving.simulator import SLO, ServingConfig, find_max_rate, simulate
+from llmperf.serving.simulator import SLO, ServingConfig, find_max_rate, plan_memory, simulate
 from llmperf.serving.workload import Workload, WorkloadSpec, generate
 from llmperf.specs import load_hardware
 
@@ -205,3 +205,81 @@ def test_find_max_rate_gives_up_when_a_request_alone_misses():
     assert search.max_rate is None and search.best is None
     assert len(search.points) <= 6 and min(p.rate for p in search.points) > 1e-4
     assert "no two requests overlapping" in search.note and "TTFT p90" in search.note
+
+
+def test_a_request_exactly_at_its_slo_meets_it():
+    """Static batches of 2 with replayed step times (exact binary fractions): requests 0 and 1 get
+    their first token after a 0.25 s prefill, request 2 waits for them and gets it at 0.75 s; every
+    decode step takes 0.125 s. With SLOs of exactly 0.25 s TTFT and 0.125 s TPOT, requests 0 and 1
+    meet them (goodput 2 requests over the 1 s makespan) and so do the median TTFT and TPOT; a
+    hair tighter and nobody does."""
+    w = fixed_workload(3, 100, 3)
+    cfg = static_config(max_batch=2)
+    steps = [0.25, 0.125, 0.125] * 2
+    res = simulate(w, cfg, slo=SLO(ttft_s=0.25, tpot_s=0.125, percentile=50), step_times=steps)
+    assert res.requests["ttft_s"].tolist() == [0.25, 0.25, 0.75]
+    assert res.requests["tpot_s"].tolist() == [0.125] * 3
+    assert res.meets().tolist() == [True, True, False]
+    s = res.summary()
+    assert s["makespan_s"] == 1.0 and s["goodput_rps"] == 2.0 and s["throughput_rps"] == 3.0
+    assert res.meets_slo and s["meets_slo"]
+    assert simulate(w, cfg, slo=SLO(tpot_s=0.125), step_times=steps).summary()["goodput_rps"] == 3.0
+    tight = simulate(w, cfg, slo=SLO(ttft_s=np.nextafter(0.25, 0), percentile=50), step_times=steps)
+    assert not tight.meets().any() and not tight.meets_slo
+    tight = simulate(w, cfg, slo=SLO(tpot_s=np.nextafter(0.125, 0), percentile=50), step_times=steps)
+    assert not tight.meets().any() and not tight.meets_slo
+
+
+_CONTINUOUS = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", max_batched_tokens=256)
+
+
+@settings(max_examples=12, deadline=None)
+@given(arrivals=st.lists(st.floats(0, 2), min_size=1, max_size=6), prompt=st.integers(16, 600),
+       outputs=st.lists(st.integers(1, 5), min_size=6, max_size=6),
+       durations=st.lists(st.floats(1e-3, 0.5), min_size=1, max_size=5), q=st.floats(1, 100))
+def test_slos_at_the_observed_latencies_are_met(arrivals, prompt, outputs, durations, q):
+    """Whatever the schedule: SLOs equal to the worst TTFT and TPOT are met by every request (goodput
+    equals throughput), and SLOs equal to the observed percentiles meet the percentile test."""
+    n = len(arrivals)
+    w = Workload(arrival_s=np.sort(np.array(arrivals)), prompt_tokens=np.full(n, prompt),
+                 output_tokens=np.array(outputs[:n]), shared_prefix_tokens=np.zeros(n, dtype=int))
+    steps = [durations[i % len(durations)] for i in range(200)]
+    res = simulate(w, _CONTINUOUS, step_times=steps)
+    ttft, tpot = res.requests["ttft_s"], res.requests["tpot_s"]
+    worst = SLO(ttft_s=float(ttft.max()), tpot_s=float(tpot.max()) if tpot.notna().any() else None)
+    at_worst = simulate(w, _CONTINUOUS, slo=worst, step_times=steps)
+    assert at_worst.meets().all() and at_worst.meets_slo
+    assert at_worst.summary()["goodput_rps"] == at_worst.summary()["throughput_rps"]
+    pct = SLO(ttft_s=res.percentile("ttft_s", q), tpot_s=res.percentile("tpot_s", q) if tpot.notna().any() else None,
+              percentile=q)
+    assert simulate(w, _CONTINUOUS, slo=pct, step_times=steps).meets_slo
+
+
+def test_kv_pool_and_a_request_at_an_exact_fit():
+    """A device holding the weights, the activation reserve and exactly 3 blocks gets a pool of 3
+    blocks (one byte less: 2; less than one block: refused). A pool of 10 blocks of 16 serves a
+    150 + 10 token request (exactly 10 blocks) and refuses one token more; a step budget of 256
+    tokens takes a 256-token prompt whole and refuses a 257-token one (without chunked prefill)."""
+    from dataclasses import replace
+    a100 = load_hardware("a100-80gb-sxm")
+    w = fixed_workload(1, 150, 10)
+    probe = ServingConfig.build("llama-3.1-8b", a100, mem_util=1.0, num_blocks=1)
+    mem = plan_memory(probe, w)
+    fixed = int(mem.weights_bytes + mem.activation_bytes)
+    for extra, blocks in ((3 * mem.block_bytes, 3), (3 * mem.block_bytes - 1, 2), (mem.block_bytes, 1)):
+        hw = replace(a100, name="a100-sized", memory_gib=(fixed + extra) / 2**30)
+        assert plan_memory(ServingConfig.build("llama-3.1-8b", hw, mem_util=1.0), w).num_blocks == blocks
+    hw = replace(a100, name="a100-sized", memory_gib=(fixed + mem.block_bytes - 1) / 2**30)
+    with pytest.raises(SpecError, match="no room for a KV cache"):
+        plan_memory(ServingConfig.build("llama-3.1-8b", hw, mem_util=1.0), w)
+    cfg = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", num_blocks=10)
+    res = simulate(w, cfg)
+    assert res.steps["kv_reserved_bytes"].max() == 10 * res.memory.block_bytes
+    with pytest.raises(SpecError, match=r"request 0 \(151 prompt \+ 10 output tokens\) needs"):
+        simulate(fixed_workload(1, 151, 10), cfg)
+    # without chunked prefill a prompt of exactly the step's token budget is one prefill step
+    cfg = static_config(max_batched_tokens=256)
+    res = simulate(fixed_workload(2, 256, 2), cfg, step_times=[0.25] * 4)
+    assert [n for n in res.steps["prefill_tokens"] if n] == [256, 256]
+    with pytest.raises(SpecError, match="request 0's 257-token prompt exceeds the per-step budget of 256"):
+        simulate(fixed_workload(2, 257, 2), cfg, step_times=[0.25] * 4)

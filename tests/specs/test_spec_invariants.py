@@ -122,3 +122,28 @@ def test_dtype_bytes():
 def test_dtype_aliases(alias, canonical):
     assert normalize_dtype(alias) == canonical
     assert Precision(kv=alias).kv == canonical
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["int4", "int8"]), st.integers(1, 20_000), st.integers(1, 20_000),
+       st.sampled_from([None, -1, 32, 64, 100, 128, 256]), st.booleans())
+def test_every_input_of_a_row_has_its_group_scale(w, d_in, d_out, group, zero):
+    """Group quantisation (GPTQ/AWQ): each output row has one scale (and zero) per group of `group`
+    inputs, a last partial group included: ceil(d_in / group) groups (one per row when per channel)."""
+    p = Precision(weights=w, group_size=group, zero_point=zero)
+    per_group = 2.0 + (BYTES[w] if zero else 0.0)
+    groups_per_row = (p.matrix_bytes(d_in, d_out) - d_in * d_out * BYTES[w]) / (d_out * per_group)
+    assert groups_per_row == int(groups_per_row)
+    g = p.effective_group_size or d_in
+    assert (groups_per_row - 1) * g < d_in <= groups_per_row * g
+
+
+def test_int4_scales_of_widths_the_group_does_not_divide():
+    """A 4100-wide input in groups of 128: 32 full groups and one of 4, so 33 scales and zeros a row
+    (2 B + 0.5 B each); GPT-2 XL's 1600-wide rows are 12.5 groups of 128: 13."""
+    int4 = Precision(weights="int4")
+    assert int4.matrix_bytes(4100, 4096) == 4100 * 4096 * 0.5 + 4096 * 33 * 2.5
+    assert int4.matrix_bytes(1600, 4800) == 1600 * 4800 * 0.5 + 4800 * 13 * 2.5
+    assert Precision(weights="int8", group_size=128).matrix_bytes(4100, 10) == 4100 * 10 + 10 * 33 * 2
+    assert Precision(weights="int4", embeddings="int4").embedding_matrix_bytes(1600, 50257) == \
+        1600 * 50257 * 0.5 + 50257 * 13 * 2.5
