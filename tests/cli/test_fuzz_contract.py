@@ -157,3 +157,28 @@ def test_listing_output_contract(tmp_path_factory, command, value):
     res = runner.invoke(app, [*command, "-f", "json", "-o", target])
     asked = "sub/out.json" if value == "sub/out.json" else None
     check_contract(res, folder, before, asked if res.exit_code == 0 and asked else None, "json")
+
+
+PLAN_OPTIONS = ["--max-batch", "--block-size", "--mem-util", "--users", "--user-interval", "--gpu-cost",
+                "--slo-ttft", "--slo-tpot", "--slo-percentile", "--max-replicas", "--precisions", "--hardware"]
+
+
+@settings(FUZZ, max_examples=max(5, FUZZ.max_examples // 3))
+@given(st.dictionaries(st.sampled_from(PLAN_OPTIONS), values, max_size=2), st.sampled_from(["csv", "json"]),
+       st.booleans())
+def test_plan_contract(tmp_path_factory, options, fmt, run_dir):
+    folder = tmp_path_factory.mktemp("plan")
+    base = {"--hardware": "a100-80gb-sxm", "--precisions": "bf16", "--slo-ttft": "1"}
+    args = ["plan", "--tp", "1", "-n", "10", "-j", "1", "--prompt-len", "100", "--output-len", "10", "-f", fmt,
+            "-o", str(folder / "out.txt")]
+    if "--users" not in options:
+        args += ["--rate", "1"]
+    for opt, value in {**base, **options}.items():
+        args += [opt, value]
+    if run_dir:
+        args += ["--run-dir", str(folder / "rd")]
+    before = snapshot(folder)
+    res = runner.invoke(app, args)
+    if res.exit_code == 0 and run_dir:
+        before = {**before, **{k: v for k, v in snapshot(folder).items() if k.startswith("rd")}}
+    check_contract(res, folder, before, "out.txt", fmt)
