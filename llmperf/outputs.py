@@ -32,6 +32,7 @@ import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import IO
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -334,6 +335,19 @@ class OutputDir:
             if is_new:
                 self.written.append(file.target)
         return self.path / name
+
+    def open_stream(self, name: str) -> IO[str]:
+        """`name` inside the folder opened for appending rows as they are measured (a log, not an
+        atomic file: a reader may see it grow). The same checks as `write` (no FIFO, device, folder);
+        a new file gets 0666 less the umask and is removed by `discard`."""
+        file = self.target(name)
+        try:
+            fd = os.open(file.target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as exc:
+            raise file.error(_why(exc)) from None
+        if file.st is None:
+            self.written.append(file.target)
+        return os.fdopen(fd, "w", newline="")
 
     def discard(self) -> None:
         """Remove what this writer created: new files, then the folders it made (if empty)."""

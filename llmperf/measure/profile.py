@@ -247,10 +247,10 @@ def _finite(x: Any) -> Any:
 class _Table:
     """A CSV file whose rows are appended and flushed one by one."""
 
-    def __init__(self, path: Path, columns: Iterable[str]) -> None:
-        self.path = path
+    def __init__(self, folder: Any, name: str, columns: Iterable[str]) -> None:
+        self.path = folder.path / name
         self.columns = tuple(columns)
-        self._fh = path.open("w", newline="")
+        self._fh = folder.open_stream(name)  # llmperf.outputs.OutputDir: checked, 0666 less the umask
         self._writer = csv.DictWriter(self._fh, fieldnames=self.columns)
         self._writer.writeheader()
         self._fh.flush()
@@ -722,8 +722,8 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         measurements=measurement_sources(settings), errors=[], checks=[], status="running")
     run_path = out_dir / "run.json"
     _atomic_json(run_path, _finite(run))
-    tables = dict(ops=_Table(out_dir / "ops.csv", OPS_COLUMNS), steps=_Table(out_dir / "steps.csv", STEPS_COLUMNS),
-                  generations=_Table(out_dir / "generations.csv", GENERATIONS_COLUMNS))
+    tables = dict(ops=_Table(out, "ops.csv", OPS_COLUMNS), steps=_Table(out, "steps.csv", STEPS_COLUMNS),
+                  generations=_Table(out, "generations.csv", GENERATIONS_COLUMNS))
     result = ProfileResult(out_dir=out_dir, run=run)
     try:
         tick("building the model")
