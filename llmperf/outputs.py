@@ -417,8 +417,10 @@ class FolderTarget:
     st: os.stat_result | None
     ours: Callable[[str], bool]
 
-    def stage(self, files: dict[str, bytes]) -> StagedFolder:
-        """The new folder, built aside (a hidden temporary folder beside it)."""
+    def stage(self, files: dict[str, bytes], file_mode: int | None = None) -> StagedFolder:
+        """The new folder, built aside (a hidden temporary folder beside it). Its files get `file_mode`
+        (default 0666 less the umask); a new folder gets the matching folder mode (r -> rx), an
+        existing one keeps its own."""
         fresh = check_files_folder(self.shown, self.ours, self.option)
         self.path, self.st = fresh.path, fresh.st
         staging = _temporary_folder(self.path.parent, self)
@@ -426,11 +428,14 @@ class FolderTarget:
         try:
             with signals_clean_up():
                 try:
-                    os.chmod(staging, stat.S_IMODE(self.st.st_mode) if self.st else 0o777 & ~umask())
+                    fmode = 0o666 & ~umask() if file_mode is None else file_mode & 0o666
+                    dmode = 0o777 & ~umask() if file_mode is None else fmode | (fmode & 0o444) >> 2
+                    os.chmod(staging, stat.S_IMODE(self.st.st_mode) if self.st else dmode)
                     for name, data in files.items():
-                        fd = os.open(staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                        fd = os.open(staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                         with os.fdopen(fd, "wb") as fh:
                             fh.write(data)
+                        os.chmod(staging / name, fmode)
                 except OSError as exc:
                     raise SpecError(f"{self.option}: cannot write {self.shown!r} ({_why(exc)})") from None
         except BaseException:

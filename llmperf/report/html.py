@@ -187,7 +187,8 @@ def write(report: RenderedReport, html_path: str | Path) -> Path:
         if not is_report_file(name):  # pragma: no cover - render names them
             raise AssertionError(f"report file name {name!r} is not one `is_report_file` recognises")
     with signals_clean_up():
-        staged_folder = folder.stage(report.files)  # built aside: stale PNGs of an older report never survive
+        # built aside: stale PNGs of an older report never survive; a report made private stays private
+        staged_folder = folder.stage(report.files, None if html.st is None else html.st.st_mode)
         staged_html = None
         try:
             staged_html = html.stage(report.html.encode("utf-8"))

@@ -214,9 +214,12 @@ def test_report_symlink_mode_and_a_second_run(tmp_path, umask):
     (tmp_path / "priv.html").write_text("old")
     os.chmod(tmp_path / "priv.html", 0o600)
     assert report("-o", str(tmp_path / "priv.html")).exit_code == 0
-    assert mode(tmp_path / "priv.html") == 0o600  # R37: a private report stays private
+    assert mode(tmp_path / "priv.html") == 0o600  # R37: a private report stays private, and its figures
+    assert mode(tmp_path / "priv_files") == 0o700
+    assert {mode(p) for p in (tmp_path / "priv_files").iterdir()} == {0o600}
     assert report("-o", str(tmp_path / "new.html")).exit_code == 0
     assert mode(tmp_path / "new.html") == 0o666 & ~umask and mode(tmp_path / "new_files") == 0o777 & ~umask
+    assert {mode(p) for p in (tmp_path / "new_files").iterdir()} == {0o666 & ~umask}
     figures = listing(tmp_path / "new_files")
     assert report("-o", str(tmp_path / "new.html")).exit_code == 0  # an older report's folder is replaced
     assert listing(tmp_path / "new_files") == figures
