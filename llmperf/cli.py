@@ -5,24 +5,40 @@ Bad input prints one line naming the option and the value to stderr and exits wi
 
 from __future__ import annotations
 
-import os
-import warnings
-from pathlib import Path
+import signal
+import sys
+import threading
+
+
+def _quiet_interrupt(signum: int, frame: object) -> None:  # noqa: ARG001
+    raise SystemExit(128 + signum)  # Ctrl-C while the modules load: exit 130, no traceback
+
+
+_MAIN = threading.current_thread() is threading.main_thread()
+_SIGINT_BEFORE = signal.getsignal(signal.SIGINT) if _MAIN else None
+if _MAIN and _SIGINT_BEFORE is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _quiet_interrupt)
+
+import os  # noqa: E402
+import warnings  # noqa: E402
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from llmperf.clitools import (
-    AttentionImpl, OutputFormat, err_console, fail, out_console, parse_int_list, parse_name_list, write_output,
+    AttentionImpl, OutputFormat, check_output, fail, out_console, parse_int_list, parse_name_list, warn, write_output,
 )
 from llmperf.errors import SpecError
 
 def _one_line_usage_error(exc) -> None:  # noqa: ANN001
     """typer draws a usage error (an unknown option, an option that is not a number, a format
     that is not a choice) as a box of five lines; llmperf shows every bad input as one line."""
+    message = exc.format_message()
+    if not message.strip():  # `llmperf` alone: the help was printed, and that is all
+        return
     where = f" (see `{exc.ctx.command_path} --help`)" if getattr(exc, "ctx", None) is not None else ""
-    err_console.print(f"[bold red]error:[/] {exc.format_message()}{where}", markup=True, highlight=False)
+    fail(f"{message}{where}")
 
 
 try:  # typer's own renderer of usage errors; a typer without it keeps its default (still exit 2)
@@ -80,12 +96,10 @@ def _warn_unfit(frame) -> None:  # noqa: ANN001
         return
     if len(frame) == 1:
         r = bad.iloc[0]
-        err_console.print(f"[yellow]warning:[/] does not fit: {r.model} on {r.hardware}, batch {r.batch} x "
-                          f"{r.prompt_len + r.gen_len} tokens needs {r.total_gib:.1f} GiB per GPU of "
-                          f"{r.usable_gib:.1f} GiB usable (max batch {r.max_batch})", markup=True)
+        warn(f"does not fit: {r.model} on {r.hardware}, batch {r.batch} x {r.prompt_len + r.gen_len} tokens needs "
+             f"{r.total_gib:.1f} GiB per GPU of {r.usable_gib:.1f} GiB usable (max batch {r.max_batch})")
     else:
-        err_console.print(f"[yellow]warning:[/] {len(bad)} of {len(frame)} configurations do not fit in memory "
-                          f"(fits = false)", markup=True)
+        warn(f"{len(bad)} of {len(frame)} configurations do not fit in memory (fits = false)")
 
 
 @app.command()
@@ -115,7 +129,7 @@ def estimate(
     efficiency: Annotated[str, typer.Option("--efficiency", help="Time model: roofline (e = 1, no overhead), typical (published fractions of the roofs, GPUs), calibrated (what `llmperf calibrate` measured; --hardware local).")] = "roofline",
     per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step (of every configuration).")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv (the same columns; see the README's output schema).")] = OutputFormat.table,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")] = None,
 ) -> None:
     """Predict TTFT, time per output token, throughput, memory and the bound (memory or compute)
     of generating GEN_LEN tokens after a PROMPT_LEN prompt for BATCH sequences.
@@ -129,6 +143,7 @@ def estimate(
     from llmperf.analysis import schema
 
     try:
+        out = check_output(output)  # before anything is computed
         models = parse_name_list("model", model)
         devices = parse_name_list("--hardware", hardware)
         lists = dict(batch=parse_int_list("--batch", batch), prompt_len=parse_int_list("--prompt-len", prompt_len),
@@ -164,7 +179,7 @@ def estimate(
                 estimates = [e for part in parts for e in part[0]]
                 ops = _renumber([part[1] for part in parts])
         for w in dict.fromkeys(str(w.message) for w in caught):
-            err_console.print(f"[yellow]warning:[/] {w}", markup=True)
+            warn(w)
         _warn_unfit(frame)
 
         if output_format is OutputFormat.json:
@@ -172,21 +187,19 @@ def estimate(
         elif output_format is OutputFormat.csv:
             text = schema.to_csv(ops if ops is not None else frame)
         else:
-            text = _render_tables(frame, estimates, per_op, to_file=output is not None)
-            if output is None:
+            text = _render_tables(frame, estimates, per_op, to_file=out is not None)
+            if out is None:
                 return
-        write_output(text, output)
+        write_output(text, out)
     except (SpecError, ValueError) as exc:
         raise fail(str(exc)) from None
-    except OSError as exc:
-        raise fail(f"--output: {exc}") from None
 
 
 def _render_tables(frame, estimates: list, per_op: bool, to_file: bool) -> str:  # noqa: ANN001
     """Print the tables (width: the terminal's, COLUMNS, or 80 when piped), or return their text."""
     from llmperf.render import ops_table, sweep_tables
     sink = open(os.devnull, "w") if to_file else None  # noqa: SIM115
-    console = Console(file=sink, record=to_file, highlight=False)
+    console = Console(file=sink, record=to_file, highlight=False, markup=False)
     try:
         if len(frame) == 1:
             _render_single(estimates[0], per_op, console)
@@ -221,13 +234,14 @@ def _main(
 
 
 FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")]
-OutputOption = Annotated[Path | None, typer.Option("--output", "-o",
+OutputOption = Annotated[str | None, typer.Option("--output", "-o",
                                                     help="Write to this file (atomically) instead of stdout.")]
 
 
-def _write_listing(rows: list[dict], table, output_format: OutputFormat, output: Path | None) -> None:  # noqa: ANN001
+def _write_listing(rows: list[dict], table, output_format: OutputFormat, output: str | None) -> None:  # noqa: ANN001
     """A listing: the rich table (`table()`, built only when shown), or JSON / CSV of the exact rows."""
     try:
+        output = check_output(output)
         if output_format is OutputFormat.table:
             from llmperf.listing import table_text
             if output is None:
@@ -272,9 +286,21 @@ from llmperf.commands import plan as _plan, simulate as _simulate  # noqa: E402
 for _command in (_calibrate, _profile, _simulate, _report, _plan):
     _command.register(app)
 
+if _MAIN and signal.getsignal(signal.SIGINT) is _quiet_interrupt:  # loaded: Ctrl-C is KeyboardInterrupt again
+    signal.signal(signal.SIGINT, _SIGINT_BEFORE)
+
 
 def main() -> None:
-    app()
+    """The `llmperf` entry point: Ctrl-C exits 130 without a traceback, and SIGTERM (timeout, kill, CI)
+    runs the same cleanups as Ctrl-C (no temporary file is left), exiting 143."""
+    from llmperf.outputs import install_signal_cleanup
+    if _MAIN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    install_signal_cleanup()
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ def hardware_table(rows: list[dict[str, Any]]) -> Table:
 
 def table_text(table: Table, width: int = LISTING_WIDTH) -> str:
     """The table as plain text (no colour codes), as written to a file with `-o`."""
-    console = Console(file=io.StringIO(), width=width, record=True, color_system=None, force_terminal=False)
+    console = Console(file=io.StringIO(), width=width, record=True, color_system=None, force_terminal=False,
+                      markup=False)
     console.print(table)
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"

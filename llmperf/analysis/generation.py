@@ -122,7 +122,11 @@ class GenerationEstimate:
 
     def decode_step_times_s(self, start: int = 1, stop: int | None = None) -> np.ndarray:
         """Time of decode steps j = start .. stop - 1 (default: every step 1 .. gen_len - 1), in order.
-        Computed on demand: ask for a slice of a very long generation."""
+        Computed on demand: ask for a slice of a very long generation. `start` and `stop` are step
+        indices (integers); a start below 1 is step 1."""
+        for name, value in (("start", start), ("stop", stop)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+                raise ValueError(f"{name}: must be an integer step index, got {value!r}")
         stop = self.gen_len if stop is None else min(stop, self.gen_len)
         fm = self.forward_model()
         ctx = self.prompt_len + np.arange(max(start, 1), stop, dtype=float)
@@ -166,8 +170,18 @@ def resolve_precision(model: ModelSpec, precision: Precision | str | None = None
         group_size = precision.group_size if group_size is None else group_size
         zero_point = precision.zero_point if zero_point is None else zero_point
         embeddings = precision.embeddings if embeddings is None else embeddings
-    return Precision(weights=w, activations=activations or base.activations, kv=kv or base.kv,
+    explicit = group_size is not None and not isinstance(precision, Precision)
+    prec = Precision(weights=w, activations=activations or base.activations, kv=kv or base.kv,
                      group_size=group_size, zero_point=zero_point, embeddings=embeddings)
+    g = prec.effective_group_size if prec.quantized else None
+    if explicit and g is not None:  # a group of inputs tiles each row of every quantised matrix
+        widths = (("hidden_size", model.hidden_size), ("num_heads x head_dim", model.num_heads * model.head_dim),
+                  ("ffn_size", model.ffn_size))
+        bad = next(((n, v) for n, v in widths if v % g), None)
+        if bad is not None:
+            raise SpecError(f"group_size: {g} does not divide {model.name}'s {bad[0]}={bad[1]} (each row's inputs "
+                            "are split into whole groups; -1: one scale per row)")
+    return prec
 
 
 def check_lengths(model: ModelSpec, batch: int, prompt_len: int, gen_len: int) -> list[str]:

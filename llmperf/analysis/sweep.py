@@ -75,6 +75,10 @@ def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
     conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
                        fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                        block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens)
+    for name, value in (("models", models), ("hardware", hardware), ("precision", precision),
+                        ("weights", weights), ("activations", activations), ("kv", kv), ("tp", tp), ("pp", pp)):
+        if not _as_list(value):  # an empty list would make an empty sweep, with no row to say why
+            raise SpecError(f"{name}: needs at least one value, got an empty list")
     B, P, G = (a.ravel() for a in np.meshgrid(batches, prompts, gens, indexing="ij"))
     groups = []
     for model_ref, hw_ref in itertools.product(_as_list(models), _as_list(hardware)):

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from llmperf.clitools import err_console, fail, out_console, parse_name_list
+from llmperf.clitools import err_console, fail, out_console, parse_name_list, warn
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
     def calibrate_cmd(
         device: Annotated[str, typer.Option("--device", help="auto (cuda when available), cpu or cuda.")] = "auto",
         dtypes: Annotated[str, typer.Option("--dtypes", help="GEMM/attention dtypes to measure, comma-separated (fp32, bf16, fp16).")] = "fp32,bf16,fp16",
-        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the hardware YAML here (default: the user's cache dir as 'local').")] = None,
+        output: Annotated[str | None, typer.Option("--output", "-o", help="Write the hardware YAML here, atomically ('-': stdout; default: the user's cache dir as 'local').")] = None,
         name: Annotated[str, typer.Option("--name", help="Name of the written spec.")] = "local",
         allreduce: Annotated[bool, typer.Option("--allreduce/--no-allreduce", help="Measure all-reduce (NCCL over >= 2 GPUs; gloo over 2 CPU processes).")] = True,
         quick: Annotated[bool, typer.Option("--quick", help="Tiny sizes: checks the tool in seconds; the figures mean nothing.")] = False,
@@ -127,7 +127,8 @@ def register(app: typer.Typer) -> None:
         dtype, attention, tiny-operator overhead, all-reduce) and write a calibrated hardware YAML,
         usable as `--hardware local`. Under 2 minutes on a 2-core CPU."""
         from llmperf.errors import SpecError
-        from llmperf.measure.calibrate import DTYPE_NAMES, Settings, write_yaml
+        from llmperf.measure.calibrate import DTYPE_NAMES, Settings, write_yaml, yaml_text
+        from llmperf.outputs import check_dir, check_file
         from llmperf.specs.local import local_path
 
         try:
@@ -138,9 +139,14 @@ def register(app: typer.Typer) -> None:
                 raise SpecError(f"--dtypes: {bad[0]!r} is not one of {', '.join(DTYPE_NAMES)}")
             if not name.strip():
                 raise SpecError("--name: must not be empty")
-            path = output or local_path()
-            if path.exists() and path.is_dir():
-                raise SpecError(f"--output: {str(path)!r} is a folder; give a file path")
+            # The destination is checked before the (up to two-minute) measurement: a FIFO, device,
+            # directory, missing folder or unwritable file costs nothing.
+            to_stdout = output == "-"
+            cache = check_dir(local_path().parent, "--output") if output is None else None
+            if output is None:
+                target = None if cache.missing else check_file(str(local_path()), "--output")
+            else:
+                target = check_file(output, "--output")
             base = Settings.tiny(device=dev) if quick else Settings.for_device(dev)
             from dataclasses import replace
             if threads is not None and threads < 1:
@@ -148,16 +154,24 @@ def register(app: typer.Typer) -> None:
             settings = replace(base, dtypes=tuple(names), allreduce=allreduce and not quick, threads=threads)
             cal = run_calibration(settings)
             mapping = cal.to_mapping(name)
-            write_yaml(mapping, path)
+            if to_stdout:
+                out_console.file.write(yaml_text(mapping))
+                out_console.file.flush()
+            else:
+                if target is None:  # the cache folder is new
+                    cache.create()
+                    target = check_file(str(local_path()), "--output")
+                write_yaml(mapping, target)
         except (SpecError, ValueError) as exc:
             raise fail(str(exc)) from None
-        except OSError as exc:
-            raise fail(f"--output: {exc}") from None
+        path = Path(target.shown) if target is not None else None
+        for note in cal.notes:
+            warn(note, "note:")
+        if to_stdout:  # stdout holds the YAML alone
+            return
         if as_json:
             out_console.print_json(json.dumps(mapping))
         else:
             for table in calibration_tables(cal, path):
                 out_console.print(table)
-            for note in cal.notes:
-                err_console.print(f"[yellow]note:[/] {note}", markup=True)
             out_console.print(f"wrote {path} (use it as --hardware {name if output is None else path})")

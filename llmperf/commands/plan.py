@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,7 +12,7 @@ import typer
 from llmperf.clitools import OutputFormat, err_console, fail, out_console, parse_int_list, parse_name_list, write_output
 from llmperf.commands.simulate import (
     BlockOpt, ChunkOpt, FormatOpt, MaxBatchOpt, MemOpt, OutOpt, OutputOpt, PrefixOpt, PromptOpt, SeedOpt, SloPctOpt,
-    SloTpotOpt, SloTtftOpt, SystemOpt, TokensOpt, _fmt_s, _length, _positive,
+    SloTpotOpt, SloTtftOpt, SystemOpt, TokensOpt, _fmt_s, _length, _positive, check_serving_options,
 )
 from llmperf.errors import SpecError
 
@@ -49,7 +48,7 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str, typer.Argument(help="Built-in model name, or a YAML / HF config.json path.")] = "llama-3.1-8b",
         rate: Annotated[float | None, typer.Option("--rate", help="Offered load, requests/s (Poisson).")] = None,
         users: Annotated[int | None, typer.Option("--users", help="Concurrent users instead of --rate: each sends a request every --user-interval seconds on average.")] = None,
-        user_interval: Annotated[float, typer.Option("--user-interval", help="Mean seconds between one user's requests (with --users).")] = 30.0,
+        user_interval: Annotated[float | None, typer.Option("--user-interval", help="Mean seconds between one user's requests (with --users; default 30).")] = None,
         hardware: Annotated[str | None, typer.Option("--hardware", "-H", help="Devices to consider, comma-separated (default: every built-in device).")] = None,
         precisions: Annotated[str, typer.Option("--precisions", help="Weight precisions to consider: bf16/fp16 (16-bit), fp8 (W8A8), int8, int4 (weight-only).")] = "bf16,fp8,int8,int4",
         tps: Annotated[str, typer.Option("--tp", help="Tensor-parallel degrees to consider.")] = "1,2,4,8",
@@ -70,7 +69,7 @@ def register(app: typer.Typer) -> None:
         prefix_sharing: PrefixOpt = True,
         block_size: BlockOpt = 16,
         mem_util: MemOpt = 0.9,
-        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Write plan.json and plan.csv here.")] = None,
+        run_dir: Annotated[str | None, typer.Option("--run-dir", help="Write plan.json and plan.csv here.")] = None,
         output_format: FormatOpt = OutputFormat.table,
         output: OutOpt = None,
     ) -> None:
@@ -80,21 +79,31 @@ def register(app: typer.Typer) -> None:
         from llmperf.serving import planner
         from llmperf.serving.prices import parse_gpu_cost
         from llmperf.serving.simulator import SLO
+        from llmperf.clitools import check_output
+        from llmperf.outputs import check_dir
+        rd = None
         from llmperf.serving.workload import WorkloadSpec
         try:
             if (rate is None) == (users is None):
                 raise SpecError("plan: give exactly one of --rate and --users")
+            if user_interval is not None and users is None:
+                raise SpecError("--user-interval: applies to --users (with --rate, drop it)")
             _positive("--rate", rate)
             _positive("--users", users, integer=True)
             _positive("--user-interval", user_interval)
             _positive("--requests", requests, integer=True)
             _positive("--max-replicas", max_replicas, integer=True)
             _positive("--jobs", jobs, integer=True)
+            check_serving_options(max_batch=max_batch, max_batched_tokens=max_batched_tokens, block_size=block_size,
+                                  mem_util=mem_util)
             slo = SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)
             if not slo.any:
                 raise SpecError("plan: give at least one SLO (--slo-ttft, --slo-tpot)")
-            load = rate if rate is not None else users / user_interval
-            devices = parse_name_list("--hardware", hardware) if hardware else planner.all_devices()
+            load = rate if rate is not None else users / (30.0 if user_interval is None else user_interval)
+            _positive("--users / --user-interval", load)
+            out = check_output(output)
+            rd = check_dir(run_dir, "--run-dir") if run_dir is not None else None
+            devices = parse_name_list("--hardware", hardware) if hardware is not None else planner.all_devices()
             precs = parse_name_list("--precisions", precisions)
             for p in precs:
                 from llmperf.specs.precision import normalize_dtype
@@ -113,39 +122,44 @@ def register(app: typer.Typer) -> None:
                         prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util)
             result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs)
             frame = result.to_frame()
-            if run_dir is not None:
-                from llmperf.serving.rundir import _atomic_write, jsonable, prepare_dir
-                d = prepare_dir(run_dir)
-                _atomic_write(d / "plan.csv", frame.to_csv(index=False))
-                _atomic_write(d / "plan.json", json.dumps(jsonable(dict(kind="plan", schema_version=1,
-                                                                         settings=result.settings,
-                                                                         rows=frame.to_dict(orient="records"))),
-                                                          indent=2) + "\n")
+            if not result.feasible:  # an error (exit 2): the losers are shown, no file is written
+                if out is None and output_format is OutputFormat.table:
+                    for t in plan_tables(result):
+                        out_console.print(t)
+                best = result.best_loser()
+                raise SpecError(f"plan: no configuration meets the SLOs at {load:.4g} req/s; the closest, "
+                                f"{best.device} {best.precision} tp={best.tp}, loses on {best.binding}: {best.detail}")
+            if rd is not None:
+                from llmperf.serving.rundir import jsonable
+                with rd.transaction():
+                    rd.write("plan.csv", frame.to_csv(index=False))
+                    rd.write("plan.json", json.dumps(jsonable(dict(kind="plan", schema_version=1,
+                                                                   settings=result.settings,
+                                                                   rows=frame.to_dict(orient="records"))),
+                                                     indent=2) + "\n")
             if output_format is OutputFormat.json:
-                write_output(json.dumps(jsonable_doc(result, frame), indent=2), output)
+                write_output(json.dumps(jsonable_doc(result, frame), indent=2), out)
             elif output_format is OutputFormat.csv:
-                write_output(frame.to_csv(index=False), output)
+                write_output(frame.to_csv(index=False), out)
             else:
                 tables = plan_tables(result)
-                if output is None:
+                if out is None:
                     for t in tables:
                         out_console.print(t)
                 else:
                     import os
 
                     from rich.console import Console
-                    console = Console(record=True, width=180, file=open(os.devnull, "w"))
+                    console = Console(record=True, width=180, file=open(os.devnull, "w"), markup=False)
                     for t in tables:
                         console.print(t)
-                    write_output(console.export_text(), output)
-            if not result.feasible:
-                best = result.best_loser()
-                raise SpecError(f"plan: no configuration meets the SLOs at {load:.4g} req/s; the closest, "
-                                f"{best.device} {best.precision} tp={best.tp}, loses on {best.binding}: {best.detail}")
-        except SpecError as exc:
-            raise fail(str(exc)) from None
-        except OSError as exc:
-            raise fail(f"--output: {exc}") from None
+                    write_output(console.export_text(), out)
+        except BaseException as exc:
+            if rd is not None:
+                rd.discard()  # a command that fails leaves no output behind
+            if isinstance(exc, SpecError):
+                raise fail(str(exc)) from None
+            raise
 
 
 def jsonable_doc(result, frame) -> dict:  # noqa: ANN001

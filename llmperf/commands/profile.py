@@ -45,6 +45,7 @@ def _ms(x: float) -> str:
 
 def summary_tables(result: Any) -> list[Any]:
     from rich.table import Table
+    from rich.text import Text
 
     run = result.run
     err = Table(title=f"{run['model']} on {run['hardware']}: |predicted / measured - 1| per phase "
@@ -60,7 +61,7 @@ def summary_tables(result: Any) -> list[Any]:
     for col in ("check", "result", "detail"):
         checks.add_column(col)
     for c in run["checks"]:
-        checks.add_row(c["name"], "[green]pass[/]" if c["passed"] else "[red]FAIL[/]", c["detail"])
+        checks.add_row(c["name"], Text("pass", style="green") if c["passed"] else Text("FAIL", style="red"), c["detail"])
     tables = [err, checks]
     if result.ops:
         first = result.ops[0]
@@ -103,7 +104,7 @@ def register(app: typer.Typer) -> None:
         micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Per-operator micro-benchmarks beside the generation loop.")] = True,
         threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: torch's); recorded in run.json.")] = None,
         separate_step_run: Annotated[bool | None, typer.Option("--separate-step-run/--one-run", help="Time steps in a run without per-operator recording and take operators from a second, recorded run (default: on CUDA only, where recording slows launch-bound steps).")] = None,
-        output: Annotated[Path | None, typer.Option("--output", "-o", help="Run directory (default reports/profile/<date>-<device>).")] = None,
+        output: Annotated[str | None, typer.Option("--output", "-o", help="Run directory (default reports/profile/<date>-<device>).")] = None,
     ) -> None:
         """Run per-operator micro-benchmarks and the full generation loop of MODEL on this device, and
         join every measurement with its roofline and calibrated predictions by (phase, operator,
@@ -127,21 +128,20 @@ def register(app: typer.Typer) -> None:
             settings.validate()
             from llmperf.measure.profile import resolve_spec
             resolve_spec(settings)  # unknown names and impossible lengths before anything is measured
-            out_dir = output or Path("reports") / "profile" / f"{dt.date.today().isoformat()}-{dev}"
-            if (out_dir / "run.json").exists():
+            from llmperf.outputs import check_dir
+            out_dir = Path(output) if output is not None else (
+                Path("reports") / "profile" / f"{dt.date.today().isoformat()}-{dev}")
+            out = check_dir(output if output is not None else out_dir, "--output")  # before anything runs
+            if not out.missing and (out.path / "run.json").exists():
                 raise SpecError(f"--output: {str(out_dir)!r} already holds a run (run.json); choose another folder")
-            if out_dir.exists() and not out_dir.is_dir():
-                raise SpecError(f"--output: {str(out_dir)!r} is a file")
             hw = _hardware(hardware, dev, threads)
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                           console=err_console, transient=True) as bar:
                 task = bar.add_task("profiling", total=None)
-                result = run_profile(settings, hw, out_dir,
+                result = run_profile(settings, hw, out,
                                      progress=lambda msg: bar.update(task, description=msg))
         except (SpecError, ValueError) as exc:
             raise fail(str(exc)) from None
-        except OSError as exc:
-            raise fail(f"--output: {exc}") from None
         for table in summary_tables(result):
             out_console.print(table)
         for note in result.run["settings"].get("notes", []):

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from llmperf.clitools import AttentionImpl, err_console, fail, out_console, parse_int_list, parse_name_list
+from llmperf.clitools import AttentionImpl, fail, warn, out_console, parse_int_list, parse_name_list
 from llmperf.errors import SpecError
 
 
@@ -35,7 +35,7 @@ def report(
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
     compare: Annotated[str, typer.Option("--compare", help="Devices drawn side by side (figure 8), comma-separated names or YAML paths (`local`: this machine as `llmperf calibrate` measured it).")] = "a100-80gb-sxm,h100-sxm,h200",
     title: Annotated[str, typer.Option("--title", help="The report's title.")] = "llmperf report",
-    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write (atomically); PNGs and CSVs go to <name>_files/ beside it.")] = Path("report.html"),
+    output: Annotated[str, typer.Option("--output", "-o", help="The HTML file to write (atomically); PNGs and CSVs go to <name>_files/ beside it (a folder holding other files is refused, never emptied).")] = "report.html",
 ) -> None:
     """Draw a report: roofline, time breakdown, batch and context sweeps, memory, naive vs fused
     attention, several devices (from an estimate); measured vs predicted (from a profile run); TTFT/TPOT
@@ -45,12 +45,10 @@ def report(
     """
     from llmperf.report import EstimateSpec, build_report, files_folder
 
+    from llmperf.report.html import check_destination
+
     try:
-        if output.suffix.lower() not in (".html", ".htm"):
-            raise SpecError(f"--output: {str(output)!r} must end in .html")
-        parent = output.parent if str(output.parent) else Path(".")
-        if not parent.is_dir():
-            raise SpecError(f"--output: folder {str(parent)!r} does not exist")
+        check_destination(output)  # before anything is rendered: a bad -o costs nothing
         run_dirs = list(runs or [])
         for path in run_dirs:
             if not path.is_dir():
@@ -74,12 +72,10 @@ def report(
             result = build_report(estimate=spec, runs=run_dirs, title=title)
         for w in caught:
             if issubclass(w.category, UserWarning):
-                err_console.print(f"[yellow]warning:[/] {w.message}", markup=True, highlight=False)
+                warn(str(w.message))
         path = result.write(output)
     except (SpecError, ValueError) as exc:
         raise fail(str(exc)) from None
-    except OSError as exc:
-        raise fail(f"--output: {exc}") from None
     out_console.print(f"wrote {path} ({len(result.figures)} figures, rendered in {result.rendered.seconds:.1f} s) "
                       f"and {files_folder(path)}/", markup=False, highlight=False)
 

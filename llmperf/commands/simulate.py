@@ -47,18 +47,43 @@ BlockOpt = Annotated[int, typer.Option("--block-size", help="Tokens per paged KV
 MemOpt = Annotated[float, typer.Option("--mem-util", help="Fraction of device memory the server uses (vLLM gpu_memory_utilization).")]
 EffOpt = Annotated[Efficiency, typer.Option("--efficiency", help="Time model: auto (the calibration of --hardware local, else roofline), roofline, typical, calibrated.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")]
-OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
+OutOpt = Annotated[str | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
 
 
 def _positive(option: str, value: float | None, *, integer: bool = False) -> None:
+    import math
     if value is None:
         return
-    if value <= 0:
+    if not value > 0:
         kind = "a positive integer" if integer else "a number > 0"
         raise SpecError(f"{option}: must be {kind}, got {value:g}")
+    if not integer and not math.isfinite(value):
+        raise SpecError(f"{option}: must be a finite number, got {value:g}")
 
 
-def workload_from_options(*, rate: float | None, arrival: str, cv: float, trace: Path | None, requests: int | None,
+def check_serving_options(*, max_batch: int | None = None, max_batched_tokens: int | None = None,
+                          block_size: int | None = None, mem_util: float | None = None,
+                          num_blocks: int | None = None, tp: int | None = None) -> None:
+    """The replica's options, each refused in one line with its own name before anything runs."""
+    for opt, v in (("--tp", tp), ("--max-batch", max_batch), ("--max-batched-tokens", max_batched_tokens),
+                   ("--block-size", block_size), ("--num-blocks", num_blocks)):
+        _positive(opt, v, integer=True)
+    if mem_util is not None and not 0 < mem_util <= 1:
+        raise SpecError(f"--mem-util: must be in (0, 1], got {mem_util:g}")
+
+
+def check_run_dir(run_dir: str | None):  # noqa: ANN201
+    """`--run-dir` checked before anything runs (None when not given); an existing run is not overwritten."""
+    if run_dir is None:
+        return None
+    from llmperf.outputs import check_dir
+    d = check_dir(run_dir, "--run-dir")
+    if not d.missing and (d.path / "run.json").exists():
+        raise SpecError(f"--run-dir: {run_dir!r} already holds a run (run.json); choose another folder")
+    return d
+
+
+def workload_from_options(*, rate: float | None, arrival: str, cv: float | None, trace: Path | None, requests: int | None,
                           duration: float | None, prompt_len: str, output_len: str, system_prompt_len: int,
                           seed: int):  # noqa: ANN201
     """(WorkloadSpec or None, Workload) from the command-line options; bad ones raise SpecError."""
@@ -66,6 +91,9 @@ def workload_from_options(*, rate: float | None, arrival: str, cv: float, trace:
     _positive("--rate", rate)
     _positive("--cv", cv)
     _positive("--duration", duration)
+    if cv is not None and arrival != "gamma":
+        raise SpecError(f"--cv: sets the spread of gamma arrivals; add --arrival gamma (got --arrival {arrival})")
+    cv = 1.0 if cv is None else cv
     if requests is not None and requests < 1:
         raise SpecError(f"--requests: must be a positive integer, got {requests}")
     if system_prompt_len < 0:
@@ -194,7 +222,7 @@ def register(app: typer.Typer) -> None:
         hardware: Annotated[str, typer.Option("--hardware", "-H", help="Built-in device, a YAML path, or `local` (after `llmperf calibrate`).")] = "a100-80gb-sxm",
         rate: Annotated[float | None, typer.Option("--rate", help="Arrival rate, requests/s (default: an offline batch, all at t=0).")] = None,
         arrival: Annotated[str, typer.Option("--arrival", help="poisson, or gamma (with --cv).")] = "poisson",
-        cv: Annotated[float, typer.Option("--cv", help="Coefficient of variation of gamma inter-arrival gaps (1 = Poisson; > 1 bursty).")] = 1.0,
+        cv: Annotated[float | None, typer.Option("--cv", help="Coefficient of variation of gamma inter-arrival gaps (default 1 = Poisson; > 1 bursty); needs --arrival gamma.")] = None,
         trace: Annotated[Path | None, typer.Option("--trace", help="CSV (header) or JSONL with arrival_s, prompt_tokens, output_tokens[, shared_prefix_tokens].")] = None,
         requests: Annotated[int | None, typer.Option("--requests", "-n", help="Number of requests (default 1000 unless --duration).")] = None,
         duration: Annotated[float | None, typer.Option("--duration", help="Generate arrivals for this many seconds instead of --requests.")] = None,
@@ -219,7 +247,7 @@ def register(app: typer.Typer) -> None:
         slo_percentile: SloPctOpt = 90.0,
         find_max_rate: Annotated[bool, typer.Option("--find-max-rate", help="Bisect the arrival rate for the highest one meeting the SLOs.")] = False,
         validate: Annotated[bool, typer.Option("--validate", help="Run the workload through the real engine on this CPU too, and compare (see README).")] = False,
-        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Write run.json, requests.csv, steps.csv (and rates.csv) here, for `llmperf report`.")] = None,
+        run_dir: Annotated[str | None, typer.Option("--run-dir", help="Write run.json, requests.csv, steps.csv (and rates.csv) here, for `llmperf report` (a folder holding a run is refused).")] = None,
         output_format: FormatOpt = OutputFormat.table,
         output: OutOpt = None,
     ) -> None:
@@ -230,24 +258,44 @@ def register(app: typer.Typer) -> None:
         recompute preemption, prefix sharing); each step is priced by the roofline model or the
         calibrated time model. Times in seconds, bytes decimal, capacities GiB.
         """
+        from llmperf.clitools import check_output
         from llmperf.serving import simulator as sim
+        rd = None
         try:
+            # Every option and destination is checked before anything runs.
+            check_serving_options(tp=tp, max_batch=max_batch, max_batched_tokens=max_batched_tokens,
+                                  block_size=block_size, mem_util=mem_util, num_blocks=num_blocks)
+            _positive("--requests", requests, integer=True)
+            _positive("--rate", rate)
+            out = check_output(output)
+            rd = check_run_dir(run_dir)
             if validate:
-                for opt, given in (("--trace", trace is not None), ("--duration", duration is not None),
-                                   ("--find-max-rate", find_max_rate), ("--policy static", policy is Policy.static)):
-                    if given:
+                defaults = dict(hardware="a100-80gb-sxm", arrival="poisson", cv=None, system_prompt_len=0, dtype=None,
+                                kv=None, tp=1, max_batch=256, prefix_sharing=True, block_size=16, mem_util=0.9,
+                                efficiency=Efficiency.auto, slo_ttft=None, slo_tpot=None, slo_percentile=90.0,
+                                output_format=OutputFormat.table, output=None)
+                given = dict(hardware=hardware, arrival=arrival, cv=cv, system_prompt_len=system_prompt_len,
+                             dtype=dtype, kv=kv, tp=tp, max_batch=max_batch, prefix_sharing=prefix_sharing,
+                             block_size=block_size, mem_util=mem_util, efficiency=efficiency, slo_ttft=slo_ttft,
+                             slo_tpot=slo_tpot, slo_percentile=slo_percentile, output_format=output_format,
+                             output=output)
+                for opt, used in (("--trace", trace is not None), ("--duration", duration is not None),
+                                  ("--find-max-rate", find_max_rate), ("--policy static", policy is Policy.static)):
+                    if used:
                         raise SpecError(f"--validate: serves its own Poisson workload with continuous batching; "
                                         f"drop {opt}")
-                _positive("--rate", rate)
+                ignored = [k for k, v in given.items() if v != defaults[k] and not (k == "hardware" and v == "local")]
+                if ignored:
+                    opt = "--" + ignored[0].replace("_", "-").replace("output-format", "format")
+                    raise SpecError(f"--validate: runs its own model on this CPU and prints its comparison; {opt} "
+                                    "does not apply (drop it)")
                 from llmperf.serving.validate import run_validation_cli
                 run_validation_cli(model=model, rate=rate, requests=requests, prompt_len=prompt_len,
                                    output_len=output_len, seed=seed, num_blocks=num_blocks,
                                    max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
-                                   hardware=hardware, run_dir=run_dir)
+                                   hardware=hardware, run_dir=rd)
                 return
             slo = sim.SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)
-            for opt, v in (("--tp", tp), ("--max-batch", max_batch), ("--max-batched-tokens", max_batched_tokens)):
-                _positive(opt, v, integer=True)
             spec, workload = workload_from_options(rate=rate, arrival=arrival, cv=cv, trace=trace, requests=requests,
                                                    duration=duration, prompt_len=prompt_len, output_len=output_len,
                                                    system_prompt_len=system_prompt_len, seed=seed)
@@ -269,20 +317,22 @@ def register(app: typer.Typer) -> None:
             else:
                 result = sim.simulate(workload, config, slo=slo)
             rates = search.to_frame() if search is not None else None
-            if run_dir is not None:
+            if rd is not None:
                 from llmperf.serving.rundir import write_run_dir
                 summary = result.summary()
                 extra = (dict(max_rate_rps=search.max_rate, service_rate_bound_rps=search.service_rate_rps,
                               max_rate_capped=search.capped, max_rate_note=search.note)
                          if search is not None else None)
-                write_run_dir(run_dir, model=config.model.name, hardware=config.hardware.name,
+                write_run_dir(rd, model=config.model.name, hardware=config.hardware.name,
                               settings=result.settings, summary=summary, requests=result.requests,
                               steps=result.steps, rates=rates, extra=extra)
-            _render(result, search, rates, output_format, output)
-        except SpecError as exc:
-            raise fail(str(exc)) from None
-        except OSError as exc:
-            raise fail(f"--output: {exc}") from None
+            _render(result, search, rates, output_format, out)
+        except BaseException as exc:
+            if rd is not None:
+                rd.discard()  # a command that fails leaves no output behind
+            if isinstance(exc, SpecError):
+                raise fail(str(exc)) from None
+            raise
 
 
 def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202
@@ -298,7 +348,7 @@ def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202
         return find_max_rate(spec, config, slo, on_point=on_point)
 
 
-def _render(result, search, rates, output_format: OutputFormat, output: Path | None) -> None:  # noqa: ANN001
+def _render(result, search, rates, output_format: OutputFormat, output) -> None:  # noqa: ANN001  # noqa: ANN001
     from llmperf.serving.rundir import jsonable
     s = result.summary()
     if output_format is OutputFormat.json:
@@ -336,7 +386,7 @@ def _render(result, search, rates, output_format: OutputFormat, output: Path | N
     import os
 
     from rich.console import Console
-    console = Console(record=True, width=160, file=open(os.devnull, "w"))
+    console = Console(record=True, width=160, file=open(os.devnull, "w"), markup=False)
     for t in tables:
         console.print(t)
     write_output(console.export_text(), output)

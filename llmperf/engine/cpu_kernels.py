@@ -128,7 +128,6 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -232,18 +231,18 @@ def _compile(cxx: str) -> Path:
     out = cache_dir() / f"cpu_kernels-{key}.so"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".cpu_kernels-", suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[:200])
-            raise RuntimeError(f"{cxx} failed on {SOURCE.name}: {first}")
-        os.replace(tmp, out)  # atomic: a concurrent build or a reader never sees half a library
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    from llmperf.errors import SpecError
+    from llmperf.outputs import check_dir, check_file
+    try:  # atomic (llmperf.outputs): a concurrent build or a reader never sees half a library
+        check_dir(out.parent, "LLMPERF_CACHE_DIR").create()
+        with check_file(out, "LLMPERF_CACHE_DIR").replacing() as tmp:
+            done = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True,
+                                  timeout=300)
+            if done.returncode != 0:
+                first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[:200])
+                raise RuntimeError(f"{cxx} failed on {SOURCE.name}: {first}")
+    except SpecError as exc:  # the cache folder cannot be written: no library (the torch path runs)
+        raise RuntimeError(str(exc)) from None
     return out
 
 

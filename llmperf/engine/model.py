@@ -455,6 +455,34 @@ class ForwardContext:
         self.rec, self.attend, self.cos, self.sin = rec, attend, cos, sin
 
 
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def check_buildable(spec: ModelSpec) -> None:
+    """A ValueError naming the field the engine cannot build (family, activation, rope type, ...),
+    raised before anything is allocated, so a command can refuse the spec before it starts."""
+    if spec.family not in ENGINE_FAMILIES:
+        raise ValueError(f"family: the engine builds {', '.join(ENGINE_FAMILIES)} models, "
+                         f"got {spec.family!r} ({spec.name})")
+    if spec.hidden_act not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act: {spec.hidden_act!r} is not supported "
+                         f"(supported: {', '.join(_ACTIVATIONS)})")
+    if spec.ffn_kind != "swiglu" and spec.num_experts > 1:
+        raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
+    if spec.shared_experts:  # the cost model counts them; running without them would be another model
+        raise ValueError(f"shared_experts: the engine runs routed experts only (Mixtral), got "
+                         f"{spec.shared_experts} shared experts ({spec.name})")
+    if spec.pos_encoding == "rope" and (spec.rotary_dim > spec.head_dim or spec.rotary_dim % 2):
+        raise ValueError(f"rotary_dim: must be even and <= head_dim={spec.head_dim}, got {spec.rotary_dim} "
+                         "(a spec scaled from a bigger one keeps its rotary_dim: pass rotary_dim=None)")
+    if spec.pos_encoding == "rope":
+        scaling = dict(spec.rope_scaling or {})
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ROPE_TYPES:
+            raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported by the engine "
+                             f"(supported: {', '.join(ROPE_TYPES)})")
+
+
 class Transformer(nn.Module):
     """The whole decoder. Build with `Transformer(spec, dtype="fp32", device="cpu")` (parameters left
     uninitialised) and fill with `llmperf.engine.weights` (`init_random`, `load_hf_state_dict`), or use
@@ -468,20 +496,7 @@ class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec, *, dtype: str | torch.dtype = "fp32",
                  device: str | torch.device = "cpu", attention: str = "sdpa", weight_layout: str = "auto") -> None:
         super().__init__()
-        if spec.family not in ENGINE_FAMILIES:
-            raise ValueError(f"family: the engine builds {', '.join(ENGINE_FAMILIES)} models, "
-                             f"got {spec.family!r} ({spec.name})")
-        if spec.hidden_act not in _ACTIVATIONS:
-            raise ValueError(f"hidden_act: {spec.hidden_act!r} is not supported "
-                             f"(supported: {', '.join(_ACTIVATIONS)})")
-        if spec.ffn_kind != "swiglu" and spec.num_experts > 1:
-            raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
-        if spec.shared_experts:  # the cost model counts them; running without them would be another model
-            raise ValueError(f"shared_experts: the engine runs routed experts only (Mixtral), got "
-                             f"{spec.shared_experts} shared experts ({spec.name})")
-        if spec.pos_encoding == "rope" and (spec.rotary_dim > spec.head_dim or spec.rotary_dim % 2):
-            raise ValueError(f"rotary_dim: must be even and <= head_dim={spec.head_dim}, got {spec.rotary_dim} "
-                             "(a spec scaled from a bigger one keeps its rotary_dim: pass rotary_dim=None)")
+        check_buildable(spec)
         self.spec = spec
         self.dtype = torch_dtype(dtype)
         device = torch.device(device)

@@ -359,11 +359,13 @@ def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context:
 def write_results(out: Path, lines: list[str], *, env: dict[str, Any], settings: dict[str, Any], bandwidth: float,
                   spec: ModelSpec, figures: list[Figure]) -> None:
     """`out/engine_bench.txt` (what was printed) and `out/engine_bench.json` (the same, typed)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "engine_bench.txt").write_text("\n".join(lines) + "\n")
+    from llmperf.outputs import check_dir
+    d = check_dir(out, "--out")
     doc = dict(env, settings=settings, model=dict(name=spec.name, params=spec.param_count),
                copy_bandwidth_bytes_per_s=bandwidth, figures=[asdict(f) for f in figures])
-    (out / "engine_bench.json").write_text(json.dumps(doc, indent=2) + "\n")
+    with d.transaction():
+        d.write("engine_bench.txt", "\n".join(lines) + "\n")
+        d.write("engine_bench.json", json.dumps(doc, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> list[Figure]:

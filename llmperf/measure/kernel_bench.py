@@ -27,9 +27,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,20 +222,19 @@ def render_table(rows: Sequence[Row], meta: Meta):
 
 
 def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Build the text with `write(file)`, then write it through `llmperf.outputs` (atomically)."""
+    import io
+
+    from llmperf.outputs import write_file
+    buf = io.StringIO(newline="")
+    write(buf)
+    write_file(path, buf.getvalue(), "--out")
 
 
 def save(rows: Sequence[Row], meta: Meta, out_dir: Path) -> tuple[Path, Path]:
     """`kernels.json` ({"meta": ..., "rows": [...]}) and `kernels.csv` (one row each, meta columns repeated)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from llmperf.outputs import check_dir
+    check_dir(out_dir, "--out").create()
     meta_d = dataclasses.asdict(meta)
     row_ds = [dataclasses.asdict(r) for r in rows]
 
@@ -433,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
 
     rows, meta = run(case_list, args.dtype, args.hardware)
-    console = Console()
+    console = Console(markup=False)
     console.print(render_table(rows, meta))
     for line in targets(rows):
         console.print(line)

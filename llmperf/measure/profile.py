@@ -50,9 +50,7 @@ import csv
 import datetime as dt
 import json
 import math
-import os
 import statistics
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -213,14 +211,9 @@ class Predictor:
 
 
 def _atomic_json(path: Path, doc: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=2, default=_json_default, allow_nan=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """run.json through `llmperf.outputs` (atomic: a reader never sees half of it)."""
+    from llmperf.outputs import write_file
+    write_file(path, json.dumps(doc, indent=2, default=_json_default, allow_nan=False), "--output")
 
 
 def _json_default(x: Any) -> Any:
@@ -254,10 +247,10 @@ def _finite(x: Any) -> Any:
 class _Table:
     """A CSV file whose rows are appended and flushed one by one."""
 
-    def __init__(self, path: Path, columns: Iterable[str]) -> None:
-        self.path = path
+    def __init__(self, folder: Any, name: str, columns: Iterable[str]) -> None:
+        self.path = folder.path / name
         self.columns = tuple(columns)
-        self._fh = path.open("w", newline="")
+        self._fh = folder.open_stream(name)  # llmperf.outputs.OutputDir: checked, 0666 less the umask
         self._writer = csv.DictWriter(self._fh, fieldnames=self.columns)
         self._writer.writeheader()
         self._fh.flush()
@@ -641,6 +634,11 @@ def resolve_spec(settings: ProfileSettings) -> ModelSpec:
     if max(settings.prompt_lens) + max(settings.gen_lens) > spec.max_positions:
         raise SpecError(f"--prompt-len/--gen-len: a context of {max(settings.prompt_lens) + max(settings.gen_lens)} "
                         f"exceeds {spec.name}'s max_positions={spec.max_positions}")
+    from llmperf.engine.model import check_buildable
+    try:
+        check_buildable(spec)  # an unsupported family, activation or rope type before any folder is made
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     return spec
 
 
@@ -681,7 +679,9 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     fm = ForwardModel(model=spec, precision=prec, attention=attention, fused_qkv=True, fused_gate_up=True)
     pred = Predictor(fm=fm, hardware=hardware, compute_dtype=compute_dtype, calibrated=calibrated)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from llmperf.outputs import OutputDir, check_dir
+    out = out_dir if isinstance(out_dir, OutputDir) else check_dir(out_dir, "--output")
+    out_dir = Path(out.create())
     dev = describe(device)
     notes = []
     if settings.device == "cpu":
@@ -722,8 +722,8 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         measurements=measurement_sources(settings), errors=[], checks=[], status="running")
     run_path = out_dir / "run.json"
     _atomic_json(run_path, _finite(run))
-    tables = dict(ops=_Table(out_dir / "ops.csv", OPS_COLUMNS), steps=_Table(out_dir / "steps.csv", STEPS_COLUMNS),
-                  generations=_Table(out_dir / "generations.csv", GENERATIONS_COLUMNS))
+    tables = dict(ops=_Table(out, "ops.csv", OPS_COLUMNS), steps=_Table(out, "steps.csv", STEPS_COLUMNS),
+                  generations=_Table(out, "generations.csv", GENERATIONS_COLUMNS))
     result = ProfileResult(out_dir=out_dir, run=run)
     try:
         tick("building the model")

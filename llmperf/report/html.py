@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.errors import SpecError
+from llmperf.outputs import FileTarget, FolderTarget, check_file, check_files_folder, signals_clean_up
 from llmperf.report.sources import Section
 from llmperf.report.style import DPI
 
@@ -154,54 +152,52 @@ def _png_size(png: bytes) -> tuple[int, int]:
     return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is for others to read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def files_folder(html_path: Path) -> Path:
     """The folder beside the HTML that holds its PNGs and CSVs: `report.html` -> `report_files/`."""
     return html_path.with_name(f"{html_path.stem}_files")
 
 
+def is_report_file(name: str) -> bool:
+    """A file name `render` gives (`01-estimate-03-roofline.png`, `02-simulate-requests.csv`): what an
+    older report left in `<name>_files/`, and the only files a new report may replace there."""
+    return _REPORT_FILE.fullmatch(name) is not None
+
+
+_REPORT_FILE = re.compile(r"\d{2,}-[a-z]+-[A-Za-z0-9._-]+\.(png|csv)")
+
+
+def check_destination(html_path: str | Path) -> tuple[FileTarget, FolderTarget]:
+    """Check the HTML file and its `<stem>_files/` folder before anything is rendered: an .html name
+    in an existing folder, not a FIFO, device or directory, and a files folder that is absent or holds
+    only an older report's files (a user's own files there are never deleted)."""
+    shown = str(html_path)
+    if Path(shown).suffix.lower() not in (".html", ".htm"):
+        raise SpecError(f"--output: {shown!r} must end in .html")
+    html = check_file(shown, "--output")
+    assert html is not None  # not "-": it ends in .html
+    folder = check_files_folder(files_folder(Path(shown)), is_report_file, "--output")
+    return html, folder
+
+
 def write(report: RenderedReport, html_path: str | Path) -> Path:
-    """Write the files beside the HTML, then the HTML, each atomically. Returns the HTML path."""
-    html_path = Path(html_path)
-    parent = html_path.parent if str(html_path.parent) else Path(".")
-    if not parent.is_dir():
-        raise SpecError(f"--output: folder {str(parent)!r} does not exist")
-    if html_path.suffix.lower() not in (".html", ".htm"):
-        raise SpecError(f"--output: {str(html_path)!r} must end in .html")
-    folder = files_folder(html_path)
-    # Build the new folder aside, then swap it in: stale PNGs of an older report never survive.
-    staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{folder.name}.", suffix=".tmp"))
-    try:
-        os.chmod(staging, 0o777 & ~_umask())
-        for name, data in report.files.items():
-            (staging / name).write_bytes(data)  # a fresh private folder: renamed into place below
-        if folder.exists():
-            old = Path(tempfile.mkdtemp(dir=parent, prefix=f".{folder.name}.old.", suffix=".tmp"))
-            old.rmdir()
-            folder.rename(old)
-            staging.rename(folder)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            staging.rename(folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    _atomic_write(html_path, report.html.encode("utf-8"))
-    return html_path
+    """Write the files beside the HTML, then the HTML, each atomically (`llmperf.outputs`); a failure
+    leaves the old report (HTML and folder) as it was and nothing else behind. Returns the HTML path."""
+    html, folder = check_destination(html_path)
+    for name in report.files:
+        if not is_report_file(name):  # pragma: no cover - render names them
+            raise AssertionError(f"report file name {name!r} is not one `is_report_file` recognises")
+    with signals_clean_up():
+        # built aside: stale PNGs of an older report never survive; a report made private stays private
+        staged_folder = folder.stage(report.files, None if html.st is None else html.st.st_mode)
+        staged_html = None
+        try:
+            staged_html = html.stage(report.html.encode("utf-8"))
+            staged_folder.commit()
+            staged_html.commit()
+        except BaseException:
+            if staged_html is not None:
+                staged_html.discard()
+            staged_folder.restore()
+            raise
+        staged_folder.finish()
+    return Path(html_path)

@@ -161,6 +161,9 @@ def load_profile(path: str | Path) -> ProfileRun:
     _check_header(folder / "run.json", doc, "profile")
     ops = _read_csv(folder / "ops.csv", PROFILE_OPS_COLUMNS, required=True)
     assert ops is not None
+    if not len(ops):  # a run that failed or was stopped before its first measurement
+        raise SpecError(f"{folder / 'ops.csv'}: no measurement (the run's status is {doc.get('status')!r}); "
+                        "nothing to draw")
     return ProfileRun(path=folder, meta=doc, ops=ops,
                       steps=_read_csv(folder / "steps.csv", PROFILE_STEPS_COLUMNS, required=False),
                       generations=_read_csv(folder / "generations.csv", PROFILE_GENERATIONS_COLUMNS,
@@ -176,6 +179,8 @@ def load_simulate(path: str | Path) -> SimulateRun:
     requests = _read_csv(folder / "requests.csv", SIMULATE_REQUESTS_COLUMNS, required=True)
     steps = _read_csv(folder / "steps.csv", SIMULATE_STEPS_COLUMNS, required=True)
     assert requests is not None and steps is not None
+    if not len(requests):
+        raise SpecError(f"{folder / 'requests.csv'}: no request; nothing to draw")
     return SimulateRun(path=folder, meta=doc, requests=requests, steps=steps,
                        rates=_read_csv(folder / "rates.csv", SIMULATE_RATES_COLUMNS, required=False))
 

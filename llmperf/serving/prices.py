@@ -60,7 +60,10 @@ def parse_gpu_cost(text: str | None) -> dict[str, float] | float | None:
             raise SpecError(f"--gpu-cost: {name}={price.strip()!r} is not a price") from None
         if not value > 0 or value == float("inf"):
             raise SpecError(f"--gpu-cost: {name} must cost > 0 USD per GPU-hour, got {price.strip()!r}")
-        out[name] = value
+        key = name if name.endswith((".yaml", ".yml", ".json")) or "/" in name else name.lower()  # names: any case
+        if key in out:
+            raise SpecError(f"--gpu-cost: {name!r} is priced twice ({out[key]:g} and {value:g})")
+        out[key] = value
     return out
 
 

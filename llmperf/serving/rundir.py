@@ -11,16 +11,15 @@
     rates.csv      (a rate sweep / --find-max-rate) rate, ttft_p50, ttft_p90, ttft_p99, tpot_p50,
                    tpot_p90, tpot_p99, goodput_rps, throughput_rps, meets_slo
 
-Times in seconds, bytes decimal (KV bytes are per GPU). Every file is written to a temporary name in
-the same folder and renamed, run.json last, so a reader never sees a half-written run.
+Times in seconds, bytes decimal (KV bytes are per GPU). Every file is written through `llmperf.outputs`
+(a temporary name in the same folder, then renamed), run.json last, so a reader never sees a
+half-written run; a failure removes the files and folders this write created, nothing else.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.errors import SpecError
+from llmperf.outputs import OutputDir, check_dir
 
 SCHEMA_VERSION = 1
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",
@@ -36,17 +36,6 @@ STEP_COLUMNS = ("step", "start_s", "duration_s", "phase", "batch", "prefill_toke
                 "kv_used_bytes", "kv_reserved_bytes", "kv_util", "running", "waiting", "preemptions")
 RATE_COLUMNS = ("rate", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "goodput_rps",
                 "throughput_rps", "meets_slo")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def jsonable(value: object) -> object:
@@ -62,34 +51,29 @@ def jsonable(value: object) -> object:
     return value
 
 
-def prepare_dir(path: str | Path) -> Path:
-    """Create the run directory (parents included); refuse a path that is a file."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise SpecError(f"--run-dir: {str(p)!r} exists and is not a directory")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecError(f"--run-dir: cannot create {str(p)!r} ({exc.strerror or exc})") from None
-    return p
+def prepare_dir(path: str | Path | OutputDir, option: str = "--run-dir") -> OutputDir:
+    """Check a run directory before anything runs (`llmperf.outputs.check_dir`): an existing folder or
+    one to create (parents included), never a file, FIFO or device. Created on the first write."""
+    return path if isinstance(path, OutputDir) else check_dir(path, option)
 
 
-def write_run_dir(path: str | Path, *, model: str, hardware: str, settings: dict, summary: dict,
+def write_run_dir(path: str | Path | OutputDir, *, model: str, hardware: str, settings: dict, summary: dict,
                   requests: pd.DataFrame, steps: pd.DataFrame, rates: pd.DataFrame | None = None,
                   extra: dict | None = None) -> Path:
-    """Write a simulate run directory; returns its path."""
-    p = prepare_dir(path)
-    _atomic_write(p / "requests.csv", requests.loc[:, list(REQUEST_COLUMNS)].to_csv(index=False))
-    _atomic_write(p / "steps.csv", steps.loc[:, list(STEP_COLUMNS)].to_csv(index=False))
-    if rates is not None:
-        _atomic_write(p / "rates.csv", rates.loc[:, list(RATE_COLUMNS)].to_csv(index=False))
-    doc = dict(kind="simulate", schema_version=SCHEMA_VERSION,
-               created=datetime.now(timezone.utc).isoformat(timespec="seconds"), model=model, hardware=hardware,
-               settings=settings, summary=summary)
-    if extra:
-        doc |= extra
-    _atomic_write(p / "run.json", json.dumps(jsonable(doc), indent=2) + "\n")
-    return p
+    """Write a simulate run directory; returns its path. A failure removes what this write created."""
+    d = prepare_dir(path)
+    with d.transaction():
+        d.write("requests.csv", requests.loc[:, list(REQUEST_COLUMNS)].to_csv(index=False))
+        d.write("steps.csv", steps.loc[:, list(STEP_COLUMNS)].to_csv(index=False))
+        if rates is not None:
+            d.write("rates.csv", rates.loc[:, list(RATE_COLUMNS)].to_csv(index=False))
+        doc = dict(kind="simulate", schema_version=SCHEMA_VERSION,
+                   created=datetime.now(timezone.utc).isoformat(timespec="seconds"), model=model,
+                   hardware=hardware, settings=settings, summary=summary)
+        if extra:
+            doc |= extra
+        d.write("run.json", json.dumps(jsonable(doc), indent=2) + "\n")
+    return Path(d.shown)
 
 
 def read_run_dir(path: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:

@@ -199,6 +199,10 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
                           block_size=config.block_size, num_blocks=config.num_blocks)
     free = usable - weights - act
     blocks = int(free // (kv_tok * config.block_size)) if free > 0 else 0
+    if blocks < 1 and free > 0:  # memory is left, but less than one block of block_size tokens
+        raise SpecError(f"--block-size: one block of {config.block_size} tokens needs "
+                        f"{kv_tok * config.block_size / GiB:.3g} GiB of KV cache per GPU, more than the "
+                        f"{free / GiB:.2f} GiB left after weights and activations on {hw.name}")
     if blocks < 1:
         raise SpecError(f"memory: {m.name} at {prec} (tp={config.tp}) needs {weights / GiB:.2f} GiB of weights + "
                         f"{act / GiB:.2f} GiB of activations per GPU, more than the {usable / GiB:.2f} GiB usable "

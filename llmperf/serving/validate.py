@@ -235,22 +235,27 @@ def _first_divergence(engine_logs: list, sim_logs: list) -> int | None:
 def write_validation(report: ValidationReport, path: str | Path) -> Path:
     """The simulated run as a simulate run directory, plus the engine's run (engine/requests.csv,
     engine/steps.csv) and validation.json / validation.csv."""
-    from llmperf.serving.rundir import _atomic_write, jsonable, prepare_dir, write_run_dir
+    from llmperf.serving.rundir import jsonable, prepare_dir, write_run_dir
     sim = report.simulated
-    d = write_run_dir(path, model=report.settings["model"], hardware=report.settings["hardware"],
+    d = prepare_dir(path)
+    with d.transaction():
+        write_run_dir(d, model=report.settings["model"], hardware=report.settings["hardware"],
                       settings=sim.settings, summary=sim.summary(), requests=sim.requests, steps=sim.steps,
                       extra=dict(validation=dict(identical_schedule_with_engine_times=report.schedule_identical)))
-    eng = prepare_dir(d / "engine")
-    _atomic_write(eng / "requests.csv", report.engine_requests.to_csv(index=False))
-    _atomic_write(eng / "steps.csv", report.engine_steps.to_csv(index=False))
-    frame = report.to_frame()
-    _atomic_write(d / "validation.csv", frame.to_csv(index=False))
-    doc = dict(kind="simulate-validation", schema_version=1, settings=report.settings,
-               comparisons=frame.to_dict(orient="records"), schedule_identical=report.schedule_identical,
-               first_divergence=report.first_divergence, engine_wall_s=report.engine_wall_s,
-               sim_wall_s=report.sim_wall_s, engine_steps=len(report.engine_steps), sim_steps=len(sim.steps))
-    _atomic_write(d / "validation.json", json.dumps(jsonable(doc), indent=2) + "\n")
-    return d
+        eng = prepare_dir(d.path / "engine")
+        with eng.transaction():
+            eng.write("requests.csv", report.engine_requests.to_csv(index=False))
+            eng.write("steps.csv", report.engine_steps.to_csv(index=False))
+        d.written += eng.written
+        d.created += eng.created
+        frame = report.to_frame()
+        d.write("validation.csv", frame.to_csv(index=False))
+        doc = dict(kind="simulate-validation", schema_version=1, settings=report.settings,
+                   comparisons=frame.to_dict(orient="records"), schedule_identical=report.schedule_identical,
+                   first_divergence=report.first_divergence, engine_wall_s=report.engine_wall_s,
+                   sim_wall_s=report.sim_wall_s, engine_steps=len(report.engine_steps), sim_steps=len(sim.steps))
+        d.write("validation.json", json.dumps(jsonable(doc), indent=2) + "\n")
+    return Path(d.shown)
 
 
 def validation_table(report: ValidationReport):  # noqa: ANN201

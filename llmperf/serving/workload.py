@@ -52,7 +52,7 @@ def _is_real(x: object) -> bool:
 
 
 def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
+    return str(int(x)) if float(x).is_integer() and abs(float(x)) < 1e16 else repr(float(x))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -74,8 +74,16 @@ def _check_bounds(name: str, lo: object, hi: object) -> None:
         raise SpecError(f"{name}.hi: must be None or an integer >= lo={lo}, got {hi!r}")
 
 
-def _clip_round(x: np.ndarray, lo: int, hi: int | None) -> np.ndarray:
-    return np.clip(np.rint(x), lo, hi if hi is not None else np.inf).astype(np.int64)
+MAX_TOKENS = 2**31  # tokens of one request's prompt or output: far beyond any context, still exact
+
+
+def _clip_round(x: np.ndarray, lo: int, hi: int | None, dist: object = "length") -> np.ndarray:
+    """Round and clip drawn lengths to [lo, hi]; a draw above MAX_TOKENS (without hi) is refused."""
+    if hi is None and len(x) and not (np.nanmax(x) <= MAX_TOKENS):
+        big = float(np.nanmax(x)) if not np.isnan(x).all() else float("nan")
+        raise SpecError(f"{dist}: draws a length of {big:.3g} tokens, more than 2**31; give an upper bound "
+                        "(...:LO:HI)")
+    return np.clip(np.rint(x), lo, hi if hi is not None else MAX_TOKENS).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,7 @@ class Normal:
         _check_bounds("normal", self.lo, self.hi)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return _clip_round(rng.normal(self.mean, self.std, size=n), self.lo, self.hi)
+        return _clip_round(rng.normal(self.mean, self.std, size=n), self.lo, self.hi, self)
 
     def __str__(self) -> str:
         return f"normal:{_fmt(self.mean)}:{_fmt(self.std)}:{self.lo}" + (f":{self.hi}" if self.hi is not None else "")
@@ -167,12 +175,16 @@ class LogNormal:
         _check_bounds("lognormal", self.lo, self.hi)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return _clip_round(rng.lognormal(self.mu, self.sigma, size=n), self.lo, self.hi)
+        with np.errstate(over="ignore"):  # exp overflows to inf: refused by _clip_round
+            return _clip_round(rng.lognormal(self.mu, self.sigma, size=n), self.lo, self.hi, self)
 
     @property
     def mean(self) -> float:
-        """The mean before rounding and clipping, exp(mu + sigma^2 / 2)."""
-        return math.exp(self.mu + self.sigma ** 2 / 2)
+        """The mean before rounding and clipping, exp(mu + sigma^2 / 2) (inf beyond float range)."""
+        try:
+            return math.exp(self.mu + self.sigma ** 2 / 2)
+        except OverflowError:
+            return math.inf
 
     def __str__(self) -> str:
         return (f"lognormal:{_fmt(self.mu)}:{_fmt(self.sigma)}:{self.lo}"
@@ -580,6 +592,8 @@ def _trace_value(path: str, lineno: int, name: str, raw: object, *, integer: boo
     if value < low:
         kind = "an integer" if integer else "a number"
         raise SpecError(f"{where}: must be {kind} >= {_fmt(low)}, got {raw!r}")
+    if integer and value > MAX_TOKENS:
+        raise SpecError(f"{where}: {raw!r} exceeds 2**31 tokens")
     return value
 
 
@@ -611,6 +625,9 @@ def _trace_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
             continue
         if header is None:
             header = [c.strip() for c in cells]
+            twice = sorted({c for c in header if header.count(c) > 1 and c})
+            if twice:
+                raise SpecError(f"{path}: line {lineno}: column {twice[0]!r} appears twice in the header")
             missing = [f for f in TRACE_FIELDS if f not in header]
             if missing:
                 raise SpecError(f"{path}: line {lineno}: header lacks column {missing[0]!r} "

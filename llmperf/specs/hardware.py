@@ -58,15 +58,20 @@ class HardwareSpec:
     calibration: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
+        from llmperf.specs.names import check_spec_name
+        check_spec_name(self.name)
         if not isinstance(self.peak_tflops, Mapping):
             raise SpecError(f"{self.name}: peak_tflops must map dtypes to TFLOP/s, got {self.peak_tflops!r}")
         if not self.peak_tflops:
             raise SpecError(f"{self.name}: peak_tflops must list at least one dtype")
-        peaks = {}
+        peaks, given = {}, {}
         for dtype, value in dict(self.peak_tflops).items():
             key = normalize_dtype(dtype, f"{self.name}: peak_tflops") if dtype != "tf32" else "tf32"
             _check_number(self.name, f"peak_tflops.{dtype}", value, scale=1e12)
-            peaks[key] = float(value)
+            if key in peaks:  # dtype names are case-insensitive: fp16 and FP16 are one dtype
+                raise SpecError(f"{self.name}: peak_tflops lists {given[key]!r} and {dtype!r}, the same dtype "
+                                f"({key}); keep one")
+            peaks[key], given[key] = float(value), dtype
         object.__setattr__(self, "peak_tflops", peaks)
         for f, scale in (("memory_bandwidth_gbps", 1e9), ("memory_gib", 2**30), ("sram_per_sm_kib", 1024),
                          ("l2_cache_mib", 2**20)):

@@ -67,6 +67,16 @@ class _Config:
             raise SpecError(f"{self.origin}: missing field {key!r}")
         return value
 
+    def flag(self, key: str) -> bool:
+        """A boolean key (absent or null: the HF default, else false); anything but true / false is
+        refused naming the key: `bool("false")` is True, so nothing here is truthy-coerced."""
+        value = self.get(key)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise SpecError(f"{self.origin}: {key} must be true or false, got {value!r}")
+        return value
+
     def refuse(self, key: str, value: Any, why: str) -> SpecError:
         return SpecError(f"{self.origin}: {key}={value!r} is not modelled ({why})")
 
@@ -90,13 +100,13 @@ class HFModelType:
 
 
 def _llama_biases(cfg: _Config, out: dict[str, Any]) -> None:
-    out["qkv_bias"] = out["out_bias"] = bool(cfg.get("attention_bias"))
-    out["mlp_bias"] = bool(cfg.get("mlp_bias"))
+    out["qkv_bias"] = out["out_bias"] = cfg.flag("attention_bias")
+    out["mlp_bias"] = cfg.flag("mlp_bias")
 
 
 def _gpt2_extra(cfg: _Config, out: dict[str, Any]) -> None:
     out["ffn_size"] = cfg.get("n_inner") or 4 * out["hidden_size"]
-    if cfg.get("add_cross_attention"):
+    if cfg.flag("add_cross_attention"):
         raise cfg.refuse("add_cross_attention", True, "decoder-only models have no cross-attention")
 
 
@@ -106,17 +116,17 @@ def _opt_extra(cfg: _Config, out: dict[str, Any]) -> None:
     if proj != h:
         raise SpecError(f"{cfg.origin}: word_embed_proj_dim={proj} differs from hidden_size={h} "
                         "(OPT-350m's projected embeddings are not modelled)")
-    out["qkv_bias"] = out["out_bias"] = out["mlp_bias"] = bool(cfg.get("enable_bias"))
-    if not cfg.get("do_layer_norm_before"):
+    out["qkv_bias"] = out["out_bias"] = out["mlp_bias"] = cfg.flag("enable_bias")
+    if not cfg.flag("do_layer_norm_before"):
         raise cfg.refuse("do_layer_norm_before", False, "post-norm blocks (OPT-350m)")
-    if cfg.get("_remove_final_layer_norm"):
+    if cfg.flag("_remove_final_layer_norm"):
         raise cfg.refuse("_remove_final_layer_norm", True, "a model without its final norm")
-    if not cfg.get("layer_norm_elementwise_affine"):
+    if not cfg.flag("layer_norm_elementwise_affine"):
         raise cfg.refuse("layer_norm_elementwise_affine", False, "norms without weights and biases")
 
 
 def _neox_extra(cfg: _Config, out: dict[str, Any]) -> None:
-    out["qkv_bias"] = out["out_bias"] = bool(cfg.get("attention_bias"))
+    out["qkv_bias"] = out["out_bias"] = cfg.flag("attention_bias")
     heads = out["num_heads"]
     if out["hidden_size"] % heads:
         return  # ModelSpec names the error
@@ -295,7 +305,7 @@ def _sliding_window(cfg: _Config, spec_type: HFModelType, num_layers: int) -> in
         raise cfg.refuse("layer_types", kinds if len(kinds) <= 4 else f"{kinds[:4]}...",
                          "layers that mix sliding-window and full attention")
     if spec_type.sliding_window == "gated":
-        if not cfg.get("use_sliding_window") or window is None:
+        if not cfg.flag("use_sliding_window") or window is None:
             return None
         first_sliding = _int(cfg, "max_window_layers", cfg.get("max_window_layers"))  # layers >= it slide
         if first_sliding >= num_layers:

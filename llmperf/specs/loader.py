@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import stat
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -52,8 +53,37 @@ def _looks_like_path(ref: str) -> bool:
     return ref.endswith((".yaml", ".yml", ".json")) or os.sep in ref or os.path.exists(ref)
 
 
+def _is_dir(ref: str) -> bool:
+    try:
+        return Path(ref).is_dir()
+    except (OSError, ValueError):  # a name too long for a path, a NUL byte: not a folder
+        return False
+
+
+def _check_length(kind: str, ref: str) -> None:
+    """A reference longer than any file name (and any built-in name): refused naming it, shortened."""
+    if len(os.fsencode(ref)) > 4096 or any(len(os.fsencode(part)) > 255 for part in ref.split(os.sep)):
+        raise SpecError(f"{kind}: {ref[:40]!r}... ({len(ref)} characters) is not a built-in name and is too "
+                        "long for a file path")
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-6` and `1e6` (no dot) as floats, as YAML 1.2 and JSON do."""
+    """SafeLoader that also reads `1e-6` and `1e6` (no dot) as floats, as YAML 1.2 and JSON do, and
+    refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (line {seen[key] + 1} and line "
+                        f"{key_node.start_mark.line + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            except TypeError:  # an unhashable key: SafeLoader names it
+                pass
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -66,16 +96,58 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
-def read_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse a YAML or JSON file into a mapping, with one-line errors naming the file."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"file not found: {str(path)!r}")
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise json.JSONDecodeError(f"duplicate key {key!r}", "", 0)
+        out[key] = value
+    return out
+
+
+def _readable(p: Path) -> bool:
+    """A regular file, or a pipe / FIFO (`<(cat spec.yaml)`): what a spec may be read from."""
     try:
-        text = p.read_text()
-        data = json.loads(text) if p.suffix == ".json" else yaml.load(text, Loader=_Loader)
+        mode = p.stat().st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
+
+
+_PIPES: dict[str, str] = {}  # a pipe's content: it can be read once, and a command may load a spec twice
+
+
+def _read_text(p: Path) -> str:
+    if stat.S_ISREG(p.stat().st_mode):
+        return p.read_text()
+    key = os.path.abspath(p)
+    if key not in _PIPES:
+        _PIPES[key] = p.read_text()
+    return _PIPES[key]
+
+
+def read_mapping(path: str | os.PathLike[str], text: str | None = None) -> dict[str, Any]:
+    """Parse a YAML or JSON file into a mapping, with one-line errors naming the file. Duplicate keys
+    are refused (YAML and JSON alike). `text`, when given, is the file's content already read."""
+    p = Path(path)
+    if text is None:
+        if not _readable(p):
+            if p.is_dir():
+                raise SpecError(f"{str(path)!r} is a directory, not a spec file")
+            if os.path.lexists(p):
+                raise SpecError(f"{str(path)!r} is not a regular file")
+            raise SpecError(f"file not found: {str(path)!r}")
+        try:
+            text = _read_text(p)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(f"{p}: cannot read ({exc.strerror if isinstance(exc, OSError) else exc})") from None
+    try:
+        data = (json.loads(text, object_pairs_hook=_json_pairs) if p.suffix == ".json"
+                else yaml.load(text, Loader=_Loader))
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         first = str(exc).strip().splitlines()[0]
+        if isinstance(exc, yaml.MarkedYAMLError) and exc.problem and "duplicate key" in exc.problem:
+            first = exc.problem
         raise SpecError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'} ({first})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{p}: cannot read ({exc})") from None
@@ -113,7 +185,7 @@ def model_from_mapping(data: dict[str, Any], origin: str = "model") -> ModelSpec
 def hardware_from_mapping(data: dict[str, Any], origin: str = "hardware") -> HardwareSpec:
     data = dict(data)
     data.setdefault("name", origin)
-    if "device_names" in data and data["device_names"] is not None:
+    if isinstance(data.get("device_names"), list):  # a string stays a string: refused by the spec
         data["device_names"] = tuple(data["device_names"])
     return _build(HardwareSpec, data, origin)
 
@@ -138,7 +210,8 @@ def load_model(ref: str | os.PathLike[str] | ModelSpec) -> ModelSpec:
     key = ref.lower()
     if key in _builtin_files("models"):
         return _load_builtin_model(key)
-    if Path(ref).is_dir() or Path(ref).name == "config.json":
+    _check_length("model", ref)
+    if _is_dir(ref) or Path(ref).name == "config.json":
         return ModelSpec.from_hf_config(ref)
     if _looks_like_path(ref):
         data = read_mapping(ref)
@@ -159,6 +232,7 @@ def load_hardware(ref: str | os.PathLike[str] | HardwareSpec) -> HardwareSpec:
     from llmperf.specs.local import LOCAL_NAME, load_calibrated, load_local  # the calibrated device
     if key == LOCAL_NAME:
         return load_local()
+    _check_length("--hardware", ref)
     if _looks_like_path(ref):
         data = read_mapping(ref)
         if "calibration" in data or "efficiency" in data:

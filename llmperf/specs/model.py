@@ -80,6 +80,8 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        from llmperf.specs.names import check_spec_name
+        check_spec_name(self.name)
         family = get_family(self.family, str(self.name))
         for f, default in family.defaults().items():
             if getattr(self, f) is None:
@@ -285,4 +287,6 @@ def _positive_int(spec: ModelSpec, name: str) -> None:
     value = getattr(spec, name)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SpecError(f"{spec.name}: {name} must be a positive integer, got {value!r}")
+    if value > 2**53:  # float64 holds every count up to 2**53 exactly, and no model is near it
+        raise SpecError(f"{spec.name}: {name} must be at most 2**53, got {value!r}")
 

@@ -22,6 +22,18 @@ _SEPARATORS = re.compile(r"[-_\s]+")
 _MAX_EDIT_MATCHES = 5
 
 
+def check_spec_name(name: object, kind: str = "name") -> str:
+    """A spec's `name`: a non-empty string without control characters (an escape sequence in a name
+    would drive the terminal that shows it); refused naming the field and the value."""
+    if not isinstance(name, str):
+        raise SpecError(f"{kind}: must be a string, got {name!r}")
+    if not name.strip():
+        raise SpecError(f"{kind}: must not be empty, got {name!r}")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
+        raise SpecError(f"{kind}: must not hold control characters, got {name!r}")
+    return name
+
+
 def tokens(name: str) -> list[str]:
     """`'A100-80GB sxm'` -> `['a100', '80gb', 'sxm']`."""
     return [t for t in _SEPARATORS.split(name.strip().lower()) if t]

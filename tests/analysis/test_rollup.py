@@ -422,6 +422,8 @@ def test_single_estimate_equals_its_sweep_row(a100, m, batches, prompt, gen, tps
                                               extra):
     if extra["group_size"] is not None and weights == ["fp16"]:
         extra = {**extra, "group_size": None}  # group scales need integer weights (refused otherwise)
+    if extra["group_size"] is not None and (m.ffn_size % extra["group_size"] or m.hidden_size % extra["group_size"]):
+        extra = {**extra, "group_size": None}  # a group must tile each row's inputs (refused otherwise)
     frame = sweep([m], [a100], batch=batches, prompt_len=[prompt], gen_len=[gen], tp=tps, pp=pps,
                   weights=weights, kv=kvs, attention=attn, fused_qkv=fused, all_logits=not fused, **extra)
     rows = frame.to_dict(orient="records")

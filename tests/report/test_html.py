@@ -71,10 +71,10 @@ def test_write_puts_pngs_and_csv_beside(tmp_path: Path, hostile_report) -> None:
     assert len([f for f in files if f.endswith(".png")]) == 12
     assert "01-estimate-sweep.csv" in files
     assert out.read_text() == hostile_report.html
-    # a second report replaces the folder wholesale: no stale figure survives
-    (folder / "stale.png").write_bytes(b"x")
+    # a second report replaces the folder wholesale: no stale figure of an older report survives
+    (folder / "01-estimate-99-stale.png").write_bytes(b"x")
     hostile_report.write(out)
-    assert not (folder / "stale.png").exists()
+    assert not (folder / "01-estimate-99-stale.png").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
@@ -97,13 +97,15 @@ def test_failed_html_write_keeps_old_report(tmp_path: Path, monkeypatch: pytest.
     import llmperf.report.html as H
 
     def broken_replace(src, dst):  # noqa: ANN001, ANN202
-        raise OSError("no space left")
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(H.os, "replace", broken_replace)
-    with pytest.raises(OSError):
+    folder_before = sorted(p.name for p in H.files_folder(out).iterdir())
+    monkeypatch.setattr(H.check_file.__globals__["os"], "replace", broken_replace)
+    with pytest.raises(SpecError, match=r"^--output: cannot write '.*r\.html' \(No space left on device\)$"):
         report.write(out)
     assert out.read_text() == before
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert sorted(p.name for p in H.files_folder(out).iterdir()) == folder_before  # the old folder is back
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r_files", "s"]  # no temporary left
 
 
 def test_bad_output_paths(tmp_path: Path) -> None:
