@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The CPU runs of reports/ in one go: the engine paths, a calibration (timed), the fp32 profile with its
-# accuracy report, and `simulate --validate`, all tagged TAG (e.g. 2026-11-25-cpu-avx2). Run it from the
+# The CPU runs of reports/ in one go: the engine paths, a calibration (timed; it becomes this user's
+# `local` calibration too), the fp32 profile with its accuracy report, and `simulate --validate`, all tagged TAG (e.g. 2026-11-25-cpu-avx2). Run it from the
 # repository root on a quiet machine. AVX2=1 runs an AVX-512 machine as an AVX2-only one: llmperf's,
 # torch's and oneDNN's switches hide AVX-512 and AMX (bf16 then has no native kernel).
 #
@@ -16,9 +16,11 @@ py=${PYTHON:-python}
 cal=reports/calibrate/$tag.yaml
 $py -m llmperf.engine.paths | tee "reports/calibrate/$tag.log"
 SECONDS=0
-$py -m llmperf.cli calibrate --device cpu --threads "$threads" -o "$cal" 2>&1 | tee -a "reports/calibrate/$tag.log"
+# without -o: the user's `local` calibration, which `simulate --validate` prices with; a copy is the record
+$py -m llmperf.cli calibrate --device cpu --threads "$threads" 2>&1 | tee -a "reports/calibrate/$tag.log"
 echo "calibrate: ${SECONDS} s wall" | tee -a "reports/calibrate/$tag.log"
+cp "$($py -c 'from llmperf.specs.local import local_path; print(local_path())')" "$cal"
 $py -m llmperf.cli profile reports/profile/llama-style-cpu.yaml --device cpu --threads "$threads" --dtype fp32 \
     -H "$cal" -b 1,4,16 -p 64,512,2048 -g 16 -o "reports/profile/$tag"
 $py -m llmperf.measure.accuracy "reports/profile/$tag" --save
-$py -m llmperf.cli simulate --validate -H "$cal" --run-dir "reports/simulate/$tag"
+$py -m llmperf.cli simulate --validate --run-dir "reports/simulate/$tag"
