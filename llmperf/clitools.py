@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -49,6 +52,21 @@ def fail(message: str) -> typer.Exit:
     """Print `error: message` (one line; the message is text, never rich markup) and return the exit."""
     _say("error:", "bold red", message)
     return typer.Exit(2)
+
+
+@contextmanager
+def refused_cleanly() -> Iterator[list[Any]]:
+    """A command's body: the output folders it appends to the yielded list are discarded if it fails
+    (a command that fails leaves no output behind), and a `SpecError` becomes `fail`'s one line."""
+    made: list[Any] = []
+    try:
+        yield made
+    except BaseException as exc:
+        for out in made:
+            out.discard()
+        if isinstance(exc, SpecError):
+            raise fail(str(exc)) from None
+        raise
 
 
 def warn(message: str, label: str = "warning:") -> None:

@@ -21,7 +21,15 @@ def _cuda_available() -> bool:
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from hypothesis import HealthCheck, settings
+
 from llmperf.specs import HardwareSpec, ModelSpec
+
+# No test depends on how fast or busy the machine is: hypothesis's per-example deadline (200 ms) and
+# its "too slow" health check are timings, so they are off for every property test, including one
+# that forgets its own `deadline=None`.
+settings.register_profile("llmperf", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("llmperf")
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from llmperf.clitools import OutputFormat, err_console, fail, out_console, parse_int_list, parse_name_list, write_output
+from llmperf.clitools import OutputFormat, err_console, out_console, refused_cleanly, parse_int_list, parse_name_list, write_output
 from llmperf.commands.simulate import (
     BlockOpt, ChunkOpt, FormatOpt, MaxBatchOpt, MemOpt, OutOpt, OutputOpt, PrefixOpt, PromptOpt, SeedOpt, SloPctOpt,
     SloTpotOpt, SloTtftOpt, SystemOpt, TokensOpt, _fmt_s, _length, _positive, check_serving_options,
@@ -81,9 +81,8 @@ def register(app: typer.Typer) -> None:
         from llmperf.serving.simulator import SLO
         from llmperf.clitools import check_output
         from llmperf.outputs import check_dir
-        rd = None
         from llmperf.serving.workload import WorkloadSpec
-        try:
+        with refused_cleanly() as made:
             if (rate is None) == (users is None):
                 raise SpecError("plan: give exactly one of --rate and --users")
             if user_interval is not None and users is None:
@@ -103,6 +102,7 @@ def register(app: typer.Typer) -> None:
             _positive("--users / --user-interval", load)
             out = check_output(output)
             rd = check_dir(run_dir, "--run-dir") if run_dir is not None else None
+            made += [rd] if rd is not None else []
             devices = parse_name_list("--hardware", hardware) if hardware is not None else planner.all_devices()
             precs = parse_name_list("--precisions", precisions)
             for p in precs:
@@ -154,12 +154,6 @@ def register(app: typer.Typer) -> None:
                     for t in tables:
                         console.print(t)
                     write_output(console.export_text(), out)
-        except BaseException as exc:
-            if rd is not None:
-                rd.discard()  # a command that fails leaves no output behind
-            if isinstance(exc, SpecError):
-                raise fail(str(exc)) from None
-            raise
 
 
 def jsonable_doc(result, frame) -> dict:  # noqa: ANN001

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from llmperf.clitools import OutputFormat, err_console, fail, out_console, write_output
+from llmperf.clitools import OutputFormat, err_console, out_console, refused_cleanly, write_output
 from llmperf.errors import SpecError
 
 
@@ -260,8 +260,7 @@ def register(app: typer.Typer) -> None:
         """
         from llmperf.clitools import check_output
         from llmperf.serving import simulator as sim
-        rd = None
-        try:
+        with refused_cleanly() as made:
             # Every option and destination is checked before anything runs.
             check_serving_options(tp=tp, max_batch=max_batch, max_batched_tokens=max_batched_tokens,
                                   block_size=block_size, mem_util=mem_util, num_blocks=num_blocks)
@@ -269,6 +268,7 @@ def register(app: typer.Typer) -> None:
             _positive("--rate", rate)
             out = check_output(output)
             rd = check_run_dir(run_dir)
+            made += [rd] if rd is not None else []
             if validate:
                 defaults = dict(hardware="a100-80gb-sxm", arrival="poisson", cv=None, system_prompt_len=0, dtype=None,
                                 kv=None, tp=1, max_batch=256, prefix_sharing=True, block_size=16, mem_util=0.9,
@@ -327,12 +327,6 @@ def register(app: typer.Typer) -> None:
                               settings=result.settings, summary=summary, requests=result.requests,
                               steps=result.steps, rates=rates, extra=extra)
             _render(result, search, rates, output_format, out)
-        except BaseException as exc:
-            if rd is not None:
-                rd.discard()  # a command that fails leaves no output behind
-            if isinstance(exc, SpecError):
-                raise fail(str(exc)) from None
-            raise
 
 
 def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202

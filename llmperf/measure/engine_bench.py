@@ -256,11 +256,11 @@ def paged_versus_contiguous(spec: ModelSpec, *, context: int, new_tokens: int, r
     return Figure.of(f"paged / contiguous speed  context {context}", ratios, f"block_size {block_size}")
 
 
-def environment() -> dict[str, Any]:
+def environment(paths: EnginePaths | None = None) -> dict[str, Any]:
     """When and where a run happens: date, machine (CPU model, cores, threads, ISA), versions, commit,
     and which kernel runs each of the engine's paths here (`engine.paths`)."""
     env: dict[str, Any] = dict(date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine=describe_cpu(), versions=versions(),
-                               git_commit=git_commit(), paths=engine_paths().line())
+                               git_commit=git_commit(), paths=(paths or engine_paths()).line())
     try:
         import transformers
         env["versions"]["transformers"] = str(transformers.__version__)
@@ -325,8 +325,8 @@ def run(*, spec: ModelSpec, prompt_len: int = 32, new_tokens: int = 32, context:
         lines.append(line)
         say(line)
 
-    env = environment()
-    plan = plan_for(engine_paths())
+    paths = engine_paths()
+    env, plan = environment(paths), plan_for(paths)
     bw = copy_bandwidth_bytes_per_s(copy_mib * MiB)
     for line in _header(env, spec, bw, copy_mib):
         emit(line)
