@@ -28,6 +28,28 @@ POS_ENCODINGS = ("rope", "learned")
 FAMILIES = tuple(_FAMILY_DESCRIPTIONS)  # the names; the descriptions are in llmperf.specs.families
 
 
+ATTENTION_KINDS = ("full", "sliding", "chunked")  # per-layer attention (layer_types)
+QK_NORMS = ("rmsnorm", "l2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerKind:
+    """What sets one layer's costs apart from another's: its attention (`full`, `sliding` over the
+    last `window` tokens, or `chunked` within blocks of `window` tokens), whether it applies rotary
+    positions (`rope`; Llama 4's global layers do not), and whether its FFN is a mixture of experts."""
+
+    attention: str
+    window: int | None
+    rope: bool
+    moe: bool
+
+    @property
+    def label(self) -> str:
+        """A short name for tables: `full`, `sliding-4096`, `chunked-8192`, + `/moe`, `/nope`."""
+        text = self.attention if self.window is None else f"{self.attention}-{self.window}"
+        return text + ("/moe" if self.moe else "") + ("" if self.rope else "/nope")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer. Sizes are counts (not bytes); `head_dim` defaults to hidden/heads.
@@ -73,6 +95,28 @@ class ModelSpec:
     mlp_bias: bool = None  # type: ignore[assignment]  # family default
     parallel_residual: bool = None  # type: ignore[assignment]  # GPT-NeoX: attention and MLP read the same input
     sliding_window: int | None = None  # tokens each query attends to (and the cache holds); None = all
+    # ---- per-layer structure (today's models; every field below defaults to "absent") ----------
+    layer_types: tuple[str, ...] | None = None  # per layer: full | sliding | chunked (None: all alike)
+    attention_chunk_size: int | None = None  # chunked layers attend within blocks of this many tokens
+    nope_layers: tuple[int, ...] = ()  # layers without rotary positions (Llama 4's global layers)
+    kv_lora_rank: int | None = None  # set: multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2)
+    q_lora_rank: int | None = None  # MLA: low-rank query (q_a_proj, q_a_norm, q_b_proj); None: plain q_proj
+    qk_nope_head_dim: int | None = None  # MLA: per-head query/key width without rotary positions
+    qk_rope_head_dim: int | None = None  # MLA: rotary width, one key shared by every head
+    v_head_dim: int | None = None  # MLA: per-head value width
+    moe_ffn_size: int | None = None  # routed expert width (None: ffn_size)
+    shared_ffn_size: int | None = None  # width of each shared expert (None: moe_ffn_size)
+    shared_expert_gate: bool = False  # a hidden -> 1 sigmoid gate on the shared expert (Qwen2-MoE)
+    dense_layers: tuple[int, ...] = ()  # MoE models: layers with a dense FFN of ffn_size instead
+    router_bias: bool = False  # the router linear has a bias (gpt-oss)
+    router_score_bias: bool = False  # one routing-score correction per expert (DeepSeek-V3 noaux_tc)
+    qk_norm: str | None = None  # rmsnorm: a head_dim norm on q and k (Qwen3, Gemma 3); l2: no weights, rope layers (Llama 4)
+    attn_sinks: bool = False  # one learned sink logit per query head per layer (gpt-oss)
+    attn_softcap: float | None = None  # Gemma 2: cap * tanh(score / cap) on every attention score
+    final_softcap: float | None = None  # Gemma 2: the same on the logits
+    sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP too (4 per layer)
+    embedding_scale: bool = False  # Gemma: the embedding is multiplied by sqrt(hidden_size)
+    mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint (not built, not counted)
     attn_scale: bool = True  # divide attention logits by sqrt(head_dim) (GPT-2 scale_attn_weights)
     attn_scale_inverse_layer_idx: bool = False  # also by layer_idx + 1 (GPT-2 scale_attn_by_inverse_layer_idx)
     quantization: QuantizationSpec | None = None  # weight-only quantized checkpoint (AWQ, GPTQ)
@@ -143,6 +187,7 @@ class ModelSpec:
                 raise SpecError(f"{self.name}: {f} must be one of {', '.join(allowed)}, "
                                 f"got {getattr(self, f)!r}")
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype, f"{self.name}: dtype"))
+        _check_layer_structure(self)
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -174,35 +219,118 @@ class ModelSpec:
         return self.hidden_size * (2 if self.norm_kind == "layernorm" else 1)
 
     @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention: the cache holds one compressed latent per token and layer."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def mla_q_head_dim(self) -> int:
+        """MLA: query/key width per head, qk_nope_head_dim + qk_rope_head_dim."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim  # type: ignore[operator]
+
+    @property
+    def kv_width_per_token_per_layer(self) -> int:
+        """Elements one token leaves in one layer's cache: 2 * kv_heads * head_dim (K and V), or for
+        MLA the latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim  # type: ignore[operator]
+        return 2 * self.num_kv_heads * self.head_dim
+
+    @property
     def attn_params_per_layer(self) -> int:
+        """Attention parameters of one layer (the same in every layer: sliding, chunked and NoPE
+        layers share the shapes). MLA: q_a_proj + q_a_layernorm + q_b_proj (or q_proj),
+        kv_a_proj_with_mqa + kv_a_layernorm, kv_b_proj, o_proj, as transformers' DeepseekV3Attention."""
         h = self.hidden_size
+        if self.is_mla:
+            n, qd = self.num_heads, self.mla_q_head_dim
+            r, dr = self.kv_lora_rank, self.qk_rope_head_dim
+            if self.q_lora_rank:
+                qr = self.q_lora_rank
+                q = h * qr + qr * n * qd + self._norm_weights(qr) + (qr if self.qkv_bias else 0)
+            else:
+                q = h * n * qd
+            kv = h * (r + dr) + self._norm_weights(r) + r * n * (self.qk_nope_head_dim + self.v_head_dim)
+            if self.qkv_bias:
+                kv += r + dr
+            o = n * self.v_head_dim * h + (h if self.out_bias else 0)
+            return q + kv + o + (n if self.attn_sinks else 0)
         n = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
         if self.qkv_bias:
             n += self.q_size + 2 * self.kv_size
         if self.out_bias:
             n += h
+        if self.qk_norm == "rmsnorm":
+            n += 2 * self._norm_weights(self.head_dim)
+        if self.attn_sinks:
+            n += self.num_heads
         return n
+
+    def _norm_weights(self, width: int) -> int:
+        return width * (2 if self.norm_kind == "layernorm" else 1)
+
+    def ffn_params(self, width: int) -> int:
+        """Parameters of one FFN (an expert, a shared expert or a dense FFN) of `width` hidden units."""
+        h = self.hidden_size
+        n = self.ffn_matrices * h * width
+        if self.mlp_bias:
+            n += (self.ffn_matrices - 1) * width + h
+        return n
+
+    @property
+    def expert_ffn_size(self) -> int:
+        """Width of one routed expert (moe_ffn_size, else ffn_size)."""
+        return self.moe_ffn_size or self.ffn_size
+
+    @property
+    def shared_expert_ffn_size(self) -> int:
+        """Width of one shared expert (shared_ffn_size, else the routed expert's)."""
+        return self.shared_ffn_size or self.expert_ffn_size
 
     @property
     def expert_params(self) -> int:
-        """Parameters of one FFN (one expert, or the dense FFN)."""
-        h, f = self.hidden_size, self.ffn_size
-        n = self.ffn_matrices * h * f
-        if self.mlp_bias:
-            n += (self.ffn_matrices - 1) * f + h
-        return n
+        """Parameters of one routed expert (of the dense FFN for a dense model)."""
+        return self.ffn_params(self.expert_ffn_size)
+
+    @property
+    def dense_ffn_params(self) -> int:
+        """Parameters of the FFN of a dense layer (ffn_size wide)."""
+        return self.ffn_params(self.ffn_size)
 
     @property
     def router_params_per_layer(self) -> int:
-        return self.hidden_size * self.num_experts if self.is_moe else 0
+        """The router of one MoE layer: hidden x experts, + a bias, + the score-correction bias."""
+        if not self.is_moe:
+            return 0
+        e = self.num_experts
+        return self.hidden_size * e + (e if self.router_bias else 0) + (e if self.router_score_bias else 0)
+
+    @property
+    def moe_ffn_params(self) -> int:
+        """The FFN of one MoE layer: routed and shared experts, the router, the shared-expert gate."""
+        return (self.num_experts * self.expert_params
+                + self.shared_experts * self.ffn_params(self.shared_expert_ffn_size)
+                + self.router_params_per_layer + (self.hidden_size if self.shared_expert_gate else 0))
 
     @property
     def ffn_params_per_layer(self) -> int:
-        return (self.num_experts + self.shared_experts) * self.expert_params + self.router_params_per_layer
+        """FFN parameters of an MoE layer (of every layer for a dense model); see `layer_params`."""
+        return self.moe_ffn_params if self.is_moe else self.dense_ffn_params
+
+    @property
+    def norms_per_layer(self) -> int:
+        """Hidden-size norms per layer: before attention and MLP (+ after each: Gemma's sandwich)."""
+        return 4 if self.sandwich_norms else 2
+
+    def layer_params(self, kind: LayerKind) -> int:
+        """Parameters of one layer of `kind` (attention, its FFN, its norms)."""
+        ffn = self.moe_ffn_params if kind.moe else self.dense_ffn_params
+        return self.attn_params_per_layer + ffn + self.norms_per_layer * self.norm_params
 
     @property
     def params_per_layer(self) -> int:
-        return self.attn_params_per_layer + self.ffn_params_per_layer + 2 * self.norm_params
+        """Parameters of one layer; for a model whose layers differ, of its first MoE layer."""
+        return self.layer_params(LayerKind(attention="full", window=None, rope=True, moe=self.is_moe))
 
     @property
     def embedding_params(self) -> int:
@@ -217,15 +345,40 @@ class ModelSpec:
 
     @property
     def param_count(self) -> int:
-        """Total parameters, exactly as the Hugging Face model counts them."""
-        return (self.embedding_params + self.num_layers * self.params_per_layer
-                + self.norm_params + self.lm_head_params)
+        """Total parameters, exactly as the Hugging Face model counts them: the input embedding and
+        an untied lm_head included, multi-token-prediction layers (`mtp_layers`) excluded, as
+        transformers builds them."""
+        layers = sum(count * self.layer_params(kind) for kind, count in self.layer_groups())
+        return self.embedding_params + layers + self.norm_params + self.lm_head_params
 
     @property
     def active_param_count(self) -> int:
-        """Parameters one token touches (MoE: only its experts_per_token routed experts)."""
+        """Parameters one token touches: every dense part, its experts_per_token routed experts and
+        the shared experts (the input embedding included, as `param_count`)."""
         unused = (self.num_experts - self.experts_per_token) * self.expert_params
-        return self.param_count - self.num_layers * unused
+        return self.param_count - self.num_moe_layers * unused
+
+    # ---- layers ------------------------------------------------------------------------------------
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """Every layer's kind, in order: its attention (full, sliding or chunked with the tokens it
+        sees), whether it rotates positions, whether its FFN is a mixture of experts."""
+        return _layer_kinds(self)
+
+    def layer_groups(self) -> tuple[tuple[LayerKind, int], ...]:
+        """(kind, number of layers) for each distinct kind, in order of first appearance."""
+        counts: dict[LayerKind, int] = {}
+        for kind in self.layer_kinds():
+            counts[kind] = counts.get(kind, 0) + 1
+        return tuple(counts.items())
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(count for kind, count in self.layer_groups() if kind.moe)
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Every layer alike (the models of 2023-24); the engine builds only these."""
+        return len(self.layer_groups()) == 1
 
     # ---- bytes -----------------------------------------------------------------------------------
     def kv_cache(self, kv: str | float | Any = "fp16") -> KVCacheSpec:
@@ -290,3 +443,97 @@ def _positive_int(spec: ModelSpec, name: str) -> None:
     if value > 2**53:  # float64 holds every count up to 2**53 exactly, and no model is near it
         raise SpecError(f"{spec.name}: {name} must be at most 2**53, got {value!r}")
 
+
+
+def _layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
+    types = spec.layer_types or (("sliding" if spec.sliding_window is not None else "full"),) * spec.num_layers
+    dense, nope = set(spec.dense_layers), set(spec.nope_layers)
+    rope = spec.pos_encoding == "rope"
+    windows = {"full": None, "sliding": spec.sliding_window, "chunked": spec.attention_chunk_size}
+    return tuple(LayerKind(attention=t, window=windows[t], rope=rope and i not in nope,
+                           moe=spec.is_moe and i not in dense) for i, t in enumerate(types))
+
+
+def _optional_positive_int(spec: ModelSpec, name: str) -> None:
+    if getattr(spec, name) is not None:
+        _positive_int(spec, name)
+
+
+def _layer_indices(spec: ModelSpec, name: str) -> None:
+    value = getattr(spec, name)
+    if isinstance(value, list):
+        value = tuple(value)
+        object.__setattr__(spec, name, value)
+    if not isinstance(value, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise SpecError(f"{spec.name}: {name} must be a list of layer indices, got {value!r}")
+    bad = [i for i in value if not 0 <= i < spec.num_layers]
+    if bad:
+        raise SpecError(f"{spec.name}: {name} holds layer {bad[0]}, outside 0..{spec.num_layers - 1}")
+    if len(set(value)) != len(value):
+        raise SpecError(f"{spec.name}: {name} lists a layer twice: {value!r}")
+
+
+def _check_layer_structure(spec: ModelSpec) -> None:
+    """The per-layer fields agree with each other and with the model's shape (one line naming the
+    field otherwise)."""
+    name = spec.name
+    lt = spec.layer_types
+    if isinstance(lt, list):
+        lt = tuple(lt)
+        object.__setattr__(spec, "layer_types", lt)
+    if lt is not None:
+        if not isinstance(lt, tuple) or not all(isinstance(t, str) for t in lt):
+            raise SpecError(f"{name}: layer_types must be a list of {', '.join(ATTENTION_KINDS)}, got {lt!r}")
+        if len(lt) != spec.num_layers:
+            raise SpecError(f"{name}: layer_types has {len(lt)} entries, num_layers={spec.num_layers}")
+        unknown = [t for t in lt if t not in ATTENTION_KINDS]
+        if unknown:
+            raise SpecError(f"{name}: layer_types holds {unknown[0]!r} (choose from {', '.join(ATTENTION_KINDS)})")
+        if "sliding" in lt and spec.sliding_window is None:
+            raise SpecError(f"{name}: layer_types has sliding layers but sliding_window is not set")
+        if "chunked" in lt and spec.attention_chunk_size is None:
+            raise SpecError(f"{name}: layer_types has chunked layers but attention_chunk_size is not set")
+    for f in ("attention_chunk_size", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim", "moe_ffn_size", "shared_ffn_size"):
+        _optional_positive_int(spec, f)
+    _layer_indices(spec, "nope_layers")
+    _layer_indices(spec, "dense_layers")
+    if spec.dense_layers and not spec.is_moe:
+        raise SpecError(f"{name}: dense_layers={list(spec.dense_layers)} needs num_experts > 1")
+    if spec.is_moe and len(spec.dense_layers) == spec.num_layers:
+        raise SpecError(f"{name}: dense_layers lists every layer, so no layer is a mixture of experts")
+    for f in ("moe_ffn_size", "shared_expert_gate", "router_bias", "router_score_bias"):
+        if getattr(spec, f) and not spec.is_moe:
+            raise SpecError(f"{name}: {f}={getattr(spec, f)!r} needs num_experts > 1")
+    if spec.shared_ffn_size is not None and not spec.shared_experts:
+        raise SpecError(f"{name}: shared_ffn_size={spec.shared_ffn_size} needs shared_experts >= 1")
+    if spec.shared_expert_gate and not spec.shared_experts:
+        raise SpecError(f"{name}: shared_expert_gate needs shared_experts >= 1")
+    mla = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    if spec.kv_lora_rank is not None:
+        missing = [f for f in mla if getattr(spec, f) is None]
+        if missing:
+            raise SpecError(f"{name}: multi-head latent attention (kv_lora_rank={spec.kv_lora_rank}) needs "
+                            f"{missing[0]}")
+        if spec.qk_norm is not None or spec.attn_sinks:
+            raise SpecError(f"{name}: {'qk_norm' if spec.qk_norm else 'attn_sinks'} is not defined for "
+                            "multi-head latent attention")
+        if spec.pos_encoding != "rope":
+            raise SpecError(f"{name}: multi-head latent attention needs pos_encoding=rope")
+    else:
+        given = [f for f in (*mla, "q_lora_rank") if getattr(spec, f) is not None]
+        if given:
+            raise SpecError(f"{name}: {given[0]}={getattr(spec, given[0])} needs kv_lora_rank "
+                            "(multi-head latent attention)")
+    if spec.qk_norm is not None and spec.qk_norm not in QK_NORMS:
+        raise SpecError(f"{name}: qk_norm must be one of {', '.join(QK_NORMS)} or null, got {spec.qk_norm!r}")
+    for f in ("sandwich_norms", "embedding_scale", "attn_sinks", "shared_expert_gate", "router_bias",
+              "router_score_bias"):
+        if not isinstance(getattr(spec, f), bool):
+            raise SpecError(f"{name}: {f} must be true or false, got {getattr(spec, f)!r}")
+    for f in ("attn_softcap", "final_softcap"):
+        if getattr(spec, f) is not None:
+            _positive_number(name, f, getattr(spec, f))
+    m = spec.mtp_layers
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        raise SpecError(f"{name}: mtp_layers must be an integer >= 0, got {m!r}")
