@@ -1,14 +1,38 @@
 """`KVCacheSpec`: the one place the KV-cache size formula lives.
 
-Every layer stores a key and a value vector per KV head for every token it attends to:
-`bytes per token = 2 (K and V) * layers * kv_heads * head_dim * bytes(kv dtype)` (Llama-2-7B at fp16:
-2 * 32 * 32 * 128 * 2 = 524,288 B = 512 KiB). With sliding-window attention (Mistral, Qwen2 with
-`use_sliding_window`) a layer only ever attends to the last `sliding_window` tokens, so a cache that
-evicts older tokens (a rolling buffer, as Mistral's reference code and vLLM do) holds at most
-`sliding_window` tokens per sequence. A paged cache allocates `block_size` tokens at a time.
-Tensor parallelism splits KV heads across GPUs, but never below one head per GPU (vLLM replicates KV
-heads when `tp` exceeds them); pipeline parallelism splits layers, and the largest stage holds
-`ceil(layers / pp)` of them.
+Every attention layer stores, for every token it can still attend to, a key and a value vector per KV
+head: `2 * kv_heads * head_dim` elements per token and layer (Llama-2-7B at fp16: 2 * 32 layers *
+32 * 128 * 2 B = 524,288 B = 512 KiB a token). Multi-head latent attention (MLA: DeepSeek-V2/V3,
+Kimi-K2; DeepSeek-AI, arXiv:2405.04434) stores instead one compressed latent shared by every head,
+`kv_lora_rank + qk_rope_head_dim` elements (DeepSeek-V3: 512 + 64 = 576, 61 * 576 * 2 B = 70,272 B a
+token at bf16); the spec calls it one "latent head" (`latent=True`, `num_kv_heads=1`,
+`head_dim=576`) that tensor parallelism cannot split: every TP rank holds the whole latent
+(aiconfigurator `get_kvcache_elements_per_token`; vLLM's MLA backends).
+
+Which tokens a layer holds depends on its attention kind (`layer_types`, one entry per layer):
+- `full`: the whole context.
+- `sliding` (window W: Mistral, Gemma 2/3, gpt-oss): the last W tokens, `min(context, W)`; the
+  engine frees the blocks behind the window (vLLM's `SlidingWindowManager`, Mistral's rolling buffer).
+- `chunked` (chunk C: Llama 4's local layers, block-diagonal attention): a query sees only its own
+  chunk, so at a context of c tokens the layer needs `((c - 1) % C) + 1` tokens (vLLM's
+  `ChunkedLocalAttentionManager` frees the chunks before the current one: `tokens_in_use`). A
+  sequence reaches C tokens at the end of every chunk it completes, so what an engine must be able
+  to hold for it, the allocation bound used for sizes and max batch, is `min(c, C)` (`tokens_held`).
+
+The window switch (`window`): `"capped"` (default) gives sliding and chunked layers only what their
+window needs, as vLLM's hybrid KV-cache manager does; `"full"` gives every layer the whole context,
+as engines without that manager do (vLLM with it disabled, TensorRT-LLM's unified pages) and as
+hf-mem reports since its PR #70 (page sizes are unified across layer groups). gpt-oss-20b (12
+sliding-128 + 12 full layers, 8 KV heads x 64, bf16) at 8k tokens x 32 sequences: capped
+`12 * (8192 + 128) * 2048 B * 32` = 6.09 GiB, full `24 * 8192 * 2048 B * 32` = 12.00 GiB, hf-mem's
+two figures exactly.
+
+A paged cache allocates `block_size` tokens at a time, and each group of layers of one kind pages
+separately (vLLM's hybrid allocator keeps one block table per KV-cache group), so one sequence
+occupies `sum over groups of layers * bytes per token and layer * ceil(held / block_size) *
+block_size` (`paged_bytes_for_context`). Tensor parallelism splits KV heads across GPUs, but never
+below one head per GPU (vLLM replicates KV heads when `tp` exceeds them); pipeline parallelism splits
+layers as vLLM partitions them (`pipeline_stages`).
 
 Contexts may be Python numbers or numpy arrays (a sweep evaluates many at once).
 """
@@ -27,16 +51,95 @@ from llmperf.specs.precision import dtype_bytes
 if TYPE_CHECKING:
     from llmperf.specs.model import ModelSpec
 
+KV_ATTENTION_KINDS = ("full", "sliding", "chunked")
+#: how sliding and chunked layers are allocated: their window only (vLLM's hybrid manager) or the
+#: whole context like a full layer (no hybrid manager, hf-mem >= PR #70)
+KV_WINDOW_MODES = ("capped", "full")
+
+
+def pipeline_stages(num_layers: int, pp: int) -> tuple[range, ...]:
+    """The layers of each pipeline stage, as vLLM partitions them (`get_pp_indices`): `L // pp` each,
+    the remainder one more each on the stages before the last (the last one holds the lm_head)."""
+    _check_positive_int("pp", pp)
+    if pp > num_layers:
+        raise SpecError(f"pp: {pp} exceeds num_layers={num_layers}")
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    starts = np.cumsum([0, *parts]).tolist()
+    return tuple(range(a, b) for a, b in zip(starts[:-1], starts[1:]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVGroup:
+    """The layers of one attention kind in a cache: what one of them stores per token
+    (`bytes_per_token_per_layer`) and how many tokens it keeps. `capped=False`: the engine gives
+    these layers the whole context even though they attend to a window (see the module docstring)."""
+
+    attention: str  # full | sliding | chunked
+    window: int | None  # sliding: the window W; chunked: the chunk C; full: None
+    num_layers: int
+    bytes_per_token_per_layer: float
+    capped: bool = True
+
+    @property
+    def label(self) -> str:
+        """`full`, `sliding-4096`, `chunked-8192` (+ ` (full pages)` when not capped)."""
+        text = self.attention if self.window is None else f"{self.attention}-{self.window}"
+        return text if self.capped or self.window is None else f"{text} (full pages)"
+
+    @property
+    def cap(self) -> int | None:
+        """Most tokens a layer of this group keeps (None: the whole context)."""
+        return self.window if self.capped else None
+
+    @property
+    def bytes_per_token(self) -> float:
+        """One token in every layer of the group."""
+        return self.num_layers * self.bytes_per_token_per_layer
+
+    def tokens_held(self, context: Any) -> Any:
+        """Tokens one layer keeps for a sequence of `context` tokens, as allocated: all of them, or
+        at most the window (the chunk, for chunked layers: the size of the last complete chunk)."""
+        cap = self.cap
+        if cap is None:
+            return context
+        if isinstance(context, (int, float, np.integer, np.floating)):
+            return min(context, cap)
+        return np.minimum(context, cap)
+
+    def tokens_in_use(self, context: Any) -> Any:
+        """Tokens one layer needs at this moment: as `tokens_held`, except that a (capped) chunked
+        layer needs only the current chunk, `((context - 1) % C) + 1`."""
+        if self.attention != "chunked" or self.cap is None:
+            return self.tokens_held(context)
+        c = self.cap
+        out = np.where(np.asarray(context) > 0, (np.asarray(context) - 1) % c + 1, 0)
+        return out if out.ndim else out.item()
+
+    def bytes_for_context(self, context: Any) -> Any:
+        return self.tokens_held(context) * self.bytes_per_token
+
 
 @dataclass(frozen=True, kw_only=True)
 class KVCacheSpec:
-    """The KV cache of one model at one element size. Sizes are per sequence, over every layer held."""
+    """The KV cache of one model at one element size. Sizes are per sequence, over every layer held.
+
+    `layer_types` gives each layer's attention kind (None: every layer `sliding` when
+    `sliding_window` is set, else `full`, the models of 2023-24); `sliding_window` is the window of
+    the sliding layers and `attention_chunk_size` the chunk of the chunked ones. `latent=True`: MLA,
+    one latent of `head_dim` elements per token and layer on `num_kv_heads=1` (no separate K and V).
+    `window` chooses how sliding and chunked layers are allocated (`KV_WINDOW_MODES`)."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     element_bytes: float  # bytes of one K or V element (fp16: 2, int4: 0.5)
-    sliding_window: int | None = None  # None: full attention, every token of the context is held
+    sliding_window: int | None = None  # window of the sliding layers (every layer when layer_types is None)
+    layer_types: tuple[str, ...] | None = None  # per layer: full | sliding | chunked
+    attention_chunk_size: int | None = None  # chunk of the chunked layers
+    latent: bool = False  # MLA: one shared latent per token and layer, not split by tensor parallelism
+    window: str = "capped"  # capped | full
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_kv_heads", "head_dim"):
@@ -46,32 +149,111 @@ class KVCacheSpec:
         eb = self.element_bytes
         if isinstance(eb, bool) or not isinstance(eb, (int, float)) or not math.isfinite(eb) or eb <= 0:
             raise SpecError(f"kv cache: element_bytes must be a finite positive number, got {eb!r}")
-        sw = self.sliding_window
-        if sw is not None and (isinstance(sw, bool) or not isinstance(sw, int) or sw <= 0):
-            raise SpecError(f"kv cache: sliding_window must be a positive integer or None, got {sw!r}")
+        for f in ("sliding_window", "attention_chunk_size"):
+            value = getattr(self, f)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise SpecError(f"kv cache: {f} must be a positive integer or None, got {value!r}")
+        lt = self.layer_types
+        if isinstance(lt, list):
+            lt = tuple(lt)
+            object.__setattr__(self, "layer_types", lt)
+        if lt is not None:
+            if not isinstance(lt, tuple) or len(lt) != self.num_layers:
+                raise SpecError(f"kv cache: layer_types must list num_layers={self.num_layers} kinds, got {lt!r}")
+            bad = [t for t in lt if t not in KV_ATTENTION_KINDS]
+            if bad:
+                raise SpecError(f"kv cache: layer_types holds {bad[0]!r} (choose from "
+                                f"{', '.join(KV_ATTENTION_KINDS)})")
+            for kind, f in (("sliding", "sliding_window"), ("chunked", "attention_chunk_size")):
+                if kind in lt and getattr(self, f) is None:
+                    raise SpecError(f"kv cache: layer_types has {kind} layers but {f} is not set")
+        if not isinstance(self.latent, bool):
+            raise SpecError(f"kv cache: latent must be true or false, got {self.latent!r}")
+        if self.latent and self.num_kv_heads != 1:
+            raise SpecError(f"kv cache: a latent cache (MLA) has one latent head, got num_kv_heads={self.num_kv_heads}")
+        if self.window not in KV_WINDOW_MODES:
+            raise SpecError(f"kv cache: window must be one of {', '.join(KV_WINDOW_MODES)}, got {self.window!r}")
 
     @classmethod
-    def from_model(cls, model: ModelSpec, kv: str | float | Any = "fp16") -> KVCacheSpec:
+    def from_model(cls, model: ModelSpec, kv: str | float | Any = "fp16", *, window: str = "capped") -> KVCacheSpec:
         """The cache of `model` with elements of `kv`: a dtype name (`"fp8"`), a size in bytes
-        (`0.5`), or a `Precision` (its `kv_bytes`)."""
+        (`0.5`), or a `Precision` (its `kv_bytes`); `window`: `"capped"` or `"full"` pages for
+        sliding and chunked layers."""
         if isinstance(kv, str):
             element = dtype_bytes(kv)
         elif hasattr(kv, "kv_bytes"):
             element = kv.kv_bytes
         else:
             element = kv
-        return cls(num_layers=model.num_layers, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
-                   element_bytes=element, sliding_window=model.sliding_window)
+        if getattr(model, "kv_lora_rank", None) is not None:  # MLA: the latent and the shared rotary key
+            heads, dim, latent = 1, model.kv_lora_rank + model.qk_rope_head_dim, True
+        else:
+            heads, dim, latent = model.num_kv_heads, model.head_dim, False
+        return cls(num_layers=model.num_layers, num_kv_heads=heads, head_dim=dim, element_bytes=element,
+                   sliding_window=model.sliding_window, layer_types=getattr(model, "layer_types", None),
+                   attention_chunk_size=getattr(model, "attention_chunk_size", None), latent=latent,
+                   window=window)
+
+    def with_window(self, window: str) -> KVCacheSpec:
+        """The same cache with sliding and chunked layers allocated `"capped"` or `"full"`."""
+        return replace(self, window=window)
+
+    # ---- layers ----------------------------------------------------------------------------------
+    def kinds(self) -> tuple[str, ...]:
+        """Every layer's attention kind, in order."""
+        if self.layer_types is not None:
+            return self.layer_types
+        return ("sliding" if self.sliding_window is not None else "full",) * self.num_layers
+
+    @property
+    def groups(self) -> tuple[KVGroup, ...]:
+        """The layers of each attention kind (in order of first appearance), each with its bytes
+        per token and layer and its window."""
+        windows = {"full": None, "sliding": self.sliding_window, "chunked": self.attention_chunk_size}
+        counts: dict[str, int] = {}
+        for kind in self.kinds():
+            counts[kind] = counts.get(kind, 0) + 1
+        capped = self.window == "capped"
+        return tuple(KVGroup(attention=kind, window=windows[kind], num_layers=n,
+                             bytes_per_token_per_layer=self.bytes_per_token_per_layer, capped=capped)
+                     for kind, n in counts.items())
+
+    @property
+    def uniform(self) -> bool:
+        """Every layer keeps the same tokens (one group)."""
+        return len(self.groups) == 1
+
+    def layers(self, start: int, stop: int) -> KVCacheSpec:
+        """The cache of layers `start .. stop - 1` only (one pipeline stage)."""
+        if not 0 <= start < stop <= self.num_layers:
+            raise SpecError(f"kv cache: layers {start}..{stop - 1} are not within 0..{self.num_layers - 1}")
+        lt = None if self.layer_types is None else self.layer_types[start:stop]
+        return replace(self, num_layers=stop - start, layer_types=lt)
+
+    def stage(self, index: int, pp: int) -> KVCacheSpec:
+        """The cache of pipeline stage `index` of `pp` (vLLM's partition, `pipeline_stages`)."""
+        stages = pipeline_stages(self.num_layers, pp)
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < pp:
+            raise SpecError(f"stage: must be an integer in 0..{pp - 1}, got {index!r}")
+        r = stages[index]
+        return self.layers(r.start, r.stop)
 
     # ---- per token -------------------------------------------------------------------------------
     @property
+    def elements_per_token_per_layer(self) -> int:
+        """K and V of one token in one layer (2 * kv_heads * head_dim), or the MLA latent (head_dim)."""
+        return self.num_kv_heads * self.head_dim * (1 if self.latent else 2)
+
+    @property
     def bytes_per_token_per_layer(self) -> float:
-        """K and V of one token in one layer: 2 * kv_heads * head_dim * element_bytes."""
-        return 2 * self.num_kv_heads * self.head_dim * self.element_bytes
+        """K and V of one token in one layer: 2 * kv_heads * head_dim * element_bytes (MLA: the
+        latent, head_dim * element_bytes). The same in every layer of one spec."""
+        return self.elements_per_token_per_layer * self.element_bytes
 
     @property
     def bytes_per_token(self) -> float:
-        """K and V of one token in every layer held."""
+        """One token in every layer held: what a token costs while the context is shorter than every
+        window (no cap reached), and the slope of `bytes_for_context` of a model without windows."""
         return self.num_layers * self.bytes_per_token_per_layer
 
     def bytes_per_block(self, block_size: int) -> float:
@@ -81,27 +263,55 @@ class KVCacheSpec:
 
     # ---- per sequence ----------------------------------------------------------------------------
     def tokens_held(self, context: Any) -> Any:
-        """Tokens a sequence of `context` tokens keeps in the cache: all of them, or at most
-        `sliding_window`. Arrays give arrays."""
+        """Tokens a sequence of `context` tokens keeps in the cache, per layer: all of them, or at
+        most `sliding_window` when every layer slides. With layers of several kinds, the average over
+        layers (`bytes_for_context / bytes_per_token`). Arrays give arrays."""
         _check_context(context)
-        if self.sliding_window is None:
-            return context
-        if isinstance(context, (int, float, np.integer, np.floating)):
-            return min(context, self.sliding_window)
-        return np.minimum(context, self.sliding_window)
+        groups = self.groups
+        if len(groups) == 1:
+            return groups[0].tokens_held(context)
+        return self.bytes_for_context(context) / self.bytes_per_token
 
     def bytes_for_context(self, context: Any) -> Any:
-        """Bytes the cache of one sequence with `context` tokens occupies (unpaged)."""
-        return self.tokens_held(context) * self.bytes_per_token
+        """Bytes the cache of one sequence with `context` tokens occupies (unpaged): the sum over
+        groups of layers * bytes per token and layer * tokens held."""
+        _check_context(context)
+        groups = self.groups
+        if len(groups) == 1:
+            return groups[0].tokens_held(context) * self.bytes_per_token
+        return sum(g.tokens_held(context) * g.bytes_per_token for g in groups)
+
+    def paged_bytes_for_context(self, context: Any, block_size: int) -> Any:
+        """Bytes one sequence of `context` tokens occupies in a paged cache: each group allocates
+        whole blocks of `block_size` tokens (vLLM's hybrid allocator pages every group separately)."""
+        _check_context(context)
+        _check_positive_int("block_size", block_size)
+        return sum(np.ceil(np.asarray(g.tokens_held(context), dtype=float) / block_size) * block_size
+                   * g.bytes_per_token for g in self.groups)
+
+    def by_layer_kind(self, context: Any) -> list[tuple[str, int, Any]]:
+        """(label, layers, bytes) of one sequence of `context` tokens for each group of layers."""
+        _check_context(context)
+        return [(g.label, g.num_layers, g.bytes_for_context(context)) for g in self.groups]
 
     # ---- parallelism -----------------------------------------------------------------------------
     def sharded(self, *, tp: int = 1, pp: int = 1) -> KVCacheSpec:
         """The part one GPU holds: `max(1, kv_heads // tp)` KV heads (replicated once `tp` exceeds
-        them, as vLLM does) of `ceil(layers / pp)` layers (the largest pipeline stage)."""
+        them, as vLLM does; an MLA latent is one head, so every rank holds it whole) of the largest
+        pipeline stage: `ceil(layers / pp)` layers when every layer is alike; with layers of several
+        kinds, the stage (`pipeline_stages`) with the most layers holding the whole context, then the
+        most layers (for one given stage, `stage(index, pp)`)."""
         _check_positive_int("tp", tp)
         _check_positive_int("pp", pp)
-        return replace(self, num_kv_heads=max(1, self.num_kv_heads // tp),
-                       num_layers=-(-self.num_layers // pp))
+        heads = replace(self, num_kv_heads=max(1, self.num_kv_heads // tp))
+        if self.layer_types is None:
+            return replace(heads, num_layers=-(-self.num_layers // pp))
+        stages = [heads.stage(i, pp) for i in range(pp)]
+
+        def size(s: KVCacheSpec) -> tuple[int, int]:
+            return sum(g.num_layers for g in s.groups if g.cap is None), s.num_layers
+
+        return max(stages, key=size)  # max keeps the first of equals
 
 
 def _check_positive_int(name: str, value: Any) -> None:
