@@ -29,6 +29,8 @@ from llmperf.analysis.roofline import TimeModel, op_time, resolve_time_model, st
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
+from llmperf.specs.kvcache import KV_WINDOW_MODES, KVCacheSpec, KVGroup, pipeline_stages
+from llmperf.specs.model import LayerKind
 
 #: vLLM V1's default `max_num_batched_tokens` for its OpenAI server on an 80 GB-class GPU
 #: (vllm/engine/arg_utils.py, `_set_default_args_v1`: 8192; 2048 on smaller GPUs, 16384 offline)
@@ -57,8 +59,11 @@ class Conventions:
     block_size: int = 16  # paged KV block, tokens
     mem_util: float = 0.9  # fraction of device memory the server uses (vLLM gpu_memory_utilization)
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS  # per-step token budget (activation reservation)
+    kv_window: str = "capped"  # sliding/chunked layers hold their window (vLLM's hybrid manager) | full pages
 
     def __post_init__(self) -> None:
+        if self.kv_window not in KV_WINDOW_MODES:
+            raise SpecError(f"kv_window: must be one of {', '.join(KV_WINDOW_MODES)}, got {self.kv_window!r}")
         if self.attention not in ATTENTION_IMPLS:
             raise SpecError(f"attention: must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
         if self.attention_flops not in FLOP_CONVENTIONS:
@@ -218,86 +223,252 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
 
 
 # ---- memory --------------------------------------------------------------------------------------
-def stage_layers(model: ModelSpec, pp: int) -> list[int]:
-    """Layers of each pipeline stage, as vLLM partitions them (`get_pp_indices`): `L // pp` each, the
-    remainder one more each on the stages before the last (the last one holds the lm_head)."""
+# Layout of one pipeline stage's `tp` GPUs (see llmperf.analysis.memory for the whole story):
+# - attention: heads split `tp` ways (KV heads never below one; MLA's q_a/kv_a down-projections and
+#   their norms replicated, q_b/kv_b/o split by heads, as vLLM's DeepseekV2MLAAttention), or with
+#   `dp_attention` replicated whole on every GPU, each GPU serving its own sequences;
+# - dense FFNs and shared experts: split `tp` ways;
+# - routed experts: `num_experts / ep` whole experts a GPU group of `tp / ep`, each split `tp / ep` ways;
+# - router, norms and biases: replicated, at the activation precision.
+def _module_matrix_bytes(precision: Precision, d_in: int, d_out: int, module: str) -> float:
+    """`Precision.matrix_bytes` for one module kind (attention, dense_mlp, expert, shared_expert), for
+    precisions that tell modules apart; else the one weight format."""
+    import inspect
+    if "module" in inspect.signature(precision.matrix_bytes).parameters:
+        return precision.matrix_bytes(d_in, d_out, module=module)
+    return precision.matrix_bytes(d_in, d_out)
+
+
+def check_parallelism(model: ModelSpec, tp: int, ep: int = 1, dp_attention: bool = False) -> None:
+    """The layout is possible: `tp` splits what it splits (heads unless `dp_attention`, FFN widths),
+    and `ep` divides both the routed experts and `tp` (an expert group is `tp / ep` GPUs)."""
+    from llmperf.analysis.operators import ShardDims
+    if not isinstance(dp_attention, bool):
+        raise SpecError(f"dp_attention: must be true or false, got {dp_attention!r}")
+    if isinstance(ep, bool) or not isinstance(ep, (int, np.integer)) or ep < 1:
+        raise SpecError(f"ep: must be a positive integer, got {ep!r}")
+    if dp_attention:
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise SpecError(f"tp: must be a positive integer, got {tp!r}")
+        if model.ffn_size % tp:
+            raise SpecError(f"tp: {tp} does not divide {model.name}'s ffn_size={model.ffn_size}")
+    else:
+        ShardDims.of(model, tp)
+    if ep > 1:
+        if not model.is_moe:
+            raise SpecError(f"ep: {ep} needs a mixture of experts, but {model.name} is dense")
+        if model.num_experts % ep:
+            raise SpecError(f"ep: {ep} does not divide {model.name}'s num_experts={model.num_experts}")
+        if tp % ep:
+            raise SpecError(f"ep: {ep} does not divide tp={tp} (an expert group is tp / ep GPUs)")
+    if model.is_moe:
+        inner = tp // ep
+        if model.expert_ffn_size % inner:
+            raise SpecError(f"tp: {tp} / ep {ep} does not divide {model.name}'s expert width "
+                            f"{model.expert_ffn_size}")
+        if model.shared_experts and model.shared_expert_ffn_size % tp:
+            raise SpecError(f"tp: {tp} does not divide {model.name}'s shared expert width "
+                            f"{model.shared_expert_ffn_size}")
+
+
+def stage_layer_ranges(model: ModelSpec, pp: int) -> list[range]:
+    """The layers (indices) of each pipeline stage, as vLLM partitions them (`stage_layers`)."""
     if isinstance(pp, bool) or not isinstance(pp, (int, np.integer)) or pp < 1:
         raise SpecError(f"pp: must be a positive integer, got {pp!r}")
     if pp > model.num_layers:
         raise SpecError(f"pp: {pp} exceeds {model.name}'s num_layers={model.num_layers}")
-    parts = [model.num_layers // pp] * pp
-    for i in range(2, model.num_layers % pp + 2):
-        parts[-i] += 1
-    return parts
+    return list(pipeline_stages(model.num_layers, pp))
 
 
-def stage_weight_bytes(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1) -> list[float]:
-    """Weight bytes on one GPU of each pipeline stage. Matrices at the weight precision with their
-    group scales, embedding and lm_head at the embedding precision, norms and biases at the
+def stage_layers(model: ModelSpec, pp: int) -> list[int]:
+    """Layers of each pipeline stage, as vLLM partitions them (`get_pp_indices`): `L // pp` each, the
+    remainder one more each on the stages before the last (the last one holds the lm_head). Stage 0
+    holds the first layers (DeepSeek's dense layers 0..2 all sit there)."""
+    return [len(r) for r in stage_layer_ranges(model, pp)]
+
+
+def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int) -> float:
+    """One layer's attention on one GPU of `tp` splitting its heads (tp = 1: replicated whole):
+    the matrices at the weight precision, the vectors (biases, q/k and latent norms, sinks) at the
+    activation precision, not split."""
+    m, h, ab = model, model.hidden_size, p.act_bytes
+    mat = lambda d_in, d_out: _module_matrix_bytes(p, d_in, d_out, "attention")  # noqa: E731
+    if m.is_mla:
+        n, qd, r, dr = m.num_heads, m.mla_q_head_dim, m.kv_lora_rank, m.qk_rope_head_dim
+        nt = n // tp
+        if m.q_lora_rank:  # q_a (replicated) -> q_a_layernorm -> q_b (split by heads)
+            qr = m.q_lora_rank
+            q, q_params = mat(h, qr) + mat(qr, nt * qd), h * qr + qr * n * qd
+        else:
+            q, q_params = mat(h, nt * qd), h * n * qd
+        kv = mat(h, r + dr) + mat(r, nt * (m.qk_nope_head_dim + m.v_head_dim))  # kv_a replicated, kv_b split
+        o = mat(nt * m.v_head_dim, h)
+        matrices = q_params + h * (r + dr) + r * n * (m.qk_nope_head_dim + m.v_head_dim) + n * m.v_head_dim * h
+        return q + kv + o + (m.attn_params_per_layer - matrices) * ab
+    hd = m.head_dim
+    nh, nkv = m.num_heads // tp, max(1, m.num_kv_heads // tp)
+    attn = mat(h, nh * hd) + 2 * mat(h, nkv * hd) + mat(nh * hd, h)
+    vectors = m.attn_params_per_layer - (h * m.q_size + 2 * h * m.kv_size + m.q_size * h)
+    return attn + vectors * ab
+
+
+def _ffn_weight_bytes(model: ModelSpec, p: Precision, width: int, split: int, copies: float,
+                      module: str) -> float:
+    """`copies` FFNs of `width` hidden units, each split `split` ways: matrices at the weight
+    precision, biases (not split) at the activation precision."""
+    m, h = model, model.hidden_size
+    if not copies:
+        return 0.0
+    w = width // split
+    one = (m.ffn_matrices - 1) * _module_matrix_bytes(p, h, w, module) + _module_matrix_bytes(p, w, h, module)
+    biases = m.ffn_params(width) - m.ffn_matrices * h * width
+    return copies * one + copies * biases * p.act_bytes
+
+
+def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, tp: int = 1, *, ep: int = 1,
+                       dp_attention: bool = False) -> float:
+    """Weight bytes of one layer of `kind` on one GPU (the layout above)."""
+    m, ab = model, precision.act_bytes
+    attn = _attention_weight_bytes(m, precision, 1 if dp_attention else tp)
+    if kind.moe:
+        ffn = (_ffn_weight_bytes(m, precision, m.expert_ffn_size, tp // ep, m.num_experts // ep, "expert")
+               + _ffn_weight_bytes(m, precision, m.shared_expert_ffn_size, tp, m.shared_experts, "shared_expert")
+               + (m.router_params_per_layer + (m.hidden_size if m.shared_expert_gate else 0)) * ab)
+    else:
+        ffn = _ffn_weight_bytes(m, precision, m.ffn_size, tp, 1, "dense_mlp")
+    return attn + ffn + m.norms_per_layer * m.norm_params * ab
+
+
+def stage_weight_bytes(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1, *, ep: int = 1,
+                       dp_attention: bool = False) -> list[float]:
+    """Weight bytes on one GPU of each pipeline stage: the sum over the stage's own layers (dense
+    and MoE layers differ) of `layer_weight_bytes`. Matrices at the weight precision with their
+    group scales, embedding and lm_head at the embedding precision, norms, biases and routers at the
     activation precision; heads, FFN and vocabulary split `tp` ways (KV heads replicated when `tp`
-    exceeds them). The first stage holds the embeddings, the last the final norm and the lm_head
-    (a tied lm_head shares the embedding only when both sit on one GPU, i.e. pp = 1)."""
+    exceeds them), routed experts `ep` ways, attention replicated with `dp_attention`. The first
+    stage holds the embeddings, the last the final norm and the lm_head (a tied lm_head shares the
+    embedding only when both sit on one GPU, i.e. pp = 1). At tp = pp = 1 and one precision the
+    stages sum to `param_count` x bytes."""
     from llmperf.analysis.operators import ShardDims
-    d = ShardDims.of(model, tp)
+    check_parallelism(model, tp, ep, dp_attention)
     m, p, ab = model, precision, precision.act_bytes
-    h, hd = m.hidden_size, m.head_dim
-    attn = (p.matrix_bytes(h, d.num_heads * hd) + 2 * p.matrix_bytes(h, d.num_kv_heads * hd)
-            + p.matrix_bytes(d.num_heads * hd, h))
-    one_expert = (m.ffn_matrices - 1) * p.matrix_bytes(h, d.ffn_size) + p.matrix_bytes(d.ffn_size, h)
-    experts = (m.num_experts + m.shared_experts) * one_expert
-    router = m.router_params_per_layer * ab  # small, kept at activation precision
-    biases = m.attn_params_per_layer - (h * m.q_size + 2 * h * m.kv_size + m.q_size * h)
-    biases += (m.num_experts + m.shared_experts) * (m.expert_params - m.ffn_matrices * h * m.ffn_size)
-    layer = attn + experts + (2 * m.norm_params + biases) * ab + router
-    vocab = p.embedding_matrix_bytes(h, d.vocab_size)
+    h = m.hidden_size
+    vocab_shard = ShardDims.of(m, tp).vocab_size if not dp_attention else -(-m.vocab_size // tp)
+    per_kind = {kind: layer_weight_bytes(m, p, kind, tp, ep=ep, dp_attention=dp_attention)
+                for kind, _ in m.layer_groups()}
+    kinds = m.layer_kinds()
+    vocab = p.embedding_matrix_bytes(h, vocab_shard)
     embed = vocab + (m.embedding_params - m.vocab_size * h) * p.embedding_bytes  # + learned positions
     head = m.norm_params * ab + (vocab if (not m.tied_embeddings or pp > 1) else 0.0)
-    layers = stage_layers(m, pp)
-    out = [n * layer for n in layers]
+    out = []
+    for r in stage_layer_ranges(m, pp):
+        counts: dict[LayerKind, int] = {}
+        for i in r:
+            counts[kinds[i]] = counts.get(kinds[i], 0) + 1
+        out.append(sum(n * per_kind[kind] for kind, n in counts.items()))
     out[0] += embed
     out[-1] += head
     return out
 
 
+def _attention_keys(model: ModelSpec, q_len, kv_len):  # noqa: ANN001, ANN202
+    """Keys a naive attention's score matrix spans, the widest over the model's layers: every key,
+    or `q_len + window - 1` for layers that see only a window (sliding) or a chunk (chunked)."""
+    windows = {kind.window for kind in model.layer_kinds()}
+    if None in windows:
+        return kv_len
+    return np.minimum(kv_len, q_len + max(windows) - 1)
+
+
 def activation_peak_bytes(model: ModelSpec, precision: Precision, batch, q_len, kv_len, *,  # noqa: ANN001, ANN201
-                          tp: int = 1, attention: str = "fused", all_logits: bool = False):
+                          tp: int = 1, attention: str = "fused", all_logits: bool = False, ep: int = 1,
+                          dp_attention: bool = False):
     """Largest transient working set of one forward pass: the residual stream and its normalised
     copy, plus the larger of the attention block's tensors (Q, K, V, output; S and P when naive) and
-    the FFN's (gate, up, activation outputs of the routed rows), plus fp32 logits."""
-    from llmperf.analysis.operators import ShardDims
-    d = ShardDims.of(model, tp)
+    the FFN's (gate, up, activation outputs of the routed rows), taking the largest over the model's
+    layer kinds, plus fp32 logits.
+
+    MLA materialises per-head keys and values in prefill (the unabsorbed form): per token Q
+    `n (dn + dr)`, K `n (dn + dr)`, V and output `n dv`, plus the latent `r + dr` (and `q_lora_rank`).
+    A MoE layer's routed rows are `experts_per_token` per token at `expert_ffn_size` (with `ep`, a
+    GPU holds 1/ep of the experts and receives 1/ep of the rows on average, each `ep` times wider:
+    the same bytes), its shared experts' `shared_experts` rows at their width; a dense layer's one
+    row at `ffn_size`. With `dp_attention` a GPU runs all heads on its own tokens, and its FFN
+    shard sees the tokens of all `tp` GPUs (gathered)."""
+    check_parallelism(model, tp, ep, dp_attention)
     m, a = model, precision.act_bytes
+    att_tp = 1 if dp_attention else tp
     tokens = batch * q_len
     stream = 2 * tokens * m.hidden_size * a
-    attn = tokens * (2 * d.num_heads + 2 * d.num_kv_heads) * m.head_dim * a
+    heads = m.num_heads // att_tp
+    if m.is_mla:
+        per_head = 2 * m.mla_q_head_dim + 2 * m.v_head_dim
+        latent = m.kv_lora_rank + m.qk_rope_head_dim + (m.q_lora_rank or 0)
+        attn = tokens * (heads * per_head + latent) * a
+    else:
+        attn = tokens * (2 * heads + 2 * max(1, m.num_kv_heads // att_tp)) * m.head_dim * a
     if attention == "naive":
-        keys = kv_len if m.sliding_window is None else np.minimum(kv_len, q_len + m.sliding_window - 1)
-        attn = attn + 2 * batch * d.num_heads * q_len * keys * a
-    rows = tokens * (m.experts_per_token + m.shared_experts)
-    ffn = rows * d.ffn_size * a * (3 if m.ffn_kind == "swiglu" else 2)
-    logits = (tokens if all_logits else batch) * d.vocab_size * 4
+        attn = attn + 2 * batch * heads * q_len * _attention_keys(m, q_len, kv_len) * a
+    mats = 3 if m.ffn_kind == "swiglu" else 2
+    ffn_tokens = tokens * (tp if dp_attention and tp > 1 else 1)
+    ffn = 0.0
+    kinds = {kind.moe for kind in m.layer_kinds()}
+    if True in kinds:
+        width = m.experts_per_token * (m.expert_ffn_size // (tp // ep))
+        if ep > 1:
+            width = width / ep
+        if m.shared_experts:
+            width = width + m.shared_experts * (m.shared_expert_ffn_size // tp)
+        ffn = np.maximum(ffn, ffn_tokens * width * a * mats)
+    if False in kinds:
+        ffn = np.maximum(ffn, ffn_tokens * (m.ffn_size // tp) * a * mats)
+    logits = (tokens if all_logits else batch) * (-(-m.vocab_size // tp)) * 4
     return stream + np.maximum(attn, ffn) + logits
 
 
-def activation_reserve_bytes(model: ModelSpec, precision: Precision, conv: Conventions, tp: int = 1) -> float:
+def activation_reserve_bytes(model: ModelSpec, precision: Precision, conv: Conventions, tp: int = 1, *,
+                             ep: int = 1, dp_attention: bool = False) -> float:
     """The one activation reservation: the peak of a forward of `max_batched_tokens` tokens (one
     chunk of that many tokens; logits for its last position, or for all with `all_logits`)."""
     t = conv.max_batched_tokens
     return float(activation_peak_bytes(model, precision, 1, t, t, tp=tp, attention=conv.attention,
-                                       all_logits=conv.all_logits))
+                                       all_logits=conv.all_logits, ep=ep, dp_attention=dp_attention))
 
 
-def kv_tokens_held(model: ModelSpec, context):  # noqa: ANN001, ANN201
-    """Tokens of KV a sequence of `context` tokens keeps: all, or the sliding window's (`KVCacheSpec`)."""
-    return model.kv_cache().tokens_held(context)
+def kv_tokens_held(model: ModelSpec, context, window: str = "capped"):  # noqa: ANN001, ANN201
+    """Tokens of KV a sequence of `context` tokens keeps per layer (`KVCacheSpec.tokens_held`): all,
+    the sliding window's, or with layers of several kinds their average over layers."""
+    return KVCacheSpec.from_model(model, window=window).tokens_held(context)
 
 
-def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv: Conventions, *,
-                  tp: int, pp: int, batch, prompt_len, gen_len) -> dict[str, np.ndarray]:  # noqa: ANN001
-    """Per-GPU memory of every configuration (the tightest pipeline stage decides max batch)."""
-    from llmperf.analysis.operators import ShardDims
-    ShardDims.of(model, tp)  # validates tp against the heads
-    kv_spec = model.kv_cache(precision).sharded(tp=tp)  # the one KV formula (llmperf.specs.kvcache)
+def _stage_kv(stage: KVCacheSpec, ctx, max_seq, lo, hi, gen_len, bs: float):  # noqa: ANN001, ANN202
+    """(paged, contiguous, used mean, paged mean) bytes of one sequence on one GPU of a stage, summed
+    over its groups of layers (each pages separately)."""
+    paged = contiguous = used = paged_mean = 0.0
+    for g in stage.groups:
+        per_token = g.bytes_per_token
+        paged = paged + np.ceil(g.tokens_held(ctx) / bs) * bs * per_token
+        contiguous = contiguous + g.tokens_held(max_seq) * per_token
+        # lengths during the generation: prompt + 1 .. prompt + gen (closed-form means, O(1) in gen_len)
+        used = used + _capped_sum(g, lo, hi, lambda n: n * (n + 1) / 2) / gen_len * per_token
+        paged_mean = paged_mean + _capped_sum(g, lo, hi, lambda n: bs * _sum_ceil_div(n, bs)) / gen_len * per_token
+    return paged, contiguous, used, paged_mean
+
+
+def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv: Conventions, *,  # noqa: ANN001
+                  tp: int, pp: int, batch, prompt_len, gen_len, ep: int = 1,
+                  dp_attention: bool = False) -> dict[str, np.ndarray]:
+    """Per-GPU memory of every configuration (the tightest pipeline stage decides max batch).
+
+    A sequence's KV on a stage is the sum over the stage's groups of layers of layers x bytes per
+    token and layer x tokens held, paged by `block_size` per group; sliding and chunked layers hold
+    their window when `conv.kv_window` is "capped", the whole context when "full". With
+    `dp_attention` every GPU of the `tp` group holds the whole KV (every head, or MLA's latent) of
+    its own sequences only: max batch is `tp` times one GPU's, and a batch spreads over the `tp`
+    GPUs (`ceil(batch / tp)` sequences the most loaded one)."""
+    check_parallelism(model, tp, ep, dp_attention)
+    kv_all = KVCacheSpec.from_model(model, precision, window=conv.kv_window)
+    kv_all = kv_all.sharded(tp=1 if dp_attention else tp)  # the one KV formula (llmperf.specs.kvcache)
     batch, prompt_len, gen_len = (np.asarray(x, dtype=float) for x in (batch, prompt_len, gen_len))
     ctx = prompt_len + gen_len
     if conv.max_seq_len is None:
@@ -310,42 +481,50 @@ def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv
                             f"(prompt_len + gen_len)")
     bs = float(conv.block_size)
     usable = hw.memory_bytes * conv.mem_util
-    act = activation_reserve_bytes(model, precision, conv, tp)
-    held = kv_tokens_held(model, ctx)
-    paged_tokens = np.ceil(held / bs) * bs
-    contiguous_tokens = kv_tokens_held(model, max_seq)
-    per_layer_token = kv_spec.bytes_per_token_per_layer  # K and V of one layer, on one GPU
-    weights = stage_weight_bytes(model, precision, tp, pp)
-    layers = stage_layers(model, pp)
+    act = activation_reserve_bytes(model, precision, conv, tp, ep=ep, dp_attention=dp_attention)
+    weights = stage_weight_bytes(model, precision, tp, pp, ep=ep, dp_attention=dp_attention)
+    ranges = stage_layer_ranges(model, pp)
+    lo, hi = prompt_len + 1, ctx
+    stages = [kv_all.layers(r.start, r.stop) for r in ranges]
+    per_stage = [_stage_kv(s, ctx, max_seq, lo, hi, gen_len, bs) for s in stages]
     max_batch = max_batch_contig = None
-    for w, n in zip(weights, layers):  # every stage must hold the batch: the tightest decides
+    for w, (paged, contiguous, _, _) in zip(weights, per_stage):  # every stage must hold the batch
         free = np.maximum(usable - w - act, 0.0)
-        kv_tok = n * per_layer_token
-        mb = np.floor(free / (paged_tokens * kv_tok))
-        mbc = np.floor(free / (contiguous_tokens * kv_tok))
+        mb = np.floor(free / paged)
+        mbc = np.floor(free / contiguous)
         max_batch = mb if max_batch is None else np.minimum(max_batch, mb)
         max_batch_contig = mbc if max_batch_contig is None else np.minimum(max_batch_contig, mbc)
+    seqs_per_gpu = batch
+    if dp_attention:  # each GPU of the group serves its own sequences
+        max_batch, max_batch_contig = tp * max_batch, tp * max_batch_contig
+        seqs_per_gpu = np.ceil(batch / tp)
     heavy = int(np.argmax(weights))
-    kv_tok = max(layers) * per_layer_token
-    # lengths during the generation: prompt + 1 .. prompt + gen (closed-form means, O(1) in gen_len)
-    lo, hi = prompt_len + 1, ctx
-    used_sum = _capped_sum(model, lo, hi, lambda n: n * (n + 1) / 2)
-    paged_sum = _capped_sum(model, lo, hi, lambda n: bs * _sum_ceil_div(n, bs))
-    used_mean, paged_mean = used_sum / gen_len, paged_sum / gen_len
+    # the KV columns are the stage whose sequence occupies the most (the first of equals)
+    paged = np.stack([np.broadcast_to(s[0], ctx.shape) for s in per_stage])
+    pick = np.argmax(paged, axis=0)[None]
+    col = lambda k: np.take_along_axis(  # noqa: E731
+        np.stack([np.broadcast_to(s[k], ctx.shape) for s in per_stage]), pick, axis=0)[0]
+    kv_tok = max(s.bytes_per_token for s in stages)
     return dict(
         weights_bytes=np.full_like(ctx, weights[heavy]), kv_bytes_per_token=np.full_like(ctx, kv_tok),
-        kv_cache_bytes=batch * paged_tokens * kv_tok, activation_bytes=np.full_like(ctx, act),
+        kv_cache_bytes=seqs_per_gpu * col(0), activation_bytes=np.full_like(ctx, act),
         usable_bytes=np.full_like(ctx, usable), device_bytes=np.full_like(ctx, hw.memory_bytes),
         max_batch=max_batch, max_batch_contiguous=max_batch_contig, max_seq_len=max_seq,
-        kv_used_bytes=used_mean * kv_tok, kv_paged_bytes=paged_mean * kv_tok,
-        kv_contiguous_bytes=contiguous_tokens * kv_tok)
+        kv_used_bytes=col(2), kv_paged_bytes=col(3), kv_contiguous_bytes=col(1))
 
 
-def _capped_sum(model: ModelSpec, lo, hi, prefix):  # noqa: ANN001, ANN202
-    """Sum over lengths L in [lo, hi] of f(min(L, window)), where `prefix(n)` = sum of f over 1..n."""
-    w = model.sliding_window
+def _capped_sum(group: KVGroup, lo, hi, prefix):  # noqa: ANN001, ANN202
+    """Sum over lengths L in [lo, hi] of f(tokens the `group`'s layers use at L), where `prefix(n)` =
+    sum of f over 1..n (prefix(0) = 0): f(L) for full layers; f(min(L, W)) for sliding ones; for
+    chunked ones f(((L - 1) % C) + 1), the current chunk, whose sum over 1..n is
+    `(n // C) prefix(C) + prefix(n % C)`; every layer f(L) when not capped."""
+    w = group.cap
     if w is None:
         return prefix(hi) - prefix(lo - 1)
+    if group.attention == "chunked":
+        def total(n):  # noqa: ANN001, ANN202
+            return np.floor_divide(n, w) * prefix(float(w)) + prefix(np.mod(n, w))
+        return total(hi) - total(lo - 1)
     top = np.minimum(hi, w)
     below = np.where(top >= lo, prefix(top) - prefix(np.minimum(lo - 1, top)), 0.0)
     f_w = prefix(float(w)) - prefix(float(w) - 1)
