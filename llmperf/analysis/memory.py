@@ -1,14 +1,38 @@
 """Memory of inference: weights, KV cache, activations, what fits, and how much a KV cache wastes.
 
 KV cache bytes per token = `2 * layers * kv_heads * head_dim * bytes(kv_dtype)` (Llama-2-7B fp16:
-524,288 B = 512 KiB, 2 GiB at 4096 tokens). A contiguous cache reserves `max_seq_len` tokens for
-every sequence up front; a paged cache (Kwon et al., "Efficient Memory Management for Large Language
+524,288 B = 512 KiB, 2 GiB at 4096 tokens); MLA caches one latent of `kv_lora_rank +
+qk_rope_head_dim` elements per layer instead (DeepSeek-V3 bf16: 61 * 576 * 2 = 70,272 B), and
+sliding or chunked layers keep only their window (`llmperf.specs.kvcache`, the one KV formula,
+with the switch `Conventions.kv_window`: "capped" as vLLM's hybrid KV-cache manager, "full" pages
+as engines without it and hf-mem). A contiguous cache reserves `max_seq_len` tokens for every
+sequence up front; a paged cache (Kwon et al., "Efficient Memory Management for Large Language
 Model Serving with PagedAttention", SOSP 2023) reserves blocks of `block_size` tokens as they fill,
-wasting less than one block per sequence. Capacities are reported in bytes and shown in GiB.
+wasting less than one block per sequence and group of layers. Capacities are reported in bytes and
+shown in GiB.
 
 The rule (computed in `llmperf.analysis.rollup`, the one roll-up): weights + the KV blocks of the
 batch + ONE activation reservation for a forward of `max_batched_tokens` tokens must fit in
 `mem_util` of the device, on every pipeline stage. Max batch is what the KV memory left then holds.
+Pipeline stages hold contiguous layers as vLLM partitions them, so a stage's weights and KV are those
+of its own layers (DeepSeek-V3's three dense layers all sit on stage 0).
+
+Layout of the `tp` GPUs of one stage (`ep` and `dp_attention` keywords; the defaults `ep=1`,
+`dp_attention=False` are plain tensor parallelism, Megatron-LM's):
+- attention: query heads split `tp` ways, KV heads too but never below one per GPU; MLA's
+  down-projections (q_a, kv_a) and their norms replicated, q_b, kv_b and o split by heads (vLLM's
+  DeepseekV2MLAAttention), and its latent cache NOT split: every rank holds it whole.
+- `dp_attention=True` (SGLang's DP attention, vLLM's data-parallel attention with expert
+  parallelism): every GPU holds the whole attention (weights replicated `tp` times) and the whole KV
+  (every head, or the latent) of its own sequences only, so nothing is replicated in the cache and
+  the group serves `tp` times what one GPU holds (max batch = `tp` x one GPU's). The FFN stays split
+  over the `tp` GPUs, which gather the group's tokens for it.
+- dense FFNs (dense layers, dense models) and shared experts: split `tp` ways.
+- routed experts with `ep` (dividing both `num_experts` and `tp`): each GPU holds
+  `num_experts / ep` whole experts when `ep = tp`, or with `tp > ep` that many experts split
+  `tp / ep` ways (expert groups of `tp / ep` GPUs).
+- router, norms, biases, sinks: replicated, at the activation precision; embedding and lm_head
+  split by vocabulary rows.
 """
 
 from __future__ import annotations
@@ -22,13 +46,14 @@ from llmperf.analysis.rollup import (
     DEFAULT_MAX_BATCHED_TOKENS,
     Conventions,
     activation_peak_bytes,
+    check_parallelism,
     memory_arrays,
+    stage_layer_ranges,
     stage_layers,
     stage_weight_bytes,
 )
-from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
-from llmperf.specs import HardwareSpec, ModelSpec, Precision
+from llmperf.specs import HardwareSpec, KVCacheSpec, ModelSpec, Precision
 
 __all__ = ["KVUtilization", "MemoryEstimate", "activation_peak_bytes", "estimate_memory",
            "kv_bytes_per_token_per_gpu", "kv_utilization", "layers_per_stage", "max_batch_that_fits",
@@ -40,16 +65,20 @@ def layers_per_stage(model: ModelSpec, pp: int) -> int:
     return max(stage_layers(model, pp))
 
 
-def weight_bytes_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1) -> float:
+def weight_bytes_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1, *, ep: int = 1,
+                         dp_attention: bool = False) -> float:
     """Weights on the most loaded GPU (see `stage_weight_bytes`)."""
-    return max(stage_weight_bytes(model, precision, tp, pp))
+    return max(stage_weight_bytes(model, precision, tp, pp, ep=ep, dp_attention=dp_attention))
 
 
-def kv_bytes_per_token_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1) -> float:
-    """KV bytes per token on one GPU of the stage with the most layers: 2 (K and V) x layers x
-    KV heads per GPU (replicated, never 0, when tp exceeds them) x head_dim x bytes."""
-    ShardDims.of(model, tp)  # validates tp against the heads
-    return layers_per_stage(model, pp) * model.kv_cache(precision).sharded(tp=tp).bytes_per_token_per_layer
+def kv_bytes_per_token_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1, *,
+                               dp_attention: bool = False, kv_window: str = "capped") -> float:
+    """KV bytes per token (every layer, no window reached) on one GPU of the stage that holds the
+    most: 2 (K and V) x layers x KV heads per GPU (replicated, never 0, when tp exceeds them) x
+    head_dim x bytes; MLA's latent is not split by tp, nor is anything with `dp_attention`."""
+    check_parallelism(model, tp, 1, dp_attention)  # validates tp against the heads
+    kv = KVCacheSpec.from_model(model, precision, window=kv_window).sharded(tp=1 if dp_attention else tp)
+    return max(kv.layers(r.start, r.stop).bytes_per_token for r in stage_layer_ranges(model, pp))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,13 +172,16 @@ def estimate_memory(model: ModelSpec, precision: Precision, hardware: HardwareSp
                     prompt_len: int, gen_len: int, tp: int = 1, pp: int = 1, attention: str = "fused",
                     max_seq_len: int | None = None, block_size: int = 16, mem_util: float = 0.9,
                     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
-                    all_logits: bool = False) -> MemoryEstimate:
+                    all_logits: bool = False, ep: int = 1, dp_attention: bool = False,
+                    kv_window: str = "capped") -> MemoryEstimate:
     """Memory of one GPU serving `batch` sequences of `prompt_len + gen_len` tokens (the roll-up's
-    memory rule: weights + paged KV + one activation reservation for `max_batched_tokens`)."""
+    memory rule: weights + paged KV + one activation reservation for `max_batched_tokens`). `ep`,
+    `dp_attention`: the layout of the module docstring; `kv_window`: "capped" or "full" pages for
+    sliding and chunked layers."""
     conv = Conventions(attention=attention, max_seq_len=max_seq_len, block_size=block_size, mem_util=mem_util,
-                       max_batched_tokens=max_batched_tokens, all_logits=all_logits)
+                       max_batched_tokens=max_batched_tokens, all_logits=all_logits, kv_window=kv_window)
     mem = memory_arrays(model, precision, hardware, conv, tp=tp, pp=pp, batch=[batch], prompt_len=[prompt_len],
-                        gen_len=[gen_len])
+                        gen_len=[gen_len], ep=ep, dp_attention=dp_attention)
     one = {k: float(v[0]) for k, v in mem.items()}
     kv = KVUtilization(used_bytes=one["kv_used_bytes"], contiguous_reserved_bytes=one["kv_contiguous_bytes"],
                        paged_reserved_bytes=one["kv_paged_bytes"], max_seq_len=int(one["max_seq_len"]),
