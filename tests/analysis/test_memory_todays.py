@@ -333,6 +333,7 @@ def test_kv_linear_in_batch_monotone_in_context_and_capped_below_full(m, batch, 
     full = run(replace(conv, kv_window="full"), batch=[1, batch, 1], prompt_len=[lo, lo, hi], gen_len=[gen] * 3)
     assert np.all(kv <= full["kv_cache_bytes"]) and np.all(mem["max_batch"] >= full["max_batch"])
     fixed = mem["weights_bytes"] + mem["activation_bytes"]
-    for mb, per_seq in ((mem["max_batch"], kv / [1, batch, 1]), (full["max_batch"], full["kv_cache_bytes"] / [1, batch, 1])):
+    per_seq = [kv / [1, batch, 1], full["kv_cache_bytes"] / [1, batch, 1]]
+    for mb, per_seq in zip((mem["max_batch"], full["max_batch"]), per_seq):
         assert np.all((mb == 0) | (fixed + mb * per_seq <= mem["usable_bytes"]))
         assert np.all(fixed + (mb + 1) * per_seq > mem["usable_bytes"])
