@@ -60,7 +60,8 @@ class QuantizationSpec:
 
     method: str  # awq | gptq | fp8 | mxfp4 | nvfp4
     bits: int | None = None  # awq/gptq: 4 or 8; fp8: 8, mxfp4/nvfp4: 4 (None: the format's)
-    group_size: int | None = _GROUP_DEFAULT  # awq/gptq: input channels per scale; None = one scale per output channel
+    group_size: int | None = _GROUP_DEFAULT  # input channels per scale (awq/gptq; None = per output channel);
+    # the block formats fix theirs (mxfp4 32, nvfp4 16, fp8 block_size's inputs): the default or that value
     zero_point: bool = True  # awq/gptq: asymmetric (a zero point per group) or symmetric
     act_order: bool = False  # GPTQ desc_act: groups follow activation order (same bytes, a permutation)
     block_size: tuple[int, int] | None = None  # fp8: weight_block_size (output rows, inputs) per scale
@@ -83,17 +84,16 @@ class QuantizationSpec:
         if gs is not None and (isinstance(gs, bool) or not isinstance(gs, int) or gs <= 0):
             raise SpecError(f"quantization.group_size must be a positive integer or null (per channel), "
                             f"got {gs!r}")
-        native = _FORMAT_GROUP.get(self.method)
+        self._check_block_size()
+        native = self.scale_block[1] if not integer else None
         if not integer and gs not in (_GROUP_DEFAULT, native):
-            raise SpecError(f"quantization.group_size applies to awq and gptq; {self.method} "
-                            + (f"has one scale per {native} inputs" if native else "scales blocks (block_size)")
-                            + f", got {gs!r}")
+            raise SpecError(f"quantization.group_size: {self.method} has one scale per {native} inputs of a row"
+                            f"{' (its block_size)' if self.method == 'fp8' else ''}, got {gs!r}")
         for f in ("zero_point", "act_order"):
             if not isinstance(getattr(self, f), bool):
                 raise SpecError(f"quantization.{f} must be true or false, got {getattr(self, f)!r}")
         if not integer and self.act_order:
             raise SpecError(f"quantization.act_order applies to gptq, got true for {self.method}")
-        self._check_block_size()
         if self.activation_scheme is not None and (self.method != "fp8"
                                                    or self.activation_scheme not in ACTIVATION_SCHEMES):
             raise SpecError(f"quantization.activation_scheme: fp8's is one of {', '.join(ACTIVATION_SCHEMES)}, "
@@ -160,6 +160,16 @@ class QuantizationSpec:
     def bytes_per_weight(self) -> float:
         """Bytes of one quantized weight value, scales and zeros not included (int4, fp4: 0.5)."""
         return (self.bits or _FORMAT_BITS[self.method]) / 8
+
+    @property
+    def scale_block(self) -> tuple[int, int] | None:
+        """(output rows, inputs) per scale: fp8 its block_size (128 x 128), mxfp4 (1, 32), nvfp4
+        (1, 16), awq/gptq (1, group_size); None for one scale per output channel."""
+        if self.method == "fp8":
+            return self.block_size or FP8_BLOCK
+        if self.method in _FORMAT_GROUP:
+            return (1, _FORMAT_GROUP[self.method])
+        return None if self.group_size is None else (1, self.group_size)
 
     @property
     def quantized_modules(self) -> tuple[str, ...]:
