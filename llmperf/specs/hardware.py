@@ -128,9 +128,10 @@ class HardwareSpec:
     def matmul_dtype(self, precision: Precision, module: str | None = None) -> str:
         """The format `module`'s matmul runs in on this device: the one its weights' kernels compute
         in (`Precision.matmul_dtype`: fp4 for mxfp4 / nvfp4, fp8 for fp8-block) where this device has
-        units for it, else the activations' format, the weights dequantised on the fly as the
-        engines do it: MXFP4 experts on an H100 run W4A16 at the bf16 peak (not fp8: no shipped
-        kernel feeds fp4 weights to Hopper's fp8 units), fp8-block weights on an A100 W8A16.
+        units for it, else the activations' format, the weights dequantised on the fly: MXFP4
+        experts on an H100 run W4A16 at the bf16 peak (as the engines serve gpt-oss on Hopper;
+        aiconfigurator's `w4a16_mxfp4`), not at the fp8 that `compute_dtype("fp4")` falls back to;
+        fp8-block weights on an A100 run W8A16.
         Without `module`, or for a module at a plain format: `compute_dtype(activations)`, as before."""
         native = precision.matmul_dtype(module)
         if native != precision.activations and native in self.peak_tflops:
