@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmperf.errors import SpecError
 
@@ -157,6 +158,7 @@ def fp8_block_format(rows: int, cols: int) -> BlockScaledFormat:
                              matmul="fp8")
 
 
+@lru_cache(maxsize=256)
 def block_scaled_format(name: str) -> BlockScaledFormat | None:
     """The block-scaled format `name` spells (None for a plain storage dtype; unknown names raise)."""
     key = str(name).strip().lower()
