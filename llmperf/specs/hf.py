@@ -481,7 +481,7 @@ def _quantization(cfg: _Config) -> QuantizationSpec | None:
     if q.get("quant_method") is None and isinstance(q.get("quantization"), Mapping):
         q, where = q["quantization"], f"{where}.quantization"  # ModelOpt's hf_quant_config.json layout
     method = str(q.get("quant_method", "")).lower()
-    if method in ("", "modelopt", "modelopt_fp4") and q.get("quant_algo") is not None:
+    if method in ("modelopt", "modelopt_fp4") or (not method and q.get("quant_algo") is not None):
         fields = _modelopt_fields(cfg, q, where)
     elif method == "awq":
         kept = _kept_modules(cfg, f"{where}.modules_to_not_convert", q.get("modules_to_not_convert"))

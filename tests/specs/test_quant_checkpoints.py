@@ -283,6 +283,7 @@ def test_quantization_config_forms(qcfg, expected):
     ({"quant_method": "modelopt", "quant_algo": "FP8"}, "quantization_config.quant_algo='FP8' is not modelled "
                                                          "(supported: NVFP4)"),
     ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}, "quant_algo='MIXED_PRECISION'"),
+    ({"quant_method": "modelopt"}, "quantization_config.quant_algo=None is not modelled (supported: NVFP4)"),
     ({"quant_algo": "NVFP4", "group_size": 32}, "quantization_config.group_size=32"),
     ({"quant_algo": "NVFP4", "kv_cache_quant_algo": "INT8"}, "quantization_config.kv_cache_quant_algo='INT8'"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized"}, "quantization_config.format="),
