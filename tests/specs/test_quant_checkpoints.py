@@ -2,8 +2,8 @@
 weight bytes per module with their scales, fp4 peaks and the fallback on devices without them.
 
 Golden figures: gpt-oss-120b ~ 65.2 GB and gpt-oss-20b ~ 13.8 GB (ARCHITECTURES.md section 9: the
-expert matrices at 4.25 bits, everything else bf16; the checkpoints on the Hub are ~65 GB and
-~13.8 GB); fp8 blocks 8 + 32/16384 bits; B200's fp4 peak 9000 TFLOPS (HGX B200's 18 PF with sparsity).
+expert matrices at 4.25 bits, everything else bf16; 120b's matches its ~65 GB checkpoint); fp8
+blocks 8 + 32/16384 bits; B200's fp4 peak 9000 TFLOPS (HGX B200's 18 PF with sparsity).
 """
 
 from __future__ import annotations
