@@ -153,26 +153,36 @@ def resolve_precision(model: ModelSpec, precision: Precision | str | None = None
                       zero_point: bool | None = None, embeddings: str | None = None) -> Precision:
     """A `Precision` from a preset (or the model's native dtype) with per-tensor overrides.
 
-    A quantised checkpoint (`model.quantization`) sets the default weight format, group size and
-    zero points; an explicit `precision` preset or `weights` overrides it."""
+    A quantised checkpoint (`model.quantization`) sets the default weight formats, as shipped: AWQ /
+    GPTQ their integer format, group size and zero points for every matrix; fp8 block-wise, MXFP4
+    and NVFP4 their block-scaled format for the modules they convert (`Precision.modules`), the
+    rest at the checkpoint's dtype. The modules it keeps (`modules_to_not_convert`) stay at its
+    dtype, and a KV-cache format it ships scales for is the default KV format. An explicit
+    `precision` preset or `weights` overrides it (every matrix at that format)."""
     if isinstance(precision, Precision):
         base = precision
     else:
         base = Precision.uniform(precision or model.dtype)
     q = model.quantization
+    w = weights or base.weights
+    modules: dict[str, str] | tuple[tuple[str, str], ...] = base.modules if weights is None else ()
+    if q is not None and precision is None:
+        kv = kv or q.kv_cache
     if q is not None and precision is None and weights is None:
-        w = q.weight_dtype
-        group_size = group_size if group_size is not None else (q.group_size or PER_CHANNEL)
-        zero_point = zero_point if zero_point is not None else q.zero_point
-    else:
-        w = weights or base.weights
+        if q.method in ("awq", "gptq"):  # every matrix at the integer format but the modules kept
+            w = q.weight_dtype
+            group_size = group_size if group_size is not None else (q.group_size or PER_CHANNEL)
+            zero_point = zero_point if zero_point is not None else q.zero_point
+            modules = {m: model.dtype for m in q.modules_to_not_convert if m not in ("embedding", "lm_head")}
+        else:  # the converted modules at the block-scaled format, the rest at the checkpoint's dtype
+            modules = {m: q.weight_format for m in q.quantized_modules}
     if isinstance(precision, Precision):
         group_size = precision.group_size if group_size is None else group_size
         zero_point = precision.zero_point if zero_point is None else zero_point
         embeddings = precision.embeddings if embeddings is None else embeddings
     explicit = group_size is not None and not isinstance(precision, Precision)
     prec = Precision(weights=w, activations=activations or base.activations, kv=kv or base.kv,
-                     group_size=group_size, zero_point=zero_point, embeddings=embeddings)
+                     group_size=group_size, zero_point=zero_point, embeddings=embeddings, modules=modules)
     g = prec.effective_group_size if prec.quantized else None
     if explicit and g is not None:  # a group of inputs tiles each row of every quantised matrix
         widths = (("hidden_size", model.hidden_size), ("num_heads x head_dim", model.num_heads * model.head_dim),

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmperf.errors import SpecError
-from llmperf.specs.precision import normalize_dtype
+from llmperf.specs.precision import Precision, normalize_dtype
 
-COMPUTE_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
+COMPUTE_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4", "fp4")
 
-# Where a device has no units for a format, compute falls back to the next wider one it has.
+# Where a device has no units for a format, compute falls back to the next wider one it has
+# (fp4 matrix units are Blackwell's: B200 has them, Hopper and older run fp4 work at fp8 or 16 bits).
 _FALLBACK = {
+    "fp4": ("fp4", "fp8", "fp16"),
     "int4": ("int4", "int8", "fp16"),
     "int8": ("int8", "fp16"),
     "fp8": ("fp8", "fp16"),
@@ -122,6 +124,19 @@ class HardwareSpec:
             if candidate in self.peak_tflops:
                 return candidate
         raise SpecError(f"{self.name}: no compute peak for dtype {dtype!r} or a wider one")
+
+    def matmul_dtype(self, precision: Precision, module: str | None = None) -> str:
+        """The format `module`'s matmul runs in on this device: the one its weights' kernels compute
+        in (`Precision.matmul_dtype`: fp4 for mxfp4 / nvfp4, fp8 for fp8-block) where this device has
+        units for it, else the activations' format, the weights dequantised on the fly: MXFP4
+        experts on an H100 run W4A16 at the bf16 peak (as the engines serve gpt-oss on Hopper;
+        aiconfigurator's `w4a16_mxfp4`), not at the fp8 that `compute_dtype("fp4")` falls back to;
+        fp8-block weights on an A100 run W8A16.
+        Without `module`, or for a module at a plain format: `compute_dtype(activations)`, as before."""
+        native = precision.matmul_dtype(module)
+        if native != precision.activations and native in self.peak_tflops:
+            return native
+        return self.compute_dtype(precision.activations)
 
     def peak_flops_per_s(self, dtype: str = "fp16") -> float:
         """Dense peak FLOP/s for matrix work at `dtype` (falls back to a wider format if absent)."""

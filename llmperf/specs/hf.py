@@ -316,34 +316,200 @@ def _sliding_window(cfg: _Config, spec_type: HFModelType, num_layers: int) -> in
     return window
 
 
+# ---- quantization_config ------------------------------------------------------------------------
+# Module names (and globs, and compressed-tensors' `re:` patterns) in `modules_to_not_convert`,
+# ModelOpt's `exclude_modules` / `ignore`, resolved to llmperf's MODULES by their last named part:
+# `model.layers.*.self_attn` -> attention, `model.layers.3.mlp.gate` -> router, `lm_head` -> lm_head.
+# Norms are never quantised (nothing to resolve); a part of a module (`mlp.down_proj`, one expert)
+# or a module kept in some layers only is refused: llmperf gives a module one format in every layer.
+_KEPT_NAMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    **dict.fromkeys(("self_attn", "attn", "attention", "self_attention"), ("attention",)),
+    **dict.fromkeys(("mlp", "feed_forward"), ("dense_mlp", "expert", "shared_expert", "router")),
+    "block_sparse_moe": ("expert", "router"),
+    "experts": ("expert",), "shared_expert": ("shared_expert",), "shared_experts": ("shared_expert",),
+    **dict.fromkeys(("router", "gate", "shared_expert_gate"), ("router",)),
+    **dict.fromkeys(("embed_tokens", "wte", "embed_in", "word_embeddings", "tok_embeddings"), ("embedding",)),
+    **dict.fromkeys(("lm_head", "embed_out"), ("lm_head",)),
+    "layers": ("attention", "dense_mlp", "expert", "shared_expert", "router"),  # a whole decoder layer
+})
+_PATH_WORDS = frozenset({"model", "language_model", "transformer", "decoder", "base_model"})
+_LAYER_WORDS = frozenset({"layers", "h", "blocks"})
+_NOT_COUNTED = ("mtp", "visual", "vision", "multi_modal_projector", "audio")  # parts llmperf does not count
+
+
+def _kept_pattern(cfg: _Config, key: str, pattern: str) -> tuple[tuple[str, ...], int | None]:
+    """The MODULES one kept-module pattern names, and its layer (None: every layer)."""
+    text = pattern.strip()
+    if text.startswith("re:"):  # compressed-tensors: a regular expression, read as a glob
+        text = text[3:].replace("\\.", "\x00").replace(".*", "*").replace("\x00", ".").strip("^$")
+    parts = [p.strip("*") for p in text.split(".")]
+    names: list[str] = []
+    layer: int | None = None
+    for i, part in enumerate(parts):
+        if not part or part in _PATH_WORDS:
+            continue
+        if part.isdigit():
+            if names and names[-1] == "layers":
+                layer = int(part)
+                continue
+            raise cfg.refuse(key, pattern, "it keeps one expert or one part of a module; llmperf gives a "
+                             "module one format")
+        names.append("layers" if part in _LAYER_WORDS else part)
+    if not names or any(n.startswith(_NOT_COUNTED) for n in names):
+        return (), None
+    last = names[-1]
+    if "norm" in last or last.startswith("ln_"):
+        return (), None  # norms stay at the activation precision anyway
+    if last in _KEPT_NAMES:
+        return _KEPT_NAMES[last], layer
+    if any(n in _KEPT_NAMES for n in names[:-1]):
+        raise cfg.refuse(key, pattern, "it names a part of a module; llmperf gives a module one format")
+    raise cfg.refuse(key, pattern, f"it names no module llmperf knows ({', '.join(sorted(_KEPT_NAMES))})")
+
+
+def _kept_modules(cfg: _Config, key: str, patterns: Any) -> tuple[str, ...]:
+    """The MODULES a checkpoint keeps at its dtype, from its list of module names or globs."""
+    if patterns is None:
+        return ()
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise SpecError(f"{cfg.origin}: {key} must be a list of module names, got {patterns!r}")
+    everywhere: set[str] = set()
+    by_layer: dict[str, set[int]] = {}
+    for pattern in patterns:
+        modules, layer = _kept_pattern(cfg, key, pattern)
+        for module in modules:
+            if layer is None:
+                everywhere.add(module)
+            else:
+                by_layer.setdefault(module, set()).add(layer)
+    num_layers = cfg.data.get("num_hidden_layers", cfg.data.get("n_layer"))
+    for module, layers in by_layer.items():
+        every = isinstance(num_layers, int) and layers >= set(range(num_layers))
+        # the router exists in the MoE layers only (not in DeepSeek's dense first layers): listed in any, kept
+        if module in everywhere or every or module == "router":
+            everywhere.add(module)
+            continue
+        shown = sorted(layers)
+        raise cfg.refuse(key, patterns if len(patterns) <= 4 else f"{patterns[:4]}...",
+                         f"it keeps {module} in layer(s) {shown if len(shown) <= 8 else shown[:8]} only; "
+                         "llmperf gives a module one format in every layer")
+    return tuple(sorted(everywhere))
+
+
+def _fp8_fields(cfg: _Config, q: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """`quant_method: fp8` (transformers' FineGrainedFP8Config: DeepSeek-V3, Qwen3-FP8)."""
+    fmt = q.get("fmt", "e4m3")
+    if str(fmt).lower() != "e4m3":
+        raise cfg.refuse(f"{where}.fmt", fmt, "supported: e4m3")
+    scheme = q.get("activation_scheme", "dynamic")
+    if scheme not in ("dynamic", "static"):
+        raise cfg.refuse(f"{where}.activation_scheme", scheme, "supported: dynamic, static")
+    block = q.get("weight_block_size", [128, 128])
+    if block is None:
+        raise cfg.refuse(f"{where}.weight_block_size", None, "per-tensor fp8 scales; supported: blocks [rows, inputs]")
+    if (not isinstance(block, list) or len(block) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in block)):
+        raise SpecError(f"{cfg.origin}: {where}.weight_block_size must be two positive integers, got {block!r}")
+    scale_fmt = q.get("scale_fmt")
+    if scale_fmt not in (None, "ue8m0"):  # ue8m0: power-of-two values in the same fp32 scale tensors
+        raise cfg.refuse(f"{where}.scale_fmt", scale_fmt, "supported: ue8m0")
+    kept = _kept_modules(cfg, f"{where}.modules_to_not_convert", q.get("modules_to_not_convert"))
+    return dict(method="fp8", block_size=tuple(block), group_size=block[1], activation_scheme=scheme,
+                modules_to_not_convert=kept)
+
+
+_MODELOPT_KV = {"FP8": "fp8", "NVFP4": "fp4"}
+
+
+def _modelopt_fields(cfg: _Config, q: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """NVIDIA ModelOpt's NVFP4 (`quant_method: modelopt`, `quant_algo: NVFP4`, `group_size: 16`,
+    `exclude_modules` or `ignore`; hf_quant_config.json's `quantization` block reads the same)."""
+    algo = q.get("quant_algo")
+    if str(algo).upper() != "NVFP4":
+        raise cfg.refuse(f"{where}.quant_algo", algo, "supported: NVFP4")
+    group = q.get("group_size", 16)
+    if group != 16:
+        raise cfg.refuse(f"{where}.group_size", group, "NVFP4 has one scale per 16 inputs")
+    key = "exclude_modules" if q.get("exclude_modules") is not None else "ignore"
+    kept = _kept_modules(cfg, f"{where}.{key}", q.get(key))
+    kv = q.get("kv_cache_quant_algo")
+    if kv is not None and str(kv).upper() not in _MODELOPT_KV:
+        raise cfg.refuse(f"{where}.kv_cache_quant_algo", kv, f"supported: {', '.join(_MODELOPT_KV)}")
+    return dict(method="nvfp4", group_size=16, modules_to_not_convert=kept,
+                kv_cache=None if kv is None else _MODELOPT_KV[str(kv).upper()])
+
+
+def _compressed_tensors_fields(cfg: _Config, q: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """llm-compressor's NVFP4 (`quant_method: compressed-tensors`, `format: nvfp4-pack-quantized`):
+    every config group fp4 weights and activations in groups of 16 over the Linear layers."""
+    fmt = q.get("format")
+    if fmt != "nvfp4-pack-quantized":
+        raise cfg.refuse(f"{where}.format", fmt, "supported: nvfp4-pack-quantized")
+    groups = q.get("config_groups") or {}
+    if not isinstance(groups, Mapping):
+        raise SpecError(f"{cfg.origin}: {where}.config_groups must be a mapping, got {groups!r}")
+    for name, group in groups.items():
+        at = f"{where}.config_groups.{name}"
+        weights = (group or {}).get("weights") or {}
+        if (weights.get("num_bits"), weights.get("type"), weights.get("group_size")) != (4, "float", 16):
+            raise cfg.refuse(f"{at}.weights", dict(weights), "supported: 4-bit float in groups of 16 (NVFP4)")
+        acts = (group or {}).get("input_activations")
+        if not acts or (acts.get("num_bits"), acts.get("type")) != (4, "float"):
+            raise cfg.refuse(f"{at}.input_activations", acts, "weight-only NVFP4 (W4A16) is not modelled")
+        if group.get("targets") not in (None, ["Linear"]):
+            raise cfg.refuse(f"{at}.targets", group.get("targets"), "groups for some layers only")
+    kept = _kept_modules(cfg, f"{where}.ignore", q.get("ignore"))
+    kv = q.get("kv_cache_scheme")
+    if kv is not None and (kv.get("num_bits"), kv.get("type")) != (8, "float"):
+        raise cfg.refuse(f"{where}.kv_cache_scheme", kv, "supported: 8-bit float")
+    return dict(method="nvfp4", group_size=16, modules_to_not_convert=kept, kv_cache=None if kv is None else "fp8")
+
+
+_QUANT_SUPPORTED = ("awq, gptq, fp8, mxfp4, modelopt (quant_algo NVFP4), "
+                    "compressed-tensors (format nvfp4-pack-quantized)")
+
+
 def _quantization(cfg: _Config) -> QuantizationSpec | None:
+    """The checkpoint's `quantization_config`: AWQ / GPTQ (integer groups), fp8 block-wise, MXFP4,
+    NVFP4 (ModelOpt or compressed-tensors); the modules it keeps at its dtype resolved to MODULES."""
     q = cfg.get("quantization_config", None)
     if q is None:
         return None
     if not isinstance(q, Mapping):
         raise SpecError(f"{cfg.origin}: quantization_config must be a mapping, got {q!r}")
-    method = str(q.get("quant_method", "")).lower()
     where = "quantization_config"
-    if method == "awq":
-        if q.get("modules_to_not_convert"):
-            raise cfg.refuse(f"{where}.modules_to_not_convert", q["modules_to_not_convert"],
-                             "only some linear layers quantized")
-        fields = dict(bits=q.get("bits", q.get("w_bit")), group_size=q.get("group_size", q.get("q_group_size", 128)),
-                      zero_point=q.get("zero_point", True), act_order=False)
+    if q.get("quant_method") is None and isinstance(q.get("quantization"), Mapping):
+        q, where = q["quantization"], f"{where}.quantization"  # ModelOpt's hf_quant_config.json layout
+    method = str(q.get("quant_method", "")).lower()
+    if method in ("modelopt", "modelopt_fp4") or (not method and q.get("quant_algo") is not None):
+        fields = _modelopt_fields(cfg, q, where)
+    elif method == "awq":
+        kept = _kept_modules(cfg, f"{where}.modules_to_not_convert", q.get("modules_to_not_convert"))
+        fields = dict(method=method, bits=q.get("bits", q.get("w_bit")),
+                      group_size=q.get("group_size", q.get("q_group_size", 128)),
+                      zero_point=q.get("zero_point", True), act_order=False, modules_to_not_convert=kept)
     elif method == "gptq":
         if q.get("modules_in_block_to_quantize"):
             raise cfg.refuse(f"{where}.modules_in_block_to_quantize", q["modules_in_block_to_quantize"],
                              "only some linear layers quantized")
-        fields = dict(bits=q.get("bits"), group_size=q.get("group_size", 128), zero_point=not q.get("sym", True),
-                      act_order=q.get("desc_act", False))
+        fields = dict(method=method, bits=q.get("bits"), group_size=q.get("group_size", 128),
+                      zero_point=not q.get("sym", True), act_order=q.get("desc_act", False))
+    elif method == "fp8":
+        fields = _fp8_fields(cfg, q, where)
+    elif method == "mxfp4":
+        fields = dict(method="mxfp4", group_size=32, modules_to_not_convert=_kept_modules(
+            cfg, f"{where}.modules_to_not_convert", q.get("modules_to_not_convert")))
+    elif method == "compressed-tensors":
+        fields = _compressed_tensors_fields(cfg, q, where)
     else:
-        raise cfg.refuse(f"{where}.quant_method", q.get("quant_method"), "supported: awq, gptq")
-    if fields["group_size"] == -1:  # per output channel
-        fields["group_size"] = None
-    if fields["bits"] is None:
-        raise SpecError(f"{cfg.origin}: missing field '{where}.bits'")
+        raise cfg.refuse(f"{where}.quant_method", q.get("quant_method"), f"supported: {_QUANT_SUPPORTED}")
+    if fields["method"] in ("awq", "gptq"):
+        if fields["group_size"] == -1:  # per output channel
+            fields["group_size"] = None
+        if fields["bits"] is None:
+            raise SpecError(f"{cfg.origin}: missing field '{where}.bits'")
     try:
-        return QuantizationSpec(method=method, **fields)
+        return QuantizationSpec(**fields)
     except SpecError as exc:
         raise SpecError(f"{cfg.origin}: {str(exc).replace('quantization.', where + '.')}") from None
 

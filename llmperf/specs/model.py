@@ -418,14 +418,8 @@ class ModelSpec:
 
 
 def _quantization(model: str, data: Mapping[str, Any]) -> QuantizationSpec:
-    allowed = ("method", "bits", "group_size", "zero_point", "act_order")
-    unknown = sorted(set(data) - set(allowed))
-    if unknown:
-        raise SpecError(f"{model}: unknown field 'quantization.{unknown[0]}' (fields: {', '.join(allowed)})")
-    if "method" not in data or "bits" not in data:
-        raise SpecError(f"{model}: missing field 'quantization.{'method' if 'method' not in data else 'bits'}'")
     try:
-        return QuantizationSpec(**data)
+        return QuantizationSpec.from_mapping(dict(data))
     except SpecError as exc:
         raise SpecError(f"{model}: {exc}") from None
 

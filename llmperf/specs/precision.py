@@ -11,11 +11,31 @@ own bit width. Defaults: int4 groups of 128 with zero points (AWQ/GPTQ's default
 single per-tensor scale (one number per matrix, not counted). The embedding and lm_head matrices
 stay at 16 bits when the other weights are quantised (AWQ and GPTQ leave them unquantised), unless
 `embeddings` says otherwise.
+
+Quantised checkpoints as shipped store some modules in a block-scaled format and keep the rest at
+their 16-bit dtype, so a `Precision` also carries a weight format per module (`modules`, over the
+vocabulary `MODULES`). The block-scaled formats (`BlockScaledFormat`) count every scale:
+
+- `fp8-block128` (DeepSeek-V3 / Qwen3-FP8 `quant_method: fp8`, `weight_block_size: [128, 128]`):
+  fp8 E4M3 values and one fp32 scale per 128 x 128 block, 8 + 32/16384 bits a weight; activations
+  are quantised to fp8 on the fly, so the matmul runs in fp8.
+- `mxfp4` (OCP Microscaling v1.0, gpt-oss's experts): fp4 E2M1 values and one E8M0 (8-bit) scale
+  per 32 inputs of a row, 4 + 8/32 = 4.25 bits.
+- `nvfp4` (NVIDIA ModelOpt): fp4 E2M1 values, one fp8 E4M3 scale per 16 inputs of a row and one
+  fp32 scale per matrix, 4 + 8/16 = 4.5 bits (+ 4 bytes a matrix).
+
+`matmul_dtype(module)` is the format the checkpoint's kernels compute that module's matmul in where
+the device has units for it (fp8 for `fp8-block`, fp4 for `mxfp4` / `nvfp4`, the activation format
+otherwise); `HardwareSpec.matmul_dtype` resolves it on a device that lacks it (MXFP4 on an H100
+runs W4A16: the weights dequantised to bf16).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmperf.errors import SpecError
 
@@ -28,14 +48,16 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8": 1.0,
     "int8": 1.0,
     "int4": 0.5,
+    "fp4": 0.5,  # E2M1, two values a byte (the element format of MXFP4 and NVFP4)
 }
 
 #: storage formats a user may choose for weights, activations or the KV cache
-STORAGE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+STORAGE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4", "fp4")
 
 _ALIASES = {
     "float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
     "float8": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8",
+    "float4": "fp4", "float4_e2m1fn": "fp4", "e2m1": "fp4",
 }
 
 
@@ -86,13 +108,118 @@ def _check_group_size(value: object, field: str, per_channel: object = None) -> 
         raise SpecError(f"{field}: must be a positive integer ({hint}), got {value!r}")
 
 
+#: the parts of a model whose weights a checkpoint may store in different formats
+MODULES = ("attention", "dense_mlp", "expert", "shared_expert", "router", "embedding", "lm_head")
+_VOCAB_MODULES = ("embedding", "lm_head")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockScaledFormat:
+    """A weight format with block scales: `dtype` values, one scale of `scale_bytes` per block of
+    `block_rows` output rows x `block_cols` inputs (a last partial block included), and
+    `tensor_scale_bytes` per matrix. `matmul` is the format its kernels compute in where the device
+    has units for it."""
+
+    name: str
+    dtype: str
+    block_rows: int
+    block_cols: int
+    scale_bytes: float
+    tensor_scale_bytes: float = 0.0
+    matmul: str
+
+    def matrix_bytes(self, d_in, d_out):  # noqa: ANN001, ANN201
+        """Bytes of one `d_in x d_out` matrix: values, block scales and the per-matrix scale."""
+        blocks = -(-d_out // self.block_rows) * -(-d_in // self.block_cols)
+        return d_in * d_out * DTYPE_BYTES[self.dtype] + blocks * self.scale_bytes + self.tensor_scale_bytes
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Bits a weight costs in a matrix of whole blocks, its scale's share included (mxfp4: 4.25)."""
+        return 8 * (DTYPE_BYTES[self.dtype] + self.scale_bytes / (self.block_rows * self.block_cols))
+
+
+#: OCP Microscaling MXFP4: E2M1 values, one E8M0 (8-bit power-of-two) scale per 32 inputs of a row
+MXFP4 = BlockScaledFormat(name="mxfp4", dtype="fp4", block_rows=1, block_cols=32, scale_bytes=1.0, matmul="fp4")
+#: NVIDIA NVFP4: E2M1 values, one fp8 E4M3 scale per 16 inputs of a row, one fp32 scale per matrix
+NVFP4 = BlockScaledFormat(name="nvfp4", dtype="fp4", block_rows=1, block_cols=16, scale_bytes=1.0,
+                          tensor_scale_bytes=4.0, matmul="fp4")
+#: the default block of `fp8-block` (DeepSeek-V3, Qwen3-FP8, transformers' FineGrainedFP8Config)
+FP8_BLOCK = (128, 128)
+#: block-scaled weight formats, as `Precision.modules` spells them (fp8-block<rows>[x<cols>])
+BLOCK_SCALED_FORMATS = ("fp8-block", "mxfp4", "nvfp4")
+_FP8_BLOCK_NAME = re.compile(r"fp8-block(?:(\d+)(?:x(\d+))?)?")
+
+
+def fp8_block_format(rows: int, cols: int) -> BlockScaledFormat:
+    """fp8 E4M3 values with one fp32 scale per `rows x cols` block (`weight_block_size`)."""
+    name = f"fp8-block{rows}" if rows == cols else f"fp8-block{rows}x{cols}"
+    return BlockScaledFormat(name=name, dtype="fp8", block_rows=rows, block_cols=cols, scale_bytes=4.0,
+                             matmul="fp8")
+
+
+@lru_cache(maxsize=256)
+def block_scaled_format(name: str) -> BlockScaledFormat | None:
+    """The block-scaled format `name` spells (None for a plain storage dtype; unknown names raise)."""
+    key = str(name).strip().lower()
+    if key == "mxfp4":
+        return MXFP4
+    if key == "nvfp4":
+        return NVFP4
+    match = _FP8_BLOCK_NAME.fullmatch(key)
+    if match:
+        rows = int(match.group(1) or FP8_BLOCK[0])
+        cols = int(match.group(2) or match.group(1) or FP8_BLOCK[1])
+        if rows < 1 or cols < 1:
+            raise SpecError(f"weight format {name!r}: an fp8 block must be at least 1 x 1")
+        return fp8_block_format(rows, cols)
+    return None
+
+
+def normalize_weight_format(name: str, field: str = "weight format") -> str:
+    """Canonical name of a weight format: a storage dtype (`bf16`, `int4`, ...) or a block-scaled
+    format (`fp8-block128`, `mxfp4`, `nvfp4`)."""
+    block = block_scaled_format(name) if isinstance(name, str) else None
+    if block is not None:
+        return block.name
+    try:
+        return normalize_dtype(name, field)
+    except SpecError:
+        raise SpecError(f"{field}: unknown weight format {name!r} (choose from {', '.join(STORAGE_DTYPES)}, "
+                        f"{', '.join(BLOCK_SCALED_FORMATS)})") from None
+
+
+def _module_pairs(value: object) -> tuple[tuple[str, str], ...]:
+    """`Precision.modules` as (module, format) pairs in `MODULES` order; a mapping is accepted."""
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        pairs = [(m, f) for m, f in items]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise SpecError(f"precision.modules: must map modules ({', '.join(MODULES)}) to weight formats, "
+                        f"got {value!r}") from None
+    out: dict[str, str] = {}
+    for module, fmt in pairs:
+        if module not in MODULES:
+            raise SpecError(f"precision.modules: unknown module {module!r} (modules: {', '.join(MODULES)})")
+        if module in out:
+            raise SpecError(f"precision.modules: {module} is given twice")
+        out[module] = normalize_weight_format(fmt, f"precision.modules.{module}")
+    return tuple((m, out[m]) for m in MODULES if m in out)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Precision:
     """Storage formats of the three kinds of tensors an inference pass moves.
 
     `group_size` and `zero_point` apply to integer weights (None: the format's default, see the
     module docstring; `PER_CHANNEL` = -1: one scale per output channel); `embeddings` is the format of the embedding and lm_head matrices (None: the
-    weights' format, or 16 bits when the weights are quantised below 16 bits)."""
+    weights' format, or 16 bits when the weights are quantised below 16 bits).
+
+    `modules` gives the weight format of the modules (`MODULES`) a checkpoint stores apart from
+    `weights`, as (module, format) pairs (a mapping is accepted): gpt-oss is
+    `Precision(weights="bf16", modules={"expert": "mxfp4"})`. A module it does not name is at
+    `weights`; the embedding and lm_head at `embedding_dtype`; the router at the activation format
+    (small, as the roll-up has always counted it)."""
 
     weights: str = "fp16"
     activations: str = "fp16"
@@ -100,6 +227,7 @@ class Precision:
     group_size: int | None = None
     zero_point: bool | None = None
     embeddings: str | None = None
+    modules: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for field in ("weights", "activations", "kv"):
@@ -113,6 +241,7 @@ class Precision:
                             f"got weights={self.weights}")
         if self.embeddings is not None:
             object.__setattr__(self, "embeddings", normalize_dtype(self.embeddings, "precision.embeddings"))
+        object.__setattr__(self, "modules", _module_pairs(self.modules))
 
     @property
     def quantized(self) -> bool:
@@ -147,10 +276,51 @@ class Precision:
     def embedding_bytes(self) -> float:
         return DTYPE_BYTES[self.embedding_dtype]
 
-    def matrix_bytes(self, d_in: int, d_out: int) -> float:
-        """Bytes of one `d_in x d_out` weight matrix at the weight format, scales and zeros included:
-        `d_in*d_out*bytes + d_out*ceil(d_in/group)*(scale + zero)`."""
-        return _matrix_bytes(self.weights, d_in, d_out, self.effective_group_size, self.effective_zero_point)
+    def matrix_bytes(self, d_in: int, d_out: int, module: str | None = None) -> float:
+        """Bytes of one `d_in x d_out` weight matrix of `module` at its format, scales and zeros
+        included: `d_in*d_out*bytes + d_out*ceil(d_in/group)*(scale + zero)` for the weight format
+        (no `module`, or one without its own format), the block scales of a block-scaled one."""
+        if module is None:
+            return _matrix_bytes(self.weights, d_in, d_out, self.effective_group_size, self.effective_zero_point)
+        fmt = self.module_format(module)
+        block = block_scaled_format(fmt)
+        if block is not None:
+            return block.matrix_bytes(d_in, d_out)
+        if module in _VOCAB_MODULES and module not in dict(self.modules):
+            return self.embedding_matrix_bytes(d_in, d_out)
+        if fmt in QUANTIZED_WEIGHT_DTYPES:
+            same = fmt == self.weights
+            group = self.effective_group_size if same else DEFAULT_GROUP_SIZE[fmt]
+            zero = self.effective_zero_point if same else DEFAULT_ZERO_POINT[fmt]
+            return _matrix_bytes(fmt, d_in, d_out, group, zero)
+        return _matrix_bytes(fmt, d_in, d_out, None, False)
+
+    def module_format(self, module: str) -> str:
+        """The weight format of `module` (one of `MODULES`): a storage dtype or a block-scaled format."""
+        if module not in MODULES:
+            raise SpecError(f"module: unknown module {module!r} (modules: {', '.join(MODULES)})")
+        for name, fmt in self.modules:
+            if name == module:
+                return fmt
+        if module in _VOCAB_MODULES:
+            return self.embedding_dtype
+        return self.activations if module == "router" else self.weights
+
+    def module_dtype(self, module: str) -> str:
+        """The storage dtype of `module`'s weight values (`fp4` for mxfp4 / nvfp4, `fp8` for fp8-block)."""
+        fmt = self.module_format(module)
+        block = block_scaled_format(fmt)
+        return fmt if block is None else block.dtype
+
+    def matmul_dtype(self, module: str | None = None) -> str:
+        """The format `module`'s matmul computes in where the device has units for it: fp8 for
+        fp8-block weights (activations quantised to fp8 on the fly), fp4 for mxfp4 / nvfp4, the
+        activation format otherwise (integer and plain weights are read and dequantised, W4A16).
+        `HardwareSpec.matmul_dtype` falls back on a device without it."""
+        if module is None:
+            return self.activations
+        block = block_scaled_format(self.module_format(module))
+        return self.activations if block is None else block.matmul
 
     def embedding_matrix_bytes(self, d_in: int, d_out: int) -> float:
         """Bytes of the embedding or lm_head matrix at `embedding_dtype` (group scales if integer)."""
@@ -162,11 +332,11 @@ class Precision:
 
     def label(self) -> str:
         """`str(self)` plus the quantisation details when they differ from plain storage."""
-        text = str(self)
+        text = self._base_str()
         if self.quantized:
             g = self.effective_group_size
             text += f" ({f'g{g}' if g else 'per-channel'}{', zp' if self.effective_zero_point else ''})"
-        return text
+        return text + self._modules_str()
 
     @classmethod
     def uniform(cls, dtype: str) -> Precision:
@@ -184,7 +354,19 @@ class Precision:
     def kv_bytes(self) -> float:
         return DTYPE_BYTES[self.kv]
 
-    def __str__(self) -> str:
+    def _base_str(self) -> str:
         if self.weights == self.activations == self.kv:
             return self.weights
         return f"w:{self.weights}/a:{self.activations}/kv:{self.kv}"
+
+    def _modules_str(self) -> str:
+        """` (expert mxfp4)`: the modules with their own format, grouped by format."""
+        if not self.modules:
+            return ""
+        by_format: dict[str, list[str]] = {}
+        for module, fmt in self.modules:
+            by_format.setdefault(fmt, []).append(module)
+        return " (" + "; ".join(f"{', '.join(mods)} {fmt}" for fmt, mods in by_format.items()) + ")"
+
+    def __str__(self) -> str:
+        return self._base_str() + self._modules_str()

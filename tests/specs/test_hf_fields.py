@@ -158,7 +158,7 @@ def test_quantization_config(qcfg, expected):
 
 @pytest.mark.parametrize("qcfg,needle", [
     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization_config.quant_method='bitsandbytes'"),
-    ({"quant_method": "fp8"}, "quantization_config.quant_method='fp8' is not modelled (supported: awq, gptq)"),
+    ({"quant_method": "hqq"}, "quantization_config.quant_method='hqq' is not modelled (supported: awq, gptq, fp8"),
     ({"bits": 4}, "quantization_config.quant_method=None"),
     ({**GPTQ, "bits": 3}, "quantization_config.bits must be one of 4, 8, got 3"),
     ({**GPTQ, "bits": None}, "missing field 'quantization_config.bits'"),

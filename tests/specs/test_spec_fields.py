@@ -126,7 +126,7 @@ def test_quantization_spec():
 
 
 @pytest.mark.parametrize("kwargs,needle", [
-    (dict(method="bnb"), "quantization.method must be one of awq, gptq, got 'bnb'"),
+    (dict(method="bnb"), "quantization.method must be one of awq, gptq, fp8, mxfp4, nvfp4, got 'bnb'"),
     (dict(bits=3), "quantization.bits must be one of 4, 8, got 3"),
     (dict(bits=True), "quantization.bits must be one of 4, 8, got True"),
     (dict(group_size=0), "quantization.group_size must be a positive integer or null (per channel), got 0"),

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from llmperf.specs import STORAGE_DTYPES, ModelSpec, Precision, dtype_bytes, normalize_dtype
 
 # Bytes per element, written out by hand (not read from llmperf.specs.DTYPE_BYTES, so a wrong entry
-# in that table fails here): IEEE fp32 4, fp16 / bf16 2, fp8 (e4m3 / e5m2) 1, int8 1, int4 two per byte.
-BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+# in that table fails here): IEEE fp32 4, fp16 / bf16 2, fp8 (e4m3 / e5m2) 1, int8 1, int4 and fp4 (e2m1)
+# two per byte.
+BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
 
 
 @st.composite
@@ -112,7 +113,7 @@ def test_weight_bytes_by_hand():
 
 def test_dtype_bytes():
     assert dtype_bytes("int4") == 0.5 and Precision.uniform("int4").kv_bytes == 0.5
-    assert [dtype_bytes(d) for d in STORAGE_DTYPES] == [4, 2, 2, 1, 1, 0.5]
+    assert [dtype_bytes(d) for d in STORAGE_DTYPES] == [4, 2, 2, 1, 1, 0.5, 0.5]
     assert str(Precision(weights="int4", kv="fp8")) == "w:int4/a:fp16/kv:fp8"
 
 
