@@ -301,6 +301,8 @@ def _qwen3_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     == 0; dense layers use intermediate_size. A sliding window (use_sliding_window) covers every layer."""
     _biases(cfg, out)
     out["qk_norm"] = "rmsnorm"
+    if cfg.data.get("num_experts") is None and cfg.has("num_local_experts"):  # transformers 5 saves this name
+        out["num_experts"] = _positive(cfg, "num_local_experts")
     n = out["num_layers"]
     window = cfg.get("sliding_window") if cfg.flag("use_sliding_window") else None
     _set_layer_types(cfg, out, ["sliding_attention" if window is not None else "full_attention"] * n, window)
@@ -387,6 +389,9 @@ def _gpt_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
     (layer i slides iff i is even, GptOssConfig's default)."""
     _biases(cfg, out)
     out.update(attn_sinks=True, router_bias=True, mlp_bias=True)
+    if not cfg.has("rope_scaling") and not cfg.has("rope_parameters"):  # GptOssConfig's default
+        out["rope_theta"] = 150000.0 if not cfg.has("rope_theta") else out["rope_theta"]
+        out["rope_scaling"] = dict(_GPT_OSS_ROPE)
     n = out["num_layers"]
     default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     _set_layer_types(cfg, out, default, cfg.get("sliding_window"))
@@ -396,6 +401,10 @@ def _gpt_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
                         f"{out.get('experts_per_token')!r}")
     _number(cfg, "swiglu_limit", cfg.get("swiglu_limit", 7.0))
     _top_k(cfg, out)
+
+
+_GPT_OSS_ROPE = MappingProxyType({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                  "truncate": False, "original_max_position_embeddings": 4096})
 
 
 def _llama4_extra(cfg: _Config, out: dict[str, Any]) -> None:

@@ -1,0 +1,264 @@
+"""Today's models (issue 22) against Hugging Face `transformers`: Qwen3 dense and MoE, DeepSeek-V2/V3
+(and Kimi-K2, a DeepSeek-V3), GLM-4.5, gpt-oss, Llama 4 (text) and Gemma 2/3 (text).
+
+Parameter-count convention (`ModelSpec.param_count`): every tensor of the checkpoint that transformers
+builds, i.e. `model.parameters()` (tied weights once) plus its persistent buffers. The only persistent
+buffer is DeepSeek-V3's / GLM-4.5's `e_score_correction_bias` (one fp32 per routed expert per MoE layer,
+the noaux_tc routing correction: it is in the checkpoint and read every step). The input embedding is
+counted; multi-token-prediction layers (`mtp_layers`) are not (transformers does not build them).
+`active_param_count` follows the same convention (input embedding included, MTP excluded), which is how
+ARCHITECTURES.md §11 recomputes its table; OpenAI's published "active" figures leave out the input
+embedding.
+
+KV: `kv_width_per_token_per_layer` equals the K + V widths transformers' cache stores for one token in
+one layer. For multi-head latent attention transformers 5.24 caches the compressed latent (kv_lora_rank,
+in the "keys" slot) and the shared rotary key (qk_rope_head_dim, in the "values" slot) as one head each,
+as MLA engines (vLLM, SGLang, FlashMLA) do: kv_lora_rank + qk_rope_head_dim. (Older transformers cached
+the unabsorbed per-head K and V instead.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from llmperf.errors import SpecError
+from llmperf.specs import ModelSpec
+from llmperf.specs.hf import HF_CONFIG_FIELDS, HF_REFUSED_FIELDS, model_spec_from_hf_config, read_hf_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# verbatim config.json files as published (provenance in each *.source.txt)
+HF_CONFIGS = Path(__file__).parent / "data" / "hf-configs"
+
+
+def read(cfg: dict) -> ModelSpec:
+    return model_spec_from_hf_config(json.loads(json.dumps(cfg)), name="t")
+
+
+def refused(cfg: dict, needle: str):
+    with pytest.raises(SpecError, match=re.escape(needle)) as info:
+        read(cfg)
+    assert "\n" not in str(info.value)
+
+
+# ---- transformers' side ----------------------------------------------------------------------------
+
+_TEXT_CLASSES = {"llama4": ("Llama4TextConfig", "Llama4ForCausalLM"),
+                 "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
+
+
+def hf_model(cfg: dict, device: str = "meta"):
+    """The transformers causal LM of a config dict: multimodal wrappers build their text model only,
+    Kimi-K2 is a DeepSeek-V3."""
+    cfg = {k: v for k, v in json.loads(json.dumps(cfg)).items() if k != "quantization_config"}  # transformers
+    mt = cfg["model_type"]  # mutates nested dicts (rope_scaling) it is given: a copy
+    with torch.device(device):
+        if mt in _TEXT_CLASSES:
+            config_cls, model_cls = (getattr(transformers, n) for n in _TEXT_CLASSES[mt])
+            text = {k: v for k, v in (cfg.get("text_config") or {}).items() if k != "model_type"}
+            return model_cls(config_cls(**text))
+        if mt == "kimi_k2":
+            cfg = {**cfg, "model_type": "deepseek_v3"}
+        return transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+
+
+def checkpoint_tensor_count(model) -> int:
+    """parameters() (a tied weight once) + persistent buffers: what the checkpoint holds."""
+    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert n == model.num_parameters()
+    for mod in model.modules():
+        for name, buf in mod.named_buffers(recurse=False):
+            if name not in mod._non_persistent_buffers_set:
+                assert name == "e_score_correction_bias", name  # the only one: see the module docstring
+                n += buf.numel()
+    return n
+
+
+# ---- the verbatim configs -------------------------------------------------------------------------
+
+def hub_configs() -> dict[str, dict]:
+    out = {}
+    for p in sorted(HF_CONFIGS.glob("*.json")):
+        data = json.loads(p.read_text())
+        data.pop("quantization_config", None)  # fp8 / mxfp4: read by the quantization helper, not here
+        out[p.stem] = data
+    return out
+
+
+HUB = hub_configs()
+
+
+@pytest.mark.parametrize("name", sorted(HUB))
+def test_hub_config_param_count_is_exact(name):
+    spec = read(HUB[name])
+    assert spec.param_count == checkpoint_tensor_count(hf_model(HUB[name]))
+
+
+# ARCHITECTURES.md §11, "recomputed" column (input embedding included, MTP excluded), in billions
+RECOMPUTED = {
+    "DeepSeek-V3": (671.03, 37.55), "GLM-4.5": (352.8, 33.6), "Qwen3-30B-A3B": (30.53, 3.35),
+    "Qwen3-8B": (8.19, 8.19), "Qwen2.5-7B": (7.62, 7.62), "gpt-oss-20b": (20.91, 4.19),
+    "Llama-4-Scout-17B-16E-Instruct": (107.77, 17.17), "Llama-3.1-8B": (8.03, 8.03), "Mixtral-8x7B-v0.1": (46.70, 12.88),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECOMPUTED))
+def test_hub_config_total_and_active_match_the_digest(name):
+    spec = read(HUB[name])
+    total, active = RECOMPUTED[name]
+    assert spec.param_count / 1e9 == pytest.approx(total, rel=1e-3)
+    assert spec.active_param_count / 1e9 == pytest.approx(active, rel=1e-3)
+
+
+def test_hub_configs_layer_structure():
+    ds = read(HUB["DeepSeek-V3"])
+    assert ds.is_mla and ds.kv_width_per_token_per_layer == 512 + 64 and ds.mtp_layers == 1
+    assert ds.dense_layers == (0, 1, 2) and ds.num_moe_layers == 58 and ds.router_score_bias
+    assert ds.rope_scaling["type"] == "yarn" and ds.rotary_dim == 64 and ds.head_dim == 192
+    glm = read(HUB["GLM-4.5"])
+    assert glm.qk_norm == "rmsnorm" and glm.qkv_bias and not glm.out_bias and glm.rotary_dim == 64
+    assert glm.dense_layers == (0, 1, 2) and glm.shared_experts == 1 and glm.moe_ffn_size == 1536
+    oss = read(HUB["gpt-oss-20b"])
+    assert oss.layer_types == ("sliding", "full") * 12 and oss.sliding_window == 128
+    assert oss.attn_sinks and oss.router_bias and oss.mlp_bias and oss.experts_per_token == 4
+    scout = read(HUB["Llama-4-Scout-17B-16E-Instruct"])
+    assert scout.nope_layers == tuple(range(3, 48, 4)) and scout.attention_chunk_size == 8192
+    assert scout.layer_types.count("chunked") == 36 and scout.qk_norm == "l2" and scout.shared_experts == 1
+    assert scout.dense_layers == () and scout.moe_ffn_size == 8192 and scout.ffn_size == 16384
+    assert "vision tower is not modelled" in scout.source
+    q3 = read(HUB["Qwen3-30B-A3B"])
+    assert q3.qk_norm == "rmsnorm" and q3.num_moe_layers == 48 and q3.head_dim == 128 and q3.sliding_window is None
+
+
+# ---- tiny configs of each family: every structural switch, exact against transformers --------------
+
+_BASE = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False)
+_MLA = dict(_BASE, num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=16, n_routed_experts=8,
+            num_experts_per_tok=2, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+            v_head_dim=12, num_hidden_layers=3, first_k_dense_replace=1)
+_LLAMA4_TEXT = dict(_BASE, head_dim=16, intermediate_size=32, intermediate_size_mlp=48, num_hidden_layers=4,
+                    num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                    attention_chunk_size=8, no_rope_layer_interval=2, use_qk_norm=True)
+_GEMMA = dict(_BASE, head_dim=32, intermediate_size=96, sliding_window=8, tie_word_embeddings=True)
+
+TINY = {
+    # explicit head_dim 32 != 64 / 4; layers >= max_window_layers slide
+    "qwen3": dict(_BASE, model_type="qwen3", head_dim=32, intermediate_size=96, num_hidden_layers=4,
+                  use_sliding_window=True, sliding_window=8, max_window_layers=2),
+    "qwen3-tied-bias": dict(_BASE, model_type="qwen3", head_dim=16, intermediate_size=96, num_hidden_layers=2,
+                            attention_bias=True, tie_word_embeddings=True),
+    # MoE iff (i + 1) % 2 == 0 and i not in mlp_only_layers: layer 1 only
+    "qwen3_moe": dict(_BASE, model_type="qwen3_moe", head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+                      num_experts=8, num_experts_per_tok=2, decoder_sparse_step=2, mlp_only_layers=[3],
+                      num_hidden_layers=4),
+    "deepseek_v3": dict(_MLA, model_type="deepseek_v3", n_shared_experts=2, n_group=2, topk_group=1,
+                        topk_method="noaux_tc", scoring_func="sigmoid", routed_scaling_factor=2.5,
+                        num_nextn_predict_layers=1,
+                        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    "deepseek_v3-no-q-lora": dict(_MLA, model_type="deepseek_v3", q_lora_rank=None, n_shared_experts=1,
+                                  attention_bias=True, n_group=1, topk_group=1),
+    "kimi_k2": dict(_MLA, model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"], n_shared_experts=1,
+                    n_group=1, topk_group=1, first_k_dense_replace=2),
+    # V2-Lite style: plain q_proj, softmax greedy routing, 2 shared experts, first layer dense
+    "deepseek_v2": dict(_MLA, model_type="deepseek_v2", q_lora_rank=None, n_shared_experts=2, topk_method="greedy"),
+    "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=32, intermediate_size=96, moe_intermediate_size=16,
+                     n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+                     num_hidden_layers=3, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
+                     n_group=1, topk_group=1, num_nextn_predict_layers=1),
+    "gpt_oss": dict(_BASE, model_type="gpt_oss", head_dim=16, intermediate_size=32, num_hidden_layers=4,
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention", "full_attention", "sliding_attention"]),
+    "gpt_oss-default-layers": dict(_BASE, model_type="gpt_oss", head_dim=16, intermediate_size=32,
+                                   num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2,
+                                   sliding_window=8),
+    # MoE on layers 1 and 3 (step 2); NoPE layers 1 and 3 (interval 2); the rotary layers chunked
+    "llama4": dict(model_type="llama4", architectures=["Llama4ForConditionalGeneration"],
+                   text_config=dict(_LLAMA4_TEXT, model_type="llama4_text"), torch_dtype="bfloat16"),
+    "llama4_text-moe_layers": dict(_LLAMA4_TEXT, model_type="llama4_text", moe_layers=[0, 3], use_qk_norm=False),
+    "gemma2": dict(_GEMMA, model_type="gemma2", num_hidden_layers=4, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32),
+    "gemma3_text": dict(_GEMMA, model_type="gemma3_text", num_hidden_layers=7, sliding_window_pattern=3,
+                        head_dim=16, rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    "gemma3": dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"],
+                   text_config=dict(_GEMMA, model_type="gemma3_text", num_hidden_layers=6)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_param_count_is_exact(name):
+    spec = read(TINY[name])
+    assert spec.param_count == checkpoint_tensor_count(hf_model(TINY[name]))
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_saved_by_transformers_reads_back(name, tmp_path):
+    """transformers 5 writes the config its own way (rope_parameters, explicit layer_types, no_rope_layers,
+    moe_layers): read back, the same structure."""
+    if TINY[name]["model_type"] in ("llama4", "gemma3", "kimi_k2"):
+        pytest.skip("the wrapper / alias is not a transformers causal-LM config")
+    hf_model(TINY[name]).config.save_pretrained(tmp_path)
+    back = ModelSpec.from_hf_config(tmp_path)
+    spec = read(TINY[name])
+    assert back.param_count == spec.param_count
+    assert back.layer_kinds() == spec.layer_kinds()
+    assert back.kv_width_per_token_per_layer == spec.kv_width_per_token_per_layer
+    assert (back.rotary_dim, back.qk_norm, rope_kind(back)) == (spec.rotary_dim, spec.qk_norm, rope_kind(spec))
+
+
+def rope_kind(spec: ModelSpec) -> str:
+    scaling = spec.rope_scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def test_tiny_layer_structure():
+    q = read(TINY["qwen3"])
+    assert q.layer_types == ("full", "full", "sliding", "sliding") and q.sliding_window == 8 and q.head_dim == 32
+    moe = read(TINY["qwen3_moe"])
+    assert [k.moe for k in moe.layer_kinds()] == [False, True, False, False] and moe.dense_layers == (0, 2, 3)
+    ds = read(TINY["deepseek_v3"])
+    assert ds.dense_layers == (0,) and ds.shared_experts == 2 and ds.q_lora_rank == 24 and ds.mtp_layers == 1
+    assert read(TINY["deepseek_v3-no-q-lora"]).q_lora_rank is None
+    assert read(TINY["kimi_k2"]).dense_layers == (0, 1)
+    v2 = read(TINY["deepseek_v2"])
+    assert not v2.router_score_bias and v2.mtp_layers == 0 and v2.q_lora_rank is None
+    oss = read(TINY["gpt_oss-default-layers"])
+    assert oss.layer_types == ("sliding", "full", "sliding", "full")
+    l4 = read(TINY["llama4"])
+    assert l4.nope_layers == (1, 3) and l4.layer_types == ("chunked", "full", "chunked", "full")
+    assert [k.moe for k in l4.layer_kinds()] == [False, True, False, True] and l4.dtype == "bf16"
+    assert [k.moe for k in read(TINY["llama4_text-moe_layers"]).layer_kinds()] == [True, False, False, True]
+    g2 = read(TINY["gemma2"])
+    assert g2.layer_types == ("sliding", "full") * 2 and (g2.attn_softcap, g2.final_softcap) == (50.0, 30.0)
+    assert g2.tied_embeddings and g2.sandwich_norms and g2.embedding_scale and g2.hidden_act == "gelu_pytorch_tanh"
+    g3 = read(TINY["gemma3_text"])
+    assert g3.layer_types == ("sliding", "sliding", "full") * 2 + ("sliding",) and g3.qk_norm == "rmsnorm"
+    assert g3.attn_softcap is None and g3.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert read(TINY["gemma3"]).layer_types == ("sliding",) * 5 + ("full",)
+
+
+# ---- KV elements per token and layer against transformers' cache ---------------------------------
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_kv_width_matches_the_cache(name):
+    """A forward of 5 tokens (inside every window and chunk) through the real tiny model: each layer's
+    cached K and V widths (heads x head_dim) per token."""
+    spec = read(TINY[name])
+    torch.manual_seed(0)
+    model = hf_model(TINY[name], device="cpu").eval()
+    with torch.no_grad():
+        cache = model(torch.randint(0, 128, (1, 5)), use_cache=True).past_key_values
+    assert len(cache.layers) == spec.num_layers
+    for layer in cache.layers:
+        k, v = layer.keys, layer.values  # (B, H_kv, T, D)
+        assert k.shape[2] == v.shape[2] == 5
+        width = k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]
+        if spec.is_mla:  # transformers 5 caches the latent as "K" and the shared rotary key as "V"
+            assert (k.shape[1], k.shape[3], v.shape[1], v.shape[3]) == (1, spec.kv_lora_rank, 1, spec.qk_rope_head_dim)
+        assert spec.kv_width_per_token_per_layer == width
