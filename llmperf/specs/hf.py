@@ -20,6 +20,7 @@ Quantized checkpoints (`quantization_config`, as AutoAWQ and AutoGPTQ write it):
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -204,6 +205,21 @@ def _positive(cfg: _Config, key: str, value: Any = _ABSENT) -> int:
     return value
 
 
+def _count(cfg: _Config, key: str) -> int:
+    """An integer >= 0 (absent: the type's default), one line naming the key otherwise."""
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(f"{cfg.origin}: {key} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _positive_number(cfg: _Config, key: str, value: Any) -> float:
+    number = _number(cfg, key, value)
+    if not math.isfinite(number) or number <= 0:
+        raise SpecError(f"{cfg.origin}: {key} must be a finite positive number, got {value!r}")
+    return number
+
+
 def _set_layer_types(cfg: _Config, out: dict[str, Any], default: list[str], window: int | None,
                      chunk: int | None = None) -> None:
     """Each layer's attention from `layer_types` (or the type's `default` derivation, as the config
@@ -250,8 +266,9 @@ def _routing_values(cfg: _Config, experts: int) -> None:
     """Routing fields that change which experts win, not what a token costs: read and checked, kept out
     of the spec (norm_topk_prob, routed_scaling_factor, n_group, topk_group, scoring_func)."""
     cfg.flag("norm_topk_prob")
-    scale = cfg.get("routed_scaling_factor", 1.0)
-    _number(cfg, "routed_scaling_factor", scale)
+    scale = cfg.get("routed_scaling_factor")
+    if scale is not None:
+        _positive_number(cfg, "routed_scaling_factor", scale)
     groups, top_groups = cfg.get("n_group"), cfg.get("topk_group")
     if groups is not None:
         groups = _positive(cfg, "n_group", groups)
@@ -320,25 +337,24 @@ def _mla_extra(cfg: _Config, out: dict[str, Any]) -> None:
     num_key_value_heads is not the cache's head count: the KV heads are the query heads (unabsorbed)."""
     mt = cfg.data.get("model_type")
     for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-        if cfg.get(key) is None:
+        if (key in cfg.data and cfg.data[key] is None) or cfg.get(key) is None:  # absent: the class default
             raise SpecError(f"{cfg.origin}: multi-head latent attention needs {key} (missing or null)")
         out[_MLA_FIELDS[key]] = _positive(cfg, key)
     q_rank = cfg.get("q_lora_rank")
     out["q_lora_rank"] = None if q_rank is None else _positive(cfg, "q_lora_rank", q_rank)
     out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
     out["rotary_dim"] = out["qk_rope_head_dim"]
+    cfg.get("num_key_value_heads")  # read, not used: the unabsorbed KV heads are the query heads
     out["num_kv_heads"] = out["num_heads"]
     _biases(cfg, out)
     if mt == "deepseek_v2" and cfg.flag("mlp_bias"):
         raise cfg.refuse("mlp_bias", True, "DeepSeek-V2 puts it on the dense and shared MLPs only")
-    out["mtp_layers"] = _int(cfg, "num_nextn_predict_layers", cfg.get("num_nextn_predict_layers", 0))
-    if out["mtp_layers"] < 0:
-        raise SpecError(f"{cfg.origin}: num_nextn_predict_layers must be >= 0, got {out['mtp_layers']}")
+    out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers")
     n = out["num_layers"]
-    first_dense = _int(cfg, "first_k_dense_replace", cfg.get("first_k_dense_replace", 0))
+    first_dense = _count(cfg, "first_k_dense_replace")
     # DeepSeek's own modelling also needs layer % moe_layer_freq == 0 (transformers drops the field;
     # every published config has 1)
-    freq = _positive(cfg, "moe_layer_freq", cfg.get("moe_layer_freq", 1))
+    freq = _positive(cfg, "moe_layer_freq", cfg.get("moe_layer_freq"))
     method = cfg.get("topk_method", None)
     if mt == "deepseek_v2":
         out["router_score_bias"] = False
@@ -348,10 +364,7 @@ def _mla_extra(cfg: _Config, out: dict[str, Any]) -> None:
         if method not in (None, "noaux_tc"):
             raise cfg.refuse("topk_method", method, "DeepSeek-V3 routes noaux_tc")
         out["router_score_bias"] = True
-    shared = _int(cfg, "n_shared_experts", cfg.get("n_shared_experts", 0))
-    if shared < 0:
-        raise SpecError(f"{cfg.origin}: n_shared_experts must be >= 0, got {shared}")
-    out["shared_experts"] = shared
+    out["shared_experts"] = _count(cfg, "n_shared_experts")
     _routing_values(cfg, out["num_experts"])
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i >= first_dense and i % freq == 0)
@@ -368,16 +381,15 @@ def _glm4_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     if cfg.flag("use_qk_norm"):
         out["qk_norm"] = "rmsnorm"
     head_dim = out.get("head_dim") or out["hidden_size"] // out["num_heads"]
-    fraction = _rope_parameters(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5))
+    fraction = _rope_parameters(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     fraction = _number(cfg, "partial_rotary_factor", fraction)
     if not 0 < fraction <= 1:
         raise SpecError(f"{cfg.origin}: partial_rotary_factor must be in (0, 1], got {fraction!r}")
     out["rotary_dim"] = int(head_dim * fraction)
-    out["mtp_layers"] = _int(cfg, "num_nextn_predict_layers", cfg.get("num_nextn_predict_layers", 0))
-    shared = _int(cfg, "n_shared_experts", cfg.get("n_shared_experts", 0))
-    out["shared_experts"] = shared
+    out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers")
+    out["shared_experts"] = _count(cfg, "n_shared_experts")
     out["router_score_bias"] = True
-    first_dense = _int(cfg, "first_k_dense_replace", cfg.get("first_k_dense_replace", 0))
+    first_dense = _count(cfg, "first_k_dense_replace")
     _routing_values(cfg, out["num_experts"])
     _top_k(cfg, out)
     _set_layer_types(cfg, out, ["full_attention"] * out["num_layers"], None)
@@ -399,7 +411,7 @@ def _gpt_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
     if legacy is not None and legacy != out.get("experts_per_token"):
         raise SpecError(f"{cfg.origin}: experts_per_token={legacy!r} differs from num_experts_per_tok="
                         f"{out.get('experts_per_token')!r}")
-    _number(cfg, "swiglu_limit", cfg.get("swiglu_limit", 7.0))
+    _positive_number(cfg, "swiglu_limit", cfg.get("swiglu_limit"))
     _top_k(cfg, out)
 
 
@@ -428,11 +440,8 @@ def _llama4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     chunk = cfg.get("attention_chunk_size")
     default = ["chunked_attention" if f and chunk is not None else "full_attention" for f in flags]
     _set_layer_types(cfg, out, default, None, chunk)
-    if cfg.has("moe_layers"):
-        moe = set(_index_list(cfg, "moe_layers", n))
-    else:
-        step = _positive(cfg, "interleave_moe_layer_step")
-        moe = set(range(step - 1, n, step))
+    step = _positive(cfg, "interleave_moe_layer_step")
+    moe = set(_index_list(cfg, "moe_layers", n)) if cfg.has("moe_layers") else set(range(step - 1, n, step))
     out["shared_experts"] = 1
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i in moe)
@@ -447,14 +456,14 @@ def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
     out.update(ffn_kind="swiglu", sandwich_norms=True, embedding_scale=True)
     for key, f in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "final_softcap")):
         value = cfg.get(key)
-        out[f] = None if value is None else _number(cfg, key, value)
-    _number(cfg, "query_pre_attn_scalar", cfg.get("query_pre_attn_scalar"))
+        out[f] = None if value is None else _positive_number(cfg, key, value)
+    _positive_number(cfg, "query_pre_attn_scalar", cfg.get("query_pre_attn_scalar"))
     n = out["num_layers"]
     if mt == "gemma3_text":
         out["qk_norm"] = "rmsnorm"
         if cfg.flag("use_bidirectional_attention"):
             raise cfg.refuse("use_bidirectional_attention", True, "an encoder (EmbeddingGemma), not a causal LM")
-        pattern = _positive(cfg, "sliding_window_pattern", cfg.get("sliding_window_pattern", 6))
+        pattern = _positive(cfg, "sliding_window_pattern", cfg.get("sliding_window_pattern"))
     else:
         pattern = 2
     default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
@@ -515,7 +524,7 @@ _TYPES = (
                 required=_LLAMA_REQUIRED,
                 defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 32, "head_dim": 128, "attention_bias": False,
                           "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
-                sliding_window="layers", extra=_qwen3_extra),
+                sliding_window="layers", honours=("use_qk_norm",), extra=_qwen3_extra),
     HFModelType(model_type="qwen3_moe", family="llama", architectures=("Qwen3MoeForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
                       "moe_ffn_size": "moe_intermediate_size"},
@@ -524,7 +533,7 @@ _TYPES = (
                           "use_sliding_window": False, "sliding_window": 4096, "decoder_sparse_step": 1,
                           "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128,
                           "norm_topk_prob": False},
-                sliding_window="layers", extra=_qwen3_moe_extra),
+                sliding_window="layers", honours=("use_qk_norm",), extra=_qwen3_moe_extra),
     *(HFModelType(model_type=mt, family="llama", architectures=(arch,), keys=_MLA_KEYS, required=_MLA_REQUIRED,
                   defaults=defaults, sliding_window="layers", extra=_mla_extra)
       for mt, arch, defaults in (("deepseek_v3", "DeepseekV3ForCausalLM", _DEEPSEEK_V3_DEFAULTS),

@@ -262,3 +262,142 @@ def test_tiny_kv_width_matches_the_cache(name):
         if spec.is_mla:  # transformers 5 caches the latent as "K" and the shared rotary key as "V"
             assert (k.shape[1], k.shape[3], v.shape[1], v.shape[3]) == (1, spec.kv_lora_rank, 1, spec.qk_rope_head_dim)
         assert spec.kv_width_per_token_per_layer == width
+
+
+# ---- every key read is listed; every key of the tiny configs is read ---------------------------------
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_every_key_read_is_listed(name):
+    cfg = json.loads(json.dumps(TINY[name]))
+    fields, read_keys = read_hf_config(cfg, "t", "config")
+    assert read_keys <= set(HF_CONFIG_FIELDS) | set(HF_REFUSED_FIELDS), read_keys - set(HF_CONFIG_FIELDS)
+    inner = cfg.get("text_config", cfg)
+    assert set(inner) <= read_keys, set(inner) - read_keys
+
+
+# ---- refused by name, in one line --------------------------------------------------------------------
+
+@pytest.mark.parametrize("model_type,needle", [
+    ("deepseek_v32", "model_type 'deepseek_v32' is not modelled (DeepSeek Sparse Attention"),
+    ("glm_moe_dsa", "model_type 'glm_moe_dsa' is not modelled (DeepSeek Sparse Attention"),
+    ("qwen3_next", "model_type 'qwen3_next' is not modelled (Gated DeltaNet"),
+    ("qwen3_5_moe", "model_type 'qwen3_5_moe' is not modelled (Gated DeltaNet"),
+    ("nemotron_h", "model_type 'nemotron_h' is not modelled (Mamba-2 layers keep a constant per-sequence state"),
+])
+def test_hybrids_refused_by_model_type(model_type, needle):
+    refused({**TINY["qwen3"], "model_type": model_type}, needle)
+
+
+V3, Q3, OSS, L4, G3 = (TINY[n] for n in ("deepseek_v3", "qwen3", "gpt_oss", "llama4_text-moe_layers", "gemma3_text"))
+
+
+@pytest.mark.parametrize("cfg,needle", [
+    ({**V3, "index_topk": 2048, "index_n_heads": 64}, "index_topk=2048 is not modelled (sparse top-k attention"),
+    ({**Q3, "hybrid_override_pattern": "M-M*"}, "hybrid_override_pattern='M-M*' is not modelled (Mamba"),
+    ({**Q3, "linear_num_value_heads": 32}, "linear_num_value_heads=32 is not modelled"),
+    ({**Q3, "layer_types": ["linear_attention", "full_attention"] * 2},
+     "layer_types='linear_attention' is not modelled (a layer with a constant per-sequence state"),
+    ({**Q3, "layer_types": ["full_attention"] * 3}, "layer_types has 3 entries, num_hidden_layers=4"),
+    ({**Q3, "layer_types": ["full_attention"] * 3 + ["global"]}, "layer_types holds 'global'"),
+    ({**V3, "num_experts_per_tok": 9}, "num_experts_per_tok=9 exceeds the 8 routed experts"),
+    ({**OSS, "num_experts_per_tok": 5, "experts_per_token": 5}, "num_experts_per_tok=5 exceeds the 4 routed experts"),
+    ({**OSS, "experts_per_token": 3}, "experts_per_token=3 differs from num_experts_per_tok=2"),
+    ({**V3, "kv_lora_rank": None}, "multi-head latent attention needs kv_lora_rank (missing or null)"),
+    ({**V3, "qk_rope_head_dim": 0}, "qk_rope_head_dim must be a positive integer, got 0"),
+    ({**V3, "topk_method": "greedy"}, "topk_method='greedy' is not modelled (DeepSeek-V3 routes noaux_tc)"),
+    ({**TINY["deepseek_v2"], "mlp_bias": True}, "mlp_bias=True is not modelled"),
+    ({**TINY["deepseek_v2"], "topk_method": "noaux_tc"}, "topk_method='noaux_tc' is not modelled"),
+    ({**V3, "scoring_func": "softplus"}, "scoring_func='softplus' is not modelled"),
+    ({**V3, "n_group": 3}, "n_group=3 does not divide the 8 routed experts"),
+    ({**V3, "topk_group": 4}, "topk_group=4 exceeds n_group=2"),
+    ({**V3, "moe_layer_freq": 0}, "moe_layer_freq must be a positive integer, got 0"),
+    ({**TINY["qwen3_moe"], "mlp_only_layers": [4]}, "mlp_only_layers holds layer 4, outside 0..3"),
+    ({**TINY["qwen3_moe"], "decoder_sparse_step": 0}, "decoder_sparse_step must be a positive integer"),
+    ({**L4, "no_rope_layers": [1, 0]}, "no_rope_layers must be 4 flags"),
+    ({**L4, "moe_layers": [0, 7]}, "moe_layers holds layer 7, outside 0..3"),
+    ({**G3, "use_bidirectional_attention": True}, "use_bidirectional_attention=True is not modelled"),
+    ({**G3, "sliding_window_pattern": 0}, "sliding_window_pattern must be a positive integer"),
+    ({**G3, "sliding_window": -1}, "sliding_window must be a positive integer, got -1"),
+    ({"model_type": "gemma3", "text_config": "big"}, "text_config must be a mapping, got 'big'"),
+    ({"model_type": "llama4", "text_config": {**L4, "model_type": "llama"}},
+     "text_config.model_type='llama', expected 'llama4_text'"),
+    ({**TINY["glm4_moe"], "partial_rotary_factor": 1.5}, "partial_rotary_factor must be in (0, 1], got 1.5"),
+    ({**Q3, "rope_scaling": {"rope_type": "made_up"}}, "rope_scaling.rope_type='made_up' is not modelled"),
+    ({**Q3, "use_qk_norm": True}, None),  # Qwen3 has q/k norms anyway: accepted
+    ({**Q3, "attn_logit_softcapping": 30.0}, "attn_logit_softcapping=30.0 is not modelled"),
+])
+def test_refused_fields_of_today(cfg, needle):
+    if needle is None:
+        assert read(cfg).qk_norm == "rmsnorm"
+        return
+    refused(cfg, needle)
+
+
+def test_refusals_name_the_origin(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**V3, "num_experts_per_tok": 9}))
+    with pytest.raises(SpecError, match=re.escape(f"{path}: num_experts_per_tok=9 exceeds")):
+        ModelSpec.from_hf_config(path)
+    path.write_text(json.dumps({"model_type": "llama4", "text_config": {**L4, "layer_types": ["full_attention"]}}))
+    with pytest.raises(SpecError, match=re.escape(f"{path} (text_config): layer_types has 1 entries")):
+        ModelSpec.from_hf_config(path)
+
+
+def test_absent_keys_take_transformers_defaults():
+    """Each config class's defaults (transformers 5.24) for keys a config leaves out."""
+    bare = {k: v for k, v in TINY["deepseek_v3"].items()
+            if k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings")}
+    bare["num_hidden_layers"] = 4  # the default first_k_dense_replace=3 leaves one MoE layer
+    ds = read(bare)  # DeepseekV3Config: 256 experts of 2048, top-8, 1 shared, 3 dense layers, MLA 512/1536/128/64/128
+    assert (ds.num_experts, ds.moe_ffn_size, ds.experts_per_token, ds.shared_experts) == (256, 2048, 8, 1)
+    assert (ds.kv_lora_rank, ds.q_lora_rank, ds.qk_nope_head_dim, ds.qk_rope_head_dim, ds.v_head_dim) == (
+        512, 1536, 128, 64, 128)
+    assert ds.dense_layers == (0, 1, 2) and ds.mtp_layers == 1 and ds.num_moe_layers == 1
+    assert read({**bare, "num_hidden_layers": 3}).num_experts == 1  # no MoE layer left: a dense model
+    assert ds.param_count == checkpoint_tensor_count(hf_model(bare))
+    oss = read({k: v for k, v in OSS.items() if k not in ("layer_types", "sliding_window", "head_dim")})
+    assert oss.sliding_window == 128 and oss.head_dim == 64 and oss.layer_types == ("sliding", "full") * 2
+    assert oss.rope_scaling["rope_type"] == "yarn"
+    g2 = read({k: v for k, v in TINY["gemma2"].items() if "softcapping" not in k})
+    assert (g2.attn_softcap, g2.final_softcap) == (50.0, 30.0)
+    g3 = read({**G3, "attn_logit_softcapping": None})
+    assert g3.attn_softcap is None and g3.sliding_window == 8
+    l4 = read({k: v for k, v in L4.items() if k not in ("moe_layers", "interleave_moe_layer_step",
+                                                           "no_rope_layer_interval", "attention_chunk_size")})
+    assert l4.dense_layers == () and l4.nope_layers == (3,) and l4.attention_chunk_size == 8192
+    assert read({**L4, "attention_chunk_size": None}).layer_types is None  # no chunks: every layer global
+    q = read({k: v for k, v in Q3.items() if k != "head_dim"})
+    assert q.head_dim == 128  # Qwen3Config's default, not hidden / heads
+    assert read({**Q3, "use_sliding_window": False}).sliding_window is None
+
+
+# ---- any junk in any field: a ModelSpec or one SpecError ------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 300), st.floats(allow_nan=True, allow_infinity=True),
+                  st.text(max_size=6), st.lists(st.integers(-1, 5), max_size=5),
+                  st.lists(st.sampled_from(["full_attention", "sliding_attention", "chunked_attention",
+                                            "linear_attention"]), max_size=5),
+                  st.dictionaries(st.sampled_from(["rope_type", "type", "factor", "rope_theta", "full_attention"]),
+                                  st.one_of(st.sampled_from(["yarn", "linear", "llama3", "made_up"]),
+                                            st.integers(-1, 256), st.floats(allow_nan=True)), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(TINY)), st.data())
+def test_junk_values_give_a_spec_or_one_spec_error(name, data):
+    cfg = json.loads(json.dumps(TINY[name]))
+    target = cfg.get("text_config", cfg)
+    keys = sorted(set(target) | set(HF_CONFIG_FIELDS) | set(HF_REFUSED_FIELDS))
+    for key in data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=3, unique=True)):
+        if key != "model_type":
+            target[key] = data.draw(_JUNK)
+    try:
+        spec = read(cfg)
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert spec.param_count > 0 and spec.kv_width_per_token_per_layer > 0
