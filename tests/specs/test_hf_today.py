@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from llmperf.errors import SpecError
-from llmperf.specs import ModelSpec
+from llmperf.specs import ModelSpec, load_model
 from llmperf.specs.hf import HF_CONFIG_FIELDS, HF_REFUSED_FIELDS, model_spec_from_hf_config, read_hf_config
 
 torch = pytest.importorskip("torch")
@@ -401,3 +402,112 @@ def test_junk_values_give_a_spec_or_one_spec_error(name, data):
         assert "\n" not in str(exc)
     else:
         assert spec.param_count > 0 and spec.kv_width_per_token_per_layer > 0
+
+
+# ---- built-in models ---------------------------------------------------------------------------------
+# Models without a verbatim config in tests/specs/data/hf-configs: their architecture as published
+# (model cards, technical reports; ARCHITECTURES.md), in config.json spelling. The built-in YAML of each
+# must equal what the HF reader makes of it, and transformers must count the same parameters.
+PUBLISHED = {
+    "qwen3-32b": dict(model_type="qwen3", vocab_size=151936, hidden_size=5120, num_hidden_layers=64,
+                      num_attention_heads=64, num_key_value_heads=8, head_dim=128, intermediate_size=25600,
+                      max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                      tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "qwen3-235b-a22b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=4096, num_hidden_layers=94,
+                            num_attention_heads=64, num_key_value_heads=4, head_dim=128, intermediate_size=12288,
+                            moe_intermediate_size=1536, num_experts=128, num_experts_per_tok=8,
+                            norm_topk_prob=True, max_position_embeddings=40960, rope_theta=1000000.0,
+                            rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "kimi-k2": dict(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"], vocab_size=163840,
+                    hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
+                    num_attention_heads=64, num_key_value_heads=64, kv_lora_rank=512, q_lora_rank=1536,
+                    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=384,
+                    n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=1, moe_layer_freq=1,
+                    n_group=1, topk_group=1, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
+                    routed_scaling_factor=2.827, num_nextn_predict_layers=0, max_position_embeddings=131072,
+                    rope_theta=50000.0, rope_scaling={"type": "yarn", "factor": 32.0, "beta_fast": 1.0,
+                                                      "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                                      "original_max_position_embeddings": 4096},
+                    rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "gpt-oss-120b": dict(json.loads((HF_CONFIGS / "gpt-oss-20b.json").read_text()), num_hidden_layers=36,
+                         num_local_experts=128,
+                         layer_types=["sliding_attention", "full_attention"] * 18),
+    "llama-4-maverick": dict(model_type="llama4", architectures=["Llama4ForConditionalGeneration"],
+                             torch_dtype="bfloat16", text_config=dict(
+                                 model_type="llama4_text", vocab_size=202048, hidden_size=5120,
+                                 num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+                                 intermediate_size=8192, intermediate_size_mlp=16384, num_local_experts=128,
+                                 num_experts_per_tok=1, interleave_moe_layer_step=2, use_qk_norm=False,
+                                 attention_chunk_size=8192, max_position_embeddings=1048576, rope_theta=500000.0,
+                                 rms_norm_eps=1e-5, tie_word_embeddings=False)),
+    "gemma-2-9b": dict(model_type="gemma2", vocab_size=256000, hidden_size=3584, num_hidden_layers=42,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=256, intermediate_size=14336,
+                       hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192, sliding_window=4096,
+                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=256,
+                       rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, torch_dtype="bfloat16"),
+    "gemma-3-27b": dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"],
+                        torch_dtype="bfloat16", text_config=dict(
+                            model_type="gemma3_text", vocab_size=262208, hidden_size=5376, num_hidden_layers=62,
+                            num_attention_heads=32, num_key_value_heads=16, head_dim=128, intermediate_size=21504,
+                            hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072,
+                            sliding_window=1024, sliding_window_pattern=6, query_pre_attn_scalar=168,
+                            rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                            rope_scaling={"rope_type": "linear", "factor": 8.0}, rms_norm_eps=1e-6)),
+}
+PUBLISHED["gpt-oss-120b"].pop("quantization_config")
+
+#: each new built-in and the config it is written from
+BUILTIN_CONFIGS = {
+    "qwen3-8b": HUB["Qwen3-8B"], "qwen3-30b-a3b": HUB["Qwen3-30B-A3B"], "deepseek-v3": HUB["DeepSeek-V3"],
+    "deepseek-r1": HUB["DeepSeek-V3"],  # the same architecture (DeepSeek-R1 is a DeepSeek-V3 checkpoint)
+    "glm-4.5": HUB["GLM-4.5"], "gpt-oss-20b": HUB["gpt-oss-20b"],
+    "llama-4-scout": HUB["Llama-4-Scout-17B-16E-Instruct"], **PUBLISHED,
+}
+
+
+def structure(spec: ModelSpec) -> ModelSpec:
+    return replace(spec, name="x", source="", dtype="fp16")
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_CONFIGS))
+def test_builtin_equals_its_config(name):
+    spec = load_model(name)
+    back = read(BUILTIN_CONFIGS[name])
+    assert structure(spec) == structure(back)
+    assert spec.rope_scaling == back.rope_scaling  # not part of ==
+    assert spec.layer_kinds() == back.layer_kinds() and spec.param_count == back.param_count
+    assert spec.source.startswith("https://")
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_builtin_param_count_is_exact(name):
+    """The built-ins written from the published architecture, counted by transformers (meta device)."""
+    assert load_model(name).param_count == checkpoint_tensor_count(hf_model(PUBLISHED[name]))
+
+
+# (total, active) in billions: ARCHITECTURES.md §11's recomputed column, and the published figures for the
+# two Gemma models (text model only)
+DIGEST = {"qwen3-8b": (8.19, 8.19), "qwen3-32b": (32.76, 32.76), "qwen3-30b-a3b": (30.53, 3.35),
+          "qwen3-235b-a22b": (235.09, 22.19), "deepseek-v3": (671.03, 37.55), "deepseek-r1": (671.03, 37.55),
+          "kimi-k2": (1026.4, 32.86), "glm-4.5": (352.8, 33.6), "gpt-oss-20b": (20.91, 4.19),
+          "gpt-oss-120b": (116.83, 5.71), "llama-4-scout": (107.77, 17.17), "llama-4-maverick": (400.71, 17.19)}
+
+
+@pytest.mark.parametrize("name", sorted(DIGEST))
+def test_builtin_total_and_active_match_the_digest(name):
+    spec = load_model(name)
+    total, active = DIGEST[name]
+    assert spec.param_count / 1e9 == pytest.approx(total, rel=1e-3)
+    assert spec.active_param_count / 1e9 == pytest.approx(active, rel=1e-3)
+
+
+def test_deepseek_r1_is_deepseek_v3():
+    assert structure(load_model("deepseek-r1")) == structure(load_model("deepseek-v3"))
+
+
+def test_builtin_kv_bytes_per_token():
+    """Hand-computed, bf16, every layer's full cache (no window cap): DeepSeek-V3 61 x 576 x 2 = 70,272 B;
+    gpt-oss-120b 36 x 2 x 8 x 64 x 2 = 73,728 B; Llama 4 Scout 48 x 2 x 8 x 128 x 2 = 196,608 B."""
+    assert load_model("deepseek-v3").kv_width_per_token_per_layer * 61 * 2 == 70_272
+    assert load_model("gpt-oss-120b").kv_width_per_token_per_layer * 36 * 2 == 73_728
+    assert load_model("llama-4-scout").kv_width_per_token_per_layer * 48 * 2 == 196_608
