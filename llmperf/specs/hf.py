@@ -1,17 +1,33 @@
-"""Read a Hugging Face `config.json` into a `ModelSpec` (llama, mistral, mixtral, qwen2, gpt2, opt,
-gpt_neox). Field names and the defaults of absent fields follow each model type's `PretrainedConfig`
-in `transformers` (`configuration_<type>.py`): an absent (or null) `num_key_value_heads` means MHA
-(= `num_attention_heads`) for Llama, while Mistral and Mixtral default to 8 and Qwen2 to 32 KV heads
-(a null one is MHA for every type); an absent `tie_word_embeddings` means tied for GPT-2 and OPT (the
-`PretrainedConfig` default) and untied for the Llama family and GPT-NeoX (their configs override it).
+"""Read a Hugging Face `config.json` into a `ModelSpec`: llama, mistral, mixtral, qwen2, gpt2, opt,
+gpt_neox, and today's models (issue 22): qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2, a
+DeepseekV3ForCausalLM), glm4_moe, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of the
+multimodal llama4 / gemma3 checkpoints (read from `text_config`; the vision tower is not modelled, and
+the spec's source says so). Field names and the defaults of absent fields follow each model type's
+`PretrainedConfig` in `transformers` 5 (`configuration_<type>.py`): an absent (or null)
+`num_key_value_heads` means MHA (= `num_attention_heads`) for Llama, while Mistral and Mixtral default to
+8 and Qwen2 to 32 KV heads (a null one is MHA for every type); an absent `tie_word_embeddings` means tied
+for GPT-2, OPT and Gemma and untied for the Llama family and GPT-NeoX; Qwen3 defaults `head_dim` to 128
+and DeepSeek-V3 to 1 MTP layer and 3 dense first layers.
 
 Each model type is one `HFModelType` description: its block family, the config keys of the spec's
-fields, the defaults of absent keys, and how it spells sliding-window attention. A field that changes
-the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS` lists every field read
-and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value llmperf does not model
-(logit soft-capping, ALiBi, rope scaling types other than linear and llama3, mixed sliding / full
-attention layers, quantization methods other than AWQ and GPTQ, ...). Everything else in a config
-(token ids, dropout, initializer range, `transformers_version`, ...) does not change what is counted.
+fields, the defaults of absent keys, how it spells sliding-window attention, and (today's models) an
+`extra` function for what does not map one to one: which layers are MoE (`first_k_dense_replace`,
+`moe_layer_freq`, `mlp_only_layers` / `decoder_sparse_step`, `moe_layers` / `interleave_moe_layer_step`),
+each layer's attention (`layer_types`, or the config class's own derivation: Qwen's
+`max_window_layers`, Gemma 2's alternation, Gemma 3's `sliding_window_pattern`, Llama 4's
+`no_rope_layers` and `attention_chunk_size`), MLA ranks, shared experts, q/k norms, sinks, soft-caps.
+Routing values that change which experts win but not what a token costs (`norm_topk_prob`,
+`routed_scaling_factor`, `n_group`, `topk_group`, `scoring_func`) are read and checked, not kept.
+
+A field that changes the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS` lists
+every field read and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value llmperf
+does not model (ALiBi, Granite multipliers, rope scaling types other than those in `ROPE_TYPES`,
+Qwen2's mixed sliding / full layers, quantization methods other than AWQ and GPTQ, ...).
+`REFUSED_MODEL_TYPES` names the 2026 hybrids refused by model type (DeepSeek-V3.2 / GLM-5 sparse
+attention, Qwen3-Next / Qwen3.5 Gated DeltaNet, Nemotron-H Mamba): their constant per-sequence state or
+top-k sparse attention is not modelled yet, and half-modelling them would mislead. Everything else in a
+config (token ids, dropout, initializer range, `transformers_version`, ...) does not change what is
+counted.
 
 Quantized checkpoints (`quantization_config`, as AutoAWQ and AutoGPTQ write it): AWQ `bits`,
 `group_size`, `zero_point`; GPTQ `bits`, `group_size` (-1: per channel), `sym` (no zero point),
