@@ -511,3 +511,14 @@ def test_builtin_kv_bytes_per_token():
     assert load_model("deepseek-v3").kv_width_per_token_per_layer * 61 * 2 == 70_272
     assert load_model("gpt-oss-120b").kv_width_per_token_per_layer * 36 * 2 == 73_728
     assert load_model("llama-4-scout").kv_width_per_token_per_layer * 48 * 2 == 196_608
+
+
+@pytest.mark.parametrize("name,config_class", [("llama4", "Llama4Config"), ("gemma3", "Gemma3Config")])
+def test_multimodal_config_saved_by_transformers_reads_back(name, config_class, tmp_path):
+    """The wrapper config as transformers 5 writes it (text_config nested, a vision_config beside it)."""
+    text = {k: v for k, v in json.loads(json.dumps(TINY[name]["text_config"])).items() if k != "model_type"}
+    getattr(transformers, config_class)(text_config=text).save_pretrained(tmp_path)
+    back = ModelSpec.from_hf_config(tmp_path)
+    spec = read(TINY[name])
+    assert back.param_count == spec.param_count and back.layer_kinds() == spec.layer_kinds()
+    assert "vision tower is not modelled" in back.source
