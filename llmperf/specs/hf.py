@@ -858,7 +858,6 @@ def _read_text_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[
         if merged.get(key) is None and data.get(key) is not None:
             merged[key] = data[key]
     fields, read = read_hf_config(merged, name, f"{origin} (text_config)")
-    fields["_text_of"] = outer
     return fields, {"model_type", "text_config", "architectures"} | read
 
 
@@ -877,8 +876,8 @@ def model_spec_from_hf_config(path: str | os.PathLike[str] | dict[str, Any],
         name = name or (p.parent.name if p.name == "config.json" else p.stem)
     fields, _ = read_hf_config(data, name or str(data.get("model_type")), origin)
     fields["source"] = f"Hugging Face config ({origin})"
-    wrapper = fields.pop("_text_of", None)
-    if wrapper is not None:
+    wrapper = data.get("model_type")
+    if isinstance(wrapper, str) and wrapper in _TEXT_CONFIG_TYPES:
         fields["source"] += f"; the text model of a {wrapper} checkpoint (the vision tower is not modelled)"
     try:
         return ModelSpec(**fields)
