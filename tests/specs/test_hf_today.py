@@ -522,3 +522,94 @@ def test_multimodal_config_saved_by_transformers_reads_back(name, config_class, 
     spec = read(TINY[name])
     assert back.param_count == spec.param_count and back.layer_kinds() == spec.layer_kinds()
     assert "vision tower is not modelled" in back.source
+
+
+# ---- random tiny configs of every family: the count is transformers' count ------------------------
+
+def _random_config(family: str, draw) -> dict:
+    heads = draw(st.sampled_from([1, 2, 4]))
+    kv = draw(st.sampled_from([k for k in (1, 2, 4) if heads % k == 0]))
+    hidden = heads * draw(st.sampled_from([8, 16]))
+    layers = draw(st.integers(1, 5))
+    cfg = dict(vocab_size=draw(st.integers(16, 80)), hidden_size=hidden, num_attention_heads=heads,
+               num_key_value_heads=kv, num_hidden_layers=layers, intermediate_size=draw(st.integers(4, 40)),
+               max_position_embeddings=64, tie_word_embeddings=draw(st.booleans()),
+               attention_bias=draw(st.booleans()))
+    head_dim = draw(st.sampled_from([4, 8, 16]))
+    experts = draw(st.integers(2, 6))
+    top_k = draw(st.integers(1, experts))
+    if family in ("qwen3", "qwen3_moe"):
+        cfg.update(model_type=family, head_dim=head_dim, use_sliding_window=draw(st.booleans()),
+                   sliding_window=draw(st.integers(1, 8)))
+        if family == "qwen3":
+            cfg["max_window_layers"] = draw(st.integers(0, layers))
+        else:
+            cfg.update(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=draw(st.integers(2, 12)),
+                       decoder_sparse_step=draw(st.integers(1, 3)),
+                       mlp_only_layers=draw(st.lists(st.integers(0, layers - 1), unique=True)))
+    elif family in ("deepseek_v3", "deepseek_v2"):
+        groups = draw(st.sampled_from([g for g in (1, 2) if experts % g == 0]))
+        cfg.update(model_type=family, num_key_value_heads=heads, kv_lora_rank=draw(st.integers(2, 12)),
+                   q_lora_rank=draw(st.one_of(st.none(), st.integers(2, 12))), qk_nope_head_dim=draw(st.integers(2, 8)),
+                   qk_rope_head_dim=draw(st.sampled_from([2, 4])), v_head_dim=draw(st.integers(2, 8)),
+                   n_routed_experts=experts, num_experts_per_tok=top_k, n_group=groups, topk_group=groups,
+                   n_shared_experts=draw(st.integers(0, 2)), moe_intermediate_size=draw(st.integers(2, 12)),
+                   first_k_dense_replace=draw(st.integers(0, layers)))
+    elif family == "glm4_moe":
+        cfg.update(model_type=family, head_dim=head_dim, use_qk_norm=draw(st.booleans()),
+                   partial_rotary_factor=draw(st.sampled_from([0.5, 1.0])), n_routed_experts=experts,
+                   num_experts_per_tok=top_k, n_group=1, topk_group=1, n_shared_experts=draw(st.integers(0, 2)),
+                   moe_intermediate_size=draw(st.integers(2, 12)), first_k_dense_replace=draw(st.integers(0, layers)))
+    elif family == "gpt_oss":
+        cfg.update(model_type=family, head_dim=head_dim, num_local_experts=experts, num_experts_per_tok=top_k,
+                   sliding_window=draw(st.integers(1, 8)),
+                   layer_types=draw(st.lists(st.sampled_from(["sliding_attention", "full_attention"]),
+                                             min_size=layers, max_size=layers)))
+    elif family == "llama4_text":
+        cfg.update(model_type=family, head_dim=head_dim, intermediate_size_mlp=draw(st.integers(4, 40)),
+                   num_local_experts=experts, num_experts_per_tok=top_k,
+                   interleave_moe_layer_step=draw(st.integers(1, 3)), no_rope_layer_interval=draw(st.integers(1, 4)),
+                   attention_chunk_size=draw(st.one_of(st.none(), st.integers(1, 8))), use_qk_norm=draw(st.booleans()))
+        if draw(st.booleans()):
+            cfg["moe_layers"] = draw(st.lists(st.integers(0, layers - 1), unique=True))
+    else:  # gemma2, gemma3_text
+        cfg.update(model_type=family, head_dim=head_dim, sliding_window=draw(st.integers(1, 8)),
+                   query_pre_attn_scalar=head_dim)
+        if family == "gemma3_text":
+            cfg["sliding_window_pattern"] = draw(st.integers(1, 4))
+    return cfg
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v2", "glm4_moe", "gpt_oss",
+                                    "llama4_text", "gemma2", "gemma3_text"])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_random_configs_count_exactly(family, data):
+    cfg = _random_config(family, data.draw)
+    spec = read(cfg)
+    assert spec.param_count == checkpoint_tensor_count(hf_model(cfg))
+    experts_used = spec.num_moe_layers * (spec.num_experts - spec.experts_per_token) * spec.expert_params
+    assert spec.active_param_count == spec.param_count - experts_used
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss", "llama4_text",
+                                    "gemma2", "gemma3_text"])
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_random_configs_cache_widths(family, data):
+    """Each layer's cached K and V widths after a forward of 6 tokens (past some windows and chunks:
+    the width per token does not depend on how many tokens a layer keeps)."""
+    cfg = _random_config(family, data.draw)
+    for key in ("intermediate_size", "moe_intermediate_size", "intermediate_size_mlp", "hidden_size"):
+        if key in cfg:  # transformers' grouped expert GEMM wants 16-byte strides
+            cfg[key] = -(-cfg[key] // 8) * 8
+    if "n_group" in cfg:  # DeepSeek-V3's router sums each group's top 2 scores: groups of >= 2 experts
+        cfg.update(n_group=1, topk_group=1)
+    spec = read(cfg)
+    torch.manual_seed(0)
+    model = hf_model(cfg, device="cpu").eval()
+    with torch.no_grad():
+        cache = model(torch.randint(0, cfg["vocab_size"], (1, 6)), use_cache=True).past_key_values
+    for layer in cache.layers:
+        k, v = layer.keys, layer.values
+        assert spec.kv_width_per_token_per_layer == k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]
