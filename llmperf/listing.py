@@ -52,7 +52,8 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
             params += "/" + _count(r["active_params"])
         experts = "-"
         if r["experts"] > 1:
-            experts = f"{r['experts_per_token']}/{r['experts']}" + (f"+{r['shared_experts']}" if r["shared_experts"] else "")
+            shared = f"+{r['shared_experts']}" if r["shared_experts"] else ""
+            experts = f"{r['experts_per_token']}/{r['experts']}{shared}"
         kv = 2 * r["layers"] * r["kv_elements_per_token_per_layer"]  # fp16 bytes, every layer's full cache
         table.add_row(r["name"], params, str(r["layers"]), r["attention"], r["local_attention"], experts, _kib(kv))
     table.caption = ("params: total/active; attention: KV heads x head_dim, MLA latent+rope; local: sliding or "

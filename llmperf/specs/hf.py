@@ -115,8 +115,8 @@ class HFModelType:
     # use_sliding_window, and for layers >= max_window_layers (Qwen2)
     # "layers": the extra function states each layer's attention (layer_types, windows, chunks)
     sliding_window: str = "none"
-    rope: bool = True
-    honours: tuple[str, ...] = ()  # `_NEUTRAL` fields this type models (soft-caps, q/k norms)  # reads rope_theta / rope_scaling (or transformers 5's rope_parameters)
+    rope: bool = True  # reads rope_theta / rope_scaling (or transformers 5's rope_parameters)
+    honours: tuple[str, ...] = ()  # `_NEUTRAL` fields this type models (soft-caps, q/k norms)
     extra: Callable[[_Config, dict[str, Any]], None] | None = None  # fields that do not map one to one
 
 
@@ -366,7 +366,6 @@ def _mla_extra(cfg: _Config, out: dict[str, Any]) -> None:
     if mt == "deepseek_v2" and cfg.flag("mlp_bias"):
         raise cfg.refuse("mlp_bias", True, "DeepSeek-V2 puts it on the dense and shared MLPs only")
     out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers")
-    n = out["num_layers"]
     first_dense = _count(cfg, "first_k_dense_replace")
     # DeepSeek's own modelling also needs layer % moe_layer_freq == 0 (transformers drops the field;
     # every published config has 1)
