@@ -300,6 +300,9 @@ def _routing_values(cfg: _Config, experts: int) -> None:
 def _top_k(cfg: _Config, out: dict[str, Any], key: str = "num_experts_per_tok") -> None:
     """top-k against the expert count, named in one line (ModelSpec says it too, without the key)."""
     k = out.get("experts_per_token")
+    if out["num_experts"] < 2:
+        raise SpecError(f"{cfg.origin}: a mixture of {out['num_experts']} expert is not modelled (a router and "
+                        "one expert per MoE layer; ModelSpec's MoE needs num_experts > 1)")
     if k is None:
         raise SpecError(f"{cfg.origin}: missing field {key!r} (the model has {out['num_experts']} experts)")
     if k > out["num_experts"]:
