@@ -33,18 +33,31 @@ def _opt(value: Any, fmt: str = "{:g}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _count(n: float) -> str:
+    """Parameters in 3 significant digits with a unit: 124M, 8.03B, 671B, 1.03T."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:,.0f}"
+
+
 def models_table(rows: list[dict[str, Any]]) -> Table:
-    """Name, parameters, shape, context and KV bytes per token of each model."""
+    """Name, total/active parameters, layers, attention, local layers, experts and KV bytes per token."""
     table = _table("Built-in models (exact counts: --format json)", [
-        ("name", "left"), ("params", "right"), ("layers", "right"), ("hidden", "right"), ("heads", "right"),
-        ("ffn", "right"), ("context", "right"), ("window", "right"), ("KV KiB", "right")])
+        ("name", "left"), ("params", "right"), ("layers", "right"), ("attention", "left"), ("local", "left"),
+        ("experts", "right"), ("KV KiB", "right")])
     for r in rows:
-        ffn = f"{r['experts']}x{r['ffn']}" if r["experts"] > 1 else str(r["ffn"])
-        table.add_row(r["name"], f"{r['params'] / 1e9:.3g}B", str(r["layers"]), str(r["hidden"]),
-                      f"{r['heads']}/{r['kv_heads']}", ffn, f"{r['max_positions']:,}",
-                      _opt(r["sliding_window"], "{:,}"), _kib(r["kv_bytes_per_token_fp16"]))
-    table.caption = ("heads: query/KV; ffn: experts x width for MoE; window: sliding-window tokens; "
-                     "KV KiB: per token at fp16")
+        params = _count(r["params"])
+        if r["active_params"] != r["params"]:
+            params += "/" + _count(r["active_params"])
+        experts = "-"
+        if r["experts"] > 1:
+            shared = f"+{r['shared_experts']}" if r["shared_experts"] else ""
+            experts = f"{r['experts_per_token']}/{r['experts']}{shared}"
+        kv = 2 * r["layers"] * r["kv_elements_per_token_per_layer"]  # fp16 bytes, every layer's full cache
+        table.add_row(r["name"], params, str(r["layers"]), r["attention"], r["local_attention"], experts, _kib(kv))
+    table.caption = ("params: total/active; attention: KV heads x head_dim, MLA latent+rope; local: sliding or "
+                     "chunked : full layers; experts: top-k/routed+shared; KV KiB: per token at fp16, no window cap")
     table.caption_justify = "left"
     return table
 

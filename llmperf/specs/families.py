@@ -7,8 +7,12 @@ the Hugging Face reader (`llmperf/specs/hf.py`) maps each `model_type` onto a fa
 means adding one `Family` to `FAMILIES` (and, to read its configs, one `HFModelType` in hf.py): no
 `if family == ...` branches elsewhere in `llmperf.specs`.
 
+Today's models (Qwen3, DeepSeek-V2/V3, Kimi-K2, GLM-4.5, gpt-oss, Llama 4, Gemma 2/3) are llama blocks
+(RMSNorm, RoPE, a gated FFN) whose differences are per-spec fields (MLA ranks, experts, q/k norms, sinks,
+sandwich norms, soft-caps, per-layer attention), not a family of their own.
+
 Sources: the `transformers` modelling files of each family (`modeling_llama.py`, `modeling_gpt2.py`,
-`modeling_opt.py`, `modeling_gpt_neox.py`).
+`modeling_opt.py`, `modeling_gpt_neox.py`, and `modeling_<type>.py` of each type above).
 """
 
 from __future__ import annotations
@@ -49,10 +53,12 @@ FAMILY_FIELDS = ("norm_kind", "ffn_kind", "hidden_act", "pos_encoding", "qkv_bia
                  "tied_embeddings", "parallel_residual", "position_offset")
 
 _ALL = (
-    Family(name="llama", description="RMSNorm, RoPE, SwiGLU, untied head (Llama, Mistral, Mixtral, Qwen2)",
+    Family(name="llama", description="RMSNorm, RoPE, gated FFN, untied head (Llama 1-4, Mistral, Mixtral, "
+                                     "Qwen2/3, DeepSeek-V2/V3, Kimi-K2, GLM-4.5, gpt-oss, Gemma 2/3)",
            norm_kind="rmsnorm", ffn_kind="swiglu", hidden_act="silu", pos_encoding="rope",
            qkv_bias=False, out_bias=False, mlp_bias=False, tied_embeddings=False,
-           hf_model_types=("llama", "mistral", "mixtral", "qwen2")),
+           hf_model_types=("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2",
+                           "deepseek_v2", "glm4_moe", "gpt_oss", "llama4_text", "gemma2", "gemma3_text")),
     Family(name="gpt2", description="LayerNorm, learned positions, GELU MLP, biases, tied head",
            norm_kind="layernorm", ffn_kind="gelu", hidden_act="gelu_new", pos_encoding="learned",
            qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True, hf_model_types=("gpt2",)),

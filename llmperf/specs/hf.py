@@ -1,17 +1,33 @@
-"""Read a Hugging Face `config.json` into a `ModelSpec` (llama, mistral, mixtral, qwen2, gpt2, opt,
-gpt_neox). Field names and the defaults of absent fields follow each model type's `PretrainedConfig`
-in `transformers` (`configuration_<type>.py`): an absent (or null) `num_key_value_heads` means MHA
-(= `num_attention_heads`) for Llama, while Mistral and Mixtral default to 8 and Qwen2 to 32 KV heads
-(a null one is MHA for every type); an absent `tie_word_embeddings` means tied for GPT-2 and OPT (the
-`PretrainedConfig` default) and untied for the Llama family and GPT-NeoX (their configs override it).
+"""Read a Hugging Face `config.json` into a `ModelSpec`: llama, mistral, mixtral, qwen2, gpt2, opt,
+gpt_neox, and today's models (issue 22): qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2, a
+DeepseekV3ForCausalLM), glm4_moe, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of the
+multimodal llama4 / gemma3 checkpoints (read from `text_config`; the vision tower is not modelled, and
+the spec's source says so). Field names and the defaults of absent fields follow each model type's
+`PretrainedConfig` in `transformers` 5 (`configuration_<type>.py`): an absent (or null)
+`num_key_value_heads` means MHA (= `num_attention_heads`) for Llama, while Mistral and Mixtral default to
+8 and Qwen2 to 32 KV heads (a null one is MHA for every type); an absent `tie_word_embeddings` means tied
+for GPT-2, OPT and Gemma and untied for the Llama family and GPT-NeoX; Qwen3 defaults `head_dim` to 128
+and DeepSeek-V3 to 1 MTP layer and 3 dense first layers.
 
 Each model type is one `HFModelType` description: its block family, the config keys of the spec's
-fields, the defaults of absent keys, and how it spells sliding-window attention. A field that changes
-the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS` lists every field read
-and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value llmperf does not model
-(logit soft-capping, ALiBi, rope scaling types other than linear and llama3, mixed sliding / full
-attention layers, quantization methods other than AWQ and GPTQ, ...). Everything else in a config
-(token ids, dropout, initializer range, `transformers_version`, ...) does not change what is counted.
+fields, the defaults of absent keys, how it spells sliding-window attention, and (today's models) an
+`extra` function for what does not map one to one: which layers are MoE (`first_k_dense_replace`,
+`moe_layer_freq`, `mlp_only_layers` / `decoder_sparse_step`, `moe_layers` / `interleave_moe_layer_step`),
+each layer's attention (`layer_types`, or the config class's own derivation: Qwen's
+`max_window_layers`, Gemma 2's alternation, Gemma 3's `sliding_window_pattern`, Llama 4's
+`no_rope_layers` and `attention_chunk_size`), MLA ranks, shared experts, q/k norms, sinks, soft-caps.
+Routing values that change which experts win but not what a token costs (`norm_topk_prob`,
+`routed_scaling_factor`, `n_group`, `topk_group`, `scoring_func`) are read and checked, not kept.
+
+A field that changes the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS` lists
+every field read and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value llmperf
+does not model (ALiBi, Granite multipliers, rope scaling types other than those in `ROPE_TYPES`,
+Qwen2's mixed sliding / full layers, quantization methods other than AWQ and GPTQ, ...).
+`REFUSED_MODEL_TYPES` names the 2026 hybrids refused by model type (DeepSeek-V3.2 / GLM-5 sparse
+attention, Qwen3-Next / Qwen3.5 Gated DeltaNet, Nemotron-H Mamba): their constant per-sequence state or
+top-k sparse attention is not modelled yet, and half-modelling them would mislead. Everything else in a
+config (token ids, dropout, initializer range, `transformers_version`, ...) does not change what is
+counted.
 
 Quantized checkpoints (`quantization_config`, as AutoAWQ and AutoGPTQ write it): AWQ `bits`,
 `group_size`, `zero_point`; GPTQ `bits`, `group_size` (-1: per channel), `sym` (no zero point),
@@ -20,6 +36,7 @@ Quantized checkpoints (`quantization_config`, as AutoAWQ and AutoGPTQ write it):
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,7 +52,9 @@ from llmperf.specs.quantization import QuantizationSpec
 _ABSENT = object()
 # keys whose explicit null differs from their absence: a null window is full attention (the Mistral
 # default is 4096), null KV heads are multi-head attention (the Mistral default is 8)
-_NULL_IS_A_VALUE = frozenset({"sliding_window", "num_key_value_heads"})
+# (null q_lora_rank: a plain q_proj; null soft-caps: no cap; null chunk size: no chunked layers)
+_NULL_IS_A_VALUE = frozenset({"sliding_window", "num_key_value_heads", "q_lora_rank", "attn_logit_softcapping",
+                              "final_logit_softcapping", "attention_chunk_size"})
 
 
 class _Config:
@@ -94,8 +113,10 @@ class HFModelType:
     fixed: Mapping[str, Any] = field(default_factory=dict)  # ModelSpec fields fixed by the architecture
     # "none": no such attention; "all": every layer, when sliding_window is set; "gated": only with
     # use_sliding_window, and for layers >= max_window_layers (Qwen2)
+    # "layers": the extra function states each layer's attention (layer_types, windows, chunks)
     sliding_window: str = "none"
     rope: bool = True  # reads rope_theta / rope_scaling (or transformers 5's rope_parameters)
+    honours: tuple[str, ...] = ()  # `_NEUTRAL` fields this type models (soft-caps, q/k norms)
     extra: Callable[[_Config, dict[str, Any]], None] | None = None  # fields that do not map one to one
 
 
@@ -147,6 +168,325 @@ _LLAMA_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attent
 # checks them against the installed transformers).
 _LLAMA_DEFAULTS = dict(hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False)
 
+_MLA_KEYS = dict(vocab_size="vocab_size", hidden_size="hidden_size", num_layers="num_hidden_layers",
+                 num_heads="num_attention_heads", ffn_size="intermediate_size", hidden_act="hidden_act",
+                 norm_eps="rms_norm_eps", tied_embeddings="tie_word_embeddings",
+                 max_positions="max_position_embeddings", num_experts="n_routed_experts",
+                 experts_per_token="num_experts_per_tok", moe_ffn_size="moe_intermediate_size")
+_MLA_REQUIRED = _LLAMA_REQUIRED
+_DEEPSEEK_V3_DEFAULTS = dict(
+    _LLAMA_DEFAULTS, attention_bias=False, n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5,
+    kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8,
+    topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, moe_intermediate_size=2048,
+    num_nextn_predict_layers=1, moe_layer_freq=1)
+_DEEPSEEK_V2_DEFAULTS = dict(
+    _LLAMA_DEFAULTS, attention_bias=False, mlp_bias=False, first_k_dense_replace=0, kv_lora_rank=512,
+    q_lora_rank=1536, n_routed_experts=64, n_shared_experts=2, qk_nope_head_dim=128, qk_rope_head_dim=64,
+    v_head_dim=128, routed_scaling_factor=1.0, topk_method="greedy", norm_topk_prob=False,
+    moe_intermediate_size=1407, num_nextn_predict_layers=0, moe_layer_freq=1)
+_GEMMA_KEYS = {**_LLAMA_KEYS, "hidden_act": "hidden_activation"}
+_GEMMA2_DEFAULTS = dict(
+    hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True, num_key_value_heads=4,
+    head_dim=256, attention_bias=False, query_pre_attn_scalar=256, sliding_window=4096,
+    attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+_GEMMA3_DEFAULTS = dict(
+    _GEMMA2_DEFAULTS, attn_logit_softcapping=None, final_logit_softcapping=None, sliding_window_pattern=6,
+    use_bidirectional_attention=False)
+
+
+# ---- today's models: per-layer structure ------------------------------------------------------------
+# transformers' layer_types spelling -> ModelSpec's. State-keeping layers (Gated DeltaNet, Mamba) are
+# refused by name: their per-sequence state does not grow with the context and is not modelled yet.
+_LAYER_TYPE_NAMES = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked"}
+_STATE_LAYER_TYPES = ("linear_attention", "mamba", "mamba2", "conv", "recurrent")
+
+
+def _index_list(cfg: _Config, key: str, n: int) -> list[int]:
+    """A config list of layer indices, each in 0..n-1 (one line naming the key otherwise)."""
+    value = cfg.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise SpecError(f"{cfg.origin}: {key} must be a list of layer indices, got {value!r}")
+    bad = [i for i in value if not 0 <= i < n]
+    if bad:
+        raise SpecError(f"{cfg.origin}: {key} holds layer {bad[0]}, outside 0..{n - 1} (num_hidden_layers={n})")
+    return value
+
+
+def _positive(cfg: _Config, key: str, value: Any = _ABSENT) -> int:
+    value = cfg.get(key) if value is _ABSENT else value
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(f"{cfg.origin}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _count(cfg: _Config, key: str) -> int:
+    """An integer >= 0 (absent: the type's default), one line naming the key otherwise."""
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(f"{cfg.origin}: {key} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _positive_number(cfg: _Config, key: str, value: Any) -> float:
+    number = _number(cfg, key, value)
+    if not math.isfinite(number) or number <= 0:
+        raise SpecError(f"{cfg.origin}: {key} must be a finite positive number, got {value!r}")
+    return number
+
+
+def _set_layer_types(cfg: _Config, out: dict[str, Any], default: list[str], window: int | None,
+                     chunk: int | None = None) -> None:
+    """Each layer's attention from `layer_types` (or the type's `default` derivation, as the config
+    class's `__post_init__`), into `out`: no `layer_types` when every layer is alike (then
+    `sliding_window` alone says whether they slide). A sliding layer without a window, or a chunked one
+    without a chunk size, attends to everything, as transformers builds it."""
+    n = out["num_layers"]
+    kinds = cfg.get("layer_types") if cfg.has("layer_types") else default
+    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+        raise SpecError(f"{cfg.origin}: layer_types must be a list of attention kinds, got {kinds!r}")
+    if len(kinds) != n:
+        raise SpecError(f"{cfg.origin}: layer_types has {len(kinds)} entries, num_hidden_layers={n}")
+    for k in kinds:
+        if k in _STATE_LAYER_TYPES:
+            raise cfg.refuse("layer_types", k, "a layer with a constant per-sequence state (linear attention, "
+                             "Mamba) is not modelled yet")
+        if k not in _LAYER_TYPE_NAMES:
+            raise SpecError(f"{cfg.origin}: layer_types holds {k!r} (known: {', '.join(_LAYER_TYPE_NAMES)})")
+    mapped = [_LAYER_TYPE_NAMES[k] for k in kinds]
+    mapped = ["full" if (t == "sliding" and window is None) or (t == "chunked" and chunk is None) else t
+              for t in mapped]
+    if window is not None:
+        window = _positive(cfg, "sliding_window", window)
+    if chunk is not None:
+        chunk = _positive(cfg, "attention_chunk_size", chunk)
+    if set(mapped) == {"full"}:
+        out["layer_types"], out["sliding_window"] = None, None
+    elif set(mapped) == {"sliding"}:
+        out["layer_types"], out["sliding_window"] = None, window
+    else:
+        out["layer_types"] = tuple(mapped)
+        out["sliding_window"] = window if "sliding" in mapped else None
+        if "chunked" in mapped:
+            out["attention_chunk_size"] = chunk
+
+
+def _biases(cfg: _Config, out: dict[str, Any], *, out_proj: bool = True) -> None:
+    """q/k/v (and o, where the type puts one there) biases from `attention_bias`."""
+    out["qkv_bias"] = cfg.flag("attention_bias")
+    out["out_bias"] = out["qkv_bias"] and out_proj
+
+
+def _routing_values(cfg: _Config, experts: int) -> None:
+    """Routing fields that change which experts win, not what a token costs: read and checked, kept out
+    of the spec (norm_topk_prob, routed_scaling_factor, n_group, topk_group, scoring_func)."""
+    cfg.flag("norm_topk_prob")
+    scale = cfg.get("routed_scaling_factor")
+    if scale is not None:
+        _positive_number(cfg, "routed_scaling_factor", scale)
+    groups, top_groups = cfg.get("n_group"), cfg.get("topk_group")
+    if groups is not None:
+        groups = _positive(cfg, "n_group", groups)
+        if experts % groups:
+            raise SpecError(f"{cfg.origin}: n_group={groups} does not divide the {experts} routed experts")
+        if top_groups is not None and _positive(cfg, "topk_group", top_groups) > groups:
+            raise SpecError(f"{cfg.origin}: topk_group={top_groups} exceeds n_group={groups}")
+    func = cfg.get("scoring_func", None)
+    if func is not None and func not in ("softmax", "sigmoid"):
+        raise cfg.refuse("scoring_func", func, "routing scores are softmax or sigmoid")
+
+
+def _top_k(cfg: _Config, out: dict[str, Any], key: str = "num_experts_per_tok") -> None:
+    """top-k against the expert count, named in one line (ModelSpec says it too, without the key)."""
+    k = out.get("experts_per_token")
+    if out["num_experts"] < 2:
+        raise SpecError(f"{cfg.origin}: a mixture of {out['num_experts']} expert is not modelled (a router and "
+                        "one expert per MoE layer; ModelSpec's MoE needs num_experts > 1)")
+    if k is None:
+        raise SpecError(f"{cfg.origin}: missing field {key!r} (the model has {out['num_experts']} experts)")
+    if k > out["num_experts"]:
+        raise SpecError(f"{cfg.origin}: {key}={k} exceeds the {out['num_experts']} routed experts")
+
+
+def _dense_layers(out: dict[str, Any], is_moe: Callable[[int], bool]) -> None:
+    n = out["num_layers"]
+    out["dense_layers"] = tuple(i for i in range(n) if not is_moe(i))
+    if len(out["dense_layers"]) == n:  # no MoE layer at all: a dense model of the dense FFN width
+        out["num_experts"] = out["experts_per_token"] = 1
+        out["dense_layers"] = ()
+        for f in ("moe_ffn_size", "shared_experts", "shared_ffn_size", "router_bias", "router_score_bias"):
+            out.pop(f, None)
+
+
+def _qwen3_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Qwen3: RMSNorm on every q and k head (no flag: the architecture has it); Qwen2's gated sliding
+    window spelled per layer (layers >= max_window_layers slide when use_sliding_window)."""
+    _biases(cfg, out)
+    out["qk_norm"] = "rmsnorm"
+    window = cfg.get("sliding_window") if cfg.flag("use_sliding_window") else None
+    first = cfg.get("max_window_layers")
+    first = _int(cfg, "max_window_layers", first)
+    default = ["sliding_attention" if window is not None and i >= first else "full_attention"
+               for i in range(out["num_layers"])]
+    _set_layer_types(cfg, out, default, window)
+
+
+def _qwen3_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Qwen3-MoE: layer i is MoE unless listed in `mlp_only_layers`, and iff (i + 1) % decoder_sparse_step
+    == 0; dense layers use intermediate_size. A sliding window (use_sliding_window) covers every layer."""
+    _biases(cfg, out)
+    out["qk_norm"] = "rmsnorm"
+    if cfg.data.get("num_experts") is None and cfg.has("num_local_experts"):  # transformers 5 saves this name
+        out["num_experts"] = _positive(cfg, "num_local_experts")
+    n = out["num_layers"]
+    window = cfg.get("sliding_window") if cfg.flag("use_sliding_window") else None
+    _set_layer_types(cfg, out, ["sliding_attention" if window is not None else "full_attention"] * n, window)
+    dense = set(_index_list(cfg, "mlp_only_layers", n))
+    step = _positive(cfg, "decoder_sparse_step")
+    _routing_values(cfg, out["num_experts"])
+    _top_k(cfg, out)
+    _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
+
+
+def _mla_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """DeepSeek-V2/V3, Kimi-K2: multi-head latent attention and shared-expert MoE. head_dim is the q/k
+    width per head (qk_nope_head_dim + qk_rope_head_dim, what the unabsorbed attention multiplies),
+    rotary_dim the rotary part; the cache holds kv_lora_rank + qk_rope_head_dim per token and layer.
+    num_key_value_heads is not the cache's head count: the KV heads are the query heads (unabsorbed)."""
+    mt = cfg.data.get("model_type")
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        if (key in cfg.data and cfg.data[key] is None) or cfg.get(key) is None:  # absent: the class default
+            raise SpecError(f"{cfg.origin}: multi-head latent attention needs {key} (missing or null)")
+        out[_MLA_FIELDS[key]] = _positive(cfg, key)
+    q_rank = cfg.get("q_lora_rank")
+    out["q_lora_rank"] = None if q_rank is None else _positive(cfg, "q_lora_rank", q_rank)
+    out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+    out["rotary_dim"] = out["qk_rope_head_dim"]
+    cfg.get("num_key_value_heads")  # read, not used: the unabsorbed KV heads are the query heads
+    out["num_kv_heads"] = out["num_heads"]
+    _biases(cfg, out)
+    if mt == "deepseek_v2" and cfg.flag("mlp_bias"):
+        raise cfg.refuse("mlp_bias", True, "DeepSeek-V2 puts it on the dense and shared MLPs only")
+    out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers")
+    first_dense = _count(cfg, "first_k_dense_replace")
+    # DeepSeek's own modelling also needs layer % moe_layer_freq == 0 (transformers drops the field;
+    # every published config has 1)
+    freq = _positive(cfg, "moe_layer_freq", cfg.get("moe_layer_freq"))
+    method = cfg.get("topk_method", None)
+    if mt == "deepseek_v2":
+        out["router_score_bias"] = False
+        if method not in (None, "greedy", "group_limited_greedy"):
+            raise cfg.refuse("topk_method", method, "DeepSeek-V2 routes greedy or group_limited_greedy")
+    else:  # transformers' DeepseekV3TopkRouter always holds the noaux_tc score-correction bias
+        if method not in (None, "noaux_tc"):
+            raise cfg.refuse("topk_method", method, "DeepSeek-V3 routes noaux_tc")
+        out["router_score_bias"] = True
+    out["shared_experts"] = _count(cfg, "n_shared_experts")
+    _routing_values(cfg, out["num_experts"])
+    _top_k(cfg, out)
+    _dense_layers(out, lambda i: i >= first_dense and i % freq == 0)
+
+
+_MLA_FIELDS = {"kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head_dim",
+               "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim"}
+
+
+def _glm4_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """GLM-4.5: GQA with q/k/v biases (none on o_proj), optional q/k RMSNorm, partial rotary, DeepSeek-V3
+    style MoE (first_k_dense_replace dense layers, shared experts, noaux_tc score-correction bias)."""
+    _biases(cfg, out, out_proj=False)
+    if cfg.flag("use_qk_norm"):
+        out["qk_norm"] = "rmsnorm"
+    head_dim = out.get("head_dim") or out["hidden_size"] // out["num_heads"]
+    fraction = _rope_parameters(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    fraction = _number(cfg, "partial_rotary_factor", fraction)
+    if not 0 < fraction <= 1:
+        raise SpecError(f"{cfg.origin}: partial_rotary_factor must be in (0, 1], got {fraction!r}")
+    out["rotary_dim"] = int(head_dim * fraction)
+    out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers")
+    out["shared_experts"] = _count(cfg, "n_shared_experts")
+    out["router_score_bias"] = True
+    first_dense = _count(cfg, "first_k_dense_replace")
+    _routing_values(cfg, out["num_experts"])
+    _top_k(cfg, out)
+    _set_layer_types(cfg, out, ["full_attention"] * out["num_layers"], None)
+    _dense_layers(out, lambda i: i >= first_dense)
+
+
+def _gpt_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """gpt-oss: learned attention sinks, biased router and experts, alternating sliding / full layers
+    (layer i slides iff i is even, GptOssConfig's default)."""
+    _biases(cfg, out)
+    out.update(attn_sinks=True, router_bias=True, mlp_bias=True)
+    if not cfg.has("rope_scaling") and not cfg.has("rope_parameters"):  # GptOssConfig's default
+        out["rope_theta"] = 150000.0 if not cfg.has("rope_theta") else out["rope_theta"]
+        out["rope_scaling"] = dict(_GPT_OSS_ROPE)
+    n = out["num_layers"]
+    default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    _set_layer_types(cfg, out, default, cfg.get("sliding_window"))
+    legacy = cfg.get("experts_per_token", None)  # the original checkpoint's spelling of the top-k
+    if legacy is not None and legacy != out.get("experts_per_token"):
+        raise SpecError(f"{cfg.origin}: experts_per_token={legacy!r} differs from num_experts_per_tok="
+                        f"{out.get('experts_per_token')!r}")
+    _positive_number(cfg, "swiglu_limit", cfg.get("swiglu_limit"))
+    _top_k(cfg, out)
+
+
+_GPT_OSS_ROPE = MappingProxyType({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                  "truncate": False, "original_max_position_embeddings": 4096})
+
+
+def _llama4_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Llama 4 (text): MoE layers with one always-on shared expert of the expert width; layer i is MoE iff
+    it is in `moe_layers`, else iff (i + 1) % interleave_moe_layer_step == 0; dense layers use
+    intermediate_size_mlp. NoPE layers from `no_rope_layers` (1 = rotary, 0 = none; default: every
+    no_rope_layer_interval-th layer is NoPE); rotary layers attend in chunks of attention_chunk_size,
+    NoPE layers globally; use_qk_norm is a weightless L2 norm on the rotary layers."""
+    _biases(cfg, out)
+    n = out["num_layers"]
+    if cfg.flag("use_qk_norm"):
+        out["qk_norm"] = "l2"
+    flags = cfg.get("no_rope_layers")
+    if flags:  # transformers: an empty list means the default
+        if not isinstance(flags, list) or len(flags) != n or not all(f in (0, 1) for f in flags):
+            raise SpecError(f"{cfg.origin}: no_rope_layers must be {n} flags (1: rotary, 0: NoPE), got {flags!r}")
+    else:
+        interval = _positive(cfg, "no_rope_layer_interval")
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    out["nope_layers"] = tuple(i for i, f in enumerate(flags) if not f)
+    chunk = cfg.get("attention_chunk_size")
+    default = ["chunked_attention" if f and chunk is not None else "full_attention" for f in flags]
+    _set_layer_types(cfg, out, default, None, chunk)
+    step = _positive(cfg, "interleave_moe_layer_step")
+    moe = set(_index_list(cfg, "moe_layers", n)) if cfg.has("moe_layers") else set(range(step - 1, n, step))
+    out["shared_experts"] = 1
+    _top_k(cfg, out)
+    _dense_layers(out, lambda i: i in moe)
+
+
+def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Gemma 2 / 3: GeGLU (a gated 3-matrix FFN), four norms per layer (sandwich), sqrt(hidden)-scaled
+    embeddings, tied head; Gemma 2 soft-caps attention scores and logits and alternates sliding / full
+    layers; Gemma 3 norms q and k per head and has one full layer in `sliding_window_pattern`."""
+    mt = cfg.data.get("model_type")
+    _biases(cfg, out)
+    out.update(ffn_kind="swiglu", sandwich_norms=True, embedding_scale=True)
+    for key, f in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "final_softcap")):
+        value = cfg.get(key)
+        out[f] = None if value is None else _positive_number(cfg, key, value)
+    _positive_number(cfg, "query_pre_attn_scalar", cfg.get("query_pre_attn_scalar"))
+    n = out["num_layers"]
+    if mt == "gemma3_text":
+        out["qk_norm"] = "rmsnorm"
+        if cfg.flag("use_bidirectional_attention"):
+            raise cfg.refuse("use_bidirectional_attention", True, "an encoder (EmbeddingGemma), not a causal LM")
+        pattern = _positive(cfg, "sliding_window_pattern", cfg.get("sliding_window_pattern"))
+    else:
+        pattern = 2
+    default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    _set_layer_types(cfg, out, default, cfg.get("sliding_window"))
+
 _TYPES = (
     HFModelType(model_type="llama", family="llama", architectures=("LlamaForCausalLM",), keys=_LLAMA_KEYS,
                 required=_LLAMA_REQUIRED, defaults={**_LLAMA_DEFAULTS, "attention_bias": False, "mlp_bias": False},
@@ -197,6 +537,57 @@ _TYPES = (
                               use_parallel_residual=True, attention_bias=True, rotary_pct=0.25,
                               rotary_emb_base=10000),
                 extra=_neox_extra),
+    # ---- today's models (issue 22): per-layer structure in the `extra` functions above ----------------
+    HFModelType(model_type="qwen3", family="llama", architectures=("Qwen3ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 32, "head_dim": 128, "attention_bias": False,
+                          "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
+                sliding_window="layers", honours=("use_qk_norm",), extra=_qwen3_extra),
+    HFModelType(model_type="qwen3_moe", family="llama", architectures=("Qwen3MoeForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                      "moe_ffn_size": "moe_intermediate_size"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 4, "attention_bias": False,
+                          "use_sliding_window": False, "sliding_window": 4096, "decoder_sparse_step": 1,
+                          "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128,
+                          "norm_topk_prob": False},
+                sliding_window="layers", honours=("use_qk_norm",), extra=_qwen3_moe_extra),
+    *(HFModelType(model_type=mt, family="llama", architectures=(arch,), keys=_MLA_KEYS, required=_MLA_REQUIRED,
+                  defaults=defaults, sliding_window="layers", extra=_mla_extra)
+      for mt, arch, defaults in (("deepseek_v3", "DeepseekV3ForCausalLM", _DEEPSEEK_V3_DEFAULTS),
+                                 ("kimi_k2", "DeepseekV3ForCausalLM", _DEEPSEEK_V3_DEFAULTS),
+                                 ("deepseek_v2", "DeepseekV2ForCausalLM", _DEEPSEEK_V2_DEFAULTS))),
+    HFModelType(model_type="glm4_moe", family="llama", architectures=("Glm4MoeForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "n_routed_experts", "experts_per_token": "num_experts_per_tok",
+                      "moe_ffn_size": "moe_intermediate_size"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "attention_bias": False,
+                          "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                          "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
+                          "first_k_dense_replace": 1, "norm_topk_prob": True, "use_qk_norm": False,
+                          "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5},
+                sliding_window="layers", honours=("use_qk_norm",), extra=_glm4_moe_extra),
+    HFModelType(model_type="gpt_oss", family="llama", architectures=("GptOssForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "head_dim": 64,
+                          "sliding_window": 128, "attention_bias": True, "num_experts_per_tok": 4,
+                          "num_local_experts": 128, "swiglu_limit": 7.0},
+                sliding_window="layers", extra=_gpt_oss_extra),
+    HFModelType(model_type="llama4_text", family="llama", architectures=("Llama4ForCausalLM",),
+                keys={**_LLAMA_KEYS, "ffn_size": "intermediate_size_mlp", "moe_ffn_size": "intermediate_size",
+                      "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "head_dim": 128,
+                          "intermediate_size_mlp": 16384, "num_experts_per_tok": 1, "num_local_experts": 16,
+                          "interleave_moe_layer_step": 1, "use_qk_norm": True, "no_rope_layer_interval": 4,
+                          "attention_chunk_size": 8192, "attention_bias": False},
+                sliding_window="layers", honours=("use_qk_norm",), extra=_llama4_extra),
+    *(HFModelType(model_type=mt, family="llama", architectures=(arch,), keys=_GEMMA_KEYS,
+                  required=_LLAMA_REQUIRED, defaults=defaults, sliding_window="layers",
+                  honours=("attn_logit_softcapping", "final_logit_softcapping"), extra=_gemma_extra)
+      for mt, arch, defaults in (("gemma2", "Gemma2ForCausalLM", _GEMMA2_DEFAULTS),
+                                 ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_DEFAULTS))),
 )
 
 #: every supported model type's description, by `model_type`
@@ -207,8 +598,34 @@ SUPPORTED_MODEL_TYPES = tuple(HF_MODEL_TYPES)
 _COUNT_FIELDS = frozenset({"vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                            "ffn_size", "max_positions", "num_experts", "experts_per_token"})
 
-#: rope_scaling types llmperf (and its engine) model; others change the positions and are refused
-ROPE_TYPES = ("default", "linear", "llama3")
+#: rope_scaling types llmperf's cost model accepts: none changes a FLOP, a weight or a KV byte (they
+#: rescale positions or the softmax), so their values are kept in `rope_scaling`, and unknown types are
+#: refused. The engine (`llmperf.engine.model`) builds fewer and refuses the rest itself.
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
+
+#: model types refused by name: half-modelling them would mislead (one line, why)
+REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
+    "deepseek_v32": "DeepSeek Sparse Attention (a lightning indexer and top-k sparse attention, index_topk) "
+                    "is not modelled yet",
+    "glm_moe_dsa": "DeepSeek Sparse Attention (a lightning indexer and top-k sparse attention, index_topk) "
+                   "is not modelled yet",
+    "qwen3_next": "Gated DeltaNet linear-attention layers keep a constant per-sequence state, not modelled yet",
+    "qwen3_5": "Gated DeltaNet linear-attention layers keep a constant per-sequence state, not modelled yet",
+    "qwen3_5_moe": "Gated DeltaNet linear-attention layers keep a constant per-sequence state, not modelled yet",
+    "qwen3_5_text": "Gated DeltaNet linear-attention layers keep a constant per-sequence state, not modelled yet",
+    "nemotron_h": "Mamba-2 layers keep a constant per-sequence state, not modelled yet",
+})
+
+#: fields refused by name in any config: each belongs to an architecture llmperf does not model yet
+_HYBRID_FIELDS: Mapping[str, str] = MappingProxyType({
+    "index_topk": "sparse top-k attention (DeepSeek Sparse Attention) is not modelled yet",
+    "index_n_heads": "sparse top-k attention (DeepSeek Sparse Attention) is not modelled yet",
+    "hybrid_override_pattern": "Mamba / attention hybrid layers keep a constant per-sequence state, not modelled yet",
+    "linear_num_value_heads": "linear-attention layers keep a constant per-sequence state, not modelled yet",
+})
+
+#: multimodal wrappers whose text model is read from `text_config` (the vision tower is not modelled)
+_TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"llama4": "llama4_text", "gemma3": "gemma3_text"})
 
 #: fields refused when present with a value other than the neutral one(s) listed
 _NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType({
@@ -231,13 +648,23 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
     | {"model_type", "architectures", "torch_dtype", "dtype", "attention_bias", "mlp_bias", "n_inner",
        "enable_bias", "word_embed_proj_dim", "rotary_pct", "partial_rotary_factor", "rotary_emb_base",
        "rope_theta", "rope_scaling", "rope_parameters", "sliding_window", "use_sliding_window",
-       "max_window_layers", "layer_types", "quantization_config"}))
+       "max_window_layers", "layer_types", "quantization_config",
+       # today's models (issue 22): read by the extra functions
+       "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_shared_experts",
+       "first_k_dense_replace", "moe_layer_freq", "topk_method", "num_nextn_predict_layers", "norm_topk_prob",
+       "routed_scaling_factor", "n_group", "topk_group", "scoring_func", "mlp_only_layers", "decoder_sparse_step",
+       "use_qk_norm", "experts_per_token", "swiglu_limit", "no_rope_layers", "no_rope_layer_interval",
+       "attention_chunk_size", "moe_layers", "interleave_moe_layer_step", "attn_logit_softcapping",
+       "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window_pattern", "use_bidirectional_attention",
+       "text_config", "rope_local_base_freq"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
     {*_NEUTRAL, "add_cross_attention", "do_layer_norm_before", "_remove_final_layer_norm",
      "layer_norm_elementwise_affine", "rope_scaling", "rope_parameters", "sliding_window", "layer_types",
-     "max_window_layers", "quantization_config", "architectures", "torch_dtype"}))
+     "max_window_layers", "quantization_config", "architectures", "torch_dtype", *_HYBRID_FIELDS,
+     "mlp_bias", "topk_method", "scoring_func", "use_bidirectional_attention", "text_config",
+     "experts_per_token"}))
 
 
 def _dtype(cfg: _Config) -> str:
@@ -257,6 +684,12 @@ def _rope(cfg: _Config, spec_type: HFModelType) -> dict[str, Any]:
     """RoPE settings: transformers 4 spells them at the top level (`rope_theta`, `rope_scaling`),
     transformers 5 nests them in `rope_parameters`. Unknown scaling types are refused."""
     nested = _rope_parameters(cfg)
+    if isinstance(nested.get("full_attention"), Mapping):  # transformers 5, per layer type (Gemma 3)
+        for layer_type, params in nested.items():
+            kind = params.get("rope_type", "default") if isinstance(params, Mapping) else params
+            if kind not in ROPE_TYPES:
+                raise cfg.refuse(f"rope_parameters.{layer_type}.rope_type", kind, f"supported: {', '.join(ROPE_TYPES)}")
+        nested = dict(nested["full_attention"])
     scaling = cfg.get("rope_scaling", None)
     key = "rope_scaling"
     if not scaling and nested:
@@ -516,9 +949,14 @@ def _quantization(cfg: _Config) -> QuantizationSpec | None:
 
 def _refuse_unmodelled(cfg: _Config, spec_type: HFModelType) -> None:
     for key, neutral in _NEUTRAL.items():
+        if key in spec_type.honours:
+            continue
         value = cfg.data.get(key)
         if value not in neutral:
             raise cfg.refuse(key, value, "it changes the math and llmperf does not model it")
+    for key, why in _HYBRID_FIELDS.items():
+        if cfg.data.get(key) is not None:
+            raise cfg.refuse(key, cfg.data[key], why)
     archs = cfg.get("architectures", None) or []
     for arch in archs if isinstance(archs, list) else [archs]:
         if not str(arch).endswith(("ForCausalLM", "LMHeadModel")):
@@ -528,6 +966,10 @@ def _refuse_unmodelled(cfg: _Config, spec_type: HFModelType) -> None:
 def read_hf_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dict[str, Any], set[str]]:
     """The `ModelSpec` fields of a parsed config.json, and the set of config keys read."""
     mt = data.get("model_type")
+    if isinstance(mt, str) and mt in REFUSED_MODEL_TYPES:
+        raise SpecError(f"{origin}: model_type {mt!r} is not modelled ({REFUSED_MODEL_TYPES[mt]})")
+    if isinstance(mt, str) and mt in _TEXT_CONFIG_TYPES:
+        return _read_text_config(data, name, origin)
     if mt not in HF_MODEL_TYPES:
         raise SpecError(f"{origin}: model_type {mt!r} is not supported "
                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
@@ -558,10 +1000,33 @@ def read_hf_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dic
         out.update({k: v for k, v in _rope(cfg, spec_type).items() if k != "rope_scaling" or v})
     if spec_type.extra is not None:
         spec_type.extra(cfg, out)
-    out["sliding_window"] = _sliding_window(cfg, spec_type, out["num_layers"])
+    if spec_type.sliding_window != "layers":  # else the extra function set the layers' attention
+        out["sliding_window"] = _sliding_window(cfg, spec_type, out["num_layers"])
     out["quantization"] = _quantization(cfg)
     out["dtype"] = _dtype(cfg)
     return out, cfg.read
+
+
+def _read_text_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dict[str, Any], set[str]]:
+    """A multimodal checkpoint (Llama 4, Gemma 3): its text model, from `text_config` (absent: the text
+    config class's defaults, as transformers). The dtype and the tied head fall back to the outer config."""
+    outer = data["model_type"]
+    text = data.get("text_config")
+    if text is None:
+        text = {}
+    if not isinstance(text, Mapping):
+        raise SpecError(f"{origin}: text_config must be a mapping, got {text!r}")
+    inner = text.get("model_type", _TEXT_CONFIG_TYPES[outer])
+    if inner != _TEXT_CONFIG_TYPES[outer]:
+        raise SpecError(f"{origin}: text_config.model_type={inner!r}, expected {_TEXT_CONFIG_TYPES[outer]!r} "
+                        f"in a {outer} config")
+    merged = dict(text)
+    merged["model_type"] = inner
+    for key in ("torch_dtype", "dtype", "tie_word_embeddings", "quantization_config"):
+        if merged.get(key) is None and data.get(key) is not None:
+            merged[key] = data[key]
+    fields, read = read_hf_config(merged, name, f"{origin} (text_config)")
+    return fields, {"model_type", "text_config", "architectures"} | read
 
 
 def model_spec_from_hf_config(path: str | os.PathLike[str] | dict[str, Any],
@@ -579,6 +1044,9 @@ def model_spec_from_hf_config(path: str | os.PathLike[str] | dict[str, Any],
         name = name or (p.parent.name if p.name == "config.json" else p.stem)
     fields, _ = read_hf_config(data, name or str(data.get("model_type")), origin)
     fields["source"] = f"Hugging Face config ({origin})"
+    wrapper = data.get("model_type")
+    if isinstance(wrapper, str) and wrapper in _TEXT_CONFIG_TYPES:
+        fields["source"] += f"; the text model of a {wrapper} checkpoint (the vision tower is not modelled)"
     try:
         return ModelSpec(**fields)
     except SpecError as exc:

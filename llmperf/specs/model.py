@@ -299,7 +299,8 @@ class ModelSpec:
 
     @property
     def router_params_per_layer(self) -> int:
-        """The router of one MoE layer: hidden x experts, + a bias, + the score-correction bias."""
+        """The router of one MoE layer: hidden x experts, + a bias (gpt-oss), + the score-correction
+        bias (DeepSeek-V3, GLM-4.5: a persistent buffer in transformers, a tensor of the checkpoint)."""
         if not self.is_moe:
             return 0
         e = self.num_experts
@@ -345,16 +346,22 @@ class ModelSpec:
 
     @property
     def param_count(self) -> int:
-        """Total parameters, exactly as the Hugging Face model counts them: the input embedding and
-        an untied lm_head included, multi-token-prediction layers (`mtp_layers`) excluded, as
-        transformers builds them."""
+        """Total parameters, exactly the tensors of the Hugging Face checkpoint that transformers
+        builds: `model.parameters()` (a tied head once), plus the persistent buffer DeepSeek-V3 and
+        GLM-4.5 keep for noaux_tc routing (`router_score_bias`: one fp32 per expert per MoE layer,
+        stored and read like a weight). The input embedding and an untied lm_head are included;
+        multi-token-prediction layers (`mtp_layers`) are excluded, as transformers does not build
+        them (DeepSeek-V3: 671.0B here, "685B" on its model card with the MTP layer). Checked against
+        transformers on the meta device in tests/specs/test_hf_crosscheck.py and test_hf_today.py."""
         layers = sum(count * self.layer_params(kind) for kind, count in self.layer_groups())
         return self.embedding_params + layers + self.norm_params + self.lm_head_params
 
     @property
     def active_param_count(self) -> int:
         """Parameters one token touches: every dense part, its experts_per_token routed experts and
-        the shared experts (the input embedding included, as `param_count`)."""
+        the shared experts, the input embedding included and MTP layers excluded, as `param_count`
+        (the convention of ARCHITECTURES.md §11; OpenAI's "5.1B active" for gpt-oss-120b leaves out
+        the input embedding, which FLOPs do not touch: 2 * (active - vocab * hidden) per token)."""
         unused = (self.num_experts - self.experts_per_token) * self.expert_params
         return self.param_count - self.num_moe_layers * unused
 
@@ -407,8 +414,9 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, path: str | os.PathLike[str], name: str | None = None) -> ModelSpec:
-        """Read a Hugging Face `config.json` (the file or its directory), for the llama, mistral,
-        mixtral, qwen2, gpt2, opt and gpt_neox model types."""
+        """Read a Hugging Face `config.json` (the file or its directory); the model types are listed in
+        `llmperf.specs.hf.SUPPORTED_MODEL_TYPES` (Llama 1-4, Mistral, Mixtral, Qwen2/3, DeepSeek-V2/V3,
+        Kimi-K2, GLM-4.5, gpt-oss, Gemma 2/3, GPT-2, OPT, GPT-NeoX)."""
         from llmperf.specs.hf import model_spec_from_hf_config
         return model_spec_from_hf_config(path, name=name)
 

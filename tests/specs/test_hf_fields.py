@@ -198,8 +198,7 @@ def test_neutral_values_are_accepted(key, neutral):
     assert read({**LLAMA, key: neutral}).param_count == read(LLAMA).param_count
 
 
-@pytest.mark.parametrize("scaling", [{"rope_type": "yarn", "factor": 4.0}, {"type": "dynamic", "factor": 2.0},
-                                     {"rope_type": "longrope", "short_factor": [1.0]}])
+@pytest.mark.parametrize("scaling", [{"rope_type": "made_up", "factor": 4.0}, {"type": "su", "factor": 2.0}])
 def test_unsupported_rope_scaling_refused(scaling):
     kind = scaling.get("rope_type", scaling.get("type"))
     refused({**LLAMA, "rope_scaling": scaling}, f"rope_scaling.rope_type={kind!r} is not modelled")
@@ -208,7 +207,10 @@ def test_unsupported_rope_scaling_refused(scaling):
 
 @pytest.mark.parametrize("scaling", [{"rope_type": "linear", "factor": 2.0}, {"type": "linear", "factor": 2.0},
                                      {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}])
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                                     {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32, "truncate": False},
+                                     {"type": "dynamic", "factor": 2.0},
+                                     {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}])
 def test_supported_rope_scaling_kept(scaling):
     assert read({**LLAMA, "rope_scaling": scaling}).rope_scaling == scaling
     assert read({**LLAMA, "rope_scaling": {"rope_type": "default"}}).rope_scaling is None
@@ -237,9 +239,13 @@ def test_every_refused_field_has_a_refusal_test():
               "use_qk_norm", "qk_layernorm", "embedding_multiplier", "residual_multiplier", "logits_scaling",
               "attention_multiplier", "rope_scaling", "rope_parameters", "sliding_window", "layer_types",
               "max_window_layers", "quantization_config", "architectures", "torch_dtype", "add_cross_attention",
-              "do_layer_norm_before", "_remove_final_layer_norm", "layer_norm_elementwise_affine"}
+              "do_layer_norm_before", "_remove_final_layer_norm", "layer_norm_elementwise_affine",
+              # today's models: tests/specs/test_hf_today.py::test_refused_fields_of_today
+              "index_topk", "index_n_heads", "hybrid_override_pattern", "linear_num_value_heads", "mlp_bias",
+              "topk_method", "scoring_func", "use_bidirectional_attention", "text_config", "experts_per_token"}
     assert set(HF_REFUSED_FIELDS) == tested
-    assert ROPE_TYPES == ("default", "linear", "llama3")
+    # none of these changes a FLOP, a weight or a KV byte; the engine keeps its own, shorter list
+    assert ROPE_TYPES == ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 
 
 # ---- every field read is listed ----------------------------------------------------------------------
@@ -276,7 +282,9 @@ def test_gpt_neox_partial_rotary_and_base():
 
 
 def test_every_supported_type_described_once():
-    assert set(HF_MODEL_TYPES) == {"llama", "mistral", "mixtral", "qwen2", "gpt2", "opt", "gpt_neox"}
+    assert set(HF_MODEL_TYPES) == {"llama", "mistral", "mixtral", "qwen2", "gpt2", "opt", "gpt_neox", "qwen3",
+                                   "qwen3_moe", "deepseek_v3", "kimi_k2", "deepseek_v2", "glm4_moe", "gpt_oss",
+                                   "llama4_text", "gemma2", "gemma3_text"}
     for t in HF_MODEL_TYPES.values():
         assert set(t.required) <= set(t.keys.values()) | {"ffn_dim"}
         assert t.architectures and all(a.endswith(("ForCausalLM", "LMHeadModel")) for a in t.architectures)
