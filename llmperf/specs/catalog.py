@@ -14,7 +14,7 @@ from llmperf.specs.loader import list_hardware, list_models, load_hardware, load
 from llmperf.specs.model import ModelSpec
 
 #: the dtypes whose dense peak each hardware row shows (None where the device has no units for it)
-PEAK_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
+PEAK_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8", "int4")
 
 
 def attention_label(m: ModelSpec) -> str:
@@ -57,7 +57,7 @@ def model_row(m: ModelSpec) -> dict[str, Any]:
         chunked_layers=sum(k.attention == "chunked" for k in kinds), attention_chunk_size=m.attention_chunk_size,
         nope_layers=len(m.nope_layers), kv_lora_rank=m.kv_lora_rank, mtp_layers=m.mtp_layers,
         tied_embeddings=m.tied_embeddings, dtype=m.dtype,
-        quantization=None if q is None else f"{q.method} int{q.bits} g{q.group_size or 'channel'}",
+        quantization=None if q is None else q.label,
         kv_elements_per_token_per_layer=m.kv_width_per_token_per_layer,
         kv_bytes_per_token_fp16=int(m.kv_bytes_per_token("fp16")), source=m.source)
 

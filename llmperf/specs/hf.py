@@ -22,16 +22,19 @@ Routing values that change which experts win but not what a token costs (`norm_t
 A field that changes the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS` lists
 every field read and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value llmperf
 does not model (ALiBi, Granite multipliers, rope scaling types other than those in `ROPE_TYPES`,
-Qwen2's mixed sliding / full layers, quantization methods other than AWQ and GPTQ, ...).
+Qwen2's mixed sliding / full layers, quantization methods other than those listed below, ...).
 `REFUSED_MODEL_TYPES` names the 2026 hybrids refused by model type (DeepSeek-V3.2 / GLM-5 sparse
 attention, Qwen3-Next / Qwen3.5 Gated DeltaNet, Nemotron-H Mamba): their constant per-sequence state or
 top-k sparse attention is not modelled yet, and half-modelling them would mislead. Everything else in a
 config (token ids, dropout, initializer range, `transformers_version`, ...) does not change what is
 counted.
 
-Quantized checkpoints (`quantization_config`, as AutoAWQ and AutoGPTQ write it): AWQ `bits`,
-`group_size`, `zero_point`; GPTQ `bits`, `group_size` (-1: per channel), `sym` (no zero point),
-`desc_act` (act order).
+Quantized checkpoints (`quantization_config`): AWQ `bits`, `group_size`, `zero_point`; GPTQ `bits`,
+`group_size` (-1: per channel), `sym` (no zero point), `desc_act` (act order); fp8 block-wise (`fmt`,
+`activation_scheme`, `weight_block_size`, `scale_fmt`: DeepSeek-V3, Qwen3-FP8); MXFP4 (gpt-oss's
+experts); NVFP4 as ModelOpt and compressed-tensors write it. `modules_to_not_convert` (or ModelOpt's
+`exclude_modules`) is resolved to llmperf's modules (attention, dense_mlp, expert, shared_expert,
+router, embedding, lm_head); a part of a module, or a module kept in some layers only, is refused.
 """
 
 from __future__ import annotations
@@ -572,7 +575,9 @@ _TYPES = (
                 required=_LLAMA_REQUIRED,
                 defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "head_dim": 64,
                           "sliding_window": 128, "attention_bias": True, "num_experts_per_tok": 4,
-                          "num_local_experts": 128, "swiglu_limit": 7.0},
+                          "num_local_experts": 128, "swiglu_limit": 7.0,
+                          # the released config.json has no torch_dtype; its unquantised tensors are bf16
+                          "torch_dtype": "bfloat16"},
                 sliding_window="layers", extra=_gpt_oss_extra),
     HFModelType(model_type="llama4_text", family="llama", architectures=("Llama4ForCausalLM",),
                 keys={**_LLAMA_KEYS, "ffn_size": "intermediate_size_mlp", "moe_ffn_size": "intermediate_size",

@@ -281,6 +281,7 @@ _NOT_IN_CLASS = {
     ("deepseek_v3", "moe_layer_freq"): 1, ("kimi_k2", "moe_layer_freq"): 1,  # DeepSeek's own modelling; 1 everywhere
     ("deepseek_v2", "moe_layer_freq"): 1, ("deepseek_v2", "num_nextn_predict_layers"): 0,  # V2 has no MTP
     ("gemma3_text", "sliding_window_pattern"): 6,  # a kwarg of Gemma3TextConfig (_sliding_window_pattern)
+    ("gpt_oss", "torch_dtype"): "bfloat16",  # the released config.json has none; its unquantised tensors are bf16
 }
 
 
