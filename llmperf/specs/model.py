@@ -410,6 +410,15 @@ class ModelSpec:
             changes.setdefault("head_dim", None)
         if changes.get("head_dim", self.head_dim) != self.head_dim or "head_dim" in changes:
             changes.setdefault("rotary_dim", None)  # re-derived from the new head_dim
+        n = changes.get("num_layers", self.num_layers)
+        if isinstance(n, int) and n != self.num_layers:
+            # fewer (or more) layers keep the per-layer pattern: the first n layers of it, repeated
+            if self.layer_types is not None and "layer_types" not in changes:
+                pattern = self.layer_types
+                changes["layer_types"] = tuple(pattern[i % len(pattern)] for i in range(max(n, 0)))
+            for f in ("dense_layers", "nope_layers"):
+                if f not in changes:
+                    changes[f] = tuple(i for i in getattr(self, f) if i < n)
         return replace(self, **changes)
 
     @classmethod
