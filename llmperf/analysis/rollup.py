@@ -20,7 +20,7 @@ All arithmetic is float64, so products such as batch x context x bytes never ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -184,37 +184,69 @@ def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp
 def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, *, pp: int,  # noqa: ANN001, ANN201
                 compute_dtype: str, time_model: TimeModel | None = None):
     """(time, FLOPs, bytes) summed over decode steps j = 1 .. gen_len - 1 (context prompt_len + j),
-    exact and O(1) in gen_len: each operator's roofs are lines in the context up to the sliding
-    window (constant after it), and the time model's efficiencies do not depend on the context."""
+    exact and O(1) in gen_len. A decode step of a layer sees `n(x)` keys at context x: x (full
+    attention), min(x, W) (sliding), (x - 1) mod C + 1 (chunked: the position within its chunk), and
+    its cost equals a full-attention layer's at context n(x). Each operator's roofs are lines in n
+    and the time model's efficiencies do not depend on the context, so the sum over steps of
+    `max(lines) + overhead` is a sum of `sum_max_lines` over ranges of n (`_sum_over_steps`)."""
     x_lo, x_hi = prompt_len + 1.0, prompt_len + gen_len - 1.0
-    window = fm.model.sliding_window
-    # linear part [x_lo, lin_hi]; empty (lin_hi = x_lo - 1) when the prompt already fills the window
-    lin_hi = x_hi if window is None else np.maximum(np.minimum(x_hi, window), x_lo - 1)
-    flat = 0.0 if window is None else np.maximum(x_hi - np.maximum(x_lo - 1, window), 0)  # steps at the cap
-    at0 = fm.forward_ops(batch, 1, 0.0 * prompt_len)
-    at1 = fm.forward_ops(batch, 1, 0.0 * prompt_len + 1)
-    time = flops = nbytes = 0.0
-    for c0, c1 in zip(at0, at1):
-        t0 = op_time(c0, hw, compute_dtype, time_model)
-        t1 = op_time(c1, hw, compute_dtype, time_model)
-        # the overlapped host dispatch is a fourth line, flat in the context
-        a = [t0.compute_s, t0.memory_s, t0.comm_s, t0.host_s + 0.0 * t0.compute_s]
-        b = [t1.compute_s - t0.compute_s, t1.memory_s - t0.memory_s, t1.comm_s - t0.comm_s, 0.0 * t0.compute_s]
-        time = time + sum_max_lines(a, b, x_lo, lin_hi)
-        fa, fb = c0.flops, c1.flops - c0.flops
-        ba, bb = c0.bytes_total, c1.bytes_total - c0.bytes_total
-        flops = flops + _line_sum(fa, fb, x_lo, lin_hi)
-        nbytes = nbytes + _line_sum(ba, bb, x_lo, lin_hi)
-        if window is not None:
-            time = time + flat * np.maximum(np.maximum(np.maximum(a[0] + b[0] * window, a[1] + b[1] * window),
-                                                       a[2] + b[2] * window), a[3])
-            flops = flops + flat * (fa + fb * window)
-            nbytes = nbytes + flat * (ba + bb * window)
-        # the overhead is per launch, the same at every step
-        time = time + np.maximum(gen_len - 1.0, 0) * t0.overhead_s
     steps = np.maximum(gen_len - 1.0, 0)
+    groups: list[tuple[str, int | None, list]] = [("full", None, fm.head_ops(batch, 1, 0.0 * prompt_len)
+                                                   + fm.tail_ops(batch, 1, 0.0 * prompt_len))]
+    at1: list[list] = [fm.head_ops(batch, 1, 0.0 * prompt_len + 1) + fm.tail_ops(batch, 1, 0.0 * prompt_len + 1)]
+    for kind, count in fm.model.layer_groups():
+        lin = replace(kind, attention="full", window=None)  # the same layer seeing n keys
+        groups.append((kind.attention, kind.window,
+                       [op.scaled(count) for op in fm.layer_ops(batch, 1, 0.0 * prompt_len, kind=lin)]))
+        at1.append([op.scaled(count) for op in fm.layer_ops(batch, 1, 0.0 * prompt_len + 1, kind=lin)])
+    time = flops = nbytes = 0.0
+    for (attention, span, ops0), ops1 in zip(groups, at1):
+        for c0, c1 in zip(ops0, ops1):
+            t0 = op_time(c0, hw, compute_dtype, time_model)
+            t1 = op_time(c1, hw, compute_dtype, time_model)
+            # the overlapped host dispatch is a fourth line, flat in the context
+            a = [t0.compute_s, t0.memory_s, t0.comm_s, t0.host_s + 0.0 * t0.compute_s]
+            b = [t1.compute_s - t0.compute_s, t1.memory_s - t0.memory_s, t1.comm_s - t0.comm_s,
+                 0.0 * t0.compute_s]
+            fa, fb = c0.flops, c1.flops - c0.flops
+            ba, bb = c0.bytes_total, c1.bytes_total - c0.bytes_total
+            time = time + _sum_over_steps(attention, span, x_lo, x_hi,
+                                          lambda lo, hi: sum_max_lines(a, b, lo, hi))  # noqa: B023
+            flops = flops + _sum_over_steps(attention, span, x_lo, x_hi,
+                                            lambda lo, hi: _line_sum(fa, fb, lo, hi))  # noqa: B023
+            nbytes = nbytes + _sum_over_steps(attention, span, x_lo, x_hi,
+                                              lambda lo, hi: _line_sum(ba, bb, lo, hi))  # noqa: B023
+            # the overhead is per launch, the same at every step
+            time = time + steps * t0.overhead_s
     time = time + steps * (pipeline_transfer_s(fm, hw, batch, 1, pp) + step_overhead_s(time_model))
     return time, flops, nbytes
+
+
+def _sum_over_steps(attention: str, span: int | None, x_lo, x_hi, total):  # noqa: ANN001, ANN202
+    """Sum over contexts x in [x_lo, x_hi] of g(n(x)), where `total(lo, hi)` is the sum of g over
+    n in [lo, hi] (called with hi >= lo - 1: an empty range is zero) and n(x) is the keys a decode
+    step of an `attention` layer (`span`: its window or chunk) sees."""
+    x_lo, x_hi = np.asarray(x_lo, dtype=float), np.asarray(x_hi, dtype=float)
+    x_hi = np.maximum(x_hi, x_lo - 1)
+
+    def rng(lo, hi):  # noqa: ANN001, ANN202
+        return total(lo, np.maximum(hi, lo - 1))
+
+    if attention == "full" or span is None:
+        return rng(x_lo, x_hi)
+    w = float(span)
+    if attention == "sliding":  # linear up to the window, flat after it
+        below = rng(x_lo, np.minimum(x_hi, w))
+        flat = np.maximum(x_hi - np.maximum(x_lo - 1, w), 0)
+        return below + flat * total(w + 0.0 * x_lo, w + 0.0 * x_lo)
+    # chunked: n = (x - 1) mod C + 1 runs 1 .. C in every chunk of C positions
+    a, b = x_lo - 1, x_hi - 1
+    qa, qb = np.floor_divide(a, w), np.floor_divide(b, w)
+    ra, rb = np.mod(a, w) + 1, np.mod(b, w) + 1
+    one = 1.0 + 0.0 * x_lo
+    same = rng(ra, np.where(qa == qb, rb, ra - 1))
+    split = rng(ra, w * one) + np.maximum(qb - qa - 1, 0) * rng(one, w * one) + rng(one, rb)
+    return np.where(x_hi < x_lo, 0.0, np.where(qa == qb, same, split))
 
 
 # ---- memory --------------------------------------------------------------------------------------
@@ -392,7 +424,9 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
 
     def split(b, q, kv, field: str):  # noqa: ANN001, ANN202
         attn = rest = 0.0
-        for c in fm.layer_ops(b, q, kv):
+        for c in fm.forward_ops(b, q, kv):
+            if not c.per_layer:
+                continue
             if c.name in _ATTN_NAMES:
                 attn = attn + getattr(c, field)
             else:

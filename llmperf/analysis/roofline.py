@@ -58,6 +58,7 @@ class OpCost:
     per_layer: bool = True
     rows: Number = 0.0  # tokens through the operator (batch * q_len); what a time model may key on
     calls: Number = 1.0  # launches the counts cover: `scaled(L)` is L layers' calls, each paying the overhead
+    layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...)
 
     @property
     def bytes_read(self) -> Number:
@@ -85,7 +86,7 @@ class OpCost:
         """Every count multiplied by `factor` (e.g. the number of layers), and the launches with them:
         a time model's per-launch overhead is paid `calls` times."""
         return OpCost(name=self.name, kind=self.kind, per_layer=self.per_layer, rows=self.rows,
-                      calls=self.calls * factor, **{f: getattr(self, f) * factor for f in _COUNT_FIELDS})
+                      calls=self.calls * factor, layer=self.layer, **{f: getattr(self, f) * factor for f in _COUNT_FIELDS})
 
 
 _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes",
