@@ -52,7 +52,8 @@ latent is one for all heads: tensor parallelism splits the heads, not the cache.
 Small operators (shared/ARCHITECTURES.md sections 3, 6, 7): `qk_norm` (an RMSNorm over head_dim on
 every query and key head; L2 without weights), attention sinks (one more logit per query row: its
 exponential and its share of the row sum, 2 FLOPs per row and head in the fused kernel, one more
-column of S and P in the naive form), attention soft-capping (`cap * tanh(s / cap)`: 3 FLOPs per
+column of S and P in the naive form; the sink values themselves, one per head, are not counted as
+bytes, which keeps every attention count linear in the step's shape), attention soft-capping (`cap * tanh(s / cap)`: 3 FLOPs per
 executed score inside the fused kernel, a separate `attn_softcap` pass over S in the naive form),
 final soft-capping of the logits (`final_softcap`, 3 FLOPs per logit), sandwich norms
 (`post_attn_norm`, `post_mlp_norm`) and the scaled embedding (`embed_scale`, one multiply per element).
@@ -200,13 +201,12 @@ def attention_core(batch: Number, q_len: Number, kv_len: Number, *, shape: Atten
     kv_el = kv_bytes if s.from_cache else act_bytes
     kv_field = "kv_read_bytes" if s.from_cache else "act_read_bytes"
     rows = B * q_len
-    sink_w = H * act_bytes if sinks else 0.0  # one learned logit per head
     if impl == "fused":
         extra = (SOFTCAP_FLOPS * B * H * executed if softcap else 0.0) + (SINK_FLOPS * B * H * q_len if sinks else 0.0)
         counts = {"act_read_bytes": q_bytes, "kv_read_bytes": 0.0}
         counts[kv_field] = counts[kv_field] + B * keys * s.union_elems * kv_el
         return [OpCost(name="attention", kind="attention", flops=2 * B * H * executed * (s.qk_dim + s.v_dim) + extra,
-                       weight_bytes=sink_w, act_write_bytes=o_bytes, rows=rows, **counts)]
+                       act_write_bytes=o_bytes, rows=rows, **counts)]
     cols = keys + 1 if sinks else keys  # the sink is one more column of S and P
     s_bytes = B * H * q_len * cols * act_bytes  # the materialised score / probability matrix
     score = {"act_read_bytes": q_bytes, "kv_read_bytes": 0.0}
@@ -220,7 +220,7 @@ def attention_core(batch: Number, q_len: Number, kv_len: Number, *, shape: Atten
                           act_read_bytes=s_bytes, act_write_bytes=s_bytes, rows=rows))
     ops += [
         OpCost(name="attn_softmax", kind="elementwise", flops=SOFTMAX_FLOPS * B * H * q_len * cols,
-               weight_bytes=sink_w, act_read_bytes=s_bytes, act_write_bytes=s_bytes, rows=rows),
+               act_read_bytes=s_bytes, act_write_bytes=s_bytes, rows=rows),
         OpCost(name="attn_value", kind="attention", flops=2 * B * H * executed * s.v_dim,
                act_write_bytes=o_bytes, rows=rows, **value),
     ]
