@@ -92,6 +92,8 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
         ("prompt length where attention FLOPs = rest of layer", fmt.count(r.attention_flops_crossover)),
         (f"context where attention bytes = rest of layer (batch {est.batch})",
          fmt.count(r.attention_bytes_crossover)),
+        ("decode context where attention turns compute-bound",
+         fmt.count(r.attention_critical_context) if r.attention_critical_context else "never"),
     ])
     return [latency, phases, memory, regimes]
 

@@ -266,7 +266,8 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
         critical_batch_matmul=_int_or_none(row["critical_batch_matmul"]),
         critical_batch=_int_or_none(row["critical_batch"]),
         attention_flops_crossover=_int_or_none(row["attention_flops_crossover"]),
-        attention_bytes_crossover=_int_or_none(row["attention_bytes_crossover"]))
+        attention_bytes_crossover=_int_or_none(row["attention_bytes_crossover"]),
+        attention_critical_context=_int_or_none(row["attention_critical_context"]))
     return GenerationEstimate(model=m, hardware=hw, precision=prec, batch=batch, prompt_len=prompt_len,
                               gen_len=gen_len, tp=tp, pp=pp, attention=attention, prefill=prefill,
                               decode_first=first, decode_last=last, decode_total_s=float(row["decode_s"]),

@@ -40,8 +40,9 @@ SEARCH_MAX = 1 << 26
 MAX_COUNT = 2**53
 #: columns that are integers or missing (no answer up to SEARCH_MAX)
 REGIME_COLUMNS = ("critical_batch_matmul", "critical_batch", "attention_flops_crossover",
-                  "attention_bytes_crossover")
-_ATTN_NAMES = frozenset(op.value for op in ATTENTION_OPS) | {Op.kv_write.value}
+                  "attention_bytes_crossover", "attention_critical_context")
+_ATTN_CORE = frozenset(op.value for op in ATTENTION_OPS)
+_ATTN_NAMES = _ATTN_CORE | {Op.kv_write.value}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -407,9 +408,12 @@ def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX, ways: i
 
 def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel | None, *, batch, context,  # noqa: ANN001
                   size: int) -> dict[str, np.ndarray]:
-    """Critical batches (decode turns compute-bound: compute time strictly above memory time) and the
-    attention crossovers (attention FLOPs / bytes reach those of the rest of the layer). Each search
-    runs once per distinct value it depends on (the context, the batch, or nothing)."""
+    """Critical batches (decode turns compute-bound: compute time strictly above memory time), the
+    attention crossovers (attention FLOPs / bytes reach those of the rest of the layer) and the
+    decode context from which the step's attention itself is compute-bound (MLA's absorbed form:
+    every head shares one latent, so its intensity approaches 2 n (2r + dr) / ((r + dr) b), near the
+    ridge point; GQA decode attention, about 2 g / b FLOP/B, never gets there). Each search runs once
+    per distinct value it depends on (the context, the batch, or nothing)."""
     batch = np.asarray(batch, dtype=float) + np.zeros(size)
     context = np.asarray(context, dtype=float) + np.zeros(size)
 
@@ -433,6 +437,14 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
                 rest = rest + getattr(c, field)
         return np.asarray(attn >= rest) & np.ones(np.broadcast_shapes(np.shape(b), np.shape(q)), dtype=bool)
 
+    def attention_bound(b, ctx):  # noqa: ANN001, ANN202
+        comp = mem = 0.0
+        for c in fm.forward_ops(b, 1, ctx):
+            if c.name in _ATTN_CORE:
+                t = op_time(c, hw, dtype, tm)
+                comp, mem = comp + t.compute_s, mem + t.memory_s
+        return np.asarray(comp > mem) & np.ones(np.broadcast_shapes(np.shape(b), np.shape(ctx)), dtype=bool)
+
     def per_value(values, search):  # noqa: ANN001, ANN202
         """Run `search(unique_values[:, None], n)` once per distinct value, spread back to the rows."""
         uniq, inverse = np.unique(values, return_inverse=True)
@@ -445,7 +457,9 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
             lambda b: compute_bound(b, ctx, False), n)),
         attention_flops_crossover=np.repeat(first_true_array(lambda n: split(1, n, n, "flops"), 1), size),
         attention_bytes_crossover=per_value(batch, lambda b, n: first_true_array(
-            lambda c: split(b, 1, c, "bytes_total"), n)))
+            lambda c: split(b, 1, c, "bytes_total"), n)),
+        attention_critical_context=per_value(batch, lambda b, n: first_true_array(
+            lambda c: attention_bound(b, c), n)))
 
 
 # ---- the roll-up ---------------------------------------------------------------------------------

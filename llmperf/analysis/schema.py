@@ -53,6 +53,7 @@ COLUMNS: dict[str, str] = {
     "critical_batch": "decode batch where the whole step turns compute-bound (null: none)",
     "attention_flops_crossover": "prompt where attention FLOPs = rest of the layer (null: none)",
     "attention_bytes_crossover": "context where attention bytes = rest of the layer (null: none)",
+    "attention_critical_context": "decode context from which the step's attention is compute-bound (null: none)",
 }
 
 

@@ -303,3 +303,24 @@ def test_the_serving_cost_model_prices_every_layer_kind(make):
     assert sum(p.layers for p in cm.parts) == m.num_layers * len(cm.parts) // len(m.layer_groups())
     t = cm.step_time_s([1, 1], [7, 9], logit_rows=2)
     assert t > 0 and cm.step_time_s([5], [5], logit_rows=1) > 0
+
+
+def test_mla_decode_attention_turns_compute_bound_below_its_intensity():
+    """Absorbed MLA decode attention tends to 241.8 FLOP/B (bf16, every head on one GPU): above an
+    A100's ridge (153), so from some context on it is compute-bound; below an H100's (295), so never;
+    with tp = 2 on the A100 (120.9 FLOP/B) never either. GQA decode attention never is."""
+    from llmperf.analysis.regimes import estimate_regimes
+    m = deepseek_v3()
+    a100, h100 = load_hardware("a100-80gb-sxm"), load_hardware("h100-sxm")
+    fm = ForwardModel(model=m, precision=Precision.uniform("bf16"))
+    r = estimate_regimes(fm, a100, batch=8, context=4096, compute_dtype="bf16")
+    c = r.attention_critical_context
+    assert c is not None and c < 4096
+    (att,) = fm.attention_ops(8, 1, c)
+    (before,) = fm.attention_ops(8, 1, c - 1)
+    assert att.intensity > a100.ridge_point("bf16") >= before.intensity
+    assert estimate_regimes(fm, h100, batch=8, context=4096, compute_dtype="bf16").attention_critical_context is None
+    tp2 = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=2)
+    assert estimate_regimes(tp2, a100, batch=8, context=4096, compute_dtype="bf16").attention_critical_context is None
+    gqa = ForwardModel(model=gpt_oss_like(), precision=Precision())
+    assert estimate_regimes(gqa, a100, batch=8, context=4096, compute_dtype="fp16").attention_critical_context is None
