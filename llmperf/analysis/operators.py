@@ -240,7 +240,14 @@ class ShardDims:
     """Per-GPU sizes of one layer under tensor parallelism of degree `tp` (Megatron-LM: Shoeybi et al.
     2019, arXiv:1909.08053): query heads, FFN widths (dense, each routed and shared expert) and
     vocabulary are split; KV heads are split when `tp` divides them, else replicated so each GPU
-    holds one (as vLLM does). MLA's latent cache is never split (one for all heads)."""
+    holds one (as vLLM does). MLA's latent cache is never split (one for all heads).
+
+    Expert parallelism of degree `ep` (dividing `tp` and the number of experts): each GPU holds
+    `num_experts / ep` routed experts, each split `tp / ep` ways. Data-parallel attention
+    (`dp_attention`, SGLang's DP attention for MLA models): attention runs whole (heads and KV heads
+    not split, its weights replicated) on each GPU's own share of the sequences; the shared experts
+    are replicated too; dense FFNs stay split `tp` ways; MoE layers run expert-parallel over the
+    group (`ep` = `tp`)."""
 
     tp: int
     num_heads: int
@@ -249,30 +256,51 @@ class ShardDims:
     vocab_size: int
     expert_ffn_size: int = 0  # one routed expert
     shared_ffn_size: int = 0  # every shared expert together (shared_experts * shared_expert_ffn_size)
+    ep: int = 1
+    dp_attention: bool = False
+    attn_tp: int = 1  # ways attention is split (tp, or 1 with dp_attention)
+    local_experts: int = 1  # routed experts on each GPU (num_experts / ep)
 
     @classmethod
-    def of(cls, model: ModelSpec, tp: int = 1) -> ShardDims:
+    def of(cls, model: ModelSpec, tp: int = 1, ep: int = 1, dp_attention: bool = False) -> ShardDims:
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise SpecError(f"tp: must be a positive integer, got {tp!r}")
-        if model.num_heads % tp:
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+            raise SpecError(f"ep: must be a positive integer, got {ep!r}")
+        if not isinstance(dp_attention, bool):
+            raise SpecError(f"dp_attention: must be true or false, got {dp_attention!r}")
+        if ep > 1 and not model.is_moe:
+            raise SpecError(f"ep: {ep} needs a mixture-of-experts model, {model.name} has no experts")
+        if tp % ep:
+            raise SpecError(f"ep: {ep} does not divide tp={tp} (experts are split over the tensor-parallel group)")
+        if model.is_moe and model.num_experts % ep:
+            raise SpecError(f"ep: {ep} does not divide {model.name}'s num_experts={model.num_experts}")
+        if dp_attention and model.is_moe and ep != tp:
+            raise SpecError(f"ep: {ep} must equal tp={tp} with dp_attention (the MoE layers run expert-parallel "
+                            "over the group)")
+        attn_tp = 1 if dp_attention else tp
+        if model.num_heads % attn_tp:
             raise SpecError(f"tp: {tp} does not divide {model.name}'s num_heads={model.num_heads}")
-        if not model.is_mla and model.num_kv_heads % tp and tp % model.num_kv_heads:
+        if not model.is_mla and model.num_kv_heads % attn_tp and attn_tp % model.num_kv_heads:
             raise SpecError(f"tp: {tp} neither divides nor is a multiple of {model.name}'s "
                             f"num_kv_heads={model.num_kv_heads}")
-        widths = [("ffn_size", model.ffn_size)]
-        if model.is_moe:
-            widths.append(("expert_ffn_size", model.expert_ffn_size))
+        expert_tp = tp // ep
         shared = model.shared_experts * model.shared_expert_ffn_size if model.is_moe else 0
+        shared_tp = 1 if dp_attention else tp
+        widths = [("ffn_size", model.ffn_size, tp)]
+        if model.is_moe:
+            widths.append(("expert_ffn_size", model.expert_ffn_size, expert_tp))
         if shared:
-            widths.append(("shared_experts x shared_expert_ffn_size", shared))
-        for label, width in widths:
-            if width % tp:
-                raise SpecError(f"tp: {tp} does not divide {model.name}'s {label}={width}")
-        return cls(tp=tp, num_heads=model.num_heads // tp,
-                   num_kv_heads=max(1, model.num_kv_heads // tp),
+            widths.append(("shared_experts x shared_expert_ffn_size", shared, shared_tp))
+        for label, width, ways in widths:
+            if width % ways:
+                raise SpecError(f"tp: {ways} does not divide {model.name}'s {label}={width}")
+        return cls(tp=tp, num_heads=model.num_heads // attn_tp,
+                   num_kv_heads=max(1, model.num_kv_heads // attn_tp),
                    ffn_size=model.ffn_size // tp, vocab_size=-(-model.vocab_size // tp),
-                   expert_ffn_size=(model.expert_ffn_size // tp if model.is_moe else 0),
-                   shared_ffn_size=shared // tp)
+                   expert_ffn_size=(model.expert_ffn_size // expert_tp if model.is_moe else 0),
+                   shared_ffn_size=shared // shared_tp, ep=ep, dp_attention=dp_attention, attn_tp=attn_tp,
+                   local_experts=model.num_experts // ep)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,6 +321,8 @@ class ForwardModel:
     fused_qkv: bool = False  # one qkv_proj GEMM instead of q_proj, k_proj, v_proj
     fused_gate_up: bool = False  # one gate_up_proj GEMM instead of gate_proj, up_proj (gated FFNs)
     mla_mode: str = "auto"  # MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed
+    ep: int = 1  # expert parallelism within the tp group (divides tp and num_experts)
+    dp_attention: bool = False  # attention data-parallel over the tp group (each GPU its own sequences)
 
     def __post_init__(self) -> None:
         for flag in ("all_logits", "fused_qkv", "fused_gate_up"):
@@ -305,8 +335,8 @@ class ForwardModel:
                             f"got {self.attention_flops!r}")
         if self.mla_mode not in MLA_MODES:
             raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
-        object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp))
-        object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.tp))
+        object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp, self.ep, self.dp_attention))
+        object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.dims.attn_tp))
         object.__setattr__(self, "groups", self.model.layer_groups())
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -362,6 +392,19 @@ class ForwardModel:
         msg = tokens * self.model.hidden_size * self.precision.act_bytes
         return OpCost(name=name, kind="comm", flops=tokens * self.model.hidden_size * (t - 1) / t,
                       comm_bytes=2 * (t - 1) / t * msg, rows=tokens)
+
+    def local_batch(self, batch: Number) -> Number:
+        """Sequences whose attention one GPU runs: all of them, or with `dp_attention` its share
+        (the busiest GPU's: `ceil(batch / tp)`)."""
+        return np.ceil(batch / self.tp) if self.dp_attention and self.tp > 1 else batch
+
+    def _all_to_all(self, name: str, tokens: Number) -> OpCost:
+        """Expert parallelism: each of `tokens` tokens' k expert copies of its hidden state go to the
+        GPUs of its experts (`moe_dispatch`) and come back (`moe_combine`); (ep - 1) / ep of them
+        leave the GPU (uniform routing)."""
+        m, e = self.model, self.ep
+        msg = tokens * m.experts_per_token * m.hidden_size * self.precision.act_bytes
+        return OpCost(name=name, kind="comm", comm_bytes=msg * (e - 1) / e, rows=tokens)
 
     def _kind(self, kind: LayerKind | None) -> LayerKind:
         return self.groups[0][0] if kind is None else kind
@@ -561,11 +604,11 @@ class ForwardModel:
         """(token rows, distinct weight copies read, width per GPU, module) of `part`: `dense` (an FFN
         of ffn_size), `routed` (the experts the tokens route to) or `shared` (always on)."""
         m, tokens = self.model, batch * q_len
-        if part == "routed":
+        if part == "routed":  # the group's tokens, spread over the ep GPUs holding the experts
             touched = expected_experts_touched(tokens, m.num_experts, m.experts_per_token)
-            return tokens * m.experts_per_token, touched, self.dims.expert_ffn_size, "expert"
-        if part == "shared":
-            return tokens, 1.0, self.dims.shared_ffn_size, "shared_expert"
+            return tokens * m.experts_per_token / self.ep, touched / self.ep, self.dims.expert_ffn_size, "expert"
+        if part == "shared":  # replicated with dp_attention: each GPU its own tokens
+            return self.local_batch(batch) * q_len, 1.0, self.dims.shared_ffn_size, "shared_expert"
         return tokens, 1.0, self.dims.ffn_size, "dense_mlp"
 
     def _ffn_ops(self, batch: Number, q_len: Number, part: str, fused: bool | None = None) -> list[OpCost]:
@@ -685,31 +728,42 @@ class ForwardModel:
         return ops
 
     def _ffn_block(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
-        m = self.model
+        """The FFN of a layer of `kind` over the group's `batch` and its collectives: the tp all-reduce
+        (with dp_attention, a dense FFN's gather and scatter of every token, the same bytes), or the
+        expert-parallel all-to-alls of each GPU's own tokens."""
+        m, tokens = self.model, batch * q_len
+        local = self.local_batch(batch)
         if not kind.moe:
-            return self._ffn_ops(batch, q_len, "dense")
-        ops = [self.router(batch, q_len, kv_len)] + self._ffn_ops(batch, q_len, "routed")
+            ops = self._ffn_ops(batch, q_len, "dense")
+            return ops + ([self._allreduce("mlp_allreduce", tokens)] if self.tp > 1 else [])
+        a2a = self.dp_attention and self.ep > 1
+        ops = [self.router(local, q_len, kv_len)]
+        ops += [self._all_to_all("moe_dispatch", local * q_len)] if a2a else []
+        ops += self._ffn_ops(batch, q_len, "routed")
+        ops += [self._all_to_all("moe_combine", local * q_len)] if a2a else []
         if m.shared_experts:
             ops += self._ffn_ops(batch, q_len, "shared")
             if m.shared_expert_gate:
-                ops.append(self.shared_expert_gate(batch, q_len, kv_len))
+                ops.append(self.shared_expert_gate(local, q_len, kv_len))
+        if self.tp > 1 and not self.dp_attention:
+            ops.append(self._allreduce("mlp_allreduce", tokens))
         return ops
 
     def layer_ops(self, batch: Number, q_len: Number, kv_len: Number,
                   kind: LayerKind | None = None) -> list[OpCost]:
         """The operators of one transformer block of `kind` (default: the first layer's), in execution
-        order, each labelled with the kind (`OpCost.layer`)."""
+        order, each labelled with the kind (`OpCost.layer`). `batch` is the group's sequences (with
+        `dp_attention` each GPU's attention runs `local_batch(batch)` of them)."""
         m, kind = self.model, self._kind(kind)
-        args = (batch, q_len, kv_len)
+        local = self.local_batch(batch)
+        args = (local, q_len, kv_len)
         ops = [self.attn_norm(*args)] + self._attention_block(*args, kind)
-        if self.tp > 1:
-            ops.append(self._allreduce("attn_allreduce", batch * q_len))
+        if self.dims.attn_tp > 1:
+            ops.append(self._allreduce("attn_allreduce", local * q_len))
         if m.sandwich_norms:
             ops.append(self.post_attn_norm(*args))
         ops += [self.attn_residual(*args), self.mlp_norm(*args)]
-        ops += self._ffn_block(*args, kind)
-        if self.tp > 1:
-            ops.append(self._allreduce("mlp_allreduce", batch * q_len))
+        ops += self._ffn_block(batch, q_len, kv_len, kind)
         if m.sandwich_norms:
             ops.append(self.post_mlp_norm(*args))
         ops.append(self.mlp_residual(*args))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, ForwardModel
+from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
 from llmperf.analysis.roofline import TimeModel, op_time, resolve_time_model, step_overhead_s
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
@@ -58,6 +58,9 @@ class Conventions:
     block_size: int = 16  # paged KV block, tokens
     mem_util: float = 0.9  # fraction of device memory the server uses (vLLM gpu_memory_utilization)
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS  # per-step token budget (activation reservation)
+    mla_mode: str = "auto"  # MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed
+    ep: int = 1  # expert parallelism within the tp group (divides tp and num_experts)
+    dp_attention: bool = False  # attention data-parallel over the tp group, MoE expert-parallel (ep = tp)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_IMPLS:
@@ -65,10 +68,12 @@ class Conventions:
         if self.attention_flops not in FLOP_CONVENTIONS:
             raise SpecError(f"attention_flops: must be one of {', '.join(FLOP_CONVENTIONS)}, "
                             f"got {self.attention_flops!r}")
-        for flag in ("all_logits", "fused_qkv", "fused_gate_up"):
+        for flag in ("all_logits", "fused_qkv", "fused_gate_up", "dp_attention"):
             if not isinstance(getattr(self, flag), bool):
                 raise SpecError(f"{flag}: must be true or false, got {getattr(self, flag)!r}")
-        for name in ("block_size", "max_batched_tokens"):
+        if self.mla_mode not in MLA_MODES:
+            raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
+        for name in ("block_size", "max_batched_tokens", "ep"):
             _check_positive_int(name, getattr(self, name))
         if self.max_seq_len is not None:
             _check_positive_int("max_seq_len", self.max_seq_len)
@@ -466,7 +471,8 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
 def forward_model(model: ModelSpec, precision: Precision, conv: Conventions, tp: int) -> ForwardModel:
     return ForwardModel(model=model, precision=precision, attention=conv.attention, tp=tp,
                         all_logits=conv.all_logits, attention_flops=conv.attention_flops,
-                        fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up)
+                        fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up, mla_mode=conv.mla_mode,
+                        ep=conv.ep, dp_attention=conv.dp_attention)
 
 
 def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int, pp: int, conv: Conventions,
@@ -498,8 +504,10 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         model=model.name, hardware=hw.name, precision=precision.label(), weights=precision.weights,
         activations=precision.activations, kv=precision.kv, embeddings=precision.embedding_dtype,
         group_size=precision.effective_group_size if precision.quantized else None,
-        tp=tp, pp=pp, gpus=tp * pp, attention=conv.attention, attention_flops=conv.attention_flops,
+        tp=tp, pp=pp, gpus=tp * pp, ep=conv.ep, dp_attention=conv.dp_attention,
+        attention=conv.attention, attention_flops=conv.attention_flops,
         all_logits=conv.all_logits, fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up,
+        mla_mode=conv.mla_mode,
         sliding_window=model.sliding_window, time_model=tm.name,
         batch=B.astype(np.int64), prompt_len=P.astype(np.int64), gen_len=G.astype(np.int64),
         params_total=model.param_count, params_active=model.active_param_count,

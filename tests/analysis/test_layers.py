@@ -324,3 +324,71 @@ def test_mla_decode_attention_turns_compute_bound_below_its_intensity():
     assert estimate_regimes(tp2, a100, batch=8, context=4096, compute_dtype="bf16").attention_critical_context is None
     gqa = ForwardModel(model=gpt_oss_like(), precision=Precision())
     assert estimate_regimes(gqa, a100, batch=8, context=4096, compute_dtype="fp16").attention_critical_context is None
+
+
+# ---- expert parallelism and data-parallel attention ------------------------------------------------------
+def test_ep_and_dp_attention_are_refused_by_name_when_they_do_not_fit():
+    from llmperf.errors import SpecError
+    m = deepseek_v3()
+    for kw, text in ((dict(tp=8, ep=3), "ep: 3 does not divide tp=8"),
+                     (dict(tp=4, ep=4, dp_attention=False, model=gemma2_like()), "ep: 4 needs a mixture-of-experts"),
+                     (dict(tp=8, ep=2, dp_attention=True), "ep: 2 must equal tp=8 with dp_attention"),
+                     (dict(tp=8, ep=0), "ep: must be a positive integer")):
+        kw = {"model": m, **kw}
+        with pytest.raises(SpecError, match=text):
+            ForwardModel(precision=Precision(), **kw)
+    with pytest.raises(SpecError, match="ep: 3 does not divide .*num_experts=8"):
+        ForwardModel(model=gpt_oss_like(), precision=Precision(), tp=3, ep=3)
+
+
+def test_expert_parallel_experts_cost_what_tensor_parallel_ones_do():
+    """Within a tp group, ep splits the experts instead of each expert's width: per GPU the expected
+    FLOPs and bytes of the routed experts are the same; the tokens stay replicated (tp attention), so
+    the all-reduce combines them and no all-to-all is needed."""
+    m = deepseek_v3()
+    tp = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8)
+    ep = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8, ep=8)
+    for batch in (1, 64):
+        a = {o.name: o for o in tp.layer_ops(batch, 1, 100, kind=m.layer_kinds()[-1])}
+        b = {o.name: o for o in ep.layer_ops(batch, 1, 100, kind=m.layer_kinds()[-1])}
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            assert b[name].flops == pytest.approx(a[name].flops, rel=1e-12)
+            assert b[name].weight_bytes == pytest.approx(a[name].weight_bytes, rel=1e-12)
+        assert "moe_dispatch" not in b and "mlp_allreduce" in b
+
+
+def test_dp_attention_runs_whole_attention_on_each_gpus_sequences():
+    m = deepseek_v3()
+    dp = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8, ep=8, dp_attention=True)
+    one = ForwardModel(model=m, precision=Precision.uniform("bf16"))
+    moe = {o.name: o for o in dp.layer_ops(64, 1, 1000, kind=m.layer_kinds()[-1])}
+    ref = {o.name: o for o in one.layer_ops(8, 1, 1000, kind=m.layer_kinds()[-1])}  # 64 / 8 sequences
+    for name in ("q_a_proj", "q_b_proj", "kv_a_proj", "q_absorb", "attention", "v_absorb", "o_proj", "router",
+                 "shared_gate_proj"):
+        assert moe[name].flops == ref[name].flops and moe[name].bytes_total == ref[name].bytes_total, name
+    assert "attn_allreduce" not in moe and "mlp_allreduce" not in moe
+    # each GPU's 8 tokens x 8 experts x 7168 x 2 bytes, 7/8 of them leave, each way
+    for name in ("moe_dispatch", "moe_combine"):
+        assert moe[name].comm_bytes == 8 * 8 * 7168 * 2 * 7 / 8 and moe[name].kind == "comm"
+    # routed experts: 32 of 256 per GPU, whole; the group's 64 x 8 routed rows spread over 8 GPUs
+    assert moe["gate_proj"].flops == 64 * 8 / 8 * 2 * 7168 * 2048
+    # dense layers stay split tp ways over every token, with their collective
+    dense = {o.name: o for o in dp.layer_ops(64, 1, 1000, kind=m.layer_kinds()[0])}
+    assert dense["gate_proj"].flops == 64 * 2 * 7168 * 18432 / 8 and "mlp_allreduce" in dense
+    # the attention's intensity is the one-GPU intensity: every head, the GPU's own latents
+    assert moe["attention"].intensity == pytest.approx(ref["attention"].intensity)
+
+
+def test_estimate_and_sweep_take_ep_dp_attention_and_mla_mode():
+    from llmperf.analysis import sweep
+    m = deepseek_v3(num_layers=4, dense_layers=(0,))
+    kw = dict(batch=16, prompt_len=256, gen_len=32, tp=8, ep=8, dp_attention=True, mla_mode="absorbed")
+    est = estimate(m, "h100-sxm", **kw)
+    row = est.summary()
+    assert (row["ep"], row["dp_attention"], row["mla_mode"]) == (8, True, "absorbed")
+    assert "q_absorb" in set(est.prefill.to_frame()["op"])  # absorbed in prefill too
+    s = sweep([m], ["h100-sxm"], batch=[16], prompt_len=[256], gen_len=[32], tp=8, ep=8, dp_attention=True,
+              mla_mode="absorbed").iloc[0]
+    assert s.tpot_s == pytest.approx(est.tpot_s, rel=1e-12) and s.ttft_s == pytest.approx(est.ttft_s, rel=1e-12)
+    auto = estimate(m, "h100-sxm", batch=16, prompt_len=256, gen_len=32, tp=8)
+    assert "kv_b_proj" in set(auto.prefill.to_frame()["op"]) and auto.summary()["mla_mode"] == "auto"
