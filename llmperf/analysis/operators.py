@@ -53,10 +53,20 @@ Small operators (shared/ARCHITECTURES.md sections 3, 6, 7): `qk_norm` (an RMSNor
 every query and key head; L2 without weights), attention sinks (one more logit per query row: its
 exponential and its share of the row sum, 2 FLOPs per row and head in the fused kernel, one more
 column of S and P in the naive form; the sink values themselves, one per head, are not counted as
-bytes, which keeps every attention count linear in the step's shape), attention soft-capping (`cap * tanh(s / cap)`: 3 FLOPs per
-executed score inside the fused kernel, a separate `attn_softcap` pass over S in the naive form),
-final soft-capping of the logits (`final_softcap`, 3 FLOPs per logit), sandwich norms
-(`post_attn_norm`, `post_mlp_norm`) and the scaled embedding (`embed_scale`, one multiply per element).
+bytes, which keeps every attention count linear in the step's shape), attention soft-capping
+(`cap * tanh(s / cap)`: 3 FLOPs per executed score inside the fused kernel, a separate
+`attn_softcap` pass over S in the naive form), final soft-capping of the logits (`final_softcap`,
+3 FLOPs per logit), sandwich norms (`post_attn_norm`, `post_mlp_norm`) and the scaled embedding
+(`embed_scale`, one multiply per element).
+
+Expert parallelism (`ep`, within the tp group; DeepSpeed-MoE, arXiv:2201.05596) and data-parallel
+attention (`dp_attention`, SGLang's DP attention for DeepSeek): `ShardDims`. With tensor-parallel
+attention every GPU holds every token, so each GPU runs its own experts on the tokens routed to them
+and the MLP all-reduce combines the results; with data-parallel attention each GPU holds its own
+sequences' tokens, which go to their experts' GPUs and back (`moe_dispatch`, `moe_combine`: each
+token's k hidden states, (ep - 1) / ep of them leaving the GPU under uniform routing). Counts are
+per GPU, for the busiest one (`ceil(batch / tp)` sequences with data-parallel attention); the routed
+experts' rows and weights are the group's expectations divided by `ep`.
 """
 
 from __future__ import annotations

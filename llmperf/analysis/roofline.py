@@ -86,7 +86,8 @@ class OpCost:
         """Every count multiplied by `factor` (e.g. the number of layers), and the launches with them:
         a time model's per-launch overhead is paid `calls` times."""
         return OpCost(name=self.name, kind=self.kind, per_layer=self.per_layer, rows=self.rows,
-                      calls=self.calls * factor, layer=self.layer, **{f: getattr(self, f) * factor for f in _COUNT_FIELDS})
+                      calls=self.calls * factor, layer=self.layer,
+                      **{f: getattr(self, f) * factor for f in _COUNT_FIELDS})
 
 
 _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes",

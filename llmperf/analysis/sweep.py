@@ -102,8 +102,8 @@ def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
     `estimate(...).summary()`. Lists are accepted for models, hardware, the precisions (`precision`,
     `weights`, `activations`, `kv`), `tp`, `pp` and the three lengths; every other option of
     `estimate` (`attention`, `attention_flops`, `all_logits`, `fused_qkv`, `fused_gate_up`,
-    `mla_mode`, `ep`, `dp_attention`, `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`, `group_size`, `zero_point`,
-    `embeddings`, `time_model`) applies to every row."""
+    `mla_mode`, `ep`, `dp_attention`, `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`,
+    `group_size`, `zero_point`, `embeddings`, `time_model`) applies to every row."""
     frames = []
     for g in plan(models, hardware, **options):
         cols = rollup(g.model, g.hardware, g.precision, tp=g.tp, pp=g.pp, conv=g.conventions,
