@@ -71,6 +71,7 @@ experts' rows and weights are the group's expectations divided by `ep`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, replace
 
@@ -93,11 +94,15 @@ ROPE_FLOPS = 3  # x * cos + rotate(x) * sin
 SOFTCAP_FLOPS = 3  # divide, tanh, multiply
 SINK_FLOPS = 2  # the sink logit's exponential and its add to the row sum
 
-#: the module names `Precision.matrix_bytes(..., module=)` takes once per-module precision exists
+#: the module names `Precision.matrix_bytes(..., module=)` and `Precision.matmul_dtype(module)` take
 MODULES = ("attention", "dense_mlp", "expert", "shared_expert", "router", "embedding", "lm_head")
-# Per-module weight formats are wired in one place (`ForwardModel._matrix_bytes`): the module name is
-# passed only when `Precision.matrix_bytes` accepts it.
-_MATRIX_BYTES_TAKES_MODULE = "module" in inspect.signature(Precision.matrix_bytes).parameters
+
+
+@functools.cache
+def _takes_module(precision_type: type) -> bool:
+    """Per-module weight formats are wired in one place (`ForwardModel._matrix_bytes`): the module
+    name is passed only to a `matrix_bytes` that accepts it."""
+    return "module" in inspect.signature(precision_type.matrix_bytes).parameters
 
 
 def _chunk_prefix(m: Number, chunk: int) -> Number:
@@ -356,9 +361,15 @@ class ForwardModel:
         p = self.precision
         if module in ("embedding", "lm_head"):
             return p.embedding_matrix_bytes(d_in, d_out)
-        if _MATRIX_BYTES_TAKES_MODULE:
+        if _takes_module(type(p)):
             return p.matrix_bytes(d_in, d_out, module=module)
         return p.matrix_bytes(d_in, d_out)
+
+    def _matmul_dtype(self, module: str) -> str | None:
+        """The format `module`'s matrix products run in, when the precision says so per module
+        (`Precision.matmul_dtype`); None: the phase's compute format."""
+        per_module = getattr(self.precision, "matmul_dtype", None)
+        return per_module(module) if per_module is not None else None
 
     def _linear(self, name: str, tokens: Number, d_in: int, d_out: int, bias: bool,
                 weight_copies: Number = 1.0, per_layer: bool = True, rows: Number | None = None,
@@ -370,7 +381,7 @@ class ForwardModel:
         return OpCost(name=name, kind="matmul", flops=2 * tokens * d_in * d_out + (tokens * d_out if bias else 0),
                       weight_bytes=w * weight_copies, act_read_bytes=tokens * d_in * p.act_bytes,
                       act_write_bytes=tokens * d_out * p.act_bytes, per_layer=per_layer,
-                      rows=tokens if rows is None else rows)
+                      rows=tokens if rows is None else rows, compute_dtype=self._matmul_dtype(module))
 
     def _norm(self, name: str, tokens: Number, per_layer: bool = True, width: int | None = None,
               kind: str | None = None, weights: int = 1) -> OpCost:

@@ -392,3 +392,28 @@ def test_estimate_and_sweep_take_ep_dp_attention_and_mla_mode():
     assert s.tpot_s == pytest.approx(est.tpot_s, rel=1e-12) and s.ttft_s == pytest.approx(est.ttft_s, rel=1e-12)
     auto = estimate(m, "h100-sxm", batch=16, prompt_len=256, gen_len=32, tp=8)
     assert "kv_b_proj" in set(auto.prefill.to_frame()["op"]) and auto.summary()["mla_mode"] == "auto"
+
+
+def test_per_module_formats_are_asked_for_by_module_name():
+    """Once `Precision.matrix_bytes` takes a `module` and `Precision.matmul_dtype(module)` exists, each
+    matrix is stored and run in its module's format (here: experts at 4 bits, run at fp8)."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class PerModule(Precision):
+        def matrix_bytes(self, d_in, d_out, module="attention"):  # noqa: ANN001, ANN201
+            return d_in * d_out * (0.5 if module == "expert" else 2.0)
+
+        def matmul_dtype(self, module):  # noqa: ANN001, ANN201
+            return "fp8" if module == "expert" else None
+
+    m = gpt_oss_like(qkv_bias=False, out_bias=False, mlp_bias=False, router_bias=False)
+    fm = ForwardModel(model=m, precision=PerModule())
+    ops = {o.name: o for o in fm.layer_ops(64, 1, 10, kind=m.layer_kinds()[0])}
+    touched = ops["down_proj"].weight_bytes / (96 * 64 * 0.5)
+    assert 1 < touched <= 8 and ops["down_proj"].compute_dtype == "fp8"
+    assert ops["o_proj"].weight_bytes == 8 * 16 * 64 * 2 and ops["o_proj"].compute_dtype is None
+    h100 = load_hardware("h100-sxm")
+    big = ForwardModel(model=m, precision=PerModule()).layer_ops(4096, 1, 10, kind=m.layer_kinds()[0])
+    down = next(o for o in big if o.name == "down_proj")
+    assert op_time(down, h100, "fp16").compute_s == pytest.approx(down.flops / h100.peak_flops_per_s("fp8"))
