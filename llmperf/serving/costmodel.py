@@ -120,7 +120,9 @@ class StepCostModel:
             if not np.allclose(X @ coef, Y, rtol=1e-9, atol=1e-6):
                 raise AssertionError(f"attention operator {op.name}: counts are not linear in "
                                      "(q, kv, q*kv, q(q-1)/2); the step cost model needs them to be")
-            parts.append(_AttnPart(name=op.name, kind=op.kind, coef=coef.T * L, layers=L))
+            # data-parallel attention: each GPU runs its share of the step's sequences (balanced)
+            share = 1.0 / self.tp if self.fm.dp_attention else 1.0
+            parts.append(_AttnPart(name=op.name, kind=op.kind, coef=coef.T * L * share, layers=L))
         return parts
 
     def _rates_for(self, part: _AttnPart, rows: int) -> tuple[float, float, float, float]:
