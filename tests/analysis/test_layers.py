@@ -417,3 +417,23 @@ def test_per_module_formats_are_asked_for_by_module_name():
     big = ForwardModel(model=m, precision=PerModule()).layer_ops(4096, 1, 10, kind=m.layer_kinds()[0])
     down = next(o for o in big if o.name == "down_proj")
     assert op_time(down, h100, "fp16").compute_s == pytest.approx(down.flops / h100.peak_flops_per_s("fp8"))
+
+
+@settings(max_examples=25)
+@given(st.lists(st.sampled_from(["full", "sliding", "chunked"]), min_size=1, max_size=4), st.integers(1, 20),
+       st.integers(1, 20), st.integers(1, 40), st.integers(1, 30), st.booleans())
+def test_decode_closed_form_for_any_layer_pattern(types, window, chunk, prompt, gen, mla):
+    """Random mixes of full, sliding and chunked layers (MLA or GQA): the closed form over the decode
+    steps equals the sum of the steps."""
+    kw = dict(kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8) if mla else {}
+    m = ModelSpec(name="mix", vocab_size=64, hidden_size=32, num_layers=len(types), num_heads=4, num_kv_heads=2,
+                  ffn_size=48, max_positions=4096, layer_types=tuple(types), sliding_window=window,
+                  attention_chunk_size=chunk, **kw)
+    hw = load_hardware("h100-sxm")
+    fm = ForwardModel(model=m, precision=Precision())
+    t, f, b = decode_sums(fm, hw, 3.0, float(prompt), float(gen), pp=1, compute_dtype="fp16", time_model=_Slow())
+    steps = [phase_arrays(fm, hw, 3.0, 1.0, prompt + j + 0.0, pp=1, compute_dtype="fp16", time_model=_Slow())
+             for j in range(1, gen)]
+    assert float(t) == pytest.approx(sum(float(s.time_s) for s in steps), rel=1e-10, abs=1e-15)
+    assert float(f) == pytest.approx(sum(float(s.flops) for s in steps), rel=1e-12, abs=0)
+    assert float(b) == pytest.approx(sum(float(s.bytes_total) for s in steps), rel=1e-12, abs=0)
