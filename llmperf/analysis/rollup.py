@@ -496,7 +496,11 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     tpot = np.where(has_steps, d_time / np.maximum(steps, 1), 0.0)
     total_flops = prefill.flops + d_flops
     peak = hw.peak_flops_per_s(dtype)
-    mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G)
+    # merge note: once memory_arrays takes ep and dp_attention (the memory side), pass them always
+    import inspect
+    layout = (dict(ep=conv.ep, dp_attention=conv.dp_attention)
+              if "ep" in inspect.signature(memory_arrays).parameters else {})
+    mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G, **layout)
     reg = regime_arrays(fm, hw, dtype, tm, batch=B, context=P + G, size=n)
     gib = 2.0 ** 30
     total_mem = mem["weights_bytes"] + mem["kv_cache_bytes"] + mem["activation_bytes"]
