@@ -320,11 +320,14 @@ class ShardDims:
 
 @dataclass(frozen=True, kw_only=True)
 class ForwardModel:
-    """Cost functions of every operator of `model` at `precision`, on one GPU of a `tp`-way group.
+    """Cost functions of every operator of `model` at `precision`, on one GPU of a `tp`-way group
+    (`ep`: its experts split over the group; `dp_attention`: its attention data-parallel over it).
 
     Each method has the signature `(batch, q_len, kv_len)` and returns an `OpCost` for one layer
     (per-layer operators) or for the whole model (`embed`, `pos_embed`, `final_norm`, `lm_head`).
-    Per-layer methods take the layer's `kind` (default: the model's first layer kind).
+    Per-layer methods take the layer's `kind` (default: the model's first layer kind); `layer_ops`
+    and `forward_ops` take the group's batch (with `dp_attention`, attention operators count the
+    busiest GPU's `local_batch` of it). `mla_mode` picks MLA's computation (module docstring).
     """
 
     model: ModelSpec

@@ -9,7 +9,9 @@ memory-bound for grouped-query attention (about 2 x group / bytes FLOP/B), but m
 attention's absorbed form shares one latent among all heads: DeepSeek-V3 reaches 2 x 128 x 1088 /
 (576 x 2) = 242 FLOP/B on one GPU (bf16), so `attention_critical_context` (the decode context from
 which the step's attention is compute-bound) exists on devices whose ridge point is below that, and
-grows or vanishes with tensor parallelism, which divides the heads and not the latent.
+grows or vanishes with tensor parallelism, which divides the heads and not the latent (with
+`dp_attention` every GPU keeps all heads, and the one-GPU intensity). It hardly depends on the batch:
+every sequence reads its own latents.
 """
 
 from __future__ import annotations
