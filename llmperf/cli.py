@@ -122,6 +122,9 @@ def estimate(
     all_logits: Annotated[bool, typer.Option("--all-logits", help="Prefill computes logits at every position (default: the last only, as servers do).")] = False,
     fused_qkv: Annotated[bool, typer.Option("--fused-qkv/--split-qkv", help="Q, K and V as one GEMM reading the input once (vLLM, TensorRT-LLM), or three.")] = True,
     fused_gate_up: Annotated[bool, typer.Option("--fused-gate-up/--split-gate-up", help="Gate and up projections as one GEMM, or two.")] = True,
+    mla_mode: Annotated[str, typer.Option("--mla-mode", help="Multi-head latent attention (DeepSeek): auto (unabsorbed prefill, absorbed decode, as vLLM and SGLang), absorbed or unabsorbed.")] = "auto",
+    ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the tp group: each GPU holds num_experts / ep routed experts (ep divides tp and the experts).")] = 1,
+    dp_attention: Annotated[bool, typer.Option("--dp-attention", help="Attention data-parallel over the tp group (each GPU its own sequences, heads whole; MoE layers expert-parallel, ep = tp).")] = False,
     max_seq_len: Annotated[int | None, typer.Option("--max-seq-len", help="Tokens a contiguous KV cache reserves per sequence (default: the model's max positions).")] = None,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
@@ -167,7 +170,8 @@ def estimate(
                            attention=attention.value, attention_flops=attention_flops, all_logits=all_logits,
                            fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                            block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
-                           group_size=group_size, embeddings=embeddings)
+                           group_size=group_size, embeddings=embeddings, mla_mode=mla_mode, ep=ep,
+                           dp_attention=dp_attention)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             from llmperf.analysis.timemodel import sweep_jobs  # one time model per part (--efficiency)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from llmperf import format as fmt
@@ -33,6 +34,12 @@ def _conventions(est: GenerationEstimate) -> str:
              "logits at every position" if c.all_logits else "last-position logits"]
     if est.model.sliding_window:
         parts.append(f"sliding window {est.model.sliding_window:,}")
+    if est.model.is_mla:
+        parts.append(f"MLA {c.mla_mode}" + (" (unabsorbed prefill, absorbed decode)" if c.mla_mode == "auto" else ""))
+    if c.ep > 1:
+        parts.append(f"experts split {c.ep} ways (ep)")
+    if c.dp_attention:
+        parts.append("data-parallel attention")
     return ", ".join(parts)
 
 
@@ -92,6 +99,8 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
         ("prompt length where attention FLOPs = rest of layer", fmt.count(r.attention_flops_crossover)),
         (f"context where attention bytes = rest of layer (batch {est.batch})",
          fmt.count(r.attention_bytes_crossover)),
+        ("decode context where attention turns compute-bound",
+         fmt.count(r.attention_critical_context) if r.attention_critical_context else "never"),
     ])
     return [latency, phases, memory, regimes]
 
@@ -106,9 +115,12 @@ def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Tab
     """Per-operator FLOPs, bytes, intensity, time and bound (per-layer operators summed over layers).
     With a console `width` (80 when piped), the least needed columns are left out until every cell
     fits on one line (the title says which; `-f csv --per-op` has them all)."""
-    rows = [[row.op, row.kind, fmt.flops(row.flops), fmt.nbytes(row.weight_bytes), fmt.nbytes(row.act_bytes),
-             fmt.nbytes(row.kv_bytes), f"{row.intensity:.1f}", fmt.seconds(row.time_s), f"{row.time_share:.1%}",
-             row.bound] for row in phase.to_frame().itertuples()]
+    frame = phase.to_frame()
+    # layers of several kinds (sliding and full, MoE and dense): each operator says which, and how many
+    mixed = frame.loc[frame["scope"] == "layer", "layer"].nunique() > 1
+    rows = [[_op_label(row, mixed), row.kind, fmt.flops(row.flops), fmt.nbytes(row.weight_bytes),
+             fmt.nbytes(row.act_bytes), fmt.nbytes(row.kv_bytes), f"{row.intensity:.1f}", fmt.seconds(row.time_s),
+             f"{row.time_share:.1%}", row.bound] for row in frame.itertuples()]
     total = ["total", "", fmt.flops(phase.flops), fmt.nbytes(phase.weight_bytes), "", fmt.nbytes(phase.kv_bytes),
              f"{phase.intensity:.1f}", fmt.seconds(phase.time_s), "100%", phase.bound]
     names = [h for h, _ in _OPS_COLUMNS]
@@ -121,7 +133,9 @@ def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Tab
         cols.remove(c)
         dropped.append(c)
     note = f" (not shown: {', '.join(dropped)}; every column: -f csv --per-op)" if dropped else ""
-    table = Table(title=f"{title} — operators (x{phase.layers} layers where scope=layer){note}",
+    scope = (escape("per-layer operators summed over the layers of their kind, [kind] xN") if mixed
+             else f"x{phase.layers} layers where scope=layer")
+    table = Table(title=f"{title} — operators ({scope}){note}",
                   title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     keep = [names.index(c) for c in cols]
     for i in keep:
@@ -131,6 +145,13 @@ def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Tab
         table.add_row(*(r[i] for i in keep))
     table.add_row(*(total[i] for i in keep), style="bold")
     return table
+
+
+def _op_label(row, mixed: bool) -> str:  # noqa: ANN001
+    """`attention`, or with layers of several kinds `attention [sliding-4096] x21`."""
+    if not mixed or row.scope != "layer":
+        return row.op
+    return escape(f"{row.op} [{row.layer}] x{int(row.layers)}")  # brackets are rich markup otherwise
 
 
 #: identity columns: shown as a column only when they vary, else in the title

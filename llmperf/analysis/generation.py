@@ -230,14 +230,18 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
              fused_qkv: bool = True, fused_gate_up: bool = True,
              max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
              zero_point: bool | None = None, embeddings: str | None = None,
-             time_model: TimeModel | None = None) -> GenerationEstimate:
+             time_model: TimeModel | None = None, mla_mode: str = "auto", ep: int = 1,
+             dp_attention: bool = False) -> GenerationEstimate:
     """Predict a generation: TTFT, TPOT, latency, throughput, memory and regime.
 
     `model`/`hardware` are built-in names, file paths or specs. `precision` is a dtype preset (default:
     the model's native dtype, or a quantised checkpoint's format) that `weights`, `activations` and
     `kv` override separately. The conventions (`attention`, `attention_flops`, `all_logits`,
-    `fused_qkv`, `fused_gate_up`) and the memory settings (`max_seq_len`, `block_size`, `mem_util`,
-    `max_batched_tokens`) are described in the README; `time_model` defaults to the pure roofline.
+    `fused_qkv`, `fused_gate_up`, `mla_mode`) and the memory settings (`max_seq_len`, `block_size`,
+    `mem_util`, `max_batched_tokens`) are described in the README; `time_model` defaults to the pure
+    roofline. `ep` splits the routed experts over the tp group; `dp_attention` runs attention
+    data-parallel over it (each GPU its own sequences, heads whole) and the MoE layers
+    expert-parallel (`ep` = `tp`).
     """
     m, hw = load_model(model), load_hardware(hardware)
     check_lengths(m, batch, prompt_len, gen_len)
@@ -245,7 +249,8 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
                              group_size=group_size, zero_point=zero_point, embeddings=embeddings)
     conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
                        fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
-                       block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens)
+                       block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
+                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention)
     tm = resolve_time_model(time_model, hw, hw.compute_dtype(prec.activations))
     raw = rollup(m, hw, prec, tp=tp, pp=pp, conv=conv, batch=[batch], prompt_len=[prompt_len],
                  gen_len=[gen_len], time_model=tm)
@@ -276,7 +281,8 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
         critical_batch_matmul=_int_or_none(row["critical_batch_matmul"]),
         critical_batch=_int_or_none(row["critical_batch"]),
         attention_flops_crossover=_int_or_none(row["attention_flops_crossover"]),
-        attention_bytes_crossover=_int_or_none(row["attention_bytes_crossover"]))
+        attention_bytes_crossover=_int_or_none(row["attention_bytes_crossover"]),
+        attention_critical_context=_int_or_none(row["attention_critical_context"]))
     return GenerationEstimate(model=m, hardware=hw, precision=prec, batch=batch, prompt_len=prompt_len,
                               gen_len=gen_len, tp=tp, pp=pp, attention=attention, prefill=prefill,
                               decode_first=first, decode_last=last, decode_total_s=float(row["decode_s"]),

@@ -27,7 +27,8 @@ Layout of the `tp` GPUs of one stage (`ep` and `dp_attention` keywords; the defa
   (every head, or the latent) of its own sequences only, so nothing is replicated in the cache and
   the group serves `tp` times what one GPU holds (max batch = `tp` x one GPU's). The FFN stays split
   over the `tp` GPUs, which gather the group's tokens for it.
-- dense FFNs (dense layers, dense models) and shared experts: split `tp` ways.
+- dense FFNs (dense layers, dense models): split `tp` ways; shared experts too, or replicated with
+  `dp_attention` (each GPU runs them on its own tokens, SGLang with DeepEP).
 - routed experts with `ep` (dividing both `num_experts` and `tp`): each GPU holds
   `num_experts / ep` whole experts when `ep = tp`, or with `tp > ep` that many experts split
   `tp / ep` ways (expert groups of `tp / ep` GPUs).

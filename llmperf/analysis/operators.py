@@ -11,51 +11,111 @@ batch actually touches (expected number under uniform routing).
 Conventions (tested): causal attention aligns the query block to the end of the keys (queries are the
 last `q_len` positions); a fused kernel executes only the unmasked pairs (about half the square in
 prefill), a naive one the whole square; `attention_flops="dense"` counts the whole square for both,
-as `torch.utils.flop_counter` does. Attention FLOPs count the two matmuls (4 per pair per head-dim
-element); the naive form's softmax is a separate vector operator (5 FLOPs per score). Prefill
-computes logits for the last position only unless `all_logits=True`. Norm weights and biases are
-kept at activation precision (quantisation applies to the matrices); integer weights carry their
-group scales and zero points (`Precision.matrix_bytes`); embedding and lm_head matrices are at
-`Precision.embedding_dtype` (16 bits when the other weights are quantised, as AWQ/GPTQ keep them).
+as `torch.utils.flop_counter` does. Attention FLOPs count the two matmuls (2 per pair per QK width
+element and 2 per pair per V width element); the naive form's softmax is a separate vector operator
+(5 FLOPs per score). Prefill computes logits for the last position only unless `all_logits=True`.
+Norm weights and biases are kept at activation precision (quantisation applies to the matrices);
+integer weights carry their group scales and zero points (`Precision.matrix_bytes`); embedding and
+lm_head matrices are at `Precision.embedding_dtype` (16 bits when the other weights are quantised,
+as AWQ/GPTQ keep them).
 
 Fused projections (`fused_qkv`, `fused_gate_up`): fast engines (vLLM, TensorRT-LLM) run Q, K and V
 as one GEMM over the concatenated weight, and the gate and up projections as one, so the input
 activations are read once instead of three (two) times. Off in `ForwardModel` by default (the split
 names are what the engine's instrumentation times); `estimate`, `sweep` and the CLI turn them on.
 
-Sliding-window attention (Mistral; Beltagy et al. 2020, arXiv:2004.05150): each query sees at most
-the last `window` keys (itself included), so attention FLOPs count `min(i + 1, window)` pairs for
-the query at position i, and a step reads at most `q_len + window - 1` keys per sequence.
+Layers differ (`ModelSpec.layer_groups`): a forward pass is the sum over the groups of layers of one
+kind, each group's operators scaled by its number of layers and labelled with the kind
+(`OpCost.layer`, e.g. `sliding-4096`). Per layer kind:
+
+- attention: full layers see every key; sliding layers (Mistral, Gemma 2/3, gpt-oss; Beltagy et al.
+  2020, arXiv:2004.05150) the last `window` keys (itself included), so the query at position i sees
+  `min(i + 1, W)` keys and a step reads at most `q_len + W - 1` keys per sequence; chunked layers
+  (Llama 4) see the keys of their own block of `C` tokens: the query at position i sees keys
+  `floor(i / C) * C .. i`;
+- NoPE layers (Llama 4's global layers) have no `rope`; an L2 `qk_norm` applies on rope layers only;
+- mixture-of-experts layers run the router, the routed experts (`expert_ffn_size` wide, the expected
+  distinct experts touched read once) and the shared experts (always on, every token; one FFN of
+  `shared_experts * shared_expert_ffn_size` as vLLM builds it), dense layers an FFN of `ffn_size`.
+
+Multi-head latent attention (MLA; DeepSeek-V2, arXiv:2405.04434; shared/ARCHITECTURES.md section 1)
+has two exact computations. Unabsorbed: `kv_b_proj` up-projects the latent of every key the step
+attends to (the new tokens, and the cached ones when a chunk is prefilled over an existing cache) to
+per-head K (dn + dr wide) and V (dv wide), then ordinary multi-head attention. Absorbed: `q_absorb`
+folds W_UK into the query (2 n dn r per token), attention runs as MQA directly on the (r + dr)-wide
+latent cache (QK 2 n (r + dr) per pair, PV 2 n r per pair, the cache read once for all heads), and
+`v_absorb` applies W_UV to the result (2 n r dv per token). `mla_mode="auto"` takes the unabsorbed form
+for prefill (q_len > 1) and the absorbed one for decode (q_len = 1), as vLLM and SGLang do. The
+latent is one for all heads: tensor parallelism splits the heads, not the cache. `q_a_proj` and
+`kv_a_proj` are replicated on every tensor-parallel rank (vLLM's ReplicatedLinear).
+
+Small operators (shared/ARCHITECTURES.md sections 3, 6, 7): `qk_norm` (an RMSNorm over head_dim on
+every query and key head; L2 without weights), attention sinks (one more logit per query row: its
+exponential and its share of the row sum, 2 FLOPs per row and head in the fused kernel, one more
+column of S and P in the naive form; the sink values themselves, one per head, are not counted as
+bytes, which keeps every attention count linear in the step's shape), attention soft-capping
+(`cap * tanh(s / cap)`: 3 FLOPs per executed score inside the fused kernel, a separate
+`attn_softcap` pass over S in the naive form), final soft-capping of the logits (`final_softcap`,
+3 FLOPs per logit), sandwich norms (`post_attn_norm`, `post_mlp_norm`) and the scaled embedding
+(`embed_scale`, one multiply per element).
+
+Expert parallelism (`ep`, within the tp group; DeepSpeed-MoE, arXiv:2201.05596) and data-parallel
+attention (`dp_attention`, SGLang's DP attention for DeepSeek): `ShardDims`. With tensor-parallel
+attention every GPU holds every token, so each GPU runs its own experts on the tokens routed to them
+and the MLP all-reduce combines the results; with data-parallel attention each GPU holds its own
+sequences' tokens, which go to their experts' GPUs and back (`moe_dispatch`, `moe_combine`: each
+token's k hidden states, (ep - 1) / ep of them leaving the GPU under uniform routing). Counts are
+per GPU, for the busiest one (`ceil(batch / tp)` sequences with data-parallel attention); the routed
+experts' rows and weights are the group's expectations divided by `ep`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from llmperf.analysis.roofline import Number, OpCost
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, Precision
+from llmperf.specs.model import LayerKind
 
 ATTENTION_IMPLS = ("fused", "naive")
 FLOP_CONVENTIONS = ("executed", "dense")
+MLA_MODES = ("auto", "absorbed", "unabsorbed")
 
 # FLOPs per element of the vector operators (documented estimates; all are memory-bound anyway)
-NORM_FLOPS = {"rmsnorm": 4, "layernorm": 7}  # square, sum, rsqrt-scale, weight (+ mean, sub, bias)
+NORM_FLOPS = {"rmsnorm": 4, "layernorm": 7, "l2": 3}  # square, sum, rsqrt-scale, weight (+ mean, sub, bias)
 ACT_FLOPS = {"swiglu": 6, "gelu": 8, "relu": 1}  # silu(g) * u; tanh-approximate GELU; max(x, 0)
 SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide
 ROPE_FLOPS = 3  # x * cos + rotate(x) * sin
+SOFTCAP_FLOPS = 3  # divide, tanh, multiply
+SINK_FLOPS = 2  # the sink logit's exponential and its add to the row sum
+
+#: the module names `Precision.matrix_bytes(..., module=)` and `Precision.matmul_dtype(module)` take
+MODULES = ("attention", "dense_mlp", "expert", "shared_expert", "router", "embedding", "lm_head")
 
 
-def attended_pairs(q_len: Number, kv_len: Number, causal: bool, window: int | None = None) -> Number:
+def _chunk_prefix(m: Number, chunk: int) -> Number:
+    """Sum over positions p = 0 .. m-1 of `p mod chunk + 1` (keys each query of a chunked layer sees)."""
+    full, r = np.floor_divide(m, chunk), np.mod(m, chunk)
+    return chunk * (chunk + 1) / 2 * full + r * (r + 1) / 2
+
+
+def attended_pairs(q_len: Number, kv_len: Number, causal: bool, window: int | None = None,
+                   chunk: int | None = None) -> Number:
     """(query, key) pairs a causal or full attention actually needs, per sequence and head.
 
     Causal with queries at the last `q_len` of `kv_len` positions: query i sees `kv_len - q_len + i + 1`
     keys, so the sum is `q_len * kv_len - q_len * (q_len - 1) / 2` (prefill: n(n+1)/2; decode: n).
     With a sliding `window` a query sees `min(keys, window)`: the sum of `min(n, W)` for n from
-    `kv_len - q_len + 1` to `kv_len`.
+    `kv_len - q_len + 1` to `kv_len`. With a `chunk` (chunked attention) the query at position p sees
+    `p mod C + 1` keys.
     """
+    if chunk is not None:
+        if not causal:
+            return q_len * np.minimum(kv_len, chunk)
+        return _chunk_prefix(kv_len, chunk) - _chunk_prefix(kv_len - q_len, chunk)
     if not causal:
         return q_len * (kv_len if window is None else np.minimum(kv_len, window))
     if window is None:
@@ -67,15 +127,41 @@ def attended_pairs(q_len: Number, kv_len: Number, causal: bool, window: int | No
     return below + above
 
 
-def keys_read(q_len: Number, kv_len: Number, window: int | None = None) -> Number:
-    """Keys (per sequence and KV head) a step must read: all of them, or with a sliding window the
-    `q_len + window - 1` most recent ones."""
+def keys_read(q_len: Number, kv_len: Number, window: int | None = None, chunk: int | None = None) -> Number:
+    """Keys (per sequence and KV head) a step must read: all of them; with a sliding window the
+    `q_len + window - 1` most recent ones; with chunks those from the first query's chunk on."""
+    if chunk is not None:
+        return kv_len - np.floor_divide(kv_len - q_len, chunk) * chunk
     return kv_len if window is None else np.minimum(kv_len, q_len + window - 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionShape:
+    """What an attention core computes, per sequence: `heads` query heads, a QK product `qk_dim` wide
+    and a PV product `v_dim` wide per head; per key it reads `k_elems` elements for the scores,
+    `v_elems` for the values, and `union_elems` in all when fused (MLA's absorbed form reads its latent
+    once: V is part of K). `from_cache`: K and V are read from the KV cache (at `kv_bytes`), else
+    they are activations (MLA's unabsorbed form materialises them)."""
+
+    heads: int
+    qk_dim: int
+    v_dim: int
+    k_elems: int
+    v_elems: int
+    union_elems: int
+    from_cache: bool = True
+
+    @classmethod
+    def gqa(cls, num_heads: int, num_kv_heads: int, head_dim: int, v_head_dim: int | None = None) -> AttentionShape:
+        dv = head_dim if v_head_dim is None else v_head_dim
+        return cls(heads=num_heads, qk_dim=head_dim, v_dim=dv, k_elems=num_kv_heads * head_dim,
+                   v_elems=num_kv_heads * dv, union_elems=num_kv_heads * (head_dim + dv))
 
 
 def attention_cost(batch: Number, q_len: Number, kv_len: Number, *, num_heads: int, num_kv_heads: int,
                    head_dim: int, act_bytes: float = 2.0, kv_bytes: float = 2.0, impl: str = "fused",
-                   causal: bool = True, flops: str = "executed", window: int | None = None) -> OpCost:
+                   causal: bool = True, flops: str = "executed", window: int | None = None,
+                   chunk: int | None = None) -> OpCost:
     """The whole of attention as one operator (fused: FlashAttention / Flash-Decoding / PagedAttention;
     naive: the sum of score, softmax and value). The kernel benchmarks take their counts from here.
 
@@ -83,7 +169,7 @@ def attention_cost(batch: Number, q_len: Number, kv_len: Number, *, num_heads: i
     """
     parts = attention_parts(batch, q_len, kv_len, num_heads=num_heads, num_kv_heads=num_kv_heads,
                             head_dim=head_dim, act_bytes=act_bytes, kv_bytes=kv_bytes, impl=impl,
-                            causal=causal, flops=flops, window=window)
+                            causal=causal, flops=flops, window=window, chunk=chunk)
     if len(parts) == 1:
         return parts[0]
     total = {f: sum(getattr(p, f) for p in parts) for f in
@@ -93,33 +179,58 @@ def attention_cost(batch: Number, q_len: Number, kv_len: Number, *, num_heads: i
 
 def attention_parts(batch: Number, q_len: Number, kv_len: Number, *, num_heads: int, num_kv_heads: int,
                     head_dim: int, act_bytes: float, kv_bytes: float, impl: str, causal: bool,
-                    flops: str = "executed", window: int | None = None) -> list[OpCost]:
-    """Fused: `[attention]`. Naive: `[attn_score, attn_softmax, attn_value]` with S and P in memory."""
+                    flops: str = "executed", window: int | None = None, chunk: int | None = None,
+                    sinks: bool = False, softcap: float | None = None) -> list[OpCost]:
+    """Fused: `[attention]`. Naive: `[attn_score, (attn_softcap,) attn_softmax, attn_value]` with S and
+    P in memory."""
+    return attention_core(batch, q_len, kv_len, shape=AttentionShape.gqa(num_heads, num_kv_heads, head_dim),
+                          act_bytes=act_bytes, kv_bytes=kv_bytes, impl=impl, causal=causal, flops=flops,
+                          window=window, chunk=chunk, sinks=sinks, softcap=softcap)
+
+
+def attention_core(batch: Number, q_len: Number, kv_len: Number, *, shape: AttentionShape, act_bytes: float,
+                   kv_bytes: float, impl: str, causal: bool = True, flops: str = "executed",
+                   window: int | None = None, chunk: int | None = None, sinks: bool = False,
+                   softcap: float | None = None) -> list[OpCost]:
+    """The attention core of any `AttentionShape` (GQA/MQA/MHA, MLA absorbed or not)."""
     if impl not in ATTENTION_IMPLS:
         raise SpecError(f"attention: must be one of {', '.join(ATTENTION_IMPLS)}, got {impl!r}")
     if flops not in FLOP_CONVENTIONS:
         raise SpecError(f"attention_flops: must be one of {', '.join(FLOP_CONVENTIONS)}, got {flops!r}")
-    B, H, Hkv, D = batch, num_heads, num_kv_heads, head_dim
-    keys = keys_read(q_len, kv_len, window)
+    B, H, s = batch, shape.heads, shape
+    keys = keys_read(q_len, kv_len, window, chunk)
     square = q_len * keys
-    executed = (attended_pairs(q_len, kv_len, causal, window) if (impl == "fused" and flops == "executed")
+    executed = (attended_pairs(q_len, kv_len, causal, window, chunk) if (impl == "fused" and flops == "executed")
                 else square)
-    q_bytes = B * q_len * H * D * act_bytes
-    kv_read = 2 * B * keys * Hkv * D * kv_bytes  # K and V, each read once per KV head
-    o_bytes = B * q_len * H * D * act_bytes
+    q_bytes = B * q_len * H * s.qk_dim * act_bytes
+    o_bytes = B * q_len * H * s.v_dim * act_bytes
+    kv_el = kv_bytes if s.from_cache else act_bytes
+    kv_field = "kv_read_bytes" if s.from_cache else "act_read_bytes"
     rows = B * q_len
     if impl == "fused":
-        return [OpCost(name="attention", kind="attention", flops=4 * B * H * executed * D,
-                       act_read_bytes=q_bytes, kv_read_bytes=kv_read, act_write_bytes=o_bytes, rows=rows)]
-    s_bytes = B * H * square * act_bytes  # the materialised score / probability matrix
-    return [
-        OpCost(name="attn_score", kind="attention", flops=2 * B * H * executed * D,
-               act_read_bytes=q_bytes, kv_read_bytes=kv_read / 2, act_write_bytes=s_bytes, rows=rows),
-        OpCost(name="attn_softmax", kind="elementwise", flops=SOFTMAX_FLOPS * B * H * square,
+        extra = (SOFTCAP_FLOPS * B * H * executed if softcap else 0.0) + (SINK_FLOPS * B * H * q_len if sinks else 0.0)
+        counts = {"act_read_bytes": q_bytes, "kv_read_bytes": 0.0}
+        counts[kv_field] = counts[kv_field] + B * keys * s.union_elems * kv_el
+        return [OpCost(name="attention", kind="attention", flops=2 * B * H * executed * (s.qk_dim + s.v_dim) + extra,
+                       act_write_bytes=o_bytes, rows=rows, **counts)]
+    cols = keys + 1 if sinks else keys  # the sink is one more column of S and P
+    s_bytes = B * H * q_len * cols * act_bytes  # the materialised score / probability matrix
+    score = {"act_read_bytes": q_bytes, "kv_read_bytes": 0.0}
+    score[kv_field] = score[kv_field] + B * keys * s.k_elems * kv_el
+    value = {"act_read_bytes": s_bytes, "kv_read_bytes": 0.0}
+    value[kv_field] = value[kv_field] + B * keys * s.v_elems * kv_el
+    ops = [OpCost(name="attn_score", kind="attention", flops=2 * B * H * executed * s.qk_dim,
+                  act_write_bytes=s_bytes, rows=rows, **score)]
+    if softcap:
+        ops.append(OpCost(name="attn_softcap", kind="elementwise", flops=SOFTCAP_FLOPS * B * H * square,
+                          act_read_bytes=s_bytes, act_write_bytes=s_bytes, rows=rows))
+    ops += [
+        OpCost(name="attn_softmax", kind="elementwise", flops=SOFTMAX_FLOPS * B * H * q_len * cols,
                act_read_bytes=s_bytes, act_write_bytes=s_bytes, rows=rows),
-        OpCost(name="attn_value", kind="attention", flops=2 * B * H * executed * D,
-               act_read_bytes=s_bytes, kv_read_bytes=kv_read / 2, act_write_bytes=o_bytes, rows=rows),
+        OpCost(name="attn_value", kind="attention", flops=2 * B * H * executed * s.v_dim,
+               act_write_bytes=o_bytes, rows=rows, **value),
     ]
+    return ops
 
 
 def expected_experts_touched(tokens: Number, num_experts: int, experts_per_token: int) -> Number:
@@ -133,37 +244,81 @@ def expected_experts_touched(tokens: Number, num_experts: int, experts_per_token
 @dataclass(frozen=True, kw_only=True)
 class ShardDims:
     """Per-GPU sizes of one layer under tensor parallelism of degree `tp` (Megatron-LM: Shoeybi et al.
-    2019, arXiv:1909.08053): query heads, FFN width and vocabulary are split; KV heads are split when
-    `tp` divides them, else replicated so each GPU holds one (as vLLM does)."""
+    2019, arXiv:1909.08053): query heads, FFN widths (dense, each routed and shared expert) and
+    vocabulary are split; KV heads are split when `tp` divides them, else replicated so each GPU
+    holds one (as vLLM does). MLA's latent cache is never split (one for all heads).
+
+    Expert parallelism of degree `ep` (dividing `tp` and the number of experts): each GPU holds
+    `num_experts / ep` routed experts, each split `tp / ep` ways. Data-parallel attention
+    (`dp_attention`, SGLang's DP attention for MLA models): attention runs whole (heads and KV heads
+    not split, its weights replicated) on each GPU's own share of the sequences; the shared experts
+    are replicated too; dense FFNs stay split `tp` ways; MoE layers run expert-parallel over the
+    group (`ep` = `tp`)."""
 
     tp: int
     num_heads: int
     num_kv_heads: int
-    ffn_size: int
+    ffn_size: int  # the dense FFN (dense models, dense layers of MoE models)
     vocab_size: int
+    expert_ffn_size: int = 0  # one routed expert
+    shared_ffn_size: int = 0  # every shared expert together (shared_experts * shared_expert_ffn_size)
+    ep: int = 1
+    dp_attention: bool = False
+    attn_tp: int = 1  # ways attention is split (tp, or 1 with dp_attention)
+    local_experts: int = 1  # routed experts on each GPU (num_experts / ep)
 
     @classmethod
-    def of(cls, model: ModelSpec, tp: int = 1) -> ShardDims:
+    def of(cls, model: ModelSpec, tp: int = 1, ep: int = 1, dp_attention: bool = False) -> ShardDims:
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise SpecError(f"tp: must be a positive integer, got {tp!r}")
-        if model.num_heads % tp:
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+            raise SpecError(f"ep: must be a positive integer, got {ep!r}")
+        if not isinstance(dp_attention, bool):
+            raise SpecError(f"dp_attention: must be true or false, got {dp_attention!r}")
+        if ep > 1 and not model.is_moe:
+            raise SpecError(f"ep: {ep} needs a mixture-of-experts model, {model.name} has no experts")
+        if tp % ep:
+            raise SpecError(f"ep: {ep} does not divide tp={tp} (experts are split over the tensor-parallel group)")
+        if model.is_moe and model.num_experts % ep:
+            raise SpecError(f"ep: {ep} does not divide {model.name}'s num_experts={model.num_experts}")
+        if dp_attention and model.is_moe and ep != tp:
+            raise SpecError(f"ep: {ep} must equal tp={tp} with dp_attention (the MoE layers run expert-parallel "
+                            "over the group)")
+        attn_tp = 1 if dp_attention else tp
+        if model.num_heads % attn_tp:
             raise SpecError(f"tp: {tp} does not divide {model.name}'s num_heads={model.num_heads}")
-        if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        if not model.is_mla and model.num_kv_heads % attn_tp and attn_tp % model.num_kv_heads:
             raise SpecError(f"tp: {tp} neither divides nor is a multiple of {model.name}'s "
                             f"num_kv_heads={model.num_kv_heads}")
-        if model.ffn_size % tp:
-            raise SpecError(f"tp: {tp} does not divide {model.name}'s ffn_size={model.ffn_size}")
-        return cls(tp=tp, num_heads=model.num_heads // tp,
-                   num_kv_heads=max(1, model.num_kv_heads // tp),
-                   ffn_size=model.ffn_size // tp, vocab_size=-(-model.vocab_size // tp))
+        expert_tp = tp // ep
+        shared = model.shared_experts * model.shared_expert_ffn_size if model.is_moe else 0
+        shared_tp = 1 if dp_attention else tp
+        widths = [("ffn_size", model.ffn_size, tp)]
+        if model.is_moe:
+            widths.append(("expert_ffn_size", model.expert_ffn_size, expert_tp))
+        if shared:
+            widths.append(("shared_experts x shared_expert_ffn_size", shared, shared_tp))
+        for label, width, ways in widths:
+            if width % ways:
+                raise SpecError(f"tp: {ways} does not divide {model.name}'s {label}={width}")
+        return cls(tp=tp, num_heads=model.num_heads // attn_tp,
+                   num_kv_heads=max(1, model.num_kv_heads // attn_tp),
+                   ffn_size=model.ffn_size // tp, vocab_size=-(-model.vocab_size // tp),
+                   expert_ffn_size=(model.expert_ffn_size // expert_tp if model.is_moe else 0),
+                   shared_ffn_size=shared // shared_tp, ep=ep, dp_attention=dp_attention, attn_tp=attn_tp,
+                   local_experts=model.num_experts // ep)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ForwardModel:
-    """Cost functions of every operator of `model` at `precision`, on one GPU of a `tp`-way group.
+    """Cost functions of every operator of `model` at `precision`, on one GPU of a `tp`-way group
+    (`ep`: its experts split over the group; `dp_attention`: its attention data-parallel over it).
 
     Each method has the signature `(batch, q_len, kv_len)` and returns an `OpCost` for one layer
     (per-layer operators) or for the whole model (`embed`, `pos_embed`, `final_norm`, `lm_head`).
+    Per-layer methods take the layer's `kind` (default: the model's first layer kind); `layer_ops`
+    and `forward_ops` take the group's batch (with `dp_attention`, attention operators count the
+    busiest GPU's `local_batch` of it). `mla_mode` picks MLA's computation (module docstring).
     """
 
     model: ModelSpec
@@ -174,6 +329,9 @@ class ForwardModel:
     attention_flops: str = "executed"
     fused_qkv: bool = False  # one qkv_proj GEMM instead of q_proj, k_proj, v_proj
     fused_gate_up: bool = False  # one gate_up_proj GEMM instead of gate_proj, up_proj (gated FFNs)
+    mla_mode: str = "auto"  # MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed
+    ep: int = 1  # expert parallelism within the tp group (divides tp and num_experts)
+    dp_attention: bool = False  # attention data-parallel over the tp group (each GPU its own sequences)
 
     def __post_init__(self) -> None:
         for flag in ("all_logits", "fused_qkv", "fused_gate_up"):
@@ -184,29 +342,56 @@ class ForwardModel:
         if self.attention_flops not in FLOP_CONVENTIONS:
             raise SpecError(f"attention_flops: must be one of {', '.join(FLOP_CONVENTIONS)}, "
                             f"got {self.attention_flops!r}")
-        object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp))
-        object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.tp))
+        if self.mla_mode not in MLA_MODES:
+            raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
+        object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp, self.ep, self.dp_attention))
+        object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.dims.attn_tp))
+        object.__setattr__(self, "groups", self.model.layer_groups())
 
     # ---- helpers -------------------------------------------------------------------------------
+    def _matrix_bytes(self, d_in: int, d_out: int, module: str) -> float:
+        """Bytes of one `d_in x d_out` weight matrix of `module` (one of `MODULES`): THE place where
+        per-module weight formats are wired in."""
+        p = self.precision
+        if module in ("embedding", "lm_head"):
+            return p.embedding_matrix_bytes(d_in, d_out)
+        return p.matrix_bytes(d_in, d_out, module=module)
+
+    def _matmul_dtype(self, module: str) -> str | None:
+        """The format `module`'s matrix products run in, when the precision says so per module
+        (`Precision.matmul_dtype`); None: the phase's compute format."""
+        return self.precision.matmul_dtype(module)
+
     def _linear(self, name: str, tokens: Number, d_in: int, d_out: int, bias: bool,
                 weight_copies: Number = 1.0, per_layer: bool = True, rows: Number | None = None,
-                embedding: bool = False) -> OpCost:
-        """`tokens x d_in @ d_in x d_out`; `weight_copies` distinct weight matrices are read (MoE).
-        `embedding`: the matrix is stored at the embedding format (lm_head)."""
+                module: str = "attention") -> OpCost:
+        """`tokens x d_in @ d_in x d_out`; `weight_copies` distinct weight matrices are read (MoE);
+        the matrix is stored at `module`'s format (`MODULES`)."""
         p = self.precision
-        matrix = p.embedding_matrix_bytes(d_in, d_out) if embedding else p.matrix_bytes(d_in, d_out)
-        w = matrix + (d_out * p.act_bytes if bias else 0.0)
+        w = self._matrix_bytes(d_in, d_out, module) + (d_out * p.act_bytes if bias else 0.0)
         return OpCost(name=name, kind="matmul", flops=2 * tokens * d_in * d_out + (tokens * d_out if bias else 0),
                       weight_bytes=w * weight_copies, act_read_bytes=tokens * d_in * p.act_bytes,
                       act_write_bytes=tokens * d_out * p.act_bytes, per_layer=per_layer,
-                      rows=tokens if rows is None else rows)
+                      rows=tokens if rows is None else rows, compute_dtype=self._matmul_dtype(module))
 
-    def _norm(self, name: str, tokens: Number, per_layer: bool = True) -> OpCost:
+    def _norm(self, name: str, tokens: Number, per_layer: bool = True, width: int | None = None,
+              kind: str | None = None, weights: int = 1) -> OpCost:
+        """A norm over `width` (default hidden) elements per row, `tokens` rows; `weights` weight
+        vectors of `width` (q/k norms share one per tensor)."""
         m, a = self.model, self.precision.act_bytes
-        n_w = 2 if m.norm_kind == "layernorm" else 1
-        return OpCost(name=name, kind="norm", flops=NORM_FLOPS[m.norm_kind] * tokens * m.hidden_size,
-                      weight_bytes=n_w * m.hidden_size * a, act_read_bytes=tokens * m.hidden_size * a,
-                      act_write_bytes=tokens * m.hidden_size * a, per_layer=per_layer, rows=tokens)
+        width = m.hidden_size if width is None else width
+        kind = m.norm_kind if kind is None else kind
+        n_w = 0 if kind == "l2" else (2 if kind == "layernorm" else 1) * weights
+        return OpCost(name=name, kind="norm", flops=NORM_FLOPS[kind] * tokens * width,
+                      weight_bytes=n_w * width * a, act_read_bytes=tokens * width * a,
+                      act_write_bytes=tokens * width * a, per_layer=per_layer, rows=tokens)
+
+    def _elementwise(self, name: str, rows: Number, width: Number, flops_per: float, reads: int = 1,
+                     per_layer: bool = True) -> OpCost:
+        a = self.precision.act_bytes
+        return OpCost(name=name, kind="elementwise", flops=flops_per * rows * width,
+                      act_read_bytes=reads * rows * width * a, act_write_bytes=rows * width * a,
+                      per_layer=per_layer, rows=rows)
 
     def _residual(self, name: str, tokens: Number) -> OpCost:
         h, a = self.model.hidden_size, self.precision.act_bytes
@@ -220,9 +405,33 @@ class ForwardModel:
         return OpCost(name=name, kind="comm", flops=tokens * self.model.hidden_size * (t - 1) / t,
                       comm_bytes=2 * (t - 1) / t * msg, rows=tokens)
 
+    def local_batch(self, batch: Number) -> Number:
+        """Sequences whose attention one GPU runs: all of them, or with `dp_attention` its share
+        (the busiest GPU's: `ceil(batch / tp)`)."""
+        return np.ceil(batch / self.tp) if self.dp_attention and self.tp > 1 else batch
+
+    def _all_to_all(self, name: str, tokens: Number) -> OpCost:
+        """Expert parallelism: each of `tokens` tokens' k expert copies of its hidden state go to the
+        GPUs of its experts (`moe_dispatch`) and come back (`moe_combine`); (ep - 1) / ep of them
+        leave the GPU (uniform routing)."""
+        m, e = self.model, self.ep
+        msg = tokens * m.experts_per_token * m.hidden_size * self.precision.act_bytes
+        return OpCost(name=name, kind="comm", comm_bytes=msg * (e - 1) / e, rows=tokens)
+
+    def _kind(self, kind: LayerKind | None) -> LayerKind:
+        return self.groups[0][0] if kind is None else kind
+
     @property
     def head_dim(self) -> int:
         return self.model.head_dim
+
+    def absorbed(self, q_len: Number) -> Number:
+        """MLA: whether a step of `q_len` new tokens per sequence runs the absorbed form (a bool, or
+        an array of them for array `q_len` under `mla_mode="auto"`)."""
+        if self.mla_mode != "auto":
+            return self.mla_mode == "absorbed"
+        out = np.asarray(q_len) == 1
+        return bool(out) if out.ndim == 0 else out
 
     # ---- operators, in forward order -------------------------------------------------------------
     def embed(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
@@ -238,12 +447,17 @@ class ForwardModel:
                       weight_bytes=tokens * h * p.embedding_bytes, act_read_bytes=tokens * h * p.act_bytes,
                       act_write_bytes=tokens * h * p.act_bytes, per_layer=False, rows=tokens)
 
+    def embed_scale(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Gemma: the embedding times sqrt(hidden_size), one multiply per element."""
+        return self._elementwise("embed_scale", batch * q_len, self.model.hidden_size, 1, per_layer=False)
+
     def attn_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         return self._norm("attn_norm", batch * q_len)
 
     def q_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        return self._linear("q_proj", batch * q_len, self.model.hidden_size,
-                            self.dims.num_heads * self.head_dim, self.model.qkv_bias)
+        m = self.model
+        width = m.mla_q_head_dim if m.is_mla else self.head_dim
+        return self._linear("q_proj", batch * q_len, m.hidden_size, self.dims.num_heads * width, m.qkv_bias)
 
     def qkv_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """Q, K and V as one GEMM over the concatenated weight: the input is read once."""
@@ -259,31 +473,128 @@ class ForwardModel:
         return self._linear("v_proj", batch * q_len, self.model.hidden_size,
                             self.dims.num_kv_heads * self.head_dim, self.model.qkv_bias)
 
+    # MLA projections
+    def q_a_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """MLA: hidden -> q_lora_rank (replicated on every tensor-parallel rank)."""
+        m = self.model
+        return self._linear("q_a_proj", batch * q_len, m.hidden_size, m.q_lora_rank, m.qkv_bias)
+
+    def q_a_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        return self._norm("q_a_norm", batch * q_len, width=self.model.q_lora_rank)
+
+    def q_b_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """MLA: q_lora_rank -> heads x (qk_nope_head_dim + qk_rope_head_dim)."""
+        m = self.model
+        return self._linear("q_b_proj", batch * q_len, m.q_lora_rank, self.dims.num_heads * m.mla_q_head_dim, False)
+
+    def kv_a_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """MLA: hidden -> kv_lora_rank + qk_rope_head_dim (the latent and the shared rotary key;
+        replicated on every tensor-parallel rank)."""
+        m = self.model
+        return self._linear("kv_a_proj", batch * q_len, m.hidden_size, m.kv_lora_rank + m.qk_rope_head_dim,
+                            m.qkv_bias)
+
+    def kv_a_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        return self._norm("kv_a_norm", batch * q_len, width=self.model.kv_lora_rank)
+
+    def kv_b_proj(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
+        """MLA unabsorbed: latent -> heads x (qk_nope_head_dim + v_head_dim) for every key the step
+        attends to; the latents of the cached keys (beyond the `q_len` new ones) come from the cache."""
+        m, p = self.model, self.precision
+        keys = self._keys(q_len, kv_len, kind)
+        rows = batch * keys
+        op = self._linear("kv_b_proj", rows, m.kv_lora_rank,
+                          self.dims.num_heads * (m.qk_nope_head_dim + m.v_head_dim), False, rows=batch * q_len)
+        cached = batch * (keys - q_len) * m.kv_lora_rank
+        return replace(op, act_read_bytes=op.act_read_bytes - cached * p.act_bytes,
+                       kv_read_bytes=cached * p.kv_bytes)
+
+    def q_absorb(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """MLA absorbed: each head's q_nope times W_UK (qk_nope_head_dim -> kv_lora_rank)."""
+        m, tokens, n = self.model, batch * q_len, self.dims.num_heads
+        return self._linear("q_absorb", tokens * n, m.qk_nope_head_dim, m.kv_lora_rank, False, weight_copies=n,
+                            rows=tokens)
+
+    def v_absorb(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """MLA absorbed: each head's attention output over the latent times W_UV (kv_lora_rank -> v_head_dim)."""
+        m, tokens, n = self.model, batch * q_len, self.dims.num_heads
+        return self._linear("v_absorb", tokens * n, m.kv_lora_rank, m.v_head_dim, False, weight_copies=n,
+                            rows=tokens)
+
+    def qk_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """RMSNorm (or a weightless L2 norm) over head_dim of every query and key head."""
+        heads = self.dims.num_heads + self.dims.num_kv_heads
+        return self._norm("qk_norm", batch * q_len * heads, width=self.head_dim, kind=self.model.qk_norm,
+                          weights=2)
+
     def rope(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        tokens, a = batch * q_len, self.precision.act_bytes
-        rotated = tokens * (self.dims.num_heads + self.dims.num_kv_heads) * self.model.rotary_dim
+        tokens, a, m = batch * q_len, self.precision.act_bytes, self.model
+        if m.is_mla:  # every query head's rotary part and the one shared rotary key
+            rotated = tokens * (self.dims.num_heads + 1) * m.qk_rope_head_dim
+        else:
+            rotated = tokens * (self.dims.num_heads + self.dims.num_kv_heads) * m.rotary_dim
         return OpCost(name="rope", kind="elementwise", flops=ROPE_FLOPS * rotated,
                       act_read_bytes=rotated * a, act_write_bytes=rotated * a, rows=tokens)
 
     def kv_write(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """The new tokens' K and V appended to the cache (read at activation, written at KV precision)."""
-        kv = self.kv_spec  # the one KV formula: 2 (K and V) x KV heads per GPU x head_dim x bytes
+        """The new tokens' K and V (MLA: latent and rotary key) appended to the cache (read at
+        activation, written at KV precision)."""
         tokens = batch * q_len
+        if self.model.is_mla:  # one latent for all heads: not split by tensor parallelism
+            values = tokens * self.model.kv_width_per_token_per_layer
+            return OpCost(name="kv_write", kind="elementwise", act_read_bytes=values * self.precision.act_bytes,
+                          kv_write_bytes=values * self.precision.kv_bytes, rows=tokens)
+        kv = self.kv_spec  # the one KV formula: 2 (K and V) x KV heads per GPU x head_dim x bytes
         values = tokens * kv.bytes_per_token_per_layer / kv.element_bytes
         return OpCost(name="kv_write", kind="elementwise", act_read_bytes=values * self.precision.act_bytes,
                       kv_write_bytes=tokens * kv.bytes_per_token_per_layer, rows=tokens)
 
-    def attention_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
-        """`[attention]` (fused) or `[attn_score, attn_softmax, attn_value]` (naive)."""
-        return attention_parts(batch, q_len, kv_len, num_heads=self.dims.num_heads,
-                               num_kv_heads=self.dims.num_kv_heads, head_dim=self.head_dim,
-                               act_bytes=self.precision.act_bytes, kv_bytes=self.precision.kv_bytes,
-                               impl=self.attention, causal=True, flops=self.attention_flops,
-                               window=self.model.sliding_window)
+    def _span(self, kind: LayerKind | None) -> tuple[int | None, int | None]:
+        """(window, chunk) of a layer kind's attention."""
+        k = self._kind(kind)
+        return (k.window if k.attention == "sliding" else None, k.window if k.attention == "chunked" else None)
+
+    def _keys(self, q_len: Number, kv_len: Number, kind: LayerKind | None) -> Number:
+        window, chunk = self._span(kind)
+        return keys_read(q_len, kv_len, window, chunk)
+
+    def attention_shape(self, absorbed: bool) -> AttentionShape:
+        """The attention core of this model on one GPU (MLA: `absorbed` or not)."""
+        m, d = self.model, self.dims
+        if not m.is_mla:
+            return AttentionShape.gqa(d.num_heads, d.num_kv_heads, self.head_dim)
+        n, r, dr = d.num_heads, m.kv_lora_rank, m.qk_rope_head_dim
+        if absorbed:  # MQA over the latent: K = [c_KV, k_R] (r + dr), V = c_KV (r), read once
+            return AttentionShape(heads=n, qk_dim=r + dr, v_dim=r, k_elems=r + dr, v_elems=r, union_elems=r + dr)
+        qk = m.mla_q_head_dim  # materialised per-head K (nope + the shared rope key) and V
+        return AttentionShape(heads=n, qk_dim=qk, v_dim=m.v_head_dim, k_elems=n * qk, v_elems=n * m.v_head_dim,
+                              union_elems=n * (qk + m.v_head_dim), from_cache=False)
+
+    def attention_ops(self, batch: Number, q_len: Number, kv_len: Number,
+                      kind: LayerKind | None = None) -> list[OpCost]:
+        """`[attention]` (fused) or `[attn_score, (attn_softcap,) attn_softmax, attn_value]` (naive)."""
+        m = self.model
+        window, chunk = self._span(kind)
+        kw = dict(act_bytes=self.precision.act_bytes, kv_bytes=self.precision.kv_bytes, impl=self.attention,
+                  causal=True, flops=self.attention_flops, window=window, chunk=chunk, sinks=m.attn_sinks,
+                  softcap=m.attn_softcap)
+        if not m.is_mla:
+            return attention_core(batch, q_len, kv_len, shape=self.attention_shape(False), **kw)
+        absorbed = self.absorbed(q_len)
+        if isinstance(absorbed, bool):
+            return attention_core(batch, q_len, kv_len, shape=self.attention_shape(absorbed), **kw)
+        # auto over an array of q_len: each row takes its own form (same operator names either way)
+        a = attention_core(batch, q_len, kv_len, shape=self.attention_shape(True), **kw)
+        u = attention_core(batch, q_len, kv_len, shape=self.attention_shape(False), **kw)
+        return [_where(absorbed, x, y) for x, y in zip(a, u)]
 
     def o_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        return self._linear("o_proj", batch * q_len, self.dims.num_heads * self.head_dim,
-                            self.model.hidden_size, self.model.out_bias)
+        m = self.model
+        width = m.v_head_dim if m.is_mla else self.head_dim
+        return self._linear("o_proj", batch * q_len, self.dims.num_heads * width, m.hidden_size, m.out_bias)
+
+    def post_attn_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        return self._norm("post_attn_norm", batch * q_len)
 
     def attn_residual(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         return self._residual("attn_residual", batch * q_len)
@@ -292,41 +603,84 @@ class ForwardModel:
         return self._norm("mlp_norm", batch * q_len)
 
     def router(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        return self._linear("router", batch * q_len, self.model.hidden_size, self.model.num_experts, False)
-
-    def _expert_rows_and_copies(self, batch: Number, q_len: Number) -> tuple[Number, Number]:
-        """Token rows through the FFN matrices, and how many distinct expert weights are read."""
+        """hidden -> experts logits (with a bias, gpt-oss), + the per-expert score correction
+        (DeepSeek-V3's noaux_tc bias: one add per logit)."""
         m, tokens = self.model, batch * q_len
-        touched = expected_experts_touched(tokens, m.num_experts, m.experts_per_token)
-        return tokens * (m.experts_per_token + m.shared_experts), touched + m.shared_experts
+        op = self._linear("router", tokens, m.hidden_size, m.num_experts, m.router_bias, module="router")
+        if m.router_score_bias:
+            op = replace(op, flops=op.flops + tokens * m.num_experts,
+                         weight_bytes=op.weight_bytes + m.num_experts * self.precision.act_bytes)
+        return op
+
+    def _ffn_shape(self, batch: Number, q_len: Number, part: str) -> tuple[Number, Number, int, str]:
+        """(token rows, distinct weight copies read, width per GPU, module) of `part`: `dense` (an FFN
+        of ffn_size), `routed` (the experts the tokens route to) or `shared` (always on)."""
+        m, tokens = self.model, batch * q_len
+        if part == "routed":  # the group's tokens, spread over the ep GPUs holding the experts
+            touched = expected_experts_touched(tokens, m.num_experts, m.experts_per_token)
+            return tokens * m.experts_per_token / self.ep, touched / self.ep, self.dims.expert_ffn_size, "expert"
+        if part == "shared":  # replicated with dp_attention: each GPU its own tokens
+            return self.local_batch(batch) * q_len, 1.0, self.dims.shared_ffn_size, "shared_expert"
+        return tokens, 1.0, self.dims.ffn_size, "dense_mlp"
+
+    def _ffn_ops(self, batch: Number, q_len: Number, part: str, fused: bool | None = None) -> list[OpCost]:
+        """The FFN matrices and activation of `part` (`_ffn_shape`), in forward order; `fused`
+        (default `fused_gate_up`): one gate+up GEMM."""
+        m, a = self.model, self.precision.act_bytes
+        rows, copies, width, module = self._ffn_shape(batch, q_len, part)
+        pre = "shared_" if part == "shared" else ""
+        h, bias = m.hidden_size, m.mlp_bias
+
+        def lin(name: str, d_in: int, d_out: int) -> OpCost:
+            return self._linear(pre + name, rows, d_in, d_out, bias, copies, module=module)
+
+        if m.ffn_kind == "swiglu" and (self.fused_gate_up if fused is None else fused):
+            ops = [lin("gate_up_proj", h, 2 * width)]
+        elif m.ffn_kind == "swiglu":
+            ops = [lin("gate_proj", h, width), lin("up_proj", h, width)]
+        else:
+            ops = [lin("up_proj", h, width)]
+        n = rows * width
+        reads = 2 if m.ffn_kind == "swiglu" else 1
+        ops.append(OpCost(name=pre + "act", kind="elementwise", flops=ACT_FLOPS[m.ffn_kind] * n,
+                          act_read_bytes=reads * n * a, act_write_bytes=n * a, rows=rows))
+        ops.append(lin("down_proj", width, h))
+        return ops
 
     def gate_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        rows, copies = self._expert_rows_and_copies(batch, q_len)
-        return self._linear("gate_proj", rows, self.model.hidden_size, self.dims.ffn_size,
-                            self.model.mlp_bias, copies)
+        return self._ffn_op("gate_proj", batch, q_len)
 
     def gate_up_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """Gate and up projections as one GEMM (gated FFNs only): the input is read once."""
-        rows, copies = self._expert_rows_and_copies(batch, q_len)
-        return self._linear("gate_up_proj", rows, self.model.hidden_size, 2 * self.dims.ffn_size,
-                            self.model.mlp_bias, copies)
+        return self._ffn_op("gate_up_proj", batch, q_len)
 
     def up_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        rows, copies = self._expert_rows_and_copies(batch, q_len)
-        return self._linear("up_proj", rows, self.model.hidden_size, self.dims.ffn_size,
-                            self.model.mlp_bias, copies)
+        return self._ffn_op("up_proj", batch, q_len)
 
     def act(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        rows, _ = self._expert_rows_and_copies(batch, q_len)
-        n, a = rows * self.dims.ffn_size, self.precision.act_bytes
-        reads = 2 if self.model.ffn_kind == "swiglu" else 1
-        return OpCost(name="act", kind="elementwise", flops=ACT_FLOPS[self.model.ffn_kind] * n,
-                      act_read_bytes=reads * n * a, act_write_bytes=n * a, rows=rows)
+        return self._ffn_op("act", batch, q_len)
 
     def down_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        rows, copies = self._expert_rows_and_copies(batch, q_len)
-        return self._linear("down_proj", rows, self.dims.ffn_size, self.model.hidden_size,
-                            self.model.mlp_bias, copies)
+        return self._ffn_op("down_proj", batch, q_len)
+
+    def _ffn_op(self, name: str, batch: Number, q_len: Number) -> OpCost:
+        """One operator of the first layer's FFN (routed experts on an MoE layer)."""
+        part = "routed" if self._kind(None).moe else "dense"
+        fused = {"gate_up_proj": True, "gate_proj": False, "up_proj": False}.get(name, self.fused_gate_up)
+        if self.model.ffn_kind != "swiglu":
+            fused = False
+        for op in self._ffn_ops(batch, q_len, part, fused):
+            if op.name == name:
+                return op
+        raise ValueError(f"{name}: not an operator of {self.model.name}'s FFN ({self.model.ffn_kind})")
+
+    def shared_expert_gate(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Qwen2-MoE: hidden -> 1 sigmoid gate scaling the shared experts' output."""
+        return self._linear("shared_expert_gate", batch * q_len, self.model.hidden_size, 1, False,
+                            module="shared_expert")
+
+    def post_mlp_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        return self._norm("post_mlp_norm", batch * q_len)
 
     def mlp_residual(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         return self._residual("mlp_residual", batch * q_len)
@@ -334,57 +688,134 @@ class ForwardModel:
     def final_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         return self._norm("final_norm", batch * q_len, per_layer=False)
 
+    def _logit_rows(self, batch: Number, q_len: Number) -> Number:
+        return batch * q_len if self.all_logits else batch
+
     def lm_head(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        rows = batch * q_len if self.all_logits else batch
-        return self._linear("lm_head", rows, self.model.hidden_size, self.dims.vocab_size, False,
-                            per_layer=False, embedding=True)
+        return self._linear("lm_head", self._logit_rows(batch, q_len), self.model.hidden_size,
+                            self.dims.vocab_size, False, per_layer=False, module="lm_head")
+
+    def final_softcap(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Gemma 2: cap * tanh(logit / cap) on every logit."""
+        return self._elementwise("final_softcap", self._logit_rows(batch, q_len), self.dims.vocab_size,
+                                 SOFTCAP_FLOPS, per_layer=False)
 
     # ---- the pass ----------------------------------------------------------------------------------
-    def layer_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
-        """The operators of one transformer block, in execution order."""
-        m = self.model
-        ops = [self.attn_norm(batch, q_len, kv_len)]
+    def _attention_block(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
+        """From the input projections to o_proj (GQA or MLA)."""
+        m, args = self.model, (batch, q_len, kv_len)
+        if m.is_mla:
+            return self._mla_block(batch, q_len, kv_len, kind)
         if self.fused_qkv:
-            ops.append(self.qkv_proj(batch, q_len, kv_len))
+            ops = [self.qkv_proj(*args)]
         else:
-            ops += [self.q_proj(batch, q_len, kv_len), self.k_proj(batch, q_len, kv_len),
-                    self.v_proj(batch, q_len, kv_len)]
-        if m.pos_encoding == "rope":
-            ops.append(self.rope(batch, q_len, kv_len))
-        ops.append(self.kv_write(batch, q_len, kv_len))
-        ops += self.attention_ops(batch, q_len, kv_len)
-        ops.append(self.o_proj(batch, q_len, kv_len))
-        if self.tp > 1:
-            ops.append(self._allreduce("attn_allreduce", batch * q_len))
-        ops += [self.attn_residual(batch, q_len, kv_len), self.mlp_norm(batch, q_len, kv_len)]
-        if m.is_moe:
-            ops.append(self.router(batch, q_len, kv_len))
-        if m.ffn_kind == "swiglu" and self.fused_gate_up:
-            ops.append(self.gate_up_proj(batch, q_len, kv_len))
-        elif m.ffn_kind == "swiglu":
-            ops += [self.gate_proj(batch, q_len, kv_len), self.up_proj(batch, q_len, kv_len)]
-        else:
-            ops.append(self.up_proj(batch, q_len, kv_len))
-        ops += [self.act(batch, q_len, kv_len), self.down_proj(batch, q_len, kv_len)]
-        if self.tp > 1:
-            ops.append(self._allreduce("mlp_allreduce", batch * q_len))
-        ops.append(self.mlp_residual(batch, q_len, kv_len))
+            ops = [self.q_proj(*args), self.k_proj(*args), self.v_proj(*args)]
+        if m.qk_norm == "rmsnorm" or (m.qk_norm == "l2" and kind.rope):
+            ops.append(self.qk_norm(*args))
+        if kind.rope and m.pos_encoding == "rope":
+            ops.append(self.rope(*args))
+        ops.append(self.kv_write(*args))
+        ops += self.attention_ops(*args, kind=kind)
+        ops.append(self.o_proj(*args))
         return ops
+
+    def _mla_block(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
+        m, args = self.model, (batch, q_len, kv_len)
+        ops = ([self.q_a_proj(*args), self.q_a_norm(*args), self.q_b_proj(*args)] if m.q_lora_rank
+               else [self.q_proj(*args)])
+        ops += [self.kv_a_proj(*args), self.kv_a_norm(*args)]
+        absorbed = self.absorbed(q_len)
+        unabs = np.logical_not(absorbed)
+        if np.any(unabs):
+            ops.append(_where(unabs, self.kv_b_proj(*args, kind=kind), None))
+        if np.any(absorbed):
+            ops.append(_where(absorbed, self.q_absorb(*args), None))
+        if kind.rope:
+            ops.append(self.rope(*args))
+        ops.append(self.kv_write(*args))
+        ops += self.attention_ops(*args, kind=kind)
+        if np.any(absorbed):
+            ops.append(_where(absorbed, self.v_absorb(*args), None))
+        ops.append(self.o_proj(*args))
+        return ops
+
+    def _ffn_block(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
+        """The FFN of a layer of `kind` over the group's `batch` and its collectives: the tp all-reduce
+        (with dp_attention, a dense FFN's gather and scatter of every token, the same bytes), or the
+        expert-parallel all-to-alls of each GPU's own tokens."""
+        m, tokens = self.model, batch * q_len
+        local = self.local_batch(batch)
+        if not kind.moe:
+            ops = self._ffn_ops(batch, q_len, "dense")
+            return ops + ([self._allreduce("mlp_allreduce", tokens)] if self.tp > 1 else [])
+        a2a = self.dp_attention and self.ep > 1
+        ops = [self.router(local, q_len, kv_len)]
+        ops += [self._all_to_all("moe_dispatch", local * q_len)] if a2a else []
+        ops += self._ffn_ops(batch, q_len, "routed")
+        ops += [self._all_to_all("moe_combine", local * q_len)] if a2a else []
+        if m.shared_experts:
+            ops += self._ffn_ops(batch, q_len, "shared")
+            if m.shared_expert_gate:
+                ops.append(self.shared_expert_gate(local, q_len, kv_len))
+        if self.tp > 1 and not self.dp_attention:
+            ops.append(self._allreduce("mlp_allreduce", tokens))
+        return ops
+
+    def layer_ops(self, batch: Number, q_len: Number, kv_len: Number,
+                  kind: LayerKind | None = None) -> list[OpCost]:
+        """The operators of one transformer block of `kind` (default: the first layer's), in execution
+        order, each labelled with the kind (`OpCost.layer`). `batch` is the group's sequences (with
+        `dp_attention` each GPU's attention runs `local_batch(batch)` of them)."""
+        m, kind = self.model, self._kind(kind)
+        local = self.local_batch(batch)
+        args = (local, q_len, kv_len)
+        ops = [self.attn_norm(*args)] + self._attention_block(*args, kind)
+        if self.dims.attn_tp > 1:
+            ops.append(self._allreduce("attn_allreduce", local * q_len))
+        if m.sandwich_norms:
+            ops.append(self.post_attn_norm(*args))
+        ops += [self.attn_residual(*args), self.mlp_norm(*args)]
+        ops += self._ffn_block(batch, q_len, kv_len, kind)
+        if m.sandwich_norms:
+            ops.append(self.post_mlp_norm(*args))
+        ops.append(self.mlp_residual(*args))
+        return [replace(op, layer=kind.label) for op in ops]
 
     def head_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
         """Operators before the first block (embeddings)."""
         ops = [self.embed(batch, q_len, kv_len)]
         if self.model.pos_encoding == "learned":
             ops.append(self.pos_embed(batch, q_len, kv_len))
+        if self.model.embedding_scale:
+            ops.append(self.embed_scale(batch, q_len, kv_len))
         return ops
 
     def tail_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
         """Operators after the last block (final norm, logits)."""
-        return [self.final_norm(batch, q_len, kv_len), self.lm_head(batch, q_len, kv_len)]
+        ops = [self.final_norm(batch, q_len, kv_len), self.lm_head(batch, q_len, kv_len)]
+        if self.model.final_softcap:
+            ops.append(self.final_softcap(batch, q_len, kv_len))
+        return ops
+
+    def group_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[tuple[LayerKind, int, list[OpCost]]]:
+        """(kind, number of layers, the operators of ONE layer of that kind) for every layer kind."""
+        return [(kind, count, self.layer_ops(batch, q_len, kv_len, kind)) for kind, count in self.groups]
 
     def forward_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
-        """Every operator of one forward pass, per-layer ones multiplied by the number of layers."""
-        L = self.model.num_layers
-        return (self.head_ops(batch, q_len, kv_len)
-                + [op.scaled(L) for op in self.layer_ops(batch, q_len, kv_len)]
-                + self.tail_ops(batch, q_len, kv_len))
+        """Every operator of one forward pass: each layer kind's operators multiplied by its number
+        of layers (same names, labelled with the kind), between the model-level ones."""
+        ops = self.head_ops(batch, q_len, kv_len)
+        for _, count, layer in self.group_ops(batch, q_len, kv_len):
+            ops += [op.scaled(count) for op in layer]
+        return ops + self.tail_ops(batch, q_len, kv_len)
+
+
+def _where(mask: Number, a: OpCost, b: OpCost | None) -> OpCost:
+    """`a`'s counts where `mask`, else `b`'s (zero when `b` is None), elementwise: one operator list
+    for arrays of configurations whose rows take different forms (MLA's auto mode)."""
+    if isinstance(mask, (bool, np.bool_)) and b is None and mask:
+        return a
+    fields = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
+              "comm_bytes", "rows", "calls")
+    vals = {f: np.where(mask, getattr(a, f), 0.0 if b is None else getattr(b, f)) for f in fields}
+    return replace(a, **vals)

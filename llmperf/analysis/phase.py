@@ -94,23 +94,25 @@ class PhaseEstimate:
         return self.achieved_flops_per_s / (self.pp * self.hardware.peak_flops_per_s(self.compute_dtype))
 
     def layer_frame(self) -> pd.DataFrame:
-        """The operators of ONE transformer block (per-layer rows divided by the number of layers)."""
+        """The operators of ONE transformer block of each layer kind (per-layer rows divided by the
+        number of layers of their kind, `layers`); one block for a model whose layers are alike."""
         frame = self.to_frame()
         frame = frame[frame["scope"] == "layer"].copy()
         for col in ("flops", "weight_bytes", "act_bytes", "kv_bytes", "comm_bytes", "bytes_total",
                     "compute_s", "memory_s", "comm_s", "time_s"):
-            frame[col] = frame[col] / self.layers
+            frame[col] = frame[col] / frame["layers"]
         frame["time_share"] = frame["time_s"] / frame["time_s"].sum()
         return frame.reset_index(drop=True)
 
     @property
     def layer_time_s(self) -> float:
-        """Time of one transformer block."""
+        """Time of one transformer block (the mean over the layers when they differ)."""
         return float(sum(o.time_s for o in self.ops if o.cost.per_layer)) / self.layers
 
-    def op(self, name: str) -> OpTime:
+    def op(self, name: str, layer: str | None = None) -> OpTime:
+        """The operator `name` (of the layer kind labelled `layer`; default: the first one found)."""
         for o in self.ops:
-            if o.cost.name == name:
+            if o.cost.name == name and (layer is None or o.cost.layer == layer):
                 return o
         raise KeyError(f"no operator {name!r} in this phase (have: {', '.join(o.cost.name for o in self.ops)})")
 
@@ -121,6 +123,7 @@ class PhaseEstimate:
             c = o.cost
             rows.append(dict(
                 phase=self.phase, op=c.name, kind=c.kind, scope="layer" if c.per_layer else "model",
+                layer=c.layer, layers=float(c.calls) if c.per_layer else 1.0,
                 flops=float(c.flops), weight_bytes=float(c.weight_bytes),
                 act_bytes=float(c.act_read_bytes + c.act_write_bytes),
                 kv_bytes=float(c.kv_read_bytes + c.kv_write_bytes), comm_bytes=float(c.comm_bytes),

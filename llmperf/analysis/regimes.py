@@ -4,7 +4,14 @@ context at which attention stops being negligible next to the rest of the layer.
 Decode at batch 1 reads every weight to do 2 FLOPs per weight (about 1 FLOP/B at fp16), far below an
 A100's ridge of 153 FLOP/B, so batching up to roughly the ridge point is nearly free ("LLM inference
 is memory-bound"). Attention's cost grows with the context (decode: KV bytes; prefill: FLOPs
-quadratic in the prompt), so at long context it dominates the layer.
+quadratic in the prompt), so at long context it dominates the layer. Decode attention itself is
+memory-bound for grouped-query attention (about 2 x group / bytes FLOP/B), but multi-head latent
+attention's absorbed form shares one latent among all heads: DeepSeek-V3 reaches 2 x 128 x 1088 /
+(576 x 2) = 242 FLOP/B on one GPU (bf16), so `attention_critical_context` (the decode context from
+which the step's attention is compute-bound) exists on devices whose ridge point is below that, and
+grows or vanishes with tensor parallelism, which divides the heads and not the latent (with
+`dp_attention` every GPU keeps all heads, and the one-GPU intensity). It hardly depends on the batch:
+every sequence reads its own latents.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class RegimeEstimate:
     critical_batch: int | None  # decode batch at which the whole step (at this context) turns compute-bound
     attention_flops_crossover: int | None  # prefill length where attention FLOPs = the rest of the layer's
     attention_bytes_crossover: int | None  # decode context where attention bytes = the rest of the layer's
+    attention_critical_context: int | None = None  # decode context from which attention is compute-bound
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame([self.summary()])
@@ -51,7 +59,8 @@ class RegimeEstimate:
         return dict(compute_dtype=self.compute_dtype, ridge_point=self.ridge_point,
                     critical_batch_matmul=self.critical_batch_matmul, critical_batch=self.critical_batch,
                     attention_flops_crossover=self.attention_flops_crossover,
-                    attention_bytes_crossover=self.attention_bytes_crossover)
+                    attention_bytes_crossover=self.attention_bytes_crossover,
+                    attention_critical_context=self.attention_critical_context)
 
 
 def estimate_regimes(fm: ForwardModel, hw: HardwareSpec, *, batch: int, context: int,

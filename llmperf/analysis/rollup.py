@@ -20,11 +20,11 @@ All arithmetic is float64, so products such as batch x context x bytes never ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, ForwardModel
+from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
 from llmperf.analysis.roofline import TimeModel, op_time, resolve_time_model, step_overhead_s
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
@@ -42,8 +42,9 @@ SEARCH_MAX = 1 << 26
 MAX_COUNT = 2**53
 #: columns that are integers or missing (no answer up to SEARCH_MAX)
 REGIME_COLUMNS = ("critical_batch_matmul", "critical_batch", "attention_flops_crossover",
-                  "attention_bytes_crossover")
-_ATTN_NAMES = frozenset(op.value for op in ATTENTION_OPS) | {Op.kv_write.value}
+                  "attention_bytes_crossover", "attention_critical_context")
+_ATTN_CORE = frozenset(op.value for op in ATTENTION_OPS)
+_ATTN_NAMES = _ATTN_CORE | {Op.kv_write.value}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,9 @@ class Conventions:
     mem_util: float = 0.9  # fraction of device memory the server uses (vLLM gpu_memory_utilization)
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS  # per-step token budget (activation reservation)
     kv_window: str = "capped"  # sliding/chunked layers hold their window (vLLM's hybrid manager) | full pages
+    mla_mode: str = "auto"  # MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed
+    ep: int = 1  # expert parallelism within the tp group (divides tp and num_experts)
+    dp_attention: bool = False  # attention data-parallel over the tp group, MoE expert-parallel (ep = tp)
 
     def __post_init__(self) -> None:
         if self.kv_window not in KV_WINDOW_MODES:
@@ -69,10 +73,12 @@ class Conventions:
         if self.attention_flops not in FLOP_CONVENTIONS:
             raise SpecError(f"attention_flops: must be one of {', '.join(FLOP_CONVENTIONS)}, "
                             f"got {self.attention_flops!r}")
-        for flag in ("all_logits", "fused_qkv", "fused_gate_up"):
+        for flag in ("all_logits", "fused_qkv", "fused_gate_up", "dp_attention"):
             if not isinstance(getattr(self, flag), bool):
                 raise SpecError(f"{flag}: must be true or false, got {getattr(self, flag)!r}")
-        for name in ("block_size", "max_batched_tokens"):
+        if self.mla_mode not in MLA_MODES:
+            raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
+        for name in ("block_size", "max_batched_tokens", "ep"):
             _check_positive_int(name, getattr(self, name))
         if self.max_seq_len is not None:
             _check_positive_int("max_seq_len", self.max_seq_len)
@@ -189,37 +195,69 @@ def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp
 def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, *, pp: int,  # noqa: ANN001, ANN201
                 compute_dtype: str, time_model: TimeModel | None = None):
     """(time, FLOPs, bytes) summed over decode steps j = 1 .. gen_len - 1 (context prompt_len + j),
-    exact and O(1) in gen_len: each operator's roofs are lines in the context up to the sliding
-    window (constant after it), and the time model's efficiencies do not depend on the context."""
+    exact and O(1) in gen_len. A decode step of a layer sees `n(x)` keys at context x: x (full
+    attention), min(x, W) (sliding), (x - 1) mod C + 1 (chunked: the position within its chunk), and
+    its cost equals a full-attention layer's at context n(x). Each operator's roofs are lines in n
+    and the time model's efficiencies do not depend on the context, so the sum over steps of
+    `max(lines) + overhead` is a sum of `sum_max_lines` over ranges of n (`_sum_over_steps`)."""
     x_lo, x_hi = prompt_len + 1.0, prompt_len + gen_len - 1.0
-    window = fm.model.sliding_window
-    # linear part [x_lo, lin_hi]; empty (lin_hi = x_lo - 1) when the prompt already fills the window
-    lin_hi = x_hi if window is None else np.maximum(np.minimum(x_hi, window), x_lo - 1)
-    flat = 0.0 if window is None else np.maximum(x_hi - np.maximum(x_lo - 1, window), 0)  # steps at the cap
-    at0 = fm.forward_ops(batch, 1, 0.0 * prompt_len)
-    at1 = fm.forward_ops(batch, 1, 0.0 * prompt_len + 1)
-    time = flops = nbytes = 0.0
-    for c0, c1 in zip(at0, at1):
-        t0 = op_time(c0, hw, compute_dtype, time_model)
-        t1 = op_time(c1, hw, compute_dtype, time_model)
-        # the overlapped host dispatch is a fourth line, flat in the context
-        a = [t0.compute_s, t0.memory_s, t0.comm_s, t0.host_s + 0.0 * t0.compute_s]
-        b = [t1.compute_s - t0.compute_s, t1.memory_s - t0.memory_s, t1.comm_s - t0.comm_s, 0.0 * t0.compute_s]
-        time = time + sum_max_lines(a, b, x_lo, lin_hi)
-        fa, fb = c0.flops, c1.flops - c0.flops
-        ba, bb = c0.bytes_total, c1.bytes_total - c0.bytes_total
-        flops = flops + _line_sum(fa, fb, x_lo, lin_hi)
-        nbytes = nbytes + _line_sum(ba, bb, x_lo, lin_hi)
-        if window is not None:
-            time = time + flat * np.maximum(np.maximum(np.maximum(a[0] + b[0] * window, a[1] + b[1] * window),
-                                                       a[2] + b[2] * window), a[3])
-            flops = flops + flat * (fa + fb * window)
-            nbytes = nbytes + flat * (ba + bb * window)
-        # the overhead is per launch, the same at every step
-        time = time + np.maximum(gen_len - 1.0, 0) * t0.overhead_s
     steps = np.maximum(gen_len - 1.0, 0)
+    groups: list[tuple[str, int | None, list]] = [("full", None, fm.head_ops(batch, 1, 0.0 * prompt_len)
+                                                   + fm.tail_ops(batch, 1, 0.0 * prompt_len))]
+    at1: list[list] = [fm.head_ops(batch, 1, 0.0 * prompt_len + 1) + fm.tail_ops(batch, 1, 0.0 * prompt_len + 1)]
+    for kind, count in fm.model.layer_groups():
+        lin = replace(kind, attention="full", window=None)  # the same layer seeing n keys
+        groups.append((kind.attention, kind.window,
+                       [op.scaled(count) for op in fm.layer_ops(batch, 1, 0.0 * prompt_len, kind=lin)]))
+        at1.append([op.scaled(count) for op in fm.layer_ops(batch, 1, 0.0 * prompt_len + 1, kind=lin)])
+    time = flops = nbytes = 0.0
+    for (attention, span, ops0), ops1 in zip(groups, at1):
+        for c0, c1 in zip(ops0, ops1):
+            t0 = op_time(c0, hw, compute_dtype, time_model)
+            t1 = op_time(c1, hw, compute_dtype, time_model)
+            # the overlapped host dispatch is a fourth line, flat in the context
+            a = [t0.compute_s, t0.memory_s, t0.comm_s, t0.host_s + 0.0 * t0.compute_s]
+            b = [t1.compute_s - t0.compute_s, t1.memory_s - t0.memory_s, t1.comm_s - t0.comm_s,
+                 0.0 * t0.compute_s]
+            fa, fb = c0.flops, c1.flops - c0.flops
+            ba, bb = c0.bytes_total, c1.bytes_total - c0.bytes_total
+            time = time + _sum_over_steps(attention, span, x_lo, x_hi,
+                                          lambda lo, hi: sum_max_lines(a, b, lo, hi))  # noqa: B023
+            flops = flops + _sum_over_steps(attention, span, x_lo, x_hi,
+                                            lambda lo, hi: _line_sum(fa, fb, lo, hi))  # noqa: B023
+            nbytes = nbytes + _sum_over_steps(attention, span, x_lo, x_hi,
+                                              lambda lo, hi: _line_sum(ba, bb, lo, hi))  # noqa: B023
+            # the overhead is per launch, the same at every step
+            time = time + steps * t0.overhead_s
     time = time + steps * (pipeline_transfer_s(fm, hw, batch, 1, pp) + step_overhead_s(time_model))
     return time, flops, nbytes
+
+
+def _sum_over_steps(attention: str, span: int | None, x_lo, x_hi, total):  # noqa: ANN001, ANN202
+    """Sum over contexts x in [x_lo, x_hi] of g(n(x)), where `total(lo, hi)` is the sum of g over
+    n in [lo, hi] (called with hi >= lo - 1: an empty range is zero) and n(x) is the keys a decode
+    step of an `attention` layer (`span`: its window or chunk) sees."""
+    x_lo, x_hi = np.asarray(x_lo, dtype=float), np.asarray(x_hi, dtype=float)
+    x_hi = np.maximum(x_hi, x_lo - 1)
+
+    def rng(lo, hi):  # noqa: ANN001, ANN202
+        return total(lo, np.maximum(hi, lo - 1))
+
+    if attention == "full" or span is None:
+        return rng(x_lo, x_hi)
+    w = float(span)
+    if attention == "sliding":  # linear up to the window, flat after it
+        below = rng(x_lo, np.minimum(x_hi, w))
+        flat = np.maximum(x_hi - np.maximum(x_lo - 1, w), 0)
+        return below + flat * total(w + 0.0 * x_lo, w + 0.0 * x_lo)
+    # chunked: n = (x - 1) mod C + 1 runs 1 .. C in every chunk of C positions
+    a, b = x_lo - 1, x_hi - 1
+    qa, qb = np.floor_divide(a, w), np.floor_divide(b, w)
+    ra, rb = np.mod(a, w) + 1, np.mod(b, w) + 1
+    one = 1.0 + 0.0 * x_lo
+    same = rng(ra, np.where(qa == qb, rb, ra - 1))
+    split = rng(ra, w * one) + np.maximum(qb - qa - 1, 0) * rng(one, w * one) + rng(one, rb)
+    return np.where(x_hi < x_lo, 0.0, np.where(qa == qb, same, split))
 
 
 # ---- memory --------------------------------------------------------------------------------------
@@ -227,48 +265,22 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
 # - attention: heads split `tp` ways (KV heads never below one; MLA's q_a/kv_a down-projections and
 #   their norms replicated, q_b/kv_b/o split by heads, as vLLM's DeepseekV2MLAAttention), or with
 #   `dp_attention` replicated whole on every GPU, each GPU serving its own sequences;
-# - dense FFNs and shared experts: split `tp` ways;
+# - dense FFNs: split `tp` ways; shared experts split `tp` ways, or with `dp_attention` replicated,
+#   each GPU running them on its own tokens (SGLang's DP attention with DeepEP);
 # - routed experts: `num_experts / ep` whole experts a GPU group of `tp / ep`, each split `tp / ep` ways;
 # - router, norms and biases: replicated, at the activation precision.
 def _module_matrix_bytes(precision: Precision, d_in: int, d_out: int, module: str) -> float:
     """`Precision.matrix_bytes` for one module kind (attention, dense_mlp, expert, shared_expert), for
     precisions that tell modules apart; else the one weight format."""
-    import inspect
-    if "module" in inspect.signature(precision.matrix_bytes).parameters:
-        return precision.matrix_bytes(d_in, d_out, module=module)
-    return precision.matrix_bytes(d_in, d_out)
+    return precision.matrix_bytes(d_in, d_out, module=module)
 
 
 def check_parallelism(model: ModelSpec, tp: int, ep: int = 1, dp_attention: bool = False) -> None:
-    """The layout is possible: `tp` splits what it splits (heads unless `dp_attention`, FFN widths),
-    and `ep` divides both the routed experts and `tp` (an expert group is `tp / ep` GPUs)."""
+    """The layout is possible: one rule for the compute and the memory side (`ShardDims.of`): `tp`
+    splits what it splits (heads unless `dp_attention`, FFN widths), `ep` divides the routed experts
+    and `tp`, and with `dp_attention` a MoE model runs its experts over the whole group (ep = tp)."""
     from llmperf.analysis.operators import ShardDims
-    if not isinstance(dp_attention, bool):
-        raise SpecError(f"dp_attention: must be true or false, got {dp_attention!r}")
-    if isinstance(ep, bool) or not isinstance(ep, (int, np.integer)) or ep < 1:
-        raise SpecError(f"ep: must be a positive integer, got {ep!r}")
-    if dp_attention:
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise SpecError(f"tp: must be a positive integer, got {tp!r}")
-        if model.ffn_size % tp:
-            raise SpecError(f"tp: {tp} does not divide {model.name}'s ffn_size={model.ffn_size}")
-    else:
-        ShardDims.of(model, tp)
-    if ep > 1:
-        if not model.is_moe:
-            raise SpecError(f"ep: {ep} needs a mixture of experts, but {model.name} is dense")
-        if model.num_experts % ep:
-            raise SpecError(f"ep: {ep} does not divide {model.name}'s num_experts={model.num_experts}")
-        if tp % ep:
-            raise SpecError(f"ep: {ep} does not divide tp={tp} (an expert group is tp / ep GPUs)")
-    if model.is_moe:
-        inner = tp // ep
-        if model.expert_ffn_size % inner:
-            raise SpecError(f"tp: {tp} / ep {ep} does not divide {model.name}'s expert width "
-                            f"{model.expert_ffn_size}")
-        if model.shared_experts and model.shared_expert_ffn_size % tp:
-            raise SpecError(f"tp: {tp} does not divide {model.name}'s shared expert width "
-                            f"{model.shared_expert_ffn_size}")
+    ShardDims.of(model, tp, ep, dp_attention)
 
 
 def stage_layer_ranges(model: ModelSpec, pp: int) -> list[range]:
@@ -332,7 +344,8 @@ def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, 
     attn = _attention_weight_bytes(m, precision, 1 if dp_attention else tp)
     if kind.moe:
         ffn = (_ffn_weight_bytes(m, precision, m.expert_ffn_size, tp // ep, m.num_experts // ep, "expert")
-               + _ffn_weight_bytes(m, precision, m.shared_expert_ffn_size, tp, m.shared_experts, "shared_expert")
+               + _ffn_weight_bytes(m, precision, m.shared_expert_ffn_size, 1 if dp_attention else tp,
+                                   m.shared_experts, "shared_expert")
                + (m.router_params_per_layer + (m.hidden_size if m.shared_expert_gate else 0)) * ab)
     else:
         ffn = _ffn_weight_bytes(m, precision, m.ffn_size, tp, 1, "dense_mlp")
@@ -554,9 +567,12 @@ def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX, ways: i
 
 def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel | None, *, batch, context,  # noqa: ANN001
                   size: int) -> dict[str, np.ndarray]:
-    """Critical batches (decode turns compute-bound: compute time strictly above memory time) and the
-    attention crossovers (attention FLOPs / bytes reach those of the rest of the layer). Each search
-    runs once per distinct value it depends on (the context, the batch, or nothing)."""
+    """Critical batches (decode turns compute-bound: compute time strictly above memory time), the
+    attention crossovers (attention FLOPs / bytes reach those of the rest of the layer) and the
+    decode context from which the step's attention itself is compute-bound (MLA's absorbed form:
+    every head shares one latent, so its intensity approaches 2 n (2r + dr) / ((r + dr) b), near the
+    ridge point; GQA decode attention, about 2 g / b FLOP/B, never gets there). Each search runs once
+    per distinct value it depends on (the context, the batch, or nothing)."""
     batch = np.asarray(batch, dtype=float) + np.zeros(size)
     context = np.asarray(context, dtype=float) + np.zeros(size)
 
@@ -571,12 +587,22 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
 
     def split(b, q, kv, field: str):  # noqa: ANN001, ANN202
         attn = rest = 0.0
-        for c in fm.layer_ops(b, q, kv):
+        for c in fm.forward_ops(b, q, kv):
+            if not c.per_layer:
+                continue
             if c.name in _ATTN_NAMES:
                 attn = attn + getattr(c, field)
             else:
                 rest = rest + getattr(c, field)
         return np.asarray(attn >= rest) & np.ones(np.broadcast_shapes(np.shape(b), np.shape(q)), dtype=bool)
+
+    def attention_bound(b, ctx):  # noqa: ANN001, ANN202
+        comp = mem = 0.0
+        for c in fm.forward_ops(b, 1, ctx):
+            if c.name in _ATTN_CORE:
+                t = op_time(c, hw, dtype, tm)
+                comp, mem = comp + t.compute_s, mem + t.memory_s
+        return np.asarray(comp > mem) & np.ones(np.broadcast_shapes(np.shape(b), np.shape(ctx)), dtype=bool)
 
     def per_value(values, search):  # noqa: ANN001, ANN202
         """Run `search(unique_values[:, None], n)` once per distinct value, spread back to the rows."""
@@ -590,14 +616,17 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
             lambda b: compute_bound(b, ctx, False), n)),
         attention_flops_crossover=np.repeat(first_true_array(lambda n: split(1, n, n, "flops"), 1), size),
         attention_bytes_crossover=per_value(batch, lambda b, n: first_true_array(
-            lambda c: split(b, 1, c, "bytes_total"), n)))
+            lambda c: split(b, 1, c, "bytes_total"), n)),
+        attention_critical_context=per_value(batch, lambda b, n: first_true_array(
+            lambda c: attention_bound(b, c), n)))
 
 
 # ---- the roll-up ---------------------------------------------------------------------------------
 def forward_model(model: ModelSpec, precision: Precision, conv: Conventions, tp: int) -> ForwardModel:
     return ForwardModel(model=model, precision=precision, attention=conv.attention, tp=tp,
                         all_logits=conv.all_logits, attention_flops=conv.attention_flops,
-                        fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up)
+                        fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up, mla_mode=conv.mla_mode,
+                        ep=conv.ep, dp_attention=conv.dp_attention)
 
 
 def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int, pp: int, conv: Conventions,
@@ -621,7 +650,8 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     tpot = np.where(has_steps, d_time / np.maximum(steps, 1), 0.0)
     total_flops = prefill.flops + d_flops
     peak = hw.peak_flops_per_s(dtype)
-    mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G)
+    mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G, ep=conv.ep,
+                        dp_attention=conv.dp_attention)
     reg = regime_arrays(fm, hw, dtype, tm, batch=B, context=P + G, size=n)
     gib = 2.0 ** 30
     total_mem = mem["weights_bytes"] + mem["kv_cache_bytes"] + mem["activation_bytes"]
@@ -629,8 +659,10 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         model=model.name, hardware=hw.name, precision=precision.label(), weights=precision.weights,
         activations=precision.activations, kv=precision.kv, embeddings=precision.embedding_dtype,
         group_size=precision.effective_group_size if precision.quantized else None,
-        tp=tp, pp=pp, gpus=tp * pp, attention=conv.attention, attention_flops=conv.attention_flops,
+        tp=tp, pp=pp, gpus=tp * pp, ep=conv.ep, dp_attention=conv.dp_attention,
+        attention=conv.attention, attention_flops=conv.attention_flops,
         all_logits=conv.all_logits, fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up,
+        mla_mode=conv.mla_mode,
         sliding_window=model.sliding_window, time_model=tm.name,
         batch=B.astype(np.int64), prompt_len=P.astype(np.int64), gen_len=G.astype(np.int64),
         params_total=model.param_count, params_active=model.active_param_count,

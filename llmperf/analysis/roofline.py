@@ -58,6 +58,8 @@ class OpCost:
     per_layer: bool = True
     rows: Number = 0.0  # tokens through the operator (batch * q_len); what a time model may key on
     calls: Number = 1.0  # launches the counts cover: `scaled(L)` is L layers' calls, each paying the overhead
+    layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...)
+    compute_dtype: str | None = None  # its matrix work's format (per-module precision); None: the phase's
 
     @property
     def bytes_read(self) -> Number:
@@ -85,7 +87,8 @@ class OpCost:
         """Every count multiplied by `factor` (e.g. the number of layers), and the launches with them:
         a time model's per-launch overhead is paid `calls` times."""
         return OpCost(name=self.name, kind=self.kind, per_layer=self.per_layer, rows=self.rows,
-                      calls=self.calls * factor, **{f: getattr(self, f) * factor for f in _COUNT_FIELDS})
+                      calls=self.calls * factor, layer=self.layer, compute_dtype=self.compute_dtype,
+                      **{f: getattr(self, f) * factor for f in _COUNT_FIELDS})
 
 
 _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes",
@@ -238,7 +241,13 @@ def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
     eff = _as_efficiency(tm.efficiency(cost, hardware))
     if tm is not ROOFLINE:
         _check_efficiency(eff, tm, cost)
-    compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * eff.e_compute)
+    # a module whose weights have their own matmul format (fp8-block: fp8; mxfp4 / nvfp4: fp4) runs
+    # at it where the device has units for it, else at the phase's format, the weights dequantised
+    # on the fly (W4A16 MXFP4 on an H100: the bf16 peak; `HardwareSpec.matmul_dtype`)
+    dtype = compute_dtype
+    if cost.compute_dtype is not None and cost.kind in MATRIX_KINDS and cost.compute_dtype in hardware.peak_tflops:
+        dtype = cost.compute_dtype
+    compute = cost.flops / (peak_for(cost.kind, hardware, dtype) * eff.e_compute)
     memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
     if np.any(np.asarray(cost.comm_bytes) > 0) and hardware.interconnect_bytes_per_s <= 0:
         raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot time {cost.name}")

@@ -25,8 +25,10 @@ COLUMNS: dict[str, str] = {
     "weights": "weight format", "activations": "activation format (matrix work runs at it)", "kv": "KV cache format",
     "embeddings": "embedding / lm_head format", "group_size": "int weights: inputs per scale (null: per channel / none)",
     "tp": "tensor-parallel degree", "pp": "pipeline-parallel degree", "gpus": "GPUs, tp * pp",
+    "ep": "expert-parallel degree within the tp group", "dp_attention": "attention data-parallel over the tp group",
     "attention": "fused | naive", "attention_flops": "executed | dense", "all_logits": "logits at every prefill position",
     "fused_qkv": "one QKV GEMM", "fused_gate_up": "one gate+up GEMM",
+    "mla_mode": "MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed",
     "sliding_window": "attention window, tokens (null: full)", "time_model": "time model that produced the times",
     "batch": "sequences", "prompt_len": "prompt tokens", "gen_len": "generated tokens per sequence",
     "params_total": "parameters", "params_active": "parameters one token uses (MoE: routed experts only)",
@@ -53,6 +55,7 @@ COLUMNS: dict[str, str] = {
     "critical_batch": "decode batch where the whole step turns compute-bound (null: none)",
     "attention_flops_crossover": "prompt where attention FLOPs = rest of the layer (null: none)",
     "attention_bytes_crossover": "context where attention bytes = rest of the layer (null: none)",
+    "attention_critical_context": "decode context from which the step's attention is compute-bound (null: none)",
 }
 
 

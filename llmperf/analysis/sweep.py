@@ -67,14 +67,16 @@ def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
          fused_qkv: bool = True, fused_gate_up: bool = True,
          max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
          zero_point: bool | None = None, embeddings: str | None = None,
-         time_model: TimeModel | None = None) -> list[Group]:
+         time_model: TimeModel | None = None, mla_mode: str = "auto", ep: int = 1,
+         dp_attention: bool = False) -> list[Group]:
     """The groups of a sweep, in row order (model, hardware, precision, tp, pp, then the lengths)."""
     batches, prompts, gens = (_lengths(n, v) for n, v in
                               (("batch", batch), ("prompt_len", prompt_len), ("gen_len", gen_len)))
     tps, pps = _as_list(tp), _as_list(pp)
     conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
                        fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
-                       block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens)
+                       block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
+                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention)
     for name, value in (("models", models), ("hardware", hardware), ("precision", precision),
                         ("weights", weights), ("activations", activations), ("kv", kv), ("tp", tp), ("pp", pp)):
         if not _as_list(value):  # an empty list would make an empty sweep, with no row to say why
@@ -100,8 +102,8 @@ def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
     `estimate(...).summary()`. Lists are accepted for models, hardware, the precisions (`precision`,
     `weights`, `activations`, `kv`), `tp`, `pp` and the three lengths; every other option of
     `estimate` (`attention`, `attention_flops`, `all_logits`, `fused_qkv`, `fused_gate_up`,
-    `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`, `group_size`, `zero_point`,
-    `embeddings`, `time_model`) applies to every row."""
+    `mla_mode`, `ep`, `dp_attention`, `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`,
+    `group_size`, `zero_point`, `embeddings`, `time_model`) applies to every row."""
     frames = []
     for g in plan(models, hardware, **options):
         cols = rollup(g.model, g.hardware, g.precision, tp=g.tp, pp=g.pp, conv=g.conventions,
@@ -126,7 +128,8 @@ def sweep_estimates(models: str | ModelSpec | Sequence = "llama-3.1-8b",
                                 tp=g.tp, pp=g.pp, attention=c.attention, attention_flops=c.attention_flops,
                                 all_logits=c.all_logits, fused_qkv=c.fused_qkv, fused_gate_up=c.fused_gate_up,
                                 max_seq_len=c.max_seq_len, block_size=c.block_size, mem_util=c.mem_util,
-                                max_batched_tokens=c.max_batched_tokens, time_model=g.time_model))
+                                max_batched_tokens=c.max_batched_tokens, time_model=g.time_model,
+                                mla_mode=c.mla_mode, ep=c.ep, dp_attention=c.dp_attention))
     return out
 
 

@@ -12,6 +12,12 @@ Fused operators: fast engines (vLLM, TensorRT-LLM) run Q, K and V as one GEMM ov
 weight (`qkv_proj`) and the gate and up projections of a gated FFN as one GEMM (`gate_up_proj`). A
 fused GEMM reads its input activations once. `FUSED_PARTS` maps each fused name to the names it
 replaces, so a split prediction can be joined to a fused measurement and back.
+
+Layers of different kinds (full, sliding, chunked attention; MoE or dense FFN) run the same operator
+names: a cost carries its layer kind separately (`OpCost.layer`), so a join by name still works.
+Multi-head latent attention (MLA) adds its projections (`q_a_proj` .. `kv_b_proj`) and, in the
+absorbed form, `q_absorb` and `v_absorb`; mixture-of-experts layers add the shared experts'
+operators (`shared_*`) and, with expert parallelism, the `moe_dispatch` / `moe_combine` all-to-alls.
 """
 
 from __future__ import annotations
@@ -25,31 +31,53 @@ class Op(str, Enum):
 
     embed = "embed"
     pos_embed = "pos_embed"
+    embed_scale = "embed_scale"  # Gemma: the embedding times sqrt(hidden)
     attn_norm = "attn_norm"
     qkv_proj = "qkv_proj"
-    q_proj = "q_proj"
+    q_proj = "q_proj"  # (MLA without q_lora_rank: hidden -> heads x (nope + rope))
     k_proj = "k_proj"
     v_proj = "v_proj"
+    q_a_proj = "q_a_proj"  # MLA: hidden -> q_lora_rank
+    q_a_norm = "q_a_norm"  # MLA: norm over q_lora_rank
+    q_b_proj = "q_b_proj"  # MLA: q_lora_rank -> heads x (nope + rope)
+    kv_a_proj = "kv_a_proj"  # MLA: hidden -> kv_lora_rank + rope (the latent and the shared rotary key)
+    kv_a_norm = "kv_a_norm"  # MLA: norm over kv_lora_rank
+    kv_b_proj = "kv_b_proj"  # MLA unabsorbed: latent -> heads x (nope K + V)
+    q_absorb = "q_absorb"  # MLA absorbed: q_nope x W_UK per head
+    qk_norm = "qk_norm"  # a norm over head_dim of every query and key head (Qwen3, Gemma 3, Llama 4)
     rope = "rope"
     kv_write = "kv_write"
     attention = "attention"  # fused: S and P stay on chip
     attn_score = "attn_score"  # naive: S = Q K^T written to memory
+    attn_softcap = "attn_softcap"  # naive: S = cap * tanh(S / cap) (Gemma 2)
     attn_softmax = "attn_softmax"  # naive: P = softmax(S) written to memory
     attn_value = "attn_value"  # naive: O = P V
+    v_absorb = "v_absorb"  # MLA absorbed: the latent output x W_UV per head
     o_proj = "o_proj"
     attn_allreduce = "attn_allreduce"
+    post_attn_norm = "post_attn_norm"  # Gemma's sandwich norm after attention
     attn_residual = "attn_residual"
     mlp_norm = "mlp_norm"
     router = "router"
+    moe_dispatch = "moe_dispatch"  # expert parallelism: tokens all-to-all to their experts' GPUs
     gate_up_proj = "gate_up_proj"
     gate_proj = "gate_proj"
     up_proj = "up_proj"
     act = "act"
     down_proj = "down_proj"
+    moe_combine = "moe_combine"  # expert parallelism: expert outputs all-to-all back
+    shared_gate_up_proj = "shared_gate_up_proj"  # the shared experts (always on, every token)
+    shared_gate_proj = "shared_gate_proj"
+    shared_up_proj = "shared_up_proj"
+    shared_act = "shared_act"
+    shared_down_proj = "shared_down_proj"
+    shared_expert_gate = "shared_expert_gate"  # Qwen2-MoE: hidden -> 1 sigmoid gate on the shared experts
     mlp_allreduce = "mlp_allreduce"
+    post_mlp_norm = "post_mlp_norm"  # Gemma's sandwich norm after the MLP
     mlp_residual = "mlp_residual"
     final_norm = "final_norm"
     lm_head = "lm_head"
+    final_softcap = "final_softcap"  # Gemma 2: cap * tanh(logit / cap)
     pp_send = "pp_send"  # activations handed to the next pipeline stage
 
     def __str__(self) -> str:
@@ -78,19 +106,28 @@ class Phase(str, Enum):
 FUSED_PARTS: MappingProxyType[Op, tuple[Op, ...]] = MappingProxyType({
     Op.qkv_proj: (Op.q_proj, Op.k_proj, Op.v_proj),
     Op.gate_up_proj: (Op.gate_proj, Op.up_proj),
+    Op.shared_gate_up_proj: (Op.shared_gate_proj, Op.shared_up_proj),
 })
 
 #: operators that exist once per model rather than once per layer
-MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.pos_embed, Op.final_norm, Op.lm_head, Op.pp_send})
+MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.pos_embed, Op.embed_scale, Op.final_norm, Op.lm_head,
+                                           Op.final_softcap, Op.pp_send})
 
 #: operators that are a matrix multiply against weights (GEMM in prefill, GEMV-like in decode)
 WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({
-    Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.o_proj, Op.router, Op.gate_up_proj, Op.gate_proj,
-    Op.up_proj, Op.down_proj, Op.lm_head,
+    Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.q_a_proj, Op.q_b_proj, Op.kv_a_proj, Op.kv_b_proj,
+    Op.q_absorb, Op.v_absorb, Op.o_proj, Op.router, Op.gate_up_proj, Op.gate_proj, Op.up_proj, Op.down_proj,
+    Op.shared_gate_up_proj, Op.shared_gate_proj, Op.shared_up_proj, Op.shared_down_proj, Op.shared_expert_gate,
+    Op.lm_head,
 })
 
 #: operators of the attention core (what the attention kernels compute)
-ATTENTION_OPS: frozenset[Op] = frozenset({Op.attention, Op.attn_score, Op.attn_softmax, Op.attn_value})
+ATTENTION_OPS: frozenset[Op] = frozenset({Op.attention, Op.attn_score, Op.attn_softcap, Op.attn_softmax,
+                                         Op.attn_value})
+
+#: collectives (kind "comm")
+COMM_OPS: frozenset[Op] = frozenset({Op.attn_allreduce, Op.mlp_allreduce, Op.moe_dispatch, Op.moe_combine,
+                                     Op.pp_send})
 
 OP_NAMES: tuple[str, ...] = tuple(op.value for op in Op)
 PHASE_NAMES: tuple[str, ...] = tuple(ph.value for ph in Phase)

@@ -29,7 +29,7 @@ exactly as `estimate` prices it (tested), and a mixed step adds its prefill chun
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -64,6 +64,7 @@ class _AttnPart:
     name: str
     kind: str
     coef: np.ndarray  # (fields, 4), already multiplied by the number of layers
+    layers: int = 1  # layers of its kind (each launches it once)
 
 
 @dataclass
@@ -87,6 +88,10 @@ class StepCostModel:
     def __post_init__(self) -> None:
         conv = self.conventions or Conventions(attention=self.attention)
         self.fm = forward_model(self.model, self.precision, conv, self.tp)
+        if self.fm.model.is_mla and self.fm.mla_mode == "auto":
+            # one form for every sequence of a step, so the attention counts stay linear in the
+            # features: the absorbed one (decode's; a prefill chunk priced as absorbed)
+            self.fm = replace(self.fm, mla_mode="absorbed")
         from llmperf.analysis.memory import layers_per_stage
         layers_per_stage(self.model, self.pp)
         self.dtype = self.hardware.compute_dtype(self.precision.activations)
@@ -97,18 +102,27 @@ class StepCostModel:
 
     # ---- attention: linear coefficients ----------------------------------------------------------
     def _fit_attention(self) -> list[_AttnPart]:
-        L = self.model.num_layers
         q, kv = _PROBES[:, 0], _PROBES[:, 1]
         X = _features(q, kv)
         parts = []
-        for op in self.fm.attention_ops(1.0, q, kv):
+        # every layer kind's attention, priced as full attention (its counts are linear in the
+        # features; a window or chunk caps each sequence's keys, which summed features cannot express)
+        for kind, L in self.model.layer_groups():
+            parts += self._fit_kind(replace(kind, attention="full", window=None), L, X, q, kv)
+        return parts
+
+    def _fit_kind(self, kind, L: int, X: np.ndarray, q: np.ndarray, kv: np.ndarray) -> list[_AttnPart]:  # noqa: ANN001
+        parts = []
+        for op in self.fm.attention_ops(1.0, q, kv, kind=kind):
             Y = np.stack([np.broadcast_to(np.asarray(getattr(op, f), dtype=float), q.shape) for f in _COUNT_FIELDS],
                          axis=1)
             coef, *_ = np.linalg.lstsq(X, Y, rcond=None)
             if not np.allclose(X @ coef, Y, rtol=1e-9, atol=1e-6):
                 raise AssertionError(f"attention operator {op.name}: counts are not linear in "
                                      "(q, kv, q*kv, q(q-1)/2); the step cost model needs them to be")
-            parts.append(_AttnPart(name=op.name, kind=op.kind, coef=coef.T * L))
+            # data-parallel attention: each GPU runs its share of the step's sequences (balanced)
+            share = 1.0 / self.tp if self.fm.dp_attention else 1.0
+            parts.append(_AttnPart(name=op.name, kind=op.kind, coef=coef.T * L * share, layers=L))
         return parts
 
     def _rates_for(self, part: _AttnPart, rows: int) -> tuple[float, float, float, float]:
@@ -137,9 +151,9 @@ class StepCostModel:
     def attention_time_s(self, features, rows: int) -> float:  # noqa: ANN001
         """Attention time of a step whose summed sequence features are `features` (4 numbers)."""
         f0, f1, f2, f3 = (float(x) for x in features)
-        L = self.model.num_layers
         total = 0.0
         for p, (c, b) in zip(self.parts, self._lines):
+            L = p.layers
             per_flop, per_byte, fixed, host = self._rates_for(p, rows)
             flops = c[0] * f0 + c[1] * f1 + c[2] * f2 + c[3] * f3
             nbytes = b[0] * f0 + b[1] * f1 + b[2] * f2 + b[3] * f3

@@ -199,8 +199,11 @@ def test_moe_with_shared_experts_costs_two_flops_per_active_parameter():
     not_matrices = m.embedding_params + (2 * m.num_layers + 1) * m.norm_params + biases
     assert matmul == 2 * (m.active_param_count - not_matrices) + biases
     layer = {o.name: o for o in fm.layer_ops(1, 1, 1)}
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        assert layer[name].flops == (4 + 4) * 2 * 2048 * 1408
-        assert layer[name].weight_bytes == pytest.approx((4 + 4) * 2048 * 1408 * 2, rel=1e-12)
-    # a large batch touches every routed expert, and the shared ones as well
-    assert fm.gate_proj(64, 256, 256).weight_bytes == pytest.approx((60 + 4) * 2048 * 1408 * 2, rel=1e-12)
+    for name in ("gate_proj", "up_proj", "down_proj"):  # the 4 routed experts, and the shared ones (4 x 1408)
+        for op in (layer[name], layer["shared_" + name]):
+            assert op.flops == 4 * 2 * 2048 * 1408
+            assert op.weight_bytes == pytest.approx(4 * 2048 * 1408 * 2, rel=1e-12)
+    # a large batch touches every routed expert; the shared ones are read once whatever the batch
+    assert fm.gate_proj(64, 256, 256).weight_bytes == pytest.approx(60 * 2048 * 1408 * 2, rel=1e-12)
+    big = {o.name: o for o in fm.layer_ops(64, 256, 256)}
+    assert big["shared_gate_proj"].weight_bytes == pytest.approx(4 * 2048 * 1408 * 2, rel=1e-12)

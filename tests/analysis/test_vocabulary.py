@@ -28,3 +28,35 @@ def test_every_operator_name_is_in_the_vocabulary(name, attention, fused, tp):
         assert len(names) == len(set(names))  # each operator once per pass
         order = [list(Op).index(Op(n)) for n in names]
         assert order == sorted(order)  # forward order, as `Op` lists them
+
+
+def _todays_models():  # noqa: ANN202
+    from tests.analysis.test_layers import deepseek_v3, gemma2_like, gpt_oss_like, llama4_like
+    return [gemma2_like(), llama4_like(), gpt_oss_like(), deepseek_v3()]
+
+
+@pytest.mark.parametrize("attention", ["fused", "naive"])
+@pytest.mark.parametrize("parallel", [dict(), dict(tp=2), dict(tp=2, ep=2), dict(tp=4, ep=4, dp_attention=True)])
+def test_todays_operators_are_in_the_vocabulary_and_its_sets(attention, parallel):
+    """Layers of several kinds repeat a name once per kind (each labelled with it), in forward order
+    within a layer; every matmul is a WEIGHT_MATMUL_OP, every attention-kind operator an ATTENTION_OP,
+    every model-level one a MODEL_LEVEL_OP, every collective a COMM_OP."""
+    from llmperf.analysis.vocabulary import ATTENTION_OPS, COMM_OPS, MODEL_LEVEL_OPS, WEIGHT_MATMUL_OPS
+    for m in _todays_models():
+        kw = dict(parallel)
+        if not m.is_moe:
+            kw.pop("ep", None)
+            kw.pop("dp_attention", None)
+        fm = ForwardModel(model=m, precision=Precision(), attention=attention, **kw)
+        for q_len, kv_len in ((7, 7), (1, 300)):
+            ops = fm.forward_ops(8, q_len, kv_len)
+            pairs = [(c.name, c.layer) for c in ops]
+            assert len(pairs) == len(set(pairs))  # each operator once per layer kind
+            for c in ops:
+                op = Op(c.name)
+                assert c.kind in KINDS
+                assert (c.kind == "matmul") == (op in WEIGHT_MATMUL_OPS), c.name
+                assert (op in ATTENTION_OPS) == (c.name in {"attention", "attn_score", "attn_softcap",
+                                                            "attn_softmax", "attn_value"})
+                assert (not c.per_layer) == (op in MODEL_LEVEL_OPS), c.name
+                assert (c.kind == "comm") == (op in COMM_OPS), c.name
