@@ -30,6 +30,10 @@ def report(
     kv: Annotated[str | None, typer.Option("--kv", help="KV cache precision, overriding --dtype.")] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree within the tp group (MoE models; divides tp and the experts).")] = 1,
+    dp_attention: Annotated[bool, typer.Option("--dp-attention", help="Attention data-parallel over the tp group, experts expert-parallel (how MLA models are served; needs --ep equal to --tp).")] = False,
+    mla_mode: Annotated[str, typer.Option("--mla-mode", help="MLA models: auto (unabsorbed prefill, absorbed decode, as vLLM and SGLang), absorbed or unabsorbed.")] = "auto",
+    kv_window: Annotated[str, typer.Option("--kv-window", help="Sliding / chunked layers: capped (hold their window, vLLM's hybrid KV manager) or full (full pages).")] = "capped",
     attention: Annotated[AttentionImpl, typer.Option("--attention", help="fused or naive attention for the estimate (figure 6 always shows both).")] = AttentionImpl.fused,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
@@ -64,7 +68,8 @@ def report(
                 models=parse_name_list("--model", model or "llama-3.1-8b"),
                 hardware=parse_name_list("--hardware", hardware), batch=parse_int_list("--batch", batch),
                 prompt_len=parse_int_list("--prompt-len", prompt_len), gen_len=parse_int_list("--gen-len", gen_len),
-                precision=dtype, weights=weights, activations=activations, kv=kv, tp=tp, pp=pp,
+                precision=dtype, weights=weights, activations=activations, kv=kv, tp=tp, pp=pp, ep=ep,
+                dp_attention=dp_attention, mla_mode=mla_mode, kv_window=kv_window,
                 attention=attention.value, block_size=block_size, mem_util=mem_util,
                 compare=parse_name_list("--compare", compare))
         with warnings.catch_warnings(record=True) as caught:

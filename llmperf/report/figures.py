@@ -349,7 +349,7 @@ def attention_figure(frame: pd.DataFrame, *, title: str, shape: str) -> ReportFi
                 left_b = left_t = 0.0
                 for j, (_, r) in enumerate(part.iterrows()):
                     kw = dict(color=phase_color(str(phase)), edgecolor=BLACK, linewidth=0.5,
-                              alpha=1.0 - 0.25 * j, hatch=("", "..", "//", "xx")[j % 4], label=str(r["op"]))
+                              alpha=1.0 - 0.2 * (j % 4), hatch=("", "..", "//", "xx")[j % 4], label=str(r["op"]))
                     ax_b.barh(pos, r["bytes"] / 1e9, left=left_b, **kw)
                     ax_t.barh(pos, r["time_s"] / scale, left=left_t, **kw)
                     left_b += r["bytes"] / 1e9

@@ -60,6 +60,10 @@ class EstimateSpec:
     kv: str | None = None
     tp: int = 1
     pp: int = 1
+    ep: int = 1  # expert parallelism within the tp group
+    dp_attention: bool = False  # attention data-parallel over the tp group (MLA models)
+    mla_mode: str = "auto"  # MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed
+    kv_window: str = "capped"  # sliding / chunked layers hold their window | get full pages
     attention: str = "fused"
     block_size: int = 16
     mem_util: float = 0.9
@@ -75,6 +79,11 @@ class EstimateSpec:
                     raise SpecError(f"{name}: every value must be an integer >= 1, got {v!r}")
         if self.attention not in ("fused", "naive"):
             raise SpecError(f"attention: must be 'fused' or 'naive', got {self.attention!r}")
+
+    @property
+    def layout_kwargs(self) -> dict[str, object]:
+        """The parallel layout and the today's-model conventions, as `estimate` and `sweep` take them."""
+        return dict(ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode, kv_window=self.kv_window)
 
     @property
     def precision_kwargs(self) -> dict[str, object]:
@@ -166,13 +175,15 @@ def estimate_section(spec: EstimateSpec) -> Section:
     model = load_model(spec.models[0])
     hw = load_hardware(spec.hardware[0])
     b0, p0, g0 = int(spec.batch[0]), int(spec.prompt_len[0]), int(spec.gen_len[0])
-    common = dict(tp=spec.tp, pp=spec.pp, block_size=spec.block_size, mem_util=spec.mem_util, **spec.precision_kwargs)
+    common = dict(tp=spec.tp, pp=spec.pp, block_size=spec.block_size, mem_util=spec.mem_util, **spec.layout_kwargs,
+                  **spec.precision_kwargs)
     est = llmperf.estimate(model, hw, batch=b0, prompt_len=p0, gen_len=g0, attention=spec.attention, **common)
     naive = llmperf.estimate(model, hw, batch=b0, prompt_len=p0, gen_len=g0, attention="naive", **common)
     fused = llmperf.estimate(model, hw, batch=b0, prompt_len=p0, gen_len=g0, attention="fused", **common)
     dtype = est.prefill.compute_dtype
     head = (f"{model.name} on {hw.name} · {est.precision} · batch {b0} · prompt {p0} · gen {g0}"
-            + (f" · tp {spec.tp}" if spec.tp > 1 else "") + (f" · pp {spec.pp}" if spec.pp > 1 else ""))
+            + (f" · tp {spec.tp}" if spec.tp > 1 else "") + (f" · pp {spec.pp}" if spec.pp > 1 else "")
+            + (f" · ep {spec.ep}" if spec.ep > 1 else "") + (" · dp attention" if spec.dp_attention else ""))
 
     full = llmperf.sweep(list(spec.models), list(spec.hardware), batch=list(spec.batch),
                          prompt_len=list(spec.prompt_len), gen_len=list(spec.gen_len), attention=spec.attention,
@@ -233,7 +244,8 @@ def _estimate_points(est) -> pd.DataFrame:  # noqa: ANN001
 def _context_frame(spec: EstimateSpec, model, hw: HardwareSpec, batch: int, contexts: Sequence[int]) -> pd.DataFrame:  # noqa: ANN001
     """Attention's share of one forward pass at every context at once (the cost functions take arrays)."""
     prec = resolve_precision(model, spec.precision, weights=spec.weights, activations=spec.activations, kv=spec.kv)
-    fm = ForwardModel(model=model, precision=prec, attention=spec.attention, tp=spec.tp)
+    fm = ForwardModel(model=model, precision=prec, attention=spec.attention, tp=spec.tp, ep=spec.ep,
+                      dp_attention=spec.dp_attention, mla_mode=spec.mla_mode)
     dtype = hw.compute_dtype(prec.activations)
     ctx = np.asarray(sorted(contexts), dtype=np.int64)
     frames = []
@@ -273,8 +285,11 @@ def _attention_frame(naive, fused) -> pd.DataFrame:  # noqa: ANN001
     for impl, est in (("naive", naive), ("fused", fused)):
         for phase_est in (est.prefill, est.decode_first):
             frame = phase_est.to_frame()
-            for _, r in frame[frame["op"].isin(_ATTN)].iterrows():
-                rows.append(dict(phase=r["phase"], impl=impl, op=r["op"], bytes=r["bytes_total"], time_s=r["time_s"]))
+            # one bar segment per operator, summed over the layer kinds (sliding and full layers, ...)
+            attn = frame[frame["op"].isin(_ATTN)].groupby("op", sort=False)[["bytes_total", "time_s"]].sum()
+            for op, r in attn.iterrows():
+                rows.append(dict(phase=frame["phase"].iloc[0], impl=impl, op=op, bytes=r["bytes_total"],
+                                 time_s=r["time_s"]))
     return pd.DataFrame(rows)
 
 
