@@ -37,7 +37,7 @@ from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per
 from llmperf.analysis.rollup import Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
 from llmperf.serving.blocks import BlockManager
-from llmperf.serving.costmodel import StepCostModel
+from llmperf.serving.costmodel import StepCostModel, _scalar_features
 from llmperf.serving.scheduler import RequestState, Scheduler, SchedulerConfig, StepOutcome, StepPlan
 from llmperf.serving.workload import Gamma, Poisson, Workload, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
@@ -251,6 +251,8 @@ class CostModelRunner:
         self.records: list[tuple[int, int, int, float, float]] = []  # batch, prefill, decode, used, reserved
 
     def execute(self, plan: StepPlan) -> StepOutcome:
+        if self.cost is not None and not self.cost.simple:
+            return self._execute_groups(plan)
         decodes = prefill = batch = logits = 0
         f_kv = f_qkv = f_tri = 0.0
         finished: list[int] = []
@@ -276,12 +278,48 @@ class CostModelRunner:
                 if item.num_generated + 1 >= out[item.request_id]:
                     finished.extend(item.seq_ids)
         tokens = decodes + prefill
+        # full attention: keys read = kv, attended pairs = q kv - q (q - 1) / 2
+        return self._outcome(plan, tokens, ((tokens, f_kv, f_qkv - f_tri, f_qkv),), logits, batch, prefill, decodes,
+                             finished)
+
+    def _execute_groups(self, plan: StepPlan) -> StepOutcome:
+        """`execute` for models whose sequences' features differ per layer span (sliding, chunked)
+        or per MLA form (decode absorbed, prefill unabsorbed): one feature row per group."""
+        cost = self.cost
+        spans = cost.spans
+        F = [[0.0, 0.0, 0.0, 0.0] for _ in cost.groups]
+        decodes = prefill = batch = logits = 0
+        finished: list[int] = []
+        out = self.out
+        for item in plan.items:
+            n, q = len(item.seq_ids), item.num_tokens
+            kv = item.start + q
+            if item.decode:
+                decodes += q * n
+            else:
+                prefill += q * n
+            for si, (window, chunk) in enumerate(spans):
+                k, pairs = _scalar_features(q, kv, window, chunk)
+                row = F[cost.group_of(q, si)]
+                row[0] += q * n
+                row[1] += k * n
+                row[2] += pairs * n
+                row[3] += q * k * n
+            batch += n
+            if item.samples:
+                logits += n
+                if item.num_generated + 1 >= out[item.request_id]:
+                    finished.extend(item.seq_ids)
+        return self._outcome(plan, decodes + prefill, F, logits, batch, prefill, decodes, finished)
+
+    def _outcome(self, plan: StepPlan, tokens: int, features, logits: int, batch: int, prefill: int,  # noqa: ANN001
+                 decodes: int, finished: list[int]) -> StepOutcome:
         if self.step_times is not None:
             if plan.step >= len(self.step_times):
                 raise ValueError(f"step_times: the schedule ran past the {len(self.step_times)} given step times")
             duration = float(self.step_times[plan.step])
         else:
-            duration = self.cost.step_time_from_features(tokens, (tokens, f_kv, f_qkv, f_tri), logits)
+            duration = self.cost.step_time_from_features(tokens, features, logits)
         u = self.kv.usage()
         self.records.append((batch, prefill, decodes, u.used_slots * self.kv_tok, u.reserved_slots * self.kv_tok))
         return StepOutcome(duration_s=duration, finished=frozenset(finished))
