@@ -195,6 +195,9 @@ class StepCostModel:
         span = self.groups[group][1]
         q, kv = _probes(span)
         X = np.column_stack([np.ones_like(q), span_features(q, kv, span)])
+        # features of very different sizes (a 4096-token window): solve with rows and columns scaled
+        scale = np.abs(X).max(axis=0)
+        row = 1.0 / np.abs(X / scale).max(axis=1)
         ops = fm.attention_ops(1.0, q, kv, kind=kind)
         if self.model.is_mla:
             ops = ([fm.kv_b_proj(1.0, q, kv, kind=kind)] if fm.mla_mode == "unabsorbed"
@@ -203,8 +206,9 @@ class StepCostModel:
         for op in ops:
             Y = np.stack([np.broadcast_to(np.asarray(getattr(op, f), dtype=float), q.shape) for f in _COUNT_FIELDS],
                          axis=1)
-            coef, *_ = np.linalg.lstsq(X, Y, rcond=None)
-            if not np.allclose(X @ coef, Y, rtol=1e-9, atol=1e-6):
+            coef, *_ = np.linalg.lstsq(X / scale * row[:, None], Y * row[:, None], rcond=None)
+            coef = coef / scale[:, None]
+            if not np.allclose(X @ coef, Y, rtol=1e-9, atol=1e-6 + 1e-12 * np.abs(Y).max()):
                 raise AssertionError(f"attention operator {op.name} ({kind.label}): counts are not linear in "
                                      "(1, q, keys, pairs, q*keys); the step cost model needs them to be")
             coef = coef.T * L
