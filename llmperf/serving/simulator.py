@@ -73,7 +73,14 @@ class SLO:
 
 @dataclass(frozen=True, kw_only=True)
 class ServingConfig:
-    """One replica (a `tp`-way tensor-parallel group) serving one model, and its scheduler settings.
+    """One replica (a `tp`-way group of GPUs) serving one model, and its scheduler settings.
+
+    The group's layout: plain tensor parallelism; `ep`: the experts expert-parallel over `ep` of
+    the GPUs (dividing tp); `dp_attention`: attention data-parallel over the group (each GPU runs its
+    own sequences' attention and holds their KV; a MoE model then needs ep == tp), how MLA models are
+    served (SGLang's DP attention). `mla_mode` picks MLA's computation (auto: prefill unabsorbed,
+    decode absorbed). `kv_window`: sliding/chunked layers' KV ("capped" at the window, "full" pages);
+    the simulator's pool gives them full pages either way for now, and says so (`MemoryPlan`).
 
     Defaults follow vLLM's online serving: continuous batching, chunked prefill with a budget of
     2048 tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
@@ -97,8 +104,23 @@ class ServingConfig:
     mem_util: float = 0.9
     num_blocks: int | None = None
     watermark: float = 0.01
+    ep: int = 1
+    dp_attention: bool = False
+    mla_mode: str = "auto"
+    kv_window: str = "capped"
 
     def __post_init__(self) -> None:
+        from llmperf.analysis.operators import MLA_MODES, ShardDims
+        from llmperf.analysis.rollup import KV_WINDOW_MODES
+        if self.mla_mode not in MLA_MODES:
+            raise SpecError(f"--mla-mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
+        if self.kv_window not in KV_WINDOW_MODES:
+            raise SpecError(f"--kv-window: must be one of {', '.join(KV_WINDOW_MODES)}, got {self.kv_window!r}")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise SpecError(f"--ep: must be a positive integer, got {self.ep!r}")
+        if not isinstance(self.dp_attention, bool):
+            raise SpecError(f"--dp-attention: must be true or false, got {self.dp_attention!r}")
+        ShardDims.of(self.model, self.tp, self.ep, self.dp_attention)  # names tp, ep or dp_attention
         if self.efficiency not in EFFICIENCIES:
             raise SpecError(f"--efficiency: must be one of {', '.join(EFFICIENCIES)}, got {self.efficiency!r}")
         for name in ("block_size",):
@@ -137,7 +159,22 @@ class ServingConfig:
         tokens = self.max_batched_tokens or (int(workload.prompt_tokens.max()) if workload is not None and len(workload)
                                              else 8192)
         return Conventions(attention=self.attention, block_size=self.block_size, mem_util=self.mem_util,
-                           max_batched_tokens=tokens)
+                           max_batched_tokens=tokens, kv_window=self.kv_window, mla_mode=self.mla_mode, ep=self.ep,
+                           dp_attention=self.dp_attention)
+
+    @property
+    def layout(self) -> str:
+        """The group's layout in words: tp, tp+ep or dp+ep (`planner.LAYOUTS`)."""
+        if self.dp_attention:
+            return "dp+ep" if self.ep > 1 else "dp"
+        return "tp+ep" if self.ep > 1 else "tp"
+
+    @property
+    def kv_shards(self) -> int:
+        """GPUs whose KV pools the replica's sequences spread over: with data-parallel attention each
+        GPU holds its own sequences' KV (MLA's latent is not replicated), so the replica's pool is tp
+        times one GPU's (balanced sequences assumed); else every GPU holds every sequence's share."""
+        return self.tp if self.dp_attention else 1
 
     def resolve_time_model(self) -> object | None:
         """The time model object (None: the pure roofline)."""
@@ -158,6 +195,8 @@ class ServingConfig:
         tm = self.resolve_time_model()
         return dict(model=self.model.name, hardware=self.hardware.name, weights=self.precision.weights,
                     activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
+                    layout=self.layout, ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode,
+                    kv_window=self.kv_window, kv_sliding_full_pages=hybrid_kv(self.model),
                     attention=self.attention, time_model=getattr(tm, "name", "roofline"), policy=self.policy,
                     max_batch=self.max_batch, max_batched_tokens=self.max_batched_tokens,
                     chunked_prefill=self.chunked_prefill, prefix_sharing=self.prefix_sharing,
@@ -167,7 +206,12 @@ class ServingConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryPlan:
-    """Per-GPU memory of a replica: weights, the activation reserve, and the KV pool it leaves."""
+    """Per-GPU memory of a replica: weights, the activation reserve, and the KV pool it leaves.
+
+    `num_blocks`: the replica's blocks, `kv_shards` GPUs' pools together (tp with data-parallel
+    attention, else 1); a block lives on one GPU. `kv_bytes_per_token` counts every layer: a model
+    with sliding or chunked layers gets full pages for them (`kv_sliding_full_pages`; the
+    window-capped pool of vLLM's hybrid manager is not simulated yet: a pessimistic pool)."""
 
     usable_bytes: float
     weights_bytes: float
@@ -175,28 +219,44 @@ class MemoryPlan:
     kv_bytes_per_token: float
     block_size: int
     num_blocks: int
+    kv_shards: int = 1
+    kv_sliding_full_pages: bool = False
 
     @property
     def block_bytes(self) -> float:
         return self.kv_bytes_per_token * self.block_size
 
     @property
+    def blocks_per_gpu(self) -> int:
+        return self.num_blocks // self.kv_shards
+
+    @property
     def kv_pool_bytes(self) -> float:
-        return self.num_blocks * self.block_bytes
+        """One GPU's KV pool."""
+        return self.blocks_per_gpu * self.block_bytes
+
+
+def hybrid_kv(model: ModelSpec) -> bool:
+    """Whether `model` has sliding or chunked layers (whose KV the simulator gives full pages)."""
+    return any(kind.attention != "full" for kind, _ in model.layer_groups())
 
 
 def plan_memory(config: ServingConfig, workload: Workload | None = None) -> MemoryPlan:
-    """vLLM's sizing: usable = memory x mem_util; minus weights; minus one forward pass's activations
-    at the token budget (or the longest prompt without one); the rest in KV blocks. Raises SpecError
-    with the figures when nothing is left for the cache."""
+    """vLLM's sizing, per GPU: usable = memory x mem_util; minus weights; minus one forward pass's
+    activations at the token budget (or the longest prompt without one); the rest in KV blocks
+    (`num_blocks` overrides one GPU's count); the replica's pool is `kv_shards` GPUs' pools. Raises
+    SpecError with the figures when nothing is left for the cache."""
     m, prec, hw = config.model, config.precision, config.hardware
-    weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp)
-    kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp)
-    act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp)
+    par = dict(ep=config.ep, dp_attention=config.dp_attention)
+    weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp, **par)
+    kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp, dp_attention=config.dp_attention)
+    act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
     usable = hw.memory_bytes * config.mem_util
+    shards = config.kv_shards
+    common = dict(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
+                  block_size=config.block_size, kv_shards=shards, kv_sliding_full_pages=hybrid_kv(m))
     if config.num_blocks is not None:
-        return MemoryPlan(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
-                          block_size=config.block_size, num_blocks=config.num_blocks)
+        return MemoryPlan(num_blocks=config.num_blocks * shards, **common)
     free = usable - weights - act
     blocks = int(free // (kv_tok * config.block_size)) if free > 0 else 0
     if blocks < 1 and free > 0:  # memory is left, but less than one block of block_size tokens
@@ -204,11 +264,20 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
                         f"{kv_tok * config.block_size / GiB:.3g} GiB of KV cache per GPU, more than the "
                         f"{free / GiB:.2f} GiB left after weights and activations on {hw.name}")
     if blocks < 1:
-        raise SpecError(f"memory: {m.name} at {prec} (tp={config.tp}) needs {weights / GiB:.2f} GiB of weights + "
-                        f"{act / GiB:.2f} GiB of activations per GPU, more than the {usable / GiB:.2f} GiB usable "
-                        f"on {hw.name} ({hw.memory_gib:g} GiB x mem_util {config.mem_util:g}); no room for a KV cache")
-    return MemoryPlan(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
-                      block_size=config.block_size, num_blocks=blocks)
+        raise SpecError(f"memory: {m.name} at {prec} ({_layout_words(config)}) needs {weights / GiB:.2f} GiB of "
+                        f"weights + {act / GiB:.2f} GiB of activations per GPU, more than the {usable / GiB:.2f} GiB "
+                        f"usable on {hw.name} ({hw.memory_gib:g} GiB x mem_util {config.mem_util:g}); no room for a "
+                        "KV cache")
+    return MemoryPlan(num_blocks=blocks * shards, **common)
+
+
+def _layout_words(config: ServingConfig) -> str:
+    words = f"tp={config.tp}"
+    if config.ep > 1:
+        words += f", ep={config.ep}"
+    if config.dp_attention:
+        words += ", data-parallel attention"
+    return words
 
 
 class SyntheticPrompt(Sequence):
@@ -415,11 +484,11 @@ def check_fits(config: ServingConfig, memory: MemoryPlan, workload: Workload) ->
                         f"{int(workload.output_tokens[i])} output tokens, more than {config.model.name}'s "
                         f"{config.model.max_positions} positions")
     blocks = -(-int(total[i]) // memory.block_size)
-    if blocks > memory.num_blocks:
+    if blocks > memory.blocks_per_gpu:  # a sequence's KV lives on one GPU
         raise SpecError(
             f"workload: request {i} ({int(workload.prompt_tokens[i])} prompt + {int(workload.output_tokens[i])} output "
             f"tokens) needs {blocks * memory.block_bytes / GiB:.3f} GiB of KV cache per GPU, more than the "
-            f"{memory.kv_pool_bytes / GiB:.3f} GiB pool ({memory.num_blocks} blocks of {memory.block_size} tokens) "
+            f"{memory.kv_pool_bytes / GiB:.3f} GiB pool ({memory.blocks_per_gpu} blocks of {memory.block_size} tokens) "
             + ("that --num-blocks gives" if config.num_blocks is not None else
                f"left on {config.hardware.name} after {memory.weights_bytes / GiB:.2f} GiB of weights and "
                f"{memory.activation_bytes / GiB:.2f} GiB of activations"))
@@ -441,7 +510,9 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     if cost is None and step_times is None:
         cost = step_cost_model(config)
     kv = BlockManager(memory.num_blocks, config.block_size, max_seq_len=config.model.max_positions)
-    runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token, step_times)
+    # KV occupancy per GPU: with data-parallel attention the replica's sequences spread over its GPUs
+    runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token / memory.kv_shards,
+                             step_times)
     sched = Scheduler(kv, runner, config.scheduler_config())
     states = _states(workload, config.prefix_sharing)
     # The run allocates millions of small, short-lived objects (step items) and no reference cycles:
@@ -458,6 +529,14 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     stuck = next((s for s in states if s.finish_s is None), None)
     assert stuck is None, f"the scheduler stopped with request {stuck.request_id} unfinished"
     return _result(config, slo, memory, workload, states, sched.log, runner.records)
+
+
+def kv_note(model: ModelSpec, kv_window: str = "capped") -> str:
+    """The line every output prints for a model whose sliding/chunked layers get full KV pages ("" else)."""
+    if not hybrid_kv(model):
+        return ""
+    return ("KV: sliding layers given full pages" + (" (--kv-window capped is not simulated yet: the pool is "
+                                                      "pessimistic)" if kv_window == "capped" else ""))
 
 
 def step_cost_model(config: ServingConfig) -> StepCostModel:
@@ -491,6 +570,7 @@ def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workl
         running=[g.num_running for g in log], waiting=[g.num_waiting for g in log],
         preemptions=[len(g.preempted) for g in log]))
     settings = config.settings() | dict(num_blocks=memory.num_blocks, kv_pool_bytes=memory.kv_pool_bytes,
+                                        kv_shards=memory.kv_shards, kv_note=kv_note(config.model, config.kv_window),
                                         weights_bytes=memory.weights_bytes, slo_ttft_s=slo.ttft_s,
                                         slo_tpot_s=slo.tpot_s, slo_percentile=slo.percentile)
     settings |= {f"workload_{k}": v for k, v in workload.description.items()}
@@ -672,5 +752,5 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
 
 
 __all__ = ["EFFICIENCIES", "SLO", "CostModelRunner", "MemoryPlan", "RatePoint", "RateSearch", "ServingConfig",
-           "SimResult", "SyntheticPrompt", "check_fits", "find_max_rate", "plan_memory", "saturated_rate",
+           "SimResult", "SyntheticPrompt", "check_fits", "hybrid_kv", "kv_note", "find_max_rate", "plan_memory", "saturated_rate",
            "service_rate_bound", "simulate", "step_cost_model", "with_rate"]
