@@ -249,7 +249,9 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     m, prec, hw = config.model, config.precision, config.hardware
     par = dict(ep=config.ep, dp_attention=config.dp_attention)
     weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp, **par)
-    kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp, dp_attention=config.dp_attention)
+    # with data-parallel attention a GPU holds its own sequences' whole KV: the tp = 1 figure (asked
+    # that way because kv_bytes_per_token_per_gpu checks dp_attention against ep = 1)
+    kv_tok = kv_bytes_per_token_per_gpu(m, prec, 1 if config.dp_attention else config.tp, config.pp)
     act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
     usable = hw.memory_bytes * config.mem_util
     shards = config.kv_shards
