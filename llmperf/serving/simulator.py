@@ -362,20 +362,32 @@ class CostModelRunner:
         decodes = prefill = batch = logits = 0
         finished: list[int] = []
         out = self.out
+        # one decode token: the rows of its form (the absorbed one for MLA under auto: group 0 on)
+        decode_rows = [(F[si], window, chunk) for si, (window, chunk) in enumerate(spans)]
         for item in plan.items:
             n, q = len(item.seq_ids), item.num_tokens
             kv = item.start + q
-            if item.decode:
-                decodes += q * n
+            if q == 1 and n == 1:  # the common case: keys read = attended pairs = the keys it sees
+                decodes += item.decode
+                prefill += not item.decode
+                for row, window, chunk in decode_rows:
+                    k = (kv if window is None or kv < window else window) if chunk is None else (kv - 1) % chunk + 1
+                    row[0] += 1
+                    row[1] += k
+                    row[2] += k
+                    row[3] += k
             else:
-                prefill += q * n
-            for si, (window, chunk) in enumerate(spans):
-                k, pairs = _scalar_features(q, kv, window, chunk)
-                row = F[cost.group_of(q, si)]
-                row[0] += q * n
-                row[1] += k * n
-                row[2] += pairs * n
-                row[3] += q * k * n
+                if item.decode:
+                    decodes += q * n
+                else:
+                    prefill += q * n
+                for si, (window, chunk) in enumerate(spans):
+                    k, pairs = _scalar_features(q, kv, window, chunk)
+                    row = F[cost.group_of(q, si)]
+                    row[0] += q * n
+                    row[1] += k * n
+                    row[2] += pairs * n
+                    row[3] += q * k * n
             batch += n
             if item.samples:
                 logits += n

@@ -101,3 +101,24 @@ def test_the_simulators_scalar_features_equal_the_vectorised_ones(q, extra, w, k
     k, pairs = _scalar_features(q, kv, *span)
     f = span_features(np.array([q], dtype=float), np.array([kv], dtype=float), span)[0]
     assert (k, pairs) == pytest.approx((f[1], f[2]), rel=1e-12)
+
+
+@pytest.mark.parametrize("make, hw, tp, kw", [
+    (_gpt_oss, "h100-sxm", 1, {}),
+    (_scout, "h100-sxm", 2, {}),
+    (_deepseek, "h200", 8, dict(ep=8, dp_attention=True)),
+])
+def test_a_simulated_static_batch_of_todays_models_is_estimate(make, hw, tp, kw):
+    """The simulator's own feature sums (its per-item path, decode and prefill) price a static batch
+    as `estimate` does."""
+    from llmperf.serving.simulator import ServingConfig, simulate
+    from llmperf.serving.workload import Workload
+    m = make()
+    est = llmperf.estimate(m, hw, batch=8, prompt_len=40, gen_len=12, tp=tp, **kw)
+    cfg = ServingConfig.build(m, hw, tp=tp, policy="static", max_batch=8, max_batched_tokens=None,
+                              chunked_prefill=False, prefix_sharing=False, num_blocks=256, **kw)
+    w = Workload(arrival_s=np.zeros(8), prompt_tokens=np.full(8, 40), output_tokens=np.full(8, 12),
+                 shared_prefix_tokens=np.zeros(8, dtype=int))
+    r = simulate(w, cfg).requests
+    assert r["ttft_s"].to_numpy() == pytest.approx(np.full(8, est.ttft_s), rel=1e-12)
+    assert r["e2e_s"].to_numpy() == pytest.approx(np.full(8, est.e2e_s), rel=1e-12)
