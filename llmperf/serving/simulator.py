@@ -36,7 +36,7 @@ import pandas as pd
 from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
 from llmperf.analysis.rollup import Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
-from llmperf.serving.blocks import BlockManager
+from llmperf.serving.blocks import BlockManager, WindowedBlockManager, WindowGroup, window_blocks_for
 from llmperf.serving.costmodel import StepCostModel, _scalar_features
 from llmperf.serving.scheduler import RequestState, Scheduler, SchedulerConfig, StepOutcome, StepPlan
 from llmperf.serving.workload import Gamma, Poisson, Workload, WorkloadSpec, generate
@@ -79,8 +79,9 @@ class ServingConfig:
     the GPUs (dividing tp); `dp_attention`: attention data-parallel over the group (each GPU runs its
     own sequences' attention and holds their KV; a MoE model then needs ep == tp), how MLA models are
     served (SGLang's DP attention). `mla_mode` picks MLA's computation (auto: prefill unabsorbed,
-    decode absorbed). `kv_window`: sliding/chunked layers' KV ("capped" at the window, "full" pages);
-    the simulator's pool gives them full pages either way for now, and says so (`MemoryPlan`).
+    decode absorbed). `kv_window`: sliding/chunked layers' KV, "capped" (each holds the blocks its
+    window or chunk needs, vLLM's hybrid KV-cache manager: `WindowedBlockManager`) or "full" pages
+    (every layer the whole context); `MemoryPlan` says which the pool does.
 
     Defaults follow vLLM's online serving: continuous batching, chunked prefill with a budget of
     2048 tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
@@ -196,7 +197,8 @@ class ServingConfig:
         return dict(model=self.model.name, hardware=self.hardware.name, weights=self.precision.weights,
                     activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
                     layout=self.layout, ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode,
-                    kv_window=self.kv_window, kv_sliding_full_pages=hybrid_kv(self.model),
+                    kv_window=self.kv_window,
+                    kv_sliding_full_pages=hybrid_kv(self.model) and not window_groups(self),
                     attention=self.attention, time_model=getattr(tm, "name", "roofline"), policy=self.policy,
                     max_batch=self.max_batch, max_batched_tokens=self.max_batched_tokens,
                     chunked_prefill=self.chunked_prefill, prefix_sharing=self.prefix_sharing,
@@ -209,9 +211,12 @@ class MemoryPlan:
     """Per-GPU memory of a replica: weights, the activation reserve, and the KV pool it leaves.
 
     `num_blocks`: the replica's blocks, `kv_shards` GPUs' pools together (tp with data-parallel
-    attention, else 1); a block lives on one GPU. `kv_bytes_per_token` counts every layer: a model
-    with sliding or chunked layers gets full pages for them (`kv_sliding_full_pages`; the
-    window-capped pool of vLLM's hybrid manager is not simulated yet: a pessimistic pool)."""
+    attention, else 1); a block lives on one GPU. `kv_bytes_per_token`: what a block holds per token:
+    every layer, or with `window_groups` (kv_window "capped" on a model with sliding / chunked layers)
+    the full-attention layers only, each window group holding its own blocks besides
+    (`WindowedBlockManager`). `kv_sliding_full_pages`: the model has such layers and they get full
+    pages (kv_window "full", or a layout the capped pool does not cover: pipeline stages, no full
+    layer)."""
 
     usable_bytes: float
     weights_bytes: float
@@ -221,6 +226,21 @@ class MemoryPlan:
     num_blocks: int
     kv_shards: int = 1
     kv_sliding_full_pages: bool = False
+    window_groups: tuple[WindowGroup, ...] = ()
+    max_step_tokens: int | None = None  # the step budget (bounds a window group's blocks)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Pool blocks a sequence of up to `num_tokens` tokens holds at most."""
+        if self.window_groups:
+            return window_blocks_for(self.window_groups, self.block_size, num_tokens, self.max_step_tokens)
+        return -(-num_tokens // self.block_size)
+
+    def manager(self, max_seq_len: int | None = None) -> BlockManager:
+        """The replica's block manager (`WindowedBlockManager` with window groups)."""
+        if self.window_groups:
+            return WindowedBlockManager(self.num_blocks, self.block_size, groups=self.window_groups,
+                                        max_seq_len=max_seq_len, max_step_tokens=self.max_step_tokens)
+        return BlockManager(self.num_blocks, self.block_size, max_seq_len=max_seq_len)
 
     @property
     def block_bytes(self) -> float:
@@ -237,8 +257,25 @@ class MemoryPlan:
 
 
 def hybrid_kv(model: ModelSpec) -> bool:
-    """Whether `model` has sliding or chunked layers (whose KV the simulator gives full pages)."""
+    """Whether `model` has sliding or chunked layers."""
     return any(kind.attention != "full" for kind, _ in model.layer_groups())
+
+
+def window_groups(config: ServingConfig) -> tuple[WindowGroup, ...]:
+    """The window groups of a capped pool (`WindowedBlockManager`): none for a model without sliding
+    or chunked layers, with kv_window "full", over pipeline stages, or without a full-attention layer
+    (then every layer gets full pages, as `MemoryPlan.kv_sliding_full_pages` says)."""
+    m = config.model
+    if not hybrid_kv(m) or config.kv_window != "capped" or config.pp != 1:
+        return ()
+    counts: dict[tuple[str, int | None], int] = {}
+    for kind, n in m.layer_groups():
+        key = (kind.attention, kind.window)
+        counts[key] = counts.get(key, 0) + n
+    full = counts.pop(("full", None), 0)
+    if not full:
+        return ()
+    return tuple(WindowGroup(attention=a, window=w, layers=n, full_layers=full) for (a, w), n in counts.items())
 
 
 def plan_memory(config: ServingConfig, workload: Workload | None = None) -> MemoryPlan:
@@ -252,11 +289,15 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     # with data-parallel attention a GPU holds its own sequences' whole KV: the tp = 1 figure (asked
     # that way because kv_bytes_per_token_per_gpu checks dp_attention against ep = 1)
     kv_tok = kv_bytes_per_token_per_gpu(m, prec, 1 if config.dp_attention else config.tp, config.pp)
+    groups = window_groups(config)
+    if groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
+        kv_tok = kv_tok * groups[0].full_layers / m.num_layers
     act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
     usable = hw.memory_bytes * config.mem_util
     shards = config.kv_shards
     common = dict(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
-                  block_size=config.block_size, kv_shards=shards, kv_sliding_full_pages=hybrid_kv(m))
+                  block_size=config.block_size, kv_shards=shards, kv_sliding_full_pages=hybrid_kv(m) and not groups,
+                  window_groups=groups, max_step_tokens=config.max_batched_tokens)
     if config.num_blocks is not None:
         return MemoryPlan(num_blocks=config.num_blocks * shards, **common)
     free = usable - weights - act
@@ -497,7 +538,7 @@ def check_fits(config: ServingConfig, memory: MemoryPlan, workload: Workload) ->
         raise SpecError(f"workload: request {i} needs {int(workload.prompt_tokens[i])} prompt + "
                         f"{int(workload.output_tokens[i])} output tokens, more than {config.model.name}'s "
                         f"{config.model.max_positions} positions")
-    blocks = -(-int(total[i]) // memory.block_size)
+    blocks = memory.blocks_for(int(total[i]))
     if blocks > memory.blocks_per_gpu:  # a sequence's KV lives on one GPU
         raise SpecError(
             f"workload: request {i} ({int(workload.prompt_tokens[i])} prompt + {int(workload.output_tokens[i])} output "
@@ -523,7 +564,7 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     check_fits(config, memory, workload)
     if cost is None and step_times is None:
         cost = step_cost_model(config)
-    kv = BlockManager(memory.num_blocks, config.block_size, max_seq_len=config.model.max_positions)
+    kv = memory.manager(max_seq_len=config.model.max_positions)
     # KV occupancy per GPU: with data-parallel attention the replica's sequences spread over its GPUs
     runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token / memory.kv_shards,
                              step_times)
@@ -545,12 +586,15 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     return _result(config, slo, memory, workload, states, sched.log, runner.records)
 
 
-def kv_note(model: ModelSpec, kv_window: str = "capped") -> str:
-    """The line every output prints for a model whose sliding/chunked layers get full KV pages ("" else)."""
-    if not hybrid_kv(model):
+def kv_note(config: ServingConfig) -> str:
+    """The line every output prints for a model with sliding / chunked layers: how its pool holds
+    their KV ("" for a model without them)."""
+    if not hybrid_kv(config.model):
         return ""
-    return ("KV: sliding layers given full pages" + (" (--kv-window capped is not simulated yet: the pool is "
-                                                      "pessimistic)" if kv_window == "capped" else ""))
+    if window_groups(config):
+        return "KV: sliding/chunked layers hold their window's blocks (vLLM's hybrid KV-cache manager)"
+    why = "" if config.kv_window == "full" else " (the capped pool needs one stage and a full-attention layer)"
+    return "KV: sliding layers given full pages" + why
 
 
 def step_cost_model(config: ServingConfig) -> StepCostModel:
@@ -584,7 +628,7 @@ def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workl
         running=[g.num_running for g in log], waiting=[g.num_waiting for g in log],
         preemptions=[len(g.preempted) for g in log]))
     settings = config.settings() | dict(num_blocks=memory.num_blocks, kv_pool_bytes=memory.kv_pool_bytes,
-                                        kv_shards=memory.kv_shards, kv_note=kv_note(config.model, config.kv_window),
+                                        kv_shards=memory.kv_shards, kv_note=kv_note(config),
                                         weights_bytes=memory.weights_bytes, slo_ttft_s=slo.ttft_s,
                                         slo_tpot_s=slo.tpot_s, slo_percentile=slo.percentile)
     settings |= {f"workload_{k}": v for k, v in workload.description.items()}
@@ -766,5 +810,5 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
 
 
 __all__ = ["EFFICIENCIES", "SLO", "CostModelRunner", "MemoryPlan", "RatePoint", "RateSearch", "ServingConfig",
-           "SimResult", "SyntheticPrompt", "check_fits", "hybrid_kv", "kv_note", "find_max_rate", "plan_memory", "saturated_rate",
+           "SimResult", "SyntheticPrompt", "check_fits", "hybrid_kv", "kv_note", "window_groups", "find_max_rate", "plan_memory", "saturated_rate",
            "service_rate_bound", "simulate", "step_cost_model", "with_rate"]

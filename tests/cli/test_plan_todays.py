@@ -92,6 +92,11 @@ def test_simulate_takes_the_layout_and_says_how_it_priced():
               "--output-len", "10", "--kv-window", "full")
     assert res.exit_code == 0, res.output
     assert "KV: sliding layers given full pages" in res.output and "optimistic bound" in res.output
+    res = run("simulate", "gpt-oss-20b", "-H", "h100-sxm", "--requests", "10", "--prompt-len", "100",
+              "--output-len", "10", "-f", "json")
+    st = json.loads(res.stdout)["settings"]
+    assert st["kv_window"] == "capped" and not st["kv_sliding_full_pages"]
+    assert st["kv_note"].startswith("KV: sliding/chunked layers hold their window's blocks")
 
 
 @pytest.mark.parametrize("args, message", [

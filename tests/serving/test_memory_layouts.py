@@ -50,11 +50,36 @@ def test_dp_attention_num_blocks_is_one_gpus_and_a_sequence_fits_one_gpu():
         check_fits(cfg, mem, big)
 
 
-def test_a_hybrid_models_pool_says_it_gives_sliding_layers_full_pages():
-    cfg = ServingConfig.build("gpt-oss-20b", "h100-sxm", num_blocks=64)
-    st = cfg.settings()
-    assert st["kv_sliding_full_pages"] and plan_memory(cfg).kv_sliding_full_pages
+def test_a_hybrid_models_pool_caps_its_sliding_layers_or_says_it_gives_them_full_pages():
+    """gpt-oss-20b (12 sliding layers of W = 128, 12 full): capped, a block holds the full layers'
+    tokens (half the bytes) and the sliding layers hold their window's blocks besides; with full
+    pages every layer holds the whole context, and every output says so."""
+    capped = ServingConfig.build("gpt-oss-20b", "h100-sxm")
+    full = ServingConfig.build("gpt-oss-20b", "h100-sxm", kv_window="full")
+    mc, mf = plan_memory(capped), plan_memory(full)
+    assert mc.kv_bytes_per_token == mf.kv_bytes_per_token / 2
+    assert [(g.attention, g.window, g.layers, g.full_layers) for g in mc.window_groups] == [("sliding", 128, 12, 12)]
+    assert not mc.kv_sliding_full_pages and mf.kv_sliding_full_pages and not mf.window_groups
+    assert mc.num_blocks == pytest.approx(2 * mf.num_blocks, abs=1)
+    # a 4096-token sequence: 256 full-layer blocks + the window's (128 + a 2048-token step) blocks
+    assert mc.blocks_for(4096) == 256 + (-(-(2048 + 127) // 16) + 1)
+    assert mf.blocks_for(4096) == 256
+    assert capped.settings()["kv_sliding_full_pages"] is False
+    assert full.settings()["kv_sliding_full_pages"] is True
     w = Workload(arrival_s=np.zeros(2), prompt_tokens=np.full(2, 100), output_tokens=np.full(2, 5),
                  shared_prefix_tokens=np.zeros(2, dtype=int))
-    assert simulate(w, cfg).settings["kv_note"].startswith("KV: sliding layers given full pages")
+    assert simulate(w, full).settings["kv_note"] == "KV: sliding layers given full pages"
+    assert simulate(w, capped).settings["kv_note"].startswith("KV: sliding/chunked layers hold their window")
     assert not ServingConfig.build("llama-3.1-8b", "h100-sxm").settings()["kv_sliding_full_pages"]
+
+
+def test_a_capped_pool_serves_more_long_sequences_at_once():
+    """The same bytes of pool: long gpt-oss-20b sequences run several at a time with capped sliding
+    layers, fewer with full pages."""
+    w = Workload(arrival_s=np.zeros(8), prompt_tokens=np.full(8, 3000), output_tokens=np.full(8, 8),
+                 shared_prefix_tokens=np.zeros(8, dtype=int))
+    blocks = 800  # 800 blocks of every layer (full pages): 12,800 tokens; capped: blocks of the full layers
+    full = simulate(w, ServingConfig.build("gpt-oss-20b", "h100-sxm", kv_window="full", num_blocks=blocks))
+    capped = simulate(w, ServingConfig.build("gpt-oss-20b", "h100-sxm", num_blocks=2 * blocks))
+    assert capped.steps["batch"].max() > full.steps["batch"].max()
+    assert capped.summary()["makespan_s"] < full.summary()["makespan_s"]
