@@ -371,20 +371,10 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
                 if on_candidate is not None:
                     on_candidate(rows[futures[fut]])
     settings = dict(model=m.name, rate_rps=rate, devices=list(devices), precisions=list(precisions), tps=list(tps),
-                    layouts=list(layouts), kv_note=_kv_note(m, base),
+                    layouts=list(layouts), kv_note=kv_note(m, base.get("kv_window", "capped"), base.get("pp", 1)),
                     max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
                     slo_percentile=slo.percentile, workload=workload.describe(), **base)
     return PlanResult(model=m.name, rate_rps=rate, slo=slo, rows=list(rows), settings=settings)
-
-
-def _kv_note(model: ModelSpec, base: dict) -> str:
-    """How the plan's pools hold a hybrid model's sliding layers (`simulator.kv_note`)."""
-    from llmperf.serving.simulator import hybrid_kv
-    if not hybrid_kv(model):
-        return ""
-    cfg = ServingConfig(model=model, hardware=load_hardware("h100-sxm"), precision=plan_precision(model, "bf16"),
-                        kv_window=base.get("kv_window", "capped"))
-    return kv_note(cfg)
 
 
 def _duplicate(layout: str, tp: int, layouts: Sequence[str]) -> bool:

@@ -198,7 +198,8 @@ class ServingConfig:
                     activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
                     layout=self.layout, ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode,
                     kv_window=self.kv_window,
-                    kv_sliding_full_pages=hybrid_kv(self.model) and not window_groups(self),
+                    kv_sliding_full_pages=hybrid_kv(self.model) and not window_groups(self.model, self.kv_window,
+                                                                                     self.pp),
                     attention=self.attention, time_model=getattr(tm, "name", "roofline"), policy=self.policy,
                     max_batch=self.max_batch, max_batched_tokens=self.max_batched_tokens,
                     chunked_prefill=self.chunked_prefill, prefix_sharing=self.prefix_sharing,
@@ -261,12 +262,12 @@ def hybrid_kv(model: ModelSpec) -> bool:
     return any(kind.attention != "full" for kind, _ in model.layer_groups())
 
 
-def window_groups(config: ServingConfig) -> tuple[WindowGroup, ...]:
+def window_groups(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> tuple[WindowGroup, ...]:
     """The window groups of a capped pool (`WindowedBlockManager`): none for a model without sliding
     or chunked layers, with kv_window "full", over pipeline stages, or without a full-attention layer
     (then every layer gets full pages, as `MemoryPlan.kv_sliding_full_pages` says)."""
-    m = config.model
-    if not hybrid_kv(m) or config.kv_window != "capped" or config.pp != 1:
+    m = model
+    if not hybrid_kv(m) or kv_window != "capped" or pp != 1:
         return ()
     counts: dict[tuple[str, int | None], int] = {}
     for kind, n in m.layer_groups():
@@ -289,7 +290,7 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     # with data-parallel attention a GPU holds its own sequences' whole KV: the tp = 1 figure (asked
     # that way because kv_bytes_per_token_per_gpu checks dp_attention against ep = 1)
     kv_tok = kv_bytes_per_token_per_gpu(m, prec, 1 if config.dp_attention else config.tp, config.pp)
-    groups = window_groups(config)
+    groups = window_groups(m, config.kv_window, config.pp)
     if groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
         kv_tok = kv_tok * groups[0].full_layers / m.num_layers
     act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
@@ -586,14 +587,14 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     return _result(config, slo, memory, workload, states, sched.log, runner.records)
 
 
-def kv_note(config: ServingConfig) -> str:
+def kv_note(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> str:
     """The line every output prints for a model with sliding / chunked layers: how its pool holds
     their KV ("" for a model without them)."""
-    if not hybrid_kv(config.model):
+    if not hybrid_kv(model):
         return ""
-    if window_groups(config):
+    if window_groups(model, kv_window, pp):
         return "KV: sliding/chunked layers hold their window's blocks (vLLM's hybrid KV-cache manager)"
-    why = "" if config.kv_window == "full" else " (the capped pool needs one stage and a full-attention layer)"
+    why = "" if kv_window == "full" else " (the capped pool needs one stage and a full-attention layer)"
     return "KV: sliding layers given full pages" + why
 
 
@@ -628,7 +629,7 @@ def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workl
         running=[g.num_running for g in log], waiting=[g.num_waiting for g in log],
         preemptions=[len(g.preempted) for g in log]))
     settings = config.settings() | dict(num_blocks=memory.num_blocks, kv_pool_bytes=memory.kv_pool_bytes,
-                                        kv_shards=memory.kv_shards, kv_note=kv_note(config),
+                                        kv_shards=memory.kv_shards, kv_note=kv_note(config.model, config.kv_window, config.pp),
                                         weights_bytes=memory.weights_bytes, slo_ttft_s=slo.ttft_s,
                                         slo_tpot_s=slo.tpot_s, slo_percentile=slo.percentile)
     settings |= {f"workload_{k}": v for k, v in workload.description.items()}
