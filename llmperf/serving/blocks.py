@@ -600,6 +600,7 @@ class WindowedBlockManager(BlockManager):
         if not groups:
             raise ValueError("window groups: give at least one (else use BlockManager)")
         self.groups = tuple(groups)
+        self._plain = tuple((g.attention == "sliding", g.window, g.layers, g.full_layers) for g in self.groups)
         self.max_step_tokens = max_step_tokens
         self._extra: dict[int, list[deque[int]]] = {}  # seq -> per group, its pool blocks, oldest first
 
@@ -652,6 +653,16 @@ class WindowedBlockManager(BlockManager):
         return self.reserve_cost(seq_id, num_tokens) <= self.pool.num_free
 
     def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
+        extra = self._extra.get(seq_id)
+        if num_tokens == 1 and extra is not None:  # a decode token: the hot path
+            length, bs = self._lens[seq_id], self.block_size
+            last = length // bs + 1  # blocks up to and including position `length`
+            for (sliding, window, layers, full), held in zip(self._plain, extra):
+                first = (length - window + 1 if length >= window else 0) if sliding else length - length % window
+                if -(-(layers * (last - first // bs)) // full) != len(held):
+                    break
+            else:  # every window group keeps its blocks: only the full layers may need one
+                return super().reserve(seq_id, 1)
         length = self.seq_len(seq_id)
         needs = self._needs(length, length + num_tokens)
         self._trim(seq_id, needs)  # what fell out of the window goes back first
