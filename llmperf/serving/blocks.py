@@ -48,6 +48,10 @@ Public API (engine-core builds on it; keep stable):
         .bytes_reserved(bytes_per_block) -> int   .bytes_used(bytes_per_block) -> float
         .check_invariants()
 
+    WindowedBlockManager(num_blocks, block_size, groups=[WindowGroup(...)], max_step_tokens=None)
+        a BlockManager whose model also has sliding / chunked layers: each `WindowGroup` holds, per
+        sequence, the blocks its next step reads (the simulator's path: allocate / reserve / free)
+
 Conventions: a token at position p of a sequence lives in block `table[p // block_size]` at offset
 `p % block_size`, flat slot `block_id * block_size + offset`. `allocate(seq_id, n)` reserves and
 counts the first n positions (the prompt, written by prefill through `slot_mapping(seq_id, 0, n)`);

@@ -5,7 +5,9 @@ Nothing here decides what runs when: the `Scheduler` does, exactly as it does in
 (static / continuous batching, chunked prefill with a token budget and mixed steps, paged KV with
 recompute preemption, prefix sharing). This module sizes the KV pool the way vLLM does (device
 memory x `mem_util`, minus the weights and one forward pass's activations at the step's token
-budget, in blocks of `block_size` tokens), feeds the workload's requests at their arrival times,
+budget, in blocks of `block_size` tokens; with data-parallel attention the replica's pool is its
+GPUs' pools together; sliding / chunked layers hold only their window's blocks, as vLLM's hybrid
+KV-cache manager, unless `kv_window="full"`), feeds the workload's requests at their arrival times,
 prices each step with `StepCostModel` (or replays given step durations: `step_times`), and turns the
 finished requests and the step log into latency statistics:
 
