@@ -186,7 +186,8 @@ def jsonable_doc(result, frame) -> dict:  # noqa: ANN001
     return jsonable(dict(settings=result.settings, rows=frame.to_dict(orient="records")))
 
 
-def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs, layouts=None):  # noqa: ANN001, ANN202
+def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs,  # noqa: ANN001, ANN202
+         layouts=None):  # noqa: ANN001
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from llmperf.serving import planner

@@ -631,7 +631,8 @@ def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workl
         running=[g.num_running for g in log], waiting=[g.num_waiting for g in log],
         preemptions=[len(g.preempted) for g in log]))
     settings = config.settings() | dict(num_blocks=memory.num_blocks, kv_pool_bytes=memory.kv_pool_bytes,
-                                        kv_shards=memory.kv_shards, kv_note=kv_note(config.model, config.kv_window, config.pp),
+                                        kv_shards=memory.kv_shards,
+                                        kv_note=kv_note(config.model, config.kv_window, config.pp),
                                         weights_bytes=memory.weights_bytes, slo_ttft_s=slo.ttft_s,
                                         slo_tpot_s=slo.tpot_s, slo_percentile=slo.percentile)
     settings |= {f"workload_{k}": v for k, v in workload.description.items()}
@@ -812,6 +813,6 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
                       note=f"{hi.rate:.4g} req/s misses ({_missed(hi.result)})")
 
 
-__all__ = ["EFFICIENCIES", "SLO", "CostModelRunner", "MemoryPlan", "RatePoint", "RateSearch", "ServingConfig",
-           "SimResult", "SyntheticPrompt", "check_fits", "hybrid_kv", "kv_note", "window_groups", "find_max_rate", "plan_memory", "saturated_rate",
-           "service_rate_bound", "simulate", "step_cost_model", "with_rate"]
+__all__ = ["CostModelRunner", "EFFICIENCIES", "MemoryPlan", "RatePoint", "RateSearch", "SLO", "ServingConfig",
+           "SimResult", "SyntheticPrompt", "check_fits", "find_max_rate", "hybrid_kv", "kv_note", "plan_memory",
+           "saturated_rate", "service_rate_bound", "simulate", "step_cost_model", "window_groups", "with_rate"]
