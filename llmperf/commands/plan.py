@@ -1,5 +1,6 @@
-"""`llmperf plan MODEL --rate R | --users N`: which devices, precisions, TP degrees and replica counts
-serve the load within the SLOs, ranked by cost per million generated tokens (`llmperf.serving.planner`)."""
+"""`llmperf plan MODEL --rate R | --users N`: which devices, precisions, TP degrees, layouts (tp, tp+ep,
+dp+ep) and replica counts serve the load within the SLOs, ranked by cost per million generated tokens
+(`llmperf.serving.planner`); every answer names the time model that priced it."""
 
 from __future__ import annotations
 
@@ -21,24 +22,38 @@ def _money(x: float | None, digits: int = 3) -> str:
     return "?" if x is None or (isinstance(x, float) and math.isnan(x)) else f"${x:.{digits}g}"
 
 
+def time_models_line(result) -> str:  # noqa: ANN001
+    """Which time model priced the plan's rows, in words (the optimistic roofline said as such)."""
+    names = sorted({r.time_model for r in result.rows if r.time_model})
+    if not names:
+        return f"time model: {result.settings.get('efficiency', '?')}"
+    words = [n + (" (the optimistic bound: peak FLOPs and bandwidth)" if n == "roofline" else "") for n in names]
+    return "priced with the " + " and ".join(words) + " time model"
+
+
+def kv_line(result) -> str:  # noqa: ANN001
+    return str(result.settings.get("kv_note") or "")
+
+
 def plan_tables(result):  # noqa: ANN001, ANN201
     from rich.table import Table
     slo = result.slo
     pct = f"p{slo.percentile:g}"
+    notes = "; ".join(x for x in (time_models_line(result), kv_line(result)) if x)
     win = Table(title=f"{result.model} at {result.rate_rps:.4g} req/s: configurations meeting {pct} "
-                      f"TTFT <= {_fmt_s(slo.ttft_s)}, TPOT <= {_fmt_s(slo.tpot_s)} (cheapest first)")
-    for col in ("rank", "device", "precision", "TP", "replicas", "GPUs", f"TTFT {pct}", f"TPOT {pct}", "$/GPU-h",
-                "$/hour", "$/M tokens"):
+                      f"TTFT <= {_fmt_s(slo.ttft_s)}, TPOT <= {_fmt_s(slo.tpot_s)} (cheapest first)\n{notes}")
+    for col in ("rank", "device", "precision", "TP", "layout", "replicas", "GPUs", f"TTFT {pct}", f"TPOT {pct}",
+                "$/GPU-h", "$/hour", "$/M tokens"):
         win.add_column(col, justify="right")
     for i, r in enumerate(result.feasible, start=1):
-        win.add_row(str(i), r.device, r.precision, str(r.tp), str(r.replicas), str(r.gpus), _fmt_s(r.ttft_s),
-                    _fmt_s(r.tpot_s), _money(r.usd_per_gpu_hour), _money(r.cost_per_hour),
+        win.add_row(str(i), r.device, r.precision, str(r.tp), r.layout, str(r.replicas), str(r.gpus),
+                    _fmt_s(r.ttft_s), _fmt_s(r.tpot_s), _money(r.usd_per_gpu_hour), _money(r.cost_per_hour),
                     _money(r.cost_per_million_tokens))
     lose = Table(title="configurations that lose, and why")
-    for col in ("device", "precision", "TP", "loses on", "why"):
+    for col in ("device", "precision", "TP", "layout", "loses on", "why"):
         lose.add_column(col, justify="left" if col == "why" else "right", overflow="fold")
-    for r in sorted(result.losers, key=lambda r: (r.device, r.precision, r.tp)):
-        lose.add_row(r.device, r.precision, str(r.tp), r.binding, r.detail)
+    for r in sorted(result.losers, key=lambda r: (r.device, r.precision, r.tp, r.layout)):
+        lose.add_row(r.device, r.precision, str(r.tp), r.layout, r.binding, r.detail)
     return [win, lose] if result.losers else [win]
 
 
@@ -51,7 +66,9 @@ def register(app: typer.Typer) -> None:
         user_interval: Annotated[float | None, typer.Option("--user-interval", help="Mean seconds between one user's requests (with --users; default 30).")] = None,
         hardware: Annotated[str | None, typer.Option("--hardware", "-H", help="Devices to consider, comma-separated (default: every built-in device).")] = None,
         precisions: Annotated[str, typer.Option("--precisions", help="Weight precisions to consider: bf16/fp16 (16-bit), fp8 (W8A8), int8, int4 (weight-only).")] = "bf16,fp8,int8,int4",
-        tps: Annotated[str, typer.Option("--tp", help="Tensor-parallel degrees to consider.")] = "1,2,4,8",
+        tps: Annotated[str, typer.Option("--tp", help="Tensor-parallel degrees (GPUs per replica) to consider.")] = "1,2,4,8",
+        layouts: Annotated[str | None, typer.Option("--layouts", help="Layouts of a replica's GPUs, comma-separated: tp (tensor parallel), tp+ep (experts expert-parallel, ep = tp), dp+ep (data-parallel attention + expert parallel; how MLA models are served). Default: every layout the model takes (dense models: tp).")] = None,
+        efficiency: Annotated[str, typer.Option("--efficiency", help="Time model pricing every step: typical (GPU efficiency figures, the default), roofline (the optimistic bound), calibrated, auto.")] = "typical",
         max_replicas: Annotated[int, typer.Option("--max-replicas", help="Most data-parallel replicas per configuration.")] = 64,
         gpu_cost: Annotated[str | None, typer.Option("--gpu-cost", help="USD per GPU-hour: one price for all, or device=price,... (defaults per device are cited in llmperf/serving/prices.py).")] = None,
         slo_ttft: SloTtftOpt = None,
@@ -109,6 +126,11 @@ def register(app: typer.Typer) -> None:
                 from llmperf.specs.precision import normalize_dtype
                 normalize_dtype(p, "--precisions")
             tp_list = parse_int_list("--tp", tps)
+            layout_list = (planner.check_layouts(parse_name_list("--layouts", layouts)) if layouts is not None
+                           else None)
+            from llmperf.serving.simulator import EFFICIENCIES
+            if efficiency not in EFFICIENCIES:
+                raise SpecError(f"--efficiency: must be one of {', '.join(EFFICIENCIES)}, got {efficiency!r}")
             costs = parse_gpu_cost(gpu_cost)
             if isinstance(costs, dict):
                 known = set(devices) | set(planner.all_devices())
@@ -119,16 +141,19 @@ def register(app: typer.Typer) -> None:
                                 output_len=_length("--output-len", output_len), num_requests=requests,
                                 system_prompt_len=system_prompt_len, seed=seed)
             base = dict(max_batch=max_batch, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
-                        prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util)
-            result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs)
+                        prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, efficiency=efficiency)
+            result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs,
+                          layout_list)
             frame = result.to_frame()
             if not result.feasible:  # an error (exit 2): the losers are shown, no file is written
                 if out is None and output_format is OutputFormat.table:
                     for t in plan_tables(result):
                         out_console.print(t)
                 best = result.best_loser()
+                lay = f" {best.layout}" if best.layout != "tp" else ""
                 raise SpecError(f"plan: no configuration meets the SLOs at {load:.4g} req/s; the closest, "
-                                f"{best.device} {best.precision} tp={best.tp}, loses on {best.binding}: {best.detail}")
+                                f"{best.device} {best.precision} tp={best.tp}{lay}, loses on {best.binding}: "
+                                f"{best.detail} ({time_models_line(result)})")
             if rd is not None:
                 from llmperf.serving.rundir import jsonable
                 with rd.transaction():
@@ -161,17 +186,18 @@ def jsonable_doc(result, frame) -> dict:  # noqa: ANN001
     return jsonable(dict(settings=result.settings, rows=frame.to_dict(orient="records")))
 
 
-def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs):  # noqa: ANN001, ANN202
+def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs,  # noqa: ANN001, ANN202
+         layouts=None):  # noqa: ANN001
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from llmperf.serving import planner
-    total = len(devices) * len(precs) * len(tp_list)
+    total = None  # candidates: devices x precisions x degrees x the model's layouts
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=not err_console.is_terminal) as progress:
         task = progress.add_task("planning", total=total)
 
         def on_candidate(row) -> None:  # noqa: ANN001
-            progress.update(task, advance=1, description=f"{row.device} {row.precision} tp={row.tp}")
+            progress.update(task, advance=1, description=f"{row.device} {row.precision} tp={row.tp} {row.layout}")
         return planner.plan(model, rate=load, slo=slo, workload=spec, devices=devices, precisions=precs, tps=tp_list,
                             max_replicas=max_replicas, gpu_cost=costs, base=base, on_candidate=on_candidate,
-                            jobs=jobs)
+                            jobs=jobs, layouts=layouts)

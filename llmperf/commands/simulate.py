@@ -72,6 +72,16 @@ def check_serving_options(*, max_batch: int | None = None, max_batched_tokens: i
         raise SpecError(f"--mem-util: must be in (0, 1], got {mem_util:g}")
 
 
+def check_layout_options(*, mla_mode: str, kv_window: str) -> None:
+    """--mla-mode and --kv-window checked by name before anything runs."""
+    from llmperf.analysis.operators import MLA_MODES
+    from llmperf.specs.kvcache import KV_WINDOW_MODES
+    if mla_mode not in MLA_MODES:
+        raise SpecError(f"--mla-mode: must be one of {', '.join(MLA_MODES)}, got {mla_mode!r}")
+    if kv_window not in KV_WINDOW_MODES:
+        raise SpecError(f"--kv-window: must be one of {', '.join(KV_WINDOW_MODES)}, got {kv_window!r}")
+
+
 def check_run_dir(run_dir: str | None):  # noqa: ANN201
     """`--run-dir` checked before anything runs (None when not given); an existing run is not overwritten."""
     if run_dir is None:
@@ -232,7 +242,11 @@ def register(app: typer.Typer) -> None:
         seed: SeedOpt = 0,
         dtype: DtypeOpt = None,
         kv: KvOpt = None,
-        tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree of the replica.")] = 1,
+        tp: Annotated[int, typer.Option("--tp", help="GPUs of the replica (tensor-parallel degree).")] = 1,
+        ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the replica's GPUs (divides --tp and the number of experts).")] = 1,
+        dp_attention: Annotated[bool, typer.Option("--dp-attention/--no-dp-attention", help="Data-parallel attention: each GPU runs and holds the KV of its own sequences (a MoE model then needs --ep equal to --tp); how MLA models are served.")] = False,
+        mla_mode: Annotated[str, typer.Option("--mla-mode", help="MLA's computation: auto (prefill chunks unabsorbed, decode absorbed), absorbed, unabsorbed.")] = "auto",
+        kv_window: Annotated[str, typer.Option("--kv-window", help="KV of sliding/chunked layers: capped at the window, or full pages (the simulator's pool gives them full pages for now, and says so).")] = "capped",
         policy: PolicyOpt = Policy.continuous,
         max_batch: MaxBatchOpt = 256,
         max_batched_tokens: TokensOpt = 2048,
@@ -264,6 +278,8 @@ def register(app: typer.Typer) -> None:
             # Every option and destination is checked before anything runs.
             check_serving_options(tp=tp, max_batch=max_batch, max_batched_tokens=max_batched_tokens,
                                   block_size=block_size, mem_util=mem_util, num_blocks=num_blocks)
+            _positive("--ep", ep, integer=True)
+            check_layout_options(mla_mode=mla_mode, kv_window=kv_window)
             _positive("--requests", requests, integer=True)
             _positive("--rate", rate)
             out = check_output(output)
@@ -271,11 +287,13 @@ def register(app: typer.Typer) -> None:
             made += [rd] if rd is not None else []
             if validate:
                 defaults = dict(hardware="a100-80gb-sxm", arrival="poisson", cv=None, system_prompt_len=0, dtype=None,
-                                kv=None, tp=1, max_batch=256, prefix_sharing=True, block_size=16, mem_util=0.9,
+                                kv=None, tp=1, ep=1, dp_attention=False, mla_mode="auto", kv_window="capped",
+                                max_batch=256, prefix_sharing=True, block_size=16, mem_util=0.9,
                                 efficiency=Efficiency.auto, slo_ttft=None, slo_tpot=None, slo_percentile=90.0,
                                 output_format=OutputFormat.table, output=None)
                 given = dict(hardware=hardware, arrival=arrival, cv=cv, system_prompt_len=system_prompt_len,
-                             dtype=dtype, kv=kv, tp=tp, max_batch=max_batch, prefix_sharing=prefix_sharing,
+                             dtype=dtype, kv=kv, tp=tp, ep=ep, dp_attention=dp_attention, mla_mode=mla_mode,
+                             kv_window=kv_window, max_batch=max_batch, prefix_sharing=prefix_sharing,
                              block_size=block_size, mem_util=mem_util, efficiency=efficiency, slo_ttft=slo_ttft,
                              slo_tpot=slo_tpot, slo_percentile=slo_percentile, output_format=output_format,
                              output=output)
@@ -300,7 +318,8 @@ def register(app: typer.Typer) -> None:
                                                    duration=duration, prompt_len=prompt_len, output_len=output_len,
                                                    system_prompt_len=system_prompt_len, seed=seed)
             config = sim.ServingConfig.build(
-                model, hardware, precision=dtype, kv=kv, tp=tp, policy=policy.value, max_batch=max_batch,
+                model, hardware, precision=dtype, kv=kv, tp=tp, ep=ep, dp_attention=dp_attention, mla_mode=mla_mode,
+                kv_window=kv_window, policy=policy.value, max_batch=max_batch,
                 max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
                 prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, num_blocks=num_blocks,
                 efficiency=efficiency.value)
@@ -367,9 +386,13 @@ def _render(result, search, rates, output_format: OutputFormat, output) -> None:
         write_output(pd.DataFrame([flat]).to_csv(index=False), output)
         return
     st = result.settings
-    title = (f"{st['model']} on {st['hardware']} (tp={st['tp']}, {st['weights']} weights, {st['time_model']} time "
+    layout = f"tp={st['tp']}" + (f", ep={st['ep']}" if st.get("ep", 1) > 1 else "") + (
+        ", data-parallel attention" if st.get("dp_attention") else "")
+    tm = st["time_model"] + (" (the optimistic bound)" if st["time_model"] == "roofline" else "")
+    title = (f"{st['model']} on {st['hardware']} ({layout}, {st['weights']} weights, {tm} time "
              f"model): {s['requests']} requests, {st['policy']}"
-             + (f", chunked prefill {st['max_batched_tokens']} tokens/step" if st["chunked_prefill"] else ""))
+             + (f", chunked prefill {st['max_batched_tokens']} tokens/step" if st["chunked_prefill"] else "")
+             + (f"\n{st['kv_note']}" if st.get("kv_note") else ""))
     tables = summary_tables(result, title)
     if search is not None:
         tables.insert(0, rates_table(rates, search, result.slo))

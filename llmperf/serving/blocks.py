@@ -48,6 +48,10 @@ Public API (engine-core builds on it; keep stable):
         .bytes_reserved(bytes_per_block) -> int   .bytes_used(bytes_per_block) -> float
         .check_invariants()
 
+    WindowedBlockManager(num_blocks, block_size, groups=[WindowGroup(...)], max_step_tokens=None)
+        a BlockManager whose model also has sliding / chunked layers: each `WindowGroup` holds, per
+        sequence, the blocks its next step reads (the simulator's path: allocate / reserve / free)
+
 Conventions: a token at position p of a sequence lives in block `table[p // block_size]` at offset
 `p % block_size`, flat slot `block_id * block_size + offset`. `allocate(seq_id, n)` reserves and
 counts the first n positions (the prompt, written by prefill through `slot_mapping(seq_id, 0, n)`);
@@ -536,4 +540,187 @@ class BlockManager:
                 "blocks leave the table when freed")
 
 
-__all__ = ["Block", "BlockManager", "BlockPool", "BlockUsage", "FreeBlockQueue", "SlotResult"]
+@dataclass(frozen=True, slots=True)
+class WindowGroup:
+    """Layers of a hybrid model that keep only a span of keys (vLLM's sliding-window and
+    chunked-local KV managers): `attention` sliding (the last `window` keys) or chunked (the keys of
+    the current chunk of `window` tokens), `layers` of them, against the `full_layers` layers whose
+    blocks the pool's blocks are (a block of this group costs layers / full_layers pool blocks)."""
+
+    attention: str
+    window: int
+    layers: int
+    full_layers: int
+
+    def __post_init__(self) -> None:
+        if self.attention not in ("sliding", "chunked"):
+            raise ValueError(f"window group: attention must be sliding or chunked, got {self.attention!r}")
+        for name in ("window", "layers", "full_layers"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"window group: {name} must be a positive integer, got {v!r}")
+
+    def first_key(self, start: int) -> int:
+        """The earliest position a step whose first new token is at `start` reads."""
+        if self.attention == "sliding":
+            return max(0, start - self.window + 1)
+        return (start // self.window) * self.window
+
+    def units(self, blocks: int) -> int:
+        """Pool blocks that `blocks` blocks of this group take (rounded up per sequence)."""
+        return -(-(self.layers * blocks) // self.full_layers)
+
+
+def window_blocks_for(groups: Sequence[WindowGroup], block_size: int, num_tokens: int,
+                      max_step_tokens: int | None = None) -> int:
+    """Pool blocks a sequence of up to `num_tokens` tokens holds at most when its steps put at most
+    `max_step_tokens` new tokens through (None: any number): its full layers' blocks, and for each
+    window group the blocks covering what one step reads (its window or chunk before the step's
+    first token, and the step's tokens)."""
+    full = -(-num_tokens // block_size)
+    step = num_tokens if max_step_tokens is None else min(num_tokens, max_step_tokens)
+    extra = 0
+    for g in groups:
+        span = -(-(step + g.window - 1) // block_size) + 1  # the keys read may straddle one more block
+        extra += g.units(min(full, span))
+    return full + extra
+
+
+class WindowedBlockManager(BlockManager):
+    """The paged KV of a model whose layers keep different spans of keys, as vLLM's hybrid KV-cache
+    manager keeps it (`vllm/v1/core/single_type_kv_cache_manager.py`: full attention, sliding window,
+    chunked local attention; one shared block pool): the block tables and prefix sharing are the
+    full-attention layers' (`BlockManager`); each `WindowGroup` also holds, per sequence, the blocks
+    covering the keys its next step reads (taken from the same pool, `WindowGroup.units` pool blocks
+    per block of its own), and gives back those that fall out of its window or chunk when the
+    sequence next grows (vLLM frees them at its next allocation too).
+
+    A window group's blocks are private to their sequence (vLLM shares a common prefix's window
+    blocks as well: slightly pessimistic with prefix sharing), and count as full in `usage()`."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, groups: Sequence[WindowGroup],
+                 max_seq_len: int | None = None, max_step_tokens: int | None = None) -> None:
+        super().__init__(num_blocks, block_size, max_seq_len=max_seq_len)
+        if not groups:
+            raise ValueError("window groups: give at least one (else use BlockManager)")
+        self.groups = tuple(groups)
+        self._plain = tuple((g.attention == "sliding", g.window, g.layers, g.full_layers) for g in self.groups)
+        self.max_step_tokens = max_step_tokens
+        self._extra: dict[int, list[deque[int]]] = {}  # seq -> per group, its pool blocks, oldest first
+
+    def blocks_for(self, num_tokens: int) -> int:  # type: ignore[override]
+        return window_blocks_for(self.groups, self.block_size, num_tokens, self.max_step_tokens)
+
+    def _needs(self, start: int, end: int) -> list[int]:
+        """Pool blocks each group needs for a step of positions start..end-1."""
+        bs = self.block_size
+        last = -(-end // bs)
+        return [g.units(last - g.first_key(start) // bs) for g in self.groups]
+
+    def _trim(self, seq_id: int, needs: list[int]) -> None:
+        """Give back each group's blocks beyond what it needs (the oldest: out of the window)."""
+        for held, need in zip(self._extra[seq_id], needs):
+            while len(held) > need:
+                self.pool.decref(held.popleft())
+
+    def _grow(self, seq_id: int, needs: list[int]) -> None:
+        for held, need in zip(self._extra[seq_id], needs):
+            while len(held) < need:
+                block_id = self.pool.allocate()
+                assert block_id is not None, "the free count promised enough free blocks"
+                held.append(block_id)
+
+    def _extra_cost(self, seq_id: int, needs: list[int]) -> int:
+        return sum(max(0, need - len(held)) for held, need in zip(self._extra[seq_id], needs))
+
+    def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
+        if seq_id in self._tables:
+            raise ValueError(f"sequence {seq_id!r}: already allocated (free it first)")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
+        shared = len(self._prefix_blocks(prefix, num_tokens)) if prefix is not None else 0
+        needs = self._needs(shared * self.block_size, num_tokens) if num_tokens else [0] * len(self.groups)
+        if self.blocks_needed(num_tokens) - shared + sum(needs) > self.pool.num_free:
+            return False
+        ok = super().allocate(seq_id, num_tokens, prefix)
+        assert ok, "the free count promised enough free blocks"
+        self._extra[seq_id] = [deque() for _ in self.groups]
+        self._grow(seq_id, needs)
+        return True
+
+    def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int:
+        length = self.seq_len(seq_id)
+        return super().reserve_cost(seq_id, num_tokens) + self._extra_cost(seq_id, self._needs(length, length +
+                                                                                                num_tokens))
+
+    def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        return self.reserve_cost(seq_id, num_tokens) <= self.pool.num_free
+
+    def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
+        extra = self._extra.get(seq_id)
+        if num_tokens == 1 and extra is not None:  # a decode token: the hot path
+            length, bs = self._lens[seq_id], self.block_size
+            last = length // bs + 1  # blocks up to and including position `length`
+            for (sliding, window, layers, full), held in zip(self._plain, extra):
+                first = (length - window + 1 if length >= window else 0) if sliding else length - length % window
+                if -(-(layers * (last - first // bs)) // full) != len(held):
+                    break
+            else:  # every window group keeps its blocks: only the full layers may need one
+                return super().reserve(seq_id, 1)
+        length = self.seq_len(seq_id)
+        needs = self._needs(length, length + num_tokens)
+        self._trim(seq_id, needs)  # what fell out of the window goes back first
+        extra = self._extra_cost(seq_id, needs)
+        if super().reserve_cost(seq_id, num_tokens) + extra > self.pool.num_free:
+            return False
+        ok = super().reserve(seq_id, num_tokens)
+        assert ok, "the free count promised enough free blocks"
+        self._grow(seq_id, needs)
+        return True
+
+    def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
+        raise NotImplementedError("WindowedBlockManager: the simulator reserves (reserve); the engine's "
+                                  "slot-by-slot path is BlockManager's")
+
+    def append_slot(self, seq_id: int) -> SlotResult | None:
+        raise NotImplementedError("WindowedBlockManager: the simulator reserves (reserve); the engine's "
+                                  "slot-by-slot path is BlockManager's")
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        super().fork(parent_id, child_id)
+        for held in self._extra[parent_id]:
+            for block_id in held:
+                self.pool.incref(block_id)
+        self._extra[child_id] = [deque(held) for held in self._extra[parent_id]]
+
+    def free(self, seq_id: int) -> None:
+        super().free(seq_id)
+        for held in self._extra.pop(seq_id):
+            for block_id in held:
+                self.pool.decref(block_id)
+
+    def window_blocks(self, seq_id: int) -> list[int]:
+        """Pool blocks each window group holds for the sequence."""
+        self._table(seq_id)
+        return [len(held) for held in self._extra[seq_id]]
+
+    def check_invariants(self) -> None:
+        """Every pool reference is a table entry or a window group's block."""
+        self.pool.check_invariants()
+        holders: dict[int, int] = {}
+        for seq_id, table in self._tables.items():
+            assert len(table) == self.blocks_needed(self._lens[seq_id]), f"sequence {seq_id}'s table size"
+            for block_id in table:
+                holders[block_id] = holders.get(block_id, 0) + 1
+            for held in self._extra[seq_id]:
+                for block_id in held:
+                    holders[block_id] = holders.get(block_id, 0) + 1
+        for block_id in range(self.num_blocks):
+            refs = self.pool.refcount(block_id)
+            assert refs == holders.get(block_id, 0), (
+                f"block {block_id} has ref_count {refs} but {holders.get(block_id, 0)} holders: every reference "
+                "is a table entry or a window group's block")
+
+
+__all__ = ["Block", "BlockManager", "BlockPool", "BlockUsage", "FreeBlockQueue", "SlotResult", "WindowGroup",
+           "WindowedBlockManager", "window_blocks_for"]

@@ -8,14 +8,23 @@ Its time is priced from the same operator costs as `llmperf.estimate` (`ForwardM
   over the step's `T` tokens, so the weights are read once per step; its FLOPs and activation bytes
   grow with `T` (`ForwardModel.<op>(batch=T, q_len=1, ...)`, exactly the cost `estimate` gives a
   batch of `B` prompts of `P` tokens with `T = B * P`);
-- `lm_head` runs over one row per sequence that samples a token this step (prefill computes logits
-  for the last position only, as serving engines do);
+- `lm_head` (and Gemma 2's final soft-capping) runs over one row per sequence that samples a token
+  this step (prefill computes logits for the last position only, as serving engines do);
 - attention runs once per step over every sequence's own chunk and context (one varlen kernel, as
   FlashAttention's varlen / vLLM's paged kernels): its FLOPs and bytes are the sums over sequences of
-  each sequence's `attention_parts(1, q_i, kv_i)`. Those counts are linear in four features of a
-  sequence, `(q, kv, q * kv, q (q - 1) / 2)` (fused: causal pairs `q kv - q (q - 1) / 2`, Q/O
-  bytes in `q`, K/V bytes in `kv`; naive: the square `q kv`); the coefficients are read off the
-  analytical model once (exact, checked on probe points), so a step costs a few multiply-adds;
+  each sequence's `attention_core(1, q_i, kv_i)`. Per layer kind, those counts are exactly linear in
+  four features of a sequence computed with that kind's span (`attended_pairs`, `keys_read`):
+  `(q, keys read, attended pairs, q * keys read)` (Q/O bytes in `q`, K/V bytes in the keys, fused
+  FLOPs in the pairs, the naive square in `q * keys`), so sliding layers (gpt-oss, Gemma) pay their
+  window and chunked ones (Llama 4) their chunk, never the whole context. The coefficients are read
+  off the analytical model once (exact, checked on probe points on both sides of the window), so a
+  step costs a few multiply-adds per group of layers with the same span;
+- MLA (DeepSeek-V3, Kimi-K2) under `mla_mode="auto"`: a sequence with one new token (decode) runs the
+  absorbed form (`q_absorb`, MQA over the latent, `v_absorb`), one with more (a prefill chunk) the
+  unabsorbed one (`kv_b_proj` up-projecting every key it attends to, its cached ones too, then
+  multi-head attention), as `ForwardModel.absorbed` decides for `estimate`; the features are summed
+  per form, and each form-only operator is priced per sequence (its keys or tokens) plus its
+  weights once per step where the form runs at all;
 - the time of each operator is `op_time` (the roofline, or the calibrated time model passed as
   `time_model`, whose efficiencies depend on the operator and its rows `T`, never on the context);
   the time of everything outside attention is cached per `T` (vectorised over blocks of `T`);
@@ -34,21 +43,65 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from llmperf.analysis import op_time
+from llmperf.analysis.operators import attended_pairs, keys_read
 from llmperf.analysis.rollup import Conventions, forward_model, pipeline_transfer_s
 from llmperf.analysis.roofline import OpCost
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
 
 _ATTN_NAMES = frozenset(op.value for op in ATTENTION_OPS)
+# MLA's operators that exist in one form only (unabsorbed: kv_b_proj over the keys; absorbed: the
+# query and value absorptions): priced with the attention, per sequence, never per step's tokens
+_MLA_FORM_OPS = frozenset({"kv_b_proj", "q_absorb", "v_absorb"})
+# operators over the logit rows (one per sampling sequence), not over the step's tokens
+_LOGIT_OPS = frozenset({Op.lm_head.value, "final_softcap"})
 _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
                  "comm_bytes")
-# (q, kv) probe points: enough to determine the four coefficients, plus checks
-_PROBES = np.array([(1, 1), (1, 7), (3, 5), (4, 4), (2, 9), (5, 11), (8, 8), (7, 30)], dtype=float)
+# (q, kv) probe points: enough to determine the five coefficients, plus checks; a window or chunk
+# adds points around it (`_probes`)
+_PROBES = ((1, 1), (1, 7), (3, 5), (4, 4), (2, 9), (5, 11), (8, 8), (7, 30))
 _BLOCK = 256  # dense-time cache is filled this many token counts at a time
 
 
-def _features(q: np.ndarray, kv: np.ndarray) -> np.ndarray:
-    return np.stack([q, kv, q * kv, q * (q - 1) / 2], axis=-1)
+def _probes(span: tuple[int | None, int | None]) -> tuple[np.ndarray, np.ndarray]:
+    pts = list(_PROBES)
+    w = span[0] or span[1]
+    if w:  # both sides of the window: short contexts, long ones, chunks across a chunk boundary
+        pts += [(1, w), (1, w + 3), (2, 2 * w + 1), (w + 1, w + 1), (5, 3 * w + 2), (w + 7, 2 * w + 9),
+                (3, w - 1 if w > 1 else 1), (2 * w + 3, 2 * w + 3)]
+    q, kv = np.array(pts, dtype=float).T
+    return q, kv
+
+
+def span_features(q, kv, span: tuple[int | None, int | None]):  # noqa: ANN001, ANN201
+    """A sequence's attention features for layers of `span` = (window, chunk): `(q, keys read,
+    attended pairs, q * keys read)`; every attention count is linear in them (`attention_core`)."""
+    window, chunk = span
+    k = keys_read(q, kv, window, chunk)
+    return np.stack(np.broadcast_arrays(q, k, attended_pairs(q, kv, True, window, chunk), q * k), axis=-1)
+
+
+def _scalar_features(q: int, kv: int, window: int | None, chunk: int | None) -> tuple[float, float]:
+    """(keys read, attended pairs) of one sequence, in plain Python (the simulator's per-item path)."""
+    if chunk is not None:
+        lo = kv - q
+        k = kv - (lo // chunk) * chunk
+
+        def pre(m: int) -> float:
+            f, r = divmod(m, chunk)
+            return chunk * (chunk + 1) / 2 * f + r * (r + 1) / 2
+        return k, pre(kv) - pre(lo)
+    if window is None:
+        return kv, q * kv - q * (q - 1) / 2
+    if q == 1:
+        k = kv if kv < window else window
+        return k, k
+    k = min(kv, q + window - 1)
+    lo, hi = kv - q + 1, kv
+    top = min(hi, window)
+    below = max(top - lo + 1, 0) * (lo + top) / 2
+    above = max(hi - max(lo, window + 1) + 1, 0) * window
+    return k, below + above
 
 
 def _op_time(cost: OpCost, hardware: HardwareSpec, dtype: str, time_model: object | None):  # noqa: ANN202
@@ -59,19 +112,30 @@ def _op_time(cost: OpCost, hardware: HardwareSpec, dtype: str, time_model: objec
 
 @dataclass(frozen=True)
 class _AttnPart:
-    """One attention operator: the count fields as linear functions of the sequence features."""
+    """One attention operator of one layer kind (and, for MLA, one form): its count fields as linear
+    functions of the summed sequence features of its `group`. Column 0 of `coef` is paid once per
+    step when the group has a sequence at all (the weights of MLA's kv_b_proj / absorptions), columns
+    1-4 multiply the summed features."""
 
     name: str
     kind: str
-    coef: np.ndarray  # (fields, 4), already multiplied by the number of layers
+    coef: np.ndarray  # (fields, 5), already multiplied by the number of layers (and the dp share)
+    group: int = 0  # index into the step's feature groups (form x span)
     layers: int = 1  # layers of its kind (each launches it once)
+    compute_dtype: str | None = None
 
 
 @dataclass
 class StepCostModel:
-    """Seconds of one step on one replica (a `tp`-way tensor-parallel group, `pp` stages), from the
-    per-sequence chunk lengths `q_lens` and contexts after the step `kv_lens`, and the number of
-    sequences that sample a token (`logit_rows`)."""
+    """Seconds of one step on one replica (a `tp`-way group, `pp` stages), from the per-sequence
+    chunk lengths `q_lens` and contexts after the step `kv_lens`, and the number of sequences that
+    sample a token (`logit_rows`).
+
+    Sequences' attention features are kept per group: one group per distinct attention span of the
+    model's layer kinds (full, each sliding window, each chunk size), and for MLA under
+    `mla_mode="auto"` per form too (decode sequences, q = 1, run the absorbed form; prefill chunks,
+    q > 1, the unabsorbed one, as `ForwardModel.absorbed` says): `groups` lists them as
+    (absorbed or None, (window, chunk))."""
 
     model: ModelSpec
     hardware: HardwareSpec
@@ -80,60 +144,90 @@ class StepCostModel:
     pp: int = 1
     attention: str = "fused"
     time_model: object | None = None
-    conventions: Conventions | None = None  # fused projections, attention FLOPs, logits (as `estimate`)
+    conventions: Conventions | None = None  # fused projections, attention FLOPs, logits, MLA form, ep, dp
     _dense: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
     _head: dict[int, float] = field(default_factory=dict, init=False, repr=False)
-    _rates: dict[tuple[str, int], tuple[float, float, float, float]] = field(default_factory=dict, init=False, repr=False)
+    _rates: dict[tuple, tuple[float, float, float, float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         conv = self.conventions or Conventions(attention=self.attention)
         self.fm = forward_model(self.model, self.precision, conv, self.tp)
-        if self.fm.model.is_mla and self.fm.mla_mode == "auto":
-            # one form for every sequence of a step, so the attention counts stay linear in the
-            # features: the absorbed one (decode's; a prefill chunk priced as absorbed)
-            self.fm = replace(self.fm, mla_mode="absorbed")
         from llmperf.analysis.memory import layers_per_stage
         layers_per_stage(self.model, self.pp)
         self.dtype = self.hardware.compute_dtype(self.precision.activations)
+        m = self.fm.model
+        if m.is_mla and self.fm.mla_mode == "auto":
+            self.forms: tuple[bool | None, ...] = (True, False)  # absorbed (q == 1), unabsorbed (q > 1)
+        elif m.is_mla:
+            self.forms = (self.fm.mla_mode == "absorbed",)
+        else:
+            self.forms = (None,)
+        spans: list[tuple[int | None, int | None]] = []
+        for kind, _ in self.model.layer_groups():
+            if self.fm._span(kind) not in spans:
+                spans.append(self.fm._span(kind))
+        self.spans = tuple(spans)
+        self.groups = tuple((f, s) for f in self.forms for s in self.spans)
+        #: the common case: one group, full attention (the simulator's fast path)
+        self.simple = len(self.groups) == 1 and self.spans[0] == (None, None)
         self.parts = self._fit_attention()
-        # per part: FLOP and memory-byte coefficients as plain floats (the per-step hot path)
-        self._lines = [(tuple(float(x) for x in p.coef[0]), tuple(float(x) for x in p.coef[1:6].sum(axis=0)))
+        # per part: (intercept, FLOP line, memory-byte line) as plain floats (the per-step hot path)
+        self._lines = [(float(p.coef[1:6, 0].sum()), tuple(float(x) for x in p.coef[0, 1:]),
+                        tuple(float(x) for x in p.coef[1:6, 1:].sum(axis=0)), float(p.coef[0, 0]))
                        for p in self.parts]
 
     # ---- attention: linear coefficients ----------------------------------------------------------
+    def group_of(self, q_len: int, span_index: int) -> int:
+        """The feature group of a sequence of `q_len` new tokens on the span `span_index`."""
+        form = 0 if len(self.forms) == 1 or q_len == 1 else 1
+        return form * len(self.spans) + span_index
+
     def _fit_attention(self) -> list[_AttnPart]:
-        q, kv = _PROBES[:, 0], _PROBES[:, 1]
-        X = _features(q, kv)
         parts = []
-        # every layer kind's attention, priced as full attention (its counts are linear in the
-        # features; a window or chunk caps each sequence's keys, which summed features cannot express)
-        for kind, L in self.model.layer_groups():
-            parts += self._fit_kind(replace(kind, attention="full", window=None), L, X, q, kv)
+        for fi, form in enumerate(self.forms):
+            fm = self.fm if form is None else replace(self.fm, mla_mode="absorbed" if form else "unabsorbed")
+            for kind, L in self.model.layer_groups():
+                g = fi * len(self.spans) + self.spans.index(self.fm._span(kind))
+                parts += self._fit_kind(fm, kind, L, g)
         return parts
 
-    def _fit_kind(self, kind, L: int, X: np.ndarray, q: np.ndarray, kv: np.ndarray) -> list[_AttnPart]:  # noqa: ANN001
+    def _fit_kind(self, fm, kind, L: int, group: int) -> list[_AttnPart]:  # noqa: ANN001
+        span = self.groups[group][1]
+        q, kv = _probes(span)
+        X = np.column_stack([np.ones_like(q), span_features(q, kv, span)])
+        # features of very different sizes (a 4096-token window): solve with rows and columns scaled
+        scale = np.abs(X).max(axis=0)
+        row = 1.0 / np.abs(X / scale).max(axis=1)
+        ops = fm.attention_ops(1.0, q, kv, kind=kind)
+        if self.model.is_mla:
+            ops = ([fm.kv_b_proj(1.0, q, kv, kind=kind)] if fm.mla_mode == "unabsorbed"
+                   else [fm.q_absorb(1.0, q, kv), fm.v_absorb(1.0, q, kv)]) + ops
         parts = []
-        for op in self.fm.attention_ops(1.0, q, kv, kind=kind):
+        for op in ops:
             Y = np.stack([np.broadcast_to(np.asarray(getattr(op, f), dtype=float), q.shape) for f in _COUNT_FIELDS],
                          axis=1)
-            coef, *_ = np.linalg.lstsq(X, Y, rcond=None)
-            if not np.allclose(X @ coef, Y, rtol=1e-9, atol=1e-6):
-                raise AssertionError(f"attention operator {op.name}: counts are not linear in "
-                                     "(q, kv, q*kv, q(q-1)/2); the step cost model needs them to be")
-            # data-parallel attention: each GPU runs its share of the step's sequences (balanced)
-            share = 1.0 / self.tp if self.fm.dp_attention else 1.0
-            parts.append(_AttnPart(name=op.name, kind=op.kind, coef=coef.T * L * share, layers=L))
+            coef, *_ = np.linalg.lstsq(X / scale * row[:, None], Y * row[:, None], rcond=None)
+            coef = coef / scale[:, None]
+            if not np.allclose(X @ coef, Y, rtol=1e-9, atol=1e-6 + 1e-12 * np.abs(Y).max()):
+                raise AssertionError(f"attention operator {op.name} ({kind.label}): counts are not linear in "
+                                     "(1, q, keys, pairs, q*keys); the step cost model needs them to be")
+            coef = coef.T * L
+            # data-parallel attention: each GPU runs its share of the step's sequences (balanced);
+            # the weights (column 0) are read once on every GPU
+            if self.fm.dp_attention and self.tp > 1:
+                coef[:, 1:] /= self.tp
+            parts.append(_AttnPart(name=op.name, kind=op.kind, coef=coef, group=group, layers=L,
+                                   compute_dtype=op.compute_dtype))
         return parts
 
     def _rates_for(self, part: _AttnPart, rows: int) -> tuple[float, float, float, float]:
         """(seconds per FLOP, seconds per byte, fixed seconds, overlapped host seconds) of `part` at
         `rows` tokens: the time model's efficiencies depend on the operator and its rows only, so they
         are read once."""
-        key = (part.name, rows)
+        key = (part.name, part.kind, part.compute_dtype, rows)
         hit = self._rates.get(key)
         if hit is None:
-            base = _op_time(OpCost(name=part.name, kind=part.kind, rows=rows), self.hardware, self.dtype,
-                            self.time_model) if _has_rows() else None
+            base = _op_time(_cost(part, rows), self.hardware, self.dtype, self.time_model) if _has_rows() else None
             zero = base.overhead_s if base is not None else 0.0
             host = base.host_s if base is not None else 0.0
             per_flop = _op_time(_cost(part, rows, flops=1.0), self.hardware, self.dtype, self.time_model).compute_s
@@ -143,20 +237,41 @@ class StepCostModel:
             self._rates[key] = hit
         return hit
 
-    def attention_counts(self, q_lens: np.ndarray, kv_lens: np.ndarray) -> list[np.ndarray]:
-        """Per attention operator, its count fields summed over the sequences (all layers)."""
-        F = _features(np.asarray(q_lens, dtype=float), np.asarray(kv_lens, dtype=float)).sum(axis=0)
-        return [p.coef @ F for p in self.parts]
+    def features(self, q_lens, kv_lens) -> np.ndarray:  # noqa: ANN001
+        """The summed features of the sequences, per group: (groups, 4)."""
+        q = np.asarray(q_lens, dtype=float).reshape(-1)
+        kv = np.asarray(kv_lens, dtype=float).reshape(-1)
+        out = np.zeros((len(self.groups), 4))
+        for si, span in enumerate(self.spans):
+            f = span_features(q, kv, span).reshape(-1, 4)
+            if len(self.forms) == 1:
+                out[si] = f.sum(axis=0)
+            else:
+                dec = q == 1
+                out[si] = f[dec].sum(axis=0)
+                out[len(self.spans) + si] = f[~dec].sum(axis=0)
+        return out
 
-    def attention_time_s(self, features, rows: int) -> float:  # noqa: ANN001
-        """Attention time of a step whose summed sequence features are `features` (4 numbers)."""
-        f0, f1, f2, f3 = (float(x) for x in features)
+    def attention_counts(self, q_lens, kv_lens) -> list[np.ndarray]:  # noqa: ANN001
+        """Per attention operator, its count fields summed over the sequences (all layers)."""
+        F = self.features(q_lens, kv_lens)
+        return [p.coef[:, 0] * (F[p.group][0] > 0) + p.coef[:, 1:] @ F[p.group] for p in self.parts]
+
+    def attention_time_s(self, features, rows: int | None = None) -> float:  # noqa: ANN001
+        """Attention time of a step whose summed sequence features are `features`, one row of 4
+        numbers per group (`groups`); a group's rows are its sequences' new tokens (the busiest
+        GPU's share of them with data-parallel attention)."""
         total = 0.0
-        for p, (c, b) in zip(self.parts, self._lines):
+        dp = self.tp if self.fm.dp_attention and self.tp > 1 else 1
+        for p, (wb, c, b, wf) in zip(self.parts, self._lines):
+            f0, f1, f2, f3 = (float(x) for x in features[p.group])
+            if f0 <= 0:
+                continue
             L = p.layers
-            per_flop, per_byte, fixed, host = self._rates_for(p, rows)
-            flops = c[0] * f0 + c[1] * f1 + c[2] * f2 + c[3] * f3
-            nbytes = b[0] * f0 + b[1] * f1 + b[2] * f2 + b[3] * f3
+            r = int(f0) if dp == 1 else -(-int(f0) // dp)
+            per_flop, per_byte, fixed, host = self._rates_for(p, r)
+            flops = wf + c[0] * f0 + c[1] * f1 + c[2] * f2 + c[3] * f3
+            nbytes = wb + b[0] * f0 + b[1] * f1 + b[2] * f2 + b[3] * f3
             # the counts are summed over the layers; every layer launches the operator once
             total += L * (max(flops * per_flop / L, nbytes * per_byte / L, host) + fixed)
         return total
@@ -182,17 +297,20 @@ class StepCostModel:
     def _dense_times(self, T):  # noqa: ANN001, ANN202
         total = pipeline_transfer_s(self.fm, self.hardware, T, 1, self.pp) + 0.0 * T
         for cost in self.fm.forward_ops(T, 1, 1):
-            if cost.name in _ATTN_NAMES or cost.name == Op.lm_head.value:
+            if cost.name in _ATTN_NAMES or cost.name in _MLA_FORM_OPS or cost.name in _LOGIT_OPS:
                 continue
             total = total + _op_time(cost, self.hardware, self.dtype, self.time_model).time_s
         return np.asarray(total, dtype=float)
 
     def head_time_s(self, rows: int) -> float:
-        """`lm_head` over `rows` sequences (one logit row each)."""
+        """`lm_head` (and Gemma's final soft-capping) over `rows` sequences (one logit row each)."""
         hit = self._head.get(rows)
         if hit is None:
-            cost = self.fm.lm_head(rows, 1, 1)
-            hit = float(_op_time(cost, self.hardware, self.dtype, self.time_model).time_s) if rows else 0.0
+            hit = 0.0
+            if rows:
+                for cost in self.fm.tail_ops(rows, 1, 1):
+                    if cost.name in _LOGIT_OPS:
+                        hit += float(_op_time(cost, self.hardware, self.dtype, self.time_model).time_s)
             self._head[rows] = hit
         return hit
 
@@ -200,7 +318,7 @@ class StepCostModel:
     def step_time_s(self, q_lens: Iterable[int], kv_lens: Iterable[int], logit_rows: int) -> float:
         q = np.asarray(list(q_lens) if not isinstance(q_lens, np.ndarray) else q_lens, dtype=float)
         kv = np.asarray(list(kv_lens) if not isinstance(kv_lens, np.ndarray) else kv_lens, dtype=float)
-        return self.step_time_from_features(int(q.sum()), _features(q, kv).sum(axis=0), logit_rows)
+        return self.step_time_from_features(int(q.sum()), self.features(q, kv), logit_rows)
 
     @property
     def step_overhead_s(self) -> float:
@@ -208,15 +326,17 @@ class StepCostModel:
         from a calibrated time model (0 for the roofline)."""
         return float(getattr(self.time_model, "step_overhead_s", 0.0) or 0.0)
 
-    def step_time_from_features(self, tokens: int, features: np.ndarray, logit_rows: int) -> float:
+    def step_time_from_features(self, tokens: int, features, logit_rows: int) -> float:  # noqa: ANN001
+        """A step of `tokens` new tokens whose sequences' summed features are `features` (one row of
+        4 per group, `features`)."""
         if tokens <= 0:
             return 0.0
-        return (self.dense_time_s(tokens) + self.attention_time_s(features, tokens) + self.head_time_s(logit_rows)
+        return (self.dense_time_s(tokens) + self.attention_time_s(features) + self.head_time_s(logit_rows)
                 + self.step_overhead_s)
 
 
 def _cost(part: _AttnPart, rows: int, **counts: float) -> OpCost:
-    kw = dict(name=part.name, kind=part.kind, **counts)
+    kw = dict(name=part.name, kind=part.kind, compute_dtype=part.compute_dtype, **counts)
     if _has_rows():
         kw["rows"] = rows
     return OpCost(**kw)

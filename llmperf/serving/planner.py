@@ -1,7 +1,18 @@
-"""Capacity planning: which devices, at which precision and tensor-parallel degree, and how many
-replicas (data parallel) serve a load within the SLOs, at what cost per million generated tokens.
+"""Capacity planning: which devices, at which precision, tensor-parallel degree and layout, and how
+many replicas (data parallel) serve a load within the SLOs, at what cost per million generated tokens.
 
-For every candidate (device x precision x TP):
+Layouts of a replica's `tp` GPUs (`LAYOUTS`): `tp` (plain tensor parallelism, Megatron-LM), `tp+ep`
+(attention tensor-parallel, the experts expert-parallel over the group: ep = tp), `dp+ep` (attention
+data-parallel, each GPU its own sequences and their KV, experts expert-parallel: SGLang's DP
+attention, how MLA models are served). A dense model has only `tp`; a layout identical to another
+at a degree (any layout at tp = 1) is skipped; one the model cannot take at a degree loses on
+`layout`, with the reason.
+
+Every step is priced by the time model `efficiency` names (default `typical`: the GPU efficiency
+figures of `models_spec/efficiency/typical.yaml`, never silently the optimistic roofline; a CPU
+device, which `typical` does not cover, takes its calibration); each row names its time model.
+
+For every candidate (device x precision x TP x layout):
 
 1. memory: the weights and one step's activations must leave room for a KV pool that holds the
    longest request (`simulator.plan_memory` / `check_fits`); otherwise the candidate loses on memory;
@@ -38,7 +49,7 @@ from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
 from llmperf.serving.prices import price_for
 from llmperf.serving.simulator import (
-    SLO, ServingConfig, check_fits, plan_memory, saturated_rate, service_rate_bound, simulate, step_cost_model,
+    SLO, ServingConfig, check_fits, kv_note, plan_memory, saturated_rate, service_rate_bound, simulate, step_cost_model,
 )
 from llmperf.serving.workload import Poisson, WorkloadSpec, generate
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
@@ -49,6 +60,27 @@ GiB = 2**30
 SATURATION_CHECK = 0.5
 DEFAULT_PRECISIONS = ("bf16", "fp8", "int8", "int4")
 DEFAULT_TPS = (1, 2, 4, 8)
+#: a replica's layouts: label -> (experts expert-parallel over the group, data-parallel attention)
+LAYOUTS = {"tp": (False, False), "tp+ep": (True, False), "dp+ep": (True, True)}
+DEFAULT_EFFICIENCY = "typical"
+
+
+def layouts_for(model: ModelSpec) -> tuple[str, ...]:
+    """The layouts that apply to `model`: all of them for a mixture of experts, else `tp`."""
+    return tuple(LAYOUTS) if model.is_moe else ("tp",)
+
+
+def check_layouts(layouts: Sequence[str]) -> tuple[str, ...]:
+    """`layouts` checked by name (SpecError naming --layouts and the bad value), duplicates dropped."""
+    out: list[str] = []
+    for name in layouts:
+        if name not in LAYOUTS:
+            raise SpecError(f"--layouts: unknown layout {name!r} (layouts: {', '.join(LAYOUTS)})")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise SpecError("--layouts: give at least one layout")
+    return tuple(out)
 
 
 def plan_precision(model: ModelSpec, name: str, kv: str | None = None) -> Precision:
@@ -65,6 +97,15 @@ class Candidate:
     device: str
     precision: str
     tp: int
+    layout: str = "tp"
+
+    @property
+    def ep(self) -> int:
+        return self.tp if LAYOUTS[self.layout][0] else 1
+
+    @property
+    def dp_attention(self) -> bool:
+        return LAYOUTS[self.layout][1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +121,10 @@ class PlanRow:
     feasible: bool
     binding: str
     detail: str
+    layout: str = "tp"
+    ep: int = 1
+    dp_attention: bool = False
+    time_model: str = ""  # the time model that priced its steps
     ttft_s: float | None = None  # at the SLO percentile, per replica load
     tpot_s: float | None = None
     usd_per_gpu_hour: float | None = None
@@ -90,11 +135,12 @@ class PlanRow:
     simulations: int = 0
 
     def as_dict(self) -> dict[str, object]:
-        return dict(device=self.device, precision=self.precision, tp=self.tp, replicas=self.replicas, gpus=self.gpus,
+        return dict(device=self.device, precision=self.precision, tp=self.tp, layout=self.layout, ep=self.ep,
+                    dp_attention=self.dp_attention, replicas=self.replicas, gpus=self.gpus,
                     feasible=self.feasible, binding=self.binding, detail=self.detail, ttft_s=self.ttft_s,
                     tpot_s=self.tpot_s, usd_per_gpu_hour=self.usd_per_gpu_hour, price_source=self.price_source,
                     cost_per_hour=self.cost_per_hour, cost_per_million_tokens=self.cost_per_million_tokens,
-                    replica_rate_rps=self.replica_rate_rps, simulations=self.simulations)
+                    replica_rate_rps=self.replica_rate_rps, simulations=self.simulations, time_model=self.time_model)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +178,7 @@ class PlanResult:
         return min(self.losers, key=lambda r: _closeness(r, self.slo))
 
 
-_BINDING_ORDER = {"replicas": 0, "TTFT": 1, "TPOT": 1, "memory": 2, "tp": 3}
+_BINDING_ORDER = {"replicas": 0, "TTFT": 1, "TPOT": 1, "memory": 2, "tp": 3, "layout": 3}
 
 
 def _closeness(r: PlanRow, slo: SLO) -> tuple:
@@ -162,15 +208,28 @@ def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float,
 def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec, slo: SLO, base: dict,
               max_replicas: int, gpu_cost: dict[str, float] | float | None, kv: str | None) -> PlanRow:
     price, source = price_for(cand.device, gpu_cost)
-    common = dict(device=cand.device, precision=cand.precision, tp=cand.tp, usd_per_gpu_hour=price,
-                  price_source=source)
+    common = dict(device=cand.device, precision=cand.precision, tp=cand.tp, layout=cand.layout, ep=cand.ep,
+                  dp_attention=cand.dp_attention, usd_per_gpu_hour=price, price_source=source)
     try:
         hw = load_hardware(cand.device)
-        config = ServingConfig(model=model, hardware=hw, precision=plan_precision(model, cand.precision, kv),
-                               tp=cand.tp, **base)
         ShardDims.of(model, cand.tp)  # a TP degree the heads and the FFN cannot be split over loses on tp
     except SpecError as exc:
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="tp", detail=str(exc), **common)
+    try:
+        ShardDims.of(model, cand.tp, cand.ep, cand.dp_attention)  # the layout at this degree
+    except SpecError as exc:
+        return PlanRow(replicas=None, gpus=None, feasible=False, binding="layout",
+                       detail=f"{cand.layout}: {exc}", **common)
+    base = dict(base)
+    eff = base.pop("efficiency", DEFAULT_EFFICIENCY)
+    if eff == "typical" and (hw.vendor.lower() == "cpu" or "cpu" in (hw.variant or "").lower().split()):
+        eff = "auto"  # typical's figures are GPU measurements: a CPU takes its calibration
+    try:
+        config = ServingConfig(model=model, hardware=hw, precision=plan_precision(model, cand.precision, kv),
+                               tp=cand.tp, ep=cand.ep, dp_attention=cand.dp_attention, efficiency=eff, **base)
+    except SpecError as exc:
+        return PlanRow(replicas=None, gpus=None, feasible=False, binding="tp", detail=str(exc), **common)
+    common["time_model"] = str(config.settings()["time_model"])
     probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
                                   num_requests=200, system_prompt_len=spec.system_prompt_len, seed=spec.seed))
     try:
@@ -269,9 +328,12 @@ def _loser(common: dict, replicas: int, tp: int, res, slo: SLO, sims: int, why: 
 def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpec, devices: Sequence[str],
          precisions: Sequence[str] = DEFAULT_PRECISIONS, tps: Sequence[int] = DEFAULT_TPS, max_replicas: int = 64,
          gpu_cost: dict[str, float] | float | None = None, kv: str | None = None, base: dict | None = None,
-         on_candidate: Callable[[PlanRow], None] | None = None, jobs: int | None = None) -> PlanResult:
-    """Evaluate every device x precision x TP candidate for `rate` requests/s under `slo` (in `jobs`
-    processes; default one per CPU)."""
+         on_candidate: Callable[[PlanRow], None] | None = None, jobs: int | None = None,
+         layouts: Sequence[str] | None = None, efficiency: str = DEFAULT_EFFICIENCY) -> PlanResult:
+    """Evaluate every device x precision x TP x layout candidate for `rate` requests/s under `slo`
+    (in `jobs` processes; default one per CPU). `layouts`: None, every layout the model takes
+    (`layouts_for`); `efficiency`: the time model pricing every step (`ServingConfig.efficiency`;
+    `base` may set it too)."""
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise SpecError(f"--rate: must be a number of requests/s > 0, got {rate!r}")
     if not slo.any:
@@ -281,8 +343,14 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     m = load_model(model)
     for d in devices:
         load_hardware(d)  # unknown names fail before any work
+    from llmperf.serving.simulator import EFFICIENCIES
+    if efficiency not in EFFICIENCIES:
+        raise SpecError(f"--efficiency: must be one of {', '.join(EFFICIENCIES)}, got {efficiency!r}")
+    layouts = layouts_for(m) if layouts is None else check_layouts(layouts)
     base = dict(base or {})
-    cands = [Candidate(device=d, precision=p, tp=t) for d in devices for p in precisions for t in tps]
+    base.setdefault("efficiency", efficiency)
+    cands = [Candidate(device=d, precision=p, tp=t, layout=lay) for d in devices for p in precisions for t in tps
+             for lay in layouts if not _duplicate(lay, t, layouts)]
     args = (m, rate, workload, slo, base, max_replicas, gpu_cost, kv)
     rows: list[PlanRow | None] = [None] * len(cands)
     jobs = max(1, min(jobs if jobs is not None else (os.cpu_count() or 1), len(cands)))
@@ -303,9 +371,17 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
                 if on_candidate is not None:
                     on_candidate(rows[futures[fut]])
     settings = dict(model=m.name, rate_rps=rate, devices=list(devices), precisions=list(precisions), tps=list(tps),
+                    layouts=list(layouts), kv_note=kv_note(m, base.get("kv_window", "capped"), base.get("pp", 1)),
                     max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
                     slo_percentile=slo.percentile, workload=workload.describe(), **base)
     return PlanResult(model=m.name, rate_rps=rate, slo=slo, rows=list(rows), settings=settings)
+
+
+def _duplicate(layout: str, tp: int, layouts: Sequence[str]) -> bool:
+    """Whether `layout` at `tp` is the same replica as another candidate of the list: at tp = 1
+    every layout is plain `tp` (one GPU: no experts to split, no attention to share), kept once."""
+    first = "tp" if "tp" in layouts else layouts[0]
+    return tp == 1 and layout != first
 
 
 def all_devices() -> list[str]:
@@ -313,5 +389,6 @@ def all_devices() -> list[str]:
     return sorted(list_hardware())
 
 
-__all__ = ["Candidate", "DEFAULT_PRECISIONS", "DEFAULT_TPS", "PlanResult", "PlanRow", "all_devices", "plan",
+__all__ = ["Candidate", "DEFAULT_EFFICIENCY", "DEFAULT_PRECISIONS", "DEFAULT_TPS", "LAYOUTS", "check_layouts",
+           "layouts_for", "PlanResult", "PlanRow", "all_devices", "plan",
            "plan_precision"]

@@ -5,7 +5,9 @@ Nothing here decides what runs when: the `Scheduler` does, exactly as it does in
 (static / continuous batching, chunked prefill with a token budget and mixed steps, paged KV with
 recompute preemption, prefix sharing). This module sizes the KV pool the way vLLM does (device
 memory x `mem_util`, minus the weights and one forward pass's activations at the step's token
-budget, in blocks of `block_size` tokens), feeds the workload's requests at their arrival times,
+budget, in blocks of `block_size` tokens; with data-parallel attention the replica's pool is its
+GPUs' pools together; sliding / chunked layers hold only their window's blocks, as vLLM's hybrid
+KV-cache manager, unless `kv_window="full"`), feeds the workload's requests at their arrival times,
 prices each step with `StepCostModel` (or replays given step durations: `step_times`), and turns the
 finished requests and the step log into latency statistics:
 
@@ -36,8 +38,8 @@ import pandas as pd
 from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
 from llmperf.analysis.rollup import Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
-from llmperf.serving.blocks import BlockManager
-from llmperf.serving.costmodel import StepCostModel
+from llmperf.serving.blocks import BlockManager, WindowedBlockManager, WindowGroup, window_blocks_for
+from llmperf.serving.costmodel import StepCostModel, _scalar_features
 from llmperf.serving.scheduler import RequestState, Scheduler, SchedulerConfig, StepOutcome, StepPlan
 from llmperf.serving.workload import Gamma, Poisson, Workload, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
@@ -73,7 +75,15 @@ class SLO:
 
 @dataclass(frozen=True, kw_only=True)
 class ServingConfig:
-    """One replica (a `tp`-way tensor-parallel group) serving one model, and its scheduler settings.
+    """One replica (a `tp`-way group of GPUs) serving one model, and its scheduler settings.
+
+    The group's layout: plain tensor parallelism; `ep`: the experts expert-parallel over `ep` of
+    the GPUs (dividing tp); `dp_attention`: attention data-parallel over the group (each GPU runs its
+    own sequences' attention and holds their KV; a MoE model then needs ep == tp), how MLA models are
+    served (SGLang's DP attention). `mla_mode` picks MLA's computation (auto: prefill unabsorbed,
+    decode absorbed). `kv_window`: sliding/chunked layers' KV, "capped" (each holds the blocks its
+    window or chunk needs, vLLM's hybrid KV-cache manager: `WindowedBlockManager`) or "full" pages
+    (every layer the whole context); `MemoryPlan` says which the pool does.
 
     Defaults follow vLLM's online serving: continuous batching, chunked prefill with a budget of
     2048 tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
@@ -97,8 +107,23 @@ class ServingConfig:
     mem_util: float = 0.9
     num_blocks: int | None = None
     watermark: float = 0.01
+    ep: int = 1
+    dp_attention: bool = False
+    mla_mode: str = "auto"
+    kv_window: str = "capped"
 
     def __post_init__(self) -> None:
+        from llmperf.analysis.operators import MLA_MODES, ShardDims
+        from llmperf.analysis.rollup import KV_WINDOW_MODES
+        if self.mla_mode not in MLA_MODES:
+            raise SpecError(f"--mla-mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
+        if self.kv_window not in KV_WINDOW_MODES:
+            raise SpecError(f"--kv-window: must be one of {', '.join(KV_WINDOW_MODES)}, got {self.kv_window!r}")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise SpecError(f"--ep: must be a positive integer, got {self.ep!r}")
+        if not isinstance(self.dp_attention, bool):
+            raise SpecError(f"--dp-attention: must be true or false, got {self.dp_attention!r}")
+        ShardDims.of(self.model, self.tp, self.ep, self.dp_attention)  # names tp, ep or dp_attention
         if self.efficiency not in EFFICIENCIES:
             raise SpecError(f"--efficiency: must be one of {', '.join(EFFICIENCIES)}, got {self.efficiency!r}")
         for name in ("block_size",):
@@ -137,7 +162,22 @@ class ServingConfig:
         tokens = self.max_batched_tokens or (int(workload.prompt_tokens.max()) if workload is not None and len(workload)
                                              else 8192)
         return Conventions(attention=self.attention, block_size=self.block_size, mem_util=self.mem_util,
-                           max_batched_tokens=tokens)
+                           max_batched_tokens=tokens, kv_window=self.kv_window, mla_mode=self.mla_mode, ep=self.ep,
+                           dp_attention=self.dp_attention)
+
+    @property
+    def layout(self) -> str:
+        """The group's layout in words: tp, tp+ep or dp+ep (`planner.LAYOUTS`)."""
+        if self.dp_attention:
+            return "dp+ep" if self.ep > 1 else "dp"
+        return "tp+ep" if self.ep > 1 else "tp"
+
+    @property
+    def kv_shards(self) -> int:
+        """GPUs whose KV pools the replica's sequences spread over: with data-parallel attention each
+        GPU holds its own sequences' KV (MLA's latent is not replicated), so the replica's pool is tp
+        times one GPU's (balanced sequences assumed); else every GPU holds every sequence's share."""
+        return self.tp if self.dp_attention else 1
 
     def resolve_time_model(self) -> object | None:
         """The time model object (None: the pure roofline)."""
@@ -158,6 +198,10 @@ class ServingConfig:
         tm = self.resolve_time_model()
         return dict(model=self.model.name, hardware=self.hardware.name, weights=self.precision.weights,
                     activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
+                    layout=self.layout, ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode,
+                    kv_window=self.kv_window,
+                    kv_sliding_full_pages=hybrid_kv(self.model) and not window_groups(self.model, self.kv_window,
+                                                                                     self.pp),
                     attention=self.attention, time_model=getattr(tm, "name", "roofline"), policy=self.policy,
                     max_batch=self.max_batch, max_batched_tokens=self.max_batched_tokens,
                     chunked_prefill=self.chunked_prefill, prefix_sharing=self.prefix_sharing,
@@ -167,7 +211,15 @@ class ServingConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryPlan:
-    """Per-GPU memory of a replica: weights, the activation reserve, and the KV pool it leaves."""
+    """Per-GPU memory of a replica: weights, the activation reserve, and the KV pool it leaves.
+
+    `num_blocks`: the replica's blocks, `kv_shards` GPUs' pools together (tp with data-parallel
+    attention, else 1); a block lives on one GPU. `kv_bytes_per_token`: what a block holds per token:
+    every layer, or with `window_groups` (kv_window "capped" on a model with sliding / chunked layers)
+    the full-attention layers only, each window group holding its own blocks besides
+    (`WindowedBlockManager`). `kv_sliding_full_pages`: the model has such layers and they get full
+    pages (kv_window "full", or a layout the capped pool does not cover: pipeline stages, no full
+    layer)."""
 
     usable_bytes: float
     weights_bytes: float
@@ -175,28 +227,82 @@ class MemoryPlan:
     kv_bytes_per_token: float
     block_size: int
     num_blocks: int
+    kv_shards: int = 1
+    kv_sliding_full_pages: bool = False
+    window_groups: tuple[WindowGroup, ...] = ()
+    max_step_tokens: int | None = None  # the step budget (bounds a window group's blocks)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Pool blocks a sequence of up to `num_tokens` tokens holds at most."""
+        if self.window_groups:
+            return window_blocks_for(self.window_groups, self.block_size, num_tokens, self.max_step_tokens)
+        return -(-num_tokens // self.block_size)
+
+    def manager(self, max_seq_len: int | None = None) -> BlockManager:
+        """The replica's block manager (`WindowedBlockManager` with window groups)."""
+        if self.window_groups:
+            return WindowedBlockManager(self.num_blocks, self.block_size, groups=self.window_groups,
+                                        max_seq_len=max_seq_len, max_step_tokens=self.max_step_tokens)
+        return BlockManager(self.num_blocks, self.block_size, max_seq_len=max_seq_len)
 
     @property
     def block_bytes(self) -> float:
         return self.kv_bytes_per_token * self.block_size
 
     @property
+    def blocks_per_gpu(self) -> int:
+        return self.num_blocks // self.kv_shards
+
+    @property
     def kv_pool_bytes(self) -> float:
-        return self.num_blocks * self.block_bytes
+        """One GPU's KV pool."""
+        return self.blocks_per_gpu * self.block_bytes
+
+
+def hybrid_kv(model: ModelSpec) -> bool:
+    """Whether `model` has sliding or chunked layers."""
+    return any(kind.attention != "full" for kind, _ in model.layer_groups())
+
+
+def window_groups(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> tuple[WindowGroup, ...]:
+    """The window groups of a capped pool (`WindowedBlockManager`): none for a model without sliding
+    or chunked layers, with kv_window "full", over pipeline stages, or without a full-attention layer
+    (then every layer gets full pages, as `MemoryPlan.kv_sliding_full_pages` says)."""
+    m = model
+    if not hybrid_kv(m) or kv_window != "capped" or pp != 1:
+        return ()
+    counts: dict[tuple[str, int | None], int] = {}
+    for kind, n in m.layer_groups():
+        key = (kind.attention, kind.window)
+        counts[key] = counts.get(key, 0) + n
+    full = counts.pop(("full", None), 0)
+    if not full:
+        return ()
+    return tuple(WindowGroup(attention=a, window=w, layers=n, full_layers=full) for (a, w), n in counts.items())
 
 
 def plan_memory(config: ServingConfig, workload: Workload | None = None) -> MemoryPlan:
-    """vLLM's sizing: usable = memory x mem_util; minus weights; minus one forward pass's activations
-    at the token budget (or the longest prompt without one); the rest in KV blocks. Raises SpecError
-    with the figures when nothing is left for the cache."""
+    """vLLM's sizing, per GPU: usable = memory x mem_util; minus weights; minus one forward pass's
+    activations at the token budget (or the longest prompt without one); the rest in KV blocks
+    (`num_blocks` overrides one GPU's count); the replica's pool is `kv_shards` GPUs' pools. Raises
+    SpecError with the figures when nothing is left for the cache."""
     m, prec, hw = config.model, config.precision, config.hardware
-    weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp)
-    kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp)
-    act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp)
+    par = dict(ep=config.ep, dp_attention=config.dp_attention)
+    weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp, **par)
+    # with data-parallel attention a GPU holds its own sequences' whole KV: the tp = 1 figure (asked
+    # that way because kv_bytes_per_token_per_gpu checks dp_attention against ep = 1)
+    kv_tok = kv_bytes_per_token_per_gpu(m, prec, 1 if config.dp_attention else config.tp, config.pp)
+    groups = window_groups(m, config.kv_window, config.pp)
+    if groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
+        kv_tok = kv_tok * groups[0].full_layers / m.num_layers
+    act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
     usable = hw.memory_bytes * config.mem_util
+    shards = config.kv_shards
+    common = dict(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
+                  block_size=config.block_size, kv_shards=shards, kv_sliding_full_pages=hybrid_kv(m) and not groups,
+                  window_groups=groups, max_step_tokens=config.max_batched_tokens)
     if config.num_blocks is not None:
-        return MemoryPlan(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
-                          block_size=config.block_size, num_blocks=config.num_blocks)
+        return MemoryPlan(num_blocks=config.num_blocks * shards, **common)
     free = usable - weights - act
     blocks = int(free // (kv_tok * config.block_size)) if free > 0 else 0
     if blocks < 1 and free > 0:  # memory is left, but less than one block of block_size tokens
@@ -204,11 +310,20 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
                         f"{kv_tok * config.block_size / GiB:.3g} GiB of KV cache per GPU, more than the "
                         f"{free / GiB:.2f} GiB left after weights and activations on {hw.name}")
     if blocks < 1:
-        raise SpecError(f"memory: {m.name} at {prec} (tp={config.tp}) needs {weights / GiB:.2f} GiB of weights + "
-                        f"{act / GiB:.2f} GiB of activations per GPU, more than the {usable / GiB:.2f} GiB usable "
-                        f"on {hw.name} ({hw.memory_gib:g} GiB x mem_util {config.mem_util:g}); no room for a KV cache")
-    return MemoryPlan(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
-                      block_size=config.block_size, num_blocks=blocks)
+        raise SpecError(f"memory: {m.name} at {prec} ({_layout_words(config)}) needs {weights / GiB:.2f} GiB of "
+                        f"weights + {act / GiB:.2f} GiB of activations per GPU, more than the {usable / GiB:.2f} GiB "
+                        f"usable on {hw.name} ({hw.memory_gib:g} GiB x mem_util {config.mem_util:g}); no room for a "
+                        "KV cache")
+    return MemoryPlan(num_blocks=blocks * shards, **common)
+
+
+def _layout_words(config: ServingConfig) -> str:
+    words = f"tp={config.tp}"
+    if config.ep > 1:
+        words += f", ep={config.ep}"
+    if config.dp_attention:
+        words += ", data-parallel attention"
+    return words
 
 
 class SyntheticPrompt(Sequence):
@@ -251,6 +366,8 @@ class CostModelRunner:
         self.records: list[tuple[int, int, int, float, float]] = []  # batch, prefill, decode, used, reserved
 
     def execute(self, plan: StepPlan) -> StepOutcome:
+        if self.cost is not None and not self.cost.simple:
+            return self._execute_groups(plan)
         decodes = prefill = batch = logits = 0
         f_kv = f_qkv = f_tri = 0.0
         finished: list[int] = []
@@ -276,12 +393,60 @@ class CostModelRunner:
                 if item.num_generated + 1 >= out[item.request_id]:
                     finished.extend(item.seq_ids)
         tokens = decodes + prefill
+        # full attention: keys read = kv, attended pairs = q kv - q (q - 1) / 2
+        return self._outcome(plan, tokens, ((tokens, f_kv, f_qkv - f_tri, f_qkv),), logits, batch, prefill, decodes,
+                             finished)
+
+    def _execute_groups(self, plan: StepPlan) -> StepOutcome:
+        """`execute` for models whose sequences' features differ per layer span (sliding, chunked)
+        or per MLA form (decode absorbed, prefill unabsorbed): one feature row per group."""
+        cost = self.cost
+        spans = cost.spans
+        F = [[0.0, 0.0, 0.0, 0.0] for _ in cost.groups]
+        decodes = prefill = batch = logits = 0
+        finished: list[int] = []
+        out = self.out
+        # one decode token: the rows of its form (the absorbed one for MLA under auto: group 0 on)
+        decode_rows = [(F[si], window, chunk) for si, (window, chunk) in enumerate(spans)]
+        for item in plan.items:
+            n, q = len(item.seq_ids), item.num_tokens
+            kv = item.start + q
+            if q == 1 and n == 1:  # the common case: keys read = attended pairs = the keys it sees
+                decodes += item.decode
+                prefill += not item.decode
+                for row, window, chunk in decode_rows:
+                    k = (kv if window is None or kv < window else window) if chunk is None else (kv - 1) % chunk + 1
+                    row[0] += 1
+                    row[1] += k
+                    row[2] += k
+                    row[3] += k
+            else:
+                if item.decode:
+                    decodes += q * n
+                else:
+                    prefill += q * n
+                for si, (window, chunk) in enumerate(spans):
+                    k, pairs = _scalar_features(q, kv, window, chunk)
+                    row = F[cost.group_of(q, si)]
+                    row[0] += q * n
+                    row[1] += k * n
+                    row[2] += pairs * n
+                    row[3] += q * k * n
+            batch += n
+            if item.samples:
+                logits += n
+                if item.num_generated + 1 >= out[item.request_id]:
+                    finished.extend(item.seq_ids)
+        return self._outcome(plan, decodes + prefill, F, logits, batch, prefill, decodes, finished)
+
+    def _outcome(self, plan: StepPlan, tokens: int, features, logits: int, batch: int, prefill: int,  # noqa: ANN001
+                 decodes: int, finished: list[int]) -> StepOutcome:
         if self.step_times is not None:
             if plan.step >= len(self.step_times):
                 raise ValueError(f"step_times: the schedule ran past the {len(self.step_times)} given step times")
             duration = float(self.step_times[plan.step])
         else:
-            duration = self.cost.step_time_from_features(tokens, (tokens, f_kv, f_qkv, f_tri), logits)
+            duration = self.cost.step_time_from_features(tokens, features, logits)
         u = self.kv.usage()
         self.records.append((batch, prefill, decodes, u.used_slots * self.kv_tok, u.reserved_slots * self.kv_tok))
         return StepOutcome(duration_s=duration, finished=frozenset(finished))
@@ -376,12 +541,12 @@ def check_fits(config: ServingConfig, memory: MemoryPlan, workload: Workload) ->
         raise SpecError(f"workload: request {i} needs {int(workload.prompt_tokens[i])} prompt + "
                         f"{int(workload.output_tokens[i])} output tokens, more than {config.model.name}'s "
                         f"{config.model.max_positions} positions")
-    blocks = -(-int(total[i]) // memory.block_size)
-    if blocks > memory.num_blocks:
+    blocks = memory.blocks_for(int(total[i]))
+    if blocks > memory.blocks_per_gpu:  # a sequence's KV lives on one GPU
         raise SpecError(
             f"workload: request {i} ({int(workload.prompt_tokens[i])} prompt + {int(workload.output_tokens[i])} output "
             f"tokens) needs {blocks * memory.block_bytes / GiB:.3f} GiB of KV cache per GPU, more than the "
-            f"{memory.kv_pool_bytes / GiB:.3f} GiB pool ({memory.num_blocks} blocks of {memory.block_size} tokens) "
+            f"{memory.kv_pool_bytes / GiB:.3f} GiB pool ({memory.blocks_per_gpu} blocks of {memory.block_size} tokens) "
             + ("that --num-blocks gives" if config.num_blocks is not None else
                f"left on {config.hardware.name} after {memory.weights_bytes / GiB:.2f} GiB of weights and "
                f"{memory.activation_bytes / GiB:.2f} GiB of activations"))
@@ -402,8 +567,10 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     check_fits(config, memory, workload)
     if cost is None and step_times is None:
         cost = step_cost_model(config)
-    kv = BlockManager(memory.num_blocks, config.block_size, max_seq_len=config.model.max_positions)
-    runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token, step_times)
+    kv = memory.manager(max_seq_len=config.model.max_positions)
+    # KV occupancy per GPU: with data-parallel attention the replica's sequences spread over its GPUs
+    runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token / memory.kv_shards,
+                             step_times)
     sched = Scheduler(kv, runner, config.scheduler_config())
     states = _states(workload, config.prefix_sharing)
     # The run allocates millions of small, short-lived objects (step items) and no reference cycles:
@@ -420,6 +587,17 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     stuck = next((s for s in states if s.finish_s is None), None)
     assert stuck is None, f"the scheduler stopped with request {stuck.request_id} unfinished"
     return _result(config, slo, memory, workload, states, sched.log, runner.records)
+
+
+def kv_note(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> str:
+    """The line every output prints for a model with sliding / chunked layers: how its pool holds
+    their KV ("" for a model without them)."""
+    if not hybrid_kv(model):
+        return ""
+    if window_groups(model, kv_window, pp):
+        return "KV: sliding/chunked layers hold their window's blocks (vLLM's hybrid KV-cache manager)"
+    why = "" if kv_window == "full" else " (the capped pool needs one stage and a full-attention layer)"
+    return "KV: sliding layers given full pages" + why
 
 
 def step_cost_model(config: ServingConfig) -> StepCostModel:
@@ -453,6 +631,8 @@ def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workl
         running=[g.num_running for g in log], waiting=[g.num_waiting for g in log],
         preemptions=[len(g.preempted) for g in log]))
     settings = config.settings() | dict(num_blocks=memory.num_blocks, kv_pool_bytes=memory.kv_pool_bytes,
+                                        kv_shards=memory.kv_shards,
+                                        kv_note=kv_note(config.model, config.kv_window, config.pp),
                                         weights_bytes=memory.weights_bytes, slo_ttft_s=slo.ttft_s,
                                         slo_tpot_s=slo.tpot_s, slo_percentile=slo.percentile)
     settings |= {f"workload_{k}": v for k, v in workload.description.items()}
@@ -633,6 +813,6 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
                       note=f"{hi.rate:.4g} req/s misses ({_missed(hi.result)})")
 
 
-__all__ = ["EFFICIENCIES", "SLO", "CostModelRunner", "MemoryPlan", "RatePoint", "RateSearch", "ServingConfig",
-           "SimResult", "SyntheticPrompt", "check_fits", "find_max_rate", "plan_memory", "saturated_rate",
-           "service_rate_bound", "simulate", "step_cost_model", "with_rate"]
+__all__ = ["CostModelRunner", "EFFICIENCIES", "MemoryPlan", "RatePoint", "RateSearch", "SLO", "ServingConfig",
+           "SimResult", "SyntheticPrompt", "check_fits", "find_max_rate", "hybrid_kv", "kv_note", "plan_memory",
+           "saturated_rate", "service_rate_bound", "simulate", "step_cost_model", "window_groups", "with_rate"]

@@ -177,7 +177,8 @@ def test_plan_never_serves_more_than_the_service_rate_per_replica():
     spec = WorkloadSpec(arrival="poisson:1", prompt_len="lognormal:6:0.8:16:4096", output_len="lognormal:5:0.8:1:1024",
                         num_requests=60, seed=0)
     res = planner.plan("llama-3.1-8b", rate=1000.0, slo=SLO(ttft_s=100, tpot_s=1), workload=spec,
-                       devices=["a100-80gb-sxm"], precisions=["bf16"], tps=[1], jobs=1, max_replicas=200)
+                       devices=["a100-80gb-sxm"], precisions=["bf16"], tps=[1], jobs=1, max_replicas=200,
+                       efficiency="roofline")
     (row,) = res.rows
     model = planner.load_model("llama-3.1-8b")
     cfg = ServingConfig(model=model, hardware=planner.load_hardware("a100-80gb-sxm"),
@@ -200,7 +201,8 @@ def test_plan_never_offers_a_replica_its_simulated_service_rate():
                         num_requests=60, seed=0)
     slo = SLO(ttft_s=0.5, tpot_s=0.03, percentile=90)
     res = planner.plan("llama-3.1-8b", rate=40.0, slo=slo, workload=spec, devices=["a100-80gb-sxm"],
-                       precisions=["bf16"], tps=[1], jobs=1)
+                       precisions=["bf16"], tps=[1], jobs=1, efficiency="roofline")
+    assert res.rows[0].time_model == "roofline"
     (row,) = res.rows
     model = planner.load_model("llama-3.1-8b")
     cfg = ServingConfig(model=model, hardware=planner.load_hardware("a100-80gb-sxm"),
@@ -226,7 +228,7 @@ def test_plan_floors_at_exactly_the_slo_do_not_lose():
     spec = WorkloadSpec(arrival="poisson:1", prompt_len=300, output_len=8, num_requests=8, seed=0)
     model = planner.load_model("llama-3.1-8b")
     cfg = ServingConfig(model=model, hardware=planner.load_hardware("a100-80gb-sxm"),
-                        precision=planner.plan_precision(model, "bf16"))
+                        precision=planner.plan_precision(model, "bf16"), efficiency=planner.DEFAULT_EFFICIENCY)
     ttft, tpot = planner._floors(cfg, spec, SLO(ttft_s=1.0))
 
     def row(slo):

@@ -1,0 +1,93 @@
+"""`WindowedBlockManager`: the pool of a model with sliding / chunked layers (vLLM's hybrid KV-cache
+manager): exact block counts on small cases, invariants and the `blocks_for` bound under random
+reserve / free sequences."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmperf.serving.blocks import WindowedBlockManager, WindowGroup
+
+
+def sliding(window=8, layers=1, full=1):
+    return WindowGroup(attention="sliding", window=window, layers=layers, full_layers=full)
+
+
+def chunked(chunk=8, layers=3, full=1):
+    return WindowGroup(attention="chunked", window=chunk, layers=layers, full_layers=full)
+
+
+def test_a_sliding_group_holds_the_blocks_of_its_window():
+    kv = WindowedBlockManager(64, 4, groups=[sliding(window=8)])
+    assert kv.allocate(0, 10)  # a 10-token prompt: 3 full-layer blocks, and the prompt's 3 sliding blocks
+    assert (kv.num_used_blocks, kv.window_blocks(0)) == (6, [3])
+    for _ in range(9):  # decode to 19 tokens; the last step (position 18) reads keys 11..18: blocks 2..4
+        assert kv.reserve(0, 1)
+    assert kv.seq_len(0) == 19 and kv.window_blocks(0) == [3] and kv.num_used_blocks == 5 + 3
+    assert kv.reserve(0, 1)  # position 19 reads keys 12..19: blocks 3 and 4; block 2 goes back
+    assert kv.window_blocks(0) == [2] and kv.num_used_blocks == 5 + 2
+    kv.check_invariants()
+    kv.free(0)
+    assert kv.num_used_blocks == 0
+    kv.check_invariants()
+
+
+def test_a_chunked_group_holds_its_chunk_at_its_units():
+    """Llama 4's 3 chunked layers per full one: a block of the chunked group is 3 pool blocks."""
+    kv = WindowedBlockManager(64, 4, groups=[chunked(chunk=8, layers=3, full=1)])
+    assert kv.allocate(0, 6)  # keys 0..5: 2 blocks, 6 pool blocks
+    assert kv.window_blocks(0) == [6] and kv.num_used_blocks == 2 + 6
+    assert kv.reserve(0, 4)  # positions 6..9 read from chunk 0's start: blocks 0..2
+    assert kv.window_blocks(0) == [9]
+    assert kv.reserve(0, 1)  # position 10 reads chunk 1 (8..10): block 2 only
+    assert kv.window_blocks(0) == [3] and kv.num_used_blocks == 3 + 3
+    kv.check_invariants()
+
+
+def test_a_fractional_group_rounds_up_per_sequence_and_shortage_changes_nothing():
+    kv = WindowedBlockManager(7, 4, groups=[sliding(window=4, layers=5, full=2)])  # 2.5 pool blocks per block
+    assert kv.allocate(0, 4)  # 1 full block + ceil(2.5 * 1) = 3
+    assert kv.num_used_blocks == 4
+    before = (kv.num_used_blocks, kv.window_blocks(0), kv.seq_len(0))
+    assert not kv.reserve(0, 8)  # 2 more full blocks + ceil(2.5 * 3) = 8 > the 3 left... after the trim
+    assert (kv.seq_len(0), kv.num_used_blocks) == (4, before[0])
+    assert not kv.allocate(1, 16)
+    kv.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 12)), min_size=1, max_size=60),
+       window=st.integers(1, 20), kind=st.sampled_from(["sliding", "chunked"]), layers=st.integers(1, 5),
+       full=st.integers(1, 3))
+def test_random_runs_keep_the_invariants_and_the_bound(ops, window, kind, layers, full):
+    """Whatever the steps (at most `max_step_tokens` new tokens each), a sequence never holds more
+    pool blocks than `blocks_for` its length, and every reference is a table entry or a window block."""
+    g = WindowGroup(attention=kind, window=window, layers=layers, full_layers=full)
+    step = 12
+    kv = WindowedBlockManager(10_000, 4, groups=[g], max_step_tokens=step)
+    live: dict[int, int] = {}
+    for i, (seq, n) in enumerate(ops):
+        if seq in live and i % 7 == 6:
+            kv.free(seq)
+            del live[seq]
+            continue
+        if seq not in live:
+            assert kv.allocate(seq, n)
+            live[seq] = 0
+        else:
+            assert kv.reserve(seq, n)
+        held = kv.blocks_needed(kv.seq_len(seq)) + sum(kv.window_blocks(seq))
+        assert held <= kv.blocks_for(kv.seq_len(seq))
+    kv.check_invariants()
+    for seq in list(live):
+        kv.free(seq)
+    assert kv.num_used_blocks == 0
+
+
+def test_window_group_refuses_bad_fields():
+    with pytest.raises(ValueError, match="attention must be sliding or chunked"):
+        WindowGroup(attention="full", window=4, layers=1, full_layers=1)
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        WindowGroup(attention="sliding", window=0, layers=1, full_layers=1)
