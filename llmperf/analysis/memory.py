@@ -73,11 +73,11 @@ def weight_bytes_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1, *,
-                               dp_attention: bool = False) -> float:
+                               ep: int = 1, dp_attention: bool = False) -> float:
     """KV bytes per token (every layer, no window reached) on one GPU of the stage that holds the
     most: 2 (K and V) x layers x KV heads per GPU (replicated, never 0, when tp exceeds them) x
     head_dim x bytes; MLA's latent is not split by tp, nor is anything with `dp_attention`."""
-    check_parallelism(model, tp, 1, dp_attention)  # validates tp against the heads
+    check_parallelism(model, tp, ep, dp_attention)  # validates the layout (tp against the heads, ep)
     kv = KVCacheSpec.from_model(model, precision).sharded(tp=1 if dp_attention else tp)
     return max(kv.layers(r.start, r.stop).bytes_per_token for r in stage_layer_ranges(model, pp))
 

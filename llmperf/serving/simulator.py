@@ -289,9 +289,8 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     m, prec, hw = config.model, config.precision, config.hardware
     par = dict(ep=config.ep, dp_attention=config.dp_attention)
     weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp, **par)
-    # with data-parallel attention a GPU holds its own sequences' whole KV: the tp = 1 figure (asked
-    # that way because kv_bytes_per_token_per_gpu checks dp_attention against ep = 1)
-    kv_tok = kv_bytes_per_token_per_gpu(m, prec, 1 if config.dp_attention else config.tp, config.pp)
+    # with data-parallel attention a GPU holds its own sequences' whole KV (kv_bytes_per_token_per_gpu)
+    kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp, ep=config.ep, dp_attention=config.dp_attention)
     groups = window_groups(m, config.kv_window, config.pp)
     if groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
         kv_tok = kv_tok * groups[0].full_layers / m.num_layers
