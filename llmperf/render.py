@@ -143,7 +143,8 @@ _OPS_DROP_ORDER = ("kind", "act", "KV", "share")
 def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Table:
     """Per-operator FLOPs, bytes, intensity, time and bound (per-layer operators summed over layers).
     With a console `width` (80 when piped), the least needed columns are left out until every cell
-    fits on one line (the title says which; `-f csv --per-op` has them all)."""
+    fits on one line (the title says which; `-f csv --per-op` has them all); if it still does not fit
+    (long layer-kind labels), the operator names fold onto a second line."""
     frame = phase.to_frame()
     # layers of several kinds (sliding and full, MoE and dense): each operator says which, and how many
     mixed = frame.loc[frame["scope"] == "layer", "layer"].nunique() > 1
@@ -157,10 +158,11 @@ def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Tab
     cols = list(names)
     dropped = []
     for c in _OPS_DROP_ORDER:
-        if width is None or sum(widths[k] for k in cols) + 2 * (len(cols) - 1) <= width:
+        if width is None or sum(widths[k] for k in cols) + 2 * len(cols) <= width:  # a space each side of a cell
             break
         cols.remove(c)
         dropped.append(c)
+    fits = width is None or sum(widths[k] for k in cols) + 2 * len(cols) <= width
     note = f" (not shown: {', '.join(dropped)}; every column: -f csv --per-op)" if dropped else ""
     scope = ("per-layer operators summed over the layers of their kind, [kind] xN" if mixed
              else f"x{phase.layers} layers where scope=layer")
@@ -170,7 +172,9 @@ def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Tab
     keep = [names.index(c) for c in cols]
     for i in keep:
         header, justify = _OPS_COLUMNS[i]
-        table.add_column(header, justify=justify, overflow="fold", min_width=widths[header], no_wrap=True)
+        fold = header == "op" and not fits  # still too wide: a long name folds, no figure is ever cut
+        table.add_column(header, justify=justify, overflow="fold", min_width=None if fold else widths[header],
+                         no_wrap=not fold)
     for r in rows:
         table.add_row(*(Text(r[i]) for i in keep))
     table.add_row(*(Text(total[i]) for i in keep), style="bold")

@@ -5,6 +5,7 @@ and MLA's latent, and `--kv-window` switches sliding layers between their window
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -79,3 +80,15 @@ def test_bad_kv_window_exits_2_naming_it():
     r = run("estimate", "gpt-oss-20b", "--kv-window", "sometimes")
     assert r.exit_code == 2
     assert "--kv-window" in r.output and "sometimes" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "deepseek-v3", "llama-4-scout"])
+def test_per_op_tables_in_80_columns_cut_no_figure(model):
+    """Layer-kind labels (`attn_residual [sliding-128/moe] x12`) made the table wider than 80 columns
+    even with every optional column left out, and rich cut the last one (`memor`): the names fold."""
+    r = run("estimate", model, "--per-op", columns=80)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    bounds = [line.split()[-1] for line in lines if line.startswith(" ") and re.search(r"FLOP\s", line)]
+    assert len(bounds) > 40 and set(bounds) <= {"memory", "compute", "comm"}, set(bounds)
