@@ -1,11 +1,16 @@
 """The speed benchmark of today's models runs on tiny sizes (it prints figures; nothing here is timed),
-and the CLI's one roll-up per configuration gives exactly the sweep's rows."""
+and the speed fixes keep every answer: the CLI's one roll-up per configuration gives exactly the
+sweep's rows, and the regime searches find the smallest n."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmperf.analysis.bench_todays import Timing, bench, main, report
+from llmperf.analysis.rollup import first_true_array
 from llmperf.analysis.sweep import estimates_frame, sweep, sweep_estimates
 
 
@@ -41,3 +46,22 @@ def test_estimates_frame_equals_the_sweep_rows():
         rows = sweep(model, ["a100-80gb-sxm", "h200"], **opts)
         pd.testing.assert_frame_equal(estimates_frame(sweep_estimates(model, ["a100-80gb-sxm", "h200"], **opts)),
                                       rows, check_exact=True)
+
+
+@given(st.lists(st.integers(1, 2**26 + 5), min_size=1, max_size=12), st.integers(1, 1000),
+       st.integers(0, 2**26), st.sampled_from([2, 3, 64]))
+def test_first_true_array_finds_the_smallest_n_of_every_row(thresholds, lo, width, ways):
+    """The regime searches' doubling bracket then `ways`-ary narrowing: for monotone predicates
+    (n >= t_row), exactly max(t, lo) where t <= hi, NaN where no n in [lo, hi] works."""
+    hi = lo + width
+    t = np.asarray(thresholds, dtype=float)
+    calls = []
+
+    def pred(n):  # noqa: ANN001, ANN202
+        calls.append(n.shape)
+        return n >= t[:, None]
+
+    got = first_true_array(pred, t.size, lo=lo, hi=hi, ways=ways)
+    want = np.where(t <= hi, np.maximum(t, lo), np.nan)
+    np.testing.assert_array_equal(got, want)
+    assert all(shape[0] == t.size for shape in calls)
