@@ -125,6 +125,7 @@ def estimate(
     mla_mode: Annotated[str, typer.Option("--mla-mode", help="Multi-head latent attention (DeepSeek): auto (unabsorbed prefill, absorbed decode, as vLLM and SGLang), absorbed or unabsorbed.")] = "auto",
     ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the tp group: each GPU holds num_experts / ep routed experts (ep divides tp and the experts).")] = 1,
     dp_attention: Annotated[bool, typer.Option("--dp-attention", help="Attention data-parallel over the tp group (each GPU its own sequences, heads whole; MoE layers expert-parallel, ep = tp).")] = False,
+    kv_window: Annotated[str, typer.Option("--kv-window", help="Sliding and chunked layers' KV: capped (each holds its window, vLLM's hybrid allocator) or full (pages for the whole context, as engines without it).")] = "capped",
     max_seq_len: Annotated[int | None, typer.Option("--max-seq-len", help="Tokens a contiguous KV cache reserves per sequence (default: the model's max positions).")] = None,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
@@ -144,6 +145,7 @@ def estimate(
 
     import llmperf.analysis as analysis
     from llmperf.analysis import schema
+    from llmperf.analysis.sweep import estimates_frame
 
     try:
         out = check_output(output)  # before anything is computed
@@ -161,6 +163,8 @@ def estimate(
                 raise SpecError(f"{name}: must be a positive integer, got {value}")
         if not 0 < mem_util <= 1:
             raise SpecError(f"--mem-util: must be in (0, 1], got {mem_util}")
+        if kv_window not in ("capped", "full"):
+            raise SpecError(f"--kv-window: must be capped or full, got {kv_window!r}")
         if attention_flops not in ("executed", "dense"):
             raise SpecError(f"--attention-flops: must be executed or dense, got {attention_flops!r}")
         from llmperf.analysis.timemodel import TIME_MODELS, time_model_for
@@ -171,17 +175,22 @@ def estimate(
                            fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                            block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
                            group_size=group_size, embeddings=embeddings, mla_mode=mla_mode, ep=ep,
-                           dp_attention=dp_attention)
+                           dp_attention=dp_attention, kv_window=kv_window)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             from llmperf.analysis.timemodel import sweep_jobs  # one time model per part (--efficiency)
             jobs = sweep_jobs(efficiency, models, devices, dict(lists, **precisions, **conventions))
-            frame = pd.concat([analysis.sweep(ms, ds, **opts) for ms, ds, opts in jobs], ignore_index=True)
-            estimates, ops = [], None
-            if per_op or (len(frame) == 1 and output_format is OutputFormat.table):
+            estimates, ops, frame = [], None, None
+            single = all(len(v) == 1 for v in (models, devices, *lists.values())) and all(
+                v is None or len(v) == 1 for v in precisions.values())
+            if not (per_op or (single and output_format is OutputFormat.table)):
+                frame = pd.concat([analysis.sweep(ms, ds, **opts) for ms, ds, opts in jobs], ignore_index=True)
+            if frame is None or (len(frame) == 1 and output_format is OutputFormat.table):
+                # each configuration rolled up once: its row is its estimate's summary (the sweep's row)
                 parts = [_ops_of(ms, ds, opts) for ms, ds, opts in jobs]
                 estimates = [e for part in parts for e in part[0]]
                 ops = _renumber([part[1] for part in parts])
+                frame = estimates_frame(estimates)
         for w in dict.fromkeys(str(w.message) for w in caught):
             warn(w)
         _warn_unfit(frame)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pandas as pd
 from rich import box
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from llmperf import format as fmt
 from llmperf.analysis import GenerationEstimate, PhaseEstimate
 from llmperf.specs import list_hardware, list_models, load_hardware, load_model
+from llmperf.specs.kvcache import KVCacheSpec
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -33,7 +34,8 @@ def _conventions(est: GenerationEstimate) -> str:
              "fused gate+up" if c.fused_gate_up else "split gate+up",
              "logits at every position" if c.all_logits else "last-position logits"]
     if est.model.sliding_window:
-        parts.append(f"sliding window {est.model.sliding_window:,}")
+        parts.append(f"sliding window {est.model.sliding_window:,}"
+                     + (" (KV: full pages)" if c.kv_window == "full" else ""))
     if est.model.is_mla:
         parts.append(f"MLA {c.mla_mode}" + (" (unabsorbed prefill, absorbed decode)" if c.mla_mode == "auto" else ""))
     if c.ep > 1:
@@ -43,12 +45,38 @@ def _conventions(est: GenerationEstimate) -> str:
     return ", ".join(parts)
 
 
-def _kv_tokens(est: GenerationEstimate) -> str:
-    """Tokens of KV a sequence keeps: its context, or the sliding window's share of it."""
-    context, window = est.prompt_len + est.gen_len, est.model.sliding_window
+def _kv_spec(est: GenerationEstimate) -> KVCacheSpec:
+    """The KV one GPU holds (its stage with the most KV, heads or MLA's latent as sharded)."""
+    spec = KVCacheSpec.from_model(est.model, est.precision, window=est.conventions.kv_window)
+    return spec.sharded(tp=1 if est.conventions.dp_attention else est.tp, pp=est.pp)
+
+
+def _kv_tokens(est: GenerationEstimate, spec: KVCacheSpec) -> str:
+    """Tokens of KV a sequence keeps: its context, the window's share of it, or by layer kind."""
+    context = est.prompt_len + est.gen_len
+    if len(spec.groups) > 1:
+        return f"{context:,} tokens of context; by layer kind below"
+    window = spec.groups[0].cap
     if window is not None and context > window:
-        return f"{window:,} tokens, sliding window; context {context:,}"
+        what = "chunk" if spec.groups[0].attention == "chunked" else "sliding window"
+        return f"{window:,} tokens, {what}; context {context:,}"
     return f"{context:,} tokens"
+
+
+def _kv_rows(est: GenerationEstimate, spec: KVCacheSpec) -> list[tuple[str, str]]:
+    """MLA's latent, and the KV of one sequence by layer kind (sliding and chunked layers hold their
+    window when capped, the whole context with full pages), where the model has either."""
+    m, rows = est.model, []
+    if m.is_mla:
+        rows.append(("KV per token and layer: MLA latent (one for all heads, whole on every tp rank)",
+                     f"{m.kv_lora_rank} + {m.qk_rope_head_dim} = {m.kv_lora_rank + m.qk_rope_head_dim} elements"))
+    if len(spec.groups) > 1 or spec.groups[0].window is not None:
+        context = est.prompt_len + est.gen_len
+        for g in spec.groups:
+            held = g.tokens_held(context)
+            rows.append((f"  one sequence's KV, {g.label} layers x{g.num_layers} ({held:,} tokens)",
+                         fmt.gib(g.bytes_for_context(context))))
+    return rows
 
 
 def generation_tables(est: GenerationEstimate) -> list[Table]:
@@ -76,12 +104,13 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
                       (f"decode (ctx {est.decode_last.kv_len})", est.decode_last)):
         phases.add_row(label, fmt.flops(ph.flops), fmt.nbytes(ph.bytes_total), f"{ph.intensity:.1f}",
                        ph.bound, fmt.seconds(ph.time_s), f"{ph.peak_fraction:.1%}")
-    mem = est.memory
+    mem, kv_spec = est.memory, _kv_spec(est)
     verdict = "fits" if mem.fits else "DOES NOT FIT"
     memory = _kv_table(f"Memory per GPU ({est.hardware.memory_gib:g} GiB device, {mem.mem_util:.0%} usable = "
                        f"{fmt.gib(mem.usable_bytes)})", [
         ("weights", fmt.gib(mem.weights_bytes)),
-        (f"KV cache, paged ({est.batch} x {_kv_tokens(est)})", fmt.gib(mem.kv_cache_bytes)),
+        (f"KV cache, paged ({est.batch} x {_kv_tokens(est, kv_spec)})", fmt.gib(mem.kv_cache_bytes)),
+        *_kv_rows(est, kv_spec),
         (f"activations (one reservation for {mem.max_batched_tokens:,} tokens/step)",
          fmt.gib(mem.activation_peak_bytes)),
         ("total", f"{fmt.gib(mem.total_bytes)} ({verdict})"),
@@ -114,7 +143,8 @@ _OPS_DROP_ORDER = ("kind", "act", "KV", "share")
 def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Table:
     """Per-operator FLOPs, bytes, intensity, time and bound (per-layer operators summed over layers).
     With a console `width` (80 when piped), the least needed columns are left out until every cell
-    fits on one line (the title says which; `-f csv --per-op` has them all)."""
+    fits on one line (the title says which; `-f csv --per-op` has them all); if it still does not fit
+    (long layer-kind labels), the operator names fold onto a second line."""
     frame = phase.to_frame()
     # layers of several kinds (sliding and full, MoE and dense): each operator says which, and how many
     mixed = frame.loc[frame["scope"] == "layer", "layer"].nunique() > 1
@@ -128,22 +158,26 @@ def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Tab
     cols = list(names)
     dropped = []
     for c in _OPS_DROP_ORDER:
-        if width is None or sum(widths[k] for k in cols) + 2 * (len(cols) - 1) <= width:
+        if width is None or sum(widths[k] for k in cols) + 2 * len(cols) <= width:  # a space each side of a cell
             break
         cols.remove(c)
         dropped.append(c)
+    fits = width is None or sum(widths[k] for k in cols) + 2 * len(cols) <= width
     note = f" (not shown: {', '.join(dropped)}; every column: -f csv --per-op)" if dropped else ""
-    scope = (escape("per-layer operators summed over the layers of their kind, [kind] xN") if mixed
+    scope = ("per-layer operators summed over the layers of their kind, [kind] xN" if mixed
              else f"x{phase.layers} layers where scope=layer")
-    table = Table(title=f"{title} — operators ({scope}){note}",
+    # Text, never markup: `[sliding-128/moe]` is a layer kind, not a style (with or without markup)
+    table = Table(title=Text(f"{title} — operators ({scope}){note}"),
                   title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     keep = [names.index(c) for c in cols]
     for i in keep:
         header, justify = _OPS_COLUMNS[i]
-        table.add_column(header, justify=justify, overflow="fold", min_width=widths[header], no_wrap=True)
+        fold = header == "op" and not fits  # still too wide: a long name folds, no figure is ever cut
+        table.add_column(header, justify=justify, overflow="fold", min_width=None if fold else widths[header],
+                         no_wrap=not fold)
     for r in rows:
-        table.add_row(*(r[i] for i in keep))
-    table.add_row(*(total[i] for i in keep), style="bold")
+        table.add_row(*(Text(r[i]) for i in keep))
+    table.add_row(*(Text(total[i]) for i in keep), style="bold")
     return table
 
 
@@ -151,7 +185,7 @@ def _op_label(row, mixed: bool) -> str:  # noqa: ANN001
     """`attention`, or with layers of several kinds `attention [sliding-4096] x21`."""
     if not mixed or row.scope != "layer":
         return row.op
-    return escape(f"{row.op} [{row.layer}] x{int(row.layers)}")  # brackets are rich markup otherwise
+    return f"{row.op} [{row.layer}] x{int(row.layers)}"  # a Text cell: the brackets are not markup
 
 
 #: identity columns: shown as a column only when they vary, else in the title

@@ -231,7 +231,7 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
              max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
              zero_point: bool | None = None, embeddings: str | None = None,
              time_model: TimeModel | None = None, mla_mode: str = "auto", ep: int = 1,
-             dp_attention: bool = False) -> GenerationEstimate:
+             dp_attention: bool = False, kv_window: str = "capped") -> GenerationEstimate:
     """Predict a generation: TTFT, TPOT, latency, throughput, memory and regime.
 
     `model`/`hardware` are built-in names, file paths or specs. `precision` is a dtype preset (default:
@@ -241,7 +241,8 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
     `mem_util`, `max_batched_tokens`) are described in the README; `time_model` defaults to the pure
     roofline. `ep` splits the routed experts over the tp group; `dp_attention` runs attention
     data-parallel over it (each GPU its own sequences, heads whole) and the MoE layers
-    expert-parallel (`ep` = `tp`).
+    expert-parallel (`ep` = `tp`). `kv_window`: sliding and chunked layers hold their window of KV
+    ("capped", vLLM's hybrid allocator) or the whole context ("full" pages).
     """
     m, hw = load_model(model), load_hardware(hardware)
     check_lengths(m, batch, prompt_len, gen_len)
@@ -250,7 +251,7 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
     conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
                        fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                        block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
-                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention)
+                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention, kv_window=kv_window)
     tm = resolve_time_model(time_model, hw, hw.compute_dtype(prec.activations))
     raw = rollup(m, hw, prec, tp=tp, pp=pp, conv=conv, batch=[batch], prompt_len=[prompt_len],
                  gen_len=[gen_len], time_model=tm)

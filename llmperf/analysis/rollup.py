@@ -111,6 +111,16 @@ def sum_max_lines(intercepts, slopes, lo, hi):  # noqa: ANN001, ANN201
     a = [np.broadcast_to(x, shape) for x in a]
     b = [np.broadcast_to(x, shape) for x in b]
     lo, hi = np.broadcast_to(lo, shape), np.broadcast_to(hi, shape)
+    if (all(not x.any() for x in b) and all(np.isfinite(x).all() for x in a) and (hi >= lo - 1).all()
+            and (np.floor(lo) == lo).all()):
+        # flat lines (an operator the context does not change): every crossing cut falls on lo - 1, so
+        # every segment but [lo, hi] is empty and adds exactly 0.0; this is that last segment, the
+        # same operations in the same order, without the k(k-1)/2 cuts (bit-identical)
+        n1, n2 = lo - 1 + 1, hi
+        mid = (n1 + n2) / 2
+        top = np.argmax(np.stack([ai + bi * mid for ai, bi in zip(a, b)]), axis=0)
+        total = np.zeros(shape) + _line_sum(np.choose(top, a), np.choose(top, b), n1, n2)
+        return total if total.ndim else float(total)
     cuts = [lo - 1, hi]
     for i in range(len(a)):
         for j in range(i + 1, len(a)):
@@ -548,10 +558,21 @@ def _capped_sum(group: KVGroup, lo, hi, prefix):  # noqa: ANN001, ANN202
 # ---- regimes -------------------------------------------------------------------------------------
 def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX, ways: int = 64):  # noqa: ANN001, ANN201
     """Smallest n in [lo, hi] with pred(n) True, elementwise over `size` rows, for a pred that stays
-    True once True; NaN where pred(hi) is False. A `ways`-ary search: pred takes an (size, k) array
-    of candidates (each row's own) and returns booleans of that shape, so 2^26 needs ~5 calls."""
+    True once True; NaN where pred(hi) is False. A doubling bracket, then a `ways`-ary search: pred
+    takes an (size, k) array of candidates (each row's own) and returns booleans of that shape, so an
+    answer near 2^12 in 1 .. 2^26 needs 3 calls."""
     lo_a, hi_a = np.full(size, float(lo)), np.full(size, float(hi))
-    ok = np.asarray(pred(hi_a[:, None]), dtype=bool).reshape(size)
+    # first a doubling bracket, lo + 2^j - 1 up to hi (hi last: whether any n works), in one call:
+    # answers are usually far below hi, so the linear steps then start from a span near the answer
+    geo = np.unique(np.minimum(lo + 2.0 ** np.arange(0, int(np.ceil(np.log2(hi - lo + 1))) + 1) - 1, hi))
+    pts = np.broadcast_to(geo, (size, geo.size))
+    up = np.asarray(pred(pts), dtype=bool).reshape(size, geo.size)
+    ok = up[:, -1]
+    first = np.argmax(up | (pts >= hi_a[:, None]), axis=1)
+    rows = np.arange(size)
+    hi_a = pts[rows, first]
+    lo_a = np.where(first > 0, pts[rows, np.maximum(first - 1, 0)] + 1, lo_a)
+    lo_a = np.where(ok, lo_a, hi_a)  # no n works: nothing to narrow (the answer is NaN)
     steps = np.arange(1, ways + 1) / ways
     while np.any(lo_a < hi_a):
         span = hi_a - lo_a

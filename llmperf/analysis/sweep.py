@@ -68,7 +68,7 @@ def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
          max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
          zero_point: bool | None = None, embeddings: str | None = None,
          time_model: TimeModel | None = None, mla_mode: str = "auto", ep: int = 1,
-         dp_attention: bool = False) -> list[Group]:
+         dp_attention: bool = False, kv_window: str = "capped") -> list[Group]:
     """The groups of a sweep, in row order (model, hardware, precision, tp, pp, then the lengths)."""
     batches, prompts, gens = (_lengths(n, v) for n, v in
                               (("batch", batch), ("prompt_len", prompt_len), ("gen_len", gen_len)))
@@ -76,7 +76,7 @@ def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
     conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
                        fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                        block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
-                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention)
+                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention, kv_window=kv_window)
     for name, value in (("models", models), ("hardware", hardware), ("precision", precision),
                         ("weights", weights), ("activations", activations), ("kv", kv), ("tp", tp), ("pp", pp)):
         if not _as_list(value):  # an empty list would make an empty sweep, with no row to say why
@@ -102,7 +102,7 @@ def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
     `estimate(...).summary()`. Lists are accepted for models, hardware, the precisions (`precision`,
     `weights`, `activations`, `kv`), `tp`, `pp` and the three lengths; every other option of
     `estimate` (`attention`, `attention_flops`, `all_logits`, `fused_qkv`, `fused_gate_up`,
-    `mla_mode`, `ep`, `dp_attention`, `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`,
+    `mla_mode`, `ep`, `dp_attention`, `kv_window`, `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`,
     `group_size`, `zero_point`, `embeddings`, `time_model`) applies to every row."""
     frames = []
     for g in plan(models, hardware, **options):
@@ -129,8 +129,19 @@ def sweep_estimates(models: str | ModelSpec | Sequence = "llama-3.1-8b",
                                 all_logits=c.all_logits, fused_qkv=c.fused_qkv, fused_gate_up=c.fused_gate_up,
                                 max_seq_len=c.max_seq_len, block_size=c.block_size, mem_util=c.mem_util,
                                 max_batched_tokens=c.max_batched_tokens, time_model=g.time_model,
-                                mla_mode=c.mla_mode, ep=c.ep, dp_attention=c.dp_attention))
+                                mla_mode=c.mla_mode, ep=c.ep, dp_attention=c.dp_attention,
+                                kv_window=c.kv_window))
     return out
+
+
+def estimates_frame(estimates: Sequence[GenerationEstimate]) -> pd.DataFrame:
+    """The rows `sweep(...)` gives for these estimates (each summary is its row), dtypes included:
+    the CLI's per-operator path rolls every configuration up once, not once for the row and once
+    for the operators."""
+    frame = pd.DataFrame([e.summary() for e in estimates])
+    for k in REGIME_COLUMNS:  # integers, or missing where there is no answer (as `sweep`)
+        frame[k] = pd.array(frame[k].tolist(), dtype="Int64")
+    return frame
 
 
 def _precisions(m: ModelSpec, precision, weights, activations, kv, group_size, zero_point, embeddings):  # noqa: ANN001, ANN202
