@@ -29,6 +29,7 @@ COLUMNS: dict[str, str] = {
     "attention": "fused | naive", "attention_flops": "executed | dense", "all_logits": "logits at every prefill position",
     "fused_qkv": "one QKV GEMM", "fused_gate_up": "one gate+up GEMM",
     "mla_mode": "MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed",
+    "kv_window": "sliding / chunked layers' KV: capped (their window) | full (full pages)",
     "sliding_window": "attention window, tokens (null: full)", "time_model": "time model that produced the times",
     "batch": "sequences", "prompt_len": "prompt tokens", "gen_len": "generated tokens per sequence",
     "params_total": "parameters", "params_active": "parameters one token uses (MoE: routed experts only)",

@@ -72,8 +72,9 @@ def test_kv_window_full_holds_at_least_the_capped_kv():
     assert full["max_batch"] <= capped["max_batch"]
     r = run("estimate", "gpt-oss-120b", "-p", "8000", "--kv-window", "full", columns=160)
     assert "sliding-128 (full pages) layers x18 (8,128 tokens)" in r.output
-    dense, = rows("llama-3.1-8b", "--kv-window", "full")  # no windowed layer: nothing changes
-    assert dense == rows("llama-3.1-8b")[0]
+    dense, = rows("llama-3.1-8b", "--kv-window", "full")  # no windowed layer: nothing changes but the label
+    assert capped["kv_window"] == "capped" and full["kv_window"] == dense["kv_window"] == "full"
+    assert dense == dict(rows("llama-3.1-8b")[0], kv_window="full")
 
 
 def test_bad_kv_window_exits_2_naming_it():
