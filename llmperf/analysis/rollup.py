@@ -215,11 +215,12 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
     groups: list[tuple[str, int | None, list]] = [("full", None, fm.head_ops(batch, 1, 0.0 * prompt_len)
                                                    + fm.tail_ops(batch, 1, 0.0 * prompt_len))]
     at1: list[list] = [fm.head_ops(batch, 1, 0.0 * prompt_len + 1) + fm.tail_ops(batch, 1, 0.0 * prompt_len + 1)]
-    for kind, count in fm.model.layer_groups():
+    for part, kind, count, _ in fm.sections:  # each section once, for all the layers that share it
         lin = replace(kind, attention="full", window=None)  # the same layer seeing n keys
-        groups.append((kind.attention, kind.window,
-                       [op.scaled(count) for op in fm.layer_ops(batch, 1, 0.0 * prompt_len, kind=lin)]))
-        at1.append([op.scaled(count) for op in fm.layer_ops(batch, 1, 0.0 * prompt_len + 1, kind=lin)])
+        attention, span = (kind.attention, kind.window) if part == "attention" else ("full", None)  # FFN: flat
+        groups.append((attention, span,
+                       [op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len, lin)]))
+        at1.append([op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len + 1, lin)])
     time = flops = nbytes = 0.0
     for (attention, span, ops0), ops1 in zip(groups, at1):
         for c0, c1 in zip(ops0, ops1):

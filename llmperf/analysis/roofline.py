@@ -83,12 +83,18 @@ class OpCost:
             out = np.where(nbytes > 0, flops / np.where(nbytes > 0, nbytes, 1.0), 0.0)
         return float(out) if out.ndim == 0 else out
 
-    def scaled(self, factor: Number) -> OpCost:
+    def scaled(self, factor: Number, layer: str | None = None) -> OpCost:
         """Every count multiplied by `factor` (e.g. the number of layers), and the launches with them:
-        a time model's per-launch overhead is paid `calls` times."""
-        return OpCost(name=self.name, kind=self.kind, per_layer=self.per_layer, rows=self.rows,
-                      calls=self.calls * factor, layer=self.layer, compute_dtype=self.compute_dtype,
-                      **{f: getattr(self, f) * factor for f in _COUNT_FIELDS})
+        a time model's per-launch overhead is paid `calls` times. `layer`: a new layer label."""
+        new = object.__new__(OpCost)  # a frozen dataclass's __init__ costs more than its counts
+        d = new.__dict__
+        d.update(self.__dict__)
+        for f in _COUNT_FIELDS:
+            d[f] = d[f] * factor
+        d["calls"] = d["calls"] * factor
+        if layer is not None:
+            d["layer"] = layer
+        return new
 
 
 _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes",
