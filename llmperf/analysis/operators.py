@@ -348,6 +348,7 @@ class ForwardModel:
         object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.dims.attn_tp))
         object.__setattr__(self, "groups", self.model.layer_groups())
         object.__setattr__(self, "sections", _sections(self.groups))
+        object.__setattr__(self, "_weights", {})  # (d_in, d_out, bias, module) -> (bytes, matmul dtype)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _matrix_bytes(self, d_in: int, d_out: int, module: str) -> float:
@@ -369,11 +370,16 @@ class ForwardModel:
         """`tokens x d_in @ d_in x d_out`; `weight_copies` distinct weight matrices are read (MoE);
         the matrix is stored at `module`'s format (`MODULES`)."""
         p = self.precision
-        w = self._matrix_bytes(d_in, d_out, module) + (d_out * p.act_bytes if bias else 0.0)
+        key = (d_in, d_out, bias, module)
+        hit = self._weights.get(key)
+        if hit is None:  # the matrix's bytes and format depend on its shape and module only
+            hit = self._weights[key] = (self._matrix_bytes(d_in, d_out, module) + (d_out * p.act_bytes if bias else 0.0),
+                                        self._matmul_dtype(module))
+        w, dtype = hit
         return OpCost(name=name, kind="matmul", flops=2 * tokens * d_in * d_out + (tokens * d_out if bias else 0),
                       weight_bytes=w * weight_copies, act_read_bytes=tokens * d_in * p.act_bytes,
                       act_write_bytes=tokens * d_out * p.act_bytes, per_layer=per_layer,
-                      rows=tokens if rows is None else rows, compute_dtype=self._matmul_dtype(module))
+                      rows=tokens if rows is None else rows, compute_dtype=dtype)
 
     def _norm(self, name: str, tokens: Number, per_layer: bool = True, width: int | None = None,
               kind: str | None = None, weights: int = 1) -> OpCost:

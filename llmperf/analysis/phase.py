@@ -119,6 +119,7 @@ class PhaseEstimate:
     def to_frame(self) -> pd.DataFrame:
         """One row per operator: FLOPs, bytes by kind, intensity, each roof's time, the bound."""
         rows = []
+        total = self.time_s
         for o in self.ops:
             c = o.cost
             rows.append(dict(
@@ -130,7 +131,7 @@ class PhaseEstimate:
                 bytes_total=float(c.bytes_total), intensity=float(c.intensity),
                 compute_s=float(o.compute_s), memory_s=float(o.memory_s), comm_s=float(o.comm_s),
                 time_s=float(o.time_s), bound=o.bound,
-                time_share=float(o.time_s) / self.time_s if self.time_s else 0.0))
+                time_share=float(o.time_s) / total if total else 0.0))
         return pd.DataFrame(rows)
 
     def summary(self) -> dict[str, float | int | str]:

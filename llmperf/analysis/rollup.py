@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
-from llmperf.analysis.roofline import TimeModel, op_time, resolve_time_model, step_overhead_s
+from llmperf.analysis.roofline import TimeModel, memory_bound, op_time, resolve_time_model, step_overhead_s
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
@@ -197,7 +197,7 @@ def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp
         time = time + t.time_s
         flops = flops + c.flops
         nbytes = nbytes + c.bytes_total
-        mem_time = mem_time + np.where(np.asarray(t.bound) == "memory", t.time_s, 0.0)
+        mem_time = mem_time + np.where(memory_bound(t.compute_s, t.memory_s, t.comm_s), t.time_s, 0.0)
     f = lambda x: np.asarray(x, dtype=float) + 0.0 * time  # noqa: E731
     return PhaseArrays(time_s=f(time), flops=f(flops), bytes_total=f(nbytes), memory_bound_s=f(mem_time))
 

@@ -27,6 +27,7 @@ closed form (`sum_max_lines`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -205,14 +206,14 @@ class OpTime:
     overhead_s: Number = 0.0
     host_s: Number = 0.0
 
-    @property
+    @cached_property  # frozen: computed once (a per-op table asks every row's time several times)
     def time_s(self) -> Number:
         """`max(compute, memory, comm, host) + overhead`: a serial overhead (a synchronous CPU's
         dispatch) adds; an overlapped host dispatch (a GPU's asynchronous launch) is only a floor."""
         return np.maximum(np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s),
                           self.host_s) + self.overhead_s
 
-    @property
+    @cached_property
     def bound(self) -> Any:
         """'compute', 'memory' or 'comm' (an array of them for array inputs).
 
@@ -229,6 +230,12 @@ def bound_label(compute_s: Number, memory_s: Number, comm_s: Number = 0.0) -> An
                                   np.asarray(comm_s, dtype=float))
     out = np.where(k > np.maximum(c, m), "comm", np.where(c > m, "compute", "memory"))
     return str(out) if out.ndim == 0 else out
+
+
+def memory_bound(compute_s: Number, memory_s: Number, comm_s: Number = 0.0) -> Any:
+    """`bound_label(...) == "memory"` without the label strings (the roll-up's memory-bound time)."""
+    c, m, k = np.asarray(compute_s, dtype=float), np.asarray(memory_s, dtype=float), np.asarray(comm_s, dtype=float)
+    return ~(k > np.maximum(c, m)) & ~(c > m)
 
 
 def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
@@ -262,7 +269,8 @@ def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
         dtype = cost.compute_dtype
     compute = cost.flops / (peak_for(cost.kind, hardware, dtype) * eff.e_compute)
     memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
-    if np.any(np.asarray(cost.comm_bytes) > 0) and hardware.interconnect_bytes_per_s <= 0:
+    cb = cost.comm_bytes
+    if (cb > 0 if type(cb) is float else np.any(np.asarray(cb) > 0)) and hardware.interconnect_bytes_per_s <= 0:
         raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot time {cost.name}")
     comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
             if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)

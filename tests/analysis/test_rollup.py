@@ -498,3 +498,15 @@ def test_time_model_check_agrees_with_the_protocol():
             functools.partial(timemodel.time_model_for, efficiency="typical")]
     for obj in objs:
         assert _is_time_model(obj) == isinstance(obj, TimeModel), obj
+
+
+def test_memory_bound_mask_is_the_bound_rule():
+    """`roofline.memory_bound` (the roll-up's memory-bound time) is `bound_label(...) == "memory"`,
+    ties, NaN and the interconnect included."""
+    from llmperf.analysis.roofline import bound_label, memory_bound
+
+    vals = np.array([0.0, 1.0, 2.0, np.nan])
+    c, m, k = (a.ravel() for a in np.meshgrid(vals, vals, vals))
+    np.testing.assert_array_equal(memory_bound(c, m, k), bound_label(c, m, k) == "memory")
+    np.testing.assert_array_equal(memory_bound(c[:, None], m[:5], 0.0), bound_label(c[:, None], m[:5]) == "memory")
+    assert bool(memory_bound(1.0, 2.0)) and not bool(memory_bound(2.0, 1.0)) and bool(memory_bound(1.0, 1.0))
