@@ -838,6 +838,13 @@ class ForwardModel:
             ops += [op.scaled(count, layer=label) for op in self.section_ops(part, batch, q_len, kv_len, kind)]
         return ops + self.tail_ops(batch, q_len, kv_len)
 
+    def attention_core_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
+        """The attention cores (`attention_ops`) of `forward_ops`, the same objects' counts in the same
+        order, without building the rest of the pass (the regime searches that read only them)."""
+        local = self.local_batch(batch)
+        return [op.scaled(count, layer=label) for part, kind, count, label in self.sections if part == "attention"
+                for op in self.attention_ops(local, q_len, kv_len, kind=kind)]
+
 
 def _attention_key(kind: LayerKind) -> tuple:
     return (kind.attention, kind.window, kind.rope)

@@ -620,7 +620,7 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
 
     def attention_bound(b, ctx):  # noqa: ANN001, ANN202
         comp = mem = 0.0
-        for c in fm.forward_ops(b, 1, ctx):
+        for c in fm.attention_core_ops(b, 1, ctx):  # forward_ops' attention cores, nothing else built
             if c.name in _ATTN_CORE:
                 t = op_time(c, hw, dtype, tm)
                 comp, mem = comp + t.compute_s, mem + t.memory_s

@@ -444,3 +444,23 @@ def test_decode_closed_form_for_any_layer_pattern(types, window, chunk, prompt, 
     assert float(t) == pytest.approx(sum(float(s.time_s) for s in steps), rel=1e-10, abs=1e-15)
     assert float(f) == pytest.approx(sum(float(s.flops) for s in steps), rel=1e-12, abs=0)
     assert float(b) == pytest.approx(sum(float(s.bytes_total) for s in steps), rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss-120b", "llama-4-maverick", "llama-3.1-8b"])
+@pytest.mark.parametrize("impl", ["fused", "naive"])
+def test_attention_core_ops_are_forward_ops_attention_cores(name, impl):
+    """`ForwardModel.attention_core_ops` (the regime search's attention-bound predicate) gives exactly
+    the attention-core operators of `forward_ops`, counts and order included."""
+    from llmperf.analysis.vocabulary import ATTENTION_OPS
+    from llmperf.specs import load_model
+
+    core = {op.value for op in ATTENTION_OPS}
+    fm = ForwardModel(model=load_model(name), precision=Precision(), attention=impl)
+    b, ctx = np.array([[1.0], [8.0]]), np.array([[100.0, 5000.0, 70000.0]])
+    for q in (1, 64):
+        want = [o for o in fm.forward_ops(b, q, ctx) if o.name in core]
+        got = fm.attention_core_ops(b, q, ctx)
+        assert [(o.name, o.layer, o.calls) for o in got] == [(o.name, o.layer, o.calls) for o in want]
+        for g, w in zip(got, want):
+            for f in ("flops", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes", "rows"):
+                np.testing.assert_array_equal(getattr(g, f), getattr(w, f))
