@@ -26,7 +26,10 @@ names are what the engine's instrumentation times); `estimate`, `sweep` and the 
 
 Layers differ (`ModelSpec.layer_groups`): a forward pass is the sum over the groups of layers of one
 kind, each group's operators scaled by its number of layers and labelled with the kind
-(`OpCost.layer`, e.g. `sliding-4096`). Per layer kind:
+(`OpCost.layer`, e.g. `sliding-4096`). A block's attention part depends only on the kind's attention
+and its FFN part only on `moe`, so `forward_ops` builds each distinct part once for all the layers
+that have it, labelled with their kinds joined by `+` (DeepSeek-V3's attention `full+full/moe`, 61
+layers; `ForwardModel.sections`). Per layer kind:
 
 - attention: full layers see every key; sliding layers (Mistral, Gemma 2/3, gpt-oss; Beltagy et al.
   2020, arXiv:2004.05150) the last `window` keys (itself included), so the query at position i sees

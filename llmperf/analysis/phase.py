@@ -110,9 +110,10 @@ class PhaseEstimate:
         return float(sum(o.time_s for o in self.ops if o.cost.per_layer)) / self.layers
 
     def op(self, name: str, layer: str | None = None) -> OpTime:
-        """The operator `name` (of the layer kind labelled `layer`; default: the first one found)."""
+        """The operator `name` (of the layer kind labelled `layer`, alone or among the kinds of a shared
+        operator's `a+b` label; default: the first one found)."""
         for o in self.ops:
-            if o.cost.name == name and (layer is None or o.cost.layer == layer):
+            if o.cost.name == name and (layer is None or o.cost.layer == layer or layer in o.cost.layer.split("+")):
                 return o
         raise KeyError(f"no operator {name!r} in this phase (have: {', '.join(o.cost.name for o in self.ops)})")
 

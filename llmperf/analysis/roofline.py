@@ -59,7 +59,8 @@ class OpCost:
     per_layer: bool = True
     rows: Number = 0.0  # tokens through the operator (batch * q_len); what a time model may key on
     calls: Number = 1.0  # launches the counts cover: `scaled(L)` is L layers' calls, each paying the overhead
-    layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...)
+    layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...;
+    # kinds joined by `+` where the operator is the same in them: full+full/moe)
     compute_dtype: str | None = None  # its matrix work's format (per-module precision); None: the phase's
 
     @property

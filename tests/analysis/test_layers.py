@@ -464,3 +464,16 @@ def test_attention_core_ops_are_forward_ops_attention_cores(name, impl):
         for g, w in zip(got, want):
             for f in ("flops", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes", "rows"):
                 np.testing.assert_array_equal(getattr(g, f), getattr(w, f))
+
+
+def test_phase_op_finds_a_shared_operator_by_either_kind():
+    """DeepSeek-V3's attention is one row for its dense and MoE layers (`full+full/moe`): asking for
+    either kind finds it; the FFN rows stay per kind."""
+    from llmperf.analysis import estimate
+
+    est = estimate("deepseek-v3", "h200", batch=1, prompt_len=64, gen_len=2)
+    shared = est.prefill.op("o_proj", layer="full/moe")
+    assert shared is est.prefill.op("o_proj", layer="full") and shared.cost.layer == "full+full/moe"
+    assert shared.cost.calls == 61
+    assert est.prefill.op("down_proj", layer="full").cost.calls == 3
+    assert est.prefill.op("down_proj", layer="full/moe").cost.calls == 58
