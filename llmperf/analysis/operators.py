@@ -376,8 +376,8 @@ class ForwardModel:
         key = (d_in, d_out, bias, module)
         hit = self._weights.get(key)
         if hit is None:  # the matrix's bytes and format depend on its shape and module only
-            hit = self._weights[key] = (self._matrix_bytes(d_in, d_out, module) + (d_out * p.act_bytes if bias else 0.0),
-                                        self._matmul_dtype(module))
+            w = self._matrix_bytes(d_in, d_out, module) + (d_out * p.act_bytes if bias else 0.0)
+            hit = self._weights[key] = (w, self._matmul_dtype(module))
         w, dtype = hit
         return OpCost(name=name, kind="matmul", flops=2 * tokens * d_in * d_out + (tokens * d_out if bias else 0),
                       weight_bytes=w * weight_copies, act_read_bytes=tokens * d_in * p.act_bytes,

@@ -492,7 +492,8 @@ def test_time_model_check_agrees_with_the_protocol():
 
     from llmperf.specs import load_hardware
     hw = load_hardware("a100-80gb-sxm")
-    objs = [ROOFLINE, RooflineTimeModel(name="r"), timemodel.time_model_for(hw, efficiency="typical", compute_dtype="fp16"),
+    typical = timemodel.time_model_for(hw, efficiency="typical", compute_dtype="fp16")
+    objs = [ROOFLINE, RooflineTimeModel(name="r"), typical,
             NoName(), NoneEfficiency(), types.SimpleNamespace(name="s", efficiency=lambda c, h: (1, 1, 0)),
             types.SimpleNamespace(name="s"), object(), None, 3, "roofline",
             functools.partial(timemodel.time_model_for, efficiency="typical")]
