@@ -164,7 +164,8 @@ def ops_table(phase: PhaseEstimate, title: str, width: int | None = None) -> Tab
         dropped.append(c)
     fits = width is None or sum(widths[k] for k in cols) + 2 * len(cols) <= width
     note = f" (not shown: {', '.join(dropped)}; every column: -f csv --per-op)" if dropped else ""
-    scope = ("per-layer operators summed over the layers of their kind, [kind] xN" if mixed
+    scope = ("per-layer operators summed over the layers of their kind, [kind] xN; [kind+kind]: the "
+                 "same operator in both kinds" if mixed
              else f"x{phase.layers} layers where scope=layer")
     # Text, never markup: `[sliding-128/moe]` is a layer kind, not a style (with or without markup)
     table = Table(title=Text(f"{title} — operators ({scope}){note}"),

@@ -26,7 +26,10 @@ names are what the engine's instrumentation times); `estimate`, `sweep` and the 
 
 Layers differ (`ModelSpec.layer_groups`): a forward pass is the sum over the groups of layers of one
 kind, each group's operators scaled by its number of layers and labelled with the kind
-(`OpCost.layer`, e.g. `sliding-4096`). Per layer kind:
+(`OpCost.layer`, e.g. `sliding-4096`). A block's attention part depends only on the kind's attention
+and its FFN part only on `moe`, so `forward_ops` builds each distinct part once for all the layers
+that have it, labelled with their kinds joined by `+` (DeepSeek-V3's attention `full+full/moe`, 61
+layers; `ForwardModel.sections`). Per layer kind:
 
 - attention: full layers see every key; sliding layers (Mistral, Gemma 2/3, gpt-oss; Beltagy et al.
   2020, arXiv:2004.05150) the last `window` keys (itself included), so the query at position i sees
@@ -347,6 +350,8 @@ class ForwardModel:
         object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp, self.ep, self.dp_attention))
         object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.dims.attn_tp))
         object.__setattr__(self, "groups", self.model.layer_groups())
+        object.__setattr__(self, "sections", _sections(self.groups))
+        object.__setattr__(self, "_weights", {})  # (d_in, d_out, bias, module) -> (bytes, matmul dtype)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _matrix_bytes(self, d_in: int, d_out: int, module: str) -> float:
@@ -368,11 +373,16 @@ class ForwardModel:
         """`tokens x d_in @ d_in x d_out`; `weight_copies` distinct weight matrices are read (MoE);
         the matrix is stored at `module`'s format (`MODULES`)."""
         p = self.precision
-        w = self._matrix_bytes(d_in, d_out, module) + (d_out * p.act_bytes if bias else 0.0)
+        key = (d_in, d_out, bias, module)
+        hit = self._weights.get(key)
+        if hit is None:  # the matrix's bytes and format depend on its shape and module only
+            w = self._matrix_bytes(d_in, d_out, module) + (d_out * p.act_bytes if bias else 0.0)
+            hit = self._weights[key] = (w, self._matmul_dtype(module))
+        w, dtype = hit
         return OpCost(name=name, kind="matmul", flops=2 * tokens * d_in * d_out + (tokens * d_out if bias else 0),
                       weight_bytes=w * weight_copies, act_read_bytes=tokens * d_in * p.act_bytes,
                       act_write_bytes=tokens * d_out * p.act_bytes, per_layer=per_layer,
-                      rows=tokens if rows is None else rows, compute_dtype=self._matmul_dtype(module))
+                      rows=tokens if rows is None else rows, compute_dtype=dtype)
 
     def _norm(self, name: str, tokens: Number, per_layer: bool = True, width: int | None = None,
               kind: str | None = None, weights: int = 1) -> OpCost:
@@ -761,12 +771,10 @@ class ForwardModel:
             ops.append(self._allreduce("mlp_allreduce", tokens))
         return ops
 
-    def layer_ops(self, batch: Number, q_len: Number, kv_len: Number,
-                  kind: LayerKind | None = None) -> list[OpCost]:
-        """The operators of one transformer block of `kind` (default: the first layer's), in execution
-        order, each labelled with the kind (`OpCost.layer`). `batch` is the group's sequences (with
-        `dp_attention` each GPU's attention runs `local_batch(batch)` of them)."""
-        m, kind = self.model, self._kind(kind)
+    def _attention_section(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
+        """A block's operators up to the FFN (norm, attention, its collective, residual, the MLP norm):
+        they depend on the kind's attention (`attention`, `window`, `rope`), not on its FFN."""
+        m = self.model
         local = self.local_batch(batch)
         args = (local, q_len, kv_len)
         ops = [self.attn_norm(*args)] + self._attention_block(*args, kind)
@@ -775,11 +783,31 @@ class ForwardModel:
         if m.sandwich_norms:
             ops.append(self.post_attn_norm(*args))
         ops += [self.attn_residual(*args), self.mlp_norm(*args)]
-        ops += self._ffn_block(batch, q_len, kv_len, kind)
-        if m.sandwich_norms:
-            ops.append(self.post_mlp_norm(*args))
-        ops.append(self.mlp_residual(*args))
-        return [replace(op, layer=kind.label) for op in ops]
+        return ops
+
+    def _ffn_section(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
+        """A block's FFN and what follows it (sandwich norm, residual): they depend on `kind.moe` only."""
+        local = self.local_batch(batch)
+        ops = self._ffn_block(batch, q_len, kv_len, kind)
+        if self.model.sandwich_norms:
+            ops.append(self.post_mlp_norm(local, q_len, kv_len))
+        ops.append(self.mlp_residual(local, q_len, kv_len))
+        return ops
+
+    def section_ops(self, part: str, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
+        """The operators of one layer's `part` (`attention` or `ffn`, `ForwardModel.sections`) of `kind`."""
+        if part == "attention":
+            return self._attention_section(batch, q_len, kv_len, kind)
+        return self._ffn_section(batch, q_len, kv_len, kind)
+
+    def layer_ops(self, batch: Number, q_len: Number, kv_len: Number,
+                  kind: LayerKind | None = None) -> list[OpCost]:
+        """The operators of one transformer block of `kind` (default: the first layer's), in execution
+        order, each labelled with the kind (`OpCost.layer`). `batch` is the group's sequences (with
+        `dp_attention` each GPU's attention runs `local_batch(batch)` of them)."""
+        kind = self._kind(kind)
+        ops = self._attention_section(batch, q_len, kv_len, kind) + self._ffn_section(batch, q_len, kv_len, kind)
+        return [op.scaled(1, layer=kind.label) for op in ops]
 
     def head_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
         """Operators before the first block (embeddings)."""
@@ -802,12 +830,45 @@ class ForwardModel:
         return [(kind, count, self.layer_ops(batch, q_len, kv_len, kind)) for kind, count in self.groups]
 
     def forward_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
-        """Every operator of one forward pass: each layer kind's operators multiplied by its number
-        of layers (same names, labelled with the kind), between the model-level ones."""
+        """Every operator of one forward pass, between the model-level ones: each layer section
+        (`sections`: the attention part of the layers that share their attention, the FFN part of
+        those that share their FFN) computed once, multiplied by its number of layers and labelled
+        with the kinds that share it (`full+full/moe`: DeepSeek-V3's attention, the same in its
+        dense and MoE layers). A model with one layer kind: each of its operators once, labelled
+        with the kind."""
         ops = self.head_ops(batch, q_len, kv_len)
-        for _, count, layer in self.group_ops(batch, q_len, kv_len):
-            ops += [op.scaled(count) for op in layer]
+        for part, kind, count, label in self.sections:
+            ops += [op.scaled(count, layer=label) for op in self.section_ops(part, batch, q_len, kv_len, kind)]
         return ops + self.tail_ops(batch, q_len, kv_len)
+
+    def attention_core_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
+        """The attention cores (`attention_ops`) of `forward_ops`, the same objects' counts in the same
+        order, without building the rest of the pass (the regime searches that read only them)."""
+        local = self.local_batch(batch)
+        return [op.scaled(count, layer=label) for part, kind, count, label in self.sections if part == "attention"
+                for op in self.attention_ops(local, q_len, kv_len, kind=kind)]
+
+
+def _attention_key(kind: LayerKind) -> tuple:
+    return (kind.attention, kind.window, kind.rope)
+
+
+def _sections(groups: tuple[tuple[LayerKind, int], ...]) -> tuple[tuple[str, LayerKind, int, str], ...]:
+    """(part, a kind that has it, layers that share it, label) for the attention part of each distinct
+    attention (`attention`, `window`, `rope`) and the FFN part of each distinct FFN (`moe`), in order of
+    first appearance; the label joins the labels of the kinds that share the part with `+`."""
+    keys = {"attention": _attention_key, "ffn": lambda k: k.moe}
+    found: dict[tuple, list] = {}
+    order: list[tuple] = []
+    for kind, count in groups:
+        for part in ("attention", "ffn"):
+            key = (part, keys[part](kind))
+            if key not in found:
+                found[key] = [kind, 0, []]
+                order.append(key)
+            found[key][1] += count
+            found[key][2].append(kind.label)
+    return tuple((key[0], found[key][0], found[key][1], "+".join(found[key][2])) for key in order)
 
 
 def _where(mask: Number, a: OpCost, b: OpCost | None) -> OpCost:

@@ -110,15 +110,17 @@ class PhaseEstimate:
         return float(sum(o.time_s for o in self.ops if o.cost.per_layer)) / self.layers
 
     def op(self, name: str, layer: str | None = None) -> OpTime:
-        """The operator `name` (of the layer kind labelled `layer`; default: the first one found)."""
+        """The operator `name` (of the layer kind labelled `layer`, alone or among the kinds of a shared
+        operator's `a+b` label; default: the first one found)."""
         for o in self.ops:
-            if o.cost.name == name and (layer is None or o.cost.layer == layer):
+            if o.cost.name == name and (layer is None or o.cost.layer == layer or layer in o.cost.layer.split("+")):
                 return o
         raise KeyError(f"no operator {name!r} in this phase (have: {', '.join(o.cost.name for o in self.ops)})")
 
     def to_frame(self) -> pd.DataFrame:
         """One row per operator: FLOPs, bytes by kind, intensity, each roof's time, the bound."""
         rows = []
+        total = self.time_s
         for o in self.ops:
             c = o.cost
             rows.append(dict(
@@ -130,7 +132,7 @@ class PhaseEstimate:
                 bytes_total=float(c.bytes_total), intensity=float(c.intensity),
                 compute_s=float(o.compute_s), memory_s=float(o.memory_s), comm_s=float(o.comm_s),
                 time_s=float(o.time_s), bound=o.bound,
-                time_share=float(o.time_s) / self.time_s if self.time_s else 0.0))
+                time_share=float(o.time_s) / total if total else 0.0))
         return pd.DataFrame(rows)
 
     def summary(self) -> dict[str, float | int | str]:

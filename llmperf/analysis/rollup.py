@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
-from llmperf.analysis.roofline import TimeModel, op_time, resolve_time_model, step_overhead_s
+from llmperf.analysis.roofline import TimeModel, memory_bound, op_time, resolve_time_model, step_overhead_s
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
@@ -197,7 +197,7 @@ def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp
         time = time + t.time_s
         flops = flops + c.flops
         nbytes = nbytes + c.bytes_total
-        mem_time = mem_time + np.where(np.asarray(t.bound) == "memory", t.time_s, 0.0)
+        mem_time = mem_time + np.where(memory_bound(t.compute_s, t.memory_s, t.comm_s), t.time_s, 0.0)
     f = lambda x: np.asarray(x, dtype=float) + 0.0 * time  # noqa: E731
     return PhaseArrays(time_s=f(time), flops=f(flops), bytes_total=f(nbytes), memory_bound_s=f(mem_time))
 
@@ -215,11 +215,12 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
     groups: list[tuple[str, int | None, list]] = [("full", None, fm.head_ops(batch, 1, 0.0 * prompt_len)
                                                    + fm.tail_ops(batch, 1, 0.0 * prompt_len))]
     at1: list[list] = [fm.head_ops(batch, 1, 0.0 * prompt_len + 1) + fm.tail_ops(batch, 1, 0.0 * prompt_len + 1)]
-    for kind, count in fm.model.layer_groups():
+    for part, kind, count, _ in fm.sections:  # each section once, for all the layers that share it
         lin = replace(kind, attention="full", window=None)  # the same layer seeing n keys
-        groups.append((kind.attention, kind.window,
-                       [op.scaled(count) for op in fm.layer_ops(batch, 1, 0.0 * prompt_len, kind=lin)]))
-        at1.append([op.scaled(count) for op in fm.layer_ops(batch, 1, 0.0 * prompt_len + 1, kind=lin)])
+        attention, span = (kind.attention, kind.window) if part == "attention" else ("full", None)  # FFN: flat
+        groups.append((attention, span,
+                       [op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len, lin)]))
+        at1.append([op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len + 1, lin)])
     time = flops = nbytes = 0.0
     for (attention, span, ops0), ops1 in zip(groups, at1):
         for c0, c1 in zip(ops0, ops1):
@@ -556,11 +557,12 @@ def _capped_sum(group: KVGroup, lo, hi, prefix):  # noqa: ANN001, ANN202
 
 
 # ---- regimes -------------------------------------------------------------------------------------
-def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX, ways: int = 64):  # noqa: ANN001, ANN201
+def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX, ways: int = 32):  # noqa: ANN001, ANN201
     """Smallest n in [lo, hi] with pred(n) True, elementwise over `size` rows, for a pred that stays
     True once True; NaN where pred(hi) is False. A doubling bracket, then a `ways`-ary search: pred
     takes an (size, k) array of candidates (each row's own) and returns booleans of that shape, so an
-    answer near 2^12 in 1 .. 2^26 needs 3 calls."""
+    answer near 2^12 in 1 .. 2^26 needs 4 calls (32 ways: arrays half as wide as 64 ways' 3 calls, and
+    a sweep's regime searches about 10 % faster on this 2-core CPU; the answers are the same)."""
     lo_a, hi_a = np.full(size, float(lo)), np.full(size, float(hi))
     # first a doubling bracket, lo + 2^j - 1 up to hi (hi last: whether any n works), in one call:
     # answers are usually far below hi, so the linear steps then start from a span near the answer
@@ -619,7 +621,7 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
 
     def attention_bound(b, ctx):  # noqa: ANN001, ANN202
         comp = mem = 0.0
-        for c in fm.forward_ops(b, 1, ctx):
+        for c in fm.attention_core_ops(b, 1, ctx):  # forward_ops' attention cores, nothing else built
             if c.name in _ATTN_CORE:
                 t = op_time(c, hw, dtype, tm)
                 comp, mem = comp + t.compute_s, mem + t.memory_s

@@ -27,6 +27,7 @@ closed form (`sum_max_lines`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -58,7 +59,8 @@ class OpCost:
     per_layer: bool = True
     rows: Number = 0.0  # tokens through the operator (batch * q_len); what a time model may key on
     calls: Number = 1.0  # launches the counts cover: `scaled(L)` is L layers' calls, each paying the overhead
-    layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...)
+    layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...;
+    # kinds joined by `+` where the operator is the same in them: full+full/moe)
     compute_dtype: str | None = None  # its matrix work's format (per-module precision); None: the phase's
 
     @property
@@ -83,12 +85,18 @@ class OpCost:
             out = np.where(nbytes > 0, flops / np.where(nbytes > 0, nbytes, 1.0), 0.0)
         return float(out) if out.ndim == 0 else out
 
-    def scaled(self, factor: Number) -> OpCost:
+    def scaled(self, factor: Number, layer: str | None = None) -> OpCost:
         """Every count multiplied by `factor` (e.g. the number of layers), and the launches with them:
-        a time model's per-launch overhead is paid `calls` times."""
-        return OpCost(name=self.name, kind=self.kind, per_layer=self.per_layer, rows=self.rows,
-                      calls=self.calls * factor, layer=self.layer, compute_dtype=self.compute_dtype,
-                      **{f: getattr(self, f) * factor for f in _COUNT_FIELDS})
+        a time model's per-launch overhead is paid `calls` times. `layer`: a new layer label."""
+        new = object.__new__(OpCost)  # a frozen dataclass's __init__ costs more than its counts
+        d = new.__dict__
+        d.update(self.__dict__)
+        for f in _COUNT_FIELDS:
+            d[f] = d[f] * factor
+        d["calls"] = d["calls"] * factor
+        if layer is not None:
+            d["layer"] = layer
+        return new
 
 
 _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes",
@@ -165,12 +173,19 @@ def resolve_time_model(time_model: TimeModel | None, hardware: HardwareSpec | No
     for the device and dtype at hand, so one sweep over several devices gets each its own model."""
     if time_model is None:
         return ROOFLINE
-    if not isinstance(time_model, TimeModel) and callable(time_model) and hardware is not None:
+    if not _is_time_model(time_model) and callable(time_model) and hardware is not None:
         time_model = time_model(hardware, compute_dtype)
-    if not isinstance(time_model, TimeModel):
+    if not _is_time_model(time_model):
         raise TypeError(f"time_model: expected an object with .name and .efficiency(cost, hardware), "
                         f"got {type(time_model).__name__}")
     return time_model
+
+
+def _is_time_model(obj: object) -> bool:
+    """`isinstance(obj, TimeModel)`, without the runtime-checkable protocol's generic attribute walk
+    (a tenth of a sweep's time): the protocol's members are `name` (data) and `efficiency` (a method:
+    present and not None), which is what `typing`'s check asks of an object that does not subclass it."""
+    return obj is ROOFLINE or (hasattr(obj, "name") and getattr(obj, "efficiency", None) is not None)
 
 
 def _as_efficiency(value: Efficiency | tuple) -> Efficiency:  # noqa: ANN001
@@ -192,14 +207,14 @@ class OpTime:
     overhead_s: Number = 0.0
     host_s: Number = 0.0
 
-    @property
+    @cached_property  # frozen: computed once (a per-op table asks every row's time several times)
     def time_s(self) -> Number:
         """`max(compute, memory, comm, host) + overhead`: a serial overhead (a synchronous CPU's
         dispatch) adds; an overlapped host dispatch (a GPU's asynchronous launch) is only a floor."""
         return np.maximum(np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s),
                           self.host_s) + self.overhead_s
 
-    @property
+    @cached_property
     def bound(self) -> Any:
         """'compute', 'memory' or 'comm' (an array of them for array inputs).
 
@@ -216,6 +231,12 @@ def bound_label(compute_s: Number, memory_s: Number, comm_s: Number = 0.0) -> An
                                   np.asarray(comm_s, dtype=float))
     out = np.where(k > np.maximum(c, m), "comm", np.where(c > m, "compute", "memory"))
     return str(out) if out.ndim == 0 else out
+
+
+def memory_bound(compute_s: Number, memory_s: Number, comm_s: Number = 0.0) -> Any:
+    """`bound_label(...) == "memory"` without the label strings (the roll-up's memory-bound time)."""
+    c, m, k = np.asarray(compute_s, dtype=float), np.asarray(memory_s, dtype=float), np.asarray(comm_s, dtype=float)
+    return ~(k > np.maximum(c, m)) & ~(c > m)
 
 
 def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
@@ -249,7 +270,8 @@ def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
         dtype = cost.compute_dtype
     compute = cost.flops / (peak_for(cost.kind, hardware, dtype) * eff.e_compute)
     memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
-    if np.any(np.asarray(cost.comm_bytes) > 0) and hardware.interconnect_bytes_per_s <= 0:
+    cb = cost.comm_bytes
+    if (cb > 0 if type(cb) is float else np.any(np.asarray(cb) > 0)) and hardware.interconnect_bytes_per_s <= 0:
         raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot time {cost.name}")
     comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
             if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)

@@ -49,7 +49,7 @@ def test_estimates_frame_equals_the_sweep_rows():
 
 
 @given(st.lists(st.integers(1, 2**26 + 5), min_size=1, max_size=12), st.integers(1, 1000),
-       st.integers(0, 2**26), st.sampled_from([2, 3, 64]))
+       st.integers(0, 2**26), st.sampled_from([2, 3, 32, 64]))
 def test_first_true_array_finds_the_smallest_n_of_every_row(thresholds, lo, width, ways):
     """The regime searches' doubling bracket then `ways`-ary narrowing: for monotone predicates
     (n >= t_row), exactly max(t, lo) where t <= hi, NaN where no n in [lo, hi] works."""

@@ -87,7 +87,10 @@ def test_gemma2_alternates_sliding_and_full_layers():
     assert attn["full"].kv_read_bytes == 2 * 100 * per_key
     names = [o.name for o in ops]
     assert names[:2] == ["embed", "embed_scale"] and names[-3:] == ["final_norm", "lm_head", "final_softcap"]
-    assert names.count("post_attn_norm") == 2 and names.count("post_mlp_norm") == 2
+    assert names.count("post_attn_norm") == 2  # one per attention kind
+    # the FFN part (the same in both kinds) appears once, for the four layers, labelled with both kinds
+    post_mlp, = [o for o in ops if o.name == "post_mlp_norm"]
+    assert (post_mlp.calls, post_mlp.layer) == (4, "sliding-16+full")
 
 
 def test_gpt_oss_windows_128_every_other_layer():
@@ -107,7 +110,8 @@ def test_llama4_chunked_layers_and_nope_global_layers():
     fm = ForwardModel(model=m, precision=Precision())
     ops = fm.forward_ops(1, 20, 20)
     rope = [o for o in ops if o.name == "rope"]
-    assert sum(o.calls for o in rope) == 6 and {o.layer for o in rope} == {"chunked-8", "chunked-8/moe"}
+    # the attention of the chunked layers is the same in their dense and MoE kinds: one row for six layers
+    assert sum(o.calls for o in rope) == 6 and {o.layer for o in rope} == {"chunked-8+chunked-8/moe"}
     assert sum(o.calls for o in ops if o.name == "qk_norm") == 6  # L2: on the RoPE layers only
     assert sum(o.calls for o in ops if o.name == "router") == 4  # every other layer is MoE
     assert sum(o.calls for o in ops if o.name == "shared_down_proj") == 4
@@ -117,7 +121,7 @@ def test_llama4_chunked_layers_and_nope_global_layers():
     # a chunked layer's query at position p sees p mod 8 + 1 keys: 20 queries see 36 + 36 + 10 = 82 pairs
     assert attended_pairs(20, 20, True, chunk=8) == 82
     attn = {o.layer: o for o in ops if o.name == "attention"}
-    assert attn["chunked-8"].flops == 4 * 2 * 4 * 82 * 16 * 2  # four such layers, 4 heads, QK + PV of 16
+    assert attn["chunked-8+chunked-8/moe"].flops == 6 * 2 * 4 * 82 * 16 * 2  # six such layers, 4 heads, QK + PV of 16
     assert attn["full/moe/nope"].flops == 2 * 2 * 4 * (20 * 21 // 2) * 16 * 2
 
 
@@ -166,7 +170,9 @@ def test_estimate_of_a_hybrid_model_keeps_its_step_series():
     est = estimate(llama4_like(), "a100-80gb-sxm", batch=3, prompt_len=5, gen_len=30)
     assert est.decode_step_times_s().sum() == pytest.approx(est.decode_total_s, rel=1e-12)
     layer = est.prefill.layer_frame()
-    assert set(layer["layer"]) == {"chunked-8", "chunked-8/moe", "full/moe/nope"}
+    # attention parts by attention kind, FFN parts by FFN kind (the MoE FFN is shared by two kinds)
+    assert set(layer["layer"]) == {"chunked-8+chunked-8/moe", "chunked-8", "chunked-8/moe+full/moe/nope",
+                                   "full/moe/nope"}
 
 
 # ---- multi-head latent attention ---------------------------------------------------------------------
@@ -438,3 +444,36 @@ def test_decode_closed_form_for_any_layer_pattern(types, window, chunk, prompt, 
     assert float(t) == pytest.approx(sum(float(s.time_s) for s in steps), rel=1e-10, abs=1e-15)
     assert float(f) == pytest.approx(sum(float(s.flops) for s in steps), rel=1e-12, abs=0)
     assert float(b) == pytest.approx(sum(float(s.bytes_total) for s in steps), rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss-120b", "llama-4-maverick", "llama-3.1-8b"])
+@pytest.mark.parametrize("impl", ["fused", "naive"])
+def test_attention_core_ops_are_forward_ops_attention_cores(name, impl):
+    """`ForwardModel.attention_core_ops` (the regime search's attention-bound predicate) gives exactly
+    the attention-core operators of `forward_ops`, counts and order included."""
+    from llmperf.analysis.vocabulary import ATTENTION_OPS
+    from llmperf.specs import load_model
+
+    core = {op.value for op in ATTENTION_OPS}
+    fm = ForwardModel(model=load_model(name), precision=Precision(), attention=impl)
+    b, ctx = np.array([[1.0], [8.0]]), np.array([[100.0, 5000.0, 70000.0]])
+    for q in (1, 64):
+        want = [o for o in fm.forward_ops(b, q, ctx) if o.name in core]
+        got = fm.attention_core_ops(b, q, ctx)
+        assert [(o.name, o.layer, o.calls) for o in got] == [(o.name, o.layer, o.calls) for o in want]
+        for g, w in zip(got, want):
+            for f in ("flops", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes", "rows"):
+                np.testing.assert_array_equal(getattr(g, f), getattr(w, f))
+
+
+def test_phase_op_finds_a_shared_operator_by_either_kind():
+    """DeepSeek-V3's attention is one row for its dense and MoE layers (`full+full/moe`): asking for
+    either kind finds it; the FFN rows stay per kind."""
+    from llmperf.analysis import estimate
+
+    est = estimate("deepseek-v3", "h200", batch=1, prompt_len=64, gen_len=2)
+    shared = est.prefill.op("o_proj", layer="full/moe")
+    assert shared is est.prefill.op("o_proj", layer="full") and shared.cost.layer == "full+full/moe"
+    assert shared.cost.calls == 61
+    assert est.prefill.op("down_proj", layer="full").cost.calls == 3
+    assert est.prefill.op("down_proj", layer="full/moe").cost.calls == 58

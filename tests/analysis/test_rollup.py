@@ -472,3 +472,42 @@ def test_a_time_model_out_of_range_is_refused_by_name(tiny_llama, a100):
         estimate(tiny_llama, a100, time_model=Broken())
     with pytest.raises(TypeError, match="time_model"):
         estimate(tiny_llama, a100, time_model=object())
+
+
+def test_time_model_check_agrees_with_the_protocol():
+    """`roofline._is_time_model` (the fast check `op_time` uses) says what `isinstance(x, TimeModel)` says."""
+    import functools
+    import types
+
+    from llmperf.analysis import timemodel
+    from llmperf.analysis.roofline import ROOFLINE, RooflineTimeModel, TimeModel, _is_time_model
+
+    class NoName:
+        def efficiency(self, cost, hardware):  # noqa: ANN001, ANN202
+            return (1.0, 1.0, 0.0)
+
+    class NoneEfficiency:
+        name = "x"
+        efficiency = None
+
+    from llmperf.specs import load_hardware
+    hw = load_hardware("a100-80gb-sxm")
+    typical = timemodel.time_model_for(hw, efficiency="typical", compute_dtype="fp16")
+    objs = [ROOFLINE, RooflineTimeModel(name="r"), typical,
+            NoName(), NoneEfficiency(), types.SimpleNamespace(name="s", efficiency=lambda c, h: (1, 1, 0)),
+            types.SimpleNamespace(name="s"), object(), None, 3, "roofline",
+            functools.partial(timemodel.time_model_for, efficiency="typical")]
+    for obj in objs:
+        assert _is_time_model(obj) == isinstance(obj, TimeModel), obj
+
+
+def test_memory_bound_mask_is_the_bound_rule():
+    """`roofline.memory_bound` (the roll-up's memory-bound time) is `bound_label(...) == "memory"`,
+    ties, NaN and the interconnect included."""
+    from llmperf.analysis.roofline import bound_label, memory_bound
+
+    vals = np.array([0.0, 1.0, 2.0, np.nan])
+    c, m, k = (a.ravel() for a in np.meshgrid(vals, vals, vals))
+    np.testing.assert_array_equal(memory_bound(c, m, k), bound_label(c, m, k) == "memory")
+    np.testing.assert_array_equal(memory_bound(c[:, None], m[:5], 0.0), bound_label(c[:, None], m[:5]) == "memory")
+    assert bool(memory_bound(1.0, 2.0)) and not bool(memory_bound(2.0, 1.0)) and bool(memory_bound(1.0, 1.0))
