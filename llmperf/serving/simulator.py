@@ -196,7 +196,8 @@ class ServingConfig:
 
     def settings(self) -> dict[str, object]:
         tm = self.resolve_time_model()
-        return dict(model=self.model.name, hardware=self.hardware.name, weights=self.precision.weights,
+        return dict(model=self.model.name, hardware=self.hardware.name, precision=self.precision.label(),
+                    weights=self.precision.weights,
                     activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
                     layout=self.layout, ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode,
                     kv_window=self.kv_window,
