@@ -114,7 +114,7 @@ class GenerationEstimate:
     def peak_fraction(self) -> float:
         """Achieved FLOP/s per GPU over the whole generation as a fraction of the device's peak (the
         counts are per tensor-parallel rank over all `pp` stages, which run one after another)."""
-        peak = self.hardware.peak_flops_per_s(self.prefill.compute_dtype)
+        peak = max(self.prefill.peak_flops_per_s, self.decode_first.peak_flops_per_s)
         return self.total_flops / self.e2e_s / (self.pp * peak) if self.e2e_s else 0.0
 
     def forward_model(self) -> ForwardModel:

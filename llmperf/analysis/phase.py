@@ -88,10 +88,20 @@ class PhaseEstimate:
         return self.flops / self.time_s if self.time_s else 0.0
 
     @property
+    def peak_flops_per_s(self) -> float:
+        """The fastest dense peak this pass's matrix work runs at: the compute dtype's, or a module's
+        own format (fp8-block, fp4) where the device has units for it."""
+        hw = self.hardware
+        dtypes = {self.compute_dtype} | {o.cost.compute_dtype for o in self.ops
+                                         if o.cost.compute_dtype is not None and o.cost.compute_dtype in hw.peak_tflops}
+        return max(hw.peak_flops_per_s(d) for d in dtypes)
+
+    @property
     def peak_fraction(self) -> float:
-        """Achieved FLOP/s per GPU as a fraction of the device's dense peak at the compute dtype: with
-        `pp` stages the pass's FLOPs are spread over `pp` GPUs that run one after another."""
-        return self.achieved_flops_per_s / (self.pp * self.hardware.peak_flops_per_s(self.compute_dtype))
+        """Achieved FLOP/s per GPU as a fraction of the device's dense peak (`peak_flops_per_s`: at the
+        compute dtype, or the faster format some modules run in): with `pp` stages the pass's FLOPs
+        are spread over `pp` GPUs that run one after another."""
+        return self.achieved_flops_per_s / (self.pp * self.peak_flops_per_s)
 
     def layer_frame(self) -> pd.DataFrame:
         """The operators of ONE transformer block of each layer kind (per-layer rows divided by the

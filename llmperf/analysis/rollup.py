@@ -25,7 +25,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
-from llmperf.analysis.roofline import TimeModel, memory_bound, op_time, resolve_time_model, step_overhead_s
+from llmperf.analysis.roofline import (
+    TimeModel, memory_bound, op_time, peak_in_use_flops_per_s, resolve_time_model, step_overhead_s,
+)
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
@@ -672,7 +674,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     e2e = prefill.time_s + d_time
     tpot = np.where(has_steps, d_time / np.maximum(steps, 1), 0.0)
     total_flops = prefill.flops + d_flops
-    peak = hw.peak_flops_per_s(dtype)
+    peak = peak_in_use_flops_per_s(hw, dtype, precision)  # fp8-block / fp4 modules may run faster
     mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G, ep=conv.ep,
                         dp_attention=conv.dp_attention)
     reg = regime_arrays(fm, hw, dtype, tm, batch=B, context=P + G, size=n)

@@ -286,3 +286,13 @@ def roofline_time_s(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "
     """`max(flops / peak, bytes / bandwidth)` for one operator (the kernel benchmarks' prediction);
     with a `time_model`, its efficiencies and overhead applied."""
     return op_time(cost, hardware, compute_dtype, time_model).time_s
+
+
+def peak_in_use_flops_per_s(hardware: HardwareSpec, compute_dtype: str, precision: object | None = None) -> float:
+    """The fastest dense peak a pass's matrix work runs at on `hardware`: the compute dtype's, or a
+    module's own format (`Precision.modules`: fp8-block, mxfp4 / nvfp4) where the device has units for
+    it (`HardwareSpec.matmul_dtype`). Achieved FLOP/s over it stays at most 1 under the roofline."""
+    dtypes = {compute_dtype}
+    for module, _ in getattr(precision, "modules", ()) or ():
+        dtypes.add(hardware.matmul_dtype(precision, module))
+    return max(hardware.peak_flops_per_s(d) for d in dtypes)
