@@ -159,3 +159,21 @@ def test_tp8_decode_slower_under_typical_roofline_and_tp1_unchanged(hw: str) -> 
     assert tp8["new"] - tp8["old"] < 2 * layers * alpha  # no more than the latencies added
     tp1 = [estimate("llama-3.1-70b", hw, tp=1, time_model=tm, **kw) for tm in (old, new)]
     assert tp1[0].tpot_s == tp1[1].tpot_s and tp1[0].ttft_s == tp1[1].ttft_s
+
+
+def test_pipeline_send_pays_the_point_to_point_latency_under_typical() -> None:
+    from llmperf.analysis.rollup import pipeline_transfer_s
+
+    fm = ForwardModel(model=load_model("llama-3.1-70b"), precision=Precision())
+    msg = 8192 * 2.0  # one decode token's hidden state
+    roof = pipeline_transfer_s(fm, H100, 1, 1, 4)
+    assert roof == pytest.approx(3 * msg / H100.interconnect_bytes_per_s)
+    assert pipeline_transfer_s(fm, H100, 1, 1, 4, ROOFLINE) == roof
+    alpha, frac = load_collectives().terms("h100-sxm", 2)
+    typ = pipeline_transfer_s(fm, H100, 1, 1, 4, _typical(H100))
+    assert typ == pytest.approx(3 * (alpha + msg / (H100.interconnect_bytes_per_s * frac)))
+    assert pipeline_transfer_s(fm, H100, 1, 1, 1, _typical(H100)) == 0.0
+    kw = dict(batch=1, prompt_len=512, gen_len=32, pp=4)
+    new = _typical(H100)
+    assert (estimate("llama-3.1-70b", "h100-sxm", time_model=new, **kw).tpot_s
+            > estimate("llama-3.1-70b", "h100-sxm", time_model=replace(new, collectives=None), **kw).tpot_s)
