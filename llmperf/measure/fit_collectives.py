@@ -9,9 +9,9 @@ The model, per GPU count n of one node (nccl-tests' bus-bandwidth convention for
 `bus_bytes` is what llmperf's all-reduce operator already counts as its `comm_bytes` (each GPU sends
 2(n-1)/n of the message), so `busbw(n) / interconnect` is the operator's `e_comm` and `alpha(n)` a
 latency paid once per call. Each n is fitted separately by least absolute relative error,
-min sum w |pred / meas - 1| (iteratively reweighted least squares), w = 1 / points in the size octave: every doubling counts the same,
-from the latency-bound 2 KB to the bandwidth-bound 64 MB, and the bimodal small-message times
-(NCCL's protocols, the host) do not pull the fit as squared errors would.
+min sum w |pred / meas - 1| (iteratively reweighted least squares), w = 1 / points in the size's
+octave: every doubling of the message counts the same, from the latency-bound 2 KB to the
+bandwidth-bound 64 MB, and the bimodal small-message times do not pull the fit as squared errors would.
 
 The data: `<root>/network/<node>/all_reduce.csv` with `num_workers`, `devices_per_node`, `size` (bytes)
 and `time_stats.all_reduce.median` (ms); only the one-node rows (`devices_per_node == num_workers`)
@@ -137,7 +137,7 @@ def run(root: Path | str) -> dict:
     return out
 
 
-def to_yaml(result: dict, root: str) -> str:
+def to_yaml(result: dict) -> str:
     """The data file `models_spec/efficiency/collectives.yaml` for `result`."""
     lines = [
         "# NCCL all-reduce over the GPUs of one node: time(n, bytes) = alpha(n) + bus_bytes / busbw(n),",
@@ -159,11 +159,16 @@ def to_yaml(result: dict, root: str) -> str:
         "# per-GPU NVLink injection bandwidth through the NVSwitch, and NCCL runs them on the same protocols.",
         "#",
     ]
+    lines.append("# |pred / meas - 1| by message size, median/p90:")
     for node in NODES:
-        lines.append(f"# {node}: |pred / meas - 1| of its own fit, by message size: "
-                     + _err_line(result[node]["errors"]))
-    lines.append(f"# held out, h100_dgx predicted from the a100_dgx fit x {result['heldout']['scale']:.2f} "
-                 "(datasheet NVLink) on busbw: " + _err_line(result["heldout"]["errors"]))
+        lines.append(f"#   {node}, its own fit: " + _err_line(result[node]["errors"]))
+    lines.append(f"#   held out, h100_dgx from the a100_dgx fit, busbw x {result['heldout']['scale']:.2f} "
+                 "(datasheet NVLink):")
+    lines.append("#     " + _err_line(result["heldout"]["errors"]))
+    big = result["heldout"]["errors"].loc[">= 16 MB", "median_ratio"]
+    lines.append(f"# default {DEFAULT_NODE}: scaled by the datasheet alone the A100 fit is {big:.2f}x too slow on "
+                 "H100 from 16 MB")
+    lines.append("# (NCCL reaches a larger share of NVLink 4 than of NVLink 3): other devices take the newer node.")
     lines += ["schema_version: 1", "source: \"Vidur NCCL all-reduce measurements (MIT), fitted by "
               "llmperf.measure.fit_collectives\"", f"default: {DEFAULT_NODE}", "all_reduce:"]
     for node, (hw, covers) in NODES.items():
@@ -178,8 +183,7 @@ def to_yaml(result: dict, root: str) -> str:
 
 
 def _err_line(e: pd.DataFrame) -> str:
-    return "; ".join(f"{band} {row['median']:.0%}/{row['p90']:.0%}" for band, row in e.iterrows()) \
-        + " (median/p90)"
+    return "; ".join(f"{band} {row['median']:.0%}/{row['p90']:.0%}" for band, row in e.iterrows())
 
 
 def report(result: dict) -> str:
@@ -210,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args.root)
     print(report(result))
     if args.write:
-        Path(args.write).write_text(to_yaml(result, args.root))
+        Path(args.write).write_text(to_yaml(result))
         print(f"wrote {args.write}")
     return 0
 
