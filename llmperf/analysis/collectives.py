@@ -41,8 +41,13 @@ class NodeTerms:
     alpha_s: tuple[float, ...]
     busbw_fraction: tuple[float, ...]
 
+    def __post_init__(self) -> None:  # the measured counts, looked up without interpolating (every comm op asks)
+        object.__setattr__(self, "_exact", dict(zip(self.gpus, zip(self.alpha_s, self.busbw_fraction))))
+
     def at(self, gpus: Number) -> tuple[Number, Number]:
         """(alpha_s, busbw_fraction) at `gpus` GPUs (log-linear between measured counts, flat beyond)."""
+        if type(gpus) is int and gpus in self._exact:
+            return self._exact[gpus]
         n = np.log(np.maximum(np.asarray(gpus, dtype=float), 2.0))
         xs = np.log(np.asarray(self.gpus, dtype=float))
         alpha = np.interp(n, xs, self.alpha_s)
