@@ -130,7 +130,7 @@ class GenerationEstimate:
         stop = self.gen_len if stop is None else min(stop, self.gen_len)
         fm = self.forward_model()
         ctx = self.prompt_len + np.arange(max(start, 1), stop, dtype=float)
-        total = (pipeline_transfer_s(fm, self.hardware, self.batch, 1, self.pp) + 0.0 * ctx
+        total = (pipeline_transfer_s(fm, self.hardware, self.batch, 1, self.pp, self.time_model) + 0.0 * ctx
                  + step_overhead_s(self.time_model))
         for c in fm.forward_ops(self.batch, 1, ctx):
             total = total + op_time(c, self.hardware, self.prefill.compute_dtype, self.time_model).time_s

@@ -413,7 +413,7 @@ class ForwardModel:
         t = self.tp
         msg = tokens * self.model.hidden_size * self.precision.act_bytes
         return OpCost(name=name, kind="comm", flops=tokens * self.model.hidden_size * (t - 1) / t,
-                      comm_bytes=2 * (t - 1) / t * msg, rows=tokens)
+                      comm_bytes=2 * (t - 1) / t * msg, rows=tokens, comm_gpus=int(t))
 
     def local_batch(self, batch: Number) -> Number:
         """Sequences whose attention one GPU runs: all of them, or with `dp_attention` its share
@@ -426,7 +426,7 @@ class ForwardModel:
         leave the GPU (uniform routing)."""
         m, e = self.model, self.ep
         msg = tokens * m.experts_per_token * m.hidden_size * self.precision.act_bytes
-        return OpCost(name=name, kind="comm", comm_bytes=msg * (e - 1) / e, rows=tokens)
+        return OpCost(name=name, kind="comm", comm_bytes=msg * (e - 1) / e, rows=tokens, comm_gpus=int(e))
 
     def _kind(self, kind: LayerKind | None) -> LayerKind:
         return self.groups[0][0] if kind is None else kind

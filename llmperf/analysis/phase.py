@@ -162,7 +162,7 @@ def estimate_phase(fm: ForwardModel, hardware: HardwareSpec, batch: int, q_len: 
     ops = tuple(op_time(c, hardware, dtype, time_model) for c in fm.forward_ops(batch, q_len, kv_len))
     return PhaseEstimate(phase=as_phase(phase).value, batch=batch, q_len=q_len, kv_len=kv_len, hardware=hardware,
                          compute_dtype=dtype, ops=ops, layers=fm.model.num_layers, pp=pp,
-                         pipeline_s=float(pipeline_transfer_s(fm, hardware, batch, q_len, pp)),
+                         pipeline_s=float(pipeline_transfer_s(fm, hardware, batch, q_len, pp, time_model)),
                          step_overhead_s=step_overhead_s(time_model))
 
 

@@ -179,20 +179,27 @@ def phase_bound(memory_bound_s, time_s):  # noqa: ANN001, ANN201
     return str(out) if out.ndim == 0 else out
 
 
-def pipeline_transfer_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, pp: int):  # noqa: ANN001, ANN201
-    """`pp - 1` sends of the `batch*q_len x hidden` activations between pipeline stages."""
+def pipeline_transfer_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, pp: int,  # noqa: ANN001, ANN201
+                        time_model: TimeModel | None = None):
+    """`pp - 1` sends of the `batch*q_len x hidden` activations between pipeline stages: at the link's
+    bandwidth (the roofline), or, under a time model with collectives terms (`typical`), each a
+    point-to-point transfer between 2 GPUs: their latency plus the bytes at their bus bandwidth
+    (`llmperf.analysis.collectives`)."""
     if pp <= 1:
         return 0.0 * batch * q_len
     if hardware.interconnect_bytes_per_s <= 0:
         raise SpecError(f"pp: {pp} needs an interconnect, but {hardware.name} has interconnect_gbps 0")
     msg = batch * q_len * fm.model.hidden_size * fm.precision.act_bytes
+    coll = getattr(time_model, "collectives", None)
+    if coll is not None:
+        return (pp - 1) * coll.time_s(hardware.name, hardware.interconnect_bytes_per_s, 2, msg)
     return (pp - 1) * msg / hardware.interconnect_bytes_per_s
 
 
 def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp: int, compute_dtype: str,  # noqa: ANN001
                  time_model: TimeModel | None = None) -> PhaseArrays:
     """Time, FLOPs, bytes and memory-bound time of one forward pass, for array arguments."""
-    time = pipeline_transfer_s(fm, hw, batch, q_len, pp) + 0.0 * kv_len + step_overhead_s(time_model)
+    time = pipeline_transfer_s(fm, hw, batch, q_len, pp, time_model) + 0.0 * kv_len + step_overhead_s(time_model)
     flops = nbytes = mem_time = 0.0
     for c in fm.forward_ops(batch, q_len, kv_len):
         t = op_time(c, hw, compute_dtype, time_model)
@@ -242,7 +249,7 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
                                               lambda lo, hi: _line_sum(ba, bb, lo, hi))  # noqa: B023
             # the overhead is per launch, the same at every step
             time = time + steps * t0.overhead_s
-    time = time + steps * (pipeline_transfer_s(fm, hw, batch, 1, pp) + step_overhead_s(time_model))
+    time = time + steps * (pipeline_transfer_s(fm, hw, batch, 1, pp, time_model) + step_overhead_s(time_model))
     return time, flops, nbytes
 
 

@@ -13,8 +13,8 @@ The time model hook. Every operator time in llmperf (a single estimate, a sweep,
 decode sum, the regimes, the serving simulator's step prices) goes through `op_time`, which asks a
 `TimeModel` for the efficiencies of the operator at hand:
 
-    time = max(flops / (peak * e_compute), bytes / (bandwidth * e_memory), comm / (link * e_comm))
-           + overhead_s
+    time = max(flops / (peak * e_compute), bytes / (bandwidth * e_memory),
+               comm_latency_s + comm / (link * e_comm)) + overhead_s
 
 `ROOFLINE` (e = 1, overhead = 0) is the pure roofline; calibrated or typical models (measured
 fractions of the roofs plus a per-kernel launch overhead, `llmperf.analysis.timemodel`) implement
@@ -56,6 +56,7 @@ class OpCost:
     kv_read_bytes: Number = 0.0  # KV cache read
     kv_write_bytes: Number = 0.0  # KV cache written
     comm_bytes: Number = 0.0  # bytes each GPU sends over the interconnect (collectives)
+    comm_gpus: int = 0  # GPUs in the collective (TP or EP degree); what a time model prices its latency by
     per_layer: bool = True
     rows: Number = 0.0  # tokens through the operator (batch * q_len); what a time model may key on
     calls: Number = 1.0  # launches the counts cover: `scaled(L)` is L layers' calls, each paying the overhead
@@ -125,6 +126,7 @@ class Efficiency:
     overhead_s: Number = 0.0
     e_comm: Number = 1.0
     host_s: Number = 0.0  # host dispatch that overlaps the device work (asynchronous launches): a floor
+    comm_latency_s: Number = 0.0  # a collective's latency per call, added to its interconnect time
 
 
 @runtime_checkable
@@ -246,7 +248,7 @@ def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
         if not np.all((value > 0) & (value <= 1)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be in (0, 1], got "
                              f"{float(value.ravel()[~((value > 0) & (value <= 1)).ravel()][0])!r}")
-    for field in ("overhead_s", "host_s"):
+    for field in ("overhead_s", "host_s", "comm_latency_s"):
         value = np.asarray(getattr(eff, field), dtype=float)
         if not np.all(np.isfinite(value) & (value >= 0)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be >= 0, got "
@@ -275,6 +277,10 @@ def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
         raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot time {cost.name}")
     comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
             if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)
+    lat = eff.comm_latency_s
+    if type(lat) is not float or lat:  # a collective's latency, per call, where it moves any bytes
+        comm = comm + (lat * cost.calls * (cb > 0) if type(cb) is float
+                       else np.where(np.asarray(cb) > 0, lat * cost.calls, 0.0))
     # the overhead is per launch: an operator scaled to L layers pays it L times (L max(dev, host) =
     # max(L dev, L host) for an overlapped one)
     return OpTime(cost=cost, compute_s=compute, memory_s=memory, comm_s=comm, overhead_s=eff.overhead_s * cost.calls,

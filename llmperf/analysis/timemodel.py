@@ -71,6 +71,7 @@ from typing import Any
 
 import numpy as np
 
+from llmperf.analysis.collectives import Collectives, load_collectives
 from llmperf.analysis.roofline import Efficiency, Number, OpCost, peak_for
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
@@ -180,6 +181,8 @@ class EfficiencyTimeModel:
     backend: str = ""  # the attention backend `op_overhead_s` was measured with
     op_e_memory: Mapping[str, Curve] = field(default_factory=dict, hash=False)  # operator -> e_memory(bytes)
     op_overhead_rows: Mapping[str, Curve] = field(default_factory=dict, hash=False)  # operator -> seconds(rows)
+    # collectives priced as latency + bytes / bus bandwidth by GPU count (`typical`); None: the link's bandwidth
+    collectives: Collectives | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.overhead_mode not in OVERHEAD_MODES:
@@ -223,19 +226,24 @@ class EfficiencyTimeModel:
                                            / max(float(getattr(cost, "calls", 1.0)), 1.0), 1.0))
         else:
             e_memory = t.e_memory(rows)
+        comm = {}
+        if cost.kind == "comm" and self.collectives is not None and hardware is not None:
+            alpha, e_comm = self.collectives.terms(hardware.name, getattr(cost, "comm_gpus", 0) or 2)
+            comm = dict(e_comm=e_comm, comm_latency_s=alpha)
         if self.overhead_mode == "overlap":
-            return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, host_s=overhead)
-        return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, overhead_s=overhead)
+            return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, host_s=overhead, **comm)
+        return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, overhead_s=overhead, **comm)
 
     def op_time_s(self, cost: OpCost, hardware: HardwareSpec, compute_dtype: str, rows: Number) -> Number:
-        """`max(flops / (peak e_c), bytes / (bw e_m), host) + overhead` at `rows` (interconnect bytes
-        at the link bandwidth, as the roofline): `llmperf.analysis.roofline.op_time` at given rows."""
+        """`max(flops / (peak e_c), bytes / (bw e_m), latency + comm / (link e_comm), host) + overhead` at
+        `rows`: `llmperf.analysis.roofline.op_time` at given rows."""
         eff = self.efficiency(cost, hardware, rows)
         compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * eff.e_compute)
         memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
-        comm = (cost.comm_bytes / hardware.interconnect_bytes_per_s if hardware.interconnect_bytes_per_s
-                else 0.0 * cost.comm_bytes)
         calls = getattr(cost, "calls", 1.0)  # an operator scaled to L layers launches L times
+        comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
+                + np.where(np.asarray(cost.comm_bytes) > 0, eff.comm_latency_s * calls, 0.0)
+                if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)
         return np.maximum(np.maximum(np.maximum(compute, memory), comm), eff.host_s * calls) + eff.overhead_s * calls
 
     def to_dict(self) -> dict[str, Any]:
@@ -386,7 +394,7 @@ def _pick_dtype(parsed: dict[str, Any], dtype: str, where: str) -> tuple[str, di
 
 
 def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, backend: str,
-                 weight_bytes: float | None = None) -> EfficiencyTimeModel:
+                 weight_bytes: float | None = None, collectives: Collectives | None = None) -> EfficiencyTimeModel:
     used, kinds = _pick_dtype(parsed, dtype, where)
     if backend not in BACKENDS:
         raise SpecError(f"--backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -398,7 +406,8 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
     return EfficiencyTimeModel(name=name, kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
                                source=parsed["source"], op_overhead_s=ops, overhead_mode=parsed["overhead_mode"],
                                backend=backend if ops or by_rows else "",
-                               op_e_memory=parsed.get("op_e_memory", {}).get(used, {}), op_overhead_rows=by_rows)
+                               op_e_memory=parsed.get("op_e_memory", {}).get(used, {}), op_overhead_rows=by_rows,
+                               collectives=collectives)
 
 
 def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16",
@@ -412,7 +421,8 @@ def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute
 
     `calibrated` needs a spec written by `llmperf calibrate` (its `efficiency:` block); `typical`
     reads `models_spec/efficiency/typical.yaml` and is refused for a CPU (its figures are GPU
-    measurements)."""
+    measurements); its collectives take a latency and a bus bandwidth by GPU count
+    (`models_spec/efficiency/collectives.yaml`, `llmperf.analysis.collectives`)."""
     if efficiency not in TIME_MODELS:
         raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {efficiency!r}")
     if efficiency == "roofline":
@@ -430,7 +440,7 @@ def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute
                         "is a CPU (use --efficiency calibrated)")
     path = typical_path()
     parsed = parse_efficiency(_read_yaml(path), str(path))
-    return _from_parsed("typical", parsed, compute_dtype, str(path), backend)
+    return _from_parsed("typical", parsed, compute_dtype, str(path), backend, collectives=load_collectives())
 
 
 def sweep_jobs(efficiency: str, models: Sequence[Any], devices: Sequence[Any], options: Mapping[str, Any]

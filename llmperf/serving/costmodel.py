@@ -295,7 +295,7 @@ class StepCostModel:
             return np.array([float(self._dense_times(t)) for t in T1])
 
     def _dense_times(self, T):  # noqa: ANN001, ANN202
-        total = pipeline_transfer_s(self.fm, self.hardware, T, 1, self.pp) + 0.0 * T
+        total = pipeline_transfer_s(self.fm, self.hardware, T, 1, self.pp, self.time_model) + 0.0 * T
         for cost in self.fm.forward_ops(T, 1, 1):
             if cost.name in _ATTN_NAMES or cost.name in _MLA_FORM_OPS or cost.name in _LOGIT_OPS:
                 continue

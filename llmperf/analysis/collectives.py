@@ -1,0 +1,131 @@
+"""Collectives priced with a latency: `time = alpha(n) + comm_bytes / (link * busbw_fraction(n))`.
+
+The terms come from `models_spec/efficiency/collectives.yaml`, fitted on measured NCCL all-reduce
+times (`python -m llmperf.measure.fit_collectives`; each figure's source is in the file). `n` is the
+number of GPUs in the collective (`OpCost.comm_gpus`: the TP degree for an all-reduce, the EP degree
+for an all-to-all, 2 for a pipeline send). A device listed under a measured node takes that node's
+terms; any other device takes the `default` node's alpha and busbw fraction, the fraction applied to
+its own datasheet `interconnect_gbps` (the held-out A100 -> H100 check measures exactly this transfer).
+Between measured GPU counts the terms are interpolated in log(n); beyond them held at the nearest.
+
+The `typical` time model uses it for every comm operator; the `roofline` does not (the pure bound:
+the link's bandwidth, no latency).
+
+Pure Python + numpy, like the rest of `llmperf.analysis`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmperf.errors import SpecError
+
+Number = Any
+
+
+@dataclass(frozen=True)
+class NodeTerms:
+    """One measured node: the devices it prices, and alpha / busbw fraction by GPU count."""
+
+    name: str
+    hardware: tuple[str, ...]
+    link_gbps: float
+    gpus: tuple[int, ...]
+    alpha_s: tuple[float, ...]
+    busbw_fraction: tuple[float, ...]
+
+    def __post_init__(self) -> None:  # the measured counts, looked up without interpolating (every comm op asks)
+        object.__setattr__(self, "_exact", dict(zip(self.gpus, zip(self.alpha_s, self.busbw_fraction))))
+
+    def at(self, gpus: Number) -> tuple[Number, Number]:
+        """(alpha_s, busbw_fraction) at `gpus` GPUs (log-linear between measured counts, flat beyond)."""
+        if type(gpus) is int and gpus in self._exact:
+            return self._exact[gpus]
+        n = np.log(np.maximum(np.asarray(gpus, dtype=float), 2.0))
+        xs = np.log(np.asarray(self.gpus, dtype=float))
+        alpha = np.interp(n, xs, self.alpha_s)
+        frac = np.interp(n, xs, self.busbw_fraction)
+        if np.ndim(alpha) == 0:
+            return float(alpha), float(frac)
+        return alpha, frac
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """The collectives terms of every measured node, and the node other devices take."""
+
+    nodes: tuple[NodeTerms, ...]
+    default: str
+    source: str = ""
+
+    def node_for(self, hardware_name: str) -> NodeTerms:
+        for node in self.nodes:
+            if hardware_name in node.hardware:
+                return node
+        return next(node for node in self.nodes if node.name == self.default)
+
+    def terms(self, hardware_name: str, gpus: Number) -> tuple[Number, Number]:
+        """(alpha_s, e_comm) of a collective over `gpus` GPUs of a `hardware_name` node: its latency
+        and its bus bandwidth as a fraction of the device's `interconnect_gbps`."""
+        return self.node_for(hardware_name).at(gpus)
+
+    def time_s(self, hardware_name: str, link_bytes_per_s: float, gpus: Number, comm_bytes: Number) -> Number:
+        """Seconds of one collective moving `comm_bytes` per GPU (its bus bytes) over `gpus` GPUs."""
+        alpha, frac = self.terms(hardware_name, gpus)
+        return alpha + comm_bytes / (link_bytes_per_s * frac)
+
+
+def collectives_path() -> Path:
+    return Path(str(resources.files("models_spec").joinpath("efficiency", "collectives.yaml")))
+
+
+def parse_collectives(raw: Any, where: str) -> Collectives:
+    """Validate `collectives.yaml`: {schema_version: 1, default, all_reduce: {node: {hardware, link_gbps,
+    gpus: {n: {alpha_s, busbw_fraction, ...}}}}}."""
+    if not isinstance(raw, Mapping) or raw.get("schema_version") != 1:
+        raise SpecError(f"{where}: expected a mapping with schema_version 1")
+    nodes_raw = raw.get("all_reduce")
+    if not isinstance(nodes_raw, Mapping) or not nodes_raw:
+        raise SpecError(f"{where}.all_reduce: expected a mapping of node -> terms, got {nodes_raw!r}")
+    nodes = []
+    for name, node in nodes_raw.items():
+        at = f"{where}.all_reduce.{name}"
+        if not isinstance(node, Mapping) or not isinstance(node.get("gpus"), Mapping) or not node["gpus"]:
+            raise SpecError(f"{at}: expected hardware, link_gbps and gpus")
+        gpus, alphas, fracs = [], [], []
+        for n, t in sorted(node["gpus"].items()):
+            alpha, frac = (t.get("alpha_s"), t.get("busbw_fraction")) if isinstance(t, Mapping) else (None, None)
+            if (not isinstance(n, int) or n < 2 or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1
+                    or not isinstance(frac, (int, float)) or not 0 < frac <= 1):
+                raise SpecError(f"{at}.gpus.{n}: expected n >= 2: {{alpha_s: seconds, busbw_fraction: (0, 1]}}, "
+                                f"got {t!r}")
+            gpus.append(n)
+            alphas.append(float(alpha))
+            fracs.append(float(frac))
+        nodes.append(NodeTerms(name=str(name), hardware=tuple(str(h) for h in node.get("hardware") or ()),
+                               link_gbps=float(node.get("link_gbps", 0.0)), gpus=tuple(gpus),
+                               alpha_s=tuple(alphas), busbw_fraction=tuple(fracs)))
+    default = raw.get("default")
+    if default not in {n.name for n in nodes}:
+        raise SpecError(f"{where}.default: must name a node of all_reduce, got {default!r}")
+    return Collectives(nodes=tuple(nodes), default=str(default), source=str(raw.get("source", "")))
+
+
+@lru_cache(maxsize=4)
+def load_collectives(path: str | None = None) -> Collectives:
+    """The collectives terms (default: the packaged `models_spec/efficiency/collectives.yaml`)."""
+    import yaml
+
+    p = Path(path) if path else collectives_path()
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"{p}: cannot read the collectives file ({str(exc).splitlines()[0]})") from None
+    return parse_collectives(raw, str(p))
