@@ -127,6 +127,7 @@ class Efficiency:
     e_comm: Number = 1.0
     host_s: Number = 0.0  # host dispatch that overlaps the device work (asynchronous launches): a floor
     comm_latency_s: Number = 0.0  # a collective's latency per call, added to its interconnect time
+    floor_s: Number = 0.0  # a kernel's minimum device time (not the host's launch): a floor, per launch
 
 
 @runtime_checkable
@@ -208,13 +209,15 @@ class OpTime:
     comm_s: Number
     overhead_s: Number = 0.0
     host_s: Number = 0.0
+    floor_s: Number = 0.0  # the kernels' minimum device time (`Efficiency.floor_s` per launch)
 
     @cached_property  # frozen: computed once (a per-op table asks every row's time several times)
     def time_s(self) -> Number:
-        """`max(compute, memory, comm, host) + overhead`: a serial overhead (a synchronous CPU's
-        dispatch) adds; an overlapped host dispatch (a GPU's asynchronous launch) is only a floor."""
-        return np.maximum(np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s),
-                          self.host_s) + self.overhead_s
+        """`max(compute, memory, comm, host, floor) + overhead`: a serial overhead (a synchronous CPU's
+        dispatch) adds; an overlapped host dispatch (a GPU's asynchronous launch) is only a floor, as
+        is a kernel's minimum device time."""
+        return np.maximum(np.maximum(np.maximum(np.maximum(self.compute_s, self.memory_s), self.comm_s),
+                                     self.host_s), self.floor_s) + self.overhead_s
 
     @cached_property
     def bound(self) -> Any:
@@ -248,7 +251,7 @@ def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
         if not np.all((value > 0) & (value <= 1)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be in (0, 1], got "
                              f"{float(value.ravel()[~((value > 0) & (value <= 1)).ravel()][0])!r}")
-    for field in ("overhead_s", "host_s", "comm_latency_s"):
+    for field in ("overhead_s", "host_s", "comm_latency_s", "floor_s"):
         value = np.asarray(getattr(eff, field), dtype=float)
         if not np.all(np.isfinite(value) & (value >= 0)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be >= 0, got "
@@ -284,7 +287,7 @@ def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
     # the overhead is per launch: an operator scaled to L layers pays it L times (L max(dev, host) =
     # max(L dev, L host) for an overlapped one)
     return OpTime(cost=cost, compute_s=compute, memory_s=memory, comm_s=comm, overhead_s=eff.overhead_s * cost.calls,
-                  host_s=eff.host_s * cost.calls)
+                  host_s=eff.host_s * cost.calls, floor_s=eff.floor_s * cost.calls)
 
 
 def roofline_time_s(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",

@@ -78,8 +78,9 @@ from llmperf.specs import HardwareSpec
 
 TIME_MODELS = ("roofline", "typical", "calibrated")
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
-EFFICIENCY_SCHEMA = 3  # 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`
-READABLE_SCHEMAS = (1, 2, 3)
+EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes (it measures no device floor)
+# 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`
+READABLE_SCHEMAS = (1, 2, 3, 4)
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
 # the operators `op_e_memory` may price: vector operators whose bytes never depend on the context
@@ -136,20 +137,20 @@ class KindTerms:
     e_compute: Curve
     e_memory: Curve
     overhead_s: float = 0.0
+    floor_s: float = 0.0  # a kernel's minimum device time (schema 4), not the host's launch cost
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> KindTerms:
+        fields = ("e_compute", "e_memory", "overhead_s", "floor_s")
         if not isinstance(raw, Mapping):
-            raise SpecError(f"{where}: expected a mapping with e_compute, e_memory, overhead_s, got {raw!r}")
-        unknown = sorted(set(raw) - {"e_compute", "e_memory", "overhead_s"})
+            raise SpecError(f"{where}: expected a mapping with {', '.join(fields)}, got {raw!r}")
+        unknown = sorted(set(raw) - set(fields))
         if unknown:
-            raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: e_compute, e_memory, overhead_s)")
-        overhead = raw.get("overhead_s", 0.0)
-        if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not 0 <= overhead < 1:
-            raise SpecError(f"{where}.overhead_s: must be seconds in [0, 1), got {overhead!r}")
+            raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(fields)})")
+        overhead, floor = (_seconds(raw.get(f, 0.0), f"{where}.{f}") for f in ("overhead_s", "floor_s"))
         return cls(e_compute=Curve.parse(raw.get("e_compute", 1.0), f"{where}.e_compute"),
                    e_memory=Curve.parse(raw.get("e_memory", 1.0), f"{where}.e_memory"),
-                   overhead_s=float(overhead))
+                   overhead_s=overhead, floor_s=floor)
 
 
 def _rows_of(cost: OpCost, rows: Number | None) -> Number:
@@ -181,6 +182,7 @@ class EfficiencyTimeModel:
     backend: str = ""  # the attention backend `op_overhead_s` was measured with
     op_e_memory: Mapping[str, Curve] = field(default_factory=dict, hash=False)  # operator -> e_memory(bytes)
     op_overhead_rows: Mapping[str, Curve] = field(default_factory=dict, hash=False)  # operator -> seconds(rows)
+    op_floor_s: Mapping[str, float] = field(default_factory=dict, hash=False)  # operator -> device floor, s
     # collectives priced as latency + bytes / bus bandwidth by GPU count (`typical`); None: the link's bandwidth
     collectives: Collectives | None = field(default=None, hash=False, compare=False)
 
@@ -230,9 +232,18 @@ class EfficiencyTimeModel:
         if cost.kind == "comm" and self.collectives is not None and hardware is not None:
             alpha, e_comm = self.collectives.terms(hardware.name, getattr(cost, "comm_gpus", 0) or 2)
             comm = dict(e_comm=e_comm, comm_latency_s=alpha)
+        floor = self.floor_for(cost)
         if self.overhead_mode == "overlap":
-            return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, host_s=overhead, **comm)
-        return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, overhead_s=overhead, **comm)
+            return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
+        return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, overhead_s=overhead, floor_s=floor,
+                          **comm)
+
+    def floor_for(self, cost: OpCost) -> float:
+        """A kernel's minimum device time for `cost` (per launch): the operator's own (`op_floor_s`),
+        else its kind's `floor_s`; 0 where neither is given. Unlike the host's overhead it never adds:
+        the operator takes at least this long on the device, whatever its roofs say."""
+        floor = self.op_floor_s.get(cost.name)
+        return self.terms(cost.kind).floor_s if floor is None else floor
 
     def op_time_s(self, cost: OpCost, hardware: HardwareSpec, compute_dtype: str, rows: Number) -> Number:
         """`max(flops / (peak e_c), bytes / (bw e_m), latency + comm / (link e_comm), host) + overhead` at
@@ -244,15 +255,17 @@ class EfficiencyTimeModel:
         comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
                 + np.where(np.asarray(cost.comm_bytes) > 0, eff.comm_latency_s * calls, 0.0)
                 if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)
-        return np.maximum(np.maximum(np.maximum(compute, memory), comm), eff.host_s * calls) + eff.overhead_s * calls
+        return (np.maximum(np.maximum(np.maximum(np.maximum(compute, memory), comm), eff.host_s * calls),
+                           eff.floor_s * calls) + eff.overhead_s * calls)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(model=self.name, dtype=self.dtype, step_overhead_s=self.step_overhead_s, source=self.source,
                     overhead_mode=self.overhead_mode, backend=self.backend, op_overhead_s=dict(self.op_overhead_s),
                     op_e_memory={op: c.to_list() for op, c in self.op_e_memory.items()},
                     op_overhead_rows_s={op: c.to_list() for op, c in self.op_overhead_rows.items()},
+                    op_floor_s=dict(self.op_floor_s),
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
-                                   overhead_s=t.overhead_s) for k, t in self.kinds.items()})
+                                   overhead_s=t.overhead_s, floor_s=t.floor_s) for k, t in self.kinds.items()})
 
 
 ROOFLINE_MODEL = EfficiencyTimeModel(name="roofline", source="pure roofline: efficiency 1, overhead 0")
@@ -321,6 +334,17 @@ def parse_op_e_memory(raw: Any, where: str) -> dict[str, dict[str, Curve]]:
     return out
 
 
+def parse_op_floors(raw: Any, where: str) -> dict[str, dict[str, float]]:
+    """`op_floor_s`: {compute dtype: {operator name: seconds}}, a kernel's minimum device time."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping of compute dtype -> {{operator: seconds}}, got {raw!r}")
+    out: dict[str, dict[str, float]] = {}
+    for dtype, ops in raw.items():
+        _check_op_names(ops, f"{where}.{dtype}", "seconds")
+        out[str(dtype)] = {str(op): _seconds(v, f"{where}.{dtype}.{op}") for op, v in ops.items()}
+    return out
+
+
 def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str, Curve]]]:
     """`op_overhead_rows_s`: {compute dtype: {backend: {operator: [[rows, seconds], ...]}}}."""
     if not isinstance(raw, Mapping):
@@ -343,7 +367,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
         raise SpecError(f"{where}.schema_version: expected one of {', '.join(map(str, READABLE_SCHEMAS))}, "
                         f"got {version!r}")
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
-                          (3, {"op_e_memory", "op_overhead_rows_s"})):
+                          (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -358,6 +382,12 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     dtypes = raw.get("dtypes")
     if not isinstance(dtypes, Mapping) or not dtypes:
         raise SpecError(f"{where}.dtypes: expected a mapping of compute dtype -> kinds, got {dtypes!r}")
+    if version < 4:
+        for d, kinds in dtypes.items():
+            for kind, terms in (kinds.items() if isinstance(kinds, Mapping) else ()):
+                if isinstance(terms, Mapping) and "floor_s" in terms:
+                    raise SpecError(f"{where}.dtypes.{d}.{kind}.floor_s: needs schema_version 4, "
+                                    f"the file says {version}")
     step = raw.get("step_overhead_s", 0.0)
     if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 <= step < 1:
         raise SpecError(f"{where}.step_overhead_s: must be seconds in [0, 1), got {step!r}")
@@ -367,6 +397,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 op_e_memory=parse_op_e_memory(raw.get("op_e_memory") or {}, f"{where}.op_e_memory"),
                 op_overhead_rows_s=parse_op_overhead_rows(raw.get("op_overhead_rows_s") or {},
                                                           f"{where}.op_overhead_rows_s"),
+                op_floor_s=parse_op_floors(raw.get("op_floor_s") or {}, f"{where}.op_floor_s"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -407,6 +438,7 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
                                source=parsed["source"], op_overhead_s=ops, overhead_mode=parsed["overhead_mode"],
                                backend=backend if ops or by_rows else "",
                                op_e_memory=parsed.get("op_e_memory", {}).get(used, {}), op_overhead_rows=by_rows,
+                               op_floor_s=parsed.get("op_floor_s", {}).get(used, {}),
                                collectives=collectives)
 
 

@@ -221,7 +221,8 @@ class StepCostModel:
         return parts
 
     def _rates_for(self, part: _AttnPart, rows: int) -> tuple[float, float, float, float]:
-        """(seconds per FLOP, seconds per byte, fixed seconds, overlapped host seconds) of `part` at
+        """(seconds per FLOP, seconds per byte, fixed seconds, overlapped floor: the host's dispatch or the
+        kernels' device minimum) of `part` at
         `rows` tokens: the time model's efficiencies depend on the operator and its rows only, so they
         are read once."""
         key = (part.name, part.kind, part.compute_dtype, rows)
@@ -229,7 +230,7 @@ class StepCostModel:
         if hit is None:
             base = _op_time(_cost(part, rows), self.hardware, self.dtype, self.time_model) if _has_rows() else None
             zero = base.overhead_s if base is not None else 0.0
-            host = base.host_s if base is not None else 0.0
+            host = max(float(base.host_s), float(base.floor_s)) if base is not None else 0.0  # flat floors
             per_flop = _op_time(_cost(part, rows, flops=1.0), self.hardware, self.dtype, self.time_model).compute_s
             per_byte = _op_time(_cost(part, rows, act_read_bytes=1.0), self.hardware, self.dtype,
                                 self.time_model).memory_s
