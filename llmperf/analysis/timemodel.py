@@ -47,6 +47,12 @@ per operator NAME when the calibration measured it (`op_e_memory`, per compute d
 BYTES one call moves, from a recorded prefill of a small calibration model at several sizes), else per
 kind. Those operators' bytes never depend on the context, so the closed form still holds.
 
+A kernel also has a minimum DEVICE time, whatever its bytes (schema 4: a kind's `floor_s`, an
+operator's own in `op_floor_s`; `typical` fits them on Vidur's measured small operators,
+`llmperf.measure.fit_small_ops`). It is a floor, never added, in either mode: `max(roofs, floor)`
+(+ a serial overhead), per launch, flat in the context. It is not the host's launch cost (the
+`overhead_s` above, which an engine pays and a CUDA graph hides); the roofline has none.
+
 On a CPU a GEMM's dispatch depends on the path it takes: the engine runs GEMMs of few rows on a
 kernel of llmperf's own (up to 8 fp32 / 4 bf16 rows, bf16 3-16 on AMX; torch's one-row fp32 GEMV
 without them) and everything else on oneDNN's packed one, whose cold call costs up to three times as much
