@@ -78,10 +78,11 @@ class PhaseEstimate:
 
     @property
     def bound(self) -> str:
-        """'memory' or 'compute': the roof under which at least half the phase's time is spent
+        """'memory', 'comm' or 'compute': the roof under which at least half the phase's time is spent
         (`rollup.phase_bound`, the same rule as every summary and sweep row)."""
         mem = sum(o.time_s for o in self.ops if o.bound == "memory")
-        return phase_bound(float(mem), self.time_s)
+        comm = sum(o.time_s for o in self.ops if o.cost.kind == "comm" and o.bound == "comm")
+        return phase_bound(float(mem), self.time_s, float(comm))
 
     @property
     def achieved_flops_per_s(self) -> float:

@@ -163,6 +163,7 @@ class PhaseArrays:
     flops: np.ndarray
     bytes_total: np.ndarray
     memory_bound_s: np.ndarray  # time spent in memory-bound operators
+    comm_bound_s: np.ndarray | float = 0.0  # time spent in interconnect-bound operators (collectives)
 
     @property
     def intensity(self) -> np.ndarray:
@@ -170,12 +171,16 @@ class PhaseArrays:
 
     @property
     def bound(self) -> np.ndarray:
-        return phase_bound(self.memory_bound_s, self.time_s)
+        return phase_bound(self.memory_bound_s, self.time_s, self.comm_bound_s)
 
 
-def phase_bound(memory_bound_s, time_s):  # noqa: ANN001, ANN201
-    """The one phase rule: 'memory' when at least half the time is in memory-bound operators."""
-    out = np.where(np.asarray(memory_bound_s) >= 0.5 * np.asarray(time_s), "memory", "compute")
+def phase_bound(memory_bound_s, time_s, comm_bound_s=0.0):  # noqa: ANN001, ANN201
+    """The one phase rule: 'memory' when at least half the time is in memory-bound operators, 'comm'
+    when at least half is in interconnect-bound ones (a tensor-parallel decode step of many layers
+    whose all-reduces are latency-bound), else 'compute'."""
+    half = 0.5 * np.asarray(time_s)
+    out = np.where(np.asarray(memory_bound_s) >= half, "memory",
+                   np.where(np.asarray(comm_bound_s) >= half, "comm", "compute"))
     return str(out) if out.ndim == 0 else out
 
 
@@ -200,15 +205,18 @@ def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp
                  time_model: TimeModel | None = None) -> PhaseArrays:
     """Time, FLOPs, bytes and memory-bound time of one forward pass, for array arguments."""
     time = pipeline_transfer_s(fm, hw, batch, q_len, pp, time_model) + 0.0 * kv_len + step_overhead_s(time_model)
-    flops = nbytes = mem_time = 0.0
+    flops = nbytes = mem_time = comm_time = 0.0
     for c in fm.forward_ops(batch, q_len, kv_len):
         t = op_time(c, hw, compute_dtype, time_model)
         time = time + t.time_s
         flops = flops + c.flops
         nbytes = nbytes + c.bytes_total
         mem_time = mem_time + np.where(memory_bound(t.compute_s, t.memory_s, t.comm_s), t.time_s, 0.0)
+        if c.kind == "comm":  # only collectives can be interconnect-bound
+            comm_time = comm_time + np.where(t.comm_s > np.maximum(t.compute_s, t.memory_s), t.time_s, 0.0)
     f = lambda x: np.asarray(x, dtype=float) + 0.0 * time  # noqa: E731
-    return PhaseArrays(time_s=f(time), flops=f(flops), bytes_total=f(nbytes), memory_bound_s=f(mem_time))
+    return PhaseArrays(time_s=f(time), flops=f(flops), bytes_total=f(nbytes), memory_bound_s=f(mem_time),
+                       comm_bound_s=f(comm_time))
 
 
 def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, *, pp: int,  # noqa: ANN001, ANN201
