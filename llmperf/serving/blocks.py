@@ -679,12 +679,24 @@ class WindowedBlockManager(BlockManager):
         return True
 
     def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
-        raise NotImplementedError("WindowedBlockManager: the simulator reserves (reserve); the engine's "
-                                  "slot-by-slot path is BlockManager's")
+        """`BlockManager.append_slots` (the full layers' slots, copy-on-write included), plus the blocks
+        each window group reads for these positions: all of them, or None with only what fell out of
+        the windows given back (as `reserve`)."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
+        length = self.seq_len(seq_id)
+        needs = self._needs(length, length + num_tokens)
+        self._trim(seq_id, needs)
+        if not self.can_append(seq_id, num_tokens):
+            return None
+        results = [BlockManager.append_slot(self, seq_id) for _ in range(num_tokens)]
+        assert None not in results, "can_append promised enough free blocks"
+        self._grow(seq_id, needs)
+        return results  # type: ignore[return-value]
 
     def append_slot(self, seq_id: int) -> SlotResult | None:
-        raise NotImplementedError("WindowedBlockManager: the simulator reserves (reserve); the engine's "
-                                  "slot-by-slot path is BlockManager's")
+        results = self.append_slots(seq_id, 1)
+        return None if results is None else results[0]
 
     def fork(self, parent_id: int, child_id: int) -> None:
         super().fork(parent_id, child_id)

@@ -57,6 +57,26 @@ def test_a_fractional_group_rounds_up_per_sequence_and_shortage_changes_nothing(
     kv.check_invariants()
 
 
+def test_slot_by_slot_appends_hold_what_reserve_holds():
+    """The engine's path (`append_slot(s)`: a slot per token, copy-on-write) and the simulator's
+    (`reserve`) leave the same blocks: the full layers' table and each window group's."""
+    by_slot = WindowedBlockManager(64, 4, groups=[sliding(window=8), chunked(chunk=8, layers=3, full=1)])
+    by_reserve = WindowedBlockManager(64, 4, groups=[sliding(window=8), chunked(chunk=8, layers=3, full=1)])
+    for kv in (by_slot, by_reserve):
+        assert kv.allocate(0, 6)
+    slots = by_slot.append_slots(0, 5)
+    assert slots is not None and [s.offset for s in slots] == [2, 3, 0, 1, 2]
+    assert by_reserve.reserve(0, 5)
+    for _ in range(9):
+        assert by_slot.append_slot(0) is not None and by_reserve.reserve(0, 1)
+    for kv in (by_slot, by_reserve):
+        kv.check_invariants()
+    assert (by_slot.seq_len(0), by_slot.num_used_blocks, by_slot.window_blocks(0)) == \
+        (by_reserve.seq_len(0), by_reserve.num_used_blocks, by_reserve.window_blocks(0))
+    small = WindowedBlockManager(7, 4, groups=[sliding(window=4, layers=5, full=2)])
+    assert small.allocate(0, 4) and small.append_slots(0, 8) is None and small.seq_len(0) == 4
+
+
 @settings(max_examples=60, deadline=None)
 @given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 12)), min_size=1, max_size=60),
        window=st.integers(1, 20), kind=st.sampled_from(["sliding", "chunked"]), layers=st.integers(1, 5),
