@@ -24,13 +24,14 @@ the median and p90 of |pred / meas - 1| by message-size band.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from llmperf.measure.fitting import error_line, error_table, fit_main
 
 #: the nodes of the data, with their hardware spec and the hardware specs whose all-reduce they price
 NODES = {"a100_dgx": ("a100-80gb-sxm", ["a100-80gb-sxm", "a100-40gb-sxm"]),
@@ -103,15 +104,9 @@ def predict(params: dict[int, tuple[float, float]], gpus: np.ndarray, size: np.n
 
 def errors(df: pd.DataFrame, pred: np.ndarray) -> pd.DataFrame:
     """Median and p90 of |pred / meas - 1| by size band and over all sizes (rows: band; `n` points)."""
-    err = np.abs(pred / df["time_s"].to_numpy() - 1.0)
-    bias = pred / df["time_s"].to_numpy()
-    rows = []
-    for lo, hi, label in (*BANDS, (0, float("inf"), "all")):
-        m = (df["size"].to_numpy() >= lo) & (df["size"].to_numpy() < hi)
-        if m.any():
-            rows.append(dict(band=label, n=int(m.sum()), median=float(np.median(err[m])),
-                             p90=float(np.quantile(err[m], 0.9)), median_ratio=float(np.median(bias[m]))))
-    return pd.DataFrame(rows).set_index("band")
+    size = df["size"].to_numpy()
+    bands = ((label, (size >= lo) & (size < hi)) for lo, hi, label in (*BANDS, (0, float("inf"), "all")))
+    return error_table(df["time_s"].to_numpy(), pred, bands, "band")
 
 
 def link_gbps(hardware: str) -> float:
@@ -161,10 +156,10 @@ def to_yaml(result: dict) -> str:
     ]
     lines.append("# |pred / meas - 1| by message size, median/p90:")
     for node in NODES:
-        lines.append(f"#   {node}, its own fit: " + _err_line(result[node]["errors"]))
+        lines.append(f"#   {node}, its own fit: " + error_line(result[node]["errors"]))
     lines.append(f"#   held out, h100_dgx from the a100_dgx fit, busbw x {result['heldout']['scale']:.2f} "
                  "(datasheet NVLink):")
-    lines.append("#     " + _err_line(result["heldout"]["errors"]))
+    lines.append("#     " + error_line(result["heldout"]["errors"]))
     big = result["heldout"]["errors"].loc[">= 16 MB", "median_ratio"]
     lines.append(f"# default {DEFAULT_NODE}: scaled by the datasheet alone the A100 fit is {big:.2f}x too slow on "
                  "H100 from 16 MB")
@@ -180,10 +175,6 @@ def to_yaml(result: dict) -> str:
             lines.append(f"      {n}: {{alpha_s: {alpha:.3e}, busbw_gbps: {bw / 1e9:.1f}, "
                          f"busbw_fraction: {min(bw / 1e9 / r['link_gbps'], 1.0):.3f}}}")
     return "\n".join(lines) + "\n"
-
-
-def _err_line(e: pd.DataFrame) -> str:
-    return "; ".join(f"{band} {row['median']:.0%}/{row['p90']:.0%}" for band, row in e.iterrows())
 
 
 def report(result: dict) -> str:
@@ -206,17 +197,10 @@ def _table(e: pd.DataFrame) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llmperf.measure.fit_collectives", description=__doc__.split("\n")[0])
-    ap.add_argument("root", help="Vidur's data directory (holding network/<node>/all_reduce.csv)")
-    ap.add_argument("--write", metavar="YAML", help="write the fitted terms there "
-                    "(models_spec/efficiency/collectives.yaml)")
-    args = ap.parse_args(argv)
-    result = run(args.root)
-    print(report(result))
-    if args.write:
-        Path(args.write).write_text(to_yaml(result))
-        print(f"wrote {args.write}")
-    return 0
+    return fit_main(argv, prog="python -m llmperf.measure.fit_collectives", description=__doc__.split("\n")[0],
+                    root_help="Vidur's data directory (holding network/<node>/all_reduce.csv)",
+                    write_help="write the fitted terms there (models_spec/efficiency/collectives.yaml)",
+                    run=run, report=report, write=lambda path, result: Path(path).write_text(to_yaml(result)))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Vidur (github.com/microsoft/vidur, MIT licence) measured A100 80GB SXM and H100 
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Sequence
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from llmperf.measure.fitting import error_line, error_table, fit_main
 
 #: Vidur's column -> (llmperf operator whose bytes price it, the operator names it sets, kind)
 OPS = {
@@ -148,15 +149,9 @@ def predict(params: dict, df: pd.DataFrame) -> np.ndarray:
 
 def errors(df: pd.DataFrame, pred: np.ndarray) -> pd.DataFrame:
     """Median and p90 of |pred / meas - 1| and the median pred / meas, by group and over all."""
-    ratio = pred / df["time_s"].to_numpy()
-    err = np.abs(ratio - 1.0)
-    rows = []
-    for g in (*GROUPS, "all"):
-        m = np.ones(len(df), bool) if g == "all" else (df["group"] == g).to_numpy()
-        if m.any():
-            rows.append(dict(op=g, n=int(m.sum()), median=float(np.median(err[m])),
-                             p90=float(np.quantile(err[m], 0.9)), median_ratio=float(np.median(ratio[m]))))
-    return pd.DataFrame(rows).set_index("op")
+    group = df["group"].to_numpy()
+    masks = ((g, np.ones(len(df), bool) if g == "all" else group == g) for g in (*GROUPS, "all"))
+    return error_table(df["time_s"].to_numpy(), pred, masks, "op")
 
 
 #: the checks: name -> (label, rows of the data it covers)
@@ -197,10 +192,6 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _err_line(e: pd.DataFrame) -> str:
-    return "; ".join(f"{op} {r['median']:.0%}/{r['p90']:.0%}" for op, r in e.iterrows())
-
-
 def write_typical(path: Path | str, result: dict) -> None:
     """Replace the fitted terms in the typical time model's data (`typical.yaml`): each small kind's
     `floor_s`, `e_memory` (the norm's, the embedding's; elementwise: the residual add's, a plain
@@ -231,9 +222,9 @@ def write_typical(path: Path | str, result: dict) -> None:
     ops["final_norm"] = "norm"
     block = ["# fit_small_ops: each measured operator's memory efficiency (constant over bytes) and device floor,",
              "# fitted on Vidur's A100 7-8B shapes; |pred/meas - 1| median/p90 over the operators: "
-             + _err_line(result["errors"]["in_sample"].loc[["all"]]) + " in-sample,",
-             "# held out: " + _err_line(result["errors"]["a100_70b"].loc[["all"]]) + " A100 70B shapes, "
-             + _err_line(result["errors"]["h100"].loc[["all"]]) + " H100 (datasheet bandwidth only)",
+             + error_line(result["errors"]["in_sample"].loc[["all"]]) + " in-sample,",
+             "# held out: " + error_line(result["errors"]["a100_70b"].loc[["all"]]) + " A100 70B shapes, "
+             + error_line(result["errors"]["h100"].loc[["all"]]) + " H100 (datasheet bandwidth only)",
              "op_e_memory:", "  default:"]
     block += [f"    {n}: {e[g]:.3f}" for n, g in ops.items()]
     block += ["op_floor_s:   # a kernel's minimum device time (CUDA events), not the host's launch", "  default:"]
@@ -249,17 +240,11 @@ def write_typical(path: Path | str, result: dict) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llmperf.measure.fit_small_ops", description=__doc__.split("\n")[0])
-    ap.add_argument("root", help="Vidur's data directory (holding compute/<device>/<org>/<model>/mlp.csv)")
-    ap.add_argument("--write", metavar="YAML", help="write the fitted terms into this typical time model's data "
-                    "(models_spec/efficiency/typical.yaml)")
-    args = ap.parse_args(argv)
-    result = run(args.root)
-    print(report(result))
-    if args.write:
-        write_typical(args.write, result)
-        print(f"wrote {args.write}")
-    return 0
+    return fit_main(argv, prog="python -m llmperf.measure.fit_small_ops", description=__doc__.split("\n")[0],
+                    root_help="Vidur's data directory (holding compute/<device>/<org>/<model>/mlp.csv)",
+                    write_help="write the fitted terms into this typical time model's data "
+                               "(models_spec/efficiency/typical.yaml)",
+                    run=run, report=report, write=write_typical)
 
 
 if __name__ == "__main__":
