@@ -84,7 +84,7 @@ from llmperf.specs import HardwareSpec
 
 TIME_MODELS = ("roofline", "typical", "calibrated")
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
-EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes (it measures no device floor)
+EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU (on CUDA, with the device floors: 4)
 # 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`
 READABLE_SCHEMAS = (1, 2, 3, 4)
 OVERHEAD_MODES = ("add", "overlap")
