@@ -133,6 +133,7 @@ class Curve:
         return float(out) if np.ndim(out) == 0 else out
 
     def to_list(self) -> list[list[float]]:
+        """The points as `[[rows, value], ...]`, as an efficiency file writes them."""
         return [[r, v] for r, v in self.points]
 
 
@@ -147,6 +148,8 @@ class KindTerms:
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> KindTerms:
+        """One kind's terms from an efficiency file's mapping (`e_compute`, `e_memory`, `overhead_s`,
+        `floor_s`); an unknown or invalid field is refused naming `where`."""
         fields = ("e_compute", "e_memory", "overhead_s", "floor_s")
         if not isinstance(raw, Mapping):
             raise SpecError(f"{where}: expected a mapping with {', '.join(fields)}, got {raw!r}")
@@ -197,6 +200,8 @@ class EfficiencyTimeModel:
             raise SpecError(f"overhead_mode: must be one of {', '.join(OVERHEAD_MODES)}, got {self.overhead_mode!r}")
 
     def terms(self, kind: str) -> KindTerms:
+        """The terms of operator kind `kind` (the unit terms, e = 1 and no overhead, for a kind the model does
+        not list)."""
         return self.kinds.get(kind, _UNIT)
 
     @property
@@ -265,6 +270,7 @@ class EfficiencyTimeModel:
                            eff.floor_s * calls) + eff.overhead_s * calls)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every term of the model as plain data (curves as point lists), for run.json and reports."""
         return dict(model=self.name, dtype=self.dtype, step_overhead_s=self.step_overhead_s, source=self.source,
                     overhead_mode=self.overhead_mode, backend=self.backend, op_overhead_s=dict(self.op_overhead_s),
                     op_e_memory={op: c.to_list() for op, c in self.op_e_memory.items()},
@@ -278,6 +284,8 @@ ROOFLINE_MODEL = EfficiencyTimeModel(name="roofline", source="pure roofline: eff
 
 
 def parse_kinds(raw: Any, where: str) -> dict[str, KindTerms]:
+    """An efficiency file's per-kind block: operator kind -> `KindTerms`; an unknown kind is refused naming
+    `where`."""
     if not isinstance(raw, Mapping):
         raise SpecError(f"{where}: expected a mapping of operator kind -> terms, got {raw!r}")
     out = {}
@@ -408,6 +416,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
 
 
 def typical_path() -> Path:
+    """The installed `models_spec/efficiency/typical.yaml`, the terms of `--efficiency typical`."""
     return Path(str(resources.files("models_spec").joinpath("efficiency", "typical.yaml")))
 
 
