@@ -52,6 +52,12 @@ def on_files(files: Files, config) -> Files:  # noqa: ANN001
         files.append(File.generated(config, "reports/index.md", content=_reports_index(reports)))
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         files.append(File.generated(config, path.relative_to(ROOT).as_posix(), abs_src_path=str(path)))
+    seen: dict[str, str] = {}
+    for file in files:  # a page of docs/ and a report must not land on the same URL (one would vanish)
+        if file.dest_uri in seen:
+            log.warning("docs: %s and %s are both built to %s: rename the page in docs/",
+                        seen[file.dest_uri], file.src_uri, file.dest_uri)
+        seen[file.dest_uri] = file.src_uri
     return files
 
 
@@ -187,11 +193,12 @@ def _options_table(name: str) -> str:
 
 
 def _cell(text: str) -> str:
-    """Help text as one Markdown table cell: `|` escaped, and `<` outside code spans, so that it reads as text."""
+    """Help text as one Markdown table cell: `|` and `<` escaped outside code spans (a pipe inside one does
+    not split the cell), so that it reads as text."""
     pieces = text.replace("\n", " ").split("`")
     for i in range(0, len(pieces), 2):  # even pieces are outside code spans
-        pieces[i] = pieces[i].replace("<", "&lt;")
-    return "`".join(pieces).replace("|", "\\|")
+        pieces[i] = pieces[i].replace("<", "&lt;").replace("|", "\\|")
+    return "`".join(pieces)
 
 
 def on_post_build(config) -> None:  # noqa: ANN001

@@ -4,7 +4,9 @@ code 0, in a scratch folder (docblocks.py says which blocks run and how to mark 
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import traceback
 
 import pytest
@@ -40,10 +42,30 @@ def test_norun_is_used_sparingly() -> None:
     assert len(skipped) <= max(3, total // 3), f"{len(skipped)} of {total} blocks are marked {NORUN}: {skipped}"
 
 
+def missing_extras(page) -> list[str]:  # noqa: ANN001
+    """Optional packages the page's examples need that are not installed (the page is then skipped):
+    torch for the engine, the kernels and the measuring commands, matplotlib for `llmperf report`."""
+    needs = set()
+    for block in blocks(page):
+        if not block.runs:
+            continue
+        if block.lang == "python" and re.search(r"\b(torch|kernels|llmperf\.engine|llmperf\.measure)\b", block.text):
+            needs.add("torch")
+        if block.lang in SHELL_LANGS:
+            for argv in shell_commands(block):
+                if argv[:2] in (["llmperf", "profile"], ["llmperf", "calibrate"]):
+                    needs.add("torch")
+                if argv[:2] == ["llmperf", "report"]:
+                    needs.add("matplotlib")
+    return sorted(n for n in needs if importlib.util.find_spec(n) is None)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(DOCS).as_posix() for p in PAGES])
 def test_page_examples_run(page, scratch) -> None:  # noqa: ANN001
     from llmperf.cli import app
 
+    if missing := missing_extras(page):
+        pytest.skip(f"the examples need {', '.join(missing)} (pip install -e '.[test]')")
     namespace: dict = {"__name__": "__docs__"}
     runner = CliRunner()
     for block in blocks(page):

@@ -33,7 +33,7 @@ def site(tmp_path_factory):  # noqa: ANN001, ANN201
     """The site, built once for this module, strictly, into a temporary folder."""
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "NO_COLOR": "1"}
+           "NO_COLOR": "1", "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
                            "--site-dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     return out, proc
