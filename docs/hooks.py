@@ -5,7 +5,7 @@
    notebooks are served as files under `notebooks/`. A page in `docs/` links to them as GitHub does,
    `../reports/<topic>/README.md`, and the link is rewritten here to the page in the site, so the same
    Markdown reads right on GitHub and in the strict build (which fails if the report is missing).
-2. `<!-- llmperf-cli: NAME -->` in a page is replaced by the options table of `llmperf NAME`, read from
+2. `<!-- llmperf-cli: NAME -->` (outside a code span) in a page is replaced by the options table of `llmperf NAME`, read from
    the typer app at build time (each option, its metavar, help and default, as `--help` prints them), so
    the tables never drift from the code. A group (`llmperf NAME SUB`) gets one table per subcommand.
 3. After the build, a command of `llmperf` that no page shows is a warning, so the strict build fails
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository
 if str(ROOT) not in sys.path:  # `mkdocs build` from a checkout that is not installed
     sys.path.insert(0, str(ROOT))
 INCLUDED_ROOTS = ("reports", "notebooks")      # repository folders whose files the site serves
-COLUMNS_MARKER = re.compile(r"<!--\s*llmperf-columns:\s*([\w.]+)\s*-->")
-CLI_MARKER = re.compile(r"<!--\s*llmperf-cli:\s*([a-z0-9_ -]+?)\s*-->")
+COLUMNS_MARKER = re.compile(r"(?<!`)<!--\s*llmperf-columns:\s*([\w.]+)\s*-->(?!`)")
+CLI_MARKER = re.compile(r"(?<!`)<!--\s*llmperf-cli:\s*([a-z0-9_ -]+?)\s*-->(?!`)")
 LINK = re.compile(r"(\]\()([^)\s#]+)((?:#[^)\s]*)?\))")
 
 _rendered: set[str] = set()
