@@ -10,8 +10,11 @@
    the tables never drift from the code. A group (`llmperf NAME SUB`) gets one table per subcommand.
 3. After the build, a command of `llmperf` that no page shows is a warning, so the strict build fails
    until the command is documented.
-4. `<!-- llmperf-columns: MODULE.NAME -->` is replaced by the columns the code declares in that constant:
-   a dict (column -> description) as a table, a tuple as a list, so the schema pages are the code's.
+4. `<!-- llmperf-columns: MODULE.NAME -->` is replaced by the names the code declares in that constant:
+   a mapping (name -> description) as a table (`(title, title)` after the name sets its column titles),
+   a tuple or an Enum as a list, so the schema pages and the lists of supported things are the code's.
+5. `<!-- llmperf-output: ARGS -->` is replaced by what `llmperf ARGS` prints (100 columns), run at build
+   time: a page shows real output without a pasted copy to go stale. A failing command fails the build.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import posixpath
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from mkdocs.structure.files import File, Files
@@ -30,7 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository
 if str(ROOT) not in sys.path:  # `mkdocs build` from a checkout that is not installed
     sys.path.insert(0, str(ROOT))
 INCLUDED_ROOTS = ("reports", "notebooks")      # repository folders whose files the site serves
-COLUMNS_MARKER = re.compile(r"(?<!`)<!--\s*llmperf-columns:\s*([\w.]+)\s*-->(?!`)")
+COLUMNS_MARKER = re.compile(r"(?<!`)<!--\s*llmperf-columns:\s*([\w.]+)\s*(?:\(([^)]*)\))?\s*-->(?!`)")
+OUTPUT_MARKER = re.compile(r"(?<!`)<!--\s*llmperf-output:\s*(.+?)\s*-->(?!`)")
 CLI_MARKER = re.compile(r"(?<!`)<!--\s*llmperf-cli:\s*([a-z0-9_ -]+?)\s*-->(?!`)")
 LINK = re.compile(r"(\]\()([^)\s#]+)((?:#[^)\s]*)?\))")
 
@@ -89,11 +94,27 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001
     src_uri = page.file.src_uri
     if not src_uri.startswith(tuple(root + "/" for root in INCLUDED_ROOTS)):  # a page of docs/: it sits in the repository at docs/<src_uri>
         markdown = LINK.sub(lambda m: _rewrite_link(m, src_uri), markdown)
-    markdown = COLUMNS_MARKER.sub(lambda m: _columns(m.group(1), src_uri), markdown)
+    markdown = OUTPUT_MARKER.sub(lambda m: _output(m.group(1), src_uri), markdown)
+    markdown = COLUMNS_MARKER.sub(lambda m: _columns(m.group(1), src_uri, m.group(2)), markdown)
     return CLI_MARKER.sub(lambda m: _cli_section(m.group(1).split()), markdown)
 
 
-def _columns(dotted: str, src_uri: str) -> str:
+def _output(args: str, src_uri: str) -> str:
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from llmperf.cli import app
+    result = CliRunner().invoke(app, shlex.split(args), env={"COLUMNS": "100", "NO_COLOR": "1"})
+    if result.exit_code != 0:
+        log.warning("docs: %s: `llmperf %s` exited %s: %s", src_uri, args, result.exit_code, result.output[-500:])
+    return f"```text\n$ llmperf {args}\n{result.output.rstrip()}\n```\n"
+
+
+def _columns(dotted: str, src_uri: str, headers: str | None = None) -> str:
+    """The names a constant declares: a mapping as a two-column table (`headers`: its two column titles,
+    default `column, meaning`), a sequence or an Enum as an inline list."""
+    import enum
     import importlib
 
     module, _, name = dotted.rpartition(".")
@@ -102,8 +123,11 @@ def _columns(dotted: str, src_uri: str) -> str:
     except (ImportError, AttributeError) as exc:
         log.warning("docs: %s: <!-- llmperf-columns: %s --> names nothing importable (%s)", src_uri, dotted, exc)
         return ""
-    if isinstance(value, dict):
-        rows = ["| column | meaning |", "|---|---|"]
+    if isinstance(value, type) and issubclass(value, enum.Enum):
+        value = [member.value for member in value]
+    if isinstance(value, Mapping):
+        left, right = (h.strip() for h in (headers or "column, meaning").split(",", 1))
+        rows = [f"| {left} | {right} |", "|---|---|"]
         rows += [f"| `{column}` | {_cell(str(text))} |" for column, text in value.items()]
         return "\n".join(rows) + "\n"
     return ", ".join(f"`{column}`" for column in value) + "\n"
