@@ -210,8 +210,9 @@ def _cli_section(words: list[str]) -> str:
 def _options_table(name: str) -> str:
     lines = ["| option | what it sets (default) |", "|---|---|"]
     for option, text, is_argument in command_options(name):
-        if is_argument:
-            option = option.upper()
+        if is_argument:  # `model <str>` -> `MODEL <str>`, as typer's usage line names it
+            name, _, rest = option.partition(" ")
+            option = f"{name.upper()} {rest}".strip()
         lines.append(f"| `{option}` | {_cell(text)} |")
     return "\n".join(lines) + "\n"
 
