@@ -17,7 +17,8 @@ wave quantisation; Kerr et al., CUTLASS, split-K). The model, per tile configura
     time    = latency_s + max(waves * tile, stream)
 
 and the GEMM takes the best configuration of a small set (128x256, 128x128, 64x128, 64x64, 16x128
-tiles; split-K 1-16 where each split keeps at least 256 of K), as cuBLAS's heuristics pick a kernel
+tiles; split-K 2-16 where the unsplit tiles leave SMs idle and each split keeps at least 256 of K), as
+cuBLAS's heuristics pick a kernel
 per shape. The four fitted terms (`GemmParams`) are properties of how well kernels use a GPU, not of
 one GPU, so the same terms price a device known only from its datasheet (peak for the dtype, HBM
 bandwidth, SM count): `e_peak` (the large-GEMM plateau), `e_memory` (weights streamed at small M),
@@ -125,9 +126,11 @@ class GemmParams:
 
 def gemm_time_s(m: Number, n: Number, k: Number, groups: Number = 1.0, *, peak_flops_per_s: float,
                 bandwidth_bytes_per_s: float, num_sms: int, params: GemmParams, w_bytes: Number = 2.0,
-                a_bytes: Number = 2.0) -> Number:
+                a_bytes: Number = 2.0, parts: bool = False) -> Number:
     """Seconds of `groups` GEMMs `(m x k) @ (k x n)` on a device (module docstring): the best tile
-    configuration's time. `w_bytes` / `a_bytes`: bytes per weight / activation element (int4 0.5)."""
+    configuration's time. `w_bytes` / `a_bytes`: bytes per weight / activation element (int4 0.5).
+    `parts`: that configuration's `(latency + waves * tile, latency + stream)` instead, whose maximum
+    is the time (which one wins says whether the GEMM is bound by its tiles' work or by HBM)."""
     m, n, k, g, w, a = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (m, n, k, groups, w_bytes, a_bytes)))
     scalar = m.ndim == 0
     shape = (-1,) + (1,) * m.ndim
@@ -142,16 +145,23 @@ def gemm_time_s(m: Number, n: Number, k: Number, groups: Number = 1.0, *, peak_f
     tile = np.maximum(2.0 * tm * tn, params.feed_flop_per_byte * (tm * a + tn * w)) * ks / sm_flops
     partial = np.where(s > 1, 2.0 * s * m * g * n * PARTIAL_BYTES, 0.0)
     stream = (g * n * k * w + m * g * (k + n) * a + partial) / (bandwidth_bytes_per_s * params.e_memory)
-    t = np.maximum(waves * tile, stream)
-    t = np.where((s > 1) & (ks < MIN_SPLIT_K), np.inf, t)
-    out = params.latency_s + t.min(axis=0)
-    out = np.where(m > 0, out, 0.0)  # no rows, no kernel
-    return float(out) if scalar else out
+    work = waves * tile
+    # split-K only where the unsplit tiles leave SMs idle (as cuBLAS's heuristics use it), each split
+    # keeping at least MIN_SPLIT_K of K
+    t = np.where((s > 1) & ((ks < MIN_SPLIT_K) | (tiles >= sms * s)), np.inf, np.maximum(work, stream))
+    if not parts:
+        out = np.where(m > 0, params.latency_s + t.min(axis=0), 0.0)  # no rows, no kernel
+        return float(out) if scalar else out
+    best = np.argmin(t, axis=0)[None]
+    work = np.where(m > 0, params.latency_s + np.take_along_axis(np.broadcast_to(work, t.shape), best, 0)[0], 0.0)
+    stream = np.where(m > 0, params.latency_s + np.take_along_axis(np.broadcast_to(stream, t.shape), best, 0)[0], 0.0)
+    return (float(work), float(stream)) if scalar else (work, stream)
 
 
 def gemm_time_for(shape: GemmShape, rows: Number, *, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
-                  num_sms: int, params: GemmParams, w_bytes: Number = 2.0, a_bytes: Number = 2.0) -> Number:
+                  num_sms: int, params: GemmParams, w_bytes: Number = 2.0, a_bytes: Number = 2.0,
+                  parts: bool = False) -> Number:
     """`gemm_time_s` of an operator's `shape` at `rows` (`OpCost.rows`)."""
     return gemm_time_s(shape.m(rows), shape.n, shape.k, shape.groups, peak_flops_per_s=peak_flops_per_s,
                        bandwidth_bytes_per_s=bandwidth_bytes_per_s, num_sms=num_sms, params=params,
-                       w_bytes=w_bytes, a_bytes=a_bytes)
+                       w_bytes=w_bytes, a_bytes=a_bytes, parts=parts)

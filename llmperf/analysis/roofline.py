@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from llmperf.analysis.gemm import GemmShape
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
 
@@ -63,6 +64,9 @@ class OpCost:
     layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...;
     # kinds joined by `+` where the operator is the same in them: full+full/moe)
     compute_dtype: str | None = None  # its matrix work's format (per-module precision); None: the phase's
+    # a weight GEMM's per-GPU shape (`llmperf.analysis.gemm`: N, K, groups, M per row), which a time model
+    # may price it by; None for every other operator. Per call: `scaled` keeps it as it is
+    gemm: GemmShape | None = None
 
     @property
     def bytes_read(self) -> Number:

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.gemm import GemmParams, gemm_time_s
-from llmperf.measure.fitting import error_line, error_table
+from llmperf.measure.fitting import at_least_schema, error_line, error_table
 
 #: Vidur's GEMM column -> llmperf's operator
 OPS = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj", "mlp_up_proj": "gate_up_proj",
@@ -245,7 +245,7 @@ def gemm_block(result: dict) -> str:
 
 
 def write_typical(path: Path | str, result: dict) -> None:
-    """Replace (or add, before `dtypes:`) the `gemm:` block of the typical time model's data."""
+    """Replace (or add, before `dtypes:`) the `gemm:` block of the typical time model's data (schema 5)."""
     path = Path(path)
     text = path.read_text()
     section = gemm_block(result)
@@ -254,7 +254,7 @@ def write_typical(path: Path | str, result: dict) -> None:
         text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: section, text, flags=re.S)
     else:
         text = text.replace("\ndtypes:\n", "\n" + section + "dtypes:\n", 1)
-    path.write_text(text)
+    path.write_text(at_least_schema(text, 5))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
