@@ -18,8 +18,8 @@ decode sum, the regimes, the serving simulator's step prices) goes through `op_t
 
 `ROOFLINE` (e = 1, overhead = 0) is the pure roofline; calibrated or typical models (measured
 fractions of the roofs plus a per-kernel launch overhead, `llmperf.analysis.timemodel`) implement
-the same protocol. A time model may look at the operator's kind and name and at its `rows` (tokens
-through it, `batch * q_len`), but never at the context length: then every decode step's operator
+the same protocol. A time model may look at the operator's kind and name, at its `rows` (tokens
+through it, `batch * q_len`) and at a weight GEMM's shape (`gemm`), but never at the context length: then every decode step's operator
 time stays `max(a + b*ctx, c + d*ctx) + overhead` and the sum over a whole generation keeps its
 closed form (`sum_max_lines`).
 """

@@ -53,6 +53,14 @@ operator's own in `op_floor_s`; `typical` fits them on Vidur's measured small op
 (+ a serial overhead), per launch, flat in the context. It is not the host's launch cost (the
 `overhead_s` above, which an engine pays and a CUDA graph hides); the roofline has none.
 
+A weight GEMM that carries its per-GPU shape (`OpCost.gemm`: N, K, groups, M per row) is priced
+from it when the model has GEMM terms (schema 5: a `gemm:` block, `llmperf.analysis.gemm`; `typical`
+fits them on Vidur's GEMMs, `llmperf.measure.fit_gemm`): tile and wave quantisation, weight streaming,
+a kernel latency, from the device's peak, bandwidth and SM count. The time is handed to `op_time` as
+the efficiencies it implies (`gemm_efficiency`: the compute roof is the tiles' time, the memory roof
+the HBM stream's), so every table that shows efficiencies or bounds stays true; it depends on the
+rows only, never on the context. Other GEMMs (and models without the block) take the per-rows curves.
+
 On a CPU a GEMM's dispatch depends on the path it takes: the engine runs GEMMs of few rows on a
 kernel of llmperf's own (up to 8 fp32 / 4 bf16 rows, bf16 3-16 on AMX; torch's one-row fp32 GEMV
 without them) and everything else on oneDNN's packed one, whose cold call costs up to three times as much

@@ -239,3 +239,22 @@ def test_decode_sum_stays_exact_under_typical() -> None:
     est = estimate("llama-3.1-8b", H100, batch=4, prompt_len=100, gen_len=20, time_model=tm)
     steps = est.decode_step_times_s()
     assert est.decode_total_s == pytest.approx(float(np.sum(steps)), rel=1e-9)
+
+
+def test_typical_estimate_runs_through_the_cli() -> None:
+    """`llmperf estimate llama-3.1-8b -H h100-sxm --efficiency typical`: a decode step priced with the
+    GEMM shape model, slower than the roofline bound."""
+    from typer.testing import CliRunner
+
+    from llmperf.cli import app
+
+    res = CliRunner().invoke(app, ["estimate", "llama-3.1-8b", "-H", "h100-sxm", "--efficiency", "typical",
+                                   "--per-op"])
+    assert res.exit_code == 0, res.output
+    assert "typical" in res.output and "qkv_proj" in res.output
+    from llmperf.analysis import estimate
+
+    tm = time_model_for(H100, "typical", "bf16")
+    typical = estimate("llama-3.1-8b", H100, time_model=tm)
+    bound = estimate("llama-3.1-8b", H100)
+    assert bound.tpot_s < typical.tpot_s < 2 * bound.tpot_s
