@@ -132,6 +132,16 @@ def gemm_time_s(m: Number, n: Number, k: Number, groups: Number = 1.0, *, peak_f
     `parts`: that configuration's `(latency + waves * tile, latency + stream)` instead, whose maximum
     is the time (which one wins says whether the GEMM is bound by its tiles' work or by HBM)."""
     m, n, k, g, w, a = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (m, n, k, groups, w_bytes, a_bytes)))
+    if (m.size > 16 and np.ndim(peak_flops_per_s) == 0 and np.ndim(bandwidth_bytes_per_s) == 0
+            and all(x.min() == x.max() for x in (n, k, g, w, a))):
+        # a sweep's rows repeat a few row counts of one matrix: price each distinct one once
+        um, inverse = np.unique(m, return_inverse=True)
+        if len(um) < 0.5 * m.size:
+            res = gemm_time_s(um, n.flat[0], k.flat[0], g.flat[0], peak_flops_per_s=peak_flops_per_s,
+                              bandwidth_bytes_per_s=bandwidth_bytes_per_s, num_sms=num_sms, params=params,
+                              w_bytes=w.flat[0], a_bytes=a.flat[0], parts=parts)
+            inverse = inverse.reshape(m.shape)
+            return tuple(r[inverse] for r in res) if parts else res[inverse]
     scalar = m.ndim == 0
     shape = (-1,) + (1,) * m.ndim
     tm, tn, s = _TM.reshape(shape), _TN.reshape(shape), _S.reshape(shape)
