@@ -258,3 +258,13 @@ def test_typical_estimate_runs_through_the_cli() -> None:
     typical = estimate("llama-3.1-8b", H100, time_model=tm)
     bound = estimate("llama-3.1-8b", H100)
     assert bound.tpot_s < typical.tpot_s < 2 * bound.tpot_s
+
+
+def test_many_repeated_rows_price_as_each_alone() -> None:
+    """A sweep's rows (a few row counts repeated) take the shortcut that prices each distinct one once."""
+    m = np.tile([1.0, 8.0, 64.0, 512.0, 4096.0], 40).reshape(20, 10)
+    out = t(m, 6144, 4096)
+    assert out.shape == (20, 10)
+    assert np.allclose(out, np.vectorize(lambda x: t(float(x), 6144, 4096))(m), rtol=1e-12)
+    work, stream = t(m, 6144, 4096, parts=True)
+    assert np.allclose(np.maximum(work, stream), out, rtol=1e-12)
