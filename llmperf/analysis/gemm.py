@@ -1,7 +1,7 @@
 """The time of a GEMM from its shape, its element sizes and the device's datasheet.
 
 A weight GEMM `C(M, N) = A(M, K) @ W(K, N)` (per group: `groups` independent GEMMs of the same N, K,
-e.g. the experts on one GPU or MLA's per-head absorbed products, each with its own M rows) runs as a
+e.g. the experts a step touches on one GPU, each with its own M rows) runs as a
 grid of output tiles `tm x tn` (optionally split `s` ways along K), dealt to the device's `num_sms`
 streaming multiprocessors in waves (NVIDIA, "Matrix Multiplication Background User's Guide": tile and
 wave quantisation; Kerr et al., CUTLASS, split-K). The model, per tile configuration `(tm, tn, s)`:
@@ -18,15 +18,14 @@ wave quantisation; Kerr et al., CUTLASS, split-K). The model, per tile configura
 
 and the GEMM takes the best configuration of a small set (128x256, 128x128, 64x128, 64x64, 16x128
 tiles; split-K 2-16 where the unsplit tiles leave SMs idle and each split keeps at least 256 of K), as
-cuBLAS's heuristics pick a kernel
-per shape. The four fitted terms (`GemmParams`) are properties of how well kernels use a GPU, not of
+cuBLAS's heuristics pick a kernel per shape. The four fitted terms (`GemmParams`) are properties of how well kernels use a GPU, not of
 one GPU, so the same terms price a device known only from its datasheet (peak for the dtype, HBM
 bandwidth, SM count): `e_peak` (the large-GEMM plateau), `e_memory` (weights streamed at small M),
 `latency_s` (a kernel's fixed device time: a tiny GEMM's floor) and `feed_flop_per_byte` (the operand
 intensity a tile needs to keep its SM's matrix units busy; the feed is tied to the SM's matrix rate,
 not to HBM, because the on-chip feeds (shared memory, L2) grow with the matrix units from one GPU
-generation to the next). The L2 capacity is not used: with the swizzled tile order cuBLAS uses, every
-measured shape re-reads its operands from L2, not HBM. Fitted by `python -m llmperf.measure.fit_gemm`
+generation to the next). The L2 capacity is not used: the model assumes (as the swizzled tile order of
+cuBLAS-class kernels arranges) that operands re-read by several tiles come from L2, not HBM. Fitted by `python -m llmperf.measure.fit_gemm`
 (`typical.yaml`'s `gemm:`).
 
 Every argument may be a numpy array (broadcast together): a sweep prices its 10,000 rows in one call.
@@ -103,18 +102,18 @@ class GemmParams:
         unknown = sorted(set(raw) - set(cls.FIELDS) - {"source"})
         if unknown:
             raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(cls.FIELDS)}, source)")
-        limits = dict(e_peak=(0.0, 1.0), e_memory=(0.0, 1.0), latency_s=(0.0, 1e-3), feed_flop_per_byte=(0.0, 1e4))
+        # (lowest, lowest allowed?, highest, how the message says it)
+        limits = dict(e_peak=(0.0, False, 1.0, "a fraction in (0, 1]"),
+                      e_memory=(0.0, False, 1.0, "a fraction in (0, 1]"),
+                      latency_s=(0.0, True, 1e-3, "seconds in [0, 1e-3]"),
+                      feed_flop_per_byte=(0.0, False, 1e4, "a number in (0, 1e4]"))
         vals = {}
         for f in cls.FIELDS:
             v = raw.get(f)
-            lo, hi = limits[f]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo < v <= hi:
-                what = "a fraction in (0, 1]" if hi == 1.0 else f"a number in ({lo:g}, {hi:g}]"
-                if f == "latency_s":
-                    what = "seconds in [0, 1e-3]"
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0:
-                        vals[f] = 0.0
-                        continue
+            lo, closed, hi, what = limits[f]
+            ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v <= hi
+                  and (v >= lo if closed else v > lo))
+            if not ok:
                 raise SpecError(f"{where}.{f}: must be {what}, got {v!r}")
             vals[f] = float(v)
         return cls(**vals, source=str(raw.get("source", "")))
