@@ -144,12 +144,15 @@ def nelder_mead(f, x0: np.ndarray, step: float = 0.3, iters: int = 600, tol: flo
     return pts[int(np.argmin(vals))]
 
 
-def fit(df: pd.DataFrame) -> GemmParams:
-    """The terms minimising the octave-weighted mean |log(pred / meas)| over `df`'s rows."""
+def fit(df: pd.DataFrame, devices: tuple | None = None,
+        source: str = "fit_gemm on Vidur's A100 Llama-2-7B / Meta-Llama-3-8B GEMMs (fp16, TP 1-8)") -> GemmParams:
+    """The terms minimising the octave-weighted mean |log(pred / meas)| over `df`'s rows. `devices`:
+    each row's (peak, bandwidth, SMs, element bytes) when not the datasheet of its `hardware` column
+    (a calibration fits against the ceilings it measured)."""
     w = octave_weights(df["m"].to_numpy())
     w = w / w.sum()
     meas = df["time_s"].to_numpy()
-    devices = _devices(df)
+    devices = _devices(df) if devices is None else devices
 
     def loss(x: np.ndarray) -> float:
         return float((np.abs(np.log(predict(_params(x), df, devices) / meas)) * w).sum())
@@ -158,8 +161,7 @@ def fit(df: pd.DataFrame) -> GemmParams:
     for _ in range(3):  # restart from the best point: the simplex collapses early on this surface
         x = nelder_mead(loss, x)
     p = _params(x)
-    return GemmParams(**{f: float(f"{getattr(p, f):.3g}") for f in GemmParams.FIELDS},
-                      source="fit_gemm on Vidur's A100 Llama-2-7B / Meta-Llama-3-8B GEMMs (fp16, TP 1-8)")
+    return GemmParams(**{f: float(f"{getattr(p, f):.3g}") for f in GemmParams.FIELDS}, source=source)
 
 
 def errors(df: pd.DataFrame, pred: np.ndarray) -> pd.DataFrame:
