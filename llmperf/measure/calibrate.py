@@ -266,6 +266,9 @@ class Calibration:
     op_overhead_rows_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
     step_overhead_s: float = 0.0
     floor_s: dict[str, float] = field(default_factory=dict)  # CUDA: kind -> a tiny kernel's device time
+    # CUDA: GEMMs by shape (dtype, m, n, k, seconds) and the shape model's terms fitted on them
+    gemm_shapes: list[tuple[str, int, int, int, float]] = field(default_factory=list)
+    gemm: dict[str, Any] | None = None
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
     notes: list[str] = field(default_factory=list)
@@ -336,8 +339,8 @@ class Calibration:
                 small = min(self.allreduce, key=lambda p: p.size_bytes)
                 kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
             dtypes[dtype] = kinds
-        out = dict(schema_version=4 if self.floor_s else EFFICIENCY_SCHEMA,  # 4: CUDA's device floors
-                   model="calibrated", step_overhead_s=self.step_overhead_s,
+        schema = 5 if self.gemm else 4 if self.floor_s else EFFICIENCY_SCHEMA  # CUDA: 4 floors, 5 GEMM shapes
+        out = dict(schema_version=schema, model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
         if self.op_overhead_s:
             out["op_overhead_s"] = _clean_ops(self.op_overhead_s)
@@ -352,6 +355,8 @@ class Calibration:
         if self.op_e_memory:
             out["op_e_memory"] = {d: {op: [[int(b), _clean(e)] for b, e in pts] for op, pts in ops.items()}
                                   for d, ops in self.op_e_memory.items() if d in dtypes}
+        if self.gemm:
+            out["gemm"] = dict(self.gemm)
         out["dtypes"] = dtypes
         return out
 
@@ -408,6 +413,7 @@ class Calibration:
                                             if self.settings.dispatch_hidden and self.op_overhead_rows_s else None)),
             step_overhead_s=_clean(self.step_overhead_s),
             floor_s={k: _clean(v) for k, v in self.floor_s.items()},
+            gemm_shapes=[dict(dtype=d, m=m, n=n, k=k, seconds=_clean(t)) for d, m, n, k, t in self.gemm_shapes],
             op_e_memory_model=dict(VECTOR_SPEC, cache="contiguous",
                                    prefills=[list(p) for p in self.settings.vector_prefills],
                                    reps=self.settings.vector_reps) if self.op_e_memory else None,
@@ -839,6 +845,54 @@ def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
                 embedding=_per_call_s(lambda: F.embedding(ids, table), device))
 
 
+#: CUDA: the (N, K) of the shape sweep: Llama-3-8B's projections and Llama-3-70B's at TP 8 (narrow K / N)
+GEMM_SHAPE_NK = ((4096, 4096), (28672, 4096), (4096, 14336), (1280, 8192), (8192, 1024))
+GEMM_SHAPE_ROWS = (1, 8, 32, 128, 512, 2048, 8192)
+
+
+def measure_gemm_shapes(dtypes: Sequence[str], device: Any, progress: Progress
+                        ) -> list[tuple[str, int, int, int, float]]:
+    """CUDA: `F.linear` over real projections' shapes and rows 1 .. 8192 per measured 16-bit dtype
+    (`triton.testing.do_bench`, L2 flushed): what the GEMM shape model (`llmperf.analysis.gemm`) is
+    fitted on for this device."""
+    import torch
+
+    from llmperf.measure.gpu_terms import _bench_s
+
+    out = []
+    for dname in (d for d in dtypes if d in ("bf16", "fp16")):
+        dt = getattr(torch, DTYPE_NAMES[dname])
+        for n, k in GEMM_SHAPE_NK:
+            progress(f"GEMM shapes {dname} {n}x{k}")
+            w = torch.randn(n, k, device=device, dtype=dt) * 0.02
+            for m in GEMM_SHAPE_ROWS:
+                x = torch.randn(m, k, device=device, dtype=dt)
+                out.append((dname, m, n, k, _bench_s(lambda: torch.nn.functional.linear(x, w))))
+            del w
+    return out
+
+
+def fit_gemm_shapes(cal: Calibration) -> dict[str, Any] | None:
+    """The GEMM shape model's terms fitted on `cal.gemm_shapes` against the ceilings the calibration
+    measured (its peak per dtype, its bandwidth, the device's SMs); None without points."""
+    if not cal.gemm_shapes:
+        return None
+    import numpy as np
+    import pandas as pd
+
+    from llmperf.measure.fit_gemm import fit
+    from llmperf.specs.precision import dtype_bytes
+
+    df = pd.DataFrame(cal.gemm_shapes, columns=["dtype", "m", "n", "k", "time_s"]).assign(groups=1.0)
+    peak = np.array([cal.peak_flops_per_s(d) for d in df["dtype"]])
+    sms = float(cal.device.get("sms") or (cal.datasheet.num_sms if cal.datasheet else 1))
+    devices = (peak, np.full(len(df), cal.memory_bytes_per_s()), np.full(len(df), sms),
+               np.array([dtype_bytes(d) for d in df["dtype"]]))
+    params = fit(df, devices, source=f"{CALIBRATION_TOOL}, {cal.created}: F.linear over "
+                                     f"{len(GEMM_SHAPE_NK)} shapes x {len(GEMM_SHAPE_ROWS)} row counts")
+    return params.to_dict()
+
+
 def measure_floors(device: Any, progress: Progress) -> dict[str, float]:
     """CUDA: a kernel's minimum DEVICE time per vector kind (`floor_s`, efficiency schema 4): one-row
     operators at a real width (4096, bf16) replayed 20 to a CUDA graph, so no launch gap is counted
@@ -1222,6 +1276,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
         cal.overhead_s = measure_overheads(device, tick)
         if device.type == "cuda":
             cal.floor_s = measure_floors(device, tick)
+            cal.gemm_shapes = measure_gemm_shapes(cal.measured_dtypes(), device, tick)
+            cal.gemm = fit_gemm_shapes(cal)
     if s.step_overhead:
         cal.step_overhead_s = measure_step_overhead(device, tick)
     if s.op_overhead:

@@ -188,6 +188,41 @@ def test_cuda_device_floors_are_written_as_schema_4_and_priced(cal):
     assert tm.floor_for(tiny) == pytest.approx(5e-6)
 
 
+def test_cuda_gemm_shapes_fit_the_shape_model_against_the_measured_ceilings(cal):
+    """On CUDA calibrate times GEMMs over real shapes and fits the shape model's terms against its own
+    ceilings: points made by the model itself give back its terms, the block is schema 5 with `gemm`,
+    and the calibrated time model prices a shaped GEMM with them."""
+    from dataclasses import replace as dc_replace
+
+    from llmperf.analysis.gemm import GemmParams, GemmShape, gemm_time_s
+    from llmperf.analysis.roofline import OpCost
+    from llmperf.analysis.timemodel import _from_parsed, parse_efficiency
+    from llmperf.measure.calibrate import GEMM_SHAPE_NK, GEMM_SHAPE_ROWS, fit_gemm_shapes
+
+    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda", "sms": 132}, floor_s={"norm": 5e-6})
+    truth = GemmParams(e_peak=0.8, e_memory=0.85, latency_s=5e-6, feed_flop_per_byte=40.0)
+    peak, bw = 800e12, 3.0e12  # a GPU's ceilings (the fixture measured a CPU's)
+    gpu.peak_flops_per_s, gpu.memory_bytes_per_s = (lambda d: peak), (lambda: bw)
+    gpu.gemm_shapes = [("bf16", m, n, k, float(gemm_time_s(m, n, k, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw,
+                                                           num_sms=132, params=truth)))
+                       for n, k in GEMM_SHAPE_NK for m in GEMM_SHAPE_ROWS]
+    gpu.gemm = fit_gemm_shapes(gpu)
+    for f in ("e_peak", "e_memory"):
+        assert gpu.gemm[f] == pytest.approx(getattr(truth, f), rel=0.1)
+    eff = gpu.fit_terms()
+    assert eff["schema_version"] == 5 and eff["gemm"]["e_peak"] == gpu.gemm["e_peak"]
+    parsed = parse_efficiency(eff, "local")
+    tm = _from_parsed("calibrated", parsed, "bf16", "local", "sdpa")
+    assert tm.gemm is not None
+    hw = gpu.to_spec()
+    gemv = OpCost(name="o_proj", kind="matmul", flops=2.0 * 4096 * 4096, weight_bytes=2.0 * 4096 * 4096, rows=1,
+                  gemm=GemmShape(n=4096, k=4096))
+    want = gemm_time_s(1, 4096, 4096, peak_flops_per_s=hw.peak_flops_per_s("bf16"),
+                       bandwidth_bytes_per_s=hw.mem_bandwidth_bytes_per_s, num_sms=hw.num_sms, params=truth)
+    assert float(tm.op_time_s(gemv, hw, "bf16", 1)) == pytest.approx(float(want), rel=0.15)
+    assert fit_gemm_shapes(cal) is None  # a CPU calibration times no shapes
+
+
 def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
     """Calibrations written before per-operator overheads (efficiency schema 1) load and fall back to
     the per-kind overheads, added to the device time as before."""
