@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from llmperf.analysis.attention_eff import AttnShape
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
 
@@ -63,6 +64,7 @@ class OpCost:
     layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...;
     # kinds joined by `+` where the operator is the same in them: full+full/moe)
     compute_dtype: str | None = None  # its matrix work's format (per-module precision); None: the phase's
+    attn: AttnShape | None = None  # a fused attention call's shape (per GPU), for a time model that prices by it
 
     @property
     def bytes_read(self) -> Number:
@@ -128,6 +130,7 @@ class Efficiency:
     host_s: Number = 0.0  # host dispatch that overlaps the device work (asynchronous launches): a floor
     comm_latency_s: Number = 0.0  # a collective's latency per call, added to its interconnect time
     floor_s: Number = 0.0  # a kernel's minimum device time (not the host's launch): a floor, per launch
+    latency_s: Number = 0.0  # a kernel's fixed device time added to its compute and memory roofs, per launch
 
 
 @runtime_checkable
@@ -251,7 +254,7 @@ def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
         if not np.all((value > 0) & (value <= 1)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be in (0, 1], got "
                              f"{float(value.ravel()[~((value > 0) & (value <= 1)).ravel()][0])!r}")
-    for field in ("overhead_s", "host_s", "comm_latency_s", "floor_s"):
+    for field in ("overhead_s", "host_s", "comm_latency_s", "floor_s", "latency_s"):
         value = np.asarray(getattr(eff, field), dtype=float)
         if not np.all(np.isfinite(value) & (value >= 0)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be >= 0, got "
@@ -275,6 +278,9 @@ def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
         dtype = cost.compute_dtype
     compute = cost.flops / (peak_for(cost.kind, hardware, dtype) * eff.e_compute)
     memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
+    if type(eff.latency_s) is not float or eff.latency_s:  # a fused attention launch's fixed device time:
+        lat = eff.latency_s * cost.calls  # both roofs shift, so max(a + b ctx, c + d ctx) keeps its form
+        compute, memory = compute + lat, memory + lat
     cb = cost.comm_bytes
     if (cb > 0 if type(cb) is float else np.any(np.asarray(cb) > 0)) and hardware.interconnect_bytes_per_s <= 0:
         raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot time {cost.name}")
