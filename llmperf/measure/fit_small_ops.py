@@ -235,7 +235,8 @@ def write_typical(path: Path | str, result: dict) -> None:
         text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: section, text, flags=re.S)
     else:
         text = text.replace("\ndtypes:\n", "\n" + section + "dtypes:\n", 1)
-    text = re.sub(r"(?m)^schema_version: \d+$", "schema_version: 4", text, count=1)
+    text = re.sub(r"(?m)^schema_version: (\d+)$", lambda m: f"schema_version: {max(int(m.group(1)), 4)}", text,
+                  count=1)  # 4 at least (a later block, e.g. fit_attention's, may need more)
     path.write_text(text)
 
 
