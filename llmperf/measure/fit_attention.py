@@ -24,8 +24,10 @@ Held out (the split is printed):
   their Python launcher, sets the time (batch x context >= 64k tokens, as the benchmark's README says:
   below it Triton's launch takes 100-200 us of host time whatever the shape), and Triton prefill from
   context 4k (300 us and more of device time);
-- sweep: fitted on head dims 64 and 128 and contexts up to 8k; predicts head dim 256 and contexts
-  above 8k.
+- sweep: fitted on GQA groups 1 and 8 (MHA and 32 query / 4 KV heads; every head dim) at contexts up
+  to 8k; predicts group 4 (decode's only grouped rows: decode is fitted on MHA alone) and contexts
+  above 8k. Another device's sweep beside it (`attention-<hardware>.csv`, e.g. `attention-h200.csv`)
+  is predicted too, from that device's datasheet alone (held out: a device never fitted).
 Errors are the median and p90 of |pred / meas - 1| by phase; the in-sample rows are labelled so.
 Trained on llmperf's own H100 measurements only; no published benchmark was fitted.
 """
@@ -41,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.attention_eff import PARAMS, AttentionEfficiency, AttnShape
+from llmperf.errors import SpecError
 from llmperf.measure.fitting import error_line, error_table, fit_main
 
 HARDWARE = "h100-sxm"
@@ -115,15 +118,15 @@ def load(path: Path | str) -> pd.DataFrame:
                      "sweep's (phase, batch, q_len, context, heads, kv_heads, head_dim, dtype, time_s)")
 
 
-def _device() -> tuple[float, float, int]:
+def _device(hardware: str = HARDWARE) -> tuple[float, float, int]:
     from llmperf.specs import load_hardware
 
-    hw = load_hardware(HARDWARE)
+    hw = load_hardware(hardware)
     return hw.peak_flops_per_s("bf16"), hw.mem_bandwidth_bytes_per_s, int(hw.num_sms or 132)
 
 
-def predict(model: AttentionEfficiency, df: pd.DataFrame) -> np.ndarray:
-    peak, bw, sms = _device()
+def predict(model: AttentionEfficiency, df: pd.DataFrame, hardware: str = HARDWARE) -> np.ndarray:
+    peak, bw, sms = _device(hardware)
     shape = AttnShape(batch=df["batch"].to_numpy(), q_len=df["q_len"].to_numpy(), context=df["context"].to_numpy(),
                       heads=df["heads"].to_numpy(), kv_heads=df["kv_heads"].to_numpy(),
                       head_dim=df["head_dim"].to_numpy())
@@ -175,6 +178,9 @@ def _with(terms: dict[str, float]) -> AttentionEfficiency | None:
 def fit(df: pd.DataFrame) -> AttentionEfficiency:
     """The terms minimising mean |log(pred / meas)| over `df`, each phase weighted equally."""
     names = list(FITTED) + (["head_dim_half"] if df["head_dim"].nunique() > 1 else [])
+    for n in list(names):  # a term the rows cannot move (no decode with g q near the tile) stays at its prior
+        if n == "cta_half" and not (df["phase"] == "prefill").any():
+            names.remove(n)
     x0 = np.log([max(getattr(PRIOR, n), 1e-9) for n in names])
     meas = df["time_s"].to_numpy()
     w = 1.0 / df.groupby("phase")["phase"].transform("size").to_numpy()
@@ -194,11 +200,13 @@ def fit(df: pd.DataFrame) -> AttentionEfficiency:
 def splits(df: pd.DataFrame) -> dict[str, tuple[str, np.ndarray]]:
     """{check: (label, rows)}: the fitted rows first, then the held-out ones."""
     if (df["source"] == "sweep").all():
-        inside = (df["head_dim"] <= 128) & (df["context"] <= 8192)
-        return {"in_sample": ("in-sample: head dims <= 128, contexts <= 8k", inside.to_numpy()),
-                "held_head_dim": ("held out: head dim > 128", (df["head_dim"] > 128).to_numpy()),
-                "held_context": ("held out: head dims <= 128, contexts > 8k",
-                                 ((df["head_dim"] <= 128) & (df["context"] > 8192)).to_numpy())}
+        group = df["heads"] / df["kv_heads"]
+        held_group = (group == 4).to_numpy()  # GQA 4: decode's only grouped rows, so decode is fitted on MHA
+        long = (df["context"] > 8192).to_numpy()
+        return {"in_sample": ("in-sample: GQA groups 1 and 8 (every head dim), contexts <= 8k", ~held_group & ~long),
+                "held_group": ("held out: GQA group 4 (32 query / 8 KV heads), every head dim and context",
+                               held_group),
+                "held_context": ("held out: groups 1 and 8, contexts > 8k", ~held_group & long)}
     sdpa = df["impl"] == "sdpa"
     fitted = sdpa & ~df["ragged"] & (((df["phase"] == "decode") & df["batch"].isin([1, 32, 64]))
                                      | ((df["phase"] == "prefill") & (df["batch"] == 1)))
@@ -228,6 +236,15 @@ def run(path: Path | str) -> dict:
         if mask.any():
             out["errors"][name] = errors(df[mask], predict(params, df[mask]))
             out["labels"][name] = label
+    for other in sorted(Path(path).parent.glob(Path(path).stem + "-*.csv")) if out["layout"] == "sweep" else ():
+        hw = other.stem[len(Path(path).stem) + 1:]
+        try:
+            d = load_sweep(other)
+            pred = predict(params, d, hw)
+        except (ValueError, KeyError, SpecError):
+            continue
+        out["errors"][f"device_{hw}"] = errors(d, pred)
+        out["labels"][f"device_{hw}"] = f"held out: {other.name}, another device ({hw}, its datasheet only)"
     return out
 
 
