@@ -98,11 +98,8 @@ class AttentionEfficiency:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for name, (_, lo, hi) in PARAMS.items():
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi) or not math.isfinite(v):
-                raise SpecError(f"attention_eff.{name}: must be a number in [{lo:g}, {hi:g}] "
-                                f"({PARAMS[name][0]}), got {v!r}")
+        for name in PARAMS:
+            _check(name, getattr(self, name), "attention_eff")
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> AttentionEfficiency:
@@ -114,10 +111,10 @@ class AttentionEfficiency:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(PARAMS)}, source)")
-        try:
-            return cls(**{k: (str(v) if k == "source" else v) for k, v in raw.items()})
-        except SpecError as exc:
-            raise SpecError(f"{where}: {str(exc).split(': ', 1)[1]}") from None
+        for name in PARAMS:
+            if name in raw:
+                _check(name, raw[name], where)
+        return cls(**{k: (str(v) if k == "source" else v) for k, v in raw.items()})
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -151,6 +148,14 @@ class AttentionEfficiency:
         e_c, e_m = self.efficiencies(shape, num_sms)
         return self.latency_s + np.maximum(np.asarray(flops, dtype=float) / (peak_flops_per_s * e_c),
                                            np.asarray(nbytes, dtype=float) / (bandwidth_bytes_per_s * e_m))
+
+
+def _check(name: str, value: Any, where: str) -> None:
+    """`value` is a finite number within `PARAMS[name]`'s bounds, or an error naming `where.name`."""
+    what, lo, hi = PARAMS[name]
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not lo <= value <= hi):
+        raise SpecError(f"{where}.{name}: must be a number in [{lo:g}, {hi:g}] ({what}), got {value!r}")
 
 
 def _scalar(x: np.ndarray) -> Number:
