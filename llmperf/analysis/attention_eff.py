@@ -5,7 +5,7 @@ PagedAttention for decode; Dao 2023 "FlashAttention-2", arXiv:2307.08691; Shah e
 "FlashAttention-3", arXiv:2407.08608; Dao et al. 2023 "Flash-Decoding for long-context inference")
 is priced as
 
-    time = latency_s + max(flops / (peak * e_c), bytes / (bandwidth * e_m))
+    time = latency + max(flops / (peak * e_c), bytes / (bandwidth * e_m))
 
 with `e_c` and `e_m` set by the call's shape (`AttnShape`: batch B, new tokens per sequence q, heads
 H, KV heads H_kv, head dim D; group g = H / H_kv), never by its context:
@@ -14,11 +14,13 @@ H, KV heads H_kv, head dim D; group g = H / H_kv), never by its context:
                     * pairs / (pairs + waste)                         causal masking: diagonal tiles run whole
                     * min(1, g q / mma_rows)                          tensor-core tile rows a KV head fills
                     * x_c / (x_c + cta_half),  x_c = B H ceil(q / TILE) / SMs      work tiles per SM
+                      (decode, g q < mma_rows: split-KV, so occupancy as e_m's)
     e_m = e_memory * x_m / (x_m + kv_half),  x_m = B H_kv / SMs     KV streams per SM (split-KV fills the rest)
 
-- `latency_s`: a launch's fixed device time (prologue, the split-KV reduction, the tail of the last
-  wave), added to the roofs; this is what makes the achieved bandwidth of a decode call rise with
-  batch x context toward `e_memory` (a 2 MB KV read at B=1 takes 12 us, not 0.7 us);
+- `latency_s + wave_s * B H_kv / SMs`: a launch's fixed device time (launch and prologue; then per
+  wave of (sequence, KV head) work, its epilogue and the split-KV combine), added to the roofs; this is
+  what makes the achieved bandwidth of a decode call rise with batch x context toward `e_memory` (a
+  2 MB KV read at B=1 takes 12 us, not 0.7 us; a 135 MB one at B=64, 61 us, not 43);
 - causal waste: a causal prefill of q queries executes `q (q + 1) / 2` (query, key) pairs (what
   llmperf counts) but computes the diagonal tiles whole, `min(q, TILE) (q - 1) / 2` pairs more;
   counted as if the keys were the queries (a prefill; a chunk of q new tokens over a longer context
@@ -81,6 +83,7 @@ PARAMS: dict[str, tuple[str, float, float]] = {
     "e_memory": ("plateau of the memory bandwidth a long decode streams the KV cache at", 1e-3, 1.0),
     "kv_half": ("KV streams (batch x KV heads) per SM at half the bandwidth plateau", 0.0, 64.0),
     "latency_s": ("a launch's fixed device time, added to the roofs, seconds", 0.0, 1e-3),
+    "wave_s": ("device time added per KV stream per SM (prologue, epilogue, split-KV combine), seconds", 0.0, 1e-3),
 }
 
 
@@ -95,6 +98,7 @@ class AttentionEfficiency:
     e_memory: float = 0.9
     kv_half: float = 0.0
     latency_s: float = 0.0
+    wave_s: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -134,19 +138,27 @@ class AttentionEfficiency:
         waste = np.minimum(q, TILE) * (q - 1) / 2
         causal = pairs / (pairs + waste)
         fill = np.minimum(1.0, g * q / self.mma_rows)
-        x_c = B * H * np.ceil(q / TILE) / sms
-        occ_c = x_c / (x_c + self.cta_half)
         x_m = B * H_kv / sms
         occ_m = x_m / (x_m + self.kv_half)
+        x_c = B * H * np.ceil(q / TILE) / sms
+        # a decode kernel (its g q rows fill less than a tile) splits the keys over the SMs as it
+        # streams them: its matrix units are as busy as its KV streams; a prefill's, as its tiles
+        occ_c = np.where(fill < 1, occ_m, x_c / (x_c + self.cta_half))
         e_c = self.e_compute * head * causal * fill * occ_c
         e_m = self.e_memory * occ_m
         return _scalar(np.clip(e_c, 1e-6, 1.0)), _scalar(np.clip(e_m, 1e-6, 1.0))
+
+    def latency(self, shape: AttnShape, num_sms: int | None) -> Number:
+        """The call's fixed device time: `latency_s + wave_s * B H_kv / SMs` (never the context)."""
+        x_m = (np.maximum(np.asarray(shape.batch, dtype=float), 1.0)
+               * np.maximum(np.asarray(shape.kv_heads, dtype=float), 1.0) / float(num_sms or 132))
+        return _scalar(self.latency_s + self.wave_s * x_m)
 
     def time_s(self, flops: Number, nbytes: Number, shape: AttnShape, peak_flops_per_s: float,
                bandwidth_bytes_per_s: float, num_sms: int | None) -> Number:
         """`latency + max(flops / (peak e_c), bytes / (bw e_m))`: one call (what the fit compares)."""
         e_c, e_m = self.efficiencies(shape, num_sms)
-        return self.latency_s + np.maximum(np.asarray(flops, dtype=float) / (peak_flops_per_s * e_c),
+        return self.latency(shape, num_sms) + np.maximum(np.asarray(flops, dtype=float) / (peak_flops_per_s * e_c),
                                            np.asarray(nbytes, dtype=float) / (bandwidth_bytes_per_s * e_m))
 
 

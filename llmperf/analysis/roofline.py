@@ -18,10 +18,12 @@ decode sum, the regimes, the serving simulator's step prices) goes through `op_t
 
 `ROOFLINE` (e = 1, overhead = 0) is the pure roofline; calibrated or typical models (measured
 fractions of the roofs plus a per-kernel launch overhead, `llmperf.analysis.timemodel`) implement
-the same protocol. A time model may look at the operator's kind and name and at its `rows` (tokens
-through it, `batch * q_len`), but never at the context length: then every decode step's operator
-time stays `max(a + b*ctx, c + d*ctx) + overhead` and the sum over a whole generation keeps its
-closed form (`sum_max_lines`).
+the same protocol. A time model may look at the operator's kind and name, at its `rows` (tokens
+through it, `batch * q_len`) and at a fused attention's shape (`OpCost.attn`: batch, q_len, heads,
+KV heads, head dim), but never at the context length: then every decode step's operator time stays
+`max(a + b*ctx, c + d*ctx) + overhead` and the sum over a whole generation keeps its closed form
+(`sum_max_lines`). A kernel's fixed device time (`Efficiency.latency_s`, fused attention under
+`typical`) is added to both the compute and the memory roof, which shifts both lines alike.
 """
 
 from __future__ import annotations
@@ -139,8 +141,9 @@ class TimeModel(Protocol):
 
     `name` is reported with every result (`time_model` in summaries, JSON and CSV).
     `efficiency(cost, hardware)` returns an `Efficiency` (or a tuple `(e_compute, e_memory,
-    overhead_s)`): it may depend on `cost.kind`, `cost.name` and `cost.rows` (= batch * q_len), and
-    on the device, but NOT on the context length (kv_len), so decode sums stay in closed form.
+    overhead_s)`): it may depend on `cost.kind`, `cost.name`, `cost.rows` (= batch * q_len), a fused
+    attention's `cost.attn` (all but its context) and the device, but NOT on the context length
+    (kv_len), so decode sums stay in closed form.
     Efficiencies must be in (0, 1] (a measured ceiling above the datasheet is a calibration error)
     and the overhead >= 0. An optional attribute `step_overhead_s` (seconds) is a fixed cost per
     forward pass outside the operators (the host's sampling and bookkeeping); every roll-up adds it

@@ -255,7 +255,7 @@ class EfficiencyTimeModel:
         shape = getattr(cost, "attn", None)
         if cost.kind == "attention" and shape is not None and self.attention_eff is not None:
             e_compute, e_memory = self.attention_eff.efficiencies(shape, getattr(hardware, "num_sms", None))
-            comm = dict(latency_s=self.attention_eff.latency_s)  # (an attention operator has no comm terms)
+            comm = dict(latency_s=self.attention_eff.latency(shape, getattr(hardware, "num_sms", None)))
         if self.overhead_mode == "overlap":
             return Efficiency(e_compute=e_compute, e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
         return Efficiency(e_compute=e_compute, e_memory=e_memory, overhead_s=overhead, floor_s=floor, **comm)
@@ -383,7 +383,7 @@ def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str
 
 def parse_attention_eff(raw: Any, where: str) -> dict[str, AttentionEfficiency]:
     """`attention_eff`: {compute dtype: {e_compute, head_dim_half, mma_rows, cta_half, e_memory, kv_half,
-    latency_s, source}} (`llmperf.analysis.attention_eff`)."""
+    latency_s, wave_s, source}} (`llmperf.analysis.attention_eff`)."""
     if not isinstance(raw, Mapping):
         raise SpecError(f"{where}: expected a mapping of compute dtype -> terms, got {raw!r}")
     return {str(d): AttentionEfficiency.parse(terms, f"{where}.{d}") for d, terms in raw.items()}

@@ -52,8 +52,8 @@ KERNEL_SHAPE = dict(heads=32, kv_heads=8, head_dim=128)  # llmperf.measure.kerne
 FLASH_IMPLS = ("sdpa", "flash_attention", "flash_decoding", "paged_attention")
 TRITON_DEVICE_TOKENS = 64 * 1024  # batch x context from which a Triton launch is device-bound
 PRIOR = AttentionEfficiency(e_compute=0.6, head_dim_half=22.0, mma_rows=64.0, cta_half=0.3, e_memory=0.9,
-                            kv_half=0.02, latency_s=1.0e-5)
-FITTED = ("e_compute", "cta_half", "e_memory", "kv_half", "latency_s")
+                            kv_half=0.02, latency_s=1.0e-5, wave_s=2.0e-6)
+FITTED = ("e_compute", "cta_half", "e_memory", "kv_half", "latency_s", "wave_s")
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "bfloat16": 2.0, "float16": 2.0, "fp32": 4.0, "float32": 4.0,
                "fp8": 1.0}
 
