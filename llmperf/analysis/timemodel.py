@@ -71,6 +71,14 @@ edge between the engine's GEMM paths), which wins over `op_overhead_s` for that 
 `llmperf calibrate` fills it with the weight GEMMs' cold dispatch and, for every operator that reads
 no weights, the dispatch measured in a real layer's recorded decode (see `llmperf.measure.calibrate`).
 
+A fused attention call that carries its shape (`OpCost.attn`: batch, new tokens, heads, KV heads,
+head dim) is priced by shape when the model has an `attention_eff` block (schema 5; `typical` fits it
+on H100 FlashAttention / Flash-Decoding measurements, `llmperf.measure.fit_attention`): its
+efficiencies depend on that shape and the device's SM count (`llmperf.analysis.attention_eff`), still
+never on the context, plus a fixed device latency added to both roofs (so the lines shift, and the
+closed form holds). A naive attention's parts, and any attention cost without a shape, take the kind's
+curves over rows.
+
 Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
 """
 
@@ -85,6 +93,7 @@ from typing import Any
 
 import numpy as np
 
+from llmperf.analysis.attention_eff import AttentionEfficiency
 from llmperf.analysis.collectives import Collectives, load_collectives
 from llmperf.analysis.gemm import GemmParams, gemm_time_for
 from llmperf.analysis.roofline import MATRIX_KINDS, Efficiency, Number, OpCost, peak_for
@@ -95,7 +104,7 @@ TIME_MODELS = ("roofline", "typical", "calibrated")
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
 EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU (on CUDA, with the device floors: 4)
 # 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`;
-# 5 `gemm` (the GEMM shape model's terms, `llmperf.analysis.gemm`)
+# 5 `gemm` (the GEMM shape model's terms, `llmperf.analysis.gemm`) and `attention_eff` (fused attention by shape)
 READABLE_SCHEMAS = (1, 2, 3, 4, 5)
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
@@ -204,6 +213,8 @@ class EfficiencyTimeModel:
     # weight GEMMs priced from their shape (`OpCost.gemm`) with these terms; None: by the matmul kind's curves
     gemm: GemmParams | None = None
     compute_dtype: str = ""  # the phase's compute dtype this model prices (the GEMM model's peak); "" : fp16
+    # fused attention priced by its shape (`OpCost.attn`); None: the attention kind's curves over rows
+    attention_eff: AttentionEfficiency | None = None
 
     def __post_init__(self) -> None:
         if self.overhead_mode not in OVERHEAD_MODES:
@@ -259,6 +270,10 @@ class EfficiencyTimeModel:
             e_compute, e_memory = self.gemm_efficiency(cost, hardware, rows, peak)
         if e_compute is None:
             e_compute = t.e_compute(rows)
+        shape = getattr(cost, "attn", None)
+        if cost.kind == "attention" and shape is not None and self.attention_eff is not None:
+            e_compute, e_memory = self.attention_eff.efficiencies(shape, getattr(hardware, "num_sms", None))
+            comm = dict(latency_s=self.attention_eff.latency(shape, getattr(hardware, "num_sms", None)))
         if self.overhead_mode == "overlap":
             return Efficiency(e_compute=e_compute, e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
         return Efficiency(e_compute=e_compute, e_memory=e_memory, overhead_s=overhead, floor_s=floor, **comm)
@@ -322,6 +337,7 @@ class EfficiencyTimeModel:
         compute = cost.flops / (peak * eff.e_compute)
         memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
         calls = getattr(cost, "calls", 1.0)  # an operator scaled to L layers launches L times
+        compute, memory = compute + eff.latency_s * calls, memory + eff.latency_s * calls
         comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
                 + np.where(np.asarray(cost.comm_bytes) > 0, eff.comm_latency_s * calls, 0.0)
                 if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)
@@ -334,6 +350,7 @@ class EfficiencyTimeModel:
                     op_e_memory={op: c.to_list() for op, c in self.op_e_memory.items()},
                     op_overhead_rows_s={op: c.to_list() for op, c in self.op_overhead_rows.items()},
                     op_floor_s=dict(self.op_floor_s), gemm=None if self.gemm is None else self.gemm.to_dict(),
+                    attention_eff=self.attention_eff.to_dict() if self.attention_eff is not None else None,
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
                                    overhead_s=t.overhead_s, floor_s=t.floor_s) for k, t in self.kinds.items()})
 
@@ -427,6 +444,14 @@ def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str
             for dtype, backends in raw.items()}
 
 
+def parse_attention_eff(raw: Any, where: str) -> dict[str, AttentionEfficiency]:
+    """`attention_eff`: {compute dtype: {e_compute, head_dim_half, mma_rows, cta_half, e_memory, kv_half,
+    latency_s, wave_s, source}} (`llmperf.analysis.attention_eff`)."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping of compute dtype -> terms, got {raw!r}")
+    return {str(d): AttentionEfficiency.parse(terms, f"{where}.{d}") for d, terms in raw.items()}
+
+
 def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     """Validate an `efficiency:` block: {schema_version, model, step_overhead_s, dtypes: {dtype: kinds}}
     and, from schema 2, `overhead_mode` (add | overlap) and `op_overhead_s` ({backend: {op: s}})."""
@@ -437,7 +462,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
         raise SpecError(f"{where}.schema_version: expected one of {', '.join(map(str, READABLE_SCHEMAS))}, "
                         f"got {version!r}")
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
-                          (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}), (5, {"gemm"})):
+                          (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}), (5, {"gemm", "attention_eff"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -469,6 +494,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                                                           f"{where}.op_overhead_rows_s"),
                 op_floor_s=parse_op_floors(raw.get("op_floor_s") or {}, f"{where}.op_floor_s"),
                 gemm=None if raw.get("gemm") is None else GemmParams.parse(raw["gemm"], f"{where}.gemm"),
+                attention_eff=parse_attention_eff(raw.get("attention_eff") or {}, f"{where}.attention_eff"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -510,7 +536,13 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
                                backend=backend if ops or by_rows else "",
                                op_e_memory=parsed.get("op_e_memory", {}).get(used, {}), op_overhead_rows=by_rows,
                                op_floor_s=parsed.get("op_floor_s", {}).get(used, {}),
-                               collectives=collectives, gemm=parsed.get("gemm"), compute_dtype=dtype)
+                               collectives=collectives, gemm=parsed.get("gemm"), compute_dtype=dtype,
+                               attention_eff=_attention_eff_for(parsed, used))
+
+
+def _attention_eff_for(parsed: dict[str, Any], dtype: str) -> AttentionEfficiency | None:
+    by_dtype = parsed.get("attention_eff", {})
+    return by_dtype.get(dtype, by_dtype.get("default"))
 
 
 def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16",

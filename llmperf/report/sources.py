@@ -168,6 +168,26 @@ def calibrated_ceilings(hw: HardwareSpec, compute_dtype: str) -> list[F.Ceiling]
                       bandwidth_bytes_per_s=float(bw) * 1e9, calibrated=True)]
 
 
+# typical's accuracy ----------------------------------------------------------------------------
+def typical_section(root: str | None = None) -> Section:
+    """Vidur's measured operator times (the extract committed under `reports/vidur`, or `root`)
+    against `--efficiency typical`'s predictions, computed now by llmperf's operator model
+    (`llmperf.measure.vidur.predictions`)."""
+    from llmperf.measure.vidur import default_dir, predictions
+
+    frame = predictions(root)
+    src = default_dir() if root is None else root
+    err = np.abs(frame["predicted_s"] / frame["measured_s"] - 1)
+    facts = [(f"{d.upper()} {k}", f"median {np.median(e):.1%}, p90 {np.quantile(e, 0.9):.1%} (n={len(e):,})")
+             for (d, k), e in err.groupby([frame["device"], frame["kind"]], sort=False)]
+    note = (f"Measured: Vidur's fp16 operator times (github.com/microsoft/vidur, MIT licence; extract in {src}). "
+            "Predicted: each row's operator built by llmperf's operator model (fp16, the row's TP degree and "
+            "tokens) and priced by the typical time model at report time.")
+    fig = F.typical_figure(frame, title="How good is typical: Vidur's measured operators (A100, H100)")
+    return Section(kind="typical", title="Typical time model against measured operators", facts=facts,
+                   figures=[fig], notes=[note], attachments={"typical-vs-vidur.csv": frame})
+
+
 # estimate --------------------------------------------------------------------------------------
 def estimate_section(spec: EstimateSpec) -> Section:
     """Run the estimate (and the sweep) through the public API and draw figures 1-6 and 8."""
