@@ -26,7 +26,8 @@ import numpy as np
 
 from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
 from llmperf.analysis.roofline import (
-    TimeModel, memory_bound, op_time, peak_in_use_flops_per_s, resolve_time_model, step_overhead_s,
+    TimeModel, engine_label, memory_bound, op_time, peak_in_use_flops_per_s, phase_time_model,
+    resolve_time_model, step_overhead_s,
 )
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
@@ -680,7 +681,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     dtype = hw.compute_dtype(precision.activations)
     B, P, G = (np.asarray(x, dtype=float).ravel() for x in (batch, prompt_len, gen_len))
     n = B.size
-    prefill = phase_arrays(fm, hw, B, P, P, pp=pp, compute_dtype=dtype, time_model=tm)
+    prefill = phase_arrays(fm, hw, B, P, P, pp=pp, compute_dtype=dtype, time_model=phase_time_model(tm, "prefill"))
     first = phase_arrays(fm, hw, B, 1.0, P + 1, pp=pp, compute_dtype=dtype, time_model=tm)
     last = phase_arrays(fm, hw, B, 1.0, P + np.maximum(G - 1, 1), pp=pp, compute_dtype=dtype, time_model=tm)
     d_time, d_flops, d_bytes = decode_sums(fm, hw, B, P, G, pp=pp, compute_dtype=dtype, time_model=tm)
@@ -703,7 +704,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         attention=conv.attention, attention_flops=conv.attention_flops,
         all_logits=conv.all_logits, fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up,
         mla_mode=conv.mla_mode, kv_window=conv.kv_window,
-        sliding_window=model.sliding_window, time_model=tm.name,
+        sliding_window=model.sliding_window, time_model=tm.name, engine=engine_label(tm),
         batch=B.astype(np.int64), prompt_len=P.astype(np.int64), gen_len=G.astype(np.int64),
         params_total=model.param_count, params_active=model.active_param_count,
         ttft_s=prefill.time_s, tpot_s=tpot, e2e_s=e2e, decode_s=d_time,

@@ -31,6 +31,7 @@ COLUMNS: dict[str, str] = {
     "mla_mode": "MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed",
     "kv_window": "sliding / chunked layers' KV: capped (their window) | full (full pages)",
     "sliding_window": "attention window, tokens (null: full)", "time_model": "time model that produced the times",
+    "engine": "engine profile that priced its host terms (none: the roofline; llmperf: a CPU's own engine)",
     "batch": "sequences", "prompt_len": "prompt tokens", "gen_len": "generated tokens per sequence",
     "params_total": "parameters", "params_active": "parameters one token uses (MoE: routed experts only)",
     "ttft_s": "time to first token (prefill), s", "tpot_s": "mean decode step, s", "e2e_s": "TTFT + all decode steps, s",
