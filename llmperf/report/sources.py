@@ -208,8 +208,7 @@ def estimate_section(spec: EstimateSpec) -> Section:
     figs = [
         F.roofline_figure(_estimate_points(est), ceilings_for(hw, dtype), title=f"Roofline: {head}"),
         F.breakdown_figure(est.ops_frame()[["phase", "op", "time_s", "bound"]], title=f"Time per operator: {head}"),
-        F.batch_figure(pd.DataFrame(dict(series=[f"context {p:,}" for p in main_sweep["prompt_len"]], kind="roofline",
-                                         batch=main_sweep["batch"], step_s=main_sweep["tpot_s"])),
+        F.batch_figure(_batch_frame(main_sweep, est.time_model.name),
                        title=f"Decode against batch: {model.name} on {hw.name}, {g0} generated tokens",
                        critical={f"critical batch, context {p0 + g0:,}": est.regimes.critical_batch,
                                  "linear layers compute-bound": est.regimes.critical_batch_matmul}),
@@ -251,8 +250,18 @@ def _estimate_points(est) -> pd.DataFrame:  # noqa: ANN001
     ops = est.ops_frame()
     with np.errstate(divide="ignore", invalid="ignore"):
         fps = np.where(ops["time_s"] > 0, ops["flops"] / ops["time_s"], 0.0)
-    return pd.DataFrame(dict(phase=ops["phase"], op=ops["op"], kind="roofline", intensity=ops["intensity"],
+    return pd.DataFrame(dict(phase=ops["phase"], op=ops["op"], kind=est.time_model.name, intensity=ops["intensity"],
                              flops_per_s=fps))
+
+
+def _batch_frame(sweep: pd.DataFrame, time_model: str) -> pd.DataFrame:
+    """Decode step against batch: the expected time (`time_model`) and, beside it, the roofline bound."""
+    series = [f"context {p:,}" for p in sweep["prompt_len"]]
+    frames = [pd.DataFrame(dict(series=series, kind=time_model, batch=sweep["batch"], step_s=sweep["tpot_s"]))]
+    if time_model != "roofline":
+        frames.append(pd.DataFrame(dict(series=series, kind="roofline", batch=sweep["batch"],
+                                        step_s=sweep["tpot_bound_s"])))
+    return pd.concat(frames, ignore_index=True)
 
 
 def _context_frame(spec: EstimateSpec, model, hw: HardwareSpec, batch: int, contexts: Sequence[int]) -> pd.DataFrame:  # noqa: ANN001
