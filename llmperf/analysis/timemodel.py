@@ -78,7 +78,7 @@ from typing import Any
 import numpy as np
 
 from llmperf.analysis.collectives import Collectives, load_collectives
-from llmperf.analysis.roofline import Efficiency, Number, OpCost, engine_label, peak_for  # noqa: F401
+from llmperf.analysis.roofline import Efficiency, Number, OpCost, peak_for
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
 
