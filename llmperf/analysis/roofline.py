@@ -18,8 +18,8 @@ decode sum, the regimes, the serving simulator's step prices) goes through `op_t
 
 `ROOFLINE` (e = 1, overhead = 0) is the pure roofline; calibrated or typical models (measured
 fractions of the roofs plus a per-kernel launch overhead, `llmperf.analysis.timemodel`) implement
-the same protocol. A time model may look at the operator's kind and name and at its `rows` (tokens
-through it, `batch * q_len`), but never at the context length: then every decode step's operator
+the same protocol. A time model may look at the operator's kind and name, at its `rows` (tokens
+through it, `batch * q_len`) and at a weight GEMM's shape (`gemm`), but never at the context length: then every decode step's operator
 time stays `max(a + b*ctx, c + d*ctx) + overhead` and the sum over a whole generation keeps its
 closed form (`sum_max_lines`).
 """
@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from llmperf.analysis.gemm import GemmShape
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
 
@@ -63,6 +64,9 @@ class OpCost:
     layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...;
     # kinds joined by `+` where the operator is the same in them: full+full/moe)
     compute_dtype: str | None = None  # its matrix work's format (per-module precision); None: the phase's
+    # a weight GEMM's per-GPU shape (`llmperf.analysis.gemm`: N, K, groups, M per row), which a time model
+    # may price it by; None for every other operator. Per call: `scaled` keeps it as it is
+    gemm: GemmShape | None = None
 
     @property
     def bytes_read(self) -> Number:

@@ -53,6 +53,14 @@ operator's own in `op_floor_s`; `typical` fits them on Vidur's measured small op
 (+ a serial overhead), per launch, flat in the context. It is not the host's launch cost (the
 `overhead_s` above, which an engine pays and a CUDA graph hides); the roofline has none.
 
+A weight GEMM that carries its per-GPU shape (`OpCost.gemm`: N, K, groups, M per row) is priced
+from it when the model has GEMM terms (schema 5: a `gemm:` block, `llmperf.analysis.gemm`; `typical`
+fits them on Vidur's GEMMs, `llmperf.measure.fit_gemm`): tile and wave quantisation, weight streaming,
+a kernel latency, from the device's peak, bandwidth and SM count. The time is handed to `op_time` as
+the efficiencies it implies (`gemm_efficiency`: the compute roof is the tiles' time, the memory roof
+the HBM stream's), so every table that shows efficiencies or bounds stays true; it depends on the
+rows only, never on the context. Other GEMMs (and models without the block) take the per-rows curves.
+
 On a CPU a GEMM's dispatch depends on the path it takes: the engine runs GEMMs of few rows on a
 kernel of llmperf's own (up to 8 fp32 / 4 bf16 rows, bf16 3-16 on AMX; torch's one-row fp32 GEMV
 without them) and everything else on oneDNN's packed one, whose cold call costs up to three times as much
@@ -78,15 +86,17 @@ from typing import Any
 import numpy as np
 
 from llmperf.analysis.collectives import Collectives, load_collectives
-from llmperf.analysis.roofline import Efficiency, Number, OpCost, peak_for
+from llmperf.analysis.gemm import GemmParams, gemm_time_for
+from llmperf.analysis.roofline import MATRIX_KINDS, Efficiency, Number, OpCost, peak_for
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
 
 TIME_MODELS = ("roofline", "typical", "calibrated")
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
-EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes (it measures no device floor)
-# 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`
-READABLE_SCHEMAS = (1, 2, 3, 4)
+EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU (on CUDA, with the device floors: 4)
+# 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`;
+# 5 `gemm` (the GEMM shape model's terms, `llmperf.analysis.gemm`)
+READABLE_SCHEMAS = (1, 2, 3, 4, 5)
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
 # the operators `op_e_memory` may price: vector operators whose bytes never depend on the context
@@ -191,6 +201,9 @@ class EfficiencyTimeModel:
     op_floor_s: Mapping[str, float] = field(default_factory=dict, hash=False)  # operator -> device floor, s
     # collectives priced as latency + bytes / bus bandwidth by GPU count (`typical`); None: the link's bandwidth
     collectives: Collectives | None = field(default=None, hash=False, compare=False)
+    # weight GEMMs priced from their shape (`OpCost.gemm`) with these terms; None: by the matmul kind's curves
+    gemm: GemmParams | None = None
+    compute_dtype: str = ""  # the phase's compute dtype this model prices (the GEMM model's peak); "" : fp16
     engine: str = ""  # the engine profile that set the launch and step terms ("" : none, the roofline)
     graph_max_rows: float = 0.0  # steps of up to this many rows replay as a CUDA graph: no host launch
     # the same model for a prefill (or mixed) step, when the engine prices it differently (`for_phase`)
@@ -239,9 +252,11 @@ class EfficiencyTimeModel:
         return self.terms(cost.kind).overhead_s, "kind"
 
     def efficiency(self, cost: OpCost, hardware: HardwareSpec | None = None,
-                   rows: Number | None = None) -> Efficiency:
+                   rows: Number | None = None, peak: float | None = None) -> Efficiency:
         """The efficiencies of `cost` at `rows` (default: `cost.rows`), and its overhead as a serial
-        `overhead_s` (mode add) or an overlapped `host_s` (mode overlap)."""
+        `overhead_s` (mode add) or an overlapped `host_s` (mode overlap). A weight GEMM with a shape
+        (`OpCost.gemm`), under a model with `gemm` terms, gets the efficiencies its shape implies
+        (`gemm_efficiency`, relative to `peak`: default the one `op_time` uses)."""
         t = self.terms(cost.kind)
         rows = _rows_of(cost, rows)
         overhead, _ = self.overhead_for(cost, rows)
@@ -256,10 +271,58 @@ class EfficiencyTimeModel:
             alpha, e_comm = self.collectives.terms(hardware.name, getattr(cost, "comm_gpus", 0) or 2)
             comm = dict(e_comm=e_comm, comm_latency_s=alpha)
         floor = self.floor_for(cost)
+        e_compute = None
+        if self.gemm is not None and cost.kind == "matmul" and cost.gemm is not None and hardware is not None:
+            e_compute, e_memory = self.gemm_efficiency(cost, hardware, rows, peak)
+        if e_compute is None:
+            e_compute = t.e_compute(rows)
         if self.overhead_mode == "overlap":
-            return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
-        return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, overhead_s=overhead, floor_s=floor,
-                          **comm)
+            return Efficiency(e_compute=e_compute, e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
+        return Efficiency(e_compute=e_compute, e_memory=e_memory, overhead_s=overhead, floor_s=floor, **comm)
+
+    def gemm_peak(self, cost: OpCost, hardware: HardwareSpec) -> float:
+        """The peak `op_time` divides a matmul's FLOPs by: its module's format where the device has
+        units for it, else this model's compute dtype."""
+        dtype = self.compute_dtype or "fp16"
+        if cost.compute_dtype is not None and cost.kind in MATRIX_KINDS and cost.compute_dtype in hardware.peak_tflops:
+            dtype = cost.compute_dtype
+        return peak_for(cost.kind, hardware, dtype)
+
+    def gemm_parts_s(self, cost: OpCost, hardware: HardwareSpec, rows: Number, peak: float) -> tuple[Number, Number]:
+        """One call of a weight GEMM priced from its shape (`llmperf.analysis.gemm`), its element sizes
+        read off the cost (quantised weights and their scales included): (its tiles' time, its HBM
+        stream's time), each never below its own roof; the GEMM takes the larger."""
+        shape, calls = cost.gemm, np.maximum(np.asarray(getattr(cost, "calls", 1.0), dtype=float), 1e-300)
+        flops, nbytes = cost.flops / calls, cost.bytes_total / calls
+        m = np.asarray(shape.m(rows), dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = np.asarray(cost.weight_bytes / calls, dtype=float) / (shape.groups * shape.n * shape.k)
+            a = np.asarray(cost.act_read_bytes / calls, dtype=float) / (m * shape.groups * shape.k)
+        w = np.where(np.isfinite(w) & (w > 0), w, 2.0)
+        a = np.where(np.isfinite(a) & (a > 0), a, 2.0)
+        bw = hardware.mem_bandwidth_bytes_per_s
+        work, stream = gemm_time_for(shape, rows, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw,
+                                     num_sms=int(hardware.num_sms), params=self.gemm, w_bytes=w, a_bytes=a,
+                                     parts=True)
+        return np.maximum(work, flops / peak), np.maximum(stream, nbytes / bw)
+
+    def gemm_efficiency(self, cost: OpCost, hardware: HardwareSpec, rows: Number,
+                        peak: float | None = None) -> tuple[Number, Number] | tuple[None, None]:
+        """(e_compute, e_memory) that make `op_time`'s compute roof the shape model's tile time and its
+        memory roof its HBM stream time (`gemm_parts_s`): their maximum is the GEMM's time, the larger
+        says its bound, and the efficiencies are what the GEMM reaches, so every table that shows them
+        stays true. (None, None) where the device's SM count is unknown (the per-rows curves then)."""
+        if not hardware.num_sms:
+            return None, None
+        peak = self.gemm_peak(cost, hardware) if peak is None else peak
+        calls = np.maximum(np.asarray(getattr(cost, "calls", 1.0), dtype=float), 1e-300)
+        work, stream = self.gemm_parts_s(cost, hardware, rows, peak)
+        flops, nbytes = np.asarray(cost.flops / calls, dtype=float), np.asarray(cost.bytes_total / calls, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e_c = np.where((flops > 0) & (work > 0), flops / (peak * work), 1.0)
+            e_m = np.where((nbytes > 0) & (stream > 0), nbytes / (hardware.mem_bandwidth_bytes_per_s * stream), 1.0)
+        e_c, e_m = np.clip(e_c, 1e-12, 1.0), np.clip(e_m, 1e-12, 1.0)
+        return (float(e_c), float(e_m)) if e_c.ndim == 0 and e_m.ndim == 0 else (e_c, e_m)
 
     def floor_for(self, cost: OpCost) -> float:
         """A kernel's minimum device time for `cost` (per launch): the operator's own (`op_floor_s`),
@@ -271,8 +334,9 @@ class EfficiencyTimeModel:
     def op_time_s(self, cost: OpCost, hardware: HardwareSpec, compute_dtype: str, rows: Number) -> Number:
         """`max(flops / (peak e_c), bytes / (bw e_m), latency + comm / (link e_comm), host) + overhead` at
         `rows`: `llmperf.analysis.roofline.op_time` at given rows."""
-        eff = self.efficiency(cost, hardware, rows)
-        compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * eff.e_compute)
+        peak = peak_for(cost.kind, hardware, compute_dtype)
+        eff = self.efficiency(cost, hardware, rows, peak=peak)
+        compute = cost.flops / (peak * eff.e_compute)
         memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
         calls = getattr(cost, "calls", 1.0)  # an operator scaled to L layers launches L times
         comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
@@ -288,7 +352,7 @@ class EfficiencyTimeModel:
                     overhead_mode=self.overhead_mode, backend=self.backend, op_overhead_s=dict(self.op_overhead_s),
                     op_e_memory={op: c.to_list() for op, c in self.op_e_memory.items()},
                     op_overhead_rows_s={op: c.to_list() for op, c in self.op_overhead_rows.items()},
-                    op_floor_s=dict(self.op_floor_s),
+                    op_floor_s=dict(self.op_floor_s), gemm=None if self.gemm is None else self.gemm.to_dict(),
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
                                    overhead_s=t.overhead_s, floor_s=t.floor_s) for k, t in self.kinds.items()})
 
@@ -392,7 +456,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
         raise SpecError(f"{where}.schema_version: expected one of {', '.join(map(str, READABLE_SCHEMAS))}, "
                         f"got {version!r}")
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
-                          (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"})):
+                          (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}), (5, {"gemm"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -423,6 +487,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 op_overhead_rows_s=parse_op_overhead_rows(raw.get("op_overhead_rows_s") or {},
                                                           f"{where}.op_overhead_rows_s"),
                 op_floor_s=parse_op_floors(raw.get("op_floor_s") or {}, f"{where}.op_floor_s"),
+                gemm=None if raw.get("gemm") is None else GemmParams.parse(raw["gemm"], f"{where}.gemm"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -587,7 +652,7 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
                                backend=backend if ops or by_rows else "",
                                op_e_memory=parsed.get("op_e_memory", {}).get(used, {}), op_overhead_rows=by_rows,
                                op_floor_s=parsed.get("op_floor_s", {}).get(used, {}),
-                               collectives=collectives)
+                               collectives=collectives, gemm=parsed.get("gemm"), compute_dtype=dtype)
 
 
 def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16",

@@ -265,6 +265,7 @@ class Calibration:
     # CPU: dtype -> backend -> op -> [[rows, seconds]] (the packed GEMM path dispatches differently)
     op_overhead_rows_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
     step_overhead_s: float = 0.0
+    floor_s: dict[str, float] = field(default_factory=dict)  # CUDA: kind -> a tiny kernel's device time
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
     notes: list[str] = field(default_factory=list)
@@ -329,11 +330,14 @@ class Calibration:
             for kind in VECTOR_KINDS:
                 kinds[kind] = dict(e_compute=1.0, e_memory=_clean(e_vec),
                                    overhead_s=_clean(self.overhead_s.get(kind, 0.0)))
+                if kind in self.floor_s:
+                    kinds[kind]["floor_s"] = _clean(self.floor_s[kind])
             if self.allreduce:
                 small = min(self.allreduce, key=lambda p: p.size_bytes)
                 kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
             dtypes[dtype] = kinds
-        out = dict(schema_version=EFFICIENCY_SCHEMA, model="calibrated", step_overhead_s=self.step_overhead_s,
+        out = dict(schema_version=4 if self.floor_s else EFFICIENCY_SCHEMA,  # 4: CUDA's device floors
+                   model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
         if self.op_overhead_s:
             out["op_overhead_s"] = _clean_ops(self.op_overhead_s)
@@ -403,6 +407,7 @@ class Calibration:
                                                      "op_overhead_s)")
                                             if self.settings.dispatch_hidden and self.op_overhead_rows_s else None)),
             step_overhead_s=_clean(self.step_overhead_s),
+            floor_s={k: _clean(v) for k, v in self.floor_s.items()},
             op_e_memory_model=dict(VECTOR_SPEC, cache="contiguous",
                                    prefills=[list(p) for p in self.settings.vector_prefills],
                                    reps=self.settings.vector_reps) if self.op_e_memory else None,
@@ -834,6 +839,26 @@ def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
                 embedding=_per_call_s(lambda: F.embedding(ids, table), device))
 
 
+def measure_floors(device: Any, progress: Progress) -> dict[str, float]:
+    """CUDA: a kernel's minimum DEVICE time per vector kind (`floor_s`, efficiency schema 4): one-row
+    operators at a real width (4096, bf16) replayed 20 to a CUDA graph, so no launch gap is counted
+    (`llmperf.measure.gpu_terms`). The engine's RMSNorm is its five kernels; a fused one is faster."""
+    import torch
+    import torch.nn.functional as F
+
+    from llmperf.measure.gpu_terms import _graph_time_s
+
+    progress("kernel device floors (CUDA graph)")
+    x = torch.randn(1, 4096, device=device, dtype=torch.bfloat16)
+    y = torch.randn_like(x)
+    w = torch.ones(4096, device=device, dtype=torch.bfloat16)
+    table = torch.randn(1024, 4096, device=device, dtype=torch.bfloat16)
+    ids = torch.zeros(1, dtype=torch.long, device=device)
+    return dict(elementwise=_graph_time_s(torch, lambda: x + y, copies=20),
+                norm=_graph_time_s(torch, lambda: F.rms_norm(x, (4096,), w, 1e-6), copies=20),
+                embedding=_graph_time_s(torch, lambda: F.embedding(ids, table), copies=20))
+
+
 #: On a CPU, every operator of a real decode step dispatches right after a weight matrix streamed
 #: through the caches, which evicts the interpreter's and the framework's dispatch state: measured on
 #: the 2-core development machine, the engine's RMSNorm at (4, 1024) fp32 took 14 us back to back but
@@ -1195,6 +1220,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
         cal.compute = gemm + measure_attention(s, device, tick)
         cal.notes += notes
         cal.overhead_s = measure_overheads(device, tick)
+        if device.type == "cuda":
+            cal.floor_s = measure_floors(device, tick)
     if s.step_overhead:
         cal.step_overhead_s = measure_step_overhead(device, tick)
     if s.op_overhead:

@@ -5,6 +5,7 @@ the command line (`python -m llmperf.measure.fit_<x> DATA_DIR [--write YAML]`)."
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -43,3 +44,11 @@ def fit_main(argv: Sequence[str] | None, *, prog: str, description: str, root_he
         write(args.write, result)
         print(f"wrote {args.write}")
     return 0
+
+
+def at_least_schema(text: str, version: int) -> str:
+    """`text` (an efficiency YAML) with its top-level `schema_version` raised to `version` where lower
+    (a fit that writes a newer block never lowers what another fit's block needs)."""
+    def bump(m: re.Match) -> str:
+        return f"schema_version: {max(int(m.group(1)), version)}"
+    return re.sub(r"(?m)^schema_version: (\d+)$", bump, text, count=1)

@@ -163,6 +163,31 @@ def test_overlap_mode_on_cuda_fits_device_time_without_subtracting_the_launch(ca
     assert fp32["e_memory"][0][1] <= cpu_fit["e_memory"][0][1] + 1e-9  # t' = t: never a faster fit
 
 
+def test_cuda_device_floors_are_written_as_schema_4_and_priced(cal):
+    """On CUDA calibrate measures each vector kind's device floor (a CUDA graph's replay): the block
+    becomes schema 4 with `floor_s` per kind, and the calibrated time model takes it as the floor."""
+    from dataclasses import replace as dc_replace
+
+    from llmperf.analysis.roofline import OpCost
+    from llmperf.analysis.timemodel import parse_efficiency
+
+    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda"}, floor_s={"norm": 5e-6, "elementwise": 1.5e-6})
+    eff = gpu.fit_terms()
+    assert eff["schema_version"] == 4
+    fp32 = eff["dtypes"]["fp32"]
+    assert fp32["norm"]["floor_s"] == pytest.approx(5e-6) and fp32["elementwise"]["floor_s"] == pytest.approx(1.5e-6)
+    assert "floor_s" not in fp32["embedding"]
+    parsed = parse_efficiency(eff, "local")
+    assert parsed["dtypes"]["fp32"]["norm"].floor_s == pytest.approx(5e-6)
+    assert gpu.provenance()["floor_s"] == {"norm": 5e-6, "elementwise": 1.5e-6}
+    assert cal.fit_terms()["schema_version"] == 3  # a CPU calibration measures none
+    tiny = OpCost(name="attn_norm", kind="norm", act_read_bytes=8.0, rows=1)
+    from llmperf.analysis.timemodel import _from_parsed
+
+    tm = _from_parsed("calibrated", parsed, "fp32", "local", "sdpa")
+    assert tm.floor_for(tiny) == pytest.approx(5e-6)
+
+
 def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
     """Calibrations written before per-operator overheads (efficiency schema 1) load and fall back to
     the per-kind overheads, added to the device time as before."""
