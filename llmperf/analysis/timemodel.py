@@ -272,7 +272,9 @@ class EfficiencyTimeModel:
             comm = dict(e_comm=e_comm, comm_latency_s=alpha)
         floor = self.floor_for(cost)
         e_compute = None
-        if self.gemm is not None and cost.kind == "matmul" and cost.gemm is not None and hardware is not None:
+        # the shape model needs the device's SMs; a datasheet without them takes the kind's curves
+        if (self.gemm is not None and cost.kind == "matmul" and cost.gemm is not None and hardware is not None
+                and getattr(hardware, "num_sms", None)):
             e_compute, e_memory = self.gemm_efficiency(cost, hardware, rows, peak)
         if e_compute is None:
             e_compute = t.e_compute(rows)
