@@ -26,7 +26,8 @@ import numpy as np
 
 from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
 from llmperf.analysis.roofline import (
-    TimeModel, memory_bound, op_time, peak_in_use_flops_per_s, resolve_time_model, step_overhead_s,
+    TimeModel, engine_label, memory_bound, op_time, peak_in_use_flops_per_s, phase_time_model,
+    resolve_time_model, step_overhead_s,
 )
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
@@ -680,7 +681,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     dtype = hw.compute_dtype(precision.activations)
     B, P, G = (np.asarray(x, dtype=float).ravel() for x in (batch, prompt_len, gen_len))
     n = B.size
-    prefill = phase_arrays(fm, hw, B, P, P, pp=pp, compute_dtype=dtype, time_model=tm)
+    prefill = phase_arrays(fm, hw, B, P, P, pp=pp, compute_dtype=dtype, time_model=phase_time_model(tm, "prefill"))
     first = phase_arrays(fm, hw, B, 1.0, P + 1, pp=pp, compute_dtype=dtype, time_model=tm)
     last = phase_arrays(fm, hw, B, 1.0, P + np.maximum(G - 1, 1), pp=pp, compute_dtype=dtype, time_model=tm)
     d_time, d_flops, d_bytes = decode_sums(fm, hw, B, P, G, pp=pp, compute_dtype=dtype, time_model=tm)
@@ -688,6 +689,12 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     has_steps = steps > 0
     e2e = prefill.time_s + d_time
     tpot = np.where(has_steps, d_time / np.maximum(steps, 1), 0.0)
+    if tm.name == "roofline":  # the bound beside the expected time: the same numbers under the roofline
+        ttft_bound, tpot_bound, e2e_bound = prefill.time_s, tpot, e2e
+    else:
+        ttft_bound = phase_arrays(fm, hw, B, P, P, pp=pp, compute_dtype=dtype).time_s
+        d_bound = decode_sums(fm, hw, B, P, G, pp=pp, compute_dtype=dtype)[0]
+        tpot_bound, e2e_bound = np.where(has_steps, d_bound / np.maximum(steps, 1), 0.0), ttft_bound + d_bound
     total_flops = prefill.flops + d_flops
     peak = peak_in_use_flops_per_s(hw, dtype, precision)  # fp8-block / fp4 modules may run faster
     mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G, ep=conv.ep,
@@ -703,10 +710,11 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         attention=conv.attention, attention_flops=conv.attention_flops,
         all_logits=conv.all_logits, fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up,
         mla_mode=conv.mla_mode, kv_window=conv.kv_window,
-        sliding_window=model.sliding_window, time_model=tm.name,
+        sliding_window=model.sliding_window, time_model=tm.name, engine=engine_label(tm),
         batch=B.astype(np.int64), prompt_len=P.astype(np.int64), gen_len=G.astype(np.int64),
         params_total=model.param_count, params_active=model.active_param_count,
         ttft_s=prefill.time_s, tpot_s=tpot, e2e_s=e2e, decode_s=d_time,
+        ttft_bound_s=ttft_bound + 0.0 * B, tpot_bound_s=tpot_bound + 0.0 * B, e2e_bound_s=e2e_bound + 0.0 * B,
         tpot_first_s=np.where(has_steps, first.time_s, 0.0), tpot_last_s=np.where(has_steps, last.time_s, 0.0),
         tokens_per_s=np.where(e2e > 0, B * G / np.where(e2e > 0, e2e, 1), 0.0),
         decode_tokens_per_s=np.where(tpot > 0, B / np.where(tpot > 0, tpot, 1), 0.0),

@@ -180,6 +180,23 @@ def step_overhead_s(time_model: TimeModel | None) -> float:
     return float(getattr(time_model, "step_overhead_s", 0.0) or 0.0)
 
 
+def engine_label(time_model: object) -> str:
+    """The engine profile a time model names: its `engine`, "llmperf" for a CPU's calibration (llmperf's
+    own engine measured), "none" for the roofline (the bound: no engine)."""
+    engine = getattr(time_model, "engine", "")
+    if engine:
+        return engine
+    return "none" if getattr(time_model, "name", "roofline") == "roofline" else "llmperf"
+
+
+def phase_time_model(time_model: TimeModel | None, phase: str) -> TimeModel | None:
+    """The time model for a step of `phase` (decode, prefill, mixed, verify): an engine may price a
+    prefill differently from a decode step (a CUDA graph replays only the decode step); a time model
+    without `for_phase` prices every step alike."""
+    for_phase = getattr(time_model, "for_phase", None)
+    return for_phase(phase) if for_phase is not None else time_model
+
+
 def resolve_time_model(time_model: TimeModel | None, hardware: HardwareSpec | None = None,
                        compute_dtype: str | None = None) -> TimeModel:
     """`None` -> the pure roofline; a `TimeModel` as it is; a factory `f(hardware, compute_dtype)`

@@ -111,7 +111,7 @@ def roofline_figure(points: pd.DataFrame, ceilings: Sequence[Ceiling], *, title:
                     label_ops: bool = True) -> ReportFigure:
     """Operators at their arithmetic intensity (FLOP/B) and attained FLOP/s, under the device's roofs.
 
-    `points`: columns phase, op, kind ('roofline' | 'calibrated' | 'measured'), intensity, flops_per_s.
+    `points`: columns phase, op, kind ('roofline' | 'typical' | 'calibrated' | 'measured'), intensity, flops_per_s.
     Rows without FLOPs or bytes (nothing to place on a log axis) are left out and counted.
     """
     _require(points, ("phase", "op", "kind", "intensity", "flops_per_s"), "roofline")
@@ -129,7 +129,7 @@ def roofline_figure(points: pd.DataFrame, ceilings: Sequence[Ceiling], *, title:
             ax.plot(grid, np.minimum(c.peak_flops_per_s, c.bandwidth_bytes_per_s * grid), style,
                     color=color, linewidth=1.6 - 0.3 * min(i, 2), label=f"{c.label} (ridge {c.ridge_point:,.1f} FLOP/B)")
             ax.axvline(c.ridge_point, color=color, linestyle=":", linewidth=0.8)
-        kinds = [k for k in ("roofline", "calibrated", "measured") if k in set(shown["kind"])]
+        kinds = [k for k in ("roofline", "typical", "calibrated", "measured") if k in set(shown["kind"])]
         phases = list(dict.fromkeys(shown["phase"]))
         for (phase, kind), grp in shown.groupby(["phase", "kind"], sort=False):
             ax.plot(grp["intensity"], grp["flops_per_s"], linestyle="none", markersize=6, alpha=0.9,
@@ -151,7 +151,8 @@ def roofline_figure(points: pd.DataFrame, ceilings: Sequence[Ceiling], *, title:
         if ceilings:
             ax.add_artist(ax.legend(loc="lower right", frameon=False))
         handles = [Patch(color=phase_color(p), label=p) for p in phases]
-        names = {"measured": "measured", "roofline": "predicted (roofline)", "calibrated": "predicted (calibrated)"}
+        names = {"measured": "measured", "roofline": "predicted (roofline)", "typical": "predicted (typical)",
+                 "calibrated": "predicted (calibrated)"}
         handles += [Line2D([], [], linestyle="none", markersize=6, label=names[k], **marker_style(k, BLACK))
                     for k in kinds]
         ax.legend(handles=handles, loc="upper left", frameon=False)
@@ -210,7 +211,7 @@ def batch_figure(frame: pd.DataFrame, *, title: str, critical: Mapping[str, int 
                  ) -> ReportFigure:
     """Decode step time and decode tokens/s against batch.
 
-    `frame`: columns series (e.g. 'context 512'), kind ('roofline' | 'calibrated' | 'measured'),
+    `frame`: columns series (e.g. 'context 512'), kind ('roofline' | 'typical' | 'calibrated' | 'measured'),
     batch, step_s. `critical`: label -> batch at which decode turns compute-bound (vertical lines)."""
     _require(frame, ("series", "kind", "batch", "step_s"), "batch sweep")
     data = frame.assign(tokens_per_s=frame["batch"] / frame["step_s"])
@@ -222,7 +223,7 @@ def batch_figure(frame: pd.DataFrame, *, title: str, critical: Mapping[str, int 
             for kind, grp in data[data["series"] == s].groupby("kind", sort=False):
                 grp = grp.sort_values("batch")
                 style = marker_style(str(kind), series_color(i))
-                ls = "-" if kind == "roofline" else ("--" if kind == "calibrated" else "none")
+                ls = "-" if kind == "roofline" else ("none" if kind == "measured" else "--")  # a time model: dashed
                 label = f"{s}, {'measured' if kind == 'measured' else f'predicted ({kind})'}"
                 ax_t.plot(grp["batch"], grp["step_s"] / scale, linestyle=ls, color=series_color(i),
                           markersize=4, label=label, **style)

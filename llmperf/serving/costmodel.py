@@ -29,7 +29,8 @@ Its time is priced from the same operator costs as `llmperf.estimate` (`ForwardM
   `time_model`, whose efficiencies depend on the operator and its rows `T`, never on the context);
   the time of everything outside attention is cached per `T` (vectorised over blocks of `T`);
 - a calibrated time model's `step_overhead_s` (the host's fixed cost per engine step: sampling,
-  bookkeeping) is added once per step.
+  bookkeeping) is added once per step; a step with a prefill chunk is priced with the time model's
+  prefill terms (`for_phase("prefill")`: its engine's eager launches and prefill step overhead).
 
 So a static batch (B prompts of P tokens, then decode steps at contexts P+1, P+2, ...) is priced
 exactly as `estimate` prices it (tested), and a mixed step adds its prefill chunks and decode tokens.
@@ -334,6 +335,19 @@ class StepCostModel:
         return self.step_time_from_features(int(q.sum()), self.features(q, kv), logit_rows)
 
     @property
+    def prefill_costs(self) -> StepCostModel:
+        """This model for a step with a prefill chunk (a token count above its logit rows): the time
+        model's prefill terms where its engine prices them apart (a CUDA graph replays only decode
+        steps), else this model itself."""
+        pre = getattr(self, "_prefill_costs", None)
+        if pre is None:
+            for_phase = getattr(self.time_model, "for_phase", None)
+            tm = for_phase("prefill") if for_phase is not None else self.time_model
+            pre = self if tm is self.time_model else replace(self, time_model=tm)
+            self._prefill_costs = pre
+        return pre
+
+    @property
     def step_overhead_s(self) -> float:
         """The host's fixed cost per engine step outside the forward pass (sampling, bookkeeping),
         from a calibrated time model (0 for the roofline)."""
@@ -344,6 +358,8 @@ class StepCostModel:
         4 per group, `features`)."""
         if tokens <= 0:
             return 0.0
+        if tokens > logit_rows and self.prefill_costs is not self:  # a prefill chunk: the engine's prefill terms
+            return self.prefill_costs.step_time_from_features(tokens, features, logit_rows)
         return (self.dense_time_s(tokens) + self.attention_time_s(features) + self.head_time_s(logit_rows)
                 + self.step_overhead_s)
 
