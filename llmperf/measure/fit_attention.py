@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,7 @@ import pandas as pd
 
 from llmperf.analysis.attention_eff import PARAMS, AttentionEfficiency, AttnShape
 from llmperf.errors import SpecError
-from llmperf.measure.fitting import error_line, error_table, fit_main
+from llmperf.measure.fitting import error_line, error_table, fit_main, nelder_mead
 
 HARDWARE = "h100-sxm"
 KERNEL_SHAPE = dict(heads=32, kv_heads=8, head_dim=128)  # llmperf.measure.kernel_bench's H, H_KV, HEAD_DIM
@@ -78,13 +78,17 @@ def load_kernels(path: Path | str) -> pd.DataFrame:
 def load_sweep(path: Path | str) -> pd.DataFrame:
     """An attention sweep (`phase,batch,q_len,context,heads,kv_heads,head_dim,dtype,impl,time_s`), with
     llmperf's FLOPs and bytes of each shape (fused, causal)."""
+    return sweep_frame(pd.read_csv(path), str(path))
+
+
+def sweep_frame(df: pd.DataFrame, where: str = "the sweep") -> pd.DataFrame:
+    """`load_sweep` of rows already read (`llmperf calibrate` times its own)."""
     from llmperf.analysis import attention_cost
 
-    df = pd.read_csv(path)
     need = ("phase", "batch", "q_len", "context", "heads", "kv_heads", "head_dim", "dtype", "time_s")
     missing = [c for c in need if c not in df.columns]
     if missing:
-        raise ValueError(f"{path}: an attention sweep needs column {missing[0]!r}")
+        raise ValueError(f"{where}: an attention sweep needs column {missing[0]!r}")
     df = df[np.isfinite(df["time_s"].astype(float)) & (df["time_s"].astype(float) > 0)].copy()
     if "impl" not in df:
         df["impl"] = "sdpa"
@@ -125,44 +129,15 @@ def _device(hardware: str = HARDWARE) -> tuple[float, float, int]:
     return hw.peak_flops_per_s("bf16"), hw.mem_bandwidth_bytes_per_s, int(hw.num_sms or 132)
 
 
-def predict(model: AttentionEfficiency, df: pd.DataFrame, hardware: str = HARDWARE) -> np.ndarray:
-    peak, bw, sms = _device(hardware)
+def predict(model: AttentionEfficiency, df: pd.DataFrame, hardware: str = HARDWARE,
+            device: tuple[float, float, int] | None = None) -> np.ndarray:
+    """Seconds of every row on `hardware`'s datasheet, or on `device` = (peak, bandwidth, SMs)."""
+    peak, bw, sms = _device(hardware) if device is None else device
     shape = AttnShape(batch=df["batch"].to_numpy(), q_len=df["q_len"].to_numpy(), context=df["context"].to_numpy(),
                       heads=df["heads"].to_numpy(), kv_heads=df["kv_heads"].to_numpy(),
                       head_dim=df["head_dim"].to_numpy())
     return np.asarray(model.time_s(df["flops"].to_numpy(), df["bytes"].to_numpy(), shape, peak, bw, sms),
                       dtype=float)
-
-
-def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.3, iters: int = 3000
-                 ) -> np.ndarray:
-    """Minimise `f` from `x0` (the textbook simplex: reflect, expand, contract, shrink)."""
-    n = len(x0)
-    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
-    values = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(values)
-        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-        if abs(values[-1] - values[0]) < 1e-10:
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        xr = centroid + (centroid - simplex[-1])
-        fr = f(xr)
-        if fr < values[0]:
-            xe = centroid + 2 * (centroid - simplex[-1])
-            fe = f(xe)
-            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = xr, fr
-        else:
-            xc = centroid + 0.5 * (simplex[-1] - centroid)
-            fc = f(xc)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = xc, fc
-            else:
-                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
-                values = [f(x) for x in simplex]
-    return simplex[int(np.argmin(values))]
 
 
 def _with(terms: dict[str, float]) -> AttentionEfficiency | None:
@@ -175,8 +150,9 @@ def _with(terms: dict[str, float]) -> AttentionEfficiency | None:
     return AttentionEfficiency(**kw)
 
 
-def fit(df: pd.DataFrame) -> AttentionEfficiency:
-    """The terms minimising mean |log(pred / meas)| over `df`, each phase weighted equally."""
+def fit(df: pd.DataFrame, device: tuple[float, float, int] | None = None) -> AttentionEfficiency:
+    """The terms minimising mean |log(pred / meas)| over `df`, each phase weighted equally; against
+    `device` = (peak, bandwidth, SMs) when not the H100's datasheet (a calibration's own ceilings)."""
     names = list(FITTED) + (["head_dim_half"] if df["head_dim"].nunique() > 1 else [])
     for n in list(names):  # a term the rows cannot move (no decode with g q near the tile) stays at its prior
         if n == "cta_half" and not (df["phase"] == "prefill").any():
@@ -189,10 +165,10 @@ def fit(df: pd.DataFrame) -> AttentionEfficiency:
         m = _with(dict(zip(names, np.exp(x))))
         if m is None:
             return 1e9
-        return float(np.sum(w * np.abs(np.log(predict(m, df) / meas))))
+        return float(np.sum(w * np.abs(np.log(predict(m, df, device=device) / meas))))
 
-    x = _nelder_mead(loss, x0)
-    x = _nelder_mead(loss, x)  # a restart from the first optimum escapes a collapsed simplex
+    x = nelder_mead(loss, x0, iters=3000, tol=1e-10)
+    x = nelder_mead(loss, x, iters=3000, tol=1e-10)  # a restart from the first optimum escapes a collapsed simplex
     terms = {n: float(f"{v:.3g}") for n, v in zip(names, np.exp(x))}
     return _with(terms) or PRIOR
 
