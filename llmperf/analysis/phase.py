@@ -78,11 +78,11 @@ class PhaseEstimate:
 
     @property
     def bound(self) -> str:
-        """'memory', 'comm' or 'compute': the roof under which at least half the phase's time is spent
-        (`rollup.phase_bound`, the same rule as every summary and sweep row)."""
+        """'memory', 'comm' or 'compute': the roof under which the largest share of the phase's
+        operator time is spent (`rollup.phase_bound`, the same rule as every summary and sweep row)."""
         mem = sum(o.time_s for o in self.ops if o.bound == "memory")
         comm = sum(o.time_s for o in self.ops if o.cost.kind == "comm" and o.bound == "comm")
-        return phase_bound(float(mem), self.time_s, float(comm))
+        return phase_bound(float(mem), float(sum(o.time_s for o in self.ops)), float(comm))
 
     @property
     def achieved_flops_per_s(self) -> float:

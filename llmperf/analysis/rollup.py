@@ -165,6 +165,7 @@ class PhaseArrays:
     bytes_total: np.ndarray
     memory_bound_s: np.ndarray  # time spent in memory-bound operators
     comm_bound_s: np.ndarray | float = 0.0  # time spent in interconnect-bound operators (collectives)
+    op_time_s: np.ndarray | None = None  # the operators' time alone (no step overhead, no pipeline sends)
 
     @property
     def intensity(self) -> np.ndarray:
@@ -172,16 +173,19 @@ class PhaseArrays:
 
     @property
     def bound(self) -> np.ndarray:
-        return phase_bound(self.memory_bound_s, self.time_s, self.comm_bound_s)
+        return phase_bound(self.memory_bound_s, self.time_s if self.op_time_s is None else self.op_time_s,
+                           self.comm_bound_s)
 
 
 def phase_bound(memory_bound_s, time_s, comm_bound_s=0.0):  # noqa: ANN001, ANN201
-    """The one phase rule: 'memory' when at least half the time is in memory-bound operators, 'comm'
-    when at least half is in interconnect-bound ones (a tensor-parallel decode step of many layers
-    whose all-reduces are latency-bound), else 'compute'."""
-    half = 0.5 * np.asarray(time_s)
-    out = np.where(np.asarray(memory_bound_s) >= half, "memory",
-                   np.where(np.asarray(comm_bound_s) >= half, "comm", "compute"))
+    """The one phase rule: the roof under which the largest share of the phase's OPERATOR time is
+    spent: 'memory' (memory-bound operators), 'comm' (interconnect-bound ones: a tensor-parallel
+    decode step of many layers whose all-reduces are latency-bound) or 'compute' (the rest); at least
+    half always wins. `time_s` is the operators' time: an engine's fixed step cost is host time, under
+    no roof, so it is not counted (it would otherwise turn a memory-bound step 'compute')."""
+    mem, comm = np.asarray(memory_bound_s, dtype=float), np.asarray(comm_bound_s, dtype=float)
+    rest = np.asarray(time_s, dtype=float) - mem - comm
+    out = np.where((mem >= comm) & (mem >= rest), "memory", np.where(comm >= rest, "comm", "compute"))
     return str(out) if out.ndim == 0 else out
 
 
@@ -206,10 +210,11 @@ def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp
                  time_model: TimeModel | None = None) -> PhaseArrays:
     """Time, FLOPs, bytes and memory-bound time of one forward pass, for array arguments."""
     time = pipeline_transfer_s(fm, hw, batch, q_len, pp, time_model) + 0.0 * kv_len + step_overhead_s(time_model)
-    flops = nbytes = mem_time = comm_time = 0.0
+    flops = nbytes = mem_time = comm_time = op_time_s = 0.0
     for c in fm.forward_ops(batch, q_len, kv_len):
         t = op_time(c, hw, compute_dtype, time_model)
         time = time + t.time_s
+        op_time_s = op_time_s + t.time_s
         flops = flops + c.flops
         nbytes = nbytes + c.bytes_total
         mem_time = mem_time + np.where(memory_bound(t.compute_s, t.memory_s, t.comm_s), t.time_s, 0.0)
@@ -217,7 +222,7 @@ def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp
             comm_time = comm_time + np.where(t.comm_s > np.maximum(t.compute_s, t.memory_s), t.time_s, 0.0)
     f = lambda x: np.asarray(x, dtype=float) + 0.0 * time  # noqa: E731
     return PhaseArrays(time_s=f(time), flops=f(flops), bytes_total=f(nbytes), memory_bound_s=f(mem_time),
-                       comm_bound_s=f(comm_time))
+                       comm_bound_s=f(comm_time), op_time_s=f(op_time_s))
 
 
 def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, *, pp: int,  # noqa: ANN001, ANN201

@@ -44,7 +44,7 @@ COLUMNS: dict[str, str] = {
     "decode_flops": "FLOP per tensor-parallel rank, all stages, all steps",
     "decode_bytes": "bytes per tensor-parallel rank, all stages, all steps",
     "total_flops": "FLOP per tensor-parallel rank, all stages", "total_bytes": "bytes per tensor-parallel rank, all stages",
-    "peak_fraction": "achieved FLOP/s per GPU / dense peak (total_flops / e2e_s / (pp * peak))", "prefill_intensity": "FLOP/B", "prefill_bound": "memory | compute | comm (where at least half the time is)",
+    "peak_fraction": "achieved FLOP/s per GPU / dense peak (total_flops / e2e_s / (pp * peak))", "prefill_intensity": "FLOP/B", "prefill_bound": "memory | compute | comm (where the largest share of the operators' time is)",
     "decode_intensity": "FLOP/B, first decode step", "decode_bound": "memory | compute | comm, first decode step",
     "compute_dtype": "format the matrix units run", "ridge_point": "peak / bandwidth, FLOP/B",
     "weights_gib": "weights on the most loaded GPU, GiB", "kv_bytes_per_token": "KV bytes per token per GPU",
