@@ -78,6 +78,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from llmperf.analysis.attention_eff import AttnShape
 from llmperf.analysis.gemm import GemmShape
 from llmperf.analysis.roofline import Number, OpCost
 from llmperf.errors import SpecError
@@ -217,8 +218,12 @@ def attention_core(batch: Number, q_len: Number, kv_len: Number, *, shape: Atten
         extra = (SOFTCAP_FLOPS * B * H * executed if softcap else 0.0) + (SINK_FLOPS * B * H * q_len if sinks else 0.0)
         counts = {"act_read_bytes": q_bytes, "kv_read_bytes": 0.0}
         counts[kv_field] = counts[kv_field] + B * keys * s.union_elems * kv_el
+        # its shape on this GPU, for a time model that prices fused attention by shape (the context is
+        # the keys it reads: a sliding layer's window)
+        attn = AttnShape(batch=B, q_len=q_len, context=keys, heads=H, kv_heads=s.k_elems // s.qk_dim,
+                         head_dim=s.qk_dim)
         return [OpCost(name="attention", kind="attention", flops=2 * B * H * executed * (s.qk_dim + s.v_dim) + extra,
-                       act_write_bytes=o_bytes, rows=rows, **counts)]
+                       act_write_bytes=o_bytes, rows=rows, attn=attn, **counts)]
     cols = keys + 1 if sinks else keys  # the sink is one more column of S and P
     s_bytes = B * H * q_len * cols * act_bytes  # the materialised score / probability matrix
     score = {"act_read_bytes": q_bytes, "kv_read_bytes": 0.0}
@@ -924,4 +929,7 @@ def _where(mask: Number, a: OpCost, b: OpCost | None) -> OpCost:
     fields = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
               "comm_bytes", "rows", "calls")
     vals = {f: np.where(mask, getattr(a, f), 0.0 if b is None else getattr(b, f)) for f in fields}
+    if a.attn is not None and b is not None and b.attn is not None:  # each row its own form's shape
+        vals["attn"] = AttnShape(**{f: np.where(mask, getattr(a.attn, f), getattr(b.attn, f))
+                                    for f in ("batch", "q_len", "context", "heads", "kv_heads", "head_dim")})
     return replace(a, **vals)

@@ -269,6 +269,9 @@ class Calibration:
     # CUDA: GEMMs by shape (dtype, m, n, k, seconds) and the shape model's terms fitted on them
     gemm_shapes: list[tuple[str, int, int, int, float]] = field(default_factory=list)
     gemm: dict[str, Any] | None = None
+    # CUDA: fused attention (SDPA) by shape and its terms (`llmperf.analysis.attention_eff`) fitted on them
+    attention_shapes: list[dict[str, Any]] = field(default_factory=list)
+    attention_eff: dict[str, Any] | None = None
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
     notes: list[str] = field(default_factory=list)
@@ -339,7 +342,8 @@ class Calibration:
                 small = min(self.allreduce, key=lambda p: p.size_bytes)
                 kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
             dtypes[dtype] = kinds
-        schema = 5 if self.gemm else 4 if self.floor_s else EFFICIENCY_SCHEMA  # CUDA: 4 floors, 5 GEMM shapes
+        # CUDA: 4 with the device floors, 5 with the GEMM and attention shape terms
+        schema = 5 if self.gemm or self.attention_eff else 4 if self.floor_s else EFFICIENCY_SCHEMA
         out = dict(schema_version=schema, model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
         if self.op_overhead_s:
@@ -357,6 +361,8 @@ class Calibration:
                                   for d, ops in self.op_e_memory.items() if d in dtypes}
         if self.gemm:
             out["gemm"] = dict(self.gemm)
+        if self.attention_eff:
+            out["attention_eff"] = {"default": dict(self.attention_eff)}
         out["dtypes"] = dtypes
         return out
 
@@ -414,6 +420,8 @@ class Calibration:
             step_overhead_s=_clean(self.step_overhead_s),
             floor_s={k: _clean(v) for k, v in self.floor_s.items()},
             gemm_shapes=[dict(dtype=d, m=m, n=n, k=k, seconds=_clean(t)) for d, m, n, k, t in self.gemm_shapes],
+            attention_shapes=[{k: _clean(v) if isinstance(v, float) else v for k, v in r.items()}
+                              for r in self.attention_shapes],
             op_e_memory_model=dict(VECTOR_SPEC, cache="contiguous",
                                    prefills=[list(p) for p in self.settings.vector_prefills],
                                    reps=self.settings.vector_reps) if self.op_e_memory else None,
@@ -893,6 +901,51 @@ def fit_gemm_shapes(cal: Calibration) -> dict[str, Any] | None:
     return params.to_dict()
 
 
+def measure_attention_shapes(device: Any, progress: Progress) -> list[dict[str, Any]]:
+    """CUDA: SDPA (bf16, causal prefill and one-token decode) over head dims 64 and 128, MHA and 4
+    query heads per KV head, contexts 512-32k and batches 1-64 (`llmperf.measure.gpu_terms`): what the
+    fused-attention shape model (`llmperf.analysis.attention_eff`) is fitted on for this device."""
+    import torch
+    import torch.nn.functional as F
+
+    from llmperf.measure.gpu_terms import _bench_s
+
+    out: list[dict[str, Any]] = []
+    heads, bf16 = 32, torch.bfloat16
+    for hd in (64, 128):
+        progress(f"attention shapes, head dim {hd}")
+        for kvh in (32, 8):
+            for phase, batch, ctx in ([("prefill", 1, c) for c in (512, 2048, 8192)]
+                                      + [("decode", b, c) for b in (1, 8, 64) for c in (512, 4096, 32768)]):
+                q_len = ctx if phase == "prefill" else 1
+                if batch * ctx * kvh * hd * 4 > 8e9:  # K + V over 8 GB
+                    continue
+                q = torch.randn(batch, heads, q_len, hd, device=device, dtype=bf16)
+                k = torch.randn(batch, kvh, ctx, hd, device=device, dtype=bf16)
+                v = torch.randn_like(k)
+                t = _bench_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=phase == "prefill",
+                                                                    enable_gqa=True))
+                out.append(dict(phase=phase, batch=batch, q_len=q_len, context=ctx, heads=heads, kv_heads=kvh,
+                                head_dim=hd, dtype="bf16", impl="sdpa", time_s=t))
+                del q, k, v
+    return out
+
+
+def fit_attention_shapes(cal: Calibration) -> dict[str, Any] | None:
+    """The fused-attention shape model's terms fitted on `cal.attention_shapes` against the calibration's
+    own ceilings (bf16 peak, bandwidth, SMs); None without points."""
+    if not cal.attention_shapes or cal.peak_flops_per_s("bf16") <= 0:
+        return None
+    import pandas as pd
+
+    from llmperf.measure.fit_attention import fit, sweep_frame
+
+    sms = int(cal.device.get("sms") or (cal.datasheet.num_sms if cal.datasheet else 132))
+    df = sweep_frame(pd.DataFrame(cal.attention_shapes), "calibrate")
+    terms = fit(df, (cal.peak_flops_per_s("bf16"), cal.memory_bytes_per_s(), sms)).to_dict()
+    return dict(terms, source=f"{CALIBRATION_TOOL}, {cal.created}: SDPA over {len(df)} shapes")
+
+
 def measure_floors(device: Any, progress: Progress) -> dict[str, float]:
     """CUDA: a kernel's minimum DEVICE time per vector kind (`floor_s`, efficiency schema 4): one-row
     operators at a real width (4096, bf16) replayed 20 to a CUDA graph, so no launch gap is counted
@@ -1278,6 +1331,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
             cal.floor_s = measure_floors(device, tick)
             cal.gemm_shapes = measure_gemm_shapes(cal.measured_dtypes(), device, tick)
             cal.gemm = fit_gemm_shapes(cal)
+            cal.attention_shapes = measure_attention_shapes(device, tick)
+            cal.attention_eff = fit_attention_shapes(cal)
     if s.step_overhead:
         cal.step_overhead_s = measure_step_overhead(device, tick)
     if s.op_overhead:

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.gemm import GemmParams, gemm_time_s
-from llmperf.measure.fitting import at_least_schema, error_line, error_table
+from llmperf.measure.fitting import at_least_schema, error_line, error_table, nelder_mead
 
 #: Vidur's GEMM column -> llmperf's operator
 OPS = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj", "mlp_up_proj": "gate_up_proj",
@@ -115,35 +115,6 @@ def _params(x: np.ndarray) -> GemmParams:
     return GemmParams(e_peak=min(v[0], 1.0), e_memory=min(v[1], 1.0), latency_s=v[2], feed_flop_per_byte=v[3])
 
 
-def nelder_mead(f, x0: np.ndarray, step: float = 0.3, iters: int = 600, tol: float = 1e-7) -> np.ndarray:  # noqa: ANN001
-    """Minimise `f` from `x0` (the textbook simplex: reflect, expand, contract, shrink)."""
-    pts = [x0] + [x0 + step * e for e in np.eye(len(x0))]
-    vals = [f(p) for p in pts]
-    for _ in range(iters):
-        order = np.argsort(vals)
-        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
-        if vals[-1] - vals[0] < tol:
-            break
-        c = np.mean(pts[:-1], axis=0)
-        r = c + (c - pts[-1])
-        fr = f(r)
-        if fr < vals[0]:
-            e = c + 2 * (c - pts[-1])
-            fe = f(e)
-            pts[-1], vals[-1] = (e, fe) if fe < fr else (r, fr)
-        elif fr < vals[-2]:
-            pts[-1], vals[-1] = r, fr
-        else:
-            ct = c + 0.5 * (pts[-1] - c)
-            fc = f(ct)
-            if fc < vals[-1]:
-                pts[-1], vals[-1] = ct, fc
-            else:
-                pts = [pts[0] + 0.5 * (p - pts[0]) for p in pts]
-                vals = [f(p) for p in pts]
-    return pts[int(np.argmin(vals))]
-
-
 def fit(df: pd.DataFrame, devices: tuple | None = None,
         source: str = "fit_gemm on Vidur's A100 Llama-2-7B / Meta-Llama-3-8B GEMMs (fp16, TP 1-8)") -> GemmParams:
     """The terms minimising the octave-weighted mean |log(pred / meas)| over `df`'s rows. `devices`:
@@ -159,7 +130,7 @@ def fit(df: pd.DataFrame, devices: tuple | None = None,
 
     x = np.log([START[f] for f in GemmParams.FIELDS])
     for _ in range(3):  # restart from the best point: the simplex collapses early on this surface
-        x = nelder_mead(loss, x)
+        x = nelder_mead(loss, x, iters=600, tol=1e-7)
     p = _params(x)
     return GemmParams(**{f: float(f"{getattr(p, f):.3g}") for f in GemmParams.FIELDS}, source=source)
 
