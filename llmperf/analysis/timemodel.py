@@ -567,6 +567,7 @@ class EngineProfile:
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> EngineProfile:
+        """From a profile's mapping; a bad or unknown field raises one line naming it (`where`.field)."""
         if not isinstance(raw, Mapping):
             raise SpecError(f"{where}: expected a mapping with {', '.join(_ENGINE_FIELDS)}, got {raw!r}")
         unknown = sorted(set(raw) - set(_ENGINE_FIELDS))
@@ -622,10 +623,12 @@ class EngineProfile:
 
 
 def engines_path() -> Path:
+    """The folder of the built-in engine profiles (`models_spec/engines/`)."""
     return Path(str(resources.files("models_spec").joinpath("engines")))
 
 
 def engine_names() -> list[str]:
+    """The names `--engine` accepts: one per profile file."""
     return sorted(p.stem for p in engines_path().glob("*.yaml"))
 
 
@@ -643,6 +646,7 @@ def load_engine(name: str) -> EngineProfile:
 
 
 def is_cpu(hardware: HardwareSpec) -> bool:
+    """Whether `hardware` is a CPU (its vendor or variant says so): no typical terms, no engine profile."""
     return hardware.vendor.lower() == "cpu" or "cpu" in (hardware.variant or "").lower().split()
 
 
