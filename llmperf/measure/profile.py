@@ -432,12 +432,12 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
     middle decode step (context prompt + gen / 2)."""
     import torch
 
-    from llmperf.engine.model import Linear, packed_min_rows, resolve_layout
+    from llmperf.engine.ops import ops_for
     from llmperf.measure.timers import time_fn
 
     device, dtype = model.device, model.dtype
-    in_out = resolve_layout("auto", dtype, device)
-    linear = Linear(in_out, packed_min_rows(dtype, device))  # the engine's GEMM: packed where it packs
+    in_out = False  # the engine stores (out, in) on every device
+    linear = ops_for(device, dtype).linear  # the engine's GEMM: packed where it packs
     elem = torch.empty((), dtype=dtype).element_size()
     rows_out = []
     shapes = [(Phase.prefill, prompt_len, prompt_len), (Phase.decode, 1, prompt_len + max(gen_len // 2, 1))]
