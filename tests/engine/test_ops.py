@@ -73,3 +73,22 @@ def test_torch_ops_and_cpu_ops_give_the_same_logits(kind, dtype):
         plain = [o.tokens for o in Engine(model).generate(prompts, params)]
         model.set_ops(cpu)
         assert [o.tokens for o in Engine(model).generate(prompts, params)] == plain
+
+
+def test_the_transposed_copy_is_private_and_follows_its_weight():
+    """fp32 at one row without llmperf's GEMM reads a transposed copy (torch's faster GEMV); the
+    parameter keeps its `(out, in)` layout, and a weight changed in place is read, not a stale copy."""
+    from llmperf.engine.cpu import kernels
+
+    model = make_model("llama")
+    spec = model.spec
+    tokens = torch.tensor([[3]])
+    with kernels.disabled(), torch.no_grad():
+        model(tokens)
+        assert any(kind == "t" for kind, _ in model.ops._packs)
+        model.layers[0].qkv_weight.mul_(2.0)
+        ours = model(tokens)
+        model.set_ops(TorchOps())
+        theirs = model(tokens)
+    assert model.layers[0].qkv_weight.shape == (spec.q_size + 2 * spec.kv_size, spec.hidden_size)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)

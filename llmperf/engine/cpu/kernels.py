@@ -24,9 +24,8 @@ What made it: prefetching the next block of R weight rows into L2 while reading 
 23.2 -> 28.3-30.1 GB/s, fp32 8 rows 18.5 -> 24.8-25.1; a prefetch 1 KiB ahead within the row gained
 nothing at one bf16 row).
 
-So the engine runs it up to `ROWS` rows: fp32 1-8 (packed from 9), bf16 1-4, or 1-2 where the AMX
-GEMM runs (below), with fp32 weights stored `(out, in)` where the kernels are available
-(`ops.CpuOps`; the weights are `(out, in)` everywhere). In the engine, decode step /
+So the engine's CPU ops (`ops.CpuOps`) run it up to `ROWS` rows: fp32 1-8 (packed from 9), bf16
+1-4, or 1-2 where the AMX GEMM runs (below), on the model's `(out, in)` weights. In the engine, decode step /
 memory limit with the GEMMs of 2-8 rows on it against the library, alternated in one run (RMSNorm and
 RoPE kernels on in both): fp32 batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65
 -> 0.77; bf16 batch 2 0.64 -> 0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times
