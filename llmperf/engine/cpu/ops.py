@@ -12,27 +12,14 @@ Every GEMM of R rows (B*T), in this order (`llmperf.engine.paths` describes the 
 - below that, torch: at one fp32 row the matrix-vector product on a transposed `(in, out)` copy
   (`GEMV_ROWS`; torch's GEMV reads it faster than `F.linear` reads `(out, in)`), else `F.linear`.
 
-Measured 2026-11-23 on a 2-core Xeon (AVX-512, AVX512_BF16, AMX; torch 2.13 CPU): the four
-projections of 12 layers of a 1024-wide Llama, GB/s of weights read, median of 5 (spread within 5%):
-
-                 F.linear (out, in)   x @ W (in, out)   oneDNN packed
-    fp32  1 row        24.4               25.3              21.6
-    fp32  8 rows       10.0               12.6              16.5
-    bf16  1 row        12.8                8.6              18.4
-    bf16  8 rows       13.1               10.5              17.1
-
-The kernels' own figures (25-29 GB/s at one bf16 row, 25 at 8 fp32 rows, AMX 25-27 at 8 bf16 rows)
-are in `kernels`' docstring; `reports/engine/2026-11-25-cpu-seam/` measures the whole decode step
-against torch eager and `torch.compile`. The copies are the price: a bf16 model on an AMX CPU holds
-its weights three times (as built, for AMX, for oneDNN), fp32 twice (three times without the
-kernels: the transposed copy too). Copies are made on first use and remade when a weight changes
-(its version counter or storage); an inference tensor has no version counter: changing one in place
-needs `clear()`.
-
-A Llama-family decode step (RMSNorm, RoPE, SwiGLU, no experts, `(out, in)` weights, the `sdpa`
-backend, a cache whose blocks the kernels address) runs all its layers in one call of the kernels
-(`decode_layers`): the same kernels in the same order as the layers' Python, so the same logits bit
-for bit, without ~140 framework calls between them.
+Copies are private, made from the model's weights on first use and remade when a weight changes
+(its version counter or storage; an inference tensor has none: changing one in place needs
+`clear()`). A Llama-family decode step (RMSNorm, RoPE, SwiGLU, no experts, `(out, in)` weights, the
+`sdpa` backend, a cache whose blocks the kernels address) runs all its layers in one call of the
+kernels (`decode_layers`): the same kernels in the same order, the same logits bit for bit, without
+~140 framework calls between them. The measurements behind each choice, and what each path gains on
+an AVX-512 and an AVX2-only CPU against torch eager and `torch.compile`:
+`reports/engine/2026-11-25-cpu-seam/README.md` (and the kernels' own in `kernels`).
 """
 
 from __future__ import annotations
@@ -61,7 +48,7 @@ def onednn_bf16() -> bool:
 
 def packed_min_rows(dtype: torch.dtype, device: torch.device | str = "cpu") -> int | None:
     """The fewest rows (B*T) from which a GEMM runs on the oneDNN-packed copy of its weight (the
-    measurement above); None: never packed (CUDA, fp16, a torch build or CPU without oneDNN bf16)."""
+    report's measurement); None: never packed (CUDA, fp16, a torch build or CPU without oneDNN bf16)."""
     if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
         return None
     if dtype == torch.float32:
