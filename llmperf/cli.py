@@ -29,6 +29,7 @@ from rich.console import Console
 from llmperf.clitools import (
     AttentionImpl, OutputFormat, check_output, fail, out_console, parse_int_list, parse_name_list, warn, write_output,
 )
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
 
 def _one_line_usage_error(exc) -> None:  # noqa: ANN001
@@ -129,7 +130,7 @@ def estimate(
     max_seq_len: Annotated[int | None, typer.Option("--max-seq-len", help="Tokens a contiguous KV cache reserves per sequence (default: the model's max positions).")] = None,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
-    max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Per-step token budget: activation memory (GiB) is reserved once for a forward of this many tokens (vLLM's max_num_batched_tokens).")] = 8192,
+    max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Per-step token budget: activation memory (GiB) is reserved once for a forward of this many tokens (vLLM's max_num_batched_tokens).")] = DEFAULT_MAX_BATCHED_TOKENS,
     efficiency: Annotated[str, typer.Option("--efficiency", help="Time model: roofline (e = 1, no overhead), typical (published fractions of the roofs, GPUs), calibrated (what `llmperf calibrate` measured; --hardware local).")] = "roofline",
     per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step (of every configuration).")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv (the same columns; see the README's output schema).")] = OutputFormat.table,

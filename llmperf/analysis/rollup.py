@@ -35,8 +35,9 @@ from llmperf.specs.kvcache import KV_WINDOW_MODES, KVCacheSpec, KVGroup, pipelin
 from llmperf.specs.model import LayerKind
 
 #: vLLM V1's default `max_num_batched_tokens` for its OpenAI server on an 80 GB-class GPU
-#: (vllm/engine/arg_utils.py, `_set_default_args_v1`: 8192; 2048 on smaller GPUs, 16384 offline)
-DEFAULT_MAX_BATCHED_TOKENS = 8192
+#: (vllm/engine/arg_utils.py, `_set_default_args_v1`: 8192; 2048 on smaller GPUs, 16384 offline);
+#: one default for estimate, simulate and plan (`llmperf.defaults`)
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS  # noqa: E402
 #: the largest value the regime searches try before answering "none" (67M)
 SEARCH_MAX = 1 << 26
 #: the largest count (batch, lengths, block size, token budget, ...) accepted: float64 holds every

@@ -15,6 +15,7 @@ from llmperf.commands.simulate import (
     BlockOpt, ChunkOpt, FormatOpt, MaxBatchOpt, MemOpt, OutOpt, OutputOpt, PrefixOpt, PromptOpt, SeedOpt, SloPctOpt,
     SloTpotOpt, SloTtftOpt, SystemOpt, TokensOpt, _fmt_s, _length, _positive, check_serving_options,
 )
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
 
 
@@ -109,7 +110,7 @@ def register(app: typer.Typer) -> None:
         jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Processes evaluating candidates (default: one per CPU).")] = None,
         seed: SeedOpt = 0,
         max_batch: MaxBatchOpt = 256,
-        max_batched_tokens: TokensOpt = 2048,
+        max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
         chunked_prefill: ChunkOpt = True,
         prefix_sharing: PrefixOpt = True,
         block_size: BlockOpt = 16,

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from llmperf.clitools import OutputFormat, err_console, out_console, refused_cleanly, write_output
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
 
 
@@ -40,7 +41,7 @@ DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="Precision preset 
 KvOpt = Annotated[str | None, typer.Option("--kv", help="KV cache precision, overriding --dtype.")]
 PolicyOpt = Annotated[Policy, typer.Option("--policy", help="continuous (in-flight) or static batching.")]
 MaxBatchOpt = Annotated[int, typer.Option("--max-batch", help="Most sequences running at once (vLLM max_num_seqs).")]
-TokensOpt = Annotated[int, typer.Option("--max-batched-tokens", help="Tokens per step (vLLM max_num_batched_tokens).")]
+TokensOpt = Annotated[int, typer.Option("--max-batched-tokens", help="Tokens per step, the chunked-prefill budget (vLLM max_num_batched_tokens); the default, 8192, is the one estimate, simulate and plan share: vLLM V1's server default on 80 GB-class GPUs (it picks 2048 on smaller ones; pass that for an L4 or A10).")]
 ChunkOpt = Annotated[bool, typer.Option("--chunked-prefill/--no-chunked-prefill", help="Chunked prefill with mixed prefill+decode steps (Sarathi-Serve).")]
 PrefixOpt = Annotated[bool, typer.Option("--prefix-sharing/--no-prefix-sharing", help="Share the KV blocks of a common prompt prefix.")]
 BlockOpt = Annotated[int, typer.Option("--block-size", help="Tokens per paged KV block.")]
@@ -249,7 +250,7 @@ def register(app: typer.Typer) -> None:
         kv_window: Annotated[str, typer.Option("--kv-window", help="KV of sliding/chunked layers: capped at the window, or full pages (the simulator's pool gives them full pages for now, and says so).")] = "capped",
         policy: PolicyOpt = Policy.continuous,
         max_batch: MaxBatchOpt = 256,
-        max_batched_tokens: TokensOpt = 2048,
+        max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
         chunked_prefill: ChunkOpt = True,
         prefix_sharing: PrefixOpt = True,
         block_size: BlockOpt = 16,

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
-from llmperf.analysis.rollup import Conventions, activation_reserve_bytes
+from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
 from llmperf.serving.blocks import BlockManager, WindowedBlockManager, WindowGroup, window_blocks_for
 from llmperf.serving.costmodel import StepCostModel, _scalar_features
@@ -86,7 +86,7 @@ class ServingConfig:
     (every layer the whole context); `MemoryPlan` says which the pool does.
 
     Defaults follow vLLM's online serving: continuous batching, chunked prefill with a budget of
-    2048 tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
+    `DEFAULT_MAX_BATCHED_TOKENS` (8192, as `estimate`) tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
     `efficiency`: the time model ("auto": the calibration a `--hardware local` spec carries, else the
     roofline), or pass `time_model` directly. `num_blocks` overrides the memory-derived pool size."""
 
@@ -100,7 +100,7 @@ class ServingConfig:
     time_model: object | None = None
     policy: str = "continuous"
     max_batch: int | None = 256
-    max_batched_tokens: int | None = 2048
+    max_batched_tokens: int | None = DEFAULT_MAX_BATCHED_TOKENS
     chunked_prefill: bool = True
     prefix_sharing: bool = True
     block_size: int = 16

@@ -132,3 +132,22 @@ def test_plan_cli_shows_the_interval(tmp_path):
     assert doc["settings"]["stopping"]["ci_tolerance"] == 0.5
     bad = CliRunner().invoke(app, args[:-2] + ["--max-requests", "10"])
     assert bad.exit_code == 2 and "--max-requests" in bad.output
+
+
+def test_one_token_budget_default_for_estimate_simulate_and_plan():
+    import inspect
+
+    from llmperf.analysis.rollup import Conventions
+    from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
+    from llmperf.serving.simulator import ServingConfig
+    from typer.testing import CliRunner
+
+    from llmperf.cli import app
+    assert Conventions().max_batched_tokens == DEFAULT_MAX_BATCHED_TOKENS
+    assert ServingConfig.__dataclass_fields__["max_batched_tokens"].default == DEFAULT_MAX_BATCHED_TOKENS
+    from llmperf.analysis.generation import estimate
+    assert inspect.signature(estimate).parameters["max_batched_tokens"].default == DEFAULT_MAX_BATCHED_TOKENS
+    for command in ("estimate", "simulate", "plan"):
+        out = CliRunner().invoke(app, [command, "--help"], terminal_width=400).output
+        assert f"default: {DEFAULT_MAX_BATCHED_TOKENS}" in out.replace("\n", " ") or \
+            str(DEFAULT_MAX_BATCHED_TOKENS) in out, command
