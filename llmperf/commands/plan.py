@@ -62,6 +62,7 @@ def plan_tables(result):  # noqa: ANN001, ANN201
     slo = result.slo
     pct = f"p{slo.percentile:g}"
     notes = "; ".join(x for x in (time_models_line(result), kv_line(result)) if x)
+    notes += "".join("\n" + n for n in result.settings.get("precision_notes") or [])
     notes += ("\n" + stopping_line(result)) if stopping_line(result) else ""
     win = Table(title=f"{result.model} at {result.rate_rps:.4g} req/s: configurations meeting {pct} "
                       f"TTFT <= {_fmt_s(slo.ttft_s)}, TPOT <= {_fmt_s(slo.tpot_s)} (cheapest first)\n{notes}")
@@ -70,7 +71,7 @@ def plan_tables(result):  # noqa: ANN001, ANN201
         win.add_column(col, justify="right")
     for i, r in enumerate(result.feasible, start=1):
         n = "-" if r.requests_simulated is None else f"{r.requests_simulated}" + ("" if r.ci_converged else "*")
-        win.add_row(str(i), r.device, r.precision, str(r.tp), r.layout, str(r.replicas), str(r.gpus),
+        win.add_row(str(i), r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), r.layout, str(r.replicas), str(r.gpus),
                     _ci(r.ttft_s, r.ttft_ci_low_s, r.ttft_ci_high_s), _ci(r.tpot_s, r.tpot_ci_low_s, r.tpot_ci_high_s),
                     n, _money(r.usd_per_gpu_hour), _money(r.cost_per_hour), _money(r.cost_per_million_tokens))
     if any(r.requests_simulated is not None and not r.ci_converged for r in result.feasible):
@@ -79,7 +80,7 @@ def plan_tables(result):  # noqa: ANN001, ANN201
     for col in ("device", "precision", "TP", "layout", "loses on", "why"):
         lose.add_column(col, justify="left" if col == "why" else "right", overflow="fold")
     for r in sorted(result.losers, key=lambda r: (r.device, r.precision, r.tp, r.layout)):
-        lose.add_row(r.device, r.precision, str(r.tp), r.layout, r.binding, r.detail)
+        lose.add_row(r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), r.layout, r.binding, r.detail)
     return [win, lose] if result.losers else [win]
 
 

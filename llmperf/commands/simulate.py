@@ -390,10 +390,12 @@ def _render(result, search, rates, output_format: OutputFormat, output) -> None:
     layout = f"tp={st['tp']}" + (f", ep={st['ep']}" if st.get("ep", 1) > 1 else "") + (
         ", data-parallel attention" if st.get("dp_attention") else "")
     tm = st["time_model"] + (" (the optimistic bound)" if st["time_model"] == "roofline" else "")
-    title = (f"{st['model']} on {st['hardware']} ({layout}, {st['weights']} weights, {tm} time "
+    gemm = f" {st['gemm']}" if st.get("gemm") else ""
+    title = (f"{st['model']} on {st['hardware']} ({layout}, {st['weights']} weights{gemm}, {tm} time "
              f"model): {s['requests']} requests, {st['policy']}"
              + (f", chunked prefill {st['max_batched_tokens']} tokens/step" if st["chunked_prefill"] else "")
-             + (f"\n{st['kv_note']}" if st.get("kv_note") else ""))
+             + (f"\n{st['kv_note']}" if st.get("kv_note") else "")
+             + (f"\n{st['precision_note']}" if st.get("precision_note") else ""))
     tables = summary_tables(result, title)
     if search is not None:
         tables.insert(0, rates_table(rates, search, result.slo))

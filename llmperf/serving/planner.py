@@ -54,6 +54,7 @@ from llmperf.serving.simulator import (
 )
 from llmperf.serving.workload import Poisson, WorkloadSpec, generate
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
+from llmperf.specs.precision import gemm_mode, precision_note
 
 GiB = 2**30
 #: the planner checks a replica's load against its simulated service rate above this share of the
@@ -85,11 +86,15 @@ def check_layouts(layouts: Sequence[str]) -> tuple[str, ...]:
 
 
 def plan_precision(model: ModelSpec, name: str, kv: str | None = None) -> Precision:
-    """A serving precision by its weight format: fp8 is W8A8 (FP8 activations too, as FP8 serving
-    runs), int8 / int4 are weight-only (activations at the model's 16-bit dtype), bf16/fp16 all 16-bit.
-    The KV cache stays at the activation dtype unless `kv` says otherwise."""
+    """A serving precision by its weight format: fp8 as deployed (`Precision.preset`: fp8 GEMMs,
+    W8A8, with 16-bit activations between operators and all-reduces, and an fp8 KV cache; on a
+    device without fp8 units W8A16), int8 / int4 weight-only (activations and KV at the model's
+    16-bit dtype), bf16/fp16 all 16-bit. `kv` overrides the KV cache's format."""
     native = model.dtype if model.dtype in ("fp16", "bf16") else "bf16"
-    acts = "fp8" if name == "fp8" else (name if name in ("fp16", "bf16", "fp32") else native)
+    if name == "fp8":
+        p = Precision.preset("fp8", native)
+        return Precision(weights=p.weights, activations=p.activations, kv=kv or p.kv)
+    acts = name if name in ("fp16", "bf16", "fp32") else native
     return Precision(weights=name, activations=acts, kv=kv or acts)
 
 
@@ -126,6 +131,7 @@ class PlanRow:
     ep: int = 1
     dp_attention: bool = False
     time_model: str = ""  # the time model that priced its steps
+    gemm: str = ""  # the linear layers' GEMMs on this device: W8A8, W8A16 (fp8 weight-only), W4A16, W16A16
     ttft_s: float | None = None  # at the SLO percentile, per replica load
     tpot_s: float | None = None
     usd_per_gpu_hour: float | None = None
@@ -144,7 +150,7 @@ class PlanRow:
 
     def as_dict(self) -> dict[str, object]:
         return dict(device=self.device, precision=self.precision, tp=self.tp, layout=self.layout, ep=self.ep,
-                    dp_attention=self.dp_attention, replicas=self.replicas, gpus=self.gpus,
+                    dp_attention=self.dp_attention, gemm=self.gemm, replicas=self.replicas, gpus=self.gpus,
                     feasible=self.feasible, binding=self.binding, detail=self.detail, ttft_s=self.ttft_s,
                     tpot_s=self.tpot_s, usd_per_gpu_hour=self.usd_per_gpu_hour, price_source=self.price_source,
                     cost_per_hour=self.cost_per_hour, cost_per_million_tokens=self.cost_per_million_tokens,
@@ -242,6 +248,7 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
     except SpecError as exc:
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="tp", detail=str(exc), **common)
     common["time_model"] = str(config.settings()["time_model"])
+    common["gemm"] = gemm_mode(config.precision, hw)
     probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
                                   num_requests=200, system_prompt_len=spec.system_prompt_len, seed=spec.seed))
     try:
@@ -458,7 +465,9 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
                 rows[futures[fut]] = fut.result()
                 if on_candidate is not None:
                     on_candidate(rows[futures[fut]])
-    settings = dict(model=m.name, rate_rps=rate, devices=list(devices), precisions=list(precisions), tps=list(tps),
+    notes = sorted({precision_note(plan_precision(m, p, kv), load_hardware(d)) for d in devices for p in precisions
+                    if p == "fp8"} - {""})
+    settings = dict(model=m.name, rate_rps=rate, precision_notes=notes, devices=list(devices), precisions=list(precisions), tps=list(tps),
                     layouts=list(layouts), kv_note=kv_note(m, base.get("kv_window", "capped"), base.get("pp", 1)),
                     max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
                     slo_percentile=slo.percentile, workload=workload.describe(),

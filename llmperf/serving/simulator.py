@@ -195,8 +195,11 @@ class ServingConfig:
         return time_model_for(self.hardware, eff, self.hardware.compute_dtype(self.precision.activations))
 
     def settings(self) -> dict[str, object]:
+        from llmperf.specs.precision import gemm_mode, precision_note
         tm = self.resolve_time_model()
         return dict(model=self.model.name, hardware=self.hardware.name, precision=self.precision.label(),
+                    gemm=gemm_mode(self.precision, self.hardware),
+                    precision_note=precision_note(self.precision, self.hardware),
                     weights=self.precision.weights,
                     activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
                     layout=self.layout, ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode,
