@@ -67,15 +67,18 @@ def plan_tables(result):  # noqa: ANN001, ANN201
     win = Table(title=f"{result.model} at {result.rate_rps:.4g} req/s: configurations meeting {pct} "
                       f"TTFT <= {_fmt_s(slo.ttft_s)}, TPOT <= {_fmt_s(slo.tpot_s)} (cheapest first)\n{notes}")
     for col in ("rank", "device", "precision", "TP", "layout", "replicas", "GPUs", f"TTFT {pct} [CI]",
-                f"TPOT {pct} [CI]", "requests", "$/GPU-h", "$/hour", "$/M tokens"):
+                f"TPOT {pct} [CI]", "requests", "$/GPU-h", "$/hour", "$/M in", "$/M out"):
         win.add_column(col, justify="right")
     for i, r in enumerate(result.feasible, start=1):
         n = "-" if r.requests_simulated is None else f"{r.requests_simulated}" + ("" if r.ci_converged else "*")
         win.add_row(str(i), r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), r.layout, str(r.replicas), str(r.gpus),
                     _ci(r.ttft_s, r.ttft_ci_low_s, r.ttft_ci_high_s), _ci(r.tpot_s, r.tpot_ci_low_s, r.tpot_ci_high_s),
-                    n, _money(r.usd_per_gpu_hour), _money(r.cost_per_hour), _money(r.cost_per_million_tokens))
+                    n, _money(r.usd_per_gpu_hour), _money(r.cost_per_hour), _money(r.cost_per_million_input_tokens),
+                    _money(r.cost_per_million_output_tokens))
+    win.caption = ("$/M in, $/M out: the GPU-hours split between prefill (input) and decode (output) by their "
+                   "share of step time in the simulation (a mixed step by its tokens), over input and output tokens")
     if any(r.requests_simulated is not None and not r.ci_converged for r in result.feasible):
-        win.caption = "* the interval is wider than the tolerance (fixed sample, or --max-requests reached)"
+        win.caption += "\n* the interval is wider than the tolerance (fixed sample, or --max-requests reached)"
     lose = Table(title="configurations that lose, and why")
     for col in ("device", "precision", "TP", "layout", "loses on", "why"):
         lose.add_column(col, justify="left" if col == "why" else "right", overflow="fold")
@@ -122,7 +125,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Plan capacity: search devices x precision x TP x replicas for the load and the SLOs; rank the
         configurations that meet them by cost per million generated tokens and GPU count, and say why
-        each other one loses (memory, TTFT or TPOT)."""
+        each other one loses (memory, TTFT or TPOT). Costs are also shown per million input and per
+        million output tokens: the GPU-hours split between prefill and decode by their share of the
+        simulated step time (a mixed chunked-prefill step by its tokens). Each load is simulated until
+        the SLO percentiles' 95% intervals are within --ci-tolerance; the table shows them."""
         from llmperf.serving import planner
         from llmperf.serving.prices import parse_gpu_cost
         from llmperf.serving.simulator import SLO

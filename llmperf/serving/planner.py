@@ -30,7 +30,10 @@ For every candidate (device x precision x TP x layout):
    The simulation is the serving simulator itself: the engine's scheduler priced by the cost model.
 
 Cost per million generated tokens = replicas x TP x price per GPU-hour / (3600 x generated tokens/s)
-x 1e6, at the offered load (all of it is served when the SLOs are met). `--users N` is N users each
+x 1e6, at the offered load (all of it is served when the SLOs are met): the ranking. As prices are
+quoted, the cost is also split into USD per million input and per million output tokens, the
+GPU-hours divided between prefill and decode by the share of step time each takes in the answer's
+simulation (`llmperf.serving.costsplit`). `--users N` is N users each
 sending a request every `user_interval_s` seconds on average: an aggregate Poisson rate N /
 user_interval_s.
 """
@@ -47,6 +50,7 @@ import pandas as pd
 
 from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
+from llmperf.serving.costsplit import input_time_share, token_prices
 from llmperf.serving.prices import price_for
 from llmperf.serving.stability import Stability, Stopping, assess
 from llmperf.serving.simulator import (
@@ -137,7 +141,10 @@ class PlanRow:
     usd_per_gpu_hour: float | None = None
     price_source: str = ""
     cost_per_hour: float | None = None
-    cost_per_million_tokens: float | None = None
+    cost_per_million_tokens: float | None = None  # all the GPU cost over the generated tokens (the ranking)
+    cost_per_million_input_tokens: float | None = None  # the prefill share of the cost over the prompt tokens
+    cost_per_million_output_tokens: float | None = None  # the decode share over the generated tokens
+    prefill_time_share: float | None = None  # of the replica's step time (`llmperf.serving.costsplit`)
     replica_rate_rps: float | None = None
     simulations: int = 0
     requests_simulated: int | None = None  # the answer's own run (the stopping rule's last sample)
@@ -154,6 +161,9 @@ class PlanRow:
                     feasible=self.feasible, binding=self.binding, detail=self.detail, ttft_s=self.ttft_s,
                     tpot_s=self.tpot_s, usd_per_gpu_hour=self.usd_per_gpu_hour, price_source=self.price_source,
                     cost_per_hour=self.cost_per_hour, cost_per_million_tokens=self.cost_per_million_tokens,
+                    cost_per_million_input_tokens=self.cost_per_million_input_tokens,
+                    cost_per_million_output_tokens=self.cost_per_million_output_tokens,
+                    prefill_time_share=self.prefill_time_share,
                     replica_rate_rps=self.replica_rate_rps, simulations=self.simulations, time_model=self.time_model,
                     requests_simulated=self.requests_simulated, ci_converged=self.ci_converged,
                     unstable=self.unstable, ttft_ci_low_s=self.ttft_ci_low_s, ttft_ci_high_s=self.ttft_ci_high_s,
@@ -347,10 +357,12 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
     res = got.result
     tokens_per_s = rate * float(res.requests["output_tokens"].mean())
     cost_h = price * r * cand.tp if price is not None else None
+    split = token_prices(cost_h, input_time_share(res.steps), rate * float(res.requests["prompt_tokens"].mean()),
+                         tokens_per_s)
     return PlanRow(replicas=r, gpus=r * cand.tp, feasible=True, binding="", detail="meets the SLOs",
                    ttft_s=got.ttft_s, tpot_s=got.tpot_s, cost_per_hour=cost_h,
                    cost_per_million_tokens=cost_h / 3600 / tokens_per_s * 1e6 if cost_h is not None else None,
-                   replica_rate_rps=rate / r, simulations=sims, **_ci_fields(got), **common)
+                   replica_rate_rps=rate / r, simulations=sims, **split.as_dict(), **_ci_fields(got), **common)
 
 
 @dataclass(frozen=True, kw_only=True)
