@@ -153,15 +153,24 @@ def _fmt_s(x: float | None) -> str:
 
 
 def summary_tables(result, title: str):  # noqa: ANN001, ANN201
-    """Rich tables: latency percentiles, throughput and memory, and the run over time."""
+    """Rich tables: latency percentiles (the p90's interval beside them), throughput and memory, and
+    the run over time."""
+    import math
+
     from rich.table import Table
     s = result.summary()
-    lat = Table(title=title)
-    for col in ("metric", "p50", "p90", "p99", "mean"):
+    lat = Table(title=title, caption="[CI]: 95% interval of the p90 (batch sectioning over 10 batches of "
+                                     "consecutive requests; llmperf.serving.stability)")
+    for col in ("metric", "p50", "p90", "p99", "mean", "p90 [CI]"):
         lat.add_column(col, justify="left" if col == "metric" else "right")
+    from llmperf.serving.stability import percentile_ci
+    r = result.requests.sort_values("arrival_s", kind="stable")
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "end-to-end"), ("queue_s", "queueing")):
         st = s[key]
-        lat.add_row(label, *(_fmt_s(st[k]) for k in ("p50", "p90", "p99", "mean")))
+        ci = percentile_ci(r[key].to_numpy(dtype=float), 90)
+        band = (f"[{_fmt_s(max(ci.low, 0.0))}, {_fmt_s(ci.high)}]" if math.isfinite(ci.low) and math.isfinite(ci.high)
+                else "-")
+        lat.add_row(label, *(_fmt_s(st[k]) for k in ("p50", "p90", "p99", "mean")), band)
     tot = Table(title="throughput and memory")
     tot.add_column("quantity")
     tot.add_column("value", justify="right")
@@ -179,6 +188,21 @@ def summary_tables(result, title: str):  # noqa: ANN001, ANN201
     for k, v in rows:
         tot.add_row(k, v)
     return [lat, tot, over_time_table(result)]
+
+
+def percentile_cis(result) -> dict[str, dict[str, dict]]:  # noqa: ANN001
+    """95% batch-sectioning intervals (`llmperf.serving.stability`) of the reported TTFT and TPOT
+    percentiles, over every request in arrival order (nothing discarded: the same requests as the
+    percentiles)."""
+    from llmperf.serving.stability import percentile_ci
+    r = result.requests.sort_values("arrival_s", kind="stable")
+    return {col: {f"p{q}": percentile_ci(r[col].to_numpy(dtype=float), q).as_dict() for q in (50, 90, 99)}
+            for col in ("ttft_s", "tpot_s")}
+
+
+def _prefill_share(result) -> float:  # noqa: ANN001
+    from llmperf.serving.costsplit import input_time_share
+    return input_time_share(result.steps)
 
 
 def over_time_table(result, buckets: int = 10):  # noqa: ANN001, ANN201
@@ -366,7 +390,8 @@ def _render(result, search, rates, output_format: OutputFormat, output) -> None:
     from llmperf.serving.rundir import jsonable
     s = result.summary()
     if output_format is OutputFormat.json:
-        doc = dict(settings=result.settings, summary=s)
+        doc = dict(settings=result.settings, summary=s, percentile_ci=percentile_cis(result),
+                   prefill_time_share=_prefill_share(result))
         if search is not None:
             doc["max_rate_rps"] = search.max_rate
             doc["service_rate_bound_rps"] = search.service_rate_rps

@@ -151,3 +151,18 @@ def test_one_token_budget_default_for_estimate_simulate_and_plan():
         out = CliRunner().invoke(app, [command, "--help"], terminal_width=400).output
         assert f"default: {DEFAULT_MAX_BATCHED_TOKENS}" in out.replace("\n", " ") or \
             str(DEFAULT_MAX_BATCHED_TOKENS) in out, command
+
+
+def test_simulate_shows_the_p90_interval():
+    import json
+
+    from typer.testing import CliRunner
+
+    from llmperf.cli import app
+    args = ["simulate", "-H", "a100-80gb-sxm", "--rate", "5", "-n", "60", "--prompt-len", "100", "--output-len", "10"]
+    res = CliRunner().invoke(app, args, terminal_width=200)
+    assert res.exit_code == 0 and "p90 [CI]" in res.output
+    doc = json.loads(CliRunner().invoke(app, args + ["-f", "json"]).output)
+    ci = doc["percentile_ci"]["ttft_s"]["p90"]
+    assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["batches"] == 10
+    assert 0 < doc["prefill_time_share"] < 1
