@@ -40,22 +40,16 @@ import numpy as np
 
 from llmperf.errors import SpecError
 
-#: two-sided Student t quantiles t(df, 0.975) for df = 1..30 (beyond: the normal 1.96)
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-
-
 def t_quantile(df: int, level: float = 0.95) -> float:
-    """Two-sided Student t critical value for `df` degrees of freedom at `level` (scipy when present;
-    else the table at 0.95)."""
-    try:
-        from scipy import stats
-        return float(stats.t.ppf(0.5 + level / 2, df))
-    except ImportError:
-        if abs(level - 0.95) > 1e-12:
-            raise SpecError("--ci-level: other levels than 0.95 need scipy") from None
-        return _T975[df - 1] if df <= len(_T975) else 1.96
+    """Two-sided Student t critical value for `df` degrees of freedom at `level`: the normal quantile
+    corrected by its Cornish-Fisher expansion in 1/df (Abramowitz & Stegun 26.7.5; within 0.1% of
+    the exact value from df = 5, e.g. t(9, 0.95) = 2.262)."""
+    from statistics import NormalDist
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    v = float(df)
+    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
+            + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4))
 
 
 @dataclass(frozen=True, kw_only=True)
