@@ -299,7 +299,7 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
             sims += 1
             st = assess(res.requests, slo.percentile, stopping, metrics, res.steps)
             done = fixed or st.converged or n >= stopping.max_requests
-            got = cache[r] = _Measured(result=res, stability=st, slo=slo, done=done)
+            got = cache[r] = _Measured(result=res, stability=st, slo=slo, done=done, judge_growth=not fixed)
             if done or (not final and not st.unstable and got.decided):
                 return got
             n = min(2 * n, stopping.max_requests)
@@ -373,6 +373,9 @@ class _Measured:
     stability: Stability
     slo: SLO
     done: bool  # the tolerance is met, or the sample is at its cap (or fixed)
+    # a rising number in the replica counts as unstable under the stopping rule only: a fixed short
+    # sample is all warm-up, and rises whatever the load (it is still reported, not converged)
+    judge_growth: bool = True
 
     @property
     def ttft_s(self) -> float:
@@ -390,7 +393,7 @@ class _Measured:
     @property
     def meets_slo(self) -> bool:
         """The steady-state SLO percentiles within their bounds; never for a growing queue."""
-        if self.stability.unstable:
+        if self.stability.unstable and self.judge_growth:
             return False
         st, slo = self.stability, self.slo
         return all(not (c.estimate > b) for c, b in ((st.ttft, slo.ttft_s), (st.tpot, slo.tpot_s))
@@ -415,7 +418,7 @@ def _loser(common: dict, replicas: int, tp: int, got: _Measured, slo: SLO, sims:
            why: str) -> PlanRow:
     ttft, tpot = got.ttft_s, got.tpot_s
     over = []
-    if got.stability.unstable:
+    if got.stability.unstable and got.judge_growth:
         over.append(("replicas", math.inf, f"the queue grows without bound over {got.stability.requests} "
                                            "requests (load above the replica's capacity)"))
     if slo.ttft_s is not None and ttft > slo.ttft_s:
