@@ -28,6 +28,11 @@ For every candidate (device x precision x TP x layout):
    service rate (`simulator.saturated_rate`, a backlog of these lengths served flat out) or more: a
    finite run can meet the SLOs at a load whose queue is still building when its arrivals stop.
    The simulation is the serving simulator itself: the engine's scheduler priced by the cost model.
+   Each load is simulated under a stopping rule (`stopping`, `llmperf.serving.stability`): the
+   requests double until the SLO percentiles' batch-sectioning intervals are within the tolerance
+   (while searching, until they put the load on one side of the SLOs; the answer's own run always
+   to the tolerance); the percentiles are the steady state's (warm-up and drain discarded), and a
+   load whose requests in the replica keep rising is unstable and misses.
 
 Cost per million generated tokens = replicas x TP x price per GPU-hour / (3600 x generated tokens/s)
 x 1e6, at the offered load (all of it is served when the SLOs are met): the ranking. As prices are
