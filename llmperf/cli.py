@@ -131,7 +131,8 @@ def estimate(
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
     max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Per-step token budget: activation memory (GiB) is reserved once for a forward of this many tokens (vLLM's max_num_batched_tokens).")] = DEFAULT_MAX_BATCHED_TOKENS,
-    efficiency: Annotated[str, typer.Option("--efficiency", help="Time model: roofline (e = 1, no overhead), typical (published fractions of the roofs, GPUs), calibrated (what `llmperf calibrate` measured; --hardware local).")] = "roofline",
+    efficiency: Annotated[str | None, typer.Option("--efficiency", help="Time model: roofline (e = 1, no overhead: the bound), typical (published fractions of the roofs, GPUs), calibrated (what `llmperf calibrate` measured; --hardware local). Default: the expected time, typical on a GPU, calibrated for --hardware local; the roofline bound is shown beside it.")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="Serving stack's profile for a GPU's step overhead and kernel launches (models_spec/engines): compiled (CUDA graphs: vLLM, SGLang, TensorRT-LLM; the default) or eager (PyTorch eager, llmperf's own engine). Not for a CPU; the roofline takes none.")] = None,
     per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step (of every configuration).")] = False,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv (the same columns; see the README's output schema).")] = OutputFormat.table,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")] = None,
@@ -168,10 +169,13 @@ def estimate(
             raise SpecError(f"--kv-window: must be capped or full, got {kv_window!r}")
         if attention_flops not in ("executed", "dense"):
             raise SpecError(f"--attention-flops: must be executed or dense, got {attention_flops!r}")
-        from llmperf.analysis.timemodel import TIME_MODELS, time_model_for
-        if efficiency not in TIME_MODELS:
+        from llmperf.analysis.timemodel import TIME_MODELS, default_efficiency, load_engine, time_model_for
+        if efficiency is not None and efficiency not in TIME_MODELS:
             raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {efficiency!r}")
-        conventions = dict(time_model=lambda hw, dtype: time_model_for(hw, efficiency, dtype),
+        if engine is not None:
+            load_engine(engine)
+        conventions = dict(time_model=lambda hw, dtype: time_model_for(hw, efficiency or default_efficiency(hw), dtype,
+                                                                       engine=engine),
                            attention=attention.value, attention_flops=attention_flops, all_logits=all_logits,
                            fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                            block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
@@ -180,7 +184,7 @@ def estimate(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             from llmperf.analysis.timemodel import sweep_jobs  # one time model per part (--efficiency)
-            jobs = sweep_jobs(efficiency, models, devices, dict(lists, **precisions, **conventions))
+            jobs = sweep_jobs(efficiency, models, devices, dict(lists, **precisions, **conventions), engine=engine)
             estimates, ops, frame = [], None, None
             single = all(len(v) == 1 for v in (models, devices, *lists.values())) and all(
                 v is None or len(v) == 1 for v in precisions.values())

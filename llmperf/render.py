@@ -79,6 +79,22 @@ def _kv_rows(est: GenerationEstimate, spec: KVCacheSpec) -> list[tuple[str, str]
     return rows
 
 
+def time_model_label(time_model: object) -> str:
+    """The time model and the engine profile that priced a number: "typical, engine compiled"."""
+    from llmperf.analysis.roofline import engine_label
+    name = getattr(time_model, "name", "roofline")
+    return "roofline (the bound)" if name == "roofline" else f"{name}, engine {engine_label(time_model)}"
+
+
+def _with_bound(est: GenerationEstimate, seconds: float, bound_column: str) -> str:
+    """`seconds` as the expected time with the roofline bound beside it ("7.9 ms expected, 5.2 ms
+    bound"), or the bound alone under the roofline."""
+    bound = est.row.get(bound_column) if isinstance(est.row, dict) else None
+    if est.time_model.name == "roofline" or bound is None:
+        return f"{fmt.seconds(seconds)} bound" if est.time_model.name == "roofline" else fmt.seconds(seconds)
+    return f"{fmt.seconds(seconds)} expected, {fmt.seconds(float(bound))} bound"
+
+
 def generation_tables(est: GenerationEstimate) -> list[Table]:
     """Latency, phases, memory and regimes of one estimate."""
     m = est.model
@@ -88,14 +104,14 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
     params = fmt.count(m.param_count) + (f" ({fmt.count(m.active_param_count)} active)" if m.is_moe else "")
     latency = _kv_table(head, [
         ("parameters", params),
-        ("time to first token (prefill)", fmt.seconds(est.ttft_s)),
-        ("time per output token (mean decode step)", fmt.seconds(est.tpot_s)),
-        ("end-to-end latency", fmt.seconds(est.e2e_s)),
+        ("time to first token (prefill)", _with_bound(est, est.ttft_s, "ttft_bound_s")),
+        ("time per output token (mean decode step)", _with_bound(est, est.tpot_s, "tpot_bound_s")),
+        ("end-to-end latency", _with_bound(est, est.e2e_s, "e2e_bound_s")),
         ("throughput (generated tokens/s, all sequences)", f"{est.tokens_per_s:,.1f}"),
         ("decode throughput (tokens/s)", f"{est.decode_tokens_per_s:,.1f}"),
         ("achieved FLOP/s / peak (whole generation)", f"{est.peak_fraction:.1%}"),
         ("conventions", _conventions(est)),
-        ("time model", est.time_model.name),
+        ("time model", time_model_label(est.time_model)),
         *_gemm_rows(est),
     ])
     phases = Table(title="Phases (one forward pass; per GPU)", title_justify="left")
@@ -193,17 +209,19 @@ def _op_label(row, mixed: bool) -> str:  # noqa: ANN001
 #: identity columns: shown as a column only when they vary, else in the title
 _SWEEP_KEYS = {"model": ("model", str), "hardware": ("device", str), "precision": ("precision", str),
                "tp": ("tp", fmt.count), "pp": ("pp", fmt.count), "batch": ("batch", fmt.count),
-               "prompt_len": ("prompt", fmt.count), "gen_len": ("gen", fmt.count)}
+               "prompt_len": ("prompt", fmt.count), "gen_len": ("gen", fmt.count),
+               "time_model": ("time model", str), "engine": ("engine", str)}
 _SWEEP_VALUES = {
-    "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds), "tokens_per_s": ("tok/s", lambda v: f"{v:,.0f}"),
+    "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds), "tpot_bound_s": ("bound", fmt.seconds), "tokens_per_s": ("tok/s", lambda v: f"{v:,.0f}"),
     "decode_bound": ("decode", str), "total_gib": ("GiB", lambda v: f"{v:.1f}"),
     "fits": ("fits", lambda v: "yes" if v else "NO"), "max_batch": ("max b", fmt.count),
 }
-_TITLE_NAMES = {"tp": "tp ", "pp": "pp ", "batch": "batch ", "prompt_len": "prompt ", "gen_len": "gen "}
+_TITLE_NAMES = {"tp": "tp ", "pp": "pp ", "batch": "batch ", "prompt_len": "prompt ", "gen_len": "gen ",
+                "time_model": "time model ", "engine": "engine "}
 
 
 #: value columns given up first when the table would be wider than the console (all are in -f csv)
-_DROP_ORDER = ("total_gib", "tokens_per_s", "decode_bound", "max_batch")
+_DROP_ORDER = ("total_gib", "tokens_per_s", "decode_bound", "max_batch", "tpot_bound_s")
 
 
 def sweep_tables(frame: pd.DataFrame, width: int | None = None) -> list[Table]:
@@ -223,10 +241,12 @@ def sweep_table(frame: pd.DataFrame, width: int | None = None) -> Table:
     title says so: every column is in `-f csv` / `-f json`); if it still does not fit, cells fold
     (no column then has a `min_width`: `sweep_tables` splits such a table by model, device and
     precision instead)."""
-    varying = [c for c in _SWEEP_KEYS if frame[c].nunique(dropna=False) > 1]
-    fixed = [f"{_TITLE_NAMES.get(c, '')}{frame[c].iloc[0]}" for c in _SWEEP_KEYS if c not in varying]
+    keys = [c for c in _SWEEP_KEYS if c in frame.columns]  # TPOT is the expected time, "bound" the roofline's
+    varying = [c for c in keys if frame[c].nunique(dropna=False) > 1]
+    fixed = [f"{_TITLE_NAMES.get(c, '')}{frame[c].iloc[0]}" for c in keys if c not in varying]
     title = f"{len(frame)} configurations" + (": " + " · ".join(fixed) if fixed else "")
-    cols = varying + list(_SWEEP_VALUES)
+    roofline = "time_model" not in frame.columns or bool((frame["time_model"] == "roofline").all())
+    cols = varying + [c for c in _SWEEP_VALUES if c in frame.columns and not (roofline and c == "tpot_bound_s")]
     records_ = frame.to_dict(orient="records")
     cells = {c: [(_SWEEP_KEYS.get(c) or _SWEEP_VALUES[c])[1](r[c]) for r in records_] for c in cols}
     widths = {c: max([len((_SWEEP_KEYS.get(c) or _SWEEP_VALUES[c])[0])] + [len(x) for x in cells[c]]) for c in cols}

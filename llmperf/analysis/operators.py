@@ -78,6 +78,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from llmperf.analysis.attention_eff import AttnShape
+from llmperf.analysis.gemm import GemmShape
 from llmperf.analysis.roofline import Number, OpCost
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, Precision
@@ -214,8 +216,12 @@ def attention_core(batch: Number, q_len: Number, kv_len: Number, *, shape: Atten
         extra = (SOFTCAP_FLOPS * B * H * executed if softcap else 0.0) + (SINK_FLOPS * B * H * q_len if sinks else 0.0)
         counts = {"act_read_bytes": q_bytes, "kv_read_bytes": 0.0}
         counts[kv_field] = counts[kv_field] + B * keys * s.union_elems * kv_el
+        # its shape on this GPU, for a time model that prices fused attention by shape (the context is
+        # the keys it reads: a sliding layer's window)
+        attn = AttnShape(batch=B, q_len=q_len, context=keys, heads=H, kv_heads=s.k_elems // s.qk_dim,
+                         head_dim=s.qk_dim)
         return [OpCost(name="attention", kind="attention", flops=2 * B * H * executed * (s.qk_dim + s.v_dim) + extra,
-                       act_write_bytes=o_bytes, rows=rows, **counts)]
+                       act_write_bytes=o_bytes, rows=rows, attn=attn, **counts)]
     cols = keys + 1 if sinks else keys  # the sink is one more column of S and P
     s_bytes = B * H * q_len * cols * act_bytes  # the materialised score / probability matrix
     score = {"act_read_bytes": q_bytes, "kv_read_bytes": 0.0}
@@ -369,20 +375,24 @@ class ForwardModel:
 
     def _linear(self, name: str, tokens: Number, d_in: int, d_out: int, bias: bool,
                 weight_copies: Number = 1.0, per_layer: bool = True, rows: Number | None = None,
-                module: str = "attention") -> OpCost:
+                module: str = "attention", gemm: GemmShape | None | bool = True) -> OpCost:
         """`tokens x d_in @ d_in x d_out`; `weight_copies` distinct weight matrices are read (MoE);
-        the matrix is stored at `module`'s format (`MODULES`)."""
+        the matrix is stored at `module`'s format (`MODULES`). `gemm`: its per-GPU GEMM shape (True:
+        one GEMM of `tokens` rows, N = d_out, K = d_in; False: none, for a GEMM whose rows depend on
+        the context)."""
         p = self.precision
         key = (d_in, d_out, bias, module)
         hit = self._weights.get(key)
-        if hit is None:  # the matrix's bytes and format depend on its shape and module only
+        if hit is None:  # the matrix's bytes, format and plain GEMM shape depend on its shape and module only
             w = self._matrix_bytes(d_in, d_out, module) + (d_out * p.act_bytes if bias else 0.0)
-            hit = self._weights[key] = (w, self._matmul_dtype(module))
-        w, dtype = hit
+            hit = self._weights[key] = (w, self._matmul_dtype(module), GemmShape(n=d_out, k=d_in))
+        w, dtype, plain = hit
+        if gemm is True:
+            gemm = plain
         return OpCost(name=name, kind="matmul", flops=2 * tokens * d_in * d_out + (tokens * d_out if bias else 0),
                       weight_bytes=w * weight_copies, act_read_bytes=tokens * d_in * p.act_bytes,
                       act_write_bytes=tokens * d_out * p.act_bytes, per_layer=per_layer,
-                      rows=tokens if rows is None else rows, compute_dtype=dtype)
+                      rows=tokens if rows is None else rows, compute_dtype=dtype, gemm=gemm or None)
 
     def _norm(self, name: str, tokens: Number, per_layer: bool = True, width: int | None = None,
               kind: str | None = None, weights: int = 1) -> OpCost:
@@ -513,23 +523,28 @@ class ForwardModel:
         m, p = self.model, self.precision
         keys = self._keys(q_len, kv_len, kind)
         rows = batch * keys
+        # no GEMM shape: its M (every key attended) grows with the context, and a time model must not
         op = self._linear("kv_b_proj", rows, m.kv_lora_rank,
-                          self.dims.num_heads * (m.qk_nope_head_dim + m.v_head_dim), False, rows=batch * q_len)
+                          self.dims.num_heads * (m.qk_nope_head_dim + m.v_head_dim), False, rows=batch * q_len,
+                          gemm=False)
         cached = batch * (keys - q_len) * m.kv_lora_rank
         return replace(op, act_read_bytes=op.act_read_bytes - cached * p.act_bytes,
                        kv_read_bytes=cached * p.kv_bytes)
 
     def q_absorb(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """MLA absorbed: each head's q_nope times W_UK (qk_nope_head_dim -> kv_lora_rank)."""
+        """MLA absorbed: each head's q_nope times W_UK (qk_nope_head_dim -> kv_lora_rank). No GEMM
+        shape (a batched GEMM of `heads` groups): the serving step model prices it with the attention
+        core, as counts linear in the step's features, which a shape's time is not (kv_b_proj and
+        v_absorb likewise); they keep the matmul kind's per-rows curves."""
         m, tokens, n = self.model, batch * q_len, self.dims.num_heads
         return self._linear("q_absorb", tokens * n, m.qk_nope_head_dim, m.kv_lora_rank, False, weight_copies=n,
-                            rows=tokens)
+                            rows=tokens, gemm=False)
 
     def v_absorb(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """MLA absorbed: each head's attention output over the latent times W_UV (kv_lora_rank -> v_head_dim)."""
         m, tokens, n = self.model, batch * q_len, self.dims.num_heads
         return self._linear("v_absorb", tokens * n, m.kv_lora_rank, m.v_head_dim, False, weight_copies=n,
-                            rows=tokens)
+                            rows=tokens, gemm=False)
 
     def qk_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """RMSNorm (or a weightless L2 norm) over head_dim of every query and key head."""
@@ -640,9 +655,16 @@ class ForwardModel:
         rows, copies, width, module = self._ffn_shape(batch, q_len, part)
         pre = "shared_" if part == "shared" else ""
         h, bias = m.hidden_size, m.mlp_bias
+        if part == "routed":  # each touched expert's share of the rows (none touched: no rows either)
+            with np.errstate(divide="ignore"):
+                per_expert = np.where(np.asarray(copies) > 0, 1.0 / np.maximum(copies, 1e-300), 0.0)
+            per_expert = float(per_expert) if np.ndim(per_expert) == 0 else per_expert
 
         def lin(name: str, d_in: int, d_out: int) -> OpCost:
-            return self._linear(pre + name, rows, d_in, d_out, bias, copies, module=module)
+            # routed experts: one GEMM per expert the rows touch on this GPU, each an equal share of them
+            shape = (GemmShape(n=d_out, k=d_in, groups=copies, m_per_row=per_expert) if part == "routed"
+                     else True)
+            return self._linear(pre + name, rows, d_in, d_out, bias, copies, module=module, gemm=shape)
 
         if m.ffn_kind == "swiglu" and (self.fused_gate_up if fused is None else fused):
             ops = [lin("gate_up_proj", h, 2 * width)]
@@ -879,4 +901,7 @@ def _where(mask: Number, a: OpCost, b: OpCost | None) -> OpCost:
     fields = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
               "comm_bytes", "rows", "calls")
     vals = {f: np.where(mask, getattr(a, f), 0.0 if b is None else getattr(b, f)) for f in fields}
+    if a.attn is not None and b is not None and b.attn is not None:  # each row its own form's shape
+        vals["attn"] = AttnShape(**{f: np.where(mask, getattr(a.attn, f), getattr(b.attn, f))
+                                    for f in ("batch", "q_len", "context", "heads", "kv_heads", "head_dim")})
     return replace(a, **vals)

@@ -14,7 +14,7 @@ import pandas as pd
 
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.rollup import phase_bound, pipeline_transfer_s
-from llmperf.analysis.roofline import OpTime, TimeModel, op_time, step_overhead_s
+from llmperf.analysis.roofline import OpTime, TimeModel, op_time, phase_time_model, step_overhead_s
 from llmperf.analysis.vocabulary import Phase, as_phase
 from llmperf.specs import HardwareSpec
 
@@ -78,11 +78,11 @@ class PhaseEstimate:
 
     @property
     def bound(self) -> str:
-        """'memory', 'comm' or 'compute': the roof under which at least half the phase's time is spent
-        (`rollup.phase_bound`, the same rule as every summary and sweep row)."""
+        """'memory', 'comm' or 'compute': the roof under which the largest share of the phase's
+        operator time is spent (`rollup.phase_bound`, the same rule as every summary and sweep row)."""
         mem = sum(o.time_s for o in self.ops if o.bound == "memory")
         comm = sum(o.time_s for o in self.ops if o.cost.kind == "comm" and o.bound == "comm")
-        return phase_bound(float(mem), self.time_s, float(comm))
+        return phase_bound(float(mem), float(sum(o.time_s for o in self.ops)), float(comm))
 
     @property
     def achieved_flops_per_s(self) -> float:
@@ -160,6 +160,7 @@ def estimate_phase(fm: ForwardModel, hardware: HardwareSpec, batch: int, q_len: 
     `phase` names what the step is (prefill, decode, mixed, verify): it is stated by the caller,
     never guessed from the shapes (a one-token prefill and a chunked prefill look like other steps)."""
     dtype = compute_dtype or hardware.compute_dtype(fm.precision.activations)
+    time_model = phase_time_model(time_model, as_phase(phase).value)
     ops = tuple(op_time(c, hardware, dtype, time_model) for c in fm.forward_ops(batch, q_len, kv_len))
     return PhaseEstimate(phase=as_phase(phase).value, batch=batch, q_len=q_len, kv_len=kv_len, hardware=hardware,
                          compute_dtype=dtype, ops=ops, layers=fm.model.num_layers, pp=pp,

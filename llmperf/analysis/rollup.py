@@ -26,7 +26,8 @@ import numpy as np
 
 from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
 from llmperf.analysis.roofline import (
-    TimeModel, memory_bound, op_time, peak_in_use_flops_per_s, resolve_time_model, step_overhead_s,
+    TimeModel, engine_label, memory_bound, op_time, peak_in_use_flops_per_s, phase_time_model,
+    resolve_time_model, step_overhead_s,
 )
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.errors import SpecError
@@ -166,6 +167,7 @@ class PhaseArrays:
     bytes_total: np.ndarray
     memory_bound_s: np.ndarray  # time spent in memory-bound operators
     comm_bound_s: np.ndarray | float = 0.0  # time spent in interconnect-bound operators (collectives)
+    op_time_s: np.ndarray | None = None  # the operators' time alone (no step overhead, no pipeline sends)
 
     @property
     def intensity(self) -> np.ndarray:
@@ -173,16 +175,19 @@ class PhaseArrays:
 
     @property
     def bound(self) -> np.ndarray:
-        return phase_bound(self.memory_bound_s, self.time_s, self.comm_bound_s)
+        return phase_bound(self.memory_bound_s, self.time_s if self.op_time_s is None else self.op_time_s,
+                           self.comm_bound_s)
 
 
 def phase_bound(memory_bound_s, time_s, comm_bound_s=0.0):  # noqa: ANN001, ANN201
-    """The one phase rule: 'memory' when at least half the time is in memory-bound operators, 'comm'
-    when at least half is in interconnect-bound ones (a tensor-parallel decode step of many layers
-    whose all-reduces are latency-bound), else 'compute'."""
-    half = 0.5 * np.asarray(time_s)
-    out = np.where(np.asarray(memory_bound_s) >= half, "memory",
-                   np.where(np.asarray(comm_bound_s) >= half, "comm", "compute"))
+    """The one phase rule: the roof under which the largest share of the phase's OPERATOR time is
+    spent: 'memory' (memory-bound operators), 'comm' (interconnect-bound ones: a tensor-parallel
+    decode step of many layers whose all-reduces are latency-bound) or 'compute' (the rest); at least
+    half always wins. `time_s` is the operators' time: an engine's fixed step cost is host time, under
+    no roof, so it is not counted (it would otherwise turn a memory-bound step 'compute')."""
+    mem, comm = np.asarray(memory_bound_s, dtype=float), np.asarray(comm_bound_s, dtype=float)
+    rest = np.asarray(time_s, dtype=float) - mem - comm
+    out = np.where((mem >= comm) & (mem >= rest), "memory", np.where(comm >= rest, "comm", "compute"))
     return str(out) if out.ndim == 0 else out
 
 
@@ -207,10 +212,11 @@ def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp
                  time_model: TimeModel | None = None) -> PhaseArrays:
     """Time, FLOPs, bytes and memory-bound time of one forward pass, for array arguments."""
     time = pipeline_transfer_s(fm, hw, batch, q_len, pp, time_model) + 0.0 * kv_len + step_overhead_s(time_model)
-    flops = nbytes = mem_time = comm_time = 0.0
+    flops = nbytes = mem_time = comm_time = op_time_s = 0.0
     for c in fm.forward_ops(batch, q_len, kv_len):
         t = op_time(c, hw, compute_dtype, time_model)
         time = time + t.time_s
+        op_time_s = op_time_s + t.time_s
         flops = flops + c.flops
         nbytes = nbytes + c.bytes_total
         mem_time = mem_time + np.where(memory_bound(t.compute_s, t.memory_s, t.comm_s), t.time_s, 0.0)
@@ -218,7 +224,7 @@ def phase_arrays(fm: ForwardModel, hw: HardwareSpec, batch, q_len, kv_len, *, pp
             comm_time = comm_time + np.where(t.comm_s > np.maximum(t.compute_s, t.memory_s), t.time_s, 0.0)
     f = lambda x: np.asarray(x, dtype=float) + 0.0 * time  # noqa: E731
     return PhaseArrays(time_s=f(time), flops=f(flops), bytes_total=f(nbytes), memory_bound_s=f(mem_time),
-                       comm_bound_s=f(comm_time))
+                       comm_bound_s=f(comm_time), op_time_s=f(op_time_s))
 
 
 def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, *, pp: int,  # noqa: ANN001, ANN201
@@ -682,7 +688,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     dtype = hw.compute_dtype(precision.activations)
     B, P, G = (np.asarray(x, dtype=float).ravel() for x in (batch, prompt_len, gen_len))
     n = B.size
-    prefill = phase_arrays(fm, hw, B, P, P, pp=pp, compute_dtype=dtype, time_model=tm)
+    prefill = phase_arrays(fm, hw, B, P, P, pp=pp, compute_dtype=dtype, time_model=phase_time_model(tm, "prefill"))
     first = phase_arrays(fm, hw, B, 1.0, P + 1, pp=pp, compute_dtype=dtype, time_model=tm)
     last = phase_arrays(fm, hw, B, 1.0, P + np.maximum(G - 1, 1), pp=pp, compute_dtype=dtype, time_model=tm)
     d_time, d_flops, d_bytes = decode_sums(fm, hw, B, P, G, pp=pp, compute_dtype=dtype, time_model=tm)
@@ -690,6 +696,12 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     has_steps = steps > 0
     e2e = prefill.time_s + d_time
     tpot = np.where(has_steps, d_time / np.maximum(steps, 1), 0.0)
+    if tm.name == "roofline":  # the bound beside the expected time: the same numbers under the roofline
+        ttft_bound, tpot_bound, e2e_bound = prefill.time_s, tpot, e2e
+    else:
+        ttft_bound = phase_arrays(fm, hw, B, P, P, pp=pp, compute_dtype=dtype).time_s
+        d_bound = decode_sums(fm, hw, B, P, G, pp=pp, compute_dtype=dtype)[0]
+        tpot_bound, e2e_bound = np.where(has_steps, d_bound / np.maximum(steps, 1), 0.0), ttft_bound + d_bound
     total_flops = prefill.flops + d_flops
     peak = peak_in_use_flops_per_s(hw, dtype, precision)  # fp8-block / fp4 modules may run faster
     mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G, ep=conv.ep,
@@ -705,10 +717,11 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         attention=conv.attention, attention_flops=conv.attention_flops,
         all_logits=conv.all_logits, fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up,
         mla_mode=conv.mla_mode, kv_window=conv.kv_window,
-        sliding_window=model.sliding_window, time_model=tm.name,
+        sliding_window=model.sliding_window, time_model=tm.name, engine=engine_label(tm),
         batch=B.astype(np.int64), prompt_len=P.astype(np.int64), gen_len=G.astype(np.int64),
         params_total=model.param_count, params_active=model.active_param_count,
         ttft_s=prefill.time_s, tpot_s=tpot, e2e_s=e2e, decode_s=d_time,
+        ttft_bound_s=ttft_bound + 0.0 * B, tpot_bound_s=tpot_bound + 0.0 * B, e2e_bound_s=e2e_bound + 0.0 * B,
         tpot_first_s=np.where(has_steps, first.time_s, 0.0), tpot_last_s=np.where(has_steps, last.time_s, 0.0),
         tokens_per_s=np.where(e2e > 0, B * G / np.where(e2e > 0, e2e, 1), 0.0),
         decode_tokens_per_s=np.where(tpot > 0, B / np.where(tpot > 0, tpot, 1), 0.0),

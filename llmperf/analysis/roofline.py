@@ -18,10 +18,13 @@ decode sum, the regimes, the serving simulator's step prices) goes through `op_t
 
 `ROOFLINE` (e = 1, overhead = 0) is the pure roofline; calibrated or typical models (measured
 fractions of the roofs plus a per-kernel launch overhead, `llmperf.analysis.timemodel`) implement
-the same protocol. A time model may look at the operator's kind and name and at its `rows` (tokens
-through it, `batch * q_len`), but never at the context length: then every decode step's operator
-time stays `max(a + b*ctx, c + d*ctx) + overhead` and the sum over a whole generation keeps its
-closed form (`sum_max_lines`).
+the same protocol. A time model may look at the operator's kind and name, at its `rows` (tokens
+through it, `batch * q_len`), at a weight GEMM's shape (`OpCost.gemm`) and at a fused attention's
+shape (`OpCost.attn`: batch, q_len, heads, KV heads, head dim), but never at the context length: then
+every decode step's operator time stays `max(a + b*ctx, c + d*ctx) + overhead` and the sum over a
+whole generation keeps its closed form (`sum_max_lines`). A kernel's fixed device time
+(`Efficiency.latency_s`, fused attention under `typical`) is added to both the compute and the memory
+roof, which shifts both lines alike.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from llmperf.analysis.attention_eff import AttnShape
+from llmperf.analysis.gemm import GemmShape
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
 
@@ -63,6 +68,10 @@ class OpCost:
     layer: str = ""  # the layer kind of a per-layer operator (`LayerKind.label`: full, sliding-4096, ...;
     # kinds joined by `+` where the operator is the same in them: full+full/moe)
     compute_dtype: str | None = None  # its matrix work's format (per-module precision); None: the phase's
+    # a weight GEMM's per-GPU shape (`llmperf.analysis.gemm`: N, K, groups, M per row), which a time model
+    # may price it by; None for every other operator. Per call: `scaled` keeps it as it is
+    gemm: GemmShape | None = None
+    attn: AttnShape | None = None  # a fused attention call's shape (per GPU), for a time model that prices by it
 
     @property
     def bytes_read(self) -> Number:
@@ -128,6 +137,7 @@ class Efficiency:
     host_s: Number = 0.0  # host dispatch that overlaps the device work (asynchronous launches): a floor
     comm_latency_s: Number = 0.0  # a collective's latency per call, added to its interconnect time
     floor_s: Number = 0.0  # a kernel's minimum device time (not the host's launch): a floor, per launch
+    latency_s: Number = 0.0  # a kernel's fixed device time added to its compute and memory roofs, per launch
 
 
 @runtime_checkable
@@ -136,8 +146,9 @@ class TimeModel(Protocol):
 
     `name` is reported with every result (`time_model` in summaries, JSON and CSV).
     `efficiency(cost, hardware)` returns an `Efficiency` (or a tuple `(e_compute, e_memory,
-    overhead_s)`): it may depend on `cost.kind`, `cost.name` and `cost.rows` (= batch * q_len), and
-    on the device, but NOT on the context length (kv_len), so decode sums stay in closed form.
+    overhead_s)`): it may depend on `cost.kind`, `cost.name`, `cost.rows` (= batch * q_len), a fused
+    attention's `cost.attn` (all but its context) and the device, but NOT on the context length
+    (kv_len), so decode sums stay in closed form.
     Efficiencies must be in (0, 1] (a measured ceiling above the datasheet is a calibration error)
     and the overhead >= 0. An optional attribute `step_overhead_s` (seconds) is a fixed cost per
     forward pass outside the operators (the host's sampling and bookkeeping); every roll-up adds it
@@ -167,6 +178,23 @@ ROOFLINE = RooflineTimeModel()
 def step_overhead_s(time_model: TimeModel | None) -> float:
     """The per-step fixed cost a time model declares (0 for the roofline or when absent)."""
     return float(getattr(time_model, "step_overhead_s", 0.0) or 0.0)
+
+
+def engine_label(time_model: object) -> str:
+    """The engine profile a time model names: its `engine`, "llmperf" for a CPU's calibration (llmperf's
+    own engine measured), "none" for the roofline (the bound: no engine)."""
+    engine = getattr(time_model, "engine", "")
+    if engine:
+        return engine
+    return "none" if getattr(time_model, "name", "roofline") == "roofline" else "llmperf"
+
+
+def phase_time_model(time_model: TimeModel | None, phase: str) -> TimeModel | None:
+    """The time model for a step of `phase` (decode, prefill, mixed, verify): an engine may price a
+    prefill differently from a decode step (a CUDA graph replays only the decode step); a time model
+    without `for_phase` prices every step alike."""
+    for_phase = getattr(time_model, "for_phase", None)
+    return for_phase(phase) if for_phase is not None else time_model
 
 
 def resolve_time_model(time_model: TimeModel | None, hardware: HardwareSpec | None = None,
@@ -251,7 +279,7 @@ def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
         if not np.all((value > 0) & (value <= 1)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be in (0, 1], got "
                              f"{float(value.ravel()[~((value > 0) & (value <= 1)).ravel()][0])!r}")
-    for field in ("overhead_s", "host_s", "comm_latency_s", "floor_s"):
+    for field in ("overhead_s", "host_s", "comm_latency_s", "floor_s", "latency_s"):
         value = np.asarray(getattr(eff, field), dtype=float)
         if not np.all(np.isfinite(value) & (value >= 0)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be >= 0, got "
@@ -275,6 +303,9 @@ def op_time(cost: OpCost, hardware: HardwareSpec, compute_dtype: str = "fp16",
         dtype = cost.compute_dtype
     compute = cost.flops / (peak_for(cost.kind, hardware, dtype) * eff.e_compute)
     memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
+    if type(eff.latency_s) is not float or eff.latency_s:  # a fused attention launch's fixed device time:
+        lat = eff.latency_s * cost.calls  # both roofs shift, so max(a + b ctx, c + d ctx) keeps its form
+        compute, memory = compute + lat, memory + lat
     cb = cost.comm_bytes
     if (cb > 0 if type(cb) is float else np.any(np.asarray(cb) > 0)) and hardware.interconnect_bytes_per_s <= 0:
         raise ValueError(f"hardware {hardware.name}: interconnect_gbps is 0, cannot time {cost.name}")

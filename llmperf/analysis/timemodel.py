@@ -53,6 +53,14 @@ operator's own in `op_floor_s`; `typical` fits them on Vidur's measured small op
 (+ a serial overhead), per launch, flat in the context. It is not the host's launch cost (the
 `overhead_s` above, which an engine pays and a CUDA graph hides); the roofline has none.
 
+A weight GEMM that carries its per-GPU shape (`OpCost.gemm`: N, K, groups, M per row) is priced
+from it when the model has GEMM terms (schema 5: a `gemm:` block, `llmperf.analysis.gemm`; `typical`
+fits them on Vidur's GEMMs, `llmperf.measure.fit_gemm`): tile and wave quantisation, weight streaming,
+a kernel latency, from the device's peak, bandwidth and SM count. The time is handed to `op_time` as
+the efficiencies it implies (`gemm_efficiency`: the compute roof is the tiles' time, the memory roof
+the HBM stream's), so every table that shows efficiencies or bounds stays true; it depends on the
+rows only, never on the context. Other GEMMs (and models without the block) take the per-rows curves.
+
 On a CPU a GEMM's dispatch depends on the path it takes: the engine runs GEMMs of few rows on a
 kernel of llmperf's own (up to 8 fp32 / 4 bf16 rows, bf16 3-16 on AMX; torch's one-row fp32 GEMV
 without them) and everything else on oneDNN's packed one, whose cold call costs up to three times as much
@@ -62,6 +70,14 @@ calibration may also give each operator's overhead per compute dtype as a curve 
 edge between the engine's GEMM paths), which wins over `op_overhead_s` for that dtype.
 `llmperf calibrate` fills it with the weight GEMMs' cold dispatch and, for every operator that reads
 no weights, the dispatch measured in a real layer's recorded decode (see `llmperf.measure.calibrate`).
+
+A fused attention call that carries its shape (`OpCost.attn`: batch, new tokens, heads, KV heads,
+head dim) is priced by shape when the model has an `attention_eff` block (schema 5; `typical` fits it
+on H100 FlashAttention / Flash-Decoding measurements, `llmperf.measure.fit_attention`): its
+efficiencies depend on that shape and the device's SM count (`llmperf.analysis.attention_eff`), still
+never on the context, plus a fixed device latency added to both roofs (so the lines shift, and the
+closed form holds). A naive attention's parts, and any attention cost without a shape, take the kind's
+curves over rows.
 
 Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
 """
@@ -77,16 +93,19 @@ from typing import Any
 
 import numpy as np
 
+from llmperf.analysis.attention_eff import AttentionEfficiency
 from llmperf.analysis.collectives import Collectives, load_collectives
-from llmperf.analysis.roofline import Efficiency, Number, OpCost, peak_for
+from llmperf.analysis.gemm import GemmParams, gemm_time_for
+from llmperf.analysis.roofline import MATRIX_KINDS, Efficiency, Number, OpCost, peak_for
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
 
 TIME_MODELS = ("roofline", "typical", "calibrated")
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
-EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes (it measures no device floor)
-# 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`
-READABLE_SCHEMAS = (1, 2, 3, 4)
+EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU (on CUDA, with the device floors: 4)
+# 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`;
+# 5 `gemm` (the GEMM shape model's terms, `llmperf.analysis.gemm`) and `attention_eff` (fused attention by shape)
+READABLE_SCHEMAS = (1, 2, 3, 4, 5)
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
 # the operators `op_e_memory` may price: vector operators whose bytes never depend on the context
@@ -191,6 +210,20 @@ class EfficiencyTimeModel:
     op_floor_s: Mapping[str, float] = field(default_factory=dict, hash=False)  # operator -> device floor, s
     # collectives priced as latency + bytes / bus bandwidth by GPU count (`typical`); None: the link's bandwidth
     collectives: Collectives | None = field(default=None, hash=False, compare=False)
+    # weight GEMMs priced from their shape (`OpCost.gemm`) with these terms; None: by the matmul kind's curves
+    gemm: GemmParams | None = None
+    compute_dtype: str = ""  # the phase's compute dtype this model prices (the GEMM model's peak); "" : fp16
+    # fused attention priced by its shape (`OpCost.attn`); None: the attention kind's curves over rows
+    attention_eff: AttentionEfficiency | None = None
+    engine: str = ""  # the engine profile that set the launch and step terms ("" : none, the roofline)
+    graph_max_rows: float = 0.0  # steps of up to this many rows replay as a CUDA graph: no host launch
+    # the same model for a prefill (or mixed) step, when the engine prices it differently (`for_phase`)
+    prefill: EfficiencyTimeModel | None = field(default=None, hash=False, compare=False)
+
+    def for_phase(self, phase: str) -> EfficiencyTimeModel:
+        """This model for a step of `phase`: a decode step as it is, any other step (prefill, mixed,
+        verify) with the engine's prefill terms (an eager launch, its own step overhead)."""
+        return self if phase == "decode" or self.prefill is None else self.prefill
 
     def __post_init__(self) -> None:
         if self.overhead_mode not in OVERHEAD_MODES:
@@ -214,6 +247,14 @@ class EfficiencyTimeModel:
     def overhead_for(self, cost: OpCost, rows: Number | None = None) -> tuple[float, str]:
         """The host overhead of one call of `cost` at `rows` (default: `cost.rows`) and where it comes
         from ("op" or "kind")."""
+        if self.graph_max_rows:  # a CUDA graph replays the step: no kernel pays a host launch
+            r = np.asarray(_rows_of(cost, rows), dtype=float)
+            if np.all(r <= self.graph_max_rows):
+                return 0.0, "graph"
+            graph = r <= self.graph_max_rows
+            plain = replace(self, graph_max_rows=0.0)
+            value, where = plain.overhead_for(cost, rows)
+            return np.where(graph, 0.0, value), where
         curve = self.op_overhead_rows.get(cost.name)
         if curve is not None:
             return curve(_rows_of(cost, rows)), "op"
@@ -222,9 +263,11 @@ class EfficiencyTimeModel:
         return self.terms(cost.kind).overhead_s, "kind"
 
     def efficiency(self, cost: OpCost, hardware: HardwareSpec | None = None,
-                   rows: Number | None = None) -> Efficiency:
+                   rows: Number | None = None, peak: float | None = None) -> Efficiency:
         """The efficiencies of `cost` at `rows` (default: `cost.rows`), and its overhead as a serial
-        `overhead_s` (mode add) or an overlapped `host_s` (mode overlap)."""
+        `overhead_s` (mode add) or an overlapped `host_s` (mode overlap). A weight GEMM with a shape
+        (`OpCost.gemm`), under a model with `gemm` terms, gets the efficiencies its shape implies
+        (`gemm_efficiency`, relative to `peak`: default the one `op_time` uses)."""
         t = self.terms(cost.kind)
         rows = _rows_of(cost, rows)
         overhead, _ = self.overhead_for(cost, rows)
@@ -239,10 +282,64 @@ class EfficiencyTimeModel:
             alpha, e_comm = self.collectives.terms(hardware.name, getattr(cost, "comm_gpus", 0) or 2)
             comm = dict(e_comm=e_comm, comm_latency_s=alpha)
         floor = self.floor_for(cost)
+        e_compute = None
+        # the shape model needs the device's SMs; a datasheet without them takes the kind's curves
+        if (self.gemm is not None and cost.kind == "matmul" and cost.gemm is not None and hardware is not None
+                and getattr(hardware, "num_sms", None)):
+            e_compute, e_memory = self.gemm_efficiency(cost, hardware, rows, peak)
+        if e_compute is None:
+            e_compute = t.e_compute(rows)
+        shape = getattr(cost, "attn", None)
+        if cost.kind == "attention" and shape is not None and self.attention_eff is not None:
+            e_compute, e_memory = self.attention_eff.efficiencies(shape, getattr(hardware, "num_sms", None))
+            comm = dict(latency_s=self.attention_eff.latency(shape, getattr(hardware, "num_sms", None)))
         if self.overhead_mode == "overlap":
-            return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
-        return Efficiency(e_compute=t.e_compute(rows), e_memory=e_memory, overhead_s=overhead, floor_s=floor,
-                          **comm)
+            return Efficiency(e_compute=e_compute, e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
+        return Efficiency(e_compute=e_compute, e_memory=e_memory, overhead_s=overhead, floor_s=floor, **comm)
+
+    def gemm_peak(self, cost: OpCost, hardware: HardwareSpec) -> float:
+        """The peak `op_time` divides a matmul's FLOPs by: its module's format where the device has
+        units for it, else this model's compute dtype."""
+        dtype = self.compute_dtype or "fp16"
+        if cost.compute_dtype is not None and cost.kind in MATRIX_KINDS and cost.compute_dtype in hardware.peak_tflops:
+            dtype = cost.compute_dtype
+        return peak_for(cost.kind, hardware, dtype)
+
+    def gemm_parts_s(self, cost: OpCost, hardware: HardwareSpec, rows: Number, peak: float) -> tuple[Number, Number]:
+        """One call of a weight GEMM priced from its shape (`llmperf.analysis.gemm`), its element sizes
+        read off the cost (quantised weights and their scales included): (its tiles' time, its HBM
+        stream's time), each never below its own roof; the GEMM takes the larger."""
+        shape, calls = cost.gemm, np.maximum(np.asarray(getattr(cost, "calls", 1.0), dtype=float), 1e-300)
+        flops, nbytes = cost.flops / calls, cost.bytes_total / calls
+        m = np.asarray(shape.m(rows), dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = np.asarray(cost.weight_bytes / calls, dtype=float) / (shape.groups * shape.n * shape.k)
+            a = np.asarray(cost.act_read_bytes / calls, dtype=float) / (m * shape.groups * shape.k)
+        w = np.where(np.isfinite(w) & (w > 0), w, 2.0)
+        a = np.where(np.isfinite(a) & (a > 0), a, 2.0)
+        bw = hardware.mem_bandwidth_bytes_per_s
+        work, stream = gemm_time_for(shape, rows, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw,
+                                     num_sms=int(hardware.num_sms), params=self.gemm, w_bytes=w, a_bytes=a,
+                                     parts=True)
+        return np.maximum(work, flops / peak), np.maximum(stream, nbytes / bw)
+
+    def gemm_efficiency(self, cost: OpCost, hardware: HardwareSpec, rows: Number,
+                        peak: float | None = None) -> tuple[Number, Number] | tuple[None, None]:
+        """(e_compute, e_memory) that make `op_time`'s compute roof the shape model's tile time and its
+        memory roof its HBM stream time (`gemm_parts_s`): their maximum is the GEMM's time, the larger
+        says its bound, and the efficiencies are what the GEMM reaches, so every table that shows them
+        stays true. (None, None) where the device's SM count is unknown (the per-rows curves then)."""
+        if not hardware.num_sms:
+            return None, None
+        peak = self.gemm_peak(cost, hardware) if peak is None else peak
+        calls = np.maximum(np.asarray(getattr(cost, "calls", 1.0), dtype=float), 1e-300)
+        work, stream = self.gemm_parts_s(cost, hardware, rows, peak)
+        flops, nbytes = np.asarray(cost.flops / calls, dtype=float), np.asarray(cost.bytes_total / calls, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e_c = np.where((flops > 0) & (work > 0), flops / (peak * work), 1.0)
+            e_m = np.where((nbytes > 0) & (stream > 0), nbytes / (hardware.mem_bandwidth_bytes_per_s * stream), 1.0)
+        e_c, e_m = np.clip(e_c, 1e-12, 1.0), np.clip(e_m, 1e-12, 1.0)
+        return (float(e_c), float(e_m)) if e_c.ndim == 0 and e_m.ndim == 0 else (e_c, e_m)
 
     def floor_for(self, cost: OpCost) -> float:
         """A kernel's minimum device time for `cost` (per launch): the operator's own (`op_floor_s`),
@@ -254,10 +351,12 @@ class EfficiencyTimeModel:
     def op_time_s(self, cost: OpCost, hardware: HardwareSpec, compute_dtype: str, rows: Number) -> Number:
         """`max(flops / (peak e_c), bytes / (bw e_m), latency + comm / (link e_comm), host) + overhead` at
         `rows`: `llmperf.analysis.roofline.op_time` at given rows."""
-        eff = self.efficiency(cost, hardware, rows)
-        compute = cost.flops / (peak_for(cost.kind, hardware, compute_dtype) * eff.e_compute)
+        peak = peak_for(cost.kind, hardware, compute_dtype)
+        eff = self.efficiency(cost, hardware, rows, peak=peak)
+        compute = cost.flops / (peak * eff.e_compute)
         memory = cost.bytes_total / (hardware.mem_bandwidth_bytes_per_s * eff.e_memory)
         calls = getattr(cost, "calls", 1.0)  # an operator scaled to L layers launches L times
+        compute, memory = compute + eff.latency_s * calls, memory + eff.latency_s * calls
         comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
                 + np.where(np.asarray(cost.comm_bytes) > 0, eff.comm_latency_s * calls, 0.0)
                 if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)
@@ -265,11 +364,14 @@ class EfficiencyTimeModel:
                            eff.floor_s * calls) + eff.overhead_s * calls)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(model=self.name, dtype=self.dtype, step_overhead_s=self.step_overhead_s, source=self.source,
+        return dict(model=self.name, engine=self.engine, dtype=self.dtype, step_overhead_s=self.step_overhead_s,
+                    prefill_step_overhead_s=self.for_phase("prefill").step_overhead_s,
+                    graph_max_rows=self.graph_max_rows, source=self.source,
                     overhead_mode=self.overhead_mode, backend=self.backend, op_overhead_s=dict(self.op_overhead_s),
                     op_e_memory={op: c.to_list() for op, c in self.op_e_memory.items()},
                     op_overhead_rows_s={op: c.to_list() for op, c in self.op_overhead_rows.items()},
-                    op_floor_s=dict(self.op_floor_s),
+                    op_floor_s=dict(self.op_floor_s), gemm=None if self.gemm is None else self.gemm.to_dict(),
+                    attention_eff=self.attention_eff.to_dict() if self.attention_eff is not None else None,
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
                                    overhead_s=t.overhead_s, floor_s=t.floor_s) for k, t in self.kinds.items()})
 
@@ -363,6 +465,14 @@ def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str
             for dtype, backends in raw.items()}
 
 
+def parse_attention_eff(raw: Any, where: str) -> dict[str, AttentionEfficiency]:
+    """`attention_eff`: {compute dtype: {e_compute, head_dim_half, mma_rows, cta_half, e_memory, kv_half,
+    latency_s, wave_s, source}} (`llmperf.analysis.attention_eff`)."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping of compute dtype -> terms, got {raw!r}")
+    return {str(d): AttentionEfficiency.parse(terms, f"{where}.{d}") for d, terms in raw.items()}
+
+
 def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     """Validate an `efficiency:` block: {schema_version, model, step_overhead_s, dtypes: {dtype: kinds}}
     and, from schema 2, `overhead_mode` (add | overlap) and `op_overhead_s` ({backend: {op: s}})."""
@@ -373,7 +483,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
         raise SpecError(f"{where}.schema_version: expected one of {', '.join(map(str, READABLE_SCHEMAS))}, "
                         f"got {version!r}")
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
-                          (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"})):
+                          (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}), (5, {"gemm", "attention_eff"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -404,11 +514,136 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 op_overhead_rows_s=parse_op_overhead_rows(raw.get("op_overhead_rows_s") or {},
                                                           f"{where}.op_overhead_rows_s"),
                 op_floor_s=parse_op_floors(raw.get("op_floor_s") or {}, f"{where}.op_floor_s"),
+                gemm=None if raw.get("gemm") is None else GemmParams.parse(raw["gemm"], f"{where}.gemm"),
+                attention_eff=parse_attention_eff(raw.get("attention_eff") or {}, f"{where}.attention_eff"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
 def typical_path() -> Path:
     return Path(str(resources.files("models_spec").joinpath("efficiency", "typical.yaml")))
+
+
+# ---- engine profiles (`--engine`): what the serving stack adds to a GPU's kernels --------------------
+ENGINE_SCHEMA = 1
+DEFAULT_ENGINE = "compiled"  # a GPU's default: a CUDA-graph serving stack (vLLM, SGLang, TensorRT-LLM)
+_ENGINE_FIELDS = ("schema_version", "name", "description", "source", "launch_s", "graph_max_batch",
+                  "calibrated_overheads", "decode", "prefill")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnginePhase:
+    """An engine's terms for one kind of step: its fixed cost outside the forward pass (scheduler,
+    sampling, host-device sync) and whether it replays as a CUDA graph (no host launch per kernel)."""
+
+    step_overhead_s: float
+    cuda_graph: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineProfile:
+    """A serving stack's host-side terms (`models_spec/engines/<name>.yaml`, each figure cited there):
+    the host launch of one kernel per operator kind (overlapped with the device work), the largest
+    decode batch that replays as a graph, and the decode and prefill steps' terms.
+    `calibrated_overheads`: the engine `llmperf calibrate` measures (llmperf's own), so under
+    `calibrated` the calibration's overheads stay and its step overhead wins where it measured one."""
+
+    name: str
+    description: str = ""
+    source: str = ""
+    launch_s: Mapping[str, float] = field(default_factory=dict, hash=False)
+    graph_max_batch: int = 0
+    calibrated_overheads: bool = False
+    decode: EnginePhase
+    prefill: EnginePhase
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> EngineProfile:
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"{where}: expected a mapping with {', '.join(_ENGINE_FIELDS)}, got {raw!r}")
+        unknown = sorted(set(raw) - set(_ENGINE_FIELDS))
+        if unknown:
+            raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(_ENGINE_FIELDS)})")
+        if raw.get("schema_version") != ENGINE_SCHEMA:
+            raise SpecError(f"{where}.schema_version: expected {ENGINE_SCHEMA}, got {raw.get('schema_version')!r}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise SpecError(f"{where}.name: expected a name, got {name!r}")
+        launch = raw.get("launch_s", {})
+        if not isinstance(launch, Mapping):
+            raise SpecError(f"{where}.launch_s: expected a mapping of operator kind -> seconds, got {launch!r}")
+        for kind in launch:
+            if kind not in OP_KINDS:
+                raise SpecError(f"{where}.launch_s: unknown operator kind {kind!r} (kinds: {', '.join(OP_KINDS)})")
+        graph_max = raw.get("graph_max_batch", 0)
+        if isinstance(graph_max, bool) or not isinstance(graph_max, int) or graph_max < 0:
+            raise SpecError(f"{where}.graph_max_batch: must be an integer >= 0, got {graph_max!r}")
+        calibrated = raw.get("calibrated_overheads", False)
+        if not isinstance(calibrated, bool):
+            raise SpecError(f"{where}.calibrated_overheads: must be true or false, got {calibrated!r}")
+        phases = {}
+        for phase in ("decode", "prefill"):
+            terms = raw.get(phase)
+            at = f"{where}.{phase}"
+            if not isinstance(terms, Mapping) or set(terms) != {"step_overhead_s", "cuda_graph"}:
+                raise SpecError(f"{at}: expected a mapping with step_overhead_s and cuda_graph, got {terms!r}")
+            if not isinstance(terms["cuda_graph"], bool):
+                raise SpecError(f"{at}.cuda_graph: must be true or false, got {terms['cuda_graph']!r}")
+            phases[phase] = EnginePhase(step_overhead_s=_seconds(terms["step_overhead_s"], f"{at}.step_overhead_s"),
+                                        cuda_graph=terms["cuda_graph"])
+        if any(p.cuda_graph for p in phases.values()) and not graph_max:
+            raise SpecError(f"{where}.graph_max_batch: a CUDA-graph phase needs the largest batch it captures")
+        return cls(name=name, description=str(raw.get("description", "")), source=str(raw.get("source", "")),
+                   launch_s={str(k): _seconds(v, f"{where}.launch_s.{k}") for k, v in launch.items()},
+                   graph_max_batch=graph_max, calibrated_overheads=calibrated, **phases)
+
+    def apply(self, model: EfficiencyTimeModel) -> EfficiencyTimeModel:
+        """`model` (the device's kernels: typical or calibrated) priced as this engine runs it: the
+        decode step's terms, with `.prefill` the prefill step's (`EfficiencyTimeModel.for_phase`)."""
+        keep = self.calibrated_overheads and model.name == "calibrated"
+
+        def priced(phase: EnginePhase) -> EfficiencyTimeModel:
+            graph = float(self.graph_max_batch) if phase.cuda_graph else 0.0
+            if keep:  # the calibration measured this very engine: its host terms stay
+                return replace(model, engine=self.name, graph_max_rows=graph,
+                               step_overhead_s=model.step_overhead_s or phase.step_overhead_s)
+            kinds = {k: replace(model.terms(k), overhead_s=self.launch_s.get(k, 0.0)) for k in OP_KINDS}
+            return replace(model, kinds=kinds, op_overhead_s={}, op_overhead_rows={}, backend="",
+                           engine=self.name, graph_max_rows=graph, step_overhead_s=phase.step_overhead_s)
+        return replace(priced(self.decode), prefill=priced(self.prefill))
+
+
+def engines_path() -> Path:
+    return Path(str(resources.files("models_spec").joinpath("engines")))
+
+
+def engine_names() -> list[str]:
+    return sorted(p.stem for p in engines_path().glob("*.yaml"))
+
+
+def load_engine(name: str) -> EngineProfile:
+    """The engine profile `name` (`models_spec/engines/<name>.yaml`); an unknown name is refused with
+    the profiles there."""
+    names = engine_names()
+    if name not in names:
+        raise SpecError(f"--engine: unknown engine profile {name!r} (profiles: {', '.join(names)})")
+    path = engines_path() / f"{name}.yaml"
+    profile = EngineProfile.parse(_read_yaml(path), str(path))
+    if profile.name != name:
+        raise SpecError(f"{path}.name: must be the file's name {name!r}, got {profile.name!r}")
+    return profile
+
+
+def is_cpu(hardware: HardwareSpec) -> bool:
+    return hardware.vendor.lower() == "cpu" or "cpu" in (hardware.variant or "").lower().split()
+
+
+def default_efficiency(hardware: HardwareSpec) -> str:
+    """The expected time's model: `calibrated` for a calibrated CPU (`--hardware local`), `typical`
+    for a GPU; a CPU nobody calibrated has only its roofline."""
+    if is_cpu(hardware):
+        return "calibrated" if getattr(hardware, "efficiency", None) else "roofline"
+    return "typical"
+
 
 
 def _read_yaml(path: Path) -> Any:
@@ -445,11 +680,18 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
                                backend=backend if ops or by_rows else "",
                                op_e_memory=parsed.get("op_e_memory", {}).get(used, {}), op_overhead_rows=by_rows,
                                op_floor_s=parsed.get("op_floor_s", {}).get(used, {}),
-                               collectives=collectives)
+                               collectives=collectives, gemm=parsed.get("gemm"), compute_dtype=dtype,
+                               attention_eff=_attention_eff_for(parsed, used))
+
+
+def _attention_eff_for(parsed: dict[str, Any], dtype: str) -> AttentionEfficiency | None:
+    by_dtype = parsed.get("attention_eff", {})
+    return by_dtype.get(dtype, by_dtype.get("default"))
 
 
 def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute_dtype: str = "fp16",
-                   backend: str = "sdpa", weight_bytes: float | None = None) -> EfficiencyTimeModel:
+                   backend: str = "sdpa", weight_bytes: float | None = None,
+                   engine: str | None = None) -> EfficiencyTimeModel:
     """The time model `efficiency` names, for `hardware` at `compute_dtype`, with the per-operator
     overheads measured for the attention `backend` (sdpa unless said: the engine's default).
     `weight_bytes`: the model's weights on the device; when a CPU calibration measured warm overheads
@@ -460,39 +702,54 @@ def time_model_for(hardware: HardwareSpec, efficiency: str = "roofline", compute
     `calibrated` needs a spec written by `llmperf calibrate` (its `efficiency:` block); `typical`
     reads `models_spec/efficiency/typical.yaml` and is refused for a CPU (its figures are GPU
     measurements); its collectives take a latency and a bus bandwidth by GPU count
-    (`models_spec/efficiency/collectives.yaml`, `llmperf.analysis.collectives`)."""
+    (`models_spec/efficiency/collectives.yaml`, `llmperf.analysis.collectives`).
+
+    `engine`: the serving stack's profile (`models_spec/engines/`, `DEFAULT_ENGINE` for a GPU unless
+    said): its launch and step terms replace the model's (`EngineProfile.apply`). The roofline is the
+    bound and takes none; a CPU runs llmperf's own engine, measured by its calibration, and refuses one."""
     if efficiency not in TIME_MODELS:
         raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {efficiency!r}")
+    profile = load_engine(engine) if engine is not None else None
     if efficiency == "roofline":
         return ROOFLINE_MODEL
+    if profile is not None and is_cpu(hardware):
+        raise SpecError(f"--engine {engine}: {hardware.name!r} is a CPU, which runs llmperf's own engine as its "
+                        "calibration measured it (leave --engine out)")
+    if not is_cpu(hardware):
+        profile = profile or load_engine(DEFAULT_ENGINE)
     if efficiency == "calibrated":
         raw = getattr(hardware, "efficiency", None)
         if not raw:
             raise SpecError(f"--efficiency calibrated: hardware {hardware.name!r} has no calibration "
                             "(run `llmperf calibrate`, then use --hardware local)")
         parsed = parse_efficiency(raw, f"{hardware.name}: efficiency")
-        return _from_parsed("calibrated", parsed, compute_dtype, f"{hardware.name}: efficiency", backend,
-                            weight_bytes)
-    if hardware.vendor.lower() == "cpu" or "cpu" in (hardware.variant or "").lower().split():
+        model = _from_parsed("calibrated", parsed, compute_dtype, f"{hardware.name}: efficiency", backend,
+                             weight_bytes)
+        return profile.apply(model) if profile is not None else model
+    if is_cpu(hardware):
         raise SpecError(f"--efficiency typical: the typical figures are GPU measurements; {hardware.name!r} "
                         "is a CPU (use --efficiency calibrated)")
     path = typical_path()
     parsed = parse_efficiency(_read_yaml(path), str(path))
-    return _from_parsed("typical", parsed, compute_dtype, str(path), backend, collectives=load_collectives())
+    return profile.apply(_from_parsed("typical", parsed, compute_dtype, str(path), backend,
+                                      collectives=load_collectives()))
 
 
-def sweep_jobs(efficiency: str, models: Sequence[Any], devices: Sequence[Any], options: Mapping[str, Any]
-               ) -> list[tuple[list[Any], list[Any], dict[str, Any]]]:
+def sweep_jobs(efficiency: str | None, models: Sequence[Any], devices: Sequence[Any], options: Mapping[str, Any],
+               engine: str | None = None) -> list[tuple[list[Any], list[Any], dict[str, Any]]]:
     """Split a sweep so each part has one time model: `(models, devices, options + time_model)`.
 
     The roofline needs no split (one part, the default time model). `typical` and `calibrated` terms
     belong to one device and one compute dtype, so the sweep is split per model, device and
     activation precision (in the sweep's own row order: model, hardware, precision), each part
-    carrying the `time_model` `time_model_for` gives."""
+    carrying the `time_model` `time_model_for` gives (with the `engine` profile). `efficiency` None:
+    each device's expected time (`default_efficiency`)."""
     from llmperf.specs import load_hardware, load_model
 
-    if efficiency not in TIME_MODELS:
+    if efficiency is not None and efficiency not in TIME_MODELS:
         raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {efficiency!r}")
+    if engine is not None:
+        load_engine(engine)  # an unknown name is refused whatever the time model
     if efficiency == "roofline":
         return [(list(models), list(devices), dict(options))]
     jobs = []
@@ -500,6 +757,10 @@ def sweep_jobs(efficiency: str, models: Sequence[Any], devices: Sequence[Any], o
         model = load_model(m_ref)
         for d_ref in devices:
             hw = load_hardware(d_ref)
+            eff = efficiency or default_efficiency(hw)
+            if eff == "roofline":
+                jobs.append(([m_ref], [d_ref], dict(options)))
+                continue
             if options.get("activations"):
                 key, values = "activations", list(options["activations"])
             elif options.get("precision"):
@@ -508,7 +769,7 @@ def sweep_jobs(efficiency: str, models: Sequence[Any], devices: Sequence[Any], o
                 key, values = None, [model.dtype]
             for act in values:
                 name = act if isinstance(act, str) else getattr(act, "activations", model.dtype)
-                tm = time_model_for(hw, efficiency, hw.compute_dtype(name))
+                tm = time_model_for(hw, eff, hw.compute_dtype(name), engine=engine)
                 opts = dict(options, time_model=tm)
                 if key is not None:
                     opts[key] = [act]

@@ -24,12 +24,26 @@ def _money(x: float | None, digits: int = 3) -> str:
 
 
 def time_models_line(result) -> str:  # noqa: ANN001
-    """Which time model priced the plan's rows, in words (the optimistic roofline said as such)."""
+    """Which time model and engine profile priced the plan's rows, in words (the optimistic roofline
+    said as such)."""
     names = sorted({r.time_model for r in result.rows if r.time_model})
     if not names:
         return f"time model: {result.settings.get('efficiency', '?')}"
     words = [n + (" (the optimistic bound: peak FLOPs and bandwidth)" if n == "roofline" else "") for n in names]
-    return "priced with the " + " and ".join(words) + " time model"
+    engines = sorted({engine_of(r.time_model, r.device, result.settings.get("engine")) for r in result.rows
+                      if r.time_model and r.time_model != "roofline"})
+    return ("priced with the " + " and ".join(words) + " time model"
+            + (f", engine profile {' and '.join(engines)}" if engines else ""))
+
+
+def engine_of(time_model: str | None, device: str, engine: str | None) -> str:
+    """The engine profile that priced a plan row: none under the roofline, llmperf's own on a CPU,
+    else `--engine` (or the default)."""
+    from llmperf.analysis.timemodel import DEFAULT_ENGINE, is_cpu
+    from llmperf.specs import load_hardware
+    if not time_model or time_model == "roofline":
+        return "none"
+    return "llmperf" if is_cpu(load_hardware(device)) else (engine or DEFAULT_ENGINE)
 
 
 def kv_line(result) -> str:  # noqa: ANN001
@@ -98,6 +112,7 @@ def register(app: typer.Typer) -> None:
         precisions: Annotated[str, typer.Option("--precisions", help="Weight precisions to consider: bf16/fp16 (16-bit), fp8 (W8A8), int8, int4 (weight-only).")] = "bf16,fp8,int8,int4",
         tps: Annotated[str, typer.Option("--tp", help="Tensor-parallel degrees (GPUs per replica) to consider.")] = "1,2,4,8",
         layouts: Annotated[str | None, typer.Option("--layouts", help="Layouts of a replica's GPUs, comma-separated: tp (tensor parallel), tp+ep (experts expert-parallel, ep = tp), dp+ep (data-parallel attention + expert parallel; how MLA models are served). Default: every layout the model takes (dense models: tp).")] = None,
+        engine: Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile pricing step overhead and kernel launches (models_spec/engines): compiled (CUDA graphs: vLLM, SGLang, TensorRT-LLM; the default) or eager (PyTorch eager). Not for a CPU.")] = None,
         efficiency: Annotated[str, typer.Option("--efficiency", help="Time model pricing every step: typical (GPU efficiency figures, the default), roofline (the optimistic bound), calibrated, auto.")] = "typical",
         max_replicas: Annotated[int, typer.Option("--max-replicas", help="Most data-parallel replicas per configuration.")] = 64,
         gpu_cost: Annotated[str | None, typer.Option("--gpu-cost", help="USD per GPU-hour: one price for all, or device=price,... (defaults per device are cited in llmperf/serving/prices.py).")] = None,
@@ -175,6 +190,9 @@ def register(app: typer.Typer) -> None:
             from llmperf.serving.simulator import EFFICIENCIES
             if efficiency not in EFFICIENCIES:
                 raise SpecError(f"--efficiency: must be one of {', '.join(EFFICIENCIES)}, got {efficiency!r}")
+            if engine is not None:
+                from llmperf.analysis.timemodel import load_engine
+                load_engine(engine)
             costs = parse_gpu_cost(gpu_cost)
             if isinstance(costs, dict):
                 known = set(devices) | set(planner.all_devices())
@@ -186,10 +204,17 @@ def register(app: typer.Typer) -> None:
                                 num_requests=requests if requests is not None else stopping.min_requests,
                                 system_prompt_len=system_prompt_len, seed=seed)
             base = dict(max_batch=max_batch, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
-                        prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, efficiency=efficiency)
+                        prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, efficiency=efficiency,
+                        engine=engine)
             result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs,
                           layout_list, stopping)
             frame = result.to_frame()
+            if isinstance(result.settings, dict) and result.settings.get("engine") is None:
+                from llmperf.analysis.timemodel import DEFAULT_ENGINE
+                result.settings["engine"] = DEFAULT_ENGINE  # what priced the GPU rows (named per row below)
+            if "time_model" in frame.columns:  # every row names the engine profile that priced it
+                frame.insert(list(frame.columns).index("time_model") + 1, "engine",
+                             [engine_of(t, d, engine) for t, d in zip(frame["time_model"], frame["device"])])
             if not result.feasible:  # an error (exit 2): the losers are shown, no file is written
                 if out is None and output_format is OutputFormat.table:
                     for t in plan_tables(result):

@@ -38,6 +38,8 @@ def report(
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
     compare: Annotated[str, typer.Option("--compare", help="Devices drawn side by side (figure 8), comma-separated names or YAML paths (`local`: this machine as `llmperf calibrate` measured it).")] = "a100-80gb-sxm,h100-sxm,h200",
+    efficiency: Annotated[str | None, typer.Option("--efficiency", help="Time model of the estimate: roofline (the bound), typical, calibrated. Default: the expected time (typical on a GPU, calibrated for --hardware local).")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile (models_spec/engines): compiled (the default) or eager. Not for a CPU.")] = None,
     title: Annotated[str, typer.Option("--title", help="The report's title.")] = "llmperf report",
     output: Annotated[str, typer.Option("--output", "-o", help="The HTML file to write (atomically); PNGs and CSVs go to <name>_files/ beside it (a folder holding other files is refused, never emptied).")] = "report.html",
 ) -> None:
@@ -71,7 +73,7 @@ def report(
                 precision=dtype, weights=weights, activations=activations, kv=kv, tp=tp, pp=pp, ep=ep,
                 dp_attention=dp_attention, mla_mode=mla_mode, kv_window=kv_window,
                 attention=attention.value, block_size=block_size, mem_util=mem_util,
-                compare=parse_name_list("--compare", compare))
+                compare=parse_name_list("--compare", compare), efficiency=efficiency, engine=engine)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = build_report(estimate=spec, runs=run_dirs, title=title)

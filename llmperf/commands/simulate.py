@@ -46,7 +46,8 @@ ChunkOpt = Annotated[bool, typer.Option("--chunked-prefill/--no-chunked-prefill"
 PrefixOpt = Annotated[bool, typer.Option("--prefix-sharing/--no-prefix-sharing", help="Share the KV blocks of a common prompt prefix.")]
 BlockOpt = Annotated[int, typer.Option("--block-size", help="Tokens per paged KV block.")]
 MemOpt = Annotated[float, typer.Option("--mem-util", help="Fraction of device memory the server uses (vLLM gpu_memory_utilization).")]
-EffOpt = Annotated[Efficiency, typer.Option("--efficiency", help="Time model: auto (the calibration of --hardware local, else roofline), roofline, typical, calibrated.")]
+EffOpt = Annotated[Efficiency, typer.Option("--efficiency", help="Time model: auto (the expected time: typical on a GPU, the calibration of --hardware local), roofline (the bound), typical, calibrated.")]
+EngineOpt = Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile for step overhead and kernel launches (models_spec/engines): compiled (CUDA graphs: vLLM, SGLang, TensorRT-LLM; the default) or eager (PyTorch eager, llmperf's own engine). Not for a CPU; the roofline takes none.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")]
 OutOpt = Annotated[str | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
 
@@ -152,9 +153,9 @@ def _fmt_s(x: float | None) -> str:
     return f"{x * 1e6:.1f} us"
 
 
-def summary_tables(result, title: str):  # noqa: ANN001, ANN201
-    """Rich tables: latency percentiles (the p90's interval beside them), throughput and memory, and
-    the run over time."""
+def summary_tables(result, title: str, bound=None):  # noqa: ANN001, ANN201
+    """Rich tables: latency percentiles (the expected time, the p90's interval beside it, and with
+    `bound`, the same workload's under the roofline), throughput and memory, and the run over time."""
     import math
 
     from rich.table import Table
@@ -170,7 +171,10 @@ def summary_tables(result, title: str):  # noqa: ANN001, ANN201
         ci = percentile_ci(r[key].to_numpy(dtype=float), 90)
         band = (f"[{_fmt_s(max(ci.low, 0.0))}, {_fmt_s(ci.high)}]" if math.isfinite(ci.low) and math.isfinite(ci.high)
                 else "-")
-        lat.add_row(label, *(_fmt_s(st[k]) for k in ("p50", "p90", "p99", "mean")), band)
+        lat.add_row(label + (" expected" if bound is not None else ""),
+                    *(_fmt_s(st[k]) for k in ("p50", "p90", "p99", "mean")), band)
+        if bound is not None and key in ("ttft_s", "tpot_s"):
+            lat.add_row(label + " bound", *(_fmt_s(bound[key][k]) for k in ("p50", "p90", "p99", "mean")), "")
     tot = Table(title="throughput and memory")
     tot.add_column("quantity")
     tot.add_column("value", justify="right")
@@ -281,6 +285,7 @@ def register(app: typer.Typer) -> None:
         mem_util: MemOpt = 0.9,
         num_blocks: Annotated[int | None, typer.Option("--num-blocks", help="KV pool size in blocks (default: what memory leaves).")] = None,
         efficiency: EffOpt = Efficiency.auto,
+        engine: EngineOpt = None,
         slo_ttft: SloTtftOpt = None,
         slo_tpot: SloTpotOpt = None,
         slo_percentile: SloPctOpt = 90.0,
@@ -314,12 +319,14 @@ def register(app: typer.Typer) -> None:
                 defaults = dict(hardware="a100-80gb-sxm", arrival="poisson", cv=None, system_prompt_len=0, dtype=None,
                                 kv=None, tp=1, ep=1, dp_attention=False, mla_mode="auto", kv_window="capped",
                                 max_batch=256, prefix_sharing=True, block_size=16, mem_util=0.9,
-                                efficiency=Efficiency.auto, slo_ttft=None, slo_tpot=None, slo_percentile=90.0,
+                                efficiency=Efficiency.auto, engine=None, slo_ttft=None, slo_tpot=None,
+                                slo_percentile=90.0,
                                 output_format=OutputFormat.table, output=None)
                 given = dict(hardware=hardware, arrival=arrival, cv=cv, system_prompt_len=system_prompt_len,
                              dtype=dtype, kv=kv, tp=tp, ep=ep, dp_attention=dp_attention, mla_mode=mla_mode,
                              kv_window=kv_window, max_batch=max_batch, prefix_sharing=prefix_sharing,
-                             block_size=block_size, mem_util=mem_util, efficiency=efficiency, slo_ttft=slo_ttft,
+                             block_size=block_size, mem_util=mem_util, efficiency=efficiency, engine=engine,
+                             slo_ttft=slo_ttft,
                              slo_tpot=slo_tpot, slo_percentile=slo_percentile, output_format=output_format,
                              output=output)
                 for opt, used in (("--trace", trace is not None), ("--duration", duration is not None),
@@ -347,7 +354,7 @@ def register(app: typer.Typer) -> None:
                 kv_window=kv_window, policy=policy.value, max_batch=max_batch,
                 max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
                 prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, num_blocks=num_blocks,
-                efficiency=efficiency.value)
+                efficiency=efficiency.value, engine=engine)
             search = None
             if find_max_rate:
                 if spec is None:
@@ -360,17 +367,25 @@ def register(app: typer.Typer) -> None:
                     result = min(search.points, key=lambda p: p.rate).result
             else:
                 result = sim.simulate(workload, config, slo=slo)
+            bound = None  # the same workload under the roofline: the bound beside the expected time
+            if search is None and result.settings["time_model"] != "roofline":
+                from dataclasses import replace
+                b = sim.simulate(workload, replace(config, efficiency="roofline", time_model=None, engine=None),
+                                 slo=slo).summary()
+                bound = {k: b[k] for k in ("ttft_s", "tpot_s", "e2e_s")}
             rates = search.to_frame() if search is not None else None
             if rd is not None:
                 from llmperf.serving.rundir import write_run_dir
                 summary = result.summary()
+                if bound is not None:
+                    summary["bound"] = bound
                 extra = (dict(max_rate_rps=search.max_rate, service_rate_bound_rps=search.service_rate_rps,
                               max_rate_capped=search.capped, max_rate_note=search.note)
                          if search is not None else None)
                 write_run_dir(rd, model=config.model.name, hardware=config.hardware.name,
                               settings=result.settings, summary=summary, requests=result.requests,
                               steps=result.steps, rates=rates, extra=extra)
-            _render(result, search, rates, output_format, out)
+            _render(result, search, rates, output_format, out, bound)
 
 
 def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202
@@ -386,9 +401,11 @@ def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202
         return find_max_rate(spec, config, slo, on_point=on_point)
 
 
-def _render(result, search, rates, output_format: OutputFormat, output) -> None:  # noqa: ANN001  # noqa: ANN001
+def _render(result, search, rates, output_format: OutputFormat, output, bound=None) -> None:  # noqa: ANN001
     from llmperf.serving.rundir import jsonable
     s = result.summary()
+    if bound is not None:
+        s["bound"] = bound
     if output_format is OutputFormat.json:
         doc = dict(settings=result.settings, summary=s, percentile_ci=percentile_cis(result),
                    prefill_time_share=_prefill_share(result))
@@ -407,21 +424,24 @@ def _render(result, search, rates, output_format: OutputFormat, output) -> None:
         import pandas as pd
         flat = {k: v for k, v in s.items() if not isinstance(v, dict)}
         for k, v in s.items():
-            if isinstance(v, dict):
+            if isinstance(v, dict) and k != "bound":
                 flat |= {f"{k.removesuffix('_s')}_{q}_s": x for q, x in v.items()}
+        for k, v in (s.get("bound") or {}).items():  # ttft_bound_p90_s, ...
+            flat |= {f"{k.removesuffix('_s')}_bound_{q}_s": x for q, x in v.items()}
         write_output(pd.DataFrame([flat]).to_csv(index=False), output)
         return
     st = result.settings
     layout = f"tp={st['tp']}" + (f", ep={st['ep']}" if st.get("ep", 1) > 1 else "") + (
         ", data-parallel attention" if st.get("dp_attention") else "")
-    tm = st["time_model"] + (" (the optimistic bound)" if st["time_model"] == "roofline" else "")
+    tm = (f"{st['time_model']} time model" + (" (the optimistic bound)" if st["time_model"] == "roofline"
+                                                else f", engine {st.get('engine', '?')}"))
     gemm = f" {st['gemm']}" if st.get("gemm") else ""
-    title = (f"{st['model']} on {st['hardware']} ({layout}, {st['weights']} weights{gemm}, {tm} time "
-             f"model): {s['requests']} requests, {st['policy']}"
+    title = (f"{st['model']} on {st['hardware']} ({layout}, {st['weights']} weights{gemm}, {tm}): "
+             f"{s['requests']} requests, {st['policy']}"
              + (f", chunked prefill {st['max_batched_tokens']} tokens/step" if st["chunked_prefill"] else "")
              + (f"\n{st['kv_note']}" if st.get("kv_note") else "")
              + (f"\n{st['precision_note']}" if st.get("precision_note") else ""))
-    tables = summary_tables(result, title)
+    tables = summary_tables(result, title, bound)
     if search is not None:
         tables.insert(0, rates_table(rates, search, result.slo))
     if output is None:

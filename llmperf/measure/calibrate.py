@@ -265,6 +265,13 @@ class Calibration:
     # CPU: dtype -> backend -> op -> [[rows, seconds]] (the packed GEMM path dispatches differently)
     op_overhead_rows_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
     step_overhead_s: float = 0.0
+    floor_s: dict[str, float] = field(default_factory=dict)  # CUDA: kind -> a tiny kernel's device time
+    # CUDA: GEMMs by shape (dtype, m, n, k, seconds) and the shape model's terms fitted on them
+    gemm_shapes: list[tuple[str, int, int, int, float]] = field(default_factory=list)
+    gemm: dict[str, Any] | None = None
+    # CUDA: fused attention (SDPA) by shape and its terms (`llmperf.analysis.attention_eff`) fitted on them
+    attention_shapes: list[dict[str, Any]] = field(default_factory=list)
+    attention_eff: dict[str, Any] | None = None
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
     notes: list[str] = field(default_factory=list)
@@ -329,11 +336,15 @@ class Calibration:
             for kind in VECTOR_KINDS:
                 kinds[kind] = dict(e_compute=1.0, e_memory=_clean(e_vec),
                                    overhead_s=_clean(self.overhead_s.get(kind, 0.0)))
+                if kind in self.floor_s:
+                    kinds[kind]["floor_s"] = _clean(self.floor_s[kind])
             if self.allreduce:
                 small = min(self.allreduce, key=lambda p: p.size_bytes)
                 kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
             dtypes[dtype] = kinds
-        out = dict(schema_version=EFFICIENCY_SCHEMA, model="calibrated", step_overhead_s=self.step_overhead_s,
+        # CUDA: 4 with the device floors, 5 with the GEMM and attention shape terms
+        schema = 5 if self.gemm or self.attention_eff else 4 if self.floor_s else EFFICIENCY_SCHEMA
+        out = dict(schema_version=schema, model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
         if self.op_overhead_s:
             out["op_overhead_s"] = _clean_ops(self.op_overhead_s)
@@ -348,6 +359,10 @@ class Calibration:
         if self.op_e_memory:
             out["op_e_memory"] = {d: {op: [[int(b), _clean(e)] for b, e in pts] for op, pts in ops.items()}
                                   for d, ops in self.op_e_memory.items() if d in dtypes}
+        if self.gemm:
+            out["gemm"] = dict(self.gemm)
+        if self.attention_eff:
+            out["attention_eff"] = {"default": dict(self.attention_eff)}
         out["dtypes"] = dtypes
         return out
 
@@ -403,6 +418,10 @@ class Calibration:
                                                      "op_overhead_s)")
                                             if self.settings.dispatch_hidden and self.op_overhead_rows_s else None)),
             step_overhead_s=_clean(self.step_overhead_s),
+            floor_s={k: _clean(v) for k, v in self.floor_s.items()},
+            gemm_shapes=[dict(dtype=d, m=m, n=n, k=k, seconds=_clean(t)) for d, m, n, k, t in self.gemm_shapes],
+            attention_shapes=[{k: _clean(v) if isinstance(v, float) else v for k, v in r.items()}
+                              for r in self.attention_shapes],
             op_e_memory_model=dict(VECTOR_SPEC, cache="contiguous",
                                    prefills=[list(p) for p in self.settings.vector_prefills],
                                    reps=self.settings.vector_reps) if self.op_e_memory else None,
@@ -834,6 +853,119 @@ def measure_overheads(device: Any, progress: Progress) -> dict[str, float]:
                 embedding=_per_call_s(lambda: F.embedding(ids, table), device))
 
 
+#: CUDA: the (N, K) of the shape sweep: Llama-3-8B's projections and Llama-3-70B's at TP 8 (narrow K / N)
+GEMM_SHAPE_NK = ((4096, 4096), (28672, 4096), (4096, 14336), (1280, 8192), (8192, 1024))
+GEMM_SHAPE_ROWS = (1, 8, 32, 128, 512, 2048, 8192)
+
+
+def measure_gemm_shapes(dtypes: Sequence[str], device: Any, progress: Progress
+                        ) -> list[tuple[str, int, int, int, float]]:
+    """CUDA: `F.linear` over real projections' shapes and rows 1 .. 8192 per measured 16-bit dtype
+    (`triton.testing.do_bench`, L2 flushed): what the GEMM shape model (`llmperf.analysis.gemm`) is
+    fitted on for this device."""
+    import torch
+
+    from llmperf.measure.gpu_terms import _bench_s
+
+    out = []
+    for dname in (d for d in dtypes if d in ("bf16", "fp16")):
+        dt = getattr(torch, DTYPE_NAMES[dname])
+        for n, k in GEMM_SHAPE_NK:
+            progress(f"GEMM shapes {dname} {n}x{k}")
+            w = torch.randn(n, k, device=device, dtype=dt) * 0.02
+            for m in GEMM_SHAPE_ROWS:
+                x = torch.randn(m, k, device=device, dtype=dt)
+                out.append((dname, m, n, k, _bench_s(lambda: torch.nn.functional.linear(x, w))))
+            del w
+    return out
+
+
+def fit_gemm_shapes(cal: Calibration) -> dict[str, Any] | None:
+    """The GEMM shape model's terms fitted on `cal.gemm_shapes` against the ceilings the calibration
+    measured (its peak per dtype, its bandwidth, the device's SMs); None without points."""
+    if not cal.gemm_shapes:
+        return None
+    import numpy as np
+    import pandas as pd
+
+    from llmperf.measure.fit_gemm import fit
+    from llmperf.specs.precision import dtype_bytes
+
+    df = pd.DataFrame(cal.gemm_shapes, columns=["dtype", "m", "n", "k", "time_s"]).assign(groups=1.0)
+    peak = np.array([cal.peak_flops_per_s(d) for d in df["dtype"]])
+    sms = float(cal.device.get("sms") or (cal.datasheet.num_sms if cal.datasheet else 1))
+    devices = (peak, np.full(len(df), cal.memory_bytes_per_s()), np.full(len(df), sms),
+               np.array([dtype_bytes(d) for d in df["dtype"]]))
+    params = fit(df, devices, source=f"{CALIBRATION_TOOL}, {cal.created}: F.linear over "
+                                     f"{len(GEMM_SHAPE_NK)} shapes x {len(GEMM_SHAPE_ROWS)} row counts")
+    return params.to_dict()
+
+
+def measure_attention_shapes(device: Any, progress: Progress) -> list[dict[str, Any]]:
+    """CUDA: SDPA (bf16, causal prefill and one-token decode) over head dims 64 and 128, MHA and 4
+    query heads per KV head, contexts 512-32k and batches 1-64 (`llmperf.measure.gpu_terms`): what the
+    fused-attention shape model (`llmperf.analysis.attention_eff`) is fitted on for this device."""
+    import torch
+    import torch.nn.functional as F
+
+    from llmperf.measure.gpu_terms import _bench_s
+
+    out: list[dict[str, Any]] = []
+    heads, bf16 = 32, torch.bfloat16
+    for hd in (64, 128):
+        progress(f"attention shapes, head dim {hd}")
+        for kvh in (32, 8):
+            for phase, batch, ctx in ([("prefill", 1, c) for c in (512, 2048, 8192)]
+                                      + [("decode", b, c) for b in (1, 8, 64) for c in (512, 4096, 32768)]):
+                q_len = ctx if phase == "prefill" else 1
+                if batch * ctx * kvh * hd * 4 > 8e9:  # K + V over 8 GB
+                    continue
+                q = torch.randn(batch, heads, q_len, hd, device=device, dtype=bf16)
+                k = torch.randn(batch, kvh, ctx, hd, device=device, dtype=bf16)
+                v = torch.randn_like(k)
+                t = _bench_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=phase == "prefill",
+                                                                    enable_gqa=True))
+                out.append(dict(phase=phase, batch=batch, q_len=q_len, context=ctx, heads=heads, kv_heads=kvh,
+                                head_dim=hd, dtype="bf16", impl="sdpa", time_s=t))
+                del q, k, v
+    return out
+
+
+def fit_attention_shapes(cal: Calibration) -> dict[str, Any] | None:
+    """The fused-attention shape model's terms fitted on `cal.attention_shapes` against the calibration's
+    own ceilings (bf16 peak, bandwidth, SMs); None without points."""
+    if not cal.attention_shapes or cal.peak_flops_per_s("bf16") <= 0:
+        return None
+    import pandas as pd
+
+    from llmperf.measure.fit_attention import fit, sweep_frame
+
+    sms = int(cal.device.get("sms") or (cal.datasheet.num_sms if cal.datasheet else 132))
+    df = sweep_frame(pd.DataFrame(cal.attention_shapes), "calibrate")
+    terms = fit(df, (cal.peak_flops_per_s("bf16"), cal.memory_bytes_per_s(), sms)).to_dict()
+    return dict(terms, source=f"{CALIBRATION_TOOL}, {cal.created}: SDPA over {len(df)} shapes")
+
+
+def measure_floors(device: Any, progress: Progress) -> dict[str, float]:
+    """CUDA: a kernel's minimum DEVICE time per vector kind (`floor_s`, efficiency schema 4): one-row
+    operators at a real width (4096, bf16) replayed 20 to a CUDA graph, so no launch gap is counted
+    (`llmperf.measure.gpu_terms`). The engine's RMSNorm is its five kernels; a fused one is faster."""
+    import torch
+    import torch.nn.functional as F
+
+    from llmperf.measure.gpu_terms import _graph_time_s
+
+    progress("kernel device floors (CUDA graph)")
+    x = torch.randn(1, 4096, device=device, dtype=torch.bfloat16)
+    y = torch.randn_like(x)
+    w = torch.ones(4096, device=device, dtype=torch.bfloat16)
+    table = torch.randn(1024, 4096, device=device, dtype=torch.bfloat16)
+    ids = torch.zeros(1, dtype=torch.long, device=device)
+    return dict(elementwise=_graph_time_s(torch, lambda: x + y, copies=20),
+                norm=_graph_time_s(torch, lambda: F.rms_norm(x, (4096,), w, 1e-6), copies=20),
+                embedding=_graph_time_s(torch, lambda: F.embedding(ids, table), copies=20))
+
+
 #: On a CPU, every operator of a real decode step dispatches right after a weight matrix streamed
 #: through the caches, which evicts the interpreter's and the framework's dispatch state: measured on
 #: the 2-core development machine, the engine's RMSNorm at (4, 1024) fp32 took 14 us back to back but
@@ -1195,6 +1327,12 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
         cal.compute = gemm + measure_attention(s, device, tick)
         cal.notes += notes
         cal.overhead_s = measure_overheads(device, tick)
+        if device.type == "cuda":
+            cal.floor_s = measure_floors(device, tick)
+            cal.gemm_shapes = measure_gemm_shapes(cal.measured_dtypes(), device, tick)
+            cal.gemm = fit_gemm_shapes(cal)
+            cal.attention_shapes = measure_attention_shapes(device, tick)
+            cal.attention_eff = fit_attention_shapes(cal)
     if s.step_overhead:
         cal.step_overhead_s = measure_step_overhead(device, tick)
     if s.op_overhead:

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmperf.measure.fitting import error_line, error_table, fit_main
+from llmperf.measure.fitting import at_least_schema, error_line, error_table, fit_main
 
 #: Vidur's column -> (llmperf operator whose bytes price it, the operator names it sets, kind)
 OPS = {
@@ -235,7 +235,7 @@ def write_typical(path: Path | str, result: dict) -> None:
         text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: section, text, flags=re.S)
     else:
         text = text.replace("\ndtypes:\n", "\n" + section + "dtypes:\n", 1)
-    text = re.sub(r"(?m)^schema_version: \d+$", "schema_version: 4", text, count=1)
+    text = at_least_schema(text, 4)
     path.write_text(text)
 
 

@@ -1,10 +1,12 @@
-"""What the fits of measured operator times share (`fit_collectives`, `fit_small_ops`): the error
-table (median and p90 of |pred / meas - 1|, median pred / meas, by group), its one-line summary, and
-the command line (`python -m llmperf.measure.fit_<x> DATA_DIR [--write YAML]`)."""
+"""What the fits of measured operator times share (`fit_collectives`, `fit_small_ops`, `fit_gemm`,
+`fit_attention`): the error table (median and p90 of |pred / meas - 1|, median pred / meas, by group),
+its one-line summary, the command line (`python -m llmperf.measure.fit_<x> DATA [--write YAML]`) and a
+simplex minimiser."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -43,3 +45,42 @@ def fit_main(argv: Sequence[str] | None, *, prog: str, description: str, root_he
         write(args.write, result)
         print(f"wrote {args.write}")
     return 0
+
+
+def at_least_schema(text: str, version: int) -> str:
+    """`text` (an efficiency YAML) with its top-level `schema_version` raised to `version` where lower
+    (a fit that writes a newer block never lowers what another fit's block needs)."""
+    def bump(m: re.Match) -> str:
+        return f"schema_version: {max(int(m.group(1)), version)}"
+    return re.sub(r"(?m)^schema_version: (\d+)$", bump, text, count=1)
+
+
+def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, step: float = 0.3, iters: int = 600,
+                tol: float = 1e-7) -> np.ndarray:
+    """Minimise `f` from `x0` (the textbook simplex: reflect, expand, contract, shrink), until the
+    simplex's values differ by less than `tol` or after `iters` steps. The fits need no more (no scipy)."""
+    pts = [x0] + [x0 + step * e for e in np.eye(len(x0))]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        if vals[-1] - vals[0] < tol:
+            break
+        c = np.mean(pts[:-1], axis=0)
+        r = c + (c - pts[-1])
+        fr = f(r)
+        if fr < vals[0]:
+            e = c + 2 * (c - pts[-1])
+            fe = f(e)
+            pts[-1], vals[-1] = (e, fe) if fe < fr else (r, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = r, fr
+        else:
+            ct = c + 0.5 * (pts[-1] - c)
+            fc = f(ct)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = ct, fc
+            else:
+                pts = [pts[0] + 0.5 * (p - pts[0]) for p in pts]
+                vals = [f(p) for p in pts]
+    return pts[int(np.argmin(vals))]

@@ -607,9 +607,11 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
 def calibrated_model(hardware: HardwareSpec, spec: ModelSpec, prec: Precision, compute_dtype: str,
                      backend: str) -> EfficiencyTimeModel:
     """The calibrated time model that predicts `spec` as the engine runs it: the backend's per-operator
-    overheads, warm ones when the model's weights fit the private caches (`time_model_for`)."""
+    overheads, warm ones when the model's weights fit the private caches (`time_model_for`). On a GPU the
+    engine profiled is llmperf's own, eager one: its `eager` profile (the calibration's own overheads)."""
+    from llmperf.analysis.timemodel import is_cpu
     return time_model_for(hardware, "calibrated", compute_dtype, backend=backend,
-                          weight_bytes=weight_bytes_per_gpu(spec, prec))
+                          weight_bytes=weight_bytes_per_gpu(spec, prec), engine=None if is_cpu(hardware) else "eager")
 
 
 def measurement_sources(settings: ProfileSettings) -> dict[str, str]:

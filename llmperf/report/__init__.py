@@ -23,7 +23,7 @@ from llmperf.report.figures import Ceiling, ReportFigure
 from llmperf.report.html import RenderedReport, files_folder, render, write
 from llmperf.report.runs import ProfileRun, SimulateRun, load_profile, load_run, load_simulate
 from llmperf.report.sources import (
-    DEFAULT_COMPARE, EstimateSpec, Section, estimate_section, profile_section, simulate_section,
+    DEFAULT_COMPARE, EstimateSpec, Section, estimate_section, profile_section, simulate_section, typical_section,
 )
 
 
@@ -47,8 +47,13 @@ class Report:
         return write(self.rendered, path)
 
 
-def build_sections(*, estimate: EstimateSpec | None = None, runs: Sequence[str | Path] = ()) -> list[Section]:
+def build_sections(*, estimate: EstimateSpec | None = None, runs: Sequence[str | Path] = (),
+                   typical: bool = True) -> list[Section]:
+    """An estimate's section (and, with `typical`, typical's operator times against Vidur's
+    measurements), then one per run directory."""
     sections = [estimate_section(estimate)] if estimate is not None else []
+    if estimate is not None and typical:  # how good `typical` is, beside every estimate
+        sections.append(typical_section())
     for path in runs:
         run = load_run(path)
         sections.append(profile_section(run) if isinstance(run, ProfileRun) else simulate_section(run))
@@ -56,12 +61,12 @@ def build_sections(*, estimate: EstimateSpec | None = None, runs: Sequence[str |
 
 
 def build_report(*, estimate: EstimateSpec | None = None, runs: Sequence[str | Path] = (),
-                 title: str = "llmperf report") -> Report:
+                 title: str = "llmperf report", typical: bool = True) -> Report:
     """Sections for an estimate and/or run directories, rendered in memory (nothing written yet)."""
     from llmperf.errors import SpecError
     if estimate is None and not runs:
         raise SpecError("report: give an estimate spec, a run directory, or both")
-    sections = build_sections(estimate=estimate, runs=runs)
+    sections = build_sections(estimate=estimate, runs=runs, typical=typical)
     try:
         rendered = render(sections, title=title)
     finally:

@@ -3,7 +3,8 @@ prediction or a measurement; every number drawn is a column of the frame it is g
 `llmperf.report.sources` for where the frames come from).
 
 1 roofline, 2 time breakdown, 3 batch sweep, 4 context sweep, 5 memory, 6 naive vs fused attention,
-7 prediction vs measurement, 8 several devices, 9 serving; and a capacity plan (`llmperf plan`) for the
+7 prediction vs measurement (7b: typical against Vidur's measured operators), 8 several devices,
+9 serving; and a capacity plan (`llmperf plan`) for the
 notebooks.
 
 The roofline chart follows Williams, Waterman & Patterson ("Roofline: an insightful visual
@@ -24,8 +25,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from llmperf.report.style import (
-    BLACK, GREEN, HATCH_COMPUTE, ORANGE, PURPLE, SKY_BLUE, marker_style, new_figure, phase_color,
-    report_style, series_color,
+    BLACK, BLUE, GREEN, HATCH_COMPUTE, ORANGE, PURPLE, SKY_BLUE, VERMILLION, YELLOW, marker_style, new_figure,
+    phase_color, report_style, series_color,
 )
 
 
@@ -110,7 +111,7 @@ def roofline_figure(points: pd.DataFrame, ceilings: Sequence[Ceiling], *, title:
                     label_ops: bool = True) -> ReportFigure:
     """Operators at their arithmetic intensity (FLOP/B) and attained FLOP/s, under the device's roofs.
 
-    `points`: columns phase, op, kind ('roofline' | 'calibrated' | 'measured'), intensity, flops_per_s.
+    `points`: columns phase, op, kind ('roofline' | 'typical' | 'calibrated' | 'measured'), intensity, flops_per_s.
     Rows without FLOPs or bytes (nothing to place on a log axis) are left out and counted.
     """
     _require(points, ("phase", "op", "kind", "intensity", "flops_per_s"), "roofline")
@@ -128,7 +129,7 @@ def roofline_figure(points: pd.DataFrame, ceilings: Sequence[Ceiling], *, title:
             ax.plot(grid, np.minimum(c.peak_flops_per_s, c.bandwidth_bytes_per_s * grid), style,
                     color=color, linewidth=1.6 - 0.3 * min(i, 2), label=f"{c.label} (ridge {c.ridge_point:,.1f} FLOP/B)")
             ax.axvline(c.ridge_point, color=color, linestyle=":", linewidth=0.8)
-        kinds = [k for k in ("roofline", "calibrated", "measured") if k in set(shown["kind"])]
+        kinds = [k for k in ("roofline", "typical", "calibrated", "measured") if k in set(shown["kind"])]
         phases = list(dict.fromkeys(shown["phase"]))
         for (phase, kind), grp in shown.groupby(["phase", "kind"], sort=False):
             ax.plot(grp["intensity"], grp["flops_per_s"], linestyle="none", markersize=6, alpha=0.9,
@@ -150,7 +151,8 @@ def roofline_figure(points: pd.DataFrame, ceilings: Sequence[Ceiling], *, title:
         if ceilings:
             ax.add_artist(ax.legend(loc="lower right", frameon=False))
         handles = [Patch(color=phase_color(p), label=p) for p in phases]
-        names = {"measured": "measured", "roofline": "predicted (roofline)", "calibrated": "predicted (calibrated)"}
+        names = {"measured": "measured", "roofline": "predicted (roofline)", "typical": "predicted (typical)",
+                 "calibrated": "predicted (calibrated)"}
         handles += [Line2D([], [], linestyle="none", markersize=6, label=names[k], **marker_style(k, BLACK))
                     for k in kinds]
         ax.legend(handles=handles, loc="upper left", frameon=False)
@@ -209,7 +211,7 @@ def batch_figure(frame: pd.DataFrame, *, title: str, critical: Mapping[str, int 
                  ) -> ReportFigure:
     """Decode step time and decode tokens/s against batch.
 
-    `frame`: columns series (e.g. 'context 512'), kind ('roofline' | 'calibrated' | 'measured'),
+    `frame`: columns series (e.g. 'context 512'), kind ('roofline' | 'typical' | 'calibrated' | 'measured'),
     batch, step_s. `critical`: label -> batch at which decode turns compute-bound (vertical lines)."""
     _require(frame, ("series", "kind", "batch", "step_s"), "batch sweep")
     data = frame.assign(tokens_per_s=frame["batch"] / frame["step_s"])
@@ -221,7 +223,7 @@ def batch_figure(frame: pd.DataFrame, *, title: str, critical: Mapping[str, int 
             for kind, grp in data[data["series"] == s].groupby("kind", sort=False):
                 grp = grp.sort_values("batch")
                 style = marker_style(str(kind), series_color(i))
-                ls = "-" if kind == "roofline" else ("--" if kind == "calibrated" else "none")
+                ls = "-" if kind == "roofline" else ("none" if kind == "measured" else "--")  # a time model: dashed
                 label = f"{s}, {'measured' if kind == 'measured' else f'predicted ({kind})'}"
                 ax_t.plot(grp["batch"], grp["step_s"] / scale, linestyle=ls, color=series_color(i),
                           markersize=4, label=label, **style)
@@ -422,6 +424,66 @@ def error_figure(frame: pd.DataFrame, *, title: str) -> ReportFigure:
                "peaks, so its points sit left; the calibrated model should sit near 1. Dotted lines mark a "
                "factor of 2. " + ("; ".join(summary) + "." if summary else "No rows to compare."))
     return ReportFigure(name="errors", title="Prediction vs measurement", caption=caption, figure=fig, data=frame)
+
+
+# 7b --------------------------------------------------------------------------------------------
+def typical_figure(frame: pd.DataFrame, *, title: str, band: float = 0.2) -> ReportFigure:
+    """Measured against predicted operator times (a parity plot, log-log), coloured by device, one
+    marker per operator kind, with the line y = x and a +-`band` band.
+
+    `frame`: columns device, kind ('GEMM' | 'small'), measured_s, predicted_s (and optionally
+    fitted: whether the prediction's terms were fitted on that row's shapes)."""
+    _require(frame, ("device", "kind", "measured_s", "predicted_s"), "typical vs measured operators")
+    data = frame[np.isfinite(frame["measured_s"]) & np.isfinite(frame["predicted_s"])
+                 & (frame["measured_s"] > 0) & (frame["predicted_s"] > 0)]
+    devices = list(dict.fromkeys(data["device"]))
+    kinds = list(dict.fromkeys(data["kind"]))
+    markers = {"GEMM": "s", "small": "o"}
+    # one hue per device, dark for its GEMMs and light for its small operators
+    pairs = ((BLUE, SKY_BLUE), (VERMILLION, ORANGE), (GREEN, YELLOW), (PURPLE, BLACK))
+    with report_style():
+        fig, (ax,) = new_figure(width=6.5, height=5.5)
+        div, unit = time_unit(np.concatenate([data["measured_s"].to_numpy(), data["predicted_s"].to_numpy()]))
+        for i, device in enumerate(devices):
+            for kind in kinds:
+                grp = data[(data["device"] == device) & (data["kind"] == kind)]
+                if len(grp):
+                    ax.plot(grp["measured_s"] / div, grp["predicted_s"] / div, linestyle="none",
+                            marker=markers.get(str(kind), "D"), markersize=3.5, alpha=0.45,
+                            color=pairs[i % len(pairs)][0 if kind == "GEMM" else 1], markeredgewidth=0,
+                            label=f"{str(device).upper()} {kind} (n={len(grp):,})")
+        if len(data):
+            lo = float(min(data["measured_s"].min(), data["predicted_s"].min())) / div / 1.5
+            hi = float(max(data["measured_s"].max(), data["predicted_s"].max())) / div * 1.5
+            x = np.geomspace(lo, hi, 50)
+            ax.plot(x, x, color=BLACK, linewidth=1, label="predicted = measured")
+            ax.fill_between(x, x * (1 - band), x * (1 + band), color=BLACK, alpha=0.08, linewidth=0,
+                            label=f"within ±{band:.0%}")
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_aspect("equal", adjustable="box")
+        ax.set_xlabel(f"measured time ({unit})")
+        ax.set_ylabel(f"predicted time, typical ({unit})")
+        ax.set_title(title)
+        ax.legend(loc="upper left", fontsize=8)
+    summary = []
+    for (device, kind), grp in data.groupby(["device", "kind"], sort=False):
+        err = np.abs(grp["predicted_s"].to_numpy() / grp["measured_s"].to_numpy() - 1)
+        summary.append(f"{str(device).upper()} {kind}: median {np.median(err):.0%}, p90 {np.quantile(err, 0.9):.0%}, "
+                       f"{np.mean(err <= band):.0%} within ±{band:.0%}")
+    fitted = ""
+    if "fitted" in data and data["fitted"].any():
+        fitted = (f" {int(data['fitted'].sum()):,} of the {len(data):,} points (A100's 7-8B small operators) are "
+                  "what typical's small-operator terms were fitted on; the rest are held out.")
+    caption = ("Each point is one operator of one layer at one token count and TP degree, as Vidur measured it "
+               "(fp16, CUDA events) against what llmperf predicts with --efficiency typical, building the "
+               "operator exactly as estimate does. On the diagonal the prediction is exact; above it "
+               "pessimistic, below it optimistic; the band is ±" f"{band:.0%}." + fitted + " "
+               + ("; ".join(summary) + "." if summary else "No rows to compare."))
+    return ReportFigure(name="typical", title="Typical vs measured operators", caption=caption, figure=fig,
+                        data=frame)
 
 
 # 8 ---------------------------------------------------------------------------------------------

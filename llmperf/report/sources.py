@@ -68,6 +68,8 @@ class EstimateSpec:
     block_size: int = 16
     mem_util: float = 0.9
     compare: Sequence[str] = DEFAULT_COMPARE
+    efficiency: str | None = None  # the time model (None: the expected time, `default_efficiency`)
+    engine: str | None = None  # a GPU's engine profile (None: the default, compiled)
 
     def __post_init__(self) -> None:
         for name in ("models", "hardware", "batch", "prompt_len", "gen_len"):
@@ -168,6 +170,26 @@ def calibrated_ceilings(hw: HardwareSpec, compute_dtype: str) -> list[F.Ceiling]
                       bandwidth_bytes_per_s=float(bw) * 1e9, calibrated=True)]
 
 
+# typical's accuracy ----------------------------------------------------------------------------
+def typical_section(root: str | None = None) -> Section:
+    """Vidur's measured operator times (the extract committed under `reports/vidur`, or `root`)
+    against `--efficiency typical`'s predictions, computed now by llmperf's operator model
+    (`llmperf.measure.vidur.predictions`)."""
+    from llmperf.measure.vidur import default_dir, predictions
+
+    frame = predictions(root)
+    src = default_dir() if root is None else root
+    err = np.abs(frame["predicted_s"] / frame["measured_s"] - 1)
+    facts = [(f"{d.upper()} {k}", f"median {np.median(e):.1%}, p90 {np.quantile(e, 0.9):.1%} (n={len(e):,})")
+             for (d, k), e in err.groupby([frame["device"], frame["kind"]], sort=False)]
+    note = (f"Measured: Vidur's fp16 operator times (github.com/microsoft/vidur, MIT licence; extract in {src}). "
+            "Predicted: each row's operator built by llmperf's operator model (fp16, the row's TP degree and "
+            "tokens) and priced by the typical time model at report time.")
+    fig = F.typical_figure(frame, title="How good is typical: Vidur's measured operators (A100, H100)")
+    return Section(kind="typical", title="Typical time model against measured operators", facts=facts,
+                   figures=[fig], notes=[note], attachments={"typical-vs-vidur.csv": frame})
+
+
 # estimate --------------------------------------------------------------------------------------
 def estimate_section(spec: EstimateSpec) -> Section:
     """Run the estimate (and the sweep) through the public API and draw figures 1-6 and 8."""
@@ -175,8 +197,17 @@ def estimate_section(spec: EstimateSpec) -> Section:
     model = load_model(spec.models[0])
     hw = load_hardware(spec.hardware[0])
     b0, p0, g0 = int(spec.batch[0]), int(spec.prompt_len[0]), int(spec.gen_len[0])
+    from llmperf.analysis.roofline import engine_label
+    from llmperf.analysis.timemodel import TIME_MODELS, default_efficiency, load_engine, time_model_for
+    if spec.efficiency is not None and spec.efficiency not in TIME_MODELS:
+        raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {spec.efficiency!r}")
+    if spec.engine is not None:
+        load_engine(spec.engine)
+
+    def time_model(device, dtype):  # noqa: ANN001, ANN202 - each device its own expected time
+        return time_model_for(device, spec.efficiency or default_efficiency(device), dtype, engine=spec.engine)
     common = dict(tp=spec.tp, pp=spec.pp, block_size=spec.block_size, mem_util=spec.mem_util, **spec.layout_kwargs,
-                  **spec.precision_kwargs)
+                  **spec.precision_kwargs, time_model=time_model)
     est = llmperf.estimate(model, hw, batch=b0, prompt_len=p0, gen_len=g0, attention=spec.attention, **common)
     naive = llmperf.estimate(model, hw, batch=b0, prompt_len=p0, gen_len=g0, attention="naive", **common)
     fused = llmperf.estimate(model, hw, batch=b0, prompt_len=p0, gen_len=g0, attention="fused", **common)
@@ -197,8 +228,7 @@ def estimate_section(spec: EstimateSpec) -> Section:
     figs = [
         F.roofline_figure(_estimate_points(est), ceilings_for(hw, dtype), title=f"Roofline: {head}"),
         F.breakdown_figure(est.ops_frame()[["phase", "op", "time_s", "bound"]], title=f"Time per operator: {head}"),
-        F.batch_figure(pd.DataFrame(dict(series=[f"context {p:,}" for p in main_sweep["prompt_len"]], kind="roofline",
-                                         batch=main_sweep["batch"], step_s=main_sweep["tpot_s"])),
+        F.batch_figure(_batch_frame(main_sweep, est.time_model.name),
                        title=f"Decode against batch: {model.name} on {hw.name}, {g0} generated tokens",
                        critical={f"critical batch, context {p0 + g0:,}": est.regimes.critical_batch,
                                  "linear layers compute-bound": est.regimes.critical_batch_matmul}),
@@ -215,8 +245,8 @@ def estimate_section(spec: EstimateSpec) -> Section:
     figs.append(F.devices_figure(dev[["hardware", "batch", "ttft_s", "tpot_s", "ridge_point"]],
                                  title=f"{model.name} on several devices: prompt {p0}, {g0} generated tokens"))
     facts = [
-        ("time to first token", f"{est.ttft_s * 1e3:,.3f} ms"),
-        ("time per output token", f"{est.tpot_s * 1e3:,.3f} ms"),
+        ("time to first token", f"{est.ttft_s * 1e3:,.3f} ms expected, {est.row['ttft_bound_s'] * 1e3:,.3f} ms bound"),
+        ("time per output token", f"{est.tpot_s * 1e3:,.3f} ms expected, {est.row['tpot_bound_s'] * 1e3:,.3f} ms bound"),
         ("throughput", f"{est.tokens_per_s:,.1f} tokens/s"),
         ("prefill / decode bound", f"{est.prefill.bound} / {est.decode_first.bound}"),
         ("ridge point", f"{est.regimes.ridge_point:,.1f} FLOP/B ({dtype})"),
@@ -226,7 +256,10 @@ def estimate_section(spec: EstimateSpec) -> Section:
                    f"({'fits' if est.memory.fits else 'does not fit'}); largest batch {est.memory.max_batch:,}"),
         ("configurations in the sweep", f"{len(full):,}"),
     ]
-    note = f"Estimated with the analytical roofline model in {time.perf_counter() - t0:.2f} s."
+    tm = est.time_model
+    note = (f"Estimated with the {tm.name} time model" + (f" (engine profile {engine_label(tm)})"
+                                                          if tm.name != "roofline" else " (the bound)")
+            + f", the roofline bound beside it, in {time.perf_counter() - t0:.2f} s.")
     return Section(kind="estimate", title=f"Estimate: {head}", facts=facts, figures=figs,
                    tables=[(f"Sweep ({min(len(full), 50)} of {len(full):,} rows; all of them in sweep.csv)",
                             full.head(50))],
@@ -237,8 +270,18 @@ def _estimate_points(est) -> pd.DataFrame:  # noqa: ANN001
     ops = est.ops_frame()
     with np.errstate(divide="ignore", invalid="ignore"):
         fps = np.where(ops["time_s"] > 0, ops["flops"] / ops["time_s"], 0.0)
-    return pd.DataFrame(dict(phase=ops["phase"], op=ops["op"], kind="roofline", intensity=ops["intensity"],
+    return pd.DataFrame(dict(phase=ops["phase"], op=ops["op"], kind=est.time_model.name, intensity=ops["intensity"],
                              flops_per_s=fps))
+
+
+def _batch_frame(sweep: pd.DataFrame, time_model: str) -> pd.DataFrame:
+    """Decode step against batch: the expected time (`time_model`) and, beside it, the roofline bound."""
+    series = [f"context {p:,}" for p in sweep["prompt_len"]]
+    frames = [pd.DataFrame(dict(series=series, kind=time_model, batch=sweep["batch"], step_s=sweep["tpot_s"]))]
+    if time_model != "roofline":
+        frames.append(pd.DataFrame(dict(series=series, kind="roofline", batch=sweep["batch"],
+                                        step_s=sweep["tpot_bound_s"])))
+    return pd.concat(frames, ignore_index=True)
 
 
 def _context_frame(spec: EstimateSpec, model, hw: HardwareSpec, batch: int, contexts: Sequence[int]) -> pd.DataFrame:  # noqa: ANN001

@@ -32,7 +32,7 @@ PHASE_COLORS = {Phase.prefill.value: BLUE, Phase.decode.value: VERMILLION, Phase
 SERIES_COLORS = (BLUE, VERMILLION, GREEN, ORANGE, PURPLE, SKY_BLUE, BLACK, YELLOW)
 
 #: marker of each kind of value: filled for measured, hollow for predicted
-MARKERS = {"measured": "o", "roofline": "s", "calibrated": "D"}
+MARKERS = {"measured": "o", "roofline": "s", "typical": "^", "calibrated": "D"}
 HATCH_COMPUTE = "///"  # compute-bound time is hatched, memory-bound time solid
 
 DPI = 100

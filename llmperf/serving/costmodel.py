@@ -29,7 +29,8 @@ Its time is priced from the same operator costs as `llmperf.estimate` (`ForwardM
   `time_model`, whose efficiencies depend on the operator and its rows `T`, never on the context);
   the time of everything outside attention is cached per `T` (vectorised over blocks of `T`);
 - a calibrated time model's `step_overhead_s` (the host's fixed cost per engine step: sampling,
-  bookkeeping) is added once per step.
+  bookkeeping) is added once per step; a step with a prefill chunk is priced with the time model's
+  prefill terms (`for_phase("prefill")`: its engine's eager launches and prefill step overhead).
 
 So a static batch (B prompts of P tokens, then decode steps at contexts P+1, P+2, ...) is priced
 exactly as `estimate` prices it (tested), and a mixed step adds its prefill chunks and decode tokens.
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from llmperf.analysis import op_time
+from llmperf.analysis.attention_eff import AttnShape
 from llmperf.analysis.operators import attended_pairs, keys_read
 from llmperf.analysis.rollup import Conventions, forward_model, pipeline_transfer_s
 from llmperf.analysis.roofline import OpCost
@@ -123,6 +125,7 @@ class _AttnPart:
     group: int = 0  # index into the step's feature groups (form x span)
     layers: int = 1  # layers of its kind (each launches it once)
     compute_dtype: str | None = None
+    heads: tuple[float, float, float] | None = None  # a fused attention's (heads, KV heads, head dim) per GPU
 
 
 @dataclass
@@ -147,7 +150,7 @@ class StepCostModel:
     conventions: Conventions | None = None  # fused projections, attention FLOPs, logits, MLA form, ep, dp
     _dense: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
     _head: dict[int, float] = field(default_factory=dict, init=False, repr=False)
-    _rates: dict[tuple, tuple[float, float, float, float]] = field(default_factory=dict, init=False, repr=False)
+    _rates: dict[tuple, tuple[float, float, float, float, float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         conv = self.conventions or Conventions(attention=self.attention)
@@ -216,25 +219,32 @@ class StepCostModel:
             # the weights (column 0) are read once on every GPU
             if self.fm.dp_attention and self.tp > 1:
                 coef[:, 1:] /= self.tp
+            a = getattr(op, "attn", None)  # fused attention: priced by shape where the time model does
+            heads = None if a is None else tuple(float(np.ravel(x)[0]) for x in (a.heads, a.kv_heads, a.head_dim))
             parts.append(_AttnPart(name=op.name, kind=op.kind, coef=coef, group=group, layers=L,
-                                   compute_dtype=op.compute_dtype))
+                                   compute_dtype=op.compute_dtype, heads=heads))
         return parts
 
-    def _rates_for(self, part: _AttnPart, rows: int) -> tuple[float, float, float, float]:
+    def _rates_for(self, part: _AttnPart, rows: int, q_len: int = 1) -> tuple[float, float, float, float, float]:
         """(seconds per FLOP, seconds per byte, fixed seconds, overlapped floor: the host's dispatch or the
-        kernels' device minimum) of `part` at
-        `rows` tokens: the time model's efficiencies depend on the operator and its rows only, so they
-        are read once."""
-        key = (part.name, part.kind, part.compute_dtype, rows)
+        kernels' device minimum, a fused attention's device latency added to both roofs) of `part` at
+        `rows` tokens of `q_len` new tokens per sequence: the time model's efficiencies depend on the
+        operator, its rows and (fused attention) its shape without the context, so they are read once."""
+        key = (part.name, part.kind, part.compute_dtype, rows, q_len)
         hit = self._rates.get(key)
         if hit is None:
-            base = _op_time(_cost(part, rows), self.hardware, self.dtype, self.time_model) if _has_rows() else None
+            base = (_op_time(_cost(part, rows, q_len), self.hardware, self.dtype, self.time_model) if _has_rows()
+                    else None)
             zero = base.overhead_s if base is not None else 0.0
             host = max(float(base.host_s), float(base.floor_s)) if base is not None else 0.0  # flat floors
-            per_flop = _op_time(_cost(part, rows, flops=1.0), self.hardware, self.dtype, self.time_model).compute_s
-            per_byte = _op_time(_cost(part, rows, act_read_bytes=1.0), self.hardware, self.dtype,
-                                self.time_model).memory_s
-            hit = (float(per_flop), float(per_byte), float(zero), float(host))
+            lat = float(base.compute_s) if base is not None else 0.0  # zero counts: only the latency is left
+            big = 2.0 ** 50  # a large count: the latency's rounding stays far below the rate's
+            t_flop = _op_time(_cost(part, rows, q_len, flops=big), self.hardware, self.dtype, self.time_model)
+            t_byte = _op_time(_cost(part, rows, q_len, act_read_bytes=big), self.hardware, self.dtype,
+                              self.time_model)
+            per_flop = (float(t_flop.compute_s) - lat) / big
+            per_byte = (float(t_byte.memory_s) - lat) / big
+            hit = (per_flop, per_byte, float(zero), float(host), lat)
             self._rates[key] = hit
         return hit
 
@@ -270,11 +280,14 @@ class StepCostModel:
                 continue
             L = p.layers
             r = int(f0) if dp == 1 else -(-int(f0) // dp)
-            per_flop, per_byte, fixed, host = self._rates_for(p, r)
+            # new tokens per sequence, weighted by the keys each reads (a static batch's prompt length,
+            # decode's 1; a mixed step's is dominated by its long sequences): fused attention's shape
+            q_eff = max(1, round(f3 / f1)) if p.heads is not None and f1 > 0 else 1
+            per_flop, per_byte, fixed, host, lat = self._rates_for(p, r, q_eff)
             flops = wf + c[0] * f0 + c[1] * f1 + c[2] * f2 + c[3] * f3
             nbytes = wb + b[0] * f0 + b[1] * f1 + b[2] * f2 + b[3] * f3
             # the counts are summed over the layers; every layer launches the operator once
-            total += L * (max(flops * per_flop / L, nbytes * per_byte / L, host) + fixed)
+            total += L * (max(lat + flops * per_flop / L, lat + nbytes * per_byte / L, host) + fixed)
         return total
 
     # ---- everything else: cached per token count ---------------------------------------------------
@@ -322,6 +335,19 @@ class StepCostModel:
         return self.step_time_from_features(int(q.sum()), self.features(q, kv), logit_rows)
 
     @property
+    def prefill_costs(self) -> StepCostModel:
+        """This model for a step with a prefill chunk (a token count above its logit rows): the time
+        model's prefill terms where its engine prices them apart (a CUDA graph replays only decode
+        steps), else this model itself."""
+        pre = getattr(self, "_prefill_costs", None)
+        if pre is None:
+            for_phase = getattr(self.time_model, "for_phase", None)
+            tm = for_phase("prefill") if for_phase is not None else self.time_model
+            pre = self if tm is self.time_model else replace(self, time_model=tm)
+            self._prefill_costs = pre
+        return pre
+
+    @property
     def step_overhead_s(self) -> float:
         """The host's fixed cost per engine step outside the forward pass (sampling, bookkeeping),
         from a calibrated time model (0 for the roofline)."""
@@ -332,14 +358,20 @@ class StepCostModel:
         4 per group, `features`)."""
         if tokens <= 0:
             return 0.0
+        if tokens > logit_rows and self.prefill_costs is not self:  # a prefill chunk: the engine's prefill terms
+            return self.prefill_costs.step_time_from_features(tokens, features, logit_rows)
         return (self.dense_time_s(tokens) + self.attention_time_s(features) + self.head_time_s(logit_rows)
                 + self.step_overhead_s)
 
 
-def _cost(part: _AttnPart, rows: int, **counts: float) -> OpCost:
+def _cost(part: _AttnPart, rows: int, q_len: int = 1, **counts: float) -> OpCost:
     kw = dict(name=part.name, kind=part.kind, compute_dtype=part.compute_dtype, **counts)
     if _has_rows():
         kw["rows"] = rows
+    if part.heads is not None:  # one call's shape on this GPU (the time model never looks at the context)
+        heads, kv_heads, head_dim = part.heads
+        kw["attn"] = AttnShape(batch=rows / q_len, q_len=float(q_len), context=0.0, heads=heads, kv_heads=kv_heads,
+                               head_dim=head_dim)
     return OpCost(**kw)
 
 

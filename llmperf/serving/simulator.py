@@ -87,8 +87,10 @@ class ServingConfig:
 
     Defaults follow vLLM's online serving: continuous batching, chunked prefill with a budget of
     `DEFAULT_MAX_BATCHED_TOKENS` (8192, as `estimate`) tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
-    `efficiency`: the time model ("auto": the calibration a `--hardware local` spec carries, else the
-    roofline), or pass `time_model` directly. `num_blocks` overrides the memory-derived pool size."""
+    `efficiency`: the time model ("auto": the expected time, `typical` on a GPU, the calibration a
+    `--hardware local` spec carries on a CPU; `llmperf.analysis.timemodel.default_efficiency`), or pass
+    `time_model` directly; `engine`: the GPU serving stack's profile pricing its host terms (None: the
+    default, compiled; `models_spec/engines/`). `num_blocks` overrides the memory-derived pool size."""
 
     model: ModelSpec
     hardware: HardwareSpec
@@ -111,6 +113,7 @@ class ServingConfig:
     dp_attention: bool = False
     mla_mode: str = "auto"
     kv_window: str = "capped"
+    engine: str | None = None
 
     def __post_init__(self) -> None:
         from llmperf.analysis.operators import MLA_MODES, ShardDims
@@ -126,6 +129,9 @@ class ServingConfig:
         ShardDims.of(self.model, self.tp, self.ep, self.dp_attention)  # names tp, ep or dp_attention
         if self.efficiency not in EFFICIENCIES:
             raise SpecError(f"--efficiency: must be one of {', '.join(EFFICIENCIES)}, got {self.efficiency!r}")
+        if self.engine is not None:
+            from llmperf.analysis.timemodel import load_engine
+            load_engine(self.engine)
         for name in ("block_size",):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -183,19 +189,16 @@ class ServingConfig:
         """The time model object (None: the pure roofline)."""
         if self.time_model is not None:
             return self.time_model
-        eff = self.efficiency
-        if eff == "auto":
-            eff = "calibrated" if getattr(self.hardware, "efficiency", None) else "roofline"
+        from llmperf.analysis.timemodel import default_efficiency, time_model_for
+        eff = default_efficiency(self.hardware) if self.efficiency == "auto" else self.efficiency
         if eff == "roofline":
             return None
-        try:
-            from llmperf.analysis.timemodel import time_model_for
-        except ImportError:
-            raise SpecError(f"--efficiency {eff}: this installation has no calibrated time model") from None
-        return time_model_for(self.hardware, eff, self.hardware.compute_dtype(self.precision.activations))
+        return time_model_for(self.hardware, eff, self.hardware.compute_dtype(self.precision.activations),
+                              engine=self.engine)
 
     def settings(self) -> dict[str, object]:
         from llmperf.specs.precision import gemm_mode, precision_note
+        from llmperf.analysis.roofline import engine_label
         tm = self.resolve_time_model()
         return dict(model=self.model.name, hardware=self.hardware.name, precision=self.precision.label(),
                     gemm=gemm_mode(self.precision, self.hardware),
@@ -206,7 +209,8 @@ class ServingConfig:
                     kv_window=self.kv_window,
                     kv_sliding_full_pages=hybrid_kv(self.model) and not window_groups(self.model, self.kv_window,
                                                                                      self.pp),
-                    attention=self.attention, time_model=getattr(tm, "name", "roofline"), policy=self.policy,
+                    attention=self.attention, time_model=getattr(tm, "name", "roofline"),
+                    engine=engine_label(tm), policy=self.policy,
                     max_batch=self.max_batch, max_batched_tokens=self.max_batched_tokens,
                     chunked_prefill=self.chunked_prefill, prefix_sharing=self.prefix_sharing,
                     block_size=self.block_size, mem_util=self.mem_util, num_blocks=self.num_blocks,

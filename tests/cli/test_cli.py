@@ -238,7 +238,10 @@ def test_every_convention_reaches_the_numbers():
     lists = json.loads(run("estimate", "-b", "1,2", "--max-seq-len", "8192", "--per-op", "-f", "json").stdout)
     assert {c["max_seq_len"] for c in lists["configurations"]} == {8192}
     assert {o["configuration"] for o in lists["ops"]} == {0, 1}
-    assert base["time_model"] == "roofline" and base["params_total"] == 8_030_261_248
+    # the default is the expected time (typical, priced by the compiled engine), the roofline bound beside it
+    assert base["time_model"] == "typical" and base["engine"] == "compiled" and base["params_total"] == 8_030_261_248
+    for name in ("ttft", "tpot", "e2e"):
+        assert 0 < base[f"{name}_bound_s"] < base[f"{name}_s"]
 
 
 def test_unfit_configuration_is_flagged_and_warned_but_answers():

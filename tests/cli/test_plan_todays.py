@@ -87,11 +87,14 @@ def test_simulate_takes_the_layout_and_says_how_it_priced():
     assert res.exit_code == 0, res.output
     st = json.loads(res.stdout)["settings"]
     assert (st["tp"], st["ep"], st["dp_attention"], st["layout"], st["kv_shards"]) == (2, 2, True, "dp+ep", 2)
-    assert st["time_model"] == "roofline" and st["kv_note"] == "" and not st["kv_sliding_full_pages"]
+    # the expected time by default, the engine profile named
+    assert st["time_model"] == "typical" and st["engine"] == "compiled"
+    assert st["kv_note"] == "" and not st["kv_sliding_full_pages"]
     res = run("simulate", "gpt-oss-20b", "-H", "h100-sxm", "--requests", "10", "--prompt-len", "100",
               "--output-len", "10", "--kv-window", "full")
     assert res.exit_code == 0, res.output
-    assert "KV: sliding layers given full pages" in res.output and "optimistic bound" in res.output
+    assert "KV: sliding layers given full pages" in res.output and "TPOT bound" in res.output
+    assert "typical time model" in " ".join(res.output.split())
     res = run("simulate", "gpt-oss-20b", "-H", "h100-sxm", "--requests", "10", "--prompt-len", "100",
               "--output-len", "10", "-f", "json")
     st = json.loads(res.stdout)["settings"]

@@ -163,6 +163,103 @@ def test_overlap_mode_on_cuda_fits_device_time_without_subtracting_the_launch(ca
     assert fp32["e_memory"][0][1] <= cpu_fit["e_memory"][0][1] + 1e-9  # t' = t: never a faster fit
 
 
+def test_cuda_device_floors_are_written_as_schema_4_and_priced(cal):
+    """On CUDA calibrate measures each vector kind's device floor (a CUDA graph's replay): the block
+    becomes schema 4 with `floor_s` per kind, and the calibrated time model takes it as the floor."""
+    from dataclasses import replace as dc_replace
+
+    from llmperf.analysis.roofline import OpCost
+    from llmperf.analysis.timemodel import parse_efficiency
+
+    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda"}, floor_s={"norm": 5e-6, "elementwise": 1.5e-6})
+    eff = gpu.fit_terms()
+    assert eff["schema_version"] == 4
+    fp32 = eff["dtypes"]["fp32"]
+    assert fp32["norm"]["floor_s"] == pytest.approx(5e-6) and fp32["elementwise"]["floor_s"] == pytest.approx(1.5e-6)
+    assert "floor_s" not in fp32["embedding"]
+    parsed = parse_efficiency(eff, "local")
+    assert parsed["dtypes"]["fp32"]["norm"].floor_s == pytest.approx(5e-6)
+    assert gpu.provenance()["floor_s"] == {"norm": 5e-6, "elementwise": 1.5e-6}
+    assert cal.fit_terms()["schema_version"] == 3  # a CPU calibration measures none
+    tiny = OpCost(name="attn_norm", kind="norm", act_read_bytes=8.0, rows=1)
+    from llmperf.analysis.timemodel import _from_parsed
+
+    tm = _from_parsed("calibrated", parsed, "fp32", "local", "sdpa")
+    assert tm.floor_for(tiny) == pytest.approx(5e-6)
+
+
+def test_cuda_gemm_shapes_fit_the_shape_model_against_the_measured_ceilings(cal):
+    """On CUDA calibrate times GEMMs over real shapes and fits the shape model's terms against its own
+    ceilings: points made by the model itself give back its terms, the block is schema 5 with `gemm`,
+    and the calibrated time model prices a shaped GEMM with them."""
+    from dataclasses import replace as dc_replace
+
+    from llmperf.analysis.gemm import GemmParams, GemmShape, gemm_time_s
+    from llmperf.analysis.roofline import OpCost
+    from llmperf.analysis.timemodel import _from_parsed, parse_efficiency
+    from llmperf.measure.calibrate import GEMM_SHAPE_NK, GEMM_SHAPE_ROWS, fit_gemm_shapes
+
+    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda", "sms": 132}, floor_s={"norm": 5e-6})
+    truth = GemmParams(e_peak=0.8, e_memory=0.85, latency_s=5e-6, feed_flop_per_byte=40.0)
+    peak, bw = 800e12, 3.0e12  # a GPU's ceilings (the fixture measured a CPU's)
+    gpu.peak_flops_per_s, gpu.memory_bytes_per_s = (lambda d: peak), (lambda: bw)
+    gpu.gemm_shapes = [("bf16", m, n, k, float(gemm_time_s(m, n, k, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw,
+                                                           num_sms=132, params=truth)))
+                       for n, k in GEMM_SHAPE_NK for m in GEMM_SHAPE_ROWS]
+    gpu.gemm = fit_gemm_shapes(gpu)
+    for f in ("e_peak", "e_memory"):
+        assert gpu.gemm[f] == pytest.approx(getattr(truth, f), rel=0.1)
+    eff = gpu.fit_terms()
+    assert eff["schema_version"] == 5 and eff["gemm"]["e_peak"] == gpu.gemm["e_peak"]
+    parsed = parse_efficiency(eff, "local")
+    tm = _from_parsed("calibrated", parsed, "bf16", "local", "sdpa")
+    assert tm.gemm is not None
+    hw = gpu.to_spec()
+    gemv = OpCost(name="o_proj", kind="matmul", flops=2.0 * 4096 * 4096, weight_bytes=2.0 * 4096 * 4096, rows=1,
+                  gemm=GemmShape(n=4096, k=4096))
+    want = gemm_time_s(1, 4096, 4096, peak_flops_per_s=hw.peak_flops_per_s("bf16"),
+                       bandwidth_bytes_per_s=hw.mem_bandwidth_bytes_per_s, num_sms=hw.num_sms, params=truth)
+    assert float(tm.op_time_s(gemv, hw, "bf16", 1)) == pytest.approx(float(want), rel=0.15)
+    assert fit_gemm_shapes(cal) is None  # a CPU calibration times no shapes
+
+
+def test_cuda_attention_shapes_fit_the_attention_model_against_the_measured_ceilings(cal):
+    """On CUDA calibrate times SDPA over shapes and fits the fused-attention model's terms against its
+    own ceilings: points made by the model itself give back its memory terms, the block is schema 5
+    with `attention_eff`, and the calibrated time model prices a shaped attention with it."""
+    from dataclasses import replace as dc_replace
+
+    from llmperf.analysis.attention_eff import AttentionEfficiency, AttnShape
+    from llmperf.analysis.timemodel import _from_parsed, parse_efficiency
+    from llmperf.measure.calibrate import fit_attention_shapes
+    from llmperf.measure.fit_attention import sweep_frame
+
+    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda", "sms": 132})
+    peak, bw = 800e12, 3.0e12
+    gpu.peak_flops_per_s, gpu.memory_bytes_per_s = (lambda d: peak), (lambda: bw)
+    truth = AttentionEfficiency(e_compute=0.8, head_dim_half=40.0, mma_rows=64.0, cta_half=0.5, e_memory=0.9,
+                                kv_half=0.03, latency_s=1.2e-5, wave_s=1e-7)
+    rows = [dict(phase=ph, batch=b, q_len=c if ph == "prefill" else 1, context=c, heads=32, kv_heads=kv, head_dim=hd,
+                 dtype="bf16", impl="sdpa", time_s=1.0)
+            for hd in (64, 128) for kv in (32, 8)
+            for ph, b, c in [("prefill", 1, c) for c in (512, 2048, 8192)]
+            + [("decode", b, c) for b in (1, 8, 64) for c in (512, 4096, 32768)]]
+    df = sweep_frame(__import__("pandas").DataFrame(rows))
+    shape = AttnShape(batch=df["batch"].to_numpy(), q_len=df["q_len"].to_numpy(), context=df["context"].to_numpy(),
+                      heads=df["heads"].to_numpy(), kv_heads=df["kv_heads"].to_numpy(),
+                      head_dim=df["head_dim"].to_numpy())
+    times = truth.time_s(df["flops"].to_numpy(), df["bytes"].to_numpy(), shape, peak, bw, 132)
+    gpu.attention_shapes = [dict(r, time_s=float(t)) for r, t in zip(rows, times)]
+    gpu.attention_eff = fit_attention_shapes(gpu)
+    assert gpu.attention_eff["e_memory"] == pytest.approx(truth.e_memory, rel=0.15)
+    assert gpu.attention_eff["latency_s"] == pytest.approx(truth.latency_s, rel=0.3)
+    eff = gpu.fit_terms()
+    assert eff["schema_version"] == 5 and "calibrate" in eff["attention_eff"]["default"]["source"]
+    tm = _from_parsed("calibrated", parse_efficiency(eff, "local"), "bf16", "local", "sdpa")
+    assert tm.attention_eff is not None and tm.attention_eff.e_memory == gpu.attention_eff["e_memory"]
+    assert fit_attention_shapes(cal) is None  # a CPU calibration times no shapes
+
+
 def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
     """Calibrations written before per-operator overheads (efficiency schema 1) load and fall back to
     the per-kind overheads, added to the device time as before."""

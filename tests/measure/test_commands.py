@@ -128,7 +128,7 @@ def _summary(args):
 
 
 def test_estimate_says_which_time_model_produced_the_numbers(calibrated):
-    roof = _summary(["-H", "h100-sxm,a100-80gb-sxm", "-b", "1,8"])
+    roof = _summary(["-H", "h100-sxm,a100-80gb-sxm", "-b", "1,8", "--efficiency", "roofline"])
     typical = _summary(["-H", "h100-sxm,a100-80gb-sxm", "-b", "1,8", "--efficiency", "typical"])
     assert [r["time_model"] for r in roof] == ["roofline"] * 4 and [r["time_model"] for r in typical] == ["typical"] * 4
     for r, t in zip(roof, typical):

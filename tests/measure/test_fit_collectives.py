@@ -156,7 +156,8 @@ def test_tp8_decode_slower_under_typical_roofline_and_tp1_unchanged(hw: str) -> 
     assert tp8["roof"] < tp8["old"]
     layers = load_model("llama-3.1-70b").num_layers
     alpha, _ = load_collectives().terms(hw, 8)
-    assert tp8["new"] - tp8["old"] < 2 * layers * alpha  # no more than the latencies added
+    # no more than the latencies added (and a 16 KB message at the bus bandwidth: well under 1% of them)
+    assert tp8["new"] - tp8["old"] < 2 * layers * alpha * 1.01
     tp1 = [estimate("llama-3.1-70b", hw, tp=1, time_model=tm, **kw) for tm in (old, new)]
     assert tp1[0].tpot_s == tp1[1].tpot_s and tp1[0].ttft_s == tp1[1].ttft_s
 

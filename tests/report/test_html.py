@@ -54,7 +54,7 @@ def test_self_contained_no_network(hostile_report) -> None:  # noqa: ANN001
 def test_every_figure_embedded_and_decodes(hostile_report) -> None:  # noqa: ANN001
     pngs = re.findall(r'src="data:image/png;base64,([^"]+)"', hostile_report.html)
     names = [f.name for f in hostile_report.figures]
-    assert names == ["roofline", "breakdown", "batch", "context", "memory", "attention", "devices",
+    assert names == ["roofline", "breakdown", "batch", "context", "memory", "attention", "devices", "typical",
                      "roofline", "breakdown", "batch", "errors", "serving"]
     assert len(pngs) == len(names)
     for data in pngs:
@@ -68,7 +68,8 @@ def test_write_puts_pngs_and_csv_beside(tmp_path: Path, hostile_report) -> None:
     folder = files_folder(out)
     assert folder.name == "r_files"
     files = sorted(p.name for p in folder.iterdir())
-    assert len([f for f in files if f.endswith(".png")]) == 12
+    assert len([f for f in files if f.endswith(".png")]) == 13
+    assert "02-typical-typical-vs-vidur.csv" in files
     assert "01-estimate-sweep.csv" in files
     assert out.read_text() == hostile_report.html
     # a second report replaces the folder wholesale: no stale figure of an older report survives

@@ -182,7 +182,7 @@ def test_plan_never_serves_more_than_the_service_rate_per_replica():
     (row,) = res.rows
     model = planner.load_model("llama-3.1-8b")
     cfg = ServingConfig(model=model, hardware=planner.load_hardware("a100-80gb-sxm"),
-                        precision=planner.plan_precision(model, "bf16"))
+                        precision=planner.plan_precision(model, "bf16"), efficiency="roofline")  # as the plan
     probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
                                   num_requests=200, seed=0))
     mu = service_rate_bound(cfg, spec, plan_memory(cfg, probe).num_blocks)
@@ -206,7 +206,7 @@ def test_plan_never_offers_a_replica_its_simulated_service_rate():
     (row,) = res.rows
     model = planner.load_model("llama-3.1-8b")
     cfg = ServingConfig(model=model, hardware=planner.load_hardware("a100-80gb-sxm"),
-                        precision=planner.plan_precision(model, "bf16"))
+                        precision=planner.plan_precision(model, "bf16"), efficiency="roofline")  # as the plan
     mu = saturated_rate(spec, cfg)
     assert row.feasible and 40.0 / row.replicas < mu < 40.0 / 2
     long = WorkloadSpec(arrival=Poisson(40.0 / row.replicas), prompt_len=spec.prompt_len, output_len=spec.output_len,

@@ -53,9 +53,9 @@ def test_static_batch_is_priced_as_estimate(make, hw, batch, prompt, gen, tp, ef
                            time_model=tm, **kw)
     cm = StepCostModel(model=est.model, hardware=est.hardware, precision=est.precision, tp=tp, attention=attention,
                        time_model=tm, conventions=Conventions(attention=attention, **kw))
-    oh = cm.step_overhead_s
-    assert cm.step_time_s([prompt] * batch, [prompt] * batch, batch) - oh == pytest.approx(est.ttft_s, rel=1e-12)
-    steps = [cm.step_time_s([1] * batch, [prompt + j] * batch, batch) - oh for j in range(1, gen)]
+    # both include the engine's step overhead (prefill and decode terms)
+    assert cm.step_time_s([prompt] * batch, [prompt] * batch, batch) == pytest.approx(est.ttft_s, rel=1e-12)
+    steps = [cm.step_time_s([1] * batch, [prompt + j] * batch, batch) for j in range(1, gen)]
     assert np.allclose(steps, est.decode_step_times_s(), rtol=1e-12)
 
 
@@ -116,7 +116,7 @@ def test_a_simulated_static_batch_of_todays_models_is_estimate(make, hw, tp, kw)
     m = make()
     est = llmperf.estimate(m, hw, batch=8, prompt_len=40, gen_len=12, tp=tp, **kw)
     cfg = ServingConfig.build(m, hw, tp=tp, policy="static", max_batch=8, max_batched_tokens=None,
-                              chunked_prefill=False, prefix_sharing=False, num_blocks=256, **kw)
+                              chunked_prefill=False, prefix_sharing=False, num_blocks=256, efficiency="roofline", **kw)
     w = Workload(arrival_s=np.zeros(8), prompt_tokens=np.full(8, 40), output_tokens=np.full(8, 12),
                  shared_prefix_tokens=np.zeros(8, dtype=int))
     r = simulate(w, cfg).requests

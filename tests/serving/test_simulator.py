@@ -31,14 +31,15 @@ def test_step_costs_equal_estimate(model, hw, batch, prompt, gen, tp, attention,
                            time_model=tm)
     cm = StepCostModel(model=est.model, hardware=est.hardware, precision=est.precision, tp=tp, attention=attention,
                        time_model=tm)
-    oh = cm.step_overhead_s  # the host's per-step cost is the simulator's addition
-    assert cm.step_time_s([prompt] * batch, [prompt] * batch, batch) - oh == pytest.approx(est.ttft_s, rel=1e-12)
-    steps = [cm.step_time_s([1] * batch, [prompt + j] * batch, batch) - oh for j in range(1, gen)]
+    # both include the engine's step overhead (prefill and decode terms)
+    assert cm.step_time_s([prompt] * batch, [prompt] * batch, batch) == pytest.approx(est.ttft_s, rel=1e-12)
+    steps = [cm.step_time_s([1] * batch, [prompt + j] * batch, batch) for j in range(1, gen)]
     assert np.allclose(steps, est.decode_step_times_s(), rtol=1e-12)
 
 
 def static_config(**kw):
-    base = dict(policy="static", max_batch=8, max_batched_tokens=None, chunked_prefill=False, prefix_sharing=False)
+    base = dict(policy="static", max_batch=8, max_batched_tokens=None, chunked_prefill=False, prefix_sharing=False,
+                efficiency="roofline")  # llmperf.estimate's default time model: the two must agree exactly
     return ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm", **(base | kw))
 
 
