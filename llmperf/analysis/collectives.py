@@ -66,6 +66,8 @@ class Collectives:
     source: str = ""
 
     def node_for(self, hardware_name: str) -> NodeTerms:
+        """The measured node whose terms price a collective on `hardware_name` (the default node for a device
+        no node lists)."""
         for node in self.nodes:
             if hardware_name in node.hardware:
                 return node
@@ -83,6 +85,7 @@ class Collectives:
 
 
 def collectives_path() -> Path:
+    """The installed `models_spec/efficiency/collectives.yaml`."""
     return Path(str(resources.files("models_spec").joinpath("efficiency", "collectives.yaml")))
 
 

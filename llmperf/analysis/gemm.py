@@ -119,6 +119,7 @@ class GemmParams:
         return cls(**vals, source=str(raw.get("source", "")))
 
     def to_dict(self) -> dict[str, Any]:
+        """The four terms and their source as plain values, as the `gemm:` block of an efficiency file holds them."""
         return dict(e_peak=self.e_peak, e_memory=self.e_memory, latency_s=self.latency_s,
                     feed_flop_per_byte=self.feed_flop_per_byte, source=self.source)
 

@@ -118,6 +118,7 @@ class GenerationEstimate:
         return self.total_flops / self.e2e_s / (self.pp * peak) if self.e2e_s else 0.0
 
     def forward_model(self) -> ForwardModel:
+        """The `ForwardModel` this estimate was computed with (its operators at any shape)."""
         return forward_model(self.model, self.precision, self.conventions, self.tp)
 
     def decode_step_times_s(self, start: int = 1, stop: int | None = None) -> np.ndarray:
@@ -141,6 +142,7 @@ class GenerationEstimate:
         return dict(self.row)
 
     def to_frame(self) -> pd.DataFrame:
+        """`summary()` as a one-row DataFrame (the columns of `llmperf.analysis.schema.COLUMNS`)."""
         return pd.DataFrame([self.summary()])
 
     def ops_frame(self) -> pd.DataFrame:

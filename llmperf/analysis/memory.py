@@ -151,9 +151,12 @@ class MemoryEstimate:
         return self.batch <= self.max_batch
 
     def to_frame(self) -> pd.DataFrame:
+        """`summary()` as a one-row DataFrame."""
         return pd.DataFrame([self.summary()])
 
     def summary(self) -> dict[str, float | int | bool]:
+        """The memory split per GPU in GiB (KV per token in bytes), whether the batch fits, the largest
+        batches and the KV utilisations."""
         return dict(weights_gib=self.weights_bytes / 2**30, kv_bytes_per_token=self.kv_bytes_per_token,
                     kv_cache_gib=self.kv_cache_bytes / 2**30,
                     activation_peak_gib=self.activation_peak_bytes / 2**30,

@@ -158,6 +158,8 @@ class AttentionShape:
 
     @classmethod
     def gqa(cls, num_heads: int, num_kv_heads: int, head_dim: int, v_head_dim: int | None = None) -> AttentionShape:
+        """The shape of grouped-query attention: `num_heads` query heads over `num_kv_heads` K/V heads of
+        `head_dim` (values of `v_head_dim`, default `head_dim`)."""
         dv = head_dim if v_head_dim is None else v_head_dim
         return cls(heads=num_heads, qk_dim=head_dim, v_dim=dv, k_elems=num_kv_heads * head_dim,
                    v_elems=num_kv_heads * dv, union_elems=num_kv_heads * (head_dim + dv))
@@ -278,6 +280,8 @@ class ShardDims:
 
     @classmethod
     def of(cls, model: ModelSpec, tp: int = 1, ep: int = 1, dp_attention: bool = False) -> ShardDims:
+        """The per-GPU dimensions of `model` split `tp` ways (experts `ep` ways; attention whole per GPU with
+        `dp_attention`); a degree that does not divide what it splits is refused."""
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise SpecError(f"tp: must be a positive integer, got {tp!r}")
         if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
@@ -455,12 +459,14 @@ class ForwardModel:
 
     # ---- operators, in forward order -------------------------------------------------------------
     def embed(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The token-embedding gather: one row of the table read and written per token."""
         tokens = batch * q_len
         h, p = self.model.hidden_size, self.precision
         return OpCost(name="embed", kind="embedding", weight_bytes=tokens * h * p.embedding_bytes,
                       act_write_bytes=tokens * h * p.act_bytes, per_layer=False, rows=tokens)
 
     def pos_embed(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Learned positions (GPT-2, OPT): one row of the position table read and added per token."""
         tokens = batch * q_len
         h, p = self.model.hidden_size, self.precision
         return OpCost(name="pos_embed", kind="embedding", flops=tokens * h,
@@ -472,9 +478,12 @@ class ForwardModel:
         return self._elementwise("embed_scale", batch * q_len, self.model.hidden_size, 1, per_layer=False)
 
     def attn_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The norm before attention, over the hidden size of every token."""
         return self._norm("attn_norm", batch * q_len)
 
     def q_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The query projection, hidden -> heads x head_dim (MLA without `q_lora_rank`: heads x (nope +
+        rope))."""
         m = self.model
         width = m.mla_q_head_dim if m.is_mla else self.head_dim
         return self._linear("q_proj", batch * q_len, m.hidden_size, self.dims.num_heads * width, m.qkv_bias)
@@ -486,10 +495,12 @@ class ForwardModel:
                             self.model.qkv_bias)
 
     def k_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The key projection, hidden -> kv_heads x head_dim (this GPU's heads)."""
         return self._linear("k_proj", batch * q_len, self.model.hidden_size,
                             self.dims.num_kv_heads * self.head_dim, self.model.qkv_bias)
 
     def v_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The value projection, hidden -> kv_heads x head_dim (this GPU's heads)."""
         return self._linear("v_proj", batch * q_len, self.model.hidden_size,
                             self.dims.num_kv_heads * self.head_dim, self.model.qkv_bias)
 
@@ -500,6 +511,7 @@ class ForwardModel:
         return self._linear("q_a_proj", batch * q_len, m.hidden_size, m.q_lora_rank, m.qkv_bias)
 
     def q_a_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """MLA: the norm over the `q_lora_rank` query latent."""
         return self._norm("q_a_norm", batch * q_len, width=self.model.q_lora_rank)
 
     def q_b_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
@@ -515,6 +527,7 @@ class ForwardModel:
                             m.qkv_bias)
 
     def kv_a_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """MLA: the norm over the `kv_lora_rank` KV latent."""
         return self._norm("kv_a_norm", batch * q_len, width=self.model.kv_lora_rank)
 
     def kv_b_proj(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
@@ -553,6 +566,8 @@ class ForwardModel:
                           weights=2)
 
     def rope(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Rotary positions applied to every query head and every K head of each token (MLA: the rotary parts
+        and the one shared rotary key)."""
         tokens, a, m = batch * q_len, self.precision.act_bytes, self.model
         if m.is_mla:  # every query head's rotary part and the one shared rotary key
             rotated = tokens * (self.dims.num_heads + 1) * m.qk_rope_head_dim
@@ -614,17 +629,21 @@ class ForwardModel:
         return [_where(absorbed, x, y) for x, y in zip(a, u)]
 
     def o_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The attention output projection, heads x head_dim (MLA: v_head_dim) -> hidden."""
         m = self.model
         width = m.v_head_dim if m.is_mla else self.head_dim
         return self._linear("o_proj", batch * q_len, self.dims.num_heads * width, m.hidden_size, m.out_bias)
 
     def post_attn_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The sandwich norm after attention (Gemma 2/3)."""
         return self._norm("post_attn_norm", batch * q_len)
 
     def attn_residual(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The residual add after attention."""
         return self._residual("attn_residual", batch * q_len)
 
     def mlp_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The norm before the FFN."""
         return self._norm("mlp_norm", batch * q_len)
 
     def router(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
@@ -680,6 +699,7 @@ class ForwardModel:
         return ops
 
     def gate_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The FFN's gate projection, hidden -> ffn width (gated FFNs; `gate_up_proj` is the fused GEMM)."""
         return self._ffn_op("gate_proj", batch, q_len)
 
     def gate_up_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
@@ -687,12 +707,15 @@ class ForwardModel:
         return self._ffn_op("gate_up_proj", batch, q_len)
 
     def up_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The FFN's up projection, hidden -> ffn width."""
         return self._ffn_op("up_proj", batch, q_len)
 
     def act(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The FFN's activation (SiLU(gate) x up for a gated FFN)."""
         return self._ffn_op("act", batch, q_len)
 
     def down_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The FFN's down projection, ffn width -> hidden."""
         return self._ffn_op("down_proj", batch, q_len)
 
     def _ffn_op(self, name: str, batch: Number, q_len: Number) -> OpCost:
@@ -712,18 +735,23 @@ class ForwardModel:
                             module="shared_expert")
 
     def post_mlp_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The sandwich norm after the FFN (Gemma 2/3)."""
         return self._norm("post_mlp_norm", batch * q_len)
 
     def mlp_residual(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The residual add after the FFN."""
         return self._residual("mlp_residual", batch * q_len)
 
     def final_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The norm after the last layer (once per forward pass, not per layer)."""
         return self._norm("final_norm", batch * q_len, per_layer=False)
 
     def _logit_rows(self, batch: Number, q_len: Number) -> Number:
         return batch * q_len if self.all_logits else batch
 
     def lm_head(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The LM head, hidden -> vocabulary (this GPU's share), on the rows that need logits (prefill: the
+        last position unless `all_logits`)."""
         return self._linear("lm_head", self._logit_rows(batch, q_len), self.model.hidden_size,
                             self.dims.vocab_size, False, per_layer=False, module="lm_head")
 

@@ -147,6 +147,8 @@ class PhaseEstimate:
         return pd.DataFrame(rows)
 
     def summary(self) -> dict[str, float | int | str]:
+        """The phase's totals as a dict: shape, FLOPs, bytes, intensity, time, bound and fraction of the
+        peak."""
         return dict(phase=self.phase, batch=self.batch, q_len=self.q_len, kv_len=self.kv_len,
                     flops=self.flops, bytes_total=self.bytes_total, intensity=self.intensity,
                     time_s=self.time_s, bound=self.bound, peak_fraction=self.peak_fraction)

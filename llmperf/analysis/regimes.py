@@ -44,6 +44,9 @@ def first_true(pred: Callable[[int], bool], lo: int = 1, hi: int = _SEARCH_MAX) 
 
 @dataclass(frozen=True, kw_only=True)
 class RegimeEstimate:
+    """Where a model on a device changes regime: the ridge point, the critical decode batches and the context
+    lengths where attention takes over."""
+
     compute_dtype: str
     ridge_point: float  # FLOP/B
     critical_batch_matmul: int | None  # decode batch at which the linear layers turn compute-bound
@@ -53,9 +56,11 @@ class RegimeEstimate:
     attention_critical_context: int | None = None  # decode context from which attention is compute-bound
 
     def to_frame(self) -> pd.DataFrame:
+        """`summary()` as a one-row DataFrame."""
         return pd.DataFrame([self.summary()])
 
     def summary(self) -> dict[str, object]:
+        """The thresholds as a dict, under the schema's column names (`None`: never reached)."""
         return dict(compute_dtype=self.compute_dtype, ridge_point=self.ridge_point,
                     critical_batch_matmul=self.critical_batch_matmul, critical_batch=self.critical_batch,
                     attention_flops_crossover=self.attention_flops_crossover,

@@ -671,6 +671,7 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
 
 # ---- the roll-up ---------------------------------------------------------------------------------
 def forward_model(model: ModelSpec, precision: Precision, conv: Conventions, tp: int) -> ForwardModel:
+    """The `ForwardModel` of `model` at `precision` under the conventions `conv`, split `tp` ways."""
     return ForwardModel(model=model, precision=precision, attention=conv.attention, tp=tp,
                         all_logits=conv.all_logits, attention_flops=conv.attention_flops,
                         fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up, mla_mode=conv.mla_mode,

@@ -158,6 +158,8 @@ class TimeModel(Protocol):
     name: str
 
     def efficiency(self, cost: OpCost, hardware: HardwareSpec) -> Efficiency | tuple[Number, Number, Number]:
+        """The efficiencies and overhead `cost` runs at on `hardware`: an `Efficiency`, or an `(e_compute,
+        e_memory, overhead_s)` tuple."""
         ...
 
 
@@ -168,6 +170,7 @@ class RooflineTimeModel:
     name: str = "roofline"
 
     def efficiency(self, cost: OpCost, hardware: HardwareSpec) -> Efficiency:
+        """Every roof reached in full, no overhead (e = 1), whatever the operator."""
         return _UNIT
 
 

@@ -152,6 +152,7 @@ class Curve:
         return float(out) if np.ndim(out) == 0 else out
 
     def to_list(self) -> list[list[float]]:
+        """The points as `[[rows, value], ...]`, as an efficiency file writes them."""
         return [[r, v] for r, v in self.points]
 
 
@@ -166,6 +167,8 @@ class KindTerms:
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> KindTerms:
+        """One kind's terms from an efficiency file's mapping (`e_compute`, `e_memory`, `overhead_s`,
+        `floor_s`); an unknown or invalid field is refused naming `where`."""
         fields = ("e_compute", "e_memory", "overhead_s", "floor_s")
         if not isinstance(raw, Mapping):
             raise SpecError(f"{where}: expected a mapping with {', '.join(fields)}, got {raw!r}")
@@ -230,6 +233,8 @@ class EfficiencyTimeModel:
             raise SpecError(f"overhead_mode: must be one of {', '.join(OVERHEAD_MODES)}, got {self.overhead_mode!r}")
 
     def terms(self, kind: str) -> KindTerms:
+        """The terms of operator kind `kind` (the unit terms, e = 1 and no overhead, for a kind the model does
+        not list)."""
         return self.kinds.get(kind, _UNIT)
 
     @property
@@ -364,6 +369,7 @@ class EfficiencyTimeModel:
                            eff.floor_s * calls) + eff.overhead_s * calls)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every term of the model as plain data (curves as point lists), for run.json and reports."""
         return dict(model=self.name, engine=self.engine, dtype=self.dtype, step_overhead_s=self.step_overhead_s,
                     prefill_step_overhead_s=self.for_phase("prefill").step_overhead_s,
                     graph_max_rows=self.graph_max_rows, source=self.source,
@@ -380,6 +386,8 @@ ROOFLINE_MODEL = EfficiencyTimeModel(name="roofline", source="pure roofline: eff
 
 
 def parse_kinds(raw: Any, where: str) -> dict[str, KindTerms]:
+    """An efficiency file's per-kind block: operator kind -> `KindTerms`; an unknown kind is refused naming
+    `where`."""
     if not isinstance(raw, Mapping):
         raise SpecError(f"{where}: expected a mapping of operator kind -> terms, got {raw!r}")
     out = {}
@@ -520,6 +528,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
 
 
 def typical_path() -> Path:
+    """The installed `models_spec/efficiency/typical.yaml`, the terms of `--efficiency typical`."""
     return Path(str(resources.files("models_spec").joinpath("efficiency", "typical.yaml")))
 
 
@@ -558,6 +567,7 @@ class EngineProfile:
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> EngineProfile:
+        """From a profile's mapping; a bad or unknown field raises one line naming it (`where`.field)."""
         if not isinstance(raw, Mapping):
             raise SpecError(f"{where}: expected a mapping with {', '.join(_ENGINE_FIELDS)}, got {raw!r}")
         unknown = sorted(set(raw) - set(_ENGINE_FIELDS))
@@ -613,10 +623,12 @@ class EngineProfile:
 
 
 def engines_path() -> Path:
+    """The folder of the built-in engine profiles (`models_spec/engines/`)."""
     return Path(str(resources.files("models_spec").joinpath("engines")))
 
 
 def engine_names() -> list[str]:
+    """The names `--engine` accepts: one per profile file."""
     return sorted(p.stem for p in engines_path().glob("*.yaml"))
 
 
@@ -634,6 +646,7 @@ def load_engine(name: str) -> EngineProfile:
 
 
 def is_cpu(hardware: HardwareSpec) -> bool:
+    """Whether `hardware` is a CPU (its vendor or variant says so): no typical terms, no engine profile."""
     return hardware.vendor.lower() == "cpu" or "cpu" in (hardware.variant or "").lower().split()
 
 

@@ -9,7 +9,8 @@ Modules: `model` (the decoder), `weights` (random / Hugging Face checkpoints), `
 metadata, which the runner prepares and every backend reads), `attention` (backends), `cache`
 (contiguous and paged KV caches), `runner` (executes the shared scheduler's steps: forward + token
 choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`),
-`instrument` (per-step / per-operator timings), `cpu_kernels` (llmperf's own CPU kernels for a decode step);
+`instrument` (per-step / per-operator timings), `ops` (what runs the model's operators: plain torch, or
+`cpu`, llmperf's own CPU kernels and oneDNN);
 `sampling`, `beam`, `workload` (engine-pure). The speed benchmark is `llmperf.measure.engine_bench`;
 block bookkeeping is `llmperf.serving.blocks`.
 """

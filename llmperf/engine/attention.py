@@ -20,7 +20,7 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
   cache is read once per KV head with no copy (the grouping Flash-Decoding uses); on a CPU where
   llmperf's own kernels run, decode runs their decode attention instead (`sdpa_decode`), reading a
   paged cache's blocks in place through the step's block tables (and a Llama-family model's decode
-  step there runs that same kernel from its one call of all the layers, `cpu_kernels.decode_layers`,
+  step there runs that same kernel from its one call of all the layers, `cpu.kernels.decode_layers`,
   without calling this function);
 - `naive`: S = QK^T / sqrt(D) and P = softmax(S) materialised (`attn_score`, `attn_softmax`,
   `attn_value`), softmax in fp32 as Hugging Face's eager attention does;
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from llmperf.engine import cpu_kernels
+from llmperf.engine.cpu import kernels as cpu_kernels
 from llmperf.engine.step import StepMeta
 
 BACKENDS = ("sdpa", "naive", "triton")
@@ -81,7 +81,7 @@ def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def sdpa_decode(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, scale: float) -> torch.Tensor:
     """The `sdpa` backend's decode attention, `q (B, H, D)` over `K`, `V (B, H_kv, S, D)` -> `(B, H*D)`
     (`calibrate` and `profile` time it through here too). On a CPU with llmperf's kernels, their decode
-    attention (`cpu_kernels.decode_attention`, the mask from the step's lengths and window): one call
+    attention (`cpu.kernels.decode_attention`, the mask from the step's lengths and window): one call
     where SDPA's takes 60-65 us in a decode step after the weights flushed the caches, against ~20 hot.
     Elsewhere SDPA, the G query heads of each KV head folded into the query axis `(B, H_kv, G, D)`,
     so the cache is read once per KV head with no copy."""

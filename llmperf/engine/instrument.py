@@ -18,7 +18,7 @@ Operator names (the one vocabulary, `llmperf.analysis.vocabulary.Op`): `embed`, 
 (GELU FFNs), `act`, `down_proj`, `mlp_residual`, `final_norm`, `lm_head`. What is timed is what
 normally runs: recording never splits a fused GEMM (`FUSED_PARTS` joins it to split
 predictions). Where a decode step's layers run in one call of llmperf's CPU kernels
-(`cpu_kernels.decode_layers`), each operator of each layer is timed inside the call and handed over
+(`cpu.kernels.decode_layers`), each operator of each layer is timed inside the call and handed over
 with `Recorder.add`, under the same names (a `before_op` hook then runs once, before the call).
 Per-layer operators carry their layer index; the others have `layer=None`. Sampling and cache
 bookkeeping between forward passes are not operators; they are in the step time

@@ -4,14 +4,16 @@ header and CI's machine line, so that all of them change together when the CPU d
 
 A GEMM of R rows (B*T: sequences times new tokens) of dtype `dtype` runs on, in this order of rows:
 
-- llmperf's weight-streaming kernel (`cpu_kernels.small_gemm`) up to `cpu_kernels.rows_for(dtype)`
+- llmperf's weight-streaming kernel (`cpu.kernels.small_gemm`) up to `cpu.kernels.rows_for(dtype)`
   rows, where the kernels run (AVX-512 F/BW + AVX512_BF16 and a compiler);
-- on a CPU with AMX, bf16 rows `cpu_kernels.amx_rows` (3-16) on llmperf's AMX GEMM instead;
-- oneDNN's packed GEMM from `model.packed_min_rows` rows (fp32 2; bf16 1, only where oneDNN has
+- on a CPU with AMX, bf16 rows `cpu.kernels.amx_rows` (3-16) on llmperf's AMX GEMM instead;
+- oneDNN's packed GEMM from `cpu.ops.packed_min_rows` rows (fp32 2; bf16 1, only where oneDNN has
   native bf16: AVX512_BF16 or AMX, which `ONEDNN_MAX_CPU_ISA` can hide);
-- torch's own kernel below that (fp32 at one row: the matrix-vector product on `(in, out)` weights)
+- torch's own kernel below that (fp32 at one row: the matrix-vector product on a transposed copy)
   or at every row where nothing else runs (bf16 without native bf16: a GEMM that converts every
   element, ~10x slower than a native one; fp16; CUDA: cuBLAS).
+
+The choice itself is `llmperf.engine.cpu.ops.CpuOps.linear`; this module describes it.
 
     python -m llmperf.engine.paths     # the machine line CI prints: CPU features and engine paths
 """
@@ -23,14 +25,15 @@ from dataclasses import dataclass
 
 import torch
 
-from llmperf.engine import cpu_kernels, model
+from llmperf.engine.cpu import kernels as cpu_kernels
+from llmperf.engine.cpu import ops as cpu_ops
 
 #: `GemmPath.kernel` -> what it is, for the reader
 KERNELS = {
-    "stream": "llmperf's weight-streaming GEMM (cpu_kernels.small_gemm)",
-    "amx": "llmperf's AMX GEMM (cpu_kernels.amx_gemm)",
+    "stream": "llmperf's weight-streaming GEMM (cpu.kernels.small_gemm)",
+    "amx": "llmperf's AMX GEMM (cpu.kernels.amx_gemm)",
     "packed": "oneDNN's packed GEMM (mkldnn._linear_pointwise)",
-    "gemv": "torch's matrix-vector product on (in, out) weights",
+    "gemv": "torch's matrix-vector product on a transposed (in, out) copy",
     "torch": "torch's F.linear",
 }
 SHORT = {"stream": "llmperf", "amx": "llmperf-AMX", "packed": "oneDNN", "gemv": "torch-GEMV", "torch": "torch"}
@@ -54,7 +57,7 @@ def native_bf16() -> bool:
     """Whether bf16 GEMMs have a native kernel here: llmperf's (AVX512_BF16) or oneDNN's (AVX512_BF16
     or AMX; `ONEDNN_MAX_CPU_ISA` may hide them). Without one, torch converts every element and a bf16
     GEMM is compute-bound on the conversions, about 10x slower than fp32."""
-    return cpu_kernels.available() or model.onednn_bf16()
+    return cpu_kernels.available() or cpu_ops.onednn_bf16()
 
 
 def native_kernel(dtype: torch.dtype) -> bool:
@@ -68,19 +71,18 @@ def native_kernel(dtype: torch.dtype) -> bool:
 
 
 def gemm_paths(dtype: torch.dtype, device: torch.device | str = "cpu") -> tuple[GemmPath, ...]:
-    """The kernel of the engine's GEMMs (`model.Linear`, the "auto" weight layout) per row count, in
-    order of rows, the last open-ended."""
+    """The kernel of the engine's GEMMs (`cpu.ops.CpuOps.linear`, the "auto" weight layout) per row
+    count, in order of rows, the last open-ended."""
     device = torch.device(device)
-    in_out = model.resolve_layout("auto", dtype, device)
-    cpu = device.type == "cpu" and not in_out
+    cpu = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)  # `ops.ops_for`: CpuOps
     own = cpu_kernels.rows_for(dtype) if cpu else 0
     amx = cpu_kernels.amx_rows(dtype) if cpu else None
     starts: list[tuple[int, str]] = []  # (first row, kernel)
     if own:
         starts += [(1, "stream"), (amx[0], "amx")] if amx and amx[0] > 1 else [(1, "amx" if amx else "stream")]
     after = own + 1
-    packed = model.packed_min_rows(dtype, device)
-    plain = "gemv" if in_out and device.type == "cpu" else "torch"
+    packed = cpu_ops.packed_min_rows(dtype) if cpu else None
+    plain = "gemv" if cpu and dtype == torch.float32 and not own and cpu_ops.GEMV_ROWS else "torch"
     if packed is None:
         starts.append((after, plain))
     else:
@@ -100,7 +102,7 @@ def gemm_path_edges(dtype: torch.dtype, device: torch.device | str = "cpu") -> t
 
 def one_call_rows(dtype: torch.dtype) -> int:
     """The most rows of a decode step whose layers run in one call of llmperf's kernels (a Llama-family
-    model, `Transformer._decode_in_one_call`); 0: never here."""
+    model, `cpu.ops.CpuOps.decode_layers`); 0: never here."""
     return cpu_kernels.rows_for(dtype) if dtype in (torch.float32, torch.bfloat16) else 0
 
 

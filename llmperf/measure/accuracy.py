@@ -122,6 +122,42 @@ def critical_batches(run: dict, steps: pd.DataFrame) -> list[CriticalBatch]:
     return out
 
 
+TYPICAL_ENGINE = "eager"  # the profile of llmperf's own engine (`models_spec/engines/eager.yaml`)
+
+
+def typical_predictions(run: dict, steps: pd.DataFrame, gens: pd.DataFrame) -> tuple[pd.Series, pd.Series] | None:
+    """A GPU run's steps and generations as `--efficiency typical --engine eager` prices them on the
+    datasheet of the device it ran on: what a user who never calibrated would have been told, beside
+    the roofline and the calibration. Computed here from the run's shapes (profile records no typical
+    column); None for a CPU run or a device without a built-in datasheet."""
+    from llmperf.analysis.roofline import phase_time_model
+    from llmperf.analysis.rollup import phase_arrays
+    from llmperf.analysis.timemodel import time_model_for
+    from llmperf.specs import match_hardware
+
+    s = run["settings"]
+    device = run.get("device") or {}
+    if device.get("kind") != "cuda" or "model_spec" not in s:
+        return None
+    hw = match_hardware(str(device.get("name", "")))
+    if hw is None:
+        return None
+    spec = model_from_mapping(dict(s["model_spec"]), origin=run["model"])
+    prec = Precision.uniform(s["dtype"])
+    dtype = s.get("compute_dtype") or hw.compute_dtype(s["dtype"])
+    tm = time_model_for(hw, "typical", dtype, backend=s.get("backend") or "sdpa", engine=TYPICAL_ENGINE)
+    fm = ForwardModel(model=spec, precision=prec, attention="naive" if s.get("backend") == "naive" else "fused",
+                      fused_qkv=True, fused_gate_up=True)
+    pred = pd.Series(np.nan, index=steps.index)
+    for phase, rows in steps.groupby("phase"):
+        arrays = phase_arrays(fm, hw, rows["batch"].to_numpy(float), rows["q_len"].to_numpy(float),
+                              rows["kv_len"].to_numpy(float), pp=1, compute_dtype=dtype,
+                              time_model=phase_time_model(tm, str(phase)))
+        pred[rows.index] = np.broadcast_to(arrays.time_s, len(rows))
+    e2e = gens["config"].map(pred.groupby(steps["config"]).sum())
+    return pred, e2e
+
+
 def report(run_dir: Path) -> tuple[str, bool]:
     """The printed report for one run directory, and whether every calibrated target was met."""
     run = json.loads((run_dir / "run.json").read_text())
@@ -134,6 +170,9 @@ def report(run_dir: Path) -> tuple[str, bool]:
              f"batch {s['batch']}, prompt {s['prompt_len']}, gen {s['gen_len']}; created {run['created']}",
              f"steps from {run.get('measurements', {}).get('steps', 'the recorded run (schema-1 run: one run)')}",
              "", f"{'phase':8} {'n':>4}  {'roofline median':>15} {'p90':>7}  {'calibrated median':>17} {'p90':>7}"]
+    typical = typical_predictions(run, steps, gens)
+    if typical is not None:
+        lines[-1] += f"  {'typical+' + TYPICAL_ENGINE + ' median':>21} {'p90':>7}"
     ok = True
     for phase in ("prefill", "decode", E2E):
         cells = {}
@@ -146,6 +185,13 @@ def report(run_dir: Path) -> tuple[str, bool]:
             cells[model] = (med, p90, n)
         r, c = cells["roofline"], cells["calibrated"]
         lines.append(f"{phase:8} {c[2]:>4}  {r[0]:>15.1%} {r[1]:>7.1%}  {c[0]:>17.1%} {c[1]:>7.1%}")
+        if typical is not None:
+            if phase == E2E:
+                t = error_stats(typical[1], gens["measured_e2e_s"])
+            else:
+                mask = steps["phase"] == phase
+                t = error_stats(typical[0][mask], steps.loc[mask, "measured_s"])
+            lines[-1] += f"  {t[0]:>21.1%} {t[1]:>7.1%}"
         for (tphase, stat), goal in TARGETS.items():
             if tphase == phase:
                 value = c[0] if stat == "median" else c[1]

@@ -603,17 +603,17 @@ def _in_turn(fns: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
 class _Weights:
     """The engine's `x @ W` for one dtype and device, over `copies` weight matrices used in turn (its
     weight layout and, where it packs weights for oneDNN, the packed GEMM of
-    `llmperf.engine.model.Linear`, packed before timing)."""
+    `llmperf.engine.ops.ops_for`, packed before timing)."""
 
     def __init__(self, k: int, n: int, dtype: Any, device: Any, copies: int) -> None:
         import torch
 
-        from llmperf.engine.model import Linear, packed_min_rows, resolve_layout
+        from llmperf.engine.ops import ops_for
 
         self.k, self.dtype, self.device = k, dtype, device
-        in_out = resolve_layout("auto", dtype, device)
+        in_out = False  # the engine stores (out, in) on every device
         self.ws = [torch.randn((k, n) if in_out else (n, k), device=device, dtype=dtype) for _ in range(copies)]
-        self.linear = Linear(in_out, packed_min_rows(dtype, device))
+        self.linear = ops_for(device, dtype).linear
 
     def fn(self, rows: int) -> Callable[[], Any]:
         import torch

@@ -57,7 +57,7 @@ def cpu_caches() -> dict[str, int]:
 def describe_cpu() -> dict[str, Any]:
     import torch
 
-    from llmperf.engine import cpu_kernels
+    from llmperf.engine.cpu import kernels as cpu_kernels
 
     info = _cpuinfo()
     flags = set(info.get("flags", info.get("Features", "")).split())

@@ -14,7 +14,7 @@
    number of tokens, no EOS): tokens/s ours / tokens/s theirs, the two timed alternately.
 3. **Paged vs contiguous KV cache** at a long context (default 2048 tokens, batch 1): contiguous
    decode step time / paged decode step time (1.0: paging costs nothing).
-4. **llmperf's own CPU kernels vs torch's operators** (`engine.cpu_kernels`), and **a decode step's
+4. **llmperf's own CPU kernels vs torch's operators** (`engine.cpu.kernels`), and **a decode step's
    layers in one call vs the same kernels called one by one** (`Transformer.decode_in_one_call`):
    decode-step time of the one / of the other, alternated on one engine, with whether the tokens match.
 
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from llmperf.analysis.vocabulary import Phase
-from llmperf.engine import cpu_kernels
+from llmperf.engine.cpu import kernels as cpu_kernels
 from llmperf.engine.generate import Engine
 from llmperf.engine.model import Transformer
 from llmperf.engine.paths import EnginePaths, engine_paths
@@ -168,7 +168,7 @@ def _alternated(spec: ModelSpec, baseline: Callable[[Transformer], AbstractConte
 
 def own_kernels_speedup(spec: ModelSpec, *, prompt_len: int, new_tokens: int, reps: int, dtype: str = "bf16",
                         batch: int = 1, seed: int = 0) -> Figure:
-    """Decode step on torch's operators / on llmperf's own CPU kernels (`engine.cpu_kernels`: the GEMM
+    """Decode step on torch's operators / on llmperf's own CPU kernels (`engine.cpu.kernels`: the GEMM
     of few rows, the RMSNorm, RoPE, SwiGLU activation and decode attention), the two alternated on one
     engine (1.0: they gain nothing, or are unavailable here). Both runs read the weights in the layout
     the model was built with."""
@@ -278,7 +278,7 @@ def _header(env: dict[str, Any], spec: ModelSpec, bw: float, copy_mib: int) -> l
             f"# model {spec.name} ({spec.param_count / 1e6:.0f}M params), copy bandwidth {bw / 1e9:.1f} GB/s "
             f"(read+write, {copy_mib} MiB)",
             f"# llmperf's own CPU kernels (GEMM of few rows, RMSNorm, RoPE, SwiGLU, decode attention; "
-            f"llmperf.engine.cpu_kernels): "
+            f"llmperf.engine.cpu.kernels): "
             f"{cpu_kernels.status()}",
             f"# engine paths (llmperf.engine.paths): {env['paths']}"]
 

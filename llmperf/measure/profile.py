@@ -432,12 +432,13 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
     middle decode step (context prompt + gen / 2)."""
     import torch
 
-    from llmperf.engine.model import Linear, packed_min_rows, resolve_layout
+    from llmperf.engine.ops import ops_for
     from llmperf.measure.timers import time_fn
 
     device, dtype = model.device, model.dtype
-    in_out = resolve_layout("auto", dtype, device)
-    linear = Linear(in_out, packed_min_rows(dtype, device))  # the engine's GEMM: packed where it packs
+    in_out = False  # the engine stores (out, in) on every device
+    gemm = ops_for(device, dtype)  # the engine's GEMM: packed where it packs
+    linear = gemm.linear
     elem = torch.empty((), dtype=dtype).element_size()
     rows_out = []
     shapes = [(Phase.prefill, prompt_len, prompt_len), (Phase.decode, 1, prompt_len + max(gen_len // 2, 1))]
@@ -463,7 +464,7 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
             rows_out.append(op_row("micro", phase.value, op.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
                                    cost, pred.times(cost, batch, q_len, micro=True), pred.hardware, pred.compute_dtype))
             del ws, x
-            linear.clear()
+            gemm.clear()
         rows_out += _attention_micro(model, spec, pred, settings, batch, phase, q_len, kv_len)
     return rows_out
 

@@ -91,6 +91,7 @@ class FreeBlockQueue:
         return block_id in self._members
 
     def pop(self) -> int | None:
+        """The block free the longest, or None when none is free."""
         if not self._queue:
             return None
         block_id = self._queue.popleft()
@@ -98,12 +99,14 @@ class FreeBlockQueue:
         return block_id
 
     def push(self, block_id: int) -> None:
+        """Return a block to the end of the queue; a block already free raises `ValueError`."""
         if block_id in self._members:
             raise ValueError(f"block {block_id} is already free")
         self._queue.append(block_id)
         self._members.add(block_id)
 
     def ids(self) -> list[int]:
+        """The free block ids, oldest first."""
         return list(self._queue)
 
 
@@ -134,6 +137,7 @@ class BlockPool:
         return self._blocks[block_id]
 
     def refcount(self, block_id: int) -> int:
+        """How many sequences hold block `block_id` (0: free)."""
         return self._block(block_id).ref_count
 
     def allocate(self) -> int | None:
@@ -145,6 +149,8 @@ class BlockPool:
         return block_id
 
     def incref(self, block_id: int) -> None:
+        """One more holder of an allocated block (a fork or a shared prefix); a free block raises
+        `ValueError`."""
         block = self._block(block_id)
         if block.ref_count == 0:
             raise ValueError(f"block {block_id}: incref of a free block (allocate it first)")
@@ -162,6 +168,8 @@ class BlockPool:
         return False
 
     def check_invariants(self) -> None:
+        """Assert that a block is in the free queue exactly when nothing references it, and no count is
+        negative."""
         free = self._free.ids()
         assert len(free) == len(set(free)), f"the free queue holds a block twice: {sorted(free)}"
         for block in self._blocks:
@@ -204,9 +212,11 @@ class BlockUsage:
         return self.used_slots / self.reserved_slots if self.reserved_slots else 1.0
 
     def reserved_bytes(self, bytes_per_token: float) -> float:
+        """Bytes of the reserved slots at `bytes_per_token`."""
         return self.reserved_slots * bytes_per_token
 
     def used_bytes(self, bytes_per_token: float) -> float:
+        """Bytes of the slots holding real tokens at `bytes_per_token`."""
         return self.used_slots * bytes_per_token
 
 
@@ -274,13 +284,16 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r}: unknown id (known: {sorted(self._tables)})") from None
 
     def block_table(self, seq_id: int) -> list[int]:
+        """A copy of the sequence's block ids, in position order."""
         return list(self._table(seq_id))
 
     def seq_len(self, seq_id: int) -> int:
+        """Positions reserved for the sequence (an unknown sequence raises `ValueError`)."""
         self._table(seq_id)
         return self._lens[seq_id]
 
     def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens: `ceil(num_tokens / block_size)`."""
         return -(-num_tokens // self.block_size)
 
     blocks_for = blocks_needed
@@ -315,6 +328,7 @@ class BlockManager:
     # --- allocation ------------------------------------------------------------------------------
 
     def can_allocate(self, num_tokens: int) -> bool:
+        """Whether a new sequence of `num_tokens` tokens fits in the free blocks (no prefix shared)."""
         return self.blocks_needed(num_tokens) <= self.pool.num_free
 
     def _prefix_blocks(self, tokens: Sequence[int], limit: int) -> list[int]:
@@ -383,6 +397,7 @@ class BlockManager:
         return self._blocks_to_append(seq_id, num_tokens)[0]
 
     def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Whether `num_tokens` more positions of the sequence fit in the free blocks."""
         return self._blocks_to_append(seq_id, num_tokens)[0] <= self.pool.num_free
 
     def append_slot(self, seq_id: int) -> SlotResult | None:
@@ -495,15 +510,18 @@ class BlockManager:
         return fill
 
     def usage(self) -> BlockUsage:
+        """The pool's occupancy now: used blocks, reserved and used slots, sequences, logical tokens."""
         reserved = self.num_used_blocks * self.block_size
         return BlockUsage(num_blocks=self.num_blocks, block_size=self.block_size,
                           num_used_blocks=self.num_used_blocks, num_sequences=len(self._tables),
                           reserved_slots=reserved, used_slots=reserved - self._gap, logical_tokens=self._logical)
 
     def bytes_reserved(self, bytes_per_block: int) -> int:
+        """Bytes of the used blocks at `bytes_per_block`."""
         return self.num_used_blocks * bytes_per_block
 
     def bytes_used(self, bytes_per_block: int) -> float:
+        """Bytes of the slots holding real tokens at `bytes_per_block`."""
         return self.usage().used_slots * bytes_per_block / self.block_size
 
     def check_invariants(self) -> None:
@@ -609,6 +627,8 @@ class WindowedBlockManager(BlockManager):
         self._extra: dict[int, list[deque[int]]] = {}  # seq -> per group, its pool blocks, oldest first
 
     def blocks_for(self, num_tokens: int) -> int:  # type: ignore[override]
+        """Blocks a sequence of `num_tokens` tokens takes across the window groups (each sliding group holds
+        its window only)."""
         return window_blocks_for(self.groups, self.block_size, num_tokens, self.max_step_tokens)
 
     def _needs(self, start: int, end: int) -> list[int]:
@@ -634,6 +654,8 @@ class WindowedBlockManager(BlockManager):
         return sum(max(0, need - len(held)) for held, need in zip(self._extra[seq_id], needs))
 
     def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
+        """As `BlockManager.allocate`, also reserving each window group's blocks; False, with nothing changed,
+        when they do not fit."""
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r}: already allocated (free it first)")
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
@@ -649,14 +671,18 @@ class WindowedBlockManager(BlockManager):
         return True
 
     def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int:
+        """Free blocks that `reserve(seq_id, num_tokens)` would take, the window groups' included."""
         length = self.seq_len(seq_id)
         return super().reserve_cost(seq_id, num_tokens) + self._extra_cost(seq_id, self._needs(length, length +
                                                                                                 num_tokens))
 
     def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Whether `num_tokens` more positions fit, the window groups' blocks included."""
         return self.reserve_cost(seq_id, num_tokens) <= self.pool.num_free
 
     def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """As `BlockManager.reserve`, also taking the window groups' new blocks and giving back those that
+        left the window."""
         extra = self._extra.get(seq_id)
         if num_tokens == 1 and extra is not None:  # a decode token: the hot path
             length, bs = self._lens[seq_id], self.block_size
@@ -695,10 +721,12 @@ class WindowedBlockManager(BlockManager):
         return results  # type: ignore[return-value]
 
     def append_slot(self, seq_id: int) -> SlotResult | None:
+        """One more position of the sequence (`append_slots` of one), or None with nothing changed."""
         results = self.append_slots(seq_id, 1)
         return None if results is None else results[0]
 
     def fork(self, parent_id: int, child_id: int) -> None:
+        """As `BlockManager.fork`, the window groups' blocks shared too."""
         super().fork(parent_id, child_id)
         for held in self._extra[parent_id]:
             for block_id in held:
@@ -706,6 +734,7 @@ class WindowedBlockManager(BlockManager):
         self._extra[child_id] = [deque(held) for held in self._extra[parent_id]]
 
     def free(self, seq_id: int) -> None:
+        """As `BlockManager.free`, the window groups' blocks given back too."""
         super().free(seq_id)
         for held in self._extra.pop(seq_id):
             for block_id in held:

@@ -330,6 +330,8 @@ class StepCostModel:
 
     # ---- a step ----------------------------------------------------------------------------------
     def step_time_s(self, q_lens: Iterable[int], kv_lens: Iterable[int], logit_rows: int) -> float:
+        """Seconds of one step: each sequence's new tokens (`q_lens`) over its context (`kv_lens`), with
+        `logit_rows` rows through the LM head."""
         q = np.asarray(list(q_lens) if not isinstance(q_lens, np.ndarray) else q_lens, dtype=float)
         kv = np.asarray(list(kv_lens) if not isinstance(kv_lens, np.ndarray) else kv_lens, dtype=float)
         return self.step_time_from_features(int(q.sum()), self.features(q, kv), logit_rows)

@@ -109,6 +109,8 @@ def plan_precision(model: ModelSpec, name: str, kv: str | None = None) -> Precis
 
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
+    """One configuration `plan` evaluates: a device, a precision, a TP degree and a layout."""
+
     device: str
     precision: str
     tp: int
@@ -161,6 +163,7 @@ class PlanRow:
     tpot_ci_high_s: float | None = None
 
     def as_dict(self) -> dict[str, object]:
+        """The row as plain values, in the columns of `plan -f csv`."""
         return dict(device=self.device, precision=self.precision, tp=self.tp, layout=self.layout, ep=self.ep,
                     dp_attention=self.dp_attention, gemm=self.gemm, replicas=self.replicas, gpus=self.gpus,
                     feasible=self.feasible, binding=self.binding, detail=self.detail, ttft_s=self.ttft_s,
@@ -177,6 +180,9 @@ class PlanRow:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanResult:
+    """Every candidate `plan` evaluated for a model, a rate and SLOs: those that meet them and those that
+    lose, with why."""
+
     model: str
     rate_rps: float
     slo: SLO
@@ -197,6 +203,7 @@ class PlanResult:
         return [r for r in self.rows if not r.feasible]
 
     def to_frame(self) -> pd.DataFrame:
+        """Feasible rows first (ranked), then the losers (rank empty)."""
         rows = self.feasible + self.losers
         frame = pd.DataFrame([r.as_dict() for r in rows])
         frame.insert(0, "rank", pd.array([i + 1 if r.feasible else None for i, r in enumerate(rows)], dtype="Int64"))
@@ -514,6 +521,7 @@ def _duplicate(layout: str, tp: int, layouts: Sequence[str]) -> bool:
 
 
 def all_devices() -> list[str]:
+    """Every built-in device name, sorted."""
     from llmperf.specs.loader import list_hardware
     return sorted(list_hardware())
 

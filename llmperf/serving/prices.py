@@ -19,6 +19,8 @@ _CHEAT_SHEET = "https://techbytes.app/posts/serverless-gpu-pricing-matrix-modal-
 
 @dataclass(frozen=True, kw_only=True)
 class GpuPrice:
+    """A GPU's hourly price in US dollars, who listed it, and where."""
+
     usd_per_hour: float
     provider: str
     source: str

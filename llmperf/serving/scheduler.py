@@ -81,15 +81,28 @@ class KVSpace(Protocol):
 
     @property
     def num_free_blocks(self) -> int: ...
-    def blocks_for(self, num_tokens: int) -> int: ...
-    def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int: ...
-    def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool: ...
-    def reserve(self, seq_id: int, num_tokens: int = 1) -> bool: ...
-    def fork(self, parent_id: int, child_id: int) -> object: ...
-    def free(self, seq_id: int) -> None: ...
-    def seq_len(self, seq_id: int) -> int: ...
-    def cached_prefix(self, tokens: Sequence[int], limit: int) -> int: ...
-    def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None: ...
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks a sequence of `num_tokens` tokens takes."""
+    def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int:
+        """Free blocks that `reserve(seq_id, num_tokens)` would take."""
+    def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
+        """Reserve a new sequence's first `num_tokens` positions (sharing the published blocks of `prefix`);
+        False, with nothing changed, when they do not fit."""
+    def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Reserve `num_tokens` more positions of a sequence; False, with nothing changed, when they do not
+        fit."""
+    def fork(self, parent_id: int, child_id: int) -> object:
+        """A new sequence `child_id` holding what `parent_id` holds (a beam or another sample of one
+        prompt)."""
+    def free(self, seq_id: int) -> None:
+        """Drop a sequence and give back what only it held."""
+    def seq_len(self, seq_id: int) -> int:
+        """Positions reserved for a sequence."""
+    def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:
+        """How many leading tokens of `tokens[:limit]` are already held by published blocks."""
+    def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
+        """Make a sequence's full blocks within its first `num_computed` tokens findable for prefix
+        sharing."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -148,7 +161,10 @@ class StepOutcome:
 
 
 class Runner(Protocol):
-    def execute(self, plan: StepPlan) -> StepOutcome: ...
+    """What executes a scheduled step: the engine's model runner, or the simulator's cost model."""
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        """Run one step: its duration in seconds and the sequences that finished."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,6 +253,8 @@ class RequestState:
         return self.max_len - 1
 
     def cached_seq_ids(self) -> list[int]:
+        """The request's sequences that hold cache: all of them once forked, else the first (which computes
+        the prompt)."""
         return self.seq_ids if self.forked else self.seq_ids[:1]
 
 

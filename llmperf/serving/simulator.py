@@ -157,6 +157,8 @@ class ServingConfig:
         return cls(model=m, hardware=hw, precision=prec, **kw)
 
     def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler's settings (policy, limits, chunked prefill, prefix sharing, watermark) from this
+        config."""
         return SchedulerConfig(policy=self.policy, max_batch=self.max_batch,
                                max_batched_tokens=self.max_batched_tokens, chunked_prefill=self.chunked_prefill,
                                prefix_sharing=self.prefix_sharing, watermark=self.watermark)
@@ -197,6 +199,8 @@ class ServingConfig:
                               engine=self.engine)
 
     def settings(self) -> dict[str, object]:
+        """The config as plain values (model, device, precision, parallelism, server settings, time model),
+        for run.json."""
         from llmperf.specs.precision import gemm_mode, precision_note
         from llmperf.analysis.roofline import engine_label
         tm = self.resolve_time_model()
@@ -373,6 +377,8 @@ class CostModelRunner:
         self.records: list[tuple[int, int, int, float, float]] = []  # batch, prefill, decode, used, reserved
 
     def execute(self, plan: StepPlan) -> StepOutcome:
+        """Price one scheduled step with the analytical model: its duration, and the sequences that
+        finished."""
         if self.cost is not None and not self.cost.simple:
             return self._execute_groups(plan)
         decodes = prefill = batch = logits = 0
@@ -495,6 +501,8 @@ class SimResult:
         return ok
 
     def percentile(self, column: str, q: float | None = None) -> float:
+        """The `q`-th percentile (default: the SLO's) of a request column, missing values ignored (NaN when
+        none)."""
         x = self.requests[column].to_numpy(dtype=float)
         x = x[~np.isnan(x)]
         return float(np.percentile(x, self.slo.percentile if q is None else q)) if x.size else float("nan")
@@ -511,6 +519,8 @@ class SimResult:
         return bool(ok)
 
     def summary(self) -> dict[str, object]:
+        """Latency statistics (p50, p90, p99, mean of TTFT, TPOT, end-to-end and queueing), throughput,
+        goodput and counts."""
         r, span = self.requests, self.makespan_s
         n = len(r)
         return dict(
@@ -608,6 +618,7 @@ def kv_note(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> str:
 
 
 def step_cost_model(config: ServingConfig) -> StepCostModel:
+    """The `StepCostModel` that prices `config`'s steps."""
     return StepCostModel(model=config.model, hardware=config.hardware, precision=config.precision, tp=config.tp,
                          pp=config.pp, attention=config.attention, time_model=config.resolve_time_model(),
                          conventions=config.conventions())
@@ -652,10 +663,14 @@ def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workl
 
 @dataclass(frozen=True, kw_only=True)
 class RatePoint:
+    """One simulated arrival rate of a rate search, and its result."""
+
     rate: float
     result: SimResult
 
     def row(self) -> dict[str, object]:
+        """The point as a `rates.csv` row: rate, TTFT and TPOT percentiles, goodput, throughput, whether the
+        SLOs are met."""
         s = self.result.summary()
         return dict(rate=self.rate, ttft_p50=s["ttft_s"]["p50"], ttft_p90=s["ttft_s"]["p90"],
                     ttft_p99=s["ttft_s"]["p99"], tpot_p50=s["tpot_s"]["p50"], tpot_p90=s["tpot_s"]["p90"],
@@ -679,6 +694,7 @@ class RateSearch:
     note: str = ""
 
     def to_frame(self) -> pd.DataFrame:
+        """Every simulated rate as a `rates.csv` row, by rate."""
         return pd.DataFrame([p.row() for p in sorted(self.points, key=lambda p: p.rate)])
 
 

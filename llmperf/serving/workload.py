@@ -61,7 +61,10 @@ def _fmt(x: float) -> str:
 
 @runtime_checkable
 class LengthDist(Protocol):
-    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray: ...
+    """A distribution of token counts: what `prompt_len` and `output_len` take."""
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` lengths (int64) drawn with `rng`."""
 
     @property
     def mean(self) -> float: ...
@@ -88,6 +91,8 @@ def _clip_round(x: np.ndarray, lo: int, hi: int | None, dist: object = "length")
 
 @dataclass(frozen=True)
 class Fixed:
+    """Every request the same length (`512`)."""
+
     value: int
 
     def __post_init__(self) -> None:
@@ -95,6 +100,7 @@ class Fixed:
             raise SpecError(f"fixed: length must be a positive integer, got {self.value!r}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` copies of the length."""
         return np.full(n, self.value, dtype=np.int64)
 
     @property
@@ -123,6 +129,7 @@ class Uniform:
             raise SpecError(f"uniform: hi must be an integer >= lo={self.lo}, got {self.hi!r}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` lengths uniform over `lo..hi`, both included."""
         return rng.integers(self.lo, self.hi, endpoint=True, size=n, dtype=np.int64)
 
     @property
@@ -151,6 +158,7 @@ class Normal:
         _check_bounds("normal", self.lo, self.hi)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` normal draws, rounded and clipped to `[lo, hi]`."""
         return _clip_round(rng.normal(self.mean, self.std, size=n), self.lo, self.hi, self)
 
     def __str__(self) -> str:
@@ -175,6 +183,7 @@ class LogNormal:
         _check_bounds("lognormal", self.lo, self.hi)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` lognormal draws, rounded and clipped to `[lo, hi]`."""
         with np.errstate(over="ignore"):  # exp overflows to inf: refused by _clip_round
             return _clip_round(rng.lognormal(self.mu, self.sigma, size=n), self.lo, self.hi, self)
 
@@ -204,6 +213,7 @@ class Cycle:
             raise SpecError(f"cycle: values must be a non-empty list of positive integers, got {self.values!r}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """The values in turn, repeated to `n` (the generator is not used)."""
         return np.resize(np.asarray(self.values, dtype=np.int64), n)
 
     @property
@@ -229,6 +239,7 @@ class Empirical:
             raise SpecError(f"file: {self.path!r} must hold at least one positive integer length")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` of the observed lengths, drawn with replacement."""
         return np.asarray(self.values, dtype=np.int64)[rng.integers(0, len(self.values), size=n)]
 
     @property
@@ -269,7 +280,10 @@ def read_length_file(path: str | Path) -> Empirical:
 
 @runtime_checkable
 class Arrival(Protocol):
-    def times(self, n: int, rng: np.random.Generator) -> np.ndarray: ...
+    """An arrival process: what `arrival` takes."""
+
+    def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """The arrival times of `n` requests in seconds, non-decreasing from 0."""
 
 
 @dataclass(frozen=True)
@@ -277,6 +291,7 @@ class Offline:
     """Every request at t=0: an offline batch, the scheduler sees the whole queue at once."""
 
     def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Every request at t = 0 (an offline batch)."""
         return np.zeros(n)
 
     def __str__(self) -> str:
@@ -294,9 +309,11 @@ class Poisson:
             raise SpecError(f"poisson: rate must be a finite number of requests/s > 0, got {self.rate_per_s!r}")
 
     def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` exponential inter-arrival gaps of mean `1 / rate_per_s`."""
         return rng.exponential(1.0 / self.rate_per_s, size=n)
 
     def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """The first request at 0, then the cumulative gaps."""
         return np.concatenate(([0.0], np.cumsum(self.gaps(max(n - 1, 0), rng))))[:n]
 
     def __str__(self) -> str:
@@ -318,10 +335,12 @@ class Gamma:
             raise SpecError(f"gamma: cv must be a finite number > 0, got {self.cv!r}")
 
     def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` gamma inter-arrival gaps of mean `1 / rate_per_s` and coefficient of variation `cv`."""
         shape = 1.0 / self.cv ** 2
         return rng.gamma(shape, 1.0 / (self.rate_per_s * shape), size=n)
 
     def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """The first request at 0, then the cumulative gaps."""
         return np.concatenate(([0.0], np.cumsum(self.gaps(max(n - 1, 0), rng))))[:n]
 
     def __str__(self) -> str:
@@ -339,9 +358,11 @@ class FixedInterval:
             raise SpecError(f"interval: must be a finite number of seconds >= 0, got {self.interval_s!r}")
 
     def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` gaps of `interval_s`."""
         return np.full(n, float(self.interval_s))
 
     def times(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Requests every `interval_s` seconds from 0."""
         return np.arange(n) * float(self.interval_s)
 
     def __str__(self) -> str:
@@ -498,6 +519,7 @@ class Workload:
         return float(self.arrival_s[-1]) if len(self) else 0.0
 
     def to_frame(self) -> pd.DataFrame:
+        """One row per request: id, arrival time, prompt and output tokens, shared-prefix tokens."""
         return pd.DataFrame(dict(request_id=np.arange(len(self)), arrival_s=self.arrival_s,
                                  prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
                                  shared_prefix_tokens=self.shared_prefix_tokens))
@@ -542,6 +564,7 @@ class WorkloadSpec:
                                 f"about {expected:.3g} requests, more than the {MAX_REQUESTS:,} a workload holds")
 
     def describe(self) -> dict[str, object]:
+        """The spec as plain values (distributions by their string form), for run.json."""
         return dict(arrival=str(self.arrival), prompt_len=str(self.prompt_len), output_len=str(self.output_len),
                     num_requests=self.num_requests, duration_s=self.duration_s,
                     system_prompt_len=self.system_prompt_len, seed=self.seed)

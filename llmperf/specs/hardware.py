@@ -147,6 +147,7 @@ class HardwareSpec:
         return self.peak_flops_per_s(dtype) / self.mem_bandwidth_bytes_per_s
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain data (`dataclasses.asdict`)."""
         from dataclasses import asdict
         return asdict(self)
 

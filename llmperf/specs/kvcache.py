@@ -118,6 +118,7 @@ class KVGroup:
         return out if out.ndim else out.item()
 
     def bytes_for_context(self, context: Any) -> Any:
+        """KV bytes this group holds for a sequence of `context` tokens (its window's tokens at most)."""
         return self.tokens_held(context) * self.bytes_per_token
 
 

@@ -177,12 +177,16 @@ def _build(cls: type, data: dict[str, Any], origin: str) -> Any:
 
 
 def model_from_mapping(data: dict[str, Any], origin: str = "model") -> ModelSpec:
+    """A `ModelSpec` from parsed YAML (`name` defaults to `origin`); a bad field is refused naming
+    `origin`."""
     data = dict(data)
     data.setdefault("name", origin)
     return _build(ModelSpec, data, origin)
 
 
 def hardware_from_mapping(data: dict[str, Any], origin: str = "hardware") -> HardwareSpec:
+    """A `HardwareSpec` from parsed YAML (`name` defaults to `origin`); a bad field is refused naming
+    `origin`."""
     data = dict(data)
     data.setdefault("name", origin)
     if isinstance(data.get("device_names"), list):  # a string stays a string: refused by the spec

@@ -398,6 +398,8 @@ class ModelSpec:
         return self.kv_cache(kv_dtype).bytes_per_token
 
     def weight_bytes(self, weight_dtype: str = "fp16") -> float:
+        """Bytes of every parameter at `weight_dtype` (no quantisation scales; see `llmperf.analysis.memory`
+        for those)."""
         return self.param_count * dtype_bytes(weight_dtype)
 
     def scaled(self, **changes: Any) -> ModelSpec:
@@ -430,6 +432,7 @@ class ModelSpec:
         return model_spec_from_hf_config(path, name=name)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain data (`dataclasses.asdict`)."""
         from dataclasses import asdict
         return asdict(self)
 

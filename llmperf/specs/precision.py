@@ -346,6 +346,7 @@ class Precision:
 
     @classmethod
     def uniform(cls, dtype: str) -> Precision:
+        """Weights, activations and KV all at `dtype`."""
         return cls(weights=dtype, activations=dtype, kv=dtype)
 
     @classmethod

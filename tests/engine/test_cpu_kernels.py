@@ -1,4 +1,4 @@
-"""llmperf's own CPU kernels (`llmperf.engine.cpu_kernels`): the weight-streaming GEMM exact against a
+"""llmperf's own CPU kernels (`llmperf.engine.cpu.kernels`): the weight-streaming GEMM exact against a
 float64 reference at every row count, shape tail and dtype; the RMSNorm rounding where Hugging Face
 rounds (bf16) and torch's up to the order of a sum (fp32); the RoPE bit for bit torch's; SwiGLU's
 activation within its exp's ulps of torch's; decode attention as close to float64 as SDPA, with ragged
@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from engine_testing import make_model
-from llmperf.engine import Engine, SamplingParams, cpu_kernels
-from llmperf.engine.model import apply_rope
+from llmperf.engine import Engine, SamplingParams
+from llmperf.engine.cpu import kernels as cpu_kernels
+from llmperf.engine.rope import apply_rope
 
 needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"cpu_kernels: {cpu_kernels.status()}")
 
@@ -208,10 +209,13 @@ def test_the_engine_runs_each_gemm_on_the_kernel_its_rows_call_for_and_the_rest_
     assert calls == [(_expected_kernel(dtype, 3), 3)] * 8 + [("stream", 1)] + [("stream", 1)] * 18
 
 
-def test_fp32_weights_are_stored_out_in_where_the_kernels_run(llama_spec):
+def test_fp32_weights_are_stored_out_in_whatever_the_cpu(llama_spec, monkeypatch):
+    """One layout everywhere: the kernels' absence changes what runs, never how weights are stored."""
     from llmperf.engine import Transformer
 
-    assert Transformer(llama_spec, dtype="fp32").weight_layout == ("out_in" if cpu_kernels.available() else "in_out")
+    assert Transformer(llama_spec, dtype="fp32").weight_layout == "out_in"
+    monkeypatch.setenv(cpu_kernels.SWITCH, "0")
+    assert Transformer(llama_spec, dtype="fp32").weight_layout == "out_in"
 
 
 @needs_kernel
@@ -306,7 +310,7 @@ def test_a_failed_build_names_the_compiler_and_leaves_nothing_behind(monkeypatch
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
     assert not cpu_kernels.available()
-    assert "fake-cxx failed on cpu_kernels.cpp: fake-cxx: error: no such thing" in cpu_kernels.status()
+    assert "fake-cxx failed on kernels.cpp: fake-cxx: error: no such thing" in cpu_kernels.status()
     assert [p.name for p in tmp_path.iterdir()] == ["fake-cxx"]
     with pytest.raises(RuntimeError, match="fake-cxx failed"):
         cpu_kernels.build()

@@ -1,5 +1,5 @@
-"""A decode step's layers in one call of llmperf's CPU kernels (`cpu_kernels.decode_layers`, run by
-`Transformer._decode_in_one_call`): bit for bit the logits of the same layers run operator by operator
+"""A decode step's layers in one call of llmperf's CPU kernels (`cpu.kernels.decode_layers`, run by
+`cpu.ops.CpuOps.decode_layers`): bit for bit the logits of the same layers run operator by operator
 (either cache, fp32 / bf16, every GEMM kernel, biases, GQA, partial rotary, a sliding window, ragged
 lengths), every operator still recorded under its name, the same kernel per GEMM, the per-operator path
 wherever the one call does not apply, and a bad block table refused before anything is written."""
@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from engine_testing import make_model, tiny
-from llmperf.engine import Engine, Recorder, SamplingParams, build_model, cpu_kernels
+from llmperf.engine import Engine, Recorder, SamplingParams, build_model
+from llmperf.engine.cpu import kernels as cpu_kernels
 from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
 
 needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"cpu_kernels: {cpu_kernels.status()}")
@@ -250,9 +251,9 @@ def _replace(model):
                                                           requires_grad=False)
 
 
-def _change_inference_tensor(model):  # no version counter: a change needs Linear.clear()
+def _change_inference_tensor(model):  # no version counter: a change needs ops.clear()
     model.layers[0].qkv_weight.mul_(3)
-    model.linear.clear()
+    model.ops.clear()
 
 
 @needs_kernel
@@ -261,7 +262,7 @@ def _change_inference_tensor(model):  # no version counter: a change needs Linea
 @pytest.mark.parametrize("change", [_scale_in_place, _replace, _change_inference_tensor])
 def test_the_one_call_follows_weights_changed_between_steps(one_calls, dtype, kind, change):
     """Its addresses are kept between steps; a weight changed in place, a parameter replaced, or an
-    inference tensor changed and `Linear.clear()`ed gives the per-operator logits, never stale weights
+    inference tensor changed and `ops.clear()`ed gives the per-operator logits, never stale weights
     (bf16 at 4 rows on an AMX CPU: its packed copies)."""
     inference = change is _change_inference_tensor
     ours = _step_after_a_change(dtype, kind, True, change, inference)
@@ -288,9 +289,9 @@ def test_clearing_the_packed_copies_frees_them_though_the_one_call_ran():
 
     model = make_model("llama", dtype="bf16")
     _decode_logits(model, "paged", [4, 6, 5, 7], 2, True)  # 4 rows: on AMX, from packed copies
-    packs = [weakref.ref(entry[3]) for entry in model.linear._packs.values()]
+    packs = [weakref.ref(entry[3]) for entry in model.ops._packs.values()]
     assert packs
-    model.linear.clear()
+    model.ops.clear()
     gc.collect()
     assert all(ref() is None for ref in packs)
     lens = [4, 6, 5, 7]

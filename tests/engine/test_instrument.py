@@ -8,7 +8,8 @@ import torch
 
 from engine_testing import make_model
 from llmperf.analysis.operators import ForwardModel
-from llmperf.engine import NULL_RECORDER, OP_NAMES, Engine, Recorder, SamplingParams, cpu_kernels
+from llmperf.engine import NULL_RECORDER, OP_NAMES, Engine, Recorder, SamplingParams
+from llmperf.engine.cpu import kernels as cpu_kernels
 from llmperf.specs import Precision
 
 

@@ -157,11 +157,11 @@ def test_parameter_count_equals_the_spec(kind):
     assert sum(p.numel() for p in model.parameters()) == model.spec.param_count
 
 
-def test_auto_weight_layout_follows_the_dtype(llama_spec, monkeypatch):
-    from llmperf.engine import cpu_kernels
+def test_auto_weight_layout_is_one_layout_everywhere(llama_spec, monkeypatch):
+    from llmperf.engine.cpu import kernels as cpu_kernels
 
-    monkeypatch.setenv(cpu_kernels.SWITCH, "0")  # torch's kernels alone: the fp32 GEMV reads (in, out)
-    assert Transformer(llama_spec, dtype="fp32").weight_layout == "in_out"
+    monkeypatch.setenv(cpu_kernels.SWITCH, "0")  # torch's kernels alone: still (out, in) (the ops copy what they need)
+    assert Transformer(llama_spec, dtype="fp32").weight_layout == "out_in"
     assert Transformer(llama_spec, dtype="bf16").weight_layout == "out_in"
     with pytest.raises(ValueError, match="weight_layout"):
         Transformer(llama_spec, weight_layout="col_major")
@@ -220,19 +220,19 @@ def test_triton_ragged_multi_token_step_equals_sdpa(cache_kind):
 
 def _forward_both_ways(model, tokens):
     """Logits with the layout's packing policy and with every GEMM on the plain path."""
-    rows = model.linear.min_rows
+    rows = model.ops.min_rows
     with torch.no_grad():
         packed = model(tokens, all_logits=True)
-        model.linear.min_rows = model._head_linear.min_rows = None
+        model.ops.min_rows = model._head_ops.min_rows = None
         try:
             plain = model(tokens, all_logits=True)
         finally:
-            model.linear.min_rows = model._head_linear.min_rows = rows
+            model.ops.min_rows = model._head_ops.min_rows = rows
     return packed, plain
 
 
 def test_packing_policy_per_dtype_and_device():
-    from llmperf.engine.model import packed_min_rows
+    from llmperf.engine.cpu.ops import packed_min_rows
 
     cpu = torch.device("cpu")
     assert packed_min_rows(torch.float16, cpu) is None
@@ -246,7 +246,7 @@ def test_packing_policy_per_dtype_and_device():
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "mixtral"])
 def test_packed_gemms_equal_the_plain_path(kind, layout):
     model = make_model(kind, seed=2, weight_layout=layout)
-    assert model.linear.min_rows == 2
+    assert model.ops.min_rows == 2
     tokens = torch.randint(0, model.spec.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     packed, plain = _forward_both_ways(model, tokens)
     torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
@@ -270,8 +270,8 @@ def test_flop_counter_sees_the_packed_gemms(llama_spec):
     model = build_model(llama_spec, seed=0)
     tokens = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(3))
     counts = []
-    for rows in (model.linear.min_rows, None):
-        model.linear.min_rows = rows
+    for rows in (model.ops.min_rows, None):
+        model.ops.min_rows = rows
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             model(tokens)
         counts.append(counter.get_total_flops())
@@ -280,12 +280,12 @@ def test_flop_counter_sees_the_packed_gemms(llama_spec):
 
 def test_bf16_packed_gemv_is_the_plain_math():
     """bf16 runs every GEMM packed (one row too): same logits as the plain bf16 path, to bf16 rounding."""
-    from llmperf.engine.model import packed_min_rows
+    from llmperf.engine.cpu.ops import packed_min_rows
 
     if packed_min_rows(torch.bfloat16, torch.device("cpu")) is None:
         pytest.skip("no oneDNN bf16 on this CPU")
     model = make_model("llama", seed=3, dtype="bf16")
-    assert model.linear.min_rows == 1
+    assert model.ops.min_rows == 1
     tokens = torch.randint(0, model.spec.vocab_size, (1, 1), generator=torch.Generator().manual_seed(4))
     packed, plain = _forward_both_ways(model, tokens)
     torch.testing.assert_close(packed.float(), plain.float(), rtol=2e-2, atol=2e-2)

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from engine_testing import make_model
-from llmperf.engine import Engine, SamplingParams, cpu_kernels, model, paths
+from llmperf.engine import Engine, SamplingParams, paths
+from llmperf.engine.cpu import kernels as cpu_kernels
+from llmperf.engine.cpu import ops as cpu_ops
 from llmperf.engine.paths import GemmPath
 
 AVX2_FLAGS = {"sse4_2", "avx", "avx2", "fma", "f16c"}  # an AMD EPYC of the Zen 2/3 kind
@@ -20,7 +22,7 @@ def avx2_only(monkeypatch):
     """This process sees an AVX2-only CPU: no AVX-512, AVX512_BF16 or AMX, oneDNN without native bf16."""
     monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
     monkeypatch.setattr(cpu_kernels, "_proc_cpu_flags", lambda: set(AVX2_FLAGS))
-    monkeypatch.setattr(model, "onednn_bf16", lambda: False)
+    monkeypatch.setattr(cpu_ops, "onednn_bf16", lambda: False)
     monkeypatch.delenv(cpu_kernels.MAX_ISA, raising=False)  # the faked CPU, not a cap on it
 
 
@@ -50,14 +52,14 @@ def test_paths_follow_what_this_cpu_has():
             assert _rows_of(bf16) == [(1, 4, "stream"), (5, None, "packed")]
     else:
         assert _rows_of(fp32) == [(1, 1, "gemv"), (2, None, "packed")]
-        assert _rows_of(bf16) == [(1, None, "packed" if model.onednn_bf16() else "torch")]
+        assert _rows_of(bf16) == [(1, None, "packed" if cpu_ops.onednn_bf16() else "torch")]
 
 
 def test_an_avx2_machine_changes_the_engine_calibrate_and_the_benchmark_together(avx2_only):
     from llmperf.measure import engine_bench
     from llmperf.measure.calibrate import Settings, gemm_dispatch_rows, gemm_sweep_rows, measure_gemm
 
-    # the engine: torch's kernels, fp32 (in, out) for the GEMV, bf16 on torch's converting F.linear
+    # the engine: torch's kernels, fp32's GEMV on a transposed copy, bf16 on torch's converting F.linear
     assert not cpu_kernels.available() and not cpu_kernels.amx_available()
     assert cpu_kernels.status() == "off (the CPU lacks avx512f, avx512bw, avx512_bf16)"
     assert _rows_of(paths.gemm_paths(torch.float32)) == [(1, 1, "gemv"), (2, None, "packed")]
@@ -72,7 +74,7 @@ def test_an_avx2_machine_changes_the_engine_calibrate_and_the_benchmark_together
         assert needle in line, (needle, line)
     for dtype in ("fp32", "bf16"):
         m = make_model("llama", dtype=dtype)
-        assert m.linear.in_out == (dtype == "fp32") and m.linear.min_rows == (2 if dtype == "fp32" else None)
+        assert m.weight_layout == "out_in" and m.ops.min_rows == (2 if dtype == "fp32" else None)
         out = Engine(m, cache="paged").generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=3))
         assert [len(o.tokens) for o in out] == [3, 3]
     # calibrate: fp32 steps at (1, 2) (the GEMV, then packed); bf16 has one path, nothing extra
@@ -106,7 +108,7 @@ def test_this_machine_and_the_avx2_machine_differ_where_the_cpu_does(monkeypatch
     assert set(here[0]) <= set(here[1])
     monkeypatch.setattr(cpu_kernels, "_state", cpu_kernels._State())
     monkeypatch.setattr(cpu_kernels, "_proc_cpu_flags", lambda: set(AVX2_FLAGS))
-    monkeypatch.setattr(model, "onednn_bf16", lambda: False)
+    monkeypatch.setattr(cpu_ops, "onednn_bf16", lambda: False)
     avx2 = answers()
     assert avx2[:3] == ((1, 2), (1, 2), False)
     monkeypatch.undo()

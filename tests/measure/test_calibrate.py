@@ -371,7 +371,7 @@ def test_cpu_calibration_measures_dispatch_per_dtype_and_rows(cal):
     packed GEMM dispatch differently), and written so each dtype's time model uses its own."""
     import torch
 
-    from llmperf.engine import cpu_kernels
+    from llmperf.engine.cpu import kernels as cpu_kernels
     from llmperf.measure.calibrate import gemm_dispatch_rows
 
     terms = cal.fit_terms()
@@ -501,7 +501,7 @@ def test_the_gemm_sweep_steps_where_the_engine_changes_kernel():
     between two sweep points are not priced as a blend of two kernels."""
     import torch
 
-    from llmperf.engine import cpu_kernels
+    from llmperf.engine.cpu import kernels as cpu_kernels
     from llmperf.measure.calibrate import gemm_sweep_rows
 
     cpu = torch.device("cpu")

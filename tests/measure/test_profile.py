@@ -361,3 +361,28 @@ def test_the_critical_batch_reads_the_median_of_the_first_decode_steps():
                          for i, t in enumerate(ts)])
     assert STEP_WINDOW == 4
     assert first_steps(rows).to_dict() == {1: pytest.approx(14.8), 4: pytest.approx(22.3)}
+
+
+def test_accuracy_prices_a_gpu_run_under_typical_eager_beside_the_others():
+    """A committed GPU profile run: the accuracy report adds `typical + eager` on the device's datasheet,
+    computed from the run's own shapes (finite, one per step and generation); a CPU run has none."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from llmperf.measure.accuracy import report, typical_predictions
+
+    root = Path(__file__).resolve().parents[2] / "reports" / "profile"
+    gpu = root / "2026-11-25-h100-sdpa"
+    run = json.loads((gpu / "run.json").read_text())
+    steps, gens = pd.read_csv(gpu / "steps.csv"), pd.read_csv(gpu / "generations.csv")
+    steps_pred, e2e_pred = typical_predictions(run, steps, gens)
+    assert len(steps_pred) == len(steps) and (steps_pred > 0).all()
+    per_config = steps_pred.groupby(steps["config"]).sum()
+    assert list(e2e_pred) == [per_config[c] for c in gens["config"]]  # a generation: the sum of its steps
+    text, _ = report(gpu)
+    assert "typical+eager median" in text.splitlines()[4]
+    cpu = root / "2026-11-25-cpu-avx2"
+    cpu_run = json.loads((cpu / "run.json").read_text())
+    assert typical_predictions(cpu_run, pd.read_csv(cpu / "steps.csv"), pd.read_csv(cpu / "generations.csv")) is None

@@ -10,9 +10,9 @@
 // once (bf16: round to nearest even). While it reads a block of R weight rows it prefetches the next
 // block's lines into L2 (R rows ahead in each stream): without that the stream ran 20-25% slower on
 // the development Xeon, and a prefetch 1 KiB ahead within the row gained only 5-10% (measured
-// 2026-11-23; see llmperf/engine/cpu_kernels.py for the figures and when the kernel is used).
+// 2026-11-23; see llmperf/engine/cpu/kernels.py for the figures and when the kernel is used).
 //
-// Built at first use by llmperf/engine/cpu_kernels.py with the host compiler and OpenMP (the process
+// Built at first use by llmperf/engine/cpu/kernels.py with the host compiler and OpenMP (the process
 // shares torch's OpenMP runtime: both name libgomp.so.1).
 #include <immintrin.h>
 #include <omp.h>
@@ -429,7 +429,7 @@ constexpr int64_t AMX_PREFETCH = 3;  // k-blocks ahead
 // Ask Linux for the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): 0 if granted.
 extern "C" int llmperf_amx_enable() { return syscall(SYS_arch_prctl, 0x1023, 18) ? 1 : 0; }
 
-// out: (N rounded up to 64) x (K rounded up to 32) bf16 (cpu_kernels.amx_packed_size).
+// out: (N rounded up to 64) x (K rounded up to 32) bf16 (kernels.py: amx_packed_size).
 extern "C" int llmperf_amx_pack_bf16(const uint16_t *w, int64_t N, int64_t K, uint16_t *out, int threads) {
     if (N < 1 || K < 1 || threads < 1) return 1;
     const int64_t KB = (K + AMX_KB - 1) / AMX_KB, P = (N + AMX_PANEL - 1) / AMX_PANEL;
@@ -567,7 +567,7 @@ LLMPERF_DECODE_ATTENTION(llmperf_decode_attention_f32, float, LanesF32)
 // o_proj, residual, RMSNorm, fused gate/up GEMM, SwiGLU, down_proj, residual) runs the kernels above in
 // the order and with the roundings the engine's Python runs them, so the result is the same bit for bit;
 // what goes is the framework between them (measured 2026-11-24 after a weight stream: 10-55 us a call;
-// see llmperf/engine/cpu_kernels.py). x (B, C) is the residual stream, updated in place. Per layer,
+// see llmperf/engine/cpu/kernels.py). x (B, C) is the residual stream, updated in place. Per layer,
 // ptrs holds LAYER_PTRS addresses (below; 0 for an absent bias) and scales its softmax scale. The cache
 // is addressed as blocks: the K and V of layer l, block n, slot s, head h at ptrs[K / V] + n * kv_b +
 // s * kv_s + h * kv_h; sequence b's key p in block table[b * table_b + p / block] (a paged cache's block

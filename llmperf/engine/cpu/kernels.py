@@ -1,4 +1,4 @@
-"""llmperf's own CPU kernels for a decode step (`cpu_kernels.cpp`): a weight-streaming GEMM for few
+"""llmperf's own CPU kernels for a decode step (`kernels.cpp`): a weight-streaming GEMM for few
 rows, a bf16 GEMM of up to 16 rows on AMX tiles, one call each for the RMSNorm, the RoPE, SwiGLU's
 activation and decode attention, and all of a decode step's layers in one call.
 
@@ -24,9 +24,8 @@ What made it: prefetching the next block of R weight rows into L2 while reading 
 23.2 -> 28.3-30.1 GB/s, fp32 8 rows 18.5 -> 24.8-25.1; a prefetch 1 KiB ahead within the row gained
 nothing at one bf16 row).
 
-So the engine runs it up to `ROWS` rows: fp32 1-8 (packed from 9), bf16 1-4, or 1-2 where the AMX
-GEMM runs (below), with fp32 weights stored `(out, in)` where the kernels are available
-(`model.resolve_layout`; the plain GEMV on `(in, out)` otherwise). In the engine, decode step /
+So the engine's CPU ops (`ops.CpuOps`) run it up to `ROWS` rows: fp32 1-8 (packed from 9), bf16
+1-4, or 1-2 where the AMX GEMM runs (below), on the model's `(out, in)` weights. In the engine, decode step /
 memory limit with the GEMMs of 2-8 rows on it against the library, alternated in one run (RMSNorm and
 RoPE kernels on in both): fp32 batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65
 -> 0.77; bf16 batch 2 0.64 -> 0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times
@@ -41,7 +40,7 @@ need 1.6 G.
 **The bf16 AMX GEMM** (`amx_pack`, `amx_gemm`; `gemm_kernel` picks per GEMM): VDPBF16PS is
 compute-bound from 4 rows on this core, and oneDNN's AMX GEMM streams only 19-21 GB/s at 1-16 rows.
 This one reads a copy of the weights packed once into the tiles' VNNI layout (panels of 64 outputs,
-made on first use and kept by `model.Linear` like oneDNN's packed copy), one 16-row A tile of x per
+made on first use and kept by `ops.CpuOps` like oneDNN's packed copy), one 16-row A tile of x per
 32-wide block of K against four 1 KiB B tiles, prefetching 3 blocks ahead. Raw calls, the same 12
 layers cycled (2026-11-24), GB/s, AMX against VDPBF16PS (oneDNN): 1 row 27.4 / 27.1 (20.6), 2 rows
 27.8 / 27.8, 3 rows 27.4 / 26.9, 4 rows 27.3 / 24.7 (21.1), 8 rows 25.8 / 19.7 (19.5), 16 rows 22.5
@@ -90,8 +89,8 @@ decode step gains 1.5-3% (fp32 batch 8 31.4 -> 31.0 ms, bf16 batch 1 15.25 -> 15
 21.4 -> 20.8, fp32 batch 1 27.4 -> 26.9; 2026-11-24). `calibrate` and `profile` time decode attention
 through the same function.
 
-**A decode step's layers in one call** (`decode_layers`, what `Transformer` runs for a Llama-family
-decode step on these kernels, `Transformer._decode_in_one_call`): every layer's twelve operators
+**A decode step's layers in one call** (`decode_layers`, what `ops.CpuOps` runs for a Llama-family
+decode step on these kernels, `CpuOps.decode_layers`): every layer's twelve operators
 (`LAYER_PARTS`) call the kernels above from C++, in the order and with the roundings the engine's
 Python calls them one by one (the same logits bit for bit: the tests compare them), the KV write
 included (into the cache's blocks, addressed as decode attention reads them). What goes is the
@@ -103,7 +102,7 @@ fp32 batch 8 0.82-0.83 -> 0.92-0.93, fp32 batch 1 0.90-0.92 -> 1.04-1.05. (The l
 copy bandwidth, 27.8 GB/s that run; reads alone stream ~34 GB/s here, so a step that only reads its
 weights can pass 1.) With a `Recorder` each part is timed inside the call (`CLOCK_MONOTONIC`, the
 clock of `time.perf_counter`) and recorded under its operator name, so what is measured is what runs.
-The layers' addresses are kept between steps until a weight, a packed copy (`Linear.clear`) or the
+The layers' addresses are kept between steps until a weight, a packed copy (`CpuOps.clear`) or the
 cache changes: rebuilding them took ~240 us a step, keeping them ~60.
 
 The kernels are compiled at first use with the host's C++ compiler (`$CXX`, default `c++`) into
@@ -137,7 +136,7 @@ import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+SOURCE = Path(__file__).with_name("kernels.cpp")
 MAX_ROWS = 8  # the kernel's limit (register blocking); the engine's use is `ROWS`
 ROWS = {torch.bfloat16: 4, torch.float32: 8}  # dtype -> most rows the engine runs on the GEMM (see above)
 ISA = ("avx512f", "avx512bw", "avx512_bf16")  # /proc/cpuinfo flags the kernel needs
@@ -450,7 +449,7 @@ def amx_packed_size(n: int, k: int) -> int:
 
 def amx_pack(w: torch.Tensor) -> torch.Tensor:
     """The copy of bf16 `w (out, in)` the AMX GEMM reads (1-D: panels of 64 outputs, VNNI tiles of 32
-    inputs, zero-padded), made once per weight by the caller (`model.Linear` keeps it like oneDNN's)."""
+    inputs, zero-padded), made once per weight by the caller (`ops.CpuOps` keeps it like oneDNN's)."""
     if w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_cpu or w.numel() == 0:
         raise ValueError(f"amx_pack: w must be a non-empty 2-D bf16 CPU tensor, got {tuple(w.shape)} {w.dtype}")
     if not amx_available():
