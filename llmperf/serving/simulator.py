@@ -201,8 +201,8 @@ class ServingConfig:
     def settings(self) -> dict[str, object]:
         """The config as plain values (model, device, precision, parallelism, server settings, time model),
         for run.json."""
-        from llmperf.specs.precision import gemm_mode, precision_note
         from llmperf.analysis.roofline import engine_label
+        from llmperf.specs.precision import gemm_mode, precision_note
         tm = self.resolve_time_model()
         return dict(model=self.model.name, hardware=self.hardware.name, precision=self.precision.label(),
                     gemm=gemm_mode(self.precision, self.hardware),
