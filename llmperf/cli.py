@@ -29,6 +29,7 @@ from rich.console import Console
 from llmperf.clitools import (
     AttentionImpl, OutputFormat, check_output, fail, out_console, parse_int_list, parse_name_list, warn, write_output,
 )
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
 
 def _one_line_usage_error(exc) -> None:  # noqa: ANN001
@@ -129,7 +130,7 @@ def estimate(
     max_seq_len: Annotated[int | None, typer.Option("--max-seq-len", help="Tokens a contiguous KV cache reserves per sequence (default: the model's max positions).")] = None,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
-    max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Per-step token budget: activation memory (GiB) is reserved once for a forward of this many tokens (vLLM's max_num_batched_tokens).")] = 8192,
+    max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Per-step token budget: activation memory (GiB) is reserved once for a forward of this many tokens (vLLM's max_num_batched_tokens).")] = DEFAULT_MAX_BATCHED_TOKENS,
     efficiency: Annotated[str | None, typer.Option("--efficiency", help="Time model: roofline (e = 1, no overhead: the bound), typical (published fractions of the roofs, GPUs), calibrated (what `llmperf calibrate` measured; --hardware local). Default: the expected time, typical on a GPU, calibrated for --hardware local; the roofline bound is shown beside it.")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="Serving stack's profile for a GPU's step overhead and kernel launches (models_spec/engines): compiled (CUDA graphs: vLLM, SGLang, TensorRT-LLM; the default) or eager (PyTorch eager, llmperf's own engine). Not for a CPU; the roofline takes none.")] = None,
     per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step (of every configuration).")] = False,

@@ -112,6 +112,7 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
         ("achieved FLOP/s / peak (whole generation)", f"{est.peak_fraction:.1%}"),
         ("conventions", _conventions(est)),
         ("time model", time_model_label(est.time_model)),
+        *_gemm_rows(est),
     ])
     phases = Table(title="Phases (one forward pass; per GPU)", title_justify="left")
     for col in ("phase", "FLOPs", "bytes", "FLOP/B", "bound", "time", "% peak"):
@@ -303,3 +304,11 @@ def hardware_frame() -> pd.DataFrame:
                          memory_gib=h.memory_gib, ridge_fp16=round(h.ridge_point("fp16"), 1),
                          interconnect_gbps=h.interconnect_gbps, source=h.source))
     return pd.DataFrame(rows)
+
+
+def _gemm_rows(est) -> list[tuple[str, str]]:  # noqa: ANN001
+    """The linear layers' GEMM mode (W8A8, W8A16, W4A16, ...) as this device runs the precision, and
+    for fp8 the line saying whether it is W8A8 or weight-only here."""
+    from llmperf.specs.precision import gemm_mode, precision_note
+    note = precision_note(est.precision, est.hardware)
+    return [("GEMMs", gemm_mode(est.precision, est.hardware) + (f": {note}" if note else ""))]

@@ -160,11 +160,13 @@ def resolve_precision(model: ModelSpec, precision: Precision | str | None = None
     and NVFP4 their block-scaled format for the modules they convert (`Precision.modules`), the
     rest at the checkpoint's dtype. The modules it keeps (`modules_to_not_convert`) stay at its
     dtype, and a KV-cache format it ships scales for is the default KV format. An explicit
-    `precision` preset or `weights` overrides it (every matrix at that format)."""
+    `precision` preset or `weights` overrides it (every matrix at that format). The fp8 preset is
+    fp8 as deployed (`Precision.preset`): fp8 weights and GEMMs (W8A8; W8A16 on a device without
+    fp8 units), 16-bit activations and all-reduces, fp8 KV."""
     if isinstance(precision, Precision):
         base = precision
     else:
-        base = Precision.uniform(precision or model.dtype)
+        base = Precision.preset(precision or model.dtype, model.dtype)
     q = model.quantization
     w = weights or base.weights
     modules: dict[str, str] | tuple[tuple[str, str], ...] = base.modules if weights is None else ()

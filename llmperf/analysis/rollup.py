@@ -34,10 +34,12 @@ from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
 from llmperf.specs.kvcache import KV_WINDOW_MODES, KVCacheSpec, KVGroup, pipeline_stages
 from llmperf.specs.model import LayerKind
+from llmperf.specs.precision import gemm_mode
 
 #: vLLM V1's default `max_num_batched_tokens` for its OpenAI server on an 80 GB-class GPU
-#: (vllm/engine/arg_utils.py, `_set_default_args_v1`: 8192; 2048 on smaller GPUs, 16384 offline)
-DEFAULT_MAX_BATCHED_TOKENS = 8192
+#: (vllm/engine/arg_utils.py, `_set_default_args_v1`: 8192; 2048 on smaller GPUs, 16384 offline);
+#: one default for estimate, simulate and plan (`llmperf.defaults`)
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS  # noqa: E402
 #: the largest value the regime searches try before answering "none" (67M)
 SEARCH_MAX = 1 << 26
 #: the largest count (batch, lengths, block size, token budget, ...) accepted: float64 holds every
@@ -730,7 +732,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         peak_fraction=np.where(e2e > 0, total_flops / np.where(e2e > 0, e2e, 1) / (pp * peak), 0.0),
         prefill_intensity=prefill.intensity, prefill_bound=prefill.bound,
         decode_intensity=first.intensity, decode_bound=first.bound,
-        compute_dtype=dtype, ridge_point=hw.ridge_point(dtype),
+        compute_dtype=dtype, gemm=gemm_mode(precision, hw), ridge_point=hw.ridge_point(dtype),
         weights_gib=mem["weights_bytes"] / gib, kv_bytes_per_token=mem["kv_bytes_per_token"],
         kv_cache_gib=mem["kv_cache_bytes"] / gib, activation_peak_gib=mem["activation_bytes"] / gib,
         total_gib=total_mem / gib, usable_gib=mem["usable_bytes"] / gib, device_gib=mem["device_bytes"] / gib,

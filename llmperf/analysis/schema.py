@@ -46,7 +46,10 @@ COLUMNS: dict[str, str] = {
     "total_flops": "FLOP per tensor-parallel rank, all stages", "total_bytes": "bytes per tensor-parallel rank, all stages",
     "peak_fraction": "achieved FLOP/s per GPU / dense peak (total_flops / e2e_s / (pp * peak))", "prefill_intensity": "FLOP/B", "prefill_bound": "memory | compute | comm (where the largest share of the operators' time is)",
     "decode_intensity": "FLOP/B, first decode step", "decode_bound": "memory | compute | comm, first decode step",
-    "compute_dtype": "format the matrix units run", "ridge_point": "peak / bandwidth, FLOP/B",
+    "compute_dtype": "format the matrix units run",
+    "gemm": "linear layers as this device runs them: W8A8 (fp8 GEMMs), W8A16 (fp8 weight-only: no fp8 units), "
+            "W4A16, W16A16, ...",
+    "ridge_point": "peak / bandwidth, FLOP/B",
     "weights_gib": "weights on the most loaded GPU, GiB", "kv_bytes_per_token": "KV bytes per token per GPU",
     "kv_cache_gib": "paged KV of the batch at the end, GiB", "activation_peak_gib": "activation reservation, GiB",
     "total_gib": "weights + KV + activations, GiB", "usable_gib": "mem_util * device, GiB", "device_gib": "GiB",

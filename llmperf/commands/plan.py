@@ -15,6 +15,7 @@ from llmperf.commands.simulate import (
     BlockOpt, ChunkOpt, FormatOpt, MaxBatchOpt, MemOpt, OutOpt, OutputOpt, PrefixOpt, PromptOpt, SeedOpt, SloPctOpt,
     SloTpotOpt, SloTtftOpt, SystemOpt, TokensOpt, _fmt_s, _length, _positive, check_serving_options,
 )
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
 
 
@@ -49,25 +50,54 @@ def kv_line(result) -> str:  # noqa: ANN001
     return str(result.settings.get("kv_note") or "")
 
 
+def stopping_line(result) -> str:  # noqa: ANN001
+    """How many requests the percentiles come from, and how sure they are, in words."""
+    st = result.settings.get("stopping") or {}
+    level = f"{float(st.get('ci_level', 0.95)):.0%}"
+    head = (f"percentiles at steady state (the first and last {float(st.get('warmup', 0.1)):.0%} of requests, at "
+            f"least {st.get('min_warmup', 50)}, discarded), [{level} interval by batch sectioning]")
+    if st.get("method") == "batch sectioning":
+        return (head + f"; requests doubled from {st['min_requests']} until each interval is within "
+                       f"+-{float(st['ci_tolerance']):.0%} (at most {st['max_requests']})")
+    if st:
+        return head + f"; a fixed {st.get('requests')} requests per simulation (no stopping rule)"
+    return ""
+
+
+def _ci(x, lo, hi) -> str:  # noqa: ANN001
+    import math
+    if x is None or lo is None or hi is None or not all(map(math.isfinite, (x, lo, hi))):
+        return _fmt_s(x)
+    return f"{_fmt_s(x)} [{_fmt_s(max(lo, 0.0))}, {_fmt_s(hi)}]"
+
+
 def plan_tables(result):  # noqa: ANN001, ANN201
     from rich.table import Table
     slo = result.slo
     pct = f"p{slo.percentile:g}"
     notes = "; ".join(x for x in (time_models_line(result), kv_line(result)) if x)
+    notes += "".join("\n" + n for n in result.settings.get("precision_notes") or [])
+    notes += ("\n" + stopping_line(result)) if stopping_line(result) else ""
     win = Table(title=f"{result.model} at {result.rate_rps:.4g} req/s: configurations meeting {pct} "
                       f"TTFT <= {_fmt_s(slo.ttft_s)}, TPOT <= {_fmt_s(slo.tpot_s)} (cheapest first)\n{notes}")
-    for col in ("rank", "device", "precision", "TP", "layout", "replicas", "GPUs", f"TTFT {pct}", f"TPOT {pct}",
-                "$/GPU-h", "$/hour", "$/M tokens"):
+    for col in ("rank", "device", "precision", "TP", "layout", "replicas", "GPUs", f"TTFT {pct} [CI]",
+                f"TPOT {pct} [CI]", "requests", "$/GPU-h", "$/hour", "$/M in", "$/M out"):
         win.add_column(col, justify="right")
     for i, r in enumerate(result.feasible, start=1):
-        win.add_row(str(i), r.device, r.precision, str(r.tp), r.layout, str(r.replicas), str(r.gpus),
-                    _fmt_s(r.ttft_s), _fmt_s(r.tpot_s), _money(r.usd_per_gpu_hour), _money(r.cost_per_hour),
-                    _money(r.cost_per_million_tokens))
+        n = "-" if r.requests_simulated is None else f"{r.requests_simulated}" + ("" if r.ci_converged else "*")
+        win.add_row(str(i), r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), r.layout, str(r.replicas), str(r.gpus),
+                    _ci(r.ttft_s, r.ttft_ci_low_s, r.ttft_ci_high_s), _ci(r.tpot_s, r.tpot_ci_low_s, r.tpot_ci_high_s),
+                    n, _money(r.usd_per_gpu_hour), _money(r.cost_per_hour), _money(r.cost_per_million_input_tokens),
+                    _money(r.cost_per_million_output_tokens))
+    win.caption = ("$/M in, $/M out: the GPU-hours split between prefill (input) and decode (output) by their "
+                   "share of step time in the simulation (a mixed step by its tokens), over input and output tokens")
+    if any(r.requests_simulated is not None and not r.ci_converged for r in result.feasible):
+        win.caption += "\n* the interval is wider than the tolerance (fixed sample, or --max-requests reached)"
     lose = Table(title="configurations that lose, and why")
     for col in ("device", "precision", "TP", "layout", "loses on", "why"):
         lose.add_column(col, justify="left" if col == "why" else "right", overflow="fold")
     for r in sorted(result.losers, key=lambda r: (r.device, r.precision, r.tp, r.layout)):
-        lose.add_row(r.device, r.precision, str(r.tp), r.layout, r.binding, r.detail)
+        lose.add_row(r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), r.layout, r.binding, r.detail)
     return [win, lose] if result.losers else [win]
 
 
@@ -92,11 +122,14 @@ def register(app: typer.Typer) -> None:
         prompt_len: PromptOpt = "lognormal:6:0.8:16:4096",
         output_len: OutputOpt = "lognormal:5:0.8:1:1024",
         system_prompt_len: SystemOpt = 0,
-        requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per simulation (more: steadier percentiles, slower).")] = 60,
+        requests: Annotated[int | None, typer.Option("--requests", "-n", help="Requests of the first simulation of a load (default 500); given without --ci-tolerance, every simulation serves exactly this many (no stopping rule; the intervals are still shown).")] = None,
+        ci_tolerance: Annotated[float | None, typer.Option("--ci-tolerance", help="Stop simulating a load when the confidence interval of each SLO percentile is within this fraction of it (default 0.05: +-5%); the requests double from --requests up to --max-requests.")] = None,
+        max_requests: Annotated[int, typer.Option("--max-requests", help="Most requests one simulation serves under the stopping rule.")] = 16000,
+        ci_level: Annotated[float, typer.Option("--ci-level", help="Confidence level of the percentiles' intervals (batch sectioning over 10 batches of consecutive requests, warm-up discarded).")] = 0.95,
         jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Processes evaluating candidates (default: one per CPU).")] = None,
         seed: SeedOpt = 0,
         max_batch: MaxBatchOpt = 256,
-        max_batched_tokens: TokensOpt = 2048,
+        max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
         chunked_prefill: ChunkOpt = True,
         prefix_sharing: PrefixOpt = True,
         block_size: BlockOpt = 16,
@@ -107,7 +140,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Plan capacity: search devices x precision x TP x replicas for the load and the SLOs; rank the
         configurations that meet them by cost per million generated tokens and GPU count, and say why
-        each other one loses (memory, TTFT or TPOT)."""
+        each other one loses (memory, TTFT or TPOT). Costs are also shown per million input and per
+        million output tokens: the GPU-hours split between prefill and decode by their share of the
+        simulated step time (a mixed chunked-prefill step by its tokens). Each load is simulated until
+        the SLO percentiles' 95% intervals are within --ci-tolerance; the table shows them."""
         from llmperf.serving import planner
         from llmperf.serving.prices import parse_gpu_cost
         from llmperf.serving.simulator import SLO
@@ -123,6 +159,14 @@ def register(app: typer.Typer) -> None:
             _positive("--users", users, integer=True)
             _positive("--user-interval", user_interval)
             _positive("--requests", requests, integer=True)
+            from llmperf.serving.stability import DEFAULT_TOLERANCE, Stopping
+            if requests is not None and ci_tolerance is None:
+                stopping = Stopping(tolerance=None, level=ci_level)
+            else:
+                _positive("--max-requests", max_requests, integer=True)
+                first = requests if requests is not None else min(Stopping().min_requests, max_requests)
+                stopping = Stopping(tolerance=DEFAULT_TOLERANCE if ci_tolerance is None else ci_tolerance,
+                                    level=ci_level, min_requests=first, max_requests=max_requests)
             _positive("--max-replicas", max_replicas, integer=True)
             _positive("--jobs", jobs, integer=True)
             check_serving_options(max_batch=max_batch, max_batched_tokens=max_batched_tokens, block_size=block_size,
@@ -156,13 +200,14 @@ def register(app: typer.Typer) -> None:
                 if unknown:
                     raise SpecError(f"--gpu-cost: unknown device {unknown[0]!r} (known: {', '.join(sorted(known))})")
             spec = WorkloadSpec(arrival="poisson:1", prompt_len=_length("--prompt-len", prompt_len),
-                                output_len=_length("--output-len", output_len), num_requests=requests,
+                                output_len=_length("--output-len", output_len),
+                                num_requests=requests if requests is not None else stopping.min_requests,
                                 system_prompt_len=system_prompt_len, seed=seed)
             base = dict(max_batch=max_batch, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
                         prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, efficiency=efficiency,
                         engine=engine)
             result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs,
-                          layout_list)
+                          layout_list, stopping)
             frame = result.to_frame()
             if isinstance(result.settings, dict) and result.settings.get("engine") is None:
                 from llmperf.analysis.timemodel import DEFAULT_ENGINE
@@ -212,7 +257,7 @@ def jsonable_doc(result, frame) -> dict:  # noqa: ANN001
 
 
 def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs,  # noqa: ANN001, ANN202
-         layouts=None):  # noqa: ANN001
+         layouts=None, stopping=None):  # noqa: ANN001
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from llmperf.serving import planner
@@ -225,4 +270,4 @@ def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, b
             progress.update(task, advance=1, description=f"{row.device} {row.precision} tp={row.tp} {row.layout}")
         return planner.plan(model, rate=load, slo=slo, workload=spec, devices=devices, precisions=precs, tps=tp_list,
                             max_replicas=max_replicas, gpu_cost=costs, base=base, on_candidate=on_candidate,
-                            jobs=jobs, layouts=layouts)
+                            jobs=jobs, layouts=layouts, stopping=stopping)

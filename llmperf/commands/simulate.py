@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from llmperf.clitools import OutputFormat, err_console, out_console, refused_cleanly, write_output
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
 
 
@@ -40,7 +41,7 @@ DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="Precision preset 
 KvOpt = Annotated[str | None, typer.Option("--kv", help="KV cache precision, overriding --dtype.")]
 PolicyOpt = Annotated[Policy, typer.Option("--policy", help="continuous (in-flight) or static batching.")]
 MaxBatchOpt = Annotated[int, typer.Option("--max-batch", help="Most sequences running at once (vLLM max_num_seqs).")]
-TokensOpt = Annotated[int, typer.Option("--max-batched-tokens", help="Tokens per step (vLLM max_num_batched_tokens).")]
+TokensOpt = Annotated[int, typer.Option("--max-batched-tokens", help="Tokens per step, the chunked-prefill budget (vLLM max_num_batched_tokens); the default, 8192, is the one estimate, simulate and plan share: vLLM V1's server default on 80 GB-class GPUs (it picks 2048 on smaller ones; pass that for an L4 or A10).")]
 ChunkOpt = Annotated[bool, typer.Option("--chunked-prefill/--no-chunked-prefill", help="Chunked prefill with mixed prefill+decode steps (Sarathi-Serve).")]
 PrefixOpt = Annotated[bool, typer.Option("--prefix-sharing/--no-prefix-sharing", help="Share the KV blocks of a common prompt prefix.")]
 BlockOpt = Annotated[int, typer.Option("--block-size", help="Tokens per paged KV block.")]
@@ -153,18 +154,27 @@ def _fmt_s(x: float | None) -> str:
 
 
 def summary_tables(result, title: str, bound=None):  # noqa: ANN001, ANN201
-    """Rich tables: latency percentiles (the expected time, and with `bound`, the same workload's
-    under the roofline), throughput and memory, and the run over time."""
+    """Rich tables: latency percentiles (the expected time, the p90's interval beside it, and with
+    `bound`, the same workload's under the roofline), throughput and memory, and the run over time."""
+    import math
+
     from rich.table import Table
     s = result.summary()
-    lat = Table(title=title)
-    for col in ("metric", "p50", "p90", "p99", "mean"):
+    lat = Table(title=title, caption="[CI]: 95% interval of the p90 (batch sectioning over 10 batches of "
+                                     "consecutive requests; llmperf.serving.stability)")
+    for col in ("metric", "p50", "p90", "p99", "mean", "p90 [CI]"):
         lat.add_column(col, justify="left" if col == "metric" else "right")
+    from llmperf.serving.stability import percentile_ci
+    r = result.requests.sort_values("arrival_s", kind="stable")
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "end-to-end"), ("queue_s", "queueing")):
         st = s[key]
-        lat.add_row(label + (" expected" if bound is not None else ""), *(_fmt_s(st[k]) for k in ("p50", "p90", "p99", "mean")))
+        ci = percentile_ci(r[key].to_numpy(dtype=float), 90)
+        band = (f"[{_fmt_s(max(ci.low, 0.0))}, {_fmt_s(ci.high)}]" if math.isfinite(ci.low) and math.isfinite(ci.high)
+                else "-")
+        lat.add_row(label + (" expected" if bound is not None else ""),
+                    *(_fmt_s(st[k]) for k in ("p50", "p90", "p99", "mean")), band)
         if bound is not None and key in ("ttft_s", "tpot_s"):
-            lat.add_row(label + " bound", *(_fmt_s(bound[key][k]) for k in ("p50", "p90", "p99", "mean")))
+            lat.add_row(label + " bound", *(_fmt_s(bound[key][k]) for k in ("p50", "p90", "p99", "mean")), "")
     tot = Table(title="throughput and memory")
     tot.add_column("quantity")
     tot.add_column("value", justify="right")
@@ -182,6 +192,21 @@ def summary_tables(result, title: str, bound=None):  # noqa: ANN001, ANN201
     for k, v in rows:
         tot.add_row(k, v)
     return [lat, tot, over_time_table(result)]
+
+
+def percentile_cis(result) -> dict[str, dict[str, dict]]:  # noqa: ANN001
+    """95% batch-sectioning intervals (`llmperf.serving.stability`) of the reported TTFT and TPOT
+    percentiles, over every request in arrival order (nothing discarded: the same requests as the
+    percentiles)."""
+    from llmperf.serving.stability import percentile_ci
+    r = result.requests.sort_values("arrival_s", kind="stable")
+    return {col: {f"p{q}": percentile_ci(r[col].to_numpy(dtype=float), q).as_dict() for q in (50, 90, 99)}
+            for col in ("ttft_s", "tpot_s")}
+
+
+def _prefill_share(result) -> float:  # noqa: ANN001
+    from llmperf.serving.costsplit import input_time_share
+    return input_time_share(result.steps)
 
 
 def over_time_table(result, buckets: int = 10):  # noqa: ANN001, ANN201
@@ -253,7 +278,7 @@ def register(app: typer.Typer) -> None:
         kv_window: Annotated[str, typer.Option("--kv-window", help="KV of sliding/chunked layers: capped at the window, or full pages (the simulator's pool gives them full pages for now, and says so).")] = "capped",
         policy: PolicyOpt = Policy.continuous,
         max_batch: MaxBatchOpt = 256,
-        max_batched_tokens: TokensOpt = 2048,
+        max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
         chunked_prefill: ChunkOpt = True,
         prefix_sharing: PrefixOpt = True,
         block_size: BlockOpt = 16,
@@ -382,7 +407,8 @@ def _render(result, search, rates, output_format: OutputFormat, output, bound=No
     if bound is not None:
         s["bound"] = bound
     if output_format is OutputFormat.json:
-        doc = dict(settings=result.settings, summary=s)
+        doc = dict(settings=result.settings, summary=s, percentile_ci=percentile_cis(result),
+                   prefill_time_share=_prefill_share(result))
         if search is not None:
             doc["max_rate_rps"] = search.max_rate
             doc["service_rate_bound_rps"] = search.service_rate_rps
@@ -409,10 +435,12 @@ def _render(result, search, rates, output_format: OutputFormat, output, bound=No
         ", data-parallel attention" if st.get("dp_attention") else "")
     tm = (f"{st['time_model']} time model" + (" (the optimistic bound)" if st["time_model"] == "roofline"
                                                 else f", engine {st.get('engine', '?')}"))
-    title = (f"{st['model']} on {st['hardware']} ({layout}, {st['weights']} weights, {tm}): "
+    gemm = f" {st['gemm']}" if st.get("gemm") else ""
+    title = (f"{st['model']} on {st['hardware']} ({layout}, {st['weights']} weights{gemm}, {tm}): "
              f"{s['requests']} requests, {st['policy']}"
              + (f", chunked prefill {st['max_batched_tokens']} tokens/step" if st["chunked_prefill"] else "")
-             + (f"\n{st['kv_note']}" if st.get("kv_note") else ""))
+             + (f"\n{st['kv_note']}" if st.get("kv_note") else "")
+             + (f"\n{st['precision_note']}" if st.get("precision_note") else ""))
     tables = summary_tables(result, title, bound)
     if search is not None:
         tables.insert(0, rates_table(rates, search, result.slo))

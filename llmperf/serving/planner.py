@@ -28,9 +28,17 @@ For every candidate (device x precision x TP x layout):
    service rate (`simulator.saturated_rate`, a backlog of these lengths served flat out) or more: a
    finite run can meet the SLOs at a load whose queue is still building when its arrivals stop.
    The simulation is the serving simulator itself: the engine's scheduler priced by the cost model.
+   Each load is simulated under a stopping rule (`stopping`, `llmperf.serving.stability`): the
+   requests double until the SLO percentiles' batch-sectioning intervals are within the tolerance
+   (while searching, until they put the load on one side of the SLOs; the answer's own run always
+   to the tolerance); the percentiles are the steady state's (warm-up and drain discarded), and a
+   load whose requests in the replica keep rising is unstable and misses.
 
 Cost per million generated tokens = replicas x TP x price per GPU-hour / (3600 x generated tokens/s)
-x 1e6, at the offered load (all of it is served when the SLOs are met). `--users N` is N users each
+x 1e6, at the offered load (all of it is served when the SLOs are met): the ranking. As prices are
+quoted, the cost is also split into USD per million input and per million output tokens, the
+GPU-hours divided between prefill and decode by the share of step time each takes in the answer's
+simulation (`llmperf.serving.costsplit`). `--users N` is N users each
 sending a request every `user_interval_s` seconds on average: an aggregate Poisson rate N /
 user_interval_s.
 """
@@ -47,12 +55,15 @@ import pandas as pd
 
 from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
+from llmperf.serving.costsplit import input_time_share, token_prices
 from llmperf.serving.prices import price_for
+from llmperf.serving.stability import Stability, Stopping, assess
 from llmperf.serving.simulator import (
     SLO, ServingConfig, check_fits, kv_note, plan_memory, saturated_rate, service_rate_bound, simulate, step_cost_model,
 )
 from llmperf.serving.workload import Poisson, WorkloadSpec, generate
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
+from llmperf.specs.precision import gemm_mode, precision_note
 
 GiB = 2**30
 #: the planner checks a replica's load against its simulated service rate above this share of the
@@ -84,11 +95,15 @@ def check_layouts(layouts: Sequence[str]) -> tuple[str, ...]:
 
 
 def plan_precision(model: ModelSpec, name: str, kv: str | None = None) -> Precision:
-    """A serving precision by its weight format: fp8 is W8A8 (FP8 activations too, as FP8 serving
-    runs), int8 / int4 are weight-only (activations at the model's 16-bit dtype), bf16/fp16 all 16-bit.
-    The KV cache stays at the activation dtype unless `kv` says otherwise."""
+    """A serving precision by its weight format: fp8 as deployed (`Precision.preset`: fp8 GEMMs,
+    W8A8, with 16-bit activations between operators and all-reduces, and an fp8 KV cache; on a
+    device without fp8 units W8A16), int8 / int4 weight-only (activations and KV at the model's
+    16-bit dtype), bf16/fp16 all 16-bit. `kv` overrides the KV cache's format."""
     native = model.dtype if model.dtype in ("fp16", "bf16") else "bf16"
-    acts = "fp8" if name == "fp8" else (name if name in ("fp16", "bf16", "fp32") else native)
+    if name == "fp8":
+        p = Precision.preset("fp8", native)
+        return Precision(weights=p.weights, activations=p.activations, kv=kv or p.kv)
+    acts = name if name in ("fp16", "bf16", "fp32") else native
     return Precision(weights=name, activations=acts, kv=kv or acts)
 
 
@@ -127,23 +142,40 @@ class PlanRow:
     ep: int = 1
     dp_attention: bool = False
     time_model: str = ""  # the time model that priced its steps
+    gemm: str = ""  # the linear layers' GEMMs on this device: W8A8, W8A16 (fp8 weight-only), W4A16, W16A16
     ttft_s: float | None = None  # at the SLO percentile, per replica load
     tpot_s: float | None = None
     usd_per_gpu_hour: float | None = None
     price_source: str = ""
     cost_per_hour: float | None = None
-    cost_per_million_tokens: float | None = None
+    cost_per_million_tokens: float | None = None  # all the GPU cost over the generated tokens (the ranking)
+    cost_per_million_input_tokens: float | None = None  # the prefill share of the cost over the prompt tokens
+    cost_per_million_output_tokens: float | None = None  # the decode share over the generated tokens
+    prefill_time_share: float | None = None  # of the replica's step time (`llmperf.serving.costsplit`)
     replica_rate_rps: float | None = None
     simulations: int = 0
+    requests_simulated: int | None = None  # the answer's own run (the stopping rule's last sample)
+    ci_converged: bool | None = None  # its intervals are within the tolerance
+    unstable: bool = False  # its queue kept growing (load above capacity)
+    ttft_ci_low_s: float | None = None  # the confidence interval of the SLO percentile (batch sectioning)
+    ttft_ci_high_s: float | None = None
+    tpot_ci_low_s: float | None = None
+    tpot_ci_high_s: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         """The row as plain values, in the columns of `plan -f csv`."""
         return dict(device=self.device, precision=self.precision, tp=self.tp, layout=self.layout, ep=self.ep,
-                    dp_attention=self.dp_attention, replicas=self.replicas, gpus=self.gpus,
+                    dp_attention=self.dp_attention, gemm=self.gemm, replicas=self.replicas, gpus=self.gpus,
                     feasible=self.feasible, binding=self.binding, detail=self.detail, ttft_s=self.ttft_s,
                     tpot_s=self.tpot_s, usd_per_gpu_hour=self.usd_per_gpu_hour, price_source=self.price_source,
                     cost_per_hour=self.cost_per_hour, cost_per_million_tokens=self.cost_per_million_tokens,
-                    replica_rate_rps=self.replica_rate_rps, simulations=self.simulations, time_model=self.time_model)
+                    cost_per_million_input_tokens=self.cost_per_million_input_tokens,
+                    cost_per_million_output_tokens=self.cost_per_million_output_tokens,
+                    prefill_time_share=self.prefill_time_share,
+                    replica_rate_rps=self.replica_rate_rps, simulations=self.simulations, time_model=self.time_model,
+                    requests_simulated=self.requests_simulated, ci_converged=self.ci_converged,
+                    unstable=self.unstable, ttft_ci_low_s=self.ttft_ci_low_s, ttft_ci_high_s=self.ttft_ci_high_s,
+                    tpot_ci_low_s=self.tpot_ci_low_s, tpot_ci_high_s=self.tpot_ci_high_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +245,8 @@ def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float,
 
 
 def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec, slo: SLO, base: dict,
-              max_replicas: int, gpu_cost: dict[str, float] | float | None, kv: str | None) -> PlanRow:
+              max_replicas: int, gpu_cost: dict[str, float] | float | None, kv: str | None,
+              stopping: Stopping = Stopping(tolerance=None)) -> PlanRow:
     price, source = price_for(cand.device, gpu_cost)
     common = dict(device=cand.device, precision=cand.precision, tp=cand.tp, layout=cand.layout, ep=cand.ep,
                   dp_attention=cand.dp_attention, usd_per_gpu_hour=price, price_source=source)
@@ -237,6 +270,7 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
     except SpecError as exc:
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="tp", detail=str(exc), **common)
     common["time_model"] = str(config.settings()["time_model"])
+    common["gemm"] = gemm_mode(config.precision, hw)
     probe = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
                                   num_requests=200, system_prompt_len=spec.system_prompt_len, seed=spec.seed))
     try:
@@ -256,17 +290,31 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
     cost = step_cost_model(config)
     mu = service_rate_bound(config, spec, memory.num_blocks, cost)
     sims = 0
-    cache: dict[int, object] = {}
+    cache: dict[int, _Measured] = {}
+    metrics = tuple(name for name, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)) if bound is not None)
 
-    def run(r: int):  # noqa: ANN202
+    def run(r: int, final: bool = False) -> _Measured:
+        """`r` replicas' load simulated: until the SLO percentiles' intervals are within the
+        tolerance (`final`), or, while searching, until they also say on which side of the SLOs
+        the load falls."""
         nonlocal sims
-        if r not in cache:
+        hit = cache.get(r)
+        if hit is not None and (hit.done or not final):
+            return hit
+        fixed = stopping.tolerance is None
+        n = spec.num_requests if fixed else (min(2 * hit.stability.requests, stopping.max_requests) if hit is not None
+                                            else max(stopping.min_requests, 1))
+        while True:
             w = generate(WorkloadSpec(arrival=Poisson(rate / r), prompt_len=spec.prompt_len, output_len=spec.output_len,
-                                      num_requests=spec.num_requests, system_prompt_len=spec.system_prompt_len,
-                                      seed=spec.seed))
-            cache[r] = simulate(w, config, slo=slo, cost=cost)
+                                      num_requests=n, system_prompt_len=spec.system_prompt_len, seed=spec.seed))
+            res = simulate(w, config, slo=slo, cost=cost)
             sims += 1
-        return cache[r]
+            st = assess(res.requests, slo.percentile, stopping, metrics, res.steps)
+            done = fixed or st.converged or n >= stopping.max_requests
+            got = cache[r] = _Measured(result=res, stability=st, slo=slo, done=done, judge_growth=not fixed)
+            if done or (not final and not st.unstable and got.decided):
+                return got
+            n = min(2 * n, stopping.max_requests)
 
     # Fewer replicas than rate / (an upper bound on one replica's service rate) cannot keep up with
     # the load, even when a finite run drains its queue within loose SLOs: never go below it.
@@ -298,6 +346,13 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
             else:
                 lo = mid
         r = hi
+    # The answer's own run goes on to the tolerance; where its steadier percentiles miss after all,
+    # the next replica count is tried.
+    while not run(r, final=True).meets_slo:
+        if r >= max_replicas:
+            return _loser(common, r, cand.tp, run(r), slo, sims,
+                          f"misses the SLOs even with {max_replicas} replicas (--max-replicas)")
+        r += 1
     # A finite run can meet the SLOs at a load its replica cannot sustain (the queue is still
     # building when the arrivals stop): never offer a replica its simulated service rate or more.
     # Simulating that rate costs a backlog run, so it is done only when the load is above
@@ -310,18 +365,74 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
         return _loser(common, r, cand.tp, run(r), slo, sims,
                       f"{rate / r:.3g} req/s per replica reaches its simulated service rate {mu_sim:.3g} req/s "
                       f"even with {max_replicas} replicas (--max-replicas)")
-    res = run(r)
+    got = run(r, final=True)
+    res = got.result
     tokens_per_s = rate * float(res.requests["output_tokens"].mean())
     cost_h = price * r * cand.tp if price is not None else None
+    split = token_prices(cost_h, input_time_share(res.steps), rate * float(res.requests["prompt_tokens"].mean()),
+                         tokens_per_s)
     return PlanRow(replicas=r, gpus=r * cand.tp, feasible=True, binding="", detail="meets the SLOs",
-                   ttft_s=res.percentile("ttft_s"), tpot_s=res.percentile("tpot_s"), cost_per_hour=cost_h,
+                   ttft_s=got.ttft_s, tpot_s=got.tpot_s, cost_per_hour=cost_h,
                    cost_per_million_tokens=cost_h / 3600 / tokens_per_s * 1e6 if cost_h is not None else None,
-                   replica_rate_rps=rate / r, simulations=sims, **common)
+                   replica_rate_rps=rate / r, simulations=sims, **split.as_dict(), **_ci_fields(got), **common)
 
 
-def _loser(common: dict, replicas: int, tp: int, res, slo: SLO, sims: int, why: str) -> PlanRow:  # noqa: ANN001
-    ttft, tpot = res.percentile("ttft_s"), res.percentile("tpot_s")
+@dataclass(frozen=True, kw_only=True)
+class _Measured:
+    """One replica count's simulation and what the stopping rule says of it (`stability`)."""
+
+    result: object  # SimResult
+    stability: Stability
+    slo: SLO
+    done: bool  # the tolerance is met, or the sample is at its cap (or fixed)
+    # a rising number in the replica counts as unstable under the stopping rule only: a fixed short
+    # sample is all warm-up, and rises whatever the load (it is still reported, not converged)
+    judge_growth: bool = True
+
+    @property
+    def ttft_s(self) -> float:
+        return self.stability.ttft.estimate
+
+    @property
+    def tpot_s(self) -> float:
+        return self.stability.tpot.estimate
+
+    def _sides(self) -> list[tuple[float, float, float]]:
+        st, slo = self.stability, self.slo
+        return [(c.low, c.high, b) for c, b in ((st.ttft, slo.ttft_s), (st.tpot, slo.tpot_s))
+                if b is not None and c.n]
+
+    @property
+    def meets_slo(self) -> bool:
+        """The steady-state SLO percentiles within their bounds; never for a growing queue."""
+        if self.stability.unstable and self.judge_growth:
+            return False
+        st, slo = self.stability, self.slo
+        return all(not (c.estimate > b) for c, b in ((st.ttft, slo.ttft_s), (st.tpot, slo.tpot_s))
+                   if b is not None and c.n)
+
+    @property
+    def decided(self) -> bool:
+        """The intervals put the load on one side of the SLOs: one interval wholly above its bound,
+        or every one wholly below."""
+        sides = self._sides()
+        return any(lo > b for lo, _, b in sides) or bool(sides) and all(hi <= b for _, hi, b in sides)
+
+
+def _ci_fields(got: _Measured) -> dict[str, object]:
+    st = got.stability
+    return dict(requests_simulated=st.requests, ci_converged=st.converged, unstable=st.unstable,
+                ttft_ci_low_s=st.ttft.low, ttft_ci_high_s=st.ttft.high, tpot_ci_low_s=st.tpot.low,
+                tpot_ci_high_s=st.tpot.high)
+
+
+def _loser(common: dict, replicas: int, tp: int, got: _Measured, slo: SLO, sims: int,  # noqa: ANN001
+           why: str) -> PlanRow:
+    ttft, tpot = got.ttft_s, got.tpot_s
     over = []
+    if got.stability.unstable and got.judge_growth:
+        over.append(("replicas", math.inf, f"the queue grows without bound over {got.stability.requests} "
+                                           "requests (load above the replica's capacity)"))
     if slo.ttft_s is not None and ttft > slo.ttft_s:
         over.append(("TTFT", ttft / slo.ttft_s, f"p{slo.percentile:g} TTFT {ttft:.4g} s > {slo.ttft_s:g} s"))
     if slo.tpot_s is not None and tpot > slo.tpot_s:
@@ -329,16 +440,20 @@ def _loser(common: dict, replicas: int, tp: int, res, slo: SLO, sims: int, why: 
     binding = max(over, key=lambda o: o[1])[0] if over else "replicas"
     detail = "; ".join(o[2] for o in over) + (f" at {replicas} replicas: " if over else "") + why
     return PlanRow(replicas=replicas, gpus=replicas * tp, feasible=False, binding=binding, detail=detail,
-                   ttft_s=ttft, tpot_s=tpot, simulations=sims, **common)
+                   ttft_s=ttft, tpot_s=tpot, simulations=sims, **_ci_fields(got), **common)
 
 
 def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpec, devices: Sequence[str],
          precisions: Sequence[str] = DEFAULT_PRECISIONS, tps: Sequence[int] = DEFAULT_TPS, max_replicas: int = 64,
          gpu_cost: dict[str, float] | float | None = None, kv: str | None = None, base: dict | None = None,
          on_candidate: Callable[[PlanRow], None] | None = None, jobs: int | None = None,
-         layouts: Sequence[str] | None = None, efficiency: str = DEFAULT_EFFICIENCY) -> PlanResult:
+         layouts: Sequence[str] | None = None, efficiency: str = DEFAULT_EFFICIENCY,
+         stopping: Stopping | None = None) -> PlanResult:
     """Evaluate every device x precision x TP x layout candidate for `rate` requests/s under `slo`
-    (in `jobs` processes; default one per CPU). `layouts`: None, every layout the model takes
+    (in `jobs` processes; default one per CPU). `stopping`: how many requests each simulation
+    serves (`llmperf.serving.stability.Stopping`: doubling until the SLO percentiles' intervals are
+    within its tolerance, as `llmperf plan` does); None: `workload.num_requests`, once (the
+    intervals are still reported). `layouts`: None, every layout the model takes
     (`layouts_for`); `efficiency`: the time model pricing every step (`ServingConfig.efficiency`;
     `base` may set it too)."""
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
@@ -358,7 +473,7 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     base.setdefault("efficiency", efficiency)
     cands = [Candidate(device=d, precision=p, tp=t, layout=lay) for d in devices for p in precisions for t in tps
              for lay in layouts if not _duplicate(lay, t, layouts)]
-    args = (m, rate, workload, slo, base, max_replicas, gpu_cost, kv)
+    args = (m, rate, workload, slo, base, max_replicas, gpu_cost, kv, stopping or Stopping(tolerance=None))
     rows: list[PlanRow | None] = [None] * len(cands)
     jobs = max(1, min(jobs if jobs is not None else (os.cpu_count() or 1), len(cands)))
     if jobs == 1:
@@ -377,11 +492,25 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
                 rows[futures[fut]] = fut.result()
                 if on_candidate is not None:
                     on_candidate(rows[futures[fut]])
-    settings = dict(model=m.name, rate_rps=rate, devices=list(devices), precisions=list(precisions), tps=list(tps),
+    notes = sorted({precision_note(plan_precision(m, p, kv), load_hardware(d)) for d in devices for p in precisions
+                    if p == "fp8"} - {""})
+    settings = dict(model=m.name, rate_rps=rate, precision_notes=notes, devices=list(devices), precisions=list(precisions), tps=list(tps),
                     layouts=list(layouts), kv_note=kv_note(m, base.get("kv_window", "capped"), base.get("pp", 1)),
                     max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
-                    slo_percentile=slo.percentile, workload=workload.describe(), **base)
+                    slo_percentile=slo.percentile, workload=workload.describe(),
+                    stopping=_stopping_settings(stopping, workload), **base)
     return PlanResult(model=m.name, rate_rps=rate, slo=slo, rows=list(rows), settings=settings)
+
+
+def _stopping_settings(stopping: Stopping | None, workload: WorkloadSpec) -> dict[str, object]:
+    """The stopping rule in the settings (JSON, run directory, the table's title)."""
+    if stopping is None or stopping.tolerance is None:
+        st = stopping or Stopping(tolerance=None)
+        return dict(method="fixed sample", requests=workload.num_requests, ci_level=st.level, batches=st.batches,
+                    warmup=st.warmup, min_warmup=st.min_warmup)
+    return dict(method="batch sectioning", ci_tolerance=stopping.tolerance, ci_level=stopping.level,
+                min_requests=stopping.min_requests, max_requests=stopping.max_requests, batches=stopping.batches,
+                warmup=stopping.warmup, min_warmup=stopping.min_warmup)
 
 
 def _duplicate(layout: str, tp: int, layouts: Sequence[str]) -> bool:

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
-from llmperf.analysis.rollup import Conventions, activation_reserve_bytes
+from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
 from llmperf.serving.blocks import BlockManager, WindowedBlockManager, WindowGroup, window_blocks_for
 from llmperf.serving.costmodel import StepCostModel, _scalar_features
@@ -86,7 +86,7 @@ class ServingConfig:
     (every layer the whole context); `MemoryPlan` says which the pool does.
 
     Defaults follow vLLM's online serving: continuous batching, chunked prefill with a budget of
-    2048 tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
+    `DEFAULT_MAX_BATCHED_TOKENS` (8192, as `estimate`) tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
     `efficiency`: the time model ("auto": the expected time, `typical` on a GPU, the calibration a
     `--hardware local` spec carries on a CPU; `llmperf.analysis.timemodel.default_efficiency`), or pass
     `time_model` directly; `engine`: the GPU serving stack's profile pricing its host terms (None: the
@@ -102,7 +102,7 @@ class ServingConfig:
     time_model: object | None = None
     policy: str = "continuous"
     max_batch: int | None = 256
-    max_batched_tokens: int | None = 2048
+    max_batched_tokens: int | None = DEFAULT_MAX_BATCHED_TOKENS
     chunked_prefill: bool = True
     prefix_sharing: bool = True
     block_size: int = 16
@@ -202,8 +202,11 @@ class ServingConfig:
         """The config as plain values (model, device, precision, parallelism, server settings, time model),
         for run.json."""
         from llmperf.analysis.roofline import engine_label
+        from llmperf.specs.precision import gemm_mode, precision_note
         tm = self.resolve_time_model()
         return dict(model=self.model.name, hardware=self.hardware.name, precision=self.precision.label(),
+                    gemm=gemm_mode(self.precision, self.hardware),
+                    precision_note=precision_note(self.precision, self.hardware),
                     weights=self.precision.weights,
                     activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
                     layout=self.layout, ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode,

@@ -25,9 +25,11 @@ vocabulary `MODULES`). The block-scaled formats (`BlockScaledFormat`) count ever
   fp32 scale per matrix, 4 + 8/16 = 4.5 bits (+ 4 bytes a matrix).
 
 `matmul_dtype(module)` is the format the checkpoint's kernels compute that module's matmul in where
-the device has units for it (fp8 for `fp8-block`, fp4 for `mxfp4` / `nvfp4`, the activation format
-otherwise); `HardwareSpec.matmul_dtype` resolves it on a device that lacks it (MXFP4 on an H100
-runs W4A16: the weights dequantised to bf16).
+the device has units for it (fp8 for fp8 and `fp8-block` weights: W8A8, the activations quantised
+to fp8 at the GEMM's input while they stay 16-bit between operators; fp4 for `mxfp4` / `nvfp4`; the
+activation format otherwise); `HardwareSpec.matmul_dtype` resolves it on a device that lacks it (MXFP4 on an H100
+runs W4A16: the weights dequantised to bf16; fp8 on an A100 W8A16, as vLLM's Marlin kernels).
+`gemm_mode` and `precision_note` say which, in the outputs.
 """
 
 from __future__ import annotations
@@ -314,12 +316,16 @@ class Precision:
 
     def matmul_dtype(self, module: str | None = None) -> str:
         """The format `module`'s matmul computes in where the device has units for it: fp8 for
-        fp8-block weights (activations quantised to fp8 on the fly), fp4 for mxfp4 / nvfp4, the
-        activation format otherwise (integer and plain weights are read and dequantised, W4A16).
-        `HardwareSpec.matmul_dtype` falls back on a device without it."""
+        fp8 weights, plain or fp8-block (W8A8: the activations quantised to fp8 on the fly at the
+        GEMM's input, as vLLM's and TensorRT-LLM's fp8 GEMMs run), fp4 for mxfp4 / nvfp4, the
+        activation format otherwise (integer and 16-bit weights are read and dequantised, W4A16).
+        `HardwareSpec.matmul_dtype` falls back on a device without it (fp8 on an A100: W8A16)."""
         if module is None:
             return self.activations
-        block = block_scaled_format(self.module_format(module))
+        fmt = self.module_format(module)
+        if fmt == "fp8":
+            return "fp8"
+        block = block_scaled_format(fmt)
         return self.activations if block is None else block.matmul
 
     def embedding_matrix_bytes(self, d_in: int, d_out: int) -> float:
@@ -342,6 +348,18 @@ class Precision:
     def uniform(cls, dtype: str) -> Precision:
         """Weights, activations and KV all at `dtype`."""
         return cls(weights=dtype, activations=dtype, kv=dtype)
+
+    @classmethod
+    def preset(cls, name: str, native: str = "bf16") -> Precision:
+        """A precision preset as serving engines deploy it. `fp8`: fp8 weights whose GEMMs run in
+        fp8 (W8A8; `matmul_dtype`), the activations between operators and the all-reduces at the
+        model's 16-bit `native` format, the KV cache in fp8 (vLLM's and TensorRT-LLM's fp8
+        serving); on a device without fp8 units the GEMMs run W8A16 (`gemm_mode`). Any other
+        name: every tensor at it (`uniform`)."""
+        name = normalize_dtype(name, "precision")
+        if name == "fp8":
+            return cls(weights="fp8", activations=native if native in _SIXTEEN_BIT else "bf16", kv="fp8")
+        return cls.uniform(name)
 
     @property
     def weight_bytes(self) -> float:
@@ -371,3 +389,35 @@ class Precision:
 
     def __str__(self) -> str:
         return self._base_str() + self._modules_str()
+
+
+def _bits(dtype: str) -> int:
+    return int(round(8 * DTYPE_BYTES[normalize_dtype(dtype)]))
+
+
+def gemm_mode(precision: Precision, hardware, module: str = "attention") -> str:  # noqa: ANN001
+    """How `hardware` runs `module`'s linear layers at `precision`, in the W<weight bits>A<GEMM input
+    bits> notation: `W8A8` (fp8 weights, fp8 GEMMs), `W8A16` (fp8 weights on a device without fp8
+    units, dequantised into 16-bit GEMMs, as vLLM's Marlin kernels on an A100), `W4A16` (int4),
+    `W16A16`. The modules stored in their own format (`modules`) are named after it."""
+    def one(mod: str) -> str:
+        return f"W{_bits(precision.module_dtype(mod))}A{_bits(hardware.matmul_dtype(precision, mod))}"
+    main = one(module)
+    extra = [f"{m} {one(m)}" for m, _ in precision.modules if one(m) != main]
+    return main + (f" ({'; '.join(extra)})" if extra else "")
+
+
+def precision_note(precision: Precision, hardware) -> str:  # noqa: ANN001
+    """The line outputs print for fp8 weights: W8A8 where the device has fp8 units, else that fp8
+    is weight-only there ("" for other precisions)."""
+    if precision.module_dtype("attention") != "fp8" and not any(
+            precision.module_dtype(m) == "fp8" for m, _ in precision.modules):
+        return ""
+    mod = "attention" if precision.module_dtype("attention") == "fp8" else next(
+        m for m, _ in precision.modules if precision.module_dtype(m) == "fp8")
+    gemm = hardware.matmul_dtype(precision, mod)
+    acts = f"{precision.activations} activations between operators and all-reduces"
+    if gemm == "fp8":
+        return f"fp8 as deployed: W8A8 on {hardware.name} (fp8 GEMMs, {acts})"
+    return (f"fp8 is weight-only on {hardware.name} (W8A16: no fp8 tensor cores; the fp8 weights are dequantised "
+            f"into {gemm} GEMMs, as vLLM's Marlin kernels; {acts})")

@@ -54,8 +54,8 @@ def test_a_hybrid_models_pool_caps_its_sliding_layers_or_says_it_gives_them_full
     """gpt-oss-20b (12 sliding layers of W = 128, 12 full): capped, a block holds the full layers'
     tokens (half the bytes) and the sliding layers hold their window's blocks besides; with full
     pages every layer holds the whole context, and every output says so."""
-    capped = ServingConfig.build("gpt-oss-20b", "h100-sxm")
-    full = ServingConfig.build("gpt-oss-20b", "h100-sxm", kv_window="full")
+    capped = ServingConfig.build("gpt-oss-20b", "h100-sxm", max_batched_tokens=2048)
+    full = ServingConfig.build("gpt-oss-20b", "h100-sxm", kv_window="full", max_batched_tokens=2048)
     mc, mf = plan_memory(capped), plan_memory(full)
     assert mc.kv_bytes_per_token == mf.kv_bytes_per_token / 2
     assert [(g.attention, g.window, g.layers, g.full_layers) for g in mc.window_groups] == [("sliding", 128, 12, 12)]

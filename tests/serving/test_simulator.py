@@ -192,8 +192,9 @@ def test_find_max_rate_never_passes_the_service_rate():
                         num_requests=20, seed=3)
     cfg = ServingConfig.build("llama-3.1-8b", "a100-80gb-sxm")
     search = find_max_rate(spec, cfg, SLO(ttft_s=100, tpot_s=100))
-    mu = saturated_rate(spec, cfg)
-    assert search.capped and search.max_rate == pytest.approx(mu) and search.service_rate_rps == pytest.approx(mu)
+    mu = search.service_rate_rps  # the lower of the simulated saturation and the analytical bound
+    assert mu <= saturated_rate(spec, cfg) * (1 + 1e-9)
+    assert search.capped and search.max_rate == pytest.approx(mu)
     assert search.to_frame()["rate"].max() <= mu * (1 + 1e-9)
     assert "service rate" in search.note
 
