@@ -8,6 +8,14 @@ terms; any other device takes the `default` node's alpha and busbw fraction, the
 its own datasheet `interconnect_gbps` (the held-out A100 -> H100 check measures exactly this transfer).
 Between measured GPU counts the terms are interpolated in log(n); beyond them held at the nearest.
 
+Only all-reduce is measured; the other collectives take its terms, scaled by their ring step counts
+(`LATENCY_SHARE`, NCCL's ring algorithms: an all-reduce is a reduce-scatter then an all-gather, 2(n-1)
+steps; an all-gather, a reduce-scatter or an all-to-all (n-1 concurrent peer exchanges, one step of
+latency each) n-1; a point-to-point send one step of a 2-GPU all-reduce's two): half the all-reduce's
+latency at the same GPU count, and the same bus bandwidth fraction, `comm_bytes` already being each
+collective's bus bytes (nccl-tests' PERFORMANCE.md: busbw = algbw x 2(n-1)/n for all-reduce, (n-1)/n
+for all-gather, reduce-scatter and all-to-all, 1 for send/recv). A measured all-to-all would replace it.
+
 The `typical` time model uses it for every comm operator; the `roofline` does not (the pure bound:
 the link's bandwidth, no latency).
 
@@ -28,6 +36,17 @@ import numpy as np
 from llmperf.errors import SpecError
 
 Number = Any
+
+#: a collective's latency as a share of an all-reduce's over the same GPUs (ring steps; module docstring)
+LATENCY_SHARE = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "all_to_all": 0.5, "send": 0.5}
+#: which collective each comm operator of the vocabulary is
+OP_COLLECTIVE = {"attn_allreduce": "all_reduce", "mlp_allreduce": "all_reduce", "moe_dispatch": "all_to_all",
+                 "moe_combine": "all_to_all", "pp_send": "send"}
+
+
+def latency_share(op_name: str) -> float:
+    """The share of an all-reduce's latency that the comm operator `op_name` pays (1 if unknown)."""
+    return LATENCY_SHARE[OP_COLLECTIVE.get(op_name, "all_reduce")]
 
 
 @dataclass(frozen=True)
@@ -78,10 +97,11 @@ class Collectives:
         and its bus bandwidth as a fraction of the device's `interconnect_gbps`."""
         return self.node_for(hardware_name).at(gpus)
 
-    def time_s(self, hardware_name: str, link_bytes_per_s: float, gpus: Number, comm_bytes: Number) -> Number:
-        """Seconds of one collective moving `comm_bytes` per GPU (its bus bytes) over `gpus` GPUs."""
+    def time_s(self, hardware_name: str, link_bytes_per_s: float, gpus: Number, comm_bytes: Number,
+               collective: str = "all_reduce") -> Number:
+        """Seconds of one `collective` moving `comm_bytes` per GPU (its bus bytes) over `gpus` GPUs."""
         alpha, frac = self.terms(hardware_name, gpus)
-        return alpha + comm_bytes / (link_bytes_per_s * frac)
+        return alpha * LATENCY_SHARE[collective] + comm_bytes / (link_bytes_per_s * frac)
 
 
 def collectives_path() -> Path:

@@ -195,7 +195,8 @@ def pipeline_transfer_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, 
                         time_model: TimeModel | None = None):
     """`pp - 1` sends of the `batch*q_len x hidden` activations between pipeline stages: at the link's
     bandwidth (the roofline), or, under a time model with collectives terms (`typical`), each a
-    point-to-point transfer between 2 GPUs: their latency plus the bytes at their bus bandwidth
+    point-to-point send between 2 GPUs: half a 2-GPU all-reduce's latency (one ring step of its two)
+    plus the bytes at their bus bandwidth
     (`llmperf.analysis.collectives`)."""
     if pp <= 1:
         return 0.0 * batch * q_len
@@ -204,7 +205,7 @@ def pipeline_transfer_s(fm: ForwardModel, hardware: HardwareSpec, batch, q_len, 
     msg = batch * q_len * fm.model.hidden_size * fm.precision.act_bytes
     coll = getattr(time_model, "collectives", None)
     if coll is not None:
-        return (pp - 1) * coll.time_s(hardware.name, hardware.interconnect_bytes_per_s, 2, msg)
+        return (pp - 1) * coll.time_s(hardware.name, hardware.interconnect_bytes_per_s, 2, msg, "send")
     return (pp - 1) * msg / hardware.interconnect_bytes_per_s
 
 

@@ -94,7 +94,7 @@ from typing import Any
 import numpy as np
 
 from llmperf.analysis.attention_eff import AttentionEfficiency
-from llmperf.analysis.collectives import Collectives, load_collectives
+from llmperf.analysis.collectives import Collectives, latency_share, load_collectives
 from llmperf.analysis.gemm import GemmParams, gemm_time_for
 from llmperf.analysis.roofline import MATRIX_KINDS, Efficiency, Number, OpCost, peak_for
 from llmperf.errors import SpecError
@@ -285,7 +285,7 @@ class EfficiencyTimeModel:
         comm = {}
         if cost.kind == "comm" and self.collectives is not None and hardware is not None:
             alpha, e_comm = self.collectives.terms(hardware.name, getattr(cost, "comm_gpus", 0) or 2)
-            comm = dict(e_comm=e_comm, comm_latency_s=alpha)
+            comm = dict(e_comm=e_comm, comm_latency_s=alpha * latency_share(cost.name))
         floor = self.floor_for(cost)
         e_compute = None
         # the shape model needs the device's SMs; a datasheet without them takes the kind's curves
