@@ -134,7 +134,7 @@ def estimate(
     efficiency: Annotated[str | None, typer.Option("--efficiency", help="Time model: roofline (e = 1, no overhead: the bound), typical (published fractions of the roofs, GPUs), calibrated (what `llmperf calibrate` measured; --hardware local). Default: the expected time, typical on a GPU, calibrated for --hardware local; the roofline bound is shown beside it.")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="Serving stack's profile for a GPU's step overhead and kernel launches (models_spec/engines): compiled (CUDA graphs: vLLM, SGLang, TensorRT-LLM; the default) or eager (PyTorch eager, llmperf's own engine). Not for a CPU; the roofline takes none.")] = None,
     per_op: Annotated[bool, typer.Option("--per-op", help="Also show every operator of the prefill and of the first decode step (of every configuration).")] = False,
-    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv (the same columns; see the README's output schema).")] = OutputFormat.table,
+    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv (the same columns; see docs/schemas.md).")] = OutputFormat.table,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")] = None,
 ) -> None:
     """Predict TTFT, time per output token, throughput, memory and the bound (memory or compute)

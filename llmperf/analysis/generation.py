@@ -138,7 +138,7 @@ class GenerationEstimate:
         return np.asarray(total, dtype=float)
 
     def summary(self) -> dict[str, object]:
-        """The headline numbers, flat: exactly one row of `sweep` (see README, "Output schema")."""
+        """The headline numbers, flat: exactly one row of `sweep` (docs/schemas.md)."""
         return dict(self.row)
 
     def to_frame(self) -> pd.DataFrame:
@@ -242,7 +242,7 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
     the model's native dtype, or a quantised checkpoint's format) that `weights`, `activations` and
     `kv` override separately. The conventions (`attention`, `attention_flops`, `all_logits`,
     `fused_qkv`, `fused_gate_up`, `mla_mode`) and the memory settings (`max_seq_len`, `block_size`,
-    `mem_util`, `max_batched_tokens`) are described in the README; `time_model` defaults to the pure
+    `mem_util`, `max_batched_tokens`) are described in docs/model.md; `time_model` defaults to the pure
     roofline. `ep` splits the routed experts over the tp group; `dp_attention` runs attention
     data-parallel over it (each GPU its own sequences, heads whole) and the MoE layers
     expert-parallel (`ep` = `tp`). `kv_window`: sliding and chunked layers hold their window of KV

@@ -4,7 +4,7 @@ is `null`) or CSV (the same columns, empty for a missing value).
 
 JSON document: `{"schema_version": 1, "configurations": [row, ...]}` plus, with per-operator detail,
 `"ops": [{"configuration": index, "phase", "op", ...}, ...]`. `COLUMNS` describes every column
-(unit included); the README's "Output schema" table names the same columns in the same order (tested).
+(unit included); the documentation's Output schemas page renders it as it is (docs/schemas.md).
 """
 
 from __future__ import annotations

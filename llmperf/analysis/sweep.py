@@ -20,7 +20,7 @@ from llmperf.analysis.roofline import TimeModel, resolve_time_model
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
 
-#: version of the result schema (the columns of a sweep row / an estimate summary); see README
+#: version of the result schema (the columns of a sweep row / an estimate summary); see docs/schemas.md
 SCHEMA_VERSION = 1
 
 
@@ -98,7 +98,7 @@ def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
 def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
           hardware: str | HardwareSpec | Sequence = "a100-80gb-sxm", **options: object) -> pd.DataFrame:
     """One row per (model, hardware, precision, tp, pp, batch, prompt_len, gen_len), in that nesting
-    order; the columns are the result schema (README, "Output schema"), the same as
+    order; the columns are the result schema (docs/schemas.md), the same as
     `estimate(...).summary()`. Lists are accepted for models, hardware, the precisions (`precision`,
     `weights`, `activations`, `kv`), `tp`, `pp` and the three lengths; every other option of
     `estimate` (`attention`, `attention_flops`, `all_logits`, `fused_qkv`, `fused_gate_up`,

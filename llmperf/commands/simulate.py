@@ -290,7 +290,7 @@ def register(app: typer.Typer) -> None:
         slo_tpot: SloTpotOpt = None,
         slo_percentile: SloPctOpt = 90.0,
         find_max_rate: Annotated[bool, typer.Option("--find-max-rate", help="Bisect the arrival rate for the highest one meeting the SLOs.")] = False,
-        validate: Annotated[bool, typer.Option("--validate", help="Run the workload through the real engine on this CPU too, and compare (see README).")] = False,
+        validate: Annotated[bool, typer.Option("--validate", help="Run the workload through the real engine on this CPU too, and compare (see docs/serving.md).")] = False,
         run_dir: Annotated[str | None, typer.Option("--run-dir", help="Write run.json, requests.csv, steps.csv (and rates.csv) here, for `llmperf report` (a folder holding a run is refused).")] = None,
         output_format: FormatOpt = OutputFormat.table,
         output: OutOpt = None,

@@ -39,7 +39,7 @@ Exact cross-checks (`run.json` "checks"): the analytical matmul FLOPs of a forwa
 every product is a counted matmul); the analytical weight bytes against the real parameters; the
 analytical KV-cache bytes against the real cache's storage.
 
-Files (the run-directory contract, see the README): `run.json` (written atomically, updated after
+Files (the run-directory contract, see docs/schemas.md): `run.json` (written atomically, updated after
 every configuration), `ops.csv`, `steps.csv`, `generations.csv` (rows appended and flushed as they
 are measured: an interrupted sweep keeps them).
 """

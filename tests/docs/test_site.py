@@ -74,3 +74,15 @@ def test_every_report_is_a_page(site) -> None:  # noqa: ANN001
         rel = report.relative_to(ROOT).with_suffix("")
         built = out / (rel.parent if rel.name == "README" else rel) / "index.html"
         assert built.exists(), f"{report.relative_to(ROOT)} is not in the site"
+
+
+def test_schema_page_lists_every_column_in_order(site) -> None:  # noqa: ANN001
+    """The Output schemas page's table of `estimate` / `sweep` columns is `COLUMNS`, every column in schema order
+    (the page renders the constant, so it cannot drift; this checks the rendering)."""
+    from llmperf.analysis.schema import COLUMNS
+
+    out, _ = site
+    text = html.unescape((out / "schemas" / "index.html").read_text(encoding="utf-8"))
+    section = text.split('id="estimate-and-sweep"', 1)[1].split('id="simulate-run-directory"', 1)[0]
+    named = re.findall(r"<tr>\s*<td><code>([^<]+)</code></td>", section)
+    assert named == list(COLUMNS)

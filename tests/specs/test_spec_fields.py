@@ -89,7 +89,7 @@ def test_hardware_required_fields(tmp_path, missing):
 
 
 def test_hardware_required_field_set():
-    """What the README documents as required: the roofline's inputs and nothing else."""
+    """What docs/specs.md documents as required: the roofline's inputs and nothing else."""
     import dataclasses
     required = {f.name for f in fields(HardwareSpec)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
