@@ -81,15 +81,16 @@ def plan_tables(result):  # noqa: ANN001, ANN201
     win = Table(title=f"{result.model} at {result.rate_rps:.4g} req/s: configurations meeting {pct} "
                       f"TTFT <= {_fmt_s(slo.ttft_s)}, TPOT <= {_fmt_s(slo.tpot_s)} (cheapest first)\n{notes}")
     for col in ("rank", "device", "precision", "TP", "layout", "replicas", "GPUs", f"TTFT {pct} [CI]",
-                f"TPOT {pct} [CI]", "requests", "$/GPU-h", "$/hour", "$/M in", "$/M out"):
+                f"TPOT {pct} [CI]", "TTFT, TPOT bound", "requests", "$/GPU-h", "$/hour", "$/M in", "$/M out"):
         win.add_column(col, justify="right")
     for i, r in enumerate(result.feasible, start=1):
         n = "-" if r.requests_simulated is None else f"{r.requests_simulated}" + ("" if r.ci_converged else "*")
         win.add_row(str(i), r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), r.layout, str(r.replicas), str(r.gpus),
                     _ci(r.ttft_s, r.ttft_ci_low_s, r.ttft_ci_high_s), _ci(r.tpot_s, r.tpot_ci_low_s, r.tpot_ci_high_s),
-                    n, _money(r.usd_per_gpu_hour), _money(r.cost_per_hour), _money(r.cost_per_million_input_tokens),
+                    f"{_fmt_s(r.ttft_bound_s)}, {_fmt_s(r.tpot_bound_s)}", n, _money(r.usd_per_gpu_hour), _money(r.cost_per_hour), _money(r.cost_per_million_input_tokens),
                     _money(r.cost_per_million_output_tokens))
-    win.caption = ("$/M in, $/M out: the GPU-hours split between prefill (input) and decode (output) by their "
+    win.caption = ("TTFT, TPOT bound: the same replica load under the roofline (the optimistic bound)\n"
+                   "$/M in, $/M out: the GPU-hours split between prefill (input) and decode (output) by their "
                    "share of step time in the simulation (a mixed step by its tokens), over input and output tokens")
     if any(r.requests_simulated is not None and not r.ci_converged for r in result.feasible):
         win.caption += "\n* the interval is wider than the tolerance (fixed sample, or --max-requests reached)"

@@ -45,6 +45,7 @@ user_interval_s.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -161,6 +162,9 @@ class PlanRow:
     ttft_ci_high_s: float | None = None
     tpot_ci_low_s: float | None = None
     tpot_ci_high_s: float | None = None
+    # the same replica load under the roofline (the optimistic bound), beside the expected answer
+    ttft_bound_s: float | None = None
+    tpot_bound_s: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         """The row as plain values, in the columns of `plan -f csv`."""
@@ -175,7 +179,8 @@ class PlanRow:
                     replica_rate_rps=self.replica_rate_rps, simulations=self.simulations, time_model=self.time_model,
                     requests_simulated=self.requests_simulated, ci_converged=self.ci_converged,
                     unstable=self.unstable, ttft_ci_low_s=self.ttft_ci_low_s, ttft_ci_high_s=self.ttft_ci_high_s,
-                    tpot_ci_low_s=self.tpot_ci_low_s, tpot_ci_high_s=self.tpot_ci_high_s)
+                    tpot_ci_low_s=self.tpot_ci_low_s, tpot_ci_high_s=self.tpot_ci_high_s,
+                    ttft_bound_s=self.ttft_bound_s, tpot_bound_s=self.tpot_bound_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -367,6 +372,7 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
                       f"even with {max_replicas} replicas (--max-replicas)")
     got = run(r, final=True)
     res = got.result
+    bound = _bound(config, eff, rate / r, spec, slo, got, metrics)
     tokens_per_s = rate * float(res.requests["output_tokens"].mean())
     cost_h = price * r * cand.tp if price is not None else None
     split = token_prices(cost_h, input_time_share(res.steps), rate * float(res.requests["prompt_tokens"].mean()),
@@ -374,7 +380,24 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
     return PlanRow(replicas=r, gpus=r * cand.tp, feasible=True, binding="", detail="meets the SLOs",
                    ttft_s=got.ttft_s, tpot_s=got.tpot_s, cost_per_hour=cost_h,
                    cost_per_million_tokens=cost_h / 3600 / tokens_per_s * 1e6 if cost_h is not None else None,
-                   replica_rate_rps=rate / r, simulations=sims, **split.as_dict(), **_ci_fields(got), **common)
+                   replica_rate_rps=rate / r, simulations=sims, **split.as_dict(), **_ci_fields(got), **bound,
+                   **common)
+
+
+def _bound(config: ServingConfig, eff: str, replica_rate: float, spec: WorkloadSpec, slo: SLO, got: _Measured,
+           metrics: tuple[str, ...]) -> dict[str, float | None]:
+    """The answer's replica load (the same requests, as many as its own run) priced by the roofline:
+    the optimistic bound shown beside the expected percentiles. Nothing when the answer is the roofline."""
+    if eff == "roofline":
+        return dict(ttft_bound_s=got.ttft_s, tpot_bound_s=got.tpot_s)
+    roof = dataclasses.replace(config, efficiency="roofline", time_model=None, engine=None)
+    w = generate(WorkloadSpec(arrival=Poisson(replica_rate), prompt_len=spec.prompt_len, output_len=spec.output_len,
+                              num_requests=got.stability.requests, system_prompt_len=spec.system_prompt_len,
+                              seed=spec.seed))
+    res = simulate(w, roof, slo=slo, cost=step_cost_model(roof))
+    st = assess(res.requests, slo.percentile, Stopping(tolerance=None), metrics, res.steps)
+    b = _Measured(result=res, stability=st, slo=slo, done=True, judge_growth=False)
+    return dict(ttft_bound_s=b.ttft_s, tpot_bound_s=b.tpot_s)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,3 +35,17 @@ def test_plan_rows_price_input_and_output_tokens_apart():
     # the two prices over the tokens served recover the cost per hour
     d = row.as_dict()
     assert {"cost_per_million_input_tokens", "cost_per_million_output_tokens", "prefill_time_share"} <= set(d)
+
+
+def test_plan_rows_show_the_roofline_bound_beside_the_expected_percentiles():
+    """plan answers with the expected time (typical) and shows the same replica load under the roofline
+    beside it: never slower than the answer; under the roofline itself the two are one."""
+    spec = WorkloadSpec(arrival="poisson:1", prompt_len="uniform:200:400", output_len="uniform:5:20", num_requests=40)
+    kw = dict(rate=2.0, slo=SLO(ttft_s=5.0, tpot_s=1.0), workload=spec, devices=["a100-80gb-sxm"],
+              precisions=["bf16"], tps=[1], jobs=1)
+    (row,) = planner.plan("llama-3.1-8b", **kw).rows
+    assert row.time_model == "typical" and row.feasible
+    assert 0 < row.tpot_bound_s < row.tpot_s and 0 < row.ttft_bound_s < row.ttft_s
+    assert {"ttft_bound_s", "tpot_bound_s"} <= set(row.as_dict())
+    (roof,) = planner.plan("llama-3.1-8b", efficiency="roofline", **kw).rows
+    assert (roof.ttft_bound_s, roof.tpot_bound_s) == (roof.ttft_s, roof.tpot_s)
