@@ -34,7 +34,6 @@ Trained on llmperf's own H100 measurements only; no published benchmark was fitt
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,7 +43,7 @@ import pandas as pd
 
 from llmperf.analysis.attention_eff import PARAMS, AttentionEfficiency, AttnShape
 from llmperf.errors import SpecError
-from llmperf.measure.fitting import error_line, error_table, fit_main, nelder_mead
+from llmperf.measure.fitting import error_line, error_table, fit_main, nelder_mead, with_block
 
 HARDWARE = "h100-sxm"
 KERNEL_SHAPE = dict(heads=32, kv_heads=8, head_dim=128)  # llmperf.measure.kernel_bench's H, H_KV, HEAD_DIM
@@ -273,14 +272,7 @@ def write_typical(path: Path | str, result: dict) -> None:
     block += [f"    {n}: {getattr(p, n):.4g}" + ("" if n in _fitted_names(result) else "   # prior, not fitted")
               for n in PARAMS]
     block += [f'    source: "fit_attention on {where}"']
-    start, end = "# >>> fit_attention\n", "# <<< fit_attention\n"
-    section = start + "\n".join(block) + "\n" + end
-    if start in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: section, text, flags=re.S)
-    else:
-        text = text.replace("\ndtypes:\n", "\n" + section + "dtypes:\n", 1)
-    text = re.sub(r"(?m)^schema_version: \d+$", "schema_version: 5", text, count=1)
-    path.write_text(text)
+    path.write_text(with_block(text, "fit_attention", block, 5))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -149,9 +149,11 @@ def to_yaml(result: dict) -> str:
         "# `hardware` lists the device, else `default` (its busbw scaled by the device's own interconnect_gbps:",
         "# the held-out check below is exactly this, A100 -> H100). n between measured counts: log-linear in n;",
         "# beyond them: the nearest (more than 8 GPUs would cross nodes, which is not modelled).",
-        "# All-to-all (MoE dispatch/combine) and the pipeline's point-to-point send: the same alpha(n) and",
-        "# busbw fraction (n = 2 for a send); no measurement of them is in the data: they are bound by the same",
-        "# per-GPU NVLink injection bandwidth through the NVSwitch, and NCCL runs them on the same protocols.",
+        "# All-to-all (MoE dispatch/combine) and the pipeline's point-to-point send: the same busbw fraction",
+        "# (n = 2 for a send; each op's comm_bytes are its bus bytes, nccl-tests' PERFORMANCE.md) and half the",
+        "# all-reduce's alpha(n): n-1 ring steps against 2(n-1), one against a 2-GPU all-reduce's two",
+        "# (llmperf.analysis.collectives.LATENCY_SHARE). No measurement of them is in the data: they are bound by",
+        "# the same per-GPU NVLink injection bandwidth through the NVSwitch, and NCCL runs them on the same protocols.",
         "#",
     ]
     lines.append("# |pred / meas - 1| by message size, median/p90:")

@@ -25,7 +25,6 @@ SXM and H100 SXM.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.gemm import GemmParams, gemm_time_s
-from llmperf.measure.fitting import at_least_schema, error_line, error_table, nelder_mead
+from llmperf.measure.fitting import error_line, error_table, nelder_mead, vidur_tables, with_block
 
 #: Vidur's GEMM column -> llmperf's operator
 OPS = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj", "mlp_up_proj": "gate_up_proj",
@@ -59,11 +58,7 @@ def shapes(df: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
 def load(root: Path | str) -> pd.DataFrame:
     """Every (device, model, operator, tp, tokens) GEMM row: m, n, k, groups (1), `time_s` (Vidur's median)."""
     frames = []
-    for path in sorted(Path(root).glob("compute/*/*/*/mlp.csv")):
-        device, model = path.parts[-4], path.parts[-2]
-        if device not in DEVICES or model not in MODELS:
-            continue
-        df = pd.read_csv(path)
+    for device, model, df in vidur_tables(root, DEVICES, MODELS):
         for col, op in OPS.items():
             name = f"time_stats.{col}.median"
             if name not in df:
@@ -199,10 +194,9 @@ def report(result: dict) -> str:
 
 
 def gemm_block(result: dict) -> str:
-    """The `gemm:` block of typical.yaml, between the fit's marker comments."""
+    """The `gemm:` block of typical.yaml (`fitting.with_block` puts it between the fit's marker comments)."""
     p, e = result["params"], result["errors"]
-    lines = ["# >>> fit_gemm",
-             "# fit_gemm: weight GEMMs priced from their per-GPU shape (llmperf.analysis.gemm), fitted on Vidur's",
+    lines = ["# fit_gemm: weight GEMMs priced from their per-GPU shape (llmperf.analysis.gemm), fitted on Vidur's",
              "# A100 7-8B shapes; |pred/meas - 1| median/p90: " + error_line(e["in_sample"].loc[["all"]])
              + " in-sample,",
              "# held out: " + error_line(e["a100_70b"].loc[["all"]]) + " A100 70B shapes, "
@@ -212,8 +206,7 @@ def gemm_block(result: dict) -> str:
              f"  e_memory: {p.e_memory:.3g}      # weights streamed at small M, a fraction of the HBM bandwidth",
              f"  latency_s: {p.latency_s:.3g}  # a GEMM kernel's fixed device time (a tiny GEMM's floor)",
              f"  feed_flop_per_byte: {p.feed_flop_per_byte:.3g}  # the operand intensity a tile needs to keep its SM busy",
-             f"  source: \"{p.source}\"",
-             "# <<< fit_gemm", ""]
+             f"  source: \"{p.source}\""]
     return "\n".join(lines)
 
 
@@ -221,13 +214,7 @@ def write_typical(path: Path | str, result: dict) -> None:
     """Replace (or add, before `dtypes:`) the `gemm:` block of the typical time model's data (schema 5)."""
     path = Path(path)
     text = path.read_text()
-    section = gemm_block(result)
-    start, end = "# >>> fit_gemm\n", "# <<< fit_gemm\n"
-    if start in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: section, text, flags=re.S)
-    else:
-        text = text.replace("\ndtypes:\n", "\n" + section + "dtypes:\n", 1)
-    path.write_text(at_least_schema(text, 5))
+    path.write_text(with_block(text, "fit_gemm", gemm_block(result).split("\n"), 5))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

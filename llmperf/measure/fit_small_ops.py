@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmperf.measure.fitting import at_least_schema, error_line, error_table, fit_main
+from llmperf.measure.fitting import error_line, error_table, fit_main, vidur_tables, with_block
 
 #: Vidur's column -> (llmperf operator whose bytes price it, the operator names it sets, kind)
 OPS = {
@@ -76,11 +76,7 @@ def _bytes(model: str, op: str, tp: np.ndarray, tokens: np.ndarray) -> np.ndarra
 def load(root: Path | str) -> pd.DataFrame:
     """Every (device, model, operator, tp, tokens) row: `time_s` (Vidur's median), llmperf's `bytes`."""
     frames = []
-    for path in sorted(Path(root).glob("compute/*/*/*/mlp.csv")):
-        device, model = path.parts[-4], path.parts[-2]
-        if device not in DEVICES or model not in MODELS:
-            continue
-        df = pd.read_csv(path)
+    for device, model, df in vidur_tables(root, DEVICES, MODELS):
         tp = df["num_tensor_parallel_workers"].to_numpy(dtype=int)
         tokens = df["num_tokens"].to_numpy(dtype=float)
         for col, (op, _, kind) in OPS.items():
@@ -229,14 +225,7 @@ def write_typical(path: Path | str, result: dict) -> None:
     block += [f"    {n}: {e[g]:.3f}" for n, g in ops.items()]
     block += ["op_floor_s:   # a kernel's minimum device time (CUDA events), not the host's launch", "  default:"]
     block += [f"    {n}: {p['op_floor_s'][g]:.1e}" for n, g in ops.items()]
-    start, end = "# >>> fit_small_ops\n", "# <<< fit_small_ops\n"
-    section = start + "\n".join(block) + "\n" + end
-    if start in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: section, text, flags=re.S)
-    else:
-        text = text.replace("\ndtypes:\n", "\n" + section + "dtypes:\n", 1)
-    text = at_least_schema(text, 4)
-    path.write_text(text)
+    path.write_text(with_block(text, "fit_small_ops", block, 4))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -45,6 +46,30 @@ def fit_main(argv: Sequence[str] | None, *, prog: str, description: str, root_he
         write(args.write, result)
         print(f"wrote {args.write}")
     return 0
+
+
+def with_block(text: str, name: str, lines: Sequence[str], schema: int) -> str:
+    """`text` (an efficiency YAML) with the fit `name`'s block (`lines`, between `# >>> name` and
+    `# <<< name`, inserted before `dtypes:` the first time) replaced, and its schema raised to `schema`:
+    the rest of the file is left as it is."""
+    start, end = f"# >>> {name}\n", f"# <<< {name}\n"
+    section = start + "\n".join(lines) + "\n" + end
+    if start in text:
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: section, text, flags=re.S)
+    else:
+        text = text.replace("\ndtypes:\n", "\n" + section + "dtypes:\n", 1)
+    return at_least_schema(text, schema)
+
+
+def vidur_tables(root: Path | str, devices: Iterable[str], models: Iterable[str]
+                 ) -> Iterator[tuple[str, str, pd.DataFrame]]:
+    """(device, model, its `mlp.csv`) for each of Vidur's measured tables under `root`
+    (`compute/<device>/<org>/<model>/mlp.csv`) whose device and model are among those asked for."""
+    devices, models = set(devices), set(models)
+    for path in sorted(Path(root).glob("compute/*/*/*/mlp.csv")):
+        device, model = path.parts[-4], path.parts[-2]
+        if device in devices and model in models:
+            yield device, model, pd.read_csv(path)
 
 
 def at_least_schema(text: str, version: int) -> str:

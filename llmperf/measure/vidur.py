@@ -47,12 +47,10 @@ def default_dir() -> Path:
 
 def load(root: Path | str) -> pd.DataFrame:
     """Every measured (device, model, Vidur column, tp, tokens) row, `measured_s` = Vidur's median."""
+    from llmperf.measure.fitting import vidur_tables
+
     frames = []
-    for path in sorted(Path(root).glob("compute/*/*/*/mlp.csv")):
-        device, model = path.parts[-4], path.parts[-2]
-        if device not in DEVICES or model not in MODELS:
-            continue
-        df = pd.read_csv(path)
+    for device, model, df in vidur_tables(root, DEVICES, MODELS):
         for col, (op, kind) in OPS.items():
             name = f"time_stats.{col}.median"
             if name not in df:
