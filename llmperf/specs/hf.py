@@ -16,8 +16,10 @@ fields, the defaults of absent keys, how it spells sliding-window attention, and
 each layer's attention (`layer_types`, or the config class's own derivation: Qwen's
 `max_window_layers`, Gemma 2's alternation, Gemma 3's `sliding_window_pattern`, Llama 4's
 `no_rope_layers` and `attention_chunk_size`), MLA ranks, shared experts, q/k norms, sinks, soft-caps.
-Routing values that change which experts win but not what a token costs (`norm_topk_prob`,
-`routed_scaling_factor`, `n_group`, `topk_group`, `scoring_func`) are read and checked, not kept.
+Numerics that change values but not what a token costs are kept for the engine: routing
+(`norm_topk_prob`, `routed_scaling_factor`, `n_group`, `topk_group`, `scoring_func`), gpt-oss's
+`swiglu_limit`, Gemma's `query_pre_attn_scalar` and local rotary base, DeepSeek's `rope_interleave`,
+Llama 4's `attn_temperature_tuning`.
 
 A field that changes the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS` lists
 every field read and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value llmperf
@@ -281,23 +283,34 @@ def _biases(cfg: _Config, out: dict[str, Any], *, out_proj: bool = True) -> None
     out["out_bias"] = out["qkv_bias"] and out_proj
 
 
-def _routing_values(cfg: _Config, experts: int) -> None:
-    """Routing fields that change which experts win, not what a token costs: read and checked, kept out
-    of the spec (norm_topk_prob, routed_scaling_factor, n_group, topk_group, scoring_func)."""
-    cfg.flag("norm_topk_prob")
+def _routing_values(cfg: _Config, out: dict[str, Any], *, scoring: str | None = None,
+                    renormalize: bool | None = None, groups: bool = True) -> None:
+    """Routing fields that change which experts win and their weights, not what a token costs, into
+    `out`: scoring (the type's own, else `scoring_func`), renormalisation (the type's own, else
+    `norm_topk_prob`), `routed_scaling_factor`, `n_group` / `topk_group` (where the type routes by groups)."""
+    experts = out["num_experts"]
+    norm = cfg.flag("norm_topk_prob")
+    out["router_renormalize"] = norm if renormalize is None else renormalize
     scale = cfg.get("routed_scaling_factor")
     if scale is not None:
-        _positive_number(cfg, "routed_scaling_factor", scale)
-    groups, top_groups = cfg.get("n_group"), cfg.get("topk_group")
-    if groups is not None:
-        groups = _positive(cfg, "n_group", groups)
-        if experts % groups:
-            raise SpecError(f"{cfg.origin}: n_group={groups} does not divide the {experts} routed experts")
-        if top_groups is not None and _positive(cfg, "topk_group", top_groups) > groups:
-            raise SpecError(f"{cfg.origin}: topk_group={top_groups} exceeds n_group={groups}")
+        out["router_scale"] = _positive_number(cfg, "routed_scaling_factor", scale)
+    n_groups, top_groups = cfg.get("n_group"), cfg.get("topk_group")
+    if n_groups is not None:
+        n_groups = _positive(cfg, "n_group", n_groups)
+        if experts % n_groups:
+            raise SpecError(f"{cfg.origin}: n_group={n_groups} does not divide the {experts} routed experts")
+        if top_groups is not None and _positive(cfg, "topk_group", top_groups) > n_groups:
+            raise SpecError(f"{cfg.origin}: topk_group={top_groups} exceeds n_group={n_groups}")
+        if groups:
+            out["router_groups"], out["router_topk_groups"] = n_groups, top_groups or n_groups
     func = cfg.get("scoring_func", None)
     if func is not None and func not in ("softmax", "sigmoid"):
         raise cfg.refuse("scoring_func", func, "routing scores are softmax or sigmoid")
+    out["router_scoring"] = scoring or func or "softmax"
+
+
+_ROUTER_FIELDS = ("router_scoring", "router_renormalize", "router_scale", "router_groups", "router_topk_groups",
+                  "router_input_scaling")
 
 
 def _top_k(cfg: _Config, out: dict[str, Any], key: str = "num_experts_per_tok") -> None:
@@ -318,7 +331,8 @@ def _dense_layers(out: dict[str, Any], is_moe: Callable[[int], bool]) -> None:
     if len(out["dense_layers"]) == n:  # no MoE layer at all: a dense model of the dense FFN width
         out["num_experts"] = out["experts_per_token"] = 1
         out["dense_layers"] = ()
-        for f in ("moe_ffn_size", "shared_experts", "shared_ffn_size", "router_bias", "router_score_bias"):
+        for f in ("moe_ffn_size", "shared_experts", "shared_ffn_size", "router_bias", "router_score_bias",
+                  *_ROUTER_FIELDS, "swiglu_limit"):
             out.pop(f, None)
 
 
@@ -347,7 +361,7 @@ def _qwen3_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _set_layer_types(cfg, out, ["sliding_attention" if window is not None else "full_attention"] * n, window)
     dense = set(_index_list(cfg, "mlp_only_layers", n))
     step = _positive(cfg, "decoder_sparse_step")
-    _routing_values(cfg, out["num_experts"])
+    _routing_values(cfg, out, scoring="softmax", groups=False)
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
 
@@ -386,7 +400,15 @@ def _mla_extra(cfg: _Config, out: dict[str, Any]) -> None:
             raise cfg.refuse("topk_method", method, "DeepSeek-V3 routes noaux_tc")
         out["router_score_bias"] = True
     out["shared_experts"] = _count(cfg, "n_shared_experts")
-    _routing_values(cfg, out["num_experts"])
+    if mt == "deepseek_v2":  # softmax scores, no renormalisation; groups only for group_limited_greedy
+        _routing_values(cfg, out, scoring="softmax", renormalize=False, groups=method == "group_limited_greedy")
+        out["rope_interleaved"] = True  # transformers' DeepseekV2 rotates complex pairs
+    else:  # DeepseekV3TopkRouter: sigmoid scores, noaux_tc group-limited routing
+        _routing_values(cfg, out, scoring="sigmoid")
+        interleave = cfg.get("rope_interleave", True)
+        if not isinstance(interleave, bool):
+            raise SpecError(f"{cfg.origin}: rope_interleave must be true or false, got {interleave!r}")
+        out["rope_interleaved"] = interleave
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i >= first_dense and i % freq == 0)
 
@@ -411,7 +433,7 @@ def _glm4_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     out["shared_experts"] = _count(cfg, "n_shared_experts")
     out["router_score_bias"] = True
     first_dense = _count(cfg, "first_k_dense_replace")
-    _routing_values(cfg, out["num_experts"])
+    _routing_values(cfg, out, scoring="sigmoid")
     _top_k(cfg, out)
     _set_layer_types(cfg, out, ["full_attention"] * out["num_layers"], None)
     _dense_layers(out, lambda i: i >= first_dense)
@@ -432,7 +454,9 @@ def _gpt_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
     if legacy is not None and legacy != out.get("experts_per_token"):
         raise SpecError(f"{cfg.origin}: experts_per_token={legacy!r} differs from num_experts_per_tok="
                         f"{out.get('experts_per_token')!r}")
-    _positive_number(cfg, "swiglu_limit", cfg.get("swiglu_limit"))
+    out["swiglu_limit"] = _positive_number(cfg, "swiglu_limit", cfg.get("swiglu_limit"))
+    # GptOssTopKRouter: top-k of the logits, softmax over those k = softmax scores renormalised
+    out.update(router_scoring="softmax", router_renormalize=True)
     _top_k(cfg, out)
 
 
@@ -464,6 +488,11 @@ def _llama4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     step = _positive(cfg, "interleave_moe_layer_step")
     moe = set(_index_list(cfg, "moe_layers", n)) if cfg.has("moe_layers") else set(range(step - 1, n, step))
     out["shared_experts"] = 1
+    # Llama4Router: sigmoid of the top-k logits, not renormalised, scaling the experts' input
+    out.update(router_scoring="sigmoid", router_renormalize=False, router_input_scaling=True, rope_interleaved=True)
+    if cfg.flag("attn_temperature_tuning"):
+        out["nope_temperature"] = (_positive_number(cfg, "floor_scale", cfg.get("floor_scale")),
+                                   _positive_number(cfg, "attn_scale", cfg.get("attn_scale")))
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i in moe)
 
@@ -478,10 +507,16 @@ def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
     for key, f in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "final_softcap")):
         value = cfg.get(key)
         out[f] = None if value is None else _positive_number(cfg, key, value)
-    _positive_number(cfg, "query_pre_attn_scalar", cfg.get("query_pre_attn_scalar"))
+    out["query_pre_attn_scalar"] = _positive_number(cfg, "query_pre_attn_scalar", cfg.get("query_pre_attn_scalar"))
+    out["norm_offset"] = True  # Gemma's RMSNorm: x * (1 + weight)
     n = out["num_layers"]
     if mt == "gemma3_text":
         out["qk_norm"] = "rmsnorm"
+        local = _rope_parameters(cfg).get("sliding_attention")
+        theta = local.get("rope_theta") if isinstance(local, Mapping) else None
+        if theta is None:  # transformers 4's key; Gemma3TextConfig's default local base is 10000
+            theta = cfg.get("rope_local_base_freq", 10000.0)
+        out["rope_local_theta"] = _positive_number(cfg, "rope_local_base_freq", theta)
         if cfg.flag("use_bidirectional_attention"):
             raise cfg.refuse("use_bidirectional_attention", True, "an encoder (EmbeddingGemma), not a causal LM")
         pattern = _positive(cfg, "sliding_window_pattern", cfg.get("sliding_window_pattern"))
@@ -586,7 +621,8 @@ _TYPES = (
                 defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "head_dim": 128,
                           "intermediate_size_mlp": 16384, "num_experts_per_tok": 1, "num_local_experts": 16,
                           "interleave_moe_layer_step": 1, "use_qk_norm": True, "no_rope_layer_interval": 4,
-                          "attention_chunk_size": 8192, "attention_bias": False},
+                          "attention_chunk_size": 8192, "attention_bias": False, "attn_temperature_tuning": True,
+                          "floor_scale": 8192, "attn_scale": 0.1},
                 sliding_window="layers", honours=("use_qk_norm",), extra=_llama4_extra),
     *(HFModelType(model_type=mt, family="llama", architectures=(arch,), keys=_GEMMA_KEYS,
                   required=_LLAMA_REQUIRED, defaults=defaults, sliding_window="layers",
@@ -661,7 +697,8 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "use_qk_norm", "experts_per_token", "swiglu_limit", "no_rope_layers", "no_rope_layer_interval",
        "attention_chunk_size", "moe_layers", "interleave_moe_layer_step", "attn_logit_softcapping",
        "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window_pattern", "use_bidirectional_attention",
-       "text_config", "rope_local_base_freq"}))
+       "text_config", "rope_local_base_freq", "rope_interleave", "attn_temperature_tuning", "floor_scale",
+       "attn_scale"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(

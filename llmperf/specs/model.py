@@ -117,6 +117,19 @@ class ModelSpec:
     sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP too (4 per layer)
     embedding_scale: bool = False  # Gemma: the embedding is multiplied by sqrt(hidden_size)
     mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint (not built, not counted)
+    # ---- numerics: change values, not costs (the engine honours them; every default is "absent") --
+    router_scoring: str = "softmax"  # softmax | sigmoid: how router logits become expert scores
+    router_renormalize: bool = True  # the chosen experts' weights sum to 1 (norm_topk_prob; Mixtral: always)
+    router_scale: float = 1.0  # routed_scaling_factor: the routed experts' weights are multiplied by it
+    router_groups: int = 1  # n_group: experts in groups; a token routes within router_topk_groups of them
+    router_topk_groups: int = 1  # topk_group (group score: top-2 sum with router_score_bias, else the max)
+    router_input_scaling: bool = False  # Llama 4: the router weight scales the expert's input, not its output
+    swiglu_limit: float | None = None  # gpt-oss: clamped SwiGLU (gate * sigmoid(1.702 gate) * (up + 1))
+    query_pre_attn_scalar: float | None = None  # Gemma: softmax scale 1/sqrt(this), not 1/sqrt(head_dim)
+    norm_offset: bool = False  # Gemma: RMSNorm multiplies by (1 + weight), in fp32
+    rope_interleaved: bool = False  # DeepSeek, Llama 4: rotary pairs are adjacent features (2i, 2i+1)
+    rope_local_theta: float | None = None  # Gemma 3: the sliding layers' rotary base, without rope_scaling
+    nope_temperature: tuple[float, float] | None = None  # Llama 4: (floor_scale, attn_scale) on NoPE layers
     attn_scale: bool = True  # divide attention logits by sqrt(head_dim) (GPT-2 scale_attn_weights)
     attn_scale_inverse_layer_idx: bool = False  # also by layer_idx + 1 (GPT-2 scale_attn_by_inverse_layer_idx)
     quantization: QuantizationSpec | None = None  # weight-only quantized checkpoint (AWQ, GPTQ)
@@ -548,6 +561,41 @@ def _check_layer_structure(spec: ModelSpec) -> None:
     for f in ("attn_softcap", "final_softcap"):
         if getattr(spec, f) is not None:
             _positive_number(name, f, getattr(spec, f))
+    _check_numerics(spec)
     m = spec.mtp_layers
     if isinstance(m, bool) or not isinstance(m, int) or m < 0:
         raise SpecError(f"{name}: mtp_layers must be an integer >= 0, got {m!r}")
+
+
+ROUTER_SCORINGS = ("softmax", "sigmoid")
+
+
+def _check_numerics(spec: ModelSpec) -> None:
+    """The numerics fields (routing, clamps, scales, rotary variants): one line naming the field."""
+    name = spec.name
+    if spec.router_scoring not in ROUTER_SCORINGS:
+        raise SpecError(f"{name}: router_scoring must be one of {', '.join(ROUTER_SCORINGS)}, "
+                        f"got {spec.router_scoring!r}")
+    for f in ("router_renormalize", "router_input_scaling", "norm_offset", "rope_interleaved"):
+        if not isinstance(getattr(spec, f), bool):
+            raise SpecError(f"{name}: {f} must be true or false, got {getattr(spec, f)!r}")
+    _positive_number(name, "router_scale", spec.router_scale)
+    for f in ("router_groups", "router_topk_groups"):
+        _positive_int(spec, f)
+    if spec.num_experts % spec.router_groups:
+        raise SpecError(f"{name}: router_groups={spec.router_groups} does not divide num_experts={spec.num_experts}")
+    if spec.router_topk_groups > spec.router_groups:
+        raise SpecError(f"{name}: router_topk_groups={spec.router_topk_groups} exceeds "
+                        f"router_groups={spec.router_groups}")
+    for f in ("swiglu_limit", "query_pre_attn_scalar", "rope_local_theta"):
+        if getattr(spec, f) is not None:
+            _positive_number(name, f, getattr(spec, f))
+    t = spec.nope_temperature
+    if isinstance(t, list):
+        t = tuple(t)
+        object.__setattr__(spec, "nope_temperature", t)
+    if t is not None:
+        if not isinstance(t, tuple) or len(t) != 2:
+            raise SpecError(f"{name}: nope_temperature must be [floor_scale, attn_scale], got {t!r}")
+        _positive_number(name, "nope_temperature.floor_scale", t[0])
+        _positive_number(name, "nope_temperature.attn_scale", t[1])
