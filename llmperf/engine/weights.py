@@ -375,8 +375,10 @@ def honour_hf_fields(spec: ModelSpec, cfg: dict[str, Any]) -> ModelSpec:
 
 
 def checkpoint_eos(directory: str | os.PathLike[str]) -> int | tuple[int, ...] | None:
-    """The checkpoint's end-of-sequence id(s): `generation_config.json`'s `eos_token_id`, else
-    `config.json`'s (what Hugging Face `generate()` stops at by default), as an int or a tuple."""
+    """The checkpoint's end-of-sequence id(s), as Hugging Face `generate()` decides them by default: a
+    `generation_config.json` decides alone (no `eos_token_id` in it: never stop on EOS, as
+    transformers reloads it as None); only without one does `config.json`'s id decide. An int, or a
+    tuple when there are several (Llama 3, Qwen3, gpt-oss stop on any of them)."""
     for name in ("generation_config.json", "config.json"):
         f = Path(directory) / name
         if not f.is_file():
@@ -385,10 +387,10 @@ def checkpoint_eos(directory: str | os.PathLike[str]) -> int | tuple[int, ...] |
             eos = json.loads(f.read_text()).get("eos_token_id")
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"{name}: cannot read {str(f)!r} ({exc})") from None
-        if eos is None:
-            continue
+        if eos is None or eos == []:
+            return None
         ids = eos if isinstance(eos, list) else [eos]
-        if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise ValueError(f"eos_token_id: {name} holds {eos!r}, not a non-negative integer or a list of them")
         return ids[0] if len(ids) == 1 else tuple(ids)
     return None
