@@ -95,13 +95,22 @@ def _check_block(spec: ModelSpec, block, layout: str, per_expert: bool) -> MoE:
     with torch.no_grad():
         expected = block(x)
         expected = expected[0] if isinstance(expected, tuple) else expected
-        ours = moe(x, rec=_NoRec())
+        rec = _NoRec()
+        ours = moe(x, rec=rec)
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    shared = ["shared_gate_up_proj", "shared_act", "shared_down_proj"] + ["shared_expert_gate"] * spec.shared_expert_gate
+    assert rec.names == ["router"] + ["gate_up_proj", "act", "down_proj"] * moe.last_touched + shared
     return moe
 
 
 class _NoRec:
+    """A recorder that keeps the operators' names, in order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
     def op(self, name, layer=None):
+        self.names.append(name)
         return nullcontext()
 
 

@@ -8,7 +8,8 @@ experts in one MLP, a dense first layer; partial rotary, q/k norms, q/k/v biases
 
 Each family: the same logits as transformers, the same generate() tokens over CASES x ENGINES (ragged
 prompts), the same seeded samples, the weights saved back under transformers 5's names, and the
-distinct experts each MoE layer touched equal to what transformers' router chose.
+distinct experts each MoE layer touched equal to what transformers' router chose, the FFN operators
+recorded under the analytical model's names and order.
 
 The checkpoints' weights are moved by noise 0.2 (not the harness's 0.05): with smaller weights the
 routers of these tiny models barely separate the experts and the gpt-oss clamp never binds. GLM-4.5's
@@ -21,9 +22,11 @@ import pytest
 import torch
 
 from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
-from llmperf.engine import Engine, SamplingParams, from_pretrained, to_hf_state_dict
+from llmperf.analysis.operators import ForwardModel
+from llmperf.engine import Engine, Recorder, SamplingParams, from_pretrained, to_hf_state_dict
 from llmperf.engine.moe import touched_experts
 from llmperf.engine.sampling import hf_generate_kwargs
+from llmperf.specs import Precision
 
 _BASE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=64, head_dim=16)
@@ -136,3 +139,27 @@ def test_touched_experts_are_the_experts_transformers_routes_to(checkpoints):
     expected = {i: len(torch.unique(logits.topk(k, dim=-1).indices)) for i, logits in zip(moe_layers, routers)}
     assert touched_experts(model) == expected
     assert all(1 < n < model.spec.num_experts for n in expected.values())  # the check has something to see
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_ffn_operators_follow_the_analytical_model(checkpoints, name):
+    """Every layer's FFN operators (dense, or router, routed experts, shared experts), recorded in the
+    analytical model's order under its names; the routed experts' repeat once per expert run."""
+    path, _ = checkpoints[name]
+    model = from_pretrained(path, dtype="fp32")
+    rec = Recorder()
+    Engine(model).generate([PROMPTS[0]], SamplingParams(max_new_tokens=2), recorder=rec)
+    df = rec.trace.to_frame()
+    fm = ForwardModel(model=model.spec, precision=Precision.uniform("fp32"), attention="fused", fused_qkv=True,
+                      fused_gate_up=True)
+    T = len(PROMPTS[0])
+    for phase, q_len in (("prefill", T), ("decode", 1)):
+        step = df[(df.phase == phase) & (df.step == df[df.phase == phase].step.min())]
+        for layer, kind in enumerate(model.spec.layer_kinds()):
+            ops = list(step[step.layer == layer].op)
+            ffn = ops[ops.index("mlp_norm") + 1:]
+            expected = [o.name for o in fm.section_ops("ffn", 1, q_len, q_len + 1, kind)]
+            assert list(dict.fromkeys(ffn)) == expected
+            if kind.moe:
+                touched = sum(1 for o in ffn if o == "gate_up_proj")
+                assert 1 <= touched <= min(model.spec.num_experts, q_len * model.spec.experts_per_token)
