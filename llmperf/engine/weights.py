@@ -510,6 +510,14 @@ def checkpoint_eos(directory: str | os.PathLike[str]) -> int | tuple[int, ...] |
     return None
 
 
+#: the MoE fields of a spec and their values in a Mixtral config, the one MoE type `hf_config` writes
+_MIXTRAL_MOE: tuple[tuple[str, Any], ...] = (
+    ("shared_experts", 0), ("shared_expert_gate", False), ("dense_layers", ()),
+    ("router_bias", False), ("router_score_bias", False), ("router_scoring", "softmax"), ("router_renormalize", True),
+    ("router_scale", 1.0), ("router_groups", 1), ("router_input_scaling", False), ("swiglu_limit", None),
+    ("mlp_bias", False))
+
+
 def hf_config(spec: ModelSpec) -> dict[str, Any]:
     """A Hugging Face config dict (`model_type` included) describing `spec`, for building the
     reference `transformers` model in tests and benchmarks (`AutoConfig.for_model(**cfg)`)."""
@@ -533,6 +541,12 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     if spec.rope_scaling:
         cfg["rope_scaling"] = dict(spec.rope_scaling)
     if spec.num_experts > 1:
+        for field, mixtral in _MIXTRAL_MOE:
+            if getattr(spec, field) != mixtral:
+                raise ValueError(f"{field}: hf_config writes Mixtral configs only ({field}={mixtral!r}), got "
+                                 f"{getattr(spec, field)!r}; save the family's own checkpoint instead")
+        if spec.expert_ffn_size != spec.ffn_size:
+            raise ValueError(f"moe_ffn_size: Mixtral's experts are ffn_size={spec.ffn_size} wide, got {spec.moe_ffn_size}")
         cfg.update(model_type="mixtral", num_local_experts=spec.num_experts,
                    num_experts_per_tok=spec.experts_per_token, sliding_window=spec.sliding_window)
     elif spec.qkv_bias and not spec.out_bias:

@@ -21,7 +21,7 @@ import torch
 from llmperf.engine.model import Transformer
 from llmperf.engine.moe import MoE, expected_touched
 from llmperf.engine.ops import TorchOps
-from llmperf.engine.weights import load_moe_state_dict
+from llmperf.engine.weights import hf_config, load_moe_state_dict
 from llmperf.specs import ModelSpec
 from llmperf.specs.hf import model_spec_from_hf_config
 
@@ -156,6 +156,10 @@ def test_moe_fields_the_engine_does_not_build_are_refused_by_name():
                             router_scoring="sigmoid"))
     with pytest.raises(ValueError, match="swiglu_limit"):
         Transformer(replace(base, swiglu_limit=7.0, hidden_act="gelu"))
+    with pytest.raises(ValueError, match="shared_experts"):  # the reference config writer: Mixtral only
+        hf_config(replace(base, moe_ffn_size=None))
+    with pytest.raises(ValueError, match="moe_ffn_size"):
+        hf_config(replace(base, shared_experts=0, shared_ffn_size=None, shared_expert_gate=False, router_renormalize=True))
 
 
 def test_expected_touched_experts_under_uniform_routing():
