@@ -6,8 +6,9 @@ renormalised) and `Qwen2MoeSparseMoeBlock` (the sigmoid-gated shared expert), wi
 loaded by `weights.load_moe_state_dict` from transformers' names, stacked and one expert at a time.
 (DeepSeek's whole models need multi-head latent attention, checked with all-dense configs elsewhere.)
 
-Also the refusals of MoE fields the engine does not build, and the analytical count of touched
-experts that `profile` compares with `moe.touched_experts`.
+Also: every built-in MoE model, scaled down, builds and decodes in fp32 and bf16; the refusals of MoE
+fields the engine does not build; the analytical count of touched experts that `profile` compares
+with `moe.touched_experts`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from engine_testing import tiny
+from llmperf.engine import Engine, SamplingParams, build_model
 from llmperf.engine.model import Transformer
-from llmperf.engine.moe import MoE, expected_touched
+from llmperf.engine.moe import MoE, expected_touched, touched_experts
 from llmperf.engine.ops import TorchOps
 from llmperf.engine.weights import hf_config, load_moe_state_dict
 from llmperf.specs import ModelSpec
@@ -174,3 +177,27 @@ def test_expected_touched_experts_under_uniform_routing():
     assert sum(counts) / len(counts) == pytest.approx(expected_touched(16, 2, 5), rel=0.01)
     with pytest.raises(ValueError, match="experts_per_token"):
         expected_touched(4, 5, 1)
+
+
+BUILTIN_MOE = ["mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "llama-4-scout", "llama-4-maverick", "glm-4.5",
+               "deepseek-v3", "kimi-k2"]
+
+
+@pytest.mark.parametrize("name", BUILTIN_MOE)
+def test_builtin_moe_models_build_and_decode(name):
+    """The built-in specs' routing fields as they are (groups, scales, score corrections, shared
+    experts, dense layers, clamps), on a 4-layer model of their family with random weights."""
+    spec = tiny(name, num_layers=4, moe_ffn_size=16, ffn_size=32)
+    try:
+        Transformer(spec)
+    except ValueError as exc:
+        if "multi-head latent attention" in str(exc):
+            pytest.skip(f"{name}: the engine's MLA is not built here ({exc})")
+        raise
+    for dtype in ("fp32", "bf16"):
+        model = build_model(spec, seed=1, dtype=dtype)
+        out = Engine(model).generate([[1, 2, 3, 4, 5], [7, 8]], SamplingParams(max_new_tokens=3))
+        assert all(len(o.tokens) == 3 for o in out)
+        touched = touched_experts(model)
+        assert sorted(touched) == [i for i, kind in enumerate(spec.layer_kinds()) if kind.moe]
+        assert all(1 <= n <= min(spec.num_experts, 2 * spec.experts_per_token) for n in touched.values())
