@@ -294,6 +294,16 @@ class TensorSource(Mapping[str, torch.Tensor]):
             return self._bin[key]
         return self._handles[self._where[key]].get_tensor(key)
 
+    def shapes(self) -> dict[str, torch.Tensor]:
+        """Every tensor as an empty one of its shape on the meta device (read from the safetensors
+        headers, no data), for checking a checkpoint against a model before allocating it."""
+        out = {}
+        for key, where in self._where.items():
+            shape = (self._bin[key].shape if key in self._bin
+                     else self._handles[where].get_slice(key).get_shape())
+            out[key] = torch.empty(tuple(shape), device="meta")
+        return out
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
 
@@ -314,10 +324,15 @@ def from_pretrained(path: str | os.PathLike[str], *, dtype: str | torch.dtype | 
         raise ValueError(f"path: {str(path)!r} is not a checkpoint directory")
     if spec is None:
         spec = honour_hf_fields(ModelSpec.from_hf_config(d), json.loads((d / "config.json").read_text()))
-    model = Transformer(spec, dtype=torch_dtype(dtype or spec.dtype), device=device, attention=attention,
-                        weight_layout=weight_layout)
+    source = TensorSource(d)
+    dtype = torch_dtype(dtype or spec.dtype)
+    # The same load on the meta device first: a tensor missing or of the wrong shape (a config that
+    # does not match its weights) is named, with both shapes, before anything is allocated.
+    load_hf_state_dict(Transformer(spec, dtype=dtype, device="meta", attention=attention,
+                                   weight_layout=weight_layout), source.shapes())
+    model = Transformer(spec, dtype=dtype, device=device, attention=attention, weight_layout=weight_layout)
     model.eos_token_id = checkpoint_eos(d)
-    return load_hf_state_dict(model, TensorSource(d))
+    return load_hf_state_dict(model, source)
 
 
 #: Hugging Face config fields that change the math of a model the engine builds, and what the engine
