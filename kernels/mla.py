@@ -15,9 +15,12 @@ layout: a (num_blocks, block_size, 1, 576) cache whose first 512 elements per to
 Algorithm: `kernels.paged`'s split-KV PagedAttention with one KV head. Program (b, head tile, split)
 loads a tile of BLOCK_N cached tokens once ((BLOCK_N, R) latent, (BLOCK_N, Dr) rotary key) and serves
 BLOCK_H query heads with it: two `tl.dot`s for the scores (latent and rotary parts), one for the values
-(the same latent tile, untransposed). The latent is thus read once per head tile, not once per head; a
-head tile is 16 to 64 heads (`heads_per_program`), so one `tl.dot` covers the tile. With several splits,
-stage 2 is `kernels.decode`'s LSE merge over R-wide partials.
+(the same latent tile, untransposed). The latent is thus read once per head tile, not once per head: a
+tile is all the heads up to 32 (`heads_per_program`; DeepSeek-V3's 16 per GPU at TP 8 in one program,
+its 128 on one GPU in four, adjacent in the grid so that their repeated reads of a sequence's latent
+can be served from L2; not yet measured). FlashMLA's 64-head tiles keep Q in shared memory; in Triton
+a (64, 512) fp32 accumulator and its query spill registers even with 16 warps (ptxas, sm_80 and sm_90).
+With several splits, stage 2 is `kernels.decode`'s LSE merge over R-wide partials.
 
 Letters: B batch, H query heads, R latent width (kv_lora_rank), Dr rotary width (qk_rope_head_dim),
 P block size (tokens per block), N_blk blocks in the pool, M_blk block-table width, S number of splits.
@@ -60,7 +63,7 @@ from kernels.decode import (
 from kernels.splits import num_mla_splits
 
 LOG2E = math.log2(math.e)
-MAX_BLOCK_H = 32  # heads per program: (32, 512) fp32 accumulators fit the registers; 64-head tiles spill (ptxas)
+MAX_BLOCK_H = 32  # heads per program: a (32, 512) fp32 accumulator fits the registers; 64-head tiles spill
 
 
 @triton.jit

@@ -14,7 +14,8 @@ for decode, GB/s as a fraction of the measured device-to-device copy bandwidth. 
 from `llmperf.analysis.attention_cost` (the one source of truth; a fused kernel executes about half
 the causal square, a naive one all of it); ragged batches sum the per-sequence costs. MLA's come from
 `ForwardModel.attention_ops` of the DeepSeek-V3 spec in its absorbed form, at the case's tensor
-parallelism. Results go to a rich table and to `<out>/kernels.json` and `<out>/kernels.csv` (device, versions and date included).
+parallelism. Results go to a rich table and to `<out>/kernels.json` and `<out>/kernels.csv` (device,
+versions and date included).
 
 Targets on an H100 SXM (reported, never asserted): decode kernels >= 70% of copy bandwidth when
 batch x context >= 64k tokens; prefill >= 40% of dense bf16 peak at context >= 4k and faster than
@@ -252,7 +253,8 @@ def render_table(rows: Sequence[Row], meta: Meta):
 
     for r in rows:
         table.add_row(
-            r.op + (" ragged" if r.ragged else "") + (f" TP={r.tp}" if r.tp > 1 else ""), str(r.batch), str(r.context), r.impl,
+            r.op + (" ragged" if r.ragged else "") + (f" TP={r.tp}" if r.tp > 1 else ""), str(r.batch),
+            str(r.context), r.impl,
             num(r.time_s * 1e3, ".3f"), num(r.tflops_per_s, ".1f"), num(r.gb_per_s, ".0f"),
             pct(r.peak_fraction), pct(r.bandwidth_fraction), pct(r.roofline_fraction), pct(r.copy_fraction),
             num(r.max_rel_error, ".1e"), r.note,

@@ -2,7 +2,7 @@
 
 Run WITHOUT TRITON_INTERPRET (the interpreter replaces the jit functions):
     python tests/kernels/aot_compile.py 80 [90 ...] [--all-configs] [--only=_mla_decode_kernel ...]
-prints one JSON line per compiled kernel (name, arch, config, shared memory, whether PTX and a cubin
+prints one JSON line per compiled kernel (name, arch, config, its integer constexprs, shared memory, whether PTX and a cubin
 were produced, registers per thread and spill stack from cuobjdump). The launch arguments come from the real wrappers: their launchers are replaced by
 recorders and the wrappers are called on CPU tensors; each argument is then specialised exactly as
 triton's JIT specialises it at launch (`native_specialize_impl`: dtype, 16-byte alignment, ints equal
@@ -156,7 +156,7 @@ def resource_usage(cubin: bytes) -> dict[str, int | None]:
 
 def main(argv: list[str]) -> None:
     all_configs = "--all-configs" in argv
-    only = {a.split("=", 1)[1] for a in argv if a.startswith("--only=")}  # kernel names, e.g. _mla_decode_kernel
+    only = {a.split("=", 1)[1] for a in argv if a.startswith("--only=")}  # e.g. --only=_mla_decode_kernel
     archs = [int(a) for a in argv if not a.startswith("--")]
     for fn, args, meta in capture():
         if only and fn.__name__ not in only:
@@ -169,11 +169,11 @@ def main(argv: list[str]) -> None:
                 ptx = k.asm.get("ptx", "")
                 print(json.dumps(dict(
                     kernel=fn.__name__, arch=cc, config=dict(block, num_warps=num_warps, num_stages=num_stages),
-                    dtype=str(args[0].dtype), meta={k: v for k, v in meta.items() if k.isupper() and isinstance(v, int)},
-                    shared=k.metadata.shared, max_shared=MAX_SHARED.get(cc),
+                    dtype=str(args[0].dtype), shared=k.metadata.shared, max_shared=MAX_SHARED.get(cc),
                     ptx_target=next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), None),
                     ptx_entry=f".entry {fn.__name__}" in ptx, cubin=bool(k.asm.get("cubin")),
                     stages=sorted(k.asm), seconds=round(seconds, 2), **resource_usage(k.asm.get("cubin", b"")),
+                    meta={name: v for name, v in meta.items() if name.isupper() and isinstance(v, int)},
                 )), flush=True)
 
 
