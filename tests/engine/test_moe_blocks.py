@@ -18,8 +18,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from engine_testing import tiny
+
 from llmperf.engine import Engine, SamplingParams, build_model
 from llmperf.engine.model import Transformer
 from llmperf.engine.moe import MoE, expected_touched, touched_experts
@@ -159,6 +159,8 @@ def test_moe_fields_the_engine_does_not_build_are_refused_by_name():
                             router_scoring="sigmoid"))
     with pytest.raises(ValueError, match="swiglu_limit"):
         Transformer(replace(base, swiglu_limit=7.0, hidden_act="gelu"))
+    with pytest.raises(ValueError, match="router_groups"):  # noaux_tc groups score their two best experts
+        Transformer(replace(base, router_score_bias=True, router_scoring="sigmoid", router_groups=8, router_topk_groups=2))
     with pytest.raises(ValueError, match="shared_experts"):  # the reference config writer: Mixtral only
         hf_config(replace(base, moe_ffn_size=None))
     with pytest.raises(ValueError, match="moe_ffn_size"):

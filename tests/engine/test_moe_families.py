@@ -20,10 +20,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checkpoints import (
+    CASES,
+    ENGINES,
+    PROMPTS,
+    assert_generation_matches,
+    assert_logits_match,
+    saved_checkpoint,
+)
 
-from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
 from llmperf.analysis.operators import ForwardModel
-from llmperf.engine import Engine, Recorder, SamplingParams, from_pretrained, to_hf_state_dict
+from llmperf.engine import (
+    Engine,
+    Recorder,
+    SamplingParams,
+    from_pretrained,
+    to_hf_state_dict,
+)
 from llmperf.engine.moe import touched_experts
 from llmperf.engine.sampling import hf_generate_kwargs
 from llmperf.specs import Precision
