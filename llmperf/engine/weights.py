@@ -28,7 +28,8 @@ from llmperf.specs import ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / Llama `initializer_range`
 # Matrix parameters (suffixes), stored (in, out) or (out, in) depending on the model's weight_layout.
-_MATRICES = ("qkv_weight", "o_weight", "up_weight", "down_weight", "router_weight", "lm_head_weight")
+_MATRICES = ("qkv_weight", "o_weight", "up_weight", "down_weight", "router_weight", "lm_head_weight",
+             "q_a_weight", "q_b_weight", "q_weight", "kv_a_weight", "kv_b_weight")  # the last five: MLA
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -105,12 +106,15 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
                         _Entry(us + "post_mlp_norm.weight", (hf + "post_feedforward_layernorm.weight",))]
             else:
                 out.append(_Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",)))
-            out += [_Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), matrix=True),
-                    _Entry(us + "o_weight", (attn + "o_proj.weight",), matrix=True)]
-            if spec.qkv_bias:
-                out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv")))
-            if spec.out_bias:
-                out.append(_Entry(us + "o_bias", (attn + "o_proj.bias",)))
+            if spec.is_mla:
+                out += _mla_entries(spec, attn, us + "attn.")
+            else:
+                out += [_Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), matrix=True),
+                        _Entry(us + "o_weight", (attn + "o_proj.weight",), matrix=True)]
+                if spec.qkv_bias:
+                    out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv")))
+                if spec.out_bias:
+                    out.append(_Entry(us + "o_bias", (attn + "o_proj.bias",)))
             if spec.qk_norm == "rmsnorm":
                 out += [_Entry(us + "q_norm.weight", (attn + "q_norm.weight",)),
                         _Entry(us + "k_norm.weight", (attn + "k_norm.weight",))]
@@ -148,6 +152,19 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
                     _Entry(us + "down_bias", (hf + "mlp.c_proj.bias",))]
         return out
     raise ValueError(f"family: no checkpoint layout for {spec.family!r}")
+
+
+def _mla_entries(spec: ModelSpec, attn: str, us: str) -> list[_Entry]:
+    """DeepSeek's latent attention (`mla.MLAttention`, transformers' `DeepseekV3Attention` names): one
+    engine tensor per checkpoint tensor. Biases where `attention_bias` puts them (q_a, kv_a, o)."""
+    q = [("q_a", "q_a_proj"), ("q_b", "q_b_proj")] if spec.q_lora_rank is not None else [("q", "q_proj")]
+    mats = [*q, ("kv_a", "kv_a_proj_with_mqa"), ("kv_b", "kv_b_proj"), ("o", "o_proj")]
+    out = [_Entry(f"{us}{ours}_weight", (f"{attn}{theirs}.weight",), matrix=True) for ours, theirs in mats]
+    out.append(_Entry(us + "kv_a_norm.weight", (attn + "kv_a_layernorm.weight",)))
+    if spec.q_lora_rank is not None:
+        out.append(_Entry(us + "q_a_norm.weight", (attn + "q_a_layernorm.weight",)))
+    biased = [m for m in mats if (m[0] in ("q_a", "kv_a") and spec.qkv_bias) or (m[0] == "o" and spec.out_bias)]
+    return out + [_Entry(f"{us}{ours}_bias", (f"{attn}{theirs}.bias",)) for ours, theirs in biased]
 
 
 def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str) -> list[_Entry]:
