@@ -253,7 +253,7 @@ class MLAttention(nn.Module):
         B, T, H, _ = q.shape
         if _backend(ctx.attend) == "triton" and T == 1 and meta.store is not None:
             with rec.op("attention", i):
-                return _mla_decode(q, meta, meta.attn(i, self.Dq), i).view(B, 1, H * R)
+                return _mla_decode(q, meta, meta.attn(i, self.Dq), i, R).view(B, 1, H * R)
         K = self._keys(lat, meta)  # (B, 1, S, R + Dr)
         return self._attend(q, K, K[..., :R], meta, ctx)
 
@@ -274,11 +274,24 @@ def _flash(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, p:
     return o[..., :Dv].reshape(B, T, H * Dv)
 
 
-def _mla_decode(q: torch.Tensor, meta: StepMeta, p: LayerAttn, layer: int) -> torch.Tensor:
-    """Absorbed decode over the cached latent blocks through `kernels.mla_decode`, `q (B, 1, H, R +
-    Dr)` -> `(B, H, R)`."""
-    raise ValueError("attention: the triton backend has no MLA decode kernel in this build "
-                     "(use attention='sdpa' or 'naive')")
+def _mla_decode(q: torch.Tensor, meta: StepMeta, p: LayerAttn, layer: int, R: int) -> torch.Tensor:
+    """Absorbed decode over the cache's latent blocks through `kernels.mla_decode`, `q (B, 1, H, R + Dr)`
+    -> `(B, H, R)`: a paged cache's pool `(N, P, R + Dr)` read in place through the block tables, or a
+    contiguous cache's rows as blocks of S_max tokens (`StepMeta.block_table`). The split count comes
+    from the lengths the host knows (no device read of seq_lens in every layer)."""
+    kernels = backends._kernels()
+    from kernels.mla import heads_per_program
+
+    B, _, H, W = q.shape
+    blocks = meta.store.blocks(layer)[0][:, :, 0]  # (N, P, R + Dr)
+    key = ("mla_splits", H, W)
+    if key not in meta._memo:
+        meta._memo[key] = kernels.num_mla_splits(B, H, meta.max_seq_len, backends._num_sms(q.device),
+                                                 heads_per_program=heads_per_program(H), latent_dim=R,
+                                                 rope_dim=W - R, cache_bytes=blocks.element_size())
+    q = q[:, 0]  # (B, H, R + Dr)
+    return kernels.mla_decode(q[..., :R], q[..., R:], blocks, meta.block_table(), meta.seq_lens_tensor(),
+                              meta._memo[key], sm_scale=p.scale, validate=False)
 
 
 __all__ = ["LATENT_NORM_EPS", "MLA_MODES", "MLAttention", "check_mla", "set_mla_mode"]

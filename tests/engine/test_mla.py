@@ -282,15 +282,25 @@ def test_flops_equal_the_analytical_model(mode, q_lora_rank):
 
 
 # ---- triton (the interpreter on CPU) ------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["auto", "absorbed", "unabsorbed"])
 @pytest.mark.parametrize("cache_kind", ["paged", "contiguous"])
-def test_triton_gives_the_sdpa_logits(checkpoints, cache_kind):
+def test_triton_gives_the_sdpa_logits(checkpoints, cache_kind, mode, monkeypatch):
+    """Prefill and extend through `kernels.flash_attention` (V zero-padded to the q/k width; the
+    absorbed form with V = the latent), decode through `kernels.mla_decode` over the cache's blocks
+    (absorbed) or flash attention over the decompressed keys (unabsorbed)."""
     ok, why = kernels_available()
     if not ok:
         pytest.skip(why)
+    import kernels
+
+    calls = []
+    real = kernels.mla_decode
+    monkeypatch.setattr(kernels, "mla_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
     path, _ = checkpoints["deepseek_v3"]
     runs = {}
     for backend in ("sdpa", "triton"):
         model = from_pretrained(path, dtype="fp32", attention=backend)
-        runs[backend] = _stepwise_logits(model, cache_kind, "auto")
+        runs[backend] = _stepwise_logits(model, cache_kind, mode)
     for a, b in zip(runs["triton"], runs["sdpa"]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert len(calls) == (0 if mode == "unabsorbed" else 4 * 3)  # 4 decode steps x 3 layers
