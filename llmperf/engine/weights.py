@@ -230,10 +230,22 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
             value = value.transpose(-1, -2)  # (out, in) -> the engine's (in, out)
         target = params[entry.ours]
         if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"checkpoint: {names[0]!r} has shape {tuple(value.shape)}, "
-                             f"the model expects {tuple(target.shape)} for {entry.ours}")
+            raise ValueError(_shape_mismatch(spec, entry, names, parts, tuple(value.shape), tuple(target.shape)))
         target.copy_(value.to(dtype=target.dtype))
     return model
+
+
+def _shape_mismatch(spec: ModelSpec, entry: _Entry, names: list[str], parts: list[torch.Tensor],
+                    got: tuple[int, ...], want: tuple[int, ...]) -> str:
+    """One line naming the checkpoint tensor that does not fit and both shapes: for a fused parameter
+    (q/k/v, gate/up) the part whose rows differ from what the config gives it."""
+    if len(parts) > 1 and ("qkv" in entry.ours or entry.ours.endswith("up_weight")):
+        for name, part, rows in zip(names, parts, _split_sizes(spec, entry)):
+            if part.shape[0] != rows:
+                expected = (rows, *part.shape[1:])
+                return (f"checkpoint: {name!r} has shape {tuple(part.shape)}, the config expects {expected} "
+                        f"(part of {entry.ours}, {want})")
+    return f"checkpoint: {names[0]!r} has shape {got}, the model expects {want} for {entry.ours}"
 
 
 def _assemble_experts_up(parts: list[torch.Tensor], spec: ModelSpec) -> torch.Tensor:
