@@ -27,6 +27,11 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
 - `triton`: the `kernels` package: fused FlashAttention prefill, and in decode PagedAttention when
   the step carries block tables (`meta.paged`), Flash-Decoding when it carries cache rows
   (`meta.contiguous`). Backends dispatch on what the step carries, never on the cache's class.
+
+Each backend's attention over K and V already at hand is a function of its own (`sdpa_core`,
+`naive_core`, `flash_core`): multi-head latent attention (`llmperf.engine.mla`) runs its two forms
+through them, with a value width Dv other than the q/k width where the backend allows it (sdpa,
+naive) and with V padded to it where it does not (triton).
 """
 
 from __future__ import annotations

@@ -462,6 +462,8 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         rope_theta=spec.rope_theta, attention_dropout=0.0)
     if spec.rope_scaling:
         cfg["rope_scaling"] = dict(spec.rope_scaling)
+    if spec.is_mla:
+        return _deepseek_config(spec, cfg)
     if spec.num_experts > 1:
         cfg.update(model_type="mixtral", num_local_experts=spec.num_experts,
                    num_experts_per_tok=spec.experts_per_token, sliding_window=spec.sliding_window)
@@ -476,6 +478,23 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     else:
         cfg.update(model_type="llama", attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
     return cfg
+
+
+def _deepseek_config(spec: ModelSpec, cfg: dict[str, Any]) -> dict[str, Any]:
+    """`cfg` as a DeepSeek-V3 config of an MLA spec with dense layers (`first_k_dense_replace` = every
+    layer; V3's class also builds V2-Lite's q_proj when q_lora_rank is null, and its rope_interleave
+    is V2's complex pairs)."""
+    if spec.num_experts > 1:
+        raise ValueError("num_experts: hf_config writes DeepSeek configs whose layers are all dense")
+    if spec.qkv_bias != spec.out_bias:
+        raise ValueError(f"qkv_bias: DeepSeek's attention_bias sets the q_a, kv_a and o biases together, got "
+                         f"qkv_bias={spec.qkv_bias} and out_bias={spec.out_bias}")
+    del cfg["head_dim"]
+    return dict(cfg, model_type="deepseek_v3", num_key_value_heads=spec.num_heads, kv_lora_rank=spec.kv_lora_rank,
+                q_lora_rank=spec.q_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
+                qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim,
+                rope_interleave=spec.rope_interleaved, first_k_dense_replace=spec.num_layers,
+                attention_bias=spec.qkv_bias)
 
 
 __all__ = ["MATH_FIELDS", "TensorSource", "build_model", "checkpoint_eos", "from_pretrained", "hf_config",
