@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from llmperf.engine.cpu import kernels as cpu_kernels
-from llmperf.engine.step import StepMeta
+from llmperf.engine.step import LayerAttn, StepMeta
 
 BACKENDS = ("sdpa", "naive", "triton")
 INTERPRETER_NUM_SMS = 4
@@ -60,37 +61,74 @@ def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     B, T, H, D = q.shape
     H_kv = k.shape[2]
     G = H // H_kv
-    scale = meta.scale(layer, D)
+    p = meta.attn(layer, D)
+    if p.sinks is not None or p.softcap is not None:  # SDPA has neither: the same math, eagerly
+        with rec.op("attention", layer):
+            K, V = _keys(layer, k, v, meta)
+            return _eager(q, K, V, meta, p).reshape(B, T, H * D)
+    scale = p.scale
     with rec.op("attention", layer):
-        if T == 1 and meta.paged and cpu_kernels.use_attention_for(q):  # the blocks read in place
+        if T == 1 and meta.paged and p.chunk is None and cpu_kernels.use_attention_for(q):  # blocks read in place
             pool_k, pool_v = meta.store.pools(layer)
-            return cpu_kernels.decode_attention(q[:, 0], pool_k, pool_v, meta.seq_lens_tensor(), scale, meta.window,
+            return cpu_kernels.decode_attention(q[:, 0], pool_k, pool_v, meta.seq_lens_tensor(), scale, p.window,
                                                 meta.block_tables).view(B, 1, H * D)
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
         if T == 1:
-            return sdpa_decode(q[:, 0], K, V, meta, scale).view(B, 1, H * D)
+            return sdpa_decode(q[:, 0], K, V, meta, scale, p).view(B, 1, H * D)
         qt = q.transpose(1, 2)  # (B, H, T, D)
-        if meta.fresh and meta.uniform and not meta.windowed:
+        if meta.fresh and meta.uniform and not meta.limited(p):
             o = F.scaled_dot_product_attention(qt, K, V, is_causal=True, enable_gqa=G > 1, scale=scale)
         else:
-            o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(K.shape[2]), enable_gqa=G > 1,
+            o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(K.shape[2], p), enable_gqa=G > 1,
                                                scale=scale)
         return o.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
 
 
-def sdpa_decode(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, scale: float) -> torch.Tensor:
+def sdpa_decode(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, scale: float,
+                p: LayerAttn | None = None) -> torch.Tensor:
     """The `sdpa` backend's decode attention, `q (B, H, D)` over `K`, `V (B, H_kv, S, D)` -> `(B, H*D)`
     (`calibrate` and `profile` time it through here too). On a CPU with llmperf's kernels, their decode
     attention (`cpu.kernels.decode_attention`, the mask from the step's lengths and window): one call
     where SDPA's takes 60-65 us in a decode step after the weights flushed the caches, against ~20 hot.
     Elsewhere SDPA, the G query heads of each KV head folded into the query axis `(B, H_kv, G, D)`,
-    so the cache is read once per KV head with no copy."""
-    if cpu_kernels.use_attention_for(q):
-        return cpu_kernels.decode_attention(q, K, V, meta.seq_lens_tensor(), scale, meta.window)
+    so the cache is read once per KV head with no copy. `p`: the layer's window or chunk (default:
+    the step's window)."""
+    window = meta.window if p is None else p.window
+    if (p is None or p.chunk is None) and cpu_kernels.use_attention_for(q):
+        return cpu_kernels.decode_attention(q, K, V, meta.seq_lens_tensor(), scale, window)
     B, H, D = q.shape
     qg = q.reshape(B, K.shape[1], H // K.shape[1], D)
-    o = F.scaled_dot_product_attention(qg, K, V, attn_mask=meta.mask(K.shape[2]), scale=scale)  # (B, H_kv, G, D)
+    o = F.scaled_dot_product_attention(qg, K, V, attn_mask=meta.mask(K.shape[2], p), scale=scale)  # (B, H_kv, G, D)
     return o.reshape(B, H * D)
+
+
+def _probs(scores: torch.Tensor, mask: torch.Tensor | None, p: LayerAttn, dtype: torch.dtype) -> torch.Tensor:
+    """softmax over `scores (B, H_kv, G, T, S)` in fp32 with the layer's soft-cap (before the mask, as
+    Gemma 2) and sinks (an extra logit per head in the denominator, as gpt-oss), cast to `dtype`."""
+    s = scores.float()
+    if p.softcap is not None:
+        s = torch.tanh(s / p.softcap) * p.softcap
+    if mask is not None:
+        s = s.masked_fill(~mask[:, :, None], -math.inf)  # mask (B, 1, T, S) -> (B, 1, 1, T, S)
+    if p.sinks is None:
+        return torch.softmax(s, dim=-1).to(dtype)
+    B, H_kv, G, T, _ = s.shape
+    sink = p.sinks.float().view(1, H_kv, G, 1, 1).expand(B, H_kv, G, T, 1)
+    both = torch.cat((s, sink), dim=-1)
+    return torch.softmax(both - both.amax(dim=-1, keepdim=True), dim=-1)[..., :-1].to(dtype)
+
+
+def _eager(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, p: LayerAttn) -> torch.Tensor:
+    """Attention with the scores materialised, `q (B, T, H, D)` over `K`, `V (B, H_kv, S, D)` ->
+    `(B, T, H, D)`: the math every fused kernel must equal (soft-caps and sinks included)."""
+    B, T, H, D = q.shape
+    H_kv, S = K.shape[1], K.shape[2]
+    G = H // H_kv
+    qg = q.transpose(1, 2).reshape(B, H_kv, G, T, D)
+    scores = torch.matmul(qg, K[:, :, None].transpose(-1, -2)) * p.scale  # (B, H_kv, G, T, S)
+    probs = _probs(scores, meta.mask(S, p), p, q.dtype)
+    o = torch.matmul(probs, V[:, :, None])  # (B, H_kv, G, T, D)
+    return o.reshape(B, H, T, D).transpose(1, 2)
 
 
 def naive_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
@@ -98,20 +136,20 @@ def naive_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     B, T, H, D = q.shape
     H_kv = k.shape[2]
     G = H // H_kv
+    p = meta.attn(layer, D)
     K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
     S = K.shape[2]
-    qg = q.transpose(1, 2).reshape(B, H_kv, G * T, D)  # rows ordered (g, t)
+    qg = q.transpose(1, 2).reshape(B, H_kv, G, T, D)
     with rec.op("attn_score", layer):
-        scores = torch.matmul(qg, K.transpose(-1, -2)) * meta.scale(layer, D)  # (B, H_kv, G*T, S)
+        scores = torch.matmul(qg, K[:, :, None].transpose(-1, -2)) * p.scale  # (B, H_kv, G, T, S)
+    if p.softcap is not None:
+        with rec.op("attn_softcap", layer):
+            scores = torch.tanh(scores.float() / p.softcap) * p.softcap
     with rec.op("attn_softmax", layer):
-        mask = meta.mask(S)  # (B, 1, T, S) or None
-        s = scores.float()
-        if mask is not None:
-            s = s.view(B, H_kv, G, T, S).masked_fill(~mask[:, :, None], -math.inf).view(B, H_kv, G * T, S)
-        probs = torch.softmax(s, dim=-1).to(q.dtype)  # (B, H_kv, G*T, S)
+        probs = _probs(scores, meta.mask(S, p), replace(p, softcap=None), q.dtype)  # (B, H_kv, G, T, S)
     with rec.op("attn_value", layer):
-        o = torch.matmul(probs, V)  # (B, H_kv, G*T, D)
-    return o.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        o = torch.matmul(probs, V[:, :, None])  # (B, H_kv, G, T, D)
+    return o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
 
 
 def _kernels() -> Any:
@@ -148,11 +186,14 @@ def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     kernels = _kernels()
     B, T, H, D = q.shape
     H_kv = k.shape[2]
-    if meta.windowed:  # the kernels attend to every earlier key: refuse rather than attend wrongly
-        raise ValueError(f"sliding_window: the triton backend has no sliding-window kernels; this step's "
-                         f"{meta.max_seq_len}-token context exceeds the window of {meta.window} "
-                         "(use attention='sdpa' or 'naive')")
-    sm = meta.scale(layer, D)
+    p = meta.attn(layer, D)
+    if meta.limited(p) or p.sinks is not None or p.softcap is not None:
+        # the kernels attend to every earlier key: refuse rather than attend wrongly
+        field = ("attn_sinks" if p.sinks is not None else "attn_softcap" if p.softcap is not None
+                 else "sliding_window" if p.window is not None else "attention_chunk_size")
+        raise ValueError(f"{field}: the triton backend has no kernels for it in layer {layer} of this "
+                         f"{meta.max_seq_len}-token step (use attention='sdpa' or 'naive')")
+    sm = p.scale
     with rec.op("attention", layer):
         if meta.fresh and meta.uniform:
             o = kernels.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
@@ -195,5 +236,6 @@ def get_backend(name: str) -> AttentionFn:
 
 
 def fused_op_names(backend: str) -> Sequence[str]:
-    """The operator names the backend records for attention (`attention`, or the three naive parts)."""
+    """The operator names the backend records for attention (`attention`, or the naive parts; a
+    soft-capped layer's naive attention also records `attn_softcap`)."""
     return ("attn_score", "attn_softmax", "attn_value") if backend == "naive" else ("attention",)

@@ -1,12 +1,16 @@
-"""A decoder-only transformer built from a `ModelSpec`: the Llama and GPT-2 families, in plain torch.
+"""A decoder-only transformer built from a `ModelSpec`, in plain torch: the Llama family and today's
+models built on it, and the GPT-2 family.
 
 Letters: B batch, T new tokens per sequence, C hidden size, H / H_kv query / key-value heads,
 D head dim, F FFN width, V vocabulary, E experts, K experts per token.
 
 - Llama family (Llama 2/3, Mistral, Qwen2 with `qkv_bias`, Mixtral with `num_experts > 1`): RMSNorm
-  (Zhang & Sennrich 2019), rotary position embeddings (Su et al. 2021, arXiv:2104.09864; the
-  "rotate half" layout of Hugging Face checkpoints; `linear` and `llama3` frequency scaling), grouped-
-  query attention (Ainslie et al. 2023), SwiGLU MLP (Shazeer 2020).
+  (Zhang & Sennrich 2019), rotary position embeddings (Su et al. 2021, arXiv:2104.09864; see `rope`),
+  grouped-query attention (Ainslie et al. 2023), SwiGLU MLP (Shazeer 2020). Today's models add, layer
+  by layer (`ModelSpec.layer_kinds`): q/k norms (Qwen3, Gemma 3: RMSNorm per head; Llama 4: L2),
+  sliding-window and chunked layers, NoPE layers with Llama 4's query temperature, learned sinks
+  (gpt-oss), soft-capping and sandwich norms (Gemma 2/3), scaled embeddings, dense first layers, the
+  experts of `moe.MoE` and the latent attention of `mla.MLAttention` (DeepSeek-V2/V3, Kimi-K2).
 - GPT-2 family: LayerNorm, learned absolute positions, GELU MLP (`gelu_new`, tanh approximation),
   biases everywhere, tied input/output embeddings (Radford et al. 2019).
 
@@ -43,7 +47,9 @@ from llmperf.analysis.vocabulary import Op
 from llmperf.engine.attention import BACKENDS, get_backend
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.ops import TorchOps, ops_for
-from llmperf.engine.rope import RotaryTable, apply_rope, check_rope, rope_inv_freq
+from llmperf.engine.parts import (_ACTIVATIONS, DTYPES, ForwardContext, Norm, _linear_params, _mat,
+                                  check_buildable, layer_attention, resolve_layout, torch_dtype)
+from llmperf.engine.rope import RotaryTable, apply_rope, rope_inv_freq
 from llmperf.engine.step import StepMeta
 from llmperf.specs import ModelSpec
 
@@ -51,84 +57,25 @@ from llmperf.specs import ModelSpec
 # recorder times them under their fused names.
 _QKV, _GATE_UP = Op.qkv_proj.value, Op.gate_up_proj.value
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-_ACTIVATIONS = {
-    "silu": F.silu,
-    "swish": F.silu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu": F.gelu,
-    "relu": F.relu,
-}
-
-ENGINE_FAMILIES = ("llama", "gpt2")
-
-
-def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """`fp32` / `fp16` / `bf16` (or a torch dtype among those) as a torch dtype."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype}")
-        return dtype
-    key = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(str(dtype), str(dtype))
-    if key not in DTYPES:
-        raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return DTYPES[key]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Building blocks (parameters only; the math is in `Block.forward`)
-
-
-class Norm(nn.Module):
-    """RMSNorm (`weight`) or LayerNorm (`weight`, `bias`)."""
-
-    def __init__(self, kind: str, size: int, eps: float, ops: TorchOps, **kw: Any) -> None:
-        super().__init__()
-        self.kind, self.eps, self.shape, self.ops = kind, eps, (size,), ops
-        self.weight = nn.Parameter(torch.ones(size, **kw))
-        self.bias = nn.Parameter(torch.zeros(size, **kw)) if kind == "layernorm" else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "layernorm":
-            return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
-        return self.ops.rms_norm(x, self.weight, self.eps)
-
-
-WEIGHT_LAYOUTS = ("auto", "in_out", "out_in")
-
-
-def resolve_layout(layout: str) -> bool:
-    """True when matrices are stored `(in, out)`: "in_out" only ("auto" is `(out, in)` everywhere)."""
-    if layout not in WEIGHT_LAYOUTS:
-        raise ValueError(f"weight_layout: must be one of {', '.join(WEIGHT_LAYOUTS)}, got {layout!r}")
-    return layout == "in_out"
-
-
-def _mat(in_f: int, out_f: int, in_out: bool, **kw: Any) -> nn.Parameter:
-    return nn.Parameter(torch.empty((in_f, out_f) if in_out else (out_f, in_f), **kw))
-
-
-def _linear_params(module: nn.Module, name: str, in_f: int, out_f: int, bias: bool, in_out: bool, **kw: Any) -> None:
-    module.register_parameter(f"{name}_weight", _mat(in_f, out_f, in_out, **kw))
-    module.register_parameter(f"{name}_bias", nn.Parameter(torch.empty(out_f, **kw)) if bias else None)
-
-
 class Block(nn.Module):
     """One transformer layer. Parameters (names used by `weights.py`):
 
     attn_norm; qkv_weight (C, q_size + 2 kv_size) [+ qkv_bias]; o_weight (q_size, C) [+ o_bias];
-    mlp_norm; dense MLP: up_weight (C, F), or (C, 2F) for SwiGLU as [gate | up], [+ up_bias],
-    down_weight (F, C) [+ down_bias]; MoE: router_weight (C, E), experts_up_weight (E, C, 2F),
-    experts_down_weight (E, F, C). Shapes are for `weight_layout="in_out"` (y = x @ W + b);
-    "out_in" stores each matrix transposed (y = x @ W^T + b, `F.linear`).
+    [q_norm, k_norm (D): Qwen3, Gemma 3]; [sinks (H): gpt-oss]; or, for multi-head latent attention,
+    `attn` (`llmperf.engine.mla.MLAttention`); [post_attn_norm]; mlp_norm; dense MLP: up_weight (C, F),
+    or (C, 2F) for a gated FFN as [gate | up], [+ up_bias], down_weight (F, C) [+ down_bias]; or a
+    mixture of experts, `moe_ffn` (`llmperf.engine.moe.MoE`); [post_mlp_norm]. Shapes are for
+    `weight_layout="in_out"` (y = x @ W + b); "out_in" stores each matrix transposed (`F.linear`).
+
+    The layer's kind (`ModelSpec.layer_kinds`) decides its attention (full, sliding, chunked: the
+    model's `LayerAttn`), whether it rotates positions (Llama 4's NoPE layers do not) and whether its
+    FFN is a mixture of experts (dense layers of an MoE model use the dense `ffn_size`).
     """
 
     def __init__(self, spec: ModelSpec, index: int, ops: TorchOps, **kw: Any) -> None:
         super().__init__()
         self.index = index
+        kind = self.kind = spec.layer_kinds()[index]
         in_out = self.in_out = ops.in_out
         self.ops = ops
         C, F_ = spec.hidden_size, spec.ffn_size
@@ -138,20 +85,39 @@ class Block(nn.Module):
         self.ffn_size = F_
         self.act = _ACTIVATIONS[spec.hidden_act]
         self.silu = self.act is F.silu
-        self.rope = spec.pos_encoding == "rope"
-        self.moe = spec.num_experts > 1
+        self.rope = spec.pos_encoding == "rope" and kind.rope
+        self.rope_interleaved = spec.rope_interleaved
+        # Gemma 3's sliding layers rotate with their own base (the model's local table)
+        self.local_rope = kind.attention == "sliding" and spec.rope_local_theta is not None
+        self.moe = kind.moe
         self.top_k = spec.experts_per_token
-        self.attn_norm = Norm(spec.norm_kind, C, spec.norm_eps, ops, **kw)
-        self.mlp_norm = Norm(spec.norm_kind, C, spec.norm_eps, ops, **kw)
-        _linear_params(self, "qkv", C, self.q_size + 2 * self.kv_size, spec.qkv_bias, in_out, **kw)
-        _linear_params(self, "o", self.q_size, C, spec.out_bias, in_out, **kw)
-        up_rows = 2 * F_ if self.swiglu else F_
-        if self.moe:
-            E = spec.num_experts
-            self.router_weight = _mat(C, E, in_out, **kw)
-            self.experts_up_weight = nn.Parameter(torch.empty((E, C, up_rows) if in_out else (E, up_rows, C), **kw))
-            self.experts_down_weight = nn.Parameter(torch.empty((E, F_, C) if in_out else (E, C, F_), **kw))
+        norm = dict(eps=spec.norm_eps, ops=ops, offset=spec.norm_offset, **kw)
+        self.attn_norm = Norm(spec.norm_kind, C, **norm)
+        self.mlp_norm = Norm(spec.norm_kind, C, **norm)
+        self.post_attn_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
+        self.post_mlp_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
+        # Llama 4: a weightless L2 norm on q and k of its rotary layers, after the rotation
+        self.qk_l2 = spec.qk_norm == "l2" and self.rope
+        self.norm_eps = spec.norm_eps
+        # Llama 4: NoPE layers scale their queries by a temperature that grows with the position
+        self.nope_temperature = spec.nope_temperature if not self.rope else None
+        self.attn: nn.Module | None = None
+        if spec.is_mla:
+            from llmperf.engine.mla import MLAttention
+            self.attn = MLAttention(spec, index, ops, **kw)
         else:
+            _linear_params(self, "qkv", C, self.q_size + 2 * self.kv_size, spec.qkv_bias, in_out, **kw)
+            _linear_params(self, "o", self.q_size, C, spec.out_bias, in_out, **kw)
+            rms = spec.qk_norm == "rmsnorm"
+            self.q_norm = Norm("rmsnorm", self.D, **norm) if rms else None
+            self.k_norm = Norm("rmsnorm", self.D, **norm) if rms else None
+            self.sinks = nn.Parameter(torch.empty(self.H, **kw)) if spec.attn_sinks else None
+        self.moe_ffn: nn.Module | None = None
+        if self.moe:
+            from llmperf.engine.moe import MoE
+            self.moe_ffn = MoE(spec, index, ops, **kw)
+        else:
+            up_rows = 2 * F_ if self.swiglu else F_
             _linear_params(self, "up", C, up_rows, spec.mlp_bias, in_out, **kw)
             _linear_params(self, "down", F_, C, spec.mlp_bias, in_out, **kw)
 
@@ -179,34 +145,41 @@ class Block(nn.Module):
         with rec.op("down_proj", i):
             return linear(a, down_w, down_b)
 
-    def _moe(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
-        """Mixtral routing: softmax over experts in fp32, top-k, renormalise, weighted sum of experts."""
-        B, T, C = h.shape
-        flat = h.reshape(B * T, C)  # (N, C)
-        with rec.op("router", self.index):
-            logits = self.ops.plain(flat, self.router_weight)  # (N, E)
-            weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
-            weights, chosen = torch.topk(weights, self.top_k, dim=-1)  # (N, K)
-            weights = weights / weights.sum(dim=-1, keepdim=True)  # fp32, as Hugging Face keeps them
-        out = torch.zeros_like(flat)
-        for e in torch.unique(chosen).tolist():
-            rows, slot = torch.nonzero(chosen == e, as_tuple=True)
-            # experts run plain: their weights are views made per step, not packable parameters
-            y = self._ffn(flat[rows], self.experts_up_weight[e], None, self.experts_down_weight[e], None, rec,
-                          self.ops.plain)
-            out.index_add_(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
-        return out.view(B, T, C)
-
     def mlp(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         rec, i = ctx.rec, self.index
         with rec.op("mlp_norm", i):
             h = self.mlp_norm.forward(x)
-        if self.moe:
-            y = self._moe(h, rec)
+        if self.moe_ffn is not None:
+            y = self.moe_ffn.forward(h, rec)
         else:
             y = self._ffn(h, self.up_weight, self.up_bias, self.down_weight, self.down_bias, rec, self.ops.linear)
+        if self.post_mlp_norm is not None:
+            with rec.op("post_mlp_norm", i):
+                y = self.post_mlp_norm.forward(y)
         with rec.op("mlp_residual", i):
             return y.add_(x)
+
+    def _rotate(self, qkv: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """q and k heads `(N, H + H_kv, D)`, normed (q/k norm), rotated and scaled as the layer does."""
+        rec, i, H, H_kv = ctx.rec, self.index, self.H, self.H_kv
+        qk = qkv[:, :H + H_kv]
+        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm of every q and k head, before RoPE
+            with rec.op("qk_norm", i):
+                qk = torch.cat((self.q_norm.forward(qk[:, :H]), self.k_norm.forward(qk[:, H:])), dim=1)
+        if self.rope:  # q and k heads are adjacent: one rotation for both
+            cos, sin = (ctx.cos_local, ctx.sin_local) if self.local_rope else (ctx.cos, ctx.sin)
+            with rec.op("rope", i):
+                qk = self.ops.rope(qkv if self.q_norm is None else qk.contiguous(), H + H_kv, cos, sin,
+                                   self.rope_interleaved)  # (N, H + H_kv, D)
+        if self.qk_l2:
+            with rec.op("qk_norm", i):
+                qk = F.rms_norm(qk.float(), (self.D,), eps=self.norm_eps).to(qk.dtype)
+        if self.nope_temperature is not None:  # Llama 4 attn_temperature_tuning (queries only)
+            floor_scale, attn_scale = self.nope_temperature
+            pos = ctx.positions.reshape(-1).float()  # (N,)
+            scales = (torch.log1p(torch.floor((pos + 1.0) / floor_scale)) * attn_scale + 1.0).to(qk.dtype)
+            qk = torch.cat((qk[:, :H] * scales[:, None, None], qk[:, H:]), dim=1)
+        return qk
 
     def attention(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
                   ctx: ForwardContext) -> torch.Tensor:
@@ -215,16 +188,25 @@ class Block(nn.Module):
         weight read once), RoPE too (the tables are per token); the KV write and attention run per
         group, each with its own metadata (a plain step is one group)."""
         rec, i = ctx.rec, self.index
-        N = x.shape[1]
-        H, H_kv, D = self.H, self.H_kv, self.D
         with rec.op("attn_norm", i):
             h = self.attn_norm.forward(x)
-        qkv = self._qkv(h, rec).view(N, H + 2 * H_kv, D)
-        if self.rope:  # q and k heads are adjacent: one rotation for both
-            with rec.op("rope", i):
-                qk = self.ops.rope(qkv, H + H_kv, ctx.cos, ctx.sin)  # (N, H + H_kv, D)
+        if self.attn is not None:  # multi-head latent attention: its own projections and cache
+            o = self.attn.forward(h, spans, ctx)
         else:
-            qk = qkv[:, :H + H_kv]
+            o = self._attend(h, spans, ctx)
+        if self.post_attn_norm is not None:
+            with rec.op("post_attn_norm", i):
+                o = self.post_attn_norm.forward(o)
+        with rec.op("attn_residual", i):
+            return o.add_(x)  # o is this layer's own buffer: add the residual into it
+
+    def _attend(self, h: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
+                ctx: ForwardContext) -> torch.Tensor:
+        rec, i = ctx.rec, self.index
+        N = h.shape[1]
+        H, H_kv, D = self.H, self.H_kv, self.D
+        qkv = self._qkv(h, rec).view(N, H + 2 * H_kv, D)
+        qk = self._rotate(qkv, ctx)
         outs = []
         for meta, B, T, lo in spans:
             part = qk[lo:lo + B * T].view(B, T, H + H_kv, D)
@@ -236,61 +218,11 @@ class Block(nn.Module):
             outs.append(ctx.attend(i, q, k, v, meta, rec).reshape(B * T, H * D))
         o = (outs[0] if len(outs) == 1 else torch.cat(outs))[None]  # (1, N, H*D)
         with rec.op("o_proj", i):
-            o = self.ops.linear(o, self.o_weight, self.o_bias)
-        with rec.op("attn_residual", i):
-            return o.add_(x)  # o is this layer's own buffer: add the residual into it
+            return self.ops.linear(o, self.o_weight, self.o_bias)
 
     def forward(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
                 ctx: ForwardContext) -> torch.Tensor:
         return self.mlp(self.attention(x, spans, ctx), ctx)
-
-
-class ForwardContext:
-    """Per-forward values shared by the layers: recorder, attention function, RoPE tables."""
-
-    __slots__ = ("rec", "attend", "cos", "sin")
-
-    def __init__(self, rec: Any, attend: Any, cos: torch.Tensor | None, sin: torch.Tensor | None) -> None:
-        self.rec, self.attend, self.cos, self.sin = rec, attend, cos, sin
-
-
-def check_buildable(spec: ModelSpec) -> None:
-    """A ValueError naming the field the engine cannot build (family, activation, rope type, ...),
-    raised before anything is allocated, so a command can refuse the spec before it starts."""
-    if spec.family not in ENGINE_FAMILIES:
-        raise ValueError(f"family: the engine builds {', '.join(ENGINE_FAMILIES)} models, "
-                         f"got {spec.family!r} ({spec.name})")
-    if spec.hidden_act not in _ACTIVATIONS:
-        raise ValueError(f"hidden_act: {spec.hidden_act!r} is not supported "
-                         f"(supported: {', '.join(_ACTIVATIONS)})")
-    if spec.ffn_kind != "swiglu" and spec.num_experts > 1:
-        raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
-    if spec.shared_experts:  # the cost model counts them; running without them would be another model
-        raise ValueError(f"shared_experts: the engine runs routed experts only (Mixtral), got "
-                         f"{spec.shared_experts} shared experts ({spec.name})")
-    _check_todays_fields(spec)
-    if spec.pos_encoding == "rope":
-        check_rope(spec)
-
-
-#: ModelSpec fields of today's models the engine does not build yet, with the value that means "absent"
-_NOT_BUILT = (("layer_types", None), ("nope_layers", ()), ("kv_lora_rank", None), ("moe_ffn_size", None),
-              ("dense_layers", ()), ("router_bias", False), ("router_score_bias", False), ("qk_norm", None),
-              ("attn_sinks", False), ("attn_softcap", None), ("final_softcap", None), ("sandwich_norms", False),
-              ("embedding_scale", False), ("shared_expert_gate", False))
-
-
-def _check_todays_fields(spec: ModelSpec) -> None:
-    """The per-layer and architecture fields of today's models (MLA, mixed layers, q/k norms, sinks,
-    soft-capping) are costed by the analytical model; the engine refuses them by name rather than
-    run another model."""
-    for field, absent in _NOT_BUILT:
-        value = getattr(spec, field)
-        if value != absent and not (field == "layer_types" and spec.uniform_layers and value is not None
-                                    and set(value) == {"sliding" if spec.sliding_window else "full"}):
-            shown = value if not isinstance(value, tuple) or len(value) <= 4 else f"{list(value[:4])}..."
-            raise ValueError(f"{field}: the engine does not build this yet (got {shown!r} for {spec.name}); "
-                             "estimate, simulate and plan model it")
 
 
 class Transformer(nn.Module):
@@ -319,7 +251,7 @@ class Transformer(nn.Module):
         self.pos_weight = (nn.Parameter(torch.empty(spec.max_positions, C, **kw))
                            if spec.pos_encoding == "learned" else None)
         self.layers = nn.ModuleList(Block(spec, i, self.ops, **kw) for i in range(spec.num_layers))
-        self.final_norm = Norm(spec.norm_kind, C, spec.norm_eps, self.ops, **kw)
+        self.final_norm = Norm(spec.norm_kind, C, spec.norm_eps, self.ops, offset=spec.norm_offset, **kw)
         if spec.tied_embeddings:  # the embedding itself, (V, C) whatever the layout
             self.lm_head_weight = self.embed_weight
             self._head_ops = ops_for(device, self.dtype) if self.in_out else self.ops
@@ -327,6 +259,8 @@ class Transformer(nn.Module):
             self.lm_head_weight = _mat(C, spec.vocab_size, self.in_out, **kw)
             self._head_ops = self.ops
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
+        self.rotary_local = (RotaryTable(spec, device, local=True)
+                             if self.rotary is not None and spec.rope_local_theta is not None else None)
         # Math-changing spec fields, honoured by every backend through the step metadata:
         # GPT-2's softmax scale per layer (HF `GPT2Attention.scaling`), and the sliding window.
         if spec.attn_scale and not spec.attn_scale_inverse_layer_idx:
@@ -335,6 +269,14 @@ class Transformer(nn.Module):
             base = spec.head_dim ** -0.5 if spec.attn_scale else 1.0
             self.layer_scales = tuple(base / (i + 1 if spec.attn_scale_inverse_layer_idx else 1)
                                       for i in range(spec.num_layers))
+        self.attn_params = layer_attention(spec, [getattr(b, "sinks", None) for b in self.layers])
+        # the plain Llama structure (uniform layers, nothing of today's models): what the CPU ops'
+        # one-call decode step runs
+        self.llama_layers = (spec.uniform_layers and not spec.is_mla and spec.qk_norm is None
+                             and not spec.attn_sinks and spec.attn_softcap is None and not spec.sandwich_norms
+                             and not spec.norm_offset and spec.query_pre_attn_scalar is None
+                             and not spec.rope_interleaved and not spec.nope_layers
+                             and spec.layer_types is None)
         self.set_attention(attention)
         self.decode_in_one_call = True  # False: every operator from Python (side-by-side measurements)
         self.eos_token_id: int | tuple[int, ...] | None = None  # the checkpoint's (from_pretrained)
@@ -381,7 +323,12 @@ class Transformer(nn.Module):
         with rec.op("final_norm"):
             x = self.final_norm.forward(x)
         with rec.op("lm_head"):
-            return self._head_ops.linear(x, self.lm_head_weight)
+            logits = self._head_ops.linear(x, self.lm_head_weight)
+        cap = self.spec.final_softcap
+        if cap is None:
+            return logits
+        with rec.op("final_softcap"):  # Gemma 2: cap * tanh(logits / cap)
+            return torch.tanh(logits / cap) * cap
 
     def _place(self, tokens: torch.Tensor, meta: StepMeta) -> tuple[int, int]:
         """(B, T) of one group, checked against its metadata, which gets the model's math fields."""
@@ -393,7 +340,8 @@ class Transformer(nn.Module):
         if meta.max_seq_len > self.spec.max_positions:
             raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
                              f"max_positions={self.spec.max_positions}")
-        meta.window, meta.layer_scales = self.spec.sliding_window, self.layer_scales
+        meta.window = self.spec.sliding_window if self.spec.layer_types is None else None
+        meta.layer_scales, meta.layers = self.layer_scales, self.attn_params
         return B, T
 
     def _layers(self, groups: Sequence[tuple[torch.Tensor, StepMeta]], rec: Any, attend: Any) -> torch.Tensor:
@@ -408,12 +356,18 @@ class Transformer(nn.Module):
         else:
             tokens = torch.cat([t.reshape(-1) for t, _ in groups])[None]  # (1, N)
             positions = torch.cat([m.positions.reshape(-1) for _, m in groups])[None]  # (1, N)
-        cos = sin = None
+        cos = sin = cos_local = sin_local = None
+        last = max(m.max_seq_len for _, m in groups) - 1
         if self.rotary is not None:
-            cos, sin = self.rotary.lookup(positions, max(m.max_seq_len for _, m in groups) - 1, self.dtype)
-        ctx = ForwardContext(rec, attend or self._attend, cos, sin)
+            cos, sin = self.rotary.lookup(positions, last, self.dtype)
+        if self.rotary_local is not None:
+            cos_local, sin_local = self.rotary_local.lookup(positions, last, self.dtype)
+        ctx = ForwardContext(rec, attend or self._attend, cos, sin, positions, cos_local, sin_local)
         with rec.op("embed"):
             x = F.embedding(tokens, self.embed_weight)  # (1, N, C)
+        if self.spec.embedding_scale:  # Gemma: sqrt(hidden) in the activation dtype
+            with rec.op("embed_scale"):
+                x = x * torch.tensor(self.spec.hidden_size ** 0.5, dtype=x.dtype)
         if self.pos_weight is not None:
             with rec.op("pos_embed"):
                 x = x + F.embedding(positions, self.pos_weight)

@@ -50,10 +50,11 @@ class TorchOps:
             return F.rms_norm(x, w.shape, w, eps)
         return w * F.rms_norm(x.float(), w.shape, eps=eps).to(x.dtype)
 
-    def rope(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rope(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
+             interleaved: bool = False) -> torch.Tensor:
         """The first `heads` heads of `qkv (N, heads_total, D)` rotated by the tables `(1, N, 1,
-        rotary_dim)`: `(N, heads, D)`."""
-        return apply_rope(qkv[None, :, :heads], cos, sin)[0]
+        rotary_dim)`: `(N, heads, D)` (`interleaved`: adjacent pairs, `rope.apply_rope`)."""
+        return apply_rope(qkv[None, :, :heads], cos, sin, interleaved)[0]
 
     def glu(self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """A gated MLP's activation over the fused [gate | up] GEMM's output `(..., 2F)`: `act(gate) * up`."""

@@ -51,6 +51,34 @@ def softmax_scale(layer_scales: tuple[float, ...] | None, layer: int, head_dim: 
     return layer_scales[layer] if layer_scales is not None else 1.0 / math.sqrt(head_dim)
 
 
+@dataclass(frozen=True, eq=False)
+class LayerAttn:
+    """What one layer's attention computes beyond plain causal softmax(QK^T * scale) V, set by the
+    model for every step (`StepMeta.attn(layer)`), read by every backend:
+
+    - `scale`: the factor on QK^T (1/sqrt(D), GPT-2's per-layer scalings, Gemma's query_pre_attn_scalar,
+      DeepSeek's yarn mscale);
+    - `window`: a sliding layer's query at position p sees keys s with p - window < s <= p (Mistral,
+      Gemma, gpt-oss: the window counts the query itself);
+    - `chunk`: a chunked layer's query sees the keys of its own block, s // chunk == p // chunk, s <= p
+      (Llama 4's attention_chunk_size);
+    - `sinks`: (H,) learned logits, one per query head, that join the softmax's denominator and
+      contribute no value (gpt-oss);
+    - `softcap`: scores become softcap * tanh(score / softcap) before the softmax (Gemma 2).
+    """
+
+    scale: float
+    window: int | None = None
+    chunk: int | None = None
+    sinks: torch.Tensor | None = None
+    softcap: float | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Causal softmax attention with nothing else (any kernel computes it)."""
+        return self.window is None and self.chunk is None and self.sinks is None and self.softcap is None
+
+
 @dataclass(eq=False)
 class StepMeta:
     """What every layer needs to know about one forward step (built once per step, by the cache's
@@ -74,16 +102,35 @@ class StepMeta:
     # see (sliding window; None = all), and each layer's softmax scale (None = 1/sqrt(D)).
     window: int | None = None
     layer_scales: tuple[float, ...] | None = None
+    # Set by the model for its forward: every layer's attention parameters (None: plain causal
+    # attention at 1/sqrt(D) in every layer, e.g. a step timed on its own by calibrate).
+    layers: tuple[LayerAttn, ...] | None = None
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def scale(self, layer: int, head_dim: int) -> float:
         """The factor on QK^T in `layer` (`softmax_scale`)."""
+        if self.layers is not None:
+            return self.layers[layer].scale
         return softmax_scale(self.layer_scales, layer, head_dim)
+
+    def attn(self, layer: int, head_dim: int | None = None) -> LayerAttn:
+        """`layer`'s attention parameters (`LayerAttn`); without the model's (a step built on its
+        own), the step's window and 1/sqrt(head_dim)."""
+        if self.layers is not None:
+            return self.layers[layer]
+        if head_dim is None:
+            raise ValueError("meta: a step without the model's layer parameters needs head_dim")
+        return LayerAttn(scale=softmax_scale(self.layer_scales, layer, head_dim), window=self.window)
 
     @property
     def windowed(self) -> bool:
         """Some query of the step has keys outside its sliding window (the window matters)."""
         return self.window is not None and self.max_seq_len > self.window
+
+    def limited(self, p: LayerAttn) -> bool:
+        """Some query of the step has keys outside its layer's window or chunk (it matters)."""
+        return ((p.window is not None and self.max_seq_len > p.window)
+                or (p.chunk is not None and self.max_seq_len > p.chunk))
 
     @property
     def batch(self) -> int:
@@ -113,20 +160,27 @@ class StepMeta:
             self._memo["seq_lens"] = torch.tensor(self.seq_lens, dtype=torch.int32, device=self.positions.device)
         return self._memo["seq_lens"]
 
-    def mask(self, S: int) -> torch.Tensor | None:
+    def mask(self, S: int, p: LayerAttn | None = None) -> torch.Tensor | None:
         """(B, 1, T, S) bool, True where query (b, t) may see key s: s <= its position p and, with a
         sliding window W, s > p - W (Mistral / Hugging Face: each query sees its last W keys, itself
-        included). None when every query sees every one of the S keys (uniform decode)."""
-        if self.q_len == 1 and self.uniform and S == self.max_seq_len and not self.windowed:
+        included), with a chunk C, s // C == p // C. `p`: the layer's parameters (default: the
+        step's window). None when every query sees every one of the S keys (uniform decode)."""
+        window, chunk = (self.window, None) if p is None else (p.window, p.chunk)
+        window = window if window is not None and self.max_seq_len > window else None
+        chunk = chunk if chunk is not None and self.max_seq_len > chunk else None
+        if self.q_len == 1 and self.uniform and S == self.max_seq_len and window is None and chunk is None:
             return None
-        if S not in self._memo:
+        key = (S, window, chunk)
+        if key not in self._memo:
             keys = torch.arange(S, device=self.positions.device)[None, None, :]  # (1, 1, S)
             pos = self.positions[:, :, None]  # (B, T, 1)
             visible = keys <= pos
-            if self.windowed:
-                visible &= keys > pos - self.window
-            self._memo[S] = visible[:, None]  # (B, 1, T, S)
-        return self._memo[S]
+            if window is not None:
+                visible &= keys > pos - window
+            if chunk is not None:
+                visible &= keys // chunk == pos // chunk
+            self._memo[key] = visible[:, None]  # (B, 1, T, S)
+        return self._memo[key]
 
     @classmethod
     def decode(cls, batch: int, kv_len: int, device: torch.device | str) -> StepMeta:
@@ -164,4 +218,4 @@ class StepMeta:
         return self._memo["row_table"]
 
 
-__all__ = ["KVStore", "StepMeta", "softmax_scale"]
+__all__ = ["KVStore", "LayerAttn", "StepMeta", "softmax_scale"]

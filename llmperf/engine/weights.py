@@ -95,18 +95,28 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
                 _Entry("final_norm.weight", ("model.norm.weight",))]
         if not spec.tied_embeddings:
             out.append(_Entry("lm_head_weight", ("lm_head.weight",), matrix=True))
-        for i in range(spec.num_layers):
+        for i, kind in enumerate(spec.layer_kinds()):
             hf, us = f"model.layers.{i}.", f"layers.{i}."
             attn = hf + "self_attn."
-            out += [_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)),
-                    _Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",)),
-                    _Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), matrix=True),
+            out.append(_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)))
+            if spec.sandwich_norms:  # Gemma: a norm after attention and around the MLP
+                out += [_Entry(us + "post_attn_norm.weight", (hf + "post_attention_layernorm.weight",)),
+                        _Entry(us + "mlp_norm.weight", (hf + "pre_feedforward_layernorm.weight",)),
+                        _Entry(us + "post_mlp_norm.weight", (hf + "post_feedforward_layernorm.weight",))]
+            else:
+                out.append(_Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",)))
+            out += [_Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), matrix=True),
                     _Entry(us + "o_weight", (attn + "o_proj.weight",), matrix=True)]
             if spec.qkv_bias:
                 out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv")))
             if spec.out_bias:
                 out.append(_Entry(us + "o_bias", (attn + "o_proj.bias",)))
-            if spec.num_experts > 1:
+            if spec.qk_norm == "rmsnorm":
+                out += [_Entry(us + "q_norm.weight", (attn + "q_norm.weight",)),
+                        _Entry(us + "k_norm.weight", (attn + "k_norm.weight",))]
+            if spec.attn_sinks:
+                out.append(_Entry(us + "sinks", (attn + "sinks",)))
+            if kind.moe:
                 out += _moe_entries(spec, hf, us, moe_format)
                 continue
             mlp = hf + "mlp."
@@ -141,6 +151,7 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
 
 
 def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str) -> list[_Entry]:
+    us += "moe_ffn."
     if moe_format == "stacked":  # transformers 5
         return [_Entry(us + "router_weight", (hf + "mlp.gate.weight",), matrix=True),
                 _Entry(us + "experts_up_weight", (hf + "mlp.experts.gate_up_proj",), matrix=True),
@@ -316,12 +327,12 @@ MATH_FIELDS: dict[str, str] = {
     "sliding_window": "honoured: ModelSpec.sliding_window (Mistral, Mixtral; Qwen2 with use_sliding_window)",
     "use_sliding_window": "honoured: Qwen2 enables sliding_window with it",
     "max_window_layers": "honoured when every layer slides (0) or none does (>= num_layers); refused otherwise",
-    "layer_types": "honoured when all 'full_attention' or all 'sliding_attention'; refused when mixed",
+    "layer_types": "honoured: ModelSpec.layer_types, each layer's attention (full, sliding, chunked)",
     "scale_attn_weights": "honoured: ModelSpec.attn_scale (GPT-2)",
     "scale_attn_by_inverse_layer_idx": "honoured: ModelSpec.attn_scale_inverse_layer_idx (GPT-2)",
-    "attn_logit_softcapping": "refused (Gemma 2 logit soft-capping is not implemented)",
-    "final_logit_softcapping": "refused (Gemma 2 logit soft-capping is not implemented)",
-    "attention_chunk_size": "refused (Llama 4 chunked attention is not implemented)",
+    "attn_logit_softcapping": "honoured: ModelSpec.attn_softcap (Gemma 2)",
+    "final_logit_softcapping": "honoured: ModelSpec.final_softcap (Gemma 2)",
+    "attention_chunk_size": "honoured: ModelSpec.attention_chunk_size on chunked layers (Llama 4)",
 }
 
 
@@ -332,8 +343,15 @@ def _refuse(field: str, value: Any, why: str) -> ValueError:
 
 def honour_hf_fields(spec: ModelSpec, cfg: dict[str, Any]) -> ModelSpec:
     """`spec` with every field of `MATH_FIELDS` found in the raw HF config `cfg` honoured (whatever the
-    spec loader kept), or a ValueError naming a field the engine cannot honour."""
+    spec loader kept), or a ValueError naming a field the engine cannot honour. A spec whose layers
+    differ (`layer_types`, read by `ModelSpec.from_hf_config`) keeps its per-layer windows."""
     model_type = cfg.get("model_type", "")
+    changes: dict[str, Any] = {}
+    if model_type == "gpt2":
+        changes["attn_scale"] = bool(cfg.get("scale_attn_weights", True))
+        changes["attn_scale_inverse_layer_idx"] = bool(cfg.get("scale_attn_by_inverse_layer_idx", False))
+    if spec.layer_types is not None:
+        return replace(spec, **changes) if changes else spec
     window = cfg.get("sliding_window")
     if model_type == "qwen2" or "use_sliding_window" in cfg:
         window = window if cfg.get("use_sliding_window") else None
@@ -342,34 +360,25 @@ def honour_hf_fields(spec: ModelSpec, cfg: dict[str, Any]) -> ModelSpec:
         if model_type == "qwen2" and mwl is not None and mwl >= spec.num_layers:
             window = None  # no layer reaches max_window_layers: all attend fully
         elif model_type == "qwen2" and mwl:
-            raise _refuse("max_window_layers", mwl, f"layers below {mwl} attend fully and the rest slide; the "
-                          "engine has one window for all layers")
+            raise _refuse("max_window_layers", mwl, f"layers below {mwl} attend fully and the rest slide, as "
+                          "Qwen2's config class does not state per layer")
     types = cfg.get("layer_types")
-    if types:
-        kinds = set(types)
-        if kinds - {"full_attention", "sliding_attention"} or len(kinds) > 1:
-            raise _refuse("layer_types", sorted(kinds), "per-layer attention kinds")
-        if kinds == {"full_attention"}:
-            window = None
+    if types and set(types) == {"full_attention"}:
+        window = None
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"sliding_window: must be a positive integer or null, got {window!r}")
-    changes: dict[str, Any] = {}
     if window is not None and window < spec.max_positions:
         changes["sliding_window"] = window
     elif spec.sliding_window is not None and window is None:
         changes["sliding_window"] = None
-    if model_type == "gpt2":
-        changes["attn_scale"] = bool(cfg.get("scale_attn_weights", True))
-        changes["attn_scale_inverse_layer_idx"] = bool(cfg.get("scale_attn_by_inverse_layer_idx", False))
-    for field in ("attn_logit_softcapping", "final_logit_softcapping", "attention_chunk_size"):
-        if cfg.get(field) is not None:
-            raise _refuse(field, cfg[field], MATH_FIELDS[field])
     return replace(spec, **changes) if changes else spec
 
 
 def checkpoint_eos(directory: str | os.PathLike[str]) -> int | tuple[int, ...] | None:
-    """The checkpoint's end-of-sequence id(s): `generation_config.json`'s `eos_token_id`, else
-    `config.json`'s (what Hugging Face `generate()` stops at by default), as an int or a tuple."""
+    """The checkpoint's end-of-sequence id(s), as Hugging Face `generate()` decides them by default: a
+    `generation_config.json` decides alone (no `eos_token_id` in it: never stop on EOS, as
+    transformers reloads it as None); only without one does `config.json`'s id decide. An int, or a
+    tuple when there are several (Llama 3, Qwen3, gpt-oss stop on any of them)."""
     for name in ("generation_config.json", "config.json"):
         f = Path(directory) / name
         if not f.is_file():
@@ -378,10 +387,10 @@ def checkpoint_eos(directory: str | os.PathLike[str]) -> int | tuple[int, ...] |
             eos = json.loads(f.read_text()).get("eos_token_id")
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"{name}: cannot read {str(f)!r} ({exc})") from None
-        if eos is None:
-            continue
+        if eos is None or eos == []:
+            return None
         ids = eos if isinstance(eos, list) else [eos]
-        if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise ValueError(f"eos_token_id: {name} holds {eos!r}, not a non-negative integer or a list of them")
         return ids[0] if len(ids) == 1 else tuple(ids)
     return None

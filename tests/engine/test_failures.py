@@ -322,3 +322,21 @@ def test_top_p_keeps_the_boundary_token_as_hf_does():
     assert int(torch.isfinite(ours).sum()) == 3, "the token that brings the mass to exactly p is kept"
     hf = transformers.TopPLogitsWarper(top_p=0.75)(torch.zeros(1, 1, dtype=torch.long), logits.clone())
     assert torch.equal(torch.isfinite(ours), torch.isfinite(hf))
+
+
+def test_checkpoint_eos_is_decided_as_transformers_decides_it(tmp_path):
+    """generation_config.json decides alone (no eos_token_id there: never stop, as transformers reloads
+    it as None); config.json decides only without one; several ids stop on any (Llama 3, Qwen3)."""
+    from llmperf.engine.weights import checkpoint_eos
+
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    assert checkpoint_eos(tmp_path) == 2  # no generation config: config.json's
+    (tmp_path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1}))
+    assert checkpoint_eos(tmp_path) is None  # a generation config without EOS: none, not config.json's 2
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    assert checkpoint_eos(tmp_path) == (7, 9)
+    model = make_model("llama", seed=9)
+    prompt = [5, 6, 7]
+    greedy = Engine(model).generate([prompt], SamplingParams(max_new_tokens=8))[0].tokens
+    model.eos_token_id = (greedy[5], greedy[2])  # any of several ends the sequence, the first reached
+    assert Engine(model).generate([prompt])[0].tokens[-1] == greedy[2]

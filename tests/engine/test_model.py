@@ -174,7 +174,7 @@ def test_bad_inputs_raise_value_errors_naming_the_field(llama_spec):
         Transformer(llama_spec.scaled(rotary_dim=128))
     # shared experts (DeepSeek-MoE, Qwen-MoE) are counted by the cost model; the engine used to drop
     # them silently and run a model with fewer parameters than its spec
-    with pytest.raises(ValueError, match="shared_experts: the engine runs routed experts only"):
+    with pytest.raises(ValueError, match="shared_experts"):
         Transformer(tiny("mixtral-8x7b", num_experts=4, experts_per_token=2, shared_experts=2))
     with pytest.raises(ValueError, match="dtype"):
         Transformer(llama_spec, dtype="int8")

@@ -133,10 +133,11 @@ class CpuOps(TorchOps):
             return kernels.rms_norm(x, w, eps)
         return super().rms_norm(x, w, eps)
 
-    def rope(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if kernels.use_ops_for(qkv):  # the same, bit for bit, in one call
+    def rope(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
+             interleaved: bool = False) -> torch.Tensor:
+        if not interleaved and kernels.use_ops_for(qkv):  # the same, bit for bit, in one call
             return kernels.rope(qkv, heads, cos, sin)
-        return super().rope(qkv, heads, cos, sin)
+        return super().rope(qkv, heads, cos, sin, interleaved)
 
     def glu(self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         if act is F.silu and kernels.use_ops_for(gate_up):  # the same in one call
@@ -149,9 +150,9 @@ class CpuOps(TorchOps):
         """Whether the model's structure is what `kernels.decode_layers` runs (asked once)."""
         if self._one_call_fits is None:
             first = model.layers[0] if len(model.layers) else None
-            self._one_call_fits = bool(first is not None and first.attn_norm.kind == "rmsnorm" and first.rope
-                                       and first.swiglu and first.silu and not first.moe and not self.in_out
-                                       and model.spec.head_dim <= kernels.MAX_HEAD_DIM)
+            self._one_call_fits = bool(first is not None and model.llama_layers and first.attn_norm.kind == "rmsnorm"
+                                       and first.rope and first.swiglu and first.silu and not first.moe
+                                       and not self.in_out and model.spec.head_dim <= kernels.MAX_HEAD_DIM)
             self._scales = torch.tensor([softmax_scale(model.layer_scales, i, model.spec.head_dim)
                                          for i in range(model.spec.num_layers)], dtype=torch.float32)
         return self._one_call_fits

@@ -1,0 +1,156 @@
+"""The parts a `model.Transformer` is built from, and the rules for building one: dtypes, activations,
+the matrix layouts, norms, each layer's attention parameters (`layer_attention`), the per-forward
+context the layers share, and `check_buildable`, which refuses what the engine does not build by the
+field's name before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmperf.engine.ops import TorchOps
+from llmperf.engine.rope import check_rope
+from llmperf.engine.step import LayerAttn
+from llmperf.specs import ModelSpec
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+_ACTIVATIONS = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+ENGINE_FAMILIES = ("llama", "gpt2")
+
+
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """`fp32` / `fp16` / `bf16` (or a torch dtype among those) as a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype}")
+        return dtype
+    key = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(str(dtype), str(dtype))
+    if key not in DTYPES:
+        raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[key]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Building blocks (parameters only; the math is in `Block.forward`)
+
+
+class Norm(nn.Module):
+    """RMSNorm (`weight`) or LayerNorm (`weight`, `bias`); `offset`: Gemma's RMSNorm, which scales
+    by (1 + weight) in fp32 before casting back."""
+
+    def __init__(self, kind: str, size: int, eps: float, ops: TorchOps, offset: bool = False, **kw: Any) -> None:
+        super().__init__()
+        self.kind, self.eps, self.shape, self.ops, self.offset = kind, eps, (size,), ops, offset
+        self.weight = nn.Parameter(torch.ones(size, **kw))
+        self.bias = nn.Parameter(torch.zeros(size, **kw)) if kind == "layernorm" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "layernorm":
+            return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        if self.offset:
+            return (F.rms_norm(x.float(), self.shape, eps=self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)
+
+
+WEIGHT_LAYOUTS = ("auto", "in_out", "out_in")
+
+
+def resolve_layout(layout: str) -> bool:
+    """True when matrices are stored `(in, out)`: "in_out" only ("auto" is `(out, in)` everywhere)."""
+    if layout not in WEIGHT_LAYOUTS:
+        raise ValueError(f"weight_layout: must be one of {', '.join(WEIGHT_LAYOUTS)}, got {layout!r}")
+    return layout == "in_out"
+
+
+def _mat(in_f: int, out_f: int, in_out: bool, **kw: Any) -> nn.Parameter:
+    return nn.Parameter(torch.empty((in_f, out_f) if in_out else (out_f, in_f), **kw))
+
+
+def _linear_params(module: nn.Module, name: str, in_f: int, out_f: int, bias: bool, in_out: bool, **kw: Any) -> None:
+    module.register_parameter(f"{name}_weight", _mat(in_f, out_f, in_out, **kw))
+    module.register_parameter(f"{name}_bias", nn.Parameter(torch.empty(out_f, **kw)) if bias else None)
+
+
+class ForwardContext:
+    """Per-forward values shared by the layers: recorder, attention function, RoPE tables (the global
+    ones, and Gemma 3's local ones), the step's token positions `(1, N)`."""
+
+    __slots__ = ("rec", "attend", "cos", "sin", "cos_local", "sin_local", "positions")
+
+    def __init__(self, rec: Any, attend: Any, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                 positions: torch.Tensor | None = None, cos_local: torch.Tensor | None = None,
+                 sin_local: torch.Tensor | None = None) -> None:
+        self.rec, self.attend, self.cos, self.sin = rec, attend, cos, sin
+        self.positions, self.cos_local, self.sin_local = positions, cos_local, sin_local
+
+
+def check_buildable(spec: ModelSpec) -> None:
+    """A ValueError naming the field the engine cannot build (family, activation, rope type, ...),
+    raised before anything is allocated, so a command can refuse the spec before it starts."""
+    if spec.family not in ENGINE_FAMILIES:
+        raise ValueError(f"family: the engine builds {', '.join(ENGINE_FAMILIES)} models, "
+                         f"got {spec.family!r} ({spec.name})")
+    if spec.hidden_act not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act: {spec.hidden_act!r} is not supported "
+                         f"(supported: {', '.join(_ACTIVATIONS)})")
+    if spec.ffn_kind != "swiglu" and spec.num_experts > 1:
+        raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
+    _check_todays_fields(spec)
+    if spec.pos_encoding == "rope":
+        check_rope(spec)
+    if spec.is_mla:
+        from llmperf.engine.mla import check_mla
+        check_mla(spec)
+    if spec.is_moe:
+        from llmperf.engine.moe import check_moe
+        check_moe(spec)
+
+
+#: ModelSpec fields the engine does not build yet, with the value that means "absent"
+_NOT_BUILT: tuple[tuple[str, Any], ...] = ()
+
+
+def _check_todays_fields(spec: ModelSpec) -> None:
+    """Fields of today's models that the analytical model costs but the engine does not build: the
+    engine refuses them by name rather than run another model."""
+    for field, absent in _NOT_BUILT:
+        value = getattr(spec, field)
+        if value != absent:
+            shown = value if not isinstance(value, tuple) or len(value) <= 4 else f"{list(value[:4])}..."
+            raise ValueError(f"{field}: the engine does not build this yet (got {shown!r} for {spec.name}); "
+                             "estimate, simulate and plan model it")
+
+
+def layer_attention(spec: ModelSpec, sinks: Sequence[torch.Tensor | None]) -> tuple[LayerAttn, ...]:
+    """Every layer's attention parameters (`LayerAttn`): its softmax scale (1/sqrt(D); GPT-2's
+    per-layer scalings; Gemma's query_pre_attn_scalar; for MLA the q/k width and yarn's mscale), its
+    window or chunk, its sinks (the layer's parameter), the soft-cap."""
+    if spec.is_mla:
+        from llmperf.engine.rope import yarn_softmax_mscale
+        base = spec.mla_q_head_dim ** -0.5 * yarn_softmax_mscale(spec)
+    elif spec.query_pre_attn_scalar is not None:
+        base = spec.query_pre_attn_scalar ** -0.5
+    else:
+        base = spec.head_dim ** -0.5 if spec.attn_scale else 1.0
+    out = []
+    for i, kind in enumerate(spec.layer_kinds()):
+        scale = base / (i + 1) if spec.attn_scale_inverse_layer_idx else base
+        out.append(LayerAttn(scale=scale, window=kind.window if kind.attention == "sliding" else None,
+                             chunk=kind.window if kind.attention == "chunked" else None, sinks=sinks[i],
+                             softcap=spec.attn_softcap))
+    return tuple(out)
