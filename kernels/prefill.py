@@ -49,14 +49,14 @@ LOG2E = math.log2(math.e)
 def _attn_fwd_inner(
     acc, l_i, m_i, q,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    q_pos, row_first, key_lo, lo, hi, T_kv, qk_scale,
+    q_pos, span, key_lo, lo, hi, T_kv, qk_scale,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, LOCAL: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Online-softmax update over key tiles [lo, hi).
 
-    MASKED tiles check bounds, the causal diagonal and (with LOCAL) each row's first key `row_first`
-    (BLOCK_M,); they load only keys in [key_lo, T_kv), key_lo being the first key any row sees."""
+    MASKED tiles check bounds, the causal diagonal and (with LOCAL) each row's first visible key; they
+    load only keys in [key_lo, T_kv), key_lo being the first key any row sees."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
@@ -81,8 +81,8 @@ def _attn_fwd_inner(
             keep = col_ok[None, :]
             if CAUSAL:
                 keep = keep & (cols[None, :] <= q_pos[:, None])
-            if LOCAL != 0:
-                keep = keep & (cols[None, :] >= row_first[:, None])
+            if LOCAL != 0:  # recomputed per masked tile: cheaper than keeping (BLOCK_M,) more registers live
+                keep = keep & (cols[None, :] >= _first_key(q_pos, span, LOCAL)[:, None])
             qk = tl.where(keep, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             # A row that has seen no key yet keeps m = -inf; subtracting 0 instead avoids -inf - -inf = NaN.
@@ -159,7 +159,6 @@ def _flash_attention_kernel(
 
     shift = T_kv - T_q  # bottom-right alignment: query row i sits at key position i + shift
     q_pos = offs_m + shift
-    row_first = _first_key(q_pos, span, LOCAL)  # (BLOCK_M,) each row's first visible key
     if CAUSAL:
         # The tile's rows see keys [key_lo, last_pos]; every row sees [first_key(last_pos), first_pos].
         # Tiles: [n_lo, n_full_lo) masked on the left edge, [n_full_lo, n_full_hi) whole, then masked up
@@ -180,17 +179,17 @@ def _flash_attention_kernel(
     if LOCAL != 0:
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            q_pos, row_first, key_lo, n_lo, tl.minimum(n_full_lo, n_end), T_kv, qk_scale,
+            q_pos, span, key_lo, n_lo, tl.minimum(n_full_lo, n_end), T_kv, qk_scale,
             True, CAUSAL, LOCAL, EVEN_D, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION,
         )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        q_pos, row_first, key_lo, n_full_lo, n_full_hi, T_kv, qk_scale,
+        q_pos, span, key_lo, n_full_lo, n_full_hi, T_kv, qk_scale,
         False, CAUSAL, LOCAL, EVEN_D, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        q_pos, row_first, key_lo, n_full_hi, n_end, T_kv, qk_scale,
+        q_pos, span, key_lo, n_full_hi, n_end, T_kv, qk_scale,
         True, CAUSAL, LOCAL, EVEN_D, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, DOT_PRECISION,
     )
     # Every real row sees at least one key, so l_i > 0 there; padding rows (not stored) may divide 0 by 0.
