@@ -8,7 +8,9 @@ too few to fill a GPU at small batch, so the keys are split along the sequence:
            normalised partial output O_s and its log-sum-exp LSE_s (base 2);
   stage 2: per (b, query head), O = sum_s 2^(LSE_s - M) O_s / sum_s 2^(LSE_s - M), M = max_s LSE_s.
 With one split, stage 1 writes the output directly and stage 2 is skipped. `kernels.splits` picks the
-number of splits.
+number of splits. With a sliding window or chunk (`kernels._masks`) only the keys the query sees are
+split and read; attention sinks join stage 2's maximum and denominator (once, not per split), or stage
+1's softmax state when it writes the output itself.
 
 Letters: B batch, H query heads, H_kv key/value heads, G = H / H_kv query heads per KV head, S_max cache
 capacity, D head dim, S number of splits.

@@ -14,7 +14,11 @@ Query head h reads KV head h // G. Any strides are accepted except along D, whic
 
 Causal masking is aligned bottom-right: the T_q queries are the last T_q positions of the T_kv keys, so
 query i sees keys j <= i + (T_kv - T_q). With T_q == T_kv this is ordinary causal prefill; with
-T_q < T_kv it is a chunk of new queries against a longer cache (chunked prefill).
+T_q < T_kv it is a chunk of new queries against a longer cache (chunked prefill). A sliding window or
+attention chunk (`kernels._masks`) also hides the keys before a query's first visible one: a query tile
+loops only over the key tiles some row sees, unmasked where every row sees the whole tile, masked at
+the window's (or chunk's) edge and on the diagonal. Attention sinks (gpt-oss) start each row's online
+softmax from the sink logit, so it joins the denominator once and adds no value.
 
 Numerics: scores and the softmax state are fp32; exponentials use exp2 with log2(e) folded into the
 scale; P is cast to V's dtype for the second product (as FlashAttention does); fp32 inputs use IEEE
