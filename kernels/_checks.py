@@ -32,7 +32,6 @@ from kernels._common import (
     check_tensor,
 )
 
-
 # How far back a query sees (`LOCAL`, a constexpr of the kernels): every earlier key, a sliding window, a chunk.
 LOCAL_NONE, LOCAL_WINDOW, LOCAL_CHUNK = 0, 1, 2
 

@@ -35,7 +35,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import DecodeDims, Local, check_decode, check_local, check_seq_len_values, check_sinks
+from kernels._checks import (
+    DecodeDims,
+    Local,
+    check_decode,
+    check_local,
+    check_seq_len_values,
+    check_sinks,
+)
 from kernels._common import (
     check_inner_contiguous,
     check_kernel_inputs,

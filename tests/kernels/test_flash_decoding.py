@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_fp64 import DTYPES, HAS_CUDA, TOLERANCE, decode_fp64, first_key, nan_like, rel_error
+from attention_fp64 import (
+    DTYPES,
+    HAS_CUDA,
+    TOLERANCE,
+    decode_fp64,
+    first_key,
+    nan_like,
+    rel_error,
+)
 
 pytest.importorskip("triton")
 import kernels.decode as fd  # noqa: E402

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_fp64 import DTYPES, HAS_CUDA, TOLERANCE, first_key, nan_like, paged_fp64, rel_error
+from attention_fp64 import (
+    DTYPES,
+    HAS_CUDA,
+    TOLERANCE,
+    first_key,
+    nan_like,
+    paged_fp64,
+    rel_error,
+)
 
 pytest.importorskip("triton")
 import kernels.decode as fd  # noqa: E402

@@ -70,15 +70,15 @@ FEATURE_BAD = {
     "window zero": (dict(window=0), "window: must be a positive integer (keys each query sees"),
     "window bool": (dict(window=True), "window: must be a positive integer"),
     "window float": (dict(window=4.0), "window: must be a positive integer"),
-    "chunk negative": (dict(chunk=-8), "chunk: must be a positive integer (tokens per attention chunk) or None, "
-                                       "got -8"),
-    "window and chunk": (dict(window=4, chunk=8), "window, chunk: sliding-window and chunked attention exclude "
-                                                  "each other, pass one (got window=4, chunk=8)"),
+    "chunk negative": (dict(chunk=-8), ("chunk: must be a positive integer (tokens per attention chunk) or None, "
+                                        "got -8")),
+    "window and chunk": (dict(window=4, chunk=8), ("window, chunk: sliding-window and chunked attention exclude "
+                                                   "each other, pass one (got window=4, chunk=8)")),
     "sinks list": (dict(sinks=[0.0] * H), "sinks: expected a torch.Tensor (H,)"),
     "sinks 2-d": (dict(sinks=torch.zeros(1, H)), "sinks: expected 1 dims (H,)"),
     "sinks int": (dict(sinks=torch.zeros(H, dtype=torch.int32)), "sinks: dtype must be"),
-    "sinks shape": (dict(sinks=torch.zeros(H + 1)), f"sinks: expected one logit per query head, shape ({H},), "
-                                                    f"got ({H + 1},)"),
+    "sinks shape": (dict(sinks=torch.zeros(H + 1)), (f"sinks: expected one logit per query head, shape ({H},), "
+                                                     f"got ({H + 1},)")),
     "sinks on meta": (dict(sinks=torch.zeros(H, device="meta")), "sinks: on meta, but q is on cpu"),
 }
 
