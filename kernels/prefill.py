@@ -85,7 +85,7 @@ def _attn_fwd_inner(
             keep = col_ok[None, :]
             if CAUSAL:
                 keep = keep & (cols[None, :] <= q_pos[:, None])
-            if LOCAL != 0:  # recomputed per masked tile: cheaper than keeping (BLOCK_M,) more registers live
+            if LOCAL != 0:  # recomputed per masked tile rather than held across the loops (fewer live registers)
                 keep = keep & (cols[None, :] >= _first_key(q_pos, span, LOCAL)[:, None])
             qk = tl.where(keep, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)

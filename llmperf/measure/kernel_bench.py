@@ -145,7 +145,8 @@ def local_cases(quick: bool = False) -> list[Case]:
             for op in ("decode", "paged") for b, t in ((1, 32768), (64, 8192))]
     out += [Case(op="decode", batch=64, context=8192, **GPT_OSS)]
     out += [Case(op="prefill", batch=1, context=t, **LLAMA_4) for t in (16384, 32768)]
-    out += [Case(op=op, batch=b, context=t, **LLAMA_4) for op in ("decode", "paged") for b, t in ((1, 32768), (32, 16384))]
+    out += [Case(op=op, batch=b, context=t, **LLAMA_4)
+            for op in ("decode", "paged") for b, t in ((1, 32768), (32, 16384))]
     return out
 
 
@@ -414,7 +415,8 @@ def _make_inputs(case: Case, dtype, device):
     blocks_per_seq = -(-T // BLOCK_SIZE)
     num_blocks = B * blocks_per_seq
     perm = torch.randperm(num_blocks, generator=g, device=device).to(torch.int32)
-    return dict(q=q, key_blocks=randn(num_blocks, BLOCK_SIZE, Hkv, D), value_blocks=randn(num_blocks, BLOCK_SIZE, Hkv, D),
+    return dict(q=q, key_blocks=randn(num_blocks, BLOCK_SIZE, Hkv, D),
+                value_blocks=randn(num_blocks, BLOCK_SIZE, Hkv, D),
                 block_tables=perm.view(B, blocks_per_seq), seq_lens=seq_lens, **features)
 
 

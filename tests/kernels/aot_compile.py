@@ -3,10 +3,10 @@
 Run WITHOUT TRITON_INTERPRET (the interpreter replaces the jit functions):
     python tests/kernels/aot_compile.py 80 [90 ...] [--all-configs] [--only=_mla_decode_kernel ...]
 prints one JSON line per compiled kernel (name, arch, the optional paths it compiled: sliding window,
-chunk, sinks; config, its integer constexprs, shared memory, whether PTX and a cubin
-were produced, registers per thread and spill stack from cuobjdump). The launch arguments come from the real wrappers: their launchers are replaced by
-recorders and the wrappers are called on CPU tensors; each argument is then specialised exactly as
-triton's JIT specialises it at launch (`native_specialize_impl`: dtype, 16-byte alignment, ints equal
+chunk, sinks; config, its integer constexprs, shared memory, whether PTX and a cubin were produced,
+registers per thread and spill stack from cuobjdump). The launch arguments come from the real wrappers:
+their launchers are replaced by recorders and the wrappers are called on CPU tensors; each argument is
+then specialised exactly as triton's JIT specialises it at launch (`native_specialize_impl`: dtype, 16-byte alignment, ints equal
 to 1 or divisible by 16), so the compiled signature is the one a GPU launch would compile.
 """
 

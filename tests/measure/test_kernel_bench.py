@@ -27,7 +27,8 @@ def test_shapes_cover_the_brief():
 
 
 def test_local_shapes_are_todays_models():
-    """gpt-oss's sliding layers (window 128, sinks, 64 / 8 heads of 64) and Llama 4's chunked ones (8192, 40 / 8 of 128)."""
+    """gpt-oss's sliding layers (window 128, sinks, 64 / 8 heads of 64); Llama 4's chunked ones (8192, 40 / 8
+    heads of 128)."""
     local = [c for c in bench.cases() if c.features]
     oss = [c for c in local if c.model == "gpt-oss"]
     scout = [c for c in local if c.model == "llama-4"]
