@@ -208,6 +208,8 @@ def _flash_attention_kernel(
 # arch; 128x128 is the H100 candidate (224 KiB of shared memory, 16 B of spill on sm_90, 56 B on sm_80);
 # the 64-row configs serve short query chunks and (64, 32, 8, 2) serves D=256 and fp32 (the only one that
 # does not spill in fp32). A config the device cannot hold fails to launch and the autotuner skips it.
+# The window + sinks path (bf16, D=64) spills in no config on either arch; the chunk path (fp16, D=128,
+# an integer division per masked tile) spills 64 B at 128x64 on sm_80 (up to 16 B on sm_90), none at 128x32.
 CUDA_CONFIGS = [
     (128, 128, 8, 3),
     (128, 64, 8, 3),
