@@ -113,8 +113,7 @@ FEATURES = [dict(window=20), dict(window=1, sinks=True), dict(chunk=16), dict(ch
 
 
 @pytest.mark.parametrize("features", FEATURES, ids=lambda f: "".join(f"{k}{v}" for k, v in f.items()))
-@pytest.mark.parametrize("P", [16, 12], ids=lambda p: f"P{p}")
-@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("P, num_splits", [(16, 1), (12, 3)], ids=["P16-splits1", "P12-splits3"])
 def test_window_chunk_sinks(device, features, P, num_splits):
     """Windows and chunks through the block table (blocks before them freed), with and without sinks."""
     features = dict(features)
