@@ -84,7 +84,7 @@ def sdpa_core(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta,
     soft-caps eagerly, `_eager`). One query per sequence folds the G query heads of each KV head
     into the query axis, so the keys are read once per KV head with no copy. Multi-head latent
     attention runs both its forms through here (`llmperf.engine.mla`)."""
-    B, T, H, D = q.shape
+    B, T, H, _ = q.shape
     H_kv, S, Dv = K.shape[1], K.shape[2], V.shape[-1]
     if p.sinks is not None or p.softcap is not None:
         return _eager(q, K, V, meta, p).reshape(B, T, H * Dv)
