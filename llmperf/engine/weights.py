@@ -337,7 +337,8 @@ def _copy_entries(spec: ModelSpec, params: Mapping[str, torch.Tensor], entries: 
             value = value.transpose(-1, -2)  # (out, in) -> the engine's (in, out)
         target = params[entry.ours]
         if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(_shape_mismatch(spec, entry, names, parts, tuple(value.shape), tuple(target.shape), in_out))
+            raise ValueError(_shape_mismatch(spec, entry, names, parts, tuple(value.shape), tuple(target.shape),
+                                             in_out))
         target.copy_(value.to(dtype=target.dtype))
 
 
@@ -593,7 +594,8 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
                 raise ValueError(f"{field}: hf_config writes Mixtral configs only ({field}={mixtral!r}), got "
                                  f"{getattr(spec, field)!r}; save the family's own checkpoint instead")
         if spec.expert_ffn_size != spec.ffn_size:
-            raise ValueError(f"moe_ffn_size: Mixtral's experts are ffn_size={spec.ffn_size} wide, got {spec.moe_ffn_size}")
+            raise ValueError(f"moe_ffn_size: Mixtral's experts are ffn_size={spec.ffn_size} wide, "
+                             f"got {spec.moe_ffn_size}")
         cfg.update(model_type="mixtral", num_local_experts=spec.num_experts,
                    num_experts_per_tok=spec.experts_per_token, sliding_window=spec.sliding_window)
     elif spec.qkv_bias and not spec.out_bias:

@@ -1,10 +1,11 @@
-"""MoE blocks the engine cannot yet run inside a whole model of their family, checked as modules: the
+"""MoE blocks checked as modules, every routing variant in both layouts and both expert formats: the
 engine's `moe.MoE` against transformers' `DeepseekV3MoE` (sigmoid scores, the score correction for
 choosing only, group-limited routing on the top-2 sum, renormalised and scaled; the shared experts as
 one MLP), `DeepseekV2Moe` (softmax, greedy and group_limited_greedy on the group max, scaled, not
 renormalised) and `Qwen2MoeSparseMoeBlock` (the sigmoid-gated shared expert), with the same weights
-loaded by `weights.load_moe_state_dict` from transformers' names, stacked and one expert at a time.
-(DeepSeek's whole models need multi-head latent attention, checked with all-dense configs elsewhere.)
+loaded by `weights.load_moe_state_dict` from transformers' names, stacked and one expert at a time
+(Qwen2-MoE is not a model type the spec loader reads; the whole DeepSeek models are in
+test_moe_families.py).
 
 Also: every built-in MoE model, scaled down, builds and decodes in fp32 and bf16; the refusals of MoE
 fields the engine does not build; the analytical count of touched experts that `profile` compares
@@ -101,7 +102,8 @@ def _check_block(spec: ModelSpec, block, layout: str, per_expert: bool) -> MoE:
         rec = _NoRec()
         ours = moe(x, rec=rec)
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
-    shared = ["shared_gate_up_proj", "shared_act", "shared_down_proj"] + ["shared_expert_gate"] * spec.shared_expert_gate
+    shared = ["shared_gate_up_proj", "shared_act", "shared_down_proj"]
+    shared += ["shared_expert_gate"] * spec.shared_expert_gate
     assert rec.names == ["router"] + ["gate_up_proj", "act", "down_proj"] * moe.last_touched + shared
     return moe
 
@@ -160,11 +162,13 @@ def test_moe_fields_the_engine_does_not_build_are_refused_by_name():
     with pytest.raises(ValueError, match="swiglu_limit"):
         Transformer(replace(base, swiglu_limit=7.0, hidden_act="gelu"))
     with pytest.raises(ValueError, match="router_groups"):  # noaux_tc groups score their two best experts
-        Transformer(replace(base, router_score_bias=True, router_scoring="sigmoid", router_groups=8, router_topk_groups=2))
+        Transformer(replace(base, router_score_bias=True, router_scoring="sigmoid", router_groups=8,
+                            router_topk_groups=2))
     with pytest.raises(ValueError, match="shared_experts"):  # the reference config writer: Mixtral only
         hf_config(replace(base, moe_ffn_size=None))
     with pytest.raises(ValueError, match="moe_ffn_size"):
-        hf_config(replace(base, shared_experts=0, shared_ffn_size=None, shared_expert_gate=False, router_renormalize=True))
+        hf_config(replace(base, shared_experts=0, shared_ffn_size=None, shared_expert_gate=False,
+                          router_renormalize=True))
 
 
 def test_expected_touched_experts_under_uniform_routing():
