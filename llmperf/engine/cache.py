@@ -488,7 +488,7 @@ class PagedKVCache(KVCache):
         return self.kv[slot, 0], self.kv[slot, 1]
 
     def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block pools `(N, P, H_kv, D)`."""
+        """The block pools `(N, P, H_kv, D)` (addressed by `meta.block_tables_for(layer)`)."""
         return self.pools(layer)
 
     def can_allocate(self, lengths: Sequence[int], forks: int = 0, headroom: int = 0) -> bool:

@@ -93,7 +93,9 @@ class StepMeta:
     `positions` (B, T) int64 on the model's device; `starts` / `seq_lens` python ints per sequence
     (tokens cached before / after this step). Cache addressing: `rows` (contiguous cache: the batch's
     rows, `row_slice` when they are consecutive), or `slot_mapping` (B*T,) and `block_tables`
-    (B, max_blocks) int32 (paged cache). `store`: where the K/V live (None: no cache).
+    (B, max_blocks) int32 (paged cache), and for a hybrid model's paged cache `group_tables`,
+    `group_slots`, `layer_tables` (each layer's through `block_tables_for` / `slot_mapping_for`).
+    `store`: where the K/V live (None: no cache).
     """
 
     positions: torch.Tensor

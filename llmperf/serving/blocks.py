@@ -48,9 +48,16 @@ Public API (engine-core builds on it; keep stable):
         .bytes_reserved(bytes_per_block) -> int   .bytes_used(bytes_per_block) -> float
         .check_invariants()
 
-    WindowedBlockManager(num_blocks, block_size, groups=[WindowGroup(...)], max_step_tokens=None)
-        a BlockManager whose model also has sliding / chunked layers: each `WindowGroup` holds, per
-        sequence, the blocks its next step reads (the simulator's path: allocate / reserve / free)
+    WindowedBlockManager(num_blocks, block_size, groups=[WindowGroup(...)], max_step_tokens=None,
+                         record_copies=False)
+        a BlockManager whose model also has sliding / chunked layers (the engine's hybrid paged cache
+        and the simulator's capped pool): each `WindowGroup` keeps, per sequence, a table of the
+        blocks its next step reads, giving back those that left its window or chunk
+        .window_table(seq_id, group) -> list[tuple[int, ...] | None]   (None: given back)
+        .window_slot_mapping(seq_id, group, sub, start, end) -> list[int]
+        .take_copies() -> list[(src, dst, slots)]   .slot_usage() -> (full slots, [slots per group])
+        .window_blocks(seq_id) -> list[int]
+    HybridLayout.of(kinds) -> HybridLayout | None   which layers page together, and where each lives
 
 Conventions: a token at position p of a sequence lives in block `table[p // block_size]` at offset
 `p % block_size`, flat slot `block_id * block_size + offset`. `allocate(seq_id, n)` reserves and
@@ -665,7 +672,7 @@ class _Held:
     """One window group's blocks of one sequence: `entries[k]` holds logical block `first + k`, one
     pool block per sub-group (a tuple of `pages` ids); the blocks before `first` were given back."""
 
-    __slots__ = ("first", "entries")
+    __slots__ = ("entries", "first")
 
     def __init__(self, first: int = 0, entries: Sequence[tuple[int, ...]] = ()) -> None:
         self.first = first

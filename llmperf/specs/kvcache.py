@@ -30,7 +30,14 @@ two figures exactly.
 A paged cache allocates `block_size` tokens at a time, and each group of layers of one kind pages
 separately (vLLM's hybrid allocator keeps one block table per KV-cache group), so one sequence
 occupies `sum over groups of layers * bytes per token and layer * ceil(held / block_size) *
-block_size` (`paged_bytes_for_context`). Tensor parallelism splits KV heads across GPUs, but never
+block_size` (`paged_bytes_for_context`, the steady state: a window's tokens, rounded up). Block by
+block, as a paged engine holds them (`paged_blocks`, `paged_reserved_bytes`, `paged_used_bytes`, equal
+to `llmperf.engine.cache.PagedKVCache.usage()` at every step): a pool block holds `block_size` tokens
+of the full layers, a window group's block takes `pages_per_block` of them (vLLM's uniform page, the
+last sub-group padded), and a window group holds the blocks from the one holding the first key its
+last step read (`first_key`: a window straddles one more block than `window / block_size`) to the
+sequence's last; reserved bytes are those blocks whole, used bytes the slots holding a token in the
+layers that exist. Tensor parallelism splits KV heads across GPUs, but never
 below one head per GPU (vLLM replicates KV heads when `tp` exceeds them); pipeline parallelism splits
 layers as vLLM partitions them (`pipeline_stages`).
 

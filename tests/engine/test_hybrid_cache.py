@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_testing import tiny
+
 from llmperf.engine import Engine, PagedKVCache, SamplingParams, build_model
 from llmperf.specs.kvcache import KVCacheSpec
 
@@ -101,7 +101,7 @@ def test_fork_shares_window_blocks_and_copies_on_write():
     assert (m.block_table(1), m.window_table(1, 0)) == ([0, 4], [(2,), (5,)])
     assert (m.block_table(0), m.window_table(0, 0)) == ([0, 1], [(2,), (3,)])
     for layer in range(4):  # the child's copies hold the parent's two tokens of the block, in every layer
-        pool_k, pool_v = cache.pools(layer)
+        pool_k = cache.pools(layer)[0]
         src, dst = (1, 4) if layer % 2 else (3, 5)
         torch.testing.assert_close(pool_k[dst, :2], pool_k[src, :2], rtol=0, atol=0)
         torch.testing.assert_close(pool_k[src, :2], kv[layer][0][0, 4:6], rtol=0, atol=0)

@@ -7,9 +7,9 @@ the contiguous cache)."""
 from __future__ import annotations
 
 import pytest
-
 from checkpoints import saved_checkpoint
 from engine_testing import hf_generate
+
 from llmperf.engine import Engine, SamplingParams, from_pretrained
 
 CONFIG = dict(model_type="gemma3_text", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -42,7 +42,7 @@ def checkpoint(tmp_path_factory):
 
 
 def _expected(checkpoint, params, prompts=PROMPTS):
-    path, hf, memo = checkpoint
+    _, hf, memo = checkpoint
     key = (id(params), len(prompts))
     if key not in memo:
         memo[key] = hf_generate(hf, prompts, params)
