@@ -213,10 +213,22 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
             value = value.transpose(-1, -2)  # (out, in) -> the engine's (in, out)
         target = params[entry.ours]
         if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"checkpoint: {names[0]!r} has shape {tuple(value.shape)}, "
-                             f"the model expects {tuple(target.shape)} for {entry.ours}")
+            raise ValueError(_shape_mismatch(spec, entry, names, parts, tuple(value.shape), tuple(target.shape)))
         target.copy_(value.to(dtype=target.dtype))
     return model
+
+
+def _shape_mismatch(spec: ModelSpec, entry: _Entry, names: list[str], parts: list[torch.Tensor],
+                    got: tuple[int, ...], want: tuple[int, ...]) -> str:
+    """One line naming the checkpoint tensor that does not fit and both shapes: for a fused parameter
+    (q/k/v, gate/up) the part whose rows differ from what the config gives it."""
+    if len(parts) > 1 and ("qkv" in entry.ours or entry.ours.endswith("up_weight")):
+        for name, part, rows in zip(names, parts, _split_sizes(spec, entry)):
+            if part.shape[0] != rows:
+                expected = (rows, *part.shape[1:])
+                return (f"checkpoint: {name!r} has shape {tuple(part.shape)}, the config expects {expected} "
+                        f"(part of {entry.ours}, {want})")
+    return f"checkpoint: {names[0]!r} has shape {got}, the model expects {want} for {entry.ours}"
 
 
 def _assemble_experts_up(parts: list[torch.Tensor], spec: ModelSpec) -> torch.Tensor:
@@ -294,6 +306,16 @@ class TensorSource(Mapping[str, torch.Tensor]):
             return self._bin[key]
         return self._handles[self._where[key]].get_tensor(key)
 
+    def shapes(self) -> dict[str, torch.Tensor]:
+        """Every tensor as an empty one of its shape on the meta device (read from the safetensors
+        headers, no data), for checking a checkpoint against a model before allocating it."""
+        out = {}
+        for key, where in self._where.items():
+            shape = (self._bin[key].shape if key in self._bin
+                     else self._handles[where].get_slice(key).get_shape())
+            out[key] = torch.empty(tuple(shape), device="meta")
+        return out
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
 
@@ -314,10 +336,15 @@ def from_pretrained(path: str | os.PathLike[str], *, dtype: str | torch.dtype | 
         raise ValueError(f"path: {str(path)!r} is not a checkpoint directory")
     if spec is None:
         spec = honour_hf_fields(ModelSpec.from_hf_config(d), json.loads((d / "config.json").read_text()))
-    model = Transformer(spec, dtype=torch_dtype(dtype or spec.dtype), device=device, attention=attention,
-                        weight_layout=weight_layout)
+    source = TensorSource(d)
+    dtype = torch_dtype(dtype or spec.dtype)
+    # The same load on the meta device first: a tensor missing or of the wrong shape (a config that
+    # does not match its weights) is named, with both shapes, before anything is allocated.
+    load_hf_state_dict(Transformer(spec, dtype=dtype, device="meta", attention=attention,
+                                   weight_layout=weight_layout), source.shapes())
+    model = Transformer(spec, dtype=dtype, device=device, attention=attention, weight_layout=weight_layout)
     model.eos_token_id = checkpoint_eos(d)
-    return load_hf_state_dict(model, TensorSource(d))
+    return load_hf_state_dict(model, source)
 
 
 #: Hugging Face config fields that change the math of a model the engine builds, and what the engine

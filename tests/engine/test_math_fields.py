@@ -13,6 +13,10 @@ from llmperf.engine.weights import MATH_FIELDS, honour_hf_fields
 transformers = pytest.importorskip("transformers")
 
 
+_GEMMA2 = dict(model_type="gemma2", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+
+
 def _cfg(kind: str, **changes):
     cfg = hf_config(SPECS[kind]())
     cfg.update(changes)
@@ -25,14 +29,17 @@ CASES = {
     "use_sliding_window": ("qwen2", dict(use_sliding_window=True, sliding_window=7, max_window_layers=0),
                            dict(sliding_window=7)),
     "max_window_layers": ("qwen2", dict(use_sliding_window=True, sliding_window=7, max_window_layers=1), "refused"),
-    "layer_types": ("llama", dict(model_type="mistral", sliding_window=5,
-                                  layer_types=["full_attention", "sliding_attention"]), "refused"),
+    # read per model type by the spec loader (ModelSpec.from_hf_config), which every family shares
+    "layer_types": ("hf", dict(_GEMMA2, model_type="gemma3_text", sliding_window=5,
+                               layer_types=["full_attention", "sliding_attention"]),
+                    dict(layer_types=("full", "sliding"), sliding_window=5)),
     "scale_attn_weights": ("gpt2", dict(scale_attn_weights=False), dict(attn_scale=False)),
     "scale_attn_by_inverse_layer_idx": ("gpt2", dict(scale_attn_by_inverse_layer_idx=True),
                                         dict(attn_scale_inverse_layer_idx=True)),
-    "attn_logit_softcapping": ("llama", dict(attn_logit_softcapping=50.0), "refused"),
-    "final_logit_softcapping": ("llama", dict(final_logit_softcapping=30.0), "refused"),
-    "attention_chunk_size": ("llama", dict(attention_chunk_size=8), "refused"),
+    "attn_logit_softcapping": ("hf", dict(_GEMMA2, attn_logit_softcapping=50.0), dict(attn_softcap=50.0)),
+    "final_logit_softcapping": ("hf", dict(_GEMMA2, final_logit_softcapping=30.0), dict(final_softcap=30.0)),
+    "attention_chunk_size": ("hf", dict(_GEMMA2, model_type="llama4_text", attention_chunk_size=8,
+                                        num_local_experts=4), dict(attention_chunk_size=8)),
 }
 
 
@@ -43,6 +50,13 @@ def test_every_math_field_has_a_case():
 @pytest.mark.parametrize("field", sorted(MATH_FIELDS))
 def test_math_field_is_honoured_or_refused(field):
     kind, changes, expected = CASES[field]
+    if kind == "hf":  # the model types that define the field: the spec loader reads it
+        from llmperf.specs import ModelSpec
+        got = ModelSpec.from_hf_config(changes)
+        for name, value in expected.items():
+            assert getattr(got, name) == value, f"{field} not honoured: {name}={getattr(got, name)!r}"
+        assert MATH_FIELDS[field].startswith("honoured")
+        return
     spec = SPECS[kind]()
     if expected == "refused":
         assert MATH_FIELDS[field].startswith("refused") or "refused" in MATH_FIELDS[field]
@@ -76,17 +90,18 @@ def test_from_pretrained_honours_the_checkpoint(tmp_path, kind):
         torch.testing.assert_close(loaded(tokens, all_logits=True), hf(tokens).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_triton_refuses_a_window_that_matters():
+def test_triton_generates_what_sdpa_generates_with_a_window():
+    """The sliding window (smaller than the prompt) reaches the triton kernels through the engine."""
     from engine_testing import kernels_available
     from llmperf.engine import Engine, SamplingParams
 
     ok, why = kernels_available()
     if not ok:
         pytest.skip(why)
-    engine = Engine(make_model("mistral", seed=1), attention="triton")
-    with pytest.raises(ValueError, match="sliding_window"):
-        engine.generate([list(range(1, 10))], SamplingParams(max_new_tokens=2))
-    assert engine.cache.num_seqs == 0
+    prompts = [list(range(1, 10)), list(range(20, 27))]
+    got = [Engine(make_model("mistral", seed=1), attention=backend).generate(prompts, SamplingParams(max_new_tokens=4))
+           for backend in ("triton", "sdpa")]
+    assert [r.tokens for r in got[0]] == [r.tokens for r in got[1]]
 
 
 _LLAMA = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
