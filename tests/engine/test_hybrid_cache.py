@@ -188,3 +188,16 @@ def test_freeing_leaves_room_and_preemption_recomputes_the_same_tokens():
     assert runs["capped", 120][0] == runs["full", 60][0]
     assert runs["capped", 120][1] == 0 and runs["full", 60][1] > 0 and runs["capped", 72][1] > 0
     assert runs["capped", 120][2] == runs["full", 60][2] == runs["capped", 72][2]
+
+
+def test_the_contiguous_cache_keeps_whole_rows():
+    """The naive server's cache: a hybrid model's sliding layers keep their whole row too (nothing is
+    reclaimed while a sequence lives), the tokens those of the paged cache that gives blocks back."""
+    spec = HYBRID["gemma-3-like"]()
+    model = build_model(spec, seed=0)
+    params = SamplingParams(max_new_tokens=40, eos_token_id=None)
+    contiguous = Engine(model, cache="contiguous", max_batch=1, max_seq_len=80)
+    paged = Engine(model, cache="paged", block_size=4)
+    tokens = [e.generate([list(range(1, 31))], params)[0].completions[0].tokens for e in (contiguous, paged)]
+    assert tokens[0] == tokens[1]
+    assert {s.usage.reserved_bytes for s in contiguous.last_steps[:-1]} == {80 * spec.kv_bytes_per_token("fp32")}

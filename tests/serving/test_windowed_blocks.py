@@ -178,3 +178,39 @@ def test_slot_usage_counts_the_tokens_of_each_group_and_shared_blocks_once():
     assert kv.reserve(0, 7)  # positions 10..16: the step reads from chunk 1 (8..), blocks 0 and 1 go back
     assert kv.window_table(0, 0)[:2] == [None, None] and kv.slot_usage() == (17 + 2, [17 - 8 + 10])
     kv.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["new", "grow", "fork", "free"]), st.integers(0, 5),
+                              st.integers(1, 9)), min_size=1, max_size=50),
+       window=st.integers(1, 12), kind=st.sampled_from(["sliding", "chunked"]), layers=st.integers(1, 4))
+def test_forks_prefixes_and_frees_keep_every_count(ops, window, kind, layers):
+    """Random allocations with shared prefixes, forks, growth and frees: reference counts, the
+    groups' spans, the prefix tables and the used-slot counts stay exact, and every block comes back."""
+    kv = WindowedBlockManager(400, 4, groups=[WindowGroup(attention=kind, window=window, layers=layers,
+                                                          full_layers=2)], record_copies=True)
+    prompt = [7, 1, 7, 2, 7, 3, 7, 4, 7, 5, 7, 6, 7, 8, 9, 9]
+    live: list[int] = []
+    next_id = 0
+    for op, pick, n in ops:
+        if op == "new" or not live:
+            tokens = prompt[:n + 6] + [next_id]
+            assert kv.allocate(next_id, len(tokens), prefix=tokens)
+            kv.publish(next_id, tokens, len(tokens))
+            live.append(next_id)
+            next_id += 1
+        elif op == "grow":
+            assert kv.reserve(live[pick % len(live)], n)
+        elif op == "fork":
+            kv.fork(live[pick % len(live)], next_id)
+            live.append(next_id)
+            next_id += 1
+        else:
+            kv.free(live.pop(pick % len(live)))
+        for src, dst, slots in kv.take_copies():
+            assert src != dst and 0 < slots < 4
+        kv.check_invariants()
+    for seq in live:
+        kv.free(seq)
+    assert kv.num_used_blocks == 0 and kv.slot_usage() == (0, [0])
+    kv.check_invariants()
