@@ -71,7 +71,7 @@ def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if not eager and T == 1 and meta.paged and p.chunk is None and cpu_kernels.use_attention_for(q):
             pool_k, pool_v = meta.store.pools(layer)  # blocks read in place
             return cpu_kernels.decode_attention(q[:, 0], pool_k, pool_v, meta.seq_lens_tensor(), p.scale, p.window,
-                                                meta.block_tables).view(B, 1, H * D)
+                                                meta.block_tables_for(layer)).view(B, 1, H * D)
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
         if T == 1 and not eager:
             return sdpa_decode(q[:, 0], K, V, meta, p.scale, p).view(B, 1, H * D)
@@ -230,7 +230,7 @@ def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             return flash_core(kernels, q, k.transpose(1, 2), v.transpose(1, 2), meta, **features)
         if T == 1 and meta.paged:
             k_pool, v_pool = meta.store.pools(layer)  # (num_blocks, block_size, H_kv, D) each
-            o = kernels.paged_attention(q.reshape(B, H, D), k_pool, v_pool, meta.block_tables,
+            o = kernels.paged_attention(q.reshape(B, H, D), k_pool, v_pool, meta.block_tables_for(layer),
                                         meta.seq_lens_tensor(), _decode_splits(kernels, meta, H_kv, q.device, p),
                                         validate=False, **features)
             return o.reshape(B, 1, H * D)
