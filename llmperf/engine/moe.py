@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from llmperf.engine.instrument import EXPERTS_TOUCHED
 from llmperf.specs import ModelSpec
 
 #: ModelSpec fields of MoE models the engine does not build yet, with the value that means "absent"
@@ -74,7 +75,9 @@ class MoE(nn.Module):
             weights, chosen = torch.topk(weights, self.top_k, dim=-1)  # (N, K)
             weights = weights / weights.sum(dim=-1, keepdim=True)  # fp32, as Hugging Face keeps them
         out = torch.zeros_like(flat)
-        for e in torch.unique(chosen).tolist():
+        experts = torch.unique(chosen).tolist()
+        rec.count(EXPERTS_TOUCHED, self.index, len(experts))  # the expert weights this step reads
+        for e in experts:
             rows, slot = torch.nonzero(chosen == e, as_tuple=True)
             y = self._expert(flat[rows], e, rec)
             out.index_add_(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
