@@ -520,31 +520,27 @@ def cross_checks(model: Any, spec: ModelSpec, prec: Precision, settings: Profile
 # ---- micro-benchmarks (torch) ---------------------------------------------------------------------------
 
 
-def micro_kind(spec: ModelSpec) -> LayerKind:
-    """The layer kind whose weight matmuls the micro-benchmarks time: the first dense layer's (a dense
-    FFN's projections are plain GEMMs), else the first layer's (then its routed experts are left out:
-    their GEMMs are per expert, over rows the routing decides)."""
-    kinds = spec.layer_kinds()
-    return next((k for k in kinds if not k.moe), kinds[0])
-
-
-def micro_matmuls(pred: Predictor, batch: int, q_len: int, kv_len: int) -> list[tuple[Op, int, int, OpCost]]:
-    """(operator, in, out, cost) of every weight matmul the micro-benchmarks time, each one plain GEMM
-    of the model (split parts of the fused GEMMs; one layer of `micro_kind`; the LM head): the shapes
-    are the analytical model's own (`OpCost.gemm`), so every family's projections are timed as they
-    are predicted. MLA's kv_b_proj, q_absorb and v_absorb (rows or groups that depend on the context
-    or the heads) and routed experts are not timed here."""
-    kind = micro_kind(pred.fm.model)
-    routed = {Op.gate_proj, Op.up_proj, Op.down_proj} if kind.moe else set()
-    out = []
-    for op in Op:
-        if op not in WEIGHT_MATMUL_OPS or op in FUSED_PARTS or op in routed:
-            continue
-        cost = pred.cost(op, batch, q_len, kv_len, kind)
-        if cost is None or cost.gemm is None or np.ndim(cost.gemm.groups) or cost.gemm.groups != 1:
-            continue
-        out.append((op, cost.gemm.k, cost.gemm.n, cost))
-    return out
+def micro_matmuls(pred: Predictor, batch: int, q_len: int,
+                  kv_len: int) -> list[tuple[Op, int, int, OpCost, str]]:
+    """(operator, in, out, cost, layer kind) of every weight matmul the micro-benchmarks time, each one
+    plain GEMM of the model at the analytical model's own shape (`OpCost.gemm`): the split parts of
+    the fused GEMMs, of the first dense layer (its attention and FFN) and of the first MoE layer (its
+    router and shared experts, and its attention when no layer is dense), and the LM head. Not timed
+    here: routed experts (a GEMM per expert over the rows the routing decides) and MLA's kv_b_proj,
+    q_absorb and v_absorb (rows or groups set by the context and the heads)."""
+    kinds = pred.fm.model.layer_kinds()
+    first = [next((k for k in kinds if not k.moe), None), next((k for k in kinds if k.moe), None)]
+    out: dict[Op, tuple[Op, int, int, OpCost, str]] = {}
+    for kind in (k for k in first if k is not None):
+        routed = {Op.gate_proj, Op.up_proj, Op.down_proj} if kind.moe else set()
+        for op in Op:
+            if op not in WEIGHT_MATMUL_OPS or op in FUSED_PARTS or op in routed or op in out:
+                continue
+            cost = pred.cost(op, batch, q_len, kv_len, kind)
+            if cost is None or cost.gemm is None or np.ndim(cost.gemm.groups) or cost.gemm.groups != 1:
+                continue
+            out[op] = (op, cost.gemm.k, cost.gemm.n, cost, kind.label if cost.per_layer else MODEL_LEVEL)
+    return [out[op] for op in Op if op in out]
 
 
 def _llc_bytes(dev: dict[str, Any]) -> int:
@@ -568,9 +564,8 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
     elem = torch.empty((), dtype=dtype).element_size()
     rows_out = []
     shapes = [(Phase.prefill, prompt_len, prompt_len), (Phase.decode, 1, prompt_len + max(gen_len // 2, 1))]
-    label = micro_kind(spec).label
     for phase, q_len, kv_len in shapes:
-        for op, d_in, d_out, cost in micro_matmuls(pred, batch, q_len, kv_len):
+        for op, d_in, d_out, cost, label in micro_matmuls(pred, batch, q_len, kv_len):
             rows = pred.rows(cost, batch, q_len, pred.fm)
             copies = max(1, min(8, -(-CACHE_ROTATION_FACTOR * llc // (d_in * d_out * elem)))) if llc else 1
             ws = [torch.randn((d_in, d_out) if in_out else (d_out, d_in), device=device, dtype=dtype)
@@ -587,7 +582,7 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
             t = time_fn(call, device, reps=settings.reps, warmup=1, max_time_s=MICRO_BUDGET_S)
             rows_out.append(op_row("micro", phase.value, op.value, batch, q_len, kv_len, t.median_s, t.spread_s, t.n,
                                    cost, pred.times(cost, batch, q_len, micro=True), pred.hardware, pred.compute_dtype,
-                                   layer=MODEL_LEVEL if not cost.per_layer else label))
+                                   layer=label))
             del ws, x
             gemm.clear()
         rows_out += _attention_micro(model, spec, pred, settings, batch, phase, q_len, kv_len)
