@@ -15,7 +15,9 @@ Operator names (the one vocabulary, `llmperf.analysis.vocabulary.Op`): `embed`, 
 `attn_norm`, `qkv_proj` (Q, K and V as the one fused GEMM the model runs), `rope`, `kv_write`,
 `attn_score`, `attn_softmax`, `attn_value` (naive backend) or `attention` (sdpa / triton), `o_proj`,
 `attn_residual`, `mlp_norm`, `router`, `gate_up_proj` (gated FFNs: the one fused GEMM) or `up_proj`
-(GELU FFNs), `act`, `down_proj`, `mlp_residual`, `final_norm`, `lm_head`. What is timed is what
+(GELU FFNs), `act`, `down_proj` (once per expert run on MoE layers), `shared_gate_up_proj`,
+`shared_act`, `shared_down_proj`, `shared_expert_gate` (shared experts), `mlp_residual`,
+`final_norm`, `lm_head`. What is timed is what
 normally runs: recording never splits a fused GEMM (`FUSED_PARTS` joins it to split
 predictions). Where a decode step's layers run in one call of llmperf's CPU kernels
 (`cpu.kernels.decode_layers`), each operator of each layer is timed inside the call and handed over
@@ -52,7 +54,8 @@ if TYPE_CHECKING:
 OP_NAMES = tuple(op.value for op in (
     Op.embed, Op.pos_embed, Op.attn_norm, Op.qkv_proj, Op.rope, Op.kv_write, Op.attn_score, Op.attn_softmax,
     Op.attn_value, Op.attention, Op.o_proj, Op.attn_residual, Op.mlp_norm, Op.router, Op.gate_up_proj, Op.up_proj,
-    Op.act, Op.down_proj, Op.mlp_residual, Op.final_norm, Op.lm_head,
+    Op.act, Op.down_proj, Op.shared_gate_up_proj, Op.shared_act, Op.shared_down_proj, Op.shared_expert_gate,
+    Op.mlp_residual, Op.final_norm, Op.lm_head,
 ))
 #: the count a mixture-of-experts layer reports per step: distinct routed experts its tokens chose
 EXPERTS_TOUCHED = "experts_touched"

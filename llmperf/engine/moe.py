@@ -1,16 +1,49 @@
 """Mixture-of-experts FFN layers: a router picks `experts_per_token` of `num_experts` gated experts
 per token and sums their outputs weighted by the router's scores (Shazeer et al. 2017; Mixtral, Jiang
-et al. 2024, arXiv:2401.04088).
+et al. 2024, arXiv:2401.04088), plus always-on shared experts (DeepSeekMoE, Dai et al. 2024,
+arXiv:2401.06066; Llama 4; Qwen2-MoE's gated shared expert).
 
-Letters: N tokens, C hidden size, F expert width, E experts, K experts per token.
+Letters: N tokens, C hidden size, F expert width, F_s shared width (all shared experts together),
+E experts, K experts per token, G expert groups.
 
-Numerics follow Hugging Face `transformers` (`MixtralSparseMoeBlock`): router logits in the
-activation dtype, softmax over experts in fp32, top-k, renormalised, the weights kept in fp32 and
-cast when an expert's output is scaled.
+Routers, as `transformers` 5 computes them (`modeling_<type>.py`), chosen by the spec's numerics:
 
-Parameters (layout as the model's, `weight_layout`): router_weight (E, C); experts_up_weight
-(E, 2F, C) as [gate | up] per expert; experts_down_weight (E, C, F) ((in, out) layout: (C, E),
-(E, C, 2F), (E, F, C)).
+- softmax (Mixtral `MixtralTopKRouter`, Qwen3-MoE `Qwen3MoeTopKRouter`, Qwen2-MoE): logits in the
+  activation dtype, softmax over the experts in fp32, top-k, renormalised when `router_renormalize`
+  (`norm_topk_prob`); the weights stay fp32 until an expert's output is scaled. (Qwen3-MoE casts them
+  to the activation dtype first: one rounding apart below fp32.)
+- DeepSeek-V2 (`DeepseekV2TopkRouter`): softmax, `group_limited_greedy` when `router_groups` > 1 (a
+  group's score is its best expert's; the other groups' scores are zeroed), no renormalisation,
+  times `router_scale`.
+- DeepSeek-V3, Kimi-K2, GLM-4.5 (`DeepseekV3TopkRouter`, `Glm4MoeTopkRouter`): sigmoid scores; the
+  choice adds the per-expert `e_score_correction_bias` (`router_score_bias`), which the weights do
+  not; groups score the sum of their two best biased scores, the other groups are masked to -inf;
+  renormalised (+1e-20) and times `router_scale`. DeepSeek's routers (shared experts without a gate:
+  V2, V3, Kimi-K2, GLM-4.5) keep their weight in fp32 and route in fp32, as transformers'
+  `_keep_in_fp32_modules_strict` does; the score correction is fp32 everywhere.
+- gpt-oss (`GptOssTopKRouter`, the only router with a bias): top-k of the logits, softmax over those
+  k in the activation dtype (the renormalised softmax, computed in that order).
+- Llama 4 (`Llama4Router`, `router_input_scaling`): top-k of the logits, the sigmoid of each chosen
+  logit (fp32, cast back) scales the expert's INPUT; the outputs are summed unweighted.
+
+Experts: gated SwiGLU of width `spec.expert_ffn_size`, or gpt-oss's clamped SwiGLU (`swiglu_limit`:
+gate.clamp(max=limit), up.clamp(-limit, limit), (up + 1) * gate * sigmoid(1.702 gate)) with biases
+(`mlp_bias`). The experts' weights are kept as [gate | up] rows whatever the checkpoint's layout
+(`weights.py` de-interleaves gpt-oss's alternating columns and transposes its and Llama 4's
+`(E, in, out)` tensors). Shared experts: one dense gated FFN of `shared_experts * shared_expert_ffn_size`
+(DeepSeek's `shared_experts` module is one MLP that wide), on every token, added to the routed sum;
+Qwen2-MoE's `shared_expert_gate` scales it by sigmoid(h . w_gate).
+
+Parameters (`(out, in)` layout; `weight_layout="in_out"` stores every matrix transposed):
+router_weight (E, C) [+ router_bias (E)] [+ router_score_bias (E), fp32]; experts_up_weight (E, 2F, C)
+[+ experts_up_bias (E, 2F)]; experts_down_weight (E, C, F) [+ experts_down_bias (E, C)];
+[shared_up_weight (2F_s, C), shared_down_weight (C, F_s), [shared_gate_weight (1, C)]].
+
+Each forward records on the module how many distinct routed experts its tokens touched
+(`last_touched`): `touched_experts(model)` reads them per MoE layer, `expected_touched` is the
+analytical count under uniform routing, E (1 - (1 - K/E)^N), that a step's weight bytes follow. A
+recorder gets the same count for every step (`Recorder.count`, `EXPERTS_TOUCHED`: what `llmperf
+profile` sets beside that expectation).
 """
 
 from __future__ import annotations
@@ -18,16 +51,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from llmperf.engine.instrument import EXPERTS_TOUCHED
 from llmperf.specs import ModelSpec
+from llmperf.specs.hf import GPT_OSS_SWIGLU_ALPHA
 
 #: ModelSpec fields of MoE models the engine does not build yet, with the value that means "absent"
-_NOT_BUILT = (("shared_experts", 0), ("shared_expert_gate", False), ("router_bias", False),
-              ("router_score_bias", False), ("router_scoring", "softmax"), ("router_renormalize", True),
-              ("router_scale", 1.0), ("router_groups", 1), ("router_input_scaling", False), ("swiglu_limit", None),
-              ("mlp_bias", False))
+_NOT_BUILT: tuple[tuple[str, Any], ...] = ()
 
 
 def check_moe(spec: ModelSpec) -> None:
@@ -37,6 +69,36 @@ def check_moe(spec: ModelSpec) -> None:
         if value != absent:
             raise ValueError(f"{field}: the engine's mixture of experts does not build this yet (got {value!r} "
                              f"for {spec.name}); estimate, simulate and plan model it")
+    if spec.mlp_bias and spec.shared_experts:
+        raise ValueError(f"mlp_bias: biased experts with shared experts ({spec.name}) match no model the engine "
+                         "was checked against (DeepSeek-V2's biases sit on its dense and shared MLPs only)")
+    if spec.router_input_scaling and (spec.router_scoring != "sigmoid" or spec.router_renormalize
+                                      or spec.router_groups > 1 or spec.router_scale != 1.0 or spec.router_score_bias):
+        raise ValueError(f"router_input_scaling: Llama 4's router (sigmoid of the chosen logits, no renormalisation, "
+                         f"groups, scale or score bias) is the only one that scales the experts' input ({spec.name})")
+    if spec.router_bias and (spec.router_scoring != "softmax" or not spec.router_renormalize
+                             or spec.router_groups > 1 or spec.router_score_bias):
+        raise ValueError(f"router_bias: gpt-oss's router (softmax over the top-k logits) is the only biased one "
+                         f"the engine builds ({spec.name}: router_scoring={spec.router_scoring!r}, "
+                         f"router_renormalize={spec.router_renormalize}, router_groups={spec.router_groups})")
+    if spec.swiglu_limit is not None and spec.hidden_act not in ("silu", "swish"):
+        raise ValueError(f"swiglu_limit: gpt-oss's clamped SwiGLU replaces a silu gate, got hidden_act="
+                         f"{spec.hidden_act!r} ({spec.name})")
+
+
+def fp32_router(spec: ModelSpec) -> bool:
+    """Whether the router's weight is kept, and its logits computed, in fp32: DeepSeek's routers
+    (shared experts without a gate: DeepSeek-V2/V3, Kimi-K2, GLM-4.5; transformers keeps `gate.weight`
+    in fp32 and routes `hidden.float()`)."""
+    return spec.shared_experts > 0 and not spec.shared_expert_gate and not spec.router_input_scaling
+
+
+def clamped_swiglu(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
+    """gpt-oss's activation over [gate | up] `(..., 2F)` (`GptOssExperts._apply_gate`): `(..., F)`."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * GPT_OSS_SWIGLU_ALPHA))  # other swiglu_alpha: refused
 
 
 class MoE(nn.Module):
@@ -44,44 +106,147 @@ class MoE(nn.Module):
 
     def __init__(self, spec: ModelSpec, index: int, ops: Any, **kw: Any) -> None:
         super().__init__()
-        from llmperf.engine.parts import _ACTIVATIONS, _mat
+        from llmperf.engine.parts import _ACTIVATIONS, _linear_params, _mat
 
+        check_moe(spec)
         self.index, self.ops = index, ops
         C, F_, E = spec.hidden_size, spec.expert_ffn_size, spec.num_experts
-        self.top_k = spec.experts_per_token
+        self.num_experts, self.top_k = E, spec.experts_per_token
         self.act = _ACTIVATIONS[spec.hidden_act]
+        self.limit = spec.swiglu_limit
+        self.scoring, self.renormalize, self.scale = spec.router_scoring, spec.router_renormalize, spec.router_scale
+        self.groups, self.topk_groups = spec.router_groups, spec.router_topk_groups
+        self.input_scaling = spec.router_input_scaling
+        self.fp32_router = fp32_router(spec)
         in_out = ops.in_out
-        self.router_weight = _mat(C, E, in_out, **kw)
+        fp32 = dict(kw, dtype=torch.float32)
+        self.router_weight = _mat(C, E, in_out, **(fp32 if self.fp32_router else kw))
+        self.router_bias = nn.Parameter(torch.empty(E, **kw)) if spec.router_bias else None
+        self.router_score_bias = nn.Parameter(torch.empty(E, **fp32)) if spec.router_score_bias else None
         self.experts_up_weight = nn.Parameter(torch.empty((E, C, 2 * F_) if in_out else (E, 2 * F_, C), **kw))
         self.experts_down_weight = nn.Parameter(torch.empty((E, F_, C) if in_out else (E, C, F_), **kw))
+        self.experts_up_bias = nn.Parameter(torch.empty(E, 2 * F_, **kw)) if spec.mlp_bias else None
+        self.experts_down_bias = nn.Parameter(torch.empty(E, C, **kw)) if spec.mlp_bias else None
+        self.shared = spec.shared_experts > 0
+        if self.shared:
+            F_s = spec.shared_experts * spec.shared_expert_ffn_size
+            _linear_params(self, "shared_up", C, 2 * F_s, False, in_out, **kw)
+            _linear_params(self, "shared_down", F_s, C, False, in_out, **kw)
+        self.shared_gate_weight = _mat(C, 1, in_out, **kw) if spec.shared_expert_gate else None
+        self.last_touched = 0  # distinct routed experts the last forward ran
 
+    # ---- routing --------------------------------------------------------------------------------
+    def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts each token `flat (N, C)` chooses `(N, K)` and their weights `(N, K)` (fp32, or
+        the activation dtype where the family computes them there: gpt-oss, Llama 4)."""
+        K = self.top_k
+        if self.fp32_router:
+            logits = self.ops.plain(flat.float(), self.router_weight.float())  # (N, E) fp32
+        else:
+            logits = self.ops.plain(flat, self.router_weight, self.router_bias)  # (N, E)
+        if self.router_bias is not None:  # gpt-oss: softmax over the k best logits
+            top, chosen = torch.topk(logits, K, dim=-1)
+            return torch.softmax(top, dim=-1), chosen
+        if self.input_scaling:  # Llama 4: sigmoid of the k best logits, in fp32, cast back
+            top, chosen = torch.topk(logits, K, dim=-1)
+            return torch.sigmoid(top.float()).to(logits.dtype), chosen
+        if self.scoring == "softmax":
+            scores = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (N, E)
+        else:
+            scores = torch.sigmoid(logits.float())
+        choice = scores if self.router_score_bias is None else scores + self.router_score_bias
+        if self.groups > 1:
+            choice, scores = self._limit_groups(choice, scores)
+        chosen = torch.topk(choice, K, dim=-1).indices  # (N, K)
+        weights = scores.gather(1, chosen)
+        if self.renormalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        if self.scale != 1.0:
+            weights = weights * self.scale
+        return weights, chosen
+
+    def _limit_groups(self, choice: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep each token's `topk_groups` best groups of experts: a group scores the sum of its two
+        best biased scores with a score correction (DeepSeek-V3 noaux_tc; the rest -inf for the
+        choice only), else its best score (DeepSeek-V2 group_limited_greedy; the rest 0, weights too)."""
+        N, E, G = choice.shape[0], self.num_experts, self.groups
+        grouped = choice.view(N, G, E // G)
+        if self.router_score_bias is not None:
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, G)
+        else:
+            group_scores = grouped.max(dim=-1).values
+        best = torch.topk(group_scores, self.topk_groups, dim=-1).indices  # (N, topk_groups)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        keep = keep[:, :, None].expand(N, G, E // G).reshape(N, E)
+        if self.router_score_bias is not None:
+            return choice.masked_fill(~keep, float("-inf")), scores
+        masked = choice.masked_fill(~keep, 0.0)
+        return masked, masked
+
+    # ---- experts --------------------------------------------------------------------------------
     def _expert(self, x: torch.Tensor, e: int, rec: Any) -> torch.Tensor:
         """Expert `e` on its rows `x (n, C)`: gate/up, the gated activation, down (plain torch: the
         expert weights are views made per step, not packable parameters)."""
         i, linear = self.index, self.ops.plain
+        up_b = None if self.experts_up_bias is None else self.experts_up_bias[e]
+        down_b = None if self.experts_down_bias is None else self.experts_down_bias[e]
         with rec.op("gate_up_proj", i):
-            gate_up = linear(x, self.experts_up_weight[e])
+            gate_up = linear(x, self.experts_up_weight[e], up_b)
         with rec.op("act", i):
-            a = self.ops.glu(gate_up, self.act)
+            a = self.ops.glu(gate_up, self.act) if self.limit is None else clamped_swiglu(gate_up, self.limit)
         with rec.op("down_proj", i):
-            return linear(a, self.experts_down_weight[e])
+            return linear(a, self.experts_down_weight[e], down_b)
+
+    def _shared(self, flat: torch.Tensor, rec: Any) -> torch.Tensor:
+        """The shared experts on every token `(N, C)`: one gated FFN, [times Qwen2-MoE's sigmoid gate]."""
+        i, linear = self.index, self.ops.linear
+        with rec.op("shared_gate_up_proj", i):
+            gate_up = linear(flat, self.shared_up_weight)
+        with rec.op("shared_act", i):
+            a = self.ops.glu(gate_up, self.act)
+        with rec.op("shared_down_proj", i):
+            y = linear(a, self.shared_down_weight)
+        if self.shared_gate_weight is None:
+            return y
+        with rec.op("shared_expert_gate", i):
+            return torch.sigmoid(linear(flat, self.shared_gate_weight)) * y
 
     def forward(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
         B, T, C = h.shape
         flat = h.reshape(B * T, C)  # (N, C)
         with rec.op("router", self.index):
-            logits = self.ops.plain(flat, self.router_weight)  # (N, E)
-            weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
-            weights, chosen = torch.topk(weights, self.top_k, dim=-1)  # (N, K)
-            weights = weights / weights.sum(dim=-1, keepdim=True)  # fp32, as Hugging Face keeps them
+            weights, chosen = self.route(flat)  # (N, K)
+            if self.input_scaling:  # Llama 4: each chosen expert sees its token scaled by the weight
+                inputs = flat[:, None, :] * weights[:, :, None]  # (N, K, C)
         out = torch.zeros_like(flat)
         experts = torch.unique(chosen).tolist()
-        rec.count(EXPERTS_TOUCHED, self.index, len(experts))  # the expert weights this step reads
+        self.last_touched = len(experts)
+        rec.count(EXPERTS_TOUCHED, self.index, len(experts))  # per step, for a recorded run (profile)
         for e in experts:
             rows, slot = torch.nonzero(chosen == e, as_tuple=True)
-            y = self._expert(flat[rows], e, rec)
-            out.index_add_(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
+            if self.input_scaling:
+                y = self._expert(inputs[rows, slot], e, rec)
+            else:
+                y = self._expert(flat[rows], e, rec) * weights[rows, slot, None]
+            out.index_add_(0, rows, y.to(out.dtype))
+        if self.shared:
+            out = out + self._shared(flat, rec)
         return out.view(B, T, C)
 
 
-__all__ = ["MoE", "check_moe"]
+def touched_experts(model: nn.Module) -> dict[int, int]:
+    """Per MoE layer (by index), the distinct routed experts its last forward ran: the experts whose
+    weights that step read (shared experts, always read, are not counted)."""
+    return {m.index: m.last_touched for m in model.modules() if isinstance(m, MoE)}
+
+
+def expected_touched(num_experts: int, experts_per_token: int, tokens: int) -> float:
+    """Distinct experts `tokens` tokens touch in expectation under uniform routing, each choosing
+    `experts_per_token` of `num_experts` without repetition: E (1 - (1 - K/E)^N)."""
+    if num_experts < 1 or not 0 <= experts_per_token <= num_experts or tokens < 0:
+        raise ValueError(f"expected_touched: needs 0 <= experts_per_token <= num_experts and tokens >= 0, got "
+                         f"num_experts={num_experts}, experts_per_token={experts_per_token}, tokens={tokens}")
+    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** tokens)
+
+
+__all__ = ["MoE", "check_moe", "clamped_swiglu", "expected_touched", "fp32_router", "touched_experts"]

@@ -2,10 +2,13 @@
 
 A checkpoint directory holds `config.json` and `model.safetensors`, or shards listed in
 `model.safetensors.index.json` (`pytorch_model.bin` / its index as a fallback); nothing is
-downloaded. Tensor names follow `transformers` (llama, mistral, qwen2, mixtral in both the
-per-expert `block_sparse_moe.experts.{j}.w1/w2/w3` layout of published checkpoints and the stacked
-`mlp.experts.gate_up_proj` layout of transformers 5; gpt2 with or without the `transformer.` prefix,
-whose `Conv1D` weights are stored transposed, `(in, out)`).
+downloaded. Tensor names follow `transformers` (llama, mistral, qwen2, qwen3, gemma 2/3; the MoE
+families in `_moe_entries`: mixtral, qwen3_moe, qwen2_moe, deepseek_v2/v3, glm4_moe with experts
+stacked as transformers 5 holds them (`mlp.experts.gate_up_proj`) or one by one as it saves them
+and as published checkpoints store them (`mlp.experts.{j}.gate_proj.weight`, Mixtral's
+`block_sparse_moe.experts.{j}.w1/w2/w3`), gpt-oss and llama4_text with their `(E, in, out)` expert
+tensors; gpt2 with or without the `transformer.` prefix, whose `Conv1D` weights are stored
+transposed, `(in, out)`).
 
 The engine fuses Q/K/V and SwiGLU's gate/up into single matrices (see `model.py`); `_layout` lists,
 for every engine parameter, the checkpoint tensors it is made of, in order, so loading concatenates
@@ -28,7 +31,8 @@ from llmperf.specs import ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / Llama `initializer_range`
 # Matrix parameters (suffixes), stored (in, out) or (out, in) depending on the model's weight_layout.
-_MATRICES = ("qkv_weight", "o_weight", "up_weight", "down_weight", "router_weight", "lm_head_weight")
+_MATRICES = ("qkv_weight", "o_weight", "up_weight", "down_weight", "router_weight", "shared_gate_weight",
+             "lm_head_weight")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -79,12 +83,60 @@ def build_model(spec: ModelSpec, *, seed: int = 0, dtype: str | torch.dtype = "f
 class _Entry:
     """Engine parameter `ours` from checkpoint tensors `parts`: each is brought to `nn.Linear`'s
     `(out, in)` layout (GPT-2's Conv1D stores `(in, out)`: `conv1d` transposes it), they are
-    concatenated over dim 0, and a `matrix` is transposed when the model stores `(in, out)`."""
+    concatenated over dim 0, and a `matrix` is transposed when the model stores `(in, out)`.
+
+    `form` says how stacked experts are stored: "" as above; "gate_up" per-expert parts
+    [gate_0, up_0, gate_1, up_1, ...] -> `(E, 2F, C)`; "stack" one part per expert -> `(E, ...)`;
+    "in_out" one `(E, in, out)` tensor (Llama 4, gpt-oss), transposed; "in_out_alternating" gpt-oss's
+    gate_up `(E, C, 2F)` whose gate and up columns alternate, transposed and de-interleaved to
+    [gate | up] rows; "alternating" its gate_up bias `(E, 2F)`, de-interleaved."""
 
     ours: str
     parts: tuple[str, ...]
     conv1d: bool = False
     matrix: bool = False
+    form: str = ""
+
+
+def _from_alternating(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """gpt-oss's alternating [g0, u0, g1, u1, ...] along `dim` -> [g0, g1, ... | u0, u1, ...]."""
+    x = t.movedim(dim, -1)
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1).movedim(-1, dim)
+
+
+def _to_alternating(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """[gate | up] along `dim` -> gpt-oss's alternating order (`_from_alternating`'s inverse)."""
+    gate, up = t.movedim(dim, -1).chunk(2, dim=-1)
+    return torch.stack((gate, up), dim=-1).flatten(-2).movedim(-1, dim)
+
+
+def _engine_value(entry: _Entry, parts: list[torch.Tensor]) -> torch.Tensor:
+    """The checkpoint tensors of `entry` as one `(out, in)` engine value."""
+    if entry.conv1d:
+        parts = [p.t() for p in parts]
+    if entry.form == "gate_up":
+        return torch.stack([torch.cat(parts[j:j + 2], dim=0) for j in range(0, len(parts), 2)])
+    if entry.form == "stack":
+        return torch.stack(parts)
+    value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    if entry.form in ("in_out", "in_out_alternating"):
+        value = value.transpose(-1, -2)
+    if entry.form == "in_out_alternating":
+        value = _from_alternating(value, -2)
+    elif entry.form == "alternating":
+        value = _from_alternating(value, -1)
+    return value
+
+
+def _hf_value(entry: _Entry, value: torch.Tensor) -> torch.Tensor:
+    """An `(out, in)` engine value of a one-part entry in the checkpoint's layout (`_engine_value`'s inverse)."""
+    if entry.form == "in_out_alternating":
+        value = _to_alternating(value, -2)
+    elif entry.form == "alternating":
+        value = _to_alternating(value, -1)
+    if entry.form in ("in_out", "in_out_alternating"):
+        value = value.transpose(-1, -2)
+    return value
 
 
 def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
@@ -119,7 +171,7 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
             if kind.moe:
                 out += _moe_entries(spec, hf, us, moe_format)
                 continue
-            mlp = hf + "mlp."
+            mlp = hf + _ffn_prefix(spec)
             out += [_Entry(us + "up_weight", (mlp + "gate_proj.weight", mlp + "up_proj.weight"), matrix=True),
                     _Entry(us + "down_weight", (mlp + "down_proj.weight",), matrix=True)]
             if spec.mlp_bias:
@@ -150,20 +202,78 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
     raise ValueError(f"family: no checkpoint layout for {spec.family!r}")
 
 
-def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str) -> list[_Entry]:
+def _ffn_prefix(spec: ModelSpec) -> str:
+    """Where a layer's FFN lives: Llama 4's `feed_forward.` (dense and MoE layers alike), else `mlp.`."""
+    return "feed_forward." if spec.router_input_scaling else "mlp."
+
+
+#: how a checkpoint stores the routed experts of the Llama-style MoE families: "stacked" (transformers
+#: 5 in memory: `mlp.experts.gate_up_proj` (E, 2F, C)), "per_expert" (what transformers 5 saves for
+#: Qwen3-MoE, DeepSeek, GLM-4.5, and the published checkpoints: `mlp.experts.{j}.gate_proj.weight`),
+#: "mixtral" (published Mixtral: `block_sparse_moe.experts.{j}.w1/w3/w2`). Llama 4 and gpt-oss
+#: always store them stacked `(E, in, out)`.
+MOE_FORMATS = ("stacked", "per_expert", "mixtral")
+
+
+def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str = "stacked") -> list[_Entry]:
+    """The engine's `moe_ffn.*` parameters of one MoE layer and the checkpoint tensors they come from
+    (transformers 5's names per family: `modeling_mixtral`, `qwen3_moe`, `qwen2_moe`, `deepseek_v2/v3`,
+    `glm4_moe`, `gpt_oss`, `llama4`)."""
     us += "moe_ffn."
-    if moe_format == "stacked":  # transformers 5
-        return [_Entry(us + "router_weight", (hf + "mlp.gate.weight",), matrix=True),
-                _Entry(us + "experts_up_weight", (hf + "mlp.experts.gate_up_proj",), matrix=True),
-                _Entry(us + "experts_down_weight", (hf + "mlp.experts.down_proj",), matrix=True)]
-    # Published Mixtral checkpoints: one module per expert, w1 = gate, w3 = up, w2 = down. The stacked
-    # engine tensors are assembled by `_assemble_experts`; these entries name the per-expert parts.
-    moe = hf + "block_sparse_moe."
+    mlp = hf + _ffn_prefix(spec)
     E = spec.num_experts
-    return [_Entry(us + "router_weight", (moe + "gate.weight",), matrix=True),
-            _Entry(us + "experts_up_weight", tuple(f"{moe}experts.{j}.{w}.weight" for j in range(E) for w in ("w1", "w3")),
-                   matrix=True),
-            _Entry(us + "experts_down_weight", tuple(f"{moe}experts.{j}.w2.weight" for j in range(E)), matrix=True)]
+    out: list[_Entry] = []
+    if spec.router_input_scaling:  # Llama 4: Llama4TextMoe (router, experts (E, C, 2F), shared_expert)
+        out += [_Entry(us + "router_weight", (mlp + "router.weight",), matrix=True),
+                _Entry(us + "experts_up_weight", (mlp + "experts.gate_up_proj",), matrix=True, form="in_out"),
+                _Entry(us + "experts_down_weight", (mlp + "experts.down_proj",), matrix=True, form="in_out")]
+        shared = mlp + "shared_expert."
+    elif spec.router_bias:  # gpt-oss: GptOssMLP (router with a bias, experts (E, C, 2F) alternating, biased)
+        ex = mlp + "experts."
+        out += [_Entry(us + "router_weight", (mlp + "router.weight",), matrix=True),
+                _Entry(us + "router_bias", (mlp + "router.bias",)),
+                _Entry(us + "experts_up_weight", (ex + "gate_up_proj",), matrix=True, form="in_out_alternating"),
+                _Entry(us + "experts_down_weight", (ex + "down_proj",), matrix=True, form="in_out")]
+        if spec.mlp_bias:
+            out += [_Entry(us + "experts_up_bias", (ex + "gate_up_proj_bias",), form="alternating"),
+                    _Entry(us + "experts_down_bias", (ex + "down_proj_bias",))]
+        shared = mlp + "shared_expert."
+    else:
+        if moe_format == "mixtral":  # published Mixtral: one module per expert, w1 = gate, w3 = up, w2 = down
+            moe = hf + "block_sparse_moe."
+            gate_up = tuple(f"{moe}experts.{j}.{w}.weight" for j in range(E) for w in ("w1", "w3"))
+            down = tuple(f"{moe}experts.{j}.w2.weight" for j in range(E))
+            out.append(_Entry(us + "router_weight", (moe + "gate.weight",), matrix=True))
+        else:
+            out.append(_Entry(us + "router_weight", (mlp + "gate.weight",), matrix=True))
+            if moe_format == "per_expert":
+                gate_up = tuple(f"{mlp}experts.{j}.{w}_proj.weight" for j in range(E) for w in ("gate", "up"))
+                down = tuple(f"{mlp}experts.{j}.down_proj.weight" for j in range(E))
+        if moe_format == "stacked":
+            out += [_Entry(us + "experts_up_weight", (mlp + "experts.gate_up_proj",), matrix=True),
+                    _Entry(us + "experts_down_weight", (mlp + "experts.down_proj",), matrix=True)]
+        else:
+            out += [_Entry(us + "experts_up_weight", gate_up, matrix=True, form="gate_up"),
+                    _Entry(us + "experts_down_weight", down, matrix=True, form="stack")]
+        if spec.router_score_bias:  # DeepSeek-V3 / GLM-4.5 noaux_tc: a buffer of the router
+            out.append(_Entry(us + "router_score_bias", (mlp + "gate.e_score_correction_bias",)))
+        # DeepSeek's `shared_experts` (one MLP of n_shared x width), Qwen2-MoE's gated `shared_expert`
+        shared = mlp + ("shared_expert." if spec.shared_expert_gate else "shared_experts.")
+    if spec.shared_experts:
+        out += [_Entry(us + "shared_up_weight", (shared + "gate_proj.weight", shared + "up_proj.weight"), matrix=True),
+                _Entry(us + "shared_down_weight", (shared + "down_proj.weight",), matrix=True)]
+    if spec.shared_expert_gate:
+        out.append(_Entry(us + "shared_gate_weight", (mlp + "shared_expert_gate.weight",), matrix=True))
+    return out
+
+
+def _moe_format(spec: ModelSpec, keys: set[str]) -> str:
+    """Which of `MOE_FORMATS` a checkpoint's tensor names use."""
+    if not spec.is_moe or any(k.endswith("experts.gate_up_proj") for k in keys):
+        return "stacked"
+    if any(".block_sparse_moe." in k for k in keys):
+        return "mixtral"
+    return "per_expert"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -188,41 +298,44 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
     """
     spec = model.spec
     keys = set(tensors.keys())
-    moe_format = "stacked"
-    if spec.num_experts > 1 and not any(k.endswith("mlp.experts.gate_up_proj") for k in keys):
-        moe_format = "per_expert"
     rename = _strip_gpt2_prefix(keys) if spec.family == "gpt2" else (lambda k: k)
     params = dict(model.named_parameters(remove_duplicate=False))
-    for entry in _layout(spec, moe_format):
+    _copy_entries(params, _layout(spec, _moe_format(spec, keys)), tensors, keys, model.in_out, strict, rename)
+    return model
+
+
+def _copy_entries(params: Mapping[str, torch.Tensor], entries: list[_Entry], tensors: Mapping[str, torch.Tensor],
+                  keys: set[str], in_out: bool, strict: bool = True,
+                  rename: Callable[[str], str] = lambda k: k) -> None:
+    """Copy each entry's checkpoint tensors into the engine parameter it names (see `load_hf_state_dict`)."""
+    for entry in entries:
         names = [rename(p) for p in entry.parts]
         missing = [n for n in names if n not in keys]
         if missing:
             if strict:
                 raise ValueError(f"checkpoint: missing tensor {missing[0]!r} (for {entry.ours})")
             continue
-        parts = [tensors[n] for n in names]
-        if entry.conv1d:
-            parts = [p.t() for p in parts]
-        if entry.ours.endswith(".experts_up_weight"):
-            value = _assemble_experts_up(parts, spec) if moe_format == "per_expert" else parts[0]
-        elif entry.ours.endswith(".experts_down_weight") and moe_format == "per_expert":
-            value = torch.stack(parts)
-        else:
-            value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        if entry.matrix and model.in_out:
+        value = _engine_value(entry, [tensors[n] for n in names])
+        if entry.matrix and in_out:
             value = value.transpose(-1, -2)  # (out, in) -> the engine's (in, out)
         target = params[entry.ours]
         if tuple(value.shape) != tuple(target.shape):
             raise ValueError(f"checkpoint: {names[0]!r} has shape {tuple(value.shape)}, "
                              f"the model expects {tuple(target.shape)} for {entry.ours}")
         target.copy_(value.to(dtype=target.dtype))
-    return model
 
 
-def _assemble_experts_up(parts: list[torch.Tensor], spec: ModelSpec) -> torch.Tensor:
-    """Per-expert [w1_0, w3_0, w1_1, w3_1, ...] -> (E, 2F, C) with gate rows first."""
-    E = spec.num_experts
-    return torch.stack([torch.cat((parts[2 * j], parts[2 * j + 1]), dim=0) for j in range(E)])
+@torch.no_grad()
+def load_moe_state_dict(moe: torch.nn.Module, spec: ModelSpec, tensors: Mapping[str, torch.Tensor],
+                        layer: int) -> torch.nn.Module:
+    """Copy one MoE layer's Hugging Face-named tensors (`model.layers.{layer}.mlp.*`, any of
+    `MOE_FORMATS`) into a lone `moe.MoE` module built for `spec`: module-level checks against a
+    transformers MoE block whose model the engine cannot build whole."""
+    keys = set(tensors.keys())
+    entries = _moe_entries(spec, f"model.layers.{layer}.", "", _moe_format(spec, keys))
+    params = {f"moe_ffn.{k}": v for k, v in moe.named_parameters()}
+    _copy_entries(params, entries, tensors, keys, moe.ops.in_out)
+    return moe
 
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -235,9 +348,9 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         if entry.matrix and model.in_out:
             value = value.transpose(-1, -2)  # back to (out, in)
         if len(entry.parts) == 1:
-            chunks = [value]
+            chunks = [_hf_value(entry, value)]
         else:
-            sizes = _split_sizes(model.spec, entry)
+            sizes = _split_sizes(model.spec, entry, value.shape[0])
             chunks = list(value.split(sizes, dim=0))
         for name, chunk in zip(entry.parts, chunks):
             out[name] = (chunk.t() if entry.conv1d else chunk).contiguous().clone()
@@ -247,10 +360,11 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     return out
 
 
-def _split_sizes(spec: ModelSpec, entry: _Entry) -> list[int]:
+def _split_sizes(spec: ModelSpec, entry: _Entry, rows: int) -> list[int]:
+    """Rows of each part of a concatenated `(out, in)` value: [q; k; v], or [gate; up] halves."""
     if "qkv" in entry.ours:
         return [spec.q_size, spec.kv_size, spec.kv_size]
-    return [spec.ffn_size, spec.ffn_size]  # [gate; up]
+    return [rows // 2, rows // 2]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -455,10 +455,15 @@ def _gpt_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
         raise SpecError(f"{cfg.origin}: experts_per_token={legacy!r} differs from num_experts_per_tok="
                         f"{out.get('experts_per_token')!r}")
     out["swiglu_limit"] = _positive_number(cfg, "swiglu_limit", cfg.get("swiglu_limit"))
+    alpha = cfg.get("swiglu_alpha", GPT_OSS_SWIGLU_ALPHA)  # GptOssExperts: gate * sigmoid(alpha * gate)
+    if alpha != GPT_OSS_SWIGLU_ALPHA:
+        raise cfg.refuse("swiglu_alpha", alpha, f"gpt-oss's clamped SwiGLU has the slope {GPT_OSS_SWIGLU_ALPHA}")
     # GptOssTopKRouter: top-k of the logits, softmax over those k = softmax scores renormalised
     out.update(router_scoring="softmax", router_renormalize=True)
     _top_k(cfg, out)
 
+
+GPT_OSS_SWIGLU_ALPHA = 1.702  # GptOssConfig's default; the engine (llmperf.engine.moe) builds this one
 
 _GPT_OSS_ROPE = MappingProxyType({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                   "truncate": False, "original_max_position_embeddings": 4096})
@@ -694,7 +699,7 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_shared_experts",
        "first_k_dense_replace", "moe_layer_freq", "topk_method", "num_nextn_predict_layers", "norm_topk_prob",
        "routed_scaling_factor", "n_group", "topk_group", "scoring_func", "mlp_only_layers", "decoder_sparse_step",
-       "use_qk_norm", "experts_per_token", "swiglu_limit", "no_rope_layers", "no_rope_layer_interval",
+       "use_qk_norm", "experts_per_token", "swiglu_limit", "swiglu_alpha", "no_rope_layers", "no_rope_layer_interval",
        "attention_chunk_size", "moe_layers", "interleave_moe_layer_step", "attn_logit_softcapping",
        "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window_pattern", "use_bidirectional_attention",
        "text_config", "rope_local_base_freq", "rope_interleave", "attn_temperature_tuning", "floor_scale",
@@ -706,7 +711,7 @@ HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
      "layer_norm_elementwise_affine", "rope_scaling", "rope_parameters", "sliding_window", "layer_types",
      "max_window_layers", "quantization_config", "architectures", "torch_dtype", *_HYBRID_FIELDS,
      "mlp_bias", "topk_method", "scoring_func", "use_bidirectional_attention", "text_config",
-     "experts_per_token"}))
+     "experts_per_token", "swiglu_alpha"}))
 
 
 def _dtype(cfg: _Config) -> str:

@@ -172,10 +172,9 @@ def test_bad_inputs_raise_value_errors_naming_the_field(llama_spec):
         Transformer(tiny("opt-13b", num_kv_heads=4))
     with pytest.raises(ValueError, match="rotary_dim"):
         Transformer(llama_spec.scaled(rotary_dim=128))
-    # shared experts (DeepSeek-MoE, Qwen-MoE) are counted by the cost model; the engine used to drop
-    # them silently and run a model with fewer parameters than its spec
-    with pytest.raises(ValueError, match="shared_experts"):
-        Transformer(tiny("mixtral-8x7b", num_experts=4, experts_per_token=2, shared_experts=2))
+    # biased experts next to shared experts match no model the engine was checked against
+    with pytest.raises(ValueError, match="mlp_bias"):
+        Transformer(tiny("mixtral-8x7b", num_experts=4, experts_per_token=2, shared_experts=2, mlp_bias=True))
     with pytest.raises(ValueError, match="dtype"):
         Transformer(llama_spec, dtype="int8")
     with pytest.raises(ValueError, match="attention"):

@@ -242,7 +242,8 @@ def test_every_refused_field_has_a_refusal_test():
               "do_layer_norm_before", "_remove_final_layer_norm", "layer_norm_elementwise_affine",
               # today's models: tests/specs/test_hf_today.py::test_refused_fields_of_today
               "index_topk", "index_n_heads", "hybrid_override_pattern", "linear_num_value_heads", "mlp_bias",
-              "topk_method", "scoring_func", "use_bidirectional_attention", "text_config", "experts_per_token"}
+              "topk_method", "scoring_func", "use_bidirectional_attention", "text_config", "experts_per_token",
+              "swiglu_alpha"}
     assert set(HF_REFUSED_FIELDS) == tested
     # none of these changes a FLOP, a weight or a KV byte; the engine keeps its own, shorter list
     assert ROPE_TYPES == ("default", "linear", "llama3", "yarn", "longrope", "dynamic")

@@ -305,6 +305,7 @@ V3, Q3, OSS, L4, G3 = (TINY[n] for n in ("deepseek_v3", "qwen3", "gpt_oss", "lla
     ({**V3, "num_experts_per_tok": 9}, "num_experts_per_tok=9 exceeds the 8 routed experts"),
     ({**OSS, "num_experts_per_tok": 5, "experts_per_token": 5}, "num_experts_per_tok=5 exceeds the 4 routed experts"),
     ({**OSS, "experts_per_token": 3}, "experts_per_token=3 differs from num_experts_per_tok=2"),
+    ({**OSS, "swiglu_alpha": 1.5}, "swiglu_alpha=1.5 is not modelled (gpt-oss's clamped SwiGLU has the slope 1.702)"),
     ({**OSS, "num_local_experts": 1, "num_experts_per_tok": 1}, "a mixture of 1 expert is not modelled"),
     ({**TINY["qwen3_moe"], "num_experts": 1, "num_experts_per_tok": 1}, "a mixture of 1 expert is not modelled"),
     ({**V3, "kv_lora_rank": None}, "multi-head latent attention needs kv_lora_rank (missing or null)"),
