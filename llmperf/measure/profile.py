@@ -406,7 +406,7 @@ def matmul_flops(spec: ModelSpec, prec: Precision, batch: int, q_len: int, kv_le
 def step_weight_bytes(spec: ModelSpec, prec: Precision, batch: int, q_len: int, kv_len: int,
                       touched: dict[int, int] | None = None) -> float:
     """The analytical weight bytes one step reads, layer by layer (each of its kind): the embedding rows
-    its tokens gather, every layer's matrices and norms, the LM head. A MoE layer's routed experts are
+    its tokens gather, every layer's matrices and norms (and attention sinks), the LM head. A MoE layer's routed experts are
     read for the experts the step touches: `touched[layer]` of them when given (what the engine's router
     chose), else the uniform-routing expectation (`expected_experts_touched`)."""
     fm = ForwardModel(model=spec, precision=prec)
@@ -418,6 +418,8 @@ def step_weight_bytes(spec: ModelSpec, prec: Precision, batch: int, q_len: int, 
             if kind.moe and c.name in ROUTED_OPS and touched is not None:
                 w = w / expected * touched[i]  # the per-expert bytes times the experts touched
             total += w
+    if spec.attn_sinks:  # one sink logit per head and layer, which the attention operators leave out of
+        total += spec.num_layers * spec.num_heads * prec.act_bytes  # their bytes (llmperf.analysis.operators)
     return total
 
 

@@ -38,6 +38,16 @@ FAMILIES = {
                    rope_scaling={"rope_type": "linear", "factor": 8.0}),
     "qwen3-moe": dict(num_layers=2, qk_norm="rmsnorm", moe_ffn_size=64, num_experts=8, experts_per_token=2),
     "moe-dense-first": dict(num_layers=3, moe_ffn_size=64, num_experts=8, experts_per_token=2, dense_layers=(0,)),
+    "gpt-oss": dict(num_layers=2, layer_types=("sliding", "full"), sliding_window=16, attn_sinks=True, qkv_bias=True,
+                    out_bias=True, mlp_bias=True, router_bias=True, num_experts=8, experts_per_token=2,
+                    moe_ffn_size=64, swiglu_limit=7.0),
+    "llama4": dict(num_layers=4, layer_types=("chunked",) * 3 + ("full",), attention_chunk_size=16, nope_layers=(3,),
+                   qk_norm="l2", num_experts=4, experts_per_token=1, shared_experts=1, dense_layers=(0, 2),
+                   moe_ffn_size=64, router_scoring="sigmoid", router_renormalize=False, router_input_scaling=True,
+                   rope_interleaved=True, nope_temperature=(8.0, 0.1)),
+    "glm4.5": dict(num_layers=3, qkv_bias=True, qk_norm="rmsnorm", rotary_dim=24, num_experts=8, experts_per_token=2,
+                   moe_ffn_size=32, shared_experts=2, dense_layers=(0,), router_score_bias=True,
+                   router_scoring="sigmoid", router_scale=2.5, router_groups=4, router_topk_groups=2),
 }
 FP32 = Precision.uniform("fp32")
 
