@@ -5,8 +5,11 @@ Triton kernels (need `triton`; CUDA tensors, or CPU tensors with TRITON_INTERPRE
   flash_decoding(q, k_cache, v_cache, seq_lens, num_splits=None, *, ...)             decode, Flash-Decoding
   paged_attention(q, key_blocks, value_blocks, block_tables, seq_lens, num_splits=None, *, ...)
                                                                                      decode, PagedAttention
+  mla_decode(q_latent, q_rope, latent_blocks, block_tables, seq_lens, num_splits=None, *, sm_scale, ...)
+                                                                                     decode, MLA (absorbed)
 Torch references (need only torch): naive_attention, sdpa_attention, naive_decode, sdpa_decode,
-paged_decode_reference, gather_paged_kv, causal_mask. Split heuristic (pure Python): num_kv_splits.
+paged_decode_reference, gather_paged_kv, mla_decode_reference, gather_paged_latent, causal_mask.
+Split heuristics (pure Python): num_kv_splits, num_mla_splits.
 
 The Triton modules are imported on first access, so `import kernels` works without triton, and the
 interpreter switch (read by `@triton.jit` at import) can still be set after `import kernels`.
@@ -20,32 +23,39 @@ from typing import Any
 from kernels.reference import (
     causal_mask,
     gather_paged_kv,
+    gather_paged_latent,
+    mla_decode_reference,
     naive_attention,
     naive_decode,
     paged_decode_reference,
     sdpa_attention,
     sdpa_decode,
 )
-from kernels.splits import num_kv_splits
+from kernels.splits import num_kv_splits, num_mla_splits
 
 _TRITON_EXPORTS = {
     "flash_attention": "kernels.prefill",
     "flash_decoding": "kernels.decode",
     "paged_attention": "kernels.paged",
+    "mla_decode": "kernels.mla",
 }
 
 __all__ = [
     "flash_attention",
     "flash_decoding",
     "paged_attention",
+    "mla_decode",
     "naive_attention",
     "sdpa_attention",
     "naive_decode",
     "sdpa_decode",
     "paged_decode_reference",
     "gather_paged_kv",
+    "mla_decode_reference",
+    "gather_paged_latent",
     "causal_mask",
     "num_kv_splits",
+    "num_mla_splits",
 ]
 
 

@@ -2,7 +2,8 @@
 
 Letters: B batch, H query heads, H_kv key/value heads, G = H / H_kv, T_q / T_kv query / key lengths,
 S_max contiguous-cache capacity, D head dim, P block (page) size, N_blk number of physical blocks,
-M_blk block-table width (max blocks per sequence).
+M_blk block-table width (max blocks per sequence); multi-head latent attention: R latent width
+(kv_lora_rank), Dr rotary key width (qk_rope_head_dim).
 
 Shape checks are free. The value checks of `seq_lens` and `block_tables` read them on the host (a device
 sync on CUDA); they return the longest sequence so the caller can size its split-KV launch from it.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels._common import (
+    MAX_HEAD_DIM,
     check_float,
     check_head_dim,
     check_heads,
@@ -51,6 +53,22 @@ class DecodeDims:
     @property
     def G(self) -> int:
         return self.H // self.H_kv
+
+
+MAX_LATENT_DIM = 1024  # a (16, R) fp32 accumulator and (BLOCK_N, R) latent tiles still fit one program
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatentDims:
+    """Multi-head latent attention decode over a paged latent cache: one latent "head" for all H."""
+
+    B: int
+    H: int
+    R: int
+    Dr: int
+    capacity: int  # M_blk * P tokens one sequence can hold
+    block_size: int
+    num_blocks: int
 
 
 def check_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> PrefillDims:
@@ -94,10 +112,18 @@ def _check_decode_q(q: torch.Tensor) -> tuple[int, int, int]:
     return B, H, D
 
 
-def _check_seq_lens(seq_lens: torch.Tensor, B: int) -> None:
+def _check_seq_lens(seq_lens: torch.Tensor, B: int, q_name: str = "q") -> None:
     check_index_tensor("seq_lens", seq_lens, 1, "(B,)")
     if seq_lens.shape[0] != B:
-        raise ValueError(f"seq_lens: length {seq_lens.shape[0]} differs from q's batch {B}")
+        raise ValueError(f"seq_lens: length {seq_lens.shape[0]} differs from {q_name}'s batch {B}")
+
+
+def _check_block_table(block_tables: torch.Tensor, B: int, q_name: str = "q") -> None:
+    check_index_tensor("block_tables", block_tables, 2, "(B, max_blocks)")
+    if block_tables.shape[0] != B:
+        raise ValueError(f"block_tables: {block_tables.shape[0]} rows differ from {q_name}'s batch {B}")
+    if block_tables.shape[1] < 1:
+        raise ValueError(f"block_tables: needs at least one column, got shape {tuple(block_tables.shape)}")
 
 
 def check_seq_len_values(seq_lens: torch.Tensor, capacity: int, what: str) -> int:
@@ -154,11 +180,7 @@ def check_paged(
     check_heads(H, H_kv, "key_blocks")
     if N_blk < 1 or P < 1:
         raise ValueError(f"key_blocks: needs at least one block of at least one token, got {tuple(key_blocks.shape)}")
-    check_index_tensor("block_tables", block_tables, 2, "(B, max_blocks)")
-    if block_tables.shape[0] != B:
-        raise ValueError(f"block_tables: {block_tables.shape[0]} rows differ from q's batch {B}")
-    if block_tables.shape[1] < 1:
-        raise ValueError(f"block_tables: needs at least one column, got shape {tuple(block_tables.shape)}")
+    _check_block_table(block_tables, B)
     _check_seq_lens(seq_lens, B)
     check_same_device(
         [("q", q), ("key_blocks", key_blocks), ("value_blocks", value_blocks),
@@ -167,7 +189,50 @@ def check_paged(
     return DecodeDims(B=B, H=H, H_kv=H_kv, D=D, capacity=block_tables.shape[1] * P, block_size=P, num_blocks=N_blk)
 
 
-def check_block_table_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: DecodeDims) -> int:
+def check_mla(
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent_blocks: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> LatentDims:
+    """q_latent (B, H, R); q_rope (B, H, Dr); latent_blocks (N_blk, P, R + Dr); block_tables (B, M_blk)
+    int32; seq_lens (B,) int32. Shapes only."""
+    check_tensor("q_latent", q_latent, 3, "(B, H, R)")
+    check_float("q_latent", q_latent)
+    check_tensor("q_rope", q_rope, 3, "(B, H, Dr)")
+    check_float("q_rope", q_rope, q_latent.dtype, ref="q_latent")
+    B, H, R = q_latent.shape
+    if B < 1 or H < 1:
+        raise ValueError(f"q_latent: needs at least one sequence and one head, got shape {tuple(q_latent.shape)}")
+    if not 1 <= R <= MAX_LATENT_DIM:
+        raise ValueError(f"q_latent: latent dim (kv_lora_rank) must be in [1, {MAX_LATENT_DIM}], got {R}")
+    if tuple(q_rope.shape[:2]) != (B, H):
+        raise ValueError(f"q_rope: batch and heads {tuple(q_rope.shape[:2])} differ from q_latent's {(B, H)}")
+    Dr = q_rope.shape[2]
+    if not 1 <= Dr <= MAX_HEAD_DIM:
+        raise ValueError(f"q_rope: rope dim (qk_rope_head_dim) must be in [1, {MAX_HEAD_DIM}], got {Dr}")
+    check_tensor("latent_blocks", latent_blocks, 3, "(num_blocks, block_size, R + Dr)")
+    check_float("latent_blocks", latent_blocks, q_latent.dtype, ref="q_latent")
+    N_blk, P, W = latent_blocks.shape
+    if W != R + Dr:
+        raise ValueError(f"latent_blocks: width {W} differs from q_latent's R + q_rope's Dr = {R} + {Dr}")
+    if N_blk < 1 or P < 1:
+        raise ValueError(
+            f"latent_blocks: needs at least one block of at least one token, got {tuple(latent_blocks.shape)}"
+        )
+    _check_block_table(block_tables, B, "q_latent")
+    _check_seq_lens(seq_lens, B, "q_latent")
+    check_same_device(
+        [("q_latent", q_latent), ("q_rope", q_rope), ("latent_blocks", latent_blocks),
+         ("block_tables", block_tables), ("seq_lens", seq_lens)]
+    )
+    return LatentDims(B=B, H=H, R=R, Dr=Dr, capacity=block_tables.shape[1] * P, block_size=P, num_blocks=N_blk)
+
+
+def check_block_table_values(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: DecodeDims | LatentDims
+) -> int:
     """Lengths in [1, M_blk * P] and every block a sequence uses in [0, N_blk); returns the longest.
 
     Entries past a sequence's last used block are never read, so they may hold anything (e.g. -1).

@@ -42,7 +42,12 @@ def dot_precision(dtype: torch.dtype) -> str:
 def default_sm_scale(D: int, sm_scale: float | None) -> float:
     if sm_scale is None:
         return D**-0.5
-    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not sm_scale > 0:
+    return check_sm_scale(sm_scale)
+
+
+def check_sm_scale(sm_scale: object) -> float:
+    """A positive finite softmax scale (no default: for MLA it depends on the model, not on a tensor's width)."""
+    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not 0 < sm_scale < float("inf"):
         raise ValueError(f"sm_scale: must be a positive number, got {sm_scale!r}")
     return float(sm_scale)
 
@@ -55,12 +60,13 @@ def check_tensor(name: str, t: object, ndim: int, dims: str) -> torch.Tensor:
     return t
 
 
-def check_float(name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+def check_float(name: str, t: torch.Tensor, dtype: torch.dtype | None = None, ref: str = "q") -> None:
+    """A float dtype the references take; with `dtype`, exactly the dtype of the argument `ref`."""
     if dtype is None:
         if t.dtype not in REFERENCE_DTYPES:
             raise ValueError(f"{name}: dtype must be float16, bfloat16, float32 or float64, got {t.dtype}")
     elif t.dtype != dtype:
-        raise ValueError(f"{name}: dtype {t.dtype} differs from q's {dtype}")
+        raise ValueError(f"{name}: dtype {t.dtype} differs from {ref}'s {dtype}")
 
 
 def check_head_dim(name: str, D: int, expected: int | None = None) -> None:
@@ -85,16 +91,17 @@ def check_same_device(tensors: Sequence[tuple[str, torch.Tensor]]) -> torch.devi
     return device
 
 
-def check_kernel_inputs(q: torch.Tensor) -> None:
+def check_kernel_inputs(q: torch.Tensor, name: str = "q") -> None:
     """The Triton kernels run on a GPU, or on CPU tensors under TRITON_INTERPRET=1, in fp16/bf16/fp32.
 
-    Call after the signature checks, which make every other tensor match q's device and dtype."""
+    Call after the signature checks, which make every other tensor match q's device and dtype (`name`:
+    the query argument's name in the message)."""
     if q.dtype not in KERNEL_DTYPES:
-        raise ValueError(f"q: the Triton kernels take float16, bfloat16 or float32, got {q.dtype}")
+        raise ValueError(f"{name}: the Triton kernels take float16, bfloat16 or float32, got {q.dtype}")
     if q.device.type == "cuda" or (q.device.type == "cpu" and interpreting()):
         return
     hint = " (set TRITON_INTERPRET=1 before importing the kernels to run on CPU)" if q.device.type == "cpu" else ""
-    raise ValueError(f"q: the Triton kernels need CUDA tensors, got device {q.device}{hint}")
+    raise ValueError(f"{name}: the Triton kernels need CUDA tensors, got device {q.device}{hint}")
 
 
 def check_index_tensor(name: str, t: object, ndim: int, dims: str) -> torch.Tensor:
@@ -104,15 +111,16 @@ def check_index_tensor(name: str, t: object, ndim: int, dims: str) -> torch.Tens
     return t
 
 
-def check_out(out: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    """Validate a caller-provided output buffer or allocate one with q's shape, dtype and device."""
+def check_out(out: torch.Tensor | None, like: torch.Tensor, like_name: str = "q") -> torch.Tensor:
+    """Validate a caller-provided output buffer or allocate one with the shape, dtype and device of `like`
+    (the argument `like_name`)."""
     if out is None:
         return torch.empty_like(like, memory_format=torch.contiguous_format)
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"out: expected a torch.Tensor, got {type(out).__name__}")
     if out.shape != like.shape or out.dtype != like.dtype or out.device != like.device:
         raise ValueError(
-            f"out: must match q (shape {tuple(like.shape)}, {like.dtype}, {like.device}), "
+            f"out: must match {like_name} (shape {tuple(like.shape)}, {like.dtype}, {like.device}), "
             f"got shape {tuple(out.shape)}, {out.dtype}, {out.device}"
         )
     return out

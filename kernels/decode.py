@@ -247,13 +247,18 @@ def device_num_sms(device: torch.device) -> int:
     return _device_num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def check_num_splits(num_splits: object) -> int:
+    """A caller's split count: an integer in [1, MAX_GRID_SPLITS]."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_GRID_SPLITS:
+        raise ValueError(f"num_splits: must be an integer in [1, {MAX_GRID_SPLITS}], got {num_splits!r}")
+    return num_splits
+
+
 def choose_splits(num_splits: int | None, dims: DecodeDims, longest: int, device: torch.device) -> int:
     """`num_splits` if given (checked), else the `num_kv_splits` heuristic."""
     if num_splits is None:
         return num_kv_splits(dims.B, dims.H_kv, longest, device_num_sms(device))
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_GRID_SPLITS:
-        raise ValueError(f"num_splits: must be an integer in [1, {MAX_GRID_SPLITS}], got {num_splits!r}")
-    return num_splits
+    return check_num_splits(num_splits)
 
 
 def _alloc_partials(B: int, H: int, S: int, D: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,8 @@ Layouts (the same as the kernels'):
            sequence b attends to its first seq_lens[b] cached positions.
   paged:   key_blocks, value_blocks (N_blk, P, H_kv, D); block_tables (B, M_blk) int32; token t of
            sequence b is slot t % P of block block_tables[b, t // P].
+  latent:  q_latent (B, H, R); q_rope (B, H, Dr); latent_blocks (N_blk, P, R + Dr) -> (B, H, R):
+           multi-head latent attention in its absorbed form (`mla_decode_reference`).
 Query head h reads KV head h // G (GQA/MQA), as `repeat_interleave` of K/V along heads would give.
 """
 
@@ -30,11 +32,12 @@ import torch.nn.functional as F
 from kernels._checks import (
     check_block_table_values,
     check_decode,
+    check_mla,
     check_paged,
     check_prefill,
     check_seq_len_values,
 )
-from kernels._common import default_sm_scale
+from kernels._common import check_sm_scale, default_sm_scale
 
 
 def causal_mask(T_q: int, T_kv: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -170,3 +173,43 @@ def paged_decode_reference(
     k_cache, v_cache = gather_paged_kv(key_blocks, value_blocks, block_tables)
     decode = sdpa_decode if impl == "sdpa" else naive_decode
     return decode(q, k_cache, v_cache, seq_lens, sm_scale, validate=False)
+
+
+def gather_paged_latent(latent_blocks: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """Copy each sequence's latent blocks into one contiguous cache (B, M_blk * P, R + Dr).
+
+    Table entries outside [0, N_blk) are clamped, as in `gather_paged_kv`."""
+    N_blk, P, W = latent_blocks.shape
+    B, M_blk = block_tables.shape
+    ids = block_tables.long().clamp(0, N_blk - 1)  # (B, M_blk)
+    return latent_blocks[ids].reshape(B, M_blk * P, W)  # (B, M_blk*P, R + Dr)
+
+
+def mla_decode_reference(
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent_blocks: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    sm_scale: float,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Multi-head latent attention decode in its absorbed form (DeepSeek-V2, arXiv:2405.04434), in torch.
+
+    The arguments and result of `kernels.mla_decode` (q_latent (B, H, R), q_rope (B, H, Dr), latent_blocks
+    (N_blk, P, R + Dr), block_tables (B, M_blk), seq_lens (B,) -> (B, H, R)): the blocks are gathered into
+    one (B, M_blk * P, R + Dr) cache and every head attends to it as MQA, scores
+    sm_scale * (q_latent c^T + q_rope k_R^T) (B, H, M_blk * P) masked by length, softmax in (at least) fp32,
+    then P @ c. Nothing per head is materialised beyond the scores; fp64 inputs give an fp64 result.
+    """
+    dims = check_mla(q_latent, q_rope, latent_blocks, block_tables, seq_lens)
+    scale = check_sm_scale(sm_scale)
+    if validate:
+        check_block_table_values(block_tables, seq_lens, dims)
+    cache = gather_paged_latent(latent_blocks, block_tables)  # (B, S, R + Dr), S = M_blk * P
+    c, k_rope = cache[..., : dims.R], cache[..., dims.R :]  # (B, S, R), (B, S, Dr)
+    s = (torch.matmul(q_latent, c.transpose(1, 2)) + torch.matmul(q_rope, k_rope.transpose(1, 2))) * scale  # (B, H, S)
+    s = s.masked_fill(~_length_mask(seq_lens, dims.capacity)[:, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1, dtype=_softmax_dtype(q_latent.dtype)).to(q_latent.dtype)  # (B, H, S)
+    return torch.matmul(p, c)  # (B, H, R)

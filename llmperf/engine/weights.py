@@ -300,12 +300,12 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
     keys = set(tensors.keys())
     rename = _strip_gpt2_prefix(keys) if spec.family == "gpt2" else (lambda k: k)
     params = dict(model.named_parameters(remove_duplicate=False))
-    _copy_entries(params, _layout(spec, _moe_format(spec, keys)), tensors, keys, model.in_out, strict, rename)
+    _copy_entries(spec, params, _layout(spec, _moe_format(spec, keys)), tensors, keys, model.in_out, strict, rename)
     return model
 
 
-def _copy_entries(params: Mapping[str, torch.Tensor], entries: list[_Entry], tensors: Mapping[str, torch.Tensor],
-                  keys: set[str], in_out: bool, strict: bool = True,
+def _copy_entries(spec: ModelSpec, params: Mapping[str, torch.Tensor], entries: list[_Entry],
+                  tensors: Mapping[str, torch.Tensor], keys: set[str], in_out: bool, strict: bool = True,
                   rename: Callable[[str], str] = lambda k: k) -> None:
     """Copy each entry's checkpoint tensors into the engine parameter it names (see `load_hf_state_dict`)."""
     for entry in entries:
@@ -315,13 +315,14 @@ def _copy_entries(params: Mapping[str, torch.Tensor], entries: list[_Entry], ten
             if strict:
                 raise ValueError(f"checkpoint: missing tensor {missing[0]!r} (for {entry.ours})")
             continue
-        value = _engine_value(entry, [tensors[n] for n in names])
+        parts = [tensors[n] for n in names]
+        value = _engine_value(entry, parts)
         if entry.matrix and in_out:
             value = value.transpose(-1, -2)  # (out, in) -> the engine's (in, out)
         target = params[entry.ours]
         if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"checkpoint: {names[0]!r} has shape {tuple(value.shape)}, "
-                             f"the model expects {tuple(target.shape)} for {entry.ours}")
+            raise ValueError(_shape_mismatch(spec, entry, names, parts, tuple(value.shape), tuple(target.shape),
+                                             in_out))
         target.copy_(value.to(dtype=target.dtype))
 
 
@@ -334,8 +335,23 @@ def load_moe_state_dict(moe: torch.nn.Module, spec: ModelSpec, tensors: Mapping[
     keys = set(tensors.keys())
     entries = _moe_entries(spec, f"model.layers.{layer}.", "", _moe_format(spec, keys))
     params = {f"moe_ffn.{k}": v for k, v in moe.named_parameters()}
-    _copy_entries(params, entries, tensors, keys, moe.ops.in_out)
+    _copy_entries(spec, params, entries, tensors, keys, moe.ops.in_out)
     return moe
+
+
+def _shape_mismatch(spec: ModelSpec, entry: _Entry, names: list[str], parts: list[torch.Tensor],
+                    got: tuple[int, ...], want: tuple[int, ...], in_out: bool) -> str:
+    """One line naming the checkpoint tensor that does not fit and both shapes: for a fused parameter
+    (q/k/v, gate/up; per expert [gate_0, up_0, gate_1, ...]) the part whose rows differ from what the
+    config gives it."""
+    if len(parts) > 1 and ("qkv" in entry.ours or entry.ours.endswith("up_weight")) and not entry.conv1d:
+        sizes = _split_sizes(spec, entry, want[-1] if (entry.matrix and in_out) else want[-2])
+        for name, part, rows in zip(names, parts, sizes * (len(parts) // len(sizes))):
+            if part.shape[0] != rows:
+                expected = (rows, *part.shape[1:])
+                return (f"checkpoint: {name!r} has shape {tuple(part.shape)}, the config expects {expected} "
+                        f"(part of {entry.ours}, {want})")
+    return f"checkpoint: {names[0]!r} has shape {got}, the model expects {want} for {entry.ours}"
 
 
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -408,6 +424,16 @@ class TensorSource(Mapping[str, torch.Tensor]):
             return self._bin[key]
         return self._handles[self._where[key]].get_tensor(key)
 
+    def shapes(self) -> dict[str, torch.Tensor]:
+        """Every tensor as an empty one of its shape on the meta device (read from the safetensors
+        headers, no data), for checking a checkpoint against a model before allocating it."""
+        out = {}
+        for key, where in self._where.items():
+            shape = (self._bin[key].shape if key in self._bin
+                     else self._handles[where].get_slice(key).get_shape())
+            out[key] = torch.empty(tuple(shape), device="meta")
+        return out
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
 
@@ -428,10 +454,15 @@ def from_pretrained(path: str | os.PathLike[str], *, dtype: str | torch.dtype | 
         raise ValueError(f"path: {str(path)!r} is not a checkpoint directory")
     if spec is None:
         spec = honour_hf_fields(ModelSpec.from_hf_config(d), json.loads((d / "config.json").read_text()))
-    model = Transformer(spec, dtype=torch_dtype(dtype or spec.dtype), device=device, attention=attention,
-                        weight_layout=weight_layout)
+    source = TensorSource(d)
+    dtype = torch_dtype(dtype or spec.dtype)
+    # The same load on the meta device first: a tensor missing or of the wrong shape (a config that
+    # does not match its weights) is named, with both shapes, before anything is allocated.
+    load_hf_state_dict(Transformer(spec, dtype=dtype, device="meta", attention=attention,
+                                   weight_layout=weight_layout), source.shapes())
+    model = Transformer(spec, dtype=dtype, device=device, attention=attention, weight_layout=weight_layout)
     model.eos_token_id = checkpoint_eos(d)
-    return load_hf_state_dict(model, TensorSource(d))
+    return load_hf_state_dict(model, source)
 
 
 #: Hugging Face config fields that change the math of a model the engine builds, and what the engine

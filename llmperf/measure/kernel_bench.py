@@ -4,19 +4,25 @@ On a CUDA device, times each kernel with `triton.testing.do_bench` (median; L2 f
 over Llama-3-8B-like attention (32 query / 8 KV heads, head dim 128), batch 1..64, context 512..32k:
   prefill  flash_attention vs torch SDPA vs naive attention (causal, T_q = T_kv);
   decode   flash_decoding  vs torch SDPA vs naive decode (uniform and ragged lengths);
-  paged    paged_attention vs gather + SDPA (`paged_decode_reference`), block size 16.
+  paged    paged_attention vs gather + SDPA (`paged_decode_reference`), block size 16;
+  mla      mla_decode vs the torch reference (`mla_decode_reference`, scores materialised) on DeepSeek-V3's
+           absorbed latent attention (R=512, Dr=64; all 128 heads on one GPU, or 16 at TP 8), block size 64,
+           batch 1..64, context 1k..32k.
 For each it reports time, achieved TFLOP/s and GB/s, the fraction of the device's dense peak and of
 its memory bandwidth, the fraction of the roofline prediction (`roofline time / measured time`), and,
 for decode, GB/s as a fraction of the measured device-to-device copy bandwidth. FLOPs and bytes come
 from `llmperf.analysis.attention_cost` (the one source of truth; a fused kernel executes about half
-the causal square, a naive one all of it); ragged batches sum the per-sequence costs. Results go to a
-rich table and to `<out>/kernels.json` and `<out>/kernels.csv` (device, versions and date included).
+the causal square, a naive one all of it); ragged batches sum the per-sequence costs. MLA's come from
+`ForwardModel.attention_ops` of the DeepSeek-V3 spec in its absorbed form, at the case's tensor
+parallelism. Results go to a rich table and to `<out>/kernels.json` and `<out>/kernels.csv` (device,
+versions and date included).
 
 Targets on an H100 SXM (reported, never asserted): decode kernels >= 70% of copy bandwidth when
 batch x context >= 64k tokens; prefill >= 40% of dense bf16 peak at context >= 4k and faster than
 torch SDPA's default backend at the same shape.
 
-Letters: B batch, H query heads, H_kv KV heads, D head dim, T context (tokens per sequence).
+Letters: B batch, H query heads, H_kv KV heads, D head dim, T context (tokens per sequence); MLA: R latent
+width (kv_lora_rank), Dr rotary width (qk_rope_head_dim).
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from llmperf.analysis import OpCost, attention_cost, roofline_time_s
-from llmperf.specs import HardwareSpec, load_hardware, match_hardware
+from llmperf.analysis import ForwardModel, OpCost, attention_cost, roofline_time_s
+from llmperf.specs import HardwareSpec, Precision, load_hardware, load_model, match_hardware
 
 H, H_KV, HEAD_DIM = 32, 8, 128  # Llama-3-8B attention
 BLOCK_SIZE = 16  # paged cache block (vLLM's default)
@@ -47,17 +53,21 @@ PREFILL_TARGET_PEAK_FRACTION = 0.40
 NAIVE_MEMORY_FRACTION = 0.5  # skip naive attention when S, P and the fp32 softmax exceed this share of free memory
 COPY_BYTES = 1 << 30  # each side of the copy-bandwidth measurement
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+MLA_MODEL = "deepseek-v3"  # the MLA shapes' model spec (R=512, Dr=64, 128 heads)
+MLA_BLOCK_SIZE = 64  # FlashMLA's page size
+MLA_TPS = (1, 8)  # all heads on one GPU; 16 per GPU at tensor parallelism 8
 
 
 @dataclass(frozen=True, kw_only=True)
 class Case:
     """One benchmark shape. `lens` lists per-sequence contexts for a ragged decode batch (else all `context`)."""
 
-    op: str  # "prefill" | "decode" | "paged"
+    op: str  # "prefill" | "decode" | "paged" | "mla"
     batch: int
     context: int
     lens: tuple[int, ...] = ()
     causal: bool = True
+    tp: int = 1  # MLA: the heads are those of one GPU of a tp-way group
 
     @property
     def seq_lens(self) -> tuple[int, ...]:
@@ -70,7 +80,8 @@ class Case:
     @property
     def label(self) -> str:
         ragged = " ragged" if self.lens else ""
-        return f"{self.op} B={self.batch} T={self.context}{ragged}"
+        tp = f" TP={self.tp}" if self.tp > 1 else ""
+        return f"{self.op} B={self.batch} T={self.context}{ragged}{tp}"
 
 
 def ragged_lens(batch: int, context: int, seed: int = 0) -> tuple[int, ...]:
@@ -94,7 +105,13 @@ def cases(quick: bool = False) -> list[Case]:
         out += [Case(op=op, batch=b, context=t) for b, t in decode_shapes]
         out += [Case(op=op, batch=b, context=t, lens=ragged_lens(b, t)) for b, t in ((8, 4096), (32, 32768))
                 if not quick]
-    return out
+    return out + mla_cases(quick)
+
+
+def mla_cases(quick: bool = False) -> list[Case]:
+    """MLA decode shapes: batch 1..64 x context 1k..32k at each of MLA_TPS (quick: one per tp)."""
+    shapes = [(1, 4096)] if quick else [(b, t) for b in (1, 8, 32, 64) for t in (1024, 4096, 32768)]
+    return [Case(op="mla", batch=b, context=t, tp=tp) for tp in MLA_TPS for b, t in shapes]
 
 
 def _sum_cost(cost: OpCost, n: int) -> OpCost:
@@ -108,12 +125,33 @@ def _sum_cost(cost: OpCost, n: int) -> OpCost:
 
 def case_cost(case: Case, impl: str, elem_bytes: float) -> OpCost:
     """FLOPs and bytes of `case` from `llmperf.analysis` ("fused" or "naive"), summed over sequences."""
+    if case.op == "mla":
+        return mla_case_cost(case, impl, elem_bytes)
     common = dict(num_heads=H, num_kv_heads=H_KV, head_dim=HEAD_DIM, act_bytes=elem_bytes, kv_bytes=elem_bytes,
                   impl=impl, causal=case.causal)
     if case.op == "prefill":
         return attention_cost(case.batch, case.context, case.context, **common)
     lens = np.asarray(case.seq_lens, dtype=float)
     return _sum_cost(attention_cost(1, 1, lens, **common), len(lens))
+
+
+def mla_forward_model(case: Case, impl: str, elem_bytes: float) -> ForwardModel:
+    """MLA_MODEL on one GPU of `case.tp`, absorbed, at `elem_bytes` per element (2: bf16 and fp16 alike)."""
+    dtype = {2: "bf16", 4: "fp32"}[int(elem_bytes)]
+    return ForwardModel(model=load_model(MLA_MODEL), precision=Precision.uniform(dtype), attention=impl,
+                        tp=case.tp, mla_mode="absorbed")
+
+
+def mla_case_cost(case: Case, impl: str, elem_bytes: float) -> OpCost:
+    """The absorbed attention core's operators (fused: one; naive: score, softmax, value) at each
+    sequence's length, summed."""
+    lens = np.asarray(case.seq_lens, dtype=float)
+    parts = [_sum_cost(op, len(lens)) for op in mla_forward_model(case, impl, elem_bytes).attention_ops(1, 1, lens)]
+    if len(parts) == 1:
+        return parts[0]
+    total = {f: sum(getattr(p, f) for p in parts) for f in
+             ("flops", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes")}
+    return OpCost(name="attention", kind="attention", rows=case.batch, **total)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,8 +173,9 @@ class Row:
     bandwidth_fraction: float  # achieved B/s / spec memory bandwidth
     roofline_fraction: float  # roofline time / measured time
     copy_fraction: float  # achieved B/s / measured copy bandwidth
-    max_rel_error: float = float("nan")  # against torch SDPA at the same shape
+    max_rel_error: float = float("nan")  # against torch SDPA (MLA: the torch reference) at the same shape
     note: str = ""
+    tp: int = 1  # MLA: tensor parallelism the heads are split by
 
 
 def make_row(case: Case, impl: str, cost: OpCost, time_s: float, hw: HardwareSpec | None, dtype: str,
@@ -152,7 +191,7 @@ def make_row(case: Case, impl: str, cost: OpCost, time_s: float, hw: HardwareSpe
         bandwidth_fraction=byte_rate / hw.mem_bandwidth_bytes_per_s if hw else nan,
         roofline_fraction=float(roofline_time_s(cost, hw, dtype)) / time_s if hw else nan,
         copy_fraction=byte_rate / copy_bytes_per_s if copy_bytes_per_s > 0 else nan,
-        max_rel_error=max_rel_error, note=note,
+        max_rel_error=max_rel_error, note=note, tp=case.tp,
     )
 
 
@@ -161,7 +200,7 @@ def skipped_row(case: Case, impl: str, cost: OpCost, note: str) -> Row:
     return Row(op=case.op, impl=impl, batch=case.batch, context=case.context, ragged=bool(case.lens),
                tokens=case.tokens, time_s=nan, flops=float(cost.flops), bytes=float(cost.bytes_total),
                tflops_per_s=nan, gb_per_s=nan, peak_fraction=nan, bandwidth_fraction=nan, roofline_fraction=nan,
-               copy_fraction=nan, note=note)
+               copy_fraction=nan, note=note, tp=case.tp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,7 +253,8 @@ def render_table(rows: Sequence[Row], meta: Meta):
 
     for r in rows:
         table.add_row(
-            r.op + (" ragged" if r.ragged else ""), str(r.batch), str(r.context), r.impl,
+            r.op + (" ragged" if r.ragged else "") + (f" TP={r.tp}" if r.tp > 1 else ""), str(r.batch),
+            str(r.context), r.impl,
             num(r.time_s * 1e3, ".3f"), num(r.tflops_per_s, ".1f"), num(r.gb_per_s, ".0f"),
             pct(r.peak_fraction), pct(r.bandwidth_fraction), pct(r.roofline_fraction), pct(r.copy_fraction),
             num(r.max_rel_error, ".1e"), r.note,
@@ -315,6 +355,8 @@ def _make_inputs(case: Case, dtype, device):
         return torch.randn(*shape, generator=g, device=device, dtype=dtype)
 
     B, T = case.batch, case.context
+    if case.op == "mla":
+        return _mla_inputs(case, device, randn)
     if case.op == "prefill":
         return dict(q=randn(B, H, T, HEAD_DIM), k=randn(B, H_KV, T, HEAD_DIM), v=randn(B, H_KV, T, HEAD_DIM))
     seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
@@ -329,10 +371,33 @@ def _make_inputs(case: Case, dtype, device):
                 block_tables=perm.view(B, blocks_per_seq), seq_lens=seq_lens)
 
 
+def _mla_inputs(case: Case, device, randn) -> dict:
+    """mla_decode's arguments for `case`: MLA_MODEL's widths and heads per GPU, a shuffled pool of blocks."""
+    import torch
+
+    fm = mla_forward_model(case, "fused", 2)
+    m, H_gpu = fm.model, fm.dims.num_heads
+    R, Dr = m.kv_lora_rank, m.qk_rope_head_dim
+    B, T = case.batch, case.context
+    blocks_per_seq = -(-T // MLA_BLOCK_SIZE)
+    num_blocks = B * blocks_per_seq
+    perm = torch.randperm(num_blocks, device=device).to(torch.int32)
+    return dict(q_latent=randn(B, H_gpu, R), q_rope=randn(B, H_gpu, Dr),  # (B, H, R), (B, H, Dr)
+                latent_blocks=randn(num_blocks, MLA_BLOCK_SIZE, R + Dr),  # (N_blk, P, R + Dr)
+                block_tables=perm.view(B, blocks_per_seq),  # (B, M_blk)
+                seq_lens=torch.tensor(case.seq_lens, dtype=torch.int32, device=device),
+                sm_scale=m.mla_q_head_dim**-0.5)
+
+
 def _implementations(case: Case, x: dict) -> dict[str, tuple[str, Callable[[], Any]]]:
     """impl name -> (cost model impl, zero-argument call) for `case`. The first entry is the Triton kernel."""
     import kernels
 
+    if case.op == "mla":
+        return {
+            "mla_decode": ("fused", lambda: kernels.mla_decode(**x, validate=False)),
+            "torch": ("naive", lambda: kernels.mla_decode_reference(**x, validate=False)),
+        }
     if case.op == "prefill":
         q, k, v = x["q"], x["k"], x["v"]
         return {
@@ -369,9 +434,9 @@ def bench_case(case: Case, dtype_name: str, hw: HardwareSpec | None, copy_bps: f
     x = _make_inputs(case, dtype, device)
     impls = _implementations(case, x)
     first = next(iter(impls))
-    if first in ("flash_decoding", "paged_attention"):
+    if first in ("flash_decoding", "paged_attention", "mla_decode"):
         getattr(kernels, first)(**x)  # one validated launch checks the lengths and the block table
-    reference = impls["sdpa"][1]() if "sdpa" in impls else impls["gather+sdpa"][1]()
+    reference = impls[next(n for n in ("sdpa", "gather+sdpa", "torch") if n in impls)][1]()
     rows = []
     for name, (cost_impl, fn) in impls.items():
         cost = case_cost(case, cost_impl, elem)

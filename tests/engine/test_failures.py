@@ -340,3 +340,35 @@ def test_checkpoint_eos_is_decided_as_transformers_decides_it(tmp_path):
     greedy = Engine(model).generate([prompt], SamplingParams(max_new_tokens=8))[0].tokens
     model.eos_token_id = (greedy[5], greedy[2])  # any of several ends the sequence, the first reached
     assert Engine(model).generate([prompt])[0].tokens[-1] == greedy[2]
+
+
+def test_a_checkpoint_that_does_not_match_its_config_is_refused_before_allocation(tmp_path, monkeypatch):
+    """A tensor of the wrong shape, or a missing one, is named with both shapes from the safetensors
+    headers, before the model's parameters are allocated anywhere but on the meta device."""
+    from safetensors.torch import load_file, save_file
+
+    from llmperf.engine import from_pretrained
+    from llmperf.engine import weights as weights_mod
+
+    hf = hf_twin(make_model("llama", seed=9))
+    hf.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = "model.layers.1.self_attn.k_proj.weight"
+    tensors[name] = tensors[name][:-8].clone()  # a config with more KV heads than the weights hold
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    built = []
+    real = weights_mod.Transformer
+
+    def spy(*args, **kw):
+        built.append(str(kw.get("device", "cpu")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(weights_mod, "Transformer", spy)
+    with pytest.raises(ValueError, match=r"k_proj\.weight.*shape \(24, 64\).*expects \(32, 64\)"):
+        from_pretrained(tmp_path, dtype="fp32")
+    assert built == ["meta"]
+    del tensors[name]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing tensor 'model\.layers\.1\.self_attn\.k_proj\.weight'"):
+        from_pretrained(tmp_path, dtype="fp32")
+    assert built == ["meta", "meta"]

@@ -13,6 +13,10 @@ from llmperf.engine.weights import MATH_FIELDS, honour_hf_fields
 transformers = pytest.importorskip("transformers")
 
 
+_GEMMA2 = dict(model_type="gemma2", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+
+
 def _cfg(kind: str, **changes):
     cfg = hf_config(SPECS[kind]())
     cfg.update(changes)
@@ -25,14 +29,17 @@ CASES = {
     "use_sliding_window": ("qwen2", dict(use_sliding_window=True, sliding_window=7, max_window_layers=0),
                            dict(sliding_window=7)),
     "max_window_layers": ("qwen2", dict(use_sliding_window=True, sliding_window=7, max_window_layers=1), "refused"),
-    "layer_types": ("llama", dict(model_type="mistral", sliding_window=5,
-                                  layer_types=["full_attention", "sliding_attention"]), "refused"),
+    # read per model type by the spec loader (ModelSpec.from_hf_config), which every family shares
+    "layer_types": ("hf", dict(_GEMMA2, model_type="gemma3_text", sliding_window=5,
+                               layer_types=["full_attention", "sliding_attention"]),
+                    dict(layer_types=("full", "sliding"), sliding_window=5)),
     "scale_attn_weights": ("gpt2", dict(scale_attn_weights=False), dict(attn_scale=False)),
     "scale_attn_by_inverse_layer_idx": ("gpt2", dict(scale_attn_by_inverse_layer_idx=True),
                                         dict(attn_scale_inverse_layer_idx=True)),
-    "attn_logit_softcapping": ("llama", dict(attn_logit_softcapping=50.0), "refused"),
-    "final_logit_softcapping": ("llama", dict(final_logit_softcapping=30.0), "refused"),
-    "attention_chunk_size": ("llama", dict(attention_chunk_size=8), "refused"),
+    "attn_logit_softcapping": ("hf", dict(_GEMMA2, attn_logit_softcapping=50.0), dict(attn_softcap=50.0)),
+    "final_logit_softcapping": ("hf", dict(_GEMMA2, final_logit_softcapping=30.0), dict(final_softcap=30.0)),
+    "attention_chunk_size": ("hf", dict(_GEMMA2, model_type="llama4_text", attention_chunk_size=8,
+                                        num_local_experts=4), dict(attention_chunk_size=8)),
 }
 
 
@@ -43,6 +50,13 @@ def test_every_math_field_has_a_case():
 @pytest.mark.parametrize("field", sorted(MATH_FIELDS))
 def test_math_field_is_honoured_or_refused(field):
     kind, changes, expected = CASES[field]
+    if kind == "hf":  # the model types that define the field: the spec loader reads it
+        from llmperf.specs import ModelSpec
+        got = ModelSpec.from_hf_config(changes)
+        for name, value in expected.items():
+            assert getattr(got, name) == value, f"{field} not honoured: {name}={getattr(got, name)!r}"
+        assert MATH_FIELDS[field].startswith("honoured")
+        return
     spec = SPECS[kind]()
     if expected == "refused":
         assert MATH_FIELDS[field].startswith("refused") or "refused" in MATH_FIELDS[field]

@@ -1,8 +1,8 @@
 """Compile the Triton kernels ahead of time for a CUDA architecture, without a GPU.
 
 Run WITHOUT TRITON_INTERPRET (the interpreter replaces the jit functions):
-    python tests/kernels/aot_compile.py 80 [90 ...] [--all-configs]
-prints one JSON line per compiled kernel (name, arch, config, shared memory, whether PTX and a cubin
+    python tests/kernels/aot_compile.py 80 [90 ...] [--all-configs] [--only=_mla_decode_kernel ...]
+prints one JSON line per compiled kernel (name, arch, config, its integer constexprs, shared memory, whether PTX and a cubin
 were produced, registers per thread and spill stack from cuobjdump). The launch arguments come from the real wrappers: their launchers are replaced by
 recorders and the wrappers are called on CPU tensors; each argument is then specialised exactly as
 triton's JIT specialises it at launch (`native_specialize_impl`: dtype, 16-byte alignment, ints equal
@@ -30,6 +30,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("aot_compile: unset TRITON_INTERPRET (the interpreter replaces the jit functions)")
 
 import kernels.decode as decode  # noqa: E402
+import kernels.mla as mla  # noqa: E402
 import kernels.paged as paged  # noqa: E402
 import kernels.prefill as prefill  # noqa: E402
 
@@ -53,11 +54,12 @@ class Recorder:
 def capture() -> list:
     """Call each wrapper on small CPU tensors and return the recorded launches (fn, args, meta)."""
     calls: list = []
-    for module in (prefill, decode, paged):
-        module.check_kernel_inputs = lambda q: None  # CPU tensors stand in for CUDA ones
+    for module in (prefill, decode, paged, mla):
+        module.check_kernel_inputs = lambda q, name="q": None  # CPU tensors stand in for CUDA ones
     prefill._flash_attention_tuned = Recorder(prefill._flash_attention_kernel, calls)
     decode._flash_decoding_tuned = Recorder(decode._flash_decoding_kernel, calls)
     paged._paged_attention_tuned = Recorder(paged._paged_attention_kernel, calls)
+    mla._mla_decode_tuned = Recorder(mla._mla_decode_kernel, calls)
     decode._combine_splits_kernel = Recorder(decode._combine_splits_kernel, calls)
 
     def t(*shape, dtype=torch.float16):
@@ -85,11 +87,23 @@ def capture() -> list:
         blocks = t(16, P, H_kv, D, dtype=dtype)
         table = torch.arange(2 * (128 // P), dtype=torch.int32).view(2, -1) % 16
         paged.paged_attention(t(2, H, D, dtype=dtype), blocks, blocks, table, lens, splits)
+    # DeepSeek-V3's latent (R=512, Dr=64): all 128 heads on one GPU, 16 per GPU at TP 8; FlashMLA's P=64.
+    for dtype, H, P, splits in [
+        (torch.bfloat16, 128, 64, 3),
+        (torch.float16, 16, 64, 1),
+        (torch.bfloat16, 16, 16, 2),
+        (torch.float32, 16, 64, 1),
+    ]:
+        latent = t(16, P, 512 + 64, dtype=dtype)
+        table = torch.arange(2 * (128 // P), dtype=torch.int32).view(2, -1) % 16
+        mla.mla_decode(t(2, H, 512, dtype=dtype), t(2, H, 64, dtype=dtype), latent, table, lens, splits,
+                       sm_scale=192**-0.5)
     return calls
 
 
 # One config per kernel for the quick check (it fits an A100 and an H100 for every dtype captured).
-SMOKE_CONFIG = {"_flash_attention_kernel": 1, "_flash_decoding_kernel": 0, "_paged_attention_kernel": 0}
+SMOKE_CONFIG = {"_flash_attention_kernel": 1, "_flash_decoding_kernel": 0, "_paged_attention_kernel": 0,
+                "_mla_decode_kernel": 0}
 
 
 def configs_for(fn, all_configs: bool) -> list[tuple[dict, int, int]]:
@@ -98,6 +112,8 @@ def configs_for(fn, all_configs: bool) -> list[tuple[dict, int, int]]:
         cfgs = [({"BLOCK_M": m, "BLOCK_N": n}, w, s) for m, n, w, s in prefill.CUDA_CONFIGS]
     elif fn.__name__ == "_combine_splits_kernel":
         return [({}, decode.COMBINE_NUM_WARPS, 1)]
+    elif fn.__name__ == "_mla_decode_kernel":
+        cfgs = [({"BLOCK_N": n}, w, s) for n, w, s in mla.CUDA_CONFIGS]
     else:
         cfgs = [({"BLOCK_N": n}, w, s) for n, w, s in decode.CUDA_CONFIGS]
     return cfgs if all_configs else [cfgs[SMOKE_CONFIG[fn.__name__]]]
@@ -140,8 +156,11 @@ def resource_usage(cubin: bytes) -> dict[str, int | None]:
 
 def main(argv: list[str]) -> None:
     all_configs = "--all-configs" in argv
+    only = {a.split("=", 1)[1] for a in argv if a.startswith("--only=")}  # e.g. --only=_mla_decode_kernel
     archs = [int(a) for a in argv if not a.startswith("--")]
     for fn, args, meta in capture():
+        if only and fn.__name__ not in only:
+            continue
         for block, num_warps, num_stages in configs_for(fn, all_configs):
             for cc in archs:
                 start = time.perf_counter()
@@ -154,6 +173,7 @@ def main(argv: list[str]) -> None:
                     ptx_target=next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), None),
                     ptx_entry=f".entry {fn.__name__}" in ptx, cubin=bool(k.asm.get("cubin")),
                     stages=sorted(k.asm), seconds=round(seconds, 2), **resource_usage(k.asm.get("cubin", b"")),
+                    meta={name: v for name, v in meta.items() if name.isupper() and isinstance(v, int)},
                 )), flush=True)
 
 

@@ -2,7 +2,8 @@
 
 Each function loops over sequences and repeats K/V heads explicitly (no shared code with
 `kernels.reference`), so a bug in the references cannot hide the same bug in the kernels.
-Letters and layouts as in `kernels`: q (B, H, T_q, D), k/v (B, H_kv, T_kv, D); decode q (B, H, D).
+Letters and layouts as in `kernels`: q (B, H, T_q, D), k/v (B, H_kv, T_kv, D); decode q (B, H, D);
+latent attention q_latent (B, H, R), q_rope (B, H, Dr), latent_blocks (N_blk, P, R + Dr).
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ def paged_fp64(q, key_blocks, value_blocks, block_tables, seq_lens, sm_scale: fl
             k_cache[b, :, t] = key_blocks[blk, t % P].double().cpu()
             v_cache[b, :, t] = value_blocks[blk, t % P].double().cpu()
     return decode_fp64(q, k_cache, v_cache, seq_lens.cpu(), sm_scale)
+
+
+def mla_fp64(q_latent, q_rope, latent_blocks, block_tables, seq_lens, sm_scale: float) -> torch.Tensor:
+    """Absorbed latent attention as plain MQA: token by token through the block table, every head's key
+    is [c, k_R] and its value c. Returns (B, H, R)."""
+    q_latent, q_rope, latent_blocks = (t.detach().double().cpu() for t in (q_latent, q_rope, latent_blocks))
+    B, H, R = q_latent.shape
+    P = latent_blocks.shape[1]
+    outs = []
+    for b, n in enumerate(seq_lens.tolist()):
+        rows = torch.stack([latent_blocks[int(block_tables[b, t // P]), t % P] for t in range(n)])  # (n, R + Dr)
+        q = torch.cat([q_latent[b], q_rope[b]], dim=-1)[:, None, :]  # (H, 1, R + Dr)
+        k = rows.expand(H, n, rows.shape[1])  # (H, n, R + Dr)
+        v = rows[:, :R].expand(H, n, R)  # (H, n, R)
+        outs.append(_one(q, k, v, False, sm_scale)[:, 0])
+    return torch.stack(outs)
 
 
 HAS_CUDA = torch.cuda.is_available()

@@ -23,7 +23,8 @@ pytest.importorskip("triton.backends.nvidia.compiler")
 SCRIPT = Path(__file__).with_name("aot_compile.py")
 ROOT = Path(__file__).resolve().parents[2]
 ARCHS = (80, 90)
-KERNELS = {"_flash_attention_kernel", "_flash_decoding_kernel", "_paged_attention_kernel", "_combine_splits_kernel"}
+KERNELS = {"_flash_attention_kernel", "_flash_decoding_kernel", "_paged_attention_kernel", "_mla_decode_kernel",
+           "_combine_splits_kernel"}
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +56,14 @@ def test_every_kernel_compiles(compiled, cc):
         assert r["ptx_entry"] and {"ttgir", "ptx"} <= set(r["stages"]), r
         assert r["cubin"], r  # ptxas accepted it (triton ships ptxas)
         assert r["shared"] <= r["max_shared"], r
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+def test_mla_compiles_at_deepseek_widths(compiled, cc):
+    """MLA decode at DeepSeek-V3's R=512, Dr=64, in both 16-bit formats, with 32- and 16-head tiles; and the
+    merge of its 512-wide partials."""
+    rows = [r for r in compiled[cc] if r["kernel"] == "_mla_decode_kernel"]
+    assert {(r["meta"]["LATENT_DIM"], r["meta"]["ROPE_DIM"]) for r in rows} == {(512, 64)}
+    assert {r["dtype"] for r in rows} >= {"torch.bfloat16", "torch.float16"}
+    assert {r["meta"]["BLOCK_H"] for r in rows} == {16, 32}
+    assert any(r["meta"]["HEAD_DIM"] == 512 for r in compiled[cc] if r["kernel"] == "_combine_splits_kernel")

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_fp64 import TOLERANCE, attention_fp64, decode_fp64, paged_fp64, rel_error
+from attention_fp64 import TOLERANCE, attention_fp64, decode_fp64, mla_fp64, paged_fp64, rel_error
 
 from kernels import (
     causal_mask,
     gather_paged_kv,
+    gather_paged_latent,
+    mla_decode_reference,
     naive_attention,
     naive_decode,
     paged_decode_reference,
@@ -98,6 +100,62 @@ def test_gather_paged_kv_layout():
         assert torch.equal(k[0, :, t], kb[table[0, t // P], t % P])
 
 
+def _mla_pool(g, dtype, N_blk=12, P=8, R=32, Dr=16):
+    blocks = torch.randn(N_blk, P, R + Dr, generator=g).to(dtype)  # (N_blk, P, R + Dr)
+    table = torch.tensor([[5, 2, 9, 0], [5, 2, 11, -1], [7, -1, -1, -1]], dtype=torch.int32)  # shares 5, 2
+    return blocks, table, torch.tensor([30, 20, 1], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", REF_DTYPES, ids=str)
+def test_mla_reference(dtype):
+    g = torch.Generator().manual_seed(4)
+    blocks, table, seq_lens = _mla_pool(g, dtype)
+    q_latent = torch.randn(3, 8, 32, generator=g).to(dtype)
+    q_rope = torch.randn(3, 8, 16, generator=g).to(dtype)
+    out = mla_decode_reference(q_latent, q_rope, blocks, table, seq_lens, sm_scale=0.15)
+    assert out.shape == q_latent.shape and out.dtype == dtype
+    assert rel_error(out, mla_fp64(q_latent, q_rope, blocks, table, seq_lens, 0.15)) < TOLERANCE[dtype]
+
+
+def test_mla_absorbed_equals_unabsorbed():
+    """The absorbed form equals DeepSeek-V3's attention as transformers computes it (`expand_kv`:
+    kv_b_proj up-projects each cached latent to per-head K_nope and V; keys [K_nope, k_R], queries
+    [q_nope, q_rope], softmax * scaling, P V), once q_nope is multiplied by W_UK and the latent output
+    by W_UV (DeepSeek-V2, arXiv:2405.04434, section 2.1.3)."""
+    g = torch.Generator().manual_seed(5)
+    H, R, Dr, dn, dv = 4, 32, 16, 24, 20
+    blocks, table, seq_lens = _mla_pool(g, torch.float64, R=R, Dr=Dr)
+    kv_b = torch.randn(H * (dn + dv), R, generator=g, dtype=torch.float64)  # kv_b_proj.weight
+    q_nope = torch.randn(3, H, dn, generator=g, dtype=torch.float64)  # (B, H, dn)
+    q_rope = torch.randn(3, H, Dr, generator=g, dtype=torch.float64)  # (B, H, Dr)
+    scale = (dn + Dr) ** -0.5
+
+    w = kv_b.view(H, dn + dv, R)
+    w_uk, w_uv = w[:, :dn], w[:, dn:]  # (H, dn, R), (H, dv, R)
+    q_latent = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # (B, H, R)
+    o_latent = mla_decode_reference(q_latent, q_rope, blocks, table, seq_lens, sm_scale=scale)  # (B, H, R)
+    absorbed = torch.einsum("bhr,hvr->bhv", o_latent, w_uv)  # (B, H, dv)
+
+    cache = gather_paged_latent(blocks, table)  # (B, S, R + Dr)
+    for b, n in enumerate(seq_lens.tolist()):
+        c, k_rot = cache[b, :n, :R], cache[b, :n, R:]  # (n, R), (n, Dr)
+        kv = (c @ kv_b.T).view(n, H, dn + dv).transpose(0, 1)  # (H, n, dn + dv)
+        k = torch.cat([kv[..., :dn], k_rot.expand(H, n, Dr)], dim=-1)  # (H, n, dn + Dr)
+        q = torch.cat([q_nope[b], q_rope[b]], dim=-1)[:, None, :]  # (H, 1, dn + Dr)
+        p = torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1)  # (H, 1, n)
+        unabsorbed = (p @ kv[..., dn:])[:, 0]  # (H, dv)
+        assert rel_error(absorbed[b], unabsorbed) < 1e-12
+
+
+def test_gather_paged_latent_layout():
+    blocks = torch.arange(5 * 2 * 3, dtype=torch.float32).view(5, 2, 3)  # (N_blk, P, R + Dr)
+    table = torch.tensor([[4, 1], [0, -1]], dtype=torch.int32)
+    cache = gather_paged_latent(blocks, table)
+    assert cache.shape == (2, 4, 3)
+    for t in range(4):
+        assert torch.equal(cache[0, t], blocks[table[0, t // 2], t % 2])
+
+
 def test_import_without_triton():
     """`import kernels` and the references work without triton; the kernels say what is missing."""
     import subprocess
@@ -111,8 +169,10 @@ def test_import_without_triton():
         "assert kernels.sdpa_attention(q, k, k).shape == q.shape\n"
         "assert kernels.num_kv_splits(1, 8, 4096, 132) > 1\n"
         "try:\n    kernels.flash_decoding\nexcept ImportError as e:\n    print(e)\n"
+        "try:\n    kernels.mla_decode\nexcept ImportError as e:\n    print(e)\n"
     )
     root = Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "kernels.flash_decoding needs triton" in res.stdout
+    assert "kernels.mla_decode needs triton" in res.stdout

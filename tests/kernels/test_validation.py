@@ -12,10 +12,18 @@ import pytest
 import torch
 
 import kernels
-from kernels import naive_attention, naive_decode, num_kv_splits, paged_decode_reference, sdpa_attention, sdpa_decode
+from kernels import (
+    mla_decode_reference,
+    naive_attention,
+    naive_decode,
+    num_kv_splits,
+    paged_decode_reference,
+    sdpa_attention,
+    sdpa_decode,
+)
 
 triton = pytest.importorskip("triton")
-from kernels import flash_attention, flash_decoding, paged_attention  # noqa: E402
+from kernels import flash_attention, flash_decoding, mla_decode, paged_attention  # noqa: E402
 
 B, H, H_kv, T, D = 2, 4, 2, 8, 16
 PREFILL_FNS = [flash_attention, naive_attention, sdpa_attention]
@@ -194,3 +202,105 @@ def test_lazy_triton_import_message():
     with pytest.raises(AttributeError):
         kernels.no_such_kernel  # noqa: B018
 
+
+
+R, DR = 16, 8
+
+
+def _mla(**change):
+    args = dict(
+        q_latent=torch.randn(B, H, R),
+        q_rope=torch.randn(B, H, DR),
+        latent_blocks=torch.randn(N_BLK, P, R + DR),
+        block_tables=torch.tensor([[0, 1, 2], [3, -1, -1]], dtype=torch.int32),
+        seq_lens=torch.tensor([10, 4], dtype=torch.int32),
+        sm_scale=0.1,
+    )
+    args.update(change)
+    return args
+
+
+MLA_FNS = [mla_decode, mla_decode_reference]
+MLA_BAD = {
+    "q_latent not a tensor": (_mla(q_latent=None), "q_latent: expected a torch.Tensor"),
+    "q_latent 4-d": (_mla(q_latent=torch.randn(B, H, 1, R)), "q_latent: expected 3 dims (B, H, R)"),
+    "q_latent int": (_mla(q_latent=torch.ones(B, H, R, dtype=torch.int32)), "q_latent: dtype must be"),
+    "q_latent no heads": (_mla(q_latent=torch.randn(B, 0, R), q_rope=torch.randn(B, 0, DR)),
+                          "q_latent: needs at least one sequence and one head"),
+    "latent too wide": (_mla(q_latent=torch.randn(B, H, 2048), latent_blocks=torch.randn(N_BLK, P, 2048 + DR)),
+                        "q_latent: latent dim (kv_lora_rank) must be in [1, 1024], got 2048"),
+    "q_rope dtype": (_mla(q_rope=torch.randn(B, H, DR).half()),
+                     "q_rope: dtype torch.float16 differs from q_latent's torch.float32"),
+    "q_rope heads": (_mla(q_rope=torch.randn(B, H + 1, DR)), "q_rope: batch and heads (2, 5) differ from q_latent's"),
+    "q_rope 2-d": (_mla(q_rope=torch.randn(B, H)), "q_rope: expected 3 dims (B, H, Dr)"),
+    "blocks 4-d": (_mla(latent_blocks=torch.randn(N_BLK, P, 1, R + DR)),
+                   "latent_blocks: expected 3 dims (num_blocks, block_size, R + Dr)"),
+    "blocks dtype": (_mla(latent_blocks=torch.randn(N_BLK, P, R + DR).double()), "latent_blocks: dtype torch.float64"),
+    "blocks width": (_mla(latent_blocks=torch.randn(N_BLK, P, R)),
+                     f"latent_blocks: width {R} differs from q_latent's R + q_rope's Dr = {R} + {DR}"),
+    "blocks empty": (_mla(latent_blocks=torch.randn(0, P, R + DR)), "latent_blocks: needs at least one block"),
+    "blocks on meta": (_mla(latent_blocks=torch.empty(N_BLK, P, R + DR, device="meta")), "latent_blocks: on meta"),
+    "table rows": (_mla(block_tables=torch.zeros(1, M_BLK, dtype=torch.int32)),
+                   "block_tables: 1 rows differ from q_latent's batch 2"),
+    "table int64": (_mla(block_tables=torch.zeros(B, M_BLK, dtype=torch.int64)), "block_tables: dtype"),
+    "block out of range": (_mla(block_tables=torch.tensor([[0, 1, 6], [3, -1, -1]], dtype=torch.int32)),
+                           "block_tables: entry 2 of sequence 0 is block 6, outside [0, num_blocks=6)"),
+    "negative block in use": (_mla(seq_lens=torch.tensor([10, 5], dtype=torch.int32)),
+                              "block_tables: entry 1 of sequence 1 is block -1"),
+    "seq_lens too long": (_mla(seq_lens=torch.tensor([13, 4], dtype=torch.int32)),
+                          "seq_lens: length 13 exceeds the cache's max_blocks*block_size=12 for sequence 0"),
+    "seq_lens zero": (_mla(seq_lens=torch.tensor([10, 0], dtype=torch.int32)), "seq_lens: length 0 of sequence 1"),
+    "seq_lens length": (_mla(seq_lens=torch.tensor([4], dtype=torch.int32)),
+                        "seq_lens: length 1 differs from q_latent's batch 2"),
+    "sm_scale None": (_mla(sm_scale=None), "sm_scale: must be a positive number"),
+    "sm_scale negative": (_mla(sm_scale=-0.5), "sm_scale: must be a positive number"),
+}
+
+
+@pytest.mark.parametrize("fn", MLA_FNS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("case", list(MLA_BAD), ids=str)
+def test_mla_bad_input(fn, case):
+    args, message = MLA_BAD[case]
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        fn(**args)
+
+
+@pytest.mark.parametrize("fn", MLA_FNS, ids=lambda f: f.__name__)
+def test_mla_needs_sm_scale(fn):
+    """The softmax scale is the model's (not R + Dr's inverse square root): it has no default."""
+    args = _mla()
+    del args["sm_scale"]
+    with pytest.raises(TypeError, match="sm_scale"):
+        fn(**args)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, 70000])
+def test_mla_num_splits_bad(bad):
+    with pytest.raises(ValueError, match="^num_splits: must be an integer"):
+        mla_decode(**_mla(), num_splits=bad)
+
+
+class TestMLAKernelOnly:
+    """Inputs the MLA reference accepts but the Triton kernel does not."""
+
+    def test_float64(self):
+        args = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                for k, v in _mla().items()}
+        with pytest.raises(ValueError, match="^q_latent: the Triton kernels take float16, bfloat16 or float32"):
+            mla_decode(**args)
+
+    def test_cpu_without_interpreter(self, monkeypatch):
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="^q_latent: the Triton kernels need CUDA tensors"):
+            mla_decode(**_mla())
+
+    @pytest.mark.parametrize("name", ["q_latent", "q_rope", "latent_blocks"])
+    def test_last_dim_not_contiguous(self, name):
+        t = _mla()[name]
+        args = _mla(**{name: t.transpose(-1, -2).contiguous().transpose(-1, -2)})
+        with pytest.raises(ValueError, match=f"^{name}: the last .head. dim must be contiguous"):
+            mla_decode(**args)
+
+    def test_out_mismatch(self):
+        with pytest.raises(ValueError, match="^out: must match q_latent"):
+            mla_decode(**_mla(), out=torch.empty(B, H, R + DR))

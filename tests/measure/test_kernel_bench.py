@@ -18,7 +18,7 @@ H100 = load_hardware("h100-sxm")
 
 def test_shapes_cover_the_brief():
     cs = bench.cases()
-    assert {c.op for c in cs} == {"prefill", "decode", "paged"}
+    assert {c.op for c in cs} == {"prefill", "decode", "paged", "mla"}
     assert min(c.context for c in cs) == 512 and max(c.context for c in cs) == 32768
     assert min(c.batch for c in cs) == 1 and max(c.batch for c in cs) == 64
     assert any(c.lens for c in cs)
@@ -42,6 +42,28 @@ def test_costs_come_from_analysis():
     uniform = bench.Case(op="paged", batch=4, context=512)
     assert bench.case_cost(uniform, "naive", 2).flops == pytest.approx(
         attention_cost(4, 1, 512, impl="naive", **kw).flops)
+
+
+def test_mla_shapes_and_costs_come_from_the_deepseek_v3_spec():
+    """MLA shapes: H=128 on one GPU and 16 at TP 8, batch 1..64, context 1k..32k; their FLOPs and bytes are
+    `ForwardModel.attention_ops` of DeepSeek-V3 in the absorbed form (one 576-wide latent read per token,
+    2 H (2R + Dr) FLOPs per token)."""
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import Precision, load_model
+
+    ms = [c for c in bench.cases() if c.op == "mla"]
+    assert {c.tp for c in ms} == {1, 8}
+    assert {c.batch for c in ms} == {1, 8, 32, 64} and {c.context for c in ms} == {1024, 4096, 32768}
+    case = bench.Case(op="mla", batch=2, context=4096, lens=(4096, 1000), tp=8)
+    fm = ForwardModel(model=load_model("deepseek-v3"), precision=Precision.uniform("bf16"), tp=8,
+                      mla_mode="absorbed")
+    (one,) = fm.attention_ops(1, 1, 1000)
+    cost = bench.case_cost(case, "fused", 2)
+    assert cost.kv_read_bytes == pytest.approx(5096 * 576 * 2)
+    assert cost.flops == pytest.approx(one.flops * 5096 / 1000)
+    assert one.flops == pytest.approx(2 * 16 * (2 * 512 + 64) * 1000)
+    naive = bench.case_cost(case, "naive", 2)
+    assert naive.bytes_total > cost.bytes_total and naive.flops > cost.flops  # S and P in memory, the softmax
 
 
 def test_row_fractions_with_fake_timing():
@@ -129,6 +151,17 @@ def test_bench_case_end_to_end_with_fake_timer(case, device, monkeypatch):
     assert {r.impl for r in rows} == expected
     for r in rows:
         assert r.time_s == 1e-3 and r.max_rel_error < 1e-2, r
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_mla_bench_case_end_to_end_with_fake_timer(tp, device, monkeypatch):
+    """DeepSeek-V3's MLA widths through mla_decode and the torch reference (interpreter on CPU), fake timer."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(bench, "_bench_ms", lambda fn: (fn(), 1.0)[1])
+    rows = bench.bench_case(bench.Case(op="mla", batch=1, context=40, tp=tp), "fp16", H100, 3e12, device)
+    assert [r.impl for r in rows] == ["mla_decode", "torch"]
+    for r in rows:
+        assert r.time_s == 1e-3 and r.max_rel_error < 1e-2 and r.tp == tp, r
 
 
 def test_reads_the_committed_h100_run():
