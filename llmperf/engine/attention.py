@@ -27,6 +27,11 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
 - `triton`: the `kernels` package: fused FlashAttention prefill, and in decode PagedAttention when
   the step carries block tables (`meta.paged`), Flash-Decoding when it carries cache rows
   (`meta.contiguous`). Backends dispatch on what the step carries, never on the cache's class.
+
+Each backend's attention over K and V already at hand is a function of its own (`sdpa_core`,
+`naive_core`, `flash_core`): multi-head latent attention (`llmperf.engine.mla`) runs its two forms
+through them, with a value width Dv other than the q/k width where the backend allows it (sdpa,
+naive) and with V padded to it where it does not (triton).
 """
 
 from __future__ import annotations
@@ -59,29 +64,47 @@ def _keys(layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> tuple
 def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
                    rec: Any) -> torch.Tensor:
     B, T, H, D = q.shape
-    H_kv = k.shape[2]
-    G = H // H_kv
     p = meta.attn(layer, D)
-    if p.sinks is not None or p.softcap is not None:  # SDPA has neither: the same math, eagerly
-        with rec.op("attention", layer):
-            K, V = _keys(layer, k, v, meta)
-            return _eager(q, K, V, meta, p).reshape(B, T, H * D)
-    scale = p.scale
+    eager = p.sinks is not None or p.softcap is not None  # SDPA has neither: the same math, eagerly
     with rec.op("attention", layer):
-        if T == 1 and meta.paged and p.chunk is None and cpu_kernels.use_attention_for(q):  # blocks read in place
-            pool_k, pool_v = meta.store.pools(layer)
-            return cpu_kernels.decode_attention(q[:, 0], pool_k, pool_v, meta.seq_lens_tensor(), scale, p.window,
+        if not eager and T == 1 and meta.paged and p.chunk is None and cpu_kernels.use_attention_for(q):
+            pool_k, pool_v = meta.store.pools(layer)  # blocks read in place
+            return cpu_kernels.decode_attention(q[:, 0], pool_k, pool_v, meta.seq_lens_tensor(), p.scale, p.window,
                                                 meta.block_tables).view(B, 1, H * D)
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
-        if T == 1:
-            return sdpa_decode(q[:, 0], K, V, meta, scale, p).view(B, 1, H * D)
-        qt = q.transpose(1, 2)  # (B, H, T, D)
-        if meta.fresh and meta.uniform and not meta.limited(p):
-            o = F.scaled_dot_product_attention(qt, K, V, is_causal=True, enable_gqa=G > 1, scale=scale)
-        else:
-            o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(K.shape[2], p), enable_gqa=G > 1,
-                                               scale=scale)
-        return o.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+        if T == 1 and not eager:
+            return sdpa_decode(q[:, 0], K, V, meta, p.scale, p).view(B, 1, H * D)
+        return sdpa_core(q, K, V, meta, p)
+
+
+def sdpa_core(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, p: LayerAttn) -> torch.Tensor:
+    """`q (B, T, H, D)` over `K (B, H_kv, S, D)`, `V (B, H_kv, S, Dv)` (any value width Dv) through
+    SDPA -> `(B, T, H * Dv)`: causal from the step's positions, the layer's window or chunk (sinks and
+    soft-caps eagerly, `_eager`). One query per sequence folds the G query heads of each KV head
+    into the query axis, so the keys are read once per KV head with no copy. Multi-head latent
+    attention runs both its forms through here (`llmperf.engine.mla`)."""
+    B, T, H, D = q.shape
+    H_kv, S, Dv = K.shape[1], K.shape[2], V.shape[-1]
+    if p.sinks is not None or p.softcap is not None:
+        return _eager(q, K, V, meta, p).reshape(B, T, H * Dv)
+    if T == 1:
+        return _sdpa_folded(q[:, 0], K, V, meta.mask(S, p), p.scale).view(B, 1, H * Dv)
+    qt = q.transpose(1, 2)  # (B, H, T, D)
+    if meta.fresh and meta.uniform and not meta.limited(p):
+        o = F.scaled_dot_product_attention(qt, K, V, is_causal=True, enable_gqa=H_kv < H, scale=p.scale)
+    else:
+        o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(S, p), enable_gqa=H_kv < H, scale=p.scale)
+    return o.transpose(1, 2).reshape(B, T, H * Dv)  # (B, T, H*Dv)
+
+
+def _sdpa_folded(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
+                 scale: float) -> torch.Tensor:
+    """SDPA of one query per sequence and head `q (B, H, D)` with the G query heads of each KV head
+    as its query axis `(B, H_kv, G, D)` -> `(B, H, Dv)`."""
+    B, H, D = q.shape
+    qg = q.reshape(B, K.shape[1], H // K.shape[1], D)
+    o = F.scaled_dot_product_attention(qg, K, V, attn_mask=mask, scale=scale)  # (B, H_kv, G, Dv)
+    return o.reshape(B, H, V.shape[-1])
 
 
 def sdpa_decode(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, scale: float,
@@ -97,9 +120,7 @@ def sdpa_decode(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMet
     if (p is None or p.chunk is None) and cpu_kernels.use_attention_for(q):
         return cpu_kernels.decode_attention(q, K, V, meta.seq_lens_tensor(), scale, window)
     B, H, D = q.shape
-    qg = q.reshape(B, K.shape[1], H // K.shape[1], D)
-    o = F.scaled_dot_product_attention(qg, K, V, attn_mask=meta.mask(K.shape[2], p), scale=scale)  # (B, H_kv, G, D)
-    return o.reshape(B, H * D)
+    return _sdpa_folded(q, K, V, meta.mask(K.shape[2], p), scale).reshape(B, H * D)
 
 
 def _probs(scores: torch.Tensor, mask: torch.Tensor | None, p: LayerAttn, dtype: torch.dtype) -> torch.Tensor:
@@ -119,26 +140,32 @@ def _probs(scores: torch.Tensor, mask: torch.Tensor | None, p: LayerAttn, dtype:
 
 
 def _eager(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, p: LayerAttn) -> torch.Tensor:
-    """Attention with the scores materialised, `q (B, T, H, D)` over `K`, `V (B, H_kv, S, D)` ->
-    `(B, T, H, D)`: the math every fused kernel must equal (soft-caps and sinks included)."""
+    """Attention with the scores materialised, `q (B, T, H, D)` over `K (B, H_kv, S, D)`, `V (B, H_kv,
+    S, Dv)` -> `(B, T, H, Dv)`: the math every fused kernel must equal (soft-caps and sinks included)."""
     B, T, H, D = q.shape
     H_kv, S = K.shape[1], K.shape[2]
     G = H // H_kv
     qg = q.transpose(1, 2).reshape(B, H_kv, G, T, D)
     scores = torch.matmul(qg, K[:, :, None].transpose(-1, -2)) * p.scale  # (B, H_kv, G, T, S)
     probs = _probs(scores, meta.mask(S, p), p, q.dtype)
-    o = torch.matmul(probs, V[:, :, None])  # (B, H_kv, G, T, D)
-    return o.reshape(B, H, T, D).transpose(1, 2)
+    o = torch.matmul(probs, V[:, :, None])  # (B, H_kv, G, T, Dv)
+    return o.reshape(B, H, T, V.shape[-1]).transpose(1, 2)
 
 
 def naive_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
                     rec: Any) -> torch.Tensor:
-    B, T, H, D = q.shape
-    H_kv = k.shape[2]
-    G = H // H_kv
-    p = meta.attn(layer, D)
     K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
-    S = K.shape[2]
+    return naive_core(layer, q, K, V, meta, meta.attn(layer, q.shape[-1]), rec)
+
+
+def naive_core(layer: int, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, p: LayerAttn,
+               rec: Any) -> torch.Tensor:
+    """The `naive` backend's attention, `q (B, T, H, D)` over `K (B, H_kv, S, D)`, `V (B, H_kv, S, Dv)`
+    (any value width Dv) -> `(B, T, H * Dv)`: scores, softmax and the value product materialised,
+    each recorded as its own operator."""
+    B, T, H, D = q.shape
+    H_kv, S, Dv = K.shape[1], K.shape[2], V.shape[-1]
+    G = H // H_kv
     qg = q.transpose(1, 2).reshape(B, H_kv, G, T, D)
     with rec.op("attn_score", layer):
         scores = torch.matmul(qg, K[:, :, None].transpose(-1, -2)) * p.scale  # (B, H_kv, G, T, S)
@@ -148,8 +175,8 @@ def naive_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     with rec.op("attn_softmax", layer):
         probs = _probs(scores, meta.mask(S, p), replace(p, softcap=None), q.dtype)  # (B, H_kv, G, T, S)
     with rec.op("attn_value", layer):
-        o = torch.matmul(probs, V[:, :, None])  # (B, H_kv, G, T, D)
-    return o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        o = torch.matmul(probs, V[:, :, None])  # (B, H_kv, G, T, Dv)
+    return o.reshape(B, H, T, Dv).transpose(1, 2).reshape(B, T, H * Dv)
 
 
 def _kernels() -> Any:
@@ -195,10 +222,8 @@ def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                          f"{meta.max_seq_len}-token step (use attention='sdpa' or 'naive')")
     sm = p.scale
     with rec.op("attention", layer):
-        if meta.fresh and meta.uniform:
-            o = kernels.flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
-                                        sm_scale=sm)
-            return o.transpose(1, 2).reshape(B, T, H * D)
+        if meta.fresh:
+            return flash_core(kernels, q, k.transpose(1, 2), v.transpose(1, 2), meta, sm)
         if T == 1 and meta.paged:
             k_pool, v_pool = meta.store.pools(layer)  # (num_blocks, block_size, H_kv, D) each
             o = kernels.paged_attention(q.reshape(B, H, D), k_pool, v_pool, meta.block_tables,
@@ -211,14 +236,22 @@ def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                        _decode_splits(kernels, meta, H_kv, q.device), sm_scale=sm, validate=False)
             return o.reshape(B, 1, H * D)
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
-        qt = q.transpose(1, 2)  # (B, H, T, D)
-        if meta.uniform:  # extend: queries are the last T of S keys, causal aligned bottom-right
-            o = kernels.flash_attention(qt, K, V, causal=True, sm_scale=sm)
-            return o.transpose(1, 2).reshape(B, T, H * D)
-        # extend over ragged contexts: one launch per sequence over exactly its own keys
-        outs = [kernels.flash_attention(qt[b:b + 1], K[b:b + 1, :, :n], V[b:b + 1, :, :n], causal=True, sm_scale=sm)
-                for b, n in enumerate(meta.seq_lens)]  # each (1, H, T, D)
-        return torch.cat(outs).transpose(1, 2).reshape(B, T, H * D)
+        return flash_core(kernels, q, K, V, meta, sm)
+
+
+def flash_core(kernels: Any, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta,
+               sm: float) -> torch.Tensor:
+    """`kernels.flash_attention` of `q (B, T, H, D)` over `K`, `V (B, H_kv, S, D)`, causal aligned
+    bottom-right (the queries are the last T of each sequence's keys) -> `(B, T, H * D)`: one launch
+    when every sequence has the same context, else one per sequence over exactly its own keys."""
+    B, T, H, D = q.shape
+    qt = q.transpose(1, 2)  # (B, H, T, D)
+    if meta.uniform:
+        o = kernels.flash_attention(qt, K, V, causal=True, sm_scale=sm)
+        return o.transpose(1, 2).reshape(B, T, H * D)
+    outs = [kernels.flash_attention(qt[b:b + 1], K[b:b + 1, :, :n], V[b:b + 1, :, :n], causal=True, sm_scale=sm)
+            for b, n in enumerate(meta.seq_lens)]  # each (1, H, T, D)
+    return torch.cat(outs).transpose(1, 2).reshape(B, T, H * D)
 
 
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, StepMeta, Any], torch.Tensor]

@@ -1,7 +1,7 @@
 """KV caches: the tensors that hold every layer's keys and values, and their byte accounting.
 
 Letters: L layers, B_max sequence rows, H_kv KV heads, S_max tokens per row, D head dim,
-N blocks in the paged pool, P tokens per block (block_size).
+N blocks in the paged pool, P tokens per block (block_size), R latent rank, Dr rotary key width.
 
 - `ContiguousKVCache`: one tensor `(L, 2, B_max, H_kv, S_max, D)` (2 = K, V), allocated up front:
   every sequence owns a row of S_max token slots whether it uses them or not, as a naive server
@@ -13,13 +13,20 @@ N blocks in the paged pool, P tokens per block (block_size).
   their prompt's blocks; blocks return to the pool when a sequence ends. When no block is free,
   `append_slot` returns False and the scheduler preempts; no sequence is ever written out of place.
 
+Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2; `ModelSpec.is_mla`) caches no per-head K
+and V: each token leaves one vector per layer, its KV latent and the rotary key shared by every head
+(R + Dr = kv_lora_rank + qk_rope_head_dim wide; DeepSeek-V2, arXiv:2405.04434, §2.1.2), so both
+caches hold one part on one "head" instead of two: `(L, 1, B_max, 1, S_max, R + Dr)` and
+`(L, 1, N, P, 1, R + Dr)`. Their K and V views are then the same tensor (the latent is what the
+absorbed attention's queries meet and what its values are read from); `write` stores `k` alone.
+
 Both caches take the same calls (`allocate`, `append_slot`, `fork`, `reorder`, `free`, `prepare`,
 `write`, `gather`), so the engine does not care which one it drives. Both implement the shared
 scheduler's `llmperf.serving.scheduler.KVSpace` (`reserve`, `reserve_cost`, `blocks_for`,
 `fork_cost`, ...): a contiguous "block" is one max-length row. Both report
 `usage()`: bytes the storage has (capacity), bytes held by live sequences (reserved), bytes holding
-real tokens (used). Bytes per token = `2 * L * H_kv * D * element_size`, equal to
-`ModelSpec.kv_bytes_per_token(dtype)`.
+real tokens (used). Bytes per token = `2 * L * H_kv * D * element_size` (MLA: `L * (R + Dr) *
+element_size`), equal to `ModelSpec.kv_bytes_per_token(dtype)`.
 """
 
 from __future__ import annotations
@@ -70,12 +77,23 @@ class KVCache(ABC):
         self.spec = spec
         self.dtype = dtype
         self.device = torch.device(device)
-        self.num_layers, self.num_kv_heads, self.head_dim = spec.num_layers, spec.num_kv_heads, spec.head_dim
+        self.num_layers = spec.num_layers
+        # MLA: one part (the latent and the rotary key, R + Dr wide) on one head; else K and V (H_kv, D)
+        self.latent = spec.is_mla
+        self.parts = 1 if self.latent else 2
+        self.num_kv_heads = 1 if self.latent else spec.num_kv_heads
+        self.head_dim = spec.kv_width_per_token_per_layer if self.latent else spec.head_dim
+        self._v = self.parts - 1  # the part V is read from: 1, or the latent itself
 
     @property
     def bytes_per_token(self) -> int:
-        """K and V of one token in every layer: 2 * L * H_kv * D * element size."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        """What one token leaves in every layer: 2 * L * H_kv * D * element size (K and V), or for
+        MLA L * (R + Dr) * element size (the latent and the rotary key)."""
+        return self.parts * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    def _written(self, k: torch.Tensor, v: torch.Tensor | None) -> tuple[tuple[int, torch.Tensor], ...]:
+        """(part, tensor) pairs a write stores: K and V, or a latent cache's one part (`k`)."""
+        return ((0, k),) if self.parts == 1 else ((0, k), (1, v))
 
     # Subclasses allocate their storage as one tensor `self.kv` and set `self._max_seq_len`.
     kv: torch.Tensor
@@ -152,8 +170,9 @@ class KVCache(ABC):
         """Metadata for a step that feeds the last `q_len` reserved slots of each sequence."""
 
     @abstractmethod
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> None:
-        """Store this step's K and V `(B, T, H_kv, D)` of `layer` at the step's slots."""
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor | None, meta: StepMeta) -> None:
+        """Store this step's K and V `(B, T, H_kv, D)` of `layer` at the step's slots (a latent cache:
+        `k` is the latent `(B, T, 1, R + Dr)`, `v` is ignored)."""
 
     @abstractmethod
     def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,7 +204,8 @@ class KVCache(ABC):
 
 
 class ContiguousKVCache(KVCache):
-    """Max-length preallocation: `kv` is `(L, 2, B_max, H_kv, S_max, D)`; a sequence owns a row."""
+    """Max-length preallocation: `kv` is `(L, 2, B_max, H_kv, S_max, D)` (MLA: `(L, 1, B_max, 1, S_max,
+    R + Dr)`); a sequence owns a row."""
 
     kind = "contiguous"
 
@@ -198,7 +218,7 @@ class ContiguousKVCache(KVCache):
         self.max_batch, self._max_seq_len = max_batch, max_seq_len
         self.block_size = max_seq_len  # KVSpace: a "block" is a whole row
         # Zeros, not empty: attention reads (masked) slots past a sequence's end, and 0 * NaN = NaN.
-        self.kv = torch.zeros(spec.num_layers, 2, max_batch, spec.num_kv_heads, max_seq_len, spec.head_dim,
+        self.kv = torch.zeros(spec.num_layers, self.parts, max_batch, self.num_kv_heads, max_seq_len, self.head_dim,
                               dtype=dtype, device=self.device)  # (L, 2, B_max, H_kv, S_max, D)
         self._row: dict[int, int] = {}
         self._len: dict[int, int] = {}
@@ -302,35 +322,36 @@ class ContiguousKVCache(KVCache):
                         rows=torch.tensor(rows, device=self.device),
                         row_slice=slice(rows[0], rows[0] + len(rows)) if consecutive else None)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> None:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor | None, meta: StepMeta) -> None:
         T = meta.q_len
         if meta.row_slice is not None and meta.uniform:
             s = meta.starts[0]
-            self.kv[layer, 0, meta.row_slice, :, s:s + T] = k.transpose(1, 2)  # (B, H_kv, T, D)
-            self.kv[layer, 1, meta.row_slice, :, s:s + T] = v.transpose(1, 2)
+            for part, x in self._written(k, v):
+                self.kv[layer, part, meta.row_slice, :, s:s + T] = x.transpose(1, 2)  # (B, H_kv, T, D)
             return
         # Advanced indices around a slice put their dims first: the target is (B, T, H_kv, D) like k.
         rows = meta.rows[:, None]  # (B, 1)
-        self.kv[layer, 0][rows, :, meta.positions] = k
-        self.kv[layer, 1][rows, :, meta.positions] = v
+        for part, x in self._written(k, v):
+            self.kv[layer, part][rows, :, meta.positions] = x
 
     def rows_of(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V rows `(B, H_kv, S_max, D)` of the step's sequences (a view when the rows are
         consecutive, else a copy): what Flash-Decoding reads."""
         if meta.row_slice is not None:
-            return self.kv[layer, 0, meta.row_slice], self.kv[layer, 1, meta.row_slice]
-        return self.kv[layer, 0].index_select(0, meta.rows), self.kv[layer, 1].index_select(0, meta.rows)
+            return self.kv[layer, 0, meta.row_slice], self.kv[layer, self._v, meta.row_slice]
+        k = self.kv[layer, 0].index_select(0, meta.rows)
+        return k, (k if self.latent else self.kv[layer, 1].index_select(0, meta.rows))
 
     def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A row is a block of S_max slots: `(B_max, S_max, H_kv, D)` views."""
-        return self.kv[layer, 0].transpose(1, 2), self.kv[layer, 1].transpose(1, 2)
+        return self.kv[layer, 0].transpose(1, 2), self.kv[layer, self._v].transpose(1, 2)
 
     def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         S = meta.max_seq_len
         if meta.row_slice is not None:
-            return self.kv[layer, 0, meta.row_slice, :, :S], self.kv[layer, 1, meta.row_slice, :, :S]
-        return (self.kv[layer, 0, :, :, :S].index_select(0, meta.rows),
-                self.kv[layer, 1, :, :, :S].index_select(0, meta.rows))
+            return self.kv[layer, 0, meta.row_slice, :, :S], self.kv[layer, self._v, meta.row_slice, :, :S]
+        k = self.kv[layer, 0, :, :, :S].index_select(0, meta.rows)
+        return k, (k if self.latent else self.kv[layer, 1, :, :, :S].index_select(0, meta.rows))
 
     def usage(self) -> CacheUsage:
         tokens = sum(self._len.values())
@@ -344,7 +365,8 @@ class ContiguousKVCache(KVCache):
 
 
 class PagedKVCache(KVCache):
-    """Block pools `kv` `(L, 2, N, P, H_kv, D)` handed out by a `BlockManager` (PagedAttention)."""
+    """Block pools `kv` `(L, 2, N, P, H_kv, D)` (MLA: `(L, 1, N, P, 1, R + Dr)`) handed out by a
+    `BlockManager` (PagedAttention)."""
 
     kind = "paged"
 
@@ -356,7 +378,7 @@ class PagedKVCache(KVCache):
         self.manager = BlockManager(num_blocks, block_size, max_seq_len=self._max_seq_len)
         self.block_size = block_size
         # Zeros: the gather for attention reads whole blocks (masked past each sequence's end).
-        self.kv = torch.zeros(spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
+        self.kv = torch.zeros(spec.num_layers, self.parts, num_blocks, block_size, self.num_kv_heads, self.head_dim,
                               dtype=dtype, device=self.device)  # (L, 2, N, P, H_kv, D)
 
     # ---- KVSpace (the shared scheduler's view) ------------------------------------------------
@@ -423,8 +445,9 @@ class PagedKVCache(KVCache):
         self.manager.check_invariants()
 
     def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The K and V block pools of `layer`, `(N, P, H_kv, D)` each (what PagedAttention reads)."""
-        return self.kv[layer, 0], self.kv[layer, 1]
+        """The K and V block pools of `layer`, `(N, P, H_kv, D)` each (what PagedAttention reads; a
+        latent cache's one pool `(N, P, 1, R + Dr)` twice)."""
+        return self.kv[layer, 0], self.kv[layer, self._v]
 
     def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The block pools `(N, P, H_kv, D)`."""
@@ -478,13 +501,12 @@ class PagedKVCache(KVCache):
         meta._memo["block_runs"] = _block_runs(tables, -(-meta.max_seq_len // self.block_size))
         return meta
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> None:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor | None, meta: StepMeta) -> None:
         N, P = self.kv.shape[2], self.kv.shape[3]
         rows = k.shape[0] * k.shape[1]
-        k_flat = self.kv[layer, 0].view(N * P, self.num_kv_heads, self.head_dim)  # (N*P, H_kv, D)
-        v_flat = self.kv[layer, 1].view(N * P, self.num_kv_heads, self.head_dim)
-        k_flat.index_copy_(0, meta.slot_mapping, k.reshape(rows, self.num_kv_heads, self.head_dim))
-        v_flat.index_copy_(0, meta.slot_mapping, v.reshape(rows, self.num_kv_heads, self.head_dim))
+        for part, x in self._written(k, v):
+            flat = self.kv[layer, part].view(N * P, self.num_kv_heads, self.head_dim)  # (N*P, H_kv, D)
+            flat.index_copy_(0, meta.slot_mapping, x.reshape(rows, self.num_kv_heads, self.head_dim))
 
     def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         S = meta.max_seq_len
@@ -499,15 +521,15 @@ class PagedKVCache(KVCache):
             P, H_kv, D = self.block_size, self.num_kv_heads, self.head_dim
             return tuple(kv.as_strided((B, H_kv, S, D), (spacing * P * H_kv * D, D, H_kv * D, 1),
                                        kv.storage_offset() + first * P * H_kv * D)
-                         for kv in (self.kv[layer, 0], self.kv[layer, 1]))  # (B, H_kv, S, D) each
+                         for kv in (self.kv[layer, 0], self.kv[layer, self._v]))  # (B, H_kv, S, D) each
         out = []
         flat = tables.reshape(-1)  # (B*nb,)
-        for kv in (self.kv[layer, 0], self.kv[layer, 1]):
+        for kv in self.kv[layer]:  # K and V, or the one latent part
             # index_select, not kv[tables]: one contiguous gather of whole blocks, measured 1.14-1.51x
             # faster than advanced indexing on this CPU at 2048 tokens (issue 8).
             blocks = kv.index_select(0, flat).view(B, nb, *kv.shape[1:])  # (B, nb, P, H_kv, D)
             out.append(blocks.view(B, nb * self.block_size, self.num_kv_heads, self.head_dim)[:, :S].transpose(1, 2))
-        return out[0], out[1]  # (B, H_kv, S, D) each
+        return out[0], out[-1]  # (B, H_kv, S, D) each
 
     def usage(self) -> CacheUsage:
         u = self.manager.usage()

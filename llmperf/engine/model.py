@@ -296,10 +296,8 @@ class Transformer(nn.Module):
         """Run the operators on `ops` instead (side-by-side measurements; `ops_for` chose the default)."""
         if ops.in_out != self.in_out:
             raise ValueError(f"ops: in_out={ops.in_out} does not match the model's weight_layout {self.weight_layout}")
-        from llmperf.engine.moe import MoE
-
         for module in self.modules():
-            if isinstance(module, (Block, Norm, MoE)):
+            if module is not self and isinstance(getattr(module, "ops", None), TorchOps):  # blocks, norms, MLA, MoE
                 module.ops = ops
         self._head_ops = self._head_ops if self.in_out and self.spec.tied_embeddings else ops
         self.ops = ops

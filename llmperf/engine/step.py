@@ -29,8 +29,9 @@ import torch
 class KVStore(Protocol):
     """The tensor side of a cache that the model and the backends use (the engine's caches implement it)."""
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> None:
-        """Store this step's K and V `(B, T, H_kv, D)` of `layer` at the step's slots."""
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor | None, meta: StepMeta) -> None:
+        """Store this step's K and V `(B, T, H_kv, D)` of `layer` at the step's slots (a latent cache,
+        multi-head latent attention's: `k` the latent `(B, T, 1, R + Dr)`, `v` None)."""
 
     def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V `(B, H_kv, S, D)` of `layer` for the step's sequences (S = the longest context)."""

@@ -32,7 +32,8 @@ from llmperf.specs import ModelSpec
 INIT_STD = 0.02  # GPT-2 / Llama `initializer_range`
 # Matrix parameters (suffixes), stored (in, out) or (out, in) depending on the model's weight_layout.
 _MATRICES = ("qkv_weight", "o_weight", "up_weight", "down_weight", "router_weight", "shared_gate_weight",
-             "lm_head_weight")
+             "lm_head_weight",
+             "q_a_weight", "q_b_weight", "q_weight", "kv_a_weight", "kv_b_weight")  # MLA's
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -157,12 +158,15 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
                         _Entry(us + "post_mlp_norm.weight", (hf + "post_feedforward_layernorm.weight",))]
             else:
                 out.append(_Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",)))
-            out += [_Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), matrix=True),
-                    _Entry(us + "o_weight", (attn + "o_proj.weight",), matrix=True)]
-            if spec.qkv_bias:
-                out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv")))
-            if spec.out_bias:
-                out.append(_Entry(us + "o_bias", (attn + "o_proj.bias",)))
+            if spec.is_mla:
+                out += _mla_entries(spec, attn, us + "attn.")
+            else:
+                out += [_Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), matrix=True),
+                        _Entry(us + "o_weight", (attn + "o_proj.weight",), matrix=True)]
+                if spec.qkv_bias:
+                    out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv")))
+                if spec.out_bias:
+                    out.append(_Entry(us + "o_bias", (attn + "o_proj.bias",)))
             if spec.qk_norm == "rmsnorm":
                 out += [_Entry(us + "q_norm.weight", (attn + "q_norm.weight",)),
                         _Entry(us + "k_norm.weight", (attn + "k_norm.weight",))]
@@ -213,6 +217,19 @@ def _ffn_prefix(spec: ModelSpec) -> str:
 #: "mixtral" (published Mixtral: `block_sparse_moe.experts.{j}.w1/w3/w2`). Llama 4 and gpt-oss
 #: always store them stacked `(E, in, out)`.
 MOE_FORMATS = ("stacked", "per_expert", "mixtral")
+
+
+def _mla_entries(spec: ModelSpec, attn: str, us: str) -> list[_Entry]:
+    """DeepSeek's latent attention (`mla.MLAttention`, transformers' `DeepseekV3Attention` names): one
+    engine tensor per checkpoint tensor. Biases where `attention_bias` puts them (q_a, kv_a, o)."""
+    q = [("q_a", "q_a_proj"), ("q_b", "q_b_proj")] if spec.q_lora_rank is not None else [("q", "q_proj")]
+    mats = [*q, ("kv_a", "kv_a_proj_with_mqa"), ("kv_b", "kv_b_proj"), ("o", "o_proj")]
+    out = [_Entry(f"{us}{ours}_weight", (f"{attn}{theirs}.weight",), matrix=True) for ours, theirs in mats]
+    out.append(_Entry(us + "kv_a_norm.weight", (attn + "kv_a_layernorm.weight",)))
+    if spec.q_lora_rank is not None:
+        out.append(_Entry(us + "q_a_norm.weight", (attn + "q_a_layernorm.weight",)))
+    biased = [m for m in mats if (m[0] in ("q_a", "kv_a") and spec.qkv_bias) or (m[0] == "o" and spec.out_bias)]
+    return out + [_Entry(f"{us}{ours}_bias", (f"{attn}{theirs}.bias",)) for ours, theirs in biased]
 
 
 def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str = "stacked") -> list[_Entry]:
@@ -563,6 +580,8 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         rope_theta=spec.rope_theta, attention_dropout=0.0)
     if spec.rope_scaling:
         cfg["rope_scaling"] = dict(spec.rope_scaling)
+    if spec.is_mla:
+        return _deepseek_config(spec, cfg)
     if spec.num_experts > 1:
         cfg.update(model_type="mixtral", num_local_experts=spec.num_experts,
                    num_experts_per_tok=spec.experts_per_token, sliding_window=spec.sliding_window)
@@ -577,6 +596,23 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     else:
         cfg.update(model_type="llama", attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
     return cfg
+
+
+def _deepseek_config(spec: ModelSpec, cfg: dict[str, Any]) -> dict[str, Any]:
+    """`cfg` as a DeepSeek-V3 config of an MLA spec with dense layers (`first_k_dense_replace` = every
+    layer; V3's class also builds V2-Lite's q_proj when q_lora_rank is null, and its rope_interleave
+    is V2's complex pairs)."""
+    if spec.num_experts > 1:
+        raise ValueError("num_experts: hf_config writes DeepSeek configs whose layers are all dense")
+    if spec.qkv_bias != spec.out_bias:
+        raise ValueError(f"qkv_bias: DeepSeek's attention_bias sets the q_a, kv_a and o biases together, got "
+                         f"qkv_bias={spec.qkv_bias} and out_bias={spec.out_bias}")
+    del cfg["head_dim"]
+    return dict(cfg, model_type="deepseek_v3", num_key_value_heads=spec.num_heads, kv_lora_rank=spec.kv_lora_rank,
+                q_lora_rank=spec.q_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
+                qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim,
+                rope_interleave=spec.rope_interleaved, first_k_dense_replace=spec.num_layers,
+                attention_bias=spec.qkv_bias)
 
 
 __all__ = ["MATH_FIELDS", "TensorSource", "build_model", "checkpoint_eos", "from_pretrained", "hf_config",
