@@ -48,12 +48,20 @@ FAMILIES = {
     "glm4.5": dict(num_layers=3, qkv_bias=True, qk_norm="rmsnorm", rotary_dim=24, num_experts=8, experts_per_token=2,
                    moe_ffn_size=32, shared_experts=2, dense_layers=(0,), router_score_bias=True,
                    router_scoring="sigmoid", router_scale=2.5, router_groups=4, router_topk_groups=2),
+    # multi-head latent attention: unabsorbed in prefill, absorbed in decode; DeepSeek-V3's MoE layers
+    "deepseek-v3": dict(num_layers=3, num_kv_heads=4, rotary_dim=16, q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32,
+                        qk_rope_head_dim=16, v_head_dim=24, rope_interleaved=True, ffn_size=256, moe_ffn_size=64,
+                        num_experts=8, experts_per_token=2, shared_experts=1, dense_layers=(0,),
+                        router_score_bias=True, router_scoring="sigmoid", router_scale=2.5, router_groups=4,
+                        router_topk_groups=2),
+    "deepseek-v2-lite": dict(num_layers=2, num_kv_heads=4, rotary_dim=16, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                             v_head_dim=24),
 }
 FP32 = Precision.uniform("fp32")
 
 
 def spec_of(family: str) -> ModelSpec:
-    return ModelSpec(name=f"tiny-{family}", **BASE, **FAMILIES[family])
+    return ModelSpec(name=f"tiny-{family}", **{**BASE, **FAMILIES[family]})
 
 
 def settings(**kw) -> prof.ProfileSettings:  # noqa: ANN003
@@ -310,12 +318,12 @@ def test_layers_keeps_llama4s_nope_and_dense_layers():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two tiny runs on this CPU predicted with a datasheet (no calibration: the calibrated column is
-    empty, which these tests do not read): Gemma 3 through `--layers 2` and a MoE with a dense first
-    layer."""
+    """Tiny runs on this CPU predicted with a datasheet (no calibration: the calibrated column is
+    empty, which these tests do not read): Gemma 3 through `--layers 2`, a MoE with a dense first
+    layer, DeepSeek-V3 (MLA and MoE)."""
     folder = tmp_path_factory.mktemp("todays")
     out = {}
-    for family, layers in (("gemma3", 2), ("moe-dense-first", None)):
+    for family, layers in (("gemma3", 2), ("moe-dense-first", None), ("deepseek-v3", None)):
         path = folder / f"{family}.yaml"
         spec = spec_of(family)
         path.write_text(yaml.safe_dump({k: (list(v) if isinstance(v, tuple) else v)
@@ -368,3 +376,21 @@ def test_a_moe_run_reports_the_experts_touched(runs):
 
     titles = [t.title for t in summary_tables(res)]
     assert any("distinct routed experts" in t for t in titles) and any("joined" in t for t in titles)
+
+
+def test_an_mla_run_joins_both_forms(runs):
+    """DeepSeek-V3: the prefill layers measured and joined in the unabsorbed form (kv_b_proj), the decode
+    layers in the absorbed one (q_absorb, v_absorb), dense and MoE layers each to their own kind."""
+    res = runs["deepseek-v3"]
+    assert all(c["passed"] for c in res.run["checks"]), res.run["checks"]
+    join = {(e["phase"], e["layer"]): e for e in res.run["join"]}
+    assert set(join) == {(p, k) for p in ("prefill", "decode") for k in ("model", "full", "full/moe")}
+    for kind in ("full", "full/moe"):
+        assert "kv_b_proj" in join[("prefill", kind)]["joined"] and "q_absorb" not in join[("prefill", kind)]["joined"]
+        assert {"q_absorb", "v_absorb"} <= set(join[("decode", kind)]["joined"])
+        assert "kv_b_proj" not in join[("decode", kind)]["joined"]
+    assert {"shared_gate_up_proj", "router"} <= set(join[("decode", "full/moe")]["joined"])
+    micro = {r["op"] for r in res.ops if r["kind"] == "micro"}
+    assert {"q_a_proj", "q_b_proj", "kv_a_proj", "o_proj", "router", "shared_gate_proj"} <= micro
+    assert not {"attention", "kv_b_proj", "q_absorb"} & micro  # refused by name in the notes
+    assert any("latent attention" in n for n in res.run["settings"]["notes"])
