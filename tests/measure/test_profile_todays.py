@@ -227,6 +227,32 @@ def test_names_on_one_side_only_are_reported_not_dropped():
     assert not prof.join_check([])["passed"]  # nothing recorded is not a pass
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "naive"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_operator_the_engine_records_joins_its_prediction(family, backend, models):
+    """The engine's own recorded names (a real generation, both backends: the naive one records
+    attn_score, attn_softcap, attn_softmax, attn_value) against the analytical model's operators of
+    the same layer kind and phase: nothing on one side only, in prefill and in decode."""
+    model, spec = models[family], spec_of(family)
+    rec = Recorder("cpu")
+    Engine(model, cache="contiguous", attention=backend).generate(
+        [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]] * 2, SamplingParams(max_new_tokens=3, min_new_tokens=3), recorder=rec)
+    fm = ForwardModel(model=spec, precision=FP32, attention="naive" if backend == "naive" else "fused",
+                      fused_qkv=True, fused_gate_up=True)
+    join = prof.join_report(rec.trace, spec, fm, "b2-p12-g3")
+    assert {(e["phase"], e["layer"]) for e in join} == {
+        (p, k) for p in ("prefill", "decode") for k in ["model"] + [k.label for k in spec.layer_kinds()]}
+    assert prof.join_check(join)["passed"], prof.join_check(join)["detail"]
+    names = {n for e in join for n in e["joined"]}
+    if spec.attn_softcap and backend == "naive":
+        assert "attn_softcap" in names
+    if spec.final_softcap:
+        assert {"final_softcap", "embed_scale", "post_attn_norm", "post_mlp_norm"} <= names
+    rows = prof.joined_op_rows(rec.trace.ops, spec, _predictor(spec) if backend == "sdpa" else prof.Predictor(
+        fm=fm, hardware=load_hardware("h100-sxm"), compute_dtype="fp32", calibrated=None))
+    assert all(math.isfinite(r["predicted_roofline_s"]) for r in rows)
+
+
 def test_fused_names_join_their_parts_both_ways():
     assert prof.unmatched({"qkv_proj"}, {"q_proj", "k_proj", "v_proj"}) == ([], [])
     assert prof.unmatched({"q_proj", "k_proj", "v_proj"}, {"qkv_proj"}) == ([], [])
