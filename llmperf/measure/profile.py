@@ -406,9 +406,10 @@ def matmul_flops(spec: ModelSpec, prec: Precision, batch: int, q_len: int, kv_le
 def step_weight_bytes(spec: ModelSpec, prec: Precision, batch: int, q_len: int, kv_len: int,
                       touched: dict[int, int] | None = None) -> float:
     """The analytical weight bytes one step reads, layer by layer (each of its kind): the embedding rows
-    its tokens gather, every layer's matrices and norms (and attention sinks), the LM head. A MoE layer's routed experts are
-    read for the experts the step touches: `touched[layer]` of them when given (what the engine's router
-    chose), else the uniform-routing expectation (`expected_experts_touched`)."""
+    its tokens gather, every layer's matrices and norms (and attention sinks), the LM head. A MoE
+    layer's routed experts are read for the experts the step touches: `touched[layer]` of them when
+    given (what the engine's router chose), else the uniform-routing expectation
+    (`expected_experts_touched`)."""
     fm = ForwardModel(model=spec, precision=prec)
     total = sum(float(c.weight_bytes) for c in fm.head_ops(batch, q_len, kv_len) + fm.tail_ops(batch, q_len, kv_len))
     expected = float(expected_experts_touched(batch * q_len, spec.num_experts, spec.experts_per_token))
@@ -450,9 +451,10 @@ def engine_step_weight_bytes(model: Any, tokens: int, touched: dict[int, int] | 
     return total
 
 
-def _check(name: str, analytical: float, real: float, detail: str) -> dict[str, Any]:
+def _check(name: str, analytical: float, real: float, real_name: str, context: str) -> dict[str, Any]:
+    """A run.json check: the analytical count equals the real one, to the unit."""
     return dict(name=name, passed=int(analytical) == int(real),
-                detail=f"analytical {int(analytical)} vs {detail.format(real=int(real))}")
+                detail=f"analytical {int(analytical)} vs {real_name} {int(real)} ({context})")
 
 
 def cross_checks(model: Any, spec: ModelSpec, prec: Precision, settings: ProfileSettings) -> list[dict[str, Any]]:
@@ -486,20 +488,19 @@ def cross_checks(model: Any, spec: ModelSpec, prec: Precision, settings: Profile
     finally:
         model.set_attention(backend)
     checks.append(_check("matmul FLOPs vs FlopCounterMode", matmul_flops(spec, prec, batch, seq, seq), prefill,
-                         f"counted {{real}} (prefill of {batch} x {seq} tokens, dense attention, logits of the last "
-                         "position)"))
+                         "counted", f"prefill of {batch} x {seq} tokens, dense attention, logits of the last position"))
     dec = next(st for st in rec.trace.steps if st.phase == Phase.decode.value)
     checks.append(_check("decode-step matmul FLOPs vs FlopCounterMode",
                          matmul_flops(spec, prec, dec.batch, dec.q_len, dec.kv_len), generation - prefill,
-                         f"counted {{real}} (a decode step of {dec.batch} sequences at context {dec.kv_len}: the "
-                         "generation's count less its prefill's)"))
+                         "counted", f"a decode step of {dec.batch} sequences at context {dec.kv_len}: the "
+                         "generation's count less its prefill's"))
     seen: set[int] = set()
     real = 0
     for p in model.parameters():
         if p.data_ptr() not in seen:  # tied embeddings are one tensor
             seen.add(p.data_ptr())
             real += p.numel() * p.element_size()
-    checks.append(_check("weight bytes vs parameters", weight_bytes_per_gpu(spec, prec), real, "real {real} B"))
+    checks.append(_check("weight bytes vs parameters", weight_bytes_per_gpu(spec, prec), real, "real", "bytes"))
     touched = {c.layer: c.value for c in rec.trace.counts
                if c.name == EXPERTS_TOUCHED and c.phase == dec.phase and c.step == dec.step}
     experts = (f"; MoE layers' experts touched {[touched[i] for i in sorted(touched)]} of {spec.num_experts}"
@@ -507,14 +508,14 @@ def cross_checks(model: Any, spec: ModelSpec, prec: Precision, settings: Profile
     checks.append(_check("decode-step weight bytes vs parameters read",
                          step_weight_bytes(spec, prec, dec.batch, 1, dec.kv_len, touched if spec.is_moe else None),
                          engine_step_weight_bytes(model, dec.batch, touched if spec.is_moe else None),
-                         f"real {{real}} B ({dec.batch} tokens' embedding rows{experts})"))
+                         "real", f"bytes; {dec.batch} tokens' embedding rows{experts}"))
     b, ctx = max(settings.batches), max(settings.prompt_lens) + max(settings.gen_lens)
     cache = make_cache(settings.kv, spec, dtype=model.dtype, device=model.device, max_batch=b, max_seq_len=ctx,
                        block_size=PAGED_BLOCK)
     # a paged cache holds whole blocks of 16 tokens per sequence (the engine's default block size)
     slots = ctx if settings.kv == "contiguous" else -(-ctx // PAGED_BLOCK) * PAGED_BLOCK
     checks.append(_check("KV cache bytes vs cache storage", b * slots * spec.kv_bytes_per_token(prec.kv),
-                         cache.capacity_bytes, f"real {{real}} B ({settings.kv}, {b} x {slots} token slots)"))
+                         cache.capacity_bytes, "real", f"bytes; {settings.kv}, {b} x {slots} token slots"))
     del cache
     return checks
 

@@ -49,13 +49,14 @@ FAMILIES = {
                    moe_ffn_size=32, shared_experts=2, dense_layers=(0,), router_score_bias=True,
                    router_scoring="sigmoid", router_scale=2.5, router_groups=4, router_topk_groups=2),
     # multi-head latent attention: unabsorbed in prefill, absorbed in decode; DeepSeek-V3's MoE layers
-    "deepseek-v3": dict(num_layers=3, num_kv_heads=4, rotary_dim=16, q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32,
-                        qk_rope_head_dim=16, v_head_dim=24, rope_interleaved=True, ffn_size=256, moe_ffn_size=64,
+    "deepseek-v3": dict(num_layers=3, num_kv_heads=4, rotary_dim=16, q_lora_rank=96, kv_lora_rank=64,
+                        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=24, rope_interleaved=True, ffn_size=256,
+                        moe_ffn_size=64,
                         num_experts=8, experts_per_token=2, shared_experts=1, dense_layers=(0,),
                         router_score_bias=True, router_scoring="sigmoid", router_scale=2.5, router_groups=4,
                         router_topk_groups=2),
-    "deepseek-v2-lite": dict(num_layers=2, num_kv_heads=4, rotary_dim=16, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
-                             v_head_dim=24),
+    "deepseek-v2-lite": dict(num_layers=2, num_kv_heads=4, rotary_dim=16, kv_lora_rank=64, qk_nope_head_dim=32,
+                             qk_rope_head_dim=16, v_head_dim=24),
 }
 FP32 = Precision.uniform("fp32")
 
@@ -85,7 +86,7 @@ def test_cross_checks_pass_for_each_family(family, models):
     assert all(c["passed"] for c in checks), [c["detail"] for c in checks if not c["passed"]]
 
 
-@pytest.mark.parametrize("family", ["gemma3", "moe-dense-first"])
+@pytest.mark.parametrize("family", ["gemma3", "moe-dense-first", "deepseek-v3"])
 def test_cross_checks_pass_with_a_paged_cache(family, models):
     checks = prof.cross_checks(models[family], spec_of(family), FP32, settings(kv="paged", batches=(3,)))
     assert all(c["passed"] for c in checks), [c["detail"] for c in checks if not c["passed"]]
