@@ -5,6 +5,12 @@ S_max contiguous-cache capacity, D head dim, P block (page) size, N_blk number o
 M_blk block-table width (max blocks per sequence); multi-head latent attention: R latent width
 (kv_lora_rank), Dr rotary key width (qk_rope_head_dim).
 
+Which keys a query at position p sees (`check_local`): all keys s <= p (causal); with a sliding window W
+the last W of them, p - W < s <= p (Mistral, Hugging Face `sliding_window`); with chunked attention of
+chunk size C those of its own chunk, s // C == p // C and s <= p (Llama 4 `attention_chunk_size`).
+Attention sinks (`check_sinks`, gpt-oss; StreamingLLM, Xiao et al. 2023, arXiv:2309.17453) are one
+learned logit per query head that joins the softmax denominator and contributes no value.
+
 Shape checks are free. The value checks of `seq_lens` and `block_tables` read them on the host (a device
 sync on CUDA); they return the longest sequence so the caller can size its split-KV launch from it.
 """
@@ -17,6 +23,7 @@ import torch
 
 from kernels._common import (
     MAX_HEAD_DIM,
+    REFERENCE_DTYPES,
     check_float,
     check_head_dim,
     check_heads,
@@ -24,6 +31,29 @@ from kernels._common import (
     check_same_device,
     check_tensor,
 )
+
+# How far back a query sees (`LOCAL`, a constexpr of the kernels): every earlier key, a sliding window, a chunk.
+LOCAL_NONE, LOCAL_WINDOW, LOCAL_CHUNK = 0, 1, 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Local:
+    """Sliding window or chunked attention: `mode` one of LOCAL_*, `span` the window W or chunk C (0 for none)."""
+
+    mode: int = LOCAL_NONE
+    span: int = 0
+
+    def first_keys(self, positions: torch.Tensor) -> torch.Tensor:
+        """The first key a query at each of `positions` (an integer tensor) sees: it sees first .. position."""
+        if self.mode == LOCAL_WINDOW:
+            return (positions - self.span + 1).clamp(min=0)
+        if self.mode == LOCAL_CHUNK:
+            return positions // self.span * self.span
+        return torch.zeros_like(positions)
+
+    def longest_visible(self, longest: int) -> int:
+        """An upper bound on the keys one decode query sees when the longest sequence holds `longest`."""
+        return longest if self.mode == LOCAL_NONE else min(longest, self.span)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,17 +261,21 @@ def check_mla(
 
 
 def check_block_table_values(
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: DecodeDims | LatentDims
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: DecodeDims | LatentDims, local: Local | None = None
 ) -> int:
     """Lengths in [1, M_blk * P] and every block a sequence uses in [0, N_blk); returns the longest.
 
-    Entries past a sequence's last used block are never read, so they may hold anything (e.g. -1).
+    Entries past a sequence's last used block are never read, so they may hold anything (e.g. -1); so
+    may those before the first block its query sees through a sliding window or chunk (`local`).
     """
     longest = check_seq_len_values(seq_lens, dims.capacity, "max_blocks*block_size")
     table = block_tables.cpu()
-    used = (seq_lens.cpu().long() + dims.block_size - 1) // dims.block_size  # (B,) blocks each sequence reads
+    lens = seq_lens.cpu().long()
+    used = (lens + dims.block_size - 1) // dims.block_size  # (B,) blocks each sequence reads
+    first = (local or Local()).first_keys(lens - 1) // dims.block_size  # (B,) the first of them
     column = torch.arange(table.shape[1])
-    bad = (column[None, :] < used[:, None]) & ((table < 0) | (table >= dims.num_blocks))  # (B, M_blk)
+    in_use = (column[None, :] < used[:, None]) & (column[None, :] >= first[:, None])  # (B, M_blk)
+    bad = in_use & ((table < 0) | (table >= dims.num_blocks))  # (B, M_blk)
     if bool(bad.any()):
         b, j = (int(i) for i in bad.nonzero()[0])
         raise ValueError(
@@ -249,3 +283,40 @@ def check_block_table_values(
             f"outside [0, num_blocks={dims.num_blocks})"
         )
     return longest
+
+
+def _check_span(name: str, value: object, what: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name}: must be a positive integer ({what}) or None, got {value!r}")
+
+
+def check_local(window: int | None, chunk: int | None, causal: bool = True) -> Local:
+    """`window` (keys each query sees, itself included) or `chunk` (chunk size), at most one, causal only."""
+    _check_span("window", window, "keys each query sees, itself included")
+    _check_span("chunk", chunk, "tokens per attention chunk")
+    if window is not None and chunk is not None:
+        raise ValueError(f"window, chunk: sliding-window and chunked attention exclude each other, pass one "
+                         f"(got window={window}, chunk={chunk})")
+    if window is not None:
+        if not causal:
+            raise ValueError(f"window: sliding-window attention is causal, pass causal=True (got window={window})")
+        return Local(mode=LOCAL_WINDOW, span=window)
+    if chunk is not None:
+        if not causal:
+            raise ValueError(f"chunk: chunked attention is causal, pass causal=True (got chunk={chunk})")
+        return Local(mode=LOCAL_CHUNK, span=chunk)
+    return Local()
+
+
+def check_sinks(sinks: object, H: int, device: torch.device) -> torch.Tensor | None:
+    """None, or a float tensor (H,) on q's device: one sink logit per query head (any float dtype)."""
+    if sinks is None:
+        return None
+    check_tensor("sinks", sinks, 1, "(H,)")
+    if sinks.dtype not in REFERENCE_DTYPES:
+        raise ValueError(f"sinks: dtype must be float16, bfloat16, float32 or float64, got {sinks.dtype}")
+    if sinks.shape[0] != H:
+        raise ValueError(f"sinks: expected one logit per query head, shape ({H},), got {tuple(sinks.shape)}")
+    if sinks.device != device:
+        raise ValueError(f"sinks: on {sinks.device}, but q is on {device}")
+    return sinks

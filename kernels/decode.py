@@ -8,7 +8,9 @@ too few to fill a GPU at small batch, so the keys are split along the sequence:
            normalised partial output O_s and its log-sum-exp LSE_s (base 2);
   stage 2: per (b, query head), O = sum_s 2^(LSE_s - M) O_s / sum_s 2^(LSE_s - M), M = max_s LSE_s.
 With one split, stage 1 writes the output directly and stage 2 is skipped. `kernels.splits` picks the
-number of splits.
+number of splits. With a sliding window or chunk (`kernels._masks`) only the keys the query sees are
+split and read; attention sinks join stage 2's maximum and denominator (once, not per split), or stage
+1's softmax state when it writes the output itself.
 
 Letters: B batch, H query heads, H_kv key/value heads, G = H / H_kv query heads per KV head, S_max cache
 capacity, D head dim, S number of splits.
@@ -33,7 +35,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import DecodeDims, check_decode, check_seq_len_values
+from kernels._checks import (
+    DecodeDims,
+    Local,
+    check_decode,
+    check_local,
+    check_seq_len_values,
+    check_sinks,
+)
 from kernels._common import (
     check_inner_contiguous,
     check_kernel_inputs,
@@ -44,6 +53,7 @@ from kernels._common import (
     on_device,
     padded_head_dim,
 )
+from kernels._masks import _first_key, _load_sinks
 from kernels.splits import num_kv_splits
 
 LOG2E = math.log2(math.e)
@@ -52,13 +62,15 @@ INTERPRETER_NUM_SMS = 4  # what the split heuristic assumes for CPU tensors unde
 
 
 @triton.jit
-def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr):
-    """Keys [lo, hi) of this split; [lo, hi_full) is whole BLOCK_N tiles, [hi_full, hi) at most one partial tile.
+def _split_range(start, seq_len, split, num_splits, BLOCK_N: tl.constexpr):
+    """Keys [lo, hi) of this split of the visible keys [start, seq_len); [lo, hi_full) is whole BLOCK_N
+    tiles, [hi_full, hi) at most one partial tile.
 
-    Every split but the last of a sequence covers whole tiles, so a split never straddles a tile."""
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.maximum(tl.minimum(lo + chunk, seq_len), lo)
+    Tiles are counted from `start`, so every split but the last of a sequence covers whole tiles (a split
+    never straddles a tile), and a window or chunk is split over the keys it keeps, not the whole cache."""
+    per_split = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * per_split
+    hi = tl.maximum(tl.minimum(lo + per_split, seq_len), lo)
     hi_full = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
     return lo, hi_full, hi
 
@@ -96,20 +108,38 @@ def _store_split(O, Lse, acc, l_i, m_i, off_b, heads, split,
 
 
 @triton.jit
+def _init_state(Sinks, heads, stride_sink, g_ok, BLOCK_G: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                HAS_SINKS: tl.constexpr):
+    """Softmax state (m, l, acc) before the first key: empty, or the sink logit alone (m = sink, l = 1)."""
+    acc = tl.zeros([BLOCK_G, HEAD_DIM_PAD], dtype=tl.float32)
+    if HAS_SINKS:
+        l_i = tl.full([BLOCK_G], 1.0, dtype=tl.float32)
+        m_i = _load_sinks(Sinks, heads, stride_sink, g_ok)
+    else:
+        l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+        m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _flash_decoding_kernel(
-    Q, K, V, SeqLens, O, Lse, qk_scale, num_splits,
+    Q, K, V, SeqLens, O, Lse, Sinks, qk_scale, num_splits, span,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_os, stride_od,
-    stride_lb, stride_lh, stride_ls,
+    stride_lb, stride_lh, stride_ls, stride_sink,
     H_kv,
-    SEQ_BUCKET, BATCH_BUCKET,  # next powers of two of the longest sequence and of B: autotuning keys only
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    SEQ_BUCKET, BATCH_BUCKET,  # next powers of two of the longest visible range and of B: autotuning keys only
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, LOCAL: tl.constexpr, HAS_SINKS: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Stage 1. Grid (B * H_kv, S): one program per (sequence, KV head, split)."""
+    """Stage 1. Grid (B * H_kv, S): one program per (sequence, KV head, split).
+
+    The query sits at position seq_len - 1 and sees keys [_first_key(seq_len - 1), seq_len): only those
+    are split and read. HAS_SINKS (only when stage 1 writes the output itself, one split) starts the
+    softmax state from the sink; split launches add the sink once, in the combine."""
     tl.static_assert(BLOCK_G >= 16, "BLOCK_G: tl.dot needs >= 16 rows; pad the query group")
     tl.static_assert(BLOCK_G >= GROUP, "BLOCK_G must hold the whole query group")
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 (tl.dot columns)")
@@ -130,15 +160,15 @@ def _flash_decoding_kernel(
     q = tl.load(q_ptrs, mask=g_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_G, HEAD_DIM_PAD)
 
     seq_len = tl.load(SeqLens + off_b)
-    lo, hi_full, hi = _split_range(seq_len, split, num_splits, BLOCK_N)
+    start = _first_key(seq_len - 1, span, LOCAL)
+    lo, hi_full, hi = _split_range(start, seq_len, split, num_splits, BLOCK_N)
     k_base = K + off_b * stride_kb + off_hkv * stride_kh
     v_base = V + off_b * stride_vb + off_hkv * stride_vh
 
-    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM_PAD], dtype=tl.float32)
+    acc, l_i, m_i = _init_state(Sinks, heads, stride_sink, g_ok, BLOCK_G, HEAD_DIM_PAD, HAS_SINKS)
     for start_n in range(lo, hi_full, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
+        if LOCAL == 0:  # tiles are counted from key 0; a window or chunk starts anywhere
+            start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         kT_ptrs = k_base + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn  # (HEAD_DIM_PAD, BLOCK_N)
         v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd  # (BLOCK_N, HEAD_DIM_PAD)
@@ -165,17 +195,18 @@ def _flash_decoding_kernel(
 
 @triton.jit
 def _combine_splits_kernel(
-    OPart, Lse, Out, num_splits,
+    OPart, Lse, Out, Sinks, num_splits,
     stride_pb, stride_ph, stride_ps, stride_pd,
     stride_lb, stride_lh, stride_ls,
-    stride_ob, stride_oh, stride_od,
+    stride_ob, stride_oh, stride_od, stride_sink,
     H,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     """Stage 2. Grid (B * H,): merge the S partials of one (sequence, query head) through their LSEs.
 
     Two passes over the splits, BLOCK_S at a time: the global max M, then the weighted sum. Only the
-    `num_splits` written slots are read; empty splits have LSE = -inf and weigh 0."""
+    `num_splits` written slots are read; empty splits have LSE = -inf and weigh 0. A sink joins the
+    maximum and the denominator here, once: O = sum_s w_s O_s / (2^(sink - M) + sum_s w_s)."""
     pid = tl.program_id(0)
     off_b = (pid // H).to(tl.int64)
     off_h = (pid % H).to(tl.int64)
@@ -191,6 +222,9 @@ def _combine_splits_kernel(
         lse = tl.load(lse_base + s * stride_ls, mask=s < num_splits, other=float("-inf"))
         m_vec = tl.maximum(m_vec, lse)
     m = tl.max(m_vec, 0)  # finite: split 0 of every sequence holds at least one key
+    if HAS_SINKS:
+        sink = _load_sinks(Sinks, off_h, stride_sink, True)
+        m = tl.maximum(m, sink)
 
     l_vec = tl.zeros([BLOCK_S], dtype=tl.float32)
     acc = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
@@ -203,7 +237,10 @@ def _combine_splits_kernel(
                     mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_S, HEAD_DIM_PAD)
         acc += tl.sum(w[:, None] * o, 0)
         l_vec += w
-    out = acc / tl.sum(l_vec, 0)
+    denom = tl.sum(l_vec, 0)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m)
+    out = acc / denom
     tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_d * stride_od, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
@@ -219,7 +256,7 @@ CUDA_CONFIGS = [
     (32, 4, 4),
     (256, 8, 2),
 ]
-TUNING_KEY = ["num_splits", "SEQ_BUCKET", "BATCH_BUCKET", "GROUP", "HEAD_DIM_PAD"]  # plus dtypes
+TUNING_KEY = ["num_splits", "SEQ_BUCKET", "BATCH_BUCKET", "GROUP", "LOCAL", "HEAD_DIM_PAD"]  # plus dtypes
 INTERPRETER_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
 COMBINE_NUM_WARPS = 4
 
@@ -272,10 +309,17 @@ def _alloc_partials(B: int, H: int, S: int, D: int, device: torch.device) -> tup
 StageOne = Callable[[torch.Tensor, torch.Tensor, tuple[int, ...], tuple[int, ...], bool], None]
 
 
-def run_split_kv(stage_one: StageOne, q: torch.Tensor, out: torch.Tensor, num_splits: int) -> torch.Tensor:
+def sink_args(sinks: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The (pointer, stride) a kernel takes for `sinks`; without sinks q stands in (never read)."""
+    return (q, 0) if sinks is None else (sinks, sinks.stride(0))
+
+
+def run_split_kv(stage_one: StageOne, q: torch.Tensor, out: torch.Tensor, num_splits: int,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Launch stage 1 (through `stage_one(o, lse, o_strides, lse_strides, write_lse)`) and, if split, stage 2.
 
-    With one split stage 1 writes `out` (B, H, D) directly, as a (B, H, 1, D) view with a zero split stride."""
+    With one split stage 1 writes `out` (B, H, D) directly, as a (B, H, 1, D) view with a zero split stride
+    (and adds the `sinks` itself: `stage_one` passes HAS_SINKS when not write_lse); split, the combine adds them."""
     B, H, D = q.shape
     with on_device(q.device):
         if num_splits == 1:
@@ -284,20 +328,21 @@ def run_split_kv(stage_one: StageOne, q: torch.Tensor, out: torch.Tensor, num_sp
             return out
         o_part, lse = _alloc_partials(B, H, num_splits, D, q.device)
         stage_one(o_part, lse, o_part.stride(), lse.stride(), True)
+        sink_ptr, stride_sink = sink_args(sinks, q)
         _combine_splits_kernel[(B * H,)](
-            o_part, lse, out, num_splits,
-            *o_part.stride(), *lse.stride(), *out.stride(),
+            o_part, lse, out, sink_ptr, num_splits,
+            *o_part.stride(), *lse.stride(), *out.stride(), stride_sink,
             H,
             HEAD_DIM=D, HEAD_DIM_PAD=padded_head_dim(D), BLOCK_S=min(16, triton.next_power_of_2(num_splits)),
-            num_warps=COMBINE_NUM_WARPS,
+            HAS_SINKS=sinks is not None, num_warps=COMBINE_NUM_WARPS,
         )
     return out
 
 
-def decode_meta(q: torch.Tensor, dims: DecodeDims) -> dict[str, object]:
+def decode_meta(q: torch.Tensor, dims: DecodeDims, local: Local) -> dict[str, object]:
     """Constexprs shared by the contiguous and paged stage-1 kernels."""
     return dict(
-        GROUP=dims.G, BLOCK_G=max(16, triton.next_power_of_2(dims.G)),
+        GROUP=dims.G, BLOCK_G=max(16, triton.next_power_of_2(dims.G)), LOCAL=local.mode,
         HEAD_DIM=dims.D, HEAD_DIM_PAD=padded_head_dim(dims.D), DOT_PRECISION=dot_precision(q.dtype),
     )
 
@@ -318,35 +363,46 @@ def flash_decoding(
     num_splits: int | None = None,
     *,
     sm_scale: float | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence against a contiguous KV cache, split along the keys.
 
     q (B, H, D); k_cache, v_cache (B, H_kv, S_max, D) with H % H_kv == 0; seq_lens (B,) int32, each in
-    [1, S_max]. Returns (B, H, D) in q's dtype (written into `out` when given). `num_splits` overrides
-    the `num_kv_splits` heuristic. `validate` reads seq_lens on the host to check their range (a device
-    sync); with validate=False only shapes are checked and the heuristic assumes S_max-long sequences.
+    [1, S_max]. Returns (B, H, D) in q's dtype (written into `out` when given). The query sits at
+    position p = seq_lens[b] - 1; `window` W keeps keys p - W < j <= p, `chunk` C keys with
+    j // C == p // C (not both): only those keys are read and split. `sinks` (H,) (any float dtype, used in
+    fp32) adds exp(sinks[h] - m) to the softmax denominator, once, in the combine of a split launch.
+    `num_splits` overrides the `num_kv_splits` heuristic (which sees the visible keys, at most W or C).
+    `validate` reads seq_lens on the host to check their range (a device sync); with validate=False only
+    shapes are checked and the heuristic assumes S_max-long sequences.
     Raises ValueError naming the argument for bad input.
     """
     dims = check_decode(q, k_cache, v_cache, seq_lens)
+    local = check_local(window, chunk)
+    sinks = check_sinks(sinks, dims.H, q.device)
     check_kernel_inputs(q)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_inner_contiguous(name, t)
     out = check_out(out, q)
     longest = check_seq_len_values(seq_lens, dims.capacity, "S_max") if validate else dims.capacity
+    longest = local.longest_visible(longest)
     splits = choose_splits(num_splits, dims, longest, q.device)
     qk_scale = default_sm_scale(dims.D, sm_scale) * LOG2E
-    meta = decode_meta(q, dims)
+    meta = decode_meta(q, dims, local)
     buckets = (triton.next_power_of_2(longest), triton.next_power_of_2(dims.B))
+    sink_ptr, stride_sink = sink_args(sinks, q)
 
     def stage_one(o, lse, o_strides, lse_strides, write_lse):
         args = (
-            q, k_cache, v_cache, seq_lens, o, lse, qk_scale, splits,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *lse_strides,
+            q, k_cache, v_cache, seq_lens, o, lse, sink_ptr, qk_scale, splits, local.span,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *lse_strides, stride_sink,
             dims.H_kv, *buckets,
         )
         launch_stage_one(_flash_decoding_kernel, _flash_decoding_tuned, dims.B * dims.H_kv, splits, args,
-                         dict(meta, WRITE_LSE=write_lse))
+                         dict(meta, WRITE_LSE=write_lse, HAS_SINKS=sinks is not None and not write_lse))
 
-    return run_split_kv(stage_one, q, out, splits)
+    return run_split_kv(stage_one, q, out, splits, sinks)

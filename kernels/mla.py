@@ -127,7 +127,7 @@ def _mla_decode_kernel(
                      mask=h_ok[:, None] & e_ok[None, :], other=0.0)  # (BLOCK_H, ROPE_PAD)
 
     seq_len = tl.load(SeqLens + off_b)
-    lo, hi_full, hi = _split_range(seq_len, split, num_splits, BLOCK_N)
+    lo, hi_full, hi = _split_range(0, seq_len, split, num_splits, BLOCK_N)
     table = BlockTables + off_b * stride_tb
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)

@@ -24,11 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_block_table_values, check_paged
+from kernels._checks import check_block_table_values, check_local, check_paged, check_sinks
 from kernels._common import check_inner_contiguous, check_kernel_inputs, check_out, default_sm_scale
 from kernels.decode import (
     TUNING_KEY,
     _decode_update,
+    _init_state,
     _split_range,
     _store_split,
     autotuned,
@@ -36,27 +37,30 @@ from kernels.decode import (
     decode_meta,
     launch_stage_one,
     run_split_kv,
+    sink_args,
 )
+from kernels._masks import _first_key
 
 LOG2E = math.log2(math.e)
 
 
 @triton.jit
 def _paged_attention_kernel(
-    Q, KBlocks, VBlocks, BlockTables, SeqLens, O, Lse, qk_scale, num_splits,
+    Q, KBlocks, VBlocks, BlockTables, SeqLens, O, Lse, Sinks, qk_scale, num_splits, span,
     stride_qb, stride_qh, stride_qd,
     stride_kblk, stride_kp, stride_kh, stride_kd,
     stride_vblk, stride_vp, stride_vh, stride_vd,
     stride_tb, stride_tm,
     stride_ob, stride_oh, stride_os, stride_od,
-    stride_lb, stride_lh, stride_ls,
+    stride_lb, stride_lh, stride_ls, stride_sink,
     H_kv,
     SEQ_BUCKET, BATCH_BUCKET,  # autotuning keys only
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, LOCAL: tl.constexpr, HAS_SINKS: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Stage 1. Grid (B * H_kv, S): one program per (sequence, KV head, split)."""
+    """Stage 1. Grid (B * H_kv, S): one program per (sequence, KV head, split), as `_flash_decoding_kernel`:
+    only the visible keys (window or chunk) are split and read, so only their blocks' table entries."""
     tl.static_assert(BLOCK_G >= 16, "BLOCK_G: tl.dot needs >= 16 rows; pad the query group")
     tl.static_assert(BLOCK_G >= GROUP, "BLOCK_G must hold the whole query group")
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 (tl.dot columns)")
@@ -78,16 +82,16 @@ def _paged_attention_kernel(
     q = tl.load(q_ptrs, mask=g_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_G, HEAD_DIM_PAD)
 
     seq_len = tl.load(SeqLens + off_b)
-    lo, hi_full, hi = _split_range(seq_len, split, num_splits, BLOCK_N)
+    start = _first_key(seq_len - 1, span, LOCAL)
+    lo, hi_full, hi = _split_range(start, seq_len, split, num_splits, BLOCK_N)
     table = BlockTables + off_b * stride_tb
     k_head = KBlocks + off_hkv * stride_kh
     v_head = VBlocks + off_hkv * stride_vh
 
-    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM_PAD], dtype=tl.float32)
+    acc, l_i, m_i = _init_state(Sinks, heads, stride_sink, g_ok, BLOCK_G, HEAD_DIM_PAD, HAS_SINKS)
     for start_n in range(lo, hi_full, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
+        if LOCAL == 0:  # tiles are counted from key 0; a window or chunk starts anywhere
+            start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n  # (BLOCK_N,) token positions
         blk = tl.load(table + (cols // PAGE_SIZE) * stride_tm).to(tl.int64)  # (BLOCK_N,) physical block ids
         k_rows = k_head + blk * stride_kblk + (cols % PAGE_SIZE) * stride_kp  # (BLOCK_N,) row starts
@@ -129,6 +133,9 @@ def paged_attention(
     num_splits: int | None = None,
     *,
     sm_scale: float | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
@@ -136,30 +143,35 @@ def paged_attention(
 
     q (B, H, D); key_blocks, value_blocks (N_blk, P, H_kv, D) with H % H_kv == 0; block_tables (B, M_blk)
     int32; seq_lens (B,) int32, each in [1, M_blk * P]. Returns (B, H, D) in q's dtype (written into
-    `out` when given). `num_splits` overrides the `num_kv_splits` heuristic. `validate` reads seq_lens and
+    `out` when given). `window`, `chunk` and `sinks` as in `flash_decoding`: only the visible keys' blocks
+    are read. `num_splits` overrides the `num_kv_splits` heuristic. `validate` reads seq_lens and
     block_tables on the host to check lengths and that every block a sequence uses is in [0, N_blk) (a
     device sync); with validate=False only shapes are checked and the heuristic assumes full tables.
     Raises ValueError naming the argument for bad input.
     """
     dims = check_paged(q, key_blocks, value_blocks, block_tables, seq_lens)
+    local = check_local(window, chunk)
+    sinks = check_sinks(sinks, dims.H, q.device)
     check_kernel_inputs(q)
     for name, t in (("q", q), ("key_blocks", key_blocks), ("value_blocks", value_blocks)):
         check_inner_contiguous(name, t)
     out = check_out(out, q)
-    longest = check_block_table_values(block_tables, seq_lens, dims) if validate else dims.capacity
+    longest = check_block_table_values(block_tables, seq_lens, dims, local) if validate else dims.capacity
+    longest = local.longest_visible(longest)
     splits = choose_splits(num_splits, dims, longest, q.device)
     qk_scale = default_sm_scale(dims.D, sm_scale) * LOG2E
-    meta = dict(decode_meta(q, dims), PAGE_SIZE=dims.block_size)
+    meta = dict(decode_meta(q, dims, local), PAGE_SIZE=dims.block_size)
     buckets = (triton.next_power_of_2(longest), triton.next_power_of_2(dims.B))
+    sink_ptr, stride_sink = sink_args(sinks, q)
 
     def stage_one(o, lse, o_strides, lse_strides, write_lse):
         args = (
-            q, key_blocks, value_blocks, block_tables, seq_lens, o, lse, qk_scale, splits,
+            q, key_blocks, value_blocks, block_tables, seq_lens, o, lse, sink_ptr, qk_scale, splits, local.span,
             *q.stride(), *key_blocks.stride(), *value_blocks.stride(), *block_tables.stride(),
-            *o_strides, *lse_strides,
+            *o_strides, *lse_strides, stride_sink,
             dims.H_kv, *buckets,
         )
         launch_stage_one(_paged_attention_kernel, _paged_attention_tuned, dims.B * dims.H_kv, splits, args,
-                         dict(meta, WRITE_LSE=write_lse))
+                         dict(meta, WRITE_LSE=write_lse, HAS_SINKS=sinks is not None and not write_lse))
 
-    return run_split_kv(stage_one, q, out, splits)
+    return run_split_kv(stage_one, q, out, splits, sinks)

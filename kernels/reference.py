@@ -20,6 +20,12 @@ Layouts (the same as the kernels'):
   latent:  q_latent (B, H, R); q_rope (B, H, Dr); latent_blocks (N_blk, P, R + Dr) -> (B, H, R):
            multi-head latent attention in its absorbed form (`mla_decode_reference`).
 Query head h reads KV head h // G (GQA/MQA), as `repeat_interleave` of K/V along heads would give.
+
+Optional, as in the kernels (`kernels._checks`): a sliding `window` or a `chunk` hides keys from each
+query (prefill query i sits at position i + T_kv - T_q, a decode query at seq_lens[b] - 1); `sinks`
+(H,) adds one logit per query head to the softmax denominator (gpt-oss: the eager attention of
+Hugging Face's `modeling_gpt_oss`, the sink column concatenated to the scores and dropped after the
+softmax). SDPA has no sinks, so `sdpa_*` refuse them; the `naive_*` ones take all three.
 """
 
 from __future__ import annotations
@@ -30,24 +36,50 @@ import torch
 import torch.nn.functional as F
 
 from kernels._checks import (
+    LOCAL_NONE,
+    Local,
     check_block_table_values,
     check_decode,
+    check_local,
     check_mla,
     check_paged,
     check_prefill,
     check_seq_len_values,
+    check_sinks,
 )
 from kernels._common import check_sm_scale, default_sm_scale
 
 
-def causal_mask(T_q: int, T_kv: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """(T_q, T_kv) bool, True where query i may see key j: j <= i + T_kv - T_q (bottom-right aligned)."""
-    return torch.ones(T_q, T_kv, dtype=torch.bool, device=device).tril(diagonal=T_kv - T_q)
+def causal_mask(T_q: int, T_kv: int, device: torch.device | str = "cpu", *, window: int | None = None,
+                chunk: int | None = None) -> torch.Tensor:
+    """(T_q, T_kv) bool, True where query i may see key j: j <= p = i + T_kv - T_q (bottom-right aligned),
+    and with a `window` W also j > p - W, with a `chunk` C also j // C == p // C."""
+    local = check_local(window, chunk)
+    pos = torch.arange(T_q, device=device)[:, None] + (T_kv - T_q)  # (T_q, 1)
+    keys = torch.arange(T_kv, device=device)[None, :]  # (1, T_kv)
+    return (keys <= pos) & (keys >= local.first_keys(pos))
 
 
-def _length_mask(seq_lens: torch.Tensor, S_max: int) -> torch.Tensor:
-    """(B, S_max) bool, True at the cached positions of each sequence."""
-    return torch.arange(S_max, device=seq_lens.device)[None, :] < seq_lens[:, None].long()
+def _length_mask(seq_lens: torch.Tensor, S_max: int, local: Local | None = None) -> torch.Tensor:
+    """(B, S_max) bool, True at the cached positions each sequence's query (at seq_lens[b] - 1) sees."""
+    lens = seq_lens[:, None].long()  # (B, 1)
+    keys = torch.arange(S_max, device=seq_lens.device)[None, :]  # (1, S_max)
+    return (keys < lens) & (keys >= (local or Local()).first_keys(lens - 1))
+
+
+def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None, G: int, dtype: torch.dtype) -> torch.Tensor:
+    """softmax over the last dim of s (B, H_kv, G*T, S) in `dtype` (rows ordered (g, t)), with one sink
+    logit per query head h = kv * G + g appended to its rows and dropped again (gpt-oss eager attention)."""
+    if sinks is None:
+        return torch.softmax(s, dim=-1, dtype=dtype)
+    B, H_kv, rows, S = s.shape
+    sink = sinks.to(dtype).view(1, H_kv, G, 1, 1).expand(B, H_kv, G, rows // G, 1).reshape(B, H_kv, rows, 1)
+    return torch.softmax(torch.cat([s.to(dtype), sink], dim=-1), dim=-1)[..., :S]
+
+
+def _refuse_sinks(sinks: torch.Tensor | None) -> None:
+    if sinks is not None:
+        raise ValueError("sinks: torch SDPA has no attention sinks (use the naive reference)")
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -56,45 +88,55 @@ def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def naive_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, sm_scale: float | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, sm_scale: float | None = None, *,
+    window: int | None = None, chunk: int | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Standard attention with S and P materialised. q (B, H, T_q, D); k, v (B, H_kv, T_kv, D)."""
     dims = check_prefill(q, k, v, causal)
+    check_local(window, chunk, causal)
+    check_sinks(sinks, dims.H, q.device)
     B, H, H_kv, T_q, T_kv, D = dims.B, dims.H, dims.H_kv, dims.T_q, dims.T_kv, dims.D
     scale = default_sm_scale(D, sm_scale)
     qg = q.reshape(B, H_kv, dims.G * T_q, D)  # (B, H_kv, G*T_q, D): a group's heads share one K, V
     s = torch.matmul(qg, k.transpose(-1, -2)) * scale  # (B, H_kv, G*T_q, T_kv)
     if causal:
-        allowed = causal_mask(T_q, T_kv, q.device)  # (T_q, T_kv)
+        allowed = causal_mask(T_q, T_kv, q.device, window=window, chunk=chunk)  # (T_q, T_kv)
         s = s.view(B, H_kv, dims.G, T_q, T_kv).masked_fill(~allowed, float("-inf")).view(B, H_kv, -1, T_kv)
-    p = torch.softmax(s, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)  # (B, H_kv, G*T_q, T_kv)
+    p = _softmax_with_sinks(s, sinks, dims.G, _softmax_dtype(q.dtype)).to(q.dtype)  # (B, H_kv, G*T_q, T_kv)
     o = torch.matmul(p, v)  # (B, H_kv, G*T_q, D)
     return o.view(B, H, T_q, D)
 
 
 def sdpa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, sm_scale: float | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, sm_scale: float | None = None, *,
+    window: int | None = None, chunk: int | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """torch SDPA with the kernels' conventions. q (B, H, T_q, D); k, v (B, H_kv, T_kv, D).
 
     T_q == T_kv causal uses `is_causal` (SDPA's own mask is top-left aligned, the same thing when the
-    lengths match); T_q < T_kv passes the bottom-right mask explicitly."""
+    lengths match); T_q < T_kv, a window or a chunk pass the bottom-right mask explicitly. No sinks."""
     dims = check_prefill(q, k, v, causal)
+    local = check_local(window, chunk, causal)
+    check_sinks(sinks, dims.H, q.device)
+    _refuse_sinks(sinks)
     scale = default_sm_scale(dims.D, sm_scale)
     mask = None
-    if causal and dims.T_q != dims.T_kv:
-        mask = causal_mask(dims.T_q, dims.T_kv, q.device)
+    if causal and (dims.T_q != dims.T_kv or local.mode != LOCAL_NONE):
+        mask = causal_mask(dims.T_q, dims.T_kv, q.device, window=window, chunk=chunk)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=dims.G > 1
     )
 
 
-def _decode_setup(q, k_cache, v_cache, seq_lens, sm_scale, validate):  # noqa: ANN001, ANN202
-    """Shapes checked (and lengths, when `validate`), plus the softmax scale: the decode references' prologue."""
+def _decode_setup(q, k_cache, v_cache, seq_lens, sm_scale, validate, window, chunk, sinks):  # noqa: ANN001, ANN202
+    """Shapes and features checked (and lengths, when `validate`), plus the softmax scale and the
+    (window or chunk) `Local`: the decode references' prologue."""
     dims = check_decode(q, k_cache, v_cache, seq_lens)
+    local = check_local(window, chunk)
+    check_sinks(sinks, dims.H, q.device)
     if validate:
         check_seq_len_values(seq_lens, dims.capacity, "S_max")
-    return dims, default_sm_scale(dims.D, sm_scale)
+    return dims, default_sm_scale(dims.D, sm_scale), local
 
 
 def naive_decode(
@@ -104,16 +146,20 @@ def naive_decode(
     seq_lens: torch.Tensor,
     sm_scale: float | None = None,
     *,
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """Standard attention of one token per sequence over the whole (B, H_kv, S_max, D) cache, masked by length."""
-    dims, scale = _decode_setup(q, k_cache, v_cache, seq_lens, sm_scale, validate)
+    """Standard attention of one token per sequence over the whole (B, H_kv, S_max, D) cache, masked by
+    length (and window or chunk)."""
+    dims, scale, local = _decode_setup(q, k_cache, v_cache, seq_lens, sm_scale, validate, window, chunk, sinks)
     B, H_kv, D = dims.B, dims.H_kv, dims.D
     S_max = dims.capacity
     qg = q.reshape(B, H_kv, dims.G, D)  # (B, H_kv, G, D)
     s = torch.matmul(qg, k_cache.transpose(-1, -2)) * scale  # (B, H_kv, G, S_max)
-    s = s.masked_fill(~_length_mask(seq_lens, S_max)[:, None, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1, dtype=_softmax_dtype(q.dtype)).to(q.dtype)  # (B, H_kv, G, S_max)
+    s = s.masked_fill(~_length_mask(seq_lens, S_max, local)[:, None, None, :], float("-inf"))
+    p = _softmax_with_sinks(s, sinks, dims.G, _softmax_dtype(q.dtype)).to(q.dtype)  # (B, H_kv, G, S_max)
     return torch.matmul(p, v_cache).view(B, dims.H, D)  # (B, H, D)
 
 
@@ -124,11 +170,15 @@ def sdpa_decode(
     seq_lens: torch.Tensor,
     sm_scale: float | None = None,
     *,
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """torch SDPA for one token per sequence, with a (B, 1, 1, S_max) length mask."""
-    dims, scale = _decode_setup(q, k_cache, v_cache, seq_lens, sm_scale, validate)
-    mask = _length_mask(seq_lens, dims.capacity)[:, None, None, :]  # (B, 1, 1, S_max)
+    """torch SDPA for one token per sequence, with a (B, 1, 1, S_max) length (and window or chunk) mask."""
+    dims, scale, local = _decode_setup(q, k_cache, v_cache, seq_lens, sm_scale, validate, window, chunk, sinks)
+    _refuse_sinks(sinks)
+    mask = _length_mask(seq_lens, dims.capacity, local)[:, None, None, :]  # (B, 1, 1, S_max)
     o = F.scaled_dot_product_attention(
         q.unsqueeze(2), k_cache, v_cache, attn_mask=mask, scale=scale, enable_gqa=dims.G > 1
     )  # (B, H, 1, D)
@@ -162,17 +212,21 @@ def paged_decode_reference(
     sm_scale: float | None = None,
     *,
     impl: Literal["sdpa", "naive"] = "sdpa",
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
     """Decode against a paged cache: gather the blocks (`gather_paged_kv`), then `sdpa_decode` or `naive_decode`."""
     dims = check_paged(q, key_blocks, value_blocks, block_tables, seq_lens)
     if impl not in ("sdpa", "naive"):
         raise ValueError(f"impl: must be 'sdpa' or 'naive', got {impl!r}")
+    local = check_local(window, chunk)
     if validate:
-        check_block_table_values(block_tables, seq_lens, dims)
+        check_block_table_values(block_tables, seq_lens, dims, local)
     k_cache, v_cache = gather_paged_kv(key_blocks, value_blocks, block_tables)
     decode = sdpa_decode if impl == "sdpa" else naive_decode
-    return decode(q, k_cache, v_cache, seq_lens, sm_scale, validate=False)
+    return decode(q, k_cache, v_cache, seq_lens, sm_scale, window=window, chunk=chunk, sinks=sinks, validate=False)
 
 
 def gather_paged_latent(latent_blocks: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:

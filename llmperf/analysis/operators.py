@@ -168,7 +168,7 @@ class AttentionShape:
 def attention_cost(batch: Number, q_len: Number, kv_len: Number, *, num_heads: int, num_kv_heads: int,
                    head_dim: int, act_bytes: float = 2.0, kv_bytes: float = 2.0, impl: str = "fused",
                    causal: bool = True, flops: str = "executed", window: int | None = None,
-                   chunk: int | None = None) -> OpCost:
+                   chunk: int | None = None, sinks: bool = False) -> OpCost:
     """The whole of attention as one operator (fused: FlashAttention / Flash-Decoding / PagedAttention;
     naive: the sum of score, softmax and value). The kernel benchmarks take their counts from here.
 
@@ -176,7 +176,7 @@ def attention_cost(batch: Number, q_len: Number, kv_len: Number, *, num_heads: i
     """
     parts = attention_parts(batch, q_len, kv_len, num_heads=num_heads, num_kv_heads=num_kv_heads,
                             head_dim=head_dim, act_bytes=act_bytes, kv_bytes=kv_bytes, impl=impl,
-                            causal=causal, flops=flops, window=window, chunk=chunk)
+                            causal=causal, flops=flops, window=window, chunk=chunk, sinks=sinks)
     if len(parts) == 1:
         return parts[0]
     total = {f: sum(getattr(p, f) for p in parts) for f in

@@ -26,7 +26,8 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
   `attn_value`), softmax in fp32 as Hugging Face's eager attention does;
 - `triton`: the `kernels` package: fused FlashAttention prefill, and in decode PagedAttention when
   the step carries block tables (`meta.paged`), Flash-Decoding when it carries cache rows
-  (`meta.contiguous`). Backends dispatch on what the step carries, never on the cache's class.
+  (`meta.contiguous`); each layer's sliding window, chunk and sinks go to the kernels, soft-capped
+  scores are refused. Backends dispatch on what the step carries, never on the cache's class.
 
 Each backend's attention over K and V already at hand is a function of its own (`sdpa_core`,
 `naive_core`, `flash_core`): multi-head latent attention (`llmperf.engine.mla`) runs its two forms
@@ -70,7 +71,7 @@ def sdpa_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if not eager and T == 1 and meta.paged and p.chunk is None and cpu_kernels.use_attention_for(q):
             pool_k, pool_v = meta.store.pools(layer)  # blocks read in place
             return cpu_kernels.decode_attention(q[:, 0], pool_k, pool_v, meta.seq_lens_tensor(), p.scale, p.window,
-                                                meta.block_tables).view(B, 1, H * D)
+                                                meta.block_tables_for(layer)).view(B, 1, H * D)
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
         if T == 1 and not eager:
             return sdpa_decode(q[:, 0], K, V, meta, p.scale, p).view(B, 1, H * D)
@@ -83,7 +84,7 @@ def sdpa_core(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta,
     soft-caps eagerly, `_eager`). One query per sequence folds the G query heads of each KV head
     into the query axis, so the keys are read once per KV head with no copy. Multi-head latent
     attention runs both its forms through here (`llmperf.engine.mla`)."""
-    B, T, H, D = q.shape
+    B, T, H, _ = q.shape
     H_kv, S, Dv = K.shape[1], K.shape[2], V.shape[-1]
     if p.sinks is not None or p.softcap is not None:
         return _eager(q, K, V, meta, p).reshape(B, T, H * Dv)
@@ -187,12 +188,16 @@ def _kernels() -> Any:
     return kernels
 
 
-def _decode_splits(kernels: Any, meta: StepMeta, num_kv_heads: int, device: torch.device) -> int:
+def _decode_splits(kernels: Any, meta: StepMeta, num_kv_heads: int, device: torch.device, p: LayerAttn) -> int:
     """The kernels' split heuristic from the lengths the host already knows: passing it (with
-    validate=False) spares the kernels a device-to-host read of seq_lens in every layer."""
-    if "splits" not in meta._memo:
-        meta._memo["splits"] = kernels.num_kv_splits(meta.batch, num_kv_heads, meta.max_seq_len, _num_sms(device))
-    return meta._memo["splits"]
+    validate=False) spares the kernels a device-to-host read of seq_lens in every layer. A sliding or
+    chunked layer's query sees at most its window or chunk, so that is what is split."""
+    span = p.window if p.window is not None else p.chunk
+    keys = meta.max_seq_len if span is None else min(meta.max_seq_len, span)
+    memo = ("splits", keys)
+    if memo not in meta._memo:
+        meta._memo[memo] = kernels.num_kv_splits(meta.batch, num_kv_heads, keys, _num_sms(device))
+    return meta._memo[memo]
 
 
 @functools.lru_cache(maxsize=None)
@@ -210,46 +215,46 @@ def _num_sms(device: torch.device) -> int:
 
 def triton_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta,
                      rec: Any) -> torch.Tensor:
+    """The `kernels` package. The layer's sliding window, chunk and sinks go to the kernels (which
+    skip the keys a query cannot see); soft-capped scores have no kernel and are refused by name."""
     kernels = _kernels()
     B, T, H, D = q.shape
     H_kv = k.shape[2]
     p = meta.attn(layer, D)
-    if meta.limited(p) or p.sinks is not None or p.softcap is not None:
-        # the kernels attend to every earlier key: refuse rather than attend wrongly
-        field = ("attn_sinks" if p.sinks is not None else "attn_softcap" if p.softcap is not None
-                 else "sliding_window" if p.window is not None else "attention_chunk_size")
-        raise ValueError(f"{field}: the triton backend has no kernels for it in layer {layer} of this "
-                         f"{meta.max_seq_len}-token step (use attention='sdpa' or 'naive')")
-    sm = p.scale
+    if p.softcap is not None:
+        raise ValueError(f"attn_softcap: the triton backend has no soft-capping kernels (layer {layer} caps its "
+                         f"scores at {p.softcap}; use attention='sdpa' or 'naive')")
+    features = dict(sm_scale=p.scale, window=p.window, chunk=p.chunk, sinks=p.sinks)
     with rec.op("attention", layer):
         if meta.fresh:
-            return flash_core(kernels, q, k.transpose(1, 2), v.transpose(1, 2), meta, sm)
+            return flash_core(kernels, q, k.transpose(1, 2), v.transpose(1, 2), meta, **features)
         if T == 1 and meta.paged:
             k_pool, v_pool = meta.store.pools(layer)  # (num_blocks, block_size, H_kv, D) each
-            o = kernels.paged_attention(q.reshape(B, H, D), k_pool, v_pool, meta.block_tables,
-                                        meta.seq_lens_tensor(), _decode_splits(kernels, meta, H_kv, q.device),
-                                        sm_scale=sm, validate=False)
+            o = kernels.paged_attention(q.reshape(B, H, D), k_pool, v_pool, meta.block_tables_for(layer),
+                                        meta.seq_lens_tensor(), _decode_splits(kernels, meta, H_kv, q.device, p),
+                                        validate=False, **features)
             return o.reshape(B, 1, H * D)
         if T == 1 and meta.contiguous:
             k_rows, v_rows = meta.store.rows_of(layer, meta)  # (B, H_kv, S_max, D) each
             o = kernels.flash_decoding(q.reshape(B, H, D), k_rows, v_rows, meta.seq_lens_tensor(),
-                                       _decode_splits(kernels, meta, H_kv, q.device), sm_scale=sm, validate=False)
+                                       _decode_splits(kernels, meta, H_kv, q.device, p), validate=False, **features)
             return o.reshape(B, 1, H * D)
         K, V = _keys(layer, k, v, meta)  # (B, H_kv, S, D)
-        return flash_core(kernels, q, K, V, meta, sm)
+        return flash_core(kernels, q, K, V, meta, **features)
 
 
 def flash_core(kernels: Any, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta,
-               sm: float) -> torch.Tensor:
+               **features: Any) -> torch.Tensor:
     """`kernels.flash_attention` of `q (B, T, H, D)` over `K`, `V (B, H_kv, S, D)`, causal aligned
     bottom-right (the queries are the last T of each sequence's keys) -> `(B, T, H * D)`: one launch
-    when every sequence has the same context, else one per sequence over exactly its own keys."""
+    when every sequence has the same context, else one per sequence over exactly its own keys.
+    `features`: the kernel's `sm_scale`, `window`, `chunk`, `sinks`."""
     B, T, H, D = q.shape
     qt = q.transpose(1, 2)  # (B, H, T, D)
     if meta.uniform:
-        o = kernels.flash_attention(qt, K, V, causal=True, sm_scale=sm)
+        o = kernels.flash_attention(qt, K, V, causal=True, **features)
         return o.transpose(1, 2).reshape(B, T, H * D)
-    outs = [kernels.flash_attention(qt[b:b + 1], K[b:b + 1, :, :n], V[b:b + 1, :, :n], causal=True, sm_scale=sm)
+    outs = [kernels.flash_attention(qt[b:b + 1], K[b:b + 1, :, :n], V[b:b + 1, :, :n], causal=True, **features)
             for b, n in enumerate(meta.seq_lens)]  # each (1, H, T, D)
     return torch.cat(outs).transpose(1, 2).reshape(B, T, H * D)
 

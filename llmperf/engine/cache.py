@@ -12,6 +12,15 @@ N blocks in the paged pool, P tokens per block (block_size), R latent rank, Dr r
   reference counts, copy-on-write). Forked sequences (beams, several samples of one prompt) share
   their prompt's blocks; blocks return to the pool when a sequence ends. When no block is free,
   `append_slot` returns False and the scheduler preempts; no sequence is ever written out of place.
+  A hybrid model (sliding or chunked layers beside full ones: Gemma 2/3, gpt-oss, Llama 4) pages its
+  kinds apart as vLLM's hybrid KV-cache manager does (`kv_window="capped"`, the default): the tensor
+  is `(F, 2, N, P, H_kv, D)`, F = the full-attention layers, a pool block holding P tokens of F
+  layers; the full layers share one block table, and each window group's layers, F at a time (a
+  sub-group, the last one padded), another (`llmperf.serving.blocks.HybridLayout`), whose blocks
+  behind the window (or before the current chunk) go back to the pool as the sequence grows
+  (`WindowedBlockManager`). A gpt-oss sequence of 32k tokens thus holds 32k tokens in its 12 full
+  layers and the ~128 of the window (in whole blocks) in the 12 sliding ones. `kv_window="full"`
+  keeps every layer's whole context (one table, as before hybrid paging).
 
 Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2; `ModelSpec.is_mla`) caches no per-head K
 and V: each token leaves one vector per layer, its KV latent and the rotary key shared by every head
@@ -24,9 +33,12 @@ Both caches take the same calls (`allocate`, `append_slot`, `fork`, `reorder`, `
 `write`, `gather`), so the engine does not care which one it drives. Both implement the shared
 scheduler's `llmperf.serving.scheduler.KVSpace` (`reserve`, `reserve_cost`, `blocks_for`,
 `fork_cost`, ...): a contiguous "block" is one max-length row. Both report
-`usage()`: bytes the storage has (capacity), bytes held by live sequences (reserved), bytes holding
-real tokens (used). Bytes per token = `2 * L * H_kv * D * element_size` (MLA: `L * (R + Dr) *
-element_size`), equal to `ModelSpec.kv_bytes_per_token(dtype)`.
+`usage()`: bytes the storage has (capacity), bytes held by live sequences (reserved: their rows, or
+the pool blocks they hold, a block shared by forks once, a padded sub-group's block whole), bytes
+holding real tokens (used: slots written or about to be written in those blocks, in the layers that
+exist). Bytes per token = `2 * L * H_kv * D * element_size` (MLA: `L * (R + Dr) * element_size`), equal
+to `ModelSpec.kv_bytes_per_token(dtype)`; `llmperf.specs.kvcache.KVCacheSpec.paged_reserved_bytes` and
+`paged_used_bytes` give a paged cache's figures for one sequence, block for block.
 """
 
 from __future__ import annotations
@@ -39,10 +51,23 @@ from dataclasses import dataclass
 import torch
 
 from llmperf.engine.step import StepMeta
-from llmperf.serving.blocks import BlockManager
+from llmperf.serving.blocks import BlockManager, HybridLayout, WindowedBlockManager
 from llmperf.specs import ModelSpec
 
 CACHE_KINDS = ("contiguous", "paged")
+#: "capped": a hybrid model's sliding / chunked layers hold only their window (paged cache);
+#: "full": every layer holds the whole context
+KV_WINDOWS = ("capped", "full")
+
+
+def hybrid_layout(spec: ModelSpec, kv_window: str = "capped") -> HybridLayout | None:
+    """How a paged cache pages `spec`'s layers apart (None: one table for every layer, as for a model
+    with one kind of layer, one without a full-attention layer, or `kv_window="full"`)."""
+    if kv_window not in KV_WINDOWS:
+        raise ValueError(f"kv_window: must be one of {', '.join(KV_WINDOWS)}, got {kv_window!r}")
+    if kv_window == "full":
+        return None
+    return HybridLayout.of([(k.attention, k.window) for k in spec.layer_kinds()])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,7 +230,12 @@ class KVCache(ABC):
 
 class ContiguousKVCache(KVCache):
     """Max-length preallocation: `kv` is `(L, 2, B_max, H_kv, S_max, D)` (MLA: `(L, 1, B_max, 1, S_max,
-    R + Dr)`); a sequence owns a row."""
+    R + Dr)`); a sequence owns a row.
+
+    A row holds every layer's whole context, sliding and chunked layers included: this is the naive
+    server's cache, which reserves the maximum length up front and reclaims nothing while a sequence
+    lives (a ring buffer for the sliding layers would only shorten rows that are already reserved
+    whole; the paged cache is where freed memory can serve another sequence)."""
 
     kind = "contiguous"
 
@@ -366,20 +396,42 @@ class ContiguousKVCache(KVCache):
 
 class PagedKVCache(KVCache):
     """Block pools `kv` `(L, 2, N, P, H_kv, D)` (MLA: `(L, 1, N, P, 1, R + Dr)`) handed out by a
-    `BlockManager` (PagedAttention)."""
+    `BlockManager` (PagedAttention); a hybrid model's `(F, 2, N, P, H_kv, D)` by a
+    `WindowedBlockManager` (see the module). `max_step_tokens`: the most tokens a step puts through
+    (the scheduler's budget), which bounds the blocks a window group holds (`blocks_for`)."""
 
     kind = "paged"
 
     def __init__(self, spec: ModelSpec, *, num_blocks: int, block_size: int = 16,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 max_seq_len: int | None = None) -> None:
+                 max_seq_len: int | None = None, kv_window: str = "capped",
+                 max_step_tokens: int | None = None) -> None:
         super().__init__(spec, dtype, device)
         self._max_seq_len = min(max_seq_len or num_blocks * block_size, num_blocks * block_size)
-        self.manager = BlockManager(num_blocks, block_size, max_seq_len=self._max_seq_len)
+        self.layout = hybrid_layout(spec, kv_window)
+        self.manager: BlockManager
+        if self.layout is None:
+            self.manager = BlockManager(num_blocks, block_size, max_seq_len=self._max_seq_len)
+            pool_layers = spec.num_layers
+        else:
+            self.manager = WindowedBlockManager(num_blocks, block_size, groups=self.layout.groups,
+                                                max_seq_len=self._max_seq_len, max_step_tokens=max_step_tokens,
+                                                record_copies=True)
+            pool_layers = len(self.layout.full)
+            self._address = tuple(self.layout.address(i) for i in range(spec.num_layers))  # (table, pool slot)
         self.block_size = block_size
         # Zeros: the gather for attention reads whole blocks (masked past each sequence's end).
-        self.kv = torch.zeros(spec.num_layers, self.parts, num_blocks, block_size, self.num_kv_heads, self.head_dim,
-                              dtype=dtype, device=self.device)  # (L, 2, N, P, H_kv, D)
+        self.kv = torch.zeros(pool_layers, self.parts, num_blocks, block_size, self.num_kv_heads, self.head_dim,
+                              dtype=dtype, device=self.device)  # (L or F, 2, N, P, H_kv, D)
+
+    @property
+    def pages_per_block(self) -> int:
+        """Pool blocks one block of every layer takes: 1, or a hybrid model's tables (`HybridLayout.tables`)."""
+        return 1 if self.layout is None else self.layout.tables
+
+    def _slot(self, layer: int) -> int:
+        """`layer`'s index in the pool tensor's first dimension."""
+        return layer if self.layout is None else self._address[layer][1]
 
     # ---- KVSpace (the shared scheduler's view) ------------------------------------------------
     fork_cost = 0
@@ -395,7 +447,7 @@ class PagedKVCache(KVCache):
         return self.manager.num_free_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
-        return self.manager.blocks_needed(num_tokens)
+        return self.manager.blocks_for(num_tokens)
 
     def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int:
         return self.manager.reserve_cost(seq_id, num_tokens)
@@ -410,6 +462,12 @@ class PagedKVCache(KVCache):
         """Reserve `num_tokens` more slots (all or none), copying a shared last block first."""
         if self.manager.seq_len(seq_id) + num_tokens > self._max_seq_len:
             return False
+        if self.layout is not None:  # every group's copy-on-write, recorded by the manager
+            if not self.manager.reserve(seq_id, num_tokens):
+                return False
+            for src, dst, n in self.manager.take_copies():  # type: ignore[attr-defined]
+                self.kv[:, :, dst, :n] = self.kv[:, :, src, :n]
+            return True
         results = self.manager.append_slots(seq_id, num_tokens)
         if results is None:
             return False
@@ -445,16 +503,18 @@ class PagedKVCache(KVCache):
         self.manager.check_invariants()
 
     def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The K and V block pools of `layer`, `(N, P, H_kv, D)` each (what PagedAttention reads; a
-        latent cache's one pool `(N, P, 1, R + Dr)` twice)."""
-        return self.kv[layer, 0], self.kv[layer, self._v]
+        """The K and V block pools of `layer`, `(N, P, H_kv, D)` each (what PagedAttention reads through
+        `meta.block_tables_for(layer)`; a latent cache's one pool `(N, P, 1, R + Dr)` twice)."""
+        slot = self._slot(layer)
+        return self.kv[slot, 0], self.kv[slot, self._v]
 
     def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block pools `(N, P, H_kv, D)`."""
+        """The block pools `(N, P, H_kv, D)` (addressed by `meta.block_tables_for(layer)`)."""
         return self.pools(layer)
 
     def can_allocate(self, lengths: Sequence[int], forks: int = 0, headroom: int = 0) -> bool:
-        needed = sum(self.manager.blocks_needed(n) for n in lengths)  # forks share blocks: free
+        # forks share blocks: free; a new sequence's first step holds every group's blocks
+        needed = sum(self.manager.blocks_needed(n) for n in lengths) * self.pages_per_block
         return needed + headroom <= self.manager.num_free_blocks and max(lengths) <= self._max_seq_len
 
     def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
@@ -498,33 +558,59 @@ class PagedKVCache(KVCache):
         meta = StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, store=self,
                         slot_mapping=torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True),
                         block_tables=torch.tensor(padded, dtype=torch.int32).to(self.device, non_blocking=True))
-        meta._memo["block_runs"] = _block_runs(tables, -(-meta.max_seq_len // self.block_size))
+        nb = -(-meta.max_seq_len // self.block_size)
+        meta._memo["block_runs"] = _block_runs(tables, nb)
+        if self.layout is not None:
+            self._prepare_groups(meta, seq_ids, starts, q_len, width, nb)
         return meta
+
+    def _prepare_groups(self, meta: StepMeta, seq_ids: Sequence[int], starts: Sequence[int], q_len: int,
+                        width: int, nb: int) -> None:
+        """Each window sub-group's block tables and slots for the step (`StepMeta.group_tables`): a
+        block given back is a null entry, block 0, which only masked keys fall in."""
+        manager = self.manager
+        group_tables, group_slots = [], []
+        for gi, g in enumerate(self.layout.groups):  # type: ignore[union-attr]
+            rows = [manager.window_table(s, gi) for s in seq_ids]  # type: ignore[attr-defined]
+            for sub in range(g.pages):
+                tables = [[0 if e is None else e[sub] for e in row] for row in rows]
+                slots: list[int] = []
+                for s, start in zip(seq_ids, starts):
+                    slots += manager.window_slot_mapping(s, gi, sub, start, start + q_len)  # type: ignore[attr-defined]
+                padded = [t + [0] * (width - len(t)) for t in tables]
+                group_tables.append(torch.tensor(padded, dtype=torch.int32).to(self.device, non_blocking=True))
+                group_slots.append(torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True))
+                meta._memo[("block_runs", len(group_tables))] = _block_runs(tables, nb)
+        meta.group_tables, meta.group_slots = tuple(group_tables), tuple(group_slots)
+        meta.layer_tables = tuple(a[0] for a in self._address)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor | None, meta: StepMeta) -> None:
         N, P = self.kv.shape[2], self.kv.shape[3]
         rows = k.shape[0] * k.shape[1]
+        slot, slots = self._slot(layer), meta.slot_mapping_for(layer)
         for part, x in self._written(k, v):
-            flat = self.kv[layer, part].view(N * P, self.num_kv_heads, self.head_dim)  # (N*P, H_kv, D)
-            flat.index_copy_(0, meta.slot_mapping, x.reshape(rows, self.num_kv_heads, self.head_dim))
+            flat = self.kv[slot, part].view(N * P, self.num_kv_heads, self.head_dim)  # (N*P, H_kv, D)
+            flat.index_copy_(0, slots, x.reshape(rows, self.num_kv_heads, self.head_dim))
 
     def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         S = meta.max_seq_len
-        if "tables_long" not in meta._memo:
+        t, slot = meta.table_index(layer), self._slot(layer)
+        key = "tables_long" if t == 0 else ("tables_long", t)
+        if key not in meta._memo:
             nb = -(-S // self.block_size)
-            meta._memo["tables_long"] = meta.block_tables[:, :nb].long()  # (B, nb)
-        tables = meta._memo["tables_long"]
+            meta._memo[key] = meta.block_tables_for(layer)[:, :nb].long()  # (B, nb)
+        tables = meta._memo[key]
         B, nb = tables.shape
-        runs = meta._memo.get("block_runs")
+        runs = meta._memo.get("block_runs" if t == 0 else ("block_runs", t))
         if runs is not None:  # every sequence's blocks are one run, equally spaced: a view, no copy
             first, spacing = runs
             P, H_kv, D = self.block_size, self.num_kv_heads, self.head_dim
             return tuple(kv.as_strided((B, H_kv, S, D), (spacing * P * H_kv * D, D, H_kv * D, 1),
                                        kv.storage_offset() + first * P * H_kv * D)
-                         for kv in (self.kv[layer, 0], self.kv[layer, self._v]))  # (B, H_kv, S, D) each
+                         for kv in (self.kv[slot, 0], self.kv[slot, self._v]))  # (B, H_kv, S, D) each
         out = []
         flat = tables.reshape(-1)  # (B*nb,)
-        for kv in self.kv[layer]:  # K and V, or the one latent part
+        for kv in self.kv[slot]:  # K and V, or the one latent part
             # index_select, not kv[tables]: one contiguous gather of whole blocks, measured 1.14-1.51x
             # faster than advanced indexing on this CPU at 2048 tokens (issue 8).
             blocks = kv.index_select(0, flat).view(B, nb, *kv.shape[1:])  # (B, nb, P, H_kv, D)
@@ -534,8 +620,16 @@ class PagedKVCache(KVCache):
     def usage(self) -> CacheUsage:
         u = self.manager.usage()
         bpt = self.bytes_per_token
+        if self.layout is None:
+            reserved, used = u.reserved_slots * bpt, u.used_slots * bpt
+        else:  # a pool slot holds F layers; a window group's slot its sub-group's layers
+            per_layer = bpt // self.num_layers
+            full, groups = self.manager.slot_usage()  # type: ignore[attr-defined]
+            F = len(self.layout.full)
+            reserved = u.reserved_slots * F * per_layer
+            used = (full * F + sum(n * g.layers for n, g in zip(groups, self.layout.groups))) * per_layer
         return CacheUsage(kind=self.kind, bytes_per_token=bpt, capacity_bytes=self.capacity_bytes,
-                          reserved_bytes=u.reserved_slots * bpt, used_bytes=u.used_slots * bpt,
+                          reserved_bytes=reserved, used_bytes=used,
                           logical_tokens=u.logical_tokens, num_seqs=u.num_sequences)
 
 
@@ -555,14 +649,17 @@ def _block_runs(tables: Sequence[Sequence[int]], nb: int) -> tuple[int, int] | N
 
 
 def make_cache(kind: str, spec: ModelSpec, *, dtype: torch.dtype, device: torch.device | str,
-               max_batch: int, max_seq_len: int, block_size: int = 16, num_blocks: int | None = None) -> KVCache:
+               max_batch: int, max_seq_len: int, block_size: int = 16, num_blocks: int | None = None,
+               kv_window: str = "capped", max_step_tokens: int | None = None) -> KVCache:
     """A contiguous cache of `max_batch` rows of `max_seq_len`, or a paged one of `num_blocks` blocks
-    (default: as many token slots as the contiguous cache would have)."""
+    (default: room for `max_batch` sequences of `max_seq_len` in every layer). `kv_window` and
+    `max_step_tokens`: a paged cache's (`PagedKVCache`)."""
     if kind == "contiguous":
         return ContiguousKVCache(spec, max_batch=max_batch, max_seq_len=max_seq_len, dtype=dtype, device=device)
     if kind == "paged":
         if num_blocks is None:
-            num_blocks = max_batch * -(-max_seq_len // block_size)
+            layout = hybrid_layout(spec, kv_window)
+            num_blocks = max_batch * -(-max_seq_len // block_size) * (1 if layout is None else layout.tables)
         return PagedKVCache(spec, num_blocks=num_blocks, block_size=block_size, dtype=dtype, device=device,
-                            max_seq_len=max_seq_len)
+                            max_seq_len=max_seq_len, kv_window=kv_window, max_step_tokens=max_step_tokens)
     raise ValueError(f"cache: must be one of {', '.join(CACHE_KINDS)}, got {kind!r}")

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from llmperf.engine.attention import get_backend
-from llmperf.engine.cache import CACHE_KINDS, KVCache, make_cache
+from llmperf.engine.cache import CACHE_KINDS, KVCache, hybrid_layout, make_cache
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams, make_generator
@@ -100,13 +100,16 @@ class Engine:
     either cache. `attention`: this engine's backend ("sdpa", "naive", "triton"; default the model's),
     never changing the model or another engine sharing it. Scheduling (`llmperf.serving`):
     `chunked_prefill` with `max_batched_tokens` per step, `prefix_sharing` (paged cache),
-    `watermark` (share of the pool kept free at admission).
+    `watermark` (share of the pool kept free at admission). `kv_window`: "capped" (a hybrid model's
+    sliding / chunked layers give back the blocks that left their window, paged cache) or "full"
+    (every layer keeps the whole context).
     """
 
     def __init__(self, model: Transformer, *, cache: str = "paged", block_size: int = 16,
                  num_blocks: int | None = None, max_batch: int | None = None, max_seq_len: int | None = None,
                  attention: str | None = None, max_batched_tokens: int | None = None,
-                 chunked_prefill: bool = False, prefix_sharing: bool = False, watermark: float = 0.01) -> None:
+                 chunked_prefill: bool = False, prefix_sharing: bool = False, watermark: float = 0.01,
+                 kv_window: str = "capped") -> None:
         if cache not in CACHE_KINDS:
             raise ValueError(f"cache: must be one of {', '.join(CACHE_KINDS)}, got {cache!r}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -118,6 +121,8 @@ class Engine:
             raise ValueError(f"max_seq_len: {max_seq_len} exceeds the model's max_positions={model.spec.max_positions}")
         if prefix_sharing and cache != "paged":
             raise ValueError(f"prefix_sharing: needs the paged cache, got cache={cache!r}")
+        hybrid_layout(model.spec, kv_window)  # validate now, by name
+        self.kv_window = kv_window
         self.model = model
         self.attention = attention or model.attention_backend
         get_backend(self.attention)  # validate now, by name
@@ -159,11 +164,14 @@ class Engine:
         num_blocks = self.num_blocks
         if num_blocks is None and self.cache_kind == "paged":
             # Every sequence at its longest, plus the admission watermark (a block per sequence
-            # and `watermark` of the pool): an auto-sized cache never makes a call wait.
-            full = rows * -(-seq_len // self.block_size) + rows
+            # and `watermark` of the pool): an auto-sized cache never makes a call wait
+            # and `watermark` of the pool), in every group of a hybrid model's layers.
+            layout = hybrid_layout(self.model.spec, self.kv_window)
+            full = (rows * -(-seq_len // self.block_size) + rows) * (1 if layout is None else layout.tables)
             num_blocks = full + math.ceil(self.sched_config.watermark * full / (1 - self.sched_config.watermark)) + 1
         return make_cache(self.cache_kind, self.model.spec, dtype=self.kv_dtype, device=self.model.device,
-                          max_batch=rows, max_seq_len=seq_len, block_size=self.block_size, num_blocks=num_blocks)
+                          max_batch=rows, max_seq_len=seq_len, block_size=self.block_size, num_blocks=num_blocks,
+                          kv_window=self.kv_window, max_step_tokens=self.sched_config.max_batched_tokens)
 
     def _cache_for(self, groups: Seq[SequenceGroup]) -> KVCache:
         if self._fixed and self._cache is not None:
@@ -173,7 +181,7 @@ class Engine:
         seq_len = self.max_seq_len or max(g.max_len - 1 for g in groups)
         c = self._cache
         if c is not None and c.num_seqs == 0 and c.max_seq_len >= seq_len and (
-                (c.paged and c.num_blocks >= rows * (-(-seq_len // c.block_size) + 1))
+                (c.paged and c.num_blocks >= rows * (-(-seq_len // c.block_size) + 1) * c.pages_per_block)
                 or (not c.paged and c.num_blocks >= rows)):
             return c
         self._cache = None  # let the old storage go before allocating the new one

@@ -16,8 +16,10 @@ Operator names (the one vocabulary, `llmperf.analysis.vocabulary.Op`): `embed`, 
 `attn_score`, `attn_softmax`, `attn_value` (naive backend) or `attention` (sdpa / triton), `o_proj`,
 `attn_residual`, `mlp_norm`, `router`, `gate_up_proj` (gated FFNs: the one fused GEMM) or `up_proj`
 (GELU FFNs), `act`, `down_proj` (once per expert run on MoE layers), `shared_gate_up_proj`,
-`shared_act`, `shared_down_proj`, `shared_expert_gate` (shared experts), `mlp_residual`,
-`final_norm`, `lm_head`. What is timed is what
+`shared_act`, `shared_down_proj`, `shared_expert_gate` (shared experts), `mlp_residual`, `final_norm`,
+`lm_head`; multi-head latent attention records `q_a_proj`, `q_a_norm`, `q_b_proj` (or `q_proj`),
+`kv_a_proj`, `kv_a_norm`, `rope`, `kv_write`, then `kv_b_proj` (unabsorbed) or `q_absorb` and, after
+attention, `v_absorb`. What is timed is what
 normally runs: recording never splits a fused GEMM (`FUSED_PARTS` joins it to split
 predictions). Where a decode step's layers run in one call of llmperf's CPU kernels
 (`cpu.kernels.decode_layers`), each operator of each layer is timed inside the call and handed over
@@ -56,6 +58,9 @@ OP_NAMES = tuple(op.value for op in (
     Op.attn_value, Op.attention, Op.o_proj, Op.attn_residual, Op.mlp_norm, Op.router, Op.gate_up_proj, Op.up_proj,
     Op.act, Op.down_proj, Op.shared_gate_up_proj, Op.shared_act, Op.shared_down_proj, Op.shared_expert_gate,
     Op.mlp_residual, Op.final_norm, Op.lm_head,
+    # multi-head latent attention (`mla.MLAttention`)
+    Op.q_a_proj, Op.q_a_norm, Op.q_b_proj, Op.q_proj, Op.kv_a_proj, Op.kv_a_norm, Op.kv_b_proj, Op.q_absorb,
+    Op.v_absorb,
 ))
 #: the count a mixture-of-experts layer reports per step: distinct routed experts its tokens chose
 EXPERTS_TOUCHED = "experts_touched"

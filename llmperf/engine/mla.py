@@ -270,7 +270,7 @@ def _flash(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, p:
         raise ValueError(f"v_head_dim: the triton backend pads V to the q/k width {D}, got a wider V of {Dv}")
     if Dv < D:  # the kernels take one width (any strides but the last)
         V = K if V.data_ptr() == K.data_ptr() and V.stride() == K.stride() else F.pad(V, (0, D - Dv))
-    o = backends.flash_core(kernels, q, K, V, meta, p.scale).view(B, T, H, D)
+    o = backends.flash_core(kernels, q, K, V, meta, sm_scale=p.scale).view(B, T, H, D)
     return o[..., :Dv].reshape(B, T, H * Dv)
 
 

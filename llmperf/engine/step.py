@@ -8,7 +8,13 @@ cache. What the step carries says how its K/V are addressed, and backends dispat
 on the cache's class:
 
 - `block_tables` (B, max_blocks) int32 and `slot_mapping` (B*T,): a paged cache (PagedAttention
-  reads the block pools `store.pools(layer)` in place);
+  reads the block pools `store.pools(layer)` in place). A hybrid model's paged cache (sliding or
+  chunked layers beside full ones, `llmperf.serving.blocks.WindowedBlockManager`) keeps one table per
+  KV-cache group: `block_tables` / `slot_mapping` are then the full-attention layers', `group_tables` /
+  `group_slots` each sub-group's (a block that slid out of the window is a null entry, block 0, never
+  read unmasked), and `layer_tables[layer]` says which one a layer reads (0: the full layers', i: the
+  i-th group's); backends ask `block_tables_for(layer)` / `slot_mapping_for(layer)`. Positions stay
+  absolute in every group (`mask` is unchanged). A model with one kind of layer leaves the three None;
 - `rows` (B,) (and `row_slice` when consecutive): a contiguous cache (Flash-Decoding reads the rows
   `store.rows_of(layer, meta)`);
 - neither, `store` None: no cache (a full forward from position 0).
@@ -88,7 +94,9 @@ class StepMeta:
     `positions` (B, T) int64 on the model's device; `starts` / `seq_lens` python ints per sequence
     (tokens cached before / after this step). Cache addressing: `rows` (contiguous cache: the batch's
     rows, `row_slice` when they are consecutive), or `slot_mapping` (B*T,) and `block_tables`
-    (B, max_blocks) int32 (paged cache). `store`: where the K/V live (None: no cache).
+    (B, max_blocks) int32 (paged cache), and for a hybrid model's paged cache `group_tables`,
+    `group_slots`, `layer_tables` (each layer's through `block_tables_for` / `slot_mapping_for`).
+    `store`: where the K/V live (None: no cache).
     """
 
     positions: torch.Tensor
@@ -99,6 +107,10 @@ class StepMeta:
     row_slice: slice | None = None
     slot_mapping: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
+    # A hybrid paged cache: each sub-group's tables and slots, and per layer its table (see the module).
+    group_tables: tuple[torch.Tensor, ...] | None = None
+    group_slots: tuple[torch.Tensor, ...] | None = None
+    layer_tables: tuple[int, ...] | None = None
     # Set by the model for its forward (ModelSpec fields that change the math): keys a query may
     # see (sliding window; None = all), and each layer's softmax scale (None = 1/sqrt(D)).
     window: int | None = None
@@ -206,6 +218,20 @@ class StepMeta:
     def contiguous(self) -> bool:
         """K/V are addressed by cache rows."""
         return self.rows is not None
+
+    def table_index(self, layer: int) -> int:
+        """Which block table `layer` reads: 0 (the full layers', or the only one), i (`group_tables[i - 1]`)."""
+        return 0 if self.layer_tables is None else self.layer_tables[layer]
+
+    def block_tables_for(self, layer: int) -> torch.Tensor | None:
+        """(B, max_blocks) int32: the block tables `layer`'s keys are found through (paged caches)."""
+        t = self.table_index(layer)
+        return self.block_tables if t == 0 else self.group_tables[t - 1]  # type: ignore[index]
+
+    def slot_mapping_for(self, layer: int) -> torch.Tensor | None:
+        """(B*T,) int64: where `layer` writes this step's K and V (paged caches)."""
+        t = self.table_index(layer)
+        return self.slot_mapping if t == 0 else self.group_slots[t - 1]  # type: ignore[index]
 
     def block_table(self) -> torch.Tensor:
         """(B, width) int32: each sequence's blocks in `store.blocks(layer)`: the block tables (paged),

@@ -8,6 +8,10 @@ over Llama-3-8B-like attention (32 query / 8 KV heads, head dim 128), batch 1..6
   mla      mla_decode vs the torch reference (`mla_decode_reference`, scores materialised) on DeepSeek-V3's
            absorbed latent attention (R=512, Dr=64; all 128 heads on one GPU, or 16 at TP 8), block size 64,
            batch 1..64, context 1k..32k.
+and today's local attention at its own shapes: gpt-oss (64 query / 8 KV heads, head dim 64, sinks in
+every layer, sliding layers of window 128; OpenAI's gpt-oss model card, 2025) and Llama 4 (40 / 8 heads, head dim 128,
+chunked layers of 8192 tokens), where SDPA gets the window or chunk as a mask and, having no sinks,
+gives way to the naive reference.
 For each it reports time, achieved TFLOP/s and GB/s, the fraction of the device's dense peak and of
 its memory bandwidth, the fraction of the roofline prediction (`roofline time / measured time`), and,
 for decode, GB/s as a fraction of the measured device-to-device copy bandwidth. FLOPs and bytes come
@@ -60,13 +64,29 @@ MLA_TPS = (1, 8)  # all heads on one GPU; 16 per GPU at tensor parallelism 8
 
 @dataclass(frozen=True, kw_only=True)
 class Case:
-    """One benchmark shape. `lens` lists per-sequence contexts for a ragged decode batch (else all `context`)."""
+    """One benchmark shape. `lens` lists per-sequence contexts for a ragged decode batch (else all `context`).
+    `model` names whose attention shape it is (default Llama-3-8B's), with its window, chunk or sinks."""
 
     op: str  # "prefill" | "decode" | "paged" | "mla"
     batch: int
     context: int
     lens: tuple[int, ...] = ()
     causal: bool = True
+    model: str = ""
+    heads: int = H
+    kv_heads: int = H_KV
+    head_dim: int = HEAD_DIM
+    window: int | None = None
+    chunk: int | None = None
+    sinks: bool = False
+
+    @property
+    def features(self) -> str:
+        """"" for plain causal attention, else e.g. "gpt-oss window=128 sinks"."""
+        parts = [self.model] if self.model else []
+        parts += [f"window={self.window}"] if self.window else []
+        parts += [f"chunk={self.chunk}"] if self.chunk else []
+        return " ".join(parts + (["sinks"] if self.sinks else []))
     tp: int = 1  # MLA: the heads are those of one GPU of a tp-way group
 
     @property
@@ -81,7 +101,14 @@ class Case:
     def label(self) -> str:
         ragged = " ragged" if self.lens else ""
         tp = f" TP={self.tp}" if self.tp > 1 else ""
-        return f"{self.op} B={self.batch} T={self.context}{ragged}{tp}"
+        features = f" ({self.features})" if self.features else ""
+        return f"{self.op} B={self.batch} T={self.context}{ragged}{tp}{features}"
+
+
+# Local attention at its models' shapes: gpt-oss's sliding layers (its full layers keep the sinks) and
+# Llama 4's chunked layers.
+GPT_OSS = dict(model="gpt-oss", heads=64, kv_heads=8, head_dim=64, sinks=True)
+LLAMA_4 = dict(model="llama-4", heads=40, kv_heads=8, head_dim=128, chunk=8192)
 
 
 def ragged_lens(batch: int, context: int, seed: int = 0) -> tuple[int, ...]:
@@ -105,7 +132,22 @@ def cases(quick: bool = False) -> list[Case]:
         out += [Case(op=op, batch=b, context=t) for b, t in decode_shapes]
         out += [Case(op=op, batch=b, context=t, lens=ragged_lens(b, t)) for b, t in ((8, 4096), (32, 32768))
                 if not quick]
-    return out + mla_cases(quick)
+    return out + local_cases(quick) + mla_cases(quick)
+
+
+def local_cases(quick: bool = False) -> list[Case]:
+    """gpt-oss (window 128 and sinks; sinks alone for its full layers) and Llama 4 (chunk 8192) shapes."""
+    if quick:
+        return [Case(op="decode", batch=64, context=8192, window=128, **GPT_OSS),
+                Case(op="prefill", batch=1, context=16384, **LLAMA_4)]
+    out = [Case(op="prefill", batch=1, context=t, window=128, **GPT_OSS) for t in (4096, 16384)]
+    out += [Case(op=op, batch=b, context=t, window=128, **GPT_OSS)
+            for op in ("decode", "paged") for b, t in ((1, 32768), (64, 8192))]
+    out += [Case(op="decode", batch=64, context=8192, **GPT_OSS)]
+    out += [Case(op="prefill", batch=1, context=t, **LLAMA_4) for t in (16384, 32768)]
+    out += [Case(op=op, batch=b, context=t, **LLAMA_4)
+            for op in ("decode", "paged") for b, t in ((1, 32768), (32, 16384))]
+    return out
 
 
 def mla_cases(quick: bool = False) -> list[Case]:
@@ -127,8 +169,9 @@ def case_cost(case: Case, impl: str, elem_bytes: float) -> OpCost:
     """FLOPs and bytes of `case` from `llmperf.analysis` ("fused" or "naive"), summed over sequences."""
     if case.op == "mla":
         return mla_case_cost(case, impl, elem_bytes)
-    common = dict(num_heads=H, num_kv_heads=H_KV, head_dim=HEAD_DIM, act_bytes=elem_bytes, kv_bytes=elem_bytes,
-                  impl=impl, causal=case.causal)
+    common = dict(num_heads=case.heads, num_kv_heads=case.kv_heads, head_dim=case.head_dim, act_bytes=elem_bytes,
+                  kv_bytes=elem_bytes, impl=impl, causal=case.causal, window=case.window, chunk=case.chunk,
+                  sinks=case.sinks)
     if case.op == "prefill":
         return attention_cost(case.batch, case.context, case.context, **common)
     lens = np.asarray(case.seq_lens, dtype=float)
@@ -173,9 +216,10 @@ class Row:
     bandwidth_fraction: float  # achieved B/s / spec memory bandwidth
     roofline_fraction: float  # roofline time / measured time
     copy_fraction: float  # achieved B/s / measured copy bandwidth
-    max_rel_error: float = float("nan")  # against torch SDPA (MLA: the torch reference) at the same shape
+    max_rel_error: float = float("nan")  # against torch SDPA (naive where SDPA has no sinks; MLA: the torch reference)
     note: str = ""
     tp: int = 1  # MLA: tensor parallelism the heads are split by
+    features: str = ""  # `Case.features`: whose window, chunk or sinks ("" for plain causal attention)
 
 
 def make_row(case: Case, impl: str, cost: OpCost, time_s: float, hw: HardwareSpec | None, dtype: str,
@@ -191,7 +235,7 @@ def make_row(case: Case, impl: str, cost: OpCost, time_s: float, hw: HardwareSpe
         bandwidth_fraction=byte_rate / hw.mem_bandwidth_bytes_per_s if hw else nan,
         roofline_fraction=float(roofline_time_s(cost, hw, dtype)) / time_s if hw else nan,
         copy_fraction=byte_rate / copy_bytes_per_s if copy_bytes_per_s > 0 else nan,
-        max_rel_error=max_rel_error, note=note, tp=case.tp,
+        max_rel_error=max_rel_error, note=note, tp=case.tp, features=case.features,
     )
 
 
@@ -200,7 +244,7 @@ def skipped_row(case: Case, impl: str, cost: OpCost, note: str) -> Row:
     return Row(op=case.op, impl=impl, batch=case.batch, context=case.context, ragged=bool(case.lens),
                tokens=case.tokens, time_s=nan, flops=float(cost.flops), bytes=float(cost.bytes_total),
                tflops_per_s=nan, gb_per_s=nan, peak_fraction=nan, bandwidth_fraction=nan, roofline_fraction=nan,
-               copy_fraction=nan, note=note, tp=case.tp)
+               copy_fraction=nan, note=note, tp=case.tp, features=case.features)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,9 +262,9 @@ class Meta:
 def targets(rows: Sequence[Row]) -> list[str]:
     """One line per target check (report only): decode bandwidth and prefill peak / SDPA speed-up."""
     lines = []
-    sdpa = {(r.op, r.batch, r.context, r.ragged): r for r in rows if r.impl == "sdpa"}
+    sdpa = {(r.op, r.batch, r.context, r.ragged): r for r in rows if r.impl == "sdpa" and not r.features}
     for r in rows:
-        if math.isnan(r.time_s):
+        if math.isnan(r.time_s) or r.features:  # the targets are for Llama-3-8B's plain attention
             continue
         if r.impl in ("flash_decoding", "paged_attention") and r.tokens >= DECODE_TARGET_TOKENS:
             ok = r.copy_fraction >= DECODE_TARGET_COPY_FRACTION
@@ -253,8 +297,8 @@ def render_table(rows: Sequence[Row], meta: Meta):
 
     for r in rows:
         table.add_row(
-            r.op + (" ragged" if r.ragged else "") + (f" TP={r.tp}" if r.tp > 1 else ""), str(r.batch),
-            str(r.context), r.impl,
+            r.op + (" ragged" if r.ragged else "") + (f" TP={r.tp}" if r.tp > 1 else "")
+            + (f" ({r.features})" if r.features else ""), str(r.batch), str(r.context), r.impl,
             num(r.time_s * 1e3, ".3f"), num(r.tflops_per_s, ".1f"), num(r.gb_per_s, ".0f"),
             pct(r.peak_fraction), pct(r.bandwidth_fraction), pct(r.roofline_fraction), pct(r.copy_fraction),
             num(r.max_rel_error, ".1e"), r.note,
@@ -338,7 +382,7 @@ def _naive_fits(case: Case, elem_bytes: int) -> tuple[bool, str]:
     import torch
 
     free, _ = torch.cuda.mem_get_info()
-    scores = case.batch * H * (case.context if case.op == "prefill" else 1) * case.context
+    scores = case.batch * case.heads * (case.context if case.op == "prefill" else 1) * case.context
     need = scores * (2 * elem_bytes + 4)
     if need > NAIVE_MEMORY_FRACTION * free:
         return False, f"naive skipped: S and P need {need / 2**30:.0f} GiB"
@@ -346,7 +390,8 @@ def _naive_fits(case: Case, elem_bytes: int) -> tuple[bool, str]:
 
 
 def _make_inputs(case: Case, dtype, device):
-    """Tensors for `case`: prefill (q, k, v); decode (q, k_cache, v_cache, seq_lens); paged adds the pool."""
+    """Tensors for `case`: prefill (q, k, v); decode (q, k_cache, v_cache, seq_lens); paged adds the pool;
+    plus the case's window, chunk and sinks (H,) when it has them."""
     import torch
 
     g = torch.Generator(device=device).manual_seed(0)
@@ -357,18 +402,22 @@ def _make_inputs(case: Case, dtype, device):
     B, T = case.batch, case.context
     if case.op == "mla":
         return _mla_inputs(case, device, randn)
+    Hq, Hkv, D = case.heads, case.kv_heads, case.head_dim
+    features = {name: value for name, value in (("window", case.window), ("chunk", case.chunk)) if value}
+    if case.sinks:
+        features["sinks"] = randn(Hq)
     if case.op == "prefill":
-        return dict(q=randn(B, H, T, HEAD_DIM), k=randn(B, H_KV, T, HEAD_DIM), v=randn(B, H_KV, T, HEAD_DIM))
+        return dict(q=randn(B, Hq, T, D), k=randn(B, Hkv, T, D), v=randn(B, Hkv, T, D), **features)
     seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
-    q = randn(B, H, HEAD_DIM)
+    q = randn(B, Hq, D)
     if case.op == "decode":
-        return dict(q=q, k_cache=randn(B, H_KV, T, HEAD_DIM), v_cache=randn(B, H_KV, T, HEAD_DIM), seq_lens=seq_lens)
+        return dict(q=q, k_cache=randn(B, Hkv, T, D), v_cache=randn(B, Hkv, T, D), seq_lens=seq_lens, **features)
     blocks_per_seq = -(-T // BLOCK_SIZE)
     num_blocks = B * blocks_per_seq
     perm = torch.randperm(num_blocks, generator=g, device=device).to(torch.int32)
-    return dict(q=q, key_blocks=randn(num_blocks, BLOCK_SIZE, H_KV, HEAD_DIM),
-                value_blocks=randn(num_blocks, BLOCK_SIZE, H_KV, HEAD_DIM),
-                block_tables=perm.view(B, blocks_per_seq), seq_lens=seq_lens)
+    return dict(q=q, key_blocks=randn(num_blocks, BLOCK_SIZE, Hkv, D),
+                value_blocks=randn(num_blocks, BLOCK_SIZE, Hkv, D),
+                block_tables=perm.view(B, blocks_per_seq), seq_lens=seq_lens, **features)
 
 
 def _mla_inputs(case: Case, device, randn) -> dict:
@@ -390,7 +439,8 @@ def _mla_inputs(case: Case, device, randn) -> dict:
 
 
 def _implementations(case: Case, x: dict) -> dict[str, tuple[str, Callable[[], Any]]]:
-    """impl name -> (cost model impl, zero-argument call) for `case`. The first entry is the Triton kernel."""
+    """impl name -> (cost model impl, zero-argument call) for `case`. The first entry is the Triton kernel;
+    SDPA, which has no sinks, is left out of the cases with sinks (the paged one gathers into naive)."""
     import kernels
 
     if case.op == "mla":
@@ -398,33 +448,41 @@ def _implementations(case: Case, x: dict) -> dict[str, tuple[str, Callable[[], A
             "mla_decode": ("fused", lambda: kernels.mla_decode(**x, validate=False)),
             "torch": ("naive", lambda: kernels.mla_decode_reference(**x, validate=False)),
         }
+    f = {name: x[name] for name in ("window", "chunk", "sinks") if name in x}  # the case's features
+    masks = {name: x[name] for name in ("window", "chunk") if name in x}  # what SDPA can take, as a mask
     if case.op == "prefill":
         q, k, v = x["q"], x["k"], x["v"]
-        return {
-            "flash_attention": ("fused", lambda: kernels.flash_attention(q, k, v, case.causal)),
-            "sdpa": ("fused", lambda: kernels.sdpa_attention(q, k, v, case.causal)),
-            "naive": ("naive", lambda: kernels.naive_attention(q, k, v, case.causal)),
+        impls = {
+            "flash_attention": ("fused", lambda: kernels.flash_attention(q, k, v, case.causal, **f)),
+            "sdpa": ("fused", lambda: kernels.sdpa_attention(q, k, v, case.causal, **masks)),
+            "naive": ("naive", lambda: kernels.naive_attention(q, k, v, case.causal, **f)),
         }
-    if case.op == "decode":
+    elif case.op == "decode":
         q, kc, vc, lens = x["q"], x["k_cache"], x["v_cache"], x["seq_lens"]
-        if case.lens:  # ragged: SDPA needs a length mask
-            sdpa = lambda: kernels.sdpa_decode(q, kc, vc, lens, validate=False)  # noqa: E731
+        if case.lens or masks:  # ragged, window or chunk: SDPA needs a mask
+            sdpa = lambda: kernels.sdpa_decode(q, kc, vc, lens, validate=False, **masks)  # noqa: E731
         else:  # uniform: the mask-free call lets SDPA pick its fastest backend
             sdpa = lambda: kernels.sdpa_attention(q[:, :, None], kc, vc, False)[:, :, 0]  # noqa: E731
-        return {
-            "flash_decoding": ("fused", lambda: kernels.flash_decoding(q, kc, vc, lens, validate=False)),
+        impls = {
+            "flash_decoding": ("fused", lambda: kernels.flash_decoding(q, kc, vc, lens, validate=False, **f)),
             "sdpa": ("fused", sdpa),
-            "naive": ("naive", lambda: kernels.naive_decode(q, kc, vc, lens, validate=False)),
+            "naive": ("naive", lambda: kernels.naive_decode(q, kc, vc, lens, validate=False, **f)),
         }
-    args = (x["q"], x["key_blocks"], x["value_blocks"], x["block_tables"], x["seq_lens"])
-    return {
-        "paged_attention": ("fused", lambda: kernels.paged_attention(*args, validate=False)),
-        "gather+sdpa": ("fused", lambda: kernels.paged_decode_reference(*args, validate=False)),
-    }
+    else:
+        args = (x["q"], x["key_blocks"], x["value_blocks"], x["block_tables"], x["seq_lens"])
+        gather = "gather+naive" if case.sinks else "gather+sdpa"
+        return {
+            "paged_attention": ("fused", lambda: kernels.paged_attention(*args, validate=False, **f)),
+            gather: ("fused", lambda: kernels.paged_decode_reference(*args, impl=gather[7:], validate=False, **f)),
+        }
+    if case.sinks:
+        del impls["sdpa"]
+    return impls
 
 
 def bench_case(case: Case, dtype_name: str, hw: HardwareSpec | None, copy_bps: float, device) -> list[Row]:
-    """Time every implementation of `case` (each checked against SDPA first) and return their rows."""
+    """Time every implementation of `case` (each checked first against SDPA, or where SDPA has no sinks
+    against the naive reference when it fits in memory) and return their rows."""
     import torch
 
     import kernels
@@ -436,16 +494,19 @@ def bench_case(case: Case, dtype_name: str, hw: HardwareSpec | None, copy_bps: f
     first = next(iter(impls))
     if first in ("flash_decoding", "paged_attention", "mla_decode"):
         getattr(kernels, first)(**x)  # one validated launch checks the lengths and the block table
-    reference = impls[next(n for n in ("sdpa", "gather+sdpa", "torch") if n in impls)][1]()
+    fits, naive_note = _naive_fits(case, elem) if "naive" in impls else (False, "")
+    refs = ("sdpa", "gather+sdpa", "gather+naive", "torch")
+    ref_name = next((n for n in refs if n in impls), "naive" if fits else None)
+    reference = impls[ref_name][1]() if ref_name else None
     rows = []
     for name, (cost_impl, fn) in impls.items():
         cost = case_cost(case, cost_impl, elem)
-        if name == "naive":
-            fits, note = _naive_fits(case, elem)
-            if not fits:
-                rows.append(skipped_row(case, name, cost, note))
-                continue
-        err = _rel_error(fn(), reference)  # also the warm-up: autotuning happens here
+        if name == "naive" and not fits:
+            rows.append(skipped_row(case, name, cost, naive_note))
+            continue
+        out = fn()  # also the warm-up: autotuning happens here
+        err = _rel_error(out, reference) if reference is not None else float("nan")
+        del out
         ms = _bench_ms(fn)
         rows.append(make_row(case, name, cost, ms * 1e-3, hw, dtype_name, copy_bps, max_rel_error=err))
     del x, impls, reference

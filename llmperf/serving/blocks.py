@@ -48,9 +48,16 @@ Public API (engine-core builds on it; keep stable):
         .bytes_reserved(bytes_per_block) -> int   .bytes_used(bytes_per_block) -> float
         .check_invariants()
 
-    WindowedBlockManager(num_blocks, block_size, groups=[WindowGroup(...)], max_step_tokens=None)
-        a BlockManager whose model also has sliding / chunked layers: each `WindowGroup` holds, per
-        sequence, the blocks its next step reads (the simulator's path: allocate / reserve / free)
+    WindowedBlockManager(num_blocks, block_size, groups=[WindowGroup(...)], max_step_tokens=None,
+                         record_copies=False)
+        a BlockManager whose model also has sliding / chunked layers (the engine's hybrid paged cache
+        and the simulator's capped pool): each `WindowGroup` keeps, per sequence, a table of the
+        blocks its next step reads, giving back those that left its window or chunk
+        .window_table(seq_id, group) -> list[tuple[int, ...] | None]   (None: given back)
+        .window_slot_mapping(seq_id, group, sub, start, end) -> list[int]
+        .take_copies() -> list[(src, dst, slots)]   .slot_usage() -> (full slots, [slots per group])
+        .window_blocks(seq_id) -> list[int]
+    HybridLayout.of(kinds) -> HybridLayout | None   which layers page together, and where each lives
 
 Conventions: a token at position p of a sequence lives in block `table[p // block_size]` at offset
 `p % block_size`, flat slot `block_id * block_size + offset`. `allocate(seq_id, n)` reserves and
@@ -66,6 +73,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from llmperf.specs.kvcache import first_key, pages_per_block
 
 
 @dataclass(slots=True)
@@ -562,8 +571,9 @@ class BlockManager:
 class WindowGroup:
     """Layers of a hybrid model that keep only a span of keys (vLLM's sliding-window and
     chunked-local KV managers): `attention` sliding (the last `window` keys) or chunked (the keys of
-    the current chunk of `window` tokens), `layers` of them, against the `full_layers` layers whose
-    blocks the pool's blocks are (a block of this group costs layers / full_layers pool blocks)."""
+    the current chunk of `window` tokens), `layers` of them, beside the `full_layers` full-attention
+    layers whose blocks the pool's blocks are. A block of this group takes `pages` pool blocks:
+    `ceil(layers / full_layers)`, the last one padded (`llmperf.specs.kvcache.pages_per_block`)."""
 
     attention: str
     window: int
@@ -580,13 +590,67 @@ class WindowGroup:
 
     def first_key(self, start: int) -> int:
         """The earliest position a step whose first new token is at `start` reads."""
-        if self.attention == "sliding":
-            return max(0, start - self.window + 1)
-        return (start // self.window) * self.window
+        return first_key(self.attention, self.window, start)
+
+    @property
+    def pages(self) -> int:
+        """Pool blocks one block of this group takes."""
+        return pages_per_block(self.layers, self.full_layers)
 
     def units(self, blocks: int) -> int:
-        """Pool blocks that `blocks` blocks of this group take (rounded up per sequence)."""
-        return -(-(self.layers * blocks) // self.full_layers)
+        """Pool blocks that `blocks` blocks of this group take."""
+        return self.pages * blocks
+
+
+@dataclass(frozen=True)
+class HybridLayout:
+    """Which layers page together in a hybrid pool: the `full` layers (their blocks are the pool's
+    blocks: one block of `len(full)` layers) and, for each window group, its layers in order; the
+    j-th layer of a group lives in its sub-group `j // len(full)` at the pool's layer slot
+    `j % len(full)` (vLLM's KV-cache groups of one size, each pool tensor shared by one layer of every
+    group: `vllm/v1/core/kv_cache_utils.py`)."""
+
+    full: tuple[int, ...]
+    groups: tuple[WindowGroup, ...]
+    members: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, kinds: Sequence[tuple[str, int | None]]) -> HybridLayout | None:
+        """The layout of layers of these (attention, window) kinds, in layer order; None when they
+        do not page apart: no sliding or chunked layer, or no full-attention layer (every layer then
+        takes full pages, the simulator's `kv_sliding_full_pages`)."""
+        full = tuple(i for i, (a, _) in enumerate(kinds) if a == "full")
+        by_kind: dict[tuple[str, int], list[int]] = {}
+        for i, (a, w) in enumerate(kinds):
+            if a != "full":
+                by_kind.setdefault((a, w), []).append(i)  # type: ignore[arg-type]
+        if not full or not by_kind:
+            return None
+        groups = tuple(WindowGroup(attention=a, window=w, layers=len(ids), full_layers=len(full))
+                       for (a, w), ids in by_kind.items())
+        return cls(full=full, groups=groups, members=tuple(tuple(ids) for ids in by_kind.values()))
+
+    def address(self, layer: int) -> tuple[int, int]:
+        """(table, pool layer slot) of `layer`: table 0 is the full layers', then each group's
+        sub-groups in order (`tables` of them in all)."""
+        if layer in self.full:
+            return 0, self.full.index(layer)
+        table, F = 1, len(self.full)
+        for g, ids in zip(self.groups, self.members):
+            if layer in ids:
+                j = ids.index(layer)
+                return table + j // F, j % F
+            table += g.pages
+        raise ValueError(f"layer: {layer} is not one of the model's {self.num_layers} layers")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.full) + sum(len(ids) for ids in self.members)
+
+    @property
+    def tables(self) -> int:
+        """Block tables per sequence: the full layers' and one per sub-group."""
+        return 1 + sum(g.pages for g in self.groups)
 
 
 def window_blocks_for(groups: Sequence[WindowGroup], block_size: int, num_tokens: int,
@@ -604,120 +668,312 @@ def window_blocks_for(groups: Sequence[WindowGroup], block_size: int, num_tokens
     return full + extra
 
 
+class _Held:
+    """One window group's blocks of one sequence: `entries[k]` holds logical block `first + k`, one
+    pool block per sub-group (a tuple of `pages` ids); the blocks before `first` were given back."""
+
+    __slots__ = ("entries", "first")
+
+    def __init__(self, first: int = 0, entries: Sequence[tuple[int, ...]] = ()) -> None:
+        self.first = first
+        self.entries: deque[tuple[int, ...]] = deque(entries)
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.entries)
+
+
 class WindowedBlockManager(BlockManager):
     """The paged KV of a model whose layers keep different spans of keys, as vLLM's hybrid KV-cache
-    manager keeps it (`vllm/v1/core/single_type_kv_cache_manager.py`: full attention, sliding window,
-    chunked local attention; one shared block pool): the block tables and prefix sharing are the
-    full-attention layers' (`BlockManager`); each `WindowGroup` also holds, per sequence, the blocks
-    covering the keys its next step reads (taken from the same pool, `WindowGroup.units` pool blocks
-    per block of its own), and gives back those that fall out of its window or chunk when the
-    sequence next grows (vLLM frees them at its next allocation too).
+    manager keeps it (`vllm/v1/core/kv_cache_manager.py`, `single_type_kv_cache_manager.py`:
+    `FullAttentionManager`, `SlidingWindowManager`, `ChunkedLocalAttentionManager`; one shared block
+    pool). The block tables, prefix sharing and copy-on-write of `BlockManager` are the full-attention
+    layers'. Each `WindowGroup` keeps, per sequence, its own table of logical blocks, each a tuple of
+    `pages` pool blocks (one per sub-group: `HybridLayout`), of which it holds only those covering the
+    keys the sequence's next step reads: when the sequence grows (`allocate`, `reserve`,
+    `append_slots`), the blocks wholly before the step's first key (its window, or its chunk, from the
+    step's first new token) go back to the pool first (vLLM's `remove_skipped_blocks`), and their
+    table entries become null (`window_table`).
 
-    A window group's blocks are private to their sequence (vLLM shares a common prefix's window
-    blocks as well: slightly pessimistic with prefix sharing), and count as full in `usage()`."""
+    Forks share every held block (reference counts); the first write into a shared partly filled
+    block copies it (`take_copies`, when built with `record_copies`). Prefix sharing: a group's
+    full, computed blocks are published under the key of the full layers' block at the same position
+    (which names the whole prefix exactly); a new sequence takes `h` prefix blocks only when every
+    group still holds, published, the blocks its first step reads (vLLM's sliding-window prefix hit).
+
+    Block counts: `num_used_blocks` is the pool's; `usage()` counts a window block as full;
+    `slot_usage()` gives the slots holding tokens per group, exactly."""
 
     def __init__(self, num_blocks: int, block_size: int, *, groups: Sequence[WindowGroup],
-                 max_seq_len: int | None = None, max_step_tokens: int | None = None) -> None:
+                 max_seq_len: int | None = None, max_step_tokens: int | None = None,
+                 record_copies: bool = False) -> None:
         super().__init__(num_blocks, block_size, max_seq_len=max_seq_len)
         if not groups:
             raise ValueError("window groups: give at least one (else use BlockManager)")
         self.groups = tuple(groups)
-        self._plain = tuple((g.attention == "sliding", g.window, g.layers, g.full_layers) for g in self.groups)
+        self._plain = tuple((g.attention == "sliding", g.window) for g in self.groups)
         self.max_step_tokens = max_step_tokens
-        self._extra: dict[int, list[deque[int]]] = {}  # seq -> per group, its pool blocks, oldest first
+        self._held: dict[int, list[_Held]] = {}
+        self._window_blocks = 0  # pool blocks the window groups hold, all sequences (a shared one once)
+        # Prefix sharing per group: key of the full layers' block at the same position -> entry, and back.
+        self._wprefix: list[dict[tuple[int, tuple[int, ...]], tuple[int, ...]]] = [{} for _ in self.groups]
+        self._wkey_of: list[dict[int, tuple[int, tuple[int, ...]]]] = [{} for _ in self.groups]
+        self._record = record_copies
+        self._copies: list[tuple[int, int, int]] = []
+
+    # --- queries ---------------------------------------------------------------------------------
 
     def blocks_for(self, num_tokens: int) -> int:  # type: ignore[override]
-        """Blocks a sequence of `num_tokens` tokens takes across the window groups (each sliding group holds
-        its window only)."""
+        """Pool blocks a sequence of `num_tokens` tokens takes at most (`window_blocks_for`)."""
         return window_blocks_for(self.groups, self.block_size, num_tokens, self.max_step_tokens)
 
-    def _needs(self, start: int, end: int) -> list[int]:
-        """Pool blocks each group needs for a step of positions start..end-1."""
+    def window_blocks(self, seq_id: int) -> list[int]:
+        """Pool blocks each window group holds for the sequence."""
+        self._table(seq_id)
+        return [g.units(len(h.entries)) for g, h in zip(self.groups, self._held[seq_id])]
+
+    def window_table(self, seq_id: int, group: int) -> list[tuple[int, ...] | None]:
+        """Group `group`'s table of the sequence: per logical block up to its length, the pool blocks
+        of its sub-groups, or None where the block was given back."""
+        self._table(seq_id)
+        held = self._held[seq_id][group]
+        return [None] * held.first + list(held.entries)
+
+    def window_slot_mapping(self, seq_id: int, group: int, sub: int, start: int, end: int) -> list[int]:
+        """Flat slots of positions start..end-1 in sub-group `sub` of window group `group` (all held)."""
+        held, bs = self._held[seq_id][group], self.block_size
+        if not held.first * bs <= start <= end <= min(self._lens[seq_id], held.end * bs):
+            raise ValueError(f"window_slot_mapping: positions [{start}, {end}) are not all held by group {group} "
+                             f"of sequence {seq_id} (blocks {held.first}..{held.end - 1})")
+        entries, first = held.entries, held.first
+        return [entries[p // bs - first][sub] * bs + p % bs for p in range(start, end)]
+
+    def take_copies(self) -> list[tuple[int, int, int]]:
+        """The copy-on-writes since the last call, `(src, dst, slots)`: copy src's first `slots` slots
+        into dst (every layer slot of the pool) before this step writes (`record_copies` only)."""
+        out, self._copies = self._copies, []
+        return out
+
+    def slot_usage(self) -> tuple[int, list[int]]:
+        """(slots holding tokens in the full layers' blocks, the same for each window group): a block
+        shared by forks counts once. O(held window blocks)."""
+        full = self.usage().used_slots - self._window_blocks * self.block_size
+        out = []
         bs = self.block_size
-        last = -(-end // bs)
-        return [g.units(last - g.first_key(start) // bs) for g in self.groups]
+        for gi in range(len(self.groups)):
+            fill: dict[int, int] = {}
+            for seq_id, groups in self._held.items():
+                held, length = groups[gi], self._lens[seq_id]
+                for k, entry in enumerate(held.entries):
+                    fill[entry[0]] = max(fill.get(entry[0], 0), min(bs, length - (held.first + k) * bs))
+            out.append(sum(fill.values()))
+        return full, out
 
-    def _trim(self, seq_id: int, needs: list[int]) -> None:
-        """Give back each group's blocks beyond what it needs (the oldest: out of the window)."""
-        for held, need in zip(self._extra[seq_id], needs):
-            while len(held) > need:
-                self.pool.decref(held.popleft())
+    # --- window bookkeeping ------------------------------------------------------------------------
 
-    def _grow(self, seq_id: int, needs: list[int]) -> None:
-        for held, need in zip(self._extra[seq_id], needs):
-            while len(held) < need:
-                block_id = self.pool.allocate()
-                assert block_id is not None, "the free count promised enough free blocks"
-                held.append(block_id)
+    def _span(self, g: WindowGroup, start: int, end: int) -> tuple[int, int]:
+        """Logical blocks [first, last) group `g` must hold for a step writing positions start..end-1."""
+        return g.first_key(start) // self.block_size, -(-end // self.block_size)
 
-    def _extra_cost(self, seq_id: int, needs: list[int]) -> int:
-        return sum(max(0, need - len(held)) for held, need in zip(self._extra[seq_id], needs))
+    def _wrelease(self, gi: int, entry: tuple[int, ...]) -> None:
+        for block_id in entry:
+            self.pool.decref(block_id)
+        if self.pool.refcount(entry[0]) == 0:  # the sub-groups' blocks have the same holders
+            self._window_blocks -= len(entry)
+            key = self._wkey_of[gi].pop(entry[0], None)
+            if key is not None:
+                del self._wprefix[gi][key]
+
+    def _wallocate(self, pages: int) -> tuple[int, ...]:
+        entry = tuple(self.pool.allocate() for _ in range(pages))
+        assert None not in entry, "the free count promised enough free blocks"
+        self._window_blocks += pages
+        return entry  # type: ignore[return-value]
+
+    def _trim(self, seq_id: int, start: int) -> None:
+        """Give back each group's blocks wholly before the first key a step starting at `start` reads."""
+        bs = self.block_size
+        for gi, (g, held) in enumerate(zip(self.groups, self._held[seq_id])):
+            first = g.first_key(start) // bs
+            while held.first < first and held.entries:
+                self._wrelease(gi, held.entries.popleft())
+                held.first += 1
+            if not held.entries:
+                held.first = max(held.first, first)
+
+    def _window_cost(self, seq_id: int, start: int, end: int) -> int:
+        """Free blocks the window groups take for a step writing start..end-1 (after the trim)."""
+        cost, bs = 0, self.block_size
+        for g, held in zip(self.groups, self._held[seq_id]):
+            first, last = self._span(g, start, end)
+            have = max(held.end, first)
+            cost += g.units(max(0, last - have))
+            if end > start and start % bs and held.first <= start // bs < held.end \
+                    and self.pool.refcount(held.entries[start // bs - held.first][0]) > 1:
+                cost += g.pages  # copy-on-write of the shared block being written
+        return cost
+
+    def _grow(self, seq_id: int, start: int, end: int) -> None:
+        """Copy a shared block the step writes into, then take each group's new blocks up to `end`."""
+        bs = self.block_size
+        for gi, (g, held) in enumerate(zip(self.groups, self._held[seq_id])):
+            first, last = self._span(g, start, end)
+            k = start // bs - held.first
+            if end > start and start % bs and 0 <= k < len(held.entries) \
+                    and self.pool.refcount(held.entries[k][0]) > 1:
+                src = held.entries[k]
+                dst = self._wallocate(g.pages)
+                self._wrelease(gi, src)  # still held by the sequences that share it
+                held.entries[k] = dst
+                if self._record:
+                    self._copies.extend((s, d, start % bs) for s, d in zip(src, dst))
+            if not held.entries:
+                held.first = max(held.first, first)
+            while held.end < last:
+                held.entries.append(self._wallocate(g.pages))
+
+    def _reserve_full(self, seq_id: int, num_tokens: int) -> None:
+        """The full layers' slots (room already checked), recording a copy-on-write."""
+        if self._blocks_to_append(seq_id, num_tokens)[1]:
+            results = [BlockManager.append_slot(self, seq_id) for _ in range(num_tokens)]
+            copy = results[0].copy  # type: ignore[union-attr]
+            if self._record and copy is not None:
+                self._copies.append((copy[0], copy[1], results[0].offset))  # type: ignore[union-attr]
+            return
+        ok = BlockManager.reserve(self, seq_id, num_tokens)
+        assert ok, "the free count promised enough free blocks"
+
+    # --- prefix sharing ----------------------------------------------------------------------------
+
+    def _hybrid_prefix(self, tokens: Sequence[int], limit: int) -> tuple[int, list[list[tuple[int, ...]]]]:
+        """(h, each group's published entries for the blocks its first step reads): the longest
+        prefix of `h` published full blocks for which every group still holds those entries."""
+        found = self._prefix_blocks(tokens, limit)
+        keys = [self._key_of[b] for b in found]
+        bs = self.block_size
+        for h in range(len(found), 0, -1):
+            shared = []
+            for gi, g in enumerate(self.groups):
+                entries = [self._wprefix[gi].get(keys[i]) for i in range(g.first_key(h * bs) // bs, h)]
+                if None in entries:
+                    break
+                shared.append(entries)
+            else:
+                return h, shared  # type: ignore[return-value]
+        return 0, [[] for _ in self.groups]
+
+    def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:
+        """Leading tokens of `tokens[:limit]` every group holds, published (a multiple of block_size)."""
+        return self._hybrid_prefix(tokens, limit)[0] * self.block_size
+
+    def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
+        """As `BlockManager.publish`, each group's held full blocks published under the same keys."""
+        super().publish(seq_id, tokens, num_computed)
+        table = self._tables[seq_id]
+        for i in range(min(num_computed, self._lens[seq_id], len(tokens)) // self.block_size):
+            key = self._key_of.get(table[i])
+            if key is None or self._prefix.get(key) != table[i]:
+                return  # a private copy of a published prefix: not published (as the full layers')
+            for gi, held in enumerate(self._held[seq_id]):
+                if held.first <= i < held.end:
+                    entry = held.entries[i - held.first]
+                    if key not in self._wprefix[gi] and entry[0] not in self._wkey_of[gi]:
+                        self._wprefix[gi][key] = entry
+                        self._wkey_of[gi][entry[0]] = key
+
+    # --- allocation ------------------------------------------------------------------------------
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Whether a new sequence of `num_tokens` tokens fits in the free blocks (no prefix shared)."""
+        return self.blocks_needed(num_tokens) + sum(
+            g.units(-(-num_tokens // self.block_size)) for g in self.groups) <= self.pool.num_free
 
     def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
-        """As `BlockManager.allocate`, also reserving each window group's blocks; False, with nothing changed,
-        when they do not fit."""
+        """As `BlockManager.allocate`, also taking each group's blocks for the first step (those of a
+        shared prefix by reference); False, with nothing changed, when they do not fit."""
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r}: already allocated (free it first)")
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
-        shared = len(self._prefix_blocks(prefix, num_tokens)) if prefix is not None else 0
-        needs = self._needs(shared * self.block_size, num_tokens) if num_tokens else [0] * len(self.groups)
-        if self.blocks_needed(num_tokens) - shared + sum(needs) > self.pool.num_free:
+        # At most num_tokens - 1 shared: the step computes the last token at least (its logits are
+        # needed), as the scheduler's `cached_prefix(prompt, stop - 1)`; a block shared beyond what the
+        # step computes from would leave a window group without the keys its first queries read.
+        h, shared = (self._hybrid_prefix(prefix, num_tokens - 1) if prefix is not None and num_tokens
+                     else (0, [[]] * len(self.groups)))
+        start, bs = h * self.block_size, self.block_size
+        spans = [self._span(g, start, num_tokens) for g in self.groups]
+        fresh = sum(g.units(max(0, last - max(first, h))) for g, (first, last) in zip(self.groups, spans))
+        if self.blocks_needed(num_tokens) - h + fresh > self.pool.num_free:
             return False
-        ok = super().allocate(seq_id, num_tokens, prefix)
+        ok = super().allocate(seq_id, num_tokens, None if prefix is None else list(prefix[:h * bs]))
         assert ok, "the free count promised enough free blocks"
-        self._extra[seq_id] = [deque() for _ in self.groups]
-        self._grow(seq_id, needs)
+        groups = []
+        for gi, (g, (first, last), entries) in enumerate(zip(self.groups, spans, shared)):
+            for entry in entries:
+                for block_id in entry:
+                    self.pool.incref(block_id)
+            held = _Held(first, entries)
+            while held.end < last:
+                held.entries.append(self._wallocate(g.pages))
+            groups.append(held)
+        self._held[seq_id] = groups
         return True
 
     def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int:
         """Free blocks that `reserve(seq_id, num_tokens)` would take, the window groups' included."""
         length = self.seq_len(seq_id)
-        return super().reserve_cost(seq_id, num_tokens) + self._extra_cost(seq_id, self._needs(length, length +
-                                                                                                num_tokens))
+        return super().reserve_cost(seq_id, num_tokens) + self._window_cost(seq_id, length, length + num_tokens)
 
     def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
         """Whether `num_tokens` more positions fit, the window groups' blocks included."""
         return self.reserve_cost(seq_id, num_tokens) <= self.pool.num_free
 
-    def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
-        """As `BlockManager.reserve`, also taking the window groups' new blocks and giving back those that
-        left the window."""
-        extra = self._extra.get(seq_id)
-        if num_tokens == 1 and extra is not None:  # a decode token: the hot path
-            length, bs = self._lens[seq_id], self.block_size
-            last = length // bs + 1  # blocks up to and including position `length`
-            for (sliding, window, layers, full), held in zip(self._plain, extra):
-                first = (length - window + 1 if length >= window else 0) if sliding else length - length % window
-                if -(-(layers * (last - first // bs)) // full) != len(held):
-                    break
-            else:  # every window group keeps its blocks: only the full layers may need one
-                return super().reserve(seq_id, 1)
-        length = self.seq_len(seq_id)
-        needs = self._needs(length, length + num_tokens)
-        self._trim(seq_id, needs)  # what fell out of the window goes back first
-        extra = self._extra_cost(seq_id, needs)
-        if super().reserve_cost(seq_id, num_tokens) + extra > self.pool.num_free:
-            return False
-        ok = super().reserve(seq_id, num_tokens)
-        assert ok, "the free count promised enough free blocks"
-        self._grow(seq_id, needs)
-        return True
-
-    def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
-        """`BlockManager.append_slots` (the full layers' slots, copy-on-write included), plus the blocks
-        each window group reads for these positions: all of them, or None with only what fell out of
-        the windows given back (as `reserve`)."""
+    def _extend(self, seq_id: int, num_tokens: int) -> bool:
+        """Trim what left the windows, then take the step's blocks in every group (all or none)."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         length = self.seq_len(seq_id)
-        needs = self._needs(length, length + num_tokens)
-        self._trim(seq_id, needs)
-        if not self.can_append(seq_id, num_tokens):
+        self._trim(seq_id, length)  # what fell out of the window goes back first
+        if self.reserve_cost(seq_id, num_tokens) > self.pool.num_free:
+            return False
+        self._reserve_full(seq_id, num_tokens)
+        self._grow(seq_id, length, length + num_tokens)
+        return True
+
+    def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """As `BlockManager.reserve`, also taking the window groups' new blocks and giving back those
+        that left the window; False, with only what left the window given back, when short."""
+        held = self._held.get(seq_id)
+        if num_tokens == 1 and held is not None:  # a decode token: the hot path
+            length, bs = self._lens[seq_id], self.block_size
+            last = length // bs + 1  # blocks up to and including position `length`
+            for (sliding, window), h in zip(self._plain, held):
+                first = (length - window + 1 if length >= window else 0) if sliding else length - length % window
+                if h.first != first // bs or h.end != last or (
+                        length % bs and self.pool._blocks[h.entries[-1][0]].ref_count > 1):
+                    break
+            else:  # every window group keeps its blocks: only the full layers may need one
+                if self._blocks_to_append(seq_id, 1)[0] > self.pool.num_free:
+                    return False
+                self._reserve_full(seq_id, 1)
+                return True
+        return self._extend(seq_id, num_tokens)
+
+    def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
+        """The full layers' slots (`BlockManager.append_slots`, copy-on-write included) after the window
+        groups' blocks are taken as `reserve` takes them: all of them, or None with only what fell out
+        of the windows given back."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
+        length = self.seq_len(seq_id)
+        self._trim(seq_id, length)
+        if self.reserve_cost(seq_id, num_tokens) > self.pool.num_free:
             return None
         results = [BlockManager.append_slot(self, seq_id) for _ in range(num_tokens)]
-        assert None not in results, "can_append promised enough free blocks"
-        self._grow(seq_id, needs)
+        copy = results[0].copy if results else None  # type: ignore[union-attr]
+        if self._record and copy is not None:
+            self._copies.append((copy[0], copy[1], results[0].offset))  # type: ignore[union-attr]
+        self._grow(seq_id, length, length + num_tokens)
         return results  # type: ignore[return-value]
 
     def append_slot(self, seq_id: int) -> SlotResult | None:
@@ -728,40 +984,54 @@ class WindowedBlockManager(BlockManager):
     def fork(self, parent_id: int, child_id: int) -> None:
         """As `BlockManager.fork`, the window groups' blocks shared too."""
         super().fork(parent_id, child_id)
-        for held in self._extra[parent_id]:
-            for block_id in held:
-                self.pool.incref(block_id)
-        self._extra[child_id] = [deque(held) for held in self._extra[parent_id]]
+        for held in self._held[parent_id]:
+            for entry in held.entries:
+                for block_id in entry:
+                    self.pool.incref(block_id)
+        self._held[child_id] = [_Held(h.first, h.entries) for h in self._held[parent_id]]
 
     def free(self, seq_id: int) -> None:
         """As `BlockManager.free`, the window groups' blocks given back too."""
         super().free(seq_id)
-        for held in self._extra.pop(seq_id):
-            for block_id in held:
-                self.pool.decref(block_id)
-
-    def window_blocks(self, seq_id: int) -> list[int]:
-        """Pool blocks each window group holds for the sequence."""
-        self._table(seq_id)
-        return [len(held) for held in self._extra[seq_id]]
+        for gi, held in enumerate(self._held.pop(seq_id)):
+            for entry in held.entries:
+                self._wrelease(gi, entry)
 
     def check_invariants(self) -> None:
-        """Every pool reference is a table entry or a window group's block."""
+        """Every pool reference is a table entry or a window group's block; a group's blocks cover
+        its span; the prefix tables point at live blocks."""
         self.pool.check_invariants()
         holders: dict[int, int] = {}
+        window_ids: set[int] = set()
+        bs = self.block_size
         for seq_id, table in self._tables.items():
-            assert len(table) == self.blocks_needed(self._lens[seq_id]), f"sequence {seq_id}'s table size"
+            length = self._lens[seq_id]
+            assert len(table) == self.blocks_needed(length), f"sequence {seq_id}'s table size"
             for block_id in table:
                 holders[block_id] = holders.get(block_id, 0) + 1
-            for held in self._extra[seq_id]:
-                for block_id in held:
-                    holders[block_id] = holders.get(block_id, 0) + 1
+            for g, held in zip(self.groups, self._held[seq_id]):
+                assert held.end == -(-length // bs) or not held.entries, (
+                    f"sequence {seq_id}: a window group holds blocks {held.first}..{held.end - 1} of "
+                    f"{-(-length // bs)}: it holds up to the sequence's last block")
+                for entry in held.entries:
+                    assert len(entry) == g.pages, f"sequence {seq_id}: an entry {entry} of {g.pages} pages"
+                    for block_id in entry:
+                        holders[block_id] = holders.get(block_id, 0) + 1
+                        window_ids.add(block_id)
+        assert len(window_ids) == self._window_blocks, (
+            f"window groups hold {len(window_ids)} pool blocks, counted {self._window_blocks}")
+        assert sum(self._block_fill().values()) == self.slot_usage()[0], "incremental used slots drifted"
         for block_id in range(self.num_blocks):
             refs = self.pool.refcount(block_id)
             assert refs == holders.get(block_id, 0), (
                 f"block {block_id} has ref_count {refs} but {holders.get(block_id, 0)} holders: every reference "
                 "is a table entry or a window group's block")
+        for gi in range(len(self.groups)):
+            for key, entry in self._wprefix[gi].items():
+                assert self._wkey_of[gi].get(entry[0]) == key and self.pool.refcount(entry[0]) > 0, (
+                    f"group {gi}'s prefix entry {entry} is free or re-keyed")
+                assert key in self._prefix, f"group {gi} publishes under a key the full layers dropped: {key}"
 
 
-__all__ = ["Block", "BlockManager", "BlockPool", "BlockUsage", "FreeBlockQueue", "SlotResult", "WindowGroup",
-           "WindowedBlockManager", "window_blocks_for"]
+__all__ = ["Block", "BlockManager", "BlockPool", "BlockUsage", "FreeBlockQueue", "HybridLayout", "SlotResult",
+           "WindowGroup", "WindowedBlockManager", "window_blocks_for"]

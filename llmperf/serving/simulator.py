@@ -38,7 +38,7 @@ import pandas as pd
 from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
 from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
-from llmperf.serving.blocks import BlockManager, WindowedBlockManager, WindowGroup, window_blocks_for
+from llmperf.serving.blocks import BlockManager, HybridLayout, WindowedBlockManager, WindowGroup, window_blocks_for
 from llmperf.serving.costmodel import StepCostModel, _scalar_features
 from llmperf.serving.scheduler import RequestState, Scheduler, SchedulerConfig, StepOutcome, StepPlan
 from llmperf.serving.workload import Gamma, Poisson, Workload, WorkloadSpec, generate
@@ -228,8 +228,9 @@ class MemoryPlan:
     `num_blocks`: the replica's blocks, `kv_shards` GPUs' pools together (tp with data-parallel
     attention, else 1); a block lives on one GPU. `kv_bytes_per_token`: what a block holds per token:
     every layer, or with `window_groups` (kv_window "capped" on a model with sliding / chunked layers)
-    the full-attention layers only, each window group holding its own blocks besides
-    (`WindowedBlockManager`). `kv_sliding_full_pages`: the model has such layers and they get full
+    the full-attention layers only, each window group holding its own blocks besides, a block of
+    its own taking `ceil(its layers / full layers)` pool blocks (`WindowedBlockManager`, the rule the
+    engine's paged cache pages by). `kv_sliding_full_pages`: the model has such layers and they get full
     pages (kv_window "full", or a layout the capped pool does not cover: pipeline stages, no full
     layer)."""
 
@@ -283,14 +284,8 @@ def window_groups(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> t
     m = model
     if not hybrid_kv(m) or kv_window != "capped" or pp != 1:
         return ()
-    counts: dict[tuple[str, int | None], int] = {}
-    for kind, n in m.layer_groups():
-        key = (kind.attention, kind.window)
-        counts[key] = counts.get(key, 0) + n
-    full = counts.pop(("full", None), 0)
-    if not full:
-        return ()
-    return tuple(WindowGroup(attention=a, window=w, layers=n, full_layers=full) for (a, w), n in counts.items())
+    layout = HybridLayout.of([(kind.attention, kind.window) for kind in m.layer_kinds()])
+    return () if layout is None else layout.groups
 
 
 def plan_memory(config: ServingConfig, workload: Workload | None = None) -> MemoryPlan:

@@ -30,7 +30,14 @@ two figures exactly.
 A paged cache allocates `block_size` tokens at a time, and each group of layers of one kind pages
 separately (vLLM's hybrid allocator keeps one block table per KV-cache group), so one sequence
 occupies `sum over groups of layers * bytes per token and layer * ceil(held / block_size) *
-block_size` (`paged_bytes_for_context`). Tensor parallelism splits KV heads across GPUs, but never
+block_size` (`paged_bytes_for_context`, the steady state: a window's tokens, rounded up). Block by
+block, as a paged engine holds them (`paged_blocks`, `paged_reserved_bytes`, `paged_used_bytes`, equal
+to `llmperf.engine.cache.PagedKVCache.usage()` at every step): a pool block holds `block_size` tokens
+of the full layers, a window group's block takes `pages_per_block` of them (vLLM's uniform page, the
+last sub-group padded), and a window group holds the blocks from the one holding the first key its
+last step read (`first_key`: a window straddles one more block than `window / block_size`) to the
+sequence's last; reserved bytes are those blocks whole, used bytes the slots holding a token in the
+layers that exist. Tensor parallelism splits KV heads across GPUs, but never
 below one head per GPU (vLLM replicates KV heads when `tp` exceeds them); pipeline parallelism splits
 layers as vLLM partitions them (`pipeline_stages`).
 
@@ -55,6 +62,27 @@ KV_ATTENTION_KINDS = ("full", "sliding", "chunked")
 #: how sliding and chunked layers are allocated: their window only (vLLM's hybrid manager) or the
 #: whole context like a full layer (no hybrid manager, hf-mem >= PR #70)
 KV_WINDOW_MODES = ("capped", "full")
+
+
+def first_key(attention: str, window: int | None, start: int) -> int:
+    """The earliest key position a step whose first new token is at `start` reads in a layer of this
+    attention kind: 0 (full), `start - window + 1` (sliding, the query itself counted), the start of
+    `start`'s chunk (chunked)."""
+    if attention == "sliding":
+        return max(0, start - window + 1)  # type: ignore[operator]
+    if attention == "chunked":
+        return (start // window) * window  # type: ignore[operator]
+    return 0
+
+
+def pages_per_block(layers: int, full_layers: int) -> int:
+    """Pool blocks one block of a window group of `layers` layers takes when a pool block holds the
+    `full_layers` full-attention layers: `ceil(layers / full_layers)`, the last sub-group padded. vLLM
+    pages every KV-cache group alike (`vllm/v1/core/kv_cache_utils.py`,
+    `_get_kv_cache_groups_uniform_page_size`): a group holds as many layers as the smallest kind has,
+    the full layers in Gemma 2/3, gpt-oss and Llama 4 (Gemma 3 27B: 10 full, 52 sliding = 6 groups of
+    10, the last padded from 2)."""
+    return -(-layers // full_layers)
 
 
 def pipeline_stages(num_layers: int, pp: int) -> tuple[range, ...]:
@@ -120,6 +148,30 @@ class KVGroup:
     def bytes_for_context(self, context: Any) -> Any:
         """KV bytes this group holds for a sequence of `context` tokens (its window's tokens at most)."""
         return self.tokens_held(context) * self.bytes_per_token
+
+    def first_block(self, start: int, block_size: int) -> int:
+        """The first block a paged engine still holds in these layers once a step starting at
+        position `start` was reserved: the blocks wholly before the step's first key went back
+        (0 when the group is not capped)."""
+        if self.cap is None:
+            return 0
+        return first_key(self.attention, self.window, start) // block_size
+
+    def blocks_held(self, context: int, block_size: int, start: int | None = None) -> int:
+        """Blocks of `block_size` tokens one of these layers holds for a sequence of `context` tokens
+        whose last step began at position `start` (default `context - 1`: a decode step): those up to
+        the sequence's last, from `first_block(start)`."""
+        if context <= 0:
+            return 0
+        start = context - 1 if start is None else start
+        return -(-context // block_size) - self.first_block(start, block_size)
+
+    def slots_used(self, context: int, block_size: int, start: int | None = None) -> int:
+        """Token slots holding a token in those blocks (the last block's empty tail excluded)."""
+        if context <= 0:
+            return 0
+        start = context - 1 if start is None else start
+        return context - self.first_block(start, block_size) * block_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,6 +341,48 @@ class KVCacheSpec:
         _check_positive_int("block_size", block_size)
         return sum(np.ceil(np.asarray(g.tokens_held(context), dtype=float) / block_size) * block_size
                    * g.bytes_per_token for g in self.groups)
+
+    # ---- a paged engine, block by block --------------------------------------------------------
+    @property
+    def pages_apart(self) -> bool:
+        """Sliding / chunked layers page apart from the full ones (the engine's and the simulator's
+        `WindowedBlockManager`): capped windows, at least one full-attention layer and one other."""
+        groups = self.groups
+        return (self.window == "capped" and len(groups) > 1
+                and any(g.cap is None for g in groups) and any(g.cap is not None for g in groups))
+
+    def paged_blocks(self, context: int, block_size: int, start: int | None = None) -> tuple[int, ...]:
+        """Pool blocks one sequence of `context` tokens holds in a paged engine, per group (in
+        `groups` order), its last step having begun at `start` (default: a decode step). Paged apart
+        (`pages_apart`), a pool block holds the full layers' `block_size` tokens and a window group's
+        block takes `pages_per_block(layers, full layers)` of them; else every group takes the
+        context's blocks of one pool block holding every layer, reported once."""
+        _check_positive_int("block_size", block_size)
+        if not self.pages_apart:
+            return (-(-context // block_size),)
+        full = sum(g.num_layers for g in self.groups if g.cap is None)
+        return tuple(g.blocks_held(context, block_size, start)
+                     * (1 if g.cap is None else pages_per_block(g.num_layers, full)) for g in self.groups)
+
+    def paged_block_bytes(self, block_size: int) -> float:
+        """One pool block: `block_size` tokens of the full layers (paged apart), else of every layer."""
+        _check_positive_int("block_size", block_size)
+        if not self.pages_apart:
+            return self.bytes_per_block(block_size)
+        full = sum(g.num_layers for g in self.groups if g.cap is None)
+        return block_size * full * self.bytes_per_token_per_layer
+
+    def paged_reserved_bytes(self, context: int, block_size: int, start: int | None = None) -> float:
+        """Bytes of the pool blocks one sequence holds (padded sub-groups included): what a paged
+        engine's `usage().reserved_bytes` says for it."""
+        return sum(self.paged_blocks(context, block_size, start)) * self.paged_block_bytes(block_size)
+
+    def paged_used_bytes(self, context: int, block_size: int, start: int | None = None) -> float:
+        """Bytes of those blocks' slots holding a token, in the layers that exist (the last block's
+        empty tail and a sub-group's padding excluded): the engine's `usage().used_bytes`."""
+        if not self.pages_apart:
+            return max(0, context) * self.bytes_per_token
+        return sum(g.slots_used(context, block_size, start) * g.bytes_per_token for g in self.groups)
 
     def by_layer_kind(self, context: Any) -> list[tuple[str, int, Any]]:
         """(label, layers, bytes) of one sequence of `context` tokens for each group of layers."""

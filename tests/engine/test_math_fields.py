@@ -90,17 +90,18 @@ def test_from_pretrained_honours_the_checkpoint(tmp_path, kind):
         torch.testing.assert_close(loaded(tokens, all_logits=True), hf(tokens).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_triton_refuses_a_window_that_matters():
+def test_triton_generates_what_sdpa_generates_with_a_window():
+    """The sliding window (smaller than the prompt) reaches the triton kernels through the engine."""
     from engine_testing import kernels_available
     from llmperf.engine import Engine, SamplingParams
 
     ok, why = kernels_available()
     if not ok:
         pytest.skip(why)
-    engine = Engine(make_model("mistral", seed=1), attention="triton")
-    with pytest.raises(ValueError, match="sliding_window"):
-        engine.generate([list(range(1, 10))], SamplingParams(max_new_tokens=2))
-    assert engine.cache.num_seqs == 0
+    prompts = [list(range(1, 10)), list(range(20, 27))]
+    got = [Engine(make_model("mistral", seed=1), attention=backend).generate(prompts, SamplingParams(max_new_tokens=4))
+           for backend in ("triton", "sdpa")]
+    assert [r.tokens for r in got[0]] == [r.tokens for r in got[1]]
 
 
 _LLAMA = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -16,7 +16,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
 from engine_testing import hf_generate, hf_twin, kernels_available
 from llmperf.analysis import ForwardModel
-from llmperf.engine import ContiguousKVCache, Engine, PagedKVCache, build_model, from_pretrained, to_hf_state_dict
+from llmperf.engine import (OP_NAMES, ContiguousKVCache, Engine, PagedKVCache, Recorder, SamplingParams, build_model,
+                            from_pretrained, to_hf_state_dict)
 from llmperf.engine.mla import set_mla_mode
 from llmperf.specs import ModelSpec, Precision, load_model
 
@@ -158,6 +159,26 @@ def test_set_mla_mode_refuses_bad_input(checkpoints):
     with pytest.raises(ValueError, match="no multi-head latent attention"):
         set_mla_mode(build_model(ModelSpec(name="t", vocab_size=64, hidden_size=32, num_layers=1, num_heads=2,
                                            ffn_size=64, max_positions=32)), "absorbed")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "naive"])
+@pytest.mark.parametrize("q_lora_rank", [48, None])
+def test_operator_names_are_the_analytical_models(q_lora_rank, backend):
+    """Every layer records the analytical model's MLA operators once each (prefill: kv_b_proj;
+    decode: q_absorb, v_absorb). The order differs in one place: the engine up-projects and absorbs
+    after the cache write (an extend step decompresses the cached latents with the new ones), the
+    analytical model lists kv_b_proj and q_absorb before rope."""
+    model = build_model(_spec(q_lora_rank=q_lora_rank), seed=0, attention=backend)
+    rec = Recorder()
+    Engine(model).generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=3), recorder=rec)
+    df = rec.trace.to_frame()
+    assert set(df["op"]) <= set(OP_NAMES)
+    fm = ForwardModel(model=model.spec, precision=Precision.uniform("fp32"),
+                      attention="naive" if backend == "naive" else "fused", fused_gate_up=True)
+    for phase, T in (("prefill", 5), ("decode", 1)):
+        step = df[(df.phase == phase) & (df.step == 0)]
+        for layer in range(model.spec.num_layers):
+            assert sorted(step[step.layer == layer].op) == sorted(o.name for o in fm.layer_ops(1, T, T))
 
 
 # ---- the latent cache ---------------------------------------------------------------------------

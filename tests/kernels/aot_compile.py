@@ -2,10 +2,11 @@
 
 Run WITHOUT TRITON_INTERPRET (the interpreter replaces the jit functions):
     python tests/kernels/aot_compile.py 80 [90 ...] [--all-configs] [--only=_mla_decode_kernel ...]
-prints one JSON line per compiled kernel (name, arch, config, its integer constexprs, shared memory, whether PTX and a cubin
-were produced, registers per thread and spill stack from cuobjdump). The launch arguments come from the real wrappers: their launchers are replaced by
-recorders and the wrappers are called on CPU tensors; each argument is then specialised exactly as
-triton's JIT specialises it at launch (`native_specialize_impl`: dtype, 16-byte alignment, ints equal
+prints one JSON line per compiled kernel (name, arch, the optional paths it compiled: sliding window,
+chunk, sinks; config, its integer constexprs, shared memory, whether PTX and a cubin were produced,
+registers per thread and spill stack from cuobjdump). The launch arguments come from the real wrappers:
+their launchers are replaced by recorders and the wrappers are called on CPU tensors; each argument is
+then specialised exactly as triton's JIT specialises it at launch (`native_specialize_impl`: dtype, 16-byte alignment, ints equal
 to 1 or divisible by 16), so the compiled signature is the one a GPU launch would compile.
 """
 
@@ -33,6 +34,7 @@ import kernels.decode as decode  # noqa: E402
 import kernels.mla as mla  # noqa: E402
 import kernels.paged as paged  # noqa: E402
 import kernels.prefill as prefill  # noqa: E402
+from kernels._checks import LOCAL_CHUNK, LOCAL_WINDOW  # noqa: E402
 
 # Largest dynamic shared memory per block (bytes): A100 (sm_80) 163 KiB, H100 (sm_90) 227 KiB.
 MAX_SHARED = {80: 166912, 90: 232448}
@@ -66,27 +68,37 @@ def capture() -> list:
         return torch.zeros(*shape, dtype=dtype)
 
     lens = torch.tensor([100, 37], dtype=torch.int32)
-    for dtype, D, H, H_kv, T_q, T_kv, causal in [
-        (torch.float16, 128, 8, 2, 64, 64, True),
-        (torch.float32, 64, 4, 4, 20, 50, False),
-        (torch.bfloat16, 80, 8, 1, 30, 40, True),
+    # Features: sliding window (gpt-oss: 128), chunk (Llama 4: 8192), sinks (any float dtype).
+    window, chunk = dict(window=128), dict(chunk=8192)
+    for dtype, D, H, H_kv, T_q, T_kv, causal, features in [
+        (torch.float16, 128, 8, 2, 64, 64, True, {}),
+        (torch.float32, 64, 4, 4, 20, 50, False, {}),
+        (torch.bfloat16, 80, 8, 1, 30, 40, True, {}),
+        (torch.bfloat16, 64, 8, 1, 64, 64, True, dict(window, sinks=t(8, dtype=torch.bfloat16))),
+        (torch.float16, 128, 8, 2, 30, 40, True, chunk),
+        (torch.float32, 64, 4, 4, 20, 50, False, dict(sinks=t(4, dtype=torch.float32))),
     ]:
         prefill.flash_attention(t(2, H, T_q, D, dtype=dtype), t(2, H_kv, T_kv, D, dtype=dtype),
-                                t(2, H_kv, T_kv, D, dtype=dtype), causal)
-    for dtype, D, H, H_kv, splits in [
-        (torch.float16, 128, 8, 2, 4),
-        (torch.bfloat16, 64, 4, 4, 1),
-        (torch.float32, 128, 8, 1, 2),
+                                t(2, H_kv, T_kv, D, dtype=dtype), causal, **features)
+    for dtype, D, H, H_kv, splits, features in [
+        (torch.float16, 128, 8, 2, 4, {}),
+        (torch.bfloat16, 64, 4, 4, 1, {}),
+        (torch.float32, 128, 8, 1, 2, {}),
+        (torch.bfloat16, 64, 8, 1, 4, dict(window, sinks=t(8, dtype=torch.bfloat16))),  # sinks in the combine
+        (torch.float16, 64, 8, 1, 1, dict(window, sinks=t(8, dtype=torch.float32))),  # sinks in stage 1
+        (torch.bfloat16, 128, 8, 2, 2, chunk),
     ]:
         cache = t(2, H_kv, 128, D, dtype=dtype)
-        decode.flash_decoding(t(2, H, D, dtype=dtype), cache, cache, lens, splits)
-    for dtype, D, H, H_kv, P, splits in [
-        (torch.float16, 128, 8, 2, 16, 3),
-        (torch.bfloat16, 64, 8, 1, 32, 1),
+        decode.flash_decoding(t(2, H, D, dtype=dtype), cache, cache, lens, splits, **features)
+    for dtype, D, H, H_kv, P, splits, features in [
+        (torch.float16, 128, 8, 2, 16, 3, {}),
+        (torch.bfloat16, 64, 8, 1, 32, 1, {}),
+        (torch.bfloat16, 64, 8, 1, 16, 3, dict(window, sinks=t(8, dtype=torch.bfloat16))),
+        (torch.float16, 128, 8, 2, 16, 1, dict(chunk, sinks=t(8, dtype=torch.float16))),
     ]:
         blocks = t(16, P, H_kv, D, dtype=dtype)
         table = torch.arange(2 * (128 // P), dtype=torch.int32).view(2, -1) % 16
-        paged.paged_attention(t(2, H, D, dtype=dtype), blocks, blocks, table, lens, splits)
+        paged.paged_attention(t(2, H, D, dtype=dtype), blocks, blocks, table, lens, splits, **features)
     # DeepSeek-V3's latent (R=512, Dr=64): all 128 heads on one GPU, 16 per GPU at TP 8; FlashMLA's P=64.
     for dtype, H, P, splits in [
         (torch.bfloat16, 128, 64, 3),
@@ -154,6 +166,12 @@ def resource_usage(cubin: bytes) -> dict[str, int | None]:
     return {"regs": int(regs[1]) if regs else None, "stack": int(stack[1]) if stack else None}
 
 
+def features_of(meta: dict) -> list[str]:
+    """The optional paths a launch compiled: "window" / "chunk" (LOCAL 1 / 2) and "sinks"."""
+    local = {LOCAL_WINDOW: ["window"], LOCAL_CHUNK: ["chunk"]}.get(meta.get("LOCAL"), [])
+    return local + (["sinks"] if meta.get("HAS_SINKS") else [])
+
+
 def main(argv: list[str]) -> None:
     all_configs = "--all-configs" in argv
     only = {a.split("=", 1)[1] for a in argv if a.startswith("--only=")}  # e.g. --only=_mla_decode_kernel
@@ -168,7 +186,8 @@ def main(argv: list[str]) -> None:
                 seconds = time.perf_counter() - start
                 ptx = k.asm.get("ptx", "")
                 print(json.dumps(dict(
-                    kernel=fn.__name__, arch=cc, config=dict(block, num_warps=num_warps, num_stages=num_stages),
+                    kernel=fn.__name__, arch=cc, features=features_of(meta),
+                    config=dict(block, num_warps=num_warps, num_stages=num_stages),
                     dtype=str(args[0].dtype), shared=k.metadata.shared, max_shared=MAX_SHARED.get(cc),
                     ptx_target=next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), None),
                     ptx_entry=f".entry {fn.__name__}" in ptx, cubin=bool(k.asm.get("cubin")),

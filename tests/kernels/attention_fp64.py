@@ -22,28 +22,42 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm())
 
 
-def _one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    """q (H, T_q, D); k, v (H, T_kv, D), same H: softmax(q k^T * scale) v with a bottom-right causal mask."""
+def _one(q, k, v, causal: bool, scale: float, window=None, chunk=None, sinks=None) -> torch.Tensor:
+    """q (H, T_q, D); k, v (H, T_kv, D), same H: softmax(q k^T * scale) v with a bottom-right causal mask.
+
+    Query i sits at position p = i + T_kv - T_q. A sliding `window` W hides keys j <= p - W; a `chunk`
+    C hides keys with j // C != p // C. `sinks` (H,) is one more logit per head, dropped after the
+    softmax. Each row reads only the keys it sees, so hidden keys may hold anything (NaN included)."""
     T_q, T_kv = q.shape[1], k.shape[1]
-    s = q @ k.transpose(1, 2) * scale  # (H, T_q, T_kv)
-    if causal:
-        for i in range(T_q):
-            s[:, i, i + T_kv - T_q + 1 :] = float("-inf")
-    return torch.softmax(s, dim=-1) @ v
+    rows = []
+    for i in range(T_q):
+        p = i + T_kv - T_q
+        seen = [j for j in range(T_kv) if not ((causal and j > p) or (window is not None and j <= p - window)
+                                               or (chunk is not None and j // chunk != p // chunk))]
+        s = q[:, i : i + 1] @ k[:, seen].transpose(1, 2) * scale  # (H, 1, n)
+        if sinks is not None:
+            s = torch.cat([s, sinks.detach().double().cpu()[:, None, None]], dim=-1)  # (H, 1, n + 1)
+        prob = torch.softmax(s, dim=-1)[..., : len(seen)]  # the sink's share is dropped
+        rows.append(prob @ v[:, seen])  # (H, 1, D)
+    return torch.cat(rows, dim=1)
 
 
-def attention_fp64(q, k, v, causal: bool, sm_scale: float | None = None) -> torch.Tensor:
+def attention_fp64(q, k, v, causal: bool, sm_scale: float | None = None, *, window=None, chunk=None,
+                   sinks=None) -> torch.Tensor:
     q, k, v = (t.detach().double().cpu() for t in (q, k, v))
     B, H, T_q, D = q.shape
     G = H // k.shape[1]
     scale = D**-0.5 if sm_scale is None else sm_scale
-    return torch.stack(
-        [_one(q[b], k[b].repeat_interleave(G, 0), v[b].repeat_interleave(G, 0), causal, scale) for b in range(B)]
-    )
+    return torch.stack([
+        _one(q[b], k[b].repeat_interleave(G, 0), v[b].repeat_interleave(G, 0), causal, scale, window, chunk, sinks)
+        for b in range(B)
+    ])
 
 
-def decode_fp64(q, k_cache, v_cache, seq_lens, sm_scale: float | None = None) -> torch.Tensor:
-    """q (B, H, D); caches (B, H_kv, S_max, D): sequence b attends to its first seq_lens[b] positions."""
+def decode_fp64(q, k_cache, v_cache, seq_lens, sm_scale: float | None = None, *, window=None, chunk=None,
+                sinks=None) -> torch.Tensor:
+    """q (B, H, D); caches (B, H_kv, S_max, D): sequence b's query sits at position seq_lens[b] - 1 and
+    attends to its first seq_lens[b] positions (less what a window or chunk hides)."""
     q, k_cache, v_cache = (t.detach().double().cpu() for t in (q, k_cache, v_cache))
     B, H, D = q.shape
     G = H // k_cache.shape[1]
@@ -52,12 +66,13 @@ def decode_fp64(q, k_cache, v_cache, seq_lens, sm_scale: float | None = None) ->
     for b, n in enumerate(seq_lens.tolist()):
         k = k_cache[b, :, :n].repeat_interleave(G, 0)
         v = v_cache[b, :, :n].repeat_interleave(G, 0)
-        outs.append(_one(q[b][:, None, :], k, v, False, scale)[:, 0])
+        outs.append(_one(q[b][:, None, :], k, v, True, scale, window, chunk, sinks)[:, 0])
     return torch.stack(outs)
 
 
-def paged_fp64(q, key_blocks, value_blocks, block_tables, seq_lens, sm_scale: float | None = None) -> torch.Tensor:
-    """Gather token by token through the block table, then `decode_fp64`."""
+def paged_fp64(q, key_blocks, value_blocks, block_tables, seq_lens, sm_scale: float | None = None,
+               **features) -> torch.Tensor:
+    """Gather token by token through the block table, then `decode_fp64` (window, chunk, sinks passed on)."""
     P, H_kv, D = key_blocks.shape[1:]
     B = q.shape[0]
     S = int(seq_lens.max())
@@ -68,7 +83,16 @@ def paged_fp64(q, key_blocks, value_blocks, block_tables, seq_lens, sm_scale: fl
             blk = int(block_tables[b, t // P])
             k_cache[b, :, t] = key_blocks[blk, t % P].double().cpu()
             v_cache[b, :, t] = value_blocks[blk, t % P].double().cpu()
-    return decode_fp64(q, k_cache, v_cache, seq_lens.cpu(), sm_scale)
+    return decode_fp64(q, k_cache, v_cache, seq_lens.cpu(), sm_scale, **features)
+
+
+def first_key(pos: int, window=None, chunk=None) -> int:
+    """The first key a query at position `pos` sees (for poisoning the keys no query may read)."""
+    if window is not None:
+        return max(pos - window + 1, 0)
+    if chunk is not None:
+        return pos // chunk * chunk
+    return 0
 
 
 def mla_fp64(q_latent, q_rope, latent_blocks, block_tables, seq_lens, sm_scale: float) -> torch.Tensor:

@@ -51,6 +51,12 @@ def test_every_kernel_compiles(compiled, cc):
     assert {r["kernel"] for r in rows} == KERNELS
     assert {r["dtype"] for r in rows if r["kernel"] != "_combine_splits_kernel"} >= {
         "torch.float16", "torch.bfloat16", "torch.float32"}
+    features = {kernel: set() for kernel in KERNELS}
+    for r in rows:
+        features[r["kernel"]] |= set(r["features"])
+    for kernel in ("_flash_attention_kernel", "_flash_decoding_kernel", "_paged_attention_kernel"):
+        assert features[kernel] == {"window", "chunk", "sinks"}, kernel  # the optional paths compile too
+    assert features["_combine_splits_kernel"] == {"sinks"}
     for r in rows:
         assert r["ptx_target"].startswith(f"sm_{cc}"), r  # sm_90a on Hopper
         assert r["ptx_entry"] and {"ttgir", "ptx"} <= set(r["stages"]), r

@@ -68,12 +68,58 @@ def test_decode_references(fn, dtype, H, H_kv):
     assert rel_error(out, decode_fp64(q, k, v, seq_lens)) < TOLERANCE[dtype]
 
 
+FEATURES = [dict(window=5), dict(chunk=16), dict(sinks=True), dict(window=20, sinks=True), dict(chunk=7, sinks=True)]
+FEATURE_IDS = ["window", "chunk", "sinks", "window+sinks", "chunk+sinks"]
+
+
+def _features(features, H, dtype):
+    features = dict(features)
+    if features.pop("sinks", False):
+        features["sinks"] = torch.randn(H, generator=torch.Generator().manual_seed(9)).to(dtype)
+    return features
+
+
+@pytest.mark.parametrize("features", FEATURES, ids=FEATURE_IDS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=str)
+def test_references_window_chunk_sinks(features, dtype):
+    """Prefill (a chunk of queries over a longer context), decode and paged; SDPA where it has no sinks."""
+    features = _features(features, 8, dtype)
+    q, k, v = _prefill_inputs(2, 8, 2, 20, 45, 32, dtype)
+    want = attention_fp64(q, k, v, True, 0.3, **features)
+    for fn in PREFILL if "sinks" not in features else [naive_attention]:
+        assert rel_error(fn(q, k, v, True, 0.3, **features), want) < TOLERANCE[dtype], fn.__name__
+    seq_lens = torch.tensor([45, 17], dtype=torch.int32)
+    want = decode_fp64(q[:, :, 0], k, v, seq_lens, **features)
+    for fn in DECODE if "sinks" not in features else [naive_decode]:
+        assert rel_error(fn(q[:, :, 0], k, v, seq_lens, **features), want) < TOLERANCE[dtype], fn.__name__
+
+
+def test_causal_mask_window_and_chunk():
+    assert causal_mask(2, 5, window=2).tolist() == [[False, False, True, True, False],
+                                                    [False, False, False, True, True]]
+    assert causal_mask(3, 6, chunk=4).tolist() == [[True, True, True, True, False, False],
+                                                   [False, False, False, False, True, False],
+                                                   [False, False, False, False, True, True]]
+
+
 def test_decode_equals_prefill_of_last_token():
     """Decode of the last token equals the last row of causal prefill over the same keys."""
     q, k, v = _prefill_inputs(1, 4, 2, 20, 20, 64, torch.float64)
     full = naive_attention(q, k, v, True)
     dec = naive_decode(q[:, :, -1], k, v, torch.tensor([20], dtype=torch.int32))
     assert rel_error(dec, full[:, :, -1]) < 1e-12
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "naive"])
+@pytest.mark.parametrize("features", FEATURES[:2], ids=FEATURE_IDS[:2])
+def test_paged_reference_window_chunk(impl, features):
+    g = torch.Generator().manual_seed(3)
+    kb, vb = torch.randn(2, 12, 8, 2, 32, generator=g, dtype=torch.float64)
+    table = torch.tensor([[5, 2, 9, 0], [5, 2, 11, -1]], dtype=torch.int32)
+    seq_lens = torch.tensor([30, 20], dtype=torch.int32)
+    q = torch.randn(2, 8, 32, generator=g, dtype=torch.float64)
+    out = paged_decode_reference(q, kb, vb, table, seq_lens, impl=impl, **features)
+    assert rel_error(out, paged_fp64(q, kb, vb, table, seq_lens, **features)) < 1e-10
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "naive"])

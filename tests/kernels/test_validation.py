@@ -65,6 +65,23 @@ def _paged(**change):
     return args
 
 
+# Window, chunk and sinks: the same checks for every wrapper and reference.
+FEATURE_BAD = {
+    "window zero": (dict(window=0), "window: must be a positive integer (keys each query sees"),
+    "window bool": (dict(window=True), "window: must be a positive integer"),
+    "window float": (dict(window=4.0), "window: must be a positive integer"),
+    "chunk negative": (dict(chunk=-8), ("chunk: must be a positive integer (tokens per attention chunk) or None, "
+                                        "got -8")),
+    "window and chunk": (dict(window=4, chunk=8), ("window, chunk: sliding-window and chunked attention exclude "
+                                                   "each other, pass one (got window=4, chunk=8)")),
+    "sinks list": (dict(sinks=[0.0] * H), "sinks: expected a torch.Tensor (H,)"),
+    "sinks 2-d": (dict(sinks=torch.zeros(1, H)), "sinks: expected 1 dims (H,)"),
+    "sinks int": (dict(sinks=torch.zeros(H, dtype=torch.int32)), "sinks: dtype must be"),
+    "sinks shape": (dict(sinks=torch.zeros(H + 1)), (f"sinks: expected one logit per query head, shape ({H},), "
+                                                     f"got ({H + 1},)")),
+    "sinks on meta": (dict(sinks=torch.zeros(H, device="meta")), "sinks: on meta, but q is on cpu"),
+}
+
 PREFILL_BAD = {
     "q not a tensor": (_prefill(q=[1.0]), "q: expected a torch.Tensor"),
     "q 3-d": (_prefill(q=torch.randn(B, H, T)), "q: expected 4 dims"),
@@ -84,6 +101,9 @@ PREFILL_BAD = {
                 "k: needs at least one key"),
     "causal not bool": (_prefill(causal=1), "causal: must be a bool"),
     "sm_scale": (_prefill(sm_scale=-1.0), "sm_scale: must be a positive number"),
+    "window not causal": (_prefill(causal=False, window=4), "window: sliding-window attention is causal"),
+    "chunk not causal": (_prefill(causal=False, chunk=4), "chunk: chunked attention is causal"),
+    **{name: (_prefill(**change), message) for name, (change, message) in FEATURE_BAD.items()},
 }
 
 
@@ -110,6 +130,7 @@ DECODE_BAD = {
                           f"seq_lens: length {T + 1} exceeds the cache's S_max={T} for sequence 1"),
     "seq_lens on meta": (_decode(seq_lens=torch.empty(B, dtype=torch.int32, device="meta")), "seq_lens: on meta"),
     "sm_scale": (_decode(sm_scale=0.0), "sm_scale: must be a positive number"),
+    **{name: (_decode(**change), message) for name, (change, message) in FEATURE_BAD.items()},
 }
 
 
@@ -139,6 +160,9 @@ PAGED_BAD = {
     "seq_lens too long": (_paged(seq_lens=torch.tensor([13, 4], dtype=torch.int32)),
                           "seq_lens: length 13 exceeds the cache's max_blocks*block_size=12 for sequence 0"),
     "seq_lens length": (_paged(seq_lens=torch.tensor([4], dtype=torch.int32)), "seq_lens: length 1 differs"),
+    "block in the window": (_paged(block_tables=torch.tensor([[-1, -1, 2], [3, -1, -1]], dtype=torch.int32),
+                                   window=3), "block_tables: entry 1 of sequence 0 is block -1"),
+    **{name: (_paged(**change), message) for name, (change, message) in FEATURE_BAD.items()},
 }
 
 
@@ -156,6 +180,24 @@ def test_paged_bad_input(fn, case):
 def test_num_splits_bad(fn, args, bad):
     with pytest.raises(ValueError, match="^num_splits: must be an integer"):
         fn(**args, num_splits=bad)
+
+
+@pytest.mark.parametrize("fn, args", [(sdpa_attention, _prefill()), (sdpa_decode, _decode()),
+                                      (paged_decode_reference, _paged())],
+                         ids=["sdpa_attention", "sdpa_decode", "paged_decode_reference"])
+def test_sdpa_refuses_sinks(fn, args):
+    with pytest.raises(ValueError, match="^sinks: torch SDPA has no attention sinks"):
+        fn(**args, sinks=torch.zeros(H))
+
+
+@pytest.mark.parametrize("fn", PAGED_FNS, ids=lambda f: f.__name__)
+def test_paged_blocks_before_the_window_may_be_freed(fn):
+    """Table entries before the first block a query sees are never read, so -1 there is accepted."""
+    table = torch.tensor([[-1, 1, 2], [3, -1, -1]], dtype=torch.int32)  # sequence 0 sees keys 6..9: blocks 1, 2
+    args = _paged(block_tables=table, window=4)
+    if fn is paged_decode_reference:
+        args["impl"] = "naive"
+    assert torch.isfinite(fn(**args)).all()
 
 
 def test_paged_reference_impl_bad():

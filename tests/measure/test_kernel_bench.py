@@ -26,6 +26,34 @@ def test_shapes_cover_the_brief():
     assert len(bench.cases(quick=True)) < len(cs)
 
 
+def test_local_shapes_are_todays_models():
+    """gpt-oss's sliding layers (window 128, sinks, 64 / 8 heads of 64); Llama 4's chunked ones (8192, 40 / 8
+    heads of 128)."""
+    local = [c for c in bench.cases() if c.features]
+    oss = [c for c in local if c.model == "gpt-oss"]
+    scout = [c for c in local if c.model == "llama-4"]
+    assert {c.op for c in oss} == {c.op for c in scout} == {"prefill", "decode", "paged"}
+    assert all((c.heads, c.kv_heads, c.head_dim, c.sinks, c.chunk) == (64, 8, 64, True, None) for c in oss)
+    assert {c.window for c in oss} == {128, None}  # sliding layers, and the full ones with sinks alone
+    assert all((c.heads, c.kv_heads, c.head_dim, c.chunk, c.window, c.sinks) == (40, 8, 128, 8192, None, False)
+               for c in scout)
+    assert all(c.context > 8192 for c in scout)  # past one chunk, where chunking matters
+    assert {c.model for c in bench.local_cases(quick=True)} == {"gpt-oss", "llama-4"}
+
+
+def test_local_costs_come_from_analysis():
+    kw = dict(num_heads=64, num_kv_heads=8, head_dim=64, act_bytes=2, kv_bytes=2, causal=True, window=128,
+              sinks=True)
+    dec = bench.Case(op="decode", batch=3, context=4096, window=128, **bench.GPT_OSS)
+    assert bench.case_cost(dec, "fused", 2).bytes_total == pytest.approx(
+        3 * attention_cost(1, 1, 4096, impl="fused", **kw).bytes_total)
+    pre = bench.Case(op="prefill", batch=1, context=16384, **bench.LLAMA_4)
+    assert bench.case_cost(pre, "fused", 2).flops == attention_cost(
+        1, 16384, 16384, num_heads=40, num_kv_heads=8, head_dim=128, impl="fused", chunk=8192).flops
+    # the window caps what decode reads: 128 keys, not 4096
+    assert bench.case_cost(dec, "fused", 2).kv_read_bytes == pytest.approx(3 * 128 * 2 * 8 * 64 * 2)
+
+
 def test_ragged_lens():
     lens = bench.ragged_lens(32, 4096)
     assert len(lens) == 32 and max(lens) == 4096 and min(lens) >= 2048
@@ -151,6 +179,26 @@ def test_bench_case_end_to_end_with_fake_timer(case, device, monkeypatch):
     assert {r.impl for r in rows} == expected
     for r in rows:
         assert r.time_s == 1e-3 and r.max_rel_error < 1e-2, r
+
+
+LOCAL = dict(model="tiny", heads=4, kv_heads=2, head_dim=16)
+
+
+@pytest.mark.parametrize("case, impls", [
+    (bench.Case(op="prefill", batch=1, context=40, window=8, sinks=True, **LOCAL), {"flash_attention", "naive"}),
+    (bench.Case(op="decode", batch=2, context=48, lens=(48, 30), chunk=16, **LOCAL),
+     {"flash_decoding", "sdpa", "naive"}),
+    (bench.Case(op="paged", batch=1, context=64, window=20, sinks=True, **LOCAL), {"paged_attention", "gather+naive"}),
+], ids=["prefill-window-sinks", "decode-chunk", "paged-window-sinks"])
+def test_bench_local_case_end_to_end_with_fake_timer(case, impls, device, monkeypatch):
+    """Window, chunk and sinks reach every implementation; SDPA (no sinks) gives way to naive."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(bench, "_bench_ms", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(bench, "_naive_fits", lambda case, elem_bytes: (True, ""))
+    rows = bench.bench_case(case, "fp16", H100, 3e12, device)
+    assert {r.impl for r in rows} == impls
+    for r in rows:
+        assert r.features == case.features and r.max_rel_error < 1e-2, r
 
 
 @pytest.mark.parametrize("tp", [1, 8])
