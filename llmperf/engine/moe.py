@@ -51,24 +51,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from llmperf.engine.instrument import EXPERTS_TOUCHED
 from llmperf.specs import ModelSpec
 from llmperf.specs.hf import GPT_OSS_SWIGLU_ALPHA
 
-#: ModelSpec fields of MoE models the engine does not build yet, with the value that means "absent"
-_NOT_BUILT: tuple[tuple[str, Any], ...] = ()
-
 
 def check_moe(spec: ModelSpec) -> None:
-    """A ValueError naming the MoE field the engine cannot build, before anything is allocated."""
-    for field, absent in _NOT_BUILT:
-        value = getattr(spec, field)
-        if value != absent:
-            raise ValueError(f"{field}: the engine's mixture of experts does not build this yet (got {value!r} "
-                             f"for {spec.name}); estimate, simulate and plan model it")
+    """A ValueError naming the MoE field the engine cannot build, before anything is allocated: the
+    combinations of routing fields no model computes (each family's router is built as its own)."""
     if spec.mlp_bias and spec.shared_experts:
         raise ValueError(f"mlp_bias: biased experts with shared experts ({spec.name}) match no model the engine "
                          "was checked against (DeepSeek-V2's biases sit on its dense and shared MLPs only)")
@@ -81,6 +73,9 @@ def check_moe(spec: ModelSpec) -> None:
         raise ValueError(f"router_bias: gpt-oss's router (softmax over the top-k logits) is the only biased one "
                          f"the engine builds ({spec.name}: router_scoring={spec.router_scoring!r}, "
                          f"router_renormalize={spec.router_renormalize}, router_groups={spec.router_groups})")
+    if spec.router_score_bias and spec.router_groups > 1 and spec.num_experts // spec.router_groups < 2:
+        raise ValueError(f"router_groups: a group scores its two best experts (noaux_tc), so {spec.router_groups} "
+                         f"groups of {spec.num_experts} experts are too many ({spec.name})")
     if spec.swiglu_limit is not None and spec.hidden_act not in ("silu", "swish"):
         raise ValueError(f"swiglu_limit: gpt-oss's clamped SwiGLU replaces a silu gate, got hidden_act="
                          f"{spec.hidden_act!r} ({spec.name})")

@@ -32,8 +32,7 @@ from llmperf.specs import ModelSpec
 INIT_STD = 0.02  # GPT-2 / Llama `initializer_range`
 # Matrix parameters (suffixes), stored (in, out) or (out, in) depending on the model's weight_layout.
 _MATRICES = ("qkv_weight", "o_weight", "up_weight", "down_weight", "router_weight", "shared_gate_weight",
-             "lm_head_weight",
-             "q_a_weight", "q_b_weight", "q_weight", "kv_a_weight", "kv_b_weight")  # MLA's
+             "lm_head_weight", "q_a_weight", "q_b_weight", "q_weight", "kv_a_weight", "kv_b_weight")  # last five: MLA
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -206,19 +205,6 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
     raise ValueError(f"family: no checkpoint layout for {spec.family!r}")
 
 
-def _ffn_prefix(spec: ModelSpec) -> str:
-    """Where a layer's FFN lives: Llama 4's `feed_forward.` (dense and MoE layers alike), else `mlp.`."""
-    return "feed_forward." if spec.router_input_scaling else "mlp."
-
-
-#: how a checkpoint stores the routed experts of the Llama-style MoE families: "stacked" (transformers
-#: 5 in memory: `mlp.experts.gate_up_proj` (E, 2F, C)), "per_expert" (what transformers 5 saves for
-#: Qwen3-MoE, DeepSeek, GLM-4.5, and the published checkpoints: `mlp.experts.{j}.gate_proj.weight`),
-#: "mixtral" (published Mixtral: `block_sparse_moe.experts.{j}.w1/w3/w2`). Llama 4 and gpt-oss
-#: always store them stacked `(E, in, out)`.
-MOE_FORMATS = ("stacked", "per_expert", "mixtral")
-
-
 def _mla_entries(spec: ModelSpec, attn: str, us: str) -> list[_Entry]:
     """DeepSeek's latent attention (`mla.MLAttention`, transformers' `DeepseekV3Attention` names): one
     engine tensor per checkpoint tensor. Biases where `attention_bias` puts them (q_a, kv_a, o)."""
@@ -230,6 +216,19 @@ def _mla_entries(spec: ModelSpec, attn: str, us: str) -> list[_Entry]:
         out.append(_Entry(us + "q_a_norm.weight", (attn + "q_a_layernorm.weight",)))
     biased = [m for m in mats if (m[0] in ("q_a", "kv_a") and spec.qkv_bias) or (m[0] == "o" and spec.out_bias)]
     return out + [_Entry(f"{us}{ours}_bias", (f"{attn}{theirs}.bias",)) for ours, theirs in biased]
+
+
+def _ffn_prefix(spec: ModelSpec) -> str:
+    """Where a layer's FFN lives: Llama 4's `feed_forward.` (dense and MoE layers alike), else `mlp.`."""
+    return "feed_forward." if spec.router_input_scaling else "mlp."
+
+
+#: how a checkpoint stores the routed experts of the Llama-style MoE families: "stacked" (transformers
+#: 5 in memory: `mlp.experts.gate_up_proj` (E, 2F, C)), "per_expert" (what transformers 5 saves for
+#: Qwen3-MoE, DeepSeek, GLM-4.5, and the published checkpoints: `mlp.experts.{j}.gate_proj.weight`),
+#: "mixtral" (published Mixtral: `block_sparse_moe.experts.{j}.w1/w3/w2`). Llama 4 and gpt-oss
+#: always store them stacked `(E, in, out)`.
+MOE_FORMATS = ("stacked", "per_expert", "mixtral")
 
 
 def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str = "stacked") -> list[_Entry]:
@@ -359,13 +358,12 @@ def load_moe_state_dict(moe: torch.nn.Module, spec: ModelSpec, tensors: Mapping[
 def _shape_mismatch(spec: ModelSpec, entry: _Entry, names: list[str], parts: list[torch.Tensor],
                     got: tuple[int, ...], want: tuple[int, ...], in_out: bool) -> str:
     """One line naming the checkpoint tensor that does not fit and both shapes: for a fused parameter
-    (q/k/v, gate/up; per expert [gate_0, up_0, gate_1, ...]) the part whose rows differ from what the
-    config gives it."""
-    if len(parts) > 1 and ("qkv" in entry.ours or entry.ours.endswith("up_weight")) and not entry.conv1d:
-        sizes = _split_sizes(spec, entry, want[-1] if (entry.matrix and in_out) else want[-2])
-        for name, part, rows in zip(names, parts, sizes * (len(parts) // len(sizes))):
-            if part.shape[0] != rows:
-                expected = (rows, *part.shape[1:])
+    (q/k/v, gate/up) the part whose rows differ from what the config gives it."""
+    if len(parts) > 1 and not entry.form and ("qkv" in entry.ours or entry.ours.endswith("up_weight")):
+        rows = want[-1] if entry.matrix and in_out else want[0]  # the engine value's (out, in) rows
+        for name, part, part_rows in zip(names, parts, _split_sizes(spec, entry, rows)):
+            if part.shape[0] != part_rows:
+                expected = (part_rows, *part.shape[1:])
                 return (f"checkpoint: {name!r} has shape {tuple(part.shape)}, the config expects {expected} "
                         f"(part of {entry.ours}, {want})")
     return f"checkpoint: {names[0]!r} has shape {got}, the model expects {want} for {entry.ours}"
@@ -558,6 +556,14 @@ def checkpoint_eos(directory: str | os.PathLike[str]) -> int | tuple[int, ...] |
     return None
 
 
+#: the MoE fields of a spec and their values in a Mixtral config, the one MoE type `hf_config` writes
+_MIXTRAL_MOE: tuple[tuple[str, Any], ...] = (
+    ("shared_experts", 0), ("shared_expert_gate", False), ("dense_layers", ()),
+    ("router_bias", False), ("router_score_bias", False), ("router_scoring", "softmax"), ("router_renormalize", True),
+    ("router_scale", 1.0), ("router_groups", 1), ("router_input_scaling", False), ("swiglu_limit", None),
+    ("mlp_bias", False))
+
+
 def hf_config(spec: ModelSpec) -> dict[str, Any]:
     """A Hugging Face config dict (`model_type` included) describing `spec`, for building the
     reference `transformers` model in tests and benchmarks (`AutoConfig.for_model(**cfg)`)."""
@@ -583,6 +589,13 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     if spec.is_mla:
         return _deepseek_config(spec, cfg)
     if spec.num_experts > 1:
+        for field, mixtral in _MIXTRAL_MOE:
+            if getattr(spec, field) != mixtral:
+                raise ValueError(f"{field}: hf_config writes Mixtral configs only ({field}={mixtral!r}), got "
+                                 f"{getattr(spec, field)!r}; save the family's own checkpoint instead")
+        if spec.expert_ffn_size != spec.ffn_size:
+            raise ValueError(f"moe_ffn_size: Mixtral's experts are ffn_size={spec.ffn_size} wide, "
+                             f"got {spec.moe_ffn_size}")
         cfg.update(model_type="mixtral", num_local_experts=spec.num_experts,
                    num_experts_per_tok=spec.experts_per_token, sliding_window=spec.sliding_window)
     elif spec.qkv_bias and not spec.out_bias:
@@ -615,5 +628,6 @@ def _deepseek_config(spec: ModelSpec, cfg: dict[str, Any]) -> dict[str, Any]:
                 attention_bias=spec.qkv_bias)
 
 
-__all__ = ["MATH_FIELDS", "TensorSource", "build_model", "checkpoint_eos", "from_pretrained", "hf_config",
-           "honour_hf_fields", "init_random", "load_hf_state_dict", "to_hf_state_dict"]
+__all__ = ["MATH_FIELDS", "MOE_FORMATS", "TensorSource", "build_model", "checkpoint_eos", "from_pretrained",
+           "hf_config", "honour_hf_fields", "init_random", "load_hf_state_dict", "load_moe_state_dict",
+           "to_hf_state_dict"]

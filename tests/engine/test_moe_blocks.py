@@ -1,13 +1,15 @@
-"""MoE blocks the engine cannot yet run inside a whole model of their family, checked as modules: the
+"""MoE blocks checked as modules, every routing variant in both layouts and both expert formats: the
 engine's `moe.MoE` against transformers' `DeepseekV3MoE` (sigmoid scores, the score correction for
 choosing only, group-limited routing on the top-2 sum, renormalised and scaled; the shared experts as
 one MLP), `DeepseekV2Moe` (softmax, greedy and group_limited_greedy on the group max, scaled, not
 renormalised) and `Qwen2MoeSparseMoeBlock` (the sigmoid-gated shared expert), with the same weights
-loaded by `weights.load_moe_state_dict` from transformers' names, stacked and one expert at a time.
-(DeepSeek's whole models need multi-head latent attention, checked with all-dense configs elsewhere.)
+loaded by `weights.load_moe_state_dict` from transformers' names, stacked and one expert at a time
+(Qwen2-MoE is not a model type the spec loader reads; the whole DeepSeek models are in
+test_moe_families.py).
 
-Also the refusals of MoE fields the engine does not build, and the analytical count of touched
-experts that `profile` compares with `moe.touched_experts`.
+Also: every built-in MoE model, scaled down, builds and decodes in fp32 and bf16; the refusals of MoE
+fields the engine does not build; the analytical count of touched experts that `profile` compares
+with `moe.touched_experts`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from engine_testing import tiny
 
+from llmperf.engine import Engine, SamplingParams, build_model
 from llmperf.engine.model import Transformer
-from llmperf.engine.moe import MoE, expected_touched
+from llmperf.engine.moe import MoE, expected_touched, touched_experts
 from llmperf.engine.ops import TorchOps
-from llmperf.engine.weights import load_moe_state_dict
+from llmperf.engine.weights import hf_config, load_moe_state_dict
 from llmperf.specs import ModelSpec
 from llmperf.specs.hf import model_spec_from_hf_config
 
@@ -98,7 +102,8 @@ def _check_block(spec: ModelSpec, block, layout: str, per_expert: bool) -> MoE:
         rec = _NoRec()
         ours = moe(x, rec=rec)
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
-    shared = ["shared_gate_up_proj", "shared_act", "shared_down_proj"] + ["shared_expert_gate"] * spec.shared_expert_gate
+    shared = ["shared_gate_up_proj", "shared_act", "shared_down_proj"]
+    shared += ["shared_expert_gate"] * spec.shared_expert_gate
     assert rec.names == ["router"] + ["gate_up_proj", "act", "down_proj"] * moe.last_touched + shared
     assert rec.counts == [("experts_touched", moe.index, moe.last_touched)]
     return moe
@@ -161,6 +166,14 @@ def test_moe_fields_the_engine_does_not_build_are_refused_by_name():
                             router_scoring="sigmoid"))
     with pytest.raises(ValueError, match="swiglu_limit"):
         Transformer(replace(base, swiglu_limit=7.0, hidden_act="gelu"))
+    with pytest.raises(ValueError, match="router_groups"):  # noaux_tc groups score their two best experts
+        Transformer(replace(base, router_score_bias=True, router_scoring="sigmoid", router_groups=8,
+                            router_topk_groups=2))
+    with pytest.raises(ValueError, match="shared_experts"):  # the reference config writer: Mixtral only
+        hf_config(replace(base, moe_ffn_size=None))
+    with pytest.raises(ValueError, match="moe_ffn_size"):
+        hf_config(replace(base, shared_experts=0, shared_ffn_size=None, shared_expert_gate=False,
+                          router_renormalize=True))
 
 
 def test_expected_touched_experts_under_uniform_routing():
@@ -175,3 +188,23 @@ def test_expected_touched_experts_under_uniform_routing():
     assert sum(counts) / len(counts) == pytest.approx(expected_touched(16, 2, 5), rel=0.01)
     with pytest.raises(ValueError, match="experts_per_token"):
         expected_touched(4, 5, 1)
+
+
+BUILTIN_MOE = ["mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "llama-4-scout", "llama-4-maverick", "glm-4.5",
+               "deepseek-v3", "kimi-k2"]
+
+
+@pytest.mark.parametrize("name", BUILTIN_MOE)
+def test_builtin_moe_models_build_and_decode(name):
+    """The built-in specs' routing fields as they are (groups, scales, score corrections, shared
+    experts, dense layers, clamps), on a 4-layer model of their family with random weights."""
+    mla = dict(kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, head_dim=32,
+               rotary_dim=16, num_kv_heads=4)  # DeepSeek-V3, Kimi-K2: latent attention scaled down too
+    spec = tiny(name, num_layers=4, moe_ffn_size=16, ffn_size=32, **(mla if name in ("deepseek-v3", "kimi-k2") else {}))
+    for dtype in ("fp32", "bf16"):
+        model = build_model(spec, seed=1, dtype=dtype)
+        out = Engine(model).generate([[1, 2, 3, 4, 5], [7, 8]], SamplingParams(max_new_tokens=3))
+        assert all(len(o.tokens) == 3 for o in out)
+        touched = touched_experts(model)
+        assert sorted(touched) == [i for i, kind in enumerate(spec.layer_kinds()) if kind.moe]
+        assert all(1 <= n <= min(spec.num_experts, 2 * spec.experts_per_token) for n in touched.values())

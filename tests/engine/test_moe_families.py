@@ -2,34 +2,55 @@
 routing with and without norm_topk_prob, a dense layer), gpt-oss (biased router, softmax over the top-k
 logits, clamped SwiGLU with biases and alternating gate/up columns; sliding / full layers with sinks),
 Llama 4 (sigmoid of the top-k logits scaling the experts' input, a shared expert, dense and MoE layers
-alternating; chunked attention, NoPE layers with their temperature, L2 q/k norm) and GLM-4.5 (sigmoid
+alternating; chunked attention, NoPE layers with their temperature, L2 q/k norm), GLM-4.5 (sigmoid
 scores with the score correction, group-limited routing, renormalised and scaled weights, two shared
-experts in one MLP, a dense first layer; partial rotary, q/k norms, q/k/v biases).
+experts in one MLP, a dense first layer; partial rotary, q/k norms, q/k/v biases), DeepSeek-V3 (the
+same routing in fp32, behind multi-head latent attention) and DeepSeek-V2 (softmax, group-limited
+greedy on the group max, scaled; V2-Lite's q_proj).
 
 Each family: the same logits as transformers, the same generate() tokens over CASES x ENGINES (ragged
-prompts), the same seeded samples, the weights saved back under transformers 5's names, and the
-distinct experts each MoE layer touched equal to what transformers' router chose, the FFN operators
-recorded under the analytical model's names and order.
+prompts), the same seeded samples, the weights saved back under transformers 5's names, the FFN
+operators recorded under the analytical model's names and order, and the distinct experts each MoE
+layer touched equal to what transformers' router chose.
 
 The checkpoints' weights are moved by noise 0.2 (not the harness's 0.05): with smaller weights the
-routers of these tiny models barely separate the experts and the gpt-oss clamp never binds. GLM-4.5's
-score correction is a buffer, not a parameter: it is moved here, then the checkpoint saved again.
+routers of these tiny models barely separate the experts and the gpt-oss clamp never binds. The
+score correction of DeepSeek-V3 / GLM-4.5 is a buffer, not a parameter: it is moved here, then the
+checkpoint saved again. No family needed a quirk in transformers' generate() (Llama 4's chunked
+layers run on its default cache).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from checkpoints import (
+    CASES,
+    ENGINES,
+    PROMPTS,
+    assert_generation_matches,
+    assert_logits_match,
+    saved_checkpoint,
+)
 
-from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
 from llmperf.analysis.operators import ForwardModel
-from llmperf.engine import Engine, Recorder, SamplingParams, from_pretrained, to_hf_state_dict
+from llmperf.engine import (
+    Engine,
+    Recorder,
+    SamplingParams,
+    from_pretrained,
+    to_hf_state_dict,
+)
 from llmperf.engine.moe import touched_experts
 from llmperf.engine.sampling import hf_generate_kwargs
 from llmperf.specs import Precision
 
 _BASE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=64, head_dim=16)
+_MLA = dict(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, kv_lora_rank=32,
+            qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, first_k_dense_replace=1, n_routed_experts=8,
+            num_experts_per_tok=2, n_shared_experts=2, rms_norm_eps=1e-5)
 CONFIGS = {
     # layer 1 dense (mlp_only_layers); weights not renormalised (Qwen3MoeConfig's default)
     "qwen3_moe": dict(_BASE, model_type="qwen3_moe", intermediate_size=96, moe_intermediate_size=32, num_experts=8,
@@ -48,9 +69,19 @@ CONFIGS = {
                      num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
                      routed_scaling_factor=2.5, n_shared_experts=2, partial_rotary_factor=0.5, use_qk_norm=True,
                      attention_bias=True),
+    # latent attention (q_lora_rank, interleaved rotary) with layer 0 dense, then experts routed within 2 of 4
+    # groups by sigmoid scores + correction, renormalised and scaled; two shared experts as one MLP
+    "deepseek_v3": dict(_MLA, model_type="deepseek_v3", q_lora_rank=48, n_group=4, topk_group=2,
+                        routed_scaling_factor=2.5, norm_topk_prob=True),
+    # V2-Lite's q_proj; softmax, group_limited_greedy on the group max, scaled, not renormalised
+    "deepseek_v2": dict(_MLA, model_type="deepseek_v2", q_lora_rank=None, n_group=4, topk_group=2,
+                        topk_method="group_limited_greedy", routed_scaling_factor=2.0),
 }
 #: checked for logits only: the other setting of a routing flag
-LOGITS_ONLY = {"qwen3_moe_norm_topk": dict(CONFIGS["qwen3_moe"], norm_topk_prob=True, mlp_only_layers=[])}
+LOGITS_ONLY = {"qwen3_moe_norm_topk": dict(CONFIGS["qwen3_moe"], norm_topk_prob=True, mlp_only_layers=[]),
+               "deepseek_v2_greedy": dict(CONFIGS["deepseek_v2"], topk_method="greedy", n_group=1, topk_group=1),
+               "deepseek_v3_no_renormalisation": dict(CONFIGS["deepseek_v3"], norm_topk_prob=False, n_group=1,
+                                                      topk_group=1)}
 NOISE = 0.2
 
 
