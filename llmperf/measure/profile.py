@@ -471,7 +471,11 @@ def cross_checks(model: Any, spec: ModelSpec, prec: Precision, settings: Profile
     from llmperf.engine.instrument import EXPERTS_TOUCHED
 
     checks = []
-    batch, seq = min(max(settings.batches), 4), min(min(settings.prompt_lens), 32)
+    # the decode step's context (seq + 1) within every sliding window and chunk: past them the engine's
+    # naive attention still scores every cached key and masks the rest, where the analytical model
+    # counts the keys a window or chunk sees
+    spans = [k.window for k in spec.layer_kinds() if k.window is not None]
+    batch, seq = min(max(settings.batches), 4), max(1, min(min(settings.prompt_lens), 32, *(w - 1 for w in spans)))
     gen = torch.Generator().manual_seed(settings.seed)
     prompts = torch.randint(0, spec.vocab_size, (batch, seq), generator=gen)
     backend = model.attention_backend
@@ -995,6 +999,10 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     notes = []
     if settings.device == "cpu":
         notes.append("Triton kernels are not timed on CPU (the interpreter says nothing about speed)")
+    spans = [k.window for k in spec.layer_kinds() if k.window is not None]
+    if settings.backend == "naive" and spans and max(settings.prompt_lens) + max(settings.gen_lens) > min(spans):
+        notes.append(f"naive attention past a sliding window or chunk ({min(spans)} tokens): the engine scores every "
+                     "cached key and masks those outside it, the analytical model counts the keys inside it")
     if settings.micro and spec.is_mla:
         notes.append("multi-head latent attention: no attention micro-benchmark (its latent core is timed in the "
                      "generation rows only), nor kv_b_proj, q_absorb, v_absorb (rows or groups set by the context "
