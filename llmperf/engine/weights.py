@@ -469,6 +469,11 @@ def from_pretrained(path: str | os.PathLike[str], *, dtype: str | torch.dtype | 
         raise ValueError(f"path: {str(path)!r} is not a checkpoint directory")
     if spec is None:
         spec = honour_hf_fields(ModelSpec.from_hf_config(d), json.loads((d / "config.json").read_text()))
+    if spec.quantization is not None:  # its tensors are packed blocks and scales, not the weights
+        q = spec.quantization
+        raise ValueError(f"quantization: {str(path)!r} is a {q.method} checkpoint ({q.bits}-bit); the engine "
+                         "loads unquantised fp32 / fp16 / bf16 weights (dequantise it first; estimate, simulate "
+                         "and plan model it as shipped)")
     source = TensorSource(d)
     dtype = torch_dtype(dtype or spec.dtype)
     # The same load on the meta device first: a tensor missing or of the wrong shape (a config that

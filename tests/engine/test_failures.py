@@ -372,3 +372,18 @@ def test_a_checkpoint_that_does_not_match_its_config_is_refused_before_allocatio
     with pytest.raises(ValueError, match=r"missing tensor 'model\.layers\.1\.self_attn\.k_proj\.weight'"):
         from_pretrained(tmp_path, dtype="fp32")
     assert built == ["meta", "meta"]
+
+
+def test_a_quantised_checkpoint_is_refused_by_name(tmp_path):
+    """gpt-oss ships MXFP4 experts, DeepSeek-V3 FP8 blocks: packed tensors and scales the engine does
+    not load; refused naming `quantization` before anything is read or allocated."""
+    hf = hf_twin(make_model("llama", seed=9))
+    hf.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    from llmperf.engine import from_pretrained
+
+    with pytest.raises(ValueError, match=r"^quantization: .*fp8 checkpoint"):
+        from_pretrained(tmp_path)
