@@ -999,6 +999,9 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     notes = []
     if settings.device == "cpu":
         notes.append("Triton kernels are not timed on CPU (the interpreter says nothing about speed)")
+    if spec.quantization is not None:
+        notes.append(f"{spec.name} ships {spec.quantization.method}-quantised weights: the engine runs random weights "
+                     f"at {settings.dtype} and the predictions price {settings.dtype} weights, not the shipped format")
     spans = [k.window for k in spec.layer_kinds() if k.window is not None]
     if settings.backend == "naive" and spans and max(settings.prompt_lens) + max(settings.gen_lens) > min(spans):
         notes.append(f"naive attention past a sliding window or chunk ({min(spans)} tokens): the engine scores every "

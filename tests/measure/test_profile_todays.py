@@ -353,8 +353,10 @@ def runs(tmp_path_factory):
     for family, layers in (("gemma3", 2), ("moe-dense-first", None), ("deepseek-v3", None)):
         path = folder / f"{family}.yaml"
         spec = spec_of(family)
-        path.write_text(yaml.safe_dump({k: (list(v) if isinstance(v, tuple) else v)
-                                        for k, v in {**BASE, **FAMILIES[family], "name": spec.name}.items()}))
+        fields = {**BASE, **FAMILIES[family], "name": spec.name}
+        if family == "moe-dense-first":  # a spec of quantised weights: profiled unquantised, and said so
+            fields["quantization"] = dict(method="awq", bits=4, group_size=32, zero_point=True)
+        path.write_text(yaml.safe_dump({k: (list(v) if isinstance(v, tuple) else v) for k, v in fields.items()}))
         s = settings(model=str(path), layers=layers)
         out[family] = prof.run_profile(s, load_hardware("h100-sxm"), folder / family)
     return out
@@ -383,6 +385,7 @@ def test_todays_runs_complete_with_every_operator_joined(runs):
 
 def test_a_moe_run_reports_the_experts_touched(runs):
     res = runs["moe-dense-first"]
+    assert any("awq-quantised weights" in n for n in res.run["settings"]["notes"])
     rows = _read(res.out_dir / "experts.csv")
     assert rows and tuple(rows[0]) == prof.EXPERTS_COLUMNS
     decode = [r for r in rows if r["phase"] == "decode"]
