@@ -43,6 +43,10 @@ def _ms(x: float) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:.3f}"
 
 
+def _ratio(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
 def summary_tables(result: Any) -> list[Any]:
     from rich.table import Table
     from rich.text import Text
@@ -63,25 +67,45 @@ def summary_tables(result: Any) -> list[Any]:
     for c in run["checks"]:
         checks.add_row(c["name"], Text("pass", style="green") if c["passed"] else Text("FAIL", style="red"), c["detail"])
     tables = [err, checks]
+    if run.get("join"):
+        join = Table(title="operators joined to their predictions, per phase and layer kind (fused names join "
+                           "their parts)")
+        for col in ("phase", "layer", "joined", "measured, not predicted", "predicted, not measured"):
+            join.add_column(col, justify="right" if col == "joined" else "left")
+        for e in run["join"]:
+            join.add_row(e["phase"], e["layer"], str(len(e["joined"])),
+                         Text(", ".join(e["measured_only"]) or "-", style="red" if e["measured_only"] else ""),
+                         Text(", ".join(e["predicted_only"]) or "-", style="red" if e["predicted_only"] else ""))
+        tables.append(join)
+    if run.get("experts_touched"):
+        experts = Table(title="distinct routed experts per MoE layer and step: measured (the router's choices) "
+                              "vs the analytical expectation under uniform routing, E (1 - (1 - k/E)^tokens)")
+        for col in ("config", "phase", "layer", "tokens", "steps", "measured mean", "min", "max", "expected"):
+            experts.add_column(col, justify="left" if col in ("config", "phase") else "right")
+        for e in run["experts_touched"]:
+            experts.add_row(e["config"], e["phase"], str(e["layer"]), str(e["tokens"]), str(e["steps"]),
+                            f"{e['measured_mean']:.2f}", str(e["measured_min"]), str(e["measured_max"]),
+                            f"{e['expected_uniform']:.2f}")
+        tables.append(experts)
     if result.ops:
         first = result.ops[0]
-        ops = Table(title=f"operators at batch {first['batch']} (micro: one layer; generation: all layers); "
-                          "times in ms, ratio = predicted / measured")
-        for col in ("kind", "phase", "op", "q", "kv", "measured", "± spread", "roofline", "calibrated",
+        ops = Table(title=f"operators at batch {first['batch']} (micro: one layer; generation: all layers of the "
+                          "kind); times in ms, ratio = predicted / measured")
+        for col in ("kind", "phase", "op", "layer", "q", "kv", "measured", "± spread", "roofline", "calibrated",
                     "ratio roof", "ratio cal", "bound"):
-            ops.add_column(col, justify="left" if col in ("kind", "phase", "op", "bound") else "right")
+            ops.add_column(col, justify="left" if col in ("kind", "phase", "op", "layer", "bound") else "right")
         seen_decode: set[tuple] = set()
         for r in result.ops:
             if r["batch"] != first["batch"]:
                 continue
             if r["kind"] == "generation" and r["phase"] == "decode":  # one decode step is enough to show
-                key = (r["op"],)
+                key = (r["op"], r.get("layer", ""))
                 if key in seen_decode:
                     continue
                 seen_decode.add(key)
-            ops.add_row(r["kind"], r["phase"], r["op"], str(r["q_len"]), str(r["kv_len"]), _ms(r["measured_s"]),
+            ops.add_row(r["kind"], r["phase"], r["op"], r.get("layer", ""), str(r["q_len"]), str(r["kv_len"]), _ms(r["measured_s"]),
                         _ms(r["measured_spread_s"]), _ms(r["predicted_roofline_s"]), _ms(r["predicted_calibrated_s"]),
-                        f"{r['ratio_roofline']:.2f}", "-" if math.isnan(r["ratio_calibrated"]) else
+                        _ratio(r["ratio_roofline"]), "-" if math.isnan(r["ratio_calibrated"]) else
                         f"{r['ratio_calibrated']:.2f}", r["bound"])
         tables.insert(0, ops)
     return tables
@@ -90,7 +114,7 @@ def summary_tables(result: Any) -> list[Any]:
 def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile_cmd(
-        model: Annotated[str, typer.Argument(help="Built-in model name, or a YAML / HF config.json path (Llama or GPT-2 family).")],
+        model: Annotated[str, typer.Argument(help="Built-in model name, or a YAML / HF config.json path (a family the engine builds).")],
         hardware: Annotated[str | None, typer.Option("--hardware", "-H", help="Spec to predict with (default: the calibrated 'local' device; calibrates first if none).")] = None,
         device: Annotated[str, typer.Option("--device", help="auto (cuda when available), cpu or cuda.")] = "auto",
         batch: Annotated[str, typer.Option("--batch", "-b", help="Sequences per generation (a list sweeps).")] = "1",
@@ -99,7 +123,7 @@ def register(app: typer.Typer) -> None:
         dtype: Annotated[str, typer.Option("--dtype", help="Weights, activations and KV: fp32, bf16 or fp16.")] = "fp32",
         backend: Annotated[str, typer.Option("--backend", help="Attention: sdpa, naive or triton (CUDA only).")] = "sdpa",
         kv: Annotated[str, typer.Option("--kv", help="KV cache: contiguous or paged.")] = "contiguous",
-        layers: Annotated[int | None, typer.Option("--layers", help="Keep only N layers (same shapes) so a big spec fits.")] = None,
+        layers: Annotated[int | None, typer.Option("--layers", help="Keep only N layers (same shapes) so a big spec fits: the first layer of each kind (sliding/full, dense/MoE), then the earliest others.")] = None,
         reps: Annotated[int, typer.Option("--reps", help="Timed repetitions of each micro-benchmark.")] = 5,
         micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Per-operator micro-benchmarks beside the generation loop.")] = True,
         threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: torch's); recorded in run.json.")] = None,
@@ -150,4 +174,5 @@ def register(app: typer.Typer) -> None:
             err_console.print(f"interrupted: {len(result.steps)} steps and {len(result.ops)} operator rows kept in "
                               f"{out_dir}")
             raise typer.Exit(130)
-        out_console.print(f"wrote {out_dir}/run.json, ops.csv, steps.csv, generations.csv")
+        extra = ", experts.csv" if result.experts else ""
+        out_console.print(f"wrote {out_dir}/run.json, ops.csv, steps.csv, generations.csv{extra}")

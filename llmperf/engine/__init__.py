@@ -19,7 +19,7 @@ from llmperf.engine.attention import BACKENDS
 from llmperf.engine.beam import BeamSearch
 from llmperf.engine.cache import CacheUsage, ContiguousKVCache, KVCache, PagedKVCache, make_cache
 from llmperf.engine.generate import Engine, generate
-from llmperf.engine.instrument import NULL_RECORDER, OP_NAMES, OpRecord, Recorder, StepRecord, Trace
+from llmperf.engine.instrument import NULL_RECORDER, OP_NAMES, CountRecord, OpRecord, Recorder, StepRecord, Trace
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.scheduler import POLICIES, ServeResult, StepStats, run_groups
@@ -29,7 +29,7 @@ from llmperf.engine.weights import build_model, from_pretrained, hf_config, load
 from llmperf.engine.workload import Request, generate_workload
 
 __all__ = [
-    "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "Engine", "KVCache", "KVStore",
+    "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "CountRecord", "Engine", "KVCache", "KVStore",
     "NULL_RECORDER", "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics",
     "RequestOutput",
     "SamplingParams", "ServeResult", "StepMeta", "StepRecord", "StepStats", "Trace", "Transformer",

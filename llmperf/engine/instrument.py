@@ -28,6 +28,11 @@ Per-layer operators carry their layer index; the others have `layer=None`. Sampl
 bookkeeping between forward passes are not operators; they are in the step time
 (`StepRecord.seconds`) but in no `OpRecord`.
 
+Counts: a layer may report a number about what it did in the step (`rec.count(name, layer, value)`,
+a `CountRecord` in `trace.counts`): a mixture-of-experts layer reports the distinct experts its
+router chose (`EXPERTS_TOUCHED`), which sets the expert weights a step reads. Counts cost one small
+object per layer and step and are kept even when operators are not timed (`ops=False`).
+
 A recorded run is a `Trace`: `trace.ops` (list of `OpRecord`), `trace.steps` (list of `StepRecord`),
 `trace.to_frame()` / `trace.steps_frame()` (pandas), `trace.op_totals()` (seconds per (phase, op)).
 """
@@ -57,6 +62,8 @@ OP_NAMES = tuple(op.value for op in (
     Op.q_a_proj, Op.q_a_norm, Op.q_b_proj, Op.q_proj, Op.kv_a_proj, Op.kv_a_norm, Op.kv_b_proj, Op.q_absorb,
     Op.v_absorb,
 ))
+#: the count a mixture-of-experts layer reports per step: distinct routed experts its tokens chose
+EXPERTS_TOUCHED = "experts_touched"
 #: the phases a step can have; set by the scheduler (`llmperf.serving`), never guessed from shapes
 PHASES = (Phase.prefill.value, Phase.decode.value, Phase.mixed.value)
 
@@ -97,12 +104,27 @@ class StepRecord:
     forward_seconds: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class CountRecord:
+    """A number one layer reported about one step (`Recorder.count`), stamped with the step's shape."""
+
+    phase: str
+    step: int
+    layer: int | None
+    name: str
+    value: int
+    batch: int
+    q_len: int
+    kv_len: int
+
+
 @dataclass
 class Trace:
     """Everything a `Recorder` measured."""
 
     ops: list[OpRecord] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
+    counts: list[CountRecord] = field(default_factory=list)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per operator record: phase, step, layer (nullable int), op, seconds, batch, q_len, kv_len."""
@@ -147,6 +169,9 @@ class NullRecorder:
 
     def op(self, name: str, layer: int | None = None) -> _NoOp:
         return _NOOP
+
+    def count(self, name: str, layer: int | None, value: int) -> None:
+        return None
 
     @contextmanager
     def step(self, phase: str, *, batch: int, q_len: int, kv_len: int, tokens_in_cache: int) -> Iterator[None]:
@@ -229,6 +254,7 @@ class Recorder:
         self.active = ops  # operators are timed (the model runs the same code either way)
         self.trace = Trace()
         self._pending: list[tuple[str, int | None, Any]] = []
+        self._counts: list[tuple[str, int | None, int]] = []
         self._step_index = {p: 0 for p in PHASES}
         self._forward_seconds = 0.0
         self._op_cls = (_EventOp if mode == "events" else _SyncOp) if self.cuda else _CpuOp
@@ -246,6 +272,11 @@ class Recorder:
         its one call, with the clock `time.perf_counter` reads)."""
         if self.record_ops:
             self._pending.append((name, layer, seconds))
+
+    def count(self, name: str, layer: int | None, value: int) -> None:
+        """Record a number about this step (`EXPERTS_TOUCHED`: a MoE layer's distinct experts); kept
+        with or without operator timing."""
+        self._counts.append((name, layer, int(value)))
 
     def _sync(self) -> None:
         if self.cuda:
@@ -268,6 +299,7 @@ class Recorder:
         phase = Phase(phase).value  # a plain string in records and frames
         self._sync()
         self._pending.clear()
+        self._counts.clear()
         self._forward_seconds = 0.0
         t0 = time.perf_counter()
         yield
@@ -280,7 +312,11 @@ class Recorder:
                 t = t[0].elapsed_time(t[1]) / 1e3
             self.trace.ops.append(OpRecord(phase=phase, step=step, layer=layer, op=name, seconds=t,
                                            batch=batch, q_len=q_len, kv_len=kv_len))
+        for name, layer, value in self._counts:
+            self.trace.counts.append(CountRecord(phase=phase, step=step, layer=layer, name=name, value=value,
+                                                 batch=batch, q_len=q_len, kv_len=kv_len))
         self._pending.clear()
+        self._counts.clear()
         self.trace.steps.append(StepRecord(phase=phase, step=step, batch=batch, q_len=q_len, kv_len=kv_len,
                                            tokens_in_cache=tokens_in_cache, seconds=seconds,
                                            forward_seconds=self._forward_seconds))

@@ -41,7 +41,9 @@ router_weight (E, C) [+ router_bias (E)] [+ router_score_bias (E), fp32]; expert
 
 Each forward records on the module how many distinct routed experts its tokens touched
 (`last_touched`): `touched_experts(model)` reads them per MoE layer, `expected_touched` is the
-analytical count under uniform routing, E (1 - (1 - K/E)^N), that a step's weight bytes follow.
+analytical count under uniform routing, E (1 - (1 - K/E)^N), that a step's weight bytes follow. A
+recorder gets the same count for every step (`Recorder.count`, `EXPERTS_TOUCHED`: what `llmperf
+profile` sets beside that expectation).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from llmperf.engine.instrument import EXPERTS_TOUCHED
 from llmperf.specs import ModelSpec
 from llmperf.specs.hf import GPT_OSS_SWIGLU_ALPHA
 
@@ -213,6 +216,7 @@ class MoE(nn.Module):
         out = torch.zeros_like(flat)
         experts = torch.unique(chosen).tolist()
         self.last_touched = len(experts)
+        rec.count(EXPERTS_TOUCHED, self.index, len(experts))  # per step, for a recorded run (profile)
         for e in experts:
             rows, slot = torch.nonzero(chosen == e, as_tuple=True)
             if self.input_scaling:

@@ -33,7 +33,7 @@ import pandas as pd
 
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.timemodel import ROOFLINE_MODEL
-from llmperf.measure.profile import E2E, calibrated_model, error_stats
+from llmperf.measure.profile import E2E, Predictor, calibrated_model, error_stats
 from llmperf.specs import Precision
 from llmperf.specs.loader import hardware_from_mapping, model_from_mapping
 
@@ -104,6 +104,9 @@ def critical_batches(run: dict, steps: pd.DataFrame) -> list[CriticalBatch]:
     fm = ForwardModel(model=spec, precision=Precision.uniform(s["dtype"]),
                       attention="naive" if s.get("backend") == "naive" else "fused", fused_qkv=True,
                       fused_gate_up=True)  # the engine's fused GEMMs, as profile predicts them
+    calibrated = tm is not ROOFLINE_MODEL
+    step = Predictor(fm=fm, hardware=hw, compute_dtype=dtype, calibrated=tm if calibrated else None).step
+    pick = 1 if calibrated else 0  # (roofline, calibrated) seconds of a step
     decode = steps[steps["phase"] == "decode"]
     out = []
     grid = np.arange(1, 1025)
@@ -113,10 +116,7 @@ def critical_batches(run: dict, steps: pd.DataFrame) -> list[CriticalBatch]:
         meas = first_steps(rows)
         if len(meas) < 2:
             continue
-        ops = [fm.head_ops, fm.layer_ops, fm.tail_ops]  # a decode step: rows = batch for every operator
-        pred = np.array([tm.step_overhead_s + sum(tm.op_time_s(c, hw, dtype, b)
-                                                  * (spec.num_layers if c.per_layer else 1)
-                                                  for f in ops for c in f(b, 1, ctx)) for b in grid])
+        pred = np.array([step(b, 1, ctx)[pick] for b in grid])  # each layer kind times its layers
         out.append(CriticalBatch(context=ctx, measured=_growth_batch(meas.index.to_numpy(), meas.to_numpy()),
                                  predicted=_growth_batch(grid, pred), largest=int(meas.index.max())))
     return out
@@ -226,6 +226,12 @@ def report(run_dir: Path) -> tuple[str, bool]:
         lines.append("critical batch: needs batch 1 and at least one more batch in the run")
     checks = run.get("checks", [])
     lines.append("checks: " + ", ".join(f"{c['name']}: {'pass' if c['passed'] else 'FAIL'}" for c in checks))
+    lines += [f"  FAIL {c['name']}: {c['detail']}" for c in checks if not c["passed"]]
+    for e in run.get("experts_touched", []):
+        if e["phase"] == "decode":
+            lines.append(f"experts touched, {e['config']} decode layer {e['layer']}: measured {e['measured_mean']:.2f} "
+                         f"({e['measured_min']}-{e['measured_max']}) vs {e['expected_uniform']:.2f} under uniform "
+                         "routing")
     return "\n".join(lines), ok
 
 

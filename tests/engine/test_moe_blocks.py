@@ -105,6 +105,7 @@ def _check_block(spec: ModelSpec, block, layout: str, per_expert: bool) -> MoE:
     shared = ["shared_gate_up_proj", "shared_act", "shared_down_proj"]
     shared += ["shared_expert_gate"] * spec.shared_expert_gate
     assert rec.names == ["router"] + ["gate_up_proj", "act", "down_proj"] * moe.last_touched + shared
+    assert rec.counts == [("experts_touched", moe.index, moe.last_touched)]
     return moe
 
 
@@ -113,10 +114,14 @@ class _NoRec:
 
     def __init__(self) -> None:
         self.names: list[str] = []
+        self.counts: list[tuple] = []
 
     def op(self, name, layer=None):
         self.names.append(name)
         return nullcontext()
+
+    def count(self, name, layer, value):  # the experts touched, as a Recorder keeps them per step
+        self.counts.append((name, layer, value))
 
 
 @pytest.mark.parametrize("per_expert", [False, True], ids=["stacked", "per_expert"])

@@ -69,8 +69,9 @@ def test_run_directory_contract(run):
 
 def test_exact_cross_checks_pass(run):
     names = {c["name"]: c for c in run.run["checks"]}
-    assert set(names) == {"matmul FLOPs vs FlopCounterMode", "weight bytes vs parameters",
-                          "KV cache bytes vs cache storage"}
+    assert set(names) == {"matmul FLOPs vs FlopCounterMode", "decode-step matmul FLOPs vs FlopCounterMode",
+                          "weight bytes vs parameters", "decode-step weight bytes vs parameters read",
+                          "KV cache bytes vs cache storage", prof.JOIN_CHECK}
     assert all(c["passed"] for c in names.values()), names
 
 
