@@ -15,7 +15,7 @@ from llmperf.commands.simulate import (
     BlockOpt, ChunkOpt, FormatOpt, MaxBatchOpt, MemOpt, OutOpt, OutputOpt, PrefixOpt, PromptOpt, SeedOpt, SloPctOpt,
     SloTpotOpt, SloTtftOpt, SystemOpt, TokensOpt, _fmt_s, _length, _positive, check_serving_options,
 )
-from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS, OUTPUT_LEN, PROMPT_LEN
 from llmperf.errors import SpecError
 
 
@@ -120,8 +120,8 @@ def register(app: typer.Typer) -> None:
         slo_ttft: SloTtftOpt = None,
         slo_tpot: SloTpotOpt = None,
         slo_percentile: SloPctOpt = 90.0,
-        prompt_len: PromptOpt = "lognormal:6:0.8:16:4096",
-        output_len: OutputOpt = "lognormal:5:0.8:1:1024",
+        prompt_len: PromptOpt = PROMPT_LEN,
+        output_len: OutputOpt = OUTPUT_LEN,
         system_prompt_len: SystemOpt = 0,
         requests: Annotated[int | None, typer.Option("--requests", "-n", help="Requests of the first simulation of a load (default 500); given without --ci-tolerance, every simulation serves exactly this many (no stopping rule; the intervals are still shown).")] = None,
         ci_tolerance: Annotated[float | None, typer.Option("--ci-tolerance", help="Stop simulating a load when the confidence interval of each SLO percentile is within this fraction of it (default 0.05: +-5%); the requests double from --requests up to --max-requests.")] = None,

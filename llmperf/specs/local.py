@@ -5,7 +5,7 @@ It lives in the user's cache directory, `$XDG_CACHE_HOME/llmperf/local.yaml` (de
 `~/.cache/llmperf/local.yaml`, the XDG Base Directory convention), unless `llmperf calibrate -o`
 wrote it elsewhere (then pass that path). A file is accepted only if it says it was written by
 `llmperf calibrate` with a schema this version reads (`calibration.tool`, `calibration.schema_version`)
-and its `efficiency:` block parses (`llmperf.analysis.timemodel.parse_efficiency`, pure Python); a
+and its `efficiency:` block parses (`llmperf.specs.efficiency.parse_efficiency`); a
 corrupt or foreign file is refused with one line naming it.
 """
 
@@ -45,7 +45,7 @@ def check_calibration(data: dict[str, Any], origin: str) -> None:
     if cal.get("schema_version") != CALIBRATION_SCHEMA:
         raise SpecError(f"{origin}: calibration.schema_version {cal.get('schema_version')!r} is not "
                         f"{CALIBRATION_SCHEMA} (re-run `llmperf calibrate`)")
-    from llmperf.analysis.timemodel import parse_efficiency  # pure Python: no torch, no cycle at import
+    from llmperf.specs.efficiency import parse_efficiency
 
     parse_efficiency(data.get("efficiency"), f"{origin}: efficiency")
 

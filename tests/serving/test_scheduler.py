@@ -246,7 +246,7 @@ def test_a_real_clock_admits_requests_when_they_really_arrived():
     the loop's own time between steps delays nothing. Regression: the engine's scheduler clock summed
     step durations only, fell 0.24 s behind the wall clock over a 45 s run, and admitted every later
     request that much late (the engine's TTFT then carried the lag, the simulator's did not)."""
-    from llmperf.serving.validate import replay_durations
+    from llmperf.measure.validate import replay_durations
 
     def run(clock):
         reqs = [req(0, 4, 6), req(1, 4, 2, arrival=3.2)]

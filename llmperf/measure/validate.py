@@ -1,4 +1,4 @@
-"""`simulate --validate`: one workload through the real engine on this CPU and through the simulator
+"""`simulate --validate` (in `measure`: it runs the real engine): one workload through the real engine on this CPU and through the simulator
 with the calibrated local hardware, compared side by side.
 
 The engine (`llmperf.engine`, torch) serves a Llama-style model with seeded random weights larger than
@@ -10,7 +10,7 @@ scheduler settings and pool, each step priced by the calibrated time model of `-
 so nothing is fitted on what is compared).
 
 Compared: median and p90 of per-request TTFT and TPOT, output tokens/s over the run, and the number
-of preemptions; targets (issue 10): medians within 15%, p90 within 25%, preemptions within 20%.
+of preemptions; targets: medians within 15%, p90 within 25%, preemptions within 20%.
 A third run replays the engine's measured step durations through the simulator: with the same step
 times the two schedules must be identical step by step (`StepLog.decision()`), which separates
 scheduling differences (there should be none) from step-pricing errors.
@@ -24,14 +24,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from llmperf.defaults import VALIDATE_HARDWARE, VALIDATE_OUTPUT_LEN, VALIDATE_PROMPT_LEN
 from llmperf.errors import SpecError
 from llmperf.serving.simulator import ServingConfig, SimResult, saturated_rate, simulate, with_rate
 from llmperf.serving.workload import Workload, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 TARGETS = {"p50": 0.15, "p90": 0.25, "preemptions": 0.20, "throughput": 0.15}
 
@@ -277,27 +282,30 @@ def validation_table(report: ValidationReport):  # noqa: ANN201
     return t
 
 
-def run_validation_cli(*, model: str, rate: float | None, requests: int | None, prompt_len: str, output_len: str,
-                       seed: int, num_blocks: int | None, max_batched_tokens: int, chunked_prefill: bool,
-                       hardware: str, run_dir: Path | None, hidden: int = 1024, layers: int = 8) -> None:
+def run_validation_cli(*, model: str, rate: float | None, requests: int | None, prompt_len: str | None,
+                       output_len: str | None, seed: int, num_blocks: int | None, max_batched_tokens: int,
+                       chunked_prefill: bool, hardware: str | None, run_dir: Path | None, hidden: int = 1024,
+                       layers: int = 8, console: Console | None = None) -> None:
     """What `llmperf simulate --validate` runs. Defaults (sized for a quiet 2-core CPU, about a minute
-    of engine time): 60 requests, Poisson arrivals at `DEFAULT_LOAD` of the replica's simulated
-    service rate (a steady state; `--rate` sets one), prompts uniform 16-192, outputs uniform 8-64
-    tokens, a pool of 32 blocks of 16 tokens (at most two long requests at once: preemptions), chunked
-    prefill with the `--max-batched-tokens` budget."""
-    from llmperf.clitools import out_console
+    of engine time), each taken only where the option was not given (None): `hardware` `local` (the
+    calibration; a device without one is refused by name), 60 requests, Poisson arrivals at
+    `DEFAULT_LOAD` of the replica's simulated service rate (a steady state; `--rate` sets one),
+    prompts uniform 16-192, outputs uniform 8-64 tokens, a pool of 32 blocks of 16 tokens (at most two
+    long requests at once: preemptions), chunked prefill with the `--max-batched-tokens` budget.
+    `console`: where the table is printed (default: a rich console on stdout)."""
+    if console is None:
+        from rich.console import Console as _Console
+        console = _Console()
     if model not in ("llama-3.1-8b", "validation"):
         raise SpecError("--validate: runs its own scaled Llama-3.1-8B-architecture model; leave MODEL at its "
                         "default (llama-3.1-8b)")
-    if hardware == "a100-80gb-sxm":
-        hardware = "local"
-    hw = load_hardware(hardware)
+    hw = load_hardware(VALIDATE_HARDWARE if hardware is None else hardware)
     if not getattr(hw, "efficiency", None):
         raise SpecError(f"--hardware: {hw.name!r} carries no calibration; run `llmperf calibrate` first and "
                         "validate with --hardware local")
     spec = WorkloadSpec(arrival=f"poisson:{rate if rate is not None else 1.0!r}",
-                        prompt_len=prompt_len if prompt_len != "lognormal:6:0.8:16:4096" else "uniform:16:192",
-                        output_len=output_len if output_len != "lognormal:5:0.8:1:1024" else "uniform:8:64",
+                        prompt_len=VALIDATE_PROMPT_LEN if prompt_len is None else prompt_len,
+                        output_len=VALIDATE_OUTPUT_LEN if output_len is None else output_len,
                         num_requests=requests or 60, seed=seed)
     if spec.arrival.rate_per_s <= 0:
         raise SpecError("--rate: must be > 0")
@@ -306,16 +314,16 @@ def run_validation_cli(*, model: str, rate: float | None, requests: int | None, 
         config = _sim_config(net, hw, num_blocks or 32, 16, max_batched_tokens, chunked_prefill, "fp32")
         mu = saturated_rate(spec, config)
         spec = with_rate(spec, round(DEFAULT_LOAD * mu, 3))
-        out_console.print(f"rate: {spec.arrival.rate_per_s:.3g} requests/s, {DEFAULT_LOAD:.0%} of the "
-                          f"{mu:.3g} requests/s this replica serves flat out on {hw.name} (simulated; "
-                          "--rate sets another)")
+        console.print(f"rate: {spec.arrival.rate_per_s:.3g} requests/s, {DEFAULT_LOAD:.0%} of the "
+                      f"{mu:.3g} requests/s this replica serves flat out on {hw.name} (simulated; "
+                      "--rate sets another)")
     workload = generate(spec)
     report = run_validation(model=net, hardware=hw, workload=workload, num_blocks=num_blocks or 32,
                             max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill, seed=seed)
-    out_console.print(validation_table(report))
+    console.print(validation_table(report))
     if run_dir is not None:
         write_validation(report, run_dir)
 
 
-__all__ = ["Comparison", "TARGETS", "ValidationReport", "compare", "run_validation", "run_validation_cli",
-           "validation_model", "validation_table", "write_validation"]
+__all__ = ["Comparison", "DEFAULT_LOAD", "TARGETS", "ValidationReport", "compare", "run_validation", "run_validation_cli", "validation_model",
+           "validation_table", "write_validation"]

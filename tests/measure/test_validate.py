@@ -11,8 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from llmperf.serving.validate import run_validation, validation_model, write_validation  # noqa: E402
+from llmperf.measure.validate import run_validation, validation_model, write_validation  # noqa: E402
 from llmperf.serving.workload import WorkloadSpec, generate  # noqa: E402
+from llmperf.errors import SpecError  # noqa: E402
 from llmperf.specs import HardwareSpec  # noqa: E402
 
 EFF = {"schema_version": 3, "dtypes": {"fp32": {
@@ -52,8 +53,7 @@ def test_the_default_rate_is_a_steady_state_load(monkeypatch, tmp_path):
     """Without --rate the validation offers DEFAULT_LOAD of the replica's simulated service rate (the
     old fixed 2.5 req/s was just above this CPU's: a queue growing all run long); --rate is taken as
     given; a hardware without calibration is refused before anything runs."""
-    import llmperf.serving.validate as v
-    from llmperf.errors import SpecError
+    import llmperf.measure.validate as v
     from llmperf.serving.simulator import saturated_rate
 
     hw = HardwareSpec(name="local", vendor="cpu", peak_tflops={"fp32": 0.1}, memory_bandwidth_gbps=20, memory_gib=8,
@@ -69,8 +69,7 @@ def test_the_default_rate_is_a_steady_state_load(monkeypatch, tmp_path):
 
     monkeypatch.setattr(v, "run_validation", fake_run)
     monkeypatch.setattr(v, "load_hardware", lambda name: hw)
-    common = dict(model="llama-3.1-8b", requests=None, prompt_len="lognormal:6:0.8:16:4096",
-                  output_len="lognormal:5:0.8:1:1024", seed=0, num_blocks=None, max_batched_tokens=2048,
+    common = dict(model="llama-3.1-8b", requests=None, prompt_len=None, output_len=None, seed=0, num_blocks=None, max_batched_tokens=2048,
                   chunked_prefill=True, hardware="local", run_dir=None, hidden=64, layers=2)
     with pytest.raises(Stop):
         v.run_validation_cli(rate=None, **common)
@@ -87,3 +86,57 @@ def test_the_default_rate_is_a_steady_state_load(monkeypatch, tmp_path):
                                                                       memory_bandwidth_gbps=2000, memory_gib=80))
     with pytest.raises(SpecError, match="carries no calibration"):
         v.run_validation_cli(rate=None, **common)
+
+
+def _through_the_cli(monkeypatch, tmp_path, *args):
+    """`llmperf simulate --validate ARGS` up to the engine run: the hardware name it loads and the
+    workload it would serve (the engine run itself is replaced)."""
+    from typer.testing import CliRunner
+
+    import llmperf.measure.validate as v
+    from llmperf.cli import app
+    from llmperf.specs import load_hardware
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no calibration here
+    calibrated = HardwareSpec(name="local", vendor="cpu", peak_tflops={"fp32": 0.1}, memory_bandwidth_gbps=20,
+                              memory_gib=8, efficiency=EFF, calibration={"tool": "llmperf calibrate"})
+    seen: dict = {}
+
+    def hardware(name):
+        seen["hardware"] = name
+        return calibrated if name == "local" else load_hardware(name)
+
+    def engine_run(**kw):
+        seen["workload"] = kw["workload"]
+        raise SpecError("stopped before the engine")
+
+    monkeypatch.setattr(v, "load_hardware", hardware)
+    monkeypatch.setattr(v, "run_validation", engine_run)
+    result = CliRunner().invoke(app, ["simulate", "--validate", "--rate", "1", *args])
+    return result, seen
+
+
+def test_an_explicit_hardware_is_taken_as_given(monkeypatch, tmp_path):
+    """`-H a100-80gb-sxm` (the simulator's default device, given explicitly) was once silently replaced by
+    `local`: now it is the device validated against, and refused by name since it carries no calibration."""
+    result, seen = _through_the_cli(monkeypatch, tmp_path, "-H", "a100-80gb-sxm")
+    assert result.exit_code == 2, result.output
+    assert seen["hardware"] == "a100-80gb-sxm"
+    assert "'a100-80gb-sxm' carries no calibration" in result.output and "workload" not in seen
+
+
+def test_options_left_out_take_validates_own_defaults(monkeypatch, tmp_path):
+    result, seen = _through_the_cli(monkeypatch, tmp_path)
+    assert result.exit_code == 2 and "stopped before the engine" in result.output, result.output
+    assert seen["hardware"] == "local"
+    work = seen["workload"]
+    assert 16 <= work.prompt_tokens.min() and work.prompt_tokens.max() <= 192
+    assert 8 <= work.output_tokens.min() and work.output_tokens.max() <= 64
+
+
+def test_given_lengths_are_taken_as_given_even_when_they_equal_simulates_defaults(monkeypatch, tmp_path):
+    result, seen = _through_the_cli(monkeypatch, tmp_path, "--prompt-len", "lognormal:6:0.8:16:4096",
+                                    "--output-len", "300", "-n", "50")
+    assert "stopped before the engine" in result.output, result.output
+    work = seen["workload"]
+    assert (work.output_tokens == 300).all() and work.prompt_tokens.max() > 192
