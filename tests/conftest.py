@@ -32,6 +32,34 @@ settings.register_profile("llmperf", deadline=None, suppress_health_check=[Healt
 settings.load_profile("llmperf")
 
 
+@pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
+def umask(request):  # noqa: ANN001, ANN201
+    """Run the test under umask 022, then 077 (the modes of what llmperf writes follow it)."""
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
+    """An empty llmperf cache folder for one test (`LLMPERF_CACHE_DIR`: no calibration in it), created
+    only when llmperf writes to it. The CPU kernels the suite's cache already compiled are linked in,
+    so an engine run here does not compile them again (seconds); nothing else is shared."""
+    from llmperf.outputs import cache_dir
+
+    suite = cache_dir()
+    fresh = tmp_path / "llmperf-cache"
+    compiled = sorted(suite.glob("cpu_kernels-*.so")) if suite.is_dir() else []
+    if compiled:
+        fresh.mkdir()
+        for lib in compiled:
+            (fresh / lib.name).symlink_to(lib)
+    monkeypatch.setenv("LLMPERF_CACHE_DIR", str(fresh))
+    return fresh
+
+
 @pytest.fixture
 def tiny_llama() -> ModelSpec:
     return ModelSpec(name="tiny-llama", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,

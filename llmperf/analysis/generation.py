@@ -28,9 +28,16 @@ from llmperf.analysis.rollup import (
     rollup,
     sum_max_linear,
 )
-from llmperf.analysis.roofline import ROOFLINE, TimeModel, op_time, resolve_time_model, step_overhead_s
+from llmperf.analysis.roofline import (
+    ROOFLINE,
+    TimeModel,
+    op_time,
+    resolve_time_model,
+    step_overhead_s,
+)
 from llmperf.analysis.vocabulary import Phase
 from llmperf.errors import SpecError
+from llmperf.outputs import jsonable
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
 from llmperf.specs.precision import PER_CHANNEL
 
@@ -214,11 +221,7 @@ def _scalar(value: object) -> object:
     """A roll-up value of a one-row roll-up as a plain Python scalar (NaN -> None)."""
     if isinstance(value, np.ndarray):
         value = value.reshape(-1)[0]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value
+    return jsonable(value)
 
 
 def _int_or_none(value: object) -> int | None:

@@ -9,14 +9,12 @@ JSON document: `{"schema_version": 1, "configurations": [row, ...]}` plus, with 
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from llmperf.analysis.sweep import SCHEMA_VERSION
+from llmperf.outputs import json_text, jsonable
 
 #: column -> description (with its unit), in schema order
 COLUMNS: dict[str, str] = {
@@ -66,21 +64,10 @@ COLUMNS: dict[str, str] = {
 }
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-safe Python value: numpy scalars unwrapped, NaN / infinity / pandas NA -> None."""
-    if value is None or value is pd.NA:
-        return None
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows of `frame` as plain dicts (JSON-safe values)."""
     cols = list(frame.columns)
-    return [{c: _plain(v) for c, v in zip(cols, row)} for row in frame.itertuples(index=False, name=None)]
+    return [{c: jsonable(v) for c, v in zip(cols, row)} for row in frame.itertuples(index=False, name=None)]
 
 
 def document(frame: pd.DataFrame, ops: pd.DataFrame | None = None) -> dict[str, Any]:
@@ -92,8 +79,8 @@ def document(frame: pd.DataFrame, ops: pd.DataFrame | None = None) -> dict[str, 
 
 
 def to_json(frame: pd.DataFrame, ops: pd.DataFrame | None = None) -> str:
-    """Strict JSON (`allow_nan=False`): a NaN that slipped through is an error, never bare `NaN`."""
-    return json.dumps(document(frame, ops), indent=2, allow_nan=False)
+    """Strict JSON (`llmperf.outputs.json_text`): a missing value is null, never bare `NaN`."""
+    return json_text(document(frame, ops))
 
 
 def to_csv(frame: pd.DataFrame) -> str:

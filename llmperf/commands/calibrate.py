@@ -2,7 +2,7 @@
 
 Thin: parses options, runs `llmperf.measure.calibrate.calibrate` under a progress bar, renders the
 measured ceilings beside the datasheet's, and writes the YAML atomically (default: the user's cache
-directory, `$XDG_CACHE_HOME/llmperf/local.yaml`, so `--hardware local` works everywhere).
+folder, `local.yaml` in `llmperf.outputs.cache_dir()`, so `--hardware local` works everywhere).
 """
 
 from __future__ import annotations

@@ -5,14 +5,19 @@ and compares (`llmperf.measure.validate`)."""
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from llmperf.clitools import OutputFormat, err_console, out_console, refused_cleanly, write_output
+from llmperf.clitools import (
+    OutputFormat,
+    err_console,
+    out_console,
+    refused_cleanly,
+    write_output,
+)
 from llmperf.defaults import (
     DEFAULT_MAX_BATCHED_TOKENS,
     OUTPUT_LEN,
@@ -22,7 +27,6 @@ from llmperf.defaults import (
     VALIDATE_PROMPT_LEN,
 )
 from llmperf.errors import SpecError
-
 
 DEFAULT_HARDWARE = "a100-80gb-sxm"
 
@@ -421,7 +425,7 @@ def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202
 
 
 def _render(result, search, rates, output_format: OutputFormat, output, bound=None) -> None:  # noqa: ANN001
-    from llmperf.serving.rundir import jsonable
+    from llmperf.outputs import json_text
     s = result.summary()
     if bound is not None:
         s["bound"] = bound
@@ -434,7 +438,7 @@ def _render(result, search, rates, output_format: OutputFormat, output, bound=No
             doc["max_rate_capped"] = search.capped
             doc["max_rate_note"] = search.note
             doc["rates"] = rates.to_dict(orient="records")
-        write_output(json.dumps(jsonable(doc), indent=2), output)
+        write_output(json_text(doc), output)
         return
     if output_format is OutputFormat.csv:
         if rates is not None:

@@ -43,7 +43,14 @@ import pandas as pd
 
 from llmperf.analysis.attention_eff import PARAMS, AttentionEfficiency, AttnShape
 from llmperf.errors import SpecError
-from llmperf.measure.fitting import error_line, error_table, fit_main, nelder_mead, with_block
+from llmperf.measure.fitting import (
+    error_line,
+    error_table,
+    fit_main,
+    nelder_mead,
+    with_block,
+)
+from llmperf.outputs import write_file
 
 HARDWARE = "h100-sxm"
 KERNEL_SHAPE = dict(heads=32, kv_heads=8, head_dim=128)  # llmperf.measure.kernel_bench's H, H_KV, HEAD_DIM
@@ -272,7 +279,7 @@ def write_typical(path: Path | str, result: dict) -> None:
     block += [f"    {n}: {getattr(p, n):.4g}" + ("" if n in _fitted_names(result) else "   # prior, not fitted")
               for n in PARAMS]
     block += [f'    source: "fit_attention on {where}"']
-    path.write_text(with_block(text, "fit_attention", block, 5))
+    write_file(path, with_block(text, "fit_attention", block, 5), "--write")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmperf.outputs import write_file
+
 # (name, N, K): per-GPU projection shapes of models people serve (TP shards where named)
 GEMM_SHAPES: tuple[tuple[str, int, int], ...] = (
     ("llama3-8b.qkv", 6144, 4096), ("llama3-8b.o", 4096, 4096), ("llama3-8b.gate_up", 28672, 4096),
@@ -268,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     meta = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), device=describe_cuda(0),
                 versions=versions(), quick=a.quick)
-    (a.out / "meta.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
+    write_file(a.out / "meta.json", json.dumps(meta, indent=1, default=str) + "\n", "--out")
     parts = a.only.split(",")
     if "launch" in parts:
         _write(a.out / "launch.csv", measure_launch(torch, dev))

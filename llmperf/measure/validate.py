@@ -18,7 +18,6 @@ scheduling differences (there should be none) from step-pricing errors.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -31,7 +30,13 @@ import pandas as pd
 
 from llmperf.defaults import VALIDATE_HARDWARE, VALIDATE_OUTPUT_LEN, VALIDATE_PROMPT_LEN
 from llmperf.errors import SpecError
-from llmperf.serving.simulator import ServingConfig, SimResult, saturated_rate, simulate, with_rate
+from llmperf.serving.simulator import (
+    ServingConfig,
+    SimResult,
+    saturated_rate,
+    simulate,
+    with_rate,
+)
 from llmperf.serving.workload import Workload, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
 
@@ -240,7 +245,8 @@ def _first_divergence(engine_logs: list, sim_logs: list) -> int | None:
 def write_validation(report: ValidationReport, path: str | Path) -> Path:
     """The simulated run as a simulate run directory, plus the engine's run (engine/requests.csv,
     engine/steps.csv) and validation.json / validation.csv."""
-    from llmperf.serving.rundir import jsonable, prepare_dir, write_run_dir
+    from llmperf.outputs import json_text
+    from llmperf.serving.rundir import prepare_dir, write_run_dir
     sim = report.simulated
     d = prepare_dir(path)
     with d.transaction():
@@ -259,7 +265,7 @@ def write_validation(report: ValidationReport, path: str | Path) -> Path:
                    comparisons=frame.to_dict(orient="records"), schedule_identical=report.schedule_identical,
                    first_divergence=report.first_divergence, engine_wall_s=report.engine_wall_s,
                    sim_wall_s=report.sim_wall_s, engine_steps=len(report.engine_steps), sim_steps=len(sim.steps))
-        d.write("validation.json", json.dumps(jsonable(doc), indent=2) + "\n")
+        d.write("validation.json", json_text(doc) + "\n")
     return Path(d.shown)
 
 
@@ -275,7 +281,7 @@ def validation_table(report: ValidationReport):  # noqa: ANN201
         t.add_row(c.metric, f"{c.engine:.4g}", f"{c.simulator:.4g}", f"{c.rel_error:+.1%}",
                   "-" if c.target is None else f"±{c.target:.0%}", "-" if c.passed is None else
                   ("yes" if c.passed else "NO"))
-    t.caption = (f"schedule with the engine's step times: "
+    t.caption = ("schedule with the engine's step times: "
                  + ("identical, step by step" if report.schedule_identical else
                     f"DIVERGES at step {report.first_divergence}")
                  + f"; engine run {report.engine_wall_s:.1f} s wall, simulation {report.sim_wall_s:.2f} s")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from llmperf.errors import SpecError
+from llmperf.numeric import is_real
 
 Number = Any  # float or numpy array
 
@@ -65,7 +66,7 @@ class Curve:
     def parse(cls, raw: Any, where: str, x: str = "rows", what: str = "efficiency") -> Curve:
         """`x` names the abscissa in messages (rows, or bytes for `op_e_memory`); `what` the values
         ("efficiency": in (0, 1]; "seconds": in (0, 1), an overhead)."""
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):  # NaN: refused below, by value
             raw = [[1, raw]]
         if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
             raise SpecError(f"{where}: expected a number or a list of [{x}, value] pairs, got {raw!r}")
@@ -138,7 +139,7 @@ def parse_kinds(raw: Any, where: str) -> dict[str, KindTerms]:
 
 def check_seconds(value: Any, where: str) -> float:
     """`value` as seconds in [0, 1), else an error naming `where`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+    if not is_real(value) or not 0 <= value < 1:
         raise SpecError(f"{where}: must be seconds in [0, 1), got {value!r}")
     return float(value)
 
@@ -246,8 +247,7 @@ def gemm_terms(raw: Any, where: str) -> dict[str, Any]:
     for f in GEMM_FIELDS:
         v = raw.get(f)
         lo, closed, hi, what = GEMM_LIMITS[f]
-        ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v <= hi
-              and (v >= lo if closed else v > lo))
+        ok = is_real(v) and v <= hi and (v >= lo if closed else v > lo)
         if not ok:
             raise SpecError(f"{where}.{f}: must be {what}, got {v!r}")
         vals[f] = float(v)
@@ -276,7 +276,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     op_overheads = parse_op_overheads(raw.get("op_overhead_s") or {}, f"{where}.op_overhead_s")
     warm_overheads = parse_op_overheads(raw.get("op_overhead_warm_s") or {}, f"{where}.op_overhead_warm_s")
     warm_below = raw.get("warm_below_bytes", 0)
-    if isinstance(warm_below, bool) or not isinstance(warm_below, (int, float)) or not 0 <= warm_below < 1e15:
+    if not is_real(warm_below) or not 0 <= warm_below < 1e15:
         raise SpecError(f"{where}.warm_below_bytes: must be bytes >= 0, got {warm_below!r}")
     dtypes = raw.get("dtypes")
     if not isinstance(dtypes, Mapping) or not dtypes:
@@ -288,7 +288,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                     raise SpecError(f"{where}.dtypes.{d}.{kind}.floor_s: needs schema_version 4, "
                                     f"the file says {version}")
     step = raw.get("step_overhead_s", 0.0)
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 <= step < 1:
+    if not is_real(step) or not 0 <= step < 1:
         raise SpecError(f"{where}.step_overhead_s: must be seconds in [0, 1), got {step!r}")
     return dict(model=str(raw.get("model", "calibrated")), step_overhead_s=float(step),
                 source=str(raw.get("source", "")), overhead_mode=mode, op_overhead_s=op_overheads,
@@ -305,8 +305,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
 def check_attention_term(name: str, value: Any, where: str) -> None:
     """`value` is a finite number within `ATTENTION_PARAMS[name]`'s bounds, or an error naming `where.name`."""
     what, lo, hi = ATTENTION_PARAMS[name]
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not lo <= value <= hi):
+    if not is_real(value) or not lo <= value <= hi:
         raise SpecError(f"{where}.{name}: must be a number in [{lo:g}, {hi:g}] ({what}), got {value!r}")
 
 

@@ -53,6 +53,7 @@ def test_efficiencies_are_valid_and_spec_loads(cal, tmp_path):
 
 
 def test_local_is_read_from_the_cache_dir(cal, tmp_path, monkeypatch):
+    monkeypatch.delenv("LLMPERF_CACHE_DIR", raising=False)  # then the XDG folder
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(SpecError, match="run `llmperf calibrate` first"):
         load_hardware("local")
@@ -71,8 +72,7 @@ def test_local_is_read_from_the_cache_dir(cal, tmp_path, monkeypatch):
         "fp32": {"matmul": {"e_compute": 3.0}}}}}), "in \\(0, 1\\]"),
     (lambda text, m: yaml.safe_dump({**m, "memory_bandwidth_gbps": -1}), "memory_bandwidth_gbps"),
 ])
-def test_corrupt_or_foreign_calibration_is_named_and_refused(cal, tmp_path, monkeypatch, mutate, message):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_corrupt_or_foreign_calibration_is_named_and_refused(cal, fresh_cache, mutate, message):
     mapping = cal.to_mapping()
     path = local_path()
     write_yaml(mapping, path)

@@ -88,7 +88,7 @@ def test_the_default_rate_is_a_steady_state_load(monkeypatch, tmp_path):
         v.run_validation_cli(rate=None, **common)
 
 
-def _through_the_cli(monkeypatch, tmp_path, *args):
+def _through_the_cli(monkeypatch, *args):
     """`llmperf simulate --validate ARGS` up to the engine run: the hardware name it loads and the
     workload it would serve (the engine run itself is replaced)."""
     from typer.testing import CliRunner
@@ -97,7 +97,6 @@ def _through_the_cli(monkeypatch, tmp_path, *args):
     from llmperf.cli import app
     from llmperf.specs import load_hardware
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no calibration here
     calibrated = HardwareSpec(name="local", vendor="cpu", peak_tflops={"fp32": 0.1}, memory_bandwidth_gbps=20,
                               memory_gib=8, efficiency=EFF, calibration={"tool": "llmperf calibrate"})
     seen: dict = {}
@@ -116,17 +115,17 @@ def _through_the_cli(monkeypatch, tmp_path, *args):
     return result, seen
 
 
-def test_an_explicit_hardware_is_taken_as_given(monkeypatch, tmp_path):
+def test_an_explicit_hardware_is_taken_as_given(monkeypatch, fresh_cache):
     """`-H a100-80gb-sxm` (the simulator's default device, given explicitly) was once silently replaced by
     `local`: now it is the device validated against, and refused by name since it carries no calibration."""
-    result, seen = _through_the_cli(monkeypatch, tmp_path, "-H", "a100-80gb-sxm")
+    result, seen = _through_the_cli(monkeypatch, "-H", "a100-80gb-sxm")
     assert result.exit_code == 2, result.output
     assert seen["hardware"] == "a100-80gb-sxm"
     assert "'a100-80gb-sxm' carries no calibration" in result.output and "workload" not in seen
 
 
-def test_options_left_out_take_validates_own_defaults(monkeypatch, tmp_path):
-    result, seen = _through_the_cli(monkeypatch, tmp_path)
+def test_options_left_out_take_validates_own_defaults(monkeypatch, fresh_cache):
+    result, seen = _through_the_cli(monkeypatch)
     assert result.exit_code == 2 and "stopped before the engine" in result.output, result.output
     assert seen["hardware"] == "local"
     work = seen["workload"]
@@ -134,8 +133,8 @@ def test_options_left_out_take_validates_own_defaults(monkeypatch, tmp_path):
     assert 8 <= work.output_tokens.min() and work.output_tokens.max() <= 64
 
 
-def test_given_lengths_are_taken_as_given_even_when_they_equal_simulates_defaults(monkeypatch, tmp_path):
-    result, seen = _through_the_cli(monkeypatch, tmp_path, "--prompt-len", "lognormal:6:0.8:16:4096",
+def test_given_lengths_are_taken_as_given_even_when_they_equal_simulates_defaults(monkeypatch, fresh_cache):
+    result, seen = _through_the_cli(monkeypatch, "--prompt-len", "lognormal:6:0.8:16:4096",
                                     "--output-len", "300", "-n", "50")
     assert "stopped before the engine" in result.output, result.output
     work = seen["workload"]
