@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import secrets
 import signal
 import stat
 import sys
@@ -44,6 +43,13 @@ from typing import IO, Any
 from llmperf.errors import SpecError
 
 STDOUT = "-"
+
+
+def _token_hex(nbytes: int) -> str:
+    """Random hex for a temporary name (`secrets`, imported on the first write: start-up pays nothing)."""
+    import secrets
+
+    return secrets.token_hex(nbytes)
 
 
 def cache_dir() -> Path:
@@ -320,7 +326,7 @@ def _create_temporary(folder: Path, final_len: int, file: FileTarget) -> tuple[P
     exclusively with mode 0666 (the umask applies, as for any new file)."""
     length = max(8, min(final_len, 16))
     for _ in range(100):
-        path = folder / ("." + secrets.token_hex(8))[:length]
+        path = folder / ("." + _token_hex(8))[:length]
         try:
             return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         except FileExistsError:
@@ -544,7 +550,7 @@ def _remove_ours(folder: Path, ours: Callable[[str], bool]) -> None:
 def _temporary_folder(parent: Path, f: FolderTarget, *, create: bool = True) -> Path:
     length = max(8, min(len(os.fsencode(f.path.name)), 16))
     for _ in range(100):
-        path = parent / ("." + secrets.token_hex(8))[:length]
+        path = parent / ("." + _token_hex(8))[:length]
         if not create:
             if not os.path.lexists(path):
                 return path

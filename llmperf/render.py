@@ -7,7 +7,8 @@ onto a second line instead of ending in an ellipsis).
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -16,6 +17,9 @@ from llmperf import format as fmt
 from llmperf.analysis import GenerationEstimate, PhaseEstimate
 from llmperf.specs import list_hardware, list_models, load_hardware, load_model
 from llmperf.specs.kvcache import KVCacheSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -282,6 +286,8 @@ def frame_table(frame: pd.DataFrame, title: str) -> Table:
 
 
 def models_frame() -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for name in list_models():
         m = load_model(name)
@@ -295,6 +301,8 @@ def models_frame() -> pd.DataFrame:
 
 
 def hardware_frame() -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for name in list_hardware():
         h = load_hardware(name)

@@ -592,7 +592,9 @@ def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX, ways: i
     lo_a, hi_a = np.full(size, float(lo)), np.full(size, float(hi))
     # first a doubling bracket, lo + 2^j - 1 up to hi (hi last: whether any n works), in one call:
     # answers are usually far below hi, so the linear steps then start from a span near the answer
-    geo = np.unique(np.minimum(lo + 2.0 ** np.arange(0, int(np.ceil(np.log2(hi - lo + 1))) + 1) - 1, hi))
+    # (sorted and deduplicated without np.unique, whose masked-array check imports numpy.ma: start-up time)
+    geo = np.array(sorted(set(np.minimum(lo + 2.0 ** np.arange(0, int(np.ceil(np.log2(hi - lo + 1))) + 1) - 1,
+                                         hi).tolist())))
     pts = np.broadcast_to(geo, (size, geo.size))
     up = np.asarray(pred(pts), dtype=bool).reshape(size, geo.size)
     ok = up[:, -1]
