@@ -28,10 +28,19 @@ import typer
 from rich.console import Console
 
 from llmperf.clitools import (
-    AttentionImpl, OutputFormat, check_output, fail, out_console, parse_int_list, parse_name_list, warn, write_output,
+    AttentionImpl,
+    OutputFormat,
+    check_output,
+    fail,
+    out_console,
+    parse_int_list,
+    parse_name_list,
+    warn,
+    write_output,
 )
 from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
+
 
 def _one_line_usage_error(exc) -> None:  # noqa: ANN001
     """typer draws a usage error (an unknown option, an option that is not a number, a format
@@ -311,8 +320,11 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table, output: Outpu
 
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
-from llmperf.commands import calibrate as _calibrate, profile as _profile, report as _report  # noqa: E402
-from llmperf.commands import plan as _plan, simulate as _simulate  # noqa: E402
+from llmperf.commands import calibrate as _calibrate  # noqa: E402
+from llmperf.commands import plan as _plan  # noqa: E402
+from llmperf.commands import profile as _profile
+from llmperf.commands import report as _report
+from llmperf.commands import simulate as _simulate
 
 for _command in (_calibrate, _profile, _simulate, _report, _plan):
     _command.register(app)

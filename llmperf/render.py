@@ -216,7 +216,8 @@ _SWEEP_KEYS = {"model": ("model", str), "hardware": ("device", str), "precision"
                "prompt_len": ("prompt", fmt.count), "gen_len": ("gen", fmt.count),
                "time_model": ("time model", str), "engine": ("engine", str)}
 _SWEEP_VALUES = {
-    "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds), "tpot_bound_s": ("bound", fmt.seconds), "tokens_per_s": ("tok/s", lambda v: f"{v:,.0f}"),
+    "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds), "tpot_bound_s": ("bound", fmt.seconds),
+    "tokens_per_s": ("tok/s", lambda v: f"{v:,.0f}"),
     "decode_bound": ("decode", str), "total_gib": ("GiB", lambda v: f"{v:.1f}"),
     "fits": ("fits", lambda v: "yes" if v else "NO"), "max_batch": ("max b", fmt.count),
 }

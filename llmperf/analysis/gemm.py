@@ -18,15 +18,15 @@ wave quantisation; Kerr et al., CUTLASS, split-K). The model, per tile configura
 
 and the GEMM takes the best configuration of a small set (128x256, 128x128, 64x128, 64x64, 16x128
 tiles; split-K 2-16 where the unsplit tiles leave SMs idle and each split keeps at least 256 of K), as
-cuBLAS's heuristics pick a kernel per shape. The four fitted terms (`GemmParams`) are properties of how well kernels use a GPU, not of
-one GPU, so the same terms price a device known only from its datasheet (peak for the dtype, HBM
-bandwidth, SM count): `e_peak` (the large-GEMM plateau), `e_memory` (weights streamed at small M),
+cuBLAS's heuristics pick a kernel per shape. The four fitted terms (`GemmParams`) are properties of how well
+kernels use a GPU, not of one GPU, so the same terms price a device known only from its datasheet (peak for the
+dtype, HBM bandwidth, SM count): `e_peak` (the large-GEMM plateau), `e_memory` (weights streamed at small M),
 `latency_s` (a kernel's fixed device time: a tiny GEMM's floor) and `feed_flop_per_byte` (the operand
 intensity a tile needs to keep its SM's matrix units busy; the feed is tied to the SM's matrix rate,
 not to HBM, because the on-chip feeds (shared memory, L2) grow with the matrix units from one GPU
 generation to the next). The L2 capacity is not used: the model assumes (as the swizzled tile order of
-cuBLAS-class kernels arranges) that operands re-read by several tiles come from L2, not HBM. Fitted by `python -m llmperf.measure.fit_gemm`
-(`typical.yaml`'s `gemm:`).
+cuBLAS-class kernels arranges) that operands re-read by several tiles come from L2, not HBM. Fitted by
+`python -m llmperf.measure.fit_gemm` (`typical.yaml`'s `gemm:`).
 
 Every argument may be a numpy array (broadcast together): a sweep prices its 10,000 rows in one call.
 The time never depends on anything but the shape, so a decode step's GEMMs are flat in the context.

@@ -408,7 +408,8 @@ class EngineProfile:
                 raise SpecError(f"{at}: expected a mapping with step_overhead_s and cuda_graph, got {terms!r}")
             if not isinstance(terms["cuda_graph"], bool):
                 raise SpecError(f"{at}.cuda_graph: must be true or false, got {terms['cuda_graph']!r}")
-            phases[phase] = EnginePhase(step_overhead_s=check_seconds(terms["step_overhead_s"], f"{at}.step_overhead_s"),
+            phases[phase] = EnginePhase(step_overhead_s=check_seconds(terms["step_overhead_s"],
+                                                                      f"{at}.step_overhead_s"),
                                         cuda_graph=terms["cuda_graph"])
         if any(p.cuda_graph for p in phases.values()) and not graph_max:
             raise SpecError(f"{where}.graph_max_batch: a CUDA-graph phase needs the largest batch it captures")

@@ -34,9 +34,9 @@ def resolve_device(device: str) -> str:
 
 def expected_ticks(s: Any) -> int:
     attn = len(s.attn_decode) + len(s.attn_prefill)
-    from llmperf.measure.calibrate import op_overhead_backends
-
     import torch
+
+    from llmperf.measure.calibrate import op_overhead_backends
     dev = torch.device(s.device)
     # per backend; a CPU measures each twice (cold caches, then warm)
     backends = len(op_overhead_backends(dev)) * (2 if dev.type == "cpu" else 1) if s.op_overhead else 0

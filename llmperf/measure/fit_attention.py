@@ -27,7 +27,8 @@ Held out (the split is printed):
 - sweep: fitted on GQA groups 1 and 8 (MHA and 32 query / 4 KV heads; every head dim) at contexts up
   to 8k; predicts group 4 (decode's only grouped rows: decode is fitted on MHA alone) and contexts
   above 8k. Another device's sweep beside it (`attention-<hardware>.csv`, or another `gpu_terms` run's
-  `attention.csv` in the folder beside, e.g. `reports/gpu-terms/2026-11-25-h200/`) is predicted too, from that device's datasheet alone (held out: a device never fitted).
+  `attention.csv` in the folder beside, e.g. `reports/gpu-terms/2026-11-25-h200/`) is predicted too, from that device's
+  datasheet alone (held out: a device never fitted).
 Errors are the median and p90 of |pred / meas - 1| by phase; the in-sample rows are labelled so.
 Trained on llmperf's own H100 measurements only; no published benchmark was fitted.
 """
@@ -239,7 +240,8 @@ def run(path: Path | str) -> dict:
         except (ValueError, KeyError, SpecError):
             continue
         out["errors"][f"device_{hw}"] = errors(d, pred)
-        out["labels"][f"device_{hw}"] = f"held out: {other.parent.name}/{other.name}, another device ({hw}, its datasheet only)"
+        out["labels"][f"device_{hw}"] = (f"held out: {other.parent.name}/{other.name}, another device ({hw}, "
+                                         "its datasheet only)")
     return out
 
 

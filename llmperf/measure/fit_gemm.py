@@ -212,7 +212,8 @@ def gemm_block(result: dict) -> str:
              f"  e_peak: {p.e_peak:.3g}        # the large-GEMM plateau, a fraction of the dtype's dense peak",
              f"  e_memory: {p.e_memory:.3g}      # weights streamed at small M, a fraction of the HBM bandwidth",
              f"  latency_s: {p.latency_s:.3g}  # a GEMM kernel's fixed device time (a tiny GEMM's floor)",
-             f"  feed_flop_per_byte: {p.feed_flop_per_byte:.3g}  # the operand intensity a tile needs to keep its SM busy",
+             f"  feed_flop_per_byte: {p.feed_flop_per_byte:.3g}  "
+             "# the operand intensity a tile needs to keep its SM busy",
              f"  source: \"{p.source}\""]
     return "\n".join(lines)
 

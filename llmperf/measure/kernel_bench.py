@@ -1,4 +1,6 @@
-"""Benchmark the attention kernels against the roofline: `python -m llmperf.measure.kernel_bench [--out DIR] [--dry-run]`.
+"""Benchmark the attention kernels against the roofline: `python -m llmperf.measure.kernel_bench`.
+
+Options: `[--out DIR] [--dry-run]`.
 
 On a CUDA device, times each kernel with `triton.testing.do_bench` (median; L2 flushed between runs)
 over Llama-3-8B-like attention (32 query / 8 KV heads, head dim 128), batch 1..64, context 512..32k:
@@ -280,7 +282,7 @@ def copy_bandwidth_bytes_per_s(device) -> float:
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     ms = _bench_ms(lambda: dst.copy_(src))
-    del src, dst
+    src = dst = None  # freed now (a `del` would unbind what the timed lambdas close over)
     return 2 * COPY_BYTES / (ms * 1e-3)
 
 

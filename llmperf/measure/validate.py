@@ -1,5 +1,5 @@
-"""`simulate --validate` (in `measure`: it runs the real engine): one workload through the real engine on this CPU and through the simulator
-with the calibrated local hardware, compared side by side.
+"""`simulate --validate` (in `measure`: it runs the real engine): one workload through the real engine on
+this CPU and through the simulator with the calibrated local hardware, compared side by side.
 
 The engine (`llmperf.engine`, torch) serves a Llama-style model with seeded random weights larger than
 the CPU's caches (so decode streams its weights from memory, as on a GPU), Poisson arrivals in real
@@ -71,7 +71,9 @@ class Comparison:
 
     @property
     def rel_error(self) -> float:
-        return (self.simulator - self.engine) / self.engine if self.engine else (0.0 if not self.simulator else math.inf)
+        if not self.engine:
+            return 0.0 if not self.simulator else math.inf
+        return (self.simulator - self.engine) / self.engine
 
     @property
     def passed(self) -> bool | None:
@@ -331,5 +333,6 @@ def run_validation_cli(*, model: str, rate: float | None, requests: int | None, 
         write_validation(report, run_dir)
 
 
-__all__ = ["Comparison", "DEFAULT_LOAD", "TARGETS", "ValidationReport", "compare", "run_validation", "run_validation_cli", "validation_model",
+__all__ = ["Comparison", "DEFAULT_LOAD", "TARGETS", "ValidationReport", "compare", "run_validation",
+           "run_validation_cli", "validation_model",
            "validation_table", "write_validation"]

@@ -83,7 +83,8 @@ class ServingConfig:
     (every layer the whole context); `MemoryPlan` says which the pool does.
 
     Defaults follow vLLM's online serving: continuous batching, chunked prefill with a budget of
-    `DEFAULT_MAX_BATCHED_TOKENS` (8192, as `estimate`) tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
+    `DEFAULT_MAX_BATCHED_TOKENS` (8192, as `estimate`) tokens per step, at most 256 sequences, 16-token blocks, 90% of
+    device memory, prefix caching.
     `efficiency`: the time model ("auto": the expected time, `typical` on a GPU, the calibration a
     `--hardware local` spec carries on a CPU; `llmperf.analysis.timemodel.default_efficiency`), or pass
     `time_model` directly; `engine`: the GPU serving stack's profile pricing its host terms (None: the

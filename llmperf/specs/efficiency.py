@@ -266,7 +266,8 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
         raise SpecError(f"{where}.schema_version: expected one of {', '.join(map(str, READABLE_SCHEMAS))}, "
                         f"got {version!r}")
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
-                          (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}), (5, {"gemm", "attention_eff"})):
+                          (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}),
+                          (5, {"gemm", "attention_eff"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")

@@ -3,7 +3,8 @@ hardware name is (`--hardware local`).
 
 It lives in llmperf's cache folder as `local.yaml` (`llmperf.outputs.cache_dir`: `$LLMPERF_CACHE_DIR`,
 else `$XDG_CACHE_HOME/llmperf`, else `~/.cache/llmperf`, the folder the compiled CPU kernels share),
-unless `llmperf calibrate -o` wrote it elsewhere (then pass that path). A file is accepted only if it says it was written by
+unless `llmperf calibrate -o` wrote it elsewhere (then pass that path). A file is accepted only if it says it was
+written by
 `llmperf calibrate` with a schema this version reads (`calibration.tool`, `calibration.schema_version`)
 and its `efficiency:` block parses (`llmperf.specs.efficiency.parse_efficiency`); a
 corrupt or foreign file is refused with one line naming it.

@@ -9,9 +9,9 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmperf.commands.bench_todays import Timing, bench, main, report
 from llmperf.analysis.rollup import first_true_array
 from llmperf.analysis.sweep import estimates_frame, sweep, sweep_estimates
+from llmperf.commands.bench_todays import Timing, bench, main, report
 
 
 def test_bench_runs_on_tiny_sizes():

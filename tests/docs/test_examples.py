@@ -10,9 +10,8 @@ import re
 import traceback
 
 import pytest
-from typer.testing import CliRunner
-
 from docblocks import DOCS, NORUN, ROOT, SHELL_LANGS, Block, blocks, pages, shell_commands
+from typer.testing import CliRunner
 
 PAGES = pages()
 

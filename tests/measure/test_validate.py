@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+from llmperf.errors import SpecError  # noqa: E402
 from llmperf.measure.validate import run_validation, validation_model, write_validation  # noqa: E402
 from llmperf.serving.workload import WorkloadSpec, generate  # noqa: E402
-from llmperf.errors import SpecError  # noqa: E402
 from llmperf.specs import HardwareSpec  # noqa: E402
 
 EFF = {"schema_version": 3, "dtypes": {"fp32": {
@@ -69,7 +69,8 @@ def test_the_default_rate_is_a_steady_state_load(monkeypatch, tmp_path):
 
     monkeypatch.setattr(v, "run_validation", fake_run)
     monkeypatch.setattr(v, "load_hardware", lambda name: hw)
-    common = dict(model="llama-3.1-8b", requests=None, prompt_len=None, output_len=None, seed=0, num_blocks=None, max_batched_tokens=2048,
+    common = dict(model="llama-3.1-8b", requests=None, prompt_len=None, output_len=None, seed=0, num_blocks=None,
+                  max_batched_tokens=2048,
                   chunked_prefill=True, hardware="local", run_dir=None, hidden=64, layers=2)
     with pytest.raises(Stop):
         v.run_validation_cli(rate=None, **common)

@@ -101,7 +101,8 @@ def test_recompute_restores_the_fork_structure():
     # A 3-sample request is preempted after decoding; it comes back as one prompt + 3 forks.
     kv = BlockManager(10, 4)
     s = Scheduler(kv, FakeRunner({0: 8, 1: 12}), SchedulerConfig(watermark=0.0))
-    b, a = s.add(req(1, 4, 12)), s.add(req(0, 8, 8, width=3))
+    s.add(req(1, 4, 12))
+    a = s.add(req(0, 8, 8, width=3))
     while not a.preemptions and s.step():
         pass
     assert a.preemptions == 1 and s.waiting[0] is a
