@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from llmperf.measure.startup import Timing as RunTimes
 
 ESTIMATE_MODELS = ("llama-3.1-8b", "deepseek-v3", "gpt-oss-120b", "llama-4-maverick")
 SWEEP_MODELS = ("llama-3.1-70b", "deepseek-v3", "gpt-oss-120b", "qwen3-235b-a22b")
@@ -36,25 +37,11 @@ SWEEP_DEVICES = ("a10", "a100-40gb-sxm", "a100-80gb-pcie", "a100-80gb-sxm", "b20
 
 
 @dataclass(frozen=True, kw_only=True)
-class Timing:
-    """Wall seconds of one model's runs (in the order they ran)."""
+class Timing(RunTimes):
+    """Wall seconds of one model's runs (in the order they ran), and how many configurations a run covers."""
 
-    what: str
     model: str
     configurations: int
-    seconds: tuple[float, ...]
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def min_s(self) -> float:
-        return min(self.seconds)
-
-    @property
-    def max_s(self) -> float:
-        return max(self.seconds)
 
 
 def _interleaved(what: str, models: Sequence[str], run: Callable[[str], int], repeats: int) -> list[Timing]:

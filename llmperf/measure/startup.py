@@ -31,7 +31,7 @@ COMMAND = ("estimate", "llama-2-7b")
 
 @dataclass(frozen=True, kw_only=True)
 class Timing:
-    """Wall seconds of one command's runs, in the order they ran, and the CPU seconds of each."""
+    """Wall seconds of the runs of one thing timed, in the order they ran, and the CPU seconds of each (if measured)."""
 
     what: str
     seconds: tuple[float, ...]
