@@ -22,9 +22,10 @@ if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hypothesis import HealthCheck, settings
-from suite_markers import NEEDS, SLOW
 
 from llmperf.specs import HardwareSpec, ModelSpec
+
+from suite_markers import NEEDS, SLOW
 
 # No test depends on how fast or busy the machine is: hypothesis's per-example deadline (200 ms) and
 # its "too slow" health check are timings, so they are off for every property test, including one

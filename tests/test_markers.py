@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from suite_markers import NEEDS, SLOW
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from docblocks import DOCS, ROOT
 
 griffe = pytest.importorskip("griffe", reason="the docs need griffe (pip install -e '.[test]')")

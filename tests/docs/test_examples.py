@@ -10,8 +10,9 @@ import re
 import traceback
 
 import pytest
-from docblocks import DOCS, NORUN, ROOT, SHELL_LANGS, Block, blocks, pages, shell_commands
 from typer.testing import CliRunner
+
+from docblocks import DOCS, NORUN, ROOT, SHELL_LANGS, Block, blocks, pages, shell_commands
 
 PAGES = pages()
 

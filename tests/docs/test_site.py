@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+
 from docblocks import DOCS, ROOT
 
 pytest.importorskip("mkdocs", reason="the docs need mkdocs (pip install -e '.[test]')")

@@ -22,9 +22,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from report_testing import write_profile, write_simulate
 
 from llmperf.report import build_report
+
+from report_testing import write_profile, write_simulate
 
 HOSTILE = "<script>alert(1)</script>"
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from report_testing import write_profile, write_simulate
 
 from llmperf.errors import SpecError
 from llmperf.report import EstimateSpec, build_report, files_folder
+
+from report_testing import write_profile, write_simulate
 
 HOSTILE = "<script>alert(1)</script>"
 

@@ -9,10 +9,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from report_testing import write_profile, write_simulate
 from typer.testing import CliRunner
 
 from llmperf.cli import app
+
+from report_testing import write_profile, write_simulate
 
 runner = CliRunner()
 ROOT = Path(__file__).parents[2]

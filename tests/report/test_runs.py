@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from report_testing import write_profile, write_simulate
 
 from llmperf.errors import SpecError
 from llmperf.report import load_profile, load_run, load_simulate
 from llmperf.report.sources import profile_section, simulate_section, slo_targets
+
+from report_testing import write_profile, write_simulate
 
 
 def test_profile_round_trip(tmp_path: Path) -> None:
