@@ -5,9 +5,10 @@
    notebooks are served as files under `notebooks/`. A page in `docs/` links to them as GitHub does,
    `../reports/<topic>/README.md`, and the link is rewritten here to the page in the site, so the same
    Markdown reads right on GitHub and in the strict build (which fails if the report is missing).
-2. `<!-- llmperf-cli: NAME -->` (outside a code span) in a page is replaced by the options table of `llmperf NAME`, read from
-   the typer app at build time (each option, its metavar, help and default, as `--help` prints them), so
-   the tables never drift from the code. A group (`llmperf NAME SUB`) gets one table per subcommand.
+2. `<!-- llmperf-cli: NAME -->` (outside a code span) in a page is replaced by the options table of
+   `llmperf NAME`, read from the typer app at build time (each option, its metavar, help and default, as
+   `--help` prints them), so the tables never drift from the code. A group (`llmperf NAME SUB`) gets one
+   table per subcommand.
 3. After the build, a command of `llmperf` that no page shows is a warning, so the strict build fails
    until the command is documented.
 4. `<!-- llmperf-columns: MODULE.NAME -->` is replaced by the names the code declares in that constant:
@@ -92,7 +93,8 @@ def _first_heading(path: Path) -> str | None:
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001
     """Rewrite links into `reports/` and `notebooks/`; expand the CLI markers."""
     src_uri = page.file.src_uri
-    if not src_uri.startswith(tuple(root + "/" for root in INCLUDED_ROOTS)):  # a page of docs/: it sits in the repository at docs/<src_uri>
+    # a page of docs/: it sits in the repository at docs/<src_uri>
+    if not src_uri.startswith(tuple(root + "/" for root in INCLUDED_ROOTS)):
         markdown = LINK.sub(lambda m: _rewrite_link(m, src_uri), markdown)
     markdown = OUTPUT_MARKER.sub(lambda m: _output(m.group(1), src_uri), markdown)
     markdown = COLUMNS_MARKER.sub(lambda m: _columns(m.group(1), src_uri, m.group(2)), markdown)

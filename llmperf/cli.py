@@ -20,6 +20,7 @@ if _MAIN and _SIGINT_BEFORE is signal.default_int_handler:
     signal.signal(signal.SIGINT, _quiet_interrupt)
 
 import os  # noqa: E402
+import types  # noqa: E402
 import warnings  # noqa: E402
 from typing import Annotated
 
@@ -27,10 +28,19 @@ import typer
 from rich.console import Console
 
 from llmperf.clitools import (
-    AttentionImpl, OutputFormat, check_output, fail, out_console, parse_int_list, parse_name_list, warn, write_output,
+    AttentionImpl,
+    OutputFormat,
+    check_output,
+    fail,
+    out_console,
+    parse_int_list,
+    parse_name_list,
+    warn,
+    write_output,
 )
 from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
+
 
 def _one_line_usage_error(exc) -> None:  # noqa: ANN001
     """typer draws a usage error (an unknown option, an option that is not a number, a format
@@ -42,12 +52,33 @@ def _one_line_usage_error(exc) -> None:  # noqa: ANN001
     fail(f"{message}{where}")
 
 
-try:  # typer's own renderer of usage errors; a typer without it keeps its default (still exit 2)
-    import typer.rich_utils as _typer_rich  # noqa: E402
-except ImportError:  # pragma: no cover - typer built without rich
-    _typer_rich = None
-if _typer_rich is not None and hasattr(_typer_rich, "rich_format_error"):
-    _typer_rich.rich_format_error = _one_line_usage_error
+class _RichUtilsOnDemand(types.ModuleType):
+    """Stands in for `typer.rich_utils` until typer needs more of it than the renderer of usage errors.
+
+    typer imports that module (`from . import rich_utils`, which finds this attribute of `typer`) only
+    to show help or an error, and it costs start-up tens of milliseconds (rich's markdown, syntax and
+    traceback modules); importing it here to replace its `rich_format_error` made every command pay
+    that. Its usage-error renderer is ours from the start; any other name imports the real module
+    (which then replaces this stand-in as `typer.rich_utils`), patched the same way."""
+
+    def __init__(self) -> None:
+        super().__init__("typer.rich_utils")
+        self.rich_format_error = _one_line_usage_error
+
+    def __getattr__(self, name: str) -> object:
+        import importlib
+
+        real = importlib.import_module("typer.rich_utils")
+        if hasattr(real, "rich_format_error"):
+            real.rich_format_error = _one_line_usage_error
+        return getattr(real, name)
+
+
+if "typer.rich_utils" in sys.modules:  # already loaded (a test, a host program): patch it in place
+    if hasattr(sys.modules["typer.rich_utils"], "rich_format_error"):
+        sys.modules["typer.rich_utils"].rich_format_error = _one_line_usage_error
+else:
+    typer.rich_utils = _RichUtilsOnDemand()
 
 app = typer.Typer(
     name="llmperf", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -65,42 +96,32 @@ def _render_single(est, per_op: bool, console: Console) -> None:  # noqa: ANN001
                                 width=console.width))
 
 
-def _ops_of(models: list[str], devices: list[str], options: dict) -> tuple[list, object]:
-    """An estimate (the same numbers as its row) and its per-operator rows, for every configuration."""
+def _ops_frame(estimates: list):  # noqa: ANN202
+    """Every configuration's per-operator rows (prefill and first decode step), numbered in order."""
     import pandas as pd
 
-    from llmperf.analysis.sweep import sweep_estimates
-    ests = sweep_estimates(models, devices, **options)
     parts = []
-    for index, est in enumerate(ests):
+    for index, est in enumerate(estimates):
         ops = est.ops_frame()
         ops.insert(0, "configuration", index)
         parts.append(ops)
-    return ests, pd.concat(parts, ignore_index=True)
+    return pd.concat(parts, ignore_index=True)
 
 
-def _renumber(frames: list):  # noqa: ANN202
-    """Per-operator frames of consecutive sweep parts, their `configuration` indices made global."""
-    import pandas as pd
-
-    offset, out = 0, []
-    for f in frames:
-        out.append(f.assign(configuration=f["configuration"] + offset))
-        offset += int(f["configuration"].max()) + 1 if len(f) else 0
-    return pd.concat(out, ignore_index=True)
-
-
-def _warn_unfit(frame) -> None:  # noqa: ANN001
-    """A configuration that does not fit is an answer (exit 0), flagged in the output and here."""
-    bad = frame[~frame["fits"].astype(bool)]
-    if bad.empty:
+def _warn_unfit(rows: list[dict]) -> None:
+    """A configuration that does not fit is an answer (exit 0), flagged in the output and here. `rows`:
+    the result rows (a frame's records, or the estimates' summaries: the same fields)."""
+    bad = [r for r in rows if not bool(r["fits"])]
+    if not bad:
         return
-    if len(frame) == 1:
-        r = bad.iloc[0]
-        warn(f"does not fit: {r.model} on {r.hardware}, batch {r.batch} x {r.prompt_len + r.gen_len} tokens needs "
-             f"{r.total_gib:.1f} GiB per GPU of {r.usable_gib:.1f} GiB usable (max batch {r.max_batch})")
+    if len(rows) == 1:
+        r = bad[0]
+        max_batch = "<NA>" if r["max_batch"] is None else r["max_batch"]  # as the frame shows a missing one
+        warn(f"does not fit: {r['model']} on {r['hardware']}, batch {r['batch']} x {r['prompt_len'] + r['gen_len']} "
+             f"tokens needs {r['total_gib']:.1f} GiB per GPU of {r['usable_gib']:.1f} GiB usable "
+             f"(max batch {max_batch})")
     else:
-        warn(f"{len(bad)} of {len(frame)} configurations do not fit in memory (fits = false)")
+        warn(f"{len(bad)} of {len(rows)} configurations do not fit in memory (fits = false)")
 
 
 @app.command()
@@ -143,12 +164,7 @@ def estimate(
     Units: times in seconds, FLOPs as multiply + add = 2, bytes decimal (GB = 1e9), capacities GiB.
     A configuration that does not fit in memory is flagged (fits = false) and warned about.
     """
-    import pandas as pd
-
-    import llmperf.analysis as analysis
-    from llmperf.analysis import schema
-    from llmperf.analysis.sweep import estimates_frame
-
+    # Only a sweep's table, or JSON / CSV, makes a data frame: one configuration's table needs no pandas.
     try:
         out = check_output(output)  # before anything is computed
         models = parse_name_list("model", model)
@@ -181,28 +197,33 @@ def estimate(
                            block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
                            group_size=group_size, embeddings=embeddings, mla_mode=mla_mode, ep=ep,
                            dp_attention=dp_attention, kv_window=kv_window)
+        table = output_format is OutputFormat.table
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            from llmperf.analysis.sweep import estimates_frame, sweep, sweep_estimates
             from llmperf.analysis.timemodel import sweep_jobs  # one time model per part (--efficiency)
             jobs = sweep_jobs(efficiency, models, devices, dict(lists, **precisions, **conventions), engine=engine)
             estimates, ops, frame = [], None, None
             single = all(len(v) == 1 for v in (models, devices, *lists.values())) and all(
                 v is None or len(v) == 1 for v in precisions.values())
-            if not (per_op or (single and output_format is OutputFormat.table)):
-                frame = pd.concat([analysis.sweep(ms, ds, **opts) for ms, ds, opts in jobs], ignore_index=True)
-            if frame is None or (len(frame) == 1 and output_format is OutputFormat.table):
+            if not (per_op or (single and table)):
+                import pandas as pd
+                frame = pd.concat([sweep(ms, ds, **opts) for ms, ds, opts in jobs], ignore_index=True)
+            if frame is None or (len(frame) == 1 and table):
                 # each configuration rolled up once: its row is its estimate's summary (the sweep's row)
-                parts = [_ops_of(ms, ds, opts) for ms, ds, opts in jobs]
-                estimates = [e for part in parts for e in part[0]]
-                ops = _renumber([part[1] for part in parts])
-                frame = estimates_frame(estimates)
+                estimates = [e for ms, ds, opts in jobs for e in sweep_estimates(ms, ds, **opts)]
+                ops = None if table else _ops_frame(estimates)
+                frame = None if table and len(estimates) == 1 else estimates_frame(estimates)
+            rows = [e.summary() for e in estimates] if frame is None else frame.to_dict("records")
         for w in dict.fromkeys(str(w.message) for w in caught):
             warn(w)
-        _warn_unfit(frame)
+        _warn_unfit(rows)
 
         if output_format is OutputFormat.json:
+            from llmperf.analysis import schema
             text = schema.to_json(frame, ops)
         elif output_format is OutputFormat.csv:
+            from llmperf.analysis import schema
             text = schema.to_csv(ops if ops is not None else frame)
         else:
             text = _render_tables(frame, estimates, per_op, to_file=out is not None)
@@ -214,12 +235,13 @@ def estimate(
 
 
 def _render_tables(frame, estimates: list, per_op: bool, to_file: bool) -> str:  # noqa: ANN001
-    """Print the tables (width: the terminal's, COLUMNS, or 80 when piped), or return their text."""
+    """Print the tables (width: the terminal's, COLUMNS, or 80 when piped), or return their text. `frame`:
+    the rows of a sweep (None for one configuration, drawn from its estimate)."""
     from llmperf.render import ops_table, sweep_tables
     sink = open(os.devnull, "w") if to_file else None  # noqa: SIM115
     console = Console(file=sink, record=to_file, highlight=False, markup=False)
     try:
-        if len(frame) == 1:
+        if frame is None or len(frame) == 1:
             _render_single(estimates[0], per_op, console)
         else:
             for table in sweep_tables(frame, width=console.width):
@@ -298,8 +320,11 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table, output: Outpu
 
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
-from llmperf.commands import calibrate as _calibrate, profile as _profile, report as _report  # noqa: E402
-from llmperf.commands import plan as _plan, simulate as _simulate  # noqa: E402
+from llmperf.commands import calibrate as _calibrate  # noqa: E402
+from llmperf.commands import plan as _plan  # noqa: E402
+from llmperf.commands import profile as _profile
+from llmperf.commands import report as _report
+from llmperf.commands import simulate as _simulate
 
 for _command in (_calibrate, _profile, _simulate, _report, _plan):
     _command.register(app)

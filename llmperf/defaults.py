@@ -6,8 +6,20 @@ one default for `estimate` (the activation memory reserved for a forward of that
 vLLM V1's default for its OpenAI server on 80 GB-class GPUs (`vllm/engine/arg_utils.py`,
 `_set_default_args_v1`; it picks 2048 on smaller GPUs and 16384 for the offline `LLM` class): pass
 `--max-batched-tokens 2048` to model those.
+
+The workload lengths of `simulate` and `plan`, and `simulate --validate`'s own defaults, live here too.
 """
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 
-__all__ = ["DEFAULT_MAX_BATCHED_TOKENS"]
+#: `simulate` and `plan`'s request lengths (`llmperf.serving.workload` forms)
+PROMPT_LEN = "lognormal:6:0.8:16:4096"
+OUTPUT_LEN = "lognormal:5:0.8:1:1024"
+#: what `simulate --validate` serves for each option left out (`llmperf.measure.validate`): its own
+#: calibrated CPU and short requests (an option given, e.g. `-H a100-80gb-sxm`, is taken as given)
+VALIDATE_HARDWARE = "local"
+VALIDATE_PROMPT_LEN = "uniform:16:192"
+VALIDATE_OUTPUT_LEN = "uniform:8:64"
+
+__all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "OUTPUT_LEN", "PROMPT_LEN", "VALIDATE_HARDWARE", "VALIDATE_OUTPUT_LEN",
+           "VALIDATE_PROMPT_LEN"]

@@ -20,25 +20,73 @@ It behaves as a user expects of the shell's `> FILE`, but atomically:
   the filesystem accepts works, and errors name only the user's path, never the temporary one.
 
 Every error is a `SpecError` naming the option (`--output`, `--run-dir`, ...) and the user's path.
+
+Two helpers every writer shares: `jsonable` (the one JSON sanitiser: numpy scalars to Python, NaN,
+infinity and pandas' NA to null, paths to strings; `json_text` dumps strictly through it) and
+`cache_dir` (the one cache folder: the calibration `local.yaml` and the compiled CPU kernels).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-import secrets
 import signal
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from typing import IO
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 from llmperf.errors import SpecError
 
 STDOUT = "-"
+
+
+def _token_hex(nbytes: int) -> str:
+    """Random hex for a temporary name (`secrets`, imported on the first write: start-up pays nothing)."""
+    import secrets
+
+    return secrets.token_hex(nbytes)
+
+
+def cache_dir() -> Path:
+    """llmperf's cache folder: `$LLMPERF_CACHE_DIR`, else `$XDG_CACHE_HOME/llmperf`, else
+    `~/.cache/llmperf` (the XDG Base Directory convention). It holds the calibration `llmperf
+    calibrate` writes (`local.yaml`, `--hardware local`) and the compiled CPU kernels."""
+    if os.environ.get("LLMPERF_CACHE_DIR"):
+        return Path(os.environ["LLMPERF_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "llmperf"
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as JSON-safe Python: mappings (keys as strings), lists and tuples walked; numpy scalars
+    and arrays as Python numbers and lists; NaN, infinity and pandas' NA as None (JSON has none of
+    them); paths as strings. numpy and pandas are recognised without being imported."""
+    kind = type(value)
+    if kind.__module__ == "numpy" and hasattr(value, "tolist"):  # np.float64, np.bool_, an ndarray, ...
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if kind.__name__ == "NAType" and kind.__module__.startswith("pandas"):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+def json_text(doc: Any, indent: int | None = 2) -> str:
+    """`doc` as strict JSON text (`jsonable` first; `allow_nan=False`, so nothing non-standard slips out)."""
+    import json
+
+    return json.dumps(jsonable(doc), indent=indent, allow_nan=False)
 
 
 def umask() -> int:
@@ -278,7 +326,7 @@ def _create_temporary(folder: Path, final_len: int, file: FileTarget) -> tuple[P
     exclusively with mode 0666 (the umask applies, as for any new file)."""
     length = max(8, min(final_len, 16))
     for _ in range(100):
-        path = folder / ("." + secrets.token_hex(8))[:length]
+        path = folder / ("." + _token_hex(8))[:length]
         try:
             return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         except FileExistsError:
@@ -502,7 +550,7 @@ def _remove_ours(folder: Path, ours: Callable[[str], bool]) -> None:
 def _temporary_folder(parent: Path, f: FolderTarget, *, create: bool = True) -> Path:
     length = max(8, min(len(os.fsencode(f.path.name)), 16))
     for _ in range(100):
-        path = parent / ("." + secrets.token_hex(8))[:length]
+        path = parent / ("." + _token_hex(8))[:length]
         if not create:
             if not os.path.lexists(path):
                 return path
@@ -548,6 +596,6 @@ def check_files_folder(path: str | os.PathLike, ours: Callable[[str], bool],
     return FolderTarget(shown=shown, path=real, option=option, st=st, ours=ours)
 
 
-__all__ = ["FileTarget", "FolderTarget", "OutputDir", "STDOUT", "Terminated", "check_dir", "check_file",
-           "check_files_folder", "install_signal_cleanup", "signals_clean_up", "umask", "write_file",
-           "write_text"]
+__all__ = ["FileTarget", "FolderTarget", "OutputDir", "STDOUT", "Terminated", "cache_dir", "check_dir", "check_file",
+           "check_files_folder", "install_signal_cleanup", "json_text", "jsonable", "signals_clean_up", "umask",
+           "write_file", "write_text"]

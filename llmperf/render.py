@@ -7,7 +7,8 @@ onto a second line instead of ending in an ellipsis).
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -16,6 +17,9 @@ from llmperf import format as fmt
 from llmperf.analysis import GenerationEstimate, PhaseEstimate
 from llmperf.specs import list_hardware, list_models, load_hardware, load_model
 from llmperf.specs.kvcache import KVCacheSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -212,7 +216,8 @@ _SWEEP_KEYS = {"model": ("model", str), "hardware": ("device", str), "precision"
                "prompt_len": ("prompt", fmt.count), "gen_len": ("gen", fmt.count),
                "time_model": ("time model", str), "engine": ("engine", str)}
 _SWEEP_VALUES = {
-    "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds), "tpot_bound_s": ("bound", fmt.seconds), "tokens_per_s": ("tok/s", lambda v: f"{v:,.0f}"),
+    "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds), "tpot_bound_s": ("bound", fmt.seconds),
+    "tokens_per_s": ("tok/s", lambda v: f"{v:,.0f}"),
     "decode_bound": ("decode", str), "total_gib": ("GiB", lambda v: f"{v:.1f}"),
     "fits": ("fits", lambda v: "yes" if v else "NO"), "max_batch": ("max b", fmt.count),
 }
@@ -282,6 +287,8 @@ def frame_table(frame: pd.DataFrame, title: str) -> Table:
 
 
 def models_frame() -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for name in list_models():
         m = load_model(name)
@@ -295,6 +302,8 @@ def models_frame() -> pd.DataFrame:
 
 
 def hardware_frame() -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for name in list_hardware():
         h = load_hardware(name)

@@ -25,11 +25,57 @@ from hypothesis import HealthCheck, settings
 
 from llmperf.specs import HardwareSpec, ModelSpec
 
+from suite_markers import NEEDS, SLOW
+
 # No test depends on how fast or busy the machine is: hypothesis's per-example deadline (200 ms) and
 # its "too slow" health check are timings, so they are off for every property test, including one
 # that forgets its own `deadline=None`.
 settings.register_profile("llmperf", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("llmperf")
+
+
+# ---- markers: `-m "not slow"` is the quick loop; `gpu` and `avx512` name what a test needs -------------
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ARG001
+    """Mark `slow` the tests in SLOW (tests/suite_markers.py), and `gpu` / `avx512` those whose skip
+    condition is that hardware (`llmperf.engine.cpu`'s kernels need AVX-512; AMX tests are a subset), so
+    `-m "not avx512"` runs what an AVX2-only CPU runs and `-m gpu` what only a CUDA device runs."""
+    for item in items:
+        test = item.nodeid.split("[", 1)[0]
+        if any(test == s or test.startswith(s + "::") or (s.endswith("/") and test.startswith(s)) for s in SLOW):
+            item.add_marker(pytest.mark.slow)
+        reasons = [str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")]
+        for marker, needles in NEEDS.items():
+            if any(n in r for r in reasons for n in needles):
+                item.add_marker(getattr(pytest.mark, marker))
+
+
+@pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
+def umask(request):  # noqa: ANN001, ANN201
+    """Run the test under umask 022, then 077 (the modes of what llmperf writes follow it)."""
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
+    """An empty llmperf cache folder for one test (`LLMPERF_CACHE_DIR`: no calibration in it), created
+    only when llmperf writes to it. The CPU kernels the suite's cache already compiled are linked in,
+    so an engine run here does not compile them again (seconds); nothing else is shared."""
+    from llmperf.outputs import cache_dir
+
+    suite = cache_dir()
+    fresh = tmp_path / "llmperf-cache"
+    compiled = sorted(suite.glob("cpu_kernels-*.so")) if suite.is_dir() else []
+    if compiled:
+        fresh.mkdir()
+        for lib in compiled:
+            (fresh / lib.name).symlink_to(lib)
+    monkeypatch.setenv("LLMPERF_CACHE_DIR", str(fresh))
+    return fresh
 
 
 @pytest.fixture

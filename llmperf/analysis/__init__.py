@@ -10,7 +10,6 @@
 """
 
 from llmperf.analysis.generation import GenerationEstimate, estimate, sum_max_linear
-from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, rollup, sum_max_lines
 from llmperf.analysis.memory import (
     KVUtilization,
     MemoryEstimate,
@@ -21,6 +20,7 @@ from llmperf.analysis.memory import (
 from llmperf.analysis.operators import ForwardModel, ShardDims, attended_pairs, attention_cost
 from llmperf.analysis.phase import PhaseEstimate, estimate_phase
 from llmperf.analysis.regimes import RegimeEstimate, estimate_regimes
+from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, rollup, sum_max_lines
 from llmperf.analysis.roofline import (
     ROOFLINE,
     Efficiency,
@@ -35,8 +35,10 @@ from llmperf.analysis.roofline import (
 from llmperf.analysis.sweep import SCHEMA_VERSION, sweep
 
 __all__ = [
-    "DEFAULT_MAX_BATCHED_TOKENS", "ROOFLINE", "SCHEMA_VERSION", "Conventions", "Efficiency", "ForwardModel", "GenerationEstimate", "KVUtilization", "MemoryEstimate", "OpCost", "OpTime",
-    "PhaseEstimate", "RegimeEstimate", "RooflineTimeModel", "ShardDims", "TimeModel", "bound_label", "attended_pairs", "attention_cost", "estimate",
+    "DEFAULT_MAX_BATCHED_TOKENS", "ROOFLINE", "SCHEMA_VERSION", "Conventions", "Efficiency", "ForwardModel",
+    "GenerationEstimate", "KVUtilization", "MemoryEstimate", "OpCost", "OpTime",
+    "PhaseEstimate", "RegimeEstimate", "RooflineTimeModel", "ShardDims", "TimeModel", "bound_label", "attended_pairs",
+    "attention_cost", "estimate",
     "estimate_memory", "estimate_phase", "estimate_regimes", "kv_utilization", "op_time",
     "rollup", "roofline_time_s", "sum_max_linear", "sum_max_lines", "sweep", "weight_bytes_per_gpu",
 ]

@@ -41,14 +41,13 @@ Pure Python + numpy, like the rest of `llmperf.analysis`; the terms are fitted b
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from llmperf.errors import SpecError
+from llmperf.specs.efficiency import ATTENTION_PARAMS as PARAMS
+from llmperf.specs.efficiency import attention_terms, check_attention_term
 
 Number = Any  # float or numpy array
 TILE = 128  # query and key tile of FlashAttention-2/3's forward kernels on A100/H100 (head dim <= 128)
@@ -74,17 +73,6 @@ class AttnShape:
         return np.asarray(self.heads, dtype=float) / np.maximum(np.asarray(self.kv_heads, dtype=float), 1.0)
 
 
-#: the model's terms: name -> (what it is, lower bound, upper bound); bounds are what a yaml may say
-PARAMS: dict[str, tuple[str, float, float]] = {
-    "e_compute": ("plateau of the dense matrix peak a large prefill reaches", 1e-3, 1.0),
-    "head_dim_half": ("head dim at which e_compute is half its plateau's head-dim share", 0.0, 1024.0),
-    "mma_rows": ("rows of a tensor-core tile (decode fills g * q of them)", 1.0, 256.0),
-    "cta_half": ("work tiles per SM at which prefill runs at half occupancy", 0.0, 64.0),
-    "e_memory": ("plateau of the memory bandwidth a long decode streams the KV cache at", 1e-3, 1.0),
-    "kv_half": ("KV streams (batch x KV heads) per SM at half the bandwidth plateau", 0.0, 64.0),
-    "latency_s": ("a launch's fixed device time, added to the roofs, seconds", 0.0, 1e-3),
-    "wave_s": ("device time added per KV stream per SM (prologue, epilogue, split-KV combine), seconds", 0.0, 1e-3),
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,22 +91,13 @@ class AttentionEfficiency:
 
     def __post_init__(self) -> None:
         for name in PARAMS:
-            _check(name, getattr(self, name), "attention_eff")
+            check_attention_term(name, getattr(self, name), "attention_eff")
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> AttentionEfficiency:
         """From a mapping of the `PARAMS` (and an optional `source`); unknown fields and values out of
-        range are refused with the field's name."""
-        if not isinstance(raw, Mapping):
-            raise SpecError(f"{where}: expected a mapping of {', '.join(PARAMS)}, got {raw!r}")
-        known = set(PARAMS) | {"source"}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(PARAMS)}, source)")
-        for name in PARAMS:
-            if name in raw:
-                _check(name, raw[name], where)
-        return cls(**{k: (str(v) if k == "source" else v) for k, v in raw.items()})
+        range are refused with the field's name (`llmperf.specs.efficiency.attention_terms`)."""
+        return cls(**attention_terms(raw, where))
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -160,14 +139,6 @@ class AttentionEfficiency:
         e_c, e_m = self.efficiencies(shape, num_sms)
         return self.latency(shape, num_sms) + np.maximum(np.asarray(flops, dtype=float) / (peak_flops_per_s * e_c),
                                            np.asarray(nbytes, dtype=float) / (bandwidth_bytes_per_s * e_m))
-
-
-def _check(name: str, value: Any, where: str) -> None:
-    """`value` is a finite number within `PARAMS[name]`'s bounds, or an error naming `where.name`."""
-    what, lo, hi = PARAMS[name]
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not lo <= value <= hi):
-        raise SpecError(f"{where}.{name}: must be a number in [{lo:g}, {hi:g}] ({what}), got {value!r}")
 
 
 def _scalar(x: np.ndarray) -> Number:

@@ -148,7 +148,7 @@ def load_collectives(path: str | None = None) -> Collectives:
 
     p = Path(path) if path else collectives_path()
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: faster
     except (OSError, yaml.YAMLError) as exc:
         raise SpecError(f"{p}: cannot read the collectives file ({str(exc).splitlines()[0]})") from None
     return parse_collectives(raw, str(p))

@@ -18,15 +18,15 @@ wave quantisation; Kerr et al., CUTLASS, split-K). The model, per tile configura
 
 and the GEMM takes the best configuration of a small set (128x256, 128x128, 64x128, 64x64, 16x128
 tiles; split-K 2-16 where the unsplit tiles leave SMs idle and each split keeps at least 256 of K), as
-cuBLAS's heuristics pick a kernel per shape. The four fitted terms (`GemmParams`) are properties of how well kernels use a GPU, not of
-one GPU, so the same terms price a device known only from its datasheet (peak for the dtype, HBM
-bandwidth, SM count): `e_peak` (the large-GEMM plateau), `e_memory` (weights streamed at small M),
+cuBLAS's heuristics pick a kernel per shape. The four fitted terms (`GemmParams`) are properties of how well
+kernels use a GPU, not of one GPU, so the same terms price a device known only from its datasheet (peak for the
+dtype, HBM bandwidth, SM count): `e_peak` (the large-GEMM plateau), `e_memory` (weights streamed at small M),
 `latency_s` (a kernel's fixed device time: a tiny GEMM's floor) and `feed_flop_per_byte` (the operand
 intensity a tile needs to keep its SM's matrix units busy; the feed is tied to the SM's matrix rate,
 not to HBM, because the on-chip feeds (shared memory, L2) grow with the matrix units from one GPU
 generation to the next). The L2 capacity is not used: the model assumes (as the swizzled tile order of
-cuBLAS-class kernels arranges) that operands re-read by several tiles come from L2, not HBM. Fitted by `python -m llmperf.measure.fit_gemm`
-(`typical.yaml`'s `gemm:`).
+cuBLAS-class kernels arranges) that operands re-read by several tiles come from L2, not HBM. Fitted by
+`python -m llmperf.measure.fit_gemm` (`typical.yaml`'s `gemm:`).
 
 Every argument may be a numpy array (broadcast together): a sweep prices its 10,000 rows in one call.
 The time never depends on anything but the shape, so a decode step's GEMMs are flat in the context.
@@ -35,14 +35,13 @@ Pure numpy (no torch), like the rest of `llmperf.analysis`.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from llmperf.errors import SpecError
+from llmperf.specs.efficiency import GEMM_FIELDS, gemm_terms
 
 Number = Any  # float or numpy array
 
@@ -92,31 +91,13 @@ class GemmParams:
     feed_flop_per_byte: float
     source: str = ""
 
-    FIELDS = ("e_peak", "e_memory", "latency_s", "feed_flop_per_byte")
+    FIELDS = GEMM_FIELDS
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> GemmParams:
-        """From a `gemm:` mapping; a bad or missing value raises one line naming the field."""
-        if not isinstance(raw, Mapping):
-            raise SpecError(f"{where}: expected a mapping with {', '.join(cls.FIELDS)}, got {raw!r}")
-        unknown = sorted(set(raw) - set(cls.FIELDS) - {"source"})
-        if unknown:
-            raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(cls.FIELDS)}, source)")
-        # (lowest, lowest allowed?, highest, how the message says it)
-        limits = dict(e_peak=(0.0, False, 1.0, "a fraction in (0, 1]"),
-                      e_memory=(0.0, False, 1.0, "a fraction in (0, 1]"),
-                      latency_s=(0.0, True, 1e-3, "seconds in [0, 1e-3]"),
-                      feed_flop_per_byte=(0.0, False, 1e4, "a number in (0, 1e4]"))
-        vals = {}
-        for f in cls.FIELDS:
-            v = raw.get(f)
-            lo, closed, hi, what = limits[f]
-            ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v <= hi
-                  and (v >= lo if closed else v > lo))
-            if not ok:
-                raise SpecError(f"{where}.{f}: must be {what}, got {v!r}")
-            vals[f] = float(v)
-        return cls(**vals, source=str(raw.get("source", "")))
+        """From a `gemm:` mapping; a bad or missing value raises one line naming the field
+        (`llmperf.specs.efficiency.gemm_terms`)."""
+        return cls(**gemm_terms(raw, where))
 
     def to_dict(self) -> dict[str, Any]:
         """The four terms and their source as plain values, as the `gemm:` block of an efficiency file holds them."""

@@ -11,9 +11,9 @@ functions and the same `op_time`; the per-step series (`decode_step_times_s`) on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from llmperf.analysis.memory import KVUtilization, MemoryEstimate
 from llmperf.analysis.operators import ForwardModel
@@ -28,11 +28,21 @@ from llmperf.analysis.rollup import (
     rollup,
     sum_max_linear,
 )
-from llmperf.analysis.roofline import ROOFLINE, TimeModel, op_time, resolve_time_model, step_overhead_s
+from llmperf.analysis.roofline import (
+    ROOFLINE,
+    TimeModel,
+    op_time,
+    resolve_time_model,
+    step_overhead_s,
+)
 from llmperf.analysis.vocabulary import Phase
 from llmperf.errors import SpecError
+from llmperf.outputs import jsonable
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
 from llmperf.specs.precision import PER_CHANNEL
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["GenerationEstimate", "check_lengths", "decode_total_s", "estimate", "resolve_precision",
            "sum_max_linear"]
@@ -143,10 +153,14 @@ class GenerationEstimate:
 
     def to_frame(self) -> pd.DataFrame:
         """`summary()` as a one-row DataFrame (the columns of `llmperf.analysis.schema.COLUMNS`)."""
+        import pandas as pd
+
         return pd.DataFrame([self.summary()])
 
     def ops_frame(self) -> pd.DataFrame:
         """Per-operator rows of the prefill and of the first decode step."""
+        import pandas as pd
+
         return pd.concat([self.prefill.to_frame(), self.decode_first.to_frame()], ignore_index=True)
 
 
@@ -214,11 +228,7 @@ def _scalar(value: object) -> object:
     """A roll-up value of a one-row roll-up as a plain Python scalar (NaN -> None)."""
     if isinstance(value, np.ndarray):
         value = value.reshape(-1)[0]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value
+    return jsonable(value)
 
 
 def _int_or_none(value: object) -> int | None:

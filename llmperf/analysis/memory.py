@@ -39,9 +39,9 @@ Layout of the `tp` GPUs of one stage (`ep` and `dp_attention` keywords; the defa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from llmperf.analysis.rollup import (
     DEFAULT_MAX_BATCHED_TOKENS,
@@ -55,6 +55,9 @@ from llmperf.analysis.rollup import (
 )
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, KVCacheSpec, ModelSpec, Precision
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["KVUtilization", "MemoryEstimate", "activation_peak_bytes", "estimate_memory",
            "kv_bytes_per_token_per_gpu", "kv_utilization", "layers_per_stage", "max_batch_that_fits",
@@ -152,6 +155,8 @@ class MemoryEstimate:
 
     def to_frame(self) -> pd.DataFrame:
         """`summary()` as a one-row DataFrame."""
+        import pandas as pd
+
         return pd.DataFrame([self.summary()])
 
     def summary(self) -> dict[str, float | int | bool]:

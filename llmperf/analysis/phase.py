@@ -8,15 +8,18 @@ between stages. Counts are per tensor-parallel rank and cover every layer of the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.rollup import phase_bound, pipeline_transfer_s
 from llmperf.analysis.roofline import OpTime, TimeModel, op_time, phase_time_model, step_overhead_s
 from llmperf.analysis.vocabulary import Phase, as_phase
 from llmperf.specs import HardwareSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PHASES = (Phase.prefill.value, Phase.decode.value)
 __all__ = ["PHASES", "PhaseEstimate", "estimate_phase", "phase_time_s", "pipeline_transfer_s"]
@@ -130,6 +133,8 @@ class PhaseEstimate:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per operator: FLOPs, bytes by kind, intensity, each roof's time, the bound."""
+        import pandas as pd
+
         rows = []
         total = self.time_s
         for o in self.ops:

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.roofline import TimeModel
 from llmperf.specs import HardwareSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _SEARCH_MAX = 1 << 26  # no answer up to 67M: report None
 
@@ -57,6 +60,8 @@ class RegimeEstimate:
 
     def to_frame(self) -> pd.DataFrame:
         """`summary()` as a one-row DataFrame."""
+        import pandas as pd
+
         return pd.DataFrame([self.summary()])
 
     def summary(self) -> dict[str, object]:

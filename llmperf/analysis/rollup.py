@@ -26,20 +26,27 @@ import numpy as np
 
 from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
 from llmperf.analysis.roofline import (
-    TimeModel, engine_label, memory_bound, op_time, peak_in_use_flops_per_s, phase_time_model,
-    resolve_time_model, step_overhead_s,
+    TimeModel,
+    engine_label,
+    memory_bound,
+    op_time,
+    peak_in_use_flops_per_s,
+    phase_time_model,
+    resolve_time_model,
+    step_overhead_s,
 )
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
+
+#: vLLM V1's default `max_num_batched_tokens` for its OpenAI server on an 80 GB-class GPU
+#: (vllm/engine/arg_utils.py, `_set_default_args_v1`: 8192; 2048 on smaller GPUs, 16384 offline);
+#: one default for estimate, simulate and plan (`llmperf.defaults`)
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
 from llmperf.specs.kvcache import KV_WINDOW_MODES, KVCacheSpec, KVGroup, pipeline_stages
 from llmperf.specs.model import LayerKind
 from llmperf.specs.precision import gemm_mode
 
-#: vLLM V1's default `max_num_batched_tokens` for its OpenAI server on an 80 GB-class GPU
-#: (vllm/engine/arg_utils.py, `_set_default_args_v1`: 8192; 2048 on smaller GPUs, 16384 offline);
-#: one default for estimate, simulate and plan (`llmperf.defaults`)
-from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS  # noqa: E402
 #: the largest value the regime searches try before answering "none" (67M)
 SEARCH_MAX = 1 << 26
 #: the largest count (batch, lengths, block size, token budget, ...) accepted: float64 holds every
@@ -592,7 +599,9 @@ def first_true_array(pred, size: int, lo: int = 1, hi: int = SEARCH_MAX, ways: i
     lo_a, hi_a = np.full(size, float(lo)), np.full(size, float(hi))
     # first a doubling bracket, lo + 2^j - 1 up to hi (hi last: whether any n works), in one call:
     # answers are usually far below hi, so the linear steps then start from a span near the answer
-    geo = np.unique(np.minimum(lo + 2.0 ** np.arange(0, int(np.ceil(np.log2(hi - lo + 1))) + 1) - 1, hi))
+    # (sorted and deduplicated without np.unique, whose masked-array check imports numpy.ma: start-up time)
+    geo = np.array(sorted(set(np.minimum(lo + 2.0 ** np.arange(0, int(np.ceil(np.log2(hi - lo + 1))) + 1) - 1,
+                                         hi).tolist())))
     pts = np.broadcast_to(geo, (size, geo.size))
     up = np.asarray(pred(pts), dtype=bool).reshape(size, geo.size)
     ok = up[:, -1]

@@ -10,15 +10,18 @@ import itertools
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from llmperf.analysis.generation import GenerationEstimate, check_lengths, estimate, resolve_precision
 from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, MAX_COUNT, REGIME_COLUMNS, Conventions, rollup
 from llmperf.analysis.roofline import TimeModel, resolve_time_model
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: version of the result schema (the columns of a sweep row / an estimate summary); see docs/schemas.md
 SCHEMA_VERSION = 1
@@ -104,6 +107,8 @@ def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
     `estimate` (`attention`, `attention_flops`, `all_logits`, `fused_qkv`, `fused_gate_up`,
     `mla_mode`, `ep`, `dp_attention`, `kv_window`, `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`,
     `group_size`, `zero_point`, `embeddings`, `time_model`) applies to every row."""
+    import pandas as pd
+
     frames = []
     for g in plan(models, hardware, **options):
         cols = rollup(g.model, g.hardware, g.precision, tp=g.tp, pp=g.pp, conv=g.conventions,
@@ -138,6 +143,8 @@ def estimates_frame(estimates: Sequence[GenerationEstimate]) -> pd.DataFrame:
     """The rows `sweep(...)` gives for these estimates (each summary is its row), dtypes included:
     the CLI's per-operator path rolls every configuration up once, not once for the row and once
     for the operators."""
+    import pandas as pd
+
     frame = pd.DataFrame([e.summary() for e in estimates])
     for k in REGIME_COLUMNS:  # integers, or missing where there is no answer (as `sweep`)
         frame[k] = pd.array(frame[k].tolist(), dtype="Int64")

@@ -2,7 +2,7 @@
 
 Thin: parses options, runs `llmperf.measure.calibrate.calibrate` under a progress bar, renders the
 measured ceilings beside the datasheet's, and writes the YAML atomically (default: the user's cache
-directory, `$XDG_CACHE_HOME/llmperf/local.yaml`, so `--hardware local` works everywhere).
+folder, `local.yaml` in `llmperf.outputs.cache_dir()`, so `--hardware local` works everywhere).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def resolve_device(device: str) -> str:
 
 def expected_ticks(s: Any) -> int:
     attn = len(s.attn_decode) + len(s.attn_prefill)
-    from llmperf.measure.calibrate import op_overhead_backends
-
     import torch
+
+    from llmperf.measure.calibrate import op_overhead_backends
     dev = torch.device(s.device)
     # per backend; a CPU measures each twice (cold caches, then warm)
     backends = len(op_overhead_backends(dev)) * (2 if dev.type == "cpu" else 1) if s.op_overhead else 0

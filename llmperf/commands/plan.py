@@ -4,18 +4,42 @@ dp+ep) and replica counts serve the load within the SLOs, ranked by cost per mil
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated
 
 import typer
 
-from llmperf.clitools import OutputFormat, err_console, out_console, refused_cleanly, parse_int_list, parse_name_list, write_output
-from llmperf.commands.simulate import (
-    BlockOpt, ChunkOpt, FormatOpt, MaxBatchOpt, MemOpt, OutOpt, OutputOpt, PrefixOpt, PromptOpt, SeedOpt, SloPctOpt,
-    SloTpotOpt, SloTtftOpt, SystemOpt, TokensOpt, _fmt_s, _length, _positive, check_serving_options,
+from llmperf.clitools import (
+    OutputFormat,
+    err_console,
+    out_console,
+    parse_int_list,
+    parse_name_list,
+    refused_cleanly,
+    write_output,
 )
-from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
+from llmperf.commands.simulate import (
+    BlockOpt,
+    ChunkOpt,
+    FormatOpt,
+    MaxBatchOpt,
+    MemOpt,
+    OutOpt,
+    OutputOpt,
+    PrefixOpt,
+    PromptOpt,
+    SeedOpt,
+    SloPctOpt,
+    SloTpotOpt,
+    SloTtftOpt,
+    SystemOpt,
+    TokensOpt,
+    _fmt_s,
+    _length,
+    _positive,
+    check_serving_options,
+)
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS, OUTPUT_LEN, PROMPT_LEN
 from llmperf.errors import SpecError
 
 
@@ -120,8 +144,8 @@ def register(app: typer.Typer) -> None:
         slo_ttft: SloTtftOpt = None,
         slo_tpot: SloTpotOpt = None,
         slo_percentile: SloPctOpt = 90.0,
-        prompt_len: PromptOpt = "lognormal:6:0.8:16:4096",
-        output_len: OutputOpt = "lognormal:5:0.8:1:1024",
+        prompt_len: PromptOpt = PROMPT_LEN,
+        output_len: OutputOpt = OUTPUT_LEN,
         system_prompt_len: SystemOpt = 0,
         requests: Annotated[int | None, typer.Option("--requests", "-n", help="Requests of the first simulation of a load (default 500); given without --ci-tolerance, every simulation serves exactly this many (no stopping rule; the intervals are still shown).")] = None,
         ci_tolerance: Annotated[float | None, typer.Option("--ci-tolerance", help="Stop simulating a load when the confidence interval of each SLO percentile is within this fraction of it (default 0.05: +-5%); the requests double from --requests up to --max-requests.")] = None,
@@ -145,11 +169,11 @@ def register(app: typer.Typer) -> None:
         million output tokens: the GPU-hours split between prefill and decode by their share of the
         simulated step time (a mixed chunked-prefill step by its tokens). Each load is simulated until
         the SLO percentiles' 95% intervals are within --ci-tolerance; the table shows them."""
+        from llmperf.clitools import check_output
+        from llmperf.outputs import check_dir
         from llmperf.serving import planner
         from llmperf.serving.prices import parse_gpu_cost
         from llmperf.serving.simulator import SLO
-        from llmperf.clitools import check_output
-        from llmperf.outputs import check_dir
         from llmperf.serving.workload import WorkloadSpec
         with refused_cleanly() as made:
             if (rate is None) == (users is None):
@@ -226,15 +250,14 @@ def register(app: typer.Typer) -> None:
                                 f"{best.device} {best.precision} tp={best.tp}{lay}, loses on {best.binding}: "
                                 f"{best.detail} ({time_models_line(result)})")
             if rd is not None:
-                from llmperf.serving.rundir import jsonable
+                from llmperf.outputs import json_text
                 with rd.transaction():
                     rd.write("plan.csv", frame.to_csv(index=False))
-                    rd.write("plan.json", json.dumps(jsonable(dict(kind="plan", schema_version=1,
-                                                                   settings=result.settings,
-                                                                   rows=frame.to_dict(orient="records"))),
-                                                     indent=2) + "\n")
+                    rd.write("plan.json", json_text(dict(kind="plan", schema_version=1, settings=result.settings,
+                                                         rows=frame.to_dict(orient="records"))) + "\n")
             if output_format is OutputFormat.json:
-                write_output(json.dumps(jsonable_doc(result, frame), indent=2), out)
+                from llmperf.outputs import json_text
+                write_output(json_text(jsonable_doc(result, frame)), out)
             elif output_format is OutputFormat.csv:
                 write_output(frame.to_csv(index=False), out)
             else:
@@ -253,13 +276,19 @@ def register(app: typer.Typer) -> None:
 
 
 def jsonable_doc(result, frame) -> dict:  # noqa: ANN001
-    from llmperf.serving.rundir import jsonable
+    from llmperf.outputs import jsonable
     return jsonable(dict(settings=result.settings, rows=frame.to_dict(orient="records")))
 
 
 def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs,  # noqa: ANN001, ANN202
          layouts=None, stopping=None):  # noqa: ANN001
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from llmperf.serving import planner
     total = None  # candidates: devices x precisions x degrees x the model's layouts

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from llmperf.clitools import AttentionImpl, fail, warn, out_console, parse_int_list, parse_name_list
+from llmperf.clitools import AttentionImpl, fail, out_console, parse_int_list, parse_name_list, warn
 from llmperf.errors import SpecError
 
 
@@ -50,7 +50,6 @@ def report(
     Units: seconds, FLOP/s, bytes decimal (GB = 1e9 B), capacities GiB.
     """
     from llmperf.report import EstimateSpec, build_report, files_folder
-
     from llmperf.report.html import check_destination
 
     try:

@@ -1,20 +1,34 @@
 """`llmperf simulate MODEL`: serve a workload with the engine's scheduler on a simulated clock, each
 step priced by the analytical model (`llmperf.serving.simulator`); `--find-max-rate` bisects the
 arrival rate for the SLOs; `--validate` runs the same workload through the real engine on this CPU
-and compares (`llmperf.serving.validate`)."""
+and compares (`llmperf.measure.validate`)."""
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from llmperf.clitools import OutputFormat, err_console, out_console, refused_cleanly, write_output
-from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
+from llmperf.clitools import (
+    OutputFormat,
+    err_console,
+    out_console,
+    refused_cleanly,
+    write_output,
+)
+from llmperf.defaults import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    OUTPUT_LEN,
+    PROMPT_LEN,
+    VALIDATE_HARDWARE,
+    VALIDATE_OUTPUT_LEN,
+    VALIDATE_PROMPT_LEN,
+)
 from llmperf.errors import SpecError
+
+DEFAULT_HARDWARE = "a100-80gb-sxm"
 
 
 class Policy(str, Enum):
@@ -30,8 +44,11 @@ class Efficiency(str, Enum):
 
 
 # Shared by `simulate` and `plan`.
-PromptOpt = Annotated[str, typer.Option("--prompt-len", help="Prompt tokens per request: 512, uniform:LO:HI, normal:MEAN:STD[:LO[:HI]], lognormal:MU:SIGMA[:LO[:HI]], cycle:A,B,C or file:PATH (one length a line).")]
-OutputOpt = Annotated[str, typer.Option("--output-len", help="Generated tokens per request (same forms as --prompt-len).")]
+PROMPT_HELP = ("Prompt tokens per request: 512, uniform:LO:HI, normal:MEAN:STD[:LO[:HI]], lognormal:MU:SIGMA[:LO[:HI]], "
+               "cycle:A,B,C or file:PATH (one length a line).")
+OUTPUT_HELP = "Generated tokens per request (same forms as --prompt-len)."
+PromptOpt = Annotated[str, typer.Option("--prompt-len", help=PROMPT_HELP)]
+OutputOpt = Annotated[str, typer.Option("--output-len", help=OUTPUT_HELP)]
 SystemOpt = Annotated[int, typer.Option("--system-prompt-len", help="Tokens of a system prompt shared by every request (in front of its own prompt; shared KV blocks with prefix sharing).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the workload's random streams (same seed, same run).")]
 SloTtftOpt = Annotated[float | None, typer.Option("--slo-ttft", help="SLO on time to first token, seconds.")]
@@ -258,15 +275,15 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_cmd(
         model: Annotated[str, typer.Argument(help="Built-in model name, or a YAML / HF config.json path.")] = "llama-3.1-8b",
-        hardware: Annotated[str, typer.Option("--hardware", "-H", help="Built-in device, a YAML path, or `local` (after `llmperf calibrate`).")] = "a100-80gb-sxm",
+        hardware: Annotated[str | None, typer.Option("--hardware", "-H", help=f"Built-in device, a YAML path, or `local` (after `llmperf calibrate`). Default: {DEFAULT_HARDWARE}; with --validate, {VALIDATE_HARDWARE}.")] = None,
         rate: Annotated[float | None, typer.Option("--rate", help="Arrival rate, requests/s (default: an offline batch, all at t=0).")] = None,
         arrival: Annotated[str, typer.Option("--arrival", help="poisson, or gamma (with --cv).")] = "poisson",
         cv: Annotated[float | None, typer.Option("--cv", help="Coefficient of variation of gamma inter-arrival gaps (default 1 = Poisson; > 1 bursty); needs --arrival gamma.")] = None,
         trace: Annotated[Path | None, typer.Option("--trace", help="CSV (header) or JSONL with arrival_s, prompt_tokens, output_tokens[, shared_prefix_tokens].")] = None,
         requests: Annotated[int | None, typer.Option("--requests", "-n", help="Number of requests (default 1000 unless --duration).")] = None,
         duration: Annotated[float | None, typer.Option("--duration", help="Generate arrivals for this many seconds instead of --requests.")] = None,
-        prompt_len: PromptOpt = "lognormal:6:0.8:16:4096",
-        output_len: OutputOpt = "lognormal:5:0.8:1:1024",
+        prompt_len: Annotated[str | None, typer.Option("--prompt-len", help=f"{PROMPT_HELP} Default: {PROMPT_LEN}; with --validate, {VALIDATE_PROMPT_LEN}.")] = None,
+        output_len: Annotated[str | None, typer.Option("--output-len", help=f"{OUTPUT_HELP} Default: {OUTPUT_LEN}; with --validate, {VALIDATE_OUTPUT_LEN}.")] = None,
         system_prompt_len: SystemOpt = 0,
         seed: SeedOpt = 0,
         dtype: DtypeOpt = None,
@@ -316,13 +333,13 @@ def register(app: typer.Typer) -> None:
             rd = check_run_dir(run_dir)
             made += [rd] if rd is not None else []
             if validate:
-                defaults = dict(hardware="a100-80gb-sxm", arrival="poisson", cv=None, system_prompt_len=0, dtype=None,
+                defaults = dict(arrival="poisson", cv=None, system_prompt_len=0, dtype=None,
                                 kv=None, tp=1, ep=1, dp_attention=False, mla_mode="auto", kv_window="capped",
                                 max_batch=256, prefix_sharing=True, block_size=16, mem_util=0.9,
                                 efficiency=Efficiency.auto, engine=None, slo_ttft=None, slo_tpot=None,
                                 slo_percentile=90.0,
                                 output_format=OutputFormat.table, output=None)
-                given = dict(hardware=hardware, arrival=arrival, cv=cv, system_prompt_len=system_prompt_len,
+                given = dict(arrival=arrival, cv=cv, system_prompt_len=system_prompt_len,
                              dtype=dtype, kv=kv, tp=tp, ep=ep, dp_attention=dp_attention, mla_mode=mla_mode,
                              kv_window=kv_window, max_batch=max_batch, prefix_sharing=prefix_sharing,
                              block_size=block_size, mem_util=mem_util, efficiency=efficiency, engine=engine,
@@ -334,17 +351,23 @@ def register(app: typer.Typer) -> None:
                     if used:
                         raise SpecError(f"--validate: serves its own Poisson workload with continuous batching; "
                                         f"drop {opt}")
-                ignored = [k for k, v in given.items() if v != defaults[k] and not (k == "hardware" and v == "local")]
+                ignored = [k for k, v in given.items() if v != defaults[k]]
                 if ignored:
                     opt = "--" + ignored[0].replace("_", "-").replace("output-format", "format")
                     raise SpecError(f"--validate: runs its own model on this CPU and prints its comparison; {opt} "
                                     "does not apply (drop it)")
-                from llmperf.serving.validate import run_validation_cli
+                from llmperf.clitools import out_console
+                from llmperf.measure.validate import run_validation_cli
+
+                # the options left out arrive as None: --validate's own defaults apply only to them
                 run_validation_cli(model=model, rate=rate, requests=requests, prompt_len=prompt_len,
                                    output_len=output_len, seed=seed, num_blocks=num_blocks,
                                    max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
-                                   hardware=hardware, run_dir=rd)
+                                   hardware=hardware, run_dir=rd, console=out_console)
                 return
+            hardware = DEFAULT_HARDWARE if hardware is None else hardware
+            prompt_len = PROMPT_LEN if prompt_len is None else prompt_len
+            output_len = OUTPUT_LEN if output_len is None else output_len
             slo = sim.SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)
             spec, workload = workload_from_options(rate=rate, arrival=arrival, cv=cv, trace=trace, requests=requests,
                                                    duration=duration, prompt_len=prompt_len, output_len=output_len,
@@ -402,7 +425,7 @@ def _search_with_progress(spec, config, slo):  # noqa: ANN001, ANN202
 
 
 def _render(result, search, rates, output_format: OutputFormat, output, bound=None) -> None:  # noqa: ANN001
-    from llmperf.serving.rundir import jsonable
+    from llmperf.outputs import json_text
     s = result.summary()
     if bound is not None:
         s["bound"] = bound
@@ -415,7 +438,7 @@ def _render(result, search, rates, output_format: OutputFormat, output, bound=No
             doc["max_rate_capped"] = search.capped
             doc["max_rate_note"] = search.note
             doc["rates"] = rates.to_dict(orient="records")
-        write_output(json.dumps(jsonable(doc), indent=2), output)
+        write_output(json_text(doc), output)
         return
     if output_format is OutputFormat.csv:
         if rates is not None:

@@ -34,6 +34,7 @@ import pandas as pd
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.timemodel import ROOFLINE_MODEL
 from llmperf.measure.profile import E2E, Predictor, calibrated_model, error_stats
+from llmperf.outputs import write_file
 from llmperf.specs import Precision
 from llmperf.specs.loader import hardware_from_mapping, model_from_mapping
 
@@ -130,8 +131,8 @@ def typical_predictions(run: dict, steps: pd.DataFrame, gens: pd.DataFrame) -> t
     datasheet of the device it ran on: what a user who never calibrated would have been told, beside
     the roofline and the calibration. Computed here from the run's shapes (profile records no typical
     column); None for a CPU run or a device without a built-in datasheet."""
-    from llmperf.analysis.roofline import phase_time_model
     from llmperf.analysis.rollup import phase_arrays
+    from llmperf.analysis.roofline import phase_time_model
     from llmperf.analysis.timemodel import time_model_for
     from llmperf.specs import match_hardware
 
@@ -247,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text, _ = report(run_dir)
         print(text + "\n")
         if args.save:
-            (run_dir / "accuracy.txt").write_text(text + "\n")
+            write_file(run_dir / "accuracy.txt", text + "\n", "--save")
     return 0
 
 

@@ -90,8 +90,8 @@ from pathlib import Path
 from typing import Any
 
 from llmperf.analysis.operators import attention_cost
-from llmperf.analysis.vocabulary import WEIGHT_MATMUL_OPS
 from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
+from llmperf.analysis.vocabulary import WEIGHT_MATMUL_OPS
 from llmperf.measure.device import describe, versions
 from llmperf.measure.timers import gc_paused, pooled, time_fn
 from llmperf.specs import HardwareSpec
@@ -876,7 +876,7 @@ def measure_gemm_shapes(dtypes: Sequence[str], device: Any, progress: Progress
             for m in GEMM_SHAPE_ROWS:
                 x = torch.randn(m, k, device=device, dtype=dt)
                 out.append((dname, m, n, k, _bench_s(lambda: torch.nn.functional.linear(x, w))))
-            del w
+            w = None  # freed now (a `del` would unbind what the timed lambdas close over)
     return out
 
 
@@ -927,7 +927,7 @@ def measure_attention_shapes(device: Any, progress: Progress) -> list[dict[str, 
                                                                     enable_gqa=True))
                 out.append(dict(phase=phase, batch=batch, q_len=q_len, context=ctx, heads=heads, kv_heads=kvh,
                                 head_dim=hd, dtype="bf16", impl="sdpa", time_s=t))
-                del q, k, v
+                q = k = v = None  # freed now (a `del` would unbind what the timed lambdas close over)
     return out
 
 

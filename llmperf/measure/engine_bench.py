@@ -397,5 +397,6 @@ if __name__ == "__main__":
 
 
 __all__ = ["Figure", "Plan", "bench_spec", "copy_bandwidth_bytes_per_s", "environment", "memory_limit_fractions",
-           "one_call_speedup", "own_kernels_speedup", "paged_versus_contiguous", "plan_for", "run", "versus_transformers",
+           "one_call_speedup", "own_kernels_speedup", "paged_versus_contiguous", "plan_for", "run",
+           "versus_transformers",
            "weight_bytes_read", "write_results"]

@@ -27,7 +27,8 @@ Held out (the split is printed):
 - sweep: fitted on GQA groups 1 and 8 (MHA and 32 query / 4 KV heads; every head dim) at contexts up
   to 8k; predicts group 4 (decode's only grouped rows: decode is fitted on MHA alone) and contexts
   above 8k. Another device's sweep beside it (`attention-<hardware>.csv`, or another `gpu_terms` run's
-  `attention.csv` in the folder beside, e.g. `reports/gpu-terms/2026-11-25-h200/`) is predicted too, from that device's datasheet alone (held out: a device never fitted).
+  `attention.csv` in the folder beside, e.g. `reports/gpu-terms/2026-11-25-h200/`) is predicted too, from that device's
+  datasheet alone (held out: a device never fitted).
 Errors are the median and p90 of |pred / meas - 1| by phase; the in-sample rows are labelled so.
 Trained on llmperf's own H100 measurements only; no published benchmark was fitted.
 """
@@ -43,7 +44,14 @@ import pandas as pd
 
 from llmperf.analysis.attention_eff import PARAMS, AttentionEfficiency, AttnShape
 from llmperf.errors import SpecError
-from llmperf.measure.fitting import error_line, error_table, fit_main, nelder_mead, with_block
+from llmperf.measure.fitting import (
+    error_line,
+    error_table,
+    fit_main,
+    nelder_mead,
+    with_block,
+)
+from llmperf.outputs import write_file
 
 HARDWARE = "h100-sxm"
 KERNEL_SHAPE = dict(heads=32, kv_heads=8, head_dim=128)  # llmperf.measure.kernel_bench's H, H_KV, HEAD_DIM
@@ -232,7 +240,8 @@ def run(path: Path | str) -> dict:
         except (ValueError, KeyError, SpecError):
             continue
         out["errors"][f"device_{hw}"] = errors(d, pred)
-        out["labels"][f"device_{hw}"] = f"held out: {other.parent.name}/{other.name}, another device ({hw}, its datasheet only)"
+        out["labels"][f"device_{hw}"] = (f"held out: {other.parent.name}/{other.name}, another device ({hw}, "
+                                         "its datasheet only)")
     return out
 
 
@@ -272,7 +281,7 @@ def write_typical(path: Path | str, result: dict) -> None:
     block += [f"    {n}: {getattr(p, n):.4g}" + ("" if n in _fitted_names(result) else "   # prior, not fitted")
               for n in PARAMS]
     block += [f'    source: "fit_attention on {where}"']
-    path.write_text(with_block(text, "fit_attention", block, 5))
+    write_file(path, with_block(text, "fit_attention", block, 5), "--write")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

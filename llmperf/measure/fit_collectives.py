@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.measure.fitting import error_line, error_table, fit_main
+from llmperf.outputs import write_file
 
 #: the nodes of the data, with their hardware spec and the hardware specs whose all-reduce they price
 NODES = {"a100_dgx": ("a100-80gb-sxm", ["a100-80gb-sxm", "a100-40gb-sxm"]),
@@ -202,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return fit_main(argv, prog="python -m llmperf.measure.fit_collectives", description=__doc__.split("\n")[0],
                     root_help="Vidur's data directory (holding network/<node>/all_reduce.csv)",
                     write_help="write the fitted terms there (models_spec/efficiency/collectives.yaml)",
-                    run=run, report=report, write=lambda path, result: Path(path).write_text(to_yaml(result)))
+                    run=run, report=report, write=lambda path, result: write_file(path, to_yaml(result), "--write"))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,14 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.gemm import GemmParams, gemm_time_s
-from llmperf.measure.fitting import error_line, error_table, nelder_mead, vidur_tables, with_block
+from llmperf.measure.fitting import (
+    error_line,
+    error_table,
+    nelder_mead,
+    vidur_tables,
+    with_block,
+)
+from llmperf.outputs import write_file
 
 #: Vidur's GEMM column -> llmperf's operator
 OPS = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj", "mlp_up_proj": "gate_up_proj",
@@ -205,7 +212,8 @@ def gemm_block(result: dict) -> str:
              f"  e_peak: {p.e_peak:.3g}        # the large-GEMM plateau, a fraction of the dtype's dense peak",
              f"  e_memory: {p.e_memory:.3g}      # weights streamed at small M, a fraction of the HBM bandwidth",
              f"  latency_s: {p.latency_s:.3g}  # a GEMM kernel's fixed device time (a tiny GEMM's floor)",
-             f"  feed_flop_per_byte: {p.feed_flop_per_byte:.3g}  # the operand intensity a tile needs to keep its SM busy",
+             f"  feed_flop_per_byte: {p.feed_flop_per_byte:.3g}  "
+             "# the operand intensity a tile needs to keep its SM busy",
              f"  source: \"{p.source}\""]
     return "\n".join(lines)
 
@@ -214,7 +222,7 @@ def write_typical(path: Path | str, result: dict) -> None:
     """Replace (or add, before `dtypes:`) the `gemm:` block of the typical time model's data (schema 5)."""
     path = Path(path)
     text = path.read_text()
-    path.write_text(with_block(text, "fit_gemm", gemm_block(result).split("\n"), 5))
+    write_file(path, with_block(text, "fit_gemm", gemm_block(result).split("\n"), 5), "--write")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

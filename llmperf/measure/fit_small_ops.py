@@ -34,7 +34,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmperf.measure.fitting import error_line, error_table, fit_main, vidur_tables, with_block
+from llmperf.measure.fitting import (
+    error_line,
+    error_table,
+    fit_main,
+    vidur_tables,
+    with_block,
+)
+from llmperf.outputs import write_file
 
 #: Vidur's column -> (llmperf operator whose bytes price it, the operator names it sets, kind)
 OPS = {
@@ -225,7 +232,7 @@ def write_typical(path: Path | str, result: dict) -> None:
     block += [f"    {n}: {e[g]:.3f}" for n, g in ops.items()]
     block += ["op_floor_s:   # a kernel's minimum device time (CUDA events), not the host's launch", "  default:"]
     block += [f"    {n}: {p['op_floor_s'][g]:.1e}" for n, g in ops.items()]
-    path.write_text(with_block(text, "fit_small_ops", block, 4))
+    write_file(path, with_block(text, "fit_small_ops", block, 4), "--write")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

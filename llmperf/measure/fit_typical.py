@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmperf.measure import fit_collectives, fit_gemm, fit_small_ops
+from llmperf.outputs import write_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              ("fit_small_ops", lambda: fit_small_ops.run(args.root), fit_small_ops.report,
               lambda r: fit_small_ops.write_typical(typical, r)),
              ("fit_collectives", lambda: fit_collectives.run(args.root), fit_collectives.report,
-              lambda r: collectives.write_text(fit_collectives.to_yaml(r))))
+              lambda r: write_file(collectives, fit_collectives.to_yaml(r), "--write")))
     for name, run, report, write in steps:
         print(f"== {name} ==")
         result = run()

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmperf.outputs import write_file
+
 # (name, N, K): per-GPU projection shapes of models people serve (TP shards where named)
 GEMM_SHAPES: tuple[tuple[str, int, int], ...] = (
     ("llama3-8b.qkv", 6144, 4096), ("llama3-8b.o", 4096, 4096), ("llama3-8b.gate_up", 28672, 4096),
@@ -75,7 +77,7 @@ def measure_gemm(torch: Any, dev: Any, quick: bool) -> list[dict[str, Any]]:
                 x = torch.randn(m, k, device=dev, dtype=dt)
                 t = _bench_s(lambda: torch.nn.functional.linear(x, w))
                 out.append(dict(shape=name, m=m, n=n, k=k, groups=1, dtype=dname, op="linear", time_s=t))
-            del w
+            w = None  # freed now (a `del` would unbind what the timed lambdas close over)
         if fp8:
             w8 = (torch.randn(n, k, device=dev) * 0.02).to(torch.float8_e4m3fn)
             one = torch.ones((), device=dev, dtype=torch.float32)
@@ -98,7 +100,7 @@ def measure_gemm(torch: Any, dev: Any, quick: bool) -> list[dict[str, Any]]:
             x = torch.randn(g, m, k, device=dev, dtype=torch.bfloat16)
             t = _bench_s(lambda: torch.bmm(x, w))
             out.append(dict(shape=name, m=m, n=n, k=k, groups=g, dtype="bf16", op="bmm", time_s=t))
-        del w
+        w = None  # freed now (a `del` would unbind what the timed lambdas close over)
         torch.cuda.empty_cache()
     return out
 
@@ -132,7 +134,7 @@ def measure_attention(torch: Any, dev: Any, quick: bool) -> list[dict[str, Any]]
                 t = _bench_s(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
                 out.append(dict(phase="prefill", batch=1, q_len=ctx, context=ctx, heads=heads, kv_heads=kvh,
                                 head_dim=hd, dtype="bf16", impl=f"sdpa-{impl}", time_s=t))
-                del q, k, v
+                q = k = v = None  # freed now (a `del` would unbind what the timed lambdas close over)
     decode_b = (1, 32) if quick else (1, 8, 32, 64)
     decode_ctx = (2048, 32768) if quick else (512, 2048, 8192, 32768)
     for hd in ((128,) if quick else (64, 128, 256)):
@@ -148,7 +150,7 @@ def measure_attention(torch: Any, dev: Any, quick: bool) -> list[dict[str, Any]]
                     t = _bench_s(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
                     out.append(dict(phase="decode", batch=b, q_len=1, context=ctx, heads=heads, kv_heads=kvh,
                                     head_dim=hd, dtype="bf16", impl=f"sdpa-{impl}", time_s=t))
-                    del q, k, v
+                    q = k = v = None  # freed now (a `del` would unbind what the timed lambdas close over)
             torch.cuda.empty_cache()
         print(f"attention head_dim {hd}: done", flush=True)
     return out
@@ -217,7 +219,7 @@ def measure_small_ops(torch: Any, dev: Any, quick: bool) -> list[dict[str, Any]]
                 t = _graph_time_s(torch, fn, copies=20)
                 out.append(dict(op=name, rows=rows, hidden=hidden, bytes=nbytes, kernels=_kernels_per_call(torch, fn),
                                 dtype="bf16", device_time_s=t))
-            del x, y, gu, cos
+            x = y = gu = cos = None  # freed now (a `del` would unbind what the timed lambdas close over)
         print(f"small ops hidden {hidden}: done", flush=True)
     return out
 
@@ -268,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     meta = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), device=describe_cuda(0),
                 versions=versions(), quick=a.quick)
-    (a.out / "meta.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
+    write_file(a.out / "meta.json", json.dumps(meta, indent=1, default=str) + "\n", "--out")
     parts = a.only.split(",")
     if "launch" in parts:
         _write(a.out / "launch.csv", measure_launch(torch, dev))

@@ -1,4 +1,6 @@
-"""Benchmark the attention kernels against the roofline: `python -m llmperf.measure.kernel_bench [--out DIR] [--dry-run]`.
+"""Benchmark the attention kernels against the roofline: `python -m llmperf.measure.kernel_bench`.
+
+Options: `[--out DIR] [--dry-run]`.
 
 On a CUDA device, times each kernel with `triton.testing.do_bench` (median; L2 flushed between runs)
 over Llama-3-8B-like attention (32 query / 8 KV heads, head dim 128), batch 1..64, context 512..32k:
@@ -318,17 +320,13 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
 
 def save(rows: Sequence[Row], meta: Meta, out_dir: Path) -> tuple[Path, Path]:
     """`kernels.json` ({"meta": ..., "rows": [...]}) and `kernels.csv` (one row each, meta columns repeated)."""
-    from llmperf.outputs import check_dir
+    from llmperf.outputs import check_dir, json_text, write_file
     check_dir(out_dir, "--out").create()
     meta_d = dataclasses.asdict(meta)
     row_ds = [dataclasses.asdict(r) for r in rows]
 
-    def clean(x: Any) -> Any:
-        return None if isinstance(x, float) and math.isnan(x) else x
-
     json_path, csv_path = out_dir / "kernels.json", out_dir / "kernels.csv"
-    _atomic_write(json_path, lambda f: json.dump(
-        {"meta": meta_d, "rows": [{k: clean(v) for k, v in r.items()} for r in row_ds]}, f, indent=1))
+    write_file(json_path, json_text({"meta": meta_d, "rows": row_ds}, indent=1), "--out")  # NaN -> null
 
     def write_csv(f: Any) -> None:
         names = list(meta_d) + [n for n in (row_ds[0] if row_ds else {}) if n not in meta_d]
@@ -368,7 +366,7 @@ def copy_bandwidth_bytes_per_s(device) -> float:
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     ms = _bench_ms(lambda: dst.copy_(src))
-    del src, dst
+    src = dst = None  # freed now (a `del` would unbind what the timed lambdas close over)
     return 2 * COPY_BYTES / (ms * 1e-3)
 
 

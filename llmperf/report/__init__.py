@@ -23,7 +23,13 @@ from llmperf.report.figures import Ceiling, ReportFigure
 from llmperf.report.html import RenderedReport, files_folder, render, write
 from llmperf.report.runs import ProfileRun, SimulateRun, load_profile, load_run, load_simulate
 from llmperf.report.sources import (
-    DEFAULT_COMPARE, EstimateSpec, Section, estimate_section, profile_section, simulate_section, typical_section,
+    DEFAULT_COMPARE,
+    EstimateSpec,
+    Section,
+    estimate_section,
+    profile_section,
+    simulate_section,
+    typical_section,
 )
 
 

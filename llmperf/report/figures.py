@@ -25,8 +25,20 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from llmperf.report.style import (
-    BLACK, BLUE, GREEN, HATCH_COMPUTE, ORANGE, PURPLE, SKY_BLUE, VERMILLION, YELLOW, marker_style, new_figure,
-    phase_color, report_style, series_color,
+    BLACK,
+    BLUE,
+    GREEN,
+    HATCH_COMPUTE,
+    ORANGE,
+    PURPLE,
+    SKY_BLUE,
+    VERMILLION,
+    YELLOW,
+    marker_style,
+    new_figure,
+    phase_color,
+    report_style,
+    series_color,
 )
 
 
@@ -127,7 +139,8 @@ def roofline_figure(points: pd.DataFrame, ceilings: Sequence[Ceiling], *, title:
             color = (BLACK if i == 0 else "#777777") if not c.calibrated else ORANGE
             style = "-" if not c.calibrated else "--"
             ax.plot(grid, np.minimum(c.peak_flops_per_s, c.bandwidth_bytes_per_s * grid), style,
-                    color=color, linewidth=1.6 - 0.3 * min(i, 2), label=f"{c.label} (ridge {c.ridge_point:,.1f} FLOP/B)")
+                    color=color, linewidth=1.6 - 0.3 * min(i, 2),
+                    label=f"{c.label} (ridge {c.ridge_point:,.1f} FLOP/B)")
             ax.axvline(c.ridge_point, color=color, linestyle=":", linewidth=0.8)
         kinds = [k for k in ("roofline", "typical", "calibrated", "measured") if k in set(shown["kind"])]
         phases = list(dict.fromkeys(shown["phase"]))
@@ -547,7 +560,8 @@ def serving_figure(requests: pd.DataFrame, steps: pd.DataFrame, rates: pd.DataFr
             scale, unit = time_unit(requests[col])
             _cdf(ax, requests[col] / scale, phase_color(phase), name)
             if slo.get(col):
-                ax.axvline(slo[col] / scale, color=BLACK, linestyle="--", linewidth=1, label=f"SLO {slo[col] / scale:,.3g} {unit}")
+                ax.axvline(slo[col] / scale, color=BLACK, linestyle="--", linewidth=1,
+                           label=f"SLO {slo[col] / scale:,.3g} {unit}")
             for q, ls in ((50, ":"), (99, "-.")):
                 if len(requests):
                     ax.axvline(np.nanpercentile(requests[col], q) / scale, color=phase_color(phase),
@@ -571,7 +585,8 @@ def serving_figure(requests: pd.DataFrame, steps: pd.DataFrame, rates: pd.DataFr
             ok = r[r["meets_slo"].astype(str).str.lower().isin(("true", "1", "1.0"))]
             if len(ok):
                 knee = float(ok["rate"].max())
-                ax_rate.axvline(knee, color=GREEN, linestyle="--", linewidth=1.2, label=f"max rate meeting SLO: {knee:,.3g}/s")
+                ax_rate.axvline(knee, color=GREEN, linestyle="--", linewidth=1.2,
+                                label=f"max rate meeting SLO: {knee:,.3g}/s")
             ax_rate.set_yscale("log")
             ax_rate.set_xlabel("request rate (requests/s)")
             ax_rate.set_ylabel(f"latency ({unit})")

@@ -65,14 +65,17 @@ diamond: calibrated).</p>
 {% for n in s.notes %}<p class="note">{{ n }}</p>{% endfor %}
 {% for f in s.figures %}
 <figure id="s{{ si }}-{{ f.name }}">
-<img src="data:image/png;base64,{{ f.png }}" alt="{{ f.title }}: {{ f.alt }}" width="{{ f.width }}" height="{{ f.height }}">
-<figcaption><strong>{{ f.number }}. {{ f.title }}.</strong> {{ f.caption }} <span class="note">({{ f.file }})</span></figcaption>
+<img src="data:image/png;base64,{{ f.png }}" alt="{{ f.title }}: {{ f.alt }}"
+ width="{{ f.width }}" height="{{ f.height }}">
+<figcaption><strong>{{ f.number }}. {{ f.title }}.</strong> {{ f.caption }}
+<span class="note">({{ f.file }})</span></figcaption>
 </figure>
 {% endfor %}
 {% for name, t in s.tables %}
 <h3>{{ name }}</h3>
 {% if t.rows %}<table><thead><tr>{% for c in t.columns %}<th>{{ c }}</th>{% endfor %}</tr></thead>
-<tbody>{% for row in t.rows %}<tr>{% for cell, text in row %}<td{% if text %} class="t"{% endif %}>{{ cell }}</td>{% endfor %}</tr>
+<tbody>{% for row in t.rows %}<tr>{% for cell, text in row -%}
+<td{% if text %} class="t"{% endif %}>{{ cell }}</td>{% endfor %}</tr>
 {% endfor %}</tbody></table>{% else %}<p class="note">(none)</p>{% endif %}
 {% endfor %}
 </section>
@@ -136,7 +139,8 @@ def render(sections: Sequence[Section], *, title: str) -> RenderedReport:
                              width=_png_size(png)[0] or w, height=_png_size(png)[1] or h,
                              alt=fig.caption.split(". ")[0]))
         for name, frame in section.attachments.items():
-            files[f"{si:02d}-{section.kind}-{_slug(name.removesuffix('.csv'))}.csv"] = frame.to_csv(index=False).encode()
+            stem = _slug(name.removesuffix(".csv"))
+            files[f"{si:02d}-{section.kind}-{stem}.csv"] = frame.to_csv(index=False).encode()
         ctx_sections.append(dict(title=section.title, facts=section.facts, notes=section.notes, figures=figs,
                                  tables=[(name, _table(t)) for name, t in section.tables]))
     html = _ENV.from_string(_TEMPLATE).render(

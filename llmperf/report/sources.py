@@ -246,7 +246,8 @@ def estimate_section(spec: EstimateSpec) -> Section:
                                  title=f"{model.name} on several devices: prompt {p0}, {g0} generated tokens"))
     facts = [
         ("time to first token", f"{est.ttft_s * 1e3:,.3f} ms expected, {est.row['ttft_bound_s'] * 1e3:,.3f} ms bound"),
-        ("time per output token", f"{est.tpot_s * 1e3:,.3f} ms expected, {est.row['tpot_bound_s'] * 1e3:,.3f} ms bound"),
+        ("time per output token",
+         f"{est.tpot_s * 1e3:,.3f} ms expected, {est.row['tpot_bound_s'] * 1e3:,.3f} ms bound"),
         ("throughput", f"{est.tokens_per_s:,.1f} tokens/s"),
         ("prefill / decode bound", f"{est.prefill.bound} / {est.decode_first.bound}"),
         ("ridge point", f"{est.regimes.ridge_point:,.1f} FLOP/B ({dtype})"),
@@ -303,7 +304,8 @@ def _context_frame(spec: EstimateSpec, model, hw: HardwareSpec, batch: int, cont
                     sums[f"attn_{key}"] = sums[f"attn_{key}"] + value
         with np.errstate(divide="ignore", invalid="ignore"):
             frames.append(pd.DataFrame(dict(phase=phase, context=ctx, **{
-                f"{k}_share": np.where(sums[k] > 0, sums[f"attn_{k}"] / sums[k], 0.0) for k in ("flops", "bytes", "time")})))
+                f"{k}_share": np.where(sums[k] > 0, sums[f"attn_{k}"] / sums[k], 0.0)
+                for k in ("flops", "bytes", "time")})))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -319,8 +321,9 @@ def _memory(spec: EstimateSpec, model, hw: HardwareSpec, sweep: pd.DataFrame, es
     max_seq = int(sweep["max_seq_len"].iloc[0]) if "max_seq_len" in sweep else model.max_positions
     usable = float(sweep["usable_gib"].iloc[0]) if "usable_gib" in sweep else hw.memory_gib * spec.mem_util
     return F.memory_figure(frame, util, device_gib=hw.memory_gib, usable_gib=usable,
-                           title=f"Memory: {model.name} ({est.precision}) on {hw.name}, {int(spec.gen_len[0])} generated "
-                                 f"tokens; contiguous cache reserves {max_seq:,} tokens, blocks of {spec.block_size}")
+                           title=f"Memory: {model.name} ({est.precision}) on {hw.name}, "
+                                 f"{int(spec.gen_len[0])} generated tokens; contiguous cache reserves {max_seq:,} "
+                                 f"tokens, blocks of {spec.block_size}")
 
 
 def _attention_frame(naive, fused) -> pd.DataFrame:  # noqa: ANN001
@@ -374,20 +377,26 @@ def profile_section(run: ProfileRun) -> Section:
         ceilings = ceilings_for(hw, hw.compute_dtype(dtype)) if hw is not None else []
     except SpecError:
         ceilings = ceilings_for(hw, "fp32") if hw is not None else []
-    figs.append(F.roofline_figure(points, ceilings, title=f"Roofline, measured and predicted: {run.model} on {run.hardware}",
+    figs.append(F.roofline_figure(points, ceilings,
+                                  title=f"Roofline, measured and predicted: {run.model} on {run.hardware}",
                                   label_ops=False))
     gen = ops[ops["kind"] == "generation"]
     source = gen if len(gen) else ops
     breakdown = source.groupby(["phase", "op"], sort=False).agg(time_s=("measured_s", "sum"),
                                                                  bound=("bound", "first")).reset_index()
-    figs.append(F.breakdown_figure(breakdown, title=f"Measured time per operator ({'generation' if len(gen) else 'micro'}"
+    figs.append(F.breakdown_figure(breakdown,
+                                   title=f"Measured time per operator ({'generation' if len(gen) else 'micro'}"
                                                     f" rows; bound as predicted): {run.model} on {run.hardware}"))
     batch = _profile_batch_frame(run)
     if batch is not None:
-        figs.append(F.batch_figure(batch, title=f"Decode against batch, measured and predicted: {run.model} on {run.hardware}"))
-    err = pd.concat([pd.DataFrame(dict(phase=ops["phase"], op=ops["op"], model=m, ratio=pd.to_numeric(ops[c], errors="coerce")))
-                     for m, c in (("roofline", "ratio_roofline"), ("calibrated", "ratio_calibrated"))], ignore_index=True)
-    figs.append(F.error_figure(err.dropna(subset=["ratio"]), title=f"Predicted / measured: {run.model} on {run.hardware}"))
+        figs.append(F.batch_figure(batch, title="Decode against batch, measured and predicted: "
+                                                f"{run.model} on {run.hardware}"))
+    err = pd.concat([pd.DataFrame(dict(phase=ops["phase"], op=ops["op"], model=m,
+                                       ratio=pd.to_numeric(ops[c], errors="coerce")))
+                     for m, c in (("roofline", "ratio_roofline"), ("calibrated", "ratio_calibrated"))],
+                     ignore_index=True)
+    figs.append(F.error_figure(err.dropna(subset=["ratio"]),
+                               title=f"Predicted / measured: {run.model} on {run.hardware}"))
     facts = [("created", str(run.meta.get("created", "?"))), ("git commit", str(run.meta.get("git_commit")))]
     device = run.meta.get("device")
     if isinstance(device, dict):
@@ -451,9 +460,11 @@ def simulate_section(run: SimulateRun) -> Section:
         q = s.get(key)
         if isinstance(q, dict):
             facts.append((f"{label} p50 / p90 / p99", " / ".join(
-                f"{float(q[p]) * 1e3:,.2f} ms" if isinstance(q.get(p), (int, float)) else "?" for p in ("p50", "p90", "p99"))))
+                f"{float(q[p]) * 1e3:,.2f} ms" if isinstance(q.get(p), (int, float)) else "?"
+                for p in ("p50", "p90", "p99"))))
     for key, label in (("throughput_rps", "throughput (requests/s)"), ("tokens_per_s", "tokens/s"),
-                       ("goodput_rps", "goodput (requests/s)"), ("preemptions", "preemptions"), ("requests", "requests")):
+                       ("goodput_rps", "goodput (requests/s)"), ("preemptions", "preemptions"),
+                       ("requests", "requests")):
         if isinstance(s.get(key), (int, float)):
             facts.append((label, f"{s[key]:,.4g}"))
     tables = []
@@ -461,5 +472,6 @@ def simulate_section(run: SimulateRun) -> Section:
         tables.append(("Rate sweep", run.rates))
     settings = run.meta.get("settings")
     if isinstance(settings, dict):
-        tables.append(("Settings", pd.DataFrame([(str(k), str(v)) for k, v in settings.items()], columns=["setting", "value"])))
+        tables.append(("Settings", pd.DataFrame([(str(k), str(v)) for k, v in settings.items()],
+                                                columns=["setting", "value"])))
     return Section(kind="simulate", title=title, facts=facts, tables=tables, figures=[fig])

@@ -8,7 +8,15 @@ sharing), `scheduler` (static / continuous batching, chunked prefill, recompute 
 
 from llmperf.serving.blocks import BlockManager, BlockPool, BlockUsage, SlotResult
 from llmperf.serving.scheduler import (
-    POLICIES, KVSpace, RequestState, Runner, ScheduledItem, Scheduler, SchedulerConfig, StepLog, StepOutcome,
+    POLICIES,
+    KVSpace,
+    RequestState,
+    Runner,
+    ScheduledItem,
+    Scheduler,
+    SchedulerConfig,
+    StepLog,
+    StepOutcome,
     StepPlan,
 )
 

@@ -58,10 +58,18 @@ from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
 from llmperf.serving.costsplit import input_time_share, token_prices
 from llmperf.serving.prices import price_for
-from llmperf.serving.stability import Stability, Stopping, assess
 from llmperf.serving.simulator import (
-    SLO, ServingConfig, check_fits, kv_note, plan_memory, saturated_rate, service_rate_bound, simulate, step_cost_model,
+    SLO,
+    ServingConfig,
+    check_fits,
+    kv_note,
+    plan_memory,
+    saturated_rate,
+    service_rate_bound,
+    simulate,
+    step_cost_model,
 )
+from llmperf.serving.stability import Stability, Stopping, assess
 from llmperf.serving.workload import Poisson, WorkloadSpec, generate
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
 from llmperf.specs.precision import gemm_mode, precision_note
@@ -517,7 +525,8 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
                     on_candidate(rows[futures[fut]])
     notes = sorted({precision_note(plan_precision(m, p, kv), load_hardware(d)) for d in devices for p in precisions
                     if p == "fp8"} - {""})
-    settings = dict(model=m.name, rate_rps=rate, precision_notes=notes, devices=list(devices), precisions=list(precisions), tps=list(tps),
+    settings = dict(model=m.name, rate_rps=rate, precision_notes=notes, devices=list(devices),
+                    precisions=list(precisions), tps=list(tps),
                     layouts=list(layouts), kv_note=kv_note(m, base.get("kv_window", "capped"), base.get("pp", 1)),
                     max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
                     slo_percentile=slo.percentile, workload=workload.describe(),

@@ -19,15 +19,18 @@ half-written run; a failure removes the files and folders this write created, no
 from __future__ import annotations
 
 import json
-import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from llmperf.errors import SpecError
-from llmperf.outputs import OutputDir, check_dir
+from llmperf.outputs import (  # jsonable: re-exported
+    OutputDir,
+    check_dir,
+    json_text,
+    jsonable,
+)
 
 SCHEMA_VERSION = 1
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",
@@ -36,19 +39,6 @@ STEP_COLUMNS = ("step", "start_s", "duration_s", "phase", "batch", "prefill_toke
                 "kv_used_bytes", "kv_reserved_bytes", "kv_util", "running", "waiting", "preemptions")
 RATE_COLUMNS = ("rate", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "goodput_rps",
                 "throughput_rps", "meets_slo")
-
-
-def jsonable(value: object) -> object:
-    """numpy scalars to Python, NaN / inf to None (JSON has neither)."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def prepare_dir(path: str | Path | OutputDir, option: str = "--run-dir") -> OutputDir:
@@ -72,7 +62,7 @@ def write_run_dir(path: str | Path | OutputDir, *, model: str, hardware: str, se
                    hardware=hardware, settings=settings, summary=summary)
         if extra:
             doc |= extra
-        d.write("run.json", json.dumps(jsonable(doc), indent=2) + "\n")
+        d.write("run.json", json_text(doc) + "\n")
     return Path(d.shown)
 
 

@@ -15,7 +15,8 @@ OSDI, for chunked prefill with a per-step token budget and mixed steps):
 - Without chunked prefill (vLLM v0's default): a step either prefills (whole prompts of newly
   admitted requests, and any running request still being recomputed) or decodes one token for every
   running sequence; prefill has priority. A recompute longer than the token budget (its prompt fitted,
-  the tokens it generated before its preemption did not) runs alone in a step of its own. With `chunked_prefill=True` (vLLM v1 / Sarathi-Serve), each
+  the tokens it generated before its preemption did not) runs alone in a step of its own. With `chunked_prefill=True`
+  (vLLM v1 / Sarathi-Serve), each
   step spends a budget of `max_batched_tokens` tokens: first one decode token per running sequence
   (oldest request first), then the next chunk of prompts already being prefilled, then new
   admissions, each chunk cut to what is left of the budget. Such a step is `Phase.mixed`.

@@ -38,6 +38,7 @@ import pandas as pd
 from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
 from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
+from llmperf.numeric import is_real
 from llmperf.serving.blocks import BlockManager, HybridLayout, WindowedBlockManager, WindowGroup, window_blocks_for
 from llmperf.serving.costmodel import StepCostModel, _scalar_features
 from llmperf.serving.scheduler import RequestState, Scheduler, SchedulerConfig, StepOutcome, StepPlan
@@ -46,10 +47,6 @@ from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, loa
 
 GiB = 2**30
 EFFICIENCIES = ("auto", "roofline", "typical", "calibrated")
-
-
-def _is_num(x: object) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,9 +60,9 @@ class SLO:
 
     def __post_init__(self) -> None:
         for name, v in (("slo_ttft", self.ttft_s), ("slo_tpot", self.tpot_s)):
-            if v is not None and (not _is_num(v) or v <= 0):
+            if v is not None and (not is_real(v) or v <= 0):
                 raise SpecError(f"--{name.replace('_', '-')}: must be a number of seconds > 0, got {v!r}")
-        if not _is_num(self.percentile) or not 0 < self.percentile <= 100:
+        if not is_real(self.percentile) or not 0 < self.percentile <= 100:
             raise SpecError(f"--slo-percentile: must be in (0, 100], got {self.percentile!r}")
 
     @property
@@ -86,7 +83,8 @@ class ServingConfig:
     (every layer the whole context); `MemoryPlan` says which the pool does.
 
     Defaults follow vLLM's online serving: continuous batching, chunked prefill with a budget of
-    `DEFAULT_MAX_BATCHED_TOKENS` (8192, as `estimate`) tokens per step, at most 256 sequences, 16-token blocks, 90% of device memory, prefix caching.
+    `DEFAULT_MAX_BATCHED_TOKENS` (8192, as `estimate`) tokens per step, at most 256 sequences, 16-token blocks, 90% of
+    device memory, prefix caching.
     `efficiency`: the time model ("auto": the expected time, `typical` on a GPU, the calibration a
     `--hardware local` spec carries on a CPU; `llmperf.analysis.timemodel.default_efficiency`), or pass
     `time_model` directly; `engine`: the GPU serving stack's profile pricing its host terms (None: the
@@ -139,7 +137,7 @@ class ServingConfig:
         if self.num_blocks is not None and (isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int)
                                             or self.num_blocks < 1):
             raise SpecError(f"--num-blocks: must be a positive integer, got {self.num_blocks!r}")
-        if not _is_num(self.mem_util) or not 0 < self.mem_util <= 1:
+        if not is_real(self.mem_util) or not 0 < self.mem_util <= 1:
             raise SpecError(f"--mem-util: must be in (0, 1], got {self.mem_util!r}")
         try:
             self.scheduler_config()

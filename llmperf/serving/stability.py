@@ -17,7 +17,8 @@ The stopping rule (`Stopping`): simulate `min_requests`, then double the sample 
 half-width is at most `tolerance` x the estimate for every SLO percentile, or `max_requests` is
 reached. The first `warmup` share of the requests (at least `min_warmup`), and those arriving within
 the 95th percentile of the end-to-end latency of the start, are discarded: the replica starts
-empty and fills as its longest requests stay (a heavy tail of output lengths fills it slowly). As many at the end are discarded as
+empty and fills as its longest requests stay (a heavy tail of output lengths fills it slowly). As many at the end are
+discarded as
 well: once the arrivals stop, the last requests run on a draining replica, faster than at steady
 state. (Where that would leave fewer than half of the requests the time rule is dropped.)
 
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmperf.errors import SpecError
+
 
 def t_quantile(df: int, level: float = 0.95) -> float:
     """Two-sided Student t critical value for `df` degrees of freedom at `level`: the normal quantile
@@ -225,4 +227,5 @@ def assess(requests, percentile: float, stopping: Stopping, metrics: tuple[str, 
                      converged=bool(ok) and all(ok) and not grows, unstable=grows)
 
 
-__all__ = ["DEFAULT_TOLERANCE", "PercentileCI", "Stability", "Stopping", "assess", "percentile_ci", "in_system", "rising", "t_quantile", "trend"]
+__all__ = ["DEFAULT_TOLERANCE", "PercentileCI", "Stability", "Stopping", "assess", "percentile_ci", "in_system",
+           "rising", "t_quantile", "trend"]

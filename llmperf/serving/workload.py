@@ -41,14 +41,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.errors import SpecError
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
+from llmperf.numeric import is_int, is_real
 
 
 def _fmt(x: float) -> str:
@@ -71,9 +64,9 @@ class LengthDist(Protocol):
 
 
 def _check_bounds(name: str, lo: object, hi: object) -> None:
-    if not _is_int(lo) or lo < 1:
+    if not is_int(lo) or lo < 1:
         raise SpecError(f"{name}.lo: must be a positive integer, got {lo!r}")
-    if hi is not None and (not _is_int(hi) or hi < lo):
+    if hi is not None and (not is_int(hi) or hi < lo):
         raise SpecError(f"{name}.hi: must be None or an integer >= lo={lo}, got {hi!r}")
 
 
@@ -96,7 +89,7 @@ class Fixed:
     value: int
 
     def __post_init__(self) -> None:
-        if not _is_int(self.value) or self.value < 1:
+        if not is_int(self.value) or self.value < 1:
             raise SpecError(f"fixed: length must be a positive integer, got {self.value!r}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -123,9 +116,9 @@ class Uniform:
     hi: int
 
     def __post_init__(self) -> None:
-        if not _is_int(self.lo) or self.lo < 1:
+        if not is_int(self.lo) or self.lo < 1:
             raise SpecError(f"uniform: lo must be a positive integer, got {self.lo!r}")
-        if not _is_int(self.hi) or self.hi < self.lo:
+        if not is_int(self.hi) or self.hi < self.lo:
             raise SpecError(f"uniform: hi must be an integer >= lo={self.lo}, got {self.hi!r}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -151,9 +144,9 @@ class Normal:
     hi: int | None = None
 
     def __post_init__(self) -> None:
-        if not _is_real(self.mean):
+        if not is_real(self.mean):
             raise SpecError(f"normal: mean must be a finite number, got {self.mean!r}")
-        if not _is_real(self.std) or self.std < 0:
+        if not is_real(self.std) or self.std < 0:
             raise SpecError(f"normal: std must be a finite number >= 0, got {self.std!r}")
         _check_bounds("normal", self.lo, self.hi)
 
@@ -176,9 +169,9 @@ class LogNormal:
     hi: int | None = None
 
     def __post_init__(self) -> None:
-        if not _is_real(self.mu):
+        if not is_real(self.mu):
             raise SpecError(f"lognormal: mu must be a finite number, got {self.mu!r}")
-        if not _is_real(self.sigma) or self.sigma < 0:
+        if not is_real(self.sigma) or self.sigma < 0:
             raise SpecError(f"lognormal: sigma must be a finite number >= 0, got {self.sigma!r}")
         _check_bounds("lognormal", self.lo, self.hi)
 
@@ -209,7 +202,7 @@ class Cycle:
     def __post_init__(self) -> None:
         if isinstance(self.values, Sequence) and not isinstance(self.values, tuple):
             object.__setattr__(self, "values", tuple(self.values))
-        if not isinstance(self.values, tuple) or not self.values or not all(_is_int(v) and v >= 1 for v in self.values):
+        if not isinstance(self.values, tuple) or not self.values or not all(is_int(v) and v >= 1 for v in self.values):
             raise SpecError(f"cycle: values must be a non-empty list of positive integers, got {self.values!r}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -235,7 +228,7 @@ class Empirical:
     def __post_init__(self) -> None:
         if not isinstance(self.values, tuple):
             object.__setattr__(self, "values", tuple(int(v) for v in self.values))
-        if not self.values or not all(_is_int(v) and v >= 1 for v in self.values):
+        if not self.values or not all(is_int(v) and v >= 1 for v in self.values):
             raise SpecError(f"file: {self.path!r} must hold at least one positive integer length")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -305,7 +298,7 @@ class Poisson:
     rate_per_s: float
 
     def __post_init__(self) -> None:
-        if not _is_real(self.rate_per_s) or self.rate_per_s <= 0:
+        if not is_real(self.rate_per_s) or self.rate_per_s <= 0:
             raise SpecError(f"poisson: rate must be a finite number of requests/s > 0, got {self.rate_per_s!r}")
 
     def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -329,9 +322,9 @@ class Gamma:
     cv: float
 
     def __post_init__(self) -> None:
-        if not _is_real(self.rate_per_s) or self.rate_per_s <= 0:
+        if not is_real(self.rate_per_s) or self.rate_per_s <= 0:
             raise SpecError(f"gamma: rate must be a finite number of requests/s > 0, got {self.rate_per_s!r}")
-        if not _is_real(self.cv) or self.cv <= 0:
+        if not is_real(self.cv) or self.cv <= 0:
             raise SpecError(f"gamma: cv must be a finite number > 0, got {self.cv!r}")
 
     def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -354,7 +347,7 @@ class FixedInterval:
     interval_s: float
 
     def __post_init__(self) -> None:
-        if not _is_real(self.interval_s) or self.interval_s < 0:
+        if not is_real(self.interval_s) or self.interval_s < 0:
             raise SpecError(f"interval: must be a finite number of seconds >= 0, got {self.interval_s!r}")
 
     def gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -416,7 +409,7 @@ def parse_length(spec: str | int | LengthDist) -> LengthDist:
     """A length distribution from its compact form (see the module docstring); an int is Fixed."""
     if isinstance(spec, LengthDist) and not isinstance(spec, (str, int)):
         return spec
-    if _is_int(spec):
+    if is_int(spec):
         return Fixed(int(spec))
     if not isinstance(spec, str):
         raise SpecError(f"length: expected a distribution or a string like 'uniform:32:512', got {spec!r}")
@@ -546,13 +539,13 @@ class WorkloadSpec:
         object.__setattr__(self, "output_len", parse_length(self.output_len))
         if (self.num_requests is None) == (self.duration_s is None):
             raise SpecError("requests: give exactly one of the number of requests and a duration")
-        if self.num_requests is not None and (not _is_int(self.num_requests) or self.num_requests < 0):
+        if self.num_requests is not None and (not is_int(self.num_requests) or self.num_requests < 0):
             raise SpecError(f"requests: must be a non-negative integer, got {self.num_requests!r}")
-        if self.duration_s is not None and (not _is_real(self.duration_s) or self.duration_s <= 0):
+        if self.duration_s is not None and (not is_real(self.duration_s) or self.duration_s <= 0):
             raise SpecError(f"duration: must be a finite number of seconds > 0, got {self.duration_s!r}")
-        if not _is_int(self.system_prompt_len) or self.system_prompt_len < 0:
+        if not is_int(self.system_prompt_len) or self.system_prompt_len < 0:
             raise SpecError(f"system_prompt_len: must be a non-negative integer, got {self.system_prompt_len!r}")
-        if not _is_int(self.seed) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             raise SpecError(f"seed: must be a non-negative integer, got {self.seed!r}")
         if self.num_requests is not None and self.num_requests > MAX_REQUESTS:
             raise SpecError(f"requests: at most {MAX_REQUESTS:,} per workload, got {self.num_requests:,}")

@@ -14,12 +14,13 @@ and positive (NaN and infinity are refused, naming the field).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmperf.errors import SpecError
+from llmperf.numeric import check_number
 from llmperf.specs.precision import Precision, normalize_dtype
 
 COMPUTE_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4", "fp4")
@@ -154,8 +155,5 @@ class HardwareSpec:
 
 def _check_number(device: str, name: str, value: Any, zero_ok: bool = False, scale: float = 1.0) -> None:
     """A finite real number, > 0 (or >= 0 with `zero_ok`), still finite in base units (`value * scale`,
-    e.g. TFLOP/s -> FLOP/s); NaN and infinity are refused."""
-    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-    if bad or value < 0 or (value == 0 and not zero_ok) or not math.isfinite(value * scale):
-        kind = "a finite number >= 0" if zero_ok else "a finite positive number"
-        raise SpecError(f"{device}: {name} must be {kind}, got {value!r}")
+    e.g. TFLOP/s -> FLOP/s); NaN and infinity are refused (`llmperf.numeric.check_number`)."""
+    check_number(f"{device}: {name}", value, zero_ok=zero_ok, scale=scale)

@@ -67,7 +67,7 @@ def _check_length(kind: str, ref: str) -> None:
                         "long for a file path")
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when PyYAML has it: faster
     """SafeLoader that also reads `1e-6` and `1e6` (no dot) as floats, as YAML 1.2 and JSON do, and
     refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
 

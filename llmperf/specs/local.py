@@ -1,11 +1,12 @@
 """The calibrated device, `local`: the hardware YAML `llmperf calibrate` writes, usable anywhere a
 hardware name is (`--hardware local`).
 
-It lives in the user's cache directory, `$XDG_CACHE_HOME/llmperf/local.yaml` (default
-`~/.cache/llmperf/local.yaml`, the XDG Base Directory convention), unless `llmperf calibrate -o`
-wrote it elsewhere (then pass that path). A file is accepted only if it says it was written by
+It lives in llmperf's cache folder as `local.yaml` (`llmperf.outputs.cache_dir`: `$LLMPERF_CACHE_DIR`,
+else `$XDG_CACHE_HOME/llmperf`, else `~/.cache/llmperf`, the folder the compiled CPU kernels share),
+unless `llmperf calibrate -o` wrote it elsewhere (then pass that path). A file is accepted only if it says it was
+written by
 `llmperf calibrate` with a schema this version reads (`calibration.tool`, `calibration.schema_version`)
-and its `efficiency:` block parses (`llmperf.analysis.timemodel.parse_efficiency`, pure Python); a
+and its `efficiency:` block parses (`llmperf.specs.efficiency.parse_efficiency`); a
 corrupt or foreign file is refused with one line naming it.
 """
 
@@ -16,17 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from llmperf.errors import SpecError
+from llmperf.outputs import cache_dir
 from llmperf.specs.hardware import HardwareSpec
 
 LOCAL_NAME = "local"
 CALIBRATION_TOOL = "llmperf calibrate"
 CALIBRATION_SCHEMA = 1
-
-
-def cache_dir() -> Path:
-    """`$XDG_CACHE_HOME/llmperf`, or `~/.cache/llmperf`."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llmperf"
 
 
 def local_path() -> Path:
@@ -45,7 +41,7 @@ def check_calibration(data: dict[str, Any], origin: str) -> None:
     if cal.get("schema_version") != CALIBRATION_SCHEMA:
         raise SpecError(f"{origin}: calibration.schema_version {cal.get('schema_version')!r} is not "
                         f"{CALIBRATION_SCHEMA} (re-run `llmperf calibrate`)")
-    from llmperf.analysis.timemodel import parse_efficiency  # pure Python: no torch, no cycle at import
+    from llmperf.specs.efficiency import parse_efficiency
 
     parse_efficiency(data.get("efficiency"), f"{origin}: efficiency")
 

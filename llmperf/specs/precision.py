@@ -214,7 +214,8 @@ class Precision:
     """Storage formats of the three kinds of tensors an inference pass moves.
 
     `group_size` and `zero_point` apply to integer weights (None: the format's default, see the
-    module docstring; `PER_CHANNEL` = -1: one scale per output channel); `embeddings` is the format of the embedding and lm_head matrices (None: the
+    module docstring; `PER_CHANNEL` = -1: one scale per output channel); `embeddings` is the format of the embedding
+    and lm_head matrices (None: the
     weights' format, or 16 bits when the weights are quantised below 16 bits).
 
     `modules` gives the weight format of the modules (`MODULES`) a checkpoint stores apart from

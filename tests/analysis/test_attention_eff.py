@@ -13,7 +13,6 @@ from llmperf.analysis.roofline import op_time
 from llmperf.analysis.timemodel import parse_efficiency, time_model_for
 from llmperf.errors import SpecError
 from llmperf.specs import Precision, load_hardware, load_model
-
 from tests.analysis.test_layers import gemma2_like, gpt_oss_like, llama4_like
 
 MODEL = AttentionEfficiency(e_compute=0.8, head_dim_half=40.0, mma_rows=64.0, cta_half=0.5, e_memory=0.92,

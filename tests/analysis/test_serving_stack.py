@@ -13,7 +13,12 @@ from typer.testing import CliRunner
 
 import llmperf
 from llmperf.analysis.timemodel import (
-    DEFAULT_ENGINE, OP_KINDS, EngineProfile, engine_names, load_engine, time_model_for,
+    DEFAULT_ENGINE,
+    OP_KINDS,
+    EngineProfile,
+    engine_names,
+    load_engine,
+    time_model_for,
 )
 from llmperf.cli import app
 from llmperf.errors import SpecError

@@ -40,7 +40,8 @@ def test_lognormal_mean_does_not_overflow():
 
 
 @pytest.mark.parametrize("text, needles", [
-    ("arrival_s,prompt_tokens,output_tokens\n0,1e20,10\n", ["line 2: prompt_tokens: '1e20' exceeds 2**31 tokens"]),  # ST10
+    # ST10
+    ("arrival_s,prompt_tokens,output_tokens\n0,1e20,10\n", ["line 2: prompt_tokens: '1e20' exceeds 2**31 tokens"]),
     ("arrival_s,prompt_tokens,output_tokens\n0,10,1e20\n", ["line 2: output_tokens"]),
     ("arrival_s,arrival_s,prompt_tokens,output_tokens\n0,1,10,10\n", ["column 'arrival_s' appears twice"]),  # ST34
 ])
@@ -67,7 +68,8 @@ def test_user_interval_is_named(value, needle):
 
 @pytest.mark.parametrize("call, needle", [
     (lambda: llmperf.sweep([], ["a100-80gb-sxm"]), "models: needs at least one value"),  # A37
-    (lambda: llmperf.sweep(["llama-3.1-8b"], ["a100-80gb-sxm"], weights=[]), "weights: needs at least one value"),  # A41
+    # A41
+    (lambda: llmperf.sweep(["llama-3.1-8b"], ["a100-80gb-sxm"], weights=[]), "weights: needs at least one value"),
     (lambda: llmperf.sweep(["llama-3.1-8b"], []), "hardware: needs at least one value"),
     (lambda: llmperf.sweep(["llama-3.1-8b"], ["a100-80gb-sxm"], tp=[]), "tp: needs at least one value"),
 ])

@@ -65,7 +65,8 @@ def test_tables_show_layer_kinds_latent_and_attention_regime():
     r = run("estimate", "deepseek-v3", "--per-op", columns=160)
     assert r.exit_code == 0, r.output
     assert "MLA latent" in r.output and "512 + 64 = 576 elements" in r.output
-    assert "q_absorb [full+full/moe] x61" in r.output and "router [full/moe] x58" in r.output and "\\[" not in r.output  # no markup escape shown
+    assert "q_absorb [full+full/moe] x61" in r.output and "router [full/moe] x58" in r.output
+    assert "\\[" not in r.output  # no markup escape shown
     assert "decode context where attention turns compute-bound" in r.output
     r = run("estimate", "gpt-oss-120b", "-p", "8000", columns=160)
     assert "sliding-128 layers x18 (128 tokens)" in r.output and "full layers x18 (8,128 tokens)" in r.output

@@ -48,15 +48,6 @@ def one_error_line(res, *needles: str) -> str:
     return lines[0]
 
 
-@pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
-def umask(request):
-    old = os.umask(request.param)
-    try:
-        yield request.param
-    finally:
-        os.umask(old)
-
-
 # ---- D1: calibrate -o -------------------------------------------------------------------------------
 
 class _FakeCalibration:
@@ -134,6 +125,7 @@ def test_calibrate_dash_is_stdout(tmp_path, calibrate_stub, monkeypatch):
 
 
 def test_calibrate_default_creates_the_cache_folder(tmp_path, calibrate_stub, monkeypatch, umask):
+    monkeypatch.delenv("LLMPERF_CACHE_DIR", raising=False)  # then the XDG folder
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert calibrate_stub().exit_code == 0
     assert (tmp_path / "cache" / "llmperf" / "local.yaml").is_file()
@@ -290,8 +282,8 @@ def test_report_refuses_a_failed_profile_run(tmp_path):
     (["--mem-util", "0.5"], "--mem-util does not apply"),
     (["--slo-ttft", "1"], "--slo-ttft does not apply"),
 ])
-def test_validate_refuses_what_it_would_ignore(args, needle, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no calibration: it must stop before needing one
+def test_validate_refuses_what_it_would_ignore(args, needle, fresh_cache):
+    # no calibration: it must stop before needing one
     one_error_line(runner.invoke(app, ["simulate", "--validate", *args]), needle)
 
 

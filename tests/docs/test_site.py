@@ -32,9 +32,11 @@ def _hooks():  # noqa: ANN202
 def site(tmp_path_factory):  # noqa: ANN001, ANN201
     """The site, built once for this module, strictly, into a temporary folder."""
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "NO_COLOR": "1", "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                           str(ROOT / "mkdocs.yml"),
                            "--site-dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     return out, proc
 
@@ -43,7 +45,8 @@ def test_strict_build_has_no_warning(site) -> None:  # noqa: ANN001
     _, proc = site
     log = proc.stdout + proc.stderr
     warnings = [line for line in log.splitlines() if re.match(r"\s*(WARNING|ERROR)\b", line)]
-    assert proc.returncode == 0 and not warnings, "mkdocs build --strict failed:\n" + "\n".join(warnings or [log[-4000:]])
+    assert proc.returncode == 0 and not warnings, \
+        "mkdocs build --strict failed:\n" + "\n".join(warnings or [log[-4000:]])
 
 
 def test_cli_page_shows_every_option_of_every_command(site) -> None:  # noqa: ANN001

@@ -53,6 +53,7 @@ def test_efficiencies_are_valid_and_spec_loads(cal, tmp_path):
 
 
 def test_local_is_read_from_the_cache_dir(cal, tmp_path, monkeypatch):
+    monkeypatch.delenv("LLMPERF_CACHE_DIR", raising=False)  # then the XDG folder
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(SpecError, match="run `llmperf calibrate` first"):
         load_hardware("local")
@@ -71,8 +72,7 @@ def test_local_is_read_from_the_cache_dir(cal, tmp_path, monkeypatch):
         "fp32": {"matmul": {"e_compute": 3.0}}}}}), "in \\(0, 1\\]"),
     (lambda text, m: yaml.safe_dump({**m, "memory_bandwidth_gbps": -1}), "memory_bandwidth_gbps"),
 ])
-def test_corrupt_or_foreign_calibration_is_named_and_refused(cal, tmp_path, monkeypatch, mutate, message):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_corrupt_or_foreign_calibration_is_named_and_refused(cal, fresh_cache, mutate, message):
     mapping = cal.to_mapping()
     path = local_path()
     write_yaml(mapping, path)
@@ -328,9 +328,7 @@ def test_gemm_and_decode_attention_cycle_through_their_copies():
     the decode points are marked memory-bound (the prefill ones are not)."""
     import torch
 
-    from llmperf.measure.calibrate import measure_attention, measure_gemm
-
-    from llmperf.measure.calibrate import gemm_sweep_rows
+    from llmperf.measure.calibrate import gemm_sweep_rows, measure_attention, measure_gemm
 
     s = Settings.tiny(dtypes=("fp32",), gemm_rows=(1, 8), working_set_bytes=4 << 20, threads=1)
     gemm, _ = measure_gemm(s, torch.device("cpu"), lambda m: None)
@@ -447,8 +445,8 @@ def test_a_disturbed_point_is_timed_again(monkeypatch):
 def test_rounds_pool_into_one_point():
     """Interleaved rounds of one GEMM pool into one timing: median of the medians, fastest call,
     widest spread, every call counted."""
-    from llmperf.measure.timers import pooled as _pooled
     from llmperf.measure.timers import Timing
+    from llmperf.measure.timers import pooled as _pooled
 
     ts = [Timing(median_s=m, spread_s=s, n=5, threads=2, min_s=lo) for m, s, lo in
           ((5.0, 0.1, 4.8), (6.0, 0.3, 4.7), (5.5, 0.2, 5.0))]
@@ -559,7 +557,8 @@ def test_a_sweep_over_its_budget_stops_and_says_so_in_the_yaml(tmp_path):
     gemm, notes = measure_gemm(s, torch.device("cpu"), lambda m: None)
     assert [p.rows for p in gemm] == [1]
     stops = [n for n in notes if "stopped" in n]  # (a busy machine may also add "timed again" notes)
-    assert len(stops) == 1 and stops[0].startswith("gemm fp32: stopped before rows=") and "of the sweep's 0 s" in stops[0]
+    assert len(stops) == 1 and stops[0].startswith("gemm fp32: stopped before rows=")
+    assert "of the sweep's 0 s" in stops[0]
     vec_notes: list[str] = []
     curves = measure_op_e_memory(s, torch.device("cpu"), lambda m: None, ["fp32"], 1e10, {}, vec_notes)
     assert curves["fp32"] and all(len(pts) == 1 for pts in curves["fp32"].values())  # the first prefill only

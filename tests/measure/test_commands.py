@@ -49,11 +49,10 @@ def test_calibrate_writes_a_loadable_spec(calibrated):
     assert spec.efficiency["model"] == "calibrated" and spec.calibration["tool"] == "llmperf calibrate"
 
 
-def test_calibrate_defaults_to_the_cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_calibrate_defaults_to_the_cache_dir(fresh_cache):
     res = runner.invoke(app, ["calibrate", "--quick", "--threads", "1", "--dtypes", "fp32", "--json"])
     assert res.exit_code == 0, res.output
-    assert (tmp_path / "llmperf" / "local.yaml").is_file()
+    assert (fresh_cache / "local.yaml").is_file()
     assert json.loads(res.output[:res.output.rindex("}") + 1])["name"] == "local"
 
 
@@ -151,19 +150,18 @@ def test_estimate_typical_refused_for_a_cpu(calibrated):
                     "GPU measurements")
 
 
-def test_profile_calibrates_first_when_there_is_no_local(model_path, tmp_path, monkeypatch):
+def test_profile_calibrates_first_when_there_is_no_local(model_path, tmp_path, monkeypatch, fresh_cache):
     from llmperf.measure import calibrate as cal_mod
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(cal_mod.Settings, "for_device",
                         classmethod(lambda cls, device, **kw: cls.tiny(device=device, **kw)))
     res = runner.invoke(app, ["profile", model_path, "--device", "cpu", "-p", "8", "-g", "2", "--reps", "1",
                               "--threads", "1", "--no-micro", "-o", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output
-    assert (tmp_path / "cache" / "llmperf" / "local.yaml").is_file()
+    assert (fresh_cache / "local.yaml").is_file()
     doc = json.loads((tmp_path / "run" / "run.json").read_text())
     assert doc["hardware"] == "local" and doc["status"] == "complete"
-    assert yaml.safe_load((tmp_path / "cache" / "llmperf" / "local.yaml").read_text())["calibration"]["threads"] == 1
+    assert yaml.safe_load((fresh_cache / "local.yaml").read_text())["calibration"]["threads"] == 1
 
 
 def test_profile_separate_step_run_flag(calibrated, model_path, tmp_path):

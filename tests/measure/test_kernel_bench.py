@@ -1,4 +1,5 @@
-"""The pure-Python parts of `python -m llmperf.measure.kernel_bench`, with fake timings (the timing itself needs a GPU)."""
+"""The pure-Python parts of `python -m llmperf.measure.kernel_bench`, with fake timings (the timing itself
+needs a GPU)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import math
 import pytest
 import torch
 
-from llmperf.measure import kernel_bench as bench
 from llmperf.analysis import attention_cost, roofline_time_s
+from llmperf.measure import kernel_bench as bench
 from llmperf.specs import load_hardware
 
 H100 = load_hardware("h100-sxm")

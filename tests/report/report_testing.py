@@ -11,8 +11,12 @@ import pandas as pd
 
 from llmperf.analysis.vocabulary import Op, Phase
 from llmperf.report.runs import (
-    PROFILE_GENERATIONS_COLUMNS, PROFILE_OPS_COLUMNS, PROFILE_STEPS_COLUMNS, SIMULATE_RATES_COLUMNS,
-    SIMULATE_REQUESTS_COLUMNS, SIMULATE_STEPS_COLUMNS,
+    PROFILE_GENERATIONS_COLUMNS,
+    PROFILE_OPS_COLUMNS,
+    PROFILE_STEPS_COLUMNS,
+    SIMULATE_RATES_COLUMNS,
+    SIMULATE_REQUESTS_COLUMNS,
+    SIMULATE_STEPS_COLUMNS,
 )
 
 OPS = (Op.q_proj, Op.attention, Op.down_proj, Op.attn_norm)
@@ -69,7 +73,8 @@ def write_simulate(folder: Path, *, model: str = "llama-3.1-8b", hardware: str =
     finish = first + tpot * (out - 1)
     req = pd.DataFrame(dict(request_id=np.arange(n), arrival_s=arrival, prompt_tokens=rng.integers(32, 512, n),
                             output_tokens=out, first_token_s=first, finish_s=finish, ttft_s=ttft, tpot_s=tpot,
-                            e2e_s=finish - arrival, queue_s=ttft * 0.2, preemptions=0), columns=SIMULATE_REQUESTS_COLUMNS)
+                            e2e_s=finish - arrival, queue_s=ttft * 0.2, preemptions=0),
+                            columns=SIMULATE_REQUESTS_COLUMNS)
     req.to_csv(folder / "requests.csv", index=False)
     m = 120
     start = np.linspace(0, float(finish.max()), m)

@@ -4,7 +4,8 @@ every image must be decoded and non-empty, and no request may leave the page.
 The page itself carries no script (its Content-Security-Policy forbids them). The probe is a copy of
 the page with one inline script added (and allowed) that, at the load event, writes what it found into
 the DOM, which `--dump-dom` prints: each image's `complete`, `naturalWidth`, `naturalHeight` and
-how many of its decoded pixels (drawn onto a canvas) are not white, the Resource Timing entries (every fetch the page made; `data:` images make none),
+how many of its decoded pixels (drawn onto a canvas) are not white, the Resource Timing entries (every fetch the page
+made; `data:` images make none),
 and the number of scripts (only the probe). A second run opens the page itself with Chromium's
 network log (`--log-net-log`): no URL request initiated by the page (the browser's own background
 requests carry the initiator 'not an origin' and are not the page's) may go anywhere but the file. A
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from llmperf.report import build_report
+
 from report_testing import write_profile, write_simulate
 
 HOSTILE = "<script>alert(1)</script>"

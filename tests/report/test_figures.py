@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.colors import to_hex
 
 from llmperf.report import figures as F
 from llmperf.report.style import HATCH_COMPUTE, PHASE_COLORS, marker_style
-from matplotlib.colors import to_hex
 
 
 def _labels(fig):  # noqa: ANN001
@@ -117,8 +117,8 @@ def test_attention_naive_vs_fused_totals_and_ratio() -> None:
 
 
 def test_error_figure_ratio_axis_and_medians() -> None:
-    frame = pd.DataFrame(dict(phase="decode", op=["q_proj"] * 4, model=["roofline", "roofline", "calibrated", "calibrated"],
-                              ratio=[0.25, 0.5, 1.0, 1.2]))
+    frame = pd.DataFrame(dict(phase="decode", op=["q_proj"] * 4,
+                              model=["roofline", "roofline", "calibrated", "calibrated"], ratio=[0.25, 0.5, 1.0, 1.2]))
     fig = F.error_figure(frame, title="t")
     ax = fig.figure.axes[0]
     assert ax.get_xscale() == "log" and "predicted / measured" in ax.get_xlabel()

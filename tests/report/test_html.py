@@ -11,6 +11,7 @@ import yaml
 
 from llmperf.errors import SpecError
 from llmperf.report import EstimateSpec, build_report, files_folder
+
 from report_testing import write_profile, write_simulate
 
 HOSTILE = "<script>alert(1)</script>"

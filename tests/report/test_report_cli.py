@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmperf.cli import app
+
 from report_testing import write_profile, write_simulate
 
 runner = CliRunner()

@@ -11,6 +11,7 @@ import pytest
 from llmperf.errors import SpecError
 from llmperf.report import load_profile, load_run, load_simulate
 from llmperf.report.sources import profile_section, simulate_section, slo_targets
+
 from report_testing import write_profile, write_simulate
 
 

@@ -11,6 +11,7 @@ from matplotlib.colors import to_hex
 
 from llmperf.report import EstimateSpec, build_sections
 from llmperf.report.style import OKABE_ITO, PHASE_COLORS
+
 from report_testing import write_profile, write_simulate
 
 NINE = {"roofline", "breakdown", "batch", "context", "memory", "attention", "errors", "devices", "serving"}

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 
 from llmperf.engine import Engine, SamplingParams, build_model  # noqa: E402
 from llmperf.engine.workload import to_requests  # noqa: E402
+from llmperf.measure.validate import replay_durations  # noqa: E402
 from llmperf.serving.simulator import ServingConfig, simulate  # noqa: E402
-from llmperf.serving.validate import replay_durations  # noqa: E402
 from llmperf.serving.workload import WorkloadSpec, generate  # noqa: E402
 from llmperf.specs import Precision, load_hardware, load_model  # noqa: E402
 

@@ -101,7 +101,8 @@ def test_recompute_restores_the_fork_structure():
     # A 3-sample request is preempted after decoding; it comes back as one prompt + 3 forks.
     kv = BlockManager(10, 4)
     s = Scheduler(kv, FakeRunner({0: 8, 1: 12}), SchedulerConfig(watermark=0.0))
-    b, a = s.add(req(1, 4, 12)), s.add(req(0, 8, 8, width=3))
+    s.add(req(1, 4, 12))
+    a = s.add(req(0, 8, 8, width=3))
     while not a.preemptions and s.step():
         pass
     assert a.preemptions == 1 and s.waiting[0] is a
@@ -246,7 +247,7 @@ def test_a_real_clock_admits_requests_when_they_really_arrived():
     the loop's own time between steps delays nothing. Regression: the engine's scheduler clock summed
     step durations only, fell 0.24 s behind the wall clock over a 45 s run, and admitted every later
     request that much late (the engine's TTFT then carried the lag, the simulator's did not)."""
-    from llmperf.serving.validate import replay_durations
+    from llmperf.measure.validate import replay_durations
 
     def run(clock):
         reqs = [req(0, 4, 6), req(1, 4, 2, arrival=3.2)]

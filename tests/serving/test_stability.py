@@ -137,12 +137,12 @@ def test_plan_cli_shows_the_interval(tmp_path):
 def test_one_token_budget_default_for_estimate_simulate_and_plan():
     import inspect
 
-    from llmperf.analysis.rollup import Conventions
-    from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
-    from llmperf.serving.simulator import ServingConfig
     from typer.testing import CliRunner
 
+    from llmperf.analysis.rollup import Conventions
     from llmperf.cli import app
+    from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
+    from llmperf.serving.simulator import ServingConfig
     assert Conventions().max_batched_tokens == DEFAULT_MAX_BATCHED_TOKENS
     assert ServingConfig.__dataclass_fields__["max_batched_tokens"].default == DEFAULT_MAX_BATCHED_TOKENS
     from llmperf.analysis.generation import estimate

@@ -364,7 +364,7 @@ def test_every_token_subset_suggests_its_names():
                     assert name in close_names(query, known), (query, name)
 
 
-def test_errors_unknown_name_is_the_same_rule():
-    from llmperf.errors import unknown_name
+def test_unknown_name_lists_the_close_names():
+    from llmperf.specs.names import unknown_name
     assert str(unknown_name("hardware", "a100", ["a10", "a100-80gb"])) == \
         "unknown hardware 'a100' (did you mean: a100-80gb)"

@@ -1,0 +1,39 @@
+"""The checks a number from a user passes before llmperf computes with it, defined once.
+
+A bool is never a number here (`True` is an `int` to Python, and a YAML `yes` would otherwise be read
+as 1), NaN and infinity are refused wherever a real number is asked for (either would poison every
+result it reaches, silently), and numpy's scalars count as the numbers they hold. `check_number`
+raises the one-line `SpecError` every layer uses, naming the field and the value.
+A leaf module: it imports nothing of llmperf but the error type, and no numpy (numpy's scalar types
+register with the standard `numbers` ABCs).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from llmperf.errors import SpecError
+
+
+def is_int(x: object) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_real(x: object) -> bool:
+    """A finite real number (Python or numpy), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_number(where: str, value: Any, *, zero_ok: bool = False, scale: float = 1.0) -> float:
+    """`value` as a float if it is a finite real number > 0 (>= 0 with `zero_ok`) that stays finite in
+    base units (`value * scale`, e.g. TFLOP/s -> FLOP/s); else `SpecError("{where} must be ..., got ...")`."""
+    if not is_real(value) or value < 0 or (value == 0 and not zero_ok) or not math.isfinite(value * scale):
+        kind = "a finite number >= 0" if zero_ok else "a finite positive number"
+        raise SpecError(f"{where} must be {kind}, got {value!r}")
+    return float(value)
+
+
+__all__ = ["check_number", "is_int", "is_real"]
