@@ -26,6 +26,7 @@ import triton.language as tl
 
 from kernels._checks import check_block_table_values, check_local, check_paged, check_sinks
 from kernels._common import check_inner_contiguous, check_kernel_inputs, check_out, default_sm_scale
+from kernels._masks import _first_key
 from kernels.decode import (
     TUNING_KEY,
     _decode_update,
@@ -39,7 +40,6 @@ from kernels.decode import (
     run_split_kv,
     sink_args,
 )
-from kernels._masks import _first_key
 
 LOG2E = math.log2(math.e)
 

@@ -29,7 +29,8 @@ from llmperf.engine.weights import build_model, from_pretrained, hf_config, load
 from llmperf.engine.workload import Request, generate_workload
 
 __all__ = [
-    "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "CountRecord", "Engine", "KVCache", "KVStore",
+    "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "CountRecord", "Engine", "KVCache",
+    "KVStore",
     "NULL_RECORDER", "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics",
     "RequestOutput",
     "SamplingParams", "ServeResult", "StepMeta", "StepRecord", "StepStats", "Trace", "Transformer",

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch

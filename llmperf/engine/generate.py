@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator, Sequence as Seq
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
 from typing import Any
 
 import torch
@@ -34,9 +35,9 @@ from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams, make_generator
 from llmperf.engine.scheduler import POLICIES, ServeResult, StepStats, run_groups
-from llmperf.serving.scheduler import SchedulerConfig, StepLog
 from llmperf.engine.sequence import RequestOutput, SequenceGroup
 from llmperf.engine.workload import Request
+from llmperf.serving.scheduler import SchedulerConfig, StepLog
 
 Prompts = Seq[Seq[int]] | Seq[int] | torch.Tensor
 

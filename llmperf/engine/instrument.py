@@ -237,7 +237,8 @@ class Recorder:
     `device`: where the model runs (CUDA timing needs it). `mode`: "events" or "sync" on CUDA (see the
     module docstring); ignored on CPU. `before_op` (CPU only): called before each operator's clock
     starts, outside the timed region (`llmperf calibrate` runs a GEMM there, so that each operator
-    dispatches with the caches as cold as a real decode step leaves them). Attach with `Engine.generate(..., recorder=rec)` or
+    dispatches with the caches as cold as a real decode step leaves them). Attach with
+    `Engine.generate(..., recorder=rec)` or
     `model.forward(..., rec=rec)`; read with `rec.trace`.
     """
 

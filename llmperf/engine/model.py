@@ -47,8 +47,18 @@ from llmperf.analysis.vocabulary import Op
 from llmperf.engine.attention import BACKENDS, get_backend
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.ops import TorchOps, ops_for
-from llmperf.engine.parts import (_ACTIVATIONS, DTYPES, ForwardContext, Norm, _linear_params, _mat,
-                                  check_buildable, layer_attention, resolve_layout, torch_dtype)
+from llmperf.engine.parts import (
+    _ACTIVATIONS,
+    DTYPES,
+    ForwardContext,
+    Norm,
+    _linear_params,
+    _mat,
+    check_buildable,
+    layer_attention,
+    resolve_layout,
+    torch_dtype,
+)
 from llmperf.engine.rope import RotaryTable, apply_rope, rope_inv_freq
 from llmperf.engine.step import StepMeta
 from llmperf.specs import ModelSpec

@@ -16,7 +16,6 @@ from torch import nn
 
 from llmperf.specs import ModelSpec
 
-
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -135,7 +134,8 @@ class RotaryTable(nn.Module):
         emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
 
-    def lookup(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def lookup(self, positions: torch.Tensor, max_position: int,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin `(B, T, 1, rotary_dim)` at `positions` (B, T), in `dtype`."""
         if max_position >= self.cos.shape[0]:
             self._grow(max_position + 1)

@@ -15,7 +15,8 @@ error propagates, so the engine stays usable.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.model import Transformer
 from llmperf.engine.runner import ModelRunner
 from llmperf.engine.sequence import RequestOutput, SequenceGroup
-from llmperf.serving.scheduler import POLICIES, RequestState, Scheduler, SchedulerConfig, StepLog
+from llmperf.serving.scheduler import RequestState, Scheduler, SchedulerConfig, StepLog
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -68,7 +68,8 @@ def init_random(model: Transformer, seed: int = 0) -> Transformer:
 
 
 def build_model(spec: ModelSpec, *, seed: int = 0, dtype: str | torch.dtype = "fp32",
-                device: str | torch.device = "cpu", attention: str = "sdpa", weight_layout: str = "auto") -> Transformer:
+                device: str | torch.device = "cpu", attention: str = "sdpa",
+                weight_layout: str = "auto") -> Transformer:
     """A `Transformer` for `spec` with seeded random weights (any spec, e.g. a `.scaled()` one).
     One seed gives the same weights whatever the dtype and `weight_layout` (on one device type)."""
     return init_random(Transformer(spec, dtype=dtype, device=device, attention=attention,

@@ -110,7 +110,8 @@ class ModelSpec:
     dense_layers: tuple[int, ...] = ()  # MoE models: layers with a dense FFN of ffn_size instead
     router_bias: bool = False  # the router linear has a bias (gpt-oss)
     router_score_bias: bool = False  # one routing-score correction per expert (DeepSeek-V3 noaux_tc)
-    qk_norm: str | None = None  # rmsnorm: a head_dim norm on q and k (Qwen3, Gemma 3); l2: no weights, rope layers (Llama 4)
+    # rmsnorm: a head_dim norm on q and k (Qwen3, Gemma 3); l2: no weights, on rope layers (Llama 4)
+    qk_norm: str | None = None
     attn_sinks: bool = False  # one learned sink logit per query head per layer (gpt-oss)
     attn_softcap: float | None = None  # Gemma 2: cap * tanh(score / cap) on every attention score
     final_softcap: float | None = None  # Gemma 2: the same on the logits

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from engine_testing import hf_generate
 from llmperf.engine import Engine, SamplingParams, from_pretrained
+
+from engine_testing import hf_generate
 
 #: prompts of different lengths (ragged), longer than the tiny configs' windows and chunks
 PROMPTS = [[11, 42, 7, 99, 3, 8, 21, 5, 60, 2, 14], [5, 100, 17], [8] * 9 + [31, 4]]

@@ -15,8 +15,9 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from engine_testing import SPECS  # noqa: E402
 from llmperf.specs import ModelSpec  # noqa: E402
+
+from engine_testing import SPECS  # noqa: E402
 
 
 @pytest.fixture

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine_testing import make_model
 from llmperf.engine import Engine, SamplingParams, generate_workload
 from llmperf.engine.workload import Request
+
+from engine_testing import make_model
 
 
 @pytest.fixture(scope="module")

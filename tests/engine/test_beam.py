@@ -9,10 +9,11 @@ import math
 
 import pytest
 import torch
-from engine_testing import toy_hf_lm
 
 from llmperf.engine.beam import BeamSearch
 from llmperf.engine.sampling import SamplingParams, hf_generate_kwargs, make_generator, process_logits
+
+from engine_testing import toy_hf_lm
 
 EOS = 2
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_testing import SPECS, make_model
 from llmperf.engine import ContiguousKVCache, Engine, PagedKVCache, SamplingParams, generate_workload
+
+from engine_testing import SPECS, make_model
 
 
 @pytest.mark.parametrize("dtype,name", [(torch.float32, "fp32"), (torch.float16, "fp16"), (torch.bfloat16, "bf16")])

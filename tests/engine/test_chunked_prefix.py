@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine_testing import check_schedule, make_model
 from llmperf.analysis.vocabulary import Phase
 from llmperf.engine import Engine, SamplingParams, generate_workload
 from llmperf.engine.workload import Request
+
+from engine_testing import check_schedule, make_model
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from engine_testing import make_model
 from llmperf.engine import Engine, SamplingParams
 from llmperf.engine.cpu import kernels as cpu_kernels
 from llmperf.engine.rope import apply_rope
+
+from engine_testing import make_model
 
 needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"cpu_kernels: {cpu_kernels.status()}")
 
@@ -455,7 +456,7 @@ def test_rope_is_bit_for_bit_the_engines_torch_rope(tokens, heads, kv, half, ext
     """Every product and the sum rounded where torch rounds them; partial rotary copies the rest."""
     g = torch.Generator().manual_seed(seed)
     dtype = torch.bfloat16 if bf16 else torch.float32
-    rd, D = 2 * half, 2 * half + 2 * (extra // 2)
+    D = 2 * half + 2 * (extra // 2)
     qkv = (torch.randn(tokens, heads + 2 * kv, D, generator=g) * 8).to(dtype)
     angles = torch.randn(tokens, half, generator=g) * 50
     table = torch.cat((angles, angles), -1)

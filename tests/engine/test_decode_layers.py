@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from engine_testing import make_model, tiny
 from llmperf.engine import Engine, Recorder, SamplingParams, build_model
-from llmperf.engine.cpu import kernels as cpu_kernels
 from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
+from llmperf.engine.cpu import kernels as cpu_kernels
+
+from engine_testing import make_model, tiny
 
 needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=f"cpu_kernels: {cpu_kernels.status()}")
 

@@ -13,10 +13,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_testing import check_schedule, hf_twin, make_model, tiny
 from llmperf.engine import Engine, SamplingParams, build_model, from_pretrained
 from llmperf.engine.sampling import top_p_filter
 from llmperf.engine.workload import Request
+
+from engine_testing import check_schedule, hf_twin, make_model, tiny
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_testing import hf_generate, hf_twin, make_model
 from llmperf.engine import Engine, SamplingParams, generate
+
+from engine_testing import hf_generate, hf_twin, make_model
 
 PROMPTS = [[11, 42, 7, 99, 3], [5, 200, 17], [8] * 9]
 

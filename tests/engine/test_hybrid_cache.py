@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_testing import tiny
 
 from llmperf.engine import Engine, PagedKVCache, SamplingParams, build_model
 from llmperf.specs.kvcache import KVCacheSpec
+
+from engine_testing import tiny
 
 #: today's layer patterns on tiny dense models (the KV cache only sees each layer's attention kind)
 HYBRID = {
@@ -57,7 +58,8 @@ def test_sliding_blocks_go_back_as_the_window_passes():
     assert cache.reserve(0, 1)  # position 11 reads keys 4..11: block 0 (positions 0..3) goes back
     assert (m.window_table(0, 0), cache.num_free_blocks) == ([None, (4,), (5,)], 27)
     assert cache.reserve(0, 1)  # position 12 opens a block in both groups
-    assert (m.block_table(0), m.window_table(0, 0), cache.num_free_blocks) == ([0, 1, 2, 6], [None, (4,), (5,), (7,)], 25)
+    assert (m.block_table(0), m.window_table(0, 0), cache.num_free_blocks) == (
+        [0, 1, 2, 6], [None, (4,), (5,), (7,)], 25)
     for _ in range(3):
         assert cache.reserve(0, 1)
     assert m.window_table(0, 0) == [None, None, (5,), (7,)]  # position 15 reads from 8

@@ -7,10 +7,11 @@ the contiguous cache)."""
 from __future__ import annotations
 
 import pytest
-from checkpoints import saved_checkpoint
-from engine_testing import hf_generate
 
 from llmperf.engine import Engine, SamplingParams, from_pretrained
+
+from checkpoints import saved_checkpoint
+from engine_testing import hf_generate
 
 CONFIG = dict(model_type="gemma3_text", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=160, head_dim=16,

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_testing import make_model
 from llmperf.analysis.operators import ForwardModel
 from llmperf.engine import NULL_RECORDER, OP_NAMES, Engine, Recorder, SamplingParams
 from llmperf.engine.cpu import kernels as cpu_kernels
 from llmperf.specs import Precision
+
+from engine_testing import make_model
 
 
 def _unique(names):
@@ -50,7 +51,8 @@ def test_step_records_and_frames():
     assert (steps.forward_seconds <= steps.seconds).all()
     totals = rec.trace.op_totals()
     df = rec.trace.to_frame()
-    assert totals[("decode", "qkv_proj")] == pytest.approx(df[(df.phase == "decode") & (df.op == "qkv_proj")].seconds.sum())
+    decode_qkv = df[(df.phase == "decode") & (df.op == "qkv_proj")]
+    assert totals[("decode", "qkv_proj")] == pytest.approx(decode_qkv.seconds.sum())
     per_layer = df[df.op == "attention"].groupby(["phase", "step"]).size()
     assert (per_layer == model.spec.num_layers).all()
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_testing import SPECS, hf_twin, make_model
 from llmperf.engine import from_pretrained, hf_config
 from llmperf.engine.weights import MATH_FIELDS, honour_hf_fields
+
+from engine_testing import SPECS, hf_twin, make_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -92,8 +93,9 @@ def test_from_pretrained_honours_the_checkpoint(tmp_path, kind):
 
 def test_triton_generates_what_sdpa_generates_with_a_window():
     """The sliding window (smaller than the prompt) reaches the triton kernels through the engine."""
-    from engine_testing import kernels_available
     from llmperf.engine import Engine, SamplingParams
+
+    from engine_testing import kernels_available
 
     ok, why = kernels_available()
     if not ok:

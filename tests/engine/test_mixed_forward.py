@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_testing import make_model
 from llmperf.engine import Engine, Recorder, SamplingParams
 from llmperf.engine.cache import make_cache
+
+from engine_testing import make_model
 
 
 def _caches(model, kind):

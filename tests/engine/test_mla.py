@@ -13,13 +13,23 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
-from engine_testing import hf_generate, hf_twin, kernels_available
 from llmperf.analysis import ForwardModel
-from llmperf.engine import (OP_NAMES, ContiguousKVCache, Engine, PagedKVCache, Recorder, SamplingParams, build_model,
-                            from_pretrained, to_hf_state_dict)
+from llmperf.engine import (
+    OP_NAMES,
+    ContiguousKVCache,
+    Engine,
+    PagedKVCache,
+    Recorder,
+    SamplingParams,
+    build_model,
+    from_pretrained,
+    to_hf_state_dict,
+)
 from llmperf.engine.mla import set_mla_mode
 from llmperf.specs import ModelSpec, Precision, load_model
+
+from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
+from engine_testing import hf_generate, hf_twin, kernels_available
 
 # hidden 64, 4 heads, kv_lora_rank 32, qk_rope 16, qk_nope 16, v_head 24 (so V is narrower than q/k),
 # rms_norm_eps 1e-5 (the latent norms keep transformers' 1e-6), every layer dense
@@ -276,8 +286,8 @@ def test_parameters_equal_the_analytical_count(changes):
 
 # ---- what the engine refuses ------------------------------------------------------------------------
 @pytest.mark.parametrize("field,value", [("sliding_window", 8), ("attention_chunk_size", 8), ("nope_layers", (1,)),
-                                         ("attn_softcap", 30.0), ("query_pre_attn_scalar", 20), ("sandwich_norms", True),
-                                         ("attn_scale", False)])
+                                         ("attn_softcap", 30.0), ("query_pre_attn_scalar", 20),
+                                         ("sandwich_norms", True), ("attn_scale", False)])
 def test_features_transformers_mla_lacks_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=f"^{field}: the engine's multi-head latent attention"):
         build_model(_spec(**{field: value}))

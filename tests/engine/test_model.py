@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_testing import SPECS, hf_twin, kernels_available, make_model, tiny
 from llmperf.engine import ContiguousKVCache, PagedKVCache, StepMeta, Transformer, build_model
 from llmperf.engine.model import rope_inv_freq
+
+from engine_testing import SPECS, hf_twin, kernels_available, make_model, tiny
 
 
 @pytest.mark.parametrize("layout", ["in_out", "out_in"])

@@ -19,7 +19,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from engine_testing import tiny
 
 from llmperf.engine import Engine, SamplingParams, build_model
 from llmperf.engine.model import Transformer
@@ -28,6 +27,8 @@ from llmperf.engine.ops import TorchOps
 from llmperf.engine.weights import hf_config, load_moe_state_dict
 from llmperf.specs import ModelSpec
 from llmperf.specs.hf import model_spec_from_hf_config
+
+from engine_testing import tiny
 
 transformers = pytest.importorskip("transformers")
 

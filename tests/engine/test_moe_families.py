@@ -24,14 +24,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import (
-    CASES,
-    ENGINES,
-    PROMPTS,
-    assert_generation_matches,
-    assert_logits_match,
-    saved_checkpoint,
-)
 
 from llmperf.analysis.operators import ForwardModel
 from llmperf.engine import (
@@ -44,6 +36,15 @@ from llmperf.engine import (
 from llmperf.engine.moe import touched_experts
 from llmperf.engine.sampling import hf_generate_kwargs
 from llmperf.specs import Precision
+
+from checkpoints import (
+    CASES,
+    ENGINES,
+    PROMPTS,
+    assert_generation_matches,
+    assert_logits_match,
+    saved_checkpoint,
+)
 
 _BASE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=64, head_dim=16)

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_testing import make_model
 from llmperf.engine import ContiguousKVCache, Engine, SamplingParams
 from llmperf.engine.cpu.ops import CpuOps
 from llmperf.engine.ops import TorchOps, ops_for
+
+from engine_testing import make_model
 
 MODEL = Path(__file__).resolve().parents[2] / "llmperf" / "engine" / "model.py"
 

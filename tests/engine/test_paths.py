@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_testing import make_model
 from llmperf.engine import Engine, SamplingParams, paths
 from llmperf.engine.cpu import kernels as cpu_kernels
 from llmperf.engine.cpu import ops as cpu_ops
 from llmperf.engine.paths import GemmPath
+
+from engine_testing import make_model
 
 AVX2_FLAGS = {"sse4_2", "avx", "avx2", "fma", "f16c"}  # an AMD EPYC of the Zen 2/3 kind
 

@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from engine_testing import toy_hf_lm
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +27,8 @@ from llmperf.engine.sampling import (
     top_k_filter,
     top_p_filter,
 )
+
+from engine_testing import toy_hf_lm
 
 hf = pytest.importorskip("transformers.generation.logits_process")
 

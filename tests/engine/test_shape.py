@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_testing import SPECS, kernels_available
 from llmperf.engine import ContiguousKVCache, PagedKVCache, StepMeta, build_model
+
+from engine_testing import SPECS, kernels_available
 
 ENGINE = Path(__file__).resolve().parents[2] / "llmperf" / "engine"
 

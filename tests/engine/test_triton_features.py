@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_testing import kernels_available, tiny
 
 from llmperf.engine import ContiguousKVCache, PagedKVCache, build_model
+
+from engine_testing import kernels_available, tiny
 
 # Windows and chunks shorter than the prompts below, so they matter in prefill and in decode.
 SPECS = {

@@ -9,10 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine_testing import hf_twin, make_model
 from llmperf.engine import from_pretrained, load_hf_state_dict, to_hf_state_dict
 from llmperf.engine.model import Transformer
 from llmperf.engine.weights import TensorSource
+
+from engine_testing import hf_twin, make_model
 
 
 def _logits(model, tokens):
@@ -62,7 +63,8 @@ def test_original_gpt2_names_without_transformer_prefix(tmp_path):
 def test_mixtral_per_expert_checkpoint_layout():
     """Published Mixtral checkpoints store experts one by one (w1 gate, w3 up, w2 down)."""
     model = make_model("mixtral", seed=5, weight_layout="out_in")
-    assert torch.equal(model.layers[0].o_weight, make_model("mixtral", seed=5, weight_layout="in_out").layers[0].o_weight.t())
+    other = make_model("mixtral", seed=5, weight_layout="in_out")
+    assert torch.equal(model.layers[0].o_weight, other.layers[0].o_weight.t())
     spec = model.spec
     sd = to_hf_state_dict(model)
     old = {}

@@ -6,8 +6,9 @@ prints one JSON line per compiled kernel (name, arch, the optional paths it comp
 chunk, sinks; config, its integer constexprs, shared memory, whether PTX and a cubin were produced,
 registers per thread and spill stack from cuobjdump). The launch arguments come from the real wrappers:
 their launchers are replaced by recorders and the wrappers are called on CPU tensors; each argument is
-then specialised exactly as triton's JIT specialises it at launch (`native_specialize_impl`: dtype, 16-byte alignment, ints equal
-to 1 or divisible by 16), so the compiled signature is the one a GPU launch would compile.
+then specialised exactly as triton's JIT specialises it at launch (`native_specialize_impl`: dtype,
+16-byte alignment, ints equal to 1 or divisible by 16), so the compiled signature is the one a GPU
+launch would compile.
 """
 
 from __future__ import annotations

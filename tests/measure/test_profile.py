@@ -258,7 +258,8 @@ def test_generation_predictions_use_the_per_operator_overheads(run, hardware):
     (per layer), not one tiny call of its kind: the engine's RoPE is many framework calls."""
     from llmperf.analysis.memory import weight_bytes_per_gpu
     from llmperf.analysis.timemodel import time_model_for
-    from llmperf.specs import ModelSpec as _Spec, Precision as _Prec
+    from llmperf.specs import ModelSpec as _Spec
+    from llmperf.specs import Precision as _Prec
 
     # the tiny model's weights fit a CPU's private caches: profile predicts it with the warm overheads
     tm = time_model_for(hardware, "calibrated", "fp32", backend="sdpa",

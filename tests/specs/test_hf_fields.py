@@ -12,7 +12,12 @@ import pytest
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, QuantizationSpec, load_model
 from llmperf.specs.hf import (
-    HF_CONFIG_FIELDS, HF_MODEL_TYPES, HF_REFUSED_FIELDS, ROPE_TYPES, model_spec_from_hf_config, read_hf_config,
+    HF_CONFIG_FIELDS,
+    HF_MODEL_TYPES,
+    HF_REFUSED_FIELDS,
+    ROPE_TYPES,
+    model_spec_from_hf_config,
+    read_hf_config,
 )
 
 # A tiny Llama: vocab 100, hidden 64, 2 layers, 4 heads of 16, FFN 128.

@@ -19,7 +19,6 @@ GIB = 2**30
 from todays_specs import DEEPSEEK_V3, GPT_OSS_20B, SCOUT  # noqa: E402  (tests/ is on sys.path)
 
 
-
 def test_deepseek_v3_latent_is_576_elements_a_layer_and_never_split_by_tp():
     """61 layers x (512 + 64) x 2 B = 70,272 B a token at bf16 (MHA with 128 heads of 128 would be
     61 x 2 x 128 x 128 x 2 = 3,997,696 B); every TP rank holds the whole latent."""

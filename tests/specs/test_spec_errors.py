@@ -309,8 +309,8 @@ def test_bool_fields_must_be_bools(field):
     (load_model, "lama-2-7b", ["llama-2-7b"]),  # spelling, only when nothing else matches
 ])
 def test_close_names(loader, name, expected):
-    from llmperf.specs.names import close_names
     from llmperf.specs import list_hardware, list_models
+    from llmperf.specs.names import close_names
     known = list_hardware() if loader is load_hardware else list_models()
     got = close_names(name, known)
     assert got[:len(expected)] == expected

@@ -10,7 +10,13 @@ import pytest
 
 from llmperf.errors import SpecError
 from llmperf.specs import (
-    FAMILIES, HardwareSpec, ModelSpec, QuantizationSpec, list_models, load_hardware, load_model,
+    FAMILIES,
+    HardwareSpec,
+    ModelSpec,
+    QuantizationSpec,
+    list_models,
+    load_hardware,
+    load_model,
 )
 from llmperf.specs.families import FAMILY_FIELDS
 
@@ -225,7 +231,8 @@ def test_cli_refuses_nan_hardware_with_one_line(tmp_path, line, field, fmt):
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "must be a finite" in lines[0]
-    assert "Traceback" not in r.output and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["hw.yaml"]
+    assert "Traceback" not in r.output and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hw.yaml"]
 
 
 @pytest.mark.parametrize("prompt_len,gen_len", [(20_000, 64), (4_096, 64), (3_000, 2_000), (4_000, 200)])

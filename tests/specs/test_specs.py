@@ -12,8 +12,15 @@ import pytest
 import yaml
 
 from llmperf.specs import (
-    DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec, list_hardware, list_models, load_hardware,
-    load_model, match_hardware,
+    DEFAULT_HARDWARE,
+    DEFAULT_MODEL,
+    HardwareSpec,
+    ModelSpec,
+    list_hardware,
+    list_models,
+    load_hardware,
+    load_model,
+    match_hardware,
 )
 
 DATA = Path(__file__).resolve().parents[2] / "models_spec"

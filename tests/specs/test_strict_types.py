@@ -78,7 +78,8 @@ def test_duplicate_keys_are_refused(tmp_path):
     """D17 (EM52): a field given twice; YAML and JSON alike, at any depth."""
     m = tmp_path / "m.yaml"
     m.write_text(yaml_of(SHAPE) + "hidden_size: 512\n")
-    with pytest.raises(SpecError, match=r"m\.yaml: not valid YAML \(duplicate key 'hidden_size' \(line 2 and line 8\)\)"):
+    dup = r"m\.yaml: not valid YAML \(duplicate key 'hidden_size' \(line 2 and line 8\)\)"
+    with pytest.raises(SpecError, match=dup):
         load_model(str(m))
     h = tmp_path / "h.yaml"
     h.write_text("name: dup\npeak_tflops: {fp32: 19.5, fp32: 20}\nmemory_bandwidth_gbps: 2039\nmemory_gib: 80\n")

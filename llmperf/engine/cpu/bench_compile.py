@@ -146,7 +146,8 @@ def _check_static(model: Any, step: Callable[..., torch.Tensor], decoder: Static
     same = int((ours.argmax(-1) == theirs.argmax(-1)).sum())
     if same != batch and model.dtype == torch.float32:
         raise AssertionError(f"static step: greedy tokens differ from the engine's ({model.dtype}, batch {batch})")
-    return f"{same}/{batch} greedy tokens as the engine's, logits within {float((ours.float() - theirs.float()).abs().max()):.2g}"
+    gap = float((ours.float() - theirs.float()).abs().max())
+    return f"{same}/{batch} greedy tokens as the engine's, logits within {gap:.2g}"
 
 
 def _set_ops(model: Any, ops: Any) -> None:
@@ -225,9 +226,8 @@ def _line(f: Figure) -> str:
 
 
 def _header(kind: str) -> list[str]:
-    from llmperf.engine.paths import machine_line
-
     import llmperf
+    from llmperf.engine.paths import machine_line
 
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "llmperf": getattr(llmperf, "__version__", "?")}
