@@ -22,11 +22,12 @@ from llmperf.engine.generate import Engine, generate
 from llmperf.engine.instrument import NULL_RECORDER, OP_NAMES, CountRecord, OpRecord, Recorder, StepRecord, Trace
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams
-from llmperf.engine.scheduler import POLICIES, ServeResult, StepStats, run_groups
+from llmperf.engine.scheduler import ServeResult, StepStats, run_groups
 from llmperf.engine.sequence import Completion, RequestMetrics, RequestOutput
 from llmperf.engine.step import KVStore, StepMeta
 from llmperf.engine.weights import build_model, from_pretrained, hf_config, load_hf_state_dict, to_hf_state_dict
 from llmperf.engine.workload import Request, generate_workload
+from llmperf.serving.scheduler import POLICIES
 
 __all__ = [
     "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "CountRecord", "Engine", "KVCache",

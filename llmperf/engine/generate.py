@@ -34,10 +34,10 @@ from llmperf.engine.cache import CACHE_KINDS, KVCache, hybrid_layout, make_cache
 from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams, make_generator
-from llmperf.engine.scheduler import POLICIES, ServeResult, StepStats, run_groups
+from llmperf.engine.scheduler import ServeResult, StepStats, run_groups
 from llmperf.engine.sequence import RequestOutput, SequenceGroup
 from llmperf.engine.workload import Request
-from llmperf.serving.scheduler import SchedulerConfig, StepLog
+from llmperf.serving.scheduler import POLICIES, SchedulerConfig, StepLog
 
 Prompts = Seq[Seq[int]] | Seq[int] | torch.Tensor
 

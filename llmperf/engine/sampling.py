@@ -53,6 +53,7 @@ from typing import Literal
 import torch
 
 from llmperf.errors import SpecError
+from llmperf.numeric import is_int, is_real
 
 #: `SamplingParams.eos_token_id`'s default: stop at the model's own end-of-sequence id(s) (a
 #: checkpoint's `generation_config.json`, else `config.json`; none for a random model), as HF
@@ -64,14 +65,6 @@ History = Sequence[Sequence[int]] | torch.Tensor
 FinishReason = Literal["eos", "stop_sequence", "length"]
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _token_tuples(name: str, value: object) -> tuple[tuple[int, ...], ...]:
     """A user's list of token-id lists as a tuple of non-empty tuples of non-negative ints."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
@@ -80,7 +73,7 @@ def _token_tuples(name: str, value: object) -> tuple[tuple[int, ...], ...]:
     for seq in value:
         if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence) or len(seq) == 0:
             raise SpecError(f"{name}: every entry must be a non-empty sequence of token ids, got {seq!r}")
-        if not all(_is_int(t) and t >= 0 for t in seq):
+        if not all(is_int(t) and t >= 0 for t in seq):
             raise SpecError(f"{name}: token ids must be non-negative integers, got {seq!r}")
         out.append(tuple(seq))
     return tuple(out)
@@ -127,42 +120,42 @@ class SamplingParams:
         def bad(name: str, why: str) -> SpecError:
             return SpecError(f"{name}: {why}, got {getattr(self, name)!r}")
 
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise bad("max_new_tokens", "must be a positive integer")
-        if not _is_int(self.min_new_tokens) or self.min_new_tokens < 0:
+        if not is_int(self.min_new_tokens) or self.min_new_tokens < 0:
             raise bad("min_new_tokens", "must be a non-negative integer")
         if self.min_new_tokens > self.max_new_tokens:
             raise bad("min_new_tokens", f"must not exceed max_new_tokens={self.max_new_tokens}")
         if not isinstance(self.do_sample, bool):
             raise bad("do_sample", "must be True or False")
-        if not _is_real(self.temperature) or self.temperature < 0:
+        if not is_real(self.temperature) or self.temperature < 0:
             raise bad("temperature", "must be a finite number >= 0 (0 means greedy)")
-        if not _is_int(self.top_k) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             raise bad("top_k", "must be a non-negative integer (0 means off)")
-        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+        if not is_real(self.top_p) or not 0 < self.top_p <= 1:
             raise bad("top_p", "must be in (0, 1] (1 means off)")
-        if not _is_real(self.repetition_penalty) or self.repetition_penalty <= 0:
+        if not is_real(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise bad("repetition_penalty", "must be a finite number > 0 (1 means off)")
-        if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
+        if not is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
             raise bad("no_repeat_ngram_size", "must be a non-negative integer (0 means off)")
         eos = self.eos_token_id
-        if eos is not None and eos != MODEL_EOS and not (_is_int(eos) and eos >= 0) and not (
-                isinstance(eos, tuple) and len(eos) > 0 and all(_is_int(t) and t >= 0 for t in eos)):
+        if eos is not None and eos != MODEL_EOS and not (is_int(eos) and eos >= 0) and not (
+                isinstance(eos, tuple) and len(eos) > 0 and all(is_int(t) and t >= 0 for t in eos)):
             raise bad("eos_token_id", f"must be {MODEL_EOS!r}, None, a non-negative integer or a non-empty tuple "
                                       "of them")
-        if not _is_int(self.num_beams) or self.num_beams < 1:
+        if not is_int(self.num_beams) or self.num_beams < 1:
             raise bad("num_beams", "must be a positive integer")
-        if not _is_real(self.length_penalty):
+        if not is_real(self.length_penalty):
             raise bad("length_penalty", "must be a finite number")
         if self.early_stopping not in (True, False, "never") or not isinstance(self.early_stopping, (bool, str)):
             raise bad("early_stopping", 'must be True, False or "never"')
-        if not _is_int(self.num_return_sequences) or self.num_return_sequences < 1:
+        if not is_int(self.num_return_sequences) or self.num_return_sequences < 1:
             raise bad("num_return_sequences", "must be a positive integer")
         if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
             raise bad("num_return_sequences", f"must not exceed num_beams={self.num_beams} in beam search")
         if self.num_beams == 1 and not self.is_sampling and self.num_return_sequences > 1:
             raise bad("num_return_sequences", "must be 1 for greedy decoding (every copy would be the same)")
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+        if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             raise bad("seed", "must be None or a non-negative integer")
 
     @property
@@ -222,7 +215,7 @@ def _rows(history: History, n: int) -> list[list[int]]:
 
 
 def _per_row(num_generated: int | Sequence[int], n: int) -> list[int]:
-    if _is_int(num_generated):
+    if is_int(num_generated):
         return [num_generated] * n
     counts = list(num_generated)
     if len(counts) != n:
@@ -249,7 +242,7 @@ def apply_repetition_penalty(logits: torch.Tensor, history: History, penalty: fl
     positive logits are divided by `penalty`, negative ones multiplied (so > 1 always discourages).
     HF `RepetitionPenaltyLogitsProcessor`; the prompt counts, as for HF's decoder-only models."""
     n, v = _check_logits(logits)
-    if not _is_real(penalty) or penalty <= 0:
+    if not is_real(penalty) or penalty <= 0:
         raise ValueError(f"penalty: must be a finite number > 0, got {penalty!r}")
     if penalty == 1.0:
         return logits
@@ -272,7 +265,7 @@ def ban_repeated_ngrams(logits: torch.Tensor, history: History, n: int) -> torch
     """Forbid (-inf) every token that would repeat an n-gram of the row's history (prompt included).
     `n == 0` is off. HF `NoRepeatNGramLogitsProcessor`."""
     rows_n, v = _check_logits(logits)
-    if not _is_int(n) or n < 0:
+    if not is_int(n) or n < 0:
         raise ValueError(f"n: must be a non-negative integer, got {n!r}")
     if n == 0:
         return logits
@@ -324,7 +317,7 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Divide the logits by `temperature` > 0 (below 1 sharpens, above 1 flattens). Greedy decoding is
     `temperature == 0` in `SamplingParams`, never a division by zero here."""
     _check_logits(logits)
-    if not _is_real(temperature) or temperature <= 0:
+    if not is_real(temperature) or temperature <= 0:
         raise ValueError(f"temperature: must be a finite number > 0, got {temperature!r}")
     return logits / temperature
 
@@ -333,9 +326,9 @@ def top_k_filter(logits: torch.Tensor, k: int, *, min_tokens_to_keep: int = 1) -
     """Keep the `max(k, min_tokens_to_keep)` largest logits of each row (ties with the k-th are kept,
     as in HF `TopKLogitsWarper`); the rest become -inf. `k == 0` is off."""
     _, v = _check_logits(logits)
-    if not _is_int(k) or k < 0:
+    if not is_int(k) or k < 0:
         raise ValueError(f"top_k: must be a non-negative integer, got {k!r}")
-    if not _is_int(min_tokens_to_keep) or min_tokens_to_keep < 1:
+    if not is_int(min_tokens_to_keep) or min_tokens_to_keep < 1:
         raise ValueError(f"min_tokens_to_keep: must be a positive integer, got {min_tokens_to_keep!r}")
     if k == 0:
         return logits
@@ -349,9 +342,9 @@ def top_p_filter(logits: torch.Tensor, p: float, *, min_tokens_to_keep: int = 1)
     least `p` (at least `min_tokens_to_keep` tokens). Exactly HF `TopPLogitsWarper`: sort ascending
     and drop the tokens whose cumulative probability is <= 1 - p."""
     _check_logits(logits)
-    if not _is_real(p) or not 0 < p <= 1:
+    if not is_real(p) or not 0 < p <= 1:
         raise ValueError(f"top_p: must be in (0, 1], got {p!r}")
-    if not _is_int(min_tokens_to_keep) or min_tokens_to_keep < 1:
+    if not is_int(min_tokens_to_keep) or min_tokens_to_keep < 1:
         raise ValueError(f"min_tokens_to_keep: must be a positive integer, got {min_tokens_to_keep!r}")
     sorted_logits, sorted_idx = torch.sort(logits, descending=False)  # (N, V), ascending
     cum_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
@@ -461,7 +454,7 @@ def hf_generate_kwargs(params: SamplingParams) -> dict:
                   num_beams=params.num_beams, num_return_sequences=params.num_return_sequences,
                   length_penalty=float(params.length_penalty), early_stopping=params.early_stopping)
     if params.eos_token_id is not None and params.eos_token_id != MODEL_EOS:
-        kwargs["eos_token_id"] = params.eos_token_id if _is_int(params.eos_token_id) else list(params.eos_token_id)
+        kwargs["eos_token_id"] = params.eos_token_id if is_int(params.eos_token_id) else list(params.eos_token_id)
     if params.is_sampling:
         kwargs.update(temperature=float(params.temperature), top_k=params.top_k, top_p=float(params.top_p))
     return kwargs

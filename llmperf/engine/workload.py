@@ -28,13 +28,13 @@ naming the parameter and the value.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from llmperf.engine.sampling import SamplingParams
 from llmperf.errors import SpecError
+from llmperf.numeric import is_int, is_real
 from llmperf.serving.workload import (
     Arrival,
     Cycle,
@@ -57,14 +57,6 @@ from llmperf.serving.workload import (
 )
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Request:
     """One request of a workload: its prompt tokens, how many tokens to generate at most, when it
@@ -81,13 +73,13 @@ class Request:
             object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
         elif isinstance(self.prompt, list):
             object.__setattr__(self, "prompt", tuple(self.prompt))
-        if not _is_int(self.request_id):
+        if not is_int(self.request_id):
             raise SpecError(f"request_id: must be an integer, got {self.request_id!r}")
-        if not isinstance(self.prompt, tuple) or not self.prompt or not all(_is_int(t) and t >= 0 for t in self.prompt):
+        if not isinstance(self.prompt, tuple) or not self.prompt or not all(is_int(t) and t >= 0 for t in self.prompt):
             raise SpecError(f"prompt: must be a non-empty sequence of non-negative token ids, got {self.prompt!r}")
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise SpecError(f"max_new_tokens: must be a positive integer, got {self.max_new_tokens!r}")
-        if not _is_real(self.arrival_time_s) or self.arrival_time_s < 0:
+        if not is_real(self.arrival_time_s) or self.arrival_time_s < 0:
             raise SpecError(f"arrival_time_s: must be a finite number >= 0, got {self.arrival_time_s!r}")
         if self.sampling is not None and not isinstance(self.sampling, SamplingParams):
             raise SpecError(f"sampling: must be None or SamplingParams, got {type(self.sampling).__name__}")
@@ -110,10 +102,10 @@ def generate_workload(num_requests: int, *, prompt_len: LengthDist | str | int, 
     """`num_requests` requests with prompts of uniformly random token ids in [0, vocab_size), lengths
     drawn from `prompt_len` and `output_len` (the latter is each request's `max_new_tokens`), arrival
     times from `arrival`, all reproducible from `seed`. Sorted by arrival time; ids 0..n-1 in order."""
-    if not _is_int(num_requests) or num_requests < 0:
+    if not is_int(num_requests) or num_requests < 0:
         raise SpecError(f"num_requests: must be a non-negative integer, got {num_requests!r}")
     _check_vocab(vocab_size)
-    if not _is_int(seed) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise SpecError(f"seed: must be a non-negative integer, got {seed!r}")
     spec = WorkloadSpec(arrival=arrival, prompt_len=prompt_len, output_len=output_len,
                         num_requests=num_requests, seed=seed)
@@ -121,7 +113,7 @@ def generate_workload(num_requests: int, *, prompt_len: LengthDist | str | int, 
 
 
 def _check_vocab(vocab_size: object) -> None:
-    if not _is_int(vocab_size) or vocab_size < 1:
+    if not is_int(vocab_size) or vocab_size < 1:
         raise SpecError(f"vocab_size: must be a positive integer, got {vocab_size!r}")
 
 

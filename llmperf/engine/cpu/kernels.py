@@ -136,6 +136,8 @@ import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from llmperf.outputs import cache_dir
+
 SOURCE = Path(__file__).with_name("kernels.cpp")
 MAX_ROWS = 8  # the kernel's limit (register blocking); the engine's use is `ROWS`
 ROWS = {torch.bfloat16: 4, torch.float32: 8}  # dtype -> most rows the engine runs on the GEMM (see above)
@@ -167,15 +169,6 @@ class _State:
 
 
 _state = _State()
-
-
-def cache_dir() -> Path:
-    """Where the compiled kernels are kept: `$LLMPERF_CACHE_DIR`, else `$XDG_CACHE_HOME/llmperf`, else
-    `~/.cache/llmperf`."""
-    if os.environ.get("LLMPERF_CACHE_DIR"):
-        return Path(os.environ["LLMPERF_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "llmperf"
 
 
 MAX_ISA = "LLMPERF_MAX_CPU_ISA"  # run as a CPU without the features above this level (as oneDNN's ONEDNN_MAX_CPU_ISA)
