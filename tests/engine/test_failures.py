@@ -388,3 +388,38 @@ def test_a_quantised_checkpoint_is_refused_by_name(tmp_path):
 
     with pytest.raises(ValueError, match=r"^quantization: .*fp8 checkpoint"):
         from_pretrained(tmp_path)
+
+
+_DEEPSEEK = dict(model_type="deepseek_v3", vocab_size=128, hidden_size=64, intermediate_size=96,
+                 moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                 max_position_embeddings=64, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16,
+                 qk_nope_head_dim=16, v_head_dim=24, first_k_dense_replace=1, n_routed_experts=8,
+                 num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1)
+
+
+@pytest.mark.parametrize("case", ["missing kv_b_proj", "expert count", "latent width"])
+def test_a_deepseek_checkpoint_that_does_not_match_its_config_is_named(tmp_path, case):
+    """The issue's three cases on a DeepSeek-V3 checkpoint (MLA + MoE): one line naming the tensor
+    and both shapes (or the missing tensor), before anything is allocated."""
+    from checkpoints import saved_checkpoint
+    from safetensors.torch import load_file, save_file
+
+    from llmperf.engine import from_pretrained
+
+    saved_checkpoint(_DEEPSEEK, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    tensors = load_file(tmp_path / "model.safetensors")
+    if case == "missing kv_b_proj":
+        del tensors["model.layers.0.self_attn.kv_b_proj.weight"]
+        expected = r"missing tensor 'model\.layers\.0\.self_attn\.kv_b_proj\.weight'"
+    elif case == "expert count":  # the config says 16 experts, the checkpoint holds 8
+        cfg["n_routed_experts"] = 16
+        expected = r"model\.layers\.1\.mlp\.(gate\.weight|experts\.\w+).*(16|8)"
+    else:  # a latent of 24 where the config says 32
+        cfg["kv_lora_rank"] = 24
+        expected = r"model\.layers\.0\.self_attn\.kv_a_(proj_with_mqa|layernorm)\.weight.*shape \(\d+(, 64)?\)"
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=expected) as err:
+        from_pretrained(tmp_path, dtype="fp32")
+    assert "\n" not in str(err.value)
