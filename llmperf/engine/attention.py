@@ -86,6 +86,8 @@ def sdpa_core(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta,
     attention runs both its forms through here (`llmperf.engine.mla`)."""
     B, T, H, _ = q.shape
     H_kv, S, Dv = K.shape[1], K.shape[2], V.shape[-1]
+    if p.sinks is not None and p.softcap is None and _LSE_SDPA is not None and q.is_cpu:
+        return _sdpa_sinks(q, K, V, meta, p).reshape(B, T, H * Dv)
     if p.sinks is not None or p.softcap is not None:
         return _eager(q, K, V, meta, p).reshape(B, T, H * Dv)
     if T == 1:
@@ -96,6 +98,25 @@ def sdpa_core(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta,
     else:
         o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(S, p), enable_gqa=H_kv < H, scale=p.scale)
     return o.transpose(1, 2).reshape(B, T, H * Dv)  # (B, T, H*Dv)
+
+
+#: torch's CPU flash attention, which also returns each row's log-sum-exp (None where torch lacks it)
+_LSE_SDPA = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _sdpa_sinks(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, p: LayerAttn) -> torch.Tensor:
+    """Attention with learned sinks in one fused call: a sink joins the softmax's denominator and adds
+    no value, so the output is SDPA's times exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink),
+    lse the log-sum-exp of the row's scaled scores (torch's CPU flash attention returns it; GQA native).
+    `q (B, T, H, D)` over `K`, `V (B, H_kv, S, Dv)` -> `(B, T, H, Dv)`; equal to `_eager` to rounding."""
+    qt = q.transpose(1, 2)  # (B, H, T, D)
+    causal = meta.fresh and meta.uniform and not meta.limited(p)
+    mask = None if causal else meta.mask(K.shape[2], p)  # (B, 1, T, S) bool, or None: every key
+    bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+        ~mask, -math.inf)  # the op takes an additive mask of the query's dtype
+    o, lse = _LSE_SDPA(qt, K, V, 0.0, causal, attn_mask=bias, scale=p.scale)  # (B, H, T, Dv), (B, H, T) fp32
+    keep = torch.sigmoid(lse - p.sinks.float()[None, :, None])  # the share of the row's mass not on the sink
+    return (o.float() * keep[..., None]).to(q.dtype).transpose(1, 2)
 
 
 def _sdpa_folded(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,

@@ -129,6 +129,9 @@ class MoE(nn.Module):
             _linear_params(self, "shared_down", F_s, C, False, in_out, **kw)
         self.shared_gate_weight = _mat(C, 1, in_out, **kw) if spec.shared_expert_gate else None
         self.last_touched = 0  # distinct routed experts the last forward ran
+        self._views_key: tuple[int, int] | None = None  # the storage `_expert_weights`' views are of
+        self._up_views: list[torch.Tensor] = []
+        self._down_views: list[torch.Tensor] = []
 
     # ---- routing --------------------------------------------------------------------------------
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,18 +182,31 @@ class MoE(nn.Module):
         return masked, masked
 
     # ---- experts --------------------------------------------------------------------------------
+    def _expert_weights(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each expert's up and down matrices as views of the stacked parameters, kept while their
+        storage stays the same: the ops see the same weight tensor every step, so a private copy they
+        make of it (oneDNN's packed layout on a CPU) is made once per expert, as for a dense layer's
+        weights, not per step."""
+        key = (self.experts_up_weight.data_ptr(), self.experts_down_weight.data_ptr())
+        if self._views_key != key:
+            self._up_views = list(self.experts_up_weight.unbind(0))
+            self._down_views = list(self.experts_down_weight.unbind(0))
+            self._views_key = key
+        return self._up_views, self._down_views
+
     def _expert(self, x: torch.Tensor, e: int, rec: Any) -> torch.Tensor:
-        """Expert `e` on its rows `x (n, C)`: gate/up, the gated activation, down (plain torch: the
-        expert weights are views made per step, not packable parameters)."""
-        i, linear = self.index, self.ops.plain
+        """Expert `e` on its rows `x (n, C)`: gate/up, the gated activation, down, through the ops'
+        GEMMs as a dense layer's (packed weights on a CPU)."""
+        i, linear = self.index, self.ops.linear
+        ups, downs = self._expert_weights()
         up_b = None if self.experts_up_bias is None else self.experts_up_bias[e]
         down_b = None if self.experts_down_bias is None else self.experts_down_bias[e]
         with rec.op("gate_up_proj", i):
-            gate_up = linear(x, self.experts_up_weight[e], up_b)
+            gate_up = linear(x, ups[e], up_b)
         with rec.op("act", i):
             a = self.ops.glu(gate_up, self.act) if self.limit is None else clamped_swiglu(gate_up, self.limit)
         with rec.op("down_proj", i):
-            return linear(a, self.experts_down_weight[e], down_b)
+            return linear(a, downs[e], down_b)
 
     def _shared(self, flat: torch.Tensor, rec: Any) -> torch.Tensor:
         """The shared experts on every token `(N, C)`: one gated FFN, [times Qwen2-MoE's sigmoid gate]."""

@@ -401,10 +401,11 @@ _DEEPSEEK = dict(model_type="deepseek_v3", vocab_size=128, hidden_size=64, inter
 def test_a_deepseek_checkpoint_that_does_not_match_its_config_is_named(tmp_path, case):
     """The issue's three cases on a DeepSeek-V3 checkpoint (MLA + MoE): one line naming the tensor
     and both shapes (or the missing tensor), before anything is allocated."""
-    from checkpoints import saved_checkpoint
     from safetensors.torch import load_file, save_file
 
     from llmperf.engine import from_pretrained
+
+    from checkpoints import saved_checkpoint
 
     saved_checkpoint(_DEEPSEEK, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
