@@ -82,6 +82,14 @@ def _decode_update(acc, l_i, m_i, q, kT, v, cols, hi, qk_scale, MASKED: tl.const
     q (BLOCK_G, D_pad), kT (D_pad, BLOCK_N), v (BLOCK_N, D_pad); cols (BLOCK_N,) key positions, masked
     from `hi` on when MASKED. A masked tile always holds at least one valid key, so the max is finite."""
     qk = tl.dot(q, kT, input_precision=DOT_PRECISION)  # (BLOCK_G, BLOCK_N) fp32
+    return _softmax_step(acc, l_i, m_i, qk, v, cols, hi, qk_scale, MASKED, DOT_PRECISION)
+
+
+@triton.jit
+def _softmax_step(acc, l_i, m_i, qk, v, cols, hi, qk_scale, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The online-softmax step every decode kernel shares, given one tile's raw scores `qk (rows,
+    BLOCK_N)` fp32: mask from `hi` on when MASKED, rescale the running max, sum and output, add the
+    tile's `p @ v`. A masked tile always holds at least one valid key, so the max is finite."""
     if MASKED:
         qk = tl.where(cols[None, :] < hi, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # log2 domain; qk_scale > 0 commutes with max

@@ -54,6 +54,7 @@ from kernels._common import (
 )
 from kernels.decode import (
     INTERPRETER_CONFIG,
+    _softmax_step,
     _split_range,
     _store_split,
     check_num_splits,
@@ -76,14 +77,7 @@ def _mla_update(acc, l_i, m_i, q_lat, q_rope, c, k_rope, cols, hi, qk_scale,
     masked tile holds at least one valid token, so the row max is finite)."""
     qk = tl.dot(q_lat, tl.trans(c), input_precision=DOT_PRECISION)  # (BLOCK_H, BLOCK_N) fp32
     qk = tl.dot(q_rope, tl.trans(k_rope), acc=qk, input_precision=DOT_PRECISION)
-    if MASKED:
-        qk = tl.where(cols[None, :] < hi, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # log2 domain; qk_scale > 0 commutes with max
-    p = tl.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
+    return _softmax_step(acc, l_i, m_i, qk, c, cols, hi, qk_scale, MASKED, DOT_PRECISION)
 
 
 @triton.jit

@@ -179,7 +179,7 @@ class Block(nn.Module):
         if self.rope:  # q and k heads are adjacent: one rotation for both
             cos, sin = (ctx.cos_local, ctx.sin_local) if self.local_rope else (ctx.cos, ctx.sin)
             with rec.op("rope", i):
-                qk = self.ops.rope(qkv if self.q_norm is None else qk.contiguous(), H + H_kv, cos, sin,
+                qk = self.ops.rope(qkv if self.q_norm is None else qk, H + H_kv, cos, sin,
                                    self.rope_interleaved)  # (N, H + H_kv, D)
         if self.qk_l2:
             with rec.op("qk_norm", i):
@@ -271,14 +271,8 @@ class Transformer(nn.Module):
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
         self.rotary_local = (RotaryTable(spec, device, local=True)
                              if self.rotary is not None and spec.rope_local_theta is not None else None)
-        # Math-changing spec fields, honoured by every backend through the step metadata:
-        # GPT-2's softmax scale per layer (HF `GPT2Attention.scaling`), and the sliding window.
-        if spec.attn_scale and not spec.attn_scale_inverse_layer_idx:
-            self.layer_scales: tuple[float, ...] | None = None  # the usual 1/sqrt(D)
-        else:
-            base = spec.head_dim ** -0.5 if spec.attn_scale else 1.0
-            self.layer_scales = tuple(base / (i + 1 if spec.attn_scale_inverse_layer_idx else 1)
-                                      for i in range(spec.num_layers))
+        # Math-changing spec fields (each layer's softmax scale, window, chunk, sinks, soft-cap),
+        # honoured by every backend through the step metadata
         self.attn_params = layer_attention(spec, [getattr(b, "sinks", None) for b in self.layers])
         # the plain Llama structure (uniform layers, nothing of today's models): what the CPU ops'
         # one-call decode step runs
@@ -351,7 +345,7 @@ class Transformer(nn.Module):
             raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
                              f"max_positions={self.spec.max_positions}")
         meta.window = self.spec.sliding_window if self.spec.layer_types is None else None
-        meta.layer_scales, meta.layers = self.layer_scales, self.attn_params
+        meta.layers = self.attn_params
         return B, T
 
     def _layers(self, groups: Sequence[tuple[torch.Tensor, StepMeta]], rec: Any, attend: Any) -> torch.Tensor:

@@ -110,7 +110,6 @@ def check_buildable(spec: ModelSpec) -> None:
                          f"(supported: {', '.join(_ACTIVATIONS)})")
     if spec.ffn_kind != "swiglu" and spec.num_experts > 1:
         raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
-    _check_todays_fields(spec)
     if spec.pos_encoding == "rope":
         check_rope(spec)
     if spec.is_mla:
@@ -119,21 +118,6 @@ def check_buildable(spec: ModelSpec) -> None:
     if spec.is_moe:
         from llmperf.engine.moe import check_moe
         check_moe(spec)
-
-
-#: ModelSpec fields the engine does not build yet, with the value that means "absent"
-_NOT_BUILT: tuple[tuple[str, Any], ...] = ()
-
-
-def _check_todays_fields(spec: ModelSpec) -> None:
-    """Fields of today's models that the analytical model costs but the engine does not build: the
-    engine refuses them by name rather than run another model."""
-    for field, absent in _NOT_BUILT:
-        value = getattr(spec, field)
-        if value != absent:
-            shown = value if not isinstance(value, tuple) or len(value) <= 4 else f"{list(value[:4])}..."
-            raise ValueError(f"{field}: the engine does not build this yet (got {shown!r} for {spec.name}); "
-                             "estimate, simulate and plan model it")
 
 
 def layer_attention(spec: ModelSpec, sinks: Sequence[torch.Tensor | None]) -> tuple[LayerAttn, ...]:

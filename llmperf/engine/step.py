@@ -53,11 +53,6 @@ class KVStore(Protocol):
         block is a row), addressed by `StepMeta.block_table()`."""
 
 
-def softmax_scale(layer_scales: tuple[float, ...] | None, layer: int, head_dim: int) -> float:
-    """The factor on QK^T in `layer`: the model's own per layer (GPT-2 scalings), else 1/sqrt(D)."""
-    return layer_scales[layer] if layer_scales is not None else 1.0 / math.sqrt(head_dim)
-
-
 @dataclass(frozen=True, eq=False)
 class LayerAttn:
     """What one layer's attention computes beyond plain causal softmax(QK^T * scale) V, set by the
@@ -79,11 +74,6 @@ class LayerAttn:
     chunk: int | None = None
     sinks: torch.Tensor | None = None
     softcap: float | None = None
-
-    @property
-    def plain(self) -> bool:
-        """Causal softmax attention with nothing else (any kernel computes it)."""
-        return self.window is None and self.chunk is None and self.sinks is None and self.softcap is None
 
 
 @dataclass(eq=False)
@@ -111,20 +101,13 @@ class StepMeta:
     group_tables: tuple[torch.Tensor, ...] | None = None
     group_slots: tuple[torch.Tensor, ...] | None = None
     layer_tables: tuple[int, ...] | None = None
-    # Set by the model for its forward (ModelSpec fields that change the math): keys a query may
-    # see (sliding window; None = all), and each layer's softmax scale (None = 1/sqrt(D)).
+    # Set by the model for its forward (ModelSpec fields that change the math): the keys a query of
+    # a model whose layers all slide alike may see (None = all; the CPU's one-call decode reads it).
     window: int | None = None
-    layer_scales: tuple[float, ...] | None = None
     # Set by the model for its forward: every layer's attention parameters (None: plain causal
     # attention at 1/sqrt(D) in every layer, e.g. a step timed on its own by calibrate).
     layers: tuple[LayerAttn, ...] | None = None
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
-
-    def scale(self, layer: int, head_dim: int) -> float:
-        """The factor on QK^T in `layer` (`softmax_scale`)."""
-        if self.layers is not None:
-            return self.layers[layer].scale
-        return softmax_scale(self.layer_scales, layer, head_dim)
 
     def attn(self, layer: int, head_dim: int | None = None) -> LayerAttn:
         """`layer`'s attention parameters (`LayerAttn`); without the model's (a step built on its
@@ -133,12 +116,7 @@ class StepMeta:
             return self.layers[layer]
         if head_dim is None:
             raise ValueError("meta: a step without the model's layer parameters needs head_dim")
-        return LayerAttn(scale=softmax_scale(self.layer_scales, layer, head_dim), window=self.window)
-
-    @property
-    def windowed(self) -> bool:
-        """Some query of the step has keys outside its sliding window (the window matters)."""
-        return self.window is not None and self.max_seq_len > self.window
+        return LayerAttn(scale=1.0 / math.sqrt(head_dim), window=self.window)
 
     def limited(self, p: LayerAttn) -> bool:
         """Some query of the step has keys outside its layer's window or chunk (it matters)."""
@@ -245,4 +223,4 @@ class StepMeta:
         return self._memo["row_table"]
 
 
-__all__ = ["KVStore", "LayerAttn", "StepMeta", "softmax_scale"]
+__all__ = ["KVStore", "LayerAttn", "StepMeta"]

@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -87,6 +86,7 @@ from llmperf.analysis.roofline import OpCost
 from llmperf.analysis.timemodel import ROOFLINE_MODEL, EfficiencyTimeModel, time_model_for
 from llmperf.analysis.vocabulary import FUSED_PARTS, OP_NAMES, WEIGHT_MATMUL_OPS, Op, Phase
 from llmperf.errors import SpecError
+from llmperf.outputs import json_text, jsonable, write_file
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
 from llmperf.specs.model import LayerKind
 
@@ -247,38 +247,9 @@ class Predictor:
 # ---- run directory ------------------------------------------------------------------------------------
 
 
-def _atomic_json(path: Path, doc: dict[str, Any]) -> None:
-    """run.json through `llmperf.outputs` (atomic: a reader never sees half of it)."""
-    from llmperf.outputs import write_file
-    write_file(path, json.dumps(doc, indent=2, default=_json_default, allow_nan=False), "--output")
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, Path):
-        return str(x)
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
-
-
-def _plain_dict(x: Any) -> Any:
-    """Tuples and mappings as JSON lists and dicts (a spec's `to_dict`)."""
-    if isinstance(x, dict) or hasattr(x, "items"):
-        return {str(k): _plain_dict(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain_dict(v) for v in x]
-    return x
-
-
-def _finite(x: Any) -> Any:
-    """NaN -> None for JSON (strict JSON has no NaN)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
+def _write_run(path: Path, run: dict[str, Any]) -> None:
+    """run.json through `llmperf.outputs` (atomic: a reader never sees half of it; strict JSON, NaN as null)."""
+    write_file(path, json_text(run), "--output")
 
 
 class _Table:
@@ -1045,12 +1016,12 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
                           per_operator=sorted(calibrated.op_overhead_s),
                           per_operator_and_rows=sorted(calibrated.op_overhead_rows)),
                       hardware_source=hardware.source, notes=notes,
-                      model_spec=_plain_dict(spec.to_dict()),
-                      hardware_spec=_plain_dict({k: v for k, v in hardware.to_dict().items()
+                      model_spec=jsonable(spec.to_dict()),
+                      hardware_spec=jsonable({k: v for k, v in hardware.to_dict().items()
                                                  if k not in ("calibration",)})),
         measurements=measurement_sources(settings), errors=[], checks=[], join=[], status="running")
     run_path = out_dir / "run.json"
-    _atomic_json(run_path, _finite(run))
+    _write_run(run_path, run)
     tables = dict(ops=_Table(out, "ops.csv", OPS_COLUMNS), steps=_Table(out, "steps.csv", STEPS_COLUMNS),
                   generations=_Table(out, "generations.csv", GENERATIONS_COLUMNS))
     if spec.is_moe:  # the experts each MoE layer touched, per step
@@ -1063,7 +1034,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         tick("cross-checks")
         checks = cross_checks(model, spec, prec, settings)
         run["checks"] = checks
-        _atomic_json(run_path, _finite(run))
+        _write_run(run_path, run)
         engine = Engine(model, cache=settings.kv, attention=settings.backend)
         llc = _llc_bytes(dev)
         for i, (b, p, g) in enumerate(settings.configs()):
@@ -1089,7 +1060,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
                 run["experts_touched"] = experts_summary(tables["experts"].rows)
             run["errors"] = errors_table(tables["steps"].rows, tables["generations"].rows)
             run["settings"]["configs_done"] = i + 1
-            _atomic_json(run_path, _finite(run))
+            _write_run(run_path, run)
         run["status"] = "complete"
     except KeyboardInterrupt:
         run["status"] = "interrupted"
@@ -1100,7 +1071,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         run["errors"] = errors_table(tables["steps"].rows, tables["generations"].rows)
         if run["status"] == "running":
             run["status"] = "failed"
-        _atomic_json(run_path, _finite(run))
+        _write_run(run_path, run)
     result.ops, result.steps, result.generations = (tables["ops"].rows, tables["steps"].rows,
                                                     tables["generations"].rows)
     result.experts = tables["experts"].rows if "experts" in tables else []

@@ -35,7 +35,6 @@ from torch.utils import flop_counter
 from llmperf.engine.attention import sdpa_attention
 from llmperf.engine.cpu import kernels
 from llmperf.engine.ops import TorchOps, matmul_in_out
-from llmperf.engine.step import softmax_scale
 
 GEMV_ROWS = 1  # fp32 GEMMs of this many rows run torch's GEMV on a transposed copy (where nothing faster runs)
 
@@ -153,8 +152,7 @@ class CpuOps(TorchOps):
             self._one_call_fits = bool(first is not None and model.llama_layers and first.attn_norm.kind == "rmsnorm"
                                        and first.rope and first.swiglu and first.silu and not first.moe
                                        and not self.in_out and model.spec.head_dim <= kernels.MAX_HEAD_DIM)
-            self._scales = torch.tensor([softmax_scale(model.layer_scales, i, model.spec.head_dim)
-                                         for i in range(model.spec.num_layers)], dtype=torch.float32)
+            self._scales = torch.tensor([p.scale for p in model.attn_params], dtype=torch.float32)
         return self._one_call_fits
 
     def decode_layers(self, model: Any, x: torch.Tensor, meta: Any, ctx: Any) -> torch.Tensor | None:
