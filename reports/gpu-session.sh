@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Everything a lent GPU should check, in one prepared command that fits a short lease (about 8 minutes
+# on an H100), most important first, each step under its own time limit:
+#   1. the Triton kernels' tests on the GPU (windows, chunks, sinks, MLA decode; pytest-xdist when present)
+#   2. today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py)
+#   3. reports/profile/gpu.sh: calibrate, profile Llama-3.1-8B (Triton, then SDPA), accuracy, kernel benchmark
+#   4. today's models profiled on the GPU with the calibration of step 3 (Triton backend, bf16, 2 layers
+#      each kind kept): qwen3-30b-a3b, gpt-oss-20b, DeepSeek-V3 at a quarter of its widths, while time is left
+# Results go to R (default /tmp/gpu-session); after every step they are packed into OUT/gpu-session.tar.gz
+# (OUT: the device tool's folder, or a second argument), so a run cut off at its limit still returns
+# what finished. env.txt names the device, driver and versions; steps.txt each step's seconds and status.
+#
+#   bash reports/gpu-session.sh                    # on the lent machine, from the repository root
+#   DEADLINE_S=300 bash reports/gpu-session.sh     # stop starting steps after 300 s
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+R=${R:-/tmp/gpu-session}
+PACK=${1:-${OUT:-$R}}
+DEADLINE_S=${DEADLINE_S:-480}
+PY=${PYTHON:-python3}
+mkdir -p "$R" "$PACK"
+: > "$R/steps.txt"
+
+pack() { tar czf "$PACK/gpu-session.tar.gz.part" -C "$R" . && mv "$PACK/gpu-session.tar.gz.part" "$PACK/gpu-session.tar.gz"; }
+
+step() {  # step NAME LIMIT_S CMD...: skipped past the deadline; else run under its limit, log, pack
+    local name=$1 limit=$2; shift 2
+    local left=$((DEADLINE_S - SECONDS))
+    if (( left < 20 )); then
+        echo "$name: skipped ($SECONDS s spent, deadline $DEADLINE_S s)" | tee -a "$R/steps.txt"
+        return
+    fi
+    (( limit > left )) && limit=$left
+    local t0=$SECONDS
+    echo "== $name (limit $limit s): $*"
+    timeout --signal=INT --kill-after=10 "$limit" "$@" > "$R/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$R/$name.log"
+    echo "$name: rc $rc, $((SECONDS - t0)) s" | tee -a "$R/steps.txt"
+    pack
+}
+
+{
+    date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi; nproc
+    "$PY" -c 'import sys, torch, triton, transformers; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda); print("triton", triton.__version__); print("transformers", transformers.__version__); p = torch.cuda.get_device_properties(0); print(p.name, p.multi_processor_count, "SMs", p.total_memory >> 20, "MiB")'
+} > "$R/env.txt" 2>&1
+cat "$R/env.txt"
+XDIST=() TIMEOUT=()
+"$PY" -c 'import xdist' 2>/dev/null && XDIST=(-n 8)
+"$PY" -c 'import pytest_timeout' 2>/dev/null && TIMEOUT=(--timeout 100)
+
+step kernel-tests 150 "$PY" -m pytest tests/kernels -q -p no:cacheprovider "${XDIST[@]}" "${TIMEOUT[@]}" --durations 10 \
+    --junitxml "$R/kernel-tests.xml"
+step family-tests 120 "$PY" -m pytest tests/engine/test_cuda_families.py -q -p no:cacheprovider "${XDIST[@]}" \
+    "${TIMEOUT[@]}" --junitxml "$R/family-tests.xml"
+BUDGET_S=200 step gpu-sh 260 bash reports/profile/gpu.sh "$R/gpu"
+if [[ -f $R/gpu/calibrate.yaml ]]; then
+    for model in qwen3-30b-a3b gpt-oss-20b reports/profile/deepseek-v3-quarter-cpu.yaml; do
+        name=$(basename "$model" .yaml); name=${name%-cpu}
+        step "profile-$name" 90 "$PY" -m llmperf.cli profile "$model" --layers 2 --device cuda --dtype bf16 \
+            --backend triton -b 1,8 -p 512 -g 16 -H "$R/gpu/calibrate.yaml" -o "$R/todays/$name"
+        [[ -f $R/todays/$name/run.json ]] && step "accuracy-$name" 30 "$PY" -m llmperf.measure.accuracy \
+            "$R/todays/$name" --save
+    done
+fi
+echo "done in $SECONDS s"
+pack
