@@ -25,6 +25,15 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def tuning_configs(configs: Sequence, fallback: int) -> list:
+    """The autotuning space `configs`, or only `configs[fallback]` (one that launches at every dtype and
+    head dim) when LLMPERF_TRITON_AUTOTUNE=0: the GPU tests check values, not speed, and compile one
+    config per shape instead of all of them (minutes less in a short GPU lease). Read at import."""
+    if os.environ.get("LLMPERF_TRITON_AUTOTUNE", "1") == "0":
+        return [configs[fallback]]
+    return list(configs)
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 

@@ -52,6 +52,7 @@ from kernels._common import (
     interpreting,
     on_device,
     padded_head_dim,
+    tuning_configs,
 )
 from kernels._masks import _first_key, _load_sinks
 from kernels.splits import num_kv_splits
@@ -264,6 +265,7 @@ CUDA_CONFIGS = [
     (32, 4, 4),
     (256, 8, 2),
 ]
+FALLBACK = 4  # (32, 4, 4): fits shared memory in every dtype (LLMPERF_TRITON_AUTOTUNE=0)
 TUNING_KEY = ["num_splits", "SEQ_BUCKET", "BATCH_BUCKET", "GROUP", "LOCAL", "HEAD_DIM_PAD"]  # plus dtypes
 INTERPRETER_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
 COMBINE_NUM_WARPS = 4
@@ -273,7 +275,8 @@ def autotuned(kernel: triton.JITFunction, key: list[str]):
     """Wrap a stage-1 kernel in `triton.autotune` over CUDA_CONFIGS, or None under the interpreter."""
     if interpreting():
         return None
-    configs = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in CUDA_CONFIGS]
+    configs = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
+               for n, w, s in tuning_configs(CUDA_CONFIGS, FALLBACK)]
     return triton.autotune(configs=configs, key=key)(kernel)
 
 

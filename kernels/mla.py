@@ -51,6 +51,7 @@ from kernels._common import (
     dot_precision,
     interpreting,
     padded_head_dim,
+    tuning_configs,
 )
 from kernels.decode import (
     INTERPRETER_CONFIG,
@@ -174,13 +175,15 @@ CUDA_CONFIGS = [
     (32, 8, 3),
     (16, 4, 2),
 ]
+FALLBACK = 3  # (16, 8, 3): fits shared memory in every dtype (LLMPERF_TRITON_AUTOTUNE=0)
 TUNING_KEY = ["num_splits", "SEQ_BUCKET", "BATCH_BUCKET", "H", "BLOCK_H", "LATENT_PAD", "ROPE_PAD", "PAGE_SIZE"]
 
 
 def _autotuned():
     if interpreting():
         return None
-    configs = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in CUDA_CONFIGS]
+    configs = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
+               for n, w, s in tuning_configs(CUDA_CONFIGS, FALLBACK)]
     return triton.autotune(configs=configs, key=TUNING_KEY)(_mla_decode_kernel)
 
 

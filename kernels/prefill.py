@@ -43,6 +43,7 @@ from kernels._common import (
     interpreting,
     on_device,
     padded_head_dim,
+    tuning_configs,
 )
 from kernels._masks import _first_key, _load_sinks
 
@@ -219,6 +220,7 @@ CUDA_CONFIGS = [
     (64, 32, 4, 3),
     (64, 32, 8, 2),
 ]
+FALLBACK = 6  # (64, 32, 8, 2): the one config that serves D=256 and fp32 (LLMPERF_TRITON_AUTOTUNE=0)
 TUNING_KEY = ["Q_BUCKET", "KV_BUCKET", "GROUP", "CAUSAL", "LOCAL", "HEAD_DIM_PAD"]  # triton adds the tensors' dtypes
 # The interpreter runs each program with numpy: one small fixed config, with BLOCK_M > BLOCK_N so the
 # causal diagonal spans several masked tiles.
@@ -227,7 +229,8 @@ INTERPRETER_CONFIG = dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)
 
 def _autotuned():
     configs = [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in CUDA_CONFIGS
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+        for m, n, w, s in tuning_configs(CUDA_CONFIGS, FALLBACK)
     ]
     return triton.autotune(configs=configs, key=TUNING_KEY)(_flash_attention_kernel)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a lent GPU should check, in one prepared command that fits a short lease (about 8 minutes
-# on an H100), most important first, each step under its own time limit:
+# on an H100; each session's record: reports/gpu-session/README.md), most important first, each step under its own time limit:
 #   1. the Triton kernels' tests on the GPU (windows, chunks, sinks, MLA decode; pytest-xdist when present)
 #   2. today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py)
 #   3. reports/profile/gpu.sh: calibrate, profile Llama-3.1-8B (Triton, then SDPA), accuracy, kernel benchmark
@@ -9,6 +9,8 @@
 # Results go to R (default /tmp/gpu-session); after every step they are packed into OUT/gpu-session.tar.gz
 # (OUT: the device tool's folder, or a second argument), so a run cut off at its limit still returns
 # what finished. env.txt names the device, driver and versions; steps.txt each step's seconds and status.
+# Each step runs in its own process group, killed whole when the step ends. The tests compile one
+# kernel config per shape (LLMPERF_TRITON_AUTOTUNE=0, tests/conftest.py); the benchmarks autotune.
 #
 #   bash reports/gpu-session.sh                    # on the lent machine, from the repository root
 #   DEADLINE_S=300 bash reports/gpu-session.sh     # stop starting steps after 300 s
@@ -35,8 +37,13 @@ step() {  # step NAME LIMIT_S CMD...: skipped past the deadline; else run under 
     (( limit > left )) && limit=$left
     local t0=$SECONDS
     echo "== $name (limit $limit s): $*"
-    timeout --signal=INT --kill-after=10 "$limit" "$@" > "$R/$name.log" 2>&1
+    setsid timeout --signal=INT --kill-after=10 "$limit" "$@" > "$R/$name.log" 2>&1 &
+    local pid=$!
+    wait "$pid"
     local rc=$?
+    # a step cut off leaves nothing running behind it (pytest-xdist's workers compiling kernels would
+    # load the host while the next step times a host-bound engine)
+    kill -KILL -- "-$pid" 2>/dev/null
     tail -n 25 "$R/$name.log"
     echo "$name: rc $rc, $((SECONDS - t0)) s" | tee -a "$R/steps.txt"
     pack

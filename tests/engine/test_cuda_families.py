@@ -19,7 +19,10 @@ def _configs() -> dict[str, dict]:
     from test_moe_families import CONFIGS as MOE
     from test_qwen3_gemma import CONFIGS as DENSE
 
-    return {**DENSE, **MOE, "kimi_like": MLA["kimi_k2"], "deepseek_v2_bias": MLA["deepseek_v2"]}
+    # gpt-oss at its real clamp (7.0): transformers before 5.24 ignores the config's `swiglu_limit` (the CPU
+    # tests, on the pinned version, check a clamp that binds)
+    return {**DENSE, **MOE, "gpt_oss": dict(MOE["gpt_oss"], swiglu_limit=7.0), "kimi_like": MLA["kimi_k2"],
+            "deepseek_v2_bias": MLA["deepseek_v2"]}
 
 
 CONFIGS = _configs()
@@ -33,6 +36,9 @@ def checkpoints(tmp_path_factory):
     for name, cfg in CONFIGS.items():
         path = tmp_path_factory.mktemp(name)
         hf = saved_checkpoint(cfg, path, seed=3, noise=0.2)
+        # eager attention is the reference: transformers before 5.24 runs Gemma 2 on SDPA, which drops
+        # its attention soft-capping
+        hf.set_attn_implementation("eager")
         out[name] = (path, hf.to("cuda"))
     return out
 

@@ -346,3 +346,17 @@ class TestMLAKernelOnly:
     def test_out_mismatch(self):
         with pytest.raises(ValueError, match="^out: must match q_latent"):
             mla_decode(**_mla(), out=torch.empty(B, H, R + DR))
+
+
+def test_autotuning_can_be_cut_to_one_config_that_fits_every_dtype(monkeypatch):
+    """LLMPERF_TRITON_AUTOTUNE=0 (the GPU tests) keeps one config per kernel: the one named as fitting
+    every dtype and head dim (fp32 at D=256 for prefill, the narrowest tiles for decode and MLA)."""
+    from kernels import decode, mla, prefill
+    from kernels._common import tuning_configs
+
+    monkeypatch.delenv("LLMPERF_TRITON_AUTOTUNE", raising=False)
+    assert tuning_configs(prefill.CUDA_CONFIGS, prefill.FALLBACK) == prefill.CUDA_CONFIGS
+    monkeypatch.setenv("LLMPERF_TRITON_AUTOTUNE", "0")
+    assert tuning_configs(prefill.CUDA_CONFIGS, prefill.FALLBACK) == [(64, 32, 8, 2)]
+    assert tuning_configs(decode.CUDA_CONFIGS, decode.FALLBACK) == [(32, 4, 4)]
+    assert tuning_configs(mla.CUDA_CONFIGS, mla.FALLBACK) == [(16, 8, 3)]
