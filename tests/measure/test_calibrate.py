@@ -420,7 +420,7 @@ def test_in_situ_dispatch_can_be_switched_off():
 def test_a_disturbed_point_is_timed_again(monkeypatch):
     """A point whose median call is over 1.5x its fastest is timed again (at most twice) and the
     steadiest timing kept; a steady one is timed once."""
-    import llmperf.measure.calibrate as calmod
+    import llmperf.measure.calibrate.ceilings as calmod
     from llmperf.measure.timers import Timing
 
     def fake(timings):

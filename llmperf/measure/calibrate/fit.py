@@ -1,0 +1,95 @@
+"""Fitting the calibrated time model's efficiency curves on the calibration's points.
+
+For each measured GEMM / attention point, with `t' = t - overhead`:
+`e_compute(rows) = min(1, flops / (peak * t'))` and `e_memory(rows) = min(1, max(e_gemv,
+bytes / (bw * t')))`, so the model (`llmperf.analysis.timemodel`) reproduces every calibration point
+and interpolates in log(rows) between them. A vector operator's memory efficiency is a curve over
+the bytes one call moves (`fit_op_e_memory`). Figures are rounded to 4 significant figures for the YAML.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from llmperf.measure.calibrate.points import ComputePoint
+
+MEMORY_BOUND_SHARE = 0.8  # a point whose memory time explains this share of its time is memory-bound
+
+
+def fit_curves(pts: Sequence[ComputePoint], peak: float, bw: float, overhead: float) -> dict[str, Any]:
+    """`e_compute(rows)`, `e_memory(rows)` that reproduce every point `t = max(c / e_c, m / e_m) + overhead`.
+
+    `e_mem0`, the smallest-rows point's bytes / (bw t'), is the streaming efficiency (a GEMV's). A point
+    whose memory time at `e_mem0` explains most of its time is memory-bound: its `e_memory` is its own
+    bytes / (bw t') and its `e_compute` is only bounded below (compute must not exceed t'), so it takes
+    the first compute-bound point's value when that is higher: interpolating a memory-bound point's
+    `flops / (peak t')` to more rows would wrongly make those rows compute-bound. A compute-bound point
+    gets `e_compute = flops / (peak t')` and `e_memory = e_mem0`. A point marked `memory_bound` (a decode
+    attention call: its time is its KV stream, however slow) is memory-bound whatever its time. All
+    values are clipped to (0, 1].
+    With t' = t - overhead, t the point's typical (median) call (at least half of t: the overhead never
+    explains a whole call)."""
+    by_rows: dict[int, list[ComputePoint]] = {}
+    for p in pts:
+        by_rows.setdefault(p.rows, []).append(p)
+    rows = sorted(by_rows)
+
+    def t_prime(p: ComputePoint) -> float:  # the typical call, less the overhead
+        return max(p.typical_s - overhead, 0.5 * p.typical_s)
+
+    first = by_rows[rows[0]][0]
+    e_mem0 = min(1.0, first.bytes / (bw * t_prime(first)))
+    ec_floor: dict[int, float] = {}
+    em: dict[int, float] = {}
+    memory_bound: dict[int, bool] = {}
+    for r in rows:
+        ps = by_rows[r]
+        ec_floor[r] = min(1.0, max(p.flops / (peak * t_prime(p)) for p in ps))
+        em[r] = min(1.0, max(e_mem0, max(p.bytes / (bw * t_prime(p)) for p in ps)))
+        memory_bound[r] = all(p.memory_bound or p.bytes / (bw * e_mem0) >= MEMORY_BOUND_SHARE * t_prime(p)
+                              for p in ps)
+    compute_rows = [r for r in rows if not memory_bound[r]]
+    ec = {}
+    for r in rows:
+        if memory_bound[r]:
+            later = [ec_floor[c] for c in compute_rows if c > r]
+            ec[r] = max(ec_floor[r], later[0]) if later else 1.0
+            em[r] = min(1.0, max(p.bytes / (bw * t_prime(p)) for p in by_rows[r]))
+        else:
+            ec[r] = ec_floor[r]
+            em[r] = e_mem0
+    return dict(e_compute=[[r, _clean(max(ec[r], 1e-6))] for r in rows],
+                e_memory=[[r, _clean(max(em[r], 1e-6))] for r in rows], overhead_s=_clean(overhead))
+
+
+def _clean(x: float) -> float:
+    """Round to 4 significant figures for a readable YAML (the spreads are far wider)."""
+    x = float(x)
+    return float(f"{x:.4g}") if math.isfinite(x) and x != 0 else x
+
+
+def _clean_ops(per_backend: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """{backend: {operator: seconds}} with every figure `_clean`ed, for the YAML."""
+    return {b: {op: _clean(v) for op, v in ops.items()} for b, ops in per_backend.items()}
+
+
+def fit_op_e_memory(samples: dict[str, list[tuple[float, float]]], bw: float, overheads: dict[str, float]
+                    ) -> dict[str, list[list[float]]]:
+    """Per operator, `[[bytes, e_memory], ...]` from (bytes of one call, typical seconds) samples:
+    `e = bytes / (bw (t - overhead))`, 1 where the memory roof at full bandwidth explains the call
+    (a call no slower than its dispatch), clipped to (1e-4, 1]; one point per byte count (the best)."""
+    out: dict[str, list[list[float]]] = {}
+    for op, pts in samples.items():
+        best: dict[int, float] = {}
+        for nbytes, seconds in pts:
+            if nbytes <= 0:
+                continue
+            t = seconds - overheads.get(op, 0.0)
+            e = 1.0 if t <= nbytes / bw else max(nbytes / (bw * t), 1e-4)
+            key = max(1, int(nbytes))
+            best[key] = max(best.get(key, 0.0), e)
+        if best:
+            out[op] = [[b, best[b]] for b in sorted(best)]
+    return out

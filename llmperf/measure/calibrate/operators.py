@@ -1,0 +1,213 @@
+"""The engine's own operator overheads: what its eager code pays per operator, per attention backend.
+
+- `measure_op_overheads`: the median per-layer time of each engine operator (`attn_norm`,
+  `qkv_proj`, `rope`, `kv_write`, `attention`, ...) over the decode steps of a tiny model's recorded
+  greedy generation (hidden 64, 2 layers: no evaluated configuration leaks into the calibration),
+  per backend (sdpa and naive; triton on CUDA). At that size the device work is a fraction of a
+  microsecond, so what is measured is the engine's dispatch; on a CPU each operator runs right after
+  a 32 MiB GEMV (`COLD_GEMM`), as in a real step whose weights stream through the caches. On CUDA the
+  recorder's events measure the time the GPU waits between an operator's first and last launch.
+- `measure_op_overhead_rows` (CPU): the same per compute dtype at one and two rows, and for the
+  weight GEMMs on both sides of each edge between the engine's GEMM paths (llmperf's own kernels,
+  AMX, oneDNN's packed GEMM: `llmperf.engine.paths`); every operator that reads no weights is
+  measured in situ, in the recorded decode of a model with Llama 3.2 1B's layer shapes
+  (`dispatch_spec`), between GEMMs whose weights stream from DRAM. Where the engine runs a decode
+  step's layers in one call (`engine.cpu_kernels.decode_layers`), each operator's record is its part
+  of that call.
+- `measure_step_overhead`: the host time of an engine step outside its forward pass (sampling and
+  cache bookkeeping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from llmperf.analysis.vocabulary import WEIGHT_MATMUL_OPS
+from llmperf.measure.calibrate.ceilings import _gemm_path_edges
+from llmperf.measure.calibrate.settings import Progress, Settings
+from llmperf.measure.timers import gc_paused
+
+WEIGHT_OPS = frozenset(str(op) for op in WEIGHT_MATMUL_OPS)  # the engine's weight GEMMs, by name
+
+
+#: On a CPU, every operator of a real decode step dispatches right after a weight matrix streamed
+#: through the caches, which evicts the interpreter's and the framework's dispatch state: measured on
+#: the 2-core development machine, the engine's RMSNorm at (4, 1024) fp32 took 14 us back to back but
+#: 95 us (1 thread) to 198 us (2 threads) right after a (4,1024)@(1024,7168) GEMM, and 76-117 us after
+#: reading 32 MB. So the tiny model's operators are each timed right after such a GEMM (outside the
+#: timed region), as `do_bench` flushes a GPU's L2 before each call. A GPU engine's host never streams
+#: the weights, so CUDA runs keep warm host caches.
+COLD_GEMM = (1024, 8192)  # (K, N) of the fp32 GEMV before each operator: 32 MiB of weights, two of them
+
+
+def _cold_caches(device: Any) -> Callable[[], Any] | None:
+    """The hook a CPU recorder runs before each operator: a GEMV over one of two 32 MiB weight matrices
+    in turn (at the calibration's threads, like the engine's own projections)."""
+    import itertools
+
+    import torch
+
+    if device.type != "cpu":
+        return None
+    k, n = COLD_GEMM
+    x = torch.randn(1, k)
+    weights = itertools.cycle([torch.randn(k, n), torch.randn(k, n)])
+    return lambda: torch.matmul(x, next(weights))
+
+
+#: the tiny model of the engine measurements: hidden 64, 2 layers (nothing like an evaluated model)
+TINY_SPEC = dict(name="calibrate-tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+                 num_kv_heads=2, ffn_size=128, max_positions=256)
+
+
+def op_overhead_backends(device: Any) -> tuple[str, ...]:
+    """The attention backends whose operator overheads are measured: Triton only where it is timed."""
+    return ("sdpa", "naive", "triton") if device.type == "cuda" else ("sdpa", "naive")
+
+
+def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: bool = True,
+                         dtype: str | None = None, batch: int = 1, spec: dict[str, Any] | None = None,
+                         model: Any = None) -> dict[str, dict[str, float]]:
+    """Per attention backend, the median time of one call of each engine operator over the decode
+    steps of a recorded greedy generation of `batch` sequences at `dtype` (default: bf16 on CUDA,
+    fp32 on CPU; per layer for per-layer operators) by the model `spec` (default: the tiny model); on
+    a CPU with `cold`, each operator right after a 32 MiB GEMV (`_cold_caches`). `model`: that model
+    already built at `dtype`, run by every backend's engine (default: one built per backend)."""
+    import statistics
+    from collections import defaultdict
+
+    import torch
+
+    from llmperf.engine import Engine, Recorder, SamplingParams, build_model
+    from llmperf.specs import ModelSpec
+
+    spec = ModelSpec(**(spec or TINY_SPEC))
+    before_op = _cold_caches(device) if cold else None
+    dtype = dtype or ("bf16" if device.type == "cuda" else "fp32")
+    out: dict[str, dict[str, float]] = {}
+    prompt = [[1, 2, 3, 4]] * batch
+    params = SamplingParams(max_new_tokens=s.op_overhead_tokens, min_new_tokens=s.op_overhead_tokens)
+    for backend in op_overhead_backends(device):
+        progress(f"operator overheads ({spec.name}, {backend}{', cold caches' if before_op else ''})")
+        try:
+            net = model or build_model(spec, seed=0, dtype=dtype, device=device, attention=backend)
+            engine = Engine(net, cache="contiguous", attention=backend)
+            engine.generate(prompt, params)  # warm-up: the same lengths, so every kernel is compiled
+            rec = Recorder(device, before_op=before_op)
+            with gc_paused():  # as profile times the engine: no garbage collection inside a timed operator
+                engine.generate(prompt, params, recorder=rec)
+        except Exception:  # noqa: BLE001 - a backend this build cannot run keeps the per-kind figures (noted)
+            continue
+        samples: dict[str, list[float]] = defaultdict(list)
+        for r in rec.trace.ops:
+            if r.phase == "decode":
+                samples[r.op].append(r.seconds)
+        out[backend] = {op: float(statistics.median(v)) for op, v in samples.items()}
+        del engine, net
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def dispatch_spec(hidden: int) -> dict[str, Any]:
+    """The model whose recorded decode gives a CPU's in-situ dispatch (`Settings.dispatch_hidden`): 2
+    layers with Llama 3.2 1B's shapes at hidden 2048 (FFN 4x, heads of 64, 4 query heads per KV
+    head), vocabulary 256. Nothing like an evaluated model."""
+    heads = max(hidden // 64, 1)
+    return dict(name="calibrate-dispatch", vocab_size=256, hidden_size=hidden, num_layers=2, num_heads=heads,
+                num_kv_heads=max(heads // 4, 1), ffn_size=4 * hidden, max_positions=256)
+
+
+def in_situ(cold: dict[str, dict[str, float]], situ: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per backend, the weight GEMMs' dispatch from `cold` (the tiny model, a GEMV before each) and
+    every other operator's from `situ` (a real layer's decode) where it was measured."""
+    return {backend: {op: (v if op in WEIGHT_OPS else situ.get(backend, {}).get(op, v)) for op, v in ops.items()}
+            for backend, ops in cold.items()}
+
+
+def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str, notes: list[str] | None
+                       ) -> dict[int, dict[str, dict[str, float]]]:
+    """Per rows of `OVERHEAD_ROWS`, the operators' dispatch in `dispatch_spec`'s decode at `dname`
+    ({} when `s.dispatch_hidden` is 0, or when the model cannot be built: noted, the cold figures stand)."""
+    if not s.dispatch_hidden:
+        return {}
+    from llmperf.engine import build_model
+    from llmperf.specs import ModelSpec
+
+    spec = dispatch_spec(s.dispatch_hidden)
+    try:
+        model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
+    except (RuntimeError, ValueError, MemoryError) as exc:
+        if notes is not None:
+            notes.append(f"in-situ dispatch {dname}: not measured ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}); every operator keeps the cold figure")
+        return {}
+    return {rows: measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
+                                       model=model) for rows in OVERHEAD_ROWS}
+
+
+OVERHEAD_ROWS = (1, 2)  # decoding one and two sequences; weight GEMMs add their path edges (gemm_dispatch_rows)
+OVERHEAD_DTYPES = ("fp32", "bf16")  # the CPU dtypes whose GEMM path differs (fp16 is never packed)
+
+
+def gemm_dispatch_rows(dname: str, device: Any) -> tuple[int, ...]:
+    """The rows at which `calibrate` times a weight GEMM's dispatch for the engine at `dname`: 1 and 2
+    (`OVERHEAD_ROWS`, decoding one and two sequences) and both sides of every edge between the
+    engine's GEMM paths (`engine.paths.gemm_path_edges`): fp32 with llmperf's kernels 1, 2, 8, 9 (its
+    own GEMM to 8 rows, oneDNN's packed one from 9), bf16 1, 2, 4, 5 (1, 2, 3, 16, 17 on an AMX CPU:
+    its own GEMM to 2 rows, AMX 3-16, oneDNN from 17); with torch's kernels alone
+    fp32 1, 2 (the GEMV, then packed) and bf16 1, 2 (always packed)."""
+    return tuple(sorted(set(OVERHEAD_ROWS) | set(_gemm_path_edges(dname, device))))
+
+
+def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_rows1: dict[str, dict[str, float]],
+                             notes: list[str] | None = None) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
+    """CPU: each engine operator's dispatch per compute dtype (fp32, bf16) and per rows, as
+    `[[rows, seconds], ...]`: the weight GEMMs cold (the tiny model, a 32 MiB GEMV before each;
+    `fp32_rows1` is the fp32 one-sequence run already made) at `gemm_dispatch_rows` (1, 2 and each side of
+    every edge between the engine's GEMM paths, so that a batch is priced with the path it runs),
+    every other operator at 1 and 2 rows in situ (`dispatch_spec`'s decode, unless `s.dispatch_hidden`
+    is 0). Measured 2026-11-23 on the 2-core CPU: a projection took 38 us at one fp32 row (torch's
+    matrix-vector kernel) and 123 us at two (oneDNN's packed GEMM), bf16 about 130 us at any rows
+    (packed); llmperf's own GEMM 72-84 us at one bf16 row."""
+    out: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
+    for dname in OVERHEAD_DTYPES:
+        if dname not in s.dtypes:
+            continue
+        all_rows = gemm_dispatch_rows(dname, device)
+        runs = {}
+        for rows in all_rows:
+            if dname == "fp32" and rows == 1 and fp32_rows1:
+                runs[rows] = fp32_rows1
+                continue
+            progress(f"operator overheads ({dname}, {rows} row{'s' if rows > 1 else ''}, cold caches)")
+            runs[rows] = measure_op_overheads(s, device, progress, dtype=dname, batch=rows)
+        for rows, situ in _in_situ_overheads(s, device, progress, dname, notes).items():
+            runs[rows] = in_situ(runs[rows], situ)
+        table: dict[str, dict[str, list[list[float]]]] = {}
+        for backend in runs[all_rows[0]]:
+            ops = set.intersection(*(set(runs[r].get(backend, {})) for r in all_rows))
+            table[backend] = {op: [[r, runs[r][backend][op]] for r in (all_rows if op in WEIGHT_OPS else OVERHEAD_ROWS)]
+                              for op in sorted(ops)}
+        out[dname] = table
+    return out
+
+
+def measure_step_overhead(device: Any, progress: Progress) -> float:
+    """Host time of an engine decode step outside its forward pass (sampling, cache bookkeeping),
+    median over the steps of a tiny model's greedy generation."""
+    import statistics
+
+    from llmperf.engine import Engine, Recorder, SamplingParams, build_model
+    from llmperf.specs import ModelSpec
+
+    progress("engine step overhead")
+    spec = ModelSpec(**TINY_SPEC)
+    engine = Engine(build_model(spec, seed=0, device=device), cache="contiguous")
+    engine.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=4))  # warm-up
+    rec = Recorder(device, ops=False)
+    with gc_paused():
+        engine.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=32), recorder=rec)
+    gaps = [st.seconds - st.forward_seconds for st in rec.trace.steps if st.phase == "decode"]
+    return max(statistics.median(gaps), 0.0) if gaps else 0.0

@@ -1,0 +1,104 @@
+"""`calibrate()`: every measurement of a calibration in order, on the device `Settings.device` names,
+into one `Calibration` (ceilings, shape terms on CUDA, engine overheads, vector operators,
+all-reduce). Each step is a module of this package; a measurement a device cannot make is noted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from llmperf.measure.calibrate.allreduce import measure_allreduce
+from llmperf.measure.calibrate.attention import fit_attention_shapes, measure_attention, measure_attention_shapes
+from llmperf.measure.calibrate.calibration import Calibration
+from llmperf.measure.calibrate.ceilings import measure_gemm, measure_streams
+from llmperf.measure.calibrate.floors import measure_floors, measure_overheads
+from llmperf.measure.calibrate.gemm_shapes import fit_gemm_shapes, measure_gemm_shapes
+from llmperf.measure.calibrate.operators import (
+    measure_op_overhead_rows,
+    measure_op_overheads,
+    measure_step_overhead,
+    op_overhead_backends,
+)
+from llmperf.measure.calibrate.settings import Progress, Settings
+from llmperf.measure.calibrate.vector_ops import measure_op_e_memory
+from llmperf.measure.device import describe, versions
+
+
+def calibrate(settings: Settings | None = None, *, progress: Progress | None = None) -> Calibration:
+    """Measure the device `settings.device` names (see the module docstring)."""
+    import torch
+
+    s = settings or Settings()
+    device = torch.device(s.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda requested but torch sees no CUDA device")
+    tick = progress or (lambda msg: None)
+    previous_threads = torch.get_num_threads()
+    if s.threads is not None:
+        if s.threads < 1:
+            raise ValueError(f"--threads: must be a positive integer, got {s.threads}")
+        torch.set_num_threads(s.threads)
+    try:
+        return _calibrate(s, device, tick)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
+    import torch
+
+    from llmperf.specs import match_hardware
+
+    dev = describe(device)
+    cal = Calibration(device=dev, versions=versions(), settings=s,
+                      created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    if device.type == "cuda":
+        cal.datasheet = match_hardware(dev["name"])
+    with torch.inference_mode():
+        cal.streams = measure_streams(s, device, tick)
+        gemm, notes = measure_gemm(s, device, tick)
+        cal.compute = gemm + measure_attention(s, device, tick)
+        cal.notes += notes
+        cal.overhead_s = measure_overheads(device, tick)
+        if device.type == "cuda":
+            cal.floor_s = measure_floors(device, tick)
+            cal.gemm_shapes = measure_gemm_shapes(cal.measured_dtypes(), device, tick)
+            cal.gemm = fit_gemm_shapes(cal)
+            cal.attention_shapes = measure_attention_shapes(device, tick)
+            cal.attention_eff = fit_attention_shapes(cal)
+    if s.step_overhead:
+        cal.step_overhead_s = measure_step_overhead(device, tick)
+    if s.op_overhead:
+        with torch.inference_mode():
+            cal.op_overhead_s = measure_op_overheads(s, device, tick)
+            if device.type == "cpu":
+                cal.op_overhead_warm_s = measure_op_overheads(s, device, tick, cold=False)
+                cal.op_overhead_rows_s = measure_op_overhead_rows(s, device, tick, cal.op_overhead_s, cal.notes)
+                fp32 = cal.op_overhead_rows_s.get("fp32", {})
+                if fp32:  # the per-operator fallback: fp32, one row, as the rows table has it
+                    cal.op_overhead_s = {b: {op: pts[0][1] for op, pts in ops.items()} for b, ops in fp32.items()}
+        missing = [b for b in op_overhead_backends(device) if b not in cal.op_overhead_s]
+        if missing:
+            cal.notes.append(f"operator overheads not measured for {', '.join(missing)}: the per-kind figures apply")
+    if s.vector_prefills and cal.measured_dtypes():
+        with torch.inference_mode():
+            # CPU: dispatch is serial with the work, so it comes off each call (the figure a prefill is
+            # priced with: its dtype's, at the most rows measured); CUDA: event times are device time
+            overheads = {}
+            if device.type == "cpu":
+                rows_s = cal.op_overhead_rows_s
+                overheads = {d: {op: pts[-1][1] for op, pts in rows_s.get(d, {}).get("sdpa", {}).items()}
+                             or cal.op_overhead_s.get("sdpa", {}) for d in cal.measured_dtypes()}
+            cal.op_e_memory = measure_op_e_memory(s, device, tick, cal.measured_dtypes(), cal.memory_bytes_per_s(),
+                                                  overheads, cal.notes)
+    if s.allreduce:
+        try:
+            cal.allreduce = measure_allreduce(s, device, tick)
+            if not cal.allreduce:
+                cal.notes.append("all-reduce not measured: one CUDA device (NCCL needs two or more)")
+        except Exception as exc:  # noqa: BLE001 - a sandbox without sockets/shm still calibrates the rest
+            cal.notes.append(f"all-reduce not measured ({type(exc).__name__}: {str(exc).splitlines()[0]})")
+    if not cal.measured_dtypes():
+        raise ValueError(f"--dtypes: no GEMM could be timed for {', '.join(s.dtypes)}")
+    return cal
