@@ -14,6 +14,7 @@ import yaml
 from llmperf.analysis.vocabulary import OP_NAMES, PHASE_NAMES, Op
 from llmperf.errors import SpecError
 from llmperf.measure import profile as prof
+from llmperf.measure.profile import runner as prof_runner
 from llmperf.measure.calibrate import Settings, calibrate
 
 TINY = dict(name="tiny-llama", family="llama", vocab_size=512, hidden_size=128, num_layers=2, num_heads=4,
@@ -145,7 +146,7 @@ def test_interrupted_sweep_keeps_its_rows(hardware, model_path, tmp_path, monkey
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(prof, "generation", interrupt_second)
+    monkeypatch.setattr(prof_runner, "generation", interrupt_second)  # where run_profile looks it up
     s = prof.ProfileSettings(model=model_path, hardware="local", batches=(1, 2), prompt_lens=(8,), gen_lens=(3,),
                              micro=False, reps=1)
     res = prof.run_profile(s, hardware, tmp_path / "out")

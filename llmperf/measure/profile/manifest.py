@@ -1,0 +1,264 @@
+"""`run.json` of a profile run directory as a typed manifest (`RunManifest`): what `run_profile`
+writes and what `llmperf report` and the accuracy benchmark read back.
+
+The JSON is the run-directory contract (docs/schemas.md): `kind` "profile", `schema_version` 1, when
+and where the run was made (device, versions, git commit), its settings with the model and hardware
+specs, which run every number came from (`measurements`), the errors per phase under the roofline
+and calibrated models, the exact cross-checks, the join of measured and predicted operators, for a
+mixture-of-experts model the experts touched, and the status. `to_dict` is that JSON's mapping with
+its keys in the written order (NaN stays NaN in memory; `llmperf.outputs.json_text` writes null).
+
+`RunManifest.load` reads a file, checks its kind and schema version, and refuses a value of the
+wrong type in one line naming the field (`settings.batch[1]`). A key an older run lacks keeps its
+default (None or empty); a reader that needs one calls `require`, which names the missing field.
+Keys this version does not know are ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmperf.errors import SpecError
+
+SCHEMA_VERSION = 1
+#: keys written only once they have a value (`configs_done` after the first configuration,
+#: `experts_touched` for a mixture-of-experts model)
+_OMITTED_WHEN_NONE = frozenset({"configs_done", "experts_touched"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeModels:
+    """The source of each time model the predictions came from (`calibrated`: None without one)."""
+
+    roofline: str | None = None
+    calibrated: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibratedOverheads:
+    """How the calibrated model adds dispatch: its mode, backend and which operators it prices."""
+
+    mode: str | None = None
+    backend: str | None = None
+    per_operator: list[str] = field(default_factory=list)
+    per_operator_and_rows: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class RunSettings:
+    """`run.json` "settings": the sweep, the engine's configuration and the specs it was priced with."""
+
+    batch: list[int] = field(default_factory=list)
+    prompt_len: list[int] = field(default_factory=list)
+    gen_len: list[int] = field(default_factory=list)
+    dtype: str | None = None
+    compute_dtype: str | None = None
+    backend: str | None = None
+    kv: str | None = None
+    layers: int | None = None
+    layers_kept: list[int] | None = None  # None: every layer of the model
+    layer_kinds: list[str] = field(default_factory=list)
+    reps: int | None = None
+    micro: bool | None = None
+    seed: int | None = None
+    device: str | None = None
+    threads: int | None = None  # CPU threads; None on CUDA
+    separate_step_run: bool | None = None
+    time_models: TimeModels = field(default_factory=TimeModels)
+    calibrated_overheads: CalibratedOverheads | None = None
+    hardware_source: str | None = None
+    notes: list[str] = field(default_factory=list)
+    model_spec: dict[str, Any] | None = None
+    hardware_spec: dict[str, Any] | None = None
+    configs_done: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurements:
+    """Which run each number of the run directory came from."""
+
+    steps: str | None = None
+    generations: str | None = None
+    errors: str | None = None
+    ops_generation: str | None = None
+    steps_measured_recorded_s: str | None = None
+    ops_micro: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorRow:
+    """Median and p90 of |predicted / measured - 1| of one phase under one time model (NaN: none)."""
+
+    phase: str
+    model: str
+    median_abs_err: float | None
+    p90_abs_err: float | None
+    n: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """An exact cross-check: its name, whether it passed, and the figures compared."""
+
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class JoinEntry:
+    """Per phase and layer kind: the operators joined to a prediction and those on one side only."""
+
+    phase: str
+    layer: str
+    joined: list[str]
+    measured_only: list[str]
+    predicted_only: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertsTouched:
+    """Per configuration, phase and MoE layer: the distinct routed experts per step, measured and
+    expected under uniform routing."""
+
+    config: str
+    phase: str
+    layer: int
+    batch: int
+    tokens: int
+    steps: int
+    measured_mean: float
+    measured_min: int
+    measured_max: int
+    expected_uniform: float
+
+
+@dataclass(kw_only=True)
+class RunManifest:
+    """A profile run's `run.json` (see the module docstring)."""
+
+    kind: str = "profile"
+    schema_version: int = SCHEMA_VERSION
+    created: str | None = None
+    model: str | None = None
+    hardware: str | None = None
+    device: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    git_commit: str | None = None
+    settings: RunSettings = field(default_factory=RunSettings)
+    measurements: Measurements | None = None
+    errors: list[ErrorRow] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    join: list[JoinEntry] = field(default_factory=list)
+    status: str | None = None
+    experts_touched: list[ExpertsTouched] | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunManifest:
+        """The manifest in the file at `path`; a SpecError naming the file and the field otherwise."""
+        path = Path(path)
+        if not path.is_file():
+            raise SpecError(f"{path}: missing (a run directory holds a run.json)")
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SpecError(f"{path}: not valid JSON ({exc})") from None
+        return cls.from_mapping(doc, origin=str(path))
+
+    @classmethod
+    def from_mapping(cls, doc: Any, origin: str = "run.json") -> RunManifest:
+        """The manifest of an already parsed `run.json` (`origin` names it in errors)."""
+        if not isinstance(doc, dict):
+            raise SpecError(f"{origin}: must hold a JSON object, got {type(doc).__name__}")
+        if doc.get("kind") != "profile":
+            raise SpecError(f"{origin}: kind is {doc.get('kind')!r}, expected 'profile'")
+        version = doc.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise SpecError(f"{origin}: schema_version {version!r} is not supported "
+                            f"(this llmperf reads {SCHEMA_VERSION})")
+        return _record(cls, doc, "", origin)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON mapping, keys in the written order (`configs_done` and `experts_touched` only once set)."""
+        return _plain(self)
+
+    def require(self, *names: str, origin: str = "run.json", why: str = "") -> None:
+        """Raise a SpecError naming the first of `names` (dotted: `settings.dtype`) that has no value."""
+        for name in names:
+            value: Any = self
+            for part in name.split("."):
+                value = getattr(value, part, None)
+            if value is None:
+                raise SpecError(f"{origin}: field {name!r} is missing{f' ({why})' if why else ''}")
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not (f.name in _OMITTED_WHEN_NONE and getattr(value, f.name) is None)}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _expected(tp: Any) -> str:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_expected(a) for a in args if a is not type(None)) + (" or null" if type(None) in args
+                                                                                  else "")
+    if typing.get_origin(tp) is list:
+        return "a list"
+    if typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):
+        return "an object"
+    return _KINDS.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _value(tp: Any, value: Any, where: str, origin: str) -> Any:
+    """`value` checked against the annotation `tp` (nested records built); SpecError naming `where`."""
+    kind, args = typing.get_origin(tp), typing.get_args(tp)
+    if kind in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        ok = value is not None
+        tp_checked = inner
+    else:
+        ok, tp_checked = True, tp
+    kind, args = typing.get_origin(tp_checked), typing.get_args(tp_checked)
+    if ok and dataclasses.is_dataclass(tp_checked) and isinstance(value, dict):
+        return _record(tp_checked, value, where, origin)
+    if ok and kind is list and isinstance(value, list):
+        return [_value(args[0], v, f"{where}[{i}]", origin) for i, v in enumerate(value)]
+    if ok and kind is dict and isinstance(value, dict):
+        return dict(value)
+    is_bool = isinstance(value, bool)
+    if ok and ((tp_checked is bool and is_bool) or (tp_checked is str and isinstance(value, str))
+               or (tp_checked is int and isinstance(value, int) and not is_bool)
+               or (tp_checked is float and isinstance(value, (int, float)) and not is_bool)):
+        return value
+    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    raise SpecError(f"{origin}: field {where!r} must be {_expected(tp)}, got {shown}")
+
+
+def _record(cls: Any, doc: dict[str, Any], where: str, origin: str) -> Any:
+    """The dataclass `cls` from the mapping `doc`: every key it knows type-checked, absent keys
+    defaulted (a field without a default is required)."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        name = f"{where}.{f.name}" if where else f.name
+        if f.name in doc:
+            values[f.name] = _value(hints[f.name], doc[f.name], name, origin)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SpecError(f"{origin}: field {name!r} is missing")
+    return cls(**values)
+
