@@ -21,10 +21,9 @@ calibrated terms come from `llmperf calibrate`'s micro-benchmarks, never from th
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import pandas as pd
 
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.timemodel import ROOFLINE_MODEL
-from llmperf.measure.profile import E2E, Predictor, calibrated_model, error_stats
+from llmperf.measure.profile import E2E, Predictor, RunManifest, calibrated_model, error_stats
 from llmperf.outputs import write_file
 from llmperf.specs import Precision
 from llmperf.specs.loader import hardware_from_mapping, model_from_mapping
@@ -90,20 +89,27 @@ def _growth_batch(batches: np.ndarray, times: np.ndarray) -> float:
     return math.nan
 
 
-def critical_batches(run: dict, steps: pd.DataFrame) -> list[CriticalBatch]:
+def _manifest(run: RunManifest | Mapping) -> RunManifest:
+    """`run` as a manifest (a mapping is a parsed run.json, checked as `RunManifest.load` checks a file)."""
+    return run if isinstance(run, RunManifest) else RunManifest.from_mapping(dict(run))
+
+
+def critical_batches(run: RunManifest | Mapping, steps: pd.DataFrame) -> list[CriticalBatch]:
     """Per prompt length: the measured and predicted batch where the decode step grows (see the docstring)."""
-    s = run["settings"]
-    if "model_spec" not in s or "hardware_spec" not in s:
+    run = _manifest(run)
+    s = run.settings
+    if s.model_spec is None or s.hardware_spec is None:
         return []
-    spec = model_from_mapping(dict(s["model_spec"]), origin=run["model"])
-    hw = hardware_from_mapping(dict(s["hardware_spec"]), origin=run["hardware"])
-    dtype = s.get("compute_dtype") or hw.compute_dtype(s["dtype"])
+    run.require("settings.dtype", why="the critical batch prices the run's dtype")
+    spec = model_from_mapping(dict(s.model_spec), origin=str(run.model))
+    hw = hardware_from_mapping(dict(s.hardware_spec), origin=str(run.hardware))
+    dtype = s.compute_dtype or hw.compute_dtype(s.dtype)
     try:
-        tm = calibrated_model(hw, spec, Precision.uniform(s["dtype"]), dtype, s.get("backend") or "sdpa")
+        tm = calibrated_model(hw, spec, Precision.uniform(s.dtype), dtype, s.backend or "sdpa")
     except Exception:  # noqa: BLE001 - an uncalibrated spec: the roofline's critical batch
         tm = ROOFLINE_MODEL
-    fm = ForwardModel(model=spec, precision=Precision.uniform(s["dtype"]),
-                      attention="naive" if s.get("backend") == "naive" else "fused", fused_qkv=True,
+    fm = ForwardModel(model=spec, precision=Precision.uniform(s.dtype),
+                      attention="naive" if s.backend == "naive" else "fused", fused_qkv=True,
                       fused_gate_up=True)  # the engine's fused GEMMs, as profile predicts them
     calibrated = tm is not ROOFLINE_MODEL
     step = Predictor(fm=fm, hardware=hw, compute_dtype=dtype, calibrated=tm if calibrated else None).step
@@ -126,7 +132,8 @@ def critical_batches(run: dict, steps: pd.DataFrame) -> list[CriticalBatch]:
 TYPICAL_ENGINE = "eager"  # the profile of llmperf's own engine (`models_spec/engines/eager.yaml`)
 
 
-def typical_predictions(run: dict, steps: pd.DataFrame, gens: pd.DataFrame) -> tuple[pd.Series, pd.Series] | None:
+def typical_predictions(run: RunManifest | Mapping, steps: pd.DataFrame, gens: pd.DataFrame
+                        ) -> tuple[pd.Series, pd.Series] | None:
     """A GPU run's steps and generations as `--efficiency typical --engine eager` prices them on the
     datasheet of the device it ran on: what a user who never calibrated would have been told, beside
     the roofline and the calibration. Computed here from the run's shapes (profile records no typical
@@ -136,18 +143,19 @@ def typical_predictions(run: dict, steps: pd.DataFrame, gens: pd.DataFrame) -> t
     from llmperf.analysis.timemodel import time_model_for
     from llmperf.specs import match_hardware
 
-    s = run["settings"]
-    device = run.get("device") or {}
-    if device.get("kind") != "cuda" or "model_spec" not in s:
+    run = _manifest(run)
+    s = run.settings
+    if run.device.get("kind") != "cuda" or s.model_spec is None:
         return None
-    hw = match_hardware(str(device.get("name", "")))
+    hw = match_hardware(str(run.device.get("name", "")))
     if hw is None:
         return None
-    spec = model_from_mapping(dict(s["model_spec"]), origin=run["model"])
-    prec = Precision.uniform(s["dtype"])
-    dtype = s.get("compute_dtype") or hw.compute_dtype(s["dtype"])
-    tm = time_model_for(hw, "typical", dtype, backend=s.get("backend") or "sdpa", engine=TYPICAL_ENGINE)
-    fm = ForwardModel(model=spec, precision=prec, attention="naive" if s.get("backend") == "naive" else "fused",
+    run.require("settings.dtype", why="the typical model prices the run's dtype")
+    spec = model_from_mapping(dict(s.model_spec), origin=str(run.model))
+    prec = Precision.uniform(s.dtype)
+    dtype = s.compute_dtype or hw.compute_dtype(s.dtype)
+    tm = time_model_for(hw, "typical", dtype, backend=s.backend or "sdpa", engine=TYPICAL_ENGINE)
+    fm = ForwardModel(model=spec, precision=prec, attention="naive" if s.backend == "naive" else "fused",
                       fused_qkv=True, fused_gate_up=True)
     pred = pd.Series(np.nan, index=steps.index)
     for phase, rows in steps.groupby("phase"):
@@ -161,15 +169,19 @@ def typical_predictions(run: dict, steps: pd.DataFrame, gens: pd.DataFrame) -> t
 
 def report(run_dir: Path) -> tuple[str, bool]:
     """The printed report for one run directory, and whether every calibrated target was met."""
-    run = json.loads((run_dir / "run.json").read_text())
+    run = RunManifest.load(run_dir / "run.json")
+    run.require("model", "hardware", "created", "settings.dtype", "settings.backend", "settings.kv",
+                origin=str(run_dir / "run.json"), why="the accuracy report names it")
     steps = pd.read_csv(run_dir / "steps.csv")
     gens = pd.read_csv(run_dir / "generations.csv")
-    s = run["settings"]
-    lines = [f"# {run_dir}: {run['model']} on {run['hardware']} ({run['device'].get('name')}, "
-             f"{s.get('threads') or '-'} threads, {s['dtype']}, {s['backend']}, {s['kv']} KV), status "
-             f"{run.get('status', '?')}",
-             f"batch {s['batch']}, prompt {s['prompt_len']}, gen {s['gen_len']}; created {run['created']}",
-             f"steps from {run.get('measurements', {}).get('steps', 'the recorded run (schema-1 run: one run)')}",
+    s = run.settings
+    steps_from = run.measurements.steps if run.measurements and run.measurements.steps else \
+        "the recorded run (schema-1 run: one run)"
+    lines = [f"# {run_dir}: {run.model} on {run.hardware} ({run.device.get('name')}, "
+             f"{s.threads or '-'} threads, {s.dtype}, {s.backend}, {s.kv} KV), status "
+             f"{run.status or '?'}",
+             f"batch {s.batch}, prompt {s.prompt_len}, gen {s.gen_len}; created {run.created}",
+             f"steps from {steps_from}",
              "", f"{'phase':8} {'n':>4}  {'roofline median':>15} {'p90':>7}  {'calibrated median':>17} {'p90':>7}"]
     typical = typical_predictions(run, steps, gens)
     if typical is not None:
@@ -225,13 +237,13 @@ def report(run_dir: Path) -> tuple[str, bool]:
                      f"growth = {GROWTH:g}x the batch-1 decode step)")
     if not crit:
         lines.append("critical batch: needs batch 1 and at least one more batch in the run")
-    checks = run.get("checks", [])
-    lines.append("checks: " + ", ".join(f"{c['name']}: {'pass' if c['passed'] else 'FAIL'}" for c in checks))
-    lines += [f"  FAIL {c['name']}: {c['detail']}" for c in checks if not c["passed"]]
-    for e in run.get("experts_touched", []):
-        if e["phase"] == "decode":
-            lines.append(f"experts touched, {e['config']} decode layer {e['layer']}: measured {e['measured_mean']:.2f} "
-                         f"({e['measured_min']}-{e['measured_max']}) vs {e['expected_uniform']:.2f} under uniform "
+    checks = run.checks
+    lines.append("checks: " + ", ".join(f"{c.name}: {'pass' if c.passed else 'FAIL'}" for c in checks))
+    lines += [f"  FAIL {c.name}: {c.detail}" for c in checks if not c.passed]
+    for e in run.experts_touched or []:
+        if e.phase == "decode":
+            lines.append(f"experts touched, {e.config} decode layer {e.layer}: measured {e.measured_mean:.2f} "
+                         f"({e.measured_min}-{e.measured_max}) vs {e.expected_uniform:.2f} under uniform "
                          "routing")
     return "\n".join(lines), ok
 

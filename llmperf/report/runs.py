@@ -10,13 +10,14 @@ end in a partial line: such a trailing line is dropped, never half-read.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from llmperf.errors import SpecError
+from llmperf.measure.profile.manifest import RunManifest
 
 SCHEMA_VERSION = 1
 
@@ -91,30 +92,31 @@ def _check_header(path: Path, doc: dict[str, Any], kind: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ProfileRun:
-    """A `llmperf profile` run: operator, step and generation tables joined with their predictions."""
+    """A `llmperf profile` run: its `run.json` (`RunManifest`), and operator, step and generation tables
+    joined with their predictions."""
 
     path: Path
-    meta: dict[str, Any] = field(hash=False)
+    manifest: RunManifest = field(hash=False)
     ops: pd.DataFrame = field(hash=False)
     steps: pd.DataFrame | None = field(default=None, hash=False)
     generations: pd.DataFrame | None = field(default=None, hash=False)
 
     @property
     def model(self) -> str:
-        return str(self.meta.get("model", "?"))
+        return "?" if self.manifest.model is None else self.manifest.model
 
     @property
     def hardware(self) -> str:
-        return str(self.meta.get("hardware", "?"))
+        return "?" if self.manifest.hardware is None else self.manifest.hardware
 
     @property
     def errors(self) -> pd.DataFrame:
-        return pd.DataFrame(self.meta.get("errors") or [],
+        return pd.DataFrame([asdict(e) for e in self.manifest.errors],
                             columns=["phase", "model", "median_abs_err", "p90_abs_err", "n"])
 
     @property
     def checks(self) -> pd.DataFrame:
-        return pd.DataFrame(self.meta.get("checks") or [], columns=["name", "passed", "detail"])
+        return pd.DataFrame([asdict(c) for c in self.manifest.checks], columns=["name", "passed", "detail"])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,14 +159,13 @@ def load_profile(path: str | Path) -> ProfileRun:
     folder = Path(path)
     if not folder.is_dir():
         raise SpecError(f"profile run directory {str(folder)!r} does not exist")
-    doc = _read_json(folder / "run.json")
-    _check_header(folder / "run.json", doc, "profile")
+    manifest = RunManifest.load(folder / "run.json")
     ops = _read_csv(folder / "ops.csv", PROFILE_OPS_COLUMNS, required=True)
     assert ops is not None
     if not len(ops):  # a run that failed or was stopped before its first measurement
-        raise SpecError(f"{folder / 'ops.csv'}: no measurement (the run's status is {doc.get('status')!r}); "
+        raise SpecError(f"{folder / 'ops.csv'}: no measurement (the run's status is {manifest.status!r}); "
                         "nothing to draw")
-    return ProfileRun(path=folder, meta=doc, ops=ops,
+    return ProfileRun(path=folder, manifest=manifest, ops=ops,
                       steps=_read_csv(folder / "steps.csv", PROFILE_STEPS_COLUMNS, required=False),
                       generations=_read_csv(folder / "generations.csv", PROFILE_GENERATIONS_COLUMNS,
                                             required=False))

@@ -343,9 +343,8 @@ def _attention_frame(naive, fused) -> pd.DataFrame:  # noqa: ANN001
 def profile_hardware(run: ProfileRun) -> HardwareSpec | None:
     """The device spec a profile ran against: a spec stored in run.json, or a built-in name. A name that
     is not built in (e.g. a local device described at run time) gives None: no ceilings are drawn."""
-    settings = run.meta.get("settings") if isinstance(run.meta.get("settings"), dict) else {}
-    stored = run.meta.get("hardware_spec", settings.get("hardware_spec"))
-    if isinstance(stored, dict):
+    stored = run.manifest.settings.hardware_spec
+    if stored is not None:
         try:
             return hardware_from_mapping(stored, origin=run.hardware)
         except (TypeError, ValueError):
@@ -371,8 +370,8 @@ def profile_section(run: ProfileRun) -> Section:
                                      flops_per_s=fps)))
     points = pd.concat(pts, ignore_index=True).dropna(subset=["flops_per_s"])
     hw = profile_hardware(run)
-    settings = run.meta.get("settings") if isinstance(run.meta.get("settings"), dict) else {}
-    dtype = str(settings.get("compute_dtype") or settings.get("dtype") or "fp32")
+    settings = run.manifest.settings
+    dtype = str(settings.compute_dtype or settings.dtype or "fp32")
     try:
         ceilings = ceilings_for(hw, hw.compute_dtype(dtype)) if hw is not None else []
     except SpecError:
@@ -397,10 +396,9 @@ def profile_section(run: ProfileRun) -> Section:
                      ignore_index=True)
     figs.append(F.error_figure(err.dropna(subset=["ratio"]),
                                title=f"Predicted / measured: {run.model} on {run.hardware}"))
-    facts = [("created", str(run.meta.get("created", "?"))), ("git commit", str(run.meta.get("git_commit")))]
-    device = run.meta.get("device")
-    if isinstance(device, dict):
-        facts += [(f"device {k}", str(v)) for k, v in list(device.items())[:8]]
+    facts = [("created", "?" if run.manifest.created is None else run.manifest.created),
+             ("git commit", str(run.manifest.git_commit))]
+    facts += [(f"device {k}", str(v)) for k, v in list(run.manifest.device.items())[:8]]
     tables = [("Errors (|predicted - measured| / measured)", run.errors), ("Checks", run.checks)]
     if run.generations is not None:
         tables.append(("Generations (seconds)", run.generations))

@@ -68,6 +68,16 @@ def test_run_directory_contract(run):
         assert e["n"] > 0 and e["median_abs_err"] >= 0 and e["p90_abs_err"] >= e["median_abs_err"]
 
 
+
+def test_run_json_is_the_manifest_it_was_written_from(run):
+    """run.json is `RunManifest.to_dict` as strict JSON: read back, it gives the same text and the result's `run`."""
+    from llmperf.outputs import json_text
+
+    path = run.out_dir / "run.json"
+    back = prof.RunManifest.load(path)
+    assert json_text(back.to_dict()) == path.read_text()
+    assert json_text(run.run) == path.read_text() and back.settings.configs_done == 2
+
 def test_exact_cross_checks_pass(run):
     names = {c["name"]: c for c in run.run["checks"]}
     assert set(names) == {"matmul FLOPs vs FlopCounterMode", "decode-step matmul FLOPs vs FlopCounterMode",
