@@ -14,8 +14,8 @@ import yaml
 from llmperf.analysis.vocabulary import OP_NAMES, PHASE_NAMES, Op
 from llmperf.errors import SpecError
 from llmperf.measure import profile as prof
-from llmperf.measure.profile import runner as prof_runner
 from llmperf.measure.calibrate import Settings, calibrate
+from llmperf.measure.profile import runner as prof_runner
 
 TINY = dict(name="tiny-llama", family="llama", vocab_size=512, hidden_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, ffn_size=256, max_positions=512)
