@@ -9,7 +9,6 @@ end in a partial line: such a trailing line is dropped, never half-read.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from llmperf.errors import SpecError
-from llmperf.measure.profile.manifest import RunManifest
+from llmperf.measure.profile.manifest import RunManifest, read_json_object
 
 SCHEMA_VERSION = 1
 
@@ -38,18 +37,6 @@ SIMULATE_STEPS_COLUMNS = ("step", "start_s", "duration_s", "phase", "batch", "pr
                           "waiting", "preemptions")
 SIMULATE_RATES_COLUMNS = ("rate", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99",
                           "goodput_rps", "throughput_rps", "meets_slo")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise SpecError(f"{path}: missing (a run directory holds a run.json)")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise SpecError(f"{path}: must hold a JSON object, got {type(doc).__name__}")
-    return doc
 
 
 def _read_csv(path: Path, columns: tuple[str, ...], *, required: bool) -> pd.DataFrame | None:
@@ -148,7 +135,7 @@ def run_kind(path: str | Path) -> str:
     folder = Path(path)
     if not folder.is_dir():
         raise SpecError(f"run directory {str(folder)!r} does not exist")
-    doc = _read_json(folder / "run.json")
+    doc = read_json_object(folder / "run.json")
     kind = doc.get("kind")
     if kind not in ("profile", "simulate"):
         raise SpecError(f"{folder / 'run.json'}: kind is {kind!r}, expected 'profile' or 'simulate'")
@@ -175,7 +162,7 @@ def load_simulate(path: str | Path) -> SimulateRun:
     folder = Path(path)
     if not folder.is_dir():
         raise SpecError(f"simulate run directory {str(folder)!r} does not exist")
-    doc = _read_json(folder / "run.json")
+    doc = read_json_object(folder / "run.json")
     _check_header(folder / "run.json", doc, "simulate")
     requests = _read_csv(folder / "requests.csv", SIMULATE_REQUESTS_COLUMNS, required=True)
     steps = _read_csv(folder / "steps.csv", SIMULATE_STEPS_COLUMNS, required=True)

@@ -162,14 +162,7 @@ class RunManifest:
     @classmethod
     def load(cls, path: str | Path) -> RunManifest:
         """The manifest in the file at `path`; a SpecError naming the file and the field otherwise."""
-        path = Path(path)
-        if not path.is_file():
-            raise SpecError(f"{path}: missing (a run directory holds a run.json)")
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SpecError(f"{path}: not valid JSON ({exc})") from None
-        return cls.from_mapping(doc, origin=str(path))
+        return cls.from_mapping(read_json_object(Path(path)), origin=str(path))
 
     @classmethod
     def from_mapping(cls, doc: Any, origin: str = "run.json") -> RunManifest:
@@ -196,6 +189,20 @@ class RunManifest:
                 value = getattr(value, part, None)
             if value is None:
                 raise SpecError(f"{origin}: field {name!r} is missing{f' ({why})' if why else ''}")
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in a run directory's `run.json` at `path` (profile or simulate); a one-line
+    SpecError naming the file when it is missing, not JSON, or not an object."""
+    if not path.is_file():
+        raise SpecError(f"{path}: missing (a run directory holds a run.json)")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{path}: must hold a JSON object, got {type(doc).__name__}")
+    return doc
 
 
 def _plain(value: Any) -> Any:
