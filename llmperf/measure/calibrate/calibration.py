@@ -94,7 +94,7 @@ class Calibration:
         return "overlap" if self.device.get("kind") == "cuda" else "add"
 
     def fit_terms(self) -> dict[str, Any]:
-        """The `efficiency:` block (see the module docstring for the formulas)."""
+        """The `efficiency:` block (formulas: `llmperf.measure.calibrate.fit`)."""
         bw = self.memory_bytes_per_s()
         overlap = self.overhead_mode == "overlap"
         dtypes: dict[str, Any] = {}

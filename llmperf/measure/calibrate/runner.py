@@ -26,7 +26,7 @@ from llmperf.measure.device import describe, versions
 
 
 def calibrate(settings: Settings | None = None, *, progress: Progress | None = None) -> Calibration:
-    """Measure the device `settings.device` names (see the module docstring)."""
+    """Measure the device `settings.device` names: every measurement of `llmperf.measure.calibrate`'s modules."""
     import torch
 
     s = settings or Settings()

@@ -37,7 +37,7 @@ class ProfileSettings:
 
     @property
     def two_runs(self) -> bool:
-        """Whether steps are timed in a run without per-operator recording (see the module docstring)."""
+        """Whether steps are timed in a run without per-operator recording (`llmperf.measure.profile.recording`)."""
         return self.device == "cuda" if self.separate_step_run is None else self.separate_step_run
 
     def configs(self) -> list[tuple[int, int, int]]:
