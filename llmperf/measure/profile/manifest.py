@@ -214,45 +214,48 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+_SCALARS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _optional(tp: Any) -> tuple[Any, bool]:
+    """(the annotation without None, whether None is allowed): `int | None` is (int, True)."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return inner, True
+    return tp, False
 
 
 def _expected(tp: Any) -> str:
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join(_expected(a) for a in args if a is not type(None)) + (" or null" if type(None) in args
-                                                                                  else "")
-    if typing.get_origin(tp) is list:
-        return "a list"
-    if typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):
-        return "an object"
-    return _KINDS.get(tp, getattr(tp, "__name__", str(tp)))
+    inner, nullable = _optional(tp)
+    kind = typing.get_origin(inner)
+    what = ("a list" if kind is list else "an object" if kind is dict or dataclasses.is_dataclass(inner)
+            else _SCALARS.get(inner, getattr(inner, "__name__", str(inner))))
+    return what + (" or null" if nullable else "")
+
+
+def _scalar_fits(tp: Any, value: Any) -> bool:
+    if isinstance(value, bool):  # a JSON true is a Python int too: only a bool field takes it
+        return tp is bool
+    return ((tp is str and isinstance(value, str)) or (tp is int and isinstance(value, int))
+            or (tp is float and isinstance(value, (int, float))))
 
 
 def _value(tp: Any, value: Any, where: str, origin: str) -> Any:
     """`value` checked against the annotation `tp` (nested records built); SpecError naming `where`."""
-    kind, args = typing.get_origin(tp), typing.get_args(tp)
-    if kind in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        ok = value is not None
-        tp_checked = inner
-    else:
-        ok, tp_checked = True, tp
-    kind, args = typing.get_origin(tp_checked), typing.get_args(tp_checked)
-    if ok and dataclasses.is_dataclass(tp_checked) and isinstance(value, dict):
-        return _record(tp_checked, value, where, origin)
-    if ok and kind is list and isinstance(value, list):
+    inner, nullable = _optional(tp)
+    if value is None and nullable:
+        return None
+    kind, args = typing.get_origin(inner), typing.get_args(inner)
+    if dataclasses.is_dataclass(inner) and isinstance(value, dict):
+        return _record(inner, value, where, origin)
+    if kind is list and isinstance(value, list):
         return [_value(args[0], v, f"{where}[{i}]", origin) for i, v in enumerate(value)]
-    if ok and kind is dict and isinstance(value, dict):
+    if kind is dict and isinstance(value, dict):
         return dict(value)
-    is_bool = isinstance(value, bool)
-    if ok and ((tp_checked is bool and is_bool) or (tp_checked is str and isinstance(value, str))
-               or (tp_checked is int and isinstance(value, int) and not is_bool)
-               or (tp_checked is float and isinstance(value, (int, float)) and not is_bool)):
+    if kind is None and _scalar_fits(inner, value):
         return value
-    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    shown = type(value).__name__ if isinstance(value, (dict, list)) else repr(value)
     raise SpecError(f"{origin}: field {where!r} must be {_expected(tp)}, got {shown}")
 
 
