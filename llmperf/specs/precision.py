@@ -5,8 +5,9 @@ precision unless the device has a faster path (`HardwareSpec.compute_dtype`, `ma
 
 Quantised integer weights (int4, int8) carry a 16-bit scale (and, asymmetric, a zero point) per group
 of `group_size` inputs of each output row, as AWQ (Lin et al., arXiv:2306.00978) and GPTQ (Frantar
-et al., arXiv:2210.17323) store them; the embedding and lm_head stay at 16 bits unless `embeddings`
-says otherwise. A checkpoint's per-module formats (`modules`, over `MODULES`) may be block-scaled
+et al., arXiv:2210.17323) store them (defaults: int4 groups of 128 with zero points; int8 one scale
+per output channel, symmetric); the embedding and lm_head stay at 16 bits unless `embeddings` says
+otherwise. A checkpoint's per-module formats (`modules`, over `MODULES`) may be block-scaled
 (`BlockScaledFormat`, every scale counted): `fp8-block128` (DeepSeek-V3 / Qwen3-FP8,
 `weight_block_size`), `mxfp4` (OCP Microscaling Formats v1.0, gpt-oss's experts), `nvfp4` (NVIDIA
 ModelOpt). `Precision.matmul_dtype(module)` is the format that module's matmul computes in where the
