@@ -1,71 +1,26 @@
 """The paged KV cache's bookkeeping: which physical blocks each sequence's tokens live in. No torch.
 
 PagedAttention (Kwon et al., "Efficient Memory Management for Large Language Model Serving with
-PagedAttention", SOSP 2023) stores a sequence's keys and values in fixed-size blocks of `block_size`
-token slots, found through a per-sequence block table, so a sequence reserves at most one partly
-filled block instead of `max_seq_len` slots. Sequences forked from one another (beams, several samples
-of one prompt) share blocks under reference counts; the first write into a shared block copies it
+PagedAttention", SOSP 2023, arXiv:2309.06180) stores a sequence's keys and values in fixed-size
+blocks of `block_size` token slots, found through a per-sequence block table; sequences forked from
+one another share blocks under reference counts, and the first write into a shared block copies it
 (copy-on-write). Layered like vLLM's KV-cache manager (`vllm/v1/core/block_pool.py`,
-`kv_cache_utils.py`): block record -> free queue -> pool -> per-sequence manager.
+`kv_cache_utils.py`): block record -> free queue -> pool (`BlockPool`) -> per-sequence manager
+(`BlockManager`).
 
-The engine's `llmperf/engine/cache.py` owns the tensors `(num_blocks, block_size, H_kv, D)` and performs
-the data copies this module asks for; everything here is python ints, so the scheduler
-(`llmperf.serving.scheduler`) drives this manager directly in the simulator and through the engine's
-paged cache in the real engine: one bookkeeping for both.
+Everything here is python ints: the scheduler (`llmperf.serving.scheduler`) drives this manager
+directly in the simulator and through the engine's paged cache (`llmperf/engine/cache.py`, which owns
+the tensors and performs the copies asked for) in the real engine: one bookkeeping for both.
+`WindowedBlockManager` adds sliding and chunked layers (vLLM's hybrid KV-cache manager): each
+`WindowGroup` gives back the blocks that left its window or chunk; `HybridLayout` says which layers
+page together. Prefix sharing (vLLM's automatic prefix caching, block granularity): a computed full
+block is published under the key `(previous block id, its tokens)`, and a new sequence whose prompt
+starts with the same tokens takes it by reference (`allocate(..., prefix=)`).
 
-Prefix sharing (vLLM's automatic prefix caching, block granularity): a *full* block whose tokens
-have been computed can be published under a key `(previous block id, its tokens)`; a new sequence
-whose prompt starts with the same tokens takes those blocks by reference (`allocate(..., prefix=)`).
-Keys chain through the previous block's id, so equal keys mean equal whole prefixes, exactly (no
-hash collisions). Full blocks are never written again (copy-on-write only ever copies a partly
-filled last block), so sharing them is safe. Only live blocks are shared: a block leaves the prefix
-table when its last holder frees it (vLLM also keeps freed blocks findable until reuse; we do not).
-
-Public API (engine-core builds on it; keep stable):
-
-    BlockPool(num_blocks)
-        .allocate() -> int | None          (None: no free block, an expected shortage)
-        .incref(block_id)   .decref(block_id) -> bool (True when the block went back to the free queue)
-        .refcount(block_id) -> int   .num_free   .num_used   .num_blocks   .check_invariants()
-    SlotResult(block_id, offset, slot, copy)   copy: (src_block, dst_block) | None
-    BlockUsage(...)  counts, .utilization, .reserved_bytes(bytes_per_token), .used_bytes(bytes_per_token)
-    BlockManager(num_blocks, block_size)
-        .blocks_needed(num_tokens) -> int
-        .can_allocate(num_tokens) -> bool
-        .allocate(seq_id, num_tokens, prefix=None) -> bool   (False, nothing changed, when blocks are short;
-                                                   prefix: the tokens, to share published full blocks)
-        .cached_prefix(tokens, limit) -> int       (leading tokens available as published blocks)
-        .publish(seq_id, tokens, num_computed)     (make the sequence's computed full blocks shareable)
-        .reserve(seq_id, num_tokens) -> bool       (append_slots for the scheduler: True / False)
-        .reserve_cost(seq_id, num_tokens) -> int   (free blocks that reserve would take)
-        .append_slot(seq_id) -> SlotResult | None  (None, nothing changed, when blocks are short)
-        .append_slots(seq_id, num_tokens) -> list[SlotResult] | None   (all or nothing)
-        .can_append(seq_id, num_tokens=1) -> bool
-        .fork(parent_id, child_id)   .free(seq_id)
-        .block_table(seq_id) -> list[int]   .seq_len(seq_id) -> int   .seq_ids -> list[int]
-        .slot_mapping(seq_id, start, end) -> list[int]   (flat slots block_id * block_size + offset)
-        .num_free_blocks   .num_used_blocks   .usage() -> BlockUsage  (O(1): kept up to date on every change)
-        .bytes_reserved(bytes_per_block) -> int   .bytes_used(bytes_per_block) -> float
-        .check_invariants()
-
-    WindowedBlockManager(num_blocks, block_size, groups=[WindowGroup(...)], max_step_tokens=None,
-                         record_copies=False)
-        a BlockManager whose model also has sliding / chunked layers (the engine's hybrid paged cache
-        and the simulator's capped pool): each `WindowGroup` keeps, per sequence, a table of the
-        blocks its next step reads, giving back those that left its window or chunk
-        .window_table(seq_id, group) -> list[tuple[int, ...] | None]   (None: given back)
-        .window_slot_mapping(seq_id, group, sub, start, end) -> list[int]
-        .take_copies() -> list[(src, dst, slots)]   .slot_usage() -> (full slots, [slots per group])
-        .window_blocks(seq_id) -> list[int]
-    HybridLayout.of(kinds) -> HybridLayout | None   which layers page together, and where each lives
-
-Conventions: a token at position p of a sequence lives in block `table[p // block_size]` at offset
-`p % block_size`, flat slot `block_id * block_size + offset`. `allocate(seq_id, n)` reserves and
-counts the first n positions (the prompt, written by prefill through `slot_mapping(seq_id, 0, n)`);
-`append_slot` reserves and counts one more. When a `SlotResult` carries `copy=(src, dst)`, the cache
-must copy block src's first `offset` slots into block dst before writing the new token: dst replaced
-src in this sequence's table, and src stays with the sequences that still share it. Misuse (unknown
-ids, double free, a seq id used twice) raises ValueError.
+Conventions: a token at position p lives in block `table[p // block_size]` at offset `p %
+block_size`, flat slot `block_id * block_size + offset`. An expected shortage returns None or False
+with nothing changed; misuse (unknown ids, double free, a seq id used twice) raises ValueError.
+Copy-on-write, prefix keys and window groups in full: docs/serving.md, "Paged KV bookkeeping".
 """
 
 from __future__ import annotations
