@@ -320,13 +320,14 @@ def hardware_cmd(output_format: FormatOption = OutputFormat.table, output: Outpu
 
 
 # Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
-from llmperf.commands import calibrate as _calibrate  # noqa: E402
+from llmperf.commands import bench as _bench  # noqa: E402
+from llmperf.commands import calibrate as _calibrate
 from llmperf.commands import plan as _plan  # noqa: E402
 from llmperf.commands import profile as _profile
 from llmperf.commands import report as _report
 from llmperf.commands import simulate as _simulate
 
-for _command in (_calibrate, _profile, _simulate, _report, _plan):
+for _command in (_calibrate, _profile, _simulate, _report, _plan, _bench):
     _command.register(app)
 
 if _MAIN and signal.getsignal(signal.SIGINT) is _quiet_interrupt:  # loaded: Ctrl-C is KeyboardInterrupt again
