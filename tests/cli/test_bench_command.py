@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 import llmperf.cli
-from llmperf.commands.bench import BENCHMARKS
+from llmperf.cli.commands.bench import BENCHMARKS
 
 runner = CliRunner()
 

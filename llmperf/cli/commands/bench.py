@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from llmperf.clitools import fail, out_console
+from llmperf.cli.clitools import fail, out_console
 
 #: name -> (module with `main(argv)`, what it measures, what it needs)
 BENCHMARKS: dict[str, tuple[str, str, str]] = {
@@ -26,7 +26,7 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                 "-"),
     "simulator": ("llmperf.serving.bench", "the serving simulator's speed (requests simulated per second)", "-"),
     "report": ("llmperf.report.bench", "building and writing a report over a 10,000-configuration sweep", "-"),
-    "todays": ("llmperf.commands.bench_todays", "the analytical side's speed on today's models", "-"),
+    "todays": ("llmperf.cli.commands.bench_todays", "the analytical side's speed on today's models", "-"),
 }
 
 
