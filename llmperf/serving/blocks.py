@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llmperf.numeric import is_count
 from llmperf.specs.kvcache import first_key, pages_per_block
 
 
@@ -78,7 +79,7 @@ class BlockPool:
     """A fixed set of `num_blocks` blocks with reference counts."""
 
     def __init__(self, num_blocks: int) -> None:
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
+        if not is_count(num_blocks) or num_blocks < 1:
             raise ValueError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
         self._blocks = [Block(i) for i in range(num_blocks)]
         self._free = FreeBlockQueue(range(num_blocks))
@@ -199,7 +200,7 @@ class BlockManager:
     supports_prefix_sharing = True
 
     def __init__(self, num_blocks: int, block_size: int, *, max_seq_len: int | None = None) -> None:
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        if not is_count(block_size) or block_size < 1:
             raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
@@ -318,7 +319,7 @@ class BlockManager:
         when there are not enough free blocks."""
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r}: already allocated (free it first)")
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         shared = self._prefix_blocks(prefix, num_tokens) if prefix is not None else []
         if self.blocks_needed(num_tokens) - len(shared) > self.pool.num_free:
@@ -393,7 +394,7 @@ class BlockManager:
     def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
         """Reserve `num_tokens` more positions at once (a chunk of prefill, or speculative tokens):
         all of them, or None with nothing changed. Only the first result can carry a copy."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         if not self.can_append(seq_id, num_tokens):
             return None
@@ -419,7 +420,7 @@ class BlockManager:
                 self._lens[seq_id] = length + 1
                 self._logical += 1
                 return True
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         needed, cow = self._blocks_to_append(seq_id, num_tokens)
         if cow:
@@ -540,7 +541,7 @@ class WindowGroup:
             raise ValueError(f"window group: attention must be sliding or chunked, got {self.attention!r}")
         for name in ("window", "layers", "full_layers"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_count(v) or v < 1:
                 raise ValueError(f"window group: {name} must be a positive integer, got {v!r}")
 
     def first_key(self, start: int) -> int:
@@ -848,7 +849,7 @@ class WindowedBlockManager(BlockManager):
         shared prefix by reference); False, with nothing changed, when they do not fit."""
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r}: already allocated (free it first)")
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         # At most num_tokens - 1 shared: the step computes the last token at least (its logits are
         # needed), as the scheduler's `cached_prefix(prompt, stop - 1)`; a block shared beyond what the
@@ -885,7 +886,7 @@ class WindowedBlockManager(BlockManager):
 
     def _extend(self, seq_id: int, num_tokens: int) -> bool:
         """Trim what left the windows, then take the step's blocks in every group (all or none)."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         length = self.seq_len(seq_id)
         self._trim(seq_id, length)  # what fell out of the window goes back first
@@ -918,7 +919,7 @@ class WindowedBlockManager(BlockManager):
         """The full layers' slots (`BlockManager.append_slots`, copy-on-write included) after the window
         groups' blocks are taken as `reserve` takes them: all of them, or None with only what fell out
         of the windows given back."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         length = self.seq_len(seq_id)
         self._trim(seq_id, length)

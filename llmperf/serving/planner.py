@@ -34,6 +34,7 @@ import pandas as pd
 
 from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
+from llmperf.numeric import is_real
 from llmperf.serving.costsplit import input_time_share, token_prices
 from llmperf.serving.prices import price_for
 from llmperf.serving.simulator import (
@@ -465,7 +466,7 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     intervals are still reported). `layouts`: None, every layout the model takes
     (`layouts_for`); `efficiency`: the time model pricing every step (`ServingConfig.efficiency`;
     `base` may set it too)."""
-    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+    if not (is_real(rate) and rate > 0):
         raise SpecError(f"--rate: must be a number of requests/s > 0, got {rate!r}")
     if not slo.any:
         raise SpecError("plan: give at least one SLO (--slo-ttft, --slo-tpot)")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from llmperf.analysis.vocabulary import Phase
+from llmperf.numeric import is_count
 
 POLICIES = ("continuous", "static")
 
@@ -243,7 +244,7 @@ class SchedulerConfig:
             raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         for name in ("max_batch", "max_batched_tokens"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and (not is_count(v) or v < 1):
                 raise ValueError(f"{name}: must be None or a positive integer, got {v!r}")
         if self.chunked_prefill and self.max_batched_tokens is None:
             raise ValueError("max_batched_tokens: chunked_prefill needs a per-step token budget, got None")

@@ -20,7 +20,6 @@ to llmperf's modules (`llmperf.specs.precision.MODULES`). What each of these mea
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from llmperf.errors import SpecError
+from llmperf.numeric import check_number, is_count
 from llmperf.specs.model import ModelSpec
 from llmperf.specs.precision import normalize_dtype
 from llmperf.specs.quantization import QuantizationSpec
@@ -190,7 +190,7 @@ def _index_list(cfg: _Config, key: str, n: int) -> list[int]:
     value = cfg.get(key)
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+    if not isinstance(value, list) or not all(is_count(i) for i in value):
         raise SpecError(f"{cfg.origin}: {key} must be a list of layer indices, got {value!r}")
     bad = [i for i in value if not 0 <= i < n]
     if bad:
@@ -200,7 +200,7 @@ def _index_list(cfg: _Config, key: str, n: int) -> list[int]:
 
 def _positive(cfg: _Config, key: str, value: Any = _ABSENT) -> int:
     value = cfg.get(key) if value is _ABSENT else value
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_count(value) or value <= 0:
         raise SpecError(f"{cfg.origin}: {key} must be a positive integer, got {value!r}")
     return value
 
@@ -208,16 +208,14 @@ def _positive(cfg: _Config, key: str, value: Any = _ABSENT) -> int:
 def _count(cfg: _Config, key: str) -> int:
     """An integer >= 0 (absent: the type's default), one line naming the key otherwise."""
     value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_count(value) or value < 0:
         raise SpecError(f"{cfg.origin}: {key} must be an integer >= 0, got {value!r}")
     return value
 
 
 def _positive_number(cfg: _Config, key: str, value: Any) -> float:
-    number = _number(cfg, key, value)
-    if not math.isfinite(number) or number <= 0:
-        raise SpecError(f"{cfg.origin}: {key} must be a finite positive number, got {value!r}")
-    return number
+    _number(cfg, key, value)  # "must be a number" first
+    return check_number(f"{cfg.origin}: {key}", value)
 
 
 def _set_layer_types(cfg: _Config, out: dict[str, Any], default: list[str], window: int | None,
@@ -741,7 +739,7 @@ def _number(cfg: _Config, key: str, value: Any) -> float:
 
 
 def _int(cfg: _Config, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_count(value):
         raise SpecError(f"{cfg.origin}: {key} must be an integer, got {value!r}")
     return value
 
@@ -867,7 +865,7 @@ def _fp8_fields(cfg: _Config, q: Mapping[str, Any], where: str) -> dict[str, Any
     if block is None:
         raise cfg.refuse(f"{where}.weight_block_size", None, "per-tensor fp8 scales; supported: blocks [rows, inputs]")
     if (not isinstance(block, list) or len(block) != 2
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in block)):
+            or not all(is_count(n) and n > 0 for n in block)):
         raise SpecError(f"{cfg.origin}: {where}.weight_block_size must be two positive integers, got {block!r}")
     scale_fmt = q.get("scale_fmt")
     if scale_fmt not in (None, "ue8m0"):  # ue8m0: power-of-two values in the same fp32 scale tensors
@@ -1010,7 +1008,7 @@ def read_hf_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dic
         value = cfg.get(key)
         if value is None:
             continue
-        if spec_field in _COUNT_FIELDS and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        if spec_field in _COUNT_FIELDS and (not is_count(value) or value <= 0):
             raise SpecError(f"{origin}: {key} must be a positive integer, got {value!r}")
         out[spec_field] = value
     if "num_kv_heads" in out and "num_key_value_heads" not in data:

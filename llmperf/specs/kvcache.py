@@ -23,13 +23,13 @@ the block-by-block rules: docs/model.md, "Memory and the KV cache".
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from llmperf.errors import SpecError
+from llmperf.numeric import is_count, is_int, is_real
 from llmperf.specs.precision import dtype_bytes
 
 if TYPE_CHECKING:
@@ -174,14 +174,14 @@ class KVCacheSpec:
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_kv_heads", "head_dim"):
             value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_count(value) or value <= 0:
                 raise SpecError(f"kv cache: {f} must be a positive integer, got {value!r}")
         eb = self.element_bytes
-        if isinstance(eb, bool) or not isinstance(eb, (int, float)) or not math.isfinite(eb) or eb <= 0:
+        if not is_real(eb) or eb <= 0:
             raise SpecError(f"kv cache: element_bytes must be a finite positive number, got {eb!r}")
         for f in ("sliding_window", "attention_chunk_size"):
             value = getattr(self, f)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            if value is not None and (not is_count(value) or value <= 0):
                 raise SpecError(f"kv cache: {f} must be a positive integer or None, got {value!r}")
         lt = self.layer_types
         if isinstance(lt, list):
@@ -387,7 +387,7 @@ class KVCacheSpec:
 
 
 def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise SpecError(f"{name}: must be a positive integer, got {value!r}")
 
 

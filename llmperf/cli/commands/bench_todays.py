@@ -1,5 +1,5 @@
-"""Speed of the analytical side on today's models: `python -m llmperf.commands.bench_todays [--repeats 5]
-[--only estimate|sweep]`.
+"""Speed of the analytical side on today's models: `llmperf bench todays [--repeats 5] [--only estimate|sweep]`
+(or `python -m llmperf.cli.commands.bench_todays`).
 
 The targets: `estimate --per-op` of DeepSeek-V3 answers as fast as Llama's, and a 10,000-configuration
 sweep of MoE/MLA models stays within 2x of a dense one. Two measurements, every model timed in the
