@@ -1,4 +1,5 @@
-"""Multi-head latent attention (MLA) decode over a paged latent cache, in its absorbed form, in Triton.
+"""Multi-head latent attention (MLA) decode over a paged latent cache, in its absorbed form, in Triton
+(`mla_decode`).
 
 Paper: DeepSeek-V2 (DeepSeek-AI 2024, arXiv:2405.04434, section 2.1): each token caches one compressed
 latent c (R = kv_lora_rank wide, after its norm) and one rotary key k_R (Dr = qk_rope_head_dim wide),
@@ -7,20 +8,11 @@ the query ("absorbed": q_latent_h = q_nope_h W_UK_h, done by the caller) gives
 
     score_hj = sm_scale * (q_latent_h . c_j + q_rope_h . kR_j),   out_h = softmax_j(score_h) @ c,
 
-attention of H query heads over one (R + Dr)-wide key and one R-wide value per token (MQA with the
-value inside the key), and the caller applies W_UV_h to out_h. FlashMLA (DeepSeek-AI 2025,
+MQA with the value inside the key, and the caller applies W_UV_h to out_h. FlashMLA (DeepSeek-AI 2025,
 https://github.com/deepseek-ai/FlashMLA, `flash_mla_with_kvcache`) runs this form on the same paged
-layout: a (num_blocks, block_size, 1, 576) cache whose first 512 elements per token are the value.
-
-Algorithm: `kernels.paged`'s split-KV PagedAttention with one KV head. Program (b, head tile, split)
-loads a tile of BLOCK_N cached tokens once ((BLOCK_N, R) latent, (BLOCK_N, Dr) rotary key) and serves
-BLOCK_H query heads with it: two `tl.dot`s for the scores (latent and rotary parts), one for the values
-(the same latent tile, untransposed). The latent is thus read once per head tile, not once per head: a
-tile is all the heads up to 32 (`heads_per_program`; DeepSeek-V3's 16 per GPU at TP 8 in one program,
-its 128 on one GPU in four, adjacent in the grid so that their repeated reads of a sequence's latent
-can be served from L2; not yet measured). FlashMLA's 64-head tiles keep Q in shared memory; in Triton
-a (64, 512) fp32 accumulator and its query spill registers even with 16 warps (ptxas, sm_80 and sm_90).
-With several splits, stage 2 is `kernels.decode`'s LSE merge over R-wide partials.
+layout. Algorithm: `kernels.paged`'s split-KV PagedAttention with one KV head, each latent tile loaded
+once for a tile of up to `MAX_BLOCK_H` query heads (`heads_per_program`), stage 2 `kernels.decode`'s
+LSE merge over R-wide partials; why the head tile is 32: docs/kernels.md.
 
 Letters: B batch, H query heads, R latent width (kv_lora_rank), Dr rotary width (qk_rope_head_dim),
 P block size (tokens per block), N_blk blocks in the pool, M_blk block-table width, S number of splits.
@@ -30,8 +22,7 @@ slot t % P of block block_tables[b, t // P], [c | k_R] along the last dim; block
 seq_lens (B,) int32 in [1, M_blk * P]. Output (B, H, R) in q_latent's dtype. A contiguous cache
 (B, S_max, R + Dr) is the special case P = S_max with block_tables[b] = [b].
 
-Numerics: fp32 scores, softmax state and partials; exp2 with log2(e) folded into the scale; fp32 inputs
-use IEEE fp32 products.
+Numerics: fp32 scores, softmax state and partials; exp2, log2(e) folded into the scale; fp32 inputs: IEEE products.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@
 Algorithm 0): S = Q K^T and P = softmax(S) are materialised in memory, then O = P V. Scores and
 outputs are in the inputs' dtype; the softmax runs in (at least) fp32 and P is cast back, as Hugging
 Face's eager attention does. `sdpa_*` wraps `torch.nn.functional.scaled_dot_product_attention`, which
-picks a fused backend where it can. All are pure functions of their tensors (no global state), usable
-as attention backends.
+picks a fused backend where it can. All are pure functions of their tensors, usable as attention backends.
 
 Letters: B batch, H query heads, H_kv key/value heads, G = H / H_kv, T_q / T_kv query / key lengths,
 S_max contiguous-cache capacity, D head dim, P block size, N_blk pool blocks, M_blk block-table width.
@@ -13,19 +12,16 @@ S_max contiguous-cache capacity, D head dim, P block size, N_blk pool blocks, M_
 Layouts (the same as the kernels'):
   prefill: q (B, H, T_q, D); k, v (B, H_kv, T_kv, D) -> (B, H, T_q, D). Causal masks are aligned
            bottom-right: query i sees keys j <= i + T_kv - T_q (needs T_q <= T_kv).
-  decode:  q (B, H, D); k_cache, v_cache (B, H_kv, S_max, D); seq_lens (B,) int32 -> (B, H, D);
-           sequence b attends to its first seq_lens[b] cached positions.
+  decode:  q (B, H, D); k_cache, v_cache (B, H_kv, S_max, D); seq_lens (B,) int32 -> (B, H, D).
   paged:   key_blocks, value_blocks (N_blk, P, H_kv, D); block_tables (B, M_blk) int32; token t of
            sequence b is slot t % P of block block_tables[b, t // P].
-  latent:  q_latent (B, H, R); q_rope (B, H, Dr); latent_blocks (N_blk, P, R + Dr) -> (B, H, R):
-           multi-head latent attention in its absorbed form (`mla_decode_reference`).
-Query head h reads KV head h // G (GQA/MQA), as `repeat_interleave` of K/V along heads would give.
+  latent:  q_latent (B, H, R); q_rope (B, H, Dr); latent_blocks (N_blk, P, R + Dr) -> (B, H, R)
+           (`mla_decode_reference`).
+Query head h reads KV head h // G (GQA/MQA).
 
-Optional, as in the kernels (`kernels._checks`): a sliding `window` or a `chunk` hides keys from each
-query (prefill query i sits at position i + T_kv - T_q, a decode query at seq_lens[b] - 1); `sinks`
-(H,) adds one logit per query head to the softmax denominator (gpt-oss: the eager attention of
-Hugging Face's `modeling_gpt_oss`, the sink column concatenated to the scores and dropped after the
-softmax). SDPA has no sinks, so `sdpa_*` refuse them; the `naive_*` ones take all three.
+Optional, as in the kernels (`kernels._checks`): a sliding `window` or a `chunk`, and `sinks` (H,),
+one logit per query head in the softmax denominator (gpt-oss: Hugging Face's
+`models/gpt_oss/modeling_gpt_oss.py` eager attention). SDPA has no sinks, so `sdpa_*` refuse them.
 """
 
 from __future__ import annotations

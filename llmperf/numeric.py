@@ -22,6 +22,12 @@ def is_int(x: object) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def is_count(x: object) -> bool:
+    """A Python `int`, not a bool: what a spec's count fields hold (YAML and JSON write them back as
+    read; a numpy integer is refused there rather than carried into the spec)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def is_real(x: object) -> bool:
     """A finite real number (Python or numpy), not a bool."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
@@ -36,4 +42,4 @@ def check_number(where: str, value: Any, *, zero_ok: bool = False, scale: float 
     return float(value)
 
 
-__all__ = ["check_number", "is_int", "is_real"]
+__all__ = ["check_number", "is_count", "is_int", "is_real"]

@@ -4,22 +4,16 @@
 It behaves as a user expects of the shell's `> FILE`, but atomically:
 
 - the destination is checked before any work starts (`check_file`, `check_dir`, `check_files_folder`),
-  so a two-minute measurement never ends in "cannot write";
+  so a long measurement never ends in "cannot write";
 - a file is written to a temporary name in its own folder, flushed, then renamed over the final name:
   a reader never sees half a file, and a failure leaves the old file untouched and nothing behind;
-- a new file gets 0666 less the umask (folders 0777 less the umask); an existing file keeps its mode
-  (and owner, where allowed);
-- a symlink is written through (its target is replaced, the link stays);
-- FIFOs, devices, sockets and directories are refused in one line, as is a missing folder (run
-  directories may create theirs) or a name ending in `/`;
-- nothing is deleted that this module did not create: a failure removes only the files and folders it
-  made, and a report folder holding files the user put there is refused, not emptied;
-- SIGTERM (what `timeout`, `kill`, CI cancellation and systemd send) is handled like Ctrl-C while a
-  write is in flight: the temporary file is removed and the process exits with 128 + 15;
-- the temporary name is never longer than the final one (once that is 8 bytes or more), so any name
-  the filesystem accepts works, and errors name only the user's path, never the temporary one.
+- a new file gets 0666 less the umask; an existing file keeps its mode (and owner, where allowed); a
+  symlink is written through; FIFOs, devices, sockets and directories are refused in one line;
+- nothing is deleted that this module did not create, and SIGTERM is handled like Ctrl-C while a
+  write is in flight (the temporary file is removed, the process exits with 128 + 15).
 
 Every error is a `SpecError` naming the option (`--output`, `--run-dir`, ...) and the user's path.
+The full contract (temporary names, report folders, run directories) is docs/schemas.md, "Output files".
 
 Two helpers every writer shares: `jsonable` (the one JSON sanitiser: numpy scalars to Python, NaN,
 infinity and pandas' NA to null, paths to strings; `json_text` dumps strictly through it) and

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 LEAVES = frozenset({"llmperf", "llmperf.errors", "llmperf.defaults", "llmperf.outputs", "llmperf.numeric",
                     "llmperf.analysis.vocabulary"})
-CLI = frozenset({"cli", "clitools", "render", "listing", "format", "commands"})
+CLI = frozenset({"cli"})  # the command line: llmperf/cli/ (the commands, their rendering and listings)
 # package -> the packages it may import (besides itself and the leaves); None: anything
 ALLOWED: dict[str, frozenset[str] | None] = {
     "leaf": frozenset(),

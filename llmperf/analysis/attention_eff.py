@@ -1,4 +1,5 @@
-"""How fast FlashAttention-class kernels run, by shape: the efficiency of one fused attention call.
+"""How fast FlashAttention-class kernels run, by shape: the efficiency of one fused attention call
+(`AttentionEfficiency`, over an `AttnShape`).
 
 A fused attention kernel (FlashAttention-2/3 and cuDNN for prefill, Flash-Decoding / split-KV and
 PagedAttention for decode; Dao 2023 "FlashAttention-2", arXiv:2307.08691; Shah et al. 2024
@@ -7,8 +8,8 @@ is priced as
 
     time = latency + max(flops / (peak * e_c), bytes / (bandwidth * e_m))
 
-with `e_c` and `e_m` set by the call's shape (`AttnShape`: batch B, new tokens per sequence q, heads
-H, KV heads H_kv, head dim D; group g = H / H_kv), never by its context:
+with `e_c` and `e_m` set by the call's shape (batch B, new tokens per sequence q, heads H, KV heads
+H_kv, head dim D; group g = H / H_kv), never by its context:
 
     e_c = e_compute * D / (D + head_dim_half)                       head dim: short K-loops, softmax share
                     * pairs / (pairs + waste)                         causal masking: diagonal tiles run whole
@@ -16,27 +17,12 @@ H, KV heads H_kv, head dim D; group g = H / H_kv), never by its context:
                     * x_c / (x_c + cta_half),  x_c = B H ceil(q / TILE) / SMs      work tiles per SM
                       (decode, g q < mma_rows: split-KV, so occupancy as e_m's)
     e_m = e_memory * x_m / (x_m + kv_half),  x_m = B H_kv / SMs     KV streams per SM (split-KV fills the rest)
+    latency = latency_s + wave_s * B H_kv / SMs
 
-- `latency_s + wave_s * B H_kv / SMs`: a launch's fixed device time (launch and prologue; then per
-  wave of (sequence, KV head) work, its epilogue and the split-KV combine), added to the roofs; this is
-  what makes the achieved bandwidth of a decode call rise with batch x context toward `e_memory` (a
-  2 MB KV read at B=1 takes 12 us, not 0.7 us; a 135 MB one at B=64, 61 us, not 43);
-- causal waste: a causal prefill of q queries executes `q (q + 1) / 2` (query, key) pairs (what
-  llmperf counts) but computes the diagonal tiles whole, `min(q, TILE) (q - 1) / 2` pairs more;
-  counted as if the keys were the queries (a prefill; a chunk of q new tokens over a longer context
-  is charged the same waste, slightly pessimistic); a decode step (q = 1) has none;
-- `mma_rows`: decode multiplies g query rows (g q with speculative tokens) by each KV tile; a
-  tensor-core instruction is `mma_rows` rows tall (Hopper's wgmma: 64), so MHA decode (g = 1) uses
-  1/64 of the matrix units. Decode stays memory-bound (its intensity scales with g too) unless g q
-  reaches the tile, as MLA's absorbed decode (g = all heads) does.
-
-Why no context: every decode step's operator times must stay lines in the context, `a + b ctx`, so a
-whole generation sums in closed form (`llmperf.analysis.generation.sum_max_linear`). The context
-therefore enters only through the FLOPs and bytes, linearly; the rise of efficiency with context is
-the latency's share shrinking, exactly, not an approximation.
-
-Pure Python + numpy, like the rest of `llmperf.analysis`; the terms are fitted by
-`python -m llmperf.measure.fit_attention` and live in `models_spec/efficiency/typical.yaml`.
+The context enters only through the FLOPs and bytes, linearly, so every decode step stays a line in
+the context and a generation sums in closed form (`llmperf.analysis.rollup.sum_max_lines`). The terms
+are fitted by `python -m llmperf.measure.fit_attention` and live in `models_spec/efficiency/typical.yaml`;
+what each term models: docs/time-models.md, "Attention by shape". Pure Python + numpy.
 """
 
 from __future__ import annotations

@@ -1,36 +1,27 @@
-"""The time of a GEMM from its shape, its element sizes and the device's datasheet.
+"""The time of a GEMM from its shape, its element sizes and the device's datasheet (`gemm_time_s`,
+`gemm_efficiency`; the fitted terms in `GemmParams`).
 
-A weight GEMM `C(M, N) = A(M, K) @ W(K, N)` (per group: `groups` independent GEMMs of the same N, K,
-e.g. the experts a step touches on one GPU, each with its own M rows) runs as a
-grid of output tiles `tm x tn` (optionally split `s` ways along K), dealt to the device's `num_sms`
-streaming multiprocessors in waves (NVIDIA, "Matrix Multiplication Background User's Guide": tile and
-wave quantisation; Kerr et al., CUTLASS, split-K). The model, per tile configuration `(tm, tn, s)`:
+A weight GEMM `C(M, N) = A(M, K) @ W(K, N)` (`groups` independent GEMMs of the same N, K, e.g. the
+experts a step touches on one GPU) runs as a grid of output tiles `tm x tn` (optionally split `s`
+ways along K), dealt to the device's `num_sms` streaming multiprocessors in waves (NVIDIA, "Matrix
+Multiplication Background User's Guide": tile and wave quantisation; Kerr et al., CUTLASS, split-K).
+Per tile configuration `(tm, tn, s)`, with `a` and `w` the activation and weight element sizes:
 
     tiles   = groups * ceil(M / tm) * ceil(N / tn) * s
     waves   = ceil(tiles / num_sms)
     tile    = max(2 tm tn, feed_flop_per_byte (tm a + tn w)) K/s / (peak / num_sms * e_peak)
-              (the SM's matrix units, unless the tile's operands, tm a + tn w bytes per step of k,
-              cannot feed them: a tile below `feed_flop_per_byte` FLOP per operand byte slows in
-              proportion, so small tiles starve)
     stream  = (groups N K w + M groups K a + M groups N a [+ split-K's fp32 partials])
               / (bandwidth * e_memory)                                    # HBM, every byte once
     time    = latency_s + max(waves * tile, stream)
 
-and the GEMM takes the best configuration of a small set (128x256, 128x128, 64x128, 64x64, 16x128
-tiles; split-K 2-16 where the unsplit tiles leave SMs idle and each split keeps at least 256 of K), as
-cuBLAS's heuristics pick a kernel per shape. The four fitted terms (`GemmParams`) are properties of how well
-kernels use a GPU, not of one GPU, so the same terms price a device known only from its datasheet (peak for the
-dtype, HBM bandwidth, SM count): `e_peak` (the large-GEMM plateau), `e_memory` (weights streamed at small M),
-`latency_s` (a kernel's fixed device time: a tiny GEMM's floor) and `feed_flop_per_byte` (the operand
-intensity a tile needs to keep its SM's matrix units busy; the feed is tied to the SM's matrix rate,
-not to HBM, because the on-chip feeds (shared memory, L2) grow with the matrix units from one GPU
-generation to the next). The L2 capacity is not used: the model assumes (as the swizzled tile order of
-cuBLAS-class kernels arranges) that operands re-read by several tiles come from L2, not HBM. Fitted by
-`python -m llmperf.measure.fit_gemm` (`typical.yaml`'s `gemm:`).
+and the GEMM takes the best configuration of `TILES` x `SPLITS`, as cuBLAS's heuristics pick a kernel
+per shape. The four fitted terms (`e_peak`, `e_memory`, `latency_s`, `feed_flop_per_byte`) describe
+how well kernels use a GPU, not one GPU, so they price a device known only from its datasheet (peak,
+HBM bandwidth, SM count). Fitted by `python -m llmperf.measure.fit_gemm` (`typical.yaml`'s `gemm:`).
 
-Every argument may be a numpy array (broadcast together): a sweep prices its 10,000 rows in one call.
-The time never depends on anything but the shape, so a decode step's GEMMs are flat in the context.
-Pure numpy (no torch), like the rest of `llmperf.analysis`.
+Every argument may be a numpy array (broadcast together): a sweep prices its rows in one call. The time
+depends on the shape only, so a decode step's GEMMs are flat in the context. What each term means:
+docs/time-models.md, "GEMMs by shape". Pure numpy (no torch), like the rest of `llmperf.analysis`.
 """
 
 from __future__ import annotations

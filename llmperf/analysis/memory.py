@@ -1,39 +1,24 @@
-"""Memory of inference: weights, KV cache, activations, what fits, and how much a KV cache wastes.
+"""Memory of inference: weights, KV cache, activations, what fits, and how much a KV cache wastes
+(`estimate_memory`, `weight_bytes_per_gpu`, `kv_bytes_per_token_per_gpu`, `kv_utilization`).
 
-KV cache bytes per token = `2 * layers * kv_heads * head_dim * bytes(kv_dtype)` (Llama-2-7B fp16:
-524,288 B = 512 KiB, 2 GiB at 4096 tokens); MLA caches one latent of `kv_lora_rank +
-qk_rope_head_dim` elements per layer instead (DeepSeek-V3 bf16: 61 * 576 * 2 = 70,272 B), and
-sliding or chunked layers keep only their window (`llmperf.specs.kvcache`, the one KV formula,
-with the switch `Conventions.kv_window`: "capped" as vLLM's hybrid KV-cache manager, "full" pages
-as engines without it and hf-mem). A contiguous cache reserves `max_seq_len` tokens for every
-sequence up front; a paged cache (Kwon et al., "Efficient Memory Management for Large Language
-Model Serving with PagedAttention", SOSP 2023) reserves blocks of `block_size` tokens as they fill,
-wasting less than one block per sequence and group of layers. Capacities are reported in bytes and
-shown in GiB.
+KV cache sizes come from `llmperf.specs.kvcache`, the one KV formula (MLA's latent, sliding and
+chunked windows, `Conventions.kv_window`). A contiguous cache reserves `max_seq_len` tokens for every
+sequence up front; a paged cache (Kwon et al., "Efficient Memory Management for Large Language Model
+Serving with PagedAttention", SOSP 2023, arXiv:2309.06180) reserves blocks of `block_size` tokens as
+they fill, wasting less than one block per sequence and group of layers. Capacities are reported in
+bytes and shown in GiB.
 
 The rule (computed in `llmperf.analysis.rollup`, the one roll-up): weights + the KV blocks of the
 batch + ONE activation reservation for a forward of `max_batched_tokens` tokens must fit in
-`mem_util` of the device, on every pipeline stage. Max batch is what the KV memory left then holds.
-Pipeline stages hold contiguous layers as vLLM partitions them, so a stage's weights and KV are those
-of its own layers (DeepSeek-V3's three dense layers all sit on stage 0).
+`mem_util` of the device, on every pipeline stage (stages hold contiguous layers as vLLM partitions
+them). Max batch is what the KV memory left then holds.
 
-Layout of the `tp` GPUs of one stage (`ep` and `dp_attention` keywords; the defaults `ep=1`,
-`dp_attention=False` are plain tensor parallelism, Megatron-LM's):
-- attention: query heads split `tp` ways, KV heads too but never below one per GPU; MLA's
-  down-projections (q_a, kv_a) and their norms replicated, q_b, kv_b and o split by heads (vLLM's
-  DeepseekV2MLAAttention), and its latent cache NOT split: every rank holds it whole.
-- `dp_attention=True` (SGLang's DP attention, vLLM's data-parallel attention with expert
-  parallelism): every GPU holds the whole attention (weights replicated `tp` times) and the whole KV
-  (every head, or the latent) of its own sequences only, so nothing is replicated in the cache and
-  the group serves `tp` times what one GPU holds (max batch = `tp` x one GPU's). The FFN stays split
-  over the `tp` GPUs, which gather the group's tokens for it.
-- dense FFNs (dense layers, dense models): split `tp` ways; shared experts too, or replicated with
-  `dp_attention` (each GPU runs them on its own tokens, SGLang with DeepEP).
-- routed experts with `ep` (dividing both `num_experts` and `tp`): each GPU holds
-  `num_experts / ep` whole experts when `ep = tp`, or with `tp > ep` that many experts split
-  `tp / ep` ways (expert groups of `tp / ep` GPUs).
-- router, norms, biases, sinks: replicated, at the activation precision; embedding and lm_head
-  split by vocabulary rows.
+The layout of the `tp` GPUs of one stage: plain tensor parallelism by default (Megatron-LM, Shoeybi
+et al. 2019, arXiv:1909.08053: heads, FFN and vocabulary split, KV heads never below one per GPU);
+`ep` splits the routed experts (DeepSpeed-MoE, arXiv:2201.05596); `dp_attention` gives every GPU the
+whole attention and the KV of its own sequences (SGLang's DP attention). MLA's down-projections and
+latent cache are replicated on every rank, as vLLM's `DeepseekV2MLAAttention` holds them. Which part
+each GPU holds, module by module: docs/model.md, "Parallelism".
 """
 
 from __future__ import annotations

@@ -1,75 +1,26 @@
-"""FLOPs and bytes of every operator of a decoder-only transformer's forward pass.
+"""FLOPs and bytes of every operator of a decoder-only transformer's forward pass (`ForwardModel`).
 
 One cost function per operator, each with the signature `(batch, q_len, kv_len)`: prefill is
 `q_len = kv_len = prompt`, a decode step is `q_len = 1, kv_len = context` (the new token included).
 Arguments may be numpy arrays (sweeps). Formulas: GEMM `A(m,k) @ B(k,n)` = `2mkn` FLOPs (NVIDIA,
 "Matrix Multiplication Background User's Guide"); attention as in FlashAttention (Dao et al. 2022,
 arXiv:2205.14135): the naive form writes S = QK^T and P = softmax(S) to memory, the fused form keeps
-them on chip and reads Q, K, V and writes O once. Mixture-of-experts bytes count only the experts the
-batch actually touches (expected number under uniform routing).
+them on chip and reads Q, K, V and writes O once (`attention_core`, `attended_pairs`, `keys_read`).
+Mixture-of-experts bytes count only the experts the batch touches in expectation under uniform
+routing (`expected_experts_touched`).
 
-Conventions (tested): causal attention aligns the query block to the end of the keys (queries are the
-last `q_len` positions); a fused kernel executes only the unmasked pairs (about half the square in
-prefill), a naive one the whole square; `attention_flops="dense"` counts the whole square for both,
-as `torch.utils.flop_counter` does. Attention FLOPs count the two matmuls (2 per pair per QK width
-element and 2 per pair per V width element); the naive form's softmax is a separate vector operator
-(5 FLOPs per score). Prefill computes logits for the last position only unless `all_logits=True`.
-Norm weights and biases are kept at activation precision (quantisation applies to the matrices);
-integer weights carry their group scales and zero points (`Precision.matrix_bytes`); embedding and
-lm_head matrices are at `Precision.embedding_dtype` (16 bits when the other weights are quantised,
-as AWQ/GPTQ keep them).
+Layers differ (`ModelSpec.layer_groups`): a forward pass sums the groups of layers of one kind, each
+distinct attention or FFN part built once and labelled with its kinds (`forward_ops`,
+`ForwardModel.sections`). Sliding layers (Beltagy et al. 2020, arXiv:2004.05150) see their last
+`window` keys, chunked ones (Llama 4) their own chunk. Multi-head latent attention (DeepSeek-V2,
+arXiv:2405.04434) has two exact forms, unabsorbed (`kv_b_proj`) and absorbed (`q_absorb`, MQA over
+the latent, `v_absorb`), chosen by `mla_mode`. Expert parallelism (`ep`; DeepSpeed-MoE,
+arXiv:2201.05596) and data-parallel attention (`dp_attention`, SGLang's DP attention) set the per-GPU
+dimensions (`ShardDims`); counts are per GPU, for the busiest one.
 
-Fused projections (`fused_qkv`, `fused_gate_up`): fast engines (vLLM, TensorRT-LLM) run Q, K and V
-as one GEMM over the concatenated weight, and the gate and up projections as one, so the input
-activations are read once instead of three (two) times. Off in `ForwardModel` by default (the split
-names are what the engine's instrumentation times); `estimate`, `sweep` and the CLI turn them on.
-
-Layers differ (`ModelSpec.layer_groups`): a forward pass is the sum over the groups of layers of one
-kind, each group's operators scaled by its number of layers and labelled with the kind
-(`OpCost.layer`, e.g. `sliding-4096`). A block's attention part depends only on the kind's attention
-and its FFN part only on `moe`, so `forward_ops` builds each distinct part once for all the layers
-that have it, labelled with their kinds joined by `+` (DeepSeek-V3's attention `full+full/moe`, 61
-layers; `ForwardModel.sections`). Per layer kind:
-
-- attention: full layers see every key; sliding layers (Mistral, Gemma 2/3, gpt-oss; Beltagy et al.
-  2020, arXiv:2004.05150) the last `window` keys (itself included), so the query at position i sees
-  `min(i + 1, W)` keys and a step reads at most `q_len + W - 1` keys per sequence; chunked layers
-  (Llama 4) see the keys of their own block of `C` tokens: the query at position i sees keys
-  `floor(i / C) * C .. i`;
-- NoPE layers (Llama 4's global layers) have no `rope`; an L2 `qk_norm` applies on rope layers only;
-- mixture-of-experts layers run the router, the routed experts (`expert_ffn_size` wide, the expected
-  distinct experts touched read once) and the shared experts (always on, every token; one FFN of
-  `shared_experts * shared_expert_ffn_size` as vLLM builds it), dense layers an FFN of `ffn_size`.
-
-Multi-head latent attention (MLA; DeepSeek-V2, arXiv:2405.04434; shared/ARCHITECTURES.md section 1)
-has two exact computations. Unabsorbed: `kv_b_proj` up-projects the latent of every key the step
-attends to (the new tokens, and the cached ones when a chunk is prefilled over an existing cache) to
-per-head K (dn + dr wide) and V (dv wide), then ordinary multi-head attention. Absorbed: `q_absorb`
-folds W_UK into the query (2 n dn r per token), attention runs as MQA directly on the (r + dr)-wide
-latent cache (QK 2 n (r + dr) per pair, PV 2 n r per pair, the cache read once for all heads), and
-`v_absorb` applies W_UV to the result (2 n r dv per token). `mla_mode="auto"` takes the unabsorbed form
-for prefill (q_len > 1) and the absorbed one for decode (q_len = 1), as vLLM and SGLang do. The
-latent is one for all heads: tensor parallelism splits the heads, not the cache. `q_a_proj` and
-`kv_a_proj` are replicated on every tensor-parallel rank (vLLM's ReplicatedLinear).
-
-Small operators (shared/ARCHITECTURES.md sections 3, 6, 7): `qk_norm` (an RMSNorm over head_dim on
-every query and key head; L2 without weights), attention sinks (one more logit per query row: its
-exponential and its share of the row sum, 2 FLOPs per row and head in the fused kernel, one more
-column of S and P in the naive form; the sink values themselves, one per head, are not counted as
-bytes, which keeps every attention count linear in the step's shape), attention soft-capping
-(`cap * tanh(s / cap)`: 3 FLOPs per executed score inside the fused kernel, a separate
-`attn_softcap` pass over S in the naive form), final soft-capping of the logits (`final_softcap`,
-3 FLOPs per logit), sandwich norms (`post_attn_norm`, `post_mlp_norm`) and the scaled embedding
-(`embed_scale`, one multiply per element).
-
-Expert parallelism (`ep`, within the tp group; DeepSpeed-MoE, arXiv:2201.05596) and data-parallel
-attention (`dp_attention`, SGLang's DP attention for DeepSeek): `ShardDims`. With tensor-parallel
-attention every GPU holds every token, so each GPU runs its own experts on the tokens routed to them
-and the MLP all-reduce combines the results; with data-parallel attention each GPU holds its own
-sequences' tokens, which go to their experts' GPUs and back (`moe_dispatch`, `moe_combine`: each
-token's k hidden states, (ep - 1) / ep of them leaving the GPU under uniform routing). Counts are
-per GPU, for the busiest one (`ceil(batch / tp)` sequences with data-parallel attention); the routed
-experts' rows and weights are the group's expectations divided by `ep`.
+Fused projections (`fused_qkv`, `fused_gate_up`) are off in `ForwardModel` by default (the split names)
+and on in `estimate`, `sweep` and the CLI. The counting conventions (causal alignment, fused and naive
+attention, MLA's and the small operators' FLOPs, what is per GPU): docs/model.md.
 """
 
 from __future__ import annotations

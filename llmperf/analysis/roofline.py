@@ -1,4 +1,4 @@
-"""The roofline: an operator's cost (FLOPs, bytes) and its time on a device.
+"""The roofline: an operator's cost (FLOPs, bytes) and its time on a device (`OpCost`, `op_time`).
 
 `time = max(flops / peak_flops, bytes / bandwidth)` (Williams, Waterman & Patterson, "Roofline: an
 insightful visual performance model", CACM 2009; NVIDIA's "GPU Performance Background User's Guide").
@@ -9,22 +9,17 @@ Conventions: 1 FLOP is one multiply or one add (a multiply-accumulate is 2 FLOPs
 is `2*m*k*n`); bytes are decimal. Every field may be a numpy array, so one code path serves a single
 estimate and a 10,000-point sweep.
 
-The time model hook. Every operator time in llmperf (a single estimate, a sweep, the closed-form
-decode sum, the regimes, the serving simulator's step prices) goes through `op_time`, which asks a
-`TimeModel` for the efficiencies of the operator at hand:
+The time model hook: every operator time in llmperf goes through `op_time`, which asks a `TimeModel`
+for the efficiencies of the operator at hand (an `Efficiency`):
 
     time = max(flops / (peak * e_compute), bytes / (bandwidth * e_memory),
                comm_latency_s + comm / (link * e_comm)) + overhead_s
 
-`ROOFLINE` (e = 1, overhead = 0) is the pure roofline; calibrated or typical models (measured
-fractions of the roofs plus a per-kernel launch overhead, `llmperf.analysis.timemodel`) implement
-the same protocol. A time model may look at the operator's kind and name, at its `rows` (tokens
-through it, `batch * q_len`), at a weight GEMM's shape (`OpCost.gemm`) and at a fused attention's
-shape (`OpCost.attn`: batch, q_len, heads, KV heads, head dim), but never at the context length: then
-every decode step's operator time stays `max(a + b*ctx, c + d*ctx) + overhead` and the sum over a
-whole generation keeps its closed form (`sum_max_lines`). A kernel's fixed device time
-(`Efficiency.latency_s`, fused attention under `typical`) is added to both the compute and the memory
-roof, which shifts both lines alike.
+`ROOFLINE` (e = 1, overhead = 0) is the pure roofline; the typical and calibrated models
+(`llmperf.analysis.timemodel`) implement the same protocol. A time model may look at the operator's
+kind, name, rows, GEMM shape (`OpCost.gemm`) and fused attention shape (`OpCost.attn`), never at the
+context length, so the sum over a generation keeps its closed form (`sum_max_lines`); see
+docs/time-models.md.
 """
 
 from __future__ import annotations

@@ -4,81 +4,22 @@
     time = max(flops / (peak * e_compute), bytes / (bandwidth * e_memory), overhead_s)   (mode "overlap")
 
 `peak` and `bandwidth` come from the `HardwareSpec` (datasheet figures, or the ceilings `llmperf
-calibrate` measured). The efficiencies `e_compute`, `e_memory` (fractions of those roofs, in (0, 1])
-and the fixed cost `overhead_s` (dispatch on CPU, launch on GPU) depend on the operator's kind
-(`matmul`, `attention`, `elementwise`, `norm`, `embedding`, `comm`) and on its `rows` (tokens through
-it, `batch * q_len`: a GEMV is not a large GEMM), never on the context length, so every decode
-step's time stays `max(a + b*ctx, c + d*ctx) + overhead` and the sum over a generation keeps its
-closed form (`llmperf.analysis.generation.sum_max_linear`).
+calibrate` measured). The efficiencies (fractions of those roofs, in (0, 1]) and the host overhead
+depend on the operator's kind, name and `rows` (tokens through it, `batch * q_len`), never on the
+context length, so every decode step's time stays a maximum of lines in the context and the sum over
+a generation keeps its closed form (`llmperf.analysis.rollup.sum_max_lines`).
 
-Three models (`--efficiency`):
-- `roofline`: e = 1, overhead = 0 (the pure roofline; what every datasheet spec gives unless asked);
-- `typical`: published fractions for GPUs without a measurement (`models_spec/efficiency/typical.yaml`,
-  each figure cited there: e.g. the peak roofline is a median 0.75 of measured time on published
-  A100/H100 kernels);
-- `calibrated`: the terms `llmperf calibrate` measured on this device (the `efficiency:` block of its
-  hardware YAML), per compute dtype.
+Three models (`--efficiency`, `time_model_for`): `roofline` (e = 1, no overhead), `typical`
+(published and fitted fractions for GPUs, `models_spec/efficiency/typical.yaml`, each figure cited
+there) and `calibrated` (the `efficiency:` block `llmperf calibrate` writes into a hardware YAML), all
+`EfficiencyTimeModel`s. Beyond the kinds' curves over rows, a model may carry per-operator overheads
+(`op_overhead_s`, `op_overhead_rows_s`), memory efficiencies (`op_e_memory`) and device floors
+(`floor_s`, `op_floor_s`); GEMM shape terms (`gemm:`, priced by `llmperf.analysis.gemm`) and fused
+attention terms (`attention_eff:`, `llmperf.analysis.attention_eff`). `EngineProfile`
+(`models_spec/engines/`, `load_engine`) replaces the host terms with a serving engine's on a GPU.
 
 An efficiency curve is a list of `[rows, value]` points interpolated linearly in log(rows) and held
-flat beyond its ends.
-
-The overhead of an operator is its host cost: the Python and framework dispatch an eager engine pays
-for it (one operator is often several framework calls: the engine's RoPE is about ten). It is taken
-per operator NAME when the calibration measured it (`op_overhead_s`, per attention backend: what a
-tiny model's recorded generation spends in each of the engine's operators), else per KIND (one tiny
-framework call of that kind; older calibrations and `typical` have only these). How it combines with
-the device time is the block's `overhead_mode`:
-- `add` (CPU, and every schema-1 file): the CPU runs an operator's kernels on the thread that
-  dispatched them, so dispatch and work are serial;
-- `overlap` (CUDA): launches are asynchronous, so while the device is busy the host is already
-  issuing the next operator. With a shallow queue (an eager engine is never far ahead) each
-  operator takes about `max(device time, host dispatch)`: a tiny operator is as slow as its
-  dispatch, a large GEMM as its kernel, and adding the two would count a launch-bound decode step's
-  dispatch twice over the kernels it hides. (The sum over a step of per-operator maxima is at least
-  `max(sum host, sum device)`: the queue never carries slack from one operator to the next, which
-  is what a host-bound eager loop shows.)
-Either way the overhead does not depend on the context, so the closed form holds: an overlapped
-overhead is one more (flat) line in the maximum (`llmperf.analysis.roofline.OpTime.host_s`).
-
-The engine's vector operators (norms, RoPE, the gated activation, residual adds, KV writes) are not
-one streaming pass each: an eager RMSNorm squares, averages, scales and multiplies, each into a fresh
-tensor, and a large fresh tensor is paid for again in page faults. Their memory efficiency is taken
-per operator NAME when the calibration measured it (`op_e_memory`, per compute dtype: a curve over the
-BYTES one call moves, from a recorded prefill of a small calibration model at several sizes), else per
-kind. Those operators' bytes never depend on the context, so the closed form still holds.
-
-A kernel also has a minimum DEVICE time, whatever its bytes (schema 4: a kind's `floor_s`, an
-operator's own in `op_floor_s`; `typical` fits them on Vidur's measured small operators,
-`llmperf.measure.fit_small_ops`). It is a floor, never added, in either mode: `max(roofs, floor)`
-(+ a serial overhead), per launch, flat in the context. It is not the host's launch cost (the
-`overhead_s` above, which an engine pays and a CUDA graph hides); the roofline has none.
-
-A weight GEMM that carries its per-GPU shape (`OpCost.gemm`: N, K, groups, M per row) is priced
-from it when the model has GEMM terms (schema 5: a `gemm:` block, `llmperf.analysis.gemm`; `typical`
-fits them on Vidur's GEMMs, `llmperf.measure.fit_gemm`): tile and wave quantisation, weight streaming,
-a kernel latency, from the device's peak, bandwidth and SM count. The time is handed to `op_time` as
-the efficiencies it implies (`gemm_efficiency`: the compute roof is the tiles' time, the memory roof
-the HBM stream's), so every table that shows efficiencies or bounds stays true; it depends on the
-rows only, never on the context. Other GEMMs (and models without the block) take the per-rows curves.
-
-On a CPU a GEMM's dispatch depends on the path it takes: the engine runs GEMMs of few rows on a
-kernel of llmperf's own (up to 8 fp32 / 4 bf16 rows, bf16 3-16 on AMX; torch's one-row fp32 GEMV
-without them) and everything else on oneDNN's packed one, whose cold call costs up to three times as much
-(tiny model, after a 32 MiB GEMV: 38 us against 123 us per fp32 projection). So a
-calibration may also give each operator's overhead per compute dtype as a curve over rows
-(`op_overhead_rows_s`: measured at 1 and 2 rows, the weight GEMMs also on both sides of each
-edge between the engine's GEMM paths), which wins over `op_overhead_s` for that dtype.
-`llmperf calibrate` fills it with the weight GEMMs' cold dispatch and, for every operator that reads
-no weights, the dispatch measured in a real layer's recorded decode (see `llmperf.measure.calibrate`).
-
-A fused attention call that carries its shape (`OpCost.attn`: batch, new tokens, heads, KV heads,
-head dim) is priced by shape when the model has an `attention_eff` block (schema 5; `typical` fits it
-on H100 FlashAttention / Flash-Decoding measurements, `llmperf.measure.fit_attention`): its
-efficiencies depend on that shape and the device's SM count (`llmperf.analysis.attention_eff`), still
-never on the context, plus a fixed device latency added to both roofs (so the lines shift, and the
-closed form holds). A naive attention's parts, and any attention cost without a shape, take the kind's
-curves over rows.
-
+flat beyond its ends. Why each term exists and how it combines with the others: docs/time-models.md.
 Pure Python + numpy (no torch), like the rest of `llmperf.analysis`.
 """
 

@@ -3,36 +3,26 @@
 Letters: B sequences in the step, T new tokens per sequence (the step's `q_len`), H query heads,
 H_kv key/value heads, G = H / H_kv, D head dim, S keys attended (the longest context in the step).
 
-A step feeds T new tokens of each of B sequences; sequence b already holds `starts[b]` tokens in the
-cache, so its new queries sit at positions `starts[b] .. starts[b] + T - 1` and attend causally to
-keys `0 .. starts[b] + T - 1` (causal aligned bottom-right). Three cases:
+A step feeds T new tokens of each of B sequences; sequence b already holds `starts[b]` tokens, so its
+queries sit at positions `starts[b] .. starts[b] + T - 1` and attend causally to keys `0 .. starts[b]
++ T - 1`. A fresh step (every start 0) attends to its own K and V without reading the cache back; a
+decode step (T == 1) reads its cached keys; an extend step masks by position (`meta.mask`).
 
-- *fresh* (every start is 0, e.g. prefill): the keys are exactly this step's K and V, so attention
-  runs on them directly (causal), never reading the cache back;
-- *decode* (T == 1): one query per sequence against its cached keys (ragged lengths masked);
-- *extend* (T > 1 after cached tokens): the general case, with a mask built from the positions.
-
-Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, D)`, k/v
+Backends (`get_backend(name)`: `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, D)`, k/v
 `(B, T, H_kv, D)` already written to the cache, out `(B, T, H * D)`):
 
-- `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (one `attention` operator). In decode,
-  the G query heads that share a KV head are folded into the query length, `(B, H_kv, G, D)`, so the
-  cache is read once per KV head with no copy (the grouping Flash-Decoding uses); on a CPU where
-  llmperf's own kernels run, decode runs their decode attention instead (`sdpa_decode`), reading a
-  paged cache's blocks in place through the step's block tables (and a Llama-family model's decode
-  step there runs that same kernel from its one call of all the layers, `cpu.kernels.decode_layers`,
-  without calling this function);
-- `naive`: S = QK^T / sqrt(D) and P = softmax(S) materialised (`attn_score`, `attn_softmax`,
-  `attn_value`), softmax in fp32 as Hugging Face's eager attention does;
-- `triton`: the `kernels` package: fused FlashAttention prefill, and in decode PagedAttention when
-  the step carries block tables (`meta.paged`), Flash-Decoding when it carries cache rows
-  (`meta.contiguous`); each layer's sliding window, chunk and sinks go to the kernels, soft-capped
-  scores are refused. Backends dispatch on what the step carries, never on the cache's class.
+- `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, decode with the G query heads of a KV
+  head folded into the query length (as Flash-Decoding groups them, Dao et al. 2023); on a CPU with
+  llmperf's kernels, their decode attention (`sdpa_decode`);
+- `naive`: S = QK^T / sqrt(D) and P = softmax(S) materialised, softmax in fp32 as Hugging Face's
+  eager attention does (`transformers/models/llama/modeling_llama.py`, `eager_attention_forward`);
+- `triton`: the `kernels` package: FlashAttention (Dao, arXiv:2307.08691) prefill, PagedAttention
+  (Kwon et al., arXiv:2309.06180) when the step carries block tables, Flash-Decoding when it carries
+  cache rows; soft-capped scores are refused.
 
-Each backend's attention over K and V already at hand is a function of its own (`sdpa_core`,
-`naive_core`, `flash_core`): multi-head latent attention (`llmperf.engine.mla`) runs its two forms
-through them, with a value width Dv other than the q/k width where the backend allows it (sdpa,
-naive) and with V padded to it where it does not (triton).
+Each backend's attention over K and V at hand is a function of its own (`sdpa_core`, `naive_core`,
+`flash_core`), which multi-head latent attention (`llmperf.engine.mla`) runs its two forms through.
+How each backend handles windows, sinks and soft-caps: docs/engine.md, "Attention backends".
 """
 
 from __future__ import annotations

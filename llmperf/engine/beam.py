@@ -1,38 +1,16 @@
 """Beam search bookkeeping, without a model: which beams continue with which tokens, and which
-hypotheses are finished.
+hypotheses are finished (`BeamSearch`; `BeamSearch.from_params` builds one from `SamplingParams`).
 
-A port of Hugging Face `transformers` 5.23 `GenerationMixin._beam_search` and its helpers
-(`_get_top_k_continuations`, `_get_running_beams_for_next_iteration`, `_update_finished_beams`,
-`_check_early_stop_heuristic`, `_beam_search_has_unfinished_sequences`), with the same float32
-arithmetic and -1e9 sentinels, so that the engine's beams, tokens and scores equal `generate()`'s
-bit for bit. The algorithm, per step, for each batch item:
-
-1. add each running beam's score to its next-token log-probabilities and keep the best
-   C = max(2, 1 + number of EOS ids) * K candidates over all K beams x V tokens (sampled without
-   replacement instead when `do_sample`), so that K candidates survive even if the best K all end;
-2. a candidate that ends (EOS, a stop sequence, or `max_new_tokens` reached) and ranks among the first
-   K enters the finished set with score `sum of log-probs / generated_len ** length_penalty`
-   (generated_len counts the new tokens, EOS included, never the prompt), and the set keeps its K best;
-3. the K best candidates that did not end become the running beams;
-4. the search stops when no running beam can still beat the worst finished hypothesis
-   (`early_stopping=False`: judged at the current length; "never": at `max_new_tokens` when
-   `length_penalty > 0`), when every item has K finished hypotheses (`early_stopping=True`), or when
-   every candidate has ended (the length limit).
+A port of Hugging Face `transformers` 5 `GenerationMixin._beam_search` and its helpers
+(`transformers/generation/utils.py`: `_get_top_k_continuations`, `_get_running_beams_for_next_iteration`,
+`_update_finished_beams`, `_check_early_stop_heuristic`, `_beam_search_has_unfinished_sequences`),
+with the same float32 arithmetic and -1e9 sentinels, so the engine's beams, tokens and scores equal
+`generate()`'s bit for bit. Each step keeps the best C = max(2, 1 + number of EOS ids) * K
+candidates, moves those that end into the finished set scored `sum of log-probs / generated_len **
+length_penalty`, and continues with the K best that did not end.
 
 Shapes: B batch items, K beams, V vocabulary, C candidates per item, T = max_new_tokens.
 Rows are flattened batch-major: row `b * K + k` is beam k of item b (HF's layout).
-
-Public API (engine-core builds on it; keep stable):
-
-    BeamSearch(batch_size, num_beams, *, max_new_tokens, eos_token_id=None, length_penalty=1.0,
-               early_stopping=False, num_return_sequences=1, stop_sequences=(), do_sample=False)
-    BeamSearch.from_params(batch_size, params: SamplingParams) -> BeamSearch
-    .step(logprobs (B*K, V), generator=None) -> (next_tokens (B*K,) long, source_rows (B*K,) long)
-    .is_done -> bool       .num_generated -> int (steps taken)
-    .running_tokens() -> LongTensor (B*K, num_generated): generated tokens of each running beam
-    .running_scores() -> Tensor (B*K,): their summed log-probabilities
-    .finalize() -> list (per item) of list of (generated token list, score), best first,
-                   `num_return_sequences` each
 
 How the engine drives it (the prompt is expanded to B*K identical rows first, as HF does):
 
@@ -41,6 +19,8 @@ How the engine drives it (the prompt is expanded to B*K identical rows first, as
         tokens, src = beams.step(logprobs)
         reorder / fork the KV cache rows by `src` (row i continues row src[i]); feed `tokens`
     hypotheses = beams.finalize()
+
+The algorithm step by step, and when the search stops: docs/engine.md, "Decoding".
 """
 
 from __future__ import annotations

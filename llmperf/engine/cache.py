@@ -4,41 +4,24 @@ Letters: L layers, B_max sequence rows, H_kv KV heads, S_max tokens per row, D h
 N blocks in the paged pool, P tokens per block (block_size), R latent rank, Dr rotary key width.
 
 - `ContiguousKVCache`: one tensor `(L, 2, B_max, H_kv, S_max, D)` (2 = K, V), allocated up front:
-  every sequence owns a row of S_max token slots whether it uses them or not, as a naive server
-  preallocates the maximum length (20-40% of it holds real tokens; Kwon et al. 2023, "Efficient
-  Memory Management for Large Language Model Serving with PagedAttention", arXiv:2309.06180, §2.3).
-- `PagedKVCache`: one tensor `(L, 2, N, P, H_kv, D)`: per layer a K and a V pool of N blocks of P
-  token slots, handed out on demand by `llmperf.serving.blocks.BlockManager` (block tables,
-  reference counts, copy-on-write). Forked sequences (beams, several samples of one prompt) share
-  their prompt's blocks; blocks return to the pool when a sequence ends. When no block is free,
-  `append_slot` returns False and the scheduler preempts; no sequence is ever written out of place.
-  A hybrid model (sliding or chunked layers beside full ones: Gemma 2/3, gpt-oss, Llama 4) pages its
-  kinds apart as vLLM's hybrid KV-cache manager does (`kv_window="capped"`, the default): the tensor
-  is `(F, 2, N, P, H_kv, D)`, F = the full-attention layers, a pool block holding P tokens of F
-  layers; the full layers share one block table, and each window group's layers, F at a time (a
-  sub-group, the last one padded), another (`llmperf.serving.blocks.HybridLayout`), whose blocks
-  behind the window (or before the current chunk) go back to the pool as the sequence grows
-  (`WindowedBlockManager`). A gpt-oss sequence of 32k tokens thus holds 32k tokens in its 12 full
-  layers and the ~128 of the window (in whole blocks) in the 12 sliding ones. `kv_window="full"`
-  keeps every layer's whole context (one table, as before hybrid paging).
-
-Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2; `ModelSpec.is_mla`) caches no per-head K
-and V: each token leaves one vector per layer, its KV latent and the rotary key shared by every head
-(R + Dr = kv_lora_rank + qk_rope_head_dim wide; DeepSeek-V2, arXiv:2405.04434, §2.1.2), so both
-caches hold one part on one "head" instead of two: `(L, 1, B_max, 1, S_max, R + Dr)` and
-`(L, 1, N, P, 1, R + Dr)`. Their K and V views are then the same tensor (the latent is what the
-absorbed attention's queries meet and what its values are read from); `write` stores `k` alone.
+  every sequence owns a row of S_max slots, as a naive server preallocates the maximum length (Kwon
+  et al. 2023, "Efficient Memory Management for Large Language Model Serving with PagedAttention",
+  arXiv:2309.06180, §2.3).
+- `PagedKVCache`: one tensor `(L, 2, N, P, H_kv, D)`, blocks handed out on demand by
+  `llmperf.serving.blocks.BlockManager` (block tables, reference counts, copy-on-write); when no block
+  is free `append_slot` returns False and the scheduler preempts. A hybrid model (sliding or chunked
+  layers beside full ones) pages its kinds apart as vLLM's hybrid KV-cache manager does
+  (`kv_window="capped"`, the default; `llmperf.serving.blocks.HybridLayout`, `WindowedBlockManager`):
+  the tensor is `(F, 2, N, P, H_kv, D)` over the F full-attention layers, and the blocks behind a
+  window go back to the pool; `kv_window="full"` keeps every layer's whole context in one table.
+- Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, §2.1.2; `ModelSpec.is_mla`) caches one
+  vector of R + Dr per token and layer: `(L, 1, B_max, 1, S_max, R + Dr)` and `(L, 1, N, P, 1, R + Dr)`,
+  its K and V views the same tensor.
 
 Both caches take the same calls (`allocate`, `append_slot`, `fork`, `reorder`, `free`, `prepare`,
-`write`, `gather`), so the engine does not care which one it drives. Both implement the shared
-scheduler's `llmperf.serving.scheduler.KVSpace` (`reserve`, `reserve_cost`, `blocks_for`,
-`fork_cost`, ...): a contiguous "block" is one max-length row. Both report
-`usage()`: bytes the storage has (capacity), bytes held by live sequences (reserved: their rows, or
-the pool blocks they hold, a block shared by forks once, a padded sub-group's block whole), bytes
-holding real tokens (used: slots written or about to be written in those blocks, in the layers that
-exist). Bytes per token = `2 * L * H_kv * D * element_size` (MLA: `L * (R + Dr) * element_size`), equal
-to `ModelSpec.kv_bytes_per_token(dtype)`; `llmperf.specs.kvcache.KVCacheSpec.paged_reserved_bytes` and
-`paged_used_bytes` give a paged cache's figures for one sequence, block for block.
+`write`, `gather`), implement the scheduler's `llmperf.serving.scheduler.KVSpace`, and report
+`usage()` (capacity, reserved and used bytes), which `llmperf.specs.kvcache.KVCacheSpec` predicts
+block for block. The accounting in full: docs/engine.md, "KV caches".
 """
 
 from __future__ import annotations

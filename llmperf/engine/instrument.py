@@ -1,9 +1,8 @@
 """Per-step and per-operator timings of the engine, named as `llmperf.analysis` names its operators.
 
-The model asks a recorder for a context manager around every operator (`with rec.op("q_proj", i):`).
-By default it gets `NULL_RECORDER`, whose `op` returns one shared do-nothing context manager: a
-method call and an empty `with` per operator, no clock, no synchronisation, no allocation. With a
-`Recorder` attached each operator is timed:
+The model asks a recorder for a context manager around every operator (`with rec.op("o_proj", i):`).
+By default it gets `NULL_RECORDER`, whose `op` returns one shared do-nothing context manager: no
+clock, no synchronisation, no allocation. With a `Recorder` attached each operator is timed:
 
 - on CPU with `time.perf_counter` around the operator (CPU kernels run synchronously);
 - on CUDA with a pair of CUDA events per operator (`mode="events"`, the default), read once at the
@@ -11,30 +10,17 @@ method call and an empty `with` per operator, no clock, no synchronisation, no a
   `torch.cuda.synchronize()` before and after each operator (`mode="sync"`), which adds launch
   overhead to each operator but times exactly what the host waits for.
 
-Operator names (the one vocabulary, `llmperf.analysis.vocabulary.Op`): `embed`, `pos_embed`,
-`attn_norm`, `qkv_proj` (Q, K and V as the one fused GEMM the model runs), `rope`, `kv_write`,
-`attn_score`, `attn_softmax`, `attn_value` (naive backend) or `attention` (sdpa / triton), `o_proj`,
-`attn_residual`, `mlp_norm`, `router`, `gate_up_proj` (gated FFNs: the one fused GEMM) or `up_proj`
-(GELU FFNs), `act`, `down_proj` (once per expert run on MoE layers), `shared_gate_up_proj`,
-`shared_act`, `shared_down_proj`, `shared_expert_gate` (shared experts), `mlp_residual`, `final_norm`,
-`lm_head`; multi-head latent attention records `q_a_proj`, `q_a_norm`, `q_b_proj` (or `q_proj`),
-`kv_a_proj`, `kv_a_norm`, `rope`, `kv_write`, then `kv_b_proj` (unabsorbed) or `q_absorb` and, after
-attention, `v_absorb`. What is timed is what
-normally runs: recording never splits a fused GEMM (`FUSED_PARTS` joins it to split
-predictions). Where a decode step's layers run in one call of llmperf's CPU kernels
-(`cpu.kernels.decode_layers`), each operator of each layer is timed inside the call and handed over
-with `Recorder.add`, under the same names (a `before_op` hook then runs once, before the call).
-Per-layer operators carry their layer index; the others have `layer=None`. Sampling and cache
-bookkeeping between forward passes are not operators; they are in the step time
-(`StepRecord.seconds`) but in no `OpRecord`.
+Operator names are the one vocabulary, `llmperf.analysis.vocabulary.Op`. What is timed is what
+normally runs: fused GEMMs stay fused (`qkv_proj`, `gate_up_proj`; `FUSED_PARTS` joins them to split
+predictions), and where a decode step's layers run in one call of llmperf's CPU kernels
+(`cpu.kernels.decode_layers`) each operator is timed inside the call and handed over with
+`Recorder.add`. Per-layer operators carry their layer index, the others `layer=None`. A layer may also
+report a number (`rec.count(name, layer, value)`, a `CountRecord`): an MoE layer reports the distinct
+experts its router chose (`EXPERTS_TOUCHED`), kept even when operators are not timed (`ops=False`).
 
-Counts: a layer may report a number about what it did in the step (`rec.count(name, layer, value)`,
-a `CountRecord` in `trace.counts`): a mixture-of-experts layer reports the distinct experts its
-router chose (`EXPERTS_TOUCHED`), which sets the expert weights a step reads. Counts cost one small
-object per layer and step and are kept even when operators are not timed (`ops=False`).
-
-A recorded run is a `Trace`: `trace.ops` (list of `OpRecord`), `trace.steps` (list of `StepRecord`),
+A recorded run is a `Trace`: `trace.ops` (`OpRecord`), `trace.steps` (`StepRecord`), `trace.counts`,
 `trace.to_frame()` / `trace.steps_frame()` (pandas), `trace.op_totals()` (seconds per (phase, op)).
+Which operator each backend and layer kind records: docs/engine.md, "Instrumentation".
 """
 
 from __future__ import annotations

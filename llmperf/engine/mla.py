@@ -6,36 +6,23 @@ Letters: N tokens of the step, B sequences and T new tokens of one group, S keys
 size, H heads, Dn = qk_nope_head_dim, Dr = qk_rope_head_dim, Dq = Dn + Dr, Dv = v_head_dim, R =
 kv_lora_rank, Rq = q_lora_rank.
 
-Per token: the query is q_b(norm(q_a(x))) (DeepSeek-V2-Lite: q_proj(x)), H heads of [nope Dn | rope Dr];
-kv_a(x) = [latent c (R) | k_rope (Dr)], the latent normed (kv_a_norm); the rotary parts of the query
-heads and the one rotary key shared by every head turn with the token's position (adjacent pairs
-where `spec.rope_interleaved`: DeepSeek-V3's `rope_interleave` and V2's complex form, the same
-rotation; V3 writes the pairs out de-interleaved, a permutation q and k share, so the scores are
-the same sums). The cache holds [c | k_rope] (R + Dr per token and layer, `llmperf.engine.cache`).
+Per token the query is q_b(norm(q_a(x))) (DeepSeek-V2-Lite: q_proj(x)), H heads of [nope Dn | rope
+Dr]; kv_a(x) = [latent c (R) | k_rope (Dr)], the latent normed. The cache holds [c | k_rope]
+(`llmperf.engine.cache`). Two exact forms of the same attention (`MLA_MODES`):
 
-Two exact computations of the same attention (the analytical model prices both,
-`llmperf.analysis.operators`, `mla_mode`):
+- unabsorbed (prefill and extend steps): kv_b up-projects every attended latent into per-head K
+  (Dq) and V (Dv), then ordinary multi-head attention and o_proj;
+- absorbed (decode steps): kv_b's key half folds into the query (`q_absorb`), which meets the cached
+  [c | k_rope] as MQA with one KV head; the result goes through kv_b's value half (`v_absorb`).
 
-- unabsorbed (prefill and extend steps): kv_b (R -> H x (Dn + Dv)) up-projects the latent of every
-  key the step attends to (its own and, when it extends cached sequences, the cached ones) into
-  per-head K = [k_nope | k_rope] (Dq) and V (Dv); ordinary multi-head attention at scale
-  `Dq ** -0.5 * yarn mscale^2` (`LayerAttn.scale`), then o_proj;
-- absorbed (decode steps): kv_b's key half W_UK (H, Dn, R) folds into the query, q_lat = q_nope W_UK
-  per head (`q_absorb`), so [q_lat | q_rope] (R + Dr) meets the cached [c | k_rope] directly: MQA
-  with one KV head, K = the latent, V = its first R features; the result (H x R) times W_UV per head
-  (`v_absorb`, R -> Dv), then o_proj. Scores and outputs equal the unabsorbed ones up to rounding.
+`MLAttention` is one layer; `set_mla_mode(model, mode)` forces one form for every step; `check_mla`
+refuses what the engine does not build. Backends: `sdpa` and `naive` run both forms, `triton` runs
+them through `kernels.flash_attention` and absorbed decode through `kernels.mla_decode`.
 
-`set_mla_mode(model, mode)` forces one form for every step ("absorbed", "unabsorbed"; "auto" as
-above, as vLLM and SGLang choose). Backends: `sdpa` and `naive` run both forms (`attention.sdpa_core`,
-`attention.naive_core`, any value width); `triton` runs the unabsorbed form through
-`kernels.flash_attention` with V zero-padded to the q/k width (the padding's outputs are dropped),
-the absorbed form without a cache through it with V = the whole latent (its last Dr outputs dropped),
-and absorbed decode over the cache through `kernels.mla_decode` (the latent's blocks read in place).
-
-Parameters (names used by `weights.py`; shapes `(in, out)` as `weight_layout="in_out"` stores them,
-transposed for "out_in"): q_a_weight (C, Rq) [+ q_a_bias], q_a_norm (Rq), q_b_weight (Rq, H Dq), or
-q_weight (C, H Dq); kv_a_weight (C, R + Dr) [+ kv_a_bias]; kv_a_norm (R); kv_b_weight (R, H (Dn + Dv));
-o_weight (H Dv, C) [+ o_bias]. Biases as transformers' `attention_bias` puts them: q_a, kv_a, o.
+Parameters (`(in, out)` as `weight_layout="in_out"` stores them, transposed for "out_in"): q_a_weight
+(C, Rq) [+ q_a_bias], q_a_norm (Rq), q_b_weight (Rq, H Dq), or q_weight (C, H Dq); kv_a_weight (C, R
++ Dr) [+ kv_a_bias]; kv_a_norm (R); kv_b_weight (R, H (Dn + Dv)); o_weight (H Dv, C) [+ o_bias].
+The forms step by step, scales and backends: docs/engine.md, "Multi-head latent attention".
 """
 
 from __future__ import annotations

@@ -1,37 +1,24 @@
 """A decoder-only transformer built from a `ModelSpec`, in plain torch: the Llama family and today's
-models built on it, and the GPT-2 family.
+models built on it, and the GPT-2 family (`Transformer`, one `Block` per layer).
 
 Letters: B batch, T new tokens per sequence, C hidden size, H / H_kv query / key-value heads,
 D head dim, F FFN width, V vocabulary, E experts, K experts per token.
 
-- Llama family (Llama 2/3, Mistral, Qwen2 with `qkv_bias`, Mixtral with `num_experts > 1`): RMSNorm
-  (Zhang & Sennrich 2019), rotary position embeddings (Su et al. 2021, arXiv:2104.09864; see `rope`),
-  grouped-query attention (Ainslie et al. 2023), SwiGLU MLP (Shazeer 2020). Today's models add, layer
-  by layer (`ModelSpec.layer_kinds`): q/k norms (Qwen3, Gemma 3: RMSNorm per head; Llama 4: L2),
-  sliding-window and chunked layers, NoPE layers with Llama 4's query temperature, learned sinks
-  (gpt-oss), soft-capping and sandwich norms (Gemma 2/3), scaled embeddings, dense first layers, the
-  experts of `moe.MoE` and the latent attention of `mla.MLAttention` (DeepSeek-V2/V3, Kimi-K2).
-- GPT-2 family: LayerNorm, learned absolute positions, GELU MLP (`gelu_new`, tanh approximation),
-  biases everywhere, tied input/output embeddings (Radford et al. 2019).
+- Llama family: RMSNorm (Zhang & Sennrich 2019), rotary position embeddings (Su et al. 2021,
+  arXiv:2104.09864; `rope`), grouped-query attention (Ainslie et al. 2023, arXiv:2305.13245), SwiGLU
+  (Shazeer 2020, arXiv:2002.05202). Per layer (`ModelSpec.layer_kinds`): q/k norms, sliding-window
+  and chunked layers, NoPE layers, learned sinks, soft-capping, sandwich norms, dense first layers,
+  the experts of `moe.MoE` and the latent attention of `mla.MLAttention`.
+- GPT-2 family (Radford et al. 2019): LayerNorm, learned positions, GELU (`gelu_new`), biases, tied
+  embeddings.
 
-Numerics follow Hugging Face `transformers` (RMSNorm in fp32 then cast; RoPE tables in fp32, cast to
-the activation dtype; router softmax in fp32), so fp32 greedy decoding reproduces `generate()`.
-
-Matrix layout (`weight_layout`): "out_in" (`nn.Linear`'s `(out, in)`, `F.linear`; "auto" is this on
-every device) or "in_out" (`x @ W + b`, GPT-2's Conv1D). Every operator that has a faster
-implementation somewhere (the GEMMs, RMSNorm, RoPE, SwiGLU's activation, a whole decode step) runs
-through the model's ops object (`llmperf.engine.ops.ops_for`: plain torch by default, a faster
-implementation where one is chosen), which keeps any other layout of the weights as its private copy.
-
-Fused weights for speed: Q, K and V are one `(C, q_size + 2 kv_size)` matrix and SwiGLU's gate and
-up one `(C, 2F)` matrix, so a decode step runs one GEMM where three (two) would do the same work, and
-one RoPE call rotates the adjacent q and k heads. A `Recorder` times exactly these fused GEMMs, under
-the shared vocabulary's fused names (`qkv_proj`, `gate_up_proj`; `llmperf.analysis.vocabulary.FUSED_PARTS`
-joins them to the split predictions): recording never changes what runs.
-
-The forward pass takes the step's metadata (`StepMeta`: positions, cache addressing) and returns the
-logits of the last position of each sequence (as serving engines do), or of every position with
-`all_logits=True`.
+Numerics follow `transformers` (`models/<family>/modeling_<family>.py`), so fp32 greedy decoding
+reproduces `generate()`. Q, K and V are one fused matrix and SwiGLU's gate and up another; a
+`Recorder` times these fused GEMMs as `qkv_proj` and `gate_up_proj`. Matrices are stored `(out, in)`
+or, with `weight_layout="in_out"`, `(in, out)`; every operator with a faster implementation runs
+through the model's ops object (`llmperf.engine.ops.ops_for`). The forward pass takes the step's
+`StepMeta` and returns the logits of each sequence's last position (every position with
+`all_logits=True`). Design notes: docs/engine.md, "The model".
 """
 
 from __future__ import annotations

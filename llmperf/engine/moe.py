@@ -1,49 +1,28 @@
-"""Mixture-of-experts FFN layers: a router picks `experts_per_token` of `num_experts` gated experts
-per token and sums their outputs weighted by the router's scores (Shazeer et al. 2017; Mixtral, Jiang
-et al. 2024, arXiv:2401.04088), plus always-on shared experts (DeepSeekMoE, Dai et al. 2024,
-arXiv:2401.06066; Llama 4; Qwen2-MoE's gated shared expert).
+"""Mixture-of-experts FFN layers (`MoE`): a router picks `experts_per_token` of `num_experts` gated
+experts per token and sums their outputs weighted by the router's scores (Shazeer et al. 2017,
+arXiv:1701.06538; Mixtral, Jiang et al. 2024, arXiv:2401.04088), plus always-on shared experts
+(DeepSeekMoE, Dai et al. 2024, arXiv:2401.06066; Llama 4; Qwen2-MoE's gated shared expert).
 
 Letters: N tokens, C hidden size, F expert width, F_s shared width (all shared experts together),
 E experts, K experts per token, G expert groups.
 
-Routers, as `transformers` 5 computes them (`modeling_<type>.py`), chosen by the spec's numerics:
-
-- softmax (Mixtral `MixtralTopKRouter`, Qwen3-MoE `Qwen3MoeTopKRouter`, Qwen2-MoE): logits in the
-  activation dtype, softmax over the experts in fp32, top-k, renormalised when `router_renormalize`
-  (`norm_topk_prob`); the weights stay fp32 until an expert's output is scaled. (Qwen3-MoE casts them
-  to the activation dtype first: one rounding apart below fp32.)
-- DeepSeek-V2 (`DeepseekV2TopkRouter`): softmax, `group_limited_greedy` when `router_groups` > 1 (a
-  group's score is its best expert's; the other groups' scores are zeroed), no renormalisation,
-  times `router_scale`.
-- DeepSeek-V3, Kimi-K2, GLM-4.5 (`DeepseekV3TopkRouter`, `Glm4MoeTopkRouter`): sigmoid scores; the
-  choice adds the per-expert `e_score_correction_bias` (`router_score_bias`), which the weights do
-  not; groups score the sum of their two best biased scores, the other groups are masked to -inf;
-  renormalised (+1e-20) and times `router_scale`. DeepSeek's routers (shared experts without a gate:
-  V2, V3, Kimi-K2, GLM-4.5) keep their weight in fp32 and route in fp32, as transformers'
-  `_keep_in_fp32_modules_strict` does; the score correction is fp32 everywhere.
-- gpt-oss (`GptOssTopKRouter`, the only router with a bias): top-k of the logits, softmax over those
-  k in the activation dtype (the renormalised softmax, computed in that order).
-- Llama 4 (`Llama4Router`, `router_input_scaling`): top-k of the logits, the sigmoid of each chosen
-  logit (fp32, cast back) scales the expert's INPUT; the outputs are summed unweighted.
-
-Experts: gated SwiGLU of width `spec.expert_ffn_size`, or gpt-oss's clamped SwiGLU (`swiglu_limit`:
-gate.clamp(max=limit), up.clamp(-limit, limit), (up + 1) * gate * sigmoid(1.702 gate)) with biases
-(`mlp_bias`). The experts' weights are kept as [gate | up] rows whatever the checkpoint's layout
-(`weights.py` de-interleaves gpt-oss's alternating columns and transposes its and Llama 4's
-`(E, in, out)` tensors). Shared experts: one dense gated FFN of `shared_experts * shared_expert_ffn_size`
-(DeepSeek's `shared_experts` module is one MLP that wide), on every token, added to the routed sum;
-Qwen2-MoE's `shared_expert_gate` scales it by sigmoid(h . w_gate).
+Each family's router is computed as `transformers` 5 computes it (`modeling_<type>.py`:
+`MixtralTopKRouter`, `Qwen3MoeTopKRouter`, `DeepseekV2TopkRouter`, `DeepseekV3TopkRouter`,
+`Glm4MoeTopkRouter`, `GptOssTopKRouter`, `Llama4Router`), chosen by the spec's numerics
+(`router_scoring`, `router_renormalize`, `router_scale`, `router_groups`, `router_score_bias`,
+`router_bias`, `router_input_scaling`); `check_moe` refuses combinations no model computes.
+Experts are gated SwiGLU of width `spec.expert_ffn_size`, or gpt-oss's clamped, biased SwiGLU
+(`clamped_swiglu`); their weights are stacked as [gate | up] rows. Shared experts are one dense gated
+FFN of `shared_experts * shared_expert_ffn_size` on every token, added to the routed sum.
 
 Parameters (`(out, in)` layout; `weight_layout="in_out"` stores every matrix transposed):
 router_weight (E, C) [+ router_bias (E)] [+ router_score_bias (E), fp32]; experts_up_weight (E, 2F, C)
 [+ experts_up_bias (E, 2F)]; experts_down_weight (E, C, F) [+ experts_down_bias (E, C)];
 [shared_up_weight (2F_s, C), shared_down_weight (C, F_s), [shared_gate_weight (1, C)]].
 
-Each forward records on the module how many distinct routed experts its tokens touched
-(`last_touched`): `touched_experts(model)` reads them per MoE layer, `expected_touched` is the
-analytical count under uniform routing, E (1 - (1 - K/E)^N), that a step's weight bytes follow. A
-recorder gets the same count for every step (`Recorder.count`, `EXPERTS_TOUCHED`: what `llmperf
-profile` sets beside that expectation).
+`touched_experts(model)` reads the distinct routed experts each MoE layer's last forward ran;
+`expected_touched` is that count under uniform routing, E (1 - (1 - K/E)^N). Each router, step by
+step: docs/engine.md, "Mixture of experts".
 """
 
 from __future__ import annotations

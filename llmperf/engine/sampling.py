@@ -1,45 +1,23 @@
 """Decoding parameters and logits processing, as small pure functions (no model, no state).
 
-Semantics follow Hugging Face `transformers` 5.23 (`transformers/generation/logits_process.py`) exactly,
-so that the engine's greedy, sampled and beam-searched outputs can be compared with `generate()`:
-repetition penalty (Keskar et al., CTRL, 2019: divide positive logits by the penalty, multiply negative
-ones), no-repeat n-gram (fairseq), bad words (HF `NoBadWordsLogitsProcessor`), min new tokens, then
-the warpers temperature, top-k (Fan et al., 2018) and top-p / nucleus (Holtzman et al., 2019).
+Semantics follow Hugging Face `transformers` 5 (`transformers/generation/logits_process.py`) exactly,
+so the engine's greedy, sampled and beam-searched outputs can be compared with `generate()`:
+repetition penalty (Keskar et al., CTRL, 2019, arXiv:1909.05858), no-repeat n-gram (fairseq), bad
+words (HF `NoBadWordsLogitsProcessor`), min new tokens, then the warpers temperature, top-k (Fan et
+al., 2018, arXiv:1805.04833) and top-p / nucleus (Holtzman et al., 2019, arXiv:1904.09751).
 
 Shapes: N rows (sequences, or beams), V vocabulary, L tokens of history.
 
-Public API (engine-core builds on it; keep stable):
+Entry points: `SamplingParams` (HF `GenerationConfig` names), `process_logits` (every processor and
+warper in HF's order), `select_next_tokens` with a `make_generator` generator, `hits_stop` and
+`finish_reason`, `hf_generate_kwargs` (the same decoding as `generate()` keyword arguments), and each
+processor alone (`apply_repetition_penalty`, `ban_repeated_ngrams`, `ban_sequences`,
+`enforce_min_new_tokens`, `apply_temperature`, `top_k_filter`, `top_p_filter`).
 
-    SamplingParams(*, max_new_tokens=32, min_new_tokens=0, do_sample=False, temperature=1.0, top_k=0,
-                   top_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0, bad_words_ids=(),
-                   eos_token_id=MODEL_EOS, stop_sequences=(), num_beams=1, length_penalty=1.0,
-                   early_stopping=False, num_return_sequences=1, seed=None)
-        .eos_ids -> tuple[int, ...]       .is_sampling -> bool   .is_beam_search -> bool
-        .with_model_eos(eos) -> SamplingParams (MODEL_EOS replaced by the model's EOS, the Engine does it)
-        .min_tokens_to_keep -> int (what HF's warpers keep: 1, or len(eos)+1 (2 without EOS) for beams)
-    apply_repetition_penalty(logits, history, penalty) -> Tensor
-    ban_repeated_ngrams(logits, history, n) -> Tensor
-    ban_sequences(logits, history, bad_words_ids, *, eos_ids=()) -> Tensor
-    enforce_min_new_tokens(logits, num_generated, min_new_tokens, eos_ids) -> Tensor
-    apply_temperature(logits, temperature) -> Tensor
-    top_k_filter(logits, k, *, min_tokens_to_keep=1) -> Tensor
-    top_p_filter(logits, p, *, min_tokens_to_keep=1) -> Tensor
-    process_logits(logits, history, params, num_generated) -> Tensor
-    select_next_tokens(logits, params, generator) -> LongTensor (N,)
-    make_generator(seed, device="cpu") -> torch.Generator
-    hits_stop(tokens, params) -> bool
-    finish_reason(generated, params) -> "eos" | "stop_sequence" | "length" | None
-    hf_generate_kwargs(params) -> dict  (the same decoding as keyword arguments of HF `generate()`)
-
-Conventions:
-- `logits` is a float tensor `(N, V)`; functions never modify it in place. A no-op may return it as is.
-- `history` is each row's tokens so far, prompt + generated, oldest first: a sequence of N token-id
-  sequences (lists or tuples, ragged lengths allowed, as in continuous batching) or a `(N, L)`
-  LongTensor whose rows are all real tokens (no padding). Ids >= V are ignored, as HF does.
-- `num_generated` is an int for every row or a sequence of N ints (rows started at different steps).
-- In beam search HF applies the processors to log-softmax scores, not to logits:
-  `process_logits(log_softmax(logits), ...)`, then `BeamSearch.step` (see `llmperf.engine.beam`).
-- `temperature == 0` means greedy, as does `do_sample=False`; sampling parameters are then ignored.
+`logits` is a float tensor `(N, V)`, never modified in place; `history` is each row's tokens so far,
+prompt + generated (ragged sequences, or an `(N, L)` LongTensor without padding). In beam search the
+processors see log-softmax scores, as in HF (`llmperf.engine.beam`). The conventions in full:
+docs/engine.md, "Decoding".
 """
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
 """The accuracy benchmark: how close are the predictions of a `llmperf profile` run to its measurements?
 
-    python -m llmperf.measure.accuracy reports/profile/<date>-cpu [more run dirs] [--save]
+    python -m llmperf.measure.accuracy reports/profile/<run> [more run dirs] [--save]
 
 Prints, per run directory, the median and p90 of |predicted / measured - 1| per phase for the
 roofline and the calibrated model side by side (from `run.json`, recomputed from `steps.csv` and
-`generations.csv` so a hand-edited `run.json` cannot hide anything), against issue 9's targets on a
-CPU, and the critical-batch check: the batch at which the measured decode step starts to grow
+`generations.csv` so a hand-edited `run.json` cannot hide anything), against the targets on a CPU
+(`TARGETS`), and the critical-batch check: the batch at which the measured decode step starts to grow
 (the first batch whose step takes `GROWTH` times the batch-1 step, interpolated in log(batch)
 between measured batches; each batch's step is the median of its first `STEP_WINDOW` decode steps)
-against the same point of the calibrated model's decode step, evaluated on
-every batch from 1 to 1024 at the same context.
+against the same point of the calibrated model's decode step, evaluated on every batch from 1 to 1024
+at the same context.
 
-Targets (issue 9, a Llama-style model whose weights exceed the cache, fp32 and bf16, batch 1-16,
-context 64-2048): calibrated decode step median <= 10% and p90 <= 20%; prefill median <= 15%;
-end-to-end generation median <= 10%; critical batch within 2x. They are printed as met / MISS, never
-asserted: figures measured on a shared machine say so beside them. Nothing here is fitted: the
-calibrated terms come from `llmperf calibrate`'s micro-benchmarks, never from the profiled runs.
+Targets (a Llama-style model whose weights exceed the cache, fp32 and bf16, batch 1-16, context
+64-2048): calibrated decode step median <= 10% and p90 <= 20%; prefill median <= 15%; end-to-end
+generation median <= 10%; critical batch within 2x. They are printed as met / MISS, never asserted:
+figures measured on a shared machine say so beside them. Nothing here is fitted: the calibrated terms
+come from `llmperf calibrate`'s micro-benchmarks, never from the profiled runs.
 """
 
 from __future__ import annotations

@@ -3,29 +3,23 @@
     python -m llmperf.measure.engine_bench --out reports/engine/$(date +%F)-cpu   # ~200M-parameter Llama-style model
     python -m llmperf.measure.engine_bench --hidden 256 --layers 4 --reps 3 --context 512   # quick, print only
 
-1. **Decode step vs the memory limit**, for batch 1, 2, 4 and 8 in fp32 and bf16: a decode step must at
-   least read every weight it multiplies by and every cached K/V byte it attends to, so its floor is
-   `(weight bytes + KV bytes) / copy bandwidth` (the copy bandwidth measured here, with
-   `torch.Tensor.copy_` over a buffer larger than the caches, read + write counted, as STREAM's
-   "copy" does). The figure is floor / measured step time (1.0: at the memory roofline). Weight bytes
-   are the parameters a step reads in full (the embedding table is gathered, B rows, unless it is
-   tied to the LM head); KV bytes are the tokens in cache times `ModelSpec.kv_bytes_per_token`.
+1. **Decode step vs the memory limit**, for batch 1, 2, 4 and 8 in fp32 and bf16: the floor is
+   `(weight bytes + KV bytes) / copy bandwidth`, the copy bandwidth measured here with
+   `torch.Tensor.copy_` over a buffer larger than the caches, read + write counted, as STREAM's "copy"
+   does (McCalpin, STREAM benchmark). The figure is floor / measured step time (1.0: at the roofline).
 2. **Engine vs `transformers.generate`** at batch 8 (fp32, greedy, the same weights, prompts and
    number of tokens, no EOS): tokens/s ours / tokens/s theirs, the two timed alternately.
 3. **Paged vs contiguous KV cache** at a long context (default 2048 tokens, batch 1): contiguous
    decode step time / paged decode step time (1.0: paging costs nothing).
 4. **llmperf's own CPU kernels vs torch's operators** (`engine.cpu.kernels`), and **a decode step's
-   layers in one call vs the same kernels called one by one** (`Transformer.decode_in_one_call`):
-   decode-step time of the one / of the other, alternated on one engine, with whether the tokens match.
+   layers in one call vs the same kernels called one by one** (`Transformer.decode_in_one_call`),
+   alternated on one engine, with whether the tokens match.
 
-Each figure is the median over `--reps` repeats with the [min, max] beside it. Every repeat is one
-`generate()` call; a decode-step time is the median over that call's decode steps (the scheduler's
-per-step durations, `Engine.last_steps`). The machine's other load moves every figure: read them
-as ratios taken under the same conditions, and rerun on a quiet machine for the record.
-
-Every run prints (and with `--out DIR` writes to `DIR/engine_bench.txt` and `DIR/engine_bench.json`)
-the date, the machine (CPU model, cores, torch threads, ISA extensions, memory), the versions (python,
-torch, numpy, triton, transformers, llmperf), the git commit and the settings beside the figures.
+Each figure is the median over `--reps` repeats with the [min, max] beside it; a decode-step time is
+the median over one `generate()` call's decode steps (`Engine.last_steps`). The machine's other load
+moves every figure: read them as ratios taken under the same conditions. Every run prints (and with
+`--out DIR` writes to `engine_bench.txt` and `engine_bench.json`) the date, the machine, the versions,
+the git commit and the settings beside the figures. What the bytes count: docs/measure.md.
 """
 
 from __future__ import annotations

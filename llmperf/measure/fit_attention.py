@@ -1,36 +1,22 @@
 """Fit the fused attention model (`llmperf.analysis.attention_eff`) on measured H100 attention kernels.
 
-    python -m llmperf.measure.fit_attention reports/kernels/2026-11-23-h100/kernels.csv \\
+    python -m llmperf.measure.fit_attention reports/kernels/<run>/kernels.csv
         [--write models_spec/efficiency/typical.yaml]
 
-Two layouts are read (one loader each, picked by the columns):
-- llmperf's kernel benchmark (`llmperf.measure.kernel_bench`: `op,impl,batch,context,ragged,...,time_s,
-  flops,bytes`): Llama-3-8B attention (32 query / 8 KV heads, head dim 128), bf16, batch 1-64, context
-  512-32k; prefill is causal with q = context. Its FlashAttention-class rows are torch SDPA
-  (FlashAttention-2 / cuDNN) and llmperf's Triton kernels (`flash_attention`, `flash_decoding`,
-  `paged_attention`); naive attention and gather + SDPA are not FlashAttention-class and are left out;
-- an attention sweep (`phase,batch,q_len,context,heads,kv_heads,head_dim,dtype,impl,time_s`): any
-  head dim and GQA group; FLOPs and bytes are llmperf's own (`attention_cost`, fused, causal).
+Two layouts are read (one loader each, picked by the columns): llmperf's kernel benchmark
+(`llmperf.measure.kernel_bench`, `kernels.csv`: Llama-3-8B attention, its FlashAttention-class rows,
+torch SDPA and llmperf's Triton kernels), and an attention sweep (`llmperf.measure.gpu_terms`,
+`attention.csv`: any head dim and GQA group; FLOPs and bytes are llmperf's own `attention_cost`).
 
 Model (per call): `time = latency + max(flops / (peak e_c(shape)), bytes / (bw e_m(shape)))` with the
-shape terms of `attention_eff`; peak and bandwidth are the H100 SXM datasheet's (989 TFLOP/s bf16,
-3350 GB/s, 132 SMs). The fit minimises the mean |log(pred / meas)| (Nelder-Mead on the terms'
-logarithms, from the published priors); terms a data set cannot identify stay at their prior:
-`mma_rows` = 64 (Hopper's wgmma tile) always, `head_dim_half` unless several head dims were measured.
+shape terms of `attention_eff`, peak and bandwidth from the `h100-sxm` datasheet spec. The fit
+minimises the mean |log(pred / meas)| (Nelder-Mead on the terms' logarithms, from the published
+priors); terms a data set cannot identify stay at their prior (`mma_rows` = 64, Hopper's wgmma tile).
 
-Held out (the split is printed):
-- kernel benchmark: fitted on SDPA at batch 1, 32, 64 (decode) and batch 1 (prefill); predicts SDPA's
-  batch-8 decode, ragged decode and batch-4/16 prefill, and the Triton kernels where the device, not
-  their Python launcher, sets the time (batch x context >= 64k tokens, as the benchmark's README says:
-  below it Triton's launch takes 100-200 us of host time whatever the shape), and Triton prefill from
-  context 4k (300 us and more of device time);
-- sweep: fitted on GQA groups 1 and 8 (MHA and 32 query / 4 KV heads; every head dim) at contexts up
-  to 8k; predicts group 4 (decode's only grouped rows: decode is fitted on MHA alone) and contexts
-  above 8k. Another device's sweep beside it (`attention-<hardware>.csv`, or another `gpu_terms` run's
-  `attention.csv` in the folder beside, e.g. `reports/gpu-terms/2026-11-25-h200/`) is predicted too, from that device's
-  datasheet alone (held out: a device never fitted).
-Errors are the median and p90 of |pred / meas - 1| by phase; the in-sample rows are labelled so.
-Trained on llmperf's own H100 measurements only; no published benchmark was fitted.
+Shapes and, for a sweep, a device are held out (the split is printed); another device's sweep beside
+it is predicted from that device's datasheet alone. Errors are the median and p90 of |pred / meas - 1|
+by phase, the in-sample rows labelled so. Trained on llmperf's own H100 measurements only; no
+published benchmark was fitted. The held-out split in full: docs/measure.md, "Fits".
 """
 
 from __future__ import annotations

@@ -13,13 +13,12 @@ The four terms of `llmperf.analysis.gemm.GemmParams` are fitted by Nelder-Mead o
 minimising the weighted mean |log(pred / meas)|, each row weighted by 1 / (rows in its octave of M),
 so decode's few tokens count as much as prefill's thousands.
 
-Held out, as issue 24 asks: the terms are fitted on A100's 7-8B shapes (Llama-2-7B, Meta-Llama-3-8B,
-every TP) and then predict A100's 70B shapes (Llama-2-70B, Meta-Llama-3-70B) and H100 (Llama-2-7B and
--70B, from its datasheet alone: fp16 peak, HBM bandwidth, SM count; the same terms). Errors are the
-median and p90 of |pred / meas - 1| by operator. `--check CSV`: an evaluation table of other measured
-GEMMs (columns m, n, k, groups, dtype, device, time_s; `device` a hardware spec name), priced with the
-fitted terms and never fitted on. Vidur (github.com/microsoft/vidur, MIT licence) measured A100 80GB
-SXM and H100 SXM.
+Held out: the terms are fitted on A100's 7-8B shapes (Llama-2-7B, Meta-Llama-3-8B, every TP) and then
+predict A100's 70B shapes (Llama-2-70B, Meta-Llama-3-70B) and H100 (Llama-2-7B and -70B, from its
+datasheet alone: fp16 peak, HBM bandwidth, SM count; the same terms). Errors are the median and p90 of
+|pred / meas - 1| by operator. `--check CSV`: an evaluation table of other measured GEMMs (columns m,
+n, k, groups, dtype, device, time_s; `device` a hardware spec name), priced with the fitted terms and
+never fitted on. Vidur (github.com/microsoft/vidur, MIT licence) measured A100 80GB SXM and H100 SXM.
 """
 
 from __future__ import annotations

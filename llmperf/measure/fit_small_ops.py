@@ -18,7 +18,7 @@ three operators are different kernels). The fit minimises sum |log(pred / meas)|
 in 0.1 us steps, efficiency in 0.0025 steps), each row weighted by 1 / (rows in its octave of
 num_tokens), so decode's few tokens count as much as prefill's thousands.
 
-Held out, as issue 24 asks: the terms are fitted on A100's 7-8B shapes (Llama-2-7B, Meta-Llama-3-8B),
+Held out: the terms are fitted on A100's 7-8B shapes (Llama-2-7B, Meta-Llama-3-8B),
 then predict A100's 70B shapes and H100 (its datasheet bandwidth only, the same terms). Errors are the
 median and p90 of |pred / meas - 1| by operator; the in-sample errors are printed and labelled as such.
 Vidur (github.com/microsoft/vidur, MIT licence) measured A100 80GB SXM and H100 SXM.

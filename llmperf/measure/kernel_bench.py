@@ -1,31 +1,25 @@
 """Benchmark the attention kernels against the roofline: `python -m llmperf.measure.kernel_bench`.
 
-Options: `[--out DIR] [--dry-run]`.
+Options: `[--out DIR] [--dtype bf16|fp16] [--hardware NAME] [--quick] [--dry-run]`.
 
 On a CUDA device, times each kernel with `triton.testing.do_bench` (median; L2 flushed between runs)
 over Llama-3-8B-like attention (32 query / 8 KV heads, head dim 128), batch 1..64, context 512..32k:
   prefill  flash_attention vs torch SDPA vs naive attention (causal, T_q = T_kv);
   decode   flash_decoding  vs torch SDPA vs naive decode (uniform and ragged lengths);
   paged    paged_attention vs gather + SDPA (`paged_decode_reference`), block size 16;
-  mla      mla_decode vs the torch reference (`mla_decode_reference`, scores materialised) on DeepSeek-V3's
-           absorbed latent attention (R=512, Dr=64; all 128 heads on one GPU, or 16 at TP 8), block size 64,
-           batch 1..64, context 1k..32k.
-and today's local attention at its own shapes: gpt-oss (64 query / 8 KV heads, head dim 64, sinks in
-every layer, sliding layers of window 128; OpenAI's gpt-oss model card, 2025) and Llama 4 (40 / 8 heads, head dim 128,
-chunked layers of 8192 tokens), where SDPA gets the window or chunk as a mask and, having no sinks,
-gives way to the naive reference.
-For each it reports time, achieved TFLOP/s and GB/s, the fraction of the device's dense peak and of
-its memory bandwidth, the fraction of the roofline prediction (`roofline time / measured time`), and,
-for decode, GB/s as a fraction of the measured device-to-device copy bandwidth. FLOPs and bytes come
-from `llmperf.analysis.attention_cost` (the one source of truth; a fused kernel executes about half
-the causal square, a naive one all of it); ragged batches sum the per-sequence costs. MLA's come from
-`ForwardModel.attention_ops` of the DeepSeek-V3 spec in its absorbed form, at the case's tensor
-parallelism. Results go to a rich table and to `<out>/kernels.json` and `<out>/kernels.csv` (device,
-versions and date included).
+  mla      mla_decode vs the torch reference (`mla_decode_reference`) on DeepSeek-V3's absorbed latent
+           attention (R=512, Dr=64; 128 heads, or 16 at TP 8), block size 64, context 1k..32k;
+and today's local attention at its own shapes: gpt-oss (sinks, sliding window 128; OpenAI's gpt-oss
+model card, 2025) and Llama 4 (chunked layers of 8192 tokens).
+For each it reports time, achieved TFLOP/s and GB/s, their fractions of the device's dense peak and
+memory bandwidth, `roofline time / measured time`, and, for decode, GB/s as a fraction of the measured
+copy bandwidth. FLOPs and bytes come from `llmperf.analysis.attention_cost` (MLA's from
+`ForwardModel.attention_ops` of the DeepSeek-V3 spec, absorbed). Results go to a rich table and to
+`<out>/kernels.json` and `<out>/kernels.csv` (device, versions and date included).
 
 Targets on an H100 SXM (reported, never asserted): decode kernels >= 70% of copy bandwidth when
 batch x context >= 64k tokens; prefill >= 40% of dense bf16 peak at context >= 4k and faster than
-torch SDPA's default backend at the same shape.
+torch SDPA's default backend at the same shape. The shapes in full: docs/kernels.md.
 
 Letters: B batch, H query heads, H_kv KV heads, D head dim, T context (tokens per sequence); MLA: R latent
 width (kv_lora_rank), Dr rotary width (qk_rope_head_dim).

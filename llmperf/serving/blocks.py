@@ -1,71 +1,26 @@
 """The paged KV cache's bookkeeping: which physical blocks each sequence's tokens live in. No torch.
 
 PagedAttention (Kwon et al., "Efficient Memory Management for Large Language Model Serving with
-PagedAttention", SOSP 2023) stores a sequence's keys and values in fixed-size blocks of `block_size`
-token slots, found through a per-sequence block table, so a sequence reserves at most one partly
-filled block instead of `max_seq_len` slots. Sequences forked from one another (beams, several samples
-of one prompt) share blocks under reference counts; the first write into a shared block copies it
+PagedAttention", SOSP 2023, arXiv:2309.06180) stores a sequence's keys and values in fixed-size
+blocks of `block_size` token slots, found through a per-sequence block table; sequences forked from
+one another share blocks under reference counts, and the first write into a shared block copies it
 (copy-on-write). Layered like vLLM's KV-cache manager (`vllm/v1/core/block_pool.py`,
-`kv_cache_utils.py`): block record -> free queue -> pool -> per-sequence manager.
+`kv_cache_utils.py`): block record -> free queue -> pool (`BlockPool`) -> per-sequence manager
+(`BlockManager`).
 
-The engine's `llmperf/engine/cache.py` owns the tensors `(num_blocks, block_size, H_kv, D)` and performs
-the data copies this module asks for; everything here is python ints, so the scheduler
-(`llmperf.serving.scheduler`) drives this manager directly in the simulator and through the engine's
-paged cache in the real engine: one bookkeeping for both.
+Everything here is python ints: the scheduler (`llmperf.serving.scheduler`) drives this manager
+directly in the simulator and through the engine's paged cache (`llmperf/engine/cache.py`, which owns
+the tensors and performs the copies asked for) in the real engine: one bookkeeping for both.
+`WindowedBlockManager` adds sliding and chunked layers (vLLM's hybrid KV-cache manager): each
+`WindowGroup` gives back the blocks that left its window or chunk; `HybridLayout` says which layers
+page together. Prefix sharing (vLLM's automatic prefix caching, block granularity): a computed full
+block is published under the key `(previous block id, its tokens)`, and a new sequence whose prompt
+starts with the same tokens takes it by reference (`allocate(..., prefix=)`).
 
-Prefix sharing (vLLM's automatic prefix caching, block granularity): a *full* block whose tokens
-have been computed can be published under a key `(previous block id, its tokens)`; a new sequence
-whose prompt starts with the same tokens takes those blocks by reference (`allocate(..., prefix=)`).
-Keys chain through the previous block's id, so equal keys mean equal whole prefixes, exactly (no
-hash collisions). Full blocks are never written again (copy-on-write only ever copies a partly
-filled last block), so sharing them is safe. Only live blocks are shared: a block leaves the prefix
-table when its last holder frees it (vLLM also keeps freed blocks findable until reuse; we do not).
-
-Public API (engine-core builds on it; keep stable):
-
-    BlockPool(num_blocks)
-        .allocate() -> int | None          (None: no free block, an expected shortage)
-        .incref(block_id)   .decref(block_id) -> bool (True when the block went back to the free queue)
-        .refcount(block_id) -> int   .num_free   .num_used   .num_blocks   .check_invariants()
-    SlotResult(block_id, offset, slot, copy)   copy: (src_block, dst_block) | None
-    BlockUsage(...)  counts, .utilization, .reserved_bytes(bytes_per_token), .used_bytes(bytes_per_token)
-    BlockManager(num_blocks, block_size)
-        .blocks_needed(num_tokens) -> int
-        .can_allocate(num_tokens) -> bool
-        .allocate(seq_id, num_tokens, prefix=None) -> bool   (False, nothing changed, when blocks are short;
-                                                   prefix: the tokens, to share published full blocks)
-        .cached_prefix(tokens, limit) -> int       (leading tokens available as published blocks)
-        .publish(seq_id, tokens, num_computed)     (make the sequence's computed full blocks shareable)
-        .reserve(seq_id, num_tokens) -> bool       (append_slots for the scheduler: True / False)
-        .reserve_cost(seq_id, num_tokens) -> int   (free blocks that reserve would take)
-        .append_slot(seq_id) -> SlotResult | None  (None, nothing changed, when blocks are short)
-        .append_slots(seq_id, num_tokens) -> list[SlotResult] | None   (all or nothing)
-        .can_append(seq_id, num_tokens=1) -> bool
-        .fork(parent_id, child_id)   .free(seq_id)
-        .block_table(seq_id) -> list[int]   .seq_len(seq_id) -> int   .seq_ids -> list[int]
-        .slot_mapping(seq_id, start, end) -> list[int]   (flat slots block_id * block_size + offset)
-        .num_free_blocks   .num_used_blocks   .usage() -> BlockUsage  (O(1): kept up to date on every change)
-        .bytes_reserved(bytes_per_block) -> int   .bytes_used(bytes_per_block) -> float
-        .check_invariants()
-
-    WindowedBlockManager(num_blocks, block_size, groups=[WindowGroup(...)], max_step_tokens=None,
-                         record_copies=False)
-        a BlockManager whose model also has sliding / chunked layers (the engine's hybrid paged cache
-        and the simulator's capped pool): each `WindowGroup` keeps, per sequence, a table of the
-        blocks its next step reads, giving back those that left its window or chunk
-        .window_table(seq_id, group) -> list[tuple[int, ...] | None]   (None: given back)
-        .window_slot_mapping(seq_id, group, sub, start, end) -> list[int]
-        .take_copies() -> list[(src, dst, slots)]   .slot_usage() -> (full slots, [slots per group])
-        .window_blocks(seq_id) -> list[int]
-    HybridLayout.of(kinds) -> HybridLayout | None   which layers page together, and where each lives
-
-Conventions: a token at position p of a sequence lives in block `table[p // block_size]` at offset
-`p % block_size`, flat slot `block_id * block_size + offset`. `allocate(seq_id, n)` reserves and
-counts the first n positions (the prompt, written by prefill through `slot_mapping(seq_id, 0, n)`);
-`append_slot` reserves and counts one more. When a `SlotResult` carries `copy=(src, dst)`, the cache
-must copy block src's first `offset` slots into block dst before writing the new token: dst replaced
-src in this sequence's table, and src stays with the sequences that still share it. Misuse (unknown
-ids, double free, a seq id used twice) raises ValueError.
+Conventions: a token at position p lives in block `table[p // block_size]` at offset `p %
+block_size`, flat slot `block_id * block_size + offset`. An expected shortage returns None or False
+with nothing changed; misuse (unknown ids, double free, a seq id used twice) raises ValueError.
+Copy-on-write, prefix keys and window groups in full: docs/serving.md, "Paged KV bookkeeping".
 """
 
 from __future__ import annotations
@@ -74,6 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llmperf.numeric import is_count
 from llmperf.specs.kvcache import first_key, pages_per_block
 
 
@@ -123,7 +79,7 @@ class BlockPool:
     """A fixed set of `num_blocks` blocks with reference counts."""
 
     def __init__(self, num_blocks: int) -> None:
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
+        if not is_count(num_blocks) or num_blocks < 1:
             raise ValueError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
         self._blocks = [Block(i) for i in range(num_blocks)]
         self._free = FreeBlockQueue(range(num_blocks))
@@ -244,7 +200,7 @@ class BlockManager:
     supports_prefix_sharing = True
 
     def __init__(self, num_blocks: int, block_size: int, *, max_seq_len: int | None = None) -> None:
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        if not is_count(block_size) or block_size < 1:
             raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
@@ -363,7 +319,7 @@ class BlockManager:
         when there are not enough free blocks."""
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r}: already allocated (free it first)")
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         shared = self._prefix_blocks(prefix, num_tokens) if prefix is not None else []
         if self.blocks_needed(num_tokens) - len(shared) > self.pool.num_free:
@@ -438,7 +394,7 @@ class BlockManager:
     def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
         """Reserve `num_tokens` more positions at once (a chunk of prefill, or speculative tokens):
         all of them, or None with nothing changed. Only the first result can carry a copy."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         if not self.can_append(seq_id, num_tokens):
             return None
@@ -464,7 +420,7 @@ class BlockManager:
                 self._lens[seq_id] = length + 1
                 self._logical += 1
                 return True
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         needed, cow = self._blocks_to_append(seq_id, num_tokens)
         if cow:
@@ -585,7 +541,7 @@ class WindowGroup:
             raise ValueError(f"window group: attention must be sliding or chunked, got {self.attention!r}")
         for name in ("window", "layers", "full_layers"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_count(v) or v < 1:
                 raise ValueError(f"window group: {name} must be a positive integer, got {v!r}")
 
     def first_key(self, start: int) -> int:
@@ -893,7 +849,7 @@ class WindowedBlockManager(BlockManager):
         shared prefix by reference); False, with nothing changed, when they do not fit."""
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r}: already allocated (free it first)")
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         # At most num_tokens - 1 shared: the step computes the last token at least (its logits are
         # needed), as the scheduler's `cached_prefix(prompt, stop - 1)`; a block shared beyond what the
@@ -930,7 +886,7 @@ class WindowedBlockManager(BlockManager):
 
     def _extend(self, seq_id: int, num_tokens: int) -> bool:
         """Trim what left the windows, then take the step's blocks in every group (all or none)."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         length = self.seq_len(seq_id)
         self._trim(seq_id, length)  # what fell out of the window goes back first
@@ -963,7 +919,7 @@ class WindowedBlockManager(BlockManager):
         """The full layers' slots (`BlockManager.append_slots`, copy-on-write included) after the window
         groups' blocks are taken as `reserve` takes them: all of them, or None with only what fell out
         of the windows given back."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
         length = self.seq_len(seq_id)
         self._trim(seq_id, length)

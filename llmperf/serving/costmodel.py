@@ -1,39 +1,25 @@
-"""The cost-model runner: prices each step of the shared scheduler with `llmperf.analysis`.
+"""The cost-model runner: prices each step of the shared scheduler with `llmperf.analysis`
+(`StepCostModel`).
 
 A serving step puts a set of sequences through one forward pass: decode sequences one token each,
-prefill sequences a chunk of their prompt (Sarathi-Serve's mixed steps, Agrawal et al., OSDI 2024).
-Its time is priced from the same operator costs as `llmperf.estimate` (`ForwardModel`, `op_time`):
+prefill sequences a chunk of their prompt (Sarathi-Serve's mixed steps, Agrawal et al., OSDI 2024,
+arXiv:2403.02310). Its time is priced from the same operator costs as `llmperf.estimate`
+(`ForwardModel`, `op_time`):
 
-- every operator outside attention (norms, projections, FFN, embeddings, all-reduces) runs once
-  over the step's `T` tokens, so the weights are read once per step; its FLOPs and activation bytes
-  grow with `T` (`ForwardModel.<op>(batch=T, q_len=1, ...)`, exactly the cost `estimate` gives a
-  batch of `B` prompts of `P` tokens with `T = B * P`);
-- `lm_head` (and Gemma 2's final soft-capping) runs over one row per sequence that samples a token
-  this step (prefill computes logits for the last position only, as serving engines do);
+- every operator outside attention runs once over the step's `T` tokens, so the weights are read once
+  per step (`dense_time_s`, cached per `T`); `lm_head` runs over one row per sequence that samples;
 - attention runs once per step over every sequence's own chunk and context (one varlen kernel, as
-  FlashAttention's varlen / vLLM's paged kernels): its FLOPs and bytes are the sums over sequences of
-  each sequence's `attention_core(1, q_i, kv_i)`. Per layer kind, those counts are exactly linear in
-  four features of a sequence computed with that kind's span (`attended_pairs`, `keys_read`):
-  `(q, keys read, attended pairs, q * keys read)` (Q/O bytes in `q`, K/V bytes in the keys, fused
-  FLOPs in the pairs, the naive square in `q * keys`), so sliding layers (gpt-oss, Gemma) pay their
-  window and chunked ones (Llama 4) their chunk, never the whole context. The coefficients are read
-  off the analytical model once (exact, checked on probe points on both sides of the window), so a
-  step costs a few multiply-adds per group of layers with the same span;
-- MLA (DeepSeek-V3, Kimi-K2) under `mla_mode="auto"`: a sequence with one new token (decode) runs the
-  absorbed form (`q_absorb`, MQA over the latent, `v_absorb`), one with more (a prefill chunk) the
-  unabsorbed one (`kv_b_proj` up-projecting every key it attends to, its cached ones too, then
-  multi-head attention), as `ForwardModel.absorbed` decides for `estimate`; the features are summed
-  per form, and each form-only operator is priced per sequence (its keys or tokens) plus its
-  weights once per step where the form runs at all;
-- the time of each operator is `op_time` (the roofline, or the calibrated time model passed as
-  `time_model`, whose efficiencies depend on the operator and its rows `T`, never on the context);
-  the time of everything outside attention is cached per `T` (vectorised over blocks of `T`);
-- a calibrated time model's `step_overhead_s` (the host's fixed cost per engine step: sampling,
-  bookkeeping) is added once per step; a step with a prefill chunk is priced with the time model's
-  prefill terms (`for_phase("prefill")`: its engine's eager launches and prefill step overhead).
+  FlashAttention's varlen and vLLM's paged kernels): per layer kind its FLOPs and bytes are exactly
+  linear in four features of a sequence, `(q, keys read, attended pairs, q * keys read)`
+  (`span_features`), whose coefficients are read off the analytical model once, so sliding and
+  chunked layers pay their window, and a step costs a few multiply-adds per group of layers;
+- MLA under `mla_mode="auto"` prices decode sequences in the absorbed form and prefill chunks in the
+  unabsorbed one, as `ForwardModel.absorbed` decides for `estimate`;
+- a calibrated time model's `step_overhead_s` is added once per step, and a step with a prefill chunk
+  is priced with its prefill terms (`for_phase("prefill")`).
 
-So a static batch (B prompts of P tokens, then decode steps at contexts P+1, P+2, ...) is priced
-exactly as `estimate` prices it (tested), and a mixed step adds its prefill chunks and decode tokens.
+So a static batch is priced exactly as `estimate` prices it (tested), and a mixed step adds its
+prefill chunks and decode tokens. The derivation in full: docs/serving.md, "How a step is priced".
 """
 
 from __future__ import annotations

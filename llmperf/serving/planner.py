@@ -1,46 +1,24 @@
 """Capacity planning: which devices, at which precision, tensor-parallel degree and layout, and how
-many replicas (data parallel) serve a load within the SLOs, at what cost per million generated tokens.
+many replicas (data parallel) serve a load within the SLOs, at what cost per million generated tokens
+(`plan`, one `Candidate` per device x precision x TP x layout).
 
-Layouts of a replica's `tp` GPUs (`LAYOUTS`): `tp` (plain tensor parallelism, Megatron-LM), `tp+ep`
-(attention tensor-parallel, the experts expert-parallel over the group: ep = tp), `dp+ep` (attention
-data-parallel, each GPU its own sequences and their KV, experts expert-parallel: SGLang's DP
-attention, how MLA models are served). A dense model has only `tp`; a layout identical to another
-at a degree (any layout at tp = 1) is skipped; one the model cannot take at a degree loses on
-`layout`, with the reason.
+Layouts of a replica's `tp` GPUs (`LAYOUTS`): `tp` (plain tensor parallelism, Megatron-LM, Shoeybi et
+al. 2019, arXiv:1909.08053), `tp+ep` (attention tensor-parallel, the experts expert-parallel over the
+group), `dp+ep` (attention data-parallel, experts expert-parallel: SGLang's DP attention, how MLA
+models are served). Every step is priced by the time model `efficiency` names (default `typical`).
 
-Every step is priced by the time model `efficiency` names (default `typical`: the GPU efficiency
-figures of `models_spec/efficiency/typical.yaml`, never silently the optimistic roofline; a CPU
-device, which `typical` does not cover, takes its calibration); each row names its time model.
-
-For every candidate (device x precision x TP x layout):
-
-1. memory: the weights and one step's activations must leave room for a KV pool that holds the
-   longest request (`simulator.plan_memory` / `check_fits`); otherwise the candidate loses on memory;
-2. floors: a request alone cannot beat its own prefill (TTFT) or a batch-1 decode step (TPOT), priced
-   by the step cost model at the SLO percentile of the workload's lengths; a floor above an SLO loses
-   without simulating;
-3. replicas: the offered rate is split evenly over `r` replicas (a load balancer); `r` starts at
-   `rate / upper-bound service rate` (`simulator.service_rate_bound`: the decode throughput of the
-   largest batch that fits, plus the prefill work per request) and grows until the simulated SLO
-   percentiles meet the SLOs (then, if the first guess already met them, it shrinks while they still
-   do, but never below that bound: fewer replicas cannot keep up with the load, even where a finite
-   run drains its queue within loose SLOs); and the chosen count never offers a replica its simulated
-   service rate (`simulator.saturated_rate`, a backlog of these lengths served flat out) or more: a
-   finite run can meet the SLOs at a load whose queue is still building when its arrivals stop.
-   The simulation is the serving simulator itself: the engine's scheduler priced by the cost model.
-   Each load is simulated under a stopping rule (`stopping`, `llmperf.serving.stability`): the
-   requests double until the SLO percentiles' batch-sectioning intervals are within the tolerance
-   (while searching, until they put the load on one side of the SLOs; the answer's own run always
-   to the tolerance); the percentiles are the steady state's (warm-up and drain discarded), and a
-   load whose requests in the replica keep rising is unstable and misses.
+For every candidate: the weights and one step's activations must leave room for a KV pool that holds
+the longest request (else it loses on memory); a request alone must meet the SLOs (its prefill for
+TTFT, a batch-1 decode step for TPOT) before anything is simulated; then the offered rate is split
+evenly over `r` replicas, `r` starting at the service-rate bound (`simulator.service_rate_bound`) and
+growing until the simulated SLO percentiles meet the SLOs, each load simulated under the stopping rule
+of `llmperf.serving.stability`, never offering a replica its simulated service rate or more.
 
 Cost per million generated tokens = replicas x TP x price per GPU-hour / (3600 x generated tokens/s)
-x 1e6, at the offered load (all of it is served when the SLOs are met): the ranking. As prices are
-quoted, the cost is also split into USD per million input and per million output tokens, the
-GPU-hours divided between prefill and decode by the share of step time each takes in the answer's
-simulation (`llmperf.serving.costsplit`). `--users N` is N users each
-sending a request every `user_interval_s` seconds on average: an aggregate Poisson rate N /
-user_interval_s.
+x 1e6, at the offered load: the ranking. It is also split into USD per million input and output
+tokens by the share of step time prefill and decode take (`llmperf.serving.costsplit`). `--users N`
+is N users each sending a request every `user_interval_s` seconds: a Poisson rate N / user_interval_s.
+The search step by step: docs/serving.md, "plan".
 """
 
 from __future__ import annotations
@@ -56,6 +34,7 @@ import pandas as pd
 
 from llmperf.analysis.operators import ShardDims
 from llmperf.errors import SpecError
+from llmperf.numeric import is_real
 from llmperf.serving.costsplit import input_time_share, token_prices
 from llmperf.serving.prices import price_for
 from llmperf.serving.simulator import (
@@ -487,7 +466,7 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     intervals are still reported). `layouts`: None, every layout the model takes
     (`layouts_for`); `efficiency`: the time model pricing every step (`ServingConfig.efficiency`;
     `base` may set it too)."""
-    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+    if not (is_real(rate) and rate > 0):
         raise SpecError(f"--rate: must be a number of requests/s > 0, got {rate!r}")
     if not slo.any:
         raise SpecError("plan: give at least one SLO (--slo-ttft, --slo-tpot)")

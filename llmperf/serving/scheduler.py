@@ -5,55 +5,21 @@ on the device) and the simulator (`llmperf.serving`, whose cost-model runner pri
 `llmperf.analysis`). Given the same step durations, both produce the same schedule, step for step:
 the decisions are recorded as typed `StepLog`s and compared with `StepLog.decision()`.
 
-Policies (Yu et al. 2022, "Orca", OSDI, for iteration-level scheduling; Kwon et al. 2023,
-"PagedAttention", SOSP, for paged KV and recompute preemption; Agrawal et al. 2024, "Sarathi-Serve",
-OSDI, for chunked prefill with a per-step token budget and mixed steps):
+Policies (`SchedulerConfig`; Yu et al. 2022, "Orca", OSDI, for iteration-level scheduling; Kwon et
+al. 2023, "PagedAttention", SOSP, arXiv:2309.06180, for paged KV and recompute preemption; Agrawal
+et al. 2024, "Sarathi-Serve", OSDI, arXiv:2403.02310, for chunked prefill with a per-step token
+budget and mixed steps): static or continuous batching; without chunked prefill a step either
+prefills or decodes (vLLM v0), with it each step spends a budget of `max_batched_tokens` tokens on
+decodes first, then prefill chunks (vLLM v1); paged KV with recompute preemption of the newest
+request; an admission watermark of free blocks; prefix sharing of computed full blocks. Each step's
+`Phase` (prefill, decode, mixed) is set here from what was scheduled.
 
-- `policy="static"`: a batch is admitted only when nothing is running; short requests wait for the
-  longest of their batch. `policy="continuous"`: at every step finished requests leave and waiting
-  ones join while the cache has room (and `max_batch` sequences are not exceeded).
-- Without chunked prefill (vLLM v0's default): a step either prefills (whole prompts of newly
-  admitted requests, and any running request still being recomputed) or decodes one token for every
-  running sequence; prefill has priority. A recompute longer than the token budget (its prompt fitted,
-  the tokens it generated before its preemption did not) runs alone in a step of its own. With `chunked_prefill=True`
-  (vLLM v1 / Sarathi-Serve), each
-  step spends a budget of `max_batched_tokens` tokens: first one decode token per running sequence
-  (oldest request first), then the next chunk of prompts already being prefilled, then new
-  admissions, each chunk cut to what is left of the budget. Such a step is `Phase.mixed`.
-- Paged KV with recompute preemption: every scheduled token's slot is reserved before the step runs
-  (`KVSpace.reserve`); when the pool is out of blocks the *newest* running request is preempted: all
-  its blocks are freed and it goes back to the *front* of the waiting queue, to be recomputed from its
-  tokens when room returns. A multi-sequence request (samples, beams) is recomputed as it was built:
-  its prompt once, then forked (shared blocks, copy-on-write), then each sequence's own tokens.
-- Admission keeps a watermark of free blocks (`watermark` of the pool, and at least one block per
-  running sequence) so that running sequences can grow into their next block without immediately
-  preempting the newcomer (the thrash of admit / preempt on alternating steps).
-- Prefix sharing (`prefix_sharing=True`, paged only): a request whose prompt starts with full blocks
-  that another request already computed takes them by reference and computes only the rest
-  (`llmperf.serving.blocks`). Blocks are published after the step that computed them.
-
-Each step's `Phase` (prefill, decode, mixed) is set here from what was scheduled, never guessed
-from tensor shapes by whoever runs it.
-
-Protocols (structural; see the classes below):
-
-- `KVSpace`: the cache bookkeeping the scheduler reserves in. `llmperf.serving.blocks.BlockManager`
-  implements it (the simulator); the engine's `PagedKVCache` and `ContiguousKVCache` implement it
-  over their tensors (a contiguous "block" is one max-length row).
-- `Runner.execute(plan: StepPlan) -> StepOutcome`: run (or price) one step. The plan lists, per
-  request, the sequence ids computing this step, the first position and the number of tokens
-  computed for each of them (`ScheduledItem`); their slots are already reserved. An item whose
-  `samples` is True ends at the sequence's last token: the runner produces the next token of each of
-  its sequences (for a request's first token, also of `fork_into`, the ids of its other samples /
-  beams, which the scheduler forks from the first sequence after the step). The runner returns the
-  step's duration and the ids of the sequences that ended (EOS, stop, length, beam search done); the
-  scheduler frees them. A runner may reorder a beam request's sequences in the `KVSpace` itself
-  (same lengths, same ids).
-
-The clock: the scheduler keeps its own time, `now` (seconds from the start of `run`), advanced by
-each step's `StepOutcome.duration_s` and, when nothing can run, to the next arrival (calling
-`wait(seconds)` if given, which the real engine uses to sleep in real time). So a simulated runner
-gives a simulated clock, and the real runner, which returns measured durations, the wall clock.
+Protocols (structural): `KVSpace`, the cache bookkeeping the scheduler reserves in
+(`llmperf.serving.blocks.BlockManager` for the simulator, the engine's caches over their tensors),
+and `Runner.execute(plan: StepPlan) -> StepOutcome`, which runs (or prices) one step whose slots are
+already reserved. The scheduler keeps its own clock, `now`, advanced by each step's
+`StepOutcome.duration_s`, so a simulated runner gives a simulated clock and the real runner the wall
+clock. Each rule in full: docs/serving.md, "The scheduler".
 """
 
 from __future__ import annotations
@@ -66,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from llmperf.analysis.vocabulary import Phase
+from llmperf.numeric import is_count
 
 POLICIES = ("continuous", "static")
 
@@ -277,7 +244,7 @@ class SchedulerConfig:
             raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         for name in ("max_batch", "max_batched_tokens"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and (not is_count(v) or v < 1):
                 raise ValueError(f"{name}: must be None or a positive integer, got {v!r}")
         if self.chunked_prefill and self.max_batched_tokens is None:
             raise ValueError("max_batched_tokens: chunked_prefill needs a per-step token budget, got None")

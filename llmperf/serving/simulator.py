@@ -38,7 +38,7 @@ import pandas as pd
 from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
 from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
-from llmperf.numeric import is_real
+from llmperf.numeric import is_count, is_real
 from llmperf.serving.blocks import BlockManager, HybridLayout, WindowedBlockManager, WindowGroup, window_blocks_for
 from llmperf.serving.costmodel import StepCostModel, _scalar_features
 from llmperf.serving.scheduler import RequestState, Scheduler, SchedulerConfig, StepOutcome, StepPlan
@@ -120,7 +120,7 @@ class ServingConfig:
             raise SpecError(f"--mla-mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
         if self.kv_window not in KV_WINDOW_MODES:
             raise SpecError(f"--kv-window: must be one of {', '.join(KV_WINDOW_MODES)}, got {self.kv_window!r}")
-        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+        if not is_count(self.ep) or self.ep < 1:
             raise SpecError(f"--ep: must be a positive integer, got {self.ep!r}")
         if not isinstance(self.dp_attention, bool):
             raise SpecError(f"--dp-attention: must be true or false, got {self.dp_attention!r}")
@@ -132,9 +132,9 @@ class ServingConfig:
             load_engine(self.engine)
         for name in ("block_size",):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_count(v) or v < 1:
                 raise SpecError(f"--block-size: must be a positive integer, got {v!r}")
-        if self.num_blocks is not None and (isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int)
+        if self.num_blocks is not None and (not is_count(self.num_blocks)
                                             or self.num_blocks < 1):
             raise SpecError(f"--num-blocks: must be a positive integer, got {self.num_blocks!r}")
         if not is_real(self.mem_util) or not 0 < self.mem_util <= 1:

@@ -1,35 +1,23 @@
 """How many simulated requests make a percentile stable: confidence intervals for the percentiles a
-serving simulation reports, and the stopping rule `plan` uses.
+serving simulation reports (`percentile_ci`), and the stopping rule `plan` uses (`Stopping`, `assess`).
 
-A queue's outputs are correlated: a request that arrives behind a burst waits, and so does the
-next one. A distribution-free order-statistic interval (the binomial interval on ranks) assumes
-independent samples and is too narrow on such a series. So the interval is built by **batch
-sectioning** (batch means applied to a quantile; Schmeiser, "Batch size effects in the analysis of
-simulation output", Operations Research 1982; Asmussen & Glynn, *Stochastic Simulation*, 2007,
-IV.5): after a warm-up is discarded, the requests, in arrival order, are cut into `k` consecutive
-batches (default 10); the percentile is estimated on all of them (the point estimate) and on each
-batch; with batches long compared with the queue's memory, the batch estimates are nearly
-independent, and the interval is `point +- t(k-1, level) * sd(batch estimates) / sqrt(k)`. With `k`
-fixed, the batches grow with the sample, so the correlation between them fades as the run
-lengthens (the reason to keep `k` small rather than the batch size).
+A queue's outputs are correlated (a request that arrives behind a burst waits, and so does the next),
+so a distribution-free order-statistic interval, which assumes independent samples, is too narrow.
+The interval is built by **batch sectioning** (batch means applied to a quantile; Schmeiser, "Batch
+size effects in the analysis of simulation output", Operations Research 1982; Asmussen & Glynn,
+*Stochastic Simulation*, 2007, IV.5): after a warm-up is discarded, the requests, in arrival order,
+are cut into `k` consecutive batches (default 10); the percentile is estimated on all of them (the
+point estimate) and on each batch, and the interval is `point +- t(k-1, level) * sd(batch estimates)
+/ sqrt(k)`.
 
-The stopping rule (`Stopping`): simulate `min_requests`, then double the sample until the interval's
-half-width is at most `tolerance` x the estimate for every SLO percentile, or `max_requests` is
-reached. The first `warmup` share of the requests (at least `min_warmup`), and those arriving within
-the 95th percentile of the end-to-end latency of the start, are discarded: the replica starts
-empty and fills as its longest requests stay (a heavy tail of output lengths fills it slowly). As many at the end are
-discarded as
-well: once the arrivals stop, the last requests run on a draining replica, faster than at steady
-state. (Where that would leave fewer than half of the requests the time rule is dropped.)
+The stopping rule: simulate `min_requests`, then double the sample until every SLO percentile's
+interval is within `tolerance` of its estimate, or `max_requests` is reached. The warm-up and the
+drain at the end are discarded (`Stopping.window`, and the requests arriving within the p95
+end-to-end latency of either end). A queue offered more than it can serve has no steady state:
+`rising` flags a run whose time-weighted number of requests in the replica keeps rising over 10
+windows (`in_system`); such a run is reported as unstable, never with its percentiles.
 
-A queue offered more than it can serve has no steady state: the requests in the replica (running
-and waiting) grow with time, and so do its percentiles with the sample. `rising` flags it: the
-time-weighted mean number in the replica over 10 windows of the kept arrivals rises (rank
-correlation with the window index >= 0.8, the last window >= 1.25 x the first). A rising run is
-not accepted: the sample doubles (a long warm-up settles); still rising at `max_requests`, the load
-is reported as unstable, not meeting the SLOs, never with its percentiles. (A run offered more
-than it can serve often meets loose SLOs on a small sample: an engine admits up to `max_batch`
-sequences, so the backlog first shows as a growing batch and TPOT, not as waiting.)
+Why each rule, with its thresholds: docs/serving.md, "Stable percentiles".
 """
 
 from __future__ import annotations

@@ -5,15 +5,11 @@ The simulator (`llmperf.serving.simulator`) and the real engine (`llmperf.engine
 token ids to these requests) read the same `Workload`, so both serve exactly the same requests.
 
 Length distributions and arrival processes follow the usual serving benchmarks (vLLM's
-`benchmark_serving.py`; Orca, vLLM and Sarathi-Serve evaluations): lengths fixed, uniform, normal or
-log-normal (clipped to a range), cycled from a list, or drawn (with replacement) from a file of
-observed lengths; arrivals all at t=0 (an offline batch), a Poisson process of a given rate (first
-request at t=0 as vLLM's benchmark sends it), a gamma renewal process of a given rate and coefficient
-of variation (CV = std / mean of the gaps; CV = 1 is Poisson, CV > 1 burstier: shape `1 / CV^2`,
-scale `CV^2 / rate`), a fixed interval, or a trace file. Every random quantity draws from its own
-child stream of one `numpy.random.SeedSequence(seed)` (prompt lengths, output lengths, arrivals,
-then, in the engine adapter, token ids), so changing one distribution leaves the other quantities of
-a seeded workload unchanged, and the same seed gives the same workload.
+`benchmarks/benchmark_serving.py`; Orca, vLLM and Sarathi-Serve evaluations): lengths fixed, uniform,
+normal or log-normal (clipped to a range), cycled from a list, or drawn from a file of observed
+lengths; arrivals all at t=0 (offline), Poisson, gamma (a rate and a coefficient of variation), a
+fixed interval, or a trace file. Every random quantity draws from its own child stream of one
+`numpy.random.SeedSequence(seed)`, so changing one distribution leaves the others unchanged.
 
 Compact string forms (for the CLI):
 
@@ -21,10 +17,9 @@ Compact string forms (for the CLI):
               | "lognormal:MU:SIGMA[:LO[:HI]]" | "cycle:128,256,512" | "file:PATH"
     arrival:  "offline" (or "batch") | "poisson:RATE" | "gamma:RATE:CV" | "interval:SECONDS"
 
-A trace is CSV (a header row) or JSONL (one object a line) with the fields `arrival_s`,
-`prompt_tokens`, `output_tokens` (and optionally `shared_prefix_tokens`); a length file holds one
-positive integer a line (`#` comments and blank lines skipped). Bad input raises `SpecError` naming
-the parameter and value; a bad trace line is named by its line number and field.
+A trace is CSV (a header row) or JSONL with the fields `arrival_s`, `prompt_tokens`, `output_tokens`
+(and optionally `shared_prefix_tokens`). Bad input raises `SpecError` naming the parameter and value;
+a bad trace line is named by its line number and field. Details: docs/serving.md, "Workloads".
 """
 
 from __future__ import annotations

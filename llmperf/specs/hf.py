@@ -1,47 +1,25 @@
-"""Read a Hugging Face `config.json` into a `ModelSpec`: llama, mistral, mixtral, qwen2, gpt2, opt,
-gpt_neox, and today's models (issue 22): qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2, a
-DeepseekV3ForCausalLM), glm4_moe, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of the
-multimodal llama4 / gemma3 checkpoints (read from `text_config`; the vision tower is not modelled, and
-the spec's source says so). Field names and the defaults of absent fields follow each model type's
-`PretrainedConfig` in `transformers` 5 (`configuration_<type>.py`): an absent (or null)
-`num_key_value_heads` means MHA (= `num_attention_heads`) for Llama, while Mistral and Mixtral default to
-8 and Qwen2 to 32 KV heads (a null one is MHA for every type); an absent `tie_word_embeddings` means tied
-for GPT-2, OPT and Gemma and untied for the Llama family and GPT-NeoX; Qwen3 defaults `head_dim` to 128
-and DeepSeek-V3 to 1 MTP layer and 3 dense first layers.
+"""Read a Hugging Face `config.json` into a `ModelSpec` (`model_spec_from_hf_config`), offline: llama,
+mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
+a DeepseekV3ForCausalLM), glm4_moe, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of
+the multimodal llama4 / gemma3 checkpoints (read from `text_config`; the vision tower is not modelled).
 
-Each model type is one `HFModelType` description: its block family, the config keys of the spec's
-fields, the defaults of absent keys, how it spells sliding-window attention, and (today's models) an
-`extra` function for what does not map one to one: which layers are MoE (`first_k_dense_replace`,
-`moe_layer_freq`, `mlp_only_layers` / `decoder_sparse_step`, `moe_layers` / `interleave_moe_layer_step`),
-each layer's attention (`layer_types`, or the config class's own derivation: Qwen's
-`max_window_layers`, Gemma 2's alternation, Gemma 3's `sliding_window_pattern`, Llama 4's
-`no_rope_layers` and `attention_chunk_size`), MLA ranks, shared experts, q/k norms, sinks, soft-caps.
-Numerics that change values but not what a token costs are kept for the engine: routing
-(`norm_topk_prob`, `routed_scaling_factor`, `n_group`, `topk_group`, `scoring_func`), gpt-oss's
-`swiglu_limit`, Gemma's `query_pre_attn_scalar` and local rotary base, DeepSeek's `rope_interleave`,
-Llama 4's `attn_temperature_tuning`.
+Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
+transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
+`HFModelType` description: its block family, the config keys of the spec's fields, the defaults of
+absent keys, how it spells sliding-window attention, and an `extra` function for what does not map
+one to one (which layers are MoE, each layer's attention kind, MLA ranks, shared experts, q/k norms,
+sinks, soft-caps, and the routing and rotary numerics the engine needs).
 
-A field that changes the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS` lists
-every field read and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value llmperf
-does not model (ALiBi, Granite multipliers, rope scaling types other than those in `ROPE_TYPES`,
-Qwen2's mixed sliding / full layers, quantization methods other than those listed below, ...).
-`REFUSED_MODEL_TYPES` names the 2026 hybrids refused by model type (DeepSeek-V3.2 / GLM-5 sparse
-attention, Qwen3-Next / Qwen3.5 Gated DeltaNet, Nemotron-H Mamba): their constant per-sequence state or
-top-k sparse attention is not modelled yet, and half-modelling them would mislead. Everything else in a
-config (token ids, dropout, initializer range, `transformers_version`, ...) does not change what is
-counted.
-
-Quantized checkpoints (`quantization_config`): AWQ `bits`, `group_size`, `zero_point`; GPTQ `bits`,
-`group_size` (-1: per channel), `sym` (no zero point), `desc_act` (act order); fp8 block-wise (`fmt`,
-`activation_scheme`, `weight_block_size`, `scale_fmt`: DeepSeek-V3, Qwen3-FP8); MXFP4 (gpt-oss's
-experts); NVFP4 as ModelOpt and compressed-tensors write it. `modules_to_not_convert` (or ModelOpt's
-`exclude_modules`) is resolved to llmperf's modules (attention, dense_mlp, expert, shared_expert,
-router, embedding, lm_head); a part of a module, or a module kept in some layers only, is refused.
+A field that changes the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS`
+lists every field read and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value
+llmperf does not model, `REFUSED_MODEL_TYPES` the model types refused whole (sparse attention, Gated
+DeltaNet, Mamba layers). `quantization_config` (AWQ, GPTQ, fp8 block-wise, MXFP4, NVFP4) is resolved
+to llmperf's modules (`llmperf.specs.precision.MODULES`). What each of these means: docs/specs.md,
+"Hugging Face config.json".
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from llmperf.errors import SpecError
+from llmperf.numeric import check_number, is_count
 from llmperf.specs.model import ModelSpec
 from llmperf.specs.precision import normalize_dtype
 from llmperf.specs.quantization import QuantizationSpec
@@ -211,7 +190,7 @@ def _index_list(cfg: _Config, key: str, n: int) -> list[int]:
     value = cfg.get(key)
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+    if not isinstance(value, list) or not all(is_count(i) for i in value):
         raise SpecError(f"{cfg.origin}: {key} must be a list of layer indices, got {value!r}")
     bad = [i for i in value if not 0 <= i < n]
     if bad:
@@ -221,7 +200,7 @@ def _index_list(cfg: _Config, key: str, n: int) -> list[int]:
 
 def _positive(cfg: _Config, key: str, value: Any = _ABSENT) -> int:
     value = cfg.get(key) if value is _ABSENT else value
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_count(value) or value <= 0:
         raise SpecError(f"{cfg.origin}: {key} must be a positive integer, got {value!r}")
     return value
 
@@ -229,16 +208,14 @@ def _positive(cfg: _Config, key: str, value: Any = _ABSENT) -> int:
 def _count(cfg: _Config, key: str) -> int:
     """An integer >= 0 (absent: the type's default), one line naming the key otherwise."""
     value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_count(value) or value < 0:
         raise SpecError(f"{cfg.origin}: {key} must be an integer >= 0, got {value!r}")
     return value
 
 
 def _positive_number(cfg: _Config, key: str, value: Any) -> float:
-    number = _number(cfg, key, value)
-    if not math.isfinite(number) or number <= 0:
-        raise SpecError(f"{cfg.origin}: {key} must be a finite positive number, got {value!r}")
-    return number
+    _number(cfg, key, value)  # "must be a number" first
+    return check_number(f"{cfg.origin}: {key}", value)
 
 
 def _set_layer_types(cfg: _Config, out: dict[str, Any], default: list[str], window: int | None,
@@ -762,7 +739,7 @@ def _number(cfg: _Config, key: str, value: Any) -> float:
 
 
 def _int(cfg: _Config, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_count(value):
         raise SpecError(f"{cfg.origin}: {key} must be an integer, got {value!r}")
     return value
 
@@ -888,7 +865,7 @@ def _fp8_fields(cfg: _Config, q: Mapping[str, Any], where: str) -> dict[str, Any
     if block is None:
         raise cfg.refuse(f"{where}.weight_block_size", None, "per-tensor fp8 scales; supported: blocks [rows, inputs]")
     if (not isinstance(block, list) or len(block) != 2
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in block)):
+            or not all(is_count(n) and n > 0 for n in block)):
         raise SpecError(f"{cfg.origin}: {where}.weight_block_size must be two positive integers, got {block!r}")
     scale_fmt = q.get("scale_fmt")
     if scale_fmt not in (None, "ue8m0"):  # ue8m0: power-of-two values in the same fp32 scale tensors
@@ -1031,7 +1008,7 @@ def read_hf_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dic
         value = cfg.get(key)
         if value is None:
             continue
-        if spec_field in _COUNT_FIELDS and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        if spec_field in _COUNT_FIELDS and (not is_count(value) or value <= 0):
             raise SpecError(f"{origin}: {key} must be a positive integer, got {value!r}")
         out[spec_field] = value
     if "num_kv_heads" in out and "num_key_value_heads" not in data:

@@ -1,58 +1,35 @@
 """`KVCacheSpec`: the one place the KV-cache size formula lives.
 
-Every attention layer stores, for every token it can still attend to, a key and a value vector per KV
-head: `2 * kv_heads * head_dim` elements per token and layer (Llama-2-7B at fp16: 2 * 32 layers *
-32 * 128 * 2 B = 524,288 B = 512 KiB a token). Multi-head latent attention (MLA: DeepSeek-V2/V3,
-Kimi-K2; DeepSeek-AI, arXiv:2405.04434) stores instead one compressed latent shared by every head,
-`kv_lora_rank + qk_rope_head_dim` elements (DeepSeek-V3: 512 + 64 = 576, 61 * 576 * 2 B = 70,272 B a
-token at bf16); the spec calls it one "latent head" (`latent=True`, `num_kv_heads=1`,
-`head_dim=576`) that tensor parallelism cannot split: every TP rank holds the whole latent
-(aiconfigurator `get_kvcache_elements_per_token`; vLLM's MLA backends).
+Every attention layer stores a key and a value vector per KV head for each token it can still attend
+to, `2 * kv_heads * head_dim` elements per token and layer. Multi-head latent attention (MLA:
+DeepSeek-V2/V3, Kimi-K2; DeepSeek-AI, arXiv:2405.04434) stores one compressed latent shared by every
+head, `kv_lora_rank + qk_rope_head_dim` elements: one "latent head" (`latent=True`, `num_kv_heads=1`)
+that tensor parallelism cannot split (aiconfigurator `get_kvcache_elements_per_token`; vLLM's MLA
+backends).
 
-Which tokens a layer holds depends on its attention kind (`layer_types`, one entry per layer):
-- `full`: the whole context.
-- `sliding` (window W: Mistral, Gemma 2/3, gpt-oss): the last W tokens, `min(context, W)`; the
-  engine frees the blocks behind the window (vLLM's `SlidingWindowManager`, Mistral's rolling buffer).
-- `chunked` (chunk C: Llama 4's local layers, block-diagonal attention): a query sees only its own
-  chunk, so at a context of c tokens the layer needs `((c - 1) % C) + 1` tokens (vLLM's
-  `ChunkedLocalAttentionManager` frees the chunks before the current one: `tokens_in_use`). A
-  sequence reaches C tokens at the end of every chunk it completes, so what an engine must be able
-  to hold for it, the allocation bound used for sizes and max batch, is `min(c, C)` (`tokens_held`).
+A layer holds the whole context (`full`), its last W tokens (`sliding`) or at most its chunk C
+(`chunked`, `tokens_held`; `tokens_in_use` is the current chunk). `window="capped"` gives sliding and
+chunked layers only their window, as vLLM's hybrid KV-cache manager does (`SlidingWindowManager`,
+`ChunkedLocalAttentionManager`); `window="full"` gives every layer the whole context, as engines with
+unified pages do (TensorRT-LLM, hf-mem). A paged cache allocates `block_size` tokens at a time, one
+block table per group of layers of one kind (`paged_bytes_for_context`); `paged_blocks`,
+`paged_reserved_bytes` and `paged_used_bytes` follow a paged engine block by block and equal
+`llmperf.engine.cache.PagedKVCache.usage()`. `sharded` splits KV heads over tensor parallelism (never
+below one a GPU) and layers over pipeline stages as vLLM partitions them (`pipeline_stages`).
 
-The window switch (`window`): `"capped"` (default) gives sliding and chunked layers only what their
-window needs, as vLLM's hybrid KV-cache manager does; `"full"` gives every layer the whole context,
-as engines without that manager do (vLLM with it disabled, TensorRT-LLM's unified pages) and as
-hf-mem reports since its PR #70 (page sizes are unified across layer groups). gpt-oss-20b (12
-sliding-128 + 12 full layers, 8 KV heads x 64, bf16) at 8k tokens x 32 sequences: capped
-`12 * (8192 + 128) * 2048 B * 32` = 6.09 GiB, full `24 * 8192 * 2048 B * 32` = 12.00 GiB, hf-mem's
-two figures exactly.
-
-A paged cache allocates `block_size` tokens at a time, and each group of layers of one kind pages
-separately (vLLM's hybrid allocator keeps one block table per KV-cache group), so one sequence
-occupies `sum over groups of layers * bytes per token and layer * ceil(held / block_size) *
-block_size` (`paged_bytes_for_context`, the steady state: a window's tokens, rounded up). Block by
-block, as a paged engine holds them (`paged_blocks`, `paged_reserved_bytes`, `paged_used_bytes`, equal
-to `llmperf.engine.cache.PagedKVCache.usage()` at every step): a pool block holds `block_size` tokens
-of the full layers, a window group's block takes `pages_per_block` of them (vLLM's uniform page, the
-last sub-group padded), and a window group holds the blocks from the one holding the first key its
-last step read (`first_key`: a window straddles one more block than `window / block_size`) to the
-sequence's last; reserved bytes are those blocks whole, used bytes the slots holding a token in the
-layers that exist. Tensor parallelism splits KV heads across GPUs, but never
-below one head per GPU (vLLM replicates KV heads when `tp` exceeds them); pipeline parallelism splits
-layers as vLLM partitions them (`pipeline_stages`).
-
-Contexts may be Python numbers or numpy arrays (a sweep evaluates many at once).
+Contexts may be Python numbers or numpy arrays (a sweep evaluates many at once). Worked figures and
+the block-by-block rules: docs/model.md, "Memory and the KV cache".
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from llmperf.errors import SpecError
+from llmperf.numeric import is_count, is_int, is_real
 from llmperf.specs.precision import dtype_bytes
 
 if TYPE_CHECKING:
@@ -197,14 +174,14 @@ class KVCacheSpec:
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_kv_heads", "head_dim"):
             value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_count(value) or value <= 0:
                 raise SpecError(f"kv cache: {f} must be a positive integer, got {value!r}")
         eb = self.element_bytes
-        if isinstance(eb, bool) or not isinstance(eb, (int, float)) or not math.isfinite(eb) or eb <= 0:
+        if not is_real(eb) or eb <= 0:
             raise SpecError(f"kv cache: element_bytes must be a finite positive number, got {eb!r}")
         for f in ("sliding_window", "attention_chunk_size"):
             value = getattr(self, f)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            if value is not None and (not is_count(value) or value <= 0):
                 raise SpecError(f"kv cache: {f} must be a positive integer or None, got {value!r}")
         lt = self.layer_types
         if isinstance(lt, list):
@@ -410,7 +387,7 @@ class KVCacheSpec:
 
 
 def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise SpecError(f"{name}: must be a positive integer, got {value!r}")
 
 

@@ -9,13 +9,13 @@ description (`llmperf.specs.families`).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmperf.errors import SpecError
+from llmperf.numeric import check_number, is_count, is_real
 from llmperf.specs.families import FAMILIES as _FAMILY_DESCRIPTIONS
 from llmperf.specs.families import FAMILY_FIELDS, get_family
 from llmperf.specs.kvcache import KVCacheSpec
@@ -181,8 +181,7 @@ class ModelSpec:
             for key, value in self.rope_scaling.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     _positive_number(self.name, f"rope_scaling.{key}", value)
-                elif isinstance(value, (list, tuple)) and not all(
-                        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+                elif isinstance(value, (list, tuple)) and not all(is_real(v) for v in value):
                     raise SpecError(f"{self.name}: rope_scaling.{key} must be finite numbers, got {value!r}")
         if self.sliding_window is not None:
             _positive_int(self, "sliding_window")
@@ -190,7 +189,7 @@ class ModelSpec:
             raise SpecError(f"{self.name}: hidden_act must be an activation name, got {self.hidden_act!r}")
         for f in ("shared_experts", "position_offset"):
             value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_count(value) or value < 0:
                 raise SpecError(f"{self.name}: {f} must be an integer >= 0, got {value!r}")
         if self.experts_per_token > self.num_experts:
             raise SpecError(f"{self.name}: experts_per_token={self.experts_per_token} exceeds "
@@ -460,13 +459,12 @@ def _quantization(model: str, data: Mapping[str, Any]) -> QuantizationSpec:
 
 def _positive_number(model: str, name: str, value: Any) -> None:
     """A real number > 0 that is finite (NaN and infinity are refused: they poison every result)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise SpecError(f"{model}: {name} must be a finite positive number, got {value!r}")
+    check_number(f"{model}: {name}", value)
 
 
 def _positive_int(spec: ModelSpec, name: str) -> None:
     value = getattr(spec, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_count(value) or value <= 0:
         raise SpecError(f"{spec.name}: {name} must be a positive integer, got {value!r}")
     if value > 2**53:  # float64 holds every count up to 2**53 exactly, and no model is near it
         raise SpecError(f"{spec.name}: {name} must be at most 2**53, got {value!r}")
@@ -492,7 +490,7 @@ def _layer_indices(spec: ModelSpec, name: str) -> None:
     if isinstance(value, list):
         value = tuple(value)
         object.__setattr__(spec, name, value)
-    if not isinstance(value, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+    if not isinstance(value, tuple) or not all(is_count(i) for i in value):
         raise SpecError(f"{spec.name}: {name} must be a list of layer indices, got {value!r}")
     bad = [i for i in value if not 0 <= i < spec.num_layers]
     if bad:
@@ -564,7 +562,7 @@ def _check_layer_structure(spec: ModelSpec) -> None:
             _positive_number(name, f, getattr(spec, f))
     _check_numerics(spec)
     m = spec.mtp_layers
-    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+    if not is_count(m) or m < 0:
         raise SpecError(f"{name}: mtp_layers must be an integer >= 0, got {m!r}")
 
 

@@ -1,35 +1,19 @@
 """Numeric formats and their sizes in bytes; a `Precision` picks weights, activations and KV cache apart.
 
 Bytes are floats because int4 packs two values in a byte (0.5 B). Compute runs at the activation
-precision unless the device has a faster path (see `HardwareSpec.compute_dtype`).
+precision unless the device has a faster path (`HardwareSpec.compute_dtype`, `matmul_dtype`).
 
-Quantised integer weights (int4, int8) carry scales (and, asymmetric, zero points) per group of
-`group_size` input elements of each output row, as AWQ (Lin et al., arXiv:2306.00978) and GPTQ
-(Frantar et al., arXiv:2210.17323) store them: scales at 16 bits, zero points packed at the weight's
-own bit width. Defaults: int4 groups of 128 with zero points (AWQ/GPTQ's default `q_group_size` /
-`group_size`); int8 one scale per output channel, symmetric (SmoothQuant / LLM.int8 style); fp8 a
-single per-tensor scale (one number per matrix, not counted). The embedding and lm_head matrices
-stay at 16 bits when the other weights are quantised (AWQ and GPTQ leave them unquantised), unless
-`embeddings` says otherwise.
+Quantised integer weights (int4, int8) carry a 16-bit scale (and, asymmetric, a zero point) per group
+of `group_size` inputs of each output row, as AWQ (Lin et al., arXiv:2306.00978) and GPTQ (Frantar
+et al., arXiv:2210.17323) store them (defaults: int4 groups of 128 with zero points; int8 one scale
+per output channel, symmetric); the embedding and lm_head stay at 16 bits unless `embeddings` says
+otherwise. A checkpoint's per-module formats (`modules`, over `MODULES`) may be block-scaled
+(`BlockScaledFormat`, every scale counted): `fp8-block128` (DeepSeek-V3 / Qwen3-FP8,
+`weight_block_size`), `mxfp4` (OCP Microscaling Formats v1.0, gpt-oss's experts), `nvfp4` (NVIDIA
+ModelOpt). `Precision.matmul_dtype(module)` is the format that module's matmul computes in where the
+device has units for it (fp8 for fp8 weights: W8A8; fp4 for mxfp4 / nvfp4).
 
-Quantised checkpoints as shipped store some modules in a block-scaled format and keep the rest at
-their 16-bit dtype, so a `Precision` also carries a weight format per module (`modules`, over the
-vocabulary `MODULES`). The block-scaled formats (`BlockScaledFormat`) count every scale:
-
-- `fp8-block128` (DeepSeek-V3 / Qwen3-FP8 `quant_method: fp8`, `weight_block_size: [128, 128]`):
-  fp8 E4M3 values and one fp32 scale per 128 x 128 block, 8 + 32/16384 bits a weight; activations
-  are quantised to fp8 on the fly, so the matmul runs in fp8.
-- `mxfp4` (OCP Microscaling v1.0, gpt-oss's experts): fp4 E2M1 values and one E8M0 (8-bit) scale
-  per 32 inputs of a row, 4 + 8/32 = 4.25 bits.
-- `nvfp4` (NVIDIA ModelOpt): fp4 E2M1 values, one fp8 E4M3 scale per 16 inputs of a row and one
-  fp32 scale per matrix, 4 + 8/16 = 4.5 bits (+ 4 bytes a matrix).
-
-`matmul_dtype(module)` is the format the checkpoint's kernels compute that module's matmul in where
-the device has units for it (fp8 for fp8 and `fp8-block` weights: W8A8, the activations quantised
-to fp8 at the GEMM's input while they stay 16-bit between operators; fp4 for `mxfp4` / `nvfp4`; the
-activation format otherwise); `HardwareSpec.matmul_dtype` resolves it on a device that lacks it (MXFP4 on an H100
-runs W4A16: the weights dequantised to bf16; fp8 on an A100 W8A16, as vLLM's Marlin kernels).
-`gemm_mode` and `precision_note` say which, in the outputs.
+The defaults, the bits per weight of each format and what runs where: docs/specs.md, "Precision".
 """
 
 from __future__ import annotations

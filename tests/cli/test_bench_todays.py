@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from llmperf.analysis.rollup import first_true_array
 from llmperf.analysis.sweep import estimates_frame, sweep, sweep_estimates
-from llmperf.commands.bench_todays import Timing, bench, main, report
+from llmperf.cli.commands.bench_todays import Timing, bench, main, report
 
 
 def test_bench_runs_on_tiny_sizes():
@@ -31,7 +31,7 @@ def test_report_gives_each_ratio_to_the_first_model():
 
 
 def test_main_parses_its_options(capsys, monkeypatch):
-    import llmperf.commands.bench_todays as b
+    import llmperf.cli.commands.bench_todays as b
     monkeypatch.setattr(b, "ESTIMATE_MODELS", ("llama-3.1-8b",))
     main(["--repeats", "1", "--only", "estimate"])
     assert "estimate --per-op" in capsys.readouterr().out

@@ -60,7 +60,7 @@ class _FakeCalibration:
 @pytest.fixture
 def calibrate_stub(monkeypatch):
     """`llmperf calibrate --json` with the measurement replaced: returns how many times it ran."""
-    import llmperf.commands.calibrate as C
+    import llmperf.cli.commands.calibrate as C
     calls = []
 
     def fake(settings, *, quiet=False):  # noqa: ANN001, ANN202
@@ -155,7 +155,7 @@ def test_a_user_without_permission_is_refused_before_any_work(tmp_path):
     os.chmod(ro, 0o555)
     os.chmod(tmp_path / "theirs.csv", 0o444)
     code = ("import sys; from typer.testing import CliRunner; from llmperf.cli import app\n"
-            "import llmperf.commands.calibrate as C\n"
+            "import llmperf.cli.commands.calibrate as C\n"
             "C.run_calibration = lambda *a, **k: sys.exit('measured')\n"
             "for args in (['calibrate', '--quick', '--device', 'cpu', '-o', 'ro/c.yaml'],\n"
             "             ['estimate', '-f', 'csv', '-o', 'theirs.csv'], ['report', '-o', 'ro/r.html'],\n"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from llmperf import __version__
 from llmperf.cli import app
-from llmperf.listing import hardware_table, models_table, table_text
+from llmperf.cli.listing import hardware_table, models_table, table_text
 from llmperf.specs import list_hardware, list_models, load_model
 from llmperf.specs.catalog import hardware_rows, model_rows
 

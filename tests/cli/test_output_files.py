@@ -1,4 +1,4 @@
-"""`-o FILE` (`llmperf.clitools.write_output`) behaves as a user expects of `> FILE`, atomically:
+"""`-o FILE` (`llmperf.cli.clitools.write_output`) behaves as a user expects of `> FILE`, atomically:
 regular files with the usual permissions, through symlinks, refusing FIFOs / devices / directories,
 names up to NAME_MAX, no temporary file named in an error or left behind."""
 
@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmperf.cli import app
-from llmperf.clitools import write_output
+from llmperf.cli.clitools import write_output
 from llmperf.errors import SpecError
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="POSIX file semantics")

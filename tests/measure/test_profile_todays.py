@@ -402,7 +402,7 @@ def test_a_moe_run_reports_the_experts_touched(runs):
     assert {("q_proj", "full"), ("gate_proj", "full"), ("down_proj", "full"), ("router", "full/moe"),
             ("lm_head", "model"), ("attention", "full")} <= micro
     assert not any(layer == "full/moe" and op in ("gate_proj", "up_proj", "down_proj") for op, layer in micro)
-    from llmperf.commands.profile import summary_tables
+    from llmperf.cli.commands.profile import summary_tables
 
     titles = [t.title for t in summary_tables(res)]
     assert any("distinct routed experts" in t for t in titles) and any("joined" in t for t in titles)

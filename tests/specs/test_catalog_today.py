@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from llmperf.listing import models_table, table_text
+from llmperf.cli.listing import models_table, table_text
 from llmperf.specs import load_model
 from llmperf.specs.catalog import attention_label, local_label, model_row, model_rows
 

@@ -1,121 +1,27 @@
-"""llmperf's own CPU kernels for a decode step (`kernels.cpp`): a weight-streaming GEMM for few
-rows, a bf16 GEMM of up to 16 rows on AMX tiles, one call each for the RMSNorm, the RoPE, SwiGLU's
-activation and decode attention, and all of a decode step's layers in one call.
+"""llmperf's own CPU kernels for a decode step (`kernels.cpp`), bound through ctypes: a
+weight-streaming GEMM for few rows (`small_gemm`), a bf16 GEMM of up to 16 rows on AMX tiles
+(`amx_pack`, `amx_gemm`), one call each for the RMSNorm (`rms_norm`), the RoPE (`rope`), SwiGLU's
+activation (`silu_mul`) and decode attention (`decode_attention`), and all of a decode step's layers
+in one call (`decode_layers`, the twelve operators of `LAYER_PARTS`).
 
-A decode step multiplies 1-8 rows of activations by every weight matrix: it is a stream of the
-weights through the cores, and how close a step gets to the memory roofline is how fast the GEMM
-library streams. `y = x W^T + b` here reads each row of `W (out, in)` once, in bands per thread,
-with a software prefetch, and accumulates in fp32 (bf16 with AVX512_BF16's dot product).
+A decode step multiplies a few rows of activations by every weight matrix: a stream of the weights
+through the cores, so how close a step gets to the memory roofline is how fast the GEMM streams.
+`y = x W^T + b` here reads each row of `W (out, in)` once, in bands per thread, prefetching the next
+block of weight rows, and accumulates in fp32. After each weight stream the framework's dispatch
+state is cold, so each kernel replaces several framework calls with one. The kernels round where
+`transformers` and torch round (RoPE bit for bit; `decode_layers` gives the same logits as the
+operators called one by one).
 
-Measured 2026-11-23 on the 2-core development Xeon (AVX-512, AVX512_BF16, AMX; torch 2.13 CPU, 2
-threads): the four projections of 12 layers of a 1024-wide Llama plus its 32000-token head (336 MB
-in bf16, 672 MB in fp32, cycled through memory), GB/s of weights read, median of 5-9 per run:
+Which kernel runs a GEMM: `gemm_kernel` (up to `ROWS[dtype]` rows on the streaming GEMM, bf16 rows
+`AMX_MIN_ROWS`-`AMX_ROWS` on AMX where `amx_available()`); `llmperf.engine.paths` prints the choice.
+The kernels are compiled at first use with `$CXX` (default `c++`) into `$LLMPERF_CACHE_DIR`, and used
+only on an x86-64 Linux CPU with AVX-512 F/BW and AVX512_BF16 and `LLMPERF_CPU_KERNELS` not `0`
+(`available()`, `status()` says why not); `build()` compiles them on any x86-64 host, and
+`LLMPERF_MAX_CPU_ISA` (`isa_cap`) makes them see a smaller CPU. The GEMMs are also the torch ops
+`torch.ops.llmperf.small_gemm` and `.amx_gemm`, so `FlopCounterMode` counts their FLOPs.
 
-                 this kernel   oneDNN packed   F.linear   x @ W (in, out)
-    bf16 1 row     25.0-28.8      20.9-21.9       15.5          -          (three runs)
-    bf16 2 rows       24.5           20.6         15.4          -
-    bf16 4 rows       22.3           20.5         16.0          -
-    bf16 8 rows       17.5           20.3         15.8          -          (VDPBF16PS-bound; oneDNN: AMX)
-    fp32 1 row        28.3           24.8         29.7        29.6
-    fp32 8 rows       23.9           20.8         11.4        14.4
-
-Called through ctypes directly (no Python wrapper) the kernel reads 29.8-31.6 GB/s at one bf16 row.
-What made it: prefetching the next block of R weight rows into L2 while reading this one (bf16 1 row
-23.2 -> 28.3-30.1 GB/s, fp32 8 rows 18.5 -> 24.8-25.1; a prefetch 1 KiB ahead within the row gained
-nothing at one bf16 row).
-
-So the engine's CPU ops (`ops.CpuOps`) run it up to `ROWS` rows: fp32 1-8 (packed from 9), bf16
-1-4, or 1-2 where the AMX GEMM runs (below), on the model's `(out, in)` weights. In the engine, decode step /
-memory limit with the GEMMs of 2-8 rows on it against the library, alternated in one run (RMSNorm and
-RoPE kernels on in both): fp32 batch 1 0.929 / 0.922 (the same), batch 4 0.78 -> 0.90, batch 8 0.65
--> 0.77; bf16 batch 2 0.64 -> 0.84, batch 4 0.62 -> 0.69; same tokens in fp32. `calibrate` times
-the GEMM dispatch on both sides of each path's edge (`paths.gemm_path_edges`,
-`calibrate.gemm_dispatch_rows`), and its GEMM sweep steps there (`calibrate.gemm_sweep_rows`).
-
-Past 4 rows the fp32 GEMM reads 3 weight rows at a time, bf16 2 (fp32 8 rows 25.3 GB/s against 23.8
-with 2, bf16 8 rows 18.5 against 19.4 with 3; ctypes direct, 2026-11-24). At 8 fp32 rows it is near
-the core's limit: this VM retires ~1.9 G 512-bit FMAs per second per core, and 8 rows at 25 GB/s
-need 1.6 G.
-
-**The bf16 AMX GEMM** (`amx_pack`, `amx_gemm`; `gemm_kernel` picks per GEMM): VDPBF16PS is
-compute-bound from 4 rows on this core, and oneDNN's AMX GEMM streams only 19-21 GB/s at 1-16 rows.
-This one reads a copy of the weights packed once into the tiles' VNNI layout (panels of 64 outputs,
-made on first use and kept by `ops.CpuOps` like oneDNN's packed copy), one 16-row A tile of x per
-32-wide block of K against four 1 KiB B tiles, prefetching 3 blocks ahead. Raw calls, the same 12
-layers cycled (2026-11-24), GB/s, AMX against VDPBF16PS (oneDNN): 1 row 27.4 / 27.1 (20.6), 2 rows
-27.8 / 27.8, 3 rows 27.4 / 26.9, 4 rows 27.3 / 24.7 (21.1), 8 rows 25.8 / 19.7 (19.5), 16 rows 22.5
-(19.1). Through the engine's Python per GEMM (the packed copy's lookup costs a few us after a flush)
-it lost to VDPBF16PS at 1-2 rows (bf16 batch 1 decode 5% slower), so the engine runs bf16 GEMMs of
-3-16 rows on it (`AMX_MIN_ROWS`, `AMX_ROWS`), 1-2 on VDPBF16PS, 17+ on oneDNN. Decode step,
-alternated in one run: batch 3 1.05x, batch 8 1.16x (20.8 -> 17.9 ms), same tokens at batch 8. It
-runs where the CPU has AMX_TILE and AMX_BF16 and Linux grants the tile state (`amx_available`). The
-cost: a bf16 model then holds its weights three times (as built, for AMX, for oneDNN's prefill).
-
-**Why one call per operator matters here.** Every operator of a decode step starts right after a
-GEMM has streamed megabytes of weights through the caches, which evicts the framework's dispatch
-code and data: measured 2026-11-24 after a 23 MB GEMV, `F.rms_norm` of (8, 1024) fp32 took 55 us
-(11 hot), `x + x` 12 (1.5), even `x.view(...)` 10 (0.8), SDPA's decode 75-105 (21-40). So what
-counts is how many framework calls a layer makes, more than how fast each computes.
-
-**The RMSNorm** (`rms_norm`, fp32 and bf16): Hugging Face normalises in fp32, casts back and scales
-in bf16, four framework calls (14 us for one 1024-wide row, hot) where the kernel makes one (3 us).
-In the engine (bf16, alternated in one run, with the first version of the GEMM): decode step /
-memory limit 0.72 -> 0.76 at batch 1, 0.53 -> 0.56 at batch 8. It rounds exactly where Hugging Face
-does; only the fp32 sum of squares runs in another order, which moved 35 of 1.9 million outputs
-against `transformers`' own formula (random rows 64-4096 wide): the normalised value by one bf16
-step, the scaled output by one or two. fp32 replaces `F.rms_norm` (one call too, but 55 us in the
-layer against the kernel's 25: fp32 batch 8, both norms of 12 layers 1.48 -> 0.78 ms per step).
-
-**SwiGLU's activation** (`silu_mul`): `F.silu(gate) * up` over the fused [gate | up] GEMM's output in
-one call instead of three (chunk, silu, multiply), rounded where torch rounds. Its exp is Cephes'
-polynomial, within 4 fp32 ulps of torch's (mean 0.13 ulp over [-100, 100]); in bf16 no output of a
-random (37, 5632) test differed from torch's.
-
-**RoPE** (`rope`, fp32 and bf16): the engine's "rotate half" over q and k (six framework calls: two
-multiplies, a negation, a concatenation, an add, a slice) in one, rounding each product and the sum
-where torch does, so it is bit for bit the same in both dtypes (the tests check equality). Per layer
-in the engine's recorded decode: bf16 batch 1 42 -> 18 us, fp32 batch 8 75 -> 58 us (scalar then;
-vectorised since: 31 -> 9 us hot at bf16 batch 8).
-
-**Decode attention** (`decode_attention`, what the `sdpa` backend runs in decode on a CPU with these
-kernels; `attention.sdpa_decode`): one query per sequence and head against its cached keys, the
-query heads of a KV head together, 16 keys' scores at a time (a transposed reduction), online
-softmax, fp32 accumulation; the mask comes from the step's lengths and sliding window, and a paged
-cache's blocks are read in place through the step's block tables (no gather). As close to a
-float64 reference as SDPA (tests), the same fp32 greedy tokens. Hot it is no faster than SDPA (21 us
-against 22 at batch 1); in the layer it is: the recorded `attention` operator went 118 -> 85 us per
-layer at fp32 batch 8 and 50 -> 35 at bf16 batch 1, and alternated in one run on one engine the
-decode step gains 1.5-3% (fp32 batch 8 31.4 -> 31.0 ms, bf16 batch 1 15.25 -> 15.01, bf16 batch 8
-21.4 -> 20.8, fp32 batch 1 27.4 -> 26.9; 2026-11-24). `calibrate` and `profile` time decode attention
-through the same function.
-
-**A decode step's layers in one call** (`decode_layers`, what `ops.CpuOps` runs for a Llama-family
-decode step on these kernels, `CpuOps.decode_layers`): every layer's twelve operators
-(`LAYER_PARTS`) call the kernels above from C++, in the order and with the roundings the engine's
-Python calls them one by one (the same logits bit for bit: the tests compare them), the KV write
-included (into the cache's blocks, addressed as decode attention reads them). What goes is the
-framework between the operators: after each weight stream its dispatch state is cold (above), and a
-12-layer step made ~140 framework calls. Measured 2026-11-24 on the bench model (12 x 1024, 32000
-vocabulary; `engine_bench`), decode step / memory limit, one by one -> in one call, alternated in one
-run, three runs each, same tokens: bf16 batch 8 0.70-0.71 -> 0.86, bf16 batch 1 0.87 -> 1.04-1.09,
-fp32 batch 8 0.82-0.83 -> 0.92-0.93, fp32 batch 1 0.90-0.92 -> 1.04-1.05. (The limit divides by the
-copy bandwidth, 27.8 GB/s that run; reads alone stream ~34 GB/s here, so a step that only reads its
-weights can pass 1.) With a `Recorder` each part is timed inside the call (`CLOCK_MONOTONIC`, the
-clock of `time.perf_counter`) and recorded under its operator name, so what is measured is what runs.
-The layers' addresses are kept between steps until a weight, a packed copy (`CpuOps.clear`) or the
-cache changes: rebuilding them took ~240 us a step, keeping them ~60.
-
-The kernels are compiled at first use with the host's C++ compiler (`$CXX`, default `c++`) into
-`$LLMPERF_CACHE_DIR` (default `~/.cache/llmperf`), keyed by the source and flags. They are used only
-where they can run: an x86-64 Linux CPU with AVX-512 F/BW and AVX512_BF16, a working compiler (one
-that knows AMX's intrinsics too: gcc 11+, clang 12+), and `LLMPERF_CPU_KERNELS` not set to `0`;
-otherwise the engine keeps torch's operators, and `status()` says why. `build()` compiles them on any
-x86-64 host all the same (the tests do, so a compile or link error shows on an AVX2-only machine
-too). `LLMPERF_MAX_CPU_ISA=avx2` (or `avx512`) makes them see a CPU without AVX-512 and AMX (without
-AMX), to measure here what such a CPU runs (`isa_cap`; `engine.paths` says which kernel runs each
-GEMM). The GEMMs are also the ops `torch.ops.llmperf.small_gemm` and `.amx_gemm`, which `small_gemm`
-/ `amx_gemm` run while a dispatch mode watches (`FlopCounterMode` counts their FLOPs) and call around
-otherwise.
+Each kernel's design: docs/engine.md, "llmperf's CPU kernels"; what each earned, measured:
+reports/engine/README.md.
 """
 
 from __future__ import annotations
@@ -140,7 +46,7 @@ from llmperf.outputs import cache_dir
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 MAX_ROWS = 8  # the kernel's limit (register blocking); the engine's use is `ROWS`
-ROWS = {torch.bfloat16: 4, torch.float32: 8}  # dtype -> most rows the engine runs on the GEMM (see above)
+ROWS = {torch.bfloat16: 4, torch.float32: 8}  # dtype -> most rows the engine runs on the GEMM (docs/engine.md says why)
 ISA = ("avx512f", "avx512bw", "avx512_bf16")  # /proc/cpuinfo flags the kernel needs
 AMX_ISA = ("amx_tile", "amx_bf16")  # and the bf16 AMX GEMM
 AMX_ROWS = 16  # the most rows of the AMX GEMM (one tile of rows)

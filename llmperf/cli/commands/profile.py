@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from llmperf.clitools import err_console, fail, out_console, parse_int_list
+from llmperf.cli.clitools import err_console, fail, out_console, parse_int_list
 
 
 def _hardware(name: str | None, device: str, threads: int | None = None) -> Any:
@@ -26,7 +26,7 @@ def _hardware(name: str | None, device: str, threads: int | None = None) -> Any:
     if name is not None:
         return load_hardware(name)
     if not local_path().is_file():
-        from llmperf.commands.calibrate import run_calibration
+        from llmperf.cli.commands.calibrate import run_calibration
         from llmperf.measure.calibrate import Settings, write_yaml
 
         err_console.print(f"no calibration at {local_path()}: calibrating this device first")
@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
         batch, q_len, kv_len). Writes run.json, ops.csv, steps.csv and generations.csv."""
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        from llmperf.commands.calibrate import resolve_device
+        from llmperf.cli.commands.calibrate import resolve_device
         from llmperf.errors import SpecError
         from llmperf.measure.calibrate import DTYPE_NAMES
         from llmperf.measure.profile import ProfileSettings, run_profile

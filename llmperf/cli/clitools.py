@@ -1,6 +1,6 @@
 """Shared pieces of the command line: consoles, output formats, list parsing, error exit, atomic output.
 
-Every command module (`llmperf/cli.py`, `llmperf/commands/*.py`) uses these, so bad input looks the same
+Every command module (`llmperf/cli/__init__.py`, `llmperf/cli/commands/*.py`) uses these, so bad input looks the same
 everywhere: one line on stderr naming the option and the value, exit code 2.
 """
 

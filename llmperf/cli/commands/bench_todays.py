@@ -1,9 +1,10 @@
-"""Speed of the analytical side on today's models: `python -m llmperf.commands.bench_todays [--repeats 5]`.
+"""Speed of the analytical side on today's models: `llmperf bench todays [--repeats 5] [--only estimate|sweep]`
+(or `python -m llmperf.cli.commands.bench_todays`).
 
-Issue #22's targets: `estimate --per-op` of DeepSeek-V3 answers as fast as Llama's, and a
-10,000-configuration sweep of MoE/MLA models stays within 2x of a dense one. Two measurements, every
-model timed in the same run, interleaved (round-robin over the models in each repeat, so a load spike
-on a shared machine falls on all of them alike):
+The targets: `estimate --per-op` of DeepSeek-V3 answers as fast as Llama's, and a 10,000-configuration
+sweep of MoE/MLA models stays within 2x of a dense one. Two measurements, every model timed in the
+same run, interleaved (round-robin over the models in each repeat, so a load spike on a shared
+machine falls on all of them alike):
 
 - `estimate`: `llmperf estimate MODEL --per-op` end to end in-process (typer's CliRunner: parse,
   roll-up, per-operator detail, rich tables), default settings (a100-80gb-sxm, batch 1, prompt 512,

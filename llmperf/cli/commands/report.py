@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from llmperf.clitools import AttentionImpl, fail, out_console, parse_int_list, parse_name_list, warn
+from llmperf.cli.clitools import AttentionImpl, fail, out_console, parse_int_list, parse_name_list, warn
 from llmperf.errors import SpecError
 
 

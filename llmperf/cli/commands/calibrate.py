@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from llmperf.clitools import err_console, fail, out_console, parse_name_list, warn
+from llmperf.cli.clitools import err_console, fail, out_console, parse_name_list, warn
 
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from llmperf.clitools import (
+from llmperf.cli.clitools import (
     OutputFormat,
     err_console,
     out_console,
@@ -319,7 +319,7 @@ def register(app: typer.Typer) -> None:
         recompute preemption, prefix sharing); each step is priced by the roofline model or the
         calibrated time model. Times in seconds, bytes decimal, capacities GiB.
         """
-        from llmperf.clitools import check_output
+        from llmperf.cli.clitools import check_output
         from llmperf.serving import simulator as sim
         with refused_cleanly() as made:
             # Every option and destination is checked before anything runs.
@@ -356,7 +356,7 @@ def register(app: typer.Typer) -> None:
                     opt = "--" + ignored[0].replace("_", "-").replace("output-format", "format")
                     raise SpecError(f"--validate: runs its own model on this CPU and prints its comparison; {opt} "
                                     "does not apply (drop it)")
-                from llmperf.clitools import out_console
+                from llmperf.cli.clitools import out_console
                 from llmperf.measure.validate import run_validation_cli
 
                 # the options left out arrive as None: --validate's own defaults apply only to them

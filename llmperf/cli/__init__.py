@@ -27,7 +27,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from llmperf.clitools import (
+from llmperf.cli.clitools import (
     AttentionImpl,
     OutputFormat,
     check_output,
@@ -86,7 +86,7 @@ app = typer.Typer(
 
 
 def _render_single(est, per_op: bool, console: Console) -> None:  # noqa: ANN001
-    from llmperf.render import generation_tables, ops_table
+    from llmperf.cli.render import generation_tables, ops_table
     for table in generation_tables(est):
         console.print(table)
     if per_op:
@@ -237,7 +237,7 @@ def estimate(
 def _render_tables(frame, estimates: list, per_op: bool, to_file: bool) -> str:  # noqa: ANN001
     """Print the tables (width: the terminal's, COLUMNS, or 80 when piped), or return their text. `frame`:
     the rows of a sweep (None for one configuration, drawn from its estimate)."""
-    from llmperf.render import ops_table, sweep_tables
+    from llmperf.cli.render import ops_table, sweep_tables
     sink = open(os.devnull, "w") if to_file else None  # noqa: SIM115
     console = Console(file=sink, record=to_file, highlight=False, markup=False)
     try:
@@ -283,7 +283,7 @@ def _write_listing(rows: list[dict], table, output_format: OutputFormat, output:
     try:
         output = check_output(output)
         if output_format is OutputFormat.table:
-            from llmperf.listing import table_text
+            from llmperf.cli.listing import table_text
             if output is None:
                 out_console.print(table())
                 return
@@ -303,7 +303,7 @@ def _write_listing(rows: list[dict], table, output_format: OutputFormat, output:
 def models_cmd(output_format: FormatOption = OutputFormat.table, output: OutputOption = None) -> None:
     """List the built-in models: parameters, shape, context, KV bytes per token at fp16
     (exact counts and every field with --format json or csv)."""
-    from llmperf.listing import models_table
+    from llmperf.cli.listing import models_table
     from llmperf.specs.catalog import model_rows
     rows = model_rows()
     _write_listing(rows, lambda: models_table(rows), output_format, output)
@@ -313,20 +313,21 @@ def models_cmd(output_format: FormatOption = OutputFormat.table, output: OutputO
 def hardware_cmd(output_format: FormatOption = OutputFormat.table, output: OutputOption = None) -> None:
     """List the built-in devices: dense peaks (TFLOP/s), memory bandwidth (GB/s), capacity (GiB),
     ridge point (FLOP/B) and GPU-to-GPU link (GB/s each way)."""
-    from llmperf.listing import hardware_table
+    from llmperf.cli.listing import hardware_table
     from llmperf.specs.catalog import hardware_rows
     rows = hardware_rows()
     _write_listing(rows, lambda: hardware_table(rows), output_format, output)
 
 
-# Commands defined in their own modules (llmperf/commands/<name>.py), one registration line each.
-from llmperf.commands import calibrate as _calibrate  # noqa: E402
-from llmperf.commands import plan as _plan  # noqa: E402
-from llmperf.commands import profile as _profile
-from llmperf.commands import report as _report
-from llmperf.commands import simulate as _simulate
+# Commands defined in their own modules (llmperf/cli/commands/<name>.py), one registration line each.
+from llmperf.cli.commands import bench as _bench  # noqa: E402
+from llmperf.cli.commands import calibrate as _calibrate
+from llmperf.cli.commands import plan as _plan  # noqa: E402
+from llmperf.cli.commands import profile as _profile
+from llmperf.cli.commands import report as _report
+from llmperf.cli.commands import simulate as _simulate
 
-for _command in (_calibrate, _profile, _simulate, _report, _plan):
+for _command in (_calibrate, _profile, _simulate, _report, _plan, _bench):
     _command.register(app)
 
 if _MAIN and signal.getsignal(signal.SIGINT) is _quiet_interrupt:  # loaded: Ctrl-C is KeyboardInterrupt again

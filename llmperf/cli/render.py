@@ -13,8 +13,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from llmperf import format as fmt
 from llmperf.analysis import GenerationEstimate, PhaseEstimate
+from llmperf.cli import format as fmt
 from llmperf.specs import list_hardware, list_models, load_hardware, load_model
 from llmperf.specs.kvcache import KVCacheSpec
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from llmperf.clitools import (
+from llmperf.cli.clitools import (
     OutputFormat,
     err_console,
     out_console,
@@ -18,7 +18,7 @@ from llmperf.clitools import (
     refused_cleanly,
     write_output,
 )
-from llmperf.commands.simulate import (
+from llmperf.cli.commands.simulate import (
     BlockOpt,
     ChunkOpt,
     FormatOpt,
@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
         million output tokens: the GPU-hours split between prefill and decode by their share of the
         simulated step time (a mixed chunked-prefill step by its tokens). Each load is simulated until
         the SLO percentiles' 95% intervals are within --ci-tolerance; the table shows them."""
-        from llmperf.clitools import check_output
+        from llmperf.cli.clitools import check_output
         from llmperf.outputs import check_dir
         from llmperf.serving import planner
         from llmperf.serving.prices import parse_gpu_cost

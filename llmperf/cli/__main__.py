@@ -1,0 +1,5 @@
+"""`python -m llmperf.cli`: the `llmperf` command."""
+
+from llmperf.cli import main
+
+main()
