@@ -16,9 +16,6 @@ MAX_LINES = 25
 # An issue reference: "issue 9", "issues 22, 24", "Issue #22", or a bare "#70" (a `#` that starts a
 # comment or a heading, or an anchor in a URL, is not one).
 ISSUE = re.compile(r"\bissues?\s*#?\d+|(?<![\w&/#])#\d+\b", re.IGNORECASE)
-# Being split into packages by another change, which rewrites their docstrings; remove these two once
-# that split has landed.
-EXEMPT = {"llmperf/measure/calibrate.py", "llmperf/measure/profile.py"}
 
 
 def modules() -> list[Path]:
@@ -60,7 +57,7 @@ def test_module_docstrings_are_short_and_cite_no_issue() -> None:
     bad = {}
     for path in modules():
         name = path.relative_to(ROOT).as_posix()
-        if name not in EXEMPT and (found := offences(path)):
+        if found := offences(path):
             bad[name] = found
     assert not bad, "module docstrings over the rule:\n  " + "\n  ".join(
         f"{name}: {'; '.join(found)}" for name, found in bad.items())
