@@ -31,8 +31,9 @@ Backends (one function each, `(layer, q, k, v, meta, rec) -> out`, q `(B, T, H, 
 
 Each backend's attention over K and V already at hand is a function of its own (`sdpa_core`,
 `naive_core`, `flash_core`): multi-head latent attention (`llmperf.engine.mla`) runs its two forms
-through them, with a value width Dv other than the q/k width where the backend allows it (sdpa,
-naive) and with V padded to it where it does not (triton).
+through them, with a value width Dv other than the q/k width where the backend's kernel takes it
+(naive; sdpa in decode and on CUDA) and with V read at the q/k width where it does not (triton;
+torch's CPU flash kernel, which otherwise falls back to SDPA's math path).
 """
 
 from __future__ import annotations
