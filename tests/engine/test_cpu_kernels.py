@@ -369,6 +369,35 @@ def test_bad_norm_operands_are_refused_by_name(x, w):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "d"), [(1, 1, 1, 16), (37, 8, 2, 128), (5, 3, 3, 40)])
+def test_the_rms_norm_of_heads_in_place_is_the_rms_norm_of_each_head_bit_for_bit(dtype, tokens, heads, kv_heads, d):
+    """q and k heads of a fused QKV output `(N, H + 2 H_kv, D)` normalised where they lie: the same bits as
+    the contiguous kernel, the v heads and the other group untouched, the view itself returned."""
+    g = torch.Generator().manual_seed(tokens * heads + d)
+    qkv = (torch.randn(tokens, heads + 2 * kv_heads, d, generator=g) * 3).to(dtype)
+    wq, wk = (torch.randn(d, generator=g).to(dtype) for _ in range(2))
+    before = qkv.clone()
+    q = cpu_kernels.rms_norm_heads_(qkv[:, :heads], wq, 1e-6)
+    assert q.data_ptr() == qkv.data_ptr() and q.shape == (tokens, heads, d)
+    assert torch.equal(qkv[:, :heads], cpu_kernels.rms_norm(before[:, :heads].contiguous(), wq, 1e-6))
+    assert torch.equal(qkv[:, heads:], before[:, heads:])
+    cpu_kernels.rms_norm_heads_(qkv[:, heads:heads + kv_heads], wk, 1e-6)
+    assert torch.equal(qkv[:, heads:heads + kv_heads],
+                       cpu_kernels.rms_norm(before[:, heads:heads + kv_heads].contiguous(), wk, 1e-6))
+    assert torch.equal(qkv[:, heads + kv_heads:], before[:, heads + kv_heads:])
+    assert cpu_kernels.rms_norm_heads_(qkv[:0, :heads], wq, 1e-6).shape == (0, heads, d)
+
+
+@pytest.mark.parametrize("x", [torch.randn(4, 6, 8)[:, :, ::2],  # features not contiguous
+                               torch.randn(4, 6, 8)[:, ::2],  # heads not adjacent
+                               torch.randn(4, 8)])  # not (tokens, heads, n)
+def test_the_rms_norm_of_heads_refuses_other_layouts_by_name(x):
+    with pytest.raises(ValueError, match="rms_norm_heads_: x"):
+        cpu_kernels.rms_norm_heads_(x, torch.ones(x.shape[-1]), 1e-6)
+
+
+@needs_kernel
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 40), n=st.integers(1, 1100), scale=st.floats(1e-3, 1e3), seed=st.integers(0, 2**31 - 1))
 def test_the_fp32_rms_norm_is_torch_s_up_to_the_order_of_the_sum(rows, n, scale, seed):

@@ -232,14 +232,19 @@ void rope(const T *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d, i
     }
 }
 
-// RMSNorm of `rows` rows of n: y = w * (x * rsqrt(mean(x^2) + eps)), the mean accumulated in fp32.
-// bf16 rounds as Hugging Face's LlamaRMSNorm: the normalised value to bf16, then the product with w.
+// RMSNorm of rows of n: y = w * (x * rsqrt(mean(x^2) + eps)), the mean accumulated in fp32. bf16 rounds
+// as Hugging Face's LlamaRMSNorm: the normalised value to bf16, then the product with w. The rows are
+// `heads` adjacent rows of each of `tokens` tokens: row h of token t at x + t * x_tok + h * n (y: y_tok),
+// so the q or k heads of a fused QKV GEMM's output are normalised where they lie; y may be x (each row
+// is read whole before it is written).
 template <class T, class L>
-void rms_norm(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, int threads) {
+void rms_norm(const T *x, int64_t x_tok, const T *w, T *y, int64_t y_tok, int64_t tokens, int64_t heads, int64_t n,
+              float eps, int threads) {
+    const int64_t rows = tokens * heads;
 #pragma omp parallel for num_threads(threads) if (rows * n >= (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
-        const T *xr = x + r * n;
-        T *yr = y + r * n;
+        const T *xr = x + r / heads * x_tok + r % heads * n;
+        T *yr = y + r / heads * y_tok + r % heads * n;
         __m512 acc = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
             const __m512 v = L::load(xr + i, n - i);
@@ -251,6 +256,12 @@ void rms_norm(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, 
             L::store(yr + i, _mm512_mul_ps(L::load(w + i, n - i), h), n - i);
         }
     }
+}
+
+// RMSNorm of `rows` contiguous rows of n.
+template <class T, class L>
+void rms_norm(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, int threads) {
+    rms_norm<T, L>(x, n, w, y, n, rows, 1, n, eps, threads);
 }
 
 // SwiGLU's activation of `rows` rows of [gate | up] (2f wide): y = silu(gate) * up, silu(g) = g / (1 +
@@ -516,9 +527,11 @@ LLMPERF_ROPE(llmperf_rope_bf16, uint16_t, LanesBF16)
 LLMPERF_ROPE(llmperf_rope_f32, float, LanesF32)
 
 #define LLMPERF_RMS_NORM(NAME, T, L)                                                                         \
-    extern "C" int NAME(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, int threads) {      \
-        if (rows < 1 || n < 1 || threads < 1) return 1;                                                       \
-        rms_norm<T, L>(x, w, y, rows, n, eps, threads);                                                       \
+    extern "C" int NAME(const T *x, int64_t x_tok, const T *w, T *y, int64_t y_tok, int64_t tokens,            \
+                        int64_t heads, int64_t n, float eps, int threads) {                                   \
+        if (tokens < 1 || heads < 1 || n < 1 || x_tok < heads * n || y_tok < heads * n || threads < 1)        \
+            return 1;                                                                                         \
+        rms_norm<T, L>(x, x_tok, w, y, y_tok, tokens, heads, n, eps, threads);                               \
         return 0;                                                                                             \
     }
 LLMPERF_RMS_NORM(llmperf_rms_norm_bf16, uint16_t, LanesBF16)

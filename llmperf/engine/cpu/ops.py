@@ -132,6 +132,11 @@ class CpuOps(TorchOps):
             return kernels.rms_norm(x, w, eps)
         return super().rms_norm(x, w, eps)
 
+    def rms_norm_heads_(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        if kernels.use_ops_for(x) and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]:  # in place, one call
+            return kernels.rms_norm_heads_(x, w, eps)
+        return super().rms_norm_heads_(x, w, eps)
+
     def rope(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
              interleaved: bool = False) -> torch.Tensor:
         if not interleaved and kernels.use_ops_for(qkv):  # the same, bit for bit, in one call
