@@ -34,7 +34,10 @@ the whole latent), since a fused kernel takes one q/k/v width: torch's CPU SDPA 
 its flash kernel for its math path, which materialises the scores (7-10x slower at DeepSeek-V3's
 quarter widths, `reports/engine/README.md`); `sdpa` runs decode, and anything on CUDA (whose
 kernels take a narrower V), with V as it is; `triton` runs absorbed decode over the cache through
-`kernels.mla_decode` (the latent's blocks read in place).
+`kernels.mla_decode` (the latent's blocks read in place). The widened product does 2 D / (D + Dv) of
+the ideal attention FLOPs (1.2x at DeepSeek-V3's 192 / 128), which the analytical model does not
+price (it stays the ideal, at the true Dv) and `profile` shows as measured time; its FLOP checks run
+the naive backend, which never widens V.
 
 Parameters (names used by `weights.py`; shapes `(in, out)` as `weight_layout="in_out"` stores them,
 transposed for "out_in"): q_a_weight (C, Rq) [+ q_a_bias], q_a_norm (Rq), q_b_weight (Rq, H Dq), or
