@@ -180,7 +180,8 @@ class Block(nn.Module):
         if self.rope:  # q and k heads are adjacent: one rotation for both
             cos, sin = (ctx.cos_local, ctx.sin_local) if self.local_rope else (ctx.cos, ctx.sin)
             with rec.op("rope", i):
-                qk = self.ops.rope(qkv, H + H_kv, cos, sin, self.rope_interleaved)  # (N, H + H_kv, D)
+                qk = self.ops.rope(qkv, H + H_kv, cos, sin, self.rope_interleaved,
+                                   in_place=True)  # (N, H + H_kv, D), over qkv's q and k where the ops can
         if self.qk_l2:
             with rec.op("qk_norm", i):
                 qk = F.rms_norm(qk.float(), (self.D,), eps=self.norm_eps).to(qk.dtype)

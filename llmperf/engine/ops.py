@@ -57,9 +57,11 @@ class TorchOps:
         return x.copy_(self.rms_norm(x, w, eps))
 
     def rope(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
-             interleaved: bool = False) -> torch.Tensor:
+             interleaved: bool = False, in_place: bool = False) -> torch.Tensor:
         """The first `heads` heads of `qkv (N, heads_total, D)` rotated by the tables `(1, N, 1,
-        rotary_dim)`: `(N, heads, D)` (`interleaved`: adjacent pairs, `rope.apply_rope`)."""
+        rotary_dim)`: `(N, heads, D)` (`interleaved`: adjacent pairs, `rope.apply_rope`). `in_place`:
+        the caller owns `qkv` and lets the result overwrite those heads (an implementation may then
+        return a view of `qkv`; this one returns a fresh tensor either way)."""
         return apply_rope(qkv[None, :, :heads], cos, sin, interleaved)[0]
 
     def glu(self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -12,7 +12,7 @@ families"):
 - **Qwen3-30B-A3B's qk_norm** (`llmperf.engine.model.Block._rotate`; 32 q heads, 4 KV heads, head 128)
   at T tokens: before, each of q and k normalised out of place and concatenated; after, both
   normalised in place in the QKV output (`Norm.heads_`). Timed: qk_norm alone, and qk_norm with the
-  RoPE that follows (which now reads the QKV output instead of the concatenation).
+  RoPE that follows (before into a fresh tensor; after over the QKV output's q and k heads too).
 
 Each repeat runs before and after on fresh inputs (the QKV output copied outside the clock, as a GEMM
 leaves it), in alternating order; printed: each one's median [min, max] in ms and the median [min,
@@ -133,12 +133,12 @@ def qk_before(qkv: torch.Tensor, qn: Norm, kn: Norm, H: int, H_kv: int, rope: An
 
 
 def qk_after(qkv: torch.Tensor, qn: Norm, kn: Norm, H: int, H_kv: int, rope: Any, timed: dict[str, float]) -> Any:
-    """The engine's `Block._rotate` now: both normed in place in the QKV output; RoPE over it."""
+    """The engine's `Block._rotate` now: both normed in place in the QKV output, then rotated in place."""
     start = time.perf_counter()
     qn.heads_(qkv[:, :H])
     kn.heads_(qkv[:, H:H + H_kv])
     timed["qk_norm"] = time.perf_counter() - start
-    out = rope(qkv)
+    out = rope(qkv, in_place=True)
     timed["qk_norm+rope"] = time.perf_counter() - start
     return out
 
@@ -220,8 +220,8 @@ def run_qk_norm(tokens: list[int], reps: int) -> None:
         src = torch.randn(T, H + 2 * H_kv, D, generator=g)
         cos, sin = torch.randn(T, spec.rotary_dim, generator=g), torch.randn(T, spec.rotary_dim, generator=g)
 
-        def rope(x: torch.Tensor) -> torch.Tensor:
-            return ops.rope(x, H + H_kv, cos, sin)
+        def rope(x: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+            return ops.rope(x, H + H_kv, cos, sin, in_place=in_place)
 
         def make() -> tuple[Any, ...]:
             return src.clone(), norms[0], norms[1], H, H_kv, rope

@@ -482,7 +482,8 @@ def test_bad_swiglu_operands_are_refused_by_name(gate_up):
 @given(tokens=st.integers(0, 70), heads=st.integers(1, 6), kv=st.integers(0, 3), half=st.integers(1, 40),
        extra=st.integers(0, 9), bf16=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_rope_is_bit_for_bit_the_engines_torch_rope(tokens, heads, kv, half, extra, bf16, seed):
-    """Every product and the sum rounded where torch rounds them; partial rotary copies the rest."""
+    """Every product and the sum rounded where torch rounds them; partial rotary copies the rest. In
+    place over qkv's heads, the same bits, the v heads untouched."""
     g = torch.Generator().manual_seed(seed)
     dtype = torch.bfloat16 if bf16 else torch.float32
     D = 2 * half + 2 * (extra // 2)
@@ -492,6 +493,10 @@ def test_rope_is_bit_for_bit_the_engines_torch_rope(tokens, heads, kv, half, ext
     cos, sin = table.cos().to(dtype)[None, :, None], table.sin().to(dtype)[None, :, None]
     ours = cpu_kernels.rope(qkv, heads + kv, cos, sin)
     assert torch.equal(ours, apply_rope(qkv[None, :, :heads + kv], cos, sin)[0])
+    over = qkv.clone()
+    view = cpu_kernels.rope(over, heads + kv, cos, sin, in_place=True)
+    assert view.data_ptr() == over.data_ptr() and view.shape == ours.shape and torch.equal(view, ours)
+    assert torch.equal(over[:, heads + kv:], qkv[:, heads + kv:])
 
 
 @needs_kernel
@@ -517,12 +522,17 @@ def test_bad_rope_operands_are_refused_by_name(qkv, heads, table, needle):
         cpu_kernels.rope(qkv, heads, table, table)
 
 
+def test_rope_in_place_refuses_heads_that_are_not_adjacent():
+    with pytest.raises(ValueError, match="rope: in place needs qkv"):
+        cpu_kernels.rope(torch.randn(4, 6, 8)[:, ::2], 2, torch.randn(4, 8), torch.randn(4, 8), in_place=True)
+
+
 @needs_kernel
 @pytest.mark.parametrize(("dtype", "expected"), [("fp32", True), ("bf16", True), ("fp16", False)])
 def test_the_engine_runs_its_cpu_rope_on_the_kernel(monkeypatch, dtype, expected):
     calls = []
     real = cpu_kernels.rope
-    monkeypatch.setattr(cpu_kernels, "rope", lambda *a: calls.append(a[0].shape) or real(*a))
+    monkeypatch.setattr(cpu_kernels, "rope", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
     Engine(make_model("llama", dtype=dtype), cache="contiguous").generate([[1, 2, 3, 4]],
                                                                          SamplingParams(max_new_tokens=2))
     assert bool(calls) is expected
