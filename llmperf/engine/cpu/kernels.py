@@ -73,7 +73,10 @@ random (37, 5632) test differed from torch's.
 
 **RoPE** (`rope`, fp32 and bf16): the engine's "rotate half" over q and k (six framework calls: two
 multiplies, a negation, a concatenation, an add, a slice) in one, rounding each product and the sum
-where torch does, so it is bit for bit the same in both dtypes (the tests check equality). Per layer
+where torch does, so it is bit for bit the same in both dtypes (the tests check equality). In a
+prefill it writes over the QKV output's q and k heads (`in_place`), and the q/k norms before it
+normalise them there too (`rms_norm_heads_`): at 2,048 tokens of Qwen3-30B-A3B the fresh tensors
+they made before (32-36 MiB each, page-faulted) cost 10x the work (`reports/engine/README.md`). Per layer
 in the engine's recorded decode: bf16 batch 1 42 -> 18 us, fp32 batch 8 75 -> 58 us (scalar then;
 vectorised since: 31 -> 9 us hot at bf16 batch 8).
 
