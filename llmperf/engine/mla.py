@@ -258,8 +258,9 @@ class MLAttention(nn.Module):
         Dv = V.shape[-1]
         with rec.op("attention", i):
             # torch's CPU SDPA runs its flash kernel for one q/k/v width only (else the math path, which
-            # materialises the scores); its decode (T = 1) and CUDA's kernels take V as it is
-            if backend == "sdpa" and (Dv == D or T == 1 or not q.is_cpu):
+            # materialises the scores); its decode (T = 1), CUDA's kernels and a V wider than q/k (no
+            # such model yet) take V as it is
+            if backend == "sdpa" and (Dv >= D or T == 1 or not q.is_cpu):
                 return backends.sdpa_core(q, K, V, meta, p)
             if backend == "sdpa":
                 o = backends.sdpa_core(q, K, _value_at_width(K, V), meta, p)  # (B, T, H*D)
