@@ -22,7 +22,7 @@ them through `kernels.flash_attention` and absorbed decode through `kernels.mla_
 Parameters (`(in, out)` as `weight_layout="in_out"` stores them, transposed for "out_in"): q_a_weight
 (C, Rq) [+ q_a_bias], q_a_norm (Rq), q_b_weight (Rq, H Dq), or q_weight (C, H Dq); kv_a_weight (C, R
 + Dr) [+ kv_a_bias]; kv_a_norm (R); kv_b_weight (R, H (Dn + Dv)); o_weight (H Dv, C) [+ o_bias].
-The forms step by step, scales and backends: docs/engine.md, "Multi-head latent attention".
+The forms, V at the q/k width for fused kernels, scales, backends: docs/engine.md, "Multi-head latent attention".
 """
 
 from __future__ import annotations
@@ -199,12 +199,18 @@ class MLAttention(nn.Module):
         rec, i, H, R, Dn = ctx.rec, self.index, self.H, self.R, self.Dn
         keys = self._keys(lat, meta)[:, 0]  # (B, S, R + Dr)
         S = keys.shape[1]
+        Dv = self.Dv
         with rec.op("kv_b_proj", i):
-            kv = self.ops.linear(keys[..., :R], self.kv_b_weight).view(B, S, H, Dn + self.Dv)
-        k = torch.cat((kv[..., :Dn], keys[:, :, None, R:].expand(B, S, H, self.Dr)), dim=-1)  # (B, S, H, Dq)
+            kv = self.ops.linear(keys[..., :R], self.kv_b_weight).view(B, S, H, Dn + Dv)
+        # each key and head one row [v | k_nope | k_rope] (Dv + Dq): K and V are views of it, and a fused
+        # kernel of one q/k/v width reads V at the q/k width from the same row (`_value_at_width`)
+        vk = kv.new_empty(B, S, H, Dv + self.Dq)
+        vk[..., :Dv] = kv[..., Dn:]
+        vk[..., Dv:Dv + Dn] = kv[..., :Dn]
+        vk[..., Dv + Dn:] = keys[:, :, None, R:]
         q = torch.cat((q_nope, q_rope), dim=-1).view(B, T, H, self.Dq)
-        o = self._attend(q, k.transpose(1, 2), kv[..., Dn:].transpose(1, 2), meta, ctx)  # (B, T, H*Dv)
-        return o.reshape(B * T, H * self.Dv)
+        o = self._attend(q, vk[..., Dv:].transpose(1, 2), vk[..., :Dv].transpose(1, 2), meta, ctx)  # (B, T, H*Dv)
+        return o.reshape(B * T, H * Dv)
 
     def _absorbed(self, q_nope: torch.Tensor, q_rope: torch.Tensor, lat: torch.Tensor, meta: StepMeta, B: int,
                   T: int, ctx: Any) -> torch.Tensor:
@@ -228,10 +234,19 @@ class MLAttention(nn.Module):
         backend = _backend(ctx.attend)
         if backend == "naive":
             return backends.naive_core(i, q, K, V, meta, p, rec)
+        B, T, H, D = q.shape
+        Dv = V.shape[-1]
         with rec.op("attention", i):
-            if backend == "sdpa":
+            # torch's CPU SDPA runs its flash kernel for one q/k/v width only (else the math path, which
+            # materialises the scores); its decode (T = 1), CUDA's kernels and a V wider than q/k (no
+            # such model yet) take V as it is
+            if backend == "sdpa" and (Dv >= D or T == 1 or not q.is_cpu):
                 return backends.sdpa_core(q, K, V, meta, p)
-            return _flash(q, K, V, meta, p)
+            if backend == "sdpa":
+                o = backends.sdpa_core(q, K, _value_at_width(K, V), meta, p)  # (B, T, H*D)
+            else:
+                o = backends.flash_core(backends._kernels(), q, K, _value_at_width(K, V), meta, sm_scale=p.scale)
+            return o.view(B, T, H, D)[..., :Dv].reshape(B, T, H * Dv)
 
     def _attend_latent(self, q: torch.Tensor, lat: torch.Tensor, meta: StepMeta, ctx: Any) -> torch.Tensor:
         """Absorbed attention, `q (B, T, H, R + Dr)` = [q_lat | q_rope] over the cached latent (K = the
@@ -245,20 +260,24 @@ class MLAttention(nn.Module):
         return self._attend(q, K, K[..., :R], meta, ctx)
 
 
-def _flash(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta, p: LayerAttn) -> torch.Tensor:
-    """`kernels.flash_attention` (one q/k/v width) of `q (B, T, H, D)` over `K (B, H_kv, S, D)`, `V (B,
-    H_kv, S, Dv)` -> `(B, T, H * Dv)`: V zero-padded to D (the padded outputs are zero and dropped),
-    or when V is the first Dv features of K (the absorbed form's latent) K itself, its last D - Dv
-    outputs dropped."""
-    kernels = backends._kernels()
-    B, T, H, D = q.shape
-    Dv = V.shape[-1]
+def _value_at_width(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """V `(B, H_kv, S, Dv)` as a tensor of K's width D `(B, H_kv, S, D)` whose first Dv features are V's,
+    for a fused kernel of one q/k/v width: output feature j sums the probabilities times value feature
+    j alone, so outputs 0..Dv-1 are exact whatever features Dv..D-1 hold, and the caller drops those
+    outputs. No copy where V's rows continue in memory: V the first Dv features of K (the absorbed
+    form: K itself), or V followed by K in one row (the unabsorbed form's [v | k], `_unabsorbed`: the
+    D-wide view from V's start, its extra features K's first D - Dv, finite). Else V zero-padded."""
+    D, Dv = K.shape[-1], V.shape[-1]
     if Dv > D:
-        raise ValueError(f"v_head_dim: the triton backend pads V to the q/k width {D}, got a wider V of {Dv}")
-    if Dv < D:  # the kernels take one width (any strides but the last)
-        V = K if V.data_ptr() == K.data_ptr() and V.stride() == K.stride() else F.pad(V, (0, D - Dv))
-    o = backends.flash_core(kernels, q, K, V, meta, sm_scale=p.scale).view(B, T, H, D)
-    return o[..., :Dv].reshape(B, T, H * Dv)
+        raise ValueError(f"v_head_dim: a fused kernel of one width takes V at most as wide as q/k ({D}), got {Dv}")
+    if Dv == D:
+        return V
+    if V.stride() == K.stride() and V.stride(-1) == 1:
+        if V.data_ptr() == K.data_ptr():
+            return K
+        if V.data_ptr() + Dv * V.element_size() == K.data_ptr():
+            return V.as_strided(K.shape, K.stride(), V.storage_offset())
+    return F.pad(V, (0, D - Dv))
 
 
 def _mla_decode(q: torch.Tensor, meta: StepMeta, p: LayerAttn, layer: int, R: int) -> torch.Tensor:

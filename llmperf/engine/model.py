@@ -160,14 +160,15 @@ class Block(nn.Module):
         """q and k heads `(N, H + H_kv, D)`, normed (q/k norm), rotated and scaled as the layer does."""
         rec, i, H, H_kv = ctx.rec, self.index, self.H, self.H_kv
         qk = qkv[:, :H + H_kv]
-        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm of every q and k head, before RoPE
-            with rec.op("qk_norm", i):
-                qk = torch.cat((self.q_norm.forward(qk[:, :H]), self.k_norm.forward(qk[:, H:])), dim=1)
+        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm of every q and k head, before RoPE, in place
+            with rec.op("qk_norm", i):  # (qkv is this layer's own GEMM output: no fresh q, k or concatenation)
+                self.q_norm.heads_(qkv[:, :H])
+                self.k_norm.heads_(qkv[:, H:H + H_kv])
         if self.rope:  # q and k heads are adjacent: one rotation for both
             cos, sin = (ctx.cos_local, ctx.sin_local) if self.local_rope else (ctx.cos, ctx.sin)
             with rec.op("rope", i):
-                qk = self.ops.rope(qkv if self.q_norm is None else qk, H + H_kv, cos, sin,
-                                   self.rope_interleaved)  # (N, H + H_kv, D)
+                qk = self.ops.rope(qkv, H + H_kv, cos, sin, self.rope_interleaved,
+                                   in_place=True)  # (N, H + H_kv, D), over qkv's q and k where the ops can
         if self.qk_l2:
             with rec.op("qk_norm", i):
                 qk = F.rms_norm(qk.float(), (self.D,), eps=self.norm_eps).to(qk.dtype)

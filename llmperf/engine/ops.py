@@ -1,8 +1,9 @@
 """The seam between the model and what runs its operators: the model (`model.Transformer`) calls an
-ops object for its GEMMs, RMSNorm, RoPE, SwiGLU's activation and a whole decode step, and nothing
-else decides how they run. `TorchOps`, plain torch, is the default on every device and dtype; a
-faster implementation of the same interface (`llmperf.engine.cpu.CpuOps`: llmperf's C++ kernels and
-oneDNN's packed GEMM) is chosen in one place, `ops_for`, by device and dtype.
+ops object for its GEMMs, RMSNorm (of rows, or in place over q/k heads), RoPE, SwiGLU's activation
+and a whole decode step, and nothing else decides how they run. `TorchOps`, plain torch, is the
+default on every device and dtype; a faster implementation of the same interface
+(`llmperf.engine.cpu.CpuOps`: llmperf's C++ kernels and oneDNN's packed GEMM) is chosen in one place,
+`ops_for`, by device and dtype.
 
 Weights are stored in one layout, the model's (`(out, in)` as `nn.Linear`, or `(in, out)` when a
 model is built with `weight_layout="in_out"`); any other layout an implementation reads (packed for
@@ -50,10 +51,17 @@ class TorchOps:
             return F.rms_norm(x, w.shape, w, eps)
         return w * F.rms_norm(x.float(), w.shape, eps=eps).to(x.dtype)
 
+    def rms_norm_heads_(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        """`rms_norm` of every head of `x (N, heads, D)` (the q or k heads of a QKV GEMM's output, a
+        view) written back into `x`, which is returned."""
+        return x.copy_(self.rms_norm(x, w, eps))
+
     def rope(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
-             interleaved: bool = False) -> torch.Tensor:
+             interleaved: bool = False, in_place: bool = False) -> torch.Tensor:
         """The first `heads` heads of `qkv (N, heads_total, D)` rotated by the tables `(1, N, 1,
-        rotary_dim)`: `(N, heads, D)` (`interleaved`: adjacent pairs, `rope.apply_rope`)."""
+        rotary_dim)`: `(N, heads, D)` (`interleaved`: adjacent pairs, `rope.apply_rope`). `in_place`:
+        the caller owns `qkv` and lets the result overwrite those heads (an implementation may then
+        return a view of `qkv`; this one returns a fresh tensor either way)."""
         return apply_rope(qkv[None, :, :heads], cos, sin, interleaved)[0]
 
     def glu(self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -66,6 +66,14 @@ class Norm(nn.Module):
             return (F.rms_norm(x.float(), self.shape, eps=self.eps) * (1.0 + self.weight.float())).to(x.dtype)
         return self.ops.rms_norm(x, self.weight, self.eps)
 
+    def heads_(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm of every head of `x (N, heads, size)` written back into `x` (a view of a buffer the
+        caller owns, such as a QKV GEMM's output): no fresh tensor for the result on the ops' in-place
+        path (`TorchOps.rms_norm_heads_`), the same values as `forward`."""
+        if self.kind == "rmsnorm" and not self.offset:
+            return self.ops.rms_norm_heads_(x, self.weight, self.eps)
+        return x.copy_(self.forward(x))
+
 
 WEIGHT_LAYOUTS = ("auto", "in_out", "out_in")
 

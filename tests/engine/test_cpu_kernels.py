@@ -369,6 +369,35 @@ def test_bad_norm_operands_are_refused_by_name(x, w):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "d"), [(1, 1, 1, 16), (37, 8, 2, 128), (5, 3, 3, 40)])
+def test_the_rms_norm_of_heads_in_place_is_the_rms_norm_of_each_head_bit_for_bit(dtype, tokens, heads, kv_heads, d):
+    """q and k heads of a fused QKV output `(N, H + 2 H_kv, D)` normalised where they lie: the same bits as
+    the contiguous kernel, the v heads and the other group untouched, the view itself returned."""
+    g = torch.Generator().manual_seed(tokens * heads + d)
+    qkv = (torch.randn(tokens, heads + 2 * kv_heads, d, generator=g) * 3).to(dtype)
+    wq, wk = (torch.randn(d, generator=g).to(dtype) for _ in range(2))
+    before = qkv.clone()
+    q = cpu_kernels.rms_norm_heads_(qkv[:, :heads], wq, 1e-6)
+    assert q.data_ptr() == qkv.data_ptr() and q.shape == (tokens, heads, d)
+    assert torch.equal(qkv[:, :heads], cpu_kernels.rms_norm(before[:, :heads].contiguous(), wq, 1e-6))
+    assert torch.equal(qkv[:, heads:], before[:, heads:])
+    cpu_kernels.rms_norm_heads_(qkv[:, heads:heads + kv_heads], wk, 1e-6)
+    assert torch.equal(qkv[:, heads:heads + kv_heads],
+                       cpu_kernels.rms_norm(before[:, heads:heads + kv_heads].contiguous(), wk, 1e-6))
+    assert torch.equal(qkv[:, heads + kv_heads:], before[:, heads + kv_heads:])
+    assert cpu_kernels.rms_norm_heads_(qkv[:0, :heads], wq, 1e-6).shape == (0, heads, d)
+
+
+@pytest.mark.parametrize("x", [torch.randn(4, 6, 8)[:, :, ::2],  # features not contiguous
+                               torch.randn(4, 6, 8)[:, ::2],  # heads not adjacent
+                               torch.randn(4, 8)])  # not (tokens, heads, n)
+def test_the_rms_norm_of_heads_refuses_other_layouts_by_name(x):
+    with pytest.raises(ValueError, match="rms_norm_heads_: x"):
+        cpu_kernels.rms_norm_heads_(x, torch.ones(x.shape[-1]), 1e-6)
+
+
+@needs_kernel
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 40), n=st.integers(1, 1100), scale=st.floats(1e-3, 1e3), seed=st.integers(0, 2**31 - 1))
 def test_the_fp32_rms_norm_is_torch_s_up_to_the_order_of_the_sum(rows, n, scale, seed):
@@ -453,7 +482,8 @@ def test_bad_swiglu_operands_are_refused_by_name(gate_up):
 @given(tokens=st.integers(0, 70), heads=st.integers(1, 6), kv=st.integers(0, 3), half=st.integers(1, 40),
        extra=st.integers(0, 9), bf16=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_rope_is_bit_for_bit_the_engines_torch_rope(tokens, heads, kv, half, extra, bf16, seed):
-    """Every product and the sum rounded where torch rounds them; partial rotary copies the rest."""
+    """Every product and the sum rounded where torch rounds them; partial rotary copies the rest. In
+    place over qkv's heads, the same bits, the v heads untouched."""
     g = torch.Generator().manual_seed(seed)
     dtype = torch.bfloat16 if bf16 else torch.float32
     D = 2 * half + 2 * (extra // 2)
@@ -463,6 +493,10 @@ def test_rope_is_bit_for_bit_the_engines_torch_rope(tokens, heads, kv, half, ext
     cos, sin = table.cos().to(dtype)[None, :, None], table.sin().to(dtype)[None, :, None]
     ours = cpu_kernels.rope(qkv, heads + kv, cos, sin)
     assert torch.equal(ours, apply_rope(qkv[None, :, :heads + kv], cos, sin)[0])
+    over = qkv.clone()
+    view = cpu_kernels.rope(over, heads + kv, cos, sin, in_place=True)
+    assert view.data_ptr() == over.data_ptr() and view.shape == ours.shape and torch.equal(view, ours)
+    assert torch.equal(over[:, heads + kv:], qkv[:, heads + kv:])
 
 
 @needs_kernel
@@ -488,12 +522,17 @@ def test_bad_rope_operands_are_refused_by_name(qkv, heads, table, needle):
         cpu_kernels.rope(qkv, heads, table, table)
 
 
+def test_rope_in_place_refuses_heads_that_are_not_adjacent():
+    with pytest.raises(ValueError, match="rope: in place needs qkv"):
+        cpu_kernels.rope(torch.randn(4, 6, 8)[:, ::2], 2, torch.randn(4, 8), torch.randn(4, 8), in_place=True)
+
+
 @needs_kernel
 @pytest.mark.parametrize(("dtype", "expected"), [("fp32", True), ("bf16", True), ("fp16", False)])
 def test_the_engine_runs_its_cpu_rope_on_the_kernel(monkeypatch, dtype, expected):
     calls = []
     real = cpu_kernels.rope
-    monkeypatch.setattr(cpu_kernels, "rope", lambda *a: calls.append(a[0].shape) or real(*a))
+    monkeypatch.setattr(cpu_kernels, "rope", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
     Engine(make_model("llama", dtype=dtype), cache="contiguous").generate([[1, 2, 3, 4]],
                                                                          SamplingParams(max_new_tokens=2))
     assert bool(calls) is expected

@@ -284,6 +284,46 @@ def test_parameters_equal_the_analytical_count(changes):
     assert sum(p.numel() for p in build_model(spec).parameters()) == spec.param_count
 
 
+# ---- one q/k/v width for fused kernels -------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["unabsorbed", "absorbed"])
+def test_sdpa_gets_one_q_k_v_width_for_several_queries_and_the_same_logits(checkpoints, mode, monkeypatch):
+    """torch's CPU SDPA runs its flash kernel only for q, k and v of one width (else its math path,
+    the scores materialised): every SDPA call of the prefills and the extend gets V at the q/k width,
+    the decode steps V as it is, and the logits are the naive backend's (which never widens V)."""
+    import torch.nn.functional as F
+
+    widths = []  # (q, k, v) widths of each call
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: widths.append(
+        (q.shape[-1], k.shape[-1], v.shape[-1])) or real(q, k, v, **kw))
+    path = checkpoints["deepseek_v3"][0]
+    runs = {a: _stepwise_logits(from_pretrained(path, dtype="fp32", attention=a), "paged", mode)
+            for a in ("sdpa", "naive")}
+    for a, b in zip(runs["sdpa"], runs["naive"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    several, decode = widths[:3 * 3], widths[3 * 3:]  # (two prefills, the extend) x 3 layers; 4 steps x 3 layers
+    assert len(decode) == 4 * 3 and all(w[0] == w[1] == w[2] for w in several), widths
+    assert all(w[2] < w[1] for w in decode), widths  # V as it is
+
+
+def test_v_is_read_at_the_q_k_width_without_a_copy_where_its_rows_allow():
+    """`_value_at_width`: V the first features of K (absorbed) -> K; V followed by K in each row
+    (unabsorbed) -> the wider view from V's start, its first Dv features V's; else V zero-padded."""
+    from llmperf.engine.mla import _value_at_width
+
+    vk = torch.randn(2, 5, 3, 24 + 32)  # (B, S, H, Dv + Dq)
+    K, V = vk[..., 24:].transpose(1, 2), vk[..., :24].transpose(1, 2)
+    wide = _value_at_width(K, V)
+    assert wide.shape == K.shape and wide.data_ptr() == V.data_ptr() and torch.equal(wide[..., :24], V)
+    assert _value_at_width(K, K[..., :24]) is K
+    alone = V.contiguous()
+    padded = _value_at_width(K, alone)
+    assert torch.equal(padded[..., :24], alone) and not padded[..., 24:].any()
+    assert _value_at_width(K, K) is K
+    with pytest.raises(ValueError, match="v_head_dim"):
+        _value_at_width(V, K)
+
+
 # ---- what the engine refuses ------------------------------------------------------------------------
 @pytest.mark.parametrize("field,value", [("sliding_window", 8), ("attention_chunk_size", 8), ("nope_layers", (1,)),
                                          ("attn_softcap", 30.0), ("query_pre_attn_scalar", 20),
@@ -339,8 +379,8 @@ def test_flops_equal_the_analytical_model(mode, q_lora_rank):
 @pytest.mark.parametrize("cache_kind,mode", [("paged", "auto"), ("paged", "absorbed"), ("paged", "unabsorbed"),
                                              ("contiguous", "auto")])
 def test_triton_gives_the_sdpa_logits(checkpoints, cache_kind, mode, monkeypatch):
-    """Prefill and extend through `kernels.flash_attention` (V zero-padded to the q/k width; the
-    absorbed form with V = the latent), decode through `kernels.mla_decode` over the cache's blocks
+    """Prefill and extend through `kernels.flash_attention` (V read at the q/k width from each key's
+    [v | k] row; the absorbed form with V = the latent), decode through `kernels.mla_decode` over the cache's blocks
     (absorbed) or flash attention over the decompressed keys (unabsorbed)."""
     ok, why = kernels_available()
     if not ok:

@@ -93,3 +93,27 @@ def test_the_transposed_copy_is_private_and_follows_its_weight():
         theirs = model(tokens)
     assert model.layers[0].qkv_weight.shape == (spec.q_size + 2 * spec.kv_size, spec.hidden_size)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("ops", "dtype"), [(TorchOps(), torch.float32), (TorchOps(), torch.bfloat16),
+                                            (CpuOps(torch.float32), torch.float32),
+                                            (CpuOps(torch.bfloat16), torch.bfloat16)])
+@pytest.mark.parametrize("offset", [False, True])  # Qwen3's q/k norms; Gemma 3's (1 + weight)
+def test_q_and_k_norms_write_into_the_qkv_output_what_the_norm_computes(ops, dtype, offset):
+    """`Norm.heads_` (the layer's `qk_norm`) on the q and the k heads of a QKV output `(N, H + 2 H_kv, D)`:
+    in place, bit for bit `forward` on the same heads, the v heads untouched; on any ops (CpuOps: the
+    kernels' in-place path where they run, torch's otherwise)."""
+    from llmperf.engine.parts import Norm
+
+    g = torch.Generator().manual_seed(5)
+    qkv = (torch.randn(7, 4 + 2 * 2, 32, generator=g) * 2).to(dtype)
+    before = qkv.clone()
+    norms = [Norm("rmsnorm", 32, eps=1e-6, ops=ops, offset=offset, dtype=dtype) for _ in range(2)]
+    for n in norms:
+        n.weight.data = torch.randn(32, generator=g).to(dtype)
+    with torch.no_grad():
+        for norm, heads in zip(norms, (slice(0, 4), slice(4, 6))):
+            out = norm.heads_(qkv[:, heads])
+            assert out.data_ptr() == qkv[:, heads].data_ptr()
+            assert torch.equal(qkv[:, heads], norm.forward(before[:, heads].contiguous()))
+    assert torch.equal(qkv[:, 6:], before[:, 6:])

@@ -206,17 +206,18 @@ int gemm(const typename D::T *x, const typename D::T *w, const typename D::T *b,
 // torch rounds in `x * cos + cat(-x2, x1) * sin`: each product and the sum are rounded to the storage
 // dtype (compiled with -ffp-contract=off and explicit multiply / add intrinsics, so no product is fused
 // into the add). The features past rotary_dim are copied. x: token t, head h, feature i at
-// x[t * x_tok + h * d + i]; cos, sin (tokens, rd); out (tokens, heads, d), contiguous.
+// x[t * x_tok + h * d + i]; cos, sin (tokens, rd); out likewise with o_tok (tokens, heads, d). out may be
+// x (the same strides): each pair of features is read before it is written.
 template <class T, class L>
 void rope(const T *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d, int64_t rd, const T *cos,
-          const T *sin, T *out, int threads) {
+          const T *sin, T *out, int64_t o_tok, int threads) {
     const int64_t half = rd / 2;
 #pragma omp parallel for num_threads(threads) if (tokens * heads * d >= (1 << 16))
     for (int64_t t = 0; t < tokens; t++) {
         const T *c = cos + t * rd, *s = sin + t * rd;
         for (int64_t h = 0; h < heads; h++) {
             const T *xi = x + t * x_tok + h * d;
-            T *o = out + (t * heads + h) * d;
+            T *o = out + t * o_tok + h * d;
             for (int64_t i = 0; i < half; i += 16) {
                 const int64_t n = half - i;
                 const __m512 x1 = L::load(xi + i, n), x2 = L::load(xi + i + half, n);
@@ -227,19 +228,31 @@ void rope(const T *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d, i
                 L::store(o + i, _mm512_add_ps(a, b), n);
                 L::store(o + i + half, _mm512_add_ps(a2, b2), n);
             }
-            if (rd < d) std::memcpy(o + rd, xi + rd, (d - rd) * sizeof(T));
+            if (rd < d && o != xi) std::memcpy(o + rd, xi + rd, (d - rd) * sizeof(T));
         }
     }
 }
 
-// RMSNorm of `rows` rows of n: y = w * (x * rsqrt(mean(x^2) + eps)), the mean accumulated in fp32.
-// bf16 rounds as Hugging Face's LlamaRMSNorm: the normalised value to bf16, then the product with w.
+// RoPE into a contiguous out (tokens, heads, d).
 template <class T, class L>
-void rms_norm(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, int threads) {
+void rope(const T *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d, int64_t rd, const T *cos,
+          const T *sin, T *out, int threads) {
+    rope<T, L>(x, tokens, x_tok, heads, d, rd, cos, sin, out, heads * d, threads);
+}
+
+// RMSNorm of rows of n: y = w * (x * rsqrt(mean(x^2) + eps)), the mean accumulated in fp32. bf16 rounds
+// as Hugging Face's LlamaRMSNorm: the normalised value to bf16, then the product with w. The rows are
+// `heads` adjacent rows of each of `tokens` tokens: row h of token t at x + t * x_tok + h * n (y: y_tok),
+// so the q or k heads of a fused QKV GEMM's output are normalised where they lie; y may be x (each row
+// is read whole before it is written).
+template <class T, class L>
+void rms_norm(const T *x, int64_t x_tok, const T *w, T *y, int64_t y_tok, int64_t tokens, int64_t heads, int64_t n,
+              float eps, int threads) {
+    const int64_t rows = tokens * heads;
 #pragma omp parallel for num_threads(threads) if (rows * n >= (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
-        const T *xr = x + r * n;
-        T *yr = y + r * n;
+        const T *xr = x + r / heads * x_tok + r % heads * n;
+        T *yr = y + r / heads * y_tok + r % heads * n;
         __m512 acc = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
             const __m512 v = L::load(xr + i, n - i);
@@ -251,6 +264,12 @@ void rms_norm(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, 
             L::store(yr + i, _mm512_mul_ps(L::load(w + i, n - i), h), n - i);
         }
     }
+}
+
+// RMSNorm of `rows` contiguous rows of n.
+template <class T, class L>
+void rms_norm(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, int threads) {
+    rms_norm<T, L>(x, n, w, y, n, rows, 1, n, eps, threads);
 }
 
 // SwiGLU's activation of `rows` rows of [gate | up] (2f wide): y = silu(gate) * up, silu(g) = g / (1 +
@@ -507,18 +526,21 @@ extern "C" int llmperf_gemm_amx_bf16(const uint16_t *x, const uint16_t *wp, cons
 
 #define LLMPERF_ROPE(NAME, T, L)                                                                             \
     extern "C" int NAME(const T *x, int64_t tokens, int64_t x_tok, int64_t heads, int64_t d, int64_t rd,        \
-                        const T *cos, const T *sin, T *out, int threads) {                                      \
-        if (tokens < 0 || heads < 1 || d < 1 || rd < 0 || rd > d || rd % 2 || threads < 1) return 1;            \
-        rope<T, L>(x, tokens, x_tok, heads, d, rd, cos, sin, out, threads);                                     \
+                        const T *cos, const T *sin, T *out, int64_t o_tok, int threads) {                       \
+        if (tokens < 0 || heads < 1 || d < 1 || rd < 0 || rd > d || rd % 2 || o_tok < heads * d || threads < 1) \
+            return 1;                                                                                           \
+        rope<T, L>(x, tokens, x_tok, heads, d, rd, cos, sin, out, o_tok, threads);                              \
         return 0;                                                                                               \
     }
 LLMPERF_ROPE(llmperf_rope_bf16, uint16_t, LanesBF16)
 LLMPERF_ROPE(llmperf_rope_f32, float, LanesF32)
 
 #define LLMPERF_RMS_NORM(NAME, T, L)                                                                         \
-    extern "C" int NAME(const T *x, const T *w, T *y, int64_t rows, int64_t n, float eps, int threads) {      \
-        if (rows < 1 || n < 1 || threads < 1) return 1;                                                       \
-        rms_norm<T, L>(x, w, y, rows, n, eps, threads);                                                       \
+    extern "C" int NAME(const T *x, int64_t x_tok, const T *w, T *y, int64_t y_tok, int64_t tokens,            \
+                        int64_t heads, int64_t n, float eps, int threads) {                                   \
+        if (tokens < 1 || heads < 1 || n < 1 || x_tok < heads * n || y_tok < heads * n || threads < 1)        \
+            return 1;                                                                                         \
+        rms_norm<T, L>(x, x_tok, w, y, y_tok, tokens, heads, n, eps, threads);                               \
         return 0;                                                                                             \
     }
 LLMPERF_RMS_NORM(llmperf_rms_norm_bf16, uint16_t, LanesBF16)

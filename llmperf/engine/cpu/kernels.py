@@ -192,8 +192,9 @@ def _bind(lib: ctypes.CDLL, state: _State | None = None) -> None:
     missing)."""
     state = _state if state is None else state
     gemm_args = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    rope_args = [ctypes.c_void_p, *[ctypes.c_int64] * 5, *[ctypes.c_void_p] * 3, ctypes.c_int]
-    norm_args = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
+    rope_args = [ctypes.c_void_p, *[ctypes.c_int64] * 5, *[ctypes.c_void_p] * 3, ctypes.c_int64, ctypes.c_int]
+    norm_args = [ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 4, ctypes.c_float,
+                 ctypes.c_int]
     silu_args = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
     attention_args = ([ctypes.c_void_p, *[ctypes.c_int64] * 2, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3,
                        ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 3,
@@ -408,9 +409,32 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     x, w = x.contiguous(), w.contiguous()
     y = torch.empty_like(x)
     if x.numel():
-        _state.norms[x.dtype](x.data_ptr(), w.data_ptr(), y.data_ptr(), x.numel() // n, n, eps,
+        _state.norms[x.dtype](x.data_ptr(), n, w.data_ptr(), y.data_ptr(), n, x.numel() // n, 1, n, eps,
                               torch.get_num_threads())
     return y
+
+
+def rms_norm_heads_(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm` of every head of `x (N, heads, n)` in place, `x` returned: the heads of each token
+    adjacent with contiguous features (`stride(2) == 1`, `stride(1) == n`), the tokens any stride
+    apart, as the q or the k heads of a fused QKV GEMM's output `(N, H + 2 H_kv, n)` lie. The same
+    values as `rms_norm(x, w, eps)`, bit for bit (one kernel), without a copy in, a fresh output or a
+    concatenation: at Qwen3-30B-A3B's 2,048-token prefill those cost 8x the norm (page faults on
+    tens of MB of fresh memory, `reports/engine/README.md`)."""
+    if x.dim() != 3 or x.stride(2) != 1 or x.stride(1) != x.shape[2] or x.stride(0) < x.shape[1] * x.shape[2]:
+        raise ValueError(f"rms_norm_heads_: x must be (tokens, heads, n) with each token's heads adjacent, got "
+                         f"shape {tuple(x.shape)} strides {x.stride()}")
+    N, heads, n = x.shape
+    if x.dtype not in _SUFFIXES or w.dtype != x.dtype or tuple(w.shape) != (n,) or not x.is_cpu or n < 1:
+        raise ValueError(f"rms_norm_heads_: x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} {w.dtype} must be "
+                         "fp32 / bf16 CPU tensors of one dtype with w (n,) for x (..., n)")
+    if _load() is None:
+        raise RuntimeError(f"rms_norm_heads_: the kernels are unavailable: {_state.reason}")
+    w = w.contiguous()
+    if x.numel():
+        _state.norms[x.dtype](x.data_ptr(), x.stride(0), w.data_ptr(), x.data_ptr(), x.stride(0), N, heads, n, eps,
+                              torch.get_num_threads())
+    return x
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -437,10 +461,15 @@ def use_ops_for(x: torch.Tensor) -> bool:
     return x.dtype in _SUFFIXES and x.is_cpu and available()
 
 
-def rope(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     """`apply_rope` of the engine on the first `heads` heads of `qkv (N, heads_total, D)` (a GEMM
     output: each token's heads adjacent, features contiguous) with tables `cos`, `sin` of N rows of
-    rotary_dim (any leading shape), in one call: `(N, heads, D)`, bit for bit what torch computes."""
+    rotary_dim (any leading shape), in one call: `(N, heads, D)`, bit for bit what torch computes.
+    `in_place`: written over those heads of `qkv` (which must then have that layout) and returned as
+    a view of it, so no fresh tensor (tens of MB at a long prefill, paid in page faults)."""
+    if in_place and (qkv.dim() != 3 or (qkv.numel() and (qkv.stride(2) != 1 or qkv.stride(1) != qkv.shape[2]))):
+        raise ValueError(f"rope: in place needs qkv (tokens, heads, D) with each token's heads adjacent, got "
+                         f"shape {tuple(qkv.shape)} strides {qkv.stride()}")
     if qkv.dim() != 3 or not qkv.is_cpu or qkv.dtype not in _SUFFIXES or not 1 <= heads <= qkv.shape[1]:
         raise ValueError(f"rope: qkv must be a (tokens, heads, D) fp32 / bf16 CPU tensor with at least {heads} "
                          f"heads, got {tuple(qkv.shape)} {qkv.dtype}")
@@ -455,10 +484,10 @@ def rope(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) ->
     if _load() is None:
         raise RuntimeError(f"rope: the kernels are unavailable: {_state.reason}")
     cos, sin = cos.contiguous(), sin.contiguous()
-    out = qkv.new_empty((N, heads, D))
+    out = qkv[:, :heads] if in_place else qkv.new_empty((N, heads, D))
     if N:
         _state.ropes[qkv.dtype](qkv.data_ptr(), N, qkv.stride(0), heads, D, rd, cos.data_ptr(), sin.data_ptr(),
-                                out.data_ptr(), torch.get_num_threads())
+                                out.data_ptr(), out.stride(0), torch.get_num_threads())
     return out
 
 

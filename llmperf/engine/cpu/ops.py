@@ -132,10 +132,16 @@ class CpuOps(TorchOps):
             return kernels.rms_norm(x, w, eps)
         return super().rms_norm(x, w, eps)
 
+    def rms_norm_heads_(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        if kernels.use_ops_for(x) and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]:  # in place, one call
+            return kernels.rms_norm_heads_(x, w, eps)
+        return super().rms_norm_heads_(x, w, eps)
+
     def rope(self, qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
-             interleaved: bool = False) -> torch.Tensor:
+             interleaved: bool = False, in_place: bool = False) -> torch.Tensor:
         if not interleaved and kernels.use_ops_for(qkv):  # the same, bit for bit, in one call
-            return kernels.rope(qkv, heads, cos, sin)
+            in_place = in_place and qkv.dim() == 3 and qkv.stride(2) == 1 and qkv.stride(1) == qkv.shape[2]
+            return kernels.rope(qkv, heads, cos, sin, in_place=in_place)
         return super().rope(qkv, heads, cos, sin, interleaved)
 
     def glu(self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
