@@ -32,8 +32,8 @@ READABLE_SCHEMAS = (1, 2, 3, 4, 5)
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
 # the operators `op_e_memory` may price: vector operators whose bytes never depend on the context
-BYTES_CURVE_OPS = ("embed", "attn_norm", "rope", "kv_write", "attn_residual", "mlp_norm", "act", "mlp_residual",
-                   "final_norm")
+BYTES_CURVE_OPS = ("embed", "attn_norm", "qk_norm", "rope", "kv_write", "attn_residual", "mlp_norm", "act",
+                   "mlp_residual", "final_norm")
 
 #: the GEMM shape model's terms (`llmperf.analysis.gemm`): (lowest, lowest allowed?, highest, how a
 #: message says it)

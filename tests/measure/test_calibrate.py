@@ -357,7 +357,7 @@ def test_vector_operator_efficiency_is_fitted_per_byte_count():
 def test_calibration_writes_vector_operator_curves(cal):
     terms = cal.fit_terms()
     assert terms["schema_version"] == 3 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
-    assert {"attn_norm", "rope", "act", "mlp_residual"} <= set(terms["op_e_memory"]["fp32"])
+    assert {"attn_norm", "qk_norm", "rope", "act", "mlp_residual"} <= set(terms["op_e_memory"]["fp32"])
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_e_memory and all(0 < v <= 1 for c in tm.op_e_memory.values() for _, v in c.points)
     assert cal.provenance()["op_e_memory_model"]["prefills"] == [[1, 8], [2, 32]]

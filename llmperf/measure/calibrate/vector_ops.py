@@ -21,14 +21,14 @@ from llmperf.measure.timers import gc_paused
 #: the model whose recorded prefills measure the engine's vector operators at size (hidden 512, one
 #: layer: nothing like an evaluated model; its GEMMs are small, so a 32 x 1024 prefill takes a second)
 VECTOR_SPEC = dict(name="calibrate-vector", vocab_size=256, hidden_size=512, num_layers=1, num_heads=4,
-                   num_kv_heads=2, ffn_size=1536, max_positions=2048)
+                   num_kv_heads=2, ffn_size=1536, max_positions=2048, qk_norm="rmsnorm")  # q/k norms: Qwen3, Gemma 3
 
 
 def measure_op_e_memory(s: Settings, device: Any, progress: Progress, dtypes: Sequence[str], bw: float,
                         overheads: dict[str, dict[str, float]], notes: list[str] | None = None
                         ) -> dict[str, dict[str, list[list[float]]]]:
     """Per compute dtype, the memory efficiency of each engine vector operator (norms, RoPE, the gated
-    activation, residual adds, the KV write, the embedding) as a function of the bytes one call moves:
+    activation, residual adds, the KV write, the embedding, the q/k norms) as a function of the bytes one call moves:
     the median time of each operator over `vector_reps` recorded prefills of `VECTOR_SPEC` at each
     (batch, prompt) of `s.vector_prefills`, less its dispatch overhead, against the analytical bytes
     of the same call (`llmperf.analysis.operators`, the engine's fused GEMMs). `overheads`: per dtype,
