@@ -48,6 +48,7 @@ from llmperf.specs.efficiency import (  # noqa: F401  (the efficiency block's sc
     OVERHEAD_MODES,
     READABLE_SCHEMAS,
     Curve,
+    GemmBytesCurves,
     KindTerms,
     check_seconds,
     parse_kinds,
@@ -94,6 +95,8 @@ class EfficiencyTimeModel:
     collectives: Collectives | None = field(default=None, hash=False, compare=False)
     # weight GEMMs priced from their shape (`OpCost.gemm`) with these terms; None: by the matmul kind's curves
     gemm: GemmParams | None = None
+    # CPU: a weight GEMM's e_memory by rows and weight bytes (calibrated, schema 6); None: the kind's curves
+    gemm_e_memory: GemmBytesCurves | None = field(default=None, hash=False)
     compute_dtype: str = ""  # the phase's compute dtype this model prices (the GEMM model's peak); "" : fp16
     # fused attention priced by its shape (`OpCost.attn`); None: the attention kind's curves over rows
     attention_eff: AttentionEfficiency | None = None
@@ -167,6 +170,8 @@ class EfficiencyTimeModel:
             comm = dict(e_comm=e_comm, comm_latency_s=alpha * latency_share(cost.name))
         floor = self.floor_for(cost)
         e_compute = None
+        if self.gemm_e_memory is not None and cost.kind == "matmul" and np.all(np.asarray(cost.weight_bytes) > 0):
+            e_compute, e_memory = self.gemm_bytes_efficiency(cost, rows, t)
         # the shape model needs the device's SMs; a datasheet without them takes the kind's curves
         if (self.gemm is not None and cost.kind == "matmul" and cost.gemm is not None and hardware is not None
                 and getattr(hardware, "num_sms", None)):
@@ -180,6 +185,21 @@ class EfficiencyTimeModel:
         if self.overhead_mode == "overlap":
             return Efficiency(e_compute=e_compute, e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
         return Efficiency(e_compute=e_compute, e_memory=e_memory, overhead_s=overhead, floor_s=floor, **comm)
+
+    def gemm_bytes_efficiency(self, cost: OpCost, rows: Number, t: KindTerms) -> tuple[Number, Number]:
+        """(e_compute, e_memory) of a weight GEMM under `gemm_e_memory`: at rows the calibration swept,
+        e_memory is its curve's at the bytes of one call's weight and e_compute is 1 (each point's
+        efficiency is its whole call's time as a weight stream: a compute-bound point measured a lower
+        e_memory, and `peak` is the fastest GEMM measured, so the compute roof never exceeds it); at
+        more rows, the matmul kind's curves."""
+        assert self.gemm_e_memory is not None
+        calls = np.maximum(np.asarray(getattr(cost, "calls", 1.0), dtype=float), 1.0)
+        one = np.maximum(np.asarray(cost.weight_bytes, dtype=float) / calls, 1.0)
+        inside = self.gemm_e_memory.covers(rows)
+        if np.all(inside):
+            return 1.0, self.gemm_e_memory(rows, one)
+        return (np.where(inside, 1.0, t.e_compute(rows)),
+                np.where(inside, self.gemm_e_memory(rows, one), t.e_memory(rows)))
 
     def gemm_peak(self, cost: OpCost, hardware: HardwareSpec) -> float:
         """The peak `op_time` divides a matmul's FLOPs by: its module's format where the device has
@@ -257,6 +277,7 @@ class EfficiencyTimeModel:
                     op_overhead_rows_s={op: c.to_list() for op, c in self.op_overhead_rows.items()},
                     op_floor_s=dict(self.op_floor_s), gemm=None if self.gemm is None else self.gemm.to_dict(),
                     attention_eff=self.attention_eff.to_dict() if self.attention_eff is not None else None,
+                    gemm_e_memory=None if self.gemm_e_memory is None else self.gemm_e_memory.to_dict(),
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
                                    overhead_s=t.overhead_s, floor_s=t.floor_s) for k, t in self.kinds.items()})
 
@@ -446,7 +467,8 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
                                op_e_memory=parsed.get("op_e_memory", {}).get(used, {}), op_overhead_rows=by_rows,
                                op_floor_s=parsed.get("op_floor_s", {}).get(used, {}),
                                collectives=collectives, gemm=parsed.get("gemm"), compute_dtype=dtype,
-                               attention_eff=_attention_eff_for(parsed, used))
+                               attention_eff=_attention_eff_for(parsed, used),
+                               gemm_e_memory=parsed.get("gemm_e_memory", {}).get(used))
 
 
 def _attention_eff_for(parsed: dict[str, Any], dtype: str) -> AttentionEfficiency | None:

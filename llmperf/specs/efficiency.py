@@ -4,7 +4,8 @@ writes into `local.yaml` and what `models_spec/efficiency/typical.yaml` holds.
 The block gives, per compute dtype and operator kind, efficiency curves (`Curve`: `[rows, value]`
 points, log-linear between) and overheads (`KindTerms`), per-operator overheads, memory efficiencies
 and device floors (operator names from `llmperf.analysis.vocabulary`), and from schema 5 the GEMM shape
-model's terms (`gemm`) and fused attention's (`attention_eff`). What each term means and how a time is
+model's terms (`gemm`) and fused attention's (`attention_eff`), from schema 6 a CPU weight GEMM's
+memory efficiency by rows and weight size (`gemm_e_memory`, `GemmBytesCurves`). What each term means and how a time is
 made of them: `llmperf.analysis.timemodel`, `llmperf.analysis.gemm`, `llmperf.analysis.attention_eff`.
 A spec-level check, so that a corrupt calibration is refused when it is loaded (`llmperf.specs.local`).
 Pure Python + numpy (no torch).
@@ -25,10 +26,12 @@ from llmperf.numeric import is_real
 Number = Any  # float or numpy array
 
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
-EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU (on CUDA, with the device floors: 4)
+EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU without `gemm_e_memory` (with it: 6;
+# on CUDA, with the device floors: 4, with the shape terms: 5)
 # 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`;
-# 5 `gemm` (the GEMM shape model's terms, `llmperf.analysis.gemm`) and `attention_eff` (fused attention by shape)
-READABLE_SCHEMAS = (1, 2, 3, 4, 5)
+# 5 `gemm` (the GEMM shape model's terms, `llmperf.analysis.gemm`) and `attention_eff` (fused attention by shape);
+# 6 `gemm_e_memory` (a CPU weight GEMM's memory efficiency by rows and weight bytes, `GemmBytesCurves`)
+READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
 # the operators `op_e_memory` may price: vector operators whose bytes never depend on the context
@@ -190,6 +193,69 @@ def parse_op_e_memory(raw: Any, where: str) -> dict[str, dict[str, Curve]]:
     return out
 
 
+@dataclass(frozen=True)
+class GemmBytesCurves:
+    """A weight GEMM's memory efficiency as a function of its rows and of the bytes of one call's weight:
+    per measured row count a `Curve` over the weight's bytes (log-linear between sizes, flat outside),
+    log-linear in rows between measured row counts. `covers(rows)`: rows up to the most measured (beyond,
+    the matmul kind's curves apply: a prefill's GEMM is compute-bound, and the sweep never timed it)."""
+
+    by_rows: tuple[tuple[float, Curve], ...]
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> GemmBytesCurves:
+        """{rows: [[weight bytes, e_memory], ...]}; a bad row count or curve is refused naming `where`."""
+        if not isinstance(raw, Mapping) or not raw:
+            raise SpecError(f"{where}: expected a mapping of rows -> [[weight bytes, e_memory], ...], got {raw!r}")
+        out = []
+        for rows, curve in raw.items():
+            r = rows
+            if isinstance(rows, str) and rows.strip().isdigit():
+                r = int(rows)
+            if not is_real(r) or not r >= 1 or float(r) != int(r):
+                raise SpecError(f"{where}: rows must be an integer >= 1, got {rows!r}")
+            out.append((float(r), Curve.parse(curve, f"{where}.{rows}", x="bytes")))
+        out.sort(key=lambda rc: rc[0])
+        if len({r for r, _ in out}) != len(out):
+            raise SpecError(f"{where}: rows repeat in {list(raw)!r}")
+        return cls(tuple(out))
+
+    @property
+    def max_rows(self) -> float:
+        return self.by_rows[-1][0]
+
+    def covers(self, rows: Number) -> Number:
+        """Whether `rows` is within the measured row counts (at most the largest)."""
+        return np.asarray(rows, dtype=float) <= self.max_rows
+
+    def __call__(self, rows: Number, weight_bytes: Number) -> Number:
+        """e_memory at `rows` for a weight of `weight_bytes` (one call's): each row count's curve at the
+        weight's bytes, then log-linear in rows between the two measured row counts around `rows`."""
+        xs = np.log([r for r, _ in self.by_rows])
+        lr = np.log(np.maximum(np.asarray(rows, dtype=float), 1.0))
+        vals = np.stack(np.broadcast_arrays(*[np.asarray(c(weight_bytes), dtype=float) for _, c in self.by_rows]))
+        if len(xs) == 1:
+            out = vals[0] * np.ones_like(lr)
+        else:
+            lr_c = np.clip(lr, xs[0], xs[-1])
+            i = np.clip(np.searchsorted(xs, lr_c, side="right") - 1, 0, len(xs) - 2)
+            w = (lr_c - xs[i]) / (xs[i + 1] - xs[i])
+            lo, hi = (np.choose(j, vals) if vals.ndim > 1 else vals[j] for j in (i, i + 1))
+            out = lo * (1 - w) + hi * w
+        return float(out) if np.ndim(out) == 0 else out
+
+    def to_dict(self) -> dict[int, list[list[float]]]:
+        """`{rows: [[bytes, e_memory], ...]}`, as an efficiency file writes it."""
+        return {int(r): c.to_list() for r, c in self.by_rows}
+
+
+def parse_gemm_e_memory(raw: Any, where: str) -> dict[str, GemmBytesCurves]:
+    """`gemm_e_memory`: {compute dtype: {rows: [[weight bytes of one call, e_memory], ...]}}."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping of compute dtype -> {{rows: curve}}, got {raw!r}")
+    return {str(d): GemmBytesCurves.parse(c, f"{where}.{d}") for d, c in raw.items()}
+
+
 def parse_op_floors(raw: Any, where: str) -> dict[str, dict[str, float]]:
     """`op_floor_s`: {compute dtype: {operator name: seconds}}, a kernel's minimum device time."""
     if not isinstance(raw, Mapping):
@@ -267,7 +333,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                         f"got {version!r}")
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
                           (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}),
-                          (5, {"gemm", "attention_eff"})):
+                          (5, {"gemm", "attention_eff"}), (6, {"gemm_e_memory"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -300,6 +366,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 op_floor_s=parse_op_floors(raw.get("op_floor_s") or {}, f"{where}.op_floor_s"),
                 gemm=None if raw.get("gemm") is None else gemm_terms(raw["gemm"], f"{where}.gemm"),
                 attention_eff=parse_attention_eff(raw.get("attention_eff") or {}, f"{where}.attention_eff"),
+                gemm_e_memory=parse_gemm_e_memory(raw.get("gemm_e_memory") or {}, f"{where}.gemm_e_memory"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -311,7 +378,7 @@ def check_attention_term(name: str, value: Any, where: str) -> None:
 
 
 __all__ = ["ATTENTION_PARAMS", "BACKENDS", "BYTES_CURVE_OPS", "Curve", "EFFICIENCY_SCHEMA", "GEMM_FIELDS",
-           "GEMM_LIMITS", "KindTerms", "OP_KINDS", "OVERHEAD_MODES", "READABLE_SCHEMAS", "attention_terms",
-           "check_attention_term", "check_seconds", "gemm_terms", "parse_attention_eff", "parse_efficiency",
-           "parse_kinds", "parse_op_e_memory", "parse_op_floors", "parse_op_overhead_rows",
-           "parse_op_overheads"]
+           "GEMM_LIMITS", "GemmBytesCurves", "KindTerms", "OP_KINDS", "OVERHEAD_MODES", "READABLE_SCHEMAS",
+           "attention_terms", "check_attention_term", "check_seconds", "gemm_terms", "parse_attention_eff",
+           "parse_efficiency", "parse_gemm_e_memory", "parse_kinds", "parse_op_e_memory", "parse_op_floors",
+           "parse_op_overhead_rows", "parse_op_overheads"]

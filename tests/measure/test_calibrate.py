@@ -138,7 +138,7 @@ def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
     assert "attention" in cal.op_overhead_s["sdpa"]
     assert {"attn_score", "attn_softmax", "attn_value"} <= set(cal.op_overhead_s["naive"])
     eff = cal.to_mapping()["efficiency"]
-    assert eff["schema_version"] == 3 and eff["overhead_mode"] == "add"
+    assert eff["schema_version"] == 6 and eff["overhead_mode"] == "add"  # 6: its GEMMs by weight size
     # a CPU measures them warm too, for models whose weights fit the private caches
     assert set(cal.op_overhead_warm_s) == {"sdpa", "naive"} and eff["warm_below_bytes"] > 0
     path = write_yaml(cal.to_mapping(), tmp_path / "cal.yaml")
@@ -180,7 +180,7 @@ def test_cuda_device_floors_are_written_as_schema_4_and_priced(cal):
     parsed = parse_efficiency(eff, "local")
     assert parsed["dtypes"]["fp32"]["norm"].floor_s == pytest.approx(5e-6)
     assert gpu.provenance()["floor_s"] == {"norm": 5e-6, "elementwise": 1.5e-6}
-    assert cal.fit_terms()["schema_version"] == 3  # a CPU calibration measures none
+    assert "floor_s" not in cal.fit_terms()["dtypes"]["fp32"]["norm"]  # a CPU calibration measures none
     tiny = OpCost(name="attn_norm", kind="norm", act_read_bytes=8.0, rows=1)
     from llmperf.analysis.timemodel import _from_parsed
 
@@ -267,7 +267,7 @@ def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
 
     mapping = cal.to_mapping()
     newer = ("op_overhead_s", "overhead_mode", "op_overhead_warm_s", "warm_below_bytes", "op_e_memory",
-             "op_overhead_rows_s")
+             "op_overhead_rows_s", "gemm_e_memory")
     eff = {k: v for k, v in mapping["efficiency"].items() if k not in newer}
     path = write_yaml({**mapping, "efficiency": {**eff, "schema_version": 1}}, tmp_path / "old.yaml")
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
@@ -356,7 +356,7 @@ def test_vector_operator_efficiency_is_fitted_per_byte_count():
 
 def test_calibration_writes_vector_operator_curves(cal):
     terms = cal.fit_terms()
-    assert terms["schema_version"] == 3 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
+    assert terms["schema_version"] == 6 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
     assert {"attn_norm", "qk_norm", "rope", "act", "mlp_residual"} <= set(terms["op_e_memory"]["fp32"])
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_e_memory and all(0 < v <= 1 for c in tm.op_e_memory.values() for _, v in c.points)
@@ -563,3 +563,27 @@ def test_a_sweep_over_its_budget_stops_and_says_so_in_the_yaml(tmp_path):
     curves = measure_op_e_memory(s, torch.device("cpu"), lambda m: None, ["fp32"], 1e10, {}, vec_notes)
     assert curves["fp32"] and all(len(pts) == 1 for pts in curves["fp32"].values())  # the first prefill only
     assert len(vec_notes) == 1 and vec_notes[0].startswith("vector operators fp32: stopped before 2x32")
+
+
+def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_6(cal, tmp_path):
+    """The engine GEMMs timed at several weight sizes become `gemm_e_memory` (with the GEMM sweep's own
+    shape at the same rows), the file says schema 6, and the calibrated model prices weight GEMMs by it."""
+    from dataclasses import replace as dc_replace
+
+    from llmperf.analysis.timemodel import time_model_for
+
+    s = cal.settings
+    assert {p.dtype for _, p in cal.gemm_sizes} == set(cal.measured_dtypes())
+    eff = cal.to_mapping()["efficiency"]
+    assert eff["schema_version"] == 6
+    sweep_bytes = 4 * s.gemm_n * s.gemm_k
+    for rows, pts in eff["gemm_e_memory"]["fp32"].items():
+        sizes = [b for b, _ in pts]
+        assert sizes == sorted(sizes) and all(0 < e <= 1 for _, e in pts)
+        assert 4 * 128 * 128 in sizes and (sweep_bytes in sizes) == (rows in s.gemm_rows)  # the sweep's own rows
+    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda"})
+    assert "gemm_e_memory" not in gpu.fit_terms()  # CUDA: the GEMM shape model's
+    assert cal.to_mapping()["calibration"]["gemm_sizes"]
+    path = write_yaml(cal.to_mapping(), tmp_path / "local.yaml")
+    tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
+    assert tm.gemm_e_memory is not None and tm.gemm_e_memory.max_rows == max(s.gemm_size_rows)

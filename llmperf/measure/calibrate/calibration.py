@@ -4,7 +4,9 @@ mapping it becomes (`to_mapping`: `HardwareSpec` fields, the `efficiency:` block
 The spec's `peak_tflops[dtype]` is the best GEMM throughput measured at that dtype and
 `memory_bandwidth_gbps` the best DRAM-sized stream (read, copy or GEMV), so every efficiency is in
 (0, 1] (`fit_terms`, formulas in `llmperf.measure.calibrate.fit`). Vector operators get
-`e_memory = add bandwidth / bw`. The overheads combine with the device time by `overhead_mode`:
+`e_memory = add bandwidth / bw`. On a CPU, the weight GEMMs timed at several sizes (`gemm_sizes`,
+with the sweep's own shape) give `gemm_e_memory` (schema 6, `fit_gemm_e_memory`). The overheads
+combine with the device time by `overhead_mode`:
 `add` on CPU (dispatch and work run on one thread), `overlap` on CUDA (asynchronous launches; see
 `llmperf.analysis.timemodel`), where the fit takes `t' = t`: a CUDA-event time of back-to-back calls
 is the device's own time. Nothing from `profile`'s configurations is used.
@@ -16,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
-from llmperf.measure.calibrate.fit import _clean, _clean_ops, fit_curves
+from llmperf.measure.calibrate.fit import _clean, _clean_ops, fit_curves, fit_gemm_e_memory
 from llmperf.measure.calibrate.operators import COLD_GEMM, TINY_SPEC, dispatch_spec
 from llmperf.measure.calibrate.points import AllreducePoint, ComputePoint, StreamPoint
 from llmperf.measure.calibrate.settings import VECTOR_KINDS, MiB, Settings
@@ -49,6 +51,8 @@ class Calibration:
     # CUDA: fused attention (SDPA) by shape and its terms (`llmperf.analysis.attention_eff`) fitted on them
     attention_shapes: list[dict[str, Any]] = field(default_factory=list)
     attention_eff: dict[str, Any] | None = None
+    # CPU: (weight bytes, point) of the engine's GEMM at several weight sizes and the decode rows
+    gemm_sizes: list[tuple[int, ComputePoint]] = field(default_factory=list)
     allreduce: list[AllreducePoint] = field(default_factory=list)
     datasheet: HardwareSpec | None = None
     notes: list[str] = field(default_factory=list)
@@ -120,7 +124,9 @@ class Calibration:
                 kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
             dtypes[dtype] = kinds
         # CUDA: 4 with the device floors, 5 with the GEMM and attention shape terms
-        schema = 5 if self.gemm or self.attention_eff else 4 if self.floor_s else EFFICIENCY_SCHEMA
+        gemm_e_memory = self.gemm_e_memory()
+        schema = (6 if gemm_e_memory else 5 if self.gemm or self.attention_eff else 4 if self.floor_s
+                  else EFFICIENCY_SCHEMA)
         out = dict(schema_version=schema, model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
         if self.op_overhead_s:
@@ -136,11 +142,29 @@ class Calibration:
         if self.op_e_memory:
             out["op_e_memory"] = {d: {op: [[int(b), _clean(e)] for b, e in pts] for op, pts in ops.items()}
                                   for d, ops in self.op_e_memory.items() if d in dtypes}
+        if gemm_e_memory:
+            out["gemm_e_memory"] = gemm_e_memory
         if self.gemm:
             out["gemm"] = dict(self.gemm)
         if self.attention_eff:
             out["attention_eff"] = {"default": dict(self.attention_eff)}
         out["dtypes"] = dtypes
+        return out
+
+    def gemm_e_memory(self) -> dict[str, dict[int, list[list[float]]]]:
+        """Per measured dtype, `fit_gemm_e_memory` on its `gemm_sizes` points and the GEMM sweep's points
+        at the same rows (weights of `gemm_n x gemm_k`), so the curves meet the sweep at its shape."""
+        if not self.gemm_sizes or self.device.get("kind") == "cuda":  # CUDA: the shape model (`gemm`)
+            return {}
+        bw, n, k = self.memory_bytes_per_s(), self.settings.gemm_n, self.settings.gemm_k
+        out = {}
+        for dtype in self.measured_dtypes():
+            own = [(w, p) for w, p in self.gemm_sizes if p.dtype == dtype]
+            rows = {p.rows for _, p in own}
+            sweep = [(p.bytes * n * k / (n * k + p.rows * (n + k)), p) for p in self.compute
+                     if p.op == "matmul" and p.dtype == dtype and p.rows in rows]
+            if own:
+                out[dtype] = fit_gemm_e_memory(own + sweep, bw, self.overhead_s.get("matmul", 0.0))
         return out
 
     # ---- the hardware YAML ------------------------------------------------------------------------
@@ -208,6 +232,9 @@ class Calibration:
                           median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n,
                           tflops_per_s=_clean(p.flops_per_s / 1e12),
                           gb_per_s=_clean(p.bytes_per_s / 1e9)) for p in self.compute],
+            gemm_sizes=[dict(dtype=p.dtype, rows=p.rows, shape=p.shape, weight_bytes=w, seconds=_clean(p.seconds),
+                             median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n,
+                             gb_per_s=_clean(p.bytes_per_s / 1e9)) for w, p in self.gemm_sizes],
             allreduce=[dict(backend=p.backend, world=p.world, size_bytes=p.size_bytes, seconds=_clean(p.seconds),
                             busbw_gbps=_clean(p.busbw / 1e9)) for p in self.allreduce],
             notes=list(self.notes))

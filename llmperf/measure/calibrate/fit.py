@@ -4,7 +4,8 @@ For each measured GEMM / attention point, with `t' = t - overhead`:
 `e_compute(rows) = min(1, flops / (peak * t'))` and `e_memory(rows) = min(1, max(e_gemv,
 bytes / (bw * t')))`, so the model (`llmperf.analysis.timemodel`) reproduces every calibration point
 and interpolates in log(rows) between them. A vector operator's memory efficiency is a curve over
-the bytes one call moves (`fit_op_e_memory`). Figures are rounded to 4 significant figures for the YAML.
+the bytes one call moves (`fit_op_e_memory`); on a CPU a weight GEMM's is a curve over its weight's bytes
+per row count (`fit_gemm_e_memory`). Figures are rounded to 4 significant figures for the YAML.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def fit_curves(pts: Sequence[ComputePoint], peak: float, bw: float, overhead: fl
         by_rows.setdefault(p.rows, []).append(p)
     rows = sorted(by_rows)
 
-    def t_prime(p: ComputePoint) -> float:  # the typical call, less the overhead
-        return max(p.typical_s - overhead, 0.5 * p.typical_s)
+    def t_prime(p: ComputePoint) -> float:
+        return _t_prime(p, overhead)
 
     first = by_rows[rows[0]][0]
     e_mem0 = min(1.0, first.bytes / (bw * t_prime(first)))
@@ -62,6 +63,24 @@ def fit_curves(pts: Sequence[ComputePoint], peak: float, bw: float, overhead: fl
             em[r] = e_mem0
     return dict(e_compute=[[r, _clean(max(ec[r], 1e-6))] for r in rows],
                 e_memory=[[r, _clean(max(em[r], 1e-6))] for r in rows], overhead_s=_clean(overhead))
+
+
+def _t_prime(p: ComputePoint, overhead: float) -> float:
+    """The typical call less the overhead (at least half the call: the overhead never explains it all)."""
+    return max(p.typical_s - overhead, 0.5 * p.typical_s)
+
+
+def fit_gemm_e_memory(points: Sequence[tuple[float, ComputePoint]], bw: float, overhead: float
+                      ) -> dict[int, list[list[float]]]:
+    """`{rows: [[weight bytes, e_memory], ...]}` from (weight bytes, point) pairs of one dtype: each
+    point's `e = bytes / (bw t')` (t' as `fit_curves`), its whole call read as a weight stream, clipped to
+    (1e-6, 1]; one point per (rows, weight bytes), the best."""
+    best: dict[int, dict[int, float]] = {}
+    for w_bytes, p in points:
+        e = min(1.0, max(p.bytes / (bw * _t_prime(p, overhead)), 1e-6))
+        per = best.setdefault(int(p.rows), {})
+        per[int(w_bytes)] = max(per.get(int(w_bytes), 0.0), e)
+    return {r: [[b, _clean(per[b])] for b in sorted(per)] for r, per in sorted(best.items())}
 
 
 def _clean(x: float) -> float:

@@ -1,5 +1,5 @@
 """`calibrate()`: every measurement of a calibration in order, on the device `Settings.device` names,
-into one `Calibration` (ceilings, shape terms on CUDA, engine overheads, vector operators,
+into one `Calibration` (ceilings, shape terms on CUDA, GEMMs by weight size on CPU, engine overheads, vector operators,
 all-reduce). Each step is a module of this package; a measurement a device cannot make is noted.
 """
 
@@ -12,6 +12,7 @@ from llmperf.measure.calibrate.allreduce import measure_allreduce
 from llmperf.measure.calibrate.attention import fit_attention_shapes, measure_attention, measure_attention_shapes
 from llmperf.measure.calibrate.calibration import Calibration
 from llmperf.measure.calibrate.ceilings import measure_gemm, measure_streams
+from llmperf.measure.calibrate.cpu_gemm_sizes import measure_gemm_sizes
 from llmperf.measure.calibrate.floors import measure_floors, measure_overheads
 from llmperf.measure.calibrate.gemm_shapes import fit_gemm_shapes, measure_gemm_shapes
 from llmperf.measure.calibrate.operators import (
@@ -67,6 +68,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
             cal.gemm = fit_gemm_shapes(cal)
             cal.attention_shapes = measure_attention_shapes(device, tick)
             cal.attention_eff = fit_attention_shapes(cal)
+        elif s.gemm_sizes:
+            cal.gemm_sizes = measure_gemm_sizes(s, device, tick, cal.measured_dtypes(), cal.notes)
     if s.step_overhead:
         cal.step_overhead_s = measure_step_overhead(device, tick)
     if s.op_overhead:

@@ -62,6 +62,13 @@ class Settings:
     # (batch, prompt) prefills of VECTOR_SPEC whose recorded operators give `op_e_memory`; () skips it
     vector_prefills: tuple[tuple[int, int], ...] = ((1, 128), (4, 512), (16, 1024), (32, 1024))
     vector_reps: int = 3
+    # CPU: (N, K) weights whose engine GEMM is timed at the decode rows (`cpu_gemm_sizes`; with the sweep's
+    # gemm_n x gemm_k they give `gemm_e_memory`): 4, 16 and 64 MiB fp32 projections and a 256 MiB
+    # wide-and-short lm_head; () skips it
+    gemm_sizes: tuple[tuple[int, int], ...] = ((1024, 1024), (4096, 1024), (4096, 4096), (65536, 1024))
+    gemm_size_rows: tuple[int, ...] = (1, 2, 4, 8, 16)  # with both sides of each GEMM path edge up to 16
+    gemm_size_budget_s: float = 6.0  # a dtype's size sweep stops before a point predicted past this (both
+    # fp32 and bf16, every point, took 4.4 s on a 2-core AVX-512 EPYC)
 
     def __post_init__(self) -> None:
         """Settings that cannot be measured are refused before anything runs, naming the field."""
@@ -72,6 +79,10 @@ class Settings:
                              f"got {self.dispatch_hidden!r}")
         if self.gemm_rounds < 1:
             raise ValueError(f"gemm_rounds: must be >= 1, got {self.gemm_rounds!r}")
+        if any(len(nk) != 2 or min(nk) < 1 for nk in self.gemm_sizes):
+            raise ValueError(f"gemm_sizes: must be (N, K) pairs of positive sizes, got {self.gemm_sizes!r}")
+        if any(r < 1 for r in self.gemm_size_rows):
+            raise ValueError(f"gemm_size_rows: must be rows >= 1, got {self.gemm_size_rows!r}")
 
     @classmethod
     def for_device(cls, device: str, **changes: Any) -> Settings:
@@ -80,7 +91,8 @@ class Settings:
                        gemm_k=8192, gemm_n=8192, gemm_rows=(1, 4, 16, 64, 256, 1024, 4096, 8192),
                        gemm_call_budget_s=1.0, gemm_sweep_budget_s=60.0, vector_budget_s=60.0,
                        emulated_budget_s=60.0, attn_heads=32, attn_decode=((1, 8192), (32, 8192)),
-                       attn_prefill=(1024, 4096), allreduce_sizes=(4096, 65536, MiB, 16 * MiB, 256 * MiB))
+                       attn_prefill=(1024, 4096), allreduce_sizes=(4096, 65536, MiB, 16 * MiB, 256 * MiB),
+                       gemm_sizes=())  # CUDA: the GEMM shape model (`gemm_shapes`) prices by shape
         else:
             base = cls(device=device)
         from dataclasses import replace
@@ -93,5 +105,6 @@ class Settings:
         base = cls(dtypes=("fp32", "bf16"), stream_sizes=(64 * 1024, 4 * MiB), gemm_k=256, gemm_n=512,
                    gemm_rows=(1, 8, 64), attn_heads=2, attn_head_dim=32, attn_group=2, attn_decode=((1, 256),),
                    attn_prefill=(64,), reps=3, allreduce=False, step_overhead=False, op_overhead_tokens=6,
-                   working_set_bytes=0, vector_prefills=((1, 8), (2, 32)), vector_reps=2, dispatch_hidden=128)
+                   working_set_bytes=0, vector_prefills=((1, 8), (2, 32)), vector_reps=2, dispatch_hidden=128,
+                   gemm_sizes=((128, 128), (1024, 256)), gemm_size_rows=(1, 4))
         return replace(base, **changes)

@@ -1,0 +1,177 @@
+"""A CPU weight GEMM's memory efficiency by rows and weight bytes (`gemm_e_memory`, efficiency schema
+6): parsing and refusal, interpolation, pricing, the calibration's sweep and fit. No timing."""
+
+from __future__ import annotations
+
+import glob
+
+import numpy as np
+import pytest
+
+from llmperf.analysis import ForwardModel
+from llmperf.analysis.roofline import OpCost
+from llmperf.analysis.timemodel import time_model_for
+from llmperf.errors import SpecError
+from llmperf.measure.calibrate import ComputePoint, Settings
+from llmperf.measure.calibrate.fit import fit_gemm_e_memory
+from llmperf.specs import HardwareSpec, Precision, load_hardware, load_model
+from llmperf.specs.efficiency import GemmBytesCurves, parse_efficiency
+
+MB = 1e6
+
+
+def _eff(**extra):
+    return {"schema_version": 6, "dtypes": {"fp32": {
+        "matmul": {"e_compute": 0.5, "e_memory": 0.5, "overhead_s": 2e-6},
+        "elementwise": {"e_compute": 1.0, "e_memory": 1.0, "overhead_s": 1e-6}}}, **extra}
+
+
+def _hw(eff):
+    return HardwareSpec(name="local", vendor="cpu", peak_tflops={"fp32": 0.1}, memory_bandwidth_gbps=12,
+                        memory_gib=8, efficiency=eff, calibration={"tool": "llmperf calibrate"})
+
+
+CURVES = {1: [[4 * MB, 0.9], [128 * MB, 0.6]], 16: [[4 * MB, 0.5], [128 * MB, 0.3]]}
+
+
+def test_the_curves_interpolate_in_log_bytes_then_in_log_rows():
+    g = GemmBytesCurves.parse(CURVES, "f")
+    assert g(1, 4 * MB) == pytest.approx(0.9) and g(1, 128 * MB) == pytest.approx(0.6)
+    assert g(1, 1 * MB) == pytest.approx(0.9) and g(1, 1e9) == pytest.approx(0.6)  # flat outside the sizes
+    mid = np.exp((np.log(4 * MB) + np.log(128 * MB)) / 2)
+    assert g(1, mid) == pytest.approx(0.75)
+    assert g(4, 4 * MB) == pytest.approx(0.7)  # half way between 1 and 16 rows in log(rows)
+    assert g(4, mid) == pytest.approx((0.75 + 0.4) / 2)
+    assert np.allclose(g(np.array([1.0, 4.0, 16.0]), 4 * MB), [0.9, 0.7, 0.5])
+    assert np.allclose(g(1, np.array([4 * MB, 128 * MB])), [0.9, 0.6])
+    assert np.allclose(g(np.array([1.0, 16.0]), np.array([4 * MB, 128 * MB])), [0.9, 0.3])
+    assert list(g.covers(np.array([1, 16, 17]))) == [True, True, False]
+    assert g.to_dict() == CURVES
+    assert GemmBytesCurves.parse({"8": [[1, 0.5]]}, "f").max_rows == 8  # a yaml key may come as a string
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"fp32": {0: [[1, 0.5]]}}, r"f.gemm_e_memory.fp32: rows must be an integer >= 1, got 0"),
+    ({"fp32": {1.5: [[1, 0.5]]}}, r"f.gemm_e_memory.fp32: rows must be an integer >= 1, got 1.5"),
+    ({"fp32": {"x": [[1, 0.5]]}}, r"f.gemm_e_memory.fp32: rows must be an integer >= 1, got 'x'"),
+    ({"fp32": {1: [[0, 0.5]]}}, r"f.gemm_e_memory.fp32.1: bytes must be >= 1, got 0"),
+    ({"fp32": {1: [[10, 1.5]]}}, r"f.gemm_e_memory.fp32.1: an efficiency must be in \(0, 1\], got 1.5"),
+    ({"fp32": {}}, r"f.gemm_e_memory.fp32: expected a mapping of rows"),
+    ({"fp32": [1, 2]}, r"f.gemm_e_memory.fp32: expected a mapping of rows"),
+    ([1], r"f.gemm_e_memory: expected a mapping of compute dtype"),
+])
+def test_bad_terms_are_refused_naming_the_field_and_value(raw, message):
+    with pytest.raises(SpecError, match=message):
+        parse_efficiency(_eff(gemm_e_memory=raw), "f")
+
+
+def test_the_term_needs_schema_6_and_older_files_load():
+    with pytest.raises(SpecError, match="f.gemm_e_memory: needs schema_version 6, the file says 5"):
+        parse_efficiency({**_eff(gemm_e_memory={"fp32": CURVES}), "schema_version": 5}, "f")
+    assert parse_efficiency({**_eff(), "schema_version": 3}, "f")["gemm_e_memory"] == {}
+    paths = sorted(glob.glob("reports/calibrate/*.yaml"))
+    assert paths
+    for path in paths:  # every committed calibration still loads and prices without the term
+        hw = load_hardware(path)
+        tm = time_model_for(hw, "calibrated", "fp32")
+        assert tm.gemm_e_memory is None
+
+
+def test_a_small_weight_is_priced_faster_than_a_big_one_at_the_same_rows():
+    hw = _hw(_eff(gemm_e_memory={"fp32": CURVES}))
+    tm = time_model_for(hw, "calibrated", "fp32")
+    assert tm.gemm_e_memory is not None
+    fm = ForwardModel(model=load_model("llama-3.1-8b").scaled(num_layers=2), precision=Precision.uniform("fp32"))
+    small = OpCost(name="o_proj", kind="matmul", flops=2 * 1024 * 1024, weight_bytes=4 * MB,
+                   act_read_bytes=4096, act_write_bytes=4096, rows=1)
+    big = OpCost(name="lm_head", kind="matmul", flops=2 * 32 * MB, weight_bytes=128 * MB,
+                 act_read_bytes=4096, act_write_bytes=4096, rows=1)
+    e_small, e_big = tm.efficiency(small, hw), tm.efficiency(big, hw)
+    assert (e_small.e_memory, e_small.e_compute) == (pytest.approx(0.9), 1.0)
+    assert (e_big.e_memory, e_big.e_compute) == (pytest.approx(0.6), 1.0)
+    bw = hw.mem_bandwidth_bytes_per_s
+    per_byte_small = tm.op_time_s(small, hw, "fp32", 1) / small.bytes_total
+    per_byte_big = tm.op_time_s(big, hw, "fp32", 1) / big.bytes_total
+    assert per_byte_small < per_byte_big
+    assert tm.op_time_s(big, hw, "fp32", 1) == pytest.approx(big.bytes_total / (bw * 0.6) + 2e-6)
+    # a cost scaled to L layers is read per call
+    assert tm.efficiency(small.scaled(32), hw).e_memory == pytest.approx(0.9)
+    # beyond the rows swept (a prefill): the matmul kind's curves; arrays of rows mix the two
+    assert tm.efficiency(small, hw, rows=512).e_memory == pytest.approx(0.5)
+    both = tm.efficiency(small, hw, rows=np.array([1.0, 512.0]))
+    assert np.allclose(both.e_memory, [0.9, 0.5]) and np.allclose(both.e_compute, [1.0, 0.5])
+    # weight GEMMs of a real model at decode take the curve; other kinds keep theirs
+    for c in fm.forward_ops(4, 1, 100):
+        e = tm.efficiency(c, hw)
+        if c.kind == "matmul" and c.weight_bytes > 0:
+            assert e.e_compute == 1.0
+        elif c.kind == "elementwise":
+            assert e.e_memory == 1.0
+    assert tm.to_dict()["gemm_e_memory"] == CURVES
+
+
+def test_a_dtype_without_the_term_keeps_the_kind_curves():
+    eff = _eff(gemm_e_memory={"bf16": CURVES})
+    eff["dtypes"]["bf16"] = eff["dtypes"]["fp32"]
+    hw = _hw(eff)
+    assert time_model_for(hw, "calibrated", "fp32").gemm_e_memory is None
+    assert time_model_for(hw, "calibrated", "bf16").gemm_e_memory is not None
+
+
+def _point(rows, n, k, seconds, elem=4):
+    return ComputePoint(op="matmul", dtype="fp32", rows=rows, shape="", seconds=seconds, median_s=seconds,
+                        spread_s=0.0, n=5, flops=2.0 * rows * n * k, bytes=float(elem * (n * k + rows * (n + k))))
+
+
+def test_the_fit_reads_each_point_as_a_weight_stream():
+    bw = 10e9
+    small, big = _point(1, 1024, 1024, 4 * 1024 * 1024 / 8e9), _point(1, 8192, 4096, 128 * 2**20 / 4e9)
+    out = fit_gemm_e_memory([(4 * 2**20, small), (128 * 2**20, big), (4 * 2**20, _point(1, 1024, 1024, 1.0))],
+                            bw, 0.0)
+    assert list(out) == [1] and [b for b, _ in out[1]] == [4 * 2**20, 128 * 2**20]
+    e_small, e_big = (e for _, e in out[1])
+    assert e_small == pytest.approx(small.bytes / (bw * small.seconds), rel=1e-3)  # the best of the two
+    assert e_big == pytest.approx(big.bytes / (bw * big.seconds), rel=1e-3) and e_big < e_small
+    fast = fit_gemm_e_memory([(1, _point(1, 1, 1, 1e-12))], bw, 0.0)
+    assert fast == {1: [[1, 1.0]]}  # clipped to 1
+
+
+def test_the_sweep_builds_its_shapes_smallest_weight_first(monkeypatch):
+    import torch
+
+    from llmperf.measure.calibrate import cpu_gemm_sizes as sizes
+
+    monkeypatch.setattr(sizes, "_gemm_path_edges", lambda dname, device: (8, 9))
+    cpu = torch.device("cpu")
+    s = Settings.tiny()
+    assert s.gemm_sizes and s.gemm_size_rows
+    assert sizes.gemm_size_rows_for(s, "fp32", cpu) == (1, 4)  # edges past the largest rows: not swept
+    assert sizes.gemm_size_rows_for(Settings(), "fp32", cpu) == (1, 2, 4, 8, 9, 16)
+    assert sizes.gemm_size_shapes(s, "fp32", cpu) == [(128, 128, 1), (128, 128, 4), (1024, 256, 1), (1024, 256, 4)]
+    assert sizes.gemm_size_shapes(Settings(gemm_sizes=()), "fp32", cpu) == []
+    assert Settings.for_device("cuda").gemm_sizes == ()  # CUDA: the GEMM shape model prices by shape
+
+
+def test_the_sweep_times_the_engine_gemm_within_its_budget(monkeypatch):
+    import torch
+
+    from llmperf.measure.calibrate import cpu_gemm_sizes as sizes
+
+    monkeypatch.setattr(sizes, "_gemm_path_edges", lambda dname, device: ())
+    s = Settings.tiny(threads=1)
+    notes: list[str] = []
+    pts = sizes.measure_gemm_sizes(s, torch.device("cpu"), lambda _: None, ["fp32"], notes)
+    assert [(w, p.rows) for w, p in pts] == [(4 * 128 * 128, 1), (4 * 128 * 128, 4),
+                                            (4 * 1024 * 256, 1), (4 * 1024 * 256, 4)]
+    assert all(p.median_s > 0 and p.bytes > w for w, p in pts)
+    stopped: list[str] = []
+    pts = sizes.measure_gemm_sizes(Settings.tiny(gemm_size_budget_s=0.0), torch.device("cpu"), lambda _: None,
+                                   ["fp32"], stopped)
+    assert len(pts) == 1 and "gemm sizes fp32: stopped before 128x128 rows=4" in stopped[0]
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(gemm_sizes=((0, 4),)), "gemm_sizes: must be"), (dict(gemm_size_rows=(0,)), "gemm_size_rows: must be")])
+def test_bad_sweep_settings_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        Settings.tiny(**changes)
