@@ -35,7 +35,7 @@ import numpy as np
 
 from llmperf.analysis.attention_eff import AttentionEfficiency
 from llmperf.analysis.collectives import Collectives, latency_share, load_collectives
-from llmperf.analysis.gemm import GemmParams, gemm_time_for
+from llmperf.analysis.gemm import GemmParams, GemmShape, gemm_time_for
 from llmperf.analysis.roofline import MATRIX_KINDS, Efficiency, Number, OpCost, peak_for
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec
@@ -67,6 +67,10 @@ def _rows_of(cost: OpCost, rows: Number | None) -> Number:
         rows = getattr(cost, "rows", None)
     return 1.0 if rows is None or np.all(np.asarray(rows) == 0) else rows
 
+
+#: `gemm_e_memory` curves whose largest rows reach this price the GEMMs past them at the FLOP rate their
+#: weight reached there; curves that stop at decode rows leave those GEMMs to the matmul kind's curves
+GEMM_TOP_ROWS_MIN = 64
 
 _UNIT = KindTerms(e_compute=Curve(((1.0, 1.0),)), e_memory=Curve(((1.0, 1.0),)))
 
@@ -171,7 +175,7 @@ class EfficiencyTimeModel:
         floor = self.floor_for(cost)
         e_compute = None
         if self.gemm_e_memory is not None and cost.kind == "matmul" and np.all(np.asarray(cost.weight_bytes) > 0):
-            e_compute, e_memory = self.gemm_bytes_efficiency(cost, rows, t)
+            e_compute, e_memory = self.gemm_bytes_efficiency(cost, rows, t, hardware, peak)
         # the shape model needs the device's SMs; a datasheet without them takes the kind's curves
         if (self.gemm is not None and cost.kind == "matmul" and cost.gemm is not None and hardware is not None
                 and getattr(hardware, "num_sms", None)):
@@ -186,20 +190,43 @@ class EfficiencyTimeModel:
             return Efficiency(e_compute=e_compute, e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
         return Efficiency(e_compute=e_compute, e_memory=e_memory, overhead_s=overhead, floor_s=floor, **comm)
 
-    def gemm_bytes_efficiency(self, cost: OpCost, rows: Number, t: KindTerms) -> tuple[Number, Number]:
-        """(e_compute, e_memory) of a weight GEMM under `gemm_e_memory`: at rows the calibration swept,
-        e_memory is its curve's at the bytes of one call's weight and e_compute is 1 (each point's
-        efficiency is its whole call's time as a weight stream: a compute-bound point measured a lower
-        e_memory, and `peak` is the fastest GEMM measured, so the compute roof never exceeds it); at
-        more rows, the matmul kind's curves."""
+    def gemm_bytes_efficiency(self, cost: OpCost, rows: Number, t: KindTerms, hardware: HardwareSpec | None = None,
+                              peak: float | None = None) -> tuple[Number, Number]:
+        """(e_compute, e_memory) of a weight GEMM under `gemm_e_memory`, looked up at one call's rows and
+        weight: with a shape (`OpCost.gemm`), each group's (a routed expert's rows `m` and its N x K
+        weight; a dense projection is one group of all the rows), else the operator's rows and one
+        layer's weight. At rows the calibration swept, e_memory is its curve's and e_compute is 1 (each
+        point's efficiency is its whole call's time as a weight stream: a compute-bound point measured a
+        lower e_memory, and `peak` is the fastest GEMM measured, so the compute roof never exceeds it).
+        Past the largest swept rows a GEMM is compute-bound: a shaped one keeps the FLOP rate its
+        weight reached at those rows (`_gemm_top_e_compute`; continuous there) where they reach a
+        prefill's (`GEMM_TOP_ROWS_MIN`); one without a shape or a device, or past curves that stop at
+        decode rows (files from before the prefill rows were swept), takes the matmul kind's curves."""
         assert self.gemm_e_memory is not None
+        curves, shape = self.gemm_e_memory, getattr(cost, "gemm", None)
         calls = np.maximum(np.asarray(getattr(cost, "calls", 1.0), dtype=float), 1.0)
-        one = np.maximum(np.asarray(cost.weight_bytes, dtype=float) / calls, 1.0)
-        inside = self.gemm_e_memory.covers(rows)
+        groups = 1.0 if shape is None else np.maximum(np.asarray(shape.groups, dtype=float), 1.0)
+        m = rows if shape is None else np.maximum(np.asarray(shape.m(rows), dtype=float), 1.0)
+        one = np.maximum(np.asarray(cost.weight_bytes, dtype=float) / (calls * groups), 1.0)
+        inside = curves.covers(m)
         if np.all(inside):
-            return 1.0, self.gemm_e_memory(rows, one)
-        return (np.where(inside, 1.0, t.e_compute(rows)),
-                np.where(inside, self.gemm_e_memory(rows, one), t.e_memory(rows)))
+            return 1.0, curves(m, one)
+        if shape is None or hardware is None or curves.max_rows < GEMM_TOP_ROWS_MIN:
+            return (np.where(inside, 1.0, t.e_compute(rows)),
+                    np.where(inside, curves(m, one), t.e_memory(rows)))
+        e_top = self._gemm_top_e_compute(shape, one, hardware, self.gemm_peak(cost, hardware) if peak is None else peak)
+        return np.where(inside, 1.0, e_top), np.where(inside, curves(m, one), 1.0)
+
+    def _gemm_top_e_compute(self, shape: GemmShape, one: Number, hardware: HardwareSpec, peak: float) -> Number:
+        """The compute efficiency a GEMM of `shape` (one group's weight `one` bytes) reached at the
+        largest rows `gemm_e_memory` swept: that call's time read back from its e_memory (its weight
+        and activations streamed at `bw e_memory`), its FLOPs over `peak` times it; at most 1."""
+        assert self.gemm_e_memory is not None
+        top = self.gemm_e_memory.max_rows
+        elem = np.asarray(one, dtype=float) / (shape.n * shape.k)
+        seconds = (elem * (shape.n * shape.k + top * (shape.n + shape.k))
+                   / (hardware.mem_bandwidth_bytes_per_s * self.gemm_e_memory(top, one)))
+        return np.clip(2.0 * top * shape.n * shape.k / (peak * seconds), 1e-12, 1.0)
 
     def gemm_peak(self, cost: OpCost, hardware: HardwareSpec) -> float:
         """The peak `op_time` divides a matmul's FLOPs by: its module's format where the device has

@@ -586,4 +586,5 @@ def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_6(cal, tm
     assert cal.to_mapping()["calibration"]["gemm_sizes"]
     path = write_yaml(cal.to_mapping(), tmp_path / "local.yaml")
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
-    assert tm.gemm_e_memory is not None and tm.gemm_e_memory.max_rows == max(s.gemm_size_rows)
+    assert tm.gemm_e_memory is not None
+    assert tm.gemm_e_memory.max_rows == max(s.gemm_size_rows + s.gemm_size_prefill_rows)

@@ -33,6 +33,7 @@ def _hw(eff):
 
 
 CURVES = {1: [[4 * MB, 0.9], [128 * MB, 0.6]], 16: [[4 * MB, 0.5], [128 * MB, 0.3]]}
+PREFILL = {**CURVES, 64: [[4 * MB, 0.2], [128 * MB, 0.1]]}  # swept to a prefill's rows too
 
 
 def test_the_curves_interpolate_in_log_bytes_then_in_log_rows():
@@ -112,6 +113,47 @@ def test_a_small_weight_is_priced_faster_than_a_big_one_at_the_same_rows():
     assert tm.to_dict()["gemm_e_memory"] == CURVES
 
 
+def test_a_shaped_gemm_is_priced_per_group_and_past_the_swept_rows_at_its_weights_top_flop_rate():
+    from llmperf.analysis.gemm import GemmShape
+
+    hw = _hw(_eff(gemm_e_memory={"fp32": PREFILL}))
+    tm = time_model_for(hw, "calibrated", "fp32")
+    n = k = 1000  # one 4 MB fp32 weight
+    bw, peak = hw.mem_bandwidth_bytes_per_s, 0.1e12
+
+    # 32 routed rows over 32 touched experts: each expert's GEMM is 1 row over its own 4 MB weight,
+    # not one 128 MB weight at 32 rows (between the 16- and 64-row curves)
+    experts = OpCost(name="gate_up_proj", kind="matmul", flops=2 * 32 * n * k, weight_bytes=32 * 4 * MB,
+                     act_read_bytes=4 * 32 * k, act_write_bytes=4 * 32 * n, rows=32,
+                     gemm=GemmShape(n=n, k=k, groups=32, m_per_row=1 / 32))
+    e = tm.efficiency(experts, hw)
+    assert (e.e_compute, e.e_memory) == (1.0, pytest.approx(0.9))
+    plain = OpCost(name="gate_up_proj", kind="matmul", flops=experts.flops, weight_bytes=experts.weight_bytes,
+                   act_read_bytes=experts.act_read_bytes, act_write_bytes=experts.act_write_bytes, rows=32)
+    assert tm.efficiency(plain, hw).e_memory == pytest.approx((0.3 + 0.1) / 2)
+
+    def dense(rows):
+        return OpCost(name="o_proj", kind="matmul", flops=2 * rows * n * k, weight_bytes=4 * MB,
+                      act_read_bytes=4 * rows * k, act_write_bytes=4 * rows * n, rows=rows, gemm=GemmShape(n=n, k=k))
+
+    def t(rows, model=tm):
+        return model.op_time_s(dense(rows), hw, "fp32", rows) - 2e-6  # less the matmul kind's overhead
+
+    top = 4 * (n * k + 64 * (n + k)) / (bw * 0.2)  # the 64-row point read back from its e_memory
+    assert t(64) == pytest.approx(top)
+    # past the sweep the GEMM keeps that point's FLOP rate: continuous at 64 rows, linear in rows after
+    assert t(64.00001) == pytest.approx(top, rel=1e-5)
+    assert t(256) == pytest.approx(4 * top) and t(4096) == pytest.approx(64 * top)
+    e256 = tm.efficiency(dense(256), hw)
+    assert e256.e_memory == 1.0 and e256.e_compute == pytest.approx(2 * 64 * n * k / (peak * top))
+    both = tm.efficiency(dense(np.array([1.0, 256.0])), hw, rows=np.array([1.0, 256.0]))
+    assert np.allclose(both.e_memory, [0.9, 1.0]) and np.allclose(both.e_compute, [1.0, e256.e_compute])
+    # curves that stop at decode rows (files from before the prefill rows) leave a prefill to the kind's curves
+    old = time_model_for(_hw(_eff(gemm_e_memory={"fp32": CURVES})), "calibrated", "fp32")
+    assert old.efficiency(dense(256), hw).e_compute == 0.5
+    assert old.efficiency(experts, hw).e_memory == pytest.approx(0.9)
+
+
 def test_a_dtype_without_the_term_keeps_the_kind_curves():
     eff = _eff(gemm_e_memory={"bf16": CURVES})
     eff["dtypes"]["bf16"] = eff["dtypes"]["fp32"]
@@ -163,17 +205,38 @@ def test_the_sweep_times_the_engine_gemm_within_its_budget(monkeypatch):
     s = Settings.tiny(threads=1)
     notes: list[str] = []
     pts = sizes.measure_gemm_sizes(s, torch.device("cpu"), lambda _: None, ["fp32"], notes)
+    # the decode rows, then the prefill rows (s.gemm_size_prefill_rows = (32,)), smallest weight first
     assert [(w, p.rows) for w, p in pts] == [(4 * 128 * 128, 1), (4 * 128 * 128, 4),
-                                            (4 * 1024 * 256, 1), (4 * 1024 * 256, 4)]
+                                            (4 * 1024 * 256, 1), (4 * 1024 * 256, 4),
+                                            (4 * 128 * 128, 32), (4 * 1024 * 256, 32)]
     assert all(p.median_s > 0 and p.bytes > w for w, p in pts)
+    assert [p.flops for _, p in pts[-2:]] == [2.0 * 32 * 128 * 128, 2.0 * 32 * 1024 * 256]
     stopped: list[str] = []
     pts = sizes.measure_gemm_sizes(Settings.tiny(gemm_size_budget_s=0.0), torch.device("cpu"), lambda _: None,
                                    ["fp32"], stopped)
-    assert len(pts) == 1 and "gemm sizes fp32: stopped before 128x128 rows=4" in stopped[0]
+    assert [p.rows for _, p in pts][:1] == [1] and "gemm sizes fp32: stopped before 128x128 rows=4" in stopped[0]
+    # the prefill rows have their own budget: past it a point is skipped, noted, and the decode rows stay
+    skipped: list[str] = []
+    pts = sizes.measure_gemm_sizes(Settings.tiny(gemm_size_prefill_budget_s=0.0), torch.device("cpu"),
+                                   lambda _: None, ["fp32"], skipped)
+    assert [p.rows for _, p in pts] == [1, 4, 1, 4]
+    assert [n.split(" (")[0] for n in skipped if "skipped" in n] == [
+        "gemm sizes fp32: skipped 128x128 rows=32", "gemm sizes fp32: skipped 1024x256 rows=32"]
+
+
+def test_the_prefill_rows_follow_the_weights_smallest_first():
+    from llmperf.measure.calibrate import cpu_gemm_sizes as sizes
+
+    s = Settings(gemm_sizes=((4096, 1024), (1024, 1024)), gemm_size_prefill_rows=(256, 64))
+    assert sizes.gemm_size_prefill_shapes(s) == [(1024, 1024, 64), (1024, 1024, 256),
+                                                 (4096, 1024, 64), (4096, 1024, 256)]
+    assert sizes.gemm_size_prefill_shapes(Settings(gemm_size_prefill_rows=())) == []
+    assert max(Settings().gemm_size_prefill_rows) >= 1024  # a prompt's projections, not only decode rows
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(gemm_sizes=((0, 4),)), "gemm_sizes: must be"), (dict(gemm_size_rows=(0,)), "gemm_size_rows: must be")])
+    (dict(gemm_sizes=((0, 4),)), "gemm_sizes: must be"), (dict(gemm_size_rows=(0,)), "gemm_size_rows: must be"),
+    (dict(gemm_size_prefill_rows=(64, 0)), "gemm_size_prefill_rows: must be rows >= 1, got \\(64, 0\\)")])
 def test_bad_sweep_settings_are_refused(changes, message):
     with pytest.raises(ValueError, match=message):
         Settings.tiny(**changes)

@@ -1,5 +1,5 @@
-"""A CPU weight GEMM's streaming efficiency by weight size: the engine's `x @ W.T` at a few weight
-shapes and the decode rows.
+"""A CPU weight GEMM's efficiency by weight size: the engine's `x @ W.T` at a few weight shapes, at
+the decode rows, then at a prefill's rows (`Settings.gemm_size_prefill_rows`).
 
 The GEMM sweep (`ceilings.measure_gemm`) times one weight shape; a model's decode runs its
 projections at other sizes, and a CPU's GEMM kernels stream a small weight at a different speed than a
@@ -9,8 +9,9 @@ sweep's 4096 x 8192 it ran slower than the GEMV). Here the engine's own GEMM pat
 (N x K weights, a wide-and-short lm_head-like one among them) at the rows of `gemm_size_rows_for`, the
 calls cycling through copies of W that fill the calibration's working set (`ceilings.working_set_for`)
 so that every call streams from DRAM, as in a model's step. `fit.fit_gemm_e_memory` turns the points
-into the time model's `gemm_e_memory` (`llmperf.specs.efficiency.GemmBytesCurves`). A dtype's points
-stop before one predicted to take it past its budget (`ceilings.sweep_fits`), noted.
+into the time model's `gemm_e_memory` (`llmperf.specs.efficiency.GemmBytesCurves`). A dtype's decode
+rows stop before a point predicted to take them past their budget (`ceilings.sweep_fits`); a prefill
+point past its own budget is skipped; both noted. How the time model reads them: docs/time-models.md.
 """
 
 from __future__ import annotations
@@ -42,16 +43,47 @@ def gemm_size_rows_for(s: Settings, dname: str, device: Any) -> tuple[int, ...]:
 
 
 def gemm_size_shapes(s: Settings, dname: str, device: Any) -> list[tuple[int, int, int]]:
-    """The (N, K, rows) points of `dname`'s sweep, in the order they are timed: weights from the
-    smallest, each at every row count (a stopped sweep loses its largest weights, never a row count)."""
+    """The (N, K, rows) points of `dname`'s decode-rows sweep, in the order they are timed: weights from
+    the smallest, each at every row count (a stopped sweep loses its largest weights, never a row count)."""
     rows = gemm_size_rows_for(s, dname, device)
     return [(n, k, r) for n, k in sorted(s.gemm_sizes, key=lambda nk: nk[0] * nk[1]) for r in rows]
 
 
+def gemm_size_prefill_shapes(s: Settings) -> list[tuple[int, int, int]]:
+    """The (N, K, rows) points of the prefill-rows sweep, in the order they are timed: weights from the
+    smallest, each at `s.gemm_size_prefill_rows` ascending (a point past the budget is skipped, so the
+    largest weights lose their largest rows first)."""
+    return [(n, k, r) for n, k in sorted(s.gemm_sizes, key=lambda nk: nk[0] * nk[1])
+            for r in sorted(set(s.gemm_size_prefill_rows))]
+
+
+class _Held:
+    """The cold copies of one (N, K) weight in turn, built when a point first needs them."""
+
+    def __init__(self, dtype: Any, device: Any, working_set: int) -> None:
+        self.dtype, self.device, self.working_set = dtype, device, working_set
+        self.nk: tuple[int, int] | None = None
+        self.weights: _Weights | None = None
+
+    def fn(self, n: int, k: int, rows: int, w_bytes: int) -> tuple[Any, int]:
+        if self.nk != (n, k):
+            self.weights = None  # free the last shape's copies first
+            copies = copies_for(w_bytes, self.working_set)
+            self.weights = _Weights(k, n, self.dtype, self.device, 1)
+            self.weights.ws += [self.weights.ws[0].clone() for _ in range(copies - 1)]  # distinct buffers, cold
+            self.nk = (n, k)
+        assert self.weights is not None
+        return self.weights.fn(rows), len(self.weights.ws)
+
+
 def measure_gemm_sizes(s: Settings, device: Any, progress: Progress, dtypes: Sequence[str],
                        notes: list[str]) -> list[tuple[int, ComputePoint]]:
-    """Per dtype of `dtypes`, (weight bytes, point) for each (N, K, rows) of `gemm_size_shapes`: the
-    typical call of `x (rows, K) @ W (N, K).T` through the engine's GEMM, over copies of W used in turn."""
+    """Per dtype of `dtypes`, (weight bytes, point) for each (N, K, rows) of `gemm_size_shapes`, then of
+    `gemm_size_prefill_shapes`: the typical call of `x (rows, K) @ W (N, K).T` through the engine's
+    GEMM, over copies of W used in turn. The decode rows stream the weight (a point's time is predicted
+    from the last by its weight's bytes; the sweep stops before one past its budget); the prefill rows
+    compute (predicted by FLOPs; a point past its own budget is skipped, the smaller ones after it
+    still measured)."""
     import torch
 
     out: list[tuple[int, ComputePoint]] = []
@@ -59,40 +91,61 @@ def measure_gemm_sizes(s: Settings, device: Any, progress: Progress, dtypes: Seq
     for dname in dtypes:
         dtype = getattr(torch, DTYPE_NAMES[dname])
         elem = torch.empty((), dtype=dtype).element_size()
+        held = _Held(dtype, device, working_set)
         budget = sweep_budget_s(s, dname, device, s.gemm_size_budget_s)
-        spent, last = 0.0, None  # seconds of this dtype's sweep; (weight bytes, seconds) of the last point
-        weights, held = None, None
+        spent, last = 0.0, None  # seconds of this phase's sweep; (weight bytes or FLOPs, seconds) of its last point
         for n, k, rows in gemm_size_shapes(s, dname, device):
             w_bytes = elem * n * k
-            copies = copies_for(w_bytes, working_set)
             # a point's time grows about with its weight's bytes (streamed; the decode rows add little)
             next_s = last[1] * w_bytes / last[0] if last else 0.0
             if last and not sweep_fits(spent, next_s, budget):
                 notes.append(f"gemm sizes {dname}: stopped before {n}x{k} rows={rows} (predicted {next_s:.2g} s; "
                              f"{spent:.1f} s spent of {budget:g} s)")
                 break
-            progress(f"gemm size {dname} {n}x{k} rows={rows}")
-            started = time.perf_counter()
-            try:
-                if held != (n, k):
-                    weights = None  # free the last shape's copies first
-                    weights = _Weights(k, n, dtype, device, 1)
-                    weights.ws += [weights.ws[0].clone() for _ in range(copies - 1)]  # distinct buffers, cold
-                    held = (n, k)
-                fn = weights.fn(rows)
-                t = _time_steady(fn, device, reps=max(s.reps, copies), warmup=copies, notes=notes,
-                                 what=f"gemm size {dname} {n}x{k} rows={rows}")
-            except RuntimeError as exc:  # a dtype this device or build cannot multiply
-                notes.append(f"gemm sizes {dname}: not measured ({str(exc).splitlines()[0]})")
+            took = _point(out, held, s, device, progress, notes, dname, elem, n, k, rows, reps_at_least_copies=True)
+            if took is None:
                 break
-            took = time.perf_counter() - started
             spent += took
             last = (w_bytes, took)
-            out.append((w_bytes, ComputePoint(
-                op="matmul", dtype=dname, rows=rows,
-                shape=f"({rows},{k})@({k},{n})" + (f" x{copies} in turn" if copies > 1 else ""),
-                seconds=t.min_s, median_s=t.median_s, spread_s=t.spread_s, n=t.n, flops=2.0 * rows * k * n,
-                bytes=float(elem * (k * n + rows * k + rows * n)))))
-            del fn
-        del weights
+        budget = sweep_budget_s(s, dname, device, s.gemm_size_prefill_budget_s)
+        # the first prefill point is predicted from the decode sweep's last (memory-bound: pessimistic)
+        spent, last = 0.0, (2.0 * max(p.rows for _, p in out[-1:]) * last[0] / elem, last[1]) if last else None
+        for n, k, rows in gemm_size_prefill_shapes(s):
+            flops = 2.0 * rows * n * k
+            next_s = last[1] * flops / last[0] if last else 0.0
+            if last and not sweep_fits(spent, next_s, budget):
+                notes.append(f"gemm sizes {dname}: skipped {n}x{k} rows={rows} (predicted {next_s:.2g} s; "
+                             f"{spent:.1f} s spent of {budget:g} s)")
+                continue
+            took = _point(out, held, s, device, progress, notes, dname, elem, n, k, rows, reps_at_least_copies=False)
+            if took is None:
+                break
+            spent += took
+            last = (flops, took)
+        del held
     return out
+
+
+def _point(out: list[tuple[int, ComputePoint]], held: _Held, s: Settings, device: Any, progress: Progress,
+           notes: list[str], dname: str, elem: int, n: int, k: int, rows: int, *,
+           reps_at_least_copies: bool) -> float | None:
+    """Time one (N, K, rows) point into `out`; the seconds it took, or None where the dtype cannot run
+    here (noted). A decode-rows point calls every copy at least once (`reps_at_least_copies`); a
+    prefill-rows one `s.reps` times (each call still on a copy not used since it was packed)."""
+    progress(f"gemm size {dname} {n}x{k} rows={rows}")
+    started = time.perf_counter()
+    try:
+        fn, copies = held.fn(n, k, rows, elem * n * k)
+        reps, warmup = (max(s.reps, copies), copies) if reps_at_least_copies else (s.reps, 1)
+        t = _time_steady(fn, device, reps=reps, warmup=warmup, notes=notes,
+                         what=f"gemm size {dname} {n}x{k} rows={rows}")
+    except RuntimeError as exc:  # a dtype this device or build cannot multiply
+        notes.append(f"gemm sizes {dname}: not measured ({str(exc).splitlines()[0]})")
+        return None
+    del fn
+    out.append((elem * n * k, ComputePoint(
+        op="matmul", dtype=dname, rows=rows,
+        shape=f"({rows},{k})@({k},{n})" + (f" x{copies} in turn" if copies > 1 else ""),
+        seconds=t.min_s, median_s=t.median_s, spread_s=t.spread_s, n=t.n, flops=2.0 * rows * k * n,
+        bytes=float(elem * (k * n + rows * k + rows * n)))))
+    return time.perf_counter() - started

@@ -69,6 +69,11 @@ class Settings:
     gemm_size_rows: tuple[int, ...] = (1, 2, 4, 8, 16)  # with both sides of each GEMM path edge up to 16
     gemm_size_budget_s: float = 6.0  # a dtype's size sweep stops before a point predicted past this (both
     # fp32 and bf16, every point, took 4.4 s on a 2-core AVX-512 EPYC)
+    # CPU: the prefill rows the same weights are timed at after the decode rows (a prefill's projections,
+    # a routed expert's share of a prompt's tokens); past the largest, a GEMM keeps the FLOP rate its
+    # weight reached there. A point predicted past `gemm_size_prefill_budget_s` is skipped, noted
+    gemm_size_prefill_rows: tuple[int, ...] = (64, 256, 1024)
+    gemm_size_prefill_budget_s: float = 8.0
 
     def __post_init__(self) -> None:
         """Settings that cannot be measured are refused before anything runs, naming the field."""
@@ -83,6 +88,8 @@ class Settings:
             raise ValueError(f"gemm_sizes: must be (N, K) pairs of positive sizes, got {self.gemm_sizes!r}")
         if any(r < 1 for r in self.gemm_size_rows):
             raise ValueError(f"gemm_size_rows: must be rows >= 1, got {self.gemm_size_rows!r}")
+        if any(r < 1 for r in self.gemm_size_prefill_rows):
+            raise ValueError(f"gemm_size_prefill_rows: must be rows >= 1, got {self.gemm_size_prefill_rows!r}")
 
     @classmethod
     def for_device(cls, device: str, **changes: Any) -> Settings:
@@ -106,5 +113,5 @@ class Settings:
                    gemm_rows=(1, 8, 64), attn_heads=2, attn_head_dim=32, attn_group=2, attn_decode=((1, 256),),
                    attn_prefill=(64,), reps=3, allreduce=False, step_overhead=False, op_overhead_tokens=6,
                    working_set_bytes=0, vector_prefills=((1, 8), (2, 32)), vector_reps=2, dispatch_hidden=128,
-                   gemm_sizes=((128, 128), (1024, 256)), gemm_size_rows=(1, 4))
+                   gemm_sizes=((128, 128), (1024, 256)), gemm_size_rows=(1, 4), gemm_size_prefill_rows=(32,))
         return replace(base, **changes)
