@@ -6,6 +6,7 @@
 #
 #   reports/cpu-runs.sh 2026-11-25-cpu-avx2            # on an AVX2-only CPU
 #   AVX2=1 reports/cpu-runs.sh 2026-11-25-cpu-avx2     # the same paths on an AVX-512 CPU
+#   RUNS=1 ...                                         # profile's rounds of generations (default 3, `--runs`)
 set -euo pipefail
 tag=${1:?usage: reports/cpu-runs.sh TAG}
 threads=${THREADS:-2}
@@ -21,6 +22,6 @@ $py -m llmperf.cli calibrate --device cpu --threads "$threads" 2>&1 | tee -a "re
 echo "calibrate: ${SECONDS} s wall" | tee -a "reports/calibrate/$tag.log"
 cp "$($py -c 'from llmperf.specs.local import local_path; print(local_path())')" "$cal"
 $py -m llmperf.cli profile reports/profile/llama-style-cpu.yaml --device cpu --threads "$threads" --dtype fp32 \
-    -H "$cal" -b 1,4,16 -p 64,512,2048 -g 16 -o "reports/profile/$tag"
+    -H "$cal" -b 1,4,16 -p 64,512,2048 -g 16 --runs "${RUNS:-3}" -o "reports/profile/$tag"
 $py -m llmperf.measure.accuracy "reports/profile/$tag" --save
 $py -m llmperf.cli simulate --validate --run-dir "reports/simulate/$tag"

@@ -12,6 +12,8 @@
 #
 #   reports/profile/cpu-todays.sh 2026-11-27                         # calibrate, then profile each model
 #   MODELS="qwen3-8b" reports/profile/cpu-todays.sh 2026-11-27       # some of them
+#   RUNS=1 reports/profile/cpu-todays.sh 2026-11-27                  # one round of generations (default 3: each
+#       step the median of 3 interleaved rounds, `profile --runs`)
 #   QUICK=1 OUT=/tmp/todays reports/profile/cpu-todays.sh check      # the smallest setting: checks the
 #       script end to end (a seconds-long calibration, one short generation each); the figures mean nothing
 set -euo pipefail
@@ -26,7 +28,7 @@ if [ "${QUICK:-0}" = 1 ]; then
     sizes=(-b 2 -p 16 -g 4 --reps 1)
 else
     calibrate_args=()
-    sizes=(-b 1,4 -p 64,512 -g 16)
+    sizes=(-b 1,4 -p 64,512 -g 16 --runs "${RUNS:-3}")
 fi
 mkdir -p "$out/calibrate" "$out/profile"
 cal=$out/calibrate/$tag-cpu-todays.yaml

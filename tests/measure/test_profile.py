@@ -147,7 +147,7 @@ def test_a_shape_that_does_not_fit_is_refused_with_figures(hardware, model_path,
 
 
 def test_interrupted_sweep_keeps_its_rows(hardware, model_path, tmp_path, monkeypatch):
-    real = prof.generation
+    real = prof.record_generation
     calls = {"n": 0}
 
     def interrupt_second(*args, **kwargs):
@@ -156,7 +156,7 @@ def test_interrupted_sweep_keeps_its_rows(hardware, model_path, tmp_path, monkey
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(prof_runner, "generation", interrupt_second)  # where run_profile looks it up
+    monkeypatch.setattr(prof_runner, "record_generation", interrupt_second)  # where run_profile looks it up
     s = prof.ProfileSettings(model=model_path, hardware="local", batches=(1, 2), prompt_lens=(8,), gen_lens=(3,),
                              micro=False, reps=1)
     res = prof.run_profile(s, hardware, tmp_path / "out")
@@ -259,6 +259,7 @@ def test_steps_from_an_unrecorded_run_operators_from_a_recorded_one(hardware, mo
 
 def test_cpu_default_is_one_recorded_run(run):
     doc = json.loads((run.out_dir / "run.json").read_text())
+    assert "runs" not in doc["settings"] and "rounds" not in doc["measurements"]["steps"]  # one round: as before
     assert doc["settings"]["separate_step_run"] is False and "one run serves" in doc["measurements"]["steps"]
     assert all(st["measured_recorded_s"] == st["measured_s"] for st in run.steps)
     assert prof.ProfileSettings(model="x", hardware="h", device="cuda").two_runs
@@ -399,3 +400,62 @@ def test_accuracy_prices_a_gpu_run_under_typical_eager_beside_the_others():
     cpu = root / "2026-11-25-cpu-avx2"
     cpu_run = json.loads((cpu / "run.json").read_text())
     assert typical_predictions(cpu_run, pd.read_csv(cpu / "steps.csv"), pd.read_csv(cpu / "generations.csv")) is None
+
+
+def _recorded(prefill_s, decode_s, op_s):
+    """A fake run of a 1-sequence generation: one prefill, len(decode_s) decode steps, one operator a step."""
+    from llmperf.engine.instrument import OpRecord, StepRecord, Trace
+
+    steps = [StepRecord(phase="prefill", step=0, batch=1, q_len=8, kv_len=8, tokens_in_cache=8, seconds=prefill_s,
+                        forward_seconds=prefill_s)]
+    steps += [StepRecord(phase="decode", step=i + 1, batch=1, q_len=1, kv_len=9 + i, tokens_in_cache=9 + i,
+                         seconds=s, forward_seconds=s) for i, s in enumerate(decode_s)]
+    ops = [OpRecord(phase=st.phase, step=st.step, layer=0, op="qkv_proj", seconds=o, batch=1, q_len=st.q_len,
+                    kv_len=st.kv_len) for st, o in zip(steps, op_s)]
+    return prof.Recorded(step_trace=None, trace=Trace(ops=ops, steps=steps))
+
+
+def test_rounds_take_each_step_and_operator_as_the_median_over_the_runs(hardware):
+    """`--runs N`: a configuration's runs give one row per step, its time the median over the runs (one run
+    in a slow spell moves nothing), and each operator the median over every run's steps."""
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import ModelSpec, Precision
+
+    spec = ModelSpec(**TINY)
+    pred = prof.Predictor(fm=ForwardModel(model=spec, precision=Precision.uniform("fp32")), hardware=hardware,
+                          compute_dtype="fp32", calibrated=None)
+    runs = [_recorded(1.0, [0.1, 0.2], [0.5, 0.05, 0.06]), _recorded(9.0, [0.3, 0.2], [4.0, 0.07, 0.08]),
+            _recorded(2.0, [0.2, 0.4], [0.7, 0.05, 0.05])]
+    done = prof.summarize(runs, spec, pred, "b1-p8-g3", 1, 8, 3)
+    assert [(s["phase"], s["measured_s"]) for s in done.steps] == [("prefill", 2.0), ("decode", 0.2), ("decode", 0.2)]
+    assert all(s["measured_recorded_s"] == s["measured_s"] for s in done.steps)
+    assert done.generation["measured_ttft_s"] == 2.0 and done.generation["measured_e2e_s"] == pytest.approx(2.4)
+    rows = {(r["phase"], r["kv_len"]): r for r in done.ops}
+    assert rows[("prefill", 8)]["measured_s"] == 0.7 and rows[("prefill", 8)]["n"] == 3
+    assert rows[("decode", 9)]["measured_s"] == 0.05 and rows[("decode", 10)]["measured_s"] == 0.06
+    one = prof.summarize(runs[1:2], spec, pred, "b1-p8-g3", 1, 8, 3)  # one run: its own figures
+    assert [s["measured_s"] for s in one.steps] == [9.0, 0.3, 0.2]
+    with pytest.raises(ValueError, match="no runs"):
+        prof.summarize([], spec, pred, "x", 1, 8, 3)
+
+
+def test_rounds_interleave_the_configurations_and_say_so(hardware, model_path, tmp_path, monkeypatch):
+    order = []
+    real = prof_runner.record_generation
+
+    def spy(engine, spec, settings, b, p, g):
+        order.append((b, p, g))
+        return real(engine, spec, settings, b, p, g)
+
+    monkeypatch.setattr(prof_runner, "record_generation", spy)
+    s = prof.ProfileSettings(model=model_path, hardware="local", batches=(1, 2), prompt_lens=(8,), gen_lens=(3,),
+                             micro=False, reps=1, threads=1, runs=2)
+    res = prof.run_profile(s, hardware, tmp_path / "rounds")
+    assert order == [(1, 8, 3), (2, 8, 3), (1, 8, 3), (2, 8, 3)]  # every configuration once a round
+    assert len(res.steps) == 2 * 3 and len(res.generations) == 2
+    doc = json.loads((tmp_path / "rounds" / "run.json").read_text())
+    assert doc["settings"]["runs"] == 2 and doc["settings"]["configs_done"] == 2 and doc["status"] == "complete"
+    assert "median over 2 rounds" in doc["measurements"]["steps"]
+    assert "median over 2 rounds" in doc["measurements"]["ops_generation"]
+    with pytest.raises(SpecError, match="--runs: must be a positive integer, got 0"):
+        prof.ProfileSettings(model="x", hardware="h", runs=0).validate()

@@ -125,6 +125,7 @@ def register(app: typer.Typer) -> None:
         kv: Annotated[str, typer.Option("--kv", help="KV cache: contiguous or paged.")] = "contiguous",
         layers: Annotated[int | None, typer.Option("--layers", help="Keep only N layers (same shapes) so a big spec fits: the first layer of each kind (sliding/full, dense/MoE), then the earliest others.")] = None,
         reps: Annotated[int, typer.Option("--reps", help="Timed repetitions of each micro-benchmark.")] = 5,
+        runs: Annotated[int, typer.Option("--runs", help="Rounds of generations: every configuration once a round, each step and operator the median over the rounds (a shared machine's speed moves over minutes).")] = 1,
         micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Per-operator micro-benchmarks beside the generation loop.")] = True,
         threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: torch's); recorded in run.json.")] = None,
         separate_step_run: Annotated[bool | None, typer.Option("--separate-step-run/--one-run", help="Time steps in a run without per-operator recording and take operators from a second, recorded run (default: on CUDA only, where recording slows launch-bound steps).")] = None,
@@ -148,7 +149,8 @@ def register(app: typer.Typer) -> None:
                 model=model, hardware=hardware or "local", device=dev, batches=tuple(parse_int_list("--batch", batch)),
                 prompt_lens=tuple(parse_int_list("--prompt-len", prompt_len)),
                 gen_lens=tuple(parse_int_list("--gen-len", gen_len)), dtype=dtype, backend=backend, kv=kv,
-                layers=layers, reps=reps, micro=micro, threads=threads, separate_step_run=separate_step_run)
+                layers=layers, reps=reps, micro=micro, threads=threads, separate_step_run=separate_step_run,
+                runs=runs)
             settings.validate()
             from llmperf.measure.profile import resolve_spec
             resolve_spec(settings)  # unknown names and impossible lengths before anything is measured

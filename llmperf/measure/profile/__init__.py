@@ -38,7 +38,16 @@ from llmperf.measure.profile.micro import (
     micro_matmuls,
 )
 from llmperf.measure.profile.predict import Predictor, calibrated_model
-from llmperf.measure.profile.recording import Generated, expert_rows, experts_summary, generation, joined_op_rows
+from llmperf.measure.profile.recording import (
+    Generated,
+    Recorded,
+    expert_rows,
+    experts_summary,
+    generation,
+    joined_op_rows,
+    record_generation,
+    summarize,
+)
 from llmperf.measure.profile.resolve import (
     MEMORY_HEADROOM,
     check_fits,
@@ -63,13 +72,13 @@ from llmperf.measure.profile.tables import (
 )
 
 __all__ = [
-    "BACKENDS", "CACHE_ROTATION_FACTOR", "E2E", "EXPERTS_COLUMNS", "GENERATIONS_COLUMNS", "JOIN_CHECK", "KV_KINDS",
-    "MEMORY_HEADROOM", "MICRO_ATTENTION", "MICRO_BUDGET_S", "MODEL_LEVEL", "OPS_COLUMNS", "PAGED_BLOCK",
-    "ROUTED_OPS", "SCHEMA_VERSION", "STEPS_COLUMNS", "Generated", "Op", "Phase", "Predictor", "ProfileResult",
-    "ProfileSettings", "Progress", "RunManifest", "_attention_micro", "calibrated_model", "check_fits",
+    "BACKENDS", "CACHE_ROTATION_FACTOR", "E2E", "EXPERTS_COLUMNS", "GENERATIONS_COLUMNS", "Generated", "JOIN_CHECK",
+    "KV_KINDS", "MEMORY_HEADROOM", "MICRO_ATTENTION", "MICRO_BUDGET_S", "MODEL_LEVEL", "OPS_COLUMNS", "Op",
+    "PAGED_BLOCK", "Phase", "Predictor", "ProfileResult", "ProfileSettings", "Progress", "ROUTED_OPS", "Recorded",
+    "RunManifest", "SCHEMA_VERSION", "STEPS_COLUMNS", "_attention_micro", "calibrated_model", "check_fits",
     "cross_checks", "engine_step_weight_bytes", "error_stats", "errors_table", "expert_rows", "experts_summary",
-    "generation", "join_check", "join_report", "joined_op_rows", "keep_layers", "kept_layer_indices",
-    "layers_kept", "matmul_flops", "measurement_sources", "memory_needed", "merge_joins", "micro_benchmarks",
-    "micro_matmuls", "op_row", "predicted_names", "resolve_spec", "run_profile", "step_weight_bytes",
+    "generation", "join_check", "join_report", "joined_op_rows", "keep_layers", "kept_layer_indices", "layers_kept",
+    "matmul_flops", "measurement_sources", "memory_needed", "merge_joins", "micro_benchmarks", "micro_matmuls",
+    "op_row", "predicted_names", "record_generation", "resolve_spec", "run_profile", "step_weight_bytes", "summarize",
     "unmatched",
 ]

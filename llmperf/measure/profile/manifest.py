@@ -28,8 +28,8 @@ from llmperf.errors import SpecError
 
 SCHEMA_VERSION = 1
 #: keys written only once they have a value (`configs_done` after the first configuration,
-#: `experts_touched` for a mixture-of-experts model)
-_OMITTED_WHEN_NONE = frozenset({"configs_done", "experts_touched"})
+#: `experts_touched` for a mixture-of-experts model, `runs` by runs that took rounds)
+_OMITTED_WHEN_NONE = frozenset({"configs_done", "experts_touched", "runs"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +70,7 @@ class RunSettings:
     device: str | None = None
     threads: int | None = None  # CPU threads; None on CUDA
     separate_step_run: bool | None = None
+    runs: int | None = None  # rounds of generations, each step the median over them (None: one, before rounds)
     time_models: TimeModels = field(default_factory=TimeModels)
     calibrated_overheads: CalibratedOverheads | None = None
     hardware_source: str | None = None

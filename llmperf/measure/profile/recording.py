@@ -1,5 +1,6 @@
 """One profiled generation: the engine's greedy generation timed per step and per operator
-(`llmperf.engine.Recorder`), its rows joined with their predictions.
+(`llmperf.engine.Recorder`), its rows joined with their predictions; with several runs of it (rounds,
+`ProfileSettings.runs`), each step and operator the median over them.
 
 Per-operator recording costs host time (a pair of CUDA events per operator) and an eager engine on a
 GPU is launch-bound, so on CUDA the steps, TTFT, TPOT and end-to-end times come from a run recorded
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -49,8 +50,23 @@ class Generated(NamedTuple):
 
 def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileSettings, config: str, batch: int,
                prompt_len: int, gen_len: int) -> Generated:
-    """One greedy generation: its steps timed in an unrecorded run when `settings.two_runs`, its
-    operators in a recorded run (see the module docstring)."""
+    """One greedy generation, recorded (`record_generation`) and summarised (`summarize`)."""
+    return summarize([record_generation(engine, spec, settings, batch, prompt_len, gen_len)], spec, pred, config,
+                     batch, prompt_len, gen_len)
+
+
+class Recorded(NamedTuple):
+    """One run of a generation: its steps timed unrecorded (`settings.two_runs`; else None) and its
+    recorded trace (steps and operators)."""
+
+    step_trace: Any
+    trace: Any
+
+
+def record_generation(engine: Any, spec: ModelSpec, settings: ProfileSettings, batch: int, prompt_len: int,
+                      gen_len: int) -> Recorded:
+    """One greedy generation after a warm-up: its steps timed in an unrecorded run when
+    `settings.two_runs`, its operators in a recorded run (see the module docstring)."""
     import torch
 
     from llmperf.engine import Recorder, SamplingParams
@@ -78,19 +94,39 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
     rec = Recorder(device)
     with gc_paused():  # a garbage collection inside a timed step is not the engine's time
         engine.generate(prompts, params, seed=settings.seed, recorder=rec)
-    trace = rec.trace
-    recorded = {(st.phase, st.step): st.seconds for st in trace.steps}
+    return Recorded(step_trace, rec.trace)
+
+
+def summarize(runs: Sequence[Recorded], spec: ModelSpec, pred: Predictor, config: str, batch: int, prompt_len: int,
+              gen_len: int) -> Generated:
+    """The rows of one configuration from its runs (the same greedy generation each time): each step's
+    time the median over the runs, each operator's the median over every run's steps (`joined_op_rows`);
+    the join and the experts from the first run."""
+    if not runs:
+        raise ValueError("summarize: no runs")
+    first = runs[0].trace
+
+    def step_times(trace: Any) -> dict[tuple[str, int], float]:
+        return {(st.phase, st.step): st.seconds for st in trace.steps}
+
+    timed = [step_times(r.step_trace if r.step_trace is not None else r.trace) for r in runs]
+    recorded = [step_times(r.trace) for r in runs]
+
+    def median_of(per_run: list[dict[tuple[str, int], float]], key: tuple[str, int]) -> float:
+        values = [t[key] for t in per_run if key in t]
+        return float(statistics.median(values)) if values else math.nan
 
     steps_rows = []
-    for st in (step_trace or trace).steps:
+    for st in (runs[0].step_trace or first).steps:
+        key = (st.phase, st.step)
         roof, cal = pred.step(st.batch, st.q_len, st.kv_len)
         steps_rows.append(dict(config=config, step=st.step, phase=st.phase, batch=st.batch, q_len=st.q_len,
-                               kv_len=st.kv_len, measured_s=st.seconds,
-                               measured_recorded_s=recorded.get((st.phase, st.step), math.nan),
+                               kv_len=st.kv_len, measured_s=median_of(timed, key),
+                               measured_recorded_s=median_of(recorded, key),
                                predicted_roofline_s=roof, predicted_calibrated_s=cal))
-    ops_rows = joined_op_rows(trace.ops, spec, pred)
-    join = join_report(trace, spec, pred.fm, config)
-    experts = expert_rows(trace, spec, config)
+    ops_rows = joined_op_rows([r.trace.ops for r in runs] if len(runs) > 1 else first.ops, spec, pred)
+    join = join_report(first, spec, pred.fm, config)
+    experts = expert_rows(first, spec, config)
 
     pre = [s for s in steps_rows if s["phase"] == Phase.prefill.value]
     dec = [s for s in steps_rows if s["phase"] == Phase.decode.value]
@@ -110,20 +146,24 @@ def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileS
     return Generated(ops_rows, steps_rows, gen_row, join, experts)
 
 
-def joined_op_rows(records: Iterable[Any], spec: ModelSpec, pred: Predictor) -> list[dict[str, Any]]:
-    """ops.csv rows (kind `generation`) from a recorded run's `OpRecord`s: per step, each operator summed
-    over the layers of one kind (and over the experts of a MoE layer, each timed apart); then one row
-    per (phase, operator, layer kind, batch, q_len, kv_len) with the median over steps, joined to one
-    layer of that kind's prediction times its number of layers. A name with no prediction keeps its
-    row, its predictions NaN (`join_report` names it)."""
+def joined_op_rows(records: Iterable[Any] | Sequence[Iterable[Any]], spec: ModelSpec, pred: Predictor
+                   ) -> list[dict[str, Any]]:
+    """ops.csv rows (kind `generation`) from a recorded run's `OpRecord`s (or a list of runs' records):
+    per step of each run, each operator summed over the layers of one kind (and over the experts of a
+    MoE layer, each timed apart); then one row per (phase, operator, layer kind, batch, q_len, kv_len)
+    with the median over those steps, joined to one layer of that kind's prediction times its number
+    of layers. A name with no prediction keeps its row, its predictions NaN (`join_report` names it)."""
     kinds = spec.layer_kinds()
     groups = {kind.label: (kind, count) for kind, count in spec.layer_groups()}
+    records = list(records)
+    runs = records if records and not hasattr(records[0], "op") else [records]
     per_step: dict[tuple, float] = defaultdict(float)
-    for r in records:
-        label = MODEL_LEVEL if r.layer is None else kinds[r.layer].label
-        per_step[(r.phase, r.step, r.op, label, r.batch, r.q_len, r.kv_len)] += r.seconds
+    for run_index, run in enumerate(runs):
+        for r in run:
+            label = MODEL_LEVEL if r.layer is None else kinds[r.layer].label
+            per_step[(run_index, r.phase, r.step, r.op, label, r.batch, r.q_len, r.kv_len)] += r.seconds
     grouped: dict[tuple, list[float]] = defaultdict(list)
-    for (phase, _step, op, label, b, q, kv), s in per_step.items():
+    for (_run, phase, _step, op, label, b, q, kv), s in per_step.items():
         grouped[(phase, op, label, b, q, kv)].append(s)
     rows = []
     for (phase, name, label, b, q, kv), samples in sorted(grouped.items(), key=lambda kv_: (kv_[0][0], kv_[0][5])):

@@ -33,7 +33,7 @@ from llmperf.measure.profile.manifest import (
 )
 from llmperf.measure.profile.micro import _llc_bytes, micro_benchmarks
 from llmperf.measure.profile.predict import Predictor, calibrated_model
-from llmperf.measure.profile.recording import experts_summary, generation
+from llmperf.measure.profile.recording import Recorded, experts_summary, record_generation, summarize
 from llmperf.measure.profile.resolve import check_fits, layers_kept, memory_needed, resolve_spec
 from llmperf.measure.profile.settings import ProfileSettings, Progress
 from llmperf.measure.profile.tables import (
@@ -77,6 +77,9 @@ def measurement_sources(settings: ProfileSettings) -> dict[str, str]:
                if settings.device == "cuda" else "the recorded run (perf_counter around each operator)")
     steps_run = ("the unrecorded run (steps timed with synchronize + perf_counter; no per-operator recording)"
                  if settings.two_runs else ops_run + "; one run serves steps and operators")
+    if settings.runs > 1:  # rounds: each number the median over them
+        rounds = f"; the median over {settings.runs} rounds, every configuration once a round"
+        ops_run, steps_run = ops_run + rounds, steps_run + rounds
     return dict(steps=steps_run, generations=steps_run + " (TTFT, TPOT, e2e summed from its steps)",
                 errors=steps_run, ops_generation=ops_run,
                 steps_measured_recorded_s=ops_run,
@@ -143,15 +146,21 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         _write_run(run_path, run)
         engine = Engine(model, cache=settings.kv, attention=settings.backend)
         llc = _llc_bytes(dev)
-        for i, (b, p, g) in enumerate(settings.configs()):
+        configs = settings.configs()
+        recorded: dict[str, list[Recorded]] = {}
+        # rounds: every configuration once per round; a configuration's rows are written after its last
+        for i, (rnd, (b, p, g)) in enumerate((rnd, c) for rnd in range(settings.runs) for c in configs):
             config = f"b{b}-p{p}-g{g}"
-            if settings.micro:
+            if settings.micro and rnd == 0:
                 tick(f"micro-benchmarks {config}")
                 with torch.inference_mode():
                     for row in micro_benchmarks(model, spec, pred, settings, b, p, g, llc):
                         tables["ops"].append(row)
-            tick(f"generation {config}")
-            done = generation(engine, spec, pred, settings, config, b, p, g)
+            tick(f"generation {config}" + (f" (run {rnd + 1} of {settings.runs})" if settings.runs > 1 else ""))
+            recorded.setdefault(config, []).append(record_generation(engine, spec, settings, b, p, g))
+            if rnd < settings.runs - 1:
+                continue
+            done = summarize(recorded.pop(config), spec, pred, config, b, p, g)
             for row in done.ops:
                 tables["ops"].append(row)
             for row in done.steps:
@@ -166,7 +175,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
             if spec.is_moe:
                 run.experts_touched = [ExpertsTouched(**e) for e in experts_summary(tables["experts"].rows)]
             run.errors = _errors(tables)
-            run.settings.configs_done = i + 1
+            run.settings.configs_done = i + 1 - (settings.runs - 1) * len(configs)
             _write_run(run_path, run)
         run.status = "complete"
     except KeyboardInterrupt:
@@ -207,7 +216,7 @@ def new_manifest(settings: ProfileSettings, spec: ModelSpec, hardware: HardwareS
             layer_kinds=[kind.label for kind in spec.layer_kinds()], reps=settings.reps, micro=settings.micro,
             seed=settings.seed, device=settings.device,
             threads=torch.get_num_threads() if settings.device == "cpu" else None,
-            separate_step_run=settings.two_runs,
+            separate_step_run=settings.two_runs, runs=settings.runs if settings.runs > 1 else None,
             time_models=TimeModels(roofline=ROOFLINE_MODEL.source,
                                    calibrated=calibrated.source if calibrated else None),
             calibrated_overheads=None if calibrated is None else CalibratedOverheads(

@@ -1,6 +1,6 @@
-"""What `profile` runs: the model, device, dtype, attention backend, KV cache and the sweep of
-(batch, prompt length, generation length) configurations (`ProfileSettings`), refused by option
-name before anything runs.
+"""What `profile` runs: the model, device, dtype, attention backend, KV cache, the sweep of
+(batch, prompt length, generation length) configurations and the rounds of generations over them
+(`ProfileSettings`), refused by option name before anything runs.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ class ProfileSettings:
     seed: int = 0
     threads: int | None = None  # CPU threads (torch.set_num_threads); None: torch's default
     separate_step_run: bool | None = None  # time steps in an unrecorded run; None: on CUDA only
+    # rounds of generations: every configuration once per round, its steps and operators the median over
+    # rounds (a shared machine's speed moves over minutes; interleaving samples each configuration apart)
+    runs: int = 1
 
     @property
     def two_runs(self) -> bool:
@@ -59,6 +62,8 @@ class ProfileSettings:
             raise SpecError(f"--threads: must be a positive integer, got {self.threads}")
         if self.reps < 1:
             raise SpecError(f"--reps: must be a positive integer, got {self.reps}")
+        if self.runs < 1:
+            raise SpecError(f"--runs: must be a positive integer, got {self.runs}")
         for name, values in (("--batch", self.batches), ("--prompt-len", self.prompt_lens),
                              ("--gen-len", self.gen_lens)):
             if not values or min(values) < 1:
