@@ -68,6 +68,9 @@ def _rows_of(cost: OpCost, rows: Number | None) -> Number:
     return 1.0 if rows is None or np.all(np.asarray(rows) == 0) else rows
 
 
+#: how an engine launches a MoE layer's routed-expert GEMMs (`EfficiencyTimeModel.expert_launches`)
+EXPERT_LAUNCHES = ("grouped", "per_expert")
+
 #: `gemm_e_memory` curves whose largest rows reach this price the GEMMs past them at the FLOP rate their
 #: weight reached there; curves that stop at decode rows leave those GEMMs to the matmul kind's curves
 GEMM_TOP_ROWS_MIN = 64
@@ -106,6 +109,10 @@ class EfficiencyTimeModel:
     attention_eff: AttentionEfficiency | None = None
     engine: str = ""  # the engine profile that set the launch and step terms ("" : none, the roofline)
     graph_max_rows: float = 0.0  # steps of up to this many rows replay as a CUDA graph: no host launch
+    # how the engine launches a MoE layer's routed-expert GEMMs: "grouped" (one kernel over every expert,
+    # vLLM / SGLang / TensorRT-LLM) or "per_expert" (a GEMM call per touched expert: llmperf's own engine,
+    # which `calibrate` measures), each call then paying its overhead and floor at its own rows
+    expert_launches: str = "grouped"
     # the same model for a prefill (or mixed) step, when the engine prices it differently (`for_phase`)
     prefill: EfficiencyTimeModel | None = field(default=None, hash=False, compare=False)
 
@@ -117,6 +124,9 @@ class EfficiencyTimeModel:
     def __post_init__(self) -> None:
         if self.overhead_mode not in OVERHEAD_MODES:
             raise SpecError(f"overhead_mode: must be one of {', '.join(OVERHEAD_MODES)}, got {self.overhead_mode!r}")
+        if self.expert_launches not in EXPERT_LAUNCHES:
+            raise SpecError(f"expert_launches: must be one of {', '.join(EXPERT_LAUNCHES)}, "
+                            f"got {self.expert_launches!r}")
 
     def terms(self, kind: str) -> KindTerms:
         """The terms of operator kind `kind` (the unit terms, e = 1 and no overhead, for a kind the model does
@@ -161,7 +171,12 @@ class EfficiencyTimeModel:
         (`gemm_efficiency`, relative to `peak`: default the one `op_time` uses)."""
         t = self.terms(cost.kind)
         rows = _rows_of(cost, rows)
-        overhead, _ = self.overhead_for(cost, rows)
+        launches = self.launches(cost)
+        if launches is None:
+            overhead, _ = self.overhead_for(cost, rows)
+        else:  # one call per touched expert, each at its own share of the rows
+            overhead, _ = self.overhead_for(cost, np.maximum(np.asarray(cost.gemm.m(rows), dtype=float), 1.0))
+            overhead = overhead * launches
         by_bytes = self.op_e_memory.get(cost.name)
         if by_bytes is not None:  # one call's bytes (a cost scaled to L layers carries L calls)
             e_memory = by_bytes(np.maximum(np.asarray(cost.bytes_total, dtype=float)
@@ -172,7 +187,7 @@ class EfficiencyTimeModel:
         if cost.kind == "comm" and self.collectives is not None and hardware is not None:
             alpha, e_comm = self.collectives.terms(hardware.name, getattr(cost, "comm_gpus", 0) or 2)
             comm = dict(e_comm=e_comm, comm_latency_s=alpha * latency_share(cost.name))
-        floor = self.floor_for(cost)
+        floor = self.floor_for(cost) * (1.0 if launches is None else launches)
         e_compute = None
         if self.gemm_e_memory is not None and cost.kind == "matmul" and np.all(np.asarray(cost.weight_bytes) > 0):
             e_compute, e_memory = self.gemm_bytes_efficiency(cost, rows, t, hardware, peak)
@@ -189,6 +204,18 @@ class EfficiencyTimeModel:
         if self.overhead_mode == "overlap":
             return Efficiency(e_compute=e_compute, e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
         return Efficiency(e_compute=e_compute, e_memory=e_memory, overhead_s=overhead, floor_s=floor, **comm)
+
+    def launches(self, cost: OpCost) -> Number | None:
+        """The calls one layer's `cost` makes when the engine launches each routed expert's GEMM apart
+        (`expert_launches` "per_expert"): the experts it touches (`OpCost.gemm.groups`, the expectation
+        under uniform routing; 0 when none is). None for every other operator and under "grouped"."""
+        shape = getattr(cost, "gemm", None)
+        if self.expert_launches != "per_expert" or cost.kind != "matmul" or shape is None:
+            return None
+        groups = np.asarray(shape.groups, dtype=float)
+        if groups.ndim == 0 and float(groups) == 1.0:
+            return None  # a dense projection: one call
+        return float(groups) if groups.ndim == 0 else groups
 
     def gemm_bytes_efficiency(self, cost: OpCost, rows: Number, t: KindTerms, hardware: HardwareSpec | None = None,
                               peak: float | None = None) -> tuple[Number, Number]:
@@ -335,7 +362,7 @@ def typical_path() -> Path:
 ENGINE_SCHEMA = 1
 DEFAULT_ENGINE = "compiled"  # a GPU's default: a CUDA-graph serving stack (vLLM, SGLang, TensorRT-LLM)
 _ENGINE_FIELDS = ("schema_version", "name", "description", "source", "launch_s", "graph_max_batch",
-                  "calibrated_overheads", "decode", "prefill")
+                  "calibrated_overheads", "expert_launches", "decode", "prefill")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -361,6 +388,7 @@ class EngineProfile:
     launch_s: Mapping[str, float] = field(default_factory=dict, hash=False)
     graph_max_batch: int = 0
     calibrated_overheads: bool = False
+    expert_launches: str = "grouped"  # a MoE layer's routed experts: one grouped kernel, or a call each
     decode: EnginePhase
     prefill: EnginePhase
 
@@ -389,6 +417,9 @@ class EngineProfile:
         calibrated = raw.get("calibrated_overheads", False)
         if not isinstance(calibrated, bool):
             raise SpecError(f"{where}.calibrated_overheads: must be true or false, got {calibrated!r}")
+        experts = raw.get("expert_launches", "grouped")
+        if experts not in EXPERT_LAUNCHES:
+            raise SpecError(f"{where}.expert_launches: must be one of {', '.join(EXPERT_LAUNCHES)}, got {experts!r}")
         phases = {}
         for phase in ("decode", "prefill"):
             terms = raw.get(phase)
@@ -404,7 +435,7 @@ class EngineProfile:
             raise SpecError(f"{where}.graph_max_batch: a CUDA-graph phase needs the largest batch it captures")
         return cls(name=name, description=str(raw.get("description", "")), source=str(raw.get("source", "")),
                    launch_s={str(k): check_seconds(v, f"{where}.launch_s.{k}") for k, v in launch.items()},
-                   graph_max_batch=graph_max, calibrated_overheads=calibrated, **phases)
+                   graph_max_batch=graph_max, calibrated_overheads=calibrated, expert_launches=experts, **phases)
 
     def apply(self, model: EfficiencyTimeModel) -> EfficiencyTimeModel:
         """`model` (the device's kernels: typical or calibrated) priced as this engine runs it: the
@@ -414,11 +445,12 @@ class EngineProfile:
         def priced(phase: EnginePhase) -> EfficiencyTimeModel:
             graph = float(self.graph_max_batch) if phase.cuda_graph else 0.0
             if keep:  # the calibration measured this very engine: its host terms stay
-                return replace(model, engine=self.name, graph_max_rows=graph,
+                return replace(model, engine=self.name, graph_max_rows=graph, expert_launches=self.expert_launches,
                                step_overhead_s=model.step_overhead_s or phase.step_overhead_s)
             kinds = {k: replace(model.terms(k), overhead_s=self.launch_s.get(k, 0.0)) for k in OP_KINDS}
             return replace(model, kinds=kinds, op_overhead_s={}, op_overhead_rows={}, backend="",
-                           engine=self.name, graph_max_rows=graph, step_overhead_s=phase.step_overhead_s)
+                           engine=self.name, graph_max_rows=graph, step_overhead_s=phase.step_overhead_s,
+                           expert_launches=self.expert_launches)
         return replace(priced(self.decode), prefill=priced(self.prefill))
 
 
@@ -495,7 +527,9 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
                                op_floor_s=parsed.get("op_floor_s", {}).get(used, {}),
                                collectives=collectives, gemm=parsed.get("gemm"), compute_dtype=dtype,
                                attention_eff=_attention_eff_for(parsed, used),
-                               gemm_e_memory=parsed.get("gemm_e_memory", {}).get(used))
+                               gemm_e_memory=parsed.get("gemm_e_memory", {}).get(used),
+                               # a calibration measured llmperf's own engine, which calls each expert
+                               expert_launches="per_expert" if name == "calibrated" else "grouped")
 
 
 def _attention_eff_for(parsed: dict[str, Any], dtype: str) -> AttentionEfficiency | None:

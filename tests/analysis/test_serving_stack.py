@@ -58,6 +58,7 @@ def test_shipped_profiles_parse_and_cite_their_figures():
     (dict(decode=dict(step_overhead_s=2.0, cuda_graph=True)), "decode.step_overhead_s: must be seconds in [0, 1)"),
     (dict(decode=dict(step_overhead_s=1e-4, cuda_graph="yes")), "decode.cuda_graph: must be true or false"),
     (dict(prefill=dict(step_overhead_s=1e-4)), "prefill: expected a mapping with step_overhead_s and cuda_graph"),
+    (dict(expert_launches="each"), "expert_launches: must be one of grouped, per_expert, got 'each'"),
     (dict(graph_max_batch=0), "graph_max_batch: a CUDA-graph phase needs the largest batch it captures"),
     (dict(graph_max_batch=-3), "graph_max_batch: must be an integer >= 0, got -3"),
 ])
@@ -181,3 +182,63 @@ def test_simulate_and_plan_run_dirs_name_the_time_model_and_the_profile(tmp_path
     doc = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert doc["settings"]["engine"] == "compiled"
     assert {(row["time_model"], row["engine"]) for row in doc["rows"]} == {("typical", "compiled")}
+
+
+# ---- a MoE layer's routed experts: one grouped kernel, or a call each ------------------------------
+def _routed(fm, batch, q_len):  # noqa: ANN001, ANN202
+    from llmperf.analysis.gemm import GemmShape
+
+    ops = {c.name: c for c in fm.layer_ops(batch, q_len, q_len + 1, fm.model.layer_kinds()[0])}
+    up, dense = ops["gate_up_proj"], ops["qkv_proj"]
+    assert isinstance(up.gemm, GemmShape) and up.gemm.groups > 1 and dense.gemm.groups == 1
+    return up, dense
+
+
+def test_per_expert_launches_pay_each_touched_experts_call_at_its_own_rows():
+    """llmperf's own engine (calibrated, or `--engine eager`) calls each touched expert's GEMM: a routed
+    operator pays its per-call overhead and device floor once per expert, at the expert's share of the
+    rows; a grouped stack (compiled: vLLM's fused MoE) pays them once; a dense projection is one call."""
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import Precision, load_model
+
+    h100 = load_hardware("h100-sxm")
+    fm = ForwardModel(model=load_model("qwen3-30b-a3b").scaled(num_layers=1), precision=Precision.uniform("bf16"),
+                      fused_qkv=True, fused_gate_up=True)
+    compiled = time_model_for(h100, "typical", "bf16", engine="compiled").prefill
+    eager = time_model_for(h100, "typical", "bf16", engine="eager").prefill
+    assert (compiled.expert_launches, eager.expert_launches) == ("grouped", "per_expert")
+    up, dense = _routed(fm, 1, 512)
+    experts = float(up.gemm.groups)  # the experts 512 tokens touch under uniform routing (~128 of 128)
+    assert 120 < experts <= 128 and compiled.launches(up) is None and eager.launches(up) == pytest.approx(experts)
+    g, e = compiled.efficiency(up, h100), eager.efficiency(up, h100)
+    assert g.host_s == load_engine("compiled").launch_s["matmul"]  # one launch of the grouped kernel
+    assert e.host_s == pytest.approx(experts * load_engine("eager").launch_s["matmul"])
+    assert e.floor_s == pytest.approx(experts * g.floor_s) and g.floor_s == compiled.floor_for(up)
+    assert eager.efficiency(dense, h100).host_s == load_engine("eager").launch_s["matmul"]  # a dense one: one call
+    assert eager.launches(dense) is None
+    # the calibrated model prices llmperf's own engine: per expert, its per-rows dispatch at each expert's rows
+    dispatch = _curve([[1, 1e-6], [16, 1e-4]])  # seconds a call by its rows
+    cal = replace(eager, name="calibrated", op_overhead_rows={"gate_up_proj": dispatch}, overhead_mode="add")
+    per_expert_rows = 512 * 8 / experts  # ~32: past the curve's 16 rows
+    assert cal.efficiency(up, h100).overhead_s == pytest.approx(experts * 1e-4)
+    decode_up, _ = _routed(fm, 4, 1)  # 32 routed rows over ~29 experts: about one row each
+    touched = float(decode_up.gemm.groups)
+    assert per_expert_rows > 16 and 28 < touched < 32
+    assert cal.efficiency(decode_up, h100).overhead_s == pytest.approx(touched * dispatch(32 / touched))
+    assert dispatch(32 / touched) < 5e-6  # not the 32-row figure the layer's rows would read
+
+
+def _curve(points):  # noqa: ANN001, ANN202
+    from llmperf.specs.efficiency import Curve
+
+    return Curve.parse(points, "test", x="rows")
+
+
+def test_a_calibration_prices_llmperfs_engine_with_a_call_per_expert():
+    from llmperf.analysis.timemodel import EfficiencyTimeModel
+
+    cpu = load_hardware("reports/calibrate/2026-11-26e-cpu-todays.yaml")
+    assert time_model_for(cpu, "calibrated", "fp32").expert_launches == "per_expert"
+    assert time_model_for(load_hardware("h100-sxm"), "typical", "bf16", engine=None).expert_launches == "grouped"
+    with pytest.raises(SpecError, match="expert_launches: must be one of grouped, per_expert, got 'some'"):
+        EfficiencyTimeModel(name="x", expert_launches="some")
