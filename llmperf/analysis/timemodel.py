@@ -195,9 +195,16 @@ class EfficiencyTimeModel:
         if (self.gemm is not None and cost.kind == "matmul" and cost.gemm is not None and hardware is not None
                 and getattr(hardware, "num_sms", None)):
             e_compute, e_memory = self.gemm_efficiency(cost, hardware, rows, peak)
+        shape = getattr(cost, "attn", None)
+        if cost.kind == "attention" and shape is not None and self.attention_eff is None:
+            # the kind's curves key a prefill by its sequences' length, a decode by its batch: what
+            # calibrate times (causal squares of one sequence; decode batches), so 4 prompts of 512
+            # tokens read the 512-token square's efficiency, not a 2048-token one's
+            q_len = np.asarray(shape.q_len, dtype=float)
+            keyed = np.where(q_len > 1, q_len, np.asarray(rows, dtype=float))
+            e_memory, e_compute = t.e_memory(keyed), t.e_compute(keyed)
         if e_compute is None:
             e_compute = t.e_compute(rows)
-        shape = getattr(cost, "attn", None)
         if cost.kind == "attention" and shape is not None and self.attention_eff is not None:
             e_compute, e_memory = self.attention_eff.efficiencies(shape, getattr(hardware, "num_sms", None))
             comm = dict(latency_s=self.attention_eff.latency(shape, getattr(hardware, "num_sms", None)))

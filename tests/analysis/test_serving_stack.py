@@ -242,3 +242,29 @@ def test_a_calibration_prices_llmperfs_engine_with_a_call_per_expert():
     assert time_model_for(load_hardware("h100-sxm"), "typical", "bf16", engine=None).expert_launches == "grouped"
     with pytest.raises(SpecError, match="expert_launches: must be one of grouped, per_expert, got 'some'"):
         EfficiencyTimeModel(name="x", expert_launches="some")
+
+
+def test_a_calibrated_prefill_attention_reads_its_sequences_length_not_the_steps_tokens():
+    """calibrate times attention as causal squares of one sequence (prefill) and as decode batches, so the
+    calibrated model keys a fused attention's curves by the prompt's length in a prefill (4 prompts of
+    512 tokens: the 512-token square's efficiency, not a 2048-token one's) and by the batch in a decode."""
+    from llmperf.analysis.attention_eff import AttnShape
+    from llmperf.analysis.roofline import OpCost
+    from llmperf.specs.efficiency import Curve, KindTerms
+
+    curve = Curve.parse([[1, 0.5], [4, 0.4], [256, 0.2], [1024, 0.3]], "t", x="rows")
+    tm = replace(time_model_for(load_hardware("reports/calibrate/2026-11-26e-cpu-todays.yaml"), "calibrated", "fp32"),
+                 kinds={"attention": KindTerms(e_compute=curve, e_memory=curve)})
+
+    def attention(batch, q_len):  # noqa: ANN001, ANN202
+        shape = AttnShape(batch=batch, q_len=q_len, context=q_len, heads=32, kv_heads=4, head_dim=128)
+        return OpCost(name="attention", kind="attention", flops=1e9, act_read_bytes=1e6, rows=batch * q_len, attn=shape)
+
+    for batch in (1, 4, 16):
+        e = tm.efficiency(attention(batch, 512), None)
+        assert (e.e_compute, e.e_memory) == (pytest.approx(curve(512)), pytest.approx(curve(512)))
+    assert tm.efficiency(attention(4, 1), None).e_memory == pytest.approx(0.4)  # a decode: its batch
+    assert tm.efficiency(attention(1, 1024), None).e_compute == pytest.approx(0.3)
+    # a model that prices attention by its shape (typical: attention_eff) is not keyed by rows at all
+    typical = time_model_for(load_hardware("h100-sxm"), "typical", "bf16", engine="compiled")
+    assert typical.attention_eff is not None

@@ -424,3 +424,23 @@ def test_an_mla_run_joins_both_forms(runs):
     assert {"q_a_proj", "q_b_proj", "kv_a_proj", "o_proj", "router", "shared_gate_proj"} <= micro
     assert not {"attention", "kv_b_proj", "q_absorb"} & micro  # refused by name in the notes
     assert any("latent attention" in n for n in res.run["settings"]["notes"])
+
+
+def test_the_predictor_prices_a_routed_operator_at_its_own_rows():
+    """A MoE layer's routed experts see tokens x k rows (`OpCost.rows`), as estimate prices them; the
+    profile's predictions use the same rows (it had priced them at the step's tokens)."""
+    from dataclasses import replace
+
+    from llmperf.analysis.timemodel import time_model_for
+    from llmperf.analysis.vocabulary import Op
+
+    spec = load_model("qwen3-30b-a3b").scaled(num_layers=1)
+    cpu = load_hardware("reports/calibrate/2026-11-26e-cpu-todays.yaml")
+    pred = replace(_predictor(spec), hardware=cpu, calibrated=time_model_for(cpu, "calibrated", "fp32"))
+    kind = spec.layer_kinds()[0]
+    up = pred.cost(Op.gate_up_proj, 1, 512, 512, kind)
+    assert up.rows == 512 * spec.experts_per_token and pred.rows(up, 1, 512, pred.fm) == up.rows
+    assert pred.times(up, 1, 512)[1] == pytest.approx(
+        float(pred.calibrated.op_time_s(up, pred.hardware, pred.compute_dtype, up.rows)))
+    head = pred.cost(Op.lm_head, 4, 512, 512)
+    assert pred.rows(head, 4, 512, pred.fm) == 4  # one row of logits per sequence

@@ -79,7 +79,7 @@ def micro_benchmarks(model: Any, spec: ModelSpec, pred: Predictor, settings: Pro
     shapes = [(Phase.prefill, prompt_len, prompt_len), (Phase.decode, 1, prompt_len + max(gen_len // 2, 1))]
     for phase, q_len, kv_len in shapes:
         for op, d_in, d_out, cost, label in micro_matmuls(pred, batch, q_len, kv_len):
-            rows = pred.rows(cost, batch, q_len, pred.fm)
+            rows = int(pred.rows(cost, batch, q_len, pred.fm))
             copies = max(1, min(8, -(-CACHE_ROTATION_FACTOR * llc // (d_in * d_out * elem)))) if llc else 1
             ws = [torch.randn((d_in, d_out) if in_out else (d_out, d_in), device=device, dtype=dtype)
                   for _ in range(copies)]

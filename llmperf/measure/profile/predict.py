@@ -61,8 +61,12 @@ class Predictor:
                 + fm.tail_ops(batch, q_len, kv_len))
 
     @staticmethod
-    def rows(cost: OpCost, batch: int, q_len: int, fm: ForwardModel) -> int:
-        """Tokens through the operator: the LM head sees one row per sequence unless all logits."""
+    def rows(cost: OpCost, batch: int, q_len: int, fm: ForwardModel) -> float:
+        """Rows through the operator, as the analytical model counts them (`OpCost.rows`: a MoE layer's
+        routed experts see tokens x k, the LM head one row per sequence unless all logits); a cost
+        built without them (a fused name summed from its parts) takes the step's tokens."""
+        if cost.rows:
+            return cost.rows
         if cost.name in (Op.lm_head.value, Op.final_softcap.value) and not fm.all_logits:
             return batch
         return batch * q_len
