@@ -457,5 +457,31 @@ def test_rounds_interleave_the_configurations_and_say_so(hardware, model_path, t
     assert doc["settings"]["runs"] == 2 and doc["settings"]["configs_done"] == 2 and doc["status"] == "complete"
     assert "median over 2 rounds" in doc["measurements"]["steps"]
     assert "median over 2 rounds" in doc["measurements"]["ops_generation"]
+    # the host's DRAM read before each configuration's generation, each round, beside the calibration's
+    probes = doc["host_bandwidth"]
+    assert [(p["config"], p["round"]) for p in probes] == [("b1-p8-g3", 0), ("b2-p8-g3", 0), ("b1-p8-g3", 1),
+                                                          ("b2-p8-g3", 1)]
+    assert all(p["read_gb_per_s"] > 0 for p in probes) and doc["settings"]["calibration_read_gb_per_s"] > 0
+    from llmperf.measure.accuracy import report
+
+    assert "host DRAM read during the run: median" in report(tmp_path / "rounds")[0]
     with pytest.raises(SpecError, match="--runs: must be a positive integer, got 0"):
         prof.ProfileSettings(model="x", hardware="h", runs=0).validate()
+
+
+def test_the_host_probe_is_set_against_the_calibrations_own_read():
+    from llmperf.measure.profile import host
+
+    assert host.read_probe("cpu", 1 << 20) > 0
+    record = {"streams": [{"kind": "read", "size_bytes": host.PROBE_BYTES, "gb_per_s": 46.4},
+                          {"kind": "copy", "size_bytes": host.PROBE_BYTES, "gb_per_s": 43.7},
+                          {"kind": "read", "size_bytes": 1 << 20, "gb_per_s": 187.0}]}
+    assert host.calibration_read(record) == 46.4
+    assert host.calibration_read({"streams": [{"kind": "read", "size_bytes": 1 << 26, "gb_per_s": 60.0},
+                                              {"kind": "read", "size_bytes": 1 << 20, "gb_per_s": 180.0}]}) == 60.0
+    assert host.calibration_read(None) is None and host.calibration_read({"streams": []}) is None
+    steady = host.drift_lines([45.0, 47.0, 46.0], 46.4)
+    assert len(steady) == 1 and "median 46.0 GB/s (45.0-47.0, 3 probes of 256 MiB)" in steady[0]
+    moved = host.drift_lines([66.0, 65.0, 67.0], 46.4)
+    assert len(moved) == 2 and "(1.42x)" in moved[0] and moved[1].startswith("note the host moved")
+    assert host.drift_lines([], 46.4) == [] and "no calibration read" in host.drift_lines([50.0], None)[0]

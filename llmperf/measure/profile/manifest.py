@@ -28,8 +28,10 @@ from llmperf.errors import SpecError
 
 SCHEMA_VERSION = 1
 #: keys written only once they have a value (`configs_done` after the first configuration,
-#: `experts_touched` for a mixture-of-experts model, `runs` by runs that took rounds)
-_OMITTED_WHEN_NONE = frozenset({"configs_done", "experts_touched", "runs"})
+#: `experts_touched` for a mixture-of-experts model, `runs` by runs that took rounds, `host_bandwidth`
+#: and `calibration_read_gb_per_s` by CPU runs that probed the host)
+_OMITTED_WHEN_NONE = frozenset({"configs_done", "experts_touched", "runs", "host_bandwidth",
+                                "calibration_read_gb_per_s"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +73,7 @@ class RunSettings:
     threads: int | None = None  # CPU threads; None on CUDA
     separate_step_run: bool | None = None
     runs: int | None = None  # rounds of generations, each step the median over them (None: one, before rounds)
+    calibration_read_gb_per_s: float | None = None  # the calibration's DRAM read the host probes are set against
     time_models: TimeModels = field(default_factory=TimeModels)
     calibrated_overheads: CalibratedOverheads | None = None
     hardware_source: str | None = None
@@ -140,6 +143,15 @@ class ExpertsTouched:
     expected_uniform: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class HostProbe:
+    """The host's DRAM read bandwidth just before one configuration's generation in one round (CPU)."""
+
+    config: str
+    round: int
+    read_gb_per_s: float
+
+
 @dataclass(kw_only=True)
 class RunManifest:
     """A profile run's `run.json` (see the module docstring)."""
@@ -159,6 +171,7 @@ class RunManifest:
     join: list[JoinEntry] = field(default_factory=list)
     status: str | None = None
     experts_touched: list[ExpertsTouched] | None = None
+    host_bandwidth: list[HostProbe] | None = None  # CPU: `llmperf.measure.profile.host` probes
 
     @classmethod
     def load(cls, path: str | Path) -> RunManifest:

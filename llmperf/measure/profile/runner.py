@@ -19,12 +19,14 @@ from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.timemodel import ROOFLINE_MODEL, EfficiencyTimeModel
 from llmperf.errors import SpecError
 from llmperf.measure.profile.checks import cross_checks
+from llmperf.measure.profile.host import calibration_read, read_probe
 from llmperf.measure.profile.join import join_check, merge_joins
 from llmperf.measure.profile.manifest import (
     CalibratedOverheads,
     Check,
     ErrorRow,
     ExpertsTouched,
+    HostProbe,
     JoinEntry,
     Measurements,
     RunManifest,
@@ -156,6 +158,9 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
                 with torch.inference_mode():
                     for row in micro_benchmarks(model, spec, pred, settings, b, p, g, llc):
                         tables["ops"].append(row)
+            if settings.device == "cpu":  # the host's bandwidth now, beside the calibration's (`host`)
+                run.host_bandwidth = (run.host_bandwidth or []) + [
+                    HostProbe(config=config, round=rnd, read_gb_per_s=round(read_probe(device), 2))]
             tick(f"generation {config}" + (f" (run {rnd + 1} of {settings.runs})" if settings.runs > 1 else ""))
             recorded.setdefault(config, []).append(record_generation(engine, spec, settings, b, p, g))
             if rnd < settings.runs - 1:
@@ -217,6 +222,7 @@ def new_manifest(settings: ProfileSettings, spec: ModelSpec, hardware: HardwareS
             seed=settings.seed, device=settings.device,
             threads=torch.get_num_threads() if settings.device == "cpu" else None,
             separate_step_run=settings.two_runs, runs=settings.runs if settings.runs > 1 else None,
+            calibration_read_gb_per_s=calibration_read(hardware.calibration) if settings.device == "cpu" else None,
             time_models=TimeModels(roofline=ROOFLINE_MODEL.source,
                                    calibrated=calibrated.source if calibrated else None),
             calibrated_overheads=None if calibrated is None else CalibratedOverheads(
