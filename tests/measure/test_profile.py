@@ -470,9 +470,16 @@ def test_rounds_interleave_the_configurations_and_say_so(hardware, model_path, t
 
 
 def test_the_host_probe_is_set_against_the_calibrations_own_read():
+    import torch
+
     from llmperf.measure.profile import host
 
     assert host.read_probe("cpu", 1 << 20) > 0
+    layers = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 8))
+    largest = host.weights_to_probe(layers, nbytes=1)  # the largest weight alone holds a byte
+    assert [tuple(t.shape) for t in largest] == [(256, 64)]
+    every = host.weights_to_probe(layers, nbytes=1 << 30)
+    assert len(every) == 4 and host.read_probe("cpu", tensors=every) > 0
     record = {"streams": [{"kind": "read", "size_bytes": host.PROBE_BYTES, "gb_per_s": 46.4},
                           {"kind": "copy", "size_bytes": host.PROBE_BYTES, "gb_per_s": 43.7},
                           {"kind": "read", "size_bytes": 1 << 20, "gb_per_s": 187.0}]}
@@ -485,3 +492,18 @@ def test_the_host_probe_is_set_against_the_calibrations_own_read():
     moved = host.drift_lines([66.0, 65.0, 67.0], 46.4)
     assert len(moved) == 2 and "(1.42x)" in moved[0] and moved[1].startswith("note the host moved")
     assert host.drift_lines([], 46.4) == [] and "no calibration read" in host.drift_lines([50.0], None)[0]
+
+
+def test_the_report_sets_each_configurations_probe_beside_its_decode_error():
+    from llmperf.measure.profile import host
+
+    probes = [("a", 70.0), ("b", 48.0), ("a", 72.0), ("b", 50.0), ("c", 69.0)]
+    lines = host.config_lines(probes, {"a": 0.05, "b": 0.25, "c": 0.09}, 70.9)
+    assert lines[0] == "host bandwidth by configuration:"
+    assert "a: host 71.0 GB/s (1.00x), calibrated decode median 5.0%" in lines[1]
+    assert "b: host 49.0 GB/s (0.69x)" in lines[2]
+    assert lines[-1].strip() == "steady configurations (host within 10%): 2 of 3, decode median 7.0%"
+    assert host.config_lines(probes, {"a": 0.05}, 70.9) == []  # one configuration: nothing to set apart
+    assert host.config_lines(probes, {"a": 0.05, "b": 0.2}, None) == []
+    none = host.config_lines([("a", 40.0), ("b", 41.0)], {"a": 0.3, "b": 0.3}, 70.9)
+    assert none[-1].strip() == "steady configurations (host within 10%): none of 2"

@@ -1,13 +1,15 @@
 """The host's DRAM bandwidth while a CPU profile runs, beside the figure its calibration measured.
 
-A calibrated CPU model is priced at the bandwidth `calibrate` measured minutes before; a shared
-machine's memory bandwidth moves over minutes (on the development VM a 256 MiB read ran at 46 GB/s in
-one calibration and the engine's decode then streamed 1.4x faster than it priced, in every
-configuration of the profile that followed). So before each configuration's generation (each round,
-`--runs`) `profile` times the same read `calibrate` times for its largest stream (`read_probe`: a sum
-over 256 MiB, the fastest of a few), and `run.json` keeps the probes (`host_bandwidth`). The accuracy
-report sets their median against the calibration's own read at that size (`drift_lines`): a miss of
-memory-bound steps by the same factor is the host, not the time model. Nothing is fitted on them.
+A calibrated CPU model is priced at the bandwidth `calibrate` measured minutes before, but a shared
+machine's memory bandwidth is not one figure: on the development VM a 256 MiB read ran at 46 GB/s in
+one calibration and 71 in the next, and a model's decode streamed 1.4x faster than one calibration
+priced in every configuration of the profile that followed (the speed follows where a buffer lands,
+not the clock). So before each configuration's generation (each round, `--runs`) `profile` times the
+read `calibrate` times for its largest stream over the model's own largest weights
+(`read_probe`, `weights_to_probe`: a sum over 256 MiB of them, the fastest of a few), and `run.json`
+keeps the probes (`host_bandwidth`). The accuracy report sets their median against the calibration's
+read at that size (`drift_lines`, `config_lines`): memory-bound steps that miss by the same factor
+miss through the host, not the time model. Nothing is fitted on them.
 """
 
 from __future__ import annotations
@@ -20,17 +22,33 @@ PROBE_BYTES = 256 * 1024 * 1024  # calibrate's largest stream (`Settings.stream_
 DRIFT = 0.10  # a probe median this far from the calibration's read is reported as the host moving
 
 
-def read_probe(device: Any, nbytes: int = PROBE_BYTES) -> float:
-    """GB/s (decimal) of the fastest of a few sums over a fresh `nbytes` fp32 buffer on `device`, as
-    `calibrate`'s stream read times it (`llmperf.measure.calibrate.ceilings.measure_streams`)."""
+def read_probe(device: Any, nbytes: int = PROBE_BYTES, tensors: Sequence[Any] = ()) -> float:
+    """GB/s (decimal) of the fastest of a few sums, as `calibrate`'s stream read times it
+    (`llmperf.measure.calibrate.ceilings.measure_streams`): over `tensors` (the model's own weights,
+    `weights_to_probe`) when given, else over a fresh `nbytes` fp32 buffer on `device`."""
     import torch
 
     from llmperf.measure.timers import time_fn
 
-    n = max(nbytes // 4, 1)
-    src = torch.ones(n, device=device)
-    t = time_fn(lambda: src.sum(), device, reps=5, min_time_s=0.05)
-    return 4 * n / t.min_s / 1e9
+    if not tensors:
+        tensors = [torch.ones(max(nbytes // 4, 1), device=device)]
+    moved = sum(t.numel() * t.element_size() for t in tensors)
+    timing = time_fn(lambda: [t.sum() for t in tensors], device, reps=5, min_time_s=0.05)
+    return moved / timing.min_s / 1e9
+
+
+def weights_to_probe(model: Any, nbytes: int = PROBE_BYTES) -> list[Any]:
+    """The model's largest weight tensors, largest first, until they hold `nbytes` (all of them if
+    fewer): a shared machine's DRAM bandwidth can depend on where a buffer lands (on the development VM
+    a fresh buffer read at 42-82 GB/s from one allocation to the next, while the engine's weights
+    streamed at one speed all run), so the probe reads what the engine's steps read."""
+    out, held = [], 0
+    for p in sorted(model.parameters(), key=lambda t: t.numel() * t.element_size(), reverse=True):
+        if held >= nbytes:
+            break
+        out.append(p.detach())
+        held += p.numel() * p.element_size()
+    return out
 
 
 def calibration_read(calibration: Mapping[str, Any] | None, nbytes: int = PROBE_BYTES) -> float | None:
@@ -61,3 +79,35 @@ def drift_lines(probes: Sequence[float], calibrated: float | None) -> list[str]:
         return [line]
     return [line, f"note the host moved since the calibration ({ratio:.2f}x its read bandwidth): memory-bound steps "
                   "run about that much off their calibrated prediction; calibrate again on a steadier machine"]
+
+
+def config_lines(probes: Sequence[tuple[str, float]], decode_errors: Mapping[str, float], calibrated: float | None
+                 ) -> list[str]:
+    """Per configuration, its probes' median (GB/s, `(config, probe)` pairs) beside its calibrated decode
+    steps' median |error| (`decode_errors`), and the decode median over the steady configurations (those
+    whose probe is within `DRIFT` of the calibration's read): which misses go with a moved host. The
+    steady set is chosen by the probes alone, never by the errors."""
+    if not probes or calibrated is None or not decode_errors:
+        return []
+    by: dict[str, list[float]] = {}
+    for config, value in probes:
+        by.setdefault(config, []).append(value)
+    out, steady = [], []
+    for config, values in by.items():
+        if config not in decode_errors:
+            continue
+        ratio = statistics.median(values) / calibrated
+        err = decode_errors[config]
+        out.append(f"  {config}: host {statistics.median(values):.1f} GB/s ({ratio:.2f}x), "
+                   f"calibrated decode median {err:.1%}")
+        if abs(ratio - 1) <= DRIFT:
+            steady.append(config)
+    if len(out) < 2:
+        return []
+    if steady:
+        med = statistics.median(decode_errors[c] for c in steady)
+        tail = f"steady configurations (host within {DRIFT:.0%}): {len(steady)} of {len(out)}, decode median {med:.1%}"
+    else:
+        tail = f"steady configurations (host within {DRIFT:.0%}): none of {len(out)}"
+    return ["host bandwidth by configuration:"] + out + ["  " + tail]
+

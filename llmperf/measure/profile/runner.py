@@ -19,7 +19,7 @@ from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.timemodel import ROOFLINE_MODEL, EfficiencyTimeModel
 from llmperf.errors import SpecError
 from llmperf.measure.profile.checks import cross_checks
-from llmperf.measure.profile.host import calibration_read, read_probe
+from llmperf.measure.profile.host import calibration_read, read_probe, weights_to_probe
 from llmperf.measure.profile.join import join_check, merge_joins
 from llmperf.measure.profile.manifest import (
     CalibratedOverheads,
@@ -149,6 +149,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         engine = Engine(model, cache=settings.kv, attention=settings.backend)
         llc = _llc_bytes(dev)
         configs = settings.configs()
+        probed = weights_to_probe(model) if settings.device == "cpu" else []
         recorded: dict[str, list[Recorded]] = {}
         # rounds: every configuration once per round; a configuration's rows are written after its last
         for i, (rnd, (b, p, g)) in enumerate((rnd, c) for rnd in range(settings.runs) for c in configs):
@@ -160,7 +161,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
                         tables["ops"].append(row)
             if settings.device == "cpu":  # the host's bandwidth now, beside the calibration's (`host`)
                 run.host_bandwidth = (run.host_bandwidth or []) + [
-                    HostProbe(config=config, round=rnd, read_gb_per_s=round(read_probe(device), 2))]
+                    HostProbe(config=config, round=rnd, read_gb_per_s=round(read_probe(device, tensors=probed), 2))]
             tick(f"generation {config}" + (f" (run {rnd + 1} of {settings.runs})" if settings.runs > 1 else ""))
             recorded.setdefault(config, []).append(record_generation(engine, spec, settings, b, p, g))
             if rnd < settings.runs - 1:
