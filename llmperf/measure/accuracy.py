@@ -243,12 +243,13 @@ def report(run_dir: Path) -> tuple[str, bool]:
     if run.host_bandwidth:  # a CPU run's probes beside the calibration's read (`llmperf.measure.profile.host`)
         from llmperf.measure.profile.host import config_lines, drift_lines
 
-        lines += drift_lines([p.read_gb_per_s for p in run.host_bandwidth], s.calibration_read_gb_per_s)
+        lines += drift_lines([p.read_gb_per_s for p in run.host_bandwidth], s.calibration_bandwidth_gb_per_s)
         dec = steps[steps["phase"] == "decode"]
         per_config = {str(c): error_stats(g["predicted_calibrated_s"], g["measured_s"])[0]
                       for c, g in dec.groupby("config")}
         lines += config_lines([(p.config, p.read_gb_per_s) for p in run.host_bandwidth],
-                              {c: e for c, e in per_config.items() if math.isfinite(e)}, s.calibration_read_gb_per_s)
+                              {c: e for c, e in per_config.items() if math.isfinite(e)},
+                              s.calibration_bandwidth_gb_per_s)
     for e in run.experts_touched or []:
         if e.phase == "decode":
             lines.append(f"experts touched, {e.config} decode layer {e.layer}: measured {e.measured_mean:.2f} "

@@ -461,7 +461,7 @@ def test_rounds_interleave_the_configurations_and_say_so(hardware, model_path, t
     probes = doc["host_bandwidth"]
     assert [(p["config"], p["round"]) for p in probes] == [("b1-p8-g3", 0), ("b2-p8-g3", 0), ("b1-p8-g3", 1),
                                                           ("b2-p8-g3", 1)]
-    assert all(p["read_gb_per_s"] > 0 for p in probes) and doc["settings"]["calibration_read_gb_per_s"] > 0
+    assert all(p["read_gb_per_s"] > 0 for p in probes) and doc["settings"]["calibration_bandwidth_gb_per_s"] > 0
     from llmperf.measure.accuracy import report
 
     assert "host DRAM read during the run: median" in report(tmp_path / "rounds")[0]
@@ -480,13 +480,11 @@ def test_the_host_probe_is_set_against_the_calibrations_own_read():
     assert [tuple(t.shape) for t in largest] == [(256, 64)]
     every = host.weights_to_probe(layers, nbytes=1 << 30)
     assert len(every) == 4 and host.read_probe("cpu", tensors=every) > 0
-    record = {"streams": [{"kind": "read", "size_bytes": host.PROBE_BYTES, "gb_per_s": 46.4},
-                          {"kind": "copy", "size_bytes": host.PROBE_BYTES, "gb_per_s": 43.7},
-                          {"kind": "read", "size_bytes": 1 << 20, "gb_per_s": 187.0}]}
-    assert host.calibration_read(record) == 46.4
-    assert host.calibration_read({"streams": [{"kind": "read", "size_bytes": 1 << 26, "gb_per_s": 60.0},
-                                              {"kind": "read", "size_bytes": 1 << 20, "gb_per_s": 180.0}]}) == 60.0
-    assert host.calibration_read(None) is None and host.calibration_read({"streams": []}) is None
+    from llmperf.specs import load_hardware
+
+    cal = load_hardware("reports/calibrate/2026-11-26e-cpu-todays.yaml")
+    assert host.calibration_bandwidth(cal) == pytest.approx(cal.mem_bandwidth_bytes_per_s / 1e9)
+    assert host.calibration_bandwidth(load_hardware("h100-sxm")) is None  # a datasheet: nothing measured
     steady = host.drift_lines([45.0, 47.0, 46.0], 46.4)
     assert len(steady) == 1 and "median 46.0 GB/s (45.0-47.0, 3 probes of 256 MiB)" in steady[0]
     moved = host.drift_lines([66.0, 65.0, 67.0], 46.4)

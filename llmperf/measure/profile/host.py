@@ -7,9 +7,9 @@ priced in every configuration of the profile that followed (the speed follows wh
 not the clock). So before each configuration's generation (each round, `--runs`) `profile` times the
 read `calibrate` times for its largest stream over the model's own largest weights
 (`read_probe`, `weights_to_probe`: a sum over 256 MiB of them, the fastest of a few), and `run.json`
-keeps the probes (`host_bandwidth`). The accuracy report sets their median against the calibration's
-read at that size (`drift_lines`, `config_lines`): memory-bound steps that miss by the same factor
-miss through the host, not the time model. Nothing is fitted on them.
+keeps the probes (`host_bandwidth`). The accuracy report sets them against the bandwidth the
+calibration priced DRAM at (`calibration_bandwidth`; `drift_lines`, `config_lines`): memory-bound
+steps that miss by the same factor miss through the host, not the time model. Nothing is fitted on them.
 """
 
 from __future__ import annotations
@@ -51,16 +51,13 @@ def weights_to_probe(model: Any, nbytes: int = PROBE_BYTES) -> list[Any]:
     return out
 
 
-def calibration_read(calibration: Mapping[str, Any] | None, nbytes: int = PROBE_BYTES) -> float | None:
-    """The read bandwidth (GB/s) a calibration's record (`HardwareSpec.calibration`) measured at
-    `nbytes`, else at its largest read; None without one."""
-    streams = [s for s in (calibration or {}).get("streams") or []
-               if isinstance(s, Mapping) and s.get("kind") == "read"]
-    if not streams:
+def calibration_bandwidth(hardware: Any) -> float | None:
+    """The DRAM bandwidth (GB/s) a calibrated device's decode is priced at: its calibration's memory
+    bandwidth, the best DRAM-sized stream it measured (a read, a copy or the GEMV's weight stream,
+    `Calibration.memory_bytes_per_s`); None for a device without a calibration."""
+    if not getattr(hardware, "calibration", None):
         return None
-    at = [s for s in streams if s.get("size_bytes") == nbytes] or [max(streams, key=lambda s: s.get("size_bytes", 0))]
-    value = at[0].get("gb_per_s")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+    return float(hardware.mem_bandwidth_bytes_per_s) / 1e9 or None
 
 
 def drift_lines(probes: Sequence[float], calibrated: float | None) -> list[str]:
@@ -74,10 +71,10 @@ def drift_lines(probes: Sequence[float], calibrated: float | None) -> list[str]:
     if calibrated is None:
         return [line + "; no calibration read to compare"]
     ratio = median / calibrated
-    line += f"; the calibration read {calibrated:.1f} GB/s ({ratio:.2f}x)"
+    line += f"; the calibration priced DRAM at {calibrated:.1f} GB/s ({ratio:.2f}x)"
     if abs(ratio - 1) <= DRIFT:
         return [line]
-    return [line, f"note the host moved since the calibration ({ratio:.2f}x its read bandwidth): memory-bound steps "
+    return [line, f"note the host moved since the calibration ({ratio:.2f}x its DRAM bandwidth): memory-bound steps "
                   "run about that much off their calibrated prediction; calibrate again on a steadier machine"]
 
 
@@ -85,7 +82,7 @@ def config_lines(probes: Sequence[tuple[str, float]], decode_errors: Mapping[str
                  ) -> list[str]:
     """Per configuration, its probes' median (GB/s, `(config, probe)` pairs) beside its calibrated decode
     steps' median |error| (`decode_errors`), and the decode median over the steady configurations (those
-    whose probe is within `DRIFT` of the calibration's read): which misses go with a moved host. The
+    whose probe is within `DRIFT` of the calibration's bandwidth): which misses go with a moved host. The
     steady set is chosen by the probes alone, never by the errors."""
     if not probes or calibrated is None or not decode_errors:
         return []

@@ -29,9 +29,9 @@ from llmperf.errors import SpecError
 SCHEMA_VERSION = 1
 #: keys written only once they have a value (`configs_done` after the first configuration,
 #: `experts_touched` for a mixture-of-experts model, `runs` by runs that took rounds, `host_bandwidth`
-#: and `calibration_read_gb_per_s` by CPU runs that probed the host)
+#: and `calibration_bandwidth_gb_per_s` by CPU runs that probed the host)
 _OMITTED_WHEN_NONE = frozenset({"configs_done", "experts_touched", "runs", "host_bandwidth",
-                                "calibration_read_gb_per_s"})
+                                "calibration_bandwidth_gb_per_s"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +73,7 @@ class RunSettings:
     threads: int | None = None  # CPU threads; None on CUDA
     separate_step_run: bool | None = None
     runs: int | None = None  # rounds of generations, each step the median over them (None: one, before rounds)
-    calibration_read_gb_per_s: float | None = None  # the calibration's DRAM read the host probes are set against
+    calibration_bandwidth_gb_per_s: float | None = None  # the DRAM bandwidth a calibration priced (host probes' peer)
     time_models: TimeModels = field(default_factory=TimeModels)
     calibrated_overheads: CalibratedOverheads | None = None
     hardware_source: str | None = None

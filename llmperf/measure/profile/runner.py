@@ -19,7 +19,7 @@ from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.timemodel import ROOFLINE_MODEL, EfficiencyTimeModel
 from llmperf.errors import SpecError
 from llmperf.measure.profile.checks import cross_checks
-from llmperf.measure.profile.host import calibration_read, read_probe, weights_to_probe
+from llmperf.measure.profile.host import calibration_bandwidth, read_probe, weights_to_probe
 from llmperf.measure.profile.join import join_check, merge_joins
 from llmperf.measure.profile.manifest import (
     CalibratedOverheads,
@@ -223,7 +223,7 @@ def new_manifest(settings: ProfileSettings, spec: ModelSpec, hardware: HardwareS
             seed=settings.seed, device=settings.device,
             threads=torch.get_num_threads() if settings.device == "cpu" else None,
             separate_step_run=settings.two_runs, runs=settings.runs if settings.runs > 1 else None,
-            calibration_read_gb_per_s=calibration_read(hardware.calibration) if settings.device == "cpu" else None,
+            calibration_bandwidth_gb_per_s=calibration_bandwidth(hardware) if settings.device == "cpu" else None,
             time_models=TimeModels(roofline=ROOFLINE_MODEL.source,
                                    calibrated=calibrated.source if calibrated else None),
             calibrated_overheads=None if calibrated is None else CalibratedOverheads(
