@@ -16,7 +16,7 @@ from llmperf.outputs import json_text
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = sorted((ROOT / "reports" / "profile").glob("*/run.json"))
-FULL = ROOT / "reports" / "profile" / "2026-11-26c-cpu-qwen3-30b-a3b" / "run.json"  # every key, MoE included
+FULL = ROOT / "reports" / "profile" / "2026-11-26k-cpu-qwen3-30b-a3b" / "run.json"  # every key: MoE, rounds, probes
 
 
 def test_there_are_committed_runs():
