@@ -17,7 +17,7 @@ point past its own budget is skipped; both noted. How the time model reads them:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from llmperf.measure.calibrate.ceilings import (
@@ -92,38 +92,43 @@ def measure_gemm_sizes(s: Settings, device: Any, progress: Progress, dtypes: Seq
         dtype = getattr(torch, DTYPE_NAMES[dname])
         elem = torch.empty((), dtype=dtype).element_size()
         held = _Held(dtype, device, working_set)
-        budget = sweep_budget_s(s, dname, device, s.gemm_size_budget_s)
-        spent, last = 0.0, None  # seconds of this phase's sweep; (weight bytes or FLOPs, seconds) of its last point
-        for n, k, rows in gemm_size_shapes(s, dname, device):
-            w_bytes = elem * n * k
-            # a point's time grows about with its weight's bytes (streamed; the decode rows add little)
-            next_s = last[1] * w_bytes / last[0] if last else 0.0
-            if last and not sweep_fits(spent, next_s, budget):
-                notes.append(f"gemm sizes {dname}: stopped before {n}x{k} rows={rows} (predicted {next_s:.2g} s; "
-                             f"{spent:.1f} s spent of {budget:g} s)")
-                break
-            took = _point(out, held, s, device, progress, notes, dname, elem, n, k, rows, reps_at_least_copies=True)
-            if took is None:
-                break
-            spent += took
-            last = (w_bytes, took)
-        budget = sweep_budget_s(s, dname, device, s.gemm_size_prefill_budget_s)
-        # the first prefill point is predicted from the decode sweep's last (memory-bound: pessimistic)
-        spent, last = 0.0, (2.0 * max(p.rows for _, p in out[-1:]) * last[0] / elem, last[1]) if last else None
-        for n, k, rows in gemm_size_prefill_shapes(s):
-            flops = 2.0 * rows * n * k
-            next_s = last[1] * flops / last[0] if last else 0.0
-            if last and not sweep_fits(spent, next_s, budget):
-                notes.append(f"gemm sizes {dname}: skipped {n}x{k} rows={rows} (predicted {next_s:.2g} s; "
-                             f"{spent:.1f} s spent of {budget:g} s)")
-                continue
-            took = _point(out, held, s, device, progress, notes, dname, elem, n, k, rows, reps_at_least_copies=False)
-            if took is None:
-                break
-            spent += took
-            last = (flops, took)
+        # decode rows: a point's time grows about with its weight's bytes (streamed; the rows add little)
+        last = _phase(out, held, s, device, progress, notes, dname, elem, gemm_size_shapes(s, dname, device),
+                      sweep_budget_s(s, dname, device, s.gemm_size_budget_s), lambda n, k, r: elem * n * k, None,
+                      decode=True)
+        # prefill rows: by FLOPs; the first predicted from the decode sweep's last point (memory-bound:
+        # pessimistic), its bytes turned into the FLOPs of its rows
+        first = (2.0 * out[-1][1].rows * last[0] / elem, last[1]) if last else None
+        _phase(out, held, s, device, progress, notes, dname, elem, gemm_size_prefill_shapes(s),
+               sweep_budget_s(s, dname, device, s.gemm_size_prefill_budget_s), lambda n, k, r: 2.0 * r * n * k,
+               first, decode=False)
         del held
     return out
+
+
+def _phase(out: list[tuple[int, ComputePoint]], held: _Held, s: Settings, device: Any, progress: Progress,
+           notes: list[str], dname: str, elem: int, shapes: Sequence[tuple[int, int, int]], budget: float,
+           work: Callable[[int, int, int], float], last: tuple[float, float] | None, *,
+           decode: bool) -> tuple[float, float] | None:
+    """Time `shapes` in turn within `budget` seconds, each point predicted from the last by its `work`
+    (`last`: (work, seconds) of the point before); a point past the budget stops the decode rows and
+    is skipped among the prefill rows, noted either way. The (work, seconds) of its last point."""
+    spent = 0.0
+    for n, k, rows in shapes:
+        units = work(n, k, rows)
+        next_s = last[1] * units / last[0] if last else 0.0
+        if last and not sweep_fits(spent, next_s, budget):
+            notes.append(f"gemm sizes {dname}: {'stopped before' if decode else 'skipped'} {n}x{k} rows={rows} "
+                         f"(predicted {next_s:.2g} s; {spent:.1f} s spent of {budget:g} s)")
+            if decode:
+                break
+            continue
+        took = _point(out, held, s, device, progress, notes, dname, elem, n, k, rows, reps_at_least_copies=decode)
+        if took is None:
+            break
+        spent += took
+        last = (units, took)
+    return last
 
 
 def _point(out: list[tuple[int, ComputePoint]], held: _Held, s: Settings, device: Any, progress: Progress,
