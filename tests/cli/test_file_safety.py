@@ -378,7 +378,9 @@ def test_start_up_does_not_load_pandas():
 
 
 def test_interrupt_during_start_up_is_quiet():
-    code = ("import signal, llmperf.cli as c\n"
+    # the child starts as a terminal launches it (Ctrl-C raises KeyboardInterrupt), whatever this process
+    # inherited: a CI started in the background (`&`) ignores SIGINT, and so would its children
+    code = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nimport llmperf.cli as c\n"
             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
             "try:\n    c._quiet_interrupt(signal.SIGINT, None)\nexcept SystemExit as e:\n    print(e.code)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
