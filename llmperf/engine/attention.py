@@ -85,9 +85,33 @@ def sdpa_core(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMeta,
     qt = q.transpose(1, 2)  # (B, H, T, D)
     if meta.fresh and meta.uniform and not meta.limited(p):
         o = F.scaled_dot_product_attention(qt, K, V, is_causal=True, enable_gqa=H_kv < H, scale=p.scale)
+    elif _windowed(meta, p, T, S):  # a sliding layer's long prompt: each block of queries over its keys only
+        o = torch.cat([F.scaled_dot_product_attention(qt[:, :, q0:q1], K[:, :, k0:q1], V[:, :, k0:q1], attn_mask=m,
+                                                      enable_gqa=H_kv < H, scale=p.scale)
+                       for q0, q1, k0, m in _window_blocks(T, p.window, q.device)], dim=2)
     else:
         o = F.scaled_dot_product_attention(qt, K, V, attn_mask=meta.mask(S, p), enable_gqa=H_kv < H, scale=p.scale)
     return o.transpose(1, 2).reshape(B, T, H * Dv)  # (B, T, H*Dv)
+
+
+def _windowed(meta: StepMeta, p: LayerAttn, T: int, S: int) -> bool:
+    """A fresh prefill of equal prompts past twice its layer's sliding window (and no chunk): one masked
+    square over every key would compute T x T scores of which each query keeps W, so it runs in blocks
+    of W queries, each over the W - 1 keys before it and its own (`_window_blocks`)."""
+    return (p.window is not None and p.chunk is None and meta.fresh and meta.uniform and T == S
+            and T > 2 * p.window)
+
+
+def _window_blocks(T: int, W: int, device: torch.device) -> list[tuple[int, int, int, torch.Tensor]]:
+    """(first query, end, first key, mask (1, 1, queries, keys) bool) of each block of W queries of a fresh
+    prompt of T tokens under a sliding window W: query i sees keys i - W < j <= i."""
+    out = []
+    for q0 in range(0, T, W):
+        q1, k0 = min(T, q0 + W), max(0, q0 - W + 1)
+        i = torch.arange(q0, q1, device=device)[:, None]
+        j = torch.arange(k0, q1, device=device)[None, :]
+        out.append((q0, q1, k0, ((j <= i) & (j > i - W))[None, None]))  # (1, 1, queries, keys)
+    return out
 
 
 #: torch's CPU flash attention, which also returns each row's log-sum-exp (None where torch lacks it)
@@ -100,13 +124,23 @@ def _sdpa_sinks(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, meta: StepMet
     lse the log-sum-exp of the row's scaled scores (torch's CPU flash attention returns it; GQA native).
     `q (B, T, H, D)` over `K`, `V (B, H_kv, S, Dv)` -> `(B, T, H, Dv)`; equal to `_eager` to rounding."""
     qt = q.transpose(1, 2)  # (B, H, T, D)
+    T, S = q.shape[1], K.shape[2]
+    if _windowed(meta, p, T, S):  # a sliding layer's long prompt: each block of queries over its keys only
+        return torch.cat([_sinks_call(qt[:, :, q0:q1], K[:, :, k0:q1], V[:, :, k0:q1], m, False, p)
+                          for q0, q1, k0, m in _window_blocks(T, p.window, q.device)], dim=1)
     causal = meta.fresh and meta.uniform and not meta.limited(p)
-    mask = None if causal else meta.mask(K.shape[2], p)  # (B, 1, T, S) bool, or None: every key
-    bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+    return _sinks_call(qt, K, V, None if causal else meta.mask(S, p), causal, p)
+
+
+def _sinks_call(qt: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                p: LayerAttn) -> torch.Tensor:
+    """`_sdpa_sinks`' fused call: `qt (B, H, T, D)` over `K`, `V`, a bool mask (or None: every key, or
+    causal) -> `(B, T, H, Dv)`."""
+    bias = None if mask is None else torch.zeros(mask.shape, dtype=qt.dtype, device=qt.device).masked_fill(
         ~mask, -math.inf)  # the op takes an additive mask of the query's dtype
     o, lse = _LSE_SDPA(qt, K, V, 0.0, causal, attn_mask=bias, scale=p.scale)  # (B, H, T, Dv), (B, H, T) fp32
     keep = torch.sigmoid(lse - p.sinks.float()[None, :, None])  # the share of the row's mass not on the sink
-    return (o.float() * keep[..., None]).to(q.dtype).transpose(1, 2)
+    return (o.float() * keep[..., None]).to(qt.dtype).transpose(1, 2)
 
 
 def _sdpa_folded(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,

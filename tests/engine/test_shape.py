@@ -112,3 +112,37 @@ def test_backends_read_what_the_step_carries(backend, kind):
     with torch.no_grad():
         torch.testing.assert_close(decode_logits(True), decode_logits(False), rtol=0, atol=0)
     assert StepMeta.no_cache(1, 2, "cpu").store is None
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_a_sliding_prompt_past_twice_its_window_runs_in_blocks_equal_to_the_masked_square(sinks):
+    """A fresh prompt of a sliding layer longer than twice its window runs on SDPA in blocks of W queries,
+    each over its own keys (about 2 T W scores, not T^2): the same output as the materialised
+    attention, with and without learned sinks, GQA and a ragged last block included."""
+    import math
+
+    from llmperf.engine import attention as att
+    from llmperf.engine.step import LayerAttn, StepMeta
+
+    torch.manual_seed(0)
+    B, T, H, H_kv, D, W = 2, 45, 4, 2, 16, 8
+    q = torch.randn(B, T, H, D, dtype=torch.float64)
+    K, V = torch.randn(B, H_kv, T, D, dtype=torch.float64), torch.randn(B, H_kv, T, D, dtype=torch.float64)
+    p = LayerAttn(scale=1 / math.sqrt(D), window=W, sinks=torch.randn(H, dtype=torch.float64) if sinks else None)
+    meta = StepMeta.no_cache(B, T, "cpu")
+    assert att._windowed(meta, p, T, T) and not att._windowed(meta, p, 2 * W, 2 * W)
+    blocks = att._window_blocks(T, W, q.device)
+    assert [(q0, q1, k0) for q0, q1, k0, _ in blocks][:3] == [(0, 8, 0), (8, 16, 1), (16, 24, 9)]
+    assert blocks[-1][:3] == (40, 45, 33) and blocks[-1][3].shape == (1, 1, 5, 12)
+    if sinks and att._LSE_SDPA is None:
+        pytest.skip("this torch has no CPU flash attention returning the log-sum-exp")
+    got = att.sdpa_core(q, K, V, meta, p).view(B, T, H, D)
+    qt, mask = q.transpose(1, 2), meta.mask(T, p)  # the one masked square over every key, as before
+    if sinks:
+        square = att._sinks_call(qt, K, V, mask, False, p)
+    else:
+        square = torch.nn.functional.scaled_dot_product_attention(qt, K, V, attn_mask=mask, enable_gqa=True,
+                                                                  scale=p.scale).transpose(1, 2)
+    assert torch.allclose(got, square, atol=1e-12, rtol=1e-12)
+    # and the materialised math (its softmax in fp32, as transformers' eager attention)
+    assert torch.allclose(got, att._eager(q, K, V, meta, p), atol=1e-6)
