@@ -68,6 +68,11 @@ def _rows_of(cost: OpCost, rows: Number | None) -> Number:
     return 1.0 if rows is None or np.all(np.asarray(rows) == 0) else rows
 
 
+def _group_rows(shape: GemmShape, rows: Number) -> Number:
+    """The rows of each group's GEMM of `shape` (a routed expert's share; at least 1) at `rows`."""
+    return np.maximum(np.asarray(shape.m(rows), dtype=float), 1.0)
+
+
 #: how an engine launches a MoE layer's routed-expert GEMMs (`EfficiencyTimeModel.expert_launches`)
 EXPERT_LAUNCHES = ("grouped", "per_expert")
 
@@ -175,7 +180,7 @@ class EfficiencyTimeModel:
         if launches is None:
             overhead, _ = self.overhead_for(cost, rows)
         else:  # one call per touched expert, each at its own share of the rows
-            overhead, _ = self.overhead_for(cost, np.maximum(np.asarray(cost.gemm.m(rows), dtype=float), 1.0))
+            overhead, _ = self.overhead_for(cost, _group_rows(cost.gemm, rows))
             overhead = overhead * launches
         by_bytes = self.op_e_memory.get(cost.name)
         if by_bytes is not None:  # one call's bytes (a cost scaled to L layers carries L calls)
@@ -240,7 +245,7 @@ class EfficiencyTimeModel:
         curves, shape = self.gemm_e_memory, getattr(cost, "gemm", None)
         calls = np.maximum(np.asarray(getattr(cost, "calls", 1.0), dtype=float), 1.0)
         groups = 1.0 if shape is None else np.maximum(np.asarray(shape.groups, dtype=float), 1.0)
-        m = rows if shape is None else np.maximum(np.asarray(shape.m(rows), dtype=float), 1.0)
+        m = rows if shape is None else _group_rows(shape, rows)
         one = np.maximum(np.asarray(cost.weight_bytes, dtype=float) / (calls * groups), 1.0)
         inside = curves.covers(m)
         if np.all(inside):

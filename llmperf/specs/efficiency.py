@@ -197,8 +197,8 @@ def parse_op_e_memory(raw: Any, where: str) -> dict[str, dict[str, Curve]]:
 class GemmBytesCurves:
     """A weight GEMM's memory efficiency as a function of its rows and of the bytes of one call's weight:
     per measured row count a `Curve` over the weight's bytes (log-linear between sizes, flat outside),
-    log-linear in rows between measured row counts. `covers(rows)`: rows up to the most measured (beyond,
-    the matmul kind's curves apply: a prefill's GEMM is compute-bound, and the sweep never timed it)."""
+    log-linear in rows between measured row counts. `covers(rows)`: rows up to the most measured (how a
+    time model prices a GEMM beyond them: `llmperf.analysis.timemodel`)."""
 
     by_rows: tuple[tuple[float, Curve], ...]
 

@@ -93,7 +93,8 @@ def _in_turn(fns: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
 class _Weights:
     """The engine's `x @ W` for one dtype and device, over `copies` weight matrices used in turn (its
     weight layout and, where it packs weights for oneDNN, the packed GEMM of
-    `llmperf.engine.ops.ops_for`, packed before timing)."""
+    `llmperf.engine.ops.ops_for`, packed before timing). The copies are clones of one random matrix:
+    distinct buffers, which is all that streaming them cold needs, at a copy's cost, not a draw's."""
 
     def __init__(self, k: int, n: int, dtype: Any, device: Any, copies: int) -> None:
         import torch
@@ -102,7 +103,8 @@ class _Weights:
 
         self.k, self.dtype, self.device = k, dtype, device
         in_out = False  # the engine stores (out, in) on every device
-        self.ws = [torch.randn((k, n) if in_out else (n, k), device=device, dtype=dtype) for _ in range(copies)]
+        first = torch.randn((k, n) if in_out else (n, k), device=device, dtype=dtype)
+        self.ws = [first] + [first.clone() for _ in range(copies - 1)]
         self.linear = ops_for(device, dtype).linear
 
     def fn(self, rows: int) -> Callable[[], Any]:

@@ -68,9 +68,7 @@ class _Held:
     def fn(self, n: int, k: int, rows: int, w_bytes: int) -> tuple[Any, int]:
         if self.nk != (n, k):
             self.weights = None  # free the last shape's copies first
-            copies = copies_for(w_bytes, self.working_set)
-            self.weights = _Weights(k, n, self.dtype, self.device, 1)
-            self.weights.ws += [self.weights.ws[0].clone() for _ in range(copies - 1)]  # distinct buffers, cold
+            self.weights = _Weights(k, n, self.dtype, self.device, copies_for(w_bytes, self.working_set))
             self.nk = (n, k)
         assert self.weights is not None
         return self.weights.fn(rows), len(self.weights.ws)

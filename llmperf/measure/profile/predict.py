@@ -46,7 +46,8 @@ class Predictor:
                 return None
             fields = ("flops", "weight_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes", "comm_bytes")
             return OpCost(name=op.value, kind=parts[0].kind, act_read_bytes=parts[0].act_read_bytes,
-                          layer=parts[0].layer, **{f: sum(getattr(p, f) for p in parts) for f in fields})
+                          layer=parts[0].layer, rows=parts[0].rows,
+                          **{f: sum(getattr(p, f) for p in parts) for f in fields})
         split = replace(self.fm, fused_qkv=False, fused_gate_up=False)  # a part of a fused GEMM (micro rows)
         for c in (split.head_ops(batch, q_len, kv_len) + split.layer_ops(batch, q_len, kv_len, kind)
                   + split.tail_ops(batch, q_len, kv_len)):
@@ -64,12 +65,8 @@ class Predictor:
     def rows(cost: OpCost, batch: int, q_len: int, fm: ForwardModel) -> float:
         """Rows through the operator, as the analytical model counts them (`OpCost.rows`: a MoE layer's
         routed experts see tokens x k, the LM head one row per sequence unless all logits); a cost
-        built without them (a fused name summed from its parts) takes the step's tokens."""
-        if cost.rows:
-            return cost.rows
-        if cost.name in (Op.lm_head.value, Op.final_softcap.value) and not fm.all_logits:
-            return batch
-        return batch * q_len
+        without them, the step's tokens."""
+        return cost.rows if cost.rows else batch * q_len
 
     def times(self, cost: OpCost, batch: int, q_len: int, micro: bool = False) -> tuple[float, float]:
         """(roofline, calibrated) seconds of one call; calibrated is NaN without a calibrated model.

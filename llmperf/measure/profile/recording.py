@@ -124,7 +124,7 @@ def summarize(runs: Sequence[Recorded], spec: ModelSpec, pred: Predictor, config
                                kv_len=st.kv_len, measured_s=median_of(timed, key),
                                measured_recorded_s=median_of(recorded, key),
                                predicted_roofline_s=roof, predicted_calibrated_s=cal))
-    ops_rows = joined_op_rows([r.trace.ops for r in runs] if len(runs) > 1 else first.ops, spec, pred)
+    ops_rows = joined_op_rows_over([r.trace.ops for r in runs], spec, pred)
     join = join_report(first, spec, pred.fm, config)
     experts = expert_rows(first, spec, config)
 
@@ -146,17 +146,19 @@ def summarize(runs: Sequence[Recorded], spec: ModelSpec, pred: Predictor, config
     return Generated(ops_rows, steps_rows, gen_row, join, experts)
 
 
-def joined_op_rows(records: Iterable[Any] | Sequence[Iterable[Any]], spec: ModelSpec, pred: Predictor
-                   ) -> list[dict[str, Any]]:
-    """ops.csv rows (kind `generation`) from a recorded run's `OpRecord`s (or a list of runs' records):
-    per step of each run, each operator summed over the layers of one kind (and over the experts of a
-    MoE layer, each timed apart); then one row per (phase, operator, layer kind, batch, q_len, kv_len)
-    with the median over those steps, joined to one layer of that kind's prediction times its number
-    of layers. A name with no prediction keeps its row, its predictions NaN (`join_report` names it)."""
+def joined_op_rows(records: Iterable[Any], spec: ModelSpec, pred: Predictor) -> list[dict[str, Any]]:
+    """`joined_op_rows_over` one recorded run's `OpRecord`s."""
+    return joined_op_rows_over([records], spec, pred)
+
+
+def joined_op_rows_over(runs: Sequence[Iterable[Any]], spec: ModelSpec, pred: Predictor) -> list[dict[str, Any]]:
+    """ops.csv rows (kind `generation`) from the `OpRecord`s of runs of one generation: per step of each
+    run, each operator summed over the layers of one kind (and over the experts of a MoE layer, each
+    timed apart); then one row per (phase, operator, layer kind, batch, q_len, kv_len) with the median
+    over those steps, joined to one layer of that kind's prediction times its number of layers. A name
+    with no prediction keeps its row, its predictions NaN (`join_report` names it)."""
     kinds = spec.layer_kinds()
     groups = {kind.label: (kind, count) for kind, count in spec.layer_groups()}
-    records = list(records)
-    runs = records if records and not hasattr(records[0], "op") else [records]
     per_step: dict[tuple, float] = defaultdict(float)
     for run_index, run in enumerate(runs):
         for r in run:
