@@ -340,6 +340,90 @@ def test_gemm_and_decode_attention_cycle_through_their_copies():
     assert "in turn" in att[0].shape and "in turn" not in att[1].shape
 
 
+def test_the_gemm_ceilings_are_timed_in_plain_torch_not_through_the_engine(monkeypatch):
+    """Where the engine's GEMM is its own (a CPU in fp32 or bf16), the ceilings are `F.linear` calls:
+    the GEMV through the sweep's cold copies and the sweep's largest rows; the engine's GEMM is never
+    called. Where the engine's GEMM is plain torch (fp16 here), nothing more is timed and a note says
+    the sweep is the ceiling."""
+    import torch
+
+    from llmperf.engine.cpu.ops import CpuOps
+    from llmperf.measure.calibrate import measure_torch_gemm
+
+    def engine_linear(*args, **kwargs):
+        raise AssertionError("a ceiling went through the engine's GEMM")
+
+    plain_calls = []
+    real_linear = torch.nn.functional.linear
+
+    def counted(*args, **kwargs):
+        plain_calls.append(args[0].shape[0])
+        return real_linear(*args, **kwargs)
+
+    monkeypatch.setattr(CpuOps, "linear", engine_linear)
+    monkeypatch.setattr(torch.nn.functional, "linear", counted)
+    s = Settings.tiny(dtypes=("fp32", "fp16"), working_set_bytes=2 << 20, threads=1)
+    sweep = [ComputePoint(op="matmul", dtype=d, rows=r, shape="", seconds=1e-3, spread_s=0.0, n=1, flops=1.0,
+                          bytes=1.0) for d in ("fp32", "fp16") for r in (1, 8, 64)]
+    pts, notes = measure_torch_gemm(s, torch.device("cpu"), lambda m: None, sweep)
+    assert [(p.dtype, p.rows) for p in pts] == [("fp32", 1), ("fp32", 64)]
+    assert "plain torch x4 in turn" in pts[0].shape and "in turn" not in pts[1].shape  # 512 KiB a copy
+    assert {1, 64} <= set(plain_calls)
+    assert all(p.seconds > 0 and p.flops == 2.0 * p.rows * s.gemm_k * s.gemm_n for p in pts)
+    assert any(n.startswith("ceilings fp16: the engine's GEMM on cpu is plain torch's") for n in notes)
+
+
+def _matmul(dtype, rows, gflops, gbps=None):
+    flops, nbytes = 2.0 * rows * 4096 * 4096, 4.0 * 4096 * 4096
+    seconds = max(flops / (gflops * 1e9), nbytes / (gbps * 1e9) if gbps else 0.0)
+    return ComputePoint(op="matmul", dtype=dtype, rows=rows, shape="", seconds=seconds, spread_s=0.0, n=1,
+                        flops=flops, bytes=nbytes)
+
+
+def test_the_peak_is_the_better_of_plain_torch_and_the_engine():
+    """An engine faster than plain torch (llmperf's CPU GEMV) sets the peak, so its efficiencies stay
+    <= 1 and the roofline stays a bound; a plain torch faster than the engine sets it instead; a dtype
+    whose engine GEMM is plain torch takes its sweep as the ceiling. The YAML says which set each."""
+    from llmperf.measure.calibrate import Calibration
+
+    cal = Calibration(device={"kind": "cpu", "name": "test"}, versions={}, created="now",
+                      settings=Settings.tiny(dtypes=("fp32", "bf16", "fp16")),
+                      compute=[_matmul("fp32", 1, 30, 60), _matmul("fp32", 256, 480),
+                               _matmul("bf16", 1, 30, 40), _matmul("bf16", 256, 500),
+                               _matmul("fp16", 1, 5, 10), _matmul("fp16", 256, 50)],
+                      torch_gemm=[_matmul("fp32", 1, 20, 25), _matmul("fp32", 256, 220),
+                                  _matmul("bf16", 1, 30, 40), _matmul("bf16", 256, 900)],
+                      plain_torch_dtypes=["fp16"])
+    assert cal.peak_flops_per_s("fp32") == pytest.approx(480e9) and cal.peak_flops_per_s("bf16") == pytest.approx(900e9)
+    assert cal.peak_flops_per_s("fp16") == pytest.approx(cal.torch_peak_flops_per_s("fp16"))
+    assert cal.gemv_bytes_per_s("fp32") == pytest.approx(60e9)
+    assert cal.gemv_bytes_per_s("fp32", plain=True) == pytest.approx(25e9)
+    ceilings = cal.device_ceilings()
+    assert ceilings["fp32"]["peak_set_by"] == "engine" and ceilings["bf16"]["peak_set_by"] == "plain torch"
+    assert ceilings["fp32"]["plain_torch"] == {"peak_tflops": 0.22, "gemv_gbps": 25.0}
+    assert ceilings["fp16"]["plain_torch"] == ceilings["fp16"]["engine"]
+
+
+def test_a_cpu_calibration_records_plain_torch_ceilings_beside_the_engines(cal, tmp_path):
+    """The real (tiny) calibration: plain torch's GEMV and largest GEMM per dtype the engine runs itself,
+    in the YAML's provenance with the engine's beside them; the spec's peak is the better of the two and
+    every fitted efficiency stays in (0, 1]."""
+    assert {(p.dtype, p.rows) for p in cal.torch_gemm} <= {(d, r) for d in ("fp32", "bf16") for r in (1, 64)}
+    assert ("fp32", 1) in {(p.dtype, p.rows) for p in cal.torch_gemm}
+    path = tmp_path / "local.yaml"
+    write_yaml(cal.to_mapping(), path)
+    doc = yaml.safe_load(path.read_text())
+    gemm = doc["calibration"]["ceilings"]["gemm"]
+    for d in cal.measured_dtypes():
+        assert doc["peak_tflops"][d] == pytest.approx(max(gemm[d]["plain_torch"]["peak_tflops"],
+                                                          gemm[d]["engine"]["peak_tflops"]), rel=1e-3)
+        assert gemm[d]["peak_set_by"] in ("plain torch", "engine")
+    assert all("plain torch" in row["shape"] for row in doc["calibration"]["torch_gemm"])
+    for kinds in doc["efficiency"]["dtypes"].values():
+        for curve in (kinds["matmul"]["e_compute"], kinds["matmul"]["e_memory"]):
+            assert all(0 < e <= 1 for _, e in curve)
+
+
 def test_vector_operator_efficiency_is_fitted_per_byte_count():
     """`e = bytes / (bw (t - overhead))`; a call its dispatch explains gets 1; repeated byte counts keep
     the best point; the tiny calibration writes curves the time model reads back for its dtype."""

@@ -40,7 +40,8 @@ def expected_ticks(s: Any) -> int:
     dev = torch.device(s.device)
     # per backend; a CPU measures each twice (cold caches, then warm)
     backends = len(op_overhead_backends(dev)) * (2 if dev.type == "cpu" else 1) if s.op_overhead else 0
-    return (len(s.stream_sizes) + len(s.dtypes) * (len(s.gemm_rows) + attn) + 1 + int(s.step_overhead)
+    ceilings = 2 if dev.type == "cpu" else 0  # plain torch's GEMV and largest GEMM per dtype
+    return (len(s.stream_sizes) + len(s.dtypes) * (len(s.gemm_rows) + attn + ceilings) + 1 + int(s.step_overhead)
             + backends + int(s.allreduce))
 
 
@@ -74,10 +75,16 @@ def calibration_tables(cal: Any, path: Path | None) -> list[Any]:
     ceil.add_row("copy bandwidth (DRAM-sized)", f"{cal.copy_bytes_per_s() / 1e9:.1f} GB/s", "-")
     for d in cal.measured_dtypes():
         sheet = f"{ds.peak_tflops[d]:.1f}" if ds and d in ds.peak_tflops else "-"
-        ceil.add_row(f"GEMM peak {d}", f"{cal.peak_flops_per_s(d) / 1e12:.3f} TFLOP/s", sheet)
-        gemv = [p for p in cal.compute if p.op == "matmul" and p.dtype == d and p.rows == 1]
-        if gemv:
-            ceil.add_row(f"GEMV bandwidth {d}", f"{gemv[0].bytes_per_s / 1e9:.1f} GB/s", "-")
+        plain = d in cal.plain_torch_dtypes
+        for who, peak, gemv in (("plain torch", cal.torch_peak_flops_per_s(d), cal.gemv_bytes_per_s(d, plain=True)),
+                                ("engine", cal.engine_peak_flops_per_s(d), cal.gemv_bytes_per_s(d))):
+            if plain and who == "engine":
+                continue  # the engine's GEMM is plain torch's: one row says both
+            who = "plain torch = engine" if plain else who
+            if peak:
+                ceil.add_row(f"GEMM peak {d} ({who})", f"{peak / 1e12:.3f} TFLOP/s", sheet)
+            if gemv:
+                ceil.add_row(f"GEMV bandwidth {d} ({who})", f"{gemv / 1e9:.1f} GB/s", "-")
     for k, v in cal.overhead_s.items():
         ceil.add_row(f"tiny {k} operator", f"{v * 1e6:.2f} us", "-")
     if cal.step_overhead_s:

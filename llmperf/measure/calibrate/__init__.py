@@ -32,6 +32,7 @@ from llmperf.measure.calibrate.ceilings import (
     gemm_sweep_rows,
     measure_gemm,
     measure_streams,
+    measure_torch_gemm,
     sweep_budget_s,
     sweep_fits,
     working_set_for,
@@ -67,6 +68,6 @@ __all__ = [
     "fit_curves", "fit_gemm_shapes", "fit_op_e_memory", "gemm_dispatch_rows", "gemm_sweep_rows", "in_situ",
     "measure_allreduce", "measure_attention", "measure_attention_shapes", "measure_floors", "measure_gemm",
     "measure_gemm_shapes", "measure_op_e_memory", "measure_op_overhead_rows", "measure_op_overheads",
-    "measure_overheads", "measure_step_overhead", "measure_streams", "op_overhead_backends", "sweep_budget_s",
-    "sweep_fits", "working_set_for", "write_yaml", "yaml_text",
+    "measure_overheads", "measure_step_overhead", "measure_streams", "measure_torch_gemm", "op_overhead_backends",
+    "sweep_budget_s", "sweep_fits", "working_set_for", "write_yaml", "yaml_text",
 ]

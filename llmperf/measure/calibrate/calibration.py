@@ -1,9 +1,12 @@
 """Everything a calibration measured (`Calibration`), the ceilings read from it, and the hardware
 mapping it becomes (`to_mapping`: `HardwareSpec` fields, the `efficiency:` block, the provenance).
 
-The spec's `peak_tflops[dtype]` is the best GEMM throughput measured at that dtype and
-`memory_bandwidth_gbps` the best DRAM-sized stream (read, copy or GEMV), so every efficiency is in
-(0, 1] (`fit_terms`, formulas in `llmperf.measure.calibrate.fit`). Vector operators get
+The device's ceilings are timed in plain torch (streams, and `torch_gemm`: `F.linear`'s GEMV and
+largest GEMM); the engine's GEMM sweep (`compute`) is what its curves are fitted on. The spec's
+`peak_tflops[dtype]` is the better of the two GEMM throughputs and `memory_bandwidth_gbps` the best
+DRAM-sized stream (read, copy or either GEMV), so every efficiency is in (0, 1] and the roofline of
+`-H local` stays a bound where the engine beats plain torch (`fit_terms`, formulas in
+`llmperf.measure.calibrate.fit`). Vector operators get
 `e_memory = add bandwidth / bw`. On a CPU, the weight GEMMs timed at several sizes (`gemm_sizes`,
 with the sweep's own shape) give `gemm_e_memory` (schema 6, `fit_gemm_e_memory`). The overheads
 combine with the device time by `overhead_mode`:
@@ -36,7 +39,11 @@ class Calibration:
     created: str
     settings: Settings
     streams: list[StreamPoint] = field(default_factory=list)
-    compute: list[ComputePoint] = field(default_factory=list)
+    compute: list[ComputePoint] = field(default_factory=list)  # the engine's GEMM sweep and attention
+    # the device's GEMM ceilings in plain torch (`F.linear`) where the engine's GEMM is not plain torch's;
+    # the dtypes whose engine GEMM is plain torch (its sweep is the ceiling) in `plain_torch_dtypes`
+    torch_gemm: list[ComputePoint] = field(default_factory=list)
+    plain_torch_dtypes: list[str] = field(default_factory=list)
     overhead_s: dict[str, float] = field(default_factory=dict)
     op_overhead_s: dict[str, dict[str, float]] = field(default_factory=dict)  # backend -> operator -> s
     op_overhead_warm_s: dict[str, dict[str, float]] = field(default_factory=dict)  # CPU: without the cold GEMV
@@ -72,10 +79,11 @@ class Calibration:
         return min(largest, 4 * llc) if llc else largest
 
     def memory_bytes_per_s(self) -> float:
-        """The best DRAM-sized stream: read, copy, or the GEMV's weight stream."""
+        """The best DRAM-sized stream: read, copy, or a GEMV's weight stream (the engine's or plain torch's)."""
         floor = self.dram_size_bytes()
         best = max((p.bytes_per_s for p in self.streams if p.size_bytes >= floor and p.kind != "add"), default=0.0)
-        gemv = max((p.bytes_per_s for p in self.compute if p.op == "matmul" and p.rows == 1), default=0.0)
+        gemv = max((p.bytes_per_s for p in [*self.compute, *self.torch_gemm] if p.op == "matmul" and p.rows == 1),
+                   default=0.0)
         return max(best, gemv)
 
     def copy_bytes_per_s(self) -> float:
@@ -83,7 +91,38 @@ class Calibration:
                     and p.size_bytes >= self.dram_size_bytes()), default=0.0)
 
     def peak_flops_per_s(self, dtype: str) -> float:
+        """The spec's peak: the better of plain torch's GEMM ceiling and the engine's GEMM."""
+        return max(self.engine_peak_flops_per_s(dtype), self.torch_peak_flops_per_s(dtype))
+
+    def engine_peak_flops_per_s(self, dtype: str) -> float:
         return max((p.flops_per_s for p in self.compute if p.op == "matmul" and p.dtype == dtype), default=0.0)
+
+    def torch_points(self, dtype: str) -> list[ComputePoint]:
+        """The plain-torch GEMM ceilings of `dtype`: its `torch_gemm` points, or the engine's sweep where
+        that is plain torch's."""
+        if dtype in self.plain_torch_dtypes:
+            return [p for p in self.compute if p.op == "matmul" and p.dtype == dtype]
+        return [p for p in self.torch_gemm if p.dtype == dtype]
+
+    def torch_peak_flops_per_s(self, dtype: str) -> float:
+        return max((p.flops_per_s for p in self.torch_points(dtype)), default=0.0)
+
+    def gemv_bytes_per_s(self, dtype: str, *, plain: bool = False) -> float:
+        """The GEMV's (rows = 1) weight stream of `dtype`: the engine's, or with `plain` plain torch's (0: none)."""
+        pts = self.torch_points(dtype) if plain else [p for p in self.compute if p.op == "matmul" and p.dtype == dtype]
+        return max((p.bytes_per_s for p in pts if p.rows == 1), default=0.0)
+
+    def device_ceilings(self) -> dict[str, Any]:
+        """Per measured dtype, plain torch's GEMM ceilings beside the engine's, and which set the peak."""
+        out = {}
+        for d in self.measured_dtypes():
+            torch_peak, engine_peak = self.torch_peak_flops_per_s(d), self.engine_peak_flops_per_s(d)
+            out[d] = dict(plain_torch=dict(peak_tflops=_clean(torch_peak / 1e12),
+                                           gemv_gbps=_clean(self.gemv_bytes_per_s(d, plain=True) / 1e9)),
+                          engine=dict(peak_tflops=_clean(engine_peak / 1e12),
+                                      gemv_gbps=_clean(self.gemv_bytes_per_s(d) / 1e9)),
+                          peak_set_by="plain torch" if torch_peak >= engine_peak else "engine")
+        return out
 
     def measured_dtypes(self) -> list[str]:
         return [d for d in self.settings.dtypes if self.peak_flops_per_s(d) > 0]
@@ -207,7 +246,8 @@ class Calibration:
             ceilings=dict(memory_gbps=_clean(self.memory_bytes_per_s() / 1e9),
                           copy_gbps=_clean(self.copy_bytes_per_s() / 1e9),
                           peak_tflops={d: _clean(self.peak_flops_per_s(d) / 1e12) for d in self.measured_dtypes()},
-                          interconnect_busbw_gbps=_clean(self.interconnect_bytes_per_s() / 1e9)),
+                          interconnect_busbw_gbps=_clean(self.interconnect_bytes_per_s() / 1e9),
+                          gemm=self.device_ceilings()),
             overhead_s={k: _clean(v) for k, v in self.overhead_s.items()},
             op_overhead_s=_clean_ops(self.op_overhead_s),
             op_overhead_model=dict(TINY_SPEC, cache="contiguous", tokens=self.settings.op_overhead_tokens,
@@ -228,10 +268,8 @@ class Calibration:
                                    reps=self.settings.vector_reps) if self.op_e_memory else None,
             streams=[dict(kind=p.kind, size_bytes=p.size_bytes, gb_per_s=_clean(p.bytes_per_s / 1e9),
                           seconds=_clean(p.seconds), spread_s=_clean(p.spread_s), n=p.n) for p in self.streams],
-            compute=[dict(op=p.op, dtype=p.dtype, rows=p.rows, shape=p.shape, seconds=_clean(p.seconds),
-                          median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n,
-                          tflops_per_s=_clean(p.flops_per_s / 1e12),
-                          gb_per_s=_clean(p.bytes_per_s / 1e9)) for p in self.compute],
+            compute=[_compute_row(p) for p in self.compute],
+            torch_gemm=[_compute_row(p) for p in self.torch_gemm],
             gemm_sizes=[dict(dtype=p.dtype, rows=p.rows, shape=p.shape, weight_bytes=w, seconds=_clean(p.seconds),
                              median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n,
                              gb_per_s=_clean(p.bytes_per_s / 1e9)) for w, p in self.gemm_sizes],
@@ -242,6 +280,13 @@ class Calibration:
     def to_spec(self, name: str = LOCAL_NAME) -> HardwareSpec:
         from llmperf.specs.loader import hardware_from_mapping
         return hardware_from_mapping(self.to_mapping(name), origin=name)
+
+
+def _compute_row(p: ComputePoint) -> dict[str, Any]:
+    """A timed GEMM or attention call as the provenance lists it."""
+    return dict(op=p.op, dtype=p.dtype, rows=p.rows, shape=p.shape, seconds=_clean(p.seconds),
+                median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n,
+                tflops_per_s=_clean(p.flops_per_s / 1e12), gb_per_s=_clean(p.bytes_per_s / 1e9))
 
 
 def _plain(x: Any) -> Any:

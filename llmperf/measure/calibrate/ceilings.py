@@ -2,12 +2,15 @@
 
 - streaming `read` (a sum) and `copy` bandwidth over buffer sizes that reveal the caches (bytes moved
   = read + written, decimal GB/s), and an elementwise `add` on the largest buffer;
-- GEMM throughput per dtype the device supports, `x (rows, K) @ W (K, N)` through the engine's GEMM
+- the engine's GEMM curve per dtype, `x (rows, K) @ W (K, N)` through the engine's GEMM
   (`llmperf.engine.ops.ops_for`), over rows = 1 .. R and both sides of each edge between the
-  engine's GEMM paths: rows = 1 is a GEMV, the matrix-vector bandwidth decode really gets; the best
-  rate of the sweep is the dtype's peak. On CPU the calls cycle through copies of W that together
-  fill twice the largest cache reported (at least 512 MiB, `working_set_for`), so every call streams
-  from DRAM as in a real model's step.
+  engine's GEMM paths: rows = 1 is a GEMV, the matrix-vector bandwidth decode really gets;
+- the device's GEMM ceilings in plain torch (`torch.nn.functional.linear`, as any torch model's
+  `nn.Linear`): the GEMV and the sweep's largest rows, where the engine's GEMM is not plain torch's
+  (a CPU in fp32 or bf16); elsewhere the sweep is plain torch and is the ceiling. A dtype's peak is
+  the better of the two, so every efficiency stays in (0, 1] and the roofline stays a bound.
+On CPU the calls cycle through copies of W that together fill twice the largest cache reported (at
+least 512 MiB, `working_set_for`), so every call streams from DRAM as in a real model's step.
 
 The method is an empirical roofline toolkit's (Berkeley ERT, Intel Advisor, Nsight Compute's
 roofline; see REFERENCE.md). Timers: `llmperf.measure.timers` (CUDA events via
@@ -93,10 +96,11 @@ def _in_turn(fns: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
 class _Weights:
     """The engine's `x @ W` for one dtype and device, over `copies` weight matrices used in turn (its
     weight layout and, where it packs weights for oneDNN, the packed GEMM of
-    `llmperf.engine.ops.ops_for`, packed before timing). The copies are clones of one random matrix:
-    distinct buffers, which is all that streaming them cold needs, at a copy's cost, not a draw's."""
+    `llmperf.engine.ops.ops_for`, packed before timing); with `plain`, torch's own
+    `torch.nn.functional.linear` over the same (out, in) weights instead. The copies are clones of one
+    random matrix: distinct buffers, which is all that streaming them cold needs, at a copy's cost."""
 
-    def __init__(self, k: int, n: int, dtype: Any, device: Any, copies: int) -> None:
+    def __init__(self, k: int, n: int, dtype: Any, device: Any, copies: int, *, plain: bool = False) -> None:
         import torch
 
         from llmperf.engine.ops import ops_for
@@ -105,7 +109,7 @@ class _Weights:
         in_out = False  # the engine stores (out, in) on every device
         first = torch.randn((k, n) if in_out else (n, k), device=device, dtype=dtype)
         self.ws = [first] + [first.clone() for _ in range(copies - 1)]
-        self.linear = ops_for(device, dtype).linear
+        self.linear = torch.nn.functional.linear if plain else ops_for(device, dtype).linear
 
     def fn(self, rows: int) -> Callable[[], Any]:
         import torch
@@ -240,4 +244,65 @@ def measure_gemm(s: Settings, device: Any, progress: Progress) -> tuple[list[Com
                                     flops=2.0 * rows * k * n,
                                     bytes=float(elem * (k * n + rows * k + rows * n))))
         del weights, again
+    return out, notes
+
+
+def engine_gemm_is_plain_torch(dname: str, device: Any) -> bool:
+    """Whether the engine multiplies `dname` on `device` with plain torch (`engine.ops.TorchOps`): then
+    its GEMM sweep is the device's ceiling as it stands."""
+    import torch
+
+    from llmperf.engine.ops import TorchOps, ops_for
+
+    return type(ops_for(device, getattr(torch, DTYPE_NAMES[dname]))) is TorchOps
+
+
+def measure_torch_gemm(s: Settings, device: Any, progress: Progress, sweep: Sequence[ComputePoint]
+                       ) -> tuple[list[ComputePoint], list[str]]:
+    """The device's GEMM ceilings in plain torch for each dtype of `sweep` (the engine's GEMM points)
+    whose engine GEMM is not plain torch's: the GEMV (rows = 1, through as many cold copies as the
+    sweep) and the largest rows the sweep reached, with the sweep's weight shape. A point whose first
+    call takes longer than `s.gemm_call_budget_s` is not timed further, and noted (bf16 where torch
+    converts every element). Elsewhere the sweep's points are the ceilings: noted, nothing timed."""
+    import torch
+
+    out, notes = [], []
+    k, n = s.gemm_k, s.gemm_n
+    working_set = working_set_for(s, device)
+    plain = []
+    for dname in dict.fromkeys(p.dtype for p in sweep if p.op == "matmul"):
+        if engine_gemm_is_plain_torch(dname, device):
+            plain.append(dname)
+            continue
+        dtype = getattr(torch, DTYPE_NAMES[dname])
+        elem = torch.empty((), dtype=dtype).element_size()
+        copies = copies_for(elem * k * n, working_set)
+        largest = max(p.rows for p in sweep if p.op == "matmul" and p.dtype == dname)
+        weights = _Weights(k, n, dtype, device, copies, plain=True)
+        for rows in sorted({1, largest}):
+            progress(f"ceiling {dname} rows={rows} (plain torch)")
+            if rows == 1:  # the GEMV streams: cold copies in turn, as the sweep's (a call per copy warms up)
+                fn, cycled = weights.fn(1), copies > 1
+            else:  # compute-bound: one weight
+                x = torch.randn(rows, k, device=device, dtype=dtype)
+                fn, cycled = (lambda x=x, w=weights.ws[0], linear=weights.linear: linear(x, w)), False
+            started = time.perf_counter()
+            fn()
+            first_s = time.perf_counter() - started
+            if first_s > s.gemm_call_budget_s:
+                notes.append(f"ceiling {dname} rows={rows} (plain torch): one call took {first_s:.2g} s, over the "
+                             f"{s.gemm_call_budget_s:g} s a call may take; not timed (the engine's sweep stands)")
+                continue
+            t = _time_steady(fn, device, reps=max(s.reps, copies) if cycled else s.reps, warmup=0, notes=notes,
+                             what=f"ceiling {dname} rows={rows} (plain torch)")
+            out.append(ComputePoint(op="matmul", dtype=dname, rows=rows,
+                                    shape=f"({rows},{k})@({k},{n}) plain torch"
+                                          + (f" x{copies} in turn" if cycled else ""),
+                                    seconds=t.min_s, median_s=t.median_s, spread_s=t.spread_s, n=t.n,
+                                    flops=2.0 * rows * k * n, bytes=float(elem * (k * n + rows * k + rows * n))))
+            del fn
+        del weights
+    if plain:
+        notes.append(f"ceilings {', '.join(plain)}: the engine's GEMM on {getattr(device, 'type', device)} is plain "
+                     "torch's (torch.nn.functional.linear), so its sweep is the device's ceiling")
     return out, notes

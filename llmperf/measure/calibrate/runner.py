@@ -1,6 +1,7 @@
 """`calibrate()`: every measurement of a calibration in order, on the device `Settings.device` names,
-into one `Calibration` (ceilings, shape terms on CUDA, GEMMs by weight size on CPU, engine overheads, vector operators,
-all-reduce). Each step is a module of this package; a measurement a device cannot make is noted.
+into one `Calibration` (ceilings in plain torch, the engine's GEMM sweep, shape terms on CUDA, GEMMs by
+weight size on CPU, engine overheads, vector operators, all-reduce). Each step is a module of this
+package; a measurement a device cannot make is noted.
 """
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ from typing import Any
 from llmperf.measure.calibrate.allreduce import measure_allreduce
 from llmperf.measure.calibrate.attention import fit_attention_shapes, measure_attention, measure_attention_shapes
 from llmperf.measure.calibrate.calibration import Calibration
-from llmperf.measure.calibrate.ceilings import measure_gemm, measure_streams
+from llmperf.measure.calibrate.ceilings import (
+    engine_gemm_is_plain_torch,
+    measure_gemm,
+    measure_streams,
+    measure_torch_gemm,
+)
 from llmperf.measure.calibrate.cpu_gemm_sizes import measure_gemm_sizes
 from llmperf.measure.calibrate.floors import measure_floors, measure_overheads
 from llmperf.measure.calibrate.gemm_shapes import fit_gemm_shapes, measure_gemm_shapes
@@ -59,8 +65,11 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
     with torch.inference_mode():
         cal.streams = measure_streams(s, device, tick)
         gemm, notes = measure_gemm(s, device, tick)
+        cal.torch_gemm, torch_notes = measure_torch_gemm(s, device, tick, gemm)
+        cal.plain_torch_dtypes = [d for d in dict.fromkeys(p.dtype for p in gemm)
+                                  if engine_gemm_is_plain_torch(d, device)]
         cal.compute = gemm + measure_attention(s, device, tick)
-        cal.notes += notes
+        cal.notes += notes + torch_notes
         cal.overhead_s = measure_overheads(device, tick)
         if device.type == "cuda":
             cal.floor_s = measure_floors(device, tick)
