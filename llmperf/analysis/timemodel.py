@@ -107,7 +107,7 @@ class EfficiencyTimeModel:
     collectives: Collectives | None = field(default=None, hash=False, compare=False)
     # weight GEMMs priced from their shape (`OpCost.gemm`) with these terms; None: by the matmul kind's curves
     gemm: GemmParams | None = None
-    # CPU: a weight GEMM's e_memory by rows and weight bytes (calibrated, schema 6); None: the kind's curves
+    # CPU: a weight GEMM's e_memory by rows and weight bytes (calibrated, schema 6-7); None: the kind's curves
     gemm_e_memory: GemmBytesCurves | None = field(default=None, hash=False)
     compute_dtype: str = ""  # the phase's compute dtype this model prices (the GEMM model's peak); "" : fp16
     # fused attention priced by its shape (`OpCost.attn`); None: the attention kind's curves over rows
@@ -234,9 +234,12 @@ class EfficiencyTimeModel:
         """(e_compute, e_memory) of a weight GEMM under `gemm_e_memory`, looked up at one call's rows and
         weight: with a shape (`OpCost.gemm`), each group's (a routed expert's rows `m` and its N x K
         weight; a dense projection is one group of all the rows), else the operator's rows and one
-        layer's weight. At rows the calibration swept, e_memory is its curve's and e_compute is 1 (each
+        layer's weight. At rows the calibration swept, e_compute is 1 and e_memory is its curve's (each
         point's efficiency is its whole call's time as a weight stream: a compute-bound point measured a
-        lower e_memory, and `peak` is the fastest GEMM measured, so the compute roof never exceeds it).
+        lower e_memory, and `peak` is the fastest GEMM measured, so the compute roof never exceeds it);
+        under `weight` curves (schema 7) scaled by the cost's bytes over its weight's, so the GEMM takes
+        the point's time at its rows and weight whatever its N x K (at most 1: never faster than its own
+        bytes at the full bandwidth).
         Past the largest swept rows a GEMM is compute-bound: a shaped one keeps the FLOP rate its
         weight reached at those rows (`_gemm_top_e_compute`; continuous there) where they reach a
         prefill's (`GEMM_TOP_ROWS_MIN`); one without a shape or a device, or past curves that stop at
@@ -248,23 +251,29 @@ class EfficiencyTimeModel:
         m = rows if shape is None else _group_rows(shape, rows)
         one = np.maximum(np.asarray(cost.weight_bytes, dtype=float) / (calls * groups), 1.0)
         inside = curves.covers(m)
+        e_inside = curves(m, one)
+        if curves.reads == "weight":  # the point's time is its weight's bytes at e: this call's bytes in that time
+            e_inside = np.minimum(e_inside * np.asarray(cost.bytes_total, dtype=float)
+                                  / np.asarray(cost.weight_bytes, dtype=float), 1.0)
         if np.all(inside):
-            return 1.0, curves(m, one)
+            return 1.0, e_inside
         if shape is None or hardware is None or curves.max_rows < GEMM_TOP_ROWS_MIN:
             return (np.where(inside, 1.0, t.e_compute(rows)),
-                    np.where(inside, curves(m, one), t.e_memory(rows)))
+                    np.where(inside, e_inside, t.e_memory(rows)))
         e_top = self._gemm_top_e_compute(shape, one, hardware, self.gemm_peak(cost, hardware) if peak is None else peak)
-        return np.where(inside, 1.0, e_top), np.where(inside, curves(m, one), 1.0)
+        return np.where(inside, 1.0, e_top), np.where(inside, e_inside, 1.0)
 
     def _gemm_top_e_compute(self, shape: GemmShape, one: Number, hardware: HardwareSpec, peak: float) -> Number:
         """The compute efficiency a GEMM of `shape` (one group's weight `one` bytes) reached at the
         largest rows `gemm_e_memory` swept: that call's time read back from its e_memory (its weight
-        and activations streamed at `bw e_memory`), its FLOPs over `peak` times it; at most 1."""
+        alone, or under `call` curves its weight and activations, streamed at `bw e_memory`), its FLOPs
+        over `peak` times it; at most 1."""
         assert self.gemm_e_memory is not None
         top = self.gemm_e_memory.max_rows
-        elem = np.asarray(one, dtype=float) / (shape.n * shape.k)
-        seconds = (elem * (shape.n * shape.k + top * (shape.n + shape.k))
-                   / (hardware.mem_bandwidth_bytes_per_s * self.gemm_e_memory(top, one)))
+        read = np.asarray(one, dtype=float)
+        if self.gemm_e_memory.reads == "call":
+            read = read / (shape.n * shape.k) * (shape.n * shape.k + top * (shape.n + shape.k))
+        seconds = read / (hardware.mem_bandwidth_bytes_per_s * self.gemm_e_memory(top, one))
         return np.clip(2.0 * top * shape.n * shape.k / (peak * seconds), 1e-12, 1.0)
 
     def gemm_peak(self, cost: OpCost, hardware: HardwareSpec) -> float:
@@ -344,6 +353,7 @@ class EfficiencyTimeModel:
                     op_floor_s=dict(self.op_floor_s), gemm=None if self.gemm is None else self.gemm.to_dict(),
                     attention_eff=self.attention_eff.to_dict() if self.attention_eff is not None else None,
                     gemm_e_memory=None if self.gemm_e_memory is None else self.gemm_e_memory.to_dict(),
+                    gemm_e_memory_reads=None if self.gemm_e_memory is None else self.gemm_e_memory.reads,
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
                                    overhead_s=t.overhead_s, floor_s=t.floor_s) for k, t in self.kinds.items()})
 

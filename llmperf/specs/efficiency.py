@@ -5,7 +5,8 @@ The block gives, per compute dtype and operator kind, efficiency curves (`Curve`
 points, log-linear between) and overheads (`KindTerms`), per-operator overheads, memory efficiencies
 and device floors (operator names from `llmperf.analysis.vocabulary`), and from schema 5 the GEMM shape
 model's terms (`gemm`) and fused attention's (`attention_eff`), from schema 6 a CPU weight GEMM's
-memory efficiency by rows and weight size (`gemm_e_memory`, `GemmBytesCurves`). What each term means and how a time is
+memory efficiency by rows and weight size (`gemm_e_memory`, `GemmBytesCurves`; from schema 7 each
+point read as its weight's stream). What each term means and how a time is
 made of them: `llmperf.analysis.timemodel`, `llmperf.analysis.gemm`, `llmperf.analysis.attention_eff`.
 A spec-level check, so that a corrupt calibration is refused when it is loaded (`llmperf.specs.local`).
 Pure Python + numpy (no torch).
@@ -26,12 +27,14 @@ from llmperf.numeric import is_real
 Number = Any  # float or numpy array
 
 OP_KINDS = ("matmul", "attention", "elementwise", "norm", "embedding", "comm")
-EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU without `gemm_e_memory` (with it: 6;
+EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU without `gemm_e_memory` (with it: 7;
 # on CUDA, with the device floors: 4, with the shape terms: 5)
 # 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`;
 # 5 `gemm` (the GEMM shape model's terms, `llmperf.analysis.gemm`) and `attention_eff` (fused attention by shape);
-# 6 `gemm_e_memory` (a CPU weight GEMM's memory efficiency by rows and weight bytes, `GemmBytesCurves`)
-READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
+# 6 `gemm_e_memory` (a CPU weight GEMM's memory efficiency by rows and weight bytes, `GemmBytesCurves`);
+# 7 the same curves, each point's call read as a stream of its weight alone (`GemmBytesCurves.reads`)
+READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6, 7)
+GEMM_READS = ("call", "weight")  # what a `gemm_e_memory` point's time was read as: schema 6, schema 7
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
 # the operators `op_e_memory` may price: vector operators whose bytes never depend on the context
@@ -198,12 +201,16 @@ class GemmBytesCurves:
     """A weight GEMM's memory efficiency as a function of its rows and of the bytes of one call's weight:
     per measured row count a `Curve` over the weight's bytes (log-linear between sizes, flat outside),
     log-linear in rows between measured row counts. `covers(rows)`: rows up to the most measured (how a
-    time model prices a GEMM beyond them: `llmperf.analysis.timemodel`)."""
+    time model prices a GEMM beyond them: `llmperf.analysis.timemodel`). `reads` says what a point's
+    time was read as: `weight` (schema 7), its weight's bytes alone, so the time depends only on the
+    rows and the weight (the FLOPs are 2 x rows x weight elements whatever the N x K), or `call`
+    (schema 6), the bytes of the measured call, activations of the measured shape included."""
 
     by_rows: tuple[tuple[float, Curve], ...]
+    reads: str = "call"
 
     @classmethod
-    def parse(cls, raw: Any, where: str) -> GemmBytesCurves:
+    def parse(cls, raw: Any, where: str, reads: str = "call") -> GemmBytesCurves:
         """{rows: [[weight bytes, e_memory], ...]}; a bad row count or curve is refused naming `where`."""
         if not isinstance(raw, Mapping) or not raw:
             raise SpecError(f"{where}: expected a mapping of rows -> [[weight bytes, e_memory], ...], got {raw!r}")
@@ -218,7 +225,9 @@ class GemmBytesCurves:
         out.sort(key=lambda rc: rc[0])
         if len({r for r, _ in out}) != len(out):
             raise SpecError(f"{where}: rows repeat in {list(raw)!r}")
-        return cls(tuple(out))
+        if reads not in GEMM_READS:
+            raise ValueError(f"reads: one of {', '.join(GEMM_READS)}, got {reads!r}")
+        return cls(tuple(out), reads)
 
     @property
     def max_rows(self) -> float:
@@ -249,11 +258,12 @@ class GemmBytesCurves:
         return {int(r): c.to_list() for r, c in self.by_rows}
 
 
-def parse_gemm_e_memory(raw: Any, where: str) -> dict[str, GemmBytesCurves]:
-    """`gemm_e_memory`: {compute dtype: {rows: [[weight bytes of one call, e_memory], ...]}}."""
+def parse_gemm_e_memory(raw: Any, where: str, reads: str = "call") -> dict[str, GemmBytesCurves]:
+    """`gemm_e_memory`: {compute dtype: {rows: [[weight bytes of one call, e_memory], ...]}}; `reads` as
+    `GemmBytesCurves` (the file's schema says which)."""
     if not isinstance(raw, Mapping):
         raise SpecError(f"{where}: expected a mapping of compute dtype -> {{rows: curve}}, got {raw!r}")
-    return {str(d): GemmBytesCurves.parse(c, f"{where}.{d}") for d, c in raw.items()}
+    return {str(d): GemmBytesCurves.parse(c, f"{where}.{d}", reads) for d, c in raw.items()}
 
 
 def parse_op_floors(raw: Any, where: str) -> dict[str, dict[str, float]]:
@@ -366,7 +376,8 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 op_floor_s=parse_op_floors(raw.get("op_floor_s") or {}, f"{where}.op_floor_s"),
                 gemm=None if raw.get("gemm") is None else gemm_terms(raw["gemm"], f"{where}.gemm"),
                 attention_eff=parse_attention_eff(raw.get("attention_eff") or {}, f"{where}.attention_eff"),
-                gemm_e_memory=parse_gemm_e_memory(raw.get("gemm_e_memory") or {}, f"{where}.gemm_e_memory"),
+                gemm_e_memory=parse_gemm_e_memory(raw.get("gemm_e_memory") or {}, f"{where}.gemm_e_memory",
+                                                  "weight" if version >= 7 else "call"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -378,7 +389,8 @@ def check_attention_term(name: str, value: Any, where: str) -> None:
 
 
 __all__ = ["ATTENTION_PARAMS", "BACKENDS", "BYTES_CURVE_OPS", "Curve", "EFFICIENCY_SCHEMA", "GEMM_FIELDS",
-           "GEMM_LIMITS", "GemmBytesCurves", "KindTerms", "OP_KINDS", "OVERHEAD_MODES", "READABLE_SCHEMAS",
+           "GEMM_LIMITS", "GEMM_READS", "GemmBytesCurves", "KindTerms", "OP_KINDS", "OVERHEAD_MODES",
+           "READABLE_SCHEMAS",
            "attention_terms", "check_attention_term", "check_seconds", "gemm_terms", "parse_attention_eff",
            "parse_efficiency", "parse_gemm_e_memory", "parse_kinds", "parse_op_e_memory", "parse_op_floors",
            "parse_op_overhead_rows", "parse_op_overheads"]

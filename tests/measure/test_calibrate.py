@@ -138,7 +138,7 @@ def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
     assert "attention" in cal.op_overhead_s["sdpa"]
     assert {"attn_score", "attn_softmax", "attn_value"} <= set(cal.op_overhead_s["naive"])
     eff = cal.to_mapping()["efficiency"]
-    assert eff["schema_version"] == 6 and eff["overhead_mode"] == "add"  # 6: its GEMMs by weight size
+    assert eff["schema_version"] == 7 and eff["overhead_mode"] == "add"  # 7: its GEMMs by weight size
     # a CPU measures them warm too, for models whose weights fit the private caches
     assert set(cal.op_overhead_warm_s) == {"sdpa", "naive"} and eff["warm_below_bytes"] > 0
     path = write_yaml(cal.to_mapping(), tmp_path / "cal.yaml")
@@ -440,7 +440,7 @@ def test_vector_operator_efficiency_is_fitted_per_byte_count():
 
 def test_calibration_writes_vector_operator_curves(cal):
     terms = cal.fit_terms()
-    assert terms["schema_version"] == 6 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
+    assert terms["schema_version"] == 7 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
     assert {"attn_norm", "qk_norm", "rope", "act", "mlp_residual"} <= set(terms["op_e_memory"]["fp32"])
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_e_memory and all(0 < v <= 1 for c in tm.op_e_memory.values() for _, v in c.points)
@@ -649,9 +649,10 @@ def test_a_sweep_over_its_budget_stops_and_says_so_in_the_yaml(tmp_path):
     assert len(vec_notes) == 1 and vec_notes[0].startswith("vector operators fp32: stopped before 2x32")
 
 
-def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_6(cal, tmp_path):
+def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_7(cal, tmp_path):
     """The engine GEMMs timed at several weight sizes become `gemm_e_memory` (with the GEMM sweep's own
-    shape at the same rows), the file says schema 6, and the calibrated model prices weight GEMMs by it."""
+    shape at the same rows), each point read as its weight's stream: the file says schema 7, and the
+    calibrated model prices weight GEMMs by it."""
     from dataclasses import replace as dc_replace
 
     from llmperf.analysis.timemodel import time_model_for
@@ -659,7 +660,7 @@ def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_6(cal, tm
     s = cal.settings
     assert {p.dtype for _, p in cal.gemm_sizes} == set(cal.measured_dtypes())
     eff = cal.to_mapping()["efficiency"]
-    assert eff["schema_version"] == 6
+    assert eff["schema_version"] == 7
     sweep_bytes = 4 * s.gemm_n * s.gemm_k
     for rows, pts in eff["gemm_e_memory"]["fp32"].items():
         sizes = [b for b, _ in pts]
@@ -670,5 +671,5 @@ def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_6(cal, tm
     assert cal.to_mapping()["calibration"]["gemm_sizes"]
     path = write_yaml(cal.to_mapping(), tmp_path / "local.yaml")
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
-    assert tm.gemm_e_memory is not None
+    assert tm.gemm_e_memory is not None and tm.gemm_e_memory.reads == "weight"
     assert tm.gemm_e_memory.max_rows == max(s.gemm_size_rows + s.gemm_size_prefill_rows)

@@ -1,5 +1,5 @@
-"""A CPU weight GEMM's memory efficiency by rows and weight bytes (`gemm_e_memory`, efficiency schema
-6): parsing and refusal, interpolation, pricing, the calibration's sweep and fit. No timing."""
+"""A CPU weight GEMM's memory efficiency by rows and weight bytes (`gemm_e_memory`, efficiency schemas
+6 and 7): parsing and refusal, interpolation, pricing, the calibration's sweep and fit. No timing."""
 
 from __future__ import annotations
 
@@ -76,8 +76,11 @@ def test_the_term_needs_schema_6_and_older_files_load():
     has_term = {path: "gemm_e_memory:" in Path(path).read_text() for path in paths}
     assert not all(has_term.values())  # files from before schema 6 are among them
     for path in paths:  # every committed calibration still loads; those before schema 6 price without the term
-        tm = time_model_for(load_hardware(path), "calibrated", "fp32")
+        hw = load_hardware(path)
+        tm = time_model_for(hw, "calibrated", "fp32")
         assert (tm.gemm_e_memory is not None) == has_term[path], path
+        if has_term[path]:  # schema 6 read each point as its whole call, 7 as its weight
+            assert tm.gemm_e_memory.reads == ("weight" if hw.efficiency["schema_version"] >= 7 else "call"), path
 
 
 def test_a_small_weight_is_priced_faster_than_a_big_one_at_the_same_rows():
@@ -154,6 +157,40 @@ def test_a_shaped_gemm_is_priced_per_group_and_past_the_swept_rows_at_its_weight
     assert old.efficiency(experts, hw).e_memory == pytest.approx(0.9)
 
 
+def test_weight_read_curves_price_a_skinny_gemm_by_its_rows_and_weight_alone():
+    """Schema 7 reads each point as its weight's stream: a GEMM's time then depends on its rows and
+    weight bytes only (the FLOPs are 2 x rows x weight elements whatever the N x K), so a 32-wide router
+    over 1000 x 4000 inputs at 64 rows costs what a 1000 x 1000 square of the same rows and weight does,
+    inside the sweep and past it. Read as whole calls (schema 6), the router's activations (which
+    the square never had) were charged at the square's compute-bound e: 4.5-8.8x slow on gpt-oss."""
+    from llmperf.analysis.gemm import GemmShape
+
+    def cost(rows, n, k):
+        return OpCost(name="router", kind="matmul", flops=2 * rows * n * k, weight_bytes=4 * n * k,
+                      act_read_bytes=4 * rows * k, act_write_bytes=4 * rows * n, rows=rows, gemm=GemmShape(n=n, k=k))
+
+    curves = {r: [[c[0][0], c[0][1]]] for r, c in PREFILL.items()}  # one size: 4 MB
+    new = _hw({**_eff(gemm_e_memory={"fp32": curves}), "schema_version": 7})
+    old = _hw(_eff(gemm_e_memory={"fp32": curves}))
+    tm, tm_old = (time_model_for(h, "calibrated", "fp32") for h in (new, old))
+    assert (tm.gemm_e_memory.reads, tm_old.gemm_e_memory.reads) == ("weight", "call")
+    assert tm.to_dict()["gemm_e_memory_reads"] == "weight"
+    bw = new.mem_bandwidth_bytes_per_s
+    for rows in (1, 16, 64, 256, 4096):
+        square, skinny = cost(rows, 1000, 1000), cost(rows, 32, 31250)  # both 4 MB of weight
+        t_square, t_skinny = (tm.op_time_s(c, new, "fp32", rows) for c in (square, skinny))
+        assert t_skinny == pytest.approx(t_square, rel=1e-6), rows
+        if rows <= 64:  # inside the sweep: the point's time, its weight at e
+            e = tm.gemm_e_memory(rows, 4 * MB)
+            assert t_square == pytest.approx(4 * MB / (bw * e) + 2e-6)
+    # read as calls, the skinny one's 31250-wide activations cost it far more than the square
+    assert tm_old.op_time_s(cost(64, 32, 31250), old, "fp32", 64) > 2 * tm_old.op_time_s(cost(64, 1000, 1000), old,
+                                                                                          "fp32", 64)
+    # a GEMM whose own bytes exceed what e allows is never priced faster than streaming them all
+    e = tm.efficiency(cost(1, 1, 4 * 10**6), new)
+    assert e.e_memory <= 1.0
+
+
 def test_a_dtype_without_the_term_keeps_the_kind_curves():
     eff = _eff(gemm_e_memory={"bf16": CURVES})
     eff["dtypes"]["bf16"] = eff["dtypes"]["fp32"]
@@ -174,8 +211,8 @@ def test_the_fit_reads_each_point_as_a_weight_stream():
                             bw, 0.0)
     assert list(out) == [1] and [b for b, _ in out[1]] == [4 * 2**20, 128 * 2**20]
     e_small, e_big = (e for _, e in out[1])
-    assert e_small == pytest.approx(small.bytes / (bw * small.seconds), rel=1e-3)  # the best of the two
-    assert e_big == pytest.approx(big.bytes / (bw * big.seconds), rel=1e-3) and e_big < e_small
+    assert e_small == pytest.approx(4 * 2**20 / (bw * small.seconds))  # the best of the two, its weight alone
+    assert e_big == pytest.approx(128 * 2**20 / (bw * big.seconds)) and e_big < e_small
     fast = fit_gemm_e_memory([(1, _point(1, 1, 1, 1e-12))], bw, 0.0)
     assert fast == {1: [[1, 1.0]]}  # clipped to 1
 

@@ -8,7 +8,7 @@ DRAM-sized stream (read, copy or either GEMV), so every efficiency is in (0, 1] 
 `-H local` stays a bound where the engine beats plain torch (`fit_terms`, formulas in
 `llmperf.measure.calibrate.fit`). Vector operators get
 `e_memory = add bandwidth / bw`. On a CPU, the weight GEMMs timed at several sizes (`gemm_sizes`,
-with the sweep's own shape) give `gemm_e_memory` (schema 6, `fit_gemm_e_memory`). The overheads
+with the sweep's own shape) give `gemm_e_memory` (schema 7, `fit_gemm_e_memory`). The overheads
 combine with the device time by `overhead_mode`:
 `add` on CPU (dispatch and work run on one thread), `overlap` on CUDA (asynchronous launches; see
 `llmperf.analysis.timemodel`), where the fit takes `t' = t`: a CUDA-event time of back-to-back calls
@@ -162,9 +162,10 @@ class Calibration:
                 small = min(self.allreduce, key=lambda p: p.size_bytes)
                 kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
             dtypes[dtype] = kinds
-        # CUDA: 4 with the device floors, 5 with the GEMM and attention shape terms
+        # CUDA: 4 with the device floors, 5 with the GEMM and attention shape terms; CPU: 7 with the
+        # weight GEMMs by size (each point read as its weight's stream; 6 read the whole call)
         gemm_e_memory = self.gemm_e_memory()
-        schema = (6 if gemm_e_memory else 5 if self.gemm or self.attention_eff else 4 if self.floor_s
+        schema = (7 if gemm_e_memory else 5 if self.gemm or self.attention_eff else 4 if self.floor_s
                   else EFFICIENCY_SCHEMA)
         out = dict(schema_version=schema, model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)

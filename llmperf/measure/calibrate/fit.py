@@ -73,11 +73,13 @@ def _t_prime(p: ComputePoint, overhead: float) -> float:
 def fit_gemm_e_memory(points: Sequence[tuple[float, ComputePoint]], bw: float, overhead: float
                       ) -> dict[int, list[list[float]]]:
     """`{rows: [[weight bytes, e_memory], ...]}` from (weight bytes, point) pairs of one dtype: each
-    point's `e = bytes / (bw t')` (t' as `fit_curves`), its whole call read as a weight stream, clipped to
-    (1e-6, 1]; one point per (rows, weight bytes), the best."""
+    point's `e = weight bytes / (bw t')` (t' as `fit_curves`), its whole call read as a stream of its
+    weight alone (efficiency schema 7: a GEMM of the same rows and weight bytes has the same FLOPs
+    whatever its N x K, so a skinny router is not priced by a square weight's activation bytes),
+    clipped to (1e-6, 1]; one point per (rows, weight bytes), the best."""
     best: dict[int, dict[int, float]] = {}
     for w_bytes, p in points:
-        e = min(1.0, max(p.bytes / (bw * _t_prime(p, overhead)), 1e-6))
+        e = min(1.0, max(w_bytes / (bw * _t_prime(p, overhead)), 1e-6))
         per = best.setdefault(int(p.rows), {})
         per[int(w_bytes)] = max(per.get(int(w_bytes), 0.0), e)
     return {r: [[b, _clean(per[b])] for b in sorted(per)] for r, per in sorted(best.items())}
