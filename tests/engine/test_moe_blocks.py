@@ -22,7 +22,7 @@ import torch
 
 from llmperf.engine import Engine, SamplingParams, build_model
 from llmperf.engine.model import Transformer
-from llmperf.engine.moe import MoE, expected_touched, touched_experts
+from llmperf.engine.moe import GPT_OSS_SWIGLU_ALPHA, MoE, clamped_swiglu, expected_touched, touched_experts
 from llmperf.engine.ops import TorchOps
 from llmperf.engine.weights import hf_config, load_moe_state_dict
 from llmperf.specs import ModelSpec
@@ -209,3 +209,18 @@ def test_builtin_moe_models_build_and_decode(name):
         touched = touched_experts(model)
         assert sorted(touched) == [i for i, kind in enumerate(spec.layer_kinds()) if kind.moe]
         assert all(1 <= n <= min(spec.num_experts, 2 * spec.experts_per_token) for n in touched.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_clamped_swiglu_in_two_buffers_is_transformers_expression_bit_for_bit(dtype):
+    """gpt-oss's activation reuses its buffers (fewer page-faulted allocations on a CPU) and still
+    equals transformers' expression exactly, values past the clamp included; its input is untouched."""
+    gen = torch.Generator().manual_seed(0)
+    gate_up = (torch.randn(33, 2 * 48, generator=gen) * 6).to(dtype)
+    before = gate_up.clone()
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate, up = gate.clamp(max=7.0), up.clamp(min=-7.0, max=7.0)
+    expected = (up + 1) * (gate * torch.sigmoid(gate * GPT_OSS_SWIGLU_ALPHA))  # GptOssExperts._apply_gate
+    got = clamped_swiglu(gate_up, 7.0)
+    assert got.dtype == dtype and torch.equal(got, expected) and torch.equal(gate_up, before)
+    assert (gate_up.abs() > 7).any()  # the clamps were exercised
