@@ -80,11 +80,15 @@ class TorchOps:
 def ops_for(device: torch.device | str, dtype: torch.dtype, in_out: bool = False) -> TorchOps:
     """The ops a model of `dtype` on `device` runs: on a CPU in fp32 or bf16, `llmperf.engine.cpu.CpuOps`
     (which itself falls back to torch per call where its kernels cannot run: see its docstring);
-    elsewhere `TorchOps`."""
-    if torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16):
-        from llmperf.engine.cpu.ops import CpuOps
+    elsewhere `TorchOps`. On a CPU, glibc is first told to keep freed memory (`cpu.allocator`)."""
+    if torch.device(device).type == "cpu":
+        from llmperf.engine.cpu.allocator import keep_freed_memory
 
-        return CpuOps(dtype, in_out)
+        keep_freed_memory()  # every CPU engine runs with freed memory kept (`cpu.allocator`)
+        if dtype in (torch.float32, torch.bfloat16):
+            from llmperf.engine.cpu.ops import CpuOps
+
+            return CpuOps(dtype, in_out)
     return TorchOps(in_out)
 
 

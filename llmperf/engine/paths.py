@@ -156,7 +156,10 @@ def engine_paths() -> EnginePaths:
 
 def machine_line() -> str:
     """CI's line: the machine, then `EnginePaths.line`."""
-    return f"machine: {cpu_kernels.cpu_model()} ({platform.machine()}) | {engine_paths().line()}"
+    from llmperf.engine.cpu.allocator import describe, keep_freed_memory
+
+    keep_freed_memory()  # as every CPU engine runs
+    return f"machine: {cpu_kernels.cpu_model()} ({platform.machine()}) | {engine_paths().line()} | {describe()}"
 
 
 if __name__ == "__main__":

@@ -69,6 +69,9 @@ def describe_cpu() -> dict[str, Any]:
                isa=[f for f in ISA_FLAGS if f in flags], caches=cpu_caches(), memory_bytes=_total_memory_bytes())
     if level != "native":
         out["isa_cap"] = f"{cpu_kernels.MAX_ISA}={level}"
+    from llmperf.engine.cpu.allocator import describe as allocator
+
+    out["allocator"] = allocator()  # whether freed memory is kept (`llmperf.engine.cpu.allocator`)
     return out
 
 
