@@ -70,7 +70,9 @@ def describe_cpu() -> dict[str, Any]:
     if level != "native":
         out["isa_cap"] = f"{cpu_kernels.MAX_ISA}={level}"
     from llmperf.engine.cpu.allocator import describe as allocator
+    from llmperf.engine.cpu.allocator import keep_freed_memory
 
+    keep_freed_memory()  # settled as the engine this CPU's measurement runs will settle it
     out["allocator"] = allocator()  # whether freed memory is kept (`llmperf.engine.cpu.allocator`)
     return out
 

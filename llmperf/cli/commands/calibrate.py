@@ -75,12 +75,11 @@ def calibration_tables(cal: Any, path: Path | None) -> list[Any]:
     ceil.add_row("copy bandwidth (DRAM-sized)", f"{cal.copy_bytes_per_s() / 1e9:.1f} GB/s", "-")
     for d in cal.measured_dtypes():
         sheet = f"{ds.peak_tflops[d]:.1f}" if ds and d in ds.peak_tflops else "-"
-        plain = d in cal.plain_torch_dtypes
-        for who, peak, gemv in (("plain torch", cal.torch_peak_flops_per_s(d), cal.gemv_bytes_per_s(d, plain=True)),
-                                ("engine", cal.engine_peak_flops_per_s(d), cal.gemv_bytes_per_s(d))):
-            if plain and who == "engine":
-                continue  # the engine's GEMM is plain torch's: one row says both
-            who = "plain torch = engine" if plain else who
+        sides = [("plain torch", cal.torch_peak_flops_per_s(d), cal.gemv_bytes_per_s(d, plain=True)),
+                 ("engine", cal.engine_peak_flops_per_s(d), cal.gemv_bytes_per_s(d))]
+        if d in cal.plain_torch_dtypes:  # the engine's GEMM is plain torch's: one row says both
+            sides = [("plain torch = engine", *sides[1][1:])]
+        for who, peak, gemv in sides:
             if peak:
                 ceil.add_row(f"GEMM peak {d} ({who})", f"{peak / 1e12:.3f} TFLOP/s", sheet)
             if gemv:

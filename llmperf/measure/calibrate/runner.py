@@ -57,11 +57,7 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
 
     from llmperf.specs import match_hardware
 
-    if device.type == "cpu":  # as the engine runs on a CPU (`llmperf.engine.cpu.allocator`), from the first buffer
-        from llmperf.engine.cpu.allocator import keep_freed_memory
-
-        keep_freed_memory()
-    dev = describe(device)
+    dev = describe(device)  # on a CPU also settles the allocator as the engine runs (before the first buffer)
     cal = Calibration(device=dev, versions=versions(), settings=s,
                       created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     if device.type == "cuda":
