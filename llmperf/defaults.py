@@ -20,6 +20,9 @@ OUTPUT_LEN = "lognormal:5:0.8:1:1024"
 VALIDATE_HARDWARE = "local"
 VALIDATE_PROMPT_LEN = "uniform:16:192"
 VALIDATE_OUTPUT_LEN = "uniform:8:64"
+#: `plan --top`: configurations meeting the SLOs that `plan` makes certain, cheapest first (it
+#: simulates the others only while their optimistic bound could still rank among them)
+PLAN_TOP = 5
 
-__all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "OUTPUT_LEN", "PROMPT_LEN", "VALIDATE_HARDWARE", "VALIDATE_OUTPUT_LEN",
-           "VALIDATE_PROMPT_LEN"]
+__all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "OUTPUT_LEN", "PLAN_TOP", "PROMPT_LEN", "VALIDATE_HARDWARE",
+           "VALIDATE_OUTPUT_LEN", "VALIDATE_PROMPT_LEN"]

@@ -209,7 +209,7 @@ class PlanResult:
         return min(self.losers, key=lambda r: _closeness(r, self.slo))
 
 
-_BINDING_ORDER = {"replicas": 0, "TTFT": 1, "TPOT": 1, "memory": 2, "tp": 3, "layout": 3}
+_BINDING_ORDER = {"replicas": 0, "TTFT": 1, "TPOT": 1, "memory": 2, "tp": 3, "layout": 3, "outranked": 4}
 
 
 def _closeness(r: PlanRow, slo: SLO) -> tuple:
@@ -218,6 +218,20 @@ def _closeness(r: PlanRow, slo: SLO) -> tuple:
         if got is not None and bound is not None and math.isfinite(got):
             over = max(over, got / bound)
     return (_BINDING_ORDER.get(r.binding, 4), over, r.gpus or 0)
+
+
+#: requests drawn for the workload's mean lengths (`mean_lengths`): within 0.5% of the mean of the
+#: default lengths, where the 500 of a first simulation were 7% off
+LENGTH_SAMPLE = 100_000
+
+
+def mean_lengths(spec: WorkloadSpec) -> tuple[float, float]:
+    """The workload's mean (prompt, output) tokens per request, from a fixed sample of its lengths
+    (the same seed): what the offered load asks of every candidate, whatever sample its own
+    simulations drew, so that costs per million tokens rank as costs per hour do."""
+    w = generate(WorkloadSpec(arrival="offline", prompt_len=spec.prompt_len, output_len=spec.output_len,
+                              num_requests=LENGTH_SAMPLE, system_prompt_len=spec.system_prompt_len, seed=spec.seed))
+    return float(w.prompt_tokens.mean()), float(w.output_tokens.mean())
 
 
 def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float, float]:
@@ -236,9 +250,32 @@ def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float,
     return ttft, tpot
 
 
-def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec, slo: SLO, base: dict,
-              max_replicas: int, gpu_cost: dict[str, float] | float | None, kv: str | None,
-              stopping: Stopping = Stopping(tolerance=None)) -> PlanRow:
+@dataclass(frozen=True, kw_only=True)
+class _Prepared:
+    """A candidate that passed every check before simulation: its replica's config and memory, and
+    the fewest replicas its optimistic service rate allows (`replicas`, a lower bound on its answer)."""
+
+    config: ServingConfig
+    eff: str
+    common: dict
+    cost: object  # the replica's StepCostModel (its caches serve every simulation)
+    mu: float  # the optimistic service-rate bound of one replica, req/s
+    replicas: int
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.config.tp
+
+    @property
+    def cost_per_hour(self) -> float | None:
+        price = self.common["usd_per_gpu_hour"]
+        return None if price is None else price * self.gpus
+
+
+def _prepare(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec, slo: SLO, base: dict,
+             gpu_cost: dict[str, float] | float | None, kv: str | None) -> PlanRow | _Prepared:
+    """The checks before any simulation: the candidate's losing row (tp, layout, memory, a request
+    alone missing the SLOs), or what its simulations need."""
     price, source = price_for(cand.device, gpu_cost)
     common = dict(device=cand.device, precision=cand.precision, tp=cand.tp, layout=cand.layout, ep=cand.ep,
                   dp_attention=cand.dp_attention, usd_per_gpu_hour=price, price_source=source)
@@ -281,6 +318,29 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
                        detail=f"one decode step alone takes {tpot_floor:.3g} s > SLO {slo.tpot_s:g} s", **common)
     cost = step_cost_model(config)
     mu = service_rate_bound(config, spec, memory.num_blocks, cost)
+    # Fewer replicas than rate / (an upper bound on one replica's service rate) cannot keep up with
+    # the load, even when a finite run drains its queue within loose SLOs: never go below it.
+    replicas = max(1, math.ceil(rate / mu)) if math.isfinite(mu) else 1
+    return _Prepared(config=config, eff=eff, common=common, cost=cost, mu=mu, replicas=replicas)
+
+
+def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec, slo: SLO, base: dict,
+              max_replicas: int, gpu_cost: dict[str, float] | float | None, kv: str | None,
+              stopping: Stopping = Stopping(tolerance=None), lengths: tuple[float, float] | None = None) -> PlanRow:
+    """The candidate's row: a loser before simulation, or the fewest replicas that meet the SLOs
+    (simulated under `stopping`). `lengths`: the workload's mean (prompt, output) tokens per request,
+    which the cost per million tokens divides by (one figure for every candidate)."""
+    prep = _prepare(cand, model, rate, spec, slo, base, gpu_cost, kv)
+    if isinstance(prep, PlanRow):
+        return prep
+    return _search(prep, cand, rate, spec, slo, max_replicas, stopping, lengths or mean_lengths(spec))
+
+
+def _search(prep: _Prepared, cand: Candidate, rate: float, spec: WorkloadSpec, slo: SLO, max_replicas: int,
+            stopping: Stopping, lengths: tuple[float, float]) -> PlanRow:
+    """The fewest replicas of a prepared candidate that meet the SLOs, from `prep.replicas` up."""
+    config, eff, common, cost, mu = prep.config, prep.eff, prep.common, prep.cost, prep.mu
+    price = common["usd_per_gpu_hour"]
     sims = 0
     cache: dict[int, _Measured] = {}
     metrics = tuple(name for name, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)) if bound is not None)
@@ -308,9 +368,7 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
                 return got
             n = min(2 * n, stopping.max_requests)
 
-    # Fewer replicas than rate / (an upper bound on one replica's service rate) cannot keep up with
-    # the load, even when a finite run drains its queue within loose SLOs: never go below it.
-    r_min = r = max(1, math.ceil(rate / mu)) if math.isfinite(mu) else 1
+    r_min = r = prep.replicas
     if r > max_replicas:
         res = run(max_replicas)
         return _loser(common, max_replicas, cand.tp, res, slo, sims,
@@ -360,10 +418,9 @@ def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec
     got = run(r, final=True)
     res = got.result
     bound = _bound(config, eff, rate / r, spec, slo, got, metrics)
-    tokens_per_s = rate * float(res.requests["output_tokens"].mean())
+    tokens_per_s = rate * lengths[1]
     cost_h = price * r * cand.tp if price is not None else None
-    split = token_prices(cost_h, input_time_share(res.steps), rate * float(res.requests["prompt_tokens"].mean()),
-                         tokens_per_s)
+    split = token_prices(cost_h, input_time_share(res.steps), rate * lengths[0], tokens_per_s)
     return PlanRow(replicas=r, gpus=r * cand.tp, feasible=True, binding="", detail="meets the SLOs",
                    ttft_s=got.ttft_s, tpot_s=got.tpot_s, cost_per_hour=cost_h,
                    cost_per_million_tokens=cost_h / 3600 / tokens_per_s * 1e6 if cost_h is not None else None,
@@ -458,9 +515,12 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
          gpu_cost: dict[str, float] | float | None = None, kv: str | None = None, base: dict | None = None,
          on_candidate: Callable[[PlanRow], None] | None = None, jobs: int | None = None,
          layouts: Sequence[str] | None = None, efficiency: str = DEFAULT_EFFICIENCY,
-         stopping: Stopping | None = None) -> PlanResult:
+         stopping: Stopping | None = None, top: int | None = None) -> PlanResult:
     """Evaluate every device x precision x TP x layout candidate for `rate` requests/s under `slo`
-    (in `jobs` processes; default one per CPU). `stopping`: how many requests each simulation
+    (in `jobs` processes; default one per CPU). `top`: simulate only until the `top` cheapest
+    configurations that meet the SLOs are certain (`_run_candidates`; the others are rows that
+    lose on "outranked", with the bound that ruled them out); None or 0: simulate every
+    candidate. `stopping`: how many requests each simulation
     serves (`llmperf.serving.stability.Stopping`: doubling until the SLO percentiles' intervals are
     within its tolerance, as `llmperf plan` does); None: `workload.num_requests`, once (the
     intervals are still reported). `layouts`: None, every layout the model takes
@@ -472,6 +532,7 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
         raise SpecError("plan: give at least one SLO (--slo-ttft, --slo-tpot)")
     if workload.num_requests is None or workload.num_requests < 1:
         raise SpecError("plan: the workload needs a number of requests per simulation")
+    check_top(top)
     m = load_model(model)
     for d in devices:
         load_hardware(d)  # unknown names fail before any work
@@ -483,34 +544,145 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     base.setdefault("efficiency", efficiency)
     cands = [Candidate(device=d, precision=p, tp=t, layout=lay) for d in devices for p in precisions for t in tps
              for lay in layouts if not _duplicate(lay, t, layouts)]
-    args = (m, rate, workload, slo, base, max_replicas, gpu_cost, kv, stopping or Stopping(tolerance=None))
-    rows: list[PlanRow | None] = [None] * len(cands)
+    stopping = stopping or Stopping(tolerance=None)
+    lengths = mean_lengths(workload)
     jobs = max(1, min(jobs if jobs is not None else (os.cpu_count() or 1), len(cands)))
-    if jobs == 1:
-        for i, c in enumerate(cands):
-            rows[i] = _evaluate(c, *args)
-            if on_candidate is not None:
-                on_candidate(rows[i])
-    else:
-        # Candidates are independent simulations: one process per core (fork keeps the loaded specs).
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            futures = {pool.submit(_evaluate, c, *args): i for i, c in enumerate(cands)}
-            for fut in as_completed(futures):
-                rows[futures[fut]] = fut.result()
-                if on_candidate is not None:
-                    on_candidate(rows[futures[fut]])
-    notes = sorted({precision_note(plan_precision(m, p, kv), load_hardware(d)) for d in devices for p in precisions
-                    if p == "fp8"} - {""})
+    rows = _run_candidates(cands, (m, rate, workload, slo, base, max_replicas, gpu_cost, kv), stopping, lengths,
+                           top, jobs, on_candidate)
+    notes = _precision_notes(m, devices, precisions, kv)
     settings = dict(model=m.name, rate_rps=rate, precision_notes=notes, devices=list(devices),
                     precisions=list(precisions), tps=list(tps),
                     layouts=list(layouts), kv_note=kv_note(m, base.get("kv_window", "capped"), base.get("pp", 1)),
                     max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
                     slo_percentile=slo.percentile, workload=workload.describe(),
-                    stopping=_stopping_settings(stopping, workload), **base)
+                    stopping=_stopping_settings(stopping, workload), top=top or None,
+                    mean_prompt_tokens=lengths[0], mean_output_tokens=lengths[1], **base)
     return PlanResult(model=m.name, rate_rps=rate, slo=slo, rows=list(rows), settings=settings)
+
+
+def check_top(top: object) -> None:
+    """Refuse a `--top` that is not 0 (every candidate) or a positive integer."""
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+        raise SpecError(f"--top: must be 0 (simulate every candidate) or a positive integer, got {top!r}")
+
+
+def _rank_key(cost_per_hour: float | None, gpus: int) -> tuple:
+    """The ranking's order (cheapest first, unknown prices last, then fewest GPUs): with one figure
+    of tokens per second for every candidate, cost per million tokens ranks as cost per hour."""
+    return (cost_per_hour is None, cost_per_hour or 0.0, gpus)
+
+
+def _row_key(row: PlanRow) -> tuple:
+    return _rank_key(row.cost_per_hour, row.gpus)
+
+
+def _bound_key(prep: _Prepared) -> tuple:
+    """A lower bound on the candidate's `_row_key`: its answer has at least `prep.replicas` replicas."""
+    return _rank_key(prep.cost_per_hour, prep.gpus)
+
+
+def _cut(keys: list[tuple], top: int | None) -> tuple | None:
+    """The `top`-th best of the feasible rows' keys found so far (None: fewer than `top`, or no `top`)."""
+    return sorted(keys)[top - 1] if top and len(keys) >= top else None
+
+
+def _outranked(prep: _Prepared, cut: tuple, top: int) -> PlanRow:
+    """The row of a candidate not simulated: even its lower bound ranks after the `top` cheapest."""
+    c = prep.common
+    bound = (f"at least {prep.replicas} replica{'s' if prep.replicas != 1 else ''} ({prep.gpus} GPUs) by its "
+             f"optimistic service rate of {prep.mu:.3g} req/s per replica")
+    if prep.cost_per_hour is not None:
+        why = (f"{bound}, ${prep.cost_per_hour:.2f}/h, ranks after the {top} cheapest that meet the SLOs (up to "
+               f"${cut[1]:.2f}/h)")
+    elif not cut[0]:
+        why = (f"no price for {c['device']} ranks it after every priced configuration, and {top} priced ones meet "
+               f"the SLOs (--gpu-cost {c['device']}=USD ranks it)")
+    else:
+        why = f"{bound}, ranks after the {top} with the fewest GPUs that meet the SLOs (up to {cut[2]})"
+    return PlanRow(replicas=None, gpus=None, feasible=False, binding="outranked",
+                   detail=f"not simulated: {why}; --top 0 simulates it", **c)
+
+
+def _run_candidates(cands: list[Candidate], common: tuple, stopping: Stopping, lengths: tuple[float, float],
+                    top: int | None, jobs: int, on_candidate: Callable[[PlanRow], None] | None) -> list[PlanRow]:
+    """Every candidate's row, in the candidates' order.
+
+    All are prepared first (the checks before simulation, and each one's lower bound on its cost:
+    `_Prepared.replicas`). The rest are simulated cheapest bound first until the `top` cheapest
+    feasible rows are known: a candidate whose bound ranks after the `top`-th best row found before
+    it is not simulated (and no later one, their bounds being no better). With `jobs` processes the
+    candidates are simulated in the same order, a few ahead; what the order one at a time would not
+    have simulated is then set aside, so the rows are the same for any `jobs`."""
+    model, rate, spec, slo, base, max_replicas, gpu_cost, kv = common
+    rows: list[PlanRow | None] = [None] * len(cands)
+    preps: dict[int, _Prepared] = {}
+    for i, c in enumerate(cands):
+        got = _prepare(c, model, rate, spec, slo, base, gpu_cost, kv)
+        if isinstance(got, PlanRow):
+            rows[i] = got
+            if on_candidate is not None:
+                on_candidate(got)
+        else:
+            preps[i] = got
+    order = sorted(preps, key=lambda i: (_bound_key(preps[i]), i))
+    done: dict[int, PlanRow] = {}
+
+    def pruned(i: int) -> bool:
+        cut = _cut([_row_key(r) for r in done.values() if r.feasible], top)
+        return cut is not None and _bound_key(preps[i]) > cut
+
+    if jobs == 1:
+        for i in order:
+            if pruned(i):
+                break
+            done[i] = _search(preps[i], cands[i], rate, spec, slo, max_replicas, stopping, lengths)
+            if on_candidate is not None:
+                on_candidate(done[i])
+    else:
+        # Candidates are independent simulations: one process per core (fork keeps the loaded specs).
+        import multiprocessing
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+        queue = list(order)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            running: dict = {}
+            while True:
+                while queue and len(running) < jobs and not pruned(queue[0]):
+                    i = queue.pop(0)
+                    running[pool.submit(_evaluate, cands[i], *common, stopping, lengths)] = i
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    i = running.pop(fut)
+                    done[i] = fut.result()
+                    if on_candidate is not None:
+                        on_candidate(done[i])
+    # What one at a time would have simulated: the same rows whatever ran ahead in parallel.
+    kept: list[int] = []
+    for i in order:
+        cut = _cut([_row_key(done[k]) for k in kept if done[k].feasible], top)
+        if cut is not None and _bound_key(preps[i]) > cut:
+            rows[i] = _outranked(preps[i], cut, top)
+            if i not in done and on_candidate is not None:
+                on_candidate(rows[i])
+        else:
+            rows[i] = done[i]
+            kept.append(i)
+    return rows
+
+
+def _precision_notes(model: ModelSpec, devices: Sequence[str], precisions: Sequence[str], kv: str | None) -> list[str]:
+    """The fp8 lines (`precision_note`), one per kind, naming the devices it holds on (twelve devices
+    are two lines, not twelve)."""
+    mark = "\x00"
+    kinds: dict[str, list[str]] = {}
+    for d in devices:
+        for p in precisions:
+            note = precision_note(plan_precision(model, p, kv), load_hardware(d)) if p == "fp8" else ""
+            if note:
+                kinds.setdefault(note.replace(f" on {d} ", f" on {mark} ", 1), []).append(d)
+    return sorted(k.replace(mark, ", ".join(dict.fromkeys(ds))) for k, ds in kinds.items())
 
 
 def _stopping_settings(stopping: Stopping | None, workload: WorkloadSpec) -> dict[str, object]:
@@ -538,5 +710,6 @@ def all_devices() -> list[str]:
 
 
 __all__ = ["Candidate", "DEFAULT_EFFICIENCY", "DEFAULT_PRECISIONS", "DEFAULT_TPS", "LAYOUTS", "check_layouts",
+           "check_top", "mean_lengths",
            "layouts_for", "PlanResult", "PlanRow", "all_devices", "plan",
            "plan_precision"]

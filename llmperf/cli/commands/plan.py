@@ -39,7 +39,7 @@ from llmperf.cli.commands.simulate import (
     _positive,
     check_serving_options,
 )
-from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS, OUTPUT_LEN, PROMPT_LEN
+from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS, OUTPUT_LEN, PLAN_TOP, PROMPT_LEN
 from llmperf.errors import SpecError
 
 
@@ -121,9 +121,16 @@ def plan_tables(result):  # noqa: ANN001, ANN201
     lose = Table(title="configurations that lose, and why")
     for col in ("device", "precision", "TP", "layout", "loses on", "why"):
         lose.add_column(col, justify="left" if col == "why" else "right", overflow="fold")
-    for r in sorted(result.losers, key=lambda r: (r.device, r.precision, r.tp, r.layout)):
+    outranked = [r for r in result.losers if r.binding == "outranked"]
+    if outranked:
+        top = result.settings.get("top")
+        win.caption += (f"\nthe {top} cheapest are certain; {len(outranked)} more configurations were not simulated: "
+                        "even their optimistic bounds rank after them (-f csv lists each; --top 0 simulates "
+                        "every one)")
+    losers = [r for r in result.losers if r.binding != "outranked"]
+    for r in sorted(losers, key=lambda r: (r.device, r.precision, r.tp, r.layout)):
         lose.add_row(r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), r.layout, r.binding, r.detail)
-    return [win, lose] if result.losers else [win]
+    return [win, lose] if losers else [win]
 
 
 def register(app: typer.Typer) -> None:
@@ -152,6 +159,7 @@ def register(app: typer.Typer) -> None:
         max_requests: Annotated[int, typer.Option("--max-requests", help="Most requests one simulation serves under the stopping rule.")] = 16000,
         ci_level: Annotated[float, typer.Option("--ci-level", help="Confidence level of the percentiles' intervals (batch sectioning over 10 batches of consecutive requests, warm-up discarded).")] = 0.95,
         jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Processes evaluating candidates (default: one per CPU).")] = None,
+        top: Annotated[int, typer.Option("--top", help="Simulate until the N cheapest configurations that meet the SLOs are certain, cheapest optimistic bound first; the others are listed as outranked, not simulated. 0: simulate every candidate.")] = PLAN_TOP,
         seed: SeedOpt = 0,
         max_batch: MaxBatchOpt = 256,
         max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
@@ -194,6 +202,7 @@ def register(app: typer.Typer) -> None:
                                     level=ci_level, min_requests=first, max_requests=max_requests)
             _positive("--max-replicas", max_replicas, integer=True)
             _positive("--jobs", jobs, integer=True)
+            planner.check_top(top)
             check_serving_options(max_batch=max_batch, max_batched_tokens=max_batched_tokens, block_size=block_size,
                                   mem_util=mem_util)
             slo = SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)
@@ -231,7 +240,7 @@ def register(app: typer.Typer) -> None:
             base = dict(max_batch=max_batch, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
                         prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, efficiency=efficiency,
                         engine=engine)
-            result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs,
+            result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs, top,
                           layout_list, stopping)
             frame = result.to_frame()
             if isinstance(result.settings, dict) and result.settings.get("engine") is None:
@@ -280,7 +289,7 @@ def jsonable_doc(result, frame) -> dict:  # noqa: ANN001
     return jsonable(dict(settings=result.settings, rows=frame.to_dict(orient="records")))
 
 
-def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs,  # noqa: ANN001, ANN202
+def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs, top,  # noqa: ANN001, ANN202
          layouts=None, stopping=None):  # noqa: ANN001
     from rich.progress import (
         BarColumn,
@@ -300,4 +309,4 @@ def _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, b
             progress.update(task, advance=1, description=f"{row.device} {row.precision} tp={row.tp} {row.layout}")
         return planner.plan(model, rate=load, slo=slo, workload=spec, devices=devices, precisions=precs, tps=tp_list,
                             max_replicas=max_replicas, gpu_cost=costs, base=base, on_candidate=on_candidate,
-                            jobs=jobs, layouts=layouts, stopping=stopping)
+                            jobs=jobs, layouts=layouts, stopping=stopping, top=top)
