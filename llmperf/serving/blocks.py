@@ -35,7 +35,8 @@ from llmperf.specs.kvcache import first_key, pages_per_block
 
 @dataclass(slots=True)
 class Block:
-    """One physical block: its id and how many block tables hold it (0: it is in the free queue)."""
+    """One physical block: its id and how many block tables hold it (0: it is in the free queue);
+    `BlockPool.block` gives one."""
 
     block_id: int
     ref_count: int = 0
@@ -43,20 +44,29 @@ class Block:
 
 class FreeBlockQueue:
     """Free block ids, first freed first reused (vLLM's order, which keeps freshly freed blocks
-    around longest for prefix reuse); O(1) membership so a double free is caught."""
+    around longest for prefix reuse); O(1) membership so a double free is caught.
+
+    The ids not handed out yet stay the given range, from `_next` on, ahead of every freed id: the
+    order of a queue that started with all of them, without building one (a pool has tens of
+    thousands of blocks, and the simulator builds a pool per run)."""
 
     def __init__(self, block_ids: range) -> None:
-        self._queue: deque[int] = deque(block_ids)
-        self._members: set[int] = set(block_ids)
+        self._fresh = block_ids
+        self._next = 0  # _fresh[_next:] were never popped
+        self._queue: deque[int] = deque()  # ids pushed back, in order
+        self._members: set[int] = set()  # the same ids
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._fresh) - self._next + len(self._queue)
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id in self._members
+        return block_id in self._members or block_id in self._fresh[self._next:]
 
     def pop(self) -> int | None:
         """The block free the longest, or None when none is free."""
+        if self._next < len(self._fresh):
+            self._next += 1
+            return self._fresh[self._next - 1]
         if not self._queue:
             return None
         block_id = self._queue.popleft()
@@ -65,28 +75,33 @@ class FreeBlockQueue:
 
     def push(self, block_id: int) -> None:
         """Return a block to the end of the queue; a block already free raises `ValueError`."""
-        if block_id in self._members:
+        if block_id in self:
             raise ValueError(f"block {block_id} is already free")
+        self._append(block_id)
+
+    def _append(self, block_id: int) -> None:
+        """`push` of a block known not to be free (the pool's: its reference count was positive)."""
         self._queue.append(block_id)
         self._members.add(block_id)
 
     def ids(self) -> list[int]:
         """The free block ids, oldest first."""
-        return list(self._queue)
+        return [*self._fresh[self._next:], *self._queue]
 
 
 class BlockPool:
-    """A fixed set of `num_blocks` blocks with reference counts."""
+    """A fixed set of `num_blocks` blocks with reference counts (a list of ints, by block id: cheap
+    to build and to update)."""
 
     def __init__(self, num_blocks: int) -> None:
         if not is_count(num_blocks) or num_blocks < 1:
             raise ValueError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
-        self._blocks = [Block(i) for i in range(num_blocks)]
+        self._refs = [0] * num_blocks
         self._free = FreeBlockQueue(range(num_blocks))
 
     @property
     def num_blocks(self) -> int:
-        return len(self._blocks)
+        return len(self._refs)
 
     @property
     def num_free(self) -> int:
@@ -96,39 +111,42 @@ class BlockPool:
     def num_used(self) -> int:
         return self.num_blocks - self.num_free
 
-    def _block(self, block_id: int) -> Block:
-        if not isinstance(block_id, int) or not 0 <= block_id < len(self._blocks):
-            raise ValueError(f"block {block_id!r}: unknown id (the pool has blocks 0..{len(self._blocks) - 1})")
-        return self._blocks[block_id]
+    def _check(self, block_id: int) -> int:
+        if not isinstance(block_id, int) or not 0 <= block_id < len(self._refs):
+            raise ValueError(f"block {block_id!r}: unknown id (the pool has blocks 0..{len(self._refs) - 1})")
+        return block_id
+
+    def block(self, block_id: int) -> Block:
+        """Block `block_id` as it is now (a copy)."""
+        return Block(block_id, self._refs[self._check(block_id)])
 
     def refcount(self, block_id: int) -> int:
         """How many sequences hold block `block_id` (0: free)."""
-        return self._block(block_id).ref_count
+        return self._refs[self._check(block_id)]
 
     def allocate(self) -> int | None:
         """A free block with reference count 1, or None when none is free."""
         block_id = self._free.pop()
         if block_id is None:
             return None
-        self._blocks[block_id].ref_count = 1
+        self._refs[block_id] = 1
         return block_id
 
     def incref(self, block_id: int) -> None:
         """One more holder of an allocated block (a fork or a shared prefix); a free block raises
         `ValueError`."""
-        block = self._block(block_id)
-        if block.ref_count == 0:
+        if self._refs[self._check(block_id)] == 0:
             raise ValueError(f"block {block_id}: incref of a free block (allocate it first)")
-        block.ref_count += 1
+        self._refs[block_id] += 1
 
     def decref(self, block_id: int) -> bool:
         """Drop one reference; at zero the block returns to the free queue (returns True then)."""
-        block = self._block(block_id)
-        if block.ref_count == 0:
+        refs = self._refs[self._check(block_id)]
+        if refs == 0:
             raise ValueError(f"block {block_id}: decref of a free block (double free?)")
-        block.ref_count -= 1
-        if block.ref_count == 0:
-            self._free.push(block_id)
+        self._refs[block_id] = refs - 1
+        if refs == 1:
+            self._free._append(block_id)
             return True
         return False
 
@@ -137,12 +155,12 @@ class BlockPool:
         negative."""
         free = self._free.ids()
         assert len(free) == len(set(free)), f"the free queue holds a block twice: {sorted(free)}"
-        for block in self._blocks:
-            in_free = block.block_id in self._free
-            assert in_free == (block.ref_count == 0), (
-                f"block {block.block_id} has ref_count {block.ref_count} but is "
+        for block_id, ref_count in enumerate(self._refs):
+            in_free = block_id in self._free
+            assert in_free == (ref_count == 0), (
+                f"block {block_id} has ref_count {ref_count} but is "
                 f"{'in' if in_free else 'not in'} the free queue: a block is free exactly when nothing references it")
-            assert block.ref_count >= 0, f"block {block.block_id} has a negative ref_count {block.ref_count}"
+            assert ref_count >= 0, f"block {block_id} has a negative ref_count {ref_count}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +221,7 @@ class BlockManager:
         if not is_count(block_size) or block_size < 1:
             raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
         self.pool = BlockPool(num_blocks)
+        self._refs = self.pool._refs  # the pool's reference counts, read on the hot paths
         self.block_size = block_size
         self.max_seq_len = num_blocks * block_size if max_seq_len is None else max_seq_len
         self._tables: dict[int, list[int]] = {}
@@ -285,7 +304,9 @@ class BlockManager:
     def _release(self, block_id: int) -> None:
         """Drop one reference; forget the block's fill and prefix key when it goes back to the pool."""
         if self.pool.decref(block_id):
-            self._set_fill(block_id, 0)
+            old = self._partial.pop(block_id, None)  # _set_fill(block_id, 0), inlined
+            if old is not None:
+                self._gap -= self.block_size - old
             key = self._key_of.pop(block_id, None)
             if key is not None:
                 del self._prefix[key]
@@ -410,7 +431,7 @@ class BlockManager:
         if num_tokens == 1 and table is not None:  # a decode token: the hot path
             length, bs = self._lens[seq_id], self.block_size
             fill = length + 1 - (len(table) - 1) * bs  # the last block's fill after the token
-            if 1 < fill <= bs and self.pool._blocks[table[-1]].ref_count == 1:
+            if 1 < fill <= bs and self._refs[table[-1]] == 1:
                 # it was partly filled (fill - 1 tokens): one fewer empty slot, as _set_fill would count
                 if fill < bs:
                     self._partial[table[-1]] = fill
@@ -906,7 +927,7 @@ class WindowedBlockManager(BlockManager):
             for (sliding, window), h in zip(self._plain, held):
                 first = (length - window + 1 if length >= window else 0) if sliding else length - length % window
                 if h.first != first // bs or h.end != last or (
-                        length % bs and self.pool._blocks[h.entries[-1][0]].ref_count > 1):
+                        length % bs and self._refs[h.entries[-1][0]] > 1):
                     break
             else:  # every window group keeps its blocks: only the full layers may need one
                 if self._blocks_to_append(seq_id, 1)[0] > self.pool.num_free:

@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from llmperf.engine.block_pool import BlockManager, BlockPool, SlotResult
+from llmperf.engine.block_pool import Block, BlockManager, BlockPool, FreeBlockQueue, SlotResult
 
 
 def manager(num_blocks: int = 8, block_size: int = 4) -> BlockManager:
@@ -59,6 +59,28 @@ def test_pool_rejects_bad_sizes():
         BlockPool(0)
     with pytest.raises(ValueError, match="block_size"):
         BlockManager(4, 0)
+
+
+def test_free_queue_hands_out_unused_ids_first_then_freed_ones_in_order():
+    """The ids never handed out are kept as a range, not a list: the same order as a queue that
+    started with all of them, and the same membership (a double free raises)."""
+    q = FreeBlockQueue(range(4))
+    assert len(q) == 4 and all(b in q for b in range(4)) and 4 not in q
+    assert [q.pop(), q.pop()] == [0, 1]
+    q.push(1)
+    q.push(0)
+    assert q.ids() == [2, 3, 1, 0] and len(q) == 4 and 0 in q and 1 in q
+    for b in (0, 3):
+        with pytest.raises(ValueError, match="already free"):
+            q.push(b)
+    assert [q.pop() for _ in range(5)] == [2, 3, 1, 0, None] and len(q) == 0 and 2 not in q
+
+
+def test_pool_block_record():
+    pool = BlockPool(3)
+    b = pool.allocate()
+    pool.incref(b)
+    assert pool.block(b) == Block(b, 2) and pool.block(2) == Block(2, 0)
 
 
 # --- BlockManager: small cases --------------------------------------------------------------------------
