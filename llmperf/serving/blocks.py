@@ -428,7 +428,7 @@ class BlockManager:
         copy-on-write it takes the new blocks at once instead of a `SlotResult` per token (the
         simulator reserves millions of tokens); the resulting state is the same."""
         table = self._tables.get(seq_id)
-        if num_tokens == 1 and table is not None:  # a decode token: the hot path
+        if num_tokens == 1 and table is not None:  # a decode token: the hot path, the general one's steps
             length, bs = self._lens[seq_id], self.block_size
             fill = length + 1 - (len(table) - 1) * bs  # the last block's fill after the token
             if 1 < fill <= bs and self._refs[table[-1]] == 1:
@@ -438,6 +438,15 @@ class BlockManager:
                 else:
                     del self._partial[table[-1]]
                 self._gap -= 1
+                self._lens[seq_id] = length + 1
+                self._logical += 1
+                return True
+            if fill == bs + 1:  # the last block is full (or there is none): the token opens a new one
+                block_id = self.pool.allocate()
+                if block_id is None:
+                    return False
+                table.append(block_id)
+                self._set_fill(block_id, 1)
                 self._lens[seq_id] = length + 1
                 self._logical += 1
                 return True
