@@ -189,7 +189,11 @@ def test_any_workload_finishes_and_frees_every_block(spec, num_blocks, block_siz
             fits.append(r)
         except ValueError as exc:
             assert "max_new_tokens" in str(exc) or "max_batched_tokens" in str(exc)
-    s.run(fits)
+    def counts_kept(log):  # what the scheduler keeps incrementally equals what it stands for
+        assert s._running_seqs() == sum(len(r.seq_ids) for r in s.running)
+        assert all(r.seq_tuple == tuple(r.seq_ids) for r in s.running)
+
+    s.run(fits, on_step=counts_kept)
     assert len(s.finished) == len(fits) and kv.num_free_blocks == num_blocks
     assert all(r.num_generated == r.max_new_tokens for r in s.finished)
     kv.check_invariants()
