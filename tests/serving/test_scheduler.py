@@ -221,13 +221,15 @@ def test_bad_config_names_the_field():
 
 def test_the_fast_decode_item_equals_the_keyword_one():
     """The scheduler builds decode items field by field for speed: the same object as `__init__`."""
-    from dataclasses import fields
+    from dataclasses import FrozenInstanceError, fields
 
     from llmperf.serving.scheduler import ScheduledItem, _decode_item
     kw = ScheduledItem(request_id=7, seq_ids=(3, 4), start=41, num_tokens=1, decode=True, samples=True,
                        num_generated=9)
     fast = _decode_item(7, (3, 4), 41, 9)
-    assert fast == kw and hash(fast) == hash(kw) and fast.tokens == 2
+    assert fast == kw and hash(fast) == hash(kw) and fast.tokens == 2 and type(fast) is ScheduledItem
+    with pytest.raises(FrozenInstanceError):
+        fast.start = 0
     assert {f.name for f in fields(ScheduledItem)} == {"request_id", "seq_ids", "start", "num_tokens", "decode",
                                                        "samples", "num_generated", "fork_into"}
 
