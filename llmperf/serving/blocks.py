@@ -73,16 +73,28 @@ class FreeBlockQueue:
         self._members.remove(block_id)
         return block_id
 
+    def pop_many(self, n: int) -> list[int]:
+        """The `n` blocks free the longest, in the order `n` pops give them (fewer when fewer are free)."""
+        k = min(n, len(self._fresh) - self._next)
+        out = list(self._fresh[self._next:self._next + k])
+        self._next += k
+        if k < n and self._queue:
+            popleft = self._queue.popleft
+            rest = [popleft() for _ in range(min(n - k, len(self._queue)))]
+            self._members.difference_update(rest)
+            out += rest
+        return out
+
     def push(self, block_id: int) -> None:
         """Return a block to the end of the queue; a block already free raises `ValueError`."""
         if block_id in self:
             raise ValueError(f"block {block_id} is already free")
-        self._append(block_id)
+        self._extend((block_id,))
 
-    def _append(self, block_id: int) -> None:
-        """`push` of a block known not to be free (the pool's: its reference count was positive)."""
-        self._queue.append(block_id)
-        self._members.add(block_id)
+    def _extend(self, block_ids: Sequence[int]) -> None:
+        """`push` of each block, known not to be free (the pool's: their reference counts were positive)."""
+        self._queue.extend(block_ids)
+        self._members.update(block_ids)
 
     def ids(self) -> list[int]:
         """The free block ids, oldest first."""
@@ -132,6 +144,17 @@ class BlockPool:
         self._refs[block_id] = 1
         return block_id
 
+    def allocate_many(self, n: int) -> list[int] | None:
+        """`n` free blocks with reference count 1, those `n` `allocate()` calls would give; None, with
+        nothing taken, when fewer are free."""
+        if n > len(self._free):
+            return None
+        ids = self._free.pop_many(n)
+        refs = self._refs
+        for block_id in ids:
+            refs[block_id] = 1
+        return ids
+
     def incref(self, block_id: int) -> None:
         """One more holder of an allocated block (a fork or a shared prefix); a free block raises
         `ValueError`."""
@@ -146,9 +169,22 @@ class BlockPool:
             raise ValueError(f"block {block_id}: decref of a free block (double free?)")
         self._refs[block_id] = refs - 1
         if refs == 1:
-            self._free._append(block_id)
+            self._free._extend((block_id,))
             return True
         return False
+
+    def decref_all(self, block_ids: Sequence[int]) -> list[int]:
+        """`decref` of each block in order; those that went back to the free queue, in order."""
+        refs, n, freed = self._refs, len(self._refs), []
+        for block_id in block_ids:
+            if not isinstance(block_id, int) or not 0 <= block_id < n or refs[block_id] == 0:
+                self._free._extend(freed)  # the pool as decref one by one leaves it
+                self.decref(block_id)  # raises
+            refs[block_id] -= 1
+            if not refs[block_id]:
+                freed.append(block_id)
+        self._free._extend(freed)
+        return freed
 
     def check_invariants(self) -> None:
         """Assert that a block is in the free queue exactly when nothing references it, and no count is
@@ -301,15 +337,14 @@ class BlockManager:
             self._partial[block_id] = fill
             self._gap += self.block_size - fill
 
-    def _release(self, block_id: int) -> None:
-        """Drop one reference; forget the block's fill and prefix key when it goes back to the pool."""
-        if self.pool.decref(block_id):
-            old = self._partial.pop(block_id, None)  # _set_fill(block_id, 0), inlined
-            if old is not None:
-                self._gap -= self.block_size - old
-            key = self._key_of.pop(block_id, None)
-            if key is not None:
-                del self._prefix[key]
+    def _forget(self, block_id: int) -> None:
+        """A block back in the pool: forget its fill and its prefix key."""
+        old = self._partial.pop(block_id, None)  # _set_fill(block_id, 0), inlined
+        if old is not None:
+            self._gap -= self.block_size - old
+        key = self._key_of.pop(block_id, None)
+        if key is not None:
+            del self._prefix[key]
 
     # --- allocation ------------------------------------------------------------------------------
 
@@ -347,9 +382,9 @@ class BlockManager:
             return False
         for block_id in shared:
             self.pool.incref(block_id)
-        fresh = [self.pool.allocate() for _ in range(self.blocks_needed(num_tokens) - len(shared))]
-        assert None not in fresh, "the free count promised enough free blocks"
-        table = shared + fresh  # type: ignore[operator]
+        fresh = self.pool.allocate_many(self.blocks_needed(num_tokens) - len(shared))
+        assert fresh is not None, "the free count promised enough free blocks"
+        table = shared + fresh
         self._tables[seq_id] = table
         self._lens[seq_id] = num_tokens
         self._logical += num_tokens
@@ -460,10 +495,9 @@ class BlockManager:
         table, length, bs = self._tables[seq_id], self._lens[seq_id], self.block_size
         if len(table) * bs > length:  # the partly filled last block takes what it can
             self._set_fill(table[-1], min(bs, length + num_tokens - (len(table) - 1) * bs))
-        for _ in range(needed):
-            block_id = self.pool.allocate()
-            assert block_id is not None, "the free count promised enough free blocks"
-            table.append(block_id)
+        fresh = self.pool.allocate_many(needed)
+        assert fresh is not None, "the free count promised enough free blocks"
+        table += fresh
         end = length + num_tokens
         if needed:
             self._set_fill(table[-1], end - (len(table) - 1) * bs)
@@ -486,8 +520,8 @@ class BlockManager:
     def free(self, seq_id: int) -> None:
         """Drop a sequence; its blocks return to the pool once no other sequence holds them."""
         table = self._table(seq_id)
-        for block_id in table:
-            self._release(block_id)
+        for block_id in self.pool.decref_all(table):  # back in the pool: as _release forgets them
+            self._forget(block_id)
         self._logical -= self._lens[seq_id]
         del self._tables[seq_id], self._lens[seq_id]
 

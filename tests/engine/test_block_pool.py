@@ -5,7 +5,7 @@ sequence's tokens (stored in simulated block slots, applying the copies the mana
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -74,6 +74,29 @@ def test_free_queue_hands_out_unused_ids_first_then_freed_ones_in_order():
         with pytest.raises(ValueError, match="already free"):
             q.push(b)
     assert [q.pop() for _ in range(5)] == [2, 3, 1, 0, None] and len(q) == 0 and 2 not in q
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 6)), max_size=30))
+def test_pool_bulk_ops_equal_one_by_one(ops):
+    """allocate_many / decref_all give the blocks, and leave the queue, as allocate / decref one by one."""
+    bulk, single = BlockPool(12), BlockPool(12)
+    held: list[int] = []
+    for take, n in ops:
+        if take:
+            got = bulk.allocate_many(n)
+            if n > single.num_free:
+                assert got is None
+                continue
+            assert got == [single.allocate() for _ in range(n)]
+            held += got
+        else:
+            ids, held = held[:n], held[n:]
+            assert bulk.decref_all(ids) == [b for b in ids if single.decref(b)]
+        assert bulk._free.ids() == single._free.ids()
+    bulk.check_invariants()
+    with pytest.raises(ValueError, match="decref of a free block"):
+        bulk.decref_all([*held, held[0]] if held else [0])
 
 
 def test_pool_block_record():
