@@ -540,10 +540,16 @@ class BlockManager:
 
     def usage(self) -> BlockUsage:
         """The pool's occupancy now: used blocks, reserved and used slots, sequences, logical tokens."""
-        reserved = self.num_used_blocks * self.block_size
+        used, reserved = self.slot_counts()
         return BlockUsage(num_blocks=self.num_blocks, block_size=self.block_size,
                           num_used_blocks=self.num_used_blocks, num_sequences=len(self._tables),
-                          reserved_slots=reserved, used_slots=reserved - self._gap, logical_tokens=self._logical)
+                          reserved_slots=reserved, used_slots=used, logical_tokens=self._logical)
+
+    def slot_counts(self) -> tuple[int, int]:
+        """(used_slots, reserved_slots) of `usage()`, without building the snapshot (the simulator
+        records them every step)."""
+        reserved = self.num_used_blocks * self.block_size
+        return reserved - self._gap, reserved
 
     def bytes_reserved(self, bytes_per_block: int) -> int:
         """Bytes of the used blocks at `bytes_per_block`."""

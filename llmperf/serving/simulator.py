@@ -453,8 +453,8 @@ class CostModelRunner:
             duration = float(self.step_times[plan.step])
         else:
             duration = self.cost.step_time_from_features(tokens, features, logits)
-        u = self.kv.usage()
-        self.records.append((batch, prefill, decodes, u.used_slots * self.kv_tok, u.reserved_slots * self.kv_tok))
+        used, reserved = self.kv.slot_counts()
+        self.records.append((batch, prefill, decodes, used * self.kv_tok, reserved * self.kv_tok))
         return StepOutcome(duration_s=duration, finished=frozenset(finished))
 
 
