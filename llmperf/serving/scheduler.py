@@ -184,6 +184,7 @@ class RequestState:
     `seq_ids`: its live sequences (all samples / beams once forked; before the first token, the
     first id computes the prompt and the others are forked from it after). `num_tokens`: tokens each
     live sequence holds (prompt + generated); `num_computed`: of them, how many are in the cache.
+    Each token's time is in the step log: the end of the step whose item for the request samples.
     """
 
     request_id: int
@@ -201,7 +202,6 @@ class RequestState:
     scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
-    token_times: list[float] = field(default_factory=list)
     # `seq_ids` as a tuple, the one every decode item of the request shares (set by the scheduler
     # whenever seq_ids changes): one tuple per request instead of one per request per step.
     seq_tuple: tuple[int, ...] = field(default=(), init=False, repr=False)
@@ -545,7 +545,6 @@ class Scheduler:
                 r.promised = 0
                 r.num_tokens += 1
                 r.num_generated += 1
-                r.token_times.append(now)
             else:
                 r.num_computed = item.start + item.num_tokens
                 if r.num_computed >= r.target:
@@ -559,7 +558,6 @@ class Scheduler:
                 if item.samples:
                     r.num_tokens += 1
                     r.num_generated += 1
-                    r.token_times.append(now)
                     if r.first_token_s is None:
                         r.first_token_s = now
             if not fin or fin.isdisjoint(r.seq_ids):
