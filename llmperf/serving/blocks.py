@@ -505,6 +505,33 @@ class BlockManager:
         self._logical += num_tokens
         return True
 
+    def reserve_each(self, seq_ids: Sequence[int]) -> int:
+        """`reserve(s, 1)` for each sequence in order, up to the first that does not fit (False for it,
+        nothing changed): how many were reserved. The scheduler's decode tokens, one call a step:
+        `reserve`'s hot path (a token into a partly filled last block of the sequence's own) runs
+        inline, without a call a token; anything else is `reserve` itself."""
+        tables, lens, refs, partial, bs = self._tables, self._lens, self._refs, self._partial, self.block_size
+        done = 0
+        for seq_id in seq_ids:
+            table = tables.get(seq_id)
+            if table is not None:
+                length = lens[seq_id]
+                fill = length + 1 - (len(table) - 1) * bs  # as in reserve
+                if 1 < fill <= bs and refs[table[-1]] == 1:
+                    if fill < bs:
+                        partial[table[-1]] = fill
+                    else:
+                        del partial[table[-1]]
+                    self._gap -= 1
+                    lens[seq_id] = length + 1
+                    self._logical += 1
+                    done += 1
+                    continue
+            if not self.reserve(seq_id, 1):
+                break
+            done += 1
+        return done
+
     def fork(self, parent_id: int, child_id: int) -> None:
         """A new sequence sharing all of the parent's blocks (reference counts + 1): a beam or
         another sample of the same prompt. Costs no block until one of them writes."""
@@ -984,6 +1011,14 @@ class WindowedBlockManager(BlockManager):
                 self._reserve_full(seq_id, 1)
                 return True
         return self._extend(seq_id, num_tokens)
+
+    def reserve_each(self, seq_ids: Sequence[int]) -> int:
+        """`reserve(s, 1)` for each sequence in order, up to the first that does not fit: how many were
+        reserved."""
+        for done, seq_id in enumerate(seq_ids):
+            if not self.reserve(seq_id, 1):
+                return done
+        return len(seq_ids)
 
     def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
         """The full layers' slots (`BlockManager.append_slots`, copy-on-write included) after the window

@@ -38,7 +38,9 @@ POLICIES = ("continuous", "static")
 
 
 class KVSpace(Protocol):
-    """Cache bookkeeping the scheduler allocates in (sequence ids are the scheduler's)."""
+    """Cache bookkeeping the scheduler allocates in (sequence ids are the scheduler's). Optional:
+    `reserve_each(seq_ids) -> int`, `reserve(s, 1)` for each in order up to the first that does not
+    fit, how many did (`BlockManager`'s: the decode tokens of a step in one call)."""
 
     num_blocks: int
     block_size: int
@@ -262,6 +264,19 @@ class SchedulerConfig:
             raise ValueError(f"watermark: must be in [0, 1), got {self.watermark!r}")
 
 
+def _one_sequence_decodes(running: list[RequestState], i: int, budget: float) -> list[RequestState]:
+    """`running[i]` and the requests right after it that decode one sequence, as many as `budget`
+    tokens take (one each)."""
+    stop = len(running) if budget >= len(running) - i else i + math.floor(budget)
+    j = i + 1
+    while j < stop:
+        r = running[j]
+        if not (r.forked and r.num_generated > 0 and r.num_computed == r.num_tokens - 1 and len(r.seq_ids) == 1):
+            break
+        j += 1
+    return running[i:j]
+
+
 class Scheduler:
     """Waiting and running requests over one `KVSpace`; `step()` schedules and runs one step."""
 
@@ -412,7 +427,12 @@ class Scheduler:
         items: list[ScheduledItem] = []
         reqs: list[RequestState] = []
         reserve = self.kv.reserve
-        for r in list(self.running):
+        reserve_each = getattr(self.kv, "reserve_each", None)  # a KVSpace may reserve a run of decodes at once
+        running = list(self.running)
+        i = 0
+        while i < len(running):
+            r = running[i]
+            i += 1
             # Preempted while an older request made room (a preempted request is not readmitted in
             # the step that preempted it, so its id in `preempted` means it left `running`).
             if preempted and r.request_id in preempted:
@@ -423,6 +443,26 @@ class Scheduler:
                 seqs = r.seq_ids
                 n = len(seqs)
                 if budget < n:
+                    continue
+                if n == 1 and reserve_each is not None and not preempted:
+                    # r and the one-sequence decodes right after it (nearly every running request in a
+                    # steady state), as many as the budget takes: their tokens reserved in one call, in
+                    # order, as the loop would one by one, up to the first that does not fit.
+                    run = _one_sequence_decodes(running, i - 1, budget)
+                    k = reserve_each([x.seq_ids[0] for x in run])
+                    done = run[:k]
+                    items += [_decode_item(x.request_id, x.seq_tuple, x.num_computed, x.num_generated) for x in done]
+                    reqs += done
+                    budget -= k
+                    i += k - 1
+                    if k == len(run):
+                        continue
+                    r = run[k]  # did not fit: preempt to make room, as a lone decode does below
+                    i += 1
+                    if self._reserve(r, 1, preempted):
+                        items.append(_decode_item(r.request_id, r.seq_tuple, r.num_computed, r.num_generated))
+                        reqs.append(r)
+                        budget -= 1
                     continue
                 # One sequence with room in the cache (nearly every decode): reserve it directly.
                 if (n == 1 and reserve(seqs[0], 1)) or self._reserve(r, 1, preempted):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from llmperf.engine.block_pool import Block, BlockManager, BlockPool, FreeBlockQueue, SlotResult
+from llmperf.serving.blocks import WindowedBlockManager, WindowGroup
 
 
 def manager(num_blocks: int = 8, block_size: int = 4) -> BlockManager:
@@ -97,6 +98,42 @@ def test_pool_bulk_ops_equal_one_by_one(ops):
     bulk.check_invariants()
     with pytest.raises(ValueError, match="decref of a free block"):
         bulk.decref_all([*held, held[0]] if held else [0])
+
+
+def _managers(windowed: bool, block_size: int):
+    if windowed:
+        return WindowedBlockManager(14, block_size, groups=[WindowGroup("sliding", 5, 2, 2)])
+    return BlockManager(12, block_size)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=5), st.integers(1, 4), st.integers(1, 30), st.booleans(),
+       st.booleans())
+def test_reserve_each_equals_reserve_one_by_one(prompts, block_size, steps, fork, windowed):
+    """reserve_each (the scheduler's decode tokens, a run at a time) reserves as reserve(s, 1) in order
+    would, up to the first that does not fit; copy-on-write of a forked last block included."""
+    def build():
+        m, ids = _managers(windowed, block_size), []
+        for i, p in enumerate(prompts):
+            if m.allocate(i, p):
+                ids.append(i)
+        if fork and ids:
+            m.fork(ids[0], 100)
+            ids.append(100)
+        return m, ids
+
+    (a, ids), (b, _) = build(), build()
+    for _ in range(steps):
+        k = a.reserve_each(ids)
+        assert k == next((j for j, s in enumerate(ids) if not b.reserve(s, 1)), len(ids))
+        assert (a._tables, a._lens, a._partial, a.usage(), a.pool._free.ids()) == \
+               (b._tables, b._lens, b._partial, b.usage(), b.pool._free.ids())
+        if k < len(ids):  # out of blocks: the newest goes, in both
+            a.free(ids[-1])
+            b.free(ids.pop())
+        if not ids:
+            break
+    a.check_invariants()
 
 
 def test_pool_block_record():

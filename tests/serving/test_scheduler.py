@@ -205,6 +205,47 @@ def test_any_workload_finishes_and_frees_every_block(spec, num_blocks, block_siz
         assert not set(prev.admitted) & set(log.preempted), (prev, log)
 
 
+class OneByOne:
+    """A KV space without `reserve_each`: the scheduler reserves each decode with its own call."""
+
+    def __init__(self, kv) -> None:  # noqa: ANN001
+        self._kv = kv
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        if name == "reserve_each":
+            raise AttributeError(name)
+        return getattr(self._kv, name)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12), st.sampled_from([1, 1, 1, 2]),
+                          st.floats(0, 3)), min_size=1, max_size=14),
+       st.integers(8, 40), st.sampled_from([1, 2, 4]), st.booleans(), st.sampled_from([3, 5, 16]))
+def test_reserving_a_run_of_decodes_at_once_decides_as_one_by_one(spec, num_blocks, block_size, sharing, budget):
+    """The scheduler hands a BlockManager each run of one-sequence decodes at once (`reserve_each`):
+    the same schedule as a call per sequence, through budgets that cut runs and preemptions."""
+    logs = []
+    for wrap in (lambda kv: kv, OneByOne):
+        kv = BlockManager(num_blocks, block_size)
+        reqs = [req(i, p, o, width=w, arrival=t, prompt=[7] * (p // 2) + list(range(p - p // 2)))
+                for i, (p, o, w, t) in enumerate(spec)]
+        s = Scheduler(wrap(kv), FakeRunner({r.request_id: r.max_new_tokens for r in reqs}, dt=0.5),
+                      SchedulerConfig(chunked_prefill=True, max_batched_tokens=budget, prefix_sharing=sharing))
+        fits = []
+        for r in reqs:
+            try:
+                s.check(r)
+                fits.append(r)
+            except ValueError:
+                pass
+        try:
+            s.run(fits)
+        except RuntimeError as exc:  # the same failure, at the same step, both ways
+            logs.append(str(exc))
+        logs.append([(g.decision(), g.start_s, g.free_blocks) for g in s.log])
+    assert logs[: len(logs) // 2] == logs[len(logs) // 2:]
+
+
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match="policy"):
         SchedulerConfig(policy="fifo")
