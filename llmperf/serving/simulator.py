@@ -378,13 +378,16 @@ class CostModelRunner:
         f_kv = f_qkv = f_tri = 0.0
         finished: list[int] = []
         out = self.out
+        # The common case, one decode token of one sequence, adds its keys to both f_kv and f_qkv: summed
+        # apart as an int (cheaper than a float add an item) and added once. The same sums: every
+        # term is an integer, and every sum far below 2**53, so no float addition here rounds.
+        dec_kv = 0
         for item in plan.items:
             n, q = len(item.seq_ids), item.num_tokens
             kv = item.start + q
-            if item.decode and n == 1:  # the common case: one decode token of one sequence
+            if item.decode and n == 1:
                 decodes += 1
-                f_kv += kv
-                f_qkv += kv
+                dec_kv += kv
             else:
                 if item.decode:
                     decodes += q * n
@@ -398,6 +401,8 @@ class CostModelRunner:
                 logits += n
                 if item.num_generated + 1 >= out[item.request_id]:
                     finished.extend(item.seq_ids)
+        f_kv += dec_kv
+        f_qkv += dec_kv
         tokens = decodes + prefill
         # full attention: keys read = kv, attended pairs = q kv - q (q - 1) / 2
         return self._outcome(plan, tokens, ((tokens, f_kv, f_qkv - f_tri, f_qkv),), logits, batch, prefill, decodes,
