@@ -24,6 +24,7 @@ docs/time-models.md.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
@@ -271,14 +272,21 @@ def memory_bound(compute_s: Number, memory_s: Number, comm_s: Number = 0.0) -> A
 
 
 def _check_efficiency(eff: Efficiency, tm: TimeModel, cost: OpCost) -> None:
-    """Efficiencies in (0, 1] and a non-negative overhead, or an error naming the model and operator."""
+    """Efficiencies in (0, 1] and a non-negative overhead, or an error naming the model and operator.
+    A plain float is checked as a float (the simulator's cost model times operators one by one)."""
     for field in ("e_compute", "e_memory", "e_comm"):
-        value = np.asarray(getattr(eff, field), dtype=float)
+        value = getattr(eff, field)
+        if type(value) is float and 0 < value <= 1:
+            continue
+        value = np.asarray(value, dtype=float)
         if not np.all((value > 0) & (value <= 1)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be in (0, 1], got "
                              f"{float(value.ravel()[~((value > 0) & (value <= 1)).ravel()][0])!r}")
     for field in ("overhead_s", "host_s", "comm_latency_s", "floor_s", "latency_s"):
-        value = np.asarray(getattr(eff, field), dtype=float)
+        value = getattr(eff, field)
+        if type(value) is float and 0 <= value < math.inf:
+            continue
+        value = np.asarray(value, dtype=float)
         if not np.all(np.isfinite(value) & (value >= 0)):
             raise ValueError(f"time model {tm.name!r}: {field} for {cost.name} must be >= 0, got "
                              f"{getattr(eff, field)!r}")

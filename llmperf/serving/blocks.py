@@ -35,7 +35,8 @@ from llmperf.specs.kvcache import first_key, pages_per_block
 
 @dataclass(slots=True)
 class Block:
-    """One physical block: its id and how many block tables hold it (0: it is in the free queue)."""
+    """One physical block: its id and how many block tables hold it (0: it is in the free queue);
+    `BlockPool.block` gives one."""
 
     block_id: int
     ref_count: int = 0
@@ -43,50 +44,76 @@ class Block:
 
 class FreeBlockQueue:
     """Free block ids, first freed first reused (vLLM's order, which keeps freshly freed blocks
-    around longest for prefix reuse); O(1) membership so a double free is caught."""
+    around longest for prefix reuse); O(1) membership so a double free is caught.
+
+    The ids not handed out yet stay the given range, from `_next` on, ahead of every freed id: the
+    order of a queue that started with all of them, without building one (a pool has tens of
+    thousands of blocks, and the simulator builds a pool per run)."""
 
     def __init__(self, block_ids: range) -> None:
-        self._queue: deque[int] = deque(block_ids)
-        self._members: set[int] = set(block_ids)
+        self._fresh = block_ids
+        self._next = 0  # _fresh[_next:] were never popped
+        self._queue: deque[int] = deque()  # ids pushed back, in order
+        self._members: set[int] = set()  # the same ids
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._fresh) - self._next + len(self._queue)
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id in self._members
+        return block_id in self._members or block_id in self._fresh[self._next:]
 
     def pop(self) -> int | None:
         """The block free the longest, or None when none is free."""
+        if self._next < len(self._fresh):
+            self._next += 1
+            return self._fresh[self._next - 1]
         if not self._queue:
             return None
         block_id = self._queue.popleft()
         self._members.remove(block_id)
         return block_id
 
+    def pop_many(self, n: int) -> list[int]:
+        """The `n` blocks free the longest, in the order `n` pops give them (fewer when fewer are free)."""
+        k = min(n, len(self._fresh) - self._next)
+        out = list(self._fresh[self._next:self._next + k])
+        self._next += k
+        if k < n and self._queue:
+            popleft = self._queue.popleft
+            rest = [popleft() for _ in range(min(n - k, len(self._queue)))]
+            self._members.difference_update(rest)
+            out += rest
+        return out
+
     def push(self, block_id: int) -> None:
         """Return a block to the end of the queue; a block already free raises `ValueError`."""
-        if block_id in self._members:
+        if block_id in self:
             raise ValueError(f"block {block_id} is already free")
-        self._queue.append(block_id)
-        self._members.add(block_id)
+        self._extend((block_id,))
+
+    def _extend(self, block_ids: Sequence[int]) -> None:
+        """`push` of each block, known not to be free (the pool's: their reference counts were positive)."""
+        self._queue.extend(block_ids)
+        self._members.update(block_ids)
 
     def ids(self) -> list[int]:
         """The free block ids, oldest first."""
-        return list(self._queue)
+        return [*self._fresh[self._next:], *self._queue]
 
 
 class BlockPool:
-    """A fixed set of `num_blocks` blocks with reference counts."""
+    """A fixed set of `num_blocks` blocks with reference counts (a list of ints, by block id: cheap
+    to build and to update)."""
 
     def __init__(self, num_blocks: int) -> None:
         if not is_count(num_blocks) or num_blocks < 1:
             raise ValueError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
-        self._blocks = [Block(i) for i in range(num_blocks)]
+        self._refs = [0] * num_blocks
         self._free = FreeBlockQueue(range(num_blocks))
 
     @property
     def num_blocks(self) -> int:
-        return len(self._blocks)
+        return len(self._refs)
 
     @property
     def num_free(self) -> int:
@@ -96,53 +123,80 @@ class BlockPool:
     def num_used(self) -> int:
         return self.num_blocks - self.num_free
 
-    def _block(self, block_id: int) -> Block:
-        if not isinstance(block_id, int) or not 0 <= block_id < len(self._blocks):
-            raise ValueError(f"block {block_id!r}: unknown id (the pool has blocks 0..{len(self._blocks) - 1})")
-        return self._blocks[block_id]
+    def _check(self, block_id: int) -> int:
+        if not isinstance(block_id, int) or not 0 <= block_id < len(self._refs):
+            raise ValueError(f"block {block_id!r}: unknown id (the pool has blocks 0..{len(self._refs) - 1})")
+        return block_id
+
+    def block(self, block_id: int) -> Block:
+        """Block `block_id` as it is now (a copy)."""
+        return Block(block_id, self._refs[self._check(block_id)])
 
     def refcount(self, block_id: int) -> int:
         """How many sequences hold block `block_id` (0: free)."""
-        return self._block(block_id).ref_count
+        return self._refs[self._check(block_id)]
 
     def allocate(self) -> int | None:
         """A free block with reference count 1, or None when none is free."""
         block_id = self._free.pop()
         if block_id is None:
             return None
-        self._blocks[block_id].ref_count = 1
+        self._refs[block_id] = 1
         return block_id
+
+    def allocate_many(self, n: int) -> list[int] | None:
+        """`n` free blocks with reference count 1, those `n` `allocate()` calls would give; None, with
+        nothing taken, when fewer are free."""
+        if n > len(self._free):
+            return None
+        ids = self._free.pop_many(n)
+        refs = self._refs
+        for block_id in ids:
+            refs[block_id] = 1
+        return ids
 
     def incref(self, block_id: int) -> None:
         """One more holder of an allocated block (a fork or a shared prefix); a free block raises
         `ValueError`."""
-        block = self._block(block_id)
-        if block.ref_count == 0:
+        if self._refs[self._check(block_id)] == 0:
             raise ValueError(f"block {block_id}: incref of a free block (allocate it first)")
-        block.ref_count += 1
+        self._refs[block_id] += 1
 
     def decref(self, block_id: int) -> bool:
         """Drop one reference; at zero the block returns to the free queue (returns True then)."""
-        block = self._block(block_id)
-        if block.ref_count == 0:
+        refs = self._refs[self._check(block_id)]
+        if refs == 0:
             raise ValueError(f"block {block_id}: decref of a free block (double free?)")
-        block.ref_count -= 1
-        if block.ref_count == 0:
-            self._free.push(block_id)
+        self._refs[block_id] = refs - 1
+        if refs == 1:
+            self._free._extend((block_id,))
             return True
         return False
+
+    def decref_all(self, block_ids: Sequence[int]) -> list[int]:
+        """`decref` of each block in order; those that went back to the free queue, in order."""
+        refs, n, freed = self._refs, len(self._refs), []
+        for block_id in block_ids:
+            if not isinstance(block_id, int) or not 0 <= block_id < n or refs[block_id] == 0:
+                self._free._extend(freed)  # the pool as decref one by one leaves it
+                self.decref(block_id)  # raises
+            refs[block_id] -= 1
+            if not refs[block_id]:
+                freed.append(block_id)
+        self._free._extend(freed)
+        return freed
 
     def check_invariants(self) -> None:
         """Assert that a block is in the free queue exactly when nothing references it, and no count is
         negative."""
         free = self._free.ids()
         assert len(free) == len(set(free)), f"the free queue holds a block twice: {sorted(free)}"
-        for block in self._blocks:
-            in_free = block.block_id in self._free
-            assert in_free == (block.ref_count == 0), (
-                f"block {block.block_id} has ref_count {block.ref_count} but is "
+        for block_id, ref_count in enumerate(self._refs):
+            in_free = block_id in self._free
+            assert in_free == (ref_count == 0), (
+                f"block {block_id} has ref_count {ref_count} but is "
                 f"{'in' if in_free else 'not in'} the free queue: a block is free exactly when nothing references it")
-            assert block.ref_count >= 0, f"block {block.block_id} has a negative ref_count {block.ref_count}"
+            assert ref_count >= 0, f"block {block_id} has a negative ref_count {ref_count}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +257,7 @@ class BlockManager:
         if not is_count(block_size) or block_size < 1:
             raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
         self.pool = BlockPool(num_blocks)
+        self._refs = self.pool._refs  # the pool's reference counts, read on the hot paths
         self.block_size = block_size
         self.max_seq_len = num_blocks * block_size if max_seq_len is None else max_seq_len
         self._tables: dict[int, list[int]] = {}
@@ -282,13 +337,14 @@ class BlockManager:
             self._partial[block_id] = fill
             self._gap += self.block_size - fill
 
-    def _release(self, block_id: int) -> None:
-        """Drop one reference; forget the block's fill and prefix key when it goes back to the pool."""
-        if self.pool.decref(block_id):
-            self._set_fill(block_id, 0)
-            key = self._key_of.pop(block_id, None)
-            if key is not None:
-                del self._prefix[key]
+    def _forget(self, block_id: int) -> None:
+        """A block back in the pool: forget its fill and its prefix key."""
+        old = self._partial.pop(block_id, None)  # _set_fill(block_id, 0), inlined
+        if old is not None:
+            self._gap -= self.block_size - old
+        key = self._key_of.pop(block_id, None)
+        if key is not None:
+            del self._prefix[key]
 
     # --- allocation ------------------------------------------------------------------------------
 
@@ -326,9 +382,9 @@ class BlockManager:
             return False
         for block_id in shared:
             self.pool.incref(block_id)
-        fresh = [self.pool.allocate() for _ in range(self.blocks_needed(num_tokens) - len(shared))]
-        assert None not in fresh, "the free count promised enough free blocks"
-        table = shared + fresh  # type: ignore[operator]
+        fresh = self.pool.allocate_many(self.blocks_needed(num_tokens) - len(shared))
+        assert fresh is not None, "the free count promised enough free blocks"
+        table = shared + fresh
         self._tables[seq_id] = table
         self._lens[seq_id] = num_tokens
         self._logical += num_tokens
@@ -407,16 +463,25 @@ class BlockManager:
         copy-on-write it takes the new blocks at once instead of a `SlotResult` per token (the
         simulator reserves millions of tokens); the resulting state is the same."""
         table = self._tables.get(seq_id)
-        if num_tokens == 1 and table is not None:  # a decode token: the hot path
+        if num_tokens == 1 and table is not None:  # a decode token: the hot path, the general one's steps
             length, bs = self._lens[seq_id], self.block_size
             fill = length + 1 - (len(table) - 1) * bs  # the last block's fill after the token
-            if 1 < fill <= bs and self.pool._blocks[table[-1]].ref_count == 1:
+            if 1 < fill <= bs and self._refs[table[-1]] == 1:
                 # it was partly filled (fill - 1 tokens): one fewer empty slot, as _set_fill would count
                 if fill < bs:
                     self._partial[table[-1]] = fill
                 else:
                     del self._partial[table[-1]]
                 self._gap -= 1
+                self._lens[seq_id] = length + 1
+                self._logical += 1
+                return True
+            if fill == bs + 1:  # the last block is full (or there is none): the token opens a new one
+                block_id = self.pool.allocate()
+                if block_id is None:
+                    return False
+                table.append(block_id)
+                self._set_fill(block_id, 1)
                 self._lens[seq_id] = length + 1
                 self._logical += 1
                 return True
@@ -430,16 +495,42 @@ class BlockManager:
         table, length, bs = self._tables[seq_id], self._lens[seq_id], self.block_size
         if len(table) * bs > length:  # the partly filled last block takes what it can
             self._set_fill(table[-1], min(bs, length + num_tokens - (len(table) - 1) * bs))
-        for _ in range(needed):
-            block_id = self.pool.allocate()
-            assert block_id is not None, "the free count promised enough free blocks"
-            table.append(block_id)
+        fresh = self.pool.allocate_many(needed)
+        assert fresh is not None, "the free count promised enough free blocks"
+        table += fresh
         end = length + num_tokens
         if needed:
             self._set_fill(table[-1], end - (len(table) - 1) * bs)
         self._lens[seq_id] = end
         self._logical += num_tokens
         return True
+
+    def reserve_each(self, seq_ids: Sequence[int]) -> int:
+        """`reserve(s, 1)` for each sequence in order, up to the first that does not fit (False for it,
+        nothing changed): how many were reserved. The scheduler's decode tokens, one call a step:
+        `reserve`'s hot path (a token into a partly filled last block of the sequence's own) runs
+        inline, without a call a token; anything else is `reserve` itself."""
+        tables, lens, refs, partial, bs = self._tables, self._lens, self._refs, self._partial, self.block_size
+        done = 0
+        for seq_id in seq_ids:
+            table = tables.get(seq_id)
+            if table is not None:
+                length = lens[seq_id]
+                fill = length + 1 - (len(table) - 1) * bs  # as in reserve
+                if 1 < fill <= bs and refs[table[-1]] == 1:
+                    if fill < bs:
+                        partial[table[-1]] = fill
+                    else:
+                        del partial[table[-1]]
+                    self._gap -= 1
+                    lens[seq_id] = length + 1
+                    self._logical += 1
+                    done += 1
+                    continue
+            if not self.reserve(seq_id, 1):
+                break
+            done += 1
+        return done
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """A new sequence sharing all of the parent's blocks (reference counts + 1): a beam or
@@ -456,8 +547,8 @@ class BlockManager:
     def free(self, seq_id: int) -> None:
         """Drop a sequence; its blocks return to the pool once no other sequence holds them."""
         table = self._table(seq_id)
-        for block_id in table:
-            self._release(block_id)
+        for block_id in self.pool.decref_all(table):  # back in the pool: as _release forgets them
+            self._forget(block_id)
         self._logical -= self._lens[seq_id]
         del self._tables[seq_id], self._lens[seq_id]
 
@@ -476,10 +567,16 @@ class BlockManager:
 
     def usage(self) -> BlockUsage:
         """The pool's occupancy now: used blocks, reserved and used slots, sequences, logical tokens."""
-        reserved = self.num_used_blocks * self.block_size
+        used, reserved = self.slot_counts()
         return BlockUsage(num_blocks=self.num_blocks, block_size=self.block_size,
                           num_used_blocks=self.num_used_blocks, num_sequences=len(self._tables),
-                          reserved_slots=reserved, used_slots=reserved - self._gap, logical_tokens=self._logical)
+                          reserved_slots=reserved, used_slots=used, logical_tokens=self._logical)
+
+    def slot_counts(self) -> tuple[int, int]:
+        """(used_slots, reserved_slots) of `usage()`, without building the snapshot (the simulator
+        records them every step)."""
+        reserved = self.num_used_blocks * self.block_size
+        return reserved - self._gap, reserved
 
     def bytes_reserved(self, bytes_per_block: int) -> int:
         """Bytes of the used blocks at `bytes_per_block`."""
@@ -906,7 +1003,7 @@ class WindowedBlockManager(BlockManager):
             for (sliding, window), h in zip(self._plain, held):
                 first = (length - window + 1 if length >= window else 0) if sliding else length - length % window
                 if h.first != first // bs or h.end != last or (
-                        length % bs and self.pool._blocks[h.entries[-1][0]].ref_count > 1):
+                        length % bs and self._refs[h.entries[-1][0]] > 1):
                     break
             else:  # every window group keeps its blocks: only the full layers may need one
                 if self._blocks_to_append(seq_id, 1)[0] > self.pool.num_free:
@@ -914,6 +1011,14 @@ class WindowedBlockManager(BlockManager):
                 self._reserve_full(seq_id, 1)
                 return True
         return self._extend(seq_id, num_tokens)
+
+    def reserve_each(self, seq_ids: Sequence[int]) -> int:
+        """`reserve(s, 1)` for each sequence in order, up to the first that does not fit: how many were
+        reserved."""
+        for done, seq_id in enumerate(seq_ids):
+            if not self.reserve(seq_id, 1):
+                return done
+        return len(seq_ids)
 
     def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
         """The full layers' slots (`BlockManager.append_slots`, copy-on-write included) after the window

@@ -38,7 +38,9 @@ POLICIES = ("continuous", "static")
 
 
 class KVSpace(Protocol):
-    """Cache bookkeeping the scheduler allocates in (sequence ids are the scheduler's)."""
+    """Cache bookkeeping the scheduler allocates in (sequence ids are the scheduler's). Optional:
+    `reserve_each(seq_ids) -> int`, `reserve(s, 1)` for each in order up to the first that does not
+    fit, how many did (`BlockManager`'s: the decode tokens of a step in one call)."""
 
     num_blocks: int
     block_size: int
@@ -92,23 +94,29 @@ class ScheduledItem:
         return self.num_tokens * len(self.seq_ids)
 
 
-_new, _set = object.__new__, object.__setattr__
+class _DecodeItem:
+    """`_DecodeItem(request_id, seq_ids, start, num_generated)` is `ScheduledItem(request_id=...,
+    seq_ids=..., start=..., num_tokens=1, decode=True, samples=True, num_generated=...)` at a fifth
+    of the cost of the keyword `__init__` (the simulator makes one per running sequence per step,
+    millions a run). The same slots, without the frozen dataclass's `__setattr__` (which every store
+    would go through): `__init__` stores them directly, then makes the object the `ScheduledItem` it
+    is (`__class__` assignment, allowed between classes of one slot layout)."""
+
+    __slots__ = ScheduledItem.__slots__
+
+    def __init__(self, request_id: int, seq_ids: tuple[int, ...], start: int, num_generated: int) -> None:
+        self.request_id = request_id
+        self.seq_ids = seq_ids
+        self.start = start
+        self.num_tokens = 1
+        self.decode = True
+        self.samples = True
+        self.num_generated = num_generated
+        self.fork_into = ()
+        self.__class__ = ScheduledItem  # type: ignore[assignment]
 
 
-def _decode_item(request_id: int, seq_ids: tuple[int, ...], start: int, num_generated: int) -> ScheduledItem:
-    """`ScheduledItem(request_id=..., seq_ids=..., start=..., num_tokens=1, decode=True, samples=True,
-    num_generated=...)`, built field by field: the same frozen object at half the cost of the
-    keyword `__init__` (the simulator makes one per running sequence per step, millions a run)."""
-    item = _new(ScheduledItem)
-    _set(item, "request_id", request_id)
-    _set(item, "seq_ids", seq_ids)
-    _set(item, "start", start)
-    _set(item, "num_tokens", 1)
-    _set(item, "decode", True)
-    _set(item, "samples", True)
-    _set(item, "num_generated", num_generated)
-    _set(item, "fork_into", ())
-    return item
+_decode_item: Callable[[int, tuple[int, ...], int, int], ScheduledItem] = _DecodeItem  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -178,6 +186,7 @@ class RequestState:
     `seq_ids`: its live sequences (all samples / beams once forked; before the first token, the
     first id computes the prompt and the others are forked from it after). `num_tokens`: tokens each
     live sequence holds (prompt + generated); `num_computed`: of them, how many are in the cache.
+    Each token's time is in the step log: the end of the step whose item for the request samples.
     """
 
     request_id: int
@@ -195,7 +204,9 @@ class RequestState:
     scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
-    token_times: list[float] = field(default_factory=list)
+    # `seq_ids` as a tuple, the one every decode item of the request shares (set by the scheduler
+    # whenever seq_ids changes): one tuple per request instead of one per request per step.
+    seq_tuple: tuple[int, ...] = field(default=(), init=False, repr=False)
     # Progress (num_tokens) at the last preemption, to tell thrash from progress.
     preempted_at: int | None = None
     # Blocks promised at admission for the rest of its prefill / recompute, not yet taken.
@@ -253,6 +264,19 @@ class SchedulerConfig:
             raise ValueError(f"watermark: must be in [0, 1), got {self.watermark!r}")
 
 
+def _one_sequence_decodes(running: list[RequestState], i: int, budget: float) -> list[RequestState]:
+    """`running[i]` and the requests right after it that decode one sequence, as many as `budget`
+    tokens take (one each)."""
+    stop = len(running) if budget >= len(running) - i else i + math.floor(budget)
+    j = i + 1
+    while j < stop:
+        r = running[j]
+        if not (r.forked and r.num_generated > 0 and r.num_computed == r.num_tokens - 1 and len(r.seq_ids) == 1):
+            break
+        j += 1
+    return running[i:j]
+
+
 class Scheduler:
     """Waiting and running requests over one `KVSpace`; `step()` schedules and runs one step."""
 
@@ -263,6 +287,7 @@ class Scheduler:
             raise ValueError(f"prefix_sharing: needs a paged cache, got {type(kv).__name__}")
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []  # oldest admitted first
+        self._num_seqs = 0  # sequences of the running requests, kept as they join and leave
         self.finished: list[RequestState] = []
         self.log: list[StepLog] = []
         self.now = 0.0
@@ -313,13 +338,16 @@ class Scheduler:
         """Queue a request (checked first). Its sequence ids are assigned here."""
         self.check(r)
         r.seq_ids = [next(self._ids) for _ in range(r.width)]
+        r.seq_tuple = tuple(r.seq_ids)
         r.num_tokens, r.num_computed, r.num_generated, r.forked = r.prompt_len, 0, 0, r.width == 1
         self.waiting.append(r)
         return r
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _running_seqs(self) -> int:
-        return sum(len(r.seq_ids) for r in self.running)
+        """Sequences of the running requests (a count kept as requests and sequences come and go:
+        asked every step, and the sum over the running requests took 5 us at 256 of them)."""
+        return self._num_seqs
 
     def _headroom(self, extra_seqs: int) -> int:
         if not self.kv.paged:
@@ -348,6 +376,7 @@ class Scheduler:
         r.preemptions += 1
         r.preempted_at = r.num_tokens
         self.running.remove(r)
+        self._num_seqs -= len(r.seq_ids)
         self.waiting.appendleft(r)  # to the front: it is recomputed first when room returns
         preempted.append(r.request_id)
 
@@ -392,24 +421,54 @@ class Scheduler:
 
     # ---- scheduling ------------------------------------------------------------------------------
     def _schedule_running(self, budget: float, preempted: list[int], decodes: bool
-                          ) -> tuple[list[ScheduledItem], float]:
+                          ) -> tuple[list[ScheduledItem], list[RequestState], float]:
         """Items for running requests, oldest first: decode tokens (if `decodes`) and continued
-        prefill / recompute chunks."""
+        prefill / recompute chunks; with the request of each item."""
         items: list[ScheduledItem] = []
-        kv = self.kv
-        for r in list(self.running):
+        reqs: list[RequestState] = []
+        reserve = self.kv.reserve
+        reserve_each = getattr(self.kv, "reserve_each", None)  # a KVSpace may reserve a run of decodes at once
+        running = list(self.running)
+        i = 0
+        while i < len(running):
+            r = running[i]
+            i += 1
             # Preempted while an older request made room (a preempted request is not readmitted in
             # the step that preempted it, so its id in `preempted` means it left `running`).
             if preempted and r.request_id in preempted:
                 continue
             if r.forked and r.num_generated > 0 and r.num_computed == r.num_tokens - 1:  # r.decoding, inlined
+                if not decodes:
+                    continue
                 seqs = r.seq_ids
-                if not decodes or budget < len(seqs):
+                n = len(seqs)
+                if budget < n:
+                    continue
+                if n == 1 and reserve_each is not None and not preempted:
+                    # r and the one-sequence decodes right after it (nearly every running request in a
+                    # steady state), as many as the budget takes: their tokens reserved in one call, in
+                    # order, as the loop would one by one, up to the first that does not fit.
+                    run = _one_sequence_decodes(running, i - 1, budget)
+                    k = reserve_each([x.seq_ids[0] for x in run])
+                    done = run[:k]
+                    items += [_decode_item(x.request_id, x.seq_tuple, x.num_computed, x.num_generated) for x in done]
+                    reqs += done
+                    budget -= k
+                    i += k - 1
+                    if k == len(run):
+                        continue
+                    r = run[k]  # did not fit: preempt to make room, as a lone decode does below
+                    i += 1
+                    if self._reserve(r, 1, preempted):
+                        items.append(_decode_item(r.request_id, r.seq_tuple, r.num_computed, r.num_generated))
+                        reqs.append(r)
+                        budget -= 1
                     continue
                 # One sequence with room in the cache (nearly every decode): reserve it directly.
-                if (len(seqs) == 1 and kv.reserve(seqs[0], 1)) or self._reserve(r, 1, preempted):
-                    items.append(_decode_item(r.request_id, tuple(seqs), r.num_computed, r.num_generated))
-                    budget -= len(seqs)
+                if (n == 1 and reserve(seqs[0], 1)) or self._reserve(r, 1, preempted):
+                    items.append(_decode_item(r.request_id, r.seq_tuple, r.num_computed, r.num_generated))
+                    reqs.append(r)
+                    budget -= n
                 continue
             n = self._chunk(r, budget)
             if n <= 0:
@@ -417,16 +476,19 @@ class Scheduler:
             start, free = r.num_computed, self.kv.num_free_blocks
             if self._reserve(r, n, preempted):
                 items.append(self._item(r, start, n))
+                reqs.append(r)
                 budget -= n * len(r.cached_seq_ids())
                 r.promised = max(0, r.promised - (free - self.kv.num_free_blocks))
-        # A request preempted after it was scheduled in this loop gave its slots back: drop it.
-        gone = set(preempted)
-        return [i for i in items if i.request_id not in gone], budget
+        if preempted:  # a request preempted after it was scheduled in this loop gave its slots back: drop it
+            gone = set(preempted)
+            keep = [k for k, i in enumerate(items) if i.request_id not in gone]
+            items, reqs = [items[k] for k in keep], [reqs[k] for k in keep]
+        return items, reqs, budget
 
     def _admit(self, budget: float, static_blocked: bool) -> tuple[list[ScheduledItem], list[RequestState]]:
         items: list[ScheduledItem] = []
         admitted: list[RequestState] = []
-        if static_blocked:
+        if static_blocked or not self.waiting:
             return items, admitted
         seqs = self._running_seqs()
         sharing = self.config.prefix_sharing
@@ -459,31 +521,33 @@ class Scheduler:
             items.append(self._item(r, shared, n))
             admitted.append(r)
             self.running.append(r)
+            self._num_seqs += len(r.seq_ids)
             seqs += len(r.seq_ids)
             budget -= n
         return items, admitted
 
-    def _plan(self) -> tuple[list[ScheduledItem], list[RequestState], list[int]]:
+    def _plan(self) -> tuple[list[ScheduledItem], list[RequestState], list[RequestState], list[int]]:
+        """(items, the request of each item, admitted requests, preempted request ids)."""
         budget: float = self.config.max_batched_tokens or math.inf
         preempted: list[int] = []
         static_blocked = self.config.policy == "static" and bool(self.running)
         if self.config.chunked_prefill:
-            items, budget = self._schedule_running(budget, preempted, decodes=True)
+            items, reqs, budget = self._schedule_running(budget, preempted, decodes=True)
             new, admitted = self._admit(budget, static_blocked or bool(preempted))
-            return items + new, admitted, preempted
+            return items + new, reqs + admitted, admitted, preempted
         # Prefill first: continued recomputes and admissions; decode only when there are none.
-        items, budget = self._schedule_running(budget, preempted, decodes=False)
+        items, reqs, budget = self._schedule_running(budget, preempted, decodes=False)
         new, admitted = self._admit(budget, static_blocked or bool(preempted))
         if items or new:
-            return items + new, admitted, preempted
-        items, _ = self._schedule_running(math.inf, preempted, decodes=True)
-        return items, admitted, preempted
+            return items + new, reqs + admitted, admitted, preempted
+        items, reqs, _ = self._schedule_running(math.inf, preempted, decodes=True)
+        return items, reqs, admitted, preempted
 
     def step(self) -> StepLog | None:
         """Schedule and run one step; None when nothing can run now."""
         if not self.running and not self.waiting:
             return None
-        items, admitted, preempted = self._plan()
+        items, reqs, admitted, preempted = self._plan()
         if not items:
             if not self.running and self.waiting:
                 r = self.waiting[0]
@@ -497,7 +561,7 @@ class Scheduler:
         outcome = self.runner.execute(plan)
         start = self.now
         self.now += outcome.duration_s
-        finished = self._advance(plan, outcome)
+        finished = self._advance(plan.items, reqs, outcome)
         log = StepLog(step=plan.step, phase=phase, start_s=start, duration_s=outcome.duration_s, items=plan.items,
                       admitted=tuple(r.request_id for r in admitted), preempted=tuple(preempted),
                       finished=tuple(finished), num_running=len(self.running), num_waiting=len(self.waiting),
@@ -505,28 +569,37 @@ class Scheduler:
         self.log.append(log)
         return log
 
-    def _advance(self, plan: StepPlan, outcome: StepOutcome) -> list[int]:
-        by_id = {r.request_id: r for r in self.running}
+    def _advance(self, items: Sequence[ScheduledItem], reqs: list[RequestState], outcome: StepOutcome) -> list[int]:
+        """Record what the step did to each item's request (`reqs[k]` is `items[k]`'s); the ids of
+        the requests that finished."""
         done: list[int] = []
         fin = outcome.finished
         sharing = self.config.prefix_sharing
-        for item in plan.items:
-            r = by_id[item.request_id]
-            r.num_computed = item.start + item.num_tokens
-            if r.num_computed >= r.target:
+        now = self.now
+        for item, r in zip(items, reqs):
+            if item.decode:
+                # The general rule below, for a decode token: it reaches the target (all tokens but
+                # the last), forks and publishes nothing (it is past the prompt), samples a token,
+                # and the first token came earlier (num_generated > 0 to be decoding).
+                r.num_computed = item.start + item.num_tokens
                 r.promised = 0
-            if item.fork_into:
-                for child in item.fork_into:
-                    self.kv.fork(r.seq_ids[0], child)
-                r.forked = True
-            if sharing and r.prompt is not None and item.start < r.prompt_len:
-                self.kv.publish(r.seq_ids[0], r.prompt, min(r.num_computed, r.prompt_len))
-            if item.samples:
                 r.num_tokens += 1
                 r.num_generated += 1
-                r.token_times.append(self.now)
-                if r.first_token_s is None:
-                    r.first_token_s = self.now
+            else:
+                r.num_computed = item.start + item.num_tokens
+                if r.num_computed >= r.target:
+                    r.promised = 0
+                if item.fork_into:
+                    for child in item.fork_into:
+                        self.kv.fork(r.seq_ids[0], child)
+                    r.forked = True
+                if sharing and r.prompt is not None and item.start < r.prompt_len:
+                    self.kv.publish(r.seq_ids[0], r.prompt, min(r.num_computed, r.prompt_len))
+                if item.samples:
+                    r.num_tokens += 1
+                    r.num_generated += 1
+                    if r.first_token_s is None:
+                        r.first_token_s = now
             if not fin or fin.isdisjoint(r.seq_ids):
                 continue
             ended = [s for s in r.seq_ids if s in fin]
@@ -534,8 +607,10 @@ class Scheduler:
                 if s in r.cached_seq_ids():
                     self.kv.free(s)
                 r.seq_ids.remove(s)
+                self._num_seqs -= 1
+            r.seq_tuple = tuple(r.seq_ids)
             if not r.seq_ids:
-                r.finish_s = self.now
+                r.finish_s = now
                 self.running.remove(r)
                 self.finished.append(r)
                 done.append(r.request_id)
@@ -583,6 +658,7 @@ class Scheduler:
             for s in r.cached_seq_ids():
                 self.kv.free(s)
         self.running.clear()
+        self._num_seqs = 0
         self.waiting.clear()
 
 

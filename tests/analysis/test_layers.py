@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from llmperf.analysis import Efficiency, ForwardModel, estimate
 from llmperf.analysis.operators import attended_pairs, keys_read
 from llmperf.analysis.rollup import decode_sums, phase_arrays
-from llmperf.analysis.roofline import op_time
+from llmperf.analysis.roofline import OpCost, op_time
 from llmperf.specs import ModelSpec, Precision, load_hardware
 
 
@@ -146,6 +146,28 @@ class _Slow:
 
     def efficiency(self, cost, hardware):  # noqa: ANN001, ANN201
         return Efficiency(e_compute=0.5, e_memory=0.7, overhead_s=1e-6)
+
+
+@pytest.mark.parametrize("bad", [dict(e_compute=1.5), dict(e_memory=0.0), dict(e_compute=float("nan")),
+                                 dict(e_comm=np.float64(2.0)), dict(overhead_s=-1e-6), dict(floor_s=float("inf")),
+                                 dict(host_s=float("nan")), dict(e_memory=np.array([0.5, 1.2])),
+                                 dict(latency_s=np.array([0.0, -1.0]))])
+def test_op_time_refuses_an_efficiency_out_of_range(bad):
+    """Efficiencies in (0, 1], overheads finite and >= 0: plain floats (checked as floats), numpy
+    scalars and arrays alike."""
+    field = next(iter(bad))
+
+    class Bad:
+        name = "bad"
+
+        def efficiency(self, cost, hardware):  # noqa: ANN001, ANN202
+            return Efficiency(**(dict(e_compute=0.5, e_memory=0.7) | bad))
+
+    cost = OpCost(name="gemm", kind="matmul", flops=1e9, weight_bytes=1e6)
+    hw = load_hardware("a100-80gb-sxm")
+    assert op_time(cost, hw, "fp16", _Slow()).time_s > 0
+    with pytest.raises(ValueError, match=f"time model 'bad': {field} for gemm must be"):
+        op_time(cost, hw, "fp16", Bad())
 
 
 @pytest.mark.parametrize("make", [gemma2_like, llama4_like, gpt_oss_like])

@@ -5,11 +5,12 @@ sequence's tokens (stored in simulated block slots, applying the copies the mana
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from llmperf.engine.block_pool import BlockManager, BlockPool, SlotResult
+from llmperf.engine.block_pool import Block, BlockManager, BlockPool, FreeBlockQueue, SlotResult
+from llmperf.serving.blocks import WindowedBlockManager, WindowGroup
 
 
 def manager(num_blocks: int = 8, block_size: int = 4) -> BlockManager:
@@ -59,6 +60,87 @@ def test_pool_rejects_bad_sizes():
         BlockPool(0)
     with pytest.raises(ValueError, match="block_size"):
         BlockManager(4, 0)
+
+
+def test_free_queue_hands_out_unused_ids_first_then_freed_ones_in_order():
+    """The ids never handed out are kept as a range, not a list: the same order as a queue that
+    started with all of them, and the same membership (a double free raises)."""
+    q = FreeBlockQueue(range(4))
+    assert len(q) == 4 and all(b in q for b in range(4)) and 4 not in q
+    assert [q.pop(), q.pop()] == [0, 1]
+    q.push(1)
+    q.push(0)
+    assert q.ids() == [2, 3, 1, 0] and len(q) == 4 and 0 in q and 1 in q
+    for b in (0, 3):
+        with pytest.raises(ValueError, match="already free"):
+            q.push(b)
+    assert [q.pop() for _ in range(5)] == [2, 3, 1, 0, None] and len(q) == 0 and 2 not in q
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 6)), max_size=30))
+def test_pool_bulk_ops_equal_one_by_one(ops):
+    """allocate_many / decref_all give the blocks, and leave the queue, as allocate / decref one by one."""
+    bulk, single = BlockPool(12), BlockPool(12)
+    held: list[int] = []
+    for take, n in ops:
+        if take:
+            got = bulk.allocate_many(n)
+            if n > single.num_free:
+                assert got is None
+                continue
+            assert got == [single.allocate() for _ in range(n)]
+            held += got
+        else:
+            ids, held = held[:n], held[n:]
+            assert bulk.decref_all(ids) == [b for b in ids if single.decref(b)]
+        assert bulk._free.ids() == single._free.ids()
+    bulk.check_invariants()
+    with pytest.raises(ValueError, match="decref of a free block"):
+        bulk.decref_all([*held, held[0]] if held else [0])
+
+
+def _managers(windowed: bool, block_size: int):
+    if windowed:
+        return WindowedBlockManager(14, block_size, groups=[WindowGroup("sliding", 5, 2, 2)])
+    return BlockManager(12, block_size)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=5), st.integers(1, 4), st.integers(1, 30), st.booleans(),
+       st.booleans())
+def test_reserve_each_equals_reserve_one_by_one(prompts, block_size, steps, fork, windowed):
+    """reserve_each (the scheduler's decode tokens, a run at a time) reserves as reserve(s, 1) in order
+    would, up to the first that does not fit; copy-on-write of a forked last block included."""
+    def build():
+        m, ids = _managers(windowed, block_size), []
+        for i, p in enumerate(prompts):
+            if m.allocate(i, p):
+                ids.append(i)
+        if fork and ids:
+            m.fork(ids[0], 100)
+            ids.append(100)
+        return m, ids
+
+    (a, ids), (b, _) = build(), build()
+    for _ in range(steps):
+        k = a.reserve_each(ids)
+        assert k == next((j for j, s in enumerate(ids) if not b.reserve(s, 1)), len(ids))
+        assert (a._tables, a._lens, a._partial, a.usage(), a.pool._free.ids()) == \
+               (b._tables, b._lens, b._partial, b.usage(), b.pool._free.ids())
+        if k < len(ids):  # out of blocks: the newest goes, in both
+            a.free(ids[-1])
+            b.free(ids.pop())
+        if not ids:
+            break
+    a.check_invariants()
+
+
+def test_pool_block_record():
+    pool = BlockPool(3)
+    b = pool.allocate()
+    pool.incref(b)
+    assert pool.block(b) == Block(b, 2) and pool.block(2) == Block(2, 0)
 
 
 # --- BlockManager: small cases --------------------------------------------------------------------------

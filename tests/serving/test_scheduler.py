@@ -189,7 +189,11 @@ def test_any_workload_finishes_and_frees_every_block(spec, num_blocks, block_siz
             fits.append(r)
         except ValueError as exc:
             assert "max_new_tokens" in str(exc) or "max_batched_tokens" in str(exc)
-    s.run(fits)
+    def counts_kept(log):  # what the scheduler keeps incrementally equals what it stands for
+        assert s._running_seqs() == sum(len(r.seq_ids) for r in s.running)
+        assert all(r.seq_tuple == tuple(r.seq_ids) for r in s.running)
+
+    s.run(fits, on_step=counts_kept)
     assert len(s.finished) == len(fits) and kv.num_free_blocks == num_blocks
     assert all(r.num_generated == r.max_new_tokens for r in s.finished)
     kv.check_invariants()
@@ -199,6 +203,47 @@ def test_any_workload_finishes_and_frees_every_block(spec, num_blocks, block_siz
     # preempt thrash on alternating steps).
     for prev, log in zip(s.log, s.log[1:]):
         assert not set(prev.admitted) & set(log.preempted), (prev, log)
+
+
+class OneByOne:
+    """A KV space without `reserve_each`: the scheduler reserves each decode with its own call."""
+
+    def __init__(self, kv) -> None:  # noqa: ANN001
+        self._kv = kv
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        if name == "reserve_each":
+            raise AttributeError(name)
+        return getattr(self._kv, name)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12), st.sampled_from([1, 1, 1, 2]),
+                          st.floats(0, 3)), min_size=1, max_size=14),
+       st.integers(8, 40), st.sampled_from([1, 2, 4]), st.booleans(), st.sampled_from([3, 5, 16]))
+def test_reserving_a_run_of_decodes_at_once_decides_as_one_by_one(spec, num_blocks, block_size, sharing, budget):
+    """The scheduler hands a BlockManager each run of one-sequence decodes at once (`reserve_each`):
+    the same schedule as a call per sequence, through budgets that cut runs and preemptions."""
+    logs = []
+    for wrap in (lambda kv: kv, OneByOne):
+        kv = BlockManager(num_blocks, block_size)
+        reqs = [req(i, p, o, width=w, arrival=t, prompt=[7] * (p // 2) + list(range(p - p // 2)))
+                for i, (p, o, w, t) in enumerate(spec)]
+        s = Scheduler(wrap(kv), FakeRunner({r.request_id: r.max_new_tokens for r in reqs}, dt=0.5),
+                      SchedulerConfig(chunked_prefill=True, max_batched_tokens=budget, prefix_sharing=sharing))
+        fits = []
+        for r in reqs:
+            try:
+                s.check(r)
+                fits.append(r)
+            except ValueError:
+                pass
+        try:
+            s.run(fits)
+        except RuntimeError as exc:  # the same failure, at the same step, both ways
+            logs.append(str(exc))
+        logs.append([(g.decision(), g.start_s, g.free_blocks) for g in s.log])
+    assert logs[: len(logs) // 2] == logs[len(logs) // 2:]
 
 
 def test_bad_config_names_the_field():
@@ -217,13 +262,15 @@ def test_bad_config_names_the_field():
 
 def test_the_fast_decode_item_equals_the_keyword_one():
     """The scheduler builds decode items field by field for speed: the same object as `__init__`."""
-    from dataclasses import fields
+    from dataclasses import FrozenInstanceError, fields
 
     from llmperf.serving.scheduler import ScheduledItem, _decode_item
     kw = ScheduledItem(request_id=7, seq_ids=(3, 4), start=41, num_tokens=1, decode=True, samples=True,
                        num_generated=9)
     fast = _decode_item(7, (3, 4), 41, 9)
-    assert fast == kw and hash(fast) == hash(kw) and fast.tokens == 2
+    assert fast == kw and hash(fast) == hash(kw) and fast.tokens == 2 and type(fast) is ScheduledItem
+    with pytest.raises(FrozenInstanceError):
+        fast.start = 0
     assert {f.name for f in fields(ScheduledItem)} == {"request_id", "seq_ids", "start", "num_tokens", "decode",
                                                        "samples", "num_generated", "fork_into"}
 
