@@ -220,7 +220,7 @@ def _closeness(r: PlanRow, slo: SLO) -> tuple:
     return (_BINDING_ORDER.get(r.binding, 4), over, r.gpus or 0)
 
 
-#: requests drawn for the workload's mean lengths (`mean_lengths`): within 0.5% of the mean of the
+#: requests drawn for the workload's mean lengths (`mean_lengths`): within 0.6% of the mean of the
 #: default lengths, where the 500 of a first simulation were 7% off
 LENGTH_SAMPLE = 100_000
 
