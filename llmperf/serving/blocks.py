@@ -904,15 +904,20 @@ class WindowedBlockManager(BlockManager):
         found = self._prefix_blocks(tokens, limit)
         keys = [self._key_of[b] for b in found]
         bs = self.block_size
+        # Each group's entry for every found block, looked up once, and a running count of the
+        # missing ones: a prefix of h blocks is held when none is missing in the blocks its first
+        # step reads (from first_key(h * bs) on), a difference of two counts, not a walk of the
+        # window for every h (a 2000-token system prompt took 90% of a Gemma 3 simulation so).
+        looked = []
+        for gi, g in enumerate(self.groups):
+            got = [self._wprefix[gi].get(k) for k in keys]
+            missing = [0]
+            for e in got:
+                missing.append(missing[-1] + (e is None))
+            looked.append((g, got, missing))
         for h in range(len(found), 0, -1):
-            shared = []
-            for gi, g in enumerate(self.groups):
-                entries = [self._wprefix[gi].get(keys[i]) for i in range(g.first_key(h * bs) // bs, h)]
-                if None in entries:
-                    break
-                shared.append(entries)
-            else:
-                return h, shared  # type: ignore[return-value]
+            if all(missing[h] == missing[g.first_key(h * bs) // bs] for g, _, missing in looked):
+                return h, [got[g.first_key(h * bs) // bs:h] for g, got, _ in looked]  # type: ignore[misc]
         return 0, [[] for _ in self.groups]
 
     def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:

@@ -348,7 +348,13 @@ class SyntheticPrompt(Sequence):
 
     def __getitem__(self, index):  # noqa: ANN001, ANN204
         if isinstance(index, slice):
-            return tuple(self._tok(i) for i in range(*index.indices(self.length)))
+            start, stop, step = index.indices(self.length)
+            if step != 1:
+                return tuple(self._tok(i) for i in range(start, stop, step))
+            # a block's tokens, asked for every block of every prefix lookup: the shared ids, then
+            # the request's own id repeated, without a call a token
+            cut = min(max(start, self.shared), max(stop, start))
+            return (*range(start, cut), *((-1 - self.rid,) * max(0, stop - cut)))
         if index < 0:
             index += self.length
         if not 0 <= index < self.length:

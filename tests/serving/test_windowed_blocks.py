@@ -214,3 +214,15 @@ def test_forks_prefixes_and_frees_keep_every_count(ops, window, kind, layers):
         kv.free(seq)
     assert kv.num_used_blocks == 0 and kv.slot_usage() == (0, [0])
     kv.check_invariants()
+
+
+def test_synthetic_prompt_slices_are_its_tokens():
+    import itertools
+
+    from llmperf.serving.simulator import SyntheticPrompt
+    for shared, length, rid in [(0, 10, 3), (5, 10, 0), (10, 10, 2), (12, 30, 7), (0, 0, 1)]:
+        p = SyntheticPrompt(rid, shared, length)
+        tokens = [p[i] for i in range(length)]
+        bounds = [*range(-12, 33), None]
+        for a, b, c in itertools.product(bounds, bounds, [None, 1, 2, -1]):
+            assert p[a:b:c] == tuple(tokens[a:b:c])
