@@ -547,7 +547,7 @@ class BlockManager:
     def free(self, seq_id: int) -> None:
         """Drop a sequence; its blocks return to the pool once no other sequence holds them."""
         table = self._table(seq_id)
-        for block_id in self.pool.decref_all(table):  # back in the pool: as _release forgets them
+        for block_id in self.pool.decref_all(table):  # those back in the pool: forget their fill and key
             self._forget(block_id)
         self._logical -= self._lens[seq_id]
         del self._tables[seq_id], self._lens[seq_id]

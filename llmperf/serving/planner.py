@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -252,8 +252,8 @@ def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float,
 
 @dataclass(frozen=True, kw_only=True)
 class _Prepared:
-    """A candidate that passed every check before simulation: its replica's config and memory, and
-    the fewest replicas its optimistic service rate allows (`replicas`, a lower bound on its answer)."""
+    """A candidate that passed every check before simulation: its replica's config and cost model,
+    and the fewest replicas its optimistic service rate allows (`replicas`, a lower bound on its answer)."""
 
     config: ServingConfig
     eff: str
@@ -326,14 +326,14 @@ def _prepare(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec,
 
 def _evaluate(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec, slo: SLO, base: dict,
               max_replicas: int, gpu_cost: dict[str, float] | float | None, kv: str | None,
-              stopping: Stopping = Stopping(tolerance=None), lengths: tuple[float, float] | None = None) -> PlanRow:
+              stopping: Stopping, lengths: tuple[float, float]) -> PlanRow:
     """The candidate's row: a loser before simulation, or the fewest replicas that meet the SLOs
     (simulated under `stopping`). `lengths`: the workload's mean (prompt, output) tokens per request,
     which the cost per million tokens divides by (one figure for every candidate)."""
     prep = _prepare(cand, model, rate, spec, slo, base, gpu_cost, kv)
     if isinstance(prep, PlanRow):
         return prep
-    return _search(prep, cand, rate, spec, slo, max_replicas, stopping, lengths or mean_lengths(spec))
+    return _search(prep, cand, rate, spec, slo, max_replicas, stopping, lengths)
 
 
 def _search(prep: _Prepared, cand: Candidate, rate: float, spec: WorkloadSpec, slo: SLO, max_replicas: int,
@@ -581,9 +581,13 @@ def _bound_key(prep: _Prepared) -> tuple:
     return _rank_key(prep.cost_per_hour, prep.gpus)
 
 
-def _cut(keys: list[tuple], top: int | None) -> tuple | None:
-    """The `top`-th best of the feasible rows' keys found so far (None: fewer than `top`, or no `top`)."""
-    return sorted(keys)[top - 1] if top and len(keys) >= top else None
+def _ruled_out(prep: _Prepared, rows: Iterable[PlanRow], top: int | None) -> tuple | None:
+    """The key that rules `prep` out: the `top`-th best of `rows`' feasible keys, when `prep`'s
+    bound ranks after it (None: fewer than `top` feasible rows, no `top`, or a bound that could
+    still rank among them)."""
+    keys = sorted(_row_key(r) for r in rows if r.feasible)
+    cut = keys[top - 1] if top and len(keys) >= top else None
+    return cut if cut is not None and _bound_key(prep) > cut else None
 
 
 def _outranked(prep: _Prepared, cut: tuple, top: int) -> PlanRow:
@@ -627,13 +631,9 @@ def _run_candidates(cands: list[Candidate], common: tuple, stopping: Stopping, l
     order = sorted(preps, key=lambda i: (_bound_key(preps[i]), i))
     done: dict[int, PlanRow] = {}
 
-    def pruned(i: int) -> bool:
-        cut = _cut([_row_key(r) for r in done.values() if r.feasible], top)
-        return cut is not None and _bound_key(preps[i]) > cut
-
     if jobs == 1:
         for i in order:
-            if pruned(i):
+            if _ruled_out(preps[i], done.values(), top) is not None:
                 break
             done[i] = _search(preps[i], cands[i], rate, spec, slo, max_replicas, stopping, lengths)
             if on_candidate is not None:
@@ -647,7 +647,7 @@ def _run_candidates(cands: list[Candidate], common: tuple, stopping: Stopping, l
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
             running: dict = {}
             while True:
-                while queue and len(running) < jobs and not pruned(queue[0]):
+                while queue and len(running) < jobs and _ruled_out(preps[queue[0]], done.values(), top) is None:
                     i = queue.pop(0)
                     running[pool.submit(_evaluate, cands[i], *common, stopping, lengths)] = i
                 if not running:
@@ -661,8 +661,8 @@ def _run_candidates(cands: list[Candidate], common: tuple, stopping: Stopping, l
     # What one at a time would have simulated: the same rows whatever ran ahead in parallel.
     kept: list[int] = []
     for i in order:
-        cut = _cut([_row_key(done[k]) for k in kept if done[k].feasible], top)
-        if cut is not None and _bound_key(preps[i]) > cut:
+        cut = _ruled_out(preps[i], (done[k] for k in kept), top)
+        if cut is not None:
             rows[i] = _outranked(preps[i], cut, top)
             if i not in done and on_candidate is not None:
                 on_candidate(rows[i])
