@@ -7,7 +7,8 @@ Arguments may be numpy arrays (sweeps). Formulas: GEMM `A(m,k) @ B(k,n)` = `2mkn
 arXiv:2205.14135): the naive form writes S = QK^T and P = softmax(S) to memory, the fused form keeps
 them on chip and reads Q, K, V and writes O once (`attention_core`, `attended_pairs`, `keys_read`).
 Mixture-of-experts bytes count only the experts the batch touches in expectation under uniform
-routing (`expected_experts_touched`).
+routing (`expected_experts_touched`); the router's choice of experts (`moe_route`) and the weighted
+sum of each token's expert outputs (`moe_sum`) are small operators of their own.
 
 Layers differ (`ModelSpec.layer_groups`): a forward pass sums the groups of layers of one kind, each
 distinct attention or FFN part built once and labelled with its kinds (`forward_ops`,
@@ -47,6 +48,8 @@ SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide
 ROPE_FLOPS = 3  # x * cos + rotate(x) * sin
 SOFTCAP_FLOPS = 3  # divide, tanh, multiply
 SINK_FLOPS = 2  # the sink logit's exponential and its add to the row sum
+ROUTE_FLOPS = 4  # per expert logit: its score (an exponential or a sigmoid), a sum or divide, the top-k's compare
+ROUTE_CHOICE_BYTES = 12  # a chosen expert: its weight (fp32), id and token-expert index (int32), as vLLM's topk_softmax
 
 #: the module names `Precision.matrix_bytes(..., module=)` and `Precision.matmul_dtype(module)` take
 MODULES = ("attention", "dense_mlp", "expert", "shared_expert", "router", "embedding", "lm_head")
@@ -607,6 +610,41 @@ class ForwardModel:
                          weight_bytes=op.weight_bytes + m.num_experts * self.precision.act_bytes)
         return op
 
+    def moe_route(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The router's choice from its logits (the `router` GEMM's output): each token's score of every
+        expert (softmax or sigmoid; DeepSeek's score correction and group limits), its k best and their
+        weights (renormalised where the family does): one small kernel in the serving engines (vLLM's
+        `topk_softmax`, grouped top-k). Reads the logits, writes k (weight, expert id, index) per token;
+        Llama 4 also writes each chosen expert's copy of the token scaled by its weight (`router_input_scaling`)."""
+        m, a = self.model, self.precision.act_bytes
+        tokens, experts, k = batch * q_len, m.num_experts, m.experts_per_token
+        flops, read, write = ROUTE_FLOPS * tokens * experts, tokens * experts * a, tokens * k * ROUTE_CHOICE_BYTES
+        if m.router_input_scaling:
+            h = m.hidden_size
+            flops, read, write = flops + tokens * k * h, read + tokens * h * a, write + tokens * k * h * a
+        return OpCost(name="moe_route", kind="elementwise", flops=flops, act_read_bytes=read,
+                      act_write_bytes=write, rows=tokens)
+
+    def moe_sum(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The weighted sum of each token's k expert outputs (vLLM's `moe_sum` after the down GEMM):
+        reads the routed rows and their weights (fp32), writes one hidden vector per token (an engine that runs
+        each expert apart adds each expert's rows in a call of its own: `OpCost.experts`). With data-parallel
+        attention over expert-parallel GPUs the rows come home first (`moe_combine`) and each GPU sums
+        its own tokens' k rows; otherwise each GPU sums the rows of its experts (`tokens x k / ep`) into
+        every token, and the tp all-reduce adds the GPUs' partial sums."""
+        m, a = self.model, self.precision.act_bytes
+        h, k = m.hidden_size, m.experts_per_token
+        if self.dp_attention and self.ep > 1:
+            tokens = self.local_batch(batch) * q_len
+            rows = tokens * k
+        else:
+            tokens = batch * q_len
+            rows = tokens * k / self.ep
+        _, experts, _, _ = self._ffn_shape(batch, q_len, "routed")
+        return OpCost(name="moe_sum", kind="elementwise", flops=2 * rows * h,
+                      act_read_bytes=rows * h * a + rows * 4, act_write_bytes=tokens * h * a, rows=tokens,
+                      experts=experts)
+
     def _ffn_shape(self, batch: Number, q_len: Number, part: str) -> tuple[Number, Number, int, str]:
         """(token rows, distinct weight copies read, width per GPU, module) of `part`: `dense` (an FFN
         of ffn_size), `routed` (the experts the tokens route to) or `shared` (always on)."""
@@ -645,7 +683,8 @@ class ForwardModel:
         n = rows * width
         reads = 2 if m.ffn_kind == "swiglu" else 1
         ops.append(OpCost(name=pre + "act", kind="elementwise", flops=ACT_FLOPS[m.ffn_kind] * n,
-                          act_read_bytes=reads * n * a, act_write_bytes=n * a, rows=rows))
+                          act_read_bytes=reads * n * a, act_write_bytes=n * a, rows=rows,
+                          experts=copies if part == "routed" else None))
         ops.append(lin("down_proj", width, h))
         return ops
 
@@ -760,10 +799,11 @@ class ForwardModel:
             ops = self._ffn_ops(batch, q_len, "dense")
             return ops + ([self._allreduce("mlp_allreduce", tokens)] if self.tp > 1 else [])
         a2a = self.dp_attention and self.ep > 1
-        ops = [self.router(local, q_len, kv_len)]
+        ops = [self.router(local, q_len, kv_len), self.moe_route(local, q_len, kv_len)]
         ops += [self._all_to_all("moe_dispatch", local * q_len)] if a2a else []
         ops += self._ffn_ops(batch, q_len, "routed")
         ops += [self._all_to_all("moe_combine", local * q_len)] if a2a else []
+        ops.append(self.moe_sum(batch, q_len, kv_len))
         if m.shared_experts:
             ops += self._ffn_ops(batch, q_len, "shared")
             if m.shared_expert_gate:

@@ -180,7 +180,9 @@ class EfficiencyTimeModel:
         if launches is None:
             overhead, _ = self.overhead_for(cost, rows)
         else:  # one call per touched expert, each at its own share of the rows
-            overhead, _ = self.overhead_for(cost, _group_rows(cost.gemm, rows))
+            share = (_group_rows(cost.gemm, rows) if cost.gemm is not None
+                     else np.maximum(np.asarray(rows, dtype=float) / np.maximum(launches, 1.0), 1.0))
+            overhead, _ = self.overhead_for(cost, share)
             overhead = overhead * launches
         by_bytes = self.op_e_memory.get(cost.name)
         if by_bytes is not None:  # one call's bytes (a cost scaled to L layers carries L calls)
@@ -218,11 +220,18 @@ class EfficiencyTimeModel:
         return Efficiency(e_compute=e_compute, e_memory=e_memory, overhead_s=overhead, floor_s=floor, **comm)
 
     def launches(self, cost: OpCost) -> Number | None:
-        """The calls one layer's `cost` makes when the engine launches each routed expert's GEMM apart
+        """The calls one layer's `cost` makes when the engine runs each routed expert apart
         (`expert_launches` "per_expert"): the experts it touches (`OpCost.gemm.groups`, the expectation
-        under uniform routing; 0 when none is). None for every other operator and under "grouped"."""
+        under uniform routing; 0 when none is), for its GEMMs and for the routed operators that are not
+        (`OpCost.experts`: the experts' activation, `moe_sum`). None for every other operator and under
+        "grouped"."""
+        if self.expert_launches != "per_expert":
+            return None
         shape = getattr(cost, "gemm", None)
-        if self.expert_launches != "per_expert" or cost.kind != "matmul" or shape is None:
+        experts = getattr(cost, "experts", None)
+        if cost.kind != "matmul" and experts is not None:
+            return float(experts) if np.ndim(experts) == 0 else np.asarray(experts, dtype=float)
+        if cost.kind != "matmul" or shape is None:
             return None
         groups = np.asarray(shape.groups, dtype=float)
         if groups.ndim == 0 and float(groups) == 1.0:

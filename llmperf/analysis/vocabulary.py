@@ -16,8 +16,10 @@ replaces, so a split prediction can be joined to a fused measurement and back.
 Layers of different kinds (full, sliding, chunked attention; MoE or dense FFN) run the same operator
 names: a cost carries its layer kind separately (`OpCost.layer`), so a join by name still works.
 Multi-head latent attention (MLA) adds its projections (`q_a_proj` .. `kv_b_proj`) and, in the
-absorbed form, `q_absorb` and `v_absorb`; mixture-of-experts layers add the shared experts'
-operators (`shared_*`) and, with expert parallelism, the `moe_dispatch` / `moe_combine` all-to-alls.
+absorbed form, `q_absorb` and `v_absorb`; mixture-of-experts layers add the router's GEMM
+(`router`), its choice of experts (`moe_route`), the routed experts' FFN, the weighted sum of each
+token's expert outputs (`moe_sum`), the shared experts' operators (`shared_*`) and, with expert
+parallelism, the `moe_dispatch` / `moe_combine` all-to-alls.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Op(str, Enum):
     attn_residual = "attn_residual"
     mlp_norm = "mlp_norm"
     router = "router"
+    moe_route = "moe_route"  # the router's choice from its logits: scores, top-k, their weights
     moe_dispatch = "moe_dispatch"  # expert parallelism: tokens all-to-all to their experts' GPUs
     gate_up_proj = "gate_up_proj"
     gate_proj = "gate_proj"
@@ -66,6 +69,7 @@ class Op(str, Enum):
     act = "act"
     down_proj = "down_proj"
     moe_combine = "moe_combine"  # expert parallelism: expert outputs all-to-all back
+    moe_sum = "moe_sum"  # each token's k expert outputs, weighted and summed
     shared_gate_up_proj = "shared_gate_up_proj"  # the shared experts (always on, every token)
     shared_gate_proj = "shared_gate_proj"
     shared_up_proj = "shared_up_proj"

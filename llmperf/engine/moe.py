@@ -21,8 +21,8 @@ router_weight (E, C) [+ router_bias (E)] [+ router_score_bias (E), fp32]; expert
 [shared_up_weight (2F_s, C), shared_down_weight (C, F_s), [shared_gate_weight (1, C)]].
 
 `touched_experts(model)` reads the distinct routed experts each MoE layer's last forward ran;
-`expected_touched` is that count under uniform routing, E (1 - (1 - K/E)^N). Each router, step by
-step: docs/engine.md, "Mixture of experts".
+`expected_touched` is that count under uniform routing, E (1 - (1 - K/E)^N). Each router: docs/engine.md,
+"Mixture of experts"; what is recorded (`router`, `moe_route`, `moe_sum`): "Instrumentation".
 """
 
 from __future__ import annotations
@@ -119,11 +119,17 @@ class MoE(nn.Module):
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts each token `flat (N, C)` chooses `(N, K)` and their weights `(N, K)` (fp32, or
         the activation dtype where the family computes them there: gpt-oss, Llama 4)."""
-        K = self.top_k
+        return self.choose(self.logits(flat))
+
+    def logits(self, flat: torch.Tensor) -> torch.Tensor:
+        """The router's GEMM: every token's logit for every expert `(N, E)` (fp32 for DeepSeek's routers)."""
         if self.fp32_router:
-            logits = self.ops.plain(flat.float(), self.router_weight.float())  # (N, E) fp32
-        else:
-            logits = self.ops.plain(flat, self.router_weight, self.router_bias)  # (N, E)
+            return self.ops.plain(flat.float(), self.router_weight.float())
+        return self.ops.plain(flat, self.router_weight, self.router_bias)
+
+    def choose(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts each token chooses from its `logits (N, E)` and their weights, as `route`."""
+        K = self.top_k
         if self.router_bias is not None:  # gpt-oss: softmax over the k best logits
             top, chosen = torch.topk(logits, K, dim=-1)
             return torch.softmax(top, dim=-1), chosen
@@ -176,14 +182,18 @@ class MoE(nn.Module):
             self._views_key = key
         return self._up_views, self._down_views
 
-    def _expert(self, x: torch.Tensor, e: int, rec: Any) -> torch.Tensor:
-        """Expert `e` on its rows `x (n, C)`: gate/up, the gated activation, down, through the ops'
-        GEMMs as a dense layer's (packed weights on a CPU)."""
+    def _expert(self, inputs: torch.Tensor, rows: torch.Tensor, slot: torch.Tensor, e: int,
+                rec: Any) -> torch.Tensor:
+        """Expert `e` on its rows of `inputs` (`(N, C)` indexed by `rows`, or Llama 4's scaled
+        `(N, K, C)` by `rows, slot`): gate/up, the gated activation, down, through the ops' GEMMs as a
+        dense layer's (packed weights on a CPU). Gathering the rows is the gate/up GEMM's input read
+        (vLLM's fused MoE kernel reads them through the sorted token ids)."""
         i, linear = self.index, self.ops.linear
         ups, downs = self._expert_weights()
         up_b = None if self.experts_up_bias is None else self.experts_up_bias[e]
         down_b = None if self.experts_down_bias is None else self.experts_down_bias[e]
         with rec.op("gate_up_proj", i):
+            x = inputs[rows, slot] if inputs.dim() == 3 else inputs[rows]
             gate_up = linear(x, ups[e], up_b)
         with rec.op("act", i):
             a = self.ops.glu(gate_up, self.act) if self.limit is None else clamped_swiglu(gate_up, self.limit)
@@ -206,22 +216,30 @@ class MoE(nn.Module):
 
     def forward(self, h: torch.Tensor, rec: Any) -> torch.Tensor:
         B, T, C = h.shape
+        i = self.index
         flat = h.reshape(B * T, C)  # (N, C)
-        with rec.op("router", self.index):
-            weights, chosen = self.route(flat)  # (N, K)
+        with rec.op("router", i):
+            logits = self.logits(flat)
+        with rec.op("moe_route", i):  # the choice, and each touched expert's (token, slot) pairs
+            weights, chosen = self.choose(logits)  # (N, K)
+            inputs = flat
             if self.input_scaling:  # Llama 4: each chosen expert sees its token scaled by the weight
                 inputs = flat[:, None, :] * weights[:, :, None]  # (N, K, C)
-        out = torch.zeros_like(flat)
-        experts = torch.unique(chosen).tolist()
+            experts = torch.unique(chosen).tolist()
+            pairs = [torch.nonzero(chosen == e, as_tuple=True) for e in experts]
         self.last_touched = len(experts)
-        rec.count(EXPERTS_TOUCHED, self.index, len(experts))  # per step, for a recorded run (profile)
-        for e in experts:
-            rows, slot = torch.nonzero(chosen == e, as_tuple=True)
-            if self.input_scaling:
-                y = self._expert(inputs[rows, slot], e, rec)
-            else:
-                y = self._expert(flat[rows], e, rec) * weights[rows, slot, None]
-            out.index_add_(0, rows, y.to(out.dtype))
+        rec.count(EXPERTS_TOUCHED, i, len(experts))  # per step, for a recorded run (profile)
+        out = None
+        for e, (rows, slot) in zip(experts, pairs):
+            y = self._expert(inputs, rows, slot, e, rec)
+            with rec.op("moe_sum", i):
+                if out is None:
+                    out = torch.zeros_like(flat)
+                if not self.input_scaling:
+                    y = y * weights[rows, slot, None]
+                out.index_add_(0, rows, y.to(out.dtype))
+        if out is None:  # no tokens
+            out = torch.zeros_like(flat)
         if self.shared:
             out = out + self._shared(flat, rec)
         return out.view(B, T, C)

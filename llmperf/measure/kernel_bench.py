@@ -156,7 +156,8 @@ def _sum_cost(cost: OpCost, n: int) -> OpCost:
     """Collapse a cost evaluated at n per-sequence lengths into one. Counts that do not depend on the
     length (Q and O bytes) come back as scalars, so every field is broadcast to n entries first."""
     counts = {f.name: float(np.sum(np.broadcast_to(getattr(cost, f.name), (n,)))) for f in dataclasses.fields(OpCost)
-              if f.name not in ("name", "kind", "per_layer", "layer", "compute_dtype", "comm_gpus", "gemm", "attn")}
+              if f.name not in ("name", "kind", "per_layer", "layer", "compute_dtype", "comm_gpus", "gemm", "attn",
+                                 "experts")}
     return OpCost(name=cost.name, kind=cost.kind, per_layer=cost.per_layer, layer=cost.layer,
                   compute_dtype=cost.compute_dtype, comm_gpus=cost.comm_gpus, **counts)
 

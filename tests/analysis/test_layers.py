@@ -385,6 +385,42 @@ def test_expert_parallel_experts_cost_what_tensor_parallel_ones_do():
         assert "moe_dispatch" not in b and "mlp_allreduce" in b
 
 
+def test_the_routers_choice_and_the_sum_of_expert_outputs_are_counted():
+    """DeepSeek-V3 at 5 tokens: the choice reads the 256 logits and writes 8 (weight, id, index) of 12
+    bytes per token; the sum reads each token's 8 expert outputs and their fp32 weights and writes one
+    hidden vector. Llama 4's choice also writes the chosen experts' scaled inputs. Both run after their
+    neighbours, in forward order, once per MoE layer."""
+    m = deepseek_v3()
+    fm = ForwardModel(model=m, precision=Precision.uniform("bf16"))
+    ops = {o.name: o for o in fm.layer_ops(5, 1, 100, kind=m.layer_kinds()[-1])}
+    route, total = ops["moe_route"], ops["moe_sum"]
+    assert (route.kind, route.flops, route.act_read_bytes, route.act_write_bytes) == (
+        "elementwise", 4 * 5 * 256, 5 * 256 * 2, 5 * 8 * 12)
+    assert (total.kind, total.flops, total.act_read_bytes, total.act_write_bytes) == (
+        "elementwise", 2 * 5 * 8 * 7168, 5 * 8 * (7168 * 2 + 4), 5 * 7168 * 2)
+    names = list(ops)
+    assert names.index("router") + 1 == names.index("moe_route")
+    assert names.index("down_proj") + 1 == names.index("moe_sum")
+    assert "moe_route" not in {o.name for o in fm.layer_ops(5, 1, 100, kind=m.layer_kinds()[0])}  # a dense layer
+    forward = fm.forward_ops(5, 1, 100)
+    assert sum(o.calls for o in forward if o.name in ("moe_route", "moe_sum")) == 2 * m.num_moe_layers
+    # expert parallelism with tp attention: each GPU sums its experts' rows into every token;
+    # with dp attention the rows come home first and each GPU sums its own tokens' k rows
+    ep = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8, ep=8)
+    dp = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8, ep=8, dp_attention=True)
+    (a,) = [o for o in ep.layer_ops(64, 1, 100, kind=m.layer_kinds()[-1]) if o.name == "moe_sum"]
+    (b,) = [o for o in dp.layer_ops(64, 1, 100, kind=m.layer_kinds()[-1]) if o.name == "moe_sum"]
+    assert (a.flops, a.act_write_bytes) == (2 * 64 * 8 / 8 * 7168, 64 * 7168 * 2)
+    assert (b.flops, b.act_write_bytes) == (2 * 8 * 8 * 7168, 8 * 7168 * 2)
+    names = [o.name for o in dp.layer_ops(64, 1, 100, kind=m.layer_kinds()[-1])]
+    assert names.index("moe_combine") + 1 == names.index("moe_sum")
+    scaled = llama4_like(router_scoring="sigmoid", router_renormalize=False, router_input_scaling=True)
+    scaled_ops = ForwardModel(model=scaled, precision=Precision()).layer_ops(3, 1, 9, kind=scaled.layer_kinds()[-1])
+    (r,) = [o for o in scaled_ops if o.name == "moe_route"]
+    e, k, h, a = scaled.num_experts, scaled.experts_per_token, scaled.hidden_size, 2
+    assert r.act_write_bytes == 3 * k * 12 + 3 * k * h * a and r.act_read_bytes == 3 * e * a + 3 * h * a
+
+
 def test_dp_attention_runs_whole_attention_on_each_gpus_sequences():
     m = deepseek_v3()
     dp = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8, ep=8, dp_attention=True)

@@ -228,6 +228,30 @@ def test_per_expert_launches_pay_each_touched_experts_call_at_its_own_rows():
     assert dispatch(32 / touched) < 5e-6  # not the 32-row figure the layer's rows would read
 
 
+def test_per_expert_launches_call_the_experts_activation_and_sum_once_per_expert():
+    """The routed operators that are not GEMMs (the experts' activation, `moe_sum`) run once per touched
+    expert in llmperf's own engine (`llmperf.engine.moe`) and once per layer in a grouped stack; the
+    router's choice (`moe_route`) and the shared experts' activation run once in both."""
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import Precision, load_model
+
+    h100 = load_hardware("h100-sxm")
+    fm = ForwardModel(model=load_model("qwen3-30b-a3b").scaled(num_layers=1), precision=Precision.uniform("bf16"),
+                      fused_qkv=True, fused_gate_up=True)
+    compiled = time_model_for(h100, "typical", "bf16", engine="compiled")
+    eager = time_model_for(h100, "typical", "bf16", engine="eager")
+    ops = {c.name: c for c in fm.layer_ops(4, 1, 100, fm.model.layer_kinds()[0])}
+    touched = float(ops["gate_up_proj"].gemm.groups)
+    assert 28 < touched < 32
+    for name in ("act", "moe_sum"):
+        assert ops[name].experts == pytest.approx(touched) and compiled.launches(ops[name]) is None
+        assert eager.launches(ops[name]) == pytest.approx(touched)
+        e, g = eager.efficiency(ops[name], h100), compiled.efficiency(ops[name], h100)
+        assert e.floor_s == pytest.approx(touched * g.floor_s)
+        assert e.host_s == pytest.approx(touched * eager.overhead_for(ops[name], 32 / touched)[0])
+    assert ops["moe_route"].experts is None and eager.launches(ops["moe_route"]) is None
+
+
 def _curve(points):  # noqa: ANN001, ANN202
     from llmperf.specs.efficiency import Curve
 

@@ -105,7 +105,8 @@ def _check_block(spec: ModelSpec, block, layout: str, per_expert: bool) -> MoE:
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
     shared = ["shared_gate_up_proj", "shared_act", "shared_down_proj"]
     shared += ["shared_expert_gate"] * spec.shared_expert_gate
-    assert rec.names == ["router"] + ["gate_up_proj", "act", "down_proj"] * moe.last_touched + shared
+    experts = ["gate_up_proj", "act", "down_proj", "moe_sum"] * moe.last_touched
+    assert rec.names == ["router", "moe_route"] + experts + shared
     assert rec.counts == [("experts_touched", moe.index, moe.last_touched)]
     return moe
 

@@ -419,7 +419,8 @@ def test_an_mla_run_joins_both_forms(runs):
         assert "kv_b_proj" in join[("prefill", kind)]["joined"] and "q_absorb" not in join[("prefill", kind)]["joined"]
         assert {"q_absorb", "v_absorb"} <= set(join[("decode", kind)]["joined"])
         assert "kv_b_proj" not in join[("decode", kind)]["joined"]
-    assert {"shared_gate_up_proj", "router"} <= set(join[("decode", "full/moe")]["joined"])
+    for phase in ("prefill", "decode"):  # the router's choice and the sum of expert outputs, measured and priced
+        assert {"shared_gate_up_proj", "router", "moe_route", "moe_sum"} <= set(join[(phase, "full/moe")]["joined"])
     micro = {r["op"] for r in res.ops if r["kind"] == "micro"}
     assert {"q_a_proj", "q_b_proj", "kv_a_proj", "o_proj", "router", "shared_gate_proj"} <= micro
     assert not {"attention", "kv_b_proj", "q_absorb"} & micro  # refused by name in the notes
