@@ -651,8 +651,8 @@ def test_a_sweep_over_its_budget_stops_and_says_so_in_the_yaml(tmp_path):
 
 def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_7(cal, tmp_path):
     """The engine GEMMs timed at several weight sizes become `gemm_e_memory` (with the GEMM sweep's own
-    shape at the same rows), each point read as its weight's stream: the file says schema 7, and the
-    calibrated model prices weight GEMMs by it."""
+    shape at the same rows where the sizes' points were not probed: the prefill rows), each point read
+    as its weight's stream: the file says schema 7, and the calibrated model prices weight GEMMs by it."""
     from dataclasses import replace as dc_replace
 
     from llmperf.analysis.timemodel import time_model_for
@@ -665,7 +665,10 @@ def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_7(cal, tm
     for rows, pts in eff["gemm_e_memory"]["fp32"].items():
         sizes = [b for b, _ in pts]
         assert sizes == sorted(sizes) and all(0 < e <= 1 for _, e in pts)
-        assert 4 * 128 * 128 in sizes and (sweep_bytes in sizes) == (rows in s.gemm_rows)  # the sweep's own rows
+        probed = rows in s.gemm_size_rows  # each decode-rows point read against its own read of the host
+        assert 4 * 128 * 128 in sizes and (sweep_bytes in sizes) == (rows in s.gemm_rows and not probed)
+    assert all(("read_gb_per_s" in r) == (r["rows"] in s.gemm_size_rows)
+               for r in cal.to_mapping()["calibration"]["gemm_sizes"])
     gpu = dc_replace(cal, device={**cal.device, "kind": "cuda"})
     assert "gemm_e_memory" not in gpu.fit_terms()  # CUDA: the GEMM shape model's
     assert cal.to_mapping()["calibration"]["gemm_sizes"]

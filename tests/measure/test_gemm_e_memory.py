@@ -217,6 +217,30 @@ def test_the_fit_reads_each_point_as_a_weight_stream():
     assert fast == {1: [[1, 1.0]]}  # clipped to 1
 
 
+def test_a_probed_point_is_read_against_its_own_moments_read():
+    """A host whose DRAM ran at 80 GB/s while one point was timed and at 50 while another was: each
+    point's efficiency is its call against the read of its own moment, the curve scaled to the probes'
+    median over the calibration's bandwidth (never above 1), so a point timed in the fast mode is not
+    clipped at 1 and the rows keep their order."""
+    from dataclasses import replace
+
+    bw = 50e9
+    w = 64 * 2**20
+    fast = replace(_point(4, 4096, 4096, w / (0.78 * 80e9)), read_bytes_per_s=80e9)  # 0.78 of an 80 GB/s moment
+    slow = replace(_point(1, 4096, 4096, w / (0.95 * 50e9)), read_bytes_per_s=50e9)
+    mid = replace(_point(2, 4096, 4096, w / (0.9 * 60e9)), read_bytes_per_s=60e9)
+    out = fit_gemm_e_memory([(w, fast), (w, slow), (w, mid)], bw, 0.0)
+    assert {r: pts[0][1] for r, pts in out.items()} == pytest.approx({1: 0.95, 2: 0.9, 4: 0.78}, rel=1e-3)
+    unprobed = fit_gemm_e_memory([(w, replace(fast, read_bytes_per_s=0.0))], bw, 0.0)
+    assert unprobed == {4: [[w, 1.0]]}  # against the calibration's own 50 GB/s: clipped, the shape lost
+    # a host whose probes ran below the calibration's bandwidth: every point scaled by median / bw
+    low = [(w, replace(p, read_bytes_per_s=40e9, median_s=w / (e * 40e9)))
+           for p, e in ((slow, 0.95), (mid, 0.9), (fast, 0.78))]
+    scaled = fit_gemm_e_memory(low, bw, 0.0)
+    assert {r: pts[0][1] for r, pts in scaled.items()} == pytest.approx(
+        {1: 0.95 * 0.8, 2: 0.9 * 0.8, 4: 0.78 * 0.8}, rel=1e-3)
+
+
 def test_the_sweep_builds_its_shapes_smallest_weight_first(monkeypatch):
     import torch
 
@@ -247,6 +271,8 @@ def test_the_sweep_times_the_engine_gemm_within_its_budget(monkeypatch):
                                             (4 * 1024 * 256, 1), (4 * 1024 * 256, 4),
                                             (4 * 128 * 128, 32), (4 * 1024 * 256, 32)]
     assert all(p.median_s > 0 and p.bytes > w for w, p in pts)
+    # each decode-rows point carries a read of its weight's copies just before it; the prefill rows none
+    assert all(p.read_bytes_per_s > 0 for _, p in pts[:4]) and all(p.read_bytes_per_s == 0 for _, p in pts[4:])
     assert [p.flops for _, p in pts[-2:]] == [2.0 * 32 * 128 * 128, 2.0 * 32 * 1024 * 256]
     stopped: list[str] = []
     pts = sizes.measure_gemm_sizes(Settings.tiny(gemm_size_budget_s=0.0), torch.device("cpu"), lambda _: None,

@@ -201,8 +201,10 @@ class Calibration:
         for dtype in self.measured_dtypes():
             own = [(w, p) for w, p in self.gemm_sizes if p.dtype == dtype]
             rows = {p.rows for _, p in own}
+            # the sweep's points (timed another moment, not probed) join only an unprobed sweep
+            probed = {p.rows for _, p in own if p.read_bytes_per_s > 0}
             sweep = [(p.bytes * n * k / (n * k + p.rows * (n + k)), p) for p in self.compute
-                     if p.op == "matmul" and p.dtype == dtype and p.rows in rows]
+                     if p.op == "matmul" and p.dtype == dtype and p.rows in rows - probed]
             if own:
                 out[dtype] = fit_gemm_e_memory(own + sweep, bw, self.overhead_s.get("matmul", 0.0))
         return out
@@ -273,7 +275,9 @@ class Calibration:
             torch_gemm=[_compute_row(p) for p in self.torch_gemm],
             gemm_sizes=[dict(dtype=p.dtype, rows=p.rows, shape=p.shape, weight_bytes=w, seconds=_clean(p.seconds),
                              median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n,
-                             gb_per_s=_clean(p.bytes_per_s / 1e9)) for w, p in self.gemm_sizes],
+                             gb_per_s=_clean(p.bytes_per_s / 1e9),
+                             **({"read_gb_per_s": _clean(p.read_bytes_per_s / 1e9)} if p.read_bytes_per_s else {}))
+                        for w, p in self.gemm_sizes],
             allreduce=[dict(backend=p.backend, world=p.world, size_bytes=p.size_bytes, seconds=_clean(p.seconds),
                             busbw_gbps=_clean(p.busbw / 1e9)) for p in self.allreduce],
             notes=list(self.notes))

@@ -11,7 +11,10 @@ calls cycling through copies of W that fill the calibration's working set (`ceil
 so that every call streams from DRAM, as in a model's step. `fit.fit_gemm_e_memory` turns the points
 into the time model's `gemm_e_memory` (`llmperf.specs.efficiency.GemmBytesCurves`). A dtype's decode
 rows stop before a point predicted to take them past their budget (`ceilings.sweep_fits`); a prefill
-point past its own budget is skipped; both noted. How the time model reads them: docs/time-models.md.
+point past its own budget is skipped; both noted. Before each decode-rows point the copies are read
+once more (`_Held.read_bytes_per_s`): a shared host's DRAM speed moves by up to 1.6x within a
+calibration, and the fit reads each point against its own moment's read. How the time model reads
+them: docs/time-models.md.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ def gemm_size_prefill_shapes(s: Settings) -> list[tuple[int, int, int]]:
             for r in sorted(set(s.gemm_size_prefill_rows))]
 
 
+READ_PROBE_REPS = 3  # reads of a weight's copies before each decode-rows point (about 10 ms each at 512 MiB)
+
+
 class _Held:
     """The cold copies of one (N, K) weight in turn, built when a point first needs them."""
 
@@ -72,6 +78,16 @@ class _Held:
             self.nk = (n, k)
         assert self.weights is not None
         return self.weights.fn(rows), len(self.weights.ws)
+
+    def read_bytes_per_s(self) -> float:
+        """Bytes/s of the fastest of a few plain reads (a sum) over every copy of the held weight: how
+        fast the host streams these very buffers now (the probe `profile` takes, `profile.host`)."""
+        from llmperf.measure.timers import time_fn
+
+        assert self.weights is not None
+        ws = self.weights.ws
+        t = time_fn(lambda: [w.sum() for w in ws], self.device, reps=READ_PROBE_REPS, warmup=1)
+        return sum(w.numel() * w.element_size() for w in ws) / t.min_s
 
 
 def measure_gemm_sizes(s: Settings, device: Any, progress: Progress, dtypes: Sequence[str],
@@ -140,6 +156,7 @@ def _point(out: list[tuple[int, ComputePoint]], held: _Held, s: Settings, device
     try:
         fn, copies = held.fn(n, k, rows, elem * n * k)
         reps, warmup = (max(s.reps, copies), copies) if reps_at_least_copies else (s.reps, 1)
+        read = held.read_bytes_per_s() if reps_at_least_copies else 0.0
         t = _time_steady(fn, device, reps=reps, warmup=warmup, notes=notes,
                          what=f"gemm size {dname} {n}x{k} rows={rows}")
     except RuntimeError as exc:  # a dtype this device or build cannot multiply
@@ -150,5 +167,5 @@ def _point(out: list[tuple[int, ComputePoint]], held: _Held, s: Settings, device
         op="matmul", dtype=dname, rows=rows,
         shape=f"({rows},{k})@({k},{n})" + (f" x{copies} in turn" if copies > 1 else ""),
         seconds=t.min_s, median_s=t.median_s, spread_s=t.spread_s, n=t.n, flops=2.0 * rows * k * n,
-        bytes=float(elem * (k * n + rows * k + rows * n)))))
+        bytes=float(elem * (k * n + rows * k + rows * n)), read_bytes_per_s=read)))
     return time.perf_counter() - started

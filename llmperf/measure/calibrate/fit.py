@@ -11,6 +11,7 @@ per row count (`fit_gemm_e_memory`). Figures are rounded to 4 significant figure
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,10 +77,19 @@ def fit_gemm_e_memory(points: Sequence[tuple[float, ComputePoint]], bw: float, o
     point's `e = weight bytes / (bw t')` (t' as `fit_curves`), its whole call read as a stream of its
     weight alone (efficiency schema 7: a GEMM of the same rows and weight bytes has the same FLOPs
     whatever its N x K, so a skinny router is not priced by a square weight's activation bytes),
-    clipped to (1e-6, 1]; one point per (rows, weight bytes), the best."""
+    clipped to (1e-6, 1]; one point per (rows, weight bytes), the best.
+
+    A point probed with a read of its own weight copies just before it (`read_bytes_per_s`) is read
+    against that read instead of `bw`, which a shared host may have measured in another of its DRAM
+    speeds, then scaled by the probes' median over `bw` (at most 1): `e = weight bytes / (read t') x
+    min(1, median read / bw)`. So each point is its GEMM's share of what the host streamed at that
+    moment, and the curve prices at the host's typical speed."""
+    probed = [p.read_bytes_per_s for _, p in points if p.read_bytes_per_s > 0]
+    scale = min(1.0, statistics.median(probed) / bw) if probed else 1.0
     best: dict[int, dict[int, float]] = {}
     for w_bytes, p in points:
-        e = min(1.0, max(w_bytes / (bw * _t_prime(p, overhead)), 1e-6))
+        ref = p.read_bytes_per_s / scale if p.read_bytes_per_s > 0 else bw
+        e = min(1.0, max(w_bytes / (ref * _t_prime(p, overhead)), 1e-6))
         per = best.setdefault(int(p.rows), {})
         per[int(w_bytes)] = max(per.get(int(w_bytes), 0.0), e)
     return {r: [[b, _clean(per[b])] for b in sorted(per)] for r, per in sorted(best.items())}

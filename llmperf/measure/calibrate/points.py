@@ -47,6 +47,10 @@ class ComputePoint:
     bytes: float
     median_s: float = 0.0  # 0: unknown (the fastest call stands in)
     memory_bound: bool = False  # by construction (a decode attention call streams its KV cache)
+    # a read of the same weight copies just before the call (bytes/s; the CPU weight-size sweep's decode
+    # rows, `cpu_gemm_sizes`): the host's DRAM speed at that moment, which `fit_gemm_e_memory` reads the
+    # call against. 0: not probed
+    read_bytes_per_s: float = 0.0
 
     @property
     def typical_s(self) -> float:
