@@ -478,16 +478,29 @@ def test_operators_without_weights_take_their_dispatch_in_situ(cal):
     """On CPU the weight GEMMs keep the tiny model's cold dispatch (a GEMV before each), every other
     operator takes the one measured in a real layer's decode (`dispatch_spec`), and the per-operator
     fallback is the fp32 one-row column of that same table."""
-    from llmperf.measure.calibrate import dispatch_spec, in_situ
+    from llmperf.analysis.timemodel import time_model_for
+    from llmperf.measure.calibrate import MOE_DISPATCH_OPS, dispatch_moe_spec, dispatch_spec, in_situ
 
     cold = {"sdpa": {"qkv_proj": 1e-4, "lm_head": 2e-4, "rope": 9e-5, "attn_norm": 8e-5}}
     situ = {"sdpa": {"qkv_proj": 5e-3, "rope": 4e-5}}  # a GEMM's in-situ time is its weight stream
     assert in_situ(cold, situ) == {"sdpa": {"qkv_proj": 1e-4, "lm_head": 2e-4, "rope": 4e-5, "attn_norm": 8e-5}}
     assert in_situ(cold, {}) == cold
+    # a MoE layer's own operators, which the tiny model never ran, come in from the in-situ run alone
+    moe = {"sdpa": {"moe_route": 2e-4, "moe_sum": 3e-5, "router": 7e-5}}
+    assert in_situ(cold, moe)["sdpa"] == {**cold["sdpa"], "moe_route": 2e-4, "moe_sum": 3e-5}
     spec = dispatch_spec(2048)  # Llama 3.2 1B's layer shapes
     assert (spec["num_heads"], spec["num_kv_heads"], spec["ffn_size"], spec["num_layers"]) == (32, 8, 8192, 2)
+    moe_spec = dispatch_moe_spec(2048)
+    assert (moe_spec["num_experts"], moe_spec["experts_per_token"], moe_spec["moe_ffn_size"]) == (8, 2, 512)
     prov = cal.provenance()["op_overhead_model"]
     assert prov["in_situ"]["hidden_size"] == cal.settings.dispatch_hidden == 128
+    assert prov["in_situ"]["moe"]["ops"] == "moe_route, moe_sum"
+    for dtype, table in cal.op_overhead_rows_s.items():  # measured in situ at one and two rows, priced by them
+        for backend, ops in table.items():
+            for op in MOE_DISPATCH_OPS:
+                assert [r for r, _ in ops[op]] == [1, 2] and ops[op][0][1] > 0, (dtype, backend, op)
+    tm = time_model_for(cal.to_spec(), "calibrated", "fp32")
+    assert {"moe_route", "moe_sum"} <= set(tm.op_overhead_rows)
     for backend, ops in cal.op_overhead_rows_s["fp32"].items():
         assert cal.op_overhead_s[backend] == {op: pts[0][1] for op, pts in ops.items()}
 
@@ -573,9 +586,23 @@ def test_a_dispatch_model_that_cannot_be_built_keeps_the_cold_figures(monkeypatc
     monkeypatch.setattr(engine, "build_model", build)
     c = calibrate(Settings.tiny(dtypes=("fp32",), stream_sizes=(256 * 1024,), gemm_rows=(1, 8), vector_prefills=(),
                                 threads=1))
-    assert any("in-situ dispatch fp32: not measured (MemoryError: no room for the dispatch model)" in n
-               for n in c.notes)
+    assert any("in-situ dispatch fp32 (calibrate-dispatch): not measured (MemoryError: no room for the dispatch "
+               "model); every operator keeps the cold figure" in n for n in c.notes)
     assert set(c.op_overhead_rows_s["fp32"]) == {"sdpa", "naive"}
+    assert "moe_route" not in c.op_overhead_rows_s["fp32"]["sdpa"]  # not measured: the per-kind figure prices it
+
+    def build_no_moe(spec, *a, **kw):  # the model with experts alone fails: the dense in-situ figures stand
+        if spec.name == "calibrate-dispatch-moe":
+            raise MemoryError("no room for the experts")
+        return real(spec, *a, **kw)
+
+    monkeypatch.setattr(engine, "build_model", build_no_moe)
+    c = calibrate(Settings.tiny(dtypes=("fp32",), stream_sizes=(256 * 1024,), gemm_rows=(1, 8), vector_prefills=(),
+                                threads=1))
+    assert any("in-situ dispatch fp32 (calibrate-dispatch-moe): not measured (MemoryError: no room for the experts); "
+               "the per-kind figures price them" in n for n in c.notes)
+    sdpa = c.op_overhead_rows_s["fp32"]["sdpa"]
+    assert "moe_route" not in sdpa and "rope" in sdpa
 
 
 def test_the_gemm_sweep_steps_where_the_engine_changes_kernel():

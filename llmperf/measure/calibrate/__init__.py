@@ -42,10 +42,12 @@ from llmperf.measure.calibrate.floors import measure_floors, measure_overheads
 from llmperf.measure.calibrate.gemm_shapes import GEMM_SHAPE_NK, GEMM_SHAPE_ROWS, fit_gemm_shapes, measure_gemm_shapes
 from llmperf.measure.calibrate.operators import (
     COLD_GEMM,
+    MOE_DISPATCH_OPS,
     OVERHEAD_DTYPES,
     OVERHEAD_ROWS,
     TINY_SPEC,
     WEIGHT_OPS,
+    dispatch_moe_spec,
     dispatch_spec,
     gemm_dispatch_rows,
     in_situ,
@@ -62,12 +64,12 @@ from llmperf.measure.calibrate.vector_ops import VECTOR_SPEC, measure_op_e_memor
 
 __all__ = [
     "COLD_GEMM", "DISTURBED", "DTYPE_NAMES", "GEMM_SHAPE_NK", "GEMM_SHAPE_ROWS", "MEMORY_BOUND_SHARE",
-    "OVERHEAD_DTYPES", "OVERHEAD_ROWS", "RETRIES", "ROUND_BELOW_S", "TINY_SPEC", "VECTOR_KINDS", "VECTOR_SPEC",
-    "WEIGHT_OPS", "WORKING_SET_MIN", "AllreducePoint", "Calibration", "ComputePoint", "MiB", "Progress", "Settings",
-    "StreamPoint", "_in_turn", "_time_steady", "calibrate", "copies_for", "dispatch_spec", "fit_attention_shapes",
-    "fit_curves", "fit_gemm_shapes", "fit_op_e_memory", "gemm_dispatch_rows", "gemm_sweep_rows", "in_situ",
-    "measure_allreduce", "measure_attention", "measure_attention_shapes", "measure_floors", "measure_gemm",
-    "measure_gemm_shapes", "measure_op_e_memory", "measure_op_overhead_rows", "measure_op_overheads",
-    "measure_overheads", "measure_step_overhead", "measure_streams", "measure_torch_gemm", "op_overhead_backends",
-    "sweep_budget_s", "sweep_fits", "working_set_for", "write_yaml", "yaml_text",
+    "MOE_DISPATCH_OPS", "OVERHEAD_DTYPES", "OVERHEAD_ROWS", "RETRIES", "ROUND_BELOW_S", "TINY_SPEC", "VECTOR_KINDS",
+    "VECTOR_SPEC", "WEIGHT_OPS", "WORKING_SET_MIN", "AllreducePoint", "Calibration", "ComputePoint", "MiB", "Progress",
+    "Settings", "StreamPoint", "_in_turn", "_time_steady", "calibrate", "copies_for", "dispatch_moe_spec",
+    "dispatch_spec", "fit_attention_shapes", "fit_curves", "fit_gemm_shapes", "fit_op_e_memory", "gemm_dispatch_rows",
+    "gemm_sweep_rows", "in_situ", "measure_allreduce", "measure_attention", "measure_attention_shapes",
+    "measure_floors", "measure_gemm", "measure_gemm_shapes", "measure_op_e_memory", "measure_op_overhead_rows",
+    "measure_op_overheads", "measure_overheads", "measure_step_overhead", "measure_streams", "measure_torch_gemm",
+    "op_overhead_backends", "sweep_budget_s", "sweep_fits", "working_set_for", "write_yaml", "yaml_text",
 ]

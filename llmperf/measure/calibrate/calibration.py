@@ -22,7 +22,13 @@ from typing import Any
 
 from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
 from llmperf.measure.calibrate.fit import _clean, _clean_ops, fit_curves, fit_gemm_e_memory
-from llmperf.measure.calibrate.operators import COLD_GEMM, TINY_SPEC, dispatch_spec
+from llmperf.measure.calibrate.operators import (
+    COLD_GEMM,
+    MOE_DISPATCH_OPS,
+    TINY_SPEC,
+    dispatch_moe_spec,
+    dispatch_spec,
+)
 from llmperf.measure.calibrate.points import AllreducePoint, ComputePoint, StreamPoint
 from llmperf.measure.calibrate.settings import VECTOR_KINDS, MiB, Settings
 from llmperf.measure.calibrate.vector_ops import VECTOR_SPEC
@@ -259,7 +265,9 @@ class Calibration:
                                    in_situ=(dict(dispatch_spec(self.settings.dispatch_hidden), cache="contiguous",
                                                  tokens=self.settings.op_overhead_tokens,
                                                  ops="every operator but the weight GEMMs (op_overhead_rows_s, "
-                                                     "op_overhead_s)")
+                                                     "op_overhead_s)",
+                                                 moe=dict(dispatch_moe_spec(self.settings.dispatch_hidden),
+                                                          ops=", ".join(MOE_DISPATCH_OPS)))
                                             if self.settings.dispatch_hidden and self.op_overhead_rows_s else None)),
             step_overhead_s=_clean(self.step_overhead_s),
             floor_s={k: _clean(v) for k, v in self.floor_s.items()},

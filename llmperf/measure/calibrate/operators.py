@@ -11,7 +11,8 @@
   weight GEMMs on both sides of each edge between the engine's GEMM paths (llmperf's own kernels,
   AMX, oneDNN's packed GEMM: `llmperf.engine.paths`); every operator that reads no weights is
   measured in situ, in the recorded decode of a model with Llama 3.2 1B's layer shapes
-  (`dispatch_spec`), between GEMMs whose weights stream from DRAM. Where the engine runs a decode
+  (`dispatch_spec`), between GEMMs whose weights stream from DRAM; a MoE layer's own ones
+  (`moe_route`, `moe_sum`) in the same model with experts (`dispatch_moe_spec`). Where the engine runs a decode
   step's layers in one call (`engine.cpu_kernels.decode_layers`), each operator's record is its part
   of that call.
 - `measure_step_overhead`: the host time of an engine step outside its forward pass (sampling and
@@ -119,11 +120,31 @@ def dispatch_spec(hidden: int) -> dict[str, Any]:
                 num_kv_heads=max(heads // 4, 1), ffn_size=4 * hidden, max_positions=256)
 
 
+#: the operators only a mixture-of-experts layer runs that read no weights: the router's choice (about
+#: ten small torch calls) and the sum of the experts' outputs (a call per expert), timed in situ in
+#: `dispatch_moe_spec`'s decode (on the 2-core CPU they took 0.13-0.38 ms a layer where the per-kind
+#: dispatch priced about 1 us: reports/profile, runs 2026-11-27f-h)
+MOE_DISPATCH_OPS = ("moe_route", "moe_sum")
+
+
+def dispatch_moe_spec(hidden: int) -> dict[str, Any]:
+    """`dispatch_spec` with a mixture of experts on both layers (8 experts of a quarter of its width,
+    2 a token, softmax routing renormalised as Qwen3-MoE's): the model whose recorded decode gives
+    `MOE_DISPATCH_OPS`' in-situ dispatch."""
+    return dict(dispatch_spec(hidden), name="calibrate-dispatch-moe", num_experts=8, experts_per_token=2,
+                moe_ffn_size=max(hidden // 4, 16))
+
+
 def in_situ(cold: dict[str, dict[str, float]], situ: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """Per backend, the weight GEMMs' dispatch from `cold` (the tiny model, a GEMV before each) and
-    every other operator's from `situ` (a real layer's decode) where it was measured."""
-    return {backend: {op: (v if op in WEIGHT_OPS else situ.get(backend, {}).get(op, v)) for op, v in ops.items()}
-            for backend, ops in cold.items()}
+    every other operator's from `situ` (a real layer's decode) where it was measured, with the
+    operators only `situ` ran (`MOE_DISPATCH_OPS`)."""
+    out = {}
+    for backend, ops in cold.items():
+        here = situ.get(backend, {})
+        out[backend] = {op: (v if op in WEIGHT_OPS else here.get(op, v)) for op, v in ops.items()}
+        out[backend].update({op: v for op, v in here.items() if op not in ops and op not in WEIGHT_OPS})
+    return out
 
 
 def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str, notes: list[str] | None
@@ -135,16 +156,27 @@ def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str,
     from llmperf.engine import build_model
     from llmperf.specs import ModelSpec
 
-    spec = dispatch_spec(s.dispatch_hidden)
-    try:
-        model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
-    except (RuntimeError, ValueError, MemoryError) as exc:
-        if notes is not None:
-            notes.append(f"in-situ dispatch {dname}: not measured ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''}); every operator keeps the cold figure")
-        return {}
-    return {rows: measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
-                                       model=model) for rows in OVERHEAD_ROWS}
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    for spec, keep in ((dispatch_spec(s.dispatch_hidden), None), (dispatch_moe_spec(s.dispatch_hidden),
+                                                                  MOE_DISPATCH_OPS)):
+        try:
+            model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
+        except (RuntimeError, ValueError, MemoryError) as exc:
+            if notes is not None:
+                what = "every operator keeps the cold figure" if keep is None else "the per-kind figures price them"
+                notes.append(f"in-situ dispatch {dname} ({spec['name']}): not measured ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}); {what}")
+            if keep is None:
+                return {}
+            continue
+        for rows in OVERHEAD_ROWS:
+            runs = measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
+                                        model=model)
+            for backend, ops in runs.items():
+                mine = out.setdefault(rows, {}).setdefault(backend, {})
+                mine.update(ops if keep is None else {op: v for op, v in ops.items() if op in keep})
+        del model
+    return out
 
 
 OVERHEAD_ROWS = (1, 2)  # decoding one and two sequences; weight GEMMs add their path edges (gemm_dispatch_rows)
@@ -187,7 +219,9 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
             runs[rows] = in_situ(runs[rows], situ)
         table: dict[str, dict[str, list[list[float]]]] = {}
         for backend in runs[all_rows[0]]:
-            ops = set.intersection(*(set(runs[r].get(backend, {})) for r in all_rows))
+            # every operator at the decode rows; a weight GEMM at each of its rows too
+            ops = {op for op in set.intersection(*(set(runs[r].get(backend, {})) for r in OVERHEAD_ROWS))
+                   if op not in WEIGHT_OPS or all(op in runs[r].get(backend, {}) for r in all_rows)}
             table[backend] = {op: [[r, runs[r][backend][op]] for r in (all_rows if op in WEIGHT_OPS else OVERHEAD_ROWS)]
                               for op in sorted(ops)}
         out[dname] = table
