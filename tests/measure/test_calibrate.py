@@ -573,32 +573,28 @@ def test_settings_that_cannot_be_measured_are_refused_up_front(changes, message)
 
 def test_a_dispatch_model_that_cannot_be_built_keeps_the_cold_figures(monkeypatch):
     """If the in-situ model cannot be built (memory, a dtype this build lacks), the calibration still
-    completes: every operator keeps the cold tiny-model figure and the notes say why."""
+    completes: every operator keeps the cold tiny-model figure and the notes say why; if only the one
+    with experts cannot, the dense model's figures stand and the MoE operators keep the per-kind ones."""
     import llmperf.engine as engine
 
     real = engine.build_model
 
-    def build(spec, *a, **kw):
-        if spec.name == "calibrate-dispatch":
-            raise MemoryError("no room for the dispatch model")
-        return real(spec, *a, **kw)
+    def calibrate_without(model: str, why: str):  # noqa: ANN202
+        def build(spec, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+            if spec.name == model:
+                raise MemoryError(why)
+            return real(spec, *a, **kw)
 
-    monkeypatch.setattr(engine, "build_model", build)
-    c = calibrate(Settings.tiny(dtypes=("fp32",), stream_sizes=(256 * 1024,), gemm_rows=(1, 8), vector_prefills=(),
-                                threads=1))
+        monkeypatch.setattr(engine, "build_model", build)
+        return calibrate(Settings.tiny(dtypes=("fp32",), stream_sizes=(256 * 1024,), gemm_rows=(1, 8),
+                                       vector_prefills=(), threads=1))
+
+    c = calibrate_without("calibrate-dispatch", "no room for the dispatch model")
     assert any("in-situ dispatch fp32 (calibrate-dispatch): not measured (MemoryError: no room for the dispatch "
                "model); every operator keeps the cold figure" in n for n in c.notes)
     assert set(c.op_overhead_rows_s["fp32"]) == {"sdpa", "naive"}
     assert "moe_route" not in c.op_overhead_rows_s["fp32"]["sdpa"]  # not measured: the per-kind figure prices it
-
-    def build_no_moe(spec, *a, **kw):  # the model with experts alone fails: the dense in-situ figures stand
-        if spec.name == "calibrate-dispatch-moe":
-            raise MemoryError("no room for the experts")
-        return real(spec, *a, **kw)
-
-    monkeypatch.setattr(engine, "build_model", build_no_moe)
-    c = calibrate(Settings.tiny(dtypes=("fp32",), stream_sizes=(256 * 1024,), gemm_rows=(1, 8), vector_prefills=(),
-                                threads=1))
+    c = calibrate_without("calibrate-dispatch-moe", "no room for the experts")
     assert any("in-situ dispatch fp32 (calibrate-dispatch-moe): not measured (MemoryError: no room for the experts); "
                "the per-kind figures price them" in n for n in c.notes)
     sdpa = c.op_overhead_rows_s["fp32"]["sdpa"]
