@@ -19,6 +19,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmperf.engine import Engine, SamplingParams, build_model
 from llmperf.engine.model import Transformer
@@ -225,3 +227,24 @@ def test_clamped_swiglu_in_two_buffers_is_transformers_expression_bit_for_bit(dt
     got = clamped_swiglu(gate_up, 7.0)
     assert got.dtype == dtype and torch.equal(got, expected) and torch.equal(gate_up, before)
     assert (gate_up.abs() > 7).any()  # the clamps were exercised
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_grouping_by_sort_gives_each_experts_rows_as_nonzero_does(data):
+    """`MoE.group` by one stable sort of the choices (a GPU's path: one wait for the device) gives the
+    distinct experts ascending and each one's (rows, slots) exactly as `torch.unique` + `nonzero`
+    (a CPU's path), so the experts run and add their rows in the same order either way."""
+    experts = data.draw(st.integers(1, 40))
+    k = data.draw(st.integers(1, experts))
+    tokens = data.draw(st.integers(1, 24))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    chosen = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+    spec = ModelSpec(name="group", vocab_size=16, hidden_size=8, num_layers=1, num_heads=2, ffn_size=8,
+                     num_experts=experts, experts_per_token=k, max_positions=16)
+    moe = MoE(spec, 0, TorchOps(), dtype=torch.float32, device="meta")
+    names, pairs = moe.group(chosen, by_sort=True)
+    want_names, want_pairs = moe.group(chosen)  # on a CPU: unique + nonzero
+    assert names == want_names == torch.unique(chosen).tolist()
+    for (rows, slots), (want_rows, want_slots) in zip(pairs, want_pairs, strict=True):
+        assert torch.equal(rows, want_rows) and torch.equal(slots, want_slots)
