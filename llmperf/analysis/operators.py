@@ -670,9 +670,11 @@ class ForwardModel:
 
         def lin(name: str, d_in: int, d_out: int) -> OpCost:
             # routed experts: one GEMM per expert the rows touch on this GPU, each an equal share of them
-            shape = (GemmShape(n=d_out, k=d_in, groups=copies, m_per_row=per_expert) if part == "routed"
-                     else True)
-            return self._linear(pre + name, rows, d_in, d_out, bias, copies, module=module, gemm=shape)
+            if part != "routed":
+                return self._linear(pre + name, rows, d_in, d_out, bias, copies, module=module)
+            shape = GemmShape(n=d_out, k=d_in, groups=copies, m_per_row=per_expert)
+            return replace(self._linear(pre + name, rows, d_in, d_out, bias, copies, module=module, gemm=shape),
+                           experts=copies)
 
         if m.ffn_kind == "swiglu" and (self.fused_gate_up if fused is None else fused):
             ops = [lin("gate_up_proj", h, 2 * width)]

@@ -68,9 +68,9 @@ class OpCost:
     # may price it by; None for every other operator. Per call: `scaled` keeps it as it is
     gemm: GemmShape | None = None
     attn: AttnShape | None = None  # a fused attention call's shape (per GPU), for a time model that prices by it
-    # a MoE layer's routed operator that is not a GEMM (the experts' activation, `moe_sum`): the experts its
-    # rows spread over on this GPU (the expectation), which an engine running each expert apart calls it
-    # once for (`EfficiencyTimeModel.launches`); None for every other operator. Per call, as `gemm`
+    # a MoE layer's routed operator (the experts' GEMMs and activation, `moe_sum`): the experts its rows
+    # spread over on this GPU (the expectation), which an engine running each expert apart calls it once
+    # for (`EfficiencyTimeModel.launches`); None for every other operator. Per call, as `gemm`
     experts: Number | None = None
 
     @property

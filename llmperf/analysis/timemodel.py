@@ -221,22 +221,13 @@ class EfficiencyTimeModel:
 
     def launches(self, cost: OpCost) -> Number | None:
         """The calls one layer's `cost` makes when the engine runs each routed expert apart
-        (`expert_launches` "per_expert"): the experts it touches (`OpCost.gemm.groups`, the expectation
-        under uniform routing; 0 when none is), for its GEMMs and for the routed operators that are not
-        (`OpCost.experts`: the experts' activation, `moe_sum`). None for every other operator and under
-        "grouped"."""
-        if self.expert_launches != "per_expert":
-            return None
-        shape = getattr(cost, "gemm", None)
+        (`expert_launches` "per_expert"): the experts it touches (`OpCost.experts`, the expectation under
+        uniform routing; 0 when none is), for a MoE layer's routed operators (the experts' GEMMs and
+        activation, `moe_sum`). None for every other operator and under "grouped"."""
         experts = getattr(cost, "experts", None)
-        if cost.kind != "matmul" and experts is not None:
-            return float(experts) if np.ndim(experts) == 0 else np.asarray(experts, dtype=float)
-        if cost.kind != "matmul" or shape is None:
+        if self.expert_launches != "per_expert" or experts is None:
             return None
-        groups = np.asarray(shape.groups, dtype=float)
-        if groups.ndim == 0 and float(groups) == 1.0:
-            return None  # a dense projection: one call
-        return float(groups) if groups.ndim == 0 else groups
+        return float(experts) if np.ndim(experts) == 0 else np.asarray(experts, dtype=float)
 
     def gemm_bytes_efficiency(self, cost: OpCost, rows: Number, t: KindTerms, hardware: HardwareSpec | None = None,
                               peak: float | None = None) -> tuple[Number, Number]:

@@ -10,6 +10,9 @@
 `Timing.spread_s` is the 90th minus the 10th percentile: what a reader needs to judge whether two
 medians differ.
 
+`read_bytes_per_s(tensors, device)`: the host's read bandwidth over given buffers, now (profile's host
+probe; calibrate's read before each weight-size point).
+
 `gc_paused()`: timed engine runs (profile's generations, calibrate's in-situ runs, the engine benchmark) pause
 Python's cyclic garbage collector, as `timeit` does: a full collection walks every live object, which
 in a process holding a profile's records takes tens of milliseconds and lands inside whichever step
@@ -128,3 +131,11 @@ def time_fn(fn: Callable[[], Any], device: Any, *, reps: int = 5, warmup: int = 
     if getattr(device, "type", str(device)) == "cuda":
         return time_cuda(fn)
     return time_cpu(fn, warmup=warmup, reps=reps, min_time_s=min_time_s, max_time_s=max_time_s)
+
+
+def read_bytes_per_s(tensors: Any, device: Any, *, reps: int = 5, warmup: int = 2, min_time_s: float = 0.0) -> float:
+    """Bytes/s of the fastest of a few plain reads (a sum of each of `tensors`): how fast the host
+    streams these buffers now (profile's host probe, calibrate's read before each weight-size point)."""
+    moved = sum(t.numel() * t.element_size() for t in tensors)
+    timing = time_fn(lambda: [t.sum() for t in tensors], device, reps=reps, warmup=warmup, min_time_s=min_time_s)
+    return moved / timing.min_s

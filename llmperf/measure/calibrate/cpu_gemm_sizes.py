@@ -34,6 +34,7 @@ from llmperf.measure.calibrate.ceilings import (
 )
 from llmperf.measure.calibrate.points import ComputePoint
 from llmperf.measure.calibrate.settings import DTYPE_NAMES, Progress, Settings
+from llmperf.measure.timers import read_bytes_per_s
 
 
 def gemm_size_rows_for(s: Settings, dname: str, device: Any) -> tuple[int, ...]:
@@ -80,14 +81,10 @@ class _Held:
         return self.weights.fn(rows), len(self.weights.ws)
 
     def read_bytes_per_s(self) -> float:
-        """Bytes/s of the fastest of a few plain reads (a sum) over every copy of the held weight: how
-        fast the host streams these very buffers now (the probe `profile` takes, `profile.host`)."""
-        from llmperf.measure.timers import time_fn
-
+        """Bytes/s of a read of every copy of the held weight (`timers.read_bytes_per_s`, the probe
+        `profile` takes too): how fast the host streams these very buffers now."""
         assert self.weights is not None
-        ws = self.weights.ws
-        t = time_fn(lambda: [w.sum() for w in ws], self.device, reps=READ_PROBE_REPS, warmup=1)
-        return sum(w.numel() * w.element_size() for w in ws) / t.min_s
+        return read_bytes_per_s(self.weights.ws, self.device, reps=READ_PROBE_REPS, warmup=1)
 
 
 def measure_gemm_sizes(s: Settings, device: Any, progress: Progress, dtypes: Sequence[str],

@@ -28,13 +28,11 @@ def read_probe(device: Any, nbytes: int = PROBE_BYTES, tensors: Sequence[Any] = 
     `weights_to_probe`) when given, else over a fresh `nbytes` fp32 buffer on `device`."""
     import torch
 
-    from llmperf.measure.timers import time_fn
+    from llmperf.measure.timers import read_bytes_per_s
 
     if not tensors:
         tensors = [torch.ones(max(nbytes // 4, 1), device=device)]
-    moved = sum(t.numel() * t.element_size() for t in tensors)
-    timing = time_fn(lambda: [t.sum() for t in tensors], device, reps=5, min_time_s=0.05)
-    return moved / timing.min_s / 1e9
+    return read_bytes_per_s(tensors, device, reps=5, min_time_s=0.05) / 1e9
 
 
 def weights_to_probe(model: Any, nbytes: int = PROBE_BYTES) -> list[Any]:
