@@ -643,6 +643,59 @@ def test_calibrate_times_the_engine_with_the_garbage_collector_paused_as_profile
     assert timed and not any(timed) and gc.isenabled()
 
 
+def _op(step, op, seconds, phase="decode"):
+    from llmperf.engine.instrument import OpRecord
+    return OpRecord(phase=phase, step=step, layer=0, op=op, seconds=seconds, batch=1, q_len=1, kv_len=4)
+
+
+def _step(step, forward, phase="decode"):
+    from llmperf.engine.instrument import StepRecord
+    return StepRecord(phase=phase, step=step, batch=1, q_len=1, kv_len=4, tokens_in_cache=4, seconds=forward,
+                      forward_seconds=forward)
+
+
+def test_the_recorder_share_is_what_recording_adds_to_each_call_of_a_decode_step():
+    """Three calls a step recorded at 30 + 20 + 10 us (prefill ignored); the unrecorded forward pass
+    takes 45 us: each call carries 5 us of recording. Glue between operators that costs more than
+    recording adds gives a negative share; no decode steps give none."""
+    from llmperf.engine.instrument import Trace
+    from llmperf.measure.calibrate.operators import recorder_share
+
+    recorded = Trace(ops=[_op(0, "prefill_only", 1.0, "prefill")]
+                     + [_op(i, op, t) for i in range(3) for op, t in (("a", 30e-6), ("b", 20e-6), ("c", 10e-6))])
+    bare = Trace(steps=[_step(0, 1.0, "prefill")] + [_step(i, t) for i, t in enumerate((44e-6, 45e-6, 46e-6))])
+    share, calls, summed, forward = recorder_share(recorded, bare)
+    assert calls == 3 and summed == pytest.approx(60e-6) and forward == pytest.approx(45e-6)
+    assert share == pytest.approx(5e-6)
+    slow_glue = Trace(steps=[_step(0, 75e-6)])
+    assert recorder_share(recorded, slow_glue)[0] == pytest.approx(-5e-6)
+    assert recorder_share(recorded, Trace()) == (0.0, 0, 0.0, 0.0)
+    assert recorder_share(Trace(), bare) == (0.0, 0, 0.0, 0.0)
+
+
+def test_op_overheads_measured_against_an_unrecorded_run_move_by_the_recorder_share_and_say_so(monkeypatch):
+    """What calibrate does on CUDA (forced here on the CPU): the same generation again unrecorded, each
+    call's figure less the share, never below zero (a share of 1 s: every figure 0; of -1 s: every
+    figure over 1 s), and a note naming the share and both times. Without `unrecorded` (a CPU's
+    default) neither the figures nor the notes change."""
+    import torch
+
+    from llmperf.measure.calibrate import operators
+
+    s, cpu = Settings.tiny(), torch.device("cpu")
+    monkeypatch.setattr(operators, "op_overhead_backends", lambda device: ("sdpa",))
+    for share, check in ((1.0, lambda v: v == 0.0), (-1.0, lambda v: v > 1.0)):
+        monkeypatch.setattr(operators, "recorder_share", lambda recorded, bare, share=share: (share, 5, 1e-3, 0.99e-3))
+        notes: list[str] = []
+        figures = operators.measure_op_overheads(s, cpu, lambda _: None, cold=False, unrecorded=True, notes=notes)
+        assert figures["sdpa"] and all(check(v) for v in figures["sdpa"].values())
+        assert len(notes) == 1 and f"each call {share * 1e6:+.2f} us less, the recorder's share" in notes[0]
+        assert "its 5 calls a decode step add up to 1.000 ms recorded" in notes[0] and "takes 0.990 ms" in notes[0]
+    notes = []
+    figures = operators.measure_op_overheads(s, cpu, lambda _: None, cold=False, notes=notes)
+    assert not notes and all(0.0 < v < 1.0 for v in figures["sdpa"].values())
+
+
 @pytest.mark.parametrize("spent, nxt, budget, call, call_budget, fits", [
     (0.0, 5.0, 10.0, 0.1, 0.8, True), (6.0, 4.0, 10.0, 0.1, 0.8, True),  # exactly at the budget: measured
     (6.0, 4.1, 10.0, 0.1, 0.8, False), (0.0, 1.0, 10.0, 0.9, 0.8, False), (0.0, 0.0, 0.0, 0.0, 0.0, True)])

@@ -83,7 +83,7 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
         cal.step_overhead_s = measure_step_overhead(device, tick)
     if s.op_overhead:
         with torch.inference_mode():
-            cal.op_overhead_s = measure_op_overheads(s, device, tick)
+            cal.op_overhead_s = measure_op_overheads(s, device, tick, notes=cal.notes)
             if device.type == "cpu":
                 cal.op_overhead_warm_s = measure_op_overheads(s, device, tick, cold=False)
                 cal.op_overhead_rows_s = measure_op_overhead_rows(s, device, tick, cal.op_overhead_s, cal.notes)
