@@ -49,6 +49,7 @@ ROPE_FLOPS = 3  # x * cos + rotate(x) * sin
 SOFTCAP_FLOPS = 3  # divide, tanh, multiply
 SINK_FLOPS = 2  # the sink logit's exponential and its add to the row sum
 ROUTE_FLOPS = 4  # per expert logit: its score (an exponential or a sigmoid), a sum or divide, the top-k's compare
+FP32_BYTES = 4  # a value kept in fp32 whatever the model's dtype (DeepSeek's router score-correction bias)
 ROUTE_CHOICE_BYTES = 12  # a chosen expert: its weight (fp32), id and token-expert index (int32), as vLLM's topk_softmax
 
 #: the module names `Precision.matrix_bytes(..., module=)` and `Precision.matmul_dtype(module)` take
@@ -605,9 +606,9 @@ class ForwardModel:
         (DeepSeek-V3's noaux_tc bias: one add per logit)."""
         m, tokens = self.model, batch * q_len
         op = self._linear("router", tokens, m.hidden_size, m.num_experts, m.router_bias, module="router")
-        if m.router_score_bias:
+        if m.router_score_bias:  # fp32 in every engine and checkpoint
             op = replace(op, flops=op.flops + tokens * m.num_experts,
-                         weight_bytes=op.weight_bytes + m.num_experts * self.precision.act_bytes)
+                         weight_bytes=op.weight_bytes + m.num_experts * FP32_BYTES)
         return op
 
     def moe_route(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, MLA_MODES, ForwardModel
+from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, FP32_BYTES, MLA_MODES, ForwardModel
 from llmperf.analysis.roofline import (
     TimeModel,
     engine_label,
@@ -390,7 +390,8 @@ def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, 
         ffn = (_ffn_weight_bytes(m, precision, m.expert_ffn_size, tp // ep, m.num_experts // ep, "expert")
                + _ffn_weight_bytes(m, precision, m.shared_expert_ffn_size, 1 if dp_attention else tp,
                                    m.shared_experts, "shared_expert")
-               + (m.router_params_per_layer + (m.hidden_size if m.shared_expert_gate else 0)) * ab)
+               + (m.router_params_per_layer + (m.hidden_size if m.shared_expert_gate else 0)) * ab
+               + (m.num_experts * (FP32_BYTES - ab) if m.router_score_bias else 0))  # that bias is fp32
     else:
         ffn = _ffn_weight_bytes(m, precision, m.ffn_size, tp, 1, "dense_mlp")
     return attn + ffn + m.norms_per_layer * m.norm_params * ab

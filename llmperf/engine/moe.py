@@ -61,9 +61,11 @@ def check_moe(spec: ModelSpec) -> None:
 
 
 def fp32_router(spec: ModelSpec) -> bool:
-    """Whether the router's weight is kept, and its logits computed, in fp32: DeepSeek's routers
-    (shared experts without a gate: DeepSeek-V2/V3, Kimi-K2, GLM-4.5; transformers keeps `gate.weight`
-    in fp32 and routes `hidden.float()`)."""
+    """Whether the router's logits are computed in fp32: DeepSeek's routers (shared experts without a
+    gate: DeepSeek-V2/V3, Kimi-K2, GLM-4.5; transformers routes `hidden.float()` through
+    `gate.weight.float()`). The weight is stored at the model's dtype, as the checkpoints store it
+    (bf16) and vLLM and SGLang hold it; transformers' fp32 copy holds the same values. The
+    score-correction bias is fp32 everywhere (as the analytical model counts it)."""
     return spec.shared_experts > 0 and not spec.shared_expert_gate and not spec.router_input_scaling
 
 
@@ -97,7 +99,7 @@ class MoE(nn.Module):
         self.fp32_router = fp32_router(spec)
         in_out = ops.in_out
         fp32 = dict(kw, dtype=torch.float32)
-        self.router_weight = _mat(C, E, in_out, **(fp32 if self.fp32_router else kw))
+        self.router_weight = _mat(C, E, in_out, **kw)
         self.router_bias = nn.Parameter(torch.empty(E, **kw)) if spec.router_bias else None
         self.router_score_bias = nn.Parameter(torch.empty(E, **fp32)) if spec.router_score_bias else None
         self.experts_up_weight = nn.Parameter(torch.empty((E, C, 2 * F_) if in_out else (E, 2 * F_, C), **kw))

@@ -53,12 +53,14 @@ H200 = _hw(141 * 10**9, "h200-like")
 @pytest.mark.parametrize("spec", TODAYS, ids=lambda s: s["name"])
 def test_stages_sum_to_the_parameter_count(spec):
     """At one precision the stages hold every parameter once (an untied lm_head on the last stage; a
-    tied one a second time there when pp > 1)."""
+    tied one a second time there when pp > 1), DeepSeek's router score-correction bias in fp32 (2 bytes
+    more per expert and MoE layer at bf16)."""
     m = ModelSpec(**spec)
+    fp32_bias = 2 * m.num_experts * sum(n for kind, n in m.layer_groups() if kind.moe) if m.router_score_bias else 0
     for pp in (1, 2, 3, 5):
         total = sum(stage_weight_bytes(m, BF16, pp=pp))
         tied_copy = m.vocab_size * m.hidden_size * 2 if (m.tied_embeddings and pp > 1) else 0
-        assert total == 2 * m.param_count + tied_copy
+        assert total == 2 * m.param_count + tied_copy + fp32_bias
     assert weight_bytes_per_gpu(m, Precision.uniform("fp32")) == 4 * m.param_count
 
 
@@ -80,16 +82,16 @@ def test_deepseek_v3_mla_attention_by_hand():
 def test_deepseek_v3_dense_layers_sit_on_the_first_stage():
     """61 layers on 2 stages: [31, 30]; stage 0 = the embedding + dense layers 0..2 + 28 MoE layers,
     stage 1 = 30 MoE layers + final norm + lm_head. Dense layer: attention + 3 x 7168 x 18432 + 2
-    norms; MoE layer: attention + (256 + 1) x 3 x 7168 x 2048 + router 7168 x 256 + 256 score biases
-    + 2 norms (bf16)."""
+    norms (bf16); MoE layer: attention + (256 + 1) x 3 x 7168 x 2048 + router 7168 x 256 + 2 norms
+    (bf16) + 256 score biases (fp32, as every engine keeps them)."""
     m = ModelSpec(**DEEPSEEK_V3)
     attn = 187_107_328
     dense = (attn + 3 * 7168 * 18432 + 2 * 7168) * 2
-    moe = (attn + 257 * 3 * 7168 * 2048 + 7168 * 256 + 256 + 2 * 7168) * 2
+    moe = (attn + 257 * 3 * 7168 * 2048 + 7168 * 256 + 2 * 7168) * 2 + 256 * 4
     vocab = 129280 * 7168 * 2
     assert stage_layers(m, 2) == [31, 30]
     assert stage_weight_bytes(m, BF16, pp=2) == [vocab + 3 * dense + 28 * moe, 30 * moe + 7168 * 2 + vocab]
-    assert sum(stage_weight_bytes(m, BF16, pp=2)) == 2 * 671_026_419_200
+    assert sum(stage_weight_bytes(m, BF16, pp=2)) == 2 * 671_026_419_200 + 58 * 256 * 2
 
 
 def test_expert_parallelism_moves_whole_experts():

@@ -201,12 +201,20 @@ BUILTIN_MOE = ["mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "llama-4-scout", 
 @pytest.mark.parametrize("name", BUILTIN_MOE)
 def test_builtin_moe_models_build_and_decode(name):
     """The built-in specs' routing fields as they are (groups, scales, score corrections, shared
-    experts, dense layers, clamps), on a 4-layer model of their family with random weights."""
+    experts, dense layers, clamps), on a 4-layer model of their family with random weights; its
+    parameters weigh what the analytical model counts at both dtypes (DeepSeek's router weight at the
+    model's dtype, its score-correction bias fp32: the GPU session of 2026-11-27 found the router
+    kept in fp32, 918,016 bytes over the count at bf16)."""
+    from llmperf.analysis.memory import weight_bytes_per_gpu
+    from llmperf.specs import Precision
+
     mla = dict(kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, head_dim=32,
                rotary_dim=16, num_kv_heads=4)  # DeepSeek-V3, Kimi-K2: latent attention scaled down too
     spec = tiny(name, num_layers=4, moe_ffn_size=16, ffn_size=32, **(mla if name in ("deepseek-v3", "kimi-k2") else {}))
     for dtype in ("fp32", "bf16"):
         model = build_model(spec, seed=1, dtype=dtype)
+        real = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in model.parameters()}.values())
+        assert real == weight_bytes_per_gpu(spec, Precision.uniform(dtype))
         out = Engine(model).generate([[1, 2, 3, 4, 5], [7, 8]], SamplingParams(max_new_tokens=3))
         assert all(len(o.tokens) == 3 for o in out)
         touched = touched_experts(model)
