@@ -696,6 +696,27 @@ def test_op_overheads_measured_against_an_unrecorded_run_move_by_the_recorder_sh
     assert not notes and all(0.0 < v < 1.0 for v in figures["sdpa"].values())
 
 
+def test_a_gpu_calibration_times_the_moe_dispatch_on_the_tiny_model_with_experts(monkeypatch):
+    """What calibrate runs on CUDA (here on the CPU): the router's choice and the experts' sum from the
+    tiny MoE model's recorded decode, one figure per call and backend, nothing else; a backend that
+    cannot run it is noted and keeps the per-kind figures."""
+    import torch
+
+    from llmperf.measure.calibrate import TINY_MOE_SPEC, TINY_SPEC, measure_moe_dispatch, operators
+
+    assert {k: v for k, v in TINY_MOE_SPEC.items() if k in TINY_SPEC and k != "name"} == {
+        k: v for k, v in TINY_SPEC.items() if k != "name"}
+    notes: list[str] = []
+    figures = measure_moe_dispatch(Settings.tiny(), torch.device("cpu"), lambda _: None, notes)
+    assert set(figures) == {"sdpa", "naive"} and not notes
+    assert all(set(ops) == {"moe_route", "moe_sum"} and all(v > 0 for v in ops.values()) for ops in figures.values())
+    monkeypatch.setattr(operators, "op_overhead_backends", lambda device: ("sdpa", "triton"))
+    monkeypatch.setattr(operators, "measure_op_overheads", lambda *a, **k: {"sdpa": dict(figures["sdpa"], act=1.0)})
+    assert measure_moe_dispatch(Settings.tiny(), torch.device("cpu"), lambda _: None, notes) == {
+        "sdpa": figures["sdpa"]}
+    assert notes == ["MoE dispatch (moe_route, moe_sum) not measured for triton: the per-kind figures price them"]
+
+
 @pytest.mark.parametrize("spent, nxt, budget, call, call_budget, fits", [
     (0.0, 5.0, 10.0, 0.1, 0.8, True), (6.0, 4.0, 10.0, 0.1, 0.8, True),  # exactly at the budget: measured
     (6.0, 4.1, 10.0, 0.1, 0.8, False), (0.0, 1.0, 10.0, 0.9, 0.8, False), (0.0, 0.0, 0.0, 0.0, 0.0, True)])

@@ -25,6 +25,7 @@ from llmperf.measure.calibrate.fit import _clean, _clean_ops, fit_curves, fit_ge
 from llmperf.measure.calibrate.operators import (
     COLD_GEMM,
     MOE_DISPATCH_OPS,
+    TINY_MOE_SPEC,
     TINY_SPEC,
     dispatch_moe_spec,
     dispatch_spec,
@@ -268,7 +269,12 @@ class Calibration:
                                                      "op_overhead_s)",
                                                  moe=dict(dispatch_moe_spec(self.settings.dispatch_hidden),
                                                           ops=", ".join(MOE_DISPATCH_OPS)))
-                                            if self.settings.dispatch_hidden and self.op_overhead_rows_s else None)),
+                                            if self.settings.dispatch_hidden and self.op_overhead_rows_s else None),
+                                   moe=(dict(TINY_MOE_SPEC, cache="contiguous", tokens=self.settings.op_overhead_tokens,
+                                             ops=", ".join(MOE_DISPATCH_OPS))
+                                        if not self.op_overhead_rows_s and any(
+                                            op in ops for ops in self.op_overhead_s.values() for op in MOE_DISPATCH_OPS)
+                                        else None)),
             step_overhead_s=_clean(self.step_overhead_s),
             floor_s={k: _clean(v) for k, v in self.floor_s.items()},
             gemm_shapes=[dict(dtype=d, m=m, n=n, k=k, seconds=_clean(t)) for d, m, n, k, t in self.gemm_shapes],

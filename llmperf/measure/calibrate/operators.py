@@ -153,6 +153,28 @@ def dispatch_moe_spec(hidden: int) -> dict[str, Any]:
                 moe_ffn_size=max(hidden // 4, 16))
 
 
+#: the tiny model with experts (8 of width 32, 2 a token, softmax routing renormalised as Qwen3-MoE's)
+#: whose recorded decode gives a GPU's `MOE_DISPATCH_OPS` (a host-bound GPU engine pays the same host
+#: time at any width: measured on an H100 on 2026-11-27, Qwen3-30B-A3B's router choice took 0.9 ms a
+#: layer and its sum 0.13 ms an expert, recorded, where the per-kind figures priced 10 us and 9 us)
+TINY_MOE_SPEC = dict(TINY_SPEC, name="calibrate-tiny-moe", num_experts=8, experts_per_token=2, moe_ffn_size=32)
+
+
+def measure_moe_dispatch(s: Settings, device: Any, progress: Progress, notes: list[str] | None = None
+                         ) -> dict[str, dict[str, float]]:
+    """Per attention backend, `MOE_DISPATCH_OPS`' figures (one call each: the router's choice a layer,
+    the sum an expert) from `TINY_MOE_SPEC`'s recorded decode, as `measure_op_overheads` times the
+    tiny model's (on CUDA less the recorder's share). A backend that cannot run it keeps the per-kind
+    figures for them, noted."""
+    runs = measure_op_overheads(s, device, progress, cold=False, spec=TINY_MOE_SPEC, notes=notes)
+    out = {b: {op: v for op, v in ops.items() if op in MOE_DISPATCH_OPS} for b, ops in runs.items()}
+    missing = [b for b in op_overhead_backends(device) if not out.get(b)]
+    if missing and notes is not None:
+        notes.append(f"MoE dispatch ({', '.join(MOE_DISPATCH_OPS)}) not measured for {', '.join(missing)}: "
+                     "the per-kind figures price them")
+    return {b: ops for b, ops in out.items() if ops}
+
+
 def in_situ(cold: dict[str, dict[str, float]], situ: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """Per backend, the weight GEMMs' dispatch from `cold` (the tiny model, a GEMV before each) and
     every other operator's from `situ` (a real layer's decode) where it was measured, with the
