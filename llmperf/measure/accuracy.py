@@ -240,16 +240,25 @@ def report(run_dir: Path) -> tuple[str, bool]:
     checks = run.checks
     lines.append("checks: " + ", ".join(f"{c.name}: {'pass' if c.passed else 'FAIL'}" for c in checks))
     lines += [f"  FAIL {c.name}: {c.detail}" for c in checks if not c.passed]
-    if run.host_bandwidth:  # a CPU run's probes beside the calibration's read (`llmperf.measure.profile.host`)
-        from llmperf.measure.profile.host import config_lines, drift_lines
+    # the host during the run beside the calibration's (`llmperf.measure.profile.host`): a CPU's DRAM
+    # read, a GPU's dispatch of a tiny kernel (what a host-bound engine's steps follow)
+    from llmperf.measure.profile.host import config_lines, dispatch_lines, drift_lines
 
-        lines += drift_lines([p.read_gb_per_s for p in run.host_bandwidth], s.calibration_bandwidth_gb_per_s)
+    host = None
+    if run.host_bandwidth:
+        host = ([(p.config, p.read_gb_per_s) for p in run.host_bandwidth], s.calibration_bandwidth_gb_per_s,
+                drift_lines, {})
+    elif run.host_dispatch:
+        host = ([(p.config, p.dispatch_us) for p in run.host_dispatch], s.calibration_dispatch_us, dispatch_lines,
+                dict(unit="us a kernel", what="host dispatch"))
+    if host is not None:
+        pairs, calibrated_probe, overall, words = host
+        lines += overall([v for _, v in pairs], calibrated_probe)
         dec = steps[steps["phase"] == "decode"]
         per_config = {str(c): error_stats(g["predicted_calibrated_s"], g["measured_s"])[0]
                       for c, g in dec.groupby("config")}
-        lines += config_lines([(p.config, p.read_gb_per_s) for p in run.host_bandwidth],
-                              {c: e for c, e in per_config.items() if math.isfinite(e)},
-                              s.calibration_bandwidth_gb_per_s)
+        lines += config_lines(pairs, {c: e for c, e in per_config.items() if math.isfinite(e)}, calibrated_probe,
+                              **words)
     for e in run.experts_touched or []:
         if e.phase == "decode":
             lines.append(f"experts touched, {e.config} decode layer {e.layer}: measured {e.measured_mean:.2f} "

@@ -139,3 +139,29 @@ def read_bytes_per_s(tensors: Any, device: Any, *, reps: int = 5, warmup: int = 
     moved = sum(t.numel() * t.element_size() for t in tensors)
     timing = time_fn(lambda: [t.sum() for t in tensors], device, reps=reps, warmup=warmup, min_time_s=min_time_s)
     return moved / timing.min_s
+
+
+def dispatch_seconds(device: Any, *, calls: int = 200, rounds: int = 5) -> float:
+    """Seconds the host takes to issue one tiny kernel (an in-place add to one element) on `device`: the
+    median of `rounds` rounds of `calls` back to back, each closed by a synchronize. On a GPU whose
+    engine is host-bound (an eager decode step) its steps follow this speed: calibrate records it beside
+    its operator figures and profile before each configuration (`llmperf.measure.profile.host`)."""
+    import torch
+
+    x = torch.zeros(1, device=device)
+    cuda = torch.device(device).type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    x.add_(1.0)
+    sync()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            x.add_(1.0)
+        sync()
+        times.append((time.perf_counter() - t0) / calls)
+    return float(statistics.median(times))

@@ -402,6 +402,50 @@ def test_accuracy_prices_a_gpu_run_under_typical_eager_beside_the_others():
     assert typical_predictions(cpu_run, pd.read_csv(cpu / "steps.csv"), pd.read_csv(cpu / "generations.csv")) is None
 
 
+def test_a_gpu_runs_dispatch_probes_are_set_beside_its_calibrations(tmp_path):
+    """A GPU run's `host_dispatch` (us to issue a tiny kernel before each configuration) and its
+    calibration's probe: the report says how far the host moved, overall and per configuration; the
+    manifest reads them back and a CPU run.json never carries them."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from llmperf.measure.accuracy import report
+    from llmperf.measure.profile import host
+    from llmperf.measure.profile.manifest import RunManifest
+    from llmperf.measure.timers import dispatch_seconds
+
+    assert dispatch_seconds("cpu", calls=5, rounds=2) > 0
+    steady = host.dispatch_lines([5.0, 5.2, 5.1], 5.0)
+    assert steady == ["host dispatch during the run: median 5.10 us a kernel (5.00-5.20, 3 probes); the "
+                      "calibration's 5.00 us (1.02x)"]
+    moved = host.dispatch_lines([8.0, 7.5], 5.0)
+    assert "(1.55x)" in moved[0] and moved[1].startswith("note the host moved since the calibration (1.55x its "
+                                                         "dispatch time)")
+    assert host.dispatch_lines([], 5.0) == [] and "no calibration probe" in host.dispatch_lines([5.0], None)[0]
+    lines = host.config_lines([("a", 5.0), ("b", 8.0)], {"a": 0.04, "b": 0.3}, 5.0, unit="us a kernel",
+                              what="host dispatch")
+    assert lines[0] == "host dispatch by configuration:" and "b: host 8.0 us a kernel (1.60x)" in lines[2]
+    assert host.calibration_dispatch(type("H", (), {"calibration": {"dispatch_probe_us": 4.2}})()) == 4.2
+    assert host.calibration_dispatch(type("H", (), {"calibration": {}})()) is None
+    root = Path(__file__).resolve().parents[2] / "reports" / "profile"
+    run_dir = tmp_path / "gpu"
+    shutil.copytree(root / "2026-11-25-h100-sdpa", run_dir)
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert "host_dispatch" not in doc and "calibration_dispatch_us" not in doc["settings"]
+    names = [f"b{b}-p{p}-g32" for b in (1, 8, 32) for p in (512, 2048)]
+    doc["host_dispatch"] = [dict(config=c, round=0, dispatch_us=5.0 if c.startswith("b1-") else 7.0) for c in names]
+    doc["settings"]["calibration_dispatch_us"] = 5.0
+    (run_dir / "run.json").write_text(json.dumps(doc))
+    assert RunManifest.load(run_dir / "run.json").host_dispatch[0].dispatch_us == 5.0
+    text, _ = report(run_dir)
+    assert "host dispatch during the run: median 7.00 us a kernel (5.00-7.00, 6 probes)" in text
+    assert "host dispatch by configuration:" in text and "b1-p512-g32: host 5.0 us a kernel (1.00x)" in text
+    assert "steady configurations (host within 10%): 2 of 6" in text
+    cpu = json.loads((root / "2026-11-25-cpu-avx2" / "run.json").read_text())
+    assert "host_dispatch" not in cpu and "calibration_dispatch_us" not in cpu["settings"]
+
+
 def _recorded(prefill_s, decode_s, op_s):
     """A fake run of a 1-sequence generation: one prefill, len(decode_s) decode steps, one operator a step."""
     from llmperf.engine.instrument import OpRecord, StepRecord, Trace

@@ -58,6 +58,7 @@ class Calibration:
     # CPU: dtype -> backend -> op -> [[rows, seconds]] (the packed GEMM path dispatches differently)
     op_overhead_rows_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
     step_overhead_s: float = 0.0
+    dispatch_probe_s: float = 0.0  # CUDA: the host's time to issue a tiny kernel (`timers.dispatch_seconds`)
     floor_s: dict[str, float] = field(default_factory=dict)  # CUDA: kind -> a tiny kernel's device time
     # CUDA: GEMMs by shape (dtype, m, n, k, seconds) and the shape model's terms fitted on them
     gemm_shapes: list[tuple[str, int, int, int, float]] = field(default_factory=list)
@@ -276,6 +277,7 @@ class Calibration:
                                             op in ops for ops in self.op_overhead_s.values() for op in MOE_DISPATCH_OPS)
                                         else None)),
             step_overhead_s=_clean(self.step_overhead_s),
+            dispatch_probe_us=_clean(self.dispatch_probe_s * 1e6) if self.dispatch_probe_s else None,
             floor_s={k: _clean(v) for k, v in self.floor_s.items()},
             gemm_shapes=[dict(dtype=d, m=m, n=n, k=k, seconds=_clean(t)) for d, m, n, k, t in self.gemm_shapes],
             attention_shapes=[{k: _clean(v) if isinstance(v, float) else v for k, v in r.items()}

@@ -31,6 +31,7 @@ from llmperf.measure.calibrate.operators import (
 from llmperf.measure.calibrate.settings import Progress, Settings
 from llmperf.measure.calibrate.vector_ops import measure_op_e_memory
 from llmperf.measure.device import describe, versions
+from llmperf.measure.timers import dispatch_seconds
 
 
 def calibrate(settings: Settings | None = None, *, progress: Progress | None = None) -> Calibration:
@@ -83,6 +84,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
     if s.step_overhead:
         cal.step_overhead_s = measure_step_overhead(device, tick)
     if s.op_overhead:
+        if device.type == "cuda":  # the host's speed now, beside its operator figures (profile probes it too)
+            cal.dispatch_probe_s = dispatch_seconds(device)
         with torch.inference_mode():
             cal.op_overhead_s = measure_op_overheads(s, device, tick, notes=cal.notes)
             if device.type == "cuda":  # a CPU times them in situ (measure_op_overhead_rows)

@@ -10,6 +10,9 @@ read `calibrate` times for its largest stream over the model's own largest weigh
 keeps the probes (`host_bandwidth`). The accuracy report sets them against the bandwidth the
 calibration priced DRAM at (`calibration_bandwidth`; `drift_lines`, `config_lines`): memory-bound
 steps that miss by the same factor miss through the host, not the time model. Nothing is fitted on them.
+On a GPU the engine's steps follow the host's dispatch instead: `profile` times a tiny kernel's issue
+(`timers.dispatch_seconds`) before each configuration (`host_dispatch`), beside the calibration's
+(`dispatch_lines`; config lines in us).
 """
 
 from __future__ import annotations
@@ -76,12 +79,12 @@ def drift_lines(probes: Sequence[float], calibrated: float | None) -> list[str]:
                   "run about that much off their calibrated prediction; calibrate again on a steadier machine"]
 
 
-def config_lines(probes: Sequence[tuple[str, float]], decode_errors: Mapping[str, float], calibrated: float | None
-                 ) -> list[str]:
-    """Per configuration, its probes' median (GB/s, `(config, probe)` pairs) beside its calibrated decode
-    steps' median |error| (`decode_errors`), and the decode median over the steady configurations (those
-    whose probe is within `DRIFT` of the calibration's bandwidth): which misses go with a moved host. The
-    steady set is chosen by the probes alone, never by the errors."""
+def config_lines(probes: Sequence[tuple[str, float]], decode_errors: Mapping[str, float], calibrated: float | None,
+                 *, unit: str = "GB/s", what: str = "host bandwidth") -> list[str]:
+    """Per configuration, its probes' median (GB/s, `(config, probe)` pairs; `unit` for another probe,
+    `what` names it) beside its calibrated decode steps' median |error| (`decode_errors`), and the decode
+    median over the steady configurations (those whose probe is within `DRIFT` of the calibration's):
+    which misses go with a moved host. The steady set is chosen by the probes alone, never by the errors."""
     if not probes or calibrated is None or not decode_errors:
         return []
     by: dict[str, list[float]] = {}
@@ -93,7 +96,7 @@ def config_lines(probes: Sequence[tuple[str, float]], decode_errors: Mapping[str
             continue
         ratio = statistics.median(values) / calibrated
         err = decode_errors[config]
-        out.append(f"  {config}: host {statistics.median(values):.1f} GB/s ({ratio:.2f}x), "
+        out.append(f"  {config}: host {statistics.median(values):.1f} {unit} ({ratio:.2f}x), "
                    f"calibrated decode median {err:.1%}")
         if abs(ratio - 1) <= DRIFT:
             steady.append(config)
@@ -104,5 +107,32 @@ def config_lines(probes: Sequence[tuple[str, float]], decode_errors: Mapping[str
         tail = f"steady configurations (host within {DRIFT:.0%}): {len(steady)} of {len(out)}, decode median {med:.1%}"
     else:
         tail = f"steady configurations (host within {DRIFT:.0%}): none of {len(out)}"
-    return ["host bandwidth by configuration:"] + out + ["  " + tail]
+    return [f"{what} by configuration:"] + out + ["  " + tail]
+
+
+def calibration_dispatch(hardware: Any) -> float | None:
+    """The host's time (us) to issue a tiny kernel when a GPU's calibration timed its operators
+    (`dispatch_probe_us`, `llmperf.measure.timers.dispatch_seconds`); None without one."""
+    cal = getattr(hardware, "calibration", None) or {}
+    value = cal.get("dispatch_probe_us")
+    return float(value) if value else None
+
+
+def dispatch_lines(probes: Sequence[float], calibrated: float | None) -> list[str]:
+    """The report's lines on a GPU host's dispatch: the probes' median and range (us to issue a tiny
+    kernel) beside the calibration's, and whether the host moved past `DRIFT` (a host-bound engine's
+    steps run about that much off their calibrated prediction)."""
+    if not probes:
+        return []
+    median = statistics.median(probes)
+    line = (f"host dispatch during the run: median {median:.2f} us a kernel ({min(probes):.2f}-{max(probes):.2f}, "
+            f"{len(probes)} probes)")
+    if calibrated is None:
+        return [line + "; no calibration probe to compare"]
+    ratio = median / calibrated
+    line += f"; the calibration's {calibrated:.2f} us ({ratio:.2f}x)"
+    if abs(ratio - 1) <= DRIFT:
+        return [line]
+    return [line, f"note the host moved since the calibration ({ratio:.2f}x its dispatch time): host-bound steps "
+                  "run about that much off their calibrated prediction; calibrate again on a steadier machine"]
 

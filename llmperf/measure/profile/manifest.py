@@ -29,9 +29,10 @@ from llmperf.errors import SpecError
 SCHEMA_VERSION = 1
 #: keys written only once they have a value (`configs_done` after the first configuration,
 #: `experts_touched` for a mixture-of-experts model, `runs` by runs that took rounds, `host_bandwidth`
-#: and `calibration_bandwidth_gb_per_s` by CPU runs that probed the host)
+#: and `calibration_bandwidth_gb_per_s` by CPU runs that probed the host, `host_dispatch` and
+#: `calibration_dispatch_us` by GPU runs)
 _OMITTED_WHEN_NONE = frozenset({"configs_done", "experts_touched", "runs", "host_bandwidth",
-                                "calibration_bandwidth_gb_per_s"})
+                                "calibration_bandwidth_gb_per_s", "host_dispatch", "calibration_dispatch_us"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +75,7 @@ class RunSettings:
     separate_step_run: bool | None = None
     runs: int | None = None  # rounds of generations, each step the median over them (None: one, before rounds)
     calibration_bandwidth_gb_per_s: float | None = None  # the DRAM bandwidth a calibration priced (host probes' peer)
+    calibration_dispatch_us: float | None = None  # GPU: the calibration's dispatch probe (host_dispatch's peer)
     time_models: TimeModels = field(default_factory=TimeModels)
     calibrated_overheads: CalibratedOverheads | None = None
     hardware_source: str | None = None
@@ -152,6 +154,15 @@ class HostProbe:
     read_gb_per_s: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class DispatchProbe:
+    """The host's time to issue a tiny kernel just before one configuration's generation in one round (GPU)."""
+
+    config: str
+    round: int
+    dispatch_us: float
+
+
 @dataclass(kw_only=True)
 class RunManifest:
     """A profile run's `run.json` (see the module docstring)."""
@@ -172,6 +183,7 @@ class RunManifest:
     status: str | None = None
     experts_touched: list[ExpertsTouched] | None = None
     host_bandwidth: list[HostProbe] | None = None  # CPU: `llmperf.measure.profile.host` probes
+    host_dispatch: list[DispatchProbe] | None = None  # GPU: `llmperf.measure.profile.host` probes
 
     @classmethod
     def load(cls, path: str | Path) -> RunManifest:

@@ -19,11 +19,12 @@ from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.timemodel import ROOFLINE_MODEL, EfficiencyTimeModel
 from llmperf.errors import SpecError
 from llmperf.measure.profile.checks import cross_checks
-from llmperf.measure.profile.host import calibration_bandwidth, read_probe, weights_to_probe
+from llmperf.measure.profile.host import calibration_bandwidth, calibration_dispatch, read_probe, weights_to_probe
 from llmperf.measure.profile.join import join_check, merge_joins
 from llmperf.measure.profile.manifest import (
     CalibratedOverheads,
     Check,
+    DispatchProbe,
     ErrorRow,
     ExpertsTouched,
     HostProbe,
@@ -46,6 +47,7 @@ from llmperf.measure.profile.tables import (
     _Table,
     errors_table,
 )
+from llmperf.measure.timers import dispatch_seconds
 from llmperf.outputs import json_text, jsonable, write_file
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
 
@@ -162,6 +164,9 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
             if settings.device == "cpu":  # the host's bandwidth now, beside the calibration's (`host`)
                 run.host_bandwidth = (run.host_bandwidth or []) + [
                     HostProbe(config=config, round=rnd, read_gb_per_s=round(read_probe(device, tensors=probed), 2))]
+            elif device.type == "cuda":  # a host-bound engine's speed now, beside the calibration's (`host`)
+                run.host_dispatch = (run.host_dispatch or []) + [
+                    DispatchProbe(config=config, round=rnd, dispatch_us=round(dispatch_seconds(device) * 1e6, 3))]
             tick(f"generation {config}" + (f" (run {rnd + 1} of {settings.runs})" if settings.runs > 1 else ""))
             recorded.setdefault(config, []).append(record_generation(engine, spec, settings, b, p, g))
             if rnd < settings.runs - 1:
@@ -224,6 +229,7 @@ def new_manifest(settings: ProfileSettings, spec: ModelSpec, hardware: HardwareS
             threads=torch.get_num_threads() if settings.device == "cpu" else None,
             separate_step_run=settings.two_runs, runs=settings.runs if settings.runs > 1 else None,
             calibration_bandwidth_gb_per_s=calibration_bandwidth(hardware) if settings.device == "cpu" else None,
+            calibration_dispatch_us=calibration_dispatch(hardware) if settings.device == "cuda" else None,
             time_models=TimeModels(roofline=ROOFLINE_MODEL.source,
                                    calibrated=calibrated.source if calibrated else None),
             calibrated_overheads=None if calibrated is None else CalibratedOverheads(
