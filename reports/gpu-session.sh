@@ -60,7 +60,7 @@ XDIST=() TIMEOUT=()
 "$PY" -c 'import xdist' 2>/dev/null && XDIST=(-n 8)
 "$PY" -c 'import pytest_timeout' 2>/dev/null && TIMEOUT=(--timeout 100)
 
-BUDGET_S=${GPU_SH_BUDGET_S:-400} step gpu-sh 240 bash reports/profile/gpu.sh "$R/gpu"
+BUDGET_S=${GPU_SH_BUDGET_S:-400} step gpu-sh 300 bash reports/profile/gpu.sh "$R/gpu"
 if [[ -f $R/gpu/calibrate.yaml ]]; then
     for model in qwen3-30b-a3b gpt-oss-20b reports/profile/deepseek-v3-quarter-cpu.yaml; do
         name=$(basename "$model" .yaml); name=${name%-cpu}
