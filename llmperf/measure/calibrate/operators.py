@@ -227,8 +227,9 @@ def recorder_share(recorded: Any, bare: Any) -> tuple[float, int, float, float]:
     The share is (recorded calls' sum - unrecorded forward) / calls, medians over the decode steps;
     negative where the code between operators costs more than recording adds. On CUDA a call's two
     events take part of their own host time inside the interval they measure, and a host-bound step
-    waits for it: measured on an H100 (2026-11-25), llmperf's engine recorded its 4-layer SDPA decode
-    step at 3.4-4.0 ms, 2.3-2.6 ms unrecorded. (0.0, 0, 0.0, 0.0) without decode steps in both."""
+    waits for it. The tiny model's share on an H100 (2026-11-27): 2.3 us a call with SDPA, 14 us with
+    the Triton kernels; a real model's recorded steps ran 1.5-2.4x its unrecorded ones there (on a host
+    that moved), more than this share explains. (0.0, 0, 0.0, 0.0) without decode steps in both."""
     import statistics
     from collections import defaultdict
 
