@@ -5,8 +5,9 @@
 #   1. reports/profile/gpu.sh: calibrate, profile Llama-3.1-8B (Triton, then SDPA), accuracy, kernel benchmark
 #   2. today's models profiled on the GPU with the calibration of step 1 (Triton backend, bf16, 2 layers
 #      each kind kept): qwen3-30b-a3b, gpt-oss-20b, DeepSeek-V3 at a quarter of its widths
-#   3. today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py)
-#   4. the Triton kernels' tests on the GPU (windows, chunks, sinks, MLA decode; pytest-xdist when present),
+#   3. the kernels' input checks on the GPU (tests/kernels/test_validation.py: seconds)
+#   4. today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py)
+#   5. the Triton kernels' tests on the GPU (windows, chunks, sinks, MLA decode; pytest-xdist when present),
 #      while time is left
 # Results go to R (default /tmp/gpu-session); after every step they are packed into OUT/gpu-session.tar.gz
 # (OUT: the device tool's folder, or a second argument), so a run cut off at its limit still returns
@@ -70,6 +71,8 @@ if [[ -f $R/gpu/calibrate.yaml ]]; then
             "$R/todays/$name" --save
     done
 fi
+step validation-tests 45 "$PY" -m pytest tests/kernels/test_validation.py -q -p no:cacheprovider "${TIMEOUT[@]}" \
+    --junitxml "$R/validation-tests.xml"
 step family-tests 100 "$PY" -m pytest tests/engine/test_cuda_families.py -q -p no:cacheprovider "${XDIST[@]}" \
     "${TIMEOUT[@]}" --junitxml "$R/family-tests.xml"
 step kernel-tests 150 "$PY" -m pytest tests/kernels -q -p no:cacheprovider "${XDIST[@]}" "${TIMEOUT[@]}" --durations 10 \
