@@ -67,16 +67,24 @@ def drift_lines(probes: Sequence[float], calibrated: float | None) -> list[str]:
     if not probes:
         return []
     median = statistics.median(probes)
-    line = (f"host DRAM read during the run: median {median:.1f} GB/s ({min(probes):.1f}-{max(probes):.1f}, "
-            f"{len(probes)} probes of {PROBE_BYTES // 2**20} MiB)")
+    return _moved(f"host DRAM read during the run: median {median:.1f} GB/s ({min(probes):.1f}-{max(probes):.1f}, "
+                  f"{len(probes)} probes of {PROBE_BYTES // 2**20} MiB)", median, calibrated,
+                  "no calibration read to compare", "the calibration priced DRAM at {c:.1f} GB/s",
+                  "its DRAM bandwidth", "memory-bound")
+
+
+def _moved(line: str, median: float, calibrated: float | None, missing: str, against: str, what: str, steps: str
+           ) -> list[str]:
+    """`line` with the calibration's figure (`against`, formatted with c=) and the ratio, and a second
+    line when the host moved past `DRIFT`; `missing` instead without a calibration figure."""
     if calibrated is None:
-        return [line + "; no calibration read to compare"]
+        return [line + "; " + missing]
     ratio = median / calibrated
-    line += f"; the calibration priced DRAM at {calibrated:.1f} GB/s ({ratio:.2f}x)"
+    line += "; " + against.format(c=calibrated) + f" ({ratio:.2f}x)"
     if abs(ratio - 1) <= DRIFT:
         return [line]
-    return [line, f"note the host moved since the calibration ({ratio:.2f}x its DRAM bandwidth): memory-bound steps "
-                  "run about that much off their calibrated prediction; calibrate again on a steadier machine"]
+    return [line, f"note the host moved since the calibration ({ratio:.2f}x {what}): {steps} steps run about that "
+                  "much off their calibrated prediction; calibrate again on a steadier machine"]
 
 
 def config_lines(probes: Sequence[tuple[str, float]], decode_errors: Mapping[str, float], calibrated: float | None,
@@ -125,14 +133,6 @@ def dispatch_lines(probes: Sequence[float], calibrated: float | None) -> list[st
     if not probes:
         return []
     median = statistics.median(probes)
-    line = (f"host dispatch during the run: median {median:.2f} us a kernel ({min(probes):.2f}-{max(probes):.2f}, "
-            f"{len(probes)} probes)")
-    if calibrated is None:
-        return [line + "; no calibration probe to compare"]
-    ratio = median / calibrated
-    line += f"; the calibration's {calibrated:.2f} us ({ratio:.2f}x)"
-    if abs(ratio - 1) <= DRIFT:
-        return [line]
-    return [line, f"note the host moved since the calibration ({ratio:.2f}x its dispatch time): host-bound steps "
-                  "run about that much off their calibrated prediction; calibrate again on a steadier machine"]
-
+    return _moved(f"host dispatch during the run: median {median:.2f} us a kernel ({min(probes):.2f}-"
+                  f"{max(probes):.2f}, {len(probes)} probes)", median, calibrated, "no calibration probe to compare",
+                  "the calibration's {c:.2f} us", "its dispatch time", "host-bound")
