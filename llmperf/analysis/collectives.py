@@ -5,7 +5,8 @@ times (`python -m llmperf.measure.fit_collectives`; each figure's source is in t
 number of GPUs in the collective (`OpCost.comm_gpus`: the TP degree for an all-reduce, the EP degree
 for an all-to-all, 2 for a pipeline send). A device listed under a measured node takes that node's
 terms; any other device takes the `default` node's alpha and busbw fraction, the fraction applied to
-its own datasheet `interconnect_gbps` (the held-out A100 -> H100 check measures exactly this transfer).
+its own datasheet `interconnect_gbps` (the held-out A100 -> H100 check measures exactly this transfer);
+GPUs on PCIe alone take the `pcie` node (the default's terms plus NCCL's PCIe latency per ring step).
 Between measured GPU counts the terms are interpolated in log(n); beyond them held at the nearest.
 
 Only all-reduce is measured; the other collectives take its terms, scaled by their ring step counts

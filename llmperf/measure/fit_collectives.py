@@ -42,6 +42,23 @@ BANDS = ((0, 64 * 1024, "< 64 KB"), (64 * 1024, 1024 ** 2, "64 KB - 1 MB"), (102
          (16 * 1024 ** 2, float("inf"), ">= 16 MB"))
 TIME_COL = "time_stats.all_reduce.median"
 DEFAULT_NODE = "h100_dgx"  # the newest NVLink measured: other devices scale its busbw by their link
+#: GPUs whose peers are reached over PCIe alone (no NVLink / NVSwitch; `interconnect_gbps` is their PCIe
+#: link): priced by the `pcie` node, derived from the default node with NCCL's own PCIe latencies
+PCIE_NODE = "pcie"
+PCIE_HARDWARE = ["a10", "a100-80gb-pcie", "h100-pcie", "l4", "l40s", "rtx-4090"]
+#: NCCL's tuning model (github.com/NVIDIA/nccl, commit 5067397c, src/graph/tuning.cc, BSD licence):
+#: a ring all-reduce's latency is baseLat + 2 (n - 1) x hwLat per step; hwLat for the LL protocol
+#: (small messages, the latency-bound regime) is 0.6 us over NVLink and 1.0 us over PCI, baseLat the same
+NCCL_RING_LL_HW_LAT_S = {"nvlink": 0.6e-6, "pci": 1.0e-6}
+
+
+def pcie_params(params: dict[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
+    """The PCIe node's terms from the default (NVLink) node's `params` ({n: (alpha_s, busbw)}): alpha plus
+    NCCL's extra latency of 2 (n - 1) ring steps over PCI instead of NVLink; busbw as the default node's
+    share of its link (to_yaml writes the fraction, which prices each device's own PCIe link). Reasoned
+    from NCCL's tuner, not measured: no PCIe all-reduce is in the data."""
+    extra = NCCL_RING_LL_HW_LAT_S["pci"] - NCCL_RING_LL_HW_LAT_S["nvlink"]
+    return {n: (alpha + 2 * (n - 1) * extra, bw) for n, (alpha, bw) in params.items()}
 
 
 def load(root: Path | str, node: str) -> pd.DataFrame:
@@ -126,6 +143,8 @@ def run(root: Path | str) -> dict:
         data[node] = df
         out[node] = dict(hardware=hw, link_gbps=link_gbps(hw), params=params,
                          errors=errors(df, predict(params, df["gpus"], df["size"])))
+    d = out[DEFAULT_NODE]
+    out[PCIE_NODE] = dict(hardware=d["hardware"], link_gbps=d["link_gbps"], params=pcie_params(d["params"]))
     a, h = out["a100_dgx"], out["h100_dgx"]
     scale = h["link_gbps"] / a["link_gbps"]
     df = data["h100_dgx"]
@@ -156,6 +175,12 @@ def to_yaml(result: dict) -> str:
         "# (llmperf.analysis.collectives.LATENCY_SHARE). No measurement of them is in the data: they are bound by",
         "# the same per-GPU NVLink injection bandwidth through the NVSwitch, and NCCL runs them on the same protocols.",
         "#",
+        f"# `{PCIE_NODE}`: GPUs that reach their peers over PCIe alone. No PCIe all-reduce is in the data, so its",
+        f"# terms are {DEFAULT_NODE}'s with NCCL's own extra latency per ring step over PCI (its tuner,",
+        "# github.com/NVIDIA/nccl commit 5067397c src/graph/tuning.cc: the LL protocol's 1.0 us a step against",
+        "# 0.6 over NVLink, 2(n-1) steps) and the same share of the link, now each device's PCIe link",
+        "# (interconnect_gbps). Reasoned, not measured.",
+        "#",
     ]
     lines.append("# |pred / meas - 1| by message size, median/p90:")
     for node in NODES:
@@ -169,14 +194,21 @@ def to_yaml(result: dict) -> str:
     lines.append("# (NCCL reaches a larger share of NVLink 4 than of NVLink 3): other devices take the newer node.")
     lines += ["schema_version: 1", "source: \"Vidur NCCL all-reduce measurements (MIT), fitted by "
               "llmperf.measure.fit_collectives\"", f"default: {DEFAULT_NODE}", "all_reduce:"]
-    for node, (hw, covers) in NODES.items():
+    nodes = {**NODES, PCIE_NODE: (NODES[DEFAULT_NODE][0], PCIE_HARDWARE)}
+    for node, (hw, covers) in nodes.items():
         r = result[node]
-        lines += [f"  {node}:", f"    hardware: [{', '.join(covers)}]",
-                  f"    link_gbps: {r['link_gbps']:g}   # {hw}'s interconnect_gbps, the busbw fractions' base",
-                  "    gpus:   # n: {alpha_s, busbw_gbps, busbw_fraction = busbw / link}"]
+        if node == PCIE_NODE:  # fractions only: each device's own PCIe link is their base
+            lines += [f"  {node}:", f"    hardware: [{', '.join(covers)}]",
+                      f"    link_gbps: {r['link_gbps']:g}   # {DEFAULT_NODE}'s base; the fractions price each "
+                      "device's PCIe link", "    gpus:   # n: {alpha_s, busbw_fraction}"]
+        else:
+            lines += [f"  {node}:", f"    hardware: [{', '.join(covers)}]",
+                      f"    link_gbps: {r['link_gbps']:g}   # {hw}'s interconnect_gbps, the busbw fractions' base",
+                      "    gpus:   # n: {alpha_s, busbw_gbps, busbw_fraction = busbw / link}"]
         for n, (alpha, bw) in sorted(r["params"].items()):
-            lines.append(f"      {n}: {{alpha_s: {alpha:.3e}, busbw_gbps: {bw / 1e9:.1f}, "
-                         f"busbw_fraction: {min(bw / 1e9 / r['link_gbps'], 1.0):.3f}}}")
+            frac = f"busbw_fraction: {min(bw / 1e9 / r['link_gbps'], 1.0):.3f}"
+            lines.append(f"      {n}: {{alpha_s: {alpha:.3e}, {frac}}}" if node == PCIE_NODE else
+                         f"      {n}: {{alpha_s: {alpha:.3e}, busbw_gbps: {bw / 1e9:.1f}, {frac}}}")
     return "\n".join(lines) + "\n"
 
 
@@ -189,6 +221,10 @@ def report(result: dict) -> str:
             out.append(f"  n={n}: alpha {alpha * 1e6:6.1f} us, busbw {bw / 1e9:6.1f} GB/s "
                        f"({bw / 1e9 / r['link_gbps']:.2f} of the link)")
         out.append("  own fit, |pred/meas - 1|:\n" + _table(r["errors"]))
+    out.append(f"{PCIE_NODE} ({', '.join(PCIE_HARDWARE)}; reasoned from NCCL's tuner, not measured): "
+               + ", ".join(f"n={n}: alpha {alpha * 1e6:.1f} us" for n, (alpha, _) in sorted(result[PCIE_NODE]["params"]
+                                                                                       .items()))
+               + f"; busbw the same share of each device's PCIe link as {DEFAULT_NODE}'s of NVLink")
     out.append(f"held out: h100_dgx from the a100_dgx fit, busbw x {result['heldout']['scale']:.2f} "
                "(datasheet NVLink 450 / 300), alpha as fitted:\n" + _table(result["heldout"]["errors"]))
     return "\n".join(out)

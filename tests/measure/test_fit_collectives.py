@@ -49,6 +49,29 @@ def test_fit_on_the_extract_is_close_to_the_packaged_terms(fitted: dict) -> None
             assert alpha == pytest.approx(p_alpha, abs=15e-6)
 
 
+def test_pcie_gpus_pay_nccls_extra_latency_per_ring_step_over_the_default_node(fitted: dict) -> None:
+    """GPUs that reach their peers over PCIe alone (every built-in device whose link is PCIe-class, <= 64
+    GB/s each way) take the `pcie` node: the default node's alpha plus NCCL's tuner's 0.4 us more per
+    ring step (LL: 1.0 over PCI, 0.6 over NVLink; 2(n-1) steps of an all-reduce), the same share of the
+    link, which is their own PCIe link; NVLink devices keep theirs."""
+    from llmperf.specs import list_hardware
+
+    coll = load_collectives()
+    pcie, default = coll.node_for("l40s"), coll.node_for("b200")
+    assert pcie.name == fc.PCIE_NODE and default.name == fc.DEFAULT_NODE == coll.default
+    for n in (2, 4, 8):
+        (a_p, f_p), (a_d, f_d) = pcie.at(n), default.at(n)
+        assert a_p == pytest.approx(a_d + 2 * (n - 1) * 0.4e-6, rel=1e-3) and f_p == f_d
+    assert {n: a for n, (a, _) in fc.pcie_params({8: (28e-6, 3e11)}).items()} == {8: pytest.approx(33.6e-6)}
+    assert fitted[fc.PCIE_NODE]["params"] == fc.pcie_params(fitted[fc.DEFAULT_NODE]["params"])
+    pcie_class = sorted(h for h in list_hardware() if load_hardware(h).interconnect_gbps <= 64)
+    assert pcie_class == sorted(fc.PCIE_HARDWARE) == sorted(pcie.hardware)
+    assert coll.node_for("h100-sxm").name == "h100_dgx" and coll.node_for("a100-80gb-sxm").name == "a100_dgx"
+    l40s = load_hardware("l40s")
+    t = coll.time_s("l40s", l40s.interconnect_bytes_per_s, 4, 1e6)
+    assert t == pytest.approx(pcie.at(4)[0] + 1e6 / (l40s.interconnect_bytes_per_s * pcie.at(4)[1]))
+
+
 @pytest.mark.parametrize("node", ["a100_dgx", "h100_dgx"])
 def test_packaged_terms_reproduce_the_measurements(node: str) -> None:
     """The packaged fit predicts the measured all-reduce within the errors collectives.yaml reports
@@ -81,7 +104,8 @@ def test_command_prints_its_errors_and_writes_the_data_file(tmp_path: Path, caps
     text = capsys.readouterr().out
     assert "held out" in text and "median" in text and "p90" in text
     coll = load_collectives(str(out))
-    assert {n.name for n in coll.nodes} == {"a100_dgx", "h100_dgx"} and coll.default == "h100_dgx"
+    assert {n.name for n in coll.nodes} == {"a100_dgx", "h100_dgx", "pcie"} and coll.default == "h100_dgx"
+    assert "pcie (a10, a100-80gb-pcie" in text and "not measured" in text
 
 
 def test_parse_rejects_bad_terms() -> None:
