@@ -292,7 +292,7 @@ def register(app: typer.Typer) -> None:
         ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the replica's GPUs (divides --tp and the number of experts).")] = 1,
         dp_attention: Annotated[bool, typer.Option("--dp-attention/--no-dp-attention", help="Data-parallel attention: each GPU runs and holds the KV of its own sequences (a MoE model then needs --ep equal to --tp); how MLA models are served.")] = False,
         mla_mode: Annotated[str, typer.Option("--mla-mode", help="MLA's computation: auto (prefill chunks unabsorbed, decode absorbed), absorbed, unabsorbed.")] = "auto",
-        kv_window: Annotated[str, typer.Option("--kv-window", help="KV of sliding/chunked layers: capped at the window, or full pages (the simulator's pool gives them full pages for now, and says so).")] = "capped",
+        kv_window: Annotated[str, typer.Option("--kv-window", help="KV of sliding/chunked layers: capped (each holds the blocks of its window or chunk, vLLM's hybrid KV manager; full pages over pipeline stages or without a full-attention layer, and it says so) or full (pages for the whole context).")] = "capped",
         policy: PolicyOpt = Policy.continuous,
         max_batch: MaxBatchOpt = 256,
         max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
