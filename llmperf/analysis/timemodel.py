@@ -330,6 +330,15 @@ class EfficiencyTimeModel:
     def op_time_s(self, cost: OpCost, hardware: HardwareSpec, compute_dtype: str, rows: Number) -> Number:
         """`max(flops / (peak e_c), bytes / (bw e_m), latency + comm / (link e_comm), host) + overhead` at
         `rows`: `llmperf.analysis.roofline.op_time` at given rows."""
+        device, host, serial = self.op_parts_s(cost, hardware, compute_dtype, rows)
+        return np.maximum(device, host) + serial
+
+    def op_parts_s(self, cost: OpCost, hardware: HardwareSpec, compute_dtype: str, rows: Number
+                   ) -> tuple[Number, Number, Number]:
+        """(device, overlapped host, serial overhead) seconds of `cost` at `rows`: the device's time
+        (`max` of the compute, memory and interconnect roofs and the kernels' floor), the host dispatch
+        that overlaps it (mode overlap) and the one that adds to it (mode add); `op_time_s` is
+        `max(device, host) + serial`."""
         peak = peak_for(cost.kind, hardware, compute_dtype)
         eff = self.efficiency(cost, hardware, rows, peak=peak)
         compute = cost.flops / (peak * eff.e_compute)
@@ -339,8 +348,8 @@ class EfficiencyTimeModel:
         comm = (cost.comm_bytes / (hardware.interconnect_bytes_per_s * eff.e_comm)
                 + np.where(np.asarray(cost.comm_bytes) > 0, eff.comm_latency_s * calls, 0.0)
                 if hardware.interconnect_bytes_per_s else 0.0 * cost.comm_bytes)
-        return (np.maximum(np.maximum(np.maximum(np.maximum(compute, memory), comm), eff.host_s * calls),
-                           eff.floor_s * calls) + eff.overhead_s * calls)
+        device = np.maximum(np.maximum(np.maximum(compute, memory), comm), eff.floor_s * calls)
+        return device, eff.host_s * calls, eff.overhead_s * calls
 
     def to_dict(self) -> dict[str, Any]:
         """Every term of the model as plain data (curves as point lists), for run.json and reports."""

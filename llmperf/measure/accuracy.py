@@ -31,7 +31,6 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.operators import ForwardModel
-from llmperf.analysis.timemodel import ROOFLINE_MODEL
 from llmperf.measure.profile import E2E, Predictor, RunManifest, calibrated_model, error_stats
 from llmperf.outputs import write_file
 from llmperf.specs import Precision
@@ -94,26 +93,36 @@ def _manifest(run: RunManifest | Mapping) -> RunManifest:
     return run if isinstance(run, RunManifest) else RunManifest.from_mapping(dict(run))
 
 
-def critical_batches(run: RunManifest | Mapping, steps: pd.DataFrame) -> list[CriticalBatch]:
-    """Per prompt length: the measured and predicted batch where the decode step grows (see the docstring)."""
-    run = _manifest(run)
+def _run_predictor(run: RunManifest, why: str) -> Predictor | None:
+    """The run's own model and hardware spec priced as `profile` priced them (the engine's fused GEMMs),
+    with its calibrated model where the hardware spec carries one (else `calibrated` is None); None
+    without the specs in `run.json`. `why` names the need for the dtype in its error."""
     s = run.settings
     if s.model_spec is None or s.hardware_spec is None:
-        return []
-    run.require("settings.dtype", why="the critical batch prices the run's dtype")
+        return None
+    run.require("settings.dtype", why=why)
     spec = model_from_mapping(dict(s.model_spec), origin=str(run.model))
     hw = hardware_from_mapping(dict(s.hardware_spec), origin=str(run.hardware))
     dtype = s.compute_dtype or hw.compute_dtype(s.dtype)
     try:
         tm = calibrated_model(hw, spec, Precision.uniform(s.dtype), dtype, s.backend or "sdpa")
-    except Exception:  # noqa: BLE001 - an uncalibrated spec: the roofline's critical batch
-        tm = ROOFLINE_MODEL
+    except Exception:  # noqa: BLE001 - an uncalibrated spec
+        tm = None
     fm = ForwardModel(model=spec, precision=Precision.uniform(s.dtype),
                       attention="naive" if s.backend == "naive" else "fused", fused_qkv=True,
                       fused_gate_up=True)  # the engine's fused GEMMs, as profile predicts them
-    calibrated = tm is not ROOFLINE_MODEL
-    step = Predictor(fm=fm, hardware=hw, compute_dtype=dtype, calibrated=tm if calibrated else None).step
-    pick = 1 if calibrated else 0  # (roofline, calibrated) seconds of a step
+    return Predictor(fm=fm, hardware=hw, compute_dtype=dtype, calibrated=tm)
+
+
+def critical_batches(run: RunManifest | Mapping, steps: pd.DataFrame) -> list[CriticalBatch]:
+    """Per prompt length: the measured and predicted batch where the decode step grows (see the docstring);
+    the roofline's step where the run has no calibration."""
+    run = _manifest(run)
+    predictor = _run_predictor(run, "the critical batch prices the run's dtype")
+    if predictor is None:
+        return []
+    step = predictor.step
+    pick = 1 if predictor.calibrated is not None else 0  # (roofline, calibrated) seconds of a step
     decode = steps[steps["phase"] == "decode"]
     out = []
     grid = np.arange(1, 1025)
@@ -127,6 +136,21 @@ def critical_batches(run: RunManifest | Mapping, steps: pd.DataFrame) -> list[Cr
         out.append(CriticalBatch(context=ctx, measured=_growth_batch(meas.index.to_numpy(), meas.to_numpy()),
                                  predicted=_growth_batch(grid, pred), largest=int(meas.index.max())))
     return out
+
+
+def pipeline_predictions(run: RunManifest | Mapping, steps: pd.DataFrame) -> pd.Series | None:
+    """A GPU run's steps priced by its calibration's own figures with the host and the device as a
+    two-stage pipeline (`Predictor.pipeline_step`): a diagnostic beside the calibrated column, which
+    sums per-operator maxima, to test on new runs whether an eager engine's queue carries slack across
+    operators (docs/time-models.md). None for a CPU run or a run without a calibrated hardware spec."""
+    run = _manifest(run)
+    predictor = _run_predictor(run, "the pipeline prices the run's dtype") if run.device.get("kind") == "cuda" else None
+    if predictor is None or predictor.calibrated is None:
+        return None
+    shapes = {key: predictor.pipeline_step(*key)
+              for key in {(int(b), int(q), int(k)) for b, q, k in zip(steps["batch"], steps["q_len"], steps["kv_len"])}}
+    return pd.Series([shapes[(int(b), int(q), int(k))] for b, q, k in zip(steps["batch"], steps["q_len"],
+                                                                        steps["kv_len"])], index=steps.index)
 
 
 TYPICAL_ENGINE = "eager"  # the profile of llmperf's own engine (`models_spec/engines/eager.yaml`)
@@ -212,6 +236,13 @@ def report(run_dir: Path) -> tuple[str, bool]:
                 ok &= met
                 lines.append(f"    {'met ' if met else 'MISS'} calibrated {phase} {stat} {value:.1%} "
                              f"(target <= {goal:.0%})")
+    pipeline = pipeline_predictions(run, steps)
+    if pipeline is not None:  # a diagnostic beside the calibrated column (docs/time-models.md)
+        cells = [f"{phase} {m:.1%} / {p:.1%}" for phase in ("prefill", "decode")
+                 for m, p, _ in [error_stats(pipeline[steps["phase"] == phase],
+                                             steps.loc[steps["phase"] == phase, "measured_s"])]]
+        lines.append("diagnostic, not a time model: the calibrated figures with host and device as a two-stage "
+                     f"pipeline (median / p90): {', '.join(cells)}")
     ops = pd.read_csv(run_dir / "ops.csv")
     lines.append("")
     lines.append("operators: |predicted / measured - 1| (median, p90, share within 20%), roofline | calibrated")

@@ -446,6 +446,56 @@ def test_a_gpu_runs_dispatch_probes_are_set_beside_its_calibrations(tmp_path):
     assert "host_dispatch" not in cpu and "calibration_dispatch_us" not in cpu["settings"]
 
 
+def test_the_pipeline_diagnostic_lies_between_the_host_or_device_sum_and_the_sum_of_maxima():
+    """A committed GPU run's steps priced by its calibration with host and device as a two-stage
+    pipeline: at least the larger of the host's and the device's sums, at most the calibrated model's
+    sum of per-operator maxima plus the largest min(host, device) of one operator (nothing runs before
+    it is issued), the step overhead on both sides; exactly the closed form max over k of (host 1..k +
+    device k..n); the report prints it for a GPU run as a diagnostic, never for a CPU run."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    import pandas as pd
+
+    from llmperf.analysis import ForwardModel
+    from llmperf.measure.accuracy import pipeline_predictions, report
+    from llmperf.measure.profile import Predictor, calibrated_model
+    from llmperf.specs import Precision
+    from llmperf.specs.loader import hardware_from_mapping, model_from_mapping
+
+    root = Path(__file__).resolve().parents[2] / "reports" / "profile"
+    gpu = root / "2026-11-25-h100-sdpa"
+    run = json.loads((gpu / "run.json").read_text())
+    s = run["settings"]
+    spec, hw = model_from_mapping(s["model_spec"]), hardware_from_mapping(s["hardware_spec"])
+    tm = calibrated_model(hw, spec, Precision.uniform(s["dtype"]), s["compute_dtype"], s["backend"])
+    fm = ForwardModel(model=spec, precision=Precision.uniform(s["dtype"]), attention="fused", fused_qkv=True,
+                      fused_gate_up=True)
+    p = Predictor(fm=fm, hardware=hw, compute_dtype=s["compute_dtype"], calibrated=tm)
+    for b, q, k in ((1, 1, 513), (32, 1, 2049), (8, 512, 512)):
+        ops = fm.head_ops(b, q, k) + [c for kind in spec.layer_kinds() for c in fm.layer_ops(b, q, k, kind)]
+        ops += fm.tail_ops(b, q, k)
+        parts = np.array([tm.op_parts_s(c, hw, s["compute_dtype"], p.rows(c, b, q, fm)) for c in ops], dtype=float)
+        dev, hst = parts[:, 0] + parts[:, 2], parts[:, 1]
+        pipe = p.pipeline_step(b, q, k)
+        closed = max(hst[:i + 1].sum() + dev[i:].sum() for i in range(len(ops))) + tm.step_overhead_s
+        assert pipe == pytest.approx(closed, rel=1e-9)
+        assert max(dev.sum(), hst.sum()) + tm.step_overhead_s <= pipe + 1e-12
+        assert pipe <= p.step(b, q, k)[1] + np.minimum(dev, hst).max() + 1e-12
+    steps = pd.read_csv(gpu / "steps.csv")
+    pred = pipeline_predictions(run, steps)
+    assert len(pred) == len(steps) and np.isfinite(pred).all()
+    decode = steps["phase"] == "decode"  # host-bound: the pipeline below the sum of maxima at every step
+    shapes = list(zip(steps["batch"], steps["q_len"], steps["kv_len"]))
+    now = {key: p.step(*key)[1] for key in set(shapes)}
+    assert all(x < now[key] for x, key, d in zip(pred, shapes, decode) if d)
+    assert "diagnostic, not a time model: the calibrated figures with host and device as a two-stage" in report(gpu)[0]
+    cpu = root / "2026-11-25-cpu-avx2"
+    assert pipeline_predictions(json.loads((cpu / "run.json").read_text()), pd.read_csv(cpu / "steps.csv")) is None
+    assert "two-stage" not in report(cpu)[0]
+
+
 def _recorded(prefill_s, decode_s, op_s):
     """A fake run of a 1-sequence generation: one prefill, len(decode_s) decode steps, one operator a step."""
     from llmperf.engine.instrument import OpRecord, StepRecord, Trace

@@ -100,6 +100,31 @@ class Predictor:
         roof, cal = self.forward(batch, q_len, kv_len)
         return roof, cal + (self.calibrated.step_overhead_s if self.calibrated else math.nan)
 
+    def pipeline_step(self, batch: int, q_len: int, kv_len: int) -> float:
+        """A diagnostic, not a time model: the calibrated step with the host and the device as a two-stage
+        pipeline. The host issues each operator in execution order (head, every layer in turn, tail) in
+        its overlapped dispatch time; the device runs it once it is issued and the previous one is
+        done (its device time and any serial overhead); the step ends with the last operator, plus the
+        step overhead: the largest over k of the host's time to issue operators 1..k and the device's
+        to run k..n. So it is at least `max(sum host, sum device)`, and at most `step`'s sum of
+        per-operator maxima (which charges a device-bound operator its excess even where the host runs
+        ahead, docs/time-models.md) plus one operator's min(host, device) (no operator runs before it
+        is issued). NaN without a calibrated model."""
+        tm = self.calibrated
+        if tm is None:
+            return math.nan
+        fm = self.fm
+        ops = fm.head_ops(batch, q_len, kv_len)
+        for kind in fm.model.layer_kinds():
+            ops += fm.layer_ops(batch, q_len, kv_len, kind)
+        ops += fm.tail_ops(batch, q_len, kv_len)
+        issued = done = 0.0
+        for c in ops:
+            device, host, serial = tm.op_parts_s(c, self.hardware, self.compute_dtype, self.rows(c, batch, q_len, fm))
+            issued += float(host)
+            done = max(done, issued) + float(device) + float(serial)
+        return done + tm.step_overhead_s
+
 
 def calibrated_model(hardware: HardwareSpec, spec: ModelSpec, prec: Precision, compute_dtype: str,
                      backend: str) -> EfficiencyTimeModel:
