@@ -9,7 +9,9 @@ roofline and the calibrated model side by side (from `run.json`, recomputed from
 (the first batch whose step takes `GROWTH` times the batch-1 step, interpolated in log(batch)
 between measured batches; each batch's step is the median of its first `STEP_WINDOW` decode steps)
 against the same point of the calibrated model's decode step, evaluated on every batch from 1 to 1024
-at the same context.
+at the same context. A GPU run also gets `typical + eager` beside them (what a user who never
+calibrated is told) and a diagnostic line: the calibration's figures with host and device as a
+two-stage pipeline (`pipeline_predictions`; docs/time-models.md).
 
 Targets (a Llama-style model whose weights exceed the cache, fp32 and bf16, batch 1-16, context
 64-2048): calibrated decode step median <= 10% and p90 <= 20%; prefill median <= 15%; end-to-end
