@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Everything a lent GPU should check, in one prepared command that fits a short lease (about 9 minutes
+# Everything a lent GPU should check, in one prepared command that fits a short lease (about 9.5 minutes
 # on an H100; each session's record: reports/gpu-session/README.md), each step under its own time limit.
 # The timed steps come first, on a quiet host; the tests, whose workers compile kernels on every core, last:
 #   1. reports/profile/gpu.sh: calibrate, profile Llama-3.1-8B (Triton, then SDPA), accuracy, kernel benchmark
-#   2. today's models profiled on the GPU with the calibration of step 1 (Triton backend, bf16, 2 layers
+#   2. the kernels' input checks on the GPU (tests/kernels/test_validation.py: seconds)
+#   3. today's models profiled on the GPU with the calibration of step 1 (Triton backend, bf16, 2 layers
 #      each kind kept): qwen3-30b-a3b, gpt-oss-20b, DeepSeek-V3 at a quarter of its widths
-#   3. the kernels' input checks on the GPU (tests/kernels/test_validation.py: seconds)
 #   4. today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py)
 #   5. the Triton kernels' tests on the GPU (windows, chunks, sinks, MLA decode; pytest-xdist when present),
 #      while time is left
@@ -23,7 +23,7 @@ cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 R=${R:-/tmp/gpu-session}
 PACK=${1:-${OUT:-$R}}
-DEADLINE_S=${DEADLINE_S:-540}
+DEADLINE_S=${DEADLINE_S:-560}
 PY=${PYTHON:-python3}
 mkdir -p "$R" "$PACK"
 : > "$R/steps.txt"
@@ -62,6 +62,8 @@ XDIST=() TIMEOUT=()
 "$PY" -c 'import pytest_timeout' 2>/dev/null && TIMEOUT=(--timeout 100)
 
 BUDGET_S=${GPU_SH_BUDGET_S:-400} step gpu-sh 300 bash reports/profile/gpu.sh "$R/gpu"
+step validation-tests 45 "$PY" -m pytest tests/kernels/test_validation.py -q -p no:cacheprovider "${TIMEOUT[@]}" \
+    --junitxml "$R/validation-tests.xml"
 if [[ -f $R/gpu/calibrate.yaml ]]; then
     for model in qwen3-30b-a3b gpt-oss-20b reports/profile/deepseek-v3-quarter-cpu.yaml; do
         name=$(basename "$model" .yaml); name=${name%-cpu}
@@ -71,8 +73,6 @@ if [[ -f $R/gpu/calibrate.yaml ]]; then
             "$R/todays/$name" --save
     done
 fi
-step validation-tests 45 "$PY" -m pytest tests/kernels/test_validation.py -q -p no:cacheprovider "${TIMEOUT[@]}" \
-    --junitxml "$R/validation-tests.xml"
 step family-tests 100 "$PY" -m pytest tests/engine/test_cuda_families.py -q -p no:cacheprovider "${XDIST[@]}" \
     "${TIMEOUT[@]}" --junitxml "$R/family-tests.xml"
 step kernel-tests 150 "$PY" -m pytest tests/kernels -q -p no:cacheprovider "${XDIST[@]}" "${TIMEOUT[@]}" --durations 10 \
