@@ -149,10 +149,9 @@ def pipeline_predictions(run: RunManifest | Mapping, steps: pd.DataFrame) -> pd.
     predictor = _run_predictor(run, "the pipeline prices the run's dtype") if run.device.get("kind") == "cuda" else None
     if predictor is None or predictor.calibrated is None:
         return None
-    shapes = {key: predictor.pipeline_step(*key)
-              for key in {(int(b), int(q), int(k)) for b, q, k in zip(steps["batch"], steps["q_len"], steps["kv_len"])}}
-    return pd.Series([shapes[(int(b), int(q), int(k))] for b, q, k in zip(steps["batch"], steps["q_len"],
-                                                                        steps["kv_len"])], index=steps.index)
+    shapes = [(int(b), int(q), int(k)) for b, q, k in zip(steps["batch"], steps["q_len"], steps["kv_len"])]
+    priced = {key: predictor.pipeline_step(*key) for key in set(shapes)}
+    return pd.Series([priced[key] for key in shapes], index=steps.index)
 
 
 TYPICAL_ENGINE = "eager"  # the profile of llmperf's own engine (`models_spec/engines/eager.yaml`)

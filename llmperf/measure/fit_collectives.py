@@ -196,19 +196,16 @@ def to_yaml(result: dict) -> str:
               "llmperf.measure.fit_collectives\"", f"default: {DEFAULT_NODE}", "all_reduce:"]
     nodes = {**NODES, PCIE_NODE: (NODES[DEFAULT_NODE][0], PCIE_HARDWARE)}
     for node, (hw, covers) in nodes.items():
-        r = result[node]
-        if node == PCIE_NODE:  # fractions only: each device's own PCIe link is their base
-            lines += [f"  {node}:", f"    hardware: [{', '.join(covers)}]",
-                      f"    link_gbps: {r['link_gbps']:g}   # {DEFAULT_NODE}'s base; the fractions price each "
-                      "device's PCIe link", "    gpus:   # n: {alpha_s, busbw_fraction}"]
-        else:
-            lines += [f"  {node}:", f"    hardware: [{', '.join(covers)}]",
-                      f"    link_gbps: {r['link_gbps']:g}   # {hw}'s interconnect_gbps, the busbw fractions' base",
-                      "    gpus:   # n: {alpha_s, busbw_gbps, busbw_fraction = busbw / link}"]
+        r, pcie = result[node], node == PCIE_NODE  # the pcie node: fractions only, of each device's own link
+        base = (f"{DEFAULT_NODE}'s base; the fractions price each device's PCIe link" if pcie
+                else f"{hw}'s interconnect_gbps, the busbw fractions' base")
+        lines += [f"  {node}:", f"    hardware: [{', '.join(covers)}]", f"    link_gbps: {r['link_gbps']:g}   # {base}",
+                  "    gpus:   # n: {alpha_s, " + ("" if pcie else "busbw_gbps, ")
+                  + ("busbw_fraction}" if pcie else "busbw_fraction = busbw / link}")]
         for n, (alpha, bw) in sorted(r["params"].items()):
-            frac = f"busbw_fraction: {min(bw / 1e9 / r['link_gbps'], 1.0):.3f}"
-            lines.append(f"      {n}: {{alpha_s: {alpha:.3e}, {frac}}}" if node == PCIE_NODE else
-                         f"      {n}: {{alpha_s: {alpha:.3e}, busbw_gbps: {bw / 1e9:.1f}, {frac}}}")
+            gbps = "" if pcie else f"busbw_gbps: {bw / 1e9:.1f}, "
+            lines.append(f"      {n}: {{alpha_s: {alpha:.3e}, {gbps}busbw_fraction: "
+                         f"{min(bw / 1e9 / r['link_gbps'], 1.0):.3f}}}")
     return "\n".join(lines) + "\n"
 
 

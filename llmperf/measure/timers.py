@@ -141,6 +141,14 @@ def read_bytes_per_s(tensors: Any, device: Any, *, reps: int = 5, warmup: int = 
     return moved / timing.min_s
 
 
+def steps_timed_unrecorded(device_type: str) -> bool:
+    """Whether `profile` times a device's engine steps in a run without per-operator recording (the
+    default of its `--separate-step-run`): on CUDA, where a host-bound step waits for each operator's
+    two events; on a CPU the recorded run's steps are timed. `calibrate` takes the recorder's share off
+    its operator figures exactly where this holds."""
+    return device_type == "cuda"
+
+
 def dispatch_seconds(device: Any, *, calls: int = 200, rounds: int = 5) -> float:
     """Seconds the host takes to issue one tiny kernel (an in-place add to one element) on `device`: the
     median of `rounds` rounds of `calls` back to back, each closed by a synchronize. On a GPU whose

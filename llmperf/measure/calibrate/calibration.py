@@ -273,7 +273,7 @@ class Calibration:
                                             if self.settings.dispatch_hidden and self.op_overhead_rows_s else None),
                                    moe=(dict(TINY_MOE_SPEC, cache="contiguous", tokens=self.settings.op_overhead_tokens,
                                              ops=", ".join(MOE_DISPATCH_OPS))
-                                        if not self.op_overhead_rows_s and any(
+                                        if self.device.get("kind") == "cuda" and any(
                                             op in ops for ops in self.op_overhead_s.values() for op in MOE_DISPATCH_OPS)
                                         else None)),
             step_overhead_s=_clean(self.step_overhead_s),

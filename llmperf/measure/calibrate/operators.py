@@ -27,7 +27,7 @@ from typing import Any
 from llmperf.analysis.vocabulary import WEIGHT_MATMUL_OPS
 from llmperf.measure.calibrate.ceilings import _gemm_path_edges
 from llmperf.measure.calibrate.settings import Progress, Settings
-from llmperf.measure.timers import gc_paused
+from llmperf.measure.timers import gc_paused, steps_timed_unrecorded
 
 WEIGHT_OPS = frozenset(str(op) for op in WEIGHT_MATMUL_OPS)  # the engine's weight GEMMs, by name
 
@@ -89,7 +89,7 @@ def measure_op_overheads(s: Settings, device: Any, progress: Progress, *, cold: 
 
     spec = ModelSpec(**(spec or TINY_SPEC))
     before_op = _cold_caches(device) if cold else None
-    unrecorded = device.type == "cuda" if unrecorded is None else unrecorded
+    unrecorded = steps_timed_unrecorded(device.type) if unrecorded is None else unrecorded
     dtype = dtype or ("bf16" if device.type == "cuda" else "fp32")
     out: dict[str, dict[str, float]] = {}
     prompt = [[1, 2, 3, 4]] * batch

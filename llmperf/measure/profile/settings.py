@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmperf.errors import SpecError
+from llmperf.measure.timers import steps_timed_unrecorded
 
 BACKENDS = ("sdpa", "naive", "triton")
 KV_KINDS = ("contiguous", "paged")
@@ -41,7 +42,7 @@ class ProfileSettings:
     @property
     def two_runs(self) -> bool:
         """Whether steps are timed in a run without per-operator recording (`llmperf.measure.profile.recording`)."""
-        return self.device == "cuda" if self.separate_step_run is None else self.separate_step_run
+        return steps_timed_unrecorded(self.device) if self.separate_step_run is None else self.separate_step_run
 
     def configs(self) -> list[tuple[int, int, int]]:
         return [(b, p, g) for b in self.batches for p in self.prompt_lens for g in self.gen_lens]
