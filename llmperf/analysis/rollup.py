@@ -29,6 +29,7 @@ from llmperf.analysis.roofline import (
     TimeModel,
     engine_label,
     memory_bound,
+    model_time_model,
     op_time,
     peak_in_use_flops_per_s,
     phase_time_model,
@@ -692,7 +693,7 @@ def forward_model(model: ModelSpec, precision: Precision, conv: Conventions, tp:
 def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int, pp: int, conv: Conventions,
            batch, prompt_len, gen_len, time_model: TimeModel | None = None) -> dict[str, object]:  # noqa: ANN001
     """Every column of the result schema for arrays of (batch, prompt_len, gen_len) (same shape)."""
-    tm = resolve_time_model(time_model)
+    tm = model_time_model(resolve_time_model(time_model), model)
     stage_layers(model, pp)
     if tp > 1 and hw.interconnect_bytes_per_s <= 0:  # the all-reduces need a link (as pp's transfers do)
         raise SpecError(f"tp: {tp} needs an interconnect, but {hw.name} has interconnect_gbps 0")

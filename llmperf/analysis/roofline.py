@@ -200,6 +200,14 @@ def phase_time_model(time_model: TimeModel | None, phase: str) -> TimeModel | No
     return for_phase(phase) if for_phase is not None else time_model
 
 
+def model_time_model(time_model: TimeModel | None, spec: Any) -> TimeModel | None:
+    """The time model for the model `spec` as its engine runs it (a CPU calibration prices a model
+    whose decode step runs in one call apart from one whose operators run one by one: `for_model`);
+    a time model without `for_model` prices every model alike."""
+    for_model = getattr(time_model, "for_model", None)
+    return for_model(spec) if for_model is not None else time_model
+
+
 def resolve_time_model(time_model: TimeModel | None, hardware: HardwareSpec | None = None,
                        compute_dtype: str | None = None) -> TimeModel:
     """`None` -> the pure roofline; a `TimeModel` as it is; a factory `f(hardware, compute_dtype)`

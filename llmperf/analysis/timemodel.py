@@ -102,6 +102,11 @@ class EfficiencyTimeModel:
     backend: str = ""  # the attention backend `op_overhead_s` was measured with
     op_e_memory: Mapping[str, Curve] = field(default_factory=dict, hash=False)  # operator -> e_memory(bytes)
     op_overhead_rows: Mapping[str, Curve] = field(default_factory=dict, hash=False)  # operator -> seconds(rows)
+    # CPU: the operators' dispatch called one by one (schema 8), for `for_model` to price a model that
+    # does not run its decode step in one call, and where one does (most rows, largest head dim; 0: never)
+    op_overhead_rows_by_op: Mapping[str, Curve] = field(default_factory=dict, hash=False)
+    one_call_rows: int = 0
+    one_call_max_head_dim: int = 0
     op_floor_s: Mapping[str, float] = field(default_factory=dict, hash=False)  # operator -> device floor, s
     # collectives priced as latency + bytes / bus bandwidth by GPU count (`typical`); None: the link's bandwidth
     collectives: Collectives | None = field(default=None, hash=False, compare=False)
@@ -126,6 +131,24 @@ class EfficiencyTimeModel:
         verify) with the engine's prefill terms (an eager launch, its own step overhead)."""
         return self if phase == "decode" or self.prefill is None else self.prefill
 
+    def for_model(self, spec: Any) -> EfficiencyTimeModel:
+        """This model for `spec` as llmperf's CPU engine runs it: a decode step of a model whose layers
+        run in one call of its kernels (`ModelSpec.one_call_layers`, a head dim and rows they take, the
+        sdpa backend) pays the one call's dispatch (`op_overhead_rows`), every other step (today's
+        families, more rows, a prefill or mixed step) each operator's called one by one
+        (`op_overhead_rows_by_op`; measured on the 2-core development CPU: an RMSNorm 2 us in the one
+        call, 14-20 us one by one). Itself where no one-by-one figures were measured (a GPU, an older
+        calibration); the weight GEMMs keep their rows curves either way."""
+        if not self.op_overhead_rows_by_op:
+            return self
+        fits = bool(getattr(spec, "one_call_layers", False)) and 0 < spec.head_dim <= self.one_call_max_head_dim
+        n = self.one_call_rows if fits else 0
+        by_op = {**self.op_overhead_rows, **self.op_overhead_rows_by_op}
+        decode = {op: _joined(self.op_overhead_rows.get(op), c, n) for op, c in self.op_overhead_rows_by_op.items()}
+        prefill = replace(self, op_overhead_rows=by_op, op_overhead_rows_by_op={}, prefill=None)
+        return replace(self, op_overhead_rows={**self.op_overhead_rows, **decode}, op_overhead_rows_by_op={},
+                       prefill=prefill)
+
     def __post_init__(self) -> None:
         if self.overhead_mode not in OVERHEAD_MODES:
             raise SpecError(f"overhead_mode: must be one of {', '.join(OVERHEAD_MODES)}, got {self.overhead_mode!r}")
@@ -148,7 +171,7 @@ class EfficiencyTimeModel:
         engine operator's dispatch)."""
         if not self.has_op_overheads:
             return self
-        return replace(self, op_overhead_s={}, op_overhead_rows={}, backend="")
+        return replace(self, op_overhead_s={}, op_overhead_rows={}, op_overhead_rows_by_op={}, backend="")
 
     def overhead_for(self, cost: OpCost, rows: Number | None = None) -> tuple[float, str]:
         """The host overhead of one call of `cost` at `rows` (default: `cost.rows`) and where it comes
@@ -359,6 +382,8 @@ class EfficiencyTimeModel:
                     overhead_mode=self.overhead_mode, backend=self.backend, op_overhead_s=dict(self.op_overhead_s),
                     op_e_memory={op: c.to_list() for op, c in self.op_e_memory.items()},
                     op_overhead_rows_s={op: c.to_list() for op, c in self.op_overhead_rows.items()},
+                    op_overhead_rows_by_op_s={op: c.to_list() for op, c in self.op_overhead_rows_by_op.items()},
+                    one_call_rows=self.one_call_rows, one_call_max_head_dim=self.one_call_max_head_dim,
                     op_floor_s=dict(self.op_floor_s), gemm=None if self.gemm is None else self.gemm.to_dict(),
                     attention_eff=self.attention_eff.to_dict() if self.attention_eff is not None else None,
                     gemm_e_memory=None if self.gemm_e_memory is None else self.gemm_e_memory.to_dict(),
@@ -368,6 +393,16 @@ class EfficiencyTimeModel:
 
 
 ROOFLINE_MODEL = EfficiencyTimeModel(name="roofline", source="pure roofline: efficiency 1, overhead 0")
+
+
+def _joined(one_call: Curve | None, by_op: Curve, rows: int) -> Curve:
+    """Seconds by rows: `one_call`'s up to `rows` (a decode step the one call takes), `by_op`'s beyond;
+    `by_op` alone where `rows` is 0 or the one call has no figure for the operator."""
+    if not rows or one_call is None:
+        return by_op
+    below = [(r, v) for r, v in one_call.points if r < rows] + [(float(rows), float(one_call(float(rows))))]
+    above = [(r, v) for r, v in by_op.points if r > rows + 1]
+    return Curve((*below, (rows + 1.0, float(by_op(rows + 1.0))), *above))
 
 
 def parse_attention_eff(raw: Any, where: str) -> dict[str, AttentionEfficiency]:
@@ -479,8 +514,8 @@ class EngineProfile:
                 return replace(model, engine=self.name, graph_max_rows=graph, expert_launches=self.expert_launches,
                                step_overhead_s=model.step_overhead_s or phase.step_overhead_s)
             kinds = {k: replace(model.terms(k), overhead_s=self.launch_s.get(k, 0.0)) for k in OP_KINDS}
-            return replace(model, kinds=kinds, op_overhead_s={}, op_overhead_rows={}, backend="",
-                           engine=self.name, graph_max_rows=graph, step_overhead_s=phase.step_overhead_s,
+            return replace(model, kinds=kinds, op_overhead_s={}, op_overhead_rows={}, op_overhead_rows_by_op={},
+                           backend="", engine=self.name, graph_max_rows=graph, step_overhead_s=phase.step_overhead_s,
                            expert_launches=self.expert_launches)
         return replace(priced(self.decode), prefill=priced(self.prefill))
 
@@ -549,12 +584,17 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
     ops = parsed["op_overhead_s"].get(backend, {})  # a backend never measured: the per-kind figures
     warm = parsed.get("op_overhead_warm_s", {}).get(backend, {})
     by_rows = parsed.get("op_overhead_rows_s", {}).get(used, {}).get(backend, {})
+    by_op = parsed.get("op_overhead_rows_by_op_s", {}).get(used, {}).get(backend, {})
     if warm and weight_bytes is not None and weight_bytes <= parsed.get("warm_below_bytes", 0.0):
-        ops, by_rows = warm, {}  # weights that stay in the private caches leave the dispatch warm
+        ops, by_rows, by_op = warm, {}, {}  # weights that stay in the private caches leave the dispatch warm
+    one_call = parsed.get("one_call") or {}
     return EfficiencyTimeModel(name=name, kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
                                source=parsed["source"], op_overhead_s=ops, overhead_mode=parsed["overhead_mode"],
                                backend=backend if ops or by_rows else "",
                                op_e_memory=parsed.get("op_e_memory", {}).get(used, {}), op_overhead_rows=by_rows,
+                               op_overhead_rows_by_op=by_op,  # the one call runs the sdpa backend only
+                               one_call_rows=one_call.get("rows", {}).get(used, 0) if backend == "sdpa" else 0,
+                               one_call_max_head_dim=one_call.get("max_head_dim", 0),
                                op_floor_s=parsed.get("op_floor_s", {}).get(used, {}),
                                collectives=collectives, gemm=parsed.get("gemm"), compute_dtype=dtype,
                                attention_eff=_attention_eff_for(parsed, used),

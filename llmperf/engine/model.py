@@ -262,13 +262,6 @@ class Transformer(nn.Module):
         # Math-changing spec fields (each layer's softmax scale, window, chunk, sinks, soft-cap),
         # honoured by every backend through the step metadata
         self.attn_params = layer_attention(spec, [getattr(b, "sinks", None) for b in self.layers])
-        # the plain Llama structure (uniform layers, nothing of today's models): what the CPU ops'
-        # one-call decode step runs
-        self.llama_layers = (spec.uniform_layers and not spec.is_mla and spec.qk_norm is None
-                             and not spec.attn_sinks and spec.attn_softcap is None and not spec.sandwich_norms
-                             and not spec.norm_offset and spec.query_pre_attn_scalar is None
-                             and not spec.rope_interleaved and not spec.nope_layers
-                             and spec.layer_types is None)
         self.set_attention(attention)
         self.decode_in_one_call = True  # False: every operator from Python (side-by-side measurements)
         self.eos_token_id: int | tuple[int, ...] | None = None  # the checkpoint's (from_pretrained)

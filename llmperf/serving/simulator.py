@@ -187,14 +187,15 @@ class ServingConfig:
 
     def resolve_time_model(self) -> object | None:
         """The time model object (None: the pure roofline)."""
+        from llmperf.analysis.roofline import model_time_model
         if self.time_model is not None:
-            return self.time_model
+            return model_time_model(self.time_model, self.model)
         from llmperf.analysis.timemodel import default_efficiency, time_model_for
         eff = default_efficiency(self.hardware) if self.efficiency == "auto" else self.efficiency
         if eff == "roofline":
             return None
-        return time_model_for(self.hardware, eff, self.hardware.compute_dtype(self.precision.activations),
-                              engine=self.engine)
+        dtype = self.hardware.compute_dtype(self.precision.activations)
+        return model_time_model(time_model_for(self.hardware, eff, dtype, engine=self.engine), self.model)
 
     def settings(self) -> dict[str, object]:
         """The config as plain values (model, device, precision, parallelism, server settings, time model),

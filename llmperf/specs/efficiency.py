@@ -32,8 +32,10 @@ EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU without `gemm_
 # 2 added `overhead_mode`, `op_overhead_s`; 3 `op_e_memory`, `op_overhead_rows_s`; 4 a kind's `floor_s`, `op_floor_s`;
 # 5 `gemm` (the GEMM shape model's terms, `llmperf.analysis.gemm`) and `attention_eff` (fused attention by shape);
 # 6 `gemm_e_memory` (a CPU weight GEMM's memory efficiency by rows and weight bytes, `GemmBytesCurves`);
-# 7 the same curves, each point's call read as a stream of its weight alone (`GemmBytesCurves.reads`)
-READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6, 7)
+# 7 the same curves, each point's call read as a stream of its weight alone (`GemmBytesCurves.reads`);
+# 8 `op_overhead_rows_by_op_s` (the operators' dispatch called one by one) and `one_call` (where a CPU
+# decode step runs its layers in one call instead)
+READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6, 7, 8)
 GEMM_READS = ("call", "weight")  # what a `gemm_e_memory` point's time was read as: schema 6, schema 7
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
@@ -289,6 +291,28 @@ def parse_op_overhead_rows(raw: Any, where: str) -> dict[str, dict[str, dict[str
             for dtype, backends in raw.items()}
 
 
+def parse_one_call(raw: Any, where: str) -> dict[str, Any]:
+    """`one_call`: {max_head_dim: int, rows: {compute dtype: int}}, where a CPU decode step runs its
+    layers in one call of llmperf's kernels (0: never); {} when absent."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping with max_head_dim and rows, got {raw!r}")
+    unknown = sorted(set(raw) - {"max_head_dim", "rows"})
+    if unknown:
+        raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: max_head_dim, rows)")
+    if not raw:
+        return {}
+    head = raw.get("max_head_dim", 0)
+    if not isinstance(head, int) or isinstance(head, bool) or not 0 <= head <= 4096:
+        raise SpecError(f"{where}.max_head_dim: must be an integer in [0, 4096], got {head!r}")
+    rows = raw.get("rows") or {}
+    if not isinstance(rows, Mapping):
+        raise SpecError(f"{where}.rows: expected a mapping of compute dtype -> rows, got {rows!r}")
+    for d, n in rows.items():
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 4096:
+            raise SpecError(f"{where}.rows.{d}: must be an integer in [0, 4096], got {n!r}")
+    return dict(max_head_dim=head, rows={str(d): n for d, n in rows.items()})
+
+
 def attention_terms(raw: Any, where: str) -> dict[str, Any]:
     """One dtype's fused-attention terms: a mapping of `ATTENTION_PARAMS` (each optional) and an optional
     `source`; unknown fields and values out of range are refused with the field's name."""
@@ -343,7 +367,8 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                         f"got {version!r}")
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
                           (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}),
-                          (5, {"gemm", "attention_eff"}), (6, {"gemm_e_memory"})):
+                          (5, {"gemm", "attention_eff"}), (6, {"gemm_e_memory"}),
+                          (8, {"op_overhead_rows_by_op_s", "one_call"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -373,6 +398,9 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 op_e_memory=parse_op_e_memory(raw.get("op_e_memory") or {}, f"{where}.op_e_memory"),
                 op_overhead_rows_s=parse_op_overhead_rows(raw.get("op_overhead_rows_s") or {},
                                                           f"{where}.op_overhead_rows_s"),
+                op_overhead_rows_by_op_s=parse_op_overhead_rows(raw.get("op_overhead_rows_by_op_s") or {},
+                                                                f"{where}.op_overhead_rows_by_op_s"),
+                one_call=parse_one_call(raw.get("one_call") or {}, f"{where}.one_call"),
                 op_floor_s=parse_op_floors(raw.get("op_floor_s") or {}, f"{where}.op_floor_s"),
                 gemm=None if raw.get("gemm") is None else gemm_terms(raw["gemm"], f"{where}.gemm"),
                 attention_eff=parse_attention_eff(raw.get("attention_eff") or {}, f"{where}.attention_eff"),
@@ -392,5 +420,6 @@ __all__ = ["ATTENTION_PARAMS", "BACKENDS", "BYTES_CURVE_OPS", "Curve", "EFFICIEN
            "GEMM_LIMITS", "GEMM_READS", "GemmBytesCurves", "KindTerms", "OP_KINDS", "OVERHEAD_MODES",
            "READABLE_SCHEMAS",
            "attention_terms", "check_attention_term", "check_seconds", "gemm_terms", "parse_attention_eff",
-           "parse_efficiency", "parse_gemm_e_memory", "parse_kinds", "parse_op_e_memory", "parse_op_floors",
+           "parse_efficiency", "parse_gemm_e_memory", "parse_kinds", "parse_one_call", "parse_op_e_memory",
+           "parse_op_floors",
            "parse_op_overhead_rows", "parse_op_overheads"]

@@ -400,6 +400,26 @@ class ModelSpec:
         """Every layer alike (the models of 2023-24); the engine builds only these."""
         return len(self.layer_groups()) == 1
 
+    @property
+    def plain_llama_layers(self) -> bool:
+        """The plain Llama structure: uniform layers and nothing of today's models (MLA, a QK norm,
+        sinks, soft-caps, sandwich norms, Gemma's norm offset and query scalar, interleaved or skipped
+        rotary positions, layers of several kinds)."""
+        return (self.uniform_layers and not self.is_mla and self.qk_norm is None and not self.attn_sinks
+                and self.attn_softcap is None and not self.sandwich_norms and not self.norm_offset
+                and self.query_pre_attn_scalar is None and not self.rope_interleaved and not self.nope_layers
+                and self.layer_types is None)
+
+    @property
+    def one_call_layers(self) -> bool:
+        """Whether llmperf's CPU engine may run a decode step of this model's layers in one call of its
+        kernels (`engine.cpu.ops.CpuOps.decode_layers`; the one rule it asks): plain Llama layers with
+        RMSNorm, rotary positions, a SiLU-gated FFN and no experts. The run decides the rest: fp32 or
+        bf16 with the kernels built, the sdpa backend, a head dim and rows the kernels take
+        (`EfficiencyTimeModel.for_model` prices the operators of the path a model runs)."""
+        return (self.plain_llama_layers and self.norm_kind == "rmsnorm" and self.pos_encoding == "rope"
+                and self.ffn_kind == "swiglu" and self.hidden_act in ("silu", "swish") and not self.is_moe)
+
     # ---- bytes -----------------------------------------------------------------------------------
     def kv_cache(self, kv: str | float | Any = "fp16") -> KVCacheSpec:
         """The KV-cache spec of this model with elements of `kv` (a dtype name, a byte size, or a

@@ -171,6 +171,22 @@ def test_the_operators_run_one_by_one_where_the_one_call_does_not_apply(one_call
 
 
 @needs_kernel
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen2.5-7b", "mistral-7b", "gpt2", "mixtral-8x7b", "qwen3-8b",
+                                  "gemma-2-9b", "gemma-3-27b", "qwen3-30b-a3b", "gpt-oss-20b", "llama-4-scout",
+                                  "deepseek-v3", "glm-4.5"])
+def test_the_spec_says_which_models_decode_in_one_call(one_calls, name):
+    """`ModelSpec.one_call_layers` is the engine's own rule (the calibrated model prices a model's
+    operators by it): a built-in family's decode step runs in one call exactly where it says so."""
+    mla = dict(kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+               head_dim=32, rotary_dim=16, num_kv_heads=4)
+    spec = tiny(name, dense_layers=(0,), **(mla if name == "deepseek-v3" else {})) \
+        if name in ("deepseek-v3", "glm-4.5") else tiny(name)
+    Engine(build_model(spec, seed=0)).generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=3))
+    assert bool(one_calls) == spec.one_call_layers
+    assert spec.one_call_layers == (name in ("llama-3.1-8b", "qwen2.5-7b", "mistral-7b"))
+
+
+@needs_kernel
 def test_a_flop_counter_sees_the_same_gemms_with_or_without_the_one_call(one_calls):
     """Under a dispatch mode the GEMMs run one by one as ops, so `FlopCounterMode` counts them all."""
     model = make_model("llama")

@@ -138,7 +138,7 @@ def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
     assert "attention" in cal.op_overhead_s["sdpa"]
     assert {"attn_score", "attn_softmax", "attn_value"} <= set(cal.op_overhead_s["naive"])
     eff = cal.to_mapping()["efficiency"]
-    assert eff["schema_version"] == 7 and eff["overhead_mode"] == "add"  # 7: its GEMMs by weight size
+    assert eff["schema_version"] == 8 and eff["overhead_mode"] == "add"  # 7: its GEMMs by weight size, 8: one by one
     # a CPU measures them warm too, for models whose weights fit the private caches
     assert set(cal.op_overhead_warm_s) == {"sdpa", "naive"} and eff["warm_below_bytes"] > 0
     path = write_yaml(cal.to_mapping(), tmp_path / "cal.yaml")
@@ -267,7 +267,7 @@ def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
 
     mapping = cal.to_mapping()
     newer = ("op_overhead_s", "overhead_mode", "op_overhead_warm_s", "warm_below_bytes", "op_e_memory",
-             "op_overhead_rows_s", "gemm_e_memory")
+             "op_overhead_rows_s", "gemm_e_memory", "op_overhead_rows_by_op_s", "one_call")
     eff = {k: v for k, v in mapping["efficiency"].items() if k not in newer}
     path = write_yaml({**mapping, "efficiency": {**eff, "schema_version": 1}}, tmp_path / "old.yaml")
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
@@ -440,7 +440,7 @@ def test_vector_operator_efficiency_is_fitted_per_byte_count():
 
 def test_calibration_writes_vector_operator_curves(cal):
     terms = cal.fit_terms()
-    assert terms["schema_version"] == 7 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
+    assert terms["schema_version"] == 8 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
     assert {"attn_norm", "qk_norm", "rope", "act", "mlp_residual"} <= set(terms["op_e_memory"]["fp32"])
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_e_memory and all(0 < v <= 1 for c in tm.op_e_memory.values() for _, v in c.points)
@@ -505,6 +505,41 @@ def test_operators_without_weights_take_their_dispatch_in_situ(cal):
         assert cal.op_overhead_s[backend] == {op: pts[0][1] for op, pts in ops.items()}
 
 
+def test_a_cpu_calibration_times_the_operators_one_by_one_beside_the_one_call(cal):
+    """Schema 8: beside the rows table (a Llama-shaped decode, in one call where the kernels run), every
+    operator that reads no weights timed in `dispatch_by_op_spec`'s decode with each operator called
+    from Python (its QK norm, sandwich norms and embedding scale too), at one and two rows per dtype
+    and backend; `one_call` says where this machine's engine runs the one call; the provenance names
+    the model, which does not run in one call."""
+    import torch
+
+    from llmperf.engine.cpu import kernels as cpu_kernels
+    from llmperf.measure.calibrate import OVERHEAD_ROWS, WEIGHT_OPS, dispatch_by_op_spec
+    from llmperf.specs import ModelSpec
+
+    eff = cal.to_mapping()["efficiency"]
+    assert eff["schema_version"] == 8
+    by_op = eff["op_overhead_rows_by_op_s"]
+    assert set(by_op) == {"fp32", "bf16"}
+    for dtype, backends in by_op.items():
+        assert set(backends) == {"sdpa", "naive"}
+        for backend, ops in backends.items():
+            assert {"attn_norm", "qk_norm", "rope", "kv_write", "act", "post_attn_norm", "post_mlp_norm",
+                    "embed_scale", "mlp_residual"} <= set(ops), (dtype, backend)
+            assert not set(ops) & WEIGHT_OPS
+            assert all([r for r, _ in pts] == list(OVERHEAD_ROWS) and all(0 < v < 1 for _, v in pts)
+                       for pts in ops.values())
+    on = cpu_kernels.available()
+    assert eff["one_call"] == {"max_head_dim": cpu_kernels.MAX_HEAD_DIM if on else 0,
+                               "rows": {"fp32": cpu_kernels.rows_for(torch.float32) if on else 0,
+                                        "bf16": cpu_kernels.rows_for(torch.bfloat16) if on else 0}}
+    prov = cal.provenance()["op_overhead_model"]["in_situ"]["by_op"]
+    assert prov["name"] == "calibrate-dispatch-by-op" and prov["hidden_size"] == cal.settings.dispatch_hidden
+    assert not ModelSpec(**dispatch_by_op_spec(2048)).one_call_layers
+    tm = time_model_for(cal.to_spec(), "calibrated", "fp32")
+    assert tm.op_overhead_rows_by_op and tm.one_call_rows == eff["one_call"]["rows"]["fp32"]
+
+
 def test_in_situ_dispatch_can_be_switched_off():
     """`dispatch_hidden=0`: every operator keeps the cold tiny-model figure, and the provenance says
     no in-situ model was run."""
@@ -512,6 +547,7 @@ def test_in_situ_dispatch_can_be_switched_off():
                                 dispatch_hidden=0, threads=1))
     assert c.provenance()["op_overhead_model"]["in_situ"] is None
     assert set(c.op_overhead_rows_s["fp32"]) == {"sdpa", "naive"}
+    assert c.op_overhead_rows_by_op_s == {} and "one_call" not in c.fit_terms()
 
 
 def test_a_disturbed_point_is_timed_again(monkeypatch):
@@ -599,6 +635,10 @@ def test_a_dispatch_model_that_cannot_be_built_keeps_the_cold_figures(monkeypatc
                "the per-kind figures price them" in n for n in c.notes)
     sdpa = c.op_overhead_rows_s["fp32"]["sdpa"]
     assert "moe_route" not in sdpa and "rope" in sdpa
+    c = calibrate_without("calibrate-dispatch-by-op", "no room for it")
+    assert any("operators one by one fp32 (calibrate-dispatch-by-op): not measured (MemoryError: no room for it); "
+               "the rows table prices every model" in n for n in c.notes)
+    assert c.op_overhead_rows_by_op_s == {} and c.fit_terms()["schema_version"] == 7
 
 
 def test_the_gemm_sweep_steps_where_the_engine_changes_kernel():
@@ -749,7 +789,8 @@ def test_a_sweep_over_its_budget_stops_and_says_so_in_the_yaml(tmp_path):
 def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_7(cal, tmp_path):
     """The engine GEMMs timed at several weight sizes become `gemm_e_memory` (with the GEMM sweep's own
     shape at the same rows where the sizes' points were not probed: the prefill rows), each point read
-    as its weight's stream: the file says schema 7, and the calibrated model prices weight GEMMs by it."""
+    as its weight's stream: the file says schema 7 (8 with the operators one by one, as here), and the
+    calibrated model prices weight GEMMs by it."""
     from dataclasses import replace as dc_replace
 
     from llmperf.analysis.timemodel import time_model_for
@@ -757,7 +798,7 @@ def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_7(cal, tm
     s = cal.settings
     assert {p.dtype for _, p in cal.gemm_sizes} == set(cal.measured_dtypes())
     eff = cal.to_mapping()["efficiency"]
-    assert eff["schema_version"] == 7
+    assert eff["schema_version"] == 8 and eff["op_overhead_rows_by_op_s"]
     sweep_bytes = 4 * s.gemm_n * s.gemm_k
     for rows, pts in eff["gemm_e_memory"]["fp32"].items():
         sizes = [b for b, _ in pts]

@@ -322,3 +322,66 @@ def test_op_overhead_rows_wins_per_dtype_and_rows():
         parse_efficiency({**eff, "op_overhead_rows_s": {"fp32": {"flash": {}}}}, "f")
     with pytest.raises(SpecError, match="unknown operator 'proj'"):
         parse_efficiency({**eff, "op_overhead_rows_s": {"fp32": {"sdpa": {"proj": 1e-5}}}}, "f")
+
+
+def test_a_model_is_priced_with_the_dispatch_of_the_path_its_decode_step_takes():
+    """Schema 8 (CPU): the rows table, measured on a Llama-shaped model whose decode step runs in one
+    call of llmperf's kernels, prices a decode step of a model that does too (plain Llama layers, a
+    head dim and rows the kernels take, the sdpa backend); every other model (today's families), a
+    decode of more rows, a prefill and the naive backend pay each operator's dispatch one by one
+    (`op_overhead_rows_by_op_s`); the weight GEMMs keep their rows curves; a file without the figures
+    prices every model alike; the estimate, the simulator and profile ask the same; errors name the field."""
+    from llmperf.analysis.generation import estimate
+    from llmperf.serving.simulator import ServingConfig
+
+    rows_tab = {"fp32": {b: {"qkv_proj": [[1, 4e-5], [2, 1.2e-4]], "attn_norm": [[1, 2e-6], [2, 3e-6]]}
+                         for b in ("sdpa", "naive")}}
+    by_op = {"fp32": {b: {"attn_norm": [[1, 1.5e-5], [2, 1.6e-5]], "qk_norm": [[1, 3e-5], [2, 3.1e-5]]}
+                      for b in ("sdpa", "naive")}}
+    eff = {**_eff(), "schema_version": 8, "op_overhead_rows_s": rows_tab, "op_overhead_rows_by_op_s": by_op,
+           "one_call": {"max_head_dim": 128, "rows": {"fp32": 8}}}
+    hw = _hw(eff)
+    llama = load_model("llama-3.1-8b").scaled(num_layers=2)
+    qwen3 = load_model("qwen3-8b").scaled(num_layers=2)
+    assert llama.one_call_layers and not qwen3.one_call_layers
+    fm = ForwardModel(model=qwen3, precision=Precision.uniform("fp32"), fused_qkv=True)
+    norm, qk, qkv = fm.attn_norm(1, 1, 10), fm.qk_norm(1, 1, 10), fm.qkv_proj(1, 1, 10)
+    tm = time_model_for(hw, "calibrated", "fp32")
+    dense, other = tm.for_model(llama), tm.for_model(qwen3)
+    for rows, seconds in ((1, 2e-6), (8, 3e-6), (9, 1.6e-5), (64, 1.6e-5)):  # one call up to its 8 rows
+        assert dense.overhead_for(norm, rows=rows) == (pytest.approx(seconds), "op")
+    assert other.overhead_for(norm, rows=1) == (pytest.approx(1.5e-5), "op")
+    assert other.overhead_for(qk, rows=1) == (pytest.approx(3e-5), "op")
+    assert dense.for_phase("prefill").overhead_for(norm, rows=1) == (pytest.approx(1.5e-5), "op")
+    for model in (dense, other, dense.for_phase("prefill")):  # the weight GEMMs: their rows curve
+        assert model.overhead_for(qkv, rows=1) == (pytest.approx(4e-5), "op")
+    naive = time_model_for(hw, "calibrated", "fp32", backend="naive").for_model(llama)
+    assert naive.overhead_for(norm, rows=1) == (pytest.approx(1.5e-5), "op")  # the one call runs sdpa only
+    wide = load_model("llama-3.1-8b").scaled(num_layers=2, head_dim=256, rotary_dim=None)
+    assert tm.for_model(wide).overhead_for(norm, rows=1) == (pytest.approx(1.5e-5), "op")
+    older = time_model_for(_hw({**_eff(), "schema_version": 7, "op_overhead_rows_s": rows_tab}), "calibrated", "fp32")
+    assert older.for_model(qwen3) is older
+    assert time_model_for(hw, "calibrated", "fp32").to_dict()["one_call_rows"] == 8
+    # every pricing of a model asks for its path: an estimate's decode step, the simulator's model, profile's
+    slow = _hw({**eff, "op_overhead_rows_by_op_s": {"fp32": {"sdpa": {**by_op["fp32"]["sdpa"],
+                                                                      "attn_norm": [[1, 0.25]]}}}})
+    base = estimate(qwen3, hw, batch=1, prompt_len=8, gen_len=4, precision="fp32", time_model=tm)
+    more = estimate(qwen3, slow, batch=1, prompt_len=8, gen_len=4, precision="fp32",
+                    time_model=time_model_for(slow, "calibrated", "fp32"))
+    assert more.tpot_s - base.tpot_s == pytest.approx(2 * (0.25 - 1.5e-5), rel=1e-6)  # two layers' norms
+    same = [estimate(llama, h, batch=1, prompt_len=8, gen_len=4, precision="fp32",
+                     time_model=time_model_for(h, "calibrated", "fp32")).tpot_s for h in (hw, slow)]
+    assert same[0] == same[1]  # one call: the one-by-one figure never prices its decode
+    sim = ServingConfig(model=qwen3, hardware=hw, precision=Precision.uniform("fp32"), efficiency="calibrated")
+    assert sim.resolve_time_model().overhead_for(norm, rows=1) == (pytest.approx(1.5e-5), "op")
+    from llmperf.measure.profile import calibrated_model
+    assert calibrated_model(hw, qwen3, Precision.uniform("fp32"), "fp32", "sdpa").overhead_for(norm, rows=1) == (
+        pytest.approx(1.5e-5), "op")
+    with pytest.raises(SpecError, match="f.one_call: needs schema_version 8, the file says 7"):
+        parse_efficiency({**eff, "schema_version": 7}, "f")
+    with pytest.raises(SpecError, match=r"f.one_call.max_head_dim: must be an integer in \[0, 4096\], got -1"):
+        parse_efficiency({**eff, "one_call": {"max_head_dim": -1}}, "f")
+    with pytest.raises(SpecError, match=r"f.one_call.rows.fp32: must be an integer in \[0, 4096\], got 'eight'"):
+        parse_efficiency({**eff, "one_call": {"rows": {"fp32": "eight"}}}, "f")
+    with pytest.raises(SpecError, match="f.one_call: unknown field 'row'"):
+        parse_efficiency({**eff, "one_call": {"row": {}}}, "f")

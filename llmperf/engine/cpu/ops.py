@@ -154,10 +154,8 @@ class CpuOps(TorchOps):
     def _fits(self, model: Any) -> bool:
         """Whether the model's structure is what `kernels.decode_layers` runs (asked once)."""
         if self._one_call_fits is None:
-            first = model.layers[0] if len(model.layers) else None
-            self._one_call_fits = bool(first is not None and model.llama_layers and first.attn_norm.kind == "rmsnorm"
-                                       and first.rope and first.swiglu and first.silu and not first.moe
-                                       and not self.in_out and model.spec.head_dim <= kernels.MAX_HEAD_DIM)
+            self._one_call_fits = bool(len(model.layers) and model.spec.one_call_layers and not self.in_out
+                                       and model.spec.head_dim <= kernels.MAX_HEAD_DIM)
             self._scales = torch.tensor([p.scale for p in model.attn_params], dtype=torch.float32)
         return self._one_call_fits
 

@@ -27,6 +27,7 @@ from llmperf.measure.calibrate.operators import (
     MOE_DISPATCH_OPS,
     TINY_MOE_SPEC,
     TINY_SPEC,
+    dispatch_by_op_spec,
     dispatch_moe_spec,
     dispatch_spec,
 )
@@ -57,6 +58,10 @@ class Calibration:
     op_e_memory: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)  # dtype -> op -> [[bytes, e]]
     # CPU: dtype -> backend -> op -> [[rows, seconds]] (the packed GEMM path dispatches differently)
     op_overhead_rows_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
+    # CPU: the same for the operators that read no weights, called one by one (`measure_by_op_rows`),
+    # and where a decode step runs in one call instead (`one_call_facts`: max_head_dim, rows by dtype)
+    op_overhead_rows_by_op_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
+    one_call: dict[str, Any] = field(default_factory=dict)
     step_overhead_s: float = 0.0
     dispatch_probe_s: float = 0.0  # CUDA: the host's time to issue a tiny kernel (`timers.dispatch_seconds`)
     floor_s: dict[str, float] = field(default_factory=dict)  # CUDA: kind -> a tiny kernel's device time
@@ -171,9 +176,12 @@ class Calibration:
                 kinds["comm"] = dict(e_compute=1.0, e_memory=1.0, overhead_s=_clean(small.seconds))
             dtypes[dtype] = kinds
         # CUDA: 4 with the device floors, 5 with the GEMM and attention shape terms; CPU: 7 with the
-        # weight GEMMs by size (each point read as its weight's stream; 6 read the whole call)
+        # weight GEMMs by size (each point read as its weight's stream; 6 read the whole call), 8 with
+        # the operators' dispatch one by one beside the one call's
         gemm_e_memory = self.gemm_e_memory()
-        schema = (7 if gemm_e_memory else 5 if self.gemm or self.attention_eff else 4 if self.floor_s
+        by_op = ({d: b for d, b in self.op_overhead_rows_by_op_s.items() if d in dtypes}
+                 if self.device.get("kind") != "cuda" else {})  # a GPU's engine has no one-call path
+        schema = (8 if by_op else 7 if gemm_e_memory else 5 if self.gemm or self.attention_eff else 4 if self.floor_s
                   else EFFICIENCY_SCHEMA)
         out = dict(schema_version=schema, model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
@@ -183,10 +191,11 @@ class Calibration:
             out["op_overhead_warm_s"] = _clean_ops(self.op_overhead_warm_s)
             out["warm_below_bytes"] = self.private_cache_bytes()
         if self.op_overhead_rows_s:
-            out["op_overhead_rows_s"] = {
-                d: {b: {op: [[int(r), max(_clean(v), 1e-9)] for r, v in pts] for op, pts in ops.items()}
-                    for b, ops in backends.items()}
-                for d, backends in self.op_overhead_rows_s.items() if d in dtypes}
+            out["op_overhead_rows_s"] = _rows_table(self.op_overhead_rows_s, dtypes)
+        if by_op:
+            out["op_overhead_rows_by_op_s"] = _rows_table(by_op, dtypes)
+            out["one_call"] = dict(max_head_dim=int(self.one_call.get("max_head_dim", 0)),
+                                   rows={d: int(n) for d, n in self.one_call.get("rows", {}).items() if d in dtypes})
         if self.op_e_memory:
             out["op_e_memory"] = {d: {op: [[int(b), _clean(e)] for b, e in pts] for op, pts in ops.items()}
                                   for d, ops in self.op_e_memory.items() if d in dtypes}
@@ -269,7 +278,11 @@ class Calibration:
                                                  ops="every operator but the weight GEMMs (op_overhead_rows_s, "
                                                      "op_overhead_s)",
                                                  moe=dict(dispatch_moe_spec(self.settings.dispatch_hidden),
-                                                          ops=", ".join(MOE_DISPATCH_OPS)))
+                                                          ops=", ".join(MOE_DISPATCH_OPS)),
+                                                 by_op=(dict(dispatch_by_op_spec(self.settings.dispatch_hidden),
+                                                             ops="every operator but the weight GEMMs, called one "
+                                                                 "by one (op_overhead_rows_by_op_s)")
+                                                        if self.op_overhead_rows_by_op_s else None))
                                             if self.settings.dispatch_hidden and self.op_overhead_rows_s else None),
                                    moe=(dict(TINY_MOE_SPEC, cache="contiguous", tokens=self.settings.op_overhead_tokens,
                                              ops=", ".join(MOE_DISPATCH_OPS))
@@ -308,6 +321,14 @@ def _compute_row(p: ComputePoint) -> dict[str, Any]:
     return dict(op=p.op, dtype=p.dtype, rows=p.rows, shape=p.shape, seconds=_clean(p.seconds),
                 median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n,
                 tflops_per_s=_clean(p.flops_per_s / 1e12), gb_per_s=_clean(p.bytes_per_s / 1e9))
+
+
+def _rows_table(table: dict[str, dict[str, dict[str, list[list[float]]]]], dtypes: Any
+                ) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
+    """A dtype -> backend -> operator -> [[rows, seconds], ...] table as the efficiency block writes it
+    (the fitted dtypes only; a figure rounded to 0 kept at 1 ns, which the parser's (0, 1) takes)."""
+    return {d: {b: {op: [[int(r), max(_clean(v), 1e-9)] for r, v in pts] for op, pts in ops.items()}
+                for b, ops in backends.items()} for d, backends in table.items() if d in dtypes}
 
 
 def _plain(x: Any) -> Any:

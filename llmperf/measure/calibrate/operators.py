@@ -175,6 +175,68 @@ def measure_moe_dispatch(s: Settings, device: Any, progress: Progress, notes: li
     return {b: ops for b, ops in out.items() if ops}
 
 
+def dispatch_by_op_spec(hidden: int) -> dict[str, Any]:
+    """`dispatch_spec` with a norm over each query and key head (Qwen3's), Gemma's norms after attention
+    and after the MLP and its embedding scale: the model whose decode, run operator by operator, gives
+    the dispatch of every model whose decode step does not run in one call (`measure_by_op_rows`)."""
+    return dict(dispatch_spec(hidden), name="calibrate-dispatch-by-op", qk_norm="rmsnorm", sandwich_norms=True,
+                embedding_scale=True)
+
+
+def measure_by_op_rows(s: Settings, device: Any, progress: Progress, notes: list[str] | None = None
+                       ) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
+    """CPU: per compute dtype and backend, each operator that reads no weights as `[[rows, seconds],
+    ...]` at `OVERHEAD_ROWS`, in situ in `dispatch_by_op_spec`'s decode with every operator called
+    from Python (`decode_in_one_call` off). A Llama-shaped model's decode step runs its layers in one
+    call of llmperf's kernels (`ModelSpec.one_call_layers`), which is what the rows table measures;
+    every other model (today's families: a QK norm, sandwich norms, experts, MLA), a prefill, and a
+    decode of more rows than the one call takes dispatch each operator from Python. Measured on the
+    2-core development CPU (fp32, one row): an RMSNorm 2 us in the one call, 14-20 us one by one. {}
+    when `s.dispatch_hidden` is 0 or the model cannot be built (noted)."""
+    if not s.dispatch_hidden:
+        return {}
+    from llmperf.engine import build_model
+    from llmperf.specs import ModelSpec
+
+    spec = dispatch_by_op_spec(s.dispatch_hidden)
+    out: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
+    for dname in OVERHEAD_DTYPES:
+        if dname not in s.dtypes:
+            continue
+        try:
+            model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
+        except (RuntimeError, ValueError, MemoryError) as exc:
+            if notes is not None:
+                notes.append(f"operators one by one {dname} ({spec['name']}): not measured ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}); the rows table prices every model")
+            continue
+        model.decode_in_one_call = False
+        runs = {rows: measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
+                                           model=model) for rows in OVERHEAD_ROWS}
+        del model
+        table = {}
+        for backend in runs[OVERHEAD_ROWS[0]]:
+            ops = set.intersection(*(set(runs[r].get(backend, {})) for r in OVERHEAD_ROWS)) - WEIGHT_OPS
+            table[backend] = {op: [[r, runs[r][backend][op]] for r in OVERHEAD_ROWS] for op in sorted(ops)}
+        out[dname] = table
+    return out
+
+
+def one_call_facts(device: Any) -> dict[str, Any]:
+    """Where a CPU decode step runs its layers in one call (`engine.paths.one_call_rows`): the most rows
+    per compute dtype (0: never) and the largest head dim the kernels take; {} on CUDA (never)."""
+    if device.type != "cpu":
+        return {}
+    import torch
+
+    from llmperf.engine.cpu import kernels
+    from llmperf.engine.paths import one_call_rows
+
+    return dict(max_head_dim=kernels.MAX_HEAD_DIM if kernels.available() else 0,
+                rows={d: one_call_rows(t) if kernels.available() else 0
+                      for d, t in (("fp32", torch.float32), ("bf16", torch.bfloat16))})
+
+
 def in_situ(cold: dict[str, dict[str, float]], situ: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """Per backend, the weight GEMMs' dispatch from `cold` (the tiny model, a GEMV before each) and
     every other operator's from `situ` (a real layer's decode) where it was measured, with the

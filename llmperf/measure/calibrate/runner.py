@@ -22,10 +22,12 @@ from llmperf.measure.calibrate.cpu_gemm_sizes import measure_gemm_sizes
 from llmperf.measure.calibrate.floors import measure_floors, measure_overheads
 from llmperf.measure.calibrate.gemm_shapes import fit_gemm_shapes, measure_gemm_shapes
 from llmperf.measure.calibrate.operators import (
+    measure_by_op_rows,
     measure_moe_dispatch,
     measure_op_overhead_rows,
     measure_op_overheads,
     measure_step_overhead,
+    one_call_facts,
     op_overhead_backends,
 )
 from llmperf.measure.calibrate.settings import Progress, Settings
@@ -94,6 +96,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
             if device.type == "cpu":
                 cal.op_overhead_warm_s = measure_op_overheads(s, device, tick, cold=False)
                 cal.op_overhead_rows_s = measure_op_overhead_rows(s, device, tick, cal.op_overhead_s, cal.notes)
+                cal.op_overhead_rows_by_op_s = measure_by_op_rows(s, device, tick, cal.notes)
+                cal.one_call = one_call_facts(device) if cal.op_overhead_rows_by_op_s else {}
                 fp32 = cal.op_overhead_rows_s.get("fp32", {})
                 if fp32:  # the per-operator fallback: fp32, one row, as the rows table has it
                     cal.op_overhead_s = {b: {op: pts[0][1] for op, pts in ops.items()} for b, ops in fp32.items()}
@@ -105,9 +109,10 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
             # CPU: dispatch is serial with the work, so it comes off each call (the figure a prefill is
             # priced with: its dtype's, at the most rows measured); CUDA: event times are device time
             overheads = {}
-            if device.type == "cpu":
-                rows_s = cal.op_overhead_rows_s
-                overheads = {d: {op: pts[-1][1] for op, pts in rows_s.get(d, {}).get("sdpa", {}).items()}
+            if device.type == "cpu":  # a prefill dispatches its operators one by one (by_op), where measured
+                rows_s, by_op = cal.op_overhead_rows_s, cal.op_overhead_rows_by_op_s
+                overheads = {d: ({op: pts[-1][1] for op, pts in rows_s.get(d, {}).get("sdpa", {}).items()}
+                                 | {op: pts[-1][1] for op, pts in by_op.get(d, {}).get("sdpa", {}).items()})
                              or cal.op_overhead_s.get("sdpa", {}) for d in cal.measured_dtypes()}
             cal.op_e_memory = measure_op_e_memory(s, device, tick, cal.measured_dtypes(), cal.memory_bytes_per_s(),
                                                   overheads, cal.notes)

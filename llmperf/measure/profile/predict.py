@@ -76,11 +76,18 @@ class Predictor:
         (reshapes, cache bookkeeping, several calls per operator), which a lone call does not."""
         rows = self.rows(cost, batch, q_len, self.fm)
         roof = float(ROOFLINE_MODEL.op_time_s(cost, self.hardware, self.compute_dtype, rows))
-        tm = self.calibrated
+        tm = self.calibrated_for(q_len)
         if tm is not None and micro:
             tm = tm.per_kind_overheads()
         cal = float(tm.op_time_s(cost, self.hardware, self.compute_dtype, rows)) if tm else math.nan
         return roof, cal
+
+    def calibrated_for(self, q_len: int) -> EfficiencyTimeModel | None:
+        """The calibrated model for a step of `q_len` tokens a sequence: a decode step's (one), else a
+        prefill's (`EfficiencyTimeModel.for_phase`: on a CPU every operator of a prefill is called one
+        by one). None without a calibrated model."""
+        tm = self.calibrated
+        return tm.for_phase("decode" if q_len == 1 else "prefill") if tm is not None else None
 
     def forward(self, batch: int, q_len: int, kv_len: int) -> tuple[float, float]:
         """(roofline, calibrated) seconds of a whole forward pass: the model-level operators once, and
@@ -98,7 +105,8 @@ class Predictor:
     def step(self, batch: int, q_len: int, kv_len: int) -> tuple[float, float]:
         """A whole engine step: the forward pass, plus the calibrated host overhead per step."""
         roof, cal = self.forward(batch, q_len, kv_len)
-        return roof, cal + (self.calibrated.step_overhead_s if self.calibrated else math.nan)
+        tm = self.calibrated_for(q_len)
+        return roof, cal + (tm.step_overhead_s if tm is not None else math.nan)
 
     def pipeline_step(self, batch: int, q_len: int, kv_len: int) -> float:
         """A diagnostic, not a time model: the calibrated step with the host and the device as a two-stage
@@ -110,7 +118,7 @@ class Predictor:
         per-operator maxima (which charges a device-bound operator its excess even where the host runs
         ahead, docs/time-models.md) plus one operator's min(host, device) (no operator runs before it
         is issued). NaN without a calibrated model."""
-        tm = self.calibrated
+        tm = self.calibrated_for(q_len)
         if tm is None:
             return math.nan
         fm = self.fm
@@ -129,8 +137,10 @@ class Predictor:
 def calibrated_model(hardware: HardwareSpec, spec: ModelSpec, prec: Precision, compute_dtype: str,
                      backend: str) -> EfficiencyTimeModel:
     """The calibrated time model that predicts `spec` as the engine runs it: the backend's per-operator
-    overheads, warm ones when the model's weights fit the private caches (`time_model_for`). On a GPU the
+    overheads, warm ones when the model's weights fit the private caches (`time_model_for`), those of
+    the path its decode step takes (in one call or one by one: `for_model`). On a GPU the
     engine profiled is llmperf's own, eager one: its `eager` profile (the calibration's own overheads)."""
     from llmperf.analysis.timemodel import is_cpu
     return time_model_for(hardware, "calibrated", compute_dtype, backend=backend,
-                          weight_bytes=weight_bytes_per_gpu(spec, prec), engine=None if is_cpu(hardware) else "eager")
+                          weight_bytes=weight_bytes_per_gpu(spec, prec),
+                          engine=None if is_cpu(hardware) else "eager").for_model(spec)
