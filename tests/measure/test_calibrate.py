@@ -736,25 +736,41 @@ def test_op_overheads_measured_against_an_unrecorded_run_move_by_the_recorder_sh
     assert not notes and all(0.0 < v < 1.0 for v in figures["sdpa"].values())
 
 
-def test_a_gpu_calibration_times_the_moe_dispatch_on_the_tiny_model_with_experts(monkeypatch):
-    """What calibrate runs on CUDA (here on the CPU): the router's choice and the experts' sum from the
-    tiny MoE model's recorded decode, one figure per call and backend, nothing else; a backend that
-    cannot run it is noted and keeps the per-kind figures."""
+def test_a_gpu_calibration_times_the_operators_of_todays_families_on_their_tiny_models(monkeypatch):
+    """What calibrate runs on CUDA (here on the CPU): beside the Llama-shaped tiny model's figures, the
+    operators only today's families run, each from its own tiny model's recorded decode (the router's
+    choice and the experts' sum; the QK and sandwich norms and the embedding scale; MLA's projections,
+    norms and absorptions), one figure per call and backend, nothing else; the tiny models differ from
+    the Llama-shaped one only where their family does; a backend that cannot run one is noted and keeps
+    the per-kind figures for its operators; the provenance names the models that gave figures."""
+    from dataclasses import replace as dc_replace
+
     import torch
 
-    from llmperf.measure.calibrate import TINY_MOE_SPEC, TINY_SPEC, measure_moe_dispatch, operators
+    from llmperf.measure.calibrate import FAMILY_DISPATCH, TINY_SPEC, measure_family_dispatch, operators
 
-    assert {k: v for k, v in TINY_MOE_SPEC.items() if k in TINY_SPEC and k != "name"} == {
-        k: v for k, v in TINY_SPEC.items() if k != "name"}
+    for _what, spec, _keep in FAMILY_DISPATCH:  # each one Llama-shaped tiny model plus its family's fields
+        assert all(spec.get(k) == v for k, v in TINY_SPEC.items() if k not in ("name", "num_kv_heads", "head_dim"))
     notes: list[str] = []
-    figures = measure_moe_dispatch(Settings.tiny(), torch.device("cpu"), lambda _: None, notes)
+    figures = measure_family_dispatch(Settings.tiny(), torch.device("cpu"), lambda _: None, notes)
     assert set(figures) == {"sdpa", "naive"} and not notes
-    assert all(set(ops) == {"moe_route", "moe_sum"} and all(v > 0 for v in ops.values()) for ops in figures.values())
+    decode_mla = {"q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "q_absorb", "v_absorb"}
+    for ops in figures.values():
+        assert {"moe_route", "moe_sum", "qk_norm", "post_attn_norm", "post_mlp_norm", "embed_scale"} | decode_mla \
+            <= set(ops) <= {op for _w, _s, keep in FAMILY_DISPATCH for op in keep}
+        assert all(v > 0 for v in ops.values())
     monkeypatch.setattr(operators, "op_overhead_backends", lambda device: ("sdpa", "triton"))
     monkeypatch.setattr(operators, "measure_op_overheads", lambda *a, **k: {"sdpa": dict(figures["sdpa"], act=1.0)})
-    assert measure_moe_dispatch(Settings.tiny(), torch.device("cpu"), lambda _: None, notes) == {
+    assert measure_family_dispatch(Settings.tiny(), torch.device("cpu"), lambda _: None, notes) == {
         "sdpa": figures["sdpa"]}
-    assert notes == ["MoE dispatch (moe_route, moe_sum) not measured for triton: the per-kind figures price them"]
+    assert notes[0] == "MoE dispatch (moe_route, moe_sum) not measured for triton: the per-kind figures price them"
+    assert len(notes) == len(FAMILY_DISPATCH) and all("not measured for triton" in n for n in notes)
+    cal = calibrate(Settings.tiny(dtypes=("fp32",), stream_sizes=(256 * 1024,), gemm_rows=(1, 8), vector_prefills=(),
+                                  dispatch_hidden=0, threads=1))
+    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda"}, op_overhead_s={"sdpa": figures["sdpa"]})
+    names = [m["name"] for m in gpu.provenance()["op_overhead_model"]["families"]]
+    assert names == ["calibrate-tiny-moe", "calibrate-tiny-norms", "calibrate-tiny-mla"]
+    assert cal.provenance()["op_overhead_model"]["families"] is None  # a CPU times them in situ
 
 
 @pytest.mark.parametrize("spent, nxt, budget, call, call_budget, fits", [

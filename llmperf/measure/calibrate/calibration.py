@@ -24,8 +24,8 @@ from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
 from llmperf.measure.calibrate.fit import _clean, _clean_ops, fit_curves, fit_gemm_e_memory
 from llmperf.measure.calibrate.operators import (
     COLD_GEMM,
+    FAMILY_DISPATCH,
     MOE_DISPATCH_OPS,
-    TINY_MOE_SPEC,
     TINY_SPEC,
     dispatch_by_op_spec,
     dispatch_moe_spec,
@@ -284,11 +284,12 @@ class Calibration:
                                                                  "by one (op_overhead_rows_by_op_s)")
                                                         if self.op_overhead_rows_by_op_s else None))
                                             if self.settings.dispatch_hidden and self.op_overhead_rows_s else None),
-                                   moe=(dict(TINY_MOE_SPEC, cache="contiguous", tokens=self.settings.op_overhead_tokens,
-                                             ops=", ".join(MOE_DISPATCH_OPS))
-                                        if self.device.get("kind") == "cuda" and any(
-                                            op in ops for ops in self.op_overhead_s.values() for op in MOE_DISPATCH_OPS)
-                                        else None)),
+                                   families=[dict(spec, cache="contiguous", tokens=self.settings.op_overhead_tokens,
+                                                  ops=", ".join(keep))
+                                             for _what, spec, keep in FAMILY_DISPATCH
+                                             if self.device.get("kind") == "cuda" and any(
+                                                 op in ops for ops in self.op_overhead_s.values() for op in keep)]
+                                   or None),
             step_overhead_s=_clean(self.step_overhead_s),
             dispatch_probe_us=_clean(self.dispatch_probe_s * 1e6) if self.dispatch_probe_s else None,
             floor_s={k: _clean(v) for k, v in self.floor_s.items()},

@@ -160,18 +160,42 @@ def dispatch_moe_spec(hidden: int) -> dict[str, Any]:
 TINY_MOE_SPEC = dict(TINY_SPEC, name="calibrate-tiny-moe", num_experts=8, experts_per_token=2, moe_ffn_size=32)
 
 
-def measure_moe_dispatch(s: Settings, device: Any, progress: Progress, notes: list[str] | None = None
-                         ) -> dict[str, dict[str, float]]:
-    """Per attention backend, `MOE_DISPATCH_OPS`' figures (one call each: the router's choice a layer,
-    the sum an expert) from `TINY_MOE_SPEC`'s recorded decode, as `measure_op_overheads` times the
-    tiny model's (on CUDA less the recorder's share). A backend that cannot run it keeps the per-kind
-    figures for them, noted."""
-    runs = measure_op_overheads(s, device, progress, cold=False, spec=TINY_MOE_SPEC, notes=notes)
-    out = {b: {op: v for op, v in ops.items() if op in MOE_DISPATCH_OPS} for b, ops in runs.items()}
-    missing = [b for b in op_overhead_backends(device) if not out.get(b)]
-    if missing and notes is not None:
-        notes.append(f"MoE dispatch ({', '.join(MOE_DISPATCH_OPS)}) not measured for {', '.join(missing)}: "
-                     "the per-kind figures price them")
+#: the tiny model with a norm over each query and key head (Qwen3's), Gemma's sandwich norms and its
+#: embedding scale, and the operators only it runs (measured on an H100 on 2026-11-27, Qwen3-30B-A3B's
+#: `qk_norm` recorded 2.5-4.8x its per-kind price: it normalises the query and the key heads apart)
+TINY_NORMS_SPEC = dict(TINY_SPEC, name="calibrate-tiny-norms", qk_norm="rmsnorm", sandwich_norms=True,
+                       embedding_scale=True)
+NORM_OPS = ("qk_norm", "post_attn_norm", "post_mlp_norm", "embed_scale")
+#: the tiny model with multi-head latent attention (DeepSeek's: a low-rank query, a latent of 32, rotary
+#: width 16 interleaved) and its own operators (on that H100 DeepSeek-V3's MLA projections, absorptions
+#: and norms recorded 1.3-10x their per-kind prices)
+TINY_MLA_SPEC = dict(TINY_SPEC, name="calibrate-tiny-mla", num_kv_heads=4, head_dim=32, kv_lora_rank=32,
+                     q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, rotary_dim=16,
+                     rope_interleaved=True)
+MLA_OPS = ("q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj", "q_absorb", "v_absorb")
+#: what a GPU's calibration times beyond the Llama-shaped tiny model: (what, tiny model, its operators)
+FAMILY_DISPATCH = (("MoE dispatch", TINY_MOE_SPEC, MOE_DISPATCH_OPS),
+                   ("QK and sandwich norms", TINY_NORMS_SPEC, NORM_OPS), ("MLA", TINY_MLA_SPEC, MLA_OPS))
+
+
+def measure_family_dispatch(s: Settings, device: Any, progress: Progress, notes: list[str] | None = None
+                            ) -> dict[str, dict[str, float]]:
+    """Per attention backend, the figures (one call each) of the operators today's families run and the
+    Llama-shaped tiny model does not (`FAMILY_DISPATCH`: a MoE layer's router choice and experts' sum,
+    the QK and sandwich norms and Gemma's embedding scale, MLA's projections, norms and absorptions),
+    each from its tiny model's recorded decode as `measure_op_overheads` times the tiny model's (on
+    CUDA less the recorder's share). A backend that cannot run one keeps the per-kind figures for its
+    operators, noted."""
+    out: dict[str, dict[str, float]] = {}
+    for what, spec, keep in FAMILY_DISPATCH:
+        runs = measure_op_overheads(s, device, progress, cold=False, spec=spec, notes=notes)
+        got = {b: {op: v for op, v in ops.items() if op in keep} for b, ops in runs.items()}
+        for b, ops in got.items():
+            out.setdefault(b, {}).update(ops)
+        missing = [b for b in op_overhead_backends(device) if not got.get(b)]
+        if missing and notes is not None:
+            notes.append(f"{what} ({', '.join(keep)}) not measured for {', '.join(missing)}: "
+                         "the per-kind figures price them")
     return {b: ops for b, ops in out.items() if ops}
 
 

@@ -23,7 +23,7 @@ from llmperf.measure.calibrate.floors import measure_floors, measure_overheads
 from llmperf.measure.calibrate.gemm_shapes import fit_gemm_shapes, measure_gemm_shapes
 from llmperf.measure.calibrate.operators import (
     measure_by_op_rows,
-    measure_moe_dispatch,
+    measure_family_dispatch,
     measure_op_overhead_rows,
     measure_op_overheads,
     measure_step_overhead,
@@ -91,7 +91,7 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
         with torch.inference_mode():
             cal.op_overhead_s = measure_op_overheads(s, device, tick, notes=cal.notes)
             if device.type == "cuda":  # a CPU times them in situ (measure_op_overhead_rows)
-                for backend, ops in measure_moe_dispatch(s, device, tick, cal.notes).items():
+                for backend, ops in measure_family_dispatch(s, device, tick, cal.notes).items():
                     cal.op_overhead_s.setdefault(backend, {}).update(ops)
             if device.type == "cpu":
                 cal.op_overhead_warm_s = measure_op_overheads(s, device, tick, cold=False)
