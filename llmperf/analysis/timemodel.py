@@ -107,6 +107,8 @@ class EfficiencyTimeModel:
     op_overhead_rows_by_op: Mapping[str, Curve] = field(default_factory=dict, hash=False)
     one_call_rows: int = 0
     one_call_max_head_dim: int = 0
+    # CPU: a routed expert's own operators called once per expert (`expert_launches` per_expert), by rows
+    op_overhead_rows_expert: Mapping[str, Curve] = field(default_factory=dict, hash=False)
     op_floor_s: Mapping[str, float] = field(default_factory=dict, hash=False)  # operator -> device floor, s
     # collectives priced as latency + bytes / bus bandwidth by GPU count (`typical`); None: the link's bandwidth
     collectives: Collectives | None = field(default=None, hash=False, compare=False)
@@ -171,11 +173,13 @@ class EfficiencyTimeModel:
         engine operator's dispatch)."""
         if not self.has_op_overheads:
             return self
-        return replace(self, op_overhead_s={}, op_overhead_rows={}, op_overhead_rows_by_op={}, backend="")
+        return replace(self, op_overhead_s={}, op_overhead_rows={}, op_overhead_rows_by_op={},
+                       op_overhead_rows_expert={}, backend="")
 
-    def overhead_for(self, cost: OpCost, rows: Number | None = None) -> tuple[float, str]:
+    def overhead_for(self, cost: OpCost, rows: Number | None = None, expert: bool = False) -> tuple[float, str]:
         """The host overhead of one call of `cost` at `rows` (default: `cost.rows`) and where it comes
-        from ("op" or "kind")."""
+        from ("op" or "kind"); `expert`: one routed expert's call, which takes `op_overhead_rows_expert`
+        where it has the operator."""
         if self.graph_max_rows:  # a CUDA graph replays the step: no kernel pays a host launch
             r = np.asarray(_rows_of(cost, rows), dtype=float)
             if np.all(r <= self.graph_max_rows):
@@ -184,7 +188,8 @@ class EfficiencyTimeModel:
             plain = replace(self, graph_max_rows=0.0)
             value, where = plain.overhead_for(cost, rows)
             return np.where(graph, 0.0, value), where
-        curve = self.op_overhead_rows.get(cost.name)
+        curve = self.op_overhead_rows_expert.get(cost.name) if expert else None
+        curve = curve or self.op_overhead_rows.get(cost.name)
         if curve is not None:
             return curve(_rows_of(cost, rows)), "op"
         if cost.name in self.op_overhead_s:
@@ -205,7 +210,7 @@ class EfficiencyTimeModel:
         else:  # one call per touched expert, each at its own share of the rows
             share = (_group_rows(cost.gemm, rows) if cost.gemm is not None
                      else np.maximum(np.asarray(rows, dtype=float) / np.maximum(launches, 1.0), 1.0))
-            overhead, _ = self.overhead_for(cost, share)
+            overhead, _ = self.overhead_for(cost, share, expert=True)
             overhead = overhead * launches
         by_bytes = self.op_e_memory.get(cost.name)
         if by_bytes is not None:  # one call's bytes (a cost scaled to L layers carries L calls)
@@ -384,6 +389,7 @@ class EfficiencyTimeModel:
                     op_overhead_rows_s={op: c.to_list() for op, c in self.op_overhead_rows.items()},
                     op_overhead_rows_by_op_s={op: c.to_list() for op, c in self.op_overhead_rows_by_op.items()},
                     one_call_rows=self.one_call_rows, one_call_max_head_dim=self.one_call_max_head_dim,
+                    op_overhead_rows_expert_s={op: c.to_list() for op, c in self.op_overhead_rows_expert.items()},
                     op_floor_s=dict(self.op_floor_s), gemm=None if self.gemm is None else self.gemm.to_dict(),
                     attention_eff=self.attention_eff.to_dict() if self.attention_eff is not None else None,
                     gemm_e_memory=None if self.gemm_e_memory is None else self.gemm_e_memory.to_dict(),
@@ -515,8 +521,8 @@ class EngineProfile:
                                step_overhead_s=model.step_overhead_s or phase.step_overhead_s)
             kinds = {k: replace(model.terms(k), overhead_s=self.launch_s.get(k, 0.0)) for k in OP_KINDS}
             return replace(model, kinds=kinds, op_overhead_s={}, op_overhead_rows={}, op_overhead_rows_by_op={},
-                           backend="", engine=self.name, graph_max_rows=graph, step_overhead_s=phase.step_overhead_s,
-                           expert_launches=self.expert_launches)
+                           op_overhead_rows_expert={}, backend="", engine=self.name, graph_max_rows=graph,
+                           step_overhead_s=phase.step_overhead_s, expert_launches=self.expert_launches)
         return replace(priced(self.decode), prefill=priced(self.prefill))
 
 
@@ -585,8 +591,10 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
     warm = parsed.get("op_overhead_warm_s", {}).get(backend, {})
     by_rows = parsed.get("op_overhead_rows_s", {}).get(used, {}).get(backend, {})
     by_op = parsed.get("op_overhead_rows_by_op_s", {}).get(used, {}).get(backend, {})
+    experts = parsed.get("op_overhead_rows_expert_s", {}).get(used, {}).get(backend, {})
     if warm and weight_bytes is not None and weight_bytes <= parsed.get("warm_below_bytes", 0.0):
-        ops, by_rows, by_op = warm, {}, {}  # weights that stay in the private caches leave the dispatch warm
+        # weights that stay in the private caches leave the dispatch warm
+        ops, by_rows, by_op, experts = warm, {}, {}, {}
     one_call = parsed.get("one_call") or {}
     return EfficiencyTimeModel(name=name, kinds=kinds, dtype=used, step_overhead_s=parsed["step_overhead_s"],
                                source=parsed["source"], op_overhead_s=ops, overhead_mode=parsed["overhead_mode"],
@@ -595,6 +603,7 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
                                op_overhead_rows_by_op=by_op,  # the one call runs the sdpa backend only
                                one_call_rows=one_call.get("rows", {}).get(used, 0) if backend == "sdpa" else 0,
                                one_call_max_head_dim=one_call.get("max_head_dim", 0),
+                               op_overhead_rows_expert=experts,
                                op_floor_s=parsed.get("op_floor_s", {}).get(used, {}),
                                collectives=collectives, gemm=parsed.get("gemm"), compute_dtype=dtype,
                                attention_eff=_attention_eff_for(parsed, used),

@@ -33,8 +33,8 @@ EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU without `gemm_
 # 5 `gemm` (the GEMM shape model's terms, `llmperf.analysis.gemm`) and `attention_eff` (fused attention by shape);
 # 6 `gemm_e_memory` (a CPU weight GEMM's memory efficiency by rows and weight bytes, `GemmBytesCurves`);
 # 7 the same curves, each point's call read as a stream of its weight alone (`GemmBytesCurves.reads`);
-# 8 `op_overhead_rows_by_op_s` (the operators' dispatch called one by one) and `one_call` (where a CPU
-# decode step runs its layers in one call instead)
+# 8 `op_overhead_rows_by_op_s` (the operators' dispatch called one by one), `one_call` (where a CPU
+# decode step runs its layers in one call instead) and `op_overhead_rows_expert_s` (a routed expert's own)
 READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6, 7, 8)
 GEMM_READS = ("call", "weight")  # what a `gemm_e_memory` point's time was read as: schema 6, schema 7
 OVERHEAD_MODES = ("add", "overlap")
@@ -368,7 +368,7 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
                           (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}),
                           (5, {"gemm", "attention_eff"}), (6, {"gemm_e_memory"}),
-                          (8, {"op_overhead_rows_by_op_s", "one_call"})):
+                          (8, {"op_overhead_rows_by_op_s", "one_call", "op_overhead_rows_expert_s"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -401,6 +401,8 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 op_overhead_rows_by_op_s=parse_op_overhead_rows(raw.get("op_overhead_rows_by_op_s") or {},
                                                                 f"{where}.op_overhead_rows_by_op_s"),
                 one_call=parse_one_call(raw.get("one_call") or {}, f"{where}.one_call"),
+                op_overhead_rows_expert_s=parse_op_overhead_rows(raw.get("op_overhead_rows_expert_s") or {},
+                                                                 f"{where}.op_overhead_rows_expert_s"),
                 op_floor_s=parse_op_floors(raw.get("op_floor_s") or {}, f"{where}.op_floor_s"),
                 gemm=None if raw.get("gemm") is None else gemm_terms(raw["gemm"], f"{where}.gemm"),
                 attention_eff=parse_attention_eff(raw.get("attention_eff") or {}, f"{where}.attention_eff"),

@@ -1,6 +1,7 @@
 """Each operator of a committed CPU profile priced again with its calibration's dispatch one way and the
 other: `for_model` (the path the model's decode step takes: in one call, or each operator called one by
-one) against the rows table alone (what every model paid before schema 8). Prints, per operator and
+one; a routed expert's own operators by their own figures) against the rows table alone (what every model
+paid before schema 8). Prints, per operator and
 phase, the median predicted / measured of both, and the step medians. The measured times are the run's.
 
     python reports/profile/dispatch_paths.py reports/profile/2026-11-27j-cpu-qwen3-8b [...]
@@ -28,7 +29,8 @@ def main(runs: list[str]) -> None:
         new = _run_predictor(run, "the dispatch paths")
         hw = hardware_from_mapping(dict(run.settings.hardware_spec), origin=str(run.hardware))
         rows = time_model_for(hw, "calibrated", new.compute_dtype, backend=run.settings.backend or "sdpa")
-        old = replace(new, calibrated=replace(new.calibrated, op_overhead_rows=rows.op_overhead_rows, prefill=None))
+        old = replace(new, calibrated=replace(new.calibrated, op_overhead_rows=rows.op_overhead_rows,
+                                              op_overhead_rows_expert={}, prefill=None))
         ops = pd.read_csv(path / "ops.csv")
         ops = ops[ops.kind == "generation"].copy()
         groups = {kind.label: (kind, count) for kind, count in new.fm.model.layer_groups()}  # as profile joins

@@ -267,7 +267,7 @@ def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
 
     mapping = cal.to_mapping()
     newer = ("op_overhead_s", "overhead_mode", "op_overhead_warm_s", "warm_below_bytes", "op_e_memory",
-             "op_overhead_rows_s", "gemm_e_memory", "op_overhead_rows_by_op_s", "one_call")
+             "op_overhead_rows_s", "gemm_e_memory", "op_overhead_rows_by_op_s", "one_call", "op_overhead_rows_expert_s")
     eff = {k: v for k, v in mapping["efficiency"].items() if k not in newer}
     path = write_yaml({**mapping, "efficiency": {**eff, "schema_version": 1}}, tmp_path / "old.yaml")
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
@@ -538,6 +538,13 @@ def test_a_cpu_calibration_times_the_operators_one_by_one_beside_the_one_call(ca
     assert not ModelSpec(**dispatch_by_op_spec(2048)).one_call_layers
     tm = time_model_for(cal.to_spec(), "calibrated", "fp32")
     assert tm.op_overhead_rows_by_op and tm.one_call_rows == eff["one_call"]["rows"]["fp32"]
+    # a routed expert's activation, from the in-situ MoE model's decode (one call each)
+    experts = eff["op_overhead_rows_expert_s"]
+    assert {d: {b: sorted(ops) for b, ops in t.items()} for d, t in experts.items()} == {
+        d: {"sdpa": ["act"], "naive": ["act"]} for d in ("fp32", "bf16")}
+    assert all([r for r, _ in pts] == list(OVERHEAD_ROWS) and all(0 < v < 1 for _, v in pts)
+               for t in experts.values() for ops in t.values() for pts in ops.values())
+    assert set(tm.op_overhead_rows_expert) == {"act"}
 
 
 def test_in_situ_dispatch_can_be_switched_off():
@@ -635,10 +642,11 @@ def test_a_dispatch_model_that_cannot_be_built_keeps_the_cold_figures(monkeypatc
                "the per-kind figures price them" in n for n in c.notes)
     sdpa = c.op_overhead_rows_s["fp32"]["sdpa"]
     assert "moe_route" not in sdpa and "rope" in sdpa
+    assert c.op_overhead_rows_expert_s == {}  # nor a routed expert's own
     c = calibrate_without("calibrate-dispatch-by-op", "no room for it")
     assert any("operators one by one fp32 (calibrate-dispatch-by-op): not measured (MemoryError: no room for it); "
                "the rows table prices every model" in n for n in c.notes)
-    assert c.op_overhead_rows_by_op_s == {} and c.fit_terms()["schema_version"] == 7
+    assert c.op_overhead_rows_by_op_s == {} and {"op_overhead_rows_by_op_s", "one_call"}.isdisjoint(c.fit_terms())
 
 
 def test_the_gemm_sweep_steps_where_the_engine_changes_kernel():

@@ -385,3 +385,31 @@ def test_a_model_is_priced_with_the_dispatch_of_the_path_its_decode_step_takes()
         parse_efficiency({**eff, "one_call": {"rows": {"fp32": "eight"}}}, "f")
     with pytest.raises(SpecError, match="f.one_call: unknown field 'row'"):
         parse_efficiency({**eff, "one_call": {"row": {}}}, "f")
+
+
+def test_a_routed_experts_own_operators_take_their_own_dispatch():
+    """`op_overhead_rows_expert_s` (schema 8, CPU): llmperf's engine calls a routed expert's activation
+    once per expert, between the expert's small GEMMs, so it takes that figure per call (times the
+    experts touched); a dense FFN's activation keeps the dense one; a file without it prices both alike."""
+    rows_tab = {"fp32": {"sdpa": {"act": [[1, 2e-6], [2, 2e-6]]}}}
+    by_op = {"fp32": {"sdpa": {"act": [[1, 1.9e-5], [2, 2e-5]]}}}
+    eff = {**_eff(), "schema_version": 8, "op_overhead_rows_s": rows_tab, "op_overhead_rows_by_op_s": by_op,
+           "one_call": {"max_head_dim": 128, "rows": {"fp32": 8}},
+           "op_overhead_rows_expert_s": {"fp32": {"sdpa": {"act": [[1, 8e-6], [2, 9e-6]]}}}}
+    moe = load_model("qwen3-30b-a3b").scaled(num_layers=2)
+    dense = load_model("qwen3-8b").scaled(num_layers=2)
+
+    def act(spec, hw):  # noqa: ANN001, ANN202
+        fm = ForwardModel(model=spec, precision=Precision.uniform("fp32"), fused_qkv=True, fused_gate_up=True)
+        cost = next(c for c in fm.layer_ops(1, 1, 10, spec.layer_kinds()[0]) if c.name == "act")
+        return cost, time_model_for(hw, "calibrated", "fp32").for_model(spec).efficiency(cost).overhead_s
+
+    cost, seconds = act(moe, _hw(eff))
+    assert cost.experts == pytest.approx(8.0) and seconds == pytest.approx(8 * 8e-6)  # one call per expert
+    assert act(dense, _hw(eff))[1] == pytest.approx(1.9e-5)
+    plain = {k: v for k, v in eff.items() if k != "op_overhead_rows_expert_s"}
+    assert act(moe, _hw(plain))[1] == pytest.approx(8 * 1.9e-5)
+    assert time_model_for(_hw(eff), "calibrated", "fp32").to_dict()["op_overhead_rows_expert_s"] == {
+        "act": [[1.0, 8e-6], [2.0, 9e-6]]}
+    with pytest.raises(SpecError, match="f.op_overhead_rows_expert_s: needs schema_version 8, the file says 7"):
+        parse_efficiency({**_eff(), "schema_version": 7, "op_overhead_rows_expert_s": {}}, "f")

@@ -62,6 +62,8 @@ class Calibration:
     # and where a decode step runs in one call instead (`one_call_facts`: max_head_dim, rows by dtype)
     op_overhead_rows_by_op_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
     one_call: dict[str, Any] = field(default_factory=dict)
+    # CPU: a routed expert's own operators (`EXPERT_OPS`), called once per expert, the same way
+    op_overhead_rows_expert_s: dict[str, dict[str, dict[str, list[list[float]]]]] = field(default_factory=dict)
     step_overhead_s: float = 0.0
     dispatch_probe_s: float = 0.0  # CUDA: the host's time to issue a tiny kernel (`timers.dispatch_seconds`)
     floor_s: dict[str, float] = field(default_factory=dict)  # CUDA: kind -> a tiny kernel's device time
@@ -179,10 +181,11 @@ class Calibration:
         # weight GEMMs by size (each point read as its weight's stream; 6 read the whole call), 8 with
         # the operators' dispatch one by one beside the one call's
         gemm_e_memory = self.gemm_e_memory()
-        by_op = ({d: b for d, b in self.op_overhead_rows_by_op_s.items() if d in dtypes}
-                 if self.device.get("kind") != "cuda" else {})  # a GPU's engine has no one-call path
-        schema = (8 if by_op else 7 if gemm_e_memory else 5 if self.gemm or self.attention_eff else 4 if self.floor_s
-                  else EFFICIENCY_SCHEMA)
+        cpu = self.device.get("kind") != "cuda"  # a GPU's engine has no one-call path (nor these tables)
+        by_op = {d: b for d, b in self.op_overhead_rows_by_op_s.items() if d in dtypes} if cpu else {}
+        experts = {d: b for d, b in self.op_overhead_rows_expert_s.items() if d in dtypes} if cpu else {}
+        schema = (8 if by_op or experts else 7 if gemm_e_memory else 5 if self.gemm or self.attention_eff
+                  else 4 if self.floor_s else EFFICIENCY_SCHEMA)
         out = dict(schema_version=schema, model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
         if self.op_overhead_s:
@@ -196,6 +199,8 @@ class Calibration:
             out["op_overhead_rows_by_op_s"] = _rows_table(by_op, dtypes)
             out["one_call"] = dict(max_head_dim=int(self.one_call.get("max_head_dim", 0)),
                                    rows={d: int(n) for d, n in self.one_call.get("rows", {}).items() if d in dtypes})
+        if experts:
+            out["op_overhead_rows_expert_s"] = _rows_table(experts, dtypes)
         if self.op_e_memory:
             out["op_e_memory"] = {d: {op: [[int(b), _clean(e)] for b, e in pts] for op, pts in ops.items()}
                                   for d, ops in self.op_e_memory.items() if d in dtypes}

@@ -273,16 +273,25 @@ def in_situ(cold: dict[str, dict[str, float]], situ: dict[str, dict[str, float]]
     return out
 
 
+#: a routed expert's operators that read no weights and cost differently from a dense layer's, which
+#: llmperf's engine calls once per expert (`EfficiencyTimeModel.expert_launches`): its activation runs
+#: between an expert's small GEMMs, a dense layer's after a GEMM over the whole FFN (on the 2-core CPU
+#: in situ at hidden 2048: 8.4 us a call against 19.4 us)
+EXPERT_OPS = ("act",)
+
+
 def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str, notes: list[str] | None
-                       ) -> dict[int, dict[str, dict[str, float]]]:
-    """Per rows of `OVERHEAD_ROWS`, the operators' dispatch in `dispatch_spec`'s decode at `dname`
-    ({} when `s.dispatch_hidden` is 0, or when the model cannot be built: noted, the cold figures stand)."""
+                       ) -> tuple[dict[int, dict[str, dict[str, float]]], dict[int, dict[str, dict[str, float]]]]:
+    """Per rows of `OVERHEAD_ROWS`, the operators' dispatch in `dispatch_spec`'s decode at `dname`, and a
+    routed expert's own (`EXPERT_OPS`, in `dispatch_moe_spec`'s) apart ({} when `s.dispatch_hidden` is
+    0, or when a model cannot be built: noted, the cold figures stand)."""
     if not s.dispatch_hidden:
-        return {}
+        return {}, {}
     from llmperf.engine import build_model
     from llmperf.specs import ModelSpec
 
     out: dict[int, dict[str, dict[str, float]]] = {}
+    experts: dict[int, dict[str, dict[str, float]]] = {}
     for spec, keep in ((dispatch_spec(s.dispatch_hidden), None), (dispatch_moe_spec(s.dispatch_hidden),
                                                                   MOE_DISPATCH_OPS)):
         try:
@@ -293,7 +302,7 @@ def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str,
                 notes.append(f"in-situ dispatch {dname} ({spec['name']}): not measured ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''}); {what}")
             if keep is None:
-                return {}
+                return {}, {}
             continue
         for rows in OVERHEAD_ROWS:
             runs = measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
@@ -301,8 +310,10 @@ def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str,
             for backend, ops in runs.items():
                 mine = out.setdefault(rows, {}).setdefault(backend, {})
                 mine.update(ops if keep is None else {op: v for op, v in ops.items() if op in keep})
+                if keep is not None:
+                    experts.setdefault(rows, {})[backend] = {op: v for op, v in ops.items() if op in EXPERT_OPS}
         del model
-    return out
+    return out, experts
 
 
 def recorder_share(recorded: Any, bare: Any) -> tuple[float, int, float, float]:
@@ -347,7 +358,9 @@ def gemm_dispatch_rows(dname: str, device: Any) -> tuple[int, ...]:
 
 
 def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_rows1: dict[str, dict[str, float]],
-                             notes: list[str] | None = None) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
+                             notes: list[str] | None = None
+                             ) -> tuple[dict[str, dict[str, dict[str, list[list[float]]]]],
+                                        dict[str, dict[str, dict[str, list[list[float]]]]]]:
     """CPU: each engine operator's dispatch per compute dtype (fp32, bf16) and per rows, as
     `[[rows, seconds], ...]`: the weight GEMMs cold (the tiny model, a 32 MiB GEMV before each;
     `fp32_rows1` is the fp32 one-sequence run already made) at `gemm_dispatch_rows` (1, 2 and each side of
@@ -355,8 +368,10 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
     every other operator at 1 and 2 rows in situ (`dispatch_spec`'s decode, unless `s.dispatch_hidden`
     is 0). Measured 2026-11-23 on the 2-core CPU: a projection took 38 us at one fp32 row (torch's
     matrix-vector kernel) and 123 us at two (oneDNN's packed GEMM), bf16 about 130 us at any rows
-    (packed); llmperf's own GEMM 72-84 us at one bf16 row."""
+    (packed); llmperf's own GEMM 72-84 us at one bf16 row. Second, the same for a routed expert's own
+    operators (`EXPERT_OPS`, in `dispatch_moe_spec`'s decode: one call each)."""
     out: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
+    expert_out: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
     for dname in OVERHEAD_DTYPES:
         if dname not in s.dtypes:
             continue
@@ -368,8 +383,14 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
                 continue
             progress(f"operator overheads ({dname}, {rows} row{'s' if rows > 1 else ''}, cold caches)")
             runs[rows] = measure_op_overheads(s, device, progress, dtype=dname, batch=rows)
-        for rows, situ in _in_situ_overheads(s, device, progress, dname, notes).items():
+        situ_rows, experts = _in_situ_overheads(s, device, progress, dname, notes)
+        for rows, situ in situ_rows.items():
             runs[rows] = in_situ(runs[rows], situ)
+        expert = {b: {op: [[r, experts[r][b][op]] for r in OVERHEAD_ROWS] for op in ops
+                      if all(op in experts.get(r, {}).get(b, {}) for r in OVERHEAD_ROWS)}
+                  for b, ops in experts.get(OVERHEAD_ROWS[0], {}).items()}
+        if any(expert.values()):
+            expert_out[dname] = {b: ops for b, ops in expert.items() if ops}
         table: dict[str, dict[str, list[list[float]]]] = {}
         for backend in runs[all_rows[0]]:
             # every operator at the decode rows; a weight GEMM at each of its rows too
@@ -378,7 +399,7 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
             table[backend] = {op: [[r, runs[r][backend][op]] for r in (all_rows if op in WEIGHT_OPS else OVERHEAD_ROWS)]
                               for op in sorted(ops)}
         out[dname] = table
-    return out
+    return out, expert_out
 
 
 def measure_step_overhead(device: Any, progress: Progress) -> float:

@@ -95,7 +95,8 @@ def _calibrate(s: Settings, device: Any, tick: Progress) -> Calibration:
                     cal.op_overhead_s.setdefault(backend, {}).update(ops)
             if device.type == "cpu":
                 cal.op_overhead_warm_s = measure_op_overheads(s, device, tick, cold=False)
-                cal.op_overhead_rows_s = measure_op_overhead_rows(s, device, tick, cal.op_overhead_s, cal.notes)
+                cal.op_overhead_rows_s, cal.op_overhead_rows_expert_s = measure_op_overhead_rows(
+                    s, device, tick, cal.op_overhead_s, cal.notes)
                 cal.op_overhead_rows_by_op_s = measure_by_op_rows(s, device, tick, cal.notes)
                 cal.one_call = one_call_facts(device) if cal.op_overhead_rows_by_op_s else {}
                 fp32 = cal.op_overhead_rows_s.get("fp32", {})
