@@ -163,8 +163,8 @@ TINY_MOE_SPEC = dict(TINY_SPEC, name="calibrate-tiny-moe", num_experts=8, expert
 #: the tiny model with a norm over each query and key head (Qwen3's), Gemma's sandwich norms and its
 #: embedding scale, and the operators only it runs (measured on an H100 on 2026-11-27, Qwen3-30B-A3B's
 #: `qk_norm` recorded 2.5-4.8x its per-kind price: it normalises the query and the key heads apart)
-TINY_NORMS_SPEC = dict(TINY_SPEC, name="calibrate-tiny-norms", qk_norm="rmsnorm", sandwich_norms=True,
-                       embedding_scale=True)
+NORMS_FIELDS = dict(qk_norm="rmsnorm", sandwich_norms=True, embedding_scale=True)
+TINY_NORMS_SPEC = dict(TINY_SPEC, name="calibrate-tiny-norms", **NORMS_FIELDS)
 NORM_OPS = ("qk_norm", "post_attn_norm", "post_mlp_norm", "embed_scale")
 #: the tiny model with multi-head latent attention (DeepSeek's: a low-rank query, a latent of 32, rotary
 #: width 16 interleaved) and its own operators (on that H100 DeepSeek-V3's MLA projections, absorptions
@@ -201,10 +201,10 @@ def measure_family_dispatch(s: Settings, device: Any, progress: Progress, notes:
 
 def dispatch_by_op_spec(hidden: int) -> dict[str, Any]:
     """`dispatch_spec` with a norm over each query and key head (Qwen3's), Gemma's norms after attention
-    and after the MLP and its embedding scale: the model whose decode, run operator by operator, gives
-    the dispatch of every model whose decode step does not run in one call (`measure_by_op_rows`)."""
-    return dict(dispatch_spec(hidden), name="calibrate-dispatch-by-op", qk_norm="rmsnorm", sandwich_norms=True,
-                embedding_scale=True)
+    and after the MLP and its embedding scale (`NORMS_FIELDS`): the model whose decode, run operator by
+    operator, gives the dispatch of every model whose decode step does not run in one call
+    (`measure_by_op_rows`)."""
+    return dict(dispatch_spec(hidden), name="calibrate-dispatch-by-op", **NORMS_FIELDS)
 
 
 def measure_by_op_rows(s: Settings, device: Any, progress: Progress, notes: list[str] | None = None
