@@ -13,7 +13,9 @@ Compared: median and p90 of per-request TTFT and TPOT, output tokens/s over the 
 of preemptions; targets: medians within 15%, p90 within 25%, preemptions within 20%.
 A third run replays the engine's measured step durations through the simulator: with the same step
 times the two schedules must be identical step by step (`StepLog.decision()`), which separates
-scheduling differences (there should be none) from step-pricing errors.
+scheduling differences (there should be none) from step-pricing errors. The host's read of the engine's
+own weights, before and after its run, is printed beside the bandwidth the calibration priced (as
+`profile` does): a miss by their ratio is the host's.
 """
 
 from __future__ import annotations
@@ -93,6 +95,15 @@ class ValidationReport:
     engine_wall_s: float
     sim_wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # the host's read of the engine's own weights before and after its run (GB/s), and the DRAM bandwidth
+    # the calibration priced (`measure.profile.host`): a step-time miss by their ratio is the host's
+    host_read_gbps: list[float] = field(default_factory=list)
+    calibration_gbps: float | None = None
+
+    def host_lines(self) -> list[str]:
+        """The host's read of the engine's weights beside the calibration's (`host.drift_lines`)."""
+        from llmperf.measure.profile.host import drift_lines
+        return drift_lines(self.host_read_gbps, self.calibration_gbps)
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame([dict(metric=c.metric, engine=c.engine, simulator=c.simulator, rel_error=c.rel_error,
@@ -168,6 +179,7 @@ def _run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Workl
 
     from llmperf.engine import Engine, SamplingParams, build_model
     from llmperf.engine.workload import to_requests
+    from llmperf.measure.profile.host import calibration_bandwidth, read_probe, weights_to_probe
     if threads is not None:
         torch.set_num_threads(threads)
     if not getattr(hardware, "efficiency", None):
@@ -186,9 +198,15 @@ def _run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Workl
     warm = requests[0].prompt
     engine.generate([warm[:8]], SamplingParams(max_new_tokens=4))
     engine.generate([warm[:8], warm[:5]], SamplingParams(max_new_tokens=4))
+    # the engine's weights as the host streams them now, before and after the run: a shared machine's
+    # DRAM reads at a speed that follows where a buffer lands (on the development VM the validation
+    # model's weights read at 54 GB/s while a fresh buffer read 72-92 and the calibration priced 74)
+    probe = weights_to_probe(net)
+    host = [read_probe(net.device, tensors=probe)]
     t0 = time.perf_counter()
     res = engine.serve(requests, params, policy="continuous", realtime=True)
     wall = time.perf_counter() - t0
+    host.append(read_probe(net.device, tensors=probe))
     eng_req, eng_steps = _engine_frames(res, workload)
 
     config = _sim_config(model, hardware, num_blocks, block_size, max_batched_tokens, chunked_prefill, dtype)
@@ -210,7 +228,8 @@ def _run_validation(*, model: ModelSpec, hardware: HardwareSpec, workload: Workl
                     workload=workload.description)
     return ValidationReport(settings=settings, comparisons=compare(eng_req, sim), engine_requests=eng_req,
                             engine_steps=eng_steps, simulated=sim, replay=replay, schedule_identical=divergence is None,
-                            first_divergence=divergence, engine_wall_s=wall, sim_wall_s=sim_wall)
+                            first_divergence=divergence, engine_wall_s=wall, sim_wall_s=sim_wall,
+                            host_read_gbps=host, calibration_gbps=calibration_bandwidth(hardware))
 
 
 def replay_durations(starts: Sequence[float], durations: Sequence[float], origin: float | None = None) -> list[float]:
@@ -266,7 +285,9 @@ def write_validation(report: ValidationReport, path: str | Path) -> Path:
         doc = dict(kind="simulate-validation", schema_version=1, settings=report.settings,
                    comparisons=frame.to_dict(orient="records"), schedule_identical=report.schedule_identical,
                    first_divergence=report.first_divergence, engine_wall_s=report.engine_wall_s,
-                   sim_wall_s=report.sim_wall_s, engine_steps=len(report.engine_steps), sim_steps=len(sim.steps))
+                   sim_wall_s=report.sim_wall_s, engine_steps=len(report.engine_steps), sim_steps=len(sim.steps),
+                   host_bandwidth_gbps=report.host_read_gbps, calibration_bandwidth_gbps=report.calibration_gbps,
+                   host_lines=report.host_lines())
         d.write("validation.json", json_text(doc) + "\n")
     return Path(d.shown)
 
@@ -329,6 +350,8 @@ def run_validation_cli(*, model: str, rate: float | None, requests: int | None, 
     report = run_validation(model=net, hardware=hw, workload=workload, num_blocks=num_blocks or 32,
                             max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill, seed=seed)
     console.print(validation_table(report))
+    for line in report.host_lines():
+        console.print(line, markup=False, highlight=False)
     if run_dir is not None:
         write_validation(report, run_dir)
 

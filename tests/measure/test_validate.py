@@ -24,8 +24,11 @@ EFF = {"schema_version": 3, "dtypes": {"fp32": {
     "embedding": {"e_compute": 1.0, "e_memory": 0.5, "overhead_s": 1e-5}}}}
 
 
-def test_validation_writes_the_engine_run_on_the_workload_clock(tmp_path):
+def test_validation_writes_the_engine_run_on_the_workload_clock(tmp_path, monkeypatch):
     import torch
+    from rich.console import Console
+
+    import llmperf.measure.validate as v
 
     threads = torch.get_num_threads()
     hw = HardwareSpec(name="local", vendor="cpu", peak_tflops={"fp32": 0.1}, memory_bandwidth_gbps=20, memory_gib=8,
@@ -47,6 +50,21 @@ def test_validation_writes_the_engine_run_on_the_workload_clock(tmp_path):
     assert (tmp_path / "run" / "engine" / "requests.csv").exists()
     summary = json.loads((tmp_path / "run" / "validation.json").read_text())
     assert summary
+    # the host's read of the engine's own weights before and after its run, beside the calibration's
+    assert len(report.host_read_gbps) == 2 and all(g > 0 for g in report.host_read_gbps)
+    assert report.calibration_gbps == pytest.approx(20.0)
+    assert summary["host_bandwidth_gbps"] == pytest.approx(report.host_read_gbps)
+    assert summary["calibration_bandwidth_gbps"] == pytest.approx(20.0)
+    assert summary["host_lines"] == report.host_lines()
+    assert report.host_lines()[0].startswith("host DRAM read during the run: median ")
+    assert "the calibration priced DRAM at 20.0 GB/s" in report.host_lines()[0]
+    monkeypatch.setattr(v, "run_validation", lambda **kw: report)  # the command prints them under its table
+    monkeypatch.setattr(v, "load_hardware", lambda name: hw)
+    console = Console(record=True, width=200)
+    v.run_validation_cli(model="llama-3.1-8b", rate=1.0, requests=8, prompt_len=None, output_len=None, seed=0,
+                         num_blocks=16, max_batched_tokens=32, chunked_prefill=True, hardware="local", run_dir=None,
+                         hidden=64, layers=2, console=console)
+    assert report.host_lines()[0] in console.export_text()
 
 
 def test_the_default_rate_is_a_steady_state_load(monkeypatch, tmp_path):
