@@ -199,7 +199,10 @@ def test_cuda_gemm_shapes_fit_the_shape_model_against_the_measured_ceilings(cal)
     from llmperf.analysis.timemodel import _from_parsed, parse_efficiency
     from llmperf.measure.calibrate import GEMM_SHAPE_NK, GEMM_SHAPE_ROWS, fit_gemm_shapes
 
-    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda", "sms": 132}, floor_s={"norm": 5e-6})
+    # no host dispatch: this CPU's measured figures (38 us for the tiny model's o_proj on an AVX2-only one)
+    # would exceed the device time the test compares
+    gpu = dc_replace(cal, device={**cal.device, "kind": "cuda", "sms": 132}, floor_s={"norm": 5e-6}, overhead_s={},
+                     op_overhead_s={}, op_overhead_rows_s={})
     truth = GemmParams(e_peak=0.8, e_memory=0.85, latency_s=5e-6, feed_flop_per_byte=40.0)
     peak, bw = 800e12, 3.0e12  # a GPU's ceilings (the fixture measured a CPU's)
     gpu.peak_flops_per_s, gpu.memory_bytes_per_s = (lambda d: peak), (lambda: bw)
@@ -817,19 +820,25 @@ def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_7(cal, tm
     calibrated model prices weight GEMMs by it."""
     from dataclasses import replace as dc_replace
 
+    import torch
+
     from llmperf.analysis.timemodel import time_model_for
+    from llmperf.measure.calibrate.cpu_gemm_sizes import gemm_size_rows_for
 
     s = cal.settings
     assert {p.dtype for _, p in cal.gemm_sizes} == set(cal.measured_dtypes())
     eff = cal.to_mapping()["efficiency"]
     assert eff["schema_version"] == 8 and eff["op_overhead_rows_by_op_s"]
     sweep_bytes = 4 * s.gemm_n * s.gemm_k
+    # the decode rows swept: the settings' and each side of an edge between the engine's GEMM paths below
+    # their largest (fp32 1, 2 where llmperf's kernels do not run, e.g. an AVX2-only CPU)
+    decode_rows = {d: gemm_size_rows_for(s, d, torch.device("cpu")) for d in cal.measured_dtypes()}
     for rows, pts in eff["gemm_e_memory"]["fp32"].items():
         sizes = [b for b, _ in pts]
         assert sizes == sorted(sizes) and all(0 < e <= 1 for _, e in pts)
-        probed = rows in s.gemm_size_rows  # each decode-rows point read against its own read of the host
+        probed = rows in decode_rows["fp32"]  # each decode-rows point read against its own read of the host
         assert 4 * 128 * 128 in sizes and (sweep_bytes in sizes) == (rows in s.gemm_rows and not probed)
-    assert all(("read_gb_per_s" in r) == (r["rows"] in s.gemm_size_rows)
+    assert all(("read_gb_per_s" in r) == (r["rows"] in decode_rows[r["dtype"]])
                for r in cal.to_mapping()["calibration"]["gemm_sizes"])
     gpu = dc_replace(cal, device={**cal.device, "kind": "cuda"})
     assert "gemm_e_memory" not in gpu.fit_terms()  # CUDA: the GEMM shape model's
