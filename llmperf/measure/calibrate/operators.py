@@ -219,31 +219,48 @@ def measure_by_op_rows(s: Settings, device: Any, progress: Progress, notes: list
     when `s.dispatch_hidden` is 0 or the model cannot be built (noted)."""
     if not s.dispatch_hidden:
         return {}
-    from llmperf.engine import build_model
-    from llmperf.specs import ModelSpec
-
     spec = dispatch_by_op_spec(s.dispatch_hidden)
     out: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
     for dname in OVERHEAD_DTYPES:
         if dname not in s.dtypes:
             continue
-        try:
-            model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
-        except (RuntimeError, ValueError, MemoryError) as exc:
-            if notes is not None:
-                notes.append(f"operators one by one {dname} ({spec['name']}): not measured ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}); the rows table prices every model")
-            continue
-        model.decode_in_one_call = False
-        runs = {rows: measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
-                                           model=model) for rows in OVERHEAD_ROWS}
-        del model
-        table = {}
-        for backend in runs[OVERHEAD_ROWS[0]]:
-            ops = set.intersection(*(set(runs[r].get(backend, {})) for r in OVERHEAD_ROWS)) - WEIGHT_OPS
-            table[backend] = {op: [[r, runs[r][backend][op]] for r in OVERHEAD_ROWS] for op in sorted(ops)}
-        out[dname] = table
+        runs = _situ_runs(s, device, progress, spec, dname, notes, "operators one by one",
+                          "the rows table prices every model", one_call=False)
+        if runs is not None:
+            out[dname] = _rows_curves(runs, lambda op: op not in WEIGHT_OPS)
     return out
+
+
+def _situ_runs(s: Settings, device: Any, progress: Progress, spec: dict[str, Any], dname: str,
+               notes: list[str] | None, label: str, otherwise: str, one_call: bool = True
+               ) -> dict[int, dict[str, dict[str, float]]] | None:
+    """Per rows of `OVERHEAD_ROWS`, `measure_op_overheads` in situ (warm host, one model built at `dname`)
+    over `spec`'s recorded decode; `one_call` False: every operator called from Python. None when the
+    model cannot be built, noted as `label dname (name): not measured (why); otherwise`."""
+    from llmperf.engine import build_model
+    from llmperf.specs import ModelSpec
+
+    try:
+        model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
+    except (RuntimeError, ValueError, MemoryError) as exc:
+        if notes is not None:
+            notes.append(f"{label} {dname} ({spec['name']}): not measured ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}); {otherwise}")
+        return None
+    model.decode_in_one_call = one_call
+    runs = {rows: measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
+                                       model=model) for rows in OVERHEAD_ROWS}
+    del model
+    return runs
+
+
+def _rows_curves(runs: dict[int, dict[str, dict[str, float]]], keep: Callable[[str], bool]
+                 ) -> dict[str, dict[str, list[list[float]]]]:
+    """{backend: {operator: [[rows, seconds], ...]}} from per-rows runs: each operator `keep` takes that
+    was measured at every rows of `OVERHEAD_ROWS`."""
+    return {b: {op: [[r, runs[r][b][op]] for r in OVERHEAD_ROWS] for op in sorted(ops)
+                if keep(op) and all(op in runs.get(r, {}).get(b, {}) for r in OVERHEAD_ROWS)}
+            for b, ops in runs.get(OVERHEAD_ROWS[0], {}).items()}
 
 
 def one_call_facts(device: Any) -> dict[str, Any]:
@@ -287,32 +304,22 @@ def _in_situ_overheads(s: Settings, device: Any, progress: Progress, dname: str,
     0, or when a model cannot be built: noted, the cold figures stand)."""
     if not s.dispatch_hidden:
         return {}, {}
-    from llmperf.engine import build_model
-    from llmperf.specs import ModelSpec
-
     out: dict[int, dict[str, dict[str, float]]] = {}
     experts: dict[int, dict[str, dict[str, float]]] = {}
     for spec, keep in ((dispatch_spec(s.dispatch_hidden), None), (dispatch_moe_spec(s.dispatch_hidden),
                                                                   MOE_DISPATCH_OPS)):
-        try:
-            model = build_model(ModelSpec(**spec), seed=0, dtype=dname, device=device)
-        except (RuntimeError, ValueError, MemoryError) as exc:
-            if notes is not None:
-                what = "every operator keeps the cold figure" if keep is None else "the per-kind figures price them"
-                notes.append(f"in-situ dispatch {dname} ({spec['name']}): not measured ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}); {what}")
+        what = "every operator keeps the cold figure" if keep is None else "the per-kind figures price them"
+        runs = _situ_runs(s, device, progress, spec, dname, notes, "in-situ dispatch", what)
+        if runs is None:
             if keep is None:
                 return {}, {}
             continue
-        for rows in OVERHEAD_ROWS:
-            runs = measure_op_overheads(s, device, progress, cold=False, dtype=dname, batch=rows, spec=spec,
-                                        model=model)
-            for backend, ops in runs.items():
+        for rows, by_backend in runs.items():
+            for backend, ops in by_backend.items():
                 mine = out.setdefault(rows, {}).setdefault(backend, {})
                 mine.update(ops if keep is None else {op: v for op, v in ops.items() if op in keep})
                 if keep is not None:
                     experts.setdefault(rows, {})[backend] = {op: v for op, v in ops.items() if op in EXPERT_OPS}
-        del model
     return out, experts
 
 
@@ -386,9 +393,7 @@ def measure_op_overhead_rows(s: Settings, device: Any, progress: Progress, fp32_
         situ_rows, experts = _in_situ_overheads(s, device, progress, dname, notes)
         for rows, situ in situ_rows.items():
             runs[rows] = in_situ(runs[rows], situ)
-        expert = {b: {op: [[r, experts[r][b][op]] for r in OVERHEAD_ROWS] for op in ops
-                      if all(op in experts.get(r, {}).get(b, {}) for r in OVERHEAD_ROWS)}
-                  for b, ops in experts.get(OVERHEAD_ROWS[0], {}).items()}
+        expert = _rows_curves(experts, lambda op: True)
         if any(expert.values()):
             expert_out[dname] = {b: ops for b, ops in expert.items() if ops}
         table: dict[str, dict[str, list[list[float]]]] = {}
