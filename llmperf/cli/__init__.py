@@ -326,8 +326,9 @@ from llmperf.cli.commands import plan as _plan  # noqa: E402
 from llmperf.cli.commands import profile as _profile
 from llmperf.cli.commands import report as _report
 from llmperf.cli.commands import simulate as _simulate
+from llmperf.cli.commands import speculate as _speculate
 
-for _command in (_calibrate, _profile, _simulate, _report, _plan, _bench):
+for _command in (_calibrate, _profile, _simulate, _report, _plan, _speculate, _bench):
     _command.register(app)
 
 if _MAIN and signal.getsignal(signal.SIGINT) is _quiet_interrupt:  # loaded: Ctrl-C is KeyboardInterrupt again

@@ -300,6 +300,16 @@ class ContiguousKVCache(KVCache):
     def append_slot(self, seq_id: int) -> bool:
         return self.reserve(seq_id, 1)
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Keep only the first `num_tokens` slots of the sequence (speculative decoding's rollback of
+        rejected draft tokens). The slots past the new end keep stale K/V: every backend masks keys
+        past a query's position, and the next step overwrites them."""
+        n = self._len[seq_id]
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 < num_tokens <= n:
+            raise ValueError(f"num_tokens: must be an integer in [1, {n}] (sequence {seq_id}'s slots), "
+                             f"got {num_tokens!r}")
+        self._len[seq_id] = num_tokens
+
     def fork(self, parent: int, child: int) -> bool:
         if child in self._len:
             raise ValueError(f"child: {child} is already in the cache")

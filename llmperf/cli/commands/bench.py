@@ -22,6 +22,9 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                 "(--dry-run lists the shapes without one)"),
     "compile": ("llmperf.engine.cpu.bench_compile",
                 "a CPU decode step: llmperf's CPU ops, plain torch ops, torch.compile", "torch"),
+    "speculative": ("llmperf.measure.speculative",
+                    "speculative decoding on the engine beside plain decoding, and the model at the measured "
+                    "acceptance", "torch"),
     "startup": ("llmperf.measure.startup", "`llmperf estimate`'s start-up against the bare import of its libraries",
                 "-"),
     "simulator": ("llmperf.serving.bench", "the serving simulator's speed (requests simulated per second)", "-"),

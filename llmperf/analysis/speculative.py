@@ -1,0 +1,201 @@
+"""Speculative decoding priced: a draft model proposes k tokens one by one, the target checks them in
+one forward of k + 1 tokens per sequence (a `verify` step), and every accepted token saves a target
+decode step.
+
+Tokens per cycle (Leviathan et al., "Fast Inference from Transformers via Speculative Decoding",
+arXiv:2211.17192, eq. 1; Chen et al., arXiv:2302.01318): when each draft token is accepted with
+probability a, independently, a cycle emits the accepted prefix plus the target's own token, on
+average E(a, k) = (1 - a^(k + 1)) / (1 - a) tokens (k + 1 at a = 1). A cycle costs k draft decode
+steps (contexts n .. n + k - 1), one verify step (k + 1 tokens, context n + k) and one step's fixed
+cost of the engine (a server runs the draft and the verify as one scheduler step: vLLM, SGLang,
+TensorRT-LLM). The draft steps are priced as decode steps and the verify with the engine's terms for
+a verify step (`EfficiencyTimeModel.for_phase`), both by the same time model as plain decoding,
+cycle by cycle as the context grows by E per cycle. TTFT adds the draft's prefill of the prompt.
+
+Memory: the draft's weights and its KV cache join the target's (one activation reservation, the
+larger). The acceptance rate depends on the data, the draft and the sampling; it is an input here
+and a measurement in `llmperf.engine.speculative` (which also estimates it from a run).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmperf.analysis.generation import GenerationEstimate, estimate
+from llmperf.analysis.roofline import (
+    ROOFLINE,
+    TimeModel,
+    engine_label,
+    model_time_model,
+    phase_time_model,
+    step_overhead_s,
+)
+from llmperf.errors import SpecError
+from llmperf.specs import load_hardware, load_model
+
+__all__ = ["SpeculativeEstimate", "expected_tokens", "speculate"]
+
+
+def expected_tokens(acceptance: float, num_draft_tokens: int) -> float:
+    """Tokens a cycle emits on average: (1 - a^(k + 1)) / (1 - a), k + 1 when every draft is accepted."""
+    a, k = float(acceptance), int(num_draft_tokens)
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeEstimate:
+    """One speculative configuration beside plain decoding of the same generation, under one time
+    model (`time_model`) and, where the time model is not the roofline, the roofline bound."""
+
+    target: GenerationEstimate  # plain decoding: its TTFT, TPOT and memory
+    draft: GenerationEstimate  # the draft model alone (its prefill and memory)
+    num_draft_tokens: int
+    acceptance: float
+    cycles: float  # expected verify steps over the gen_len - 1 tokens after the first
+    first_draft_s: float  # the first cycle's k draft steps
+    first_verify_s: float  # the first cycle's verify step
+    cycle_overhead_s: float  # the engine's fixed cost, once per cycle
+    draft_total_s: float  # every cycle's draft steps
+    verify_total_s: float  # every cycle's verify step
+    decode_s: float  # every cycle: drafts, verifies and fixed costs
+    decode_bound_s: float  # the same under the roofline
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        return expected_tokens(self.acceptance, self.num_draft_tokens)
+
+    @property
+    def ttft_s(self) -> float:
+        """The target's prefill, then the draft's."""
+        return self.target.ttft_s + self.draft.ttft_s
+
+    @property
+    def tpot_s(self) -> float:
+        steps = self.target.decode_steps
+        return self.decode_s / steps if steps else 0.0
+
+    @property
+    def tpot_bound_s(self) -> float:
+        steps = self.target.decode_steps
+        return self.decode_bound_s / steps if steps else 0.0
+
+    @property
+    def speedup(self) -> float:
+        """Plain decoding's TPOT over speculative decoding's (above 1: speculation pays)."""
+        return self.target.tpot_s / self.tpot_s if self.tpot_s else 0.0
+
+    @property
+    def speedup_bound(self) -> float:
+        plain = float(self.target.row.get("tpot_bound_s") or self.target.tpot_s)
+        return plain / self.tpot_bound_s if self.tpot_bound_s else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second over the whole generation (all sequences)."""
+        total = self.ttft_s + self.decode_s
+        return self.target.batch * self.target.gen_len / total if total else 0.0
+
+    @property
+    def memory_bytes(self) -> float:
+        """Per GPU: both models' weights and KV caches, one activation reservation (the larger)."""
+        t, d = self.target.memory, self.draft.memory
+        return (t.weights_bytes + d.weights_bytes + t.kv_cache_bytes + d.kv_cache_bytes
+                + max(t.activation_peak_bytes, d.activation_peak_bytes))
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.target.memory.usable_bytes
+
+    def summary(self) -> dict[str, Any]:
+        t = self.target
+        gib = 2.0 ** 30
+        return dict(
+            model=t.model.name, draft=self.draft.model.name, hardware=t.hardware.name, batch=t.batch,
+            prompt_len=t.prompt_len, gen_len=t.gen_len, tp=t.tp, precision=str(t.row.get("precision", "")),
+            num_draft_tokens=self.num_draft_tokens, acceptance=self.acceptance,
+            tokens_per_cycle=self.tokens_per_cycle, cycles=self.cycles, draft_steps_s=self.first_draft_s,
+            verify_s=self.first_verify_s, cycle_s=self.first_draft_s + self.first_verify_s + self.cycle_overhead_s,
+            ttft_s=self.ttft_s, tpot_s=self.tpot_s, tpot_plain_s=t.tpot_s, speedup=self.speedup,
+            tpot_bound_s=self.tpot_bound_s, tpot_plain_bound_s=float(t.row.get("tpot_bound_s") or t.tpot_s),
+            speedup_bound=self.speedup_bound, tokens_per_s=self.tokens_per_s,
+            memory_gib=self.memory_bytes / gib, usable_gib=t.memory.usable_bytes / gib, fits=self.fits,
+            time_model=t.time_model.name, engine=engine_label(t.time_model))
+
+
+def _check(num_draft_tokens: object, acceptance: object) -> None:
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) \
+            or not 1 <= num_draft_tokens <= 64:
+        raise SpecError(f"num_draft_tokens: must be an integer in 1 .. 64, got {num_draft_tokens!r}")
+    if isinstance(acceptance, bool) or not isinstance(acceptance, (int, float, np.floating)) \
+            or not 0.0 <= float(acceptance) <= 1.0:
+        raise SpecError(f"acceptance: must be a number in [0, 1], got {acceptance!r}")
+
+
+def _forward_s(est: GenerationEstimate, time_model: TimeModel, phase: str, q_len: int, kv_len: np.ndarray
+               ) -> np.ndarray:
+    """One forward of `est`'s model per context in `kv_len` (batch `est.batch`, `q_len` new tokens per
+    sequence) without the engine's per-step fixed cost (a cycle pays that once)."""
+    from llmperf.analysis.rollup import phase_arrays
+
+    tm = phase_time_model(model_time_model(time_model, est.model), phase)
+    t = phase_arrays(est.forward_model(), est.hardware, float(est.batch), float(q_len), kv_len, pp=est.pp,
+                     compute_dtype=est.prefill.compute_dtype, time_model=tm).time_s
+    return np.asarray(t, dtype=float) - step_overhead_s(tm)
+
+
+def _cycles(target: GenerationEstimate, draft: GenerationEstimate, k: int, acceptance: float,
+            time_model: TimeModel) -> dict[str, float]:
+    """The expected cycles, the first cycle's draft and verify times, the fixed cost per cycle, and over
+    every cycle the draft time, the verify time and the whole (`SpeculativeEstimate`'s fields).
+    Cycle c starts with n = prompt_len + 1 + c * E committed tokens; the last cycle is weighted by the
+    fraction of it the generation needs."""
+    e = expected_tokens(acceptance, k)
+    steps = target.decode_steps
+    cycles = steps / e
+    n_cycles = max(math.ceil(cycles - 1e-9), 1)
+    weights = np.ones(n_cycles)
+    weights[-1] = cycles - (n_cycles - 1) if steps else 0.0
+    n = target.prompt_len + 1.0 + e * np.arange(n_cycles)  # (cycles,) committed tokens at each cycle's start
+    drafts = sum(_forward_s(draft, time_model, "decode", 1, n + i) for i in range(k))
+    verify = _forward_s(target, time_model, "verify", k + 1, n + k)
+    fixed = step_overhead_s(phase_time_model(model_time_model(time_model, target.model), "decode"))
+    return dict(cycles=cycles, first_draft_s=float(drafts[0]), first_verify_s=float(verify[0]), cycle_overhead_s=fixed,
+                draft_total_s=float(np.sum(weights * drafts)), verify_total_s=float(np.sum(weights * verify)),
+                decode_s=float(np.sum(weights * (drafts + verify + fixed))))
+
+
+def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_draft_tokens: int,
+              acceptance: float, batch: int = 1, prompt_len: int = 512, gen_len: int = 128,
+              time_model: Any = None, draft_tp: int | None = None, **options: Any) -> SpeculativeEstimate:
+    """Price speculative decoding of `model` with the draft model `draft` on `hardware`.
+
+    `time_model`: as `generation.estimate` takes it (None: the roofline; a factory `f(hardware, dtype)`
+    gets the device's own). `options`: `estimate`'s other keywords (precision, tp, conventions), the
+    same for both models but `draft_tp`: the draft's tensor-parallel degree (default: the target's
+    `tp`; 1 runs it on one GPU, as vLLM's `draft_tensor_parallel_size=1`, and that GPU holds all of
+    it). The draft must share the target's vocabulary (one tokenizer)."""
+    _check(num_draft_tokens, acceptance)
+    m, d, hw = load_model(model), load_model(draft), load_hardware(hardware)
+    if d.vocab_size != m.vocab_size:
+        raise SpecError(f"draft: {d.name}'s vocab_size {d.vocab_size} differs from {m.name}'s {m.vocab_size} "
+                        "(speculative decoding needs the target's tokenizer)")
+    if int(options.get("pp", 1)) != 1:
+        raise SpecError(f"pp: speculative decoding is priced on one pipeline stage (pp 1), got {options['pp']}")
+    options = dict(options)
+    tp = options.pop("tp", 1)
+    kw = dict(batch=batch, prompt_len=prompt_len, time_model=time_model, **options)
+    if draft_tp is not None and (isinstance(draft_tp, bool) or not isinstance(draft_tp, int) or draft_tp < 1
+                                 or tp % draft_tp):
+        raise SpecError(f"draft_tp: must be a positive integer dividing tp {tp}, got {draft_tp!r}")
+    target = estimate(m, hw, gen_len=gen_len, tp=tp, **kw)
+    small = estimate(d, hw, gen_len=gen_len + num_draft_tokens, tp=draft_tp or tp, **kw)  # its KV runs k ahead
+    k, a = int(num_draft_tokens), float(acceptance)
+    parts = _cycles(target, small, k, a, target.time_model)
+    bound = parts["decode_s"] if target.time_model.name == "roofline" else \
+        _cycles(target, small, k, a, ROOFLINE)["decode_s"]
+    return SpeculativeEstimate(target=target, draft=small, num_draft_tokens=k, acceptance=a, decode_bound_s=bound,
+                               **parts)

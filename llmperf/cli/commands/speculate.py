@@ -1,0 +1,138 @@
+"""`llmperf speculate MODEL --draft DRAFT`: speculative decoding priced over draft lengths (k) and
+acceptance rates (`llmperf.analysis.speculative`): time per output token, its speedup over plain
+decoding, the best k for each acceptance rate, and the memory both models take. Every answer names
+the time model and engine profile that priced it and shows the roofline bound beside it."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from llmperf.cli.clitools import OutputFormat, check_output, parse_int_list, parse_name_list, refused_cleanly, warn
+from llmperf.errors import SpecError
+
+
+def parse_fraction_list(option: str, text: str) -> list[float]:
+    """'0.6,0.8' -> [0.6, 0.8], each in [0, 1]; anything else is an error naming the option and the value."""
+    values = []
+    for part in (p.strip() for p in str(text).split(",")):
+        try:
+            value = float(part)
+        except ValueError:
+            raise SpecError(f"{option}: {text!r} is not a comma-separated list of numbers in [0, 1]") from None
+        if not 0.0 <= value <= 1.0:
+            raise SpecError(f"{option}: {part} in {text!r} is not in [0, 1]")
+        values.append(value)
+    return values
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.2f} ms"
+
+
+def speculate_table(rows: list, ks: list[int], acceptances: list[float]):  # noqa: ANN201
+    """One row per k; per acceptance rate the TPOT, its speedup and the roofline's speedup; the best k of
+    each acceptance rate starred."""
+    from rich.table import Table
+
+    first = rows[0]
+    t, s = first.target, first.summary()
+    best = {a: max((r for r in rows if r.acceptance == a), key=lambda r: r.speedup) for a in acceptances}
+    where = f"tp {t.tp}" + (f", draft tp {first.draft.tp}" if first.draft.tp != t.tp else "")
+    plain_bound = float(t.row.get("tpot_bound_s") or t.tpot_s)
+    table = Table(title=f"{s['model']} drafted by {s['draft']} on {s['hardware']} ({where}, {s['precision']}), batch "
+                        f"{t.batch}, prompt {t.prompt_len}, {t.gen_len} tokens generated\npriced with the "
+                        f"{s['time_model']} time model, engine profile {s['engine']}; plain decoding: TPOT "
+                        f"{_ms(t.tpot_s)} expected, {_ms(plain_bound)} bound, TTFT {_ms(t.ttft_s)}")
+    for col in ("k", "draft steps", "verify", *(f"a = {a:g}: TPOT, speedup [bound]" for a in acceptances)):
+        table.add_column(col, justify="right")
+    for k in ks:
+        cells = []
+        for a in acceptances:
+            r = next(r for r in rows if r.num_draft_tokens == k and r.acceptance == a)
+            star = "*" if r is best[a] else " "
+            cells.append(f"{_ms(r.tpot_s)} {r.speedup:.2f}x{star} [{r.speedup_bound:.2f}x]")
+        r0 = next(r for r in rows if r.num_draft_tokens == k)
+        table.add_row(str(k), _ms(r0.first_draft_s), _ms(r0.first_verify_s), *cells)
+    mem = max(r.memory_bytes for r in rows) / 2.0 ** 30
+    table.caption = ("k: draft tokens per cycle; draft steps, verify: the first cycle's k draft decode steps and "
+                     "the target's check of k + 1 tokens\na: each draft token's acceptance rate; tokens per cycle "
+                     "(1 - a^(k+1)) / (1 - a); * the best k for that a; [bound]: the speedup under the roofline\n"
+                     f"memory per GPU {mem:.1f} GiB of {t.memory.usable_bytes / 2.0 ** 30:.1f} GiB usable "
+                     "(both models' weights and KV caches); TTFT adds the draft's prefill, "
+                     f"{_ms(first.draft.ttft_s)}")
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("speculate")
+    def speculate_cmd(
+        model: Annotated[str, typer.Argument(help="The target model: a built-in name, or a YAML / HF config.json path.", show_default=False)],
+        draft: Annotated[str, typer.Option("--draft", "-d", help="The draft model (the target's vocabulary): a built-in name, or a YAML / HF config.json path.", show_default=False)],
+        hardware: Annotated[str, typer.Option("--hardware", "-H", help="Built-in device name, or a YAML path (`--hardware local` for this machine's calibration).")] = "h100-sxm",
+        num_tokens: Annotated[str, typer.Option("--tokens", "-k", help="Draft tokens per cycle to compare (a list).")] = "1,2,3,4,5,6,8",
+        acceptance: Annotated[str, typer.Option("--acceptance", "-a", help="Per-token acceptance rates to compare, each in [0, 1] (a list; it depends on the data, the draft and the sampling: measure it with llmperf.engine.speculative).")] = "0.6,0.7,0.8,0.9",
+        batch: Annotated[int, typer.Option("--batch", "-b", help="Sequences decoded together.")] = 1,
+        prompt_len: Annotated[int, typer.Option("--prompt-len", "-p", help="Prompt length in tokens.")] = 512,
+        gen_len: Annotated[int, typer.Option("--gen-len", "-g", help="Generated tokens per sequence.")] = 128,
+        dtype: Annotated[str | None, typer.Option("--dtype", help="Precision preset of both models (fp16, bf16, fp8, int8, int4; default: each model's native dtype).")] = None,
+        tp: Annotated[int, typer.Option("--tp", help="The target's tensor-parallel degree.")] = 1,
+        draft_tp: Annotated[int | None, typer.Option("--draft-tp", help="The draft's tensor-parallel degree (default: --tp; 1 as vLLM's draft_tensor_parallel_size=1).")] = None,
+        efficiency: Annotated[str | None, typer.Option("--efficiency", help="Time model: roofline, typical, calibrated (--hardware local). Default: the expected time (typical on a GPU, calibrated for --hardware local); the roofline bound is shown beside it.")] = None,
+        engine: Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile (models_spec/engines): compiled (the default) or eager.")] = None,
+        output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv.")] = OutputFormat.table,
+        output: Annotated[str | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")] = None,
+    ) -> None:
+        """Price speculative decoding: a draft model proposes k tokens, the target checks them in one
+        step. For each k and acceptance rate: time per output token, the speedup over plain decoding
+        (and under the roofline), the best k; memory of both models. Greedy exactness and measured
+        acceptance: llmperf.engine.speculative (docs/model.md, "Speculative decoding")."""
+        from llmperf.cli.clitools import write_output
+        with refused_cleanly():
+            out = check_output(output)
+            ks = parse_int_list("--tokens", num_tokens)
+            rates = parse_fraction_list("--acceptance", acceptance)
+            parse_name_list("model", model)
+            for name, value in (("--batch", batch), ("--prompt-len", prompt_len), ("--gen-len", gen_len),
+                                ("--tp", tp), ("--draft-tp", draft_tp)):
+                if value is not None and value < 1:
+                    raise SpecError(f"{name}: must be a positive integer, got {value}")
+            if draft_tp is not None and tp % draft_tp:
+                raise SpecError(f"--draft-tp: {draft_tp} does not divide --tp {tp}")
+            from llmperf.analysis.speculative import speculate
+            from llmperf.analysis.timemodel import TIME_MODELS, default_efficiency, load_engine, time_model_for
+            if efficiency is not None and efficiency not in TIME_MODELS:
+                raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {efficiency!r}")
+            if engine is not None:
+                load_engine(engine)
+
+            def priced(hw, compute_dtype):  # noqa: ANN001, ANN202
+                return time_model_for(hw, efficiency or default_efficiency(hw), compute_dtype, engine=engine)
+
+            rows = [speculate(model, draft, hardware, num_draft_tokens=k, acceptance=a, batch=batch,
+                              prompt_len=prompt_len, gen_len=gen_len, precision=dtype, tp=tp, draft_tp=draft_tp,
+                              time_model=priced)
+                    for k in dict.fromkeys(ks) for a in dict.fromkeys(rates)]
+            if not rows[0].fits:
+                r = rows[0]
+                warn(f"does not fit: {r.target.model.name} and {r.draft.model.name} need "
+                     f"{r.memory_bytes / 2.0 ** 30:.1f} GiB per GPU of {r.target.memory.usable_bytes / 2.0 ** 30:.1f} "
+                     "GiB usable")
+            if output_format is OutputFormat.table:
+                from rich.console import Console
+
+                console = Console(record=out is not None, highlight=False, markup=False,
+                                  file=None if out is None else open("/dev/null", "w"))  # noqa: SIM115
+                console.print(speculate_table(rows, list(dict.fromkeys(ks)), list(dict.fromkeys(rates))))
+                if out is None:
+                    return
+                text = console.export_text()
+            elif output_format is OutputFormat.json:
+                from llmperf.outputs import jsonable
+                text = json.dumps(jsonable([r.summary() for r in rows]), indent=2) + "\n"
+            else:
+                import pandas as pd
+                text = pd.DataFrame([r.summary() for r in rows]).to_csv(index=False)
+            write_output(text, out)

@@ -1,0 +1,396 @@
+"""Greedy speculative decoding: a draft model proposes k tokens one by one, the target checks them in
+one forward of k + 1 tokens per sequence, and the agreeing prefix plus the target's own next token is
+kept (Leviathan et al. 2023, arXiv:2211.17192; Chen et al. 2023, arXiv:2302.01318): 1 to k + 1 tokens
+per target forward.
+
+Greedy only: a draft token is kept iff it is the target's argmax, so the output is the target's plain
+greedy decoding (`Engine.generate`) token for token, whatever the draft, which the tests check.
+(Sampled speculation keeps the target's distribution, not its tokens, and cannot be checked so.)
+
+Sequences run in lockstep, each with a row of a `ContiguousKVCache` for the target and one for the
+draft; a rejected token is rolled back by cutting its row (`ContiguousKVCache.truncate`: every backend
+masks keys past a query's position). When all k are accepted the draft has not seen d_k: it is fed in
+the next cycle's first draft forward (2 tokens for such sequences, 1 for the others, one forward:
+`Transformer.forward_groups`). Finished sequences (EOS, max_new_tokens) leave the batch.
+
+Acceptance: if each draft token is accepted independently with probability a, a cycle accepts n < k
+with probability a^n (1 - a), all k with a^k, and emits (1 - a^(k + 1)) / (1 - a) tokens on average
+(`llmperf.analysis.speculative.expected_tokens` prices that). The maximum-likelihood a of a run is
+accepted / (accepted + rejections) (`SpeculativeResult.acceptance_rate`).
+
+`early_exit_draft`: a self-speculative draft (LayerSkip, Elhoushi et al. 2024, arXiv:2404.16710): the
+target's first layers, final norm and LM head, the same tensors. Letters: B live sequences, T tokens
+per sequence in a forward, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from llmperf.engine.cache import ContiguousKVCache
+from llmperf.engine.generate import Prompts, _as_prompts, _is_id
+from llmperf.engine.model import Transformer
+from llmperf.engine.ops import ops_for
+from llmperf.engine.parts import layer_attention
+from llmperf.engine.sampling import SamplingParams, finish_reason
+from llmperf.errors import SpecError
+
+__all__ = ["SpeculativeResult", "SpeculativeStep", "early_exit_draft", "speculative_generate"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeStep:
+    """One cycle over the live sequences: `batch` of them, their mean context at the verify (keys the
+    last verified token attends to), the cycle's draft length (`num_draft_tokens`, less than asked
+    near max_new_tokens or the cache's end), seconds of its draft forwards and of its verify forward
+    (each with its argmax), draft tokens accepted and tokens emitted, summed over the batch."""
+
+    batch: int
+    mean_context: float
+    num_draft_tokens: int
+    draft_s: float
+    verify_s: float
+    accepted: int
+    emitted: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeResult:
+    """A speculative run: `tokens` generated per prompt (the first from the target's prefill, the rest
+    from `cycles` verify forwards), counts summed over sequences and cycles, seconds, and per cycle
+    `steps`. `proposed` / `accepted`: draft tokens checked / matching the target (an accepted token
+    past an EOS or max_new_tokens is counted, not emitted); `rejections`: sequence-cycles that
+    rejected a draft token. Times: `time.perf_counter` around each forward (CUDA synchronised);
+    `wall_s` from the first prefill to the last token (the caches' allocation before it excluded)."""
+
+    tokens: list[list[int]]
+    num_draft_tokens: int
+    cycles: int
+    proposed: int
+    accepted: int
+    rejections: int
+    target_prefill_s: float
+    draft_prefill_s: float
+    draft_s: float  # the draft's forwards in the cycles (its prefill is draft_prefill_s)
+    verify_s: float
+    wall_s: float
+    steps: list[SpeculativeStep] = field(default_factory=list)
+
+    @property
+    def prefill_s(self) -> float:
+        return self.target_prefill_s + self.draft_prefill_s
+
+    @property
+    def sequence_cycles(self) -> int:
+        """Cycles summed per sequence (a cycle of batch B counts B)."""
+        return sum(s.batch for s in self.steps)
+
+    @property
+    def emitted(self) -> int:
+        """Tokens the cycles emitted (every generated token but each sequence's first)."""
+        return sum(s.emitted for s in self.steps)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Maximum-likelihood per-token acceptance a: accepted / (accepted + rejections). Under the
+        i.i.d. model a sequence-cycle accepting n of k has likelihood a^n (1 - a) if n < k and a^k if
+        n == k (censored), so the log-likelihood is accepted * log a + rejections * log(1 - a). NaN
+        when no draft token was checked."""
+        n = self.accepted + self.rejections
+        return self.accepted / n if n else math.nan
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        """Emitted tokens per sequence-cycle; expected (1 - a^(k + 1)) / (1 - a) where no stop cuts a
+        cycle short. NaN without cycles."""
+        n = self.sequence_cycles
+        return self.emitted / n if n else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field and derived figure as plain JSON data (NaN as None)."""
+        out = asdict(self)
+        for name in ("prefill_s", "sequence_cycles", "emitted", "acceptance_rate", "tokens_per_cycle"):
+            value = getattr(self, name)
+            out[name] = None if isinstance(value, float) and math.isnan(value) else value
+        return out
+
+    def steps_frame(self) -> Any:
+        """One row per cycle (`SpeculativeStep`'s fields): a pandas DataFrame."""
+        import pandas as pd
+        return pd.DataFrame([asdict(s) for s in self.steps], columns=list(SpeculativeStep.__dataclass_fields__))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Input checks
+
+
+def _check(target: Any, draft: Any, prompts: list[list[int]], num_draft_tokens: Any, max_new_tokens: Any,
+           eos_token_id: Any) -> SamplingParams:
+    """Every argument, before anything is allocated; the stop rules as the engine's `SamplingParams`."""
+    for name, m in (("target", target), ("draft", draft)):
+        if not isinstance(m, Transformer):
+            raise ValueError(f"{name}: must be an llmperf.engine Transformer, got {type(m).__name__}")
+    if not _is_id(num_draft_tokens) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens: must be a positive integer, got {num_draft_tokens!r}")
+    if draft.spec.vocab_size != target.spec.vocab_size:
+        raise ValueError(f"draft: vocab_size {draft.spec.vocab_size} differs from the target's vocab_size "
+                         f"{target.spec.vocab_size} (the draft must propose the target's token ids)")
+    if draft.device != target.device:
+        raise ValueError(f"draft: on device {draft.device}, the target on {target.device} (both must be on one)")
+    if draft.dtype != target.dtype:
+        raise ValueError(f"draft: dtype {draft.dtype}, the target's {target.dtype} (both must be the same)")
+    # SamplingParams checks max_new_tokens and eos_token_id by name (SpecError is a ValueError)
+    params = SamplingParams(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
+    params = params.with_model_eos(target.eos_token_id)
+    V = target.spec.vocab_size
+    bad_eos = [t for t in params.eos_ids if t >= V]
+    if bad_eos:
+        raise ValueError(f"eos_token_id: token ids {bad_eos[:5]} are outside the vocabulary of {V}")
+    P = min(target.spec.max_positions, draft.spec.max_positions)
+    for i, p in enumerate(prompts):
+        bad = [t for t in p if t >= V]
+        if bad:
+            raise ValueError(f"prompts[{i}]: token ids {bad[:5]} are outside the vocabulary of {V}")
+        # as the engine: the last new token is never fed back, so prompt + max_new_tokens may reach P + 1
+        if len(p) + max_new_tokens > P + 1:
+            raise ValueError(f"max_new_tokens: prompt {i} needs {len(p)} prompt + {max_new_tokens} new tokens, "
+                             f"more than max_positions={P} of the target and draft (+1: the last is never fed)")
+    return params
+
+
+# ---------------------------------------------------------------------------------------------------
+# Forwards
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    """`time.perf_counter`, after a `torch.cuda.synchronize` on a CUDA device (the work queued so far
+    is done when the clock is read)."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def clock() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return clock
+
+
+def _forward_ragged(model: Transformer, cache: ContiguousKVCache, seq_ids: list[int],
+                    inputs: list[list[int]]) -> torch.Tensor:
+    """Logits `(B, V)` of the last of `inputs[b]`, fed to sequence `seq_ids[b]` (its slots already
+    reserved), in one forward: one group per input length (`Transformer.forward_groups`)."""
+    by_len: dict[int, list[int]] = {}
+    for b, toks in enumerate(inputs):
+        by_len.setdefault(len(toks), []).append(b)
+    groups, order = [], []
+    for T, members in by_len.items():
+        tokens = torch.tensor([inputs[b] for b in members], dtype=torch.long).to(model.device)  # (B_g, T)
+        groups.append((tokens, cache.prepare([seq_ids[b] for b in members], T)))
+        order += members
+    if len(groups) == 1:
+        return model(*groups[0])  # (B, V), already in order
+    logits = torch.cat(model.forward_groups(groups))  # (B, V) in group order
+    back = torch.empty(len(order), dtype=torch.long)
+    back[torch.tensor(order)] = torch.arange(len(order))
+    return logits[back.to(logits.device)]
+
+
+def _sized(ok: bool) -> None:
+    """A cache allocation or reservation succeeded (a bug otherwise: the rows are sized for the run)."""
+    assert ok, "speculative_generate: a cache row is full, though sized for the prompt, max_new_tokens and k + 1"
+
+
+@dataclass
+class _Seq:
+    """One prompt's decoding: its cache id (its index), prompt and generated tokens."""
+
+    index: int
+    prompt: list[int]
+    out: list[int]
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.out)
+
+    def history(self, start: int) -> list[int]:
+        """Tokens `start ..` of prompt + generated."""
+        P = len(self.prompt)
+        return self.prompt[start:] + self.out[max(0, start - P):]
+
+    def commit(self, drafts: list[int], target: list[int], params: SamplingParams) -> tuple[int, int, bool]:
+        """Keep the drafts that equal the target's tokens up to the first that does not, then the
+        target's token there (its bonus token after all of them), stopping at an EOS or max_new_tokens:
+        (drafts accepted, tokens emitted, finished)."""
+        n = 0
+        while n < len(drafts) and drafts[n] == target[n]:
+            n += 1
+        for i, tok in enumerate(drafts[:n] + [target[n]]):
+            self.out.append(tok)
+            if finish_reason(self.out, params) is not None:
+                return n, i + 1, True
+        return n, n + 1, False
+
+
+def _prefill(model: Transformer, cache: ContiguousKVCache, prompts: list[list[int]],
+             clock: Callable[[], float]) -> tuple[list[int], float]:
+    """Every prompt into `model`'s cache: (each prompt's greedy next token, seconds)."""
+    for i, p in enumerate(prompts):
+        _sized(cache.allocate(i, len(p)))
+    t0 = clock()
+    first = _forward_ragged(model, cache, list(range(len(prompts))), prompts).argmax(-1).tolist()
+    return first, clock() - t0
+
+
+def _draft(draft: Transformer, cache: ContiguousKVCache, live: list[_Seq], k: int,
+           clock: Callable[[], float]) -> tuple[torch.Tensor, float]:
+    """k draft tokens per live sequence `(B, k)` (on the device), greedily, and the seconds. The first
+    forward feeds each sequence's tokens the draft has not seen (its last token, and d_k of the last
+    cycle when all its drafts were accepted), the others the previous draft token."""
+    ids = [s.index for s in live]
+    pending = [s.history(cache.seq_len(s.index)) for s in live]
+    for s, toks in zip(live, pending):
+        _sized(cache.reserve(s.index, len(toks)))
+    t0 = clock()
+    tokens = [_forward_ragged(draft, cache, ids, pending).argmax(-1)]  # (B,)
+    for _ in range(k - 1):
+        for i in ids:
+            _sized(cache.reserve(i, 1))
+        tokens.append(draft(tokens[-1][:, None], cache.prepare(ids, 1)).argmax(-1))  # (B,)
+    out = torch.stack(tokens, dim=1)  # (B, k)
+    return out, clock() - t0
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def speculative_generate(target: Transformer, draft: Transformer, prompts: Prompts, *, num_draft_tokens: int,
+                         max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None) -> SpeculativeResult:
+    """Greedy decoding of `prompts` (as `Engine.generate` takes them) by `target`, sped up by `draft`'s
+    proposals of `num_draft_tokens` tokens a cycle: the same tokens as
+    `Engine(target).generate(prompts, SamplingParams(max_new_tokens=..., eos_token_id=...))`, stopping
+    at an EOS (kept, as the engine keeps it) or after max_new_tokens. `eos_token_id`: None never stops
+    on a token; "model" (`sampling.MODEL_EOS`) the target's checkpoint EOS. Bad input raises
+    ValueError naming the field. Both models run with their own attention backend."""
+    prompts = _as_prompts(prompts)
+    params = _check(target, draft, prompts, num_draft_tokens, max_new_tokens, eos_token_id)
+    k = num_draft_tokens
+    clock = _clock(target.device)
+    if not prompts:
+        return SpeculativeResult(tokens=[], num_draft_tokens=k, cycles=0, proposed=0, accepted=0, rejections=0,
+                                 target_prefill_s=0.0, draft_prefill_s=0.0, draft_s=0.0, verify_s=0.0, wall_s=0.0)
+    # A row holds a sequence's prompt, its tokens but the last, and a verify's k + 1 more.
+    rows = min(max(len(p) for p in prompts) + max_new_tokens + k + 1,
+               target.spec.max_positions, draft.spec.max_positions)
+    t_cache = ContiguousKVCache(target.spec, max_batch=len(prompts), max_seq_len=rows, dtype=target.dtype,
+                                device=target.device)
+    d_cache = ContiguousKVCache(draft.spec, max_batch=len(prompts), max_seq_len=rows, dtype=draft.dtype,
+                                device=draft.device)
+    t_start = clock()
+    first, target_prefill_s = _prefill(target, t_cache, prompts, clock)
+    _, draft_prefill_s = _prefill(draft, d_cache, prompts, clock)
+    seqs = [_Seq(i, p, [t]) for i, (p, t) in enumerate(zip(prompts, first))]
+    live = []
+    for s in seqs:
+        if finish_reason(s.out, params) is None:
+            live.append(s)
+        else:
+            t_cache.free(s.index)
+            d_cache.free(s.index)
+    steps: list[SpeculativeStep] = []
+    proposed = accepted = rejections = 0
+    while live:
+        # Fewer drafts where no sequence may keep them all (max_new_tokens) or a row would overflow.
+        k_now = max(0, min(k, max(max_new_tokens - len(s.out) for s in live) - 1,
+                           min(rows - t_cache.seq_len(s.index) for s in live) - 1))
+        ids = [s.index for s in live]
+        drafts, draft_s = (_draft(draft, d_cache, live, k_now, clock) if k_now
+                           else (torch.empty(len(live), 0, dtype=torch.long, device=target.device), 0.0))
+        for i in ids:
+            _sized(t_cache.reserve(i, k_now + 1))
+        t0 = clock()
+        last = torch.tensor([s.out[-1] for s in live], dtype=torch.long).to(target.device)
+        tokens = torch.cat([last[:, None], drafts], dim=1)  # (B, k_now + 1)
+        meta = t_cache.prepare(ids, k_now + 1)
+        choice = target(tokens, meta, all_logits=True).argmax(-1).tolist()  # (B, k_now + 1): the target's tokens
+        verify_s = clock() - t0
+        step_accepted = step_emitted = 0
+        still = []
+        for s, d, g in zip(live, drafts.tolist(), choice):
+            n, emitted, done = s.commit(d, g, params)
+            step_accepted, step_emitted = step_accepted + n, step_emitted + emitted
+            rejections += n < k_now
+            if done:
+                t_cache.free(s.index)
+                d_cache.free(s.index)
+                continue
+            still.append(s)
+            # Both rows keep only committed tokens: the target all but the new last one, the draft those it was fed.
+            t_cache.truncate(s.index, s.length - 1)
+            d_cache.truncate(s.index, min(d_cache.seq_len(s.index), s.length - 1))
+        proposed += k_now * len(live)
+        accepted += step_accepted
+        steps.append(SpeculativeStep(batch=len(live), mean_context=sum(meta.seq_lens) / len(live),
+                                     num_draft_tokens=k_now, draft_s=draft_s, verify_s=verify_s,
+                                     accepted=step_accepted, emitted=step_emitted))
+        live = still
+    return SpeculativeResult(tokens=[s.out for s in seqs], num_draft_tokens=k, cycles=len(steps), proposed=proposed,
+                             accepted=accepted, rejections=rejections, target_prefill_s=target_prefill_s,
+                             draft_prefill_s=draft_prefill_s, draft_s=sum(s.draft_s for s in steps),
+                             verify_s=sum(s.verify_s for s in steps), wall_s=clock() - t_start, steps=steps)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Self-speculation
+
+
+def early_exit_draft(target: Transformer, num_layers: int) -> Transformer:
+    """A draft that is `target` stopped after its first `num_layers` layers, then its final norm and LM
+    head (LayerSkip's early exit): a `Transformer` of `target.spec.scaled(num_layers=num_layers)` whose
+    parameters ARE the target's tensors (no copy; per-layer patterns such as `layer_types` are cut by
+    `ModelSpec.scaled`), rotary tables included. It has its own ops object (on a CPU, private packed
+    copies of the weights it runs are the ops', so per model). Without training for early exit
+    (LayerSkip trains for it) the acceptance is low, but the output stays exact."""
+    if not isinstance(target, Transformer):
+        raise ValueError(f"target: must be an llmperf.engine Transformer, got {type(target).__name__}")
+    L = target.spec.num_layers
+    if not _is_id(num_layers) or not 1 <= num_layers < L:
+        raise ValueError(f"num_layers: must be an integer in [1, {L - 1}] (the target has {L} layers), "
+                         f"got {num_layers!r}")
+    dense = set(target.spec.dense_layers)
+    if target.spec.num_experts > 1 and dense >= set(range(num_layers)):
+        first_moe = min(set(range(L)) - dense)
+        raise ValueError(f"num_layers: the first {num_layers} layers of {target.spec.name} are dense (dense_layers="
+                         f"{target.spec.dense_layers}), and a mixture-of-experts spec needs an expert layer: cut at "
+                         f"least {first_moe + 1} layers")
+    try:
+        spec = target.spec.scaled(num_layers=num_layers)
+    except SpecError as exc:
+        raise ValueError(f"num_layers: {target.spec.name} cannot be cut to {num_layers} layers: {exc}") from None
+    # Built on the meta device (nothing allocated), then every parameter replaced by the target's.
+    draft = Transformer(spec, dtype=target.dtype, device="meta", attention=target.attention_backend,
+                        weight_layout=target.weight_layout)
+    for name, module in draft.named_modules(remove_duplicate=False):
+        source = target.get_submodule(name)
+        for key, p in list(module._parameters.items()):
+            q = source._parameters.get(key)
+            if (p is None) != (q is None) or (p is not None and p.shape != q.shape):
+                raise ValueError(f"num_layers: {target.spec.name} cannot be cut cleanly: parameter {name}.{key} "
+                                 f"differs between the target and the cut spec")
+            module._parameters[key] = q
+    device = target.device
+    draft.rotary, draft.rotary_local = target.rotary, target.rotary_local  # the same tables (num_layers-free)
+    ops = ops_for(device, target.dtype, target.in_out)
+    draft.set_ops(ops)
+    draft._head_ops = ops_for(device, target.dtype) if target.in_out and spec.tied_embeddings else ops
+    draft.attn_params = layer_attention(spec, [getattr(b, "sinks", None) for b in draft.layers])
+    draft.decode_in_one_call = target.decode_in_one_call
+    draft.eos_token_id = target.eos_token_id
+    stray = [n for n, t in [*draft.named_parameters(), *draft.named_buffers()] if t.device != device]
+    assert not stray, f"early_exit_draft: {stray[:3]} not taken from the target (still on {device})"
+    return draft
