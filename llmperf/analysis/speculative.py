@@ -12,9 +12,14 @@ TensorRT-LLM). The draft steps are priced as decode steps and the verify with th
 a verify step (`EfficiencyTimeModel.for_phase`), both by the same time model as plain decoding,
 cycle by cycle as the context grows by E per cycle. TTFT adds the draft's prefill of the prompt.
 
-Memory: the draft's weights and its KV cache join the target's (one activation reservation, the
-larger). The acceptance rate depends on the data, the draft and the sampling; it is an input here
-and a measurement in `llmperf.engine.speculative` (which also estimates it from a run).
+Memory: the draft's weights and KV cache join the target's (one activation reservation, the larger).
+`draft="mtp"`: the model's own multi-token-prediction module drafts (DeepSeek-V3 §2.2,
+arXiv:2412.19437; GLM-4.5): per token, the last token's embedding and the last hidden state, each
+RMS-normed, joined by `eh_proj` (2 x hidden -> hidden, replicated on every GPU as vLLM's
+`deepseek_mtp`), one decoder layer of the model's last kind, the shared final norm and LM head; it
+adds that layer, `eh_proj`, three norms and one layer's KV, and is reused past its `mtp_layers`.
+The acceptance rate is an input here (it depends on the data, the draft and the sampling) and a
+measurement in `llmperf.engine.speculative`.
 """
 
 from __future__ import annotations
@@ -31,13 +36,14 @@ from llmperf.analysis.roofline import (
     TimeModel,
     engine_label,
     model_time_model,
+    op_time,
     phase_time_model,
     step_overhead_s,
 )
 from llmperf.errors import SpecError
-from llmperf.specs import load_hardware, load_model
+from llmperf.specs import ModelSpec, load_hardware, load_model
 
-__all__ = ["SpeculativeEstimate", "expected_tokens", "speculate"]
+__all__ = ["MTP", "SpeculativeEstimate", "expected_tokens", "mtp_spec", "speculate"]
 
 
 def expected_tokens(acceptance: float, num_draft_tokens: int) -> float:
@@ -52,7 +58,10 @@ class SpeculativeEstimate:
     model (`time_model`) and, where the time model is not the roofline, the roofline bound."""
 
     target: GenerationEstimate  # plain decoding: its TTFT, TPOT and memory
-    draft: GenerationEstimate  # the draft model alone (its prefill and memory)
+    draft: GenerationEstimate  # the draft model alone (its prefill and memory; MTP: its layer as a model)
+    draft_name: str  # what drafts: a model's name, or "<model> MTP"
+    draft_weights_bytes: float  # per GPU, the weights the draft adds (MTP: not the shared embedding and head)
+    draft_prefill_s: float  # the draft's pass over the prompt
     num_draft_tokens: int
     acceptance: float
     cycles: float  # expected verify steps over the gen_len - 1 tokens after the first
@@ -71,7 +80,7 @@ class SpeculativeEstimate:
     @property
     def ttft_s(self) -> float:
         """The target's prefill, then the draft's."""
-        return self.target.ttft_s + self.draft.ttft_s
+        return self.target.ttft_s + self.draft_prefill_s
 
     @property
     def tpot_s(self) -> float:
@@ -103,7 +112,7 @@ class SpeculativeEstimate:
     def memory_bytes(self) -> float:
         """Per GPU: both models' weights and KV caches, one activation reservation (the larger)."""
         t, d = self.target.memory, self.draft.memory
-        return (t.weights_bytes + d.weights_bytes + t.kv_cache_bytes + d.kv_cache_bytes
+        return (t.weights_bytes + self.draft_weights_bytes + t.kv_cache_bytes + d.kv_cache_bytes
                 + max(t.activation_peak_bytes, d.activation_peak_bytes))
 
     @property
@@ -114,7 +123,7 @@ class SpeculativeEstimate:
         t = self.target
         gib = 2.0 ** 30
         return dict(
-            model=t.model.name, draft=self.draft.model.name, hardware=t.hardware.name, batch=t.batch,
+            model=t.model.name, draft=self.draft_name, hardware=t.hardware.name, batch=t.batch,
             prompt_len=t.prompt_len, gen_len=t.gen_len, tp=t.tp, precision=str(t.row.get("precision", "")),
             num_draft_tokens=self.num_draft_tokens, acceptance=self.acceptance,
             tokens_per_cycle=self.tokens_per_cycle, cycles=self.cycles, draft_steps_s=self.first_draft_s,
@@ -135,20 +144,55 @@ def _check(num_draft_tokens: object, acceptance: object) -> None:
         raise SpecError(f"acceptance: must be a number in [0, 1], got {acceptance!r}")
 
 
-def _forward_s(est: GenerationEstimate, time_model: TimeModel, phase: str, q_len: int, kv_len: np.ndarray
-               ) -> np.ndarray:
+#: `speculate(draft=MTP)`: the model's own multi-token-prediction module drafts
+MTP = "mtp"
+
+
+def mtp_spec(model: ModelSpec, num_layers: int = 1) -> ModelSpec:
+    """The MTP module's decoder layer as a model of its own: `num_layers` layers of `model`'s last
+    layer's kind (its attention, its experts), with `model`'s embedding, final norm and LM head (shared
+    in the checkpoint: not counted twice, see `SpeculativeEstimate.draft_weights_bytes`)."""
+    if model.mtp_layers < 1:
+        raise SpecError(f"draft: {MTP} needs a model with multi-token-prediction layers (mtp_layers >= 1), "
+                        f"{model.name} has none")
+    last = model.layer_kinds()[-1]
+    if model.is_moe and not last.moe:
+        raise SpecError(f"draft: {MTP}: {model.name}'s last layer has a dense FFN; only an MoE one is modelled")
+    changes: dict[str, Any] = dict(name=f"{model.name} MTP", num_layers=num_layers, dense_layers=(),
+                                   nope_layers=() if last.rope or model.pos_encoding != "rope"
+                                   else tuple(range(num_layers)))
+    if model.layer_types is not None:
+        changes["layer_types"] = (model.layer_types[-1],) * num_layers
+    return model.scaled(**changes)
+
+
+def _mtp_ops(est: GenerationEstimate, q_len: float) -> list:
+    """The MTP module's operators besides its layer and the shared head, per draft step of `q_len`
+    tokens a sequence: the two input norms and `eh_proj` (replicated: the whole matrix on every GPU)."""
+    fm = est.forward_model()
+    tokens = est.batch * q_len
+    C = est.model.hidden_size
+    return [fm._norm("mtp_enorm", tokens, per_layer=False), fm._norm("mtp_hnorm", tokens, per_layer=False),
+            fm._linear("mtp_eh_proj", tokens, 2 * C, C, False, per_layer=False, module="attention")]
+
+
+def _forward_s(est: GenerationEstimate, time_model: TimeModel, phase: str, q_len: int, kv_len: np.ndarray,
+               mtp: bool = False) -> np.ndarray:
     """One forward of `est`'s model per context in `kv_len` (batch `est.batch`, `q_len` new tokens per
-    sequence) without the engine's per-step fixed cost (a cycle pays that once)."""
+    sequence) without the engine's per-step fixed cost (a cycle pays that once); `mtp`: with the MTP
+    module's own operators."""
     from llmperf.analysis.rollup import phase_arrays
 
     tm = phase_time_model(model_time_model(time_model, est.model), phase)
+    dtype = est.prefill.compute_dtype
     t = phase_arrays(est.forward_model(), est.hardware, float(est.batch), float(q_len), kv_len, pp=est.pp,
-                     compute_dtype=est.prefill.compute_dtype, time_model=tm).time_s
-    return np.asarray(t, dtype=float) - step_overhead_s(tm)
+                     compute_dtype=dtype, time_model=tm).time_s
+    extra = sum(op_time(c, est.hardware, dtype, tm).time_s for c in _mtp_ops(est, q_len)) if mtp else 0.0
+    return np.asarray(t, dtype=float) + extra - step_overhead_s(tm)
 
 
 def _cycles(target: GenerationEstimate, draft: GenerationEstimate, k: int, acceptance: float,
-            time_model: TimeModel) -> dict[str, float]:
+            time_model: TimeModel, mtp: bool = False) -> dict[str, float]:
     """The expected cycles, the first cycle's draft and verify times, the fixed cost per cycle, and over
     every cycle the draft time, the verify time and the whole (`SpeculativeEstimate`'s fields).
     Cycle c starts with n = prompt_len + 1 + c * E committed tokens; the last cycle is weighted by the
@@ -160,7 +204,7 @@ def _cycles(target: GenerationEstimate, draft: GenerationEstimate, k: int, accep
     weights = np.ones(n_cycles)
     weights[-1] = cycles - (n_cycles - 1) if steps else 0.0
     n = target.prompt_len + 1.0 + e * np.arange(n_cycles)  # (cycles,) committed tokens at each cycle's start
-    drafts = sum(_forward_s(draft, time_model, "decode", 1, n + i) for i in range(k))
+    drafts = sum(_forward_s(draft, time_model, "decode", 1, n + i, mtp) for i in range(k))
     verify = _forward_s(target, time_model, "verify", k + 1, n + k)
     fixed = step_overhead_s(phase_time_model(model_time_model(time_model, target.model), "decode"))
     return dict(cycles=cycles, first_draft_s=float(drafts[0]), first_verify_s=float(verify[0]), cycle_overhead_s=fixed,
@@ -171,7 +215,8 @@ def _cycles(target: GenerationEstimate, draft: GenerationEstimate, k: int, accep
 def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_draft_tokens: int,
               acceptance: float, batch: int = 1, prompt_len: int = 512, gen_len: int = 128,
               time_model: Any = None, draft_tp: int | None = None, **options: Any) -> SpeculativeEstimate:
-    """Price speculative decoding of `model` with the draft model `draft` on `hardware`.
+    """Price speculative decoding of `model` with the draft model `draft` (or `"mtp"`: the model's own
+    multi-token-prediction module) on `hardware`.
 
     `time_model`: as `generation.estimate` takes it (None: the roofline; a factory `f(hardware, dtype)`
     gets the device's own). `options`: `estimate`'s other keywords (precision, tp, conventions), the
@@ -179,7 +224,9 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     `tp`; 1 runs it on one GPU, as vLLM's `draft_tensor_parallel_size=1`, and that GPU holds all of
     it). The draft must share the target's vocabulary (one tokenizer)."""
     _check(num_draft_tokens, acceptance)
-    m, d, hw = load_model(model), load_model(draft), load_hardware(hardware)
+    m, hw = load_model(model), load_hardware(hardware)
+    mtp = isinstance(draft, str) and draft.strip().lower() == MTP
+    d = mtp_spec(m) if mtp else load_model(draft)
     if d.vocab_size != m.vocab_size:
         raise SpecError(f"draft: {d.name}'s vocab_size {d.vocab_size} differs from {m.name}'s {m.vocab_size} "
                         "(speculative decoding needs the target's tokenizer)")
@@ -192,10 +239,21 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
                                  or tp % draft_tp):
         raise SpecError(f"draft_tp: must be a positive integer dividing tp {tp}, got {draft_tp!r}")
     target = estimate(m, hw, gen_len=gen_len, tp=tp, **kw)
-    small = estimate(d, hw, gen_len=gen_len + num_draft_tokens, tp=draft_tp or tp, **kw)  # its KV runs k ahead
+    dkw = dict(kw, gen_len=gen_len + num_draft_tokens, tp=draft_tp or tp)  # the draft's KV runs k tokens ahead
+    small = estimate(d, hw, **dkw)
     k, a = int(num_draft_tokens), float(acceptance)
-    parts = _cycles(target, small, k, a, target.time_model)
+    parts = _cycles(target, small, k, a, target.time_model, mtp)
     bound = parts["decode_s"] if target.time_model.name == "roofline" else \
-        _cycles(target, small, k, a, ROOFLINE)["decode_s"]
-    return SpeculativeEstimate(target=target, draft=small, num_draft_tokens=k, acceptance=a, decode_bound_s=bound,
+        _cycles(target, small, k, a, ROOFLINE, mtp)["decode_s"]
+    weights, prefill = small.memory.weights_bytes, small.ttft_s
+    if mtp:  # one layer (two layers' weights less one's), eh_proj and three norms; the embedding and head are shared
+        two = estimate(mtp_spec(m, 2), hw, **dkw).memory.weights_bytes
+        p = small.precision
+        C = m.hidden_size
+        weights = two - weights + p.matrix_bytes(2 * C, C, module="attention") + 3 * C * p.act_bytes
+        tm = phase_time_model(model_time_model(small.time_model, d), "prefill")
+        dtype = small.prefill.compute_dtype
+        prefill += sum(float(np.asarray(op_time(c, hw, dtype, tm).time_s)) for c in _mtp_ops(small, prompt_len))
+    return SpeculativeEstimate(target=target, draft=small, draft_name=d.name, draft_weights_bytes=weights,
+                               draft_prefill_s=prefill, num_draft_tokens=k, acceptance=a, decode_bound_s=bound,
                                **parts)

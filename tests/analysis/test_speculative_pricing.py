@@ -105,3 +105,40 @@ def test_bad_input_is_refused_naming_the_field(kw, field):
     args.update(kw)
     with pytest.raises(SpecError, match=f"^{field}: "):
         speculate(**args)
+
+
+def test_the_mtp_layer_is_the_models_last_kind():
+    from llmperf.analysis.speculative import mtp_spec
+    from llmperf.specs import load_model
+    for name in ("deepseek-v3", "glm-4.5"):
+        m = load_model(name)
+        d = mtp_spec(m)
+        assert d.num_layers == 1 and d.layer_kinds() == (m.layer_kinds()[-1],) and d.is_moe
+        assert (d.vocab_size, d.hidden_size, d.is_mla) == (m.vocab_size, m.hidden_size, m.is_mla)
+    with pytest.raises(SpecError, match="^draft: mtp needs .* llama-3.1-8b has none"):
+        mtp_spec(load_model("llama-3.1-8b"))
+
+
+def test_an_mtp_draft_adds_its_layer_eh_proj_and_norms_not_a_second_head():
+    from llmperf.analysis.speculative import _mtp_ops, mtp_spec
+    from llmperf.specs import load_model
+    m = load_model("deepseek-v3")
+    s = speculate("deepseek-v3", "MTP", "h200", num_draft_tokens=2, acceptance=0.8, tp=8, precision="fp8",
+                  time_model=TYPICAL)
+    assert s.summary()["draft"] == "deepseek-v3 MTP"
+    one = s.draft.memory.weights_bytes
+    two = speculate("deepseek-v3", "mtp", "h200", num_draft_tokens=2, acceptance=0.8, tp=8, precision="fp8")
+    assert s.draft_weights_bytes == pytest.approx(two.draft_weights_bytes)  # weights do not depend on the time model
+    C = m.hidden_size
+    p = s.draft.precision
+    layer = s.draft_weights_bytes - p.matrix_bytes(2 * C, C, module="attention") - 3 * C * p.act_bytes
+    assert 0 < layer < one  # one layer, without the embedding and LM head the 1-layer model also holds
+    assert layer == pytest.approx(1.2e10 / 8, rel=0.1)  # ~11.6 B parameters of one MoE layer at fp8, over 8 GPUs
+    # each draft step: the 1-layer model's decode step and the module's own three operators
+    ops = _mtp_ops(s.draft, 1)
+    assert [o.name for o in ops] == ["mtp_enorm", "mtp_hnorm", "mtp_eh_proj"]
+    assert ops[2].weight_bytes == pytest.approx(p.matrix_bytes(2 * C, C, module="attention"))
+    plain = speculate("deepseek-v3", mtp_spec(m), "h200", num_draft_tokens=2, acceptance=0.8, tp=8, precision="fp8",
+                      time_model=TYPICAL)
+    assert s.first_draft_s > plain.first_draft_s and s.first_verify_s == pytest.approx(plain.first_verify_s)
+    assert s.draft_weights_bytes < plain.draft_weights_bytes and s.draft_prefill_s > plain.draft_prefill_s

@@ -67,3 +67,13 @@ def test_random_input_keeps_the_contract(tmp_path_factory, k, a, batch, fmt):
     out = "out." + fmt
     res = runner.invoke(app, [*PAIR, "-k", k, "-a", a, "-b", batch, "-g", "16", "-f", fmt, "-o", str(folder / out)])
     check_contract(res, folder, before, out, fmt)
+
+
+def test_the_models_own_mtp_layer_drafts():
+    r = runner.invoke(app, ["speculate", "deepseek-v3", "--draft", "mtp", "-H", "h200", "--tp", "8", "--dtype", "fp8",
+                            "-k", "1,2", "-a", "0.8", "-f", "json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert [x["draft"] for x in rows] == ["deepseek-v3 MTP"] * 2 and all(x["fits"] for x in rows)
+    r = runner.invoke(app, ["speculate", "llama-3.1-8b", "--draft", "mtp"])
+    assert r.exit_code == 2 and "mtp_layers" in r.output and len(r.output.strip().splitlines()) == 1
