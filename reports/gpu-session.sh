@@ -6,7 +6,8 @@
 #   2. the kernels' input checks on the GPU (tests/kernels/test_validation.py: seconds)
 #   3. today's models profiled on the GPU with the calibration of step 1 (Triton backend, bf16, 2 layers
 #      each kind kept): qwen3-30b-a3b, gpt-oss-20b, DeepSeek-V3 at a quarter of its widths
-#   4. today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py)
+#   4. speculative decoding on the engine beside its prediction (llmperf.measure.speculative, bf16, Triton),
+#      then today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py)
 #   5. the Triton kernels' tests on the GPU (windows, chunks, sinks, MLA decode; pytest-xdist when present),
 #      while time is left
 # Results go to R (default /tmp/gpu-session); after every step they are packed into OUT/gpu-session.tar.gz
@@ -73,6 +74,9 @@ if [[ -f $R/gpu/calibrate.yaml ]]; then
             "$R/todays/$name" --save
     done
 fi
+[[ -f $R/gpu/calibrate.yaml ]] && step speculative 45 "$PY" -m llmperf.measure.speculative \
+    reports/speculative/llama-style-12l-cpu.yaml --early-exit 2 --tail-scale 0.06 --device cuda --dtype bf16 \
+    --backend triton -H "$R/gpu/calibrate.yaml" -k 1,2,4 -p 64 -g 64 --reps 3 --out "$R/speculative"
 step family-tests 100 "$PY" -m pytest tests/engine/test_cuda_families.py -q -p no:cacheprovider "${XDIST[@]}" \
     "${TIMEOUT[@]}" --junitxml "$R/family-tests.xml"
 step kernel-tests 150 "$PY" -m pytest tests/kernels -q -p no:cacheprovider "${XDIST[@]}" "${TIMEOUT[@]}" --durations 10 \

@@ -43,7 +43,7 @@ from llmperf.analysis.roofline import (
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, load_hardware, load_model
 
-__all__ = ["MTP", "SpeculativeEstimate", "expected_tokens", "mtp_spec", "speculate"]
+__all__ = ["EARLY_EXIT", "MTP", "SpeculativeEstimate", "early_exit_spec", "expected_tokens", "mtp_spec", "speculate"]
 
 
 def expected_tokens(acceptance: float, num_draft_tokens: int) -> float:
@@ -146,6 +146,21 @@ def _check(num_draft_tokens: object, acceptance: object) -> None:
 
 #: `speculate(draft=MTP)`: the model's own multi-token-prediction module drafts
 MTP = "mtp"
+#: `speculate(draft="early-exit:N")`: the model's own first N layers draft (self-speculation)
+EARLY_EXIT = "early-exit:"
+
+
+def early_exit_spec(model: ModelSpec, num_layers: int) -> ModelSpec:
+    """The model stopped after its first `num_layers` layers (LayerSkip's early exit, Elhoushi et al.
+    2024, arXiv:2404.16710): its embedding, those layers (their per-layer pattern kept), final norm and
+    LM head, the same weights (`llmperf.engine.speculative.early_exit_draft` builds it)."""
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < model.num_layers:
+        raise SpecError(f"draft: {EARLY_EXIT}N needs N in 1 .. {model.num_layers - 1} ({model.name} has "
+                        f"{model.num_layers} layers), got {num_layers!r}")
+    try:
+        return model.scaled(name=f"{model.name} first {num_layers} layers", num_layers=num_layers)
+    except SpecError as exc:
+        raise SpecError(f"draft: {model.name} cannot stop after {num_layers} layers: {exc}") from None
 
 
 def mtp_spec(model: ModelSpec, num_layers: int = 1) -> ModelSpec:
@@ -216,7 +231,8 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
               acceptance: float, batch: int = 1, prompt_len: int = 512, gen_len: int = 128,
               time_model: Any = None, draft_tp: int | None = None, **options: Any) -> SpeculativeEstimate:
     """Price speculative decoding of `model` with the draft model `draft` (or `"mtp"`: the model's own
-    multi-token-prediction module) on `hardware`.
+    multi-token-prediction module; `"early-exit:N"`: its first N layers, sharing their weights but
+    keeping a KV cache of their own, as `llmperf.engine.speculative` runs it) on `hardware`.
 
     `time_model`: as `generation.estimate` takes it (None: the roofline; a factory `f(hardware, dtype)`
     gets the device's own). `options`: `estimate`'s other keywords (precision, tp, conventions), the
@@ -225,8 +241,13 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     it). The draft must share the target's vocabulary (one tokenizer)."""
     _check(num_draft_tokens, acceptance)
     m, hw = load_model(model), load_hardware(hardware)
-    mtp = isinstance(draft, str) and draft.strip().lower() == MTP
-    d = mtp_spec(m) if mtp else load_model(draft)
+    word = draft.strip().lower() if isinstance(draft, str) else ""
+    mtp, early = word == MTP, word.startswith(EARLY_EXIT)
+    if early:
+        n = word[len(EARLY_EXIT):]
+        d = early_exit_spec(m, int(n) if n.isdigit() else n)
+    else:
+        d = mtp_spec(m) if mtp else load_model(draft)
     if d.vocab_size != m.vocab_size:
         raise SpecError(f"draft: {d.name}'s vocab_size {d.vocab_size} differs from {m.name}'s {m.vocab_size} "
                         "(speculative decoding needs the target's tokenizer)")
@@ -245,7 +266,7 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     parts = _cycles(target, small, k, a, target.time_model, mtp)
     bound = parts["decode_s"] if target.time_model.name == "roofline" else \
         _cycles(target, small, k, a, ROOFLINE, mtp)["decode_s"]
-    weights, prefill = small.memory.weights_bytes, small.ttft_s
+    weights, prefill = (0.0 if early else small.memory.weights_bytes), small.ttft_s  # an early exit shares them
     if mtp:  # one layer (two layers' weights less one's), eh_proj and three norms; the embedding and head are shared
         two = estimate(mtp_spec(m, 2), hw, **dkw).memory.weights_bytes
         p = small.precision

@@ -39,6 +39,7 @@ from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.speculative import SpeculativeResult, early_exit_draft, speculative_generate
 from llmperf.engine.weights import build_model
 from llmperf.errors import SpecError
+from llmperf.measure.device import describe
 from llmperf.measure.engine_bench import environment
 from llmperf.measure.timers import gc_paused
 from llmperf.specs import load_hardware, load_model
@@ -95,13 +96,15 @@ def _speculative(target: Transformer, draft: Transformer, prompts: torch.Tensor,
 
 def compare(target: Transformer, draft: Transformer, hardware: Any, *, ks: tuple[int, ...] = (1, 2, 4),
             batch: int = 1, prompt_len: int = 64, gen_len: int = 64, reps: int = 3, efficiency: str | None = None,
-            seed: int = 0) -> list[Comparison]:
+            seed: int = 0, draft_ref: Any = None) -> list[Comparison]:
     """Measure each k on `target` with `draft` (random prompts, seeded) and price it on `hardware` (a
-    name, path or spec; `efficiency` None: its expected time model) at the measured acceptance."""
+    name, path or spec; `efficiency` None: its expected time model) at the measured acceptance.
+    `draft_ref`: what `speculate` is told drafts (default `draft.spec`; "early-exit:N" for an early exit,
+    whose weights are the target's)."""
     hw = load_hardware(hardware)
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[target.dtype]
     prompts = torch.randint(0, target.spec.vocab_size, (batch, prompt_len),
-                            generator=torch.Generator().manual_seed(seed))
+                            generator=torch.Generator().manual_seed(seed)).to(target.device)
     _plain(target, prompts, min(gen_len, 8))  # warm-up: packed weights, allocator
     _speculative(target, draft, prompts, 1, min(gen_len, 8))
     out = []
@@ -114,8 +117,8 @@ def compare(target: Transformer, draft: Transformer, hardware: Any, *, ks: tuple
             spec_runs.append(res)
             exact &= res.tokens == tokens
         a = statistics.median(r.acceptance_rate for r in spec_runs)
-        est = speculate(target.spec, draft.spec, hw, num_draft_tokens=k, acceptance=a, batch=batch,
-                        prompt_len=prompt_len, gen_len=gen_len, precision=dtype,
+        est = speculate(target.spec, draft.spec if draft_ref is None else draft_ref, hw, num_draft_tokens=k,
+                        acceptance=a, batch=batch, prompt_len=prompt_len, gen_len=gen_len, precision=dtype,
                         time_model=lambda h, d: time_model_for(h, efficiency or default_efficiency(h), d))
         out.append(_comparison(k, exact, a, spec_runs, plain_tpot, est, gen_len))
     return out
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-p", "--prompt-len", type=int, default=64)
     p.add_argument("-g", "--gen-len", type=int, default=64)
     p.add_argument("--dtype", default=None, help="fp32 or bf16 (default: fp32)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--backend", default="sdpa", help="attention backend: sdpa, naive or triton (default: sdpa)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", type=Path, default=None, help="write speculative.txt and speculative.json here")
     args = p.parse_args(argv)
@@ -202,25 +207,33 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if dtype not in ("fp32", "bf16"):
             raise SpecError(f"--dtype: must be fp32 or bf16, got {dtype!r}")
+        if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
+            raise SpecError(f"--device: must be cpu or cuda (with a CUDA GPU present), got {args.device!r}")
         spec = load_model(args.model)
         load_hardware(args.hardware)  # before the models are built
-        target = build_model(spec, seed=0, dtype=dtype)
+        target = build_model(spec, seed=0, dtype=dtype, device=args.device, attention=args.backend)
         if args.tail_scale is not None:
             if args.early_exit is None or not 0.0 <= args.tail_scale <= 1.0:
                 raise SpecError(f"--tail-scale: needs --early-exit and a value in [0, 1], got {args.tail_scale}")
             scale_tail(target, args.early_exit, args.tail_scale)
         draft = (early_exit_draft(target, args.early_exit) if args.early_exit is not None
-                 else build_model(load_model(args.draft), seed=1, dtype=dtype))
+                 else build_model(load_model(args.draft), seed=1, dtype=dtype, device=args.device,
+                                  attention=args.backend))
         env = environment()
+        if args.device == "cuda":
+            env["gpu"] = describe("cuda")
         settings = dict(model=spec.name, draft=draft.spec.name, early_exit=args.early_exit,
                         tail_scale=args.tail_scale, hardware=args.hardware,
                         efficiency=args.efficiency, tokens=list(ks), batch=args.batch, prompt_len=args.prompt_len,
-                        gen_len=args.gen_len, dtype=dtype, reps=args.reps, threads=torch.get_num_threads())
+                        gen_len=args.gen_len, dtype=dtype, device=args.device, backend=args.backend, reps=args.reps,
+                        threads=torch.get_num_threads())
         rows = compare(target, draft, args.hardware, ks=ks, batch=args.batch, prompt_len=args.prompt_len,
-                       gen_len=args.gen_len, reps=args.reps, efficiency=args.efficiency)
+                       gen_len=args.gen_len, reps=args.reps, efficiency=args.efficiency,
+                       draft_ref=None if args.early_exit is None else f"early-exit:{args.early_exit}")
     except (SpecError, ValueError) as exc:
         p.exit(2, f"error: {exc}\n")
-    head = [f"speculative decoding, measured and predicted: {time.strftime('%Y-%m-%d')}, {env['machine']}",
+    head = [f"speculative decoding, measured and predicted: {time.strftime('%Y-%m-%d')}, {env['machine']}"
+            + (f", GPU {env['gpu']}" if "gpu" in env else ""),
             f"versions {env['versions']}, commit {env['git_commit']}", f"settings {settings}"]
     text = "\n".join(head + lines(rows))
     print(text)

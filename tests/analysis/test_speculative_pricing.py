@@ -142,3 +142,19 @@ def test_an_mtp_draft_adds_its_layer_eh_proj_and_norms_not_a_second_head():
                       time_model=TYPICAL)
     assert s.first_draft_s > plain.first_draft_s and s.first_verify_s == pytest.approx(plain.first_verify_s)
     assert s.draft_weights_bytes < plain.draft_weights_bytes and s.draft_prefill_s > plain.draft_prefill_s
+
+
+def test_an_early_exit_draft_shares_its_weights_and_keeps_its_own_kv():
+    from llmperf.analysis.speculative import early_exit_spec
+    from llmperf.specs import load_model
+    s = speculate("llama-3.1-70b", "early-exit:8", "h100-sxm", num_draft_tokens=3, acceptance=0.7, tp=4)
+    assert s.draft_name == "llama-3.1-70b first 8 layers" and s.draft.model.num_layers == 8
+    assert s.draft_weights_bytes == 0.0 and s.draft.memory.kv_cache_bytes > 0
+    other = speculate("llama-3.1-70b", early_exit_spec(load_model("llama-3.1-70b"), 8), "h100-sxm",
+                      num_draft_tokens=3, acceptance=0.7, tp=4)  # the same layers as a separate model
+    assert s.decode_s == pytest.approx(other.decode_s) and s.memory_bytes < other.memory_bytes
+    for bad in ("early-exit:0", "early-exit:80", "early-exit:x", "early-exit:"):
+        with pytest.raises(SpecError, match="^draft: early-exit:N needs N in 1 .. 79"):
+            speculate("llama-3.1-70b", bad, "h100-sxm", num_draft_tokens=3, acceptance=0.7)
+    with pytest.raises(SpecError, match="^draft: deepseek-v3 cannot stop after 2 layers"):
+        speculate("deepseek-v3", "early-exit:2", "h200", num_draft_tokens=3, acceptance=0.7)
