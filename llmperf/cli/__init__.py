@@ -148,6 +148,7 @@ def estimate(
     ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the tp group: each GPU holds num_experts / ep routed experts (ep divides tp and the experts).")] = 1,
     dp_attention: Annotated[bool, typer.Option("--dp-attention", help="Attention data-parallel over the tp group (each GPU its own sequences, heads whole; MoE layers expert-parallel, ep = tp).")] = False,
     kv_window: Annotated[str, typer.Option("--kv-window", help="Sliding and chunked layers' KV: capped (each holds its window, vLLM's hybrid allocator) or full (pages for the whole context, as engines without it).")] = "capped",
+    streaming: Annotated[str | None, typer.Option("--streaming", help="StreamingLLM KV eviction, SINKS:WINDOW (e.g. 4:2044): every layer keeps the first SINKS tokens and the last WINDOW (priced as a sliding window of SINKS + WINDOW: the same keys per query, bytes and KV).")] = None,
     max_seq_len: Annotated[int | None, typer.Option("--max-seq-len", help="Tokens a contiguous KV cache reserves per sequence (default: the model's max positions).")] = None,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per block of a paged KV cache.")] = 16,
     mem_util: Annotated[float, typer.Option("--mem-util", help="Fraction of device memory usable (as vLLM's gpu_memory_utilization).")] = 0.9,
@@ -168,6 +169,12 @@ def estimate(
     try:
         out = check_output(output)  # before anything is computed
         models = parse_name_list("model", model)
+        if streaming is not None:
+            from llmperf.specs import load_model
+            from llmperf.specs.streaming import parse_streaming
+            from llmperf.specs.streaming import streaming as streaming_spec
+            sinks, window = parse_streaming("--streaming", streaming)
+            models = [streaming_spec(load_model(m), sinks, window) for m in models]
         devices = parse_name_list("--hardware", hardware)
         lists = dict(batch=parse_int_list("--batch", batch), prompt_len=parse_int_list("--prompt-len", prompt_len),
                      gen_len=parse_int_list("--gen-len", gen_len), tp=parse_int_list("--tp", tp),
