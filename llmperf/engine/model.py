@@ -322,8 +322,8 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         if meta.positions.shape != (B, T):
             raise ValueError(f"meta: positions {tuple(meta.positions.shape)} do not match tokens {(B, T)}")
-        if meta.max_seq_len > self.spec.max_positions:
-            raise ValueError(f"tokens: positions up to {meta.max_seq_len - 1} exceed the model's "
+        if meta.max_position >= self.spec.max_positions:
+            raise ValueError(f"tokens: positions up to {meta.max_position} exceed the model's "
                              f"max_positions={self.spec.max_positions}")
         meta.window = self.spec.sliding_window if self.spec.layer_types is None else None
         meta.layers = self.attn_params
@@ -342,7 +342,7 @@ class Transformer(nn.Module):
             tokens = torch.cat([t.reshape(-1) for t, _ in groups])[None]  # (1, N)
             positions = torch.cat([m.positions.reshape(-1) for _, m in groups])[None]  # (1, N)
         cos = sin = cos_local = sin_local = None
-        last = max(m.max_seq_len for _, m in groups) - 1
+        last = max(m.max_position for _, m in groups)
         if self.rotary is not None:
             cos, sin = self.rotary.lookup(positions, last, self.dtype)
         if self.rotary_local is not None:

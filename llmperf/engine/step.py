@@ -86,7 +86,8 @@ class StepMeta:
     rows, `row_slice` when they are consecutive), or `slot_mapping` (B*T,) and `block_tables`
     (B, max_blocks) int32 (paged cache), and for a hybrid model's paged cache `group_tables`,
     `group_slots`, `layer_tables` (each layer's through `block_tables_for` / `slot_mapping_for`).
-    `store`: where the K/V live (None: no cache).
+    `store`: where the K/V live (None: no cache). `starts` and `seq_lens` count slots; `positions` are
+    the same numbers unless a cache that evicts sets `last_position` (`max_position`).
     """
 
     positions: torch.Tensor
@@ -101,6 +102,9 @@ class StepMeta:
     group_tables: tuple[torch.Tensor, ...] | None = None
     group_slots: tuple[torch.Tensor, ...] | None = None
     layer_tables: tuple[int, ...] | None = None
+    # A cache that evicts (`llmperf.engine.streaming`): the step's largest absolute position, which runs
+    # past its slots; None: positions are slot indices, the largest `max_seq_len - 1` (see `max_position`).
+    last_position: int | None = None
     # Set by the model for its forward (ModelSpec fields that change the math): the keys a query of
     # a model whose layers all slide alike may see (None = all; the CPU's one-call decode reads it).
     window: int | None = None
@@ -134,6 +138,12 @@ class StepMeta:
     @property
     def max_seq_len(self) -> int:
         return max(self.starts) + self.q_len
+
+    @property
+    def max_position(self) -> int:
+        """The step's largest absolute position (what the rotary tables and max_positions must cover):
+        `max_seq_len - 1`, unless a cache that evicts set `last_position`."""
+        return self.max_seq_len - 1 if self.last_position is None else self.last_position
 
     @property
     def fresh(self) -> bool:

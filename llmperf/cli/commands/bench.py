@@ -25,6 +25,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "speculative": ("llmperf.measure.speculative",
                     "speculative decoding on the engine beside plain decoding, and the model at the measured "
                     "acceptance", "torch"),
+    "streaming": ("llmperf.measure.streaming",
+                  "StreamingLLM's eviction on the engine beside plain decoding, each step priced", "torch"),
     "startup": ("llmperf.measure.startup", "`llmperf estimate`'s start-up against the bare import of its libraries",
                 "-"),
     "simulator": ("llmperf.serving.bench", "the serving simulator's speed (requests simulated per second)", "-"),
