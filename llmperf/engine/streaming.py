@@ -252,9 +252,9 @@ def _check(model: Any, prompts: list[list[int]], sink_tokens: Any, window: Any, 
         bad = [t for t in p if t >= V]
         if bad:
             raise ValueError(f"prompts[{i}]: token ids {bad[:5]} are outside the vocabulary of {V}")
-        if len(p) + max_new_tokens > P:
+        if len(p) + max_new_tokens > P + 1:  # the engine's (HF's) limit: the last new token is never fed
             raise ValueError(f"max_new_tokens: prompt {i} needs {len(p)} prompt + {max_new_tokens} new tokens, more "
-                             f"than the model's max_positions={P} (positions stay absolute: a stream is not "
+                             f"than the model's max_positions={P} + 1 (positions stay absolute: a stream is not "
                              "re-indexed past the model's context)")
     return params
 

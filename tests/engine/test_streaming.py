@@ -256,7 +256,7 @@ def test_evict_compacts_the_full_rows():
     (dict(sink_tokens=True), "sink_tokens"),
     (dict(window=0), "window"), (dict(window="4"), "window"), (dict(sink_tokens=0, window=1), "window"),
     (dict(max_new_tokens=0), "max_new_tokens"), (dict(max_new_tokens=2.5), "max_new_tokens"),
-    (dict(max_new_tokens=247), "max_new_tokens"),  # the longest prompt (10) + 247 > max_positions 256
+    (dict(max_new_tokens=248), "max_new_tokens"),  # the longest prompt (10) + 248 > max_positions 256 + 1
     (dict(prompts=[[1, 256]]), r"prompts\[0\]"), (dict(prompts=[[]]), r"prompts\[0\]"),
     (dict(eos_token_id=300), "eos_token_id"), (dict(eos_token_id=-1), "eos_token_id"),
 ])
@@ -270,9 +270,9 @@ def test_bad_input_is_refused_by_name(llama, kwargs, field):
 def test_a_stream_may_reach_max_positions(llama):
     spec, model = llama
     prompt = list(range(10))
-    res = streaming_generate(model, [prompt], sink_tokens=2, window=4, max_new_tokens=spec.max_positions - 10)
-    assert len(res.tokens[0]) == spec.max_positions - 10
-    assert res.steps[-1].max_position == spec.max_positions - 2  # the last token is never fed
+    res = streaming_generate(model, [prompt], sink_tokens=2, window=4, max_new_tokens=spec.max_positions - 9)
+    assert len(res.tokens[0]) == spec.max_positions - 9  # the engine's limit: prompt + new <= max_positions + 1
+    assert res.steps[-1].max_position == spec.max_positions - 1  # the last token is never fed
 
 
 @pytest.mark.parametrize("name,changes", [
