@@ -161,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "streaming.txt").write_text(text + "\n")
-        (args.out / "streaming.json").write_text(json.dumps(
+        (args.out / "streaming.json").write_text(json.dumps(  # compact: thousands of steps per series
             dict(environment=env, settings=settings, time_model=tm_name, engine=engine_name,
-                 series=[asdict(s) for s in series]), indent=2, default=str) + "\n")
+                 series=[asdict(s) for s in series]), default=str) + "\n")
     return 0
 
 
