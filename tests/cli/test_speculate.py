@@ -77,3 +77,11 @@ def test_the_models_own_mtp_layer_drafts():
     assert [x["draft"] for x in rows] == ["deepseek-v3 MTP"] * 2 and all(x["fits"] for x in rows)
     r = runner.invoke(app, ["speculate", "llama-3.1-8b", "--draft", "mtp"])
     assert r.exit_code == 2 and "mtp_layers" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_the_table_goes_to_a_file(tmp_path):
+    out = tmp_path / "spec.txt"
+    r = runner.invoke(app, [*PAIR, "-k", "2", "-a", "0.7", "-o", str(out)])
+    assert r.exit_code == 0 and r.stdout == "", r.output
+    text = " ".join(out.read_text().split())
+    assert "llama-3.1-70b drafted by llama-3.1-8b" in text and "typical time model" in text

@@ -6,11 +6,20 @@ the time model and engine profile that priced it and shows the roofline bound be
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated
 
 import typer
 
-from llmperf.cli.clitools import OutputFormat, check_output, parse_int_list, parse_name_list, refused_cleanly, warn
+from llmperf.cli.clitools import (
+    OutputFormat,
+    check_output,
+    out_console,
+    parse_int_list,
+    parse_name_list,
+    refused_cleanly,
+    warn,
+)
 from llmperf.errors import SpecError
 
 
@@ -121,13 +130,15 @@ def register(app: typer.Typer) -> None:
                      f"{r.memory_bytes / 2.0 ** 30:.1f} GiB per GPU of {r.target.memory.usable_bytes / 2.0 ** 30:.1f} "
                      "GiB usable")
             if output_format is OutputFormat.table:
+                table = speculate_table(rows, list(dict.fromkeys(ks)), list(dict.fromkeys(rates)))
+                if out is None:
+                    out_console.print(table)
+                    return
                 from rich.console import Console
 
-                console = Console(record=out is not None, highlight=False, markup=False,
-                                  file=None if out is None else open("/dev/null", "w"))  # noqa: SIM115
-                console.print(speculate_table(rows, list(dict.fromkeys(ks)), list(dict.fromkeys(rates))))
-                if out is None:
-                    return
+                with open(os.devnull, "w") as sink:
+                    console = Console(record=True, file=sink, width=150, highlight=False, markup=False)
+                    console.print(table)
                 text = console.export_text()
             elif output_format is OutputFormat.json:
                 from llmperf.outputs import jsonable
