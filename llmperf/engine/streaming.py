@@ -159,13 +159,13 @@ class StreamingKVCache(ContiguousKVCache):
         self._age.pop(seq_id, None)
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
-        raise NotImplementedError("StreamingKVCache: evicted tokens cannot be rolled back")
+        raise ValueError("truncate: a StreamingKVCache cannot roll back: it has evicted the tokens")
 
     def fork(self, parent: int, child: int) -> bool:
-        raise NotImplementedError("StreamingKVCache: sequences are not forked")
+        raise ValueError("fork: a StreamingKVCache does not fork sequences")
 
     def _reorder(self, seq_ids: list[int], sources: list[int]) -> bool:
-        raise NotImplementedError("StreamingKVCache: sequences are not reordered")
+        raise ValueError("reorder: a StreamingKVCache does not reorder sequences")
 
     def evict(self, seq_ids: Sequence[int]) -> int:
         """Drop the oldest non-sink token of each of `seq_ids` whose row is full (S + W slots): the

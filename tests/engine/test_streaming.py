@@ -288,3 +288,12 @@ def test_models_that_bound_their_attention_are_refused(name, changes):
 def test_a_model_must_be_the_engines():
     with pytest.raises(ValueError, match="model: must be an llmperf.engine Transformer"):
         streaming_generate("llama", PROMPTS, sink_tokens=2, window=4, max_new_tokens=4)
+
+
+def test_the_cache_refuses_rollback_fork_and_reorder():
+    cache = StreamingKVCache(tiny("llama-3.1-8b"), sink_tokens=1, window=3, max_batch=2)
+    assert cache.allocate(0, 2) and cache.allocate(1, 2)
+    for call, name in ((lambda: cache.truncate(0, 1), "truncate"), (lambda: cache.fork(0, 5), "fork"),
+                       (lambda: cache.reorder([0, 1], [1, 0]), "reorder")):
+        with pytest.raises(ValueError, match=f"^{name}: a StreamingKVCache"):
+            call()
