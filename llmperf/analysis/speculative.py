@@ -75,6 +75,7 @@ class SpeculativeEstimate:
 
     @property
     def tokens_per_cycle(self) -> float:
+        """Tokens a cycle emits on average at this acceptance (`expected_tokens`)."""
         return expected_tokens(self.acceptance, self.num_draft_tokens)
 
     @property
@@ -84,11 +85,13 @@ class SpeculativeEstimate:
 
     @property
     def tpot_s(self) -> float:
+        """Every cycle's time over the gen_len - 1 tokens after the first."""
         steps = self.target.decode_steps
         return self.decode_s / steps if steps else 0.0
 
     @property
     def tpot_bound_s(self) -> float:
+        """`tpot_s` under the roofline (the optimistic bound)."""
         steps = self.target.decode_steps
         return self.decode_bound_s / steps if steps else 0.0
 
@@ -99,6 +102,7 @@ class SpeculativeEstimate:
 
     @property
     def speedup_bound(self) -> float:
+        """`speedup` with both decodings under the roofline."""
         plain = float(self.target.row.get("tpot_bound_s") or self.target.tpot_s)
         return plain / self.tpot_bound_s if self.tpot_bound_s else 0.0
 
@@ -117,9 +121,12 @@ class SpeculativeEstimate:
 
     @property
     def fits(self) -> bool:
+        """Both models' memory within the device's usable memory (`mem_util`)."""
         return self.memory_bytes <= self.target.memory.usable_bytes
 
     def summary(self) -> dict[str, Any]:
+        """The headline figures, flat (one row of `llmperf speculate -f json` / `csv`), with the time model
+        and engine profile that priced them."""
         t = self.target
         gib = 2.0 ** 30
         return dict(
