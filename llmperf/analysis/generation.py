@@ -31,6 +31,7 @@ from llmperf.analysis.rollup import (
 from llmperf.analysis.roofline import (
     ROOFLINE,
     TimeModel,
+    model_time_model,
     op_time,
     resolve_time_model,
     step_overhead_s,
@@ -141,10 +142,11 @@ class GenerationEstimate:
         stop = self.gen_len if stop is None else min(stop, self.gen_len)
         fm = self.forward_model()
         ctx = self.prompt_len + np.arange(max(start, 1), stop, dtype=float)
-        total = (pipeline_transfer_s(fm, self.hardware, self.batch, 1, self.pp, self.time_model) + 0.0 * ctx
-                 + step_overhead_s(self.time_model))
+        tm = model_time_model(self.time_model, self.model)  # as the roll-up prices this model's steps
+        total = (pipeline_transfer_s(fm, self.hardware, self.batch, 1, self.pp, tm) + 0.0 * ctx
+                 + step_overhead_s(tm))
         for c in fm.forward_ops(self.batch, 1, ctx):
-            total = total + op_time(c, self.hardware, self.prefill.compute_dtype, self.time_model).time_s
+            total = total + op_time(c, self.hardware, self.prefill.compute_dtype, tm).time_s
         return np.asarray(total, dtype=float)
 
     def summary(self) -> dict[str, object]:
@@ -274,7 +276,7 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
         row[k] = _int_or_none(row[k])
     fm = forward_model(m, prec, conv, tp)
     dtype = str(row["compute_dtype"])
-    kw = dict(pp=pp, compute_dtype=dtype, time_model=tm)
+    kw = dict(pp=pp, compute_dtype=dtype, time_model=model_time_model(tm, m))  # the roll-up's, per phase below
     prefill = estimate_phase(fm, hw, batch, prompt_len, prompt_len, phase=Phase.prefill, **kw)
     first = estimate_phase(fm, hw, batch, 1, prompt_len + 1, phase=Phase.decode, **kw)
     last = estimate_phase(fm, hw, batch, 1, prompt_len + max(gen_len - 1, 1), phase=Phase.decode, **kw)

@@ -73,7 +73,7 @@ class Comparison:
 
     def ratio(self, name: str) -> float:
         """predicted / measured of `name` (draft_s, verify_s, decode_s, tpot_s, tpot_plain_s, speedup)."""
-        pred = getattr(self, name.replace("_s", "_pred_s") if name.endswith("_s") else name + "_pred")
+        pred = getattr(self, name[:-2] + "_pred_s" if name.endswith("_s") else name + "_pred")
         meas = getattr(self, name)
         return pred / meas if meas else float("nan")
 

@@ -413,3 +413,21 @@ def test_a_routed_experts_own_operators_take_their_own_dispatch():
         "act": [[1.0, 8e-6], [2.0, 9e-6]]}
     with pytest.raises(SpecError, match="f.op_overhead_rows_expert_s: needs schema_version 8, the file says 7"):
         parse_efficiency({**_eff(), "schema_version": 7, "op_overhead_rows_expert_s": {}}, "f")
+
+
+def test_estimates_parts_are_priced_as_its_rollup_on_a_cpu_calibration():
+    """A CPU calibration prices each model by the path its decode step takes (`for_model`): the
+    estimate's per-step series and its phase tables must be priced so too, as its roll-up is (before:
+    Qwen3's decode steps summed 0.2% below the roll-up's decode time)."""
+    from pathlib import Path
+
+    from llmperf.analysis.generation import estimate
+    from llmperf.analysis.timemodel import time_model_for
+    from llmperf.specs import load_hardware, load_model
+    cal = Path(__file__).resolve().parents[2] / "reports" / "speculative" / "2026-11-27-cpu" / "calibration.yaml"
+    hw = load_hardware(cal)
+    for name in ("qwen3-8b", "llama-3.1-8b"):
+        e = estimate(load_model(name).scaled(num_layers=2), hw, batch=1, prompt_len=64, gen_len=16, precision="fp32",
+                     time_model=lambda h, d: time_model_for(h, "calibrated", d))
+        assert e.decode_step_times_s().sum() == pytest.approx(e.decode_total_s, rel=1e-12)
+        assert e.prefill.time_s == pytest.approx(e.ttft_s, rel=1e-12)

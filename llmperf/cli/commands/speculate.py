@@ -16,7 +16,6 @@ from llmperf.cli.clitools import (
     check_output,
     out_console,
     parse_int_list,
-    parse_name_list,
     refused_cleanly,
     warn,
 )
@@ -103,7 +102,6 @@ def register(app: typer.Typer) -> None:
             out = check_output(output)
             ks = parse_int_list("--tokens", num_tokens)
             rates = parse_fraction_list("--acceptance", acceptance)
-            parse_name_list("model", model)
             for name, value in (("--batch", batch), ("--prompt-len", prompt_len), ("--gen-len", gen_len),
                                 ("--tp", tp), ("--draft-tp", draft_tp)):
                 if value is not None and value < 1:
