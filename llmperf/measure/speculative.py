@@ -13,8 +13,10 @@ checks that their tokens are the same, and records: the measured acceptance rate
 likelihood estimate) and tokens per cycle, against the model's expected tokens at that rate; the
 draft's and the verify's seconds over the run, the decode time (the run's wall time after both
 prefills: forwards and the loop's own work) and the TPOT, against the prediction; the speedup over
-plain decoding, measured and predicted. Figures are medians over `--reps` with [min, max]; every
-figure names the time model and engine profile that priced it. Asserts nothing (a benchmark).
+plain decoding, measured and predicted. Figures are medians over `--reps` with [min, max] (after a
+warm-up run per k); every figure names the time model and engine profile that priced it: llmperf's own
+engine as run (`own_engine_time_model`: the calibration where `-H` has one; on a GPU the eager profile).
+`--reprice DIR` prices a saved run again on another `-H` / `--efficiency`. Asserts nothing (a benchmark).
 Random weights accept few draft tokens; the comparison is of the time at the rate measured.
 """
 
@@ -24,14 +26,13 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from llmperf.analysis.speculative import SpeculativeEstimate, expected_tokens, speculate
-from llmperf.analysis.timemodel import default_efficiency, time_model_for
+from llmperf.analysis.speculative import expected_tokens, speculate
 from llmperf.analysis.vocabulary import Phase
 from llmperf.engine.generate import Engine
 from llmperf.engine.model import Transformer
@@ -41,6 +42,7 @@ from llmperf.engine.weights import build_model
 from llmperf.errors import SpecError
 from llmperf.measure.device import describe
 from llmperf.measure.engine_bench import environment
+from llmperf.measure.profile.predict import own_engine_time_model
 from llmperf.measure.timers import gc_paused
 from llmperf.specs import load_hardware, load_model
 
@@ -96,19 +98,20 @@ def _speculative(target: Transformer, draft: Transformer, prompts: torch.Tensor,
 
 def compare(target: Transformer, draft: Transformer, hardware: Any, *, ks: tuple[int, ...] = (1, 2, 4),
             batch: int = 1, prompt_len: int = 64, gen_len: int = 64, reps: int = 3, efficiency: str | None = None,
-            seed: int = 0, draft_ref: Any = None) -> list[Comparison]:
+            seed: int = 0, draft_ref: Any = None, backend: str = "sdpa") -> list[Comparison]:
     """Measure each k on `target` with `draft` (random prompts, seeded) and price it on `hardware` (a
-    name, path or spec; `efficiency` None: its expected time model) at the measured acceptance.
+    name, path or spec) at the measured acceptance, as llmperf's engine runs (`price`).
     `draft_ref`: what `speculate` is told drafts (default `draft.spec`; "early-exit:N" for an early exit,
-    whose weights are the target's)."""
+    whose weights are the target's); `backend`: the attention backend the models run (its calibrated
+    overheads price them)."""
     hw = load_hardware(hardware)
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[target.dtype]
     prompts = torch.randint(0, target.spec.vocab_size, (batch, prompt_len),
                             generator=torch.Generator().manual_seed(seed)).to(target.device)
-    _plain(target, prompts, min(gen_len, 8))  # warm-up: packed weights, allocator
-    _speculative(target, draft, prompts, 1, min(gen_len, 8))
+    _plain(target, prompts, gen_len)  # warm-up: packed weights, allocator, each step's kernels
     out = []
     for k in ks:
+        _speculative(target, draft, prompts, k, gen_len)  # warm-up: this k's verify shapes (Triton compiles them)
         plain_tpot, spec_runs, exact = [], [], True
         for _ in range(reps):
             tpot, tokens = _plain(target, prompts, gen_len)
@@ -116,28 +119,45 @@ def compare(target: Transformer, draft: Transformer, hardware: Any, *, ks: tuple
             plain_tpot.append(tpot)
             spec_runs.append(res)
             exact &= res.tokens == tokens
-        a = statistics.median(r.acceptance_rate for r in spec_runs)
-        est = speculate(target.spec, draft.spec if draft_ref is None else draft_ref, hw, num_draft_tokens=k,
-                        acceptance=a, batch=batch, prompt_len=prompt_len, gen_len=gen_len, precision=dtype,
-                        time_model=lambda h, d: time_model_for(h, efficiency or default_efficiency(h), d))
-        out.append(_comparison(k, exact, a, spec_runs, plain_tpot, est, gen_len))
+        measured = _measured(k, exact, spec_runs, plain_tpot, gen_len)
+        out.append(price(measured, target.spec, draft.spec if draft_ref is None else draft_ref, hw, batch=batch,
+                         prompt_len=prompt_len, gen_len=gen_len, dtype=dtype, efficiency=efficiency,
+                         backend=backend))
     return out
 
 
-def _comparison(k: int, exact: bool, a: float, runs: list[SpeculativeResult], plain_tpot: list[float],
-                est: SpeculativeEstimate, gen_len: int) -> Comparison:
-    med = statistics.median
+def _measured(k: int, exact: bool, runs: list[SpeculativeResult], plain_tpot: list[float],
+              gen_len: int) -> Comparison:
+    """The measured side of one k (medians over the repeats); the predictions NaN until `price`."""
+    med, nan = statistics.median, float("nan")
     steps = max(gen_len - 1, 1)
     tpots = [(r.wall_s - r.prefill_s) / steps for r in runs]
-    s = est.summary()
+    a = med(r.acceptance_rate for r in runs)
     return Comparison(
         num_draft_tokens=k, exact=exact, acceptance=a, tokens_per_cycle=med(r.tokens_per_cycle for r in runs),
-        tokens_per_cycle_model=expected_tokens(a, k), draft_s=med(r.draft_s for r in runs),
-        draft_pred_s=est.draft_total_s, verify_s=med(r.verify_s for r in runs), verify_pred_s=est.verify_total_s,
-        decode_s=med(r.wall_s - r.prefill_s for r in runs), decode_pred_s=est.decode_s, tpot_s=med(tpots),
-        tpot_min_s=min(tpots), tpot_max_s=max(tpots), tpot_pred_s=est.tpot_s, tpot_plain_s=med(plain_tpot),
-        tpot_plain_pred_s=est.target.tpot_s, speedup=med(plain_tpot) / med(tpots), speedup_pred=est.speedup,
-        time_model=s["time_model"], engine=s["engine"])
+        tokens_per_cycle_model=expected_tokens(a, k), draft_s=med(r.draft_s for r in runs), draft_pred_s=nan,
+        verify_s=med(r.verify_s for r in runs), verify_pred_s=nan, decode_s=med(r.wall_s - r.prefill_s for r in runs),
+        decode_pred_s=nan, tpot_s=med(tpots), tpot_min_s=min(tpots), tpot_max_s=max(tpots), tpot_pred_s=nan,
+        tpot_plain_s=med(plain_tpot), tpot_plain_pred_s=nan, speedup=med(plain_tpot) / med(tpots),
+        speedup_pred=nan, time_model="", engine="")
+
+
+def price(row: Comparison, target: Any, draft: Any, hardware: Any, *, batch: int, prompt_len: int, gen_len: int,
+          dtype: str, efficiency: str | None = None, backend: str = "sdpa") -> Comparison:
+    """`row` with its predictions: `speculate` at the row's measured acceptance, priced as llmperf's
+    own engine runs on `hardware` (`own_engine_time_model`: its calibration where it has one, else
+    the device's expected time; on a GPU the eager engine profile). `target`, `draft`: specs (or
+    names, paths; the draft also "early-exit:N"). A measured run can be priced again this way
+    (`--reprice`): nothing measured changes."""
+    hw = load_hardware(hardware)
+    est = speculate(load_model(target) if isinstance(target, (str, Path)) else target, draft, hw,
+                    num_draft_tokens=row.num_draft_tokens, acceptance=row.acceptance, batch=batch,
+                    prompt_len=prompt_len, gen_len=gen_len, precision=dtype,
+                    time_model=lambda h, d: own_engine_time_model(h, efficiency, d, backend))
+    s = est.summary()
+    return replace(row, draft_pred_s=est.draft_total_s, verify_pred_s=est.verify_total_s, decode_pred_s=est.decode_s,
+                   tpot_pred_s=est.tpot_s, tpot_plain_pred_s=est.target.tpot_s, speedup_pred=est.speedup,
+                   time_model=s["time_model"], engine=s["engine"])
 
 
 def lines(rows: list[Comparison]) -> list[str]:
@@ -173,10 +193,35 @@ def scale_tail(model: Transformer, first: int, scale: float) -> None:
             w.mul_(scale)
 
 
+def _reprice(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], list[Comparison]]:
+    """`--reprice DIR`: the run in DIR/speculative.json priced again on `--hardware` / `--efficiency`
+    (its measured figures as they are). The model (and a separate draft) must be the run's."""
+    path = args.reprice / "speculative.json"
+    try:
+        data = json.loads(path.read_text())
+        st, env, rows = data["settings"], data["environment"], [Comparison(**r) for r in data["rows"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecError(f"--reprice: {path}: not a speculative.json this benchmark wrote ({exc})") from None
+    spec = load_model(args.model)
+    if spec.name != st["model"]:
+        raise SpecError(f"--reprice: {args.reprice} measured {st['model']!r}, not {spec.name!r}")
+    if st.get("early_exit") is not None:
+        draft: Any = f"early-exit:{st['early_exit']}"
+    elif args.draft is None or load_model(args.draft).name != st["draft"]:
+        raise SpecError(f"--reprice: {args.reprice} measured the draft {st['draft']!r}: name its config with --draft")
+    else:
+        draft = load_model(args.draft)
+    hw = load_hardware(args.hardware)
+    rows = [price(r, spec, draft, hw, batch=st["batch"], prompt_len=st["prompt_len"], gen_len=st["gen_len"],
+                  dtype=st["dtype"], efficiency=args.efficiency, backend=st.get("backend", "sdpa")) for r in rows]
+    settings = dict(st, hardware=args.hardware, efficiency=args.efficiency, repriced_from=str(args.reprice))
+    return env, settings, rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llmperf.measure.speculative", description=__doc__.split("\n")[0])
     p.add_argument("model", help="the target: a built-in name or a YAML / HF config.json path (random weights)")
-    g = p.add_mutually_exclusive_group(required=True)
+    g = p.add_mutually_exclusive_group()
     g.add_argument("--draft", help="a draft model of the same vocabulary (random weights, seed 1)")
     g.add_argument("--early-exit", type=int, help="the draft is the target's first N layers (the same tensors)")
     p.add_argument("--tail-scale", type=float, default=None,
@@ -185,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                         "draft is accepted more often (random weights: every layer rewrites it)")
     p.add_argument("-H", "--hardware", default="local", help="the device that prices the run (default: local, "
                    "this machine's calibration)")
-    p.add_argument("--efficiency", default=None, help="time model (default: the device's expected one)")
+    p.add_argument("--efficiency", default=None, help="time model (default: the hardware's calibration where it "
+                   "has one, else the device's expected time; on a GPU with the eager engine profile)")
     p.add_argument("-k", "--tokens", default="1,2,4", help="draft tokens per cycle (a list)")
     p.add_argument("-b", "--batch", type=int, default=1)
     p.add_argument("-p", "--prompt-len", type=int, default=64)
@@ -194,8 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--backend", default="sdpa", help="attention backend: sdpa, naive or triton (default: sdpa)")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reprice", type=Path, default=None, metavar="DIR",
+                   help="measure nothing: price the run saved in DIR again on --hardware / --efficiency")
     p.add_argument("--out", type=Path, default=None, help="write speculative.txt and speculative.json here")
     args = p.parse_args(argv)
+    if args.reprice is None and args.draft is None and args.early_exit is None:
+        p.error("one of the arguments --draft --early-exit is required")
     try:
         ks = tuple(int(x) for x in args.tokens.split(","))
     except ValueError:
@@ -205,34 +255,15 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}: must be a positive integer, got {getattr(args, name)}")
     dtype = args.dtype or "fp32"
     try:
-        if dtype not in ("fp32", "bf16"):
-            raise SpecError(f"--dtype: must be fp32 or bf16, got {dtype!r}")
-        if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
-            raise SpecError(f"--device: must be cpu or cuda (with a CUDA GPU present), got {args.device!r}")
-        spec = load_model(args.model)
-        load_hardware(args.hardware)  # before the models are built
-        target = build_model(spec, seed=0, dtype=dtype, device=args.device, attention=args.backend)
-        if args.tail_scale is not None:
-            if args.early_exit is None or not 0.0 <= args.tail_scale <= 1.0:
-                raise SpecError(f"--tail-scale: needs --early-exit and a value in [0, 1], got {args.tail_scale}")
-            scale_tail(target, args.early_exit, args.tail_scale)
-        draft = (early_exit_draft(target, args.early_exit) if args.early_exit is not None
-                 else build_model(load_model(args.draft), seed=1, dtype=dtype, device=args.device,
-                                  attention=args.backend))
-        env = environment()
-        if args.device == "cuda":
-            env["gpu"] = describe("cuda")
-        settings = dict(model=spec.name, draft=draft.spec.name, early_exit=args.early_exit,
-                        tail_scale=args.tail_scale, hardware=args.hardware,
-                        efficiency=args.efficiency, tokens=list(ks), batch=args.batch, prompt_len=args.prompt_len,
-                        gen_len=args.gen_len, dtype=dtype, device=args.device, backend=args.backend, reps=args.reps,
-                        threads=torch.get_num_threads())
-        rows = compare(target, draft, args.hardware, ks=ks, batch=args.batch, prompt_len=args.prompt_len,
-                       gen_len=args.gen_len, reps=args.reps, efficiency=args.efficiency,
-                       draft_ref=None if args.early_exit is None else f"early-exit:{args.early_exit}")
+        if args.reprice is not None:
+            env, settings, rows = _reprice(args)
+        else:
+            env, settings, rows = _run(args, ks, dtype)
     except (SpecError, ValueError) as exc:
         p.exit(2, f"error: {exc}\n")
-    head = [f"speculative decoding, measured and predicted: {time.strftime('%Y-%m-%d')}, {env['machine']}"
+    when = time.strftime("%Y-%m-%d")
+    when = f"measured {env['date'][:10]}, priced {when}" if args.reprice is not None else when
+    head = [f"speculative decoding, measured and predicted: {when}, {env['machine']}"
             + (f", GPU {env['gpu']}" if "gpu" in env else ""),
             f"versions {env['versions']}, commit {env['git_commit']}", f"settings {settings}"]
     text = "\n".join(head + lines(rows))
@@ -244,6 +275,37 @@ def main(argv: list[str] | None = None) -> int:
                                                                    rows=[asdict(r) for r in rows]), indent=2,
                                                               default=str) + "\n")
     return 0
+
+
+def _run(args: argparse.Namespace, ks: tuple[int, ...], dtype: str) -> tuple[dict[str, Any], dict[str, Any],
+                                                                             list[Comparison]]:
+    if dtype not in ("fp32", "bf16"):
+        raise SpecError(f"--dtype: must be fp32 or bf16, got {dtype!r}")
+    if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
+        raise SpecError(f"--device: must be cpu or cuda (with a CUDA GPU present), got {args.device!r}")
+    spec = load_model(args.model)
+    load_hardware(args.hardware)  # before the models are built
+    target = build_model(spec, seed=0, dtype=dtype, device=args.device, attention=args.backend)
+    if args.tail_scale is not None:
+        if args.early_exit is None or not 0.0 <= args.tail_scale <= 1.0:
+            raise SpecError(f"--tail-scale: needs --early-exit and a value in [0, 1], got {args.tail_scale}")
+        scale_tail(target, args.early_exit, args.tail_scale)
+    draft = (early_exit_draft(target, args.early_exit) if args.early_exit is not None
+             else build_model(load_model(args.draft), seed=1, dtype=dtype, device=args.device,
+                              attention=args.backend))
+    env = environment()
+    if args.device == "cuda":
+        env["gpu"] = describe("cuda")
+    settings = dict(model=spec.name, draft=draft.spec.name, early_exit=args.early_exit,
+                    tail_scale=args.tail_scale, hardware=args.hardware,
+                    efficiency=args.efficiency, tokens=list(ks), batch=args.batch, prompt_len=args.prompt_len,
+                    gen_len=args.gen_len, dtype=dtype, device=args.device, backend=args.backend, reps=args.reps,
+                    threads=torch.get_num_threads())
+    rows = compare(target, draft, args.hardware, ks=ks, batch=args.batch, prompt_len=args.prompt_len,
+                   gen_len=args.gen_len, reps=args.reps, efficiency=args.efficiency,
+                   draft_ref=None if args.early_exit is None else f"early-exit:{args.early_exit}",
+                   backend=args.backend)
+    return env, settings, rows
 
 
 if __name__ == "__main__":

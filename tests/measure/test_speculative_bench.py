@@ -91,3 +91,46 @@ def test_main_writes_its_files_and_refuses_bad_input(tmp_path, capsys):
     assert [r["num_draft_tokens"] for r in data["rows"]] == [1, 2] and all(r["exact"] for r in data["rows"])
     assert data["settings"]["tail_scale"] == 0.1 and "machine" in data["environment"]
     assert "predicted / measured" in (out / "speculative.txt").read_text()
+
+
+def test_reprice_prices_the_saved_run_again_and_keeps_what_was_measured(tmp_path, capsys):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY_YAML)
+    run, again = tmp_path / "run", tmp_path / "again"
+    assert bench.main([str(spec), "--early-exit", "1", "-H", str(CALIBRATION), "-k", "1,2", "-p", "4", "-g", "6",
+                       "--reps", "1", "--out", str(run)]) == 0
+    first = json.loads((run / "speculative.json").read_text())
+    assert bench.main([str(spec), "--reprice", str(run), "-H", str(CALIBRATION), "--out", str(again)]) == 0
+    same = json.loads((again / "speculative.json").read_text())
+    assert same["rows"] == first["rows"]  # the same pricing: every figure as before
+    assert same["settings"]["repriced_from"] == str(run)
+    assert bench.main([str(spec), "--reprice", str(run), "-H", str(CALIBRATION), "--efficiency", "roofline",
+                       "--out", str(again)]) == 0
+    bound = json.loads((again / "speculative.json").read_text())
+    measured = ("acceptance", "tokens_per_cycle", "draft_s", "verify_s", "decode_s", "tpot_s", "tpot_plain_s",
+                "speedup", "exact")
+    for a, b in zip(first["rows"], bound["rows"]):
+        assert all(a[m] == b[m] for m in measured) and b["time_model"] == "roofline"
+        assert b["tpot_pred_s"] < a["tpot_pred_s"]  # the bound: no overheads, every ceiling reached
+    capsys.readouterr()
+    for argv, needle in (([str(spec), "--reprice", str(tmp_path / "nothing")], "--reprice"),
+                         (["llama-3.1-8b", "--reprice", str(run)], "tiny-spec"),
+                         ([str(spec)], "--early-exit")):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(argv)
+        assert exc.value.code == 2 and needle in capsys.readouterr().err, argv
+
+
+def test_a_run_of_llmperfs_engine_is_priced_as_that_engine_runs():
+    """A GPU run is llmperf's eager engine: priced by the GPU's calibration where the spec has one, else
+    `typical`, with the eager profile either way (not the CUDA-graph stack a capacity answer assumes)."""
+    from llmperf.analysis.roofline import engine_label
+    from llmperf.measure.profile import own_engine_time_model
+    from llmperf.specs import load_hardware
+    gpu_cal = load_hardware(ROOT / "reports" / "calibrate" / "2026-11-27l-h100.yaml")
+    for hw, dtype, want in ((gpu_cal, "bf16", ("calibrated", "eager")),
+                            (load_hardware("h100-sxm"), "bf16", ("typical", "eager")),
+                            (load_hardware(CALIBRATION), "fp32", ("calibrated", "llmperf"))):
+        tm = own_engine_time_model(hw, None, dtype, "triton" if dtype == "bf16" else "sdpa")
+        assert (tm.name, engine_label(tm)) == want
+    assert own_engine_time_model(load_hardware("h100-sxm"), "roofline", "bf16").name == "roofline"

@@ -37,7 +37,7 @@ from llmperf.measure.profile.micro import (
     micro_benchmarks,
     micro_matmuls,
 )
-from llmperf.measure.profile.predict import Predictor, calibrated_model
+from llmperf.measure.profile.predict import Predictor, calibrated_model, own_engine_time_model
 from llmperf.measure.profile.recording import (
     Generated,
     Recorded,
@@ -79,6 +79,6 @@ __all__ = [
     "cross_checks", "engine_step_weight_bytes", "error_stats", "errors_table", "expert_rows", "experts_summary",
     "generation", "join_check", "join_report", "joined_op_rows", "keep_layers", "kept_layer_indices", "layers_kept",
     "matmul_flops", "measurement_sources", "memory_needed", "merge_joins", "micro_benchmarks", "micro_matmuls",
-    "op_row", "predicted_names", "record_generation", "resolve_spec", "run_profile", "step_weight_bytes", "summarize",
-    "unmatched",
+    "op_row", "own_engine_time_model", "predicted_names", "record_generation", "resolve_spec", "run_profile",
+    "step_weight_bytes", "summarize", "unmatched",
 ]

@@ -134,6 +134,19 @@ class Predictor:
         return done + tm.step_overhead_s
 
 
+def own_engine_time_model(hardware: HardwareSpec, efficiency: str | None, compute_dtype: str,
+                          backend: str = "sdpa") -> EfficiencyTimeModel:
+    """The time model that prices a run of llmperf's own engine on `hardware`: `efficiency`, or by
+    default `calibrated` where the spec carries a calibration (a CPU's or `calibrate --device cuda`'s:
+    the engine's own overheads, measured for its attention `backend`), else the device's expected time
+    (`default_efficiency`: `typical` on a GPU, the roofline on an uncalibrated CPU). On a GPU the
+    engine profile is `eager` (llmperf's engine launches each operator from Python, no CUDA graph),
+    never the deployment default a capacity answer takes; a CPU takes none."""
+    from llmperf.analysis.timemodel import default_efficiency, is_cpu
+    eff = efficiency or ("calibrated" if getattr(hardware, "efficiency", None) else default_efficiency(hardware))
+    return time_model_for(hardware, eff, compute_dtype, backend=backend, engine=None if is_cpu(hardware) else "eager")
+
+
 def calibrated_model(hardware: HardwareSpec, spec: ModelSpec, prec: Precision, compute_dtype: str,
                      backend: str) -> EfficiencyTimeModel:
     """The calibrated time model that predicts `spec` as the engine runs it: the backend's per-operator
