@@ -44,7 +44,8 @@ class AttnShape:
     """The shape of one fused attention call on one GPU (the per-GPU shard under tensor parallelism):
     `batch` sequences, `q_len` new tokens each over `context` keys, `heads` query heads sharing
     `kv_heads` KV heads of `head_dim` (the QK width; MLA absorbed: the latent plus the rope key, one
-    KV head). Fields may be numpy arrays (a sweep)."""
+    KV head). Fields may be numpy arrays (a sweep). `latent`: MLA's attention (either form), whose group
+    is not a GQA cache's (a CPU calibration's `decode_attention` leaves it to the attention curves)."""
 
     batch: Number
     q_len: Number
@@ -52,6 +53,7 @@ class AttnShape:
     heads: Number
     kv_heads: Number
     head_dim: Number
+    latent: Number = False
 
     @property
     def group(self) -> Number:

@@ -101,7 +101,8 @@ class AttentionShape:
     and a PV product `v_dim` wide per head; per key it reads `k_elems` elements for the scores,
     `v_elems` for the values, and `union_elems` in all when fused (MLA's absorbed form reads its latent
     once: V is part of K). `from_cache`: K and V are read from the KV cache (at `kv_bytes`), else
-    they are activations (MLA's unabsorbed form materialises them)."""
+    they are activations (MLA's unabsorbed form materialises them). `latent`: MLA's, either form (its
+    keys are not a GQA cache: a time model that prices a KV head's group does not apply)."""
 
     heads: int
     qk_dim: int
@@ -110,6 +111,7 @@ class AttentionShape:
     v_elems: int
     union_elems: int
     from_cache: bool = True
+    latent: bool = False
 
     @classmethod
     def gqa(cls, num_heads: int, num_kv_heads: int, head_dim: int, v_head_dim: int | None = None) -> AttentionShape:
@@ -176,7 +178,7 @@ def attention_core(batch: Number, q_len: Number, kv_len: Number, *, shape: Atten
         # its shape on this GPU, for a time model that prices fused attention by shape (the context is
         # the keys it reads: a sliding layer's window)
         attn = AttnShape(batch=B, q_len=q_len, context=keys, heads=H, kv_heads=s.k_elems // s.qk_dim,
-                         head_dim=s.qk_dim)
+                         head_dim=s.qk_dim, latent=s.latent)
         return [OpCost(name="attention", kind="attention", flops=2 * B * H * executed * (s.qk_dim + s.v_dim) + extra,
                        act_write_bytes=o_bytes, rows=rows, attn=attn, **counts)]
     cols = keys + 1 if sinks else keys  # the sink is one more column of S and P
@@ -560,10 +562,11 @@ class ForwardModel:
             return AttentionShape.gqa(d.num_heads, d.num_kv_heads, self.head_dim)
         n, r, dr = d.num_heads, m.kv_lora_rank, m.qk_rope_head_dim
         if absorbed:  # MQA over the latent: K = [c_KV, k_R] (r + dr), V = c_KV (r), read once
-            return AttentionShape(heads=n, qk_dim=r + dr, v_dim=r, k_elems=r + dr, v_elems=r, union_elems=r + dr)
+            return AttentionShape(heads=n, qk_dim=r + dr, v_dim=r, k_elems=r + dr, v_elems=r, union_elems=r + dr,
+                                  latent=True)
         qk = m.mla_q_head_dim  # materialised per-head K (nope + the shared rope key) and V
         return AttentionShape(heads=n, qk_dim=qk, v_dim=m.v_head_dim, k_elems=n * qk, v_elems=n * m.v_head_dim,
-                              union_elems=n * (qk + m.v_head_dim), from_cache=False)
+                              union_elems=n * (qk + m.v_head_dim), from_cache=False, latent=True)
 
     def attention_ops(self, batch: Number, q_len: Number, kv_len: Number,
                       kind: LayerKind | None = None) -> list[OpCost]:
@@ -925,5 +928,5 @@ def _where(mask: Number, a: OpCost, b: OpCost | None) -> OpCost:
     vals = {f: np.where(mask, getattr(a, f), 0.0 if b is None else getattr(b, f)) for f in fields}
     if a.attn is not None and b is not None and b.attn is not None:  # each row its own form's shape
         vals["attn"] = AttnShape(**{f: np.where(mask, getattr(a.attn, f), getattr(b.attn, f))
-                                    for f in ("batch", "q_len", "context", "heads", "kv_heads", "head_dim")})
+                                    for f in ("batch", "q_len", "context", "heads", "kv_heads", "head_dim", "latent")})
     return replace(a, **vals)

@@ -15,8 +15,9 @@ there) and `calibrated` (the `efficiency:` block `llmperf calibrate` writes into
 `EfficiencyTimeModel`s. Beyond the kinds' curves over rows, a model may carry per-operator overheads
 (`op_overhead_s`, `op_overhead_rows_s`), memory efficiencies (`op_e_memory`) and device floors
 (`floor_s`, `op_floor_s`); GEMM shape terms (`gemm:`, priced by `llmperf.analysis.gemm`) and fused
-attention terms (`attention_eff:`, `llmperf.analysis.attention_eff`). `EngineProfile`
-(`models_spec/engines/`, `load_engine`) replaces the host terms with a serving engine's on a GPU.
+attention terms (`attention_eff:`, `llmperf.analysis.attention_eff`); on a CPU, decode attention's cost
+per byte as a line in its query-head group (`decode_attention:`, additive, not a max of roofs).
+`EngineProfile` (`models_spec/engines/`, `load_engine`) replaces the host terms with a serving engine's on a GPU.
 
 An efficiency curve is a list of `[rows, value]` points interpolated linearly in log(rows) and held
 flat beyond its ends. Why each term exists and how it combines with the others: docs/time-models.md.
@@ -48,6 +49,7 @@ from llmperf.specs.efficiency import (  # noqa: F401  (the efficiency block's sc
     OVERHEAD_MODES,
     READABLE_SCHEMAS,
     Curve,
+    DecodeGroupTerms,
     GemmBytesCurves,
     KindTerms,
     check_seconds,
@@ -119,6 +121,9 @@ class EfficiencyTimeModel:
     compute_dtype: str = ""  # the phase's compute dtype this model prices (the GEMM model's peak); "" : fp16
     # fused attention priced by its shape (`OpCost.attn`); None: the attention kind's curves over rows
     attention_eff: AttentionEfficiency | None = None
+    # CPU: decode attention's seconds per byte as a line in its query-head group (calibrated, schema 9,
+    # `decode_group_efficiency`); None: the attention kind's curves
+    decode_attention: DecodeGroupTerms | None = field(default=None, hash=False)
     engine: str = ""  # the engine profile that set the launch and step terms ("" : none, the roofline)
     graph_max_rows: float = 0.0  # steps of up to this many rows replay as a CUDA graph: no host launch
     # how the engine launches a MoE layer's routed-expert GEMMs: "grouped" (one kernel over every expert,
@@ -238,6 +243,8 @@ class EfficiencyTimeModel:
             q_len = np.asarray(shape.q_len, dtype=float)
             keyed = np.where(q_len > 1, q_len, np.asarray(rows, dtype=float))
             e_memory, e_compute = t.e_memory(keyed), t.e_compute(keyed)
+            if self.decode_attention is not None and hardware is not None:
+                e_compute, e_memory = self.decode_group_efficiency(shape, hardware, e_compute, e_memory)
         if e_compute is None:
             e_compute = t.e_compute(rows)
         if cost.kind == "attention" and shape is not None and self.attention_eff is not None:
@@ -246,6 +253,31 @@ class EfficiencyTimeModel:
         if self.overhead_mode == "overlap":
             return Efficiency(e_compute=e_compute, e_memory=e_memory, host_s=overhead, floor_s=floor, **comm)
         return Efficiency(e_compute=e_compute, e_memory=e_memory, overhead_s=overhead, floor_s=floor, **comm)
+
+    def decode_group_efficiency(self, shape: Any, hardware: HardwareSpec, e_compute: Number, e_memory: Number
+                                ) -> tuple[Number, Number]:
+        """(e_compute, e_memory) of attention of `shape` under `decode_attention`: a decode (one query per
+        sequence) whose group G (query heads per KV head) is a whole number takes `e_memory = 1 / (bw
+        (a + c G))`, so its memory roof is its bytes times `a + c G` seconds, and `e_compute = 1`, so the
+        compute roof (its FLOPs at the peak) never binds unless the fit claims a FLOP rate above the peak:
+        the additive cost the calibration measured (`llmperf.measure.calibrate.fit.fit_decode_groups`),
+        not `max(compute, memory)` from one group's efficiencies. `e_memory` is at most 1 (never faster
+        than the bandwidth). Every other shape keeps the efficiencies given: prefill (q > 1), a fractional
+        group (tensor parallelism splitting heads unevenly), and MLA (`shape.latent`: its absorbed form
+        reads one latent as both K and V for every head, twice a GQA cache's FLOPs per byte at the same
+        group and another kernel, so the calibrated group line does not apply; its unabsorbed form reads
+        K and V materialised as activations). The overheads are the caller's, as for any attention."""
+        assert self.decode_attention is not None
+        group = np.asarray(shape.group, dtype=float)
+        whole = np.round(group)
+        use = ((np.asarray(shape.q_len, dtype=float) == 1) & (whole >= 1) & (np.abs(group - whole) < 1e-9)
+               & ~np.asarray(shape.latent, dtype=bool))
+        if not np.any(use):
+            return e_compute, e_memory
+        e_add = np.clip(1.0 / (hardware.mem_bandwidth_bytes_per_s
+                               * self.decode_attention.seconds_per_byte(np.maximum(whole, 1.0))), 1e-12, 1.0)
+        e_c, e_m = np.where(use, 1.0, e_compute), np.where(use, e_add, e_memory)
+        return (float(e_c), float(e_m)) if e_c.ndim == 0 and e_m.ndim == 0 else (e_c, e_m)
 
     def launches(self, cost: OpCost) -> Number | None:
         """The calls one layer's `cost` makes when the engine runs each routed expert apart
@@ -394,6 +426,7 @@ class EfficiencyTimeModel:
                     attention_eff=self.attention_eff.to_dict() if self.attention_eff is not None else None,
                     gemm_e_memory=None if self.gemm_e_memory is None else self.gemm_e_memory.to_dict(),
                     gemm_e_memory_reads=None if self.gemm_e_memory is None else self.gemm_e_memory.reads,
+                    decode_attention=None if self.decode_attention is None else self.decode_attention.to_dict(),
                     kinds={k: dict(e_compute=t.e_compute.to_list(), e_memory=t.e_memory.to_list(),
                                    overhead_s=t.overhead_s, floor_s=t.floor_s) for k, t in self.kinds.items()})
 
@@ -608,6 +641,7 @@ def _from_parsed(name: str, parsed: dict[str, Any], dtype: str, where: str, back
                                collectives=collectives, gemm=parsed.get("gemm"), compute_dtype=dtype,
                                attention_eff=_attention_eff_for(parsed, used),
                                gemm_e_memory=parsed.get("gemm_e_memory", {}).get(used),
+                               decode_attention=parsed.get("decode_attention", {}).get(used),
                                # a calibration measured llmperf's own engine, which calls each expert
                                expert_launches="per_expert" if name == "calibrated" else "grouped")
 

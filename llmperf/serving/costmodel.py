@@ -112,6 +112,7 @@ class _AttnPart:
     layers: int = 1  # layers of its kind (each launches it once)
     compute_dtype: str | None = None
     heads: tuple[float, float, float] | None = None  # a fused attention's (heads, KV heads, head dim) per GPU
+    latent: bool = False  # MLA's attention (`AttnShape.latent`)
 
 
 @dataclass
@@ -208,7 +209,8 @@ class StepCostModel:
             a = getattr(op, "attn", None)  # fused attention: priced by shape where the time model does
             heads = None if a is None else tuple(float(np.ravel(x)[0]) for x in (a.heads, a.kv_heads, a.head_dim))
             parts.append(_AttnPart(name=op.name, kind=op.kind, coef=coef, group=group, layers=L,
-                                   compute_dtype=op.compute_dtype, heads=heads))
+                                   compute_dtype=op.compute_dtype, heads=heads,
+                                   latent=a is not None and bool(np.any(a.latent))))
         return parts
 
     def _rates_for(self, part: _AttnPart, rows: int, q_len: int = 1) -> tuple[float, float, float, float, float]:
@@ -359,7 +361,7 @@ def _cost(part: _AttnPart, rows: int, q_len: int = 1, **counts: float) -> OpCost
     if part.heads is not None:  # one call's shape on this GPU (the time model never looks at the context)
         heads, kv_heads, head_dim = part.heads
         kw["attn"] = AttnShape(batch=rows / q_len, q_len=float(q_len), context=0.0, heads=heads, kv_heads=kv_heads,
-                               head_dim=head_dim)
+                               head_dim=head_dim, latent=part.latent)
     return OpCost(**kw)
 
 

@@ -6,7 +6,8 @@ points, log-linear between) and overheads (`KindTerms`), per-operator overheads,
 and device floors (operator names from `llmperf.analysis.vocabulary`), and from schema 5 the GEMM shape
 model's terms (`gemm`) and fused attention's (`attention_eff`), from schema 6 a CPU weight GEMM's
 memory efficiency by rows and weight size (`gemm_e_memory`, `GemmBytesCurves`; from schema 7 each
-point read as its weight's stream). What each term means and how a time is
+point read as its weight's stream), from schema 9 a CPU decode attention's cost per byte as a line in
+its query-head group (`decode_attention`, `DecodeGroupTerms`). What each term means and how a time is
 made of them: `llmperf.analysis.timemodel`, `llmperf.analysis.gemm`, `llmperf.analysis.attention_eff`.
 A spec-level check, so that a corrupt calibration is refused when it is loaded (`llmperf.specs.local`).
 Pure Python + numpy (no torch).
@@ -34,8 +35,9 @@ EFFICIENCY_SCHEMA = 3  # what `llmperf calibrate` writes on a CPU without `gemm_
 # 6 `gemm_e_memory` (a CPU weight GEMM's memory efficiency by rows and weight bytes, `GemmBytesCurves`);
 # 7 the same curves, each point's call read as a stream of its weight alone (`GemmBytesCurves.reads`);
 # 8 `op_overhead_rows_by_op_s` (the operators' dispatch called one by one), `one_call` (where a CPU
-# decode step runs its layers in one call instead) and `op_overhead_rows_expert_s` (a routed expert's own)
-READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6, 7, 8)
+# decode step runs its layers in one call instead) and `op_overhead_rows_expert_s` (a routed expert's own);
+# 9 `decode_attention` (a CPU decode attention's seconds per byte, a line in its query-head group)
+READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 GEMM_READS = ("call", "weight")  # what a `gemm_e_memory` point's time was read as: schema 6, schema 7
 OVERHEAD_MODES = ("add", "overlap")
 BACKENDS = ("sdpa", "naive", "triton")  # the engine's attention backends (`llmperf.engine`)
@@ -268,6 +270,70 @@ def parse_gemm_e_memory(raw: Any, where: str, reads: str = "call") -> dict[str, 
     return {str(d): GemmBytesCurves.parse(c, f"{where}.{d}", reads) for d, c in raw.items()}
 
 
+#: the additive decode-attention model's fields (`DecodeGroupTerms`); the first two are seconds per byte
+DECODE_ATTENTION_FIELDS = ("s_per_byte", "s_per_byte_per_group", "groups", "source")
+_MAX_S_PER_BYTE = 1e-6  # 1 MB/s: far slower than any memory; a larger figure is a unit slip
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeGroupTerms:
+    """A CPU decode attention's cost per byte of its call (K and V streamed once per KV head) as a line in
+    its group G, query heads per KV head: `s_per_byte + s_per_byte_per_group * G` seconds (schema 9,
+    fitted by `llmperf.measure.calibrate.fit.fit_decode_groups` on the engine's decode attention timed
+    at `groups`). Both terms are >= 0 and at least one is positive; `source` says where they come from.
+    How a time model uses it: `llmperf.analysis.timemodel`, `EfficiencyTimeModel.decode_group_efficiency`."""
+
+    s_per_byte: float
+    s_per_byte_per_group: float
+    groups: tuple[int, ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("s_per_byte", "s_per_byte_per_group"):
+            value = getattr(self, name)
+            if not is_real(value) or not 0 <= value < _MAX_S_PER_BYTE:
+                raise SpecError(f"{name}: must be seconds per byte in [0, {_MAX_S_PER_BYTE:g}), got {value!r}")
+        if self.s_per_byte + self.s_per_byte_per_group <= 0:
+            raise SpecError(f"s_per_byte, s_per_byte_per_group: one must be positive, got {self.s_per_byte!r} "
+                            f"and {self.s_per_byte_per_group!r}")
+        if any(not isinstance(g, int) or isinstance(g, bool) or g < 1 for g in self.groups):
+            raise SpecError(f"groups: must be integers >= 1, got {self.groups!r}")
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> DecodeGroupTerms:
+        """From a mapping of `DECODE_ATTENTION_FIELDS` (`groups` and `source` optional); an unknown or bad
+        field is refused naming `where` and the field."""
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"{where}: expected a mapping with {', '.join(DECODE_ATTENTION_FIELDS)}, got {raw!r}")
+        unknown = sorted(set(raw) - set(DECODE_ATTENTION_FIELDS))
+        if unknown:
+            raise SpecError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(DECODE_ATTENTION_FIELDS)})")
+        groups = raw.get("groups", [])
+        if not isinstance(groups, Sequence) or isinstance(groups, str):
+            raise SpecError(f"{where}.groups: expected a list of integers >= 1, got {groups!r}")
+        try:
+            return cls(s_per_byte=raw.get("s_per_byte"), s_per_byte_per_group=raw.get("s_per_byte_per_group", 0.0),
+                       groups=tuple(groups), source=str(raw.get("source", "")))
+        except SpecError as exc:
+            raise SpecError(f"{where}.{exc}") from None
+
+    def seconds_per_byte(self, group: Number) -> Number:
+        """`s_per_byte + s_per_byte_per_group * group`."""
+        return self.s_per_byte + self.s_per_byte_per_group * np.asarray(group, dtype=float)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The terms as an efficiency file writes them."""
+        return dict(s_per_byte=self.s_per_byte, s_per_byte_per_group=self.s_per_byte_per_group,
+                    groups=list(self.groups), source=self.source)
+
+
+def parse_decode_attention(raw: Any, where: str) -> dict[str, DecodeGroupTerms]:
+    """`decode_attention`: {compute dtype: {s_per_byte, s_per_byte_per_group, groups, source}}."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping of compute dtype -> terms, got {raw!r}")
+    return {str(d): DecodeGroupTerms.parse(t, f"{where}.{d}") for d, t in raw.items()}
+
+
 def parse_op_floors(raw: Any, where: str) -> dict[str, dict[str, float]]:
     """`op_floor_s`: {compute dtype: {operator name: seconds}}, a kernel's minimum device time."""
     if not isinstance(raw, Mapping):
@@ -368,7 +434,8 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
     for needs, fields in ((2, {"overhead_mode", "op_overhead_s", "op_overhead_warm_s", "warm_below_bytes"}),
                           (3, {"op_e_memory", "op_overhead_rows_s"}), (4, {"op_floor_s"}),
                           (5, {"gemm", "attention_eff"}), (6, {"gemm_e_memory"}),
-                          (8, {"op_overhead_rows_by_op_s", "one_call", "op_overhead_rows_expert_s"})):
+                          (8, {"op_overhead_rows_by_op_s", "one_call", "op_overhead_rows_expert_s"}),
+                          (9, {"decode_attention"})):
         newer = sorted(fields & set(raw))
         if version < needs and newer:
             raise SpecError(f"{where}.{newer[0]}: needs schema_version {needs}, the file says {version}")
@@ -408,6 +475,8 @@ def parse_efficiency(raw: Any, where: str) -> dict[str, Any]:
                 attention_eff=parse_attention_eff(raw.get("attention_eff") or {}, f"{where}.attention_eff"),
                 gemm_e_memory=parse_gemm_e_memory(raw.get("gemm_e_memory") or {}, f"{where}.gemm_e_memory",
                                                   "weight" if version >= 7 else "call"),
+                decode_attention=parse_decode_attention(raw.get("decode_attention") or {},
+                                                        f"{where}.decode_attention"),
                 dtypes={str(d): parse_kinds(k, f"{where}.dtypes.{d}") for d, k in dtypes.items()})
 
 
@@ -418,10 +487,9 @@ def check_attention_term(name: str, value: Any, where: str) -> None:
         raise SpecError(f"{where}.{name}: must be a number in [{lo:g}, {hi:g}] ({what}), got {value!r}")
 
 
-__all__ = ["ATTENTION_PARAMS", "BACKENDS", "BYTES_CURVE_OPS", "Curve", "EFFICIENCY_SCHEMA", "GEMM_FIELDS",
-           "GEMM_LIMITS", "GEMM_READS", "GemmBytesCurves", "KindTerms", "OP_KINDS", "OVERHEAD_MODES",
-           "READABLE_SCHEMAS",
-           "attention_terms", "check_attention_term", "check_seconds", "gemm_terms", "parse_attention_eff",
-           "parse_efficiency", "parse_gemm_e_memory", "parse_kinds", "parse_one_call", "parse_op_e_memory",
-           "parse_op_floors",
-           "parse_op_overhead_rows", "parse_op_overheads"]
+__all__ = ["ATTENTION_PARAMS", "BACKENDS", "BYTES_CURVE_OPS", "Curve", "DECODE_ATTENTION_FIELDS", "DecodeGroupTerms",
+           "EFFICIENCY_SCHEMA", "GEMM_FIELDS", "GEMM_LIMITS", "GEMM_READS", "GemmBytesCurves", "KindTerms", "OP_KINDS",
+           "OVERHEAD_MODES", "READABLE_SCHEMAS", "attention_terms", "check_attention_term", "check_seconds",
+           "gemm_terms", "parse_attention_eff", "parse_decode_attention", "parse_efficiency", "parse_gemm_e_memory",
+           "parse_kinds", "parse_one_call", "parse_op_e_memory", "parse_op_floors", "parse_op_overhead_rows",
+           "parse_op_overheads"]

@@ -138,7 +138,8 @@ def test_per_operator_overheads_from_the_tiny_model(cal, tmp_path):
     assert "attention" in cal.op_overhead_s["sdpa"]
     assert {"attn_score", "attn_softmax", "attn_value"} <= set(cal.op_overhead_s["naive"])
     eff = cal.to_mapping()["efficiency"]
-    assert eff["schema_version"] == 8 and eff["overhead_mode"] == "add"  # 7: its GEMMs by weight size, 8: one by one
+    # 7: its GEMMs by weight size, 8: one by one, 9: decode attention by group
+    assert eff["schema_version"] == 9 and eff["overhead_mode"] == "add"
     # a CPU measures them warm too, for models whose weights fit the private caches
     assert set(cal.op_overhead_warm_s) == {"sdpa", "naive"} and eff["warm_below_bytes"] > 0
     path = write_yaml(cal.to_mapping(), tmp_path / "cal.yaml")
@@ -270,7 +271,8 @@ def test_a_schema_1_calibration_file_still_loads(cal, tmp_path):
 
     mapping = cal.to_mapping()
     newer = ("op_overhead_s", "overhead_mode", "op_overhead_warm_s", "warm_below_bytes", "op_e_memory",
-             "op_overhead_rows_s", "gemm_e_memory", "op_overhead_rows_by_op_s", "one_call", "op_overhead_rows_expert_s")
+             "op_overhead_rows_s", "gemm_e_memory", "op_overhead_rows_by_op_s", "one_call", "op_overhead_rows_expert_s",
+             "decode_attention")
     eff = {k: v for k, v in mapping["efficiency"].items() if k not in newer}
     path = write_yaml({**mapping, "efficiency": {**eff, "schema_version": 1}}, tmp_path / "old.yaml")
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
@@ -339,8 +341,10 @@ def test_gemm_and_decode_attention_cycle_through_their_copies():
     assert [p.rows for p in gemm] == list(gemm_sweep_rows(s, "fp32", torch.device("cpu")))
     assert {1, 8} <= {p.rows for p in gemm} and all(" x8 in turn" in p.shape for p in gemm)  # 512 KiB each
     att = measure_attention(s, torch.device("cpu"), lambda m: None)
-    assert [p.memory_bound for p in att] == [True, False]
-    assert "in turn" in att[0].shape and "in turn" not in att[1].shape
+    # decode at the settings' group, then again at each of `attn_decode_groups` over the same copies
+    assert [(p.memory_bound, p.group) for p in att] == [(True, 2), (True, 1), (False, 2)]
+    assert "in turn" in att[0].shape and "in turn" in att[1].shape and "in turn" not in att[2].shape
+    assert att[0].bytes == pytest.approx(att[1].bytes, rel=0.01) and att[0].flops == 2 * att[1].flops
 
 
 def test_the_gemm_ceilings_are_timed_in_plain_torch_not_through_the_engine(monkeypatch):
@@ -443,7 +447,7 @@ def test_vector_operator_efficiency_is_fitted_per_byte_count():
 
 def test_calibration_writes_vector_operator_curves(cal):
     terms = cal.fit_terms()
-    assert terms["schema_version"] == 8 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
+    assert terms["schema_version"] == 9 and set(terms["op_e_memory"]) == {"fp32", "bf16"}
     assert {"attn_norm", "qk_norm", "rope", "act", "mlp_residual"} <= set(terms["op_e_memory"]["fp32"])
     tm = time_model_for(cal.to_spec(), "calibrated", "bf16")
     assert tm.op_e_memory and all(0 < v <= 1 for c in tm.op_e_memory.values() for _, v in c.points)
@@ -521,7 +525,7 @@ def test_a_cpu_calibration_times_the_operators_one_by_one_beside_the_one_call(ca
     from llmperf.specs import ModelSpec
 
     eff = cal.to_mapping()["efficiency"]
-    assert eff["schema_version"] == 8
+    assert eff["schema_version"] == 9  # 8 with the operators one by one, 9 with decode attention by group
     by_op = eff["op_overhead_rows_by_op_s"]
     assert set(by_op) == {"fp32", "bf16"}
     for dtype, backends in by_op.items():
@@ -816,7 +820,8 @@ def test_a_sweep_over_its_budget_stops_and_says_so_in_the_yaml(tmp_path):
 def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_7(cal, tmp_path):
     """The engine GEMMs timed at several weight sizes become `gemm_e_memory` (with the GEMM sweep's own
     shape at the same rows where the sizes' points were not probed: the prefill rows), each point read
-    as its weight's stream: the file says schema 7 (8 with the operators one by one, as here), and the
+    as its weight's stream: the file says schema 7 (9 with the operators one by one and decode attention
+    by group, as here), and the
     calibrated model prices weight GEMMs by it."""
     from dataclasses import replace as dc_replace
 
@@ -828,7 +833,7 @@ def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_7(cal, tm
     s = cal.settings
     assert {p.dtype for _, p in cal.gemm_sizes} == set(cal.measured_dtypes())
     eff = cal.to_mapping()["efficiency"]
-    assert eff["schema_version"] == 8 and eff["op_overhead_rows_by_op_s"]
+    assert eff["schema_version"] == 9 and eff["op_overhead_rows_by_op_s"]
     sweep_bytes = 4 * s.gemm_n * s.gemm_k
     # the decode rows swept: the settings' and each side of an edge between the engine's GEMM paths below
     # their largest (fp32 1, 2 where llmperf's kernels do not run, e.g. an AVX2-only CPU)
@@ -847,3 +852,26 @@ def test_a_cpu_calibration_writes_weight_gemm_curves_by_size_as_schema_7(cal, tm
     tm = time_model_for(load_calibrated(path), "calibrated", "fp32", backend="sdpa")
     assert tm.gemm_e_memory is not None and tm.gemm_e_memory.reads == "weight"
     assert tm.gemm_e_memory.max_rows == max(s.gemm_size_rows + s.gemm_size_prefill_rows)
+
+
+def test_a_cpu_calibration_fits_decode_attention_by_group_as_schema_9(cal, tmp_path):
+    """The tiny calibration times decode attention at its group and at `attn_decode_groups` over the same
+    KV heads and cache (the same bytes within the query and output, the FLOPs in proportion to the
+    group) and writes, per measured dtype, the additive terms (`fit_decode_groups`), which the
+    calibrated time model reads back. Structure only: the figures of a tiny run mean nothing."""
+    from llmperf.analysis.timemodel import time_model_for
+
+    s = cal.settings
+    assert s.decode_groups == (s.attn_group, 1)
+    for dtype in cal.measured_dtypes():
+        dec = [p for p in cal.compute if p.op == "attention" and p.dtype == dtype and p.memory_bound]
+        assert sorted(p.group for p in dec) == sorted(s.decode_groups * len(s.attn_decode))
+        by_group = {p.group: p for p in dec}
+        assert by_group[2].flops == 2 * by_group[1].flops
+    eff = cal.to_mapping()["efficiency"]
+    assert eff["schema_version"] == 9 and set(eff["decode_attention"]) == set(cal.measured_dtypes())
+    for terms in eff["decode_attention"].values():
+        assert terms["groups"] == [1, 2] and terms["s_per_byte"] >= 0 and terms["s_per_byte_per_group"] >= 0
+        assert terms["s_per_byte"] + terms["s_per_byte_per_group"] > 0
+    tm = time_model_for(load_calibrated(write_yaml(cal.to_mapping(), tmp_path / "local.yaml")), "calibrated", "fp32")
+    assert tm.decode_attention is not None and tm.decode_attention.groups == (1, 2)

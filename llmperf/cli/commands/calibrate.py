@@ -33,8 +33,10 @@ def resolve_device(device: str) -> str:
 
 
 def expected_ticks(s: Any) -> int:
-    attn = len(s.attn_decode) + len(s.attn_prefill)
     import torch
+
+    groups = len(s.decode_groups) if torch.device(s.device).type == "cpu" else 1  # decode timed at each
+    attn = len(s.attn_decode) * groups + len(s.attn_prefill)
 
     from llmperf.measure.calibrate import op_overhead_backends
     dev = torch.device(s.device)

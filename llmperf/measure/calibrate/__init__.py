@@ -37,7 +37,7 @@ from llmperf.measure.calibrate.ceilings import (
     sweep_fits,
     working_set_for,
 )
-from llmperf.measure.calibrate.fit import MEMORY_BOUND_SHARE, fit_curves, fit_op_e_memory
+from llmperf.measure.calibrate.fit import MEMORY_BOUND_SHARE, fit_curves, fit_decode_groups, fit_op_e_memory
 from llmperf.measure.calibrate.floors import measure_floors, measure_overheads
 from llmperf.measure.calibrate.gemm_shapes import GEMM_SHAPE_NK, GEMM_SHAPE_ROWS, fit_gemm_shapes, measure_gemm_shapes
 from llmperf.measure.calibrate.operators import (
@@ -78,8 +78,8 @@ __all__ = [
     "OVERHEAD_DTYPES", "OVERHEAD_ROWS", "Progress", "RETRIES", "ROUND_BELOW_S", "Settings", "StreamPoint",
     "TINY_MLA_SPEC", "TINY_MOE_SPEC", "TINY_NORMS_SPEC", "TINY_SPEC", "VECTOR_KINDS", "VECTOR_SPEC", "WEIGHT_OPS",
     "WORKING_SET_MIN", "_in_turn", "_time_steady", "calibrate", "copies_for", "dispatch_by_op_spec",
-    "dispatch_moe_spec", "dispatch_spec", "fit_attention_shapes", "fit_curves", "fit_gemm_shapes", "fit_op_e_memory",
-    "gemm_dispatch_rows", "gemm_sweep_rows", "in_situ", "measure_allreduce", "measure_attention",
+    "dispatch_moe_spec", "dispatch_spec", "fit_attention_shapes", "fit_curves", "fit_decode_groups", "fit_gemm_shapes",
+    "fit_op_e_memory", "gemm_dispatch_rows", "gemm_sweep_rows", "in_situ", "measure_allreduce", "measure_attention",
     "measure_attention_shapes", "measure_by_op_rows", "measure_family_dispatch", "measure_floors", "measure_gemm",
     "measure_gemm_shapes", "measure_op_e_memory", "measure_op_overhead_rows", "measure_op_overheads",
     "measure_overheads", "measure_step_overhead", "measure_streams", "measure_torch_gemm", "one_call_facts",

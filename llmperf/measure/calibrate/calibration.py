@@ -8,7 +8,8 @@ DRAM-sized stream (read, copy or either GEMV), so every efficiency is in (0, 1] 
 `-H local` stays a bound where the engine beats plain torch (`fit_terms`, formulas in
 `llmperf.measure.calibrate.fit`). Vector operators get
 `e_memory = add bandwidth / bw`. On a CPU, the weight GEMMs timed at several sizes (`gemm_sizes`,
-with the sweep's own shape) give `gemm_e_memory` (schema 7, `fit_gemm_e_memory`). The overheads
+with the sweep's own shape) give `gemm_e_memory` (schema 7, `fit_gemm_e_memory`), and decode attention
+timed at several query-head groups `decode_attention` (schema 9, `fit_decode_groups`). The overheads
 combine with the device time by `overhead_mode`:
 `add` on CPU (dispatch and work run on one thread), `overlap` on CUDA (asynchronous launches; see
 `llmperf.analysis.timemodel`), where the fit takes `t' = t`: a CUDA-event time of back-to-back calls
@@ -21,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llmperf.analysis.timemodel import EFFICIENCY_SCHEMA
-from llmperf.measure.calibrate.fit import _clean, _clean_ops, fit_curves, fit_gemm_e_memory
+from llmperf.measure.calibrate.fit import _clean, _clean_ops, fit_curves, fit_decode_groups, fit_gemm_e_memory
 from llmperf.measure.calibrate.operators import (
     COLD_GEMM,
     FAMILY_DISPATCH,
@@ -162,7 +163,9 @@ class Calibration:
             peak = self.peak_flops_per_s(dtype)
             kinds: dict[str, Any] = {}
             for op in ("matmul", "attention"):
-                pts = sorted((p for p in self.compute if p.op == op and p.dtype == dtype), key=lambda p: p.rows)
+                # the attention curves: the settings' group only (the other decode groups: `decode_attention`)
+                pts = sorted((p for p in self.compute if p.op == op and p.dtype == dtype
+                              and p.group in (0, self.settings.attn_group)), key=lambda p: p.rows)
                 if not pts:
                     continue
                 oh = self.overhead_s.get(op, 0.0)
@@ -179,13 +182,14 @@ class Calibration:
             dtypes[dtype] = kinds
         # CUDA: 4 with the device floors, 5 with the GEMM and attention shape terms; CPU: 7 with the
         # weight GEMMs by size (each point read as its weight's stream; 6 read the whole call), 8 with
-        # the operators' dispatch one by one beside the one call's
+        # the operators' dispatch one by one beside the one call's, 9 with decode attention by group
         gemm_e_memory = self.gemm_e_memory()
+        decode_attention = self.decode_attention()
         cpu = self.device.get("kind") != "cuda"  # a GPU's engine has no one-call path (nor these tables)
         by_op = {d: b for d, b in self.op_overhead_rows_by_op_s.items() if d in dtypes} if cpu else {}
         experts = {d: b for d, b in self.op_overhead_rows_expert_s.items() if d in dtypes} if cpu else {}
-        schema = (8 if by_op or experts else 7 if gemm_e_memory else 5 if self.gemm or self.attention_eff
-                  else 4 if self.floor_s else EFFICIENCY_SCHEMA)
+        schema = (9 if decode_attention else 8 if by_op or experts else 7 if gemm_e_memory
+                  else 5 if self.gemm or self.attention_eff else 4 if self.floor_s else EFFICIENCY_SCHEMA)
         out = dict(schema_version=schema, model="calibrated", step_overhead_s=self.step_overhead_s,
                    source=f"{CALIBRATION_TOOL}, {self.created}", overhead_mode=self.overhead_mode)
         if self.op_overhead_s:
@@ -206,6 +210,8 @@ class Calibration:
                                   for d, ops in self.op_e_memory.items() if d in dtypes}
         if gemm_e_memory:
             out["gemm_e_memory"] = gemm_e_memory
+        if decode_attention:
+            out["decode_attention"] = decode_attention
         if self.gemm:
             out["gemm"] = dict(self.gemm)
         if self.attention_eff:
@@ -229,6 +235,21 @@ class Calibration:
                      if p.op == "matmul" and p.dtype == dtype and p.rows in rows - probed]
             if own:
                 out[dtype] = fit_gemm_e_memory(own + sweep, bw, self.overhead_s.get("matmul", 0.0))
+        return out
+
+    def decode_attention(self) -> dict[str, dict[str, Any]]:
+        """Per measured dtype, `fit_decode_groups` on its decode attention points (CPU; CUDA prices
+        attention by shape, `attention_eff`); {} where no dtype was timed at two groups."""
+        if self.device.get("kind") == "cuda":
+            return {}
+        oh = self.overhead_s.get("attention", 0.0)
+        out = {}
+        for dtype in self.measured_dtypes():
+            pts = [p for p in self.compute if p.op == "attention" and p.dtype == dtype and p.memory_bound]
+            terms = fit_decode_groups(pts, oh)
+            if terms is not None:
+                out[dtype] = dict(terms, source=f"{CALIBRATION_TOOL}, {self.created}: sdpa_decode at groups "
+                                                f"{', '.join(map(str, terms['groups']))}, {len(pts)} points")
         return out
 
     # ---- the hardware YAML ------------------------------------------------------------------------
@@ -326,7 +347,8 @@ def _compute_row(p: ComputePoint) -> dict[str, Any]:
     """A timed GEMM or attention call as the provenance lists it."""
     return dict(op=p.op, dtype=p.dtype, rows=p.rows, shape=p.shape, seconds=_clean(p.seconds),
                 median_s=_clean(p.typical_s), spread_s=_clean(p.spread_s), n=p.n,
-                tflops_per_s=_clean(p.flops_per_s / 1e12), gb_per_s=_clean(p.bytes_per_s / 1e9))
+                tflops_per_s=_clean(p.flops_per_s / 1e12), gb_per_s=_clean(p.bytes_per_s / 1e9),
+                **({"group": p.group} if p.group else {}))
 
 
 def _rows_table(table: dict[str, dict[str, dict[str, list[list[float]]]]], dtypes: Any

@@ -5,7 +5,8 @@ For each measured GEMM / attention point, with `t' = t - overhead`:
 bytes / (bw * t')))`, so the model (`llmperf.analysis.timemodel`) reproduces every calibration point
 and interpolates in log(rows) between them. A vector operator's memory efficiency is a curve over
 the bytes one call moves (`fit_op_e_memory`); on a CPU a weight GEMM's is a curve over its weight's bytes
-per row count (`fit_gemm_e_memory`). Figures are rounded to 4 significant figures for the YAML.
+per row count (`fit_gemm_e_memory`); on a CPU decode attention's cost per byte is a line in its query-head
+group (`fit_decode_groups`). Figures are rounded to 4 significant figures for the YAML.
 """
 
 from __future__ import annotations
@@ -64,6 +65,39 @@ def fit_curves(pts: Sequence[ComputePoint], peak: float, bw: float, overhead: fl
             em[r] = e_mem0
     return dict(e_compute=[[r, _clean(max(ec[r], 1e-6))] for r in rows],
                 e_memory=[[r, _clean(max(em[r], 1e-6))] for r in rows], overhead_s=_clean(overhead))
+
+
+def fit_decode_groups(pts: Sequence[ComputePoint], overhead: float) -> dict[str, Any] | None:
+    """The additive decode-attention model `seconds per byte = a + c G` of one dtype, from its decode
+    points (`memory_bound`, `group` >= 1) timed at two or more groups G over the same KV cache: each
+    point's `t' / bytes` (t' as `fit_curves`), fitted by least squares over every point, equally
+    weighted. Least squares rather than the median of the exact solution at each (batch, context):
+    it takes any number of groups (with two it is the line through the groups' mean costs, which with
+    two decode shapes is what the median of the per-point solutions gives too) and needs no pairing.
+    A negative slope (a byte no dearer at a larger group: noise) is taken as 0 and `a` is then the mean
+    cost; a negative intercept as 0 and `c` the least-squares slope through the origin, so every group
+    gets a positive cost. None with fewer than two groups.
+
+    Why additive: on a 2-core AVX-512 EPYC, fp32, 4096 keys, the engine's decode attention read the
+    cache at 28-37 GB/s at G = 1, 25-27 at G = 4, 17-19 at G = 8 while its FLOP rate rose 14 -> 78
+    GFLOP/s: neither roof of `max(compute, memory)` fits every group. Fitted on G = 1 and 4, `a + c G`
+    priced the held-out G = 8 within 0-9% at head dim 128 (the attention curves alone: 22-28% fast,
+    G = 1 31-53% slow; reports/streaming/README.md, "2026-11-27-cpu-group"). Returns
+    `{s_per_byte: a, s_per_byte_per_group: c, groups: [the groups fitted]}`."""
+    dec = [p for p in pts if p.memory_bound and p.group >= 1 and p.bytes > 0]
+    groups = sorted({p.group for p in dec})
+    if len(groups) < 2:
+        return None
+    g = [float(p.group) for p in dec]
+    y = [_t_prime(p, overhead) / p.bytes for p in dec]
+    g_mean, y_mean = statistics.fmean(g), statistics.fmean(y)
+    c = sum((gi - g_mean) * (yi - y_mean) for gi, yi in zip(g, y)) / sum((gi - g_mean) ** 2 for gi in g)
+    a = y_mean - c * g_mean
+    if c < 0:
+        a, c = y_mean, 0.0
+    elif a < 0:
+        a, c = 0.0, sum(gi * yi for gi, yi in zip(g, y)) / sum(gi * gi for gi in g)
+    return dict(s_per_byte=_clean(a), s_per_byte_per_group=_clean(c), groups=groups)
 
 
 def _t_prime(p: ComputePoint, overhead: float) -> float:

@@ -51,6 +51,7 @@ class ComputePoint:
     # rows, `cpu_gemm_sizes`): the host's DRAM speed at that moment, which `fit_gemm_e_memory` reads the
     # call against. 0: not probed
     read_bytes_per_s: float = 0.0
+    group: int = 0  # attention: query heads per KV head (`fit_decode_groups`); 0: not an attention point
 
     @property
     def typical_s(self) -> float:

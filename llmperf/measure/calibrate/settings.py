@@ -44,6 +44,11 @@ class Settings:
     # timed as the engine's SDPA backend runs grouped-query attention (decode: the group folded into the
     # query axis, read once per KV head; prefill: `enable_gqa`). 4: Llama 3 8B, Mistral 7B
     attn_group: int = 4
+    # CPU: the decode points are timed again at these groups over the same KV heads and cache (the same
+    # bytes, FLOPs x group): with `attn_group` they give the additive decode model `decode_attention`
+    # (`fit_decode_groups`; on the 2-core EPYC a byte cost 1.5x more at 8 query heads per KV head than
+    # at 1). () skips it (CUDA: `attention_eff` prices GPU attention by shape)
+    attn_decode_groups: tuple[int, ...] = (1,)
     attn_decode: tuple[tuple[int, int], ...] = ((1, 4096), (4, 4096))  # (batch, context)
     attn_prefill: tuple[int, ...] = (256, 1024)  # causal square, batch 1
     reps: int = 5
@@ -79,6 +84,8 @@ class Settings:
         """Settings that cannot be measured are refused before anything runs, naming the field."""
         if self.attn_group < 1 or self.attn_heads % self.attn_group:
             raise ValueError(f"attn_group: must divide attn_heads={self.attn_heads}, got {self.attn_group!r}")
+        if any(not isinstance(g, int) or isinstance(g, bool) or g < 1 for g in self.attn_decode_groups):
+            raise ValueError(f"attn_decode_groups: must be integers >= 1, got {self.attn_decode_groups!r}")
         if self.dispatch_hidden < 0 or self.dispatch_hidden % 64:
             raise ValueError("dispatch_hidden: must be 0 or a multiple of 64 (heads of 64), "
                              f"got {self.dispatch_hidden!r}")
@@ -91,6 +98,11 @@ class Settings:
         if any(r < 1 for r in self.gemm_size_prefill_rows):
             raise ValueError(f"gemm_size_prefill_rows: must be rows >= 1, got {self.gemm_size_prefill_rows!r}")
 
+    @property
+    def decode_groups(self) -> tuple[int, ...]:
+        """The groups decode attention is timed at: `attn_group` first, then `attn_decode_groups`."""
+        return (self.attn_group, *dict.fromkeys(g for g in self.attn_decode_groups if g != self.attn_group))
+
     @classmethod
     def for_device(cls, device: str, **changes: Any) -> Settings:
         if device == "cuda":
@@ -99,6 +111,7 @@ class Settings:
                        gemm_call_budget_s=1.0, gemm_sweep_budget_s=60.0, vector_budget_s=60.0,
                        emulated_budget_s=60.0, attn_heads=32, attn_decode=((1, 8192), (32, 8192)),
                        attn_prefill=(1024, 4096), allreduce_sizes=(4096, 65536, MiB, 16 * MiB, 256 * MiB),
+                       attn_decode_groups=(),  # CUDA: the fused-attention shape model prices by shape
                        gemm_sizes=())  # CUDA: the GEMM shape model (`gemm_shapes`) prices by shape
         else:
             base = cls(device=device)
