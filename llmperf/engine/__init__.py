@@ -11,7 +11,8 @@ metadata, which the runner prepares and every backend reads), `attention` (backe
 choice), `scheduler` (drives `llmperf.serving`'s scheduler over the runner), `generate` (`Engine`),
 `instrument` (per-step / per-operator timings), `ops` (what runs the model's operators: plain torch, or
 `cpu`, llmperf's own CPU kernels and oneDNN), `speculative` (greedy speculative decoding), `streaming`
-(StreamingLLM's KV eviction: attention sinks plus a window);
+(StreamingLLM's KV eviction: attention sinks plus a window), `tensor_parallel` (Megatron-style shards
+over processes: gloo on CPU, NCCL on GPUs);
 `sampling`, `beam`, `workload` (engine-pure). The speed benchmark is `llmperf.measure.engine_bench`;
 block bookkeeping is `llmperf.serving.blocks`.
 """
@@ -28,6 +29,7 @@ from llmperf.engine.sequence import Completion, RequestMetrics, RequestOutput
 from llmperf.engine.speculative import SpeculativeResult, SpeculativeStep, early_exit_draft, speculative_generate
 from llmperf.engine.step import KVStore, StepMeta
 from llmperf.engine.streaming import StreamingKVCache, StreamingResult, StreamingStep, streaming_generate
+from llmperf.engine.tensor_parallel import TPResult, run_ranks, shard_model, shard_spec, tp_generate
 from llmperf.engine.weights import build_model, from_pretrained, hf_config, load_hf_state_dict, to_hf_state_dict
 from llmperf.engine.workload import Request, generate_workload
 from llmperf.serving.scheduler import POLICIES
@@ -38,8 +40,8 @@ __all__ = [
     "NULL_RECORDER", "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics",
     "RequestOutput",
     "SamplingParams", "ServeResult", "SpeculativeResult", "SpeculativeStep", "StepMeta", "StepRecord", "StepStats",
-    "StreamingKVCache", "StreamingResult", "StreamingStep", "Trace", "Transformer",
+    "StreamingKVCache", "StreamingResult", "StreamingStep", "TPResult", "Trace", "Transformer",
     "build_model", "early_exit_draft", "from_pretrained", "generate", "generate_workload", "hf_config",
-    "load_hf_state_dict", "make_cache", "run_groups", "speculative_generate", "streaming_generate",
-    "to_hf_state_dict",
+    "load_hf_state_dict", "make_cache", "run_groups", "run_ranks", "shard_model", "shard_spec",
+    "speculative_generate", "streaming_generate", "to_hf_state_dict", "tp_generate",
 ]

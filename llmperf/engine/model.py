@@ -23,7 +23,7 @@ through the model's ops object (`llmperf.engine.ops.ops_for`). The forward pass 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -53,6 +53,8 @@ from llmperf.specs import ModelSpec
 # The fused projections are the model's structure (one GEMM each, as vLLM runs them), and the
 # recorder times them under their fused names.
 _QKV, _GATE_UP = Op.qkv_proj.value, Op.gate_up_proj.value
+# A tensor-parallel layer's two sums over ranks (`llmperf.engine.tensor_parallel`), named as priced
+_ATTN_REDUCE, _MLP_REDUCE = Op.attn_allreduce.value, Op.mlp_allreduce.value
 
 class Block(nn.Module):
     """One transformer layer. Parameters (names used by `weights.py`):
@@ -64,10 +66,16 @@ class Block(nn.Module):
     mixture of experts, `moe_ffn` (`llmperf.engine.moe.MoE`); [post_mlp_norm]. Shapes are for
     `weight_layout="in_out"` (y = x @ W + b); "out_in" stores each matrix transposed (`F.linear`).
 
+    `reduce` (None: a whole model): a tensor-parallel shard's in-place sum over ranks, applied to the
+    o projection's output and to the FFN's output, before the post norms and the residual adds
+    (`llmperf.engine.tensor_parallel.shard_model` sets it; the model then runs no one-call decode).
+
     The layer's kind (`ModelSpec.layer_kinds`) decides its attention (full, sliding, chunked: the
     model's `LayerAttn`), whether it rotates positions (Llama 4's NoPE layers do not) and whether its
     FFN is a mixture of experts (dense layers of an MoE model use the dense `ffn_size`).
     """
+
+    reduce: Callable[[torch.Tensor], None] | None = None  # a class default: nothing to look up per layer
 
     def __init__(self, spec: ModelSpec, index: int, ops: TorchOps, **kw: Any) -> None:
         super().__init__()
@@ -150,6 +158,9 @@ class Block(nn.Module):
             y = self.moe_ffn.forward(h, rec)
         else:
             y = self._ffn(h, self.up_weight, self.up_bias, self.down_weight, self.down_bias, rec, self.ops.linear)
+        if self.reduce is not None:  # tensor parallel: the ranks' partial sums, before the post norm
+            with rec.op(_MLP_REDUCE, i):
+                self.reduce(y)
         if self.post_mlp_norm is not None:
             with rec.op("post_mlp_norm", i):
                 y = self.post_mlp_norm.forward(y)
@@ -216,7 +227,11 @@ class Block(nn.Module):
             outs.append(ctx.attend(i, q, k, v, meta, rec).reshape(B * T, H * D))
         o = (outs[0] if len(outs) == 1 else torch.cat(outs))[None]  # (1, N, H*D)
         with rec.op("o_proj", i):
-            return self.ops.linear(o, self.o_weight, self.o_bias)
+            o = self.ops.linear(o, self.o_weight, self.o_bias)  # (1, N, C)
+        if self.reduce is not None:  # tensor parallel: the ranks' partial sums, before the post norm
+            with rec.op(_ATTN_REDUCE, i):
+                self.reduce(o)
+        return o
 
     def forward(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
                 ctx: ForwardContext) -> torch.Tensor:
@@ -356,7 +371,9 @@ class Transformer(nn.Module):
         if self.pos_weight is not None:
             with rec.op("pos_embed"):
                 x = x + F.embedding(positions, self.pos_weight)
-        if self.decode_in_one_call and len(spans) == 1:  # the ops may run a decode step's layers in one call
+        # The ops may run a decode step's layers in one call; never a shard's, which would skip its sums
+        # (`tensor_parallel.shard_model` turns `decode_in_one_call` off and sets every layer's `reduce`).
+        if self.decode_in_one_call and len(spans) == 1 and self.layers[0].reduce is None:
             y = self.ops.decode_layers(self, x, spans[0][0], ctx)
             if y is not None:
                 return y
