@@ -27,6 +27,9 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                     "acceptance", "torch"),
     "streaming": ("llmperf.measure.streaming",
                   "StreamingLLM's eviction on the engine beside plain decoding, each step priced", "torch"),
+    "tensor-parallel": ("llmperf.measure.tensor_parallel",
+                        "tensor parallelism on the engine (ranks in processes: gloo on a CPU, NCCL on GPUs) beside one "
+                        "rank, each step priced at its tp", "torch"),
     "startup": ("llmperf.measure.startup", "`llmperf estimate`'s start-up against the bare import of its libraries",
                 "-"),
     "simulator": ("llmperf.serving.bench", "the serving simulator's speed (requests simulated per second)", "-"),
