@@ -362,6 +362,17 @@ def write_results(out: Path, lines: list[str], *, env: dict[str, Any], settings:
         d.write("engine_bench.json", json.dumps(doc, indent=2) + "\n")
 
 
+def save_comparison(out: Path, name: str, text: str, doc: dict[str, Any], *, indent: int | None = 2) -> None:
+    """A benchmark's `out/NAME.txt` (what it printed) and `out/NAME.json` (`doc`: its environment, settings
+    and rows), written together or not at all (`llmperf.outputs.OutputDir.transaction`). `indent`
+    None: compact JSON (thousands of steps)."""
+    from llmperf.outputs import check_dir
+    d = check_dir(out, "--out")
+    with d.transaction():
+        d.write(f"{name}.txt", text + "\n")
+        d.write(f"{name}.json", json.dumps(doc, indent=indent, default=str) + "\n")
+
+
 def main(argv: list[str] | None = None) -> list[Figure]:
     ap = argparse.ArgumentParser(prog="python -m llmperf.measure.engine_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--prompt-len", type=int, default=32)

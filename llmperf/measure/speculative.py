@@ -41,7 +41,7 @@ from llmperf.engine.speculative import SpeculativeResult, early_exit_draft, spec
 from llmperf.engine.weights import build_model
 from llmperf.errors import SpecError
 from llmperf.measure.device import describe
-from llmperf.measure.engine_bench import environment
+from llmperf.measure.engine_bench import environment, save_comparison
 from llmperf.measure.profile.predict import own_engine_time_model
 from llmperf.measure.timers import gc_paused
 from llmperf.specs import load_hardware, load_model
@@ -269,11 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(head + lines(rows))
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "speculative.txt").write_text(text + "\n")
-        (args.out / "speculative.json").write_text(json.dumps(dict(environment=env, settings=settings,
-                                                                   rows=[asdict(r) for r in rows]), indent=2,
-                                                              default=str) + "\n")
+        save_comparison(args.out, "speculative", text,
+                        dict(environment=env, settings=settings, rows=[asdict(r) for r in rows]))
     return 0
 
 

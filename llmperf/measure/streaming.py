@@ -18,7 +18,6 @@ model does not price). Asserts nothing (a benchmark).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +37,7 @@ from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.streaming import streaming_generate
 from llmperf.engine.weights import build_model
 from llmperf.errors import SpecError
-from llmperf.measure.engine_bench import environment
+from llmperf.measure.engine_bench import environment, save_comparison
 from llmperf.measure.timers import gc_paused
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
 from llmperf.specs.streaming import streaming
@@ -159,11 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(head + lines(series, tm_name, engine_name))
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "streaming.txt").write_text(text + "\n")
-        (args.out / "streaming.json").write_text(json.dumps(  # compact: thousands of steps per series
-            dict(environment=env, settings=settings, time_model=tm_name, engine=engine_name,
-                 series=[asdict(s) for s in series]), default=str) + "\n")
+        save_comparison(args.out, "streaming", text,  # compact: thousands of steps per series
+                        dict(environment=env, settings=settings, time_model=tm_name, engine=engine_name,
+                             series=[asdict(s) for s in series]), indent=None)
     return 0
 
 

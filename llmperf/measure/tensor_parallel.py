@@ -25,7 +25,6 @@ Asserts nothing (a benchmark).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -285,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         from llmperf.engine.tensor_parallel import shard_spec
         for tp in tps:
             shard_spec(spec, tp)  # refusals before any process starts
-        from llmperf.measure.engine_bench import environment
+        from llmperf.measure.engine_bench import environment, save_comparison
         env = environment()
         settings = dict(model=spec.name, tp=list(tps), batch=list(lists["batch"]), prompt_len=args.prompt_len,
                         gen_len=args.gen_len, dtype=args.dtype, device=args.device, backend=args.backend,
@@ -300,11 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(head + lines(rows))
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "tensor_parallel.txt").write_text(text + "\n")
-        (args.out / "tensor_parallel.json").write_text(json.dumps(dict(environment=env, settings=settings,
-                                                                       rows=[asdict(r) for r in rows]), indent=2,
-                                                                  default=str) + "\n")
+        save_comparison(args.out, "tensor_parallel", text,
+                        dict(environment=env, settings=settings, rows=[asdict(r) for r in rows]))
     return 0
 
 
