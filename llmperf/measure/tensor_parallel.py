@@ -118,7 +118,7 @@ def measure(spec: ModelSpec, tp: int, *, batch: int, prompt_len: int, gen_len: i
                             generator=torch.Generator().manual_seed(seed)).tolist()
     if tp == 1:
         res = run_ranks(1, _plain_worker, spec, prompts, gen_len, seed, dtype, device, attention, reps,
-                        threads_per_rank=threads_per_rank)
+                        backend="nccl" if device == "cuda" else "gloo", threads_per_rank=threads_per_rank)
         return res[0]["runs"]
     runs = []
     for _ in range(reps):  # tp_generate warms up before its timed run
