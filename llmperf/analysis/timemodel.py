@@ -138,17 +138,20 @@ class EfficiencyTimeModel:
         verify) with the engine's prefill terms (an eager launch, its own step overhead)."""
         return self if phase == "decode" or self.prefill is None else self.prefill
 
-    def for_model(self, spec: Any) -> EfficiencyTimeModel:
+    def for_model(self, spec: Any, one_call: bool | None = None) -> EfficiencyTimeModel:
         """This model for `spec` as llmperf's CPU engine runs it: a decode step of a model whose layers
         run in one call of its kernels (`ModelSpec.one_call_layers`, a head dim and rows they take, the
         sdpa backend) pays the one call's dispatch (`op_overhead_rows`), every other step (today's
         families, more rows, a prefill or mixed step) each operator's called one by one
         (`op_overhead_rows_by_op`; measured on the 2-core development CPU: an RMSNorm 2 us in the one
         call, 14-20 us one by one). Itself where no one-by-one figures were measured (a GPU, an older
-        calibration); the weight GEMMs keep their rows curves either way."""
+        calibration); the weight GEMMs keep their rows curves either way. `one_call` False: the engine
+        runs this model's operators one by one whatever its shape (a tensor-parallel shard); None: by
+        the spec."""
         if not self.op_overhead_rows_by_op:
             return self
-        fits = bool(getattr(spec, "one_call_layers", False)) and 0 < spec.head_dim <= self.one_call_max_head_dim
+        fits = (bool(getattr(spec, "one_call_layers", False)) and 0 < spec.head_dim <= self.one_call_max_head_dim
+                and one_call is not False)
         n = self.one_call_rows if fits else 0
         by_op = {**self.op_overhead_rows, **self.op_overhead_rows_by_op}
         decode = {op: _joined(self.op_overhead_rows.get(op), c, n) for op, c in self.op_overhead_rows_by_op.items()}

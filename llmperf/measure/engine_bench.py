@@ -362,6 +362,15 @@ def write_results(out: Path, lines: list[str], *, env: dict[str, Any], settings:
         d.write("engine_bench.json", json.dumps(doc, indent=2) + "\n")
 
 
+def comparison_head(title: str, env: dict[str, Any], settings: dict[str, Any], when: str | None = None) -> list[str]:
+    """A comparison benchmark's first lines: what, when (default today), the machine (and its GPU),
+    the versions and commit, the settings."""
+    import time
+    return [f"{title}, measured and predicted: {when or time.strftime('%Y-%m-%d')}, {env['machine']}"
+            + (f", GPU {env['gpu']}" if "gpu" in env else ""),
+            f"versions {env['versions']}, commit {env['git_commit']}", f"settings {settings}"]
+
+
 def save_comparison(out: Path, name: str, text: str, doc: dict[str, Any], *, indent: int | None = 2) -> None:
     """A benchmark's `out/NAME.txt` (what it printed) and `out/NAME.json` (`doc`: its environment, settings
     and rows), written together or not at all (`llmperf.outputs.OutputDir.transaction`). `indent`

@@ -41,7 +41,7 @@ from llmperf.engine.speculative import SpeculativeResult, early_exit_draft, spec
 from llmperf.engine.weights import build_model
 from llmperf.errors import SpecError
 from llmperf.measure.device import describe
-from llmperf.measure.engine_bench import environment, save_comparison
+from llmperf.measure.engine_bench import comparison_head, environment, save_comparison
 from llmperf.measure.profile.predict import own_engine_time_model
 from llmperf.measure.timers import gc_paused
 from llmperf.specs import load_hardware, load_model
@@ -261,11 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             env, settings, rows = _run(args, ks, dtype)
     except (SpecError, ValueError) as exc:
         p.exit(2, f"error: {exc}\n")
-    when = time.strftime("%Y-%m-%d")
-    when = f"measured {env['date'][:10]}, priced {when}" if args.reprice is not None else when
-    head = [f"speculative decoding, measured and predicted: {when}, {env['machine']}"
-            + (f", GPU {env['gpu']}" if "gpu" in env else ""),
-            f"versions {env['versions']}, commit {env['git_commit']}", f"settings {settings}"]
+    when = f"measured {env['date'][:10]}, priced {time.strftime('%Y-%m-%d')}" if args.reprice is not None else None
+    head = comparison_head("speculative decoding", env, settings, when)
     text = "\n".join(head + lines(rows))
     print(text)
     if args.out is not None:

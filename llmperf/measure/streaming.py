@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.streaming import streaming_generate
 from llmperf.engine.weights import build_model
 from llmperf.errors import SpecError
-from llmperf.measure.engine_bench import environment, save_comparison
+from llmperf.measure.engine_bench import comparison_head, environment, save_comparison
 from llmperf.measure.timers import gc_paused
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
 from llmperf.specs.streaming import streaming
@@ -153,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                                                efficiency=args.efficiency)
     except (SpecError, ValueError) as exc:
         p.exit(2, f"error: {exc}\n")
-    head = [f"StreamingLLM, measured and predicted: {time.strftime('%Y-%m-%d')}, {env['machine']}",
-            f"versions {env['versions']}, commit {env['git_commit']}", f"settings {settings}"]
+    head = comparison_head("StreamingLLM", env, settings)
     text = "\n".join(head + lines(series, tm_name, engine_name))
     print(text)
     if args.out is not None:

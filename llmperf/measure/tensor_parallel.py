@@ -27,10 +27,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -128,11 +126,6 @@ def measure(spec: ModelSpec, tp: int, *, batch: int, prompt_len: int, gen_len: i
     return runs
 
 
-def _one_by_one(spec: ModelSpec) -> Any:
-    """`spec` as a sharded rank runs it, for `for_model`: no decode layer in one call."""
-    return SimpleNamespace(one_call_layers=False, head_dim=spec.head_dim)
-
-
 def predicted(spec: ModelSpec, tp: int, hardware: Any, steps: list[tuple[str, int, int, int, float]], *,
               dtype: str, efficiency: str | None = None, backend: str = "sdpa") -> dict[str, Any]:
     """Each step's price at `tp`, expected and roofline (`Predictor.step`, as `profile` prices an
@@ -147,7 +140,7 @@ def predicted(spec: ModelSpec, tp: int, hardware: Any, steps: list[tuple[str, in
     cdt = hw.compute_dtype(dtype)
     tm = own_engine_time_model(hw, efficiency, cdt, backend)
     if hasattr(tm, "for_model"):
-        tm = tm.for_model(spec if tp == 1 else _one_by_one(spec))
+        tm = tm.for_model(spec, one_call=None if tp == 1 else False)  # a shard runs no one-call decode
     prec, conv = Precision.uniform(dtype), Conventions()
     sharded = Predictor(fm=forward_model(spec, prec, conv, tp), hardware=hw, compute_dtype=cdt, calibrated=tm)
     whole = Predictor(fm=forward_model(spec, prec, conv, 1), hardware=hw, compute_dtype=cdt, calibrated=tm)
@@ -284,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         from llmperf.engine.tensor_parallel import shard_spec
         for tp in tps:
             shard_spec(spec, tp)  # refusals before any process starts
-        from llmperf.measure.engine_bench import environment, save_comparison
+        from llmperf.measure.engine_bench import comparison_head, environment, save_comparison
         env = environment()
         settings = dict(model=spec.name, tp=list(tps), batch=list(lists["batch"]), prompt_len=args.prompt_len,
                         gen_len=args.gen_len, dtype=args.dtype, device=args.device, backend=args.backend,
@@ -294,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                        attention=args.backend, threads_per_rank=threads, efficiency=args.efficiency)
     except (SpecError, ValueError) as exc:
         p.exit(2, f"error: {exc}\n")
-    head = [f"tensor parallelism, measured and predicted: {time.strftime('%Y-%m-%d')}, {env['machine']}",
-            f"versions {env['versions']}, commit {env['git_commit']}", f"settings {settings}"]
+    head = comparison_head("tensor parallelism", env, settings)
     text = "\n".join(head + lines(rows))
     print(text)
     if args.out is not None:
