@@ -7,7 +7,8 @@
 #   2. the kernels' input checks on the GPU (tests/kernels/test_validation.py: seconds)
 #   3. speculative decoding on the engine beside its prediction (llmperf.measure.speculative, bf16, Triton,
 #      a warm-up run per k), priced by step 1's calibration
-#   4. today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py)
+#   4. today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py),
+#      and tensor parallelism's NCCL ranks (one a GPU: a world of one on a one-GPU machine)
 #   5. today's models profiled on the GPU with the calibration of step 1 (Triton backend, bf16, 2 layers
 #      each kind kept): qwen3-30b-a3b, gpt-oss-20b, DeepSeek-V3 at a quarter of its widths, while time is left
 #   6. the Triton kernels' tests on the GPU (windows, chunks, sinks, MLA decode; pytest-xdist when present),
@@ -20,6 +21,7 @@
 #
 #   bash reports/gpu-session.sh                    # on the lent machine, from the repository root
 #   DEADLINE_S=300 bash reports/gpu-session.sh     # stop starting steps after 300 s
+#   SKIP_STEPS='^(profile|accuracy)-' bash ...     # skip the steps whose names match (a bash regex)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -36,6 +38,10 @@ pack() { tar czf "$PACK/gpu-session.tar.gz.part" -C "$R" . && mv "$PACK/gpu-sess
 step() {  # step NAME LIMIT_S CMD...: skipped past the deadline; else run under its limit, log, pack
     local name=$1 limit=$2; shift 2
     local left=$((DEADLINE_S - SECONDS))
+    if [[ -n ${SKIP_STEPS:-} && $name =~ $SKIP_STEPS ]]; then
+        echo "$name: skipped (SKIP_STEPS)" | tee -a "$R/steps.txt"
+        return
+    fi
     if (( left < 20 )); then
         echo "$name: skipped ($SECONDS s spent, deadline $DEADLINE_S s)" | tee -a "$R/steps.txt"
         return
@@ -71,8 +77,8 @@ step validation-tests 45 "$PY" -m pytest tests/kernels/test_validation.py -q -p 
 [[ -f $R/gpu/calibrate.yaml ]] && step speculative 90 "$PY" -m llmperf.measure.speculative \
     reports/speculative/llama-style-12l-cpu.yaml --early-exit 2 --tail-scale 0.06 --device cuda --dtype bf16 \
     --backend triton -H "$R/gpu/calibrate.yaml" -k 1,4 -p 64 -g 64 --reps 5 --out "$R/speculative"
-step family-tests 100 "$PY" -m pytest tests/engine/test_cuda_families.py -q -p no:cacheprovider "${XDIST[@]}" \
-    "${TIMEOUT[@]}" --junitxml "$R/family-tests.xml"
+step family-tests 100 "$PY" -m pytest tests/engine/test_cuda_families.py tests/engine/test_tensor_parallel.py -k \
+    'cuda or nccl' -q -p no:cacheprovider "${XDIST[@]}" "${TIMEOUT[@]}" --junitxml "$R/family-tests.xml"
 if [[ -f $R/gpu/calibrate.yaml ]]; then
     for model in qwen3-30b-a3b gpt-oss-20b reports/profile/deepseek-v3-quarter-cpu.yaml; do
         name=$(basename "$model" .yaml); name=${name%-cpu}
@@ -82,7 +88,7 @@ if [[ -f $R/gpu/calibrate.yaml ]]; then
             "$R/todays/$name" --save
     done
 fi
-step kernel-tests 150 "$PY" -m pytest tests/kernels -q -p no:cacheprovider "${XDIST[@]}" "${TIMEOUT[@]}" --durations 10 \
+step kernel-tests 240 "$PY" -m pytest tests/kernels -q -p no:cacheprovider "${XDIST[@]}" "${TIMEOUT[@]}" --durations 10 \
     --junitxml "$R/kernel-tests.xml"
 echo "done in $SECONDS s"
 pack
