@@ -751,6 +751,34 @@ def test_op_overheads_measured_against_an_unrecorded_run_move_by_the_recorder_sh
     assert not notes and all(0.0 < v < 1.0 for v in figures["sdpa"].values())
 
 
+def test_the_recorder_share_is_the_median_of_interleaved_pairs_of_runs(monkeypatch):
+    """One recorded and one unrecorded run read a moving host's drift as the recorder's share (the
+    2026-11-27m H100: -7.9 to +24.6 us a call for one engine); calibrate interleaves `SHARE_PAIRS` of
+    them and moves every figure by the median share (here -2 s of -1, -3, -2: every figure between 2 and
+    3 s), naming each pair's share in its note; the recorded runs' calls pool into the figures."""
+    import torch
+
+    from llmperf.measure.calibrate import operators
+
+    s, cpu = Settings.tiny(), torch.device("cpu")
+    monkeypatch.setattr(operators, "op_overhead_backends", lambda device: ("sdpa",))
+    shares = iter((-1.0, -3.0, -2.0))
+    seen: list[tuple[object, object]] = []
+
+    def fake_share(recorded, bare):
+        seen.append((recorded, bare))
+        return next(shares), 5, 1e-3, 0.99e-3
+
+    monkeypatch.setattr(operators, "recorder_share", fake_share)
+    notes: list[str] = []
+    figures = operators.measure_op_overheads(s, cpu, lambda _: None, cold=False, unrecorded=True, notes=notes)
+    assert operators.SHARE_PAIRS == 3 and len(seen) == 3
+    assert len({id(r) for r, _ in seen}) == 3 and len({id(b) for _, b in seen}) == 3  # three distinct pairs
+    assert figures["sdpa"] and all(2.0 < v < 3.0 for v in figures["sdpa"].values())
+    assert len(notes) == 1 and "each call -2000000.00 us less" in notes[0]
+    assert "median of 3 interleaved pairs of runs: -1000000.00, -3000000.00, -2000000.00 us" in notes[0]
+
+
 def test_a_gpu_calibration_times_the_operators_of_todays_families_on_their_tiny_models(monkeypatch):
     """What calibrate runs on CUDA (here on the CPU): beside the Llama-shaped tiny model's figures, the
     operators only today's families run, each from its own tiny model's recorded decode (the router's
