@@ -422,6 +422,15 @@ class ForwardModel:
         return OpCost(name="embed", kind="embedding", weight_bytes=tokens * h * p.embedding_bytes,
                       act_write_bytes=tokens * h * p.act_bytes, per_layer=False, rows=tokens)
 
+    def embed_allreduce(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Tensor parallelism: each GPU holds `vocab / tp` rows of the embedding (`ShardDims.vocab_size`),
+        looks up the tokens in its range (zero rows for the others) and the `tokens x hidden` partial
+        embeddings are all-reduced at the activation dtype (Megatron-LM's and vLLM's
+        `VocabParallelEmbedding.forward`: mask, `F.embedding`, `tensor_model_parallel_all_reduce`). With
+        `dp_attention` the group's tokens, as its dense FFN's collective (the embedding stays vocabulary-split:
+        `rollup.stage_weight_bytes`; SGLang would replicate it instead and need no collective)."""
+        return replace(self._allreduce("embed_allreduce", batch * q_len), per_layer=False)
+
     def pos_embed(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """Learned positions (GPT-2, OPT): one row of the position table read and added per token."""
         tokens = batch * q_len
@@ -751,9 +760,22 @@ class ForwardModel:
         return self._linear("lm_head", self._logit_rows(batch, q_len), self.model.hidden_size,
                             self.dims.vocab_size, False, per_layer=False, module="lm_head")
 
+    def logits_gather(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Tensor parallelism: each GPU's `rows x vocab / tp` slice of the logits gathered before sampling
+        (vLLM's `LogitsProcessor._gather_logits`: `tensor_model_parallel_gather` to rank 0, or an all-gather
+        where the platform needs one; the padded vocabulary's tail is cut after it). Priced as an all-gather
+        of `rows x padded vocab` (`tp x ShardDims.vocab_size`) in the activation dtype, the dtype the LM head
+        computes its logits in (the sampler casts them to fp32 after the gather): bus bytes `(tp - 1) / tp`
+        of it per GPU, what a gather's root receives too."""
+        t = self.tp
+        total = self._logit_rows(batch, q_len) * t * self.dims.vocab_size * self.precision.act_bytes
+        return OpCost(name="logits_gather", kind="comm", comm_bytes=(t - 1) / t * total,
+                      rows=self._logit_rows(batch, q_len), per_layer=False, comm_gpus=int(t))
+
     def final_softcap(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """Gemma 2: cap * tanh(logit / cap) on every logit."""
-        return self._elementwise("final_softcap", self._logit_rows(batch, q_len), self.dims.vocab_size,
+        """Gemma 2: cap * tanh(logit / cap) on every logit, after `logits_gather` at tp > 1 (vLLM's
+        `LogitsProcessor` caps the gathered logits, their padding cut: the whole vocabulary)."""
+        return self._elementwise("final_softcap", self._logit_rows(batch, q_len), self.model.vocab_size,
                                  SOFTCAP_FLOPS, per_layer=False)
 
     # ---- the pass ----------------------------------------------------------------------------------
@@ -857,8 +879,10 @@ class ForwardModel:
         return [op.scaled(1, layer=kind.label) for op in ops]
 
     def head_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
-        """Operators before the first block (embeddings)."""
+        """Operators before the first block (embeddings; at tp > 1 the vocabulary-split lookup's all-reduce)."""
         ops = [self.embed(batch, q_len, kv_len)]
+        if self.tp > 1:
+            ops.append(self.embed_allreduce(batch, q_len, kv_len))
         if self.model.pos_encoding == "learned":
             ops.append(self.pos_embed(batch, q_len, kv_len))
         if self.model.embedding_scale:
@@ -866,8 +890,10 @@ class ForwardModel:
         return ops
 
     def tail_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
-        """Operators after the last block (final norm, logits)."""
+        """Operators after the last block (final norm, logits; at tp > 1 the logit slices' gather)."""
         ops = [self.final_norm(batch, q_len, kv_len), self.lm_head(batch, q_len, kv_len)]
+        if self.tp > 1:
+            ops.append(self.logits_gather(batch, q_len, kv_len))
         if self.model.final_softcap:
             ops.append(self.final_softcap(batch, q_len, kv_len))
         return ops

@@ -19,7 +19,8 @@ Multi-head latent attention (MLA) adds its projections (`q_a_proj` .. `kv_b_proj
 absorbed form, `q_absorb` and `v_absorb`; mixture-of-experts layers add the router's GEMM
 (`router`), its choice of experts (`moe_route`), the routed experts' FFN, the weighted sum of each
 token's expert outputs (`moe_sum`), the shared experts' operators (`shared_*`) and, with expert
-parallelism, the `moe_dispatch` / `moe_combine` all-to-alls.
+parallelism, the `moe_dispatch` / `moe_combine` all-to-alls. Tensor parallelism's vocabulary-split
+embedding and LM head add one collective each per forward pass: `embed_allreduce` and `logits_gather`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Op(str, Enum):
     """Operator names, in forward order."""
 
     embed = "embed"
+    embed_allreduce = "embed_allreduce"  # tensor parallel: the vocabulary-split embedding's partial rows summed
     pos_embed = "pos_embed"
     embed_scale = "embed_scale"  # Gemma: the embedding times sqrt(hidden)
     attn_norm = "attn_norm"
@@ -81,6 +83,7 @@ class Op(str, Enum):
     mlp_residual = "mlp_residual"
     final_norm = "final_norm"
     lm_head = "lm_head"
+    logits_gather = "logits_gather"  # tensor parallel: every GPU's vocabulary slice of the logits gathered
     final_softcap = "final_softcap"  # Gemma 2: cap * tanh(logit / cap)
     pp_send = "pp_send"  # activations handed to the next pipeline stage
 
@@ -114,8 +117,9 @@ FUSED_PARTS: MappingProxyType[Op, tuple[Op, ...]] = MappingProxyType({
 })
 
 #: operators that exist once per model rather than once per layer
-MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.pos_embed, Op.embed_scale, Op.final_norm, Op.lm_head,
-                                           Op.final_softcap, Op.pp_send})
+MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.embed_allreduce, Op.pos_embed, Op.embed_scale,
+                                           Op.final_norm, Op.lm_head, Op.logits_gather, Op.final_softcap,
+                                           Op.pp_send})
 
 #: operators that are a matrix multiply against weights (GEMM in prefill, GEMV-like in decode)
 WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({
@@ -130,8 +134,8 @@ ATTENTION_OPS: frozenset[Op] = frozenset({Op.attention, Op.attn_score, Op.attn_s
                                          Op.attn_value})
 
 #: collectives (kind "comm")
-COMM_OPS: frozenset[Op] = frozenset({Op.attn_allreduce, Op.mlp_allreduce, Op.moe_dispatch, Op.moe_combine,
-                                     Op.pp_send})
+COMM_OPS: frozenset[Op] = frozenset({Op.embed_allreduce, Op.attn_allreduce, Op.mlp_allreduce, Op.moe_dispatch,
+                                     Op.moe_combine, Op.logits_gather, Op.pp_send})
 
 OP_NAMES: tuple[str, ...] = tuple(op.value for op in Op)
 PHASE_NAMES: tuple[str, ...] = tuple(ph.value for ph in Phase)

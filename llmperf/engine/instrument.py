@@ -38,14 +38,15 @@ from llmperf.analysis.vocabulary import Op, Phase
 if TYPE_CHECKING:
     import pandas as pd
 
-#: operator names in forward order (each appears only where the model has it; the all-reduces in a
+#: operator names in forward order (each appears only where the model has it; the collectives in a
 #: tensor-parallel shard, `llmperf.engine.tensor_parallel`)
 OP_NAMES = tuple(op.value for op in (
-    Op.embed, Op.pos_embed, Op.attn_norm, Op.qkv_proj, Op.rope, Op.kv_write, Op.attn_score, Op.attn_softmax,
+    Op.embed, Op.embed_allreduce, Op.pos_embed, Op.attn_norm, Op.qkv_proj, Op.rope, Op.kv_write, Op.attn_score,
+    Op.attn_softmax,
     Op.attn_value, Op.attention, Op.o_proj, Op.attn_allreduce, Op.attn_residual, Op.mlp_norm, Op.router,
     Op.moe_route, Op.gate_up_proj, Op.up_proj, Op.act, Op.down_proj, Op.moe_sum, Op.shared_gate_up_proj,
     Op.shared_act, Op.shared_down_proj, Op.shared_expert_gate, Op.mlp_allreduce, Op.mlp_residual, Op.final_norm,
-    Op.lm_head,
+    Op.lm_head, Op.logits_gather,
     # multi-head latent attention (`mla.MLAttention`)
     Op.q_a_proj, Op.q_a_norm, Op.q_b_proj, Op.q_proj, Op.kv_a_proj, Op.kv_a_norm, Op.kv_b_proj, Op.q_absorb,
     Op.v_absorb,

@@ -55,6 +55,8 @@ from llmperf.specs import ModelSpec
 _QKV, _GATE_UP = Op.qkv_proj.value, Op.gate_up_proj.value
 # A tensor-parallel layer's two sums over ranks (`llmperf.engine.tensor_parallel`), named as priced
 _ATTN_REDUCE, _MLP_REDUCE = Op.attn_allreduce.value, Op.mlp_allreduce.value
+# ... and a vocabulary-parallel shard's two per pass: the embedding's sum and the logit slices' gather
+_EMBED_REDUCE, _LOGITS_GATHER = Op.embed_allreduce.value, Op.logits_gather.value
 
 class Block(nn.Module):
     """One transformer layer. Parameters (names used by `weights.py`):
@@ -246,7 +248,16 @@ class Transformer(nn.Module):
     Parameters: embed_weight (V, C); pos_weight (max_positions, C) (learned positions);
     layers.{i}.*; final_norm; lm_head_weight (C, V) ("in_out") or (V, C), or when tied the embedding
     itself (V, C).
+
+    Vocabulary-parallel (a tensor-parallel shard, `tensor_parallel.shard_model` sets these): the embedding
+    and the LM head hold the rows `[vocab_start, vocab_start + V_r)` of the vocabulary only; a token
+    outside them embeds as a zero row and `embed_reduce` sums the shards' rows in place; `gather_logits`
+    turns each shard's `(..., V_r)` logits into the whole padded vocabulary's `(..., w V_r)`, cut to V.
     """
+
+    vocab_start = 0  # class defaults: a whole model looks nothing up per call
+    embed_reduce: Callable[[torch.Tensor], None] | None = None
+    gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, spec: ModelSpec, *, dtype: str | torch.dtype = "fp32",
                  device: str | torch.device = "cpu", attention: str = "sdpa", weight_layout: str = "auto") -> None:
@@ -323,7 +334,10 @@ class Transformer(nn.Module):
         with rec.op("final_norm"):
             x = self.final_norm.forward(x)
         with rec.op("lm_head"):
-            logits = self._head_ops.linear(x, self.lm_head_weight)
+            logits = self._head_ops.linear(x, self.lm_head_weight)  # (..., V), a shard's (..., V_r)
+        if self.gather_logits is not None:  # the padding's logits (zero rows) are cut, never sampled
+            with rec.op(_LOGITS_GATHER):
+                logits = self.gather_logits(logits)[..., :self.spec.vocab_size]  # (..., V)
         cap = self.spec.final_softcap
         if cap is None:
             return logits
@@ -364,7 +378,10 @@ class Transformer(nn.Module):
             cos_local, sin_local = self.rotary_local.lookup(positions, last, self.dtype)
         ctx = ForwardContext(rec, attend or self._attend, cos, sin, positions, cos_local, sin_local)
         with rec.op("embed"):
-            x = F.embedding(tokens, self.embed_weight)  # (1, N, C)
+            x = F.embedding(tokens, self.embed_weight) if self.embed_reduce is None else self._embed_shard(tokens)
+        if self.embed_reduce is not None:
+            with rec.op(_EMBED_REDUCE):
+                self.embed_reduce(x)  # (1, N, C): every token's row, from the shard that holds it
         if self.spec.embedding_scale:  # Gemma: sqrt(hidden) in the activation dtype
             with rec.op("embed_scale"):
                 x = x * torch.tensor(self.spec.hidden_size ** 0.5, dtype=x.dtype)
@@ -380,6 +397,14 @@ class Transformer(nn.Module):
         for layer in self.layers:
             x = layer.forward(x, spans, ctx)  # .forward skips nn.Module hook dispatch
         return x
+
+    def _embed_shard(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A vocabulary shard's lookup (vLLM's `VocabParallelEmbedding.forward`): the tokens in its rows, a zero
+        row for every other token."""
+        local = tokens - self.vocab_start
+        outside = (local < 0) | (local >= self.embed_weight.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.embed_weight)  # (1, N, C)
+        return x.masked_fill_(outside[..., None], 0)
 
     def forward_groups(self, groups: Sequence[tuple[torch.Tensor, StepMeta]], *, rec: Any = NULL_RECORDER,
                        attend: Any = None) -> list[torch.Tensor]:

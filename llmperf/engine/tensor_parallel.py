@@ -1,24 +1,27 @@
 """Tensor parallelism for the engine, Megatron-style (Shoeybi et al. 2019, arXiv:1909.08053, §3): a layer's
-heads and FFN columns split over `world` ranks, two all-reduces per layer, on CPUs (gloo) or GPUs (NCCL).
+heads and FFN columns split over `world` ranks, two all-reduces per layer, the vocabulary split too (one
+all-reduce after the embedding, one gather of the logits), on CPUs (gloo) or GPUs (NCCL).
 
-Letters: C hidden size, H / H_kv query / key-value heads, D head dim, F FFN width, w world, r rank.
+Letters: C hidden size, H / H_kv query / key-value heads, D head dim, F FFN width, V vocabulary, w world, r rank.
 
 - `shard_spec(spec, w)`: the spec one rank runs (H / w, H_kv / w, F / w), or a `SpecError` naming what
   cannot be split exactly (an indivisible width, experts, latent attention).
-- `shard_model(model, r, w, all_reduce)`: rank r's `Transformer`: column-parallel [q | k | v] and
-  [gate | up] (its heads, its FFN columns), row-parallel o and down (their matching input rows, their
-  biases on rank 0 only), everything else replicated (norms, embeddings, the full LM head). Each
-  layer sums its o projection's and its FFN's partial outputs in place with `all_reduce`
-  (`Block.reduce`, timed as `attn_allreduce` / `mlp_allreduce`, the analytical model's operators),
-  before the post norms and the residual adds, so every rank holds the whole activations again.
+- `shard_model(model, r, w, all_reduce, all_gather)`: rank r's `Transformer`: column-parallel [q | k | v]
+  and [gate | up], row-parallel o and down (biases on rank 0 only), norms replicated. Each layer sums its
+  o projection's and its FFN's partial outputs in place with `all_reduce` (`Block.reduce`, timed as
+  `attn_allreduce` / `mlp_allreduce`) before the post norms and residual adds. Vocabulary-parallel
+  (default; vLLM's `VocabParallelEmbedding` / `ParallelLMHead`): the embedding and the LM head (tied: the
+  same shard) keep vocabulary rows [r V_r, (r + 1) V_r), V_r = ceil(V / w) (zero rows pad the last); a
+  token outside them embeds as zeros, `all_reduce` sums the rows (`embed_allreduce`), and every rank's
+  logit slice is all-gathered (`logits_gather`): each rank samples the same token from the whole logits
+  (vLLM gathers to rank 0 and broadcasts its tokens: the same bytes, into one rank). The padding is cut.
 - `run_ranks(w, fn, *args)`: `fn(rank, w, *args)` in w spawned processes with `torch.distributed` set up.
-- `tp_generate(spec, prompts, w, max_new_tokens=...)`: the engine's greedy generation on w ranks, timed
-  per step (`TPResult`).
+- `tp_generate(spec, prompts, w, max_new_tokens=...)`: greedy generation on w ranks, timed per step (`TPResult`).
 
-Exact: per rank the attention of its heads is the unsharded one's and the sums only reorder fp
-additions, so fp32 logits equal the whole model's to rounding (tests/engine/test_tensor_parallel.py).
-Not done: sequence parallelism, a vocabulary-parallel LM head, experts, MLA, replicating KV heads when
-w > H_kv, overlapping communication with compute. Design notes: docs/engine.md, "Tensor parallelism".
+Exact: per rank the attention of its heads is the unsharded one's and the sums only reorder fp additions
+(a vocabulary shard's rows add zeros), so fp32 logits equal the whole model's to rounding
+(tests/engine/test_tensor_parallel.py). Not done: sequence parallelism, experts, MLA, replicating KV heads
+when w > H_kv, overlapping communication with compute. Design notes: docs/engine.md, "Tensor parallelism".
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
 
 #: the operators a shard's layers time their sums under (the analytical model's names)
 REDUCE_OPS = (Op.attn_allreduce.value, Op.mlp_allreduce.value)
+#: every collective a shard runs in a forward pass: the layers' sums and the vocabulary's two
+COLLECTIVE_OPS = (Op.embed_allreduce.value, *REDUCE_OPS, Op.logits_gather.value)
 #: seconds `run_ranks` waits for its processes (and every collective waits for the others) by default
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -113,24 +118,83 @@ def _rank_value(name: str, value: torch.Tensor, spec: ModelSpec, in_out: bool, r
         return _columns(value, in_dim, (value.shape[in_dim],), rank, world)
     if leaf in ("o_bias", "down_bias"):  # added once to the sum: on rank 0 only
         return value if rank == 0 else None
-    return value  # replicated: norms, q/k norms (per head dim), embeddings, positions, the LM head
+    return value  # replicated: norms, q/k norms (per head dim), positions (embeddings: `_split_vocabulary`)
+
+
+def vocab_rows(vocab_size: int, rank: int, world: int) -> tuple[int, int]:
+    """(first row, rows) of the padded vocabulary rank `rank` of `world` holds: rows = ceil(V / w), the
+    last ranks' tails past V being padding (Megatron-LM's and vLLM's even split of a padded vocabulary)."""
+    rows = -(-vocab_size // world)
+    return rank * rows, rows
+
+
+def _vocab_slice(value: torch.Tensor, dim: int, rank: int, world: int, vocab_size: int) -> torch.Tensor:
+    """Rank `rank`'s rows of the vocabulary dimension `dim` of `value`, zero rows past the vocabulary."""
+    lo, rows = vocab_rows(vocab_size, rank, world)
+    real = max(0, min(rows, vocab_size - lo))
+    part = value.narrow(dim, min(lo, vocab_size), real)
+    if real == rows:
+        return part.clone()
+    shape = list(value.shape)
+    shape[dim] = rows - real
+    return torch.cat([part, value.new_zeros(shape)], dim)
+
+
+def _gather_by_sum(all_reduce: Callable[[torch.Tensor], None], rank: int,
+                   world: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An all-gather of the last dimension made of an in-place sum (each rank's slice in place, zeros
+    elsewhere: exact): for callers that give `shard_model` a sum only (twice an all-gather's bytes)."""
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        n = t.shape[-1]
+        out = t.new_zeros(*t.shape[:-1], world * n)  # (..., w V_r)
+        out[..., rank * n:(rank + 1) * n] = t
+        all_reduce(out)
+        return out
+    return gather
+
+
+def _split_vocabulary(shard: Transformer, model: Transformer, rank: int, world: int,
+                      all_reduce: Callable[[torch.Tensor], None],
+                      all_gather: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+    """The shard's embedding and LM head cut to its vocabulary rows (a tied head: the same tensor)."""
+    V = model.spec.vocab_size
+    shard.embed_weight = torch.nn.Parameter(_vocab_slice(model.embed_weight, 0, rank, world, V),
+                                            requires_grad=False)  # (V_r, C)
+    if model.spec.tied_embeddings:
+        shard.lm_head_weight = shard.embed_weight
+    else:  # (C, V_r) in_out, (V_r, C) out_in
+        shard.lm_head_weight = torch.nn.Parameter(
+            _vocab_slice(model.lm_head_weight, -1 if model.in_out else 0, rank, world, V), requires_grad=False)
+    shard.vocab_start = vocab_rows(V, rank, world)[0]
+    shard.embed_reduce = all_reduce
+    shard.gather_logits = all_gather if all_gather is not None else _gather_by_sum(all_reduce, rank, world)
 
 
 @torch.no_grad()
-def shard_model(model: Transformer, rank: int, world: int,
-                all_reduce: Callable[[torch.Tensor], None]) -> Transformer:
+def shard_model(model: Transformer, rank: int, world: int, all_reduce: Callable[[torch.Tensor], None],
+                all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None, *,
+                vocab_parallel: bool = True) -> Transformer:
     """Rank `rank`'s shard of `model` out of `world`: a new `Transformer` of `shard_spec(model.spec,
     world)` (same dtype, device, attention backend and weight layout) holding copies of the rank's
     slices of `model`'s parameters. `all_reduce(t)` must sum `t` over the ranks in place; every layer
-    calls it on its o projection's and its FFN's outputs. The shard runs no one-call CPU decode step."""
+    calls it on its o projection's and its FFN's outputs. With `vocab_parallel` (and world > 1) the
+    embedding and the LM head hold the rank's vocabulary rows (`vocab_rows`), `all_reduce` sums the
+    embedded tokens, and `all_gather(t)` must return the ranks' `(..., V_r)` logits concatenated in rank
+    order along the last dimension (default: one made of `all_reduce`); `vocab_parallel=False` keeps
+    both whole on every rank. The shard runs no one-call CPU decode step."""
     spec = model.spec
     sharded = shard_spec(spec, world)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
         raise ValueError(f"rank: must be an integer in [0, {world}), got {rank!r}")
+    if not isinstance(vocab_parallel, bool):
+        raise ValueError(f"vocab_parallel: must be true or false, got {vocab_parallel!r}")
+    split_vocab = vocab_parallel and world > 1
     shard = Transformer(sharded, dtype=model.dtype, device=model.device, attention=model.attention_backend,
                         weight_layout=model.weight_layout)
     whole = dict(model.named_parameters(remove_duplicate=False))
     for name, p in shard.named_parameters():  # a tied LM head is the embedding: listed once
+        if split_vocab and name in ("embed_weight", "lm_head_weight"):
+            continue
         value = _rank_value(name, whole[name], spec, model.in_out, rank, world)
         if value is None:
             module_name, leaf = name.rsplit(".", 1)
@@ -138,6 +202,8 @@ def shard_model(model: Transformer, rank: int, world: int,
             continue
         assert value.shape == p.shape, f"{name}: the rank's slice is {tuple(value.shape)}, the shard holds {p.shape}"
         p.copy_(value)
+    if split_vocab:
+        _split_vocabulary(shard, model, rank, world, all_reduce, all_gather)
     for block in shard.layers:
         block.reduce = all_reduce
     shard.decode_in_one_call = False  # the one call would skip the sums
@@ -270,8 +336,9 @@ def _failure(out: Path, failed: list[int], codes: list[int | None]) -> str:
 class TPResult:
     """A tensor-parallel run as rank 0 saw it. `steps`: (phase, batch, q_len, kv_len, seconds) of each
     engine step of the timed run (`kv_len`: the longest context, the new tokens included);
-    `allreduce_s` (with `record=True`): each step's seconds inside the all-reduces, waiting for the
-    other ranks included."""
+    `allreduce_s` (with `record=True`): each step's seconds inside all its collectives (`COLLECTIVE_OPS`:
+    the layers' all-reduces and, with `vocab_parallel`, the embedding's all-reduce and the logits'
+    gather), waiting for the other ranks included."""
 
     tokens: list[list[int]]
     steps: list[tuple[str, int, int, int, float]]
@@ -279,6 +346,7 @@ class TPResult:
     backend: str
     threads_per_rank: int
     allreduce_s: list[float] | None = None
+    vocab_parallel: bool = True
 
     def to_frame(self) -> pd.DataFrame:
         """One row per step: phase, batch, q_len, kv_len, seconds, allreduce_s (NaN when not recorded)."""
@@ -289,7 +357,7 @@ class TPResult:
 
 
 class _ReduceClock(NullRecorder):
-    """A recorder that times only the all-reduces (`REDUCE_OPS`), summed per engine step; every other
+    """A recorder that times only the collectives (`COLLECTIVE_OPS`), summed per engine step; every other
     operator runs untimed, as without a recorder. On CUDA the clock is read after a synchronisation."""
 
     def __init__(self, device: torch.device) -> None:
@@ -299,7 +367,7 @@ class _ReduceClock(NullRecorder):
         self._seconds = 0.0
 
     def op(self, name: str, layer: int | None = None) -> Any:
-        return self._timed() if name in REDUCE_OPS else super().op(name, layer)
+        return self._timed() if name in COLLECTIVE_OPS else super().op(name, layer)
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
@@ -330,16 +398,26 @@ def _sum_over_ranks(t: torch.Tensor) -> None:
         t.copy_(flat)
 
 
+def _gather_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """The ranks' `t` concatenated in rank order along the last dimension (an all-gather)."""
+    import torch.distributed as dist
+
+    t = t.contiguous()
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t)
+    return torch.cat(parts, dim=-1)
+
+
 def _tp_generate_rank(rank: int, world: int, spec: ModelSpec, prompts: list[list[int]], max_new_tokens: int,
-                      seed: int, dtype: str, device: str, attention: str, record: bool,
-                      backend: str) -> TPResult:  # pragma: no cover - runs in spawned processes
+                      seed: int, dtype: str, device: str, attention: str, record: bool, backend: str,
+                      vocab_parallel: bool = True) -> TPResult:  # pragma: no cover - runs in spawned processes
     from llmperf.engine.generate import Engine
     from llmperf.engine.sampling import SamplingParams
     from llmperf.engine.weights import build_model
 
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device(device)
     whole = build_model(spec, seed=seed, dtype=dtype, device=dev, attention=attention)  # same on every rank
-    model = shard_model(whole, rank, world, _sum_over_ranks)
+    model = shard_model(whole, rank, world, _sum_over_ranks, _gather_over_ranks, vocab_parallel=vocab_parallel)
     del whole
     T = max(len(p) for p in prompts)
     engine = Engine(model, cache="contiguous", max_batch=len(prompts), max_seq_len=T + max_new_tokens)
@@ -360,12 +438,13 @@ def _tp_generate_rank(rank: int, world: int, spec: ModelSpec, prompts: list[list
         steps.append((s.phase.value, s.batch, max(i.num_tokens for i in items),
                       max(i.start + i.num_tokens for i in items), s.seconds))
     return TPResult(tokens=[o.tokens for o in out], steps=steps, world=world, backend=backend,
-                    threads_per_rank=torch.get_num_threads(), allreduce_s=None if clock is None else clock.per_step)
+                    threads_per_rank=torch.get_num_threads(), allreduce_s=None if clock is None else clock.per_step,
+                    vocab_parallel=vocab_parallel)
 
 
 def tp_generate(spec: ModelSpec, prompts: list[list[int]] | torch.Tensor, world: int, *, max_new_tokens: int,
                 seed: int = 0, dtype: str = "fp32", device: str = "cpu", attention: str = "sdpa",
-                threads_per_rank: int | None = None, record: bool = False,
+                threads_per_rank: int | None = None, record: bool = False, vocab_parallel: bool = True,
                 timeout_s: float = DEFAULT_TIMEOUT_S) -> TPResult:
     """Greedy generation of `prompts` (B token lists, or a `(B, T)` tensor) on `world` ranks, rank 0's view.
 
@@ -373,9 +452,12 @@ def tp_generate(spec: ModelSpec, prompts: list[list[int]] | torch.Tensor, world:
     weights on every rank; a whole model per rank is wasteful for big models, simple here), keeps its
     shard (`shard_model`), runs one short warm-up generation and then the timed one on the engine's
     contiguous cache (`Engine.generate`, greedy, no EOS). `device` "cpu" runs gloo, "cuda" NCCL with
-    rank r on CUDA device r. `record`: each step's seconds in the all-reduces (`TPResult.allreduce_s`).
-    The ranks must produce the same tokens (they hold the same logits); a divergence raises."""
+    rank r on CUDA device r. `record`: each step's seconds in the collectives (`TPResult.allreduce_s`).
+    `vocab_parallel`: the embedding and the LM head split by vocabulary rows (`shard_model`), else whole
+    on every rank. The ranks must produce the same tokens (they hold the same logits); a divergence raises."""
     shard_spec(spec, world)  # refused by name before anything is spawned
+    if not isinstance(vocab_parallel, bool):
+        raise ValueError(f"vocab_parallel: must be true or false, got {vocab_parallel!r}")
     check_buildable(spec)
     torch_dtype(dtype)
     get_backend(attention)
@@ -399,11 +481,13 @@ def tp_generate(spec: ModelSpec, prompts: list[list[int]] | torch.Tensor, world:
         raise ValueError(f"device: must be 'cpu' or 'cuda', got {device!r}")
     backend = "nccl" if device == "cuda" else "gloo"
     results = run_ranks(world, _tp_generate_rank, spec, prompts, max_new_tokens, seed, dtype, device, attention,
-                        record, backend, backend=backend, threads_per_rank=threads_per_rank, timeout_s=timeout_s)
+                        record, backend, vocab_parallel, backend=backend, threads_per_rank=threads_per_rank,
+                        timeout_s=timeout_s)
     for r, res in enumerate(results[1:], start=1):
         if res.tokens != results[0].tokens:
             raise RuntimeError(f"tp_generate: rank {r}'s tokens differ from rank 0's (the ranks left lockstep)")
     return results[0]
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "REDUCE_OPS", "TPResult", "run_ranks", "shard_model", "shard_spec", "tp_generate"]
+__all__ = ["COLLECTIVE_OPS", "DEFAULT_TIMEOUT_S", "REDUCE_OPS", "TPResult", "run_ranks", "shard_model", "shard_spec",
+           "tp_generate", "vocab_rows"]

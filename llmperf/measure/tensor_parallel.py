@@ -1,6 +1,7 @@
 """Tensor parallelism measured and predicted side by side: the engine run on N ranks
-(`llmperf.engine.tensor_parallel`: heads and FFN columns sharded, two all-reduces a layer; gloo between
-CPU processes, NCCL between GPUs) beside one rank, and the analytical model's `--tp N` price of each step.
+(`llmperf.engine.tensor_parallel`: heads, FFN columns and vocabulary sharded, two all-reduces a layer, the
+embedding's all-reduce and the logits' gather a step; gloo between CPU processes, NCCL between GPUs) beside
+one rank, and the analytical model's `--tp N` price of each step.
 
     python -m llmperf.measure.tensor_parallel MODEL --tp 1,2 -H CAL -b 1,8 -p 64 -g 32 --threads-per-rank 1
     llmperf bench tensor-parallel MODEL --tp 1,2 -H CAL --out DIR
@@ -10,12 +11,13 @@ every rank. Each (tp, batch) runs greedy generation of the same random prompts, 
 warm-up, each rank in its own process with `--threads-per-rank` threads (default: the cores over the
 largest tp, so every run uses the same threads a rank): tp 1 is the plain engine in one such process.
 Recorded: the tokens (checked equal to tp 1's), the prefill and the decode steps, and each decode step's
-seconds in the all-reduces; each step is priced at its context with `forward_model(..., tp)` under the
-time model llmperf's engine is priced with (`own_engine_time_model`: the `-H` calibration where it has
-one) and under the roofline. A sharded rank runs its operators one by one (no one-call decode layer) and
-computes every logit (its LM head whole), and is priced so. Printed: per (tp, batch) the median decode
-step measured and predicted, the all-reduce share measured and predicted, and the speedup over tp 1,
-both ways.
+seconds in its collectives; each step is priced at its context with `forward_model(..., tp)` (its
+collectives included) under the time model llmperf's engine is priced with (`own_engine_time_model`: the
+`-H` calibration where it has one) and under the roofline. A sharded rank runs its operators one by one
+(no one-call decode layer), and is priced so; `--replicated-vocab` keeps the embedding and LM head whole
+on every rank (the engine before the vocabulary split), priced whole. Printed: per (tp, batch) the median
+decode step measured and predicted, the collectives' share measured and predicted, and the speedup over
+tp 1, both ways.
 
 A CPU's ranks share its DRAM and its last-level cache, where the model gives every rank a device of its
 own: a `-H` calibration taken with `--threads` equal to the threads a rank runs prices one rank alone.
@@ -53,12 +55,13 @@ class TPRow:
     decode_step_max_s: float
     decode_step_pred_s: float
     decode_step_bound_s: float  # the roofline's
-    allreduce_s: float  # a decode step's seconds in the all-reduces (median; 0 for tp 1)
+    allreduce_s: float  # a decode step's seconds in its collectives (median; 0 for tp 1)
     allreduce_pred_s: float
     speedup: float = float("nan")  # tp 1's decode step over this one's (NaN without a tp 1 row)
     speedup_pred: float = float("nan")
     time_model: str = ""
     engine: str = ""
+    vocab_parallel: bool = True  # tp > 1 split the vocabulary (embedding, LM head), else kept them whole
 
     def ratio(self, name: str) -> float:
         """predicted / measured of `name` (prefill_s, decode_step_s, allreduce_s, speedup)."""
@@ -105,9 +108,9 @@ def _plain_worker(rank: int, world: int, spec: ModelSpec, prompts: list[list[int
 
 def measure(spec: ModelSpec, tp: int, *, batch: int, prompt_len: int, gen_len: int, reps: int = 3, seed: int = 0,
             dtype: str = "fp32", device: str = "cpu", attention: str = "sdpa",
-            threads_per_rank: int | None = None) -> list[dict[str, Any]]:
+            threads_per_rank: int | None = None, vocab_parallel: bool = True) -> list[dict[str, Any]]:
     """`reps` warm runs of greedy generation at `tp` ranks: each run's tokens, steps (phase, batch,
-    q_len, kv_len, seconds) and, for tp > 1, each step's seconds in the all-reduces."""
+    q_len, kv_len, seconds) and, for tp > 1, each step's seconds in its collectives."""
     import torch
 
     from llmperf.engine.tensor_parallel import run_ranks, tp_generate
@@ -121,17 +124,20 @@ def measure(spec: ModelSpec, tp: int, *, batch: int, prompt_len: int, gen_len: i
     runs = []
     for _ in range(reps):  # tp_generate warms up before its timed run
         r = tp_generate(spec, prompts, tp, max_new_tokens=gen_len, seed=seed, dtype=dtype, device=device,
-                        attention=attention, threads_per_rank=threads_per_rank, record=True)
+                        attention=attention, threads_per_rank=threads_per_rank, record=True,
+                        vocab_parallel=vocab_parallel)
         runs.append(dict(tokens=r.tokens, steps=list(r.steps), allreduce_s=list(r.allreduce_s or [])))
     return runs
 
 
 def predicted(spec: ModelSpec, tp: int, hardware: Any, steps: list[tuple[str, int, int, int, float]], *,
-              dtype: str, efficiency: str | None = None, backend: str = "sdpa") -> dict[str, Any]:
+              dtype: str, efficiency: str | None = None, backend: str = "sdpa",
+              vocab_parallel: bool = True) -> dict[str, Any]:
     """Each step's price at `tp`, expected and roofline (`Predictor.step`, as `profile` prices an
-    engine step), and a decode step's all-reduce seconds, with the names of the time model and engine
-    profile. The layers are `tp`'s shards; the embedding, final norm and LM head are priced whole, as
-    the engine replicates them (every rank computes every logit: no vocabulary-parallel head)."""
+    engine step), and a decode step's seconds in its collectives, with the names of the time model and
+    engine profile. `forward_model(..., tp)` as it stands: the vocabulary split, `embed_allreduce` and
+    `logits_gather` included; with `vocab_parallel=False` the embedding, final norm and LM head are
+    priced whole instead, as an engine that replicates them runs them (every rank computes every logit)."""
     from llmperf.analysis.rollup import Conventions, forward_model
     from llmperf.analysis.roofline import engine_label
     from llmperf.measure.profile.predict import Predictor, own_engine_time_model
@@ -149,17 +155,24 @@ def predicted(spec: ModelSpec, tp: int, hardware: Any, steps: list[tuple[str, in
         ops = pr.fm.head_ops(b, q, kv) + pr.fm.tail_ops(b, q, kv)
         return np.sum([pr.times(c, b, q) for c in ops], axis=0)
 
+    replicated = tp > 1 and not vocab_parallel
     exp, bound = [], []
     for _phase, b, q, kv, _ in steps:
-        roof, cal = np.asarray(sharded.step(b, q, kv)) - ends(sharded, b, q, kv) + ends(whole, b, q, kv)
+        roof, cal = np.asarray(sharded.step(b, q, kv))
+        if replicated:
+            roof, cal = np.asarray((roof, cal)) - ends(sharded, b, q, kv) + ends(whole, b, q, kv)
         exp.append(float(cal if tm.name != "roofline" else roof))
         bound.append(float(roof))
     comm = 0.0
     decodes = [s for s in steps if s[0] == "decode"]
     if tp > 1 and decodes:
         _, b, q, kv, _ = decodes[len(decodes) // 2]
-        for _kind, count, ops in sharded.fm.group_ops(b, q, kv):
-            k = 0 if tm.name == "roofline" else 1
+        k = 0 if tm.name == "roofline" else 1
+        fm = sharded.fm
+        parts = [(count, ops) for _kind, count, ops in fm.group_ops(b, q, kv)]
+        if not replicated:  # the vocabulary's two collectives, once a step
+            parts.append((1, fm.head_ops(b, q, kv) + fm.tail_ops(b, q, kv)))
+        for count, ops in parts:
             comm += count * sum(sharded.times(c, b, q)[k] for c in ops if c.kind == "comm")
     return dict(expected=exp, bound=bound, allreduce_s=comm, time_model=tm.name, engine=engine_label(tm))
 
@@ -167,7 +180,7 @@ def predicted(spec: ModelSpec, tp: int, hardware: Any, steps: list[tuple[str, in
 def compare(spec: ModelSpec, hardware: Any, *, tps: tuple[int, ...] = (1, 2), batches: tuple[int, ...] = (1, 8),
             prompt_len: int = 64, gen_len: int = 32, reps: int = 3, dtype: str = "fp32", device: str = "cpu",
             attention: str = "sdpa", threads_per_rank: int | None = None, efficiency: str | None = None,
-            seed: int = 0) -> list[TPRow]:
+            seed: int = 0, vocab_parallel: bool = True) -> list[TPRow]:
     """Measure and price every (tp, batch); a tp 1 row first where asked, the others' speedups over it."""
     med = statistics.median
     rows: list[TPRow] = []
@@ -176,9 +189,11 @@ def compare(spec: ModelSpec, hardware: Any, *, tps: tuple[int, ...] = (1, 2), ba
         base_tokens = None
         for tp in tps:
             runs = measure(spec, tp, batch=batch, prompt_len=prompt_len, gen_len=gen_len, reps=reps, seed=seed,
-                           dtype=dtype, device=device, attention=attention, threads_per_rank=threads_per_rank)
+                           dtype=dtype, device=device, attention=attention, threads_per_rank=threads_per_rank,
+                           vocab_parallel=vocab_parallel)
             steps = runs[0]["steps"]
-            pred = predicted(spec, tp, hardware, steps, dtype=dtype, efficiency=efficiency, backend=attention)
+            pred = predicted(spec, tp, hardware, steps, dtype=dtype, efficiency=efficiency, backend=attention,
+                             vocab_parallel=vocab_parallel)
             dec = [i for i, s in enumerate(steps) if s[0] == "decode"]
             pre = [i for i, s in enumerate(steps) if s[0] == "prefill"]
             per_run = [med([r["steps"][i][4] for i in dec]) for r in runs]
@@ -193,7 +208,7 @@ def compare(spec: ModelSpec, hardware: Any, *, tps: tuple[int, ...] = (1, 2), ba
                         decode_step_pred_s=med([pred["expected"][i] for i in dec]),
                         decode_step_bound_s=med([pred["bound"][i] for i in dec]),
                         allreduce_s=med(reduce) if reduce else 0.0, allreduce_pred_s=pred["allreduce_s"],
-                        time_model=pred["time_model"], engine=pred["engine"])
+                        time_model=pred["time_model"], engine=pred["engine"], vocab_parallel=vocab_parallel)
             if tp == 1:
                 base = row
             elif base is not None:
@@ -211,7 +226,7 @@ def _with_speedup(row: TPRow, base: TPRow) -> TPRow:
 def lines(rows: list[TPRow]) -> list[str]:
     """The table: one line per (tp, batch), measured (predicted, predicted / measured)."""
     out = [f"{'tp':>2} {'B':>3} {'exact':>5}  {'decode step ms [min, max] (pred, x) [bound]':>44}  "
-           f"{'all-reduce ms a step (pred, x)':>30}  {'prefill ms (pred, x)':>24}  {'speedup (pred)':>14}"]
+           f"{'collectives ms a step (pred, x)':>30}  {'prefill ms (pred, x)':>24}  {'speedup (pred)':>14}"]
     for r in rows:
         ar = (f"{r.allreduce_s * 1e3:>8.3f} ({r.allreduce_pred_s * 1e3:.3f}, {r.ratio('allreduce_s'):.2f}x)"
               if r.tp > 1 else f"{'-':>8}")
@@ -222,8 +237,9 @@ def lines(rows: list[TPRow]) -> list[str]:
                    f"[{r.decode_step_bound_s * 1e3:.2f}]  {ar:>30}  "
                    f"{r.prefill_s * 1e3:>8.2f} ({r.prefill_pred_s * 1e3:.2f}, {r.ratio('prefill_s'):.2f}x)  {sp:>14}")
     if rows:
+        vocab = "split" if rows[0].vocab_parallel else "whole on every rank"
         out.append(f"priced with the {rows[0].time_model} time model, engine profile {rows[0].engine} "
-                   "([bound]: the roofline); x: predicted / measured")
+                   f"([bound]: the roofline); x: predicted / measured; vocabulary {vocab} at tp > 1")
     return out
 
 
@@ -243,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads-per-rank", type=int, default=None,
                    help="CPU threads each rank (and tp 1) runs (default: the cores over the largest tp)")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--replicated-vocab", action="store_true",
+                   help="keep the embedding and the LM head whole on every rank (default: split by vocabulary)")
     p.add_argument("--out", type=Path, default=None, help="write tensor_parallel.txt and .json here")
     args = p.parse_args(argv)
     lists = {}
@@ -281,10 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         env = environment()
         settings = dict(model=spec.name, tp=list(tps), batch=list(lists["batch"]), prompt_len=args.prompt_len,
                         gen_len=args.gen_len, dtype=args.dtype, device=args.device, backend=args.backend,
-                        threads_per_rank=threads, reps=args.reps, hardware=args.hardware, efficiency=args.efficiency)
+                        threads_per_rank=threads, reps=args.reps, hardware=args.hardware, efficiency=args.efficiency,
+                        vocab_parallel=not args.replicated_vocab)
         rows = compare(spec, args.hardware, tps=tps, batches=lists["batch"], prompt_len=args.prompt_len,
                        gen_len=args.gen_len, reps=args.reps, dtype=args.dtype, device=args.device,
-                       attention=args.backend, threads_per_rank=threads, efficiency=args.efficiency)
+                       attention=args.backend, threads_per_rank=threads, efficiency=args.efficiency,
+                       vocab_parallel=not args.replicated_vocab)
     except (SpecError, ValueError) as exc:
         p.exit(2, f"error: {exc}\n")
     head = comparison_head("tensor parallelism", env, settings)

@@ -1,6 +1,7 @@
 """Tensor parallelism (`llmperf.engine.tensor_parallel`): the shards of a model reproduce its logits and its
-greedy tokens (fp32), the sums sit where the analytical model prices them, what cannot be split exactly is
-refused by name, and ranks run as real processes (gloo on CPU; NCCL where two GPUs exist).
+greedy tokens (fp32), with the vocabulary split (a padded one too) or whole, the sums and the logits' gather
+sit where the analytical model prices them, what cannot be split exactly is refused by name, and ranks run
+as real processes (gloo on CPU; NCCL where two GPUs exist).
 
 The shard math is checked in one process: each shard runs in a thread whose `all_reduce` adds the
 shards' partial outputs behind a barrier (deterministic: every thread sums rank 0's part then rank 1's).
@@ -16,7 +17,15 @@ import pytest
 import torch
 
 from llmperf.engine import Engine, Recorder, SamplingParams, build_model
-from llmperf.engine.tensor_parallel import REDUCE_OPS, run_ranks, shard_model, shard_spec, tp_generate
+from llmperf.engine.tensor_parallel import (
+    COLLECTIVE_OPS,
+    REDUCE_OPS,
+    run_ranks,
+    shard_model,
+    shard_spec,
+    tp_generate,
+    vocab_rows,
+)
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec
 
@@ -33,8 +42,9 @@ SPECS = {
     "gemma3": lambda: tiny("gemma-3-27b", sliding_window=4, layer_types=("sliding", "full"), qkv_bias=True,
                            out_bias=True, mlp_bias=True),  # q/k norms, local and global rotary bases
     "gpt2": lambda: tiny("gpt2", num_kv_heads=4, ffn_size=256),  # LayerNorm, GELU, biases, tied embeddings
+    "llama_vocab_255": lambda: tiny("llama-3.1-8b", vocab_size=255),  # a vocabulary tp 2 does not divide: padded
 }
-TOKENS = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(1))  # longer than the windows
+TOKENS = torch.randint(0, 255, (2, 7), generator=torch.Generator().manual_seed(1))  # longer than the windows
 
 
 def _reducers(world: int) -> list:
@@ -123,16 +133,50 @@ def test_bad_requests_are_refused_before_any_process_starts(kw, match):
 
 
 # ---- the shards' math, in one process -------------------------------------------------------------
+def _gatherers(world: int) -> list:
+    """`world` all-gathers over threads along the last dimension, in rank order (exact copies)."""
+    barrier = threading.Barrier(world, timeout=60)
+    parts: list = [None] * world
+
+    def gatherer(rank: int):
+        def all_gather(t: torch.Tensor) -> torch.Tensor:
+            parts[rank] = t.clone()
+            barrier.wait()
+            out = torch.cat(parts, dim=-1)
+            barrier.wait()
+            return out
+        return all_gather
+
+    return [gatherer(r) for r in range(world)]
+
+
+@pytest.mark.parametrize("vocab_parallel", [True, False])
 @pytest.mark.parametrize("layout", ["auto", "in_out"])
 @pytest.mark.parametrize("name", list(SPECS))
-def test_shards_sum_to_the_whole_models_logits(name, layout):
+def test_shards_sum_to_the_whole_models_logits(name, layout, vocab_parallel):
     model = build_model(SPECS[name](), seed=0, weight_layout=layout)
     ref = model(TOKENS, all_logits=True)  # (B, T, V)
-    shards = [shard_model(model, r, 2, red) for r, red in enumerate(_reducers(2))]
+    shards = [shard_model(model, r, 2, red, gat, vocab_parallel=vocab_parallel)
+              for r, (red, gat) in enumerate(zip(_reducers(2), _gatherers(2)))]
     outs = _in_threads([lambda s=s: s(TOKENS, all_logits=True) for s in shards])
+    assert outs[0].shape == ref.shape  # the padded vocabulary's tail cut
     assert torch.equal(outs[0], outs[1])  # every rank holds the same logits
     err = (outs[0] - ref).abs().max() / ref.abs().max()
     assert err <= 1e-5, f"{name} ({layout}): relative error {float(err):.2e}"
+
+
+@pytest.mark.parametrize("name,world", [("llama", 2), ("gpt2", 4), ("llama_vocab_255", 2), ("gpt2_vocab_250", 4)])
+def test_vocabulary_shards_give_the_whole_models_logits_without_an_all_gather(name, world):
+    """The default gather (made of the sum: each rank's slice in place, zeros elsewhere) is exact too;
+    4 ranks of a 250-token tied vocabulary: 63 rows each, the last holding 61 and 2 rows of padding."""
+    spec = tiny("gpt2", num_kv_heads=4, ffn_size=256, vocab_size=250) if name == "gpt2_vocab_250" else SPECS[name]()
+    model = build_model(spec, seed=0)
+    tokens = TOKENS % spec.vocab_size
+    ref = model(tokens, all_logits=True)
+    shards = [shard_model(model, r, world, red) for r, red in enumerate(_reducers(world))]
+    outs = _in_threads([lambda s=s: s(tokens, all_logits=True) for s in shards])
+    assert all(torch.equal(o, outs[0]) for o in outs) and outs[0].shape == ref.shape
+    assert float((outs[0] - ref).abs().max() / ref.abs().max()) <= 1e-5
 
 
 def test_a_shard_holds_its_slices_and_the_row_parallel_biases_once():
@@ -148,16 +192,33 @@ def test_a_shard_holds_its_slices_and_the_row_parallel_biases_once():
     assert b1.sinks.equal(whole.sinks[2:]) and b1.attn_norm.weight.equal(whole.attn_norm.weight)
     assert b0.o_bias.equal(whole.o_bias) and b0.down_bias.equal(whole.down_bias)
     assert b1.o_bias is None and b1.down_bias is None
-    assert second.lm_head_weight.equal(model.lm_head_weight)  # the LM head whole on every rank
+    # the vocabulary's second half: embedding rows, LM head rows ((V, C), out_in)
+    assert second.embed_weight.equal(model.embed_weight[128:])
+    assert second.lm_head_weight.equal(model.lm_head_weight[128:])
+    assert (first.vocab_start, second.vocab_start) == (0, 128)
+    whole_head = shard_model(model, 1, 2, lambda t: None, vocab_parallel=False)
+    assert whole_head.lm_head_weight.equal(model.lm_head_weight) and whole_head.embed_weight.equal(model.embed_weight)
+    assert whole_head.gather_logits is None and whole_head.embed_reduce is None
     assert not first.decode_in_one_call and model.decode_in_one_call and whole.reduce is None
     with pytest.raises(ValueError, match="rank: must be an integer in"):
         shard_model(model, 2, 2, lambda t: None)
 
 
+def test_a_tied_padded_vocabulary_shards_one_tensor():
+    """GPT-2's LM head is its embedding: one (V_r, C) tensor a rank, zero rows past the vocabulary."""
+    spec = tiny("gpt2", num_kv_heads=4, ffn_size=256, vocab_size=250)
+    model = build_model(spec, seed=0)
+    assert vocab_rows(250, 3, 4) == (189, 63)
+    last = shard_model(model, 3, 4, lambda t: None)
+    assert last.lm_head_weight is last.embed_weight and last.embed_weight.shape == (63, spec.hidden_size)
+    assert last.embed_weight[:61].equal(model.embed_weight[189:]) and not last.embed_weight[61:].any()
+
+
 def test_the_sums_come_after_the_projections_and_before_the_post_norms():
     """Gemma's sandwich norms normalise the whole sum: o_proj, attn_allreduce, post_attn_norm,
     attn_residual; down_proj, mlp_allreduce, post_mlp_norm, mlp_residual, each allreduce once a layer
-    and named as the analytical model prices it."""
+    and named as the analytical model prices it; the vocabulary's two once a pass: embed,
+    embed_allreduce, embed_scale; lm_head, logits_gather, final_softcap."""
     model = build_model(SPECS["gemma2"](), seed=0)
     shapes = []
     shard = shard_model(model, 0, 2, lambda t: shapes.append(tuple(t.shape)))
@@ -165,7 +226,19 @@ def test_the_sums_come_after_the_projections_and_before_the_post_norms():
     B, T = TOKENS.shape
     with rec.step("prefill", batch=B, q_len=T, kv_len=T, tokens_in_cache=B * T):
         shard(TOKENS, rec=rec)
-    assert shapes == [(1, B * T, model.spec.hidden_size)] * 2 * model.spec.num_layers
+    # the embedding's sum, two a layer, and the logits' gather (made of the sum: B rows of the whole vocabulary)
+    C, V = model.spec.hidden_size, model.spec.vocab_size
+    assert shapes == [(1, B * T, C)] * (1 + 2 * model.spec.num_layers) + [(B, V)]
+    model_level = [r.op for r in rec.trace.ops if r.layer is None]
+    assert [op for op in model_level if op in COLLECTIVE_OPS] == ["embed_allreduce", "logits_gather"]
+    for before, after in (("embed", "embed_allreduce"), ("embed_allreduce", "embed_scale"),
+                          ("lm_head", "logits_gather"), ("logits_gather", "final_softcap")):
+        assert model_level.index(before) < model_level.index(after)
+    for vocab_parallel, world in ((False, 2), (True, 1)):  # the vocabulary whole: no collective of its own
+        rec = Recorder("cpu")
+        with rec.step("prefill", batch=B, q_len=T, kv_len=T, tokens_in_cache=B * T):
+            shard_model(model, 0, world, lambda t: None, vocab_parallel=vocab_parallel)(TOKENS, rec=rec)
+        assert not {r.op for r in rec.trace.ops if r.layer is None} & set(COLLECTIVE_OPS)
     for layer in range(model.spec.num_layers):
         ops = [r.op for r in rec.trace.ops if r.layer == layer]
         assert [op for op in ops if op in REDUCE_OPS] == ["attn_allreduce", "mlp_allreduce"]
@@ -182,7 +255,7 @@ def _generate(model, prompts, n: int) -> list[list[int]]:
     return [o.tokens for o in engine.generate(prompts, SamplingParams(max_new_tokens=n))]
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "gemma3", "gpt2", "llama_vocab_255"])
 def test_shards_generate_the_whole_models_tokens(name):
     """The engine's greedy generation on two shards (prefill and decode steps through their KV caches
     of half the heads) equals the whole model's, token for token."""
@@ -216,6 +289,7 @@ def test_two_gloo_processes_generate_the_whole_models_tokens():
     assert [s[:4] for s in res.steps] == [("prefill", 2, 6, 6)] + [("decode", 2, 1, 6 + i) for i in range(1, 8)]
     assert all(s[4] > 0 for s in res.steps)
     assert len(res.allreduce_s) == 8 and all(math.isfinite(t) and t >= 0 for t in res.allreduce_s)
+    assert res.vocab_parallel  # the real all-gather between processes (`_gather_over_ranks`)
     assert list(res.to_frame().columns) == ["phase", "batch", "q_len", "kv_len", "seconds", "allreduce_s"]
 
 

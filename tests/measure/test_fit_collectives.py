@@ -180,8 +180,10 @@ def test_tp8_decode_slower_under_typical_roofline_and_tp1_unchanged(hw: str) -> 
     assert tp8["roof"] < tp8["old"]
     layers = load_model("llama-3.1-70b").num_layers
     alpha, _ = load_collectives().terms(hw, 8)
-    # no more than the latencies added (and a 16 KB message at the bus bandwidth: well under 1% of them)
-    assert tp8["new"] - tp8["old"] < 2 * layers * alpha * 1.01
+    # no more than the latencies added (and a 16 KB message at the bus bandwidth: well under 1% of them):
+    # two all-reduces a layer, the vocabulary's all-reduce and its logits' gather (half a latency) a step
+    latencies = 2 * layers + latency_share("embed_allreduce") + latency_share("logits_gather")
+    assert tp8["new"] - tp8["old"] < latencies * alpha * 1.01
     tp1 = [estimate("llama-3.1-70b", hw, tp=1, time_model=tm, **kw) for tm in (old, new)]
     assert tp1[0].tpot_s == tp1[1].tpot_s and tp1[0].ttft_s == tp1[1].ttft_s
 

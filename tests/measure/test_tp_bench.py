@@ -1,6 +1,7 @@
 """The tensor-parallel benchmark (`llmperf.measure.tensor_parallel`): it runs tp 1 and tp 2 (gloo, two
 processes of one thread), the ranks' tokens equal one rank's, every step is priced at its tp with the
-LM head whole (as the engine runs it), and bad input is one line with exit 2. No figure is asserted."""
+vocabulary split and its two collectives (as the engine runs it; with `vocab_parallel=False` the LM head
+whole), and bad input is one line with exit 2. No figure is asserted."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from llmperf.analysis.rollup import Conventions, forward_model
+from llmperf.analysis.timemodel import ROOFLINE_MODEL
 from llmperf.measure import tensor_parallel as bench
-from llmperf.specs import load_hardware, load_model
+from llmperf.specs import Precision, load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "reports" / "calibrate" / "2026-11-27k-cpu-todays.yaml"  # a committed CPU calibration
@@ -27,19 +30,27 @@ def _linked(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_price_shards_the_layers_and_keeps_the_head_whole(tmp_path):
+def test_the_price_shards_the_layers_and_the_vocabulary_or_keeps_the_head_whole(tmp_path):
     hw = load_hardware(_linked(tmp_path))
     wide = load_model("reports/tensor_parallel/llama-style-tp-cpu.yaml")
     steps = [("prefill", 1, 16, 16, 0.0), ("decode", 1, 1, 17, 0.0), ("decode", 8, 1, 18, 0.0)]
     one = bench.predicted(wide, 1, hw, steps, dtype="fp32", efficiency="roofline")
     two = bench.predicted(wide, 2, hw, steps, dtype="fp32", efficiency="roofline")
-    assert one["allreduce_s"] == 0.0 and two["allreduce_s"] > 0.0
-    for a, b in zip(one["bound"][1:], two["bound"][1:]):
-        assert 0.5 * a < b < a  # the layers' weights halve, the LM head (262 MB of the 983) stays whole
-    head = replace(wide, num_layers=1)  # nearly all head: halving the layer saves little
+    kept = bench.predicted(wide, 2, hw, steps, dtype="fp32", efficiency="roofline", vocab_parallel=False)
+    assert one["allreduce_s"] == 0.0 and kept["allreduce_s"] > 0.0
+    for a, b, c in zip(one["bound"][1:], two["bound"][1:], kept["bound"][1:]):
+        assert 0.5 * a < b < c < a  # the layers' weights halve; the LM head (262 MB of the 983) halves or stays
+    # the split vocabulary's two collectives, once a decode step, on top of the layers' all-reduces
+    fm = forward_model(wide, Precision.uniform("fp32"), Conventions(), 2)
+    vocab_comm = [c for c in fm.head_ops(8, 1, 18) + fm.tail_ops(8, 1, 18) if c.kind == "comm"]
+    assert [c.name for c in vocab_comm] == ["embed_allreduce", "logits_gather"]
+    extra = sum(float(ROOFLINE_MODEL.op_time_s(c, hw, hw.compute_dtype("fp32"), c.rows)) for c in vocab_comm)
+    assert two["allreduce_s"] - kept["allreduce_s"] == pytest.approx(extra, rel=1e-12)
+    head = replace(wide, num_layers=1)  # nearly all head: halving the layer saves little unless the head splits
     h1 = bench.predicted(head, 1, hw, steps, dtype="fp32", efficiency="roofline")["bound"][1]
     h2 = bench.predicted(head, 2, hw, steps, dtype="fp32", efficiency="roofline")["bound"][1]
-    assert h2 > 0.75 * h1
+    h2_kept = bench.predicted(head, 2, hw, steps, dtype="fp32", efficiency="roofline", vocab_parallel=False)["bound"][1]
+    assert h2_kept > 0.75 * h1 > h2
     cal = bench.predicted(wide, 2, hw, steps, dtype="fp32")
     assert (cal["time_model"], cal["engine"]) == ("calibrated", "llmperf")
     assert all(e > b for e, b in zip(cal["expected"], cal["bound"]))
