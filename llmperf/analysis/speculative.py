@@ -43,7 +43,8 @@ from llmperf.analysis.roofline import (
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, load_hardware, load_model
 
-__all__ = ["EARLY_EXIT", "MTP", "SpeculativeEstimate", "early_exit_spec", "expected_tokens", "mtp_spec", "speculate"]
+__all__ = ["EARLY_EXIT", "MTP", "SpeculativeEstimate", "early_exit_spec", "expected_tokens", "mtp_extra_weights_bytes",
+           "mtp_ops", "mtp_spec", "resolve_draft", "speculate"]
 
 
 def expected_tokens(acceptance: float, num_draft_tokens: int) -> float:
@@ -188,14 +189,42 @@ def mtp_spec(model: ModelSpec, num_layers: int = 1) -> ModelSpec:
     return model.scaled(**changes)
 
 
-def _mtp_ops(est: GenerationEstimate, q_len: float) -> list:
-    """The MTP module's operators besides its layer and the shared head, per draft step of `q_len`
-    tokens a sequence: the two input norms and `eh_proj` (replicated: the whole matrix on every GPU)."""
-    fm = est.forward_model()
-    tokens = est.batch * q_len
-    C = est.model.hidden_size
+def mtp_ops(fm: Any, tokens: Any, hidden_size: int) -> list:
+    """The MTP module's operators besides its layer and the shared head, over `tokens` tokens of the
+    forward model `fm`: the two input norms and `eh_proj` (replicated: the whole matrix on every GPU)."""
+    C = hidden_size
     return [fm._norm("mtp_enorm", tokens, per_layer=False), fm._norm("mtp_hnorm", tokens, per_layer=False),
             fm._linear("mtp_eh_proj", tokens, 2 * C, C, False, per_layer=False, module="attention")]
+
+
+def _mtp_ops(est: GenerationEstimate, q_len: float) -> list:
+    """`mtp_ops` per draft step of `q_len` tokens a sequence of `est`'s batch."""
+    return mtp_ops(est.forward_model(), est.batch * q_len, est.model.hidden_size)
+
+
+def mtp_extra_weights_bytes(model: ModelSpec, precision: Any) -> float:
+    """Per GPU, the MTP module's weights besides its decoder layer: `eh_proj` and three norms."""
+    C = model.hidden_size
+    return precision.matrix_bytes(2 * C, C, module="attention") + 3 * C * precision.act_bytes
+
+
+def resolve_draft(model: ModelSpec, draft: Any) -> tuple[ModelSpec, str]:
+    """The draft of `model` as a model spec, and its kind: `"mtp"` (the model's own MTP module,
+    `mtp_spec`), `"early-exit"` (its first N layers, `early_exit_spec`, the weights shared) or
+    `"model"` (a built-in name, a YAML / HF config path or a `ModelSpec`). It must share the target's
+    vocabulary (SpecError naming `draft` otherwise)."""
+    word = draft.strip().lower() if isinstance(draft, str) else ""
+    if word.startswith(EARLY_EXIT):
+        n = word[len(EARLY_EXIT):]
+        d, kind = early_exit_spec(model, int(n) if n.isdigit() else n), "early-exit"
+    elif word == MTP:
+        d, kind = mtp_spec(model), MTP
+    else:
+        d, kind = load_model(draft), "model"
+    if d.vocab_size != model.vocab_size:
+        raise SpecError(f"draft: {d.name}'s vocab_size {d.vocab_size} differs from {model.name}'s {model.vocab_size} "
+                        "(speculative decoding needs the target's tokenizer)")
+    return d, kind
 
 
 def _forward_s(est: GenerationEstimate, time_model: TimeModel, phase: str, q_len: int, kv_len: np.ndarray,
@@ -248,16 +277,8 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     it). The draft must share the target's vocabulary (one tokenizer)."""
     _check(num_draft_tokens, acceptance)
     m, hw = load_model(model), load_hardware(hardware)
-    word = draft.strip().lower() if isinstance(draft, str) else ""
-    mtp, early = word == MTP, word.startswith(EARLY_EXIT)
-    if early:
-        n = word[len(EARLY_EXIT):]
-        d = early_exit_spec(m, int(n) if n.isdigit() else n)
-    else:
-        d = mtp_spec(m) if mtp else load_model(draft)
-    if d.vocab_size != m.vocab_size:
-        raise SpecError(f"draft: {d.name}'s vocab_size {d.vocab_size} differs from {m.name}'s {m.vocab_size} "
-                        "(speculative decoding needs the target's tokenizer)")
+    d, kind = resolve_draft(m, draft)
+    mtp, early = kind == MTP, kind == "early-exit"
     if int(options.get("pp", 1)) != 1:
         raise SpecError(f"pp: speculative decoding is priced on one pipeline stage (pp 1), got {options['pp']}")
     options = dict(options)
@@ -276,9 +297,7 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     weights, prefill = (0.0 if early else small.memory.weights_bytes), small.ttft_s  # an early exit shares them
     if mtp:  # one layer (two layers' weights less one's), eh_proj and three norms; the embedding and head are shared
         two = estimate(mtp_spec(m, 2), hw, **dkw).memory.weights_bytes
-        p = small.precision
-        C = m.hidden_size
-        weights = two - weights + p.matrix_bytes(2 * C, C, module="attention") + 3 * C * p.act_bytes
+        weights = two - weights + mtp_extra_weights_bytes(m, small.precision)
         tm = phase_time_model(model_time_model(small.time_model, d), "prefill")
         dtype = small.prefill.compute_dtype
         prefill += sum(float(np.asarray(op_time(c, hw, dtype, tm).time_s)) for c in _mtp_ops(small, prompt_len))

@@ -71,6 +71,9 @@ def run_groups(model: Transformer, cache: KVCache, groups: Seq[SequenceGroup], c
     seconds after the start when group i may be admitted (`realtime`: the loop sleeps until then;
     else the scheduler's clock jumps). Every request is checked before anything is allocated, and
     the cache is emptied even when something raises."""
+    if getattr(config, "speculative", None) is not None:
+        raise ValueError("speculative: the engine's serving path does not run speculative decoding through the "
+                         "scheduler (llmperf.engine.speculative runs it apart); got a speculative config")
     by_id = {g.request_id: g for g in groups}
     if len(by_id) != len(groups):
         raise ValueError("request_id: the requests' ids must be distinct")

@@ -532,6 +532,28 @@ class BlockManager:
             done += 1
         return done
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Shorten a sequence to its first `num_tokens` positions, giving back the blocks past them
+        (speculative decoding: the slots of rejected draft tokens). The last kept block must be the
+        sequence's own (it was written by the step that reserved the positions dropped)."""
+        table, length = self._table(seq_id), self._lens[seq_id]
+        if not is_count(num_tokens) or not 0 <= num_tokens <= length:
+            raise ValueError(f"num_tokens: must be an integer in 0 .. {length} (sequence {seq_id}'s length), "
+                             f"got {num_tokens!r}")
+        keep = self.blocks_needed(num_tokens)
+        if keep < len(table):
+            dropped = table[keep:]
+            del table[keep:]
+            for block_id in self.pool.decref_all(dropped):
+                self._forget(block_id)
+        if table:
+            assert self._refs[table[-1]] == 1 or num_tokens == length, (
+                f"sequence {seq_id}: truncating into block {table[-1]}, which other sequences share: a shared "
+                "block is never written, so its fill cannot change")
+            self._set_fill(table[-1], num_tokens - (len(table) - 1) * self.block_size)
+        self._logical -= length - num_tokens
+        self._lens[seq_id] = num_tokens
+
     def fork(self, parent_id: int, child_id: int) -> None:
         """A new sequence sharing all of the parent's blocks (reference counts + 1): a beam or
         another sample of the same prompt. Costs no block until one of them writes."""
@@ -1055,6 +1077,12 @@ class WindowedBlockManager(BlockManager):
                 for block_id in entry:
                     self.pool.incref(block_id)
         self._held[child_id] = [_Held(h.first, h.entries) for h in self._held[parent_id]]
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Not supported: a window group may already have given back the blocks a shorter sequence
+        reads (speculative decoding is simulated with full pages, kv_window "full")."""
+        raise ValueError(f"truncate: the windowed pool cannot shorten sequence {seq_id} (speculative decoding "
+                         "needs kv_window full)")
 
     def free(self, seq_id: int) -> None:
         """As `BlockManager.free`, the window groups' blocks given back too."""

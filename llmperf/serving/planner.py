@@ -46,6 +46,7 @@ from llmperf.serving.simulator import (
     saturated_rate,
     service_rate_bound,
     simulate,
+    speculative_costs,
     step_cost_model,
 )
 from llmperf.serving.stability import Stability, Stopping, assess
@@ -246,7 +247,11 @@ def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float,
         n = min(budget, P - done)
         done += n
         ttft += cost.step_time_s([n], [done], 1 if done == P else 0)
-    tpot = cost.step_time_s([1], [P + 1], 1)
+    if config.speculative is None:
+        tpot = cost.step_time_s([1], [P + 1], 1)
+    else:  # a cycle with every draft accepted: no request alone decodes faster
+        k = config.speculative.num_draft_tokens
+        tpot = speculative_costs(config, cost).cycle_s(1, P + 1, k) / (k + 1)
     return ttft, tpot
 
 
@@ -542,6 +547,7 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     layouts = layouts_for(m) if layouts is None else check_layouts(layouts)
     base = dict(base or {})
     base.setdefault("efficiency", efficiency)
+    spec_settings = _speculative_settings(m, base.get("speculative"))  # a bad draft fails before any work
     cands = [Candidate(device=d, precision=p, tp=t, layout=lay) for d in devices for p in precisions for t in tps
              for lay in layouts if not _duplicate(lay, t, layouts)]
     stopping = stopping or Stopping(tolerance=None)
@@ -556,7 +562,8 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
                     max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
                     slo_percentile=slo.percentile, workload=workload.describe(),
                     stopping=_stopping_settings(stopping, workload), top=top or None,
-                    mean_prompt_tokens=lengths[0], mean_output_tokens=lengths[1], **base)
+                    mean_prompt_tokens=lengths[0], mean_output_tokens=lengths[1],
+                    **{k: v for k, v in base.items() if k != "speculative"}, **spec_settings)
     return PlanResult(model=m.name, rate_rps=rate, slo=slo, rows=list(rows), settings=settings)
 
 
@@ -605,6 +612,15 @@ def _outranked(prep: _Prepared, cut: tuple, top: int) -> PlanRow:
         why = f"{bound}, ranks after the {top} with the fewest GPUs that meet the SLOs (up to {cut[2]})"
     return PlanRow(replicas=None, gpus=None, feasible=False, binding="outranked",
                    detail=f"not simulated: {why}; --top 0 simulates it", **c)
+
+
+def _speculative_settings(model: ModelSpec, spec: object) -> dict[str, object]:
+    """Speculative decoding's settings as plain values for the plan's settings (none without it)."""
+    if spec is None:
+        return {}
+    draft, _ = spec.resolve(model)
+    return dict(draft=draft.name, num_draft_tokens=spec.num_draft_tokens, acceptance=float(spec.acceptance),
+                speculative_seed=spec.seed, expected_tokens_per_cycle=spec.expected_tokens_per_cycle)
 
 
 def _run_candidates(cands: list[Candidate], common: tuple, stopping: Stopping, lengths: tuple[float, float],

@@ -12,7 +12,8 @@ budget and mixed steps): static or continuous batching; without chunked prefill 
 prefills or decodes (vLLM v0), with it each step spends a budget of `max_batched_tokens` tokens on
 decodes first, then prefill chunks (vLLM v1); paged KV with recompute preemption of the newest
 request; an admission watermark of free blocks; prefix sharing of computed full blocks. Each step's
-`Phase` (prefill, decode, mixed) is set here from what was scheduled.
+`Phase` (prefill, decode, mixed) is set here from what was scheduled. With `speculative`, each decode
+is a cycle: the last token and k drafts through the target (`llmperf.serving.speculative`).
 
 Protocols (structural): `KVSpace`, the cache bookkeeping the scheduler reserves in
 (`llmperf.serving.blocks.BlockManager` for the simulator, the engine's caches over their tensors),
@@ -29,10 +30,13 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llmperf.analysis.vocabulary import Phase
 from llmperf.numeric import is_count
+
+if TYPE_CHECKING:
+    from llmperf.serving.speculative import SpeculativeConfig
 
 POLICIES = ("continuous", "static")
 
@@ -73,6 +77,8 @@ class KVSpace(Protocol):
     def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
         """Make a sequence's full blocks within its first `num_computed` tokens findable for prefix
         sharing."""
+    # Needed with speculative decoding only: `truncate(seq_id, num_tokens)`, keep a sequence's first
+    # `num_tokens` positions and give back the rest (the rejected draft tokens' slots).
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,10 +136,12 @@ class StepPlan:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepOutcome:
-    """What the runner reports: how long the step took (seconds) and which sequences ended."""
+    """What the runner reports: how long the step took (seconds) and which sequences ended; with
+    speculative decoding, `emitted`: the tokens each speculative decode emitted, by request id."""
 
     duration_s: float
     finished: frozenset[int] = frozenset()
+    emitted: dict[int, int] | None = None
 
 
 class Runner(Protocol):
@@ -241,7 +249,9 @@ class RequestState:
 class SchedulerConfig:
     """`max_batch`: most sequences running at once (None: no cap). `max_batched_tokens`: tokens per
     step (None: no cap; required with `chunked_prefill`). `watermark`: share of the pool kept free at
-    admission (and at least one block per running sequence)."""
+    admission (and at least one block per running sequence). `speculative`: each decode a cycle of
+    `num_draft_tokens` drafts (`llmperf.serving.speculative`; the runner reports the tokens each
+    emitted, `StepOutcome.emitted`; None: one token a decode, as without it)."""
 
     policy: str = "continuous"
     max_batch: int | None = None
@@ -249,8 +259,12 @@ class SchedulerConfig:
     chunked_prefill: bool = False
     prefix_sharing: bool = False
     watermark: float = 0.01
+    speculative: SpeculativeConfig | None = None  # each decode a speculative cycle of k draft tokens
 
     def __post_init__(self) -> None:
+        spec = self.speculative
+        if spec is not None and (not is_count(getattr(spec, "num_draft_tokens", None)) or spec.num_draft_tokens < 1):
+            raise ValueError(f"speculative: must be None or a config with num_draft_tokens >= 1, got {spec!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         for name in ("max_batch", "max_batched_tokens"):
@@ -293,6 +307,8 @@ class Scheduler:
         self.now = 0.0
         self._ids = itertools.count()
         self._watermark_blocks = math.ceil(self.config.watermark * kv.num_blocks) if kv.paged else 0
+        spec = self.config.speculative
+        self._spec_k = spec.num_draft_tokens if spec is not None else 0  # 0: plain decoding
 
     # ---- requests --------------------------------------------------------------------------------
     @property
@@ -333,6 +349,14 @@ class Scheduler:
         if budget is not None and r.width > budget:
             raise ValueError(f"max_batched_tokens: request {r.request_id} decodes {r.width} sequences per step, "
                              f"more than the per-step budget of {budget}")
+        if self._spec_k:
+            if r.width > 1:
+                raise ValueError(f"speculative: request {r.request_id} runs {r.width} sequences; speculative "
+                                 "decoding is scheduled for one sequence a request")
+            if budget is not None and self._spec_k + 1 > budget:
+                raise ValueError(f"max_batched_tokens: a speculative cycle of {self._spec_k} draft tokens puts "
+                                 f"{self._spec_k + 1} tokens through the target, more than the per-step budget "
+                                 f"of {budget}")
 
     def add(self, r: RequestState) -> RequestState:
         """Queue a request (checked first). Its sequence ids are assigned here."""
@@ -429,6 +453,7 @@ class Scheduler:
         reserve = self.kv.reserve
         reserve_each = getattr(self.kv, "reserve_each", None)  # a KVSpace may reserve a run of decodes at once
         running = list(self.running)
+        spec_k = self._spec_k
         i = 0
         while i < len(running):
             r = running[i]
@@ -439,6 +464,9 @@ class Scheduler:
                 continue
             if r.forked and r.num_generated > 0 and r.num_computed == r.num_tokens - 1:  # r.decoding, inlined
                 if not decodes:
+                    continue
+                if spec_k:
+                    budget = self._schedule_cycle(r, spec_k, budget, preempted, items, reqs)
                     continue
                 seqs = r.seq_ids
                 n = len(seqs)
@@ -484,6 +512,21 @@ class Scheduler:
             keep = [k for k, i in enumerate(items) if i.request_id not in gone]
             items, reqs = [items[k] for k in keep], [reqs[k] for k in keep]
         return items, reqs, budget
+
+    def _schedule_cycle(self, r: RequestState, k: int, budget: float, preempted: list[int],
+                        items: list[ScheduledItem], reqs: list[RequestState]) -> float:
+        """A speculative cycle of the decoding request `r` if its tokens fit in `budget`: the last token
+        and up to `k` draft tokens (never more than the request has left to generate, less one)
+        through the target, their slots reserved. The budget left."""
+        m = min(k, r.max_new_tokens - r.num_generated - 1) + 1
+        if budget < m:
+            return budget
+        if self._reserve(r, m, preempted):
+            items.append(ScheduledItem(request_id=r.request_id, seq_ids=r.seq_tuple, start=r.num_computed,
+                                       num_tokens=m, decode=True, samples=True, num_generated=r.num_generated))
+            reqs.append(r)
+            budget -= m
+        return budget
 
     def _admit(self, budget: float, static_blocked: bool) -> tuple[list[ScheduledItem], list[RequestState]]:
         items: list[ScheduledItem] = []
@@ -576,15 +619,29 @@ class Scheduler:
         fin = outcome.finished
         sharing = self.config.prefix_sharing
         now = self.now
+        emitted = outcome.emitted
+        if self._spec_k and emitted is None and any(item.decode for item in items):
+            raise RuntimeError("runner: with speculative decoding a runner reports the tokens each cycle "
+                               "emitted (StepOutcome.emitted)")
         for item, r in zip(items, reqs):
             if item.decode:
-                # The general rule below, for a decode token: it reaches the target (all tokens but
-                # the last), forks and publishes nothing (it is past the prompt), samples a token,
-                # and the first token came earlier (num_generated > 0 to be decoding).
-                r.num_computed = item.start + item.num_tokens
-                r.promised = 0
-                r.num_tokens += 1
-                r.num_generated += 1
+                if emitted is None:
+                    # The general rule below, for a decode token: it reaches the target (all tokens but
+                    # the last), forks and publishes nothing (it is past the prompt), samples a token,
+                    # and the first token came earlier (num_generated > 0 to be decoding).
+                    r.num_computed = item.start + item.num_tokens
+                    r.promised = 0
+                    r.num_tokens += 1
+                    r.num_generated += 1
+                else:  # a speculative cycle: n tokens, the last token and n - 1 accepted drafts now cached
+                    n = emitted[r.request_id]
+                    r.num_computed = item.start + n
+                    r.promised = 0
+                    r.num_tokens += n
+                    r.num_generated += n
+                    if n < item.num_tokens:  # the rejected drafts' slots go back
+                        for s in item.seq_ids:
+                            self.kv.truncate(s, r.num_computed)
             else:
                 r.num_computed = item.start + item.num_tokens
                 if r.num_computed >= r.target:

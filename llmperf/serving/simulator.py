@@ -41,7 +41,8 @@ from llmperf.errors import SpecError
 from llmperf.numeric import is_count, is_real
 from llmperf.serving.blocks import BlockManager, HybridLayout, WindowedBlockManager, WindowGroup, window_blocks_for
 from llmperf.serving.costmodel import StepCostModel, _scalar_features
-from llmperf.serving.scheduler import RequestState, Scheduler, SchedulerConfig, StepOutcome, StepPlan
+from llmperf.serving.scheduler import RequestState, ScheduledItem, Scheduler, SchedulerConfig, StepOutcome, StepPlan
+from llmperf.serving.speculative import SpeculativeConfig, SpeculativeCosts, draft_memory
 from llmperf.serving.workload import Gamma, Poisson, Workload, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
 
@@ -112,6 +113,7 @@ class ServingConfig:
     mla_mode: str = "auto"
     kv_window: str = "capped"
     engine: str | None = None
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         from llmperf.analysis.operators import MLA_MODES, ShardDims
@@ -143,6 +145,30 @@ class ServingConfig:
             self.scheduler_config()
         except ValueError as exc:
             raise SpecError(f"--{str(exc).replace('_', '-')}") from None
+        if self.speculative is not None:
+            self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        """The draft resolved against the model (SpecError naming `draft`), and the layouts speculation is
+        modelled on: one pipeline stage, a pool without capped sliding-window groups."""
+        if not isinstance(self.speculative, SpeculativeConfig):
+            raise SpecError(f"speculative: must be a SpeculativeConfig or None, got {type(self.speculative).__name__}")
+        draft, _ = self.speculative.resolve(self.model)
+        from llmperf.analysis.operators import ShardDims
+        try:
+            ShardDims.of(draft, self.tp, self.ep if draft.is_moe else 1, self.dp_attention)
+        except SpecError as exc:
+            raise SpecError(f"draft: {draft.name} runs at the target's tp={self.tp}: {exc}") from None
+        if self.pp != 1:
+            raise SpecError(f"pp: speculative decoding is simulated on one pipeline stage (pp 1), got {self.pp}")
+        k = self.speculative.num_draft_tokens
+        if self.max_batched_tokens is not None and self.max_batched_tokens < k + 1:
+            raise SpecError(f"--max-batched-tokens: a speculative cycle puts {k + 1} tokens through the target "
+                            f"(k = {k} drafts and the last token), more than the budget, got {self.max_batched_tokens}")
+        if window_groups(self.model, self.kv_window, self.pp):
+            raise SpecError(f"--kv-window: speculative decoding is not simulated with a capped sliding-window pool "
+                            f"({self.model.name} has sliding/chunked layers); pass --kv-window full, got "
+                            f"{self.kv_window!r}")
 
     @classmethod
     def build(cls, model: str | ModelSpec, hardware: str | HardwareSpec, *, precision: Precision | str | None = None,
@@ -159,7 +185,8 @@ class ServingConfig:
         config."""
         return SchedulerConfig(policy=self.policy, max_batch=self.max_batch,
                                max_batched_tokens=self.max_batched_tokens, chunked_prefill=self.chunked_prefill,
-                               prefix_sharing=self.prefix_sharing, watermark=self.watermark)
+                               prefix_sharing=self.prefix_sharing, watermark=self.watermark,
+                               speculative=self.speculative)
 
     def conventions(self, workload: Workload | None = None) -> Conventions:
         """The analytical model's conventions (as `estimate`'s defaults: fused QKV and gate/up GEMMs,
@@ -185,17 +212,19 @@ class ServingConfig:
         times one GPU's (balanced sequences assumed); else every GPU holds every sequence's share."""
         return self.tp if self.dp_attention else 1
 
-    def resolve_time_model(self) -> object | None:
-        """The time model object (None: the pure roofline)."""
+    def resolve_time_model(self, model: ModelSpec | None = None) -> object | None:
+        """The time model object (None: the pure roofline) for this config's model, or for `model` (a
+        draft) on the same device, engine and efficiency."""
         from llmperf.analysis.roofline import model_time_model
+        model = self.model if model is None else model
         if self.time_model is not None:
-            return model_time_model(self.time_model, self.model)
+            return model_time_model(self.time_model, model)
         from llmperf.analysis.timemodel import default_efficiency, time_model_for
         eff = default_efficiency(self.hardware) if self.efficiency == "auto" else self.efficiency
         if eff == "roofline":
             return None
         dtype = self.hardware.compute_dtype(self.precision.activations)
-        return model_time_model(time_model_for(self.hardware, eff, dtype, engine=self.engine), self.model)
+        return model_time_model(time_model_for(self.hardware, eff, dtype, engine=self.engine), model)
 
     def settings(self) -> dict[str, object]:
         """The config as plain values (model, device, precision, parallelism, server settings, time model),
@@ -217,7 +246,16 @@ class ServingConfig:
                     max_batch=self.max_batch, max_batched_tokens=self.max_batched_tokens,
                     chunked_prefill=self.chunked_prefill, prefix_sharing=self.prefix_sharing,
                     block_size=self.block_size, mem_util=self.mem_util, num_blocks=self.num_blocks,
-                    watermark=self.watermark)
+                    watermark=self.watermark) | self._speculative_settings()
+
+    def _speculative_settings(self) -> dict[str, object]:
+        """The speculation settings (none without speculation: the settings stay as they were)."""
+        spec = self.speculative
+        if spec is None:
+            return {}
+        draft, _ = spec.resolve(self.model)
+        return dict(draft=draft.name, num_draft_tokens=spec.num_draft_tokens, acceptance=float(spec.acceptance),
+                    speculative_seed=spec.seed, expected_tokens_per_cycle=spec.expected_tokens_per_cycle)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,6 +281,8 @@ class MemoryPlan:
     kv_sliding_full_pages: bool = False
     window_groups: tuple[WindowGroup, ...] = ()
     max_step_tokens: int | None = None  # the step budget (bounds a window group's blocks)
+    draft_weights_bytes: float = 0.0  # speculative decoding: the draft's share of weights_bytes
+    draft_kv_bytes_per_token: float = 0.0  # and of kv_bytes_per_token (a block holds both models' KV)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Pool blocks a sequence of up to `num_tokens` tokens holds at most."""
@@ -301,11 +341,16 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     if groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
         kv_tok = kv_tok * groups[0].full_layers / m.num_layers
     act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
+    draft = {}
+    if config.speculative is not None:  # the draft's weights and KV join the target's; one activation reserve
+        dm = draft_memory(config, workload)
+        weights, kv_tok, act = weights + dm.weights_bytes, kv_tok + dm.kv_bytes_per_token, max(act, dm.activation_bytes)
+        draft = dict(draft_weights_bytes=dm.weights_bytes, draft_kv_bytes_per_token=dm.kv_bytes_per_token)
     usable = hw.memory_bytes * config.mem_util
     shards = config.kv_shards
     common = dict(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
                   block_size=config.block_size, kv_shards=shards, kv_sliding_full_pages=hybrid_kv(m) and not groups,
-                  window_groups=groups, max_step_tokens=config.max_batched_tokens)
+                  window_groups=groups, max_step_tokens=config.max_batched_tokens, **draft)
     if config.num_blocks is not None:
         return MemoryPlan(num_blocks=config.num_blocks * shards, **common)
     free = usable - weights - act
@@ -315,8 +360,10 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
                         f"{kv_tok * config.block_size / GiB:.3g} GiB of KV cache per GPU, more than the "
                         f"{free / GiB:.2f} GiB left after weights and activations on {hw.name}")
     if blocks < 1:
+        with_draft = f" (the draft's {draft['draft_weights_bytes'] / GiB:.2f} GiB with them)" if draft else ""
         raise SpecError(f"memory: {m.name} at {prec} ({_layout_words(config)}) needs {weights / GiB:.2f} GiB of "
-                        f"weights + {act / GiB:.2f} GiB of activations per GPU, more than the {usable / GiB:.2f} GiB "
+                        f"weights{with_draft} + {act / GiB:.2f} GiB of activations per GPU, more than the "
+                        f"{usable / GiB:.2f} GiB "
                         f"usable on {hw.name} ({hw.memory_gib:g} GiB x mem_util {config.mem_util:g}); no room for a "
                         "KV cache")
     return MemoryPlan(num_blocks=blocks * shards, **common)
@@ -369,16 +416,26 @@ class CostModelRunner:
     the step's token counts and KV occupancy (per GPU) while it runs."""
 
     def __init__(self, cost: StepCostModel | None, kv: BlockManager, output_tokens: Sequence[int],
-                 kv_bytes_per_token: float, step_times: Sequence[float] | None = None) -> None:
+                 kv_bytes_per_token: float, step_times: Sequence[float] | None = None, *,
+                 speculative: SpeculativeConfig | None = None, speculative_costs: SpeculativeCosts | None = None
+                 ) -> None:
         if cost is None and step_times is None:
             raise ValueError("runner: needs a cost model or step_times")
+        if speculative is not None and speculative_costs is None and step_times is None:
+            raise ValueError("runner: speculative decoding needs speculative_costs (or step_times)")
         self.cost, self.kv, self.out = cost, kv, output_tokens
         self.kv_tok, self.step_times = kv_bytes_per_token, step_times
         self.records: list[tuple[int, int, int, float, float]] = []  # batch, prefill, decode, used, reserved
+        self.speculative, self.spec_costs = speculative, speculative_costs
+        self.draws = speculative.draws() if speculative is not None else None
+        # speculative cycles run and the tokens they emitted; of them, the cycles with all k drafts
+        self.cycles = self.cycle_tokens = self.full_cycles = self.full_cycle_tokens = 0
 
     def execute(self, plan: StepPlan) -> StepOutcome:
         """Price one scheduled step with the analytical model: its duration, and the sequences that
         finished."""
+        if self.draws is not None:
+            return self._execute_speculative(plan)
         if self.cost is not None and not self.cost.simple:
             return self._execute_groups(plan)
         decodes = prefill = batch = logits = 0
@@ -457,17 +514,93 @@ class CostModelRunner:
                     finished.extend(item.seq_ids)
         return self._outcome(plan, decodes + prefill, F, logits, batch, prefill, decodes, finished)
 
+    def _execute_speculative(self, plan: StepPlan) -> StepOutcome:
+        """`execute` with speculative decoding: each decode item is a cycle (the last token and its
+        draft tokens through the target); the tokens it emits are drawn here (`AcceptanceDraws`), and
+        the step is priced by `SpeculativeCosts` (the draft's steps, the target's verify, the fixed
+        cost once)."""
+        q_all: list[int] = []
+        kv_all: list[int] = []
+        chunk_q: list[int] = []
+        chunk_kv: list[int] = []
+        cycles: list[ScheduledItem] = []
+        decodes = prefill = batch = logits = chunk_rows = 0
+        finished: list[int] = []
+        out = self.out
+        for item in plan.items:
+            n, q = len(item.seq_ids), item.num_tokens
+            kv = item.start + q
+            q_all += [q] * n
+            kv_all += [kv] * n
+            batch += n
+            if item.decode:
+                decodes += q * n
+                cycles.append(item)
+                continue
+            prefill += q * n
+            chunk_q += [q] * n
+            chunk_kv += [kv] * n
+            if item.samples:
+                logits += n
+                chunk_rows += n
+                if item.num_generated + 1 >= out[item.request_id]:
+                    finished.extend(item.seq_ids)
+        drafts = [item.num_tokens - 1 for item in cycles]
+        emitted: dict[int, int] = {}
+        k = self.speculative.num_draft_tokens
+        for item, d, e in zip(cycles, drafts, self.draws.draw(drafts)):
+            emitted[item.request_id] = e
+            logits += len(item.seq_ids)
+            if item.num_generated + e >= out[item.request_id]:
+                finished.extend(item.seq_ids)
+            self.cycles += 1
+            self.cycle_tokens += e
+            if d == k:
+                self.full_cycles += 1
+                self.full_cycle_tokens += e
+        if self.step_times is not None:
+            return self._outcome(plan, 0, None, 0, batch, prefill, decodes, finished, emitted)
+        sc, cost = self.spec_costs, self.cost
+        tokens = decodes + prefill
+        feats = cost.features(q_all, kv_all)
+        if cycles:  # the target's forward over the verifies and chunks, its fixed cost once
+            duration = sc.verify_s(tokens, feats, logits) + (sc.prefill_fixed_s() if prefill else sc.decode_fixed_s())
+        else:
+            duration = cost.step_time_from_features(tokens, feats, logits)
+        draft = sc.draft
+        for i in range(max(max(drafts, default=0), 1 if chunk_q else 0)):
+            # draft step i: one token for each cycle with more than i drafts at context start + 1 + i;
+            # the first also over the step's prefill chunks (the draft's prefill of the prompt)
+            dkv = [item.start + 1 + i for item, d in zip(cycles, drafts) if d > i]
+            dq = [1] * len(dkv)
+            rows = len(dkv)
+            if i == 0 and chunk_q:
+                dq, dkv, rows = chunk_q + dq, chunk_kv + dkv, rows + chunk_rows
+            duration += sc.draft_s(sum(dq), draft.features(dq, dkv), rows, prefill=i == 0 and bool(chunk_q))
+        return self._outcome(plan, tokens, None, logits, batch, prefill, decodes, finished, emitted, duration)
+
     def _outcome(self, plan: StepPlan, tokens: int, features, logits: int, batch: int, prefill: int,  # noqa: ANN001
-                 decodes: int, finished: list[int]) -> StepOutcome:
+                 decodes: int, finished: list[int], emitted: dict[int, int] | None = None,
+                 duration: float | None = None) -> StepOutcome:
         if self.step_times is not None:
             if plan.step >= len(self.step_times):
                 raise ValueError(f"step_times: the schedule ran past the {len(self.step_times)} given step times")
             duration = float(self.step_times[plan.step])
-        else:
+        elif duration is None:
             duration = self.cost.step_time_from_features(tokens, features, logits)
         used, reserved = self.kv.slot_counts()
         self.records.append((batch, prefill, decodes, used * self.kv_tok, reserved * self.kv_tok))
-        return StepOutcome(duration_s=duration, finished=frozenset(finished))
+        return StepOutcome(duration_s=duration, finished=frozenset(finished), emitted=emitted)
+
+    def speculation(self) -> dict[str, float] | None:
+        """The cycles run, the mean tokens per cycle (all, and of the cycles with all k drafts: a cycle
+        near a request's end drafts fewer) and E(a, k); None without speculation."""
+        if self.speculative is None:
+            return None
+        mean = self.cycle_tokens / self.cycles if self.cycles else float("nan")
+        full = self.full_cycle_tokens / self.full_cycles if self.full_cycles else float("nan")
+        return dict(speculative_cycles=self.cycles, tokens_per_cycle=mean, tokens_per_full_cycle=full,
+                    expected_tokens_per_cycle=self.speculative.expected_tokens_per_cycle)
 
 
 def _stats(x: np.ndarray) -> dict[str, float]:
@@ -488,6 +621,7 @@ class SimResult:
     memory: MemoryPlan
     slo: SLO
     log: list = field(default_factory=list, repr=False)  # the scheduler's StepLog records
+    speculation: dict[str, float] | None = None  # speculative decoding: cycles and tokens per cycle
 
     @property
     def makespan_s(self) -> float:
@@ -541,7 +675,7 @@ class SimResult:
             mean_kv_util=float(self.steps["kv_util"].mean()) if len(self.steps) else 0.0,
             peak_kv_used_bytes=float(self.steps["kv_used_bytes"].max()) if len(self.steps) else 0.0,
             kv_pool_bytes=self.memory.kv_pool_bytes, num_blocks=self.memory.num_blocks,
-        )
+        ) | (self.speculation or {})
 
 
 def _states(workload: Workload, prefix_sharing: bool) -> list[RequestState]:
@@ -592,7 +726,8 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     kv = memory.manager(max_seq_len=config.model.max_positions)
     # KV occupancy per GPU: with data-parallel attention the replica's sequences spread over its GPUs
     runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token / memory.kv_shards,
-                             step_times)
+                             step_times, speculative=config.speculative,
+                             speculative_costs=speculative_costs(config, cost) if cost is not None else None)
     sched = Scheduler(kv, runner, config.scheduler_config())
     states = _states(workload, config.prefix_sharing)
     # The run allocates millions of small objects (step items, kept in the log) and no reference
@@ -615,7 +750,20 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
             gc.enable()
     stuck = next((s for s in states if s.finish_s is None), None)
     assert stuck is None, f"the scheduler stopped with request {stuck.request_id} unfinished"
-    return _result(config, slo, memory, workload, states, sched.log, runner.records)
+    return _result(config, slo, memory, workload, states, sched.log, runner.records, runner.speculation())
+
+
+def speculative_costs(config: ServingConfig, cost: StepCostModel) -> SpeculativeCosts | None:
+    """`config`'s `SpeculativeCosts` over the target's `cost` (None without speculation), kept on `cost` so
+    that the runs of one configuration (a rate search) share the draft's cost model."""
+    if config.speculative is None:
+        return None
+    key = (config.speculative.draft, config.efficiency, config.engine, id(config.time_model))
+    hit = getattr(cost, "_speculative_costs", None)
+    if hit is None or hit[0] != key:
+        hit = (key, SpeculativeCosts(cost, config))
+        cost._speculative_costs = hit
+    return hit[1]
 
 
 def kv_note(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> str:
@@ -637,7 +785,7 @@ def step_cost_model(config: ServingConfig) -> StepCostModel:
 
 
 def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workload, states: list[RequestState],
-            log: list, records: list) -> SimResult:
+            log: list, records: list, speculation: dict[str, float] | None = None) -> SimResult:
     arrival = workload.arrival_s
     first = np.array([s.first_token_s for s in states], dtype=float)
     finish = np.array([s.finish_s for s in states], dtype=float)
@@ -666,7 +814,11 @@ def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workl
                                         weights_bytes=memory.weights_bytes, slo_ttft_s=slo.ttft_s,
                                         slo_tpot_s=slo.tpot_s, slo_percentile=slo.percentile)
     settings |= {f"workload_{k}": v for k, v in workload.description.items()}
-    return SimResult(settings=settings, requests=requests, steps=steps, memory=memory, slo=slo, log=log)
+    if memory.draft_weights_bytes or memory.draft_kv_bytes_per_token:
+        settings |= dict(draft_weights_bytes=memory.draft_weights_bytes,
+                         draft_kv_bytes_per_token=memory.draft_kv_bytes_per_token)
+    return SimResult(settings=settings, requests=requests, steps=steps, memory=memory, slo=slo, log=log,
+                     speculation=speculation)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -721,7 +873,11 @@ def service_rate_bound(config: ServingConfig, spec: WorkloadSpec, num_blocks: in
     ctx = p_mean + o_mean / 2
     fit = max(1, int(num_blocks * config.block_size / max(ctx, 1)))
     b = max(1, min(config.max_batch or fit, fit))
-    step = cost.step_time_s(np.ones(b), np.full(b, ctx), b)
+    if config.speculative is None:
+        step = cost.step_time_s(np.ones(b), np.full(b, ctx), b)
+    else:  # a cycle, every draft accepted: the fewest seconds a token (a bound, whatever the acceptance)
+        k = config.speculative.num_draft_tokens
+        step = speculative_costs(config, cost).cycle_s(b, ctx, k) / (k + 1)
     chunk = int(min(config.max_batched_tokens or p_mean, max(p_mean, 1)))
     prefill_per_token = cost.step_time_s([chunk], [chunk], 1) / chunk
     per_request = o_mean * step / b + p_mean * prefill_per_token

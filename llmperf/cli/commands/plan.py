@@ -19,8 +19,11 @@ from llmperf.cli.clitools import (
     write_output,
 )
 from llmperf.cli.commands.simulate import (
+    AcceptanceOpt,
     BlockOpt,
     ChunkOpt,
+    DraftOpt,
+    DraftTokensOpt,
     FormatOpt,
     MaxBatchOpt,
     MemOpt,
@@ -38,6 +41,7 @@ from llmperf.cli.commands.simulate import (
     _length,
     _positive,
     check_serving_options,
+    speculative_from_options,
 )
 from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS, OUTPUT_LEN, PLAN_TOP, PROMPT_LEN
 from llmperf.errors import SpecError
@@ -116,6 +120,11 @@ def plan_tables(result):  # noqa: ANN001, ANN201
     win.caption = ("TTFT, TPOT bound: the same replica load under the roofline (the optimistic bound)\n"
                    "$/M in, $/M out: the GPU-hours split between prefill (input) and decode (output) by their "
                    "share of step time in the simulation (a mixed step by its tokens), over input and output tokens")
+    st = result.settings if isinstance(result.settings, dict) else {}
+    if st.get("draft"):
+        win.caption += (f"\nspeculative decoding in every candidate: draft {st['draft']}, k = {st['num_draft_tokens']} "
+                        f"draft tokens a cycle, acceptance a = {st['acceptance']:g}, E(a, k) = "
+                        f"{st['expected_tokens_per_cycle']:.2f} tokens a cycle")
     if any(r.requests_simulated is not None and not r.ci_converged for r in result.feasible):
         win.caption += "\n* the interval is wider than the tolerance (fixed sample, or --max-requests reached)"
     lose = Table(title="configurations that lose, and why")
@@ -161,6 +170,9 @@ def register(app: typer.Typer) -> None:
         jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Processes evaluating candidates (default: one per CPU).")] = None,
         top: Annotated[int, typer.Option("--top", help="Simulate until the N cheapest configurations that meet the SLOs are certain, cheapest optimistic bound first; the others are listed as outranked, not simulated. 0: simulate every candidate.")] = PLAN_TOP,
         seed: SeedOpt = 0,
+        draft: DraftOpt = None,
+        draft_tokens: DraftTokensOpt = None,
+        acceptance: AcceptanceOpt = None,
         max_batch: MaxBatchOpt = 256,
         max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
         chunked_prefill: ChunkOpt = True,
@@ -240,6 +252,9 @@ def register(app: typer.Typer) -> None:
             base = dict(max_batch=max_batch, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
                         prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, efficiency=efficiency,
                         engine=engine)
+            speculative = speculative_from_options(model, draft, draft_tokens, acceptance, seed)
+            if speculative is not None:  # every candidate simulated with it
+                base["speculative"] = speculative
             result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs, top,
                           layout_list, stopping)
             frame = result.to_frame()

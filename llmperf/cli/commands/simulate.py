@@ -65,6 +65,9 @@ BlockOpt = Annotated[int, typer.Option("--block-size", help="Tokens per paged KV
 MemOpt = Annotated[float, typer.Option("--mem-util", help="Fraction of device memory the server uses (vLLM gpu_memory_utilization).")]
 EffOpt = Annotated[Efficiency, typer.Option("--efficiency", help="Time model: auto (the expected time: typical on a GPU, the calibration of --hardware local), roofline (the bound), typical, calibrated.")]
 EngineOpt = Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile for step overhead and kernel launches (models_spec/engines): compiled (CUDA graphs: vLLM, SGLang, TensorRT-LLM; the default) or eager (PyTorch eager, llmperf's own engine). Not for a CPU; the roofline takes none.")]
+DraftOpt = Annotated[str | None, typer.Option("--draft", "-d", help="Speculative decoding: the draft model (the target's vocabulary), as `llmperf speculate --draft` takes it: a built-in name, a YAML / HF config.json path, mtp (the model's own multi-token-prediction layer) or early-exit:N (its own first N layers). Needs --draft-tokens and --acceptance.")]
+DraftTokensOpt = Annotated[int | None, typer.Option("--draft-tokens", "-k", help="Speculative decoding: draft tokens per cycle (k, 1 .. 64).")]
+AcceptanceOpt = Annotated[float | None, typer.Option("--acceptance", "-a", help="Speculative decoding: each draft token's acceptance rate (a, in [0, 1]; independent per token; the cycle's tokens are drawn with --seed).")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")]
 OutOpt = Annotated[str | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
 
@@ -99,6 +102,60 @@ def check_layout_options(*, mla_mode: str, kv_window: str) -> None:
         raise SpecError(f"--mla-mode: must be one of {', '.join(MLA_MODES)}, got {mla_mode!r}")
     if kv_window not in KV_WINDOW_MODES:
         raise SpecError(f"--kv-window: must be one of {', '.join(KV_WINDOW_MODES)}, got {kv_window!r}")
+
+
+def speculative_from_options(model: str, draft: str | None, draft_tokens: int | None, acceptance: float | None,
+                             seed: int):  # noqa: ANN201
+    """The `SpeculativeConfig` of --draft / --draft-tokens / --acceptance (None without --draft), the
+    draft resolved against `model`; each bad value refused in one line naming its option."""
+    if draft is None:
+        for opt, v in (("--draft-tokens", draft_tokens), ("--acceptance", acceptance)):
+            if v is not None:
+                raise SpecError(f"--draft: {opt} sets speculative decoding; add --draft (a model, mtp or early-exit:N)")
+        return None
+    if draft_tokens is None:
+        raise SpecError("--draft-tokens: needed with --draft (draft tokens per cycle, 1 .. 64)")
+    if not 1 <= draft_tokens <= 64:
+        raise SpecError(f"--draft-tokens: must be an integer in 1 .. 64, got {draft_tokens}")
+    if acceptance is None:
+        raise SpecError("--acceptance: needed with --draft (each draft token's acceptance rate, in [0, 1])")
+    import math
+    if not math.isfinite(acceptance) or not 0.0 <= acceptance <= 1.0:
+        raise SpecError(f"--acceptance: must be a number in [0, 1], got {acceptance:g}")
+    from llmperf.serving.speculative import SpeculativeConfig
+    from llmperf.specs import load_model
+    try:
+        spec = SpeculativeConfig(draft=draft, num_draft_tokens=draft_tokens, acceptance=acceptance, seed=seed)
+    except SpecError as exc:
+        raise SpecError(f"--{exc}") from None
+    target = load_model(model)
+    try:
+        spec.resolve(target)
+    except SpecError as exc:
+        raise SpecError(f"--{exc}") from None
+    return spec
+
+
+def speculation_table(result):  # noqa: ANN001, ANN201
+    """The speculation settings and the measured tokens per cycle beside E(a, k) (None without it)."""
+    st, s = result.settings, result.summary()
+    if "draft" not in st:
+        return None
+    from rich.table import Table
+    t = Table(title="speculative decoding (each decode a cycle: k draft steps, one verify of k + 1 tokens)")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    for k, v in (("draft", str(st["draft"])), ("draft tokens per cycle, k", str(st["num_draft_tokens"])),
+                 ("acceptance per draft token, a", f"{st['acceptance']:g}"), ("seed", str(st["speculative_seed"])),
+                 ("cycles", str(s["speculative_cycles"])),
+                 ("tokens per cycle, measured (all cycles)", f"{s['tokens_per_cycle']:.3f}"),
+                 ("tokens per cycle, measured (cycles of k drafts)", f"{s['tokens_per_full_cycle']:.3f}"),
+                 ("E(a, k) = (1 - a^(k+1)) / (1 - a)", f"{s['expected_tokens_per_cycle']:.3f}"),
+                 ("draft weights / KV per token (per GPU)",
+                  f"{st.get('draft_weights_bytes', 0.0) / 2**30:.2f} GiB / "
+                  f"{st.get('draft_kv_bytes_per_token', 0.0) / 2**10:.1f} KiB")):
+        t.add_row(k, v)
+    return t
 
 
 def check_run_dir(run_dir: str | None):  # noqa: ANN201
@@ -303,6 +360,9 @@ def register(app: typer.Typer) -> None:
         num_blocks: Annotated[int | None, typer.Option("--num-blocks", help="KV pool size in blocks (default: what memory leaves).")] = None,
         efficiency: EffOpt = Efficiency.auto,
         engine: EngineOpt = None,
+        draft: DraftOpt = None,
+        draft_tokens: DraftTokensOpt = None,
+        acceptance: AcceptanceOpt = None,
         slo_ttft: SloTtftOpt = None,
         slo_tpot: SloTpotOpt = None,
         slo_percentile: SloPctOpt = 90.0,
@@ -332,6 +392,9 @@ def register(app: typer.Typer) -> None:
             out = check_output(output)
             rd = check_run_dir(run_dir)
             made += [rd] if rd is not None else []
+            if validate and (draft is not None or draft_tokens is not None or acceptance is not None):
+                raise SpecError("--validate: the engine does not run speculative decoding through the scheduler; "
+                                "drop --draft / --draft-tokens / --acceptance")
             if validate:
                 defaults = dict(arrival="poisson", cv=None, system_prompt_len=0, dtype=None,
                                 kv=None, tp=1, ep=1, dp_attention=False, mla_mode="auto", kv_window="capped",
@@ -366,6 +429,7 @@ def register(app: typer.Typer) -> None:
                                    hardware=hardware, run_dir=rd, console=out_console)
                 return
             hardware = DEFAULT_HARDWARE if hardware is None else hardware
+            speculative = speculative_from_options(model, draft, draft_tokens, acceptance, seed)
             prompt_len = PROMPT_LEN if prompt_len is None else prompt_len
             output_len = OUTPUT_LEN if output_len is None else output_len
             slo = sim.SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)
@@ -377,7 +441,7 @@ def register(app: typer.Typer) -> None:
                 kv_window=kv_window, policy=policy.value, max_batch=max_batch,
                 max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
                 prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, num_blocks=num_blocks,
-                efficiency=efficiency.value, engine=engine)
+                efficiency=efficiency.value, engine=engine, speculative=speculative)
             search = None
             if find_max_rate:
                 if spec is None:
@@ -465,6 +529,9 @@ def _render(result, search, rates, output_format: OutputFormat, output, bound=No
              + (f"\n{st['kv_note']}" if st.get("kv_note") else "")
              + (f"\n{st['precision_note']}" if st.get("precision_note") else ""))
     tables = summary_tables(result, title, bound)
+    spec = speculation_table(result)
+    if spec is not None:
+        tables.insert(1, spec)
     if search is not None:
         tables.insert(0, rates_table(rates, search, result.slo))
     if output is None:

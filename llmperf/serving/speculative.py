@@ -1,0 +1,212 @@
+"""Speculative decoding in the serving simulator: its settings, the draft's memory, and the price of a
+step whose decodes are speculative cycles.
+
+With `SpeculativeConfig` on, the scheduler (`llmperf.serving.scheduler`) schedules each decode of a
+sequence as one cycle: k + 1 tokens of the step's budget, k + 1 cache slots reserved for the step.
+The cost-model runner draws the tokens the cycle emits, n in 1 .. k + 1, from the truncated geometric
+law of Leviathan et al. (arXiv:2211.17192: P(n) = a^(n-1) (1 - a) for n <= k, P(k + 1) = a^k; mean
+E(a, k) = (1 - a^(k+1)) / (1 - a), `llmperf.analysis.speculative.expected_tokens`) with a seeded
+numpy Generator; the scheduler keeps n slots and gives the rest back. A cycle never drafts past the
+request's `max_new_tokens` (k is cut to what is left less one).
+
+A step's price (`SpeculativeCosts`), as `llmperf.analysis.speculative` prices a cycle: k draft
+decode steps of the draft model over the cycling sequences (contexts growing by one each; the
+first also over the step's prefill chunks: the draft's prefill of the prompt), the target's forward
+over every verify (k + 1 tokens a sequence) and prefill chunk with the engine's verify terms
+(`phase_time_model(.., "verify")`), and the step's fixed cost once (the decode step's, or the
+prefill terms' when the step holds a prefill chunk). Memory: the draft's weights (none for an early
+exit, `eh_proj` and one layer for MTP) and KV per token join the target's; one activation
+reservation, the larger (`draft_memory`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from llmperf.analysis.speculative import (
+    MTP,
+    expected_tokens,
+    mtp_extra_weights_bytes,
+    mtp_ops,
+    mtp_spec,
+    resolve_draft,
+)
+from llmperf.errors import SpecError
+from llmperf.numeric import is_count, is_real
+from llmperf.specs import ModelSpec
+
+__all__ = ["DraftMemory", "SpeculativeConfig", "SpeculativeCosts", "draft_memory"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeConfig:
+    """Speculative decoding for every request of a replica. `draft`: what `llmperf speculate --draft`
+    takes (a built-in model name, a YAML / HF config path or a `ModelSpec`; `"mtp"`: the model's own
+    multi-token-prediction module; `"early-exit:N"`: its first N layers). `num_draft_tokens`: k, the
+    draft tokens per cycle; `acceptance`: a, each draft token's acceptance rate (independent);
+    `seed`: the acceptance draws' random stream (same seed, same run)."""
+
+    draft: Any
+    num_draft_tokens: int
+    acceptance: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.draft, str) and not self.draft.strip():
+            raise SpecError(f"draft: must name a model, mtp or early-exit:N, got {self.draft!r}")
+        if not is_count(self.num_draft_tokens) or not 1 <= self.num_draft_tokens <= 64:
+            raise SpecError(f"num_draft_tokens: must be an integer in 1 .. 64, got {self.num_draft_tokens!r}")
+        if not is_real(self.acceptance) or not 0.0 <= float(self.acceptance) <= 1.0:
+            raise SpecError(f"acceptance: must be a number in [0, 1], got {self.acceptance!r}")
+        if not is_count(self.seed) or self.seed < 0:
+            raise SpecError(f"seed: must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def expected_tokens_per_cycle(self) -> float:
+        """E(a, k): the tokens a full cycle emits on average."""
+        return expected_tokens(self.acceptance, self.num_draft_tokens)
+
+    def resolve(self, model: ModelSpec) -> tuple[ModelSpec, str]:
+        """The draft of `model` as a spec and its kind ("model", "mtp", "early-exit"): SpecError naming
+        `draft` when it is unknown or does not share the target's vocabulary."""
+        try:
+            return resolve_draft(model, self.draft)
+        except SpecError as exc:
+            text = str(exc)
+            raise SpecError(text if text.startswith("draft:") else f"draft: {text}") from None
+
+    def draws(self) -> AcceptanceDraws:
+        """A fresh random stream of cycle lengths for one run."""
+        return AcceptanceDraws(self.acceptance, self.seed)
+
+
+class AcceptanceDraws:
+    """Tokens emitted by speculative cycles: n = 1 + min(k, floor(log(1 - u) / log a)), u uniform in
+    [0, 1), so P(n > j) = a^j for j <= k (the truncated geometric law); no draw at a = 0 or 1."""
+
+    def __init__(self, acceptance: float, seed: int) -> None:
+        self.a = float(acceptance)
+        self.rng = np.random.default_rng(seed)
+        self._log_a = math.log(self.a) if 0.0 < self.a < 1.0 else 0.0
+
+    def draw(self, drafts: list[int]) -> list[int]:
+        """Tokens emitted by cycles of `drafts[i]` draft tokens each (n in 1 .. drafts[i] + 1)."""
+        if self.a <= 0.0:
+            return [1] * len(drafts)
+        if self.a >= 1.0:
+            return [k + 1 for k in drafts]
+        u = self.rng.random(len(drafts))
+        j = np.floor(np.log1p(-u) / self._log_a)
+        return [1 + int(min(k, x)) for k, x in zip(drafts, j.tolist())]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DraftMemory:
+    """Per GPU, what the draft adds: its weights (those it does not share with the target), its KV
+    bytes per token, and its activation reservation (the replica keeps the larger of the two)."""
+
+    name: str
+    kind: str
+    weights_bytes: float
+    kv_bytes_per_token: float
+    activation_bytes: float
+
+
+def _draft_parallel(config: Any, draft: ModelSpec) -> dict[str, Any]:
+    return dict(ep=config.ep if draft.is_moe else 1, dp_attention=config.dp_attention)
+
+
+def draft_memory(config: Any, workload: Any = None) -> DraftMemory:
+    """The draft's share of a replica's memory (`ServingConfig` `config`, the draft at the target's
+    precision and tensor-parallel degree), by `llmperf speculate`'s rules: an early exit shares the
+    target's weights but keeps its own KV; MTP adds one layer, `eh_proj` and three norms."""
+    from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
+    from llmperf.analysis.rollup import activation_reserve_bytes
+
+    d, kind = config.speculative.resolve(config.model)
+    prec, tp = config.precision, config.tp
+    par = _draft_parallel(config, d)
+    if kind == "early-exit":
+        weights = 0.0
+    elif kind == MTP:
+        two = weight_bytes_per_gpu(mtp_spec(config.model, 2), prec, tp, 1, **par)
+        weights = two - weight_bytes_per_gpu(d, prec, tp, 1, **par) + mtp_extra_weights_bytes(config.model, prec)
+    else:
+        weights = weight_bytes_per_gpu(d, prec, tp, 1, **par)
+    kv = kv_bytes_per_token_per_gpu(d, prec, tp, 1, **par)
+    act = activation_reserve_bytes(d, prec, _draft_conventions(config, d, workload), tp, **par)
+    return DraftMemory(name=d.name, kind=kind, weights_bytes=float(weights), kv_bytes_per_token=float(kv),
+                       activation_bytes=float(act))
+
+
+def _draft_conventions(config: Any, draft: ModelSpec, workload: Any = None) -> Any:
+    conv = config.conventions(workload)
+    return conv if draft.is_moe else replace(conv, ep=1)
+
+
+class SpeculativeCosts:
+    """Prices the parts of a step with speculative cycles from a target `StepCostModel`: the target's
+    forward with the verify terms and the draft's forwards, each without the engine's fixed cost
+    (`fixed_s` adds it once per step)."""
+
+    def __init__(self, target: Any, config: Any) -> None:
+        from llmperf.analysis.roofline import phase_time_model
+        from llmperf.serving.costmodel import StepCostModel
+
+        d, kind = config.speculative.resolve(config.model)
+        self.target = target
+        self.verify = target if phase_time_model(target.time_model, "verify") is target.time_model else \
+            replace(target, time_model=phase_time_model(target.time_model, "verify"))
+        self.draft = StepCostModel(model=d, hardware=target.hardware, precision=target.precision, tp=target.tp,
+                                   pp=1, attention=target.attention, time_model=config.resolve_time_model(d),
+                                   conventions=_draft_conventions(config, d))
+        self.mtp = kind == MTP
+        self.hidden_size = config.model.hidden_size
+        self._mtp_cache: dict[tuple[int, bool], float] = {}
+
+    def decode_fixed_s(self) -> float:
+        """The engine's fixed cost of a step without a prefill chunk (a cycle pays it once)."""
+        return self.target.step_overhead_s
+
+    def prefill_fixed_s(self) -> float:
+        """The fixed cost of a step with a prefill chunk (the prefill terms')."""
+        return self.target.prefill_costs.step_overhead_s
+
+    def verify_s(self, tokens: int, features: Any, logit_rows: int) -> float:
+        """The target's forward over a step's verify tokens and prefill chunks, with the verify terms."""
+        v = self.verify
+        return v.dense_time_s(tokens) + v.attention_time_s(features) + v.head_time_s(logit_rows)
+
+    def draft_s(self, tokens: int, features: Any, logit_rows: int, prefill: bool = False) -> float:
+        """One forward of the draft (decode terms; `prefill`: with a prefill chunk, the prefill terms)."""
+        if tokens <= 0:
+            return 0.0
+        d = self.draft.prefill_costs if prefill else self.draft
+        t = d.dense_time_s(tokens) + d.attention_time_s(features) + d.head_time_s(logit_rows)
+        if self.mtp:
+            t += self._mtp_s(tokens, prefill, d)
+        return t
+
+    def cycle_s(self, batch: int, context: float, k: int) -> float:
+        """A step of `batch` cycles of `k` drafts, each sequence with `context` tokens committed: k draft
+        steps (contexts context .. context + k - 1), the verify (k + 1 tokens, context + k after it) and
+        the fixed cost (the bounds of a rate search and the plan's floors use it)."""
+        b = int(batch)
+        t = self.target
+        verify = self.verify_s(b * (k + 1), t.features(np.full(b, k + 1.0), np.full(b, context + k)), b)
+        drafts = sum(self.draft_s(b, self.draft.features(np.ones(b), np.full(b, context + i)), b) for i in range(k))
+        return verify + drafts + self.decode_fixed_s()
+
+    def _mtp_s(self, tokens: int, prefill: bool, d: Any) -> float:
+        key = (tokens, prefill)
+        hit = self._mtp_cache.get(key)
+        if hit is None:
+            from llmperf.serving.costmodel import _op_time
+            hit = sum(float(np.asarray(_op_time(c, d.hardware, d.dtype, d.time_model).time_s))
+                      for c in mtp_ops(d.fm, float(tokens), self.hidden_size))
+            self._mtp_cache[key] = hit
+        return hit
