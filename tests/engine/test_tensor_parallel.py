@@ -307,21 +307,16 @@ def test_a_failing_rank_raises_in_the_parent_with_its_message():
         run_ranks(2, _fails_on_rank_1, backend="gloo", threads_per_rank=1, timeout_s=120)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA device")
-def test_one_nccl_process_generates_the_whole_models_tokens_and_times_its_all_reduces():
-    # one GPU: the NCCL group, the spawned CUDA rank and the timed all-reduce hooks (a world of one)
+@pytest.mark.parametrize("world", [
+    # one GPU (every lent machine so far): the NCCL group, the spawned CUDA rank, the timed collectives' hooks
+    pytest.param(1, marks=pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA device")),
+    pytest.param(2, marks=pytest.mark.skipif(torch.cuda.device_count() < 2,
+                                             reason="needs a CUDA device per rank (two)")),
+])
+def test_nccl_processes_generate_the_whole_models_tokens(world):
     spec = SPECS["llama"]()
     prompts = TOKENS[:, :6]
-    res = tp_generate(spec, prompts, 1, max_new_tokens=8, device="cuda", record=True)
+    res = tp_generate(spec, prompts, world, max_new_tokens=8, device="cuda", record=True)
     assert res.backend == "nccl"
     assert res.tokens == _generate(build_model(spec, seed=0, device="cuda"), prompts.tolist(), 8)
     assert res.allreduce_s is not None and len(res.allreduce_s) == len(res.steps)
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a CUDA device per rank (two)")
-def test_two_nccl_processes_generate_the_whole_models_tokens():
-    spec = SPECS["llama"]()
-    prompts = TOKENS[:, :6]
-    res = tp_generate(spec, prompts, 2, max_new_tokens=8, device="cuda", record=True)
-    assert res.backend == "nccl"
-    assert res.tokens == _generate(build_model(spec, seed=0, device="cuda"), prompts.tolist(), 8)
