@@ -231,12 +231,18 @@ def _forward_s(est: GenerationEstimate, time_model: TimeModel, phase: str, q_len
                mtp: bool = False) -> np.ndarray:
     """One forward of `est`'s model per context in `kv_len` (batch `est.batch`, `q_len` new tokens per
     sequence) without the engine's per-step fixed cost (a cycle pays that once); `mtp`: with the MTP
-    module's own operators."""
-    from llmperf.analysis.rollup import phase_arrays
+    module's own operators. A verify computes the logits of all its `q_len` positions (each checks a
+    draft token, the last gives the bonus: `llmperf.engine.speculative` runs it with `all_logits`), so
+    its LM head sees `batch x q_len` rows."""
+    from dataclasses import replace
+
+    from llmperf.analysis.rollup import forward_model, phase_arrays
 
     tm = phase_time_model(model_time_model(time_model, est.model), phase)
     dtype = est.prefill.compute_dtype
-    t = phase_arrays(est.forward_model(), est.hardware, float(est.batch), float(q_len), kv_len, pp=est.pp,
+    fm = est.forward_model() if phase != "verify" else forward_model(
+        est.model, est.precision, replace(est.conventions, all_logits=True), est.tp)
+    t = phase_arrays(fm, est.hardware, float(est.batch), float(q_len), kv_len, pp=est.pp,
                      compute_dtype=dtype, time_model=tm).time_s
     extra = sum(op_time(c, est.hardware, dtype, tm).time_s for c in _mtp_ops(est, q_len)) if mtp else 0.0
     return np.asarray(t, dtype=float) + extra - step_overhead_s(tm)

@@ -550,7 +550,7 @@ class CostModelRunner:
         k = self.speculative.num_draft_tokens
         for item, d, e in zip(cycles, drafts, self.draws.draw(drafts)):
             emitted[item.request_id] = e
-            logits += len(item.seq_ids)
+            logits += len(item.seq_ids) * item.num_tokens  # a verify's logits at every position it checks
             if item.num_generated + e >= out[item.request_id]:
                 finished.extend(item.seq_ids)
             self.cycles += 1

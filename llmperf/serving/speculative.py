@@ -197,7 +197,7 @@ class SpeculativeCosts:
         the fixed cost (the bounds of a rate search and the plan's floors use it)."""
         b = int(batch)
         t = self.target
-        verify = self.verify_s(b * (k + 1), t.features(np.full(b, k + 1.0), np.full(b, context + k)), b)
+        verify = self.verify_s(b * (k + 1), t.features(np.full(b, k + 1.0), np.full(b, context + k)), b * (k + 1))
         drafts = sum(self.draft_s(b, self.draft.features(np.ones(b), np.full(b, context + i)), b) for i in range(k))
         return verify + drafts + self.decode_fixed_s()
 

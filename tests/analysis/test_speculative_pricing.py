@@ -5,11 +5,13 @@ time model named, and bad input refused naming the field."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from llmperf.analysis.phase import estimate_phase
+from llmperf.analysis.rollup import forward_model
 from llmperf.analysis.roofline import phase_time_model, step_overhead_s
 from llmperf.analysis.speculative import expected_tokens, speculate
 from llmperf.analysis.timemodel import time_model_for
@@ -31,6 +33,11 @@ def test_expected_tokens_grows_with_acceptance_and_draft_length():
     assert expected_tokens(0.8, 4) > expected_tokens(0.7, 4) and expected_tokens(0.8, 5) > expected_tokens(0.8, 4)
 
 
+def _verify_fm(est):
+    """The target's forward model with logits at every position, as a verify computes them."""
+    return forward_model(est.model, est.precision, replace(est.conventions, all_logits=True), est.tp)
+
+
 @pytest.mark.parametrize("time_model", [None, TYPICAL], ids=["roofline", "typical"])
 def test_a_cycle_is_k_draft_steps_and_one_verify_of_the_models_own(time_model):
     k = 3
@@ -40,10 +47,14 @@ def test_a_cycle_is_k_draft_steps_and_one_verify_of_the_models_own(time_model):
     d_over = step_overhead_s(draft.time_model)
     # the draft's decode steps 1..k read contexts prompt + 1 .. prompt + k: its own estimate's steps
     assert s.first_draft_s == pytest.approx(float(np.sum(draft.decode_step_times_s(1, k + 1))) - k * d_over)
-    verify = estimate_phase(target.forward_model(), target.hardware, 4, k + 1, 300 + 1 + k, phase="verify",
+    # the verify's logits at all its k + 1 positions (the engine's verify runs with all_logits)
+    verify = estimate_phase(_verify_fm(target), target.hardware, 4, k + 1, 300 + 1 + k, phase="verify",
                             compute_dtype=target.prefill.compute_dtype, time_model=target.time_model)
+    last_only = estimate_phase(target.forward_model(), target.hardware, 4, k + 1, 300 + 1 + k, phase="verify",
+                               compute_dtype=target.prefill.compute_dtype, time_model=target.time_model)
     v_over = step_overhead_s(phase_time_model(target.time_model, "verify"))
     assert s.first_verify_s == pytest.approx(verify.time_s - v_over)
+    assert verify.time_s > last_only.time_s
     assert s.cycle_overhead_s == pytest.approx(step_overhead_s(phase_time_model(target.time_model, "decode")))
     assert s.summary()["cycle_s"] == pytest.approx(s.first_draft_s + s.first_verify_s + s.cycle_overhead_s)
 
@@ -53,7 +64,7 @@ def test_every_cycle_is_priced_at_its_context():
     k, prompt, gen = 4, 200, 51
     s = speculate(**PAIR, num_draft_tokens=k, acceptance=1.0, prompt_len=prompt, gen_len=gen, tp=2)
     assert s.cycles == pytest.approx(10.0)
-    fm_t, fm_d = s.target.forward_model(), s.draft.forward_model()
+    fm_t, fm_d = _verify_fm(s.target), s.draft.forward_model()
     dtype = s.target.prefill.compute_dtype
     total = 0.0
     for c in range(10):
