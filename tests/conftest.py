@@ -23,6 +23,10 @@ if not _cuda_available():
 else:  # the tests check values: one launchable config per kernel, not the autotuner's whole space
     os.environ.setdefault("LLMPERF_TRITON_AUTOTUNE", "0")
 
+# The CLI draws its tables as wide as COLUMNS says, else 150 columns when piped (llmperf.cli.clitools). pytest-xdist's
+# workers inherit COLUMNS=80, which wraps the tables the CLI tests read; every run draws them as a serial run does.
+os.environ.pop("COLUMNS", None)
+
 from hypothesis import HealthCheck, settings
 
 from llmperf.specs import HardwareSpec, ModelSpec
