@@ -547,7 +547,8 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     layouts = layouts_for(m) if layouts is None else check_layouts(layouts)
     base = dict(base or {})
     base.setdefault("efficiency", efficiency)
-    spec_settings = _speculative_settings(m, base.get("speculative"))  # a bad draft fails before any work
+    speculative = base.get("speculative")
+    spec_settings = {} if speculative is None else speculative.settings(m)  # a bad draft fails before any work
     cands = [Candidate(device=d, precision=p, tp=t, layout=lay) for d in devices for p in precisions for t in tps
              for lay in layouts if not _duplicate(lay, t, layouts)]
     stopping = stopping or Stopping(tolerance=None)
@@ -612,15 +613,6 @@ def _outranked(prep: _Prepared, cut: tuple, top: int) -> PlanRow:
         why = f"{bound}, ranks after the {top} with the fewest GPUs that meet the SLOs (up to {cut[2]})"
     return PlanRow(replicas=None, gpus=None, feasible=False, binding="outranked",
                    detail=f"not simulated: {why}; --top 0 simulates it", **c)
-
-
-def _speculative_settings(model: ModelSpec, spec: object) -> dict[str, object]:
-    """Speculative decoding's settings as plain values for the plan's settings (none without it)."""
-    if spec is None:
-        return {}
-    draft, _ = spec.resolve(model)
-    return dict(draft=draft.name, num_draft_tokens=spec.num_draft_tokens, acceptance=float(spec.acceptance),
-                speculative_seed=spec.seed, expected_tokens_per_cycle=spec.expected_tokens_per_cycle)
 
 
 def _run_candidates(cands: list[Candidate], common: tuple, stopping: Stopping, lengths: tuple[float, float],

@@ -250,12 +250,7 @@ class ServingConfig:
 
     def _speculative_settings(self) -> dict[str, object]:
         """The speculation settings (none without speculation: the settings stay as they were)."""
-        spec = self.speculative
-        if spec is None:
-            return {}
-        draft, _ = spec.resolve(self.model)
-        return dict(draft=draft.name, num_draft_tokens=spec.num_draft_tokens, acceptance=float(spec.acceptance),
-                    speculative_seed=spec.seed, expected_tokens_per_cycle=spec.expected_tokens_per_cycle)
+        return {} if self.speculative is None else self.speculative.settings(self.model)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -79,6 +79,12 @@ class SpeculativeConfig:
             text = str(exc)
             raise SpecError(text if text.startswith("draft:") else f"draft: {text}") from None
 
+    def settings(self, model: ModelSpec) -> dict[str, object]:
+        """The settings as plain values, the draft by name (a run's and a plan's settings)."""
+        draft, _ = self.resolve(model)
+        return dict(draft=draft.name, num_draft_tokens=self.num_draft_tokens, acceptance=float(self.acceptance),
+                    speculative_seed=self.seed, expected_tokens_per_cycle=self.expected_tokens_per_cycle)
+
     def draws(self) -> AcceptanceDraws:
         """A fresh random stream of cycle lengths for one run."""
         return AcceptanceDraws(self.acceptance, self.seed)
