@@ -9,9 +9,10 @@
 #      a warm-up run per k), priced by step 1's calibration
 #   4. today's families on the GPU against transformers on the same GPU (tests/engine/test_cuda_families.py),
 #      and tensor parallelism's NCCL ranks (one a GPU: a world of one on a one-GPU machine)
-#   5. today's models profiled on the GPU with the calibration of step 1 (Triton backend, bf16, 2 layers
+#   5. the MLA decode kernel's full shape set (kernel_bench --ops mla: batch 1-64, context 1k-32k, TP 1 and 8)
+#   6. today's models profiled on the GPU with the calibration of step 1 (Triton backend, bf16, 2 layers
 #      each kind kept): qwen3-30b-a3b, gpt-oss-20b, DeepSeek-V3 at a quarter of its widths, while time is left
-#   6. the Triton kernels' tests on the GPU (windows, chunks, sinks, MLA decode; pytest-xdist when present),
+#   7. the Triton kernels' tests on the GPU (windows, chunks, sinks, MLA decode; pytest-xdist when present),
 #      while time is left
 # Results go to R (default /tmp/gpu-session); after every step they are packed into OUT/gpu-session.tar.gz
 # (OUT: the device tool's folder, or a second argument), so a run cut off at its limit still returns
@@ -79,6 +80,8 @@ step validation-tests 45 "$PY" -m pytest tests/kernels/test_validation.py -q -p 
     --backend triton -H "$R/gpu/calibrate.yaml" -k 1,4 -p 64 -g 64 --reps 5 --out "$R/speculative"
 step family-tests 100 "$PY" -m pytest tests/engine/test_cuda_families.py tests/engine/test_tensor_parallel.py -k \
     'cuda or nccl' -q -p no:cacheprovider "${XDIST[@]}" "${TIMEOUT[@]}" --junitxml "$R/family-tests.xml"
+# the MLA decode kernel at every batch and context (the --quick set has batch 1 only), autotuned
+step kernel-bench-mla 150 "$PY" -m llmperf.measure.kernel_bench --ops mla --out "$R/kernels-mla"
 if [[ -f $R/gpu/calibrate.yaml ]]; then
     for model in qwen3-30b-a3b gpt-oss-20b reports/profile/deepseek-v3-quarter-cpu.yaml; do
         name=$(basename "$model" .yaml); name=${name%-cpu}

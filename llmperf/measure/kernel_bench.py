@@ -1,6 +1,6 @@
 """Benchmark the attention kernels against the roofline: `python -m llmperf.measure.kernel_bench`.
 
-Options: `[--out DIR] [--dtype bf16|fp16] [--hardware NAME] [--quick] [--dry-run]`.
+Options: `[--out DIR] [--dtype bf16|fp16] [--hardware NAME] [--quick] [--dry-run] [--ops mla,decode,...]`.
 
 On a CUDA device, times each kernel with `triton.testing.do_bench` (median; L2 flushed between runs)
 over Llama-3-8B-like attention (32 query / 8 KV heads, head dim 128), batch 1..64, context 512..32k:
@@ -531,12 +531,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--hardware", default=None, help="llmperf hardware spec name (default: matched from the device)")
     p.add_argument("--quick", action="store_true", help="a handful of shapes (smoke run)")
     p.add_argument("--dry-run", action="store_true", help="print the shape list and exit (no GPU needed)")
+    p.add_argument("--ops", type=_ops, default=None,
+                   help=f"only these kernels' shapes, comma-separated ({', '.join(OPS)}; default: all)")
     return p.parse_args(argv)
+
+
+#: the kernels' shape families, as `Case.op` names them
+OPS = ("prefill", "decode", "paged", "mla")
+
+
+def _ops(text: str) -> frozenset[str]:
+    """'mla,decode' -> {'mla', 'decode'}; an unknown name is an argparse error naming it."""
+    names = frozenset(t.strip() for t in text.split(",") if t.strip())
+    bad = sorted(names - set(OPS))
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"unknown kernel {', '.join(bad) or repr(text)} "
+                                         f"(choose from {', '.join(OPS)})")
+    return names
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    case_list = cases(args.quick)
+    case_list = [c for c in cases(args.quick) if args.ops is None or c.op in args.ops]
     if args.dry_run:
         for case in case_list:
             print(f"{case.label}  ({case.tokens} tokens)")

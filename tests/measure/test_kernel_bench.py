@@ -27,6 +27,20 @@ def test_shapes_cover_the_brief():
     assert len(bench.cases(quick=True)) < len(cs)
 
 
+def test_ops_picks_one_kernels_shapes_and_refuses_an_unknown_name(capsys):
+    # the full MLA set alone (a lease's step: the batches the --quick set lacks), listed without a GPU
+    assert {c.op for c in bench.cases()} == set(bench.OPS)
+    assert bench.main(["--dry-run", "--ops", "mla"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == sum(c.op == "mla" for c in bench.cases()) and all(ln.startswith("mla ") for ln in lines)
+    assert any("B=64" in ln for ln in lines)
+    assert bench.main(["--dry-run", "--quick", "--ops", "decode, paged"]) == 0
+    assert {ln.split()[0] for ln in capsys.readouterr().out.splitlines()} == {"decode", "paged"}
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--ops", "mla,bogus"])
+    assert exc.value.code == 2 and "unknown kernel bogus" in capsys.readouterr().err
+
+
 def test_local_shapes_are_todays_models():
     """gpt-oss's sliding layers (window 128, sinks, 64 / 8 heads of 64); Llama 4's chunked ones (8192, 40 / 8
     heads of 128)."""
