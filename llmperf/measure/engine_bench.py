@@ -382,6 +382,17 @@ def save_comparison(out: Path, name: str, text: str, doc: dict[str, Any], *, ind
         d.write(f"{name}.json", json.dumps(doc, indent=indent, default=str) + "\n")
 
 
+def report_comparison(title: str, name: str, env: dict[str, Any], settings: dict[str, Any], body: list[str],
+                      out: Path | None, fields: dict[str, Any], *, when: str | None = None,
+                      indent: int | None = 2) -> None:
+    """A comparison benchmark's report: its head (`comparison_head`) and `body` printed, and with `out` saved
+    (`save_comparison`: the text, and the environment, the settings and `fields` as JSON)."""
+    text = "\n".join(comparison_head(title, env, settings, when) + body)
+    print(text)
+    if out is not None:
+        save_comparison(out, name, text, dict(environment=env, settings=settings, **fields), indent=indent)
+
+
 def main(argv: list[str] | None = None) -> list[Figure]:
     ap = argparse.ArgumentParser(prog="python -m llmperf.measure.engine_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--prompt-len", type=int, default=32)

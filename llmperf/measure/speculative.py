@@ -41,7 +41,7 @@ from llmperf.engine.speculative import SpeculativeResult, early_exit_draft, spec
 from llmperf.engine.weights import build_model
 from llmperf.errors import SpecError
 from llmperf.measure.device import describe
-from llmperf.measure.engine_bench import comparison_head, environment, save_comparison
+from llmperf.measure.engine_bench import environment, report_comparison
 from llmperf.measure.profile.predict import own_engine_time_model
 from llmperf.measure.timers import gc_paused
 from llmperf.specs import load_hardware, load_model
@@ -262,12 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, ValueError) as exc:
         p.exit(2, f"error: {exc}\n")
     when = f"measured {env['date'][:10]}, priced {time.strftime('%Y-%m-%d')}" if args.reprice is not None else None
-    head = comparison_head("speculative decoding", env, settings, when)
-    text = "\n".join(head + lines(rows))
-    print(text)
-    if args.out is not None:
-        save_comparison(args.out, "speculative", text,
-                        dict(environment=env, settings=settings, rows=[asdict(r) for r in rows]))
+    report_comparison("speculative decoding", "speculative", env, settings, lines(rows), args.out,
+                      dict(rows=[asdict(r) for r in rows]), when=when)
     return 0
 
 

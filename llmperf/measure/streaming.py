@@ -36,7 +36,7 @@ from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.streaming import streaming_generate
 from llmperf.engine.weights import build_model
 from llmperf.errors import SpecError
-from llmperf.measure.engine_bench import comparison_head, environment, save_comparison
+from llmperf.measure.engine_bench import environment, report_comparison
 from llmperf.measure.timers import gc_paused
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
 from llmperf.specs.streaming import streaming
@@ -152,13 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                                                efficiency=args.efficiency)
     except (SpecError, ValueError) as exc:
         p.exit(2, f"error: {exc}\n")
-    head = comparison_head("StreamingLLM", env, settings)
-    text = "\n".join(head + lines(series, tm_name, engine_name))
-    print(text)
-    if args.out is not None:
-        save_comparison(args.out, "streaming", text,  # compact: thousands of steps per series
-                        dict(environment=env, settings=settings, time_model=tm_name, engine=engine_name,
-                             series=[asdict(s) for s in series]), indent=None)
+    report_comparison("StreamingLLM", "streaming", env, settings, lines(series, tm_name, engine_name), args.out,
+                      dict(time_model=tm_name, engine=engine_name, series=[asdict(s) for s in series]),
+                      indent=None)  # compact: thousands of steps per series
     return 0
 
 

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         from llmperf.engine.tensor_parallel import shard_spec
         for tp in tps:
             shard_spec(spec, tp)  # refusals before any process starts
-        from llmperf.measure.engine_bench import comparison_head, environment, save_comparison
+        from llmperf.measure.engine_bench import environment, report_comparison
         env = environment()
         settings = dict(model=spec.name, tp=list(tps), batch=list(lists["batch"]), prompt_len=args.prompt_len,
                         gen_len=args.gen_len, dtype=args.dtype, device=args.device, backend=args.backend,
@@ -307,12 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                        vocab_parallel=not args.replicated_vocab)
     except (SpecError, ValueError) as exc:
         p.exit(2, f"error: {exc}\n")
-    head = comparison_head("tensor parallelism", env, settings)
-    text = "\n".join(head + lines(rows))
-    print(text)
-    if args.out is not None:
-        save_comparison(args.out, "tensor_parallel", text,
-                        dict(environment=env, settings=settings, rows=[asdict(r) for r in rows]))
+    report_comparison("tensor parallelism", "tensor_parallel", env, settings, lines(rows), args.out,
+                      dict(rows=[asdict(r) for r in rows]))
     return 0
 
 
