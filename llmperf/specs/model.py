@@ -179,10 +179,13 @@ class ModelSpec:
             if not isinstance(self.rope_scaling, Mapping):
                 raise SpecError(f"{self.name}: rope_scaling must be a mapping, got {self.rope_scaling!r}")
             for key, value in self.rope_scaling.items():
+                # a key a message can print on its one line as it is, else its repr ('\n' would break the line)
+                plain = isinstance(key, str) and key.isprintable() and key == key.strip() != ""
+                field = f"rope_scaling.{key}" if plain else f"rope_scaling[{key!r}]"
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    _positive_number(self.name, f"rope_scaling.{key}", value)
+                    _positive_number(self.name, field, value)
                 elif isinstance(value, (list, tuple)) and not all(is_real(v) for v in value):
-                    raise SpecError(f"{self.name}: rope_scaling.{key} must be finite numbers, got {value!r}")
+                    raise SpecError(f"{self.name}: {field} must be finite numbers, got {value!r}")
         if self.sliding_window is not None:
             _positive_int(self, "sliding_window")
         if not isinstance(self.hidden_act, str) or not self.hidden_act:

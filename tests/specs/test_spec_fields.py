@@ -298,3 +298,12 @@ def test_a_bandwidth_whose_ridge_point_overflows_is_refused_by_name():
     point (peak FLOP/s / bytes/s) was infinite."""
     with pytest.raises(SpecError, match="memory_bandwidth_gbps is too small for its peak_tflops"):
         HardwareSpec(**dict(GOOD_HW, memory_bandwidth_gbps=1.1125369292536007e-308))
+
+
+@pytest.mark.parametrize("key", ["\n", "", " a", 3])
+def test_a_rope_scaling_key_that_cannot_print_on_one_line_is_named_by_its_repr(key):
+    # found by test_junk_model_fields (hypothesis) on an AVX2-emulated CI run: a key '\n' broke the message
+    from llmperf.specs import load_model
+    with pytest.raises(SpecError) as exc:
+        load_model("llama-3.1-8b").scaled(rope_scaling={key: 0})
+    assert "\n" not in str(exc.value) and f"rope_scaling[{key!r}]" in str(exc.value)
