@@ -35,9 +35,13 @@ from suite_markers import NEEDS, SLOW
 
 # No test depends on how fast or busy the machine is: hypothesis's per-example deadline (200 ms) and
 # its "too slow" health check are timings, so they are off for every property test, including one
-# that forgets its own `deadline=None`.
-settings.register_profile("llmperf", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("llmperf")
+# that forgets its own `deadline=None`. The suite is also the same on every run: "llmperf" draws each
+# test's examples from a fixed seed (a red CI run is the code's, never the draw's); "explore"
+# (HYPOTHESIS_PROFILE=explore) draws new ones each run and keeps failures in .hypothesis/ to replay.
+settings.register_profile("llmperf", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
+                          database=None)
+settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "llmperf"))
 
 
 # ---- markers: `-m "not slow"` is the quick loop; `gpu` and `avx512` name what a test needs -------------
