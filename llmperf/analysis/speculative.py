@@ -280,7 +280,7 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     gets the device's own). `options`: `estimate`'s other keywords (precision, tp, conventions), the
     same for both models but `draft_tp`: the draft's tensor-parallel degree (default: the target's
     `tp`; 1 runs it on one GPU, as vLLM's `draft_tensor_parallel_size=1`, and that GPU holds all of
-    it). The draft must share the target's vocabulary (one tokenizer)."""
+    it; an early exit or MTP runs at `tp`). The draft must share the target's vocabulary (one tokenizer)."""
     _check(num_draft_tokens, acceptance)
     m, hw = load_model(model), load_hardware(hardware)
     d, kind = resolve_draft(m, draft)
@@ -293,6 +293,9 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     if draft_tp is not None and (isinstance(draft_tp, bool) or not isinstance(draft_tp, int) or draft_tp < 1
                                  or tp % draft_tp):
         raise SpecError(f"draft_tp: must be a positive integer dividing tp {tp}, got {draft_tp!r}")
+    if draft_tp is not None and draft_tp != tp and kind != "model":
+        raise SpecError(f"draft_tp: {draft_tp}, but a draft of the target's own layers ({draft}) runs at the "
+                        f"target's tp {tp}")
     target = estimate(m, hw, gen_len=gen_len, tp=tp, **kw)
     dkw = dict(kw, gen_len=gen_len + num_draft_tokens, tp=draft_tp or tp)  # the draft's KV runs k tokens ahead
     small = estimate(d, hw, **dkw)

@@ -13,7 +13,8 @@ N blocks in the paged pool, P tokens per block (block_size), R latent rank, Dr r
   layers beside full ones) pages its kinds apart as vLLM's hybrid KV-cache manager does
   (`kv_window="capped"`, the default; `llmperf.serving.blocks.HybridLayout`, `WindowedBlockManager`):
   the tensor is `(F, 2, N, P, H_kv, D)` over the F full-attention layers, and the blocks behind a
-  window go back to the pool; `kv_window="full"` keeps every layer's whole context in one table.
+  window go back to the pool; so do a model's whose every layer slides with one window (Mistral 7B
+  v0.1, StreamingLLM; `CappedBlockManager`); `kv_window="full"` keeps every layer's whole context.
 - Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, §2.1.2; `ModelSpec.is_mla`) caches one
   vector of R + Dr per token and layer: `(L, 1, B_max, 1, S_max, R + Dr)` and `(L, 1, N, P, 1, R + Dr)`,
   its K and V views the same tensor.
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from llmperf.engine.step import StepMeta
-from llmperf.serving.blocks import BlockManager, HybridLayout, WindowedBlockManager
+from llmperf.serving.blocks import BlockManager, CappedBlockManager, HybridLayout, WindowedBlockManager, uniform_window
 from llmperf.specs import ModelSpec
 
 CACHE_KINDS = ("contiguous", "paged")
@@ -51,6 +52,15 @@ def hybrid_layout(spec: ModelSpec, kv_window: str = "capped") -> HybridLayout | 
     if kv_window == "full":
         return None
     return HybridLayout.of([(k.attention, k.window) for k in spec.layer_kinds()])
+
+
+def capped_window(spec: ModelSpec, kv_window: str = "capped") -> tuple[str, int] | None:
+    """The (attention, window) by which a paged cache caps a model whose every layer is windowed alike
+    (all sliding, or all chunked, one window: `CappedBlockManager`); None for any other model or with
+    `kv_window="full"`."""
+    if hybrid_layout(spec, kv_window) is not None or kv_window == "full":
+        return None
+    return uniform_window([(k.attention, k.window) for k in spec.layer_kinds()])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,8 +400,9 @@ class ContiguousKVCache(KVCache):
 class PagedKVCache(KVCache):
     """Block pools `kv` `(L, 2, N, P, H_kv, D)` (MLA: `(L, 1, N, P, 1, R + Dr)`) handed out by a
     `BlockManager` (PagedAttention); a hybrid model's `(F, 2, N, P, H_kv, D)` by a
-    `WindowedBlockManager` (see the module). `max_step_tokens`: the most tokens a step puts through
-    (the scheduler's budget), which bounds the blocks a window group holds (`blocks_for`)."""
+    `WindowedBlockManager`; a model windowed alike in every layer's by a `CappedBlockManager` (see the
+    module). `max_step_tokens`: the most tokens a step puts through (the scheduler's budget), which
+    bounds the blocks a window holds (`blocks_for`)."""
 
     kind = "paged"
 
@@ -400,10 +411,18 @@ class PagedKVCache(KVCache):
                  max_seq_len: int | None = None, kv_window: str = "capped",
                  max_step_tokens: int | None = None) -> None:
         super().__init__(spec, dtype, device)
-        self._max_seq_len = min(max_seq_len or num_blocks * block_size, num_blocks * block_size)
         self.layout = hybrid_layout(spec, kv_window)
+        self.window = capped_window(spec, kv_window)
+        if self.window is None:
+            self._max_seq_len = min(max_seq_len or num_blocks * block_size, num_blocks * block_size)
+        else:  # a sequence holds its window's blocks: the model bounds its length, not the pool
+            self._max_seq_len = max_seq_len or spec.max_positions
         self.manager: BlockManager
-        if self.layout is None:
+        if self.window is not None:  # every layer windowed alike: one table, capped at the window
+            self.manager = CappedBlockManager(num_blocks, block_size, attention=self.window[0], window=self.window[1],
+                                              max_seq_len=self._max_seq_len, max_step_tokens=max_step_tokens)
+            pool_layers = spec.num_layers
+        elif self.layout is None:
             self.manager = BlockManager(num_blocks, block_size, max_seq_len=self._max_seq_len)
             pool_layers = spec.num_layers
         else:
@@ -444,6 +463,11 @@ class PagedKVCache(KVCache):
 
     def reserve_cost(self, seq_id: int, num_tokens: int = 1) -> int:
         return self.manager.reserve_cost(seq_id, num_tokens)
+
+    def shared_blocks(self, num_tokens: int) -> int:
+        """Blocks of a `num_tokens`-token prefix a sequence continuing from it still holds (KVSpace)."""
+        shared = getattr(self.manager, "shared_blocks", None)
+        return num_tokens // self.block_size if shared is None else shared(num_tokens)
 
     def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:
         return self.manager.cached_prefix(tokens, limit)
@@ -545,7 +569,8 @@ class PagedKVCache(KVCache):
         tables = []
         for s, start in zip(seq_ids, starts):
             slots += self.manager.slot_mapping(s, start, start + q_len)
-            tables.append(self.manager.block_table(s))
+            # a block given back behind a capped window is a null entry, block 0: only masked keys fall in it
+            tables.append([0 if b is None else b for b in self.manager.block_table(s)])
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]  # padding points at block 0: masked
         meta = StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, store=self,

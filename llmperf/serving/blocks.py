@@ -13,9 +13,11 @@ directly in the simulator and through the engine's paged cache (`llmperf/engine/
 the tensors and performs the copies asked for) in the real engine: one bookkeeping for both.
 `WindowedBlockManager` adds sliding and chunked layers (vLLM's hybrid KV-cache manager): each
 `WindowGroup` gives back the blocks that left its window or chunk; `HybridLayout` says which layers
-page together. Prefix sharing (vLLM's automatic prefix caching, block granularity): a computed full
-block is published under the key `(previous block id, its tokens)`, and a new sequence whose prompt
-starts with the same tokens takes it by reference (`allocate(..., prefix=)`).
+page together; `CappedBlockManager` caps a model whose every layer slides with one window (Mistral
+7B v0.1, StreamingLLM): its one table gives back what left the window. Prefix sharing (vLLM's
+automatic prefix caching, block granularity): a computed full block is published under the key
+`(previous block id, its tokens)`, and a new sequence whose prompt starts with the same tokens takes
+it by reference (`allocate(..., prefix=)`).
 
 Conventions: a token at position p lives in block `table[p // block_size]` at offset `p %
 block_size`, flat slot `block_id * block_size + offset`. An expected shortage returns None or False
@@ -384,13 +386,16 @@ class BlockManager:
             self.pool.incref(block_id)
         fresh = self.pool.allocate_many(self.blocks_needed(num_tokens) - len(shared))
         assert fresh is not None, "the free count promised enough free blocks"
-        table = shared + fresh
+        self._install(seq_id, shared + fresh, num_tokens)
+        return True
+
+    def _install(self, seq_id: int, table: list[int], num_tokens: int) -> None:
+        """A new sequence's table of its `num_tokens` tokens' blocks, and its last block's fill."""
         self._tables[seq_id] = table
         self._lens[seq_id] = num_tokens
         self._logical += num_tokens
         if table and num_tokens % self.block_size:
             self._set_fill(table[-1], num_tokens % self.block_size)
-        return True
 
     def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
         """Make the sequence's full blocks within its first `num_computed` (already computed)
@@ -536,17 +541,24 @@ class BlockManager:
         """Shorten a sequence to its first `num_tokens` positions, giving back the blocks past them
         (speculative decoding: the slots of rejected draft tokens). The last kept block must be the
         sequence's own (it was written by the step that reserved the positions dropped)."""
-        table, length = self._table(seq_id), self._lens[seq_id]
+        self._table(seq_id)  # ValueError naming an unknown sequence
+        length = self._lens[seq_id]
         if not is_count(num_tokens) or not 0 <= num_tokens <= length:
             raise ValueError(f"num_tokens: must be an integer in 0 .. {length} (sequence {seq_id}'s length), "
                              f"got {num_tokens!r}")
+        self._cut(seq_id, num_tokens)
+
+    def _cut(self, seq_id: int, num_tokens: int, held: int = 0) -> None:
+        """Shorten the sequence to `num_tokens` tokens: the blocks past them back to the pool, the last
+        one's fill set (`held`: the table entries before it are null, none to fill)."""
+        table, length = self._tables[seq_id], self._lens[seq_id]
         keep = self.blocks_needed(num_tokens)
         if keep < len(table):
             dropped = table[keep:]
             del table[keep:]
             for block_id in self.pool.decref_all(dropped):
                 self._forget(block_id)
-        if table:
+        if len(table) > held:
             assert self._refs[table[-1]] == 1 or num_tokens == length, (
                 f"sequence {seq_id}: truncating into block {table[-1]}, which other sequences share: a shared "
                 "block is never written, so its fill cannot change")
@@ -756,6 +768,15 @@ class _Held:
     @property
     def end(self) -> int:
         return self.first + len(self.entries)
+
+
+def _reserve_in_order(manager: BlockManager, seq_ids: Sequence[int]) -> int:
+    """`manager.reserve(s, 1)` for each sequence in order, up to the first that does not fit: how many
+    were reserved (the managers whose `reserve` gives blocks back first, one sequence at a time)."""
+    for done, seq_id in enumerate(seq_ids):
+        if not manager.reserve(seq_id, 1):
+            return done
+    return len(seq_ids)
 
 
 class WindowedBlockManager(BlockManager):
@@ -1042,10 +1063,7 @@ class WindowedBlockManager(BlockManager):
     def reserve_each(self, seq_ids: Sequence[int]) -> int:
         """`reserve(s, 1)` for each sequence in order, up to the first that does not fit: how many were
         reserved."""
-        for done, seq_id in enumerate(seq_ids):
-            if not self.reserve(seq_id, 1):
-                return done
-        return len(seq_ids)
+        return _reserve_in_order(self, seq_ids)
 
     def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
         """The full layers' slots (`BlockManager.append_slots`, copy-on-write included) after the window
@@ -1127,5 +1145,258 @@ class WindowedBlockManager(BlockManager):
                 assert key in self._prefix, f"group {gi} publishes under a key the full layers dropped: {key}"
 
 
-__all__ = ["Block", "BlockManager", "BlockPool", "BlockUsage", "FreeBlockQueue", "HybridLayout", "SlotResult",
-           "WindowGroup", "WindowedBlockManager", "window_blocks_for"]
+def uniform_window(kinds: Sequence[tuple[str, int | None]]) -> tuple[str, int] | None:
+    """The one (attention, window) of layers of these kinds when every layer is sliding, or every one
+    chunked, with one window (Mistral 7B v0.1, a StreamingLLM model): then `CappedBlockManager` pages
+    them; None otherwise (a full-attention layer, or windows of several kinds or sizes)."""
+    distinct = set(kinds)
+    if len(distinct) != 1:
+        return None
+    attention, window = distinct.pop()
+    return (attention, window) if attention in ("sliding", "chunked") and window else None  # type: ignore[return-value]
+
+
+def capped_blocks_for(window: int, block_size: int, num_tokens: int, max_step_tokens: int | None = None) -> int:
+    """Blocks a sequence of up to `num_tokens` tokens holds at most in a `CappedBlockManager` whose
+    steps put at most `max_step_tokens` new tokens through (None: any number): those covering what one
+    step reads, its window or chunk before the step's first token and the step's tokens (one more
+    when they straddle a block boundary), never more than the whole context's."""
+    full = -(-num_tokens // block_size)
+    step = num_tokens if max_step_tokens is None else min(num_tokens, max_step_tokens)
+    return min(full, -(-(step + window - 1) // block_size) + 1)
+
+
+class CappedBlockManager(BlockManager):
+    """The paged KV of a model whose every layer keeps one span of keys, all sliding or all chunked
+    with one `window` (Mistral 7B v0.1; StreamingLLM, `llmperf.specs.streaming`): one table for every
+    layer, as `BlockManager`'s, of which a sequence holds only the blocks its next step reads. When it
+    grows (`allocate`, `reserve`, `append_slots`) the blocks wholly before the step's first key go back
+    to the pool first (vLLM's `SlidingWindowManager.remove_skipped_blocks`) and their table entries
+    become None, the null marker (`block_table`; the engine reads block 0 there, keys its masks hide).
+    A sequence holds at most `blocks_for(num_tokens)` blocks (`capped_blocks_for`).
+
+    Forks share every held block, copy-on-write as `BlockManager`. Prefix sharing keys a block by its
+    previous block and its tokens, as `BlockManager`: a sequence publishes up to its first null entry,
+    a key whose previous block went back to the pool is dropped with it (its chain no longer names the
+    prefix), and a new sequence sharing `h` blocks takes by reference only those its first step reads
+    (from `first_key(h * block_size)`). `truncate` keeps at least what the next step reads."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, window: int, attention: str = "sliding",
+                 max_seq_len: int | None = None, max_step_tokens: int | None = None) -> None:
+        super().__init__(num_blocks, block_size, max_seq_len=max_seq_len)
+        if attention not in ("sliding", "chunked"):
+            raise ValueError(f"attention: must be sliding or chunked, got {attention!r}")
+        if not is_count(window) or window < 1:
+            raise ValueError(f"window: must be a positive integer, got {window!r}")
+        self.attention, self.window, self.max_step_tokens = attention, window, max_step_tokens
+        self._first: dict[int, int] = {}  # seq id -> its first held block (the entries before are None)
+        self._children: dict[int, list[tuple[int, tuple[int, ...]]]] = {}  # block id -> keys chained from it
+
+    def blocks_for(self, num_tokens: int) -> int:  # type: ignore[override]
+        """Blocks a sequence of `num_tokens` tokens holds at most (`capped_blocks_for`)."""
+        return capped_blocks_for(self.window, self.block_size, num_tokens, self.max_step_tokens)
+
+    def shared_blocks(self, num_tokens: int) -> int:
+        """Blocks of a `num_tokens`-token prefix that a sequence continuing from it still holds: its full
+        blocks from the first the next step reads (the scheduler's admission and worst-case counts)."""
+        return max(0, num_tokens // self.block_size - self._first_needed(num_tokens))
+
+    def first_block(self, seq_id: int) -> int:
+        """The sequence's first held block: its table entries before it are None."""
+        self._table(seq_id)
+        return self._first[seq_id]
+
+    def _first_needed(self, start: int) -> int:
+        """The first block a step whose first new token is at `start` reads."""
+        return first_key(self.attention, self.window, start) // self.block_size
+
+    def _trim(self, seq_id: int) -> None:
+        """Give back the sequence's blocks wholly before the first key its next step reads."""
+        first, held = self._first_needed(self._lens[seq_id]), self._first[seq_id]
+        if first <= held:
+            return
+        table = self._tables[seq_id]
+        dropped = table[held:first]
+        table[held:first] = [None] * (first - held)  # type: ignore[list-item]
+        self._first[seq_id] = first
+        for block_id in self.pool.decref_all(dropped):
+            self._forget(block_id)
+
+    def _forget(self, block_id: int) -> None:
+        """As `BlockManager._forget`, also dropping the keys chained from the block: once its id is
+        reused, `(its id, tokens)` would name another prefix."""
+        super()._forget(block_id)
+        for key in self._children.pop(block_id, ()):
+            child = self._prefix.pop(key, None)
+            if child is not None:
+                del self._key_of[child]
+
+    def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
+        """As `BlockManager.slot_mapping`, the positions all in held blocks."""
+        if start < end and start < self.first_block(seq_id) * self.block_size:
+            raise ValueError(f"slot_mapping: positions [{start}, {end}) of sequence {seq_id} start before its "
+                             f"first held block {self._first[seq_id]}")
+        return super().slot_mapping(seq_id, start, end)
+
+    # --- allocation ------------------------------------------------------------------------------
+
+    def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
+        """As `BlockManager.allocate`; of a shared prefix of `h` blocks (at most `num_tokens - 1` tokens,
+        as the scheduler's `cached_prefix(prompt, stop - 1)`: the step computes its last token at
+        least) only the blocks the first step reads are taken, the others None."""
+        if seq_id in self._tables:
+            raise ValueError(f"sequence {seq_id!r}: already allocated (free it first)")
+        if not is_count(num_tokens) or num_tokens < 0:
+            raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
+        found = self._prefix_blocks(prefix, num_tokens - 1) if prefix is not None and num_tokens else []
+        h = len(found)
+        first = self._first_needed(h * self.block_size)
+        fresh_count = self.blocks_needed(num_tokens) - h
+        if fresh_count > self.pool.num_free:
+            return False
+        for block_id in found[first:]:
+            self.pool.incref(block_id)
+        fresh = self.pool.allocate_many(fresh_count)
+        assert fresh is not None, "the free count promised enough free blocks"
+        table: list[int] = [None] * first + found[first:] + fresh  # type: ignore[list-item]  # first <= h
+        self._install(seq_id, table, num_tokens)
+        self._first[seq_id] = first
+        return True
+
+    def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
+        """As `BlockManager.publish`, up to the sequence's first null entry (the chain needs every
+        previous block)."""
+        table, bs, prev = self._table(seq_id), self.block_size, -1
+        for i in range(min(num_computed, self._lens[seq_id], len(tokens)) // bs):
+            block_id = table[i]
+            if block_id is None:
+                return
+            key = (prev, tuple(tokens[i * bs:(i + 1) * bs]))
+            known = self._prefix.get(key)
+            if known is None and block_id not in self._key_of:
+                self._prefix[key] = block_id
+                self._key_of[block_id] = key
+                if prev >= 0:
+                    self._children.setdefault(prev, []).append(key)
+            elif known != block_id:
+                return
+            prev = block_id
+
+    def reserve(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """As `BlockManager.reserve`, after giving back what left the window (given back even when
+        the new blocks do not fit: no later step reads them)."""
+        self._table(seq_id)
+        self._trim(seq_id)
+        return super().reserve(seq_id, num_tokens)
+
+    def reserve_each(self, seq_ids: Sequence[int]) -> int:
+        """`reserve(s, 1)` for each sequence in order, up to the first that does not fit: how many were
+        reserved."""
+        return _reserve_in_order(self, seq_ids)
+
+    def append_slots(self, seq_id: int, num_tokens: int) -> list[SlotResult] | None:
+        """As `BlockManager.append_slots`, after giving back what left the window (once, before the
+        step: its own queries read the keys before its first token)."""
+        if not is_count(num_tokens) or num_tokens < 0:
+            raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
+        self._table(seq_id)
+        self._trim(seq_id)
+        if not self.can_append(seq_id, num_tokens):
+            return None
+        results = [BlockManager.append_slot(self, seq_id) for _ in range(num_tokens)]
+        assert None not in results, "can_append promised enough free blocks"
+        return results  # type: ignore[return-value]
+
+    def append_slot(self, seq_id: int) -> SlotResult | None:
+        """As `BlockManager.append_slot`, after giving back what left the window."""
+        self._table(seq_id)
+        self._trim(seq_id)
+        return BlockManager.append_slot(self, seq_id)
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """As `BlockManager.truncate`, down to where the next step still finds its window held: a
+        shorter sequence whose next step would read a block already given back raises `ValueError`."""
+        self._table(seq_id)  # ValueError naming an unknown sequence
+        length = self._lens[seq_id]
+        if not is_count(num_tokens) or not 0 <= num_tokens <= length:
+            raise ValueError(f"num_tokens: must be an integer in 0 .. {length} (sequence {seq_id}'s length), "
+                             f"got {num_tokens!r}")
+        held = self._first[seq_id]
+        if self._first_needed(num_tokens) < held:
+            raise ValueError(f"truncate: sequence {seq_id} gave back its blocks before block {held}; at {num_tokens} "
+                             "tokens its next step would read them")
+        self._cut(seq_id, num_tokens, held)  # keeps >= held blocks: first_needed(n) <= n // block_size
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """As `BlockManager.fork`: the child shares the parent's held blocks and its null entries."""
+        table = self._table(parent_id)
+        if child_id in self._tables:
+            raise ValueError(f"sequence {child_id!r}: already allocated (fork into a new id)")
+        held = self._first[parent_id]
+        for block_id in table[held:]:
+            self.pool.incref(block_id)
+        self._tables[child_id] = list(table)
+        self._lens[child_id] = self._lens[parent_id]
+        self._first[child_id] = held
+        self._logical += self._lens[parent_id]
+
+    def free(self, seq_id: int) -> None:
+        """As `BlockManager.free`: its held blocks return to the pool once no other sequence holds them."""
+        table = self._table(seq_id)
+        for block_id in self.pool.decref_all(table[self._first[seq_id]:]):
+            self._forget(block_id)
+        self._logical -= self._lens[seq_id]
+        del self._tables[seq_id], self._lens[seq_id], self._first[seq_id]
+
+    # --- statistics ------------------------------------------------------------------------------
+
+    def _block_fill(self) -> dict[int, int]:
+        fill: dict[int, int] = {}
+        bs = self.block_size
+        for seq_id, table in self._tables.items():
+            length, held = self._lens[seq_id], self._first[seq_id]
+            for i in range(held, len(table)):
+                fill[table[i]] = max(fill.get(table[i], 0), min(bs, max(0, length - i * bs)))
+        return fill
+
+    def check_invariants(self) -> None:
+        """Assert the bookkeeping is consistent: null entries exactly before each sequence's first held
+        block, every reference a held entry, a shared block filled alike for all holders, every prefix
+        key's block and previous block live."""
+        self.pool.check_invariants()
+        bs = self.block_size
+        holders: dict[int, int] = {}
+        fills: dict[int, set[int]] = {}
+        for seq_id, table in self._tables.items():
+            length, held = self._lens[seq_id], self._first[seq_id]
+            assert len(table) == self.blocks_needed(length), (
+                f"sequence {seq_id} has {length} tokens in {len(table)} table entries of {bs}: a table has an "
+                "entry for every block its tokens need")
+            assert held <= self._first_needed(length), (
+                f"sequence {seq_id} gave back block {held - 1}, which a step at its {length} tokens reads")
+            assert all(b is None for b in table[:held]) and None not in table[held:], (
+                f"sequence {seq_id}'s table {table}: entries are None exactly before its first held block {held}")
+            assert len(set(table[held:])) == len(table) - held, f"sequence {seq_id}'s table repeats a block: {table}"
+            for i in range(held, len(table)):
+                holders[table[i]] = holders.get(table[i], 0) + 1
+                fills.setdefault(table[i], set()).add(min(bs, length - i * bs))
+        for block_id in range(self.num_blocks):
+            refs = self.pool.refcount(block_id)
+            assert refs == holders.get(block_id, 0), (
+                f"block {block_id} has ref_count {refs} but {holders.get(block_id, 0)} tables hold it: every "
+                "reference is a held table entry")
+        for block_id, seen in fills.items():
+            assert len(seen) == 1, f"block {block_id} holds {sorted(seen)} tokens depending on the sequence"
+        assert sum(self._block_fill().values()) == self.usage().used_slots, "incremental used slots drifted"
+        assert self._logical == sum(self._lens.values()), "incremental logical token count drifted"
+        for key, block_id in self._prefix.items():
+            assert self._key_of.get(block_id) == key and self.pool.refcount(block_id) > 0, (
+                f"prefix table entry {key[0]}->{block_id} points at a free or re-keyed block")
+            assert key[0] == -1 or self.pool.refcount(key[0]) > 0, (
+                f"prefix key {key[0]}->{block_id} chains from a block back in the pool: its id may name another "
+                "prefix")
+
+
+__all__ = ["Block", "BlockManager", "BlockPool", "BlockUsage", "CappedBlockManager", "FreeBlockQueue", "HybridLayout",
+           "SlotResult", "WindowGroup", "WindowedBlockManager", "capped_blocks_for", "uniform_window",
+           "window_blocks_for"]

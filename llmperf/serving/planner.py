@@ -549,6 +549,8 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     base.setdefault("efficiency", efficiency)
     speculative = base.get("speculative")
     spec_settings = {} if speculative is None else speculative.settings(m)  # a bad draft fails before any work
+    for t in tps if speculative is not None else ():
+        speculative.tp_of_draft(m, t)  # a draft_tp that does not divide a candidate's tp fails before any work
     cands = [Candidate(device=d, precision=p, tp=t, layout=lay) for d in devices for p in precisions for t in tps
              for lay in layouts if not _duplicate(lay, t, layouts)]
     stopping = stopping or Stopping(tolerance=None)
@@ -559,7 +561,8 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     notes = _precision_notes(m, devices, precisions, kv)
     settings = dict(model=m.name, rate_rps=rate, precision_notes=notes, devices=list(devices),
                     precisions=list(precisions), tps=list(tps),
-                    layouts=list(layouts), kv_note=kv_note(m, base.get("kv_window", "capped"), base.get("pp", 1)),
+                    layouts=list(layouts), kv_note=kv_note(m, base.get("kv_window", "capped"), base.get("pp", 1),
+                                                      speculative is not None),
                     max_replicas=max_replicas, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s,
                     slo_percentile=slo.percentile, workload=workload.describe(),
                     stopping=_stopping_settings(stopping, workload), top=top or None,

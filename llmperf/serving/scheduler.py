@@ -44,7 +44,9 @@ POLICIES = ("continuous", "static")
 class KVSpace(Protocol):
     """Cache bookkeeping the scheduler allocates in (sequence ids are the scheduler's). Optional:
     `reserve_each(seq_ids) -> int`, `reserve(s, 1)` for each in order up to the first that does not
-    fit, how many did (`BlockManager`'s: the decode tokens of a step in one call)."""
+    fit, how many did (`BlockManager`'s: the decode tokens of a step in one call); `shared_blocks(n)`,
+    the blocks of an n-token prefix a sequence continuing from it still holds (default n // block_size;
+    fewer in `CappedBlockManager`, which gives back what its window left)."""
 
     num_blocks: int
     block_size: int
@@ -321,8 +323,7 @@ class Scheduler:
         full = self.kv.blocks_for(r.max_cached)
         if self.kv.fork_cost:
             return full + (r.width - 1) * self.kv.fork_cost * full
-        shared = r.prompt_len // self.kv.block_size
-        return full + (r.width - 1) * (full - shared)
+        return full + (r.width - 1) * (full - self._shared_blocks(r.prompt_len))
 
     def check(self, r: RequestState) -> None:
         """Refuse (ValueError) a request that could never run, before anything is allocated."""
@@ -383,10 +384,16 @@ class Scheduler:
         prefill or recompute is done: the prompt's blocks once, each other sequence's own blocks
         past the prompt's full blocks (contiguous: a row per sequence)."""
         n = len(r.seq_ids)
-        first = self.kv.blocks_for(r.target) - shared // self.kv.block_size
+        first = self.kv.blocks_for(r.target) - self._shared_blocks(shared)
         if self.kv.fork_cost:
             return first + self.kv.fork_cost * (n - 1)
-        return first + (n - 1) * (self.kv.blocks_for(r.target) - r.prompt_len // self.kv.block_size)
+        return first + (n - 1) * (self.kv.blocks_for(r.target) - self._shared_blocks(r.prompt_len))
+
+    def _shared_blocks(self, num_tokens: int) -> int:
+        """Blocks of a `num_tokens`-token prefix that a sequence continuing from it still holds."""
+        shared_blocks = getattr(self.kv, "shared_blocks", None)
+        return num_tokens // self.kv.block_size if shared_blocks is None else min(
+            shared_blocks(num_tokens), num_tokens // self.kv.block_size)
 
     def _promised(self) -> int:
         return sum(r.promised for r in self.running)

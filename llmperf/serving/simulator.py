@@ -39,7 +39,16 @@ from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per
 from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, activation_reserve_bytes
 from llmperf.errors import SpecError
 from llmperf.numeric import is_count, is_real
-from llmperf.serving.blocks import BlockManager, HybridLayout, WindowedBlockManager, WindowGroup, window_blocks_for
+from llmperf.serving.blocks import (
+    BlockManager,
+    CappedBlockManager,
+    HybridLayout,
+    WindowedBlockManager,
+    WindowGroup,
+    capped_blocks_for,
+    uniform_window,
+    window_blocks_for,
+)
 from llmperf.serving.costmodel import StepCostModel, _scalar_features
 from llmperf.serving.scheduler import RequestState, ScheduledItem, Scheduler, SchedulerConfig, StepOutcome, StepPlan
 from llmperf.serving.speculative import SpeculativeConfig, SpeculativeCosts, draft_memory
@@ -155,10 +164,14 @@ class ServingConfig:
             raise SpecError(f"speculative: must be a SpeculativeConfig or None, got {type(self.speculative).__name__}")
         draft, _ = self.speculative.resolve(self.model)
         from llmperf.analysis.operators import ShardDims
+        dtp = self.speculative.tp_of_draft(self.model, self.tp, self.dp_attention)  # SpecError naming draft_tp
         try:
-            ShardDims.of(draft, self.tp, self.ep if draft.is_moe else 1, self.dp_attention)
+            if dtp == self.tp:
+                ShardDims.of(draft, self.tp, self.ep if draft.is_moe else 1, self.dp_attention)
+            else:
+                ShardDims.of(draft, dtp, 1, False)
         except SpecError as exc:
-            raise SpecError(f"draft: {draft.name} runs at the target's tp={self.tp}: {exc}") from None
+            raise SpecError(f"draft: {draft.name} runs at tp={dtp}: {exc}") from None
         if self.pp != 1:
             raise SpecError(f"pp: speculative decoding is simulated on one pipeline stage (pp 1), got {self.pp}")
         k = self.speculative.num_draft_tokens
@@ -239,8 +252,9 @@ class ServingConfig:
                     activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
                     layout=self.layout, ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode,
                     kv_window=self.kv_window,
-                    kv_sliding_full_pages=hybrid_kv(self.model) and not window_groups(self.model, self.kv_window,
-                                                                                     self.pp),
+                    kv_sliding_full_pages=hybrid_kv(self.model) and not (
+                        window_groups(self.model, self.kv_window, self.pp)
+                        or capped_window(self.model, self.kv_window, self.pp, self.speculative is not None)),
                     attention=self.attention, time_model=getattr(tm, "name", "roofline"),
                     engine=engine_label(tm), policy=self.policy,
                     max_batch=self.max_batch, max_batched_tokens=self.max_batched_tokens,
@@ -250,7 +264,7 @@ class ServingConfig:
 
     def _speculative_settings(self) -> dict[str, object]:
         """The speculation settings (none without speculation: the settings stay as they were)."""
-        return {} if self.speculative is None else self.speculative.settings(self.model)
+        return {} if self.speculative is None else self.speculative.settings(self.model, self.tp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,9 +276,11 @@ class MemoryPlan:
     every layer, or with `window_groups` (kv_window "capped" on a model with sliding / chunked layers)
     the full-attention layers only, each window group holding its own blocks besides, a block of
     its own taking `ceil(its layers / full layers)` pool blocks (`WindowedBlockManager`, the rule the
-    engine's paged cache pages by). `kv_sliding_full_pages`: the model has such layers and they get full
-    pages (kv_window "full", or a layout the capped pool does not cover: pipeline stages, no full
-    layer)."""
+    engine's paged cache pages by); with `capped_window` (kv_window "capped" on a model whose every
+    layer is windowed alike: Mistral 7B v0.1, StreamingLLM) a block holds every layer and a sequence
+    only the blocks its window needs (`CappedBlockManager`). `kv_sliding_full_pages`: the model has
+    such layers and they get full pages (kv_window "full", or a layout the capped pools do not cover:
+    pipeline stages beside full layers, windows of several kinds without a full layer, a draft)."""
 
     usable_bytes: float
     weights_bytes: float
@@ -275,6 +291,7 @@ class MemoryPlan:
     kv_shards: int = 1
     kv_sliding_full_pages: bool = False
     window_groups: tuple[WindowGroup, ...] = ()
+    capped_window: tuple[str, int] | None = None  # every layer's (attention, window), paged capped
     max_step_tokens: int | None = None  # the step budget (bounds a window group's blocks)
     draft_weights_bytes: float = 0.0  # speculative decoding: the draft's share of weights_bytes
     draft_kv_bytes_per_token: float = 0.0  # and of kv_bytes_per_token (a block holds both models' KV)
@@ -283,13 +300,20 @@ class MemoryPlan:
         """Pool blocks a sequence of up to `num_tokens` tokens holds at most."""
         if self.window_groups:
             return window_blocks_for(self.window_groups, self.block_size, num_tokens, self.max_step_tokens)
+        if self.capped_window is not None:
+            return capped_blocks_for(self.capped_window[1], self.block_size, num_tokens, self.max_step_tokens)
         return -(-num_tokens // self.block_size)
 
     def manager(self, max_seq_len: int | None = None) -> BlockManager:
-        """The replica's block manager (`WindowedBlockManager` with window groups)."""
+        """The replica's block manager (`WindowedBlockManager` with window groups, `CappedBlockManager`
+        with a capped window)."""
         if self.window_groups:
             return WindowedBlockManager(self.num_blocks, self.block_size, groups=self.window_groups,
                                         max_seq_len=max_seq_len, max_step_tokens=self.max_step_tokens)
+        if self.capped_window is not None:
+            attention, window = self.capped_window
+            return CappedBlockManager(self.num_blocks, self.block_size, attention=attention, window=window,
+                                      max_seq_len=max_seq_len, max_step_tokens=self.max_step_tokens)
         return BlockManager(self.num_blocks, self.block_size, max_seq_len=max_seq_len)
 
     @property
@@ -322,6 +346,18 @@ def window_groups(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> t
     return () if layout is None else layout.groups
 
 
+def capped_window(model: ModelSpec, kv_window: str = "capped", pp: int = 1,
+                  speculative: bool = False) -> tuple[str, int] | None:
+    """The (attention, window) of a capped pool of one table (`CappedBlockManager`, the engine's paged
+    cache's rule): a model whose every layer is sliding, or every one chunked, with one window, under
+    kv_window "capped". None otherwise, and with a draft (`speculative`: its KV shares the blocks and
+    may need the whole context). Pipeline stages page alike: every stage's layers are of that kind."""
+    if kv_window != "capped" or speculative or not hybrid_kv(model):
+        return None
+    del pp  # every stage holds layers of the one kind
+    return uniform_window([(kind.attention, kind.window) for kind in model.layer_kinds()])
+
+
 def plan_memory(config: ServingConfig, workload: Workload | None = None) -> MemoryPlan:
     """vLLM's sizing, per GPU: usable = memory x mem_util; minus weights; minus one forward pass's
     activations at the token budget (or the longest prompt without one); the rest in KV blocks
@@ -333,6 +369,7 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     # with data-parallel attention a GPU holds its own sequences' whole KV (kv_bytes_per_token_per_gpu)
     kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp, ep=config.ep, dp_attention=config.dp_attention)
     groups = window_groups(m, config.kv_window, config.pp)
+    capped = capped_window(m, config.kv_window, config.pp, config.speculative is not None)
     if groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
         kv_tok = kv_tok * groups[0].full_layers / m.num_layers
     act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
@@ -344,8 +381,9 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     usable = hw.memory_bytes * config.mem_util
     shards = config.kv_shards
     common = dict(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
-                  block_size=config.block_size, kv_shards=shards, kv_sliding_full_pages=hybrid_kv(m) and not groups,
-                  window_groups=groups, max_step_tokens=config.max_batched_tokens, **draft)
+                  block_size=config.block_size, kv_shards=shards,
+                  kv_sliding_full_pages=hybrid_kv(m) and not groups and capped is None, window_groups=groups,
+                  capped_window=capped, max_step_tokens=config.max_batched_tokens, **draft)
     if config.num_blocks is not None:
         return MemoryPlan(num_blocks=config.num_blocks * shards, **common)
     free = usable - weights - act
@@ -761,14 +799,22 @@ def speculative_costs(config: ServingConfig, cost: StepCostModel) -> Speculative
     return hit[1]
 
 
-def kv_note(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> str:
+def kv_note(model: ModelSpec, kv_window: str = "capped", pp: int = 1, speculative: bool = False) -> str:
     """The line every output prints for a model with sliding / chunked layers: how its pool holds
     their KV ("" for a model without them)."""
     if not hybrid_kv(model):
         return ""
     if window_groups(model, kv_window, pp):
         return "KV: sliding/chunked layers hold their window's blocks (vLLM's hybrid KV-cache manager)"
-    why = "" if kv_window == "full" else " (the capped pool needs one stage and a full-attention layer)"
+    capped = capped_window(model, kv_window, pp, speculative)
+    if capped is not None:
+        return f"KV: every layer {capped[0]} ({capped[1]} tokens); a sequence holds its window's blocks"
+    if kv_window == "full":
+        why = ""
+    elif speculative and capped_window(model, kv_window, pp):
+        why = " (the draft's KV shares the blocks)"
+    else:
+        why = " (the capped pool needs one stage and a full-attention layer, or one window for every layer)"
     return "KV: sliding layers given full pages" + why
 
 
@@ -805,7 +851,8 @@ def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workl
         preemptions=[len(g.preempted) for g in log]))
     settings = config.settings() | dict(num_blocks=memory.num_blocks, kv_pool_bytes=memory.kv_pool_bytes,
                                         kv_shards=memory.kv_shards,
-                                        kv_note=kv_note(config.model, config.kv_window, config.pp),
+                                        kv_note=kv_note(config.model, config.kv_window, config.pp,
+                                                        config.speculative is not None),
                                         weights_bytes=memory.weights_bytes, slo_ttft_s=slo.ttft_s,
                                         slo_tpot_s=slo.tpot_s, slo_percentile=slo.percentile)
     settings |= {f"workload_{k}": v for k, v in workload.description.items()}
@@ -857,6 +904,13 @@ class RateSearch:
         return pd.DataFrame([p.row() for p in sorted(self.points, key=lambda p: p.rate)])
 
 
+def _held_tokens(config: ServingConfig, context: float) -> float:
+    """Token slots a decoding sequence of `context` tokens holds at least: its context, or in a capped
+    pool of one window (`capped_window`) at most the window (an optimistic count, as its callers want)."""
+    capped = capped_window(config.model, config.kv_window, config.pp, config.speculative is not None)
+    return context if capped is None else min(context, capped[1])
+
+
 def service_rate_bound(config: ServingConfig, spec: WorkloadSpec, num_blocks: int,
                        cost: StepCostModel | None = None) -> float:
     """An optimistic requests/s of one replica (an upper bound on its service rate): every request's
@@ -866,7 +920,7 @@ def service_rate_bound(config: ServingConfig, spec: WorkloadSpec, num_blocks: in
     cost = cost or step_cost_model(config)
     p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
     ctx = p_mean + o_mean / 2
-    fit = max(1, int(num_blocks * config.block_size / max(ctx, 1)))
+    fit = max(1, int(num_blocks * config.block_size / max(_held_tokens(config, ctx), 1)))
     b = max(1, min(config.max_batch or fit, fit))
     if config.speculative is None:
         step = cost.step_time_s(np.ones(b), np.full(b, ctx), b)
@@ -887,7 +941,7 @@ def saturated_rate(spec: WorkloadSpec, config: ServingConfig, cost: StepCostMode
     n = max(spec.num_requests or 0, 64)
     p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
     memory = plan_memory(config)
-    fit = max(1, int(memory.num_blocks * config.block_size / max(p_mean + o_mean, 1)))
+    fit = max(1, int(memory.num_blocks * config.block_size / max(_held_tokens(config, p_mean + o_mean), 1)))
     n = min(max(n, 3 * min(config.max_batch or fit, fit)), 4096)
     work = generate(dataclasses.replace(spec, arrival="offline", num_requests=n, duration_s=None))
     res = simulate(work, config, cost=cost)
@@ -1000,5 +1054,6 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
 
 
 __all__ = ["CostModelRunner", "EFFICIENCIES", "MemoryPlan", "RatePoint", "RateSearch", "SLO", "ServingConfig",
-           "SimResult", "SyntheticPrompt", "check_fits", "find_max_rate", "hybrid_kv", "kv_note", "plan_memory",
-           "saturated_rate", "service_rate_bound", "simulate", "step_cost_model", "window_groups", "with_rate"]
+           "SimResult", "SyntheticPrompt", "capped_window", "check_fits", "find_max_rate", "hybrid_kv", "kv_note",
+           "plan_memory", "saturated_rate", "service_rate_bound", "simulate", "step_cost_model", "window_groups",
+           "with_rate"]

@@ -48,12 +48,16 @@ class SpeculativeConfig:
     takes (a built-in model name, a YAML / HF config path or a `ModelSpec`; `"mtp"`: the model's own
     multi-token-prediction module; `"early-exit:N"`: its first N layers). `num_draft_tokens`: k, the
     draft tokens per cycle; `acceptance`: a, each draft token's acceptance rate (independent);
-    `seed`: the acceptance draws' random stream (same seed, same run)."""
+    `seed`: the acceptance draws' random stream (same seed, same run). `draft_tp`: the draft model's
+    tensor-parallel degree (None: the target's; it divides it; 1 runs the draft on one GPU, as vLLM's
+    `draft_tensor_parallel_size=1`, and that GPU holds all of it: the memory plan's per-GPU figures are
+    that GPU's). An early exit or MTP drafts with the target's own layers, at its degree."""
 
     draft: Any
     num_draft_tokens: int
     acceptance: float
     seed: int = 0
+    draft_tp: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.draft, str) and not self.draft.strip():
@@ -64,6 +68,8 @@ class SpeculativeConfig:
             raise SpecError(f"acceptance: must be a number in [0, 1], got {self.acceptance!r}")
         if not is_count(self.seed) or self.seed < 0:
             raise SpecError(f"seed: must be a non-negative integer, got {self.seed!r}")
+        if self.draft_tp is not None and (not is_count(self.draft_tp) or self.draft_tp < 1):
+            raise SpecError(f"draft_tp: must be a positive integer, got {self.draft_tp!r}")
 
     @property
     def expected_tokens_per_cycle(self) -> float:
@@ -79,11 +85,30 @@ class SpeculativeConfig:
             text = str(exc)
             raise SpecError(text if text.startswith("draft:") else f"draft: {text}") from None
 
-    def settings(self, model: ModelSpec) -> dict[str, object]:
-        """The settings as plain values, the draft by name (a run's and a plan's settings)."""
+    def tp_of_draft(self, model: ModelSpec, tp: int, dp_attention: bool = False) -> int:
+        """The draft's tensor-parallel degree beside a target at `tp`: SpecError naming `draft_tp` when it
+        does not divide `tp`, or differs from it for a draft of the target's own layers (an early exit,
+        MTP) or under data-parallel attention (each GPU drafts its own sequences)."""
+        if self.draft_tp is None or self.draft_tp == tp:
+            return tp
+        _, kind = self.resolve(model)
+        if tp % self.draft_tp:
+            raise SpecError(f"draft_tp: {self.draft_tp} does not divide the target's tp {tp}")
+        if kind != "model":
+            raise SpecError(f"draft_tp: {self.draft_tp}, but a draft of the target's own layers ({self.draft}) runs "
+                            f"at the target's tp {tp}")
+        if dp_attention:
+            raise SpecError(f"draft_tp: {self.draft_tp}, but with data-parallel attention each GPU drafts its own "
+                            f"sequences at the target's tp {tp}")
+        return int(self.draft_tp)
+
+    def settings(self, model: ModelSpec, tp: int | None = None) -> dict[str, object]:
+        """The settings as plain values, the draft by name (a run's and a plan's settings; `tp`: the
+        target's, for the draft's degree; None where it varies: `draft_tp` None then means the target's)."""
         draft, _ = self.resolve(model)
         return dict(draft=draft.name, num_draft_tokens=self.num_draft_tokens, acceptance=float(self.acceptance),
-                    speculative_seed=self.seed, expected_tokens_per_cycle=self.expected_tokens_per_cycle)
+                    speculative_seed=self.seed, expected_tokens_per_cycle=self.expected_tokens_per_cycle,
+                    draft_tp=self.draft_tp if self.draft_tp is not None else tp)
 
     def draws(self) -> AcceptanceDraws:
         """A fresh random stream of cycle lengths for one run."""
@@ -122,19 +147,28 @@ class DraftMemory:
     activation_bytes: float
 
 
+def _draft_tp(config: Any) -> int:
+    return config.speculative.tp_of_draft(config.model, config.tp, config.dp_attention)
+
+
 def _draft_parallel(config: Any, draft: ModelSpec) -> dict[str, Any]:
+    """The draft's expert and attention layout: the target's at the target's degree; at another degree
+    its experts are not split apart (ep 1) and its attention is not data-parallel."""
+    if _draft_tp(config) != config.tp:
+        return dict(ep=1, dp_attention=False)
     return dict(ep=config.ep if draft.is_moe else 1, dp_attention=config.dp_attention)
 
 
 def draft_memory(config: Any, workload: Any = None) -> DraftMemory:
     """The draft's share of a replica's memory (`ServingConfig` `config`, the draft at the target's
-    precision and tensor-parallel degree), by `llmperf speculate`'s rules: an early exit shares the
-    target's weights but keeps its own KV; MTP adds one layer, `eh_proj` and three norms."""
+    precision and at its own tensor-parallel degree, `SpeculativeConfig.draft_tp`: per GPU, the GPU that
+    holds most of it), by `llmperf speculate`'s rules: an early exit shares the target's weights but
+    keeps its own KV; MTP adds one layer, `eh_proj` and three norms."""
     from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
     from llmperf.analysis.rollup import activation_reserve_bytes
 
     d, kind = config.speculative.resolve(config.model)
-    prec, tp = config.precision, config.tp
+    prec, tp = config.precision, _draft_tp(config)
     par = _draft_parallel(config, d)
     if kind == "early-exit":
         weights = 0.0
@@ -151,7 +185,10 @@ def draft_memory(config: Any, workload: Any = None) -> DraftMemory:
 
 def _draft_conventions(config: Any, draft: ModelSpec, workload: Any = None) -> Any:
     conv = config.conventions(workload)
-    return conv if draft.is_moe else replace(conv, ep=1)
+    par = _draft_parallel(config, draft)
+    if par["ep"] == conv.ep and par["dp_attention"] == conv.dp_attention:
+        return conv
+    return replace(conv, ep=par["ep"], dp_attention=par["dp_attention"])
 
 
 class SpeculativeCosts:
@@ -167,7 +204,7 @@ class SpeculativeCosts:
         self.target = target
         self.verify = target if phase_time_model(target.time_model, "verify") is target.time_model else \
             replace(target, time_model=phase_time_model(target.time_model, "verify"))
-        self.draft = StepCostModel(model=d, hardware=target.hardware, precision=target.precision, tp=target.tp,
+        self.draft = StepCostModel(model=d, hardware=target.hardware, precision=target.precision, tp=_draft_tp(config),
                                    pp=1, attention=target.attention, time_model=config.resolve_time_model(d),
                                    conventions=_draft_conventions(config, d))
         self.mtp = kind == MTP

@@ -328,13 +328,22 @@ class KVCacheSpec:
         return (self.window == "capped" and len(groups) > 1
                 and any(g.cap is None for g in groups) and any(g.cap is not None for g in groups))
 
+    @property
+    def capped_alone(self) -> bool:
+        """Every layer windowed alike and capped (Mistral 7B v0.1, StreamingLLM): one pool table whose
+        blocks behind the window go back (the engine's and the simulator's `CappedBlockManager`)."""
+        return self.window == "capped" and len(self.groups) == 1 and self.groups[0].cap is not None
+
     def paged_blocks(self, context: int, block_size: int, start: int | None = None) -> tuple[int, ...]:
         """Pool blocks one sequence of `context` tokens holds in a paged engine, per group (in
         `groups` order), its last step having begun at `start` (default: a decode step). Paged apart
         (`pages_apart`), a pool block holds the full layers' `block_size` tokens and a window group's
-        block takes `pages_per_block(layers, full layers)` of them; else every group takes the
-        context's blocks of one pool block holding every layer, reported once."""
+        block takes `pages_per_block(layers, full layers)` of them; windowed alike (`capped_alone`), the
+        blocks of the window; else every group takes the context's blocks of one pool block holding
+        every layer, reported once."""
         _check_positive_int("block_size", block_size)
+        if self.capped_alone:
+            return (self.groups[0].blocks_held(context, block_size, start),)
         if not self.pages_apart:
             return (-(-context // block_size),)
         full = sum(g.num_layers for g in self.groups if g.cap is None)
@@ -357,6 +366,8 @@ class KVCacheSpec:
     def paged_used_bytes(self, context: int, block_size: int, start: int | None = None) -> float:
         """Bytes of those blocks' slots holding a token, in the layers that exist (the last block's
         empty tail and a sub-group's padding excluded): the engine's `usage().used_bytes`."""
+        if self.capped_alone:
+            return self.groups[0].slots_used(context, block_size, start) * self.bytes_per_token
         if not self.pages_apart:
             return max(0, context) * self.bytes_per_token
         return sum(g.slots_used(context, block_size, start) * g.bytes_per_token for g in self.groups)

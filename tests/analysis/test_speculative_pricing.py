@@ -110,6 +110,7 @@ def test_memory_holds_both_models_and_ttft_both_prefills():
     (dict(acceptance=-0.1), "acceptance"), (dict(acceptance=float("nan")), "acceptance"),
     (dict(acceptance=True), "acceptance"), (dict(draft="qwen3-8b"), "draft"), (dict(pp=2), "pp"),
     (dict(tp=4, draft_tp=3), "draft_tp"), (dict(draft_tp=0), "draft_tp"),
+    (dict(draft="early-exit:8", tp=4, draft_tp=1), "draft_tp"),
 ])
 def test_bad_input_is_refused_naming_the_field(kw, field):
     args = dict(PAIR, num_draft_tokens=2, acceptance=0.7)

@@ -180,11 +180,12 @@ def test_one_shot_generate_and_single_prompt(models):
 
 
 @pytest.mark.parametrize("options", [dict(attention="naive"), dict(chunked_prefill=True, max_batched_tokens=5),
-                                     dict(block_size=4, num_blocks=14, watermark=0.0)],
+                                     dict(block_size=4, num_blocks=14, watermark=0.0, kv_window="full")],
                          ids=["naive", "chunked", "preempted"])
 def test_sliding_window_equals_transformers_across_chunks_and_recompute(models, twins, options):
     """Mistral's window of 6 against prompts up to 14 tokens, with the window crossing prefill chunks
-    (extend steps) and recomputed after preemption: HF's exact tokens."""
+    (extend steps) and recomputed after preemption (full pages: the capped pool holds these four in 14
+    blocks without preempting): HF's exact tokens."""
     prompts = [list(range(3, 17)), [5, 200, 17], [8] * 11, list(range(40, 47))]
     params = SamplingParams(max_new_tokens=12)
     expected = hf_generate(twins["mistral"], prompts, params)

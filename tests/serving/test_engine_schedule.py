@@ -36,10 +36,13 @@ _TINY = dict(hidden_size=64, num_heads=4, num_kv_heads=2, ffn_size=128, vocab_si
     # Llama 4: the chunks' blocks (3 pool blocks each) promised at admission keep the pool from running short
     (dict(num_layers=4, layer_types=("chunked",) * 3 + ("full",), attention_chunk_size=12), False, 32, 0, False),
     (dict(num_layers=4, layer_types=("sliding", "full") * 2, sliding_window=8), True, 60, 24, False),
-], ids=["sliding", "chunked-attention", "sliding-prefix-sharing"])
+    # Mistral 7B v0.1 / StreamingLLM: every layer sliding, one capped table (`CappedBlockManager`)
+    (dict(num_layers=2, sliding_window=32), False, 14, 0, True),
+    (dict(num_layers=2, sliding_window=24), True, 40, 24, False),
+], ids=["sliding", "chunked-attention", "sliding-prefix-sharing", "all-sliding", "all-sliding-prefix-sharing"])
 def test_hybrid_pools_schedule_alike(layers, sharing, num_blocks, system, preempts):
-    """Sliding / chunked layers give their old blocks back in both, by one rule (`WindowedBlockManager`):
-    the engine and the simulator admit, preempt and share prefixes alike."""
+    """Sliding / chunked layers give their old blocks back in both, by one rule (`WindowedBlockManager`,
+    `CappedBlockManager`): the engine and the simulator admit, preempt and share prefixes alike."""
     spec = load_model("llama-3.1-8b").scaled(**_TINY, **layers)
     _assert_same_schedule(spec, True, sharing, num_blocks, system, "continuous", preempts=preempts, budget=8)
 

@@ -168,6 +168,37 @@ def test_a_speculative_decode_step_is_k_draft_steps_a_verify_and_the_fixed_cost(
     assert res.memory.draft_weights_bytes == pytest.approx(est.draft_weights_bytes, rel=1e-9)
 
 
+@pytest.mark.parametrize("draft_tp", [1, 2])
+def test_a_draft_on_fewer_gpus_is_priced_and_held_as_speculate_does(draft_tp):
+    B, P, k = 4, 300, 3
+    tm = lambda h, dtype: time_model_for(h, "typical", dtype)  # noqa: E731
+    est = speculate("llama-3.1-70b", "llama-3.1-8b", "h100-sxm", num_draft_tokens=k, acceptance=0.7, batch=B,
+                    prompt_len=P, gen_len=64, tp=4, draft_tp=draft_tp, time_model=tm)
+    sp = SpeculativeConfig(draft="llama-3.1-8b", num_draft_tokens=k, acceptance=0.7, draft_tp=draft_tp)
+    cfg = config(sp, "llama-3.1-70b", tp=4, policy="static", max_batch=B, max_batched_tokens=None,
+                 chunked_prefill=False, prefix_sharing=False, efficiency="typical")
+    res = simulate(workload(B, P, 64), cfg)
+    steps = res.steps["duration_s"].to_numpy()
+    # the draft's k steps at its own degree (no all-reduce at 1), the verify and fixed cost at the target's
+    assert steps[1] == pytest.approx(est.first_draft_s + est.first_verify_s + est.cycle_overhead_s, rel=1e-9)
+    assert res.memory.draft_weights_bytes == pytest.approx(est.draft_weights_bytes, rel=1e-9)
+    same = plan_memory(config(spec("llama-3.1-8b"), "llama-3.1-70b", tp=4))
+    assert res.memory.draft_weights_bytes == pytest.approx(same.draft_weights_bytes * 4 / draft_tp, rel=1e-3)
+    assert res.memory.num_blocks < same.num_blocks  # the GPU holding the draft has less left for KV
+    assert res.settings["draft_tp"] == draft_tp and simulate(workload(2, 50, 8), config(
+        spec("llama-3.1-8b"), "llama-3.1-70b", tp=4)).settings["draft_tp"] == 4
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(draft="llama-3.1-8b", draft_tp=3), "^draft_tp: 3 does not divide the target's tp 4"),
+    (dict(draft="early-exit:8", draft_tp=1), "^draft_tp: 1, but a draft of the target's own layers"),
+    (dict(draft="llama-3.1-8b", draft_tp=0), "^draft_tp: must be a positive integer"),
+])
+def test_a_bad_draft_tp_is_refused_naming_it(kw, message):
+    with pytest.raises(SpecError, match=message):
+        plan_memory(config(SpeculativeConfig(num_draft_tokens=3, acceptance=0.7, **kw), "llama-3.1-70b", tp=4))
+
+
 # ---- (e) batch 1, light load: TPOT as `speculate` ---------------------------------------------------------------
 
 @pytest.mark.parametrize("a, k", [(0.6, 3), (0.8, 4)])
@@ -288,8 +319,9 @@ def test_settings_name_the_speculation_and_stay_without_it():
         "llama-3.1-8b first 8 layers", 3, 0.7, 2)
     assert st["expected_tokens_per_cycle"] == pytest.approx(expected_tokens(0.7, 3))
     assert set(st) - set(plain.settings) == {"draft", "num_draft_tokens", "acceptance", "speculative_seed",
-                                             "expected_tokens_per_cycle", "draft_weights_bytes",
+                                             "expected_tokens_per_cycle", "draft_tp", "draft_weights_bytes",
                                              "draft_kv_bytes_per_token"}
+    assert st["draft_tp"] == 1  # the target's
     assert "tokens_per_cycle" in res.summary() and "tokens_per_cycle" not in plain.summary()
 
 
@@ -343,12 +375,31 @@ def test_simulate_without_speculation_is_unchanged():
     (["-d", "early-exit:8", "-k", "4", "-a", "0.7", "--max-batched-tokens", "4"], "--max-batched-tokens: "),
     (["-d", "gemma-2-9b", "-k", "4", "-a", "0.7"], "--draft: "),
     (["--validate", "-d", "early-exit:8", "-k", "4", "-a", "0.7"], "--validate: "),
+    (["--draft-tp", "1"], "--draft: "),
+    (["-d", "early-exit:8", "-k", "3", "-a", "0.7", "--tp", "2", "--draft-tp", "1"],
+     "--draft-tp: 1, but a draft of the target's own layers"),
+    (["-d", "llama-3.1-8b", "-k", "3", "-a", "0.7", "--tp", "4", "--draft-tp", "3"],
+     "--draft-tp: 3 does not divide the target's tp 4"),
+    (["-d", "llama-3.1-8b", "-k", "3", "-a", "0.7", "--draft-tp", "0"], "--draft-tp: must be a positive integer"),
 ])
 def test_simulate_bad_speculation_options_exit_2_naming_the_option(args, message):
     res = runner.invoke(app, ["simulate", *SMALL, *args])
     assert res.exit_code == 2, res.output
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in res.output
+
+
+def test_simulate_with_the_draft_on_one_gpu():
+    import json
+    args = ["simulate", "llama-3.1-70b", *SMALL, "-H", "h100-sxm", "--tp", "4", "-d", "llama-3.1-8b", "-k", "3",
+            "-a", "0.7"]
+    res = runner.invoke(app, [*args, "--draft-tp", "1"])
+    assert res.exit_code == 0, res.output
+    assert "llama-3.1-8b (tp 1)" in res.output
+    one = json.loads(runner.invoke(app, [*args, "--draft-tp", "1", "-f", "json"]).output)["settings"]
+    four = json.loads(runner.invoke(app, [*args, "-f", "json"]).output)["settings"]
+    assert (one["draft_tp"], four["draft_tp"]) == (1, 4)
+    assert one["draft_weights_bytes"] == pytest.approx(4 * four["draft_weights_bytes"], rel=1e-3)
 
 
 PLAN = ["plan", "--rate", "2", "-H", "h100-sxm", "--precisions", "bf16", "--tp", "1", "--slo-ttft", "5", "-n", "40",
@@ -371,6 +422,8 @@ def test_plan_carries_speculation_into_every_candidate():
     (["-d", "early-exit:8", "-k", "65", "-a", "0.7"], "--draft-tokens: "),
     (["-d", "gpt2", "-k", "3", "-a", "0.7"], "--draft: "),
     (["-a", "0.7"], "--draft: "),
+    (["-d", "llama-3.1-8b", "-k", "3", "-a", "0.7", "--draft-tp", "2"],
+     "--draft-tp: 2 does not divide the target's tp 1"),
 ])
 def test_plan_bad_speculation_options_exit_2(args, message):
     res = runner.invoke(app, [*PLAN, *args])

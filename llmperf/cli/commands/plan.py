@@ -24,6 +24,7 @@ from llmperf.cli.commands.simulate import (
     ChunkOpt,
     DraftOpt,
     DraftTokensOpt,
+    DraftTpOpt,
     FormatOpt,
     MaxBatchOpt,
     MemOpt,
@@ -35,6 +36,7 @@ from llmperf.cli.commands.simulate import (
     SloPctOpt,
     SloTpotOpt,
     SloTtftOpt,
+    StreamingOpt,
     SystemOpt,
     TokensOpt,
     _fmt_s,
@@ -42,6 +44,7 @@ from llmperf.cli.commands.simulate import (
     _positive,
     check_serving_options,
     speculative_from_options,
+    streaming_model,
 )
 from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS, OUTPUT_LEN, PLAN_TOP, PROMPT_LEN
 from llmperf.errors import SpecError
@@ -124,7 +127,9 @@ def plan_tables(result):  # noqa: ANN001, ANN201
     if st.get("draft"):
         win.caption += (f"\nspeculative decoding in every candidate: draft {st['draft']}, k = {st['num_draft_tokens']} "
                         f"draft tokens a cycle, acceptance a = {st['acceptance']:g}, E(a, k) = "
-                        f"{st['expected_tokens_per_cycle']:.2f} tokens a cycle")
+                        f"{st['expected_tokens_per_cycle']:.2f} tokens a cycle"
+                        + (f", the draft at tp {st['draft_tp']} on one of each replica's GPUs" if st.get("draft_tp")
+                           else ", the draft at each candidate's tp"))
     if any(r.requests_simulated is not None and not r.ci_converged for r in result.feasible):
         win.caption += "\n* the interval is wider than the tolerance (fixed sample, or --max-requests reached)"
     lose = Table(title="configurations that lose, and why")
@@ -173,12 +178,14 @@ def register(app: typer.Typer) -> None:
         draft: DraftOpt = None,
         draft_tokens: DraftTokensOpt = None,
         acceptance: AcceptanceOpt = None,
+        draft_tp: DraftTpOpt = None,
         max_batch: MaxBatchOpt = 256,
         max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
         chunked_prefill: ChunkOpt = True,
         prefix_sharing: PrefixOpt = True,
         block_size: BlockOpt = 16,
         mem_util: MemOpt = 0.9,
+        streaming: StreamingOpt = None,
         run_dir: Annotated[str | None, typer.Option("--run-dir", help="Write plan.json and plan.csv here.")] = None,
         output_format: FormatOpt = OutputFormat.table,
         output: OutOpt = None,
@@ -252,12 +259,15 @@ def register(app: typer.Typer) -> None:
             base = dict(max_batch=max_batch, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
                         prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, efficiency=efficiency,
                         engine=engine)
-            speculative = speculative_from_options(model, draft, draft_tokens, acceptance, seed)
+            model, streamed = streaming_model(model, streaming)
+            speculative = speculative_from_options(model, draft, draft_tokens, acceptance, seed, draft_tp,
+                                                   tuple(tp_list))
             if speculative is not None:  # every candidate simulated with it
                 base["speculative"] = speculative
             result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs, top,
                           layout_list, stopping)
             frame = result.to_frame()
+            result.settings["streaming"] = streamed  # "SINKS:WINDOW", or None
             if isinstance(result.settings, dict) and result.settings.get("engine") is None:
                 from llmperf.analysis.timemodel import DEFAULT_ENGINE
                 result.settings["engine"] = DEFAULT_ENGINE  # what priced the GPU rows (named per row below)

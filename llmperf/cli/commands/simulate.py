@@ -65,8 +65,10 @@ BlockOpt = Annotated[int, typer.Option("--block-size", help="Tokens per paged KV
 MemOpt = Annotated[float, typer.Option("--mem-util", help="Fraction of device memory the server uses (vLLM gpu_memory_utilization).")]
 EffOpt = Annotated[Efficiency, typer.Option("--efficiency", help="Time model: auto (the expected time: typical on a GPU, the calibration of --hardware local), roofline (the bound), typical, calibrated.")]
 EngineOpt = Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile for step overhead and kernel launches (models_spec/engines): compiled (CUDA graphs: vLLM, SGLang, TensorRT-LLM; the default) or eager (PyTorch eager, llmperf's own engine). Not for a CPU; the roofline takes none.")]
+StreamingOpt = Annotated[str | None, typer.Option("--streaming", help="StreamingLLM KV eviction, SINKS:WINDOW (e.g. 4:2044), as `llmperf estimate --streaming`: the model with every layer a sliding window of SINKS + WINDOW tokens (the same keys per query, bytes and KV), its paged pool holding each sequence's window's blocks.")]
 DraftOpt = Annotated[str | None, typer.Option("--draft", "-d", help="Speculative decoding: the draft model (the target's vocabulary), as `llmperf speculate --draft` takes it: a built-in name, a YAML / HF config.json path, mtp (the model's own multi-token-prediction layer) or early-exit:N (its own first N layers). Needs --draft-tokens and --acceptance.")]
 DraftTokensOpt = Annotated[int | None, typer.Option("--draft-tokens", "-k", help="Speculative decoding: draft tokens per cycle (k, 1 .. 64).")]
+DraftTpOpt = Annotated[int | None, typer.Option("--draft-tp", help="Speculative decoding: the draft model's tensor-parallel degree (default: the target's --tp; it divides it; 1 runs the draft on one GPU, as vLLM's draft_tensor_parallel_size=1, and that GPU holds all of it). Not for mtp or early-exit drafts, which run on the target's layers.")]
 AcceptanceOpt = Annotated[float | None, typer.Option("--acceptance", "-a", help="Speculative decoding: each draft token's acceptance rate (a, in [0, 1]; independent per token; the cycle's tokens are drawn with --seed).")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")]
 OutOpt = Annotated[str | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
@@ -105,11 +107,12 @@ def check_layout_options(*, mla_mode: str, kv_window: str) -> None:
 
 
 def speculative_from_options(model: str, draft: str | None, draft_tokens: int | None, acceptance: float | None,
-                             seed: int):  # noqa: ANN201
-    """The `SpeculativeConfig` of --draft / --draft-tokens / --acceptance (None without --draft), the
-    draft resolved against `model`; each bad value refused in one line naming its option."""
+                             seed: int, draft_tp: int | None = None, tps: tuple[int, ...] = (1,)):  # noqa: ANN201
+    """The `SpeculativeConfig` of --draft / --draft-tokens / --acceptance / --draft-tp (None without
+    --draft), the draft resolved against `model` and its degree checked against each target degree in
+    `tps`; each bad value refused in one line naming its option."""
     if draft is None:
-        for opt, v in (("--draft-tokens", draft_tokens), ("--acceptance", acceptance)):
+        for opt, v in (("--draft-tokens", draft_tokens), ("--acceptance", acceptance), ("--draft-tp", draft_tp)):
             if v is not None:
                 raise SpecError(f"--draft: {opt} sets speculative decoding; add --draft (a model, mtp or early-exit:N)")
         return None
@@ -124,8 +127,11 @@ def speculative_from_options(model: str, draft: str | None, draft_tokens: int | 
         raise SpecError(f"--acceptance: must be a number in [0, 1], got {acceptance:g}")
     from llmperf.serving.speculative import SpeculativeConfig
     from llmperf.specs import load_model
+    if draft_tp is not None and draft_tp < 1:
+        raise SpecError(f"--draft-tp: must be a positive integer, got {draft_tp}")
     try:
-        spec = SpeculativeConfig(draft=draft, num_draft_tokens=draft_tokens, acceptance=acceptance, seed=seed)
+        spec = SpeculativeConfig(draft=draft, num_draft_tokens=draft_tokens, acceptance=acceptance, seed=seed,
+                                 draft_tp=draft_tp)
     except SpecError as exc:
         raise SpecError(f"--{exc}") from None
     target = load_model(model)
@@ -133,7 +139,29 @@ def speculative_from_options(model: str, draft: str | None, draft_tokens: int | 
         spec.resolve(target)
     except SpecError as exc:
         raise SpecError(f"--{exc}") from None
+    try:
+        for tp in tps:
+            spec.tp_of_draft(target, tp)
+    except SpecError as exc:
+        raise SpecError(f"--draft-tp{str(exc).removeprefix('draft_tp')}") from None
     return spec
+
+
+def streaming_model(model: str, streaming: str | None):  # noqa: ANN201
+    """(`model` as given, None), or under StreamingLLM (`--streaming SINKS:WINDOW`): (its spec with every
+    layer a sliding window of SINKS + WINDOW, "SINKS:WINDOW" for the settings). Bad input raises
+    SpecError naming --streaming."""
+    if streaming is None:
+        return model, None
+    from llmperf.specs import load_model
+    from llmperf.specs.streaming import parse_streaming
+    from llmperf.specs.streaming import streaming as streaming_spec
+    sinks, window = parse_streaming("--streaming", streaming)
+    spec = load_model(model)
+    try:
+        return streaming_spec(spec, sinks, window), f"{sinks}:{window}"
+    except SpecError as exc:
+        raise SpecError(f"--{exc}") from None
 
 
 def speculation_table(result):  # noqa: ANN001, ANN201
@@ -145,7 +173,8 @@ def speculation_table(result):  # noqa: ANN001, ANN201
     t = Table(title="speculative decoding (each decode a cycle: k draft steps, one verify of k + 1 tokens)")
     t.add_column("quantity")
     t.add_column("value", justify="right")
-    for k, v in (("draft", str(st["draft"])), ("draft tokens per cycle, k", str(st["num_draft_tokens"])),
+    for k, v in (("draft", f"{st['draft']} (tp {st.get('draft_tp') or st.get('tp')})"),
+                 ("draft tokens per cycle, k", str(st["num_draft_tokens"])),
                  ("acceptance per draft token, a", f"{st['acceptance']:g}"), ("seed", str(st["speculative_seed"])),
                  ("cycles", str(s["speculative_cycles"])),
                  ("tokens per cycle, measured (all cycles)", f"{s['tokens_per_cycle']:.3f}"),
@@ -349,7 +378,8 @@ def register(app: typer.Typer) -> None:
         ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the replica's GPUs (divides --tp and the number of experts).")] = 1,
         dp_attention: Annotated[bool, typer.Option("--dp-attention/--no-dp-attention", help="Data-parallel attention: each GPU runs and holds the KV of its own sequences (a MoE model then needs --ep equal to --tp); how MLA models are served.")] = False,
         mla_mode: Annotated[str, typer.Option("--mla-mode", help="MLA's computation: auto (prefill chunks unabsorbed, decode absorbed), absorbed, unabsorbed.")] = "auto",
-        kv_window: Annotated[str, typer.Option("--kv-window", help="KV of sliding/chunked layers: capped (each holds the blocks of its window or chunk, vLLM's hybrid KV manager; full pages over pipeline stages or without a full-attention layer, and it says so) or full (pages for the whole context).")] = "capped",
+        kv_window: Annotated[str, typer.Option("--kv-window", help="KV of sliding/chunked layers: capped (each holds the blocks of its window or chunk: vLLM's hybrid KV manager beside full-attention layers, one capped table when every layer slides with one window; else full pages, and it says so) or full (pages for the whole context).")] = "capped",
+        streaming: StreamingOpt = None,
         policy: PolicyOpt = Policy.continuous,
         max_batch: MaxBatchOpt = 256,
         max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
@@ -363,6 +393,7 @@ def register(app: typer.Typer) -> None:
         draft: DraftOpt = None,
         draft_tokens: DraftTokensOpt = None,
         acceptance: AcceptanceOpt = None,
+        draft_tp: DraftTpOpt = None,
         slo_ttft: SloTtftOpt = None,
         slo_tpot: SloTpotOpt = None,
         slo_percentile: SloPctOpt = 90.0,
@@ -392,20 +423,22 @@ def register(app: typer.Typer) -> None:
             out = check_output(output)
             rd = check_run_dir(run_dir)
             made += [rd] if rd is not None else []
-            if validate and (draft is not None or draft_tokens is not None or acceptance is not None):
+            if validate and any(v is not None for v in (draft, draft_tokens, acceptance, draft_tp)):
                 raise SpecError("--validate: the engine does not run speculative decoding through the scheduler; "
-                                "drop --draft / --draft-tokens / --acceptance")
+                                "drop --draft / --draft-tokens / --acceptance / --draft-tp")
             if validate:
                 defaults = dict(arrival="poisson", cv=None, system_prompt_len=0, dtype=None,
                                 kv=None, tp=1, ep=1, dp_attention=False, mla_mode="auto", kv_window="capped",
+                                streaming=None,
                                 max_batch=256, prefix_sharing=True, block_size=16, mem_util=0.9,
                                 efficiency=Efficiency.auto, engine=None, slo_ttft=None, slo_tpot=None,
                                 slo_percentile=90.0,
                                 output_format=OutputFormat.table, output=None)
                 given = dict(arrival=arrival, cv=cv, system_prompt_len=system_prompt_len,
                              dtype=dtype, kv=kv, tp=tp, ep=ep, dp_attention=dp_attention, mla_mode=mla_mode,
-                             kv_window=kv_window, max_batch=max_batch, prefix_sharing=prefix_sharing,
-                             block_size=block_size, mem_util=mem_util, efficiency=efficiency, engine=engine,
+                             kv_window=kv_window, streaming=streaming, max_batch=max_batch,
+                             prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util,
+                             efficiency=efficiency, engine=engine,
                              slo_ttft=slo_ttft,
                              slo_tpot=slo_tpot, slo_percentile=slo_percentile, output_format=output_format,
                              output=output)
@@ -429,7 +462,8 @@ def register(app: typer.Typer) -> None:
                                    hardware=hardware, run_dir=rd, console=out_console)
                 return
             hardware = DEFAULT_HARDWARE if hardware is None else hardware
-            speculative = speculative_from_options(model, draft, draft_tokens, acceptance, seed)
+            model, streamed = streaming_model(model, streaming)  # before everything else
+            speculative = speculative_from_options(model, draft, draft_tokens, acceptance, seed, draft_tp, (tp,))
             prompt_len = PROMPT_LEN if prompt_len is None else prompt_len
             output_len = OUTPUT_LEN if output_len is None else output_len
             slo = sim.SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)
@@ -454,6 +488,7 @@ def register(app: typer.Typer) -> None:
                     result = min(search.points, key=lambda p: p.rate).result
             else:
                 result = sim.simulate(workload, config, slo=slo)
+            result.settings["streaming"] = streamed  # "SINKS:WINDOW", or None
             bound = None  # the same workload under the roofline: the bound beside the expected time
             if search is None and result.settings["time_model"] != "roofline":
                 from dataclasses import replace
