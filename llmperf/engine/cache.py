@@ -58,9 +58,10 @@ def capped_window(spec: ModelSpec, kv_window: str = "capped") -> tuple[str, int]
     """The (attention, window) by which a paged cache caps a model whose every layer is windowed alike
     (all sliding, or all chunked, one window: `CappedBlockManager`); None for any other model or with
     `kv_window="full"`."""
-    if hybrid_layout(spec, kv_window) is not None or kv_window == "full":
-        return None
-    return uniform_window([(k.attention, k.window) for k in spec.layer_kinds()])
+    if kv_window not in KV_WINDOWS:
+        raise ValueError(f"kv_window: must be one of {', '.join(KV_WINDOWS)}, got {kv_window!r}")
+    # one kind of windowed layer only: a model with a full-attention layer (hybrid) or none windowed gets None
+    return None if kv_window == "full" else uniform_window([(k.attention, k.window) for k in spec.layer_kinds()])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -466,8 +467,7 @@ class PagedKVCache(KVCache):
 
     def shared_blocks(self, num_tokens: int) -> int:
         """Blocks of a `num_tokens`-token prefix a sequence continuing from it still holds (KVSpace)."""
-        shared = getattr(self.manager, "shared_blocks", None)
-        return num_tokens // self.block_size if shared is None else shared(num_tokens)
+        return self.manager.shared_blocks(num_tokens)
 
     def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:
         return self.manager.cached_prefix(tokens, limit)

@@ -350,6 +350,11 @@ class BlockManager:
 
     # --- allocation ------------------------------------------------------------------------------
 
+    def shared_blocks(self, num_tokens: int) -> int:
+        """Blocks of a `num_tokens`-token prefix that a sequence continuing from it still holds: its full
+        blocks (the scheduler's admission and worst-case counts; fewer in `CappedBlockManager`)."""
+        return num_tokens // self.block_size
+
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new sequence of `num_tokens` tokens fits in the free blocks (no prefix shared)."""
         return self.blocks_needed(num_tokens) <= self.pool.num_free

@@ -392,8 +392,7 @@ class Scheduler:
     def _shared_blocks(self, num_tokens: int) -> int:
         """Blocks of a `num_tokens`-token prefix that a sequence continuing from it still holds."""
         shared_blocks = getattr(self.kv, "shared_blocks", None)
-        return num_tokens // self.kv.block_size if shared_blocks is None else min(
-            shared_blocks(num_tokens), num_tokens // self.kv.block_size)
+        return num_tokens // self.kv.block_size if shared_blocks is None else shared_blocks(num_tokens)
 
     def _promised(self) -> int:
         return sum(r.promised for r in self.running)

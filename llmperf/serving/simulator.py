@@ -352,7 +352,7 @@ def capped_window(model: ModelSpec, kv_window: str = "capped", pp: int = 1,
     cache's rule): a model whose every layer is sliding, or every one chunked, with one window, under
     kv_window "capped". None otherwise, and with a draft (`speculative`: its KV shares the blocks and
     may need the whole context). Pipeline stages page alike: every stage's layers are of that kind."""
-    if kv_window != "capped" or speculative or not hybrid_kv(model):
+    if kv_window != "capped" or speculative:
         return None
     del pp  # every stage holds layers of the one kind
     return uniform_window([(kind.attention, kind.window) for kind in model.layer_kinds()])

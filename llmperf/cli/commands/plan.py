@@ -128,7 +128,7 @@ def plan_tables(result):  # noqa: ANN001, ANN201
         win.caption += (f"\nspeculative decoding in every candidate: draft {st['draft']}, k = {st['num_draft_tokens']} "
                         f"draft tokens a cycle, acceptance a = {st['acceptance']:g}, E(a, k) = "
                         f"{st['expected_tokens_per_cycle']:.2f} tokens a cycle"
-                        + (f", the draft at tp {st['draft_tp']} on one of each replica's GPUs" if st.get("draft_tp")
+                        + (f", the draft at tp {st['draft_tp']} within each replica" if st.get("draft_tp")
                            else ", the draft at each candidate's tp"))
     if any(r.requests_simulated is not None and not r.ci_converged for r in result.feasible):
         win.caption += "\n* the interval is wider than the tolerance (fixed sample, or --max-requests reached)"

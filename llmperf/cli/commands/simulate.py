@@ -173,7 +173,7 @@ def speculation_table(result):  # noqa: ANN001, ANN201
     t = Table(title="speculative decoding (each decode a cycle: k draft steps, one verify of k + 1 tokens)")
     t.add_column("quantity")
     t.add_column("value", justify="right")
-    for k, v in (("draft", f"{st['draft']} (tp {st.get('draft_tp') or st.get('tp')})"),
+    for k, v in (("draft", f"{st['draft']} (tp {st['draft_tp']})"),
                  ("draft tokens per cycle, k", str(st["num_draft_tokens"])),
                  ("acceptance per draft token, a", f"{st['acceptance']:g}"), ("seed", str(st["speculative_seed"])),
                  ("cycles", str(s["speculative_cycles"])),
