@@ -7,7 +7,8 @@ Arguments may be numpy arrays (sweeps). Formulas: GEMM `A(m,k) @ B(k,n)` = `2mkn
 arXiv:2205.14135): the naive form writes S = QK^T and P = softmax(S) to memory, the fused form keeps
 them on chip and reads Q, K, V and writes O once (`attention_core`, `attended_pairs`, `keys_read`).
 Mixture-of-experts bytes count only the experts the batch touches in expectation under uniform
-routing (`expected_experts_touched`); the router's choice of experts (`moe_route`) and the weighted
+routing (`expected_experts_touched`; with `ep`, the busiest GPU's rows and experts,
+`llmperf.analysis.routing`); the router's choice of experts (`moe_route`) and the weighted
 sum of each token's expert outputs (`moe_sum`) are small operators of their own.
 
 Layers differ (`ModelSpec.layer_groups`): a forward pass sums the groups of layers of one kind, each
@@ -33,6 +34,7 @@ import numpy as np
 from llmperf.analysis.attention_eff import AttnShape
 from llmperf.analysis.gemm import GemmShape
 from llmperf.analysis.roofline import Number, OpCost
+from llmperf.analysis.routing import busiest_expert_load
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, Precision
 from llmperf.specs.model import LayerKind
@@ -391,12 +393,17 @@ class ForwardModel:
         (the busiest GPU's: `ceil(batch / tp)`)."""
         return np.ceil(batch / self.tp) if self.dp_attention and self.tp > 1 else batch
 
-    def _all_to_all(self, name: str, tokens: Number) -> OpCost:
-        """Expert parallelism: each of `tokens` tokens' k expert copies of its hidden state go to the
-        GPUs of its experts (`moe_dispatch`) and come back (`moe_combine`); (ep - 1) / ep of them
-        leave the GPU (uniform routing)."""
+    def _all_to_all(self, name: str, batch: Number, q_len: Number) -> OpCost:
+        """Expert parallelism with data-parallel attention: each of a GPU's own tokens sends its k expert
+        copies of its hidden state to the GPUs of its experts (`moe_dispatch`), and they come back
+        (`moe_combine`); (ep - 1) / ep of them cross between GPUs. The busiest GPU moves the larger of
+        what it sends and the routed rows its experts receive (`busiest_expert_load`)."""
         m, e = self.model, self.ep
-        msg = tokens * m.experts_per_token * m.hidden_size * self.precision.act_bytes
+        tokens = self.local_batch(batch) * q_len
+        received, _, _, _ = self._ffn_shape(batch, q_len, "routed")
+        rows = np.maximum(tokens * m.experts_per_token, received)
+        rows = float(rows) if np.ndim(rows) == 0 else rows
+        msg = rows * m.hidden_size * self.precision.act_bytes
         return OpCost(name=name, kind="comm", comm_bytes=msg * (e - 1) / e, rows=tokens, comm_gpus=int(e))
 
     def _kind(self, kind: LayerKind | None) -> LayerKind:
@@ -647,13 +654,12 @@ class ForwardModel:
         every token, and the tp all-reduce adds the GPUs' partial sums."""
         m, a = self.model, self.precision.act_bytes
         h, k = m.hidden_size, m.experts_per_token
+        routed, experts, _, _ = self._ffn_shape(batch, q_len, "routed")
         if self.dp_attention and self.ep > 1:
             tokens = self.local_batch(batch) * q_len
             rows = tokens * k
         else:
-            tokens = batch * q_len
-            rows = tokens * k / self.ep
-        _, experts, _, _ = self._ffn_shape(batch, q_len, "routed")
+            tokens, rows = batch * q_len, routed
         return OpCost(name="moe_sum", kind="elementwise", flops=2 * rows * h,
                       act_read_bytes=rows * h * a + rows * 4, act_write_bytes=tokens * h * a, rows=tokens,
                       experts=experts)
@@ -662,9 +668,12 @@ class ForwardModel:
         """(token rows, distinct weight copies read, width per GPU, module) of `part`: `dense` (an FFN
         of ffn_size), `routed` (the experts the tokens route to) or `shared` (always on)."""
         m, tokens = self.model, batch * q_len
-        if part == "routed":  # the group's tokens, spread over the ep GPUs holding the experts
-            touched = expected_experts_touched(tokens, m.num_experts, m.experts_per_token)
-            return tokens * m.experts_per_token / self.ep, touched / self.ep, self.dims.expert_ffn_size, "expert"
+        if part == "routed":  # the group's tokens, spread over the ep GPUs holding the experts: the busiest one's
+            if self.ep == 1:
+                touched = expected_experts_touched(tokens, m.num_experts, m.experts_per_token)
+                return tokens * m.experts_per_token, touched, self.dims.expert_ffn_size, "expert"
+            rows, touched = busiest_expert_load(tokens, m.num_experts, m.experts_per_token, self.ep)
+            return rows, touched, self.dims.expert_ffn_size, "expert"
         if part == "shared":  # replicated with dp_attention: each GPU its own tokens
             return self.local_batch(batch) * q_len, 1.0, self.dims.shared_ffn_size, "shared_expert"
         return tokens, 1.0, self.dims.ffn_size, "dense_mlp"
@@ -828,9 +837,9 @@ class ForwardModel:
             return ops + ([self._allreduce("mlp_allreduce", tokens)] if self.tp > 1 else [])
         a2a = self.dp_attention and self.ep > 1
         ops = [self.router(local, q_len, kv_len), self.moe_route(local, q_len, kv_len)]
-        ops += [self._all_to_all("moe_dispatch", local * q_len)] if a2a else []
+        ops += [self._all_to_all("moe_dispatch", batch, q_len)] if a2a else []
         ops += self._ffn_ops(batch, q_len, "routed")
-        ops += [self._all_to_all("moe_combine", local * q_len)] if a2a else []
+        ops += [self._all_to_all("moe_combine", batch, q_len)] if a2a else []
         ops.append(self.moe_sum(batch, q_len, kv_len))
         if m.shared_experts:
             ops += self._ffn_ops(batch, q_len, "shared")

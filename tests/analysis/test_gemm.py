@@ -11,6 +11,7 @@ import pytest
 from llmperf.analysis.gemm import TILES, GemmParams, GemmShape, gemm_time_s
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.roofline import ROOFLINE, op_time
+from llmperf.analysis.routing import busiest_expert_load
 from llmperf.analysis.timemodel import EfficiencyTimeModel, parse_efficiency, time_model_for
 from llmperf.errors import SpecError
 from llmperf.specs import Precision, load_hardware, load_model
@@ -150,8 +151,9 @@ def test_dense_shapes_are_the_tp_shard() -> None:
 
 
 def test_moe_experts_are_groups_per_gpu() -> None:
-    """DeepSeek-V3 at ep=8 over tp=8: the experts this GPU holds that a step's tokens touch are the
-    groups (all 256 / 8 of them for a large batch), each with an equal share of the rows routed here."""
+    """DeepSeek-V3 at ep=8 over tp=8: the experts the busiest GPU holds that a step's tokens touch are
+    the groups (all 256 / 8 of them for a large batch), each with an equal share of the rows routed
+    there (`busiest_expert_load`: above the mean 4096 x 8 / 8 rows at 4096 tokens)."""
     m = load_model("deepseek-v3")
     fm = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8, ep=8, fused_gate_up=True)
     kind = next(k for k, _ in fm.groups if k.moe)
@@ -159,9 +161,13 @@ def test_moe_experts_are_groups_per_gpu() -> None:
     up = ffn["gate_up_proj"]
     assert up.gemm.n == 2 * m.expert_ffn_size and up.gemm.k == m.hidden_size  # tp / ep = 1: experts whole
     assert up.gemm.groups == pytest.approx(256 / 8, rel=1e-6)
-    assert up.gemm.m(up.rows) * up.gemm.groups == pytest.approx(4096 * 8 / 8)  # every routed row, once
+    rows, touched = busiest_expert_load(4096, 256, 8, 8)
+    assert up.gemm.m(up.rows) * up.gemm.groups == pytest.approx(rows)  # every row routed there, once
+    assert 4096 < rows < 4096 * 1.03
     one = {o.name: o for o in fm.section_ops("ffn", 1, 1, 0.0, kind)}["gate_up_proj"]
-    assert one.gemm.groups == pytest.approx(8 / 8) and one.gemm.m(one.rows) == pytest.approx(1.0)
+    rows, touched = busiest_expert_load(1, 256, 8, 8)  # one token's 8 experts: the busiest GPU holds ~2.5
+    assert one.gemm.groups == pytest.approx(touched) and one.gemm.m(one.rows) == pytest.approx(rows / touched)
+    assert 2 < touched < 3
     shared = ffn["shared_gate_up_proj"]
     assert shared.gemm.groups == 1 and shared.gemm.n == 2 * m.shared_expert_ffn_size // 8
 

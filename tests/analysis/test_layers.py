@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmperf.analysis import Efficiency, ForwardModel, estimate
-from llmperf.analysis.operators import attended_pairs, keys_read
+from llmperf.analysis.operators import attended_pairs, expected_experts_touched, keys_read
 from llmperf.analysis.rollup import decode_sums, phase_arrays
 from llmperf.analysis.roofline import OpCost, op_time
+from llmperf.analysis.routing import busiest_expert_load
 from llmperf.specs import ModelSpec, Precision, load_hardware
 
 
@@ -369,20 +370,27 @@ def test_ep_and_dp_attention_are_refused_by_name_when_they_do_not_fit():
         ForwardModel(model=gpt_oss_like(), precision=Precision(), tp=3, ep=3)
 
 
-def test_expert_parallel_experts_cost_what_tensor_parallel_ones_do():
-    """Within a tp group, ep splits the experts instead of each expert's width: per GPU the expected
-    FLOPs and bytes of the routed experts are the same; the tokens stay replicated (tp attention), so
-    the all-reduce combines them and no all-to-all is needed."""
+def test_expert_parallel_experts_cost_the_busiest_gpus_share():
+    """Within a tp group, ep splits the experts instead of each expert's width: the mean GPU's FLOPs and
+    bytes of the routed experts are tp's, and the step waits for the busiest GPU, whose rows and experts
+    touched exceed the mean by uniform random routing's spread (`busiest_expert_load`; tp splits every
+    expert over every GPU, so it has none); the tokens stay replicated (tp attention), so the all-reduce
+    combines them and no all-to-all is needed."""
     m = deepseek_v3()
     tp = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8)
     ep = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8, ep=8)
-    for batch in (1, 64):
+    excess = []
+    for batch in (1, 64, 4096):
         a = {o.name: o for o in tp.layer_ops(batch, 1, 100, kind=m.layer_kinds()[-1])}
         b = {o.name: o for o in ep.layer_ops(batch, 1, 100, kind=m.layer_kinds()[-1])}
+        rows, touched = busiest_expert_load(batch, 256, 8, 8)
+        mean_rows, mean_touched = batch * 8 / 8, expected_experts_touched(batch, 256, 8) / 8
         for name in ("gate_proj", "up_proj", "down_proj"):
-            assert b[name].flops == pytest.approx(a[name].flops, rel=1e-12)
-            assert b[name].weight_bytes == pytest.approx(a[name].weight_bytes, rel=1e-12)
+            assert b[name].flops == pytest.approx(a[name].flops * rows / mean_rows, rel=1e-12)
+            assert b[name].weight_bytes == pytest.approx(a[name].weight_bytes * touched / mean_touched, rel=1e-12)
         assert "moe_dispatch" not in b and "mlp_allreduce" in b
+        excess.append(rows / mean_rows)
+    assert excess[0] > excess[1] > excess[2] > 1.0 and excess[2] < 1.03  # falls as the batch grows
 
 
 def test_the_routers_choice_and_the_sum_of_expert_outputs_are_counted():
@@ -410,7 +418,8 @@ def test_the_routers_choice_and_the_sum_of_expert_outputs_are_counted():
     dp = ForwardModel(model=m, precision=Precision.uniform("bf16"), tp=8, ep=8, dp_attention=True)
     (a,) = [o for o in ep.layer_ops(64, 1, 100, kind=m.layer_kinds()[-1]) if o.name == "moe_sum"]
     (b,) = [o for o in dp.layer_ops(64, 1, 100, kind=m.layer_kinds()[-1]) if o.name == "moe_sum"]
-    assert (a.flops, a.act_write_bytes) == (2 * 64 * 8 / 8 * 7168, 64 * 7168 * 2)
+    busiest = busiest_expert_load(64, 256, 8, 8)[0]  # the rows routed to the busiest GPU's experts
+    assert (a.flops, a.act_write_bytes) == (pytest.approx(2 * busiest * 7168), 64 * 7168 * 2)
     assert (b.flops, b.act_write_bytes) == (2 * 8 * 8 * 7168, 8 * 7168 * 2)
     names = [o.name for o in dp.layer_ops(64, 1, 100, kind=m.layer_kinds()[-1])]
     assert names.index("moe_combine") + 1 == names.index("moe_sum")
@@ -431,11 +440,14 @@ def test_dp_attention_runs_whole_attention_on_each_gpus_sequences():
                  "shared_gate_proj"):
         assert moe[name].flops == ref[name].flops and moe[name].bytes_total == ref[name].bytes_total, name
     assert "attn_allreduce" not in moe and "mlp_allreduce" not in moe
-    # each GPU's 8 tokens x 8 experts x 7168 x 2 bytes, 7/8 of them leave, each way
+    # each GPU sends its 8 tokens x 8 experts x 7168 x 2 bytes, 7/8 of them leave; the busiest GPU's
+    # experts receive more than the mean 64 rows (uniform random routing), each way
+    busiest = busiest_expert_load(64, 256, 8, 8)[0]
+    assert 64 < busiest < 80
     for name in ("moe_dispatch", "moe_combine"):
-        assert moe[name].comm_bytes == 8 * 8 * 7168 * 2 * 7 / 8 and moe[name].kind == "comm"
-    # routed experts: 32 of 256 per GPU, whole; the group's 64 x 8 routed rows spread over 8 GPUs
-    assert moe["gate_proj"].flops == 64 * 8 / 8 * 2 * 7168 * 2048
+        assert moe[name].comm_bytes == pytest.approx(busiest * 7168 * 2 * 7 / 8) and moe[name].kind == "comm"
+    # routed experts: 32 of 256 per GPU, whole; the group's 64 x 8 routed rows, the busiest GPU's share
+    assert moe["gate_proj"].flops == pytest.approx(busiest * 2 * 7168 * 2048)
     # dense layers stay split tp ways over every token, with their collective
     dense = {o.name: o for o in dp.layer_ops(64, 1, 1000, kind=m.layer_kinds()[0])}
     assert dense["gate_proj"].flops == 64 * 2 * 7168 * 18432 / 8 and "mlp_allreduce" in dense
