@@ -21,7 +21,16 @@ from llmperf.engine.attention import BACKENDS
 from llmperf.engine.beam import BeamSearch
 from llmperf.engine.cache import CacheUsage, ContiguousKVCache, KVCache, PagedKVCache, make_cache
 from llmperf.engine.generate import Engine, generate
-from llmperf.engine.instrument import NULL_RECORDER, OP_NAMES, CountRecord, OpRecord, Recorder, StepRecord, Trace
+from llmperf.engine.instrument import (
+    NULL_RECORDER,
+    OP_NAMES,
+    CountRecord,
+    OpRecord,
+    Recorder,
+    RoutingRecord,
+    StepRecord,
+    Trace,
+)
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams
 from llmperf.engine.scheduler import ServeResult, StepStats, run_groups
@@ -38,7 +47,7 @@ __all__ = [
     "BACKENDS", "BeamSearch", "CacheUsage", "Completion", "ContiguousKVCache", "CountRecord", "Engine", "KVCache",
     "KVStore",
     "NULL_RECORDER", "OP_NAMES", "OpRecord", "POLICIES", "PagedKVCache", "Recorder", "Request", "RequestMetrics",
-    "RequestOutput",
+    "RequestOutput", "RoutingRecord",
     "SamplingParams", "ServeResult", "SpeculativeResult", "SpeculativeStep", "StepMeta", "StepRecord", "StepStats",
     "StreamingKVCache", "StreamingResult", "StreamingStep", "TPResult", "Trace", "Transformer",
     "build_model", "early_exit_draft", "from_pretrained", "generate", "generate_workload", "hf_config",

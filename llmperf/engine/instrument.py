@@ -16,7 +16,8 @@ predictions), and where a decode step's layers run in one call of llmperf's CPU 
 (`cpu.kernels.decode_layers`) each operator is timed inside the call and handed over with
 `Recorder.add`. Per-layer operators carry their layer index, the others `layer=None`. A layer may also
 report a number (`rec.count(name, layer, value)`, a `CountRecord`): an MoE layer reports the distinct
-experts its router chose (`EXPERTS_TOUCHED`), kept even when operators are not timed (`ops=False`).
+experts its router chose (`EXPERTS_TOUCHED`), and the rows each of them got (`rec.routing`, a
+`RoutingRecord`), kept even when operators are not timed (`ops=False`).
 
 A recorded run is a `Trace`: `trace.ops` (`OpRecord`), `trace.steps` (`StepRecord`), `trace.counts`,
 `trace.to_frame()` / `trace.steps_frame()` (pandas), `trace.op_totals()` (seconds per (phase, op)).
@@ -26,7 +27,7 @@ Which operator each backend and layer kind records: docs/engine.md, "Instrumenta
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,21 @@ class CountRecord:
     kv_len: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class RoutingRecord:
+    """One MoE layer's routing in one step (`Recorder.routing`): the distinct experts its router chose,
+    ascending, and the token rows each got (they sum to the step's tokens x k), stamped with the step's shape."""
+
+    phase: str
+    step: int
+    layer: int
+    experts: tuple[int, ...]
+    rows: tuple[int, ...]
+    batch: int
+    q_len: int
+    kv_len: int
+
+
 @dataclass
 class Trace:
     """Everything a `Recorder` measured."""
@@ -114,6 +130,7 @@ class Trace:
     ops: list[OpRecord] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     counts: list[CountRecord] = field(default_factory=list)
+    routes: list[RoutingRecord] = field(default_factory=list)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per operator record: phase, step, layer (nullable int), op, seconds, batch, q_len, kv_len."""
@@ -160,6 +177,9 @@ class NullRecorder:
         return _NOOP
 
     def count(self, name: str, layer: int | None, value: int) -> None:
+        return None
+
+    def routing(self, layer: int, experts: Sequence[int], pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         return None
 
     @contextmanager
@@ -245,6 +265,7 @@ class Recorder:
         self.trace = Trace()
         self._pending: list[tuple[str, int | None, Any]] = []
         self._counts: list[tuple[str, int | None, int]] = []
+        self._routes: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
         self._step_index = {p: 0 for p in PHASES}
         self._forward_seconds = 0.0
         self._op_cls = (_EventOp if mode == "events" else _SyncOp) if self.cuda else _CpuOp
@@ -268,6 +289,11 @@ class Recorder:
         with or without operator timing."""
         self._counts.append((name, layer, int(value)))
 
+    def routing(self, layer: int, experts: Sequence[int], pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Record a MoE layer's routing in this step: its distinct `experts` and, from each one's
+        (token rows, slots) `pairs`, how many rows it got (their lengths: no wait for the device)."""
+        self._routes.append((layer, tuple(int(e) for e in experts), tuple(int(r.shape[0]) for r, _ in pairs)))
+
     def _sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
@@ -290,6 +316,7 @@ class Recorder:
         self._sync()
         self._pending.clear()
         self._counts.clear()
+        self._routes.clear()
         self._forward_seconds = 0.0
         t0 = time.perf_counter()
         yield
@@ -305,8 +332,12 @@ class Recorder:
         for name, layer, value in self._counts:
             self.trace.counts.append(CountRecord(phase=phase, step=step, layer=layer, name=name, value=value,
                                                  batch=batch, q_len=q_len, kv_len=kv_len))
+        for layer, experts, rows in self._routes:
+            self.trace.routes.append(RoutingRecord(phase=phase, step=step, layer=layer, experts=experts, rows=rows,
+                                                   batch=batch, q_len=q_len, kv_len=kv_len))
         self._pending.clear()
         self._counts.clear()
+        self._routes.clear()
         self.trace.steps.append(StepRecord(phase=phase, step=step, batch=batch, q_len=q_len, kv_len=kv_len,
                                            tokens_in_cache=tokens_in_cache, seconds=seconds,
                                            forward_seconds=self._forward_seconds))

@@ -249,6 +249,7 @@ class MoE(nn.Module):
             experts, pairs = self.group(chosen)
         self.last_touched = len(experts)
         rec.count(EXPERTS_TOUCHED, i, len(experts))  # per step, for a recorded run (profile)
+        rec.routing(i, experts, pairs)  # and the rows each expert got (what expert parallelism would balance)
         out = None
         for e, (rows, slot) in zip(experts, pairs):
             y = self._expert(inputs, rows, slot, e, rec)

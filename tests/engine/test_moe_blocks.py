@@ -109,7 +109,11 @@ def _check_block(spec: ModelSpec, block, layout: str, per_expert: bool) -> MoE:
     shared += ["shared_expert_gate"] * spec.shared_expert_gate
     experts = ["gate_up_proj", "act", "down_proj", "moe_sum"] * moe.last_touched
     assert rec.names == ["router", "moe_route"] + experts + shared
-    assert rec.counts == [("experts_touched", moe.index, moe.last_touched)]
+    assert rec.counts[0] == ("experts_touched", moe.index, moe.last_touched)
+    # the routing: the distinct experts ascending, their rows summing to the 2 x 9 tokens' k choices each
+    (name, layer, chosen, rows), = rec.counts[1:]
+    assert (name, layer, len(chosen)) == ("routing", moe.index, moe.last_touched)
+    assert list(chosen) == sorted(set(chosen)) and min(rows) >= 1 and sum(rows) == 2 * 9 * spec.experts_per_token
     return moe
 
 
@@ -126,6 +130,9 @@ class _NoRec:
 
     def count(self, name, layer, value):  # the experts touched, as a Recorder keeps them per step
         self.counts.append((name, layer, value))
+
+    def routing(self, layer, experts, pairs):  # and the rows each got
+        self.counts.append(("routing", layer, tuple(experts), tuple(len(r) for r, _ in pairs)))
 
 
 @pytest.mark.parametrize("per_expert", [False, True], ids=["stacked", "per_expert"])

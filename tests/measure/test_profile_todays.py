@@ -8,6 +8,7 @@ expectation, and `--layers` keeping every layer kind. No test asserts a duration
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import pytest
@@ -17,8 +18,16 @@ torch = pytest.importorskip("torch")
 
 from llmperf.analysis import ForwardModel  # noqa: E402
 from llmperf.analysis.operators import expected_experts_touched  # noqa: E402
+from llmperf.analysis.routing import busiest_expert_load  # noqa: E402
 from llmperf.engine import Engine, Recorder, SamplingParams, build_model  # noqa: E402
-from llmperf.engine.instrument import EXPERTS_TOUCHED, CountRecord, OpRecord, StepRecord, Trace  # noqa: E402
+from llmperf.engine.instrument import (  # noqa: E402
+    EXPERTS_TOUCHED,
+    CountRecord,
+    OpRecord,
+    RoutingRecord,
+    StepRecord,
+    Trace,
+)
 from llmperf.measure import profile as prof  # noqa: E402
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model  # noqa: E402
 
@@ -308,6 +317,37 @@ def test_moe_layers_count_the_experts_their_router_chose(models):
         assert len(counts) == len(rec.trace.steps) * 2 and {c.layer for c in counts} == {1, 2}
         for c in counts:
             assert spec.experts_per_token <= c.value <= min(spec.num_experts, c.batch * c.q_len * 2)
+        # and the routing itself: the same experts, their rows every token's k choices
+        routes = {(r.phase, r.step, r.layer): r for r in rec.trace.routes}
+        assert set(routes) == {(c.phase, c.step, c.layer) for c in counts}
+        for c in counts:
+            r = routes[(c.phase, c.step, c.layer)]
+            assert len(r.experts) == c.value and list(r.experts) == sorted(set(r.experts))
+            assert sum(r.rows) == c.batch * c.q_len * spec.experts_per_token and min(r.rows) >= 1
+
+
+def test_expert_balance_is_worked_out_from_the_routing():
+    """8 experts, one step of 4 tokens x 2: experts 0, 1, 5 and 6 got 3, 1, 2 and 2 rows. EP 2 (experts
+    0-3 | 4-7): 4 rows and 2 experts each; EP 4 (pairs): 4 rows and 2 experts on GPU 0;
+    EP 8: 3 rows, 1 expert. Beside each, the uniform-routing prediction at 4 tokens and the mean."""
+    spec = spec_of("qwen3-moe")
+    assert prof.busiest_of((0, 1, 5, 6), (3, 1, 2, 2), 8, 2) == (4, 2)
+    assert prof.busiest_of((0, 1, 5, 6), (3, 1, 2, 2), 8, 4) == (4, 2)
+    assert prof.busiest_of((0, 1, 5, 6), (3, 1, 2, 2), 8, 8) == (3, 1)
+    route = RoutingRecord(phase="decode", step=0, layer=1, experts=(0, 1, 5, 6), rows=(3, 1, 2, 2), batch=4,
+                          q_len=1, kv_len=13)
+    rows = prof.balance_rows(Trace(routes=[route, route]), spec, "b4-p12-g3")
+    assert len(rows) == 2 * 3 and set(rows[0]) == set(prof.EXPERT_BALANCE_COLUMNS)
+    by_ep = {r["ep"]: r for r in rows}
+    assert [(by_ep[ep]["busiest_rows"], by_ep[ep]["busiest_touched"]) for ep in (2, 4, 8)] == [(4, 2), (4, 2), (3, 1)]
+    for ep in (2, 4, 8):
+        pred_rows, pred_touched = busiest_expert_load(4, 8, 2, ep)
+        assert by_ep[ep]["predicted_rows"] == pytest.approx(pred_rows, abs=1e-3)
+        assert by_ep[ep]["predicted_touched"] == pytest.approx(pred_touched, abs=1e-3)
+        assert by_ep[ep]["mean_rows"] == 4 * 2 / ep
+    summary = {s["ep"]: s for s in prof.balance_summary(rows)}
+    assert summary[2]["samples"] == 2 and summary[2]["busiest_rows"] == 4
+    assert summary[8]["rows_ratio"] == pytest.approx(3 / by_ep[8]["predicted_rows"])
 
 
 # ---- --layers ------------------------------------------------------------------------------------------
@@ -406,6 +446,19 @@ def test_a_moe_run_reports_the_experts_touched(runs):
 
     titles = [t.title for t in summary_tables(res)]
     assert any("distinct routed experts" in t for t in titles) and any("joined" in t for t in titles)
+    assert any("expert parallelism on this routing" in t for t in titles)
+    # what expert parallelism would wait for on this router's choices, beside uniform routing's prediction
+    balance = _read(res.out_dir / "expert_balance.csv")
+    assert balance and tuple(balance[0]) == prof.EXPERT_BALANCE_COLUMNS
+    assert {int(b["ep"]) for b in balance} == {2, 4, 8}
+    assert all(float(b["busiest_rows"]) >= float(b["mean_rows"]) for b in balance)
+    summary = [b for b in res.run["expert_balance"] if b["phase"] == "decode"]
+    assert {b["ep"] for b in summary} == {2, 4, 8} and all(b["samples"] == 2 * 2 for b in summary)
+    for b in summary:
+        assert b["predicted_rows"] == pytest.approx(busiest_expert_load(2, 8, 2, b["ep"])[0], abs=1e-3)
+        assert b["rows_ratio"] > 0 and b["touched_ratio"] > 0
+    doc = json.loads((res.out_dir / "run.json").read_text())  # the typed manifest reads it back whole
+    assert prof.RunManifest.load(res.out_dir / "run.json").to_dict() == doc and doc["expert_balance"]
 
 
 def test_an_mla_run_joins_both_forms(runs):

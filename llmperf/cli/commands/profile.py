@@ -87,6 +87,19 @@ def summary_tables(result: Any) -> list[Any]:
                             f"{e['measured_mean']:.2f}", str(e["measured_min"]), str(e["measured_max"]),
                             f"{e['expected_uniform']:.2f}")
         tables.append(experts)
+    if run.get("expert_balance"):
+        balance = Table(title="expert parallelism on this routing: the busiest of ep GPUs' routed rows and experts "
+                              "(means over steps and MoE layers) vs uniform random routing's "
+                              "(llmperf.analysis.routing); ratio > 1: the router is more skewed than uniform")
+        for col in ("config", "phase", "ep", "tokens", "samples", "mean rows", "busiest rows", "predicted",
+                    "ratio", "busiest experts", "predicted", "ratio"):
+            balance.add_column(col, justify="left" if col in ("config", "phase") else "right")
+        for b in run["expert_balance"]:
+            balance.add_row(b["config"], b["phase"], str(b["ep"]), str(b["tokens"]), str(b["samples"]),
+                            f"{b['mean_rows']:.1f}", f"{b['busiest_rows']:.1f}", f"{b['predicted_rows']:.1f}",
+                            f"{b['rows_ratio']:.2f}", f"{b['busiest_touched']:.2f}", f"{b['predicted_touched']:.2f}",
+                            f"{b['touched_ratio']:.2f}")
+        tables.append(balance)
     if result.ops:
         first = result.ops[0]
         ops = Table(title=f"operators at batch {first['batch']} (micro: one layer; generation: all layers of the "
@@ -176,5 +189,5 @@ def register(app: typer.Typer) -> None:
             err_console.print(f"interrupted: {len(result.steps)} steps and {len(result.ops)} operator rows kept in "
                               f"{out_dir}")
             raise typer.Exit(130)
-        extra = ", experts.csv" if result.experts else ""
+        extra = ", experts.csv, expert_balance.csv" if result.experts else ""
         out_console.print(f"wrote {out_dir}/run.json, ops.csv, steps.csv, generations.csv{extra}")

@@ -11,6 +11,7 @@ One module per job:
 - `settings`: what to run (`ProfileSettings`); `resolve`: the model (`--layers`) and the memory check;
 - `predict`: predicted seconds under both time models (`Predictor`);
 - `micro`: the micro-benchmarks; `recording`: one generation, recorded and joined row by row;
+- `balance`: a MoE router's choices as each expert-parallel layout's busiest GPU would get them;
 - `join`: measured and predicted operators matched, nothing dropped silently;
 - `checks`: exact cross-checks of FLOPs, weight bytes and KV bytes against the engine;
 - `tables`: the CSV tables and the error summary; `manifest`: `run.json` (`RunManifest`);
@@ -19,6 +20,7 @@ Every name below is importable from this package.
 """
 
 from llmperf.analysis.vocabulary import Op, Phase
+from llmperf.measure.profile.balance import EP_DEGREES, balance_rows, balance_summary, busiest_of
 from llmperf.measure.profile.checks import (
     PAGED_BLOCK,
     ROUTED_OPS,
@@ -61,6 +63,7 @@ from llmperf.measure.profile.runner import ProfileResult, measurement_sources, r
 from llmperf.measure.profile.settings import BACKENDS, KV_KINDS, ProfileSettings, Progress
 from llmperf.measure.profile.tables import (
     E2E,
+    EXPERT_BALANCE_COLUMNS,
     EXPERTS_COLUMNS,
     GENERATIONS_COLUMNS,
     MODEL_LEVEL,
@@ -72,10 +75,11 @@ from llmperf.measure.profile.tables import (
 )
 
 __all__ = [
-    "BACKENDS", "CACHE_ROTATION_FACTOR", "E2E", "EXPERTS_COLUMNS", "GENERATIONS_COLUMNS", "Generated", "JOIN_CHECK",
-    "KV_KINDS", "MEMORY_HEADROOM", "MICRO_ATTENTION", "MICRO_BUDGET_S", "MODEL_LEVEL", "OPS_COLUMNS", "Op",
-    "PAGED_BLOCK", "Phase", "Predictor", "ProfileResult", "ProfileSettings", "Progress", "ROUTED_OPS", "Recorded",
-    "RunManifest", "SCHEMA_VERSION", "STEPS_COLUMNS", "_attention_micro", "calibrated_model", "check_fits",
+    "BACKENDS", "CACHE_ROTATION_FACTOR", "E2E", "EP_DEGREES", "EXPERTS_COLUMNS", "EXPERT_BALANCE_COLUMNS",
+    "GENERATIONS_COLUMNS", "Generated", "JOIN_CHECK", "KV_KINDS", "MEMORY_HEADROOM", "MICRO_ATTENTION",
+    "MICRO_BUDGET_S", "MODEL_LEVEL", "OPS_COLUMNS", "Op", "PAGED_BLOCK", "Phase", "Predictor", "ProfileResult",
+    "ProfileSettings", "Progress", "ROUTED_OPS", "Recorded", "RunManifest", "SCHEMA_VERSION", "STEPS_COLUMNS",
+    "_attention_micro", "balance_rows", "balance_summary", "busiest_of", "calibrated_model", "check_fits",
     "cross_checks", "engine_step_weight_bytes", "error_stats", "errors_table", "expert_rows", "experts_summary",
     "generation", "join_check", "join_report", "joined_op_rows", "keep_layers", "kept_layer_indices", "layers_kept",
     "matmul_flops", "measurement_sources", "memory_needed", "merge_joins", "micro_benchmarks", "micro_matmuls",

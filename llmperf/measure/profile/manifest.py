@@ -28,10 +28,10 @@ from llmperf.errors import SpecError
 
 SCHEMA_VERSION = 1
 #: keys written only once they have a value (`configs_done` after the first configuration,
-#: `experts_touched` for a mixture-of-experts model, `runs` by runs that took rounds, `host_bandwidth`
-#: and `calibration_bandwidth_gb_per_s` by CPU runs that probed the host, `host_dispatch` and
-#: `calibration_dispatch_us` by GPU runs)
-_OMITTED_WHEN_NONE = frozenset({"configs_done", "experts_touched", "runs", "host_bandwidth",
+#: `experts_touched` and `expert_balance` for a mixture-of-experts model, `runs` by runs that took
+#: rounds, `host_bandwidth` and `calibration_bandwidth_gb_per_s` by CPU runs that probed the host,
+#: `host_dispatch` and `calibration_dispatch_us` by GPU runs)
+_OMITTED_WHEN_NONE = frozenset({"configs_done", "experts_touched", "expert_balance", "runs", "host_bandwidth",
                                 "calibration_bandwidth_gb_per_s", "host_dispatch", "calibration_dispatch_us"})
 
 
@@ -146,6 +146,26 @@ class ExpertsTouched:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExpertBalance:
+    """Per configuration, phase and expert-parallel degree: the busiest GPU's routed rows and experts
+    touched as the router chose them (means over steps and MoE layers) beside the uniform-routing
+    prediction (`llmperf.measure.profile.balance`)."""
+
+    config: str
+    phase: str
+    ep: int
+    samples: int
+    tokens: int
+    mean_rows: float
+    busiest_rows: float
+    predicted_rows: float
+    busiest_touched: float
+    predicted_touched: float
+    rows_ratio: float
+    touched_ratio: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class HostProbe:
     """The host's DRAM read bandwidth just before one configuration's generation in one round (CPU)."""
 
@@ -182,6 +202,7 @@ class RunManifest:
     join: list[JoinEntry] = field(default_factory=list)
     status: str | None = None
     experts_touched: list[ExpertsTouched] | None = None
+    expert_balance: list[ExpertBalance] | None = None
     host_bandwidth: list[HostProbe] | None = None  # CPU: `llmperf.measure.profile.host` probes
     host_dispatch: list[DispatchProbe] | None = None  # GPU: `llmperf.measure.profile.host` probes
 

@@ -14,7 +14,8 @@ or not): a generation row sums an operator over the layers of one kind (ops.csv 
 label; `model` for the model-level operators) and is joined to ONE layer of that kind's prediction
 times their number. Every MoE layer reports the distinct routed experts its tokens chose in each step
 (`llmperf.engine.instrument.EXPERTS_TOUCHED`) beside the expectation under uniform routing,
-`E * (1 - (1 - k/E) ** tokens)` (`llmperf.analysis.operators.expected_experts_touched`).
+`E * (1 - (1 - k/E) ** tokens)` (`llmperf.analysis.operators.expected_experts_touched`), and the rows
+each expert got, from which `balance` works out each expert-parallel layout's busiest GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 
 from llmperf.analysis.operators import expected_experts_touched
 from llmperf.analysis.vocabulary import OP_NAMES, Op, Phase
+from llmperf.measure.profile.balance import balance_rows
 from llmperf.measure.profile.join import join_report
 from llmperf.measure.profile.predict import Predictor
 from llmperf.measure.profile.settings import ProfileSettings
@@ -39,13 +41,14 @@ from llmperf.specs import ModelSpec
 class Generated(NamedTuple):
     """What one profiled generation produced: its ops.csv, steps.csv and generations.csv rows, the join
     of its measured operators with the predicted ones (`join_report`) and, for a mixture-of-experts
-    model, the experts.csv rows (`expert_rows`)."""
+    model, the experts.csv and expert_balance.csv rows (`expert_rows`, `balance.balance_rows`)."""
 
     ops: list[dict[str, Any]]
     steps: list[dict[str, Any]]
     generation: dict[str, Any]
     join: list[dict[str, Any]]
     experts: list[dict[str, Any]]
+    balance: list[dict[str, Any]]
 
 
 def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileSettings, config: str, batch: int,
@@ -101,7 +104,7 @@ def summarize(runs: Sequence[Recorded], spec: ModelSpec, pred: Predictor, config
               gen_len: int) -> Generated:
     """The rows of one configuration from its runs (the same greedy generation each time): each step's
     time the median over the runs, each operator's the median over every run's steps (`joined_op_rows`);
-    the join and the experts from the first run."""
+    the join, the experts and their balance from the first run."""
     if not runs:
         raise ValueError("summarize: no runs")
     first = runs[0].trace
@@ -127,6 +130,7 @@ def summarize(runs: Sequence[Recorded], spec: ModelSpec, pred: Predictor, config
     ops_rows = joined_op_rows_over([r.trace.ops for r in runs], spec, pred)
     join = join_report(first, spec, pred.fm, config)
     experts = expert_rows(first, spec, config)
+    balance = balance_rows(first, spec, config) if spec.is_moe else []
 
     pre = [s for s in steps_rows if s["phase"] == Phase.prefill.value]
     dec = [s for s in steps_rows if s["phase"] == Phase.decode.value]
@@ -143,7 +147,7 @@ def summarize(runs: Sequence[Recorded], spec: ModelSpec, pred: Predictor, config
         gen_row[f"predicted_ttft_s_{model}"] = total(pre, key)
         gen_row[f"predicted_tpot_s_{model}"] = total(dec, key) / len(dec) if dec else 0.0
         gen_row[f"predicted_e2e_s_{model}"] = total(pre + dec, key)
-    return Generated(ops_rows, steps_rows, gen_row, join, experts)
+    return Generated(ops_rows, steps_rows, gen_row, join, experts, balance)
 
 
 def joined_op_rows(records: Iterable[Any], spec: ModelSpec, pred: Predictor) -> list[dict[str, Any]]:

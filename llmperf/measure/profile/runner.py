@@ -4,8 +4,8 @@ For every configuration (batch x prompt length x generation length): the micro-b
 (`micro`), then the engine's whole greedy generation (`recording`), each row joined with its
 predictions (`predict`). Files (the run-directory contract, docs/schemas.md): `run.json` (a
 `RunManifest`, written atomically and updated after every configuration), `ops.csv`, `steps.csv`,
-`generations.csv` and for a MoE model `experts.csv` (`tables`: rows appended and flushed as they are
-measured, so an interrupted sweep keeps them).
+`generations.csv` and for a MoE model `experts.csv` and `expert_balance.csv` (`tables`: rows appended
+and flushed as they are measured, so an interrupted sweep keeps them).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from llmperf.analysis.operators import ForwardModel
 from llmperf.analysis.timemodel import ROOFLINE_MODEL, EfficiencyTimeModel
 from llmperf.errors import SpecError
+from llmperf.measure.profile.balance import balance_summary
 from llmperf.measure.profile.checks import cross_checks
 from llmperf.measure.profile.host import calibration_bandwidth, calibration_dispatch, read_probe, weights_to_probe
 from llmperf.measure.profile.join import join_check, merge_joins
@@ -26,6 +27,7 @@ from llmperf.measure.profile.manifest import (
     Check,
     DispatchProbe,
     ErrorRow,
+    ExpertBalance,
     ExpertsTouched,
     HostProbe,
     JoinEntry,
@@ -40,6 +42,7 @@ from llmperf.measure.profile.recording import Recorded, experts_summary, record_
 from llmperf.measure.profile.resolve import check_fits, layers_kept, memory_needed, resolve_spec
 from llmperf.measure.profile.settings import ProfileSettings, Progress
 from llmperf.measure.profile.tables import (
+    EXPERT_BALANCE_COLUMNS,
     EXPERTS_COLUMNS,
     GENERATIONS_COLUMNS,
     OPS_COLUMNS,
@@ -67,6 +70,7 @@ class ProfileResult:
     steps: list[dict[str, Any]] = field(default_factory=list)
     generations: list[dict[str, Any]] = field(default_factory=list)
     experts: list[dict[str, Any]] = field(default_factory=list)  # experts.csv (MoE models)
+    balance: list[dict[str, Any]] = field(default_factory=list)  # expert_balance.csv (MoE models)
     interrupted: bool = False
 
     @property
@@ -139,6 +143,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
                   generations=_Table(out, "generations.csv", GENERATIONS_COLUMNS))
     if spec.is_moe:  # the experts each MoE layer touched, per step
         tables["experts"] = _Table(out, "experts.csv", EXPERTS_COLUMNS)
+        tables["balance"] = _Table(out, "expert_balance.csv", EXPERT_BALANCE_COLUMNS)
     joins: list[dict[str, Any]] = []
     result = ProfileResult(out_dir=out_dir, manifest=run)
     try:
@@ -179,12 +184,15 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
             tables["generations"].append(done.generation)
             for row in done.experts:
                 tables["experts"].append(row)
+            for row in done.balance:
+                tables["balance"].append(row)
             joins += done.join
             merged = merge_joins(joins)
             run.join = [JoinEntry(**e) for e in merged]
             run.checks = checks + [Check(**join_check(merged))]
             if spec.is_moe:
                 run.experts_touched = [ExpertsTouched(**e) for e in experts_summary(tables["experts"].rows)]
+                run.expert_balance = [ExpertBalance(**b) for b in balance_summary(tables["balance"].rows)]
             run.errors = _errors(tables)
             run.settings.configs_done = i + 1 - (settings.runs - 1) * len(configs)
             _write_run(run_path, run)
@@ -202,6 +210,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
     result.ops, result.steps, result.generations = (tables["ops"].rows, tables["steps"].rows,
                                                     tables["generations"].rows)
     result.experts = tables["experts"].rows if "experts" in tables else []
+    result.balance = tables["balance"].rows if "balance" in tables else []
     return result
 
 

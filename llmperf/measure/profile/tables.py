@@ -31,6 +31,8 @@ GENERATIONS_COLUMNS = ("config", "batch", "prompt_len", "gen_len", "measured_ttf
                        "predicted_e2e_s_calibrated")
 EXPERTS_COLUMNS = ("config", "phase", "step", "layer", "batch", "q_len", "kv_len", "tokens", "experts_touched",
                    "expected_uniform")
+EXPERT_BALANCE_COLUMNS = ("config", "phase", "step", "layer", "tokens", "ep", "busiest_rows", "busiest_touched",
+                          "predicted_rows", "predicted_touched", "mean_rows")
 MODEL_LEVEL = "model"  # the `layer` of a model-level operator's row (embed, final_norm, lm_head, ...)
 
 
