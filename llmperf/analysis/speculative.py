@@ -132,7 +132,8 @@ class SpeculativeEstimate:
         gib = 2.0 ** 30
         return dict(
             model=t.model.name, draft=self.draft_name, hardware=t.hardware.name, batch=t.batch,
-            prompt_len=t.prompt_len, gen_len=t.gen_len, tp=t.tp, precision=str(t.row.get("precision", "")),
+            prompt_len=t.prompt_len, gen_len=t.gen_len, tp=t.tp, draft_tp=self.draft.tp, ep=t.conventions.ep,
+            dp_attention=t.conventions.dp_attention, precision=str(t.row.get("precision", "")),
             num_draft_tokens=self.num_draft_tokens, acceptance=self.acceptance,
             tokens_per_cycle=self.tokens_per_cycle, cycles=self.cycles, draft_steps_s=self.first_draft_s,
             verify_s=self.first_verify_s, cycle_s=self.first_draft_s + self.first_verify_s + self.cycle_overhead_s,
@@ -280,7 +281,9 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     gets the device's own). `options`: `estimate`'s other keywords (precision, tp, conventions), the
     same for both models but `draft_tp`: the draft's tensor-parallel degree (default: the target's
     `tp`; 1 runs it on one GPU, as vLLM's `draft_tensor_parallel_size=1`, and that GPU holds all of
-    it; an early exit or MTP runs at `tp`). The draft must share the target's vocabulary (one tokenizer)."""
+    it; an early exit or MTP runs at `tp`, and so does every draft under `dp_attention`). With `ep`, a MoE
+    draft's experts are split like the target's, a dense draft's FFN by `tp`. The draft must share the
+    target's vocabulary (one tokenizer)."""
     _check(num_draft_tokens, acceptance)
     m, hw = load_model(model), load_hardware(hardware)
     d, kind = resolve_draft(m, draft)
@@ -296,8 +299,17 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     if draft_tp is not None and draft_tp != tp and kind != "model":
         raise SpecError(f"draft_tp: {draft_tp}, but a draft of the target's own layers ({draft}) runs at the "
                         f"target's tp {tp}")
+    if draft_tp is not None and draft_tp != tp and options.get("dp_attention"):
+        raise SpecError(f"draft_tp: {draft_tp}, but with data-parallel attention each GPU drafts its own "
+                        f"sequences at the target's tp {tp}")
     target = estimate(m, hw, gen_len=gen_len, tp=tp, **kw)
     dkw = dict(kw, gen_len=gen_len + num_draft_tokens, tp=draft_tp or tp)  # the draft's KV runs k tokens ahead
+    # the draft's layout as simulate's (`llmperf.serving.speculative`): the target's experts and attention
+    # at the target's degree (a dense draft's ep 1); at another degree neither split apart
+    if (draft_tp or tp) != tp:
+        dkw.update(ep=1, dp_attention=False)
+    elif not d.is_moe:
+        dkw["ep"] = 1
     small = estimate(d, hw, **dkw)
     k, a = int(num_draft_tokens), float(acceptance)
     parts = _cycles(target, small, k, a, target.time_model, mtp)

@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from llmperf.analysis import estimate
 from llmperf.analysis.phase import estimate_phase
 from llmperf.analysis.rollup import forward_model
 from llmperf.analysis.roofline import phase_time_model, step_overhead_s
@@ -111,6 +112,8 @@ def test_memory_holds_both_models_and_ttft_both_prefills():
     (dict(acceptance=True), "acceptance"), (dict(draft="qwen3-8b"), "draft"), (dict(pp=2), "pp"),
     (dict(tp=4, draft_tp=3), "draft_tp"), (dict(draft_tp=0), "draft_tp"),
     (dict(draft="early-exit:8", tp=4, draft_tp=1), "draft_tp"),
+    (dict(model="qwen3-30b-a3b", draft="qwen3-8b", tp=4, ep=4, dp_attention=True, draft_tp=1), "draft_tp"),
+    (dict(model="qwen3-30b-a3b", draft="qwen3-8b", tp=4, ep=3), "ep"),
 ])
 def test_bad_input_is_refused_naming_the_field(kw, field):
     args = dict(PAIR, num_draft_tokens=2, acceptance=0.7)
@@ -170,3 +173,20 @@ def test_an_early_exit_draft_shares_its_weights_and_keeps_its_own_kv():
             speculate("llama-3.1-70b", bad, "h100-sxm", num_draft_tokens=3, acceptance=0.7)
     with pytest.raises(SpecError, match="^draft: deepseek-v3 cannot stop after 2 layers"):
         speculate("deepseek-v3", "early-exit:2", "h200", num_draft_tokens=3, acceptance=0.7)
+
+
+def test_an_expert_parallel_target_drafts_with_its_layout():
+    """DeepSeek-V3's MTP layer (a MoE layer) runs with the target's experts and attention split as the
+    target's are; a dense draft beside a MoE target keeps ep 1 (its FFN split by tp); a draft at
+    another degree is split neither way, as `simulate` prices it (`llmperf.serving.speculative`)."""
+    kw = dict(num_draft_tokens=2, acceptance=0.8, batch=64, hardware="h200")
+    mtp = speculate("deepseek-v3", "mtp", tp=8, ep=8, dp_attention=True, **kw)
+    assert (mtp.draft.conventions.ep, mtp.draft.conventions.dp_attention) == (8, True)
+    plain = estimate("deepseek-v3", "h200", batch=64, gen_len=128, tp=8, ep=8, dp_attention=True)
+    assert mtp.target.tpot_s == pytest.approx(plain.tpot_s, rel=1e-12)
+    s = mtp.summary()
+    assert (s["tp"], s["draft_tp"], s["ep"], s["dp_attention"]) == (8, 8, 8, True)
+    dense = speculate("qwen3-30b-a3b", "qwen3-8b", tp=4, ep=4, **kw)
+    assert (dense.target.conventions.ep, dense.draft.conventions.ep) == (4, 1)
+    one = speculate("qwen3-30b-a3b", "qwen3-8b", tp=4, ep=4, draft_tp=1, **kw)
+    assert (one.draft.tp, one.draft.conventions.ep, one.draft.conventions.dp_attention) == (1, 1, False)

@@ -75,6 +75,13 @@ def test_the_models_own_mtp_layer_drafts():
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert [x["draft"] for x in rows] == ["deepseek-v3 MTP"] * 2 and all(x["fits"] for x in rows)
+    # as DeepSeek-V3 is served: data-parallel attention, experts over the eight GPUs, both named
+    r = runner.invoke(app, ["speculate", "deepseek-v3", "--draft", "mtp", "-H", "h200", "--tp", "8", "--ep", "8",
+                            "--dp-attention", "-k", "2", "-a", "0.8", "-b", "64"])
+    assert r.exit_code == 0, r.output
+    assert "ep 8, data-parallel attention" in " ".join(r.stdout.split())
+    r = runner.invoke(app, ["speculate", "deepseek-v3", "--draft", "mtp", "-H", "h200", "--tp", "8", "--ep", "3"])
+    assert r.exit_code == 2 and r.output.startswith("error: ep: 3") and len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, ["speculate", "llama-3.1-8b", "--draft", "mtp"])
     assert r.exit_code == 2 and "mtp_layers" in r.output and len(r.output.strip().splitlines()) == 1
 

@@ -49,6 +49,8 @@ def speculate_table(rows: list, ks: list[int], acceptances: list[float]):  # noq
     t, s = first.target, first.summary()
     best = {a: max((r for r in rows if r.acceptance == a), key=lambda r: r.speedup) for a in acceptances}
     where = f"tp {t.tp}" + (f", draft tp {first.draft.tp}" if first.draft.tp != t.tp else "")
+    where += (f", ep {t.conventions.ep}" if t.conventions.ep > 1 else "") + (
+        ", data-parallel attention" if t.conventions.dp_attention else "")
     plain_bound = float(t.row.get("tpot_bound_s") or t.tpot_s)
     table = Table(title=f"{s['model']} drafted by {s['draft']} on {s['hardware']} ({where}, {s['precision']}), batch "
                         f"{t.batch}, prompt {t.prompt_len}, {t.gen_len} tokens generated\npriced with the "
@@ -88,6 +90,8 @@ def register(app: typer.Typer) -> None:
         dtype: Annotated[str | None, typer.Option("--dtype", help="Precision preset of both models (fp16, bf16, fp8, int8, int4; default: each model's native dtype).")] = None,
         tp: Annotated[int, typer.Option("--tp", help="The target's tensor-parallel degree.")] = 1,
         draft_tp: Annotated[int | None, typer.Option("--draft-tp", help="The draft's tensor-parallel degree (default: --tp; 1 as vLLM's draft_tensor_parallel_size=1).")] = None,
+        ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the tp group (MoE targets; divides --tp and the experts): a MoE draft at --tp splits its experts the same way.")] = 1,
+        dp_attention: Annotated[bool, typer.Option("--dp-attention", help="Data-parallel attention over the tp group (needs --ep equal to --tp for a MoE model; how MLA models are served): the draft runs the same way.")] = False,
         efficiency: Annotated[str | None, typer.Option("--efficiency", help="Time model: roofline, typical, calibrated (--hardware local). Default: the expected time (typical on a GPU, calibrated for --hardware local); the roofline bound is shown beside it.")] = None,
         engine: Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile (models_spec/engines): compiled (the default) or eager.")] = None,
         output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv.")] = OutputFormat.table,
@@ -103,7 +107,7 @@ def register(app: typer.Typer) -> None:
             ks = parse_int_list("--tokens", num_tokens)
             rates = parse_fraction_list("--acceptance", acceptance)
             for name, value in (("--batch", batch), ("--prompt-len", prompt_len), ("--gen-len", gen_len),
-                                ("--tp", tp), ("--draft-tp", draft_tp)):
+                                ("--tp", tp), ("--draft-tp", draft_tp), ("--ep", ep)):
                 if value is not None and value < 1:
                     raise SpecError(f"{name}: must be a positive integer, got {value}")
             if draft_tp is not None and tp % draft_tp:
@@ -120,7 +124,7 @@ def register(app: typer.Typer) -> None:
 
             rows = [speculate(model, draft, hardware, num_draft_tokens=k, acceptance=a, batch=batch,
                               prompt_len=prompt_len, gen_len=gen_len, precision=dtype, tp=tp, draft_tp=draft_tp,
-                              time_model=priced)
+                              ep=ep, dp_attention=dp_attention, time_model=priced)
                     for k in dict.fromkeys(ks) for a in dict.fromkeys(rates)]
             if not rows[0].fits:
                 r = rows[0]
