@@ -36,6 +36,7 @@ from llmperf.analysis.roofline import (
     resolve_time_model,
     step_overhead_s,
 )
+from llmperf.analysis.routing import busiest_expert_load
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 
 #: vLLM V1's default `max_num_batched_tokens` for its OpenAI server on an 80 GB-class GPU
@@ -682,6 +683,21 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
 
 
 # ---- the roll-up ---------------------------------------------------------------------------------
+def ep_excess(model: ModelSpec, ep: int, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Expert parallelism's busiest GPU over the mean at a step of `tokens` tokens (a decode step's:
+    the batch): its routed rows and its experts touched, each a ratio (`busiest_expert_load`; 1 without
+    experts split apart)."""
+    t = np.asarray(tokens, dtype=float)
+    if not model.is_moe or ep <= 1:
+        return np.ones_like(t), np.ones_like(t)
+    e, k = model.num_experts, model.experts_per_token
+    rows, touched = busiest_expert_load(t, e, k, ep)
+    mean_rows, mean_touched = t * k / ep, busiest_expert_load(t, e, k, 1)[1] / ep
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.where(mean_rows > 0, rows / np.where(mean_rows > 0, mean_rows, 1), 1.0),
+                np.where(mean_touched > 0, touched / np.where(mean_touched > 0, mean_touched, 1), 1.0))
+
+
 def forward_model(model: ModelSpec, precision: Precision, conv: Conventions, tp: int) -> ForwardModel:
     """The `ForwardModel` of `model` at `precision` under the conventions `conv`, split `tp` ways."""
     return ForwardModel(model=model, precision=precision, attention=conv.attention, tp=tp,
@@ -720,6 +736,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G, ep=conv.ep,
                         dp_attention=conv.dp_attention)
     reg = regime_arrays(fm, hw, dtype, tm, batch=B, context=P + G, size=n)
+    ep_rows, ep_experts = ep_excess(model, conv.ep, B)
     gib = 2.0 ** 30
     total_mem = mem["weights_bytes"] + mem["kv_cache_bytes"] + mem["activation_bytes"]
     return dict(
@@ -727,6 +744,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         activations=precision.activations, kv=precision.kv, embeddings=precision.embedding_dtype,
         group_size=precision.effective_group_size if precision.quantized else None,
         tp=tp, pp=pp, gpus=tp * pp, ep=conv.ep, dp_attention=conv.dp_attention,
+        ep_busiest_rows=ep_rows, ep_busiest_experts=ep_experts,
         attention=conv.attention, attention_flops=conv.attention_flops,
         all_logits=conv.all_logits, fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up,
         mla_mode=conv.mla_mode, kv_window=conv.kv_window,

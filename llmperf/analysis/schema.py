@@ -25,6 +25,10 @@ COLUMNS: dict[str, str] = {
     "group_size": "int weights: inputs per scale (null: per channel / none)",
     "tp": "tensor-parallel degree", "pp": "pipeline-parallel degree", "gpus": "GPUs, tp * pp",
     "ep": "expert-parallel degree within the tp group", "dp_attention": "attention data-parallel over the tp group",
+    "ep_busiest_rows": "expert parallelism: the busiest GPU's routed rows over the mean at a decode step (uniform "
+                       "random routing, llmperf.analysis.routing; 1 without ep)",
+    "ep_busiest_experts": "expert parallelism: the busiest GPU's experts touched over the mean at a decode step "
+                          "(1 without ep)",
     "attention": "fused | naive", "attention_flops": "executed | dense",
     "all_logits": "logits at every prefill position",
     "fused_qkv": "one QKV GEMM", "fused_gate_up": "one gate+up GEMM",

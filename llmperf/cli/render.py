@@ -14,7 +14,6 @@ from rich.table import Table
 from rich.text import Text
 
 from llmperf.analysis import GenerationEstimate, PhaseEstimate
-from llmperf.analysis.routing import busiest_expert_load
 from llmperf.cli import format as fmt
 from llmperf.specs import list_hardware, list_models, load_hardware, load_model
 from llmperf.specs.kvcache import KVCacheSpec
@@ -44,12 +43,10 @@ def _conventions(est: GenerationEstimate) -> str:
     if est.model.is_mla:
         parts.append(f"MLA {c.mla_mode}" + (" (unabsorbed prefill, absorbed decode)" if c.mla_mode == "auto" else ""))
     if c.ep > 1:
-        m, tokens = est.model, est.batch  # a decode step's tokens over the group
-        rows, touched = busiest_expert_load(tokens, m.num_experts, m.experts_per_token, c.ep)
-        mean_touched = busiest_expert_load(tokens, m.num_experts, m.experts_per_token, 1)[1] / c.ep
+        row = est.row  # a decode step's tokens over the group
         parts.append(f"experts split {c.ep} ways (ep), priced on the busiest GPU under uniform random routing "
-                     f"(decode: {rows / (tokens * m.experts_per_token / c.ep):.2f}x the mean routed rows, "
-                     f"{touched / mean_touched:.2f}x the experts touched)")
+                     f"(decode: {float(row['ep_busiest_rows']):.2f}x the mean routed rows, "
+                     f"{float(row['ep_busiest_experts']):.2f}x the experts touched)")
     if c.dp_attention:
         parts.append("data-parallel attention")
     return ", ".join(parts)

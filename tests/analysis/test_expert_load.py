@@ -98,3 +98,19 @@ def test_expert_parallel_decode_pays_for_its_busiest_gpu_and_tensor_parallel_doe
         assert ep.tpot_s > worse * tp.tpot_s, batch
     tp, ep = (estimate(m, "h200", batch=256, ep=e, **kw) for e in (1, 8))
     assert 0.9 * tp.tpot_s < ep.tpot_s < 1.02 * tp.tpot_s  # (tp: each GPU reads every routed row's input)
+
+
+def test_every_row_names_the_busiest_gpus_excess() -> None:
+    """The result schema carries the excess a decode step's busiest GPU is priced at (1 without ep, and for a
+    dense model); `estimate` and `sweep` agree."""
+    from llmperf.analysis import sweep
+
+    est = estimate("deepseek-v3", "h200", batch=32, tp=8, ep=8).summary()
+    rows, touched = busiest_expert_load(32, 256, 8, 8)
+    assert est["ep_busiest_rows"] == pytest.approx(rows / 32)
+    assert est["ep_busiest_experts"] == pytest.approx(touched / (expected_experts_touched(32, 256, 8) / 8))
+    table = sweep(["deepseek-v3"], ["h200"], batch=[1, 32], prompt_len=[512], gen_len=[16], tp=8, ep=8)
+    assert list(table["ep_busiest_rows"]) == pytest.approx([busiest_expert_load(1, 256, 8, 8)[0], rows / 32])
+    plain = estimate("deepseek-v3", "h200", batch=32, tp=8).summary()
+    dense = estimate("llama-3.1-8b", "h100-sxm", batch=32).summary()
+    assert plain["ep_busiest_rows"] == plain["ep_busiest_experts"] == dense["ep_busiest_rows"] == 1.0
