@@ -34,7 +34,7 @@ import numpy as np
 from llmperf.analysis.attention_eff import AttnShape
 from llmperf.analysis.gemm import GemmShape
 from llmperf.analysis.roofline import Number, OpCost
-from llmperf.analysis.routing import busiest_expert_load
+from llmperf.analysis.routing import busiest_expert_load, expected_experts_touched
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, Precision
 from llmperf.specs.model import LayerKind
@@ -201,14 +201,6 @@ def attention_core(batch: Number, q_len: Number, kv_len: Number, *, shape: Atten
                act_write_bytes=o_bytes, rows=rows, **value),
     ]
     return ops
-
-
-def expected_experts_touched(tokens: Number, num_experts: int, experts_per_token: int) -> Number:
-    """Expected number of distinct experts that `tokens` tokens route to, each choosing
-    `experts_per_token` of `num_experts` uniformly: `E * (1 - (1 - k/E) ** tokens)`."""
-    if num_experts <= 1:
-        return np.ones_like(np.asarray(tokens, dtype=float)) if np.ndim(tokens) else 1.0
-    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** tokens)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,7 +36,7 @@ from llmperf.analysis.roofline import (
     resolve_time_model,
     step_overhead_s,
 )
-from llmperf.analysis.routing import busiest_expert_load
+from llmperf.analysis.routing import busiest_expert_load, expected_experts_touched
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 
 #: vLLM V1's default `max_num_batched_tokens` for its OpenAI server on an 80 GB-class GPU
@@ -692,7 +692,7 @@ def ep_excess(model: ModelSpec, ep: int, tokens: np.ndarray) -> tuple[np.ndarray
         return np.ones_like(t), np.ones_like(t)
     e, k = model.num_experts, model.experts_per_token
     rows, touched = busiest_expert_load(t, e, k, ep)
-    mean_rows, mean_touched = t * k / ep, busiest_expert_load(t, e, k, 1)[1] / ep
+    mean_rows, mean_touched = t * k / ep, expected_experts_touched(t, e, k) / ep
     with np.errstate(divide="ignore", invalid="ignore"):
         return (np.where(mean_rows > 0, rows / np.where(mean_rows > 0, mean_rows, 1), 1.0),
                 np.where(mean_touched > 0, touched / np.where(mean_touched > 0, mean_touched, 1), 1.0))

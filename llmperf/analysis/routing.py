@@ -33,9 +33,17 @@ import numpy as np
 
 from llmperf.analysis.roofline import Number
 
-__all__ = ["EXACT_SUPPORT", "busiest_expert_load"]
+__all__ = ["EXACT_SUPPORT", "busiest_expert_load", "expected_experts_touched"]
 
 EXACT_SUPPORT = 512  # a GPU's rows pmf is convolved exactly up to this many possible rows, else normal
+
+
+def expected_experts_touched(tokens: Number, num_experts: int, experts_per_token: int) -> Number:
+    """Expected number of distinct experts that `tokens` tokens route to, each choosing
+    `experts_per_token` of `num_experts` uniformly: `E * (1 - (1 - k/E) ** tokens)`."""
+    if num_experts <= 1:
+        return np.ones_like(np.asarray(tokens, dtype=float)) if np.ndim(tokens) else 1.0
+    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** tokens)
 
 
 @lru_cache(maxsize=64)
@@ -109,8 +117,7 @@ def busiest_expert_load(tokens: Number, num_experts: int, experts_per_token: int
     k, e = int(experts_per_token), int(num_experts)
     arr = np.asarray(tokens, dtype=float)
     if ep <= 1:
-        rows = arr * k
-        touched = e * (1.0 - (1.0 - k / e) ** arr) if e > 1 else np.where(arr > 0, 1.0, 0.0)
+        rows, touched = arr * k, np.asarray(expected_experts_touched(arr, e, k), dtype=float)
         return (float(rows), float(touched)) if arr.ndim == 0 else (rows, touched)
     flat = np.maximum(arr.ravel(), 0.0)
     values = np.unique(flat)

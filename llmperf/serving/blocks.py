@@ -640,6 +640,12 @@ class BlockManager:
             for i, block_id in enumerate(table):
                 holders[block_id] = holders.get(block_id, 0) + 1
                 fills.setdefault(block_id, set()).add(min(bs, length - i * bs))
+        self._check_holders(holders, fills)
+
+    def _check_holders(self, holders: dict[int, int], fills: dict[int, set[int]]) -> None:
+        """`check_invariants`' checks past the tables: every reference a table entry (`holders`: block ->
+        entries holding it), a shared block filled alike for all its holders (`fills`: block -> the token
+        counts its holders see), the incremental counts, every prefix key's block live."""
         for block_id in range(self.num_blocks):
             refs = self.pool.refcount(block_id)
             assert refs == holders.get(block_id, 0), (
@@ -1385,18 +1391,8 @@ class CappedBlockManager(BlockManager):
             for i in range(held, len(table)):
                 holders[table[i]] = holders.get(table[i], 0) + 1
                 fills.setdefault(table[i], set()).add(min(bs, length - i * bs))
-        for block_id in range(self.num_blocks):
-            refs = self.pool.refcount(block_id)
-            assert refs == holders.get(block_id, 0), (
-                f"block {block_id} has ref_count {refs} but {holders.get(block_id, 0)} tables hold it: every "
-                "reference is a held table entry")
-        for block_id, seen in fills.items():
-            assert len(seen) == 1, f"block {block_id} holds {sorted(seen)} tokens depending on the sequence"
-        assert sum(self._block_fill().values()) == self.usage().used_slots, "incremental used slots drifted"
-        assert self._logical == sum(self._lens.values()), "incremental logical token count drifted"
+        self._check_holders(holders, fills)
         for key, block_id in self._prefix.items():
-            assert self._key_of.get(block_id) == key and self.pool.refcount(block_id) > 0, (
-                f"prefix table entry {key[0]}->{block_id} points at a free or re-keyed block")
             assert key[0] == -1 or self.pool.refcount(key[0]) > 0, (
                 f"prefix key {key[0]}->{block_id} chains from a block back in the pool: its id may name another "
                 "prefix")

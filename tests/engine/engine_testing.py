@@ -149,3 +149,22 @@ def check_schedule(logs) -> None:
         for rid in log.finished:
             running.remove(rid)
     assert not running and not front, f"requests left over: running {running}, preempted {front}"
+
+
+def check_paged_usage(steps, kv, block_size: int) -> tuple[int, list[tuple[int, float]]]:
+    """Each step of one sequence (`Engine.last_steps`) that leaves it running holds the bytes `kv` (a
+    `KVCacheSpec`) predicts from its context and the step's first position, reserved and used. Returns the
+    steps checked and the (reserved, used) bytes of the steps that finished it."""
+    checked, finished = 0, []
+    for s in steps:
+        if s.log.finished:  # the sequence was freed after the step
+            finished.append((s.usage.reserved_bytes, s.usage.used_bytes))
+            continue
+        (item,) = s.log.items
+        context = item.start + item.num_tokens
+        assert (s.usage.reserved_bytes, s.usage.used_bytes) == (
+            kv.paged_reserved_bytes(context, block_size, item.start),
+            kv.paged_used_bytes(context, block_size, item.start)), \
+            f"step {s.step}: context {context} from {item.start}"
+        checked += 1
+    return checked, finished

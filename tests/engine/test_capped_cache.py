@@ -14,7 +14,7 @@ from llmperf.engine.cache import ContiguousKVCache, capped_window
 from llmperf.serving.blocks import BlockManager, CappedBlockManager
 from llmperf.specs.kvcache import KVCacheSpec
 
-from engine_testing import tiny
+from engine_testing import check_paged_usage, tiny
 
 
 def mistral_like(window: int = 10):
@@ -161,15 +161,6 @@ def test_usage_equals_the_analytical_model_at_every_step(model8, engine):
     assert kv.capped_alone and not kv.pages_apart and not kv.with_window("full").capped_alone
     eng = Engine(model8, cache="paged", block_size=4, **engine)
     eng.generate([list(range(1, 21))], SamplingParams(max_new_tokens=40, eos_token_id=None))
-    checked = 0
-    for s in eng.last_steps:
-        if s.log.finished:
-            continue
-        (item,) = s.log.items
-        context = item.start + item.num_tokens
-        assert (s.usage.reserved_bytes, s.usage.used_bytes) == (
-            kv.paged_reserved_bytes(context, 4, item.start), kv.paged_used_bytes(context, 4, item.start)), \
-            f"step {s.step}: context {context} from {item.start}"
-        checked += 1
+    checked, _ = check_paged_usage(eng.last_steps, kv, 4)
     assert checked >= 39
     assert kv.paged_blocks(60, 4) == (2,)  # position 59 reads keys 52..59: blocks 13 and 14, not the 15 of 60

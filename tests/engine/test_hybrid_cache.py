@@ -13,7 +13,7 @@ import torch
 from llmperf.engine import Engine, PagedKVCache, SamplingParams, build_model
 from llmperf.specs.kvcache import KVCacheSpec
 
-from engine_testing import tiny
+from engine_testing import check_paged_usage, tiny
 
 #: today's layer patterns on tiny dense models (the KV cache only sees each layer's attention kind)
 HYBRID = {
@@ -153,17 +153,8 @@ def test_usage_equals_the_analytical_model_at_every_step(name, engine):
     eng = Engine(build_model(spec, seed=0), cache="paged", block_size=4, **engine)
     out = eng.generate([list(range(1, 31))], SamplingParams(max_new_tokens=200, eos_token_id=None))
     assert len(out[0].completions[0].tokens) == 200
-    checked = 0
-    for s in eng.last_steps:
-        if s.log.finished:  # the sequence was freed after the step
-            assert s.usage.reserved_bytes == s.usage.used_bytes == 0
-            continue
-        (item,) = s.log.items
-        context = item.start + item.num_tokens
-        assert (s.usage.reserved_bytes, s.usage.used_bytes) == (
-            kv.paged_reserved_bytes(context, 4, item.start), kv.paged_used_bytes(context, 4, item.start)), \
-            f"step {s.step}: context {context} from {item.start}"
-        checked += 1
+    checked, finished = check_paged_usage(eng.last_steps, kv, 4)
+    assert all(usage == (0, 0) for usage in finished)  # the sequence was freed after the step
     assert checked == len(eng.last_steps) - 1 >= 199
     if name == "gpt-oss-like":  # at 228 tokens: 57 blocks in the full layers, 3 in the sliding ones
         # the last step (position 227) reads keys 220..227: blocks 55 and 56 of the sliding layers
