@@ -40,6 +40,7 @@ from llmperf.analysis.vocabulary import Phase
 from llmperf.errors import SpecError
 from llmperf.outputs import jsonable
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
+from llmperf.specs.expert_load import ExpertLoad, as_expert_load
 from llmperf.specs.precision import PER_CHANNEL
 
 if TYPE_CHECKING:
@@ -247,7 +248,8 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
              max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
              zero_point: bool | None = None, embeddings: str | None = None,
              time_model: TimeModel | None = None, mla_mode: str = "auto", ep: int = 1,
-             dp_attention: bool = False, kv_window: str = "capped") -> GenerationEstimate:
+             dp_attention: bool = False, kv_window: str = "capped", expert_load: ExpertLoad | str | None = None,
+             eplb: int | None = None) -> GenerationEstimate:
     """Predict a generation: TTFT, TPOT, latency, throughput, memory and regime.
 
     `model`/`hardware` are built-in names, file paths or specs. `precision` is a dtype preset (default:
@@ -258,7 +260,9 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
     roofline. `ep` splits the routed experts over the tp group; `dp_attention` runs attention
     data-parallel over it (each GPU its own sequences, heads whole) and the MoE layers
     expert-parallel (`ep` = `tp`). `kv_window`: sliding and chunked layers hold their window of KV
-    ("capped", vLLM's hybrid allocator) or the whole context ("full" pages).
+    ("capped", vLLM's hybrid allocator) or the whole context ("full" pages). `expert_load` (an
+    `ExpertLoad` or its file) prices a measured router instead of uniform routing, and `eplb` places
+    the experts by EPLB with that many redundant experts (`llmperf.analysis.routing`).
     """
     m, hw = load_model(model), load_hardware(hardware)
     check_lengths(m, batch, prompt_len, gen_len)
@@ -267,7 +271,8 @@ def estimate(model: str | ModelSpec = "llama-3.1-8b", hardware: str | HardwareSp
     conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
                        fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                        block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
-                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention, kv_window=kv_window)
+                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention, kv_window=kv_window,
+                       expert_load=as_expert_load(expert_load), eplb=eplb)
     tm = resolve_time_model(time_model, hw, hw.compute_dtype(prec.activations))
     raw = rollup(m, hw, prec, tp=tp, pp=pp, conv=conv, batch=[batch], prompt_len=[prompt_len],
                  gen_len=[gen_len], time_model=tm)

@@ -55,9 +55,10 @@ def layers_per_stage(model: ModelSpec, pp: int) -> int:
 
 
 def weight_bytes_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1, *, ep: int = 1,
-                         dp_attention: bool = False) -> float:
-    """Weights on the most loaded GPU (see `stage_weight_bytes`)."""
-    return max(stage_weight_bytes(model, precision, tp, pp, ep=ep, dp_attention=dp_attention))
+                         dp_attention: bool = False, redundant_experts: int = 0) -> float:
+    """Weights on the most loaded GPU (see `stage_weight_bytes`; EPLB's `redundant_experts` add theirs)."""
+    return max(stage_weight_bytes(model, precision, tp, pp, ep=ep, dp_attention=dp_attention,
+                                  redundant_experts=redundant_experts))
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1, *,

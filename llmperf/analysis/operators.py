@@ -34,9 +34,10 @@ import numpy as np
 from llmperf.analysis.attention_eff import AttnShape
 from llmperf.analysis.gemm import GemmShape
 from llmperf.analysis.roofline import Number, OpCost
-from llmperf.analysis.routing import busiest_expert_load, expected_experts_touched
+from llmperf.analysis.routing import busiest_expert_load, expected_experts_touched, measured_routing
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, Precision
+from llmperf.specs.expert_load import ExpertLoad
 from llmperf.specs.model import LayerKind
 
 ATTENTION_IMPLS = ("fused", "naive")
@@ -296,6 +297,8 @@ class ForwardModel:
     mla_mode: str = "auto"  # MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed
     ep: int = 1  # expert parallelism within the tp group (divides tp and num_experts)
     dp_attention: bool = False  # attention data-parallel over the tp group (each GPU its own sequences)
+    expert_load: ExpertLoad | None = None  # a measured router's load (None: uniform routing)
+    eplb: int | None = None  # EPLB's redundant experts per MoE layer (None: experts placed contiguously)
 
     def __post_init__(self) -> None:
         for flag in ("all_logits", "fused_qkv", "fused_gate_up"):
@@ -309,6 +312,7 @@ class ForwardModel:
         if self.mla_mode not in MLA_MODES:
             raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
         object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp, self.ep, self.dp_attention))
+        object.__setattr__(self, "routing", measured_routing(self.model, self.ep, self.expert_load, self.eplb))
         object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.dims.attn_tp))
         object.__setattr__(self, "groups", self.model.layer_groups())
         object.__setattr__(self, "sections", _sections(self.groups))
@@ -661,6 +665,9 @@ class ForwardModel:
         of ffn_size), `routed` (the experts the tokens route to) or `shared` (always on)."""
         m, tokens = self.model, batch * q_len
         if part == "routed":  # the group's tokens, spread over the ep GPUs holding the experts: the busiest one's
+            if self.routing is not None:  # a measured router, or EPLB's placement
+                rows, touched = self.routing.busiest(tokens)
+                return rows, touched, self.dims.expert_ffn_size, "expert"
             if self.ep == 1:
                 touched = expected_experts_touched(tokens, m.num_experts, m.experts_per_token)
                 return tokens * m.experts_per_token, touched, self.dims.expert_ffn_size, "expert"

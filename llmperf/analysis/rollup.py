@@ -36,7 +36,7 @@ from llmperf.analysis.roofline import (
     resolve_time_model,
     step_overhead_s,
 )
-from llmperf.analysis.routing import busiest_expert_load, expected_experts_touched
+from llmperf.analysis.routing import busiest_expert_load, check_eplb, expected_experts_touched, measured_routing
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 
 #: vLLM V1's default `max_num_batched_tokens` for its OpenAI server on an 80 GB-class GPU
@@ -45,6 +45,7 @@ from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
+from llmperf.specs.expert_load import ExpertLoad
 from llmperf.specs.kvcache import KV_WINDOW_MODES, KVCacheSpec, KVGroup, pipeline_stages
 from llmperf.specs.model import LayerKind
 from llmperf.specs.precision import gemm_mode
@@ -78,6 +79,8 @@ class Conventions:
     mla_mode: str = "auto"  # MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed
     ep: int = 1  # expert parallelism within the tp group (divides tp and num_experts)
     dp_attention: bool = False  # attention data-parallel over the tp group, MoE expert-parallel (ep = tp)
+    expert_load: ExpertLoad | None = None  # a measured router's load per expert (None: uniform routing)
+    eplb: int | None = None  # EPLB's redundant experts per MoE layer (None: experts placed contiguously)
 
     def __post_init__(self) -> None:
         if self.kv_window not in KV_WINDOW_MODES:
@@ -94,6 +97,8 @@ class Conventions:
             raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
         for name in ("block_size", "max_batched_tokens", "ep"):
             _check_positive_int(name, getattr(self, name))
+        if self.expert_load is not None and not isinstance(self.expert_load, ExpertLoad):
+            raise SpecError(f"expert_load: must be an ExpertLoad (llmperf.specs.expert_load), got {self.expert_load!r}")
         if self.max_seq_len is not None:
             _check_positive_int("max_seq_len", self.max_seq_len)
         mu = self.mem_util
@@ -384,12 +389,14 @@ def _ffn_weight_bytes(model: ModelSpec, p: Precision, width: int, split: int, co
 
 
 def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, tp: int = 1, *, ep: int = 1,
-                       dp_attention: bool = False) -> float:
-    """Weight bytes of one layer of `kind` on one GPU (the layout above)."""
+                       dp_attention: bool = False, redundant_experts: int = 0) -> float:
+    """Weight bytes of one layer of `kind` on one GPU (the layout above; EPLB's `redundant_experts`
+    add their copies, `(num_experts + redundant) / ep` routed experts a GPU)."""
     m, ab = model, precision.act_bytes
     attn = _attention_weight_bytes(m, precision, 1 if dp_attention else tp)
     if kind.moe:
-        ffn = (_ffn_weight_bytes(m, precision, m.expert_ffn_size, tp // ep, m.num_experts // ep, "expert")
+        local = (m.num_experts + redundant_experts) // ep
+        ffn = (_ffn_weight_bytes(m, precision, m.expert_ffn_size, tp // ep, local, "expert")
                + _ffn_weight_bytes(m, precision, m.shared_expert_ffn_size, 1 if dp_attention else tp,
                                    m.shared_experts, "shared_expert")
                + (m.router_params_per_layer + (m.hidden_size if m.shared_expert_gate else 0)) * ab
@@ -400,7 +407,7 @@ def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, 
 
 
 def stage_weight_bytes(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1, *, ep: int = 1,
-                       dp_attention: bool = False) -> list[float]:
+                       dp_attention: bool = False, redundant_experts: int = 0) -> list[float]:
     """Weight bytes on one GPU of each pipeline stage: the sum over the stage's own layers (dense
     and MoE layers differ) of `layer_weight_bytes`. Matrices at the weight precision with their
     group scales, embedding and lm_head at the embedding precision, norms, biases and routers at the
@@ -414,7 +421,8 @@ def stage_weight_bytes(model: ModelSpec, precision: Precision, tp: int = 1, pp: 
     m, p, ab = model, precision, precision.act_bytes
     h = m.hidden_size
     vocab_shard = ShardDims.of(m, tp).vocab_size if not dp_attention else -(-m.vocab_size // tp)
-    per_kind = {kind: layer_weight_bytes(m, p, kind, tp, ep=ep, dp_attention=dp_attention)
+    redundant = check_eplb(m, ep, redundant_experts or None)
+    per_kind = {kind: layer_weight_bytes(m, p, kind, tp, ep=ep, dp_attention=dp_attention, redundant_experts=redundant)
                 for kind, _ in m.layer_groups()}
     kinds = m.layer_kinds()
     vocab = p.embedding_matrix_bytes(h, vocab_shard)
@@ -542,7 +550,8 @@ def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv
     bs = float(conv.block_size)
     usable = hw.memory_bytes * conv.mem_util
     act = activation_reserve_bytes(model, precision, conv, tp, ep=ep, dp_attention=dp_attention)
-    weights = stage_weight_bytes(model, precision, tp, pp, ep=ep, dp_attention=dp_attention)
+    weights = stage_weight_bytes(model, precision, tp, pp, ep=ep, dp_attention=dp_attention,
+                                 redundant_experts=check_eplb(model, ep, conv.eplb))
     ranges = stage_layer_ranges(model, pp)
     lo, hi = prompt_len + 1, ctx
     stages = [kv_all.layers(r.start, r.stop) for r in ranges]
@@ -683,15 +692,17 @@ def regime_arrays(fm: ForwardModel, hw: HardwareSpec, dtype: str, tm: TimeModel 
 
 
 # ---- the roll-up ---------------------------------------------------------------------------------
-def ep_excess(model: ModelSpec, ep: int, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ep_excess(model: ModelSpec, ep: int, tokens: np.ndarray, load: ExpertLoad | None = None,
+              eplb: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Expert parallelism's busiest GPU over the mean at a step of `tokens` tokens (a decode step's:
-    the batch): its routed rows and its experts touched, each a ratio (`busiest_expert_load`; 1 without
-    experts split apart)."""
+    the batch): its routed rows and its experts touched, each a ratio to uniform routing's mean
+    (`busiest_expert_load`, under a measured `load` and EPLB's `eplb` redundant experts when given; 1
+    without experts split apart)."""
     t = np.asarray(tokens, dtype=float)
     if not model.is_moe or ep <= 1:
         return np.ones_like(t), np.ones_like(t)
     e, k = model.num_experts, model.experts_per_token
-    rows, touched = busiest_expert_load(t, e, k, ep)
+    rows, touched = busiest_expert_load(t, e, k, ep, measured_routing(model, ep, load, eplb))
     mean_rows, mean_touched = t * k / ep, expected_experts_touched(t, e, k) / ep
     with np.errstate(divide="ignore", invalid="ignore"):
         return (np.where(mean_rows > 0, rows / np.where(mean_rows > 0, mean_rows, 1), 1.0),
@@ -703,7 +714,7 @@ def forward_model(model: ModelSpec, precision: Precision, conv: Conventions, tp:
     return ForwardModel(model=model, precision=precision, attention=conv.attention, tp=tp,
                         all_logits=conv.all_logits, attention_flops=conv.attention_flops,
                         fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up, mla_mode=conv.mla_mode,
-                        ep=conv.ep, dp_attention=conv.dp_attention)
+                        ep=conv.ep, dp_attention=conv.dp_attention, expert_load=conv.expert_load, eplb=conv.eplb)
 
 
 def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int, pp: int, conv: Conventions,
@@ -736,7 +747,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
     mem = memory_arrays(model, precision, hw, conv, tp=tp, pp=pp, batch=B, prompt_len=P, gen_len=G, ep=conv.ep,
                         dp_attention=conv.dp_attention)
     reg = regime_arrays(fm, hw, dtype, tm, batch=B, context=P + G, size=n)
-    ep_rows, ep_experts = ep_excess(model, conv.ep, B)
+    ep_rows, ep_experts = ep_excess(model, conv.ep, B, conv.expert_load, conv.eplb)
     gib = 2.0 ** 30
     total_mem = mem["weights_bytes"] + mem["kv_cache_bytes"] + mem["activation_bytes"]
     return dict(
@@ -745,6 +756,7 @@ def rollup(model: ModelSpec, hw: HardwareSpec, precision: Precision, *, tp: int,
         group_size=precision.effective_group_size if precision.quantized else None,
         tp=tp, pp=pp, gpus=tp * pp, ep=conv.ep, dp_attention=conv.dp_attention,
         ep_busiest_rows=ep_rows, ep_busiest_experts=ep_experts,
+        expert_load=None if conv.expert_load is None else conv.expert_load.source, eplb=conv.eplb,
         attention=conv.attention, attention_flops=conv.attention_flops,
         all_logits=conv.all_logits, fused_qkv=conv.fused_qkv, fused_gate_up=conv.fused_gate_up,
         mla_mode=conv.mla_mode, kv_window=conv.kv_window,

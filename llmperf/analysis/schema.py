@@ -25,10 +25,12 @@ COLUMNS: dict[str, str] = {
     "group_size": "int weights: inputs per scale (null: per channel / none)",
     "tp": "tensor-parallel degree", "pp": "pipeline-parallel degree", "gpus": "GPUs, tp * pp",
     "ep": "expert-parallel degree within the tp group", "dp_attention": "attention data-parallel over the tp group",
-    "ep_busiest_rows": "expert parallelism: the busiest GPU's routed rows over the mean at a decode step (uniform "
-                       "random routing, llmperf.analysis.routing; 1 without ep)",
-    "ep_busiest_experts": "expert parallelism: the busiest GPU's experts touched over the mean at a decode step "
-                          "(1 without ep)",
+    "ep_busiest_rows": "expert parallelism: the busiest GPU's routed rows over uniform routing's mean at a decode "
+                       "step (under uniform random routing or expert_load, llmperf.analysis.routing; 1 without ep)",
+    "ep_busiest_experts": "expert parallelism: the busiest GPU's experts touched over uniform routing's mean at a "
+                          "decode step (1 without ep)",
+    "expert_load": "the measured router load that priced the experts, its file (null: uniform random routing)",
+    "eplb": "EPLB's redundant experts per MoE layer (null: experts placed contiguously, no balancer)",
     "attention": "fused | naive", "attention_flops": "executed | dense",
     "all_logits": "logits at every prefill position",
     "fused_qkv": "one QKV GEMM", "fused_gate_up": "one gate+up GEMM",

@@ -42,6 +42,7 @@ from llmperf.analysis.roofline import (
 )
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, load_hardware, load_model
+from llmperf.specs.expert_load import as_expert_load
 
 __all__ = ["EARLY_EXIT", "MTP", "SpeculativeEstimate", "early_exit_spec", "expected_tokens", "mtp_extra_weights_bytes",
            "mtp_ops", "mtp_spec", "resolve_draft", "speculate"]
@@ -133,7 +134,9 @@ class SpeculativeEstimate:
         return dict(
             model=t.model.name, draft=self.draft_name, hardware=t.hardware.name, batch=t.batch,
             prompt_len=t.prompt_len, gen_len=t.gen_len, tp=t.tp, draft_tp=self.draft.tp, ep=t.conventions.ep,
-            dp_attention=t.conventions.dp_attention, precision=str(t.row.get("precision", "")),
+            dp_attention=t.conventions.dp_attention,
+            expert_load=None if t.conventions.expert_load is None else t.conventions.expert_load.source,
+            eplb=t.conventions.eplb, precision=str(t.row.get("precision", "")),
             num_draft_tokens=self.num_draft_tokens, acceptance=self.acceptance,
             tokens_per_cycle=self.tokens_per_cycle, cycles=self.cycles, draft_steps_s=self.first_draft_s,
             verify_s=self.first_verify_s, cycle_s=self.first_draft_s + self.first_verify_s + self.cycle_overhead_s,
@@ -282,8 +285,9 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     same for both models but `draft_tp`: the draft's tensor-parallel degree (default: the target's
     `tp`; 1 runs it on one GPU, as vLLM's `draft_tensor_parallel_size=1`, and that GPU holds all of
     it; an early exit or MTP runs at `tp`, and so does every draft under `dp_attention`). With `ep`, a MoE
-    draft's experts are split like the target's, a dense draft's FFN by `tp`. The draft must share the
-    target's vocabulary (one tokenizer)."""
+    draft's experts are split like the target's, a dense draft's FFN by `tp`; a measured `expert_load`
+    and `eplb` price the target's experts, and a draft's only where it is the target's own MoE layers (an
+    early exit, MTP). The draft must share the target's vocabulary (one tokenizer)."""
     _check(num_draft_tokens, acceptance)
     m, hw = load_model(model), load_hardware(hardware)
     d, kind = resolve_draft(m, draft)
@@ -291,6 +295,8 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     if int(options.get("pp", 1)) != 1:
         raise SpecError(f"pp: speculative decoding is priced on one pipeline stage (pp 1), got {options['pp']}")
     options = dict(options)
+    if options.get("expert_load") is not None:  # a file is read once, for both models
+        options["expert_load"] = as_expert_load(options["expert_load"])
     tp = options.pop("tp", 1)
     kw = dict(batch=batch, prompt_len=prompt_len, time_model=time_model, **options)
     if draft_tp is not None and (isinstance(draft_tp, bool) or not isinstance(draft_tp, int) or draft_tp < 1
@@ -310,6 +316,9 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
         dkw.update(ep=1, dp_attention=False)
     elif not d.is_moe:
         dkw["ep"] = 1
+    if kind == "model" or not d.is_moe or dkw.get("ep", 1) != options.get("ep", 1):
+        # a measured load and EPLB's placement are the target's experts': a draft of its own layers only
+        dkw.update(expert_load=None, eplb=None)
     small = estimate(d, hw, **dkw)
     k, a = int(num_draft_tokens), float(acceptance)
     parts = _cycles(target, small, k, a, target.time_model, mtp)

@@ -19,6 +19,7 @@ from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, MAX_COUNT, REGIM
 from llmperf.analysis.roofline import TimeModel, resolve_time_model
 from llmperf.errors import SpecError
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
+from llmperf.specs.expert_load import ExpertLoad, as_expert_load
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -71,7 +72,8 @@ def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
          max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, group_size: int | None = None,
          zero_point: bool | None = None, embeddings: str | None = None,
          time_model: TimeModel | None = None, mla_mode: str = "auto", ep: int = 1,
-         dp_attention: bool = False, kv_window: str = "capped") -> list[Group]:
+         dp_attention: bool = False, kv_window: str = "capped", expert_load: ExpertLoad | str | None = None,
+         eplb: int | None = None) -> list[Group]:
     """The groups of a sweep, in row order (model, hardware, precision, tp, pp, then the lengths)."""
     batches, prompts, gens = (_lengths(n, v) for n, v in
                               (("batch", batch), ("prompt_len", prompt_len), ("gen_len", gen_len)))
@@ -79,7 +81,8 @@ def plan(models: str | ModelSpec | Sequence = "llama-3.1-8b",
     conv = Conventions(attention=attention, attention_flops=attention_flops, all_logits=all_logits,
                        fused_qkv=fused_qkv, fused_gate_up=fused_gate_up, max_seq_len=max_seq_len,
                        block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
-                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention, kv_window=kv_window)
+                       mla_mode=mla_mode, ep=ep, dp_attention=dp_attention, kv_window=kv_window,
+                       expert_load=as_expert_load(expert_load), eplb=eplb)
     for name, value in (("models", models), ("hardware", hardware), ("precision", precision),
                         ("weights", weights), ("activations", activations), ("kv", kv), ("tp", tp), ("pp", pp)):
         if not _as_list(value):  # an empty list would make an empty sweep, with no row to say why
@@ -105,7 +108,8 @@ def sweep(models: str | ModelSpec | Sequence = "llama-3.1-8b",
     `estimate(...).summary()`. Lists are accepted for models, hardware, the precisions (`precision`,
     `weights`, `activations`, `kv`), `tp`, `pp` and the three lengths; every other option of
     `estimate` (`attention`, `attention_flops`, `all_logits`, `fused_qkv`, `fused_gate_up`,
-    `mla_mode`, `ep`, `dp_attention`, `kv_window`, `max_seq_len`, `block_size`, `mem_util`, `max_batched_tokens`,
+    `mla_mode`, `ep`, `dp_attention`, `expert_load`, `eplb`, `kv_window`, `max_seq_len`, `block_size`,
+    `mem_util`, `max_batched_tokens`,
     `group_size`, `zero_point`, `embeddings`, `time_model`) applies to every row."""
     import pandas as pd
 
@@ -135,7 +139,7 @@ def sweep_estimates(models: str | ModelSpec | Sequence = "llama-3.1-8b",
                                 max_seq_len=c.max_seq_len, block_size=c.block_size, mem_util=c.mem_util,
                                 max_batched_tokens=c.max_batched_tokens, time_model=g.time_model,
                                 mla_mode=c.mla_mode, ep=c.ep, dp_attention=c.dp_attention,
-                                kv_window=c.kv_window))
+                                kv_window=c.kv_window, expert_load=c.expert_load, eplb=c.eplb))
     return out
 
 

@@ -42,11 +42,16 @@ def _conventions(est: GenerationEstimate) -> str:
                      + (" (KV: full pages)" if c.kv_window == "full" else ""))
     if est.model.is_mla:
         parts.append(f"MLA {c.mla_mode}" + (" (unabsorbed prefill, absorbed decode)" if c.mla_mode == "auto" else ""))
+    router = "uniform random routing" if c.expert_load is None else "the measured load of " + c.expert_load.label()
     if c.ep > 1:
         row = est.row  # a decode step's tokens over the group
-        parts.append(f"experts split {c.ep} ways (ep), priced on the busiest GPU under uniform random routing "
-                     f"(decode: {float(row['ep_busiest_rows']):.2f}x the mean routed rows, "
-                     f"{float(row['ep_busiest_experts']):.2f}x the experts touched)")
+        placed = (f", placed by EPLB with {c.eplb} redundant experts" if c.eplb else
+                  ", placed by EPLB" if c.eplb == 0 else "")
+        parts.append(f"experts split {c.ep} ways (ep){placed}, priced on the busiest GPU under {router} "
+                     f"(decode: {float(row['ep_busiest_rows']):.2f}x uniform routing's mean routed rows, "
+                     f"{float(row['ep_busiest_experts']):.2f}x its experts touched)")
+    elif c.expert_load is not None and est.model.is_moe:
+        parts.append(f"experts touched under {router}")
     if c.dp_attention:
         parts.append("data-parallel attention")
     return ", ".join(parts)

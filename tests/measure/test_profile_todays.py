@@ -459,6 +459,15 @@ def test_a_moe_run_reports_the_experts_touched(runs):
         assert b["rows_ratio"] > 0 and b["touched_ratio"] > 0
     doc = json.loads((res.out_dir / "run.json").read_text())  # the typed manifest reads it back whole
     assert prof.RunManifest.load(res.out_dir / "run.json").to_dict() == doc and doc["expert_balance"]
+    # the rows each expert got, which --expert-load prices: every routed row of every step, per MoE layer
+    from llmperf.specs.expert_load import load_expert_load
+
+    load = load_expert_load(res.out_dir / "expert_load.json")
+    routed = {}
+    for b in balance:
+        if int(b["ep"]) == 2:
+            routed[int(b["layer"])] = routed.get(int(b["layer"]), 0) + int(b["tokens"]) * 2
+    assert load.num_experts == 8 and dict(zip(load.layers, load.counts.sum(axis=1).tolist())) == routed
 
 
 def test_an_mla_run_joins_both_forms(runs):

@@ -189,5 +189,5 @@ def register(app: typer.Typer) -> None:
             err_console.print(f"interrupted: {len(result.steps)} steps and {len(result.ops)} operator rows kept in "
                               f"{out_dir}")
             raise typer.Exit(130)
-        extra = ", experts.csv, expert_balance.csv" if result.experts else ""
+        extra = ", experts.csv, expert_balance.csv, expert_load.json" if result.experts else ""
         out_console.print(f"wrote {out_dir}/run.json, ops.csv, steps.csv, generations.csv{extra}")

@@ -11,7 +11,9 @@ perfectly balanced layout would give. `balance_summary` (run.json `expert_balanc
 configuration, phase and degree the measured busiest over the predicted: above 1, this router (these
 weights, these prompts) is more skewed than uniform routing, and an EP deployment of it waits longer
 than `estimate` says. A randomly initialised model's router is close to uniform; a trained one's is
-not (Nguyen et al., "Least-Loaded Expert Parallelism", arXiv:2601.17111).
+not (Nguyen et al., "Least-Loaded Expert Parallelism", arXiv:2601.17111). `expert_counts` sums the
+rows each expert got per layer: the run's `expert_load.json` (`llmperf.specs.expert_load`), which
+`estimate`, `simulate` and `plan --expert-load` price instead of uniform routing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 from llmperf.analysis.routing import busiest_expert_load
 from llmperf.specs import ModelSpec
 
-__all__ = ["EP_DEGREES", "balance_rows", "balance_summary", "busiest_of"]
+__all__ = ["EP_DEGREES", "balance_rows", "balance_summary", "busiest_of", "expert_counts"]
 
 EP_DEGREES = (2, 4, 8)  # the expert-parallel degrees of one node that the balance is worked out for
 
@@ -39,6 +41,15 @@ def busiest_of(experts: Iterable[int], rows: Iterable[int], num_experts: int, ep
         load[e // local] += n
         touched[e // local] += 1
     return max(load), max(touched)
+
+
+def expert_counts(trace: Any, num_experts: int) -> dict[int, np.ndarray]:
+    """Per MoE layer, the rows each of its `num_experts` experts got over every step of `trace`."""
+    out: dict[int, np.ndarray] = {}
+    for r in trace.routes:
+        counts = out.setdefault(r.layer, np.zeros(num_experts, dtype=np.int64))
+        np.add.at(counts, np.asarray(r.experts, dtype=np.int64), np.asarray(r.rows, dtype=np.int64))
+    return out
 
 
 def balance_rows(trace: Any, spec: ModelSpec, config: str) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from llmperf.analysis.operators import expected_experts_touched
 from llmperf.analysis.vocabulary import OP_NAMES, Op, Phase
-from llmperf.measure.profile.balance import balance_rows
+from llmperf.measure.profile.balance import balance_rows, expert_counts
 from llmperf.measure.profile.join import join_report
 from llmperf.measure.profile.predict import Predictor
 from llmperf.measure.profile.settings import ProfileSettings
@@ -41,7 +41,8 @@ from llmperf.specs import ModelSpec
 class Generated(NamedTuple):
     """What one profiled generation produced: its ops.csv, steps.csv and generations.csv rows, the join
     of its measured operators with the predicted ones (`join_report`) and, for a mixture-of-experts
-    model, the experts.csv and expert_balance.csv rows (`expert_rows`, `balance.balance_rows`)."""
+    model, the experts.csv and expert_balance.csv rows (`expert_rows`, `balance.balance_rows`) and the
+    rows each expert got (`load`, for expert_load.json)."""
 
     ops: list[dict[str, Any]]
     steps: list[dict[str, Any]]
@@ -49,6 +50,7 @@ class Generated(NamedTuple):
     join: list[dict[str, Any]]
     experts: list[dict[str, Any]]
     balance: list[dict[str, Any]]
+    load: dict[int, Any] | None = None  # MoE: per layer, the rows each expert got (`balance.expert_counts`)
 
 
 def generation(engine: Any, spec: ModelSpec, pred: Predictor, settings: ProfileSettings, config: str, batch: int,
@@ -147,7 +149,8 @@ def summarize(runs: Sequence[Recorded], spec: ModelSpec, pred: Predictor, config
         gen_row[f"predicted_ttft_s_{model}"] = total(pre, key)
         gen_row[f"predicted_tpot_s_{model}"] = total(dec, key) / len(dec) if dec else 0.0
         gen_row[f"predicted_e2e_s_{model}"] = total(pre + dec, key)
-    return Generated(ops_rows, steps_rows, gen_row, join, experts, balance)
+    load = expert_counts(first, spec.num_experts) if spec.is_moe else None
+    return Generated(ops_rows, steps_rows, gen_row, join, experts, balance, load)
 
 
 def joined_op_rows(records: Iterable[Any], spec: ModelSpec, pred: Predictor) -> list[dict[str, Any]]:

@@ -4,8 +4,9 @@ For every configuration (batch x prompt length x generation length): the micro-b
 (`micro`), then the engine's whole greedy generation (`recording`), each row joined with its
 predictions (`predict`). Files (the run-directory contract, docs/schemas.md): `run.json` (a
 `RunManifest`, written atomically and updated after every configuration), `ops.csv`, `steps.csv`,
-`generations.csv` and for a MoE model `experts.csv` and `expert_balance.csv` (`tables`: rows appended
-and flushed as they are measured, so an interrupted sweep keeps them).
+`generations.csv` and for a MoE model `experts.csv`, `expert_balance.csv` (`tables`: rows appended
+and flushed as they are measured, so an interrupted sweep keeps them) and `expert_load.json` (the rows
+each expert got over every configuration so far, `llmperf.specs.expert_load`: `--expert-load`'s input).
 """
 
 from __future__ import annotations
@@ -53,11 +54,21 @@ from llmperf.measure.profile.tables import (
 from llmperf.measure.timers import dispatch_seconds
 from llmperf.outputs import json_text, jsonable, write_file
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
+from llmperf.specs.expert_load import expert_load_document
 
 
 def _write_run(path: Path, manifest: RunManifest) -> None:
     """run.json through `llmperf.outputs` (atomic: a reader never sees half of it; strict JSON, NaN as null)."""
     write_file(path, json_text(manifest.to_dict()), "--output")
+
+
+def _write_load(path: Path, load: dict[int, Any], spec: ModelSpec, settings: ProfileSettings) -> None:
+    """expert_load.json (atomically): the rows each expert of each MoE layer got so far."""
+    source = (f"llmperf profile of {spec.name}, random-initialised weights (seed {settings.seed}), configurations "
+              f"{', '.join(f'b{b}-p{p}-g{g}' for b, p, g in settings.configs())}")
+    doc = expert_load_document(load, spec.num_experts, model=spec.name, experts_per_token=spec.experts_per_token,
+                               source=source)
+    write_file(path, json_text(doc), "--output")
 
 
 @dataclass
@@ -145,6 +156,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         tables["experts"] = _Table(out, "experts.csv", EXPERTS_COLUMNS)
         tables["balance"] = _Table(out, "expert_balance.csv", EXPERT_BALANCE_COLUMNS)
     joins: list[dict[str, Any]] = []
+    load: dict[int, Any] = {}
     result = ProfileResult(out_dir=out_dir, manifest=run)
     try:
         tick("building the model")
@@ -193,6 +205,9 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
             if spec.is_moe:
                 run.experts_touched = [ExpertsTouched(**e) for e in experts_summary(tables["experts"].rows)]
                 run.expert_balance = [ExpertBalance(**b) for b in balance_summary(tables["balance"].rows)]
+                for layer, counts in (done.load or {}).items():
+                    load[layer] = load[layer] + counts if layer in load else counts
+                _write_load(out_dir / "expert_load.json", load, spec, settings)
             run.errors = _errors(tables)
             run.settings.configs_done = i + 1 - (settings.runs - 1) * len(configs)
             _write_run(run_path, run)
