@@ -586,6 +586,27 @@ def test_the_host_probe_is_set_against_the_calibrations_own_read():
     assert host.drift_lines([], 46.4) == [] and "no calibration read" in host.drift_lines([50.0], None)[0]
 
 
+def test_profile_says_when_the_host_moved_since_its_calibration():
+    """A calibration written on a busier machine (the first profile on a busy machine calibrates first)
+    prices every calibrated step off: `profile`'s notes say so, not only the report."""
+    from types import SimpleNamespace
+
+    from llmperf.measure.profile import host
+    from llmperf.measure.profile.manifest import DispatchProbe, HostProbe, RunSettings
+
+    def run(probes, cal, dispatch=(), cal_us=None):
+        return SimpleNamespace(host_bandwidth=[HostProbe(config="b1", round=0, read_gb_per_s=p) for p in probes],
+                               host_dispatch=[DispatchProbe(config="b1", round=0, dispatch_us=d) for d in dispatch],
+                               settings=RunSettings(calibration_bandwidth_gb_per_s=cal, calibration_dispatch_us=cal_us))
+
+    moved = host.host_moved_notes(run([66.0, 65.0, 67.0], 46.4))
+    assert len(moved) == 1 and moved[0].startswith("the host moved since the calibration (1.42x its DRAM bandwidth)")
+    assert host.host_moved_notes(run([46.0, 47.0], 46.4)) == []
+    assert host.host_moved_notes(run([66.0], None)) == []  # nothing calibrated to compare
+    gpu = host.host_moved_notes(run([], None, dispatch=[9.0, 9.5], cal_us=6.0))
+    assert len(gpu) == 1 and "its dispatch time" in gpu[0] and "host-bound steps" in gpu[0]
+
+
 def test_the_report_sets_each_configurations_probe_beside_its_decode_error():
     from llmperf.measure.profile import host
 

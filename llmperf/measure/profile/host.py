@@ -118,6 +118,17 @@ def config_lines(probes: Sequence[tuple[str, float]], decode_errors: Mapping[str
     return [f"{what} by configuration:"] + out + ["  " + tail]
 
 
+def host_moved_notes(run: Any) -> list[str]:
+    """run.json `settings.notes` when the host's probes over the run (a `RunManifest`'s `host_bandwidth` or
+    `host_dispatch`) moved past `DRIFT` from its calibration's figure: a calibration written on a busier
+    (or quieter) machine prices every calibrated step off by about that, and `profile` says so at the end,
+    not only the report."""
+    s = run.settings
+    lines = (drift_lines([p.read_gb_per_s for p in run.host_bandwidth or []], s.calibration_bandwidth_gb_per_s)
+             + dispatch_lines([p.dispatch_us for p in run.host_dispatch or []], s.calibration_dispatch_us))
+    return [line.removeprefix("note ") for line in lines if line.startswith("note the host moved")]
+
+
 def calibration_dispatch(hardware: Any) -> float | None:
     """The host's time (us) to issue a tiny kernel when a GPU's calibration timed its operators
     (`dispatch_probe_us`, `llmperf.measure.timers.dispatch_seconds`); None without one."""

@@ -21,7 +21,13 @@ from llmperf.analysis.timemodel import ROOFLINE_MODEL, EfficiencyTimeModel
 from llmperf.errors import SpecError
 from llmperf.measure.profile.balance import balance_summary
 from llmperf.measure.profile.checks import cross_checks
-from llmperf.measure.profile.host import calibration_bandwidth, calibration_dispatch, read_probe, weights_to_probe
+from llmperf.measure.profile.host import (
+    calibration_bandwidth,
+    calibration_dispatch,
+    host_moved_notes,
+    read_probe,
+    weights_to_probe,
+)
 from llmperf.measure.profile.join import join_check, merge_joins
 from llmperf.measure.profile.manifest import (
     CalibratedOverheads,
@@ -221,6 +227,7 @@ def _run_profile(settings: ProfileSettings, hardware: HardwareSpec, out_dir: Pat
         run.errors = _errors(tables)
         if run.status == "running":
             run.status = "failed"
+        run.settings.notes = run.settings.notes + host_moved_notes(run)
         _write_run(run_path, run)
     result.ops, result.steps, result.generations = (tables["ops"].rows, tables["steps"].rows,
                                                     tables["generations"].rows)
