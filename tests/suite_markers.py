@@ -28,6 +28,7 @@ SLOW = (
     "tests/cli/test_file_safety.py::test_markup_in_names_is_text",
     "tests/cli/test_file_safety.py::test_report_symlink_mode_and_a_second_run",
     "tests/cli/test_plan_todays.py::test_deepseek_v3_on_8_h200_is_planned_in_every_layout",
+    "tests/cli/test_expert_load_cli.py::test_report_draws_the_measured_load_and_eplb",
     "tests/cli/test_plan_todays.py::test_simulate_takes_the_layout_and_says_how_it_priced",
     "tests/engine/test_batching.py::test_block_shortage_preempts_and_recomputes_without_corruption",
     "tests/engine/test_batching.py::test_every_request_gets_the_tokens_it_gets_alone",

@@ -289,10 +289,9 @@ def measured_routing(model: ModelSpec, ep: int, load: ExpertLoad | None, eplb: i
     uniform model prices it)."""
     if load is None and eplb is None:
         return None
+    check_eplb(model, ep, eplb)  # names eplb
     if not model.is_moe:
-        raise SpecError(f"expert_load: {load.source if load else ''} needs a mixture-of-experts model, "
-                        f"{model.name} has no experts")
-    check_eplb(model, ep, eplb)
+        raise SpecError(f"expert_load: {load.source} needs a mixture-of-experts model, {model.name} has no experts")
     return _routing(load, model.num_experts, model.experts_per_token, int(ep), eplb)
 
 

@@ -24,6 +24,7 @@ from llmperf.errors import SpecError
 from llmperf.report import figures as F
 from llmperf.report.runs import ProfileRun, SimulateRun
 from llmperf.specs import HardwareSpec, list_hardware, load_hardware, load_model
+from llmperf.specs.expert_load import ExpertLoad, as_expert_load
 from llmperf.specs.loader import hardware_from_mapping
 
 DEFAULT_COMPARE = ("a100-80gb-sxm", "h100-sxm", "h200")
@@ -62,6 +63,8 @@ class EstimateSpec:
     pp: int = 1
     ep: int = 1  # expert parallelism within the tp group
     dp_attention: bool = False  # attention data-parallel over the tp group (MLA models)
+    expert_load: ExpertLoad | None = None  # a measured router's load (or its file; None: uniform routing)
+    eplb: int | None = None  # EPLB's redundant experts per MoE layer (None: experts placed contiguously)
     mla_mode: str = "auto"  # MLA: auto (unabsorbed prefill, absorbed decode) | absorbed | unabsorbed
     kv_window: str = "capped"  # sliding / chunked layers hold their window | get full pages
     attention: str = "fused"
@@ -81,11 +84,13 @@ class EstimateSpec:
                     raise SpecError(f"{name}: every value must be an integer >= 1, got {v!r}")
         if self.attention not in ("fused", "naive"):
             raise SpecError(f"attention: must be 'fused' or 'naive', got {self.attention!r}")
+        object.__setattr__(self, "expert_load", as_expert_load(self.expert_load))  # a file is read once
 
     @property
     def layout_kwargs(self) -> dict[str, object]:
         """The parallel layout and the today's-model conventions, as `estimate` and `sweep` take them."""
-        return dict(ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode, kv_window=self.kv_window)
+        return dict(ep=self.ep, dp_attention=self.dp_attention, expert_load=self.expert_load, eplb=self.eplb,
+                    mla_mode=self.mla_mode, kv_window=self.kv_window)
 
     @property
     def precision_kwargs(self) -> dict[str, object]:
@@ -214,7 +219,9 @@ def estimate_section(spec: EstimateSpec) -> Section:
     dtype = est.prefill.compute_dtype
     head = (f"{model.name} on {hw.name} · {est.precision} · batch {b0} · prompt {p0} · gen {g0}"
             + (f" · tp {spec.tp}" if spec.tp > 1 else "") + (f" · pp {spec.pp}" if spec.pp > 1 else "")
-            + (f" · ep {spec.ep}" if spec.ep > 1 else "") + (" · dp attention" if spec.dp_attention else ""))
+            + (f" · ep {spec.ep}" if spec.ep > 1 else "") + (" · dp attention" if spec.dp_attention else "")
+            + (f" · EPLB {spec.eplb}" if spec.eplb is not None else "")
+            + (f" · expert load {spec.expert_load.label()}" if spec.expert_load is not None else ""))
 
     full = llmperf.sweep(list(spec.models), list(spec.hardware), batch=list(spec.batch),
                          prompt_len=list(spec.prompt_len), gen_len=list(spec.gen_len), attention=spec.attention,
@@ -289,7 +296,8 @@ def _context_frame(spec: EstimateSpec, model, hw: HardwareSpec, batch: int, cont
     """Attention's share of one forward pass at every context at once (the cost functions take arrays)."""
     prec = resolve_precision(model, spec.precision, weights=spec.weights, activations=spec.activations, kv=spec.kv)
     fm = ForwardModel(model=model, precision=prec, attention=spec.attention, tp=spec.tp, ep=spec.ep,
-                      dp_attention=spec.dp_attention, mla_mode=spec.mla_mode)
+                      dp_attention=spec.dp_attention, mla_mode=spec.mla_mode, expert_load=spec.expert_load,
+                      eplb=spec.eplb)
     dtype = hw.compute_dtype(prec.activations)
     ctx = np.asarray(sorted(contexts), dtype=np.int64)
     frames = []

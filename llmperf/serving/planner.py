@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.operators import ShardDims
+from llmperf.analysis.routing import check_eplb, measured_routing
 from llmperf.errors import SpecError
 from llmperf.numeric import is_real
 from llmperf.serving.costsplit import input_time_share, token_prices
@@ -52,6 +53,7 @@ from llmperf.serving.simulator import (
 from llmperf.serving.stability import Stability, Stopping, assess
 from llmperf.serving.workload import Poisson, WorkloadSpec, generate
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
+from llmperf.specs.expert_load import ExpertLoad, as_expert_load
 from llmperf.specs.precision import gemm_mode, precision_note
 
 GiB = 2**30
@@ -130,6 +132,8 @@ class PlanRow:
     layout: str = "tp"
     ep: int = 1
     dp_attention: bool = False
+    expert_load: str | None = None  # the measured router's load file (None: uniform routing)
+    eplb: int | None = None  # EPLB's redundant experts per MoE layer (None: experts placed contiguously)
     time_model: str = ""  # the time model that priced its steps
     gemm: str = ""  # the linear layers' GEMMs on this device: W8A8, W8A16 (fp8 weight-only), W4A16, W16A16
     ttft_s: float | None = None  # at the SLO percentile, per replica load
@@ -157,7 +161,8 @@ class PlanRow:
     def as_dict(self) -> dict[str, object]:
         """The row as plain values, in the columns of `plan -f csv`."""
         return dict(device=self.device, precision=self.precision, tp=self.tp, layout=self.layout, ep=self.ep,
-                    dp_attention=self.dp_attention, gemm=self.gemm, replicas=self.replicas, gpus=self.gpus,
+                    dp_attention=self.dp_attention, expert_load=self.expert_load, eplb=self.eplb, gemm=self.gemm,
+                    replicas=self.replicas, gpus=self.gpus,
                     feasible=self.feasible, binding=self.binding, detail=self.detail, ttft_s=self.ttft_s,
                     tpot_s=self.tpot_s, usd_per_gpu_hour=self.usd_per_gpu_hour, price_source=self.price_source,
                     cost_per_hour=self.cost_per_hour, cost_per_million_tokens=self.cost_per_million_tokens,
@@ -199,6 +204,8 @@ class PlanResult:
         """Feasible rows first (ranked), then the losers (rank empty)."""
         rows = self.feasible + self.losers
         frame = pd.DataFrame([r.as_dict() for r in rows])
+        if "eplb" in frame:  # integers beside the None of the candidates without a balancer, not floats
+            frame["eplb"] = pd.array(frame["eplb"].tolist(), dtype="Int64")
         frame.insert(0, "rank", pd.array([i + 1 if r.feasible else None for i, r in enumerate(rows)], dtype="Int64"))
         return frame
 
@@ -282,8 +289,10 @@ def _prepare(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec,
     """The checks before any simulation: the candidate's losing row (tp, layout, memory, a request
     alone missing the SLOs), or what its simulations need."""
     price, source = price_for(cand.device, gpu_cost)
+    load, eplb = base.get("expert_load"), base.get("eplb") if cand.ep > 1 else None  # ep 1: no balancer
     common = dict(device=cand.device, precision=cand.precision, tp=cand.tp, layout=cand.layout, ep=cand.ep,
-                  dp_attention=cand.dp_attention, usd_per_gpu_hour=price, price_source=source)
+                  dp_attention=cand.dp_attention, expert_load=None if load is None else load.source, eplb=eplb,
+                  usd_per_gpu_hour=price, price_source=source)
     try:
         hw = load_hardware(cand.device)
         ShardDims.of(model, cand.tp)  # a TP degree the heads and the FFN cannot be split over loses on tp
@@ -291,10 +300,11 @@ def _prepare(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec,
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="tp", detail=str(exc), **common)
     try:
         ShardDims.of(model, cand.tp, cand.ep, cand.dp_attention)  # the layout at this degree
+        check_eplb(model, cand.ep, eplb)  # EPLB's experts and redundant ones over this layout's ep GPUs
     except SpecError as exc:
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="layout",
                        detail=f"{cand.layout}: {exc}", **common)
-    base = dict(base)
+    base = dict(base, eplb=eplb)
     eff = base.pop("efficiency", DEFAULT_EFFICIENCY)
     if eff == "typical" and (hw.vendor.lower() == "cpu" or "cpu" in (hw.variant or "").lower().split()):
         eff = "auto"  # typical's figures are GPU measurements: a CPU takes its calibration
@@ -520,7 +530,8 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
          gpu_cost: dict[str, float] | float | None = None, kv: str | None = None, base: dict | None = None,
          on_candidate: Callable[[PlanRow], None] | None = None, jobs: int | None = None,
          layouts: Sequence[str] | None = None, efficiency: str = DEFAULT_EFFICIENCY,
-         stopping: Stopping | None = None, top: int | None = None) -> PlanResult:
+         stopping: Stopping | None = None, top: int | None = None, expert_load: ExpertLoad | str | None = None,
+         eplb: int | None = None) -> PlanResult:
     """Evaluate every device x precision x TP x layout candidate for `rate` requests/s under `slo`
     (in `jobs` processes; default one per CPU). `top`: simulate only until the `top` cheapest
     configurations that meet the SLOs are certain (`_run_candidates`; the others are rows that
@@ -530,7 +541,10 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     within its tolerance, as `llmperf plan` does); None: `workload.num_requests`, once (the
     intervals are still reported). `layouts`: None, every layout the model takes
     (`layouts_for`); `efficiency`: the time model pricing every step (`ServingConfig.efficiency`;
-    `base` may set it too)."""
+    `base` may set it too). `expert_load` (an `ExpertLoad` or its file) prices every candidate's
+    experts at a measured router's load; `eplb` places them by EPLB with that many redundant experts
+    on the expert-parallel candidates (ep > 1; one whose ep GPUs cannot hold the experts and the
+    redundant ones evenly loses on layout), ep 1 candidates without a balancer (`base` may set both)."""
     if not (is_real(rate) and rate > 0):
         raise SpecError(f"--rate: must be a number of requests/s > 0, got {rate!r}")
     if not slo.any:
@@ -547,12 +561,18 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
     layouts = layouts_for(m) if layouts is None else check_layouts(layouts)
     base = dict(base or {})
     base.setdefault("efficiency", efficiency)
+    load = as_expert_load(base.pop("expert_load", expert_load))
+    eplb = base.pop("eplb", eplb)
+    if load is not None:
+        measured_routing(m, 1, load, None)  # the model's experts: SpecError naming expert_load
     speculative = base.get("speculative")
     spec_settings = {} if speculative is None else speculative.settings(m)  # a bad draft fails before any work
     for t in tps if speculative is not None else ():
         speculative.tp_of_draft(m, t)  # a draft_tp that does not divide a candidate's tp fails before any work
     cands = [Candidate(device=d, precision=p, tp=t, layout=lay) for d in devices for p in precisions for t in tps
              for lay in layouts if not _duplicate(lay, t, layouts)]
+    _check_eplb(m, eplb, cands)
+    base |= dict(expert_load=load, eplb=eplb)
     stopping = stopping or Stopping(tolerance=None)
     lengths = mean_lengths(workload)
     jobs = max(1, min(jobs if jobs is not None else (os.cpu_count() or 1), len(cands)))
@@ -567,8 +587,23 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
                     slo_percentile=slo.percentile, workload=workload.describe(),
                     stopping=_stopping_settings(stopping, workload), top=top or None,
                     mean_prompt_tokens=lengths[0], mean_output_tokens=lengths[1],
-                    **{k: v for k, v in base.items() if k != "speculative"}, **spec_settings)
+                    **{k: v for k, v in base.items() if k not in ("speculative", "expert_load")},
+                    expert_load=None if load is None else load.source, **spec_settings)
     return PlanResult(model=m.name, rate_rps=rate, slo=slo, rows=list(rows), settings=settings)
+
+
+def _check_eplb(model: ModelSpec, eplb: object, cands: Sequence[Candidate]) -> None:
+    """Refuse an `eplb` that no candidate could take: not a count, a model without experts, or no
+    expert-parallel candidate (each candidate's own layout is checked in `_prepare`)."""
+    if eplb is None:
+        return
+    if isinstance(eplb, bool) or not isinstance(eplb, (int, np.integer)) or eplb < 0:
+        raise SpecError(f"eplb: must be an integer >= 0 (redundant experts per layer), got {eplb!r}")
+    if not model.is_moe:
+        raise SpecError(f"eplb: {eplb} needs a mixture-of-experts model, {model.name} has no experts")
+    if not any(c.ep > 1 for c in cands):
+        raise SpecError(f"eplb: {eplb} needs an expert-parallel candidate (layout tp+ep or dp+ep at tp > 1); "
+                        "every candidate here holds every expert on each GPU")
 
 
 def check_top(top: object) -> None:

@@ -37,6 +37,7 @@ import pandas as pd
 
 from llmperf.analysis.memory import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
 from llmperf.analysis.rollup import DEFAULT_MAX_BATCHED_TOKENS, Conventions, activation_reserve_bytes
+from llmperf.analysis.routing import check_eplb, measured_routing
 from llmperf.errors import SpecError
 from llmperf.numeric import is_count, is_real
 from llmperf.serving.blocks import (
@@ -54,6 +55,7 @@ from llmperf.serving.scheduler import RequestState, ScheduledItem, Scheduler, Sc
 from llmperf.serving.speculative import SpeculativeConfig, SpeculativeCosts, draft_memory
 from llmperf.serving.workload import Gamma, Poisson, Workload, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
+from llmperf.specs.expert_load import ExpertLoad, as_expert_load
 
 GiB = 2**30
 EFFICIENCIES = ("auto", "roofline", "typical", "calibrated")
@@ -87,7 +89,10 @@ class ServingConfig:
     The group's layout: plain tensor parallelism; `ep`: the experts expert-parallel over `ep` of
     the GPUs (dividing tp); `dp_attention`: attention data-parallel over the group (each GPU runs its
     own sequences' attention and holds their KV; a MoE model then needs ep == tp), how MLA models are
-    served (SGLang's DP attention). `mla_mode` picks MLA's computation (auto: prefill unabsorbed,
+    served (SGLang's DP attention). `expert_load`: a measured router's load per expert (an `ExpertLoad`
+    or its file; None: uniform routing); `eplb`: DeepSeek's EPLB with that many redundant experts per
+    MoE layer (needs ep > 1; None: experts placed contiguously), their weights on every GPU
+    (`llmperf.analysis.routing`). `mla_mode` picks MLA's computation (auto: prefill unabsorbed,
     decode absorbed). `kv_window`: sliding/chunked layers' KV, "capped" (each holds the blocks its
     window or chunk needs, vLLM's hybrid KV-cache manager: `WindowedBlockManager`) or "full" pages
     (every layer the whole context); `MemoryPlan` says which the pool does.
@@ -119,6 +124,8 @@ class ServingConfig:
     watermark: float = 0.01
     ep: int = 1
     dp_attention: bool = False
+    expert_load: ExpertLoad | None = None
+    eplb: int | None = None
     mla_mode: str = "auto"
     kv_window: str = "capped"
     engine: str | None = None
@@ -136,6 +143,9 @@ class ServingConfig:
         if not isinstance(self.dp_attention, bool):
             raise SpecError(f"--dp-attention: must be true or false, got {self.dp_attention!r}")
         ShardDims.of(self.model, self.tp, self.ep, self.dp_attention)  # names tp, ep or dp_attention
+        object.__setattr__(self, "expert_load", as_expert_load(self.expert_load))  # a path is read once
+        check_eplb(self.model, self.ep, self.eplb)  # names eplb
+        measured_routing(self.model, self.ep, self.expert_load, self.eplb)  # names expert_load
         if self.efficiency not in EFFICIENCIES:
             raise SpecError(f"--efficiency: must be one of {', '.join(EFFICIENCIES)}, got {self.efficiency!r}")
         if self.engine is not None:
@@ -209,7 +219,7 @@ class ServingConfig:
                                              else 8192)
         return Conventions(attention=self.attention, block_size=self.block_size, mem_util=self.mem_util,
                            max_batched_tokens=tokens, kv_window=self.kv_window, mla_mode=self.mla_mode, ep=self.ep,
-                           dp_attention=self.dp_attention)
+                           dp_attention=self.dp_attention, expert_load=self.expert_load, eplb=self.eplb)
 
     @property
     def layout(self) -> str:
@@ -250,7 +260,9 @@ class ServingConfig:
                     precision_note=precision_note(self.precision, self.hardware),
                     weights=self.precision.weights,
                     activations=self.precision.activations, kv=self.precision.kv, tp=self.tp, pp=self.pp,
-                    layout=self.layout, ep=self.ep, dp_attention=self.dp_attention, mla_mode=self.mla_mode,
+                    layout=self.layout, ep=self.ep, dp_attention=self.dp_attention,
+                    expert_load=None if self.expert_load is None else self.expert_load.source, eplb=self.eplb,
+                    mla_mode=self.mla_mode,
                     kv_window=self.kv_window,
                     kv_sliding_full_pages=hybrid_kv(self.model) and not (
                         window_groups(self.model, self.kv_window, self.pp)
@@ -365,7 +377,8 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     SpecError with the figures when nothing is left for the cache."""
     m, prec, hw = config.model, config.precision, config.hardware
     par = dict(ep=config.ep, dp_attention=config.dp_attention)
-    weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp, **par)
+    weights = weight_bytes_per_gpu(m, prec, config.tp, config.pp, **par,
+                                   redundant_experts=check_eplb(m, config.ep, config.eplb))
     # with data-parallel attention a GPU holds its own sequences' whole KV (kv_bytes_per_token_per_gpu)
     kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp, ep=config.ep, dp_attention=config.dp_attention)
     groups = window_groups(m, config.kv_window, config.pp)
@@ -408,6 +421,8 @@ def _layout_words(config: ServingConfig) -> str:
         words += f", ep={config.ep}"
     if config.dp_attention:
         words += ", data-parallel attention"
+    if config.eplb is not None:
+        words += f", EPLB with {config.eplb} redundant experts"
     return words
 
 

@@ -16,7 +16,8 @@ over every verify (k + 1 tokens a sequence) and prefill chunk with the engine's 
 (`phase_time_model(.., "verify")`), and the step's fixed cost once (the decode step's, or the
 prefill terms' when the step holds a prefill chunk). Memory: the draft's weights (none for an early
 exit, `eh_proj` and one layer for MTP) and KV per token join the target's; one activation
-reservation, the larger (`draft_memory`).
+reservation, the larger (`draft_memory`). A draft of the target's own MoE layers (MTP, an early exit)
+routes as the target does (its measured `expert_load`, its `eplb`); another draft uniformly.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from llmperf.analysis.routing import check_eplb
 from llmperf.analysis.speculative import (
     MTP,
     expected_tokens,
@@ -159,6 +161,14 @@ def _draft_parallel(config: Any, draft: ModelSpec) -> dict[str, Any]:
     return dict(ep=config.ep if draft.is_moe else 1, dp_attention=config.dp_attention)
 
 
+def _draft_routing(config: Any, draft: ModelSpec, kind: str) -> dict[str, Any]:
+    """The draft's expert routing: a draft of the target's own MoE layers (MTP, an early exit) at the
+    target's degree routes as the target does (its measured `expert_load`, its `eplb`); any other draft
+    uniformly, its experts placed contiguously (a load measured on the target's experts is not its)."""
+    own = kind != "model" and draft.is_moe and _draft_parallel(config, draft)["ep"] == config.ep
+    return dict(expert_load=config.expert_load, eplb=config.eplb) if own else dict(expert_load=None, eplb=None)
+
+
 def draft_memory(config: Any, workload: Any = None) -> DraftMemory:
     """The draft's share of a replica's memory (`ServingConfig` `config`, the draft at the target's
     precision and at its own tensor-parallel degree, `SpeculativeConfig.draft_tp`: per GPU, the GPU that
@@ -172,9 +182,11 @@ def draft_memory(config: Any, workload: Any = None) -> DraftMemory:
     par = _draft_parallel(config, d)
     if kind == "early-exit":
         weights = 0.0
-    elif kind == MTP:
-        two = weight_bytes_per_gpu(mtp_spec(config.model, 2), prec, tp, 1, **par)
-        weights = two - weight_bytes_per_gpu(d, prec, tp, 1, **par) + mtp_extra_weights_bytes(config.model, prec)
+    elif kind == MTP:  # EPLB's redundant experts in the MTP layer too
+        r = check_eplb(d, par["ep"], _draft_routing(config, d, kind)["eplb"])
+        two = weight_bytes_per_gpu(mtp_spec(config.model, 2), prec, tp, 1, **par, redundant_experts=r)
+        weights = (two - weight_bytes_per_gpu(d, prec, tp, 1, **par, redundant_experts=r)
+                   + mtp_extra_weights_bytes(config.model, prec))
     else:
         weights = weight_bytes_per_gpu(d, prec, tp, 1, **par)
     kv = kv_bytes_per_token_per_gpu(d, prec, tp, 1, **par)
@@ -185,10 +197,11 @@ def draft_memory(config: Any, workload: Any = None) -> DraftMemory:
 
 def _draft_conventions(config: Any, draft: ModelSpec, workload: Any = None) -> Any:
     conv = config.conventions(workload)
-    par = _draft_parallel(config, draft)
-    if par["ep"] == conv.ep and par["dp_attention"] == conv.dp_attention:
+    _, kind = config.speculative.resolve(config.model)
+    par = _draft_parallel(config, draft) | _draft_routing(config, draft, kind)
+    if all(getattr(conv, k) == v for k, v in par.items()):
         return conv
-    return replace(conv, ep=par["ep"], dp_attention=par["dp_attention"])
+    return replace(conv, **par)
 
 
 class SpeculativeCosts:

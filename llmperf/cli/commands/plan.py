@@ -25,6 +25,7 @@ from llmperf.cli.commands.simulate import (
     DraftOpt,
     DraftTokensOpt,
     DraftTpOpt,
+    ExpertLoadOpt,
     FormatOpt,
     MaxBatchOpt,
     MemOpt,
@@ -43,6 +44,8 @@ from llmperf.cli.commands.simulate import (
     _length,
     _positive,
     check_serving_options,
+    expert_load_from_option,
+    layout_words,
     speculative_from_options,
     streaming_model,
 )
@@ -77,6 +80,20 @@ def engine_of(time_model: str | None, device: str, engine: str | None) -> str:
     return "llmperf" if is_cpu(load_hardware(device)) else (engine or DEFAULT_ENGINE)
 
 
+def _layout(row) -> str:  # noqa: ANN001
+    """A row's layout, with EPLB's redundant experts where it runs the balancer."""
+    return row.layout + (f" eplb {row.eplb}" if row.eplb is not None else "")
+
+
+def routing_line(result) -> str:  # noqa: ANN001
+    """How the experts are routed and placed when not uniformly and contiguously ("" then)."""
+    st = result.settings if isinstance(result.settings, dict) else {}
+    words = layout_words(dict(expert_load=st.get("expert_load"))).removeprefix(", ")
+    if st.get("eplb") is not None:
+        words += (", " if words else "") + f"EPLB with {st['eplb']} redundant experts in every tp+ep / dp+ep candidate"
+    return words
+
+
 def kv_line(result) -> str:  # noqa: ANN001
     return str(result.settings.get("kv_note") or "")
 
@@ -106,7 +123,7 @@ def plan_tables(result):  # noqa: ANN001, ANN201
     from rich.table import Table
     slo = result.slo
     pct = f"p{slo.percentile:g}"
-    notes = "; ".join(x for x in (time_models_line(result), kv_line(result)) if x)
+    notes = "; ".join(x for x in (time_models_line(result), kv_line(result), routing_line(result)) if x)
     notes += "".join("\n" + n for n in result.settings.get("precision_notes") or [])
     notes += ("\n" + stopping_line(result)) if stopping_line(result) else ""
     win = Table(title=f"{result.model} at {result.rate_rps:.4g} req/s: configurations meeting {pct} "
@@ -116,7 +133,7 @@ def plan_tables(result):  # noqa: ANN001, ANN201
         win.add_column(col, justify="right")
     for i, r in enumerate(result.feasible, start=1):
         n = "-" if r.requests_simulated is None else f"{r.requests_simulated}" + ("" if r.ci_converged else "*")
-        win.add_row(str(i), r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), r.layout, str(r.replicas), str(r.gpus),
+        win.add_row(str(i), r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), _layout(r), str(r.replicas), str(r.gpus),
                     _ci(r.ttft_s, r.ttft_ci_low_s, r.ttft_ci_high_s), _ci(r.tpot_s, r.tpot_ci_low_s, r.tpot_ci_high_s),
                     f"{_fmt_s(r.ttft_bound_s)}, {_fmt_s(r.tpot_bound_s)}", n, _money(r.usd_per_gpu_hour), _money(r.cost_per_hour), _money(r.cost_per_million_input_tokens),
                     _money(r.cost_per_million_output_tokens))
@@ -143,7 +160,7 @@ def plan_tables(result):  # noqa: ANN001, ANN201
                         "every one)")
     losers = [r for r in result.losers if r.binding != "outranked"]
     for r in sorted(losers, key=lambda r: (r.device, r.precision, r.tp, r.layout)):
-        lose.add_row(r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), r.layout, r.binding, r.detail)
+        lose.add_row(r.device, f"{r.precision} {r.gemm}".strip(), str(r.tp), _layout(r), r.binding, r.detail)
     return [win, lose] if losers else [win]
 
 
@@ -158,6 +175,8 @@ def register(app: typer.Typer) -> None:
         precisions: Annotated[str, typer.Option("--precisions", help="Weight precisions to consider: bf16/fp16 (16-bit), fp8 (W8A8), int8, int4 (weight-only).")] = "bf16,fp8,int8,int4",
         tps: Annotated[str, typer.Option("--tp", help="Tensor-parallel degrees (GPUs per replica) to consider.")] = "1,2,4,8",
         layouts: Annotated[str | None, typer.Option("--layouts", help="Layouts of a replica's GPUs, comma-separated: tp (tensor parallel), tp+ep (experts expert-parallel, ep = tp), dp+ep (data-parallel attention + expert parallel; how MLA models are served). Default: every layout the model takes (dense models: tp).")] = None,
+        expert_load: ExpertLoadOpt = None,
+        eplb: Annotated[int | None, typer.Option("--eplb", help="EPLB (DeepSeek's expert-parallel load balancer) with N redundant experts per MoE layer (0: rearrange only) in every expert-parallel candidate (tp+ep, dp+ep at tp > 1; one whose GPUs cannot hold the experts evenly loses on layout); tp candidates run without it. Default: experts placed contiguously, as servers without a balancer.")] = None,
         engine: Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile pricing step overhead and kernel launches (models_spec/engines): compiled (CUDA graphs: vLLM, SGLang, TensorRT-LLM; the default) or eager (PyTorch eager). Not for a CPU.")] = None,
         efficiency: Annotated[str, typer.Option("--efficiency", help="Time model pricing every step: typical (GPU efficiency figures, the default), roofline (the optimistic bound), calibrated, auto.")] = "typical",
         max_replicas: Annotated[int, typer.Option("--max-replicas", help="Most data-parallel replicas per configuration.")] = 64,
@@ -264,6 +283,7 @@ def register(app: typer.Typer) -> None:
                                                    tuple(tp_list))
             if speculative is not None:  # every candidate simulated with it
                 base["speculative"] = speculative
+            base["expert_load"], base["eplb"] = expert_load_from_option(expert_load), eplb
             result = _run(model, load, slo, spec, devices, precs, tp_list, max_replicas, costs, base, jobs, top,
                           layout_list, stopping)
             frame = result.to_frame()

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from llmperf.cli.clitools import AttentionImpl, fail, out_console, parse_int_list, parse_name_list, warn
+from llmperf.cli.commands.simulate import EplbOpt, ExpertLoadOpt, expert_load_from_option
 from llmperf.errors import SpecError
 
 
@@ -32,6 +33,8 @@ def report(
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")] = 1,
     ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree within the tp group (MoE models; divides tp and the experts).")] = 1,
     dp_attention: Annotated[bool, typer.Option("--dp-attention", help="Attention data-parallel over the tp group, experts expert-parallel (how MLA models are served; needs --ep equal to --tp).")] = False,
+    expert_load: ExpertLoadOpt = None,
+    eplb: EplbOpt = None,
     mla_mode: Annotated[str, typer.Option("--mla-mode", help="MLA models: auto (unabsorbed prefill, absorbed decode, as vLLM and SGLang), absorbed or unabsorbed.")] = "auto",
     kv_window: Annotated[str, typer.Option("--kv-window", help="Sliding / chunked layers: capped (hold their window, vLLM's hybrid KV manager) or full (full pages).")] = "capped",
     attention: Annotated[AttentionImpl, typer.Option("--attention", help="fused or naive attention for the estimate (figure 6 always shows both).")] = AttentionImpl.fused,
@@ -70,7 +73,8 @@ def report(
                 hardware=parse_name_list("--hardware", hardware), batch=parse_int_list("--batch", batch),
                 prompt_len=parse_int_list("--prompt-len", prompt_len), gen_len=parse_int_list("--gen-len", gen_len),
                 precision=dtype, weights=weights, activations=activations, kv=kv, tp=tp, pp=pp, ep=ep,
-                dp_attention=dp_attention, mla_mode=mla_mode, kv_window=kv_window,
+                dp_attention=dp_attention, expert_load=expert_load_from_option(expert_load), eplb=eplb,
+                mla_mode=mla_mode, kv_window=kv_window,
                 attention=attention.value, block_size=block_size, mem_util=mem_util,
                 compare=parse_name_list("--compare", compare), efficiency=efficiency, engine=engine)
         with warnings.catch_warnings(record=True) as caught:

@@ -70,6 +70,8 @@ DraftOpt = Annotated[str | None, typer.Option("--draft", "-d", help="Speculative
 DraftTokensOpt = Annotated[int | None, typer.Option("--draft-tokens", "-k", help="Speculative decoding: draft tokens per cycle (k, 1 .. 64).")]
 DraftTpOpt = Annotated[int | None, typer.Option("--draft-tp", help="Speculative decoding: the draft model's tensor-parallel degree (default: the target's --tp; it divides it; 1 runs the draft on one GPU, as vLLM's draft_tensor_parallel_size=1, and that GPU holds all of it). Not for mtp or early-exit drafts, which run on the target's layers.")]
 AcceptanceOpt = Annotated[float | None, typer.Option("--acceptance", "-a", help="Speculative decoding: each draft token's acceptance rate (a, in [0, 1]; independent per token; the cycle's tokens are drawn with --seed).")]
+ExpertLoadOpt = Annotated[str | None, typer.Option("--expert-load", help="A measured router's load per expert (llmperf profile's expert_load.json, or SGLang's logical_count as JSON): experts priced at its popularity, not uniform routing.")]
+EplbOpt = Annotated[int | None, typer.Option("--eplb", help="EPLB (DeepSeek's expert-parallel load balancer) with N redundant experts per MoE layer (0: rearrange only); needs --ep > 1. Default: experts placed contiguously, as servers without a balancer.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (rich), json or csv.")]
 OutOpt = Annotated[str | None, typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
 
@@ -145,6 +147,27 @@ def speculative_from_options(model: str, draft: str | None, draft_tokens: int | 
     except SpecError as exc:
         raise SpecError(f"--draft-tp{str(exc).removeprefix('draft_tp')}") from None
     return spec
+
+
+def expert_load_from_option(path: str | None):  # noqa: ANN201
+    """The `ExpertLoad` of `--expert-load PATH` (None without it); a bad file raises SpecError naming
+    expert_load."""
+    if path is None:
+        return None
+    from llmperf.specs.expert_load import load_expert_load
+    try:
+        return load_expert_load(path)
+    except SpecError as exc:  # a missing or unreadable file names the option too
+        text = str(exc)
+        raise SpecError(text if text.startswith("expert_load:") else f"expert_load: {text}") from None
+
+
+def layout_words(settings: dict) -> str:
+    """A run's or a plan's expert routing in words: ", EPLB N redundant experts" and ", expert load FILE"
+    where set ("" for uniform routing over contiguous experts)."""
+    eplb, load = settings.get("eplb"), settings.get("expert_load")
+    return ((f", EPLB {eplb} redundant experts" if eplb is not None else "")
+            + (f", expert load {Path(str(load)).name}" if load else ""))
 
 
 def streaming_model(model: str, streaming: str | None):  # noqa: ANN201
@@ -377,6 +400,8 @@ def register(app: typer.Typer) -> None:
         tp: Annotated[int, typer.Option("--tp", help="GPUs of the replica (tensor-parallel degree).")] = 1,
         ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the replica's GPUs (divides --tp and the number of experts).")] = 1,
         dp_attention: Annotated[bool, typer.Option("--dp-attention/--no-dp-attention", help="Data-parallel attention: each GPU runs and holds the KV of its own sequences (a MoE model then needs --ep equal to --tp); how MLA models are served.")] = False,
+        expert_load: ExpertLoadOpt = None,
+        eplb: EplbOpt = None,
         mla_mode: Annotated[str, typer.Option("--mla-mode", help="MLA's computation: auto (prefill chunks unabsorbed, decode absorbed), absorbed, unabsorbed.")] = "auto",
         kv_window: Annotated[str, typer.Option("--kv-window", help="KV of sliding/chunked layers: capped (each holds the blocks of its window or chunk: vLLM's hybrid KV manager beside full-attention layers, one capped table when every layer slides with one window; else full pages, and it says so) or full (pages for the whole context).")] = "capped",
         streaming: StreamingOpt = None,
@@ -428,14 +453,16 @@ def register(app: typer.Typer) -> None:
                                 "drop --draft / --draft-tokens / --acceptance / --draft-tp")
             if validate:
                 defaults = dict(arrival="poisson", cv=None, system_prompt_len=0, dtype=None,
-                                kv=None, tp=1, ep=1, dp_attention=False, mla_mode="auto", kv_window="capped",
+                                kv=None, tp=1, ep=1, dp_attention=False, expert_load=None, eplb=None,
+                                mla_mode="auto", kv_window="capped",
                                 streaming=None,
                                 max_batch=256, prefix_sharing=True, block_size=16, mem_util=0.9,
                                 efficiency=Efficiency.auto, engine=None, slo_ttft=None, slo_tpot=None,
                                 slo_percentile=90.0,
                                 output_format=OutputFormat.table, output=None)
                 given = dict(arrival=arrival, cv=cv, system_prompt_len=system_prompt_len,
-                             dtype=dtype, kv=kv, tp=tp, ep=ep, dp_attention=dp_attention, mla_mode=mla_mode,
+                             dtype=dtype, kv=kv, tp=tp, ep=ep, dp_attention=dp_attention, expert_load=expert_load,
+                             eplb=eplb, mla_mode=mla_mode,
                              kv_window=kv_window, streaming=streaming, max_batch=max_batch,
                              prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util,
                              efficiency=efficiency, engine=engine,
@@ -471,7 +498,8 @@ def register(app: typer.Typer) -> None:
                                                    duration=duration, prompt_len=prompt_len, output_len=output_len,
                                                    system_prompt_len=system_prompt_len, seed=seed)
             config = sim.ServingConfig.build(
-                model, hardware, precision=dtype, kv=kv, tp=tp, ep=ep, dp_attention=dp_attention, mla_mode=mla_mode,
+                model, hardware, precision=dtype, kv=kv, tp=tp, ep=ep, dp_attention=dp_attention,
+                expert_load=expert_load_from_option(expert_load), eplb=eplb, mla_mode=mla_mode,
                 kv_window=kv_window, policy=policy.value, max_batch=max_batch,
                 max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill,
                 prefix_sharing=prefix_sharing, block_size=block_size, mem_util=mem_util, num_blocks=num_blocks,
@@ -554,7 +582,7 @@ def _render(result, search, rates, output_format: OutputFormat, output, bound=No
         return
     st = result.settings
     layout = f"tp={st['tp']}" + (f", ep={st['ep']}" if st.get("ep", 1) > 1 else "") + (
-        ", data-parallel attention" if st.get("dp_attention") else "")
+        ", data-parallel attention" if st.get("dp_attention") else "") + layout_words(st)
     tm = (f"{st['time_model']} time model" + (" (the optimistic bound)" if st["time_model"] == "roofline"
                                                 else f", engine {st.get('engine', '?')}"))
     gemm = f" {st['gemm']}" if st.get("gemm") else ""

@@ -19,6 +19,7 @@ from llmperf.cli.clitools import (
     refused_cleanly,
     warn,
 )
+from llmperf.cli.commands.simulate import expert_load_from_option, layout_words
 from llmperf.errors import SpecError
 
 
@@ -50,7 +51,7 @@ def speculate_table(rows: list, ks: list[int], acceptances: list[float]):  # noq
     best = {a: max((r for r in rows if r.acceptance == a), key=lambda r: r.speedup) for a in acceptances}
     where = f"tp {t.tp}" + (f", draft tp {first.draft.tp}" if first.draft.tp != t.tp else "")
     where += (f", ep {t.conventions.ep}" if t.conventions.ep > 1 else "") + (
-        ", data-parallel attention" if t.conventions.dp_attention else "")
+        ", data-parallel attention" if t.conventions.dp_attention else "") + layout_words(s)
     plain_bound = float(t.row.get("tpot_bound_s") or t.tpot_s)
     table = Table(title=f"{s['model']} drafted by {s['draft']} on {s['hardware']} ({where}, {s['precision']}), batch "
                         f"{t.batch}, prompt {t.prompt_len}, {t.gen_len} tokens generated\npriced with the "
@@ -92,6 +93,8 @@ def register(app: typer.Typer) -> None:
         draft_tp: Annotated[int | None, typer.Option("--draft-tp", help="The draft's tensor-parallel degree (default: --tp; 1 as vLLM's draft_tensor_parallel_size=1).")] = None,
         ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the tp group (MoE targets; divides --tp and the experts): a MoE draft at --tp splits its experts the same way.")] = 1,
         dp_attention: Annotated[bool, typer.Option("--dp-attention", help="Data-parallel attention over the tp group (needs --ep equal to --tp for a MoE model; how MLA models are served): the draft runs the same way.")] = False,
+        expert_load: Annotated[str | None, typer.Option("--expert-load", help="A measured router's load per expert (llmperf profile's expert_load.json, or SGLang's logical_count as JSON): experts priced at its popularity, not uniform routing (the target's, and an mtp or early-exit draft's).")] = None,
+        eplb: Annotated[int | None, typer.Option("--eplb", help="EPLB (DeepSeek's expert-parallel load balancer) with N redundant experts per MoE layer (0: rearrange only); needs --ep > 1 (the target's, and an mtp or early-exit draft's). Default: experts placed contiguously, as servers without a balancer.")] = None,
         efficiency: Annotated[str | None, typer.Option("--efficiency", help="Time model: roofline, typical, calibrated (--hardware local). Default: the expected time (typical on a GPU, calibrated for --hardware local); the roofline bound is shown beside it.")] = None,
         engine: Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile (models_spec/engines): compiled (the default) or eager.")] = None,
         output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv.")] = OutputFormat.table,
@@ -119,12 +122,14 @@ def register(app: typer.Typer) -> None:
             if engine is not None:
                 load_engine(engine)
 
+            load = expert_load_from_option(expert_load)  # read once, for every k and acceptance rate
+
             def priced(hw, compute_dtype):  # noqa: ANN001, ANN202
                 return time_model_for(hw, efficiency or default_efficiency(hw), compute_dtype, engine=engine)
 
             rows = [speculate(model, draft, hardware, num_draft_tokens=k, acceptance=a, batch=batch,
                               prompt_len=prompt_len, gen_len=gen_len, precision=dtype, tp=tp, draft_tp=draft_tp,
-                              ep=ep, dp_attention=dp_attention, time_model=priced)
+                              ep=ep, dp_attention=dp_attention, expert_load=load, eplb=eplb, time_model=priced)
                     for k in dict.fromkeys(ks) for a in dict.fromkeys(rates)]
             if not rows[0].fits:
                 r = rows[0]
