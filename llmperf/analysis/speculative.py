@@ -11,13 +11,16 @@ cost of the engine (a server runs the draft and the verify as one scheduler step
 TensorRT-LLM). The draft steps are priced as decode steps and the verify with the engine's terms for
 a verify step (`EfficiencyTimeModel.for_phase`), both by the same time model as plain decoding,
 cycle by cycle as the context grows by E per cycle. TTFT adds the draft's prefill of the prompt.
-
 Memory: the draft's weights and KV cache join the target's (one activation reservation, the larger).
 `draft="mtp"`: the model's own multi-token-prediction module drafts (DeepSeek-V3 §2.2,
 arXiv:2412.19437; GLM-4.5): per token, the last token's embedding and the last hidden state, each
 RMS-normed, joined by `eh_proj` (2 x hidden -> hidden, replicated on every GPU as vLLM's
 `deepseek_mtp`), one decoder layer of the model's last kind, the shared final norm and LM head; it
 adds that layer, `eh_proj`, three norms and one layer's KV, and is reused past its `mtp_layers`.
+`draft="eagle3"`: an EAGLE-3 head (Li et al., arXiv:2503.01840; vLLM's and SGLang's `Eagle3` drafters):
+one decoder layer whose Q/K/V read the normed token embedding and the normed feature side by side (2 x
+hidden in), `fc` joining the target's three features (3 x hidden -> hidden, replicated) at each cycle's
+first draft step and over the prompt, its own norm and a head over a draft vocabulary (`eagle3_spec`).
 The acceptance rate is an input here (it depends on the data, the draft and the sampling) and a
 measurement in `llmperf.engine.speculative`.
 """
@@ -25,7 +28,10 @@ measurement in `llmperf.engine.speculative`.
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,8 +50,9 @@ from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, load_hardware, load_model
 from llmperf.specs.expert_load import as_expert_load
 
-__all__ = ["EARLY_EXIT", "MTP", "SpeculativeEstimate", "early_exit_spec", "expected_tokens", "mtp_extra_weights_bytes",
-           "mtp_ops", "mtp_spec", "resolve_draft", "speculate"]
+__all__ = ["EAGLE3", "EAGLE3_ARCHITECTURES", "EAGLE3_VOCAB", "EARLY_EXIT", "MTP", "SpeculativeEstimate",
+           "draft_extra_ops", "eagle3_extra_weights_bytes", "eagle3_ops", "eagle3_spec", "early_exit_spec",
+           "expected_tokens", "mtp_extra_weights_bytes", "mtp_ops", "mtp_spec", "resolve_draft", "speculate"]
 
 
 def expected_tokens(acceptance: float, num_draft_tokens: int) -> float:
@@ -160,6 +167,10 @@ def _check(num_draft_tokens: object, acceptance: object) -> None:
 MTP = "mtp"
 #: `speculate(draft="early-exit:N")`: the model's own first N layers draft (self-speculation)
 EARLY_EXIT = "early-exit:"
+#: `speculate(draft="eagle3")` (or "eagle3:N", N the draft vocabulary): an EAGLE-3 head of the target's width
+EAGLE3 = "eagle3"
+EAGLE3_VOCAB = 32000  # the draft vocabulary (`draft_vocab_size`) of the published EAGLE-3 heads
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")  # an EAGLE-3 head's config.json
 
 
 def early_exit_spec(model: ModelSpec, num_layers: int) -> ModelSpec:
@@ -201,28 +212,138 @@ def mtp_ops(fm: Any, tokens: Any, hidden_size: int) -> list:
             fm._linear("mtp_eh_proj", tokens, 2 * C, C, False, per_layer=False, module="attention")]
 
 
-def _mtp_ops(est: GenerationEstimate, q_len: float) -> list:
-    """`mtp_ops` per draft step of `q_len` tokens a sequence of `est`'s batch."""
-    return mtp_ops(est.forward_model(), est.batch * q_len, est.model.hidden_size)
-
-
 def mtp_extra_weights_bytes(model: ModelSpec, precision: Any) -> float:
     """Per GPU, the MTP module's weights besides its decoder layer: `eh_proj` and three norms."""
     C = model.hidden_size
     return precision.matrix_bytes(2 * C, C, module="attention") + 3 * C * precision.act_bytes
 
 
+def eagle3_spec(model: ModelSpec, head: Mapping[str, Any] | None = None, draft_vocab: int = EAGLE3_VOCAB,
+                origin: str = EAGLE3) -> ModelSpec:
+    """An EAGLE-3 head of `model` as a model of its own: one Llama decoder layer, a final norm and an
+    LM head over `draft_vocab` tokens (`vocab_size` here; the head's `d2t` maps them to the target's).
+    Its dimensions are `head`'s (an EAGLE-3 config.json: `hidden_size`, heads, `head_dim`,
+    `intermediate_size`, `draft_vocab_size`) or, without one, the target's own attention and dense FFN
+    width. What the layer adds to a plain one (Q/K/V over 2 x hidden, `fc`, `hidden_norm`) is
+    `eagle3_ops`; the embedding is the target's (`eagle3_extra_weights_bytes` takes it out)."""
+    from llmperf.specs.hf import model_spec_from_hf_config
+
+    h = dict(head or {})
+    if head is None:
+        if model.is_mla:
+            raise SpecError(f"draft: {EAGLE3} for {model.name} (multi-head latent attention) needs the head's "
+                            "config.json: its attention is not the target's")
+        if model.ffn_size <= 0:
+            raise SpecError(f"draft: {EAGLE3} for {model.name} needs the head's config.json: the model has no dense "
+                            "FFN width to give the head")
+        h = dict(hidden_size=model.hidden_size, num_attention_heads=model.num_heads,
+                 num_key_value_heads=model.num_kv_heads,
+                 head_dim=model.head_dim or model.hidden_size // model.num_heads,
+                 intermediate_size=model.ffn_size, draft_vocab_size=draft_vocab)
+    layers = h.get("num_hidden_layers", 1)
+    if layers != 1:
+        raise SpecError(f"draft: {origin}: num_hidden_layers={layers!r}; EAGLE-3 heads of one decoder layer are "
+                        "modelled")
+    width = h.get("target_hidden_size", h.get("hidden_size"))
+    if h.get("hidden_size") != model.hidden_size or width != model.hidden_size:
+        raise SpecError(f"draft: {origin}: an EAGLE-3 head of hidden_size {h.get('hidden_size')!r} (target features "
+                        f"{width!r}) for {model.name}'s {model.hidden_size}: the head reads the target's embedding "
+                        "and features at their width")
+    if head is not None and head.get("vocab_size", model.vocab_size) != model.vocab_size:
+        raise SpecError(f"draft: {origin}: vocab_size {head.get('vocab_size')!r} differs from {model.name}'s "
+                        f"{model.vocab_size} (speculative decoding needs the target's tokenizer)")
+    vocab = h.get("draft_vocab_size", h.get("vocab_size", model.vocab_size))
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=1, vocab_size=vocab,
+               hidden_size=h["hidden_size"], num_attention_heads=h.get("num_attention_heads"),
+               num_key_value_heads=h.get("num_key_value_heads", h.get("num_attention_heads")),
+               intermediate_size=h.get("intermediate_size"), max_position_embeddings=model.max_positions,
+               rms_norm_eps=h.get("rms_norm_eps", model.norm_eps), rope_theta=h.get("rope_theta", model.rope_theta),
+               tie_word_embeddings=False,
+               torch_dtype={"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(model.dtype, "bfloat16"))
+    if h.get("head_dim") is not None:
+        cfg["head_dim"] = h["head_dim"]
+    try:
+        spec = model_spec_from_hf_config(cfg, name=f"{model.name} EAGLE-3")
+    except SpecError as exc:
+        raise SpecError(f"draft: {origin}: {exc}") from None
+    return spec
+
+
+def _eagle3_head_config(draft: Any) -> tuple[dict[str, Any], str] | None:
+    """An EAGLE-3 head's config.json (a file or its folder) as a mapping, with its path; None when
+    `draft` is not a path to one (its `architectures` are not `EAGLE3_ARCHITECTURES`)."""
+    from llmperf.specs.loader import read_mapping
+
+    if not isinstance(draft, (str, os.PathLike)):
+        return None
+    p = Path(draft)
+    p = p / "config.json" if p.is_dir() else p
+    if p.suffix != ".json" or not p.is_file():
+        return None
+    data = read_mapping(p)
+    arch = data.get("architectures")
+    if isinstance(arch, list) and any(a in EAGLE3_ARCHITECTURES for a in arch):
+        return data, str(p)
+    return None
+
+
+def eagle3_ops(fm: Any, tokens: Any, first: bool) -> list:
+    """An EAGLE-3 head's operators besides a plain Llama layer and its head, over `tokens` tokens of its
+    forward model `fm`: `hidden_norm` on the feature, the half of Q/K/V that reads it (hidden -> this
+    GPU's heads), and at a cycle's first draft step (`first`: the target's features) `fc`, 3 x hidden ->
+    hidden, the whole matrix on every GPU."""
+    C = fm.model.hidden_size
+    ops = [fm._norm("eagle_hidden_norm", tokens, per_layer=False),
+           fm._linear("eagle_qkv_hidden", tokens, C, (fm.dims.num_heads + 2 * fm.dims.num_kv_heads) * fm.head_dim,
+                      fm.model.qkv_bias, per_layer=False, module="attention")]
+    if first:
+        ops.append(fm._linear("eagle_fc", tokens, 3 * C, C, False, per_layer=False, module="attention"))
+    return ops
+
+
+def eagle3_extra_weights_bytes(head: ModelSpec, precision: Any, tp: int) -> float:
+    """Per GPU, what an EAGLE-3 head holds besides its layer, norm and head as `eagle3_spec` counts them:
+    `fc` (replicated), the feature's half of Q/K/V, `hidden_norm` and the `d2t` table (int64, draft
+    token -> target token), less the embedding (the target's)."""
+    from llmperf.analysis.operators import ShardDims
+
+    C, dims = head.hidden_size, ShardDims.of(head, tp)
+    hd = head.head_dim or C // head.num_heads
+    qkv = precision.matrix_bytes(C, (dims.num_heads + 2 * dims.num_kv_heads) * hd, module="attention")
+    embedding = precision.embedding_matrix_bytes(C, dims.vocab_size)
+    return (precision.matrix_bytes(3 * C, C, module="attention") + qkv + C * precision.act_bytes
+            + 8 * head.vocab_size - embedding)
+
+
+def draft_extra_ops(kind: str, fm: Any, tokens: Any, hidden_size: int, first: bool) -> list:
+    """The operators a draft of `kind` runs besides its model's own forward (`mtp_ops`, `eagle3_ops`)."""
+    if kind == MTP:
+        return mtp_ops(fm, tokens, hidden_size)
+    if kind == EAGLE3:
+        return eagle3_ops(fm, tokens, first)
+    return []
+
+
 def resolve_draft(model: ModelSpec, draft: Any) -> tuple[ModelSpec, str]:
     """The draft of `model` as a model spec, and its kind: `"mtp"` (the model's own MTP module,
-    `mtp_spec`), `"early-exit"` (its first N layers, `early_exit_spec`, the weights shared) or
-    `"model"` (a built-in name, a YAML / HF config path or a `ModelSpec`). It must share the target's
-    vocabulary (SpecError naming `draft` otherwise)."""
+    `mtp_spec`), `"early-exit"` (its first N layers, `early_exit_spec`, the weights shared), `"eagle3"`
+    (an EAGLE-3 head, `eagle3_spec`: `"eagle3"`, `"eagle3:N"` for N draft tokens, or a head's
+    config.json) or `"model"` (a built-in name, a YAML / HF config path or a `ModelSpec`). It must
+    share the target's vocabulary (SpecError naming `draft` otherwise)."""
     word = draft.strip().lower() if isinstance(draft, str) else ""
+    head = _eagle3_head_config(draft)
     if word.startswith(EARLY_EXIT):
         n = word[len(EARLY_EXIT):]
         d, kind = early_exit_spec(model, int(n) if n.isdigit() else n), "early-exit"
     elif word == MTP:
         d, kind = mtp_spec(model), MTP
+    elif word == EAGLE3 or word.startswith(EAGLE3 + ":"):
+        n = word[len(EAGLE3) + 1:] if ":" in word else str(EAGLE3_VOCAB)
+        if not n.isdigit() or int(n) < 1:
+            raise SpecError(f"draft: {EAGLE3}:N needs N, the draft vocabulary, a positive integer, got {n!r}")
+        return eagle3_spec(model, draft_vocab=int(n)), EAGLE3
+    elif head is not None:
+        return eagle3_spec(model, head[0], origin=head[1]), EAGLE3
     else:
         d, kind = load_model(draft), "model"
     if d.vocab_size != model.vocab_size:
@@ -232,11 +353,12 @@ def resolve_draft(model: ModelSpec, draft: Any) -> tuple[ModelSpec, str]:
 
 
 def _forward_s(est: GenerationEstimate, time_model: TimeModel, phase: str, q_len: int, kv_len: np.ndarray,
-               mtp: bool = False) -> np.ndarray:
+               kind: str = "model", first: bool = False) -> np.ndarray:
     """One forward of `est`'s model per context in `kv_len` (batch `est.batch`, `q_len` new tokens per
-    sequence) without the engine's per-step fixed cost (a cycle pays that once); `mtp`: with the MTP
-    module's own operators. A verify computes the logits of all its `q_len` positions (each checks a
-    draft token, the last gives the bonus: `llmperf.engine.speculative` runs it with `all_logits`), so
+    sequence) without the engine's per-step fixed cost (a cycle pays that once); a draft of `kind` MTP
+    or EAGLE-3 with its own operators (`draft_extra_ops`; `first`: the cycle's first draft step). A
+    verify computes the logits of all its `q_len` positions (each checks a draft token, the last gives
+    the bonus: `llmperf.engine.speculative` runs it with `all_logits`), so
     its LM head sees `batch x q_len` rows."""
     from dataclasses import replace
 
@@ -248,12 +370,13 @@ def _forward_s(est: GenerationEstimate, time_model: TimeModel, phase: str, q_len
         est.model, est.precision, replace(est.conventions, all_logits=True), est.tp)
     t = phase_arrays(fm, est.hardware, float(est.batch), float(q_len), kv_len, pp=est.pp,
                      compute_dtype=dtype, time_model=tm).time_s
-    extra = sum(op_time(c, est.hardware, dtype, tm).time_s for c in _mtp_ops(est, q_len)) if mtp else 0.0
+    ops = draft_extra_ops(kind, fm, est.batch * q_len, est.model.hidden_size, first)
+    extra = sum(op_time(c, est.hardware, dtype, tm).time_s for c in ops)
     return np.asarray(t, dtype=float) + extra - step_overhead_s(tm)
 
 
 def _cycles(target: GenerationEstimate, draft: GenerationEstimate, k: int, acceptance: float,
-            time_model: TimeModel, mtp: bool = False) -> dict[str, float]:
+            time_model: TimeModel, kind: str = "model") -> dict[str, float]:
     """The expected cycles, the first cycle's draft and verify times, the fixed cost per cycle, and over
     every cycle the draft time, the verify time and the whole (`SpeculativeEstimate`'s fields).
     Cycle c starts with n = prompt_len + 1 + c * E committed tokens; the last cycle is weighted by the
@@ -265,7 +388,7 @@ def _cycles(target: GenerationEstimate, draft: GenerationEstimate, k: int, accep
     weights = np.ones(n_cycles)
     weights[-1] = cycles - (n_cycles - 1) if steps else 0.0
     n = target.prompt_len + 1.0 + e * np.arange(n_cycles)  # (cycles,) committed tokens at each cycle's start
-    drafts = sum(_forward_s(draft, time_model, "decode", 1, n + i, mtp) for i in range(k))
+    drafts = sum(_forward_s(draft, time_model, "decode", 1, n + i, kind, first=i == 0) for i in range(k))
     verify = _forward_s(target, time_model, "verify", k + 1, n + k)
     fixed = step_overhead_s(phase_time_model(model_time_model(time_model, target.model), "decode"))
     return dict(cycles=cycles, first_draft_s=float(drafts[0]), first_verify_s=float(verify[0]), cycle_overhead_s=fixed,
@@ -278,20 +401,21 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
               time_model: Any = None, draft_tp: int | None = None, **options: Any) -> SpeculativeEstimate:
     """Price speculative decoding of `model` with the draft model `draft` (or `"mtp"`: the model's own
     multi-token-prediction module; `"early-exit:N"`: its first N layers, sharing their weights but
-    keeping a KV cache of their own, as `llmperf.engine.speculative` runs it) on `hardware`.
+    keeping a KV cache of their own, as `llmperf.engine.speculative` runs it; `"eagle3"`, `"eagle3:N"`
+    or an EAGLE-3 head's config.json: that head over the target's features) on `hardware`.
 
     `time_model`: as `generation.estimate` takes it (None: the roofline; a factory `f(hardware, dtype)`
     gets the device's own). `options`: `estimate`'s other keywords (precision, tp, conventions), the
     same for both models but `draft_tp`: the draft's tensor-parallel degree (default: the target's
     `tp`; 1 runs it on one GPU, as vLLM's `draft_tensor_parallel_size=1`, and that GPU holds all of
-    it; an early exit or MTP runs at `tp`, and so does every draft under `dp_attention`). With `ep`, a MoE
+    it; an early exit, MTP or EAGLE-3 runs at `tp`, and so does every draft under `dp_attention`). With `ep`, a MoE
     draft's experts are split like the target's, a dense draft's FFN by `tp`; a measured `expert_load`
     and `eplb` price the target's experts, and a draft's only where it is the target's own MoE layers (an
     early exit, MTP). The draft must share the target's vocabulary (one tokenizer)."""
     _check(num_draft_tokens, acceptance)
     m, hw = load_model(model), load_hardware(hardware)
     d, kind = resolve_draft(m, draft)
-    mtp, early = kind == MTP, kind == "early-exit"
+    early = kind == "early-exit"
     if int(options.get("pp", 1)) != 1:
         raise SpecError(f"pp: speculative decoding is priced on one pipeline stage (pp 1), got {options['pp']}")
     options = dict(options)
@@ -321,16 +445,20 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
         dkw.update(expert_load=None, eplb=None)
     small = estimate(d, hw, **dkw)
     k, a = int(num_draft_tokens), float(acceptance)
-    parts = _cycles(target, small, k, a, target.time_model, mtp)
+    parts = _cycles(target, small, k, a, target.time_model, kind)
     bound = parts["decode_s"] if target.time_model.name == "roofline" else \
-        _cycles(target, small, k, a, ROOFLINE, mtp)["decode_s"]
+        _cycles(target, small, k, a, ROOFLINE, kind)["decode_s"]
     weights, prefill = (0.0 if early else small.memory.weights_bytes), small.ttft_s  # an early exit shares them
-    if mtp:  # one layer (two layers' weights less one's), eh_proj and three norms; the embedding and head are shared
+    if kind == MTP:  # one layer (two layers' weights less one's), eh_proj and three norms; embedding and head shared
         two = estimate(mtp_spec(m, 2), hw, **dkw).memory.weights_bytes
         weights = two - weights + mtp_extra_weights_bytes(m, small.precision)
+    elif kind == EAGLE3:  # fc, the feature's Q/K/V, hidden_norm and the vocabulary maps; the embedding is the target's
+        weights += eagle3_extra_weights_bytes(d, small.precision, small.tp)
+    if kind in (MTP, EAGLE3):  # its own operators over the prompt too (EAGLE-3's fc joins the prompt's features)
         tm = phase_time_model(model_time_model(small.time_model, d), "prefill")
         dtype = small.prefill.compute_dtype
-        prefill += sum(float(np.asarray(op_time(c, hw, dtype, tm).time_s)) for c in _mtp_ops(small, prompt_len))
+        ops = draft_extra_ops(kind, small.forward_model(), small.batch * prompt_len, m.hidden_size, True)
+        prefill += sum(float(np.asarray(op_time(c, hw, dtype, tm).time_s)) for c in ops)
     return SpeculativeEstimate(target=target, draft=small, draft_name=d.name, draft_weights_bytes=weights,
                                draft_prefill_s=prefill, num_draft_tokens=k, acceptance=a, decode_bound_s=bound,
                                **parts)

@@ -624,7 +624,8 @@ class CostModelRunner:
             rows = len(dkv)
             if i == 0 and chunk_q:
                 dq, dkv, rows = chunk_q + dq, chunk_kv + dkv, rows + chunk_rows
-            duration += sc.draft_s(sum(dq), draft.features(dq, dkv), rows, prefill=i == 0 and bool(chunk_q))
+            duration += sc.draft_s(sum(dq), draft.features(dq, dkv), rows, prefill=i == 0 and bool(chunk_q),
+                                   first=i == 0)
         return self._outcome(plan, tokens, None, logits, batch, prefill, decodes, finished, emitted, duration)
 
     def _outcome(self, plan: StepPlan, tokens: int, features, logits: int, batch: int, prefill: int,  # noqa: ANN001

@@ -14,8 +14,10 @@ decode steps of the draft model over the cycling sequences (contexts growing by 
 first also over the step's prefill chunks: the draft's prefill of the prompt), the target's forward
 over every verify (k + 1 tokens a sequence) and prefill chunk with the engine's verify terms
 (`phase_time_model(.., "verify")`), and the step's fixed cost once (the decode step's, or the
-prefill terms' when the step holds a prefill chunk). Memory: the draft's weights (none for an early
-exit, `eh_proj` and one layer for MTP) and KV per token join the target's; one activation
+prefill terms' when the step holds a prefill chunk). An MTP or EAGLE-3 draft adds its own operators
+(`draft_extra_ops`; EAGLE-3's `fc` at a step's first draft pass). Memory: the draft's weights (none for
+an early exit, `eh_proj` and one layer for MTP, an EAGLE-3 head less its embedding) and KV per token join
+the target's; one activation
 reservation, the larger (`draft_memory`). A draft of the target's own MoE layers (MTP, an early exit)
 routes as the target does (its measured `expert_load`, its `eplb`); another draft uniformly.
 """
@@ -30,10 +32,12 @@ import numpy as np
 
 from llmperf.analysis.routing import check_eplb
 from llmperf.analysis.speculative import (
+    EAGLE3,
     MTP,
+    draft_extra_ops,
+    eagle3_extra_weights_bytes,
     expected_tokens,
     mtp_extra_weights_bytes,
-    mtp_ops,
     mtp_spec,
     resolve_draft,
 )
@@ -48,7 +52,8 @@ __all__ = ["DraftMemory", "SpeculativeConfig", "SpeculativeCosts", "draft_memory
 class SpeculativeConfig:
     """Speculative decoding for every request of a replica. `draft`: what `llmperf speculate --draft`
     takes (a built-in model name, a YAML / HF config path or a `ModelSpec`; `"mtp"`: the model's own
-    multi-token-prediction module; `"early-exit:N"`: its first N layers). `num_draft_tokens`: k, the
+    multi-token-prediction module; `"early-exit:N"`: its first N layers; `"eagle3"`, `"eagle3:N"` or an
+    EAGLE-3 head's config.json: that head over the target's features). `num_draft_tokens`: k, the
     draft tokens per cycle; `acceptance`: a, each draft token's acceptance rate (independent);
     `seed`: the acceptance draws' random stream (same seed, same run). `draft_tp`: the draft model's
     tensor-parallel degree (None: the target's; it divides it; 1 runs the draft on one GPU, as vLLM's
@@ -63,7 +68,7 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.draft, str) and not self.draft.strip():
-            raise SpecError(f"draft: must name a model, mtp or early-exit:N, got {self.draft!r}")
+            raise SpecError(f"draft: must name a model, mtp, eagle3 or early-exit:N, got {self.draft!r}")
         if not is_count(self.num_draft_tokens) or not 1 <= self.num_draft_tokens <= 64:
             raise SpecError(f"num_draft_tokens: must be an integer in 1 .. 64, got {self.num_draft_tokens!r}")
         if not is_real(self.acceptance) or not 0.0 <= float(self.acceptance) <= 1.0:
@@ -187,6 +192,8 @@ def draft_memory(config: Any, workload: Any = None) -> DraftMemory:
         two = weight_bytes_per_gpu(mtp_spec(config.model, 2), prec, tp, 1, **par, redundant_experts=r)
         weights = (two - weight_bytes_per_gpu(d, prec, tp, 1, **par, redundant_experts=r)
                    + mtp_extra_weights_bytes(config.model, prec))
+    elif kind == EAGLE3:  # its layer, norm and head, fc, the feature's Q/K/V, its maps; the embedding is the target's
+        weights = weight_bytes_per_gpu(d, prec, tp, 1, **par) + eagle3_extra_weights_bytes(d, prec, tp)
     else:
         weights = weight_bytes_per_gpu(d, prec, tp, 1, **par)
     kv = kv_bytes_per_token_per_gpu(d, prec, tp, 1, **par)
@@ -220,9 +227,9 @@ class SpeculativeCosts:
         self.draft = StepCostModel(model=d, hardware=target.hardware, precision=target.precision, tp=_draft_tp(config),
                                    pp=1, attention=target.attention, time_model=config.resolve_time_model(d),
                                    conventions=_draft_conventions(config, d))
-        self.mtp = kind == MTP
+        self.kind = kind
         self.hidden_size = config.model.hidden_size
-        self._mtp_cache: dict[tuple[int, bool], float] = {}
+        self._extra_cache: dict[tuple[int, bool, bool], float] = {}
 
     def decode_fixed_s(self) -> float:
         """The engine's fixed cost of a step without a prefill chunk (a cycle pays it once)."""
@@ -237,14 +244,16 @@ class SpeculativeCosts:
         v = self.verify
         return v.dense_time_s(tokens) + v.attention_time_s(features) + v.head_time_s(logit_rows)
 
-    def draft_s(self, tokens: int, features: Any, logit_rows: int, prefill: bool = False) -> float:
-        """One forward of the draft (decode terms; `prefill`: with a prefill chunk, the prefill terms)."""
+    def draft_s(self, tokens: int, features: Any, logit_rows: int, prefill: bool = False, first: bool = False
+                ) -> float:
+        """One forward of the draft (decode terms; `prefill`: with a prefill chunk, the prefill terms;
+        `first`: a step's first draft pass, where EAGLE-3's `fc` joins the target's features)."""
         if tokens <= 0:
             return 0.0
         d = self.draft.prefill_costs if prefill else self.draft
         t = d.dense_time_s(tokens) + d.attention_time_s(features) + d.head_time_s(logit_rows)
-        if self.mtp:
-            t += self._mtp_s(tokens, prefill, d)
+        if self.kind in (MTP, EAGLE3):
+            t += self._extra_s(tokens, prefill, first, d)
         return t
 
     def cycle_s(self, batch: int, context: float, k: int) -> float:
@@ -254,15 +263,16 @@ class SpeculativeCosts:
         b = int(batch)
         t = self.target
         verify = self.verify_s(b * (k + 1), t.features(np.full(b, k + 1.0), np.full(b, context + k)), b * (k + 1))
-        drafts = sum(self.draft_s(b, self.draft.features(np.ones(b), np.full(b, context + i)), b) for i in range(k))
+        drafts = sum(self.draft_s(b, self.draft.features(np.ones(b), np.full(b, context + i)), b, first=i == 0)
+                     for i in range(k))
         return verify + drafts + self.decode_fixed_s()
 
-    def _mtp_s(self, tokens: int, prefill: bool, d: Any) -> float:
-        key = (tokens, prefill)
-        hit = self._mtp_cache.get(key)
+    def _extra_s(self, tokens: int, prefill: bool, first: bool, d: Any) -> float:
+        key = (tokens, prefill, first)
+        hit = self._extra_cache.get(key)
         if hit is None:
             from llmperf.serving.costmodel import _op_time
             hit = sum(float(np.asarray(_op_time(c, d.hardware, d.dtype, d.time_model).time_s))
-                      for c in mtp_ops(d.fm, float(tokens), self.hidden_size))
-            self._mtp_cache[key] = hit
+                      for c in draft_extra_ops(self.kind, d.fm, float(tokens), self.hidden_size, first))
+            self._extra_cache[key] = hit
         return hit

@@ -135,7 +135,7 @@ def test_the_mtp_layer_is_the_models_last_kind():
 
 
 def test_an_mtp_draft_adds_its_layer_eh_proj_and_norms_not_a_second_head():
-    from llmperf.analysis.speculative import _mtp_ops, mtp_spec
+    from llmperf.analysis.speculative import mtp_ops, mtp_spec
     from llmperf.specs import load_model
     m = load_model("deepseek-v3")
     s = speculate("deepseek-v3", "MTP", "h200", num_draft_tokens=2, acceptance=0.8, tp=8, precision="fp8",
@@ -150,7 +150,7 @@ def test_an_mtp_draft_adds_its_layer_eh_proj_and_norms_not_a_second_head():
     assert 0 < layer < one  # one layer, without the embedding and LM head the 1-layer model also holds
     assert layer == pytest.approx(1.2e10 / 8, rel=0.1)  # ~11.6 B parameters of one MoE layer at fp8, over 8 GPUs
     # each draft step: the 1-layer model's decode step and the module's own three operators
-    ops = _mtp_ops(s.draft, 1)
+    ops = mtp_ops(s.draft.forward_model(), s.draft.batch * 1, C)
     assert [o.name for o in ops] == ["mtp_enorm", "mtp_hnorm", "mtp_eh_proj"]
     assert ops[2].weight_bytes == pytest.approx(p.matrix_bytes(2 * C, C, module="attention"))
     plain = speculate("deepseek-v3", mtp_spec(m), "h200", num_draft_tokens=2, acceptance=0.8, tp=8, precision="fp8",

@@ -146,7 +146,8 @@ DEEPSEEK_5 = load_model("deepseek-v3").scaled(name="deepseek-v3 first 5 layers",
     ("qwen3-32b", "qwen3-8b", "h200"),
     ("llama-3.1-8b", "early-exit:8", "h100-sxm"),
     (DEEPSEEK_5, "mtp", "h200"),
-], ids=["draft-model", "early-exit", "mtp"])
+    ("llama-3.1-8b", "eagle3", "h100-sxm"),
+], ids=["draft-model", "early-exit", "mtp", "eagle3"])
 @pytest.mark.parametrize("eff", ["roofline", "typical"])
 def test_a_speculative_decode_step_is_k_draft_steps_a_verify_and_the_fixed_cost(model, draft, hw, eff):
     B, P, k = 4, 300, 3

@@ -66,7 +66,7 @@ MemOpt = Annotated[float, typer.Option("--mem-util", help="Fraction of device me
 EffOpt = Annotated[Efficiency, typer.Option("--efficiency", help="Time model: auto (the expected time: typical on a GPU, the calibration of --hardware local), roofline (the bound), typical, calibrated.")]
 EngineOpt = Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile for step overhead and kernel launches (models_spec/engines): compiled (CUDA graphs: vLLM, SGLang, TensorRT-LLM; the default) or eager (PyTorch eager, llmperf's own engine). Not for a CPU; the roofline takes none.")]
 StreamingOpt = Annotated[str | None, typer.Option("--streaming", help="StreamingLLM KV eviction, SINKS:WINDOW (e.g. 4:2044), as `llmperf estimate --streaming`: the model with every layer a sliding window of SINKS + WINDOW tokens (the same keys per query, bytes and KV), its paged pool holding each sequence's window's blocks.")]
-DraftOpt = Annotated[str | None, typer.Option("--draft", "-d", help="Speculative decoding: the draft model (the target's vocabulary), as `llmperf speculate --draft` takes it: a built-in name, a YAML / HF config.json path, mtp (the model's own multi-token-prediction layer) or early-exit:N (its own first N layers). Needs --draft-tokens and --acceptance.")]
+DraftOpt = Annotated[str | None, typer.Option("--draft", "-d", help="Speculative decoding: the draft model (the target's vocabulary), as `llmperf speculate --draft` takes it: a built-in name, a YAML / HF config.json path, mtp (the model's own multi-token-prediction layer), eagle3 (an EAGLE-3 head over the target's features; eagle3:N for N draft-vocabulary tokens, default 32,000; or a head's config.json path) or early-exit:N (its own first N layers). Needs --draft-tokens and --acceptance.")]
 DraftTokensOpt = Annotated[int | None, typer.Option("--draft-tokens", "-k", help="Speculative decoding: draft tokens per cycle (k, 1 .. 64).")]
 DraftTpOpt = Annotated[int | None, typer.Option("--draft-tp", help="Speculative decoding: the draft model's tensor-parallel degree (default: the target's --tp; it divides it; 1 runs the draft on one GPU, as vLLM's draft_tensor_parallel_size=1, and that GPU holds all of it). Not for mtp or early-exit drafts, which run on the target's layers.")]
 AcceptanceOpt = Annotated[float | None, typer.Option("--acceptance", "-a", help="Speculative decoding: each draft token's acceptance rate (a, in [0, 1]; independent per token; the cycle's tokens are drawn with --seed).")]
@@ -116,7 +116,7 @@ def speculative_from_options(model: str, draft: str | None, draft_tokens: int | 
     if draft is None:
         for opt, v in (("--draft-tokens", draft_tokens), ("--acceptance", acceptance), ("--draft-tp", draft_tp)):
             if v is not None:
-                raise SpecError(f"--draft: {opt} sets speculative decoding; add --draft (a model, mtp or early-exit:N)")
+                raise SpecError(f"--draft: {opt} sets speculative decoding; add --draft (a model, mtp, eagle3 or early-exit:N)")
         return None
     if draft_tokens is None:
         raise SpecError("--draft-tokens: needed with --draft (draft tokens per cycle, 1 .. 64)")

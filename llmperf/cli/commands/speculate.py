@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
     @app.command("speculate")
     def speculate_cmd(
         model: Annotated[str, typer.Argument(help="The target model: a built-in name, or a YAML / HF config.json path.", show_default=False)],
-        draft: Annotated[str, typer.Option("--draft", "-d", help="The draft model (the target's vocabulary): a built-in name, a YAML / HF config.json path, mtp (the model's own multi-token-prediction layer: DeepSeek-V3, GLM-4.5), or early-exit:N (its own first N layers, weights shared).", show_default=False)],
+        draft: Annotated[str, typer.Option("--draft", "-d", help="The draft model (the target's vocabulary): a built-in name, a YAML / HF config.json path, mtp (the model's own multi-token-prediction layer: DeepSeek-V3, GLM-4.5), eagle3 (an EAGLE-3 head: one decoder layer over the target's features, a 32,000-token draft vocabulary; eagle3:N for another; or the head's config.json path), or early-exit:N (its own first N layers, weights shared).", show_default=False)],
         hardware: Annotated[str, typer.Option("--hardware", "-H", help="Built-in device name, or a YAML path (`--hardware local` for this machine's calibration).")] = "h100-sxm",
         num_tokens: Annotated[str, typer.Option("--tokens", "-k", help="Draft tokens per cycle to compare (a list).")] = "1,2,3,4,5,6,8",
         acceptance: Annotated[str, typer.Option("--acceptance", "-a", help="Per-token acceptance rates to compare, each in [0, 1] (a list; it depends on the data, the draft and the sampling: measure it with llmperf.engine.speculative).")] = "0.6,0.7,0.8,0.9",
