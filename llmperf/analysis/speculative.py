@@ -1,7 +1,5 @@
 """Speculative decoding priced: a draft model proposes k tokens one by one, the target checks them in
-one forward of k + 1 tokens per sequence (a `verify` step), and every accepted token saves a target
-decode step.
-
+one forward of k + 1 tokens per sequence (a `verify` step), and every accepted token saves a decode step.
 Tokens per cycle (Leviathan et al., "Fast Inference from Transformers via Speculative Decoding",
 arXiv:2211.17192, eq. 1; Chen et al., arXiv:2302.01318): when each draft token is accepted with
 probability a, independently, a cycle emits the accepted prefix plus the target's own token, on
@@ -21,8 +19,10 @@ adds that layer, `eh_proj`, three norms and one layer's KV, and is reused past i
 one decoder layer whose Q/K/V read the normed token embedding and the normed feature side by side (2 x
 hidden in), `fc` joining the target's three features (3 x hidden -> hidden, replicated) at each cycle's
 first draft step and over the prompt, its own norm and a head over a draft vocabulary (`eagle3_spec`).
-The acceptance rate is an input here (it depends on the data, the draft and the sampling) and a
-measurement in `llmperf.engine.speculative`.
+A draft tree (`DraftTree`, EAGLE-2/3 as SGLang runs them): later draft steps run `topk` candidates a
+sequence, the target verifies `tokens` of them under a tree mask, and `a` is each depth's chance that the
+tree holds the target's next token (tokens per cycle: E(a, depth), SGLang's "accept length").
+The acceptance rate is an input (data, draft, sampling), measured by `llmperf.engine.speculative`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, load_hardware, load_model
 from llmperf.specs.expert_load import as_expert_load
 
-__all__ = ["EAGLE3", "EAGLE3_ARCHITECTURES", "EAGLE3_VOCAB", "EARLY_EXIT", "MTP", "SpeculativeEstimate",
+__all__ = ["EAGLE3", "EAGLE3_ARCHITECTURES", "EAGLE3_VOCAB", "EARLY_EXIT", "MTP", "DraftTree", "SpeculativeEstimate",
            "draft_extra_ops", "eagle3_extra_weights_bytes", "eagle3_ops", "eagle3_spec", "early_exit_spec",
            "expected_tokens", "mtp_extra_weights_bytes", "mtp_ops", "mtp_spec", "resolve_draft", "speculate"]
 
@@ -59,6 +59,76 @@ def expected_tokens(acceptance: float, num_draft_tokens: int) -> float:
     """Tokens a cycle emits on average: (1 - a^(k + 1)) / (1 - a), k + 1 when every draft is accepted."""
     a, k = float(acceptance), int(num_draft_tokens)
     return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A draft tree as EAGLE-2/3 build it in SGLang (`--speculative-eagle-topk K`,
+    `--speculative-num-draft-tokens N`; Li et al., arXiv:2406.16858): the first draft step runs over the
+    last token, each later one over `topk` candidates a sequence (the best `topk` children of the
+    previous step's), and the target verifies `tokens` of the candidates, the root (the last committed
+    token) included, in one forward under a tree mask. The depth is the cycle's draft steps `k`; a
+    depth-`d` tree holds at most `1 + K + (d - 1) K^2` nodes, and `topk` 1 is a chain of `d + 1`."""
+
+    topk: int
+    tokens: int
+
+    def __post_init__(self) -> None:
+        for name, low in (("topk", 1), ("tokens", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= 4096:
+                raise SpecError(f"tree: {name} must be an integer in {low} .. 4096, got {value!r}")
+
+    @classmethod
+    def parse(cls, option: str, text: str) -> DraftTree:
+        """'4:8' -> topk 4, 8 verified tokens; anything else is an error naming the option."""
+        try:
+            topk, tokens = (int(p) for p in str(text).split(":"))
+        except ValueError:
+            raise SpecError(f"{option}: {text!r} is not TOPK:TOKENS (two integers, e.g. 4:8)") from None
+        try:
+            return cls(topk, tokens)
+        except SpecError as exc:
+            raise SpecError(f"{option}: {str(exc).removeprefix('tree: ')}") from None
+
+    def capacity(self, depth: int) -> int:
+        """The most nodes a tree of `depth` draft steps holds, the root included."""
+        return 1 if depth <= 0 else 1 + self.topk + (depth - 1) * self.topk ** 2
+
+    def verify_tokens(self, depth: int) -> int:
+        """Tokens the target verifies after `depth` draft steps: `tokens`, or all a shallower tree holds."""
+        return min(self.tokens, self.capacity(depth))
+
+    def accept_depth(self, depth: int) -> int:
+        """The most drafts a cycle of `depth` steps can accept: its depth, or fewer when the verified
+        nodes cannot hold a whole path."""
+        return min(depth, self.verify_tokens(depth) - 1)
+
+    def check(self, depth: int) -> None:
+        """A tree that `depth` draft steps can build: SpecError naming `tree` otherwise."""
+        if self.tokens > self.capacity(depth):
+            raise SpecError(f"tree: {self.tokens} verified tokens, but {depth} draft steps of topk {self.topk} "
+                            f"build at most {self.capacity(depth)} nodes (1 + topk + (k - 1) topk^2)")
+        if self.topk == 1 and self.tokens != depth + 1:
+            raise SpecError(f"tree: topk 1 is a chain of k + 1 = {depth + 1} tokens, got {self.tokens}")
+
+    def label(self) -> str:
+        return f"tree topk {self.topk}, {self.tokens} verified"
+
+
+def draft_queries(tree: DraftTree | None, depth: int) -> list[int]:
+    """Tokens a sequence puts through each of `depth` draft steps: 1, then `topk` with a tree."""
+    return [1 if i == 0 or tree is None else tree.topk for i in range(depth)]
+
+
+def verify_tokens(tree: DraftTree | None, depth: int) -> int:
+    """Tokens a sequence's verify puts through the target after `depth` draft steps (a chain: depth + 1)."""
+    return depth + 1 if tree is None else tree.verify_tokens(depth)
+
+
+def accept_depth(tree: DraftTree | None, depth: int) -> int:
+    """The most drafts a cycle of `depth` draft steps can accept (a chain: all of them)."""
+    return depth if tree is None else tree.accept_depth(depth)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,11 +151,12 @@ class SpeculativeEstimate:
     verify_total_s: float  # every cycle's verify step
     decode_s: float  # every cycle: drafts, verifies and fixed costs
     decode_bound_s: float  # the same under the roofline
+    tree: DraftTree | None = None  # a draft tree (None: a chain of num_draft_tokens)
 
     @property
     def tokens_per_cycle(self) -> float:
-        """Tokens a cycle emits on average at this acceptance (`expected_tokens`)."""
-        return expected_tokens(self.acceptance, self.num_draft_tokens)
+        """Tokens a cycle emits on average at this acceptance (`expected_tokens` over its accept depth)."""
+        return expected_tokens(self.acceptance, accept_depth(self.tree, self.num_draft_tokens))
 
     @property
     def ttft_s(self) -> float:
@@ -144,7 +215,8 @@ class SpeculativeEstimate:
             dp_attention=t.conventions.dp_attention,
             expert_load=None if t.conventions.expert_load is None else t.conventions.expert_load.source,
             eplb=t.conventions.eplb, precision=str(t.row.get("precision", "")),
-            num_draft_tokens=self.num_draft_tokens, acceptance=self.acceptance,
+            num_draft_tokens=self.num_draft_tokens, tree_topk=self.tree.topk if self.tree else 1,
+            verify_tokens=verify_tokens(self.tree, self.num_draft_tokens), acceptance=self.acceptance,
             tokens_per_cycle=self.tokens_per_cycle, cycles=self.cycles, draft_steps_s=self.first_draft_s,
             verify_s=self.first_verify_s, cycle_s=self.first_draft_s + self.first_verify_s + self.cycle_overhead_s,
             ttft_s=self.ttft_s, tpot_s=self.tpot_s, tpot_plain_s=t.tpot_s, speedup=self.speedup,
@@ -358,15 +430,15 @@ def _forward_s(est: GenerationEstimate, time_model: TimeModel, phase: str, q_len
     sequence) without the engine's per-step fixed cost (a cycle pays that once); a draft of `kind` MTP
     or EAGLE-3 with its own operators (`draft_extra_ops`; `first`: the cycle's first draft step). A
     verify computes the logits of all its `q_len` positions (each checks a draft token, the last gives
-    the bonus: `llmperf.engine.speculative` runs it with `all_logits`), so
-    its LM head sees `batch x q_len` rows."""
+    the bonus: `llmperf.engine.speculative` runs it with `all_logits`), so its LM head sees `batch x
+    q_len` rows; so does a tree's draft step (each of its `topk` candidates a sequence picks children)."""
     from dataclasses import replace
 
     from llmperf.analysis.rollup import forward_model, phase_arrays
 
     tm = phase_time_model(model_time_model(time_model, est.model), phase)
     dtype = est.prefill.compute_dtype
-    fm = est.forward_model() if phase != "verify" else forward_model(
+    fm = est.forward_model() if phase != "verify" and q_len == 1 else forward_model(
         est.model, est.precision, replace(est.conventions, all_logits=True), est.tp)
     t = phase_arrays(fm, est.hardware, float(est.batch), float(q_len), kv_len, pp=est.pp,
                      compute_dtype=dtype, time_model=tm).time_s
@@ -376,20 +448,23 @@ def _forward_s(est: GenerationEstimate, time_model: TimeModel, phase: str, q_len
 
 
 def _cycles(target: GenerationEstimate, draft: GenerationEstimate, k: int, acceptance: float,
-            time_model: TimeModel, kind: str = "model") -> dict[str, float]:
+            time_model: TimeModel, kind: str = "model", tree: DraftTree | None = None) -> dict[str, float]:
     """The expected cycles, the first cycle's draft and verify times, the fixed cost per cycle, and over
     every cycle the draft time, the verify time and the whole (`SpeculativeEstimate`'s fields).
     Cycle c starts with n = prompt_len + 1 + c * E committed tokens; the last cycle is weighted by the
-    fraction of it the generation needs."""
-    e = expected_tokens(acceptance, k)
+    fraction of it the generation needs. With a `tree`, draft steps after the first run `topk` tokens a
+    sequence and the verify its `tokens`."""
+    e = expected_tokens(acceptance, accept_depth(tree, k))
     steps = target.decode_steps
     cycles = steps / e
     n_cycles = max(math.ceil(cycles - 1e-9), 1)
     weights = np.ones(n_cycles)
     weights[-1] = cycles - (n_cycles - 1) if steps else 0.0
     n = target.prompt_len + 1.0 + e * np.arange(n_cycles)  # (cycles,) committed tokens at each cycle's start
-    drafts = sum(_forward_s(draft, time_model, "decode", 1, n + i, kind, first=i == 0) for i in range(k))
-    verify = _forward_s(target, time_model, "verify", k + 1, n + k)
+    drafts = sum(_forward_s(draft, time_model, "decode", q, n + i + q - 1, kind, first=i == 0)
+                 for i, q in enumerate(draft_queries(tree, k)))  # a tree's q candidates: each at depth i
+    v = verify_tokens(tree, k)
+    verify = _forward_s(target, time_model, "verify", v, n + v - 1)
     fixed = step_overhead_s(phase_time_model(model_time_model(time_model, target.model), "decode"))
     return dict(cycles=cycles, first_draft_s=float(drafts[0]), first_verify_s=float(verify[0]), cycle_overhead_s=fixed,
                 draft_total_s=float(np.sum(weights * drafts)), verify_total_s=float(np.sum(weights * verify)),
@@ -398,7 +473,8 @@ def _cycles(target: GenerationEstimate, draft: GenerationEstimate, k: int, accep
 
 def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_draft_tokens: int,
               acceptance: float, batch: int = 1, prompt_len: int = 512, gen_len: int = 128,
-              time_model: Any = None, draft_tp: int | None = None, **options: Any) -> SpeculativeEstimate:
+              time_model: Any = None, draft_tp: int | None = None, tree: DraftTree | None = None,
+              **options: Any) -> SpeculativeEstimate:
     """Price speculative decoding of `model` with the draft model `draft` (or `"mtp"`: the model's own
     multi-token-prediction module; `"early-exit:N"`: its first N layers, sharing their weights but
     keeping a KV cache of their own, as `llmperf.engine.speculative` runs it; `"eagle3"`, `"eagle3:N"`
@@ -411,8 +487,13 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
     it; an early exit, MTP or EAGLE-3 runs at `tp`, and so does every draft under `dp_attention`). With `ep`, a MoE
     draft's experts are split like the target's, a dense draft's FFN by `tp`; a measured `expert_load`
     and `eplb` price the target's experts, and a draft's only where it is the target's own MoE layers (an
-    early exit, MTP). The draft must share the target's vocabulary (one tokenizer)."""
+    early exit, MTP). The draft must share the target's vocabulary (one tokenizer). `tree`: a draft
+    tree (`DraftTree`) of `num_draft_tokens` steps instead of a chain, `acceptance` each depth's."""
     _check(num_draft_tokens, acceptance)
+    if tree is not None:
+        if not isinstance(tree, DraftTree):
+            raise SpecError(f"tree: must be a DraftTree (topk, tokens) or None, got {tree!r}")
+        tree.check(int(num_draft_tokens))
     m, hw = load_model(model), load_hardware(hardware)
     d, kind = resolve_draft(m, draft)
     early = kind == "early-exit"
@@ -433,7 +514,8 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
         raise SpecError(f"draft_tp: {draft_tp}, but with data-parallel attention each GPU drafts its own "
                         f"sequences at the target's tp {tp}")
     target = estimate(m, hw, gen_len=gen_len, tp=tp, **kw)
-    dkw = dict(kw, gen_len=gen_len + num_draft_tokens, tp=draft_tp or tp)  # the draft's KV runs k tokens ahead
+    ahead = sum(draft_queries(tree, int(num_draft_tokens)))  # the draft's KV holds a cycle's drafts beyond gen_len
+    dkw = dict(kw, gen_len=gen_len + ahead, tp=draft_tp or tp)
     # the draft's layout as simulate's (`llmperf.serving.speculative`): the target's experts and attention
     # at the target's degree (a dense draft's ep 1); at another degree neither split apart
     if (draft_tp or tp) != tp:
@@ -445,9 +527,9 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
         dkw.update(expert_load=None, eplb=None)
     small = estimate(d, hw, **dkw)
     k, a = int(num_draft_tokens), float(acceptance)
-    parts = _cycles(target, small, k, a, target.time_model, kind)
+    parts = _cycles(target, small, k, a, target.time_model, kind, tree)
     bound = parts["decode_s"] if target.time_model.name == "roofline" else \
-        _cycles(target, small, k, a, ROOFLINE, kind)["decode_s"]
+        _cycles(target, small, k, a, ROOFLINE, kind, tree)["decode_s"]
     weights, prefill = (0.0 if early else small.memory.weights_bytes), small.ttft_s  # an early exit shares them
     if kind == MTP:  # one layer (two layers' weights less one's), eh_proj and three norms; embedding and head shared
         two = estimate(mtp_spec(m, 2), hw, **dkw).memory.weights_bytes
@@ -461,4 +543,5 @@ def speculate(model: Any, draft: Any, hardware: Any = "a100-80gb-sxm", *, num_dr
         prefill += sum(float(np.asarray(op_time(c, hw, dtype, tm).time_s)) for c in ops)
     return SpeculativeEstimate(target=target, draft=small, draft_name=d.name, draft_weights_bytes=weights,
                                draft_prefill_s=prefill, num_draft_tokens=k, acceptance=a, decode_bound_s=bound,
+                               tree=tree,
                                **parts)

@@ -258,7 +258,7 @@ def _floors(config: ServingConfig, spec: WorkloadSpec, slo: SLO) -> tuple[float,
         tpot = cost.step_time_s([1], [P + 1], 1)
     else:  # a cycle with every draft accepted: no request alone decodes faster
         k = config.speculative.num_draft_tokens
-        tpot = speculative_costs(config, cost).cycle_s(1, P + 1, k) / (k + 1)
+        tpot = speculative_costs(config, cost).cycle_s(1, P + 1, k) / (config.speculative.accept_depth(k) + 1)
     return ttft, tpot
 
 

@@ -354,10 +354,10 @@ class Scheduler:
             if r.width > 1:
                 raise ValueError(f"speculative: request {r.request_id} runs {r.width} sequences; speculative "
                                  "decoding is scheduled for one sequence a request")
-            if budget is not None and self._spec_k + 1 > budget:
+            verify = self.config.speculative.verify_tokens(self._spec_k)
+            if budget is not None and verify > budget:
                 raise ValueError(f"max_batched_tokens: a speculative cycle of {self._spec_k} draft tokens puts "
-                                 f"{self._spec_k + 1} tokens through the target, more than the per-step budget "
-                                 f"of {budget}")
+                                 f"{verify} tokens through the target, more than the per-step budget of {budget}")
 
     def add(self, r: RequestState) -> RequestState:
         """Queue a request (checked first). Its sequence ids are assigned here."""
@@ -522,9 +522,9 @@ class Scheduler:
     def _schedule_cycle(self, r: RequestState, k: int, budget: float, preempted: list[int],
                         items: list[ScheduledItem], reqs: list[RequestState]) -> float:
         """A speculative cycle of the decoding request `r` if its tokens fit in `budget`: the last token
-        and up to `k` draft tokens (never more than the request has left to generate, less one)
-        through the target, their slots reserved. The budget left."""
-        m = min(k, r.max_new_tokens - r.num_generated - 1) + 1
+        and the drafts of up to `k` draft steps (never more than the request has left to generate, less
+        one; a tree's verified tokens) through the target, their slots reserved. The budget left."""
+        m = self.config.speculative.verify_tokens(min(k, r.max_new_tokens - r.num_generated - 1))
         if budget < m:
             return budget
         if self._reserve(r, m, preempted):

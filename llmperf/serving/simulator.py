@@ -185,9 +185,11 @@ class ServingConfig:
         if self.pp != 1:
             raise SpecError(f"pp: speculative decoding is simulated on one pipeline stage (pp 1), got {self.pp}")
         k = self.speculative.num_draft_tokens
-        if self.max_batched_tokens is not None and self.max_batched_tokens < k + 1:
-            raise SpecError(f"--max-batched-tokens: a speculative cycle puts {k + 1} tokens through the target "
-                            f"(k = {k} drafts and the last token), more than the budget, got {self.max_batched_tokens}")
+        v = self.speculative.verify_tokens(k)
+        if self.max_batched_tokens is not None and self.max_batched_tokens < v:
+            raise SpecError(f"--max-batched-tokens: a speculative cycle puts {v} tokens through the target "
+                            f"(k = {k} draft steps' tokens and the last token), more than the budget, got "
+                            f"{self.max_batched_tokens}")
         if window_groups(self.model, self.kv_window, self.pp):
             raise SpecError(f"--kv-window: speculative decoding is not simulated with a capped sliding-window pool "
                             f"({self.model.name} has sliding/chunked layers); pass --kv-window full, got "
@@ -593,10 +595,12 @@ class CostModelRunner:
                 chunk_rows += n
                 if item.num_generated + 1 >= out[item.request_id]:
                     finished.extend(item.seq_ids)
-        drafts = [item.num_tokens - 1 for item in cycles]
+        spec = self.speculative
+        k = spec.num_draft_tokens
+        # each cycle's draft steps, as the scheduler cut them (`Scheduler._schedule_cycle`), and the most it accepts
+        drafts = [min(k, out[item.request_id] - item.num_generated - 1) for item in cycles]
         emitted: dict[int, int] = {}
-        k = self.speculative.num_draft_tokens
-        for item, d, e in zip(cycles, drafts, self.draws.draw(drafts)):
+        for item, d, e in zip(cycles, drafts, self.draws.draw([spec.accept_depth(d) for d in drafts])):
             emitted[item.request_id] = e
             logits += len(item.seq_ids) * item.num_tokens  # a verify's logits at every position it checks
             if item.num_generated + e >= out[item.request_id]:
@@ -616,12 +620,14 @@ class CostModelRunner:
         else:
             duration = cost.step_time_from_features(tokens, feats, logits)
         draft = sc.draft
+        queries = [spec.draft_queries(d) for d in drafts]
         for i in range(max(max(drafts, default=0), 1 if chunk_q else 0)):
-            # draft step i: one token for each cycle with more than i drafts at context start + 1 + i;
-            # the first also over the step's prefill chunks (the draft's prefill of the prompt)
-            dkv = [item.start + 1 + i for item, d in zip(cycles, drafts) if d > i]
-            dq = [1] * len(dkv)
-            rows = len(dkv)
+            # draft step i: one token (a tree's later steps: topk candidates) for each cycle with more than
+            # i draft steps, at context start + 1 + i; the first also over the step's prefill chunks (the
+            # draft's prefill of the prompt)
+            dq = [q[i] for q, d in zip(queries, drafts) if d > i]
+            dkv = [item.start + i + q[i] for item, q, d in zip(cycles, queries, drafts) if d > i]
+            rows = sum(dq)
             if i == 0 and chunk_q:
                 dq, dkv, rows = chunk_q + dq, chunk_kv + dkv, rows + chunk_rows
             duration += sc.draft_s(sum(dq), draft.features(dq, dkv), rows, prefill=i == 0 and bool(chunk_q),
@@ -942,7 +948,7 @@ def service_rate_bound(config: ServingConfig, spec: WorkloadSpec, num_blocks: in
         step = cost.step_time_s(np.ones(b), np.full(b, ctx), b)
     else:  # a cycle, every draft accepted: the fewest seconds a token (a bound, whatever the acceptance)
         k = config.speculative.num_draft_tokens
-        step = speculative_costs(config, cost).cycle_s(b, ctx, k) / (k + 1)
+        step = speculative_costs(config, cost).cycle_s(b, ctx, k) / (config.speculative.accept_depth(k) + 1)
     chunk = int(min(config.max_batched_tokens or p_mean, max(p_mean, 1)))
     prefill_per_token = cost.step_time_s([chunk], [chunk], 1) / chunk
     per_request = o_mean * step / b + p_mean * prefill_per_token

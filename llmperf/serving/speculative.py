@@ -2,7 +2,8 @@
 step whose decodes are speculative cycles.
 
 With `SpeculativeConfig` on, the scheduler (`llmperf.serving.scheduler`) schedules each decode of a
-sequence as one cycle: k + 1 tokens of the step's budget, k + 1 cache slots reserved for the step.
+sequence as one cycle: k + 1 tokens of the step's budget, k + 1 cache slots reserved for the step (a
+draft tree, `DraftTree`: its verified tokens, and its later draft steps over `topk` candidates a sequence).
 The cost-model runner draws the tokens the cycle emits, n in 1 .. k + 1, from the truncated geometric
 law of Leviathan et al. (arXiv:2211.17192: P(n) = a^(n-1) (1 - a) for n <= k, P(k + 1) = a^k; mean
 E(a, k) = (1 - a^(k+1)) / (1 - a), `llmperf.analysis.speculative.expected_tokens`) with a seeded
@@ -34,12 +35,16 @@ from llmperf.analysis.routing import check_eplb
 from llmperf.analysis.speculative import (
     EAGLE3,
     MTP,
+    DraftTree,
+    accept_depth,
     draft_extra_ops,
+    draft_queries,
     eagle3_extra_weights_bytes,
     expected_tokens,
     mtp_extra_weights_bytes,
     mtp_spec,
     resolve_draft,
+    verify_tokens,
 )
 from llmperf.errors import SpecError
 from llmperf.numeric import is_count, is_real
@@ -58,13 +63,16 @@ class SpeculativeConfig:
     `seed`: the acceptance draws' random stream (same seed, same run). `draft_tp`: the draft model's
     tensor-parallel degree (None: the target's; it divides it; 1 runs the draft on one GPU, as vLLM's
     `draft_tensor_parallel_size=1`, and that GPU holds all of it: the memory plan's per-GPU figures are
-    that GPU's). An early exit or MTP drafts with the target's own layers, at its degree."""
+    that GPU's). An early exit or MTP drafts with the target's own layers, at its degree. `tree`: a
+    draft tree (`DraftTree`: later draft steps run `topk` candidates a sequence, the target verifies
+    its `tokens`) of `num_draft_tokens` steps instead of a chain, `acceptance` then each depth's."""
 
     draft: Any
     num_draft_tokens: int
     acceptance: float
     seed: int = 0
     draft_tp: int | None = None
+    tree: DraftTree | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.draft, str) and not self.draft.strip():
@@ -77,11 +85,27 @@ class SpeculativeConfig:
             raise SpecError(f"seed: must be a non-negative integer, got {self.seed!r}")
         if self.draft_tp is not None and (not is_count(self.draft_tp) or self.draft_tp < 1):
             raise SpecError(f"draft_tp: must be a positive integer, got {self.draft_tp!r}")
+        if self.tree is not None:
+            if not isinstance(self.tree, DraftTree):
+                raise SpecError(f"tree: must be a DraftTree (topk, tokens) or None, got {self.tree!r}")
+            self.tree.check(self.num_draft_tokens)
 
     @property
     def expected_tokens_per_cycle(self) -> float:
-        """E(a, k): the tokens a full cycle emits on average."""
-        return expected_tokens(self.acceptance, self.num_draft_tokens)
+        """E(a, d): the tokens a full cycle emits on average (d: its accept depth, k for a chain)."""
+        return expected_tokens(self.acceptance, self.accept_depth(self.num_draft_tokens))
+
+    def verify_tokens(self, depth: int) -> int:
+        """Tokens a sequence's verify puts through the target after `depth` draft steps."""
+        return verify_tokens(self.tree, depth)
+
+    def accept_depth(self, depth: int) -> int:
+        """The most drafts a cycle of `depth` draft steps can accept."""
+        return accept_depth(self.tree, depth)
+
+    def draft_queries(self, depth: int) -> list[int]:
+        """Tokens a sequence puts through each of `depth` draft steps (1, then the tree's `topk`)."""
+        return draft_queries(self.tree, depth)
 
     def resolve(self, model: ModelSpec) -> tuple[ModelSpec, str]:
         """The draft of `model` as a spec and its kind ("model", "mtp", "early-exit"): SpecError naming
@@ -113,7 +137,9 @@ class SpeculativeConfig:
         """The settings as plain values, the draft by name (a run's and a plan's settings; `tp`: the
         target's, for the draft's degree; None where it varies: `draft_tp` None then means the target's)."""
         draft, _ = self.resolve(model)
-        return dict(draft=draft.name, num_draft_tokens=self.num_draft_tokens, acceptance=float(self.acceptance),
+        return dict(draft=draft.name, num_draft_tokens=self.num_draft_tokens,
+                    tree_topk=self.tree.topk if self.tree else 1,
+                    verify_tokens=self.verify_tokens(self.num_draft_tokens), acceptance=float(self.acceptance),
                     speculative_seed=self.seed, expected_tokens_per_cycle=self.expected_tokens_per_cycle,
                     draft_tp=self.draft_tp if self.draft_tp is not None else tp)
 
@@ -224,6 +250,7 @@ class SpeculativeCosts:
         self.target = target
         self.verify = target if phase_time_model(target.time_model, "verify") is target.time_model else \
             replace(target, time_model=phase_time_model(target.time_model, "verify"))
+        self.spec = config.speculative
         self.draft = StepCostModel(model=d, hardware=target.hardware, precision=target.precision, tp=_draft_tp(config),
                                    pp=1, attention=target.attention, time_model=config.resolve_time_model(d),
                                    conventions=_draft_conventions(config, d))
@@ -257,14 +284,17 @@ class SpeculativeCosts:
         return t
 
     def cycle_s(self, batch: int, context: float, k: int) -> float:
-        """A step of `batch` cycles of `k` drafts, each sequence with `context` tokens committed: k draft
-        steps (contexts context .. context + k - 1), the verify (k + 1 tokens, context + k after it) and
-        the fixed cost (the bounds of a rate search and the plan's floors use it)."""
+        """A step of `batch` cycles of `k` draft steps, each sequence with `context` tokens committed: the
+        draft steps (contexts context .. context + k - 1; a tree's later ones over `topk` candidates a
+        sequence), the verify (k + 1 tokens, or the tree's, context + k after it) and the fixed cost (the
+        bounds of a rate search and the plan's floors use it)."""
         b = int(batch)
         t = self.target
-        verify = self.verify_s(b * (k + 1), t.features(np.full(b, k + 1.0), np.full(b, context + k)), b * (k + 1))
-        drafts = sum(self.draft_s(b, self.draft.features(np.ones(b), np.full(b, context + i)), b, first=i == 0)
-                     for i in range(k))
+        v = self.spec.verify_tokens(k)
+        verify = self.verify_s(b * v, t.features(np.full(b, float(v)), np.full(b, context + v - 1)), b * v)
+        drafts = sum(self.draft_s(b * q, self.draft.features(np.full(b, float(q)), np.full(b, context + i + q - 1)),
+                                  b * q, first=i == 0)
+                     for i, q in enumerate(self.spec.draft_queries(k)))
         return verify + drafts + self.decode_fixed_s()
 
     def _extra_s(self, tokens: int, prefill: bool, first: bool, d: Any) -> float:

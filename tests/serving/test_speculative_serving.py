@@ -321,8 +321,9 @@ def test_settings_name_the_speculation_and_stay_without_it():
     assert st["expected_tokens_per_cycle"] == pytest.approx(expected_tokens(0.7, 3))
     assert set(st) - set(plain.settings) == {"draft", "num_draft_tokens", "acceptance", "speculative_seed",
                                              "expected_tokens_per_cycle", "draft_tp", "draft_weights_bytes",
-                                             "draft_kv_bytes_per_token"}
+                                             "draft_kv_bytes_per_token", "tree_topk", "verify_tokens"}
     assert st["draft_tp"] == 1  # the target's
+    assert (st["tree_topk"], st["verify_tokens"]) == (1, 4)  # a chain: k + 1 verified
     assert "tokens_per_cycle" in res.summary() and "tokens_per_cycle" not in plain.summary()
 
 

@@ -40,6 +40,7 @@ from llmperf.cli.commands.simulate import (
     StreamingOpt,
     SystemOpt,
     TokensOpt,
+    TreeOpt,
     _fmt_s,
     _length,
     _positive,
@@ -198,6 +199,7 @@ def register(app: typer.Typer) -> None:
         draft_tokens: DraftTokensOpt = None,
         acceptance: AcceptanceOpt = None,
         draft_tp: DraftTpOpt = None,
+        tree: TreeOpt = None,
         max_batch: MaxBatchOpt = 256,
         max_batched_tokens: TokensOpt = DEFAULT_MAX_BATCHED_TOKENS,
         chunked_prefill: ChunkOpt = True,
@@ -280,7 +282,7 @@ def register(app: typer.Typer) -> None:
                         engine=engine)
             model, streamed = streaming_model(model, streaming)
             speculative = speculative_from_options(model, draft, draft_tokens, acceptance, seed, draft_tp,
-                                                   tuple(tp_list))
+                                                   tuple(tp_list), tree)
             if speculative is not None:  # every candidate simulated with it
                 base["speculative"] = speculative
             base["expert_load"], base["eplb"] = expert_load_from_option(expert_load), eplb

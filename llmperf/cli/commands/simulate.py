@@ -68,6 +68,7 @@ EngineOpt = Annotated[str | None, typer.Option("--engine", help="GPU serving sta
 StreamingOpt = Annotated[str | None, typer.Option("--streaming", help="StreamingLLM KV eviction, SINKS:WINDOW (e.g. 4:2044), as `llmperf estimate --streaming`: the model with every layer a sliding window of SINKS + WINDOW tokens (the same keys per query, bytes and KV), its paged pool holding each sequence's window's blocks.")]
 DraftOpt = Annotated[str | None, typer.Option("--draft", "-d", help="Speculative decoding: the draft model (the target's vocabulary), as `llmperf speculate --draft` takes it: a built-in name, a YAML / HF config.json path, mtp (the model's own multi-token-prediction layer), eagle3 (an EAGLE-3 head over the target's features; eagle3:N for N draft-vocabulary tokens, default 32,000; or a head's config.json path) or early-exit:N (its own first N layers). Needs --draft-tokens and --acceptance.")]
 DraftTokensOpt = Annotated[int | None, typer.Option("--draft-tokens", "-k", help="Speculative decoding: draft tokens per cycle (k, 1 .. 64).")]
+TreeOpt = Annotated[str | None, typer.Option("--tree", help="Speculative decoding with a draft tree, TOPK:TOKENS, as EAGLE-2/3 in SGLang (--speculative-eagle-topk, --speculative-num-draft-tokens): draft steps after the first run TOPK candidates a sequence, the target verifies TOKENS of them; --draft-tokens is the depth and --acceptance each depth's. Default: a chain.")]
 DraftTpOpt = Annotated[int | None, typer.Option("--draft-tp", help="Speculative decoding: the draft model's tensor-parallel degree (default: the target's --tp; it divides it; 1 runs the draft on one GPU, as vLLM's draft_tensor_parallel_size=1, and that GPU holds all of it). Not for mtp or early-exit drafts, which run on the target's layers.")]
 AcceptanceOpt = Annotated[float | None, typer.Option("--acceptance", "-a", help="Speculative decoding: each draft token's acceptance rate (a, in [0, 1]; independent per token; the cycle's tokens are drawn with --seed).")]
 ExpertLoadOpt = Annotated[str | None, typer.Option("--expert-load", help="A measured router's load per expert (llmperf profile's expert_load.json, or SGLang's logical_count as JSON): experts priced at its popularity, not uniform routing.")]
@@ -109,12 +110,14 @@ def check_layout_options(*, mla_mode: str, kv_window: str) -> None:
 
 
 def speculative_from_options(model: str, draft: str | None, draft_tokens: int | None, acceptance: float | None,
-                             seed: int, draft_tp: int | None = None, tps: tuple[int, ...] = (1,)):  # noqa: ANN201
-    """The `SpeculativeConfig` of --draft / --draft-tokens / --acceptance / --draft-tp (None without
-    --draft), the draft resolved against `model` and its degree checked against each target degree in
-    `tps`; each bad value refused in one line naming its option."""
+                             seed: int, draft_tp: int | None = None, tps: tuple[int, ...] = (1,),
+                             tree: str | None = None):  # noqa: ANN201
+    """The `SpeculativeConfig` of --draft / --draft-tokens / --acceptance / --draft-tp / --tree (None
+    without --draft), the draft resolved against `model` and its degree checked against each target
+    degree in `tps`; each bad value refused in one line naming its option."""
     if draft is None:
-        for opt, v in (("--draft-tokens", draft_tokens), ("--acceptance", acceptance), ("--draft-tp", draft_tp)):
+        for opt, v in (("--draft-tokens", draft_tokens), ("--acceptance", acceptance), ("--draft-tp", draft_tp),
+                       ("--tree", tree)):
             if v is not None:
                 raise SpecError(f"--draft: {opt} sets speculative decoding; add --draft (a model, mtp, eagle3 or early-exit:N)")
         return None
@@ -131,9 +134,11 @@ def speculative_from_options(model: str, draft: str | None, draft_tokens: int | 
     from llmperf.specs import load_model
     if draft_tp is not None and draft_tp < 1:
         raise SpecError(f"--draft-tp: must be a positive integer, got {draft_tp}")
+    from llmperf.analysis.speculative import DraftTree
+    shape = None if tree is None else DraftTree.parse("--tree", tree)
     try:
         spec = SpeculativeConfig(draft=draft, num_draft_tokens=draft_tokens, acceptance=acceptance, seed=seed,
-                                 draft_tp=draft_tp)
+                                 draft_tp=draft_tp, tree=shape)
     except SpecError as exc:
         raise SpecError(f"--{exc}") from None
     target = load_model(model)
@@ -193,12 +198,16 @@ def speculation_table(result):  # noqa: ANN001, ANN201
     if "draft" not in st:
         return None
     from rich.table import Table
-    t = Table(title="speculative decoding (each decode a cycle: k draft steps, one verify of k + 1 tokens)")
+    topk = st.get("tree_topk", 1)
+    shape = (f"a tree: k draft steps, {topk} candidates a sequence after the first, one verify of "
+             f"{st.get('verify_tokens')} tokens" if topk > 1 else "k draft steps, one verify of k + 1 tokens")
+    t = Table(title=f"speculative decoding (each decode a cycle: {shape})")
     t.add_column("quantity")
     t.add_column("value", justify="right")
     for k, v in (("draft", f"{st['draft']} (tp {st['draft_tp']})"),
-                 ("draft tokens per cycle, k", str(st["num_draft_tokens"])),
-                 ("acceptance per draft token, a", f"{st['acceptance']:g}"), ("seed", str(st["speculative_seed"])),
+                 ("draft steps per cycle, k" if topk > 1 else "draft tokens per cycle, k", str(st["num_draft_tokens"])),
+                 ("acceptance per depth, a" if topk > 1 else "acceptance per draft token, a", f"{st['acceptance']:g}"),
+                 ("seed", str(st["speculative_seed"])),
                  ("cycles", str(s["speculative_cycles"])),
                  ("tokens per cycle, measured (all cycles)", f"{s['tokens_per_cycle']:.3f}"),
                  ("tokens per cycle, measured (cycles of k drafts)", f"{s['tokens_per_full_cycle']:.3f}"),
@@ -419,6 +428,7 @@ def register(app: typer.Typer) -> None:
         draft_tokens: DraftTokensOpt = None,
         acceptance: AcceptanceOpt = None,
         draft_tp: DraftTpOpt = None,
+        tree: TreeOpt = None,
         slo_ttft: SloTtftOpt = None,
         slo_tpot: SloTpotOpt = None,
         slo_percentile: SloPctOpt = 90.0,
@@ -490,7 +500,8 @@ def register(app: typer.Typer) -> None:
                 return
             hardware = DEFAULT_HARDWARE if hardware is None else hardware
             model, streamed = streaming_model(model, streaming)  # before everything else
-            speculative = speculative_from_options(model, draft, draft_tokens, acceptance, seed, draft_tp, (tp,))
+            speculative = speculative_from_options(model, draft, draft_tokens, acceptance, seed, draft_tp, (tp,),
+                                                   tree)
             prompt_len = PROMPT_LEN if prompt_len is None else prompt_len
             output_len = OUTPUT_LEN if output_len is None else output_len
             slo = sim.SLO(ttft_s=slo_ttft, tpot_s=slo_tpot, percentile=slo_percentile)

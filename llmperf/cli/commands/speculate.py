@@ -53,6 +53,8 @@ def speculate_table(rows: list, ks: list[int], acceptances: list[float]):  # noq
     where += (f", ep {t.conventions.ep}" if t.conventions.ep > 1 else "") + (
         ", data-parallel attention" if t.conventions.dp_attention else "") + layout_words(s)
     plain_bound = float(t.row.get("tpot_bound_s") or t.tpot_s)
+    tree = first.tree
+    where += f", {tree.label()}" if tree is not None else ""
     table = Table(title=f"{s['model']} drafted by {s['draft']} on {s['hardware']} ({where}, {s['precision']}), batch "
                         f"{t.batch}, prompt {t.prompt_len}, {t.gen_len} tokens generated\npriced with the "
                         f"{s['time_model']} time model, engine profile {s['engine']}; plain decoding: TPOT "
@@ -68,13 +70,36 @@ def speculate_table(rows: list, ks: list[int], acceptances: list[float]):  # noq
         r0 = next(r for r in rows if r.num_draft_tokens == k)
         table.add_row(str(k), _ms(r0.first_draft_s), _ms(r0.first_verify_s), *cells)
     mem = max(r.memory_bytes for r in rows) / 2.0 ** 30
-    table.caption = ("k: draft tokens per cycle; draft steps, verify: the first cycle's k draft decode steps and "
-                     "the target's check of k + 1 tokens\na: each draft token's acceptance rate; tokens per cycle "
-                     "(1 - a^(k+1)) / (1 - a); * the best k for that a; [bound]: the speedup under the roofline\n"
+    if tree is None:
+        what = ("k: draft tokens per cycle; draft steps, verify: the first cycle's k draft decode steps and the "
+                "target's check of k + 1 tokens\na: each draft token's acceptance rate; tokens per cycle "
+                "(1 - a^(k+1)) / (1 - a)")
+    else:
+        what = (f"k: draft steps per cycle (the tree's depth; {tree.topk} candidates a sequence after the first); "
+                f"verify: the target's check of {tree.tokens} tree tokens\na: each depth's acceptance rate; tokens "
+                "per cycle (1 - a^(d+1)) / (1 - a), d = min(k, tokens - 1) (SGLang's accept length)")
+    table.caption = (what + "; * the best k for that a; [bound]: the speedup under the roofline\n"
                      f"memory per GPU {mem:.1f} GiB of {t.memory.usable_bytes / 2.0 ** 30:.1f} GiB usable "
                      "(both models' weights and KV caches); TTFT adds the draft's prefill, "
                      f"{_ms(first.draft.ttft_s)}")
     return table
+
+
+def _tree_depths(tree, ks: list[int]) -> list[int]:  # noqa: ANN001
+    """The draft lengths (depths) of `ks` that can build `tree`; a note on stderr for those left out, and an
+    error naming --tree when none can."""
+    kept, left = [], []
+    for k in ks:
+        try:
+            tree.check(k)
+            kept.append(k)
+        except SpecError as exc:
+            left.append((k, str(exc).removeprefix("tree: ")))
+    if not kept:
+        raise SpecError(f"--tree: no draft length in --tokens builds it ({left[0][1]})")
+    for k, why in left:
+        warn(f"--tokens {k} left out: {why}")
+    return kept
 
 
 def register(app: typer.Typer) -> None:
@@ -95,6 +120,7 @@ def register(app: typer.Typer) -> None:
         dp_attention: Annotated[bool, typer.Option("--dp-attention", help="Data-parallel attention over the tp group (needs --ep equal to --tp for a MoE model; how MLA models are served): the draft runs the same way.")] = False,
         expert_load: Annotated[str | None, typer.Option("--expert-load", help="A measured router's load per expert (llmperf profile's expert_load.json, or SGLang's logical_count as JSON): experts priced at its popularity, not uniform routing (the target's, and an mtp or early-exit draft's).")] = None,
         eplb: Annotated[int | None, typer.Option("--eplb", help="EPLB (DeepSeek's expert-parallel load balancer) with N redundant experts per MoE layer (0: rearrange only); needs --ep > 1 (the target's, and an mtp or early-exit draft's). Default: experts placed contiguously, as servers without a balancer.")] = None,
+        tree: Annotated[str | None, typer.Option("--tree", help="A draft tree, TOPK:TOKENS, as EAGLE-2/3 in SGLang (--speculative-eagle-topk, --speculative-num-draft-tokens): draft steps after the first run TOPK candidates a sequence and the target verifies TOKENS of them; k is the depth (a k whose tree cannot hold TOKENS is left out) and -a each depth's acceptance. Default: a chain of k.")] = None,
         efficiency: Annotated[str | None, typer.Option("--efficiency", help="Time model: roofline, typical, calibrated (--hardware local). Default: the expected time (typical on a GPU, calibrated for --hardware local); the roofline bound is shown beside it.")] = None,
         engine: Annotated[str | None, typer.Option("--engine", help="GPU serving stack's profile (models_spec/engines): compiled (the default) or eager.")] = None,
         output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv.")] = OutputFormat.table,
@@ -123,13 +149,19 @@ def register(app: typer.Typer) -> None:
                 load_engine(engine)
 
             load = expert_load_from_option(expert_load)  # read once, for every k and acceptance rate
+            shape = None
+            if tree is not None:
+                from llmperf.analysis.speculative import DraftTree
+                shape = DraftTree.parse("--tree", tree)
+                ks = _tree_depths(shape, list(dict.fromkeys(ks)))
 
             def priced(hw, compute_dtype):  # noqa: ANN001, ANN202
                 return time_model_for(hw, efficiency or default_efficiency(hw), compute_dtype, engine=engine)
 
             rows = [speculate(model, draft, hardware, num_draft_tokens=k, acceptance=a, batch=batch,
                               prompt_len=prompt_len, gen_len=gen_len, precision=dtype, tp=tp, draft_tp=draft_tp,
-                              ep=ep, dp_attention=dp_attention, expert_load=load, eplb=eplb, time_model=priced)
+                              ep=ep, dp_attention=dp_attention, expert_load=load, eplb=eplb, time_model=priced,
+                              tree=shape)
                     for k in dict.fromkeys(ks) for a in dict.fromkeys(rates)]
             if not rows[0].fits:
                 r = rows[0]
