@@ -113,6 +113,7 @@ class DraftTree:
             raise SpecError(f"tree: topk 1 is a chain of k + 1 = {depth + 1} tokens, got {self.tokens}")
 
     def label(self) -> str:
+        """The tree in words, for titles: "tree topk 4, 8 verified"."""
         return f"tree topk {self.topk}, {self.tokens} verified"
 
 

@@ -60,6 +60,7 @@ class ExpertLoad:
 
     @property
     def num_experts(self) -> int:
+        """Routed experts per layer."""
         return int(self.counts.shape[1])
 
     def popularity(self, num_experts: int, experts_per_token: int) -> np.ndarray:
@@ -78,6 +79,7 @@ class ExpertLoad:
         return np.minimum(p, 1.0)
 
     def label(self) -> str:
+        """The load in words, for tables: its file's name and its layers."""
         return f"{Path(self.source).name} ({len(self.layers)} layers)"
 
 
