@@ -143,8 +143,10 @@ def plan_tables(result):  # noqa: ANN001, ANN201
                    "share of step time in the simulation (a mixed step by its tokens), over input and output tokens")
     st = result.settings if isinstance(result.settings, dict) else {}
     if st.get("draft"):
+        tree = (f" (a tree: {st['tree_topk']} candidates a sequence after the first draft step, "
+                f"{st['verify_tokens']} verified)" if st.get("tree_topk", 1) > 1 else "")
         win.caption += (f"\nspeculative decoding in every candidate: draft {st['draft']}, k = {st['num_draft_tokens']} "
-                        f"draft tokens a cycle, acceptance a = {st['acceptance']:g}, E(a, k) = "
+                        f"draft steps a cycle{tree}, acceptance a = {st['acceptance']:g}, E(a, k) = "
                         f"{st['expected_tokens_per_cycle']:.2f} tokens a cycle"
                         + (f", the draft at tp {st['draft_tp']} within each replica" if st.get("draft_tp")
                            else ", the draft at each candidate's tp"))
