@@ -26,6 +26,7 @@ exactly), and layers are averaged. Monte Carlo: within 5% (tests/analysis/test_m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -35,7 +36,8 @@ from llmperf.errors import SpecError
 from llmperf.specs.expert_load import ExpertLoad
 from llmperf.specs.model import ModelSpec
 
-__all__ = ["EXACT_SUPPORT", "SkewedRouting", "busiest_expert_load", "check_eplb", "expected_experts_touched",
+__all__ = ["EXACT_SUPPORT", "SkewedRouting", "busiest_expert_load", "check_eplb", "check_eplb_count",
+           "expected_experts_touched",
            "expert_slots", "measured_routing"]
 
 EXACT_SUPPORT = 512  # a GPU's rows pmf is convolved exactly up to this many possible rows, else normal
@@ -125,13 +127,18 @@ def busiest_expert_load(tokens: Number, num_experts: int, experts_per_token: int
     if ep <= 1:
         rows, touched = arr * k, np.asarray(expected_experts_touched(arr, e, k), dtype=float)
         return (float(rows), float(touched)) if arr.ndim == 0 else (rows, touched)
+    return _interpolated(arr, lambda t: _busiest(t, e, k, int(ep)))
+
+
+def _interpolated(arr: np.ndarray, one: Callable[[int], tuple[float, float]]) -> tuple[Number, Number]:
+    """(rows, touched) of `one(T)` at every token count of `arr` (a number or an array), a fractional
+    count interpolated between its integer neighbours; each distinct count evaluated once."""
     flat = np.maximum(arr.ravel(), 0.0)
     values = np.unique(flat)
     lo = np.floor(values).astype(int)
     frac = values - lo
-    low = np.array([_busiest(int(t), e, k, int(ep)) for t in lo]).reshape(-1, 2)
-    high = np.array([_busiest(int(t) + 1, e, k, int(ep)) if f > 0 else (0.0, 0.0)
-                     for t, f in zip(lo, frac, strict=True)]).reshape(-1, 2)
+    low = np.array([one(int(t)) for t in lo]).reshape(-1, 2)
+    high = np.array([one(int(t) + 1) if f > 0 else (0.0, 0.0) for t, f in zip(lo, frac, strict=True)]).reshape(-1, 2)
     both = low + frac[:, None] * (high - low)
     index = np.searchsorted(values, flat)
     rows, touched = both[index, 0].reshape(arr.shape), both[index, 1].reshape(arr.shape)
@@ -179,11 +186,11 @@ def _max_of_normals(mean: np.ndarray, var: np.ndarray) -> np.ndarray:
     return lo[..., 0] + np.trapezoid(1.0 - cdf, x[..., 0, :], axis=-1)
 
 
-def _max_of_counts(share: np.ndarray, gpu: np.ndarray, ep: int, tokens: int) -> np.ndarray:
+def _max_of_counts(share: np.ndarray, gpu: np.ndarray, ep: int, tokens: int, width: int) -> np.ndarray:
     """E[max] over GPUs of each layer's rows from `tokens` tokens, each GPU's rows a T-fold
-    Poisson-binomial of its slots' shares, GPUs independent (exact pmfs by FFT). share, gpu: (L, S)."""
+    Poisson-binomial of its slots' shares, GPUs independent (exact pmfs by FFT). share, gpu: (L, S);
+    `width`: the most slots a GPU holds."""
     layers = share.shape[0]
-    width = int(max(np.bincount(g, minlength=ep).max() for g in gpu))
     pmf = np.zeros((layers, ep, width + 1))
     pmf[:, :, 0] = 1.0
     for layer in range(layers):
@@ -212,7 +219,8 @@ class SkewedRouting:
         local = self.num_experts // self.ep
         self.uniform_share = np.full((1, self.num_experts), self.k / self.num_experts)
         self.uniform_gpu = (np.arange(self.num_experts) // local)[None, :]
-        self.slots_per_gpu = self.share.shape[1] // self.ep
+        self.slots_per_gpu = self.share.shape[1] // self.ep  # EPLB packs (E + R) / ep slots on every GPU
+        self.local = local
         self._cache: dict[int, tuple[float, float]] = {}
 
     def _per_gpu(self, values: np.ndarray, gpu: np.ndarray) -> np.ndarray:
@@ -221,13 +229,13 @@ class SkewedRouting:
             out[layer] = np.bincount(gpu[layer], weights=values[layer], minlength=self.ep)
         return out
 
-    def _approx(self, share: np.ndarray, gpu: np.ndarray, tokens: int) -> tuple[float, float, float, float]:
+    def _approx(self, share: np.ndarray, gpu: np.ndarray, width: int, tokens: int
+                ) -> tuple[float, float, float, float]:
         """Under the independent-GPU approximation, averaged over layers: E[max rows], E[max touched],
-        the largest mean rows and the largest mean touched."""
+        the largest mean rows and the largest mean touched (`width`: the most slots a GPU holds)."""
         mean = self._per_gpu(share, gpu) * tokens
         var = self._per_gpu(share * (1.0 - share), gpu) * tokens
-        width = int(max(np.bincount(g, minlength=self.ep).max() for g in gpu))
-        rows = (_max_of_counts(share, gpu, self.ep, tokens) if tokens * width <= EXACT_SUPPORT
+        rows = (_max_of_counts(share, gpu, self.ep, tokens, width) if tokens * width <= EXACT_SUPPORT
                 else _max_of_normals(mean, var))
         q = 1.0 - (1.0 - share) ** tokens
         t_mean, t_var = self._per_gpu(q, gpu), self._per_gpu(q * (1.0 - q), gpu)
@@ -244,8 +252,9 @@ class SkewedRouting:
             out = float(tokens * self.k), touched
         else:
             rows_u, touched_u = _busiest(tokens, self.num_experts, self.k, self.ep)
-            rows_s, touched_s, floor_rows, floor_touched = self._approx(self.share, self.gpu, tokens)
-            rows_r, touched_r, _, _ = self._approx(self.uniform_share, self.uniform_gpu, tokens)
+            rows_s, touched_s, floor_rows, floor_touched = self._approx(self.share, self.gpu, self.slots_per_gpu,
+                                                                        tokens)
+            rows_r, touched_r, _, _ = self._approx(self.uniform_share, self.uniform_gpu, self.local, tokens)
             rows = max(rows_u + rows_s - rows_r, floor_rows, tokens * self.k / self.ep)
             touched = max(touched_u + touched_s - touched_r, floor_touched)
             out = rows, float(min(max(touched, 0.0), self.slots_per_gpu))
@@ -254,28 +263,23 @@ class SkewedRouting:
 
     def busiest(self, tokens: Number) -> tuple[Number, Number]:
         """(rows, experts touched) of the busiest GPU at `tokens` (a number or an array; fractions interpolate)."""
-        arr = np.asarray(tokens, dtype=float)
-        flat = np.maximum(arr.ravel(), 0.0)
-        values = np.unique(flat)
-        lo = np.floor(values).astype(int)
-        frac = values - lo
-        low = np.array([self._one(int(t)) for t in lo]).reshape(-1, 2)
-        high = np.array([self._one(int(t) + 1) if f > 0 else (0.0, 0.0) for t, f in zip(lo, frac, strict=True)
-                         ]).reshape(-1, 2)
-        both = low + frac[:, None] * (high - low)
-        index = np.searchsorted(values, flat)
-        rows, touched = both[index, 0].reshape(arr.shape), both[index, 1].reshape(arr.shape)
-        return (float(rows), float(touched)) if arr.ndim == 0 else (rows, touched)
+        return _interpolated(np.asarray(tokens, dtype=float), self._one)
+
+
+def check_eplb_count(model: ModelSpec, eplb: object) -> None:
+    """`eplb` is a count of redundant experts (an integer >= 0) for a model that has experts, whatever
+    the layout (`check_eplb` adds the layout's checks)."""
+    if isinstance(eplb, bool) or not isinstance(eplb, (int, np.integer)) or eplb < 0:
+        raise SpecError(f"eplb: must be an integer >= 0 (redundant experts per layer), got {eplb!r}")
+    if not model.is_moe:
+        raise SpecError(f"eplb: {eplb} needs a mixture-of-experts model, {model.name} has no experts")
 
 
 def check_eplb(model: ModelSpec, ep: int, eplb: int | None) -> int:
     """The redundant experts each MoE layer holds (0 without EPLB), refusing a count the layout cannot hold."""
     if eplb is None:
         return 0
-    if isinstance(eplb, bool) or not isinstance(eplb, (int, np.integer)) or eplb < 0:
-        raise SpecError(f"eplb: must be an integer >= 0 (redundant experts per layer), got {eplb!r}")
-    if not model.is_moe:
-        raise SpecError(f"eplb: {eplb} needs a mixture-of-experts model, {model.name} has no experts")
+    check_eplb_count(model, eplb)
     if ep <= 1:
         raise SpecError(f"eplb: {eplb} needs expert parallelism (ep > 1): with ep 1 every GPU holds every expert")
     if (model.num_experts + eplb) % ep:

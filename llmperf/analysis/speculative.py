@@ -404,7 +404,6 @@ def resolve_draft(model: ModelSpec, draft: Any) -> tuple[ModelSpec, str]:
     config.json) or `"model"` (a built-in name, a YAML / HF config path or a `ModelSpec`). It must
     share the target's vocabulary (SpecError naming `draft` otherwise)."""
     word = draft.strip().lower() if isinstance(draft, str) else ""
-    head = _eagle3_head_config(draft)
     if word.startswith(EARLY_EXIT):
         n = word[len(EARLY_EXIT):]
         d, kind = early_exit_spec(model, int(n) if n.isdigit() else n), "early-exit"
@@ -415,7 +414,7 @@ def resolve_draft(model: ModelSpec, draft: Any) -> tuple[ModelSpec, str]:
         if not n.isdigit() or int(n) < 1:
             raise SpecError(f"draft: {EAGLE3}:N needs N, the draft vocabulary, a positive integer, got {n!r}")
         return eagle3_spec(model, draft_vocab=int(n)), EAGLE3
-    elif head is not None:
+    elif (head := _eagle3_head_config(draft)) is not None:
         return eagle3_spec(model, head[0], origin=head[1]), EAGLE3
     else:
         d, kind = load_model(draft), "model"

@@ -38,6 +38,7 @@ from llmperf.cli.clitools import (
     warn,
     write_output,
 )
+from llmperf.cli.commands.simulate import EplbOpt, ExpertLoadOpt, expert_load_from_option
 from llmperf.defaults import DEFAULT_MAX_BATCHED_TOKENS
 from llmperf.errors import SpecError
 
@@ -147,8 +148,8 @@ def estimate(
     mla_mode: Annotated[str, typer.Option("--mla-mode", help="Multi-head latent attention (DeepSeek): auto (unabsorbed prefill, absorbed decode, as vLLM and SGLang), absorbed or unabsorbed.")] = "auto",
     ep: Annotated[int, typer.Option("--ep", help="Expert parallelism within the tp group: each GPU holds num_experts / ep routed experts (ep divides tp and the experts).")] = 1,
     dp_attention: Annotated[bool, typer.Option("--dp-attention", help="Attention data-parallel over the tp group (each GPU its own sequences, heads whole; MoE layers expert-parallel, ep = tp).")] = False,
-    expert_load: Annotated[str | None, typer.Option("--expert-load", help="A measured router's load per expert (llmperf profile's expert_load.json, or SGLang's logical_count as JSON): experts priced at its popularity, not uniform routing.")] = None,
-    eplb: Annotated[int | None, typer.Option("--eplb", help="EPLB (DeepSeek's expert-parallel load balancer) with N redundant experts per MoE layer (0: rearrange only); needs --ep > 1. Default: experts placed contiguously, as servers without a balancer.")] = None,
+    expert_load: ExpertLoadOpt = None,
+    eplb: EplbOpt = None,
     kv_window: Annotated[str, typer.Option("--kv-window", help="Sliding and chunked layers' KV: capped (each holds its window, vLLM's hybrid allocator) or full (pages for the whole context, as engines without it).")] = "capped",
     streaming: Annotated[str | None, typer.Option("--streaming", help="StreamingLLM KV eviction, SINKS:WINDOW (e.g. 4:2044): every layer keeps the first SINKS tokens and the last WINDOW (priced as a sliding window of SINKS + WINDOW: the same keys per query, bytes and KV).")] = None,
     max_seq_len: Annotated[int | None, typer.Option("--max-seq-len", help="Tokens a contiguous KV cache reserves per sequence (default: the model's max positions).")] = None,
@@ -195,7 +196,6 @@ def estimate(
         if attention_flops not in ("executed", "dense"):
             raise SpecError(f"--attention-flops: must be executed or dense, got {attention_flops!r}")
         from llmperf.analysis.timemodel import TIME_MODELS, default_efficiency, load_engine, time_model_for
-        from llmperf.specs.expert_load import load_expert_load
         if efficiency is not None and efficiency not in TIME_MODELS:
             raise SpecError(f"--efficiency: must be one of {', '.join(TIME_MODELS)}, got {efficiency!r}")
         if engine is not None:
@@ -207,7 +207,7 @@ def estimate(
                            block_size=block_size, mem_util=mem_util, max_batched_tokens=max_batched_tokens,
                            group_size=group_size, embeddings=embeddings, mla_mode=mla_mode, ep=ep,
                            dp_attention=dp_attention, kv_window=kv_window, eplb=eplb,
-                           expert_load=None if expert_load is None else load_expert_load(expert_load))
+                           expert_load=expert_load_from_option(expert_load))
         table = output_format is OutputFormat.table
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from llmperf.analysis.operators import ShardDims
-from llmperf.analysis.routing import check_eplb, measured_routing
+from llmperf.analysis.routing import check_eplb, check_eplb_count, measured_routing
 from llmperf.errors import SpecError
 from llmperf.numeric import is_real
 from llmperf.serving.costsplit import input_time_share, token_prices
@@ -597,10 +597,7 @@ def _check_eplb(model: ModelSpec, eplb: object, cands: Sequence[Candidate]) -> N
     expert-parallel candidate (each candidate's own layout is checked in `_prepare`)."""
     if eplb is None:
         return
-    if isinstance(eplb, bool) or not isinstance(eplb, (int, np.integer)) or eplb < 0:
-        raise SpecError(f"eplb: must be an integer >= 0 (redundant experts per layer), got {eplb!r}")
-    if not model.is_moe:
-        raise SpecError(f"eplb: {eplb} needs a mixture-of-experts model, {model.name} has no experts")
+    check_eplb_count(model, eplb)
     if not any(c.ep > 1 for c in cands):
         raise SpecError(f"eplb: {eplb} needs an expert-parallel candidate (layout tp+ep or dp+ep at tp > 1); "
                         "every candidate here holds every expert on each GPU")
