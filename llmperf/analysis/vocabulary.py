@@ -15,7 +15,8 @@ replaces, so a split prediction can be joined to a fused measurement and back.
 
 Layers of different kinds (full, sliding, chunked attention; MoE or dense FFN) run the same operator
 names: a cost carries its layer kind separately (`OpCost.layer`), so a join by name still works.
-Multi-head latent attention (MLA) adds its projections (`q_a_proj` .. `kv_b_proj`) and, in the
+Gated DeltaNet layers (Qwen3-Next, Qwen3.5) run `in_proj_qkvz`, `in_proj_ba`, `conv1d`, `deltanet`,
+`gated_norm` and `o_proj` in place of attention. Multi-head latent attention (MLA) adds its projections (`q_a_proj` .. `kv_b_proj`) and, in the
 absorbed form, `q_absorb` and `v_absorb`; mixture-of-experts layers add the router's GEMM
 (`router`), its choice of experts (`moe_route`), the routed experts' FFN, the weighted sum of each
 token's expert outputs (`moe_sum`), the shared experts' operators (`shared_*`) and, with expert
@@ -37,6 +38,11 @@ class Op(str, Enum):
     pos_embed = "pos_embed"
     embed_scale = "embed_scale"  # Gemma: the embedding times sqrt(hidden)
     attn_norm = "attn_norm"
+    in_proj_qkvz = "in_proj_qkvz"  # Gated DeltaNet: hidden -> q, k, v and the output gate z (linear layers)
+    in_proj_ba = "in_proj_ba"  # Gated DeltaNet: hidden -> each value head's write strength b and decay a
+    conv1d = "conv1d"  # Gated DeltaNet: the causal depthwise convolution over q, k, v (its state: the last K-1)
+    deltanet = "deltanet"  # Gated DeltaNet: the gated delta rule over the recurrent state (chunked in prefill)
+    gated_norm = "gated_norm"  # Gated DeltaNet: RMSNorm of each value head's output times silu(z)
     qkv_proj = "qkv_proj"
     q_proj = "q_proj"  # (MLA without q_lora_rank: hidden -> heads x (nope + rope))
     k_proj = "k_proj"
@@ -57,7 +63,8 @@ class Op(str, Enum):
     attn_softmax = "attn_softmax"  # naive: P = softmax(S) written to memory
     attn_value = "attn_value"  # naive: O = P V
     v_absorb = "v_absorb"  # MLA absorbed: the latent output x W_UV per head
-    o_proj = "o_proj"
+    attn_gate = "attn_gate"  # Qwen3-Next / Qwen3.5: the attention output times sigmoid(gate), gate from q_proj
+    o_proj = "o_proj"  # (a Gated DeltaNet layer's out_proj too)
     attn_allreduce = "attn_allreduce"
     post_attn_norm = "post_attn_norm"  # Gemma's sandwich norm after attention
     attn_residual = "attn_residual"
@@ -123,7 +130,7 @@ MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.embed_allreduce, Op.pos
 
 #: operators that are a matrix multiply against weights (GEMM in prefill, GEMV-like in decode)
 WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({
-    Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.q_a_proj, Op.q_b_proj, Op.kv_a_proj, Op.kv_b_proj,
+    Op.in_proj_qkvz, Op.in_proj_ba, Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.q_a_proj, Op.q_b_proj, Op.kv_a_proj, Op.kv_b_proj,
     Op.q_absorb, Op.v_absorb, Op.o_proj, Op.router, Op.gate_up_proj, Op.gate_proj, Op.up_proj, Op.down_proj,
     Op.shared_gate_up_proj, Op.shared_gate_proj, Op.shared_up_proj, Op.shared_down_proj, Op.shared_expert_gate,
     Op.lm_head,

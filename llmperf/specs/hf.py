@@ -169,6 +169,21 @@ _DEEPSEEK_V2_DEFAULTS = dict(
     v_head_dim=128, routed_scaling_factor=1.0, topk_method="greedy", norm_topk_prob=False,
     moe_intermediate_size=1407, num_nextn_predict_layers=0, moe_layer_freq=1)
 _GEMMA_KEYS = {**_LLAMA_KEYS, "hidden_act": "hidden_activation"}
+_GDN_MOE_KEYS = {**_LLAMA_KEYS, "num_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                 "moe_ffn_size": "moe_intermediate_size"}
+_GDN_DEFAULTS = dict(_LLAMA_DEFAULTS, max_position_embeddings=32768, head_dim=256, attention_bias=False,
+                     linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                     linear_num_key_heads=16, linear_num_value_heads=32, full_attention_interval=4,
+                     partial_rotary_factor=0.25)
+_QWEN3_NEXT_DEFAULTS = dict(_GDN_DEFAULTS, vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+                            num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2,
+                            decoder_sparse_step=1, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                            num_experts_per_tok=10, num_experts=512, norm_topk_prob=True)
+_QWEN3_5_DEFAULTS = dict(_GDN_DEFAULTS, vocab_size=248320, hidden_size=4096, intermediate_size=12288,
+                         num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4)
+_QWEN3_5_MOE_DEFAULTS = dict(_GDN_DEFAULTS, vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
+                             num_attention_heads=16, num_key_value_heads=2, moe_intermediate_size=512,
+                             shared_expert_intermediate_size=512, num_experts_per_tok=8, num_experts=256)
 _GEMMA2_DEFAULTS = dict(
     hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True, num_key_value_heads=4,
     head_dim=256, attention_bias=False, query_pre_attn_scalar=256, sliding_window=4096,
@@ -179,10 +194,11 @@ _GEMMA3_DEFAULTS = dict(
 
 
 # ---- today's models: per-layer structure ------------------------------------------------------------
-# transformers' layer_types spelling -> ModelSpec's. State-keeping layers (Gated DeltaNet, Mamba) are
-# refused by name: their per-sequence state does not grow with the context and is not modelled yet.
-_LAYER_TYPE_NAMES = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked"}
-_STATE_LAYER_TYPES = ("linear_attention", "mamba", "mamba2", "conv", "recurrent")
+# transformers' layer_types spelling -> ModelSpec's. Gated DeltaNet layers (`linear_attention`) are read
+# by the types that build them (Qwen3-Next, Qwen3.5); other state-keeping layers (Mamba) are refused by name.
+_LAYER_TYPE_NAMES = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
+                     "linear_attention": "linear"}
+_STATE_LAYER_TYPES = ("mamba", "mamba2", "conv", "recurrent")
 
 
 def _index_list(cfg: _Config, key: str, n: int) -> list[int]:
@@ -231,6 +247,8 @@ def _set_layer_types(cfg: _Config, out: dict[str, Any], default: list[str], wind
     if len(kinds) != n:
         raise SpecError(f"{cfg.origin}: layer_types has {len(kinds)} entries, num_hidden_layers={n}")
     for k in kinds:
+        if k == "linear_attention" and "linear_num_key_heads" not in out:
+            raise cfg.refuse("layer_types", k, "this model type builds no Gated DeltaNet layers")
         if k in _STATE_LAYER_TYPES:
             raise cfg.refuse("layer_types", k, "a layer with a constant per-sequence state (linear attention, "
                              "Mamba) is not modelled yet")
@@ -394,18 +412,74 @@ _MLA_FIELDS = {"kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head
                "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim"}
 
 
-def _glm4_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
-    """GLM-4.5: GQA with q/k/v biases (none on o_proj), optional q/k RMSNorm, partial rotary, DeepSeek-V3
-    style MoE (first_k_dense_replace dense layers, shared experts, noaux_tc score-correction bias)."""
-    _biases(cfg, out, out_proj=False)
-    if cfg.flag("use_qk_norm"):
-        out["qk_norm"] = "rmsnorm"
+def _partial_rotary(cfg: _Config, out: dict[str, Any]) -> None:
+    """`rotary_dim` from partial_rotary_factor (in rope_parameters or at the top level)."""
     head_dim = out.get("head_dim") or out["hidden_size"] // out["num_heads"]
     fraction = _rope_parameters(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     fraction = _number(cfg, "partial_rotary_factor", fraction)
     if not 0 < fraction <= 1:
         raise SpecError(f"{cfg.origin}: partial_rotary_factor must be in (0, 1], got {fraction!r}")
     out["rotary_dim"] = int(head_dim * fraction)
+
+
+def _gated_deltanet_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Qwen3-Next and Qwen3.5 (text): Gated DeltaNet (`linear_attention`) layers and gated full-attention
+    layers (`layer_types`, else every `full_attention_interval`-th layer full), RMSNorms that multiply by
+    1 + weight (the q/k norms too), partial rotary positions; `mamba_ssm_dtype`: the recurrent state's dtype.
+    Qwen3-Next is MoE by `decoder_sparse_step` / `mlp_only_layers` (no experts: dense); Qwen3.5-MoE every layer;
+    both with one shared expert behind a sigmoid gate. Qwen3.5's M-RoPE equals RoPE for text positions."""
+    _biases(cfg, out)
+    out.update(qk_norm="rmsnorm", norm_offset=True, attn_output_gate=True)
+    gate = cfg.get("attn_output_gate", True)
+    if gate is not True:
+        raise cfg.refuse("attn_output_gate", gate, "transformers builds the gated attention of this model type")
+    for f, key in (("linear_num_key_heads", "linear_num_key_heads"), ("linear_num_value_heads", "linear_num_value_heads"),
+                   ("linear_key_head_dim", "linear_key_head_dim"), ("linear_value_head_dim", "linear_value_head_dim"),
+                   ("linear_conv_kernel", "linear_conv_kernel_dim")):
+        out[f] = _positive(cfg, key)
+    if cfg.has("mamba_ssm_dtype"):
+        ssm = cfg.get("mamba_ssm_dtype")
+        if str(ssm) not in ("float32", "float16", "bfloat16"):
+            raise cfg.refuse("mamba_ssm_dtype", ssm, "a recurrent state is kept in float32, float16 or bfloat16")
+        out["state_dtype"] = normalize_dtype(str(ssm))
+    _partial_rotary(cfg, out)
+    if cfg.has("mtp_num_hidden_layers"):
+        out["mtp_layers"] = _count(cfg, "mtp_num_hidden_layers")
+    n = out["num_layers"]
+    interval = _positive(cfg, "full_attention_interval")
+    default = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    _set_layer_types(cfg, out, default, None)
+    if out.get("layer_types") is None:  # no linear layer at all: plain gated attention
+        for f in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                  "linear_conv_kernel", "state_dtype"):
+            out.pop(f, None)
+    mt = cfg.get("model_type")
+    if mt == "qwen3_5_text":
+        return
+    out["shared_experts"] = 1
+    out["shared_ffn_size"] = _positive(cfg, "shared_expert_intermediate_size")
+    out["shared_expert_gate"] = True
+    if mt == "qwen3_5_moe_text":
+        _routing_values(cfg, out, scoring="softmax", renormalize=True, groups=False)
+        _top_k(cfg, out)
+        return
+    if out["num_experts"] == 0:  # transformers: num_experts > 0 makes a layer MoE at all
+        out["num_experts"] = 1
+    dense = set(_index_list(cfg, "mlp_only_layers", n))
+    step = _positive(cfg, "decoder_sparse_step")
+    _routing_values(cfg, out, scoring="softmax", groups=False)
+    if out["num_experts"] > 1:
+        _top_k(cfg, out)
+    _dense_layers(out, lambda i: out["num_experts"] > 1 and i not in dense and (i + 1) % step == 0)
+
+
+def _glm4_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """GLM-4.5: GQA with q/k/v biases (none on o_proj), optional q/k RMSNorm, partial rotary, DeepSeek-V3
+    style MoE (first_k_dense_replace dense layers, shared experts, noaux_tc score-correction bias)."""
+    _biases(cfg, out, out_proj=False)
+    if cfg.flag("use_qk_norm"):
+        out["qk_norm"] = "rmsnorm"
+    _partial_rotary(cfg, out)
     out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers")
     out["shared_experts"] = _count(cfg, "n_shared_experts")
     out["router_score_bias"] = True
@@ -587,6 +661,14 @@ _TYPES = (
                           "first_k_dense_replace": 1, "norm_topk_prob": True, "use_qk_norm": False,
                           "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5},
                 sliding_window="layers", honours=("use_qk_norm",), extra=_glm4_moe_extra),
+    *(HFModelType(model_type=mt, family="llama", architectures=(arch,), keys=keys, required=required,
+                  defaults=defaults, sliding_window="layers", honours=("linear_num_value_heads",),
+                  extra=_gated_deltanet_extra)
+      for mt, arch, keys, required, defaults in (
+          ("qwen3_next", "Qwen3NextForCausalLM", _GDN_MOE_KEYS, _LLAMA_REQUIRED, _QWEN3_NEXT_DEFAULTS),
+          ("qwen3_5_text", "Qwen3_5ForCausalLM", _LLAMA_KEYS, _LLAMA_REQUIRED, _QWEN3_5_DEFAULTS),
+          ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {**_GDN_MOE_KEYS, "ffn_size": "moe_intermediate_size"},
+           tuple(k for k in _LLAMA_REQUIRED if k != "intermediate_size"), _QWEN3_5_MOE_DEFAULTS))),
     HFModelType(model_type="gpt_oss", family="llama", architectures=("GptOssForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"},
                 required=_LLAMA_REQUIRED,
@@ -632,10 +714,6 @@ REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
                     "is not modelled yet",
     "glm_moe_dsa": "DeepSeek Sparse Attention (a lightning indexer and top-k sparse attention, index_topk) "
                    "is not modelled yet",
-    "qwen3_next": "Gated DeltaNet linear-attention layers keep a constant per-sequence state, not modelled yet",
-    "qwen3_5": "Gated DeltaNet linear-attention layers keep a constant per-sequence state, not modelled yet",
-    "qwen3_5_moe": "Gated DeltaNet linear-attention layers keep a constant per-sequence state, not modelled yet",
-    "qwen3_5_text": "Gated DeltaNet linear-attention layers keep a constant per-sequence state, not modelled yet",
     "nemotron_h": "Mamba-2 layers keep a constant per-sequence state, not modelled yet",
 })
 
@@ -644,11 +722,13 @@ _HYBRID_FIELDS: Mapping[str, str] = MappingProxyType({
     "index_topk": "sparse top-k attention (DeepSeek Sparse Attention) is not modelled yet",
     "index_n_heads": "sparse top-k attention (DeepSeek Sparse Attention) is not modelled yet",
     "hybrid_override_pattern": "Mamba / attention hybrid layers keep a constant per-sequence state, not modelled yet",
-    "linear_num_value_heads": "linear-attention layers keep a constant per-sequence state, not modelled yet",
+    "linear_num_value_heads": "Gated DeltaNet layers are read for qwen3_next, qwen3_5 and qwen3_5_moe only",
 })
 
 #: multimodal wrappers whose text model is read from `text_config` (the vision tower is not modelled)
-_TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"llama4": "llama4_text", "gemma3": "gemma3_text"})
+_TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"llama4": "llama4_text", "gemma3": "gemma3_text",
+                                                          "qwen3_5": "qwen3_5_text",
+                                                          "qwen3_5_moe": "qwen3_5_moe_text"})
 
 #: fields refused when present with a value other than the neutral one(s) listed
 _NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType({
@@ -680,7 +760,9 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "attention_chunk_size", "moe_layers", "interleave_moe_layer_step", "attn_logit_softcapping",
        "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window_pattern", "use_bidirectional_attention",
        "text_config", "rope_local_base_freq", "rope_interleave", "attn_temperature_tuning", "floor_scale",
-       "attn_scale"}))
+       "attn_scale", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+       "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval", "shared_expert_intermediate_size",
+       "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
@@ -979,7 +1061,7 @@ def _refuse_unmodelled(cfg: _Config, spec_type: HFModelType) -> None:
         if value not in neutral:
             raise cfg.refuse(key, value, "it changes the math and llmperf does not model it")
     for key, why in _HYBRID_FIELDS.items():
-        if cfg.data.get(key) is not None:
+        if cfg.data.get(key) is not None and key not in spec_type.honours:
             raise cfg.refuse(key, cfg.data[key], why)
     archs = cfg.get("architectures", None) or []
     for arch in archs if isinstance(archs, list) else [archs]:

@@ -28,14 +28,16 @@ POS_ENCODINGS = ("rope", "learned")
 FAMILIES = tuple(_FAMILY_DESCRIPTIONS)  # the names; the descriptions are in llmperf.specs.families
 
 
-ATTENTION_KINDS = ("full", "sliding", "chunked")  # per-layer attention (layer_types)
+ATTENTION_KINDS = ("full", "sliding", "chunked", "linear")  # per-layer attention (layer_types)
+#: linear: a Gated DeltaNet layer (Qwen3-Next, Qwen3.5): no KV cache, a constant state per sequence
 QK_NORMS = ("rmsnorm", "l2")
 
 
 @dataclass(frozen=True, kw_only=True)
 class LayerKind:
     """What sets one layer's costs apart from another's: its attention (`full`, `sliding` over the
-    last `window` tokens, or `chunked` within blocks of `window` tokens), whether it applies rotary
+    last `window` tokens, `chunked` within blocks of `window` tokens, or `linear`: a Gated DeltaNet
+    token mixer with a constant recurrent state instead of a KV cache), whether it applies rotary
     positions (`rope`; Llama 4's global layers do not), and whether its FFN is a mixture of experts."""
 
     attention: str
@@ -47,7 +49,7 @@ class LayerKind:
     def label(self) -> str:
         """A short name for tables: `full`, `sliding-4096`, `chunked-8192`, + `/moe`, `/nope`."""
         text = self.attention if self.window is None else f"{self.attention}-{self.window}"
-        return text + ("/moe" if self.moe else "") + ("" if self.rope else "/nope")
+        return text + ("/moe" if self.moe else "") + ("" if self.rope or self.attention == "linear" else "/nope")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +98,7 @@ class ModelSpec:
     parallel_residual: bool = None  # type: ignore[assignment]  # GPT-NeoX: attention and MLP read the same input
     sliding_window: int | None = None  # tokens each query attends to (and the cache holds); None = all
     # ---- per-layer structure (today's models; every field below defaults to "absent") ----------
-    layer_types: tuple[str, ...] | None = None  # per layer: full | sliding | chunked (None: all alike)
+    layer_types: tuple[str, ...] | None = None  # per layer: full | sliding | chunked | linear (None: all alike)
     attention_chunk_size: int | None = None  # chunked layers attend within blocks of this many tokens
     nope_layers: tuple[int, ...] = ()  # layers without rotary positions (Llama 4's global layers)
     kv_lora_rank: int | None = None  # set: multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2)
@@ -118,6 +120,14 @@ class ModelSpec:
     sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP too (4 per layer)
     embedding_scale: bool = False  # Gemma: the embedding is multiplied by sqrt(hidden_size)
     mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint (not built, not counted)
+    # Gated DeltaNet (`linear` layers; Yang et al. 2024, arXiv:2412.06464): set iff a layer is linear
+    linear_num_key_heads: int | None = None  # query / key heads of the delta rule
+    linear_num_value_heads: int | None = None  # value heads (each key head serves nv / nk of them)
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel: int | None = None  # the causal depthwise convolution's width K (state: K - 1 inputs)
+    state_dtype: str | None = None  # the recurrent state's dtype (mamba_ssm_dtype); None: the KV cache's
+    attn_output_gate: bool = False  # full layers: q_proj also yields a gate, output *= sigmoid(gate)
     # ---- numerics: change values, not costs (the engine honours them; every default is "absent") --
     router_scoring: str = "softmax"  # softmax | sigmoid: how router logits become expert scores
     router_renormalize: bool = True  # the chosen experts' weights sum to 1 (norm_topk_prob; Mixtral: always)
@@ -271,9 +281,9 @@ class ModelSpec:
                 kv += r + dr
             o = n * self.v_head_dim * h + (h if self.out_bias else 0)
             return q + kv + o + (n if self.attn_sinks else 0)
-        n = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
+        n = h * self.q_size * (2 if self.attn_output_gate else 1) + 2 * h * self.kv_size + self.q_size * h
         if self.qkv_bias:
-            n += self.q_size + 2 * self.kv_size
+            n += self.q_size * (2 if self.attn_output_gate else 1) + 2 * self.kv_size
         if self.out_bias:
             n += h
         if self.qk_norm == "rmsnorm":
@@ -284,6 +294,46 @@ class ModelSpec:
 
     def _norm_weights(self, width: int) -> int:
         return width * (2 if self.norm_kind == "layernorm" else 1)
+
+    @property
+    def has_linear_layers(self) -> bool:
+        """Some layer is a Gated DeltaNet (`linear`) layer."""
+        return self.layer_types is not None and "linear" in self.layer_types
+
+    @property
+    def linear_key_dim(self) -> int:
+        """Gated DeltaNet: query (and key) width, linear_num_key_heads * linear_key_head_dim."""
+        return self.linear_num_key_heads * self.linear_key_head_dim  # type: ignore[operator]
+
+    @property
+    def linear_value_dim(self) -> int:
+        """Gated DeltaNet: value (and output gate) width, linear_num_value_heads * linear_value_head_dim."""
+        return self.linear_num_value_heads * self.linear_value_head_dim  # type: ignore[operator]
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Gated DeltaNet: channels of the causal convolution, q, k and v side by side (2 key_dim + value_dim)."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    @property
+    def linear_state_elements(self) -> int:
+        """Gated DeltaNet: one layer's recurrent state per sequence, value heads x key dim x value dim."""
+        return self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim  # type: ignore
+
+    @property
+    def linear_conv_state_elements(self) -> int:
+        """Gated DeltaNet: one layer's convolution state per sequence, the last K - 1 inputs of every channel."""
+        return (self.linear_conv_kernel - 1) * self.linear_conv_dim  # type: ignore[operator]
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """One Gated DeltaNet token mixer, as transformers' Qwen3NextGatedDeltaNet: in_proj_qkvz (hidden ->
+        2 key_dim + 2 value_dim), in_proj_ba (hidden -> 2 value heads), conv1d (conv_dim x K, no bias),
+        dt_bias and A_log (one a value head), the gated norm (value head dim), out_proj (value_dim -> hidden)."""
+        h, nv = self.hidden_size, self.linear_num_value_heads
+        return (h * (2 * self.linear_key_dim + 2 * self.linear_value_dim) + h * 2 * nv  # type: ignore[operator]
+                + self.linear_conv_dim * self.linear_conv_kernel + 2 * nv  # type: ignore[operator]
+                + self.linear_value_head_dim + self.linear_value_dim * h)  # type: ignore[operator]
 
     def ffn_params(self, width: int) -> int:
         """Parameters of one FFN (an expert, a shared expert or a dense FFN) of `width` hidden units."""
@@ -342,7 +392,8 @@ class ModelSpec:
     def layer_params(self, kind: LayerKind) -> int:
         """Parameters of one layer of `kind` (attention, its FFN, its norms)."""
         ffn = self.moe_ffn_params if kind.moe else self.dense_ffn_params
-        return self.attn_params_per_layer + ffn + self.norms_per_layer * self.norm_params
+        mixer = self.linear_params_per_layer if kind.attention == "linear" else self.attn_params_per_layer
+        return mixer + ffn + self.norms_per_layer * self.norm_params
 
     @property
     def params_per_layer(self) -> int:
@@ -498,8 +549,8 @@ def _layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
     types = spec.layer_types or (("sliding" if spec.sliding_window is not None else "full"),) * spec.num_layers
     dense, nope = set(spec.dense_layers), set(spec.nope_layers)
     rope = spec.pos_encoding == "rope"
-    windows = {"full": None, "sliding": spec.sliding_window, "chunked": spec.attention_chunk_size}
-    return tuple(LayerKind(attention=t, window=windows[t], rope=rope and i not in nope,
+    windows = {"full": None, "sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "linear": None}
+    return tuple(LayerKind(attention=t, window=windows[t], rope=rope and i not in nope and t != "linear",
                            moe=spec.is_moe and i not in dense) for i, t in enumerate(types))
 
 
@@ -545,6 +596,7 @@ def _check_layer_structure(spec: ModelSpec) -> None:
     for f in ("attention_chunk_size", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
               "v_head_dim", "moe_ffn_size", "shared_ffn_size"):
         _optional_positive_int(spec, f)
+    _check_linear_layers(spec)
     _layer_indices(spec, "nope_layers")
     _layer_indices(spec, "dense_layers")
     if spec.dense_layers and not spec.is_moe:
@@ -587,6 +639,40 @@ def _check_layer_structure(spec: ModelSpec) -> None:
     m = spec.mtp_layers
     if not is_count(m) or m < 0:
         raise SpecError(f"{name}: mtp_layers must be an integer >= 0, got {m!r}")
+
+
+LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                 "linear_conv_kernel")
+
+
+def _check_linear_layers(spec: ModelSpec) -> None:
+    """Gated DeltaNet fields: all set iff a layer is `linear`, counts, value heads a multiple of key
+    heads, a convolution of at least 2 taps; the state dtype a known one; the output gate a flag."""
+    name = spec.name
+    if not isinstance(spec.attn_output_gate, bool):
+        raise SpecError(f"{name}: attn_output_gate must be true or false, got {spec.attn_output_gate!r}")
+    if spec.attn_output_gate and spec.is_mla:
+        raise SpecError(f"{name}: attn_output_gate is not defined for multi-head latent attention")
+    if spec.has_linear_layers:
+        for f in LINEAR_FIELDS:
+            if getattr(spec, f) is None:
+                raise SpecError(f"{name}: layer_types has linear (Gated DeltaNet) layers but {f} is not set")
+            _positive_int(spec, f)
+        if spec.linear_num_value_heads % spec.linear_num_key_heads:  # type: ignore[operator]
+            raise SpecError(f"{name}: linear_num_key_heads={spec.linear_num_key_heads} does not divide "
+                            f"linear_num_value_heads={spec.linear_num_value_heads}")
+        if spec.linear_conv_kernel < 2:  # type: ignore[operator]
+            raise SpecError(f"{name}: linear_conv_kernel must be at least 2, got {spec.linear_conv_kernel!r}")
+        if spec.is_mla:
+            raise SpecError(f"{name}: linear (Gated DeltaNet) layers beside multi-head latent attention are not "
+                            "modelled")
+    else:
+        given = [f for f in (*LINEAR_FIELDS, "state_dtype") if getattr(spec, f) is not None]
+        if given:
+            raise SpecError(f"{name}: {given[0]}={getattr(spec, given[0])!r} needs linear (Gated DeltaNet) layers "
+                            "in layer_types")
+    if spec.state_dtype is not None:
+        object.__setattr__(spec, "state_dtype", normalize_dtype(spec.state_dtype, f"{name}: state_dtype"))
 
 
 ROUTER_SCORINGS = ("softmax", "sigmoid")
