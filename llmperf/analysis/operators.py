@@ -20,6 +20,11 @@ the latent, `v_absorb`), chosen by `mla_mode`. Expert parallelism (`ep`; DeepSpe
 arXiv:2201.05596) and data-parallel attention (`dp_attention`, SGLang's DP attention) set the per-GPU
 dimensions (`ShardDims`); counts are per GPU, for the busiest one.
 
+Gated DeltaNet layers (`linear`; Qwen3-Next, Qwen3.5) replace attention with `in_proj_qkvz`, `in_proj_ba`,
+`conv1d`, `deltanet` and `gated_norm` before `o_proj`; their state is read and written once per sequence and
+step (`kv_read_bytes` / `kv_write_bytes`: it is the cache of those layers); `deltanet` is the chunked form
+(FLA's `chunk_gated_delta_rule`) for a chunk of several tokens, the recurrent one for a decode token.
+
 Fused projections (`fused_qkv`, `fused_gate_up`) are off in `ForwardModel` by default (the split names)
 and on in `estimate`, `sweep` and the CLI. The counting conventions (causal alignment, fused and naive
 attention, MLA's and the small operators' FLOPs, what is per GPU): docs/model.md.
@@ -39,6 +44,7 @@ from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, Precision
 from llmperf.specs.expert_load import ExpertLoad
 from llmperf.specs.model import LayerKind
+from llmperf.specs.precision import dtype_bytes
 
 ATTENTION_IMPLS = ("fused", "naive")
 FLOP_CONVENTIONS = ("executed", "dense")
@@ -54,6 +60,16 @@ SINK_FLOPS = 2  # the sink logit's exponential and its add to the row sum
 ROUTE_FLOPS = 4  # per expert logit: its score (an exponential or a sigmoid), a sum or divide, the top-k's compare
 FP32_BYTES = 4  # a value kept in fp32 whatever the model's dtype (DeepSeek's router score-correction bias)
 ROUTE_CHOICE_BYTES = 12  # a chosen expert: its weight (fp32), id and token-expert index (int32), as vLLM's topk_softmax
+GATE_FLOPS = 5  # sigmoid(g) * x: an exponential, an add, a divide, a multiply (and the read of g)
+# Gated DeltaNet (Yang et al. 2024, arXiv:2412.06464; FLA's kernels): the chunked form's block size, the
+# recurrent step's FLOPs per state element (decay, read k^T S, delta, rank-1 update, read q^T S), the
+# chunked form's per-state-element term (v_new, the output's state read, the state update: 3 GEMMs) and
+# the gates' and norms' FLOPs per value head (softplus, exp, sigmoid; q and k L2 norms per key element)
+DELTANET_CHUNK = 64
+DELTANET_STEP_FLOPS = 7
+DELTANET_CHUNK_STATE_FLOPS = 6
+DELTANET_GATE_FLOPS = 10
+CONV_ACT_FLOPS = 4  # SiLU after the causal convolution
 
 #: the module names `Precision.matrix_bytes(..., module=)` and `Precision.matmul_dtype(module)` take
 MODULES = ("attention", "dense_mlp", "expert", "shared_expert", "router", "embedding", "lm_head")
@@ -229,6 +245,8 @@ class ShardDims:
     dp_attention: bool = False
     attn_tp: int = 1  # ways attention is split (tp, or 1 with dp_attention)
     local_experts: int = 1  # routed experts on each GPU (num_experts / ep)
+    linear_key_heads: int = 0  # Gated DeltaNet heads on each GPU (split like attention heads)
+    linear_value_heads: int = 0
 
     @classmethod
     def of(cls, model: ModelSpec, tp: int = 1, ep: int = 1, dp_attention: bool = False) -> ShardDims:
@@ -255,6 +273,10 @@ class ShardDims:
         if not model.is_mla and model.num_kv_heads % attn_tp and attn_tp % model.num_kv_heads:
             raise SpecError(f"tp: {tp} neither divides nor is a multiple of {model.name}'s "
                             f"num_kv_heads={model.num_kv_heads}")
+        if model.has_linear_layers:
+            for f in ("linear_num_key_heads", "linear_num_value_heads"):
+                if getattr(model, f) % attn_tp:
+                    raise SpecError(f"tp: {tp} does not divide {model.name}'s {f}={getattr(model, f)}")
         expert_tp = tp // ep
         shared = model.shared_experts * model.shared_expert_ffn_size if model.is_moe else 0
         shared_tp = 1 if dp_attention else tp
@@ -271,7 +293,9 @@ class ShardDims:
                    ffn_size=model.ffn_size // tp, vocab_size=-(-model.vocab_size // tp),
                    expert_ffn_size=(model.expert_ffn_size // expert_tp if model.is_moe else 0),
                    shared_ffn_size=shared // shared_tp, ep=ep, dp_attention=dp_attention, attn_tp=attn_tp,
-                   local_experts=model.num_experts // ep)
+                   local_experts=model.num_experts // ep,
+                   linear_key_heads=(model.linear_num_key_heads or 0) // attn_tp,
+                   linear_value_heads=(model.linear_num_value_heads or 0) // attn_tp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -454,14 +478,15 @@ class ForwardModel:
         """The query projection, hidden -> heads x head_dim (MLA without `q_lora_rank`: heads x (nope +
         rope))."""
         m = self.model
-        width = m.mla_q_head_dim if m.is_mla else self.head_dim
+        width = m.mla_q_head_dim if m.is_mla else self.head_dim * (2 if m.attn_output_gate else 1)
         return self._linear("q_proj", batch * q_len, m.hidden_size, self.dims.num_heads * width, m.qkv_bias)
 
     def qkv_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """Q, K and V as one GEMM over the concatenated weight: the input is read once."""
+        """Q, K and V as one GEMM over the concatenated weight: the input is read once (with an output
+        gate, q_proj's gate half too)."""
+        q_heads = self.dims.num_heads * (2 if self.model.attn_output_gate else 1)
         return self._linear("qkv_proj", batch * q_len, self.model.hidden_size,
-                            (self.dims.num_heads + 2 * self.dims.num_kv_heads) * self.head_dim,
-                            self.model.qkv_bias)
+                            (q_heads + 2 * self.dims.num_kv_heads) * self.head_dim, self.model.qkv_bias)
 
     def k_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """The key projection, hidden -> kv_heads x head_dim (this GPU's heads)."""
@@ -582,8 +607,11 @@ class ForwardModel:
 
     def attention_ops(self, batch: Number, q_len: Number, kv_len: Number,
                       kind: LayerKind | None = None) -> list[OpCost]:
-        """`[attention]` (fused) or `[attn_score, (attn_softcap,) attn_softmax, attn_value]` (naive)."""
+        """`[attention]` (fused) or `[attn_score, (attn_softcap,) attn_softmax, attn_value]` (naive); a
+        Gated DeltaNet layer's core: `[deltanet]`."""
         m = self.model
+        if self._kind(kind).attention == "linear":
+            return [self.deltanet(batch, q_len, kv_len)]
         window, chunk = self._span(kind)
         kw = dict(act_bytes=self.precision.act_bytes, kv_bytes=self.precision.kv_bytes, impl=self.attention,
                   causal=True, flops=self.attention_flops, window=window, chunk=chunk, sinks=m.attn_sinks,
@@ -598,11 +626,93 @@ class ForwardModel:
         u = attention_core(batch, q_len, kv_len, shape=self.attention_shape(False), **kw)
         return [_where(absorbed, x, y) for x, y in zip(a, u)]
 
-    def o_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """The attention output projection, heads x head_dim (MLA: v_head_dim) -> hidden."""
+    def attn_gate(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Qwen3-Next / Qwen3.5 full attention: its output times sigmoid(gate), gate from q_proj."""
+        return self._elementwise("attn_gate", batch * q_len, self.dims.num_heads * self.head_dim, GATE_FLOPS, reads=2)
+
+    def o_proj(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
+        """The attention output projection, heads x head_dim (MLA: v_head_dim) -> hidden; in a Gated
+        DeltaNet layer its out_proj, value heads x value head dim -> hidden."""
         m = self.model
+        if self._kind(kind).attention == "linear":
+            width = self.dims.linear_value_heads * m.linear_value_head_dim  # type: ignore[operator]
+            return self._linear("o_proj", batch * q_len, width, m.hidden_size, False)
         width = m.v_head_dim if m.is_mla else self.head_dim
         return self._linear("o_proj", batch * q_len, self.dims.num_heads * width, m.hidden_size, m.out_bias)
+
+    # ---- Gated DeltaNet (linear layers) ----------------------------------------------------------
+    def _linear_widths(self) -> tuple[int, int, int]:
+        """(key width, value width, convolution channels) of this GPU's Gated DeltaNet heads."""
+        m, d = self.model, self.dims
+        kd = d.linear_key_heads * m.linear_key_head_dim  # type: ignore[operator]
+        vd = d.linear_value_heads * m.linear_value_head_dim  # type: ignore[operator]
+        return kd, vd, 2 * kd + vd
+
+    def in_proj_qkvz(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Gated DeltaNet: hidden -> q, k (key width each), v and the output gate z (value width each)."""
+        kd, vd, _ = self._linear_widths()
+        return self._linear("in_proj_qkvz", batch * q_len, self.model.hidden_size, 2 * kd + 2 * vd, False)
+
+    def in_proj_ba(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Gated DeltaNet: hidden -> each value head's write strength b and decay input a."""
+        return self._linear("in_proj_ba", batch * q_len, self.model.hidden_size, 2 * self.dims.linear_value_heads,
+                            False)
+
+    def _continues(self, q_len: Number, kv_len: Number) -> Number:
+        """1 where a sequence has a state from earlier steps (context beyond this step's tokens), else 0."""
+        out = (np.asarray(kv_len) > np.asarray(q_len)).astype(float)
+        return float(out) if out.ndim == 0 else out
+
+    def conv1d(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Gated DeltaNet: the causal depthwise convolution of width K over q, k and v, then SiLU; each
+        sequence reads its last K - 1 inputs (when it has a state) and writes the new ones."""
+        m, a = self.model, self.precision.act_bytes
+        _, _, conv = self._linear_widths()
+        k, tokens = m.linear_conv_kernel, batch * q_len
+        state = batch * (k - 1) * conv * a  # type: ignore[operator]
+        return OpCost(name="conv1d", kind="elementwise", flops=(2 * k + CONV_ACT_FLOPS) * tokens * conv,
+                      weight_bytes=k * conv * a, act_read_bytes=tokens * conv * a, act_write_bytes=tokens * conv * a,
+                      kv_read_bytes=state * self._continues(q_len, kv_len), kv_write_bytes=state, rows=tokens)
+
+    def deltanet(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Gated DeltaNet's core: the gated delta rule over each value head's dk x dv state. A decode token
+        runs the recurrent step (`DELTANET_STEP_FLOPS` per state element); a chunk of q tokens the chunked
+        form in blocks of C = min(q, 64): per token C (5 dk + 3 dv) (the in-chunk k k^T, q k^T, their
+        triangular solves and the in-chunk output) + 6 dk dv (three products with the state), each block's
+        state written and read once. Reads q, k, v and the gates, writes the output; each sequence's state
+        is read (when it has one) and written back once, at `state_dtype` (else the activations')."""
+        m, d, a = self.model, self.dims, self.precision.act_bytes
+        dk, dv, nv = m.linear_key_head_dim, m.linear_value_head_dim, d.linear_value_heads
+        kd, vd, conv = self._linear_widths()
+        tokens = batch * q_len
+        c = np.minimum(q_len, DELTANET_CHUNK)
+        chunked = c * (5 * dk + 3 * dv) + DELTANET_CHUNK_STATE_FLOPS * dk * dv  # type: ignore[operator]
+        per_head = np.where(np.asarray(q_len) > 1, chunked, DELTANET_STEP_FLOPS * dk * dv)  # type: ignore
+        per_head = float(per_head) if np.ndim(per_head) == 0 else per_head
+        flops = tokens * nv * (per_head + DELTANET_GATE_FLOPS) + tokens * 2 * kd * NORM_FLOPS["l2"]
+        state_b = dtype_bytes(m.state_dtype) if m.state_dtype is not None else a
+        state = batch * nv * dk * dv * state_b  # type: ignore[operator]
+        blocks = np.where(np.asarray(q_len) > 1, np.ceil(np.asarray(q_len, dtype=float) / DELTANET_CHUNK), 0.0)
+        blocks = float(blocks) if np.ndim(blocks) == 0 else blocks
+        chunk_states = batch * blocks * nv * dk * dv * a  # type: ignore[operator]
+        reads = tokens * (conv * a + 2 * nv * FP32_BYTES) + chunk_states
+        return OpCost(name="deltanet", kind="attention", flops=flops, act_read_bytes=reads,
+                      act_write_bytes=tokens * vd * a + chunk_states,
+                      kv_read_bytes=state * self._continues(q_len, kv_len), kv_write_bytes=state, rows=tokens)
+
+    def gated_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Gated DeltaNet: RMSNorm over each value head's output (one weight of dv), times silu(z)."""
+        m, a = self.model, self.precision.act_bytes
+        rows, dv = batch * q_len * self.dims.linear_value_heads, m.linear_value_head_dim
+        return OpCost(name="gated_norm", kind="norm", flops=(NORM_FLOPS["rmsnorm"] + GATE_FLOPS) * rows * dv,
+                      weight_bytes=dv * a, act_read_bytes=2 * rows * dv * a, act_write_bytes=rows * dv * a,
+                      rows=batch * q_len)
+
+    def linear_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
+        """A Gated DeltaNet token mixer, from its input projections to out_proj (`o_proj`)."""
+        args = (batch, q_len, kv_len)
+        return [self.in_proj_qkvz(*args), self.in_proj_ba(*args), self.conv1d(*args), self.deltanet(*args),
+                self.gated_norm(*args), self.o_proj(*args, kind=_LINEAR_KIND)]
 
     def post_attn_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """The sandwich norm after attention (Gemma 2/3)."""
@@ -790,6 +900,8 @@ class ForwardModel:
     def _attention_block(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
         """From the input projections to o_proj (GQA or MLA)."""
         m, args = self.model, (batch, q_len, kv_len)
+        if kind.attention == "linear":
+            return self.linear_ops(*args)
         if m.is_mla:
             return self._mla_block(batch, q_len, kv_len, kind)
         if self.fused_qkv:
@@ -802,6 +914,8 @@ class ForwardModel:
             ops.append(self.rope(*args))
         ops.append(self.kv_write(*args))
         ops += self.attention_ops(*args, kind=kind)
+        if m.attn_output_gate:
+            ops.append(self.attn_gate(*args))
         ops.append(self.o_proj(*args))
         return ops
 
@@ -928,6 +1042,9 @@ class ForwardModel:
         local = self.local_batch(batch)
         return [op.scaled(count, layer=label) for part, kind, count, label in self.sections if part == "attention"
                 for op in self.attention_ops(local, q_len, kv_len, kind=kind)]
+
+
+_LINEAR_KIND = LayerKind(attention="linear", window=None, rope=False, moe=False)
 
 
 def _attention_key(kind: LayerKind) -> tuple:

@@ -511,8 +511,8 @@ def kv_tokens_held(model: ModelSpec, context, window: str = "capped"):  # noqa: 
 
 def _stage_kv(stage: KVCacheSpec, ctx, max_seq, lo, hi, gen_len, bs: float):  # noqa: ANN001, ANN202
     """(paged, contiguous, used mean, paged mean) bytes of one sequence on one GPU of a stage, summed
-    over its groups of layers (each pages separately)."""
-    paged = contiguous = used = paged_mean = 0.0
+    over its groups of layers (each pages separately), plus its linear layers' state (whatever the context)."""
+    paged = contiguous = used = paged_mean = stage.state_bytes
     for g in stage.groups:
         per_token = g.bytes_per_token
         paged = paged + np.ceil(g.tokens_held(ctx) / bs) * bs * per_token
@@ -529,7 +529,8 @@ def memory_arrays(model: ModelSpec, precision: Precision, hw: HardwareSpec, conv
     """Per-GPU memory of every configuration (the tightest pipeline stage decides max batch).
 
     A sequence's KV on a stage is the sum over the stage's groups of layers of layers x bytes per
-    token and layer x tokens held, paged by `block_size` per group; sliding and chunked layers hold
+    token and layer x tokens held, paged by `block_size` per group, plus the constant state of its Gated
+    DeltaNet layers (`KVCacheSpec.state_bytes`); sliding and chunked layers hold
     their window when `conv.kv_window` is "capped", the whole context when "full". With
     `dp_attention` every GPU of the `tp` group holds the whole KV (every head, or MLA's latent) of
     its own sequences only: max batch is `tp` times one GPU's, and a batch spreads over the `tp`

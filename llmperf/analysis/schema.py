@@ -62,7 +62,7 @@ COLUMNS: dict[str, str] = {
             "W4A16, W16A16, ...",
     "ridge_point": "peak / bandwidth, FLOP/B",
     "weights_gib": "weights on the most loaded GPU, GiB", "kv_bytes_per_token": "KV bytes per token per GPU",
-    "kv_cache_gib": "paged KV of the batch at the end, GiB", "activation_peak_gib": "activation reservation, GiB",
+    "kv_cache_gib": "paged KV (and linear layers' state) of the batch at the end, GiB", "activation_peak_gib": "activation reservation, GiB",
     "total_gib": "weights + KV + activations, GiB", "usable_gib": "mem_util * device, GiB", "device_gib": "GiB",
     "mem_util": "usable fraction of device memory",
     "max_batched_tokens": "per-step token budget (activation reservation)",

@@ -17,6 +17,10 @@ block table per group of layers of one kind (`paged_bytes_for_context`); `paged_
 `llmperf.engine.cache.PagedKVCache.usage()`. `sharded` splits KV heads over tensor parallelism (never
 below one a GPU) and layers over pipeline stages as vLLM partitions them (`pipeline_stages`).
 
+Gated DeltaNet layers (`linear`: Qwen3-Next, Qwen3.5) hold no KV: each keeps one state per sequence
+whatever its context (`state_bytes`: the recurrent state, value heads x key dim x value dim, and the last
+K - 1 inputs of its convolution), outside the token groups (`groups` lists the KV-holding layers only).
+
 Contexts may be Python numbers or numpy arrays (a sweep evaluates many at once). Worked figures and
 the block-by-block rules: docs/model.md, "Memory and the KV cache".
 """
@@ -35,7 +39,7 @@ from llmperf.specs.precision import dtype_bytes
 if TYPE_CHECKING:
     from llmperf.specs.model import ModelSpec
 
-KV_ATTENTION_KINDS = ("full", "sliding", "chunked")
+KV_ATTENTION_KINDS = ("full", "sliding", "chunked", "linear")
 #: how sliding and chunked layers are allocated: their window only (vLLM's hybrid manager) or the
 #: whole context like a full layer (no hybrid manager, hf-mem >= PR #70)
 KV_WINDOW_MODES = ("capped", "full")
@@ -170,6 +174,7 @@ class KVCacheSpec:
     attention_chunk_size: int | None = None  # chunk of the chunked layers
     latent: bool = False  # MLA: one shared latent per token and layer, not split by tensor parallelism
     window: str = "capped"  # capped | full
+    state_bytes_per_layer: float = 0.0  # linear layers: one sequence's state in one of them (this shard's)
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_kv_heads", "head_dim"):
@@ -203,6 +208,10 @@ class KVCacheSpec:
             raise SpecError(f"kv cache: a latent cache (MLA) has one latent head, got num_kv_heads={self.num_kv_heads}")
         if self.window not in KV_WINDOW_MODES:
             raise SpecError(f"kv cache: window must be one of {', '.join(KV_WINDOW_MODES)}, got {self.window!r}")
+        sb = self.state_bytes_per_layer
+        if not is_real(sb) or sb < 0 or (sb > 0) != ("linear" in self.kinds()):
+            raise SpecError(f"kv cache: state_bytes_per_layer must be > 0 exactly when some layer is linear, "
+                            f"got {sb!r}")
 
     @classmethod
     def from_model(cls, model: ModelSpec, kv: str | float | Any = "fp16", *, window: str = "capped") -> KVCacheSpec:
@@ -222,7 +231,7 @@ class KVCacheSpec:
         return cls(num_layers=model.num_layers, num_kv_heads=heads, head_dim=dim, element_bytes=element,
                    sliding_window=model.sliding_window, layer_types=getattr(model, "layer_types", None),
                    attention_chunk_size=getattr(model, "attention_chunk_size", None), latent=latent,
-                   window=window)
+                   window=window, state_bytes_per_layer=linear_state_bytes(model, kv))
 
     def with_window(self, window: str) -> KVCacheSpec:
         """The same cache with sliding and chunked layers allocated `"capped"` or `"full"`."""
@@ -237,12 +246,13 @@ class KVCacheSpec:
 
     @property
     def groups(self) -> tuple[KVGroup, ...]:
-        """The layers of each attention kind (in order of first appearance), each with its bytes
-        per token and layer and its window."""
+        """The KV-holding layers of each attention kind (in order of first appearance; linear layers hold
+        none), each with its bytes per token and layer and its window."""
         windows = {"full": None, "sliding": self.sliding_window, "chunked": self.attention_chunk_size}
         counts: dict[str, int] = {}
         for kind in self.kinds():
-            counts[kind] = counts.get(kind, 0) + 1
+            if kind != "linear":
+                counts[kind] = counts.get(kind, 0) + 1
         capped = self.window == "capped"
         return tuple(KVGroup(attention=kind, window=windows[kind], num_layers=n,
                              bytes_per_token_per_layer=self.bytes_per_token_per_layer, capped=capped)
@@ -281,10 +291,25 @@ class KVCacheSpec:
         return self.elements_per_token_per_layer * self.element_bytes
 
     @property
+    def kv_layers(self) -> int:
+        """Layers holding KV (every layer but the linear ones)."""
+        return self.num_layers - self.linear_layers
+
+    @property
+    def linear_layers(self) -> int:
+        """Gated DeltaNet layers: a constant state per sequence each, no KV."""
+        return sum(k == "linear" for k in self.kinds())
+
+    @property
+    def state_bytes(self) -> float:
+        """One sequence's state in every linear layer held, whatever its context (0 without linear layers)."""
+        return self.linear_layers * self.state_bytes_per_layer
+
+    @property
     def bytes_per_token(self) -> float:
         """One token in every layer held: what a token costs while the context is shorter than every
         window (no cap reached), and the slope of `bytes_for_context` of a model without windows."""
-        return self.num_layers * self.bytes_per_token_per_layer
+        return self.kv_layers * self.bytes_per_token_per_layer
 
     def bytes_per_block(self, block_size: int) -> float:
         """One paged block of `block_size` tokens (every layer)."""
@@ -386,7 +411,8 @@ class KVCacheSpec:
         most layers (for one given stage, `stage(index, pp)`)."""
         _check_positive_int("tp", tp)
         _check_positive_int("pp", pp)
-        heads = replace(self, num_kv_heads=max(1, self.num_kv_heads // tp))
+        heads = replace(self, num_kv_heads=max(1, self.num_kv_heads // tp),
+                        state_bytes_per_layer=self.state_bytes_per_layer / tp)  # linear heads split by tp
         if self.layer_types is None:
             return replace(heads, num_layers=-(-self.num_layers // pp))
         stages = [heads.stage(i, pp) for i in range(pp)]
@@ -395,6 +421,18 @@ class KVCacheSpec:
             return sum(g.num_layers for g in s.groups if g.cap is None), s.num_layers
 
         return max(stages, key=size)  # max keeps the first of equals
+
+
+def linear_state_bytes(model: Any, kv: Any = None) -> float:
+    """One sequence's state in one Gated DeltaNet layer of `model` (0 without linear layers): the recurrent
+    state at `state_dtype` (else the activations' dtype) and the convolution's last K - 1 inputs at the
+    activations' dtype (`kv`'s `act_bytes` when it is a `Precision`, else the checkpoint's dtype), as
+    vLLM's Mamba-style state cache keeps them (`MambaStateDtypeCalculator`, "auto": the model's dtype)."""
+    if not getattr(model, "has_linear_layers", False):
+        return 0.0
+    act = kv.act_bytes if hasattr(kv, "act_bytes") else dtype_bytes(model.dtype)
+    state = dtype_bytes(model.state_dtype) if model.state_dtype is not None else act
+    return model.linear_state_elements * state + model.linear_conv_state_elements * act
 
 
 def _check_positive_int(name: str, value: Any) -> None:
