@@ -632,9 +632,9 @@ class ForwardModel:
 
     def o_proj(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
         """The attention output projection, heads x head_dim (MLA: v_head_dim) -> hidden; in a Gated
-        DeltaNet layer its out_proj, value heads x value head dim -> hidden."""
+        DeltaNet layer (`kind` linear) its out_proj, value heads x value head dim -> hidden."""
         m = self.model
-        if self._kind(kind).attention == "linear":
+        if kind is not None and kind.attention == "linear":
             width = self.dims.linear_value_heads * m.linear_value_head_dim  # type: ignore[operator]
             return self._linear("o_proj", batch * q_len, width, m.hidden_size, False)
         width = m.v_head_dim if m.is_mla else self.head_dim
@@ -677,26 +677,28 @@ class ForwardModel:
     def deltanet(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """Gated DeltaNet's core: the gated delta rule over each value head's dk x dv state. A decode token
         runs the recurrent step (`DELTANET_STEP_FLOPS` per state element); a chunk of q tokens the chunked
-        form in blocks of C = min(q, 64): per token C (5 dk + 3 dv) (the in-chunk k k^T, q k^T, their
-        triangular solves and the in-chunk output) + 6 dk dv (three products with the state), each block's
-        state written and read once. Reads q, k, v and the gates, writes the output; each sequence's state
-        is read (when it has one) and written back once, at `state_dtype` (else the activations')."""
+        form in ceil(q / C) blocks of C = 64 tokens (the last one padded, as FLA's and transformers' kernels
+        run it): per block and head C^2 (5 dk + 3 dv) (the in-block k k^T and q k^T, their two triangular
+        solves, the in-block output) + 6 C dk dv (three products with the state), each block's state
+        written and read once. Reads q, k, v and the gates (and each head's A_log and dt_bias), writes the
+        output; each sequence's state is read (when it has one) and written back once, at `state_dtype`
+        (else the activations')."""
         m, d, a = self.model, self.dims, self.precision.act_bytes
         dk, dv, nv = m.linear_key_head_dim, m.linear_value_head_dim, d.linear_value_heads
         kd, vd, conv = self._linear_widths()
-        tokens = batch * q_len
-        c = np.minimum(q_len, DELTANET_CHUNK)
-        chunked = c * (5 * dk + 3 * dv) + DELTANET_CHUNK_STATE_FLOPS * dk * dv  # type: ignore[operator]
-        per_head = np.where(np.asarray(q_len) > 1, chunked, DELTANET_STEP_FLOPS * dk * dv)  # type: ignore
-        per_head = float(per_head) if np.ndim(per_head) == 0 else per_head
-        flops = tokens * nv * (per_head + DELTANET_GATE_FLOPS) + tokens * 2 * kd * NORM_FLOPS["l2"]
+        tokens, c = batch * q_len, DELTANET_CHUNK
+        blocks = np.where(np.asarray(q_len) > 1, np.ceil(np.asarray(q_len, dtype=float) / c), 0.0)
+        blocks = float(blocks) if np.ndim(blocks) == 0 else blocks
+        per_block = c * c * (5 * dk + 3 * dv) + DELTANET_CHUNK_STATE_FLOPS * c * dk * dv  # type: ignore[operator]
+        step = np.where(np.asarray(q_len) > 1, 0.0, DELTANET_STEP_FLOPS * dk * dv * np.asarray(q_len, dtype=float))
+        step = float(step) if np.ndim(step) == 0 else step
+        flops = (batch * nv * (blocks * per_block + step) + tokens * nv * DELTANET_GATE_FLOPS
+                 + tokens * 2 * kd * NORM_FLOPS["l2"])
         state_b = dtype_bytes(m.state_dtype) if m.state_dtype is not None else a
         state = batch * nv * dk * dv * state_b  # type: ignore[operator]
-        blocks = np.where(np.asarray(q_len) > 1, np.ceil(np.asarray(q_len, dtype=float) / DELTANET_CHUNK), 0.0)
-        blocks = float(blocks) if np.ndim(blocks) == 0 else blocks
         chunk_states = batch * blocks * nv * dk * dv * a  # type: ignore[operator]
         reads = tokens * (conv * a + 2 * nv * FP32_BYTES) + chunk_states
-        return OpCost(name="deltanet", kind="attention", flops=flops, act_read_bytes=reads,
+        return OpCost(name="deltanet", kind="attention", flops=flops, act_read_bytes=reads, weight_bytes=2 * nv * a,
                       act_write_bytes=tokens * vd * a + chunk_states,
                       kv_read_bytes=state * self._continues(q_len, kv_len), kv_write_bytes=state, rows=tokens)
 

@@ -16,9 +16,9 @@ replaces, so a split prediction can be joined to a fused measurement and back.
 Layers of different kinds (full, sliding, chunked attention; MoE or dense FFN) run the same operator
 names: a cost carries its layer kind separately (`OpCost.layer`), so a join by name still works.
 Gated DeltaNet layers (Qwen3-Next, Qwen3.5) run `in_proj_qkvz`, `in_proj_ba`, `conv1d`, `deltanet`,
-`gated_norm` and `o_proj` in place of attention. Multi-head latent attention (MLA) adds its projections (`q_a_proj` .. `kv_b_proj`) and, in the
-absorbed form, `q_absorb` and `v_absorb`; mixture-of-experts layers add the router's GEMM
-(`router`), its choice of experts (`moe_route`), the routed experts' FFN, the weighted sum of each
+`gated_norm` and `o_proj` in place of attention. Multi-head latent attention (MLA) adds its projections
+(`q_a_proj` .. `kv_b_proj`) and, in the absorbed form, `q_absorb` and `v_absorb`; mixture-of-experts
+layers add the router's GEMM (`router`), its choice of experts (`moe_route`), the routed experts' FFN, the weighted sum of each
 token's expert outputs (`moe_sum`), the shared experts' operators (`shared_*`) and, with expert
 parallelism, the `moe_dispatch` / `moe_combine` all-to-alls. Tensor parallelism's vocabulary-split
 embedding and LM head add one collective each per forward pass: `embed_allreduce` and `logits_gather`.
@@ -130,7 +130,8 @@ MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.embed_allreduce, Op.pos
 
 #: operators that are a matrix multiply against weights (GEMM in prefill, GEMV-like in decode)
 WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({
-    Op.in_proj_qkvz, Op.in_proj_ba, Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.q_a_proj, Op.q_b_proj, Op.kv_a_proj, Op.kv_b_proj,
+    Op.in_proj_qkvz, Op.in_proj_ba,
+    Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.q_a_proj, Op.q_b_proj, Op.kv_a_proj, Op.kv_b_proj,
     Op.q_absorb, Op.v_absorb, Op.o_proj, Op.router, Op.gate_up_proj, Op.gate_proj, Op.up_proj, Op.down_proj,
     Op.shared_gate_up_proj, Op.shared_gate_proj, Op.shared_up_proj, Op.shared_down_proj, Op.shared_expert_gate,
     Op.lm_head,

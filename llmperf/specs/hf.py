@@ -433,10 +433,9 @@ def _gated_deltanet_extra(cfg: _Config, out: dict[str, Any]) -> None:
     gate = cfg.get("attn_output_gate", True)
     if gate is not True:
         raise cfg.refuse("attn_output_gate", gate, "transformers builds the gated attention of this model type")
-    for f, key in (("linear_num_key_heads", "linear_num_key_heads"), ("linear_num_value_heads", "linear_num_value_heads"),
-                   ("linear_key_head_dim", "linear_key_head_dim"), ("linear_value_head_dim", "linear_value_head_dim"),
-                   ("linear_conv_kernel", "linear_conv_kernel_dim")):
-        out[f] = _positive(cfg, key)
+    for f in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
+        out[f] = _positive(cfg, f)
+    out["linear_conv_kernel"] = _positive(cfg, "linear_conv_kernel_dim")
     if cfg.has("mamba_ssm_dtype"):
         ssm = cfg.get("mamba_ssm_dtype")
         if str(ssm) not in ("float32", "float16", "bfloat16"):
