@@ -14,16 +14,12 @@ sum of each token's expert outputs (`moe_sum`) are small operators of their own.
 Layers differ (`ModelSpec.layer_groups`): a forward pass sums the groups of layers of one kind, each
 distinct attention or FFN part built once and labelled with its kinds (`forward_ops`,
 `ForwardModel.sections`). Sliding layers (Beltagy et al. 2020, arXiv:2004.05150) see their last
-`window` keys, chunked ones (Llama 4) their own chunk. Multi-head latent attention (DeepSeek-V2,
-arXiv:2405.04434) has two exact forms, unabsorbed (`kv_b_proj`) and absorbed (`q_absorb`, MQA over
-the latent, `v_absorb`), chosen by `mla_mode`. Expert parallelism (`ep`; DeepSpeed-MoE,
+`window` keys, chunked ones (Llama 4) their own chunk; Gated DeltaNet layers (`linear_ops`) read and
+write a state a sequence (`kv_*_bytes`). Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434) has
+two exact forms, unabsorbed (`kv_b_proj`) and absorbed (`q_absorb`, MQA over the latent, `v_absorb`),
+chosen by `mla_mode`. Expert parallelism (`ep`; DeepSpeed-MoE,
 arXiv:2201.05596) and data-parallel attention (`dp_attention`, SGLang's DP attention) set the per-GPU
 dimensions (`ShardDims`); counts are per GPU, for the busiest one.
-
-Gated DeltaNet layers (`linear`; Qwen3-Next, Qwen3.5) replace attention with `in_proj_qkvz`, `in_proj_ba`,
-`conv1d`, `deltanet` and `gated_norm` before `o_proj`; their state is read and written once per sequence and
-step (`kv_read_bytes` / `kv_write_bytes`: it is the cache of those layers); `deltanet` is the chunked form
-(FLA's `chunk_gated_delta_rule`) for a chunk of several tokens, the recurrent one for a decode token.
 
 Fused projections (`fused_qkv`, `fused_gate_up`) are off in `ForwardModel` by default (the split names)
 and on in `estimate`, `sweep` and the CLI. The counting conventions (causal alignment, fused and naive
