@@ -21,9 +21,8 @@ chosen by `mla_mode`. Expert parallelism (`ep`; DeepSpeed-MoE,
 arXiv:2201.05596) and data-parallel attention (`dp_attention`, SGLang's DP attention) set the per-GPU
 dimensions (`ShardDims`); counts are per GPU, for the busiest one.
 
-Fused projections (`fused_qkv`, `fused_gate_up`) are off in `ForwardModel` by default (the split names)
-and on in `estimate`, `sweep` and the CLI. The counting conventions (causal alignment, fused and naive
-attention, MLA's and the small operators' FLOPs, what is per GPU): docs/model.md.
+Fused projections (`fused_qkv`, `fused_gate_up`) are off in `ForwardModel` by default and on in
+`estimate`, `sweep` and the CLI. The counting conventions: docs/model.md.
 """
 
 from __future__ import annotations
