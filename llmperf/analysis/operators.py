@@ -579,8 +579,12 @@ class ForwardModel:
                       kv_write_bytes=tokens * kv.bytes_per_token_per_layer, rows=tokens)
 
     def _span(self, kind: LayerKind | None) -> tuple[int | None, int | None]:
-        """(window, chunk) of a layer kind's attention."""
+        """(window, chunk) of a layer kind's attention; DeepSeek Sparse Attention's main attention reads
+        `index_topk` keys a query, counted as a window of that many (the pairs and keys of each query; the
+        keys it picks need not be the latest, which changes no count)."""
         k = self._kind(kind)
+        if self.model.is_sparse_attention:
+            return (self.model.index_topk, None)
         return (k.window if k.attention == "sliding" else None, k.window if k.attention == "chunked" else None)
 
     def _keys(self, q_len: Number, kv_len: Number, kind: LayerKind | None) -> Number:
@@ -634,6 +638,57 @@ class ForwardModel:
             return self._linear("o_proj", batch * q_len, width, m.hidden_size, False)
         width = m.v_head_dim if m.is_mla else self.head_dim
         return self._linear("o_proj", batch * q_len, self.dims.num_heads * width, m.hidden_size, m.out_bias)
+
+    # ---- DeepSeek Sparse Attention's lightning indexer --------------------------------------------------
+    def index_q_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DSA: the indexer's queries from the compressed query, q_lora_rank -> index heads x index head dim
+        (the indexer is replicated on every tensor-parallel rank, as vLLM runs it)."""
+        m = self.model
+        return self._linear("index_q_proj", batch * q_len, m.q_lora_rank, m.index_n_heads * m.index_head_dim,
+                            False)
+
+    def index_k_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DSA: the indexer's key (index head dim) and its heads' weights (index heads), from the hidden state."""
+        m = self.model
+        return self._linear("index_k_proj", batch * q_len, m.hidden_size, m.index_head_dim + m.index_n_heads, False)
+
+    def index_k_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DSA: LayerNorm of each new token's indexer key."""
+        return self._norm("index_k_norm", batch * q_len, width=self.model.index_head_dim, kind="layernorm")
+
+    def index_write(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DSA: each new token's indexer key into its cache, fp8 and its scale (`KVCacheSpec.index_bytes_per_token`)."""
+        tokens = batch * q_len
+        return OpCost(name="index_write", kind="elementwise",
+                      act_read_bytes=tokens * self.model.index_head_dim * self.precision.act_bytes,
+                      kv_write_bytes=tokens * self.kv_spec.index_bytes_per_token, rows=tokens)
+
+    def index_score(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DSA: every query's score against every key it may see (causal, the whole context), in fp8 (DeepSeek's
+        `fp8_index`, vLLM's `fp8_mqa_logits`): per (query, key) pair and index head a dot product of index head
+        dim (2 d FLOPs), then ReLU, the head's weight and the sum over heads (3 FLOPs); the sequence's cached
+        indexer keys read once, the fp32 scores written."""
+        m = self.model
+        hi, di, tokens = m.index_n_heads, m.index_head_dim, batch * q_len
+        pairs = batch * attended_pairs(q_len, kv_len, causal=True)
+        return OpCost(name="index_score", kind="attention", flops=pairs * hi * (2 * di + 3),
+                      act_read_bytes=tokens * hi * (di + FP32_BYTES),
+                      kv_read_bytes=batch * keys_read(q_len, kv_len) * self.kv_spec.index_bytes_per_token,
+                      act_write_bytes=pairs * FP32_BYTES, rows=tokens, compute_dtype="fp8")
+
+    def index_topk(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DSA: each query's `index_topk` keys from its scores (one compare a score; the indices written as int32)."""
+        m = self.model
+        pairs = batch * attended_pairs(q_len, kv_len, causal=True)
+        tokens = batch * q_len
+        return OpCost(name="index_topk", kind="elementwise", flops=pairs, act_read_bytes=pairs * FP32_BYTES,
+                      act_write_bytes=tokens * m.index_topk * FP32_BYTES, rows=tokens)
+
+    def indexer_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
+        """DSA's lightning indexer, in forward order (DeepSeek-V3.2; arXiv:2512.02556)."""
+        args = (batch, q_len, kv_len)
+        return [self.index_q_proj(*args), self.index_k_proj(*args), self.index_k_norm(*args), self.index_write(*args),
+                self.index_score(*args), self.index_topk(*args)]
 
     # ---- Gated DeltaNet (linear layers) ----------------------------------------------------------
     def _linear_widths(self) -> tuple[int, int, int]:
@@ -921,6 +976,8 @@ class ForwardModel:
         ops = ([self.q_a_proj(*args), self.q_a_norm(*args), self.q_b_proj(*args)] if m.q_lora_rank
                else [self.q_proj(*args)])
         ops += [self.kv_a_proj(*args), self.kv_a_norm(*args)]
+        if m.is_sparse_attention:
+            ops += self.indexer_ops(*args)
         absorbed = self.absorbed(q_len)
         unabs = np.logical_not(absorbed)
         if np.any(unabs):

@@ -249,19 +249,35 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
     attention), min(x, W) (sliding), (x - 1) mod C + 1 (chunked: the position within its chunk), and
     its cost equals a full-attention layer's at context n(x). Each operator's roofs are lines in n
     and the time model's efficiencies do not depend on the context, so the sum over steps of
-    `max(lines) + overhead` is a sum of `sum_max_lines` over ranges of n (`_sum_over_steps`)."""
+    `max(lines) + overhead` is a sum of `sum_max_lines` over ranges of n (`_sum_over_steps`). A Gated
+    DeltaNet layer's step is the same at every context (its state's), priced once at a continuing one;
+    DeepSeek Sparse Attention's main attention sees min(x, index_topk) keys, its indexer all x."""
     x_lo, x_hi = prompt_len + 1.0, prompt_len + gen_len - 1.0
     steps = np.maximum(gen_len - 1.0, 0)
     groups: list[tuple[str, int | None, list]] = [("full", None, fm.head_ops(batch, 1, 0.0 * prompt_len)
                                                    + fm.tail_ops(batch, 1, 0.0 * prompt_len))]
     at1: list[list] = [fm.head_ops(batch, 1, 0.0 * prompt_len + 1) + fm.tail_ops(batch, 1, 0.0 * prompt_len + 1)]
+    time = flops = nbytes = 0.0
+    topk = fm.model.index_topk
     for part, kind, count, _ in fm.sections:  # each section once, for all the layers that share it
+        if part == "attention" and kind.attention == "linear":  # flat: every step reads and writes the state
+            for c in fm.section_ops(part, batch, 1, 0.0 * prompt_len + 2, kind):
+                c = c.scaled(count)
+                time = time + steps * op_time(c, hw, compute_dtype, time_model).time_s
+                flops, nbytes = flops + steps * c.flops, nbytes + steps * c.bytes_total
+            continue
         lin = replace(kind, attention="full", window=None)  # the same layer seeing n keys
         attention, span = (kind.attention, kind.window) if part == "attention" else ("full", None)  # FFN: flat
-        groups.append((attention, span,
-                       [op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len, lin)]))
-        at1.append([op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len + 1, lin)])
-    time = flops = nbytes = 0.0
+        ops0 = [op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len, lin)]
+        ops1 = [op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len + 1, lin)]
+        if part == "attention" and topk is not None:  # DSA: the indexer sees every key, the rest its top-k
+            index = [i for i, op in enumerate(ops0) if op.name.startswith("index_")]
+            groups.append(("full", None, [ops0[i] for i in index]))
+            at1.append([ops1[i] for i in index])
+            ops0, ops1 = ([ops[i] for i in range(len(ops)) if i not in index] for ops in (ops0, ops1))
+            attention, span = "sliding", topk
+        groups.append((attention, span, ops0))
+        at1.append(ops1)
     for (attention, span, ops0), ops1 in zip(groups, at1):
         for c0, c1 in zip(ops0, ops1):
             t0 = op_time(c0, hw, compute_dtype, time_model)
@@ -367,12 +383,27 @@ def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int) -> float:
         kv = mat(h, r + dr) + mat(r, nt * (m.qk_nope_head_dim + m.v_head_dim))  # kv_a replicated, kv_b split
         o = mat(nt * m.v_head_dim, h)
         matrices = q_params + h * (r + dr) + r * n * (m.qk_nope_head_dim + m.v_head_dim) + n * m.v_head_dim * h
+        if m.is_sparse_attention:  # DSA's indexer, replicated on every rank: wq_b, wk and weights_proj
+            hi, di = m.index_n_heads, m.index_head_dim
+            q += mat(m.q_lora_rank, hi * di) + mat(h, di + hi)
+            matrices += m.q_lora_rank * hi * di + h * (di + hi)
         return q + kv + o + (m.attn_params_per_layer - matrices) * ab
-    hd = m.head_dim
+    hd, gate = m.head_dim, 2 if m.attn_output_gate else 1
     nh, nkv = m.num_heads // tp, max(1, m.num_kv_heads // tp)
-    attn = mat(h, nh * hd) + 2 * mat(h, nkv * hd) + mat(nh * hd, h)
-    vectors = m.attn_params_per_layer - (h * m.q_size + 2 * h * m.kv_size + m.q_size * h)
+    attn = mat(h, gate * nh * hd) + 2 * mat(h, nkv * hd) + mat(nh * hd, h)
+    vectors = m.attn_params_per_layer - (gate * h * m.q_size + 2 * h * m.kv_size + m.q_size * h)
     return attn + vectors * ab
+
+
+def _linear_layer_weight_bytes(model: ModelSpec, p: Precision, tp: int) -> float:
+    """One Gated DeltaNet token mixer on one GPU of `tp` splitting its heads: in_proj_qkvz, in_proj_ba and
+    out_proj at the weight precision, the convolution, A_log, dt_bias (split with the heads) and the gated
+    norm's weight (whole) at the activation precision."""
+    m, h = model, model.hidden_size
+    mat = lambda d_in, d_out: _module_matrix_bytes(p, d_in, d_out, "attention")  # noqa: E731
+    kd, vd, nv = m.linear_key_dim // tp, m.linear_value_dim // tp, m.linear_num_value_heads // tp  # type: ignore
+    vectors = (2 * kd + vd) * m.linear_conv_kernel + 2 * nv + m.linear_value_head_dim  # type: ignore[operator]
+    return mat(h, 2 * kd + 2 * vd) + mat(h, 2 * nv) + mat(vd, h) + vectors * p.act_bytes
 
 
 def _ffn_weight_bytes(model: ModelSpec, p: Precision, width: int, split: int, copies: float,
@@ -393,7 +424,8 @@ def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, 
     """Weight bytes of one layer of `kind` on one GPU (the layout above; EPLB's `redundant_experts`
     add their copies, `(num_experts + redundant) / ep` routed experts a GPU)."""
     m, ab = model, precision.act_bytes
-    attn = _attention_weight_bytes(m, precision, 1 if dp_attention else tp)
+    mixer = _linear_layer_weight_bytes if kind.attention == "linear" else _attention_weight_bytes
+    attn = mixer(m, precision, 1 if dp_attention else tp)
     if kind.moe:
         local = (m.num_experts + redundant_experts) // ep
         ffn = (_ffn_weight_bytes(m, precision, m.expert_ffn_size, tp // ep, local, "expert")

@@ -17,11 +17,12 @@ Layers of different kinds (full, sliding, chunked attention; MoE or dense FFN) r
 names: a cost carries its layer kind separately (`OpCost.layer`), so a join by name still works.
 Gated DeltaNet layers (Qwen3-Next, Qwen3.5) run `in_proj_qkvz`, `in_proj_ba`, `conv1d`, `deltanet`,
 `gated_norm` and `o_proj` in place of attention. Multi-head latent attention (MLA) adds its projections
-(`q_a_proj` .. `kv_b_proj`) and, in the absorbed form, `q_absorb` and `v_absorb`; mixture-of-experts
-layers add the router's GEMM (`router`), its choice of experts (`moe_route`), the routed experts' FFN, the weighted sum of each
-token's expert outputs (`moe_sum`), the shared experts' operators (`shared_*`) and, with expert
-parallelism, the `moe_dispatch` / `moe_combine` all-to-alls. Tensor parallelism's vocabulary-split
-embedding and LM head add one collective each per forward pass: `embed_allreduce` and `logits_gather`.
+(`q_a_proj` .. `kv_b_proj`; DeepSeek Sparse Attention its indexer's, `index_*`) and, in the absorbed
+form, `q_absorb` and `v_absorb`; mixture-of-experts layers add the router's GEMM (`router`), its choice
+of experts (`moe_route`), the routed experts' FFN, the weighted sum of each token's expert outputs
+(`moe_sum`), the shared experts' operators (`shared_*`) and, with expert parallelism, the
+`moe_dispatch` / `moe_combine` all-to-alls. Tensor parallelism's vocabulary-split embedding and LM head
+add one collective each per forward pass: `embed_allreduce` and `logits_gather`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ class Op(str, Enum):
     q_b_proj = "q_b_proj"  # MLA: q_lora_rank -> heads x (nope + rope)
     kv_a_proj = "kv_a_proj"  # MLA: hidden -> kv_lora_rank + rope (the latent and the shared rotary key)
     kv_a_norm = "kv_a_norm"  # MLA: norm over kv_lora_rank
+    index_q_proj = "index_q_proj"  # DSA's indexer: q_lora_rank -> index heads x index head dim (wq_b)
+    index_k_proj = "index_k_proj"  # DSA's indexer: hidden -> its key and its heads' weights (wk, weights_proj)
+    index_k_norm = "index_k_norm"  # DSA's indexer: LayerNorm of its key
+    index_write = "index_write"  # DSA's indexer: the new tokens' keys into its cache (fp8 and a scale)
+    index_score = "index_score"  # DSA's indexer: every query's scores against every cached key
+    index_topk = "index_topk"  # DSA's indexer: each query's top-k keys from its scores
     kv_b_proj = "kv_b_proj"  # MLA unabsorbed: latent -> heads x (nope K + V)
     q_absorb = "q_absorb"  # MLA absorbed: q_nope x W_UK per head
     qk_norm = "qk_norm"  # a norm over head_dim of every query and key head (Qwen3, Gemma 3, Llama 4)
@@ -130,7 +137,7 @@ MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.embed_allreduce, Op.pos
 
 #: operators that are a matrix multiply against weights (GEMM in prefill, GEMV-like in decode)
 WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({
-    Op.in_proj_qkvz, Op.in_proj_ba,
+    Op.in_proj_qkvz, Op.in_proj_ba, Op.index_q_proj, Op.index_k_proj,
     Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.q_a_proj, Op.q_b_proj, Op.kv_a_proj, Op.kv_b_proj,
     Op.q_absorb, Op.v_absorb, Op.o_proj, Op.router, Op.gate_up_proj, Op.gate_proj, Op.up_proj, Op.down_proj,
     Op.shared_gate_up_proj, Op.shared_gate_proj, Op.shared_up_proj, Op.shared_down_proj, Op.shared_expert_gate,

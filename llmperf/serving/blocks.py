@@ -246,6 +246,11 @@ class BlockManager:
 
     Also the scheduler's KV protocol (`llmperf.serving.scheduler.KVSpace`) for the simulator:
     `blocks_for`, `reserve`, `reserve_cost`, `fork_cost`, `max_seq_len`, prefix sharing.
+
+    `state_blocks`: pool blocks each sequence holds besides its KV, whatever its length: the constant
+    state of a hybrid model's Gated DeltaNet layers (vLLM's hybrid manager gives each running request
+    its Mamba-style state in pages of the one pool), taken by `allocate` and `fork`, given back by
+    `free`; such a state holds no prefix's keys, so nothing is shared by prefix (`cached_prefix` is 0).
     """
 
     #: a fork shares every block: it costs no block until one of the forks writes
@@ -255,10 +260,15 @@ class BlockManager:
     #: the scheduler may share published prompt blocks between requests
     supports_prefix_sharing = True
 
-    def __init__(self, num_blocks: int, block_size: int, *, max_seq_len: int | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, max_seq_len: int | None = None,
+                 state_blocks: int = 0) -> None:
         if not is_count(block_size) or block_size < 1:
             raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
+        if not is_count(state_blocks) or state_blocks < 0:
+            raise ValueError(f"state_blocks: must be a non-negative integer, got {state_blocks!r}")
         self.pool = BlockPool(num_blocks)
+        self.state_blocks = state_blocks
+        self._state: dict[int, list[int]] = {}  # seq id -> its state's blocks (state_blocks > 0 only)
         self._refs = self.pool._refs  # the pool's reference counts, read on the hot paths
         self.block_size = block_size
         self.max_seq_len = num_blocks * block_size if max_seq_len is None else max_seq_len
@@ -318,7 +328,9 @@ class BlockManager:
         """Blocks that hold `num_tokens` tokens: `ceil(num_tokens / block_size)`."""
         return -(-num_tokens // self.block_size)
 
-    blocks_for = blocks_needed
+    def blocks_for(self, num_tokens: int) -> int:
+        """Pool blocks a sequence of `num_tokens` tokens takes: its tokens' blocks and its state's."""
+        return -(-num_tokens // self.block_size) + self.state_blocks
 
     def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
         """Flat physical slots of positions start..end-1 of a sequence (all already reserved)."""
@@ -357,7 +369,7 @@ class BlockManager:
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new sequence of `num_tokens` tokens fits in the free blocks (no prefix shared)."""
-        return self.blocks_needed(num_tokens) <= self.pool.num_free
+        return self.blocks_needed(num_tokens) + self.state_blocks <= self.pool.num_free
 
     def _prefix_blocks(self, tokens: Sequence[int], limit: int) -> list[int]:
         """Published blocks holding the leading full blocks of `tokens[:limit]`."""
@@ -372,7 +384,10 @@ class BlockManager:
 
     def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:
         """How many leading tokens of `tokens[:limit]` are held by published blocks (a multiple of
-        block_size): a new sequence with this prefix need not compute them."""
+        block_size): a new sequence with this prefix need not compute them (none with a state: it is
+        kept for the sequence's end only)."""
+        if self.state_blocks:
+            return 0
         return len(self._prefix_blocks(tokens, limit)) * self.block_size
 
     def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
@@ -384,15 +399,39 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r}: already allocated (free it first)")
         if not is_count(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens: must be a non-negative integer, got {num_tokens!r}")
-        shared = self._prefix_blocks(prefix, num_tokens) if prefix is not None else []
-        if self.blocks_needed(num_tokens) - len(shared) > self.pool.num_free:
+        shared = self._prefix_blocks(prefix, num_tokens) if prefix is not None and not self.state_blocks else []
+        if self.blocks_needed(num_tokens) - len(shared) + self.state_blocks > self.pool.num_free:
             return False
         for block_id in shared:
             self.pool.incref(block_id)
         fresh = self.pool.allocate_many(self.blocks_needed(num_tokens) - len(shared))
         assert fresh is not None, "the free count promised enough free blocks"
         self._install(seq_id, shared + fresh, num_tokens)
+        self._take_state(seq_id)
         return True
+
+    def _take_state(self, seq_id: int) -> None:
+        """The sequence's state blocks (none without a state); ValueError when the pool is short."""
+        if self.state_blocks:
+            blocks = self.pool.allocate_many(self.state_blocks)
+            if blocks is None:
+                raise ValueError(f"sequence {seq_id!r}: {self.state_blocks} blocks for its state, "
+                                 f"{self.pool.num_free} free")
+            self._state[seq_id] = blocks
+
+    def _drop_state(self, seq_id: int) -> None:
+        """Give the sequence's state blocks back (they are its own: never shared, never keyed)."""
+        blocks = self._state.pop(seq_id, None)
+        if blocks:
+            self.pool.decref_all(blocks)
+
+    def _state_holders(self, holders: dict[int, int]) -> None:
+        """Count the state blocks into `holders` (block -> entries holding it), for `check_invariants`."""
+        for seq_id, blocks in self._state.items():
+            assert seq_id in self._tables and len(blocks) == self.state_blocks, (
+                f"sequence {seq_id} holds {len(blocks)} state blocks, expected {self.state_blocks}")
+            for block_id in blocks:
+                holders[block_id] = holders.get(block_id, 0) + 1
 
     def _install(self, seq_id: int, table: list[int], num_tokens: int) -> None:
         """A new sequence's table of its `num_tokens` tokens' blocks, and its last block's fill."""
@@ -404,8 +443,10 @@ class BlockManager:
 
     def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
         """Make the sequence's full blocks within its first `num_computed` (already computed)
-        tokens findable by `cached_prefix` / `allocate(prefix=)`."""
+        tokens findable by `cached_prefix` / `allocate(prefix=)` (nothing with a state)."""
         table, bs, prev = self._table(seq_id), self.block_size, -1
+        if self.state_blocks:
+            return
         for i in range(min(num_computed, self._lens[seq_id], len(tokens)) // bs):
             key = (prev, tuple(tokens[i * bs:(i + 1) * bs]))
             known = self._prefix.get(key)
@@ -577,6 +618,7 @@ class BlockManager:
         table = self._table(parent_id)
         if child_id in self._tables:
             raise ValueError(f"sequence {child_id!r}: already allocated (fork into a new id)")
+        self._take_state(child_id)  # a copy of the parent's state, in blocks of its own
         for block_id in table:
             self.pool.incref(block_id)
         self._tables[child_id] = list(table)
@@ -588,6 +630,8 @@ class BlockManager:
         table = self._table(seq_id)
         for block_id in self.pool.decref_all(table):  # those back in the pool: forget their fill and key
             self._forget(block_id)
+        if self.state_blocks:
+            self._drop_state(seq_id)
         self._logical -= self._lens[seq_id]
         del self._tables[seq_id], self._lens[seq_id]
 
@@ -640,6 +684,7 @@ class BlockManager:
             for i, block_id in enumerate(table):
                 holders[block_id] = holders.get(block_id, 0) + 1
                 fills.setdefault(block_id, set()).add(min(bs, length - i * bs))
+        self._state_holders(holders)
         self._check_holders(holders, fills)
 
     def _check_holders(self, holders: dict[int, int], fills: dict[int, set[int]]) -> None:
@@ -655,9 +700,9 @@ class BlockManager:
             assert len(seen) == 1, (
                 f"block {block_id} holds {sorted(seen)} tokens depending on the sequence: a shared block is never "
                 "written (copy-on-write), so all its holders see the same tokens")
-        recount = self._block_fill()
-        assert sum(recount.values()) == self.usage().used_slots, (
-            f"incremental used slots {self.usage().used_slots} != recounted {sum(recount.values())}")
+        recount = sum(self._block_fill().values()) + self.block_size * self.state_blocks * len(self._state)
+        assert recount == self.usage().used_slots, (  # a state block counts as full
+            f"incremental used slots {self.usage().used_slots} != recounted {recount}")
         assert self._logical == sum(self._lens.values()), "incremental logical token count drifted"
         for key, block_id in self._prefix.items():
             assert self._key_of.get(block_id) == key and self.pool.refcount(block_id) > 0, (
@@ -716,11 +761,12 @@ class HybridLayout:
     def of(cls, kinds: Sequence[tuple[str, int | None]]) -> HybridLayout | None:
         """The layout of layers of these (attention, window) kinds, in layer order; None when they
         do not page apart: no sliding or chunked layer, or no full-attention layer (every layer then
-        takes full pages, the simulator's `kv_sliding_full_pages`)."""
+        takes full pages, the simulator's `kv_sliding_full_pages`). Linear (Gated DeltaNet) layers hold
+        no KV: they are no part of it (their indices are skipped; their state is `state_blocks`)."""
         full = tuple(i for i, (a, _) in enumerate(kinds) if a == "full")
         by_kind: dict[tuple[str, int], list[int]] = {}
         for i, (a, w) in enumerate(kinds):
-            if a != "full":
+            if a not in ("full", "linear"):
                 by_kind.setdefault((a, w), []).append(i)  # type: ignore[arg-type]
         if not full or not by_kind:
             return None
@@ -813,8 +859,8 @@ class WindowedBlockManager(BlockManager):
 
     def __init__(self, num_blocks: int, block_size: int, *, groups: Sequence[WindowGroup],
                  max_seq_len: int | None = None, max_step_tokens: int | None = None,
-                 record_copies: bool = False) -> None:
-        super().__init__(num_blocks, block_size, max_seq_len=max_seq_len)
+                 record_copies: bool = False, state_blocks: int = 0) -> None:
+        super().__init__(num_blocks, block_size, max_seq_len=max_seq_len, state_blocks=state_blocks)
         if not groups:
             raise ValueError("window groups: give at least one (else use BlockManager)")
         self.groups = tuple(groups)
@@ -831,8 +877,8 @@ class WindowedBlockManager(BlockManager):
     # --- queries ---------------------------------------------------------------------------------
 
     def blocks_for(self, num_tokens: int) -> int:  # type: ignore[override]
-        """Pool blocks a sequence of `num_tokens` tokens takes at most (`window_blocks_for`)."""
-        return window_blocks_for(self.groups, self.block_size, num_tokens, self.max_step_tokens)
+        """Pool blocks a sequence of `num_tokens` tokens takes at most (`window_blocks_for`, and its state's)."""
+        return window_blocks_for(self.groups, self.block_size, num_tokens, self.max_step_tokens) + self.state_blocks
 
     def window_blocks(self, seq_id: int) -> list[int]:
         """Pool blocks each window group holds for the sequence."""
@@ -864,7 +910,7 @@ class WindowedBlockManager(BlockManager):
     def slot_usage(self) -> tuple[int, list[int]]:
         """(slots holding tokens in the full layers' blocks, the same for each window group): a block
         shared by forks counts once. O(held window blocks)."""
-        full = self.usage().used_slots - self._window_blocks * self.block_size
+        full = self.usage().used_slots - (self._window_blocks + self.state_blocks * len(self._state)) * self.block_size
         out = []
         bs = self.block_size
         for gi in range(len(self.groups)):
@@ -976,6 +1022,8 @@ class WindowedBlockManager(BlockManager):
 
     def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:
         """Leading tokens of `tokens[:limit]` every group holds, published (a multiple of block_size)."""
+        if self.state_blocks:
+            return 0
         return self._hybrid_prefix(tokens, limit)[0] * self.block_size
 
     def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
@@ -997,7 +1045,7 @@ class WindowedBlockManager(BlockManager):
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new sequence of `num_tokens` tokens fits in the free blocks (no prefix shared)."""
-        return self.blocks_needed(num_tokens) + sum(
+        return self.blocks_needed(num_tokens) + self.state_blocks + sum(
             g.units(-(-num_tokens // self.block_size)) for g in self.groups) <= self.pool.num_free
 
     def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
@@ -1011,11 +1059,11 @@ class WindowedBlockManager(BlockManager):
         # needed), as the scheduler's `cached_prefix(prompt, stop - 1)`; a block shared beyond what the
         # step computes from would leave a window group without the keys its first queries read.
         h, shared = (self._hybrid_prefix(prefix, num_tokens - 1) if prefix is not None and num_tokens
-                     else (0, [[]] * len(self.groups)))
+                     and not self.state_blocks else (0, [[]] * len(self.groups)))
         start, bs = h * self.block_size, self.block_size
         spans = [self._span(g, start, num_tokens) for g in self.groups]
         fresh = sum(g.units(max(0, last - max(first, h))) for g, (first, last) in zip(self.groups, spans))
-        if self.blocks_needed(num_tokens) - h + fresh > self.pool.num_free:
+        if self.blocks_needed(num_tokens) - h + fresh + self.state_blocks > self.pool.num_free:
             return False
         ok = super().allocate(seq_id, num_tokens, None if prefix is None else list(prefix[:h * bs]))
         assert ok, "the free count promised enough free blocks"
@@ -1141,6 +1189,7 @@ class WindowedBlockManager(BlockManager):
                     for block_id in entry:
                         holders[block_id] = holders.get(block_id, 0) + 1
                         window_ids.add(block_id)
+        self._state_holders(holders)
         assert len(window_ids) == self._window_blocks, (
             f"window groups hold {len(window_ids)} pool blocks, counted {self._window_blocks}")
         assert sum(self._block_fill().values()) == self.slot_usage()[0], "incremental used slots drifted"

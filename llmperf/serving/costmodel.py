@@ -1,10 +1,6 @@
-"""The cost-model runner: prices each step of the shared scheduler with `llmperf.analysis`
-(`StepCostModel`).
-
-A serving step puts a set of sequences through one forward pass: decode sequences one token each,
-prefill sequences a chunk of their prompt (Sarathi-Serve's mixed steps, Agrawal et al., OSDI 2024,
-arXiv:2403.02310). Its time is priced from the same operator costs as `llmperf.estimate`
-(`ForwardModel`, `op_time`):
+"""The cost-model runner: prices each step of the shared scheduler with `llmperf.analysis` (`StepCostModel`).
+A step puts decode sequences (one token each) and prefill chunks through one forward pass (Sarathi-Serve,
+arXiv:2403.02310), priced from the same operator costs as `llmperf.estimate` (`ForwardModel`, `op_time`):
 
 - every operator outside attention runs once over the step's `T` tokens, so the weights are read once
   per step (`dense_time_s`, cached per `T`); `lm_head` runs over one row per sequence that samples;
@@ -15,6 +11,8 @@ arXiv:2403.02310). Its time is priced from the same operator costs as `llmperf.e
   chunked layers pay their window, and a step costs a few multiply-adds per group of layers;
 - MLA under `mla_mode="auto"` prices decode sequences in the absorbed form and prefill chunks in the
   unabsorbed one, as `ForwardModel.absorbed` decides for `estimate`;
+- Gated DeltaNet layers' `conv1d` and `deltanet` are linear in six sums over the sequences
+  (`state_features`), priced once per step; DSA's indexer scores with the attention, over every key;
 - a calibrated time model's `step_overhead_s` is added once per step, and a step with a prefill chunk
   is priced with its prefill terms (`for_phase("prefill")`).
 
@@ -31,7 +29,7 @@ import numpy as np
 
 from llmperf.analysis import op_time
 from llmperf.analysis.attention_eff import AttnShape
-from llmperf.analysis.operators import attended_pairs, keys_read
+from llmperf.analysis.operators import DELTANET_CHUNK, attended_pairs, keys_read
 from llmperf.analysis.rollup import Conventions, forward_model, pipeline_transfer_s
 from llmperf.analysis.roofline import OpCost
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
@@ -49,6 +47,33 @@ _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "
 # adds points around it (`_probes`)
 _PROBES = ((1, 1), (1, 7), (3, 5), (4, 4), (2, 9), (5, 11), (8, 8), (7, 30))
 _BLOCK = 256  # dense-time cache is filled this many token counts at a time
+# DeepSeek Sparse Attention's indexer operators that depend on every key (priced with the attention)
+_INDEX_KEY_OPS = ("index_score", "index_topk")
+# Gated DeltaNet operators that depend on each sequence (its state, its chunk): priced per step
+_STATE_OPS = ("conv1d", "deltanet")
+# (q, kv) probes of one sequence for their fit: decode and chunks, first and continuing, across the chunk size
+_STATE_PROBES = ((1, 1), (1, 5), (2, 2), (3, 10), (7, 7), (64, 64), (65, 65), (100, 300), (130, 130),
+                 (200, 1000), (1, 4000), (64, 700))
+
+
+def state_features(q, kv) -> np.ndarray:  # noqa: ANN001
+    """A Gated DeltaNet layer's features of sequences of `q` new tokens over contexts `kv` (after the step),
+    summed: `[[sequences, tokens, q == 1 ones, continuing ones (kv > q)], [sum of q min(q, 64) and of
+    ceil(q / 64) over the q > 1 ones, 0, 0]]`; `conv1d`'s and `deltanet`'s counts are linear in them."""
+    q = np.asarray(q, dtype=float).reshape(-1)
+    kv = np.asarray(kv, dtype=float).reshape(-1)
+    multi = q > 1
+    return np.array([[q.size, q.sum(), float(np.sum(~multi)), float(np.sum(kv > q))],
+                     [float(np.sum(np.where(multi, q * np.minimum(q, DELTANET_CHUNK), 0.0))),
+                      float(np.sum(np.where(multi, np.ceil(q / DELTANET_CHUNK), 0.0))), 0.0, 0.0]])
+
+
+def scalar_state_features(q: int, kv: int) -> tuple[float, float, float]:
+    """(q == 1, continuing, q min(q, 64) if q > 1, blocks if q > 1) of one sequence, in plain Python (the
+    simulator's per-item path) -- without the sequence and token counts, which it sums itself."""
+    if q == 1:
+        return 1.0, float(kv > q), 0.0, 0.0
+    return 0.0, float(kv > q), float(q * min(q, DELTANET_CHUNK)), float(-(-q // DELTANET_CHUNK))
 
 
 def _probes(span: tuple[int | None, int | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -115,6 +140,18 @@ class _AttnPart:
     latent: bool = False  # MLA's attention (`AttnShape.latent`)
 
 
+@dataclass(frozen=True)
+class _StatePart:
+    """A Gated DeltaNet operator priced per step: its per-layer count fields as `coef @ x` (x: the six
+    summed `state_features`) plus its weights, read once a step; `ref` gives its other fields."""
+
+    ref: OpCost
+    coef: np.ndarray  # (fields, 6), weight_bytes' row zero
+    weight_bytes: float
+    layers: int
+    label: str
+
+
 @dataclass
 class StepCostModel:
     """Seconds of one step on one replica (a `tp`-way group, `pp` stages), from the per-sequence
@@ -125,7 +162,8 @@ class StepCostModel:
     model's layer kinds (full, each sliding window, each chunk size), and for MLA under
     `mla_mode="auto"` per form too (decode sequences, q = 1, run the absorbed form; prefill chunks,
     q > 1, the unabsorbed one, as `ForwardModel.absorbed` says): `groups` lists them as
-    (absorbed or None, (window, chunk))."""
+    (absorbed or None, (window, chunk)). A model with Gated DeltaNet layers adds two rows after them
+    (`state_features`; `state_parts` prices them)."""
 
     model: ModelSpec
     hardware: HardwareSpec
@@ -154,12 +192,15 @@ class StepCostModel:
             self.forms = (None,)
         spans: list[tuple[int | None, int | None]] = []
         for kind, _ in self.model.layer_groups():
-            if self.fm._span(kind) not in spans:
+            if kind.attention != "linear" and self.fm._span(kind) not in spans:
                 spans.append(self.fm._span(kind))
+        if m.is_sparse_attention and (None, None) not in spans:  # DSA's indexer scores every key
+            spans.append((None, None))
         self.spans = tuple(spans)
         self.groups = tuple((f, s) for f in self.forms for s in self.spans)
         #: the common case: one group, full attention (the simulator's fast path)
-        self.simple = len(self.groups) == 1 and self.spans[0] == (None, None)
+        self.state_parts = self._fit_state() if m.has_linear_layers else []
+        self.simple = len(self.groups) == 1 and self.spans[0] == (None, None) and not self.state_parts
         self.parts = self._fit_attention()
         # per part: (intercept, FLOP line, memory-byte line) as plain floats (the per-step hot path)
         self._lines = [(float(p.coef[1:6, 0].sum()), tuple(float(x) for x in p.coef[0, 1:]),
@@ -177,11 +218,17 @@ class StepCostModel:
         for fi, form in enumerate(self.forms):
             fm = self.fm if form is None else replace(self.fm, mla_mode="absorbed" if form else "unabsorbed")
             for kind, L in self.model.layer_groups():
+                if kind.attention == "linear":  # no KV: its state's operators are `state_parts`
+                    continue
                 g = fi * len(self.spans) + self.spans.index(self.fm._span(kind))
                 parts += self._fit_kind(fm, kind, L, g)
+                if self.model.is_sparse_attention:  # the indexer's scores and top-k over every key
+                    parts += self._fit_kind(fm, kind, L, fi * len(self.spans) + self.spans.index((None, None)),
+                                            names=_INDEX_KEY_OPS)
         return parts
 
-    def _fit_kind(self, fm, kind, L: int, group: int) -> list[_AttnPart]:  # noqa: ANN001
+    def _fit_kind(self, fm, kind, L: int, group: int, names: tuple[str, ...] = ()) -> list[_AttnPart]:  # noqa: ANN001
+        """The attention operators of `kind` (or the operators `names`) as lines in the group's features."""
         span = self.groups[group][1]
         q, kv = _probes(span)
         X = np.column_stack([np.ones_like(q), span_features(q, kv, span)])
@@ -189,7 +236,9 @@ class StepCostModel:
         scale = np.abs(X).max(axis=0)
         row = 1.0 / np.abs(X / scale).max(axis=1)
         ops = fm.attention_ops(1.0, q, kv, kind=kind)
-        if self.model.is_mla:
+        if names:
+            ops = [getattr(fm, name)(1.0, q, kv) for name in names]
+        elif self.model.is_mla:
             ops = ([fm.kv_b_proj(1.0, q, kv, kind=kind)] if fm.mla_mode == "unabsorbed"
                    else [fm.q_absorb(1.0, q, kv), fm.v_absorb(1.0, q, kv)]) + ops
         parts = []
@@ -212,6 +261,50 @@ class StepCostModel:
                                    compute_dtype=op.compute_dtype, heads=heads,
                                    latent=a is not None and bool(np.any(a.latent))))
         return parts
+
+    def _fit_state(self) -> list[_StatePart]:
+        """`conv1d` and `deltanet` of each section of Gated DeltaNet layers, as linear functions of the
+        summed `state_features` (checked on probes: the step cost model needs them to be linear)."""
+        q, kv = np.array(_STATE_PROBES, dtype=float).T
+        X = np.stack([state_features(a, b).reshape(-1)[:6] for a, b in zip(q, kv)])
+        scale = np.abs(X).max(axis=0)
+        parts = []
+        for part, kind, count, label in self.fm.sections:
+            if part != "attention" or kind.attention != "linear":
+                continue
+            for name in _STATE_OPS:
+                op = getattr(self.fm, name)(1.0, q, kv)
+                weight = np.broadcast_to(np.asarray(op.weight_bytes, dtype=float), q.shape)
+                if not np.all(weight == weight[0]):
+                    raise AssertionError(f"{name}: its weights depend on the sequence")
+                Y = np.stack([np.broadcast_to(np.asarray(getattr(op, f), dtype=float), q.shape)
+                              if f != "weight_bytes" else np.zeros_like(q) for f in _COUNT_FIELDS], axis=1)
+                coef, *_ = np.linalg.lstsq(X / scale, Y, rcond=None)
+                coef = coef / scale[:, None]
+                if not np.allclose(X @ coef, Y, rtol=1e-9, atol=1e-6 + 1e-12 * np.abs(Y).max()):
+                    raise AssertionError(f"{name} ({label}): counts are not linear in the state features")
+                if self.fm.dp_attention and self.tp > 1:  # each GPU its share of the sequences (balanced)
+                    coef = coef / self.tp
+                ref = getattr(self.fm, name)(1.0, 2.0, 2.0)
+                parts.append(_StatePart(ref=ref, coef=coef.T, weight_bytes=float(weight[0]), layers=count,
+                                        label=label))
+        return parts
+
+    def state_time_s(self, features) -> float:  # noqa: ANN001
+        """Seconds of the Gated DeltaNet layers' `conv1d` and `deltanet` in a step whose summed
+        `state_features` are `features` (the two rows after the attention groups'), every layer."""
+        f = np.asarray(features[len(self.groups):len(self.groups) + 2], dtype=float).reshape(-1)[:6]
+        if f[0] <= 0:
+            return 0.0
+        dp = self.tp if self.fm.dp_attention and self.tp > 1 else 1
+        rows = float(f[1]) if dp == 1 else float(-(-int(f[1]) // dp))
+        total = 0.0
+        for p in self.state_parts:
+            counts = dict(zip(_COUNT_FIELDS, (float(x) for x in p.coef @ f)))
+            counts["weight_bytes"] = p.weight_bytes
+            cost = replace(p.ref, rows=rows, **counts).scaled(p.layers, layer=p.label)
+            total += float(_op_time(cost, self.hardware, self.dtype, self.time_model).time_s)
+        return total
 
     def _rates_for(self, part: _AttnPart, rows: int, q_len: int = 1) -> tuple[float, float, float, float, float]:
         """(seconds per FLOP, seconds per byte, fixed seconds, overlapped floor: the host's dispatch or the
@@ -237,10 +330,13 @@ class StepCostModel:
         return hit
 
     def features(self, q_lens, kv_lens) -> np.ndarray:  # noqa: ANN001
-        """The summed features of the sequences, per group: (groups, 4)."""
+        """The summed features of the sequences, per group: (groups, 4); with Gated DeltaNet layers two
+        rows more, their `state_features`."""
         q = np.asarray(q_lens, dtype=float).reshape(-1)
         kv = np.asarray(kv_lens, dtype=float).reshape(-1)
-        out = np.zeros((len(self.groups), 4))
+        out = np.zeros((len(self.groups) + (2 if self.state_parts else 0), 4))
+        if self.state_parts:
+            out[len(self.groups):] = state_features(q, kv)
         for si, span in enumerate(self.spans):
             f = span_features(q, kv, span).reshape(-1, 4)
             if len(self.forms) == 1:
@@ -276,6 +372,8 @@ class StepCostModel:
             nbytes = wb + b[0] * f0 + b[1] * f1 + b[2] * f2 + b[3] * f3
             # the counts are summed over the layers; every layer launches the operator once
             total += L * (max(lat + flops * per_flop / L, lat + nbytes * per_byte / L, host) + fixed)
+        if self.state_parts:
+            total += self.state_time_s(features)
         return total
 
     # ---- everything else: cached per token count ---------------------------------------------------
@@ -298,8 +396,10 @@ class StepCostModel:
 
     def _dense_times(self, T):  # noqa: ANN001, ANN202
         total = pipeline_transfer_s(self.fm, self.hardware, T, 1, self.pp, self.time_model) + 0.0 * T
+        state = _STATE_OPS if self.state_parts else ()  # priced per step, from the sequences (`state_time_s`)
+        state += _INDEX_KEY_OPS if self.model.is_sparse_attention else ()
         for cost in self.fm.forward_ops(T, 1, 1):
-            if cost.name in _ATTN_NAMES or cost.name in _MLA_FORM_OPS or cost.name in _LOGIT_OPS:
+            if cost.name in _ATTN_NAMES or cost.name in _MLA_FORM_OPS or cost.name in _LOGIT_OPS or cost.name in state:
                 continue
             total = total + _op_time(cost, self.hardware, self.dtype, self.time_model).time_s
         return np.asarray(total, dtype=float)
@@ -373,4 +473,4 @@ def _has_rows() -> bool:
 _HAS_ROWS = "rows" in OpCost.__dataclass_fields__
 
 
-__all__ = ["StepCostModel"]
+__all__ = ["StepCostModel", "scalar_state_features", "state_features"]

@@ -50,7 +50,7 @@ from llmperf.serving.blocks import (
     uniform_window,
     window_blocks_for,
 )
-from llmperf.serving.costmodel import StepCostModel, _scalar_features
+from llmperf.serving.costmodel import StepCostModel, _scalar_features, scalar_state_features
 from llmperf.serving.scheduler import RequestState, ScheduledItem, Scheduler, SchedulerConfig, StepOutcome, StepPlan
 from llmperf.serving.speculative import SpeculativeConfig, SpeculativeCosts, draft_memory
 from llmperf.serving.workload import Gamma, Poisson, Workload, WorkloadSpec, generate
@@ -294,7 +294,10 @@ class MemoryPlan:
     layer is windowed alike: Mistral 7B v0.1, StreamingLLM) a block holds every layer and a sequence
     only the blocks its window needs (`CappedBlockManager`). `kv_sliding_full_pages`: the model has
     such layers and they get full pages (kv_window "full", or a layout the capped pools do not cover:
-    pipeline stages beside full layers, windows of several kinds without a full layer, a draft)."""
+    pipeline stages beside full layers, windows of several kinds without a full layer, a draft).
+    `state_bytes`: one sequence's Gated DeltaNet state on a GPU (linear layers: no KV, a constant state
+    per sequence), held as `state_blocks` = ceil(state_bytes / block_bytes) pool blocks from admission
+    to its end or preemption (vLLM's hybrid manager pages the state in the attention pages' size)."""
 
     usable_bytes: float
     weights_bytes: float
@@ -309,26 +312,30 @@ class MemoryPlan:
     max_step_tokens: int | None = None  # the step budget (bounds a window group's blocks)
     draft_weights_bytes: float = 0.0  # speculative decoding: the draft's share of weights_bytes
     draft_kv_bytes_per_token: float = 0.0  # and of kv_bytes_per_token (a block holds both models' KV)
+    state_bytes: float = 0.0  # linear layers: one sequence's state on a GPU
+    state_blocks: int = 0  # the pool blocks it takes
 
     def blocks_for(self, num_tokens: int) -> int:
-        """Pool blocks a sequence of up to `num_tokens` tokens holds at most."""
+        """Pool blocks a sequence of up to `num_tokens` tokens holds at most (its state's included)."""
         if self.window_groups:
-            return window_blocks_for(self.window_groups, self.block_size, num_tokens, self.max_step_tokens)
+            return window_blocks_for(self.window_groups, self.block_size, num_tokens,
+                                     self.max_step_tokens) + self.state_blocks
         if self.capped_window is not None:
             return capped_blocks_for(self.capped_window[1], self.block_size, num_tokens, self.max_step_tokens)
-        return -(-num_tokens // self.block_size)
+        return -(-num_tokens // self.block_size) + self.state_blocks
 
     def manager(self, max_seq_len: int | None = None) -> BlockManager:
         """The replica's block manager (`WindowedBlockManager` with window groups, `CappedBlockManager`
         with a capped window)."""
         if self.window_groups:
             return WindowedBlockManager(self.num_blocks, self.block_size, groups=self.window_groups,
-                                        max_seq_len=max_seq_len, max_step_tokens=self.max_step_tokens)
+                                        max_seq_len=max_seq_len, max_step_tokens=self.max_step_tokens,
+                                        state_blocks=self.state_blocks)
         if self.capped_window is not None:
             attention, window = self.capped_window
             return CappedBlockManager(self.num_blocks, self.block_size, attention=attention, window=window,
                                       max_seq_len=max_seq_len, max_step_tokens=self.max_step_tokens)
-        return BlockManager(self.num_blocks, self.block_size, max_seq_len=max_seq_len)
+        return BlockManager(self.num_blocks, self.block_size, max_seq_len=max_seq_len, state_blocks=self.state_blocks)
 
     @property
     def block_bytes(self) -> float:
@@ -345,8 +352,8 @@ class MemoryPlan:
 
 
 def hybrid_kv(model: ModelSpec) -> bool:
-    """Whether `model` has sliding or chunked layers."""
-    return any(kind.attention != "full" for kind, _ in model.layer_groups())
+    """Whether `model` has sliding or chunked layers (linear ones hold no KV: they do not count)."""
+    return any(kind.attention not in ("full", "linear") for kind, _ in model.layer_groups())
 
 
 def window_groups(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> tuple[WindowGroup, ...]:
@@ -386,7 +393,8 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     groups = window_groups(m, config.kv_window, config.pp)
     capped = capped_window(m, config.kv_window, config.pp, config.speculative is not None)
     if groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
-        kv_tok = kv_tok * groups[0].full_layers / m.num_layers
+        kv_tok = kv_tok * groups[0].full_layers / sum(k.attention != "linear" for k in m.layer_kinds())
+    state = linear_state_bytes_per_gpu(config)
     act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
     draft = {}
     if config.speculative is not None:  # the draft's weights and KV join the target's; one activation reserve
@@ -395,7 +403,12 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
         draft = dict(draft_weights_bytes=dm.weights_bytes, draft_kv_bytes_per_token=dm.kv_bytes_per_token)
     usable = hw.memory_bytes * config.mem_util
     shards = config.kv_shards
+    if state and not kv_tok:
+        raise SpecError(f"model: {m.name} has no KV-holding layer (every layer linear); the simulator pages "
+                        "the state in KV blocks")
+    state_blocks = math.ceil(state / (kv_tok * config.block_size)) if state else 0
     common = dict(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
+                  state_bytes=state, state_blocks=state_blocks,
                   block_size=config.block_size, kv_shards=shards,
                   kv_sliding_full_pages=hybrid_kv(m) and not groups and capped is None, window_groups=groups,
                   capped_window=capped, max_step_tokens=config.max_batched_tokens, **draft)
@@ -415,6 +428,19 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
                         f"usable on {hw.name} ({hw.memory_gib:g} GiB x mem_util {config.mem_util:g}); no room for a "
                         "KV cache")
     return MemoryPlan(num_blocks=blocks * shards, **common)
+
+
+def linear_state_bytes_per_gpu(config: ServingConfig) -> float:
+    """One sequence's Gated DeltaNet state on one GPU (0 without linear layers): every linear layer's
+    (`KVCacheSpec.state_bytes`), its heads split by tp (not with data-parallel attention: a GPU holds
+    its own sequences' whole state), the pipeline stage holding the most."""
+    m = config.model
+    if not m.has_linear_layers:
+        return 0.0
+    from llmperf.analysis.rollup import stage_layer_ranges
+    from llmperf.specs.kvcache import KVCacheSpec
+    kv = KVCacheSpec.from_model(m, config.precision).sharded(tp=1 if config.dp_attention else config.tp)
+    return max(kv.layers(r.start, r.stop).state_bytes for r in stage_layer_ranges(m, config.pp))
 
 
 def _layout_words(config: ServingConfig) -> str:
@@ -528,6 +554,12 @@ class CostModelRunner:
         cost = self.cost
         spans = cost.spans
         F = [[0.0, 0.0, 0.0, 0.0] for _ in cost.groups]
+        # Gated DeltaNet layers: their two rows of summed `state_features` after the groups'
+        state = F0 = F1 = None
+        if cost.state_parts:
+            F0, F1 = [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]
+            F += [F0, F1]
+            state = True
         decodes = prefill = batch = logits = 0
         finished: list[int] = []
         out = self.out
@@ -545,6 +577,11 @@ class CostModelRunner:
                     row[1] += k
                     row[2] += k
                     row[3] += k
+                if state:  # one sequence, one token (recurrent), continuing unless it is a one-token prompt
+                    F0[0] += 1
+                    F0[1] += 1
+                    F0[2] += 1
+                    F0[3] += kv > 1
             else:
                 if item.decode:
                     decodes += q * n
@@ -557,6 +594,14 @@ class CostModelRunner:
                     row[1] += k * n
                     row[2] += pairs * n
                     row[3] += q * k * n
+                if state:
+                    dec, cont, qc, blocks = scalar_state_features(q, kv)
+                    F0[0] += n
+                    F0[1] += q * n
+                    F0[2] += dec * n
+                    F0[3] += cont * n
+                    F1[0] += qc * n
+                    F1[1] += blocks * n
             batch += n
             if item.samples:
                 logits += n
@@ -823,9 +868,20 @@ def speculative_costs(config: ServingConfig, cost: StepCostModel) -> Speculative
 
 def kv_note(model: ModelSpec, kv_window: str = "capped", pp: int = 1, speculative: bool = False) -> str:
     """The line every output prints for a model with sliding / chunked layers: how its pool holds
-    their KV ("" for a model without them)."""
+    their KV ("" for a model without them); a model with Gated DeltaNet layers says how their state is
+    held."""
+    state = ""
+    if model.has_linear_layers:
+        n = sum(k.attention == "linear" for k in model.layer_kinds())
+        state = (f"KV: {n} Gated DeltaNet layers hold no KV but a constant state per sequence, in pool blocks "
+                 "from admission to its end (no prefix sharing)")
     if not hybrid_kv(model):
-        return ""
+        return state
+    return "\n".join(x for x in (_window_note(model, kv_window, pp, speculative), state) if x)
+
+
+def _window_note(model: ModelSpec, kv_window: str, pp: int, speculative: bool) -> str:
+    """`kv_note`'s line on sliding / chunked layers."""
     if window_groups(model, kv_window, pp):
         return "KV: sliding/chunked layers hold their window's blocks (vLLM's hybrid KV-cache manager)"
     capped = capped_window(model, kv_window, pp, speculative)
@@ -878,6 +934,8 @@ def _result(config: ServingConfig, slo: SLO, memory: MemoryPlan, workload: Workl
                                         weights_bytes=memory.weights_bytes, slo_ttft_s=slo.ttft_s,
                                         slo_tpot_s=slo.tpot_s, slo_percentile=slo.percentile)
     settings |= {f"workload_{k}": v for k, v in workload.description.items()}
+    if memory.state_blocks:  # Gated DeltaNet layers: one sequence's state per GPU, and its pool blocks
+        settings |= dict(state_bytes=memory.state_bytes, state_blocks=memory.state_blocks)
     if memory.draft_weights_bytes or memory.draft_kv_bytes_per_token:
         settings |= dict(draft_weights_bytes=memory.draft_weights_bytes,
                          draft_kv_bytes_per_token=memory.draft_kv_bytes_per_token)
@@ -933,6 +991,13 @@ def _held_tokens(config: ServingConfig, context: float) -> float:
     return context if capped is None else min(context, capped[1])
 
 
+def _fit(num_blocks: int, block_size: int, held: float, state_blocks: int) -> int:
+    """Sequences of `held` token slots (and `state_blocks` blocks of state each) that `num_blocks` hold."""
+    if not state_blocks:
+        return int(num_blocks * block_size / held)
+    return int(num_blocks / (held / block_size + state_blocks))
+
+
 def service_rate_bound(config: ServingConfig, spec: WorkloadSpec, num_blocks: int,
                        cost: StepCostModel | None = None) -> float:
     """An optimistic requests/s of one replica (an upper bound on its service rate): every request's
@@ -942,7 +1007,8 @@ def service_rate_bound(config: ServingConfig, spec: WorkloadSpec, num_blocks: in
     cost = cost or step_cost_model(config)
     p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
     ctx = p_mean + o_mean / 2
-    fit = max(1, int(num_blocks * config.block_size / max(_held_tokens(config, ctx), 1)))
+    state = plan_memory(config).state_blocks if config.model.has_linear_layers else 0
+    fit = max(1, _fit(num_blocks, config.block_size, max(_held_tokens(config, ctx), 1), state))
     b = max(1, min(config.max_batch or fit, fit))
     if config.speculative is None:
         step = cost.step_time_s(np.ones(b), np.full(b, ctx), b)
@@ -963,7 +1029,8 @@ def saturated_rate(spec: WorkloadSpec, config: ServingConfig, cost: StepCostMode
     n = max(spec.num_requests or 0, 64)
     p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
     memory = plan_memory(config)
-    fit = max(1, int(memory.num_blocks * config.block_size / max(_held_tokens(config, p_mean + o_mean), 1)))
+    fit = max(1, _fit(memory.num_blocks, config.block_size, max(_held_tokens(config, p_mean + o_mean), 1),
+                      memory.state_blocks))
     n = min(max(n, 3 * min(config.max_batch or fit, fit)), 4096)
     work = generate(dataclasses.replace(spec, arrival="offline", num_requests=n, duration_s=None))
     res = simulate(work, config, cost=cost)
@@ -1077,5 +1144,6 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
 
 __all__ = ["CostModelRunner", "EFFICIENCIES", "MemoryPlan", "RatePoint", "RateSearch", "SLO", "ServingConfig",
            "SimResult", "SyntheticPrompt", "capped_window", "check_fits", "find_max_rate", "hybrid_kv", "kv_note",
-           "plan_memory", "saturated_rate", "service_rate_bound", "simulate", "step_cost_model", "window_groups",
+           "linear_state_bytes_per_gpu", "plan_memory", "saturated_rate", "service_rate_bound", "simulate",
+           "step_cost_model", "window_groups",
            "with_rate"]

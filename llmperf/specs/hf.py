@@ -163,6 +163,7 @@ _DEEPSEEK_V3_DEFAULTS = dict(
     kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8,
     topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, moe_intermediate_size=2048,
     num_nextn_predict_layers=1, moe_layer_freq=1)
+_DEEPSEEK_V32_DEFAULTS = dict(_DEEPSEEK_V3_DEFAULTS, index_topk=2048, index_head_dim=128, index_n_heads=64)
 _DEEPSEEK_V2_DEFAULTS = dict(
     _LLAMA_DEFAULTS, attention_bias=False, mlp_bias=False, first_k_dense_replace=0, kv_lora_rank=512,
     q_lora_rank=1536, n_routed_experts=64, n_shared_experts=2, qk_nope_head_dim=128, qk_rope_head_dim=64,
@@ -408,6 +409,29 @@ def _mla_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _dense_layers(out, lambda i: i >= first_dense and i % freq == 0)
 
 
+def _dsa_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """DeepSeek-V3.2: DeepSeek-V3's MLA and MoE with DeepSeek Sparse Attention in every layer (`layer_types`
+    all `indexed_attention`): the lightning indexer's heads, head dim and top-k. `mlp_layer_types` ("dense"
+    / "sparse" a layer), where given, says which FFNs are dense (else first_k_dense_replace)."""
+    _mla_extra(cfg, out)
+    for f in ("index_n_heads", "index_head_dim", "index_topk"):
+        out[f] = _positive(cfg, f)
+    n = out["num_layers"]
+    kinds = cfg.get("layer_types")
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != n:
+            raise SpecError(f"{cfg.origin}: layer_types must list num_hidden_layers={n} kinds, got {kinds!r}")
+        other = [k for k in kinds if k != "indexed_attention"]
+        if other:
+            raise cfg.refuse("layer_types", other[0], "every DeepSeek-V3.2 layer is indexed_attention")
+    mlp = cfg.get("mlp_layer_types")
+    if mlp is not None:
+        if not isinstance(mlp, list) or len(mlp) != n or not set(mlp) <= {"dense", "sparse"}:
+            raise SpecError(f"{cfg.origin}: mlp_layer_types must list num_hidden_layers={n} of dense / sparse, "
+                            f"got {mlp!r}")
+        _dense_layers(out, lambda i: mlp[i] == "sparse")
+
+
 _MLA_FIELDS = {"kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head_dim",
                "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim"}
 
@@ -645,6 +669,9 @@ _TYPES = (
                           "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128,
                           "norm_topk_prob": False},
                 sliding_window="layers", honours=("use_qk_norm",), extra=_qwen3_moe_extra),
+    HFModelType(model_type="deepseek_v32", family="llama", architectures=("DeepseekV32ForCausalLM",), keys=_MLA_KEYS,
+                required=_MLA_REQUIRED, defaults=_DEEPSEEK_V32_DEFAULTS, sliding_window="layers",
+                honours=("index_topk", "index_n_heads"), extra=_dsa_extra),
     *(HFModelType(model_type=mt, family="llama", architectures=(arch,), keys=_MLA_KEYS, required=_MLA_REQUIRED,
                   defaults=defaults, sliding_window="layers", extra=_mla_extra)
       for mt, arch, defaults in (("deepseek_v3", "DeepseekV3ForCausalLM", _DEEPSEEK_V3_DEFAULTS),
@@ -709,17 +736,15 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 
 #: model types refused by name: half-modelling them would mislead (one line, why)
 REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
-    "deepseek_v32": "DeepSeek Sparse Attention (a lightning indexer and top-k sparse attention, index_topk) "
-                    "is not modelled yet",
-    "glm_moe_dsa": "DeepSeek Sparse Attention (a lightning indexer and top-k sparse attention, index_topk) "
-                   "is not modelled yet",
+    "glm_moe_dsa": "GLM-5's DeepSeek Sparse Attention shares one indexer's top-k among several layers "
+                   "(indexer_types), not modelled yet",
     "nemotron_h": "Mamba-2 layers keep a constant per-sequence state, not modelled yet",
 })
 
 #: fields refused by name in any config: each belongs to an architecture llmperf does not model yet
 _HYBRID_FIELDS: Mapping[str, str] = MappingProxyType({
-    "index_topk": "sparse top-k attention (DeepSeek Sparse Attention) is not modelled yet",
-    "index_n_heads": "sparse top-k attention (DeepSeek Sparse Attention) is not modelled yet",
+    "index_topk": "DeepSeek Sparse Attention is read for deepseek_v32 only",
+    "index_n_heads": "DeepSeek Sparse Attention is read for deepseek_v32 only",
     "hybrid_override_pattern": "Mamba / attention hybrid layers keep a constant per-sequence state, not modelled yet",
     "linear_num_value_heads": "Gated DeltaNet layers are read for qwen3_next, qwen3_5 and qwen3_5_moe only",
 })
@@ -761,7 +786,7 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "text_config", "rope_local_base_freq", "rope_interleave", "attn_temperature_tuning", "floor_scale",
        "attn_scale", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
        "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval", "shared_expert_intermediate_size",
-       "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers"}))
+       "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(

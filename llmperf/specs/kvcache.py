@@ -175,6 +175,7 @@ class KVCacheSpec:
     latent: bool = False  # MLA: one shared latent per token and layer, not split by tensor parallelism
     window: str = "capped"  # capped | full
     state_bytes_per_layer: float = 0.0  # linear layers: one sequence's state in one of them (this shard's)
+    index_bytes_per_token: float = 0.0  # DSA: the indexer's key of one token in one layer (fp8 + scale; whole)
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_kv_heads", "head_dim"):
@@ -208,6 +209,9 @@ class KVCacheSpec:
             raise SpecError(f"kv cache: a latent cache (MLA) has one latent head, got num_kv_heads={self.num_kv_heads}")
         if self.window not in KV_WINDOW_MODES:
             raise SpecError(f"kv cache: window must be one of {', '.join(KV_WINDOW_MODES)}, got {self.window!r}")
+        ib = self.index_bytes_per_token
+        if not is_real(ib) or ib < 0:
+            raise SpecError(f"kv cache: index_bytes_per_token must be a finite number >= 0, got {ib!r}")
         sb = self.state_bytes_per_layer
         if not is_real(sb) or sb < 0 or (sb > 0) != ("linear" in self.kinds()):
             raise SpecError(f"kv cache: state_bytes_per_layer must be > 0 exactly when some layer is linear, "
@@ -231,7 +235,8 @@ class KVCacheSpec:
         return cls(num_layers=model.num_layers, num_kv_heads=heads, head_dim=dim, element_bytes=element,
                    sliding_window=model.sliding_window, layer_types=getattr(model, "layer_types", None),
                    attention_chunk_size=getattr(model, "attention_chunk_size", None), latent=latent,
-                   window=window, state_bytes_per_layer=linear_state_bytes(model, kv))
+                   window=window, state_bytes_per_layer=linear_state_bytes(model, kv),
+                   index_bytes_per_token=indexer_key_bytes(model))
 
     def with_window(self, window: str) -> KVCacheSpec:
         """The same cache with sliding and chunked layers allocated `"capped"` or `"full"`."""
@@ -287,8 +292,8 @@ class KVCacheSpec:
     @property
     def bytes_per_token_per_layer(self) -> float:
         """K and V of one token in one layer: 2 * kv_heads * head_dim * element_bytes (MLA: the
-        latent, head_dim * element_bytes). The same in every layer of one spec."""
-        return self.elements_per_token_per_layer * self.element_bytes
+        latent, head_dim * element_bytes; with DSA its indexer's key too). The same in every layer."""
+        return self.elements_per_token_per_layer * self.element_bytes + self.index_bytes_per_token
 
     @property
     def kv_layers(self) -> int:
@@ -421,6 +426,20 @@ class KVCacheSpec:
             return sum(g.num_layers for g in s.groups if g.cap is None), s.num_layers
 
         return max(stages, key=size)  # max keeps the first of equals
+
+
+#: DSA's indexer keys are fp8 with one fp32 scale per block of this many elements (vLLM's indexer cache)
+INDEX_SCALE_BLOCK = 128
+
+
+def indexer_key_bytes(model: Any) -> float:
+    """One token's key in one layer's DSA indexer cache (0 without DSA): `index_head_dim` fp8 bytes and an
+    fp32 scale per 128 of them, as vLLM and DeepSeek's kernels keep it (132 B for DeepSeek-V3.2); not split
+    by tensor parallelism (one key for all the indexer's heads)."""
+    if getattr(model, "index_topk", None) is None:
+        return 0.0
+    d = model.index_head_dim
+    return float(d + 4 * -(-d // INDEX_SCALE_BLOCK))
 
 
 def linear_state_bytes(model: Any, kv: Any = None) -> float:

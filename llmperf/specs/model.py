@@ -128,6 +128,10 @@ class ModelSpec:
     linear_conv_kernel: int | None = None  # the causal depthwise convolution's width K (state: K - 1 inputs)
     state_dtype: str | None = None  # the recurrent state's dtype (mamba_ssm_dtype); None: the KV cache's
     attn_output_gate: bool = False  # full layers: q_proj also yields a gate, output *= sigmoid(gate)
+    # DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer picks each query's index_topk keys
+    index_n_heads: int | None = None  # the indexer's heads (set: every MLA layer has an indexer)
+    index_head_dim: int | None = None
+    index_topk: int | None = None  # keys each query's main attention reads
     # ---- numerics: change values, not costs (the engine honours them; every default is "absent") --
     router_scoring: str = "softmax"  # softmax | sigmoid: how router logits become expert scores
     router_renormalize: bool = True  # the chosen experts' weights sum to 1 (norm_topk_prob; Mixtral: always)
@@ -280,7 +284,7 @@ class ModelSpec:
             if self.qkv_bias:
                 kv += r + dr
             o = n * self.v_head_dim * h + (h if self.out_bias else 0)
-            return q + kv + o + (n if self.attn_sinks else 0)
+            return q + kv + o + (n if self.attn_sinks else 0) + self.indexer_params_per_layer
         n = h * self.q_size * (2 if self.attn_output_gate else 1) + 2 * h * self.kv_size + self.q_size * h
         if self.qkv_bias:
             n += self.q_size * (2 if self.attn_output_gate else 1) + 2 * self.kv_size
@@ -294,6 +298,21 @@ class ModelSpec:
 
     def _norm_weights(self, width: int) -> int:
         return width * (2 if self.norm_kind == "layernorm" else 1)
+
+    @property
+    def is_sparse_attention(self) -> bool:
+        """DeepSeek Sparse Attention: each query's main attention reads the `index_topk` keys its indexer picks."""
+        return self.index_topk is not None
+
+    @property
+    def indexer_params_per_layer(self) -> int:
+        """DSA's lightning indexer in one layer, as transformers' DeepseekV32Indexer: wq_b (q_lora_rank ->
+        index heads x index head dim), wk (hidden -> index head dim), k_norm (a LayerNorm: weight and bias),
+        weights_proj (hidden -> index heads); 0 without DSA."""
+        if not self.is_sparse_attention:
+            return 0
+        hi, di = self.index_n_heads, self.index_head_dim
+        return self.q_lora_rank * hi * di + self.hidden_size * di + 2 * di + self.hidden_size * hi  # type: ignore
 
     @property
     def has_linear_layers(self) -> bool:
@@ -597,6 +616,7 @@ def _check_layer_structure(spec: ModelSpec) -> None:
               "v_head_dim", "moe_ffn_size", "shared_ffn_size"):
         _optional_positive_int(spec, f)
     _check_linear_layers(spec)
+    _check_sparse_attention(spec)
     _layer_indices(spec, "nope_layers")
     _layer_indices(spec, "dense_layers")
     if spec.dense_layers and not spec.is_moe:
@@ -643,6 +663,26 @@ def _check_layer_structure(spec: ModelSpec) -> None:
 
 LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
                  "linear_conv_kernel")
+
+
+INDEX_FIELDS = ("index_n_heads", "index_head_dim", "index_topk")
+
+
+def _check_sparse_attention(spec: ModelSpec) -> None:
+    """DSA's fields: all three or none, counts, on multi-head latent attention with a q_lora_rank (the
+    indexer's query reads the compressed query)."""
+    given = [f for f in INDEX_FIELDS if getattr(spec, f) is not None]
+    if not given:
+        return
+    if len(given) < len(INDEX_FIELDS):
+        missing = next(f for f in INDEX_FIELDS if getattr(spec, f) is None)
+        raise SpecError(f"{spec.name}: {given[0]}={getattr(spec, given[0])!r} needs {missing} (DeepSeek Sparse "
+                        "Attention's indexer)")
+    for f in INDEX_FIELDS:
+        _positive_int(spec, f)
+    if not spec.is_mla or spec.q_lora_rank is None:
+        raise SpecError(f"{spec.name}: index_topk (DeepSeek Sparse Attention) needs multi-head latent attention "
+                        "with q_lora_rank")
 
 
 def _check_linear_layers(spec: ModelSpec) -> None:

@@ -281,8 +281,7 @@ def test_every_key_read_is_listed(name):
 # ---- refused by name, in one line --------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type,needle", [
-    ("deepseek_v32", "model_type 'deepseek_v32' is not modelled (DeepSeek Sparse Attention"),
-    ("glm_moe_dsa", "model_type 'glm_moe_dsa' is not modelled (DeepSeek Sparse Attention"),
+    ("glm_moe_dsa", "model_type 'glm_moe_dsa' is not modelled (GLM-5's DeepSeek Sparse Attention"),
     ("nemotron_h", "model_type 'nemotron_h' is not modelled (Mamba-2 layers keep a constant per-sequence state"),
 ])
 def test_hybrids_refused_by_model_type(model_type, needle):
@@ -293,7 +292,7 @@ V3, Q3, OSS, L4, G3 = (TINY[n] for n in ("deepseek_v3", "qwen3", "gpt_oss", "lla
 
 
 @pytest.mark.parametrize("cfg,needle", [
-    ({**V3, "index_topk": 2048, "index_n_heads": 64}, "index_topk=2048 is not modelled (sparse top-k attention"),
+    ({**V3, "index_topk": 2048, "index_n_heads": 64}, "index_topk=2048 is not modelled (DeepSeek Sparse Attention is read for deepseek_v32"),
     ({**Q3, "hybrid_override_pattern": "M-M*"}, "hybrid_override_pattern='M-M*' is not modelled (Mamba"),
     ({**Q3, "linear_num_value_heads": 32}, "linear_num_value_heads=32 is not modelled"),
     ({**Q3, "layer_types": ["linear_attention", "full_attention"] * 2},
