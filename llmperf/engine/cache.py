@@ -51,7 +51,12 @@ def hybrid_layout(spec: ModelSpec, kv_window: str = "capped") -> HybridLayout | 
         raise ValueError(f"kv_window: must be one of {', '.join(KV_WINDOWS)}, got {kv_window!r}")
     if kv_window == "full":
         return None
-    return HybridLayout.of([(k.attention, k.window) for k in spec.layer_kinds()])
+    return HybridLayout.of(_attention_kinds(spec))  # indexed by attention layer (`KVCache.kv_index`)
+
+
+def _attention_kinds(spec: ModelSpec) -> list[tuple[str, int | None]]:
+    """(attention, window) of every layer that keeps K/V: linear (Gated DeltaNet) layers keep a state instead."""
+    return [(k.attention, k.window) for k in spec.layer_kinds() if k.attention != "linear"]
 
 
 def capped_window(spec: ModelSpec, kv_window: str = "capped") -> tuple[str, int] | None:
@@ -61,7 +66,7 @@ def capped_window(spec: ModelSpec, kv_window: str = "capped") -> tuple[str, int]
     if kv_window not in KV_WINDOWS:
         raise ValueError(f"kv_window: must be one of {', '.join(KV_WINDOWS)}, got {kv_window!r}")
     # one kind of windowed layer only: a model with a full-attention layer (hybrid) or none windowed gets None
-    return None if kv_window == "full" else uniform_window([(k.attention, k.window) for k in spec.layer_kinds()])
+    return None if kv_window == "full" else uniform_window(_attention_kinds(spec))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +80,11 @@ class CacheUsage:
     used_bytes: int  # storage holding real tokens (a block shared by forks counts once)
     logical_tokens: int  # sum of the live sequences' lengths (shared tokens counted per sequence)
     num_seqs: int
+    # Linear (Gated DeltaNet) layers: their per-sequence state (conv + recurrent, every linear layer),
+    # held by the live sequences and allocated now; 0 for a model without such layers. Not in the
+    # K/V fields above.
+    state_bytes: int = 0
+    state_capacity_bytes: int = 0
 
     @property
     def utilization(self) -> float:
@@ -96,13 +106,41 @@ class KVCache(ABC):
         self.spec = spec
         self.dtype = dtype
         self.device = torch.device(device)
-        self.num_layers = spec.num_layers
+        kinds = spec.layer_kinds()
+        # Layers that keep K/V (linear layers keep a per-sequence state instead, `states`): the storage's
+        # first dimension counts these, and `kv_index` maps a model layer to its index among them.
+        self.attention_layers = tuple(i for i, k in enumerate(kinds) if k.attention != "linear")
+        self.kv_index = {layer: j for j, layer in enumerate(self.attention_layers)}
+        self.num_layers = len(self.attention_layers)
+        self.states: LinearStates | None = LinearStates(spec, dtype, self.device) if spec.has_linear_layers else None
+        if self.states is not None:
+            self.supports_prefix_sharing = False  # a cached prefix's blocks carry no state
         # MLA: one part (the latent and the rotary key, R + Dr wide) on one head; else K and V (H_kv, D)
         self.latent = spec.is_mla
         self.parts = 1 if self.latent else 2
         self.num_kv_heads = 1 if self.latent else spec.num_kv_heads
         self.head_dim = spec.kv_width_per_token_per_layer if self.latent else spec.head_dim
         self._v = self.parts - 1  # the part V is read from: 1, or the latent itself
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        """What one live sequence holds in the linear (Gated DeltaNet) layers whatever its length: the
+        conv state (K - 1 inputs of 2 nk dk + nv dv channels, the model's dtype) and the recurrent state
+        (nv dk dv, fp32) of every linear layer; 0 without linear layers."""
+        return 0 if self.states is None else self.states.bytes_per_seq
+
+    def _state_usage(self) -> dict[str, int]:
+        """`CacheUsage`'s state fields now."""
+        if self.states is None:
+            return {}
+        return dict(state_bytes=self.states.num_seqs * self.states.bytes_per_seq,
+                    state_capacity_bytes=self.states.capacity_bytes)
+
+    def _attach_states(self, meta: StepMeta, seq_ids: Sequence[int]) -> StepMeta:
+        """The step's linear-layer states and its sequences' slots in them."""
+        if self.states is not None:
+            meta.states, meta.state_rows = self.states, self.states.rows(seq_ids)
+        return meta
 
     @property
     def bytes_per_token(self) -> int:
@@ -173,12 +211,15 @@ class KVCache(ABC):
             self.free(seq_id)
 
     def reorder(self, seq_ids: Sequence[int], sources: Sequence[int]) -> bool:
-        """Beam search: afterwards `seq_ids[i]` holds what `seq_ids[sources[i]]` held before.
-        False (nothing changed) if there is no room for the copies."""
+        """Beam search: afterwards `seq_ids[i]` holds what `seq_ids[sources[i]]` held before (its K/V
+        and its linear layers' state). False (nothing changed) if there is no room for the copies."""
         seq_ids, sources = list(seq_ids), list(sources)
         if sources == list(range(len(seq_ids))):
             return True
-        return self._reorder(seq_ids, sources)
+        ok = self._reorder(seq_ids, sources)
+        if ok and self.states is not None:
+            self.states.reorder(seq_ids, sources)
+        return ok
 
     @abstractmethod
     def _reorder(self, seq_ids: list[int], sources: list[int]) -> bool: ...
@@ -222,6 +263,90 @@ class KVCache(ABC):
 # ---------------------------------------------------------------------------------------------------
 
 
+class LinearStates:
+    """Every linear layer's state per live sequence: `conv (L_lin, S, W, K - 1)` in the model's dtype (the
+    last K - 1 convolution inputs) and `recurrent (L_lin, S, nv, dk, dv)` fp32, S slots, one per
+    sequence id (`allocate` zeroes it, `fork` copies it, `reorder` permutes it, `free` gives it back).
+    The slots grow (doubling) when every one is taken, so admission is the KV cache's alone."""
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device, slots: int = 4) -> None:
+        self.layers = tuple(i for i, k in enumerate(spec.layer_kinds()) if k.attention == "linear")
+        self._index = {layer: j for j, layer in enumerate(self.layers)}
+        self.shape_conv = (spec.linear_conv_dim, spec.linear_conv_kernel - 1)  # type: ignore[operator]
+        self.shape_rec = (spec.linear_num_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim)
+        L = len(self.layers)
+        self.conv = torch.zeros(L, slots, *self.shape_conv, dtype=dtype, device=device)
+        self.recurrent = torch.zeros(L, slots, *self.shape_rec, dtype=torch.float32, device=device)
+        self._slot: dict[int, int] = {}
+        self._free = list(range(slots))
+
+    def layer(self, layer: int) -> int:
+        """The index of model layer `layer` among the linear layers."""
+        return self._index[layer]
+
+    @property
+    def bytes_per_seq(self) -> int:
+        """One sequence's state in every linear layer: conv (K - 1) W and recurrent nv dk dv elements."""
+        conv = self.shape_conv[0] * self.shape_conv[1] * self.conv.element_size()
+        rec = self.shape_rec[0] * self.shape_rec[1] * self.shape_rec[2] * self.recurrent.element_size()
+        return len(self.layers) * (conv + rec)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The storage allocated now (every slot)."""
+        return self.conv.numel() * self.conv.element_size() + self.recurrent.numel() * self.recurrent.element_size()
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences holding a slot."""
+        return len(self._slot)
+
+    def _grow(self) -> None:
+        n = self.conv.shape[1]
+        self.conv = torch.cat((self.conv, torch.zeros_like(self.conv)), dim=1)
+        self.recurrent = torch.cat((self.recurrent, torch.zeros_like(self.recurrent)), dim=1)
+        self._free += list(range(n, 2 * n))
+        heapq.heapify(self._free)
+
+    def allocate(self, seq_id: int) -> None:
+        """A slot for a new sequence, zeroed (a sequence allocated again, after preemption, restarts)."""
+        if seq_id in self._slot:
+            self.free(seq_id)
+        if not self._free:
+            self._grow()
+        s = self._slot[seq_id] = heapq.heappop(self._free)
+        self.conv[:, s].zero_()
+        self.recurrent[:, s].zero_()
+
+    def fork(self, parent: int, child: int) -> None:
+        """`child` starts with a copy of `parent`'s state (beams, several samples of one prompt)."""
+        self.allocate(child)
+        p, c = self._slot[parent], self._slot[child]
+        self.conv[:, c] = self.conv[:, p]
+        self.recurrent[:, c] = self.recurrent[:, p]
+
+    def reorder(self, seq_ids: Sequence[int], sources: Sequence[int]) -> None:
+        """Beam search: afterwards `seq_ids[i]` holds what `seq_ids[sources[i]]` held."""
+        dst = torch.tensor([self._slot[s] for s in seq_ids], device=self.conv.device)
+        src = torch.tensor([self._slot[seq_ids[j]] for j in sources], device=self.conv.device)
+        self.conv.index_copy_(1, dst, self.conv.index_select(1, src))
+        self.recurrent.index_copy_(1, dst, self.recurrent.index_select(1, src))
+
+    def free(self, seq_id: int) -> None:
+        """The sequence ended: its slot returns."""
+        s = self._slot.pop(seq_id, None)
+        if s is not None:
+            heapq.heappush(self._free, s)
+
+    def rows(self, seq_ids: Sequence[int]) -> torch.Tensor:
+        """(B,) int64: the step's sequences' slots."""
+        return torch.tensor([self._slot[s] for s in seq_ids], dtype=torch.long).to(self.conv.device,
+                                                                                   non_blocking=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
 class ContiguousKVCache(KVCache):
     """Max-length preallocation: `kv` is `(L, 2, B_max, H_kv, S_max, D)` (MLA: `(L, 1, B_max, 1, S_max,
     R + Dr)`); a sequence owns a row.
@@ -242,8 +367,8 @@ class ContiguousKVCache(KVCache):
         self.max_batch, self._max_seq_len = max_batch, max_seq_len
         self.block_size = max_seq_len  # KVSpace: a "block" is a whole row
         # Zeros, not empty: attention reads (masked) slots past a sequence's end, and 0 * NaN = NaN.
-        self.kv = torch.zeros(spec.num_layers, self.parts, max_batch, self.num_kv_heads, max_seq_len, self.head_dim,
-                              dtype=dtype, device=self.device)  # (L, 2, B_max, H_kv, S_max, D)
+        self.kv = torch.zeros(self.num_layers, self.parts, max_batch, self.num_kv_heads, max_seq_len, self.head_dim,
+                              dtype=dtype, device=self.device)  # (L, 2, B_max, H_kv, S_max, D), L attention layers
         self._row: dict[int, int] = {}
         self._len: dict[int, int] = {}
         self._free_rows = list(range(max_batch))  # a heap: the lowest free row first, so a batch's
@@ -306,6 +431,8 @@ class ContiguousKVCache(KVCache):
             return False
         self._row[seq_id] = heapq.heappop(self._free_rows)
         self._len[seq_id] = num_tokens
+        if self.states is not None:
+            self.states.allocate(seq_id)
         return True
 
     def append_slot(self, seq_id: int) -> bool:
@@ -330,11 +457,15 @@ class ContiguousKVCache(KVCache):
         row = heapq.heappop(self._free_rows)
         self.kv[:, :, row, :, :n] = self.kv[:, :, self._row[parent], :, :n]
         self._row[child], self._len[child] = row, n
+        if self.states is not None:
+            self.states.fork(parent, child)
         return True
 
     def free(self, seq_id: int) -> None:
         heapq.heappush(self._free_rows, self._row.pop(seq_id))
         del self._len[seq_id]
+        if self.states is not None:
+            self.states.free(seq_id)
 
     def _reorder(self, seq_ids: list[int], sources: list[int]) -> bool:
         rows = [self._row[s] for s in seq_ids]
@@ -352,11 +483,13 @@ class ContiguousKVCache(KVCache):
         starts = self._starts(seq_ids, q_len)
         rows = [self._row[s] for s in seq_ids]
         consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
-        return StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len, store=self,
-                        rows=torch.tensor(rows, device=self.device),
-                        row_slice=slice(rows[0], rows[0] + len(rows)) if consecutive else None)
+        return self._attach_states(StepMeta(positions=self._positions(starts, q_len), starts=starts, q_len=q_len,
+                                            store=self, rows=torch.tensor(rows, device=self.device),
+                                            row_slice=slice(rows[0], rows[0] + len(rows)) if consecutive else None),
+                                   seq_ids)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor | None, meta: StepMeta) -> None:
+        layer = self.kv_index[layer]
         T = meta.q_len
         if meta.row_slice is not None and meta.uniform:
             s = meta.starts[0]
@@ -371,6 +504,7 @@ class ContiguousKVCache(KVCache):
     def rows_of(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V rows `(B, H_kv, S_max, D)` of the step's sequences (a view when the rows are
         consecutive, else a copy): what Flash-Decoding reads."""
+        layer = self.kv_index[layer]
         if meta.row_slice is not None:
             return self.kv[layer, 0, meta.row_slice], self.kv[layer, self._v, meta.row_slice]
         k = self.kv[layer, 0].index_select(0, meta.rows)
@@ -378,9 +512,11 @@ class ContiguousKVCache(KVCache):
 
     def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A row is a block of S_max slots: `(B_max, S_max, H_kv, D)` views."""
+        layer = self.kv_index[layer]
         return self.kv[layer, 0].transpose(1, 2), self.kv[layer, self._v].transpose(1, 2)
 
     def gather(self, layer: int, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.kv_index[layer]
         S = meta.max_seq_len
         if meta.row_slice is not None:
             return self.kv[layer, 0, meta.row_slice, :, :S], self.kv[layer, self._v, meta.row_slice, :, :S]
@@ -392,7 +528,7 @@ class ContiguousKVCache(KVCache):
         bpt = self.bytes_per_token
         return CacheUsage(kind=self.kind, bytes_per_token=bpt, capacity_bytes=self.capacity_bytes,
                           reserved_bytes=len(self._row) * self._max_seq_len * bpt, used_bytes=tokens * bpt,
-                          logical_tokens=tokens, num_seqs=len(self._len))
+                          logical_tokens=tokens, num_seqs=len(self._len), **self._state_usage())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -422,16 +558,18 @@ class PagedKVCache(KVCache):
         if self.window is not None:  # every layer windowed alike: one table, capped at the window
             self.manager = CappedBlockManager(num_blocks, block_size, attention=self.window[0], window=self.window[1],
                                               max_seq_len=self._max_seq_len, max_step_tokens=max_step_tokens)
-            pool_layers = spec.num_layers
+            pool_layers = self.num_layers
         elif self.layout is None:
             self.manager = BlockManager(num_blocks, block_size, max_seq_len=self._max_seq_len)
-            pool_layers = spec.num_layers
+            pool_layers = self.num_layers
         else:
             self.manager = WindowedBlockManager(num_blocks, block_size, groups=self.layout.groups,
                                                 max_seq_len=self._max_seq_len, max_step_tokens=max_step_tokens,
                                                 record_copies=True)
             pool_layers = len(self.layout.full)
-            self._address = tuple(self.layout.address(i) for i in range(spec.num_layers))  # (table, pool slot)
+            # (table, pool slot) per model layer; a linear layer keeps no K/V (never addressed)
+            self._address = tuple(self.layout.address(self.kv_index[i]) if i in self.kv_index else (0, 0)
+                                  for i in range(spec.num_layers))
         self.block_size = block_size
         # Zeros: the gather for attention reads whole blocks (masked past each sequence's end).
         self.kv = torch.zeros(pool_layers, self.parts, num_blocks, block_size, self.num_kv_heads, self.head_dim,
@@ -444,7 +582,7 @@ class PagedKVCache(KVCache):
 
     def _slot(self, layer: int) -> int:
         """`layer`'s index in the pool tensor's first dimension."""
-        return layer if self.layout is None else self._address[layer][1]
+        return self.kv_index[layer] if self.layout is None else self._address[layer][1]
 
     # ---- KVSpace (the shared scheduler's view) ------------------------------------------------
     fork_cost = 0
@@ -470,6 +608,8 @@ class PagedKVCache(KVCache):
         return self.manager.shared_blocks(num_tokens)
 
     def cached_prefix(self, tokens: Sequence[int], limit: int) -> int:
+        if self.states is not None:  # a cached prefix's blocks carry no linear-layer state
+            return 0
         return self.manager.cached_prefix(tokens, limit)
 
     def publish(self, seq_id: int, tokens: Sequence[int], num_computed: int) -> None:
@@ -537,17 +677,24 @@ class PagedKVCache(KVCache):
     def allocate(self, seq_id: int, num_tokens: int, prefix: Sequence[int] | None = None) -> bool:
         if num_tokens > self._max_seq_len:
             return False
-        return self.manager.allocate(seq_id, num_tokens, prefix=prefix)
+        ok = self.manager.allocate(seq_id, num_tokens, prefix=prefix if self.states is None else None)
+        if ok and self.states is not None:
+            self.states.allocate(seq_id)
+        return ok
 
     def append_slot(self, seq_id: int) -> bool:
         return self.reserve(seq_id, 1)
 
     def fork(self, parent: int, child: int) -> bool:
         self.manager.fork(parent, child)
+        if self.states is not None:
+            self.states.fork(parent, child)
         return True
 
     def free(self, seq_id: int) -> None:
         self.manager.free(seq_id)
+        if self.states is not None:
+            self.states.free(seq_id)
 
     def _reorder(self, seq_ids: list[int], sources: list[int]) -> bool:
         # Share blocks by reference: fork each changed beam's source into a temporary id, drop the
@@ -580,7 +727,7 @@ class PagedKVCache(KVCache):
         meta._memo["block_runs"] = _block_runs(tables, nb)
         if self.layout is not None:
             self._prepare_groups(meta, seq_ids, starts, q_len, width, nb)
-        return meta
+        return self._attach_states(meta, seq_ids)
 
     def _prepare_groups(self, meta: StepMeta, seq_ids: Sequence[int], starts: Sequence[int], q_len: int,
                         width: int, nb: int) -> None:
@@ -648,7 +795,7 @@ class PagedKVCache(KVCache):
             used = (full * F + sum(n * g.layers for n, g in zip(groups, self.layout.groups))) * per_layer
         return CacheUsage(kind=self.kind, bytes_per_token=bpt, capacity_bytes=self.capacity_bytes,
                           reserved_bytes=reserved, used_bytes=used,
-                          logical_tokens=u.logical_tokens, num_seqs=u.num_sequences)
+                          logical_tokens=u.logical_tokens, num_seqs=u.num_sequences, **self._state_usage())
 
 
 def _block_runs(tables: Sequence[Sequence[int]], nb: int) -> tuple[int, int] | None:

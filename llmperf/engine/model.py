@@ -55,6 +55,7 @@ from llmperf.specs import ModelSpec
 _QKV, _GATE_UP = Op.qkv_proj.value, Op.gate_up_proj.value
 # A tensor-parallel layer's two sums over ranks (`llmperf.engine.tensor_parallel`), named as priced
 _ATTN_REDUCE, _MLP_REDUCE = Op.attn_allreduce.value, Op.mlp_allreduce.value
+_ATTN_GATE = Op.attn_gate.value  # the full layers' sigmoid output gate (Qwen3-Next, Qwen3.5)
 # ... and a vocabulary-parallel shard's two per pass: the embedding's sum and the logit slices' gather
 _EMBED_REDUCE, _LOGITS_GATHER = Op.embed_allreduce.value, Op.logits_gather.value
 
@@ -67,6 +68,10 @@ class Block(nn.Module):
     or (C, 2F) for a gated FFN as [gate | up], [+ up_bias], down_weight (F, C) [+ down_bias]; or a
     mixture of experts, `moe_ffn` (`llmperf.engine.moe.MoE`); [post_mlp_norm]. Shapes are for
     `weight_layout="in_out"` (y = x @ W + b); "out_in" stores each matrix transposed (`F.linear`).
+
+    A `linear` layer (Qwen3-Next, Qwen3.5) has `linear_attn` (`llmperf.engine.deltanet.GatedDeltaNet`) in
+    place of attention; with `attn_output_gate` a full layer's qkv_weight is [q | k | v | gate] and the
+    attention output is multiplied by sigmoid(gate) before o_proj.
 
     `reduce` (None: a whole model): a tensor-parallel shard's in-place sum over ranks, applied to the
     o projection's output and to the FFN's output, before the post norms and the residual adds
@@ -109,11 +114,19 @@ class Block(nn.Module):
         # Llama 4: NoPE layers scale their queries by a temperature that grows with the position
         self.nope_temperature = spec.nope_temperature if not self.rope else None
         self.attn: nn.Module | None = None
-        if spec.is_mla:
+        self.linear_attn: nn.Module | None = None
+        # Qwen3-Next / Qwen3.5 full layers: q_proj also yields a gate per head, stored after v (`_attend`)
+        self.gate_size = self.q_size if spec.attn_output_gate else 0
+        if kind.attention == "linear":  # a Gated DeltaNet token mixer with its own projections and state
+            from llmperf.engine.deltanet import GatedDeltaNet
+            self.linear_attn = GatedDeltaNet(spec, index, ops, **kw)
+            self.q_norm = self.k_norm = self.sinks = None
+        elif spec.is_mla:
             from llmperf.engine.mla import MLAttention
             self.attn = MLAttention(spec, index, ops, **kw)
         else:
-            _linear_params(self, "qkv", C, self.q_size + 2 * self.kv_size, spec.qkv_bias, in_out, **kw)
+            _linear_params(self, "qkv", C, self.q_size + 2 * self.kv_size + self.gate_size, spec.qkv_bias, in_out,
+                           **kw)
             _linear_params(self, "o", self.q_size, C, spec.out_bias, in_out, **kw)
             rms = spec.qk_norm == "rmsnorm"
             self.q_norm = Norm("rmsnorm", self.D, **norm) if rms else None
@@ -201,7 +214,9 @@ class Block(nn.Module):
         rec, i = ctx.rec, self.index
         with rec.op("attn_norm", i):
             h = self.attn_norm.forward(x)
-        if self.attn is not None:  # multi-head latent attention: its own projections and cache
+        if self.linear_attn is not None:  # Gated DeltaNet: its own projections and per-sequence state
+            o = self.linear_attn.forward(h, spans, ctx)
+        elif self.attn is not None:  # multi-head latent attention: its own projections and cache
             o = self.attn.forward(h, spans, ctx)
         else:
             o = self._attend(h, spans, ctx)
@@ -216,18 +231,22 @@ class Block(nn.Module):
         rec, i = ctx.rec, self.index
         N = h.shape[1]
         H, H_kv, D = self.H, self.H_kv, self.D
-        qkv = self._qkv(h, rec).view(N, H + 2 * H_kv, D)
+        gated = self.gate_size > 0
+        qkv = self._qkv(h, rec).view(N, H * (2 if gated else 1) + 2 * H_kv, D)  # [q | k | v (| gate)]
         qk = self._rotate(qkv, ctx)
         outs = []
         for meta, B, T, lo in spans:
             part = qk[lo:lo + B * T].view(B, T, H + H_kv, D)
             q, k = part[:, :, :H], part[:, :, H:]
-            v = qkv[lo:lo + B * T, H + H_kv:].view(B, T, H_kv, D)
+            v = qkv[lo:lo + B * T, H + H_kv:H + 2 * H_kv].view(B, T, H_kv, D)
             if meta.store is not None:
                 with rec.op("kv_write", i):
                     meta.store.write(i, k, v, meta)
             outs.append(ctx.attend(i, q, k, v, meta, rec).reshape(B * T, H * D))
         o = (outs[0] if len(outs) == 1 else torch.cat(outs))[None]  # (1, N, H*D)
+        if gated:  # Qwen3-Next / Qwen3.5: the output times sigmoid(gate), in the activation dtype
+            with rec.op(_ATTN_GATE, i):
+                o = o * torch.sigmoid(qkv[:, H + 2 * H_kv:].reshape(1, N, H * D))
         with rec.op("o_proj", i):
             o = self.ops.linear(o, self.o_weight, self.o_bias)  # (1, N, C)
         if self.reduce is not None:  # tensor parallel: the ranks' partial sums, before the post norm

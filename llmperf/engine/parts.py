@@ -120,12 +120,18 @@ def check_buildable(spec: ModelSpec) -> None:
         raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
     if spec.pos_encoding == "rope":
         check_rope(spec)
+    if spec.is_sparse_attention:
+        raise ValueError(f"index_topk: the engine does not run DeepSeek Sparse Attention's indexer and top-k "
+                         f"attention ({spec.name}); llmperf prices it (estimate, simulate, plan)")
     if spec.is_mla:
         from llmperf.engine.mla import check_mla
         check_mla(spec)
     if spec.is_moe:
         from llmperf.engine.moe import check_moe
         check_moe(spec)
+    if spec.has_linear_layers:
+        from llmperf.engine.deltanet import check_linear
+        check_linear(spec)
 
 
 def layer_attention(spec: ModelSpec, sinks: Sequence[torch.Tensor | None]) -> tuple[LayerAttn, ...]:

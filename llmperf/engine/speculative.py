@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from llmperf.engine.cache import ContiguousKVCache
+from llmperf.engine.deltanet import refuse_linear
 from llmperf.engine.generate import Prompts, _as_prompts, _is_id
 from llmperf.engine.model import Transformer
 from llmperf.engine.ops import ops_for
@@ -168,6 +169,8 @@ def _check(target: Any, draft: Any, prompts: list[list[int]], num_draft_tokens: 
     for name, m in (("target", target), ("draft", draft)):
         if not isinstance(m, Transformer):
             raise ValueError(f"{name}: must be an llmperf.engine Transformer, got {type(m).__name__}")
+        refuse_linear(m.spec, "speculative decoding", f"({name}) cannot be rolled back past rejected draft tokens "
+                      "(the cache's rollback cuts K/V only)")
     if not _is_id(num_draft_tokens) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens: must be a positive integer, got {num_draft_tokens!r}")
     if draft.spec.vocab_size != target.spec.vocab_size:

@@ -105,6 +105,10 @@ class StepMeta:
     # A cache that evicts (`llmperf.engine.streaming`): the step's largest absolute position, which runs
     # past its slots; None: positions are slot indices, the largest `max_seq_len - 1` (see `max_position`).
     last_position: int | None = None
+    # A model with linear (Gated DeltaNet) layers: the cache's `cache.LinearStates` and the step's
+    # sequences' slots in it (B,) int64; None: no state kept (a forward from position 0 without a cache).
+    states: Any = None
+    state_rows: torch.Tensor | None = None
     # Set by the model for its forward (ModelSpec fields that change the math): the keys a query of
     # a model whose layers all slide alike may see (None = all; the CPU's one-call decode reads it).
     window: int | None = None

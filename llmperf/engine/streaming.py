@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from llmperf.engine.cache import ContiguousKVCache
+from llmperf.engine.deltanet import refuse_linear
 from llmperf.engine.generate import Prompts, _as_prompts, _is_id
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams, finish_reason
@@ -226,6 +227,8 @@ def _check(model: Any, prompts: list[list[int]], sink_tokens: Any, window: Any, 
     """Every argument, before anything is allocated; the stop rules as the engine's `SamplingParams`."""
     if not isinstance(model, Transformer):
         raise ValueError(f"model: must be an llmperf.engine Transformer, got {type(model).__name__}")
+    refuse_linear(model.spec, "StreamingLLM", "already summarises every evicted token; K/V eviction does not apply "
+                  "to it")
     if not _is_id(sink_tokens) or sink_tokens < 0:
         raise ValueError(f"sink_tokens: must be an integer >= 0, got {sink_tokens!r}")
     if not _is_id(window) or window < 1:

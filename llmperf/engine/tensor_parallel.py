@@ -73,6 +73,9 @@ def shard_spec(spec: ModelSpec, world: int) -> ModelSpec:
     if spec.is_moe or any(kind.moe for kind in spec.layer_kinds()):
         raise SpecError(f"num_experts: {spec.name} is a mixture of experts (num_experts={spec.num_experts}); "
                         "tensor parallelism shards dense FFNs only (no expert parallelism)")
+    if spec.has_linear_layers:
+        raise SpecError(f"layer_types: {spec.name} has linear (Gated DeltaNet) layers; tensor parallelism shards "
+                        "attention heads and FFNs only (not the delta rule's heads and state)")
     if spec.is_mla:
         raise SpecError(f"kv_lora_rank: {spec.name} uses multi-head latent attention "
                         f"(kv_lora_rank={spec.kv_lora_rank}); tensor parallelism shards per-head K and V only")

@@ -32,7 +32,8 @@ from llmperf.specs import ModelSpec
 INIT_STD = 0.02  # GPT-2 / Llama `initializer_range`
 # Matrix parameters (suffixes), stored (in, out) or (out, in) depending on the model's weight_layout.
 _MATRICES = ("qkv_weight", "o_weight", "up_weight", "down_weight", "router_weight", "shared_gate_weight",
-             "lm_head_weight", "q_a_weight", "q_b_weight", "q_weight", "kv_a_weight", "kv_b_weight")  # last five: MLA
+             "lm_head_weight", "q_a_weight", "q_b_weight", "q_weight", "kv_a_weight", "kv_b_weight",  # last five: MLA
+             "qkvz_weight", "ba_weight", "out_weight")  # Gated DeltaNet
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -90,13 +91,19 @@ class _Entry:
     [gate_0, up_0, gate_1, up_1, ...] -> `(E, 2F, C)`; "stack" one part per expert -> `(E, ...)`;
     "in_out" one `(E, in, out)` tensor (Llama 4, gpt-oss), transposed; "in_out_alternating" gpt-oss's
     gate_up `(E, C, 2F)` whose gate and up columns alternate, transposed and de-interleaved to
-    [gate | up] rows; "alternating" its gate_up bias `(E, 2F)`, de-interleaved."""
+    [gate | up] rows; "alternating" its gate_up bias `(E, 2F)`, de-interleaved.
+
+    `perm`: the concatenated rows reordered, engine row j = checkpoint row perm[j] (Qwen3-Next's
+    per-key-head-group in_proj_qkvz / in_proj_ba, a gated q_proj's per-head [q | gate]); `sizes`: the
+    parts' rows where they are not [q; k; v] or halves."""
 
     ours: str
     parts: tuple[str, ...]
     conv1d: bool = False
     matrix: bool = False
     form: str = ""
+    perm: tuple[int, ...] | None = None
+    sizes: tuple[int, ...] | None = None
 
 
 def _from_alternating(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -120,6 +127,8 @@ def _engine_value(entry: _Entry, parts: list[torch.Tensor]) -> torch.Tensor:
     if entry.form == "stack":
         return torch.stack(parts)
     value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    if entry.perm is not None:
+        value = value[torch.tensor(entry.perm, device=value.device)]
     if entry.form in ("in_out", "in_out_alternating"):
         value = value.transpose(-1, -2)
     if entry.form == "in_out_alternating":
@@ -140,7 +149,55 @@ def _hf_value(entry: _Entry, value: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
+#: how a checkpoint stores a Gated DeltaNet layer's input projections: "fused" (Qwen3-Next: `in_proj_qkvz`,
+#: `in_proj_ba`, laid out per key-head group) or "split" (Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`,
+#: `in_proj_a`, each contiguous)
+LINEAR_FORMATS = ("fused", "split")
+
+
+def _qkvz_perm(spec: ModelSpec) -> tuple[int, ...]:
+    """Qwen3-Next's `in_proj_qkvz` rows, per key-head group g [q_g | k_g | v_g (r heads) | z_g (r heads)]
+    (`fix_query_key_value_ordering`), as the engine's [q | k | v | z]."""
+    nk, dk, dv = spec.linear_num_key_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
+    r = spec.linear_num_value_heads // nk  # type: ignore[operator]
+    w = 2 * dk + 2 * r * dv  # type: ignore[operator]
+    spans = [(0, dk), (dk, 2 * dk), (2 * dk, 2 * dk + r * dv), (2 * dk + r * dv, w)]  # type: ignore[operator]
+    return tuple(g * w + j for lo, hi in spans for g in range(nk) for j in range(lo, hi))  # type: ignore[arg-type]
+
+
+def _ba_perm(spec: ModelSpec) -> tuple[int, ...]:
+    """Qwen3-Next's `in_proj_ba` rows, per key-head group [b_g | a_g] (r each), as [b | a]."""
+    nk = spec.linear_num_key_heads
+    r = spec.linear_num_value_heads // nk  # type: ignore[operator]
+    return tuple(g * 2 * r + j for lo in (0, r) for g in range(nk) for j in range(lo, lo + r))  # type: ignore[arg-type]
+
+
+def _gated_q_perm(spec: ModelSpec) -> tuple[int, ...]:
+    """A gated q_proj's rows, per head [q_h | gate_h] (`attn_output_gate`), then k and v, as the
+    engine's [q | k | v | gate]."""
+    H, D, kv = spec.num_heads, spec.head_dim, spec.kv_size
+    q = [h * 2 * D + d for h in range(H) for d in range(D)]
+    return tuple(q + [2 * H * D + j for j in range(2 * kv)] + [i + D for i in q])
+
+
+def _linear_entries(spec: ModelSpec, hf: str, us: str, linear_format: str) -> list[_Entry]:
+    """A Gated DeltaNet layer's `linear_attn.*` parameters and their checkpoint tensors."""
+    la, us = hf + "linear_attn.", us + "linear_attn."
+    if linear_format == "fused":
+        out = [_Entry(us + "qkvz_weight", (la + "in_proj_qkvz.weight",), matrix=True, perm=_qkvz_perm(spec)),
+               _Entry(us + "ba_weight", (la + "in_proj_ba.weight",), matrix=True, perm=_ba_perm(spec))]
+    else:
+        nv = spec.linear_num_value_heads
+        out = [_Entry(us + "qkvz_weight", (la + "in_proj_qkv.weight", la + "in_proj_z.weight"), matrix=True,
+                      sizes=(spec.linear_conv_dim, spec.linear_value_dim)),
+               _Entry(us + "ba_weight", (la + "in_proj_b.weight", la + "in_proj_a.weight"), matrix=True,
+                      sizes=(nv, nv))]  # type: ignore[arg-type]
+    return out + [_Entry(us + "conv_weight", (la + "conv1d.weight",)), _Entry(us + "dt_bias", (la + "dt_bias",)),
+                  _Entry(us + "A_log", (la + "A_log",)), _Entry(us + "norm.weight", (la + "norm.weight",)),
+                  _Entry(us + "out_weight", (la + "out_proj.weight",), matrix=True)]
+
+
+def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "fused") -> list[_Entry]:
     """Every engine parameter and the Hugging Face tensors it is built from."""
     out: list[_Entry] = []
     if spec.family == "llama":
@@ -158,19 +215,24 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked") -> list[_Entry]:
                         _Entry(us + "post_mlp_norm.weight", (hf + "post_feedforward_layernorm.weight",))]
             else:
                 out.append(_Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",)))
-            if spec.is_mla:
+            if kind.attention == "linear":
+                out += _linear_entries(spec, hf, us, linear_format)
+            elif spec.is_mla:
                 out += _mla_entries(spec, attn, us + "attn.")
             else:
-                out += [_Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), matrix=True),
+                gated = dict(perm=_gated_q_perm(spec), sizes=(2 * spec.q_size, spec.kv_size, spec.kv_size)) \
+                    if spec.attn_output_gate else {}
+                out += [_Entry(us + "qkv_weight", tuple(f"{attn}{p}_proj.weight" for p in "qkv"), matrix=True,
+                               **gated),
                         _Entry(us + "o_weight", (attn + "o_proj.weight",), matrix=True)]
                 if spec.qkv_bias:
-                    out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv")))
+                    out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv"), **gated))
                 if spec.out_bias:
                     out.append(_Entry(us + "o_bias", (attn + "o_proj.bias",)))
-            if spec.qk_norm == "rmsnorm":
+            if spec.qk_norm == "rmsnorm" and kind.attention != "linear":
                 out += [_Entry(us + "q_norm.weight", (attn + "q_norm.weight",)),
                         _Entry(us + "k_norm.weight", (attn + "k_norm.weight",))]
-            if spec.attn_sinks:
+            if spec.attn_sinks and kind.attention != "linear":
                 out.append(_Entry(us + "sinks", (attn + "sinks",)))
             if kind.moe:
                 out += _moe_entries(spec, hf, us, moe_format)
@@ -297,6 +359,20 @@ def _moe_format(spec: ModelSpec, keys: set[str]) -> str:
 # Loading from a mapping of tensors
 
 
+def _linear_format(spec: ModelSpec, keys: set[str]) -> str:
+    """Which of `LINEAR_FORMATS` a checkpoint's Gated DeltaNet tensors use."""
+    return "split" if any(k.endswith("linear_attn.in_proj_qkv.weight") for k in keys) else "fused"
+
+
+def _language_model_prefix(keys: set[str]) -> Callable[[str], str]:
+    """A multimodal wrapper's checkpoint (Qwen3.5's `ForConditionalGeneration`) keeps the text model under
+    `model.language_model.`: the text tensors' names there."""
+    if any(k.startswith("model.language_model.") for k in keys) and not any(k.startswith("model.layers.")
+                                                                           for k in keys):
+        return lambda k: "model.language_model." + k.removeprefix("model.") if k.startswith("model.") else k
+    return lambda k: k
+
+
 def _strip_gpt2_prefix(keys: set[str]) -> Callable[[str], str]:
     """Original GPT-2 checkpoints name `h.0.ln_1.weight`, transformers' `transformer.h.0.ln_1.weight`."""
     if any(k.startswith("transformer.") for k in keys):
@@ -315,9 +391,10 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
     """
     spec = model.spec
     keys = set(tensors.keys())
-    rename = _strip_gpt2_prefix(keys) if spec.family == "gpt2" else (lambda k: k)
+    rename = _strip_gpt2_prefix(keys) if spec.family == "gpt2" else _language_model_prefix(keys)
     params = dict(model.named_parameters(remove_duplicate=False))
-    _copy_entries(spec, params, _layout(spec, _moe_format(spec, keys)), tensors, keys, model.in_out, strict, rename)
+    layout = _layout(spec, _moe_format(spec, keys), _linear_format(spec, keys))
+    _copy_entries(spec, params, layout, tensors, keys, model.in_out, strict, rename)
     return model
 
 
@@ -370,15 +447,20 @@ def _shape_mismatch(spec: ModelSpec, entry: _Entry, names: list[str], parts: lis
     return f"checkpoint: {names[0]!r} has shape {got}, the model expects {want} for {entry.ours}"
 
 
-def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+def to_hf_state_dict(model: Transformer, linear_format: str = "fused") -> dict[str, torch.Tensor]:
     """The model's weights under Hugging Face names (transformers 5 layout), e.g. to load them into a
-    `LlamaForCausalLM` / `GPT2LMHeadModel` with `load_state_dict(..., strict=False)`."""
+    `LlamaForCausalLM` / `GPT2LMHeadModel` with `load_state_dict(..., strict=False)`. `linear_format`:
+    Gated DeltaNet layers as Qwen3-Next ("fused") or Qwen3.5 ("split") name them."""
+    if linear_format not in LINEAR_FORMATS:
+        raise ValueError(f"linear_format: must be one of {', '.join(LINEAR_FORMATS)}, got {linear_format!r}")
     params = dict(model.named_parameters(remove_duplicate=False))
     out: dict[str, torch.Tensor] = {}
-    for entry in _layout(model.spec):
+    for entry in _layout(model.spec, linear_format=linear_format):
         value = params[entry.ours].detach()
         if entry.matrix and model.in_out:
             value = value.transpose(-1, -2)  # back to (out, in)
+        if entry.perm is not None:  # engine row j is checkpoint row perm[j]
+            value = value[torch.argsort(torch.tensor(entry.perm, device=value.device))]
         if len(entry.parts) == 1:
             chunks = [_hf_value(entry, value)]
         else:
@@ -394,6 +476,8 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 def _split_sizes(spec: ModelSpec, entry: _Entry, rows: int) -> list[int]:
     """Rows of each part of a concatenated `(out, in)` value: [q; k; v], or [gate; up] halves."""
+    if entry.sizes is not None:
+        return list(entry.sizes)
     if "qkv" in entry.ours:
         return [spec.q_size, spec.kv_size, spec.kv_size]
     return [rows // 2, rows // 2]
@@ -634,6 +718,6 @@ def _deepseek_config(spec: ModelSpec, cfg: dict[str, Any]) -> dict[str, Any]:
                 attention_bias=spec.qkv_bias)
 
 
-__all__ = ["MATH_FIELDS", "MOE_FORMATS", "TensorSource", "build_model", "checkpoint_eos", "from_pretrained",
-           "hf_config", "honour_hf_fields", "init_random", "load_hf_state_dict", "load_moe_state_dict",
-           "to_hf_state_dict"]
+__all__ = ["LINEAR_FORMATS", "MATH_FIELDS", "MOE_FORMATS", "TensorSource", "build_model", "checkpoint_eos",
+           "from_pretrained", "hf_config", "honour_hf_fields", "init_random", "load_hf_state_dict",
+           "load_moe_state_dict", "to_hf_state_dict"]

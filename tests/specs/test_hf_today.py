@@ -292,7 +292,8 @@ V3, Q3, OSS, L4, G3 = (TINY[n] for n in ("deepseek_v3", "qwen3", "gpt_oss", "lla
 
 
 @pytest.mark.parametrize("cfg,needle", [
-    ({**V3, "index_topk": 2048, "index_n_heads": 64}, "index_topk=2048 is not modelled (DeepSeek Sparse Attention is read for deepseek_v32"),
+    ({**V3, "index_topk": 2048, "index_n_heads": 64},
+     "index_topk=2048 is not modelled (DeepSeek Sparse Attention is read for deepseek_v32 only)"),
     ({**Q3, "hybrid_override_pattern": "M-M*"}, "hybrid_override_pattern='M-M*' is not modelled (Mamba"),
     ({**Q3, "linear_num_value_heads": 32}, "linear_num_value_heads=32 is not modelled"),
     ({**Q3, "layer_types": ["linear_attention", "full_attention"] * 2},
