@@ -145,3 +145,11 @@ def test_model_spec_checks_the_indexer_fields():
         SPEC.scaled(q_lora_rank=None)
     mlp = model_spec_from_hf_config({**CFG, "mlp_layer_types": ["dense", "sparse", "dense"]}, name="t")
     assert mlp.dense_layers == (0, 2)
+
+
+def test_the_engine_refuses_it_by_name():
+    pytest.importorskip("torch")
+    from llmperf.engine.parts import check_buildable
+
+    with pytest.raises(ValueError, match="index_topk: the engine does not run DeepSeek Sparse Attention"):
+        check_buildable(SPEC)
