@@ -46,12 +46,13 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
              l2: bool) -> tuple[torch.Tensor, ...]:
-    """Shared set-up of both forms: q, k repeated to the value heads, everything fp32 `(B, nv, T, ...)`,
-    q and k l2-normalised (`l2`), q scaled by 1/sqrt(dk)."""
+    """Shared set-up of both forms: q, k repeated to the value heads, everything fp32 `(B, nv, T, ...)` (fp64
+    inputs keep fp64), q and k l2-normalised (`l2`), q scaled by 1/sqrt(dk)."""
     nk, nv = k.shape[2], v.shape[2]
     if nk != nv:
         q, k = q.repeat_interleave(nv // nk, dim=2), k.repeat_interleave(nv // nk, dim=2)
-    q, k, v, beta, g = [x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, beta, g = [x.transpose(1, 2).to(wide, memory_format=torch.contiguous_format)
                         for x in (q, k, v, beta, g)]
     if l2:
         q, k = l2norm(q), l2norm(k)
@@ -69,8 +70,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     B, T = q.shape[:2]
     nv, dv = v.shape[2:]
     q, k, v, g, beta = _prepare(q, k, v, g, beta, l2)
-    if dtype == torch.float64:
-        q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
     dk = k.shape[-1]
     pad = (chunk - T % chunk) % chunk
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
@@ -110,8 +109,6 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     B, T = q.shape[:2]
     nv, dv = v.shape[2:]
     q, k, v, g, beta = _prepare(q, k, v, g, beta, l2)
-    if dtype == torch.float64:
-        q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
     state = (torch.zeros(B, nv, k.shape[-1], dv, dtype=v.dtype, device=v.device) if initial_state is None
              else initial_state.to(v))
     out = torch.zeros_like(v)
