@@ -24,7 +24,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from llmperf.analysis.operators import ATTENTION_IMPLS, FLOP_CONVENTIONS, FP32_BYTES, MLA_MODES, ForwardModel
+from llmperf.analysis.operators import (
+    ATTENTION_IMPLS,
+    DELTANET_CHUNK,
+    FLOP_CONVENTIONS,
+    FP32_BYTES,
+    MLA_MODES,
+    ForwardModel,
+)
 from llmperf.analysis.roofline import (
     TimeModel,
     engine_label,
@@ -494,7 +501,8 @@ def activation_peak_bytes(model: ModelSpec, precision: Precision, batch, q_len, 
     GPU holds 1/ep of the experts and receives 1/ep of the rows on average, each `ep` times wider:
     the same bytes), its shared experts' `shared_experts` rows at their width; a dense layer's one
     row at `ffn_size`. With `dp_attention` a GPU runs all heads on its own tokens, and its FFN
-    shard sees the tokens of all `tp` GPUs (gathered)."""
+    shard sees the tokens of all `tp` GPUs (gathered). A Gated DeltaNet layer's tensors (its projections'
+    outputs, the convolution's, the chunked form's in-block matrices) count as attention's."""
     check_parallelism(model, tp, ep, dp_attention)
     m, a = model, precision.act_bytes
     att_tp = 1 if dp_attention else tp
@@ -506,9 +514,15 @@ def activation_peak_bytes(model: ModelSpec, precision: Precision, batch, q_len, 
         latent = m.kv_lora_rank + m.qk_rope_head_dim + (m.q_lora_rank or 0)
         attn = tokens * (heads * per_head + latent) * a
     else:
-        attn = tokens * (2 * heads + 2 * max(1, m.num_kv_heads // att_tp)) * m.head_dim * a
+        q_out = 3 if m.attn_output_gate else 2  # Q and the output (and the gate)
+        attn = tokens * (q_out * heads + 2 * max(1, m.num_kv_heads // att_tp)) * m.head_dim * a
     if attention == "naive":
         attn = attn + 2 * batch * heads * q_len * _attention_keys(m, q_len, kv_len) * a
+    if m.has_linear_layers:  # in_proj_qkvz's and in_proj_ba's outputs, the convolution's, the output; the
+        # chunked form's two fp32 64 x 64 matrices a block and value head (the in-block k k^T and q k^T)
+        kd, vd, nv = m.linear_key_dim // att_tp, m.linear_value_dim // att_tp, m.linear_num_value_heads // att_tp
+        lin = tokens * ((4 * kd + 4 * vd + 2 * nv) * a + nv * 2 * DELTANET_CHUNK * FP32_BYTES)
+        attn = np.maximum(attn, lin)
     mats = 3 if m.ffn_kind == "swiglu" else 2
     ffn_tokens = tokens * (tp if dp_attention and tp > 1 else 1)
     ffn = 0.0
