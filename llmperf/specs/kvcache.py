@@ -213,9 +213,9 @@ class KVCacheSpec:
         if not is_real(ib) or ib < 0:
             raise SpecError(f"kv cache: index_bytes_per_token must be a finite number >= 0, got {ib!r}")
         sb = self.state_bytes_per_layer
-        if not is_real(sb) or sb < 0 or (sb > 0) != ("linear" in self.kinds()):
-            raise SpecError(f"kv cache: state_bytes_per_layer must be > 0 exactly when some layer is linear, "
-                            f"got {sb!r}")
+        if not is_real(sb) or sb < 0 or (sb == 0 and "linear" in self.kinds()):  # a stage may hold none
+            raise SpecError(f"kv cache: state_bytes_per_layer must be a finite number, > 0 when some layer is "
+                            f"linear, got {sb!r}")
 
     @classmethod
     def from_model(cls, model: ModelSpec, kv: str | float | Any = "fp16", *, window: str = "capped") -> KVCacheSpec:

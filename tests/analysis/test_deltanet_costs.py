@@ -117,8 +117,16 @@ def test_kv_cache_keeps_state_apart_from_the_kv_groups():
     assert kv.state_bytes == 3 * per_layer and kv.bytes_per_token == 2 * 2 * 32 * 2
     assert kv.bytes_for_context(1000) == 1000 * kv.bytes_per_token  # the KV alone; the state is per sequence
     assert SPEC.kv_cache("fp8").state_bytes == kv.state_bytes  # fp8 KV does not quantise the state
-    with pytest.raises(SpecError, match="state_bytes_per_layer must be > 0 exactly when some layer is linear"):
-        KVCacheSpec(num_layers=2, num_kv_heads=1, head_dim=8, element_bytes=2, state_bytes_per_layer=10.0)
+    with pytest.raises(SpecError, match="state_bytes_per_layer must be a finite number, > 0 when some layer is"):
+        KVCacheSpec(num_layers=2, num_kv_heads=1, head_dim=8, element_bytes=2, layer_types=("linear", "full"))
+    # a pipeline stage of full layers only holds no state
+    assert kv.layers(3, 4).state_bytes == 0 and kv.layers(0, 3).state_bytes == kv.state_bytes
+    pp4 = SPEC.scaled(num_layers=8, layer_types=("linear",) * 6 + ("full",) * 2)
+    from llmperf.analysis.rollup import Conventions, memory_arrays
+    mem = memory_arrays(pp4, BF16, HardwareSpec(name="dev", peak_tflops={"fp32": 60, "bf16": 990},
+                                                 memory_bandwidth_gbps=3350, memory_gib=80.0),
+                        Conventions(), tp=1, pp=4, batch=[1], prompt_len=[100], gen_len=[10])
+    assert mem["max_batch"][0] > 0
 
 
 def test_max_batch_counts_each_sequence_state():
