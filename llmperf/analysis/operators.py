@@ -38,6 +38,7 @@ from llmperf.analysis.routing import busiest_expert_load, expected_experts_touch
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, Precision
 from llmperf.specs.expert_load import ExpertLoad
+from llmperf.specs.kvcache import recurrent_state_element_bytes
 from llmperf.specs.model import LayerKind
 from llmperf.specs.precision import dtype_bytes
 
@@ -744,8 +745,7 @@ class ForwardModel:
         step = float(step) if np.ndim(step) == 0 else step
         flops = (batch * nv * (blocks * per_block + step) + tokens * nv * DELTANET_GATE_FLOPS
                  + tokens * 2 * kd * NORM_FLOPS["l2"])
-        state_b = dtype_bytes(m.state_dtype) if m.state_dtype is not None else a
-        state = batch * nv * dk * dv * state_b  # type: ignore[operator]
+        state = batch * nv * dk * dv * recurrent_state_element_bytes(m, a)  # type: ignore[operator]
         chunk_states = batch * blocks * nv * dk * dv * a  # type: ignore[operator]
         reads = tokens * (conv * a + 2 * nv * FP32_BYTES) + chunk_states
         return OpCost(name="deltanet", kind="attention", flops=flops, act_read_bytes=reads, weight_bytes=2 * nv * a,

@@ -261,31 +261,28 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
     DeepSeek Sparse Attention's main attention sees min(x, index_topk) keys, its indexer all x."""
     x_lo, x_hi = prompt_len + 1.0, prompt_len + gen_len - 1.0
     steps = np.maximum(gen_len - 1.0, 0)
-    groups: list[tuple[str, int | None, list]] = [("full", None, fm.head_ops(batch, 1, 0.0 * prompt_len)
-                                                   + fm.tail_ops(batch, 1, 0.0 * prompt_len))]
-    at1: list[list] = [fm.head_ops(batch, 1, 0.0 * prompt_len + 1) + fm.tail_ops(batch, 1, 0.0 * prompt_len + 1)]
-    time = flops = nbytes = 0.0
+    zero = 0.0 * prompt_len
+    # (attention, span, each operator at n = 0 keys, at n = 1): its cost is a line in n between them
+    groups = [("full", None, fm.head_ops(batch, 1, zero) + fm.tail_ops(batch, 1, zero),
+               fm.head_ops(batch, 1, zero + 1) + fm.tail_ops(batch, 1, zero + 1))]
     topk = fm.model.index_topk
     for part, kind, count, _ in fm.sections:  # each section once, for all the layers that share it
-        if part == "attention" and kind.attention == "linear":  # flat: every step reads and writes the state
-            for c in fm.section_ops(part, batch, 1, 0.0 * prompt_len + 2, kind):
-                c = c.scaled(count)
-                time = time + steps * op_time(c, hw, compute_dtype, time_model).time_s
-                flops, nbytes = flops + steps * c.flops, nbytes + steps * c.bytes_total
+        if part == "attention" and kind.attention == "linear":  # flat: priced once at a continuing context
+            ops = [op.scaled(count) for op in fm.section_ops(part, batch, 1, zero + 2, kind)]
+            groups.append(("full", None, ops, ops))
             continue
         lin = replace(kind, attention="full", window=None)  # the same layer seeing n keys
         attention, span = (kind.attention, kind.window) if part == "attention" else ("full", None)  # FFN: flat
-        ops0 = [op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len, lin)]
-        ops1 = [op.scaled(count) for op in fm.section_ops(part, batch, 1, 0.0 * prompt_len + 1, lin)]
+        ops0 = [op.scaled(count) for op in fm.section_ops(part, batch, 1, zero, lin)]
+        ops1 = [op.scaled(count) for op in fm.section_ops(part, batch, 1, zero + 1, lin)]
         if part == "attention" and topk is not None:  # DSA: the indexer sees every key, the rest its top-k
-            index = [i for i, op in enumerate(ops0) if op.name.startswith("index_")]
-            groups.append(("full", None, [ops0[i] for i in index]))
-            at1.append([ops1[i] for i in index])
-            ops0, ops1 = ([ops[i] for i in range(len(ops)) if i not in index] for ops in (ops0, ops1))
+            index = [op.name.startswith("index_") for op in ops0]
+            groups.append(("full", None, *([op for op, i in zip(ops, index) if i] for ops in (ops0, ops1))))
+            ops0, ops1 = ([op for op, i in zip(ops, index) if not i] for ops in (ops0, ops1))
             attention, span = "sliding", topk
-        groups.append((attention, span, ops0))
-        at1.append(ops1)
-    for (attention, span, ops0), ops1 in zip(groups, at1):
+        groups.append((attention, span, ops0, ops1))
+    time = flops = nbytes = 0.0
+    for attention, span, ops0, ops1 in groups:
         for c0, c1 in zip(ops0, ops1):
             t0 = op_time(c0, hw, compute_dtype, time_model)
             t1 = op_time(c1, hw, compute_dtype, time_model)

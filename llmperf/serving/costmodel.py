@@ -175,7 +175,7 @@ class StepCostModel:
     conventions: Conventions | None = None  # fused projections, attention FLOPs, logits, MLA form, ep, dp
     _dense: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
     _head: dict[int, float] = field(default_factory=dict, init=False, repr=False)
-    _rates: dict[tuple, tuple[float, float, float, float, float]] = field(default_factory=dict, init=False, repr=False)
+    _rates: dict[tuple, tuple[float, ...]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         conv = self.conventions or Conventions(attention=self.attention)
@@ -279,6 +279,8 @@ class StepCostModel:
                     raise AssertionError(f"{name}: its weights depend on the sequence")
                 Y = np.stack([np.broadcast_to(np.asarray(getattr(op, f), dtype=float), q.shape)
                               if f != "weight_bytes" else np.zeros_like(q) for f in _COUNT_FIELDS], axis=1)
+                if np.any(Y[:, _COUNT_FIELDS.index("comm_bytes")]):  # `state_time_s` prices no collective
+                    raise AssertionError(f"{name}: it moves bytes over the interconnect")
                 coef, *_ = np.linalg.lstsq(X / scale, Y, rcond=None)
                 coef = coef / scale[:, None]
                 if not np.allclose(X @ coef, Y, rtol=1e-9, atol=1e-6 + 1e-12 * np.abs(Y).max()):
@@ -299,12 +301,28 @@ class StepCostModel:
         dp = self.tp if self.fm.dp_attention and self.tp > 1 else 1
         rows = float(f[1]) if dp == 1 else float(-(-int(f[1]) // dp))
         total = 0.0
-        for p in self.state_parts:
-            counts = dict(zip(_COUNT_FIELDS, (float(x) for x in p.coef @ f)))
-            counts["weight_bytes"] = p.weight_bytes
-            cost = replace(p.ref, rows=rows, **counts).scaled(p.layers, layer=p.label)
-            total += float(_op_time(cost, self.hardware, self.dtype, self.time_model).time_s)
+        for i, p in enumerate(self.state_parts):
+            per_flop, per_byte, fixed, host = self._state_rates(i, rows)
+            counts = p.coef @ f  # one layer's
+            flops, nbytes = float(counts[0]), float(counts[1:6].sum()) + p.weight_bytes
+            total += p.layers * (max(flops * per_flop, nbytes * per_byte, host) + fixed)
         return total
+
+    def _state_rates(self, i: int, rows: float) -> tuple[float, float, float, float]:
+        """(seconds per FLOP, seconds per byte, fixed seconds, overlapped floor) of `state_parts[i]` at
+        `rows` tokens, one layer: its efficiencies depend on its kind and rows, not its counts (neither
+        is an operator `op_e_memory` prices by bytes), so they are read once per rows, as `_rates_for`."""
+        key = ("state", i, rows)
+        hit = self._rates.get(key)
+        if hit is None:
+            ref, big = self.state_parts[i].ref, 2.0 ** 50
+            zero = dict.fromkeys(_COUNT_FIELDS, 0.0)
+            base, t_flop, t_byte = (_op_time(replace(ref, rows=rows, **{**zero, **one}), self.hardware, self.dtype,
+                                             self.time_model) for one in ({}, {"flops": big}, {"act_read_bytes": big}))
+            hit = (float(t_flop.compute_s) / big, float(t_byte.memory_s) / big, float(base.overhead_s),
+                   max(float(base.host_s), float(base.floor_s)))
+            self._rates[key] = hit
+        return hit
 
     def _rates_for(self, part: _AttnPart, rows: int, q_len: int = 1) -> tuple[float, float, float, float, float]:
         """(seconds per FLOP, seconds per byte, fixed seconds, overlapped floor: the host's dispatch or the

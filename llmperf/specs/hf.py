@@ -450,7 +450,7 @@ def _gated_deltanet_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Qwen3-Next and Qwen3.5 (text): Gated DeltaNet (`linear_attention`) layers and gated full-attention
     layers (`layer_types`, else every `full_attention_interval`-th layer full), RMSNorms that multiply by
     1 + weight (the q/k norms too), partial rotary positions; `mamba_ssm_dtype`: the recurrent state's dtype.
-    Qwen3-Next is MoE by `decoder_sparse_step` / `mlp_only_layers` (no experts: dense); Qwen3.5-MoE every layer;
+    Qwen3-Next is MoE by `decoder_sparse_step` / `mlp_only_layers`; Qwen3.5-MoE every layer;
     both with one shared expert behind a sigmoid gate. Qwen3.5's M-RoPE equals RoPE for text positions."""
     _biases(cfg, out)
     out.update(qk_norm="rmsnorm", norm_offset=True, attn_output_gate=True)
@@ -486,14 +486,12 @@ def _gated_deltanet_extra(cfg: _Config, out: dict[str, Any]) -> None:
         _routing_values(cfg, out, scoring="softmax", renormalize=True, groups=False)
         _top_k(cfg, out)
         return
-    if out["num_experts"] == 0:  # transformers: num_experts > 0 makes a layer MoE at all
-        out["num_experts"] = 1
+    # num_experts 0 (transformers then builds every layer dense) is refused by the count check, as for qwen3_moe
     dense = set(_index_list(cfg, "mlp_only_layers", n))
     step = _positive(cfg, "decoder_sparse_step")
     _routing_values(cfg, out, scoring="softmax", groups=False)
-    if out["num_experts"] > 1:
-        _top_k(cfg, out)
-    _dense_layers(out, lambda i: out["num_experts"] > 1 and i not in dense and (i + 1) % step == 0)
+    _top_k(cfg, out)
+    _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
 
 
 def _glm4_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:

@@ -450,8 +450,13 @@ def linear_state_bytes(model: Any, kv: Any = None) -> float:
     if not getattr(model, "has_linear_layers", False):
         return 0.0
     act = kv.act_bytes if hasattr(kv, "act_bytes") else dtype_bytes(model.dtype)
-    state = dtype_bytes(model.state_dtype) if model.state_dtype is not None else act
+    state = recurrent_state_element_bytes(model, act)
     return model.linear_state_elements * state + model.linear_conv_state_elements * act
+
+
+def recurrent_state_element_bytes(model: Any, act_bytes: float) -> float:
+    """Bytes of one element of a linear layer's recurrent state: `state_dtype`'s, else the activations'."""
+    return dtype_bytes(model.state_dtype) if model.state_dtype is not None else act_bytes
 
 
 def _check_positive_int(name: str, value: Any) -> None:

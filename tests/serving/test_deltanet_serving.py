@@ -176,6 +176,30 @@ def test_a_mixed_step_is_the_sum_of_its_sequences_and_a_continued_chunk_reads_th
     assert np.array_equal(state_features([1, 70], [5, 70]), [[2, 71, 1, 1], [70 * 64, 2, 0, 0]])
 
 
+@pytest.mark.parametrize("eff, tp", [("roofline", 1), ("typical", 2), ("typical", 1)])
+def test_the_state_time_from_cached_rates_is_op_times(eff, tp):
+    """`state_time_s` reads each part's rates once per rows; its time equals `op_time` of the step's cost."""
+    from dataclasses import replace
+
+    from llmperf.analysis import op_time
+    hw = load_hardware("h100-sxm")
+    tm = None if eff == "roofline" else time_model_for(hw, eff, "bf16")
+    cm = StepCostModel(model=_small(), hardware=hw, precision=llmperf.specs.Precision.uniform("bf16"), tp=tp,
+                       time_model=tm, conventions=Conventions())
+    fields = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
+              "comm_bytes")
+    for q, kv in (([1], [9]), ([1] * 3 + [256], [500, 900, 3000, 512]), ([100, 7], [100, 7]), ([1] * 64, [4000] * 64)):
+        F = cm.features(q, kv)
+        f = F[len(cm.groups):].reshape(-1)[:6]
+        expect = 0.0
+        for p in cm.state_parts:
+            counts = dict(zip(fields, (float(x) for x in p.coef @ f)), weight_bytes=p.weight_bytes)
+            cost = replace(p.ref, rows=float(f[1]), **counts).scaled(p.layers)
+            expect += float(op_time(cost, hw, "bf16", tm).time_s)
+        assert cm.state_time_s(F) == pytest.approx(expect, rel=1e-12)
+        assert cm.state_time_s(F) == cm.state_time_s(F)  # the second read comes from the cache
+
+
 def test_the_simulators_own_sums_price_a_static_batch_and_chunks_as_estimate():
     m = _small()
     est = llmperf.estimate(m, "h200", batch=4, prompt_len=150, gen_len=8, tp=2)
