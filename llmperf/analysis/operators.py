@@ -40,7 +40,6 @@ from llmperf.specs import ModelSpec, Precision
 from llmperf.specs.expert_load import ExpertLoad
 from llmperf.specs.kvcache import recurrent_state_element_bytes
 from llmperf.specs.model import LayerKind
-from llmperf.specs.precision import dtype_bytes
 
 ATTENTION_IMPLS = ("fused", "naive")
 FLOP_CONVENTIONS = ("executed", "dense")
