@@ -975,7 +975,7 @@ class ForwardModel:
         ops = ([self.q_a_proj(*args), self.q_a_norm(*args), self.q_b_proj(*args)] if m.q_lora_rank
                else [self.q_proj(*args)])
         ops += [self.kv_a_proj(*args), self.kv_a_norm(*args)]
-        if m.is_sparse_attention:
+        if m.is_sparse_attention and not kind.shared_topk:  # a shared layer reuses an earlier layer's top-k
             ops += self.indexer_ops(*args)
         absorbed = self.absorbed(q_len)
         unabs = np.logical_not(absorbed)
@@ -1101,12 +1101,12 @@ _LINEAR_KIND = LayerKind(attention="linear", window=None, rope=False, moe=False)
 
 
 def _attention_key(kind: LayerKind) -> tuple:
-    return (kind.attention, kind.window, kind.rope)
+    return (kind.attention, kind.window, kind.rope, kind.shared_topk)
 
 
 def _sections(groups: tuple[tuple[LayerKind, int], ...]) -> tuple[tuple[str, LayerKind, int, str], ...]:
     """(part, a kind that has it, layers that share it, label) for the attention part of each distinct
-    attention (`attention`, `window`, `rope`) and the FFN part of each distinct FFN (`moe`), in order of
+    attention (`attention`, `window`, `rope`, `shared_topk`) and the FFN part of each distinct FFN (`moe`), in order of
     first appearance; the label joins the labels of the kinds that share the part with `+`."""
     keys = {"attention": _attention_key, "ffn": lambda k: k.moe}
     found: dict[tuple, list] = {}

@@ -370,8 +370,8 @@ def stage_layers(model: ModelSpec, pp: int) -> list[int]:
     return [len(r) for r in stage_layer_ranges(model, pp)]
 
 
-def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int) -> float:
-    """One layer's attention on one GPU of `tp` splitting its heads (tp = 1: replicated whole):
+def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int, kind: LayerKind | None = None) -> float:
+    """One layer's attention (of `kind`) on one GPU of `tp` splitting its heads (tp = 1: replicated whole):
     the matrices at the weight precision, the vectors (biases, q/k and latent norms, sinks) at the
     activation precision, not split."""
     m, h, ab = model, model.hidden_size, p.act_bytes
@@ -387,11 +387,14 @@ def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int) -> float:
         kv = mat(h, r + dr) + mat(r, nt * (m.qk_nope_head_dim + m.v_head_dim))  # kv_a replicated, kv_b split
         o = mat(nt * m.v_head_dim, h)
         matrices = q_params + h * (r + dr) + r * n * (m.qk_nope_head_dim + m.v_head_dim) + n * m.v_head_dim * h
-        if m.is_sparse_attention:  # DSA's indexer, replicated on every rank: wq_b, wk and weights_proj
+        params = m.attn_params_per_layer
+        if m.is_sparse_attention and kind is not None and kind.shared_topk:  # no indexer of its own
+            params -= m.indexer_params_per_layer
+        elif m.is_sparse_attention:  # DSA's indexer, replicated on every rank: wq_b, wk and weights_proj
             hi, di = m.index_n_heads, m.index_head_dim
             q += mat(m.q_lora_rank, hi * di) + mat(h, di + hi)
             matrices += m.q_lora_rank * hi * di + h * (di + hi)
-        return q + kv + o + (m.attn_params_per_layer - matrices) * ab
+        return q + kv + o + (params - matrices) * ab
     hd, gate = m.head_dim, 2 if m.attn_output_gate else 1
     nh, nkv = m.num_heads // tp, max(1, m.num_kv_heads // tp)
     attn = mat(h, gate * nh * hd) + 2 * mat(h, nkv * hd) + mat(nh * hd, h)
@@ -428,8 +431,10 @@ def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, 
     """Weight bytes of one layer of `kind` on one GPU (the layout above; EPLB's `redundant_experts`
     add their copies, `(num_experts + redundant) / ep` routed experts a GPU)."""
     m, ab = model, precision.act_bytes
-    mixer = _linear_layer_weight_bytes if kind.attention == "linear" else _attention_weight_bytes
-    attn = mixer(m, precision, 1 if dp_attention else tp)
+    if kind.attention == "linear":
+        attn = _linear_layer_weight_bytes(m, precision, 1 if dp_attention else tp)
+    else:
+        attn = _attention_weight_bytes(m, precision, 1 if dp_attention else tp, kind)
     if kind.moe:
         local = (m.num_experts + redundant_experts) // ep
         ffn = (_ffn_weight_bytes(m, precision, m.expert_ffn_size, tp // ep, local, "expert")

@@ -222,7 +222,7 @@ class StepCostModel:
                     continue
                 g = fi * len(self.spans) + self.spans.index(self.fm._span(kind))
                 parts += self._fit_kind(fm, kind, L, g)
-                if self.model.is_sparse_attention:  # the indexer's scores and top-k over every key
+                if self.model.is_sparse_attention and not kind.shared_topk:  # indexer scores, top-k: every key
                     parts += self._fit_kind(fm, kind, L, fi * len(self.spans) + self.spans.index((None, None)),
                                             names=_INDEX_KEY_OPS)
         return parts

@@ -1,7 +1,8 @@
 """Read a Hugging Face `config.json` into a `ModelSpec` (`model_spec_from_hf_config`), offline: llama,
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
-a DeepseekV3ForCausalLM), glm4_moe, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of
-the multimodal llama4 / gemma3 checkpoints (read from `text_config`; the vision tower is not modelled).
+a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
+gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of the multimodal llama4 / gemma3 / qwen3_5
+checkpoints (read from `text_config`; the vision tower is not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -164,6 +165,13 @@ _DEEPSEEK_V3_DEFAULTS = dict(
     topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, moe_intermediate_size=2048,
     num_nextn_predict_layers=1, moe_layer_freq=1)
 _DEEPSEEK_V32_DEFAULTS = dict(_DEEPSEEK_V3_DEFAULTS, index_topk=2048, index_head_dim=128, index_n_heads=64)
+# GlmMoeDsaConfig's defaults (no MTP field: transformers builds none; no moe_layer_freq: every layer past
+# first_k_dense_replace is MoE)
+_GLM5_DEFAULTS = dict(
+    _DEEPSEEK_V3_DEFAULTS, vocab_size=154880, hidden_size=6144, intermediate_size=12288, num_hidden_layers=78,
+    num_attention_heads=64, num_key_value_heads=64, rms_norm_eps=1e-5, max_position_embeddings=202752,
+    q_lora_rank=2048, qk_nope_head_dim=192, v_head_dim=256, n_group=1, topk_group=1, num_nextn_predict_layers=0,
+    index_topk=2048, index_head_dim=128, index_n_heads=32)
 _DEEPSEEK_V2_DEFAULTS = dict(
     _LLAMA_DEFAULTS, attention_bias=False, mlp_bias=False, first_k_dense_replace=0, kv_lora_rank=512,
     q_lora_rank=1536, n_routed_experts=64, n_shared_experts=2, qk_nope_head_dim=128, qk_rope_head_dim=64,
@@ -410,9 +418,11 @@ def _mla_extra(cfg: _Config, out: dict[str, Any]) -> None:
 
 
 def _dsa_extra(cfg: _Config, out: dict[str, Any]) -> None:
-    """DeepSeek-V3.2: DeepSeek-V3's MLA and MoE with DeepSeek Sparse Attention in every layer (`layer_types`
-    all `indexed_attention`): the lightning indexer's heads, head dim and top-k. `mlp_layer_types` ("dense"
-    / "sparse" a layer), where given, says which FFNs are dense (else first_k_dense_replace)."""
+    """DeepSeek-V3.2 and GLM-5: DeepSeek-V3's MLA and MoE with DeepSeek Sparse Attention in every layer
+    (`layer_types` all `indexed_attention`): the lightning indexer's heads, head dim and top-k.
+    `mlp_layer_types` ("dense" / "sparse" a layer), where given, says which FFNs are dense (else
+    first_k_dense_replace). GLM-5 (`glm_moe_dsa`): `indexer_types` ("full" runs the indexer, "shared"
+    reuses the previous full layer's top-k), else transformers' pattern (`_glm5_indexer_types`)."""
     _mla_extra(cfg, out)
     for f in ("index_n_heads", "index_head_dim", "index_topk"):
         out[f] = _positive(cfg, f)
@@ -423,13 +433,46 @@ def _dsa_extra(cfg: _Config, out: dict[str, Any]) -> None:
             raise SpecError(f"{cfg.origin}: layer_types must list num_hidden_layers={n} kinds, got {kinds!r}")
         other = [k for k in kinds if k != "indexed_attention"]
         if other:
-            raise cfg.refuse("layer_types", other[0], "every DeepSeek-V3.2 layer is indexed_attention")
+            raise cfg.refuse("layer_types", other[0], "every DeepSeek Sparse Attention layer is indexed_attention")
+    if cfg.get("model_type") == "glm_moe_dsa":
+        indexers = _glm5_indexer_types(cfg, n)
+        if indexers[0] != "full":
+            raise cfg.refuse("indexer_types", indexers[0], "layer 0 has no earlier top-k to reuse")
+        out["shared_topk_layers"] = tuple(i for i, t in enumerate(indexers) if t == "shared")
     mlp = cfg.get("mlp_layer_types")
     if mlp is not None:
         if not isinstance(mlp, list) or len(mlp) != n or not set(mlp) <= {"dense", "sparse"}:
             raise SpecError(f"{cfg.origin}: mlp_layer_types must list num_hidden_layers={n} of dense / sparse, "
                             f"got {mlp!r}")
         _dense_layers(out, lambda i: mlp[i] == "sparse")
+
+
+def _glm5_indexer_types(cfg: _Config, n: int) -> list[str]:
+    """GLM-5's per-layer indexer mode, as GlmMoeDsaConfig decides it: `indexer_types`, else
+    `index_topk_pattern` ("F" full, "S" shared, a string or a list), else layer i runs its indexer iff
+    max(i - index_skip_topk_offset + 1, 0) % index_topk_freq == 0 (defaults 2 and 1: every layer)."""
+    given = cfg.get("indexer_types")
+    if given is None and cfg.get("index_topk_pattern") is not None:
+        pattern = cfg.get("index_topk_pattern")
+        letters = {"F": "full", "S": "shared"}
+        if isinstance(pattern, str):
+            if not set(pattern) <= set(letters):
+                raise cfg.refuse("index_topk_pattern", pattern, "a pattern is F (full) and S (shared) letters")
+            pattern = [letters[c] for c in pattern]
+        given, key = pattern, "index_topk_pattern"
+    else:
+        key = "indexer_types"
+    if given is None:
+        freq = cfg.get("index_topk_freq", 1)
+        offset = cfg.get("index_skip_topk_offset", 2)
+        for k, v in (("index_topk_freq", freq), ("index_skip_topk_offset", offset)):
+            if not is_count(v) or v < 0:
+                raise SpecError(f"{cfg.origin}: {k} must be an integer >= 0, got {v!r}")
+        freq = max(freq, 1)
+        return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    if not isinstance(given, list) or len(given) != n or not set(given) <= {"full", "shared"}:
+        raise SpecError(f"{cfg.origin}: {key} must list num_hidden_layers={n} of full / shared, got {given!r}")
+    return given
 
 
 _MLA_FIELDS = {"kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head_dim",
@@ -670,6 +713,9 @@ _TYPES = (
     HFModelType(model_type="deepseek_v32", family="llama", architectures=("DeepseekV32ForCausalLM",), keys=_MLA_KEYS,
                 required=_MLA_REQUIRED, defaults=_DEEPSEEK_V32_DEFAULTS, sliding_window="layers",
                 honours=("index_topk", "index_n_heads"), extra=_dsa_extra),
+    HFModelType(model_type="glm_moe_dsa", family="llama", architectures=("GlmMoeDsaForCausalLM",), keys=_MLA_KEYS,
+                required=_MLA_REQUIRED, defaults=_GLM5_DEFAULTS, sliding_window="layers",
+                honours=("index_topk", "index_n_heads"), extra=_dsa_extra),
     *(HFModelType(model_type=mt, family="llama", architectures=(arch,), keys=_MLA_KEYS, required=_MLA_REQUIRED,
                   defaults=defaults, sliding_window="layers", extra=_mla_extra)
       for mt, arch, defaults in (("deepseek_v3", "DeepseekV3ForCausalLM", _DEEPSEEK_V3_DEFAULTS),
@@ -734,15 +780,13 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 
 #: model types refused by name: half-modelling them would mislead (one line, why)
 REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
-    "glm_moe_dsa": "GLM-5's DeepSeek Sparse Attention shares one indexer's top-k among several layers "
-                   "(indexer_types), not modelled yet",
     "nemotron_h": "Mamba-2 layers keep a constant per-sequence state, not modelled yet",
 })
 
 #: fields refused by name in any config: each belongs to an architecture llmperf does not model yet
 _HYBRID_FIELDS: Mapping[str, str] = MappingProxyType({
-    "index_topk": "DeepSeek Sparse Attention is read for deepseek_v32 only",
-    "index_n_heads": "DeepSeek Sparse Attention is read for deepseek_v32 only",
+    "index_topk": "DeepSeek Sparse Attention is read for deepseek_v32 and glm_moe_dsa only",
+    "index_n_heads": "DeepSeek Sparse Attention is read for deepseek_v32 and glm_moe_dsa only",
     "hybrid_override_pattern": "Mamba / attention hybrid layers keep a constant per-sequence state, not modelled yet",
     "linear_num_value_heads": "Gated DeltaNet layers are read for qwen3_next, qwen3_5 and qwen3_5_moe only",
 })
@@ -784,7 +828,8 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "text_config", "rope_local_base_freq", "rope_interleave", "attn_temperature_tuning", "floor_scale",
        "attn_scale", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
        "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval", "shared_expert_intermediate_size",
-       "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types"}))
+       "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types",
+       "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(

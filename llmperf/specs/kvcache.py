@@ -176,6 +176,7 @@ class KVCacheSpec:
     window: str = "capped"  # capped | full
     state_bytes_per_layer: float = 0.0  # linear layers: one sequence's state in one of them (this shard's)
     index_bytes_per_token: float = 0.0  # DSA: the indexer's key of one token in one layer (fp8 + scale; whole)
+    shared_topk_layers: tuple[int, ...] = ()  # DSA layers with no indexer (GLM-5's shared top-k): no indexer key
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_kv_heads", "head_dim"):
@@ -212,6 +213,17 @@ class KVCacheSpec:
         ib = self.index_bytes_per_token
         if not is_real(ib) or ib < 0:
             raise SpecError(f"kv cache: index_bytes_per_token must be a finite number >= 0, got {ib!r}")
+        shared = self.shared_topk_layers
+        if isinstance(shared, list):
+            shared = tuple(shared)
+            object.__setattr__(self, "shared_topk_layers", shared)
+        if not isinstance(shared, tuple) or not all(is_count(i) and 0 <= i < self.num_layers for i in shared) \
+                or len(set(shared)) != len(shared):
+            raise SpecError(f"kv cache: shared_topk_layers must list distinct layers of 0..{self.num_layers - 1}, "
+                            f"got {shared!r}")
+        if shared and (ib == 0 or any(self.kinds()[i] == "linear" for i in shared)):
+            raise SpecError("kv cache: shared_topk_layers needs an indexer key (index_bytes_per_token > 0) and "
+                            "attention layers")
         sb = self.state_bytes_per_layer
         if not is_real(sb) or sb < 0 or (sb == 0 and "linear" in self.kinds()):  # a stage may hold none
             raise SpecError(f"kv cache: state_bytes_per_layer must be a finite number, > 0 when some layer is "
@@ -236,7 +248,8 @@ class KVCacheSpec:
                    sliding_window=model.sliding_window, layer_types=getattr(model, "layer_types", None),
                    attention_chunk_size=getattr(model, "attention_chunk_size", None), latent=latent,
                    window=window, state_bytes_per_layer=linear_state_bytes(model, kv),
-                   index_bytes_per_token=indexer_key_bytes(model))
+                   index_bytes_per_token=indexer_key_bytes(model),
+                   shared_topk_layers=tuple(getattr(model, "shared_topk_layers", ())))
 
     def with_window(self, window: str) -> KVCacheSpec:
         """The same cache with sliding and chunked layers allocated `"capped"` or `"full"`."""
@@ -273,7 +286,8 @@ class KVCacheSpec:
         if not 0 <= start < stop <= self.num_layers:
             raise SpecError(f"kv cache: layers {start}..{stop - 1} are not within 0..{self.num_layers - 1}")
         lt = None if self.layer_types is None else self.layer_types[start:stop]
-        return replace(self, num_layers=stop - start, layer_types=lt)
+        shared = tuple(i - start for i in self.shared_topk_layers if start <= i < stop)
+        return replace(self, num_layers=stop - start, layer_types=lt, shared_topk_layers=shared)
 
     def stage(self, index: int, pp: int) -> KVCacheSpec:
         """The cache of pipeline stage `index` of `pp` (vLLM's partition, `pipeline_stages`)."""
@@ -292,8 +306,12 @@ class KVCacheSpec:
     @property
     def bytes_per_token_per_layer(self) -> float:
         """K and V of one token in one layer: 2 * kv_heads * head_dim * element_bytes (MLA: the
-        latent, head_dim * element_bytes; with DSA its indexer's key too). The same in every layer."""
-        return self.elements_per_token_per_layer * self.element_bytes + self.index_bytes_per_token
+        latent, head_dim * element_bytes; with DSA its indexer's key too, averaged over the KV layers
+        when some reuse an earlier layer's top-k and keep none). The same in every layer."""
+        index = self.index_bytes_per_token
+        if self.shared_topk_layers:
+            index = index * (self.kv_layers - len(self.shared_topk_layers)) / self.kv_layers
+        return self.elements_per_token_per_layer * self.element_bytes + index
 
     @property
     def kv_layers(self) -> int:
@@ -413,17 +431,17 @@ class KVCacheSpec:
         them, as vLLM does; an MLA latent is one head, so every rank holds it whole) of the largest
         pipeline stage: `ceil(layers / pp)` layers when every layer is alike; with layers of several
         kinds, the stage (`pipeline_stages`) with the most layers holding the whole context, then the
-        most layers (for one given stage, `stage(index, pp)`)."""
+        most layers, then the most bytes a token (for one given stage, `stage(index, pp)`)."""
         _check_positive_int("tp", tp)
         _check_positive_int("pp", pp)
         heads = replace(self, num_kv_heads=max(1, self.num_kv_heads // tp),
                         state_bytes_per_layer=self.state_bytes_per_layer / tp)  # linear heads split by tp
-        if self.layer_types is None:
+        if self.layer_types is None and not self.shared_topk_layers:
             return replace(heads, num_layers=-(-self.num_layers // pp))
         stages = [heads.stage(i, pp) for i in range(pp)]
 
-        def size(s: KVCacheSpec) -> tuple[int, int]:
-            return sum(g.num_layers for g in s.groups if g.cap is None), s.num_layers
+        def size(s: KVCacheSpec) -> tuple[int, int, float]:  # then the most indexer keys (DSA shared top-k)
+            return sum(g.num_layers for g in s.groups if g.cap is None), s.num_layers, s.bytes_per_token
 
         return max(stages, key=size)  # max keeps the first of equals
 

@@ -38,18 +38,22 @@ class LayerKind:
     """What sets one layer's costs apart from another's: its attention (`full`, `sliding` over the
     last `window` tokens, `chunked` within blocks of `window` tokens, or `linear`: a Gated DeltaNet
     token mixer with a constant recurrent state instead of a KV cache), whether it applies rotary
-    positions (`rope`; Llama 4's global layers do not), and whether its FFN is a mixture of experts."""
+    positions (`rope`; Llama 4's global layers do not), whether its FFN is a mixture of experts, and
+    (DeepSeek Sparse Attention) whether it reuses an earlier layer's top-k instead of running its own
+    indexer (`shared_topk`: GLM-5's `indexer_types` "shared")."""
 
     attention: str
     window: int | None
     rope: bool
     moe: bool
+    shared_topk: bool = False
 
     @property
     def label(self) -> str:
         """A short name for tables: `full`, `sliding-4096`, `chunked-8192`, + `/moe`, `/nope`."""
         text = self.attention if self.window is None else f"{self.attention}-{self.window}"
-        return text + ("/moe" if self.moe else "") + ("" if self.rope or self.attention == "linear" else "/nope")
+        return (text + ("/moe" if self.moe else "") + ("" if self.rope or self.attention == "linear" else "/nope")
+                + ("/shared-topk" if self.shared_topk else ""))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,9 +133,10 @@ class ModelSpec:
     state_dtype: str | None = None  # the recurrent state's dtype (mamba_ssm_dtype); None: the KV cache's
     attn_output_gate: bool = False  # full layers: q_proj also yields a gate, output *= sigmoid(gate)
     # DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer picks each query's index_topk keys
-    index_n_heads: int | None = None  # the indexer's heads (set: every MLA layer has an indexer)
+    index_n_heads: int | None = None  # the indexer's heads (set: every MLA layer has one, but shared_topk_layers)
     index_head_dim: int | None = None
     index_topk: int | None = None  # keys each query's main attention reads
+    shared_topk_layers: tuple[int, ...] = ()  # layers with no indexer: they reuse the previous indexed layer's top-k
     # ---- numerics: change values, not costs (the engine honours them; every default is "absent") --
     router_scoring: str = "softmax"  # softmax | sigmoid: how router logits become expert scores
     router_renormalize: bool = True  # the chosen experts' weights sum to 1 (norm_topk_prob; Mixtral: always)
@@ -412,6 +417,8 @@ class ModelSpec:
         """Parameters of one layer of `kind` (attention, its FFN, its norms)."""
         ffn = self.moe_ffn_params if kind.moe else self.dense_ffn_params
         mixer = self.linear_params_per_layer if kind.attention == "linear" else self.attn_params_per_layer
+        if kind.shared_topk:  # no indexer of its own
+            mixer -= self.indexer_params_per_layer
         return mixer + ffn + self.norms_per_layer * self.norm_params
 
     @property
@@ -524,7 +531,7 @@ class ModelSpec:
             if self.layer_types is not None and "layer_types" not in changes:
                 pattern = self.layer_types
                 changes["layer_types"] = tuple(pattern[i % len(pattern)] for i in range(max(n, 0)))
-            for f in ("dense_layers", "nope_layers"):
+            for f in ("dense_layers", "nope_layers", "shared_topk_layers"):
                 if f not in changes:
                     changes[f] = tuple(i for i in getattr(self, f) if i < n)
         return replace(self, **changes)
@@ -566,11 +573,11 @@ def _positive_int(spec: ModelSpec, name: str) -> None:
 
 def _layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
     types = spec.layer_types or (("sliding" if spec.sliding_window is not None else "full"),) * spec.num_layers
-    dense, nope = set(spec.dense_layers), set(spec.nope_layers)
+    dense, nope, shared = set(spec.dense_layers), set(spec.nope_layers), set(spec.shared_topk_layers)
     rope = spec.pos_encoding == "rope"
     windows = {"full": None, "sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "linear": None}
     return tuple(LayerKind(attention=t, window=windows[t], rope=rope and i not in nope and t != "linear",
-                           moe=spec.is_moe and i not in dense) for i, t in enumerate(types))
+                           moe=spec.is_moe and i not in dense, shared_topk=i in shared) for i, t in enumerate(types))
 
 
 def _optional_positive_int(spec: ModelSpec, name: str) -> None:
@@ -670,10 +677,17 @@ INDEX_FIELDS = ("index_n_heads", "index_head_dim", "index_topk")
 
 def _check_sparse_attention(spec: ModelSpec) -> None:
     """DSA's fields: all three or none, counts, on multi-head latent attention with a q_lora_rank (the
-    indexer's query reads the compressed query)."""
+    indexer's query reads the compressed query); `shared_topk_layers` only with them, never layer 0
+    (a shared layer reuses the top-k of an earlier layer that ran its indexer)."""
+    _layer_indices(spec, "shared_topk_layers")
     given = [f for f in INDEX_FIELDS if getattr(spec, f) is not None]
     if not given:
+        if spec.shared_topk_layers:
+            raise SpecError(f"{spec.name}: shared_topk_layers={list(spec.shared_topk_layers)} needs index_topk "
+                            "(DeepSeek Sparse Attention)")
         return
+    if 0 in spec.shared_topk_layers:
+        raise SpecError(f"{spec.name}: shared_topk_layers holds layer 0, which has no earlier top-k to reuse")
     if len(given) < len(INDEX_FIELDS):
         missing = next(f for f in INDEX_FIELDS if getattr(spec, f) is None)
         raise SpecError(f"{spec.name}: {given[0]}={getattr(spec, given[0])!r} needs {missing} (DeepSeek Sparse "

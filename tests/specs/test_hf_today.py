@@ -171,6 +171,9 @@ TINY = {
                     n_group=1, topk_group=1, first_k_dense_replace=2),
     # V2-Lite style: plain q_proj, softmax greedy routing, 2 shared experts, first layer dense
     "deepseek_v2": dict(_MLA, model_type="deepseek_v2", q_lora_rank=None, n_shared_experts=2, topk_method="greedy"),
+    # GLM-5: DSA whose layers 2 and 3 reuse layer 1's top-k (no indexer, no indexer key cached)
+    "glm_moe_dsa": dict(_MLA, model_type="glm_moe_dsa", num_hidden_layers=5, n_shared_experts=1, n_group=1,
+                        topk_group=1, index_topk=4, index_head_dim=16, index_n_heads=2, index_topk_pattern="FFSSF"),
     "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=32, intermediate_size=96, moe_intermediate_size=16,
                      n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
                      num_hidden_layers=3, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -281,7 +284,6 @@ def test_every_key_read_is_listed(name):
 # ---- refused by name, in one line --------------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type,needle", [
-    ("glm_moe_dsa", "model_type 'glm_moe_dsa' is not modelled (GLM-5's DeepSeek Sparse Attention"),
     ("nemotron_h", "model_type 'nemotron_h' is not modelled (Mamba-2 layers keep a constant per-sequence state"),
 ])
 def test_hybrids_refused_by_model_type(model_type, needle):
@@ -293,7 +295,7 @@ V3, Q3, OSS, L4, G3 = (TINY[n] for n in ("deepseek_v3", "qwen3", "gpt_oss", "lla
 
 @pytest.mark.parametrize("cfg,needle", [
     ({**V3, "index_topk": 2048, "index_n_heads": 64},
-     "index_topk=2048 is not modelled (DeepSeek Sparse Attention is read for deepseek_v32 only)"),
+     "index_topk=2048 is not modelled (DeepSeek Sparse Attention is read for deepseek_v32 and glm_moe_dsa only)"),
     ({**Q3, "hybrid_override_pattern": "M-M*"}, "hybrid_override_pattern='M-M*' is not modelled (Mamba"),
     ({**Q3, "linear_num_value_heads": 32}, "linear_num_value_heads=32 is not modelled"),
     ({**Q3, "layer_types": ["linear_attention", "full_attention"] * 2},

@@ -48,15 +48,16 @@ def kept_layer_indices(spec: ModelSpec, n: int) -> tuple[int, ...]:
 
 def keep_layers(spec: ModelSpec, n: int) -> ModelSpec:
     """`spec` with `n` layers (`--layers`): fewer keep `kept_layer_indices` with their kinds (the
-    per-layer `layer_types`, `dense_layers` and `nope_layers` follow them); more repeat the pattern
-    (`ModelSpec.scaled`)."""
+    per-layer `layer_types`, `dense_layers`, `nope_layers` and `shared_topk_layers` follow them); more
+    repeat the pattern (`ModelSpec.scaled`)."""
     if n >= spec.num_layers:
         return spec.scaled(num_layers=n)
     kept = kept_layer_indices(spec, n)
     types = None if spec.layer_types is None else tuple(spec.layer_types[i] for i in kept)
     return spec.scaled(num_layers=n, layer_types=types,
                        dense_layers=tuple(j for j, i in enumerate(kept) if i in spec.dense_layers),
-                       nope_layers=tuple(j for j, i in enumerate(kept) if i in spec.nope_layers))
+                       nope_layers=tuple(j for j, i in enumerate(kept) if i in spec.nope_layers),
+                       shared_topk_layers=tuple(j for j, i in enumerate(kept) if i in spec.shared_topk_layers))
 
 
 def layers_kept(settings: ProfileSettings) -> list[int] | None:
