@@ -1,8 +1,8 @@
 """Read a Hugging Face `config.json` into a `ModelSpec` (`model_spec_from_hf_config`), offline: llama,
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
-gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of the multimodal llama4 / gemma3 / qwen3_5
-checkpoints (read from `text_config`; the vision tower is not modelled).
+glm4_moe_lite, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of the multimodal llama4 /
+gemma3 / qwen3_5 / kimi_k25 checkpoints (read from `text_config`; the vision tower is not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -165,6 +165,13 @@ _DEEPSEEK_V3_DEFAULTS = dict(
     topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, moe_intermediate_size=2048,
     num_nextn_predict_layers=1, moe_layer_freq=1)
 _DEEPSEEK_V32_DEFAULTS = dict(_DEEPSEEK_V3_DEFAULTS, index_topk=2048, index_head_dim=128, index_n_heads=64)
+# Glm4MoeLiteConfig's defaults (GLM-4.7-Flash; no MTP field: transformers builds none)
+_GLM4_MOE_LITE_DEFAULTS = dict(
+    _DEEPSEEK_V3_DEFAULTS, vocab_size=154880, hidden_size=2048, intermediate_size=10240, moe_intermediate_size=1536,
+    num_hidden_layers=47, num_attention_heads=20, num_key_value_heads=20, n_routed_experts=64,
+    routed_scaling_factor=1.8, q_lora_rank=768, qk_nope_head_dim=192, v_head_dim=256, n_group=1, topk_group=1,
+    num_experts_per_tok=4, rms_norm_eps=1e-5, max_position_embeddings=202752, first_k_dense_replace=1,
+    num_nextn_predict_layers=0)
 # GlmMoeDsaConfig's defaults (no MTP field: transformers builds none; no moe_layer_freq: every layer past
 # first_k_dense_replace is MoE)
 _GLM5_DEFAULTS = dict(
@@ -439,12 +446,30 @@ def _dsa_extra(cfg: _Config, out: dict[str, Any]) -> None:
         if indexers[0] != "full":
             raise cfg.refuse("indexer_types", indexers[0], "layer 0 has no earlier top-k to reuse")
         out["shared_topk_layers"] = tuple(i for i, t in enumerate(indexers) if t == "shared")
-    mlp = cfg.get("mlp_layer_types")
-    if mlp is not None:
-        if not isinstance(mlp, list) or len(mlp) != n or not set(mlp) <= {"dense", "sparse"}:
-            raise SpecError(f"{cfg.origin}: mlp_layer_types must list num_hidden_layers={n} of dense / sparse, "
-                            f"got {mlp!r}")
-        _dense_layers(out, lambda i: mlp[i] == "sparse")
+    _mlp_layer_types(cfg, out)
+
+
+def _mlp_layer_types(cfg: _Config, out: dict[str, Any]) -> bool:
+    """`mlp_layer_types` ("dense" / "sparse" a layer), where given, says which FFNs are dense; whether given."""
+    n, mlp = out["num_layers"], cfg.get("mlp_layer_types")
+    if mlp is None:
+        return False
+    if not isinstance(mlp, list) or len(mlp) != n or not set(mlp) <= {"dense", "sparse"}:
+        raise SpecError(f"{cfg.origin}: mlp_layer_types must list num_hidden_layers={n} of dense / sparse, got {mlp!r}")
+    _dense_layers(out, lambda i: mlp[i] == "sparse")
+    return True
+
+
+def _glm4_moe_lite_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """GLM-4.7-Flash (`glm4_moe_lite`): DeepSeek-V3's MLA and MoE (sigmoid routing with its score-correction
+    bias, a shared expert); its dense layers come from `mlp_layer_types` (transformers' default: layer 0).
+    A `first_k_dense_replace` other than 1 without `mlp_layer_types` is refused: transformers ignores it
+    and builds layer 0 dense, DeepSeek-style engines honour it."""
+    _mla_extra(cfg, out)
+    if not _mlp_layer_types(cfg, out) and _count(cfg, "first_k_dense_replace") != 1:
+        raise cfg.refuse("first_k_dense_replace", cfg.get("first_k_dense_replace"),
+                         "transformers' Glm4MoeLite builds its dense layers from mlp_layer_types, default layer 0 "
+                         "only; give mlp_layer_types")
 
 
 def _glm5_indexer_types(cfg: _Config, n: int) -> list[str]:
@@ -713,6 +738,9 @@ _TYPES = (
     HFModelType(model_type="deepseek_v32", family="llama", architectures=("DeepseekV32ForCausalLM",), keys=_MLA_KEYS,
                 required=_MLA_REQUIRED, defaults=_DEEPSEEK_V32_DEFAULTS, sliding_window="layers",
                 honours=("index_topk", "index_n_heads"), extra=_dsa_extra),
+    HFModelType(model_type="glm4_moe_lite", family="llama", architectures=("Glm4MoeLiteForCausalLM",),
+                keys=_MLA_KEYS, required=_MLA_REQUIRED, defaults=_GLM4_MOE_LITE_DEFAULTS, sliding_window="layers",
+                extra=_glm4_moe_lite_extra),
     HFModelType(model_type="glm_moe_dsa", family="llama", architectures=("GlmMoeDsaForCausalLM",), keys=_MLA_KEYS,
                 required=_MLA_REQUIRED, defaults=_GLM5_DEFAULTS, sliding_window="layers",
                 honours=("index_topk", "index_n_heads"), extra=_dsa_extra),
@@ -794,7 +822,14 @@ _HYBRID_FIELDS: Mapping[str, str] = MappingProxyType({
 #: multimodal wrappers whose text model is read from `text_config` (the vision tower is not modelled)
 _TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"llama4": "llama4_text", "gemma3": "gemma3_text",
                                                           "qwen3_5": "qwen3_5_text",
-                                                          "qwen3_5_moe": "qwen3_5_moe_text"})
+                                                          "qwen3_5_moe": "qwen3_5_moe_text",
+                                                          "kimi_k25": "deepseek_v3"})
+#: other text model types a wrapper's `text_config` may name (Kimi K2.5's hub config says kimi_k2, which
+#: transformers reads as deepseek_v3)
+_TEXT_CONFIG_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType({"kimi_k25": ("kimi_k2",)})
+#: wrappers whose head is tied by the outer config's tie_word_embeddings (its class default when absent),
+#: whatever text_config says: transformers ties Kimi K2.5's lm_head to the embedding so
+_TIED_BY_WRAPPER: Mapping[str, bool] = MappingProxyType({"kimi_k25": True})
 
 #: fields refused when present with a value other than the neutral one(s) listed
 _NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType({
@@ -1181,8 +1216,9 @@ def read_hf_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dic
 
 
 def _read_text_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dict[str, Any], set[str]]:
-    """A multimodal checkpoint (Llama 4, Gemma 3): its text model, from `text_config` (absent: the text
-    config class's defaults, as transformers). The dtype and the tied head fall back to the outer config."""
+    """A multimodal checkpoint (Llama 4, Gemma 3, Qwen3.5, Kimi K2.5): its text model, from `text_config`
+    (absent: the text config class's defaults, as transformers). The dtype and the tied head fall back to
+    the outer config (Kimi K2.5's head: the outer config's, `_TIED_BY_WRAPPER`)."""
     outer = data["model_type"]
     text = data.get("text_config")
     if text is None:
@@ -1190,7 +1226,7 @@ def _read_text_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[
     if not isinstance(text, Mapping):
         raise SpecError(f"{origin}: text_config must be a mapping, got {text!r}")
     inner = text.get("model_type", _TEXT_CONFIG_TYPES[outer])
-    if inner != _TEXT_CONFIG_TYPES[outer]:
+    if inner != _TEXT_CONFIG_TYPES[outer] and inner not in _TEXT_CONFIG_ALIASES.get(outer, ()):
         raise SpecError(f"{origin}: text_config.model_type={inner!r}, expected {_TEXT_CONFIG_TYPES[outer]!r} "
                         f"in a {outer} config")
     merged = dict(text)
@@ -1198,6 +1234,12 @@ def _read_text_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[
     for key in ("torch_dtype", "dtype", "tie_word_embeddings", "quantization_config"):
         if merged.get(key) is None and data.get(key) is not None:
             merged[key] = data[key]
+    if outer in _TIED_BY_WRAPPER:
+        tied = data.get("tie_word_embeddings")
+        tied = _TIED_BY_WRAPPER[outer] if tied is None else tied
+        if not isinstance(tied, bool):
+            raise SpecError(f"{origin}: tie_word_embeddings must be true or false, got {tied!r}")
+        merged["tie_word_embeddings"] = tied
     fields, read = read_hf_config(merged, name, f"{origin} (text_config)")
     return fields, {"model_type", "text_config", "architectures"} | read
 

@@ -65,6 +65,11 @@ def hf_model(cfg: dict, device: str = "meta"):
             return model_cls(config_cls(**text))
         if mt == "kimi_k2":
             cfg = {**cfg, "model_type": "deepseek_v3"}
+        if mt == "kimi_k25":  # its language model; the head is tied to its embedding (asserted)
+            model = transformers.AutoModelForImageTextToText.from_config(transformers.Kimi_K25Config(
+                text_config=cfg.get("text_config"), tie_word_embeddings=cfg.get("tie_word_embeddings", True)))
+            assert model.lm_head.weight is model.get_input_embeddings().weight
+            return model.model.language_model
         return transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
 
 
@@ -174,6 +179,15 @@ TINY = {
     # GLM-5: DSA whose layers 2 and 3 reuse layer 1's top-k (no indexer, no indexer key cached)
     "glm_moe_dsa": dict(_MLA, model_type="glm_moe_dsa", num_hidden_layers=5, n_shared_experts=1, n_group=1,
                         topk_group=1, index_topk=4, index_head_dim=16, index_n_heads=2, index_topk_pattern="FFSSF"),
+    # GLM-4.7-Flash: DeepSeek-V3's MLA and MoE, dense layers from mlp_layer_types
+    "glm4_moe_lite": dict(_MLA, model_type="glm4_moe_lite", n_shared_experts=1, n_group=1, topk_group=1,
+                          mlp_layer_types=["dense", "sparse", "dense"], num_nextn_predict_layers=1),
+    "glm4_moe_lite-default-dense": dict(_MLA, model_type="glm4_moe_lite", n_shared_experts=1, n_group=1,
+                                        topk_group=1),
+    # Kimi K2.5: a DeepSeek-V3 text model (its hub config says kimi_k2), the head tied by the outer config
+    "kimi_k25": dict(model_type="kimi_k25", architectures=["KimiK25ForConditionalGeneration"],
+                     text_config=dict(_MLA, model_type="kimi_k2", n_shared_experts=1, n_group=1, topk_group=1),
+                     torch_dtype="bfloat16"),
     "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=32, intermediate_size=96, moe_intermediate_size=16,
                      n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
                      num_hidden_layers=3, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -207,7 +221,7 @@ def test_tiny_param_count_is_exact(name):
 def test_tiny_saved_by_transformers_reads_back(name, tmp_path):
     """transformers 5 writes the config its own way (rope_parameters, explicit layer_types, no_rope_layers,
     moe_layers): read back, the same structure."""
-    if TINY[name]["model_type"] in ("llama4", "gemma3", "kimi_k2"):
+    if TINY[name]["model_type"] in ("llama4", "gemma3", "kimi_k2", "kimi_k25"):
         pytest.skip("the wrapper / alias is not a transformers causal-LM config")
     hf_model(TINY[name]).config.save_pretrained(tmp_path)
     back = ModelSpec.from_hf_config(tmp_path)
@@ -519,7 +533,8 @@ def test_builtin_kv_bytes_per_token():
     assert load_model("llama-4-scout").kv_width_per_token_per_layer * 48 * 2 == 196_608
 
 
-@pytest.mark.parametrize("name,config_class", [("llama4", "Llama4Config"), ("gemma3", "Gemma3Config")])
+@pytest.mark.parametrize("name,config_class", [("llama4", "Llama4Config"), ("gemma3", "Gemma3Config"),
+                                               ("kimi_k25", "Kimi_K25Config")])
 def test_multimodal_config_saved_by_transformers_reads_back(name, config_class, tmp_path):
     """The wrapper config as transformers 5 writes it (text_config nested, a vision_config beside it)."""
     text = {k: v for k, v in json.loads(json.dumps(TINY[name]["text_config"])).items() if k != "model_type"}
@@ -619,3 +634,30 @@ def test_random_configs_cache_widths(family, data):
     for layer in cache.layers:
         k, v = layer.keys, layer.values
         assert spec.kv_width_per_token_per_layer == k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]
+
+
+def test_glm4_moe_lite_and_kimi_k25_at_their_class_defaults():
+    """GLM-4.7-Flash's and Kimi K2.5's config classes' default shapes, exact against transformers."""
+    glm = transformers.AutoConfig.for_model("glm4_moe_lite").to_dict()
+    spec = read(glm)
+    assert spec.param_count == checkpoint_tensor_count(hf_model(glm)) == 29_943_393_920
+    assert spec.dense_layers == (0,) and spec.num_experts == 64 and spec.v_head_dim == 256
+    text = transformers.AutoConfig.for_model("deepseek_v3").to_dict()  # DeepSeek-V3's shape
+    kimi = read({"model_type": "kimi_k25", "text_config": text})  # the head tied by the outer default
+    v3 = read(text)
+    assert kimi.tied_embeddings and kimi.param_count == v3.param_count - v3.vocab_size * v3.hidden_size
+    assert kimi.param_count == checkpoint_tensor_count(hf_model({"model_type": "kimi_k25", "text_config": text}))
+    untied = read({"model_type": "kimi_k25", "tie_word_embeddings": False,
+                   "text_config": {**text, "model_type": "kimi_k2"}})
+    assert untied.param_count == v3.param_count and "kimi_k25 checkpoint" in untied.source
+
+
+@pytest.mark.parametrize("cfg,needle", [
+    ({"model_type": "kimi_k25", "text_config": {"model_type": "qwen3"}},
+     "text_config.model_type='qwen3', expected 'deepseek_v3' in a kimi_k25 config"),
+    ({"model_type": "kimi_k25", "tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
+    ({**TINY["glm4_moe_lite-default-dense"], "first_k_dense_replace": 3},
+     "first_k_dense_replace=3 is not modelled (transformers' Glm4MoeLite builds its dense layers from"),
+])
+def test_glm4_moe_lite_and_kimi_k25_refusals(cfg, needle):
+    refused(cfg, needle)
