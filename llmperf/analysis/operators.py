@@ -549,10 +549,23 @@ class ForwardModel:
                             rows=tokens, gemm=False)
 
     def qk_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """RMSNorm (or a weightless L2 norm) over head_dim of every query and key head."""
-        heads = self.dims.num_heads + self.dims.num_kv_heads
+        """RMSNorm (or a weightless L2 norm) over head_dim of every query and key head; MiniMax-M2's
+        (`rmsnorm_across_heads`) over all of a token's query heads and all its key heads at once, the same
+        elements and FLOPs with a weight for each element (this GPU's heads')."""
+        d = self.dims
+        heads = d.num_heads + d.num_kv_heads
+        if self.model.qk_norm == "rmsnorm_across_heads":
+            return self._norm("qk_norm", batch * q_len * heads, width=self.head_dim, kind="rmsnorm", weights=heads)
         return self._norm("qk_norm", batch * q_len * heads, width=self.head_dim, kind=self.model.qk_norm,
                           weights=2)
+
+    def qk_norm_allreduce(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """MiniMax-M2 under tensor parallelism: each GPU holds some heads, so the q and k norms' variances
+        are summed across the group, one all-reduce of two fp32 values a token (vLLM's
+        `MiniMaxText01RMSNormTP.forward_qk`)."""
+        t, tokens = self.tp, self.local_batch(batch) * q_len
+        return OpCost(name="qk_norm_allreduce", kind="comm", flops=tokens * 2 * (t - 1) / t,
+                      comm_bytes=2 * (t - 1) / t * tokens * 2 * FP32_BYTES, rows=tokens, comm_gpus=int(t))
 
     def rope(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """Rotary positions applied to every query head and every K head of each token (MLA: the rotary parts
@@ -959,8 +972,10 @@ class ForwardModel:
             ops = [self.qkv_proj(*args)]
         else:
             ops = [self.q_proj(*args), self.k_proj(*args), self.v_proj(*args)]
-        if m.qk_norm == "rmsnorm" or (m.qk_norm == "l2" and kind.rope):
+        if m.qk_norm in ("rmsnorm", "rmsnorm_across_heads") or (m.qk_norm == "l2" and kind.rope):
             ops.append(self.qk_norm(*args))
+        if m.qk_norm == "rmsnorm_across_heads" and self.tp > 1 and not self.dp_attention:
+            ops.append(self.qk_norm_allreduce(*args))
         if kind.rope and m.pos_encoding == "rope":
             ops.append(self.rope(*args))
         ops.append(self.kv_write(*args))

@@ -62,6 +62,7 @@ class Op(str, Enum):
     kv_b_proj = "kv_b_proj"  # MLA unabsorbed: latent -> heads x (nope K + V)
     q_absorb = "q_absorb"  # MLA absorbed: q_nope x W_UK per head
     qk_norm = "qk_norm"  # a norm over head_dim of every query and key head (Qwen3, Gemma 3, Llama 4)
+    qk_norm_allreduce = "qk_norm_allreduce"  # MiniMax-M2 under tp: the q and k norms' partial variances summed
     rope = "rope"
     kv_write = "kv_write"
     attention = "attention"  # fused: S and P stay on chip

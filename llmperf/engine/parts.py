@@ -123,6 +123,9 @@ def check_buildable(spec: ModelSpec) -> None:
     if spec.is_sparse_attention:
         raise ValueError(f"index_topk: the engine does not run DeepSeek Sparse Attention's indexer and top-k "
                          f"attention ({spec.name}); llmperf prices it (estimate, simulate, plan)")
+    if spec.qk_norm == "rmsnorm_across_heads":
+        raise ValueError(f"qk_norm: the engine does not build a q/k norm across all heads (MiniMax-M2, "
+                         f"{spec.name}); llmperf prices it (estimate, simulate, plan)")
     if spec.is_mla:
         from llmperf.engine.mla import check_mla
         check_mla(spec)

@@ -1,7 +1,7 @@
 """Read a Hugging Face `config.json` into a `ModelSpec` (`model_spec_from_hf_config`), offline: llama,
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
-glm4_moe_lite, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of the multimodal llama4 /
+glm4_moe_lite, minimax_m2, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of the multimodal llama4 /
 gemma3 / qwen3_5 / kimi_k25 checkpoints (read from `text_config`; the vision tower is not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
@@ -579,6 +579,28 @@ def _glm4_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _dense_layers(out, lambda i: i >= first_dense)
 
 
+def _minimax_m2_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """MiniMax-M2: GQA whose q and k are each RMS-normed across all their heads at once (one weight of
+    heads x head_dim: `rmsnorm_across_heads`), partial rotary positions (`rotary_dim`, or transformers'
+    `partial_rotary_factor`), every layer MoE of intermediate_size experts routed by sigmoid scores with
+    DeepSeek's fp32 score-correction bias (no groups, renormalised top-k, no shared expert)."""
+    _biases(cfg, out)
+    out.update(qk_norm="rmsnorm_across_heads", router_score_bias=True, router_scoring="sigmoid",
+               router_renormalize=True)
+    head_dim = out.get("head_dim") or out["hidden_size"] // out["num_heads"]
+    if cfg.has("rotary_dim") and _rope_parameters(cfg).get("partial_rotary_factor") is None \
+            and not cfg.has("partial_rotary_factor"):  # the hub's spelling (transformers converts it)
+        rotary = _positive(cfg, "rotary_dim")
+        if rotary > head_dim or rotary % 2:
+            raise SpecError(f"{cfg.origin}: rotary_dim={rotary} must be even and at most head_dim={head_dim}")
+        out["rotary_dim"] = rotary
+    else:
+        _partial_rotary(cfg, out)
+    if "rope_theta" not in _rope_parameters(cfg) and not cfg.has("rope_theta"):  # MiniMaxM2Config's default
+        out["rope_theta"] = 5_000_000.0
+    _top_k(cfg, out)
+
+
 def _gpt_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """gpt-oss: learned attention sinks, biased router and experts, alternating sliding / full layers
     (layer i slides iff i is even, GptOssConfig's default)."""
@@ -767,6 +789,15 @@ _TYPES = (
           ("qwen3_5_text", "Qwen3_5ForCausalLM", _LLAMA_KEYS, _LLAMA_REQUIRED, _QWEN3_5_DEFAULTS),
           ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {**_GDN_MOE_KEYS, "ffn_size": "moe_intermediate_size"},
            tuple(k for k in _LLAMA_REQUIRED if k != "intermediate_size"), _QWEN3_5_MOE_DEFAULTS))),
+    HFModelType(model_type="minimax_m2", family="llama", architectures=("MiniMaxM2ForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
+                      "moe_ffn_size": "intermediate_size"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536,
+                          "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8,
+                          "head_dim": 128, "max_position_embeddings": 196608, "num_experts_per_tok": 8,
+                          "num_local_experts": 256, "partial_rotary_factor": 1.0},
+                sliding_window="none", extra=_minimax_m2_extra),
     HFModelType(model_type="gpt_oss", family="llama", architectures=("GptOssForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"},
                 required=_LLAMA_REQUIRED,
@@ -864,7 +895,7 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "attn_scale", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
        "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval", "shared_expert_intermediate_size",
        "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types",
-       "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset"}))
+       "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "rotary_dim"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(

@@ -30,7 +30,7 @@ FAMILIES = tuple(_FAMILY_DESCRIPTIONS)  # the names; the descriptions are in llm
 
 ATTENTION_KINDS = ("full", "sliding", "chunked", "linear")  # per-layer attention (layer_types)
 #: linear: a Gated DeltaNet layer (Qwen3-Next, Qwen3.5): no KV cache, a constant state per sequence
-QK_NORMS = ("rmsnorm", "l2")
+QK_NORMS = ("rmsnorm", "l2", "rmsnorm_across_heads")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +116,8 @@ class ModelSpec:
     dense_layers: tuple[int, ...] = ()  # MoE models: layers with a dense FFN of ffn_size instead
     router_bias: bool = False  # the router linear has a bias (gpt-oss)
     router_score_bias: bool = False  # one routing-score correction per expert (DeepSeek-V3 noaux_tc)
-    # rmsnorm: a head_dim norm on q and k (Qwen3, Gemma 3); l2: no weights, on rope layers (Llama 4)
+    # rmsnorm: a head_dim norm on q and k (Qwen3, Gemma 3); l2: no weights, on rope layers (Llama 4);
+    # rmsnorm_across_heads: one norm over all query heads, one over all key heads (MiniMax-M2)
     qk_norm: str | None = None
     attn_sinks: bool = False  # one learned sink logit per query head per layer (gpt-oss)
     attn_softcap: float | None = None  # Gemma 2: cap * tanh(score / cap) on every attention score
@@ -297,6 +298,8 @@ class ModelSpec:
             n += h
         if self.qk_norm == "rmsnorm":
             n += 2 * self._norm_weights(self.head_dim)
+        elif self.qk_norm == "rmsnorm_across_heads":  # one norm over all query heads, one over all key heads
+            n += self._norm_weights(self.q_size) + self._norm_weights(self.kv_size)
         if self.attn_sinks:
             n += self.num_heads
         return n

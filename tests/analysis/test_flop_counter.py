@@ -128,6 +128,16 @@ def test_deepseek_v3_mla_unabsorbed_prefill_matches_flop_counter():
     assert counted(model, 2, 21) == analytical_without_biases(spec, 2, 21)
 
 
+def test_minimax_m2_matches_flop_counter():
+    """q and k each RMS-normed across all their heads (not a matrix product), partial rotary positions,
+    every layer MoE of intermediate_size experts (2 of 8 a token) under the sigmoid router."""
+    model = _hf("MiniMaxM2ForCausalLM", "MiniMaxM2Config", num_hidden_layers=2, num_key_value_heads=2, head_dim=48,
+                intermediate_size=64, num_local_experts=8, num_experts_per_tok=2, **TINY)
+    spec = ModelSpec(num_layers=2, num_kv_heads=2, head_dim=48, ffn_size=64, num_experts=8, experts_per_token=2,
+                     qk_norm="rmsnorm_across_heads", router_score_bias=True, router_scoring="sigmoid", **SPEC)
+    assert counted(model, 2, 21) == analytical_without_biases(spec, 2, 21)
+
+
 def test_gpt_oss_matches_flop_counter():
     """Sliding (window 8) and full layers alternating, sinks (one more softmax column: not a matrix
     product), biases everywhere, the router with a bias. Eager attention computes the whole square

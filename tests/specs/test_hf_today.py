@@ -188,6 +188,9 @@ TINY = {
     "kimi_k25": dict(model_type="kimi_k25", architectures=["KimiK25ForConditionalGeneration"],
                      text_config=dict(_MLA, model_type="kimi_k2", n_shared_experts=1, n_group=1, topk_group=1),
                      torch_dtype="bfloat16"),
+    # MiniMax-M2: q/k normed across all heads, rotary_dim as the hub spells it, every layer MoE
+    "minimax_m2": dict(_BASE, model_type="minimax_m2", head_dim=16, intermediate_size=32, num_hidden_layers=2,
+                       num_local_experts=4, num_experts_per_tok=2, rotary_dim=8),
     "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=32, intermediate_size=96, moe_intermediate_size=16,
                      n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
                      num_hidden_layers=3, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,

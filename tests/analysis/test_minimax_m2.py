@@ -1,0 +1,90 @@
+"""MiniMax-M2 (`minimax_m2`): read with its q and k each RMS-normed across all their heads, partial rotary
+positions (`rotary_dim` as the hub spells it, or transformers' `partial_rotary_factor`) and sigmoid-routed
+experts with the fp32 score-correction bias; parameters exact against transformers at the config class's
+default shape; the norm's weights and, under tensor parallelism, the one all-reduce of its variances
+(vLLM's `forward_qk`: two fp32 values a token); the serving cost model prices a static batch as
+`estimate`; the engine refuses it by name. (Tiny configs: tests/specs/test_hf_today.py; FLOPs against
+transformers' counter: tests/analysis/test_flop_counter.py.)"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import llmperf
+from llmperf.analysis import ForwardModel
+from llmperf.analysis.rollup import Conventions
+from llmperf.analysis.timemodel import time_model_for
+from llmperf.errors import SpecError
+from llmperf.serving.costmodel import StepCostModel
+from llmperf.specs import Precision, load_hardware
+from llmperf.specs.hf import model_spec_from_hf_config
+
+CFG = dict(model_type="minimax_m2", vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+           num_attention_heads=8, num_key_value_heads=4, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+           max_position_embeddings=4096, rotary_dim=8, torch_dtype="bfloat16")
+SPEC = model_spec_from_hf_config(CFG, name="tiny-minimax-m2")
+BF16 = Precision.uniform("bf16")
+
+
+def test_the_default_shape_is_exact():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    full = transformers.AutoConfig.for_model("minimax_m2").to_dict()
+    spec = model_spec_from_hf_config(full, name="t")
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model("minimax_m2"))
+    buffers = sum(b.numel() for n, b in model.named_buffers() if "e_score_correction_bias" in n)
+    assert spec.param_count == sum(p.numel() for p in model.parameters()) + buffers == 228_689_764_864
+    assert spec.qk_norm == "rmsnorm_across_heads" and spec.rope_theta == 5e6 and spec.rotary_dim == 128
+    assert (spec.router_scoring, spec.router_renormalize, spec.router_score_bias) == ("sigmoid", True, True)
+    assert spec.num_moe_layers == 62 and spec.shared_experts == 0 and spec.expert_ffn_size == 1536
+
+
+def test_the_norm_across_heads_and_its_all_reduce():
+    assert SPEC.rotary_dim == 8
+    one = {o.name: o for o in ForwardModel(model=SPEC, precision=BF16).forward_ops(3, 1, 100)}
+    assert one["qk_norm"].weight_bytes == SPEC.num_layers * (8 + 4) * 16 * 2  # a weight for each element
+    assert one["qk_norm"].flops == SPEC.num_layers * 3 * (8 + 4) * 16 * 4  # as per-head norms: the same elements
+    assert "qk_norm_allreduce" not in one
+    two = {o.name: o for o in ForwardModel(model=SPEC, precision=BF16, tp=2).forward_ops(3, 1, 100)}
+    assert two["qk_norm"].weight_bytes == SPEC.num_layers * (4 + 2) * 16 * 2  # this GPU's heads
+    ar = two["qk_norm_allreduce"]
+    assert ar.kind == "comm" and ar.comm_bytes == SPEC.num_layers * 2 * (1 / 2) * 3 * 2 * 4  # ring, 2 fp32 a token
+    dp = ForwardModel(model=SPEC, precision=BF16, tp=2, ep=2, dp_attention=True)
+    dp = {o.name for o in dp.forward_ops(3, 1, 100)}
+    assert "qk_norm_allreduce" not in dp  # attention replicated: each GPU norms whole heads
+
+
+@pytest.mark.parametrize("tp, eff", [(1, "roofline"), (2, "typical"), (4, "typical")])
+def test_a_static_batch_is_priced_as_estimate(tp, eff):
+    hw = load_hardware("h200")
+    tm = None if eff == "roofline" else time_model_for(hw, eff, "bf16")
+    est = llmperf.estimate(SPEC, hw, batch=3, prompt_len=40, gen_len=6, tp=tp, time_model=tm)
+    assert est.e2e_s == pytest.approx(est.ttft_s + est.decode_step_times_s().sum(), rel=1e-9)
+    cm = StepCostModel(model=est.model, hardware=hw, precision=est.precision, tp=tp, time_model=tm,
+                       conventions=Conventions())
+    assert cm.step_time_s([40] * 3, [40] * 3, 3) == pytest.approx(est.ttft_s, rel=1e-9)
+    steps = [cm.step_time_s([1] * 3, [40 + j] * 3, 3) for j in range(1, 6)]
+    assert np.allclose(steps, est.decode_step_times_s(), rtol=1e-9)
+
+
+@pytest.mark.parametrize("cfg, needle", [
+    ({**CFG, "rotary_dim": 7}, "rotary_dim=7 must be even and at most head_dim=16"),
+    ({**CFG, "rotary_dim": 0}, "rotary_dim must be a positive integer"),
+    ({**CFG, "num_experts_per_tok": 9}, "num_experts_per_tok=9 exceeds the 8 routed experts"),
+])
+def test_refused_in_one_line(cfg, needle):
+    with pytest.raises(SpecError, match=re.escape(needle)) as info:
+        model_spec_from_hf_config(cfg, name="t")
+    assert "\n" not in str(info.value)
+
+
+def test_the_engine_refuses_it_by_name():
+    pytest.importorskip("torch")
+    from llmperf.engine.parts import check_buildable
+
+    with pytest.raises(ValueError, match="qk_norm: the engine does not build a q/k norm across all heads"):
+        check_buildable(SPEC)
