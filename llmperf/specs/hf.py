@@ -1,8 +1,9 @@
 """Read a Hugging Face `config.json` into a `ModelSpec` (`model_spec_from_hf_config`), offline: llama,
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
-glm4_moe_lite, minimax_m2, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model of the multimodal llama4 /
-gemma3 / qwen3_5 / kimi_k25 checkpoints (read from `text_config`; the vision tower is not modelled).
+glm4_moe_lite, minimax_m2, smollm3, seed_oss, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model
+of the multimodal llama4 / gemma3 / qwen3_5 / kimi_k25 checkpoints (read from `text_config`; the vision
+tower is not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -631,6 +632,39 @@ _GPT_OSS_ROPE = MappingProxyType({"rope_type": "yarn", "factor": 32.0, "beta_fas
                                   "truncate": False, "original_max_position_embeddings": 4096})
 
 
+def _nope_flags(cfg: _Config, out: dict[str, Any]) -> list[int]:
+    """Each layer's rotary flag from `no_rope_layers` (1 = rotary, 0 = NoPE; an empty list or none: every
+    no_rope_layer_interval-th layer NoPE, as Llama 4's and SmolLM3's config classes), into `nope_layers`."""
+    n = out["num_layers"]
+    flags = cfg.get("no_rope_layers")
+    if flags:  # transformers: an empty list means the default
+        if not isinstance(flags, list) or len(flags) != n or not all(f in (0, 1) for f in flags):
+            raise SpecError(f"{cfg.origin}: no_rope_layers must be {n} flags (1: rotary, 0: NoPE), got {flags!r}")
+    else:
+        interval = _positive(cfg, "no_rope_layer_interval")
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    out["nope_layers"] = tuple(i for i, f in enumerate(flags) if not f)
+    return flags
+
+
+def _smollm3_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """SmolLM3: Llama with NoPE layers (`no_rope_layers`, default every 4th) and q/k/v/o biases from
+    attention_bias; with use_sliding_window (and a window) its NoPE layers slide, as the config class derives
+    `layer_types`; without it no layer slides, whatever `layer_types` says (transformers' attention)."""
+    _biases(cfg, out)
+    flags = _nope_flags(cfg, out)
+    window = cfg.get("sliding_window")  # read either way: without use_sliding_window it changes nothing
+    window = window if cfg.flag("use_sliding_window") else None
+    default = ["sliding_attention" if window is not None and not f else "full_attention" for f in flags]
+    _set_layer_types(cfg, out, default, window)
+
+
+def _seed_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Seed-OSS: Llama with q/k/v biases (attention_bias, default true) and o_proj's own (attention_out_bias)."""
+    out["qkv_bias"] = cfg.flag("attention_bias")
+    out["out_bias"] = cfg.flag("attention_out_bias")
+
+
 def _llama4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Llama 4 (text): MoE layers with one always-on shared expert of the expert width; layer i is MoE iff
     it is in `moe_layers`, else iff (i + 1) % interleave_moe_layer_step == 0; dense layers use
@@ -641,14 +675,7 @@ def _llama4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     n = out["num_layers"]
     if cfg.flag("use_qk_norm"):
         out["qk_norm"] = "l2"
-    flags = cfg.get("no_rope_layers")
-    if flags:  # transformers: an empty list means the default
-        if not isinstance(flags, list) or len(flags) != n or not all(f in (0, 1) for f in flags):
-            raise SpecError(f"{cfg.origin}: no_rope_layers must be {n} flags (1: rotary, 0: NoPE), got {flags!r}")
-    else:
-        interval = _positive(cfg, "no_rope_layer_interval")
-        flags = [int((i + 1) % interval != 0) for i in range(n)]
-    out["nope_layers"] = tuple(i for i, f in enumerate(flags) if not f)
+    flags = _nope_flags(cfg, out)
     chunk = cfg.get("attention_chunk_size")
     default = ["chunked_attention" if f and chunk is not None else "full_attention" for f in flags]
     _set_layer_types(cfg, out, default, None, chunk)
@@ -789,6 +816,19 @@ _TYPES = (
           ("qwen3_5_text", "Qwen3_5ForCausalLM", _LLAMA_KEYS, _LLAMA_REQUIRED, _QWEN3_5_DEFAULTS),
           ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {**_GDN_MOE_KEYS, "ffn_size": "moe_intermediate_size"},
            tuple(k for k in _LLAMA_REQUIRED if k != "intermediate_size"), _QWEN3_5_MOE_DEFAULTS))),
+    HFModelType(model_type="smollm3", family="llama", architectures=("SmolLM3ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008,
+                          "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 4,
+                          "max_position_embeddings": 32768, "tie_word_embeddings": True, "no_rope_layer_interval": 4,
+                          "use_sliding_window": False, "attention_bias": False},
+                sliding_window="layers", extra=_smollm3_extra),
+    HFModelType(model_type="seed_oss", family="llama", architectures=("SeedOssForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 155136, "hidden_size": 4096, "intermediate_size": 27648,
+                          "num_hidden_layers": 64, "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128,
+                          "max_position_embeddings": 524288, "attention_bias": True, "attention_out_bias": False},
+                extra=_seed_oss_extra),
     HFModelType(model_type="minimax_m2", family="llama", architectures=("MiniMaxM2ForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
                       "moe_ffn_size": "intermediate_size"},
@@ -895,7 +935,8 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "attn_scale", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
        "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval", "shared_expert_intermediate_size",
        "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types",
-       "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "rotary_dim"}))
+       "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "rotary_dim",
+       "attention_out_bias"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(

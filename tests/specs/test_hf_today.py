@@ -65,6 +65,8 @@ def hf_model(cfg: dict, device: str = "meta"):
             return model_cls(config_cls(**text))
         if mt == "kimi_k2":
             cfg = {**cfg, "model_type": "deepseek_v3"}
+        if mt == "smollm3":  # its token ids default beyond a tiny vocabulary (ids change no count)
+            cfg = {**cfg, "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
         if mt == "kimi_k25":  # its language model; the head is tied to its embedding (asserted)
             model = transformers.AutoModelForImageTextToText.from_config(transformers.Kimi_K25Config(
                 text_config=cfg.get("text_config"), tie_word_embeddings=cfg.get("tie_word_embeddings", True)))
@@ -191,6 +193,13 @@ TINY = {
     # MiniMax-M2: q/k normed across all heads, rotary_dim as the hub spells it, every layer MoE
     "minimax_m2": dict(_BASE, model_type="minimax_m2", head_dim=16, intermediate_size=32, num_hidden_layers=2,
                        num_local_experts=4, num_experts_per_tok=2, rotary_dim=8),
+    # SmolLM3: NoPE layers 1 and 3 (interval 2), which slide (window 8) with use_sliding_window
+    "smollm3": dict(_BASE, model_type="smollm3", intermediate_size=96, num_hidden_layers=4, no_rope_layer_interval=2,
+                    use_sliding_window=True, sliding_window=8, attention_bias=True),
+    "smollm3-no-sliding": dict(_BASE, model_type="smollm3", intermediate_size=96, num_hidden_layers=4,
+                               no_rope_layers=[1, 0, 0, 1], sliding_window=8),
+    # Seed-OSS: q/k/v biases, none on o_proj, head_dim 32 != 64 / 4
+    "seed_oss": dict(_BASE, model_type="seed_oss", head_dim=32, intermediate_size=96, num_hidden_layers=2),
     "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=32, intermediate_size=96, moe_intermediate_size=16,
                      n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
                      num_hidden_layers=3, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -664,3 +673,19 @@ def test_glm4_moe_lite_and_kimi_k25_at_their_class_defaults():
 ])
 def test_glm4_moe_lite_and_kimi_k25_refusals(cfg, needle):
     refused(cfg, needle)
+
+
+def test_smollm3_and_seed_oss_structure():
+    smol = read(TINY["smollm3"])
+    assert smol.nope_layers == (1, 3) and smol.layer_types == ("full", "sliding", "full", "sliding")
+    assert smol.sliding_window == 8 and smol.qkv_bias and smol.out_bias  # (the tiny base unties the head)
+    plain = read(TINY["smollm3-no-sliding"])  # a window without use_sliding_window: no layer slides
+    assert plain.nope_layers == (1, 2) and plain.layer_types is None and plain.sliding_window is None
+    seed = read(TINY["seed_oss"])
+    assert seed.qkv_bias and not seed.out_bias and seed.head_dim == 32
+
+
+@pytest.mark.parametrize("model_type, params", [("smollm3", 3_075_098_624), ("seed_oss", 28_921_040_896)])
+def test_smollm3_and_seed_oss_at_their_class_defaults(model_type, params):
+    cfg = transformers.AutoConfig.for_model(model_type).to_dict()
+    assert read(cfg).param_count == checkpoint_tensor_count(hf_model(cfg)) == params

@@ -1,0 +1,59 @@
+"""SmolLM3 (NoPE layers, q/k/v/o biases, NoPE layers sliding under use_sliding_window) and Seed-OSS (q/k/v
+biases without an o_proj bias, head_dim != hidden / heads) from tiny checkpoints saved by transformers: the
+engine's logits and generate() tokens equal transformers' (paged, contiguous, chunked prefill), and its
+parameter count is the spec's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmperf.engine import from_pretrained
+from llmperf.specs import ModelSpec
+
+from checkpoints import assert_generation_matches, assert_logits_match, saved_checkpoint
+
+_BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=64, rms_norm_eps=1e-6, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+CONFIGS = {
+    # layers 1 and 3 NoPE (interval 2), sliding over 6 tokens: shorter than the prompts, so it matters
+    "smollm3": dict(_BASE, model_type="smollm3", num_hidden_layers=4, no_rope_layer_interval=2,
+                    use_sliding_window=True, sliding_window=6, attention_bias=True, tie_word_embeddings=True),
+    "seed_oss": dict(_BASE, model_type="seed_oss", num_hidden_layers=2, head_dim=32, attention_bias=True,
+                     attention_out_bias=False),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {name: (path, saved_checkpoint(cfg, path, seed=3, noise=0.2))
+            for name, cfg in CONFIGS.items() for path in [tmp_path_factory.mktemp(name)]}
+
+
+def test_the_checkpoints_are_what_they_claim(checkpoints):
+    smol = ModelSpec.from_hf_config(checkpoints["smollm3"][0])
+    assert smol.nope_layers == (1, 3) and smol.layer_types == ("full", "sliding", "full", "sliding")
+    assert smol.qkv_bias and smol.out_bias and smol.tied_embeddings
+    seed = ModelSpec.from_hf_config(checkpoints["seed_oss"][0])
+    assert seed.qkv_bias and not seed.out_bias and seed.head_dim == 32
+    for name, (path, hf) in checkpoints.items():
+        model = from_pretrained(path, dtype="fp32")
+        n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        assert n == model.spec.param_count == sum(p.numel() for p in hf.parameters()), name
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_equal_transformers(checkpoints, name):
+    path, hf = checkpoints[name]
+    assert_logits_match(path, hf)
+
+
+_MEMO: dict = {}
+
+
+@pytest.mark.parametrize("engine", ["paged", "contiguous", "chunked"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_tokens_equal_transformers_generate(checkpoints, name, engine):
+    path, hf = checkpoints[name]
+    with torch.no_grad():
+        assert_generation_matches(path, hf, "greedy", engine, memo=_MEMO)
