@@ -1,7 +1,7 @@
 """Read a Hugging Face `config.json` into a `ModelSpec` (`model_spec_from_hf_config`), offline: llama,
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
-glm4_moe_lite, minimax_m2, smollm3, seed_oss, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model
+glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, gpt_oss, llama4_text, gemma2, gemma3_text, and the text model
 of the multimodal llama4 / gemma3 / qwen3_5 / kimi_k25 checkpoints (read from `text_config`; the vision
 tower is not modelled).
 
@@ -659,6 +659,18 @@ def _smollm3_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _set_layer_types(cfg, out, default, window)
 
 
+def _olmo_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """OLMo 2 / OLMo 3: q/k/v/o biases from attention_bias, q and k each RMS-normed across all their heads,
+    each sublayer's output normed before its residual add (`post_norm`, no input norms); OLMo 3 slides
+    three layers in four over `sliding_window` (its config class's `layer_types`)."""
+    _biases(cfg, out)
+    out.update(qk_norm="rmsnorm_across_heads", post_norm=True)
+    if cfg.get("model_type") == "olmo3":
+        n = out["num_layers"]
+        default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n)]
+        _set_layer_types(cfg, out, default, cfg.get("sliding_window"))
+
+
 def _seed_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Seed-OSS: Llama with q/k/v biases (attention_bias, default true) and o_proj's own (attention_out_bias)."""
     out["qkv_bias"] = cfg.flag("attention_bias")
@@ -829,6 +841,13 @@ _TYPES = (
                           "num_hidden_layers": 64, "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128,
                           "max_position_embeddings": 524288, "attention_bias": True, "attention_out_bias": False},
                 extra=_seed_oss_extra),
+    *(HFModelType(model_type=mt, family="llama", architectures=(arch,), keys=_LLAMA_KEYS, required=_LLAMA_REQUIRED,
+                  defaults={**_LLAMA_DEFAULTS, "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008,
+                            "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
+                            "rms_norm_eps": 1e-5, "attention_bias": False, **extra},
+                  sliding_window="layers" if mt == "olmo3" else "none", extra=_olmo_extra)
+      for mt, arch, extra in (("olmo2", "Olmo2ForCausalLM", {}),
+                              ("olmo3", "Olmo3ForCausalLM", {"sliding_window": 4096}))),
     HFModelType(model_type="minimax_m2", family="llama", architectures=("MiniMaxM2ForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
                       "moe_ffn_size": "intermediate_size"},

@@ -123,6 +123,7 @@ class ModelSpec:
     attn_softcap: float | None = None  # Gemma 2: cap * tanh(score / cap) on every attention score
     final_softcap: float | None = None  # Gemma 2: the same on the logits
     sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP too (4 per layer)
+    post_norm: bool = False  # OLMo 2/3: each sublayer's output normed before its residual add, no input norms
     embedding_scale: bool = False  # Gemma: the embedding is multiplied by sqrt(hidden_size)
     mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint (not built, not counted)
     # Gated DeltaNet (`linear` layers; Yang et al. 2024, arXiv:2412.06464): set iff a layer is linear
@@ -486,10 +487,11 @@ class ModelSpec:
     @property
     def plain_llama_layers(self) -> bool:
         """The plain Llama structure: uniform layers and nothing of today's models (MLA, a QK norm,
-        sinks, soft-caps, sandwich norms, Gemma's norm offset and query scalar, interleaved or skipped
+        sinks, soft-caps, sandwich or post norms, Gemma's norm offset and query scalar, interleaved or skipped
         rotary positions, layers of several kinds)."""
         return (self.uniform_layers and not self.is_mla and self.qk_norm is None and not self.attn_sinks
-                and self.attn_softcap is None and not self.sandwich_norms and not self.norm_offset
+                and self.attn_softcap is None and not self.sandwich_norms and not self.post_norm
+                and not self.norm_offset
                 and self.query_pre_attn_scalar is None and not self.rope_interleaved and not self.nope_layers
                 and self.layer_types is None)
 
@@ -658,10 +660,13 @@ def _check_layer_structure(spec: ModelSpec) -> None:
                             "(multi-head latent attention)")
     if spec.qk_norm is not None and spec.qk_norm not in QK_NORMS:
         raise SpecError(f"{name}: qk_norm must be one of {', '.join(QK_NORMS)} or null, got {spec.qk_norm!r}")
-    for f in ("sandwich_norms", "embedding_scale", "attn_sinks", "shared_expert_gate", "router_bias",
+    for f in ("sandwich_norms", "post_norm", "embedding_scale", "attn_sinks", "shared_expert_gate", "router_bias",
               "router_score_bias"):
         if not isinstance(getattr(spec, f), bool):
             raise SpecError(f"{name}: {f} must be true or false, got {getattr(spec, f)!r}")
+    if spec.post_norm and spec.sandwich_norms:
+        raise SpecError(f"{name}: post_norm (norms after each sublayer only) excludes sandwich_norms (before and "
+                        "after)")
     for f in ("attn_softcap", "final_softcap"):
         if getattr(spec, f) is not None:
             _positive_number(name, f, getattr(spec, f))

@@ -138,6 +138,16 @@ def test_minimax_m2_matches_flop_counter():
     assert counted(model, 2, 21) == analytical_without_biases(spec, 2, 21)
 
 
+def test_olmo3_matches_flop_counter():
+    """OLMo 3: norms after each sublayer, q/k normed across all heads, three sliding layers in four (eager
+    attention computes the whole masked square: the dense convention)."""
+    model = _hf("Olmo3ForCausalLM", "Olmo3Config", num_hidden_layers=4, num_key_value_heads=2, intermediate_size=96,
+                sliding_window=8, **TINY)
+    spec = ModelSpec(num_layers=4, num_kv_heads=2, ffn_size=96, qk_norm="rmsnorm_across_heads", post_norm=True,
+                     layer_types=("sliding", "sliding", "sliding", "full"), sliding_window=8, **SPEC)
+    assert counted(model, 2, 21) == analytical_without_biases(spec, 2, 21)
+
+
 def test_gpt_oss_matches_flop_counter():
     """Sliding (window 8) and full layers alternating, sinks (one more softmax column: not a matrix
     product), biases everywhere, the router with a bias. Eager attention computes the whole square

@@ -200,6 +200,9 @@ TINY = {
                                no_rope_layers=[1, 0, 0, 1], sliding_window=8),
     # Seed-OSS: q/k/v biases, none on o_proj, head_dim 32 != 64 / 4
     "seed_oss": dict(_BASE, model_type="seed_oss", head_dim=32, intermediate_size=96, num_hidden_layers=2),
+    # OLMo 2 / 3: q/k normed across heads, post norms; OLMo 3 slides layers 0-2 (window 8), layer 3 full
+    "olmo2": dict(_BASE, model_type="olmo2", intermediate_size=96, num_hidden_layers=2, attention_bias=True),
+    "olmo3": dict(_BASE, model_type="olmo3", intermediate_size=96, num_hidden_layers=4, sliding_window=8),
     "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=32, intermediate_size=96, moe_intermediate_size=16,
                      n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
                      num_hidden_layers=3, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -689,3 +692,13 @@ def test_smollm3_and_seed_oss_structure():
 def test_smollm3_and_seed_oss_at_their_class_defaults(model_type, params):
     cfg = transformers.AutoConfig.for_model(model_type).to_dict()
     assert read(cfg).param_count == checkpoint_tensor_count(hf_model(cfg)) == params
+
+
+def test_olmo_structure_and_class_defaults():
+    olmo3 = read(TINY["olmo3"])
+    assert olmo3.layer_types == ("sliding", "sliding", "sliding", "full") and olmo3.sliding_window == 8
+    assert olmo3.post_norm and olmo3.qk_norm == "rmsnorm_across_heads" and not olmo3.sandwich_norms
+    assert read(TINY["olmo2"]).qkv_bias and read(TINY["olmo2"]).out_bias and read(TINY["olmo2"]).layer_types is None
+    for model_type in ("olmo2", "olmo3"):
+        cfg = transformers.AutoConfig.for_model(model_type).to_dict()
+        assert read(cfg).param_count == checkpoint_tensor_count(hf_model(cfg)) == 6_888_624_128
