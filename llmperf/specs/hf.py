@@ -1,8 +1,8 @@
 """Read a Hugging Face `config.json` into a `ModelSpec` (`model_spec_from_hf_config`), offline: llama,
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
-glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, gpt_oss, llama4_text, gemma2, gemma3_text,
-and the text model of the multimodal llama4 / gemma3 / qwen3_5 / kimi_k25 checkpoints (read from
+glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, gpt_oss, llama4_text, gemma2,
+gemma3_text, and the text model of the multimodal llama4 / gemma3 / qwen3_5 / kimi_k25 checkpoints (read from
 `text_config`; the vision tower is not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
@@ -671,6 +671,26 @@ def _olmo_extra(cfg: _Config, out: dict[str, Any]) -> None:
         _set_layer_types(cfg, out, default, cfg.get("sliding_window"))
 
 
+def _exaone4_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """EXAONE 4: q and k RMS-normed per head, each sublayer's output normed before its residual add
+    (`post_norm`), no biases; with a `sliding_window` layer i slides iff (i + 1) % sliding_window_pattern
+    != 0 (`layer_types` where given) and only sliding layers rotate positions (its full layers are NoPE, as
+    transformers applies RoPE); without one every layer is full and rotates."""
+    out.update(qk_norm="rmsnorm", post_norm=True)
+    n, window = out["num_layers"], cfg.get("sliding_window")
+    if window is None:
+        default = ["full_attention"] * n
+    elif cfg.has("layer_types"):
+        default = cfg.get("layer_types")
+    else:
+        pattern = _positive(cfg, "sliding_window_pattern", cfg.get("sliding_window_pattern"))
+        default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    _set_layer_types(cfg, out, default, window)
+    if window is not None:
+        kinds = out["layer_types"] or (("sliding",) if out["sliding_window"] is not None else ("full",)) * n
+        out["nope_layers"] = tuple(i for i, t in enumerate(kinds) if t != "sliding")
+
+
 def _seed_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Seed-OSS: Llama with q/k/v biases (attention_bias, default true) and o_proj's own (attention_out_bias)."""
     out["qkv_bias"] = cfg.flag("attention_bias")
@@ -848,6 +868,13 @@ _TYPES = (
                   sliding_window="layers" if mt == "olmo3" else "none", extra=_olmo_extra)
       for mt, arch, extra in (("olmo2", "Olmo2ForCausalLM", {}),
                               ("olmo3", "Olmo3ForCausalLM", {"sliding_window": 4096}))),
+    HFModelType(model_type="exaone4", family="llama", architectures=("Exaone4ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 16384,
+                          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                          "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "sliding_window": 4096,
+                          "sliding_window_pattern": 4},
+                sliding_window="layers", extra=_exaone4_extra),
     HFModelType(model_type="minimax_m2", family="llama", architectures=("MiniMaxM2ForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
                       "moe_ffn_size": "intermediate_size"},

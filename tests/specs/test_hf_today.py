@@ -203,6 +203,11 @@ TINY = {
     # OLMo 2 / 3: q/k normed across heads, post norms; OLMo 3 slides layers 0-2 (window 8), layer 3 full
     "olmo2": dict(_BASE, model_type="olmo2", intermediate_size=96, num_hidden_layers=2, attention_bias=True),
     "olmo3": dict(_BASE, model_type="olmo3", intermediate_size=96, num_hidden_layers=4, sliding_window=8),
+    # EXAONE 4: per-head q/k norms, post norms; layers 0-2 slide (window 8, pattern 4), layer 3 full and NoPE
+    "exaone4": dict(_BASE, model_type="exaone4", intermediate_size=96, num_hidden_layers=4, sliding_window=8,
+                    sliding_window_pattern=4),
+    "exaone4-global": dict(_BASE, model_type="exaone4", intermediate_size=96, num_hidden_layers=2,
+                           sliding_window=None, head_dim=32, layer_types=["full_attention"] * 2),
     "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=32, intermediate_size=96, moe_intermediate_size=16,
                      n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
                      num_hidden_layers=3, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -702,3 +707,14 @@ def test_olmo_structure_and_class_defaults():
     for model_type in ("olmo2", "olmo3"):
         cfg = transformers.AutoConfig.for_model(model_type).to_dict()
         assert read(cfg).param_count == checkpoint_tensor_count(hf_model(cfg)) == 6_888_624_128
+
+
+def test_exaone4_structure_and_class_defaults():
+    ex = read(TINY["exaone4"])
+    assert ex.layer_types == ("sliding", "sliding", "sliding", "full") and ex.nope_layers == (3,)
+    assert ex.post_norm and ex.qk_norm == "rmsnorm" and not ex.qkv_bias
+    plain = read(TINY["exaone4-global"])  # no window: every layer full and rotary
+    assert plain.layer_types is None and plain.nope_layers == () and plain.head_dim == 32
+    cfg = transformers.AutoConfig.for_model("exaone4").to_dict()
+    spec = read(cfg)
+    assert spec.param_count == checkpoint_tensor_count(hf_model(cfg)) and len(spec.nope_layers) == 8
