@@ -1,9 +1,9 @@
 """Read a Hugging Face `config.json` into a `ModelSpec` (`model_spec_from_hf_config`), offline: llama,
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
-glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, gpt_oss, llama4_text, gemma2,
-gemma3_text, and the text model of the multimodal llama4 / gemma3 / qwen3_5 / kimi_k25 checkpoints (read from
-`text_config`; the vision tower is not modelled).
+glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
+gemma2, gemma3_text, and the text model of the multimodal llama4 / gemma3 / qwen3_5 / kimi_k25 checkpoints
+(read from `text_config`; the vision tower is not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -691,6 +691,26 @@ def _exaone4_extra(cfg: _Config, out: dict[str, Any]) -> None:
         out["nope_layers"] = tuple(i for i, t in enumerate(kinds) if t != "sliding")
 
 
+def _ernie_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """ERNIE 4.5 MoE: layer i is MoE iff (i + 1) % moe_layer_interval == 0 and moe_layer_start_index <= i <=
+    moe_layer_end_index (-1: the last layer), else a dense FFN of intermediate_size; moe_num_shared_experts
+    shared experts of moe_intermediate_size; softmax scores with an fp32 score-correction bias choosing the
+    top moe_k, their weights renormalised. `use_bias` (biases on every projection and the LM head) is refused."""
+    if cfg.flag("use_bias"):
+        raise cfg.refuse("use_bias", True, "biases on the experts and the LM head are not modelled")
+    out.update(qkv_bias=False, out_bias=False, router_score_bias=True)
+    n = out["num_layers"]
+    start, end = _int(cfg, "moe_layer_start_index", cfg.get("moe_layer_start_index")), \
+        _int(cfg, "moe_layer_end_index", cfg.get("moe_layer_end_index"))
+    end = n - 1 if end == -1 else end
+    step = _positive(cfg, "moe_layer_interval")
+    cfg.get("moe_norm_min")  # the renormalisation's floor: changes values, not costs
+    out["shared_experts"] = _count(cfg, "moe_num_shared_experts")
+    _routing_values(cfg, out, scoring="softmax", renormalize=True, groups=False)
+    _top_k(cfg, out, "moe_k")
+    _dense_layers(out, lambda i: (i + 1) % step == 0 and start <= i <= end)
+
+
 def _seed_oss_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Seed-OSS: Llama with q/k/v biases (attention_bias, default true) and o_proj's own (attention_out_bias)."""
     out["qkv_bias"] = cfg.flag("attention_bias")
@@ -875,6 +895,17 @@ _TYPES = (
                           "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "sliding_window": 4096,
                           "sliding_window_pattern": 4},
                 sliding_window="layers", extra=_exaone4_extra),
+    HFModelType(model_type="ernie4_5_moe", family="llama", architectures=("Ernie4_5_MoeForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "moe_num_experts", "experts_per_token": "moe_k",
+                      "moe_ffn_size": "moe_intermediate_size"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 103424, "hidden_size": 2560, "intermediate_size": 12288,
+                          "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4,
+                          "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+                          "moe_intermediate_size": 1536, "moe_k": 6, "moe_num_experts": 64, "moe_num_shared_experts": 2,
+                          "moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1,
+                          "moe_norm_min": 1e-12},
+                extra=_ernie_moe_extra),
     HFModelType(model_type="minimax_m2", family="llama", architectures=("MiniMaxM2ForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
                       "moe_ffn_size": "intermediate_size"},
@@ -982,7 +1013,8 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval", "shared_expert_intermediate_size",
        "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types",
        "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "rotary_dim",
-       "attention_out_bias"}))
+       "attention_out_bias", "use_bias", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval",
+       "moe_norm_min", "moe_num_shared_experts"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(

@@ -208,6 +208,10 @@ TINY = {
                     sliding_window_pattern=4),
     "exaone4-global": dict(_BASE, model_type="exaone4", intermediate_size=96, num_hidden_layers=2,
                            sliding_window=None, head_dim=32, layer_types=["full_attention"] * 2),
+    # ERNIE 4.5 MoE: layers 1 and 3 MoE (interval 2 from layer 1), 2 shared experts, the rest dense
+    "ernie4_5_moe": dict(_BASE, model_type="ernie4_5_moe", intermediate_size=96, moe_intermediate_size=16,
+                         num_hidden_layers=4, moe_num_experts=8, moe_k=2, moe_num_shared_experts=2,
+                         moe_layer_start_index=1, moe_layer_interval=2, moe_layer_end_index=-1),
     "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=32, intermediate_size=96, moe_intermediate_size=16,
                      n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
                      num_hidden_layers=3, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -718,3 +722,13 @@ def test_exaone4_structure_and_class_defaults():
     cfg = transformers.AutoConfig.for_model("exaone4").to_dict()
     spec = read(cfg)
     assert spec.param_count == checkpoint_tensor_count(hf_model(cfg)) and len(spec.nope_layers) == 8
+
+
+def test_ernie4_5_moe_structure_and_class_defaults():
+    ernie = read(TINY["ernie4_5_moe"])
+    assert ernie.dense_layers == (0, 2) and ernie.shared_experts == 2 and ernie.router_score_bias
+    assert (ernie.router_scoring, ernie.router_renormalize) == ("softmax", True)
+    cfg = transformers.AutoConfig.for_model("ernie4_5_moe").to_dict()
+    spec = read(cfg)
+    assert spec.param_count == checkpoint_tensor_count(hf_model(cfg)) and spec.dense_layers == (0,)
+    refused({**TINY["ernie4_5_moe"], "use_bias": True}, "use_bias=True is not modelled (biases on the experts")
