@@ -957,6 +957,8 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 #: model types refused by name: half-modelling them would mislead (one line, why)
 REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
     "nemotron_h": "Mamba-2 layers keep a constant per-sequence state, not modelled yet",
+    **dict.fromkeys(("gemma4", "gemma4_text"), "Gemma 4's full layers have their own head dim and KV heads, may "
+                    "share K with V and a KV cache across layers, and add per-layer embeddings; not modelled yet"),
 })
 
 #: fields refused by name in any config: each belongs to an architecture llmperf does not model yet
