@@ -7,7 +7,7 @@ D head dim, F FFN width, V vocabulary, E experts, K experts per token.
 - Llama family: RMSNorm (Zhang & Sennrich 2019), rotary position embeddings (Su et al. 2021,
   arXiv:2104.09864; `rope`), grouped-query attention (Ainslie et al. 2023, arXiv:2305.13245), SwiGLU
   (Shazeer 2020, arXiv:2002.05202). Per layer (`ModelSpec.layer_kinds`): q/k norms, sliding-window
-  and chunked layers, NoPE layers, learned sinks, soft-capping, sandwich norms, dense first layers,
+  and chunked layers, NoPE layers, learned sinks, soft-capping, sandwich or post norms, dense first layers,
   the experts of `moe.MoE` and the latent attention of `mla.MLAttention`.
 - GPT-2 family (Radford et al. 2019): LayerNorm, learned positions, GELU (`gelu_new`), biases, tied
   embeddings.
@@ -108,6 +108,7 @@ class Block(nn.Module):
         self.mlp_norm = Norm(spec.norm_kind, C, **norm)
         self.post_attn_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
         self.post_mlp_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
+        self.post_norm = spec.post_norm  # OLMo 2/3, EXAONE 4: attn_norm / mlp_norm norm a sublayer's output
         # Llama 4: a weightless L2 norm on q and k of its rotary layers, after the rotation
         self.qk_l2 = spec.qk_norm == "l2" and self.rope
         self.norm_eps = spec.norm_eps
@@ -165,10 +166,13 @@ class Block(nn.Module):
         with rec.op("down_proj", i):
             return linear(a, down_w, down_b)
 
+    def _norm(self, norm: Norm, x: torch.Tensor, ctx: ForwardContext, name: str) -> torch.Tensor:
+        with ctx.rec.op(name, self.index):
+            return norm.forward(x)
+
     def mlp(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         rec, i = ctx.rec, self.index
-        with rec.op("mlp_norm", i):
-            h = self.mlp_norm.forward(x)
+        h = x if self.post_norm else self._norm(self.mlp_norm, x, ctx, "mlp_norm")
         if self.moe_ffn is not None:
             y = self.moe_ffn.forward(h, rec)
         else:
@@ -179,6 +183,7 @@ class Block(nn.Module):
         if self.post_mlp_norm is not None:
             with rec.op("post_mlp_norm", i):
                 y = self.post_mlp_norm.forward(y)
+        y = self._norm(self.mlp_norm, y, ctx, "mlp_norm") if self.post_norm else y
         with rec.op("mlp_residual", i):
             return y.add_(x)
 
@@ -212,8 +217,7 @@ class Block(nn.Module):
         weight read once), RoPE too (the tables are per token); the KV write and attention run per
         group, each with its own metadata (a plain step is one group)."""
         rec, i = ctx.rec, self.index
-        with rec.op("attn_norm", i):
-            h = self.attn_norm.forward(x)
+        h = x if self.post_norm else self._norm(self.attn_norm, x, ctx, "attn_norm")
         if self.linear_attn is not None:  # Gated DeltaNet: its own projections and per-sequence state
             o = self.linear_attn.forward(h, spans, ctx)
         elif self.attn is not None:  # multi-head latent attention: its own projections and cache
@@ -223,6 +227,7 @@ class Block(nn.Module):
         if self.post_attn_norm is not None:
             with rec.op("post_attn_norm", i):
                 o = self.post_attn_norm.forward(o)
+        o = self._norm(self.attn_norm, o, ctx, "attn_norm") if self.post_norm else o
         with rec.op("attn_residual", i):
             return o.add_(x)  # o is this layer's own buffer: add the residual into it
 

@@ -120,9 +120,6 @@ def check_buildable(spec: ModelSpec) -> None:
         raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
     if spec.pos_encoding == "rope":
         check_rope(spec)
-    if spec.post_norm:
-        raise ValueError(f"post_norm: the engine does not build norms after each sublayer (OLMo 2/3, {spec.name}); "
-                         "llmperf prices it (estimate, simulate, plan)")
     if spec.is_sparse_attention:
         raise ValueError(f"index_topk: the engine does not run DeepSeek Sparse Attention's indexer and top-k "
                          f"attention ({spec.name}); llmperf prices it (estimate, simulate, plan)")

@@ -208,13 +208,17 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "
         for i, kind in enumerate(spec.layer_kinds()):
             hf, us = f"model.layers.{i}.", f"layers.{i}."
             attn = hf + "self_attn."
-            out.append(_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)))
-            if spec.sandwich_norms:  # Gemma: a norm after attention and around the MLP
-                out += [_Entry(us + "post_attn_norm.weight", (hf + "post_attention_layernorm.weight",)),
+            if spec.post_norm:  # OLMo 2/3, EXAONE 4: the norms after attention and after the MLP, none before
+                out += [_Entry(us + "attn_norm.weight", (hf + "post_attention_layernorm.weight",)),
+                        _Entry(us + "mlp_norm.weight", (hf + "post_feedforward_layernorm.weight",))]
+            elif spec.sandwich_norms:  # Gemma: a norm after attention and around the MLP
+                out += [_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)),
+                        _Entry(us + "post_attn_norm.weight", (hf + "post_attention_layernorm.weight",)),
                         _Entry(us + "mlp_norm.weight", (hf + "pre_feedforward_layernorm.weight",)),
                         _Entry(us + "post_mlp_norm.weight", (hf + "post_feedforward_layernorm.weight",))]
             else:
-                out.append(_Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",)))
+                out += [_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)),
+                        _Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",))]
             if kind.attention == "linear":
                 out += _linear_entries(spec, hf, us, linear_format)
             elif spec.is_mla:

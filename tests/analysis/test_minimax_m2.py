@@ -4,7 +4,7 @@ experts with the fp32 score-correction bias; parameters exact against transforme
 default shape; the norm's weights and, under tensor parallelism, the one all-reduce of its variances
 (vLLM's `forward_qk`: two fp32 values a token); the serving cost model prices a static batch as
 `estimate`; the engine refuses it by name. OLMo 3 (the same q/k norm, norms after each sublayer) is priced
-the same way and refused by the engine. (Tiny configs: tests/specs/test_hf_today.py; FLOPs against
+the same way. (Tiny configs: tests/specs/test_hf_today.py; FLOPs against
 transformers' counter: tests/analysis/test_flop_counter.py.)"""
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ def test_the_engine_refuses_it_by_name():
         check_buildable(SPEC)
 
 
-def test_olmo3_is_priced_and_the_engine_refuses_its_post_norms():
+def test_olmo3_is_priced_as_estimate():
     """OLMo 3 shares MiniMax-M2's q/k norm across heads (its all-reduce under tp) beside sliding layers; its
-    norms after each sublayer cost what norms before them do, and the engine refuses to build them."""
+    norms after each sublayer cost what norms before them do."""
     cfg = dict(model_type="olmo3", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=8)
     spec = model_spec_from_hf_config(cfg, name="tiny-olmo3")
@@ -107,8 +107,3 @@ def test_olmo3_is_priced_and_the_engine_refuses_its_post_norms():
     assert np.allclose(steps, est.decode_step_times_s(), rtol=1e-9)
     pre = spec.scaled(post_norm=False)
     assert est.ttft_s == llmperf.estimate(pre, hw, batch=2, prompt_len=30, gen_len=5, tp=2, time_model=tm).ttft_s
-    pytest.importorskip("torch")
-    from llmperf.engine.parts import check_buildable
-
-    with pytest.raises(ValueError, match="post_norm: the engine does not build norms after each sublayer"):
-        check_buildable(spec.scaled(qk_norm=None))

@@ -1,7 +1,8 @@
-"""SmolLM3 (NoPE layers, q/k/v/o biases, NoPE layers sliding under use_sliding_window) and Seed-OSS (q/k/v
-biases without an o_proj bias, head_dim != hidden / heads) from tiny checkpoints saved by transformers: the
-engine's logits and generate() tokens equal transformers' (paged, contiguous, chunked prefill), and its
-parameter count is the spec's."""
+"""SmolLM3 (NoPE layers, q/k/v/o biases, NoPE layers sliding under use_sliding_window), Seed-OSS (q/k/v
+biases without an o_proj bias, head_dim != hidden / heads) and EXAONE 4 (norms after each sublayer,
+`post_norm`; per-head q/k norms; sliding layers and a full NoPE one) from tiny checkpoints saved by
+transformers: the engine's logits and generate() tokens equal transformers' (paged, contiguous, chunked
+prefill), and its parameter count is the spec's."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ CONFIGS = {
                     use_sliding_window=True, sliding_window=6, attention_bias=True, tie_word_embeddings=True),
     "seed_oss": dict(_BASE, model_type="seed_oss", num_hidden_layers=2, head_dim=32, attention_bias=True,
                      attention_out_bias=False),
+    # per-head q/k norms, norms after each sublayer; layers 0-2 slide over 6 tokens, layer 3 full and NoPE
+    "exaone4": dict(_BASE, model_type="exaone4", num_hidden_layers=4, sliding_window=6, sliding_window_pattern=4),
 }
 
 
@@ -36,6 +39,8 @@ def test_the_checkpoints_are_what_they_claim(checkpoints):
     assert smol.qkv_bias and smol.out_bias and smol.tied_embeddings
     seed = ModelSpec.from_hf_config(checkpoints["seed_oss"][0])
     assert seed.qkv_bias and not seed.out_bias and seed.head_dim == 32
+    exaone = ModelSpec.from_hf_config(checkpoints["exaone4"][0])
+    assert exaone.post_norm and exaone.qk_norm == "rmsnorm" and exaone.nope_layers == (3,)
     for name, (path, hf) in checkpoints.items():
         model = from_pretrained(path, dtype="fp32")
         n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
