@@ -45,6 +45,9 @@ FAMILIES = {
                    sliding_window=16, sandwich_norms=True, embedding_scale=True, tied_embeddings=True,
                    qk_norm="rmsnorm", norm_offset=True, query_pre_attn_scalar=64.0, rope_local_theta=10000.0,
                    rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    # EXAONE 4: norms after each sublayer, sliding layers and a full NoPE one
+    "exaone4": dict(num_layers=4, qk_norm="rmsnorm", post_norm=True, layer_types=("sliding",) * 3 + ("full",),
+                    sliding_window=16, nope_layers=(3,)),
     "qwen3-moe": dict(num_layers=2, qk_norm="rmsnorm", moe_ffn_size=64, num_experts=8, experts_per_token=2),
     "moe-dense-first": dict(num_layers=3, moe_ffn_size=64, num_experts=8, experts_per_token=2, dense_layers=(0,)),
     "gpt-oss": dict(num_layers=2, layer_types=("sliding", "full"), sliding_window=16, attn_sinks=True, qkv_bias=True,
