@@ -63,7 +63,7 @@ class Block(nn.Module):
     """One transformer layer. Parameters (names used by `weights.py`):
 
     attn_norm; qkv_weight (C, q_size + 2 kv_size) [+ qkv_bias]; o_weight (q_size, C) [+ o_bias];
-    [q_norm, k_norm (D): Qwen3, Gemma 3]; [sinks (H): gpt-oss]; or, for multi-head latent attention,
+    [q_norm, k_norm (D; MiniMax-M2: q_size, kv_size)]; [sinks (H): gpt-oss]; or, for multi-head latent attention,
     `attn` (`llmperf.engine.mla.MLAttention`); [post_attn_norm]; mlp_norm; dense MLP: up_weight (C, F),
     or (C, 2F) for a gated FFN as [gate | up], [+ up_bias], down_weight (F, C) [+ down_bias]; or a
     mixture of experts, `moe_ffn` (`llmperf.engine.moe.MoE`); [post_mlp_norm]. Shapes are for
@@ -129,9 +129,10 @@ class Block(nn.Module):
             _linear_params(self, "qkv", C, self.q_size + 2 * self.kv_size + self.gate_size, spec.qkv_bias, in_out,
                            **kw)
             _linear_params(self, "o", self.q_size, C, spec.out_bias, in_out, **kw)
-            rms = spec.qk_norm == "rmsnorm"
-            self.q_norm = Norm("rmsnorm", self.D, **norm) if rms else None
-            self.k_norm = Norm("rmsnorm", self.D, **norm) if rms else None
+            rms = spec.qk_norm in ("rmsnorm", "rmsnorm_across_heads")
+            across = spec.qk_norm == "rmsnorm_across_heads"  # MiniMax-M2, OLMo 2/3: one weight of H * D, H_kv * D
+            self.q_norm = Norm("rmsnorm", self.q_size if across else self.D, **norm) if rms else None
+            self.k_norm = Norm("rmsnorm", self.kv_size if across else self.D, **norm) if rms else None
             self.sinks = nn.Parameter(torch.empty(self.H, **kw)) if spec.attn_sinks else None
         self.moe_ffn: nn.Module | None = None
         if self.moe:
@@ -191,7 +192,7 @@ class Block(nn.Module):
         """q and k heads `(N, H + H_kv, D)`, normed (q/k norm), rotated and scaled as the layer does."""
         rec, i, H, H_kv = ctx.rec, self.index, self.H, self.H_kv
         qk = qkv[:, :H + H_kv]
-        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm of every q and k head, before RoPE, in place
+        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm of every q and k head (MiniMax-M2: across them), in place
             with rec.op("qk_norm", i):  # (qkv is this layer's own GEMM output: no fresh q, k or concatenation)
                 self.q_norm.heads_(qkv[:, :H])
                 self.k_norm.heads_(qkv[:, H:H + H_kv])

@@ -69,7 +69,11 @@ class Norm(nn.Module):
     def heads_(self, x: torch.Tensor) -> torch.Tensor:
         """The norm of every head of `x (N, heads, size)` written back into `x` (a view of a buffer the
         caller owns, such as a QKV GEMM's output): no fresh tensor for the result on the ops' in-place
-        path (`TorchOps.rms_norm_heads_`), the same values as `forward`."""
+        path (`TorchOps.rms_norm_heads_`), the same values as `forward`. A norm whose weight spans all the
+        heads (`ModelSpec.qk_norm == "rmsnorm_across_heads"`: MiniMax-M2, OLMo 2/3) norms each row of `x`
+        across its heads at once (transformers norms q_proj's output before splitting it into heads)."""
+        if self.shape[0] != x.shape[-1]:  # a row's heads are contiguous: a view (N, heads * size)
+            return x.copy_(self.forward(x.reshape(x.shape[0], -1)).view_as(x))
         if self.kind == "rmsnorm" and not self.offset:
             return self.ops.rms_norm_heads_(x, self.weight, self.eps)
         return x.copy_(self.forward(x))
@@ -123,9 +127,6 @@ def check_buildable(spec: ModelSpec) -> None:
     if spec.is_sparse_attention:
         raise ValueError(f"index_topk: the engine does not run DeepSeek Sparse Attention's indexer and top-k "
                          f"attention ({spec.name}); llmperf prices it (estimate, simulate, plan)")
-    if spec.qk_norm == "rmsnorm_across_heads":
-        raise ValueError(f"qk_norm: the engine does not build a q/k norm across all heads (MiniMax-M2, "
-                         f"{spec.name}); llmperf prices it (estimate, simulate, plan)")
     if spec.is_mla:
         from llmperf.engine.mla import check_mla
         check_mla(spec)

@@ -70,6 +70,9 @@ def shard_spec(spec: ModelSpec, world: int) -> ModelSpec:
     field that cannot be split exactly."""
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise SpecError(f"world: must be a positive integer, got {world!r}")
+    if spec.qk_norm == "rmsnorm_across_heads":
+        raise SpecError(f"qk_norm: {spec.name} norms q and k across all heads (MiniMax-M2); tensor parallelism "
+                        "shards heads and does not sum that norm's variance over ranks")
     if spec.is_moe or any(kind.moe for kind in spec.layer_kinds()):
         raise SpecError(f"num_experts: {spec.name} is a mixture of experts (num_experts={spec.num_experts}); "
                         "tensor parallelism shards dense FFNs only (no expert parallelism)")

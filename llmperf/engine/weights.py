@@ -3,7 +3,7 @@
 A checkpoint directory holds `config.json` and `model.safetensors`, or shards listed in
 `model.safetensors.index.json` (`pytorch_model.bin` / its index as a fallback); nothing is
 downloaded. Tensor names follow `transformers` (llama, mistral, qwen2, qwen3, gemma 2/3; the MoE
-families in `_moe_entries`: mixtral, qwen3_moe, qwen2_moe, deepseek_v2/v3, glm4_moe with experts
+families in `_moe_entries`: mixtral, qwen3_moe, qwen2_moe, deepseek_v2/v3, glm4_moe(_lite), minimax_m2 with experts
 stacked as transformers 5 holds them (`mlp.experts.gate_up_proj`) or one by one as it saves them
 and as published checkpoints store them (`mlp.experts.{j}.gate_proj.weight`, Mixtral's
 `block_sparse_moe.experts.{j}.w1/w2/w3`), gpt-oss and llama4_text with their `(E, in, out)` expert
@@ -233,7 +233,7 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "
                     out.append(_Entry(us + "qkv_bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv"), **gated))
                 if spec.out_bias:
                     out.append(_Entry(us + "o_bias", (attn + "o_proj.bias",)))
-            if spec.qk_norm == "rmsnorm" and kind.attention != "linear":
+            if spec.qk_norm in ("rmsnorm", "rmsnorm_across_heads") and kind.attention != "linear":
                 out += [_Entry(us + "q_norm.weight", (attn + "q_norm.weight",)),
                         _Entry(us + "k_norm.weight", (attn + "k_norm.weight",))]
             if spec.attn_sinks and kind.attention != "linear":
@@ -338,8 +338,10 @@ def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str = "stacked")
         else:
             out += [_Entry(us + "experts_up_weight", gate_up, matrix=True, form="gate_up"),
                     _Entry(us + "experts_down_weight", down, matrix=True, form="stack")]
-        if spec.router_score_bias:  # DeepSeek-V3 / GLM-4.5 noaux_tc: a buffer of the router
-            out.append(_Entry(us + "router_score_bias", (mlp + "gate.e_score_correction_bias",)))
+        if spec.router_score_bias:  # DeepSeek-V3 / GLM-4.5 noaux_tc: a buffer of the router; MiniMax-M2: of the block
+            block = (hf + "block_sparse_moe.") if moe_format == "mixtral" else mlp
+            out.append(_Entry(us + "router_score_bias", (block + "e_score_correction_bias",) if _bias_on_block(spec)
+                              else (mlp + "gate.e_score_correction_bias",)))
         # DeepSeek's `shared_experts` (one MLP of n_shared x width), Qwen2-MoE's gated `shared_expert`
         shared = mlp + ("shared_expert." if spec.shared_expert_gate else "shared_experts.")
     if spec.shared_experts:
@@ -348,6 +350,13 @@ def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str = "stacked")
     if spec.shared_expert_gate:
         out.append(_Entry(us + "shared_gate_weight", (mlp + "shared_expert_gate.weight",), matrix=True))
     return out
+
+
+def _bias_on_block(spec: ModelSpec) -> bool:
+    """Whether the score-correction bias is a buffer of the MoE block (`mlp.e_score_correction_bias`; saved
+    by transformers as `block_sparse_moe.e_score_correction_bias`), not of its router (`mlp.gate.`): MiniMax-M2,
+    the one family with a q/k norm across all heads."""
+    return spec.router_score_bias and spec.qk_norm == "rmsnorm_across_heads"
 
 
 def _moe_format(spec: ModelSpec, keys: set[str]) -> str:
@@ -369,11 +378,25 @@ def _linear_format(spec: ModelSpec, keys: set[str]) -> str:
 
 
 def _language_model_prefix(keys: set[str]) -> Callable[[str], str]:
-    """A multimodal wrapper's checkpoint (Qwen3.5's `ForConditionalGeneration`) keeps the text model under
-    `model.language_model.`: the text tensors' names there."""
-    if any(k.startswith("model.language_model.") for k in keys) and not any(k.startswith("model.layers.")
-                                                                           for k in keys):
+    """A multimodal wrapper's checkpoint keeps the text model under a prefix: the text tensors' names there.
+    Qwen3.5's `ForConditionalGeneration` (and any wrapper in memory): `model.language_model.`; Kimi K2.5 as
+    published: `language_model.model.layers.` and `language_model.lm_head.`, and as transformers 5 saves it
+    (its load-time rename of `blocks` to `layers`, reversed for every key): `language_model.model.blocks.`."""
+    if any(k.startswith("model.layers.") for k in keys):
+        return lambda k: k
+    if any(k.startswith("model.language_model.") for k in keys):
         return lambda k: "model.language_model." + k.removeprefix("model.") if k.startswith("model.") else k
+    if any(k.startswith("language_model.model.") for k in keys):
+        blocks = any(k.startswith("language_model.model.blocks.") for k in keys)
+        head = "language_model.lm_head.weight" if "language_model.lm_head.weight" in keys else "lm_head.weight"
+
+        def kimi(k: str) -> str:
+            if k == "lm_head.weight":
+                return head
+            if blocks and k.startswith("model.layers."):
+                k = "model.blocks." + k.removeprefix("model.layers.")
+            return "language_model." + k if k.startswith("model.") else k
+        return kimi
     return lambda k: k
 
 

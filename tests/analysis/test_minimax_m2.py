@@ -3,9 +3,9 @@ positions (`rotary_dim` as the hub spells it, or transformers' `partial_rotary_f
 experts with the fp32 score-correction bias; parameters exact against transformers at the config class's
 default shape; the norm's weights and, under tensor parallelism, the one all-reduce of its variances
 (vLLM's `forward_qk`: two fp32 values a token); the serving cost model prices a static batch as
-`estimate`; the engine refuses it by name. OLMo 3 (the same q/k norm, norms after each sublayer) is priced
-the same way. (Tiny configs: tests/specs/test_hf_today.py; FLOPs against
-transformers' counter: tests/analysis/test_flop_counter.py.)"""
+`estimate`; the engine builds it (token for token: tests/engine/test_minimax_engine.py). OLMo 3 (the
+same q/k norm, norms after each sublayer) is priced the same way. (Tiny configs: tests/specs/test_hf_today.py;
+FLOPs against transformers' counter: tests/analysis/test_flop_counter.py.)"""
 
 from __future__ import annotations
 
@@ -83,12 +83,17 @@ def test_refused_in_one_line(cfg, needle):
     assert "\n" not in str(info.value)
 
 
-def test_the_engine_refuses_it_by_name():
+def test_the_engine_builds_its_norm_across_heads():
+    """The engine builds it (no refusal), the q and k norms one weight across all heads each; its tensor
+    parallelism refuses it by name (tests/engine/test_minimax_engine.py checks the logits and tokens)."""
     pytest.importorskip("torch")
-    from llmperf.engine.parts import check_buildable
+    from llmperf.engine import build_model
+    from llmperf.engine.tensor_parallel import shard_spec
 
-    with pytest.raises(ValueError, match="qk_norm: the engine does not build a q/k norm across all heads"):
-        check_buildable(SPEC)
+    layer = build_model(SPEC, seed=0).layers[0]
+    assert layer.q_norm.weight.shape == (SPEC.q_size,) and layer.k_norm.weight.shape == (SPEC.kv_size,)
+    with pytest.raises(ValueError, match="^qk_norm: "):
+        shard_spec(SPEC, 2)
 
 
 def test_olmo3_is_priced_as_estimate():
