@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
+from model_checks import assert_static_batch_is_estimate
 
 import llmperf
 from llmperf.analysis import ForwardModel
-from llmperf.analysis.rollup import Conventions
 from llmperf.analysis.timemodel import time_model_for
 from llmperf.errors import SpecError
-from llmperf.serving.costmodel import StepCostModel
 from llmperf.specs import Precision, load_hardware
 from llmperf.specs.hf import model_spec_from_hf_config
 
@@ -61,15 +59,7 @@ def test_the_norm_across_heads_and_its_all_reduce():
 
 @pytest.mark.parametrize("tp, eff", [(1, "roofline"), (2, "typical"), (4, "typical")])
 def test_a_static_batch_is_priced_as_estimate(tp, eff):
-    hw = load_hardware("h200")
-    tm = None if eff == "roofline" else time_model_for(hw, eff, "bf16")
-    est = llmperf.estimate(SPEC, hw, batch=3, prompt_len=40, gen_len=6, tp=tp, time_model=tm)
-    assert est.e2e_s == pytest.approx(est.ttft_s + est.decode_step_times_s().sum(), rel=1e-9)
-    cm = StepCostModel(model=est.model, hardware=hw, precision=est.precision, tp=tp, time_model=tm,
-                       conventions=Conventions())
-    assert cm.step_time_s([40] * 3, [40] * 3, 3) == pytest.approx(est.ttft_s, rel=1e-9)
-    steps = [cm.step_time_s([1] * 3, [40 + j] * 3, 3) for j in range(1, 6)]
-    assert np.allclose(steps, est.decode_step_times_s(), rtol=1e-9)
+    assert_static_batch_is_estimate(SPEC, tp, eff)
 
 
 @pytest.mark.parametrize("cfg, needle", [
@@ -102,13 +92,9 @@ def test_olmo3_is_priced_as_estimate():
     cfg = dict(model_type="olmo3", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=8)
     spec = model_spec_from_hf_config(cfg, name="tiny-olmo3")
+    assert_static_batch_is_estimate(spec, 2, "typical", batch=2, prompt=30, steps=5)
     hw = load_hardware("h200")
     tm = time_model_for(hw, "typical", "bf16")
     est = llmperf.estimate(spec, hw, batch=2, prompt_len=30, gen_len=5, tp=2, time_model=tm)
-    cm = StepCostModel(model=est.model, hardware=hw, precision=est.precision, tp=2, time_model=tm,
-                       conventions=Conventions())
-    assert cm.step_time_s([30] * 2, [30] * 2, 2) == pytest.approx(est.ttft_s, rel=1e-9)
-    steps = [cm.step_time_s([1] * 2, [30 + j] * 2, 2) for j in range(1, 5)]
-    assert np.allclose(steps, est.decode_step_times_s(), rtol=1e-9)
     pre = spec.scaled(post_norm=False)
     assert est.ttft_s == llmperf.estimate(pre, hw, batch=2, prompt_len=30, gen_len=5, tp=2, time_model=tm).ttft_s

@@ -7,20 +7,16 @@ model prices a static batch as `estimate`; bad patterns are refused in one line.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import replace
 
-import numpy as np
 import pytest
+from model_checks import assert_static_batch_is_estimate, checkpoint_count, hf_model
 
-import llmperf
 from llmperf.analysis import ForwardModel
-from llmperf.analysis.rollup import Conventions, stage_weight_bytes
-from llmperf.analysis.timemodel import time_model_for
+from llmperf.analysis.rollup import stage_weight_bytes
 from llmperf.errors import SpecError
-from llmperf.serving.costmodel import StepCostModel
-from llmperf.specs import Precision, load_hardware
+from llmperf.specs import Precision
 from llmperf.specs.hf import model_spec_from_hf_config
 
 CFG = dict(model_type="glm_moe_dsa", vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
@@ -32,27 +28,6 @@ SPEC = model_spec_from_hf_config(CFG, name="tiny-glm5")
 BF16 = Precision.uniform("bf16")
 
 
-def _hf(cfg: dict, device: str = "meta"):  # noqa: ANN202
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    logging.disable(logging.WARNING)
-    try:
-        with torch.device(device):
-            config = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "torch_dtype"})
-            return transformers.AutoModelForCausalLM.from_config(config)
-    finally:
-        logging.disable(logging.NOTSET)
-
-
-def _count(model) -> int:  # noqa: ANN001
-    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    for mod in model.modules():
-        for name, buf in mod.named_buffers(recurse=False):
-            if name not in mod._non_persistent_buffers_set:
-                n += buf.numel()
-    return n
-
-
 @pytest.mark.parametrize("schedule, shared", [
     (dict(index_topk_pattern="FSSFSF"), (1, 2, 4)),
     (dict(index_topk_pattern=None, indexer_types=["full", "full", "shared", "full", "shared", "shared"]), (2, 4, 5)),
@@ -61,11 +36,11 @@ def _count(model) -> int:  # noqa: ANN001
 ])
 def test_the_pattern_and_param_count_are_transformers(schedule, shared):
     cfg = {**CFG, **schedule}
-    model = _hf(cfg)
+    model = hf_model(cfg)
     spec = model_spec_from_hf_config(cfg, name="t")
     assert spec.shared_topk_layers == shared
     assert [t == "shared" for t in model.config.indexer_types] == [i in shared for i in range(6)]
-    assert spec.param_count == _count(model)
+    assert spec.param_count == checkpoint_count(model)
     assert [k.shared_topk for k in spec.layer_kinds()] == [i in shared for i in range(6)]
     assert spec.layer_kinds()[1].label == ("full/moe/shared-topk" if 1 in shared else "full/moe")
 
@@ -74,14 +49,14 @@ def test_the_default_shape_is_exact():
     transformers = pytest.importorskip("transformers")
     full = transformers.AutoConfig.for_model("glm_moe_dsa").to_dict()
     spec = model_spec_from_hf_config(full, name="t")
-    assert spec.param_count == _count(_hf({"model_type": "glm_moe_dsa"})) == 743_911_218_432
+    assert spec.param_count == checkpoint_count(hf_model({"model_type": "glm_moe_dsa"})) == 743_911_218_432
     assert spec.index_n_heads == 32 and spec.v_head_dim == 256 and spec.num_layers == 78
     assert spec.shared_topk_layers == ()
 
 
 def test_shared_layers_cache_no_indexer_key():
     torch = pytest.importorskip("torch")
-    model = _hf(CFG, device="cpu").eval()
+    model = hf_model(CFG, device="cpu").eval()
     with torch.no_grad():
         cache = model(torch.randint(0, 256, (1, 7)), use_cache=True).past_key_values
     held = [getattr(layer, "indexer_keys", None) is not None for layer in cache.layers]
@@ -118,15 +93,7 @@ def test_a_shared_layer_runs_no_indexer_and_holds_none():
 
 @pytest.mark.parametrize("tp, eff", [(1, "roofline"), (2, "typical")])
 def test_a_static_batch_is_priced_as_estimate(tp, eff):
-    hw = load_hardware("h200")
-    tm = None if eff == "roofline" else time_model_for(hw, eff, "bf16")
-    est = llmperf.estimate(SPEC, hw, batch=3, prompt_len=40, gen_len=6, tp=tp, time_model=tm)
-    assert est.e2e_s == pytest.approx(est.ttft_s + est.decode_step_times_s().sum(), rel=1e-9)
-    cm = StepCostModel(model=est.model, hardware=hw, precision=est.precision, tp=tp, time_model=tm,
-                       conventions=Conventions())
-    assert cm.step_time_s([40] * 3, [40] * 3, 3) == pytest.approx(est.ttft_s, rel=1e-9)
-    steps = [cm.step_time_s([1] * 3, [40 + j] * 3, 3) for j in range(1, 6)]
-    assert np.allclose(steps, est.decode_step_times_s(), rtol=1e-9)
+    assert_static_batch_is_estimate(SPEC, tp, eff)
 
 
 @pytest.mark.parametrize("cfg, needle", [

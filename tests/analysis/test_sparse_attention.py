@@ -6,19 +6,17 @@ equal the sum of their steps, and the serving cost model pricing a static batch 
 
 from __future__ import annotations
 
-import logging
 import re
 
-import numpy as np
 import pytest
+from model_checks import assert_static_batch_is_estimate, checkpoint_count, hf_model
 
 import llmperf
 from llmperf.analysis import ForwardModel
 from llmperf.analysis.operators import attended_pairs
-from llmperf.analysis.rollup import Conventions, stage_weight_bytes
+from llmperf.analysis.rollup import stage_weight_bytes
 from llmperf.analysis.timemodel import time_model_for
 from llmperf.errors import SpecError
-from llmperf.serving.costmodel import StepCostModel
 from llmperf.specs import Precision, load_hardware
 from llmperf.specs.hf import model_spec_from_hf_config
 
@@ -31,39 +29,18 @@ SPEC = model_spec_from_hf_config(CFG, name="tiny-dsa")
 BF16 = Precision.uniform("bf16")
 
 
-def _hf(cfg: dict, device: str = "meta"):  # noqa: ANN202
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    logging.disable(logging.WARNING)
-    try:
-        with torch.device(device):
-            config = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "torch_dtype"})
-            return transformers.AutoModelForCausalLM.from_config(config)
-    finally:
-        logging.disable(logging.NOTSET)
-
-
-def _checkpoint_count(model) -> int:  # noqa: ANN001
-    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    for mod in model.modules():
-        for name, buf in mod.named_buffers(recurse=False):
-            if name not in mod._non_persistent_buffers_set:
-                n += buf.numel()
-    return n
-
-
 def test_param_count_is_exact_tiny_and_released():
     transformers = pytest.importorskip("transformers")
-    assert SPEC.param_count == _checkpoint_count(_hf(CFG))
+    assert SPEC.param_count == checkpoint_count(hf_model(CFG))
     full = transformers.AutoConfig.for_model("deepseek_v32").to_dict()
     spec = model_spec_from_hf_config(full, name="t")
-    assert spec.param_count == _checkpoint_count(_hf(full)) == 671_877_944_064  # 671.03B + 61 indexers
+    assert spec.param_count == checkpoint_count(hf_model(full)) == 671_877_944_064  # 671.03B + 61 indexers
     assert spec.indexer_params_per_layer == 1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64
 
 
 def test_indexer_key_is_cached_beside_the_latent():
     torch = pytest.importorskip("torch")
-    model = _hf(CFG, device="cpu").eval()
+    model = hf_model(CFG, device="cpu").eval()
     with torch.no_grad():
         cache = model(torch.randint(0, 256, (1, 7)), use_cache=True).past_key_values
     layer = cache.layers[0]
@@ -113,14 +90,7 @@ def test_decode_totals_are_the_sum_of_their_steps(eff):
 
 @pytest.mark.parametrize("tp, eff", [(1, "roofline"), (2, "typical")])
 def test_a_static_batch_is_priced_as_estimate(tp, eff):
-    hw = load_hardware("h200")
-    tm = None if eff == "roofline" else time_model_for(hw, eff, "bf16")
-    est = llmperf.estimate(SPEC, hw, batch=3, prompt_len=40, gen_len=6, tp=tp, time_model=tm)
-    cm = StepCostModel(model=est.model, hardware=hw, precision=est.precision, tp=tp, time_model=tm,
-                       conventions=Conventions())
-    assert cm.step_time_s([40] * 3, [40] * 3, 3) == pytest.approx(est.ttft_s, rel=1e-9)
-    steps = [cm.step_time_s([1] * 3, [40 + j] * 3, 3) for j in range(1, 6)]
-    assert np.allclose(steps, est.decode_step_times_s(), rtol=1e-9)
+    assert_static_batch_is_estimate(SPEC, tp, eff)
 
 
 @pytest.mark.parametrize("cfg, needle", [
