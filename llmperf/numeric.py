@@ -43,3 +43,18 @@ def check_number(where: str, value: Any, *, zero_ok: bool = False, scale: float 
 
 
 __all__ = ["check_number", "is_count", "is_int", "is_real"]
+
+
+def layer_indices(where: str, value: Any, num_layers: int, *, distinct: bool = True,
+                  hint: str = "") -> tuple[int, ...]:
+    """`value` (a list or tuple) as a tuple of layer indices in 0..num_layers - 1, each once where
+    `distinct`; otherwise one line naming `where` (and `hint` after the range)."""
+    got = tuple(value) if isinstance(value, list) else value
+    if not isinstance(got, tuple) or not all(is_count(i) for i in got):
+        raise SpecError(f"{where} must be a list of layer indices, got {value!r}")
+    bad = [i for i in got if not 0 <= i < num_layers]
+    if bad:
+        raise SpecError(f"{where} holds layer {bad[0]}, outside 0..{num_layers - 1}{hint}")
+    if distinct and len(set(got)) != len(got):
+        raise SpecError(f"{where} lists a layer twice: {value!r}")
+    return got

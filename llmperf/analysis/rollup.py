@@ -387,10 +387,9 @@ def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int, kind: Layer
         kv = mat(h, r + dr) + mat(r, nt * (m.qk_nope_head_dim + m.v_head_dim))  # kv_a replicated, kv_b split
         o = mat(nt * m.v_head_dim, h)
         matrices = q_params + h * (r + dr) + r * n * (m.qk_nope_head_dim + m.v_head_dim) + n * m.v_head_dim * h
-        params = m.attn_params_per_layer
-        if m.is_sparse_attention and kind is not None and kind.shared_topk:  # no indexer of its own
-            params -= m.indexer_params_per_layer
-        elif m.is_sparse_attention:  # DSA's indexer, replicated on every rank: wq_b, wk and weights_proj
+        params = m.attn_params_per_layer if kind is None else m.attn_params(kind)
+        if m.is_sparse_attention and not (kind is not None and kind.shared_topk):
+            # DSA's indexer (a shared-top-k layer has none), replicated on every rank: wq_b, wk and weights_proj
             hi, di = m.index_n_heads, m.index_head_dim
             q += mat(m.q_lora_rank, hi * di) + mat(h, di + hi)
             matrices += m.q_lora_rank * hi * di + h * (di + hi)

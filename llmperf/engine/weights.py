@@ -126,6 +126,8 @@ def _engine_value(entry: _Entry, parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([torch.cat(parts[j:j + 2], dim=0) for j in range(0, len(parts), 2)])
     if entry.form == "stack":
         return torch.stack(parts)
+    if entry.form == "row":  # ERNIE 4.5's (1, E) score correction
+        return parts[0].reshape(-1)
     value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
     if entry.perm is not None:
         value = value[torch.tensor(entry.perm, device=value.device)]
@@ -140,6 +142,8 @@ def _engine_value(entry: _Entry, parts: list[torch.Tensor]) -> torch.Tensor:
 
 def _hf_value(entry: _Entry, value: torch.Tensor) -> torch.Tensor:
     """An `(out, in)` engine value of a one-part entry in the checkpoint's layout (`_engine_value`'s inverse)."""
+    if entry.form == "row":
+        return value.reshape(1, -1)
     if entry.form == "in_out_alternating":
         value = _to_alternating(value, -2)
     elif entry.form == "alternating":
@@ -197,7 +201,8 @@ def _linear_entries(spec: ModelSpec, hf: str, us: str, linear_format: str) -> li
                   _Entry(us + "out_weight", (la + "out_proj.weight",), matrix=True)]
 
 
-def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "fused") -> list[_Entry]:
+def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "fused",
+            bias_at: str = "") -> list[_Entry]:
     """Every engine parameter and the Hugging Face tensors it is built from."""
     out: list[_Entry] = []
     if spec.family == "llama":
@@ -239,7 +244,7 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "
             if spec.attn_sinks and kind.attention != "linear":
                 out.append(_Entry(us + "sinks", (attn + "sinks",)))
             if kind.moe:
-                out += _moe_entries(spec, hf, us, moe_format)
+                out += _moe_entries(spec, hf, us, moe_format, bias_at)
                 continue
             mlp = hf + _ffn_prefix(spec)
             out += [_Entry(us + "up_weight", (mlp + "gate_proj.weight", mlp + "up_proj.weight"), matrix=True),
@@ -298,7 +303,7 @@ def _ffn_prefix(spec: ModelSpec) -> str:
 MOE_FORMATS = ("stacked", "per_expert", "mixtral")
 
 
-def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str = "stacked") -> list[_Entry]:
+def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str = "stacked", bias_at: str = "") -> list[_Entry]:
     """The engine's `moe_ffn.*` parameters of one MoE layer and the checkpoint tensors they come from
     (transformers 5's names per family: `modeling_mixtral`, `qwen3_moe`, `qwen2_moe`, `deepseek_v2/v3`,
     `glm4_moe`, `gpt_oss`, `llama4`)."""
@@ -338,10 +343,11 @@ def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str = "stacked")
         else:
             out += [_Entry(us + "experts_up_weight", gate_up, matrix=True, form="gate_up"),
                     _Entry(us + "experts_down_weight", down, matrix=True, form="stack")]
-        if spec.router_score_bias:  # DeepSeek-V3 / GLM-4.5 noaux_tc: a buffer of the router; MiniMax-M2: of the block
-            block = (hf + "block_sparse_moe.") if moe_format == "mixtral" else mlp
-            out.append(_Entry(us + "router_score_bias", (block + "e_score_correction_bias",) if _bias_on_block(spec)
-                              else (mlp + "gate.e_score_correction_bias",)))
+        if spec.router_score_bias:  # noaux_tc's correction, where the checkpoint keeps it (`SCORE_BIAS_AT`)
+            at = bias_at or _score_bias_at(spec, set())
+            block = (hf + "block_sparse_moe.") if moe_format == "mixtral" and at == "block" else mlp
+            out.append(_Entry(us + "router_score_bias", (block + SCORE_BIAS_AT[at] + "e_score_correction_bias",),
+                              form="row" if at.endswith("statics") else ""))
         # DeepSeek's `shared_experts` (one MLP of n_shared x width), Qwen2-MoE's gated `shared_expert`
         shared = mlp + ("shared_expert." if spec.shared_expert_gate else "shared_experts.")
     if spec.shared_experts:
@@ -352,11 +358,27 @@ def _moe_entries(spec: ModelSpec, hf: str, us: str, moe_format: str = "stacked")
     return out
 
 
-def _bias_on_block(spec: ModelSpec) -> bool:
-    """Whether the score-correction bias is a buffer of the MoE block (`mlp.e_score_correction_bias`; saved
-    by transformers as `block_sparse_moe.e_score_correction_bias`), not of its router (`mlp.gate.`): MiniMax-M2,
-    the one family with a q/k norm across all heads."""
-    return spec.router_score_bias and spec.qk_norm == "rmsnorm_across_heads"
+#: where a checkpoint keeps noaux_tc's routing-score correction, after the FFN's prefix: on the router
+#: (DeepSeek-V3, GLM-4.5, Kimi: `gate.`), on the MoE block (MiniMax-M2; saved under Mixtral's
+#: `block_sparse_moe.`), in ERNIE 4.5's statics module as published and saved (`moe_statics.`) or as
+#: transformers holds it (`gate.moe_statics.`), there shaped (1, E)
+SCORE_BIAS_AT = {"router": "gate.", "block": "", "statics": "moe_statics.", "gate_statics": "gate.moe_statics."}
+
+
+def _score_bias_at(spec: ModelSpec, keys: set[str]) -> str:
+    """Which of `SCORE_BIAS_AT` a checkpoint's tensor names use. Where they hold none (a model saved back,
+    or built from a spec), where transformers' class of the family keeps it: ERNIE 4.5 (the one family
+    scoring by softmax with a correction) in its statics, MiniMax-M2 (the one with a q/k norm across all
+    heads) on the block, the others on the router."""
+    for k in keys:
+        if k.endswith(".e_score_correction_bias"):
+            for at in ("gate_statics", "statics", "router"):
+                if k.endswith("." + SCORE_BIAS_AT[at] + "e_score_correction_bias"):
+                    return at
+            return "block"
+    if spec.router_scoring == "softmax":
+        return "gate_statics"
+    return "block" if spec.qk_norm == "rmsnorm_across_heads" else "router"
 
 
 def _moe_format(spec: ModelSpec, keys: set[str]) -> str:
@@ -420,7 +442,7 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
     keys = set(tensors.keys())
     rename = _strip_gpt2_prefix(keys) if spec.family == "gpt2" else _language_model_prefix(keys)
     params = dict(model.named_parameters(remove_duplicate=False))
-    layout = _layout(spec, _moe_format(spec, keys), _linear_format(spec, keys))
+    layout = _layout(spec, _moe_format(spec, keys), _linear_format(spec, keys), _score_bias_at(spec, keys))
     _copy_entries(spec, params, layout, tensors, keys, model.in_out, strict, rename)
     return model
 
@@ -454,7 +476,7 @@ def load_moe_state_dict(moe: torch.nn.Module, spec: ModelSpec, tensors: Mapping[
     `MOE_FORMATS`) into a lone `moe.MoE` module built for `spec`: module-level checks against a
     transformers MoE block whose model the engine cannot build whole."""
     keys = set(tensors.keys())
-    entries = _moe_entries(spec, f"model.layers.{layer}.", "", _moe_format(spec, keys))
+    entries = _moe_entries(spec, f"model.layers.{layer}.", "", _moe_format(spec, keys), _score_bias_at(spec, keys))
     params = {f"moe_ffn.{k}": v for k, v in moe.named_parameters()}
     _copy_entries(spec, params, entries, tensors, keys, moe.ops.in_out)
     return moe

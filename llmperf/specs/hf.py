@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from llmperf.errors import SpecError
-from llmperf.numeric import check_number, is_count
+from llmperf.numeric import check_number, is_count, layer_indices
 from llmperf.specs.model import ModelSpec
 from llmperf.specs.precision import normalize_dtype
 from llmperf.specs.quantization import QuantizationSpec
@@ -223,12 +223,7 @@ def _index_list(cfg: _Config, key: str, n: int) -> list[int]:
     value = cfg.get(key)
     if value is None:
         return []
-    if not isinstance(value, list) or not all(is_count(i) for i in value):
-        raise SpecError(f"{cfg.origin}: {key} must be a list of layer indices, got {value!r}")
-    bad = [i for i in value if not 0 <= i < n]
-    if bad:
-        raise SpecError(f"{cfg.origin}: {key} holds layer {bad[0]}, outside 0..{n - 1} (num_hidden_layers={n})")
-    return value
+    return list(layer_indices(f"{cfg.origin}: {key}", value, n, distinct=False, hint=f" (num_hidden_layers={n})"))
 
 
 def _positive(cfg: _Config, key: str, value: Any = _ABSENT) -> int:
@@ -252,11 +247,12 @@ def _positive_number(cfg: _Config, key: str, value: Any) -> float:
 
 
 def _set_layer_types(cfg: _Config, out: dict[str, Any], default: list[str], window: int | None,
-                     chunk: int | None = None) -> None:
+                     chunk: int | None = None) -> list[str]:
     """Each layer's attention from `layer_types` (or the type's `default` derivation, as the config
     class's `__post_init__`), into `out`: no `layer_types` when every layer is alike (then
     `sliding_window` alone says whether they slide). A sliding layer without a window, or a chunked one
-    without a chunk size, attends to everything, as transformers builds it."""
+    without a chunk size, attends to everything, as transformers builds it. Returns every layer's kind
+    (full | sliding | chunked | linear) as built."""
     n = out["num_layers"]
     kinds = cfg.get("layer_types") if cfg.has("layer_types") else default
     if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
@@ -287,6 +283,7 @@ def _set_layer_types(cfg: _Config, out: dict[str, Any], default: list[str], wind
         out["sliding_window"] = window if "sliding" in mapped else None
         if "chunked" in mapped:
             out["attention_chunk_size"] = chunk
+    return mapped
 
 
 def _biases(cfg: _Config, out: dict[str, Any], *, out_proj: bool = True) -> None:
@@ -505,9 +502,17 @@ _MLA_FIELDS = {"kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head
                "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim"}
 
 
-def _partial_rotary(cfg: _Config, out: dict[str, Any]) -> None:
-    """`rotary_dim` from partial_rotary_factor (in rope_parameters or at the top level)."""
+def _partial_rotary(cfg: _Config, out: dict[str, Any], *, hub_rotary_dim: bool = False) -> None:
+    """`rotary_dim` from partial_rotary_factor (in rope_parameters or at the top level); with
+    `hub_rotary_dim`, the hub's own `rotary_dim` where no factor is given (transformers converts it)."""
     head_dim = out.get("head_dim") or out["hidden_size"] // out["num_heads"]
+    nested = _rope_parameters(cfg).get("partial_rotary_factor")
+    if hub_rotary_dim and nested is None and not cfg.has("partial_rotary_factor") and cfg.has("rotary_dim"):
+        rotary = _positive(cfg, "rotary_dim")
+        if rotary > head_dim or rotary % 2:
+            raise SpecError(f"{cfg.origin}: rotary_dim={rotary} must be even and at most head_dim={head_dim}")
+        out["rotary_dim"] = rotary
+        return
     fraction = _rope_parameters(cfg).get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     fraction = _number(cfg, "partial_rotary_factor", fraction)
     if not 0 < fraction <= 1:
@@ -588,15 +593,7 @@ def _minimax_m2_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _biases(cfg, out)
     out.update(qk_norm="rmsnorm_across_heads", router_score_bias=True, router_scoring="sigmoid",
                router_renormalize=True)
-    head_dim = out.get("head_dim") or out["hidden_size"] // out["num_heads"]
-    if cfg.has("rotary_dim") and _rope_parameters(cfg).get("partial_rotary_factor") is None \
-            and not cfg.has("partial_rotary_factor"):  # the hub's spelling (transformers converts it)
-        rotary = _positive(cfg, "rotary_dim")
-        if rotary > head_dim or rotary % 2:
-            raise SpecError(f"{cfg.origin}: rotary_dim={rotary} must be even and at most head_dim={head_dim}")
-        out["rotary_dim"] = rotary
-    else:
-        _partial_rotary(cfg, out)
+    _partial_rotary(cfg, out, hub_rotary_dim=True)
     if "rope_theta" not in _rope_parameters(cfg) and not cfg.has("rope_theta"):  # MiniMaxM2Config's default
         out["rope_theta"] = 5_000_000.0
     _top_k(cfg, out)
@@ -685,9 +682,8 @@ def _exaone4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     else:
         pattern = _positive(cfg, "sliding_window_pattern", cfg.get("sliding_window_pattern"))
         default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-    _set_layer_types(cfg, out, default, window)
+    kinds = _set_layer_types(cfg, out, default, window)
     if window is not None:
-        kinds = out["layer_types"] or (("sliding",) if out["sliding_window"] is not None else ("full",)) * n
         out["nope_layers"] = tuple(i for i, t in enumerate(kinds) if t != "sliding")
 
 
@@ -698,7 +694,7 @@ def _ernie_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     top moe_k, their weights renormalised. `use_bias` (biases on every projection and the LM head) is refused."""
     if cfg.flag("use_bias"):
         raise cfg.refuse("use_bias", True, "biases on the experts and the LM head are not modelled")
-    out.update(qkv_bias=False, out_bias=False, router_score_bias=True)
+    out.update(qkv_bias=False, out_bias=False, router_score_bias=True, rope_interleaved=True)  # GLM-style pairs
     n = out["num_layers"]
     start, end = _int(cfg, "moe_layer_start_index", cfg.get("moe_layer_start_index")), \
         _int(cfg, "moe_layer_end_index", cfg.get("moe_layer_end_index"))

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from llmperf.errors import SpecError
-from llmperf.numeric import is_count, is_int, is_real
+from llmperf.numeric import is_count, is_int, is_real, layer_indices
 from llmperf.specs.precision import dtype_bytes
 
 if TYPE_CHECKING:
@@ -213,14 +213,8 @@ class KVCacheSpec:
         ib = self.index_bytes_per_token
         if not is_real(ib) or ib < 0:
             raise SpecError(f"kv cache: index_bytes_per_token must be a finite number >= 0, got {ib!r}")
-        shared = self.shared_topk_layers
-        if isinstance(shared, list):
-            shared = tuple(shared)
-            object.__setattr__(self, "shared_topk_layers", shared)
-        if not isinstance(shared, tuple) or not all(is_count(i) and 0 <= i < self.num_layers for i in shared) \
-                or len(set(shared)) != len(shared):
-            raise SpecError(f"kv cache: shared_topk_layers must list distinct layers of 0..{self.num_layers - 1}, "
-                            f"got {shared!r}")
+        shared = layer_indices("kv cache: shared_topk_layers", self.shared_topk_layers, self.num_layers)
+        object.__setattr__(self, "shared_topk_layers", shared)
         if shared and (ib == 0 or any(self.kinds()[i] == "linear" for i in shared)):
             raise SpecError("kv cache: shared_topk_layers needs an indexer key (index_bytes_per_token > 0) and "
                             "attention layers")

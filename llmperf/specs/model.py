@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmperf.errors import SpecError
-from llmperf.numeric import check_number, is_count, is_real
+from llmperf.numeric import check_number, is_count, is_real, layer_indices
 from llmperf.specs.families import FAMILIES as _FAMILY_DESCRIPTIONS
 from llmperf.specs.families import FAMILY_FIELDS, get_family
 from llmperf.specs.kvcache import KVCacheSpec
@@ -420,10 +420,16 @@ class ModelSpec:
     def layer_params(self, kind: LayerKind) -> int:
         """Parameters of one layer of `kind` (attention, its FFN, its norms)."""
         ffn = self.moe_ffn_params if kind.moe else self.dense_ffn_params
-        mixer = self.linear_params_per_layer if kind.attention == "linear" else self.attn_params_per_layer
+        return self.attn_params(kind) + ffn + self.norms_per_layer * self.norm_params
+
+    def attn_params(self, kind: LayerKind) -> int:
+        """Parameters of one layer's mixer of `kind`: its attention (a shared-top-k layer's without the
+        indexer it does not have) or its linear attention."""
+        if kind.attention == "linear":
+            return self.linear_params_per_layer
         if kind.shared_topk:  # no indexer of its own
-            mixer -= self.indexer_params_per_layer
-        return mixer + ffn + self.norms_per_layer * self.norm_params
+            return self.attn_params_per_layer - self.indexer_params_per_layer
+        return self.attn_params_per_layer
 
     @property
     def params_per_layer(self) -> int:
@@ -591,17 +597,7 @@ def _optional_positive_int(spec: ModelSpec, name: str) -> None:
 
 
 def _layer_indices(spec: ModelSpec, name: str) -> None:
-    value = getattr(spec, name)
-    if isinstance(value, list):
-        value = tuple(value)
-        object.__setattr__(spec, name, value)
-    if not isinstance(value, tuple) or not all(is_count(i) for i in value):
-        raise SpecError(f"{spec.name}: {name} must be a list of layer indices, got {value!r}")
-    bad = [i for i in value if not 0 <= i < spec.num_layers]
-    if bad:
-        raise SpecError(f"{spec.name}: {name} holds layer {bad[0]}, outside 0..{spec.num_layers - 1}")
-    if len(set(value)) != len(value):
-        raise SpecError(f"{spec.name}: {name} lists a layer twice: {value!r}")
+    object.__setattr__(spec, name, layer_indices(f"{spec.name}: {name}", getattr(spec, name), spec.num_layers))
 
 
 def _check_layer_structure(spec: ModelSpec) -> None:

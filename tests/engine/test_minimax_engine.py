@@ -1,4 +1,5 @@
-"""MiniMax-M2, GLM-4.7-Flash and Kimi K2.5 (its text model) from tiny checkpoints saved by transformers.
+"""MiniMax-M2, GLM-4.7-Flash, Kimi K2.5 (its text model) and ERNIE 4.5 MoE from tiny checkpoints saved by
+transformers.
 
 MiniMax-M2 (`minimax_m2`): q and k each RMS-normed across all their heads at once (weights of H * D and
 H_kv * D), partial rotary positions, every layer MoE routed by sigmoid scores plus the fp32 score-correction
@@ -6,7 +7,8 @@ bias that lives on the MoE block (saved as `block_sparse_moe.e_score_correction_
 `w1/w3/w2`). GLM-4.7-Flash (`glm4_moe_lite`): DeepSeek-V3's latent attention and MoE, dense layers from
 `mlp_layer_types`. Kimi K2.5 (`kimi_k25`): a DeepSeek-V3 text model inside a multimodal wrapper, its head
 tied to the embedding, saved by transformers under `language_model.model.blocks.` (as published:
-`language_model.model.layers.`).
+`language_model.model.layers.`). ERNIE 4.5 (`ernie4_5_moe`): GLM-style interleaved rotary pairs, softmax
+routing with a (1, E) score correction saved as `mlp.moe_statics.` (held as `mlp.gate.moe_statics.`).
 
 Each: the same fp32 logits as transformers (within 1e-5), the same generate() tokens over CASES x ENGINES
 (paged, contiguous and chunked caches; ragged prompts batched continuously). MiniMax-M2 also: the norm's
@@ -40,6 +42,12 @@ CONFIGS = {
                        num_local_experts=4, num_experts_per_tok=2, rotary_dim=8, max_position_embeddings=64,
                        bos_token_id=None, eos_token_id=None),
     "glm4_moe_lite": dict(_MLA, model_type="glm4_moe_lite", mlp_layer_types=["dense", "sparse", "sparse"]),
+    # layer 0 dense, 1-2 MoE with a shared expert; softmax routing with the (1, E) correction in `moe_statics`
+    "ernie4_5_moe": dict(model_type="ernie4_5_moe", vocab_size=128, hidden_size=64, intermediate_size=96,
+                         moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, moe_num_experts=8, moe_k=2, moe_num_shared_experts=1,
+                         moe_layer_start_index=1, moe_layer_interval=1, bos_token_id=None, eos_token_id=None,
+                         pad_token_id=None),
 }
 #: Kimi K2.5: the wrapper's text model (layer 0 dense) and a one-layer vision tower
 KIMI_TEXT = dict(_MLA, model_type="deepseek_v3", first_k_dense_replace=1)
@@ -49,10 +57,11 @@ NAMES = [*CONFIGS, "kimi_k25"]
 
 
 def _move_score_bias(hf, path) -> None:
-    """Move every score-correction buffer (zeros at init) by noise and save the checkpoint again."""
+    """Move every score-correction buffer (zeros at init; ERNIE's is a parameter) by noise and save the
+    checkpoint again."""
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():
-        buffers = [b for n, b in hf.named_buffers() if n.endswith("e_score_correction_bias")]
+        buffers = [b for n, b in (*hf.named_buffers(), *hf.named_parameters()) if n.endswith("e_score_correction_bias")]
         assert buffers
         for b in buffers:
             b.add_(torch.randn(b.shape, generator=g) * 0.1)
@@ -119,6 +128,18 @@ def test_the_checkpoints_are_read_where_transformers_saves_them(checkpoints):
     assert "language_model.model.blocks.1.mlp.gate.e_score_correction_bias" in keys
     assert not any("lm_head" in k for k in keys)
     assert from_pretrained(checkpoints["kimi_k25"][0], dtype="fp32").spec.tied_embeddings
+    with safe_open(str(checkpoints["ernie4_5_moe"][0] / "model.safetensors"), "pt") as f:
+        assert f.get_slice("model.layers.1.mlp.moe_statics.e_score_correction_bias").get_shape() == [1, 8]
+
+
+def test_ernie_weights_save_back_under_transformers_names(checkpoints):
+    """ERNIE 4.5's correction goes back where transformers holds it (`mlp.gate.moe_statics.`, (1, E))."""
+    path, hf = checkpoints["ernie4_5_moe"]
+    theirs = hf.state_dict()
+    saved = to_hf_state_dict(from_pretrained(path, dtype="fp32"))
+    assert {k for k in theirs if "rotary" not in k} == set(saved)
+    for k, v in saved.items():
+        assert torch.equal(v, theirs[k]), k
 
 
 def test_kimi_k25_as_published(checkpoints, tmp_path):
