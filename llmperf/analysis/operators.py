@@ -336,6 +336,18 @@ class ForwardModel:
         object.__setattr__(self, "groups", self.model.layer_groups())
         object.__setattr__(self, "sections", _sections(self.groups))
         object.__setattr__(self, "_weights", {})  # (d_in, d_out, bias, module) -> (bytes, matmul dtype)
+        object.__setattr__(self, "_views", {})  # Gemma 4's full layers: the forward model as they see the model
+
+    def _for_kind(self, kind: LayerKind | None) -> ForwardModel:
+        """This forward model as a layer of `kind` sees the model (`ModelSpec.attention_view`: Gemma 4's full
+        layers price their attention at their own head dim and KV heads); itself for every other layer."""
+        if kind is None or not kind.global_shape:
+            return self
+        view = self._views.get("global")
+        if view is None:
+            model = self.model.attention_view(kind)
+            view = self._views["global"] = self if model == self.model else replace(self, model=model)
+        return view
 
     # ---- helpers -------------------------------------------------------------------------------
     def _matrix_bytes(self, d_in: int, d_out: int, module: str) -> float:
@@ -476,12 +488,15 @@ class ForwardModel:
         width = m.mla_q_head_dim if m.is_mla else self.head_dim * (2 if m.attn_output_gate else 1)
         return self._linear("q_proj", batch * q_len, m.hidden_size, self.dims.num_heads * width, m.qkv_bias)
 
-    def qkv_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+    def qkv_proj(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
         """Q, K and V as one GEMM over the concatenated weight: the input is read once (with an output
-        gate, q_proj's gate half too)."""
-        q_heads = self.dims.num_heads * (2 if self.model.attn_output_gate else 1)
-        return self._linear("qkv_proj", batch * q_len, self.model.hidden_size,
-                            (q_heads + 2 * self.dims.num_kv_heads) * self.head_dim, self.model.qkv_bias)
+        gate, q_proj's gate half too; a Gemma 4 full layer with K = V: Q and K; a KV-shared layer: Q alone)."""
+        m = self.model
+        q_heads = self.dims.num_heads * (2 if m.attn_output_gate else 1)
+        k = self._kind(kind)
+        kv = 0 if k.kv_shared else (1 if m.global_k_eq_v and k.global_shape else 2)
+        return self._linear("qkv_proj", batch * q_len, m.hidden_size,
+                            (q_heads + kv * self.dims.num_kv_heads) * self.head_dim, m.qkv_bias)
 
     def k_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """The key projection, hidden -> kv_heads x head_dim (this GPU's heads)."""
@@ -548,12 +563,15 @@ class ForwardModel:
         return self._linear("v_absorb", tokens * n, m.kv_lora_rank, m.v_head_dim, False, weight_copies=n,
                             rows=tokens, gemm=False)
 
-    def qk_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """RMSNorm (or a weightless L2 norm) over head_dim of every query and key head; MiniMax-M2's
-        (`rmsnorm_across_heads`) over all of a token's query heads and all its key heads at once, the same
-        elements and FLOPs with a weight for each element (this GPU's heads')."""
+    def qk_norm(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
+        """RMSNorm (or a weightless L2 norm) over head_dim of every query and key head (Gemma 4: and a weightless
+        one of every value head); MiniMax-M2's (`rmsnorm_across_heads`) over all of a token's query heads and all
+        its key heads at once, the same elements and FLOPs with a weight for each element (this GPU's heads'); a
+        KV-shared layer's of its queries alone."""
         d = self.dims
-        heads = d.num_heads + d.num_kv_heads
+        heads = d.num_heads + d.num_kv_heads * (2 if self.model.v_norm else 1)  # Gemma 4: a weightless V norm
+        if self._kind(kind).kv_shared:  # Gemma 4: the queries alone (K and V come from an earlier layer's cache)
+            return self._norm("qk_norm", batch * q_len * d.num_heads, width=self.head_dim, kind=self.model.qk_norm)
         if self.model.qk_norm == "rmsnorm_across_heads":
             return self._norm("qk_norm", batch * q_len * heads, width=self.head_dim, kind="rmsnorm", weights=heads)
         return self._norm("qk_norm", batch * q_len * heads, width=self.head_dim, kind=self.model.qk_norm,
@@ -567,14 +585,15 @@ class ForwardModel:
         return OpCost(name="qk_norm_allreduce", kind="comm", flops=tokens * 2 * (t - 1) / t,
                       comm_bytes=2 * (t - 1) / t * tokens * 2 * FP32_BYTES, rows=tokens, comm_gpus=int(t))
 
-    def rope(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+    def rope(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
         """Rotary positions applied to every query head and every K head of each token (MLA: the rotary parts
-        and the one shared rotary key)."""
+        and the one shared rotary key; a KV-shared layer: the queries alone)."""
         tokens, a, m = batch * q_len, self.precision.act_bytes, self.model
         if m.is_mla:  # every query head's rotary part and the one shared rotary key
             rotated = tokens * (self.dims.num_heads + 1) * m.qk_rope_head_dim
         else:
-            rotated = tokens * (self.dims.num_heads + self.dims.num_kv_heads) * m.rotary_dim
+            k_heads = 0 if self._kind(kind).kv_shared else self.dims.num_kv_heads
+            rotated = tokens * (self.dims.num_heads + k_heads) * m.rotary_dim
         return OpCost(name="rope", kind="elementwise", flops=ROPE_FLOPS * rotated,
                       act_read_bytes=rotated * a, act_write_bytes=rotated * a, rows=tokens)
 
@@ -621,6 +640,8 @@ class ForwardModel:
                       kind: LayerKind | None = None) -> list[OpCost]:
         """`[attention]` (fused) or `[attn_score, (attn_softcap,) attn_softmax, attn_value]` (naive); a
         Gated DeltaNet layer's core: `[deltanet]`."""
+        if self._for_kind(kind) is not self:
+            return self._for_kind(kind).attention_ops(batch, q_len, kv_len, kind)
         m = self.model
         if self._kind(kind).attention == "linear":
             return [self.deltanet(batch, q_len, kv_len)]
@@ -798,7 +819,64 @@ class ForwardModel:
         if m.router_score_bias:  # fp32 in every engine and checkpoint
             op = replace(op, flops=op.flops + tokens * m.num_experts,
                          weight_bytes=op.weight_bytes + m.num_experts * FP32_BYTES)
+        if m.moe_parallel_ffn:  # Gemma 4: a weightless RMSNorm of its input times a learned vector; per-expert scales
+            h, a = m.hidden_size, self.precision.act_bytes
+            op = replace(op, flops=op.flops + tokens * h * (NORM_FLOPS["rmsnorm"] + 1),
+                         weight_bytes=op.weight_bytes + (h + m.num_experts) * a,
+                         act_read_bytes=op.act_read_bytes + tokens * h * a,
+                         act_write_bytes=op.act_write_bytes + tokens * h * a)
         return op
+
+    # ---- Gemma 4's per-layer embeddings (not split by tensor parallelism) ----------------------------------
+    def ple_embed(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Per-layer embeddings: each token's row of the second table (every layer's ple_dim inputs at once)."""
+        tokens, width, p = batch * q_len, self.model.num_layers * self.model.ple_dim, self.precision
+        return OpCost(name="ple_embed", kind="embedding", weight_bytes=tokens * width * p.embedding_bytes,
+                      act_write_bytes=tokens * width * p.act_bytes, per_layer=False, rows=tokens)
+
+    def ple_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Per-layer embeddings: the scaled embedding projected to every layer's input, hidden -> layers x
+        ple_dim."""
+        m = self.model
+        return self._linear("ple_proj", batch * q_len, m.hidden_size, m.num_layers * m.ple_dim, False,
+                            per_layer=False, module="dense_mlp")
+
+    def ple_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Per-layer embeddings: the projection RMS-normed per layer, added to the table's rows and scaled."""
+        m, a = self.model, self.precision.act_bytes
+        rows = batch * q_len * m.num_layers
+        op = self._norm("ple_norm", rows, per_layer=False, width=m.ple_dim)
+        return replace(op, flops=op.flops + 2 * rows * m.ple_dim,
+                       act_read_bytes=op.act_read_bytes + rows * m.ple_dim * a)
+
+    def ple_gate(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """A layer's per-layer input gate, hidden -> ple_dim."""
+        m = self.model
+        return self._linear("ple_gate", batch * q_len, m.hidden_size, m.ple_dim, False, module="dense_mlp")
+
+    def ple_act(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The gate's activation times the layer's per-layer input."""
+        m = self.model
+        return self._elementwise("ple_act", batch * q_len, m.ple_dim, ACT_FLOPS[m.ffn_kind] + 1, reads=2)
+
+    def ple_out(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The gated per-layer input projected back, ple_dim -> hidden."""
+        m = self.model
+        return self._linear("ple_out", batch * q_len, m.ple_dim, m.hidden_size, False, module="dense_mlp")
+
+    def ple_out_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Its norm and the residual add."""
+        tokens, h, a = batch * q_len, self.model.hidden_size, self.precision.act_bytes
+        op = self._norm("ple_out_norm", tokens)
+        return replace(op, flops=op.flops + tokens * h, act_read_bytes=op.act_read_bytes + tokens * h * a)
+
+    def moe_branch_norms(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Gemma 4's MoE layer: the experts' own norm of the layer input, a norm of each branch's output (the
+        dense FFN's, the experts'), and their sum."""
+        tokens, h, a = batch * q_len, self.model.hidden_size, self.precision.act_bytes
+        op = self._norm("moe_branch_norms", 3 * tokens, weights=3)
+        return replace(op, flops=op.flops + tokens * h, act_read_bytes=op.act_read_bytes + 2 * tokens * h * a,
+                       act_write_bytes=op.act_write_bytes + tokens * h * a, rows=tokens)
 
     def moe_route(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """The router's choice from its logits (the `router` GEMM's output): each token's score of every
@@ -926,8 +1004,11 @@ class ForwardModel:
         return self._norm("post_mlp_norm", batch * q_len)
 
     def mlp_residual(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """The residual add after the FFN."""
-        return self._residual("mlp_residual", batch * q_len)
+        """The residual add after the FFN (Gemma 4: then the layer's output times its learned scalar)."""
+        op = self._residual("mlp_residual", batch * q_len)
+        if self.model.layer_scalar:
+            op = replace(op, flops=2 * op.flops)  # one add and one multiply an element, fused
+        return op
 
     def final_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """The norm after the last layer (once per forward pass, not per layer)."""
@@ -968,17 +1049,21 @@ class ForwardModel:
             return self.linear_ops(*args)
         if m.is_mla:
             return self._mla_block(batch, q_len, kv_len, kind)
+        k_eq_v = m.global_k_eq_v and kind.global_shape  # Gemma 4: V is the key projection
         if self.fused_qkv:
-            ops = [self.qkv_proj(*args)]
+            ops = [self.qkv_proj(*args, kind=kind)]
+        elif kind.kv_shared:  # Gemma 4: K and V are an earlier layer's, read from its cache
+            ops = [self.q_proj(*args)]
         else:
-            ops = [self.q_proj(*args), self.k_proj(*args), self.v_proj(*args)]
+            ops = [self.q_proj(*args), self.k_proj(*args)] + ([] if k_eq_v else [self.v_proj(*args)])
         if m.qk_norm in ("rmsnorm", "rmsnorm_across_heads") or (m.qk_norm == "l2" and kind.rope):
-            ops.append(self.qk_norm(*args))
+            ops.append(self.qk_norm(*args, kind=kind))
         if m.qk_norm == "rmsnorm_across_heads" and self.tp > 1 and not self.dp_attention:
             ops.append(self.qk_norm_allreduce(*args))
         if kind.rope and m.pos_encoding == "rope":
-            ops.append(self.rope(*args))
-        ops.append(self.kv_write(*args))
+            ops.append(self.rope(*args, kind=kind))
+        if not kind.kv_shared:
+            ops.append(self.kv_write(*args))
         ops += self.attention_ops(*args, kind=kind)
         if m.attn_output_gate:
             ops.append(self.attn_gate(*args))
@@ -1026,6 +1111,8 @@ class ForwardModel:
             ops += self._ffn_ops(batch, q_len, "shared")
             if m.shared_expert_gate:
                 ops.append(self.shared_expert_gate(local, q_len, kv_len))
+        if m.moe_parallel_ffn:
+            ops.append(self.moe_branch_norms(local, q_len, kv_len))
         if self.tp > 1 and not self.dp_attention:
             ops.append(self._allreduce("mlp_allreduce", tokens))
         return ops
@@ -1033,6 +1120,8 @@ class ForwardModel:
     def _attention_section(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
         """A block's operators up to the FFN (norm, attention, its collective, residual, the MLP norm):
         they depend on the kind's attention (`attention`, `window`, `rope`), not on its FFN."""
+        if self._for_kind(kind) is not self:
+            return self._for_kind(kind)._attention_section(batch, q_len, kv_len, kind)
         m = self.model
         local = self.local_batch(batch)
         args = (local, q_len, kv_len)
@@ -1045,12 +1134,21 @@ class ForwardModel:
         return ops
 
     def _ffn_section(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
-        """A block's FFN and what follows it (sandwich norm, residual): they depend on `kind.moe` only."""
+        """A block's FFN and what follows it (sandwich norm, residual, Gemma 4's per-layer input): they depend on
+        `kind.moe` only (and on `kind.kv_shared` where those layers' FFN is twice as wide)."""
+        if self.model.dense_ffn_width(kind) != self.model.ffn_size:
+            view = self._views.get("wide")
+            if view is None:
+                view = self._views["wide"] = replace(self, model=self.model.ffn_view(kind))
+            return view._ffn_section(batch, q_len, kv_len, kind)
         local = self.local_batch(batch)
         ops = self._ffn_block(batch, q_len, kv_len, kind)
         if self.model.sandwich_norms:
             ops.append(self.post_mlp_norm(local, q_len, kv_len))
         ops.append(self.mlp_residual(local, q_len, kv_len))
+        if self.model.ple_dim:
+            ops += [self.ple_gate(local, q_len, kv_len), self.ple_act(local, q_len, kv_len),
+                    self.ple_out(local, q_len, kv_len), self.ple_out_norm(local, q_len, kv_len)]
         return ops
 
     def section_ops(self, part: str, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
@@ -1077,6 +1175,9 @@ class ForwardModel:
             ops.append(self.pos_embed(batch, q_len, kv_len))
         if self.model.embedding_scale:
             ops.append(self.embed_scale(batch, q_len, kv_len))
+        if self.model.ple_dim:
+            ops += [self.ple_embed(batch, q_len, kv_len), self.ple_proj(batch, q_len, kv_len),
+                    self.ple_norm(batch, q_len, kv_len)]
         return ops
 
     def tail_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
@@ -1116,14 +1217,15 @@ _LINEAR_KIND = LayerKind(attention="linear", window=None, rope=False, moe=False)
 
 
 def _attention_key(kind: LayerKind) -> tuple:
-    return (kind.attention, kind.window, kind.rope, kind.shared_topk)
+    return (kind.attention, kind.window, kind.rope, kind.shared_topk, kind.global_shape, kind.kv_shared)
 
 
 def _sections(groups: tuple[tuple[LayerKind, int], ...]) -> tuple[tuple[str, LayerKind, int, str], ...]:
     """(part, a kind that has it, layers that share it, label) for the attention part of each distinct
-    attention (`attention`, `window`, `rope`, `shared_topk`) and the FFN part of each distinct FFN (`moe`), in order of
-    first appearance; the label joins the labels of the kinds that share the part with `+`."""
-    keys = {"attention": _attention_key, "ffn": lambda k: k.moe}
+    attention (`attention`, `window`, `rope`, `shared_topk`, Gemma 4's `global_shape` and `kv_shared`) and the FFN
+    part of each distinct FFN (`moe`, `kv_shared`), in order of first appearance; the label joins the labels of
+    the kinds that share the part with `+`."""
+    keys = {"attention": _attention_key, "ffn": lambda k: (k.moe, k.kv_shared)}  # kv_shared: Gemma 4's wide FFN
     found: dict[tuple, list] = {}
     order: list[tuple] = []
     for kind, count in groups:

@@ -394,10 +394,16 @@ def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int, kind: Layer
             q += mat(m.q_lora_rank, hi * di) + mat(h, di + hi)
             matrices += m.q_lora_rank * hi * di + h * (di + hi)
         return q + kv + o + (params - matrices) * ab
+    params = m.attn_params_per_layer if kind is None else m.attn_params(kind)
+    if kind is not None:  # Gemma 4's full layers: their own head dim and KV heads, K = V without a v_proj
+        m = m.attention_view(kind)
     hd, gate = m.head_dim, 2 if m.attn_output_gate else 1
+    kv_mats = 1 if kind is not None and kind.global_shape and m.global_k_eq_v else 2
+    if kind is not None and kind.kv_shared:  # Gemma 4: no k/v projections, the cache is an earlier layer's
+        kv_mats = 0
     nh, nkv = m.num_heads // tp, max(1, m.num_kv_heads // tp)
-    attn = mat(h, gate * nh * hd) + 2 * mat(h, nkv * hd) + mat(nh * hd, h)
-    vectors = m.attn_params_per_layer - (gate * h * m.q_size + 2 * h * m.kv_size + m.q_size * h)
+    attn = mat(h, gate * nh * hd) + kv_mats * mat(h, nkv * hd) + mat(nh * hd, h)
+    vectors = params - (gate * h * m.q_size + kv_mats * h * m.kv_size + m.q_size * h)
     return attn + vectors * ab
 
 
@@ -440,10 +446,15 @@ def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, 
                + _ffn_weight_bytes(m, precision, m.shared_expert_ffn_size, 1 if dp_attention else tp,
                                    m.shared_experts, "shared_expert")
                + (m.router_params_per_layer + (m.hidden_size if m.shared_expert_gate else 0)) * ab
-               + (m.num_experts * (FP32_BYTES - ab) if m.router_score_bias else 0))  # that bias is fp32
+               + (m.num_experts * (FP32_BYTES - ab) if m.router_score_bias else 0)  # that bias is fp32
+               # Gemma 4: the branches' three norms, the router's input scale and its per-expert scales
+               + ((3 * m.norm_params + m.hidden_size + m.num_experts) * ab if m.moe_parallel_ffn else 0))
     else:
-        ffn = _ffn_weight_bytes(m, precision, m.ffn_size, tp, 1, "dense_mlp")
-    return attn + ffn + m.norms_per_layer * m.norm_params * ab
+        ffn = _ffn_weight_bytes(m, precision, m.dense_ffn_width(kind), tp, 1, "dense_mlp")
+    ple = 0.0
+    if m.ple_dim:  # Gemma 4's per-layer input: gate and projection (not split by tp) and a norm
+        ple = 2 * _module_matrix_bytes(precision, m.hidden_size, m.ple_dim, "dense_mlp") + m.norm_params * ab
+    return attn + ffn + ple + (m.norms_per_layer * m.norm_params + (1 if m.layer_scalar else 0)) * ab
 
 
 def stage_weight_bytes(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1, *, ep: int = 1,
@@ -467,6 +478,10 @@ def stage_weight_bytes(model: ModelSpec, precision: Precision, tp: int = 1, pp: 
     kinds = m.layer_kinds()
     vocab = p.embedding_matrix_bytes(h, vocab_shard)
     embed = vocab + (m.embedding_params - m.vocab_size * h) * p.embedding_bytes  # + learned positions
+    if m.ple_dim:  # Gemma 4's per-layer embeddings, their projection and its norm (not split by tp)
+        width = m.num_layers * m.ple_dim
+        embed += (p.embedding_matrix_bytes(width, m.ple_vocab or m.vocab_size)
+                  + _module_matrix_bytes(p, h, width, "dense_mlp") + m.ple_dim * ab)
     head = m.norm_params * ab + (vocab if (not m.tied_embeddings or pp > 1) else 0.0)
     out = []
     for r in stage_layer_ranges(m, pp):

@@ -38,6 +38,9 @@ class Op(str, Enum):
     embed_allreduce = "embed_allreduce"  # tensor parallel: the vocabulary-split embedding's partial rows summed
     pos_embed = "pos_embed"
     embed_scale = "embed_scale"  # Gemma: the embedding times sqrt(hidden)
+    ple_embed = "ple_embed"  # Gemma 4: each token's per-layer embeddings (a second table, every layer's at once)
+    ple_proj = "ple_proj"  # Gemma 4: the embedding projected to every layer's per-layer input
+    ple_norm = "ple_norm"  # Gemma 4: that projection normed, added to the per-layer embeddings and scaled
     attn_norm = "attn_norm"
     in_proj_qkvz = "in_proj_qkvz"  # Gated DeltaNet: hidden -> q, k, v and the output gate z (linear layers)
     in_proj_ba = "in_proj_ba"  # Gated DeltaNet: hidden -> each value head's write strength b and decay a
@@ -61,7 +64,7 @@ class Op(str, Enum):
     index_topk = "index_topk"  # DSA's indexer: each query's top-k keys from its scores
     kv_b_proj = "kv_b_proj"  # MLA unabsorbed: latent -> heads x (nope K + V)
     q_absorb = "q_absorb"  # MLA absorbed: q_nope x W_UK per head
-    qk_norm = "qk_norm"  # a norm over head_dim of every query and key head (Qwen3, Gemma 3, Llama 4)
+    qk_norm = "qk_norm"  # a norm over head_dim of every query and key head (Qwen3, Gemma 3/4, Llama 4; Gemma 4's V)
     qk_norm_allreduce = "qk_norm_allreduce"  # MiniMax-M2 under tp: the q and k norms' partial variances summed
     rope = "rope"
     kv_write = "kv_write"
@@ -93,9 +96,14 @@ class Op(str, Enum):
     shared_act = "shared_act"
     shared_down_proj = "shared_down_proj"
     shared_expert_gate = "shared_expert_gate"  # Qwen2-MoE: hidden -> 1 sigmoid gate on the shared experts
+    moe_branch_norms = "moe_branch_norms"  # Gemma 4: the experts' input norm, both branches' output norms, their sum
     mlp_allreduce = "mlp_allreduce"
     post_mlp_norm = "post_mlp_norm"  # Gemma's sandwich norm after the MLP
     mlp_residual = "mlp_residual"
+    ple_gate = "ple_gate"  # Gemma 4: hidden -> the per-layer input's width
+    ple_act = "ple_act"  # Gemma 4: the gate's activation times the layer's per-layer input
+    ple_out = "ple_out"  # Gemma 4: back to hidden
+    ple_out_norm = "ple_out_norm"  # Gemma 4: its norm and residual add
     final_norm = "final_norm"
     lm_head = "lm_head"
     logits_gather = "logits_gather"  # tensor parallel: every GPU's vocabulary slice of the logits gathered
@@ -133,6 +141,7 @@ FUSED_PARTS: MappingProxyType[Op, tuple[Op, ...]] = MappingProxyType({
 
 #: operators that exist once per model rather than once per layer
 MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.embed_allreduce, Op.pos_embed, Op.embed_scale,
+                                           Op.ple_embed, Op.ple_proj, Op.ple_norm,
                                            Op.final_norm, Op.lm_head, Op.logits_gather, Op.final_softcap,
                                            Op.pp_send})
 
@@ -142,7 +151,7 @@ WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({
     Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.q_a_proj, Op.q_b_proj, Op.kv_a_proj, Op.kv_b_proj,
     Op.q_absorb, Op.v_absorb, Op.o_proj, Op.router, Op.gate_up_proj, Op.gate_proj, Op.up_proj, Op.down_proj,
     Op.shared_gate_up_proj, Op.shared_gate_proj, Op.shared_up_proj, Op.shared_down_proj, Op.shared_expert_gate,
-    Op.lm_head,
+    Op.lm_head, Op.ple_proj, Op.ple_gate, Op.ple_out,
 })
 
 #: operators of the attention core (what the attention kernels compute)

@@ -127,6 +127,12 @@ def check_buildable(spec: ModelSpec) -> None:
     if spec.is_sparse_attention:
         raise ValueError(f"index_topk: the engine does not run DeepSeek Sparse Attention's indexer and top-k "
                          f"attention ({spec.name}); llmperf prices it (estimate, simulate, plan)")
+    gemma4 = [f for f in ("global_head_dim", "global_kv_heads", "global_k_eq_v", "v_norm", "moe_parallel_ffn",
+                          "layer_scalar", "ple_dim", "kv_shared_layers", "wide_shared_ffn")
+              if getattr(spec, f) not in (None, False, ())]
+    if gemma4:
+        raise ValueError(f"{gemma4[0]}: the engine does not build Gemma 4's layers ({spec.name}); llmperf prices "
+                         "them (estimate, simulate, plan)")
     if spec.is_mla:
         from llmperf.engine.mla import check_mla
         check_mla(spec)

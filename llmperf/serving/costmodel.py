@@ -329,7 +329,7 @@ class StepCostModel:
         kernels' device minimum, a fused attention's device latency added to both roofs) of `part` at
         `rows` tokens of `q_len` new tokens per sequence: the time model's efficiencies depend on the
         operator, its rows and (fused attention) its shape without the context, so they are read once."""
-        key = (part.name, part.kind, part.compute_dtype, rows, q_len)
+        key = (part.name, part.kind, part.compute_dtype, part.heads, rows, q_len)  # Gemma 4: shapes differ by kind
         hit = self._rates.get(key)
         if hit is None:
             base = (_op_time(_cost(part, rows, q_len), self.hardware, self.dtype, self.time_model) if _has_rows()

@@ -358,10 +358,11 @@ def hybrid_kv(model: ModelSpec) -> bool:
 
 def window_groups(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> tuple[WindowGroup, ...]:
     """The window groups of a capped pool (`WindowedBlockManager`): none for a model without sliding
-    or chunked layers, with kv_window "full", over pipeline stages, or without a full-attention layer
-    (then every layer gets full pages, as `MemoryPlan.kv_sliding_full_pages` says)."""
+    or chunked layers, with kv_window "full", over pipeline stages, without a full-attention layer, or with
+    full layers that store another width a token than the sliding ones (Gemma 4: the pool's blocks are one
+    layer width) (then every layer gets full pages, as `MemoryPlan.kv_sliding_full_pages` says)."""
     m = model
-    if not hybrid_kv(m) or kv_window != "capped" or pp != 1:
+    if not hybrid_kv(m) or kv_window != "capped" or pp != 1 or m.has_global_attention:
         return ()
     layout = HybridLayout.of([(kind.attention, kind.window) for kind in m.layer_kinds()])
     return () if layout is None else layout.groups
@@ -891,6 +892,8 @@ def _window_note(model: ModelSpec, kv_window: str, pp: int, speculative: bool) -
         why = ""
     elif speculative and capped_window(model, kv_window, pp):
         why = " (the draft's KV shares the blocks)"
+    elif model.has_global_attention:
+        why = " (its full layers store another width a token: the simulator's pool pages one width)"
     else:
         why = " (the capped pool needs one stage and a full-attention layer, or one window for every layer)"
     return "KV: sliding layers given full pages" + why

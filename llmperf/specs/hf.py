@@ -2,8 +2,8 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, and the text model of the multimodal llama4 / gemma3 / qwen3_5 / kimi_k25 checkpoints
-(read from `text_config`; the vision tower is not modelled).
+gemma2, gemma3_text, gemma4_text, and the text model of the multimodal llama4 / gemma3 / gemma4 / qwen3_5 /
+kimi_k25 checkpoints (read from `text_config`; the vision and audio towers are not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -209,6 +209,16 @@ _GEMMA3_DEFAULTS = dict(
     _GEMMA2_DEFAULTS, attn_logit_softcapping=None, final_logit_softcapping=None, sliding_window_pattern=6,
     use_bidirectional_attention=False)
 
+#: Gemma4TextConfig's defaults (transformers 5.24); global_head_dim and num_global_key_value_heads are
+#: keyword arguments its __post_init__ pops (512 and None)
+_GEMMA4_DEFAULTS = dict(
+    vocab_size=262_144, hidden_size=2304, intermediate_size=9216, num_hidden_layers=30, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131_072,
+    rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False, sliding_window=512,
+    final_logit_softcapping=None, vocab_size_per_layer_input=262_144, hidden_size_per_layer_input=256,
+    attention_k_eq_v=False, num_kv_shared_layers=0, enable_moe_block=False, use_double_wide_mlp=False,
+    global_head_dim=512, num_global_key_value_heads=None, num_experts=None, top_k_experts=None,
+    moe_intermediate_size=None, per_layer_config=None)
 
 # ---- today's models: per-layer structure ------------------------------------------------------------
 # transformers' layer_types spelling -> ModelSpec's. Gated DeltaNet layers (`linear_attention`) are read
@@ -767,6 +777,91 @@ def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
     default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
     _set_layer_types(cfg, out, default, cfg.get("sliding_window"))
 
+def _gemma4_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Gemma 4 (text): per-head q/k RMSNorms and a weightless one on V (plain `x * w` norms, unlike Gemma 2/3),
+    four norms per layer, sqrt(hidden)-scaled embeddings, a tied head soft-capped by `final_logit_softcapping`,
+    one learned scalar per layer; one full layer in six (`layer_types` where given), the last always full. Its
+    full layers have `global_head_dim` and, with `attention_k_eq_v`, `num_global_key_value_heads` KV heads and
+    no v_proj (V is the key projection, normed apart; the cache keeps both). `enable_moe_block`: every layer
+    runs its dense FFN beside `num_experts` experts (`top_k_experts` of `moe_intermediate_size`): the shared
+    expert, with the branches' own norms (`moe_parallel_ffn`). `hidden_size_per_layer_input`: per-layer
+    embeddings (a table of `vocab_size_per_layer_input` rows, `ple_dim`); the last `num_kv_shared_layers` layers
+    read the cache of the last earlier layer of their kind (`kv_shared_layers`; with `use_double_wide_mlp` their
+    dense FFN is twice as wide). Bidirectional attention is refused by name."""
+    bidirectional = cfg.get("use_bidirectional_attention")
+    if bidirectional == "all":
+        raise cfg.refuse("use_bidirectional_attention", bidirectional, "an encoder, not a causal LM")
+    _biases(cfg, out)
+    out.update(ffn_kind="swiglu", sandwich_norms=True, embedding_scale=True, qk_norm="rmsnorm", v_norm=True,
+               layer_scalar=True)
+    cap = cfg.get("final_logit_softcapping")
+    out["final_softcap"] = None if cap is None else _positive_number(cfg, "final_logit_softcapping", cap)
+    n = out["num_layers"]
+    default = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)]
+    given = cfg.get("layer_types") if cfg.has("layer_types") else default
+    if isinstance(given, list) and given:  # transformers forces the last layer full
+        given = [*given[:-1], "full_attention"]
+    kinds = _set_layer_types(_Config({**cfg.data, "layer_types": given}, cfg.origin, cfg.defaults), out, given,
+                             cfg.get("sliding_window"))
+    local = _rope_parameters(cfg).get("sliding_attention")
+    if isinstance(local, Mapping) and local.get("rope_theta") is not None:
+        out["rope_local_theta"] = _positive_number(cfg, "rope_parameters.sliding_attention.rope_theta",
+                                                   local["rope_theta"])
+    if "full" in kinds:
+        if cfg.flag("attention_k_eq_v"):
+            out["global_k_eq_v"] = True
+        if cfg.has("per_layer_config"):  # as transformers saves it: the full layers' shape, layer by layer
+            hd, kv = _gemma4_layer_shapes(cfg, kinds)
+        else:  # as the hub spells it; transformers' __post_init__ turns them into per_layer_config
+            hd = _positive(cfg, "global_head_dim", cfg.get("global_head_dim", 512))
+            kv = _positive(cfg, "num_global_key_value_heads") if out.get("global_k_eq_v") and cfg.has(
+                "num_global_key_value_heads") else None
+        out["global_head_dim"] = hd
+        if kv is not None:
+            out["global_kv_heads"] = kv
+    if cfg.flag("enable_moe_block"):
+        out.update(num_experts=_positive(cfg, "num_experts"), experts_per_token=_positive(cfg, "top_k_experts"),
+                   moe_ffn_size=_positive(cfg, "moe_intermediate_size"), shared_experts=1,
+                   shared_ffn_size=out["ffn_size"], moe_parallel_ffn=True)
+    ple = cfg.get("hidden_size_per_layer_input")
+    if ple:  # 0 or null: none
+        out["ple_dim"] = _positive(cfg, "hidden_size_per_layer_input", ple)
+        out["ple_vocab"] = _positive(cfg, "vocab_size_per_layer_input")
+    shared = _count(cfg, "num_kv_shared_layers")
+    if shared >= n:
+        raise cfg.refuse("num_kv_shared_layers", shared, f"every one of the {n} layers would read another "
+                         "model's cache (an assistant model)")
+    out["kv_shared_layers"] = tuple(range(n - shared, n))
+    if shared and cfg.flag("use_double_wide_mlp"):
+        out["wide_shared_ffn"] = True
+
+
+def _gemma4_layer_shapes(cfg: _Config, kinds: list[str]) -> tuple[int, int | None]:
+    """The full layers' (head_dim, KV heads or None) from `per_layer_config` ({layer: {head_dim,
+    num_key_value_heads}}): one shape for every full layer and none for another layer, else refused."""
+    given = cfg.get("per_layer_config")
+    if not isinstance(given, Mapping):
+        raise SpecError(f"{cfg.origin}: per_layer_config must map layers to their shape, got {given!r}")
+    if not given:  # every layer the model's shape
+        return _positive(cfg, "head_dim"), None
+    shapes = set()
+    for key, shape in given.items():
+        i = int(key) if isinstance(key, str) and key.isdigit() else key
+        if not is_count(i) or not 0 <= i < len(kinds) or not isinstance(shape, Mapping) \
+                or not set(shape) <= {"head_dim", "num_key_value_heads"}:
+            raise SpecError(f"{cfg.origin}: per_layer_config[{key!r}] must give a layer's head_dim and "
+                            f"num_key_value_heads, got {shape!r}")
+        if kinds[i] != "full":
+            raise cfg.refuse(f"per_layer_config[{key!r}]", dict(shape), "a shape of its own in a sliding layer")
+        shapes.add((shape.get("head_dim"), shape.get("num_key_value_heads")))
+    full = sum(k == "full" for k in kinds)
+    if len(shapes) != 1 or len(given) != full:
+        raise cfg.refuse("per_layer_config", given, "full layers of different shapes")
+    hd, kv = shapes.pop()
+    return _positive(cfg, "per_layer_config.head_dim", hd or cfg.get("head_dim")), (
+        None if kv is None else _positive(cfg, "per_layer_config.num_key_value_heads", kv))
+
+
 _TYPES = (
     HFModelType(model_type="llama", family="llama", architectures=("LlamaForCausalLM",), keys=_LLAMA_KEYS,
                 required=_LLAMA_REQUIRED, defaults={**_LLAMA_DEFAULTS, "attention_bias": False, "mlp_bias": False},
@@ -935,6 +1030,9 @@ _TYPES = (
                   honours=("attn_logit_softcapping", "final_logit_softcapping"), extra=_gemma_extra)
       for mt, arch, defaults in (("gemma2", "Gemma2ForCausalLM", _GEMMA2_DEFAULTS),
                                  ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_DEFAULTS))),
+    HFModelType(model_type="gemma4_text", family="llama", architectures=("Gemma4ForCausalLM",), keys=_GEMMA_KEYS,
+                required=_LLAMA_REQUIRED, defaults=_GEMMA4_DEFAULTS, sliding_window="layers",
+                honours=("final_logit_softcapping",), extra=_gemma4_extra),
 )
 
 #: every supported model type's description, by `model_type`
@@ -946,15 +1044,14 @@ _COUNT_FIELDS = frozenset({"vocab_size", "hidden_size", "num_layers", "num_heads
                            "ffn_size", "max_positions", "num_experts", "experts_per_token"})
 
 #: rope_scaling types llmperf's cost model accepts: none changes a FLOP, a weight or a KV byte (they
-#: rescale positions or the softmax), so their values are kept in `rope_scaling`, and unknown types are
-#: refused. The engine (`llmperf.engine.model`) builds fewer and refuses the rest itself.
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
+#: rescale positions or the softmax; Gemma 4's `proportional` rotates the whole head, some pairs by zero),
+#: so their values are kept in `rope_scaling`, and unknown types are refused. The engine
+#: (`llmperf.engine.model`) builds fewer and refuses the rest itself.
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "proportional")
 
 #: model types refused by name: half-modelling them would mislead (one line, why)
 REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
     "nemotron_h": "Mamba-2 layers keep a constant per-sequence state, not modelled yet",
-    **dict.fromkeys(("gemma4", "gemma4_text"), "Gemma 4's full layers have their own head dim and KV heads, may "
-                    "share K with V and a KV cache across layers, and add per-layer embeddings; not modelled yet"),
 })
 
 #: fields refused by name in any config: each belongs to an architecture llmperf does not model yet
@@ -967,6 +1064,7 @@ _HYBRID_FIELDS: Mapping[str, str] = MappingProxyType({
 
 #: multimodal wrappers whose text model is read from `text_config` (the vision tower is not modelled)
 _TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"llama4": "llama4_text", "gemma3": "gemma3_text",
+                                                          "gemma4": "gemma4_text",
                                                           "qwen3_5": "qwen3_5_text",
                                                           "qwen3_5_moe": "qwen3_5_moe_text",
                                                           "kimi_k25": "deepseek_v3"})

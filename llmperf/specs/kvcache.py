@@ -56,14 +56,17 @@ def first_key(attention: str, window: int | None, start: int) -> int:
     return 0
 
 
-def pages_per_block(layers: int, full_layers: int) -> int:
+def pages_per_block(layers: int, full_layers: int, layer_elements: int = 1, full_layer_elements: int = 1) -> int:
     """Pool blocks one block of a window group of `layers` layers takes when a pool block holds the
     `full_layers` full-attention layers: `ceil(layers / full_layers)`, the last sub-group padded. vLLM
     pages every KV-cache group alike (`vllm/v1/core/kv_cache_utils.py`,
     `_get_kv_cache_groups_uniform_page_size`): a group holds as many layers as the smallest kind has,
     the full layers in Gemma 2/3, gpt-oss and Llama 4 (Gemma 3 27B: 10 full, 52 sliding = 6 groups of
-    10, the last padded from 2)."""
-    return -(-layers // full_layers)
+    10, the last padded from 2). Where a layer of the group stores another number of elements a token
+    than a full one (Gemma 4), by bytes: `ceil(layers x layer_elements / (full_layers x
+    full_layer_elements))` (vLLM evens such pages out by the block size instead; the bytes agree within a
+    block)."""
+    return -(-(layers * layer_elements) // (full_layers * full_layer_elements))
 
 
 def pipeline_stages(num_layers: int, pp: int) -> tuple[range, ...]:
@@ -177,12 +180,20 @@ class KVCacheSpec:
     state_bytes_per_layer: float = 0.0  # linear layers: one sequence's state in one of them (this shard's)
     index_bytes_per_token: float = 0.0  # DSA: the indexer's key of one token in one layer (fp8 + scale; whole)
     shared_topk_layers: tuple[int, ...] = ()  # DSA layers with no indexer (GLM-5's shared top-k): no indexer key
+    global_kv_heads: int | None = None  # Gemma 4: the full layers' K/V heads (None: num_kv_heads)
+    global_head_dim: int | None = None  # Gemma 4: the full layers' head dim (None: head_dim)
+    kv_shared_layers: tuple[int, ...] = ()  # Gemma 4: layers reading an earlier layer's cache (none of their own)
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_kv_heads", "head_dim"):
             value = getattr(self, f)
             if not is_count(value) or value <= 0:
                 raise SpecError(f"kv cache: {f} must be a positive integer, got {value!r}")
+        for f in ("global_kv_heads", "global_head_dim"):
+            value = getattr(self, f)
+            if value is not None and (not is_count(value) or value <= 0 or self.latent):
+                raise SpecError(f"kv cache: {f} must be a positive integer or None (not with a latent cache), "
+                                f"got {value!r}")
         eb = self.element_bytes
         if not is_real(eb) or eb <= 0:
             raise SpecError(f"kv cache: element_bytes must be a finite positive number, got {eb!r}")
@@ -215,6 +226,10 @@ class KVCacheSpec:
             raise SpecError(f"kv cache: index_bytes_per_token must be a finite number >= 0, got {ib!r}")
         shared = layer_indices("kv cache: shared_topk_layers", self.shared_topk_layers, self.num_layers)
         object.__setattr__(self, "shared_topk_layers", shared)
+        object.__setattr__(self, "kv_shared_layers",
+                           layer_indices("kv cache: kv_shared_layers", self.kv_shared_layers, self.num_layers))
+        if any(self.kinds()[i] == "linear" for i in self.kv_shared_layers):
+            raise SpecError("kv cache: kv_shared_layers must be attention layers")
         if shared and (ib == 0 or any(self.kinds()[i] == "linear" for i in shared)):
             raise SpecError("kv cache: shared_topk_layers needs an indexer key (index_bytes_per_token > 0) and "
                             "attention layers")
@@ -238,12 +253,16 @@ class KVCacheSpec:
             heads, dim, latent = 1, model.kv_lora_rank + model.qk_rope_head_dim, True
         else:
             heads, dim, latent = model.num_kv_heads, model.head_dim, False
+        glob = {}
+        if getattr(model, "has_global_attention", False):  # Gemma 4: the full layers' own K/V shape
+            glob = dict(global_kv_heads=model.global_kv_heads or heads, global_head_dim=model.global_head_dim or dim)
         return cls(num_layers=model.num_layers, num_kv_heads=heads, head_dim=dim, element_bytes=element,
                    sliding_window=model.sliding_window, layer_types=getattr(model, "layer_types", None),
                    attention_chunk_size=getattr(model, "attention_chunk_size", None), latent=latent,
                    window=window, state_bytes_per_layer=linear_state_bytes(model, kv),
                    index_bytes_per_token=indexer_key_bytes(model),
-                   shared_topk_layers=tuple(getattr(model, "shared_topk_layers", ())))
+                   shared_topk_layers=tuple(getattr(model, "shared_topk_layers", ())),
+                   kv_shared_layers=tuple(getattr(model, "kv_shared_layers", ())), **glob)
 
     def with_window(self, window: str) -> KVCacheSpec:
         """The same cache with sliding and chunked layers allocated `"capped"` or `"full"`."""
@@ -256,18 +275,23 @@ class KVCacheSpec:
             return self.layer_types
         return ("sliding" if self.sliding_window is not None else "full",) * self.num_layers
 
+    def held_kinds(self) -> tuple[str, ...]:
+        """The attention kind of every layer holding a cache of its own, in order (not the linear layers, nor
+        Gemma 4's KV-shared ones)."""
+        shared = set(self.kv_shared_layers)
+        return tuple(k for i, k in enumerate(self.kinds()) if k != "linear" and i not in shared)
+
     @property
     def groups(self) -> tuple[KVGroup, ...]:
         """The KV-holding layers of each attention kind (in order of first appearance; linear layers hold
         none), each with its bytes per token and layer and its window."""
         windows = {"full": None, "sliding": self.sliding_window, "chunked": self.attention_chunk_size}
         counts: dict[str, int] = {}
-        for kind in self.kinds():
-            if kind != "linear":
-                counts[kind] = counts.get(kind, 0) + 1
+        for kind in self.held_kinds():
+            counts[kind] = counts.get(kind, 0) + 1
         capped = self.window == "capped"
         return tuple(KVGroup(attention=kind, window=windows[kind], num_layers=n,
-                             bytes_per_token_per_layer=self.bytes_per_token_per_layer, capped=capped)
+                             bytes_per_token_per_layer=self.layer_bytes(kind), capped=capped)
                      for kind, n in counts.items())
 
     @property
@@ -281,7 +305,9 @@ class KVCacheSpec:
             raise SpecError(f"kv cache: layers {start}..{stop - 1} are not within 0..{self.num_layers - 1}")
         lt = None if self.layer_types is None else self.layer_types[start:stop]
         shared = tuple(i - start for i in self.shared_topk_layers if start <= i < stop)
-        return replace(self, num_layers=stop - start, layer_types=lt, shared_topk_layers=shared)
+        reading = tuple(i - start for i in self.kv_shared_layers if start <= i < stop)
+        return replace(self, num_layers=stop - start, layer_types=lt, shared_topk_layers=shared,
+                       kv_shared_layers=reading)
 
     def stage(self, index: int, pp: int) -> KVCacheSpec:
         """The cache of pipeline stage `index` of `pp` (vLLM's partition, `pipeline_stages`)."""
@@ -294,14 +320,36 @@ class KVCacheSpec:
     # ---- per token -------------------------------------------------------------------------------
     @property
     def elements_per_token_per_layer(self) -> int:
-        """K and V of one token in one layer (2 * kv_heads * head_dim), or the MLA latent (head_dim)."""
+        """K and V of one token in one layer (2 * kv_heads * head_dim), or the MLA latent (head_dim); with
+        Gemma 4's full layers of their own shape, a non-full layer's (`layer_elements`)."""
         return self.num_kv_heads * self.head_dim * (1 if self.latent else 2)
+
+    @property
+    def has_global(self) -> bool:
+        """Full layers store another K/V shape than the others (Gemma 4)."""
+        return self.global_kv_heads is not None or self.global_head_dim is not None
+
+    def layer_elements(self, kind: str) -> int:
+        """K and V of one token in one layer of `kind` (Gemma 4's full layers: their own heads and head dim)."""
+        if kind == "full" and self.has_global:
+            return 2 * (self.global_kv_heads or self.num_kv_heads) * (self.global_head_dim or self.head_dim)
+        return self.elements_per_token_per_layer
+
+    def layer_bytes(self, kind: str) -> float:
+        """One token in one layer of `kind` (`bytes_per_token_per_layer` but for Gemma 4's full layers)."""
+        if not self.has_global:
+            return self.bytes_per_token_per_layer
+        return self.layer_elements(kind) * self.element_bytes
 
     @property
     def bytes_per_token_per_layer(self) -> float:
         """K and V of one token in one layer: 2 * kv_heads * head_dim * element_bytes (MLA: the
         latent, head_dim * element_bytes; with DSA its indexer's key too, averaged over the KV layers
-        when some reuse an earlier layer's top-k and keep none). The same in every layer."""
+        when some reuse an earlier layer's top-k and keep none). The same in every layer; Gemma 4's
+        layers differ (full ones of their own shape): their average over the KV layers (`layer_bytes`
+        gives each kind's)."""
+        if self.has_global:
+            return self.bytes_per_token / self.kv_layers
         index = self.index_bytes_per_token
         if self.shared_topk_layers:
             index = index * (self.kv_layers - len(self.shared_topk_layers)) / self.kv_layers
@@ -309,8 +357,8 @@ class KVCacheSpec:
 
     @property
     def kv_layers(self) -> int:
-        """Layers holding KV (every layer but the linear ones)."""
-        return self.num_layers - self.linear_layers
+        """Layers holding KV (every layer but the linear ones and Gemma 4's KV-shared ones)."""
+        return len(self.held_kinds())
 
     @property
     def linear_layers(self) -> int:
@@ -326,6 +374,8 @@ class KVCacheSpec:
     def bytes_per_token(self) -> float:
         """One token in every layer held: what a token costs while the context is shorter than every
         window (no cap reached), and the slope of `bytes_for_context` of a model without windows."""
+        if self.has_global:
+            return sum(self.layer_bytes(k) for k in self.held_kinds())
         return self.kv_layers * self.bytes_per_token_per_layer
 
     def bytes_per_block(self, block_size: int) -> float:
@@ -390,7 +440,9 @@ class KVCacheSpec:
             return (-(-context // block_size),)
         full = sum(g.num_layers for g in self.groups if g.cap is None)
         return tuple(g.blocks_held(context, block_size, start)
-                     * (1 if g.cap is None else pages_per_block(g.num_layers, full)) for g in self.groups)
+                     * (1 if g.cap is None else pages_per_block(g.num_layers, full, self.layer_elements(g.attention),
+                                                                self.layer_elements("full")))
+                     for g in self.groups)
 
     def paged_block_bytes(self, block_size: int) -> float:
         """One pool block: `block_size` tokens of the full layers (paged apart), else of every layer."""
@@ -398,7 +450,7 @@ class KVCacheSpec:
         if not self.pages_apart:
             return self.bytes_per_block(block_size)
         full = sum(g.num_layers for g in self.groups if g.cap is None)
-        return block_size * full * self.bytes_per_token_per_layer
+        return block_size * full * self.layer_bytes("full")
 
     def paged_reserved_bytes(self, context: int, block_size: int, start: int | None = None) -> float:
         """Bytes of the pool blocks one sequence holds (padded sub-groups included): what a paged
@@ -429,8 +481,9 @@ class KVCacheSpec:
         _check_positive_int("tp", tp)
         _check_positive_int("pp", pp)
         heads = replace(self, num_kv_heads=max(1, self.num_kv_heads // tp),
-                        state_bytes_per_layer=self.state_bytes_per_layer / tp)  # linear heads split by tp
-        if self.layer_types is None and not self.shared_topk_layers:
+                        state_bytes_per_layer=self.state_bytes_per_layer / tp,  # linear heads split by tp
+                        global_kv_heads=None if self.global_kv_heads is None else max(1, self.global_kv_heads // tp))
+        if self.layer_types is None and not self.shared_topk_layers and not self.kv_shared_layers:
             return replace(heads, num_layers=-(-self.num_layers // pp))
         stages = [heads.stage(i, pp) for i in range(pp)]
 

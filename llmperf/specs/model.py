@@ -9,6 +9,7 @@ description (`llmperf.specs.families`).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -40,20 +41,23 @@ class LayerKind:
     token mixer with a constant recurrent state instead of a KV cache), whether it applies rotary
     positions (`rope`; Llama 4's global layers do not), whether its FFN is a mixture of experts, and
     (DeepSeek Sparse Attention) whether it reuses an earlier layer's top-k instead of running its own
-    indexer (`shared_topk`: GLM-5's `indexer_types` "shared")."""
+    indexer (`shared_topk`: GLM-5's `indexer_types` "shared"), and (Gemma 4) whether it has the full layers'
+    own attention shape (`global_shape`) and whether it reads an earlier layer's KV cache (`kv_shared`)."""
 
     attention: str
     window: int | None
     rope: bool
     moe: bool
     shared_topk: bool = False
+    global_shape: bool = False  # Gemma 4: a full layer with the full layers' own head dim and KV heads
+    kv_shared: bool = False  # Gemma 4: it reads an earlier layer's cache (no K/V of its own)
 
     @property
     def label(self) -> str:
         """A short name for tables: `full`, `sliding-4096`, `chunked-8192`, + `/moe`, `/nope`."""
         text = self.attention if self.window is None else f"{self.attention}-{self.window}"
         return (text + ("/moe" if self.moe else "") + ("" if self.rope or self.attention == "linear" else "/nope")
-                + ("/shared-topk" if self.shared_topk else ""))
+                + ("/shared-topk" if self.shared_topk else "") + ("/kv-shared" if self.kv_shared else ""))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +143,20 @@ class ModelSpec:
     index_head_dim: int | None = None
     index_topk: int | None = None  # keys each query's main attention reads
     shared_topk_layers: tuple[int, ...] = ()  # layers with no indexer: they reuse the previous indexed layer's top-k
+    # Gemma 4: full layers with their own attention shape; dense FFN and experts side by side
+    global_head_dim: int | None = None  # full layers' head_dim (None: head_dim)
+    global_kv_heads: int | None = None  # full layers' KV heads (None: num_kv_heads)
+    global_k_eq_v: bool = False  # full layers have no v_proj: V is the key projection, normed apart (cached apart)
+    v_norm: bool = False  # a weightless RMSNorm over every value head
+    moe_parallel_ffn: bool = False  # the shared expert (the dense FFN) and the experts read their own norms of the
+    # layer input and their outputs are normed apart; the router RMS-norms its input times a learned vector and
+    # scales each chosen expert's weight by a learned per-expert factor (Gemma4TextDecoderLayer, Gemma4TextRouter)
+    layer_scalar: bool = False  # each layer's output times one learned scalar (a 1-element tensor of the checkpoint)
+    ple_dim: int | None = None  # per-layer embeddings: each layer's own input of this width (a second table)
+    ple_vocab: int | None = None  # rows of the per-layer embedding table (None: vocab_size)
+    kv_shared_layers: tuple[int, ...] = ()  # layers that read the cache of the last earlier layer of their attention
+    # kind: no k/v projections or norms, no cache of their own
+    wide_shared_ffn: bool = False  # the KV-shared layers' dense FFN is twice ffn_size wide (use_double_wide_mlp)
     # ---- numerics: change values, not costs (the engine honours them; every default is "absent") --
     router_scoring: str = "softmax"  # softmax | sigmoid: how router logits become expert scores
     router_renormalize: bool = True  # the chosen experts' weights sum to 1 (norm_topk_prob; Mixtral: always)
@@ -268,7 +286,8 @@ class ModelSpec:
     @property
     def kv_width_per_token_per_layer(self) -> int:
         """Elements one token leaves in one layer's cache: 2 * kv_heads * head_dim (K and V), or for
-        MLA the latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim."""
+        MLA the latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim (Gemma 4: a sliding layer's;
+        `kv_cache(...).layer_elements` gives each kind's)."""
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim  # type: ignore[operator]
         return 2 * self.num_kv_heads * self.head_dim
@@ -292,18 +311,42 @@ class ModelSpec:
                 kv += r + dr
             o = n * self.v_head_dim * h + (h if self.out_bias else 0)
             return q + kv + o + (n if self.attn_sinks else 0) + self.indexer_params_per_layer
-        n = h * self.q_size * (2 if self.attn_output_gate else 1) + 2 * h * self.kv_size + self.q_size * h
+        return self._gqa_params(self.head_dim, self.num_kv_heads, v_proj=True)
+
+    def _gqa_params(self, head_dim: int, kv_heads: int, *, v_proj: bool) -> int:
+        """Grouped-query attention of `head_dim` over `kv_heads` (without `v_proj`: V is the key projection)."""
+        h, q, kv = self.hidden_size, self.num_heads * head_dim, kv_heads * head_dim
+        gate, kv_mats = (2 if self.attn_output_gate else 1), (2 if v_proj else 1)
+        n = h * q * gate + kv_mats * h * kv + q * h
         if self.qkv_bias:
-            n += self.q_size * (2 if self.attn_output_gate else 1) + 2 * self.kv_size
+            n += q * gate + kv_mats * kv
         if self.out_bias:
             n += h
         if self.qk_norm == "rmsnorm":
-            n += 2 * self._norm_weights(self.head_dim)
+            n += 2 * self._norm_weights(head_dim)
         elif self.qk_norm == "rmsnorm_across_heads":  # one norm over all query heads, one over all key heads
-            n += self._norm_weights(self.q_size) + self._norm_weights(self.kv_size)
+            n += self._norm_weights(q) + self._norm_weights(kv)
         if self.attn_sinks:
             n += self.num_heads
         return n
+
+    def attention_dims(self, kind: LayerKind) -> tuple[int, int]:
+        """(head_dim, KV heads) of a layer of `kind`: Gemma 4's full layers have their own."""
+        if kind.global_shape:
+            return self.global_head_dim or self.head_dim, self.global_kv_heads or self.num_kv_heads
+        return self.head_dim, self.num_kv_heads
+
+    @property
+    def has_global_attention(self) -> bool:
+        """Full layers of another attention shape than the others' (Gemma 4)."""
+        return self.global_head_dim is not None or self.global_kv_heads is not None or self.global_k_eq_v
+
+    def attention_view(self, kind: LayerKind) -> ModelSpec:
+        """This model as a layer of `kind` sees it: Gemma 4's full layers' head dim and KV heads as the
+        model's (the model itself for every other layer and model)."""
+        if not kind.global_shape:
+            return self
+        return _global_view(self)
 
     def _norm_weights(self, width: int) -> int:
         return width * (2 if self.norm_kind == "layernorm" else 1)
@@ -403,9 +446,10 @@ class ModelSpec:
     @property
     def moe_ffn_params(self) -> int:
         """The FFN of one MoE layer: routed and shared experts, the router, the shared-expert gate."""
+        parallel = (3 * self.norm_params + self.hidden_size + self.num_experts) if self.moe_parallel_ffn else 0
         return (self.num_experts * self.expert_params
                 + self.shared_experts * self.ffn_params(self.shared_expert_ffn_size)
-                + self.router_params_per_layer + (self.hidden_size if self.shared_expert_gate else 0))
+                + self.router_params_per_layer + (self.hidden_size if self.shared_expert_gate else 0) + parallel)
 
     @property
     def ffn_params_per_layer(self) -> int:
@@ -419,14 +463,49 @@ class ModelSpec:
 
     def layer_params(self, kind: LayerKind) -> int:
         """Parameters of one layer of `kind` (attention, its FFN, its norms)."""
-        ffn = self.moe_ffn_params if kind.moe else self.dense_ffn_params
-        return self.attn_params(kind) + ffn + self.norms_per_layer * self.norm_params
+        ffn = self.moe_ffn_params if kind.moe else self.ffn_params(self.dense_ffn_width(kind))
+        return (self.attn_params(kind) + ffn + self.norms_per_layer * self.norm_params + (1 if self.layer_scalar else 0)
+                + self.ple_layer_params)
+
+    def dense_ffn_width(self, kind: LayerKind) -> int:
+        """The dense FFN's width in a layer of `kind`: ffn_size, twice it in Gemma 4's KV-shared layers with
+        `wide_shared_ffn`."""
+        return self.ffn_size * (2 if self.wide_shared_ffn and kind.kv_shared else 1)
+
+    def ffn_view(self, kind: LayerKind) -> ModelSpec:
+        """This model as the FFN of a layer of `kind` sees it: Gemma 4's wide KV-shared layers' ffn_size doubled."""
+        if self.dense_ffn_width(kind) == self.ffn_size:
+            return self
+        return replace(self, ffn_size=self.dense_ffn_width(kind), wide_shared_ffn=False, kv_shared_layers=())
+
+    @property
+    def ple_params(self) -> int:
+        """Per-layer embeddings' model-level parameters: the table (ple_vocab x layers x ple_dim), the
+        projection of the embedding (hidden -> layers x ple_dim) and its norm (ple_dim); 0 without them."""
+        if not self.ple_dim:
+            return 0
+        width = self.num_layers * self.ple_dim
+        return (self.ple_vocab or self.vocab_size) * width + self.hidden_size * width + self._norm_weights(self.ple_dim)
+
+    @property
+    def ple_layer_params(self) -> int:
+        """Per-layer embeddings in one layer: the gate (hidden -> ple_dim), the projection back (ple_dim ->
+        hidden) and the norm after it; 0 without them."""
+        return 2 * self.hidden_size * self.ple_dim + self.norm_params if self.ple_dim else 0
 
     def attn_params(self, kind: LayerKind) -> int:
         """Parameters of one layer's mixer of `kind`: its attention (a shared-top-k layer's without the
-        indexer it does not have) or its linear attention."""
+        indexer it does not have; Gemma 4's full layers of their own shape) or its linear attention."""
         if kind.attention == "linear":
             return self.linear_params_per_layer
+        if kind.global_shape or kind.kv_shared:
+            hd, kv = self.attention_dims(kind)
+            n = self._gqa_params(hd, kv, v_proj=not (kind.global_shape and self.global_k_eq_v))
+            if kind.kv_shared:  # no k_proj, v_proj or k_norm: the layer reads an earlier layer's cache
+                k = self.hidden_size * kv * hd + (kv * hd if self.qkv_bias else 0)
+                n -= k * (1 if kind.global_shape and self.global_k_eq_v else 2)
+                n -= self._norm_weights(hd) if self.qk_norm == "rmsnorm" else 0
+            return n
         if kind.shared_topk:  # no indexer of its own
             return self.attn_params_per_layer - self.indexer_params_per_layer
         return self.attn_params_per_layer
@@ -457,7 +536,7 @@ class ModelSpec:
         them (DeepSeek-V3: 671.0B here, "685B" on its model card with the MTP layer). Checked against
         transformers on the meta device in tests/specs/test_hf_crosscheck.py and test_hf_today.py."""
         layers = sum(count * self.layer_params(kind) for kind, count in self.layer_groups())
-        return self.embedding_params + layers + self.norm_params + self.lm_head_params
+        return self.embedding_params + layers + self.norm_params + self.lm_head_params + self.ple_params
 
     @property
     def active_param_count(self) -> int:
@@ -587,8 +666,19 @@ def _layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
     dense, nope, shared = set(spec.dense_layers), set(spec.nope_layers), set(spec.shared_topk_layers)
     rope = spec.pos_encoding == "rope"
     windows = {"full": None, "sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "linear": None}
+    wide, kv_shared = spec.has_global_attention, set(spec.kv_shared_layers)
     return tuple(LayerKind(attention=t, window=windows[t], rope=rope and i not in nope and t != "linear",
-                           moe=spec.is_moe and i not in dense, shared_topk=i in shared) for i, t in enumerate(types))
+                           moe=spec.is_moe and i not in dense, shared_topk=i in shared,
+                           global_shape=wide and t == "full", kv_shared=i in kv_shared) for i, t in enumerate(types))
+
+
+@functools.lru_cache(maxsize=64)
+def _global_view(spec: ModelSpec) -> ModelSpec:
+    """`spec` with its full layers' attention shape as the model's (`ModelSpec.attention_view`)."""
+    hd = spec.global_head_dim or spec.head_dim
+    return replace(spec, head_dim=hd, num_kv_heads=spec.global_kv_heads or spec.num_kv_heads,
+                   rotary_dim=hd if spec.rotary_dim == spec.head_dim else min(spec.rotary_dim, hd),
+                   global_head_dim=None, global_kv_heads=None)  # global_k_eq_v kept: its full layers have no v_proj
 
 
 def _optional_positive_int(spec: ModelSpec, name: str) -> None:
@@ -666,10 +756,47 @@ def _check_layer_structure(spec: ModelSpec) -> None:
     for f in ("attn_softcap", "final_softcap"):
         if getattr(spec, f) is not None:
             _positive_number(name, f, getattr(spec, f))
+    _check_global_attention(spec)
     _check_numerics(spec)
     m = spec.mtp_layers
     if not is_count(m) or m < 0:
         raise SpecError(f"{name}: mtp_layers must be an integer >= 0, got {m!r}")
+
+
+def _check_global_attention(spec: ModelSpec) -> None:
+    """Gemma 4's fields: its full layers' head dim and KV heads (dividing the query heads), not with latent
+    attention; per-layer embeddings' width (and table rows); each KV-shared layer has an earlier layer of its
+    kind with a cache of its own to read; its FFN beside the experts needs one shared expert (the dense FFN)."""
+    name = spec.name
+    for f in ("global_k_eq_v", "v_norm", "moe_parallel_ffn", "layer_scalar", "wide_shared_ffn"):
+        if not isinstance(getattr(spec, f), bool):
+            raise SpecError(f"{name}: {f} must be true or false, got {getattr(spec, f)!r}")
+    _optional_positive_int(spec, "global_head_dim")
+    _optional_positive_int(spec, "global_kv_heads")
+    if spec.global_kv_heads is not None and spec.num_heads % spec.global_kv_heads:
+        raise SpecError(f"{name}: global_kv_heads={spec.global_kv_heads} does not divide num_heads={spec.num_heads}")
+    if spec.has_global_attention and spec.is_mla:
+        raise SpecError(f"{name}: global_head_dim / global_kv_heads / global_k_eq_v are not defined for multi-head "
+                        "latent attention")
+    _optional_positive_int(spec, "ple_dim")
+    _optional_positive_int(spec, "ple_vocab")
+    if spec.ple_vocab is not None and spec.ple_dim is None:
+        raise SpecError(f"{name}: ple_vocab={spec.ple_vocab} needs ple_dim (per-layer embeddings)")
+    _layer_indices(spec, "kv_shared_layers")
+    if spec.kv_shared_layers:
+        kinds = spec.layer_types or ("sliding" if spec.sliding_window is not None else "full",) * spec.num_layers
+        for i in spec.kv_shared_layers:
+            if kinds[i] == "linear" or kinds[i] not in [kinds[j] for j in range(i) if j not in spec.kv_shared_layers]:
+                raise SpecError(f"{name}: kv_shared_layers holds layer {i}, with no earlier {kinds[i]} layer of its "
+                                "own cache to read")
+        if spec.is_mla:
+            raise SpecError(f"{name}: kv_shared_layers is not defined for multi-head latent attention")
+    if spec.wide_shared_ffn and spec.is_moe:
+        raise SpecError(f"{name}: wide_shared_ffn (a double-wide dense FFN in the KV-shared layers) is not modelled "
+                        "with mixture-of-experts layers")
+    if spec.moe_parallel_ffn and (not spec.is_moe or spec.shared_experts != 1):
+        raise SpecError(f"{name}: moe_parallel_ffn needs num_experts > 1 and shared_experts=1 (the dense FFN), "
+                        f"got num_experts={spec.num_experts}, shared_experts={spec.shared_experts}")
 
 
 LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
