@@ -41,7 +41,8 @@ Number = Any
 #: a collective's latency as a share of an all-reduce's over the same GPUs (ring steps; module docstring)
 LATENCY_SHARE = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "all_to_all": 0.5, "send": 0.5}
 #: which collective each comm operator of the vocabulary is
-OP_COLLECTIVE = {"embed_allreduce": "all_reduce", "attn_allreduce": "all_reduce", "mlp_allreduce": "all_reduce",
+OP_COLLECTIVE = {"embed_allreduce": "all_reduce", "qk_norm_gather": "all_gather", "qk_norm_allreduce": "all_reduce",
+                 "attn_allreduce": "all_reduce", "mlp_allreduce": "all_reduce",
                  "moe_dispatch": "all_to_all", "moe_combine": "all_to_all", "logits_gather": "all_gather",
                  "pp_send": "send"}
 

@@ -572,10 +572,27 @@ class ForwardModel:
         heads = d.num_heads + d.num_kv_heads * (2 if self.model.v_norm else 1)  # Gemma 4: a weightless V norm
         if self._kind(kind).kv_shared:  # Gemma 4: the queries alone (K and V come from an earlier layer's cache)
             return self._norm("qk_norm", batch * q_len * d.num_heads, width=self.head_dim, kind=self.model.qk_norm)
+        if self._qk_gathered:  # every GPU norms all the heads, gathered (`qk_norm_gather`)
+            heads = self.model.num_heads + self.model.num_kv_heads
         if self.model.qk_norm == "rmsnorm_across_heads":
             return self._norm("qk_norm", batch * q_len * heads, width=self.head_dim, kind="rmsnorm", weights=heads)
         return self._norm("qk_norm", batch * q_len * heads, width=self.head_dim, kind=self.model.qk_norm,
                           weights=2)
+
+    @property
+    def _qk_gathered(self) -> bool:
+        """OLMo 2/3's q/k norm under tensor parallelism: q and k gathered whole onto every GPU first."""
+        return self.model.qk_norm_gathered and self.tp > 1 and not self.dp_attention
+
+    def qk_norm_gather(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """OLMo 2/3 under tensor parallelism: each GPU's query and key heads all-gathered so that every GPU
+        norms all of them with the whole weight, then keeps its own (vLLM's `Olmo2Attention._apply_qk_norm`):
+        each GPU receives `(tp - 1) / tp` of the tokens' full q and k, in the activation dtype."""
+        t, m, tokens = self.tp, self.model, self.local_batch(batch) * q_len
+        width = (m.num_heads + m.num_kv_heads) * m.head_dim
+        return OpCost(name="qk_norm_gather", kind="comm",
+                      comm_bytes=(t - 1) / t * tokens * width * self.precision.act_bytes, rows=tokens,
+                      comm_gpus=int(t))
 
     def qk_norm_allreduce(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """MiniMax-M2 under tensor parallelism: each GPU holds some heads, so the q and k norms' variances
@@ -1058,7 +1075,9 @@ class ForwardModel:
             ops = [self.q_proj(*args), self.k_proj(*args)] + ([] if k_eq_v else [self.v_proj(*args)])
         if m.qk_norm in ("rmsnorm", "rmsnorm_across_heads") or (m.qk_norm == "l2" and kind.rope):
             ops.append(self.qk_norm(*args, kind=kind))
-        if m.qk_norm == "rmsnorm_across_heads" and self.tp > 1 and not self.dp_attention:
+        if self._qk_gathered:  # OLMo 2/3 under tp: q and k gathered before their norm
+            ops.insert(len(ops) - 1, self.qk_norm_gather(*args))
+        elif m.qk_norm == "rmsnorm_across_heads" and self.tp > 1 and not self.dp_attention:
             ops.append(self.qk_norm_allreduce(*args))
         if kind.rope and m.pos_encoding == "rope":
             ops.append(self.rope(*args, kind=kind))

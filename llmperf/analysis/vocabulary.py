@@ -64,6 +64,7 @@ class Op(str, Enum):
     index_topk = "index_topk"  # DSA's indexer: each query's top-k keys from its scores
     kv_b_proj = "kv_b_proj"  # MLA unabsorbed: latent -> heads x (nope K + V)
     q_absorb = "q_absorb"  # MLA absorbed: q_nope x W_UK per head
+    qk_norm_gather = "qk_norm_gather"  # OLMo 2/3 under tp: every GPU's q and k heads gathered before the norm
     qk_norm = "qk_norm"  # a norm over head_dim of every query and key head (Qwen3, Gemma 3/4, Llama 4; Gemma 4's V)
     qk_norm_allreduce = "qk_norm_allreduce"  # MiniMax-M2 under tp: the q and k norms' partial variances summed
     rope = "rope"
@@ -159,7 +160,8 @@ ATTENTION_OPS: frozenset[Op] = frozenset({Op.attention, Op.attn_score, Op.attn_s
                                          Op.attn_value})
 
 #: collectives (kind "comm")
-COMM_OPS: frozenset[Op] = frozenset({Op.embed_allreduce, Op.attn_allreduce, Op.mlp_allreduce, Op.moe_dispatch,
+COMM_OPS: frozenset[Op] = frozenset({Op.embed_allreduce, Op.qk_norm_gather, Op.qk_norm_allreduce,
+                                     Op.attn_allreduce, Op.mlp_allreduce, Op.moe_dispatch,
                                      Op.moe_combine, Op.logits_gather, Op.pp_send})
 
 OP_NAMES: tuple[str, ...] = tuple(op.value for op in Op)

@@ -667,11 +667,12 @@ def _smollm3_extra(cfg: _Config, out: dict[str, Any]) -> None:
 
 
 def _olmo_extra(cfg: _Config, out: dict[str, Any]) -> None:
-    """OLMo 2 / OLMo 3: q/k/v/o biases from attention_bias, q and k each RMS-normed across all their heads,
-    each sublayer's output normed before its residual add (`post_norm`, no input norms); OLMo 3 slides
+    """OLMo 2 / OLMo 3: q/k/v/o biases from attention_bias, q and k each RMS-normed across all their heads
+    (under tensor parallelism gathered whole first, as vLLM runs it: `qk_norm_gathered`), each sublayer's
+    output normed before its residual add (`post_norm`, no input norms); OLMo 3 slides
     three layers in four over `sliding_window` (its config class's `layer_types`)."""
     _biases(cfg, out)
-    out.update(qk_norm="rmsnorm_across_heads", post_norm=True)
+    out.update(qk_norm="rmsnorm_across_heads", qk_norm_gathered=True, post_norm=True)
     if cfg.get("model_type") == "olmo3":
         n = out["num_layers"]
         default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n)]

@@ -121,8 +121,10 @@ class ModelSpec:
     router_bias: bool = False  # the router linear has a bias (gpt-oss)
     router_score_bias: bool = False  # one routing-score correction per expert (DeepSeek-V3 noaux_tc)
     # rmsnorm: a head_dim norm on q and k (Qwen3, Gemma 3); l2: no weights, on rope layers (Llama 4);
-    # rmsnorm_across_heads: one norm over all query heads, one over all key heads (MiniMax-M2)
+    # rmsnorm_across_heads: one norm over all query heads, one over all key heads (MiniMax-M2, OLMo 2/3)
     qk_norm: str | None = None
+    qk_norm_gathered: bool = False  # across heads under tensor parallelism: q and k all-gathered, normed whole on every
+    # GPU and split again (vLLM's OLMo 2/3 `_apply_qk_norm`); else the variances are all-reduced (MiniMax-M2)
     attn_sinks: bool = False  # one learned sink logit per query head per layer (gpt-oss)
     attn_softcap: float | None = None  # Gemma 2: cap * tanh(score / cap) on every attention score
     final_softcap: float | None = None  # Gemma 2: the same on the logits
@@ -768,7 +770,7 @@ def _check_global_attention(spec: ModelSpec) -> None:
     attention; per-layer embeddings' width (and table rows); each KV-shared layer has an earlier layer of its
     kind with a cache of its own to read; its FFN beside the experts needs one shared expert (the dense FFN)."""
     name = spec.name
-    for f in ("global_k_eq_v", "v_norm", "moe_parallel_ffn", "layer_scalar", "wide_shared_ffn"):
+    for f in ("global_k_eq_v", "v_norm", "moe_parallel_ffn", "layer_scalar", "wide_shared_ffn", "qk_norm_gathered"):
         if not isinstance(getattr(spec, f), bool):
             raise SpecError(f"{name}: {f} must be true or false, got {getattr(spec, f)!r}")
     _optional_positive_int(spec, "global_head_dim")
@@ -791,6 +793,8 @@ def _check_global_attention(spec: ModelSpec) -> None:
                                 "own cache to read")
         if spec.is_mla:
             raise SpecError(f"{name}: kv_shared_layers is not defined for multi-head latent attention")
+    if spec.qk_norm_gathered and spec.qk_norm != "rmsnorm_across_heads":
+        raise SpecError(f"{name}: qk_norm_gathered needs qk_norm=rmsnorm_across_heads, got {spec.qk_norm!r}")
     if spec.wide_shared_ffn and spec.is_moe:
         raise SpecError(f"{name}: wide_shared_ffn (a double-wide dense FFN in the KV-shared layers) is not modelled "
                         "with mixture-of-experts layers")

@@ -4,8 +4,9 @@ experts with the fp32 score-correction bias; parameters exact against transforme
 default shape; the norm's weights and, under tensor parallelism, the one all-reduce of its variances
 (vLLM's `forward_qk`: two fp32 values a token); the serving cost model prices a static batch as
 `estimate`; the engine builds it (token for token: tests/engine/test_minimax_engine.py). OLMo 3 (the
-same q/k norm, norms after each sublayer) is priced the same way. (Tiny configs: tests/specs/test_hf_today.py;
-FLOPs against transformers' counter: tests/analysis/test_flop_counter.py.)"""
+same q/k norm, all-gathered under tp as vLLM runs it; norms after each sublayer) is priced the same way.
+(Tiny configs: tests/specs/test_hf_today.py; FLOPs against transformers' counter:
+tests/analysis/test_flop_counter.py.)"""
 
 from __future__ import annotations
 
@@ -86,11 +87,34 @@ def test_the_engine_builds_its_norm_across_heads():
         shard_spec(SPEC, 2)
 
 
+OLMO3 = dict(model_type="olmo3", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=8)
+
+
+def test_olmo_gathers_q_and_k_under_tp():
+    """OLMo 2/3 run the same norm under tp as vLLM's `Olmo2Attention._apply_qk_norm` does: every GPU's q and k
+    all-gathered (an all-gather of (tp - 1) / tp of them a GPU), normed whole on every GPU with the whole
+    weight, split again; no variance all-reduce. At tp 1 it is MiniMax-M2's norm."""
+    spec = model_spec_from_hf_config(OLMO3, name="tiny-olmo3")
+    assert spec.qk_norm_gathered and not SPEC.qk_norm_gathered
+    one = {o.name: o for o in ForwardModel(model=spec, precision=BF16).forward_ops(3, 1, 100)}
+    assert "qk_norm_gather" not in one
+    fm = ForwardModel(model=spec, precision=BF16, tp=2)
+    two = {o.name: o for o in fm.forward_ops(3, 1, 100)}
+    assert "qk_norm_allreduce" not in two and two["qk_norm"].flops == one["qk_norm"].flops  # whole, on every GPU
+    layer = fm.layer_ops(3, 1, 100)
+    g = next(o for o in layer if o.name == "qk_norm_gather")
+    assert g.kind == "comm" and g.comm_bytes == (1 / 2) * 3 * (4 + 2) * 16 * 2  # one layer, 3 tokens, bf16
+    names = [o.name for o in layer]
+    assert names.index("qk_norm_gather") == names.index("qk_norm") - 1
+    dp = {o.name for o in ForwardModel(model=spec, precision=BF16, tp=2, dp_attention=True).forward_ops(3, 1, 100)}
+    assert "qk_norm_gather" not in dp
+
+
 def test_olmo3_is_priced_as_estimate():
-    """OLMo 3 shares MiniMax-M2's q/k norm across heads (its all-reduce under tp) beside sliding layers; its
+    """OLMo 3 shares MiniMax-M2's q/k norm across heads (gathered under tp) beside sliding layers; its
     norms after each sublayer cost what norms before them do."""
-    cfg = dict(model_type="olmo3", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=8)
+    cfg = OLMO3
     spec = model_spec_from_hf_config(cfg, name="tiny-olmo3")
     assert_static_batch_is_estimate(spec, 2, "typical", batch=2, prompt=30, steps=5)
     hw = load_hardware("h200")

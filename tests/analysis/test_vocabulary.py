@@ -31,8 +31,12 @@ def test_every_operator_name_is_in_the_vocabulary(name, attention, fused, tp):
 
 
 def _todays_models():  # noqa: ANN202
+    from llmperf.specs.hf import model_spec_from_hf_config
+    from tests.analysis.test_gemma4 import CASES, read
     from tests.analysis.test_layers import deepseek_v3, gemma2_like, gpt_oss_like, llama4_like
-    return [gemma2_like(), llama4_like(), gpt_oss_like(), deepseek_v3()]
+    from tests.analysis.test_minimax_m2 import OLMO3, SPEC
+    return [gemma2_like(), llama4_like(), gpt_oss_like(), deepseek_v3(), SPEC,
+            model_spec_from_hf_config(OLMO3, name="olmo3"), read(CASES["moe"]), read(CASES["ple_kv_shared"])]
 
 
 @pytest.mark.parametrize("attention", ["fused", "naive"])
