@@ -373,7 +373,8 @@ def stage_layers(model: ModelSpec, pp: int) -> list[int]:
 def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int, kind: LayerKind | None = None) -> float:
     """One layer's attention (of `kind`) on one GPU of `tp` splitting its heads (tp = 1: replicated whole):
     the matrices at the weight precision, the vectors (biases, q/k and latent norms, sinks) at the
-    activation precision, not split."""
+    activation precision, not split (but MiniMax-M2's q/k norm weights across heads, which each GPU holds for
+    its own heads, as vLLM's `MiniMaxText01RMSNormTP`)."""
     m, h, ab = model, model.hidden_size, p.act_bytes
     mat = lambda d_in, d_out: _module_matrix_bytes(p, d_in, d_out, "attention")  # noqa: E731
     if m.is_mla:
@@ -404,6 +405,8 @@ def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int, kind: Layer
     nh, nkv = m.num_heads // tp, max(1, m.num_kv_heads // tp)
     attn = mat(h, gate * nh * hd) + kv_mats * mat(h, nkv * hd) + mat(nh * hd, h)
     vectors = params - (gate * h * m.q_size + kv_mats * h * m.kv_size + m.q_size * h)
+    if m.qk_norm == "rmsnorm_across_heads" and not m.qk_norm_gathered:  # MiniMax-M2: each GPU its heads' weights
+        vectors -= (m.q_size + m.kv_size) - (nh + nkv) * hd
     return attn + vectors * ab
 
 

@@ -122,3 +122,17 @@ def test_olmo3_is_priced_as_estimate():
     est = llmperf.estimate(spec, hw, batch=2, prompt_len=30, gen_len=5, tp=2, time_model=tm)
     pre = spec.scaled(post_norm=False)
     assert est.ttft_s == llmperf.estimate(pre, hw, batch=2, prompt_len=30, gen_len=5, tp=2, time_model=tm).ttft_s
+
+
+def test_the_norm_weights_per_gpu():
+    """MiniMax-M2's q/k norm weights are split with the heads under tp (vLLM's `MiniMaxText01RMSNormTP`);
+    OLMo's are whole on every GPU (it norms the gathered q and k)."""
+    from dataclasses import replace
+
+    from llmperf.analysis.rollup import stage_weight_bytes
+
+    for spec, split in ((SPEC, True), (model_spec_from_hf_config(OLMO3, name="olmo3"), False)):
+        whole = replace(spec, qk_norm=None, qk_norm_gathered=False)  # the same model without the norms
+        norms = spec.num_layers * (spec.q_size + spec.kv_size) * 2  # bf16
+        two = sum(stage_weight_bytes(spec, BF16, tp=2)) - sum(stage_weight_bytes(whole, BF16, tp=2))
+        assert two == (norms / 2 if split else norms)
