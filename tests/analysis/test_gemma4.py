@@ -201,3 +201,37 @@ def test_per_layer_config_as_transformers_saves_it():
         read(dict(saved, per_layer_config={"0": {"head_dim": 32}}))
     with pytest.raises(SpecError, match="per_layer_config=.* is not modelled \\(full layers of different shapes"):
         read(dict(saved, per_layer_config={"1": {"head_dim": 32}, "3": {"head_dim": 64}, "5": {"head_dim": 32}}))
+
+
+# ---- junk in Gemma 4's own fields: a ModelSpec or one SpecError line, never another exception ---------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_KEYS = ("global_head_dim", "num_global_key_value_heads", "attention_k_eq_v", "enable_moe_block", "num_experts",
+         "top_k_experts", "moe_intermediate_size", "hidden_size_per_layer_input", "vocab_size_per_layer_input",
+         "num_kv_shared_layers", "use_double_wide_mlp", "use_bidirectional_attention", "final_logit_softcapping",
+         "sliding_window", "layer_types", "per_layer_config", "rope_parameters", "head_dim")
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2, 40), st.floats(allow_nan=True, allow_infinity=True),
+                  st.text(max_size=4), st.lists(st.sampled_from(["full_attention", "sliding_attention", "x"]),
+                                                max_size=7),
+                  st.dictionaries(st.sampled_from(["1", "5", "x", "full_attention", "sliding_attention"]),
+                                  st.one_of(st.integers(-1, 64), st.none(),
+                                            st.dictionaries(st.sampled_from(["head_dim", "num_key_value_heads",
+                                                                             "rope_type", "rope_theta"]),
+                                                            st.one_of(st.integers(-1, 64), st.text(max_size=3)),
+                                                            max_size=2)), max_size=3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([MOE, CASES["ple_kv_shared"]]), st.data())
+def test_junk_gives_a_spec_or_one_spec_error(cfg, data):
+    changed = dict(cfg)
+    for key in data.draw(st.lists(st.sampled_from(_KEYS), min_size=1, max_size=3, unique=True)):
+        changed[key] = data.draw(_JUNK)
+    try:
+        spec = read(changed)
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert spec.param_count > 0 and spec.kv_cache("bf16").bytes_per_token > 0
