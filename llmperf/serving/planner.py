@@ -47,11 +47,12 @@ from llmperf.serving.simulator import (
     saturated_rate,
     service_rate_bound,
     simulate,
+    simulate_extending,
     speculative_costs,
     step_cost_model,
 )
 from llmperf.serving.stability import Stability, Stopping, assess
-from llmperf.serving.workload import Poisson, WorkloadSpec, generate
+from llmperf.serving.workload import Poisson, Workload, WorkloadSpec, generate
 from llmperf.specs import ModelSpec, Precision, load_hardware, load_model
 from llmperf.specs.expert_load import ExpertLoad, as_expert_load
 from llmperf.specs.precision import gemm_mode, precision_note
@@ -358,7 +359,14 @@ def _search(prep: _Prepared, cand: Candidate, rate: float, spec: WorkloadSpec, s
     price = common["usd_per_gpu_hour"]
     sims = 0
     cache: dict[int, _Measured] = {}
+    paused: dict[int, tuple] = {}  # replica count -> (its last run's Checkpoint, the next run's workload)
     metrics = tuple(name for name, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)) if bound is not None)
+
+    def workload(r: int, n: int) -> Workload:
+        """`n` requests of `r` replicas' load (one replica's share of the rate)."""
+        return generate(WorkloadSpec(arrival=Poisson(rate / r), prompt_len=spec.prompt_len,
+                                     output_len=spec.output_len, num_requests=n,
+                                     system_prompt_len=spec.system_prompt_len, seed=spec.seed))
 
     def run(r: int, final: bool = False) -> _Measured:
         """`r` replicas' load simulated: until the SLO percentiles' intervals are within the
@@ -372,13 +380,23 @@ def _search(prep: _Prepared, cand: Candidate, rate: float, spec: WorkloadSpec, s
         n = spec.num_requests if fixed else (min(2 * hit.stability.requests, stopping.max_requests) if hit is not None
                                             else max(stopping.min_requests, 1))
         while True:
-            w = generate(WorkloadSpec(arrival=Poisson(rate / r), prompt_len=spec.prompt_len, output_len=spec.output_len,
-                                      num_requests=n, system_prompt_len=spec.system_prompt_len, seed=spec.seed))
-            res = simulate(w, config, slo=slo, cost=cost)
+            # A longer run of this load may follow (the stopping rule doubles it): this one pauses at
+            # that run's first new arrival, and that run goes on from there (`simulate_extending`:
+            # the same result as simulating it from the start).
+            prev, w = paused.pop(r, (None, None))
+            if w is None or len(w) != n:
+                prev, w = None, workload(r, n)
+            nxt = workload(r, min(2 * n, stopping.max_requests)) if not fixed and n < stopping.max_requests else None
+            res, ckpt = simulate_extending(w, config, slo=slo, cost=cost, previous=prev,
+                                           pause_at=None if nxt is None else float(nxt.arrival_s[n]))
+            if nxt is not None and ckpt is not None:
+                paused[r] = (ckpt, nxt)
             sims += 1
             st = assess(res.requests, slo.percentile, stopping, metrics, res.steps)
             done = fixed or st.converged or n >= stopping.max_requests
             got = cache[r] = _Measured(result=res, stability=st, slo=slo, done=done, judge_growth=not fixed)
+            if done:  # no longer run of this load follows
+                paused.pop(r, None)
             if done or (not final and not st.unstable and got.decided):
                 return got
             n = min(2 * n, stopping.max_requests)

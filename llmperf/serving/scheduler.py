@@ -697,10 +697,22 @@ class Scheduler:
         reqs = list(requests)
         for r in reqs:
             self.check(r)
-        pending = deque(sorted(reqs, key=lambda r: r.arrival_s))
+        self.serve(deque(sorted(reqs, key=lambda r: r.arrival_s)), wait=wait, on_step=on_step, clock=clock)
+        return reqs
+
+    def serve(self, pending: deque[RequestState], *, wait: Callable[[float], None] | None = None,
+              on_step: Callable[[StepLog], None] | None = None, clock: Callable[[], float] | None = None,
+              until: float | None = None) -> bool:
+        """`run`'s loop over `pending` (checked requests, by arrival; consumed as they are queued).
+        With `until`: stop at the top of the first iteration whose clock has reached it, before
+        queuing anything (False; calling again goes on exactly as if it had not stopped). True: the
+        loop is over. So a run of some requests paused at the arrival of a later one is, to that
+        point, the run with the later one too (the simulator resumes a longer run from it)."""
         while pending or self.has_unfinished:
             if clock is not None:
                 self.now = max(self.now, clock())
+            if until is not None and self.now >= until:
+                return False
             while pending and pending[0].arrival_s <= self.now:
                 self.add(pending.popleft())
             log = self.step()
@@ -713,7 +725,7 @@ class Scheduler:
                 if wait is not None and gap > 0:
                     wait(gap)
                 self.now = max(self.now, pending[0].arrival_s)
-        return reqs
+        return True
 
     def release(self) -> None:
         """Free every sequence still in the cache and forget all requests (after a failure)."""

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -780,7 +782,7 @@ class SimResult:
 
 
 def _states(workload: Workload, prefix_sharing: bool) -> list[RequestState]:
-    share = prefix_sharing and bool(len(workload)) and int(workload.shared_prefix_tokens.max()) > 0
+    share = _share_prefix(workload, prefix_sharing)
     arr, pr, out, sh = (workload.arrival_s.tolist(), workload.prompt_tokens.tolist(),
                         workload.output_tokens.tolist(), workload.shared_prefix_tokens.tolist())
     return [RequestState(request_id=i, prompt_len=pr[i], max_new_tokens=out[i], arrival_s=arr[i],
@@ -819,18 +821,109 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     """Serve `workload` on one replica with the shared scheduler on a simulated clock. `step_times`
     replays given step durations instead of pricing them; `cost` reuses a step cost model (its
     caches) across runs of the same configuration."""
+    return _simulate(workload, config, slo=slo, step_times=step_times, cost=cost)[0]
+
+
+@dataclass(kw_only=True, eq=False)
+class Checkpoint:
+    """A run of a workload's requests, paused where a longer workload whose first requests they are
+    would first differ (at the next request's arrival, or at the end): copies of the scheduler, its
+    runner and the requests, which `simulate_extending` resumes once (then `state` is None)."""
+
+    config: ServingConfig
+    cost: StepCostModel
+    workload: Workload  # the paused run's requests
+    memory: MemoryPlan
+    share: bool  # the requests carried prompts for prefix sharing
+    pause_at: float  # the later arrival the run was paused at
+    state: tuple | None  # (scheduler, runner, states, pending)
+
+
+def simulate_extending(workload: Workload, config: ServingConfig, *, slo: SLO | None, cost: StepCostModel,
+                       previous: Checkpoint | None = None, pause_at: float | None = None
+                       ) -> tuple[SimResult, Checkpoint | None]:
+    """`simulate(workload, config, slo=slo, cost=cost)`, the same result to the bit, but resumed from
+    `previous` (a run of `workload`'s first requests paused at the arrival of the next one) when
+    it applies (else run from the start): the steps before that arrival are not simulated twice.
+    `pause_at`: the arrival of the request after `workload`'s in a longer workload of the same
+    first requests; the run's `Checkpoint` there is returned (None without it). The planner's
+    stopping rule doubles a load's requests: each run goes on from the one before."""
+    return _simulate(workload, config, slo=slo, step_times=None, cost=cost, previous=previous, pause_at=pause_at)
+
+
+def _share_prefix(workload: Workload, prefix_sharing: bool) -> bool:
+    """Whether the requests carry prompts for prefix sharing (a shared system prompt)."""
+    return prefix_sharing and bool(len(workload)) and int(workload.shared_prefix_tokens.max()) > 0
+
+
+def _checkpoint(config: ServingConfig, cost: StepCostModel, workload: Workload, memory: MemoryPlan,
+                sched: Scheduler, runner: CostModelRunner, states: list[RequestState], pending: object,
+                pause_at: float) -> Checkpoint:
+    """Copies of a paused run's state, by a pickle round trip (exact, and far quicker than
+    `copy.deepcopy` over the block pool's lists). The cost model is shared (its caches only memoise);
+    the step log and the step records are never changed again, so the copies share them; the
+    sequence-id counter is copied by its next value (counters stop pickling in Python 3.14)."""
+    import pickle
+    nxt = next(sched._ids)
+    log, records = sched.log, runner.records
+    sched.log = runner.records = runner.cost = sched._ids = None  # type: ignore[assignment]
+    try:
+        state = pickle.loads(pickle.dumps((sched, runner, states, pending), protocol=pickle.HIGHEST_PROTOCOL))
+    finally:
+        sched.log, runner.records, runner.cost = log, records, cost
+        sched._ids = itertools.count(nxt)  # the value taken above, then on as before
+    state[0].log, state[1].records, state[1].cost = list(log), list(records), cost
+    state[0]._ids = itertools.count(nxt)
+    return Checkpoint(config=config, cost=cost, workload=workload, memory=memory,
+                      share=_share_prefix(workload, config.prefix_sharing), pause_at=pause_at, state=state)
+
+
+def _resumable(previous: Checkpoint, workload: Workload, config: ServingConfig, cost: StepCostModel | None,
+               memory: MemoryPlan, step_times: object) -> bool:
+    """Whether `workload`'s run is `previous`'s continued: the same configuration and cost model, no
+    speculation (its draws) or replayed steps, `previous`'s requests first and then later ones, in
+    arrival order, paused at the first new arrival, and the same KV pool."""
+    old, n = previous.workload, len(previous.workload)
+    if (previous.state is None or previous.config is not config or previous.cost is not cost
+            or step_times is not None or config.speculative is not None or len(workload) <= n):
+        return False
+    a = workload.arrival_s
+    return (float(a[n]) == previous.pause_at and bool(np.all(a[1:] >= a[:-1]))
+            and all(np.array_equal(getattr(workload, f)[:n], getattr(old, f))
+                    for f in ("arrival_s", "prompt_tokens", "output_tokens", "shared_prefix_tokens"))
+            and previous.memory == memory and previous.share == _share_prefix(workload, config.prefix_sharing))
+
+
+def _simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None, step_times: Sequence[float] | None,
+              cost: StepCostModel | None, previous: Checkpoint | None = None, pause_at: float | None = None
+              ) -> tuple[SimResult, Checkpoint | None]:
+    """`simulate`, resumed from `previous` where `_resumable` says so, paused at `pause_at` for a
+    `Checkpoint`."""
     slo = slo or SLO()
     memory = plan_memory(config, workload)
     check_fits(config, memory, workload)
     if cost is None and step_times is None:
         cost = step_cost_model(config)
-    kv = memory.manager(max_seq_len=config.model.max_positions)
-    # KV occupancy per GPU: with data-parallel attention the replica's sequences spread over its GPUs
-    runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(), memory.kv_bytes_per_token / memory.kv_shards,
-                             step_times, speculative=config.speculative,
-                             speculative_costs=speculative_costs(config, cost) if cost is not None else None)
-    sched = Scheduler(kv, runner, config.scheduler_config())
-    states = _states(workload, config.prefix_sharing)
+    resume = previous is not None and _resumable(previous, workload, config, cost, memory, step_times)
+    if resume:
+        sched, runner, old, pending = previous.state
+        previous.state = None  # its copies are this run's now
+        runner.out = workload.output_tokens.tolist()
+        new = _states(workload, config.prefix_sharing)[len(old):]
+        states = old + new
+    else:
+        kv = memory.manager(max_seq_len=config.model.max_positions)
+        # KV occupancy per GPU: with data-parallel attention the replica's sequences spread over its GPUs
+        runner = CostModelRunner(cost, kv, workload.output_tokens.tolist(),
+                                 memory.kv_bytes_per_token / memory.kv_shards, step_times,
+                                 speculative=config.speculative,
+                                 speculative_costs=speculative_costs(config, cost) if cost is not None else None)
+        sched = Scheduler(kv, runner, config.scheduler_config())
+        states = new = _states(workload, config.prefix_sharing)
+        pending = None
+    checkpoint = None
+    # only what `_resumable` can resume is paused (a speculative runner's draft costs are not copied)
+    pause_at = pause_at if config.speculative is None and step_times is None else None
     # The run allocates millions of small objects (step items, kept in the log) and no reference
     # cycles: the cyclic garbage collector's scans over them only cost time. It is off during the run;
     # after it, what the run allocated joins the oldest generation unscanned (freeze + unfreeze move
@@ -840,7 +933,17 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        sched.run(states)
+        for r in new:  # as `Scheduler.run`: every request checked before any is queued
+            sched.check(r)
+        if pending is None:
+            pending = deque(sorted(states, key=lambda r: r.arrival_s))
+        else:  # the paused run's requests not yet queued, then the new ones (all later, in arrival order)
+            pending.extend(new)
+        if pause_at is not None and not sched.serve(pending, until=pause_at):
+            checkpoint = _checkpoint(config, cost, workload, memory, sched, runner, states, pending, pause_at)
+        sched.serve(pending)
+        if pause_at is not None and checkpoint is None and not sched.has_unfinished:
+            checkpoint = _checkpoint(config, cost, workload, memory, sched, runner, states, pending, pause_at)
     except (ValueError, RuntimeError) as exc:
         raise SpecError(f"workload: {exc}") from None
     finally:
@@ -851,7 +954,8 @@ def simulate(workload: Workload, config: ServingConfig, *, slo: SLO | None = Non
             gc.enable()
     stuck = next((s for s in states if s.finish_s is None), None)
     assert stuck is None, f"the scheduler stopped with request {stuck.request_id} unfinished"
-    return _result(config, slo, memory, workload, states, sched.log, runner.records, runner.speculation())
+    result = _result(config, slo, memory, workload, states, sched.log, runner.records, runner.speculation())
+    return result, checkpoint
 
 
 def speculative_costs(config: ServingConfig, cost: StepCostModel) -> SpeculativeCosts | None:
@@ -1145,8 +1249,7 @@ def find_max_rate(spec: WorkloadSpec, config: ServingConfig, slo: SLO, *, rel_to
                       note=f"{hi.rate:.4g} req/s misses ({_missed(hi.result)})")
 
 
-__all__ = ["CostModelRunner", "EFFICIENCIES", "MemoryPlan", "RatePoint", "RateSearch", "SLO", "ServingConfig",
-           "SimResult", "SyntheticPrompt", "capped_window", "check_fits", "find_max_rate", "hybrid_kv", "kv_note",
-           "linear_state_bytes_per_gpu", "plan_memory", "saturated_rate", "service_rate_bound", "simulate",
-           "step_cost_model", "window_groups",
-           "with_rate"]
+__all__ = ["Checkpoint", "CostModelRunner", "EFFICIENCIES", "MemoryPlan", "RatePoint", "RateSearch", "SLO",
+           "ServingConfig", "SimResult", "SyntheticPrompt", "capped_window", "check_fits", "find_max_rate", "hybrid_kv",
+           "kv_note", "linear_state_bytes_per_gpu", "plan_memory", "saturated_rate", "service_rate_bound", "simulate",
+           "simulate_extending", "step_cost_model", "window_groups", "with_rate"]
