@@ -716,17 +716,20 @@ class WindowGroup:
     chunked-local KV managers): `attention` sliding (the last `window` keys) or chunked (the keys of
     the current chunk of `window` tokens), `layers` of them, beside the `full_layers` full-attention
     layers whose blocks the pool's blocks are. A block of this group takes `pages` pool blocks:
-    `ceil(layers / full_layers)`, the last one padded (`llmperf.specs.kvcache.pages_per_block`)."""
+    `ceil(layers / full_layers)`, the last one padded (`llmperf.specs.kvcache.pages_per_block`); where one
+    of its layers stores `width` elements a token and a full one `full_width` (Gemma 4), by elements."""
 
     attention: str
     window: int
     layers: int
     full_layers: int
+    width: int = 1
+    full_width: int = 1
 
     def __post_init__(self) -> None:
         if self.attention not in ("sliding", "chunked"):
             raise ValueError(f"window group: attention must be sliding or chunked, got {self.attention!r}")
-        for name in ("window", "layers", "full_layers"):
+        for name in ("window", "layers", "full_layers", "width", "full_width"):
             v = getattr(self, name)
             if not is_count(v) or v < 1:
                 raise ValueError(f"window group: {name} must be a positive integer, got {v!r}")
@@ -738,7 +741,7 @@ class WindowGroup:
     @property
     def pages(self) -> int:
         """Pool blocks one block of this group takes."""
-        return pages_per_block(self.layers, self.full_layers)
+        return pages_per_block(self.layers, self.full_layers, self.width, self.full_width)
 
     def units(self, blocks: int) -> int:
         """Pool blocks that `blocks` blocks of this group take."""

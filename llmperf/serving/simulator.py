@@ -358,14 +358,23 @@ def hybrid_kv(model: ModelSpec) -> bool:
     return any(kind.attention not in ("full", "linear") for kind, _ in model.layer_groups())
 
 
-def window_groups(model: ModelSpec, kv_window: str = "capped", pp: int = 1) -> tuple[WindowGroup, ...]:
+def window_groups(model: ModelSpec, kv_window: str = "capped", pp: int = 1, tp: int = 1) -> tuple[WindowGroup, ...]:
     """The window groups of a capped pool (`WindowedBlockManager`): none for a model without sliding
-    or chunked layers, with kv_window "full", over pipeline stages, without a full-attention layer, or with
-    full layers that store another width a token than the sliding ones (Gemma 4: the pool's blocks are one
-    layer width) (then every layer gets full pages, as `MemoryPlan.kv_sliding_full_pages` says)."""
+    or chunked layers, with kv_window "full", over pipeline stages, or without a full-attention layer
+    (then every layer gets full pages, as `MemoryPlan.kv_sliding_full_pages` says). Gemma 4's layers store
+    different widths a token (its full layers their own head dim and KV heads, on `tp` GPUs each kind's heads
+    split apart) and its KV-shared layers none: its groups count the layers holding a cache, and a block of
+    theirs takes the pool blocks its elements need (`WindowGroup.width`)."""
     m = model
-    if not hybrid_kv(m) or kv_window != "capped" or pp != 1 or m.has_global_attention:
+    if not hybrid_kv(m) or kv_window != "capped" or pp != 1:
         return ()
+    if m.has_global_attention or m.kv_shared_layers:
+        kv = m.kv_cache(1.0).sharded(tp=tp)
+        full = [g for g in kv.groups if g.attention == "full"]
+        return () if not full else tuple(
+            WindowGroup(attention=g.attention, window=g.window, layers=g.num_layers, full_layers=full[0].num_layers,
+                        width=kv.layer_elements(g.attention), full_width=kv.layer_elements("full"))
+            for g in kv.groups if g.attention != "full")
     layout = HybridLayout.of([(kind.attention, kind.window) for kind in m.layer_kinds()])
     return () if layout is None else layout.groups
 
@@ -393,9 +402,11 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
                                    redundant_experts=check_eplb(m, config.ep, config.eplb))
     # with data-parallel attention a GPU holds its own sequences' whole KV (kv_bytes_per_token_per_gpu)
     kv_tok = kv_bytes_per_token_per_gpu(m, prec, config.tp, config.pp, ep=config.ep, dp_attention=config.dp_attention)
-    groups = window_groups(m, config.kv_window, config.pp)
+    groups = window_groups(m, config.kv_window, config.pp, 1 if config.dp_attention else config.tp)
     capped = capped_window(m, config.kv_window, config.pp, config.speculative is not None)
-    if groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
+    if groups and (m.has_global_attention or m.kv_shared_layers):  # Gemma 4: the full layers' own width
+        kv_tok = groups[0].full_layers * groups[0].full_width * prec.kv_bytes
+    elif groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
         kv_tok = kv_tok * groups[0].full_layers / sum(k.attention != "linear" for k in m.layer_kinds())
     state = linear_state_bytes_per_gpu(config)
     act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
@@ -996,8 +1007,6 @@ def _window_note(model: ModelSpec, kv_window: str, pp: int, speculative: bool) -
         why = ""
     elif speculative and capped_window(model, kv_window, pp):
         why = " (the draft's KV shares the blocks)"
-    elif model.has_global_attention:
-        why = " (its full layers store another width a token: the simulator's pool pages one width)"
     else:
         why = " (the capped pool needs one stage and a full-attention layer, or one window for every layer)"
     return "KV: sliding layers given full pages" + why
