@@ -9,7 +9,6 @@ description (`llmperf.specs.families`).
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -506,7 +505,8 @@ class ModelSpec:
             if kind.kv_shared:  # no k_proj, v_proj or k_norm: the layer reads an earlier layer's cache
                 k = self.hidden_size * kv * hd + (kv * hd if self.qkv_bias else 0)
                 n -= k * (1 if kind.global_shape and self.global_k_eq_v else 2)
-                n -= self._norm_weights(hd) if self.qk_norm == "rmsnorm" else 0
+                n -= {"rmsnorm": self._norm_weights(hd), "rmsnorm_across_heads": self._norm_weights(kv * hd)}.get(
+                    self.qk_norm, 0)
             return n
         if kind.shared_topk:  # no indexer of its own
             return self.attn_params_per_layer - self.indexer_params_per_layer
@@ -674,7 +674,6 @@ def _layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
                            global_shape=wide and t == "full", kv_shared=i in kv_shared) for i, t in enumerate(types))
 
 
-@functools.lru_cache(maxsize=64)
 def _global_view(spec: ModelSpec) -> ModelSpec:
     """`spec` with its full layers' attention shape as the model's (`ModelSpec.attention_view`)."""
     hd = spec.global_head_dim or spec.head_dim
