@@ -1,6 +1,7 @@
 """Helpers the analysis tests of today's families share: a transformers model from a config dict, the
-tensors its checkpoint holds, and the check that the serving cost model prices a static batch as
-`estimate` does (prefill and every decode step, 1e-9)."""
+tensors its checkpoint holds, the check that the serving cost model prices a static batch as
+`estimate` does (prefill and every decode step, 1e-9), and the check that a config with junk in it
+reads to a spec or one SpecError line (the spec tests use it too)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import llmperf
 from llmperf.analysis.rollup import Conventions
 from llmperf.analysis.timemodel import time_model_for
+from llmperf.errors import SpecError
 from llmperf.serving.costmodel import StepCostModel
 from llmperf.specs import ModelSpec, load_hardware
 
@@ -52,3 +54,15 @@ def assert_static_batch_is_estimate(spec: ModelSpec, tp: int, eff: str, *, batch
     assert cm.step_time_s([prompt] * batch, [prompt] * batch, batch) == pytest.approx(est.ttft_s, rel=1e-9)
     decode = [cm.step_time_s([1] * batch, [prompt + j] * batch, batch) for j in range(1, steps)]
     assert np.allclose(decode, est.decode_step_times_s(), rtol=1e-9)
+
+
+def assert_read_or_one_error(read, cfg: dict) -> None:  # noqa: ANN001
+    """`read(cfg)` gives a ModelSpec with parameters and a KV cache, or raises a SpecError of one line:
+    never another exception."""
+    try:
+        spec = read(cfg)
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert spec.param_count > 0 and spec.kv_width_per_token_per_layer > 0
+        assert spec.kv_cache("fp16").bytes_per_token >= 0  # every layer linear: none
