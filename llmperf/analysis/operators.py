@@ -27,6 +27,7 @@ Fused projections (`fused_qkv`, `fused_gate_up`) are off in `ForwardModel` by de
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -343,10 +344,14 @@ class ForwardModel:
         layers price their attention at their own head dim and KV heads); itself for every other layer."""
         if kind is None or not kind.global_shape:
             return self
-        view = self._views.get("global")
+        return self._view("global", lambda: self.model.attention_view(kind))
+
+    def _view(self, key: str, model: Callable[[], ModelSpec]) -> ForwardModel:
+        """This forward model over the `model()` a part of some layers sees (built once per `key`)."""
+        view = self._views.get(key)
         if view is None:
-            model = self.model.attention_view(kind)
-            view = self._views["global"] = self if model == self.model else replace(self, model=model)
+            seen = model()
+            view = self._views[key] = self if seen == self.model else replace(self, model=seen)
         return view
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -493,8 +498,7 @@ class ForwardModel:
         gate, q_proj's gate half too; a Gemma 4 full layer with K = V: Q and K; a KV-shared layer: Q alone)."""
         m = self.model
         q_heads = self.dims.num_heads * (2 if m.attn_output_gate else 1)
-        k = self._kind(kind)
-        kv = 0 if k.kv_shared else (1 if m.global_k_eq_v and k.global_shape else 2)
+        kv = m.kv_projections(self._kind(kind))
         return self._linear("qkv_proj", batch * q_len, m.hidden_size,
                             (q_heads + kv * self.dims.num_kv_heads) * self.head_dim, m.qkv_bias)
 
@@ -1066,13 +1070,10 @@ class ForwardModel:
             return self.linear_ops(*args)
         if m.is_mla:
             return self._mla_block(batch, q_len, kv_len, kind)
-        k_eq_v = m.global_k_eq_v and kind.global_shape  # Gemma 4: V is the key projection
         if self.fused_qkv:
             ops = [self.qkv_proj(*args, kind=kind)]
-        elif kind.kv_shared:  # Gemma 4: K and V are an earlier layer's, read from its cache
-            ops = [self.q_proj(*args)]
-        else:
-            ops = [self.q_proj(*args), self.k_proj(*args)] + ([] if k_eq_v else [self.v_proj(*args)])
+        else:  # Gemma 4: no v_proj where V is the key projection, neither where K and V are an earlier layer's
+            ops = [self.q_proj(*args)] + [self.k_proj(*args), self.v_proj(*args)][:m.kv_projections(kind)]
         if m.qk_norm in ("rmsnorm", "rmsnorm_across_heads") or (m.qk_norm == "l2" and kind.rope):
             ops.append(self.qk_norm(*args, kind=kind))
         if self._qk_gathered:  # OLMo 2/3 under tp: q and k gathered before their norm
@@ -1156,10 +1157,7 @@ class ForwardModel:
         """A block's FFN and what follows it (sandwich norm, residual, Gemma 4's per-layer input): they depend on
         `kind.moe` only (and on `kind.kv_shared` where those layers' FFN is twice as wide)."""
         if self.model.dense_ffn_width(kind) != self.model.ffn_size:
-            view = self._views.get("wide")
-            if view is None:
-                view = self._views["wide"] = replace(self, model=self.model.ffn_view(kind))
-            return view._ffn_section(batch, q_len, kv_len, kind)
+            return self._view("wide", lambda: self.model.ffn_view(kind))._ffn_section(batch, q_len, kv_len, kind)
         local = self.local_batch(batch)
         ops = self._ffn_block(batch, q_len, kv_len, kind)
         if self.model.sandwich_norms:

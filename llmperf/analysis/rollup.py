@@ -399,9 +399,7 @@ def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int, kind: Layer
     if kind is not None:  # Gemma 4's full layers: their own head dim and KV heads, K = V without a v_proj
         m = m.attention_view(kind)
     hd, gate = m.head_dim, 2 if m.attn_output_gate else 1
-    kv_mats = 1 if kind is not None and kind.global_shape and m.global_k_eq_v else 2
-    if kind is not None and kind.kv_shared:  # Gemma 4: no k/v projections, the cache is an earlier layer's
-        kv_mats = 0
+    kv_mats = 2 if kind is None else m.kv_projections(kind)
     nh, nkv = m.num_heads // tp, max(1, m.num_kv_heads // tp)
     attn = mat(h, gate * nh * hd) + kv_mats * mat(h, nkv * hd) + mat(nh * hd, h)
     vectors = params - (gate * h * m.q_size + kv_mats * h * m.kv_size + m.q_size * h)

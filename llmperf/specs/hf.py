@@ -257,14 +257,15 @@ def _positive_number(cfg: _Config, key: str, value: Any) -> float:
 
 
 def _set_layer_types(cfg: _Config, out: dict[str, Any], default: list[str], window: int | None,
-                     chunk: int | None = None) -> list[str]:
+                     chunk: int | None = None, *, given: bool = False) -> list[str]:
     """Each layer's attention from `layer_types` (or the type's `default` derivation, as the config
     class's `__post_init__`), into `out`: no `layer_types` when every layer is alike (then
     `sliding_window` alone says whether they slide). A sliding layer without a window, or a chunked one
     without a chunk size, attends to everything, as transformers builds it. Returns every layer's kind
-    (full | sliding | chunked | linear) as built."""
+    (full | sliding | chunked | linear) as built. `given`: `default` is already the kinds to build (the type
+    read `layer_types` itself: Gemma 4 forces its last layer full)."""
     n = out["num_layers"]
-    kinds = cfg.get("layer_types") if cfg.has("layer_types") else default
+    kinds = default if given or not cfg.has("layer_types") else cfg.get("layer_types")
     if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
         raise SpecError(f"{cfg.origin}: layer_types must be a list of attention kinds, got {kinds!r}")
     if len(kinds) != n:
@@ -802,8 +803,7 @@ def _gemma4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     given = cfg.get("layer_types") if cfg.has("layer_types") else default
     if isinstance(given, list) and given:  # transformers forces the last layer full
         given = [*given[:-1], "full_attention"]
-    kinds = _set_layer_types(_Config({**cfg.data, "layer_types": given}, cfg.origin, cfg.defaults), out, given,
-                             cfg.get("sliding_window"))
+    kinds = _set_layer_types(cfg, out, given, cfg.get("sliding_window"), given=True)
     local = _rope_parameters(cfg).get("sliding_attention")
     if isinstance(local, Mapping) and local.get("rope_theta") is not None:
         out["rope_local_theta"] = _positive_number(cfg, "rope_parameters.sliding_attention.rope_theta",

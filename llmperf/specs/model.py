@@ -312,24 +312,33 @@ class ModelSpec:
                 kv += r + dr
             o = n * self.v_head_dim * h + (h if self.out_bias else 0)
             return q + kv + o + (n if self.attn_sinks else 0) + self.indexer_params_per_layer
-        return self._gqa_params(self.head_dim, self.num_kv_heads, v_proj=True)
+        return self._gqa_params(self.head_dim, self.num_kv_heads)
 
-    def _gqa_params(self, head_dim: int, kv_heads: int, *, v_proj: bool) -> int:
-        """Grouped-query attention of `head_dim` over `kv_heads` (without `v_proj`: V is the key projection)."""
+    def _gqa_params(self, head_dim: int, kv_heads: int, *, kv_mats: int = 2) -> int:
+        """Grouped-query attention of `head_dim` over `kv_heads` with `kv_mats` of k_proj and v_proj
+        (`kv_projections`; none: no k norm either)."""
         h, q, kv = self.hidden_size, self.num_heads * head_dim, kv_heads * head_dim
-        gate, kv_mats = (2 if self.attn_output_gate else 1), (2 if v_proj else 1)
+        gate = 2 if self.attn_output_gate else 1
         n = h * q * gate + kv_mats * h * kv + q * h
         if self.qkv_bias:
             n += q * gate + kv_mats * kv
         if self.out_bias:
             n += h
+        keys = 1 if kv_mats else 0  # a layer without k_proj has no k norm
         if self.qk_norm == "rmsnorm":
-            n += 2 * self._norm_weights(head_dim)
+            n += (1 + keys) * self._norm_weights(head_dim)
         elif self.qk_norm == "rmsnorm_across_heads":  # one norm over all query heads, one over all key heads
-            n += self._norm_weights(q) + self._norm_weights(kv)
+            n += self._norm_weights(q) + keys * self._norm_weights(kv)
         if self.attn_sinks:
             n += self.num_heads
         return n
+
+    def kv_projections(self, kind: LayerKind) -> int:
+        """k_proj and v_proj in a layer of `kind`: 2; Gemma 4's full layers with K = V, 1 (V is the key
+        projection); its KV-shared layers, 0 (K and V are an earlier layer's)."""
+        if kind.kv_shared:
+            return 0
+        return 1 if kind.global_shape and self.global_k_eq_v else 2
 
     def attention_dims(self, kind: LayerKind) -> tuple[int, int]:
         """(head_dim, KV heads) of a layer of `kind`: Gemma 4's full layers have their own."""
@@ -500,14 +509,7 @@ class ModelSpec:
         if kind.attention == "linear":
             return self.linear_params_per_layer
         if kind.global_shape or kind.kv_shared:
-            hd, kv = self.attention_dims(kind)
-            n = self._gqa_params(hd, kv, v_proj=not (kind.global_shape and self.global_k_eq_v))
-            if kind.kv_shared:  # no k_proj, v_proj or k_norm: the layer reads an earlier layer's cache
-                k = self.hidden_size * kv * hd + (kv * hd if self.qkv_bias else 0)
-                n -= k * (1 if kind.global_shape and self.global_k_eq_v else 2)
-                n -= {"rmsnorm": self._norm_weights(hd), "rmsnorm_across_heads": self._norm_weights(kv * hd)}.get(
-                    self.qk_norm, 0)
-            return n
+            return self._gqa_params(*self.attention_dims(kind), kv_mats=self.kv_projections(kind))
         if kind.shared_topk:  # no indexer of its own
             return self.attn_params_per_layer - self.indexer_params_per_layer
         return self.attn_params_per_layer
