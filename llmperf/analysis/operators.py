@@ -49,6 +49,7 @@ MLA_MODES = ("auto", "absorbed", "unabsorbed")
 # FLOPs per element of the vector operators (documented estimates; all are memory-bound anyway)
 NORM_FLOPS = {"rmsnorm": 4, "layernorm": 7, "l2": 3}  # square, sum, rsqrt-scale, weight (+ mean, sub, bias)
 ACT_FLOPS = {"swiglu": 6, "gelu": 8, "relu": 1}  # silu(g) * u; tanh-approximate GELU; max(x, 0)
+RELU2_FLOPS = 2  # max(x, 0)^2 (Nemotron-H's relu2, a two-matrix FFN)
 SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide
 ROPE_FLOPS = 3  # x * cos + rotate(x) * sin
 SOFTCAP_FLOPS = 3  # divide, tanh, multiply
@@ -66,6 +67,14 @@ DELTANET_STEP_FLOPS = 7
 DELTANET_CHUNK_STATE_FLOPS = 6
 DELTANET_GATE_FLOPS = 10
 CONV_ACT_FLOPS = 4  # SiLU after the causal convolution
+# Mamba-2 (Dao and Gu 2024, arXiv:2405.21060; the SSD kernels of mamba_ssm, which vLLM runs): the chunked
+# form's default block size (mamba_ssm's chunk_size; a config's `chunk_size` replaces it), the recurrent
+# step's FLOPs per state element (decay, the rank-1 update dt x B^T, the read C^T h) and the per-token
+# elementwise FLOPs per head (softplus of dt, exp(dt A)) and per channel (the D skip, its add)
+MAMBA2_CHUNK = 256
+MAMBA2_STEP_FLOPS = 5
+MAMBA2_HEAD_FLOPS = 8
+MAMBA2_CHANNEL_FLOPS = 2
 
 #: the module names `Precision.matrix_bytes(..., module=)` and `Precision.matmul_dtype(module)` take
 MODULES = ("attention", "dense_mlp", "expert", "shared_expert", "router", "embedding", "lm_head")
@@ -665,7 +674,9 @@ class ForwardModel:
             return self._for_kind(kind).attention_ops(batch, q_len, kv_len, kind)
         m = self.model
         if self._kind(kind).attention == "linear":
-            return [self.deltanet(batch, q_len, kv_len)]
+            return [self.ssd(batch, q_len, kv_len) if m.is_mamba else self.deltanet(batch, q_len, kv_len)]
+        if self._kind(kind).attention == "none":
+            return []
         window, chunk = self._span(kind)
         kw = dict(act_bytes=self.precision.act_bytes, kv_bytes=self.precision.kv_bytes, impl=self.attention,
                   causal=True, flops=self.attention_flops, window=window, chunk=chunk, sinks=m.attn_sinks,
@@ -690,7 +701,7 @@ class ForwardModel:
         m = self.model
         if kind is not None and kind.attention == "linear":
             width = self.dims.linear_value_heads * m.linear_value_head_dim  # type: ignore[operator]
-            return self._linear("o_proj", batch * q_len, width, m.hidden_size, False)
+            return self._linear("o_proj", batch * q_len, width, m.hidden_size, m.linear_proj_bias)
         width = m.v_head_dim if m.is_mla else self.head_dim
         return self._linear("o_proj", batch * q_len, self.dims.num_heads * width, m.hidden_size, m.out_bias)
 
@@ -763,37 +774,80 @@ class ForwardModel:
         return self._linear("in_proj_ba", batch * q_len, self.model.hidden_size, 2 * self.dims.linear_value_heads,
                             False)
 
+    @property
+    def linear_chunk(self) -> int:
+        """Tokens a block of the linear layers' chunked prefill form: the spec's, else the mixer's default."""
+        m = self.model
+        return m.linear_chunk_size or (MAMBA2_CHUNK if m.is_mamba else DELTANET_CHUNK)
+
+    def in_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Mamba-2: hidden -> the gate z and x (value width each), B and C (key width each: groups x state) and
+        each head's dt, one GEMM."""
+        kd, vd, _ = self._linear_widths()
+        return self._linear("in_proj", batch * q_len, self.model.hidden_size,
+                            2 * kd + 2 * vd + self.dims.linear_value_heads, self.model.linear_proj_bias)
+
+    def _chunks(self, q_len: Number) -> Number:
+        """Blocks of the chunked form a sequence of `q_len` new tokens runs (0 for a one-token step)."""
+        blocks = np.where(np.asarray(q_len) > 1, np.ceil(np.asarray(q_len, dtype=float) / self.linear_chunk), 0.0)
+        return float(blocks) if np.ndim(blocks) == 0 else blocks
+
+    def ssd(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Mamba-2's core, the state-space dual (SSD) scan over each head's P x N state (P: head dim, N: state
+        size; B and C shared by the heads of a group). A decode token runs the recurrent step
+        (`MAMBA2_STEP_FLOPS` per state element); a chunk of q tokens the chunked form in ceil(q / C) blocks (the
+        last one padded, as mamba_ssm's kernels run it): per block 2 C^2 N a group (C B^T) and 2 C^2 P + 4 C N P a
+        head (the masked in-block output, the block's state and the output's read of the state before it), each
+        block's state written and read once. Reads x, B, C and dt, writes y; each sequence's state is read (when
+        it has one) and written back once, at `state_dtype` (else the activations')."""
+        m, d, a = self.model, self.dims, self.precision.act_bytes
+        n, p, nh, ng = m.linear_key_head_dim, m.linear_value_head_dim, d.linear_value_heads, d.linear_key_heads
+        kd, vd, conv = self._linear_widths()
+        tokens, c = batch * q_len, self.linear_chunk
+        blocks = self._chunks(q_len)
+        per_block = ng * 2 * c * c * n + nh * (2 * c * c * p + 4 * c * n * p)  # type: ignore[operator]
+        step = np.where(np.asarray(q_len) > 1, 0.0, MAMBA2_STEP_FLOPS * n * p * np.asarray(q_len, dtype=float))
+        step = float(step) if np.ndim(step) == 0 else step
+        flops = batch * (blocks * per_block + nh * step) + tokens * (nh * MAMBA2_HEAD_FLOPS + vd * MAMBA2_CHANNEL_FLOPS)
+        state = batch * nh * n * p * recurrent_state_element_bytes(m, a)  # type: ignore[operator]
+        chunk_states = batch * blocks * nh * n * p * a  # type: ignore[operator]
+        reads = tokens * (conv + nh) * a + chunk_states
+        return OpCost(name="ssd", kind="attention", flops=flops, act_read_bytes=reads, weight_bytes=3 * nh * a,
+                      act_write_bytes=tokens * vd * a + chunk_states,
+                      kv_read_bytes=state * self._continues(q_len, kv_len), kv_write_bytes=state, rows=tokens)
+
     def _continues(self, q_len: Number, kv_len: Number) -> Number:
         """1 where a sequence has a state from earlier steps (context beyond this step's tokens), else 0."""
         out = (np.asarray(kv_len) > np.asarray(q_len)).astype(float)
         return float(out) if out.ndim == 0 else out
 
     def conv1d(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """Gated DeltaNet: the causal depthwise convolution of width K over q, k and v, then SiLU; each
-        sequence reads its last K - 1 inputs (when it has a state) and writes the new ones."""
+        """A linear layer's causal depthwise convolution of width K over q, k and v (Mamba-2: x, B and C, with
+        its bias), then SiLU; each sequence reads its last K - 1 inputs (when it has a state) and writes the
+        new ones."""
         m, a = self.model, self.precision.act_bytes
         _, _, conv = self._linear_widths()
         k, tokens = m.linear_conv_kernel, batch * q_len
         state = batch * (k - 1) * conv * a  # type: ignore[operator]
         return OpCost(name="conv1d", kind="elementwise", flops=(2 * k + CONV_ACT_FLOPS) * tokens * conv,
-                      weight_bytes=k * conv * a, act_read_bytes=tokens * conv * a, act_write_bytes=tokens * conv * a,
+                      weight_bytes=(k + m.linear_conv_bias) * conv * a, act_read_bytes=tokens * conv * a,  # type: ignore
+                      act_write_bytes=tokens * conv * a,
                       kv_read_bytes=state * self._continues(q_len, kv_len), kv_write_bytes=state, rows=tokens)
 
     def deltanet(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """Gated DeltaNet's core: the gated delta rule over each value head's dk x dv state. A decode token
         runs the recurrent step (`DELTANET_STEP_FLOPS` per state element); a chunk of q tokens the chunked
-        form in ceil(q / C) blocks of C = 64 tokens (the last one padded, as FLA's and transformers' kernels
-        run it): per block and head C^2 (5 dk + 3 dv) (the in-block k k^T and q k^T, their two triangular
-        solves, the in-block output) + 6 C dk dv (three products with the state), each block's state
-        written and read once. Reads q, k, v and the gates (and each head's A_log and dt_bias), writes the
+        form in ceil(q / C) blocks of C = 64 tokens (`linear_chunk`; the last one padded, as FLA's and
+        transformers' kernels run it): per block and head C^2 (5 dk + 3 dv) (the in-block k k^T and q k^T,
+        their two triangular solves, the in-block output) + 6 C dk dv (three products with the state), each
+        block's state written and read once. Reads q, k, v and the gates (and each head's A_log and dt_bias), writes the
         output; each sequence's state is read (when it has one) and written back once, at `state_dtype`
         (else the activations')."""
         m, d, a = self.model, self.dims, self.precision.act_bytes
         dk, dv, nv = m.linear_key_head_dim, m.linear_value_head_dim, d.linear_value_heads
         kd, vd, conv = self._linear_widths()
-        tokens, c = batch * q_len, DELTANET_CHUNK
-        blocks = np.where(np.asarray(q_len) > 1, np.ceil(np.asarray(q_len, dtype=float) / c), 0.0)
-        blocks = float(blocks) if np.ndim(blocks) == 0 else blocks
+        tokens, c = batch * q_len, self.linear_chunk
+        blocks = self._chunks(q_len)
         per_block = c * c * (5 * dk + 3 * dv) + DELTANET_CHUNK_STATE_FLOPS * c * dk * dv  # type: ignore[operator]
         step = np.where(np.asarray(q_len) > 1, 0.0, DELTANET_STEP_FLOPS * dk * dv * np.asarray(q_len, dtype=float))
         step = float(step) if np.ndim(step) == 0 else step
@@ -807,16 +861,21 @@ class ForwardModel:
                       kv_read_bytes=state * self._continues(q_len, kv_len), kv_write_bytes=state, rows=tokens)
 
     def gated_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """Gated DeltaNet: RMSNorm over each value head's output (one weight of dv), times silu(z)."""
+        """Gated DeltaNet: RMSNorm over each value head's output (one weight of dv), times silu(z); Mamba-2:
+        RMSNorm of silu(z)-gated y over each group's channels (one weight of every channel)."""
         m, a = self.model, self.precision.act_bytes
         rows, dv = batch * q_len * self.dims.linear_value_heads, m.linear_value_head_dim
+        weight = self._linear_widths()[1] if m.is_mamba else dv
         return OpCost(name="gated_norm", kind="norm", flops=(NORM_FLOPS["rmsnorm"] + GATE_FLOPS) * rows * dv,
-                      weight_bytes=dv * a, act_read_bytes=2 * rows * dv * a, act_write_bytes=rows * dv * a,
+                      weight_bytes=weight * a, act_read_bytes=2 * rows * dv * a, act_write_bytes=rows * dv * a,
                       rows=batch * q_len)
 
     def linear_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
-        """A Gated DeltaNet token mixer, from its input projections to out_proj (`o_proj`)."""
+        """A Gated DeltaNet or Mamba-2 token mixer, from its input projections to out_proj (`o_proj`)."""
         args = (batch, q_len, kv_len)
+        if self.model.is_mamba:
+            return [self.in_proj(*args), self.conv1d(*args), self.ssd(*args), self.gated_norm(*args),
+                    self.o_proj(*args, kind=_LINEAR_KIND)]
         return [self.in_proj_qkvz(*args), self.in_proj_ba(*args), self.conv1d(*args), self.deltanet(*args),
                 self.gated_norm(*args), self.o_proj(*args, kind=_LINEAR_KIND)]
 
@@ -978,7 +1037,8 @@ class ForwardModel:
             ops = [lin("up_proj", h, width)]
         n = rows * width
         reads = 2 if m.ffn_kind == "swiglu" else 1
-        ops.append(OpCost(name=pre + "act", kind="elementwise", flops=ACT_FLOPS[m.ffn_kind] * n,
+        act = RELU2_FLOPS if m.hidden_act == "relu2" and m.ffn_kind == "relu" else ACT_FLOPS[m.ffn_kind]
+        ops.append(OpCost(name=pre + "act", kind="elementwise", flops=act * n,
                           act_read_bytes=reads * n * a, act_write_bytes=n * a, rows=rows,
                           experts=copies if part == "routed" else None))
         ops.append(lin("down_proj", width, h))
@@ -1145,17 +1205,21 @@ class ForwardModel:
         m = self.model
         local = self.local_batch(batch)
         args = (local, q_len, kv_len)
+        if kind.attention == "none":  # an FFN alone (Nemotron-H): its norm only
+            return [self.mlp_norm(*args)]
         ops = [self.attn_norm(*args)] + self._attention_block(*args, kind)
         if self.dims.attn_tp > 1:
             ops.append(self._allreduce("attn_allreduce", local * q_len))
         if m.sandwich_norms:
             ops.append(self.post_attn_norm(*args))
-        ops += [self.attn_residual(*args), self.mlp_norm(*args)]
+        ops += [self.attn_residual(*args)] + ([self.mlp_norm(*args)] if kind.ffn else [])
         return ops
 
     def _ffn_section(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
         """A block's FFN and what follows it (sandwich norm, residual, Gemma 4's per-layer input): they depend on
         `kind.moe` only (and on `kind.kv_shared` where those layers' FFN is twice as wide)."""
+        if not kind.ffn:  # a token mixer alone (Nemotron-H)
+            return []
         if self.model.dense_ffn_width(kind) != self.model.ffn_size:
             return self._view("wide", lambda: self.model.ffn_view(kind))._ffn_section(batch, q_len, kv_len, kind)
         local = self.local_batch(batch)
@@ -1234,19 +1298,19 @@ _LINEAR_KIND = LayerKind(attention="linear", window=None, rope=False, moe=False)
 
 
 def _attention_key(kind: LayerKind) -> tuple:
-    return (kind.attention, kind.window, kind.rope, kind.shared_topk, kind.global_shape, kind.kv_shared)
+    return (kind.attention, kind.window, kind.rope, kind.shared_topk, kind.global_shape, kind.kv_shared, kind.ffn)
 
 
 def _sections(groups: tuple[tuple[LayerKind, int], ...]) -> tuple[tuple[str, LayerKind, int, str], ...]:
     """(part, a kind that has it, layers that share it, label) for the attention part of each distinct
     attention (`attention`, `window`, `rope`, `shared_topk`, Gemma 4's `global_shape` and `kv_shared`) and the FFN
     part of each distinct FFN (`moe`, `kv_shared`), in order of first appearance; the label joins the labels of
-    the kinds that share the part with `+`."""
+    the kinds that share the part with `+`. A layer without an FFN (`ffn=False`, Nemotron-H) has no FFN part."""
     keys = {"attention": _attention_key, "ffn": lambda k: (k.moe, k.kv_shared)}  # kv_shared: Gemma 4's wide FFN
     found: dict[tuple, list] = {}
     order: list[tuple] = []
     for kind, count in groups:
-        for part in ("attention", "ffn"):
+        for part in ("attention", "ffn") if kind.ffn else ("attention",):
             key = (part, keys[part](kind))
             if key not in found:
                 found[key] = [kind, 0, []]

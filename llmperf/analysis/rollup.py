@@ -29,6 +29,7 @@ from llmperf.analysis.operators import (
     DELTANET_CHUNK,
     FLOP_CONVENTIONS,
     FP32_BYTES,
+    MAMBA2_CHUNK,
     MLA_MODES,
     ForwardModel,
 )
@@ -267,7 +268,7 @@ def decode_sums(fm: ForwardModel, hw: HardwareSpec, batch, prompt_len, gen_len, 
                fm.head_ops(batch, 1, zero + 1) + fm.tail_ops(batch, 1, zero + 1))]
     topk = fm.model.index_topk
     for part, kind, count, _ in fm.sections:  # each section once, for all the layers that share it
-        if part == "attention" and kind.attention == "linear":  # flat: priced once at a continuing context
+        if part == "attention" and kind.attention in ("linear", "none"):  # flat: priced once at a continuing context
             ops = [op.scaled(count) for op in fm.section_ops(part, batch, 1, zero + 2, kind)]
             groups.append(("full", None, ops, ops))
             continue
@@ -411,10 +412,17 @@ def _attention_weight_bytes(model: ModelSpec, p: Precision, tp: int, kind: Layer
 def _linear_layer_weight_bytes(model: ModelSpec, p: Precision, tp: int) -> float:
     """One Gated DeltaNet token mixer on one GPU of `tp` splitting its heads: in_proj_qkvz, in_proj_ba and
     out_proj at the weight precision, the convolution, A_log, dt_bias (split with the heads) and the gated
-    norm's weight (whole) at the activation precision."""
+    norm's weight (whole) at the activation precision. A Mamba-2 mixer: in_proj and out_proj at the weight
+    precision; the convolution (and its bias), A_log, dt_bias, D, the gated norm's weight and the
+    projections' biases split with the heads, at the activation precision."""
     m, h = model, model.hidden_size
     mat = lambda d_in, d_out: _module_matrix_bytes(p, d_in, d_out, "attention")  # noqa: E731
     kd, vd, nv = m.linear_key_dim // tp, m.linear_value_dim // tp, m.linear_num_value_heads // tp  # type: ignore
+    if m.is_mamba:
+        proj = 2 * kd + 2 * vd + nv
+        vectors = ((2 * kd + vd) * (m.linear_conv_kernel + m.linear_conv_bias) + 3 * nv + vd  # type: ignore
+                   + ((proj + h) if m.linear_proj_bias else 0))
+        return mat(h, proj) + mat(vd, h) + vectors * p.act_bytes
     vectors = (2 * kd + vd) * m.linear_conv_kernel + 2 * nv + m.linear_value_head_dim  # type: ignore[operator]
     return mat(h, 2 * kd + 2 * vd) + mat(h, 2 * nv) + mat(vd, h) + vectors * p.act_bytes
 
@@ -437,11 +445,15 @@ def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, 
     """Weight bytes of one layer of `kind` on one GPU (the layout above; EPLB's `redundant_experts`
     add their copies, `(num_experts + redundant) / ep` routed experts a GPU)."""
     m, ab = model, precision.act_bytes
-    if kind.attention == "linear":
+    if kind.attention == "none":  # an FFN alone (Nemotron-H)
+        attn = 0.0
+    elif kind.attention == "linear":
         attn = _linear_layer_weight_bytes(m, precision, 1 if dp_attention else tp)
     else:
         attn = _attention_weight_bytes(m, precision, 1 if dp_attention else tp, kind)
-    if kind.moe:
+    if not kind.ffn:  # a token mixer alone (Nemotron-H)
+        ffn = 0.0
+    elif kind.moe:
         local = (m.num_experts + redundant_experts) // ep
         ffn = (_ffn_weight_bytes(m, precision, m.expert_ffn_size, tp // ep, local, "expert")
                + _ffn_weight_bytes(m, precision, m.shared_expert_ffn_size, 1 if dp_attention else tp,
@@ -455,7 +467,7 @@ def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, 
     ple = 0.0
     if m.ple_dim:  # Gemma 4's per-layer input: gate and projection (not split by tp) and a norm
         ple = 2 * _module_matrix_bytes(precision, m.hidden_size, m.ple_dim, "dense_mlp") + m.norm_params * ab
-    return attn + ffn + ple + (m.norms_per_layer * m.norm_params + (1 if m.layer_scalar else 0)) * ab
+    return attn + ffn + ple + (m.layer_norms(kind) * m.norm_params + (1 if m.layer_scalar else 0)) * ab
 
 
 def stage_weight_bytes(model: ModelSpec, precision: Precision, tp: int = 1, pp: int = 1, *, ep: int = 1,
@@ -535,15 +547,21 @@ def activation_peak_bytes(model: ModelSpec, precision: Precision, batch, q_len, 
         attn = tokens * (q_out * heads + 2 * max(1, m.num_kv_heads // att_tp)) * m.head_dim * a
     if attention == "naive":
         attn = attn + 2 * batch * heads * q_len * _attention_keys(m, q_len, kv_len) * a
-    if m.has_linear_layers:  # in_proj_qkvz's and in_proj_ba's outputs, the convolution's, the output; the
+    kd, vd, nv = (m.linear_key_dim // att_tp, m.linear_value_dim // att_tp,
+                  m.linear_num_value_heads // att_tp) if m.has_linear_layers else (0, 0, 0)
+    if m.has_linear_layers and m.is_mamba:  # in_proj's output, the convolution's, y and its gated norm; the
+        # chunked form's fp32 C x C matrix a block and group (C B^T)
+        chunk = m.linear_chunk_size or MAMBA2_CHUNK
+        attn = np.maximum(attn, tokens * ((4 * kd + 5 * vd + nv) * a
+                                          + m.linear_num_key_heads // att_tp * chunk * FP32_BYTES))  # type: ignore
+    elif m.has_linear_layers:  # in_proj_qkvz's and in_proj_ba's outputs, the convolution's, the output; the
         # chunked form's two fp32 64 x 64 matrices a block and value head (the in-block k k^T and q k^T)
-        kd, vd, nv = m.linear_key_dim // att_tp, m.linear_value_dim // att_tp, m.linear_num_value_heads // att_tp
-        lin = tokens * ((4 * kd + 4 * vd + 2 * nv) * a + nv * 2 * DELTANET_CHUNK * FP32_BYTES)
-        attn = np.maximum(attn, lin)
+        chunk = m.linear_chunk_size or DELTANET_CHUNK
+        attn = np.maximum(attn, tokens * ((4 * kd + 4 * vd + 2 * nv) * a + nv * 2 * chunk * FP32_BYTES))
     mats = 3 if m.ffn_kind == "swiglu" else 2
     ffn_tokens = tokens * (tp if dp_attention and tp > 1 else 1)
     ffn = 0.0
-    kinds = {kind.moe for kind in m.layer_kinds()}
+    kinds = {kind.moe for kind in m.layer_kinds() if kind.ffn}
     if True in kinds:
         width = m.experts_per_token * (m.expert_ffn_size // (tp // ep))
         if ep > 1:

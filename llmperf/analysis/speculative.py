@@ -266,6 +266,9 @@ def mtp_spec(model: ModelSpec, num_layers: int = 1) -> ModelSpec:
     if model.mtp_layers < 1:
         raise SpecError(f"draft: {MTP} needs a model with multi-token-prediction layers (mtp_layers >= 1), "
                         f"{model.name} has none")
+    if model.sublayer_layers:
+        raise SpecError(f"draft: {MTP}: {model.name}'s layers are one sublayer each (Nemotron-H); its MTP module "
+                        "(mtp_layers_block_type) is not modelled")
     last = model.layer_kinds()[-1]
     if model.is_moe and not last.moe:
         raise SpecError(f"draft: {MTP}: {model.name}'s last layer has a dense FFN; only an MoE one is modelled")

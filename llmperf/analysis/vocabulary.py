@@ -14,14 +14,14 @@ fused GEMM reads its input activations once. `FUSED_PARTS` maps each fused name 
 replaces, so a split prediction can be joined to a fused measurement and back.
 
 Layers of different kinds (full, sliding, chunked attention; MoE or dense FFN) run the same operator
-names: a cost carries its layer kind separately (`OpCost.layer`), so a join by name still works.
-Gated DeltaNet layers (Qwen3-Next, Qwen3.5) run `in_proj_qkvz`, `in_proj_ba`, `conv1d`, `deltanet`,
-`gated_norm` and `o_proj` in place of attention. Multi-head latent attention (MLA) adds its projections
-(`q_a_proj` .. `kv_b_proj`; DeepSeek Sparse Attention its indexer's, `index_*`) and, in the absorbed
-form, `q_absorb` and `v_absorb`; mixture-of-experts layers add the router's GEMM (`router`), its choice
-of experts (`moe_route`), the routed experts' FFN, the weighted sum of each token's expert outputs
-(`moe_sum`), the shared experts' operators (`shared_*`) and, with expert parallelism, the
-`moe_dispatch` / `moe_combine` all-to-alls. Tensor parallelism's vocabulary-split embedding and LM head
+names: a cost carries its layer kind separately (`OpCost.layer`), so a join by name still works. Gated
+DeltaNet layers (Qwen3-Next, Qwen3.5) run `in_proj_qkvz`, `in_proj_ba`, `conv1d`, `deltanet`, `gated_norm`
+and `o_proj` in place of attention; Mamba-2 layers (Nemotron-H) `in_proj`, `conv1d`, `ssd`, `gated_norm`, `o_proj`.
+Multi-head latent attention (MLA) adds its projections (`q_a_proj` .. `kv_b_proj`; DeepSeek Sparse Attention
+its indexer's, `index_*`) and, in the absorbed form, `q_absorb` and `v_absorb`; mixture-of-experts layers add
+the router's GEMM (`router`), its choice of experts (`moe_route`), the routed experts' FFN, the weighted sum of
+each token's expert outputs (`moe_sum`), the shared experts' operators (`shared_*`) and, with expert
+parallelism, the `moe_dispatch` / `moe_combine` all-to-alls. Tensor parallelism's vocabulary-split embedding and LM head
 add one collective each per forward pass: `embed_allreduce` and `logits_gather`.
 """
 
@@ -44,9 +44,11 @@ class Op(str, Enum):
     attn_norm = "attn_norm"
     in_proj_qkvz = "in_proj_qkvz"  # Gated DeltaNet: hidden -> q, k, v and the output gate z (linear layers)
     in_proj_ba = "in_proj_ba"  # Gated DeltaNet: hidden -> each value head's write strength b and decay a
-    conv1d = "conv1d"  # Gated DeltaNet: the causal depthwise convolution over q, k, v (its state: the last K-1)
+    in_proj = "in_proj"  # Mamba-2: hidden -> z, x, B, C and each head's dt (linear layers)
+    conv1d = "conv1d"  # linear layers: the causal depthwise convolution over q, k, v / x, B, C (state: the last K-1)
     deltanet = "deltanet"  # Gated DeltaNet: the gated delta rule over the recurrent state (chunked in prefill)
-    gated_norm = "gated_norm"  # Gated DeltaNet: RMSNorm of each value head's output times silu(z)
+    ssd = "ssd"  # Mamba-2: the state-space dual scan over the recurrent state (chunked in prefill)
+    gated_norm = "gated_norm"  # linear layers: RMSNorm of the output times silu(z)
     qkv_proj = "qkv_proj"
     q_proj = "q_proj"  # (MLA without q_lora_rank: hidden -> heads x (nope + rope))
     k_proj = "k_proj"
@@ -148,7 +150,7 @@ MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.embed_allreduce, Op.pos
 
 #: operators that are a matrix multiply against weights (GEMM in prefill, GEMV-like in decode)
 WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({
-    Op.in_proj_qkvz, Op.in_proj_ba, Op.index_q_proj, Op.index_k_proj,
+    Op.in_proj_qkvz, Op.in_proj_ba, Op.in_proj, Op.index_q_proj, Op.index_k_proj,
     Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.q_a_proj, Op.q_b_proj, Op.kv_a_proj, Op.kv_b_proj,
     Op.q_absorb, Op.v_absorb, Op.o_proj, Op.router, Op.gate_up_proj, Op.gate_proj, Op.up_proj, Op.down_proj,
     Op.shared_gate_up_proj, Op.shared_gate_proj, Op.shared_up_proj, Op.shared_down_proj, Op.shared_expert_gate,

@@ -76,7 +76,7 @@ def _kv_tokens(est: GenerationEstimate, spec: KVCacheSpec) -> str:
 
 
 def _kv_rows(est: GenerationEstimate, spec: KVCacheSpec) -> list[tuple[str, str]]:
-    """MLA's latent, a Gated DeltaNet model's state per sequence, and the KV of one sequence by layer kind
+    """MLA's latent, a linear-layer model's state per sequence, and the KV of one sequence by layer kind
     (sliding and chunked layers hold their window when capped, the whole context with full pages), where
     the model has any of them."""
     m, rows = est.model, []
@@ -84,7 +84,8 @@ def _kv_rows(est: GenerationEstimate, spec: KVCacheSpec) -> list[tuple[str, str]
         rows.append(("KV per token and layer: MLA latent (one for all heads, whole on every tp rank)",
                      f"{m.kv_lora_rank} + {m.qk_rope_head_dim} = {m.kv_lora_rank + m.qk_rope_head_dim} elements"))
     if spec.state_bytes:
-        rows.append((f"  one sequence's Gated DeltaNet state, {spec.linear_layers} layers (whatever its context)",
+        rows.append((f"  one sequence's {m.linear_mixer_name} state, {spec.linear_layers} layers (whatever its "
+                     "context)",
                      fmt.gib(spec.state_bytes)))
     if len(spec.groups) > 1 or spec.groups[0].window is not None or spec.state_bytes:
         context = est.prompt_len + est.gen_len
@@ -142,7 +143,8 @@ def generation_tables(est: GenerationEstimate) -> list[Table]:
     memory = _kv_table(f"Memory per GPU ({est.hardware.memory_gib:g} GiB device, {mem.mem_util:.0%} usable = "
                        f"{fmt.gib(mem.usable_bytes)})", [
         ("weights", fmt.gib(mem.weights_bytes)),
-        (f"KV cache{' and Gated DeltaNet state' if kv_spec.state_bytes else ''}, paged ({est.batch} x "
+        (f"KV cache{' and ' + est.model.linear_mixer_name + ' state' if kv_spec.state_bytes else ''}, paged "
+         f"({est.batch} x "
          f"{_kv_tokens(est, kv_spec)})", fmt.gib(mem.kv_cache_bytes)),
         *_kv_rows(est, kv_spec),
         (f"activations (one reservation for {mem.max_batched_tokens:,} tokens/step)",

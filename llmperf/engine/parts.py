@@ -117,6 +117,10 @@ def check_buildable(spec: ModelSpec) -> None:
     if spec.family not in ENGINE_FAMILIES:
         raise ValueError(f"family: the engine builds {', '.join(ENGINE_FAMILIES)} models, "
                          f"got {spec.family!r} ({spec.name})")
+    if spec.sublayer_layers or spec.is_mamba:
+        field = "linear_mixer" if spec.is_mamba else "mixer_only_layers"
+        raise ValueError(f"{field}: the engine does not build Nemotron-H's Mamba-2 mixers or its layers of one "
+                         f"sublayer ({spec.name}); llmperf prices them (estimate, simulate, plan)")
     if spec.hidden_act not in _ACTIVATIONS:
         raise ValueError(f"hidden_act: {spec.hidden_act!r} is not supported "
                          f"(supported: {', '.join(_ACTIVATIONS)})")

@@ -769,7 +769,7 @@ class HybridLayout:
         full = tuple(i for i, (a, _) in enumerate(kinds) if a == "full")
         by_kind: dict[tuple[str, int], list[int]] = {}
         for i, (a, w) in enumerate(kinds):
-            if a not in ("full", "linear"):
+            if a not in ("full", "linear", "none"):
                 by_kind.setdefault((a, w), []).append(i)  # type: ignore[arg-type]
         if not full or not by_kind:
             return None

@@ -49,31 +49,33 @@ _PROBES = ((1, 1), (1, 7), (3, 5), (4, 4), (2, 9), (5, 11), (8, 8), (7, 30))
 _BLOCK = 256  # dense-time cache is filled this many token counts at a time
 # DeepSeek Sparse Attention's indexer operators that depend on every key (priced with the attention)
 _INDEX_KEY_OPS = ("index_score", "index_topk")
-# Gated DeltaNet operators that depend on each sequence (its state, its chunk): priced per step
+# linear layers' operators that depend on each sequence (its state, its chunk): priced per step (Gated
+# DeltaNet's core is `deltanet`, Mamba-2's `ssd`; `StepCostModel.state_ops`)
 _STATE_OPS = ("conv1d", "deltanet")
 # (q, kv) probes of one sequence for their fit: decode and chunks, first and continuing, across the chunk size
 _STATE_PROBES = ((1, 1), (1, 5), (2, 2), (3, 10), (7, 7), (64, 64), (65, 65), (100, 300), (130, 130),
                  (200, 1000), (1, 4000), (64, 700))
 
 
-def state_features(q, kv) -> np.ndarray:  # noqa: ANN001
-    """A Gated DeltaNet layer's features of sequences of `q` new tokens over contexts `kv` (after the step),
-    summed: `[[sequences, tokens, q == 1 ones, continuing ones (kv > q)], [sum of q min(q, 64) and of
-    ceil(q / 64) over the q > 1 ones, 0, 0]]`; `conv1d`'s and `deltanet`'s counts are linear in them."""
+def state_features(q, kv, chunk: int = DELTANET_CHUNK) -> np.ndarray:  # noqa: ANN001
+    """A linear layer's features of sequences of `q` new tokens over contexts `kv` (after the step), summed:
+    `[[sequences, tokens, q == 1 ones, continuing ones (kv > q)], [sum of q min(q, C) and of ceil(q / C) over
+    the q > 1 ones, 0, 0]]` (C: the chunked form's block, `ForwardModel.linear_chunk`); `conv1d`'s and the
+    core's (`deltanet`, `ssd`) counts are linear in them."""
     q = np.asarray(q, dtype=float).reshape(-1)
     kv = np.asarray(kv, dtype=float).reshape(-1)
     multi = q > 1
     return np.array([[q.size, q.sum(), float(np.sum(~multi)), float(np.sum(kv > q))],
-                     [float(np.sum(np.where(multi, q * np.minimum(q, DELTANET_CHUNK), 0.0))),
-                      float(np.sum(np.where(multi, np.ceil(q / DELTANET_CHUNK), 0.0))), 0.0, 0.0]])
+                     [float(np.sum(np.where(multi, q * np.minimum(q, chunk), 0.0))),
+                      float(np.sum(np.where(multi, np.ceil(q / chunk), 0.0))), 0.0, 0.0]])
 
 
-def scalar_state_features(q: int, kv: int) -> tuple[float, float, float]:
-    """(q == 1, continuing, q min(q, 64) if q > 1, blocks if q > 1) of one sequence, in plain Python (the
+def scalar_state_features(q: int, kv: int, chunk: int = DELTANET_CHUNK) -> tuple[float, float, float, float]:
+    """(q == 1, continuing, q min(q, C) if q > 1, blocks if q > 1) of one sequence, in plain Python (the
     simulator's per-item path) -- without the sequence and token counts, which it sums itself."""
     if q == 1:
         return 1.0, float(kv > q), 0.0, 0.0
-    return 0.0, float(kv > q), float(q * min(q, DELTANET_CHUNK)), float(-(-q // DELTANET_CHUNK))
+    return 0.0, float(kv > q), float(q * min(q, chunk)), float(-(-q // chunk))
 
 
 def _probes(span: tuple[int | None, int | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -192,13 +194,16 @@ class StepCostModel:
             self.forms = (None,)
         spans: list[tuple[int | None, int | None]] = []
         for kind, _ in self.model.layer_groups():
-            if kind.attention != "linear" and self.fm._span(kind) not in spans:
+            if kind.attention not in ("linear", "none") and self.fm._span(kind) not in spans:
                 spans.append(self.fm._span(kind))
         if m.is_sparse_attention and (None, None) not in spans:  # DSA's indexer scores every key
             spans.append((None, None))
         self.spans = tuple(spans)
         self.groups = tuple((f, s) for f in self.forms for s in self.spans)
         #: the common case: one group, full attention (the simulator's fast path)
+        #: the linear layers' per-sequence operators and their chunked form's block (`state_features`)
+        self.state_ops = ("conv1d", "ssd") if m.is_mamba else _STATE_OPS
+        self.state_chunk = self.fm.linear_chunk
         self.state_parts = self._fit_state() if m.has_linear_layers else []
         self.simple = len(self.groups) == 1 and self.spans[0] == (None, None) and not self.state_parts
         self.parts = self._fit_attention()
@@ -218,7 +223,7 @@ class StepCostModel:
         for fi, form in enumerate(self.forms):
             fm = self.fm if form is None else replace(self.fm, mla_mode="absorbed" if form else "unabsorbed")
             for kind, L in self.model.layer_groups():
-                if kind.attention == "linear":  # no KV: its state's operators are `state_parts`
+                if kind.attention in ("linear", "none"):  # no KV: a state's operators are `state_parts`
                     continue
                 g = fi * len(self.spans) + self.spans.index(self.fm._span(kind))
                 parts += self._fit_kind(fm, kind, L, g)
@@ -263,16 +268,19 @@ class StepCostModel:
         return parts
 
     def _fit_state(self) -> list[_StatePart]:
-        """`conv1d` and `deltanet` of each section of Gated DeltaNet layers, as linear functions of the
+        """`conv1d` and the core (`state_ops`) of each section of linear layers, as linear functions of the
         summed `state_features` (checked on probes: the step cost model needs them to be linear)."""
         q, kv = np.array(_STATE_PROBES, dtype=float).T
-        X = np.stack([state_features(a, b).reshape(-1)[:6] for a, b in zip(q, kv)])
+        c = self.state_chunk  # probes across its block too
+        q = np.concatenate([q, [c, c + 1, 3 * c + 5]])
+        kv = np.concatenate([kv, [c, 2 * c + 1, 3 * c + 5]])
+        X = np.stack([state_features(a, b, c).reshape(-1)[:6] for a, b in zip(q, kv)])
         scale = np.abs(X).max(axis=0)
         parts = []
         for part, kind, count, label in self.fm.sections:
             if part != "attention" or kind.attention != "linear":
                 continue
-            for name in _STATE_OPS:
+            for name in self.state_ops:
                 op = getattr(self.fm, name)(1.0, q, kv)
                 weight = np.broadcast_to(np.asarray(op.weight_bytes, dtype=float), q.shape)
                 if not np.all(weight == weight[0]):
@@ -354,7 +362,7 @@ class StepCostModel:
         kv = np.asarray(kv_lens, dtype=float).reshape(-1)
         out = np.zeros((len(self.groups) + (2 if self.state_parts else 0), 4))
         if self.state_parts:
-            out[len(self.groups):] = state_features(q, kv)
+            out[len(self.groups):] = state_features(q, kv, self.state_chunk)
         for si, span in enumerate(self.spans):
             f = span_features(q, kv, span).reshape(-1, 4)
             if len(self.forms) == 1:
@@ -414,7 +422,7 @@ class StepCostModel:
 
     def _dense_times(self, T):  # noqa: ANN001, ANN202
         total = pipeline_transfer_s(self.fm, self.hardware, T, 1, self.pp, self.time_model) + 0.0 * T
-        state = _STATE_OPS if self.state_parts else ()  # priced per step, from the sequences (`state_time_s`)
+        state = self.state_ops if self.state_parts else ()  # priced per step, from the sequences (`state_time_s`)
         state += _INDEX_KEY_OPS if self.model.is_sparse_attention else ()
         for cost in self.fm.forward_ops(T, 1, 1):
             if cost.name in _ATTN_NAMES or cost.name in _MLA_FORM_OPS or cost.name in _LOGIT_OPS or cost.name in state:

@@ -355,7 +355,7 @@ class MemoryPlan:
 
 def hybrid_kv(model: ModelSpec) -> bool:
     """Whether `model` has sliding or chunked layers (linear ones hold no KV: they do not count)."""
-    return any(kind.attention not in ("full", "linear") for kind, _ in model.layer_groups())
+    return any(kind.attention not in ("full", "linear", "none") for kind, _ in model.layer_groups())
 
 
 def window_groups(model: ModelSpec, kv_window: str = "capped", pp: int = 1, tp: int = 1) -> tuple[WindowGroup, ...]:
@@ -407,7 +407,7 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     if groups and (m.has_global_attention or m.kv_shared_layers):  # Gemma 4: the full layers' own width
         kv_tok = groups[0].full_layers * groups[0].full_width * prec.kv_bytes
     elif groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
-        kv_tok = kv_tok * groups[0].full_layers / sum(k.attention != "linear" for k in m.layer_kinds())
+        kv_tok = kv_tok * groups[0].full_layers / sum(k.attention not in ("linear", "none") for k in m.layer_kinds())
     state = linear_state_bytes_per_gpu(config)
     act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
     draft = {}
@@ -609,7 +609,7 @@ class CostModelRunner:
                     row[2] += pairs * n
                     row[3] += q * k * n
                 if state:
-                    dec, cont, qc, blocks = scalar_state_features(q, kv)
+                    dec, cont, qc, blocks = scalar_state_features(q, kv, cost.state_chunk)
                     F0[0] += n
                     F0[1] += q * n
                     F0[2] += dec * n
@@ -989,8 +989,8 @@ def kv_note(model: ModelSpec, kv_window: str = "capped", pp: int = 1, speculativ
     state = ""
     if model.has_linear_layers:
         n = sum(k.attention == "linear" for k in model.layer_kinds())
-        state = (f"KV: {n} Gated DeltaNet layers hold no KV but a constant state per sequence, in pool blocks "
-                 "from admission to its end (no prefix sharing)")
+        state = (f"KV: {n} {model.linear_mixer_name} layers hold no KV but a constant state per sequence, in pool "
+                 "blocks from admission to its end (no prefix sharing)")
     if not hybrid_kv(model):
         return state
     return "\n".join(x for x in (_window_note(model, kv_window, pp, speculative), state) if x)

@@ -61,7 +61,7 @@ _ALL = (
            qkv_bias=False, out_bias=False, mlp_bias=False, tied_embeddings=False,
            hf_model_types=("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2",
                            "deepseek_v2", "deepseek_v32", "glm4_moe", "gpt_oss", "llama4_text", "gemma2",
-                           "gemma3_text", "gemma4_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+                           "gemma3_text", "gemma4_text", "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
                            "glm_moe_dsa", "glm4_moe_lite", "minimax_m2", "smollm3", "seed_oss", "olmo2", "olmo3",
                            "exaone4", "ernie4_5_moe")),
     Family(name="gpt2", description="LayerNorm, learned positions, GELU MLP, biases, tied head",

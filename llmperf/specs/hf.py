@@ -2,8 +2,8 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, and the text model of the multimodal llama4 / gemma3 / gemma4 / qwen3_5 /
-kimi_k25 checkpoints (read from `text_config`; the vision and audio towers are not modelled).
+gemma2, gemma3_text, gemma4_text, nemotron_h, and the text model of the multimodal llama4 / gemma3 / gemma4 /
+qwen3_5 / kimi_k25 checkpoints (read from `text_config`; the vision and audio towers are not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -14,10 +14,9 @@ sinks, soft-caps, and the routing and rotary numerics the engine needs).
 
 A field that changes the math is honoured or refused naming it, never dropped: `HF_CONFIG_FIELDS`
 lists every field read and honoured, `HF_REFUSED_FIELDS` every field refused when it holds a value
-llmperf does not model, `REFUSED_MODEL_TYPES` the model types refused whole (sparse attention, Gated
-DeltaNet, Mamba layers). `quantization_config` (AWQ, GPTQ, fp8 block-wise, MXFP4, NVFP4) is resolved
-to llmperf's modules (`llmperf.specs.precision.MODULES`). What each of these means: docs/specs.md,
-"Hugging Face config.json".
+llmperf does not model (a model type not listed above is refused whole). `quantization_config` (AWQ, GPTQ,
+fp8 block-wise, MXFP4, NVFP4) is resolved to llmperf's modules (`llmperf.specs.precision.MODULES`). What each
+of these means: docs/specs.md, "Hugging Face config.json".
 """
 
 from __future__ import annotations
@@ -219,6 +218,17 @@ _GEMMA4_DEFAULTS = dict(
     attention_k_eq_v=False, num_kv_shared_layers=0, enable_moe_block=False, use_double_wide_mlp=False,
     global_head_dim=512, num_global_key_value_heads=None, num_experts=None, top_k_experts=None,
     moe_intermediate_size=None, per_layer_config=None)
+
+#: NemotronHConfig's defaults (transformers 5.24; its class default layers: one of each block type)
+_NEMOTRON_H_DEFAULTS = dict(
+    vocab_size=131072, hidden_size=4096, tie_word_embeddings=False, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=128, max_position_embeddings=4096, attention_bias=False, sliding_window=None, intermediate_size=21504,
+    mlp_hidden_act="relu2", mlp_bias=False, ssm_state_size=128, mamba_num_heads=128, mamba_head_dim=64,
+    mamba_hidden_act="silu", n_groups=8, conv_kernel=4, use_conv_bias=True, chunk_size=128,
+    mamba_ssm_cache_dtype="float32", n_routed_experts=8, n_shared_experts=1, moe_intermediate_size=7688,
+    moe_shared_expert_intermediate_size=7688, moe_latent_size=None, num_experts_per_tok=2, routed_scaling_factor=1.0,
+    n_group=1, topk_group=1, norm_topk_prob=True, num_nextn_predict_layers=0, use_bias=False,
+    layer_norm_epsilon=1e-5, residual_in_fp32=False)
 
 # ---- today's models: per-layer structure ------------------------------------------------------------
 # transformers' layer_types spelling -> ModelSpec's. Gated DeltaNet layers (`linear_attention`) are read
@@ -577,6 +587,112 @@ def _gated_deltanet_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _routing_values(cfg, out, scoring="softmax", groups=False)
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
+
+
+#: Nemotron-H's block types (`layers_block_type`, or the legacy `hybrid_override_pattern` characters M, *, -, E)
+#: -> (ModelSpec layer_types entry, has a token mixer without an FFN)
+_NEMOTRON_BLOCKS = {"linear_attention": ("linear", True), "full_attention": ("full", True), "mlp": ("none", False),
+                    "moe": ("none", False)}
+_NEMOTRON_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+#: NemotronHConfig's legacy keyword arguments (its __post_init__ pops them over the new keys)
+_NEMOTRON_LEGACY = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "use_conv_bias": "mamba_conv_bias",
+                    "chunk_size": "mamba_chunk_size"}
+#: the activations of Nemotron-H's two-matrix MLPs and experts -> ModelSpec's ffn_kind
+_NEMOTRON_ACTS = {"relu2": "relu", "relu": "relu", "gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
+
+
+def _nemotron_get(cfg: _Config, key: str) -> Any:
+    """A Nemotron-H key, its legacy spelling first (`_NEMOTRON_LEGACY`), as NemotronHConfig reads it."""
+    legacy, value = _NEMOTRON_LEGACY.get(key), cfg.get(key)
+    return cfg.get(legacy) if legacy is not None and cfg.has(legacy) else value
+
+
+def _nemotron_blocks(cfg: _Config) -> list[str]:
+    """Every layer's block type: `layers_block_type` (or its alias `layer_types`), else the legacy
+    `hybrid_override_pattern`, else the config class's default; the number of layers is its length, as
+    transformers builds it (`num_hidden_layers` is ignored)."""
+    cfg.get("num_hidden_layers")
+    key = next((k for k in ("layers_block_type", "layer_types") if cfg.has(k)), None)
+    if key is None and cfg.has("hybrid_override_pattern"):
+        pattern = cfg.get("hybrid_override_pattern")
+        if not isinstance(pattern, str) or not pattern or any(c not in _NEMOTRON_PATTERN for c in pattern):
+            raise SpecError(f"{cfg.origin}: hybrid_override_pattern must be a non-empty string of "
+                            f"{', '.join(_NEMOTRON_PATTERN)}, got {pattern!r}")
+        return [_NEMOTRON_PATTERN[c] for c in pattern]
+    blocks = cfg.get(key) if key is not None else ["linear_attention", "moe", "full_attention", "mlp"]
+    if not isinstance(blocks, list) or not blocks or not all(isinstance(b, str) for b in blocks):
+        raise SpecError(f"{cfg.origin}: {key} must be a non-empty list of block types, got {blocks!r}")
+    unknown = [b for b in blocks if b not in _NEMOTRON_BLOCKS]
+    if unknown:
+        raise SpecError(f"{cfg.origin}: {key} holds {unknown[0]!r} (known: {', '.join(_NEMOTRON_BLOCKS)})")
+    return blocks
+
+
+def _nemotron_h_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Nemotron-H (NVIDIA Nemotron-H, Nemotron-Nano 2 and 3): each layer is one sublayer behind its RMSNorm: a
+    Mamba-2 mixer, attention without positions, a two-matrix MLP (relu2) or a mixture of such experts with
+    shared ones and DeepSeek-V3's sigmoid routing with a score-correction bias (`layers_block_type`). The
+    attention has no biases (transformers builds none whatever `attention_bias` says), and the MoE layers one
+    shared expert (`n_shared_experts` other than 1 is refused), the lm_head its own weights (a tied one is
+    refused)."""
+    blocks = _nemotron_blocks(cfg)
+    out["num_layers"] = len(blocks)
+    act = out.get("hidden_act")
+    if act not in _NEMOTRON_ACTS:
+        raise cfg.refuse("mlp_hidden_act", act, f"Nemotron-H's MLPs are read with {', '.join(_NEMOTRON_ACTS)}")
+    out["ffn_kind"] = _NEMOTRON_ACTS[act]
+    if out.get("tied_embeddings"):
+        raise cfg.refuse("tie_word_embeddings", True, "transformers' NemotronHForCausalLM keeps an lm_head of its own")
+    out["qkv_bias"] = out["out_bias"] = False
+    out["mlp_bias"] = cfg.flag("mlp_bias")
+    for key, neutral, why in (("residual_in_fp32", False, "an fp32 residual stream"),
+                              ("sliding_window", None, "transformers' Nemotron-H attends to every token"),
+                              ("moe_latent_size", None, "latent expert projections")):
+        value = cfg.get(key, None)
+        if value not in (neutral, None):
+            raise cfg.refuse(key, value, why)
+    mixer = cfg.get("mamba_hidden_act")
+    if mixer not in ("silu", "swish"):
+        raise cfg.refuse("mamba_hidden_act", mixer, "the Mamba-2 mixer is read with silu")
+    types = [_NEMOTRON_BLOCKS[b][0] for b in blocks]
+    out["layer_types"] = tuple(types)
+    out["mixer_only_layers"] = tuple(i for i, b in enumerate(blocks) if _NEMOTRON_BLOCKS[b][1])
+    out["nope_layers"] = tuple(i for i, t in enumerate(types) if t == "full")
+    out["sliding_window"] = None
+    if "linear" in types:
+        out.update(linear_mixer="mamba2",
+                   linear_num_key_heads=_positive(cfg, "n_groups", _nemotron_get(cfg, "n_groups")),
+                   linear_num_value_heads=_positive(cfg, "mamba_num_heads"),
+                   linear_key_head_dim=_positive(cfg, "ssm_state_size"),
+                   linear_value_head_dim=_positive(cfg, "mamba_head_dim"),
+                   linear_conv_kernel=_positive(cfg, "conv_kernel", _nemotron_get(cfg, "conv_kernel")),
+                   linear_chunk_size=_positive(cfg, "chunk_size", _nemotron_get(cfg, "chunk_size")),
+                   linear_proj_bias=cfg.flag("use_bias"))
+        conv_bias = _nemotron_get(cfg, "use_conv_bias")
+        if not isinstance(conv_bias, bool):
+            raise SpecError(f"{cfg.origin}: use_conv_bias must be true or false, got {conv_bias!r}")
+        out["linear_conv_bias"] = conv_bias
+        ssm = cfg.get("mamba_ssm_cache_dtype")
+        if str(ssm) not in ("float32", "float16", "bfloat16"):
+            raise cfg.refuse("mamba_ssm_cache_dtype", ssm, "a recurrent state is kept in float32, float16 or bfloat16")
+        out["state_dtype"] = normalize_dtype(str(ssm))
+    out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers")
+    if "moe" not in blocks:
+        for f in ("num_experts", "experts_per_token", "moe_ffn_size"):
+            out.pop(f, None)
+        return
+    if out["mlp_bias"]:
+        raise cfg.refuse("mlp_bias", True, "Nemotron-H's routed experts have no bias while its MLPs would")
+    shared = _count(cfg, "n_shared_experts")
+    if shared != 1:
+        raise cfg.refuse("n_shared_experts", shared, "transformers builds one shared expert of "
+                         "moe_shared_expert_intermediate_size whatever it says")
+    out["shared_experts"] = 1
+    out["shared_ffn_size"] = _positive(cfg, "moe_shared_expert_intermediate_size")
+    out["router_score_bias"] = True
+    _routing_values(cfg, out, scoring="sigmoid")
+    _top_k(cfg, out)
+    _dense_layers(out, lambda i: blocks[i] == "moe")
 
 
 def _glm4_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
@@ -1034,6 +1150,13 @@ _TYPES = (
     HFModelType(model_type="gemma4_text", family="llama", architectures=("Gemma4ForCausalLM",), keys=_GEMMA_KEYS,
                 required=_LLAMA_REQUIRED, defaults=_GEMMA4_DEFAULTS, sliding_window="layers",
                 honours=("final_logit_softcapping",), extra=_gemma4_extra),
+    HFModelType(model_type="nemotron_h", family="llama", architectures=("NemotronHForCausalLM",),
+                keys={**{k: v for k, v in _LLAMA_KEYS.items() if k != "num_layers"}, "hidden_act": "mlp_hidden_act",
+                      "norm_eps": "layer_norm_epsilon", "num_experts": "n_routed_experts",
+                      "experts_per_token": "num_experts_per_tok", "moe_ffn_size": "moe_intermediate_size"},
+                required=("vocab_size", "hidden_size", "num_attention_heads", "max_position_embeddings"),
+                defaults=_NEMOTRON_H_DEFAULTS, sliding_window="layers", rope=False,
+                honours=("hybrid_override_pattern",), extra=_nemotron_h_extra),
 )
 
 #: every supported model type's description, by `model_type`
@@ -1050,16 +1173,11 @@ _COUNT_FIELDS = frozenset({"vocab_size", "hidden_size", "num_layers", "num_heads
 #: (`llmperf.engine.model`) builds fewer and refuses the rest itself.
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "proportional")
 
-#: model types refused by name: half-modelling them would mislead (one line, why)
-REFUSED_MODEL_TYPES: Mapping[str, str] = MappingProxyType({
-    "nemotron_h": "Mamba-2 layers keep a constant per-sequence state, not modelled yet",
-})
-
 #: fields refused by name in any config: each belongs to an architecture llmperf does not model yet
 _HYBRID_FIELDS: Mapping[str, str] = MappingProxyType({
     "index_topk": "DeepSeek Sparse Attention is read for deepseek_v32 and glm_moe_dsa only",
     "index_n_heads": "DeepSeek Sparse Attention is read for deepseek_v32 and glm_moe_dsa only",
-    "hybrid_override_pattern": "Mamba / attention hybrid layers keep a constant per-sequence state, not modelled yet",
+    "hybrid_override_pattern": "Mamba / attention hybrid layers are read for nemotron_h only",
     "linear_num_value_heads": "Gated DeltaNet layers are read for qwen3_next, qwen3_5 and qwen3_5_moe only",
 })
 
@@ -1111,7 +1229,10 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types",
        "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "rotary_dim",
        "attention_out_bias", "use_bias", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval",
-       "moe_norm_min", "moe_num_shared_experts"}))
+       "moe_norm_min", "moe_num_shared_experts",
+       # Nemotron-H (its extra function; legacy spellings too)
+       "layers_block_type", "hybrid_override_pattern", "residual_in_fp32", "moe_latent_size", "mamba_hidden_act",
+       "mamba_ssm_cache_dtype", *_NEMOTRON_LEGACY.values(), "num_hidden_layers"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
@@ -1119,7 +1240,8 @@ HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
      "layer_norm_elementwise_affine", "rope_scaling", "rope_parameters", "sliding_window", "layer_types",
      "max_window_layers", "quantization_config", "architectures", "torch_dtype", *_HYBRID_FIELDS,
      "mlp_bias", "topk_method", "scoring_func", "use_bidirectional_attention", "text_config",
-     "experts_per_token", "swiglu_alpha"}))
+     "experts_per_token", "swiglu_alpha", "residual_in_fp32", "moe_latent_size", "mamba_hidden_act",
+     "mamba_ssm_cache_dtype", "mlp_hidden_act", "layers_block_type", "tie_word_embeddings", "n_shared_experts"}))
 
 
 def _dtype(cfg: _Config) -> str:
@@ -1421,8 +1543,6 @@ def _refuse_unmodelled(cfg: _Config, spec_type: HFModelType) -> None:
 def read_hf_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[dict[str, Any], set[str]]:
     """The `ModelSpec` fields of a parsed config.json, and the set of config keys read."""
     mt = data.get("model_type")
-    if isinstance(mt, str) and mt in REFUSED_MODEL_TYPES:
-        raise SpecError(f"{origin}: model_type {mt!r} is not modelled ({REFUSED_MODEL_TYPES[mt]})")
     if isinstance(mt, str) and mt in _TEXT_CONFIG_TYPES:
         return _read_text_config(data, name, origin)
     if mt not in HF_MODEL_TYPES:

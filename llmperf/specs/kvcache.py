@@ -10,19 +10,18 @@ backends).
 A layer holds the whole context (`full`), its last W tokens (`sliding`) or at most its chunk C
 (`chunked`, `tokens_held`; `tokens_in_use` is the current chunk). `window="capped"` gives sliding and
 chunked layers only their window, as vLLM's hybrid KV-cache manager does (`SlidingWindowManager`,
-`ChunkedLocalAttentionManager`); `window="full"` gives every layer the whole context, as engines with
-unified pages do (TensorRT-LLM, hf-mem). A paged cache allocates `block_size` tokens at a time, one
-block table per group of layers of one kind (`paged_bytes_for_context`); `paged_blocks`,
-`paged_reserved_bytes` and `paged_used_bytes` follow a paged engine block by block and equal
-`llmperf.engine.cache.PagedKVCache.usage()`. `sharded` splits KV heads over tensor parallelism (never
-below one a GPU) and layers over pipeline stages as vLLM partitions them (`pipeline_stages`).
+`ChunkedLocalAttentionManager`); `window="full"` gives every layer the whole context, as engines with unified
+pages do (TensorRT-LLM, hf-mem). A paged cache allocates `block_size` tokens at a time, one block table per
+group of layers of one kind (`paged_bytes_for_context`); `paged_blocks`, `paged_reserved_bytes` and
+`paged_used_bytes` follow a paged engine block by block and equal `llmperf.engine.cache.PagedKVCache.usage()`.
+`sharded` splits KV heads over tensor parallelism (never below one a GPU) and layers over pipeline stages as
+vLLM partitions them (`pipeline_stages`).
 
-Gated DeltaNet layers (`linear`: Qwen3-Next, Qwen3.5) hold no KV: each keeps one state per sequence
-whatever its context (`state_bytes`: the recurrent state, value heads x key dim x value dim, and the last
-K - 1 inputs of its convolution), outside the token groups (`groups` lists the KV-holding layers only).
-
-Contexts may be Python numbers or numpy arrays (a sweep evaluates many at once). Worked figures and
-the block-by-block rules: docs/model.md, "Memory and the KV cache".
+Gated DeltaNet and Mamba-2 layers (`linear`: Qwen3-Next, Qwen3.5, Nemotron-H) hold no KV but one state per
+sequence whatever its context (`state_bytes`: the recurrent state, value heads x key dim x value dim, and the
+last K - 1 inputs of its convolution), outside the token groups (`groups`: the KV-holding layers; `none`
+layers, Nemotron-H's FFN alone, hold nothing). Contexts may be Python numbers or numpy arrays (a sweep
+evaluates many at once). Worked figures and the block-by-block rules: docs/model.md, "Memory and the KV cache".
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from llmperf.specs.precision import dtype_bytes
 if TYPE_CHECKING:
     from llmperf.specs.model import ModelSpec
 
-KV_ATTENTION_KINDS = ("full", "sliding", "chunked", "linear")
+KV_ATTENTION_KINDS = ("full", "sliding", "chunked", "linear", "none")
 #: how sliding and chunked layers are allocated: their window only (vLLM's hybrid manager) or the
 #: whole context like a full layer (no hybrid manager, hf-mem >= PR #70)
 KV_WINDOW_MODES = ("capped", "full")
@@ -228,9 +227,9 @@ class KVCacheSpec:
         object.__setattr__(self, "shared_topk_layers", shared)
         object.__setattr__(self, "kv_shared_layers",
                            layer_indices("kv cache: kv_shared_layers", self.kv_shared_layers, self.num_layers))
-        if any(self.kinds()[i] == "linear" for i in self.kv_shared_layers):
+        if any(self.kinds()[i] in ("linear", "none") for i in self.kv_shared_layers):
             raise SpecError("kv cache: kv_shared_layers must be attention layers")
-        if shared and (ib == 0 or any(self.kinds()[i] == "linear" for i in shared)):
+        if shared and (ib == 0 or any(self.kinds()[i] in ("linear", "none") for i in shared)):
             raise SpecError("kv cache: shared_topk_layers needs an indexer key (index_bytes_per_token > 0) and "
                             "attention layers")
         sb = self.state_bytes_per_layer
@@ -276,10 +275,10 @@ class KVCacheSpec:
         return ("sliding" if self.sliding_window is not None else "full",) * self.num_layers
 
     def held_kinds(self) -> tuple[str, ...]:
-        """The attention kind of every layer holding a cache of its own, in order (not the linear layers, nor
-        Gemma 4's KV-shared ones)."""
+        """The attention kind of every layer holding a cache of its own, in order (not the linear layers nor the
+        layers without a token mixer, nor Gemma 4's KV-shared ones)."""
         shared = set(self.kv_shared_layers)
-        return tuple(k for i, k in enumerate(self.kinds()) if k != "linear" and i not in shared)
+        return tuple(k for i, k in enumerate(self.kinds()) if k not in ("linear", "none") and i not in shared)
 
     @property
     def groups(self) -> tuple[KVGroup, ...]:
@@ -357,12 +356,12 @@ class KVCacheSpec:
 
     @property
     def kv_layers(self) -> int:
-        """Layers holding KV (every layer but the linear ones and Gemma 4's KV-shared ones)."""
+        """Layers holding KV (every layer but the linear ones, those without a mixer and Gemma 4's KV-shared ones)."""
         return len(self.held_kinds())
 
     @property
     def linear_layers(self) -> int:
-        """Gated DeltaNet layers: a constant state per sequence each, no KV."""
+        """Gated DeltaNet or Mamba-2 layers: a constant state per sequence each, no KV."""
         return sum(k == "linear" for k in self.kinds())
 
     @property
@@ -508,7 +507,7 @@ def indexer_key_bytes(model: Any) -> float:
 
 
 def linear_state_bytes(model: Any, kv: Any = None) -> float:
-    """One sequence's state in one Gated DeltaNet layer of `model` (0 without linear layers): the recurrent
+    """One sequence's state in one linear layer of `model` (0 without linear layers): the recurrent
     state at `state_dtype` (else the activations' dtype) and the convolution's last K - 1 inputs at the
     activations' dtype (`kv`'s `act_bytes` when it is a `Precision`, else the checkpoint's dtype), as
     vLLM's Mamba-style state cache keeps them (`MambaStateDtypeCalculator`, "auto": the model's dtype)."""

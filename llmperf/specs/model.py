@@ -28,8 +28,10 @@ POS_ENCODINGS = ("rope", "learned")
 FAMILIES = tuple(_FAMILY_DESCRIPTIONS)  # the names; the descriptions are in llmperf.specs.families
 
 
-ATTENTION_KINDS = ("full", "sliding", "chunked", "linear")  # per-layer attention (layer_types)
-#: linear: a Gated DeltaNet layer (Qwen3-Next, Qwen3.5): no KV cache, a constant state per sequence
+ATTENTION_KINDS = ("full", "sliding", "chunked", "linear", "none")  # per-layer attention (layer_types)
+#: linear: a Gated DeltaNet (Qwen3-Next, Qwen3.5) or Mamba-2 (Nemotron-H) token mixer: no KV cache, a constant
+#: state per sequence; none: no token mixer, the layer is its FFN alone (Nemotron-H's MLP and MoE layers)
+LINEAR_MIXERS = ("gated_deltanet", "mamba2")
 QK_NORMS = ("rmsnorm", "l2", "rmsnorm_across_heads")
 
 
@@ -41,7 +43,9 @@ class LayerKind:
     positions (`rope`; Llama 4's global layers do not), whether its FFN is a mixture of experts, and
     (DeepSeek Sparse Attention) whether it reuses an earlier layer's top-k instead of running its own
     indexer (`shared_topk`: GLM-5's `indexer_types` "shared"), and (Gemma 4) whether it has the full layers'
-    own attention shape (`global_shape`) and whether it reads an earlier layer's KV cache (`kv_shared`)."""
+    own attention shape (`global_shape`) and whether it reads an earlier layer's KV cache (`kv_shared`).
+    Nemotron-H's layers are one sublayer each: a token mixer without an FFN (`ffn=False`) or an FFN without
+    a token mixer (`attention="none"`)."""
 
     attention: str
     window: int | None
@@ -50,13 +54,18 @@ class LayerKind:
     shared_topk: bool = False
     global_shape: bool = False  # Gemma 4: a full layer with the full layers' own head dim and KV heads
     kv_shared: bool = False  # Gemma 4: it reads an earlier layer's cache (no K/V of its own)
+    ffn: bool = True  # Nemotron-H: False for a layer that is its token mixer alone
 
     @property
     def label(self) -> str:
-        """A short name for tables: `full`, `sliding-4096`, `chunked-8192`, + `/moe`, `/nope`."""
+        """A short name for tables: `full`, `sliding-4096`, `chunked-8192`, + `/moe`, `/nope`, `/no-ffn`; a layer
+        without a token mixer: `ffn` or `moe`."""
+        if self.attention == "none":
+            return "moe" if self.moe else "ffn"
         text = self.attention if self.window is None else f"{self.attention}-{self.window}"
         return (text + ("/moe" if self.moe else "") + ("" if self.rope or self.attention == "linear" else "/nope")
-                + ("/shared-topk" if self.shared_topk else "") + ("/kv-shared" if self.kv_shared else ""))
+                + ("/shared-topk" if self.shared_topk else "") + ("/kv-shared" if self.kv_shared else "")
+                + ("" if self.ffn else "/no-ffn"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +114,8 @@ class ModelSpec:
     parallel_residual: bool = None  # type: ignore[assignment]  # GPT-NeoX: attention and MLP read the same input
     sliding_window: int | None = None  # tokens each query attends to (and the cache holds); None = all
     # ---- per-layer structure (today's models; every field below defaults to "absent") ----------
-    layer_types: tuple[str, ...] | None = None  # per layer: full | sliding | chunked | linear (None: all alike)
+    layer_types: tuple[str, ...] | None = None  # per layer: full | sliding | chunked | linear | none (None: all alike)
+    mixer_only_layers: tuple[int, ...] = ()  # layers without an FFN (Nemotron-H's Mamba-2 and attention layers)
     attention_chunk_size: int | None = None  # chunked layers attend within blocks of this many tokens
     nope_layers: tuple[int, ...] = ()  # layers without rotary positions (Llama 4's global layers)
     kv_lora_rank: int | None = None  # set: multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2)
@@ -131,12 +141,19 @@ class ModelSpec:
     post_norm: bool = False  # OLMo 2/3: each sublayer's output normed before its residual add, no input norms
     embedding_scale: bool = False  # Gemma: the embedding is multiplied by sqrt(hidden_size)
     mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint (not built, not counted)
-    # Gated DeltaNet (`linear` layers; Yang et al. 2024, arXiv:2412.06464): set iff a layer is linear
+    # `linear` layers: Gated DeltaNet (Yang et al. 2024, arXiv:2412.06464) or Mamba-2 (Dao and Gu 2024,
+    # arXiv:2405.21060; `linear_mixer`), set iff a layer is linear. Mamba-2 in the same terms (its state-space
+    # duality): key heads = its groups (B and C: keys and queries), key head dim = its state size N, value heads
+    # and value head dim = its heads and head dim (x: values); conv channels 2 G N + heads x head dim
+    linear_mixer: str = "gated_deltanet"  # gated_deltanet | mamba2
     linear_num_key_heads: int | None = None  # query / key heads of the delta rule
     linear_num_value_heads: int | None = None  # value heads (each key head serves nv / nk of them)
     linear_key_head_dim: int | None = None
     linear_value_head_dim: int | None = None
     linear_conv_kernel: int | None = None  # the causal depthwise convolution's width K (state: K - 1 inputs)
+    linear_chunk_size: int | None = None  # tokens a block of the chunked prefill form (None: DeltaNet 64, Mamba-2 256)
+    linear_conv_bias: bool = False  # Mamba-2: the convolution has a bias (use_conv_bias)
+    linear_proj_bias: bool = False  # Mamba-2: in_proj and out_proj have biases (use_bias)
     state_dtype: str | None = None  # the recurrent state's dtype (mamba_ssm_dtype); None: the KV cache's
     attn_output_gate: bool = False  # full layers: q_proj also yields a gate, output *= sigmoid(gate)
     # DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer picks each query's index_topk keys
@@ -378,8 +395,23 @@ class ModelSpec:
 
     @property
     def has_linear_layers(self) -> bool:
-        """Some layer is a Gated DeltaNet (`linear`) layer."""
+        """Some layer is a Gated DeltaNet or Mamba-2 (`linear`) layer."""
         return self.layer_types is not None and "linear" in self.layer_types
+
+    @property
+    def is_mamba(self) -> bool:
+        """The linear layers are Mamba-2 mixers (Nemotron-H), not Gated DeltaNet."""
+        return self.linear_mixer == "mamba2"
+
+    @property
+    def linear_mixer_name(self) -> str:
+        """The linear layers' mixer as tables name it: `Mamba-2` or `Gated DeltaNet`."""
+        return "Mamba-2" if self.is_mamba else "Gated DeltaNet"
+
+    @property
+    def sublayer_layers(self) -> bool:
+        """Some layer is one sublayer only: a token mixer without an FFN or an FFN without a mixer (Nemotron-H)."""
+        return bool(self.mixer_only_layers) or (self.layer_types is not None and "none" in self.layer_types)
 
     @property
     def linear_key_dim(self) -> int:
@@ -410,8 +442,16 @@ class ModelSpec:
     def linear_params_per_layer(self) -> int:
         """One Gated DeltaNet token mixer, as transformers' Qwen3NextGatedDeltaNet: in_proj_qkvz (hidden ->
         2 key_dim + 2 value_dim), in_proj_ba (hidden -> 2 value heads), conv1d (conv_dim x K, no bias),
-        dt_bias and A_log (one a value head), the gated norm (value head dim), out_proj (value_dim -> hidden)."""
+        dt_bias and A_log (one a value head), the gated norm (value head dim), out_proj (value_dim -> hidden).
+        A Mamba-2 mixer, as transformers' NemotronHMamba2Mixer: in_proj (hidden -> z, x, B, C and dt: 2 value_dim
+        + 2 key_dim + heads), conv1d (conv_dim x K, + a bias), dt_bias, A_log and D (one a head), the gated
+        norm (value_dim), out_proj (value_dim -> hidden); in_proj and out_proj with biases if linear_proj_bias."""
         h, nv = self.hidden_size, self.linear_num_value_heads
+        if self.is_mamba:
+            proj = 2 * self.linear_key_dim + 2 * self.linear_value_dim + nv  # type: ignore[operator]
+            conv = self.linear_conv_dim * (self.linear_conv_kernel + self.linear_conv_bias)  # type: ignore[operator]
+            bias = (proj + h) if self.linear_proj_bias else 0
+            return h * proj + conv + 3 * nv + self.linear_value_dim + self.linear_value_dim * h + bias  # type: ignore
         return (h * (2 * self.linear_key_dim + 2 * self.linear_value_dim) + h * 2 * nv  # type: ignore[operator]
                 + self.linear_conv_dim * self.linear_conv_kernel + 2 * nv  # type: ignore[operator]
                 + self.linear_value_head_dim + self.linear_value_dim * h)  # type: ignore[operator]
@@ -471,11 +511,17 @@ class ModelSpec:
         """Hidden-size norms per layer: before attention and MLP (+ after each: Gemma's sandwich)."""
         return 4 if self.sandwich_norms else 2
 
+    def layer_norms(self, kind: LayerKind) -> int:
+        """Hidden-size norms in a layer of `kind`: `norms_per_layer`, less the one of a sublayer it lacks
+        (Nemotron-H's layers of one sublayer have one)."""
+        return self.norms_per_layer - (not kind.ffn) - (kind.attention == "none")
+
     def layer_params(self, kind: LayerKind) -> int:
-        """Parameters of one layer of `kind` (attention, its FFN, its norms)."""
-        ffn = self.moe_ffn_params if kind.moe else self.ffn_params(self.dense_ffn_width(kind))
-        return (self.attn_params(kind) + ffn + self.norms_per_layer * self.norm_params + (1 if self.layer_scalar else 0)
-                + self.ple_layer_params)
+        """Parameters of one layer of `kind` (attention, its FFN, its norms; a layer of one sublayer has its
+        norm only: Nemotron-H)."""
+        ffn = 0 if not kind.ffn else self.moe_ffn_params if kind.moe else self.ffn_params(self.dense_ffn_width(kind))
+        return (self.attn_params(kind) + ffn + self.layer_norms(kind) * self.norm_params
+                + (1 if self.layer_scalar else 0) + self.ple_layer_params)
 
     def dense_ffn_width(self, kind: LayerKind) -> int:
         """The dense FFN's width in a layer of `kind`: ffn_size, twice it in Gemma 4's KV-shared layers with
@@ -505,7 +551,9 @@ class ModelSpec:
 
     def attn_params(self, kind: LayerKind) -> int:
         """Parameters of one layer's mixer of `kind`: its attention (a shared-top-k layer's without the
-        indexer it does not have; Gemma 4's full layers of their own shape) or its linear attention."""
+        indexer it does not have; Gemma 4's full layers of their own shape) or its linear attention (0 for none)."""
+        if kind.attention == "none":
+            return 0
         if kind.attention == "linear":
             return self.linear_params_per_layer
         if kind.global_shape or kind.kv_shared:
@@ -582,7 +630,7 @@ class ModelSpec:
                 and self.attn_softcap is None and not self.sandwich_norms and not self.post_norm
                 and not self.norm_offset
                 and self.query_pre_attn_scalar is None and not self.rope_interleaved and not self.nope_layers
-                and self.layer_types is None)
+                and self.layer_types is None and not self.mixer_only_layers)
 
     @property
     def one_call_layers(self) -> bool:
@@ -625,7 +673,7 @@ class ModelSpec:
             if self.layer_types is not None and "layer_types" not in changes:
                 pattern = self.layer_types
                 changes["layer_types"] = tuple(pattern[i % len(pattern)] for i in range(max(n, 0)))
-            for f in ("dense_layers", "nope_layers", "shared_topk_layers"):
+            for f in ("dense_layers", "nope_layers", "shared_topk_layers", "mixer_only_layers"):
                 if f not in changes:
                     changes[f] = tuple(i for i in getattr(self, f) if i < n)
         return replace(self, **changes)
@@ -669,11 +717,13 @@ def _layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
     types = spec.layer_types or (("sliding" if spec.sliding_window is not None else "full"),) * spec.num_layers
     dense, nope, shared = set(spec.dense_layers), set(spec.nope_layers), set(spec.shared_topk_layers)
     rope = spec.pos_encoding == "rope"
-    windows = {"full": None, "sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "linear": None}
-    wide, kv_shared = spec.has_global_attention, set(spec.kv_shared_layers)
-    return tuple(LayerKind(attention=t, window=windows[t], rope=rope and i not in nope and t != "linear",
-                           moe=spec.is_moe and i not in dense, shared_topk=i in shared,
-                           global_shape=wide and t == "full", kv_shared=i in kv_shared) for i, t in enumerate(types))
+    windows = {"full": None, "sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "linear": None,
+               "none": None}
+    wide, kv_shared, alone = spec.has_global_attention, set(spec.kv_shared_layers), set(spec.mixer_only_layers)
+    return tuple(LayerKind(attention=t, window=windows[t], rope=rope and i not in nope and t not in ("linear", "none"),
+                           moe=spec.is_moe and i not in dense and i not in alone, shared_topk=i in shared,
+                           global_shape=wide and t == "full", kv_shared=i in kv_shared, ffn=i not in alone)
+                 for i, t in enumerate(types))
 
 
 def _global_view(spec: ModelSpec) -> ModelSpec:
@@ -720,6 +770,7 @@ def _check_layer_structure(spec: ModelSpec) -> None:
     _check_sparse_attention(spec)
     _layer_indices(spec, "nope_layers")
     _layer_indices(spec, "dense_layers")
+    _check_sublayers(spec)
     if spec.dense_layers and not spec.is_moe:
         raise SpecError(f"{name}: dense_layers={list(spec.dense_layers)} needs num_experts > 1")
     if spec.is_moe and len(spec.dense_layers) == spec.num_layers:
@@ -789,7 +840,8 @@ def _check_global_attention(spec: ModelSpec) -> None:
     if spec.kv_shared_layers:
         kinds = spec.layer_types or ("sliding" if spec.sliding_window is not None else "full",) * spec.num_layers
         for i in spec.kv_shared_layers:
-            if kinds[i] == "linear" or kinds[i] not in [kinds[j] for j in range(i) if j not in spec.kv_shared_layers]:
+            earlier = [kinds[j] for j in range(i) if j not in spec.kv_shared_layers]
+            if kinds[i] in ("linear", "none") or kinds[i] not in earlier:
                 raise SpecError(f"{name}: kv_shared_layers holds layer {i}, with no earlier {kinds[i]} layer of its "
                                 "own cache to read")
         if spec.is_mla:
@@ -835,10 +887,36 @@ def _check_sparse_attention(spec: ModelSpec) -> None:
                         "with q_lora_rank")
 
 
+def _check_sublayers(spec: ModelSpec) -> None:
+    """Layers of one sublayer (Nemotron-H): `mixer_only_layers` are layers with a token mixer, and none of the
+    block structures that assume both sublayers (sandwich or post norms, a parallel residual, per-layer
+    embeddings) is set."""
+    _layer_indices(spec, "mixer_only_layers")
+    kinds = spec.layer_types or ()
+    for i in spec.mixer_only_layers:
+        if kinds and kinds[i] == "none":
+            raise SpecError(f"{spec.name}: mixer_only_layers holds layer {i}, whose layer_types entry is none: a "
+                            "layer with neither a token mixer nor an FFN")
+    if spec.sublayer_layers:
+        for f in ("sandwich_norms", "post_norm", "parallel_residual", "ple_dim", "wide_shared_ffn"):
+            if getattr(spec, f):
+                raise SpecError(f"{spec.name}: {f}={getattr(spec, f)!r} is not modelled with layers of one sublayer "
+                                "(mixer_only_layers, layer_types none)")
+
+
 def _check_linear_layers(spec: ModelSpec) -> None:
-    """Gated DeltaNet fields: all set iff a layer is `linear`, counts, value heads a multiple of key
-    heads, a convolution of at least 2 taps; the state dtype a known one; the output gate a flag."""
+    """Linear-layer fields: all set iff a layer is `linear`, counts, value heads a multiple of key
+    heads, a convolution of at least 2 taps, a known mixer (Gated DeltaNet has no biases); the state dtype a
+    known one; the output gate a flag."""
     name = spec.name
+    if spec.linear_mixer not in LINEAR_MIXERS:
+        raise SpecError(f"{name}: linear_mixer must be one of {', '.join(LINEAR_MIXERS)}, got {spec.linear_mixer!r}")
+    for f in ("linear_conv_bias", "linear_proj_bias"):
+        if not isinstance(getattr(spec, f), bool):
+            raise SpecError(f"{name}: {f} must be true or false, got {getattr(spec, f)!r}")
+        if getattr(spec, f) and not spec.is_mamba:
+            raise SpecError(f"{name}: {f}=True needs linear_mixer=mamba2 (Gated DeltaNet has no such bias)")
+    _optional_positive_int(spec, "linear_chunk_size")
     if not isinstance(spec.attn_output_gate, bool):
         raise SpecError(f"{name}: attn_output_gate must be true or false, got {spec.attn_output_gate!r}")
     if spec.attn_output_gate and spec.is_mla:
@@ -846,7 +924,7 @@ def _check_linear_layers(spec: ModelSpec) -> None:
     if spec.has_linear_layers:
         for f in LINEAR_FIELDS:
             if getattr(spec, f) is None:
-                raise SpecError(f"{name}: layer_types has linear (Gated DeltaNet) layers but {f} is not set")
+                raise SpecError(f"{name}: layer_types has linear ({spec.linear_mixer_name}) layers but {f} is not set")
             _positive_int(spec, f)
         if spec.linear_num_value_heads % spec.linear_num_key_heads:  # type: ignore[operator]
             raise SpecError(f"{name}: linear_num_key_heads={spec.linear_num_key_heads} does not divide "
@@ -854,13 +932,14 @@ def _check_linear_layers(spec: ModelSpec) -> None:
         if spec.linear_conv_kernel < 2:  # type: ignore[operator]
             raise SpecError(f"{name}: linear_conv_kernel must be at least 2, got {spec.linear_conv_kernel!r}")
         if spec.is_mla:
-            raise SpecError(f"{name}: linear (Gated DeltaNet) layers beside multi-head latent attention are not "
-                            "modelled")
+            raise SpecError(f"{name}: linear ({spec.linear_mixer_name}) layers beside multi-head latent attention "
+                            "are not modelled")
     else:
-        given = [f for f in (*LINEAR_FIELDS, "state_dtype") if getattr(spec, f) is not None]
+        given = [f for f in (*LINEAR_FIELDS, "state_dtype", "linear_chunk_size") if getattr(spec, f) is not None]
+        given += ["linear_mixer"] if spec.is_mamba else []
         if given:
-            raise SpecError(f"{name}: {given[0]}={getattr(spec, given[0])!r} needs linear (Gated DeltaNet) layers "
-                            "in layer_types")
+            raise SpecError(f"{name}: {given[0]}={getattr(spec, given[0])!r} needs linear (Gated DeltaNet or "
+                            "Mamba-2) layers in layer_types")
     if spec.state_dtype is not None:
         object.__setattr__(spec, "state_dtype", normalize_dtype(spec.state_dtype, f"{name}: state_dtype"))
 

@@ -13,7 +13,13 @@ refuses Gemma 4's layers.
 from __future__ import annotations
 
 import pytest
-from model_checks import assert_read_or_one_error, assert_static_batch_is_estimate, checkpoint_count, hf_model
+from model_checks import (
+    assert_read_or_one_error,
+    assert_saved_config_reads_back,
+    assert_static_batch_is_estimate,
+    checkpoint_count,
+    hf_model,
+)
 
 from llmperf.errors import SpecError
 from llmperf.specs.hf import model_spec_from_hf_config
@@ -175,15 +181,7 @@ def test_weights_per_gpu_sum_to_the_parameters(case):
 def test_saved_by_transformers_reads_back(case, tmp_path):
     """transformers writes the config its own way (rope_parameters per layer type, explicit layer_types, the
     per-layer config): read back, the same model; every key read is one llmperf lists."""
-    from llmperf.specs import ModelSpec
-    from llmperf.specs.hf import HF_CONFIG_FIELDS, HF_REFUSED_FIELDS, read_hf_config
-
-    hf_model(CASES[case]).config.save_pretrained(tmp_path)
-    back, spec = ModelSpec.from_hf_config(tmp_path), read(CASES[case])
-    assert back.param_count == spec.param_count and back.layer_kinds() == spec.layer_kinds()
-    assert back.kv_cache("bf16") == spec.kv_cache("bf16")
-    _, keys = read_hf_config(dict(CASES[case]), "t", "config")
-    assert keys <= set(HF_CONFIG_FIELDS) | set(HF_REFUSED_FIELDS), keys - set(HF_CONFIG_FIELDS)
+    assert_saved_config_reads_back(read, CASES[case], tmp_path)
 
 
 def test_per_layer_config_as_transformers_saves_it():

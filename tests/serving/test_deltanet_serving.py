@@ -24,6 +24,7 @@ from llmperf.serving.workload import Workload
 from llmperf.specs import load_hardware
 from llmperf.specs.hf import model_spec_from_hf_config
 from llmperf.specs.kvcache import KVCacheSpec
+from tests.analysis.model_checks import assert_simulated_static_batch_is_estimate
 
 # Qwen3-Next-80B-A3B's shape (transformers' Qwen3NextConfig defaults): 36 linear layers, 12 full
 QWEN3_NEXT = dict(
@@ -202,13 +203,7 @@ def test_the_state_time_from_cached_rates_is_op_times(eff, tp):
 
 def test_the_simulators_own_sums_price_a_static_batch_and_chunks_as_estimate():
     m = _small()
-    est = llmperf.estimate(m, "h200", batch=4, prompt_len=150, gen_len=8, tp=2)
-    cfg = ServingConfig.build(m, "h200", tp=2, policy="static", max_batch=4, max_batched_tokens=None,
-                              chunked_prefill=False, prefix_sharing=False, num_blocks=4000, efficiency="roofline")
-    r = simulate(_workload(4, 150, 8), cfg).requests
-    assert r["ttft_s"].to_numpy() == pytest.approx(np.full(4, est.ttft_s), rel=1e-9)
-    # every decode step as estimate's (its per-step times: `decode_step_times_s`)
-    assert r["e2e_s"].to_numpy() == pytest.approx(np.full(4, est.ttft_s + est.decode_step_times_s().sum()), rel=1e-9)
+    cfg = assert_simulated_static_batch_is_estimate(m)  # every decode step as estimate's
     # one request's prompt in chunks of 64: each chunk after the first reads the state
     chunked = ServingConfig.build(m, "h200", tp=2, max_batched_tokens=64, num_blocks=4000, efficiency="roofline")
     res = simulate(_workload(1, 150, 2), chunked)

@@ -321,13 +321,6 @@ def test_every_key_read_is_listed(name):
 
 # ---- refused by name, in one line --------------------------------------------------------------------
 
-@pytest.mark.parametrize("model_type,needle", [
-    ("nemotron_h", "model_type 'nemotron_h' is not modelled (Mamba-2 layers keep a constant per-sequence state"),
-])
-def test_hybrids_refused_by_model_type(model_type, needle):
-    refused({**TINY["qwen3"], "model_type": model_type}, needle)
-
-
 V3, Q3, OSS, L4, G3 = (TINY[n] for n in ("deepseek_v3", "qwen3", "gpt_oss", "llama4_text-moe_layers", "gemma3_text"))
 
 

@@ -187,8 +187,8 @@ def streaming_model(model: str, streaming: str | None):  # noqa: ANN201
     sinks, window = parse_streaming("--streaming", streaming)
     spec = load_model(model)
     if spec.has_linear_layers:  # their state is not a window of keys: nothing for StreamingLLM to evict
-        raise SpecError(f"--streaming: {spec.name} has Gated DeltaNet (linear) layers, whose state is no window of "
-                        "keys; StreamingLLM applies to a model of full-attention layers")
+        raise SpecError(f"--streaming: {spec.name} has {spec.linear_mixer_name} (linear) layers, whose state is no "
+                        "window of keys; StreamingLLM applies to a model of full-attention layers")
     try:
         return streaming_spec(spec, sinks, window), f"{sinks}:{window}"
     except SpecError as exc:
