@@ -444,7 +444,7 @@ class ForwardModel:
         received, _, _, _ = self._ffn_shape(batch, q_len, "routed")
         rows = np.maximum(tokens * m.experts_per_token, received)
         rows = float(rows) if np.ndim(rows) == 0 else rows
-        msg = rows * m.hidden_size * self.precision.act_bytes
+        msg = rows * m.expert_model_dim * self.precision.act_bytes  # a latent MoE sends its latent rows
         return OpCost(name=name, kind="comm", comm_bytes=msg * (e - 1) / e, rows=tokens, comm_gpus=int(e))
 
     def _kind(self, kind: LayerKind | None) -> LayerKind:
@@ -981,7 +981,7 @@ class ForwardModel:
         its own tokens' k rows; otherwise each GPU sums the rows of its experts (`tokens x k / ep`) into
         every token, and the tp all-reduce adds the GPUs' partial sums."""
         m, a = self.model, self.precision.act_bytes
-        h, k = m.hidden_size, m.experts_per_token
+        h, k = m.expert_model_dim, m.experts_per_token  # a latent MoE sums its latent rows
         routed, experts, _, _ = self._ffn_shape(batch, q_len, "routed")
         if self.dp_attention and self.ep > 1:
             tokens = self.local_batch(batch) * q_len
@@ -991,6 +991,19 @@ class ForwardModel:
         return OpCost(name="moe_sum", kind="elementwise", flops=2 * rows * h,
                       act_read_bytes=rows * h * a + rows * 4, act_write_bytes=tokens * h * a, rows=tokens,
                       experts=experts)
+
+    def moe_latent_down(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """A latent MoE (Nemotron-H's `fc1_latent_proj`): every token's hidden state -> the experts' latent width,
+        before dispatch; replicated on every tensor-parallel GPU (each its own tokens with dp_attention)."""
+        m = self.model
+        return self._linear("moe_latent_down", batch * q_len, m.hidden_size, m.moe_latent_size, m.mlp_bias,
+                            module="dense_mlp")
+
+    def moe_latent_up(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """A latent MoE (`fc2_latent_proj`): the summed expert output -> hidden, once a token after `moe_sum`."""
+        m = self.model
+        return self._linear("moe_latent_up", batch * q_len, m.moe_latent_size, m.hidden_size, m.mlp_bias,
+                            module="dense_mlp")
 
     def _ffn_shape(self, batch: Number, q_len: Number, part: str) -> tuple[Number, Number, int, str]:
         """(token rows, distinct weight copies read, width per GPU, module) of `part`: `dense` (an FFN
@@ -1015,7 +1028,7 @@ class ForwardModel:
         m, a = self.model, self.precision.act_bytes
         rows, copies, width, module = self._ffn_shape(batch, q_len, part)
         pre = "shared_" if part == "shared" else ""
-        h, bias = m.hidden_size, m.mlp_bias
+        h, bias = (m.expert_model_dim if part == "routed" else m.hidden_size), m.mlp_bias
         if part == "routed":  # each touched expert's share of the rows (none touched: no rows either)
             with np.errstate(divide="ignore"):
                 per_expert = np.where(np.asarray(copies) > 0, 1.0 / np.maximum(copies, 1e-300), 0.0)
@@ -1183,10 +1196,12 @@ class ForwardModel:
             return ops + ([self._allreduce("mlp_allreduce", tokens)] if self.tp > 1 else [])
         a2a = self.dp_attention and self.ep > 1
         ops = [self.router(local, q_len, kv_len), self.moe_route(local, q_len, kv_len)]
+        ops += [self.moe_latent_down(local, q_len, kv_len)] if m.moe_latent_size else []
         ops += [self._all_to_all("moe_dispatch", batch, q_len)] if a2a else []
         ops += self._ffn_ops(batch, q_len, "routed")
         ops += [self._all_to_all("moe_combine", batch, q_len)] if a2a else []
         ops.append(self.moe_sum(batch, q_len, kv_len))
+        ops += [self.moe_latent_up(local, q_len, kv_len)] if m.moe_latent_size else []
         if m.shared_experts:
             ops += self._ffn_ops(batch, q_len, "shared")
             if m.shared_expert_gate:

@@ -430,14 +430,28 @@ def _linear_layer_weight_bytes(model: ModelSpec, p: Precision, tp: int) -> float
 def _ffn_weight_bytes(model: ModelSpec, p: Precision, width: int, split: int, copies: float,
                       module: str) -> float:
     """`copies` FFNs of `width` hidden units, each split `split` ways: matrices at the weight
-    precision, biases (not split) at the activation precision."""
-    m, h = model, model.hidden_size
+    precision, biases (not split) at the activation precision. Routed experts read and write
+    `expert_model_dim` (a latent MoE's latent width)."""
+    m = model
+    h = m.expert_model_dim if module == "expert" else m.hidden_size
     if not copies:
         return 0.0
     w = width // split
     one = (m.ffn_matrices - 1) * _module_matrix_bytes(p, h, w, module) + _module_matrix_bytes(p, w, h, module)
-    biases = m.ffn_params(width) - m.ffn_matrices * h * width
+    biases = m.ffn_params(width, h) - m.ffn_matrices * h * width
     return copies * one + copies * biases * p.act_bytes
+
+
+def _latent_weight_bytes(model: ModelSpec, p: Precision) -> float:
+    """A latent MoE layer's projections down to the experts' width and back (replicated on every GPU): matrices at
+    the weight precision, biases at the activation precision; 0 without one."""
+    m = model
+    if not m.moe_latent_size:
+        return 0.0
+    h, d = m.hidden_size, m.moe_latent_size
+    biases = m.latent_proj_params - 2 * h * d
+    return (_module_matrix_bytes(p, h, d, "dense_mlp") + _module_matrix_bytes(p, d, h, "dense_mlp")
+            + biases * p.act_bytes)
 
 
 def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, tp: int = 1, *, ep: int = 1,
@@ -461,7 +475,8 @@ def layer_weight_bytes(model: ModelSpec, precision: Precision, kind: LayerKind, 
                + (m.router_params_per_layer + (m.hidden_size if m.shared_expert_gate else 0)) * ab
                + (m.num_experts * (FP32_BYTES - ab) if m.router_score_bias else 0)  # that bias is fp32
                # Gemma 4: the branches' three norms, the router's input scale and its per-expert scales
-               + ((3 * m.norm_params + m.hidden_size + m.num_experts) * ab if m.moe_parallel_ffn else 0))
+               + ((3 * m.norm_params + m.hidden_size + m.num_experts) * ab if m.moe_parallel_ffn else 0)
+               + _latent_weight_bytes(m, precision))
     else:
         ffn = _ffn_weight_bytes(m, precision, m.dense_ffn_width(kind), tp, 1, "dense_mlp")
     ple = 0.0

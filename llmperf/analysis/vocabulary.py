@@ -85,6 +85,7 @@ class Op(str, Enum):
     mlp_norm = "mlp_norm"
     router = "router"
     moe_route = "moe_route"  # the router's choice from its logits: scores, top-k, their weights
+    moe_latent_down = "moe_latent_down"  # a latent MoE (Nemotron-H): hidden -> the experts' latent width
     moe_dispatch = "moe_dispatch"  # expert parallelism: tokens all-to-all to their experts' GPUs
     gate_up_proj = "gate_up_proj"
     gate_proj = "gate_proj"
@@ -93,6 +94,7 @@ class Op(str, Enum):
     down_proj = "down_proj"
     moe_combine = "moe_combine"  # expert parallelism: expert outputs all-to-all back
     moe_sum = "moe_sum"  # each token's k expert outputs, weighted and summed
+    moe_latent_up = "moe_latent_up"  # a latent MoE: the summed expert output back to hidden
     shared_gate_up_proj = "shared_gate_up_proj"  # the shared experts (always on, every token)
     shared_gate_proj = "shared_gate_proj"
     shared_up_proj = "shared_up_proj"
@@ -152,7 +154,8 @@ MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.embed_allreduce, Op.pos
 WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({
     Op.in_proj_qkvz, Op.in_proj_ba, Op.in_proj, Op.index_q_proj, Op.index_k_proj,
     Op.qkv_proj, Op.q_proj, Op.k_proj, Op.v_proj, Op.q_a_proj, Op.q_b_proj, Op.kv_a_proj, Op.kv_b_proj,
-    Op.q_absorb, Op.v_absorb, Op.o_proj, Op.router, Op.gate_up_proj, Op.gate_proj, Op.up_proj, Op.down_proj,
+    Op.q_absorb, Op.v_absorb, Op.o_proj, Op.router, Op.moe_latent_down, Op.moe_latent_up, Op.gate_up_proj,
+    Op.gate_proj, Op.up_proj, Op.down_proj,
     Op.shared_gate_up_proj, Op.shared_gate_proj, Op.shared_up_proj, Op.shared_down_proj, Op.shared_expert_gate,
     Op.lm_head, Op.ple_proj, Op.ple_gate, Op.ple_out,
 })

@@ -117,6 +117,9 @@ def check_buildable(spec: ModelSpec) -> None:
     if spec.family not in ENGINE_FAMILIES:
         raise ValueError(f"family: the engine builds {', '.join(ENGINE_FAMILIES)} models, "
                          f"got {spec.family!r} ({spec.name})")
+    if spec.moe_latent_size:
+        raise ValueError(f"moe_latent_size: the engine does not build a latent MoE's projections ({spec.name}); "
+                         "llmperf prices them (estimate, simulate, plan)")
     if spec.sublayer_layers or spec.is_mamba:
         field = "linear_mixer" if spec.is_mamba else "mixer_only_layers"
         raise ValueError(f"{field}: the engine does not build Nemotron-H's Mamba-2 mixers or its layers of one "

@@ -646,8 +646,7 @@ def _nemotron_h_extra(cfg: _Config, out: dict[str, Any]) -> None:
     out["qkv_bias"] = out["out_bias"] = False
     out["mlp_bias"] = cfg.flag("mlp_bias")
     for key, neutral, why in (("residual_in_fp32", False, "an fp32 residual stream"),
-                              ("sliding_window", None, "transformers' Nemotron-H attends to every token"),
-                              ("moe_latent_size", None, "latent expert projections")):
+                              ("sliding_window", None, "transformers' Nemotron-H attends to every token")):
         value = cfg.get(key, None)
         if value not in (neutral, None):
             raise cfg.refuse(key, value, why)
@@ -689,6 +688,8 @@ def _nemotron_h_extra(cfg: _Config, out: dict[str, Any]) -> None:
                          "moe_shared_expert_intermediate_size whatever it says")
     out["shared_experts"] = 1
     out["shared_ffn_size"] = _positive(cfg, "moe_shared_expert_intermediate_size")
+    if cfg.has("moe_latent_size"):  # the routed experts' width in and out, projected down and up around them
+        out["moe_latent_size"] = _positive(cfg, "moe_latent_size")
     out["router_score_bias"] = True
     _routing_values(cfg, out, scoring="sigmoid")
     _top_k(cfg, out)
@@ -1240,7 +1241,7 @@ HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
      "layer_norm_elementwise_affine", "rope_scaling", "rope_parameters", "sliding_window", "layer_types",
      "max_window_layers", "quantization_config", "architectures", "torch_dtype", *_HYBRID_FIELDS,
      "mlp_bias", "topk_method", "scoring_func", "use_bidirectional_attention", "text_config",
-     "experts_per_token", "swiglu_alpha", "residual_in_fp32", "moe_latent_size", "mamba_hidden_act",
+     "experts_per_token", "swiglu_alpha", "residual_in_fp32", "mamba_hidden_act",
      "mamba_ssm_cache_dtype", "mlp_hidden_act", "layers_block_type", "tie_word_embeddings", "n_shared_experts"}))
 
 

@@ -124,6 +124,8 @@ class ModelSpec:
     qk_rope_head_dim: int | None = None  # MLA: rotary width, one key shared by every head
     v_head_dim: int | None = None  # MLA: per-head value width
     moe_ffn_size: int | None = None  # routed expert width (None: ffn_size)
+    moe_latent_size: int | None = None  # routed experts read and write this width, a projection down before them
+    # and one up after (Nemotron-H's latent MoE: fc1_latent_proj, fc2_latent_proj); None: hidden_size
     shared_ffn_size: int | None = None  # width of each shared expert (None: moe_ffn_size)
     shared_expert_gate: bool = False  # a hidden -> 1 sigmoid gate on the shared expert (Qwen2-MoE)
     dense_layers: tuple[int, ...] = ()  # MoE models: layers with a dense FFN of ffn_size instead
@@ -456,9 +458,10 @@ class ModelSpec:
                 + self.linear_conv_dim * self.linear_conv_kernel + 2 * nv  # type: ignore[operator]
                 + self.linear_value_head_dim + self.linear_value_dim * h)  # type: ignore[operator]
 
-    def ffn_params(self, width: int) -> int:
-        """Parameters of one FFN (an expert, a shared expert or a dense FFN) of `width` hidden units."""
-        h = self.hidden_size
+    def ffn_params(self, width: int, model_dim: int | None = None) -> int:
+        """Parameters of one FFN (an expert, a shared expert or a dense FFN) of `width` hidden units over
+        `model_dim` (default hidden_size; a latent MoE's routed experts: `expert_model_dim`)."""
+        h = model_dim or self.hidden_size
         n = self.ffn_matrices * h * width
         if self.mlp_bias:
             n += (self.ffn_matrices - 1) * width + h
@@ -477,7 +480,21 @@ class ModelSpec:
     @property
     def expert_params(self) -> int:
         """Parameters of one routed expert (of the dense FFN for a dense model)."""
-        return self.ffn_params(self.expert_ffn_size)
+        return self.ffn_params(self.expert_ffn_size, self.expert_model_dim)
+
+    @property
+    def expert_model_dim(self) -> int:
+        """The width routed experts read and write: moe_latent_size (a latent MoE), else hidden_size."""
+        return self.moe_latent_size or self.hidden_size
+
+    @property
+    def latent_proj_params(self) -> int:
+        """A latent MoE layer's projections down to its experts' width and back up (with biases if mlp_bias);
+        0 without one."""
+        if not self.moe_latent_size:
+            return 0
+        h, d = self.hidden_size, self.moe_latent_size
+        return 2 * h * d + ((h + d) if self.mlp_bias else 0)
 
     @property
     def dense_ffn_params(self) -> int:
@@ -499,7 +516,8 @@ class ModelSpec:
         parallel = (3 * self.norm_params + self.hidden_size + self.num_experts) if self.moe_parallel_ffn else 0
         return (self.num_experts * self.expert_params
                 + self.shared_experts * self.ffn_params(self.shared_expert_ffn_size)
-                + self.router_params_per_layer + (self.hidden_size if self.shared_expert_gate else 0) + parallel)
+                + self.router_params_per_layer + (self.hidden_size if self.shared_expert_gate else 0) + parallel
+                + self.latent_proj_params)
 
     @property
     def ffn_params_per_layer(self) -> int:
@@ -764,7 +782,7 @@ def _check_layer_structure(spec: ModelSpec) -> None:
         if "chunked" in lt and spec.attention_chunk_size is None:
             raise SpecError(f"{name}: layer_types has chunked layers but attention_chunk_size is not set")
     for f in ("attention_chunk_size", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-              "v_head_dim", "moe_ffn_size", "shared_ffn_size"):
+              "v_head_dim", "moe_ffn_size", "shared_ffn_size", "moe_latent_size"):
         _optional_positive_int(spec, f)
     _check_linear_layers(spec)
     _check_sparse_attention(spec)
@@ -775,7 +793,7 @@ def _check_layer_structure(spec: ModelSpec) -> None:
         raise SpecError(f"{name}: dense_layers={list(spec.dense_layers)} needs num_experts > 1")
     if spec.is_moe and len(spec.dense_layers) == spec.num_layers:
         raise SpecError(f"{name}: dense_layers lists every layer, so no layer is a mixture of experts")
-    for f in ("moe_ffn_size", "shared_expert_gate", "router_bias", "router_score_bias"):
+    for f in ("moe_ffn_size", "moe_latent_size", "shared_expert_gate", "router_bias", "router_score_bias"):
         if getattr(spec, f) and not spec.is_moe:
             raise SpecError(f"{name}: {f}={getattr(spec, f)!r} needs num_experts > 1")
     if spec.shared_ffn_size is not None and not spec.shared_experts:

@@ -40,6 +40,8 @@ CASES = {
                    use_bias=True),
     "biased_relu": dict(BASE, mlp_bias=True, use_conv_bias=False, mlp_hidden_act="relu"),
     "mtp": dict(MOE, num_nextn_predict_layers=1),
+    # a latent MoE: the routed experts work at 24 wide, projected down from and back up to the hidden 64
+    "latent": dict(MOE, moe_latent_size=24),
     "attention_only": dict(BASE, layers_block_type=["full_attention", "mlp"] * 2),
 }
 
@@ -118,7 +120,7 @@ def test_matrix_flops_are_transformers():
     from llmperf.analysis import ForwardModel
     from llmperf.specs import Precision
 
-    for cfg in (BASE, MOE, CASES["legacy"]):
+    for cfg in (BASE, MOE, CASES["legacy"], CASES["latent"]):
         model = hf_model(cfg, device="cpu").eval()
         model.config._attn_implementation = "eager"
         model.config._experts_implementation = "eager"
@@ -158,12 +160,12 @@ def test_ssd_counts():
 
 
 @pytest.mark.parametrize("case, tp, eff", [("moe", 1, "roofline"), ("moe", 1, "typical"), ("dense", 2, "typical"),
-                                           ("legacy", 2, "roofline")])
+                                           ("legacy", 2, "roofline"), ("latent", 2, "typical")])
 def test_a_static_batch_is_priced_as_estimate(case, tp, eff):
     assert_static_batch_is_estimate(read(CASES[case]), tp, eff)
 
 
-@pytest.mark.parametrize("case", ["dense", "moe", "legacy", "biased_relu"])
+@pytest.mark.parametrize("case", ["dense", "moe", "legacy", "biased_relu", "latent"])
 def test_weights_per_gpu_sum_to_the_parameters(case):
     """At tp = pp = 1 and one precision the weight bytes are the parameters (a layer of one sublayer: its
     norm, its mixer or FFN); at tp 2 less, never more."""
@@ -174,6 +176,29 @@ def test_weights_per_gpu_sum_to_the_parameters(case):
     spec = spec.scaled(router_score_bias=False) if spec.is_moe else spec  # that bias is kept in fp32
     assert sum(stage_weight_bytes(spec, Precision())) == 2 * spec.param_count
     assert sum(stage_weight_bytes(spec, Precision(), tp=2)) < 2 * spec.param_count
+
+
+def test_a_latent_moe_routes_its_latent_rows():
+    """The routed experts, the all-to-alls of expert parallelism and the weighted sum work at the latent width;
+    the projections down and up run once a token, around them."""
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import Precision
+
+    latent = read(CASES["latent"])
+    assert latent.expert_model_dim == 24 and latent.latent_proj_params == 2 * 64 * 24
+    ops = {}
+    for spec in (latent, latent.scaled(moe_latent_size=None)):
+        fm = ForwardModel(model=spec, precision=Precision(), tp=2, ep=2, dp_attention=True)
+        ops[spec.moe_latent_size] = {o.name: o for o in fm.forward_ops(8, 1, 100)}
+    for name in ("moe_dispatch", "moe_combine"):
+        assert ops[24][name].comm_bytes == ops[None][name].comm_bytes * 24 / 64
+    assert ops[24]["moe_sum"].flops == ops[None]["moe_sum"].flops * 24 / 64
+    # 2 MoE layers, each 4 tokens a GPU (its own, with data-parallel attention)
+    assert ops[24]["moe_latent_down"].flops == ops[24]["moe_latent_up"].flops == 2 * (2 * 4 * 64 * 24)
+    assert "moe_latent_down" not in ops[None]
+    with pytest.raises(ValueError, match="moe_latent_size: the engine does not build a latent MoE"):
+        from llmperf.engine.parts import check_buildable
+        check_buildable(latent)
 
 
 def test_tensor_parallelism_splits_the_mamba_heads_and_groups():
@@ -187,7 +212,7 @@ def test_tensor_parallelism_splits_the_mamba_heads_and_groups():
         ShardDims.of(spec, 4)
 
 
-@pytest.mark.parametrize("case", ["moe", "legacy"])
+@pytest.mark.parametrize("case", ["moe", "legacy", "latent"])
 def test_saved_by_transformers_reads_back(case, tmp_path):
     """transformers writes `layers_block_type` (the legacy keys folded in): read back, the same model; every key
     read is one llmperf lists, and every key of the tiny configs is read."""
@@ -198,7 +223,6 @@ def test_saved_by_transformers_reads_back(case, tmp_path):
     (dict(tie_word_embeddings=True), "tie_word_embeddings=True is not modelled (transformers' NemotronHForCausalLM "
                                      "keeps an lm_head of its own)"),
     (dict(n_shared_experts=2), "n_shared_experts=2 is not modelled (transformers builds one shared expert"),
-    (dict(moe_latent_size=32), "moe_latent_size=32 is not modelled (latent expert projections)"),
     (dict(residual_in_fp32=True), "residual_in_fp32=True is not modelled"),
     (dict(sliding_window=16), "sliding_window=16 is not modelled (transformers' Nemotron-H attends to every token)"),
     (dict(mamba_hidden_act="gelu"), "mamba_hidden_act='gelu' is not modelled"),

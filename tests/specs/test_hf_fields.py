@@ -250,7 +250,7 @@ def test_every_refused_field_has_a_refusal_test():
               "topk_method", "scoring_func", "use_bidirectional_attention", "text_config", "experts_per_token",
               "swiglu_alpha",
               # Nemotron-H: tests/analysis/test_nemotron_h.py::test_refused_fields
-              "residual_in_fp32", "moe_latent_size", "mamba_hidden_act", "mamba_ssm_cache_dtype", "mlp_hidden_act",
+              "residual_in_fp32", "mamba_hidden_act", "mamba_ssm_cache_dtype", "mlp_hidden_act",
               "layers_block_type", "tie_word_embeddings", "n_shared_experts"}
     assert set(HF_REFUSED_FIELDS) == tested
     # none of these changes a FLOP, a weight or a KV byte; the engine keeps its own, shorter list
