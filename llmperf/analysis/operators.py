@@ -80,6 +80,12 @@ MAMBA2_CHANNEL_FLOPS = 2
 MODULES = ("attention", "dense_mlp", "expert", "shared_expert", "router", "embedding", "lm_head")
 
 
+def linear_chunk(model: ModelSpec) -> int:
+    """Tokens a block of a model's linear layers' chunked prefill form: the spec's `linear_chunk_size`, else
+    the mixer's default (Gated DeltaNet 64, Mamba-2 256)."""
+    return model.linear_chunk_size or (MAMBA2_CHUNK if model.is_mamba else DELTANET_CHUNK)
+
+
 def _chunk_prefix(m: Number, chunk: int) -> Number:
     """Sum over positions p = 0 .. m-1 of `p mod chunk + 1` (keys each query of a chunked layer sees)."""
     full, r = np.floor_divide(m, chunk), np.mod(m, chunk)
@@ -776,9 +782,8 @@ class ForwardModel:
 
     @property
     def linear_chunk(self) -> int:
-        """Tokens a block of the linear layers' chunked prefill form: the spec's, else the mixer's default."""
-        m = self.model
-        return m.linear_chunk_size or (MAMBA2_CHUNK if m.is_mamba else DELTANET_CHUNK)
+        """Tokens a block of the linear layers' chunked prefill form (`linear_chunk`)."""
+        return linear_chunk(self.model)
 
     def in_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """Mamba-2: hidden -> the gate z and x (value width each), B and C (key width each: groups x state) and

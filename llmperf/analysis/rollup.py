@@ -26,12 +26,11 @@ import numpy as np
 
 from llmperf.analysis.operators import (
     ATTENTION_IMPLS,
-    DELTANET_CHUNK,
     FLOP_CONVENTIONS,
     FP32_BYTES,
-    MAMBA2_CHUNK,
     MLA_MODES,
     ForwardModel,
+    linear_chunk,
 )
 from llmperf.analysis.roofline import (
     TimeModel,
@@ -413,8 +412,8 @@ def _linear_layer_weight_bytes(model: ModelSpec, p: Precision, tp: int) -> float
     """One Gated DeltaNet token mixer on one GPU of `tp` splitting its heads: in_proj_qkvz, in_proj_ba and
     out_proj at the weight precision, the convolution, A_log, dt_bias (split with the heads) and the gated
     norm's weight (whole) at the activation precision. A Mamba-2 mixer: in_proj and out_proj at the weight
-    precision; the convolution (and its bias), A_log, dt_bias, D, the gated norm's weight and the
-    projections' biases split with the heads, at the activation precision."""
+    precision; the convolution (and its bias), A_log, dt_bias, D, the gated norm's weight and in_proj's bias
+    split with the heads, out_proj's bias whole, at the activation precision."""
     m, h = model, model.hidden_size
     mat = lambda d_in, d_out: _module_matrix_bytes(p, d_in, d_out, "attention")  # noqa: E731
     kd, vd, nv = m.linear_key_dim // tp, m.linear_value_dim // tp, m.linear_num_value_heads // tp  # type: ignore
@@ -566,13 +565,11 @@ def activation_peak_bytes(model: ModelSpec, precision: Precision, batch, q_len, 
                   m.linear_num_value_heads // att_tp) if m.has_linear_layers else (0, 0, 0)
     if m.has_linear_layers and m.is_mamba:  # in_proj's output, the convolution's, y and its gated norm; the
         # chunked form's fp32 C x C matrix a block and group (C B^T)
-        chunk = m.linear_chunk_size or MAMBA2_CHUNK
         attn = np.maximum(attn, tokens * ((4 * kd + 5 * vd + nv) * a
-                                          + m.linear_num_key_heads // att_tp * chunk * FP32_BYTES))  # type: ignore
+                                          + m.linear_num_key_heads // att_tp * linear_chunk(m) * FP32_BYTES))
     elif m.has_linear_layers:  # in_proj_qkvz's and in_proj_ba's outputs, the convolution's, the output; the
         # chunked form's two fp32 64 x 64 matrices a block and value head (the in-block k k^T and q k^T)
-        chunk = m.linear_chunk_size or DELTANET_CHUNK
-        attn = np.maximum(attn, tokens * ((4 * kd + 4 * vd + 2 * nv) * a + nv * 2 * chunk * FP32_BYTES))
+        attn = np.maximum(attn, tokens * ((4 * kd + 4 * vd + 2 * nv) * a + nv * 2 * linear_chunk(m) * FP32_BYTES))
     mats = 3 if m.ffn_kind == "swiglu" else 2
     ffn_tokens = tokens * (tp if dp_attention and tp > 1 else 1)
     ffn = 0.0

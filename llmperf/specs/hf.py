@@ -232,7 +232,8 @@ _NEMOTRON_H_DEFAULTS = dict(
 
 # ---- today's models: per-layer structure ------------------------------------------------------------
 # transformers' layer_types spelling -> ModelSpec's. Gated DeltaNet layers (`linear_attention`) are read
-# by the types that build them (Qwen3-Next, Qwen3.5); other state-keeping layers (Mamba) are refused by name.
+# by the types that build them (Qwen3-Next, Qwen3.5), Nemotron-H's Mamba-2 layers by its own reader
+# (`_nemotron_h_extra`); other state-keeping layer types in a layer_types list are refused by name.
 _LAYER_TYPE_NAMES = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
                      "linear_attention": "linear"}
 _STATE_LAYER_TYPES = ("mamba", "mamba2", "conv", "recurrent")
@@ -630,8 +631,9 @@ def _nemotron_blocks(cfg: _Config) -> list[str]:
 
 def _nemotron_h_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Nemotron-H (NVIDIA Nemotron-H, Nemotron-Nano 2 and 3): each layer is one sublayer behind its RMSNorm: a
-    Mamba-2 mixer, attention without positions, a two-matrix MLP (relu2) or a mixture of such experts with
-    shared ones and DeepSeek-V3's sigmoid routing with a score-correction bias (`layers_block_type`). The
+    Mamba-2 mixer, attention without positions, a two-matrix MLP (relu2) or a mixture of such experts (at a
+    latent width with `moe_latent_size`) beside one shared expert, with DeepSeek-V3's sigmoid routing and
+    score-correction bias (`layers_block_type`). The
     attention has no biases (transformers builds none whatever `attention_bias` says), and the MoE layers one
     shared expert (`n_shared_experts` other than 1 is refused), the lm_head its own weights (a tied one is
     refused)."""
