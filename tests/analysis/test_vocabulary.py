@@ -35,8 +35,10 @@ def _todays_models():  # noqa: ANN202
     from tests.analysis.test_gemma4 import CASES, read
     from tests.analysis.test_layers import deepseek_v3, gemma2_like, gpt_oss_like, llama4_like
     from tests.analysis.test_minimax_m2 import OLMO3, SPEC
+    from tests.analysis.test_nemotron_h import CASES as NEMOTRON_H
     return [gemma2_like(), llama4_like(), gpt_oss_like(), deepseek_v3(), SPEC,
-            model_spec_from_hf_config(OLMO3, name="olmo3"), read(CASES["moe"]), read(CASES["ple_kv_shared"])]
+            model_spec_from_hf_config(OLMO3, name="olmo3"), read(CASES["moe"]), read(CASES["ple_kv_shared"]),
+            model_spec_from_hf_config(NEMOTRON_H["latent"], name="nemotron-h")]
 
 
 @pytest.mark.parametrize("attention", ["fused", "naive"])
