@@ -83,10 +83,10 @@ def _kv_rows(est: GenerationEstimate, spec: KVCacheSpec) -> list[tuple[str, str]
     if m.is_mla:
         rows.append(("KV per token and layer: MLA latent (one for all heads, whole on every tp rank)",
                      f"{m.kv_lora_rank} + {m.qk_rope_head_dim} = {m.kv_lora_rank + m.qk_rope_head_dim} elements"))
-    if spec.state_bytes:
-        rows.append((f"  one sequence's {m.linear_mixer_name} state, {spec.linear_layers} layers (whatever its "
-                     "context)",
-                     fmt.gib(spec.state_bytes)))
+    if spec.state_bytes:  # MiB: a state of a few layers rounds to 0.00 GiB
+        n = spec.linear_layers
+        rows.append((f"  one sequence's {m.linear_mixer_name} state, {n} layer{'s' * (n != 1)} (whatever its "
+                     "context)", f"{spec.state_bytes / 2**20:.1f} MiB"))
     if len(spec.groups) > 1 or spec.groups[0].window is not None or spec.state_bytes:
         context = est.prompt_len + est.gen_len
         for g in spec.groups:
