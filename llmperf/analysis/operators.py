@@ -999,7 +999,8 @@ class ForwardModel:
 
     def moe_latent_down(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """A latent MoE (Nemotron-H's `fc1_latent_proj`): every token's hidden state -> the experts' latent width,
-        before dispatch; replicated on every tensor-parallel GPU (each its own tokens with dp_attention)."""
+        before dispatch; replicated on every tensor-parallel GPU (each its own tokens with dp_attention), as
+        vLLM's `ReplicatedLinear`."""
         m = self.model
         return self._linear("moe_latent_down", batch * q_len, m.hidden_size, m.moe_latent_size, m.mlp_bias,
                             module="dense_mlp")
