@@ -1122,6 +1122,11 @@ class WindowedBlockManager(BlockManager):
                         length % bs and self._refs[h.entries[-1][0]] > 1):
                     break
             else:  # every window group keeps its blocks: only the full layers may need one
+                table = self._tables[seq_id]
+                if length == len(table) * bs or self._refs[table[-1]] == 1:
+                    # no copy-on-write (the last block is full, or the sequence's own): the steps below
+                    # are `BlockManager.reserve`'s decode-token paths, without the cost counted twice
+                    return BlockManager.reserve(self, seq_id, 1)
                 if self._blocks_to_append(seq_id, 1)[0] > self.pool.num_free:
                     return False
                 self._reserve_full(seq_id, 1)
