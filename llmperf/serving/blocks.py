@@ -560,9 +560,11 @@ class BlockManager:
         """`reserve(s, 1)` for each sequence in order, up to the first that does not fit (False for it,
         nothing changed): how many were reserved. The scheduler's decode tokens, one call a step:
         `reserve`'s hot path (a token into a partly filled last block of the sequence's own) runs
-        inline, without a call a token; anything else is `reserve` itself."""
+        inline, without a call a token; anything else is `reserve` itself. Each inline token takes one
+        empty slot and adds one logical token: those two counts change by the number of inline tokens,
+        once, before any `reserve` call (which reads and updates them) and at the end."""
         tables, lens, refs, partial, bs = self._tables, self._lens, self._refs, self._partial, self.block_size
-        done = 0
+        done = inline = 0  # tokens reserved; of them, inline ones not yet in _gap and _logical
         for seq_id in seq_ids:
             table = tables.get(seq_id)
             if table is not None:
@@ -573,15 +575,19 @@ class BlockManager:
                         partial[table[-1]] = fill
                     else:
                         del partial[table[-1]]
-                    self._gap -= 1
                     lens[seq_id] = length + 1
-                    self._logical += 1
-                    done += 1
+                    inline += 1
                     continue
+            self._gap -= inline
+            self._logical += inline
+            done += inline
+            inline = 0
             if not self.reserve(seq_id, 1):
-                break
+                return done
             done += 1
-        return done
+        self._gap -= inline
+        self._logical += inline
+        return done + inline
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Shorten a sequence to its first `num_tokens` positions, giving back the blocks past them
@@ -1116,6 +1122,11 @@ class WindowedBlockManager(BlockManager):
                         length % bs and self._refs[h.entries[-1][0]] > 1):
                     break
             else:  # every window group keeps its blocks: only the full layers may need one
+                table = self._tables[seq_id]
+                if length == len(table) * bs or self._refs[table[-1]] == 1:
+                    # no copy-on-write (the last block is full, or the sequence's own): the steps below
+                    # are `BlockManager.reserve`'s decode-token paths, without the cost counted twice
+                    return BlockManager.reserve(self, seq_id, 1)
                 if self._blocks_to_append(seq_id, 1)[0] > self.pool.num_free:
                     return False
                 self._reserve_full(seq_id, 1)

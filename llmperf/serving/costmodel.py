@@ -31,7 +31,7 @@ from llmperf.analysis import op_time
 from llmperf.analysis.attention_eff import AttnShape
 from llmperf.analysis.operators import DELTANET_CHUNK, attended_pairs, keys_read
 from llmperf.analysis.rollup import Conventions, forward_model, pipeline_transfer_s
-from llmperf.analysis.roofline import OpCost
+from llmperf.analysis.roofline import ROOFLINE, OpCost
 from llmperf.analysis.vocabulary import ATTENTION_OPS, Op
 from llmperf.specs import HardwareSpec, ModelSpec, Precision
 
@@ -316,11 +316,19 @@ class StepCostModel:
             total += p.layers * (max(flops * per_flop, nbytes * per_byte, host) + fixed)
         return total
 
+    @property
+    def _rates_by_rows(self) -> bool:
+        """Whether an operator's rates (`_rates_for`, `_state_rates`) depend on its rows and shape: not
+        under the roofline (`op_time` with `ROOFLINE`: e = 1, no latency, no overhead, for any operator
+        reads only its counts, kind and dtype): its rates are read once per operator, not once per
+        (rows, shape) a run meets (three `op_time` calls each, thousands a run)."""
+        return self.time_model is not None and self.time_model is not ROOFLINE
+
     def _state_rates(self, i: int, rows: float) -> tuple[float, float, float, float]:
         """(seconds per FLOP, seconds per byte, fixed seconds, overlapped floor) of `state_parts[i]` at
         `rows` tokens, one layer: its efficiencies depend on its kind and rows, not its counts (neither
         is an operator `op_e_memory` prices by bytes), so they are read once per rows, as `_rates_for`."""
-        key = ("state", i, rows)
+        key = ("state", i, rows if self._rates_by_rows else None)
         hit = self._rates.get(key)
         if hit is None:
             ref, big = self.state_parts[i].ref, 2.0 ** 50
@@ -337,7 +345,9 @@ class StepCostModel:
         kernels' device minimum, a fused attention's device latency added to both roofs) of `part` at
         `rows` tokens of `q_len` new tokens per sequence: the time model's efficiencies depend on the
         operator, its rows and (fused attention) its shape without the context, so they are read once."""
-        key = (part.name, part.kind, part.compute_dtype, part.heads, rows, q_len)  # Gemma 4: shapes differ by kind
+        key = (part.name, part.kind, part.compute_dtype, part.heads)  # Gemma 4: shapes differ by kind
+        if self._rates_by_rows:
+            key += (rows, q_len)
         hit = self._rates.get(key)
         if hit is None:
             base = (_op_time(_cost(part, rows, q_len), self.hardware, self.dtype, self.time_model) if _has_rows()
