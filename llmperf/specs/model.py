@@ -154,6 +154,7 @@ class ModelSpec:
     linear_chunk_size: int | None = None  # tokens a block of the chunked prefill form (None: DeltaNet 64, Mamba-2 256)
     linear_conv_bias: bool = False  # Mamba-2: the convolution has a bias (use_conv_bias)
     linear_proj_bias: bool = False  # Mamba-2: in_proj and out_proj have biases (use_bias)
+    linear_dt_min: float = 0.0  # Mamba-2: transformers clamps dt below at this in its chunked scan (time_step_min)
     state_dtype: str | None = None  # the recurrent state's dtype (mamba_ssm_dtype); None: the KV cache's
     attn_output_gate: bool = False  # full layers: q_proj also yields a gate, output *= sigmoid(gate)
     # DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer picks each query's index_topk keys
@@ -917,6 +918,11 @@ def _check_linear_layers(spec: ModelSpec) -> None:
         if getattr(spec, f) and not spec.is_mamba:
             raise SpecError(f"{name}: {f}=True needs linear_mixer=mamba2 (Gated DeltaNet has no such bias)")
     _optional_positive_int(spec, "linear_chunk_size")
+    dt_min = spec.linear_dt_min
+    if isinstance(dt_min, bool) or not isinstance(dt_min, (int, float)) or not 0 <= dt_min < float("inf"):
+        raise SpecError(f"{name}: linear_dt_min must be a finite number >= 0, got {dt_min!r}")
+    if dt_min and not spec.is_mamba:
+        raise SpecError(f"{name}: linear_dt_min={dt_min!r} needs linear_mixer=mamba2 (Gated DeltaNet has no dt clamp)")
     if not isinstance(spec.attn_output_gate, bool):
         raise SpecError(f"{name}: attn_output_gate must be true or false, got {spec.attn_output_gate!r}")
     if spec.attn_output_gate and spec.is_mla:
