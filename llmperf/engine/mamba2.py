@@ -17,8 +17,8 @@ G groups of H P / G channels, times the weight (`gated_norm`); `out_proj` (`o_pr
 As transformers' generate(): a prompt's dt is clamped below at `linear_dt_min` (its chunked scan's limit is
 `(time_step_min, inf)`, whatever the config's `time_step_limit` says), a generated token's is not (its one-token
 step, `mamba2_selective_state_update`, takes no limit); mamba_ssm and vLLM clamp neither. Whether a step feeds a
-prompt is the runner's `StepMeta.prompt`; without it, as transformers' forward: a step of several tokens or a
-sequence's first is clamped.
+prompt is the runner's `StepMeta.prompt_lens`; without it, as transformers' forward: a step of several tokens
+or a sequence's first is clamped.
 
 The states live in the cache (`llmperf.engine.cache.LinearStates`, as Gated DeltaNet's: conv (W, K - 1),
 recurrent (H, N, P)); a sequence whose step starts at position 0 reads a zero state whatever its slot holds.
@@ -161,6 +161,14 @@ class Mamba2Mixer(nn.Module):
         with rec.op(_OUT, i):
             return self.ops.linear(y, self.out_weight, self.out_bias)
 
+    @staticmethod
+    def _clamped(meta: StepMeta, T: int, fresh: Sequence[bool]) -> torch.Tensor:
+        """`(B, T)` bool: the tokens whose dt is clamped: a prompt's (the runner's `meta.prompt_lens`), else, as
+        transformers' forward, those of a step of several tokens or of a sequence's first step."""
+        if meta.prompt_lens is not None:
+            return meta.positions < torch.tensor(meta.prompt_lens, device=meta.positions.device)[:, None]
+        return torch.tensor([T > 1 or f for f in fresh], device=meta.positions.device)[:, None].expand(-1, T)
+
     def _group(self, zxbcdt: torch.Tensor, meta: StepMeta, rec: Any) -> torch.Tensor:
         """One group of B sequences of T tokens: `(B * T, H P)`, the gated norm's output."""
         from llmperf.engine.deltanet import causal_conv
@@ -174,13 +182,11 @@ class Mamba2Mixer(nn.Module):
         x, Bm, Cm = xbc.split([self.inner, G * N, G * N], dim=-1)
         x, Bm, Cm = x.reshape(B, T, H, P), Bm.reshape(B, T, G, N), Cm.reshape(B, T, G, N)
         states = meta.states
-        clamp = meta.prompt if meta.prompt is not None else [T > 1 or f for f in fresh]
         with rec.op(_SSD, i):
             A = -torch.exp(self.A_log.float())
             dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
-            if self.dt_min and any(clamp):
-                dt = dt.clamp(min=self.dt_min) if all(clamp) else torch.where(
-                    torch.tensor(clamp, device=dt.device)[:, None, None], dt.clamp(min=self.dt_min), dt)
+            if self.dt_min:
+                dt = torch.where(self._clamped(meta, T, fresh)[..., None], dt.clamp(min=self.dt_min), dt)
             init = None
             if states is not None and not all(fresh):
                 init = states.recurrent[states.layer(i)].index_select(0, meta.state_rows)  # (B, H, N, P) fp32

@@ -51,16 +51,16 @@ class ModelRunner:
         self.device = model.device
 
     # ---- forward ---------------------------------------------------------------------------------
-    def _batch(self, seq_ids: list[int], inputs: list[list[int]], prompt: list[bool]
+    def _batch(self, seq_ids: list[int], inputs: list[list[int]], prompt_lens: list[int]
                ) -> tuple[torch.Tensor, StepMeta]:
         """The tokens (B, T) of one group (all inputs of one length) and its metadata: the cache's, and
-        whether each sequence's tokens are its prompt's."""
+        each sequence's prompt length."""
         tokens = torch.tensor(inputs, dtype=torch.long).to(self.device, non_blocking=True)  # (B, T)
         meta = self.cache.prepare(seq_ids, len(inputs[0]))
-        meta.prompt = tuple(prompt)
+        meta.prompt_lens = tuple(prompt_lens)
         return tokens, meta
 
-    def _forward_groups(self, groups: list[tuple[list[int], list[list[int]], list[bool]]]) -> list[torch.Tensor]:
+    def _forward_groups(self, groups: list[tuple[list[int], list[list[int]], list[int]]]) -> list[torch.Tensor]:
         """Logits (B_g, V) per group of a step (of several when it is mixed), from ONE forward over all of them."""
         batch = [self._batch(*g) for g in groups]
         with self.rec.forward():
@@ -77,7 +77,7 @@ class ModelRunner:
         for item in plan.items:
             by_len.setdefault(item.num_tokens, []).append(item)
         plain: list[tuple[SequenceGroup, torch.Tensor, list[list[int]], list[int]]] = []
-        groups = []  # per length: (items, seq_ids, inputs, owners, prompt)
+        groups = []  # per length: (items, seq_ids, inputs, owners, prompt lengths)
         for n in sorted(by_len):
             items = by_len[n]
             seq_ids, inputs, owners, prompt = [], [], [], []
@@ -91,7 +91,7 @@ class ModelRunner:
                 for sid in item.seq_ids:
                     seq_ids.append(sid)
                     inputs.append(tokens[sid][item.start:item.start + n])
-                    prompt.append(item.start < len(g.prompt))
+                    prompt.append(len(g.prompt))
                 owners.append(len(item.seq_ids))
             groups.append((items, seq_ids, inputs, owners, prompt))
         all_ids = [s for _, ids, _, _, _ in groups for s in ids]

@@ -11,7 +11,8 @@ every Mamba-2 layer get a dt_bias so low that transformers' clamp of dt at time_
 Checked: logits of a prompt and of decode steps through both caches within 1e-5; generate() tokens identical
 (greedy, processors, beams) on the paged, contiguous and chunked-prefill engines; the two forms of the scan
 against each other in fp64; the state's bytes against `KVCacheSpec.state_bytes`; the operators' names; the
-weights saved back under transformers' names; the features that refuse Mamba-2 layers by name.
+weights saved back under transformers' names; a preempted sequence recomputed; the features that refuse Mamba-2
+layers by name.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
 from llmperf.engine.mamba2 import chunk_scan, recurrent_scan
 
 from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
-from engine_testing import OpNames
+from engine_testing import OpNames, hf_generate
 
 transformers = pytest.importorskip("transformers")
 
@@ -122,6 +123,17 @@ def test_the_prefill_clamp_matters(checkpoints):
 def test_generate_equals_transformers(checkpoints, name, case, engine, memo={}):  # noqa: B006 (shared on purpose)
     path, hf, _ = checkpoints[name]
     assert_generation_matches(path, hf, case, engine, memo=memo)
+
+
+def test_preempted_sequences_recompute_transformers_tokens(checkpoints):
+    """10 blocks of 4 tokens cannot hold the three sequences to their end: the newest is preempted and recomputed
+    from position 0, its prompt clamped and its generated tokens not, as they were computed the first time."""
+    _, hf, model = checkpoints["dense"]
+    params = CASES["greedy"]
+    engine = Engine(model, cache="paged", block_size=4, num_blocks=10, chunked_prefill=True, max_batched_tokens=4)
+    outputs = engine.generate(PROMPTS, params)
+    assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    assert [[c.tokens for c in o.completions] for o in outputs] == hf_generate(hf, PROMPTS, params)
 
 
 def test_chunked_and_recurrent_forms_agree_in_fp64():
