@@ -40,7 +40,7 @@ from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec, Precision
 from llmperf.specs.expert_load import ExpertLoad
 from llmperf.specs.kvcache import recurrent_state_element_bytes
-from llmperf.specs.model import LayerKind
+from llmperf.specs.model import LINEAR_CHUNK_DEFAULTS, LayerKind
 
 ATTENTION_IMPLS = ("fused", "naive")
 FLOP_CONVENTIONS = ("executed", "dense")
@@ -62,7 +62,7 @@ GATE_FLOPS = 5  # sigmoid(g) * x: an exponential, an add, a divide, a multiply (
 # recurrent step's FLOPs per state element (decay, read k^T S, delta, rank-1 update, read q^T S), the
 # chunked form's per-state-element term (v_new, the output's state read, the state update: 3 GEMMs) and
 # the gates' and norms' FLOPs per value head (softplus, exp, sigmoid; q and k L2 norms per key element)
-DELTANET_CHUNK = 64
+DELTANET_CHUNK = LINEAR_CHUNK_DEFAULTS["gated_deltanet"]
 DELTANET_STEP_FLOPS = 7
 DELTANET_CHUNK_STATE_FLOPS = 6
 DELTANET_GATE_FLOPS = 10
@@ -71,19 +71,13 @@ CONV_ACT_FLOPS = 4  # SiLU after the causal convolution
 # form's default block size (mamba_ssm's chunk_size; a config's `chunk_size` replaces it), the recurrent
 # step's FLOPs per state element (decay, the rank-1 update dt x B^T, the read C^T h) and the per-token
 # elementwise FLOPs per head (softplus of dt, exp(dt A)) and per channel (the D skip, its add)
-MAMBA2_CHUNK = 256
+MAMBA2_CHUNK = LINEAR_CHUNK_DEFAULTS["mamba2"]
 MAMBA2_STEP_FLOPS = 5
 MAMBA2_HEAD_FLOPS = 8
 MAMBA2_CHANNEL_FLOPS = 2
 
 #: the module names `Precision.matrix_bytes(..., module=)` and `Precision.matmul_dtype(module)` take
 MODULES = ("attention", "dense_mlp", "expert", "shared_expert", "router", "embedding", "lm_head")
-
-
-def linear_chunk(model: ModelSpec) -> int:
-    """Tokens a block of a model's linear layers' chunked prefill form: the spec's `linear_chunk_size`, else
-    the mixer's default (Gated DeltaNet 64, Mamba-2 256)."""
-    return model.linear_chunk_size or (MAMBA2_CHUNK if model.is_mamba else DELTANET_CHUNK)
 
 
 def _chunk_prefix(m: Number, chunk: int) -> Number:
@@ -782,8 +776,8 @@ class ForwardModel:
 
     @property
     def linear_chunk(self) -> int:
-        """Tokens a block of the linear layers' chunked prefill form (`linear_chunk`)."""
-        return linear_chunk(self.model)
+        """Tokens a block of the linear layers' chunked prefill form (`ModelSpec.linear_chunk`)."""
+        return self.model.linear_chunk
 
     def in_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """Mamba-2: hidden -> the gate z and x (value width each), B and C (key width each: groups x state) and

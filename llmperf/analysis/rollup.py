@@ -30,7 +30,6 @@ from llmperf.analysis.operators import (
     FP32_BYTES,
     MLA_MODES,
     ForwardModel,
-    linear_chunk,
 )
 from llmperf.analysis.roofline import (
     TimeModel,
@@ -566,10 +565,10 @@ def activation_peak_bytes(model: ModelSpec, precision: Precision, batch, q_len, 
     if m.has_linear_layers and m.is_mamba:  # in_proj's output, the convolution's, y and its gated norm; the
         # chunked form's fp32 C x C matrix a block and group (C B^T)
         attn = np.maximum(attn, tokens * ((4 * kd + 5 * vd + nv) * a
-                                          + m.linear_num_key_heads // att_tp * linear_chunk(m) * FP32_BYTES))
+                                          + m.linear_num_key_heads // att_tp * m.linear_chunk * FP32_BYTES))
     elif m.has_linear_layers:  # in_proj_qkvz's and in_proj_ba's outputs, the convolution's, the output; the
         # chunked form's two fp32 64 x 64 matrices a block and value head (the in-block k k^T and q k^T)
-        attn = np.maximum(attn, tokens * ((4 * kd + 4 * vd + 2 * nv) * a + nv * 2 * linear_chunk(m) * FP32_BYTES))
+        attn = np.maximum(attn, tokens * ((4 * kd + 4 * vd + 2 * nv) * a + nv * 2 * m.linear_chunk * FP32_BYTES))
     mats = 3 if m.ffn_kind == "swiglu" else 2
     ffn_tokens = tokens * (tp if dp_attention and tp > 1 else 1)
     ffn = 0.0

@@ -55,8 +55,9 @@ def hybrid_layout(spec: ModelSpec, kv_window: str = "capped") -> HybridLayout | 
 
 
 def _attention_kinds(spec: ModelSpec) -> list[tuple[str, int | None]]:
-    """(attention, window) of every layer that keeps K/V: linear (Gated DeltaNet) layers keep a state instead."""
-    return [(k.attention, k.window) for k in spec.layer_kinds() if k.attention != "linear"]
+    """(attention, window) of every layer that keeps K/V: linear (Gated DeltaNet, Mamba-2) layers keep a state
+    instead, and Nemotron-H's FFN layers (attention none) nothing."""
+    return [(k.attention, k.window) for k in spec.layer_kinds() if k.attention not in ("linear", "none")]
 
 
 def capped_window(spec: ModelSpec, kv_window: str = "capped") -> tuple[str, int] | None:
@@ -107,9 +108,9 @@ class KVCache(ABC):
         self.dtype = dtype
         self.device = torch.device(device)
         kinds = spec.layer_kinds()
-        # Layers that keep K/V (linear layers keep a per-sequence state instead, `states`): the storage's
-        # first dimension counts these, and `kv_index` maps a model layer to its index among them.
-        self.attention_layers = tuple(i for i, k in enumerate(kinds) if k.attention != "linear")
+        # Layers that keep K/V (linear layers keep a per-sequence state instead, `states`; FFN layers nothing):
+        # the storage's first dimension counts these, and `kv_index` maps a model layer to its index among them.
+        self.attention_layers = tuple(i for i, k in enumerate(kinds) if k.attention not in ("linear", "none"))
         self.kv_index = {layer: j for j, layer in enumerate(self.attention_layers)}
         self.num_layers = len(self.attention_layers)
         self.states: LinearStates | None = LinearStates(spec, dtype, self.device) if spec.has_linear_layers else None

@@ -188,19 +188,8 @@ class GatedDeltaNet(nn.Module):
         states = meta.states
         rows = meta.state_rows
         fresh = [s == 0 for s in meta.starts]
-        K1 = self.K - 1
-        x = qkvz[..., :self.conv_dim].transpose(1, 2)  # (B, W, T)
         with rec.op(_CONV, i):
-            if states is None or all(fresh):
-                prev = x.new_zeros(B, self.conv_dim, K1)
-            else:
-                prev = states.conv[states.layer(i)].index_select(0, rows).to(x.dtype)  # (B, W, K - 1)
-                if any(fresh):
-                    prev[torch.tensor(fresh, device=x.device)] = 0
-            xs = torch.cat((prev, x), dim=-1)  # (B, W, K - 1 + T)
-            if states is not None:
-                states.conv[states.layer(i)].index_copy_(0, rows, xs[:, :, -K1:].to(states.conv.dtype))
-            mixed = self.act(F.conv1d(xs, self.conv_weight, groups=self.conv_dim)).transpose(1, 2)  # (B, T, W)
+            mixed = self.act(causal_conv(qkvz[..., :self.conv_dim], self.conv_weight, None, meta, i, fresh))
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k = q.reshape(B, T, self.nk, self.dk), k.reshape(B, T, self.nk, self.dk)
         v = v.reshape(B, T, self.nv, self.dv)
@@ -222,19 +211,42 @@ class GatedDeltaNet(nn.Module):
             return self.norm.forward(core, z).reshape(B * T, self.value_dim)
 
 
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, meta: StepMeta, layer: int,
+                fresh: Sequence[bool]) -> torch.Tensor:
+    """A linear layer's causal depthwise convolution of `x (B, T, W)` by `weight (W, 1, K)` [+ `bias`], before
+    its activation: `(B, T, W)`. Each sequence continues from its last K - 1 inputs (the cache's conv state,
+    zeros for a sequence whose step starts at position 0; `fresh`), which are then replaced by its latest."""
+    states, rows = meta.states, meta.state_rows
+    B, _, W = x.shape
+    K1 = weight.shape[-1] - 1
+    x = x.transpose(1, 2)  # (B, W, T)
+    if states is None or all(fresh):
+        prev = x.new_zeros(B, W, K1)
+    else:
+        prev = states.conv[states.layer(layer)].index_select(0, rows).to(x.dtype)  # (B, W, K - 1)
+        if any(fresh):
+            prev[torch.tensor(fresh, device=x.device)] = 0
+    xs = torch.cat((prev, x), dim=-1)  # (B, W, K - 1 + T)
+    if states is not None:
+        states.conv[states.layer(layer)].index_copy_(0, rows, xs[:, :, -K1:].to(states.conv.dtype))
+    return F.conv1d(xs, weight, bias, groups=W).transpose(1, 2)  # (B, T, W)
+
+
 def check_linear(spec: ModelSpec) -> None:
-    """A ValueError naming what the engine's Gated DeltaNet layers do not build."""
-    if spec.family != "llama" or spec.ffn_kind != "swiglu":
-        raise ValueError(f"layer_types: linear (Gated DeltaNet) layers are built in Llama-family SwiGLU models, "
+    """A ValueError naming what the engine's linear layers do not build: Gated DeltaNet layers outside a
+    Llama-family SwiGLU model, Mamba-2 layers outside a Llama-family one."""
+    if spec.family != "llama" or (spec.ffn_kind != "swiglu" and not spec.is_mamba):
+        raise ValueError(f"layer_types: linear ({spec.linear_mixer_name}) layers are built in Llama-family models "
+                         "(Gated DeltaNet: SwiGLU ones), "
                          f"got family={spec.family!r}, ffn_kind={spec.ffn_kind!r} ({spec.name})")
 
 
 def refuse_linear(spec: ModelSpec, feature: str, why: str) -> None:
-    """A ValueError naming `feature` when `spec` has linear (Gated DeltaNet) layers."""
+    """A ValueError naming `feature` when `spec` has linear (Gated DeltaNet or Mamba-2) layers."""
     if spec.has_linear_layers:
-        raise ValueError(f"{feature}: {spec.name} has linear (Gated DeltaNet) layers, whose per-sequence state "
-                         f"{why}")
+        raise ValueError(f"{feature}: {spec.name} has linear ({spec.linear_mixer_name}) layers, whose per-sequence "
+                         f"state {why}")
 
 
-__all__ = ["CHUNK", "GatedDeltaNet", "GatedRMSNorm", "check_linear", "chunk_gated_delta_rule",
+__all__ = ["CHUNK", "GatedDeltaNet", "GatedRMSNorm", "causal_conv", "check_linear", "chunk_gated_delta_rule",
            "l2norm", "recurrent_gated_delta_rule", "refuse_linear"]

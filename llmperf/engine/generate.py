@@ -123,8 +123,8 @@ class Engine:
         if prefix_sharing and cache != "paged":
             raise ValueError(f"prefix_sharing: needs the paged cache, got cache={cache!r}")
         if prefix_sharing and model.spec.has_linear_layers:
-            raise ValueError(f"prefix_sharing: {model.spec.name} has linear (Gated DeltaNet) layers, whose "
-                             "per-sequence state a cached prefix's K/V blocks do not carry")
+            raise ValueError(f"prefix_sharing: {model.spec.name} has linear ({model.spec.linear_mixer_name}) layers, "
+                             "whose per-sequence state a cached prefix's K/V blocks do not carry")
         hybrid_layout(model.spec, kv_window)  # validate now, by name
         self.kv_window = kv_window
         self.model = model

@@ -43,6 +43,7 @@ from llmperf.engine.parts import (
     _mat,
     check_buildable,
     layer_attention,
+    linear_mixer,
     resolve_layout,
     torch_dtype,
 )
@@ -69,9 +70,10 @@ class Block(nn.Module):
     mixture of experts, `moe_ffn` (`llmperf.engine.moe.MoE`); [post_mlp_norm]. Shapes are for
     `weight_layout="in_out"` (y = x @ W + b); "out_in" stores each matrix transposed (`F.linear`).
 
-    A `linear` layer (Qwen3-Next, Qwen3.5) has `linear_attn` (`llmperf.engine.deltanet.GatedDeltaNet`) in
-    place of attention; with `attn_output_gate` a full layer's qkv_weight is [q | k | v | gate] and the
-    attention output is multiplied by sigmoid(gate) before o_proj.
+    A `linear` layer has `linear_attn` in place of attention (`parts.linear_mixer`: Gated DeltaNet or Mamba-2);
+    Nemotron-H's layers are one sublayer each: a mixer without mlp_norm and FFN, or an FFN without attn_norm and
+    attention. With `attn_output_gate` a full layer's qkv_weight is [q | k | v | gate] and the attention output
+    is multiplied by sigmoid(gate) before o_proj.
 
     `reduce` (None: a whole model): a tensor-parallel shard's in-place sum over ranks, applied to the
     o projection's output and to the FFN's output, before the post norms and the residual adds
@@ -104,8 +106,10 @@ class Block(nn.Module):
         self.moe = kind.moe
         self.top_k = spec.experts_per_token
         norm = dict(eps=spec.norm_eps, ops=ops, offset=spec.norm_offset, **kw)
-        self.attn_norm = Norm(spec.norm_kind, C, **norm)
-        self.mlp_norm = Norm(spec.norm_kind, C, **norm)
+        # Nemotron-H's layers of one sublayer: a token mixer alone (kind.ffn False) or an FFN alone (attention none)
+        self.mixer, self.ffn = kind.attention != "none", kind.ffn
+        self.attn_norm = Norm(spec.norm_kind, C, **norm) if self.mixer else None
+        self.mlp_norm = Norm(spec.norm_kind, C, **norm) if self.ffn else None
         self.post_attn_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
         self.post_mlp_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
         self.post_norm = spec.post_norm  # OLMo 2/3, EXAONE 4: attn_norm / mlp_norm norm a sublayer's output
@@ -118,9 +122,8 @@ class Block(nn.Module):
         self.linear_attn: nn.Module | None = None
         # Qwen3-Next / Qwen3.5 full layers: q_proj also yields a gate per head, stored after v (`_attend`)
         self.gate_size = self.q_size if spec.attn_output_gate else 0
-        if kind.attention == "linear":  # a Gated DeltaNet token mixer with its own projections and state
-            from llmperf.engine.deltanet import GatedDeltaNet
-            self.linear_attn = GatedDeltaNet(spec, index, ops, **kw)
+        if kind.attention in ("linear", "none"):  # a linear mixer (own projections and state), or no mixer at all
+            self.linear_attn = linear_mixer(spec, index, ops, **kw) if kind.attention == "linear" else None
             self.q_norm = self.k_norm = self.sinks = None
         elif spec.is_mla:
             from llmperf.engine.mla import MLAttention
@@ -138,7 +141,7 @@ class Block(nn.Module):
         if self.moe:
             from llmperf.engine.moe import MoE
             self.moe_ffn = MoE(spec, index, ops, **kw)
-        else:
+        elif self.ffn:
             up_rows = 2 * F_ if self.swiglu else F_
             _linear_params(self, "up", C, up_rows, spec.mlp_bias, in_out, **kw)
             _linear_params(self, "down", F_, C, spec.mlp_bias, in_out, **kw)
@@ -219,7 +222,7 @@ class Block(nn.Module):
         group, each with its own metadata (a plain step is one group)."""
         rec, i = ctx.rec, self.index
         h = x if self.post_norm else self._norm(self.attn_norm, x, ctx, "attn_norm")
-        if self.linear_attn is not None:  # Gated DeltaNet: its own projections and per-sequence state
+        if self.linear_attn is not None:  # Gated DeltaNet, Mamba-2: own projections and per-sequence state
             o = self.linear_attn.forward(h, spans, ctx)
         elif self.attn is not None:  # multi-head latent attention: its own projections and cache
             o = self.attn.forward(h, spans, ctx)
@@ -262,7 +265,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
                 ctx: ForwardContext) -> torch.Tensor:
-        return self.mlp(self.attention(x, spans, ctx), ctx)
+        x = self.attention(x, spans, ctx) if self.mixer else x
+        return self.mlp(x, ctx) if self.ffn else x
 
 
 class Transformer(nn.Module):

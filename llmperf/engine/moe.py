@@ -11,9 +11,9 @@ Each family's router is computed as `transformers` 5 computes it (`modeling_<typ
 `Glm4MoeTopkRouter`, `GptOssTopKRouter`, `Llama4Router`), chosen by the spec's numerics
 (`router_scoring`, `router_renormalize`, `router_scale`, `router_groups`, `router_score_bias`,
 `router_bias`, `router_input_scaling`); `check_moe` refuses combinations no model computes.
-Experts are gated SwiGLU of width `spec.expert_ffn_size`, or gpt-oss's clamped, biased SwiGLU
-(`clamped_swiglu`); their weights are stacked as [gate | up] rows. Shared experts are one dense gated
-FFN of `shared_experts * shared_expert_ffn_size` on every token, added to the routed sum.
+Experts are gated SwiGLU of width `spec.expert_ffn_size`, or gpt-oss's clamped, biased SwiGLU (`clamped_swiglu`),
+stacked as [gate | up] rows; or (another `ffn_kind`: Nemotron-H's relu2) up rows alone. Shared experts are one
+dense FFN of the same kind, `shared_experts * shared_expert_ffn_size` wide, on every token, added to the routed sum.
 
 Parameters (`(out, in)` layout; `weight_layout="in_out"` stores every matrix transposed):
 router_weight (E, C) [+ router_bias (E)] [+ router_score_bias (E), fp32]; experts_up_weight (E, 2F, C)
@@ -92,6 +92,8 @@ class MoE(nn.Module):
         C, F_, E = spec.hidden_size, spec.expert_ffn_size, spec.num_experts
         self.num_experts, self.top_k = E, spec.experts_per_token
         self.act = _ACTIVATIONS[spec.hidden_act]
+        self.gated = spec.ffn_kind == "swiglu"  # else two matrices, up and down (Nemotron-H's relu2 experts)
+        up = 2 if self.gated else 1
         self.limit = spec.swiglu_limit
         self.scoring, self.renormalize, self.scale = spec.router_scoring, spec.router_renormalize, spec.router_scale
         self.groups, self.topk_groups = spec.router_groups, spec.router_topk_groups
@@ -102,14 +104,14 @@ class MoE(nn.Module):
         self.router_weight = _mat(C, E, in_out, **kw)
         self.router_bias = nn.Parameter(torch.empty(E, **kw)) if spec.router_bias else None
         self.router_score_bias = nn.Parameter(torch.empty(E, **fp32)) if spec.router_score_bias else None
-        self.experts_up_weight = nn.Parameter(torch.empty((E, C, 2 * F_) if in_out else (E, 2 * F_, C), **kw))
+        self.experts_up_weight = nn.Parameter(torch.empty((E, C, up * F_) if in_out else (E, up * F_, C), **kw))
         self.experts_down_weight = nn.Parameter(torch.empty((E, F_, C) if in_out else (E, C, F_), **kw))
-        self.experts_up_bias = nn.Parameter(torch.empty(E, 2 * F_, **kw)) if spec.mlp_bias else None
+        self.experts_up_bias = nn.Parameter(torch.empty(E, up * F_, **kw)) if spec.mlp_bias else None
         self.experts_down_bias = nn.Parameter(torch.empty(E, C, **kw)) if spec.mlp_bias else None
         self.shared = spec.shared_experts > 0
         if self.shared:
             F_s = spec.shared_experts * spec.shared_expert_ffn_size
-            _linear_params(self, "shared_up", C, 2 * F_s, False, in_out, **kw)
+            _linear_params(self, "shared_up", C, up * F_s, False, in_out, **kw)
             _linear_params(self, "shared_down", F_s, C, False, in_out, **kw)
         self.shared_gate_weight = _mat(C, 1, in_out, **kw) if spec.shared_expert_gate else None
         self.last_touched = 0  # distinct routed experts the last forward ran
@@ -213,21 +215,25 @@ class MoE(nn.Module):
         ups, downs = self._expert_weights()
         up_b = None if self.experts_up_bias is None else self.experts_up_bias[e]
         down_b = None if self.experts_down_bias is None else self.experts_down_bias[e]
-        with rec.op("gate_up_proj", i):
+        with rec.op("gate_up_proj" if self.gated else "up_proj", i):
             x = inputs[rows, slot] if inputs.dim() == 3 else inputs[rows]
             gate_up = linear(x, ups[e], up_b)
         with rec.op("act", i):
-            a = self.ops.glu(gate_up, self.act) if self.limit is None else clamped_swiglu(gate_up, self.limit)
+            a = self._act(gate_up) if self.limit is None else clamped_swiglu(gate_up, self.limit)
         with rec.op("down_proj", i):
             return linear(a, downs[e], down_b)
+
+    def _act(self, up: torch.Tensor) -> torch.Tensor:
+        """The experts' activation: a gated one over [gate | up] `(..., 2F)`, else `act(up)` `(..., F)`."""
+        return self.ops.glu(up, self.act) if self.gated else self.act(up)
 
     def _shared(self, flat: torch.Tensor, rec: Any) -> torch.Tensor:
         """The shared experts on every token `(N, C)`: one gated FFN, [times Qwen2-MoE's sigmoid gate]."""
         i, linear = self.index, self.ops.linear
-        with rec.op("shared_gate_up_proj", i):
+        with rec.op("shared_gate_up_proj" if self.gated else "shared_up_proj", i):
             gate_up = linear(flat, self.shared_up_weight)
         with rec.op("shared_act", i):
-            a = self.ops.glu(gate_up, self.act)
+            a = self._act(gate_up)
         with rec.op("shared_down_proj", i):
             y = linear(a, self.shared_down_weight)
         if self.shared_gate_weight is None:

@@ -28,6 +28,7 @@ _ACTIVATIONS = {
     "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
     "gelu": F.gelu,
     "relu": F.relu,
+    "relu2": lambda x: F.relu(x).square(),  # Nemotron-H (transformers' ReLUSquaredActivation)
 }
 
 ENGINE_FAMILIES = ("llama", "gpt2")
@@ -120,15 +121,9 @@ def check_buildable(spec: ModelSpec) -> None:
     if spec.moe_latent_size:
         raise ValueError(f"moe_latent_size: the engine does not build a latent MoE's projections ({spec.name}); "
                          "llmperf prices them (estimate, simulate, plan)")
-    if spec.sublayer_layers or spec.is_mamba:
-        field = "linear_mixer" if spec.is_mamba else "mixer_only_layers"
-        raise ValueError(f"{field}: the engine does not build Nemotron-H's Mamba-2 mixers or its layers of one "
-                         f"sublayer ({spec.name}); llmperf prices them (estimate, simulate, plan)")
     if spec.hidden_act not in _ACTIVATIONS:
         raise ValueError(f"hidden_act: {spec.hidden_act!r} is not supported "
                          f"(supported: {', '.join(_ACTIVATIONS)})")
-    if spec.ffn_kind != "swiglu" and spec.num_experts > 1:
-        raise ValueError(f"num_experts: mixture-of-experts needs ffn_kind='swiglu', got {spec.ffn_kind!r}")
     if spec.pos_encoding == "rope":
         check_rope(spec)
     if spec.is_sparse_attention:
@@ -149,6 +144,16 @@ def check_buildable(spec: ModelSpec) -> None:
     if spec.has_linear_layers:
         from llmperf.engine.deltanet import check_linear
         check_linear(spec)
+
+
+def linear_mixer(spec: ModelSpec, index: int, ops: TorchOps, **kw: Any) -> nn.Module:
+    """Layer `index`'s linear token mixer: Mamba-2 (`mamba2.Mamba2Mixer`, Nemotron-H) or Gated DeltaNet
+    (`deltanet.GatedDeltaNet`, Qwen3-Next, Qwen3.5), by `spec.linear_mixer`."""
+    if spec.is_mamba:
+        from llmperf.engine.mamba2 import Mamba2Mixer
+        return Mamba2Mixer(spec, index, ops, **kw)
+    from llmperf.engine.deltanet import GatedDeltaNet
+    return GatedDeltaNet(spec, index, ops, **kw)
 
 
 def layer_attention(spec: ModelSpec, sinks: Sequence[torch.Tensor | None]) -> tuple[LayerAttn, ...]:

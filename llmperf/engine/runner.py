@@ -35,6 +35,7 @@ from llmperf.engine.instrument import NULL_RECORDER
 from llmperf.engine.model import Transformer
 from llmperf.engine.sampling import SamplingParams, finish_reason, process_logits, select_next_tokens
 from llmperf.engine.sequence import Completion, Sequence, SequenceGroup
+from llmperf.engine.step import StepMeta
 from llmperf.serving.scheduler import ScheduledItem, StepOutcome, StepPlan
 
 
@@ -50,21 +51,21 @@ class ModelRunner:
         self.device = model.device
 
     # ---- forward ---------------------------------------------------------------------------------
-    def _forward(self, seq_ids: list[int], inputs: list[list[int]]) -> torch.Tensor:
-        """Logits (B, V) of the last of `inputs[b]` fed to sequence b (all inputs of one length)."""
-        T = len(inputs[0])
+    def _batch(self, seq_ids: list[int], inputs: list[list[int]], prompt_lens: list[int]
+               ) -> tuple[torch.Tensor, StepMeta]:
+        """The tokens (B, T) of one group (all inputs of one length) and its metadata: the cache's, and
+        each sequence's prompt length."""
         tokens = torch.tensor(inputs, dtype=torch.long).to(self.device, non_blocking=True)  # (B, T)
-        meta = self.cache.prepare(seq_ids, T)
-        with self.rec.forward():
-            return self.model(tokens, meta, rec=self.rec, attend=self.attend)
+        meta = self.cache.prepare(seq_ids, len(inputs[0]))
+        meta.prompt_lens = tuple(prompt_lens)
+        return tokens, meta
 
-    def _forward_groups(self, groups: list[tuple[list[int], list[list[int]]]]) -> list[torch.Tensor]:
-        """Logits (B_g, V) per group of a mixed step, from ONE forward over all of them."""
-        batch = []
-        for seq_ids, inputs in groups:
-            tokens = torch.tensor(inputs, dtype=torch.long).to(self.device, non_blocking=True)  # (B_g, T_g)
-            batch.append((tokens, self.cache.prepare(seq_ids, len(inputs[0]))))
+    def _forward_groups(self, groups: list[tuple[list[int], list[list[int]], list[int]]]) -> list[torch.Tensor]:
+        """Logits (B_g, V) per group of a step (of several when it is mixed), from ONE forward over all of them."""
+        batch = [self._batch(*g) for g in groups]
         with self.rec.forward():
+            if len(batch) == 1:
+                return [self.model(*batch[0], rec=self.rec, attend=self.attend)]
             return self.model.forward_groups(batch, rec=self.rec, attend=self.attend)
 
     # ---- one step --------------------------------------------------------------------------------
@@ -76,10 +77,10 @@ class ModelRunner:
         for item in plan.items:
             by_len.setdefault(item.num_tokens, []).append(item)
         plain: list[tuple[SequenceGroup, torch.Tensor, list[list[int]], list[int]]] = []
-        groups = []  # per length: (items, seq_ids, inputs, owners)
+        groups = []  # per length: (items, seq_ids, inputs, owners, prompt lengths)
         for n in sorted(by_len):
             items = by_len[n]
-            seq_ids, inputs, owners = [], [], []
+            seq_ids, inputs, owners, prompt = [], [], [], []
             for item in items:
                 g = self.groups[item.request_id]
                 if g.metrics.scheduled is None:
@@ -90,17 +91,15 @@ class ModelRunner:
                 for sid in item.seq_ids:
                     seq_ids.append(sid)
                     inputs.append(tokens[sid][item.start:item.start + n])
+                    prompt.append(len(g.prompt))
                 owners.append(len(item.seq_ids))
-            groups.append((items, seq_ids, inputs, owners))
-        all_ids = [s for _, ids, _, _ in groups for s in ids]
+            groups.append((items, seq_ids, inputs, owners, prompt))
+        all_ids = [s for _, ids, _, _, _ in groups for s in ids]
         lens = [self.cache.seq_len(s) for s in all_ids]
         with self.rec.step(plan.phase, batch=len(all_ids), q_len=max(by_len), kv_len=max(lens),
                            tokens_in_cache=sum(lens)):
-            if len(groups) == 1:
-                per_group = [self._forward(groups[0][1], groups[0][2])]  # (B, V)
-            else:
-                per_group = self._forward_groups([(ids, inp) for _, ids, inp, _ in groups])
-            for (items, _, _, owners), logits in zip(groups, per_group):
+            per_group = self._forward_groups([(ids, inp, prompt) for _, ids, inp, _, prompt in groups])  # (B_g, V)
+            for (items, _, _, owners, _), logits in zip(groups, per_group):
                 row = 0
                 for item, k in zip(items, owners):
                     rows = logits[row:row + k]

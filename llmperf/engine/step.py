@@ -109,6 +109,9 @@ class StepMeta:
     # sequences' slots in it (B,) int64; None: no state kept (a forward from position 0 without a cache).
     states: Any = None
     state_rows: torch.Tensor | None = None
+    # Per sequence, its prompt's length (the runner's; None: unknown, as for a step built on its own): Mamba-2
+    # layers clamp dt at the prompt's positions only, as transformers' generate() does (`mamba2`).
+    prompt_lens: tuple[int, ...] | None = None
     # Set by the model for its forward (ModelSpec fields that change the math): the keys a query of
     # a model whose layers all slide alike may see (None = all; the CPU's one-call decode reads it).
     window: int | None = None

@@ -77,8 +77,11 @@ def shard_spec(spec: ModelSpec, world: int) -> ModelSpec:
         raise SpecError(f"num_experts: {spec.name} is a mixture of experts (num_experts={spec.num_experts}); "
                         "tensor parallelism shards dense FFNs only (no expert parallelism)")
     if spec.has_linear_layers:
-        raise SpecError(f"layer_types: {spec.name} has linear (Gated DeltaNet) layers; tensor parallelism shards "
-                        "attention heads and FFNs only (not the delta rule's heads and state)")
+        raise SpecError(f"layer_types: {spec.name} has linear ({spec.linear_mixer_name}) layers; tensor parallelism "
+                        "shards attention heads and FFNs only (not the linear layers' heads and state)")
+    if spec.sublayer_layers:
+        raise SpecError(f"mixer_only_layers: {spec.name} has layers of one sublayer (Nemotron-H); tensor parallelism "
+                        "shards layers of attention and an FFN only")
     if spec.is_mla:
         raise SpecError(f"kv_lora_rank: {spec.name} uses multi-head latent attention "
                         f"(kv_lora_rank={spec.kv_lora_rank}); tensor parallelism shards per-head K and V only")

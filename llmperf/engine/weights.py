@@ -33,7 +33,7 @@ INIT_STD = 0.02  # GPT-2 / Llama `initializer_range`
 # Matrix parameters (suffixes), stored (in, out) or (out, in) depending on the model's weight_layout.
 _MATRICES = ("qkv_weight", "o_weight", "up_weight", "down_weight", "router_weight", "shared_gate_weight",
              "lm_head_weight", "q_a_weight", "q_b_weight", "q_weight", "kv_a_weight", "kv_b_weight",  # last five: MLA
-             "qkvz_weight", "ba_weight", "out_weight")  # Gated DeltaNet
+             "qkvz_weight", "ba_weight", "out_weight", "in_weight")  # Gated DeltaNet, Mamba-2
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -205,6 +205,8 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "
             bias_at: str = "") -> list[_Entry]:
     """Every engine parameter and the Hugging Face tensors it is built from."""
     out: list[_Entry] = []
+    if spec.sublayer_layers:
+        return _nemotron_layout(spec, moe_format)
     if spec.family == "llama":
         out += [_Entry("embed_weight", ("model.embed_tokens.weight",)),
                 _Entry("final_norm.weight", ("model.norm.weight",))]
@@ -275,6 +277,50 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "
                     _Entry(us + "down_bias", (hf + "mlp.c_proj.bias",))]
         return out
     raise ValueError(f"family: no checkpoint layout for {spec.family!r}")
+
+
+def _nemotron_layout(spec: ModelSpec, moe_format: str) -> list[_Entry]:
+    """Nemotron-H (transformers' `NemotronHForCausalLM` names): each layer's one norm (`norm`, the engine's
+    attn_norm before a token mixer, mlp_norm before an FFN) and its one `mixer`: Mamba-2, attention (no biases),
+    a two-matrix MLP, or a mixture of two-matrix experts (stacked `experts.up_proj` (E, F, C) as transformers
+    holds them, or one by one as it saves them: `experts.{j}.up_proj.weight`) with its one shared expert."""
+    out = [_Entry("embed_weight", ("model.embeddings.weight",)), _Entry("final_norm.weight", ("model.norm_f.weight",)),
+           _Entry("lm_head_weight", ("lm_head.weight",), matrix=True)]
+    for i, kind in enumerate(spec.layer_kinds()):
+        hf, us = f"model.layers.{i}.", f"layers.{i}."
+        mixer = hf + "mixer."
+        out.append(_Entry(us + ("mlp_norm" if kind.attention == "none" else "attn_norm") + ".weight",
+                          (hf + "norm.weight",)))
+        biased: list[tuple[str, str]] = []
+        if kind.attention == "linear":
+            la = us + "linear_attn."
+            out += [_Entry(la + "in_weight", (mixer + "in_proj.weight",), matrix=True),
+                    _Entry(la + "out_weight", (mixer + "out_proj.weight",), matrix=True)]
+            out += [_Entry(la + p, (mixer + p,)) for p in ("dt_bias", "A_log", "D", "norm.weight")]
+            out.append(_Entry(la + "conv_weight", (mixer + "conv1d.weight",)))
+            biased += [(la + "conv_bias", mixer + "conv1d.bias")] if spec.linear_conv_bias else []
+            biased += [(la + "in_bias", mixer + "in_proj.bias"), (la + "out_bias", mixer + "out_proj.bias")] \
+                if spec.linear_proj_bias else []
+        elif kind.attention == "full":
+            out += [_Entry(us + "qkv_weight", tuple(f"{mixer}{p}_proj.weight" for p in "qkv"), matrix=True),
+                    _Entry(us + "o_weight", (mixer + "o_proj.weight",), matrix=True)]
+        elif kind.moe:
+            moe, E = us + "moe_ffn.", spec.num_experts
+            experts = [(moe + f"experts_{p}_weight", mixer + f"experts.{p}_proj") for p in ("up", "down")]
+            if moe_format == "stacked":
+                out += [_Entry(ours, (theirs,), matrix=True) for ours, theirs in experts]
+            else:
+                out += [_Entry(ours, tuple(theirs.replace("experts.", f"experts.{j}.") + ".weight" for j in range(E)),
+                               matrix=True, form="stack") for ours, theirs in experts]
+            out += [_Entry(moe + "router_weight", (mixer + "gate.weight",), matrix=True),
+                    _Entry(moe + "router_score_bias", (mixer + "gate.e_score_correction_bias",))]
+            out += [_Entry(moe + f"shared_{p}_weight", (mixer + f"shared_experts.{p}_proj.weight",), matrix=True)
+                    for p in ("up", "down")]
+        else:
+            out += [_Entry(us + f"{p}_weight", (mixer + f"{p}_proj.weight",), matrix=True) for p in ("up", "down")]
+            biased += [(us + f"{p}_bias", mixer + f"{p}_proj.bias") for p in ("up", "down")] if spec.mlp_bias else []
+        out += [_Entry(ours, (theirs,)) for ours, theirs in biased]
+    return out
 
 
 def _mla_entries(spec: ModelSpec, attn: str, us: str) -> list[_Entry]:
@@ -383,7 +429,7 @@ def _score_bias_at(spec: ModelSpec, keys: set[str]) -> str:
 
 def _moe_format(spec: ModelSpec, keys: set[str]) -> str:
     """Which of `MOE_FORMATS` a checkpoint's tensor names use."""
-    if not spec.is_moe or any(k.endswith("experts.gate_up_proj") for k in keys):
+    if not spec.is_moe or any(k.endswith(("experts.gate_up_proj", "mixer.experts.up_proj")) for k in keys):
         return "stacked"
     if any(".block_sparse_moe." in k for k in keys):
         return "mixtral"
@@ -406,6 +452,8 @@ def _language_model_prefix(keys: set[str]) -> Callable[[str], str]:
     (its load-time rename of `blocks` to `layers`, reversed for every key): `language_model.model.blocks.`."""
     if any(k.startswith("model.layers.") for k in keys):
         return lambda k: k
+    if any(k.startswith("backbone.layers.") for k in keys):  # Nemotron-H as published and as transformers saves it
+        return lambda k: "backbone." + k.removeprefix("model.") if k.startswith("model.") else k
     if any(k.startswith("model.language_model.") for k in keys):
         return lambda k: "model.language_model." + k.removeprefix("model.") if k.startswith("model.") else k
     if any(k.startswith("language_model.model.") for k in keys):

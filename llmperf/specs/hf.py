@@ -224,7 +224,7 @@ _NEMOTRON_H_DEFAULTS = dict(
     vocab_size=131072, hidden_size=4096, tie_word_embeddings=False, num_attention_heads=32, num_key_value_heads=8,
     head_dim=128, max_position_embeddings=4096, attention_bias=False, sliding_window=None, intermediate_size=21504,
     mlp_hidden_act="relu2", mlp_bias=False, ssm_state_size=128, mamba_num_heads=128, mamba_head_dim=64,
-    mamba_hidden_act="silu", n_groups=8, conv_kernel=4, use_conv_bias=True, chunk_size=128,
+    mamba_hidden_act="silu", n_groups=8, conv_kernel=4, use_conv_bias=True, chunk_size=128, time_step_min=0.001,
     mamba_ssm_cache_dtype="float32", n_routed_experts=8, n_shared_experts=1, moe_intermediate_size=7688,
     moe_shared_expert_intermediate_size=7688, moe_latent_size=None, num_experts_per_tok=2, routed_scaling_factor=1.0,
     n_group=1, topk_group=1, norm_topk_prob=True, num_nextn_predict_layers=0, use_bias=False,
@@ -597,7 +597,7 @@ _NEMOTRON_BLOCKS = {"linear_attention": ("linear", True), "full_attention": ("fu
 _NEMOTRON_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 #: NemotronHConfig's legacy keyword arguments (its __post_init__ pops them over the new keys)
 _NEMOTRON_LEGACY = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "use_conv_bias": "mamba_conv_bias",
-                    "chunk_size": "mamba_chunk_size"}
+                    "chunk_size": "mamba_chunk_size", "time_step_min": "mamba_dt_min"}
 #: the activations of Nemotron-H's two-matrix MLPs and experts -> ModelSpec's ffn_kind
 _NEMOTRON_ACTS = {"relu2": "relu", "relu": "relu", "gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
 
@@ -673,6 +673,10 @@ def _nemotron_h_extra(cfg: _Config, out: dict[str, Any]) -> None:
         if not isinstance(conv_bias, bool):
             raise SpecError(f"{cfg.origin}: use_conv_bias must be true or false, got {conv_bias!r}")
         out["linear_conv_bias"] = conv_bias
+        dt_min = _nemotron_get(cfg, "time_step_min")
+        if isinstance(dt_min, bool) or not isinstance(dt_min, (int, float)) or not 0 <= dt_min < float("inf"):
+            raise SpecError(f"{cfg.origin}: time_step_min must be a finite number >= 0, got {dt_min!r}")
+        out["linear_dt_min"] = float(dt_min)  # the chunked scan's clamp of dt (transformers' mixer)
         ssm = cfg.get("mamba_ssm_cache_dtype")
         if str(ssm) not in ("float32", "float16", "bfloat16"):
             raise cfg.refuse("mamba_ssm_cache_dtype", ssm, "a recurrent state is kept in float32, float16 or bfloat16")

@@ -32,6 +32,9 @@ ATTENTION_KINDS = ("full", "sliding", "chunked", "linear", "none")  # per-layer 
 #: linear: a Gated DeltaNet (Qwen3-Next, Qwen3.5) or Mamba-2 (Nemotron-H) token mixer: no KV cache, a constant
 #: state per sequence; none: no token mixer, the layer is its FFN alone (Nemotron-H's MLP and MoE layers)
 LINEAR_MIXERS = ("gated_deltanet", "mamba2")
+#: tokens a block of each linear mixer's chunked prefill form when the spec names none (FLA's and transformers'
+#: Gated DeltaNet chunk; mamba_ssm's default chunk_size)
+LINEAR_CHUNK_DEFAULTS = {"gated_deltanet": 64, "mamba2": 256}
 QK_NORMS = ("rmsnorm", "l2", "rmsnorm_across_heads")
 
 
@@ -156,6 +159,7 @@ class ModelSpec:
     linear_chunk_size: int | None = None  # tokens a block of the chunked prefill form (None: DeltaNet 64, Mamba-2 256)
     linear_conv_bias: bool = False  # Mamba-2: the convolution has a bias (use_conv_bias)
     linear_proj_bias: bool = False  # Mamba-2: in_proj and out_proj have biases (use_bias)
+    linear_dt_min: float = 0.0  # Mamba-2: transformers clamps dt below at this in its chunked scan (time_step_min)
     state_dtype: str | None = None  # the recurrent state's dtype (mamba_ssm_dtype); None: the KV cache's
     attn_output_gate: bool = False  # full layers: q_proj also yields a gate, output *= sigmoid(gate)
     # DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer picks each query's index_topk keys
@@ -404,6 +408,12 @@ class ModelSpec:
     def is_mamba(self) -> bool:
         """The linear layers are Mamba-2 mixers (Nemotron-H), not Gated DeltaNet."""
         return self.linear_mixer == "mamba2"
+
+    @property
+    def linear_chunk(self) -> int:
+        """Tokens a block of the linear layers' chunked prefill form: `linear_chunk_size`, else the mixer's
+        default (`LINEAR_CHUNK_DEFAULTS`)."""
+        return self.linear_chunk_size or LINEAR_CHUNK_DEFAULTS[self.linear_mixer]
 
     @property
     def linear_mixer_name(self) -> str:
@@ -935,6 +945,11 @@ def _check_linear_layers(spec: ModelSpec) -> None:
         if getattr(spec, f) and not spec.is_mamba:
             raise SpecError(f"{name}: {f}=True needs linear_mixer=mamba2 (Gated DeltaNet has no such bias)")
     _optional_positive_int(spec, "linear_chunk_size")
+    dt_min = spec.linear_dt_min
+    if isinstance(dt_min, bool) or not isinstance(dt_min, (int, float)) or not 0 <= dt_min < float("inf"):
+        raise SpecError(f"{name}: linear_dt_min must be a finite number >= 0, got {dt_min!r}")
+    if dt_min and not spec.is_mamba:
+        raise SpecError(f"{name}: linear_dt_min={dt_min!r} needs linear_mixer=mamba2 (Gated DeltaNet has no dt clamp)")
     if not isinstance(spec.attn_output_gate, bool):
         raise SpecError(f"{name}: attn_output_gate must be true or false, got {spec.attn_output_gate!r}")
     if spec.attn_output_gate and spec.is_mla:

@@ -5,7 +5,7 @@ expert and DeepSeek-V3's sigmoid routing), from `layers_block_type` or the legac
 Checked against transformers 5.24: the parameters and persistent buffers its checkpoint holds, the Mamba-2
 states and the K and V its cache keeps, the matrix FLOPs of a forward pass (`torch.utils.flop_counter`); the
 serving cost model prices a static batch as `estimate` does. What transformers builds otherwise than its
-config says (a tied head, several shared experts) is refused by name, and so is the engine.
+config says (a tied head, several shared experts) is refused by name; the engine builds the rest.
 """
 
 from __future__ import annotations
@@ -238,13 +238,29 @@ def test_refused_fields(change, needle):
         read(dict(MOE, **change))
 
 
-def test_the_engine_refuses_nemotron_h_layers():
+def test_the_engine_builds_nemotron_h_and_shards_none():
+    """The engine builds every case (tests/engine/test_nemotron_h_engine.py runs them against transformers);
+    tensor parallelism refuses its Mamba-2 layers and its layers of one sublayer by name."""
     from llmperf.engine.parts import check_buildable
+    from llmperf.engine.tensor_parallel import shard_spec
 
-    with pytest.raises(ValueError, match="linear_mixer: the engine does not build Nemotron-H's Mamba-2 mixers"):
-        check_buildable(read(MOE))
-    with pytest.raises(ValueError, match="mixer_only_layers: the engine does not build"):
-        check_buildable(read(CASES["attention_only"]))
+    for case in ("dense", "moe", "legacy", "biased_relu", "attention_only"):
+        check_buildable(read(CASES[case]))
+    with pytest.raises(SpecError, match=r"layer_types: nemotron-h has linear \(Mamba-2\) layers; tensor parallelism"):
+        shard_spec(read(BASE), 2)
+    with pytest.raises(SpecError, match="mixer_only_layers: nemotron-h has layers of one sublayer"):
+        shard_spec(read(CASES["attention_only"]), 2)
+
+
+def test_the_dt_clamp_is_read():
+    """transformers' mixer clamps dt below at time_step_min (legacy mamba_dt_min) in its chunked scan."""
+    assert read(BASE).linear_dt_min == 1e-3  # NemotronHConfig's default
+    assert read(dict(BASE, time_step_min=0.01)).linear_dt_min == 0.01
+    assert read(dict(BASE, time_step_min=0.01, mamba_dt_min=0.0)).linear_dt_min == 0.0
+    with pytest.raises(SpecError, match="time_step_min must be a finite number >= 0, got -1"):
+        read(dict(BASE, time_step_min=-1))
+    with pytest.raises(SpecError, match="linear_dt_min=0.5 needs linear_mixer=mamba2"):
+        read(CASES["attention_only"]).scaled(linear_dt_min=0.5)
 
 
 def test_its_mtp_module_is_refused_as_a_draft():

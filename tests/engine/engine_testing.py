@@ -7,6 +7,7 @@ A module of its own (not conftest.py) so that test modules import it by a unique
 from __future__ import annotations
 
 import importlib.util
+from contextlib import nullcontext
 
 import torch
 
@@ -48,6 +49,27 @@ SPECS = {
     "gpt2_scaled": lambda: tiny("gpt2", num_kv_heads=4, ffn_size=256, attn_scale=False,
                                 attn_scale_inverse_layer_idx=True),
 }
+
+
+class OpNames:
+    """A recorder that keeps every operator's (name, layer), in order, and ignores counts and routing."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int | None]] = []
+
+    def op(self, name, layer=None):
+        self.seen.append((name, layer))
+        return nullcontext()
+
+    def count(self, *args) -> None:
+        pass
+
+    def routing(self, *args) -> None:
+        pass
+
+    def of_layer(self, layer: int) -> list[str]:
+        """The names recorded for `layer`, in order."""
+        return [n for n, i in self.seen if i == layer]
 
 
 def make_model(kind: str, seed: int = 0, **kw) -> Transformer:

@@ -16,7 +16,7 @@ from llmperf.engine.deltanet import chunk_gated_delta_rule, recurrent_gated_delt
 from llmperf.engine.weights import to_hf_state_dict
 
 from checkpoints import saved_checkpoint
-from engine_testing import hf_generate
+from engine_testing import OpNames, hf_generate
 
 transformers = pytest.importorskip("transformers")
 
@@ -180,28 +180,12 @@ def test_state_bytes_equal_the_analytical_model(models, dtype):
 
 def test_operators_are_recorded_under_the_vocabulary_names(models):
     _, model = models["qwen3_next"]
-
-    class Names:
-        def __init__(self):
-            self.seen = []
-
-        def op(self, name, layer=None):
-            self.seen.append((name, layer))
-            return torch.no_grad()
-
-        def count(self, *args):
-            pass
-
-        def routing(self, *args):
-            pass
-
-    rec = Names()
+    rec = OpNames()
     with torch.no_grad():
         model(torch.tensor([[1, 2, 3]]), rec=rec)
-    ops0 = [n for n, layer in rec.seen if layer == 0]
-    assert ops0[:8] == ["attn_norm", "in_proj_qkvz", "in_proj_ba", "conv1d", "deltanet", "gated_norm", "o_proj",
-                        "attn_residual"]
-    assert "attn_gate" in [n for n, layer in rec.seen if layer == 3]
+    assert rec.of_layer(0)[:8] == ["attn_norm", "in_proj_qkvz", "in_proj_ba", "conv1d", "deltanet", "gated_norm",
+                                   "o_proj", "attn_residual"]
+    assert "attn_gate" in rec.of_layer(3)
 
 
 def test_weights_save_back_under_transformers_names(models):
