@@ -16,9 +16,9 @@ G groups of H P / G channels, times the weight (`gated_norm`); `out_proj` (`o_pr
 
 As transformers' generate(): a prompt's dt is clamped below at `linear_dt_min` (its chunked scan's limit is
 `(time_step_min, inf)`, whatever the config's `time_step_limit` says), a generated token's is not (its one-token
-step, `mamba2_selective_state_update`, takes no limit); mamba_ssm and vLLM clamp neither. Whether a step feeds a
-prompt is the runner's `StepMeta.prompt_lens`; without it, as transformers' forward: a step of several tokens
-or a sequence's first is clamped.
+step, `mamba2_selective_state_update`, takes no limit; mamba_ssm's and vLLM's kernels: not checked). Whether a
+step feeds a prompt is the runner's `StepMeta.prompt_lens`; without it, as transformers' forward: a step of
+several tokens or a sequence's first is clamped.
 
 The states live in the cache (`llmperf.engine.cache.LinearStates`, as Gated DeltaNet's: conv (W, K - 1),
 recurrent (H, N, P)); a sequence whose step starts at position 0 reads a zero state whatever its slot holds.
