@@ -20,6 +20,8 @@ SLOW = (
     "tests/engine/test_moe_families.py",
     "tests/engine/test_hybrid_generation.py",
     "tests/engine/test_nemotron_h_engine.py::test_generate_equals_transformers",
+    "tests/engine/test_granite_engine.py::test_generate_equals_transformers",
+    "tests/engine/test_bamba_engine.py::test_generate_equals_transformers",
     "tests/measure/test_profile_todays.py",
     "tests/analysis/test_layers.py::test_decode_closed_form_for_any_layer_pattern",
     "tests/analysis/test_precision_deployed.py::test_outputs_say_which",

@@ -418,8 +418,11 @@ class ForwardModel:
                       per_layer=per_layer, rows=rows)
 
     def _residual(self, name: str, tokens: Number) -> OpCost:
+        """A residual add of `tokens` rows (Granite: the sublayer's output times `residual_multiplier` first,
+        fused: one multiply and one add an element)."""
         h, a = self.model.hidden_size, self.precision.act_bytes
-        return OpCost(name=name, kind="elementwise", flops=tokens * h, act_read_bytes=2 * tokens * h * a,
+        per = 1 if self.model.residual_multiplier == 1.0 else 2
+        return OpCost(name=name, kind="elementwise", flops=per * tokens * h, act_read_bytes=2 * tokens * h * a,
                       act_write_bytes=tokens * h * a, rows=tokens)
 
     def _allreduce(self, name: str, tokens: Number) -> OpCost:
@@ -488,7 +491,8 @@ class ForwardModel:
                       act_write_bytes=tokens * h * p.act_bytes, per_layer=False, rows=tokens)
 
     def embed_scale(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """Gemma: the embedding times sqrt(hidden_size), one multiply per element."""
+        """Gemma: the embedding times sqrt(hidden_size); Granite: times its `embedding_multiplier`; one multiply
+        per element."""
         return self._elementwise("embed_scale", batch * q_len, self.model.hidden_size, 1, per_layer=False)
 
     def attn_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
@@ -1135,6 +1139,12 @@ class ForwardModel:
         return self._elementwise("final_softcap", self._logit_rows(batch, q_len), self.model.vocab_size,
                                  SOFTCAP_FLOPS, per_layer=False)
 
+    def logits_scale(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """Granite: every logit divided by `logits_scaling` (vLLM's `LogitsProcessor` scales the gathered logits,
+        the whole vocabulary), one operation a logit."""
+        return self._elementwise("logits_scale", self._logit_rows(batch, q_len), self.model.vocab_size, 1,
+                                 per_layer=False)
+
     # ---- the pass ----------------------------------------------------------------------------------
     def _attention_block(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
         """From the input projections to o_proj (GQA or MLA)."""
@@ -1269,7 +1279,7 @@ class ForwardModel:
             ops.append(self.embed_allreduce(batch, q_len, kv_len))
         if self.model.pos_encoding == "learned":
             ops.append(self.pos_embed(batch, q_len, kv_len))
-        if self.model.embedding_scale:
+        if self.model.embedding_scale or self.model.embedding_multiplier != 1.0:
             ops.append(self.embed_scale(batch, q_len, kv_len))
         if self.model.ple_dim:
             ops += [self.ple_embed(batch, q_len, kv_len), self.ple_proj(batch, q_len, kv_len),
@@ -1283,6 +1293,8 @@ class ForwardModel:
             ops.append(self.logits_gather(batch, q_len, kv_len))
         if self.model.final_softcap:
             ops.append(self.final_softcap(batch, q_len, kv_len))
+        if self.model.logits_scaling != 1.0:
+            ops.append(self.logits_scale(batch, q_len, kv_len))
         return ops
 
     def group_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[tuple[LayerKind, int, list[OpCost]]]:

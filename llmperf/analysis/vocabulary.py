@@ -37,7 +37,7 @@ class Op(str, Enum):
     embed = "embed"
     embed_allreduce = "embed_allreduce"  # tensor parallel: the vocabulary-split embedding's partial rows summed
     pos_embed = "pos_embed"
-    embed_scale = "embed_scale"  # Gemma: the embedding times sqrt(hidden)
+    embed_scale = "embed_scale"  # Gemma: the embedding times sqrt(hidden); Granite: times embedding_multiplier
     ple_embed = "ple_embed"  # Gemma 4: each token's per-layer embeddings (a second table, every layer's at once)
     ple_proj = "ple_proj"  # Gemma 4: the embedding projected to every layer's per-layer input
     ple_norm = "ple_norm"  # Gemma 4: that projection normed, added to the per-layer embeddings and scaled
@@ -113,6 +113,7 @@ class Op(str, Enum):
     lm_head = "lm_head"
     logits_gather = "logits_gather"  # tensor parallel: every GPU's vocabulary slice of the logits gathered
     final_softcap = "final_softcap"  # Gemma 2: cap * tanh(logit / cap)
+    logits_scale = "logits_scale"  # Granite: every logit divided by logits_scaling
     pp_send = "pp_send"  # activations handed to the next pipeline stage
 
     def __str__(self) -> str:
@@ -148,7 +149,7 @@ FUSED_PARTS: MappingProxyType[Op, tuple[Op, ...]] = MappingProxyType({
 MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.embed_allreduce, Op.pos_embed, Op.embed_scale,
                                            Op.ple_embed, Op.ple_proj, Op.ple_norm,
                                            Op.final_norm, Op.lm_head, Op.logits_gather, Op.final_softcap,
-                                           Op.pp_send})
+                                           Op.logits_scale, Op.pp_send})
 
 #: operators that are a matrix multiply against weights (GEMM in prefill, GEMV-like in decode)
 WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({

@@ -68,6 +68,8 @@ def _kv_tokens(est: GenerationEstimate, spec: KVCacheSpec) -> str:
     context = est.prompt_len + est.gen_len
     if len(spec.groups) > 1:
         return f"{context:,} tokens of context; by layer kind below"
+    if not spec.groups:  # every layer keeps a constant state (Mamba-2, Gated DeltaNet): no KV at all
+        return "none, a constant state per sequence"
     window = spec.groups[0].cap
     if window is not None and context > window:
         what = "chunk" if spec.groups[0].attention == "chunked" else "sliding window"
@@ -87,7 +89,7 @@ def _kv_rows(est: GenerationEstimate, spec: KVCacheSpec) -> list[tuple[str, str]
         n = spec.linear_layers
         rows.append((f"  one sequence's {m.linear_mixer_name} state, {n} layer{'s' * (n != 1)} (whatever its "
                      "context)", f"{spec.state_bytes / 2**20:.1f} MiB"))
-    if len(spec.groups) > 1 or spec.groups[0].window is not None or spec.state_bytes:
+    if len(spec.groups) > 1 or spec.state_bytes or (spec.groups and spec.groups[0].window is not None):
         context = est.prompt_len + est.gen_len
         for g in spec.groups:
             held = g.tokens_held(context)

@@ -42,6 +42,8 @@ from llmperf.engine.parts import (
     _linear_params,
     _mat,
     check_buildable,
+    embedding_factor,
+    finish_logits,
     layer_attention,
     linear_mixer,
     resolve_layout,
@@ -103,7 +105,7 @@ class Block(nn.Module):
         self.rope_interleaved = spec.rope_interleaved
         # Gemma 3's sliding layers rotate with their own base (the model's local table)
         self.local_rope = kind.attention == "sliding" and spec.rope_local_theta is not None
-        self.moe = kind.moe
+        self.moe, self.residual = kind.moe, spec.residual_multiplier  # Granite: sublayer outputs times it
         self.top_k = spec.experts_per_token
         norm = dict(eps=spec.norm_eps, ops=ops, offset=spec.norm_offset, **kw)
         # Nemotron-H's layers of one sublayer: a token mixer alone (kind.ffn False) or an FFN alone (attention none)
@@ -189,7 +191,7 @@ class Block(nn.Module):
                 y = self.post_mlp_norm.forward(y)
         y = self._norm(self.mlp_norm, y, ctx, "mlp_norm") if self.post_norm else y
         with rec.op("mlp_residual", i):
-            return y.add_(x)
+            return (y if self.residual == 1.0 else y.mul_(self.residual)).add_(x)
 
     def _rotate(self, qkv: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """q and k heads `(N, H + H_kv, D)`, normed (q/k norm), rotated and scaled as the layer does."""
@@ -232,8 +234,8 @@ class Block(nn.Module):
             with rec.op("post_attn_norm", i):
                 o = self.post_attn_norm.forward(o)
         o = self._norm(self.attn_norm, o, ctx, "attn_norm") if self.post_norm else o
-        with rec.op("attn_residual", i):
-            return o.add_(x)  # o is this layer's own buffer: add the residual into it
+        with rec.op("attn_residual", i):  # o is this layer's own buffer: add the residual into it
+            return (o if self.residual == 1.0 else o.mul_(self.residual)).add_(x)
 
     def _attend(self, h: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
                 ctx: ForwardContext) -> torch.Tensor:
@@ -311,6 +313,7 @@ class Transformer(nn.Module):
         else:
             self.lm_head_weight = _mat(C, spec.vocab_size, self.in_out, **kw)
             self._head_ops = self.ops
+        self.embed_factor = embedding_factor(spec, self.dtype)
         self.rotary = RotaryTable(spec, device) if spec.pos_encoding == "rope" else None
         self.rotary_local = (RotaryTable(spec, device, local=True)
                              if self.rotary is not None and spec.rope_local_theta is not None else None)
@@ -367,11 +370,7 @@ class Transformer(nn.Module):
         if self.gather_logits is not None:  # the padding's logits (zero rows) are cut, never sampled
             with rec.op(_LOGITS_GATHER):
                 logits = self.gather_logits(logits)[..., :self.spec.vocab_size]  # (..., V)
-        cap = self.spec.final_softcap
-        if cap is None:
-            return logits
-        with rec.op("final_softcap"):  # Gemma 2: cap * tanh(logits / cap)
-            return torch.tanh(logits / cap) * cap
+        return finish_logits(self.spec, logits, rec)  # Granite's scaling, Gemma 2's soft-cap
 
     def _place(self, tokens: torch.Tensor, meta: StepMeta) -> tuple[int, int]:
         """(B, T) of one group, checked against its metadata, which gets the model's math fields."""
@@ -411,9 +410,9 @@ class Transformer(nn.Module):
         if self.embed_reduce is not None:
             with rec.op(_EMBED_REDUCE):
                 self.embed_reduce(x)  # (1, N, C): every token's row, from the shard that holds it
-        if self.spec.embedding_scale:  # Gemma: sqrt(hidden) in the activation dtype
+        if self.embed_factor is not None:  # Gemma: sqrt(hidden) in the activation dtype; Granite: its multiplier
             with rec.op("embed_scale"):
-                x = x * torch.tensor(self.spec.hidden_size ** 0.5, dtype=x.dtype)
+                x = x * self.embed_factor
         if self.pos_weight is not None:
             with rec.op("pos_embed"):
                 x = x + F.embedding(positions, self.pos_weight)

@@ -66,7 +66,9 @@ def fp32_router(spec: ModelSpec) -> bool:
     `gate.weight.float()`). The weight is stored at the model's dtype, as the checkpoints store it
     (bf16) and vLLM and SGLang hold it; transformers' fp32 copy holds the same values. The
     score-correction bias is fp32 everywhere (as the analytical model counts it)."""
-    return spec.shared_experts > 0 and not spec.shared_expert_gate and not spec.router_input_scaling
+    # Granite's router (its spec sets attention_multiplier) computes its logits in the activation dtype
+    return (spec.shared_experts > 0 and not spec.shared_expert_gate and not spec.router_input_scaling
+            and spec.attention_multiplier is None)
 
 
 def clamped_swiglu(gate_up: torch.Tensor, limit: float) -> torch.Tensor:

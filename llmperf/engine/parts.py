@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmperf.analysis.vocabulary import Op
 from llmperf.engine.ops import TorchOps
 from llmperf.engine.rope import check_rope
 from llmperf.engine.step import LayerAttn
@@ -126,6 +127,9 @@ def check_buildable(spec: ModelSpec) -> None:
                          f"(supported: {', '.join(_ACTIVATIONS)})")
     if spec.pos_encoding == "rope":
         check_rope(spec)
+    if spec.embedding_scale and spec.embedding_multiplier != 1.0:
+        raise ValueError(f"embedding_multiplier: the engine scales an embedding by Gemma's sqrt(hidden) or by "
+                         f"Granite's multiplier, not both ({spec.name})")
     if spec.is_sparse_attention:
         raise ValueError(f"index_topk: the engine does not run DeepSeek Sparse Attention's indexer and top-k "
                          f"attention ({spec.name}); llmperf prices it (estimate, simulate, plan)")
@@ -158,11 +162,13 @@ def linear_mixer(spec: ModelSpec, index: int, ops: TorchOps, **kw: Any) -> nn.Mo
 
 def layer_attention(spec: ModelSpec, sinks: Sequence[torch.Tensor | None]) -> tuple[LayerAttn, ...]:
     """Every layer's attention parameters (`LayerAttn`): its softmax scale (1/sqrt(D); GPT-2's
-    per-layer scalings; Gemma's query_pre_attn_scalar; for MLA the q/k width and yarn's mscale), its
-    window or chunk, its sinks (the layer's parameter), the soft-cap."""
+    per-layer scalings; Gemma's query_pre_attn_scalar; Granite's attention_multiplier; for MLA the q/k
+    width and yarn's mscale), its window or chunk, its sinks (the layer's parameter), the soft-cap."""
     if spec.is_mla:
         from llmperf.engine.rope import yarn_softmax_mscale
         base = spec.mla_q_head_dim ** -0.5 * yarn_softmax_mscale(spec)
+    elif spec.attention_multiplier is not None:  # Granite: the softmax scale itself
+        base = spec.attention_multiplier
     elif spec.query_pre_attn_scalar is not None:
         base = spec.query_pre_attn_scalar ** -0.5
     else:
@@ -174,3 +180,24 @@ def layer_attention(spec: ModelSpec, sinks: Sequence[torch.Tensor | None]) -> tu
                              chunk=kind.window if kind.attention == "chunked" else None, sinks=sinks[i],
                              softcap=spec.attn_softcap))
     return tuple(out)
+
+
+def embedding_factor(spec: ModelSpec, dtype: torch.dtype) -> float | torch.Tensor | None:
+    """What the embedding is multiplied by, as transformers multiplies it: Gemma's sqrt(hidden) rounded to the
+    activation dtype first, Granite's `embedding_multiplier` as a Python number (the op's own precision); None."""
+    if spec.embedding_scale:
+        return torch.tensor(spec.hidden_size ** 0.5, dtype=dtype)
+    return spec.embedding_multiplier if spec.embedding_multiplier != 1.0 else None
+
+
+def finish_logits(spec: ModelSpec, logits: torch.Tensor, rec: Any) -> torch.Tensor:
+    """The logits as the model's head ends them: Granite's divided by `logits_scaling` (`Op.logits_scale`), Gemma
+    2's soft-capped (`cap * tanh(logits / cap)`, `Op.final_softcap`)."""
+    if spec.logits_scaling != 1.0:
+        with rec.op(Op.logits_scale.value):
+            logits = logits / spec.logits_scaling
+    cap = spec.final_softcap
+    if cap is None:
+        return logits
+    with rec.op(Op.final_softcap.value):
+        return torch.tanh(logits / cap) * cap

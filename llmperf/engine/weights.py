@@ -202,14 +202,16 @@ def _linear_entries(spec: ModelSpec, hf: str, us: str, linear_format: str) -> li
 
 
 def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "fused",
-            bias_at: str = "") -> list[_Entry]:
-    """Every engine parameter and the Hugging Face tensors it is built from."""
+            bias_at: str = "", shared_mlp: bool | None = None, bamba: bool | None = None) -> list[_Entry]:
+    """Every engine parameter and the Hugging Face tensors it is built from (`shared_mlp`: a dense Granite
+    layer's FFN is Granite 4.0-H's `shared_mlp`, `_granite_shared_mlp`; `bamba`: Bamba's names, `_bamba_names`)."""
     out: list[_Entry] = []
     if spec.sublayer_layers:
         return _nemotron_layout(spec, moe_format)
     if spec.family == "llama":
+        bamba = _bamba_names(spec) if bamba is None else bamba
         out += [_Entry("embed_weight", ("model.embed_tokens.weight",)),
-                _Entry("final_norm.weight", ("model.norm.weight",))]
+                _Entry("final_norm.weight", ("model.final_layernorm.weight" if bamba else "model.norm.weight",))]
         if not spec.tied_embeddings:
             out.append(_Entry("lm_head_weight", ("lm_head.weight",), matrix=True))
         for i, kind in enumerate(spec.layer_kinds()):
@@ -223,10 +225,13 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "
                         _Entry(us + "post_attn_norm.weight", (hf + "post_attention_layernorm.weight",)),
                         _Entry(us + "mlp_norm.weight", (hf + "pre_feedforward_layernorm.weight",)),
                         _Entry(us + "post_mlp_norm.weight", (hf + "post_feedforward_layernorm.weight",))]
-            else:
+            else:  # Bamba calls its norm before the MLP pre_ff_layernorm
                 out += [_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)),
-                        _Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",))]
-            if kind.attention == "linear":
+                        _Entry(us + "mlp_norm.weight",
+                               (hf + ("pre_ff_layernorm" if bamba else "post_attention_layernorm") + ".weight",))]
+            if kind.attention == "linear" and spec.is_mamba:  # Granite 4.0-H's Mamba-2 layers
+                out += _mamba_entries(spec, hf + "mamba.", us + "linear_attn.")
+            elif kind.attention == "linear":
                 out += _linear_entries(spec, hf, us, linear_format)
             elif spec.is_mla:
                 out += _mla_entries(spec, attn, us + "attn.")
@@ -245,10 +250,13 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "
                         _Entry(us + "k_norm.weight", (attn + "k_norm.weight",))]
             if spec.attn_sinks and kind.attention != "linear":
                 out.append(_Entry(us + "sinks", (attn + "sinks",)))
+            if _is_granite(spec) and (kind.moe or (_granite_shared_mlp(spec) if shared_mlp is None else shared_mlp)):
+                out += _granite_ffn_entries(spec, hf, us, kind.moe, moe_format)
+                continue
             if kind.moe:
                 out += _moe_entries(spec, hf, us, moe_format, bias_at)
                 continue
-            mlp = hf + _ffn_prefix(spec)
+            mlp = hf + ("feed_forward." if bamba else _ffn_prefix(spec))
             out += [_Entry(us + "up_weight", (mlp + "gate_proj.weight", mlp + "up_proj.weight"), matrix=True),
                     _Entry(us + "down_weight", (mlp + "down_proj.weight",), matrix=True)]
             if spec.mlp_bias:
@@ -293,14 +301,7 @@ def _nemotron_layout(spec: ModelSpec, moe_format: str) -> list[_Entry]:
                           (hf + "norm.weight",)))
         biased: list[tuple[str, str]] = []
         if kind.attention == "linear":
-            la = us + "linear_attn."
-            out += [_Entry(la + "in_weight", (mixer + "in_proj.weight",), matrix=True),
-                    _Entry(la + "out_weight", (mixer + "out_proj.weight",), matrix=True)]
-            out += [_Entry(la + p, (mixer + p,)) for p in ("dt_bias", "A_log", "D", "norm.weight")]
-            out.append(_Entry(la + "conv_weight", (mixer + "conv1d.weight",)))
-            biased += [(la + "conv_bias", mixer + "conv1d.bias")] if spec.linear_conv_bias else []
-            biased += [(la + "in_bias", mixer + "in_proj.bias"), (la + "out_bias", mixer + "out_proj.bias")] \
-                if spec.linear_proj_bias else []
+            out += _mamba_entries(spec, mixer, us + "linear_attn.")
         elif kind.attention == "full":
             out += [_Entry(us + "qkv_weight", tuple(f"{mixer}{p}_proj.weight" for p in "qkv"), matrix=True),
                     _Entry(us + "o_weight", (mixer + "o_proj.weight",), matrix=True)]
@@ -320,6 +321,63 @@ def _nemotron_layout(spec: ModelSpec, moe_format: str) -> list[_Entry]:
             out += [_Entry(us + f"{p}_weight", (mixer + f"{p}_proj.weight",), matrix=True) for p in ("up", "down")]
             biased += [(us + f"{p}_bias", mixer + f"{p}_proj.bias") for p in ("up", "down")] if spec.mlp_bias else []
         out += [_Entry(ours, (theirs,)) for ours, theirs in biased]
+    return out
+
+
+def _mamba_entries(spec: ModelSpec, mixer: str, la: str) -> list[_Entry]:
+    """A Mamba-2 mixer's parameters (`mamba2.Mamba2Mixer`) and their tensors under `mixer` (transformers' names:
+    Nemotron-H's `mixer.`, Granite 4.0-H's `mamba.`), biases where the spec has them."""
+    out = [_Entry(la + "in_weight", (mixer + "in_proj.weight",), matrix=True),
+           _Entry(la + "out_weight", (mixer + "out_proj.weight",), matrix=True),
+           *(_Entry(la + p, (mixer + p,)) for p in ("dt_bias", "A_log", "D", "norm.weight")),
+           _Entry(la + "conv_weight", (mixer + "conv1d.weight",))]
+    biased = [(la + "conv_bias", mixer + "conv1d.bias")] if spec.linear_conv_bias else []
+    biased += [(la + "in_bias", mixer + "in_proj.bias"), (la + "out_bias", mixer + "out_proj.bias")] \
+        if spec.linear_proj_bias else []
+    return out + [_Entry(ours, (theirs,)) for ours, theirs in biased]
+
+
+def _is_granite(spec: ModelSpec) -> bool:
+    """A Granite spec (granite, granitemoe, granitemoeshared, granitemoehybrid): its config reader always sets
+    the softmax scale `attention_multiplier` (1.0 by default), which no other model type has."""
+    return spec.attention_multiplier is not None
+
+
+def _granite_shared_mlp(spec: ModelSpec, keys: set[str] | None = None) -> bool:
+    """Whether a dense Granite layer's FFN is Granite 4.0-H's `shared_mlp` (`num_local_experts` 0) rather than
+    Granite 3's Llama `mlp`: the checkpoint's names say so; without them (saving back), a model with Mamba-2
+    layers (a dense 4.0-H of attention layers alone saves under Granite 3's names)."""
+    if keys:
+        return any(".shared_mlp." in k for k in keys)
+    return spec.has_linear_layers
+
+
+def _bamba_names(spec: ModelSpec, keys: set[str] | None = None) -> bool:
+    """Whether a checkpoint names its layers as Bamba's (`pre_ff_layernorm`, `feed_forward.`, `final_layernorm`):
+    its names say so; without them (saving back), a model with Mamba-2 layers followed by an FFN that is not
+    Granite's (a Bamba of attention layers alone saves under Llama's names)."""
+    if keys:
+        return any(".pre_ff_layernorm." in k for k in keys)
+    return spec.is_mamba and spec.has_linear_layers and not spec.sublayer_layers and not _is_granite(spec)
+
+
+def _granite_ffn_entries(spec: ModelSpec, hf: str, us: str, moe: bool, moe_format: str) -> list[_Entry]:
+    """A Granite MoE layer (`block_sparse_moe.`: the router, the experts stacked (E, 2F, C) as [gate | up] and
+    (E, C, F), as transformers holds them (`moe_format` stacked) or as it saves them: `router.layer`,
+    `input_linear`, `output_linear`) and its `shared_mlp` ([gate | up] in one `input_linear`, `output_linear`);
+    a dense Granite 4.0-H layer's `shared_mlp` alone, as its FFN."""
+    shared = hf + "shared_mlp."
+    if not moe:
+        return [_Entry(us + "up_weight", (shared + "input_linear.weight",), matrix=True),
+                _Entry(us + "down_weight", (shared + "output_linear.weight",), matrix=True)]
+    moe_ffn, block = us + "moe_ffn.", hf + "block_sparse_moe."
+    names = (("router.weight", "experts.gate_up_proj", "experts.down_proj") if moe_format == "stacked"
+             else ("router.layer.weight", "input_linear.weight", "output_linear.weight"))
+    out = [_Entry(moe_ffn + ours, (block + theirs,), matrix=True)
+           for ours, theirs in zip(("router_weight", "experts_up_weight", "experts_down_weight"), names)]
+    if spec.shared_experts:
+        out += [_Entry(moe_ffn + "shared_up_weight", (shared + "input_linear.weight",), matrix=True),
+                _Entry(moe_ffn + "shared_down_weight", (shared + "output_linear.weight",), matrix=True)]
     return out
 
 
@@ -490,7 +548,8 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
     keys = set(tensors.keys())
     rename = _strip_gpt2_prefix(keys) if spec.family == "gpt2" else _language_model_prefix(keys)
     params = dict(model.named_parameters(remove_duplicate=False))
-    layout = _layout(spec, _moe_format(spec, keys), _linear_format(spec, keys), _score_bias_at(spec, keys))
+    layout = _layout(spec, _moe_format(spec, keys), _linear_format(spec, keys), _score_bias_at(spec, keys),
+                     _granite_shared_mlp(spec, keys), _bamba_names(spec, keys))
     _copy_entries(spec, params, layout, tensors, keys, model.in_out, strict, rename)
     return model
 

@@ -40,7 +40,7 @@ _ATTN_NAMES = frozenset(op.value for op in ATTENTION_OPS)
 # query and value absorptions): priced with the attention, per sequence, never per step's tokens
 _MLA_FORM_OPS = frozenset({"kv_b_proj", "q_absorb", "v_absorb"})
 # operators over the logit rows (one per sampling sequence), not over the step's tokens
-_LOGIT_OPS = frozenset({Op.lm_head.value, Op.logits_gather.value, "final_softcap"})
+_LOGIT_OPS = frozenset({Op.lm_head.value, Op.logits_gather.value, "final_softcap", Op.logits_scale.value})
 _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
                  "comm_bytes")
 # (q, kv) probe points: enough to determine the five coefficients, plus checks; a window or chunk

@@ -2,8 +2,9 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, nemotron_h, and the text model of the multimodal llama4 / gemma3 / gemma4 /
-qwen3_5 / kimi_k25 checkpoints (read from `text_config`; the vision and audio towers are not modelled).
+gemma2, gemma3_text, gemma4_text, nemotron_h, granite, granitemoe, granitemoeshared, granitemoehybrid, bamba,
+and the text model of the multimodal llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 checkpoints (read from
+`text_config`; the vision and audio towers are not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -29,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from llmperf.errors import SpecError
-from llmperf.numeric import check_number, is_count, layer_indices
+from llmperf.numeric import check_number, is_count, is_real, layer_indices
 from llmperf.specs.model import ModelSpec
 from llmperf.specs.precision import normalize_dtype
 from llmperf.specs.quantization import QuantizationSpec
@@ -229,6 +230,25 @@ _NEMOTRON_H_DEFAULTS = dict(
     moe_shared_expert_intermediate_size=7688, moe_latent_size=None, num_experts_per_tok=2, routed_scaling_factor=1.0,
     n_group=1, topk_group=1, norm_topk_prob=True, num_nextn_predict_layers=0, use_bias=False,
     layer_norm_epsilon=1e-5, residual_in_fp32=False)
+
+#: GraniteConfig's defaults (transformers 5.24); granitemoe, granitemoeshared and granitemoehybrid add theirs
+_GRANITE_DEFAULTS = dict(
+    _LLAMA_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+    num_attention_heads=32, max_position_embeddings=2048, attention_bias=False, mlp_bias=False,
+    embedding_multiplier=1.0, logits_scaling=1.0, residual_multiplier=1.0, attention_multiplier=1.0)
+_GRANITE_MOE_DEFAULTS = dict(_GRANITE_DEFAULTS, num_local_experts=8, num_experts_per_tok=2)
+_GRANITE_SHARED_DEFAULTS = dict(_GRANITE_MOE_DEFAULTS, shared_intermediate_size=0)
+#: BambaConfig's defaults (transformers 5.24): its Mamba-2 keys are Granite 4.0-H's
+_BAMBA_DEFAULTS = dict(
+    _LLAMA_DEFAULTS, vocab_size=128000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, max_position_embeddings=262144,
+    attention_bias=False, mlp_bias=False, mamba_n_heads=128, mamba_n_groups=1, mamba_d_state=256, mamba_d_head="auto",
+    mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, mamba_conv_bias=True, mamba_proj_bias=False,
+    time_step_limit=(0.0, float("inf")))
+_GRANITE_HYBRID_DEFAULTS = dict(
+    _GRANITE_MOE_DEFAULTS, shared_intermediate_size=1024, position_embedding_type=None, mamba_n_heads=128,
+    mamba_n_groups=1, mamba_d_state=256, mamba_d_head="auto", mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256,
+    mamba_conv_bias=True, mamba_proj_bias=False, time_step_limit=(0.0, float("inf")))
 
 # ---- today's models: per-layer structure ------------------------------------------------------------
 # transformers' layer_types spelling -> ModelSpec's. Gated DeltaNet layers (`linear_attention`) are read
@@ -588,6 +608,139 @@ def _gated_deltanet_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _routing_values(cfg, out, scoring="softmax", groups=False)
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
+
+
+_GRANITE_MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier")
+#: granitemoehybrid's layer types (transformers 5 remaps the hub's `mamba` / `attention`) -> ModelSpec's
+_GRANITE_LAYERS = {"linear_attention": "linear", "mamba": "linear", "full_attention": "full", "attention": "full"}
+
+
+def _granite_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """IBM Granite 3.x / 4.0 (granite, granitemoe, granitemoeshared, granitemoehybrid): Llama's or Mixtral's
+    layers with four scalars (the embedding, each sublayer's output before its residual add and the logits scaled,
+    the softmax scale set) read as `ModelSpec` fields. The MoE types route by a softmax over the top-k logits, add
+    a shared MLP of `shared_intermediate_size` (none at 0) and have no FFN biases; granitemoehybrid's layers are
+    Mamba-2 or attention (`_granite_hybrid`), each followed by its FFN, dense when `num_local_experts` is 0."""
+    mt = cfg.data["model_type"]
+    _biases(cfg, out)
+    out["mlp_bias"] = cfg.flag("mlp_bias") if mt == "granite" else False
+    for key in _GRANITE_MULTIPLIERS:
+        value = _positive_number(cfg, key, cfg.get(key))
+        out[key] = value if key == "attention_multiplier" else float(value)
+    if mt == "granite":
+        return
+    if mt == "granitemoehybrid":
+        _granite_hybrid(cfg, out)
+    shared = _count(cfg, "shared_intermediate_size") if mt != "granitemoe" else 0
+    experts = _count(cfg, "num_local_experts")
+    if experts == 0 and mt == "granitemoehybrid":  # transformers builds the shared MLP alone: a dense FFN
+        if shared == 0:
+            raise cfg.refuse("shared_intermediate_size", 0, "num_local_experts 0 leaves the layers no FFN")
+        out["ffn_size"] = shared
+        for f in ("num_experts", "experts_per_token"):
+            out.pop(f, None)
+        return
+    out["num_experts"] = experts
+    _top_k(cfg, out)
+    if shared:
+        out["shared_experts"], out["shared_ffn_size"] = 1, shared
+    out.update(router_scoring="softmax", router_renormalize=True)  # softmax over the top-k logits
+
+
+def _granite_hybrid(cfg: _Config, out: dict[str, Any]) -> None:
+    """granitemoehybrid's layers (`layer_types`, alias `layers_block_type`; default all Mamba-2) and its Mamba-2
+    mixers (`_mamba2_fields`); attention layers rotate positions only with `position_embedding_type` rope."""
+    n = out["num_layers"]
+    key = next((k for k in ("layer_types", "layers_block_type") if cfg.has(k)), "layer_types")
+    kinds = cfg.get(key) if cfg.has(key) else ["linear_attention"] * n
+    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+        raise SpecError(f"{cfg.origin}: {key} must be a list of layer types, got {kinds!r}")
+    if len(kinds) != n:
+        raise SpecError(f"{cfg.origin}: {key} has {len(kinds)} entries, num_hidden_layers={n}")
+    unknown = [k for k in kinds if k not in _GRANITE_LAYERS]
+    if unknown:
+        raise cfg.refuse(key, unknown[0], "granitemoehybrid builds Mamba-2 (linear_attention) and full_attention "
+                         "layers")
+    types = [_GRANITE_LAYERS[k] for k in kinds]
+    pos = cfg.get("position_embedding_type")
+    if pos not in (None, "rope"):
+        raise cfg.refuse("position_embedding_type", pos, "granitemoehybrid rotates positions with rope, else none")
+    out["nope_layers"] = () if pos == "rope" else tuple(i for i, t in enumerate(types) if t == "full")
+    out["layer_types"] = None if set(types) == {"full"} else tuple(types)
+    out["sliding_window"] = None
+    if "linear" in types:
+        _mamba2_fields(cfg, out)
+
+
+def _mamba2_fields(cfg: _Config, out: dict[str, Any]) -> None:
+    """The Mamba-2 mixers of Granite 4.0-H and Bamba (`mamba_*`, transformers' BambaMixer: its convolution's
+    activation is `hidden_act`, its gated norm's eps `rms_norm_eps`, dt clamped to `time_step_limit` in a prompt)."""
+    if out.get("hidden_act") not in ("silu", "swish"):
+        raise cfg.refuse("hidden_act", out.get("hidden_act"), "it is also the Mamba-2 convolution's activation, "
+                         "read as silu")
+    heads, expand = _positive(cfg, "mamba_n_heads"), _positive(cfg, "mamba_expand")
+    inner = expand * out["hidden_size"]
+    head_dim = cfg.get("mamba_d_head")
+    if head_dim == "auto":
+        head_dim = inner // heads
+    if not is_count(head_dim) or head_dim * heads != inner:
+        raise SpecError(f"{cfg.origin}: mamba_d_head={cfg.get('mamba_d_head')!r} x mamba_n_heads={heads} must be "
+                        f"mamba_expand x hidden_size = {inner}")
+    raw = cfg.get("time_step_limit")
+    limit = [_saved_float(v) for v in raw] if isinstance(raw, (list, tuple)) else [raw]
+    if len(limit) != 2 or not all(is_real(v) or v == float("inf") for v in limit) or not 0 <= limit[0] < limit[1]:
+        raise SpecError(f"{cfg.origin}: time_step_limit must be [min >= 0, max > min], "
+                        f"got {cfg.get('time_step_limit')!r}")
+    if limit[1] != float("inf"):
+        raise cfg.refuse("time_step_limit", cfg.get("time_step_limit"), "an upper clamp of dt")
+    for f in ("mamba_conv_bias", "mamba_proj_bias"):
+        if not isinstance(cfg.get(f), bool):
+            raise SpecError(f"{cfg.origin}: {f} must be true or false, got {cfg.get(f)!r}")
+    out.update(linear_mixer="mamba2", linear_num_key_heads=_positive(cfg, "mamba_n_groups"),
+               linear_num_value_heads=heads, linear_key_head_dim=_positive(cfg, "mamba_d_state"),
+               linear_value_head_dim=head_dim, linear_conv_kernel=_positive(cfg, "mamba_d_conv"),
+               linear_chunk_size=_positive(cfg, "mamba_chunk_size"), linear_conv_bias=cfg.get("mamba_conv_bias"),
+               linear_proj_bias=cfg.get("mamba_proj_bias"), linear_dt_min=float(limit[0]),
+               state_dtype="fp32")  # no mamba_ssm_cache_dtype: transformers' cache keeps its scan's fp32 state
+
+
+def _saved_float(value: Any) -> Any:
+    """A number as transformers saves a non-finite one (`{"__float__": "Infinity"}`) read back; anything else as is."""
+    if isinstance(value, Mapping) and isinstance(value.get("__float__"), str):
+        try:
+            return float(value["__float__"])
+        except ValueError:
+            return value
+    return value
+
+
+def _bamba_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Bamba: Llama's layers (biases from `attention_bias`, `mlp_bias`) whose token mixer is attention in the
+    layers `attn_layer_indices` lists and a Mamba-2 mixer in the others (`_mamba2_fields`), each followed by its
+    MLP; the attention rotates the first `partial_rotary_factor` of each head (`rope_parameters`, else the 0.5
+    BambaConfig sets)."""
+    _biases(cfg, out)
+    out["mlp_bias"] = cfg.flag("mlp_bias")
+    for key in ("layers_block_type", "layer_types"):
+        if cfg.has(key):
+            raise cfg.refuse(key, cfg.get(key), "Bamba's layers follow attn_layer_indices (its config class derives "
+                             "them)")
+    n = out["num_layers"]
+    attn = set(_index_list(cfg, "attn_layer_indices", n))
+    types = ["full" if i in attn else "linear" for i in range(n)]
+    out["layer_types"] = None if not attn ^ set(range(n)) else tuple(types)
+    out["sliding_window"] = None
+    fraction = _number(cfg, "rope_parameters.partial_rotary_factor",
+                       _rope_parameters(cfg).get("partial_rotary_factor", 0.5))
+    if not 0 < fraction <= 1:
+        raise SpecError(f"{cfg.origin}: rope_parameters.partial_rotary_factor must be in (0, 1], got {fraction!r}")
+    heads, head_dim = out["num_heads"], out.get("head_dim")
+    if head_dim is None and out["hidden_size"] % heads == 0:
+        head_dim = out["hidden_size"] // heads
+    if head_dim:
+        out["rotary_dim"] = int(head_dim * fraction)
+    if attn != set(range(n)):
+        _mamba2_fields(cfg, out)
 
 
 #: Nemotron-H's block types (`layers_block_type`, or the legacy `hybrid_override_pattern` characters M, *, -, E)
@@ -1157,6 +1310,19 @@ _TYPES = (
     HFModelType(model_type="gemma4_text", family="llama", architectures=("Gemma4ForCausalLM",), keys=_GEMMA_KEYS,
                 required=_LLAMA_REQUIRED, defaults=_GEMMA4_DEFAULTS, sliding_window="layers",
                 honours=("final_logit_softcapping",), extra=_gemma4_extra),
+    *(HFModelType(model_type=mt, family="llama", architectures=(arch,), keys=keys, required=(), defaults=defaults,
+                  sliding_window="layers" if mt == "granitemoehybrid" else "none", honours=honours,
+                  extra=_granite_extra)
+      for mt, arch, keys, defaults, honours in (
+          ("granite", "GraniteForCausalLM", _LLAMA_KEYS, _GRANITE_DEFAULTS, _GRANITE_MULTIPLIERS),
+          *((t, a, {**_LLAMA_KEYS, "experts_per_token": "num_experts_per_tok"},
+             d, _GRANITE_MULTIPLIERS + h)
+            for t, a, d, h in (("granitemoe", "GraniteMoeForCausalLM", _GRANITE_MOE_DEFAULTS, ()),
+                               ("granitemoeshared", "GraniteMoeSharedForCausalLM", _GRANITE_SHARED_DEFAULTS, ()),
+                               ("granitemoehybrid", "GraniteMoeHybridForCausalLM", _GRANITE_HYBRID_DEFAULTS,
+                                ("position_embedding_type",)))))),
+    HFModelType(model_type="bamba", family="llama", architectures=("BambaForCausalLM",), keys=_LLAMA_KEYS,
+                required=(), defaults=_BAMBA_DEFAULTS, sliding_window="layers", extra=_bamba_extra),
     HFModelType(model_type="nemotron_h", family="llama", architectures=("NemotronHForCausalLM",),
                 keys={**{k: v for k, v in _LLAMA_KEYS.items() if k != "num_layers"}, "hidden_act": "mlp_hidden_act",
                       "norm_eps": "layer_norm_epsilon", "num_experts": "n_routed_experts",
@@ -1239,7 +1405,11 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "moe_norm_min", "moe_num_shared_experts",
        # Nemotron-H (its extra function; legacy spellings too)
        "layers_block_type", "hybrid_override_pattern", "residual_in_fp32", "moe_latent_size", "mamba_hidden_act",
-       "mamba_ssm_cache_dtype", *_NEMOTRON_LEGACY.values(), "num_hidden_layers"}))
+       "mamba_ssm_cache_dtype", *_NEMOTRON_LEGACY.values(), "num_hidden_layers",
+       # Granite (its extra function)
+       *_GRANITE_MULTIPLIERS, "shared_intermediate_size", "num_local_experts", "position_embedding_type",
+       "mamba_n_heads", "mamba_expand", "mamba_d_head", "mamba_d_state", "mamba_proj_bias", "time_step_limit",
+       "attn_layer_indices"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
@@ -1248,7 +1418,8 @@ HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
      "max_window_layers", "quantization_config", "architectures", "torch_dtype", *_HYBRID_FIELDS,
      "mlp_bias", "topk_method", "scoring_func", "use_bidirectional_attention", "text_config",
      "experts_per_token", "swiglu_alpha", "residual_in_fp32", "mamba_hidden_act",
-     "mamba_ssm_cache_dtype", "mlp_hidden_act", "layers_block_type", "tie_word_embeddings", "n_shared_experts"}))
+     "mamba_ssm_cache_dtype", "mlp_hidden_act", "layers_block_type", "tie_word_embeddings", "n_shared_experts",
+     "position_embedding_type", "time_step_limit", "hidden_act", "shared_intermediate_size"}))
 
 
 def _dtype(cfg: _Config) -> str:

@@ -196,6 +196,12 @@ class ModelSpec:
     nope_temperature: tuple[float, float] | None = None  # Llama 4: (floor_scale, attn_scale) on NoPE layers
     attn_scale: bool = True  # divide attention logits by sqrt(head_dim) (GPT-2 scale_attn_weights)
     attn_scale_inverse_layer_idx: bool = False  # also by layer_idx + 1 (GPT-2 scale_attn_by_inverse_layer_idx)
+    # Granite (granite, granitemoe, granitemoeshared, granitemoehybrid): four scalars; the embedding, each sublayer's
+    # output before its residual add and the logits are an elementwise multiply (or divide) each, counted as such
+    attention_multiplier: float | None = None  # the softmax scale itself (None: 1/sqrt(head_dim) or the above)
+    embedding_multiplier: float = 1.0  # the embedding times it
+    residual_multiplier: float = 1.0  # each sublayer's output times it before the residual add
+    logits_scaling: float = 1.0  # the logits divided by it
     quantization: QuantizationSpec | None = None  # weight-only quantized checkpoint (AWQ, GPTQ)
     dtype: str = "fp16"  # the checkpoint's native dtype (of the unquantized tensors when quantized)
     source: str = ""
@@ -653,12 +659,12 @@ class ModelSpec:
     def plain_llama_layers(self) -> bool:
         """The plain Llama structure: uniform layers and nothing of today's models (MLA, a QK norm,
         sinks, soft-caps, sandwich or post norms, Gemma's norm offset and query scalar, interleaved or skipped
-        rotary positions, layers of several kinds)."""
+        rotary positions, layers of several kinds, Granite's residual multiplier)."""
         return (self.uniform_layers and not self.is_mla and self.qk_norm is None and not self.attn_sinks
                 and self.attn_softcap is None and not self.sandwich_norms and not self.post_norm
                 and not self.norm_offset
                 and self.query_pre_attn_scalar is None and not self.rope_interleaved and not self.nope_layers
-                and self.layer_types is None and not self.mixer_only_layers)
+                and self.layer_types is None and not self.mixer_only_layers and self.residual_multiplier == 1.0)
 
     @property
     def one_call_layers(self) -> bool:
@@ -997,9 +1003,14 @@ def _check_numerics(spec: ModelSpec) -> None:
     if spec.router_topk_groups > spec.router_groups:
         raise SpecError(f"{name}: router_topk_groups={spec.router_topk_groups} exceeds "
                         f"router_groups={spec.router_groups}")
-    for f in ("swiglu_limit", "query_pre_attn_scalar", "rope_local_theta"):
+    for f in ("swiglu_limit", "query_pre_attn_scalar", "rope_local_theta", "attention_multiplier"):
         if getattr(spec, f) is not None:
             _positive_number(name, f, getattr(spec, f))
+    for f in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+        _positive_number(name, f, getattr(spec, f))
+    if spec.attention_multiplier is not None and (spec.query_pre_attn_scalar is not None or spec.is_mla):
+        raise SpecError(f"{name}: attention_multiplier (the softmax scale) is not defined with "
+                        f"{'multi-head latent attention' if spec.is_mla else 'query_pre_attn_scalar'}")
     t = spec.nope_temperature
     if isinstance(t, list):
         t = tuple(t)

@@ -251,7 +251,9 @@ def test_every_refused_field_has_a_refusal_test():
               "swiglu_alpha",
               # Nemotron-H: tests/analysis/test_nemotron_h.py::test_refused_fields
               "residual_in_fp32", "mamba_hidden_act", "mamba_ssm_cache_dtype", "mlp_hidden_act",
-              "layers_block_type", "tie_word_embeddings", "n_shared_experts"}
+              "layers_block_type", "tie_word_embeddings", "n_shared_experts",
+              # Granite: tests/analysis/test_granite.py::test_refused_fields
+              "hidden_act", "shared_intermediate_size", "time_step_limit"}
     assert set(HF_REFUSED_FIELDS) == tested
     # none of these changes a FLOP, a weight or a KV byte; the engine keeps its own, shorter list
     assert ROPE_TYPES == ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "proportional")
@@ -296,7 +298,8 @@ def test_every_supported_type_described_once():
                                    "llama4_text", "gemma2", "gemma3_text", "qwen3_next", "qwen3_5_text", "deepseek_v32",
                                    "qwen3_5_moe_text", "glm_moe_dsa", "glm4_moe_lite",
                                    "minimax_m2", "smollm3", "seed_oss", "olmo2", "olmo3",
-                                   "exaone4", "ernie4_5_moe", "gemma4_text", "nemotron_h"}
+                                   "exaone4", "ernie4_5_moe", "gemma4_text", "nemotron_h",
+                                   "granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "bamba"}
     for t in HF_MODEL_TYPES.values():
         assert set(t.required) <= set(t.keys.values()) | {"ffn_dim"}
         assert t.architectures and all(a.endswith(("ForCausalLM", "LMHeadModel")) for a in t.architectures)
