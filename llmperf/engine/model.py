@@ -44,6 +44,7 @@ from llmperf.engine.parts import (
     check_buildable,
     layer_attention,
     linear_mixer,
+    query_temperature,
     resolve_layout,
     torch_dtype,
 )
@@ -116,8 +117,8 @@ class Block(nn.Module):
         # Llama 4: a weightless L2 norm on q and k of its rotary layers, after the rotation
         self.qk_l2 = spec.qk_norm == "l2" and self.rope
         self.norm_eps = spec.norm_eps
-        # Llama 4: NoPE layers scale their queries by a temperature that grows with the position
-        self.nope_temperature = spec.nope_temperature if not self.rope else None
+        # Llama 4's NoPE layers, Ministral 3's every layer: queries times a factor that grows with the position
+        self.q_temperature = query_temperature(spec, self.rope)
         self.attn: nn.Module | None = None
         self.linear_attn: nn.Module | None = None
         # Qwen3-Next / Qwen3.5 full layers: q_proj also yields a gate per head, stored after v (`_attend`)
@@ -207,10 +208,8 @@ class Block(nn.Module):
         if self.qk_l2:
             with rec.op("qk_norm", i):
                 qk = F.rms_norm(qk.float(), (self.D,), eps=self.norm_eps).to(qk.dtype)
-        if self.nope_temperature is not None:  # Llama 4 attn_temperature_tuning (queries only)
-            floor_scale, attn_scale = self.nope_temperature
-            pos = ctx.positions.reshape(-1).float()  # (N,)
-            scales = (torch.log1p(torch.floor((pos + 1.0) / floor_scale)) * attn_scale + 1.0).to(qk.dtype)
+        if self.q_temperature is not None:  # Llama 4 attn_temperature_tuning, Ministral 3 (queries only)
+            scales = self.q_temperature(ctx.positions.reshape(-1).float()).to(qk.dtype)  # (N,)
             qk = torch.cat((qk[:, :H] * scales[:, None, None], qk[:, H:]), dim=1)
         return qk
 

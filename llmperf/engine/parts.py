@@ -6,7 +6,7 @@ field's name before anything is allocated.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -154,6 +154,20 @@ def linear_mixer(spec: ModelSpec, index: int, ops: TorchOps, **kw: Any) -> nn.Mo
         return Mamba2Mixer(spec, index, ops, **kw)
     from llmperf.engine.deltanet import GatedDeltaNet
     return GatedDeltaNet(spec, index, ops, **kw)
+
+
+def query_temperature(spec: ModelSpec, rope: bool) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The factor a layer multiplies its rotated queries by at each position `(N,)` fp32, or None: Llama 4's
+    NoPE layers (`nope_temperature`: 1 + attn_scale * log(1 + floor((pos + 1) / floor_scale))) and Ministral 3's
+    every layer (`query_log_scale`: 1 + beta * log(1 + floor(pos / interval)), transformers'
+    `get_llama_4_attn_scale`)."""
+    if spec.query_log_scale is not None:
+        beta, interval = spec.query_log_scale
+        return lambda pos: 1.0 + beta * torch.log1p(torch.floor(pos / interval))
+    if spec.nope_temperature is not None and not rope:
+        floor_scale, attn_scale = spec.nope_temperature
+        return lambda pos: torch.log1p(torch.floor((pos + 1.0) / floor_scale)) * attn_scale + 1.0
+    return None
 
 
 def layer_attention(spec: ModelSpec, sinks: Sequence[torch.Tensor | None]) -> tuple[LayerAttn, ...]:

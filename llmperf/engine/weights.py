@@ -692,6 +692,9 @@ def honour_hf_fields(spec: ModelSpec, cfg: dict[str, Any]) -> ModelSpec:
     """`spec` with every field of `MATH_FIELDS` found in the raw HF config `cfg` honoured (whatever the
     spec loader kept), or a ValueError naming a field the engine cannot honour. A spec whose layers
     differ (`layer_types`, read by `ModelSpec.from_hf_config`) keeps its per-layer windows."""
+    text = cfg.get("text_config")
+    if isinstance(text, Mapping):  # a multimodal wrapper (Mistral 3): its text model's fields
+        cfg = {"model_type": "", **text}
     model_type = cfg.get("model_type", "")
     changes: dict[str, Any] = {}
     if model_type == "gpt2":

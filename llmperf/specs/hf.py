@@ -2,8 +2,9 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, nemotron_h, and the text model of the multimodal llama4 / gemma3 / gemma4 /
-qwen3_5 / kimi_k25 checkpoints (read from `text_config`; the vision and audio towers are not modelled).
+gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, and the text model of the multimodal llama4 / gemma3 /
+gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the vision and audio towers are not
+modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -874,6 +875,40 @@ def _llama4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _dense_layers(out, lambda i: i in moe)
 
 
+#: Ministral3Config's rope_parameters when it has none (transformers 5.24; its top-level rope_theta is then unused)
+_MINISTRAL3_ROPE = MappingProxyType({
+    "rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0, "original_max_position_embeddings": 16384,
+    "max_position_embeddings": 262144, "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1})
+
+
+def _ministral3_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Ministral 3: Mistral's layers (a sliding window on every layer where one is set) whose queries, once
+    rotated, are scaled by 1 + beta * log(1 + floor(position / original_max_position_embeddings)) in every layer
+    (`query_log_scale`; beta: rope_parameters' `llama_4_scaling_beta`). Without rope_parameters (or rope_scaling)
+    the config class's own yarn rope, whatever a top-level rope_theta says (refused when it differs)."""
+    if not cfg.has("rope_parameters") and not cfg.has("rope_scaling"):
+        theta = cfg.get("rope_theta", None)
+        if theta is not None and theta != _MINISTRAL3_ROPE["rope_theta"]:
+            raise cfg.refuse("rope_theta", theta, "without rope_parameters transformers' Ministral3Config builds "
+                             f"its default yarn rope of rope_theta {_MINISTRAL3_ROPE['rope_theta']:g}")
+        scaling = dict(_MINISTRAL3_ROPE)
+        out["rope_theta"] = scaling.pop("rope_theta")
+        out["rope_scaling"] = scaling
+    scaling = out.get("rope_scaling") or {}
+    where = "rope_parameters" if cfg.has("rope_parameters") else "rope_scaling"
+    for key in ("llama_4_scaling_beta", "original_max_position_embeddings"):
+        if scaling.get(key) is None:  # transformers' Ministral3Attention reads both
+            raise SpecError(f"{cfg.origin}: missing field '{where}.{key}' (Ministral 3's query scaling reads it)")
+    beta = _number(cfg, f"{where}.llama_4_scaling_beta", scaling["llama_4_scaling_beta"])
+    interval = _positive_number(cfg, f"{where}.original_max_position_embeddings",
+                                scaling["original_max_position_embeddings"])
+    if beta < 0:
+        raise SpecError(f"{cfg.origin}: {where}.llama_4_scaling_beta must be >= 0, got {beta!r}")
+    out["query_log_scale"] = (beta, interval) if beta else None
+    out["rope_scaling"] = {k: v for k, v in scaling.items() if k != "llama_4_scaling_beta"}  # not the rotation's
+
+
 def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Gemma 2 / 3: GeGLU (a gated 3-matrix FFN), four norms per layer (sandwich), sqrt(hidden)-scaled
     embeddings, tied head; Gemma 2 soft-caps attention scores and logits and alternates sliding / full
@@ -994,6 +1029,12 @@ _TYPES = (
                 required=_LLAMA_REQUIRED,
                 defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 8, "sliding_window": 4096},
                 sliding_window="all"),
+    HFModelType(model_type="ministral3", family="llama", architectures=("Ministral3ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 14336,
+                          "num_hidden_layers": 34, "num_attention_heads": 32, "num_key_value_heads": 8,
+                          "head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-5},
+                sliding_window="all", extra=_ministral3_extra),
     HFModelType(model_type="mixtral", family="llama", architectures=("MixtralForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts",
                       "experts_per_token": "num_experts_per_tok"},
@@ -1193,13 +1234,20 @@ _TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"llama4": "llama4_text
                                                           "gemma4": "gemma4_text",
                                                           "qwen3_5": "qwen3_5_text",
                                                           "qwen3_5_moe": "qwen3_5_moe_text",
-                                                          "kimi_k25": "deepseek_v3"})
+                                                          "kimi_k25": "deepseek_v3", "mistral3": "mistral"})
 #: other text model types a wrapper's `text_config` may name (Kimi K2.5's hub config says kimi_k2, which
 #: transformers reads as deepseek_v3)
-_TEXT_CONFIG_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType({"kimi_k25": ("kimi_k2",)})
+_TEXT_CONFIG_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType({"kimi_k25": ("kimi_k2",),
+                                                                         "mistral3": ("ministral3",)})
 #: wrappers whose head is tied by the outer config's tie_word_embeddings (its class default when absent),
 #: whatever text_config says: transformers ties Kimi K2.5's lm_head to the embedding so
-_TIED_BY_WRAPPER: Mapping[str, bool] = MappingProxyType({"kimi_k25": True})
+_TIED_BY_WRAPPER: Mapping[str, bool] = MappingProxyType({"kimi_k25": True, "mistral3": True})
+#: a wrapper's text model when it has no `text_config`: the outer config class's own (Mistral3Config's
+#: sub-config defaults, transformers 5.24), not the text config class's defaults
+_TEXT_CONFIG_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({"mistral3": MappingProxyType(dict(
+    model_type="mistral", vocab_size=131072, hidden_size=5120, intermediate_size=32768, num_hidden_layers=40,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_act="silu", max_position_embeddings=131072,
+    rms_norm_eps=1e-5, rope_theta=1e9, sliding_window=None))})
 
 #: fields refused when present with a value other than the neutral one(s) listed
 _NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType({
@@ -1282,6 +1330,10 @@ def _rope(cfg: _Config, spec_type: HFModelType) -> dict[str, Any]:
     if scaling is not None and not isinstance(scaling, Mapping):
         raise SpecError(f"{cfg.origin}: {key} must be a mapping, got {scaling!r}")
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if (scaling or {}).get("llama_4_scaling_beta") and spec_type.model_type != "ministral3":
+        raise cfg.refuse(f"{key}.llama_4_scaling_beta", scaling["llama_4_scaling_beta"],
+                         f"Ministral 3's query scaling is read for ministral3 only; transformers' "
+                         f"{spec_type.model_type} ignores it")
     if kind not in ROPE_TYPES:
         raise cfg.refuse(f"{key}.rope_type", kind, f"supported: {', '.join(ROPE_TYPES)}")
     default_theta = cfg.get("rotary_emb_base", 10000.0) if spec_type.model_type == "gpt_neox" else 10000.0
@@ -1596,7 +1648,7 @@ def _read_text_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[
     outer = data["model_type"]
     text = data.get("text_config")
     if text is None:
-        text = {}
+        text = dict(_TEXT_CONFIG_DEFAULTS.get(outer, {}))
     if not isinstance(text, Mapping):
         raise SpecError(f"{origin}: text_config must be a mapping, got {text!r}")
     inner = text.get("model_type", _TEXT_CONFIG_TYPES[outer])

@@ -194,6 +194,9 @@ class ModelSpec:
     rope_interleaved: bool = False  # DeepSeek, Llama 4: rotary pairs are adjacent features (2i, 2i+1)
     rope_local_theta: float | None = None  # Gemma 3: the sliding layers' rotary base, without rope_scaling
     nope_temperature: tuple[float, float] | None = None  # Llama 4: (floor_scale, attn_scale) on NoPE layers
+    # Ministral 3: (beta, interval): every layer's queries, once rotated, times 1 + beta * log(1 + floor(position /
+    # interval)) (its rope_parameters' llama_4_scaling_beta and original_max_position_embeddings)
+    query_log_scale: tuple[float, float] | None = None
     attn_scale: bool = True  # divide attention logits by sqrt(head_dim) (GPT-2 scale_attn_weights)
     attn_scale_inverse_layer_idx: bool = False  # also by layer_idx + 1 (GPT-2 scale_attn_by_inverse_layer_idx)
     quantization: QuantizationSpec | None = None  # weight-only quantized checkpoint (AWQ, GPTQ)
@@ -652,11 +655,11 @@ class ModelSpec:
     @property
     def plain_llama_layers(self) -> bool:
         """The plain Llama structure: uniform layers and nothing of today's models (MLA, a QK norm,
-        sinks, soft-caps, sandwich or post norms, Gemma's norm offset and query scalar, interleaved or skipped
-        rotary positions, layers of several kinds)."""
+        sinks, soft-caps, sandwich or post norms, Gemma's norm offset and query scalar, Ministral 3's query scale,
+        interleaved or skipped rotary positions, layers of several kinds)."""
         return (self.uniform_layers and not self.is_mla and self.qk_norm is None and not self.attn_sinks
                 and self.attn_softcap is None and not self.sandwich_norms and not self.post_norm
-                and not self.norm_offset
+                and not self.norm_offset and self.query_log_scale is None
                 and self.query_pre_attn_scalar is None and not self.rope_interleaved and not self.nope_layers
                 and self.layer_types is None and not self.mixer_only_layers)
 
@@ -1009,3 +1012,12 @@ def _check_numerics(spec: ModelSpec) -> None:
             raise SpecError(f"{name}: nope_temperature must be [floor_scale, attn_scale], got {t!r}")
         _positive_number(name, "nope_temperature.floor_scale", t[0])
         _positive_number(name, "nope_temperature.attn_scale", t[1])
+    q = spec.query_log_scale
+    if isinstance(q, list):
+        q = tuple(q)
+        object.__setattr__(spec, "query_log_scale", q)
+    if q is not None:
+        if not isinstance(q, tuple) or len(q) != 2:
+            raise SpecError(f"{name}: query_log_scale must be [beta, interval], got {q!r}")
+        _positive_number(name, "query_log_scale.beta", q[0])
+        _positive_number(name, "query_log_scale.interval", q[1])

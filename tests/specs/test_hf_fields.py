@@ -296,7 +296,8 @@ def test_every_supported_type_described_once():
                                    "llama4_text", "gemma2", "gemma3_text", "qwen3_next", "qwen3_5_text", "deepseek_v32",
                                    "qwen3_5_moe_text", "glm_moe_dsa", "glm4_moe_lite",
                                    "minimax_m2", "smollm3", "seed_oss", "olmo2", "olmo3",
-                                   "exaone4", "ernie4_5_moe", "gemma4_text", "nemotron_h"}
+                                   "exaone4", "ernie4_5_moe", "gemma4_text", "nemotron_h",
+                                   "ministral3"}
     for t in HF_MODEL_TYPES.values():
         assert set(t.required) <= set(t.keys.values()) | {"ffn_dim"}
         assert t.architectures and all(a.endswith(("ForCausalLM", "LMHeadModel")) for a in t.architectures)
