@@ -2,7 +2,8 @@
 
 A checkpoint directory holds `config.json` and `model.safetensors`, or shards listed in
 `model.safetensors.index.json` (`pytorch_model.bin` / its index as a fallback); nothing is
-downloaded. Tensor names follow `transformers` (llama, mistral, qwen2, qwen3, gemma 2/3; the MoE
+downloaded. Tensor names follow `transformers` (llama, mistral, qwen2, qwen3, gemma 2/3, phi3's and glm4's fused
+`qkv_proj` / `gate_up_proj`; the MoE
 families in `_moe_entries`: mixtral, qwen3_moe, qwen2_moe, deepseek_v2/v3, glm4_moe(_lite), minimax_m2 with experts
 stacked as transformers 5 holds them (`mlp.experts.gate_up_proj`) or one by one as it saves them
 and as published checkpoints store them (`mlp.experts.{j}.gate_proj.weight`, Mixtral's
@@ -491,8 +492,26 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
     rename = _strip_gpt2_prefix(keys) if spec.family == "gpt2" else _language_model_prefix(keys)
     params = dict(model.named_parameters(remove_duplicate=False))
     layout = _layout(spec, _moe_format(spec, keys), _linear_format(spec, keys), _score_bias_at(spec, keys))
-    _copy_entries(spec, params, layout, tensors, keys, model.in_out, strict, rename)
+    _copy_entries(spec, params, _fused_parts(layout, keys), tensors, keys, model.in_out, strict, rename)
     return model
+
+
+def _fused_parts(entries: list[_Entry], keys: set[str]) -> list[_Entry]:
+    """`entries` as a checkpoint that stores the fused matrices whole names them: Phi-3's `self_attn.qkv_proj`
+    ([q; k; v] rows) and its and GLM-4's `mlp.gate_up_proj` ([gate; up] rows), the engine's own layouts."""
+    qkv = any(k.endswith("self_attn.qkv_proj.weight") for k in keys)
+    gate_up = any(k.endswith("mlp.gate_up_proj.weight") for k in keys)
+    if not qkv and not gate_up:
+        return entries
+    out = []
+    for e in entries:
+        p = e.parts
+        if qkv and len(p) == 3 and e.perm is None and p[0].endswith(("attn.q_proj.weight", "attn.q_proj.bias")):
+            e = replace(e, parts=(p[0].replace("self_attn.q_proj.", "self_attn.qkv_proj."),))
+        elif gate_up and len(p) == 2 and p[0].endswith(("mlp.gate_proj.weight", "mlp.gate_proj.bias")):
+            e = replace(e, parts=(p[0].replace("mlp.gate_proj.", "mlp.gate_up_proj."),))
+        out.append(e)
+    return out
 
 
 def _copy_entries(spec: ModelSpec, params: Mapping[str, torch.Tensor], entries: list[_Entry],

@@ -2,7 +2,7 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, and the text model of the multimodal llama4 / gemma3 /
+gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, and the text model of the multimodal llama4 / gemma3 /
 gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the vision and audio towers are not
 modelled).
 
@@ -909,6 +909,32 @@ def _ministral3_extra(cfg: _Config, out: dict[str, Any]) -> None:
     out["rope_scaling"] = {k: v for k, v in scaling.items() if k != "llama_4_scaling_beta"}  # not the rotation's
 
 
+def _phi3_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Phi-3 / Phi-4-mini: Mistral's layers (a sliding window on every layer where one is set) with q/k/v and
+    gate/up fused in the checkpoint (the same GEMMs), partial rotary positions (`partial_rotary_factor`), no
+    biases; transformers reads a rope type of `su` or `yarn` as `longrope` (its short and long factors kept in
+    `rope_scaling`; the engine refuses it by name)."""
+    out["qkv_bias"] = out["out_bias"] = False
+    _partial_rotary(cfg, out)
+    scaling = out.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind in ("su", "yarn"):  # Phi3Config.convert_rope_params_to_dict
+            kind = "longrope"
+            out["rope_scaling"] = {**{k: v for k, v in scaling.items() if k != "type"}, "rope_type": kind}
+        if kind != "longrope":
+            raise cfg.refuse("rope_scaling.rope_type", kind, "Phi3Config takes default or longrope")
+        head_dim = out.get("head_dim") or out["hidden_size"] // out["num_heads"]
+        for key in ("short_factor", "long_factor"):
+            factors = scaling.get(key)
+            if not isinstance(factors, list) or len(factors) != out["rotary_dim"] // 2:
+                raise SpecError(f"{cfg.origin}: rope_scaling.{key} must list rotary_dim / 2 = "
+                                f"{out['rotary_dim'] // 2} factors (head_dim {head_dim}), got {factors!r}")
+        if scaling.get("original_max_position_embeddings") is None:
+            out["rope_scaling"] = {**out["rope_scaling"], "original_max_position_embeddings":
+                                   _positive(cfg, "original_max_position_embeddings")}
+
+
 def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Gemma 2 / 3: GeGLU (a gated 3-matrix FFN), four norms per layer (sandwich), sqrt(hidden)-scaled
     embeddings, tied head; Gemma 2 soft-caps attention scores and logits and alternates sliding / full
@@ -1035,6 +1061,13 @@ _TYPES = (
                           "num_hidden_layers": 34, "num_attention_heads": 32, "num_key_value_heads": 8,
                           "head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-5},
                 sliding_window="all", extra=_ministral3_extra),
+    HFModelType(model_type="phi3", family="llama", architectures=("Phi3ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
+                          "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 4096,
+                          "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+                          "partial_rotary_factor": 1.0},
+                sliding_window="all", extra=_phi3_extra),
     HFModelType(model_type="mixtral", family="llama", architectures=("MixtralForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts",
                       "experts_per_token": "num_experts_per_tok"},
@@ -1330,6 +1363,7 @@ def _rope(cfg: _Config, spec_type: HFModelType) -> dict[str, Any]:
     if scaling is not None and not isinstance(scaling, Mapping):
         raise SpecError(f"{cfg.origin}: {key} must be a mapping, got {scaling!r}")
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    kind = "longrope" if kind == "su" and spec_type.model_type == "phi3" else kind  # Phi3Config's renaming
     if (scaling or {}).get("llama_4_scaling_beta") and spec_type.model_type != "ministral3":
         raise cfg.refuse(f"{key}.llama_4_scaling_beta", scaling["llama_4_scaling_beta"],
                          f"Ministral 3's query scaling is read for ministral3 only; transformers' "
