@@ -496,16 +496,26 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
     return model
 
 
+#: GLM-4's names of the four norms of a sandwich-normed layer (engine parameter suffix -> checkpoint norm)
+_GLM4_NORMS = {"attn_norm.weight": "input_layernorm", "post_attn_norm.weight": "post_self_attn_layernorm",
+               "mlp_norm.weight": "post_attention_layernorm", "post_mlp_norm.weight": "post_mlp_layernorm"}
+
+
 def _fused_parts(entries: list[_Entry], keys: set[str]) -> list[_Entry]:
     """`entries` as a checkpoint that stores the fused matrices whole names them: Phi-3's `self_attn.qkv_proj`
-    ([q; k; v] rows) and its and GLM-4's `mlp.gate_up_proj` ([gate; up] rows), the engine's own layouts."""
+    ([q; k; v] rows) and its and GLM-4's `mlp.gate_up_proj` ([gate; up] rows), the engine's own layouts; and
+    GLM-4's names of its four norms (`post_self_attn_layernorm`, ...; Gemma's otherwise)."""
     qkv = any(k.endswith("self_attn.qkv_proj.weight") for k in keys)
     gate_up = any(k.endswith("mlp.gate_up_proj.weight") for k in keys)
-    if not qkv and not gate_up:
+    glm4 = any(k.endswith("post_self_attn_layernorm.weight") for k in keys)
+    if not qkv and not gate_up and not glm4:
         return entries
     out = []
     for e in entries:
         p = e.parts
+        suffix = e.ours.split(".", 2)[-1] if e.ours.startswith("layers.") else ""
+        if glm4 and suffix in _GLM4_NORMS:
+            e = replace(e, parts=(p[0].rsplit(".", 2)[0] + f".{_GLM4_NORMS[suffix]}.weight",))
         if qkv and len(p) == 3 and e.perm is None and p[0].endswith(("attn.q_proj.weight", "attn.q_proj.bias")):
             e = replace(e, parts=(p[0].replace("self_attn.q_proj.", "self_attn.qkv_proj."),))
         elif gate_up and len(p) == 2 and p[0].endswith(("mlp.gate_proj.weight", "mlp.gate_proj.bias")):

@@ -2,9 +2,9 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, and the text model of the multimodal llama4 / gemma3 /
-gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the vision and audio towers are not
-modelled).
+gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, glm4, and the text model of the multimodal
+llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the vision and
+audio towers are not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -935,6 +935,15 @@ def _phi3_extra(cfg: _Config, out: dict[str, Any]) -> None:
                                    _positive(cfg, "original_max_position_embeddings")}
 
 
+def _glm4_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """GLM-4-0414 (`glm4`): q/k/v biases from attention_bias (none on o_proj), a norm after attention and after
+    the MLP besides the two before them (`sandwich_norms`, plain RMSNorms), partial rotary positions over
+    adjacent pairs (`partial_rotary_factor`, default 0.5), gate/up fused in the checkpoint (the same GEMMs)."""
+    _biases(cfg, out, out_proj=False)
+    out.update(sandwich_norms=True, rope_interleaved=True)
+    _partial_rotary(cfg, out)
+
+
 def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Gemma 2 / 3: GeGLU (a gated 3-matrix FFN), four norms per layer (sandwich), sqrt(hidden)-scaled
     embeddings, tied head; Gemma 2 soft-caps attention scores and logits and alternates sliding / full
@@ -1068,6 +1077,13 @@ _TYPES = (
                           "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
                           "partial_rotary_factor": 1.0},
                 sliding_window="all", extra=_phi3_extra),
+    HFModelType(model_type="glm4", family="llama", architectures=("Glm4ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
+                          "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+                          "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
+                          "attention_bias": True, "partial_rotary_factor": 0.5},
+                extra=_glm4_extra),
     HFModelType(model_type="mixtral", family="llama", architectures=("MixtralForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts",
                       "experts_per_token": "num_experts_per_tok"},
