@@ -46,14 +46,14 @@ from llmperf.engine.parts import (
     linear_mixer,
     query_temperature,
     resolve_layout,
+    shared_norm_block,
     torch_dtype,
 )
 from llmperf.engine.rope import RotaryTable, apply_rope, rope_inv_freq
 from llmperf.engine.step import StepMeta
 from llmperf.specs import ModelSpec
 
-# The fused projections are the model's structure (one GEMM each, as vLLM runs them), and the
-# recorder times them under their fused names.
+# The fused projections are the model's structure (one GEMM each, as vLLM runs them), timed under their fused names
 _QKV, _GATE_UP = Op.qkv_proj.value, Op.gate_up_proj.value
 # A tensor-parallel layer's two sums over ranks (`llmperf.engine.tensor_parallel`), named as priced
 _ATTN_REDUCE, _MLP_REDUCE = Op.attn_allreduce.value, Op.mlp_allreduce.value
@@ -64,25 +64,23 @@ _EMBED_REDUCE, _LOGITS_GATHER = Op.embed_allreduce.value, Op.logits_gather.value
 class Block(nn.Module):
     """One transformer layer. Parameters (names used by `weights.py`):
 
-    attn_norm; qkv_weight (C, q_size + 2 kv_size) [+ qkv_bias]; o_weight (q_size, C) [+ o_bias];
-    [q_norm, k_norm (D; MiniMax-M2: q_size, kv_size)]; [sinks (H): gpt-oss]; or, for multi-head latent attention,
-    `attn` (`llmperf.engine.mla.MLAttention`); [post_attn_norm]; mlp_norm; dense MLP: up_weight (C, F),
-    or (C, 2F) for a gated FFN as [gate | up], [+ up_bias], down_weight (F, C) [+ down_bias]; or a
-    mixture of experts, `moe_ffn` (`llmperf.engine.moe.MoE`); [post_mlp_norm]. Shapes are for
-    `weight_layout="in_out"` (y = x @ W + b); "out_in" stores each matrix transposed (`F.linear`).
+    attn_norm; qkv_weight (C, q_size + 2 kv_size) [+ qkv_bias]; o_weight (q_size, C) [+ o_bias]; [q_norm, k_norm
+    (D; MiniMax-M2: q_size, kv_size)]; [sinks (H): gpt-oss]; or, for multi-head latent attention, `attn`
+    (`llmperf.engine.mla.MLAttention`); [post_attn_norm]; mlp_norm (none with Cohere's `shared_input_norm`);
+    dense MLP: up_weight (C, F), or (C, 2F) for a gated FFN as [gate | up], [+ up_bias], down_weight (F, C)
+    [+ down_bias]; or a mixture of experts, `moe_ffn` (`llmperf.engine.moe.MoE`); [post_mlp_norm]. Shapes are
+    for `weight_layout="in_out"` (y = x @ W + b); "out_in" stores each matrix transposed (`F.linear`).
 
     A `linear` layer has `linear_attn` in place of attention (`parts.linear_mixer`: Gated DeltaNet or Mamba-2);
     Nemotron-H's layers are one sublayer each: a mixer without mlp_norm and FFN, or an FFN without attn_norm and
     attention. With `attn_output_gate` a full layer's qkv_weight is [q | k | v | gate] and the attention output
     is multiplied by sigmoid(gate) before o_proj.
 
-    `reduce` (None: a whole model): a tensor-parallel shard's in-place sum over ranks, applied to the
-    o projection's output and to the FFN's output, before the post norms and the residual adds
-    (`llmperf.engine.tensor_parallel.shard_model` sets it; the model then runs no one-call decode).
+    `reduce` (None: a whole model): a tensor-parallel shard's in-place sum over ranks of the o projection's and the
+    FFN's outputs, before the post norms and residual adds (set by `tensor_parallel.shard_model`: no one-call decode).
 
-    The layer's kind (`ModelSpec.layer_kinds`) decides its attention (full, sliding, chunked: the
-    model's `LayerAttn`), whether it rotates positions (Llama 4's NoPE layers do not) and whether its
-    FFN is a mixture of experts (dense layers of an MoE model use the dense `ffn_size`).
+    The layer's kind (`ModelSpec.layer_kinds`) decides its attention (full, sliding, chunked: the model's `LayerAttn`),
+    whether it rotates positions (not Llama 4's NoPE layers) and whether its FFN is MoE (dense ones: `ffn_size`).
     """
 
     reduce: Callable[[torch.Tensor], None] | None = None  # a class default: nothing to look up per layer
@@ -110,7 +108,7 @@ class Block(nn.Module):
         # Nemotron-H's layers of one sublayer: a token mixer alone (kind.ffn False) or an FFN alone (attention none)
         self.mixer, self.ffn = kind.attention != "none", kind.ffn
         self.attn_norm = Norm(spec.norm_kind, C, **norm) if self.mixer else None
-        self.mlp_norm = Norm(spec.norm_kind, C, **norm) if self.ffn else None
+        self.mlp_norm = Norm(spec.norm_kind, C, **norm) if self.ffn and not spec.shared_input_norm else None
         self.post_attn_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
         self.post_mlp_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
         self.post_norm = spec.post_norm  # OLMo 2/3, EXAONE 4: attn_norm / mlp_norm norm a sublayer's output
@@ -264,6 +262,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
                 ctx: ForwardContext) -> torch.Tensor:
+        if self.mlp_norm is None and self.mixer and self.ffn:  # Cohere: one norm, attention and FFN side by side
+            return shared_norm_block(self, x, spans, ctx)
         x = self.attention(x, spans, ctx) if self.mixer else x
         return self.mlp(x, ctx) if self.ffn else x
 
@@ -366,7 +366,8 @@ class Transformer(nn.Module):
         if self.gather_logits is not None:  # the padding's logits (zero rows) are cut, never sampled
             with rec.op(_LOGITS_GATHER):
                 logits = self.gather_logits(logits)[..., :self.spec.vocab_size]  # (..., V)
-        cap = self.spec.final_softcap
+        cap, scale = self.spec.final_softcap, self.spec.logit_scale
+        logits = logits if scale is None else logits * scale  # Cohere's logit_scale
         if cap is None:
             return logits
         with rec.op("final_softcap"):  # Gemma 2: cap * tanh(logits / cap)

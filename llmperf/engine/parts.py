@@ -63,6 +63,8 @@ class Norm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "layernorm":
             return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        if self.kind == "layernorm_no_bias":  # Cohere: in fp32, a weight and no bias
+            return F.layer_norm(x.float(), self.shape, self.weight.float(), None, self.eps).to(x.dtype)
         if self.offset:
             return (F.rms_norm(x.float(), self.shape, eps=self.eps) * (1.0 + self.weight.float())).to(x.dtype)
         return self.ops.rms_norm(x, self.weight, self.eps)
@@ -154,6 +156,22 @@ def linear_mixer(spec: ModelSpec, index: int, ops: TorchOps, **kw: Any) -> nn.Mo
         return Mamba2Mixer(spec, index, ops, **kw)
     from llmperf.engine.deltanet import GatedDeltaNet
     return GatedDeltaNet(spec, index, ops, **kw)
+
+
+def shared_norm_block(block: Any, x: torch.Tensor, spans: Sequence[Any], ctx: ForwardContext) -> torch.Tensor:
+    """A layer whose attention and FFN both read one norm of its input `x` (1, N, C) and whose output is x plus
+    both (`ModelSpec.shared_input_norm`, Cohere), each sublayer summed over ranks under tensor parallelism first."""
+    rec, i = ctx.rec, block.index
+    h = block._norm(block.attn_norm, x, ctx, "attn_norm")
+    o = block._attend(h, spans, ctx)
+    y = block._ffn(h, block.up_weight, block.up_bias, block.down_weight, block.down_bias, rec, block.ops.linear)
+    if block.reduce is not None:
+        with rec.op("mlp_allreduce", i):
+            block.reduce(y)
+    with rec.op("attn_residual", i):
+        o.add_(x)
+    with rec.op("mlp_residual", i):
+        return o.add_(y)
 
 
 def query_temperature(spec: ModelSpec, rope: bool) -> Callable[[torch.Tensor], torch.Tensor] | None:

@@ -225,8 +225,9 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "
                         _Entry(us + "mlp_norm.weight", (hf + "pre_feedforward_layernorm.weight",)),
                         _Entry(us + "post_mlp_norm.weight", (hf + "post_feedforward_layernorm.weight",))]
             else:
-                out += [_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)),
-                        _Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",))]
+                out.append(_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)))
+                if not spec.shared_input_norm:  # Cohere: one norm for attention and the FFN
+                    out.append(_Entry(us + "mlp_norm.weight", (hf + "post_attention_layernorm.weight",)))
             if kind.attention == "linear":
                 out += _linear_entries(spec, hf, us, linear_format)
             elif spec.is_mla:

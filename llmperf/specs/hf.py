@@ -2,7 +2,7 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, glm4, and the text model of the multimodal
+gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, glm4, cohere2, and the text model of the multimodal
 llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the vision and
 audio towers are not modelled).
 
@@ -944,6 +944,32 @@ def _glm4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _partial_rotary(cfg, out)
 
 
+def _cohere2_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Command R7B / Command A (`cohere2`): attention and the FFN side by side from one LayerNorm without a bias
+    (`shared_input_norm`, `layernorm_no_bias`), q/k/v/o biases from attention_bias, the logits times
+    `logit_scale`, a tied head by default; layer i slides iff (i + 1) % sliding_window_pattern (default 4)
+    (`layer_types` where given) and only sliding layers rotate positions, over adjacent pairs: its full layers are
+    NoPE (as transformers applies RoPE); a null sliding_window is refused. head_dim is always
+    hidden_size / num_attention_heads (Cohere2Config sets it so: another value is refused)."""
+    _biases(cfg, out)
+    out.update(norm_kind="layernorm_no_bias", shared_input_norm=True, rope_interleaved=True)
+    head_dim = out["hidden_size"] // out["num_heads"]
+    if out.get("head_dim") not in (None, head_dim):
+        raise cfg.refuse("head_dim", out["head_dim"], f"Cohere2Config sets it to hidden_size / num_attention_heads "
+                         f"= {head_dim}")
+    out["head_dim"] = head_dim
+    scale = cfg.get("logit_scale")
+    out["logit_scale"] = None if scale == 1 else _positive_number(cfg, "logit_scale", scale)
+    n, window = out["num_layers"], cfg.get("sliding_window")
+    pattern = _positive(cfg, "sliding_window_pattern", cfg.get("sliding_window_pattern"))
+    default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    if window is None:
+        raise cfg.refuse("sliding_window", None, "transformers' Cohere2Model builds its sliding-window mask from it "
+                         "and cannot run without one")
+    kinds = _set_layer_types(cfg, out, default, window)
+    out["nope_layers"] = tuple(i for i, t in enumerate(kinds) if t != "sliding")
+
+
 def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Gemma 2 / 3: GeGLU (a gated 3-matrix FFN), four norms per layer (sandwich), sqrt(hidden)-scaled
     embeddings, tied head; Gemma 2 soft-caps attention scores and logits and alternates sliding / full
@@ -1084,6 +1110,13 @@ _TYPES = (
                           "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
                           "attention_bias": True, "partial_rotary_factor": 0.5},
                 extra=_glm4_extra),
+    HFModelType(model_type="cohere2", family="llama", architectures=("Cohere2ForCausalLM",),
+                keys={**_LLAMA_KEYS, "norm_eps": "layer_norm_eps"}, required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
+                          "num_hidden_layers": 40, "num_attention_heads": 64, "max_position_embeddings": 8192,
+                          "layer_norm_eps": 1e-5, "tie_word_embeddings": True, "attention_bias": False,
+                          "sliding_window": 4096, "sliding_window_pattern": 4, "logit_scale": 0.0625},
+                sliding_window="layers", extra=_cohere2_extra),
     HFModelType(model_type="mixtral", family="llama", architectures=("MixtralForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts",
                       "experts_per_token": "num_experts_per_tok"},
@@ -1333,7 +1366,7 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types",
        "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "rotary_dim",
        "attention_out_bias", "use_bias", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval",
-       "moe_norm_min", "moe_num_shared_experts",
+       "moe_norm_min", "moe_num_shared_experts", "logit_scale",
        # Nemotron-H (its extra function; legacy spellings too)
        "layers_block_type", "hybrid_override_pattern", "residual_in_fp32", "moe_latent_size", "mamba_hidden_act",
        "mamba_ssm_cache_dtype", *_NEMOTRON_LEGACY.values(), "num_hidden_layers"}))
