@@ -2,9 +2,9 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, glm4, cohere2, and the text model of the multimodal
-llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the vision and
-audio towers are not modelled).
+gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, glm4, cohere2, gemma, and the text model of the
+multimodal llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the
+vision and audio towers are not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -970,6 +970,22 @@ def _cohere2_extra(cfg: _Config, out: dict[str, Any]) -> None:
     out["nope_layers"] = tuple(i for i, t in enumerate(kinds) if t != "sliding")
 
 
+def _gemma1_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Gemma (1): Llama's layers with GeGLU (`hidden_act`; GemmaConfig reads a legacy `gelu` as
+    gelu_pytorch_tanh), RMSNorms that multiply by 1 + weight, sqrt(hidden)-scaled embeddings, q/k/v/o biases
+    from attention_bias, a tied head by default; bidirectional attention (an encoder) and a `hidden_activation`
+    that disagrees (transformers 5 ignores it) are refused by name."""
+    _biases(cfg, out)
+    if out["hidden_act"] == "gelu":
+        out["hidden_act"] = "gelu_pytorch_tanh"
+    out.update(embedding_scale=True, norm_offset=True)
+    legacy = cfg.get("hidden_activation", None)
+    if legacy is not None and legacy != out["hidden_act"]:
+        raise cfg.refuse("hidden_activation", legacy, f"GemmaConfig computes with hidden_act={out['hidden_act']!r}")
+    if cfg.flag("use_bidirectional_attention"):
+        raise cfg.refuse("use_bidirectional_attention", True, "an encoder, not a causal LM")
+
+
 def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Gemma 2 / 3: GeGLU (a gated 3-matrix FFN), four norms per layer (sandwich), sqrt(hidden)-scaled
     embeddings, tied head; Gemma 2 soft-caps attention scores and logits and alternates sliding / full
@@ -1117,6 +1133,13 @@ _TYPES = (
                           "layer_norm_eps": 1e-5, "tie_word_embeddings": True, "attention_bias": False,
                           "sliding_window": 4096, "sliding_window_pattern": 4, "logit_scale": 0.0625},
                 sliding_window="layers", extra=_cohere2_extra),
+    HFModelType(model_type="gemma", family="llama", architectures=("GemmaForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
+                          "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+                          "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192,
+                          "tie_word_embeddings": True, "attention_bias": False},
+                extra=_gemma1_extra),
     HFModelType(model_type="mixtral", family="llama", architectures=("MixtralForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts",
                       "experts_per_token": "num_experts_per_tok"},
