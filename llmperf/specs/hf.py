@@ -2,8 +2,8 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, glm4, cohere2, gemma, and the text model of the
-multimodal llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the
+gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, glm4, cohere2, gemma, qwen2_moe, and the text model of
+the multimodal llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the
 vision and audio towers are not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
@@ -393,6 +393,28 @@ def _qwen3_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _set_layer_types(cfg, out, ["sliding_attention" if window is not None else "full_attention"] * n, window)
     dense = set(_index_list(cfg, "mlp_only_layers", n))
     step = _positive(cfg, "decoder_sparse_step")
+    _routing_values(cfg, out, scoring="softmax", groups=False)
+    _top_k(cfg, out)
+    _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
+
+
+def _qwen2_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Qwen1.5-MoE / Qwen2-MoE: Qwen2's attention (q/k/v biases from `qkv_bias`, none on o_proj); layer i is MoE
+    unless listed in `mlp_only_layers`, and iff (i + 1) % decoder_sparse_step == 0 (dense layers use
+    intermediate_size); one shared expert of shared_expert_intermediate_size behind a sigmoid gate; softmax
+    routing, renormalised with norm_topk_prob. With use_sliding_window, layer i slides iff i is even and below
+    max_window_layers (Qwen2MoeConfig's `layer_types`, where not given)."""
+    out["qkv_bias"], out["out_bias"] = cfg.flag("qkv_bias"), False
+    n = out["num_layers"]
+    window = cfg.get("sliding_window") if cfg.flag("use_sliding_window") else None
+    first = _int(cfg, "max_window_layers", cfg.get("max_window_layers"))
+    default = ["sliding_attention" if window is not None and (i + 1) % 2 and i < first else "full_attention"
+               for i in range(n)]
+    _set_layer_types(cfg, out, default, window)
+    dense = set(_index_list(cfg, "mlp_only_layers", n))
+    step = _positive(cfg, "decoder_sparse_step")
+    out.update(shared_experts=1, shared_ffn_size=_positive(cfg, "shared_expert_intermediate_size"),
+               shared_expert_gate=True)
     _routing_values(cfg, out, scoring="softmax", groups=False)
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
@@ -1140,6 +1162,17 @@ _TYPES = (
                           "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192,
                           "tie_word_embeddings": True, "attention_bias": False},
                 extra=_gemma1_extra),
+    HFModelType(model_type="qwen2_moe", family="llama", architectures=("Qwen2MoeForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                      "moe_ffn_size": "moe_intermediate_size"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+                          "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+                          "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 4096,
+                          "max_window_layers": 28, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+                          "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+                          "norm_topk_prob": False, "qkv_bias": True},
+                sliding_window="layers", extra=_qwen2_moe_extra),
     HFModelType(model_type="mixtral", family="llama", architectures=("MixtralForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts",
                       "experts_per_token": "num_experts_per_tok"},
