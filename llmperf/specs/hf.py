@@ -2,9 +2,9 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, glm4, cohere2, gemma, qwen2_moe, and the text model of
-the multimodal llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the
-vision and audio towers are not modelled).
+gemma2, gemma3_text, gemma4_text, nemotron_h, ministral3, phi3, glm4, cohere2, gemma, qwen2_moe, olmoe, and the text
+model of the multimodal llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from
+`text_config`; the vision and audio towers are not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -418,6 +418,23 @@ def _qwen2_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _routing_values(cfg, out, scoring="softmax", groups=False)
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
+
+
+def _olmoe_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """OLMoE: q and k each RMS-normed across all their heads (`rmsnorm_across_heads`, after the projections and
+    before the rotation, with input norms as Llama's), q/k/v/o biases from attention_bias, every layer a mixture
+    of intermediate_size experts routed by softmax (renormalised with norm_topk_prob), no shared expert.
+    `clip_qkv` (q, k and v clamped) is refused by name; head_dim is hidden / heads (its q norm spans hidden)."""
+    _biases(cfg, out)
+    clip = cfg.get("clip_qkv", None)
+    if clip is not None:
+        raise cfg.refuse("clip_qkv", clip, "the clamp of q, k and v is not built")
+    head_dim = out["hidden_size"] // out["num_heads"]
+    if out.get("head_dim") not in (None, head_dim):
+        raise cfg.refuse("head_dim", out["head_dim"], f"OLMoE's q norm spans hidden_size: head_dim is {head_dim}")
+    out["qk_norm"] = "rmsnorm_across_heads"
+    _routing_values(cfg, out, scoring="softmax", groups=False)
+    _top_k(cfg, out)
 
 
 def _mla_extra(cfg: _Config, out: dict[str, Any]) -> None:
@@ -1173,6 +1190,15 @@ _TYPES = (
                           "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
                           "norm_topk_prob": False, "qkv_bias": True},
                 sliding_window="layers", extra=_qwen2_moe_extra),
+    HFModelType(model_type="olmoe", family="llama", architectures=("OlmoeForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                      "moe_ffn_size": "intermediate_size"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048,
+                          "num_hidden_layers": 16, "num_attention_heads": 16, "max_position_embeddings": 4096,
+                          "rms_norm_eps": 1e-5, "attention_bias": False, "num_experts_per_tok": 8,
+                          "num_experts": 64, "norm_topk_prob": False},
+                extra=_olmoe_extra),
     HFModelType(model_type="mixtral", family="llama", architectures=("MixtralForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts",
                       "experts_per_token": "num_experts_per_tok"},
@@ -1422,7 +1448,7 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types",
        "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "rotary_dim",
        "attention_out_bias", "use_bias", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval",
-       "moe_norm_min", "moe_num_shared_experts", "logit_scale",
+       "moe_norm_min", "moe_num_shared_experts", "logit_scale", "clip_qkv",
        # Nemotron-H (its extra function; legacy spellings too)
        "layers_block_type", "hybrid_override_pattern", "residual_in_fp32", "moe_latent_size", "mamba_hidden_act",
        "mamba_ssm_cache_dtype", *_NEMOTRON_LEGACY.values(), "num_hidden_layers"}))
