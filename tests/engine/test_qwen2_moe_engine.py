@@ -45,7 +45,7 @@ def test_the_checkpoints_are_what_they_claim(checkpoints):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_logits_equal_transformers(checkpoints, name):
     path, hf = checkpoints[name]
-    assert_logits_match(path, hf)  # measured: at most 1.1e-5 (the experts summed in another order)
+    assert_logits_match(path, hf)  # measured: at most 1.5e-5 apart (experts summed in another order)
 
 
 _MEMO: dict = {}
