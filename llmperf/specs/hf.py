@@ -422,8 +422,9 @@ def _qwen2_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
 
 def _olmoe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """OLMoE: q and k each RMS-normed across all their heads (`rmsnorm_across_heads`, after the projections and
-    before the rotation, with input norms as Llama's), q/k/v/o biases from attention_bias, every layer a mixture
-    of intermediate_size experts routed by softmax (renormalised with norm_topk_prob), no shared expert.
+    before the rotation, with input norms as Llama's; under tensor parallelism gathered whole first, as vLLM's
+    `OlmoeAttention._apply_qk_norm` runs it: `qk_norm_gathered`), q/k/v/o biases from attention_bias, every layer
+    a mixture of intermediate_size experts routed by softmax (renormalised with norm_topk_prob), no shared expert.
     `clip_qkv` (q, k and v clamped) is refused by name; head_dim is hidden / heads (its q norm spans hidden)."""
     _biases(cfg, out)
     clip = cfg.get("clip_qkv", None)
@@ -432,7 +433,7 @@ def _olmoe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     head_dim = out["hidden_size"] // out["num_heads"]
     if out.get("head_dim") not in (None, head_dim):
         raise cfg.refuse("head_dim", out["head_dim"], f"OLMoE's q norm spans hidden_size: head_dim is {head_dim}")
-    out["qk_norm"] = "rmsnorm_across_heads"
+    out.update(qk_norm="rmsnorm_across_heads", qk_norm_gathered=True)
     _routing_values(cfg, out, scoring="softmax", groups=False)
     _top_k(cfg, out)
 

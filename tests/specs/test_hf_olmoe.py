@@ -11,7 +11,9 @@ import re
 
 import pytest
 
+from llmperf.analysis import ForwardModel
 from llmperf.errors import SpecError
+from llmperf.specs import Precision
 from llmperf.specs.hf import model_spec_from_hf_config, read_hf_config
 from tests.analysis.model_checks import (
     assert_read_or_one_error,
@@ -53,6 +55,9 @@ def test_the_config_class_defaults_are_exact():
 def test_structure_read():
     spec = read(TINY["olmoe"])
     assert spec.qk_norm == "rmsnorm_across_heads" and spec.num_moe_layers == 3 and not spec.router_renormalize
+    assert spec.qk_norm_gathered  # vLLM's OlmoeAttention all-gathers q and k under tensor parallelism
+    ops = {o.name for o in ForwardModel(model=spec, precision=Precision.uniform("bf16"), tp=2).forward_ops(2, 1, 50)}
+    assert "qk_norm_gather" in ops and "qk_norm_allreduce" not in ops
     other = read(TINY["olmoe-mha-renormalised"])
     assert other.router_renormalize and other.num_kv_heads == 4 and other.qkv_bias and other.out_bias
 
