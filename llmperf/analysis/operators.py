@@ -47,7 +47,8 @@ FLOP_CONVENTIONS = ("executed", "dense")
 MLA_MODES = ("auto", "absorbed", "unabsorbed")
 
 # FLOPs per element of the vector operators (documented estimates; all are memory-bound anyway)
-NORM_FLOPS = {"rmsnorm": 4, "layernorm": 7, "l2": 3}  # square, sum, rsqrt-scale, weight (+ mean, sub, bias)
+# square, sum, rsqrt-scale, weight (+ mean, sub, bias)
+NORM_FLOPS = {"rmsnorm": 4, "layernorm": 7, "layernorm_no_bias": 6, "l2": 3}
 ACT_FLOPS = {"swiglu": 6, "gelu": 8, "relu": 1}  # silu(g) * u; tanh-approximate GELU; max(x, 0)
 RELU2_FLOPS = 2  # max(x, 0)^2 (Nemotron-H's relu2, a two-matrix FFN)
 SOFTMAX_FLOPS = 5  # max, subtract, exp, sum, divide
@@ -1140,8 +1141,8 @@ class ForwardModel:
                                  SOFTCAP_FLOPS, per_layer=False)
 
     def logits_scale(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
-        """Granite: every logit divided by `logits_scaling` (vLLM's `LogitsProcessor` scales the gathered logits,
-        the whole vocabulary), one operation a logit."""
+        """Granite: every logit divided by `logits_scaling`; Cohere: times `logit_scale` (vLLM's `LogitsProcessor`
+        scales the gathered logits, the whole vocabulary), one operation a logit."""
         return self._elementwise("logits_scale", self._logit_rows(batch, q_len), self.model.vocab_size, 1,
                                  per_layer=False)
 
@@ -1237,7 +1238,7 @@ class ForwardModel:
             ops.append(self._allreduce("attn_allreduce", local * q_len))
         if m.sandwich_norms:
             ops.append(self.post_attn_norm(*args))
-        ops += [self.attn_residual(*args)] + ([self.mlp_norm(*args)] if kind.ffn else [])
+        ops += [self.attn_residual(*args)] + ([self.mlp_norm(*args)] if kind.ffn and not m.shared_input_norm else [])
         return ops
 
     def _ffn_section(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
@@ -1293,7 +1294,7 @@ class ForwardModel:
             ops.append(self.logits_gather(batch, q_len, kv_len))
         if self.model.final_softcap:
             ops.append(self.final_softcap(batch, q_len, kv_len))
-        if self.model.logits_scaling != 1.0:
+        if self.model.logits_scaling != 1.0 or self.model.logit_scale is not None:
             ops.append(self.logits_scale(batch, q_len, kv_len))
         return ops
 

@@ -113,7 +113,7 @@ class Op(str, Enum):
     lm_head = "lm_head"
     logits_gather = "logits_gather"  # tensor parallel: every GPU's vocabulary slice of the logits gathered
     final_softcap = "final_softcap"  # Gemma 2: cap * tanh(logit / cap)
-    logits_scale = "logits_scale"  # Granite: every logit divided by logits_scaling
+    logits_scale = "logits_scale"  # Granite: every logit divided by logits_scaling; Cohere: times logit_scale
     pp_send = "pp_send"  # activations handed to the next pipeline stage
 
     def __str__(self) -> str:

@@ -49,7 +49,8 @@ LATENT_NORM_EPS = 1e-6
 #: than RoPE with MLA)
 _NOT_WITH_MLA = (("attn_softcap", None), ("sliding_window", None),
                  ("layer_types", None), ("attention_chunk_size", None), ("nope_layers", ()),
-                 ("query_pre_attn_scalar", None), ("nope_temperature", None), ("attn_scale", True),
+                 ("query_pre_attn_scalar", None), ("nope_temperature", None), ("query_log_scale", None),
+                 ("attn_scale", True),
                  ("attn_scale_inverse_layer_idx", False), ("sandwich_norms", False), ("rope_local_theta", None))
 
 

@@ -46,15 +46,16 @@ from llmperf.engine.parts import (
     finish_logits,
     layer_attention,
     linear_mixer,
+    query_temperature,
     resolve_layout,
+    shared_norm_block,
     torch_dtype,
 )
 from llmperf.engine.rope import RotaryTable, apply_rope, rope_inv_freq
 from llmperf.engine.step import StepMeta
 from llmperf.specs import ModelSpec
 
-# The fused projections are the model's structure (one GEMM each, as vLLM runs them), and the
-# recorder times them under their fused names.
+# The fused projections are the model's structure (one GEMM each, as vLLM runs them), timed under their fused names
 _QKV, _GATE_UP = Op.qkv_proj.value, Op.gate_up_proj.value
 # A tensor-parallel layer's two sums over ranks (`llmperf.engine.tensor_parallel`), named as priced
 _ATTN_REDUCE, _MLP_REDUCE = Op.attn_allreduce.value, Op.mlp_allreduce.value
@@ -65,25 +66,23 @@ _EMBED_REDUCE, _LOGITS_GATHER = Op.embed_allreduce.value, Op.logits_gather.value
 class Block(nn.Module):
     """One transformer layer. Parameters (names used by `weights.py`):
 
-    attn_norm; qkv_weight (C, q_size + 2 kv_size) [+ qkv_bias]; o_weight (q_size, C) [+ o_bias];
-    [q_norm, k_norm (D; MiniMax-M2: q_size, kv_size)]; [sinks (H): gpt-oss]; or, for multi-head latent attention,
-    `attn` (`llmperf.engine.mla.MLAttention`); [post_attn_norm]; mlp_norm; dense MLP: up_weight (C, F),
-    or (C, 2F) for a gated FFN as [gate | up], [+ up_bias], down_weight (F, C) [+ down_bias]; or a
-    mixture of experts, `moe_ffn` (`llmperf.engine.moe.MoE`); [post_mlp_norm]. Shapes are for
-    `weight_layout="in_out"` (y = x @ W + b); "out_in" stores each matrix transposed (`F.linear`).
+    attn_norm; qkv_weight (C, q_size + 2 kv_size) [+ qkv_bias]; o_weight (q_size, C) [+ o_bias]; [q_norm, k_norm
+    (D; MiniMax-M2: q_size, kv_size)]; [sinks (H): gpt-oss]; or, for multi-head latent attention, `attn`
+    (`llmperf.engine.mla.MLAttention`); [post_attn_norm]; mlp_norm (none with Cohere's `shared_input_norm`);
+    dense MLP: up_weight (C, F), or (C, 2F) for a gated FFN as [gate | up], [+ up_bias], down_weight (F, C)
+    [+ down_bias]; or a mixture of experts, `moe_ffn` (`llmperf.engine.moe.MoE`); [post_mlp_norm]. Shapes are
+    for `weight_layout="in_out"` (y = x @ W + b); "out_in" stores each matrix transposed (`F.linear`).
 
     A `linear` layer has `linear_attn` in place of attention (`parts.linear_mixer`: Gated DeltaNet or Mamba-2);
     Nemotron-H's layers are one sublayer each: a mixer without mlp_norm and FFN, or an FFN without attn_norm and
     attention. With `attn_output_gate` a full layer's qkv_weight is [q | k | v | gate] and the attention output
     is multiplied by sigmoid(gate) before o_proj.
 
-    `reduce` (None: a whole model): a tensor-parallel shard's in-place sum over ranks, applied to the
-    o projection's output and to the FFN's output, before the post norms and the residual adds
-    (`llmperf.engine.tensor_parallel.shard_model` sets it; the model then runs no one-call decode).
+    `reduce` (None: a whole model): a tensor-parallel shard's in-place sum over ranks of the o projection's and the
+    FFN's outputs, before the post norms and residual adds (set by `tensor_parallel.shard_model`: no one-call decode).
 
-    The layer's kind (`ModelSpec.layer_kinds`) decides its attention (full, sliding, chunked: the
-    model's `LayerAttn`), whether it rotates positions (Llama 4's NoPE layers do not) and whether its
-    FFN is a mixture of experts (dense layers of an MoE model use the dense `ffn_size`).
+    The layer's kind (`ModelSpec.layer_kinds`) decides its attention (full, sliding, chunked: the model's `LayerAttn`),
+    whether it rotates positions (not Llama 4's NoPE layers) and whether its FFN is MoE (dense ones: `ffn_size`).
     """
 
     reduce: Callable[[torch.Tensor], None] | None = None  # a class default: nothing to look up per layer
@@ -111,15 +110,15 @@ class Block(nn.Module):
         # Nemotron-H's layers of one sublayer: a token mixer alone (kind.ffn False) or an FFN alone (attention none)
         self.mixer, self.ffn = kind.attention != "none", kind.ffn
         self.attn_norm = Norm(spec.norm_kind, C, **norm) if self.mixer else None
-        self.mlp_norm = Norm(spec.norm_kind, C, **norm) if self.ffn else None
+        self.mlp_norm = Norm(spec.norm_kind, C, **norm) if self.ffn and not spec.shared_input_norm else None
         self.post_attn_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
         self.post_mlp_norm = Norm(spec.norm_kind, C, **norm) if spec.sandwich_norms else None
         self.post_norm = spec.post_norm  # OLMo 2/3, EXAONE 4: attn_norm / mlp_norm norm a sublayer's output
         # Llama 4: a weightless L2 norm on q and k of its rotary layers, after the rotation
         self.qk_l2 = spec.qk_norm == "l2" and self.rope
         self.norm_eps = spec.norm_eps
-        # Llama 4: NoPE layers scale their queries by a temperature that grows with the position
-        self.nope_temperature = spec.nope_temperature if not self.rope else None
+        # Llama 4's NoPE layers, Ministral 3's every layer: queries times a factor that grows with the position
+        self.q_temperature = query_temperature(spec, self.rope)
         self.attn: nn.Module | None = None
         self.linear_attn: nn.Module | None = None
         # Qwen3-Next / Qwen3.5 full layers: q_proj also yields a gate per head, stored after v (`_attend`)
@@ -209,10 +208,8 @@ class Block(nn.Module):
         if self.qk_l2:
             with rec.op("qk_norm", i):
                 qk = F.rms_norm(qk.float(), (self.D,), eps=self.norm_eps).to(qk.dtype)
-        if self.nope_temperature is not None:  # Llama 4 attn_temperature_tuning (queries only)
-            floor_scale, attn_scale = self.nope_temperature
-            pos = ctx.positions.reshape(-1).float()  # (N,)
-            scales = (torch.log1p(torch.floor((pos + 1.0) / floor_scale)) * attn_scale + 1.0).to(qk.dtype)
+        if self.q_temperature is not None:  # Llama 4 attn_temperature_tuning, Ministral 3 (queries only)
+            scales = self.q_temperature(ctx.positions.reshape(-1).float()).to(qk.dtype)  # (N,)
             qk = torch.cat((qk[:, :H] * scales[:, None, None], qk[:, H:]), dim=1)
         return qk
 
@@ -267,6 +264,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, spans: Sequence[tuple[StepMeta, int, int, int]],
                 ctx: ForwardContext) -> torch.Tensor:
+        if self.mlp_norm is None and self.mixer and self.ffn:  # Cohere: one norm, attention and FFN side by side
+            return shared_norm_block(self, x, spans, ctx)
         x = self.attention(x, spans, ctx) if self.mixer else x
         return self.mlp(x, ctx) if self.ffn else x
 
@@ -370,7 +369,7 @@ class Transformer(nn.Module):
         if self.gather_logits is not None:  # the padding's logits (zero rows) are cut, never sampled
             with rec.op(_LOGITS_GATHER):
                 logits = self.gather_logits(logits)[..., :self.spec.vocab_size]  # (..., V)
-        return finish_logits(self.spec, logits, rec)  # Granite's scaling, Gemma 2's soft-cap
+        return finish_logits(self.spec, logits, rec)  # Granite's and Cohere's scaling, Gemma 2's soft-cap
 
     def _place(self, tokens: torch.Tensor, meta: StepMeta) -> tuple[int, int]:
         """(B, T) of one group, checked against its metadata, which gets the model's math fields."""

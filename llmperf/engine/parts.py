@@ -6,7 +6,7 @@ field's name before anything is allocated.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -64,6 +64,8 @@ class Norm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "layernorm":
             return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        if self.kind == "layernorm_no_bias":  # Cohere: in fp32, a weight and no bias
+            return F.layer_norm(x.float(), self.shape, self.weight.float(), None, self.eps).to(x.dtype)
         if self.offset:
             return (F.rms_norm(x.float(), self.shape, eps=self.eps) * (1.0 + self.weight.float())).to(x.dtype)
         return self.ops.rms_norm(x, self.weight, self.eps)
@@ -160,6 +162,36 @@ def linear_mixer(spec: ModelSpec, index: int, ops: TorchOps, **kw: Any) -> nn.Mo
     return GatedDeltaNet(spec, index, ops, **kw)
 
 
+def shared_norm_block(block: Any, x: torch.Tensor, spans: Sequence[Any], ctx: ForwardContext) -> torch.Tensor:
+    """A layer whose attention and FFN both read one norm of its input `x` (1, N, C) and whose output is x plus
+    both (`ModelSpec.shared_input_norm`, Cohere), each sublayer summed over ranks under tensor parallelism first."""
+    rec, i = ctx.rec, block.index
+    h = block._norm(block.attn_norm, x, ctx, "attn_norm")
+    o = block._attend(h, spans, ctx)
+    y = block._ffn(h, block.up_weight, block.up_bias, block.down_weight, block.down_bias, rec, block.ops.linear)
+    if block.reduce is not None:
+        with rec.op("mlp_allreduce", i):
+            block.reduce(y)
+    with rec.op("attn_residual", i):
+        o.add_(x)
+    with rec.op("mlp_residual", i):
+        return o.add_(y)
+
+
+def query_temperature(spec: ModelSpec, rope: bool) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The factor a layer multiplies its rotated queries by at each position `(N,)` fp32, or None: Llama 4's
+    NoPE layers (`nope_temperature`: 1 + attn_scale * log(1 + floor((pos + 1) / floor_scale))) and Ministral 3's
+    every layer (`query_log_scale`: 1 + beta * log(1 + floor(pos / interval)), transformers'
+    `get_llama_4_attn_scale`)."""
+    if spec.query_log_scale is not None:
+        beta, interval = spec.query_log_scale
+        return lambda pos: 1.0 + beta * torch.log1p(torch.floor(pos / interval))
+    if spec.nope_temperature is not None and not rope:
+        floor_scale, attn_scale = spec.nope_temperature
+        return lambda pos: torch.log1p(torch.floor((pos + 1.0) / floor_scale)) * attn_scale + 1.0
+    return None
+
+
 def layer_attention(spec: ModelSpec, sinks: Sequence[torch.Tensor | None]) -> tuple[LayerAttn, ...]:
     """Every layer's attention parameters (`LayerAttn`): its softmax scale (1/sqrt(D); GPT-2's
     per-layer scalings; Gemma's query_pre_attn_scalar; Granite's attention_multiplier; for MLA the q/k
@@ -191,11 +223,14 @@ def embedding_factor(spec: ModelSpec, dtype: torch.dtype) -> float | torch.Tenso
 
 
 def finish_logits(spec: ModelSpec, logits: torch.Tensor, rec: Any) -> torch.Tensor:
-    """The logits as the model's head ends them: Granite's divided by `logits_scaling` (`Op.logits_scale`), Gemma
-    2's soft-capped (`cap * tanh(logits / cap)`, `Op.final_softcap`)."""
+    """The logits as the model's head ends them: Granite's divided by `logits_scaling` and Cohere's times
+    `logit_scale` (`Op.logits_scale`), Gemma 2's soft-capped (`cap * tanh(logits / cap)`, `Op.final_softcap`)."""
     if spec.logits_scaling != 1.0:
         with rec.op(Op.logits_scale.value):
             logits = logits / spec.logits_scaling
+    if spec.logit_scale is not None:
+        with rec.op(Op.logits_scale.value):
+            logits = logits * spec.logit_scale
     cap = spec.final_softcap
     if cap is None:
         return logits

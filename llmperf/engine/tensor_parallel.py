@@ -85,6 +85,9 @@ def shard_spec(spec: ModelSpec, world: int) -> ModelSpec:
     if spec.is_mla:
         raise SpecError(f"kv_lora_rank: {spec.name} uses multi-head latent attention "
                         f"(kv_lora_rank={spec.kv_lora_rank}); tensor parallelism shards per-head K and V only")
+    if spec.shared_input_norm:
+        raise SpecError(f"shared_input_norm: {spec.name} runs attention and the FFN side by side from one norm; "
+                        "tensor parallelism shards layers of one after the other")
     if spec.parallel_residual:
         raise SpecError(f"parallel_residual: {spec.name} reads one input in attention and the MLP; "
                         "the engine does not build it")

@@ -2,7 +2,8 @@
 
 A checkpoint directory holds `config.json` and `model.safetensors`, or shards listed in
 `model.safetensors.index.json` (`pytorch_model.bin` / its index as a fallback); nothing is
-downloaded. Tensor names follow `transformers` (llama, mistral, qwen2, qwen3, gemma 2/3; the MoE
+downloaded. Tensor names follow `transformers` (llama, mistral, qwen2, qwen3, gemma 2/3, phi3's and glm4's fused
+`qkv_proj` / `gate_up_proj`; the MoE
 families in `_moe_entries`: mixtral, qwen3_moe, qwen2_moe, deepseek_v2/v3, glm4_moe(_lite), minimax_m2 with experts
 stacked as transformers 5 holds them (`mlp.experts.gate_up_proj`) or one by one as it saves them
 and as published checkpoints store them (`mlp.experts.{j}.gate_proj.weight`, Mixtral's
@@ -225,10 +226,11 @@ def _layout(spec: ModelSpec, moe_format: str = "stacked", linear_format: str = "
                         _Entry(us + "post_attn_norm.weight", (hf + "post_attention_layernorm.weight",)),
                         _Entry(us + "mlp_norm.weight", (hf + "pre_feedforward_layernorm.weight",)),
                         _Entry(us + "post_mlp_norm.weight", (hf + "post_feedforward_layernorm.weight",))]
-            else:  # Bamba calls its norm before the MLP pre_ff_layernorm
-                out += [_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)),
-                        _Entry(us + "mlp_norm.weight",
-                               (hf + ("pre_ff_layernorm" if bamba else "post_attention_layernorm") + ".weight",))]
+            else:  # Bamba calls its norm before the MLP pre_ff_layernorm; Cohere has one norm for both sublayers
+                out.append(_Entry(us + "attn_norm.weight", (hf + "input_layernorm.weight",)))
+                if not spec.shared_input_norm:
+                    norm = "pre_ff_layernorm" if bamba else "post_attention_layernorm"
+                    out.append(_Entry(us + "mlp_norm.weight", (hf + norm + ".weight",)))
             if kind.attention == "linear" and spec.is_mamba:  # Granite 4.0-H's Mamba-2 layers
                 out += _mamba_entries(spec, hf + "mamba.", us + "linear_attn.")
             elif kind.attention == "linear":
@@ -550,8 +552,36 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, torch.Tensor] |
     params = dict(model.named_parameters(remove_duplicate=False))
     layout = _layout(spec, _moe_format(spec, keys), _linear_format(spec, keys), _score_bias_at(spec, keys),
                      _granite_shared_mlp(spec, keys), _bamba_names(spec, keys))
-    _copy_entries(spec, params, layout, tensors, keys, model.in_out, strict, rename)
+    _copy_entries(spec, params, _fused_parts(layout, keys), tensors, keys, model.in_out, strict, rename)
     return model
+
+
+#: GLM-4's names of the four norms of a sandwich-normed layer (engine parameter suffix -> checkpoint norm)
+_GLM4_NORMS = {"attn_norm.weight": "input_layernorm", "post_attn_norm.weight": "post_self_attn_layernorm",
+               "mlp_norm.weight": "post_attention_layernorm", "post_mlp_norm.weight": "post_mlp_layernorm"}
+
+
+def _fused_parts(entries: list[_Entry], keys: set[str]) -> list[_Entry]:
+    """`entries` as a checkpoint that stores the fused matrices whole names them: Phi-3's `self_attn.qkv_proj`
+    ([q; k; v] rows) and its and GLM-4's `mlp.gate_up_proj` ([gate; up] rows), the engine's own layouts; and
+    GLM-4's names of its four norms (`post_self_attn_layernorm`, ...; Gemma's otherwise)."""
+    qkv = any(k.endswith("self_attn.qkv_proj.weight") for k in keys)
+    gate_up = any(k.endswith("mlp.gate_up_proj.weight") for k in keys)
+    glm4 = any(k.endswith("post_self_attn_layernorm.weight") for k in keys)
+    if not qkv and not gate_up and not glm4:
+        return entries
+    out = []
+    for e in entries:
+        p = e.parts
+        suffix = e.ours.split(".", 2)[-1] if e.ours.startswith("layers.") else ""
+        if glm4 and suffix in _GLM4_NORMS:
+            e = replace(e, parts=(p[0].rsplit(".", 2)[0] + f".{_GLM4_NORMS[suffix]}.weight",))
+        if qkv and len(p) == 3 and e.perm is None and p[0].endswith(("attn.q_proj.weight", "attn.q_proj.bias")):
+            e = replace(e, parts=(p[0].replace("self_attn.q_proj.", "self_attn.qkv_proj."),))
+        elif gate_up and len(p) == 2 and p[0].endswith(("mlp.gate_proj.weight", "mlp.gate_proj.bias")):
+            e = replace(e, parts=(p[0].replace("mlp.gate_proj.", "mlp.gate_up_proj."),))
+        out.append(e)
+    return out
 
 
 def _copy_entries(spec: ModelSpec, params: Mapping[str, torch.Tensor], entries: list[_Entry],
@@ -751,6 +781,9 @@ def honour_hf_fields(spec: ModelSpec, cfg: dict[str, Any]) -> ModelSpec:
     """`spec` with every field of `MATH_FIELDS` found in the raw HF config `cfg` honoured (whatever the
     spec loader kept), or a ValueError naming a field the engine cannot honour. A spec whose layers
     differ (`layer_types`, read by `ModelSpec.from_hf_config`) keeps its per-layer windows."""
+    text = cfg.get("text_config")
+    if isinstance(text, Mapping):  # a multimodal wrapper (Mistral 3): its text model's fields
+        cfg = {"model_type": "", **text}
     model_type = cfg.get("model_type", "")
     changes: dict[str, Any] = {}
     if model_type == "gpt2":

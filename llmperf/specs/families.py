@@ -54,9 +54,10 @@ FAMILY_FIELDS = ("norm_kind", "ffn_kind", "hidden_act", "pos_encoding", "qkv_bia
 
 _ALL = (
     Family(name="llama", description="RMSNorm, RoPE, gated FFN, untied head (Llama 1-4, Mistral, Mixtral, "
-                                     "Qwen2/3, Qwen3-Next/3.5, DeepSeek-V2/V3/V3.2, Kimi-K2/K2.5, "
-                                     "GLM-4.5/4.7-Flash/5, MiniMax-M2, SmolLM3, Seed-OSS, OLMo 2/3, EXAONE 4, "
-                                     "ERNIE 4.5, gpt-oss, Gemma 2/3, Granite 3 and 4, Bamba)",
+                                     "Qwen2/3, Qwen2-MoE, Qwen3-Next/3.5, DeepSeek-V2/V3/V3.2, Kimi-K2/K2.5, "
+                                     "GLM-4.5/4.7-Flash/5, MiniMax-M2, SmolLM3, Seed-OSS, OLMo 2/3, OLMoE, EXAONE 4, "
+                                     "ERNIE 4.5, Ministral 3, Phi-3, GLM-4, Command R7B/A, gpt-oss, Gemma 1/2/3, "
+                                     "Granite 3 and 4, Bamba)",
            norm_kind="rmsnorm", ffn_kind="swiglu", hidden_act="silu", pos_encoding="rope",
            qkv_bias=False, out_bias=False, mlp_bias=False, tied_embeddings=False,
            hf_model_types=("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2",
@@ -64,7 +65,8 @@ _ALL = (
                            "gemma3_text", "gemma4_text", "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
                            "glm_moe_dsa", "glm4_moe_lite", "minimax_m2", "smollm3", "seed_oss", "olmo2", "olmo3",
                            "exaone4", "ernie4_5_moe", "granite", "granitemoe", "granitemoeshared",
-                           "granitemoehybrid", "bamba")),
+                           "granitemoehybrid", "bamba",
+                           "ministral3", "phi3", "glm4", "cohere2", "gemma", "qwen2_moe", "olmoe")),
     Family(name="gpt2", description="LayerNorm, learned positions, GELU MLP, biases, tied head",
            norm_kind="layernorm", ffn_kind="gelu", hidden_act="gelu_new", pos_encoding="learned",
            qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True, hf_model_types=("gpt2",)),

@@ -3,8 +3,9 @@ mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, dee
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
 gemma2, gemma3_text, gemma4_text, nemotron_h, granite, granitemoe, granitemoeshared, granitemoehybrid, bamba,
-and the text model of the multimodal llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 checkpoints (read from
-`text_config`; the vision and audio towers are not modelled).
+ministral3, phi3, glm4, cohere2, gemma, qwen2_moe, olmoe, and the text model of the multimodal llama4 / gemma3 /
+gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the vision and audio towers are
+not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -415,6 +416,46 @@ def _qwen3_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _routing_values(cfg, out, scoring="softmax", groups=False)
     _top_k(cfg, out)
     _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
+
+
+def _qwen2_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Qwen1.5-MoE / Qwen2-MoE: Qwen2's attention (q/k/v biases from `qkv_bias`, none on o_proj); layer i is MoE
+    unless listed in `mlp_only_layers`, and iff (i + 1) % decoder_sparse_step == 0 (dense layers use
+    intermediate_size); one shared expert of shared_expert_intermediate_size behind a sigmoid gate; softmax
+    routing, renormalised with norm_topk_prob. With use_sliding_window, layer i slides iff i is even and below
+    max_window_layers (Qwen2MoeConfig's `layer_types`, where not given)."""
+    out["qkv_bias"], out["out_bias"] = cfg.flag("qkv_bias"), False
+    n = out["num_layers"]
+    window = cfg.get("sliding_window") if cfg.flag("use_sliding_window") else None
+    first = _int(cfg, "max_window_layers", cfg.get("max_window_layers"))
+    default = ["sliding_attention" if window is not None and (i + 1) % 2 and i < first else "full_attention"
+               for i in range(n)]
+    _set_layer_types(cfg, out, default, window)
+    dense = set(_index_list(cfg, "mlp_only_layers", n))
+    step = _positive(cfg, "decoder_sparse_step")
+    out.update(shared_experts=1, shared_ffn_size=_positive(cfg, "shared_expert_intermediate_size"),
+               shared_expert_gate=True)
+    _routing_values(cfg, out, scoring="softmax", groups=False)
+    _top_k(cfg, out)
+    _dense_layers(out, lambda i: i not in dense and (i + 1) % step == 0)
+
+
+def _olmoe_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """OLMoE: q and k each RMS-normed across all their heads (`rmsnorm_across_heads`, after the projections and
+    before the rotation, with input norms as Llama's; under tensor parallelism gathered whole first, as vLLM's
+    `OlmoeAttention._apply_qk_norm` runs it: `qk_norm_gathered`), q/k/v/o biases from attention_bias, every layer
+    a mixture of intermediate_size experts routed by softmax (renormalised with norm_topk_prob), no shared expert.
+    `clip_qkv` (q, k and v clamped) is refused by name; head_dim is hidden / heads (its q norm spans hidden)."""
+    _biases(cfg, out)
+    clip = cfg.get("clip_qkv", None)
+    if clip is not None:
+        raise cfg.refuse("clip_qkv", clip, "the clamp of q, k and v is not built")
+    head_dim = out["hidden_size"] // out["num_heads"]
+    if out.get("head_dim") not in (None, head_dim):
+        raise cfg.refuse("head_dim", out["head_dim"], f"OLMoE's q norm spans hidden_size: head_dim is {head_dim}")
+    out.update(qk_norm="rmsnorm_across_heads", qk_norm_gathered=True)
+    _routing_values(cfg, out, scoring="softmax", groups=False)
+    _top_k(cfg, out)
 
 
 def _mla_extra(cfg: _Config, out: dict[str, Any]) -> None:
@@ -1027,6 +1068,117 @@ def _llama4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _dense_layers(out, lambda i: i in moe)
 
 
+#: Ministral3Config's rope_parameters when it has none (transformers 5.24; its top-level rope_theta is then unused)
+_MINISTRAL3_ROPE = MappingProxyType({
+    "rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0, "original_max_position_embeddings": 16384,
+    "max_position_embeddings": 262144, "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1})
+
+
+def _ministral3_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Ministral 3: Mistral's layers (a sliding window on every layer where one is set) whose queries, once
+    rotated, are scaled by 1 + beta * log(1 + floor(position / original_max_position_embeddings)) in every layer
+    (`query_log_scale`; beta: rope_parameters' `llama_4_scaling_beta`). Without rope_parameters (or rope_scaling)
+    the config class's own yarn rope, whatever a top-level rope_theta says (refused when it differs)."""
+    if not cfg.has("rope_parameters") and not cfg.has("rope_scaling"):
+        theta = cfg.get("rope_theta", None)
+        if theta is not None and theta != _MINISTRAL3_ROPE["rope_theta"]:
+            raise cfg.refuse("rope_theta", theta, "without rope_parameters transformers' Ministral3Config builds "
+                             f"its default yarn rope of rope_theta {_MINISTRAL3_ROPE['rope_theta']:g}")
+        scaling = dict(_MINISTRAL3_ROPE)
+        out["rope_theta"] = scaling.pop("rope_theta")
+        out["rope_scaling"] = scaling
+    scaling = out.get("rope_scaling") or {}
+    where = "rope_parameters" if cfg.has("rope_parameters") else "rope_scaling"
+    for key in ("llama_4_scaling_beta", "original_max_position_embeddings"):
+        if scaling.get(key) is None:  # transformers' Ministral3Attention reads both
+            raise SpecError(f"{cfg.origin}: missing field '{where}.{key}' (Ministral 3's query scaling reads it)")
+    beta = _number(cfg, f"{where}.llama_4_scaling_beta", scaling["llama_4_scaling_beta"])
+    interval = _positive_number(cfg, f"{where}.original_max_position_embeddings",
+                                scaling["original_max_position_embeddings"])
+    if beta < 0:
+        raise SpecError(f"{cfg.origin}: {where}.llama_4_scaling_beta must be >= 0, got {beta!r}")
+    out["query_log_scale"] = (beta, interval) if beta else None
+    out["rope_scaling"] = {k: v for k, v in scaling.items() if k != "llama_4_scaling_beta"}  # not the rotation's
+
+
+def _phi3_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Phi-3 / Phi-4-mini: Mistral's layers (a sliding window on every layer where one is set) with q/k/v and
+    gate/up fused in the checkpoint (the same GEMMs), partial rotary positions (`partial_rotary_factor`), no
+    biases; transformers reads a rope type of `su` or `yarn` as `longrope` (its short and long factors kept in
+    `rope_scaling`; the engine refuses it by name)."""
+    out["qkv_bias"] = out["out_bias"] = False
+    _partial_rotary(cfg, out)
+    scaling = out.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind in ("su", "yarn"):  # Phi3Config.convert_rope_params_to_dict
+            kind = "longrope"
+            out["rope_scaling"] = {**{k: v for k, v in scaling.items() if k != "type"}, "rope_type": kind}
+        if kind != "longrope":
+            raise cfg.refuse("rope_scaling.rope_type", kind, "Phi3Config takes default or longrope")
+        head_dim = out.get("head_dim") or out["hidden_size"] // out["num_heads"]
+        for key in ("short_factor", "long_factor"):
+            factors = scaling.get(key)
+            if not isinstance(factors, list) or len(factors) != out["rotary_dim"] // 2:
+                raise SpecError(f"{cfg.origin}: rope_scaling.{key} must list rotary_dim / 2 = "
+                                f"{out['rotary_dim'] // 2} factors (head_dim {head_dim}), got {factors!r}")
+        if scaling.get("original_max_position_embeddings") is None:
+            out["rope_scaling"] = {**out["rope_scaling"], "original_max_position_embeddings":
+                                   _positive(cfg, "original_max_position_embeddings")}
+
+
+def _glm4_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """GLM-4-0414 (`glm4`): q/k/v biases from attention_bias (none on o_proj), a norm after attention and after
+    the MLP besides the two before them (`sandwich_norms`, plain RMSNorms), partial rotary positions over
+    adjacent pairs (`partial_rotary_factor`, default 0.5), gate/up fused in the checkpoint (the same GEMMs)."""
+    _biases(cfg, out, out_proj=False)
+    out.update(sandwich_norms=True, rope_interleaved=True)
+    _partial_rotary(cfg, out)
+
+
+def _cohere2_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Command R7B / Command A (`cohere2`): attention and the FFN side by side from one LayerNorm without a bias
+    (`shared_input_norm`, `layernorm_no_bias`), q/k/v/o biases from attention_bias, the logits times
+    `logit_scale`, a tied head by default; layer i slides iff (i + 1) % sliding_window_pattern (default 4)
+    (`layer_types` where given) and only sliding layers rotate positions, over adjacent pairs: its full layers are
+    NoPE (as transformers applies RoPE); a null sliding_window is refused. head_dim is always
+    hidden_size / num_attention_heads (Cohere2Config sets it so: another value is refused)."""
+    _biases(cfg, out)
+    out.update(norm_kind="layernorm_no_bias", shared_input_norm=True, rope_interleaved=True)
+    head_dim = out["hidden_size"] // out["num_heads"]
+    if out.get("head_dim") not in (None, head_dim):
+        raise cfg.refuse("head_dim", out["head_dim"], f"Cohere2Config sets it to hidden_size / num_attention_heads "
+                         f"= {head_dim}")
+    out["head_dim"] = head_dim
+    scale = cfg.get("logit_scale")
+    out["logit_scale"] = None if scale == 1 else _positive_number(cfg, "logit_scale", scale)
+    n, window = out["num_layers"], cfg.get("sliding_window")
+    pattern = _positive(cfg, "sliding_window_pattern", cfg.get("sliding_window_pattern"))
+    default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    if window is None:
+        raise cfg.refuse("sliding_window", None, "transformers' Cohere2Model builds its sliding-window mask from it "
+                         "and cannot run without one")
+    kinds = _set_layer_types(cfg, out, default, window)
+    out["nope_layers"] = tuple(i for i, t in enumerate(kinds) if t != "sliding")
+
+
+def _gemma1_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """Gemma (1): Llama's layers with GeGLU (`hidden_act`; GemmaConfig reads a legacy `gelu` as
+    gelu_pytorch_tanh), RMSNorms that multiply by 1 + weight, sqrt(hidden)-scaled embeddings, q/k/v/o biases
+    from attention_bias, a tied head by default; bidirectional attention (an encoder) and a `hidden_activation`
+    that disagrees (transformers 5 ignores it) are refused by name."""
+    _biases(cfg, out)
+    if out["hidden_act"] == "gelu":
+        out["hidden_act"] = "gelu_pytorch_tanh"
+    out.update(embedding_scale=True, norm_offset=True)
+    legacy = cfg.get("hidden_activation", None)
+    if legacy is not None and legacy != out["hidden_act"]:
+        raise cfg.refuse("hidden_activation", legacy, f"GemmaConfig computes with hidden_act={out['hidden_act']!r}")
+    if cfg.flag("use_bidirectional_attention"):
+        raise cfg.refuse("use_bidirectional_attention", True, "an encoder, not a causal LM")
+
+
 def _gemma_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """Gemma 2 / 3: GeGLU (a gated 3-matrix FFN), four norms per layer (sandwich), sqrt(hidden)-scaled
     embeddings, tied head; Gemma 2 soft-caps attention scores and logits and alternates sliding / full
@@ -1147,6 +1299,60 @@ _TYPES = (
                 required=_LLAMA_REQUIRED,
                 defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 8, "sliding_window": 4096},
                 sliding_window="all"),
+    HFModelType(model_type="ministral3", family="llama", architectures=("Ministral3ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 14336,
+                          "num_hidden_layers": 34, "num_attention_heads": 32, "num_key_value_heads": 8,
+                          "head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-5},
+                sliding_window="all", extra=_ministral3_extra),
+    HFModelType(model_type="phi3", family="llama", architectures=("Phi3ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
+                          "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 4096,
+                          "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+                          "partial_rotary_factor": 1.0},
+                sliding_window="all", extra=_phi3_extra),
+    HFModelType(model_type="glm4", family="llama", architectures=("Glm4ForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
+                          "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+                          "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
+                          "attention_bias": True, "partial_rotary_factor": 0.5},
+                extra=_glm4_extra),
+    HFModelType(model_type="cohere2", family="llama", architectures=("Cohere2ForCausalLM",),
+                keys={**_LLAMA_KEYS, "norm_eps": "layer_norm_eps"}, required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
+                          "num_hidden_layers": 40, "num_attention_heads": 64, "max_position_embeddings": 8192,
+                          "layer_norm_eps": 1e-5, "tie_word_embeddings": True, "attention_bias": False,
+                          "sliding_window": 4096, "sliding_window_pattern": 4, "logit_scale": 0.0625},
+                sliding_window="layers", extra=_cohere2_extra),
+    HFModelType(model_type="gemma", family="llama", architectures=("GemmaForCausalLM",), keys=_LLAMA_KEYS,
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
+                          "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+                          "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192,
+                          "tie_word_embeddings": True, "attention_bias": False},
+                extra=_gemma1_extra),
+    HFModelType(model_type="qwen2_moe", family="llama", architectures=("Qwen2MoeForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                      "moe_ffn_size": "moe_intermediate_size"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+                          "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+                          "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 4096,
+                          "max_window_layers": 28, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+                          "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+                          "norm_topk_prob": False, "qkv_bias": True},
+                sliding_window="layers", extra=_qwen2_moe_extra),
+    HFModelType(model_type="olmoe", family="llama", architectures=("OlmoeForCausalLM",),
+                keys={**_LLAMA_KEYS, "num_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+                      "moe_ffn_size": "intermediate_size"},
+                required=_LLAMA_REQUIRED,
+                defaults={**_LLAMA_DEFAULTS, "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048,
+                          "num_hidden_layers": 16, "num_attention_heads": 16, "max_position_embeddings": 4096,
+                          "rms_norm_eps": 1e-5, "attention_bias": False, "num_experts_per_tok": 8,
+                          "num_experts": 64, "norm_topk_prob": False},
+                extra=_olmoe_extra),
     HFModelType(model_type="mixtral", family="llama", architectures=("MixtralForCausalLM",),
                 keys={**_LLAMA_KEYS, "num_experts": "num_local_experts",
                       "experts_per_token": "num_experts_per_tok"},
@@ -1359,13 +1565,20 @@ _TEXT_CONFIG_TYPES: Mapping[str, str] = MappingProxyType({"llama4": "llama4_text
                                                           "gemma4": "gemma4_text",
                                                           "qwen3_5": "qwen3_5_text",
                                                           "qwen3_5_moe": "qwen3_5_moe_text",
-                                                          "kimi_k25": "deepseek_v3"})
+                                                          "kimi_k25": "deepseek_v3", "mistral3": "mistral"})
 #: other text model types a wrapper's `text_config` may name (Kimi K2.5's hub config says kimi_k2, which
 #: transformers reads as deepseek_v3)
-_TEXT_CONFIG_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType({"kimi_k25": ("kimi_k2",)})
+_TEXT_CONFIG_ALIASES: Mapping[str, tuple[str, ...]] = MappingProxyType({"kimi_k25": ("kimi_k2",),
+                                                                         "mistral3": ("ministral3",)})
 #: wrappers whose head is tied by the outer config's tie_word_embeddings (its class default when absent),
 #: whatever text_config says: transformers ties Kimi K2.5's lm_head to the embedding so
-_TIED_BY_WRAPPER: Mapping[str, bool] = MappingProxyType({"kimi_k25": True})
+_TIED_BY_WRAPPER: Mapping[str, bool] = MappingProxyType({"kimi_k25": True, "mistral3": True})
+#: a wrapper's text model when it has no `text_config`: the outer config class's own (Mistral3Config's
+#: sub-config defaults, transformers 5.24), not the text config class's defaults
+_TEXT_CONFIG_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({"mistral3": MappingProxyType(dict(
+    model_type="mistral", vocab_size=131072, hidden_size=5120, intermediate_size=32768, num_hidden_layers=40,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_act="silu", max_position_embeddings=131072,
+    rms_norm_eps=1e-5, rope_theta=1e9, sliding_window=None))})
 
 #: fields refused when present with a value other than the neutral one(s) listed
 _NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType({
@@ -1402,7 +1615,7 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        "mamba_ssm_dtype", "attn_output_gate", "mtp_num_hidden_layers", "index_head_dim", "mlp_layer_types",
        "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "rotary_dim",
        "attention_out_bias", "use_bias", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval",
-       "moe_norm_min", "moe_num_shared_experts",
+       "moe_norm_min", "moe_num_shared_experts", "logit_scale", "clip_qkv",
        # Nemotron-H (its extra function; legacy spellings too)
        "layers_block_type", "hybrid_override_pattern", "residual_in_fp32", "moe_latent_size", "mamba_hidden_act",
        "mamba_ssm_cache_dtype", *_NEMOTRON_LEGACY.values(), "num_hidden_layers",
@@ -1453,6 +1666,11 @@ def _rope(cfg: _Config, spec_type: HFModelType) -> dict[str, Any]:
     if scaling is not None and not isinstance(scaling, Mapping):
         raise SpecError(f"{cfg.origin}: {key} must be a mapping, got {scaling!r}")
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    kind = "longrope" if kind == "su" and spec_type.model_type == "phi3" else kind  # Phi3Config's renaming
+    if (scaling or {}).get("llama_4_scaling_beta") and spec_type.model_type != "ministral3":
+        raise cfg.refuse(f"{key}.llama_4_scaling_beta", scaling["llama_4_scaling_beta"],
+                         f"Ministral 3's query scaling is read for ministral3 only; transformers' "
+                         f"{spec_type.model_type} ignores it")
     if kind not in ROPE_TYPES:
         raise cfg.refuse(f"{key}.rope_type", kind, f"supported: {', '.join(ROPE_TYPES)}")
     default_theta = cfg.get("rotary_emb_base", 10000.0) if spec_type.model_type == "gpt_neox" else 10000.0
@@ -1767,7 +1985,7 @@ def _read_text_config(data: Mapping[str, Any], name: str, origin: str) -> tuple[
     outer = data["model_type"]
     text = data.get("text_config")
     if text is None:
-        text = {}
+        text = dict(_TEXT_CONFIG_DEFAULTS.get(outer, {}))
     if not isinstance(text, Mapping):
         raise SpecError(f"{origin}: text_config must be a mapping, got {text!r}")
     inner = text.get("model_type", _TEXT_CONFIG_TYPES[outer])

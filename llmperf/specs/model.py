@@ -23,7 +23,7 @@ from llmperf.specs.precision import dtype_bytes, normalize_dtype
 from llmperf.specs.quantization import QuantizationSpec
 
 FFN_KINDS = ("gelu", "relu", "swiglu")  # gelu/relu: two matrices (up, down); swiglu: gate, up, down
-NORM_KINDS = ("rmsnorm", "layernorm")
+NORM_KINDS = ("rmsnorm", "layernorm", "layernorm_no_bias")  # the last: Cohere's LayerNorm, a weight and no bias
 POS_ENCODINGS = ("rope", "learned")
 FAMILIES = tuple(_FAMILY_DESCRIPTIONS)  # the names; the descriptions are in llmperf.specs.families
 
@@ -144,6 +144,9 @@ class ModelSpec:
     final_softcap: float | None = None  # Gemma 2: the same on the logits
     sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP too (4 per layer)
     post_norm: bool = False  # OLMo 2/3: each sublayer's output normed before its residual add, no input norms
+    shared_input_norm: bool = False  # Cohere: attention and the FFN both read one norm of the layer input (one norm a
+    # layer, no mlp_norm) and both outputs join its residual
+    logit_scale: float | None = None  # Cohere: the logits times this
     embedding_scale: bool = False  # Gemma: the embedding is multiplied by sqrt(hidden_size)
     mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint (not built, not counted)
     # `linear` layers: Gated DeltaNet (Yang et al. 2024, arXiv:2412.06464) or Mamba-2 (Dao and Gu 2024,
@@ -194,6 +197,9 @@ class ModelSpec:
     rope_interleaved: bool = False  # DeepSeek, Llama 4: rotary pairs are adjacent features (2i, 2i+1)
     rope_local_theta: float | None = None  # Gemma 3: the sliding layers' rotary base, without rope_scaling
     nope_temperature: tuple[float, float] | None = None  # Llama 4: (floor_scale, attn_scale) on NoPE layers
+    # Ministral 3: (beta, interval): every layer's queries, once rotated, times 1 + beta * log(1 + floor(position /
+    # interval)) (its rope_parameters' llama_4_scaling_beta and original_max_position_embeddings)
+    query_log_scale: tuple[float, float] | None = None
     attn_scale: bool = True  # divide attention logits by sqrt(head_dim) (GPT-2 scale_attn_weights)
     attn_scale_inverse_layer_idx: bool = False  # also by layer_idx + 1 (GPT-2 scale_attn_by_inverse_layer_idx)
     # Granite (granite, granitemoe, granitemoeshared, granitemoehybrid): four scalars; the embedding, each sublayer's
@@ -543,12 +549,12 @@ class ModelSpec:
     @property
     def norms_per_layer(self) -> int:
         """Hidden-size norms per layer: before attention and MLP (+ after each: Gemma's sandwich)."""
-        return 4 if self.sandwich_norms else 2
+        return 4 if self.sandwich_norms else 1 if self.shared_input_norm else 2
 
     def layer_norms(self, kind: LayerKind) -> int:
         """Hidden-size norms in a layer of `kind`: `norms_per_layer`, less the one of a sublayer it lacks
         (Nemotron-H's layers of one sublayer have one)."""
-        return self.norms_per_layer - (not kind.ffn) - (kind.attention == "none")
+        return self.norms_per_layer - (not kind.ffn and not self.shared_input_norm) - (kind.attention == "none")
 
     def layer_params(self, kind: LayerKind) -> int:
         """Parameters of one layer of `kind` (attention, its FFN, its norms; a layer of one sublayer has its
@@ -658,11 +664,11 @@ class ModelSpec:
     @property
     def plain_llama_layers(self) -> bool:
         """The plain Llama structure: uniform layers and nothing of today's models (MLA, a QK norm,
-        sinks, soft-caps, sandwich or post norms, Gemma's norm offset and query scalar, interleaved or skipped
-        rotary positions, layers of several kinds, Granite's residual multiplier)."""
+        sinks, soft-caps, sandwich, post or shared norms, Gemma's norm offset and query scalar, Ministral 3's query
+        scale, interleaved or skipped rotary positions, layers of several kinds, Granite's residual multiplier)."""
         return (self.uniform_layers and not self.is_mla and self.qk_norm is None and not self.attn_sinks
                 and self.attn_softcap is None and not self.sandwich_norms and not self.post_norm
-                and not self.norm_offset
+                and not self.norm_offset and self.query_log_scale is None and not self.shared_input_norm
                 and self.query_pre_attn_scalar is None and not self.rope_interleaved and not self.nope_layers
                 and self.layer_types is None and not self.mixer_only_layers and self.residual_multiplier == 1.0)
 
@@ -835,13 +841,17 @@ def _check_layer_structure(spec: ModelSpec) -> None:
     if spec.qk_norm is not None and spec.qk_norm not in QK_NORMS:
         raise SpecError(f"{name}: qk_norm must be one of {', '.join(QK_NORMS)} or null, got {spec.qk_norm!r}")
     for f in ("sandwich_norms", "post_norm", "embedding_scale", "attn_sinks", "shared_expert_gate", "router_bias",
-              "router_score_bias"):
+              "router_score_bias", "shared_input_norm"):
         if not isinstance(getattr(spec, f), bool):
             raise SpecError(f"{name}: {f} must be true or false, got {getattr(spec, f)!r}")
     if spec.post_norm and spec.sandwich_norms:
         raise SpecError(f"{name}: post_norm (norms after each sublayer only) excludes sandwich_norms (before and "
                         "after)")
-    for f in ("attn_softcap", "final_softcap"):
+    if spec.shared_input_norm and (spec.post_norm or spec.sandwich_norms or spec.parallel_residual
+                                   or spec.mixer_only_layers):
+        raise SpecError(f"{name}: shared_input_norm (one norm before attention and the FFN side by side) excludes "
+                        "post_norm, sandwich_norms, parallel_residual and layers of one sublayer")
+    for f in ("attn_softcap", "final_softcap", "logit_scale"):
         if getattr(spec, f) is not None:
             _positive_number(name, f, getattr(spec, f))
     _check_global_attention(spec)
@@ -1020,3 +1030,12 @@ def _check_numerics(spec: ModelSpec) -> None:
             raise SpecError(f"{name}: nope_temperature must be [floor_scale, attn_scale], got {t!r}")
         _positive_number(name, "nope_temperature.floor_scale", t[0])
         _positive_number(name, "nope_temperature.attn_scale", t[1])
+    q = spec.query_log_scale
+    if isinstance(q, list):
+        q = tuple(q)
+        object.__setattr__(spec, "query_log_scale", q)
+    if q is not None:
+        if not isinstance(q, tuple) or len(q) != 2:
+            raise SpecError(f"{name}: query_log_scale must be [beta, interval], got {q!r}")
+        _positive_number(name, "query_log_scale.beta", q[0])
+        _positive_number(name, "query_log_scale.interval", q[1])

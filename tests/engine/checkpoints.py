@@ -37,14 +37,16 @@ ENGINES = {
 }
 
 
-def saved_checkpoint(cfg: dict[str, Any], path: Path, *, seed: int = 0, noise: float = 0.05):
+def saved_checkpoint(cfg: dict[str, Any], path: Path, *, seed: int = 0, noise: float = 0.05,
+                     auto_class: str = "AutoModelForCausalLM"):
     """A `transformers` model from the config dict `cfg` (`model_type` included), its weights moved off
     the init's zeros and ones by seeded noise so every tensor matters, saved to `path` as a checkpoint
-    (config.json + model.safetensors) with no EOS of its own. Returns the fp32 model in eval mode."""
+    (config.json + model.safetensors) with no EOS of its own. Returns the fp32 model in eval mode.
+    `auto_class`: the transformers auto class that builds it (a multimodal wrapper's own)."""
     import transformers
 
     torch.manual_seed(seed)
-    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg),
+    hf = getattr(transformers, auto_class).from_config(transformers.AutoConfig.for_model(**cfg),
                                                        dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

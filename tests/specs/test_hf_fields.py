@@ -299,7 +299,8 @@ def test_every_supported_type_described_once():
                                    "qwen3_5_moe_text", "glm_moe_dsa", "glm4_moe_lite",
                                    "minimax_m2", "smollm3", "seed_oss", "olmo2", "olmo3",
                                    "exaone4", "ernie4_5_moe", "gemma4_text", "nemotron_h",
-                                   "granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "bamba"}
+                                   "granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "bamba",
+                                   "ministral3", "phi3", "glm4", "cohere2", "gemma", "qwen2_moe", "olmoe"}
     for t in HF_MODEL_TYPES.values():
         assert set(t.required) <= set(t.keys.values()) | {"ffn_dim"}
         assert t.architectures and all(a.endswith(("ForCausalLM", "LMHeadModel")) for a in t.architectures)
