@@ -1021,21 +1021,15 @@ def _check_numerics(spec: ModelSpec) -> None:
     if spec.attention_multiplier is not None and (spec.query_pre_attn_scalar is not None or spec.is_mla):
         raise SpecError(f"{name}: attention_multiplier (the softmax scale) is not defined with "
                         f"{'multi-head latent attention' if spec.is_mla else 'query_pre_attn_scalar'}")
-    t = spec.nope_temperature
-    if isinstance(t, list):
-        t = tuple(t)
-        object.__setattr__(spec, "nope_temperature", t)
-    if t is not None:
+    # Llama 4's NoPE temperature and Ministral 3's query scale: a pair of positive numbers each
+    for f, parts in (("nope_temperature", ("floor_scale", "attn_scale")), ("query_log_scale", ("beta", "interval"))):
+        t = getattr(spec, f)
+        if isinstance(t, list):
+            t = tuple(t)
+            object.__setattr__(spec, f, t)
+        if t is None:
+            continue
         if not isinstance(t, tuple) or len(t) != 2:
-            raise SpecError(f"{name}: nope_temperature must be [floor_scale, attn_scale], got {t!r}")
-        _positive_number(name, "nope_temperature.floor_scale", t[0])
-        _positive_number(name, "nope_temperature.attn_scale", t[1])
-    q = spec.query_log_scale
-    if isinstance(q, list):
-        q = tuple(q)
-        object.__setattr__(spec, "query_log_scale", q)
-    if q is not None:
-        if not isinstance(q, tuple) or len(q) != 2:
-            raise SpecError(f"{name}: query_log_scale must be [beta, interval], got {q!r}")
-        _positive_number(name, "query_log_scale.beta", q[0])
-        _positive_number(name, "query_log_scale.interval", q[1])
+            raise SpecError(f"{name}: {f} must be [{', '.join(parts)}], got {t!r}")
+        for part, value in zip(parts, t):
+            _positive_number(name, f"{f}.{part}", value)
