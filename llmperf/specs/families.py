@@ -63,7 +63,7 @@ _ALL = (
                            "deepseek_v2", "deepseek_v32", "glm4_moe", "gpt_oss", "llama4_text", "gemma2",
                            "gemma3_text", "gemma4_text", "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
                            "glm_moe_dsa", "glm4_moe_lite", "minimax_m2", "smollm3", "seed_oss", "olmo2", "olmo3",
-                           "exaone4", "ernie4_5_moe")),
+                           "exaone4", "ernie4_5_moe", "deepseek_v4")),
     Family(name="gpt2", description="LayerNorm, learned positions, GELU MLP, biases, tied head",
            norm_kind="layernorm", ffn_kind="gelu", hidden_act="gelu_new", pos_encoding="learned",
            qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True, hf_model_types=("gpt2",)),

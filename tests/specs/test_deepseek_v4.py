@@ -1,0 +1,137 @@
+"""DeepSeek-V4 (`deepseek_v4`): read from its config.json (the class's defaults for absent keys, the legacy keys
+DeepseekV4Config folds in) into a spec whose parameters are exactly what transformers' DeepseekV4ForCausalLM
+builds plus the persistent buffers its checkpoint holds (the scored layers' e_score_correction_bias, the hash
+layers' tid2eid table), on the meta device at the class's default shape and on tiny structures of our own;
+what transformers builds otherwise than the config says is refused by name. Pricing it is refused by name
+(its compressed attention, hyper-connections and hash routing are not priced), and so is the engine."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from llmperf.errors import SpecError
+from llmperf.specs import ModelSpec
+from llmperf.specs.hf import HF_CONFIG_FIELDS, HF_REFUSED_FIELDS, model_spec_from_hf_config, read_hf_config
+from tests.analysis.model_checks import checkpoint_count, hf_model
+
+#: a tiny structure of our own: each attention kind, two hash-routed layers, three residual streams
+TINY = dict(model_type="deepseek_v4", vocab_size=300, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=5,
+            num_attention_heads=4, head_dim=32, q_lora_rank=48, n_routed_experts=8, num_experts_per_tok=2,
+            o_groups=2, o_lora_rank=24, index_n_heads=2, index_head_dim=16, index_topk=3, sliding_window=8,
+            hc_mult=3, hc_sinkhorn_iters=5, max_position_embeddings=512,
+            layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                         "compressed_sparse_attention", "sliding_attention"],
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+            mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe", "moe"])
+_LEGACY = {k: v for k, v in TINY.items() if k not in ("layer_types", "compress_rates", "mlp_layer_types")}
+STRUCTURES = {
+    "tiny": TINY,
+    # the legacy keys DeepseekV4Config's __post_init__ folds in
+    "legacy": dict(_LEGACY, compress_ratios=[128, 4, 0, 4, 128], compress_rate_csa=8, compress_rate_hca=32,
+                   num_hash_layers=1, qk_rope_head_dim=8),
+    "default-schedule": dict(_LEGACY, num_hidden_layers=6),  # two hca, then hca / csa; three hash layers
+    "sliding-only": dict(_LEGACY, layer_types=["sliding_attention"] * 5, hc_mult=1),
+    "all-hash-tied": dict(_LEGACY, mlp_layer_types=["hash_moe"] * 5, tie_word_embeddings=True, o_groups=4),
+    "longer-lists": dict(TINY, num_hidden_layers=3),  # transformers keeps the first num_hidden_layers entries
+}
+
+
+def read(cfg: dict) -> ModelSpec:
+    return model_spec_from_hf_config(json.loads(json.dumps(cfg)), name="t")
+
+
+def test_the_class_default_shape_is_exact():
+    transformers = pytest.importorskip("transformers")
+    full = transformers.AutoConfig.for_model("deepseek_v4").to_dict()
+    spec, bare = read(full), read({"model_type": "deepseek_v4"})
+    assert spec.param_count == bare.param_count == checkpoint_count(hf_model({"model_type": "deepseek_v4"}))
+    kinds = spec.layer_types
+    assert (kinds[:3], kinds.count("csa"), kinds.count("hca"), "sliding" in kinds) == (("hca",) * 3, 20, 23, False)
+    assert spec.hash_moe_layers == (0, 1, 2) and spec.num_moe_layers == 43 and spec.shared_experts == 1
+    assert (spec.num_kv_heads, spec.head_dim, spec.rotary_dim, spec.sliding_window) == (1, 512, 64, 128)
+    assert (spec.csa_rate, spec.hca_rate, spec.hc_mult, spec.hc_sinkhorn_iters) == (4, 128, 4, 20)
+    assert (spec.router_scoring, spec.router_scale, spec.mtp_layers, spec.attn_sinks) == ("sqrtsoftplus", 1.5, 1, True)
+
+
+@pytest.mark.parametrize("name", sorted(STRUCTURES))
+def test_tiny_structures_are_exact(name):
+    cfg = STRUCTURES[name]
+    spec = read(cfg)
+    model = hf_model(cfg)
+    assert spec.param_count == checkpoint_count(model)
+    c = model.config
+    names = {"sliding_attention": "sliding", "compressed_sparse_attention": "csa",
+             "heavily_compressed_attention": "hca"}
+    assert list(spec.layer_types) == [names[t] for t in c.layer_types]
+    assert spec.hash_moe_layers == tuple(i for i, t in enumerate(c.mlp_layer_types) if t == "hash_moe")
+    assert spec.rotary_dim == c.qk_rope_head_dim
+    assert spec.tied_embeddings == (model.lm_head.weight is model.model.embed_tokens.weight)
+    for kind, rate in (("csa", "compressed_sparse_attention"), ("hca", "heavily_compressed_attention")):
+        assert getattr(spec, f"{kind}_rate") == (c.compress_rates[rate] if kind in spec.layer_types else None)
+
+
+def test_the_counted_buffers_are_the_checkpoints():
+    """The persistent buffers: a scored layer's correction bias (one fp32 an expert), a hash layer's token table
+    (vocab x top-k); the rotary tables are not saved."""
+    model = hf_model(TINY)
+    saved = {n for n in model.state_dict() if not any(n == p for p, _ in model.named_parameters())}
+    assert {n.split(".", 3)[3] for n in saved} == {"mlp.gate.e_score_correction_bias", "mlp.gate.tid2eid"}
+    spec = read(TINY)
+    hashed, scored = (next(k for k in spec.layer_kinds() if k.hash_router == h) for h in (True, False))
+    assert spec.router_table_params(hashed) == 300 * 2 - 8 and spec.router_table_params(scored) == 0
+
+
+def test_saved_by_transformers_reads_back(tmp_path):
+    for name in ("tiny", "legacy"):
+        hf_model(STRUCTURES[name]).config.save_pretrained(tmp_path / name)
+        back, spec = ModelSpec.from_hf_config(tmp_path / name), read(STRUCTURES[name])
+        assert back.param_count == spec.param_count and back.layer_kinds() == spec.layer_kinds()
+        assert (back.rotary_dim, back.rope_theta) == (spec.rotary_dim, spec.rope_theta)
+        _, keys = read_hf_config(json.loads((tmp_path / name / "config.json").read_text()), "t", "config")
+        assert keys <= set(HF_CONFIG_FIELDS) | set(HF_REFUSED_FIELDS), keys - set(HF_CONFIG_FIELDS)
+
+
+def test_every_key_of_the_tiny_configs_is_read():
+    for cfg in STRUCTURES.values():
+        _, keys = read_hf_config(json.loads(json.dumps(cfg)), "t", "config")
+        assert keys <= set(HF_CONFIG_FIELDS) | set(HF_REFUSED_FIELDS), keys - set(HF_CONFIG_FIELDS)
+        assert set(cfg) <= keys, set(cfg) - keys
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"num_key_value_heads": 2}, "num_key_value_heads=2 is not modelled (transformers builds one shared K = V head)"),
+    ({"attention_bias": True}, "attention_bias=True is not modelled"),
+    ({"mlp_bias": True}, "mlp_bias=True is not modelled"),
+    ({"n_shared_experts": 2}, "n_shared_experts=2 is not modelled"),
+    ({"expert_dtype": "fp4"}, "expert_dtype='fp4' is not modelled"),
+    ({"quantization_config": {"quant_method": "fp8", "expert_dtype": "fp4"}}, "expert_dtype='fp4' is not modelled"),
+    ({"layer_types": ["sliding_attention"] * 4}, "layer_types must list num_hidden_layers=5 entries"),
+    ({"layer_types": ["full_attention"] * 5}, "layer_types holds 'full_attention'"),
+    ({"layer_types": None, "compress_ratios": [0, 8, 0, 0, 0]}, "compress_ratios must list"),
+    ({"mlp_layer_types": ["dense"] * 5}, "mlp_layer_types holds 'dense'"),
+    ({"compress_rates": {"compressed_sparse_attention": 4}}, "compress_rates has no rate for the "
+                                                             "heavily_compressed_attention layers"),
+    ({"scoring_func": "relu"}, "scoring_func='relu' is not modelled"),
+    ({"rope_parameters": {"rope_type": "ntk"}}, "rope_parameters.compress.rope_type='ntk' is not modelled"),
+    ({"o_groups": 3}, "o_groups=3 does not divide num_heads x head_dim=128"),
+])
+def test_refused_by_name(change, needle):
+    with pytest.raises(SpecError, match=re.escape(needle)) as info:
+        read({**TINY, **change})
+    assert "\n" not in str(info.value)
+
+
+def test_pricing_and_the_engine_refuse_it_by_name():
+    import llmperf
+    from llmperf.engine.parts import check_buildable
+
+    spec = read(TINY)
+    with pytest.raises(SpecError, match=r"o_groups=2: DeepSeek-V4's layers .* not priced"):
+        llmperf.estimate(spec, "h100-sxm", batch=1, prompt_len=16, gen_len=2)
+    with pytest.raises(SpecError, match=r"o_groups=2: DeepSeek-V4's attention is read and counted, not priced"):
+        spec.kv_cache("bf16")
+    with pytest.raises(ValueError, match="o_groups: the engine does not build DeepSeek-V4's layers"):
+        check_buildable(spec)
