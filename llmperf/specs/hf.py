@@ -774,14 +774,18 @@ def _v4_rope(cfg: _Config, out: dict[str, Any]) -> None:
     d = out["head_dim"]
     factor = cfg.get("partial_rotary_factor", None)
     if factor is None:
-        factor = cfg.get("qk_rope_head_dim") / d if cfg.has("qk_rope_head_dim") else 64 / 512
+        factor = _positive(cfg, "qk_rope_head_dim") / d if cfg.has("qk_rope_head_dim") else 64 / 512
     factor = _number(cfg, "partial_rotary_factor", factor)
     if not 0 < factor <= 1 or int(d * factor) < 2:
         raise SpecError(f"{cfg.origin}: partial_rotary_factor must leave at least 2 rotary features of head_dim={d}, "
                         f"got {factor!r}")
     out["rotary_dim"] = int(d * factor)
     out["rope_interleaved"] = True
-    nested = _rope_parameters(cfg) or dict(cfg.get("rope_scaling", None) or {})
+    nested = _rope_parameters(cfg)
+    if not nested and cfg.has("rope_scaling"):
+        nested = cfg.get("rope_scaling")
+        if not isinstance(nested, Mapping):
+            raise SpecError(f"{cfg.origin}: rope_scaling must be a mapping, got {nested!r}")
     parts = {k: v for k, v in nested.items() if k in ("main", "compress") and isinstance(v, Mapping)}
     if len(parts) < 2:  # flat: the compressed layers' scaling, the sliding layers' plain rotary
         parts = {"compress": {k: v for k, v in nested.items() if k not in ("main", "compress")}}

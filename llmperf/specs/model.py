@@ -323,7 +323,10 @@ class ModelSpec:
     def kv_width_per_token_per_layer(self) -> int:
         """Elements one token leaves in one layer's cache: 2 * kv_heads * head_dim (K and V), or for
         MLA the latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim (Gemma 4: a sliding layer's;
-        `kv_cache(...).layer_elements` gives each kind's)."""
+        `kv_cache(...).layer_elements` gives each kind's). DeepSeek-V4's cache is refused naming `o_groups`."""
+        if self.is_v4_attention:
+            raise SpecError(f"{self.name}: o_groups={self.o_groups}: DeepSeek-V4's cache (a sliding window of K = V, "
+                            "compressed entries, the indexer's keys) is not modelled yet")
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim  # type: ignore[operator]
         return 2 * self.num_kv_heads * self.head_dim

@@ -11,6 +11,8 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmperf.errors import SpecError
 from llmperf.specs import ModelSpec
@@ -124,6 +126,38 @@ def test_refused_by_name(change, needle):
     assert "\n" not in str(info.value)
 
 
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 600), st.floats(allow_nan=True, allow_infinity=True),
+                  st.text(max_size=4), st.lists(st.sampled_from([0, 4, 128, 7]), max_size=6),
+                  st.lists(st.sampled_from(["sliding_attention", "compressed_sparse_attention", "moe", "hash_moe",
+                                            "heavily_compressed_attention", "full_attention"]), max_size=6),
+                  st.dictionaries(st.sampled_from(["compressed_sparse_attention", "heavily_compressed_attention",
+                                                   "main", "compress", "rope_type", "rope_theta", "factor"]),
+                                  st.one_of(st.integers(-1, 130), st.sampled_from(["yarn", "default", "ntk"]),
+                                            st.dictionaries(st.sampled_from(["rope_type", "rope_theta"]),
+                                                            st.sampled_from(["yarn", "x", 1e4, -1]), max_size=2)),
+                                  max_size=3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(STRUCTURES)), st.data())
+def test_junk_gives_a_spec_or_one_spec_error(name, data):
+    """Junk in any key DeepSeek-V4 reads (its legacy keys too): a spec with its parameters, or one SpecError
+    line, never another exception."""
+    keys = {"expert_dtype", "quantization_config", "rope_scaling", "rope_parameters", "tie_word_embeddings"}
+    for cfg in STRUCTURES.values():
+        keys |= read_hf_config(json.loads(json.dumps(cfg)), "t", "config")[1]
+    changed = dict(STRUCTURES[name])
+    for key in data.draw(st.lists(st.sampled_from(sorted(keys - {"model_type"})), min_size=1, max_size=3,
+                                  unique=True)):
+        changed[key] = data.draw(_JUNK)
+    try:
+        spec = read(changed)
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert spec.param_count > spec.active_param_count > 0
+
+
 def test_pricing_and_the_engine_refuse_it_by_name():
     import llmperf
     from llmperf.engine.parts import check_buildable
@@ -133,5 +167,7 @@ def test_pricing_and_the_engine_refuse_it_by_name():
         llmperf.estimate(spec, "h100-sxm", batch=1, prompt_len=16, gen_len=2)
     with pytest.raises(SpecError, match=r"o_groups=2: DeepSeek-V4's attention is read and counted, not priced"):
         spec.kv_cache("bf16")
+    with pytest.raises(SpecError, match=r"o_groups=2: DeepSeek-V4's cache .* is not modelled yet"):
+        spec.kv_width_per_token_per_layer
     with pytest.raises(ValueError, match="o_groups: the engine does not build DeepSeek-V4's layers"):
         check_buildable(spec)
