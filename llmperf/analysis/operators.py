@@ -340,11 +340,7 @@ class ForwardModel:
                             f"got {self.attention_flops!r}")
         if self.mla_mode not in MLA_MODES:
             raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
-        unpriced = [f for f in ("o_groups", "hc_mult", "hash_moe_layers") if getattr(self.model, f) not in (None, ())]
-        if unpriced:  # DeepSeek-V4's attention, hyper-connections and hash routing: counted in parameters only
-            raise SpecError(f"{self.model.name}: {unpriced[0]}={getattr(self.model, unpriced[0])!r}: DeepSeek-V4's "
-                            "layers (its compressed attention, hyper-connections, hash routing) are read and "
-                            "counted, not priced: their operators and cache are not modelled yet")
+        self.model.check_priced()  # DeepSeek-V4's layers: counted in parameters only
         object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp, self.ep, self.dp_attention))
         object.__setattr__(self, "routing", measured_routing(self.model, self.ep, self.expert_load, self.eplb))
         object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.dims.attn_tp))

@@ -242,10 +242,8 @@ class KVCacheSpec:
         """The cache of `model` with elements of `kv`: a dtype name (`"fp8"`), a size in bytes
         (`0.5`), or a `Precision` (its `kv_bytes`); `window`: `"capped"` or `"full"` pages for
         sliding and chunked layers."""
-        if getattr(model, "o_groups", None) is not None:
-            raise SpecError(f"{model.name}: o_groups={model.o_groups}: DeepSeek-V4's attention is read and counted, "
-                            "not priced: its cache (a sliding window, entries compressed every csa_rate / hca_rate "
-                            "tokens, the indexer's keys) and its operators are not modelled yet")
+        if hasattr(model, "check_priced"):
+            model.check_priced()  # DeepSeek-V4's cache: refused by name
         if isinstance(kv, str):
             element = dtype_bytes(kv)
         elif hasattr(kv, "kv_bytes"):

@@ -158,16 +158,36 @@ def test_junk_gives_a_spec_or_one_spec_error(name, data):
         assert spec.param_count > spec.active_param_count > 0
 
 
+def test_the_commands_refuse_a_saved_config_by_name(tmp_path):
+    """`llmperf estimate`, `simulate` and `plan` on transformers' own save of the config: exit 2 and the one line
+    naming o_groups, no traceback."""
+    from typer.testing import CliRunner
+
+    from llmperf.cli import app
+
+    hf_model(TINY).config.save_pretrained(tmp_path)
+    for args in (["estimate", str(tmp_path), "-H", "h100-sxm"], ["simulate", str(tmp_path), "-H", "h100-sxm"],
+                 ["plan", str(tmp_path), "--rate", "1", "--slo-ttft", "2"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "o_groups=2: DeepSeek-V4's layers" in result.output and "Traceback" not in result.output, args
+
+
 def test_pricing_and_the_engine_refuse_it_by_name():
     import llmperf
     from llmperf.engine.parts import check_buildable
 
     spec = read(TINY)
-    with pytest.raises(SpecError, match=r"o_groups=2: DeepSeek-V4's layers .* not priced"):
+    needle = r"o_groups=2: DeepSeek-V4's layers \(.*\) are read and counted, not priced yet$"
+    with pytest.raises(SpecError, match=needle):
         llmperf.estimate(spec, "h100-sxm", batch=1, prompt_len=16, gen_len=2)
-    with pytest.raises(SpecError, match=r"o_groups=2: DeepSeek-V4's attention is read and counted, not priced"):
+    with pytest.raises(SpecError, match=needle):
         spec.kv_cache("bf16")
-    with pytest.raises(SpecError, match=r"o_groups=2: DeepSeek-V4's cache .* is not modelled yet"):
-        spec.kv_width_per_token_per_layer
+    with pytest.raises(SpecError, match=needle):
+        spec.kv_width_per_token_per_layer  # noqa: B018
+    alone = ModelSpec(name="hc", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64,
+                      max_positions=128, hc_mult=2)
+    with pytest.raises(SpecError, match=r"hc_mult=2: DeepSeek-V4's layers"):
+        llmperf.estimate(alone, "h100-sxm", batch=1, prompt_len=16, gen_len=2)
     with pytest.raises(ValueError, match="o_groups: the engine does not build DeepSeek-V4's layers"):
         check_buildable(spec)
