@@ -508,6 +508,39 @@ def indexer_key_bytes(model: Any) -> float:
     return float(d + 4 * -(-d // INDEX_SCALE_BLOCK))
 
 
+#: the parts of DeepSeek-V4's cache (`deepseek_v4_cache_elements`)
+V4_CACHE_PARTS = ("window", "compressed", "indexer_keys", "partial_windows")
+
+
+def deepseek_v4_cache_elements(model: Any, context: int) -> dict[str, int]:
+    """Elements transformers' DeepSeek-V4 cache holds for one sequence of `context` tokens, summed over layers, by
+    part (`V4_CACHE_PARTS`), as DynamicCache builds it (DynamicSlidingWindowLayer, DeepseekV4HCACache,
+    DeepseekV4CSACache): `window`, the last `sliding_window - 1` tokens' head_dim K (a sliding layer keeps V apart,
+    the same values: twice; a csa / hca layer one tensor for both); `compressed`, one head_dim entry per full
+    window of csa_rate / hca_rate tokens; `indexer_keys`, a csa layer's index_head_dim key per window;
+    `partial_windows`, the compressors' projections of the tokens past the last full window (kv and gate: csa
+    2 x 2 head_dim and 2 x 2 index_head_dim a token, hca 2 x head_dim) and, once a csa layer has closed a
+    window, its last window's first series (kv and gate, csa_rate x (head_dim + index_head_dim) each). The
+    gate of that last part is of the compressors' position_bias dtype (fp32 in a checkpoint), the rest of the
+    activations'. A reference for pricing it; llmperf does not price it yet (`ModelSpec.check_priced`)."""
+    if not is_int(context) or context < 0:
+        raise SpecError(f"context: must be an integer >= 0, got {context!r}")
+    d, held = model.head_dim, min(context, model.sliding_window - 1)
+    parts = dict.fromkeys(V4_CACHE_PARTS, 0)
+    for kind in model.layer_types or ("sliding",) * model.num_layers:
+        parts["window"] += held * d * (2 if kind == "sliding" else 1)
+        if kind == "hca":
+            m = model.hca_rate
+            parts["compressed"] += context // m * d
+            parts["partial_windows"] += context % m * 2 * d
+        elif kind == "csa":
+            m, di = model.csa_rate, model.index_head_dim
+            parts["compressed"] += context // m * d
+            parts["indexer_keys"] += context // m * di
+            parts["partial_windows"] += context % m * 4 * (d + di) + (2 * m * (d + di) if context >= m else 0)
+    return parts
+
+
 def linear_state_bytes(model: Any, kv: Any = None) -> float:
     """One sequence's state in one linear layer of `model` (0 without linear layers): the recurrent
     state at `state_dtype` (else the activations' dtype) and the convolution's last K - 1 inputs at the

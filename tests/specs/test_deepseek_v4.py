@@ -191,3 +191,31 @@ def test_pricing_and_the_engine_refuse_it_by_name():
         llmperf.estimate(alone, "h100-sxm", batch=1, prompt_len=16, gen_len=2)
     with pytest.raises(ValueError, match="o_groups: the engine does not build DeepSeek-V4's layers"):
         check_buildable(spec)
+
+
+@pytest.mark.parametrize("context,decoded", [(1, 0), (3, 0), (4, 0), (7, 0), (8, 0), (17, 0), (40, 0), (6, 3),
+                                             (15, 2)])
+def test_the_cache_elements_are_transformers(context, decoded):
+    """What transformers' caches hold after a prompt of `context` tokens (two sequences) and `decoded` steps of
+    one token, part by part, against `deepseek_v4_cache_elements`: a sliding layer's K and V apart, a compressed
+    layer's one tensor."""
+    torch = pytest.importorskip("torch")
+    from llmperf.specs.kvcache import deepseek_v4_cache_elements
+
+    torch.manual_seed(0)
+    model = hf_model(TINY, device="cpu").eval()
+    with torch.no_grad():
+        cache = model(torch.randint(0, 300, (2, context)), use_cache=True).cache
+        for _ in range(decoded):
+            cache = model(torch.randint(0, 300, (2, 1)), cache=cache, use_cache=True).cache
+    held = dict.fromkeys(("window", "compressed", "indexer_keys", "partial_windows"), 0)
+    for layer in cache.layers:
+        same = layer.values.data_ptr() == layer.keys.data_ptr()
+        held["window"] += layer.keys.numel() + (0 if same else layer.values.numel())
+        for part, states in (("compressed", "compressed_kv"), ("partial_windows", "buffer_kv"),
+                             ("partial_windows", "buffer_gate"), ("partial_windows", "overlap_kv"),
+                             ("partial_windows", "overlap_gate")):
+            for name, t in (getattr(layer, states, None) or {}).items():
+                if t is not None:
+                    held["indexer_keys" if (part, name) == ("compressed", "indexer") else part] += t.numel()
+    assert {k: v // 2 for k, v in held.items()} == deepseek_v4_cache_elements(read(TINY), context + decoded)
