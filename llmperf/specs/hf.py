@@ -844,8 +844,8 @@ def _deepseek_v4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     out["shared_experts"] = 1
     out["router_score_bias"] = "moe" in mlp  # the scored layers' e_score_correction_bias (a persistent buffer)
     out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers")
-    if cfg.get("swiglu_limit", None) is not None:
-        out["swiglu_limit"] = _positive_number(cfg, "swiglu_limit", cfg.get("swiglu_limit"))
+    if cfg.get("swiglu_limit", None) is not None:  # a value, not a cost; not gpt-oss's clamp (ModelSpec.swiglu_limit)
+        _positive_number(cfg, "swiglu_limit", cfg.get("swiglu_limit"))
     func = cfg.get("scoring_func")
     if func not in ("sqrtsoftplus", "softmax", "sigmoid"):
         raise cfg.refuse("scoring_func", func, "DeepSeek-V4 routes by sqrtsoftplus, softmax or sigmoid scores")

@@ -219,3 +219,24 @@ def test_the_cache_elements_are_transformers(context, decoded):
                 if t is not None:
                     held["indexer_keys" if (part, name) == ("compressed", "indexer") else part] += t.numel()
     assert {k: v // 2 for k, v in held.items()} == deepseek_v4_cache_elements(read(TINY), context + decoded)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(layer_types=("csa", "sliding"), o_groups=None, o_lora_rank=None, q_lora_rank=None, index_topk=None,
+          index_n_heads=None, index_head_dim=None, csa_rate=None), "csa needs o_groups (DeepSeek-V4's attention)"),
+    (dict(o_groups=None), "index_topk (DeepSeek Sparse Attention) needs multi-head latent attention with "
+                          "q_lora_rank (or DeepSeek-V4's attention, o_groups)"),
+    (dict(num_kv_heads=2, num_heads=4), "has one shared K = V head and no qk_norm, got num_kv_heads=2"),
+    (dict(o_lora_rank=None), "o_groups (DeepSeek-V4's attention) needs q_lora_rank and o_lora_rank"),
+    (dict(hca_rate=None, layer_types=("hca", "sliding")), "layer_types has hca layers but hca_rate is not set"),
+    (dict(index_topk=None, index_n_heads=None, index_head_dim=None), "layer_types has csa layers but index_topk"),
+    (dict(hash_moe_layers=(1,), dense_layers=(1,)), "hash_moe_layers holds layer 1, which is not a mixture"),
+    (dict(hc_mult=None), "hc_sinkhorn_iters=5 needs hc_mult"),
+    (dict(sliding_window=None), "layer_types has csa layers but sliding_window is not set"),
+])
+def test_the_spec_checks_its_fields(change, needle):
+    """A spec written by hand (a YAML file) is held to the same structure, one line naming the field."""
+    from dataclasses import replace
+
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        replace(read({**TINY, "num_hidden_layers": 2}), **change)
