@@ -232,7 +232,7 @@ def test_the_cache_elements_are_transformers(context, decoded):
     (dict(index_topk=None, index_n_heads=None, index_head_dim=None), "layer_types has csa layers but index_topk"),
     (dict(hash_moe_layers=(1,), dense_layers=(1,)), "hash_moe_layers holds layer 1, which is not a mixture"),
     (dict(hc_mult=None), "hc_sinkhorn_iters=5 needs hc_mult"),
-    (dict(sliding_window=None), "layer_types has csa layers but sliding_window is not set"),
+    (dict(sliding_window=None, layer_types=("hca", "csa")), "layer_types has csa layers but sliding_window is not set"),
 ])
 def test_the_spec_checks_its_fields(change, needle):
     """A spec written by hand (a YAML file) is held to the same structure, one line naming the field."""
