@@ -31,9 +31,9 @@ FAMILIES = tuple(_FAMILY_DESCRIPTIONS)  # the names; the descriptions are in llm
 ATTENTION_KINDS = ("full", "sliding", "chunked", "linear", "none", "csa", "hca")  # per-layer attention (layer_types)
 #: linear: a Gated DeltaNet (Qwen3-Next, Qwen3.5) or Mamba-2 (Nemotron-H) token mixer: no KV cache, a constant
 #: state per sequence; none: no token mixer, the layer is its FFN alone (Nemotron-H's MLP and MoE layers)
-LINEAR_MIXERS = ("gated_deltanet", "mamba2")
 #: csa / hca: DeepSeek-V4's compressed sparse and heavily compressed attention, each beside a sliding window
 #: (`ModelSpec.o_groups` set: DeepSeek-V4's attention)
+LINEAR_MIXERS = ("gated_deltanet", "mamba2")
 #: tokens a block of each linear mixer's chunked prefill form when the spec names none (FLA's and transformers'
 #: Gated DeltaNet chunk; mamba_ssm's default chunk_size)
 LINEAR_CHUNK_DEFAULTS = {"gated_deltanet": 64, "mamba2": 256}
@@ -691,9 +691,10 @@ class ModelSpec:
         """Total parameters, exactly the tensors of the Hugging Face checkpoint that transformers
         builds: `model.parameters()` (a tied head once), plus the persistent buffer DeepSeek-V3 and
         GLM-4.5 keep for noaux_tc routing (`router_score_bias`: one fp32 per expert per MoE layer,
-        stored and read like a weight). The input embedding and an untied lm_head are included;
-        multi-token-prediction layers (`mtp_layers`) are excluded, as transformers does not build
-        them (DeepSeek-V3: 671.0B here, "685B" on its model card with the MTP layer). Checked against
+        stored and read like a weight) and DeepSeek-V4's hash layers' token table (`router_table_params`).
+        The input embedding and an untied lm_head are included; multi-token-prediction layers
+        (`mtp_layers`) are excluded, as transformers does not build them (DeepSeek-V3: 671.0B here,
+        "685B" on its model card with the MTP layer). Checked against
         transformers on the meta device in tests/specs/test_hf_crosscheck.py and test_hf_today.py."""
         layers = sum(count * self.layer_params(kind) for kind, count in self.layer_groups())
         return (self.embedding_params + layers + self.norm_params + self.lm_head_params + self.ple_params

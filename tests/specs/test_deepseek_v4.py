@@ -240,3 +240,15 @@ def test_the_spec_checks_its_fields(change, needle):
 
     with pytest.raises(SpecError, match=re.escape(needle)):
         replace(read({**TINY, "num_hidden_layers": 2}), **change)
+
+
+def test_the_engine_refuses_sqrtsoftplus_routing_by_name():
+    """A spec scoring experts by sqrtsoftplus (DeepSeek-V4's) without the rest of DeepSeek-V4: the engine's MoE
+    check names router_scoring."""
+    from llmperf.engine.parts import check_buildable
+
+    spec = ModelSpec(name="sq", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64,
+                     max_positions=128, num_experts=4, experts_per_token=2, router_scoring="sqrtsoftplus")
+    with pytest.raises(ValueError, match="router_scoring: the engine scores experts by softmax or sigmoid, got "
+                                         "'sqrtsoftplus'"):
+        check_buildable(spec)
