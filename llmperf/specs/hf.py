@@ -828,7 +828,9 @@ def _deepseek_v4_extra(cfg: _Config, out: dict[str, Any]) -> None:
     out["o_groups"], out["o_lora_rank"] = _positive(cfg, "o_groups"), _positive(cfg, "o_lora_rank")
     out["hc_mult"] = _positive(cfg, "hc_mult")
     out["hc_sinkhorn_iters"] = _count(cfg, "hc_sinkhorn_iters")
-    _positive_number(cfg, "hc_eps", cfg.get("hc_eps"))
+    eps = _number(cfg, "hc_eps", cfg.get("hc_eps"))  # a value, not a cost: a floor of the Sinkhorn normalisation
+    if not 0 <= eps < float("inf"):
+        raise SpecError(f"{cfg.origin}: hc_eps must be a finite number >= 0, got {eps!r}")
     _v4_rope(cfg, out)
     names = _v4_layer_types(cfg, n)
     kinds = [_V4_LAYER_TYPES[t] for t in names]
