@@ -433,7 +433,8 @@ class ModelSpec:
     def check_priced(self) -> None:
         """A SpecError of one line naming the field of a part llmperf reads and counts but does not price:
         DeepSeek-V4's layers (`o_groups`: its attention over a window and compressed entries, and their cache;
-        `hc_mult`: hyper-connections; `hash_moe_layers`: hash routing). The KV cache and the operators ask it."""
+        `hc_mult`: hyper-connections; `hash_moe_layers`: hash routing). The KV cache asks it (so estimate, simulate
+        and plan refuse); `ForwardModel` counts DeepSeek-V4's operators without it."""
         unpriced = [f for f in ("o_groups", "hc_mult", "hash_moe_layers") if getattr(self, f) not in (None, ())]
         if unpriced:
             f = unpriced[0]
