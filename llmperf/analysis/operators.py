@@ -340,10 +340,11 @@ class ForwardModel:
                             f"got {self.attention_flops!r}")
         if self.mla_mode not in MLA_MODES:
             raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
-        if self.model.is_v4_attention and (self.tp > 1 or self.dp_attention):
-            raise SpecError(f"tp: DeepSeek-V4's attention ({self.model.name}, o_groups) is priced on one GPU only "
-                            f"(transformers replicates it and shards the experts alone), got tp={self.tp}"
-                            + (" with dp_attention" if self.dp_attention else ""))
+        self.model.check_priced()  # hyper-connections or hash routing without DeepSeek-V4's attention
+        if self.model.is_v4_attention and self.tp > 1 and not self.dp_attention:
+            raise SpecError(f"tp: DeepSeek-V4's attention ({self.model.name}, o_groups) is not split by heads here: "
+                            f"tp={self.tp} needs dp_attention (attention whole on each GPU, its own sequences; the "
+                            "experts expert-parallel, ep = tp)")
         object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp, self.ep, self.dp_attention))
         object.__setattr__(self, "routing", measured_routing(self.model, self.ep, self.expert_load, self.eplb))
         # DeepSeek-V4: its window and compressed entries are counted by its own operators (`v4_kv_write`,

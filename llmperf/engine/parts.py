@@ -122,7 +122,7 @@ def check_buildable(spec: ModelSpec) -> None:
     if v4:
         raise ValueError(f"{v4[0]}: the engine does not build DeepSeek-V4's layers ({spec.name}: its shared-KV "
                          "attention with compressed entries, hyper-connections, hash routing); llmperf reads and "
-                         "counts them, and refuses to price them too")
+                         "counts them, and prices them in estimate (not simulate or plan)")
     if spec.moe_latent_size:
         raise ValueError(f"moe_latent_size: the engine does not build a latent MoE's projections ({spec.name}); "
                          "llmperf prices them (estimate, simulate, plan)")

@@ -2,7 +2,7 @@
 mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, deepseek_v3 (and kimi_k2,
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
-gemma2, gemma3_text, gemma4_text, nemotron_h, deepseek_v4 (read and counted, not priced), and the text model
+gemma2, gemma3_text, gemma4_text, nemotron_h, deepseek_v4 (priced by estimate only), and the text model
 of the multimodal llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 checkpoints (read from `text_config`; the
 vision and audio towers are not modelled).
 

@@ -323,8 +323,12 @@ class ModelSpec:
     def kv_width_per_token_per_layer(self) -> int:
         """Elements one token leaves in one layer's cache: 2 * kv_heads * head_dim (K and V), or for
         MLA the latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim (Gemma 4: a sliding layer's;
-        `kv_cache(...).layer_elements` gives each kind's). DeepSeek-V4's cache is refused naming `o_groups`."""
+        `kv_cache(...).layer_elements` gives each kind's). DeepSeek-V4's cache, not one width a token (its window
+        and compressed entries: `kv_cache(...).groups`), is refused naming `o_groups`."""
         self.check_priced()
+        if self.is_v4_attention:
+            raise SpecError(f"{self.name}: o_groups={self.o_groups!r}: DeepSeek-V4's cache is a window plus "
+                            "compressed entries, not one width a token (KVCacheSpec.from_model(...).groups)")
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim  # type: ignore[operator]
         return 2 * self.num_kv_heads * self.head_dim
@@ -431,15 +435,27 @@ class ModelSpec:
         return p
 
     def check_priced(self) -> None:
-        """A SpecError of one line naming the field of a part llmperf reads and counts but does not price:
-        DeepSeek-V4's layers (`o_groups`: its attention over a window and compressed entries, and their cache;
-        `hc_mult`: hyper-connections; `hash_moe_layers`: hash routing). The KV cache asks it (so estimate, simulate
-        and plan refuse); `ForwardModel` counts DeepSeek-V4's operators without it."""
-        unpriced = [f for f in ("o_groups", "hc_mult", "hash_moe_layers") if getattr(self, f) not in (None, ())]
+        """A SpecError of one line naming the field of a part llmperf reads and counts but does not price: a
+        spec with hyper-connections (`hc_mult`) or hash-routed layers (`hash_moe_layers`) without DeepSeek-V4's
+        attention (`o_groups`), which no model has. DeepSeek-V4 itself is priced by `estimate` (its operators,
+        its cache: `KVCacheSpec`); `check_simulated` refuses it for `simulate` and `plan`."""
+        if self.is_v4_attention:
+            return
+        unpriced = [f for f in ("hc_mult", "hash_moe_layers") if getattr(self, f) not in (None, ())]
         if unpriced:
             f = unpriced[0]
-            raise SpecError(f"{self.name}: {f}={getattr(self, f)!r}: DeepSeek-V4's layers (its compressed attention "
-                            "and their cache, hyper-connections, hash routing) are read and counted, not priced yet")
+            raise SpecError(f"{self.name}: {f}={getattr(self, f)!r}: DeepSeek-V4's hyper-connections and hash "
+                            "routing are priced with its attention only (o_groups), not on a spec of their own")
+
+    def check_simulated(self) -> None:
+        """A SpecError of one line naming `o_groups` for DeepSeek-V4 (and `check_priced`'s refusals): the serving
+        simulator's block managers do not reserve its cache (a paged window plus compressed entries growing at one
+        per csa_rate / hca_rate tokens), so `simulate` and `plan` refuse it; `estimate` prices it."""
+        self.check_priced()
+        if self.is_v4_attention:
+            raise SpecError(f"{self.name}: o_groups={self.o_groups!r}: DeepSeek-V4's cache (a window plus compressed "
+                            "entries) has no block manager in the serving simulator; simulate and plan refuse it "
+                            "(estimate prices it)")
 
     @property
     def hc_layer_params(self) -> int:

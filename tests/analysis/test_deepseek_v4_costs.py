@@ -74,3 +74,21 @@ def test_tensor_parallelism_is_refused_by_name():
     spec = read(STRUCTURES["tiny"])
     with pytest.raises(SpecError, match="tp: DeepSeek-V4's attention"):
         ForwardModel(model=spec, precision=Precision(), tp=2)
+
+
+@pytest.mark.parametrize("lo,hi", [(1, 1), (1, 3), (2, 9), (4, 4), (5, 40), (17, 300), (128, 1000)])
+def test_the_generation_means_of_the_compressed_groups_are_brute_force(lo, hi):
+    """The closed forms `estimate` sums a generation's cache with (`_capped_sum`: used and paged means) for
+    DeepSeek-V4's compressed, partial and overlap groups, against the sum over every length."""
+    import numpy as np
+
+    from llmperf.analysis.rollup import _capped_sum, _sum_ceil_div
+
+    cache = read(STRUCTURES["tiny"]).kv_cache("bf16")
+    bs = 16
+    prefixes = {"used": (lambda n: n * (n + 1) / 2, lambda t: t),
+                "paged": (lambda n: bs * _sum_ceil_div(n, bs), lambda t: bs * -(-t // bs))}
+    for g in cache.groups:
+        for prefix, f in prefixes.values():
+            want = sum(f(int(g.tokens_held(n))) for n in range(lo, hi + 1))
+            assert float(_capped_sum(g, np.float64(lo), np.float64(hi), prefix)) == pytest.approx(want), g.label

@@ -2,8 +2,8 @@
 DeepseekV4Config folds in) into a spec whose parameters are exactly what transformers' DeepseekV4ForCausalLM
 builds plus the persistent buffers its checkpoint holds (the scored layers' e_score_correction_bias, the hash
 layers' tid2eid table), on the meta device at the class's default shape and on tiny structures of our own;
-what transformers builds otherwise than the config says is refused by name. Pricing it is refused by name
-(its compressed attention, hyper-connections and hash routing are not priced), and so is the engine."""
+what transformers builds otherwise than the config says is refused by name. Its KV cache is what
+transformers holds, byte for byte; `estimate` prices it, `simulate`, `plan` and the engine refuse it by name."""
 
 from __future__ import annotations
 
@@ -158,39 +158,64 @@ def test_junk_gives_a_spec_or_one_spec_error(name, data):
         assert spec.param_count > spec.active_param_count > 0
 
 
-def test_the_commands_refuse_a_saved_config_by_name(tmp_path):
-    """`llmperf estimate`, `simulate` and `plan` on transformers' own save of the config: exit 2 and the one line
-    naming o_groups, no traceback."""
+def test_estimate_prices_a_saved_config_and_simulate_and_plan_refuse_it_by_name(tmp_path):
+    """`llmperf estimate` on transformers' own save of the config prints its tables, naming its time model;
+    `simulate` and `plan` exit 2 with the one line naming o_groups, no traceback; plain tensor parallelism is
+    refused by name (DeepSeek-V4's attention runs whole on a GPU: dp_attention)."""
     from typer.testing import CliRunner
 
     from llmperf.cli import app
 
     hf_model(TINY).config.save_pretrained(tmp_path)
-    for args in (["estimate", str(tmp_path), "-H", "h100-sxm"], ["simulate", str(tmp_path), "-H", "h100-sxm"],
-                 ["plan", str(tmp_path), "--rate", "1", "--slo-ttft", "2"]):
+    result = CliRunner().invoke(app, ["estimate", str(tmp_path), "-H", "h100-sxm", "-p", "40", "-g", "4"])
+    assert result.exit_code == 0, result.output
+    assert "time model" in result.output and "compressed-4 layers x2" in result.output
+    result = CliRunner().invoke(app, ["estimate", str(tmp_path), "-H", "h100-sxm", "--tp", "2"])
+    assert result.exit_code == 2 and "tp: DeepSeek-V4's attention" in result.output, result.output
+    for args in (["simulate", str(tmp_path), "-H", "h100-sxm"], ["plan", str(tmp_path), "--rate", "1",
+                                                                 "--slo-ttft", "2"]):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
-        assert "o_groups=2: DeepSeek-V4's layers" in result.output and "Traceback" not in result.output, args
+        assert "o_groups=2: DeepSeek-V4's cache" in result.output and "Traceback" not in result.output, args
 
 
-def test_pricing_and_the_engine_refuse_it_by_name():
-    import llmperf
+def test_simulation_and_the_engine_refuse_it_by_name():
     from llmperf.engine.parts import check_buildable
 
     spec = read(TINY)
-    needle = r"o_groups=2: DeepSeek-V4's layers \(.*\) are read and counted, not priced yet$"
-    with pytest.raises(SpecError, match=needle):
-        llmperf.estimate(spec, "h100-sxm", batch=1, prompt_len=16, gen_len=2)
-    with pytest.raises(SpecError, match=needle):
-        spec.kv_cache("bf16")
-    with pytest.raises(SpecError, match=needle):
+    with pytest.raises(SpecError, match=r"o_groups=2: DeepSeek-V4's cache \(.*\) has no block manager"):
+        spec.check_simulated()
+    with pytest.raises(SpecError, match=r"o_groups=2: DeepSeek-V4's cache is a window plus compressed entries"):
         spec.kv_width_per_token_per_layer  # noqa: B018
+    with pytest.raises(SpecError, match="kv_window: DeepSeek-V4's cache"):
+        spec.kv_cache("bf16").from_model(spec, "bf16", window="full")
     alone = ModelSpec(name="hc", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64,
                       max_positions=128, hc_mult=2)
-    with pytest.raises(SpecError, match=r"hc_mult=2: DeepSeek-V4's layers"):
+    import llmperf
+    with pytest.raises(SpecError, match=r"hc_mult=2: DeepSeek-V4's hyper-connections"):
         llmperf.estimate(alone, "h100-sxm", batch=1, prompt_len=16, gen_len=2)
     with pytest.raises(ValueError, match="o_groups: the engine does not build DeepSeek-V4's layers"):
         check_buildable(spec)
+
+
+@pytest.mark.parametrize("name", sorted(STRUCTURES) + ["class-default"])
+@pytest.mark.parametrize("kv", ["bf16", "fp8", "fp32"])
+def test_the_kv_cache_is_what_transformers_holds(name, kv):
+    """`KVCacheSpec.from_model`'s bytes a sequence = `deepseek_v4_cache_elements` x the KV element's bytes, the
+    csa layers' overlap gate at fp32 (the compressors' position_bias dtype), at contexts around the window and
+    the rates; paged, whole blocks of each paged group (the partial windows exactly)."""
+    from llmperf.specs.kvcache import KVCacheSpec, deepseek_v4_cache_elements
+    from llmperf.specs.precision import dtype_bytes
+
+    spec = read(STRUCTURES.get(name, {"model_type": "deepseek_v4"}))
+    cache, e = KVCacheSpec.from_model(spec, kv), dtype_bytes(kv)
+    n_csa, m = spec.layer_types.count("csa"), spec.csa_rate
+    for context in (0, 1, 3, 4, 7, 8, 9, 16, 17, 40, 131, 8192, 131072):
+        parts = deepseek_v4_cache_elements(spec, context)
+        gate = n_csa * m * (spec.head_dim + spec.index_head_dim) if n_csa and context >= m else 0
+        assert cache.bytes_for_context(context) == pytest.approx(sum(parts.values()) * e + gate * (4 - e), rel=1e-12)
+    paged = cache.paged_bytes_for_context(40, 16)
+    assert paged == sum(g.paged_tokens(40, 16) * g.bytes_per_token for g in cache.groups) >= cache.bytes_for_context(40)
 
 
 @pytest.mark.parametrize("context,decoded", [(1, 0), (3, 0), (4, 0), (7, 0), (8, 0), (17, 0), (40, 0), (6, 3),
