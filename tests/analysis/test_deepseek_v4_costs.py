@@ -92,3 +92,13 @@ def test_the_generation_means_of_the_compressed_groups_are_brute_force(lo, hi):
         for prefix, f in prefixes.values():
             want = sum(f(int(g.tokens_held(n))) for n in range(lo, hi + 1))
             assert float(_capped_sum(g, np.float64(lo), np.float64(hi), prefix)) == pytest.approx(want), g.label
+
+
+def test_its_mtp_module_and_a_guessed_eagle3_head_are_refused_by_name():
+    from llmperf.analysis.speculative import eagle3_spec, mtp_spec
+
+    spec = read(STRUCTURES["tiny"])
+    with pytest.raises(SpecError, match="MTP module \\(DeepSeek-V4, o_groups\\) is not modelled"):
+        mtp_spec(spec)
+    with pytest.raises(SpecError, match="DeepSeek-V4's attention, o_groups\\) needs the head's config.json"):
+        eagle3_spec(spec)
