@@ -685,6 +685,8 @@ class ForwardModel:
             return [self.ssd(batch, q_len, kv_len) if m.is_mamba else self.deltanet(batch, q_len, kv_len)]
         if self._kind(kind).attention == "none":
             return []
+        if m.is_v4_attention:
+            return self.v4_attention_ops(batch, q_len, kv_len, kind=kind)
         window, chunk = self._span(kind)
         kw = dict(act_bytes=self.precision.act_bytes, kv_bytes=self.precision.kv_bytes, impl=self.attention,
                   causal=True, flops=self.attention_flops, window=window, chunk=chunk, sinks=m.attn_sinks,
@@ -776,14 +778,16 @@ class ForwardModel:
 
     def hc_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """DeepSeek-V4's hyper-connection (before attention, before the FFN): the `hc_mult` streams, flattened
-        and RMS-normed, times its fp32 `fn`, n x hidden -> (2 + n) n mixing logits (pre, post, comb), in fp32."""
+        and RMS-normed, times its fp32 `fn`, n x hidden -> (2 + n) n mixing logits (pre, post, comb), in fp32.
+        No GEMM shape: a (2 + n) n-wide product an efficient kernel fuses with the norm (DeepSeek's reference
+        fuses the hyper-connection's norm, product and Sinkhorn); the matmul kind's per-rows curves price it."""
         m, tokens = self.model, batch * q_len
         n, h = m.hc_mult, m.hidden_size
         d_in, d_out = n * h, (2 + n) * n
         return OpCost(name="hc_proj", kind="matmul", flops=2 * tokens * d_in * d_out,
                       weight_bytes=(d_in * d_out + d_out + 3) * FP32_BYTES, act_read_bytes=tokens * d_in * FP32_BYTES,
-                      act_write_bytes=tokens * d_out * FP32_BYTES, rows=tokens, compute_dtype="fp32",
-                      gemm=GemmShape(n=d_out, k=d_in))
+                      act_write_bytes=tokens * d_out * FP32_BYTES, rows=tokens,
+                      gemm=None)
 
     def hc_pre(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
         """The hyper-connection's small operators: the streams' weightless RMSNorm (before `hc_proj`), the
@@ -979,7 +983,7 @@ class ForwardModel:
             ops += [self.compress_pool(*args, kind=kind)]
             if kind.attention == "csa":
                 ops += [self.v4_index_score(*args, kind=kind), self.v4_index_topk(*args)]
-        ops += self.v4_attention_ops(*args, kind=kind)
+        ops += self.attention_ops(*args, kind=kind)
         ops += [self.o_a_proj(*args),
                 self._linear("o_proj", batch * q_len, m.o_groups * m.o_lora_rank, m.hidden_size, False)]
         return ops

@@ -102,3 +102,12 @@ def test_its_mtp_module_and_a_guessed_eagle3_head_are_refused_by_name():
         mtp_spec(spec)
     with pytest.raises(SpecError, match="DeepSeek-V4's attention, o_groups\\) needs the head's config.json"):
         eagle3_spec(spec)
+
+
+def test_the_regime_searches_see_the_same_attention():
+    """`attention_core_ops` (what the regime searches read) are the cores of `forward_ops`, window and entries."""
+    spec = read(STRUCTURES["tiny"])
+    fm = ForwardModel(model=spec, precision=Precision())
+    cores = [op for op in fm.forward_ops(3, 1, 300) if op.name == "attention"]
+    assert [(o.flops, o.kv_read_bytes) for o in fm.attention_core_ops(3, 1, 300)] == [
+        (o.flops, o.kv_read_bytes) for o in cores]
