@@ -341,9 +341,17 @@ class ForwardModel:
                             f"got {self.attention_flops!r}")
         if self.mla_mode not in MLA_MODES:
             raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
+        self.model.check_priced()  # hyper-connections or hash routing without DeepSeek-V4's attention
+        if self.model.is_v4_attention and self.tp > 1 and not self.dp_attention:
+            raise SpecError(f"tp: DeepSeek-V4's attention ({self.model.name}, o_groups) is not split by heads here: "
+                            f"tp={self.tp} needs dp_attention (attention whole on each GPU, its own sequences; the "
+                            "experts expert-parallel, ep = tp)")
         object.__setattr__(self, "dims", ShardDims.of(self.model, self.tp, self.ep, self.dp_attention))
         object.__setattr__(self, "routing", measured_routing(self.model, self.ep, self.expert_load, self.eplb))
-        object.__setattr__(self, "kv_spec", self.model.kv_cache(self.precision).sharded(tp=self.dims.attn_tp))
+        # DeepSeek-V4: its window and compressed entries are counted by its own operators (`v4_kv_write`,
+        # `compress_pool`), its cache's size by `deepseek_v4_cache_elements`
+        object.__setattr__(self, "kv_spec", None if self.model.is_v4_attention
+                           else self.model.kv_cache(self.precision).sharded(tp=self.dims.attn_tp))
         object.__setattr__(self, "groups", self.model.layer_groups())
         object.__setattr__(self, "sections", _sections(self.groups))
         object.__setattr__(self, "_weights", {})  # (d_in, d_out, bias, module) -> (bytes, matmul dtype)
@@ -682,6 +690,8 @@ class ForwardModel:
             return [self.ssd(batch, q_len, kv_len) if m.is_mamba else self.deltanet(batch, q_len, kv_len)]
         if self._kind(kind).attention == "none":
             return []
+        if m.is_v4_attention:
+            return self.v4_attention_ops(batch, q_len, kv_len, kind=kind)
         window, chunk = self._span(kind)
         kw = dict(act_bytes=self.precision.act_bytes, kv_bytes=self.precision.kv_bytes, impl=self.attention,
                   causal=True, flops=self.attention_flops, window=window, chunk=chunk, sinks=m.attn_sinks,
@@ -760,6 +770,228 @@ class ForwardModel:
         args = (batch, q_len, kv_len)
         return [self.index_q_proj(*args), self.index_k_proj(*args), self.index_k_norm(*args), self.index_write(*args),
                 self.index_score(*args), self.index_topk(*args)]
+
+    # ---- DeepSeek-V4 (transformers' modeling_deepseek_v4; counts of an efficient kernel, docs/model.md) -------
+    def _v4_width(self, kind: LayerKind | None) -> int:
+        """Elements one token leaves in the window of a layer of `kind`: K = V once in a csa / hca layer, K and
+        V apart in a sliding layer (transformers' DynamicSlidingWindowLayer keeps both)."""
+        return self.head_dim * (2 if self._kind(kind).attention == "sliding" else 1)
+
+    def _v4_rate(self, kind: LayerKind | None) -> int | None:
+        """Tokens per compressed entry of a layer of `kind` (csa_rate, hca_rate; None: a sliding layer)."""
+        return {"csa": self.model.csa_rate, "hca": self.model.hca_rate}.get(self._kind(kind).attention)
+
+    def hc_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DeepSeek-V4's hyper-connection (before attention, before the FFN): the `hc_mult` streams, flattened
+        and RMS-normed, times its fp32 `fn`, n x hidden -> (2 + n) n mixing logits (pre, post, comb), in fp32.
+        No GEMM shape: a (2 + n) n-wide product an efficient kernel fuses with the norm (DeepSeek's reference
+        fuses the hyper-connection's norm, product and Sinkhorn); the matmul kind's per-rows curves price it."""
+        m, tokens = self.model, batch * q_len
+        n, h = m.hc_mult, m.hidden_size
+        d_in, d_out = n * h, (2 + n) * n
+        return OpCost(name="hc_proj", kind="matmul", flops=2 * tokens * d_in * d_out,
+                      weight_bytes=(d_in * d_out + d_out + 3) * FP32_BYTES, act_read_bytes=tokens * d_in * FP32_BYTES,
+                      act_write_bytes=tokens * d_out * FP32_BYTES, rows=tokens,
+                      gemm=None)
+
+    def hc_pre(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The hyper-connection's small operators: the streams' weightless RMSNorm (before `hc_proj`), the
+        sigmoids of pre and post, comb's softmax and `hc_sinkhorn_iters` Sinkhorn normalisations (a column, then
+        row and column ones, 2 FLOPs an element each), and the streams collapsed by pre into the sublayer's input."""
+        m, a, tokens = self.model, self.precision.act_bytes, batch * q_len
+        n, h, it = m.hc_mult, m.hidden_size, m.hc_sinkhorn_iters
+        small = 2 * n * 5 + n * n * (SOFTMAX_FLOPS + 1) + 2 * n * n * max(2 * it - 1, 0)
+        flops = tokens * (3 * n * h + small + 2 * n * h)
+        return OpCost(name="hc_pre", kind="elementwise", flops=flops, act_read_bytes=2 * tokens * n * h * a,
+                      act_write_bytes=tokens * h * a, rows=tokens)
+
+    def hc_post(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The hyper-connection's mixing after the sublayer: post x output + comb^T @ streams, each of the n
+        streams (2 n^2 hidden + 2 n hidden FLOPs a token: transformers' `torch.matmul` of comb and the streams)."""
+        m, a, tokens = self.model, self.precision.act_bytes, batch * q_len
+        n, h = m.hc_mult, m.hidden_size
+        return OpCost(name="hc_post", kind="elementwise", flops=tokens * (2 * n * n * h + 2 * n * h),
+                      act_read_bytes=tokens * (n + 1) * h * a, act_write_bytes=tokens * n * h * a, rows=tokens)
+
+    def hc_head(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """The hyper-head before the final norm, on the rows that need logits: the streams RMS-normed, times
+        hc_fn (n x hidden -> n, fp32), sigmoid, collapsed to one hidden vector."""
+        m, a, rows = self.model, self.precision.act_bytes, self._logit_rows(batch, q_len)
+        n, h = m.hc_mult, m.hidden_size
+        return OpCost(name="hc_head", kind="matmul", flops=rows * (2 * n * h * n + 3 * n * h + 6 * n + 2 * n * h),
+                      weight_bytes=(n * n * h + n + 1) * FP32_BYTES, act_read_bytes=rows * n * h * a,
+                      act_write_bytes=rows * h * a, per_layer=False, rows=rows, compute_dtype="fp32")
+
+    def v4_q_b_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DeepSeek-V4: q_lora_rank -> heads x head_dim (named `q_b_proj`)."""
+        m = self.model
+        return self._linear("q_b_proj", batch * q_len, m.q_lora_rank, m.num_heads * self.head_dim, False)
+
+    def v4_q_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DeepSeek-V4: the weightless RMSNorm over head_dim of every query head (named `qk_norm`)."""
+        return self._norm("qk_norm", batch * q_len * self.model.num_heads, width=self.head_dim, kind="l2")
+
+    def kv_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DeepSeek-V4: hidden -> the one head_dim vector read as both K and V."""
+        return self._linear("kv_proj", batch * q_len, self.model.hidden_size, self.head_dim, False)
+
+    def kv_norm(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DeepSeek-V4: the RMSNorm of that K = V vector."""
+        return self._norm("kv_norm", batch * q_len, width=self.head_dim)
+
+    def v4_rope(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DeepSeek-V4's partial rotary (the last `rotary_dim` of each head): every query head and the K = V head,
+        and its inverse on every head of the attention output (K = V carried the rotation into V)."""
+        tokens, a, m = batch * q_len, self.precision.act_bytes, self.model
+        rotated = tokens * (2 * m.num_heads + 1) * m.rotary_dim
+        return OpCost(name="rope", kind="elementwise", flops=ROPE_FLOPS * rotated,
+                      act_read_bytes=rotated * a, act_write_bytes=rotated * a, rows=tokens)
+
+    def v4_kv_write(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
+        """DeepSeek-V4: each new token's window entry into the cache (K = V: head_dim; a sliding layer K and V
+        apart, as transformers keeps them: twice)."""
+        tokens, p = batch * q_len, self.precision
+        values = tokens * self._v4_width(kind)
+        return OpCost(name="kv_write", kind="elementwise", act_read_bytes=tokens * self.head_dim * p.act_bytes,
+                      kv_write_bytes=values * p.kv_bytes, rows=tokens)
+
+    def _entries(self, kv_len: Number, rate: int) -> Number:
+        """Compressed entries a sequence of `kv_len` tokens has closed (one per full window of `rate`)."""
+        return np.floor_divide(kv_len, rate)
+
+    def compress_proj(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
+        """DeepSeek-V4's compressor (csa / hca layer): hidden -> its kv and gate projections, head_dim each (a csa
+        layer's two overlapping series: 2 head_dim each), for every new token."""
+        c = 2 if self._kind(kind).attention == "csa" else 1
+        return self._linear("compress_proj", batch * q_len, self.model.hidden_size, 2 * c * self.head_dim, False)
+
+    def compress_pool(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
+        """The compressors' gated pooling (a csa layer's and its indexer's): every window of `rate` tokens closed
+        by this step (2 rate slots in a csa layer: the previous window's first series and this one's second), the
+        gate plus its position bias softmaxed over the slots (5 FLOPs), times the kv and summed (2), then the entry's
+        RMSNorm and rotary; the entries written to the cache (at the KV dtype, the indexer's keys too)."""
+        m, p = self.model, self.precision
+        rate, csa = self._v4_rate(kind), self._kind(kind).attention == "csa"
+        new = batch * (self._entries(kv_len, rate) - self._entries(kv_len - q_len, rate))
+        width = self.head_dim + (m.index_head_dim if csa else 0)
+        slots = (2 if csa else 1) * rate
+        flops = new * width * (slots * (SOFTMAX_FLOPS + 1 + 2) + NORM_FLOPS["rmsnorm"]) \
+            + new * ROPE_FLOPS * m.rotary_dim * (2 if csa else 1)
+        return OpCost(name="compress_pool", kind="elementwise", flops=flops,
+                      act_read_bytes=new * slots * width * 2 * p.act_bytes, kv_write_bytes=new * width * p.kv_bytes,
+                      rows=batch * q_len)
+
+    def _seen_entries(self, q_len: Number, kv_len: Number, rate: int, cap: int | None = None) -> Number:
+        """Sum over the step's queries (positions kv_len - q_len .. kv_len - 1) of the compressed entries each may
+        see, floor((position + 1) / rate), at most `cap` each: a closed form over the positions."""
+        def prefix(n):  # noqa: ANN001, ANN202  -- sum of min(floor(j / rate), cap) for j = 1 .. n
+            n = np.asarray(n, dtype=float)
+            full = np.floor_divide(n, rate)  # sum_{j<=n} floor(j/r) = r * f(f-1)/2 + f * (n - r f + 1)
+            s = rate * full * (full - 1) / 2 + full * (n - rate * full + 1)
+            if cap is None:
+                return s
+            top = float(cap * rate)  # from j = cap * rate on every query sees cap entries
+            ft = cap
+            st = rate * ft * (ft - 1) / 2 + ft * (top - rate * ft + 1)
+            return np.where(n <= top, s, st + (n - top) * cap)
+        out = prefix(kv_len) - prefix(kv_len - q_len)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def v4_index_k_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DeepSeek-V4's indexer (csa layers): hidden -> its compressor's kv and gate (2 index_head_dim each) and
+        its heads' weights (index heads), for every new token (named `index_k_proj`)."""
+        m = self.model
+        return self._linear("index_k_proj", batch * q_len, m.hidden_size, 4 * m.index_head_dim + m.index_n_heads,
+                            False)
+
+    def v4_index_score(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None) -> OpCost:
+        """DeepSeek-V4's indexer: each query against the compressed indexer keys it may see (`executed`; `dense`:
+        every entry of the sequence, as transformers' eager scorer does before masking): per pair and index head a
+        dot product of index_head_dim, ReLU, the head's weight and the sum over heads; the keys read once."""
+        m, p = self.model, self.precision
+        hi, di, tokens, rate = m.index_n_heads, m.index_head_dim, batch * q_len, m.csa_rate
+        entries = self._entries(kv_len, rate)
+        seen = q_len * entries if self.attention_flops == "dense" else self._seen_entries(q_len, kv_len, rate)
+        pairs = batch * seen
+        return OpCost(name="index_score", kind="attention", flops=pairs * hi * (2 * di + 3),
+                      act_read_bytes=tokens * hi * (di + FP32_BYTES), kv_read_bytes=batch * entries * di * p.kv_bytes,
+                      act_write_bytes=pairs * FP32_BYTES, rows=tokens)
+
+    def v4_index_topk(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DeepSeek-V4's indexer: each query's min(index_topk, entries seen) entries from its scores."""
+        m = self.model
+        pairs = batch * self._seen_entries(q_len, kv_len, m.csa_rate)
+        picked = batch * self._seen_entries(q_len, kv_len, m.csa_rate, m.index_topk)
+        return OpCost(name="index_topk", kind="elementwise", flops=pairs, act_read_bytes=pairs * FP32_BYTES,
+                      act_write_bytes=picked * FP32_BYTES, rows=batch * q_len)
+
+    def v4_attention_ops(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind | None = None
+                         ) -> list[OpCost]:
+        """DeepSeek-V4's attention core: MQA of every head over one K = V head, a sink per head, over the
+        `sliding_window` latest tokens plus, in a csa layer, the min(index_topk, entries seen) compressed entries
+        its indexer picks, in an hca layer every entry seen. Counted as an efficient sparse kernel runs it
+        (`executed`: only those pairs, the window's keys and the entries read once); `dense` counts what
+        transformers' eager attention computes, every query against every key and every entry, masked."""
+        m, p, k = self.model, self.precision, self._kind(kind)
+        shape = AttentionShape(heads=m.num_heads, qk_dim=self.head_dim, v_dim=self.head_dim, k_elems=self.head_dim,
+                               v_elems=self.head_dim, union_elems=self.head_dim)
+        ops = attention_core(batch, q_len, kv_len, shape=shape, act_bytes=p.act_bytes, kv_bytes=p.kv_bytes,
+                             impl=self.attention, causal=True, flops=self.attention_flops, window=m.sliding_window,
+                             sinks=True)
+        rate = self._v4_rate(k)
+        if rate is None:
+            return ops
+        entries = self._entries(kv_len, rate)
+        cap = m.index_topk if k.attention == "csa" else None
+        dense = self.attention_flops == "dense" or self.attention == "naive"  # the naive form's whole square
+        pairs = q_len * entries if dense else self._seen_entries(q_len, kv_len, rate, cap)
+        cols = q_len * entries  # the naive form's extra columns of S and P
+        read = entries if cap is None else np.minimum(entries, q_len * cap)
+        B, H, d, a = batch, m.num_heads, self.head_dim, p.act_bytes
+        out = []
+        for op in ops:
+            if op.name == "attention":
+                attn = replace(op.attn, context=op.attn.context + read) if op.attn is not None else None
+                op = replace(op, flops=op.flops + 4 * B * H * pairs * d, kv_read_bytes=op.kv_read_bytes
+                             + B * read * d * p.kv_bytes, attn=attn)
+            elif op.name == "attn_score":
+                op = replace(op, flops=op.flops + 2 * B * H * pairs * d, kv_read_bytes=op.kv_read_bytes
+                             + B * read * d * p.kv_bytes, act_write_bytes=op.act_write_bytes + B * H * cols * a)
+            elif op.name == "attn_softmax":
+                extra = B * H * cols
+                op = replace(op, flops=op.flops + SOFTMAX_FLOPS * extra, act_read_bytes=op.act_read_bytes + extra * a,
+                             act_write_bytes=op.act_write_bytes + extra * a)
+            elif op.name == "attn_value":
+                op = replace(op, flops=op.flops + 2 * B * H * pairs * d, kv_read_bytes=op.kv_read_bytes
+                             + B * read * d * p.kv_bytes, act_read_bytes=op.act_read_bytes + B * H * cols * a)
+            out.append(op)
+        return out
+
+    def o_a_proj(self, batch: Number, q_len: Number, kv_len: Number) -> OpCost:
+        """DeepSeek-V4's grouped output projection: each of `o_groups` groups of heads x head_dim / o_groups ->
+        o_lora_rank (a batched GEMM of o_groups blocks; no GEMM shape); `o_proj` is o_b_proj, o_groups x
+        o_lora_rank -> hidden."""
+        m, tokens = self.model, batch * q_len
+        g = m.o_groups
+        return self._linear("o_a_proj", tokens * g, m.num_heads * self.head_dim // g, m.o_lora_rank, False,
+                            weight_copies=g, rows=tokens, gemm=False)
+
+    def _v4_block(self, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
+        """DeepSeek-V4's attention, from q_a_proj to o_proj (o_b_proj)."""
+        m, args = self.model, (batch, q_len, kv_len)
+        ops = [self.q_a_proj(*args), self.q_a_norm(*args), self.v4_q_b_proj(*args), self.v4_q_norm(*args),
+               self.kv_proj(*args), self.kv_norm(*args), self.v4_rope(*args), self.v4_kv_write(*args, kind=kind)]
+        if kind.attention in ("csa", "hca"):
+            ops += [self.compress_proj(*args, kind=kind)]
+            if kind.attention == "csa":
+                ops += [self.v4_index_k_proj(*args), self.index_q_proj(*args)]
+            ops += [self.compress_pool(*args, kind=kind)]
+            if kind.attention == "csa":
+                ops += [self.v4_index_score(*args, kind=kind), self.v4_index_topk(*args)]
+        ops += self.attention_ops(*args, kind=kind)
+        ops += [self.o_a_proj(*args),
+                self._linear("o_proj", batch * q_len, m.o_groups * m.o_lora_rank, m.hidden_size, False)]
+        return ops
 
     # ---- Gated DeltaNet (linear layers) ----------------------------------------------------------
     def _linear_widths(self) -> tuple[int, int, int]:
@@ -1233,6 +1465,9 @@ class ForwardModel:
         args = (local, q_len, kv_len)
         if kind.attention == "none":  # an FFN alone (Nemotron-H): its norm only
             return [self.mlp_norm(*args)]
+        if m.is_v4_attention:  # the hyper-connections in place of the residual adds
+            return ([self.hc_proj(*args), self.hc_pre(*args), self.attn_norm(*args)]
+                    + self._v4_block(*args, kind) + [self.hc_post(*args)])
         ops = [self.attn_norm(*args)] + self._attention_block(*args, kind)
         if self.dims.attn_tp > 1:
             ops.append(self._allreduce("attn_allreduce", local * q_len))
@@ -1250,6 +1485,11 @@ class ForwardModel:
             return self._view("wide", lambda: self.model.ffn_view(kind))._ffn_section(batch, q_len, kv_len, kind)
         local = self.local_batch(batch)
         ops = self._ffn_block(batch, q_len, kv_len, kind)
+        if self.model.is_v4_attention:  # DeepSeek-V4: its hyper-connection around the FFN, no residual add
+            if kind.hash_router:  # the router's GEMM still runs; the frozen table replaces the correction bias
+                ops = [self._hash_router(op) if op.name == "router" else op for op in ops]
+            args = (local, q_len, kv_len)
+            return [self.hc_proj(*args), self.hc_pre(*args), self.mlp_norm(*args)] + ops + [self.hc_post(*args)]
         if self.model.sandwich_norms:
             ops.append(self.post_mlp_norm(local, q_len, kv_len))
         ops.append(self.mlp_residual(local, q_len, kv_len))
@@ -1257,6 +1497,16 @@ class ForwardModel:
             ops += [self.ple_gate(local, q_len, kv_len), self.ple_act(local, q_len, kv_len),
                     self.ple_out(local, q_len, kv_len), self.ple_out_norm(local, q_len, kv_len)]
         return ops
+
+    def _hash_router(self, op: OpCost) -> OpCost:
+        """A DeepSeek-V4 hash layer's router: its GEMM (the scores weight the chosen experts) without the
+        score-correction add; the k expert ids read from the token table (int64) a token."""
+        m = self.model
+        tokens = op.rows
+        if m.router_score_bias:
+            op = replace(op, flops=op.flops - tokens * m.num_experts,
+                         weight_bytes=op.weight_bytes - m.num_experts * FP32_BYTES)
+        return replace(op, weight_bytes=op.weight_bytes + tokens * m.experts_per_token * 8)
 
     def section_ops(self, part: str, batch: Number, q_len: Number, kv_len: Number, kind: LayerKind) -> list[OpCost]:
         """The operators of one layer's `part` (`attention` or `ffn`, `ForwardModel.sections`) of `kind`."""
@@ -1290,6 +1540,8 @@ class ForwardModel:
     def tail_ops(self, batch: Number, q_len: Number, kv_len: Number) -> list[OpCost]:
         """Operators after the last block (final norm, logits; at tp > 1 the logit slices' gather)."""
         ops = [self.final_norm(batch, q_len, kv_len), self.lm_head(batch, q_len, kv_len)]
+        if self.model.hc_mult is not None:
+            ops.insert(0, self.hc_head(batch, q_len, kv_len))
         if self.tp > 1:
             ops.append(self.logits_gather(batch, q_len, kv_len))
         if self.model.final_softcap:
@@ -1332,9 +1584,11 @@ def _attention_key(kind: LayerKind) -> tuple:
 def _sections(groups: tuple[tuple[LayerKind, int], ...]) -> tuple[tuple[str, LayerKind, int, str], ...]:
     """(part, a kind that has it, layers that share it, label) for the attention part of each distinct
     attention (`attention`, `window`, `rope`, `shared_topk`, Gemma 4's `global_shape` and `kv_shared`) and the FFN
-    part of each distinct FFN (`moe`, `kv_shared`), in order of first appearance; the label joins the labels of
-    the kinds that share the part with `+`. A layer without an FFN (`ffn=False`, Nemotron-H) has no FFN part."""
-    keys = {"attention": _attention_key, "ffn": lambda k: (k.moe, k.kv_shared)}  # kv_shared: Gemma 4's wide FFN
+    part of each distinct FFN (`moe`, `kv_shared`, DeepSeek-V4's `hash_router`), in order of first appearance; the
+    label joins the labels of the kinds that share the part with `+`. A layer without an FFN (`ffn=False`,
+    Nemotron-H) has no FFN part."""
+    # kv_shared: Gemma 4's wide FFN; hash_router: DeepSeek-V4's router without its correction bias
+    keys = {"attention": _attention_key, "ffn": lambda k: (k.moe, k.kv_shared, k.hash_router)}
     found: dict[tuple, list] = {}
     order: list[tuple] = []
     for kind, count in groups:

@@ -607,11 +607,12 @@ def _stage_kv(stage: KVCacheSpec, ctx, max_seq, lo, hi, gen_len, bs: float):  # 
     paged = contiguous = used = paged_mean = stage.state_bytes
     for g in stage.groups:
         per_token = g.bytes_per_token
-        paged = paged + np.ceil(g.tokens_held(ctx) / bs) * bs * per_token
+        paged = paged + g.paged_tokens(ctx, bs) * per_token
         contiguous = contiguous + g.tokens_held(max_seq) * per_token
         # lengths during the generation: prompt + 1 .. prompt + gen (closed-form means, O(1) in gen_len)
         used = used + _capped_sum(g, lo, hi, lambda n: n * (n + 1) / 2) / gen_len * per_token
-        paged_mean = paged_mean + _capped_sum(g, lo, hi, lambda n: bs * _sum_ceil_div(n, bs)) / gen_len * per_token
+        blocks = (lambda n: bs * _sum_ceil_div(n, bs)) if g.paged else (lambda n: n * (n + 1) / 2)
+        paged_mean = paged_mean + _capped_sum(g, lo, hi, blocks) / gen_len * per_token
     return paged, contiguous, used, paged_mean
 
 
@@ -679,10 +680,24 @@ def _capped_sum(group: KVGroup, lo, hi, prefix):  # noqa: ANN001, ANN202
     """Sum over lengths L in [lo, hi] of f(tokens the `group`'s layers use at L), where `prefix(n)` =
     sum of f over 1..n (prefix(0) = 0): f(L) for full layers; f(min(L, W)) for sliding ones; for
     chunked ones f(((L - 1) % C) + 1), the current chunk, whose sum over 1..n is
-    `(n // C) prefix(C) + prefix(n % C)`; every layer f(L) when not capped."""
+    `(n // C) prefix(C) + prefix(n % C)`; every layer f(L) when not capped. DeepSeek-V4's groups of rate r:
+    f(L // r) (`compressed`), f(L mod r) (`partial`), f(r) once L >= r (`overlap`), each summed in closed form."""
     w = group.cap
     if w is None:
         return prefix(hi) - prefix(lo - 1)
+    if group.attention in ("compressed", "partial", "overlap"):
+        f_w = prefix(float(w)) - prefix(float(w) - 1)
+
+        def total(n):  # noqa: ANN001, ANN202  -- sum over L = 1 .. n (n >= 0)
+            n = np.asarray(n, dtype=float)
+            if group.attention == "partial":
+                return np.floor_divide(n, w) * prefix(float(w - 1)) + prefix(np.mod(n, w))
+            if group.attention == "overlap":
+                return np.maximum(n - w + 1, 0) * f_w
+            q = np.floor_divide(n, w)
+            below = np.maximum(q - 1, 0)
+            return np.where(q > 0, w * prefix(below) + (n - q * w + 1) * (prefix(q) - prefix(below)), 0.0)
+        return total(hi) - total(lo - 1)
     if group.attention == "chunked":
         def total(n):  # noqa: ANN001, ANN202
             return np.floor_divide(n, w) * prefix(float(w)) + prefix(np.mod(n, w))

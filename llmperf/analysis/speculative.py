@@ -266,6 +266,9 @@ def mtp_spec(model: ModelSpec, num_layers: int = 1) -> ModelSpec:
     if model.mtp_layers < 1:
         raise SpecError(f"draft: {MTP} needs a model with multi-token-prediction layers (mtp_layers >= 1), "
                         f"{model.name} has none")
+    if model.is_v4_attention:
+        raise SpecError(f"draft: {MTP}: {model.name}'s MTP module (DeepSeek-V4, o_groups) is not modelled "
+                        "(transformers does not build it)")
     if model.sublayer_layers:
         raise SpecError(f"draft: {MTP}: {model.name}'s layers are one sublayer each (Nemotron-H); its MTP module "
                         "(mtp_layers_block_type) is not modelled")
@@ -306,8 +309,9 @@ def eagle3_spec(model: ModelSpec, head: Mapping[str, Any] | None = None, draft_v
 
     h = dict(head or {})
     if head is None:
-        if model.is_mla:
-            raise SpecError(f"draft: {EAGLE3} for {model.name} (multi-head latent attention) needs the head's "
+        if model.is_mla or model.is_v4_attention:
+            what = "multi-head latent attention" if model.is_mla else "DeepSeek-V4's attention, o_groups"
+            raise SpecError(f"draft: {EAGLE3} for {model.name} ({what}) needs the head's "
                             "config.json: its attention is not the target's")
         if model.ffn_size <= 0:
             raise SpecError(f"draft: {EAGLE3} for {model.name} needs the head's config.json: the model has no dense "

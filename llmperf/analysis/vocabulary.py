@@ -41,6 +41,8 @@ class Op(str, Enum):
     ple_embed = "ple_embed"  # Gemma 4: each token's per-layer embeddings (a second table, every layer's at once)
     ple_proj = "ple_proj"  # Gemma 4: the embedding projected to every layer's per-layer input
     ple_norm = "ple_norm"  # Gemma 4: that projection normed, added to the per-layer embeddings and scaled
+    hc_proj = "hc_proj"  # DeepSeek-V4: the hyper-connection's mixing logits from the normed streams (fp32 GEMM)
+    hc_pre = "hc_pre"  # DeepSeek-V4: its norm, sigmoids, Sinkhorn iterations and the streams' collapse
     attn_norm = "attn_norm"
     in_proj_qkvz = "in_proj_qkvz"  # Gated DeltaNet: hidden -> q, k, v and the output gate z (linear layers)
     in_proj_ba = "in_proj_ba"  # Gated DeltaNet: hidden -> each value head's write strength b and decay a
@@ -64,6 +66,10 @@ class Op(str, Enum):
     index_write = "index_write"  # DSA's indexer: the new tokens' keys into its cache (fp8 and a scale)
     index_score = "index_score"  # DSA's indexer: every query's scores against every cached key
     index_topk = "index_topk"  # DSA's indexer: each query's top-k keys from its scores
+    kv_proj = "kv_proj"  # DeepSeek-V4: hidden -> the one K = V head
+    kv_norm = "kv_norm"  # DeepSeek-V4: its RMSNorm
+    compress_proj = "compress_proj"  # DeepSeek-V4: a csa / hca layer's compressor, hidden -> its kv and gate
+    compress_pool = "compress_pool"  # DeepSeek-V4: the gated pooling of each closed window into a compressed entry
     kv_b_proj = "kv_b_proj"  # MLA unabsorbed: latent -> heads x (nope K + V)
     q_absorb = "q_absorb"  # MLA absorbed: q_nope x W_UK per head
     qk_norm_gather = "qk_norm_gather"  # OLMo 2/3 under tp: every GPU's q and k heads gathered before the norm
@@ -78,7 +84,9 @@ class Op(str, Enum):
     attn_value = "attn_value"  # naive: O = P V
     v_absorb = "v_absorb"  # MLA absorbed: the latent output x W_UV per head
     attn_gate = "attn_gate"  # Qwen3-Next / Qwen3.5: the attention output times sigmoid(gate), gate from q_proj
-    o_proj = "o_proj"  # (a Gated DeltaNet layer's out_proj too)
+    o_a_proj = "o_a_proj"  # DeepSeek-V4: each head group -> o_lora_rank (the grouped output projection)
+    o_proj = "o_proj"  # (a Gated DeltaNet layer's out_proj too; DeepSeek-V4's o_b_proj)
+    hc_post = "hc_post"  # DeepSeek-V4: the sublayer's output mixed back into the residual streams
     attn_allreduce = "attn_allreduce"
     post_attn_norm = "post_attn_norm"  # Gemma's sandwich norm after attention
     attn_residual = "attn_residual"
@@ -109,6 +117,7 @@ class Op(str, Enum):
     ple_act = "ple_act"  # Gemma 4: the gate's activation times the layer's per-layer input
     ple_out = "ple_out"  # Gemma 4: back to hidden
     ple_out_norm = "ple_out_norm"  # Gemma 4: its norm and residual add
+    hc_head = "hc_head"  # DeepSeek-V4: the hyper-head collapsing the streams before the final norm
     final_norm = "final_norm"
     lm_head = "lm_head"
     logits_gather = "logits_gather"  # tensor parallel: every GPU's vocabulary slice of the logits gathered
@@ -147,7 +156,7 @@ FUSED_PARTS: MappingProxyType[Op, tuple[Op, ...]] = MappingProxyType({
 
 #: operators that exist once per model rather than once per layer
 MODEL_LEVEL_OPS: frozenset[Op] = frozenset({Op.embed, Op.embed_allreduce, Op.pos_embed, Op.embed_scale,
-                                           Op.ple_embed, Op.ple_proj, Op.ple_norm,
+                                           Op.ple_embed, Op.ple_proj, Op.ple_norm, Op.hc_head,
                                            Op.final_norm, Op.lm_head, Op.logits_gather, Op.final_softcap,
                                            Op.logits_scale, Op.pp_send})
 
@@ -158,7 +167,7 @@ WEIGHT_MATMUL_OPS: frozenset[Op] = frozenset({
     Op.q_absorb, Op.v_absorb, Op.o_proj, Op.router, Op.moe_latent_down, Op.moe_latent_up, Op.gate_up_proj,
     Op.gate_proj, Op.up_proj, Op.down_proj,
     Op.shared_gate_up_proj, Op.shared_gate_proj, Op.shared_up_proj, Op.shared_down_proj, Op.shared_expert_gate,
-    Op.lm_head, Op.ple_proj, Op.ple_gate, Op.ple_out,
+    Op.lm_head, Op.ple_proj, Op.ple_gate, Op.ple_out, Op.hc_proj, Op.kv_proj, Op.compress_proj, Op.o_a_proj,
 })
 
 #: operators of the attention core (what the attention kernels compute)

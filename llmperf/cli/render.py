@@ -93,7 +93,7 @@ def _kv_rows(est: GenerationEstimate, spec: KVCacheSpec) -> list[tuple[str, str]
         context = est.prompt_len + est.gen_len
         for g in spec.groups:
             held = g.tokens_held(context)
-            rows.append((f"  one sequence's KV, {g.label} layers x{g.num_layers} ({held:,} tokens)",
+            rows.append((f"  one sequence's KV, {g.label} layers x{g.num_layers} ({held:,} {g.unit})",
                          fmt.gib(g.bytes_for_context(context))))
     return rows
 

@@ -40,6 +40,9 @@ from llmperf.specs.hf import GPT_OSS_SWIGLU_ALPHA
 def check_moe(spec: ModelSpec) -> None:
     """A ValueError naming the MoE field the engine cannot build, before anything is allocated: the
     combinations of routing fields no model computes (each family's router is built as its own)."""
+    if spec.router_scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"router_scoring: the engine scores experts by softmax or sigmoid, got "
+                         f"{spec.router_scoring!r} ({spec.name})")
     if spec.mlp_bias and spec.shared_experts:
         raise ValueError(f"mlp_bias: biased experts with shared experts ({spec.name}) match no model the engine "
                          "was checked against (DeepSeek-V2's biases sit on its dense and shared MLPs only)")

@@ -121,6 +121,11 @@ def check_buildable(spec: ModelSpec) -> None:
     if spec.family not in ENGINE_FAMILIES:
         raise ValueError(f"family: the engine builds {', '.join(ENGINE_FAMILIES)} models, "
                          f"got {spec.family!r} ({spec.name})")
+    v4 = [f for f in ("o_groups", "hc_mult", "hash_moe_layers") if getattr(spec, f) not in (None, ())]
+    if v4:
+        raise ValueError(f"{v4[0]}: the engine does not build DeepSeek-V4's layers ({spec.name}: its shared-KV "
+                         "attention with compressed entries, hyper-connections, hash routing); llmperf reads and "
+                         "counts them, and prices them in estimate (not simulate or plan)")
     if spec.moe_latent_size:
         raise ValueError(f"moe_latent_size: the engine does not build a latent MoE's projections ({spec.name}); "
                          "llmperf prices them (estimate, simulate, plan)")

@@ -571,6 +571,7 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
         raise SpecError("plan: the workload needs a number of requests per simulation")
     check_top(top)
     m = load_model(model)
+    m.check_simulated()  # DeepSeek-V4: refused by name before any candidate
     for d in devices:
         load_hardware(d)  # unknown names fail before any work
     from llmperf.serving.simulator import EFFICIENCIES

@@ -144,6 +144,7 @@ class ServingConfig:
             raise SpecError(f"--ep: must be a positive integer, got {self.ep!r}")
         if not isinstance(self.dp_attention, bool):
             raise SpecError(f"--dp-attention: must be true or false, got {self.dp_attention!r}")
+        self.model.check_simulated()  # DeepSeek-V4: its cache's pages are not modelled (names o_groups)
         ShardDims.of(self.model, self.tp, self.ep, self.dp_attention)  # names tp, ep or dp_attention
         object.__setattr__(self, "expert_load", as_expert_load(self.expert_load))  # a path is read once
         check_eplb(self.model, self.ep, self.eplb)  # names eplb

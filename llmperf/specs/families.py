@@ -66,7 +66,7 @@ _ALL = (
                            "glm_moe_dsa", "glm4_moe_lite", "minimax_m2", "smollm3", "seed_oss", "olmo2", "olmo3",
                            "exaone4", "ernie4_5_moe", "granite", "granitemoe", "granitemoeshared",
                            "granitemoehybrid", "bamba",
-                           "ministral3", "phi3", "glm4", "cohere2", "gemma", "qwen2_moe", "olmoe")),
+                           "ministral3", "phi3", "glm4", "cohere2", "gemma", "qwen2_moe", "olmoe", "deepseek_v4")),
     Family(name="gpt2", description="LayerNorm, learned positions, GELU MLP, biases, tied head",
            norm_kind="layernorm", ffn_kind="gelu", hidden_act="gelu_new", pos_encoding="learned",
            qkv_bias=True, out_bias=True, mlp_bias=True, tied_embeddings=True, hf_model_types=("gpt2",)),

@@ -3,9 +3,9 @@ mistral, mixtral, qwen2, gpt2, opt, gpt_neox, qwen3, qwen3_moe, deepseek_v2, dee
 a DeepseekV3ForCausalLM), deepseek_v32, glm4_moe, glm_moe_dsa, qwen3_next, qwen3_5_text, qwen3_5_moe_text,
 glm4_moe_lite, minimax_m2, smollm3, seed_oss, olmo2, olmo3, exaone4, ernie4_5_moe, gpt_oss, llama4_text,
 gemma2, gemma3_text, gemma4_text, nemotron_h, granite, granitemoe, granitemoeshared, granitemoehybrid, bamba,
-ministral3, phi3, glm4, cohere2, gemma, qwen2_moe, olmoe, and the text model of the multimodal llama4 / gemma3 /
-gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from `text_config`; the vision and audio towers are
-not modelled).
+ministral3, phi3, glm4, cohere2, gemma, qwen2_moe, olmoe, deepseek_v4 (priced by estimate only), and the text
+model of the multimodal llama4 / gemma3 / gemma4 / qwen3_5 / kimi_k25 / mistral3 checkpoints (read from
+`text_config`; the vision and audio towers are not modelled).
 
 Field names and the defaults of absent fields follow each model type's `PretrainedConfig` in
 transformers 5 (`transformers/models/<type>/configuration_<type>.py`). Each model type is one
@@ -896,6 +896,161 @@ def _nemotron_h_extra(cfg: _Config, out: dict[str, Any]) -> None:
     _dense_layers(out, lambda i: blocks[i] == "moe")
 
 
+#: DeepseekV4Config's defaults (transformers 5.24; `compress_rates` and the default layer and MLP schedules are
+#: its __post_init__'s, `_deepseek_v4_extra`)
+_DEEPSEEK_V4_DEFAULTS = dict(
+    vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=43, num_attention_heads=64,
+    num_key_value_heads=1, head_dim=512, q_lora_rank=1024, num_experts_per_tok=6, n_routed_experts=256,
+    n_shared_experts=1, scoring_func="sqrtsoftplus", norm_topk_prob=True, routed_scaling_factor=1.5,
+    max_position_embeddings=1048576, rope_theta=10000.0, compress_rope_theta=160000.0, hc_mult=4,
+    hc_sinkhorn_iters=20, hc_eps=1.0e-6, swiglu_limit=10.0, sliding_window=128, o_groups=8, o_lora_rank=1024,
+    index_n_heads=64, index_head_dim=128, index_topk=512, num_nextn_predict_layers=1, hidden_act="silu",
+    rms_norm_eps=1.0e-6, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+#: DeepSeek-V4's layer_types -> ModelSpec's; its legacy per-layer `compress_ratios` (0, 4, 128) -> layer_types
+_V4_LAYER_TYPES = {"sliding_attention": "sliding", "compressed_sparse_attention": "csa",
+                   "heavily_compressed_attention": "hca"}
+_V4_COMPRESS_RATIOS = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+
+
+def _v4_schedule(cfg: _Config, key: str, allowed: tuple[str, ...], default: list[str]) -> list[str]:
+    """A DeepSeek-V4 per-layer list (`layer_types`, `mlp_layer_types`) as DeepseekV4Config keeps it: its first
+    num_hidden_layers entries (fewer are refused, as transformers refuses them), else `default`."""
+    n = len(default)
+    value = cfg.get(key) if cfg.has(key) else default
+    if not isinstance(value, list) or len(value) < n:
+        raise SpecError(f"{cfg.origin}: {key} must list num_hidden_layers={n} entries, got {value!r}")
+    bad = [t for t in value[:n] if t not in allowed]
+    if bad:
+        raise SpecError(f"{cfg.origin}: {key} holds {bad[0]!r} (DeepSeek-V4's: {', '.join(allowed)})")
+    return list(value[:n])
+
+
+def _v4_layer_types(cfg: _Config, n: int) -> list[str]:
+    """DeepSeek-V4's attention schedule: `layer_types`, else the legacy `compress_ratios` (0 / 4 / 128 per layer),
+    else DeepseekV4Config's default (two hca layers, then hca and csa alternating)."""
+    default = ["heavily_compressed_attention"] * min(n, 2) + [
+        "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention" for i in range(max(n - 2, 0))]
+    if not cfg.has("layer_types") and cfg.has("compress_ratios"):
+        ratios = cfg.get("compress_ratios")
+        if not isinstance(ratios, list) or len(ratios) < n or any(r not in _V4_COMPRESS_RATIOS for r in ratios[:n]):
+            raise SpecError(f"{cfg.origin}: compress_ratios must list num_hidden_layers={n} of 0, 4 or 128, got "
+                            f"{ratios!r}")
+        default = [_V4_COMPRESS_RATIOS[r] for r in ratios[:n]]
+    return _v4_schedule(cfg, "layer_types", tuple(_V4_LAYER_TYPES), default)
+
+
+def _v4_rates(cfg: _Config, kinds: list[str]) -> dict[str, int]:
+    """The compression rate of each compressed layer type present: `compress_rates` (else 4 and 128), the
+    legacy `compress_rate_csa` / `compress_rate_hca` over it."""
+    rates = cfg.get("compress_rates", {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128})
+    if not isinstance(rates, Mapping):
+        raise SpecError(f"{cfg.origin}: compress_rates must be a mapping of layer type to rate, got {rates!r}")
+    rates = dict(rates)
+    for key, layer_type in (("compress_rate_csa", "compressed_sparse_attention"),
+                            ("compress_rate_hca", "heavily_compressed_attention")):
+        if cfg.has(key):
+            rates[layer_type] = cfg.get(key)
+    out = {}
+    for layer_type, field_name in (("compressed_sparse_attention", "csa_rate"),
+                                   ("heavily_compressed_attention", "hca_rate")):
+        if layer_type in kinds:
+            if layer_type not in rates:
+                raise SpecError(f"{cfg.origin}: compress_rates has no rate for the {layer_type} layers")
+            out[field_name] = _positive(cfg, f"compress_rates.{layer_type}", rates[layer_type])
+    return out
+
+
+def _v4_rope(cfg: _Config, out: dict[str, Any]) -> None:
+    """DeepSeek-V4's rotary: `partial_rotary_factor` (else the legacy qk_rope_head_dim / head_dim, else 1/8) of
+    each head, interleaved pairs; the sliding layers' base `rope_theta`, the compressed layers' `compress_rope_theta`
+    and scaling (`rope_parameters`' main / compress, or flat as DeepseekV4Config folds it): values, not costs."""
+    d = out["head_dim"]
+    factor = cfg.get("partial_rotary_factor", None)
+    if factor is None:
+        factor = _positive(cfg, "qk_rope_head_dim") / d if cfg.has("qk_rope_head_dim") else 64 / 512
+    factor = _number(cfg, "partial_rotary_factor", factor)
+    if not 0 < factor <= 1 or int(d * factor) < 2:
+        raise SpecError(f"{cfg.origin}: partial_rotary_factor must leave at least 2 rotary features of head_dim={d}, "
+                        f"got {factor!r}")
+    out["rotary_dim"] = int(d * factor)
+    out["rope_interleaved"] = True
+    nested = _rope_parameters(cfg)
+    if not nested and cfg.has("rope_scaling"):
+        nested = cfg.get("rope_scaling")
+        if not isinstance(nested, Mapping):
+            raise SpecError(f"{cfg.origin}: rope_scaling must be a mapping, got {nested!r}")
+    parts = {k: v for k, v in nested.items() if k in ("main", "compress") and isinstance(v, Mapping)}
+    if len(parts) < 2:  # flat: the compressed layers' scaling, the sliding layers' plain rotary
+        parts = {"compress": {k: v for k, v in nested.items() if k not in ("main", "compress")}}
+    for label, params in parts.items():
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind not in ROPE_TYPES:
+            raise cfg.refuse(f"rope_parameters.{label}.rope_type", kind, f"supported: {', '.join(ROPE_TYPES)}")
+    main = parts.get("main", {})
+    out["rope_theta"] = _positive_number(cfg, "rope_theta", main.get("rope_theta", cfg.get("rope_theta")))
+    _positive_number(cfg, "compress_rope_theta", parts["compress"].get("rope_theta", cfg.get("compress_rope_theta")))
+
+
+def _deepseek_v4_extra(cfg: _Config, out: dict[str, Any]) -> None:
+    """DeepSeek-V4: every layer attends over a sliding window with one shared K = V head (MQA, a low-rank query,
+    a sink per head, a grouped output projection); its csa layers add entries compressed every `csa_rate` tokens
+    read through a Lightning Indexer's top-k, its hca layers entries compressed every `hca_rate` tokens; the
+    residual is `hc_mult` streams mixed by hyper-connections; every layer is MoE (one shared expert, routed by a
+    frozen token table in its `hash_moe` layers, else by sqrtsoftplus scores with a correction bias). What
+    transformers builds otherwise than the config says is refused: more KV heads, attention or MLP biases,
+    shared experts other than one, a tied head is honoured (transformers ties it)."""
+    n = out["num_layers"]
+    for key, neutral, why in (("num_key_value_heads", 1, "transformers builds one shared K = V head"),
+                              ("attention_bias", False, "transformers' DeepseekV4Attention has no biases"),
+                              ("mlp_bias", False, "it would bias the shared expert only, not the routed ones"),
+                              ("n_shared_experts", 1, "transformers builds one shared expert whatever it says")):
+        value = cfg.get(key)
+        if value != neutral or isinstance(value, bool) != isinstance(neutral, bool):
+            raise cfg.refuse(key, value, why)
+    expert_dtype = cfg.get("expert_dtype", None)
+    q = cfg.get("quantization_config", None)
+    if expert_dtype is None and isinstance(q, Mapping):
+        expert_dtype = q.get("expert_dtype")
+    if expert_dtype is not None:
+        raise cfg.refuse("expert_dtype", expert_dtype, "a dtype of the routed experts apart from quantization_config's "
+                         "format is not read")
+    out["num_kv_heads"] = 1
+    out["qkv_bias"] = out["out_bias"] = out["mlp_bias"] = False
+    out["attn_sinks"] = True
+    out["q_lora_rank"] = _positive(cfg, "q_lora_rank")
+    out["o_groups"], out["o_lora_rank"] = _positive(cfg, "o_groups"), _positive(cfg, "o_lora_rank")
+    out["hc_mult"] = _positive(cfg, "hc_mult")
+    out["hc_sinkhorn_iters"] = _count(cfg, "hc_sinkhorn_iters")
+    eps = _number(cfg, "hc_eps", cfg.get("hc_eps"))  # a value, not a cost: a floor of the Sinkhorn normalisation
+    if not 0 <= eps < float("inf"):
+        raise SpecError(f"{cfg.origin}: hc_eps must be a finite number >= 0, got {eps!r}")
+    _v4_rope(cfg, out)
+    names = _v4_layer_types(cfg, n)
+    kinds = [_V4_LAYER_TYPES[t] for t in names]
+    out["layer_types"] = tuple(kinds)
+    out["sliding_window"] = _positive(cfg, "sliding_window")
+    out.update(_v4_rates(cfg, names))
+    index = {f: _positive(cfg, f) for f in ("index_n_heads", "index_head_dim", "index_topk")}
+    if "csa" in kinds:  # only csa layers build an indexer
+        out.update(index)
+    hashed = min(n, _count(cfg, "num_hash_layers") if cfg.has("num_hash_layers") else 3)  # the legacy key, else 3
+    mlp = _v4_schedule(cfg, "mlp_layer_types", ("hash_moe", "moe"), ["hash_moe"] * hashed + ["moe"] * (n - hashed))
+    out["hash_moe_layers"] = tuple(i for i, t in enumerate(mlp) if t == "hash_moe")
+    out["shared_experts"] = 1
+    out["router_score_bias"] = "moe" in mlp  # the scored layers' e_score_correction_bias (a persistent buffer)
+    out["mtp_layers"] = _count(cfg, "num_nextn_predict_layers")
+    if cfg.get("swiglu_limit", None) is not None:  # a value, not a cost; not gpt-oss's clamp (ModelSpec.swiglu_limit)
+        _positive_number(cfg, "swiglu_limit", cfg.get("swiglu_limit"))
+    func = cfg.get("scoring_func")
+    if func not in ("sqrtsoftplus", "softmax", "sigmoid"):
+        raise cfg.refuse("scoring_func", func, "DeepSeek-V4 routes by sqrtsoftplus, softmax or sigmoid scores")
+    out["router_scoring"] = func
+    out["router_renormalize"] = True  # DeepseekV4TopKRouter and HashRouter always renormalise
+    cfg.get("norm_topk_prob")  # read, not used: transformers renormalises whatever it says
+    out["router_scale"] = _positive_number(cfg, "routed_scaling_factor", cfg.get("routed_scaling_factor"))
+    _top_k(cfg, out)
+
+
 def _glm4_moe_extra(cfg: _Config, out: dict[str, Any]) -> None:
     """GLM-4.5: GQA with q/k/v biases (none on o_proj), optional q/k RMSNorm, partial rotary, DeepSeek-V3
     style MoE (first_k_dense_replace dense layers, shared experts, noaux_tc score-correction bias)."""
@@ -1529,6 +1684,12 @@ _TYPES = (
                                 ("position_embedding_type",)))))),
     HFModelType(model_type="bamba", family="llama", architectures=("BambaForCausalLM",), keys=_LLAMA_KEYS,
                 required=(), defaults=_BAMBA_DEFAULTS, sliding_window="layers", extra=_bamba_extra),
+    HFModelType(model_type="deepseek_v4", family="llama", architectures=("DeepseekV4ForCausalLM",),
+                keys={**{k: v for k, v in _LLAMA_KEYS.items() if k != "num_kv_heads"},
+                      "ffn_size": "moe_intermediate_size", "num_experts": "n_routed_experts",
+                      "experts_per_token": "num_experts_per_tok", "moe_ffn_size": "moe_intermediate_size"},
+                required=(), defaults=_DEEPSEEK_V4_DEFAULTS, sliding_window="layers", rope=False,
+                honours=("index_topk", "index_n_heads"), extra=_deepseek_v4_extra),
     HFModelType(model_type="nemotron_h", family="llama", architectures=("NemotronHForCausalLM",),
                 keys={**{k: v for k, v in _LLAMA_KEYS.items() if k != "num_layers"}, "hidden_act": "mlp_hidden_act",
                       "norm_eps": "layer_norm_epsilon", "num_experts": "n_routed_experts",
@@ -1622,7 +1783,10 @@ HF_CONFIG_FIELDS: tuple[str, ...] = tuple(sorted(
        # Granite (its extra function)
        *_GRANITE_MULTIPLIERS, "shared_intermediate_size", "num_local_experts", "position_embedding_type",
        "mamba_n_heads", "mamba_expand", "mamba_d_head", "mamba_d_state", "mamba_proj_bias", "time_step_limit",
-       "attn_layer_indices"}))
+       "attn_layer_indices",
+       # DeepSeek-V4 (its extra function; legacy spellings too)
+       "compress_rates", "compress_rate_csa", "compress_rate_hca", "compress_ratios", "compress_rope_theta",
+       "hc_mult", "hc_sinkhorn_iters", "hc_eps", "o_groups", "o_lora_rank", "num_hash_layers", "expert_dtype"}))
 
 #: every config field refused when it holds a value llmperf does not model (named in the error)
 HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
@@ -1632,7 +1796,8 @@ HF_REFUSED_FIELDS: tuple[str, ...] = tuple(sorted(
      "mlp_bias", "topk_method", "scoring_func", "use_bidirectional_attention", "text_config",
      "experts_per_token", "swiglu_alpha", "residual_in_fp32", "mamba_hidden_act",
      "mamba_ssm_cache_dtype", "mlp_hidden_act", "layers_block_type", "tie_word_embeddings", "n_shared_experts",
-     "position_embedding_type", "time_step_limit", "hidden_act", "shared_intermediate_size"}))
+     "position_embedding_type", "time_step_limit", "hidden_act", "shared_intermediate_size",
+     "num_key_value_heads", "attention_bias", "expert_dtype", "compress_ratios", "compress_rates"}))
 
 
 def _dtype(cfg: _Config) -> str:

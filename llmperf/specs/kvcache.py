@@ -38,7 +38,14 @@ from llmperf.specs.precision import dtype_bytes
 if TYPE_CHECKING:
     from llmperf.specs.model import ModelSpec
 
-KV_ATTENTION_KINDS = ("full", "sliding", "chunked", "linear", "none")
+KV_ATTENTION_KINDS = ("full", "sliding", "chunked", "linear", "none", "csa", "hca")
+#: DeepSeek-V4's parts of a cache, as `KVGroup.attention` (`KVCacheSpec.v4`): a csa / hca layer's window of
+#: K = V (`window`), its compressed entries (`compressed`, one per `window` tokens), its compressors' partial
+#: window (`partial`, the tokens past the last full one) and a csa layer's last window's first series (`overlap`)
+V4_GROUP_KINDS = ("window", "compressed", "partial", "overlap")
+#: the bytes of a DeepSeek-V4 compressor's position-bias dtype (fp32 in transformers and a checkpoint): the
+#: dtype of the overlap's gate
+V4_GATE_BYTES = 4.0
 #: how sliding and chunked layers are allocated: their window only (vLLM's hybrid manager) or the
 #: whole context like a full layer (no hybrid manager, hf-mem >= PR #70)
 KV_WINDOW_MODES = ("capped", "full")
@@ -87,8 +94,8 @@ class KVGroup:
     (`bytes_per_token_per_layer`) and how many tokens it keeps. `capped=False`: the engine gives
     these layers the whole context even though they attend to a window (see the module docstring)."""
 
-    attention: str  # full | sliding | chunked
-    window: int | None  # sliding: the window W; chunked: the chunk C; full: None
+    attention: str  # full | sliding | chunked, or DeepSeek-V4's window | compressed | partial | overlap
+    window: int | None  # sliding: the window W; chunked: the chunk C; full: None; V4's compressed ones: the rate
     num_layers: int
     bytes_per_token_per_layer: float
     capped: bool = True
@@ -109,10 +116,23 @@ class KVGroup:
         """One token in every layer of the group."""
         return self.num_layers * self.bytes_per_token_per_layer
 
+    @property
+    def unit(self) -> str:
+        """What `tokens_held` counts: tokens, or a DeepSeek-V4 compressed group's entries (`slots`: the overlap's
+        window of the compressor's first series)."""
+        return {"compressed": "entries", "overlap": "slots"}.get(self.attention, "tokens")
+
     def tokens_held(self, context: Any) -> Any:
         """Tokens one layer keeps for a sequence of `context` tokens, as allocated: all of them, or
-        at most the window (the chunk, for chunked layers: the size of the last complete chunk)."""
+        at most the window (the chunk, for chunked layers: the size of the last complete chunk).
+        DeepSeek-V4's groups of rate r (`V4_GROUP_KINDS`): `compressed` floor(context / r) entries, `partial`
+        context mod r tokens, `overlap` r slots once a window has closed."""
         cap = self.cap
+        if self.attention in ("compressed", "partial", "overlap"):
+            c = np.asarray(context)
+            out = (np.floor_divide(c, cap) if self.attention == "compressed" else np.mod(c, cap)
+                   if self.attention == "partial" else np.where(c >= cap, cap, 0))
+            return out if out.ndim else out.item()
         if cap is None:
             return context
         if isinstance(context, (int, float, np.integer, np.floating)):
@@ -131,6 +151,19 @@ class KVGroup:
     def bytes_for_context(self, context: Any) -> Any:
         """KV bytes this group holds for a sequence of `context` tokens (its window's tokens at most)."""
         return self.tokens_held(context) * self.bytes_per_token
+
+    @property
+    def paged(self) -> bool:
+        """Whether a paged cache allocates this group in blocks: every group but DeepSeek-V4's `partial` and
+        `overlap` buffers (one per sequence, exactly their size); its compressed entries are paged in blocks of
+        `block_size` entries."""
+        return self.attention not in ("partial", "overlap")
+
+    def paged_tokens(self, context: Any, block_size: int) -> Any:
+        """`tokens_held` rounded up to whole blocks of `block_size` (as it is, for a group not `paged`)."""
+        held = np.asarray(self.tokens_held(context), dtype=float)
+        out = np.ceil(held / block_size) * block_size if self.paged else held
+        return out if out.ndim else out.item()
 
     def first_block(self, start: int, block_size: int) -> int:
         """The first block a paged engine still holds in these layers once a step starting at
@@ -182,6 +215,10 @@ class KVCacheSpec:
     global_kv_heads: int | None = None  # Gemma 4: the full layers' K/V heads (None: num_kv_heads)
     global_head_dim: int | None = None  # Gemma 4: the full layers' head dim (None: head_dim)
     kv_shared_layers: tuple[int, ...] = ()  # Gemma 4: layers reading an earlier layer's cache (none of their own)
+    v4: bool = False  # DeepSeek-V4's cache (`deepseek_v4_cache_elements`): layer_types sliding / csa / hca
+    csa_rate: int | None = None  # DeepSeek-V4: tokens per compressed entry of the csa layers
+    hca_rate: int | None = None  # DeepSeek-V4: of the hca layers
+    v4_index_dim: int = 0  # DeepSeek-V4: a csa layer's indexer key per entry (index_head_dim)
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "num_kv_heads", "head_dim"):
@@ -232,22 +269,56 @@ class KVCacheSpec:
         if shared and (ib == 0 or any(self.kinds()[i] in ("linear", "none") for i in shared)):
             raise SpecError("kv cache: shared_topk_layers needs an indexer key (index_bytes_per_token > 0) and "
                             "attention layers")
+        self._check_v4()
         sb = self.state_bytes_per_layer
         if not is_real(sb) or sb < 0 or (sb == 0 and "linear" in self.kinds()):  # a stage may hold none
             raise SpecError(f"kv cache: state_bytes_per_layer must be a finite number, > 0 when some layer is "
                             f"linear, got {sb!r}")
+
+    def _check_v4(self) -> None:
+        """DeepSeek-V4's fields: csa / hca layers only in its cache, each with its rate; a window to hold."""
+        kinds = self.kinds()
+        if not isinstance(self.v4, bool):
+            raise SpecError(f"kv cache: v4 must be true or false, got {self.v4!r}")
+        if not self.v4:
+            if "csa" in kinds or "hca" in kinds or self.csa_rate or self.hca_rate or self.v4_index_dim:
+                raise SpecError("kv cache: csa / hca layers and their rates need v4 (DeepSeek-V4's cache)")
+            return
+        if self.sliding_window is None or self.latent or self.window != "capped" or self.num_kv_heads != 1:
+            raise SpecError("kv cache: DeepSeek-V4's cache needs a sliding_window, one K = V head, no latent and "
+                            f"capped windows, got window={self.window!r}")
+        if any(k not in ("sliding", "csa", "hca") for k in kinds):
+            raise SpecError("kv cache: DeepSeek-V4's layer_types are sliding, csa and hca")
+        for kind, f in (("csa", "csa_rate"), ("hca", "hca_rate")):
+            value = getattr(self, f)
+            if (kind in kinds or value is not None) and (not is_count(value) or value <= 0):
+                raise SpecError(f"kv cache: {f} must be a positive integer with {kind} layers, got {value!r}")
+        if not is_count(self.v4_index_dim) or ("csa" in kinds and self.v4_index_dim <= 0):
+            raise SpecError(f"kv cache: v4_index_dim must be a positive integer with csa layers, got "
+                            f"{self.v4_index_dim!r}")
 
     @classmethod
     def from_model(cls, model: ModelSpec, kv: str | float | Any = "fp16", *, window: str = "capped") -> KVCacheSpec:
         """The cache of `model` with elements of `kv`: a dtype name (`"fp8"`), a size in bytes
         (`0.5`), or a `Precision` (its `kv_bytes`); `window`: `"capped"` or `"full"` pages for
         sliding and chunked layers."""
+        if hasattr(model, "check_priced"):
+            model.check_priced()  # hyper-connections or hash routing without DeepSeek-V4's attention
         if isinstance(kv, str):
             element = dtype_bytes(kv)
         elif hasattr(kv, "kv_bytes"):
             element = kv.kv_bytes
         else:
             element = kv
+        if getattr(model, "o_groups", None) is not None:  # DeepSeek-V4: what transformers' cache holds
+            if window != "capped":
+                raise SpecError(f"kv_window: DeepSeek-V4's cache holds its window and compressed entries as "
+                                f"transformers does (capped); {window!r} pages are not modelled")
+            return cls(num_layers=model.num_layers, num_kv_heads=1, head_dim=model.head_dim, element_bytes=element,
+                       sliding_window=model.sliding_window,
+                       layer_types=model.layer_types or ("sliding",) * model.num_layers, v4=True,
+                       csa_rate=model.csa_rate, hca_rate=model.hca_rate,
+                       v4_index_dim=model.index_head_dim if "csa" in (model.layer_types or ()) else 0)
         if getattr(model, "kv_lora_rank", None) is not None:  # MLA: the latent and the shared rotary key
             heads, dim, latent = 1, model.kv_lora_rank + model.qk_rope_head_dim, True
         else:
@@ -283,7 +354,9 @@ class KVCacheSpec:
     @property
     def groups(self) -> tuple[KVGroup, ...]:
         """The KV-holding layers of each attention kind (in order of first appearance; linear layers hold
-        none), each with its bytes per token and layer and its window."""
+        none), each with its bytes per token and layer and its window (DeepSeek-V4: `_v4_groups`)."""
+        if self.v4:
+            return self._v4_groups()
         windows = {"full": None, "sliding": self.sliding_window, "chunked": self.attention_chunk_size}
         counts: dict[str, int] = {}
         for kind in self.held_kinds():
@@ -292,6 +365,34 @@ class KVCacheSpec:
         return tuple(KVGroup(attention=kind, window=windows[kind], num_layers=n,
                              bytes_per_token_per_layer=self.layer_bytes(kind), capped=capped)
                      for kind, n in counts.items())
+
+    def _v4_groups(self) -> tuple[KVGroup, ...]:
+        """DeepSeek-V4's cache as transformers keeps it (`deepseek_v4_cache_elements`): the last sliding_window - 1
+        tokens (`sliding`: K and V apart, 2 head_dim; `window`: a csa / hca layer's K = V, head_dim), and in csa /
+        hca layers of rate r the `compressed` entries (head_dim, + the indexer's key in csa), the `partial`
+        window's kv and gate projections (csa 4 (head_dim + index_head_dim) a token, hca 2 head_dim) and a csa
+        layer's `overlap` (r x (head_dim + index_head_dim) of kv at the element size and of gate at fp32)."""
+        kinds, d, di, e = self.held_kinds(), self.head_dim, self.v4_index_dim, self.element_bytes
+        w = self.sliding_window - 1  # type: ignore[operator]
+        n = {k: kinds.count(k) for k in ("sliding", "csa", "hca")}
+        out = []
+        if n["sliding"]:
+            out.append(KVGroup(attention="sliding", window=w, num_layers=n["sliding"],
+                               bytes_per_token_per_layer=2 * d * e))
+        if n["csa"] + n["hca"]:
+            out.append(KVGroup(attention="window", window=w, num_layers=n["csa"] + n["hca"],
+                               bytes_per_token_per_layer=d * e))
+        parts = (("csa", self.csa_rate, d + di, 4 * (d + di)), ("hca", self.hca_rate, d, 2 * d))
+        for kind, rate, width, partial in parts:
+            if n[kind]:
+                out += [KVGroup(attention="compressed", window=rate, num_layers=n[kind],
+                                bytes_per_token_per_layer=width * e),
+                        KVGroup(attention="partial", window=rate, num_layers=n[kind],
+                                bytes_per_token_per_layer=partial * e)]
+                if kind == "csa":
+                    out.append(KVGroup(attention="overlap", window=rate, num_layers=n[kind],
+                                       bytes_per_token_per_layer=width * (e + V4_GATE_BYTES)))
+        return tuple(out)
 
     @property
     def uniform(self) -> bool:
@@ -347,7 +448,7 @@ class KVCacheSpec:
         when some reuse an earlier layer's top-k and keep none). The same in every layer; Gemma 4's
         layers differ (full ones of their own shape): their average over the KV layers (`layer_bytes`
         gives each kind's)."""
-        if self.has_global:
+        if self.has_global or self.v4:
             return self.bytes_per_token / self.kv_layers
         index = self.index_bytes_per_token
         if self.shared_topk_layers:
@@ -372,9 +473,13 @@ class KVCacheSpec:
     @property
     def bytes_per_token(self) -> float:
         """One token in every layer held: what a token costs while the context is shorter than every
-        window (no cap reached), and the slope of `bytes_for_context` of a model without windows."""
+        window (no cap reached), and the slope of `bytes_for_context` of a model without windows
+        (DeepSeek-V4: its slope at length, each compressed entry's bytes over its rate; 0 without csa / hca
+        layers)."""
         if self.has_global:
             return sum(self.layer_bytes(k) for k in self.held_kinds())
+        if self.v4:  # DeepSeek-V4: the slope at length, its compressed entries' bytes over their rates
+            return sum(g.bytes_per_token / g.window for g in self.groups if g.attention == "compressed")
         return self.kv_layers * self.bytes_per_token_per_layer
 
     def bytes_per_block(self, block_size: int) -> float:
@@ -399,7 +504,7 @@ class KVCacheSpec:
         _check_context(context)
         groups = self.groups
         if len(groups) == 1:
-            return groups[0].tokens_held(context) * self.bytes_per_token
+            return groups[0].tokens_held(context) * groups[0].bytes_per_token
         return sum(g.tokens_held(context) * g.bytes_per_token for g in groups)
 
     def paged_bytes_for_context(self, context: Any, block_size: int) -> Any:
@@ -407,8 +512,8 @@ class KVCacheSpec:
         whole blocks of `block_size` tokens (vLLM's hybrid allocator pages every group separately)."""
         _check_context(context)
         _check_positive_int("block_size", block_size)
-        return sum(np.ceil(np.asarray(g.tokens_held(context), dtype=float) / block_size) * block_size
-                   * g.bytes_per_token for g in self.groups)
+        return sum(np.asarray(g.paged_tokens(context, block_size), dtype=float) * g.bytes_per_token
+                   for g in self.groups)
 
     # ---- a paged engine, block by block --------------------------------------------------------
     @property
@@ -504,6 +609,39 @@ def indexer_key_bytes(model: Any) -> float:
         return 0.0
     d = model.index_head_dim
     return float(d + 4 * -(-d // INDEX_SCALE_BLOCK))
+
+
+#: the parts of DeepSeek-V4's cache (`deepseek_v4_cache_elements`)
+V4_CACHE_PARTS = ("window", "compressed", "indexer_keys", "partial_windows")
+
+
+def deepseek_v4_cache_elements(model: Any, context: int) -> dict[str, int]:
+    """Elements transformers' DeepSeek-V4 cache holds for one sequence of `context` tokens, summed over layers, by
+    part (`V4_CACHE_PARTS`), as DynamicCache builds it (DynamicSlidingWindowLayer, DeepseekV4HCACache,
+    DeepseekV4CSACache): `window`, the last `sliding_window - 1` tokens' head_dim K (a sliding layer keeps V apart,
+    the same values: twice; a csa / hca layer one tensor for both); `compressed`, one head_dim entry per full
+    window of csa_rate / hca_rate tokens; `indexer_keys`, a csa layer's index_head_dim key per window;
+    `partial_windows`, the compressors' projections of the tokens past the last full window (kv and gate: csa
+    2 x 2 head_dim and 2 x 2 index_head_dim a token, hca 2 x head_dim) and, once a csa layer has closed a
+    window, its last window's first series (kv and gate, csa_rate x (head_dim + index_head_dim) each). The
+    gate of that last part is of the compressors' position_bias dtype (fp32 in a checkpoint), the rest of the
+    activations'. `KVCacheSpec.from_model` prices exactly these (`_v4_groups`), the overlap's gate at fp32."""
+    if not is_int(context) or context < 0:
+        raise SpecError(f"context: must be an integer >= 0, got {context!r}")
+    d, held = model.head_dim, min(context, model.sliding_window - 1)
+    parts = dict.fromkeys(V4_CACHE_PARTS, 0)
+    for kind in model.layer_types or ("sliding",) * model.num_layers:
+        parts["window"] += held * d * (2 if kind == "sliding" else 1)
+        if kind == "hca":
+            m = model.hca_rate
+            parts["compressed"] += context // m * d
+            parts["partial_windows"] += context % m * 2 * d
+        elif kind == "csa":
+            m, di = model.csa_rate, model.index_head_dim
+            parts["compressed"] += context // m * d
+            parts["indexer_keys"] += context // m * di
+            parts["partial_windows"] += context % m * 4 * (d + di) + (2 * m * (d + di) if context >= m else 0)
+    return parts
 
 
 def linear_state_bytes(model: Any, kv: Any = None) -> float:

@@ -28,9 +28,11 @@ POS_ENCODINGS = ("rope", "learned")
 FAMILIES = tuple(_FAMILY_DESCRIPTIONS)  # the names; the descriptions are in llmperf.specs.families
 
 
-ATTENTION_KINDS = ("full", "sliding", "chunked", "linear", "none")  # per-layer attention (layer_types)
+ATTENTION_KINDS = ("full", "sliding", "chunked", "linear", "none", "csa", "hca")  # per-layer attention (layer_types)
 #: linear: a Gated DeltaNet (Qwen3-Next, Qwen3.5) or Mamba-2 (Nemotron-H) token mixer: no KV cache, a constant
 #: state per sequence; none: no token mixer, the layer is its FFN alone (Nemotron-H's MLP and MoE layers)
+#: csa / hca: DeepSeek-V4's compressed sparse and heavily compressed attention, each beside a sliding window
+#: (`ModelSpec.o_groups` set: DeepSeek-V4's attention)
 LINEAR_MIXERS = ("gated_deltanet", "mamba2")
 #: tokens a block of each linear mixer's chunked prefill form when the spec names none (FLA's and transformers'
 #: Gated DeltaNet chunk; mamba_ssm's default chunk_size)
@@ -58,6 +60,7 @@ class LayerKind:
     global_shape: bool = False  # Gemma 4: a full layer with the full layers' own head dim and KV heads
     kv_shared: bool = False  # Gemma 4: it reads an earlier layer's cache (no K/V of its own)
     ffn: bool = True  # Nemotron-H: False for a layer that is its token mixer alone
+    hash_router: bool = False  # DeepSeek-V4: its experts are chosen by a frozen token -> experts table
 
     @property
     def label(self) -> str:
@@ -68,7 +71,7 @@ class LayerKind:
         text = self.attention if self.window is None else f"{self.attention}-{self.window}"
         return (text + ("/moe" if self.moe else "") + ("" if self.rope or self.attention == "linear" else "/nope")
                 + ("/shared-topk" if self.shared_topk else "") + ("/kv-shared" if self.kv_shared else "")
-                + ("" if self.ffn else "/no-ffn"))
+                + ("" if self.ffn else "/no-ffn") + ("/hash" if self.hash_router else ""))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,8 +187,17 @@ class ModelSpec:
     kv_shared_layers: tuple[int, ...] = ()  # layers that read the cache of the last earlier layer of their attention
     # kind: no k/v projections or norms, no cache of their own
     wide_shared_ffn: bool = False  # the KV-shared layers' dense FFN is twice ffn_size wide (use_double_wide_mlp)
+    # DeepSeek-V4 (transformers' DeepseekV4ForCausalLM): shared-KV MQA (num_kv_heads 1, K = V) with a low-rank
+    # query and a grouped output projection; csa / hca layers compress the sequence beside their sliding window
+    o_groups: int | None = None  # set: DeepSeek-V4's attention; o_a_proj maps each of o_groups head groups
+    o_lora_rank: int | None = None  # ... to this width, o_b_proj the o_groups x o_lora_rank concatenation to hidden
+    csa_rate: int | None = None  # csa layers: one compressed entry (and one indexer key) per this many tokens
+    hca_rate: int | None = None  # hca layers: one compressed entry per this many tokens
+    hc_mult: int | None = None  # manifold-constrained hyper-connections: residual streams (None: a plain residual)
+    hc_sinkhorn_iters: int = 0  # Sinkhorn-Knopp iterations of each hyper-connection's mixing matrix
+    hash_moe_layers: tuple[int, ...] = ()  # MoE layers routed by a frozen token -> experts table (tid2eid)
     # ---- numerics: change values, not costs (the engine honours them; every default is "absent") --
-    router_scoring: str = "softmax"  # softmax | sigmoid: how router logits become expert scores
+    router_scoring: str = "softmax"  # softmax | sigmoid | sqrtsoftplus: how router logits become expert scores
     router_renormalize: bool = True  # the chosen experts' weights sum to 1 (norm_topk_prob; Mixtral: always)
     router_scale: float = 1.0  # routed_scaling_factor: the routed experts' weights are multiplied by it
     router_groups: int = 1  # n_group: experts in groups; a token routes within router_topk_groups of them
@@ -323,7 +335,12 @@ class ModelSpec:
     def kv_width_per_token_per_layer(self) -> int:
         """Elements one token leaves in one layer's cache: 2 * kv_heads * head_dim (K and V), or for
         MLA the latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim (Gemma 4: a sliding layer's;
-        `kv_cache(...).layer_elements` gives each kind's)."""
+        `kv_cache(...).layer_elements` gives each kind's). DeepSeek-V4's cache, not one width a token (its window
+        and compressed entries: `kv_cache(...).groups`), is refused naming `o_groups`."""
+        self.check_priced()
+        if self.is_v4_attention:
+            raise SpecError(f"{self.name}: o_groups={self.o_groups!r}: DeepSeek-V4's cache is a window plus "
+                            "compressed entries, not one width a token (KVCacheSpec.from_model(...).groups)")
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim  # type: ignore[operator]
         return 2 * self.num_kv_heads * self.head_dim
@@ -398,8 +415,85 @@ class ModelSpec:
 
     @property
     def is_sparse_attention(self) -> bool:
-        """DeepSeek Sparse Attention: each query's main attention reads the `index_topk` keys its indexer picks."""
-        return self.index_topk is not None
+        """DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): each query's main attention reads the `index_topk`
+        keys its indexer picks (DeepSeek-V4's csa layers pick compressed entries: `is_v4_attention`)."""
+        return self.index_topk is not None and not self.is_v4_attention
+
+    @property
+    def is_v4_attention(self) -> bool:
+        """DeepSeek-V4's attention (`o_groups` set): shared-KV MQA, a low-rank query, a grouped output projection,
+        a sink per head, and in its csa / hca layers a compressor (csa: with a Lightning Indexer)."""
+        return self.o_groups is not None
+
+    def _v4_attn_params(self, kind: LayerKind) -> int:
+        """One DeepSeek-V4 attention of `kind`, as transformers' DeepseekV4Attention: q_a_proj, q_a_norm, q_b_proj
+        (the per-head q norm has no weight), kv_proj and kv_norm (one head of head_dim, read as K and V), o_a_proj
+        (o_groups blocks of heads x head_dim / o_groups -> o_lora_rank), o_b_proj, the sinks; an hca layer's
+        compressor (kv_proj, gate_proj: hidden -> head_dim; position_bias: hca_rate x head_dim; kv_norm), a csa
+        layer's (the same at twice head_dim, position_bias csa_rate x 2 head_dim, kv_norm of head_dim) and its
+        indexer (kv_proj, gate_proj: hidden -> 2 index_head_dim; position_bias; kv_norm; q_b_proj: q_lora_rank ->
+        index heads x index_head_dim; weights_proj: hidden -> index heads)."""
+        h, n, d, qr = self.hidden_size, self.num_heads, self.head_dim, self.q_lora_rank
+        g, r = self.o_groups, self.o_lora_rank
+        norm = self._norm_weights
+        p = (h * qr + norm(qr) + qr * n * d + h * d + norm(d)  # type: ignore[operator]
+             + (n * d // g) * g * r + g * r * h + (n if self.attn_sinks else 0))  # type: ignore[operator]
+        if kind.attention == "hca":
+            p += 2 * h * d + self.hca_rate * d + norm(d)  # type: ignore[operator]
+        elif kind.attention == "csa":
+            hi, di, m = self.index_n_heads, self.index_head_dim, self.csa_rate
+            p += 2 * h * 2 * d + m * 2 * d + norm(d)  # type: ignore[operator]
+            p += 2 * h * 2 * di + m * 2 * di + norm(di) + qr * hi * di + h * hi  # type: ignore[operator]
+        return p
+
+    def check_priced(self) -> None:
+        """A SpecError of one line naming the field of a part llmperf reads and counts but does not price: a
+        spec with hyper-connections (`hc_mult`) or hash-routed layers (`hash_moe_layers`) without DeepSeek-V4's
+        attention (`o_groups`), which no model has. DeepSeek-V4 itself is priced by `estimate` (its operators,
+        its cache: `KVCacheSpec`); `check_simulated` refuses it for `simulate` and `plan`."""
+        if self.is_v4_attention:
+            return
+        unpriced = [f for f in ("hc_mult", "hash_moe_layers") if getattr(self, f) not in (None, ())]
+        if unpriced:
+            f = unpriced[0]
+            raise SpecError(f"{self.name}: {f}={getattr(self, f)!r}: DeepSeek-V4's hyper-connections and hash "
+                            "routing are priced with its attention only (o_groups), not on a spec of their own")
+
+    def check_simulated(self) -> None:
+        """A SpecError of one line naming `o_groups` for DeepSeek-V4 (and `check_priced`'s refusals): the serving
+        simulator's block managers do not reserve its cache (a paged window plus compressed entries growing at one
+        per csa_rate / hca_rate tokens), so `simulate` and `plan` refuse it; `estimate` prices it."""
+        self.check_priced()
+        if self.is_v4_attention:
+            raise SpecError(f"{self.name}: o_groups={self.o_groups!r}: DeepSeek-V4's cache (a window plus compressed "
+                            "entries) has no block manager in the serving simulator; simulate and plan refuse it "
+                            "(estimate prices it)")
+
+    @property
+    def hc_layer_params(self) -> int:
+        """A layer's two hyper-connections (before attention, before the FFN), as transformers'
+        DeepseekV4HyperConnection: fn ((2 + n) n x n hidden), base ((2 + n) n), scale (3); 0 without them."""
+        if self.hc_mult is None:
+            return 0
+        n = self.hc_mult
+        return 2 * ((2 + n) * n * n * self.hidden_size + (2 + n) * n + 3)
+
+    @property
+    def hc_head_params(self) -> int:
+        """The hyper-head that collapses the residual streams before the final norm (DeepseekV4HyperHead: hc_fn
+        (n x n hidden), hc_base (n), hc_scale (1)); 0 without hyper-connections."""
+        if self.hc_mult is None:
+            return 0
+        n = self.hc_mult
+        return n * n * self.hidden_size + n + 1
+
+    def router_table_params(self, kind: LayerKind) -> int:
+        """What a hash-routed layer's router holds instead of the score-correction bias: the frozen token ->
+        experts table (DeepseekV4HashRouter.tid2eid, vocab x experts_per_token, a persistent buffer of the
+        checkpoint) less that bias; 0 for other layers."""
+        if not kind.hash_router:
+            return 0
+        return self.vocab_size * self.experts_per_token - (self.num_experts if self.router_score_bias else 0)
 
     @property
     def indexer_params_per_layer(self) -> int:
@@ -561,7 +655,8 @@ class ModelSpec:
         norm only: Nemotron-H)."""
         ffn = 0 if not kind.ffn else self.moe_ffn_params if kind.moe else self.ffn_params(self.dense_ffn_width(kind))
         return (self.attn_params(kind) + ffn + self.layer_norms(kind) * self.norm_params
-                + (1 if self.layer_scalar else 0) + self.ple_layer_params)
+                + (1 if self.layer_scalar else 0) + self.ple_layer_params + self.hc_layer_params
+                + self.router_table_params(kind))
 
     def dense_ffn_width(self, kind: LayerKind) -> int:
         """The dense FFN's width in a layer of `kind`: ffn_size, twice it in Gemma 4's KV-shared layers with
@@ -596,6 +691,8 @@ class ModelSpec:
             return 0
         if kind.attention == "linear":
             return self.linear_params_per_layer
+        if self.is_v4_attention:
+            return self._v4_attn_params(kind)
         if kind.global_shape or kind.kv_shared:
             return self._gqa_params(*self.attention_dims(kind), kv_mats=self.kv_projections(kind))
         if kind.shared_topk:  # no indexer of its own
@@ -623,12 +720,14 @@ class ModelSpec:
         """Total parameters, exactly the tensors of the Hugging Face checkpoint that transformers
         builds: `model.parameters()` (a tied head once), plus the persistent buffer DeepSeek-V3 and
         GLM-4.5 keep for noaux_tc routing (`router_score_bias`: one fp32 per expert per MoE layer,
-        stored and read like a weight). The input embedding and an untied lm_head are included;
-        multi-token-prediction layers (`mtp_layers`) are excluded, as transformers does not build
-        them (DeepSeek-V3: 671.0B here, "685B" on its model card with the MTP layer). Checked against
+        stored and read like a weight) and DeepSeek-V4's hash layers' token table (`router_table_params`).
+        The input embedding and an untied lm_head are included; multi-token-prediction layers
+        (`mtp_layers`) are excluded, as transformers does not build them (DeepSeek-V3: 671.0B here,
+        "685B" on its model card with the MTP layer). Checked against
         transformers on the meta device in tests/specs/test_hf_crosscheck.py and test_hf_today.py."""
         layers = sum(count * self.layer_params(kind) for kind, count in self.layer_groups())
-        return self.embedding_params + layers + self.norm_params + self.lm_head_params + self.ple_params
+        return (self.embedding_params + layers + self.norm_params + self.lm_head_params + self.ple_params
+                + self.hc_head_params)
 
     @property
     def active_param_count(self) -> int:
@@ -713,7 +812,7 @@ class ModelSpec:
             if self.layer_types is not None and "layer_types" not in changes:
                 pattern = self.layer_types
                 changes["layer_types"] = tuple(pattern[i % len(pattern)] for i in range(max(n, 0)))
-            for f in ("dense_layers", "nope_layers", "shared_topk_layers", "mixer_only_layers"):
+            for f in ("dense_layers", "nope_layers", "shared_topk_layers", "mixer_only_layers", "hash_moe_layers"):
                 if f not in changes:
                     changes[f] = tuple(i for i in getattr(self, f) if i < n)
         return replace(self, **changes)
@@ -758,11 +857,13 @@ def _layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
     dense, nope, shared = set(spec.dense_layers), set(spec.nope_layers), set(spec.shared_topk_layers)
     rope = spec.pos_encoding == "rope"
     windows = {"full": None, "sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "linear": None,
-               "none": None}
+               "none": None, "csa": spec.sliding_window, "hca": spec.sliding_window}
+    hashed = set(spec.hash_moe_layers)
     wide, kv_shared, alone = spec.has_global_attention, set(spec.kv_shared_layers), set(spec.mixer_only_layers)
     return tuple(LayerKind(attention=t, window=windows[t], rope=rope and i not in nope and t not in ("linear", "none"),
                            moe=spec.is_moe and i not in dense and i not in alone, shared_topk=i in shared,
-                           global_shape=wide and t == "full", kv_shared=i in kv_shared, ffn=i not in alone)
+                           global_shape=wide and t == "full", kv_shared=i in kv_shared, ffn=i not in alone,
+                           hash_router=i in hashed)
                  for i, t in enumerate(types))
 
 
@@ -799,8 +900,9 @@ def _check_layer_structure(spec: ModelSpec) -> None:
         unknown = [t for t in lt if t not in ATTENTION_KINDS]
         if unknown:
             raise SpecError(f"{name}: layer_types holds {unknown[0]!r} (choose from {', '.join(ATTENTION_KINDS)})")
-        if "sliding" in lt and spec.sliding_window is None:
-            raise SpecError(f"{name}: layer_types has sliding layers but sliding_window is not set")
+        for t in ("sliding", "csa", "hca"):
+            if t in lt and spec.sliding_window is None:
+                raise SpecError(f"{name}: layer_types has {t} layers but sliding_window is not set")
         if "chunked" in lt and spec.attention_chunk_size is None:
             raise SpecError(f"{name}: layer_types has chunked layers but attention_chunk_size is not set")
     for f in ("attention_chunk_size", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
@@ -834,7 +936,7 @@ def _check_layer_structure(spec: ModelSpec) -> None:
         if spec.pos_encoding != "rope":
             raise SpecError(f"{name}: multi-head latent attention needs pos_encoding=rope")
     else:
-        given = [f for f in (*mla, "q_lora_rank") if getattr(spec, f) is not None]
+        given = [f for f in (*mla, *(() if spec.is_v4_attention else ("q_lora_rank",))) if getattr(spec, f) is not None]
         if given:
             raise SpecError(f"{name}: {given[0]}={getattr(spec, given[0])} needs kv_lora_rank "
                             "(multi-head latent attention)")
@@ -855,6 +957,7 @@ def _check_layer_structure(spec: ModelSpec) -> None:
         if getattr(spec, f) is not None:
             _positive_number(name, f, getattr(spec, f))
     _check_global_attention(spec)
+    _check_v4(spec)
     _check_numerics(spec)
     m = spec.mtp_layers
     if not is_count(m) or m < 0:
@@ -926,9 +1029,47 @@ def _check_sparse_attention(spec: ModelSpec) -> None:
                         "Attention's indexer)")
     for f in INDEX_FIELDS:
         _positive_int(spec, f)
-    if not spec.is_mla or spec.q_lora_rank is None:
+    if not (spec.is_mla or spec.is_v4_attention) or spec.q_lora_rank is None:
         raise SpecError(f"{spec.name}: index_topk (DeepSeek Sparse Attention) needs multi-head latent attention "
-                        "with q_lora_rank")
+                        "with q_lora_rank (or DeepSeek-V4's attention, o_groups)")
+
+
+def _check_v4(spec: ModelSpec) -> None:
+    """DeepSeek-V4's fields: its attention (`o_groups`) has a low-rank query, one shared K = V head, an
+    `o_lora_rank`, head groups that split the heads' output evenly, no MLA; csa and hca layers need it and their
+    rates (csa: the indexer's fields); hyper-connections' streams and Sinkhorn iterations; hash-routed layers
+    are MoE layers."""
+    name = spec.name
+    for f in ("o_groups", "o_lora_rank", "csa_rate", "hca_rate", "hc_mult"):
+        _optional_positive_int(spec, f)
+    it = spec.hc_sinkhorn_iters
+    if not is_count(it) or it < 0:
+        raise SpecError(f"{name}: hc_sinkhorn_iters must be an integer >= 0, got {it!r}")
+    if it and spec.hc_mult is None:
+        raise SpecError(f"{name}: hc_sinkhorn_iters={it} needs hc_mult (hyper-connections)")
+    _layer_indices(spec, "hash_moe_layers")
+    bad = [i for i in spec.hash_moe_layers if not spec.is_moe or i in spec.dense_layers or i in spec.mixer_only_layers]
+    if bad:
+        raise SpecError(f"{name}: hash_moe_layers holds layer {bad[0]}, which is not a mixture-of-experts layer")
+    kinds = spec.layer_types or ()
+    if spec.is_v4_attention:
+        if spec.is_mla or spec.q_lora_rank is None or spec.o_lora_rank is None:
+            raise SpecError(f"{name}: o_groups (DeepSeek-V4's attention) needs q_lora_rank and o_lora_rank, without "
+                            "kv_lora_rank")
+        if spec.num_kv_heads != 1 or spec.qk_norm is not None:
+            raise SpecError(f"{name}: o_groups (DeepSeek-V4's attention) has one shared K = V head and no qk_norm, got "
+                            f"num_kv_heads={spec.num_kv_heads}, qk_norm={spec.qk_norm!r}")
+        if (spec.num_heads * spec.head_dim) % spec.o_groups:  # type: ignore[operator]
+            raise SpecError(f"{name}: o_groups={spec.o_groups} does not divide num_heads x head_dim="
+                            f"{spec.num_heads * spec.head_dim}")
+        for t, f in (("csa", "csa_rate"), ("hca", "hca_rate"), ("csa", "index_topk")):
+            if t in kinds and getattr(spec, f) is None:
+                raise SpecError(f"{name}: layer_types has {t} layers but {f} is not set")
+    else:
+        given = [f for f in ("o_lora_rank", "csa_rate", "hca_rate") if getattr(spec, f) is not None]
+        given += [t for t in ("csa", "hca") if t in kinds]
+        if given:
+            raise SpecError(f"{name}: {given[0]} needs o_groups (DeepSeek-V4's attention)")
 
 
 def _check_sublayers(spec: ModelSpec) -> None:
@@ -993,7 +1134,7 @@ def _check_linear_layers(spec: ModelSpec) -> None:
         object.__setattr__(spec, "state_dtype", normalize_dtype(spec.state_dtype, f"{name}: state_dtype"))
 
 
-ROUTER_SCORINGS = ("softmax", "sigmoid")
+ROUTER_SCORINGS = ("softmax", "sigmoid", "sqrtsoftplus")
 
 
 def _check_numerics(spec: ModelSpec) -> None:

@@ -253,7 +253,9 @@ def test_every_refused_field_has_a_refusal_test():
               "residual_in_fp32", "mamba_hidden_act", "mamba_ssm_cache_dtype", "mlp_hidden_act",
               "layers_block_type", "tie_word_embeddings", "n_shared_experts",
               # Granite: tests/analysis/test_granite.py::test_refused_fields
-              "hidden_act", "shared_intermediate_size", "time_step_limit"}
+              "hidden_act", "shared_intermediate_size", "time_step_limit",
+              # DeepSeek-V4: tests/specs/test_deepseek_v4.py::test_refused_by_name
+              "num_key_value_heads", "attention_bias", "expert_dtype", "compress_rates", "compress_ratios"}
     assert set(HF_REFUSED_FIELDS) == tested
     # none of these changes a FLOP, a weight or a KV byte; the engine keeps its own, shorter list
     assert ROPE_TYPES == ("default", "linear", "llama3", "yarn", "longrope", "dynamic", "proportional")
@@ -300,7 +302,8 @@ def test_every_supported_type_described_once():
                                    "minimax_m2", "smollm3", "seed_oss", "olmo2", "olmo3",
                                    "exaone4", "ernie4_5_moe", "gemma4_text", "nemotron_h",
                                    "granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "bamba",
-                                   "ministral3", "phi3", "glm4", "cohere2", "gemma", "qwen2_moe", "olmoe"}
+                                   "ministral3", "phi3", "glm4", "cohere2", "gemma", "qwen2_moe", "olmoe",
+                                   "deepseek_v4"}
     for t in HF_MODEL_TYPES.values():
         assert set(t.required) <= set(t.keys.values()) | {"ffn_dim"}
         assert t.architectures and all(a.endswith(("ForCausalLM", "LMHeadModel")) for a in t.architectures)
