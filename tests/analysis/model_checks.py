@@ -210,3 +210,32 @@ def hf_type_checks(tiny: dict[str, dict], *, refused: list, junk: list, junk_con
         test_tiny_param_count_is_exact, test_kv_width_matches_the_cache, test_saved_by_transformers_reads_back,
         test_refused_by_name_in_one_line, test_junk_gives_a_spec_or_one_error,
         test_the_simulator_prices_a_static_batch_as_estimate, test_estimate_reads_a_saved_config_dir)}
+
+
+def hf_matrix_flops_less_scan(cfg: dict, mixer: str, *, eager_experts: bool = False) -> int:
+    """The FLOPs `torch.utils.flop_counter` counts in transformers' eager forward of `cfg` (2 x 21 tokens, on the
+    CPU; with `eager_experts`, its experts run eagerly too), less the Mamba-2 scan's own products: what each module
+    named `*.{mixer}` counts beyond its in_proj and out_proj (transformers' reference loop, not mamba_ssm's)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = hf_model(cfg, device="cpu").eval()
+    model.config._attn_implementation = "eager"
+    if eager_experts:
+        model.config._experts_implementation = "eager"
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.randint(0, 128, (2, 21)))
+    counts = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
+    scan = sum(counts[k] - counts.get(k + ".in_proj", 0) - counts.get(k + ".out_proj", 0)
+               for k in counts if k.endswith("." + mixer) and k + ".in_proj" in counts)
+    return counter.get_total_flops() - scan
+
+
+def matrix_flops_less_scan(spec: ModelSpec) -> int:
+    """The forward model's matmul and attention FLOPs of 2 x 21 tokens (naive attention priced as its whole
+    masked square, all logits), less the Mamba-2 scan (`ssd`): what `hf_matrix_flops_less_scan` counts."""
+    from llmperf.analysis import ForwardModel
+    from llmperf.specs import Precision
+
+    fm = ForwardModel(model=spec, precision=Precision(), attention="naive", all_logits=True, attention_flops="dense")
+    return sum(o.flops for o in fm.forward_ops(2, 21, 21) if o.kind in ("matmul", "attention") and o.name != "ssd")

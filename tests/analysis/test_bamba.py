@@ -18,7 +18,9 @@ from model_checks import (
     assert_simulated_static_batch_is_estimate,
     assert_static_batch_is_estimate,
     checkpoint_count,
+    hf_matrix_flops_less_scan,
     hf_model,
+    matrix_flops_less_scan,
 )
 
 from llmperf.errors import SpecError
@@ -74,23 +76,8 @@ def test_state_and_kv_are_what_transformers_caches():
 
 @pytest.mark.parametrize("case", ["bamba", "biases"])
 def test_matrix_flops_are_transformers(case):
-    torch = pytest.importorskip("torch")
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from llmperf.analysis import ForwardModel
-    from llmperf.specs import Precision
-
-    model = hf_model(CASES[case], device="cpu").eval()
-    model.config._attn_implementation = "eager"
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(torch.randint(0, 128, (2, 21)))
-    counts = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
-    scan = sum(counts[k] - counts.get(k + ".in_proj", 0) - counts.get(k + ".out_proj", 0)
-               for k in counts if k.endswith(".mamba") and k + ".in_proj" in counts)
     spec = read(CASES[case]).scaled(linear_proj_bias=False, qkv_bias=False, out_bias=False, mlp_bias=False)
-    fm = ForwardModel(model=spec, precision=Precision(), attention="naive", all_logits=True, attention_flops="dense")
-    ours = sum(o.flops for o in fm.forward_ops(2, 21, 21) if o.kind in ("matmul", "attention") and o.name != "ssd")
-    assert counter.get_total_flops() - scan == ours
+    assert hf_matrix_flops_less_scan(CASES[case], "mamba") == matrix_flops_less_scan(spec)
 
 
 def test_a_static_batch_is_priced_as_estimate():

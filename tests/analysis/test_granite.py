@@ -21,7 +21,9 @@ from model_checks import (
     assert_simulated_static_batch_is_estimate,
     assert_static_batch_is_estimate,
     checkpoint_count,
+    hf_matrix_flops_less_scan,
     hf_model,
+    matrix_flops_less_scan,
 )
 
 from llmperf.errors import SpecError
@@ -130,26 +132,10 @@ def test_matrix_flops_are_transformers(case):
     """Every projection, the eager attention (its whole masked square: the dense convention), the router and
     the experts as transformers runs them; the Mamba-2 scan's own products are priced by `ssd` (mamba_ssm's
     chunked kernels), not by transformers' reference loop: both are left out, as for Nemotron-H."""
-    torch = pytest.importorskip("torch")
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from llmperf.analysis import ForwardModel
-    from llmperf.specs import Precision
-
     cfg = CASES[case]
-    model = hf_model(cfg, device="cpu").eval()
-    model.config._attn_implementation = "eager"
-    model.config._experts_implementation = "eager"
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(torch.randint(0, 128, (2, 21)))
-    counts = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
-    scan = sum(counts[k] - counts.get(k + ".in_proj", 0) - counts.get(k + ".out_proj", 0)
-               for k in counts if k.endswith(".mamba") and k + ".in_proj" in counts)
     # the counter counts `addmm` as its product only
     spec = read(cfg).scaled(linear_proj_bias=False, qkv_bias=False, out_bias=False, mlp_bias=False)
-    fm = ForwardModel(model=spec, precision=Precision(), attention="naive", all_logits=True, attention_flops="dense")
-    ours = sum(o.flops for o in fm.forward_ops(2, 21, 21) if o.kind in ("matmul", "attention") and o.name != "ssd")
-    assert counter.get_total_flops() - scan == ours
+    assert hf_matrix_flops_less_scan(cfg, "mamba", eager_experts=True) == matrix_flops_less_scan(spec)
 
 
 def test_the_scalars_are_counted_where_they_run():

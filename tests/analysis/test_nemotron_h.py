@@ -18,7 +18,9 @@ from model_checks import (
     assert_saved_config_reads_back,
     assert_static_batch_is_estimate,
     checkpoint_count,
+    hf_matrix_flops_less_scan,
     hf_model,
+    matrix_flops_less_scan,
 )
 
 from llmperf.errors import SpecError
@@ -114,29 +116,11 @@ def test_matrix_flops_are_transformers():
     """Every projection, the eager attention (its whole masked square: the dense convention), the router and
     the experts (a loop over those the tokens hit) as transformers runs them. The Mamba-2 scan's own products
     are priced by `ssd` (mamba_ssm's chunked kernels), not by transformers' reference loop: both are left out."""
-    torch = pytest.importorskip("torch")
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from llmperf.analysis import ForwardModel
-    from llmperf.specs import Precision
-
     for cfg in (BASE, MOE, CASES["legacy"], CASES["latent"]):
-        model = hf_model(cfg, device="cpu").eval()
-        model.config._attn_implementation = "eager"
-        model.config._experts_implementation = "eager"
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(torch.randint(0, 128, (2, 21)))
-        counts = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
-        scan = sum(counts[k] - counts.get(k + ".in_proj", 0) - counts.get(k + ".out_proj", 0)
-                   for k in counts if k.endswith(".mixer") and k + ".in_proj" in counts)
         # the counter counts `addmm` as its product only and the router's score-correction add not at all
         spec = read(cfg).scaled(linear_proj_bias=False)
         spec = spec.scaled(router_score_bias=False) if spec.is_moe else spec
-        fm = ForwardModel(model=spec, precision=Precision(), attention="naive", all_logits=True,
-                          attention_flops="dense")
-        ours = sum(o.flops for o in fm.forward_ops(2, 21, 21)
-                   if o.kind in ("matmul", "attention") and o.name != "ssd")
-        assert counter.get_total_flops() - scan == ours
+        assert hf_matrix_flops_less_scan(cfg, "mixer", eager_experts=True) == matrix_flops_less_scan(spec)
 
 
 def test_ssd_counts():
