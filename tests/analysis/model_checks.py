@@ -239,3 +239,27 @@ def matrix_flops_less_scan(spec: ModelSpec) -> int:
 
     fm = ForwardModel(model=spec, precision=Precision(), attention="naive", all_logits=True, attention_flops="dense")
     return sum(o.flops for o in fm.forward_ops(2, 21, 21) if o.kind in ("matmul", "attention") and o.name != "ssd")
+
+
+def assert_mamba2_states_and_kv(spec: ModelSpec, cfg: dict, *, state_dtype=None) -> None:  # noqa: ANN001
+    """After a 7-token prompt through transformers' model of `cfg` (on the CPU): each Mamba-2 (`linear`) layer's
+    recurrent state holds the spec's elements (heads x head dim x state size; of `state_dtype` where given) and its
+    convolution's inputs all K of them (transformers keeps K; vLLM, and llmperf, the K - 1 the next step needs);
+    the attention (`full`) layers' K and V are the spec's KV bytes for 7 tokens at one byte an element; any other
+    layer (MLP, MoE) keeps no tensor."""
+    torch = pytest.importorskip("torch")
+    model = hf_model(cfg, device="cpu").eval()
+    with torch.no_grad():
+        cache = model(torch.randint(0, 128, (1, 7)), use_cache=True).past_key_values
+    kv_numel = 0
+    for layer, kind in zip(cache.layers, spec.layer_types):
+        if kind == "linear":
+            (state,), (conv,) = layer.recurrent_states.values(), layer.conv_states.values()
+            assert state.numel() == spec.linear_state_elements
+            assert state_dtype is None or state.dtype == state_dtype
+            assert conv.numel() == spec.linear_conv_dim * spec.linear_conv_kernel
+        elif kind == "full":
+            kv_numel += layer.keys.numel() + layer.values.numel()
+        else:
+            assert not any(torch.is_tensor(v) for v in vars(layer).values())
+    assert spec.kv_cache(1.0).bytes_for_context(7) == kv_numel

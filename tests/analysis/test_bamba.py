@@ -13,6 +13,7 @@ import re
 
 import pytest
 from model_checks import (
+    assert_mamba2_states_and_kv,
     assert_read_or_one_error,
     assert_saved_config_reads_back,
     assert_simulated_static_batch_is_estimate,
@@ -59,19 +60,7 @@ def test_structure():
 
 def test_state_and_kv_are_what_transformers_caches():
     torch = pytest.importorskip("torch")
-    model = hf_model(BAMBA, device="cpu").eval()
-    with torch.no_grad():
-        cache = model(torch.randint(0, 128, (1, 7)), use_cache=True).past_key_values
-    spec = read(BAMBA)
-    kv_numel = 0
-    for layer, kind in zip(cache.layers, spec.layer_types):
-        if kind == "linear":
-            (state,), (conv,) = layer.recurrent_states.values(), layer.conv_states.values()
-            assert state.numel() == spec.linear_state_elements and state.dtype == torch.float32
-            assert conv.numel() == spec.linear_conv_dim * spec.linear_conv_kernel
-        else:
-            kv_numel += layer.keys.numel() + layer.values.numel()
-    assert spec.kv_cache(1.0).bytes_for_context(7) == kv_numel
+    assert_mamba2_states_and_kv(read(BAMBA), BAMBA, state_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("case", ["bamba", "biases"])
