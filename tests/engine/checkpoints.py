@@ -209,5 +209,19 @@ def hybrid_checks(configs: dict, *, noise, tol: float, after=None, step_position
             "test_weights_save_back_under_transformers_names": test_weights_save_back_under_transformers_names}
 
 
+def assert_mamba2_refused_without_state_rollback(model) -> None:  # noqa: ANN001
+    """The engine features that roll a sequence's cache back (speculative decoding, StreamingLLM, prefix sharing)
+    refuse the Mamba-2 layers of `model` by name."""
+    from llmperf.engine import speculative_generate, streaming_generate
+
+    with pytest.raises(ValueError, match=r"speculative decoding: .*linear \(Mamba-2\)"):
+        speculative_generate(model, model, [[1, 2]], num_draft_tokens=2, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"StreamingLLM: .*linear \(Mamba-2\)"):
+        streaming_generate(model, [[1, 2]], sink_tokens=1, window=4, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"prefix_sharing: .*linear \(Mamba-2\)"):
+        Engine(model, prefix_sharing=True)
+
+
 __all__ = ["CASES", "ENGINES", "PROMPTS", "assert_generation_matches", "assert_logits_match",
-           "assert_param_counts_equal", "checkpoint_checks", "hf_param_count", "hybrid_checks", "saved_checkpoint"]
+           "assert_mamba2_refused_without_state_rollback", "assert_param_counts_equal", "checkpoint_checks",
+           "hf_param_count", "hybrid_checks", "saved_checkpoint"]

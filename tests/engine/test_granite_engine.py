@@ -21,7 +21,7 @@ import torch
 from llmperf.engine import from_pretrained
 from llmperf.engine.cache import ContiguousKVCache
 
-from checkpoints import PROMPTS, hybrid_checks
+from checkpoints import PROMPTS, assert_mamba2_refused_without_state_rollback, hybrid_checks
 from engine_testing import OpNames
 
 transformers = pytest.importorskip("transformers")
@@ -141,12 +141,4 @@ def test_state_bytes_equal_the_analytical_model(checkpoints, dtype):
 
 
 def test_features_without_state_rollback_refuse_mamba2_layers(checkpoints):
-    from llmperf.engine import Engine, speculative_generate, streaming_generate
-
-    _, _, model = checkpoints["hybrid_moe"]
-    with pytest.raises(ValueError, match=r"speculative decoding: .*linear \(Mamba-2\)"):
-        speculative_generate(model, model, [[1, 2]], num_draft_tokens=2, max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"StreamingLLM: .*linear \(Mamba-2\)"):
-        streaming_generate(model, [[1, 2]], sink_tokens=1, window=4, max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"prefix_sharing: .*linear \(Mamba-2\)"):
-        Engine(model, prefix_sharing=True)
+    assert_mamba2_refused_without_state_rollback(checkpoints["hybrid_moe"][2])

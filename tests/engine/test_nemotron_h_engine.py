@@ -24,7 +24,7 @@ from llmperf.engine import Engine, from_pretrained
 from llmperf.engine.cache import ContiguousKVCache
 from llmperf.engine.mamba2 import chunk_scan, recurrent_scan
 
-from checkpoints import CASES, PROMPTS, hybrid_checks
+from checkpoints import CASES, PROMPTS, assert_mamba2_refused_without_state_rollback, hybrid_checks
 from engine_testing import OpNames, hf_generate
 
 transformers = pytest.importorskip("transformers")
@@ -142,18 +142,13 @@ def test_operators_are_recorded_under_the_vocabulary_names(checkpoints):
 
 
 def test_features_without_state_rollback_refuse_mamba2_layers(checkpoints):
-    from llmperf.engine import shard_spec, speculative_generate, streaming_generate
+    from llmperf.engine import shard_spec
     from llmperf.errors import SpecError
     from llmperf.specs.hf import model_spec_from_hf_config
 
     _, _, model = checkpoints["dense"]
-    with pytest.raises(ValueError, match=r"speculative decoding: .*linear \(Mamba-2\)"):
-        speculative_generate(model, model, [[1, 2]], num_draft_tokens=2, max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"StreamingLLM: .*linear \(Mamba-2\)"):
-        streaming_generate(model, [[1, 2]], sink_tokens=1, window=4, max_new_tokens=2)
+    assert_mamba2_refused_without_state_rollback(model)
     with pytest.raises(SpecError, match=r"layer_types: .*linear \(Mamba-2\) layers; tensor parallelism"):
         shard_spec(model.spec, 2)
     with pytest.raises(SpecError, match="mixer_only_layers: .*layers of one sublayer"):
         shard_spec(model_spec_from_hf_config(dict(_BASE, layers_block_type=["full_attention", "mlp"] * 2)), 2)
-    with pytest.raises(ValueError, match=r"prefix_sharing: .*linear \(Mamba-2\)"):
-        Engine(model, prefix_sharing=True)
