@@ -31,6 +31,9 @@ CONFIGS = {
 # the checkpoints fixture; logits, decode steps through both caches (BambaModel numbers a step's tokens from 0
 # unless told, not from the cache's length: its position passed as generate() passes it) and generate() tokens
 # equal transformers'; the weights saved back under transformers' names
-globals().update(hybrid_checks(CONFIGS, noise=0.05, tol=TOL, step_positions=True))
+_CHECKS = hybrid_checks(CONFIGS, noise=0.05, tol=TOL, step_positions=True)
+globals().update(_CHECKS)
+# named here too: tests/suite_markers.py lists it as slow by its name in this file
+test_generate_equals_transformers = _CHECKS["test_generate_equals_transformers"]
 
 

@@ -53,7 +53,10 @@ NOISE = {"hybrid_moe": 0.2, "hybrid_dense": 0.05, "granite": 0.05, "granitemoe":
 # the checkpoints fixture (name -> (checkpoint directory, transformers model, the engine's fp32 model of it));
 # logits, decode steps through both caches (the Mamba-2 layers' recurrent form) and generate() tokens equal
 # transformers'; the weights saved back under the names and layouts transformers holds in memory
-globals().update(hybrid_checks(CONFIGS, noise=NOISE, tol=TOL))
+_CHECKS = hybrid_checks(CONFIGS, noise=NOISE, tol=TOL)
+globals().update(_CHECKS)
+# named here too: tests/suite_markers.py lists it as slow by its name in this file
+test_generate_equals_transformers = _CHECKS["test_generate_equals_transformers"]
 
 
 def test_the_scalars_matter(checkpoints):

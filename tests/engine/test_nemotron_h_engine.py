@@ -65,7 +65,10 @@ def _move_off_init(hf, path) -> None:
 # logits, decode steps through both caches (transformers' own cached steps: the recurrent form, dt unclamped, not
 # a forward over the whole sequence, which clamps every token's dt, `test_the_prefill_clamp_matters`) and
 # generate() tokens equal transformers'; the weights saved back under the names and layouts transformers holds
-globals().update(hybrid_checks(CONFIGS, noise=NOISE, tol=TOL, after=_move_off_init))
+_CHECKS = hybrid_checks(CONFIGS, noise=NOISE, tol=TOL, after=_move_off_init)
+globals().update(_CHECKS)
+# named here too: tests/suite_markers.py lists it as slow by its name in this file
+test_generate_equals_transformers = _CHECKS["test_generate_equals_transformers"]
 
 
 def test_the_prefill_clamp_matters(checkpoints):
