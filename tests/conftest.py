@@ -27,6 +27,10 @@ else:  # the tests check values: one launchable config per kernel, not the autot
 # workers inherit COLUMNS=80, which wraps the tables the CLI tests read; every run draws them as a serial run does.
 os.environ.pop("COLUMNS", None)
 
+# The shared checks the families' test modules take (their test functions too) report a failing assert's values,
+# as a test module's own asserts do: pytest rewrites them, under each name they are imported by.
+pytest.register_assert_rewrite("model_checks", "tests.analysis.model_checks", "checkpoints")
+
 from hypothesis import HealthCheck, settings
 
 from llmperf.specs import HardwareSpec, ModelSpec

@@ -13,12 +13,15 @@ import re
 
 import pytest
 from model_checks import (
+    assert_mamba2_states_and_kv,
     assert_read_or_one_error,
     assert_saved_config_reads_back,
     assert_simulated_static_batch_is_estimate,
     assert_static_batch_is_estimate,
     checkpoint_count,
+    hf_matrix_flops_less_scan,
     hf_model,
+    matrix_flops_less_scan,
 )
 
 from llmperf.errors import SpecError
@@ -57,40 +60,13 @@ def test_structure():
 
 def test_state_and_kv_are_what_transformers_caches():
     torch = pytest.importorskip("torch")
-    model = hf_model(BAMBA, device="cpu").eval()
-    with torch.no_grad():
-        cache = model(torch.randint(0, 128, (1, 7)), use_cache=True).past_key_values
-    spec = read(BAMBA)
-    kv_numel = 0
-    for layer, kind in zip(cache.layers, spec.layer_types):
-        if kind == "linear":
-            (state,), (conv,) = layer.recurrent_states.values(), layer.conv_states.values()
-            assert state.numel() == spec.linear_state_elements and state.dtype == torch.float32
-            assert conv.numel() == spec.linear_conv_dim * spec.linear_conv_kernel
-        else:
-            kv_numel += layer.keys.numel() + layer.values.numel()
-    assert spec.kv_cache(1.0).bytes_for_context(7) == kv_numel
+    assert_mamba2_states_and_kv(read(BAMBA), BAMBA, state_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("case", ["bamba", "biases"])
 def test_matrix_flops_are_transformers(case):
-    torch = pytest.importorskip("torch")
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from llmperf.analysis import ForwardModel
-    from llmperf.specs import Precision
-
-    model = hf_model(CASES[case], device="cpu").eval()
-    model.config._attn_implementation = "eager"
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(torch.randint(0, 128, (2, 21)))
-    counts = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
-    scan = sum(counts[k] - counts.get(k + ".in_proj", 0) - counts.get(k + ".out_proj", 0)
-               for k in counts if k.endswith(".mamba") and k + ".in_proj" in counts)
     spec = read(CASES[case]).scaled(linear_proj_bias=False, qkv_bias=False, out_bias=False, mlp_bias=False)
-    fm = ForwardModel(model=spec, precision=Precision(), attention="naive", all_logits=True, attention_flops="dense")
-    ours = sum(o.flops for o in fm.forward_ops(2, 21, 21) if o.kind in ("matmul", "attention") and o.name != "ssd")
-    assert counter.get_total_flops() - scan == ours
+    assert hf_matrix_flops_less_scan(CASES[case], "mamba") == matrix_flops_less_scan(spec)
 
 
 def test_a_static_batch_is_priced_as_estimate():

@@ -14,11 +14,14 @@ import re
 
 import pytest
 from model_checks import (
+    assert_mamba2_states_and_kv,
     assert_read_or_one_error,
     assert_saved_config_reads_back,
     assert_static_batch_is_estimate,
     checkpoint_count,
+    hf_matrix_flops_less_scan,
     hf_model,
+    matrix_flops_less_scan,
 )
 
 from llmperf.errors import SpecError
@@ -84,26 +87,13 @@ def test_state_and_kv_are_what_transformers_caches():
     """After a 7-token prompt: each Mamba-2 layer's recurrent state (heads x head dim x state size) and its
     convolution's inputs (transformers keeps all K of them; vLLM, and llmperf, the K - 1 the next step needs),
     the attention layers' K and V; the MLP and MoE layers keep nothing."""
-    torch = pytest.importorskip("torch")
     for cfg in (BASE, MOE):
-        model = hf_model(cfg, device="cpu").eval()
-        with torch.no_grad():
-            cache = model(torch.randint(0, 128, (1, 7)), use_cache=True).past_key_values
         spec = read(cfg)
+        assert_mamba2_states_and_kv(spec, cfg)
         kv = spec.kv_cache(1.0)
         kinds = spec.layer_types
-        kv_numel = 0
-        for layer, kind in zip(cache.layers, kinds):
-            if kind == "linear":
-                (state,), (conv,) = layer.recurrent_states.values(), layer.conv_states.values()
-                assert state.numel() == spec.linear_state_elements
-                assert conv.numel() == spec.linear_conv_dim * spec.linear_conv_kernel
-            elif kind == "full":
-                kv_numel += layer.keys.numel() + layer.values.numel()
-            else:
-                assert not any(torch.is_tensor(v) for v in vars(layer).values())
         assert spec.linear_conv_state_elements == spec.linear_conv_dim * (spec.linear_conv_kernel - 1)
-        assert kv.bytes_for_context(7) == kv_numel and kv.kv_layers == kinds.count("full")
+        assert kv.kv_layers == kinds.count("full")
         assert kv.linear_layers == kinds.count("linear")
         # the state at mamba_ssm_cache_dtype (fp32), the convolution's inputs at the checkpoint's fp16
         assert kv.state_bytes == kinds.count("linear") * (spec.linear_state_elements * 4
@@ -114,29 +104,11 @@ def test_matrix_flops_are_transformers():
     """Every projection, the eager attention (its whole masked square: the dense convention), the router and
     the experts (a loop over those the tokens hit) as transformers runs them. The Mamba-2 scan's own products
     are priced by `ssd` (mamba_ssm's chunked kernels), not by transformers' reference loop: both are left out."""
-    torch = pytest.importorskip("torch")
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from llmperf.analysis import ForwardModel
-    from llmperf.specs import Precision
-
     for cfg in (BASE, MOE, CASES["legacy"], CASES["latent"]):
-        model = hf_model(cfg, device="cpu").eval()
-        model.config._attn_implementation = "eager"
-        model.config._experts_implementation = "eager"
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(torch.randint(0, 128, (2, 21)))
-        counts = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
-        scan = sum(counts[k] - counts.get(k + ".in_proj", 0) - counts.get(k + ".out_proj", 0)
-                   for k in counts if k.endswith(".mixer") and k + ".in_proj" in counts)
         # the counter counts `addmm` as its product only and the router's score-correction add not at all
         spec = read(cfg).scaled(linear_proj_bias=False)
         spec = spec.scaled(router_score_bias=False) if spec.is_moe else spec
-        fm = ForwardModel(model=spec, precision=Precision(), attention="naive", all_logits=True,
-                          attention_flops="dense")
-        ours = sum(o.flops for o in fm.forward_ops(2, 21, 21)
-                   if o.kind in ("matmul", "attention") and o.name != "ssd")
-        assert counter.get_total_flops() - scan == ours
+        assert hf_matrix_flops_less_scan(cfg, "mixer", eager_experts=True) == matrix_flops_less_scan(spec)
 
 
 def test_ssd_counts():

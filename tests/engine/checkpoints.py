@@ -4,7 +4,9 @@ safetensors, as a user's checkpoint) and must give transformers' logits and `gen
 
 A module of its own (not conftest.py) so that the family test modules import it by a unique name.
 Each family's test module owns its tiny config (a few layers, hidden 64, small vocab) and calls
-`saved_checkpoint`, `assert_logits_match` and `assert_generation_matches`.
+`saved_checkpoint`, `assert_logits_match` and `assert_generation_matches`; the modules of one checkpoint a
+config take their `checkpoints` fixture and the logits and generate() tests from `checkpoint_checks`, the hybrid
+(Mamba-2) families' theirs and the decode-step and saved-weights tests from `hybrid_checks`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from llmperf.engine import Engine, SamplingParams, from_pretrained
@@ -85,4 +88,140 @@ def assert_generation_matches(path: Path, hf, case: str, engine: str, *, prompts
     assert [[c.tokens for c in o.completions] for o in outputs] == expected
 
 
-__all__ = ["CASES", "ENGINES", "PROMPTS", "assert_generation_matches", "assert_logits_match", "saved_checkpoint"]
+def hf_param_count(hf) -> int:  # noqa: ANN001
+    """transformers' parameters (a tied tensor once)."""
+    return sum(p.numel() for p in hf.parameters())
+
+
+def assert_param_counts_equal(checkpoints: dict, *, hf_tensor: str | None = None, hf_params=hf_param_count) -> None:  # noqa: ANN001
+    """Every checkpoint loads (fp32) with the spec's parameter count, which is transformers' (`hf_params(hf)`);
+    with `hf_tensor`, transformers' state dict holds a tensor of that name's ending."""
+    for name, (path, hf) in checkpoints.items():
+        if hf_tensor is not None:
+            assert any(k.endswith(hf_tensor) for k in hf.state_dict())
+        model = from_pretrained(path, dtype="fp32")
+        n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        assert n == model.spec.param_count == hf_params(hf), name
+
+
+def checkpoint_checks(configs: dict, *, seed: int, tol: float = 1e-4) -> dict:
+    """For a test module's `globals().update(...)`: its module-scoped `checkpoints` fixture (name -> (path,
+    transformers' model), each config saved by `saved_checkpoint` with `seed` and noise 0.2; a config given
+    as (dict, auto class) is built by that class), and its tests that the engine's logits equal transformers'
+    (`tol`) and that generate()'s greedy tokens do under every engine setting, for every config."""
+    memo: dict = {}
+
+    @pytest.fixture(scope="module")
+    def checkpoints(tmp_path_factory):  # noqa: ANN001, ANN202
+        made = {}
+        for name, cfg in configs.items():
+            cfg, auto = cfg if isinstance(cfg, tuple) else (cfg, "AutoModelForCausalLM")
+            path = tmp_path_factory.mktemp(name)
+            made[name] = (path, saved_checkpoint(cfg, path, seed=seed, noise=0.2, auto_class=auto))
+        return made
+
+    @pytest.mark.parametrize("name", list(configs))
+    def test_logits_equal_transformers(checkpoints, name):  # noqa: ANN001, ANN202
+        path, hf = checkpoints[name]
+        assert_logits_match(path, hf, tol=tol)
+
+    @pytest.mark.parametrize("engine", ["paged", "contiguous", "chunked"])
+    @pytest.mark.parametrize("name", list(configs))
+    def test_tokens_equal_transformers_generate(checkpoints, name, engine):  # noqa: ANN001, ANN202
+        path, hf = checkpoints[name]
+        with torch.no_grad():
+            assert_generation_matches(path, hf, "greedy", engine, memo=memo)
+
+    return {"checkpoints": checkpoints, "test_logits_equal_transformers": test_logits_equal_transformers,
+            "test_tokens_equal_transformers_generate": test_tokens_equal_transformers_generate}
+
+
+def hybrid_checks(configs: dict, *, noise, tol: float, after=None, step_positions: bool = False) -> dict:  # noqa: ANN001
+    """For the hybrid (Mamba-2) families' modules, `globals().update(...)`: their module-scoped `checkpoints`
+    fixture (name -> (checkpoint directory, transformers model, the engine's fp32 model of it); each config saved
+    with `noise[name]` (or `noise`), then `after(hf, path)` if given) and their tests, for every config: a
+    13-token prompt's logits equal transformers' (`tol`); a 13-token prefill through each cache, then 4 one-token
+    steps, each step's logits transformers' own cached step's (its recurrent form; with `step_positions`, the
+    step's position passed as generate() passes it, for a model that numbers a step's tokens from 0 unless told);
+    generate() tokens identical for every case and engine setting; the weights saved back under the names and
+    layouts transformers holds in memory (`model.`, experts stacked)."""
+    from llmperf.engine import to_hf_state_dict
+    from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
+
+    memo: dict = {}
+
+    @pytest.fixture(scope="module")
+    def checkpoints(tmp_path_factory):  # noqa: ANN001, ANN202
+        import transformers.utils.logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        out = {}
+        for name, cfg in configs.items():
+            path = tmp_path_factory.mktemp(name)
+            hf = saved_checkpoint(cfg, path, noise=noise[name] if isinstance(noise, dict) else noise)
+            if after is not None:
+                after(hf, path)
+            out[name] = (path, hf, from_pretrained(path, dtype="fp32"))
+        return out
+
+    @pytest.mark.parametrize("name", configs)
+    def test_logits_equal_transformers(checkpoints, name):  # noqa: ANN001, ANN202
+        path, hf, _ = checkpoints[name]
+        assert_logits_match(path, hf, tokens=13, tol=tol)
+
+    @pytest.mark.parametrize("cache", ["paged", "contiguous"])
+    @pytest.mark.parametrize("name", configs)
+    def test_decode_step_logits_equal_transformers(checkpoints, name, cache):  # noqa: ANN001, ANN202
+        _, hf, model = checkpoints[name]
+        c = (PagedKVCache(model.spec, num_blocks=16, block_size=4) if cache == "paged"
+             else ContiguousKVCache(model.spec, max_batch=1, max_seq_len=20))
+        seq = PROMPTS[0] + [1, 2]
+        assert c.allocate(7, len(seq))
+        with torch.no_grad():
+            logits = model(torch.tensor([seq]), c.prepare([7], len(seq)))
+            theirs = hf(torch.tensor([seq]), use_cache=True)
+            for _ in range(4):
+                torch.testing.assert_close(logits, theirs.logits[:, -1], rtol=tol, atol=tol)
+                seq.append(int(logits.argmax()))
+                assert c.append_slot(7)
+                logits = model(torch.tensor([seq[-1:]]), c.prepare([7], 1))
+                at = dict(position_ids=torch.tensor([[len(seq) - 1]])) if step_positions else {}
+                theirs = hf(torch.tensor([seq[-1:]]), cache=theirs.past_key_values, use_cache=True, **at)
+
+    @pytest.mark.parametrize("engine", ENGINES)
+    @pytest.mark.parametrize("case", CASES)
+    @pytest.mark.parametrize("name", configs)
+    def test_generate_equals_transformers(checkpoints, name, case, engine):  # noqa: ANN001, ANN202
+        path, hf, _ = checkpoints[name]
+        assert_generation_matches(path, hf, case, engine, memo=memo)
+
+    def test_weights_save_back_under_transformers_names(checkpoints):  # noqa: ANN001, ANN202
+        for name in configs:
+            _, hf, model = checkpoints[name]
+            back, theirs = to_hf_state_dict(model), hf.state_dict()
+            assert set(back) == set(theirs), name
+            for key, value in back.items():
+                assert torch.equal(value, theirs[key]), key
+
+    return {"checkpoints": checkpoints, "test_logits_equal_transformers": test_logits_equal_transformers,
+            "test_decode_step_logits_equal_transformers": test_decode_step_logits_equal_transformers,
+            "test_generate_equals_transformers": test_generate_equals_transformers,
+            "test_weights_save_back_under_transformers_names": test_weights_save_back_under_transformers_names}
+
+
+def assert_mamba2_refused_without_state_rollback(model) -> None:  # noqa: ANN001
+    """The engine features that roll a sequence's cache back (speculative decoding, StreamingLLM, prefix sharing)
+    refuse the Mamba-2 layers of `model` by name."""
+    from llmperf.engine import speculative_generate, streaming_generate
+
+    with pytest.raises(ValueError, match=r"speculative decoding: .*linear \(Mamba-2\)"):
+        speculative_generate(model, model, [[1, 2]], num_draft_tokens=2, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"StreamingLLM: .*linear \(Mamba-2\)"):
+        streaming_generate(model, [[1, 2]], sink_tokens=1, window=4, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"prefix_sharing: .*linear \(Mamba-2\)"):
+        Engine(model, prefix_sharing=True)
+
+
+__all__ = ["CASES", "ENGINES", "PROMPTS", "assert_generation_matches", "assert_logits_match",
+           "assert_mamba2_refused_without_state_rollback", "assert_param_counts_equal", "checkpoint_checks",
+           "hf_param_count", "hybrid_checks", "saved_checkpoint"]

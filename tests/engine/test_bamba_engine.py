@@ -11,12 +11,8 @@ names transformers holds in memory.
 from __future__ import annotations
 
 import pytest
-import torch
 
-from llmperf.engine import from_pretrained, to_hf_state_dict
-from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
-
-from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
+from checkpoints import hybrid_checks
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,60 +28,12 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    import transformers.utils.logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    out = {}
-    for name, cfg in CONFIGS.items():
-        path = tmp_path_factory.mktemp(name)
-        hf = saved_checkpoint(cfg, path, noise=0.05)
-        out[name] = (path, hf, from_pretrained(path, dtype="fp32"))
-    return out
+# the checkpoints fixture; logits, decode steps through both caches (BambaModel numbers a step's tokens from 0
+# unless told, not from the cache's length: its position passed as generate() passes it) and generate() tokens
+# equal transformers'; the weights saved back under transformers' names
+_CHECKS = hybrid_checks(CONFIGS, noise=0.05, tol=TOL, step_positions=True)
+globals().update(_CHECKS)
+# named here too: tests/suite_markers.py lists it as slow by its name in this file
+test_generate_equals_transformers = _CHECKS["test_generate_equals_transformers"]
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_logits_equal_transformers(checkpoints, name):
-    path, hf, _ = checkpoints[name]
-    assert_logits_match(path, hf, tokens=13, tol=TOL)
-
-
-@pytest.mark.parametrize("cache", ["paged", "contiguous"])
-@pytest.mark.parametrize("name", CONFIGS)
-def test_decode_step_logits_equal_transformers(checkpoints, name, cache):
-    """A 13-token prefill through the cache, then 4 one-token steps, against transformers' own cached steps."""
-    _, hf, model = checkpoints[name]
-    c = (PagedKVCache(model.spec, num_blocks=16, block_size=4) if cache == "paged"
-         else ContiguousKVCache(model.spec, max_batch=1, max_seq_len=20))
-    seq = PROMPTS[0] + [1, 2]
-    assert c.allocate(7, len(seq))
-    with torch.no_grad():
-        logits = model(torch.tensor([seq]), c.prepare([7], len(seq)))
-        theirs = hf(torch.tensor([seq]), use_cache=True)
-        for _ in range(4):
-            torch.testing.assert_close(logits, theirs.logits[:, -1], rtol=TOL, atol=TOL)
-            seq.append(int(logits.argmax()))
-            assert c.append_slot(7)
-            logits = model(torch.tensor([seq[-1:]]), c.prepare([7], 1))
-            # BambaModel numbers a step's tokens from 0 unless told (not from the cache's length): its position, as
-            # generate() passes it
-            theirs = hf(torch.tensor([seq[-1:]]), cache=theirs.past_key_values, use_cache=True,
-                        position_ids=torch.tensor([[len(seq) - 1]]))
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", CONFIGS)
-def test_generate_equals_transformers(checkpoints, name, case, engine, memo={}):  # noqa: B006 (shared on purpose)
-    path, hf, _ = checkpoints[name]
-    assert_generation_matches(path, hf, case, engine, memo=memo)
-
-
-def test_weights_save_back_under_transformers_names(checkpoints):
-    for name in CONFIGS:
-        _, hf, model = checkpoints[name]
-        back, theirs = to_hf_state_dict(model), hf.state_dict()
-        assert set(back) == set(theirs), name
-        for key, value in back.items():
-            assert torch.equal(value, theirs[key]), key

@@ -18,10 +18,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmperf.engine import from_pretrained, to_hf_state_dict
-from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
+from llmperf.engine import from_pretrained
+from llmperf.engine.cache import ContiguousKVCache
 
-from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
+from checkpoints import PROMPTS, assert_mamba2_refused_without_state_rollback, hybrid_checks
 from engine_testing import OpNames
 
 transformers = pytest.importorskip("transformers")
@@ -50,45 +50,13 @@ CONFIGS = {
 NOISE = {"hybrid_moe": 0.2, "hybrid_dense": 0.05, "granite": 0.05, "granitemoe": 0.2, "granitemoeshared": 0.2}
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """name -> (checkpoint directory, transformers model, the engine's fp32 model of it)."""
-    import transformers.utils.logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    out = {}
-    for name, cfg in CONFIGS.items():
-        path = tmp_path_factory.mktemp(name)
-        hf = saved_checkpoint(cfg, path, noise=NOISE[name])
-        out[name] = (path, hf, from_pretrained(path, dtype="fp32"))
-    return out
-
-
-@pytest.mark.parametrize("name", CONFIGS)
-def test_logits_equal_transformers(checkpoints, name):
-    path, hf, _ = checkpoints[name]
-    assert_logits_match(path, hf, tokens=13, tol=TOL)
-
-
-@pytest.mark.parametrize("cache", ["paged", "contiguous"])
-@pytest.mark.parametrize("name", CONFIGS)
-def test_decode_step_logits_equal_transformers(checkpoints, name, cache):
-    """A 13-token prefill through the cache, then 4 one-token steps: each step's logits are transformers' own
-    decode step's through its cache (the Mamba-2 layers' recurrent form)."""
-    _, hf, model = checkpoints[name]
-    c = (PagedKVCache(model.spec, num_blocks=16, block_size=4) if cache == "paged"
-         else ContiguousKVCache(model.spec, max_batch=1, max_seq_len=20))
-    seq = PROMPTS[0] + [1, 2]
-    assert c.allocate(7, len(seq))
-    with torch.no_grad():
-        logits = model(torch.tensor([seq]), c.prepare([7], len(seq)))
-        theirs = hf(torch.tensor([seq]), use_cache=True)
-        for _ in range(4):
-            torch.testing.assert_close(logits, theirs.logits[:, -1], rtol=TOL, atol=TOL)
-            seq.append(int(logits.argmax()))
-            assert c.append_slot(7)
-            logits = model(torch.tensor([seq[-1:]]), c.prepare([7], 1))
-            theirs = hf(torch.tensor([seq[-1:]]), cache=theirs.past_key_values, use_cache=True)
+# the checkpoints fixture (name -> (checkpoint directory, transformers model, the engine's fp32 model of it));
+# logits, decode steps through both caches (the Mamba-2 layers' recurrent form) and generate() tokens equal
+# transformers'; the weights saved back under the names and layouts transformers holds in memory
+_CHECKS = hybrid_checks(CONFIGS, noise=NOISE, tol=TOL)
+globals().update(_CHECKS)
+# named here too: tests/suite_markers.py lists it as slow by its name in this file
+test_generate_equals_transformers = _CHECKS["test_generate_equals_transformers"]
 
 
 def test_the_scalars_matter(checkpoints):
@@ -106,14 +74,6 @@ def test_the_scalars_matter(checkpoints):
             assert (ours - theirs).abs().max() > 100 * TOL, field
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", CONFIGS)
-def test_generate_equals_transformers(checkpoints, name, case, engine, memo={}):  # noqa: B006 (shared on purpose)
-    path, hf, _ = checkpoints[name]
-    assert_generation_matches(path, hf, case, engine, memo=memo)
-
-
 def test_operators_are_recorded_under_the_vocabulary_names(checkpoints):
     _, _, model = checkpoints["hybrid_moe"]
     rec = OpNames()
@@ -124,16 +84,6 @@ def test_operators_are_recorded_under_the_vocabulary_names(checkpoints):
     assert names[0][7:10] == ["mlp_norm", "router", "moe_route"] and names[0][-1] == "mlp_residual"
     assert names[1][:5] == ["attn_norm", "qkv_proj", "attention", "o_proj", "attn_residual"]  # NoPE: no rope
     assert {"embed_scale", "logits_scale"} <= set(rec.of_layer(None))
-
-
-def test_weights_save_back_under_transformers_names(checkpoints):
-    """Under the names and layouts transformers holds in memory (`model.`, experts stacked)."""
-    for name in CONFIGS:
-        _, hf, model = checkpoints[name]
-        back, theirs = to_hf_state_dict(model), hf.state_dict()
-        assert set(back) == set(theirs), name
-        for key, value in back.items():
-            assert torch.equal(value, theirs[key]), key
 
 
 def _two_ranks(model, ids):
@@ -194,12 +144,4 @@ def test_state_bytes_equal_the_analytical_model(checkpoints, dtype):
 
 
 def test_features_without_state_rollback_refuse_mamba2_layers(checkpoints):
-    from llmperf.engine import Engine, speculative_generate, streaming_generate
-
-    _, _, model = checkpoints["hybrid_moe"]
-    with pytest.raises(ValueError, match=r"speculative decoding: .*linear \(Mamba-2\)"):
-        speculative_generate(model, model, [[1, 2]], num_draft_tokens=2, max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"StreamingLLM: .*linear \(Mamba-2\)"):
-        streaming_generate(model, [[1, 2]], sink_tokens=1, window=4, max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"prefix_sharing: .*linear \(Mamba-2\)"):
-        Engine(model, prefix_sharing=True)
+    assert_mamba2_refused_without_state_rollback(checkpoints["hybrid_moe"][2])

@@ -6,13 +6,12 @@ contiguous, chunked prefill), and its parameter count is the spec's."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from llmperf.engine import from_pretrained
 from llmperf.specs import ModelSpec
 
-from checkpoints import assert_generation_matches, assert_logits_match, saved_checkpoint
+from checkpoints import assert_param_counts_equal, checkpoint_checks
 
 _TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, num_hidden_layers=2, max_position_embeddings=64, rms_norm_eps=1e-6, pad_token_id=None,
@@ -35,10 +34,8 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return {name: (path, saved_checkpoint(cfg, path, seed=5, noise=0.2, auto_class=auto))
-            for name, (cfg, auto) in CONFIGS.items() for path in [tmp_path_factory.mktemp(name)]}
+# the checkpoints fixture; the logits and generate() tokens of every config equal transformers'
+globals().update(checkpoint_checks(CONFIGS, seed=5, tol=1e-5))
 
 
 def _text_params(hf) -> int:
@@ -55,10 +52,7 @@ def test_the_checkpoints_are_what_they_claim(checkpoints):
     assert ModelSpec.from_hf_config(checkpoints["mistral3"][0]).tied_embeddings
     wrapped = ModelSpec.from_hf_config(checkpoints["mistral3-ministral3"][0])
     assert wrapped.query_log_scale == (0.5, 8.0) and not wrapped.tied_embeddings
-    for name, (path, hf) in checkpoints.items():
-        model = from_pretrained(path, dtype="fp32")
-        n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-        assert n == model.spec.param_count == _text_params(hf), name
+    assert_param_counts_equal(checkpoints, hf_params=_text_params)
 
 
 def test_the_query_scale_matters(checkpoints):
@@ -74,20 +68,3 @@ def test_the_query_scale_matters(checkpoints):
         got, want = model(ids, all_logits=True), hf(ids).logits
     torch.testing.assert_close(got[:, :8], want[:, :8], rtol=1e-4, atol=1e-4)
     assert (got[:, 8:] - want[:, 8:]).abs().max() > 1e-2
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_logits_equal_transformers(checkpoints, name):
-    path, hf = checkpoints[name]
-    assert_logits_match(path, hf, tol=1e-5)
-
-
-_MEMO: dict = {}
-
-
-@pytest.mark.parametrize("engine", ["paged", "contiguous", "chunked"])
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_tokens_equal_transformers_generate(checkpoints, name, engine):
-    path, hf = checkpoints[name]
-    with torch.no_grad():
-        assert_generation_matches(path, hf, "greedy", engine, memo=_MEMO)

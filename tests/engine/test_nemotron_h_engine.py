@@ -20,11 +20,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmperf.engine import Engine, from_pretrained, to_hf_state_dict
-from llmperf.engine.cache import ContiguousKVCache, PagedKVCache
+from llmperf.engine import Engine, from_pretrained
+from llmperf.engine.cache import ContiguousKVCache
 from llmperf.engine.mamba2 import chunk_scan, recurrent_scan
 
-from checkpoints import CASES, ENGINES, PROMPTS, assert_generation_matches, assert_logits_match, saved_checkpoint
+from checkpoints import CASES, PROMPTS, assert_mamba2_refused_without_state_rollback, hybrid_checks
 from engine_testing import OpNames, hf_generate
 
 transformers = pytest.importorskip("transformers")
@@ -61,47 +61,14 @@ def _move_off_init(hf, path) -> None:
     hf.save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """name -> (checkpoint directory, transformers model, the engine's fp32 model of it)."""
-    import transformers.utils.logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    out = {}
-    for name, cfg in CONFIGS.items():
-        path = tmp_path_factory.mktemp(name)
-        hf = saved_checkpoint(cfg, path, noise=NOISE[name])
-        _move_off_init(hf, path)
-        out[name] = (path, hf, from_pretrained(path, dtype="fp32"))
-    return out
-
-
-@pytest.mark.parametrize("name", CONFIGS)
-def test_logits_equal_transformers(checkpoints, name):
-    path, hf, _ = checkpoints[name]
-    assert_logits_match(path, hf, tokens=13, tol=TOL)
-
-
-@pytest.mark.parametrize("cache", ["paged", "contiguous"])
-@pytest.mark.parametrize("name", CONFIGS)
-def test_decode_step_logits_equal_transformers(checkpoints, name, cache):
-    """A 13-token prefill through the cache, then 4 one-token steps: each step's logits are transformers' own
-    decode step's through its cache (the recurrent form, dt unclamped), not a forward over the whole sequence
-    (which clamps every token's dt, `test_the_prefill_clamp_matters`)."""
-    _, hf, model = checkpoints[name]
-    c = (PagedKVCache(model.spec, num_blocks=16, block_size=4) if cache == "paged"
-         else ContiguousKVCache(model.spec, max_batch=1, max_seq_len=20))
-    seq = PROMPTS[0] + [1, 2]
-    assert c.allocate(7, len(seq))
-    with torch.no_grad():
-        logits = model(torch.tensor([seq]), c.prepare([7], len(seq)))
-        theirs = hf(torch.tensor([seq]), use_cache=True)
-        for _ in range(4):
-            torch.testing.assert_close(logits, theirs.logits[:, -1], rtol=TOL, atol=TOL)
-            seq.append(int(logits.argmax()))
-            assert c.append_slot(7)
-            logits = model(torch.tensor([seq[-1:]]), c.prepare([7], 1))
-            theirs = hf(torch.tensor([seq[-1:]]), cache=theirs.past_key_values, use_cache=True)
+# the checkpoints fixture (name -> (checkpoint directory, transformers model, the engine's fp32 model of it));
+# logits, decode steps through both caches (transformers' own cached steps: the recurrent form, dt unclamped, not
+# a forward over the whole sequence, which clamps every token's dt, `test_the_prefill_clamp_matters`) and
+# generate() tokens equal transformers'; the weights saved back under the names and layouts transformers holds
+_CHECKS = hybrid_checks(CONFIGS, noise=NOISE, tol=TOL, after=_move_off_init)
+globals().update(_CHECKS)
+# named here too: tests/suite_markers.py lists it as slow by its name in this file
+test_generate_equals_transformers = _CHECKS["test_generate_equals_transformers"]
 
 
 def test_the_prefill_clamp_matters(checkpoints):
@@ -115,14 +82,6 @@ def test_the_prefill_clamp_matters(checkpoints):
     ids = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
         assert (unclamped(ids, all_logits=True) - hf(ids).logits).abs().max() > 100 * TOL
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", CONFIGS)
-def test_generate_equals_transformers(checkpoints, name, case, engine, memo={}):  # noqa: B006 (shared on purpose)
-    path, hf, _ = checkpoints[name]
-    assert_generation_matches(path, hf, case, engine, memo=memo)
 
 
 def test_preempted_sequences_recompute_transformers_tokens(checkpoints):
@@ -185,29 +144,14 @@ def test_operators_are_recorded_under_the_vocabulary_names(checkpoints):
     assert names[2] == ["attn_norm", "qkv_proj", "attention", "o_proj", "attn_residual"]  # no rope, no cache
 
 
-def test_weights_save_back_under_transformers_names(checkpoints):
-    """Under the names and layouts transformers holds in memory (`model.`, experts stacked)."""
-    for name in CONFIGS:
-        _, hf, model = checkpoints[name]
-        back, theirs = to_hf_state_dict(model), hf.state_dict()
-        assert set(back) == set(theirs)
-        for key, value in back.items():
-            assert torch.equal(value, theirs[key]), key
-
-
 def test_features_without_state_rollback_refuse_mamba2_layers(checkpoints):
-    from llmperf.engine import shard_spec, speculative_generate, streaming_generate
+    from llmperf.engine import shard_spec
     from llmperf.errors import SpecError
     from llmperf.specs.hf import model_spec_from_hf_config
 
     _, _, model = checkpoints["dense"]
-    with pytest.raises(ValueError, match=r"speculative decoding: .*linear \(Mamba-2\)"):
-        speculative_generate(model, model, [[1, 2]], num_draft_tokens=2, max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"StreamingLLM: .*linear \(Mamba-2\)"):
-        streaming_generate(model, [[1, 2]], sink_tokens=1, window=4, max_new_tokens=2)
+    assert_mamba2_refused_without_state_rollback(model)
     with pytest.raises(SpecError, match=r"layer_types: .*linear \(Mamba-2\) layers; tensor parallelism"):
         shard_spec(model.spec, 2)
     with pytest.raises(SpecError, match="mixer_only_layers: .*layers of one sublayer"):
         shard_spec(model_spec_from_hf_config(dict(_BASE, layers_block_type=["full_attention", "mlp"] * 2)), 2)
-    with pytest.raises(ValueError, match=r"prefix_sharing: .*linear \(Mamba-2\)"):
-        Engine(model, prefix_sharing=True)

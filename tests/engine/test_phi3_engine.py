@@ -6,12 +6,11 @@ parameter count is the spec's; a longrope checkpoint is refused by name."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from llmperf.engine import from_pretrained
 from llmperf.specs import ModelSpec
 
-from checkpoints import assert_generation_matches, assert_logits_match, saved_checkpoint
+from checkpoints import assert_param_counts_equal, checkpoint_checks, saved_checkpoint
 
 _BASE = dict(model_type="phi3", vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4,
              num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=64, rms_norm_eps=1e-6,
@@ -23,10 +22,8 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return {name: (path, saved_checkpoint(cfg, path, seed=7, noise=0.2))
-            for name, cfg in CONFIGS.items() for path in [tmp_path_factory.mktemp(name)]}
+# the checkpoints fixture; the logits and generate() tokens of every config equal transformers'
+globals().update(checkpoint_checks(CONFIGS, seed=7, tol=1e-5))
 
 
 def test_the_checkpoints_are_what_they_claim(checkpoints):
@@ -34,28 +31,7 @@ def test_the_checkpoints_are_what_they_claim(checkpoints):
     assert spec.rotary_dim == 8 and spec.sliding_window == 6 and not spec.qkv_bias
     tied = ModelSpec.from_hf_config(checkpoints["phi3-tied-mha"][0])
     assert tied.tied_embeddings and tied.num_kv_heads == 4
-    for name, (path, hf) in checkpoints.items():
-        assert any(k.endswith("self_attn.qkv_proj.weight") for k in hf.state_dict())
-        model = from_pretrained(path, dtype="fp32")
-        n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-        assert n == model.spec.param_count == sum(p.numel() for p in hf.parameters()), name
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_logits_equal_transformers(checkpoints, name):
-    path, hf = checkpoints[name]
-    assert_logits_match(path, hf, tol=1e-5)
-
-
-_MEMO: dict = {}
-
-
-@pytest.mark.parametrize("engine", ["paged", "contiguous", "chunked"])
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_tokens_equal_transformers_generate(checkpoints, name, engine):
-    path, hf = checkpoints[name]
-    with torch.no_grad():
-        assert_generation_matches(path, hf, "greedy", engine, memo=_MEMO)
+    assert_param_counts_equal(checkpoints, hf_tensor="self_attn.qkv_proj.weight")
 
 
 def test_longrope_is_refused_by_name(tmp_path):

@@ -8,25 +8,15 @@ config directory. (The engine: tests/engine/test_cohere2_engine.py.)"""
 
 from __future__ import annotations
 
-import json
-import re
-
 import pytest
 
 from llmperf.analysis import ForwardModel
-from llmperf.errors import SpecError
 from llmperf.specs import Precision
-from llmperf.specs.hf import model_spec_from_hf_config, read_hf_config
-from tests.analysis.model_checks import (
-    assert_read_or_one_error,
-    assert_saved_config_reads_back,
-    assert_simulated_static_batch_is_estimate,
-    checkpoint_count,
-    hf_model,
-)
+from tests.analysis.model_checks import hf_type_checks, spec_at_class_defaults
+from tests.analysis.model_checks import read_config as read
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
 _BASE = dict(model_type="cohere2", vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4,
              num_key_value_heads=2, num_hidden_layers=4, max_position_embeddings=256, pad_token_id=None,
@@ -39,20 +29,8 @@ TINY = {
 }
 
 
-def read(cfg: dict):  # noqa: ANN201
-    return model_spec_from_hf_config(json.loads(json.dumps(cfg)), name="t")
-
-
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_tiny_param_count_is_exact(name):
-    assert read(TINY[name]).param_count == checkpoint_count(hf_model(TINY[name]))
-
-
 def test_the_config_class_defaults_are_exact():
-    cfg = transformers.AutoConfig.for_model("cohere2").to_dict()
-    spec = read(cfg)
-    assert spec.param_count == checkpoint_count(hf_model({"model_type": "cohere2"}))
-    assert read({"model_type": "cohere2"}).param_count == spec.param_count
+    spec = spec_at_class_defaults("cohere2")
     assert spec.tied_embeddings and spec.logit_scale == 0.0625 and spec.num_kv_heads == 64
     assert spec.layer_types == ("sliding", "sliding", "sliding", "full") * 10 and len(spec.nope_layers) == 10
 
@@ -76,56 +54,21 @@ def test_one_norm_a_layer_in_the_cost_model():
     assert ops["attn_norm"].flops == 2 * 64 * 6
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_kv_width_matches_the_cache(name):
-    spec = read(TINY[name])
-    model = hf_model(TINY[name], device="cpu").eval()
-    with torch.no_grad():
-        cache = model(torch.randint(0, 128, (1, 5)), use_cache=True).past_key_values
-    assert len(cache.layers) == spec.num_layers
-    for layer in cache.layers:
-        width = layer.keys.shape[1] * layer.keys.shape[3] + layer.values.shape[1] * layer.values.shape[3]
-        assert layer.keys.shape[2] == 5 and width == spec.kv_width_per_token_per_layer
-
-
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_saved_by_transformers_reads_back(name, tmp_path):
-    assert_saved_config_reads_back(read, TINY[name], tmp_path)
-    _, keys = read_hf_config(dict(TINY[name]), "t", "config")  # every key but the token ids (no math)
-    assert set(TINY[name]) - keys == {"pad_token_id", "bos_token_id", "eos_token_id"}
-
-
-@pytest.mark.parametrize("cfg, needle", [
-    (dict(_BASE, head_dim=32), "head_dim=32 is not modelled (Cohere2Config sets it to hidden_size / "
-                               "num_attention_heads = 16)"),
-    (dict(_BASE, logit_scale=-1.0), "logit_scale"),
-    (dict(_BASE, sliding_window_pattern=0), "sliding_window_pattern must be a positive integer, got 0"),
-    (dict(_BASE, use_qk_norm=True), "use_qk_norm=True is not modelled"),
-    (dict(_BASE, sliding_window=None), "sliding_window=None is not modelled (transformers' Cohere2Model builds"),
-])
-def test_refused_by_name_in_one_line(cfg, needle):
-    with pytest.raises(SpecError, match=re.escape(needle)) as info:
-        read(cfg)
-    assert "\n" not in str(info.value)
-
-
-@pytest.mark.parametrize("key, value", [("logit_scale", "x"), ("layer_types", ["sliding_attention"]),
-                                        ("sliding_window", 0), ("layer_norm_eps", float("nan"))])
-def test_junk_gives_a_spec_or_one_error(key, value):
-    assert_read_or_one_error(read, dict(TINY["cohere2"], **{key: value}))
-
-
-@pytest.mark.parametrize("name", ["cohere2", "cohere2-all-full"])
-def test_the_simulator_prices_a_static_batch_as_estimate(name):
-    assert_simulated_static_batch_is_estimate(read(TINY[name]))
-
-
-def test_estimate_reads_a_saved_config_dir(tmp_path):
-    from typer.testing import CliRunner
-
-    from llmperf.cli import app
-    hf_model(TINY["cohere2"]).config.save_pretrained(tmp_path)
-    r = CliRunner().invoke(app, ["estimate", str(tmp_path), "-f", "json"])
-    assert r.exit_code == 0, r.output
-    row, = json.loads(r.stdout)["configurations"]
-    assert row["kv_bytes_per_token"] == 4 * 2 * 2 * 16 * 2  # layers x K,V x kv heads x head_dim x fp16 (S < window)
+# the tests every type shares: tiny parameters exact, KV widths, transformers' save read back, refusals in one
+# line, junk a spec or one error, the simulator's static batch, `llmperf estimate` on a saved config directory
+globals().update(hf_type_checks(
+    TINY,
+    refused=[
+        (dict(_BASE, head_dim=32), "head_dim=32 is not modelled (Cohere2Config sets it to hidden_size / "
+                                   "num_attention_heads = 16)"),
+        (dict(_BASE, logit_scale=-1.0), "logit_scale"),
+        (dict(_BASE, sliding_window_pattern=0), "sliding_window_pattern must be a positive integer, got 0"),
+        (dict(_BASE, use_qk_norm=True), "use_qk_norm=True is not modelled"),
+        (dict(_BASE, sliding_window=None), "sliding_window=None is not modelled (transformers' Cohere2Model builds"),
+    ],
+    junk=[("logit_scale", "x"), ("layer_types", ["sliding_attention"]), ("sliding_window", 0),
+          ("layer_norm_eps", float("nan"))],
+    junk_config=lambda key, value: dict(TINY["cohere2"], **{key: value}),
+    simulated=["cohere2", "cohere2-all-full"],
+    estimate=("cohere2", 4 * 2 * 2 * 16 * 2),  # layers x K,V x kv heads x head_dim x fp16 (S < window)
+))

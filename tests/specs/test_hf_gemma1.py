@@ -6,23 +6,13 @@ transformers' own save read back, refusals by name, the simulator's static batch
 
 from __future__ import annotations
 
-import json
-import re
-
 import pytest
 
-from llmperf.errors import SpecError
-from llmperf.specs.hf import model_spec_from_hf_config, read_hf_config
-from tests.analysis.model_checks import (
-    assert_read_or_one_error,
-    assert_saved_config_reads_back,
-    assert_simulated_static_batch_is_estimate,
-    checkpoint_count,
-    hf_model,
-)
+from tests.analysis.model_checks import hf_type_checks, spec_at_class_defaults
+from tests.analysis.model_checks import read_config as read
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
 _BASE = dict(model_type="gemma", vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4,
              num_key_value_heads=2, head_dim=32, num_hidden_layers=3, max_position_embeddings=256,
@@ -34,20 +24,8 @@ TINY = {
 }
 
 
-def read(cfg: dict):  # noqa: ANN201
-    return model_spec_from_hf_config(json.loads(json.dumps(cfg)), name="t")
-
-
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_tiny_param_count_is_exact(name):
-    assert read(TINY[name]).param_count == checkpoint_count(hf_model(TINY[name]))
-
-
 def test_the_config_class_defaults_are_exact():
-    cfg = transformers.AutoConfig.for_model("gemma").to_dict()
-    spec = read(cfg)
-    assert spec.param_count == checkpoint_count(hf_model({"model_type": "gemma"}))
-    assert read({"model_type": "gemma"}).param_count == spec.param_count
+    spec = spec_at_class_defaults("gemma")
     assert (spec.head_dim, spec.num_kv_heads, spec.tied_embeddings, spec.hidden_act) == (256, 16, True,
                                                                                         "gelu_pytorch_tanh")
 
@@ -59,53 +37,17 @@ def test_structure_read():
     assert other.qkv_bias and other.out_bias and not other.tied_embeddings and other.hidden_act == "gelu_pytorch_tanh"
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_kv_width_matches_the_cache(name):
-    spec = read(TINY[name])
-    model = hf_model(TINY[name], device="cpu").eval()
-    with torch.no_grad():
-        cache = model(torch.randint(0, 128, (1, 5)), use_cache=True).past_key_values
-    assert len(cache.layers) == spec.num_layers
-    for layer in cache.layers:
-        width = layer.keys.shape[1] * layer.keys.shape[3] + layer.values.shape[1] * layer.values.shape[3]
-        assert layer.keys.shape[2] == 5 and width == spec.kv_width_per_token_per_layer
-
-
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_saved_by_transformers_reads_back(name, tmp_path):
-    assert_saved_config_reads_back(read, TINY[name], tmp_path)
-    _, keys = read_hf_config(dict(TINY[name]), "t", "config")  # every key but the token ids (no math)
-    assert set(TINY[name]) - keys == {"pad_token_id", "bos_token_id", "eos_token_id"}
-
-
-@pytest.mark.parametrize("cfg, needle", [
-    (dict(_BASE, use_bidirectional_attention=True), "use_bidirectional_attention=True is not modelled"),
-    (dict(_BASE, hidden_activation="relu"), "hidden_activation='relu' is not modelled (GemmaConfig computes with "
-                                            "hidden_act='gelu_pytorch_tanh')"),
-    (dict(_BASE, sliding_window=8), "sliding_window=8 is not modelled (gemma has no sliding-window attention)"),
-])
-def test_refused_by_name_in_one_line(cfg, needle):
-    with pytest.raises(SpecError, match=re.escape(needle)) as info:
-        read(cfg)
-    assert "\n" not in str(info.value)
-
-
-@pytest.mark.parametrize("key, value", [("hidden_act", 3), ("head_dim", -1), ("attention_bias", "no"),
-                                        ("num_key_value_heads", 3)])
-def test_junk_gives_a_spec_or_one_error(key, value):
-    assert_read_or_one_error(read, dict(_BASE, **{key: value}))
-
-
-def test_the_simulator_prices_a_static_batch_as_estimate():
-    assert_simulated_static_batch_is_estimate(read(TINY["gemma"]))
-
-
-def test_estimate_reads_a_saved_config_dir(tmp_path):
-    from typer.testing import CliRunner
-
-    from llmperf.cli import app
-    hf_model(TINY["gemma"]).config.save_pretrained(tmp_path)
-    r = CliRunner().invoke(app, ["estimate", str(tmp_path), "-f", "json"])
-    assert r.exit_code == 0, r.output
-    row, = json.loads(r.stdout)["configurations"]
-    assert row["kv_bytes_per_token"] == 3 * 2 * 2 * 32 * 2  # layers x K,V x kv heads x head_dim x fp16
+# the tests every type shares: tiny parameters exact, KV widths, transformers' save read back, refusals in one
+# line, junk a spec or one error, the simulator's static batch, `llmperf estimate` on a saved config directory
+globals().update(hf_type_checks(
+    TINY,
+    refused=[
+        (dict(_BASE, use_bidirectional_attention=True), "use_bidirectional_attention=True is not modelled"),
+        (dict(_BASE, hidden_activation="relu"), "hidden_activation='relu' is not modelled (GemmaConfig computes with "
+                                                "hidden_act='gelu_pytorch_tanh')"),
+        (dict(_BASE, sliding_window=8), "sliding_window=8 is not modelled (gemma has no sliding-window attention)"),
+    ],
+    junk=[("hidden_act", 3), ("head_dim", -1), ("attention_bias", "no"), ("num_key_value_heads", 3)],
+    junk_config=lambda key, value: dict(_BASE, **{key: value}),
+    estimate=("gemma", 3 * 2 * 2 * 32 * 2),  # layers x K,V x kv heads x head_dim x fp16
+))

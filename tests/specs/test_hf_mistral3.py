@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 
 import pytest
 
-from llmperf.errors import SpecError
 from llmperf.specs.hf import model_spec_from_hf_config
-from tests.analysis.model_checks import (
-    assert_read_or_one_error,
-    assert_saved_config_reads_back,
-    assert_simulated_static_batch_is_estimate,
-)
+from tests.analysis.model_checks import hf_type_checks
+from tests.analysis.model_checks import read_config as read
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -37,10 +32,6 @@ TINY = {
 }
 
 
-def read(cfg: dict):  # noqa: ANN201
-    return model_spec_from_hf_config(json.loads(json.dumps(cfg)), name="t")
-
-
 def hf_text_model(cfg: dict, device: str = "meta"):  # noqa: ANN201
     """transformers' text model and head of `cfg`: a mistral3 wrapper's language model (its head tied or not as
     the wrapper builds it), else the causal LM. Returns (model, parameters of the text model and head)."""
@@ -56,11 +47,6 @@ def hf_text_model(cfg: dict, device: str = "meta"):  # noqa: ANN201
     finally:
         logging.disable(logging.NOTSET)
     return model, sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_tiny_param_count_is_exact(name):
-    assert read(TINY[name]).param_count == hf_text_model(TINY[name])[1]
 
 
 @pytest.mark.parametrize("model_type, params, tied", [("ministral3", 8_489_553_920, False),
@@ -92,23 +78,6 @@ def test_structure_read():
     assert zero.query_log_scale is None
 
 
-@pytest.mark.parametrize("name", ["ministral3", "mistral3-untied"])
-def test_kv_width_matches_the_cache(name):
-    spec = read(TINY[name])
-    model, _ = hf_text_model(TINY[name], device="cpu")
-    with torch.no_grad():
-        cache = model.eval()(input_ids=torch.randint(0, 128, (1, 5)), use_cache=True).past_key_values
-    assert len(cache.layers) == spec.num_layers
-    for layer in cache.layers:
-        width = layer.keys.shape[1] * layer.keys.shape[3] + layer.values.shape[1] * layer.values.shape[3]
-        assert layer.keys.shape[2] == 5 and width == spec.kv_width_per_token_per_layer
-
-
-@pytest.mark.parametrize("name", ["ministral3", "ministral3-default-rope"])
-def test_saved_by_transformers_reads_back(name, tmp_path):
-    assert_saved_config_reads_back(read, TINY[name], tmp_path, every_key_read=True)
-
-
 def test_a_saved_mistral3_reads_back(tmp_path):
     config = transformers.AutoConfig.for_model(**TINY["mistral3-untied"])
     config.save_pretrained(tmp_path)
@@ -117,43 +86,33 @@ def test_a_saved_mistral3_reads_back(tmp_path):
     assert back.query_log_scale == (0.1, 1024.0) and not back.tied_embeddings
 
 
-@pytest.mark.parametrize("cfg, needle", [
-    (dict(TINY["ministral3"], rope_parameters={k: v for k, v in _ROPE.items() if k != "llama_4_scaling_beta"}),
-     "missing field 'rope_parameters.llama_4_scaling_beta'"),
-    (dict(TINY["ministral3"], rope_parameters=dict(_ROPE, llama_4_scaling_beta=-1.0)),
-     "rope_parameters.llama_4_scaling_beta must be >= 0, got -1.0"),
-    (dict(TINY["ministral3-default-rope"], rope_theta=5.0), "rope_theta=5.0 is not modelled"),
-    (dict(_TEXT, model_type="mistral", rope_parameters=_ROPE),
-     "rope_parameters.llama_4_scaling_beta=0.1 is not modelled (Ministral 3's query scaling is read for ministral3 "
-     "only; transformers' mistral ignores it)"),
-    (dict(TINY["mistral3"], text_config=dict(_TEXT, model_type="llama")),
-     "text_config.model_type='llama', expected 'mistral' in a mistral3 config"),
-    (dict(TINY["mistral3"], tie_word_embeddings="yes"), "tie_word_embeddings must be true or false"),
-])
-def test_refused_by_name_in_one_line(cfg, needle):
-    with pytest.raises(SpecError, match=re.escape(needle)) as info:
-        read(cfg)
-    assert "\n" not in str(info.value)
-
-
-@pytest.mark.parametrize("key, value", [("llama_4_scaling_beta", "x"), ("original_max_position_embeddings", 0),
-                                        ("original_max_position_embeddings", None), ("factor", -2.0),
-                                        ("rope_type", "su")])
-def test_junk_gives_a_spec_or_one_error(key, value):
-    assert_read_or_one_error(read, dict(TINY["ministral3"], rope_parameters=dict(_ROPE, **{key: value})))
-
-
-@pytest.mark.parametrize("name", ["ministral3", "mistral3"])
-def test_the_simulator_prices_a_static_batch_as_estimate(name):
-    assert_simulated_static_batch_is_estimate(read(TINY[name]))
-
-
-def test_estimate_reads_a_saved_config_dir(tmp_path):
-    from typer.testing import CliRunner
-
-    from llmperf.cli import app
-    transformers.AutoConfig.for_model(**TINY["mistral3-untied"]).save_pretrained(tmp_path)
-    r = CliRunner().invoke(app, ["estimate", str(tmp_path), "-f", "json"])
-    assert r.exit_code == 0, r.output
-    row, = json.loads(r.stdout)["configurations"]
-    assert row["kv_bytes_per_token"] == 3 * 2 * 2 * 32 * 2  # layers x K,V x kv heads x head_dim x fp16
+# the tests every type shares: tiny parameters exact (the text model and head), KV widths, transformers' save read
+# back (every key read), refusals in one line, junk (in the rope parameters) a spec or one error, the simulator's
+# static batch, `llmperf estimate` on a saved config directory
+globals().update(hf_type_checks(
+    TINY,
+    params=lambda cfg: hf_text_model(cfg)[1],
+    kv=["ministral3", "mistral3-untied"],
+    kv_model=lambda cfg: hf_text_model(cfg, device="cpu")[0],
+    saved=["ministral3", "ministral3-default-rope"],
+    every_key_read=True,
+    refused=[
+        (dict(TINY["ministral3"], rope_parameters={k: v for k, v in _ROPE.items() if k != "llama_4_scaling_beta"}),
+         "missing field 'rope_parameters.llama_4_scaling_beta'"),
+        (dict(TINY["ministral3"], rope_parameters=dict(_ROPE, llama_4_scaling_beta=-1.0)),
+         "rope_parameters.llama_4_scaling_beta must be >= 0, got -1.0"),
+        (dict(TINY["ministral3-default-rope"], rope_theta=5.0), "rope_theta=5.0 is not modelled"),
+        (dict(_TEXT, model_type="mistral", rope_parameters=_ROPE),
+         "rope_parameters.llama_4_scaling_beta=0.1 is not modelled (Ministral 3's query scaling is read for ministral3 "
+         "only; transformers' mistral ignores it)"),
+        (dict(TINY["mistral3"], text_config=dict(_TEXT, model_type="llama")),
+         "text_config.model_type='llama', expected 'mistral' in a mistral3 config"),
+        (dict(TINY["mistral3"], tie_word_embeddings="yes"), "tie_word_embeddings must be true or false"),
+    ],
+    junk=[("llama_4_scaling_beta", "x"), ("original_max_position_embeddings", 0),
+          ("original_max_position_embeddings", None), ("factor", -2.0), ("rope_type", "su")],
+    junk_config=lambda key, value: dict(TINY["ministral3"], rope_parameters=dict(_ROPE, **{key: value})),
+    simulated=["ministral3", "mistral3"],
+    estimate=("mistral3-untied", 3 * 2 * 2 * 32 * 2),  # layers x K,V x kv heads x head_dim x fp16
+    save=lambda cfg, path: transformers.AutoConfig.for_model(**cfg).save_pretrained(path),
+))
