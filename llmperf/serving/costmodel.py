@@ -23,7 +23,7 @@ prefill chunks and decode tokens. The derivation in full: docs/serving.md, "How 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -40,7 +40,8 @@ _ATTN_NAMES = frozenset(op.value for op in ATTENTION_OPS)
 # query and value absorptions): priced with the attention, per sequence, never per step's tokens
 _MLA_FORM_OPS = frozenset({"kv_b_proj", "q_absorb", "v_absorb"})
 # operators over the logit rows (one per sampling sequence), not over the step's tokens
-_LOGIT_OPS = frozenset({Op.lm_head.value, Op.logits_gather.value, "final_softcap", Op.logits_scale.value})
+_LOGIT_OPS = frozenset({Op.lm_head.value, Op.logits_gather.value, "final_softcap", Op.logits_scale.value,
+                        "hc_head"})  # DeepSeek-V4: its hyper-head, over the logit rows as lm_head
 _COUNT_FIELDS = ("flops", "weight_bytes", "act_read_bytes", "act_write_bytes", "kv_read_bytes", "kv_write_bytes",
                  "comm_bytes")
 # (q, kv) probe points: enough to determine the five coefficients, plus checks; a window or chunk
@@ -192,8 +193,15 @@ class StepCostModel:
             self.forms = (self.fm.mla_mode == "absorbed",)
         else:
             self.forms = (None,)
+        #: DeepSeek-V4: its attention's counts are not linear in a sequence's features (entries every rate
+        #: tokens, the indexer's top-k): the operators that depend on the context are priced per step from the
+        #: step's (new tokens, context) pairs (`v4_time_s`), no span groups
+        self.v4 = bool(m.is_v4_attention)
+        self.v4_ops = self._v4_sequence_ops() if self.v4 else frozenset()
         spans: list[tuple[int | None, int | None]] = []
         for kind, _ in self.model.layer_groups():
+            if self.v4:
+                break
             if kind.attention not in ("linear", "none") and self.fm._span(kind) not in spans:
                 spans.append(self.fm._span(kind))
         if m.is_sparse_attention and (None, None) not in spans:  # DSA's indexer scores every key
@@ -205,12 +213,67 @@ class StepCostModel:
         self.state_ops = ("conv1d", "ssd") if m.is_mamba else _STATE_OPS
         self.state_chunk = self.fm.linear_chunk
         self.state_parts = self._fit_state() if m.has_linear_layers else []
-        self.simple = len(self.groups) == 1 and self.spans[0] == (None, None) and not self.state_parts
-        self.parts = self._fit_attention()
+        self.simple = (not self.v4 and len(self.groups) == 1 and self.spans[0] == (None, None)
+                       and not self.state_parts)
+        self.parts = [] if self.v4 else self._fit_attention()
         # per part: (intercept, FLOP line, memory-byte line) as plain floats (the per-step hot path)
         self._lines = [(float(p.coef[1:6, 0].sum()), tuple(float(x) for x in p.coef[0, 1:]),
                         tuple(float(x) for x in p.coef[1:6, 1:].sum(axis=0)), float(p.coef[0, 0]))
                        for p in self.parts]
+
+    # ---- DeepSeek-V4: its attention per step, from the sequences -----------------------------------
+    def _v4_sequence_ops(self) -> frozenset[str]:
+        """The operators of DeepSeek-V4's attention sections that depend on a sequence's context or are not
+        linear in its new tokens (the attention core, the compressors' pooling, the indexer's scores and top-k):
+        every one whose counts at some (new tokens, context) differ from new tokens x a one-token step's."""
+        q = np.array([1.0, 1, 1, 3, 5, 8, 17, 40, 200, 700])
+        kv = np.array([1.0, 9, 700, 3, 300, 8, 4000, 40, 1000, 700])
+        names = set(_ATTN_NAMES)
+        for part, kind, _, _ in self.fm.sections:
+            if part != "attention":
+                continue
+            one = {op.name: op for op in self.fm.section_ops(part, 1.0, 1.0, 1.0, kind)}
+            for op in self.fm.section_ops(part, 1.0, q, kv, kind):
+                base = one[op.name]
+                if any(not np.allclose(np.broadcast_to(np.asarray(getattr(op, f), dtype=float), q.shape),
+                                       q * float(getattr(base, f)), rtol=1e-12, atol=0.0)
+                       for f in _COUNT_FIELDS if f not in ("weight_bytes", "comm_bytes")):
+                    names.add(op.name)
+        return frozenset(names)
+
+    def v4_features(self, q_lens, kv_lens) -> dict[tuple[float, float], float]:  # noqa: ANN001
+        """DeepSeek-V4's step features: sequences by (new tokens, context after the step), how many of each."""
+        out: dict[tuple[float, float], float] = {}
+        for q, kv in zip(np.asarray(q_lens, dtype=float).reshape(-1), np.asarray(kv_lens, dtype=float).reshape(-1)):
+            out[(float(q), float(kv))] = out.get((float(q), float(kv)), 0.0) + 1.0
+        return out
+
+    def v4_time_s(self, features: dict[tuple[float, float], float]) -> float:
+        """Seconds of DeepSeek-V4's context-dependent operators (`v4_ops`) in a step whose sequences are
+        `features` ((new tokens, context) -> sequences): each operator's counts evaluated per distinct pair as
+        `estimate` evaluates a batch of them (`ForwardModel.section_ops`, every layer of each attention section),
+        summed over the pairs (one kernel over the step's sequences), priced once; a static batch is one pair:
+        `estimate`'s operator exactly. With data-parallel attention the busiest GPU runs ceil(N / tp) of the step's
+        N sequences, a balanced share of every pair (one pair: `estimate`'s `local_batch`)."""
+        if not features:
+            return 0.0
+        keys = list(features)
+        n = np.array([features[k] for k in keys])
+        q = np.array([k[0] for k in keys])
+        kv = np.array([k[1] for k in keys])
+        dp = self.tp if self.fm.dp_attention and self.tp > 1 else 1
+        share = -(-float(n.sum()) // dp) / float(n.sum())  # 1 without data-parallel attention
+        total = 0.0
+        for part, kind, count, label in self.fm.sections:
+            if part != "attention":
+                continue
+            # with dp, section_ops runs local_batch(n x dp) = n sequences of each pair on one GPU, scaled to its share
+            for op in self.fm.section_ops(part, n * dp, q, kv, kind):
+                if op.name not in self.v4_ops:
+                    continue
+                op = _v4_sum(op.scaled(count, layer=label), len(keys), share)
+                total += float(_op_time(op, self.hardware, self.dtype, self.time_model).time_s)
+        return total
 
     # ---- attention: linear coefficients ----------------------------------------------------------
     def group_of(self, q_len: int, span_index: int) -> int:
@@ -367,7 +430,9 @@ class StepCostModel:
 
     def features(self, q_lens, kv_lens) -> np.ndarray:  # noqa: ANN001
         """The summed features of the sequences, per group: (groups, 4); with Gated DeltaNet layers two
-        rows more, their `state_features`."""
+        rows more, their `state_features` (DeepSeek-V4: `v4_features`)."""
+        if self.v4:
+            return self.v4_features(q_lens, kv_lens)  # type: ignore[return-value]
         q = np.asarray(q_lens, dtype=float).reshape(-1)
         kv = np.asarray(kv_lens, dtype=float).reshape(-1)
         out = np.zeros((len(self.groups) + (2 if self.state_parts else 0), 4))
@@ -391,7 +456,9 @@ class StepCostModel:
     def attention_time_s(self, features, rows: int | None = None) -> float:  # noqa: ANN001
         """Attention time of a step whose summed sequence features are `features`, one row of 4
         numbers per group (`groups`); a group's rows are its sequences' new tokens (the busiest
-        GPU's share of them with data-parallel attention)."""
+        GPU's share of them with data-parallel attention). DeepSeek-V4: `v4_time_s`."""
+        if self.v4:
+            return self.v4_time_s(features)
         total = 0.0
         dp = self.tp if self.fm.dp_attention and self.tp > 1 else 1
         for p, (wb, c, b, wf) in zip(self.parts, self._lines):
@@ -434,6 +501,7 @@ class StepCostModel:
         total = pipeline_transfer_s(self.fm, self.hardware, T, 1, self.pp, self.time_model) + 0.0 * T
         state = self.state_ops if self.state_parts else ()  # priced per step, from the sequences (`state_time_s`)
         state += _INDEX_KEY_OPS if self.model.is_sparse_attention else ()
+        state += tuple(self.v4_ops)  # DeepSeek-V4: its context-dependent operators are priced per step
         for cost in self.fm.forward_ops(T, 1, 1):
             if cost.name in _ATTN_NAMES or cost.name in _MLA_FORM_OPS or cost.name in _LOGIT_OPS or cost.name in state:
                 continue
@@ -499,6 +567,32 @@ def _cost(part: _AttnPart, rows: int, q_len: int = 1, **counts: float) -> OpCost
         kw["attn"] = AttnShape(batch=rows / q_len, q_len=float(q_len), context=0.0, heads=heads, kv_heads=kv_heads,
                                head_dim=head_dim, latent=part.latent)
     return OpCost(**kw)
+
+
+def _v4_sum(op: OpCost, k: int, share: float = 1.0) -> OpCost:
+    """One operator evaluated over `k` (new tokens, context) pairs as one: its counts and rows summed and scaled by
+    `share` (its weights read once), its shape (a fused attention's, a GEMM's) the pair with the most rows' (its batch
+    scaled too); one pair at share 1: that pair's operator as it is."""
+    def pick(x, i):  # noqa: ANN001, ANN202
+        a = np.asarray(x)
+        return a.reshape(-1)[i].item() if a.ndim and a.size == k else (a.item() if isinstance(x, np.ndarray) else x)
+
+    rows = np.broadcast_to(np.asarray(op.rows, dtype=float), (k,))
+    i = int(np.argmax(rows))
+    vals = {f: float(np.broadcast_to(np.asarray(getattr(op, f), dtype=float), (k,)).sum()) * share
+            for f in (*_COUNT_FIELDS, "rows") if f != "weight_bytes"}
+    vals["weight_bytes"] = float(np.max(np.asarray(op.weight_bytes, dtype=float)))  # read once a step
+    vals["calls"] = float(np.max(np.asarray(op.calls, dtype=float)))
+    if op.experts is not None:
+        vals["experts"] = pick(op.experts, i)
+    if op.attn is not None:
+        shape = {f: pick(getattr(op.attn, f), i) for f in
+                 ("batch", "q_len", "context", "heads", "kv_heads", "head_dim", "latent")}
+        vals["attn"] = replace(op.attn, **shape | dict(batch=shape["batch"] * share))
+    if op.gemm is not None:
+        vals["gemm"] = replace(op.gemm, **{f.name: pick(getattr(op.gemm, f.name), i)
+                                            for f in fields(op.gemm)})
+    return replace(op, **vals)
 
 
 def _has_rows() -> bool:

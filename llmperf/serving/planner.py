@@ -301,6 +301,8 @@ def _prepare(cand: Candidate, model: ModelSpec, rate: float, spec: WorkloadSpec,
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="tp", detail=str(exc), **common)
     try:
         ShardDims.of(model, cand.tp, cand.ep, cand.dp_attention)  # the layout at this degree
+        if model.is_v4_attention and cand.tp > 1 and not cand.dp_attention:  # as ForwardModel refuses it
+            raise SpecError(f"tp: DeepSeek-V4's attention is not split by heads: tp={cand.tp} needs dp_attention")
         check_eplb(model, cand.ep, eplb)  # EPLB's experts and redundant ones over this layout's ep GPUs
     except SpecError as exc:
         return PlanRow(replicas=None, gpus=None, feasible=False, binding="layout",
@@ -571,7 +573,7 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
         raise SpecError("plan: the workload needs a number of requests per simulation")
     check_top(top)
     m = load_model(model)
-    m.check_simulated()  # DeepSeek-V4: refused by name before any candidate
+    m.check_simulated()  # a spec llmperf does not price is refused by name before any candidate
     for d in devices:
         load_hardware(d)  # unknown names fail before any work
     from llmperf.serving.simulator import EFFICIENCIES

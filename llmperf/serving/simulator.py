@@ -55,6 +55,7 @@ from llmperf.serving.blocks import (
 from llmperf.serving.costmodel import StepCostModel, _scalar_features, scalar_state_features
 from llmperf.serving.scheduler import RequestState, ScheduledItem, Scheduler, SchedulerConfig, StepOutcome, StepPlan
 from llmperf.serving.speculative import SpeculativeConfig, SpeculativeCosts, draft_memory
+from llmperf.serving.v4cache import V4BlockManager, V4Pages
 from llmperf.serving.workload import Gamma, Poisson, Workload, WorkloadSpec, generate
 from llmperf.specs import HardwareSpec, ModelSpec, Precision, load_hardware, load_model
 from llmperf.specs.expert_load import ExpertLoad, as_expert_load
@@ -144,7 +145,10 @@ class ServingConfig:
             raise SpecError(f"--ep: must be a positive integer, got {self.ep!r}")
         if not isinstance(self.dp_attention, bool):
             raise SpecError(f"--dp-attention: must be true or false, got {self.dp_attention!r}")
-        self.model.check_simulated()  # DeepSeek-V4: its cache's pages are not modelled (names o_groups)
+        self.model.check_simulated()  # a spec llmperf does not price (names its field)
+        if self.model.is_v4_attention and self.pp != 1:
+            raise SpecError(f"pp: DeepSeek-V4 is simulated on one pipeline stage (its pages are a whole model's), "
+                            f"got {self.pp}")
         ShardDims.of(self.model, self.tp, self.ep, self.dp_attention)  # names tp, ep or dp_attention
         object.__setattr__(self, "expert_load", as_expert_load(self.expert_load))  # a path is read once
         check_eplb(self.model, self.ep, self.eplb)  # names eplb
@@ -175,6 +179,9 @@ class ServingConfig:
         modelled on: one pipeline stage, a pool without capped sliding-window groups."""
         if not isinstance(self.speculative, SpeculativeConfig):
             raise SpecError(f"speculative: must be a SpeculativeConfig or None, got {type(self.speculative).__name__}")
+        if self.model.is_v4_attention:
+            raise SpecError(f"speculative: speculative decoding is not simulated for DeepSeek-V4 ({self.model.name}: "
+                            "its pages are not shared with a draft's)")
         draft, _ = self.speculative.resolve(self.model)
         from llmperf.analysis.operators import ShardDims
         dtp = self.speculative.tp_of_draft(self.model, self.tp, self.dp_attention)  # SpecError naming draft_tp
@@ -317,9 +324,12 @@ class MemoryPlan:
     draft_kv_bytes_per_token: float = 0.0  # and of kv_bytes_per_token (a block holds both models' KV)
     state_bytes: float = 0.0  # linear layers: one sequence's state on a GPU
     state_blocks: int = 0  # the pool blocks it takes
+    v4_pages: V4Pages | None = None  # DeepSeek-V4: a block is a page of `V4Pages.page_bytes` (`V4BlockManager`)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Pool blocks a sequence of up to `num_tokens` tokens holds at most (its state's included)."""
+        if self.v4_pages is not None:
+            return self.v4_pages.pages(num_tokens)
         if self.window_groups:
             return window_blocks_for(self.window_groups, self.block_size, num_tokens,
                                      self.max_step_tokens) + self.state_blocks
@@ -329,7 +339,9 @@ class MemoryPlan:
 
     def manager(self, max_seq_len: int | None = None) -> BlockManager:
         """The replica's block manager (`WindowedBlockManager` with window groups, `CappedBlockManager`
-        with a capped window)."""
+        with a capped window, `V4BlockManager` for DeepSeek-V4)."""
+        if self.v4_pages is not None:
+            return V4BlockManager(self.num_blocks, self.v4_pages, max_seq_len=max_seq_len)  # type: ignore[return-value]
         if self.window_groups:
             return WindowedBlockManager(self.num_blocks, self.block_size, groups=self.window_groups,
                                         max_seq_len=max_seq_len, max_step_tokens=self.max_step_tokens,
@@ -355,7 +367,10 @@ class MemoryPlan:
 
 
 def hybrid_kv(model: ModelSpec) -> bool:
-    """Whether `model` has sliding or chunked layers (linear ones hold no KV: they do not count)."""
+    """Whether `model` has sliding or chunked layers (linear ones hold no KV: they do not count; DeepSeek-V4's
+    window is paged by `V4BlockManager`, not as a hybrid model's)."""
+    if model.is_v4_attention:
+        return False
     return any(kind.attention not in ("full", "linear", "none") for kind, _ in model.layer_groups())
 
 
@@ -386,7 +401,7 @@ def capped_window(model: ModelSpec, kv_window: str = "capped", pp: int = 1,
     cache's rule): a model whose every layer is sliding, or every one chunked, with one window, under
     kv_window "capped". None otherwise, and with a draft (`speculative`: its KV shares the blocks and
     may need the whole context). Pipeline stages page alike: every stage's layers are of that kind."""
-    if kv_window != "capped" or speculative:
+    if kv_window != "capped" or speculative or model.is_v4_attention:  # DeepSeek-V4: `V4BlockManager`
         return None
     del pp  # every stage holds layers of the one kind
     return uniform_window([(kind.attention, kind.window) for kind in model.layer_kinds()])
@@ -410,6 +425,11 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
     elif groups:  # a block holds the full-attention layers' tokens; window groups take blocks besides
         kv_tok = kv_tok * groups[0].full_layers / sum(k.attention not in ("linear", "none") for k in m.layer_kinds())
     state = linear_state_bytes_per_gpu(config)
+    v4 = None
+    if m.is_v4_attention:  # DeepSeek-V4: pages of its groups, its partial windows and overlaps as state
+        from llmperf.specs.kvcache import KVCacheSpec
+        v4 = V4Pages.of(KVCacheSpec.from_model(m, prec), config.block_size)  # whole on a GPU (one K = V head)
+        kv_tok, state = v4.page_bytes / config.block_size, v4.state_bytes
     act = activation_reserve_bytes(m, prec, config.conventions(workload), config.tp, **par)
     draft = {}
     if config.speculative is not None:  # the draft's weights and KV join the target's; one activation reserve
@@ -422,8 +442,10 @@ def plan_memory(config: ServingConfig, workload: Workload | None = None) -> Memo
         raise SpecError(f"model: {m.name} has no KV-holding layer (every layer linear); the simulator pages "
                         "the state in KV blocks")
     state_blocks = math.ceil(state / (kv_tok * config.block_size)) if state else 0
+    if v4 is not None:
+        state_blocks = v4.state_pages
     common = dict(usable_bytes=usable, weights_bytes=weights, activation_bytes=act, kv_bytes_per_token=kv_tok,
-                  state_bytes=state, state_blocks=state_blocks,
+                  state_bytes=state, state_blocks=state_blocks, v4_pages=v4,
                   block_size=config.block_size, kv_shards=shards,
                   kv_sliding_full_pages=hybrid_kv(m) and not groups and capped is None, window_groups=groups,
                   capped_window=capped, max_step_tokens=config.max_batched_tokens, **draft)
@@ -527,6 +549,8 @@ class CostModelRunner:
         finished."""
         if self.draws is not None:
             return self._execute_speculative(plan)
+        if self.cost is not None and self.cost.v4:
+            return self._execute_v4(plan)
         if self.cost is not None and not self.cost.simple:
             return self._execute_groups(plan)
         decodes = prefill = batch = logits = 0
@@ -562,6 +586,28 @@ class CostModelRunner:
         # full attention: keys read = kv, attended pairs = q kv - q (q - 1) / 2
         return self._outcome(plan, tokens, ((tokens, f_kv, f_qkv - f_tri, f_qkv),), logits, batch, prefill, decodes,
                              finished)
+
+    def _execute_v4(self, plan: StepPlan) -> StepOutcome:
+        """`execute` for DeepSeek-V4: the step's sequences by (new tokens, context after the step), how many of each
+        (`StepCostModel.v4_features`)."""
+        F: dict[tuple[float, float], float] = {}
+        decodes = prefill = batch = logits = 0
+        finished: list[int] = []
+        out = self.out
+        for item in plan.items:
+            n, q = len(item.seq_ids), item.num_tokens
+            key = (float(q), float(item.start + q))
+            F[key] = F.get(key, 0.0) + n
+            if item.decode:
+                decodes += q * n
+            else:
+                prefill += q * n
+            batch += n
+            if item.samples:
+                logits += n
+                if item.num_generated + 1 >= out[item.request_id]:
+                    finished.extend(item.seq_ids)
+        return self._outcome(plan, decodes + prefill, F, logits, batch, prefill, decodes, finished)
 
     def _execute_groups(self, plan: StepPlan) -> StepOutcome:
         """`execute` for models whose sequences' features differ per layer span (sliding, chunked)
@@ -988,6 +1034,9 @@ def kv_note(model: ModelSpec, kv_window: str = "capped", pp: int = 1, speculativ
     their KV ("" for a model without them); a model with Gated DeltaNet layers says how their state is
     held."""
     state = ""
+    if model.is_v4_attention:
+        return ("KV: DeepSeek-V4's window and compressed entries (one every rate tokens) paged apart in pages of "
+                "one size; its partial windows and overlaps a constant state per sequence (no prefix sharing)")
     if model.has_linear_layers:
         n = sum(k.attention == "linear" for k in model.layer_kinds())
         state = (f"KV: {n} {model.linear_mixer_name} layers hold no KV but a constant state per sequence, in pool "
@@ -1108,6 +1157,13 @@ def _held_tokens(config: ServingConfig, context: float) -> float:
     return context if capped is None else min(context, capped[1])
 
 
+def _fit_at(config: ServingConfig, num_blocks: int, context: float, state_blocks: int) -> int:
+    """Sequences at `context` tokens that `num_blocks` hold (`_fit`; DeepSeek-V4: its pages at that context)."""
+    if config.model.is_v4_attention:
+        return num_blocks // plan_memory(config).blocks_for(max(1, math.ceil(context)))
+    return _fit(num_blocks, config.block_size, max(_held_tokens(config, context), 1), state_blocks)
+
+
 def _fit(num_blocks: int, block_size: int, held: float, state_blocks: int) -> int:
     """Sequences of `held` token slots (and `state_blocks` blocks of state each) that `num_blocks` hold."""
     if not state_blocks:
@@ -1125,7 +1181,7 @@ def service_rate_bound(config: ServingConfig, spec: WorkloadSpec, num_blocks: in
     p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
     ctx = p_mean + o_mean / 2
     state = plan_memory(config).state_blocks if config.model.has_linear_layers else 0
-    fit = max(1, _fit(num_blocks, config.block_size, max(_held_tokens(config, ctx), 1), state))
+    fit = max(1, _fit_at(config, num_blocks, ctx, state))
     b = max(1, min(config.max_batch or fit, fit))
     if config.speculative is None:
         step = cost.step_time_s(np.ones(b), np.full(b, ctx), b)
@@ -1146,8 +1202,7 @@ def saturated_rate(spec: WorkloadSpec, config: ServingConfig, cost: StepCostMode
     n = max(spec.num_requests or 0, 64)
     p_mean, o_mean = spec.prompt_len.mean + spec.system_prompt_len, spec.output_len.mean
     memory = plan_memory(config)
-    fit = max(1, _fit(memory.num_blocks, config.block_size, max(_held_tokens(config, p_mean + o_mean), 1),
-                      memory.state_blocks))
+    fit = max(1, _fit_at(config, memory.num_blocks, p_mean + o_mean, memory.state_blocks))
     n = min(max(n, 3 * min(config.max_batch or fit, fit)), 4096)
     work = generate(dataclasses.replace(spec, arrival="offline", num_requests=n, duration_s=None))
     res = simulate(work, config, cost=cost)

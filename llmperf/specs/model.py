@@ -450,7 +450,7 @@ class ModelSpec:
         """A SpecError of one line naming the field of a part llmperf reads and counts but does not price: a
         spec with hyper-connections (`hc_mult`) or hash-routed layers (`hash_moe_layers`) without DeepSeek-V4's
         attention (`o_groups`), which no model has. DeepSeek-V4 itself is priced by `estimate` (its operators,
-        its cache: `KVCacheSpec`); `check_simulated` refuses it for `simulate` and `plan`."""
+        its cache: `KVCacheSpec`), and by `simulate` and `plan`."""
         if self.is_v4_attention:
             return
         unpriced = [f for f in ("hc_mult", "hash_moe_layers") if getattr(self, f) not in (None, ())]
@@ -460,14 +460,9 @@ class ModelSpec:
                             "routing are priced with its attention only (o_groups), not on a spec of their own")
 
     def check_simulated(self) -> None:
-        """A SpecError of one line naming `o_groups` for DeepSeek-V4 (and `check_priced`'s refusals): the serving
-        simulator's block managers do not reserve its cache (a paged window plus compressed entries growing at one
-        per csa_rate / hca_rate tokens), so `simulate` and `plan` refuse it; `estimate` prices it."""
+        """`check_priced`'s refusals, for `simulate` and `plan` (DeepSeek-V4 is simulated: its pages are
+        `llmperf.serving.v4cache.V4BlockManager`'s, its steps priced as `estimate` prices them)."""
         self.check_priced()
-        if self.is_v4_attention:
-            raise SpecError(f"{self.name}: o_groups={self.o_groups!r}: DeepSeek-V4's cache (a window plus compressed "
-                            "entries) has no block manager in the serving simulator; simulate and plan refuse it "
-                            "(estimate prices it)")
 
     @property
     def hc_layer_params(self) -> int:

@@ -62,13 +62,14 @@ def assert_static_batch_is_estimate(spec: ModelSpec, tp: int, eff: str, *, batch
 
 
 def assert_simulated_static_batch_is_estimate(spec: ModelSpec, *, batch: int = 4, prompt: int = 150, gen: int = 8,
-                                              tp: int = 2) -> ServingConfig:
+                                              tp: int = 2, **par: object) -> ServingConfig:
     """The simulator's own sums (its per-item features, not the cost model's arrays): a static batch on an H200,
     at the roofline, has `estimate`'s TTFT and end-to-end time, every decode step `estimate`'s. Returns the
-    config (for a chunked run beside it)."""
-    est = llmperf.estimate(spec, "h200", batch=batch, prompt_len=prompt, gen_len=gen, tp=tp)
+    config (for a chunked run beside it). `par`: parallelism both take (ep, dp_attention)."""
+    est = llmperf.estimate(spec, "h200", batch=batch, prompt_len=prompt, gen_len=gen, tp=tp, **par)
     cfg = ServingConfig.build(spec, "h200", tp=tp, policy="static", max_batch=batch, max_batched_tokens=None,
-                              chunked_prefill=False, prefix_sharing=False, num_blocks=4000, efficiency="roofline")
+                              chunked_prefill=False, prefix_sharing=False, num_blocks=4000, efficiency="roofline",
+                              **par)
     zeros = np.zeros(batch)
     r = simulate(Workload(arrival_s=zeros, prompt_tokens=np.full(batch, prompt), output_tokens=np.full(batch, gen),
                           shared_prefix_tokens=zeros.astype(int)), cfg).requests
