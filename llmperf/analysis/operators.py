@@ -341,7 +341,6 @@ class ForwardModel:
                             f"got {self.attention_flops!r}")
         if self.mla_mode not in MLA_MODES:
             raise SpecError(f"mla_mode: must be one of {', '.join(MLA_MODES)}, got {self.mla_mode!r}")
-        self.model.check_priced()  # hyper-connections or hash routing without DeepSeek-V4's attention
         if self.model.is_v4_attention and self.tp > 1 and not self.dp_attention:
             raise SpecError(f"tp: DeepSeek-V4's attention ({self.model.name}, o_groups) is not split by heads here: "
                             f"tp={self.tp} needs dp_attention (attention whole on each GPU, its own sequences; the "

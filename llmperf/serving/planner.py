@@ -573,7 +573,6 @@ def plan(model: str | ModelSpec, *, rate: float, slo: SLO, workload: WorkloadSpe
         raise SpecError("plan: the workload needs a number of requests per simulation")
     check_top(top)
     m = load_model(model)
-    m.check_simulated()  # a spec llmperf does not price is refused by name before any candidate
     for d in devices:
         load_hardware(d)  # unknown names fail before any work
     from llmperf.serving.simulator import EFFICIENCIES

@@ -145,7 +145,6 @@ class ServingConfig:
             raise SpecError(f"--ep: must be a positive integer, got {self.ep!r}")
         if not isinstance(self.dp_attention, bool):
             raise SpecError(f"--dp-attention: must be true or false, got {self.dp_attention!r}")
-        self.model.check_simulated()  # a spec llmperf does not price (names its field)
         if self.model.is_v4_attention and self.pp != 1:
             raise SpecError(f"pp: DeepSeek-V4 is simulated on one pipeline stage (its pages are a whole model's), "
                             f"got {self.pp}")

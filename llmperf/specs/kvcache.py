@@ -302,8 +302,6 @@ class KVCacheSpec:
         """The cache of `model` with elements of `kv`: a dtype name (`"fp8"`), a size in bytes
         (`0.5`), or a `Precision` (its `kv_bytes`); `window`: `"capped"` or `"full"` pages for
         sliding and chunked layers."""
-        if hasattr(model, "check_priced"):
-            model.check_priced()  # hyper-connections or hash routing without DeepSeek-V4's attention
         if isinstance(kv, str):
             element = dtype_bytes(kv)
         elif hasattr(kv, "kv_bytes"):

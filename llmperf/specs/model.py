@@ -337,7 +337,6 @@ class ModelSpec:
         MLA the latent and the shared rotary key, kv_lora_rank + qk_rope_head_dim (Gemma 4: a sliding layer's;
         `kv_cache(...).layer_elements` gives each kind's). DeepSeek-V4's cache, not one width a token (its window
         and compressed entries: `kv_cache(...).groups`), is refused naming `o_groups`."""
-        self.check_priced()
         if self.is_v4_attention:
             raise SpecError(f"{self.name}: o_groups={self.o_groups!r}: DeepSeek-V4's cache is a window plus "
                             "compressed entries, not one width a token (KVCacheSpec.from_model(...).groups)")
@@ -445,24 +444,6 @@ class ModelSpec:
             p += 2 * h * 2 * d + m * 2 * d + norm(d)  # type: ignore[operator]
             p += 2 * h * 2 * di + m * 2 * di + norm(di) + qr * hi * di + h * hi  # type: ignore[operator]
         return p
-
-    def check_priced(self) -> None:
-        """A SpecError of one line naming the field of a part llmperf reads and counts but does not price: a
-        spec with hyper-connections (`hc_mult`) or hash-routed layers (`hash_moe_layers`) without DeepSeek-V4's
-        attention (`o_groups`), which no model has. DeepSeek-V4 itself is priced by `estimate` (its operators,
-        its cache: `KVCacheSpec`), and by `simulate` and `plan`."""
-        if self.is_v4_attention:
-            return
-        unpriced = [f for f in ("hc_mult", "hash_moe_layers") if getattr(self, f) not in (None, ())]
-        if unpriced:
-            f = unpriced[0]
-            raise SpecError(f"{self.name}: {f}={getattr(self, f)!r}: DeepSeek-V4's hyper-connections and hash "
-                            "routing are priced with its attention only (o_groups), not on a spec of their own")
-
-    def check_simulated(self) -> None:
-        """`check_priced`'s refusals, for `simulate` and `plan` (DeepSeek-V4 is simulated: its pages are
-        `llmperf.serving.v4cache.V4BlockManager`'s, its steps priced as `estimate` prices them)."""
-        self.check_priced()
 
     @property
     def hc_layer_params(self) -> int:
@@ -1065,6 +1046,10 @@ def _check_v4(spec: ModelSpec) -> None:
         given += [t for t in ("csa", "hca") if t in kinds]
         if given:
             raise SpecError(f"{name}: {given[0]} needs o_groups (DeepSeek-V4's attention)")
+        for f in ("hc_mult", "hash_moe_layers"):  # modelled inside DeepSeek-V4's layers only, as no other model has
+            if getattr(spec, f) not in (None, ()):
+                raise SpecError(f"{name}: {f}={getattr(spec, f)!r}: DeepSeek-V4's hyper-connections and hash routing "
+                                "are modelled with its attention only (o_groups), not on a spec of their own")
 
 
 def _check_sublayers(spec: ModelSpec) -> None:
